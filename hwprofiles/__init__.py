@@ -1,0 +1,1 @@
+"""Hardware profiles as YAML data (one file per GPU)."""

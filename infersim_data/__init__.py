@@ -1,0 +1,1 @@
+"""Installed home of the data folders `hwprofiles/` and `traces/` (mapped in pyproject.toml)."""

@@ -1,0 +1,50 @@
+"""Name -> spec lookup over folders of YAML files, shared by models, hardware and workloads.
+
+A name may be a catalog entry (file stem, the `name` field, or an alias; case-insensitive)
+or a path to a file."""
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from .errors import UnknownNameError
+from .yamlio import load_mapping
+
+
+def _norm(name: str) -> str:
+    return name.strip().lower().replace("_", "-")
+
+
+@lru_cache(maxsize=None)
+def index_folder(folder: str, suffixes: tuple[str, ...] = (".yaml", ".yml")) -> dict[str, Path]:
+    """Map every normalised name and alias in a folder to its file."""
+    out: dict[str, Path] = {}
+    for path in sorted(Path(folder).iterdir()):
+        if path.suffix not in suffixes or path.name.startswith("_"):
+            continue
+        out[_norm(path.stem)] = path
+        try:
+            data = load_mapping(path)
+        except Exception:
+            continue
+        for key in [data.get("name", "")] + list(data.get("aliases", []) or []):
+            if key:
+                out.setdefault(_norm(str(key)), path)
+    return out
+
+
+def canonical_names(folder: Path) -> list[str]:
+    return sorted(p.stem for p in folder.iterdir() if p.suffix in (".yaml", ".yml") and not p.name.startswith("_"))
+
+
+def resolve(kind: str, name: str, folder: Path) -> Path:
+    """A catalog name, or an existing file path, to a file path."""
+    as_path = Path(name).expanduser()
+    if as_path.suffix in (".yaml", ".yml", ".json") and as_path.is_file():
+        return as_path
+    if as_path.is_dir() and (as_path / "config.json").is_file():
+        return as_path / "config.json"
+    found = index_folder(str(folder)).get(_norm(name))
+    if found is None:
+        raise UnknownNameError(kind, name, canonical_names(folder))
+    return found

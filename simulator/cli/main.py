@@ -1,0 +1,4 @@
+import sys
+def main(argv=None):
+    print("sim ok")
+    return 0

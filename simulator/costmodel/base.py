@@ -1,0 +1,71 @@
+"""The one interface through which anything in infersim asks how long something takes.
+
+Callers: the serving engine (iterations, swaps), the preemption policies (swap vs recompute),
+the capacity planner and the roofline/Medusa studies. Implementations: the datasheet
+roofline, the calibrated roofline and the regression step-time predictor."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from .batch import BatchShape
+
+Direction = Literal["h2d", "d2h"]
+
+
+@dataclass(frozen=True)
+class OperatorCost:
+    name: str
+    op_class: str
+    scope: str  # layer | model | iteration
+    count: int  # how many times per iteration (layers for per-layer operators)
+    flops: float  # per occurrence, per GPU
+    bytes: float  # per occurrence, per GPU
+    compute_time_s: float
+    memory_time_s: float
+    time_s: float  # per occurrence, including kernel overhead
+
+    @property
+    def intensity(self) -> float:
+        return self.flops / self.bytes if self.bytes else float("inf")
+
+    @property
+    def bound(self) -> str:
+        if self.op_class == "communication":
+            return "network"
+        return "compute" if self.compute_time_s >= self.memory_time_s else "memory"
+
+    @property
+    def total_time_s(self) -> float:
+        return self.time_s * self.count
+
+
+class CostModel(ABC):
+    """Narrow on purpose: an iteration's time, a run of decode steps, and a transfer."""
+
+    name: str = "base"
+
+    @abstractmethod
+    def iteration_time_s(self, batch: BatchShape) -> float:
+        """Wall time of one engine iteration over a mixed batch."""
+
+    def decode_step_times_s(self, context_tokens: np.ndarray, steps: int) -> np.ndarray:
+        """Times of `steps` consecutive pure-decode iterations of a fixed set of sequences
+        whose contexts grow by one per step. Must equal calling iteration_time_s step by step,
+        bit for bit; implementations vectorise it."""
+        ctx = np.asarray(context_tokens, dtype=np.int64)
+        return np.array([self.iteration_time_s(BatchShape.decode(ctx + j)) for j in range(steps)])
+
+    @abstractmethod
+    def transfer_time_s(self, nbytes: float, direction: Direction) -> float:
+        """Host link copy of nbytes (KV swap, offload prefetch)."""
+
+    def breakdown(self, batch: BatchShape) -> list[OperatorCost]:
+        raise NotImplementedError(f"{self.name} does not give a per-operator breakdown")
+
+    def prefill_time_s(self, tokens: int) -> float:
+        """A sequence's prefill alone: the recompute cost of a preempted sequence."""
+        return self.iteration_time_s(BatchShape.prefill([max(1, int(tokens))]))

@@ -1,0 +1,117 @@
+"""Per-operator FLOPs and bytes of a decoder-only transformer iteration.
+
+Each operator's FLOPs and bytes are affine in the batch totals (T tokens, P query-key pairs,
+K keys read, L logit positions), so an operator is five coefficients for FLOPs and five for
+bytes. Counting follows Medusa's Table 5 (after Chen, "Dissecting batching effects in GPT
+inference"): a matmul of (m x k) by (k x n) is 2mkn FLOPs and reads both operands and writes
+its output once; attention scores cover every query-key pair (c + q keys per query), as a
+kernel computing the full masked tile does. With `fused_attention` (FlashAttention, vLLM's
+paged attention) the score matrix never reaches memory; unfused, QK^T writes it, softmax
+reads and writes it, and PV reads it."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..models.dtypes import bytes_per_element
+from ..models.spec import ModelSpec
+
+# coefficient order: const, T, P, K, L
+N_COEF = 5
+
+
+@dataclass(frozen=True)
+class Operator:
+    name: str
+    op_class: str  # linear | attention | elementwise | communication
+    scope: str  # "layer" (repeated per layer) or "model" (once per iteration)
+    flops: tuple[float, float, float, float, float]
+    bytes: tuple[float, float, float, float, float]
+
+    def flops_at(self, T, P, K, L):
+        c = self.flops
+        return c[0] + c[1] * T + c[2] * P + c[3] * K + c[4] * L
+
+    def bytes_at(self, T, P, K, L):
+        c = self.bytes
+        return c[0] + c[1] * T + c[2] * P + c[3] * K + c[4] * L
+
+
+def _linear(name: str, d_in: int, d_out: int, w_bytes: float, a_bytes: float, tp: int, per: str = "T",
+            split_out: bool = True) -> Operator:
+    """x (T x d_in) @ W (d_in x d_out): reads W once, reads x, writes y. Under tensor
+    parallelism each GPU holds 1/tp of W (column- or row-split) and does 1/tp of the FLOPs."""
+    idx = 1 if per == "T" else 4
+    flops = [0.0] * N_COEF
+    flops[idx] = 2.0 * d_in * d_out / tp
+    by = [0.0] * N_COEF
+    by[0] = d_in * d_out * w_bytes / tp
+    d_in_local = d_in if split_out else d_in / tp
+    d_out_local = d_out / tp if split_out else d_out
+    by[idx] = (d_in_local + d_out_local) * a_bytes
+    return Operator(name, "linear", "layer" if per == "T" else "model", tuple(flops), tuple(by))
+
+
+def layer_operators(spec: ModelSpec, weight_dtype: str, kv_dtype: str, act_dtype: str, tp: int,
+                    fused_attention: bool = True) -> list[Operator]:
+    wb, kb, ab = bytes_per_element(weight_dtype), bytes_per_element(kv_dtype), bytes_per_element(act_dtype)
+    h, i = spec.hidden_size, spec.intermediate_size
+    n_local = spec.num_heads / tp
+    kv_local = spec.kv_dim / tp
+    q_local = spec.q_dim / tp
+    d = spec.dim_head
+    ops = [
+        Operator("input_norm", "elementwise", "layer", (0, 5.0 * h, 0, 0, 0), (h * wb, 2.0 * h * ab, 0, 0, 0)),
+        _linear("q_proj", h, spec.q_dim, wb, ab, tp),
+        _linear("k_proj", h, spec.kv_dim, wb, ab, tp),
+        _linear("v_proj", h, spec.kv_dim, wb, ab, tp),
+        # new K and V written into the paged cache
+        Operator("kv_write", "elementwise", "layer", (0, 0, 0, 0, 0), (0, 2.0 * kv_local * (ab + kb), 0, 0, 0)),
+    ]
+    score_bytes = 0.0 if fused_attention else n_local * ab
+    ops += [
+        Operator("qk", "attention", "layer", (0, 0, 2.0 * n_local * d, 0, 0),
+                 (0, q_local * ab, score_bytes, kv_local * kb, 0)),
+        Operator("softmax", "attention", "layer", (0, 0, 5.0 * n_local, 0, 0), (0, 0, 2.0 * score_bytes, 0, 0)),
+        Operator("pv", "attention", "layer", (0, 0, 2.0 * n_local * d, 0, 0),
+                 (0, q_local * ab, score_bytes, kv_local * kb, 0)),
+        _linear("o_proj", spec.q_dim, h, wb, ab, tp, split_out=False),
+        Operator("post_attn_norm", "elementwise", "layer", (0, 5.0 * h, 0, 0, 0), (h * wb, 2.0 * h * ab, 0, 0, 0)),
+    ]
+    if spec.mlp == "gated":
+        ops += [
+            _linear("up_proj", h, i, wb, ab, tp),
+            _linear("gate_proj", h, i, wb, ab, tp),
+            # silu(gate) * up: reads two T x i tensors, writes one
+            Operator("act", "elementwise", "layer", (0, 5.0 * i / tp, 0, 0, 0), (0, 3.0 * i / tp * ab, 0, 0, 0)),
+            _linear("down_proj", i, h, wb, ab, tp, split_out=False),
+        ]
+    else:
+        ops += [
+            _linear("fc1", h, i, wb, ab, tp),
+            Operator("act", "elementwise", "layer", (0, 1.0 * i / tp, 0, 0, 0), (0, 2.0 * i / tp * ab, 0, 0, 0)),
+            _linear("fc2", i, h, wb, ab, tp, split_out=False),
+        ]
+    return ops
+
+
+def model_operators(spec: ModelSpec, weight_dtype: str, act_dtype: str, tp: int) -> list[Operator]:
+    wb, ab = bytes_per_element(weight_dtype), bytes_per_element(act_dtype)
+    h, v = spec.hidden_size, spec.vocab_size
+    ops = [
+        # a gather: one embedding row read and written per token
+        Operator("embedding", "elementwise", "model", (0, 0, 0, 0, 0), (0, h * (wb + ab), 0, 0, 0)),
+        Operator("final_norm", "elementwise", "model", (0, 5.0 * h, 0, 0, 0), (h * wb, 2.0 * h * ab, 0, 0, 0)),
+    ]
+    lm = _linear("lm_head", h, v, wb, ab, tp, per="L")
+    return ops + [lm]
+
+
+def allreduce_bytes_per_layer(spec: ModelSpec, act_dtype: str) -> float:
+    """Bytes per token all-reduced per layer under TP: after o_proj and after the MLP."""
+    return 2.0 * spec.hidden_size * bytes_per_element(act_dtype)
+
+
+def coefficient_matrices(ops: list[Operator]) -> tuple[np.ndarray, np.ndarray]:
+    return (np.array([op.flops for op in ops], dtype=np.float64), np.array([op.bytes for op in ops], dtype=np.float64))

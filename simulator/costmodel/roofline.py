@@ -1,0 +1,115 @@
+"""Roofline cost model: each operator takes max(compute time, memory time) under the
+profile's efficiency factors, plus a per-kernel overhead; an iteration adds up its operators,
+the tensor-parallel all-reduces and a per-iteration overhead."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..hardware.profile import HardwareProfile
+from ..models.dtypes import normalize_dtype
+from ..models.spec import ModelSpec
+from .base import CostModel, Direction, OperatorCost
+from .batch import BatchShape, BatchTotals
+from .operators import allreduce_bytes_per_layer, coefficient_matrices, layer_operators, model_operators
+
+
+def compute_dtype_for(weight_dtype: str) -> str:
+    """Weight-only quantisation (int8/int4) still computes in fp16."""
+    return weight_dtype if weight_dtype in ("fp32", "fp16", "bf16") else "fp16"
+
+
+class RooflineCostModel(CostModel):
+    name = "roofline"
+
+    def __init__(self, model: ModelSpec, hardware: HardwareProfile, *, dtype: str = "fp16",
+                 kv_dtype: str | None = None, tensor_parallel: int = 1, fused_attention: bool = True):
+        self.model, self.hardware = model, hardware
+        self.weight_dtype = normalize_dtype(dtype)
+        self.kv_dtype = normalize_dtype(kv_dtype or self.weight_dtype)
+        self.act_dtype = compute_dtype_for(self.weight_dtype)
+        self.tp = int(tensor_parallel)
+        self.fused_attention = fused_attention
+        self.layer_ops = layer_operators(model, self.weight_dtype, self.kv_dtype, self.act_dtype, self.tp, fused_attention)
+        self.model_ops = model_operators(model, self.weight_dtype, self.act_dtype, self.tp)
+        self._precompute()
+
+    # ---- precomputed rates ----------------------------------------------------------
+    def _precompute(self) -> None:
+        hw = self.hardware
+        peak = hw.peak_flops(self.act_dtype)
+        bw = hw.memory_bandwidth_bytes_per_s()
+        self._ops = self.layer_ops + self.model_ops
+        self._count = np.array([self.model.num_layers] * len(self.layer_ops) + [1] * len(self.model_ops), dtype=np.float64)
+        self._flop_coef, self._byte_coef = coefficient_matrices(self._ops)
+        self._flop_rate = np.array([peak * hw.efficiency_for(op.op_class).compute for op in self._ops])
+        self._byte_rate = np.array([bw * hw.efficiency_for(op.op_class).memory for op in self._ops])
+        self._launch_s = hw.overheads.kernel_launch_us * 1e-6
+        self._iteration_s = hw.overheads.iteration_us * 1e-6
+        ic = hw.interconnect
+        comm_eff = hw.efficiency_for("communication")
+        self._ar_bw = (ic.bandwidth_gbps * 1e9 * comm_eff.memory) if ic else None
+        self._ar_latency_s = (ic.latency_us * 1e-6) if ic else 0.0
+        self._ar_bytes_per_token = allreduce_bytes_per_layer(self.model, self.act_dtype)
+
+    # ---- core: time from batch totals (scalars or arrays) ----------------------------
+    def _op_times(self, T, P, K, L):
+        """Per-operator (compute, memory, time) for totals; each a list over operators."""
+        out = []
+        for j, op in enumerate(self._ops):
+            fc, bc = self._flop_coef[j], self._byte_coef[j]
+            flops = fc[0] + fc[1] * T + fc[2] * P + fc[3] * K + fc[4] * L
+            nbytes = bc[0] + bc[1] * T + bc[2] * P + bc[3] * K + bc[4] * L
+            ct = flops / self._flop_rate[j]
+            mt = nbytes / self._byte_rate[j]
+            out.append((flops, nbytes, ct, mt, np.maximum(ct, mt) + self._launch_s))
+        return out
+
+    def allreduce_time_s(self, tokens):
+        """Ring all-reduce of the layer's activations, twice per layer, 2(tp-1)/tp of the data."""
+        if self.tp == 1:
+            return 0.0 * tokens
+        if self._ar_bw is None:
+            raise ValueError(f"tensor_parallel={self.tp} needs an interconnect in hardware profile '{self.hardware.name}'")
+        per = 2.0 * (self.tp - 1) / self.tp * (self._ar_bytes_per_token / 2.0) * tokens / self._ar_bw + self._ar_latency_s
+        return 2.0 * per
+
+    def _time_from_totals(self, t: BatchTotals):
+        total = self._iteration_s
+        for j, (_, _, _, _, time) in enumerate(self._op_times(t.tokens, t.score_pairs, t.keys, t.logits)):
+            total = total + self._count[j] * time
+        return total + self.model.num_layers * self.allreduce_time_s(t.tokens)
+
+    # ---- interface --------------------------------------------------------------------
+    def iteration_time_s(self, batch: BatchShape) -> float:
+        return float(self._time_from_totals(batch.totals()))
+
+    def decode_step_times_s(self, context_tokens, steps: int) -> np.ndarray:
+        """Step j (0-based) sees contexts c_i + j; in totals that is T = L = b and
+        P = K = sum(c_i + 1) + b*j, evaluated for all j at once with the same arithmetic as
+        iteration_time_s, so the results are identical to stepping one by one."""
+        ctx = np.asarray(context_tokens, dtype=np.int64)
+        b = ctx.size
+        keys = (ctx.sum() + b) + b * np.arange(steps, dtype=np.int64)
+        keys_f = keys.astype(np.float64)
+        bf = float(b)
+        return np.asarray(self._time_from_totals(BatchTotals(bf, keys_f, keys_f, bf)), dtype=np.float64) * np.ones(steps)
+
+    def transfer_time_s(self, nbytes: float, direction: Direction) -> float:
+        link = self.hardware.host_link
+        gbps = link.h2d_gbps if direction == "h2d" else link.d2h_gbps
+        if nbytes <= 0:
+            return 0.0
+        return link.latency_us * 1e-6 + float(nbytes) / (gbps * 1e9)
+
+    def breakdown(self, batch: BatchShape) -> list[OperatorCost]:
+        t = batch.totals()
+        rows = []
+        for j, (flops, nbytes, ct, mt, time) in enumerate(self._op_times(t.tokens, t.score_pairs, t.keys, t.logits)):
+            op = self._ops[j]
+            rows.append(OperatorCost(op.name, op.op_class, op.scope, int(self._count[j]), float(flops), float(nbytes),
+                                     float(ct), float(mt), float(time)))
+        if self.tp > 1:
+            ar = float(self.allreduce_time_s(t.tokens))
+            rows.append(OperatorCost("allreduce", "communication", "layer", self.model.num_layers, 0.0,
+                                     float(self._ar_bytes_per_token * t.tokens), 0.0, ar, ar))
+        return rows

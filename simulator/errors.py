@@ -1,0 +1,27 @@
+"""User-facing errors: bad input is reported in one line and exits with status 2."""
+
+
+class InfersimError(Exception):
+    """A problem with the user's input (file, name, option). The CLI prints it in one line
+    and exits 2; anything else is a bug and keeps its traceback."""
+
+    exit_code = 2
+
+
+class UnknownNameError(InfersimError):
+    """A model, hardware profile, workload or policy name that is not in its catalog."""
+
+    def __init__(self, kind: str, name: str, known: list[str]):
+        self.kind, self.name, self.known = kind, name, sorted(known)
+        super().__init__(f"unknown {kind} '{name}'; known: {', '.join(self.known)}")
+
+
+def pydantic_error_line(source: str, exc) -> str:
+    """One line from a pydantic ValidationError: file, dotted field path, message."""
+    parts = []
+    for err in exc.errors()[:3]:
+        loc = ".".join(str(x) for x in err.get("loc", ())) or "(top level)"
+        parts.append(f"field '{loc}': {err.get('msg', 'invalid')}")
+    more = len(exc.errors()) - 3
+    tail = f" (+{more} more)" if more > 0 else ""
+    return f"{source}: " + "; ".join(parts) + tail

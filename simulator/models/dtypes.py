@@ -1,0 +1,26 @@
+"""Storage size of the numeric formats the cost model knows."""
+from __future__ import annotations
+
+from typing import Literal
+
+from ..errors import InfersimError
+
+DType = Literal["fp32", "fp16", "bf16", "int8", "int4"]
+
+BYTES_PER_ELEMENT: dict[str, float] = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "int8": 1.0, "int4": 0.5}
+
+_ALIASES = {
+    "float32": "fp32", "float": "fp32", "float16": "fp16", "half": "fp16",
+    "bfloat16": "bf16", "torch.float16": "fp16", "torch.bfloat16": "bf16", "torch.float32": "fp32",
+}
+
+
+def normalize_dtype(name: str) -> str:
+    key = _ALIASES.get(str(name).lower(), str(name).lower())
+    if key not in BYTES_PER_ELEMENT:
+        raise InfersimError(f"unknown dtype '{name}'; known: {', '.join(BYTES_PER_ELEMENT)}")
+    return key
+
+
+def bytes_per_element(dtype: str) -> float:
+    return BYTES_PER_ELEMENT[normalize_dtype(dtype)]

@@ -1,0 +1,122 @@
+"""A transformer's shape, as the cost model needs it, with derived sizes.
+
+One `ModelSpec` describes every supported decoder-only family; the family-specific parts
+(gated vs plain MLP, biases, tied embeddings, learned positions) are explicit fields so the
+parameter count follows from the fields alone."""
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
+
+from .dtypes import bytes_per_element
+
+
+class ModelSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    aliases: tuple[str, ...] = ()  # other spellings the catalog resolves (HF ids); a tuple keeps the spec hashable
+    family: Literal["llama", "mistral", "opt", "gpt2", "gpt_neox"]
+    source: str = Field(description="where the shape numbers come from (config.json URL, paper table)")
+    num_layers: PositiveInt
+    hidden_size: PositiveInt
+    num_heads: PositiveInt
+    num_kv_heads: Optional[PositiveInt] = None  # GQA/MQA; None means num_heads
+    head_dim: Optional[PositiveInt] = None  # None means hidden_size / num_heads
+    intermediate_size: PositiveInt
+    vocab_size: PositiveInt
+    max_position_embeddings: PositiveInt = 2048
+    mlp: Literal["gated", "plain"] = "gated"  # gated: up+gate+down (SwiGLU); plain: fc1+fc2
+    norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
+    attention_bias: bool = False  # biases on q/k/v/o
+    mlp_bias: bool = False
+    tied_embeddings: bool = False
+    learned_positions: bool = False
+    position_offset: int = 0  # OPT stores max_position_embeddings + 2 position rows
+    published_params: Optional[float] = None
+    published_params_source: Optional[str] = None
+    default_dtype: str = "fp16"
+
+    @model_validator(mode="after")
+    def _check_heads(self):
+        if self.num_kv_heads is not None and self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
+        if self.head_dim is None and self.hidden_size % self.num_heads:
+            raise ValueError(f"hidden_size ({self.hidden_size}) is not divisible by num_heads ({self.num_heads})")
+        return self
+
+    # ---- shape helpers ---------------------------------------------------------------
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_heads
+
+    @property
+    def dim_head(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_heads
+
+    @property
+    def q_dim(self) -> int:
+        return self.num_heads * self.dim_head
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_heads * self.dim_head
+
+    # ---- parameter counts ------------------------------------------------------------
+    def params_attention_per_layer(self) -> int:
+        h = self.hidden_size
+        weights = h * self.q_dim + 2 * h * self.kv_dim + self.q_dim * h
+        bias = (self.q_dim + 2 * self.kv_dim + h) if self.attention_bias else 0
+        return weights + bias
+
+    def params_mlp_per_layer(self) -> int:
+        h, i = self.hidden_size, self.intermediate_size
+        n_in = 2 if self.mlp == "gated" else 1
+        weights = n_in * h * i + i * h
+        bias = (n_in * i + h) if self.mlp_bias else 0
+        return weights + bias
+
+    def params_norm(self) -> int:
+        return self.hidden_size * (2 if self.norm == "layernorm" else 1)
+
+    def params_per_layer(self) -> int:
+        return self.params_attention_per_layer() + self.params_mlp_per_layer() + 2 * self.params_norm()
+
+    def params_embedding(self) -> int:
+        tok = self.vocab_size * self.hidden_size
+        pos = (self.max_position_embeddings + self.position_offset) * self.hidden_size if self.learned_positions else 0
+        return tok + pos
+
+    def params_lm_head(self) -> int:
+        return 0 if self.tied_embeddings else self.vocab_size * self.hidden_size
+
+    def params_total(self) -> int:
+        return (
+            self.num_layers * self.params_per_layer()
+            + self.params_embedding()
+            + self.params_norm()  # final norm
+            + self.params_lm_head()
+        )
+
+    # ---- bytes -----------------------------------------------------------------------
+    def weight_bytes(self, dtype: str | None = None) -> float:
+        return self.params_total() * bytes_per_element(dtype or self.default_dtype)
+
+    def bytes_kv_per_token(self, dtype: str | None = None) -> float:
+        """K and V of one token across all layers (GQA-aware)."""
+        return 2 * self.num_layers * self.kv_dim * bytes_per_element(dtype or self.default_dtype)
+
+    def bytes_kv_per_block(self, block_size: int, dtype: str | None = None) -> float:
+        return block_size * self.bytes_kv_per_token(dtype)
+
+    def summary(self, dtype: str | None = None) -> dict:
+        dtype = dtype or self.default_dtype
+        return {
+            "name": self.name,
+            "family": self.family,
+            "params": self.params_total(),
+            "weight_bytes": self.weight_bytes(dtype),
+            "kv_bytes_per_token": self.bytes_kv_per_token(dtype),
+            "dtype": dtype,
+        }

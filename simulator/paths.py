@@ -1,0 +1,35 @@
+"""Where the built-in data lives, in a source checkout or an installed package alike."""
+from __future__ import annotations
+
+import importlib.resources
+from pathlib import Path
+
+
+def _package_dir(package: str) -> Path:
+    return Path(str(importlib.resources.files(package)))
+
+
+def hwprofiles_dir() -> Path:
+    return _package_dir("infersim_data.hwprofiles")
+
+
+def workloads_dir() -> Path:
+    """Built-in workloads live in the top-level `traces/` folder."""
+    return _package_dir("infersim_data.traces")
+
+
+def models_dir() -> Path:
+    return _package_dir("simulator") / "catalog" / "models"
+
+
+def catalog_dir() -> Path:
+    return _package_dir("simulator") / "catalog"
+
+
+def shared_dir() -> Path | None:
+    """`../shared` beside the checkout (developers and CI only; absent in a user's clone)."""
+    here = Path(__file__).resolve().parent.parent
+    for cand in (here.parent / "shared", Path.cwd().parent / "shared", Path.cwd() / "shared"):
+        if (cand / "traces").is_dir():
+            return cand
+    return None

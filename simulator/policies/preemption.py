@@ -1,0 +1,60 @@
+"""Preemption mode: when GPU KV blocks run out, does a victim go to CPU (swap) or lose its
+KV and get prefilled again later (recompute)? AdaptiveLLM Algorithm 1 compares the two costs."""
+from __future__ import annotations
+
+from ..registry import Registry
+from .state import PreemptMode, SchedulerState
+
+PREEMPTION_POLICIES: Registry = Registry("preemption policy")
+
+
+class PreemptionPolicy:
+    name = "base"
+
+    def choose(self, seq, state: SchedulerState, free_cpu_blocks: int) -> PreemptMode:
+        raise NotImplementedError
+
+    @staticmethod
+    def fits_on_cpu(seq, free_cpu_blocks: int) -> bool:
+        # a half-prefilled sequence has no complete KV worth moving
+        return seq.computed >= seq.num_tokens - 1 and seq.num_gpu_blocks <= free_cpu_blocks
+
+
+@PREEMPTION_POLICIES.register("recompute")
+class RecomputePreemption(PreemptionPolicy):
+    """vLLM's default for single-sequence requests."""
+    name = "recompute"
+
+    def choose(self, seq, state, free_cpu_blocks):
+        return "recompute"
+
+
+@PREEMPTION_POLICIES.register("swap")
+class SwapPreemption(PreemptionPolicy):
+    """Always swap (AdaptiveLLM's vLLM_s baseline). vLLM aborts when CPU swap space runs out;
+    a simulator that stopped there would report nothing, so a victim that does not fit on the
+    CPU is recomputed instead, and counted apart as a forced recompute."""
+    name = "swap"
+
+    def choose(self, seq, state, free_cpu_blocks):
+        return "swap" if self.fits_on_cpu(seq, free_cpu_blocks) else "recompute"
+
+
+@PREEMPTION_POLICIES.register("cost_aware")
+class CostAwarePreemption(PreemptionPolicy):
+    """AdaptiveLLM Algorithm 1: swap when the KV fits on the CPU and moving it out and back
+    (KV bytes / D2H + KV bytes / H2D) is predicted cheaper than prefilling it again."""
+    name = "cost_aware"
+
+    def swap_cost_s(self, seq, state: SchedulerState) -> float:
+        nbytes = seq.num_gpu_blocks * state.kv_bytes_per_block
+        cm = state.cost_model
+        return cm.transfer_time_s(nbytes, "d2h") + cm.transfer_time_s(nbytes, "h2d")
+
+    def recompute_cost_s(self, seq, state: SchedulerState) -> float:
+        return state.cost_model.prefill_time_s(seq.num_tokens)
+
+    def choose(self, seq, state, free_cpu_blocks):
+        if not self.fits_on_cpu(seq, free_cpu_blocks):
+            return "recompute"
+        return "swap" if self.swap_cost_s(seq, state) < self.recompute_cost_s(seq, state) else "recompute"

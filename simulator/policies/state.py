@@ -1,0 +1,75 @@
+"""What a policy sees and what it returns. No SimPy, no engine internals: the simulator and
+the real executor both build a `SchedulerState` from their own sequences and carry out the
+returned `Decision`.
+
+A sequence, to a policy, is any object with these attributes (duck-typed):
+  rid, arrival_s, first_enqueue_s, prompt_len, generated, num_tokens (prompt + generated),
+  computed (tokens whose KV is cached), num_gpu_blocks, num_cpu_blocks."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from ..costmodel.base import CostModel
+
+PreemptMode = Literal["swap", "recompute"]
+
+
+class SeqLike(Protocol):
+    rid: int
+    arrival_s: float
+    first_enqueue_s: float
+    prompt_len: int
+    generated: int
+    computed: int
+    num_gpu_blocks: int
+    num_cpu_blocks: int
+
+    @property
+    def num_tokens(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class SchedulerLimits:
+    max_batch_size: int = 256
+    max_batched_tokens: int = 2048
+    max_model_len: int = 2048
+    chunked_prefill: bool = False
+
+
+@dataclass
+class SchedulerState:
+    now_s: float
+    waiting: list  # in arrival order (recomputed sequences go to the front, as vLLM)
+    running: list
+    swapped: list
+    free_gpu_blocks: int
+    free_cpu_blocks: int
+    total_gpu_blocks: int
+    block_size: int
+    watermark_blocks: int
+    kv_bytes_per_block: float
+    limits: SchedulerLimits
+    cost_model: CostModel
+
+    def blocks_for_tokens(self, tokens: int) -> int:
+        return -(-int(tokens) // self.block_size)
+
+    def new_blocks_for_step(self, seq: Any, query_tokens: int) -> int:
+        """Blocks a sequence must gain to write the KV of `query_tokens` more tokens."""
+        return max(0, self.blocks_for_tokens(seq.computed + query_tokens) - seq.num_gpu_blocks)
+
+
+@dataclass
+class Decision:
+    preempt: list[tuple[Any, PreemptMode]] = field(default_factory=list)
+    swap_in: list = field(default_factory=list)
+    admit: list = field(default_factory=list)  # from waiting: blocks allocated for the whole prompt
+    abort: list = field(default_factory=list)  # can never fit (vLLM's NEVER / over-long prompt)
+    batch: list[tuple[Any, int]] = field(default_factory=list)  # (sequence, query tokens) to run now
+
+    @property
+    def is_plain_decode(self) -> bool:
+        """True when nothing moves between queues and every sequence decodes one token:
+        the engine may then repeat this decision until the next event."""
+        return not (self.preempt or self.swap_in or self.admit or self.abort)

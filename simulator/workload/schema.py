@@ -1,0 +1,195 @@
+"""The workload file: what to serve (model, hardware, serving config) and what arrives.
+
+Every field has a default where a serious default exists (vLLM 0.2-0.4 era for serving), so
+a workload file may be as short as a model name and a request generator."""
+from __future__ import annotations
+
+from typing import Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class HardwareSection(_Strict):
+    profile: str = Field("a100-80gb-pcie", description="hardware profile name or path to a YAML file")
+    replicas: PositiveInt = 1
+    tensor_parallel: PositiveInt = 1
+    router: str = Field("round_robin", description="router registry name: round_robin, least_outstanding")
+    host_link: Optional[str] = Field(None, description="override the profile's host link, e.g. 'pcie3x16'")
+
+
+class ServingSection(_Strict):
+    scheduler: str = Field("fcfs", description="scheduler registry name: fcfs (vLLM), fairness (AdaptiveLLM Alg. 2)")
+    preemption: str = Field("recompute", description="preemption registry name: recompute, swap, cost_aware")
+    chunked_prefill: bool = False
+    max_batch_size: PositiveInt = 256  # vLLM max_num_seqs
+    max_batched_tokens: Optional[PositiveInt] = None  # None: max(max_model_len, 2048) as vLLM; chunk budget with chunked prefill
+    max_model_len: Optional[PositiveInt] = None  # None: the model's max_position_embeddings
+    block_size: PositiveInt = 16
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    gpu_blocks: Optional[PositiveInt] = None  # explicit GPU KV blocks (overrides utilisation)
+    cpu_blocks: Optional[int] = Field(None, ge=0)  # explicit CPU KV blocks (overrides swap_space_gb)
+    swap_space_gb: NonNegativeFloat = 4.0  # GiB, as vLLM's swap_space
+    watermark: float = Field(0.01, ge=0, lt=1)
+    dtype: str = "fp16"
+    kv_dtype: Optional[str] = None  # None: same as dtype
+    cost_model: str = Field("roofline", description="cost model registry name")
+
+
+class FixedDist(_Strict):
+    type: Literal["fixed"]
+    value: PositiveInt
+
+
+class UniformDist(_Strict):
+    type: Literal["uniform"]
+    low: PositiveInt
+    high: PositiveInt
+
+    @model_validator(mode="after")
+    def _order(self):
+        if self.high < self.low:
+            raise ValueError("high must be >= low")
+        return self
+
+
+class LognormalDist(_Strict):
+    """Lognormal given by its mean and coefficient of variation (std/mean) in tokens."""
+    type: Literal["lognormal"]
+    mean: PositiveFloat
+    cv: PositiveFloat = 1.0
+    min: PositiveInt = 1
+    max: Optional[PositiveInt] = None
+
+    @model_validator(mode="after")
+    def _order(self):
+        if self.max is not None and self.max < self.min:
+            raise ValueError("max must be >= min")
+        return self
+
+
+class QuantileDist(_Strict):
+    """Empirical distribution carried as its quantiles (evenly spaced from 0 to 1 unless `probs`
+    gives their probabilities): a built-in workload keeps a trace's statistics, not the trace.
+    Sampling interpolates the inverse CDF linearly between the given points."""
+    type: Literal["quantiles"]
+    values: list[NonNegativeFloat] = Field(min_length=2)
+    # Optional probabilities of `values` (0 first, 1 last, increasing); a finer grid in the tail
+    # (e.g. ..., 0.95, 0.975, 0.99, 0.995, 0.999, 1) keeps a heavy tail's mean honest.
+    probs: Optional[list[float]] = None
+    source: str = ""
+
+    @model_validator(mode="after")
+    def _shape(self):
+        if any(b < a for a, b in zip(self.values, self.values[1:])):
+            raise ValueError("values must be non-decreasing")
+        if self.probs is not None:
+            p = self.probs
+            if len(p) != len(self.values):
+                raise ValueError("probs must have as many entries as values")
+            if p[0] != 0 or p[-1] != 1 or any(b <= a for a, b in zip(p, p[1:])):
+                raise ValueError("probs must increase strictly from 0 to 1")
+        return self
+
+
+class EmpiricalDist(_Strict):
+    """Sample lengths from a column of a file (CSV/JSONL/JSON)."""
+    type: Literal["empirical"]
+    file: str
+    column: str
+    format: Optional[Literal["csv", "jsonl", "json"]] = None
+    # tokens: the column holds numbers; text_words: it holds text, and its word count is used
+    kind: Literal["tokens", "text_words"] = "tokens"
+    scale: PositiveFloat = 1.0  # multiplies the value, e.g. 1.3 for words -> tokens
+
+
+LengthDist = Union[FixedDist, UniformDist, LognormalDist, QuantileDist, EmpiricalDist]
+
+
+class PoissonArrivals(_Strict):
+    type: Literal["poisson"]
+    rate: PositiveFloat  # requests per second
+
+
+class GammaArrivals(_Strict):
+    type: Literal["gamma"]
+    rate: PositiveFloat
+    cv: PositiveFloat = 1.0  # coefficient of variation of inter-arrival times
+
+
+class ClosedLoopArrivals(_Strict):
+    type: Literal["closed_loop"]
+    clients: PositiveInt
+    think_time_s: NonNegativeFloat = 0.0
+
+
+class BurstArrivals(_Strict):
+    """Every request present at time 0 (offline batch, as in throughput benchmarks)."""
+    type: Literal["burst"]
+
+
+Arrivals = Union[PoissonArrivals, GammaArrivals, ClosedLoopArrivals, BurstArrivals]
+
+
+class TraceSource(_Strict):
+    """Requests replayed from a file; columns are mapped here, so any trace needs only YAML."""
+    file: str
+    format: Optional[Literal["csv", "jsonl", "json"]] = None  # None: from the file suffix
+    arrival_column: Optional[str] = None  # None: arrivals come from `arrival` below
+    time_unit: Literal["s", "ms", "us", "datetime"] = "s"
+    prompt_column: Optional[str] = None
+    output_column: Optional[str] = None
+    # tokens: the column holds token counts; text_words: it holds the text itself, and its
+    # length is whitespace-separated words x tokens_per_word (a rough count, no tokenizer)
+    prompt_column_kind: Literal["tokens", "text_words"] = "tokens"
+    output_column_kind: Literal["tokens", "text_words"] = "tokens"
+    tokens_per_word: PositiveFloat = 1.3
+    time_scale: PositiveFloat = 1.0  # >1 stretches time (lower rate), <1 compresses it
+    start_row: int = Field(0, ge=0)
+
+
+class RequestsSection(_Strict):
+    count: Optional[PositiveInt] = None
+    duration_s: Optional[PositiveFloat] = None
+    arrival: Optional[Arrivals] = Field(None, discriminator="type")
+    prompt_tokens: Optional[LengthDist] = Field(None, discriminator="type")
+    output_tokens: Optional[LengthDist] = Field(None, discriminator="type")
+    max_prompt_tokens: Optional[PositiveInt] = None
+    max_output_tokens: Optional[PositiveInt] = None
+    trace: Optional[TraceSource] = None
+
+    @model_validator(mode="after")
+    def _complete(self):
+        if self.trace is None:
+            if self.arrival is None:
+                raise ValueError("give 'arrival' (poisson, gamma, closed_loop, burst) or a 'trace'")
+            if self.prompt_tokens is None or self.output_tokens is None:
+                raise ValueError("give 'prompt_tokens' and 'output_tokens' distributions or a 'trace'")
+        else:
+            if self.trace.arrival_column is None and self.arrival is None:
+                raise ValueError("the trace has no arrival_column: give 'arrival' too")
+            if self.trace.prompt_column is None and self.prompt_tokens is None:
+                raise ValueError("the trace has no prompt_column: give 'prompt_tokens' too")
+            if self.trace.output_column is None and self.output_tokens is None:
+                raise ValueError("the trace has no output_column: give 'output_tokens' too")
+            if self.trace.arrival_column is not None and self.arrival is not None:
+                raise ValueError("give either trace.arrival_column or 'arrival', not both")
+        if self.count is None and self.duration_s is None and self.trace is None:
+            raise ValueError("give 'count' or 'duration_s'")
+        if self.count is None and self.trace is None and self.arrival.type in ("closed_loop", "burst"):
+            raise ValueError(f"'{self.arrival.type}' arrivals need 'count' (the number of requests)")
+        return self
+
+
+class WorkloadSpec(_Strict):
+    name: str = "workload"
+    description: str = ""
+    source: str = ""  # where the numbers in this file come from
+    model: str = "llama-2-7b"
+    hardware: HardwareSection = HardwareSection()
+    serving: ServingSection = ServingSection()
+    requests: RequestsSection
+    seed: int = 0

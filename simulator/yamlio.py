@@ -1,0 +1,85 @@
+"""Reading YAML/JSON data files into pydantic models with one-line errors, and atomic writes."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from .errors import InfersimError, pydantic_error_line
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def load_mapping(path: str | Path) -> dict[str, Any]:
+    """Load a YAML or JSON file that must hold a mapping at the top level."""
+    path = Path(path)
+    if not path.is_file():
+        raise InfersimError(f"{path}: file not found")
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InfersimError(f"{path}: cannot read ({exc.__class__.__name__})") from None
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (yaml.YAMLError, json.JSONDecodeError) as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        if isinstance(exc, json.JSONDecodeError):
+            where = f" at line {exc.lineno}, column {exc.colno}"
+        raise InfersimError(f"{path}: malformed {'JSON' if path.suffix == '.json' else 'YAML'}{where}") from None
+    if not isinstance(data, dict):
+        raise InfersimError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+def validate(model: type[M], data: dict[str, Any], source: str) -> M:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise InfersimError(pydantic_error_line(source, exc)) from None
+
+
+def load_model_file(model: type[M], path: str | Path) -> M:
+    return validate(model, load_mapping(path), str(path))
+
+
+def write_atomic(path: str | Path, data: bytes | str) -> None:
+    """Write to a temporary file in the same folder, then rename over the target, so a crash
+    never leaves a half-written result and an old result is never lost to a failed write."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data.encode() if isinstance(data, str) else data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_path(path: str | Path):
+    """Context manager yielding a temporary path that replaces `path` on success
+    (for writers such as pandas/matplotlib that want a filename)."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def _cm():
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.stem}.", suffix=p.suffix)
+        os.close(fd)
+        try:
+            yield Path(tmp)
+            os.replace(tmp, p)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+    return _cm()

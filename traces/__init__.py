@@ -1,0 +1,1 @@
+"""Built-in workloads as YAML data (one file per workload)."""
