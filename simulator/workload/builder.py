@@ -1,0 +1,88 @@
+"""Workload file -> Requests: find the file, validate it, replay a trace and/or sample.
+
+Lengths and arrivals each come from the trace when it maps a column for them, otherwise from
+the distributions in `requests`, so a trace's lengths can be replayed under Poisson arrivals or
+a trace's arrival times under synthetic lengths."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ..catalog_loader import canonical_names, resolve
+from ..errors import InfersimError
+from ..paths import workloads_dir
+from ..yamlio import load_model_file
+from .distributions import sample_arrivals, sample_lengths, streams
+from .requests import Requests
+from .schema import ClosedLoopArrivals, WorkloadSpec
+from .traces import read_trace
+
+_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+def list_workloads() -> list[str]:
+    """Names of the built-in workloads (the files in the top-level traces/ folder)."""
+    return canonical_names(workloads_dir())
+
+
+def workload_path(name_or_path: str) -> Path:
+    """A built-in name ("chatbot" or "chatbot.yaml") or a path to a workload file."""
+    p = Path(name_or_path).expanduser()
+    if p.is_file():
+        return p
+    if p.suffix in _SUFFIXES and len(p.parts) > 1:  # looks like a path, not a name
+        raise InfersimError(f"{p}: file not found")
+    name = p.stem if p.suffix in _SUFFIXES else name_or_path
+    return resolve("workload", name, workloads_dir())
+
+
+def load_workload(name_or_path: str) -> tuple[WorkloadSpec, Path]:
+    """The validated spec and the path of its file (relative paths inside it are relative to
+    that file's folder: pass the path, or its folder, to build_requests)."""
+    path = workload_path(name_or_path)
+    return load_model_file(WorkloadSpec, path), path
+
+
+def build_requests(spec: WorkloadSpec, base_dir: Path | str = ".") -> Requests:
+    """The requests a workload describes. `base_dir` (the workload file or its folder) anchors
+    relative trace and empirical-distribution paths."""
+    base_dir = Path(base_dir)
+    if base_dir.is_file():
+        base_dir = base_dir.parent
+    r = spec.requests
+    arrival_rng, prompt_rng, output_rng = streams(spec.seed)
+    closed = isinstance(r.arrival, ClosedLoopArrivals)
+
+    trace = None
+    if r.trace is not None:
+        trace = read_trace(r.trace, base_dir / r.trace.file, r.count)
+    arrival = None
+    if trace is not None and trace.arrival_s is not None:
+        arrival = trace.arrival_s
+        if r.duration_s is not None:
+            arrival = arrival[: np.searchsorted(arrival, r.duration_s, side="right")]
+        n = len(arrival)
+    elif closed:
+        n = r.count if trace is None else len(trace)
+    else:
+        cap = r.count if trace is None else len(trace)  # trace lengths without times: at most its rows
+        arrival = sample_arrivals(r.arrival, arrival_rng, cap, r.duration_s)
+        n = len(arrival)
+
+    def lengths(from_trace, dist, rng, limit):
+        x = from_trace[:n] if from_trace is not None else sample_lengths(dist, n, rng, base_dir)
+        return x if limit is None else np.minimum(x, limit)
+
+    prompt = lengths(None if trace is None else trace.prompt_tokens, r.prompt_tokens, prompt_rng, r.max_prompt_tokens)
+    output = lengths(None if trace is None else trace.output_tokens, r.output_tokens, output_rng, r.max_output_tokens)
+    if closed:
+        return Requests(prompt, output, None, closed_loop_clients=r.arrival.clients,
+                        think_time_s=r.arrival.think_time_s, duration_s=r.duration_s)
+    return Requests(prompt, output, arrival, duration_s=r.duration_s)
+
+
+def load_requests(name_or_path: str) -> tuple[WorkloadSpec, Requests]:
+    """load_workload + build_requests in one call."""
+    spec, path = load_workload(name_or_path)
+    return spec, build_requests(spec, path)

@@ -1,0 +1,182 @@
+"""Reading request traces (CSV, JSONL, or a JSON list of objects) through the column mapping
+of a TraceSource. Only the mapped columns are kept; every problem is one InfersimError line
+naming the file, the column and, for bad values, the row (1 = first data row)."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..errors import InfersimError
+from .schema import TraceSource
+
+_UNIT_S = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
+
+
+def file_format(path: Path, fmt: str | None) -> str:
+    if fmt:
+        return fmt
+    suffix = path.suffix.lower()
+    if suffix in (".csv", ".tsv"):
+        return "csv"
+    if suffix in (".jsonl", ".ndjson"):
+        return "jsonl"
+    if suffix == ".json":
+        return "json"
+    raise InfersimError(f"{path}: cannot tell the format from the suffix '{suffix}'; set format: csv, jsonl or json")
+
+
+def _missing(path: Path, column: str, have) -> InfersimError:
+    return InfersimError(f"{path}: column '{column}' not found; columns: {', '.join(map(str, have))}")
+
+
+def read_columns(path: Path, columns: list[str], fmt: str | None = None, nrows: int | None = None) -> dict[str, np.ndarray]:
+    """The named columns of a trace file as arrays (raw values: numbers or strings), all of
+    the same length; at most `nrows` rows are read when given."""
+    path = Path(path)
+    if not path.is_file():
+        raise InfersimError(f"{path}: file not found")
+    fmt = file_format(path, fmt)
+    columns = list(dict.fromkeys(columns))
+    try:
+        if fmt == "csv":
+            sep = "\t" if path.suffix.lower() == ".tsv" else ","
+            have = list(pd.read_csv(path, nrows=0, sep=sep).columns)
+            for c in columns:
+                if c not in have:
+                    raise _missing(path, c, have)
+            df = pd.read_csv(path, usecols=columns, nrows=nrows, sep=sep)
+            return {c: df[c].to_numpy() for c in columns}
+        if fmt == "jsonl":
+            records = []
+            with path.open() as fh:
+                for line in fh:
+                    if line.strip():
+                        records.append(json.loads(line))
+                        if nrows is not None and len(records) >= nrows:
+                            break
+        else:
+            records = json.loads(path.read_text())
+            if not isinstance(records, list):
+                raise InfersimError(f"{path}: expected a JSON list of objects, got {type(records).__name__}")
+            if nrows is not None:
+                records = records[:nrows]
+    except (json.JSONDecodeError, UnicodeDecodeError, pd.errors.ParserError) as exc:
+        raise InfersimError(f"{path}: malformed {fmt.upper()} ({str(exc).splitlines()[0]})") from None
+    first = records[0] if records else {}
+    if not isinstance(first, dict):
+        raise InfersimError(f"{path}: row 1 is not an object")
+    for c in columns:
+        if c not in first:
+            raise _missing(path, c, first.keys())
+    out = {}
+    for c in columns:
+        try:
+            out[c] = np.array([r[c] for r in records], dtype=object)
+        except (KeyError, TypeError):
+            row = next(i for i, r in enumerate(records) if not isinstance(r, dict) or c not in r)
+            raise InfersimError(f"{path}: column '{c}' missing in row {row + 1}") from None
+    return out
+
+
+def _bad_row(path, column, mask, first_row: int, what: str) -> InfersimError:
+    i = int(np.flatnonzero(mask)[0])
+    return InfersimError(f"{path}: column '{column}', row {first_row + i + 1}: {what}")
+
+
+def to_numbers(values: np.ndarray, path, column: str, first_row: int = 0) -> np.ndarray:
+    """float64 values, >= 0; a non-numeric, missing or negative value is an error."""
+    if values.dtype.kind in "iuf":
+        x = values.astype(np.float64)
+    else:
+        x = pd.to_numeric(pd.Series(values, dtype=object), errors="coerce").to_numpy(dtype=np.float64)
+    bad = ~np.isfinite(x)
+    if bad.any():
+        v = values[np.flatnonzero(bad)[0]]
+        raise _bad_row(path, column, bad, first_row, f"not a number: {v!r}")
+    if (x < 0).any():
+        raise _bad_row(path, column, x < 0, first_row, f"negative value {x[x < 0][0]:g}")
+    return x
+
+
+def to_lengths(values: np.ndarray, path, column: str, kind: str = "tokens", scale: float = 1.0,
+               first_row: int = 0) -> np.ndarray:
+    """Token counts (int64, >= 1): the numbers in the column, or for kind text_words the word
+    count of the text; times `scale`, rounded, zeros raised to 1."""
+    if kind == "text_words":
+        if not all(isinstance(v, str) for v in values):
+            bad = np.array([not isinstance(v, str) for v in values])
+            raise _bad_row(path, column, bad, first_row, "not text (kind text_words)")
+        x = pd.Series(values, dtype=object).str.split().str.len().to_numpy(dtype=np.float64)
+    else:
+        x = to_numbers(values, path, column, first_row)
+    return np.maximum(np.rint(x * scale), 1).astype(np.int64)
+
+
+def to_seconds(values: np.ndarray, path, column: str, unit: str, first_row: int = 0) -> np.ndarray:
+    """Times as float64 seconds (an arbitrary origin for datetimes)."""
+    if unit != "datetime":
+        if values.dtype.kind in "iuf":
+            x = values.astype(np.float64)
+        else:
+            x = pd.to_numeric(pd.Series(values, dtype=object), errors="coerce").to_numpy(dtype=np.float64)
+        bad = ~np.isfinite(x)
+        if bad.any():
+            raise _bad_row(path, column, bad, first_row, f"not a number: {values[np.flatnonzero(bad)[0]]!r}")
+        return x * _UNIT_S[unit]
+    t = pd.to_datetime(pd.Series(values, dtype=object), format="ISO8601", errors="coerce", utc=True)
+    bad = t.isna().to_numpy()
+    if bad.any():
+        raise _bad_row(path, column, bad, first_row, f"not a datetime: {values[np.flatnonzero(bad)[0]]!r}")
+    ns = t.dt.tz_localize(None).to_numpy().astype("datetime64[ns]").astype(np.int64)
+    return (ns - ns.min()) * 1e-9
+
+
+@dataclass
+class TraceData:
+    arrival_s: np.ndarray | None  # sorted, starting at 0, time_scale applied
+    prompt_tokens: np.ndarray | None
+    output_tokens: np.ndarray | None
+
+    def __len__(self):
+        for a in (self.arrival_s, self.prompt_tokens, self.output_tokens):
+            if a is not None:
+                return len(a)
+        return 0
+
+
+def read_trace(src: TraceSource, path: Path, count: int | None = None) -> TraceData:
+    """Rows start_row .. start_row+count (all rows after start_row when count is None) of the
+    trace at `path`, mapped through `src`. Arrivals are shifted to start at 0, multiplied by
+    time_scale, and the rows are put in arrival order (stable) if the file is not."""
+    cols = [c for c in (src.arrival_column, src.prompt_column, src.output_column) if c]
+    if not cols:
+        raise InfersimError(f"{path}: the trace maps no column (arrival_column, prompt_column, output_column)")
+    nrows = None if count is None else src.start_row + count
+    raw = read_columns(path, cols, src.format, nrows=nrows)
+    have = len(raw[cols[0]]) - src.start_row
+    if have <= 0:
+        raise InfersimError(f"{path}: no rows after start_row {src.start_row}")
+    if count is not None and have < count:
+        raise InfersimError(f"{path}: requests.count {count} exceeds the {have} rows after start_row {src.start_row}")
+    rows = slice(src.start_row, None)
+    r0 = src.start_row
+    arrival = prompt = output = None
+    if src.arrival_column:
+        arrival = to_seconds(raw[src.arrival_column][rows], path, src.arrival_column, src.time_unit, r0)
+        arrival = (arrival - arrival.min()) * src.time_scale
+    if src.prompt_column:
+        prompt = to_lengths(raw[src.prompt_column][rows], path, src.prompt_column, src.prompt_column_kind,
+                            src.tokens_per_word if src.prompt_column_kind == "text_words" else 1.0, r0)
+    if src.output_column:
+        output = to_lengths(raw[src.output_column][rows], path, src.output_column, src.output_column_kind,
+                            src.tokens_per_word if src.output_column_kind == "text_words" else 1.0, r0)
+    if arrival is not None and np.any(np.diff(arrival) < 0):
+        order = np.argsort(arrival, kind="stable")
+        arrival = arrival[order]
+        prompt = None if prompt is None else prompt[order]
+        output = None if output is None else output[order]
+    return TraceData(arrival, prompt, output)

@@ -1,0 +1,147 @@
+"""The hardware catalog: every profile loads, numbers match the reference table, host links
+are per direction and can be overridden, and bad input gives one-line errors."""
+import json
+
+import pytest
+import yaml
+
+from simulator.errors import InfersimError, UnknownNameError
+from simulator.hardware.catalog import list_hardware, list_host_links, load_hardware, load_host_link
+from simulator.paths import hwprofiles_dir
+
+EXPECTED = {
+    "a100-80gb-pcie", "a100-80gb-sxm", "a100-40gb", "a800-80gb-pcie", "a40", "rtx-a6000",
+    "h100-sxm", "h100-pcie", "h200", "l40", "v100",
+}
+
+# (fp16 TFLOP/s, memory GB/s, memory GB) from shared/reference/facts.md
+FACTS = {
+    "a100-80gb-pcie": (312, 1935, 80), "a100-80gb-sxm": (312, 2039, 80), "a100-40gb": (312, 1555, 40),
+    "a800-80gb-pcie": (312, 1935, 80), "a40": (149.7, 696, 48), "rtx-a6000": (154.8, 768, 48),
+    "h100-sxm": (989.5, 3350, 80), "h100-pcie": (756.5, 2048, 80), "h200": (989.5, 4800, 141),
+    "l40": (181, 864, 48), "v100": (112, 900, 32),
+}
+
+
+def test_every_required_profile_exists():
+    assert EXPECTED <= set(list_hardware())
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_profile_loads_and_matches_facts(name):
+    hw = load_hardware(name)
+    assert hw.name == name and hw.source and hw.aliases
+    fp16, bandwidth, memory = FACTS[name]
+    assert hw.peak_tflops["fp16"] == pytest.approx(fp16, rel=1e-3)
+    assert hw.memory_bandwidth_gbps == bandwidth
+    assert hw.memory_gb == memory
+    assert hw.peak_tflops["fp32"] < hw.peak_tflops["fp16"]
+    # Uncalibrated: the datasheet roofline, and no invented overheads.
+    for op in ("linear", "attention", "elementwise", "communication"):
+        assert hw.efficiency_for(op).compute == 1.0 and hw.efficiency_for(op).memory == 1.0
+    assert hw.overheads.kernel_launch_us == 0 and hw.overheads.iteration_us == 0
+    assert hw.host_link.source and hw.interconnect is not None and hw.interconnect.source
+    assert {"peak_tflops", "memory_bandwidth_gbps", "memory_gb"} <= set(hw.sources)
+
+
+def test_a100_80gb_pcie_matches_facts():
+    hw = load_hardware("a100")
+    assert hw.name == "a100-80gb-pcie"
+    assert hw.peak_flops("fp16") == 312e12 and hw.peak_flops("bf16") == 312e12
+    assert hw.peak_flops("int8") == 624e12
+    assert hw.memory_bandwidth_bytes_per_s() == 1935e9
+    assert hw.memory_bytes() == 80e9
+    assert hw.host_link.name == "PCIe 4.0 x16"
+    # 75-85% of 31.5 GB/s per direction
+    assert 0.75 * 31.5 <= hw.host_link.h2d_gbps <= 0.85 * 31.5
+    assert 0.75 * 31.5 <= hw.host_link.d2h_gbps <= 0.85 * 31.5
+
+
+@pytest.mark.parametrize("name, gen_gbps", [("rtx-a6000", 31.5), ("h100-sxm", 63.0), ("v100", 15.75)])
+def test_host_link_matches_pcie_generation(name, gen_gbps):
+    link = load_hardware(name).host_link
+    assert 0.75 * gen_gbps <= link.h2d_gbps <= 0.85 * gen_gbps
+
+
+def test_nvlink_per_direction():
+    assert load_hardware("a100-80gb-sxm").interconnect.bandwidth_gbps == 300
+    assert load_hardware("h100-sxm").interconnect.bandwidth_gbps == 450
+    assert load_hardware("h200").interconnect.bandwidth_gbps == 450
+
+
+def test_h2d_and_d2h_are_separate_fields(tmp_path):
+    data = yaml.safe_load((hwprofiles_dir() / "a100-80gb-pcie.yaml").read_text())
+    data["host_link"].update(h2d_gbps=12.89, d2h_gbps=0.97)  # FlexGen's asymmetric T4 host
+    path = tmp_path / "asym.yaml"
+    path.write_text(yaml.safe_dump(data))
+    link = load_hardware(str(path)).host_link
+    assert (link.h2d_gbps, link.d2h_gbps) == (12.89, 0.97)
+
+
+def test_host_link_override():
+    base = load_hardware("rtx-a6000")
+    infinigen = load_hardware("a6000", host_link="pcie3x16")
+    assert infinigen.host_link.name == "PCIe 3.0 x16"
+    assert infinigen.host_link.h2d_gbps == pytest.approx(0.8 * 15.75)
+    assert infinigen.host_link.h2d_gbps < base.host_link.h2d_gbps
+    # Only the host link changes, and the cached profile is untouched.
+    assert infinigen.peak_tflops == base.peak_tflops
+    assert load_hardware("rtx-a6000").host_link.name == "PCIe 4.0 x16"
+    assert load_hardware("a6000", host_link="PCIe-3-x16").host_link == infinigen.host_link
+
+
+def test_host_link_presets():
+    assert set(list_host_links()) == {"pcie3x16", "pcie4x16", "pcie5x16"}
+    speeds = [load_host_link(n).h2d_gbps for n in ("pcie3x16", "pcie4x16", "pcie5x16")]
+    assert speeds == sorted(speeds) and all(load_host_link(n).source for n in list_host_links())
+
+
+def test_loaded_profiles_are_independent_copies():
+    hw = load_hardware("h100")
+    hw.memory_gb = 1
+    assert load_hardware("h100").memory_gb == 80
+
+
+@pytest.mark.parametrize("alias, name", [
+    ("a100", "a100-80gb-pcie"), ("A100-80GB-PCIe", "a100-80gb-pcie"), ("a6000", "rtx-a6000"),
+    ("h100", "h100-sxm"), ("H200", "h200"),
+])
+def test_aliases(alias, name):
+    assert load_hardware(alias).name == name
+
+
+def test_unknown_profile_lists_known():
+    with pytest.raises(UnknownNameError) as err:
+        load_hardware("tpu-v5")
+    assert err.value.known == sorted(list_hardware())
+    assert "a100-80gb-pcie" in str(err.value)
+
+
+def test_unknown_host_link_lists_presets():
+    with pytest.raises(UnknownNameError) as err:
+        load_hardware("a100", host_link="pcie7x16")
+    assert "pcie3x16" in str(err.value) and "pcie7x16" in str(err.value)
+
+
+def test_malformed_yaml_names_the_file(tmp_path):
+    bad = tmp_path / "gpu.yaml"
+    bad.write_text("name: g\npeak_tflops: {fp16: 1\n")
+    with pytest.raises(InfersimError) as err:
+        load_hardware(str(bad))
+    assert str(bad) in str(err.value) and "malformed YAML" in str(err.value)
+
+
+def test_wrong_typed_field_names_the_file_and_field(tmp_path):
+    data = yaml.safe_load((hwprofiles_dir() / "a40.yaml").read_text())
+    data["host_link"]["d2h_gbps"] = "fast"
+    bad = tmp_path / "a40-typo.yaml"
+    bad.write_text(json.dumps(data))
+    with pytest.raises(InfersimError) as err:
+        load_hardware(str(bad))
+    msg = str(err.value)
+    assert str(bad) in msg and "host_link.d2h_gbps" in msg and "\n" not in msg
+
+
+def test_missing_profile_path(tmp_path):
+    with pytest.raises(InfersimError, match="file not found"):
+        load_hardware(str(tmp_path / "none.yaml"))

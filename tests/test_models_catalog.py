@@ -1,0 +1,232 @@
+"""The model catalog: published parameter counts, hand-computed sizes, HF config.json import,
+and one-line errors for bad names and bad files."""
+import json
+
+import pytest
+
+from simulator.catalog_loader import _norm
+from simulator.errors import InfersimError, UnknownNameError
+from simulator.models.catalog import list_models, load_model
+from simulator.models.hf_config import spec_from_hf_config
+from simulator.paths import models_dir
+from simulator.yamlio import load_mapping
+
+EXPECTED_MODELS = {
+    "llama-2-7b", "llama-2-13b", "llama-2-70b", "llama-7b", "llama-13b", "llama-33b", "llama-65b",
+    "vicuna-7b", "vicuna-13b", "vicuna-33b", "opt-125m", "opt-1.3b", "opt-6.7b", "opt-13b", "opt-30b",
+    "opt-66b", "llama-68m", "llama-160m", "mistral-7b", "zephyr-7b",
+}
+
+
+def test_catalog_lists_every_required_model():
+    assert EXPECTED_MODELS <= set(list_models())
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_MODELS))
+def test_params_within_one_percent_of_published(name):
+    spec = load_model(name)
+    assert spec.name == name
+    assert spec.source and spec.published_params and spec.published_params_source
+    assert spec.params_total() == pytest.approx(spec.published_params, rel=0.01)
+
+
+def test_aliases_are_unique_across_the_catalog():
+    seen = {}
+    for path in sorted(models_dir().glob("*.yaml")):
+        data = load_mapping(path)
+        for key in {_norm(path.stem), _norm(data["name"]), *map(_norm, data.get("aliases", []))}:
+            assert key not in seen, f"{key} in both {seen.get(key)} and {path.name}"
+            seen[key] = path.name
+
+
+@pytest.mark.parametrize("alias, name", [
+    ("meta-llama/Llama-2-7b-hf", "llama-2-7b"),
+    ("facebook/opt-13b", "opt-13b"),
+    ("lmsys/vicuna-7b-v1.3", "vicuna-7b"),
+    ("llama-32.5b", "llama-33b"),
+    ("LLaMA-30B", "llama-33b"),
+    ("JackFram/llama-160m", "llama-160m"),
+    ("mistralai/Mistral-7B-v0.1", "mistral-7b"),
+])
+def test_aliases_resolve(alias, name):
+    assert load_model(alias).name == name
+
+
+def test_exact_published_counts():
+    assert load_model("llama-2-7b").params_total() == 6_738_415_616
+    assert load_model("llama-2-70b").params_total() == 68_976_648_192
+    assert load_model("opt-125m").params_total() == 125_239_296
+    assert load_model("opt-1.3b").params_total() == 1_315_758_080
+    assert load_model("llama-68m").params_total() == 68_030_208
+
+
+def test_kv_bytes_per_token_by_hand():
+    assert load_model("llama-2-7b").bytes_kv_per_token("fp16") == 2 * 32 * 4096 * 2 == 524288
+    # GQA: only the 8 KV heads of 128 dims are cached.
+    assert load_model("llama-2-70b").bytes_kv_per_token("fp16") == 2 * 80 * 8 * 128 * 2 == 327680
+    assert load_model("mistral-7b").bytes_kv_per_token("fp16") == 2 * 32 * 8 * 128 * 2
+    assert load_model("opt-13b").bytes_kv_per_token("fp16") == 2 * 40 * 5120 * 2
+    assert load_model("llama-2-7b").bytes_kv_per_block(16, "int8") == 16 * 2 * 32 * 4096
+
+
+def test_weight_bytes_by_dtype():
+    spec = load_model("llama-2-13b")
+    p = spec.params_total()
+    assert spec.weight_bytes("fp16") == 2 * p
+    assert spec.weight_bytes("int8") == p
+    assert spec.weight_bytes("int4") == p / 2
+
+
+def test_family_conventions():
+    opt = load_model("opt-6.7b")
+    assert (opt.mlp, opt.norm, opt.attention_bias, opt.mlp_bias) == ("plain", "layernorm", True, True)
+    assert opt.tied_embeddings and opt.learned_positions and opt.position_offset == 2
+    assert opt.max_position_embeddings == 2048
+    for name in ("llama-2-7b", "mistral-7b", "vicuna-13b"):
+        s = load_model(name)
+        assert (s.mlp, s.norm, s.attention_bias, s.tied_embeddings) == ("gated", "rmsnorm", False, False)
+    assert load_model("zephyr-7b").kv_heads == 8
+
+
+def test_load_model_is_cached():
+    assert load_model("llama-2-7b") is load_model("meta-llama/Llama-2-7b-hf")
+
+
+# ---- Hugging Face config.json -------------------------------------------------------------
+HF_CONFIGS = {
+    "llama": ({"model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008, "num_attention_heads": 32,
+               "num_hidden_layers": 32, "num_key_value_heads": 32, "vocab_size": 32000,
+               "max_position_embeddings": 4096, "tie_word_embeddings": False, "torch_dtype": "float16"},
+              6_738_415_616),
+    "mistral": ({"model_type": "mistral", "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
+                 "num_hidden_layers": 32, "num_key_value_heads": 8, "vocab_size": 32000,
+                 "max_position_embeddings": 32768, "sliding_window": 4096, "torch_dtype": "bfloat16"},
+                7_241_732_096),
+    "opt": ({"model_type": "opt", "hidden_size": 768, "ffn_dim": 3072, "num_attention_heads": 12,
+             "num_hidden_layers": 12, "vocab_size": 50272, "max_position_embeddings": 2048,
+             "word_embed_proj_dim": 768, "do_layer_norm_before": True, "torch_dtype": "float16"},
+            125_239_296),
+    "gpt2": ({"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12, "n_inner": None,
+              "n_positions": 1024, "n_ctx": 1024, "vocab_size": 50257},
+             124_439_808),
+    "gpt_neox": ({"model_type": "gpt_neox", "hidden_size": 768, "intermediate_size": 3072, "num_attention_heads": 12,
+                  "num_hidden_layers": 12, "vocab_size": 50304, "max_position_embeddings": 2048,
+                  "rotary_pct": 0.25, "tie_word_embeddings": False, "torch_dtype": "float16"},
+                 162_322_944),  # pythia-160m
+}
+
+
+def _write_checkpoint(tmp_path, folder, config):
+    d = tmp_path / folder
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(config))
+    return d
+
+
+@pytest.mark.parametrize("family", sorted(HF_CONFIGS))
+def test_hf_config_json_loads_with_expected_count(tmp_path, family):
+    config, params = HF_CONFIGS[family]
+    ckpt = _write_checkpoint(tmp_path, f"my-{family}", config)
+    by_dir = load_model(str(ckpt))
+    by_file = load_model(str(ckpt / "config.json"))
+    assert by_dir == by_file
+    assert by_dir.family == family and by_dir.name == f"my-{family}"
+    assert by_dir.params_total() == params
+
+
+def test_hf_config_matches_catalog_entry(tmp_path):
+    config, _ = HF_CONFIGS["mistral"]
+    from_hf = load_model(str(_write_checkpoint(tmp_path, "m", config)))
+    catalog = load_model("mistral-7b")
+    assert from_hf.params_total() == catalog.params_total()
+    assert from_hf.bytes_kv_per_token() == catalog.bytes_kv_per_token()
+    assert from_hf.default_dtype == "bf16"
+
+
+def test_hf_gpt2_details():
+    spec = spec_from_hf_config(HF_CONFIGS["gpt2"][0], name="gpt2", source="gpt2/config.json")
+    assert spec.intermediate_size == 4 * 768  # n_inner: null
+    assert spec.tied_embeddings and spec.learned_positions and spec.max_position_embeddings == 1024
+    assert spec.default_dtype == "fp16"
+
+
+def test_hf_head_dim_and_tying():
+    config = dict(HF_CONFIGS["llama"][0], head_dim=64, num_key_value_heads=4, tie_word_embeddings=True)
+    spec = spec_from_hf_config(config, name="x", source="x/config.json")
+    assert spec.dim_head == 64 and spec.kv_heads == 4 and spec.tied_embeddings
+    assert spec.bytes_kv_per_token("fp16") == 2 * 32 * 4 * 64 * 2
+
+
+def test_hf_unsupported_model_type_names_file_field_and_choices():
+    with pytest.raises(InfersimError) as err:
+        spec_from_hf_config({"model_type": "mixtral"}, name="m", source="/ckpt/config.json")
+    msg = str(err.value)
+    assert "/ckpt/config.json" in msg and "model_type" in msg and "mixtral" in msg
+    for supported in ("llama", "mistral", "opt", "gpt2", "gpt_neox"):
+        assert supported in msg
+    assert "\n" not in msg
+
+
+def test_hf_missing_field_names_file_and_field(tmp_path):
+    config = {k: v for k, v in HF_CONFIGS["gpt2"][0].items() if k != "n_embd"}
+    ckpt = _write_checkpoint(tmp_path, "broken", config)
+    with pytest.raises(InfersimError) as err:
+        load_model(str(ckpt))
+    assert str(ckpt / "config.json") in str(err.value) and "'n_embd'" in str(err.value)
+
+
+def test_hf_wrong_type_names_the_config_field():
+    config = dict(HF_CONFIGS["opt"][0], ffn_dim="3072")
+    with pytest.raises(InfersimError, match=r"c\.json: field 'ffn_dim'"):
+        spec_from_hf_config(config, name="o", source="c.json")
+
+
+def test_hf_opt_embedding_projection_rejected():
+    config = dict(HF_CONFIGS["opt"][0], word_embed_proj_dim=512)  # the OPT-350m layout
+    with pytest.raises(InfersimError, match="word_embed_proj_dim"):
+        spec_from_hf_config(config, name="opt-350m", source="opt-350m/config.json")
+
+
+# ---- errors ---------------------------------------------------------------------------------
+def test_unknown_name_lists_known_models():
+    with pytest.raises(UnknownNameError) as err:
+        load_model("llama-9000b")
+    assert err.value.known == sorted(list_models())
+    assert "llama-2-7b" in str(err.value) and "opt-13b" in str(err.value)
+
+
+def test_missing_path_says_file_not_found(tmp_path):
+    with pytest.raises(InfersimError, match="file not found"):
+        load_model(str(tmp_path / "nope.yaml"))
+
+
+def test_malformed_yaml_names_the_file(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nnum_layers: [1, 2\n")
+    with pytest.raises(InfersimError) as err:
+        load_model(str(bad))
+    assert str(bad) in str(err.value) and "malformed YAML" in str(err.value)
+
+
+def test_wrong_typed_field_names_the_file_and_field(tmp_path):
+    data = load_mapping(models_dir() / "llama-2-7b.yaml")
+    data["num_layers"] = "thirty-two"
+    bad = tmp_path / "typo.yaml"
+    bad.write_text(json.dumps(data))  # JSON is valid YAML
+    with pytest.raises(InfersimError) as err:
+        load_model(str(bad))
+    msg = str(err.value)
+    assert str(bad) in msg and "num_layers" in msg and "\n" not in msg
+
+
+def test_model_yaml_path_loads(tmp_path):
+    data = load_mapping(models_dir() / "opt-125m.yaml")
+    data.update(name="my-opt", aliases=[], num_layers=6)
+    path = tmp_path / "my-opt.yaml"
+    path.write_text(json.dumps(data))
+    spec = load_model(str(path))
+    assert spec.name == "my-opt" and spec.num_layers == 6
+    # An edited file is re-read, not served from the cache.
+    data["num_layers"] = 3
+    path.write_text(json.dumps(data) + "\n")
+    assert load_model(str(path)).num_layers == 3
