@@ -1,4 +1,61 @@
+"""`sim`: the command-line entry point. Each subcommand lives in its own module and registers
+an argparse parser; user errors (InfersimError) print one line and exit 2."""
+from __future__ import annotations
+
+import argparse
+import importlib
 import sys
-def main(argv=None):
-    print("sim ok")
-    return 0
+
+from ..errors import InfersimError
+
+# subcommand -> module under simulator.cli with `add_parser(subparsers)` and `run(args) -> int`
+SUBCOMMANDS = {
+    "run": "run",
+    "roofline": "roofline",
+    "medusa": "medusa",
+    "models": "catalog",
+    "hardware": "catalog",
+    "workloads": "catalog",
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse's usage errors are bad input too: one line, exit 2
+        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        raise SystemExit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .. import __version__
+
+    parser = _Parser(prog="sim", description="infersim: LLM inference roofline modeler and serving simulator")
+    parser.add_argument("--version", action="version", version=f"infersim {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    seen = set()
+    for module in dict.fromkeys(SUBCOMMANDS.values()):
+        if module in seen:
+            continue
+        seen.add(module)
+        mod = importlib.import_module(f"simulator.cli.{module}")
+        mod.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except InfersimError as exc:
+        sys.stderr.write(f"sim {args.command}: error: {exc}\n")
+        return exc.exit_code
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted\n")
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

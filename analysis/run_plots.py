@@ -1,0 +1,122 @@
+"""Plots of one run directory: latency CDFs, batch size and KV use over time, throughput."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plt.rcParams.update({"figure.dpi": 110, "axes.grid": True, "grid.alpha": 0.3, "svg.hashsalt": "infersim",
+                         "axes.spines.top": False, "axes.spines.right": False})
+    return plt
+
+
+def _save(fig, path: Path) -> None:
+    # fixed metadata so the same run gives byte-identical images
+    fig.savefig(path, metadata={"Software": None}, bbox_inches="tight")
+
+
+def _cdf(ax, values: np.ndarray, label: str, scale: float = 1.0) -> None:
+    v = np.sort(values[np.isfinite(values)]) * scale
+    if v.size:
+        ax.plot(v, np.arange(1, v.size + 1) / v.size, label=label)
+
+
+def _time_weighted(t0: np.ndarray, t1: np.ndarray, values, bins: int = 400):
+    """Time-weighted means of piecewise-constant series on a regular grid: a busy run has
+    millions of iterations, far more than pixels."""
+    edges = np.linspace(t0.min(), max(t1.max(), t0.min() + 1e-9), bins + 1)
+    lo = np.clip(np.searchsorted(edges, t0, side="right") - 1, 0, bins - 1)
+    dur = t1 - t0
+    wsum = np.bincount(lo, weights=dur, minlength=bins)
+    out = [np.bincount(lo, weights=dur * v, minlength=bins) / np.where(wsum > 0, wsum, np.nan) for v in values]
+    return (edges[:-1] + edges[1:]) / 2, out
+
+
+def plot_run(run_dir: Path) -> list[Path]:
+    import pyarrow.parquet as pq
+
+    plt = _pyplot()
+    run_dir = Path(run_dir)
+    out = run_dir / "plots"
+    out.mkdir(exist_ok=True)
+    req = pq.read_table(run_dir / "requests.parquet").to_pydict()
+    req = {k: np.asarray(v, dtype=float) for k, v in req.items()}
+    made = []
+
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    for ax, (col, title, scale, unit) in zip(axes, (("ttft_s", "time to first token", 1.0, "s"),
+                                                   ("tpot_s", "time per output token", 1e3, "ms"),
+                                                   ("e2e_s", "end-to-end latency", 1.0, "s"))):
+        _cdf(ax, req[col], title, scale)
+        for p, ls in ((50, ":"), (99, "--")):
+            finite = req[col][np.isfinite(req[col])]
+            if finite.size:
+                x = np.percentile(finite, p) * scale
+                ax.axvline(x, color="grey", ls=ls, lw=1)
+                ax.annotate(f"p{p} {x:.3g}", (x, 0.05 if p == 50 else 0.15), fontsize=8, color="grey",
+                            xytext=(3, 0), textcoords="offset points")
+        ax.set_xlabel(f"{title} ({unit})")
+        ax.set_ylabel("fraction of requests")
+        ax.set_ylim(0, 1.01)
+    fig.suptitle("latency CDFs")
+    fig.tight_layout()
+    made.append(out / "latency_cdf.png")
+    _save(fig, made[-1])
+    plt.close(fig)
+
+    series_path = run_dir / "series.parquet"
+    if series_path.exists():
+        s = pq.read_table(series_path).to_pydict()
+        s = {k: np.asarray(v, dtype=float) for k, v in s.items()}
+        fig, (a1, a2) = plt.subplots(2, 1, figsize=(11, 5.2), sharex=True)
+        multi = s["replica"].max() > 0
+        for rep in np.unique(s["replica"]):
+            sel = s["replica"] == rep
+            grid, means = _time_weighted(s["t_start_s"][sel], s["t_end_s"][sel],
+                                         (s["batch_size"][sel], s["gpu_blocks_used"][sel], s["cpu_blocks_used"][sel]))
+            lab = f"replica {int(rep)}" if multi else None
+            a1.plot(grid, means[0], lw=1, label=lab)
+            a2.plot(grid, means[1], lw=1, label=lab or "GPU")
+            if means[2].max() > 0:
+                a2.plot(grid, means[2], lw=1, ls="--", label=None if multi else "CPU (swapped out)")
+        a1.set_ylabel("batch size\n(time-weighted)")
+        a2.set_ylabel("KV blocks in use")
+        a2.set_xlabel("simulated time (s)")
+        a2.legend(loc="upper right", fontsize=8)
+        fig.suptitle("batch size and KV-cache use over time")
+        fig.tight_layout()
+        made.append(out / "timeline.png")
+        _save(fig, made[-1])
+        plt.close(fig)
+
+    ok = np.isfinite(req["e2e_s"])
+    if ok.any():
+        finish = req["finish_s"][ok]
+        tokens = req["output_tokens"][ok]
+        span = max(finish.max(), 1e-9)
+        bins = np.linspace(0, span, min(100, max(10, int(ok.sum() // 20))) + 1)
+        tok, _ = np.histogram(finish, bins=bins, weights=tokens)
+        cnt, _ = np.histogram(finish, bins=bins)
+        width = bins[1] - bins[0]
+        fig, ax = plt.subplots(figsize=(11, 3.4))
+        ax.plot(bins[:-1] + width / 2, tok / width, label="output tokens/s")
+        ax2 = ax.twinx()
+        ax2.plot(bins[:-1] + width / 2, cnt / width, color="tab:orange", lw=0.8, label="requests/s")
+        ax.set_xlabel("simulated time (s)")
+        ax.set_ylabel("output tokens/s")
+        ax2.set_ylabel("requests finished/s")
+        fig.legend(loc="upper right", fontsize=8)
+        ax.set_title("throughput over time (by finish time)")
+        fig.tight_layout()
+        made.append(out / "throughput.png")
+        _save(fig, made[-1])
+        plt.close(fig)
+    return made

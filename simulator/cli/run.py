@@ -1,0 +1,163 @@
+"""`sim run`: simulate a workload and write a run directory."""
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "run", help="simulate serving a workload (built-in name or YAML file)",
+        description="Simulate an LLM serving deployment on a workload and write a run directory "
+                    "(config.yaml, requests.parquet, series.parquet, summary.json, plots/).")
+    p.add_argument("--workload", "-w", required=True,
+                   help="built-in workload name (see `sim workloads`) or a workload YAML file")
+    p.add_argument("--out", "-o", type=Path, default=None, help="run directory (default: runs/<workload name>)")
+    p.add_argument("--seed", type=int, default=None, help="override the workload's seed")
+    p.add_argument("--requests", "-n", type=int, default=None, help="override the request count")
+    p.add_argument("--model", default=None, help="override the model (name, YAML or config.json)")
+    p.add_argument("--hardware", default=None, help="override the hardware profile")
+    p.add_argument("--scheduler", default=None, help="override serving.scheduler (fcfs, fairness)")
+    p.add_argument("--preemption", default=None, help="override serving.preemption (recompute, swap, cost_aware)")
+    p.add_argument("--rate", type=float, default=None, help="override the arrival rate (req/s) of poisson/gamma arrivals")
+    p.add_argument("--step-mode", action="store_true",
+                   help="simulate every decode step one by one (slower; same results as the default event mode)")
+    p.add_argument("--no-plots", action="store_true", help="skip the plots")
+    p.add_argument("--csv", action="store_true", help="also write requests.csv")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar or table")
+    p.set_defaults(func=run)
+
+
+def apply_overrides(spec, args):
+    from ..errors import InfersimError
+
+    upd = {}
+    if args.seed is not None:
+        upd["seed"] = args.seed
+    if args.model:
+        upd["model"] = args.model
+    hw, sv, rq = {}, {}, {}
+    if args.hardware:
+        hw["profile"] = args.hardware
+    if args.scheduler:
+        sv["scheduler"] = args.scheduler
+    if args.preemption:
+        sv["preemption"] = args.preemption
+    if args.requests is not None:
+        if args.requests <= 0:
+            raise InfersimError(f"--requests must be positive, got {args.requests}")
+        rq["count"] = args.requests
+    if args.rate is not None:
+        arr = spec.requests.arrival
+        if args.rate <= 0:
+            raise InfersimError(f"--rate must be positive, got {args.rate}")
+        if arr is None or not hasattr(arr, "rate"):
+            raise InfersimError("--rate needs a workload with poisson or gamma arrivals")
+        rq["arrival"] = arr.model_copy(update={"rate": args.rate})
+    if hw:
+        upd["hardware"] = spec.hardware.model_copy(update=hw)
+    if sv:
+        upd["serving"] = spec.serving.model_copy(update=sv)
+    if rq:
+        upd["requests"] = spec.requests.model_copy(update=rq)
+    return spec.model_copy(update=upd) if upd else spec
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..workload.builder import build_requests, load_workload
+
+    t0 = time.perf_counter()
+    spec, base_dir = load_workload(args.workload)
+    spec = apply_overrides(spec, args)
+    requests = build_requests(spec, base_dir)
+    out = args.out or Path("runs") / spec.name
+    summary = execute(spec, requests, out, source=str(args.workload), step_mode=args.step_mode,
+                      plots=not args.no_plots, csv=args.csv, quiet=args.quiet)
+    if not args.quiet:
+        print_summary(summary, spec, out, time.perf_counter() - t0)
+    return 0
+
+
+def execute(spec, requests, out: Path, *, source: str = "workload", step_mode: bool = False, plots: bool = True,
+            csv: bool = False, quiet: bool = True) -> dict:
+    """Simulate and write the run directory atomically; returns the summary."""
+    from ..engine.simulation import Simulation
+    from ..metrics.rundir import staged_dir, write_json, write_table, write_yaml
+    from ..metrics.summary import derived_columns, summarize
+
+    with staged_dir(Path(out)) as tmp:
+        with _progress(quiet, len(requests)) as progress:
+            sim = Simulation(spec, requests, step_mode=step_mode, series_path=tmp / "series.parquet",
+                             progress=progress, source=source)
+            result = sim.run()
+        summary = summarize(result)
+        write_yaml(tmp / "config.yaml", result.resolved)
+        table = dict(result.requests)
+        table.update(derived_columns(result.requests))
+        write_table(tmp / "requests.parquet", table)
+        if csv:
+            import pandas as pd
+
+            pd.DataFrame(table).to_csv(tmp / "requests.csv", index=False)
+        write_json(tmp / "summary.json", summary)
+        if plots:
+            from analysis.run_plots import plot_run
+
+            plot_run(tmp)
+    return summary
+
+
+class _progress:
+    """A rich progress bar over finished requests, labelled with simulated time."""
+
+    def __init__(self, quiet: bool, total: int):
+        self.quiet, self.total = quiet, total
+
+    def __enter__(self):
+        if self.quiet:
+            return None
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self._p = Progress(TextColumn("simulating"), BarColumn(), MofNCompleteColumn(),
+                           TextColumn("sim time {task.fields[sim_s]:.1f} s"), TimeElapsedColumn(), transient=True)
+        self._p.__enter__()
+        self._task = self._p.add_task("sim", total=self.total, sim_s=0.0)
+        return self.update
+
+    def update(self, done: int, total: int, now: float) -> None:
+        self._p.update(self._task, completed=done, sim_s=now)
+
+    def __exit__(self, *exc):
+        if not self.quiet:
+            self._p.__exit__(*exc)
+        return False
+
+
+def print_summary(s: dict, spec, out: Path, wall_s: float) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    c = Console()
+    t = Table(title=f"{spec.name}: {spec.model} on {spec.hardware.replicas} x {spec.hardware.profile} "
+                    f"(tp={spec.hardware.tensor_parallel}), {spec.serving.scheduler}/{spec.serving.preemption}")
+    for col in ("metric", "mean", "p50", "p90", "p99"):
+        t.add_column(col, justify="left" if col == "metric" else "right")
+    for key, label, scale, unit in (("ttft_s", "TTFT", 1e3, "ms"), ("tpot_s", "TPOT", 1e3, "ms"),
+                                    ("itl_s", "inter-token latency", 1e3, "ms"), ("e2e_s", "end-to-end", 1.0, "s"),
+                                    ("normalized_latency_s", "normalized latency", 1e3, "ms/token"),
+                                    ("queueing_s", "queueing delay", 1.0, "s"),
+                                    ("weighted_turnaround", "weighted turnaround", 1.0, "")):
+        st = s[key]
+        fmt = lambda v: "-" if v is None or v != v else f"{v * scale:.3g}"
+        t.add_row(f"{label} ({unit})" if unit else label, *(fmt(st[k]) for k in ("mean", "p50", "p90", "p99")))
+    c.print(t)
+    p = s["preemptions"]
+    c.print(f"requests {s['finished']}/{s['requests']} finished ({s['aborted']} aborted) in {s['makespan_s']:.2f} s simulated; "
+            f"throughput {s['throughput_req_per_s']:.2f} req/s, {s['throughput_output_tokens_per_s']:.1f} output tok/s")
+    c.print(f"preemptions: {p['recompute']} recompute ({p['recompute_forced_by_full_cpu']} forced by full CPU), {p['swap']} swap; "
+            f"swapped {s['swap_out_bytes'] / 1e9:.2f} GB out, {s['swap_in_bytes'] / 1e9:.2f} GB in")
+    c.print(f"batch size mean {s['batch_size']['mean_busy']:.1f} (max {s['batch_size']['max']:.0f}); KV use mean "
+            f"{100 * s['kv_utilization']['mean_busy']:.1f}% (max {100 * s['kv_utilization']['max']:.1f}%) of "
+            f"{s['gpu_blocks']} GPU blocks; {s['iterations']} iterations")
+    c.print(f"results in {out}/ ({wall_s:.2f} s wall)")

@@ -1,0 +1,75 @@
+"""vLLM-style paged KV block accounting: GPU and CPU pools of fixed-size blocks. Only counts
+are kept: no block identities are needed without prefix sharing, and counts are what
+admission (OK / LATER / NEVER), preemption and swapping depend on."""
+from __future__ import annotations
+
+from enum import Enum
+
+from ..errors import InfersimError
+
+
+class AllocStatus(Enum):
+    OK = "ok"
+    LATER = "later"
+    NEVER = "never"
+
+
+class BlockManager:
+    def __init__(self, gpu_blocks: int, cpu_blocks: int, block_size: int, watermark: float = 0.01):
+        if gpu_blocks <= 0:
+            raise InfersimError(f"no GPU KV blocks left (gpu_blocks={gpu_blocks}): the model does not fit")
+        self.total_gpu, self.total_cpu = int(gpu_blocks), int(cpu_blocks)
+        self.free_gpu, self.free_cpu = int(gpu_blocks), int(cpu_blocks)
+        self.block_size = int(block_size)
+        self.watermark_blocks = int(watermark * gpu_blocks)
+
+    def blocks_for_tokens(self, tokens: int) -> int:
+        return -(-int(tokens) // self.block_size)
+
+    def can_allocate(self, tokens: int) -> AllocStatus:
+        need = self.blocks_for_tokens(tokens)
+        if self.total_gpu - need < self.watermark_blocks:
+            return AllocStatus.NEVER
+        return AllocStatus.OK if self.free_gpu - need >= self.watermark_blocks else AllocStatus.LATER
+
+    def grow_to(self, seq, tokens: int) -> int:
+        """Make room on the GPU for `tokens` cached tokens; returns blocks added."""
+        add = self.blocks_for_tokens(tokens) - seq.num_gpu_blocks
+        if add <= 0:
+            return 0
+        if add > self.free_gpu:
+            raise RuntimeError(f"GPU block pool overdrawn by {seq!r}: need {add}, free {self.free_gpu}")
+        self.free_gpu -= add
+        seq.num_gpu_blocks += add
+        return add
+
+    def free(self, seq) -> None:
+        self.free_gpu += seq.num_gpu_blocks
+        self.free_cpu += seq.num_cpu_blocks
+        seq.num_gpu_blocks = seq.num_cpu_blocks = 0
+
+    def swap_out(self, seq) -> int:
+        n = seq.num_gpu_blocks
+        if n > self.free_cpu:
+            raise RuntimeError(f"CPU block pool overdrawn by {seq!r}")
+        self.free_cpu -= n
+        self.free_gpu += n
+        seq.num_cpu_blocks, seq.num_gpu_blocks = n, 0
+        return n
+
+    def swap_in(self, seq) -> int:
+        n = seq.num_cpu_blocks
+        if n > self.free_gpu:
+            raise RuntimeError(f"GPU block pool overdrawn swapping in {seq!r}")
+        self.free_gpu -= n
+        self.free_cpu += n
+        seq.num_gpu_blocks, seq.num_cpu_blocks = n, 0
+        return n
+
+    @property
+    def used_gpu(self) -> int:
+        return self.total_gpu - self.free_gpu
+
+    @property
+    def used_cpu(self) -> int:
+        return self.total_cpu - self.free_cpu

@@ -1,0 +1,49 @@
+"""How many KV blocks fit: GPU memory x utilisation, less the weights and the activation
+peak of the largest iteration (as vLLM's profiling run finds it), over the bytes of a block."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import InfersimError
+from ..hardware.profile import HardwareProfile
+from ..models.dtypes import bytes_per_element
+from ..models.spec import ModelSpec
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    gpu_blocks: int
+    cpu_blocks: int
+    kv_bytes_per_block: float  # per GPU (a block's KV is split over the TP group)
+    weight_bytes_per_gpu: float
+    activation_bytes_per_gpu: float
+    source: str  # "explicit" or "derived"
+
+
+def activation_peak_bytes(model: ModelSpec, max_batched_tokens: int, max_batch_size: int, act_dtype: str, tp: int) -> float:
+    """Rough peak of live activations in one forward: the hidden state and the MLP's
+    intermediate for every batched token, plus fp32 logits for every sequence."""
+    ab = bytes_per_element(act_dtype)
+    per_token = (4 * model.hidden_size + 2 * model.intermediate_size / tp) * ab
+    return max_batched_tokens * per_token + max_batch_size * model.vocab_size * 4.0
+
+
+def plan_memory(model: ModelSpec, hw: HardwareProfile, *, block_size: int, dtype: str, kv_dtype: str, tp: int,
+                gpu_memory_utilization: float, swap_space_gb: float, max_batched_tokens: int, max_batch_size: int,
+                gpu_blocks: int | None = None, cpu_blocks: int | None = None, source: str = "workload") -> MemoryPlan:
+    explicit = gpu_blocks is not None
+    block_bytes = model.bytes_kv_per_block(block_size, kv_dtype) / tp
+    weights = model.weight_bytes(dtype) / tp
+    act = activation_peak_bytes(model, max_batched_tokens, max_batch_size, "fp16" if dtype in ("int8", "int4") else dtype, tp)
+    if gpu_blocks is None:
+        budget = hw.memory_bytes() * gpu_memory_utilization - weights - act
+        gpu_blocks = int(budget // block_bytes)
+        if gpu_blocks <= 0:
+            raise InfersimError(
+                f"{source}: model '{model.name}' ({weights / 1e9:.1f} GB of weights per GPU in {dtype}) does not fit "
+                f"on '{hw.name}' ({hw.memory_gb:g} GB x {gpu_memory_utilization}) with tensor_parallel={tp}; "
+                f"raise hardware.tensor_parallel or lower the dtype")
+    if cpu_blocks is None:
+        cpu_blocks = int(swap_space_gb * 2**30 // block_bytes)
+    return MemoryPlan(int(gpu_blocks), int(cpu_blocks), block_bytes, weights, act,
+                      "explicit" if explicit else "derived")

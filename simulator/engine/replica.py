@@ -1,0 +1,221 @@
+"""One serving replica: an iteration-level (continuous batching) loop as a SimPy process.
+
+Each loop asks the scheduler policy for a decision, carries it out on the block manager,
+moves swapped KV over the host link (a SimPy resource, so transfers take time and queue),
+and advances the clock by the cost model's iteration time. When the decision is a plain
+decode of the same sequences (no admission, preemption or swap), the loop runs the whole
+stretch up to the next event in one go: a sequence finishing, the block pool running short,
+or a new arrival (which interrupts the stretch at the next step boundary). `step_mode` turns
+this off; both modes give identical timestamps (tested)."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..costmodel.batch import BatchShape
+from ..policies.state import SchedulerState
+
+MAX_STRETCH_STEPS = 1024
+
+
+class Replica:
+    def __init__(self, index: int, sim, blocks, scheduler, limits, kv_bytes_per_block: float, link):
+        self.index = index
+        self.sim = sim
+        self.env = sim.env
+        self.cost = sim.cost_model
+        self.metrics = sim.metrics
+        self.blocks = blocks
+        self.scheduler = scheduler
+        self.limits = limits
+        self.kv_bytes_per_block = kv_bytes_per_block
+        self.link = link
+        self.waiting: list = []
+        self.running: list = []
+        self.swapped: list = []
+        self.wakeup = self.env.event()
+        self.step_mode = sim.step_mode
+
+    @property
+    def outstanding(self) -> int:
+        return len(self.waiting) + len(self.running) + len(self.swapped)
+
+    def add(self, seq) -> None:
+        seq.replica = self.index
+        self.waiting.append(seq)
+        if not self.wakeup.triggered:
+            self.wakeup.succeed()
+
+    # ---- the loop ---------------------------------------------------------------------
+    def run(self):
+        env = self.env
+        while True:
+            if self.wakeup.triggered:
+                self.wakeup = env.event()
+            if not self.outstanding:
+                yield self.wakeup
+                continue
+            decision = self.scheduler.schedule(self._state())
+            out_bytes, in_bytes = self._apply(decision)
+            if out_bytes or in_bytes:
+                yield from self._transfer(out_bytes, in_bytes)
+            if not decision.batch:
+                if decision.abort or decision.preempt or decision.swap_in:
+                    continue
+                yield self.wakeup  # nothing can run until something arrives
+                continue
+            if decision.is_plain_decode and not self.step_mode:
+                yield from self._decode_stretch([s for s, _ in decision.batch])
+            else:
+                yield from self._iteration(decision.batch, out_bytes, in_bytes)
+
+    def _state(self) -> SchedulerState:
+        b = self.blocks
+        return SchedulerState(
+            now_s=self.env.now, waiting=self.waiting, running=self.running, swapped=self.swapped,
+            free_gpu_blocks=b.free_gpu, free_cpu_blocks=b.free_cpu, total_gpu_blocks=b.total_gpu,
+            block_size=b.block_size, watermark_blocks=b.watermark_blocks,
+            kv_bytes_per_block=self.kv_bytes_per_block, limits=self.limits, cost_model=self.cost)
+
+    def _apply(self, d) -> tuple[float, float]:
+        now = self.env.now
+        m = self.metrics
+        if d.abort:
+            gone = {id(s) for s in d.abort}
+            self.waiting = [s for s in self.waiting if id(s) not in gone]
+            for seq in d.abort:
+                self.blocks.free(seq)
+                self.sim.finish(seq, now, aborted=True)
+        out_bytes = in_bytes = 0.0
+        if d.preempt:
+            gone = {id(s) for s, _ in d.preempt}
+            self.running = [s for s in self.running if id(s) not in gone]
+            front = []
+            for seq, mode in d.preempt:
+                if mode == "swap":
+                    out_bytes += self.blocks.swap_out(seq) * self.kv_bytes_per_block
+                    self.swapped.append(seq)
+                    m.preempt(seq, "swap")
+                else:
+                    forced = self.scheduler.preemption.name == "swap"
+                    self.blocks.free(seq)
+                    seq.computed = 0
+                    front.append(seq)
+                    m.preempt(seq, "recompute", forced=forced)
+            # vLLM puts recomputed sequences back at the front of the waiting queue
+            self.waiting[:0] = sorted(front, key=lambda s: (s.arrival_s, s.rid))
+        if d.swap_in:
+            back = {id(s) for s in d.swap_in}
+            self.swapped = [s for s in self.swapped if id(s) not in back]
+            for seq in d.swap_in:
+                in_bytes += self.blocks.swap_in(seq) * self.kv_bytes_per_block
+                self.running.append(seq)
+        if d.admit:
+            n = len(d.admit)
+            if self.waiting[:n] == d.admit:
+                del self.waiting[:n]
+            else:
+                took = {id(s) for s in d.admit}
+                self.waiting = [s for s in self.waiting if id(s) not in took]
+            for seq in d.admit:
+                self.blocks.grow_to(seq, seq.num_tokens)
+                if seq.first_scheduled_s < 0:
+                    seq.first_scheduled_s = now
+                self.running.append(seq)
+        m.counters["swap_out_bytes"] += out_bytes
+        m.counters["swap_in_bytes"] += in_bytes
+        return out_bytes, in_bytes
+
+    def _transfer(self, out_bytes: float, in_bytes: float):
+        """Swap-out then swap-in over this replica's host link, before the iteration runs."""
+        with self.link.request() as req:
+            yield req
+            for nbytes, direction in ((out_bytes, "d2h"), (in_bytes, "h2d")):
+                if nbytes:
+                    yield self.env.timeout_at(self.env.now + self.cost.transfer_time_s(nbytes, direction))
+
+    # ---- one general iteration (prefill, chunks, mixed) -------------------------------
+    def _iteration(self, batch, out_bytes: float, in_bytes: float):
+        env, blocks = self.env, self.blocks
+        q = np.fromiter((n for _, n in batch), dtype=np.int64, count=len(batch))
+        ctx = np.fromiter((s.computed for s, _ in batch), dtype=np.int64, count=len(batch))
+        makes_token = np.fromiter((s.computed + n == s.num_tokens for s, n in batch), dtype=bool, count=len(batch))
+        for seq, n in batch:
+            blocks.grow_to(seq, seq.computed + n)
+        start = env.now
+        yield env.timeout_at(start + self.cost.iteration_time_s(BatchShape(q, ctx, makes_token.astype(np.int64))))
+        end = env.now
+        prefill_tokens = int(q[q > 1].sum())
+        self.metrics.segment((start, end, self.index, 1, len(batch), int(q.sum()), prefill_tokens, blocks.used_gpu,
+                              blocks.used_cpu, len(self.waiting), len(self.swapped), out_bytes, in_bytes))
+        itl = []
+        for (seq, n), tok in zip(batch, makes_token):
+            seq.computed += n
+            if not tok:
+                continue
+            seq.generated += 1
+            if seq.first_token_s < 0:
+                seq.first_token_s = end
+            else:
+                itl.append(end - seq.last_token_s)
+            seq.last_token_s = end
+            if seq.generated >= seq.output_len:
+                self._finish(seq, end)
+        if itl:
+            self.metrics.add_itl(itl, 1.0)
+
+    # ---- a stretch of identical decode steps ------------------------------------------
+    def _decode_stretch(self, seqs):
+        env, blocks, bs = self.env, self.blocks, self.blocks.block_size
+        b = len(seqs)
+        ctx = np.fromiter((s.computed for s in seqs), dtype=np.int64, count=b)
+        alloc = np.fromiter((s.num_gpu_blocks for s in seqs), dtype=np.int64, count=b)
+        remaining = np.fromiter((s.output_len - s.generated for s in seqs), dtype=np.int64, count=b)
+        k = int(min(remaining.min(), MAX_STRETCH_STEPS))
+        # step j writes the KV of token ctx + j: it needs ceil((ctx + j + 1) / bs) blocks
+        worst = int(np.maximum(0, -(-(ctx + k) // bs) - alloc).sum())
+        if worst > blocks.free_gpu:
+            steps = np.arange(k, dtype=np.int64)
+            need = np.maximum(0, -(-(ctx[:, None] + steps[None, :] + 1) // bs) - alloc[:, None]).sum(axis=0)
+            k = max(1, int(np.argmax(need > blocks.free_gpu)))
+        times = self.cost.decode_step_times_s(ctx, k)
+        start = env.now
+        ends = np.cumsum(np.concatenate(([start], times)))[1:]
+        done = env.timeout_at(float(ends[-1]))
+        if self.step_mode:
+            yield done
+        else:
+            yield done | self.wakeup
+            if env.now < ends[-1]:
+                # an arrival at time a: run only the steps that start before a
+                starts = np.concatenate(([start], ends[:-1]))
+                k = max(1, int(np.searchsorted(starts, env.now, side="left")))
+                yield env.timeout_at(float(ends[k - 1]))
+        end = env.now
+        self._commit_stretch(seqs, ctx, alloc, times[:k], ends[:k], start, end, k)
+
+    def _commit_stretch(self, seqs, ctx, alloc, times, ends, start, end, k):
+        blocks, bs, m = self.blocks, self.blocks.block_size, self.metrics
+        new_alloc = np.maximum(alloc, -(-(ctx + k) // bs))
+        added = int((new_alloc - alloc).sum())
+        if added > blocks.free_gpu:
+            raise RuntimeError("decode stretch overdrew the GPU block pool")
+        blocks.free_gpu -= added
+        b = len(seqs)
+        last = np.fromiter((s.last_token_s for s in seqs), dtype=np.float64, count=b)
+        m.add_itl(ends[0] - last, 1.0)
+        if k > 1:
+            m.add_itl(times[1:], float(b))
+        m.segment((start, end, self.index, k, b, b, 0, blocks.used_gpu, blocks.used_cpu, len(self.waiting),
+                   len(self.swapped), 0.0, 0.0))
+        for i, seq in enumerate(seqs):
+            seq.computed += k
+            seq.generated += k
+            seq.num_gpu_blocks = int(new_alloc[i])
+            seq.last_token_s = end
+            if seq.generated >= seq.output_len:
+                self._finish(seq, end)
+
+    def _finish(self, seq, now: float) -> None:
+        self.running.remove(seq)
+        self.blocks.free(seq)
+        self.sim.finish(seq, now)

@@ -1,0 +1,37 @@
+"""A request inside the engine. Policies read it (see policies/state.py); only the engine
+writes it."""
+from __future__ import annotations
+
+
+class Sequence:
+    __slots__ = ("rid", "prompt_len", "output_len", "arrival_s", "first_enqueue_s", "generated", "computed",
+                 "num_gpu_blocks", "num_cpu_blocks", "replica", "last_token_s", "first_scheduled_s",
+                 "first_token_s", "client")
+
+    def __init__(self, rid: int, prompt_len: int, output_len: int, arrival_s: float, client: int = -1):
+        self.rid = rid
+        self.prompt_len = int(prompt_len)
+        self.output_len = int(output_len)
+        self.arrival_s = arrival_s
+        self.first_enqueue_s = arrival_s
+        self.generated = 0
+        self.computed = 0  # tokens whose KV is in the cache
+        self.num_gpu_blocks = 0
+        self.num_cpu_blocks = 0
+        self.replica = -1
+        self.last_token_s = arrival_s
+        self.first_scheduled_s = -1.0
+        self.first_token_s = -1.0
+        self.client = client
+
+    @property
+    def num_tokens(self) -> int:
+        return self.prompt_len + self.generated
+
+    @property
+    def remaining_output(self) -> int:
+        return self.output_len - self.generated
+
+    def __repr__(self) -> str:
+        return (f"Sequence(rid={self.rid}, prompt={self.prompt_len}, gen={self.generated}/{self.output_len}, "
+                f"computed={self.computed}, gpu_blocks={self.num_gpu_blocks}, cpu_blocks={self.num_cpu_blocks})")

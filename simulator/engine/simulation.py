@@ -1,0 +1,162 @@
+"""A whole simulated deployment: arrivals, a router, replicas, metrics. Built from a
+workload spec; runs on SimPy; returns a `SimulationResult`."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import simpy
+
+from ..costmodel import build_cost_model
+from ..errors import InfersimError
+from ..hardware.catalog import load_hardware
+from ..metrics.collector import MetricsCollector
+from ..models.catalog import load_model
+from ..models.dtypes import normalize_dtype
+from ..policies import SchedulerLimits, build_scheduler
+from ..workload.requests import Requests
+from ..workload.schema import WorkloadSpec
+from .blocks import BlockManager
+from .clock import SimEnvironment
+from .memory import MemoryPlan, plan_memory
+from .replica import Replica
+from .router import ROUTERS
+from .sequence import Sequence
+
+
+@dataclass
+class SimulationResult:
+    spec: WorkloadSpec
+    requests: dict[str, np.ndarray]
+    series: np.ndarray | None  # None when streamed to disk
+    metrics: MetricsCollector
+    memory: MemoryPlan
+    sim_time_s: float
+    resolved: dict = field(default_factory=dict)
+
+
+class Simulation:
+    def __init__(self, spec: WorkloadSpec, requests: Requests, *, step_mode: bool = False,
+                 series_path: Path | None = None, progress: Callable[[int, int, float], None] | None = None,
+                 source: str = "workload"):
+        self.spec, self.requests, self.step_mode, self.progress = spec, requests, step_mode, progress
+        hw_sec, sv = spec.hardware, spec.serving
+        self.model = load_model(spec.model)
+        self.hardware = load_hardware(hw_sec.profile, host_link=hw_sec.host_link)
+        dtype = normalize_dtype(sv.dtype)
+        kv_dtype = normalize_dtype(sv.kv_dtype or sv.dtype)
+        tp = hw_sec.tensor_parallel
+        max_model_len = sv.max_model_len or self.model.max_position_embeddings
+        max_batched = sv.max_batched_tokens or (2048 if sv.chunked_prefill else max(max_model_len, 2048))
+        self.limits = SchedulerLimits(sv.max_batch_size, max_batched, max_model_len, sv.chunked_prefill)
+        self.cost_model = build_cost_model(sv.cost_model, self.model, self.hardware, dtype=dtype, kv_dtype=kv_dtype,
+                                           tensor_parallel=tp)
+        self.memory = plan_memory(self.model, self.hardware, block_size=sv.block_size, dtype=dtype, kv_dtype=kv_dtype,
+                                  tp=tp, gpu_memory_utilization=sv.gpu_memory_utilization,
+                                  swap_space_gb=sv.swap_space_gb, max_batched_tokens=max_batched,
+                                  max_batch_size=sv.max_batch_size, gpu_blocks=sv.gpu_blocks,
+                                  cpu_blocks=sv.cpu_blocks, source=source)
+        self.env = SimEnvironment()
+        self.metrics = MetricsCollector(len(requests), series_path=series_path)
+        self.replicas = [
+            Replica(i, self, BlockManager(self.memory.gpu_blocks, self.memory.cpu_blocks, sv.block_size, sv.watermark),
+                    build_scheduler(sv.scheduler, sv.preemption), self.limits, self.memory.kv_bytes_per_block,
+                    simpy.Resource(self.env, capacity=1))
+            for i in range(hw_sec.replicas)
+        ]
+        self.router = ROUTERS.get(hw_sec.router)(hw_sec.replicas)
+        self.total = len(requests)
+        self.finished = 0
+        self._next_rid = 0
+        self._progress_every = max(1, self.total // 200)
+
+    # ---- arrivals -----------------------------------------------------------------------
+    def _new_seq(self, i: int, arrival: float, client: int = -1) -> Sequence:
+        r = self.requests
+        seq = Sequence(i, r.prompt_tokens[i], r.output_tokens[i], arrival, client)
+        self.metrics.arrive(seq)
+        return seq
+
+    def _deliver(self, seq: Sequence) -> None:
+        self.replicas[self.router.route(seq, self.replicas)].add(seq)
+
+    def _open_loop(self):
+        env, arrivals = self.env, self.requests.arrival_s
+        limit = self.requests.duration_s
+        for i in range(len(arrivals)):
+            t = float(arrivals[i])
+            if limit is not None and t > limit:
+                break
+            if t > env.now:
+                yield env.timeout_at(t)
+            self._deliver(self._new_seq(i, t))
+
+    def _start_client(self, client: int) -> None:
+        if self._next_rid >= self.total:
+            return
+        now = self.env.now
+        if self.requests.duration_s is not None and now > self.requests.duration_s:
+            return
+        i = self._next_rid
+        self._next_rid += 1
+        self._deliver(self._new_seq(i, now, client))
+
+    def _client_after(self, client: int, delay: float):
+        yield self.env.timeout_at(self.env.now + delay)
+        self._start_client(client)
+
+    # ---- called by replicas -------------------------------------------------------------
+    def finish(self, seq: Sequence, now: float, aborted: bool = False) -> None:
+        self.metrics.finish(seq, now, aborted=aborted)
+        self.finished += 1
+        if self.progress is not None and self.finished % self._progress_every == 0:
+            self.progress(self.finished, self.total, now)
+        if seq.client >= 0:
+            think = self.requests.think_time_s
+            if think > 0:
+                self.env.process(self._client_after(seq.client, think))
+            else:
+                self._start_client(seq.client)
+
+    # ---- run ----------------------------------------------------------------------------
+    def run(self) -> SimulationResult:
+        if self.requests.closed_loop:
+            for c in range(self.requests.closed_loop_clients):
+                self._start_client(c)
+        else:
+            self.env.process(self._open_loop())
+        for rep in self.replicas:
+            self.env.process(rep.run())
+        self.env.run()
+        if self.progress is not None:
+            self.progress(self.finished, self.total, self.env.now)
+        stuck = sum(r.outstanding for r in self.replicas)
+        if stuck:
+            raise RuntimeError(f"simulation ended with {stuck} requests unfinished")
+        series = self.metrics.close_series()
+        return SimulationResult(self.spec, self.metrics.requests_table(), series, self.metrics, self.memory,
+                                float(self.env.now), self.resolved())
+
+    def resolved(self) -> dict:
+        """Everything the run used, defaults included."""
+        return {
+            "workload": self.spec.model_dump(mode="json"),
+            "model": self.model.summary(self.spec.serving.dtype),
+            "hardware": self.hardware.model_dump(mode="json"),
+            "memory": {"gpu_blocks": self.memory.gpu_blocks, "cpu_blocks": self.memory.cpu_blocks,
+                       "kv_bytes_per_block": self.memory.kv_bytes_per_block,
+                       "weight_bytes_per_gpu": self.memory.weight_bytes_per_gpu,
+                       "activation_bytes_per_gpu": self.memory.activation_bytes_per_gpu,
+                       "blocks_source": self.memory.source},
+            "limits": self.limits.__dict__,
+            "step_mode": self.step_mode,
+            "num_requests": self.total,
+        }
+
+
+def simulate(spec: WorkloadSpec, requests: Requests, **kwargs) -> SimulationResult:
+    if len(requests) == 0:
+        raise InfersimError("the workload produced no requests")
+    return Simulation(spec, requests, **kwargs).run()

@@ -1,0 +1,162 @@
+"""Append-only metric columns, filled by the engine as it goes.
+
+Per-request results live in preallocated arrays (one slot per request id). Inter-token
+latencies are kept as (value, weight) pairs folded into a fixed log-spaced histogram, so a
+million requests cost a few kilobytes. The time series has one row per engine segment (a
+prefill iteration or a run of identical decode steps) and can be streamed to Parquet in
+chunks so a long run keeps bounded memory."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+REQUEST_COLUMNS = ("arrival_s", "first_scheduled_s", "first_token_s", "finish_s", "prompt_tokens", "output_tokens",
+                   "replica", "preempt_recompute", "preempt_swap", "aborted")
+SERIES_COLUMNS = ("t_start_s", "t_end_s", "replica", "steps", "batch_size", "batch_tokens", "prefill_tokens",
+                  "gpu_blocks_used", "cpu_blocks_used", "waiting", "swapped", "swap_out_bytes", "swap_in_bytes")
+
+# inter-token latency histogram: 10 us .. 1e4 s, 400 bins per decade (~0.6% relative width)
+_ITL_EDGES = np.logspace(-5, 4, 9 * 400 + 1)
+
+
+class MetricsCollector:
+    def __init__(self, num_requests: int, series_path: Path | None = None, chunk_rows: int = 65536):
+        self.n = 0
+        self._cap = max(16, int(num_requests))
+        self.req = {c: np.full(self._cap, -1.0) for c in REQUEST_COLUMNS}
+        self.itl_hist = np.zeros(len(_ITL_EDGES) + 1, dtype=np.float64)
+        self.itl_sum = 0.0
+        self.itl_count = 0.0
+        self._itl_vals: list[np.ndarray] = []
+        self._itl_wts: list[np.ndarray] = []
+        self._itl_pending = 0
+        self.counters = {"preempt_recompute": 0, "preempt_swap": 0, "preempt_recompute_forced": 0,
+                         "swap_out_bytes": 0.0, "swap_in_bytes": 0.0, "aborted": 0, "iterations": 0, "segments": 0}
+        self._chunk = int(chunk_rows)
+        self._series = np.zeros((self._chunk, len(SERIES_COLUMNS)))
+        self._series_rows = 0
+        self._series_done: list[np.ndarray] = []
+        self._series_path = series_path
+        self._writer = None
+        # time-weighted sums over segments, for summaries without reading the series back
+        self.tw = {"time_s": 0.0, "batch_size": 0.0, "gpu_blocks_used": 0.0, "cpu_blocks_used": 0.0}
+        self.peak = {"batch_size": 0.0, "gpu_blocks_used": 0.0, "cpu_blocks_used": 0.0}
+
+    # ---- requests ---------------------------------------------------------------------
+    def _ensure(self, rid: int) -> None:
+        if rid >= self._cap:
+            new = max(rid + 1, self._cap * 2)
+            for c in REQUEST_COLUMNS:
+                grown = np.full(new, -1.0)
+                grown[: self._cap] = self.req[c]
+                self.req[c] = grown
+            self._cap = new
+
+    def arrive(self, seq) -> None:
+        self._ensure(seq.rid)
+        r = self.req
+        r["arrival_s"][seq.rid] = seq.arrival_s
+        r["prompt_tokens"][seq.rid] = seq.prompt_len
+        r["output_tokens"][seq.rid] = seq.output_len
+        r["preempt_recompute"][seq.rid] = 0
+        r["preempt_swap"][seq.rid] = 0
+        r["aborted"][seq.rid] = 0
+        self.n = max(self.n, seq.rid + 1)
+
+    def finish(self, seq, now: float, aborted: bool = False) -> None:
+        r = self.req
+        r["first_scheduled_s"][seq.rid] = seq.first_scheduled_s
+        r["first_token_s"][seq.rid] = seq.first_token_s
+        r["finish_s"][seq.rid] = now
+        r["replica"][seq.rid] = seq.replica
+        if aborted:
+            r["aborted"][seq.rid] = 1
+            self.counters["aborted"] += 1
+
+    def preempt(self, seq, mode: str, forced: bool = False) -> None:
+        self.req[f"preempt_{mode}"][seq.rid] += 1
+        self.counters[f"preempt_{mode}"] += 1
+        if forced:
+            self.counters["preempt_recompute_forced"] += 1
+
+    # ---- inter-token latencies --------------------------------------------------------
+    def add_itl(self, values, weight) -> None:
+        v = np.asarray(values, dtype=np.float64).reshape(-1)
+        w = np.broadcast_to(np.asarray(weight, dtype=np.float64), v.shape)
+        self._itl_vals.append(v)
+        self._itl_wts.append(w)
+        self._itl_pending += v.size
+        if self._itl_pending > 1 << 18:
+            self._fold_itl()
+
+    def _fold_itl(self) -> None:
+        if not self._itl_vals:
+            return
+        v = np.concatenate(self._itl_vals)
+        w = np.concatenate(self._itl_wts)
+        idx = np.searchsorted(_ITL_EDGES, v, side="right")
+        self.itl_hist += np.bincount(idx, weights=w, minlength=self.itl_hist.size)
+        self.itl_sum += float(np.dot(v, w))
+        self.itl_count += float(w.sum())
+        self._itl_vals, self._itl_wts, self._itl_pending = [], [], 0
+
+    def itl_percentile(self, p: float) -> float:
+        self._fold_itl()
+        if self.itl_count == 0:
+            return float("nan")
+        cum = np.cumsum(self.itl_hist)
+        i = int(np.searchsorted(cum, p / 100.0 * cum[-1], side="left"))
+        lo = _ITL_EDGES[max(0, i - 1)]
+        hi = _ITL_EDGES[min(len(_ITL_EDGES) - 1, i)]
+        return float(np.sqrt(lo * hi))  # geometric bin centre
+
+    def itl_mean(self) -> float:
+        self._fold_itl()
+        return self.itl_sum / self.itl_count if self.itl_count else float("nan")
+
+    # ---- time series ------------------------------------------------------------------
+    def segment(self, row: tuple) -> None:
+        self._series[self._series_rows] = row
+        dt = row[1] - row[0]
+        tw, pk = self.tw, self.peak
+        tw["time_s"] += dt
+        tw["batch_size"] += dt * row[4]
+        tw["gpu_blocks_used"] += dt * row[7]
+        tw["cpu_blocks_used"] += dt * row[8]
+        pk["batch_size"] = max(pk["batch_size"], row[4])
+        pk["gpu_blocks_used"] = max(pk["gpu_blocks_used"], row[7])
+        pk["cpu_blocks_used"] = max(pk["cpu_blocks_used"], row[8])
+        self._series_rows += 1
+        self.counters["segments"] += 1
+        self.counters["iterations"] += int(row[3])
+        if self._series_rows == self._chunk:
+            self._flush_series()
+
+    def _flush_series(self) -> None:
+        block = self._series[: self._series_rows].copy()
+        self._series_rows = 0
+        if self._series_path is None:
+            self._series_done.append(block)
+            return
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        table = pa.table({c: block[:, i] for i, c in enumerate(SERIES_COLUMNS)})
+        if self._writer is None:
+            self._series_path.parent.mkdir(parents=True, exist_ok=True)
+            self._writer = pq.ParquetWriter(str(self._series_path), table.schema)
+        self._writer.write_table(table)
+
+    def close_series(self):
+        """Finish the time series: returns the in-memory array (None when streamed)."""
+        if self._series_rows or (self._series_path is not None and self._writer is None):
+            self._flush_series()
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+            return None
+        return np.concatenate(self._series_done) if self._series_done else np.zeros((0, len(SERIES_COLUMNS)))
+
+    def requests_table(self) -> dict[str, np.ndarray]:
+        return {c: self.req[c][: self.n].copy() for c in REQUEST_COLUMNS}

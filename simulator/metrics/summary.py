@@ -1,0 +1,80 @@
+"""Per-request derived metrics and the run summary."""
+from __future__ import annotations
+
+import numpy as np
+
+PERCENTILES = (50, 90, 99)
+
+
+def derived_columns(req: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """TTFT, TPOT, end-to-end and normalized latency (Minions), weighted turnaround
+    (AdaptiveLLM eq. 5: (finish - send) / (finish - first scheduled)), queueing delay."""
+    arrival, first_tok, finish = req["arrival_s"], req["first_token_s"], req["finish_s"]
+    sched, out = req["first_scheduled_s"], req["output_tokens"]
+    ok = req["aborted"] == 0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        e2e = finish - arrival
+        decode_tokens = out - 1
+        tpot = np.where(decode_tokens > 0, (finish - first_tok) / np.maximum(decode_tokens, 1), np.nan)
+        cols = {
+            "ttft_s": np.where(ok, first_tok - arrival, np.nan),
+            "tpot_s": np.where(ok, tpot, np.nan),
+            "e2e_s": np.where(ok, e2e, np.nan),
+            "normalized_latency_s": np.where(ok, e2e / out, np.nan),
+            "weighted_turnaround": np.where(ok, e2e / (finish - sched), np.nan),
+            "queueing_s": np.where(ok, sched - arrival, np.nan),
+        }
+    return cols
+
+
+def _stats(x: np.ndarray) -> dict[str, float]:
+    x = x[np.isfinite(x)]
+    if x.size == 0:
+        return {"mean": float("nan"), **{f"p{p}": float("nan") for p in PERCENTILES}}
+    out = {"mean": float(x.mean())}
+    for p, v in zip(PERCENTILES, np.percentile(x, PERCENTILES)):
+        out[f"p{p}"] = float(v)
+    return out
+
+
+def summarize(result) -> dict:
+    req = result.requests
+    d = derived_columns(req)
+    m = result.metrics
+    ok = req["aborted"] == 0
+    makespan = float(result.sim_time_s)
+    out_tokens = float(req["output_tokens"][ok].sum())
+    in_tokens = float(req["prompt_tokens"][ok].sum())
+    replicas = result.spec.hardware.replicas
+    busy = m.tw["time_s"] or 1.0
+    gpu_blocks = result.memory.gpu_blocks
+    s = {
+        "requests": int(len(ok)),
+        "finished": int(ok.sum()),
+        "aborted": int((~ok).sum()),
+        "makespan_s": makespan,
+        "throughput_req_per_s": float(ok.sum()) / makespan if makespan else 0.0,
+        "throughput_output_tokens_per_s": out_tokens / makespan if makespan else 0.0,
+        "throughput_total_tokens_per_s": (out_tokens + in_tokens) / makespan if makespan else 0.0,
+        "ttft_s": _stats(d["ttft_s"]),
+        "tpot_s": _stats(d["tpot_s"]),
+        "itl_s": {"mean": m.itl_mean(), **{f"p{p}": m.itl_percentile(p) for p in PERCENTILES}},
+        "e2e_s": _stats(d["e2e_s"]),
+        "normalized_latency_s": _stats(d["normalized_latency_s"]),
+        "weighted_turnaround": _stats(d["weighted_turnaround"]),
+        "queueing_s": _stats(d["queueing_s"]),
+        "preemptions": {"recompute": m.counters["preempt_recompute"], "swap": m.counters["preempt_swap"],
+                        "recompute_forced_by_full_cpu": m.counters["preempt_recompute_forced"]},
+        "swap_out_bytes": m.counters["swap_out_bytes"],
+        "swap_in_bytes": m.counters["swap_in_bytes"],
+        "iterations": m.counters["iterations"],
+        "segments": m.counters["segments"],
+        # averages over the time replicas were busy (idle gaps excluded)
+        "batch_size": {"mean_busy": m.tw["batch_size"] / busy, "max": m.peak["batch_size"]},
+        "kv_utilization": {"mean_busy": m.tw["gpu_blocks_used"] / busy / gpu_blocks,
+                           "max": m.peak["gpu_blocks_used"] / gpu_blocks},
+        "busy_fraction": m.tw["time_s"] / (makespan * replicas) if makespan else 0.0,
+        "gpu_blocks": gpu_blocks,
+        "cpu_blocks": result.memory.cpu_blocks,
+    }
+    return s
