@@ -53,16 +53,16 @@ class RooflineCostModel(CostModel):
 
     # ---- core: time from batch totals (scalars or arrays) ----------------------------
     def _op_times(self, T, P, K, L):
-        """Per-operator (compute, memory, time) for totals; each a list over operators."""
-        out = []
-        for j, op in enumerate(self._ops):
-            fc, bc = self._flop_coef[j], self._byte_coef[j]
-            flops = fc[0] + fc[1] * T + fc[2] * P + fc[3] * K + fc[4] * L
-            nbytes = bc[0] + bc[1] * T + bc[2] * P + bc[3] * K + bc[4] * L
-            ct = flops / self._flop_rate[j]
-            mt = nbytes / self._byte_rate[j]
-            out.append((flops, nbytes, ct, mt, np.maximum(ct, mt) + self._launch_s))
-        return out
+        """Per-operator FLOPs, bytes, compute, memory and total time, shape (operators, n)
+        for n settings of the totals. Elementwise only (no BLAS), so a setting's numbers do
+        not depend on how many settings are evaluated together."""
+        T, P, K, L = (np.asarray(x, dtype=np.float64).reshape(1, -1) for x in (T, P, K, L))
+        F, B = self._flop_coef, self._byte_coef
+        flops = F[:, 0:1] + F[:, 1:2] * T + F[:, 2:3] * P + F[:, 3:4] * K + F[:, 4:5] * L
+        nbytes = B[:, 0:1] + B[:, 1:2] * T + B[:, 2:3] * P + B[:, 3:4] * K + B[:, 4:5] * L
+        ct = flops / self._flop_rate[:, None]
+        mt = nbytes / self._byte_rate[:, None]
+        return flops, nbytes, ct, mt, np.maximum(ct, mt) + self._launch_s
 
     def allreduce_time_s(self, tokens):
         """Ring all-reduce of the layer's activations, twice per layer, 2(tp-1)/tp of the data."""
@@ -73,15 +73,16 @@ class RooflineCostModel(CostModel):
         per = 2.0 * (self.tp - 1) / self.tp * (self._ar_bytes_per_token / 2.0) * tokens / self._ar_bw + self._ar_latency_s
         return 2.0 * per
 
-    def _time_from_totals(self, t: BatchTotals):
-        total = self._iteration_s
-        for j, (_, _, _, _, time) in enumerate(self._op_times(t.tokens, t.score_pairs, t.keys, t.logits)):
-            total = total + self._count[j] * time
-        return total + self.model.num_layers * self.allreduce_time_s(t.tokens)
+    def _time_from_totals(self, t: BatchTotals) -> np.ndarray:
+        time = self._op_times(t.tokens, t.score_pairs, t.keys, t.logits)[4] * self._count[:, None]
+        total = np.full(time.shape[1], self._iteration_s)
+        for row in time:  # a fixed, sequential order of additions: identical for any n
+            total = total + row
+        return total + self.model.num_layers * self.allreduce_time_s(np.asarray(t.tokens, dtype=np.float64))
 
     # ---- interface --------------------------------------------------------------------
     def iteration_time_s(self, batch: BatchShape) -> float:
-        return float(self._time_from_totals(batch.totals()))
+        return float(self._time_from_totals(batch.totals())[0])
 
     def decode_step_times_s(self, context_tokens, steps: int) -> np.ndarray:
         """Step j (0-based) sees contexts c_i + j; in totals that is T = L = b and
@@ -91,8 +92,8 @@ class RooflineCostModel(CostModel):
         b = ctx.size
         keys = (ctx.sum() + b) + b * np.arange(steps, dtype=np.int64)
         keys_f = keys.astype(np.float64)
-        bf = float(b)
-        return np.asarray(self._time_from_totals(BatchTotals(bf, keys_f, keys_f, bf)), dtype=np.float64) * np.ones(steps)
+        bf = np.full(steps, float(b))
+        return self._time_from_totals(BatchTotals(bf, keys_f, keys_f, bf))
 
     def transfer_time_s(self, nbytes: float, direction: Direction) -> float:
         link = self.hardware.host_link
@@ -103,11 +104,11 @@ class RooflineCostModel(CostModel):
 
     def breakdown(self, batch: BatchShape) -> list[OperatorCost]:
         t = batch.totals()
+        flops, nbytes, ct, mt, time = (a[:, 0] for a in self._op_times(t.tokens, t.score_pairs, t.keys, t.logits))
         rows = []
-        for j, (flops, nbytes, ct, mt, time) in enumerate(self._op_times(t.tokens, t.score_pairs, t.keys, t.logits)):
-            op = self._ops[j]
-            rows.append(OperatorCost(op.name, op.op_class, op.scope, int(self._count[j]), float(flops), float(nbytes),
-                                     float(ct), float(mt), float(time)))
+        for j, op in enumerate(self._ops):
+            rows.append(OperatorCost(op.name, op.op_class, op.scope, int(self._count[j]), float(flops[j]),
+                                     float(nbytes[j]), float(ct[j]), float(mt[j]), float(time[j])))
         if self.tp > 1:
             ar = float(self.allreduce_time_s(t.tokens))
             rows.append(OperatorCost("allreduce", "communication", "layer", self.model.num_layers, 0.0,

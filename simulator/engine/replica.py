@@ -54,7 +54,8 @@ class Replica:
             if not self.outstanding:
                 yield self.wakeup
                 continue
-            decision = self.scheduler.schedule(self._state())
+            state = self._state()
+            decision = self.scheduler.schedule(state)
             out_bytes, in_bytes = self._apply(decision)
             if out_bytes or in_bytes:
                 yield from self._transfer(out_bytes, in_bytes)
@@ -63,7 +64,7 @@ class Replica:
                     continue
                 yield self.wakeup  # nothing can run until something arrives
                 continue
-            if decision.is_plain_decode and not self.step_mode:
+            if decision.is_plain_decode and not self.step_mode and self.scheduler.repeats_while_decoding(state):
                 yield from self._decode_stretch([s for s, _ in decision.batch])
             else:
                 yield from self._iteration(decision.batch, out_bytes, in_bytes)

@@ -28,6 +28,13 @@ class Scheduler:
     def schedule(self, state: SchedulerState) -> Decision:
         raise NotImplementedError
 
+    def repeats_while_decoding(self, state: SchedulerState) -> bool:
+        """Would this scheduler keep returning the same plain decode, step after step, until
+        a sequence finishes, blocks run short or something arrives? True when queue order is
+        fixed (FCFS): a candidate that could not start will not start while free blocks only
+        shrink. The engine then jumps over those steps instead of asking again."""
+        return True
+
     # -- shared building blocks ---------------------------------------------------------
     def _reserve_running(self, state: SchedulerState, decision: Decision) -> tuple[list, int, int]:
         """Give every running sequence room for its next step, preempting from the back of
@@ -154,6 +161,17 @@ class FairnessScheduler(Scheduler):
 
     def order_key(self, seq, state):
         return (-self.priority(seq, state), seq.arrival_s, seq.rid)
+
+    def repeats_while_decoding(self, state: SchedulerState) -> bool:
+        # priorities drift with time at different rates, so the head of the queue can change
+        # mid-stretch; only when no candidate could start in any order is the decode stable
+        if len(state.running) >= state.limits.max_batch_size:
+            return True
+        room = state.free_gpu_blocks - state.watermark_blocks
+        smallest = min((state.blocks_for_tokens(s.num_tokens) for s in state.waiting), default=None)
+        smallest_swapped = min((max(s.num_cpu_blocks, state.blocks_for_tokens(s.computed + 1)) for s in state.swapped),
+                               default=None)
+        return all(x is None or x > room for x in (smallest, smallest_swapped))
 
     def schedule(self, state: SchedulerState) -> Decision:
         d = Decision()

@@ -72,4 +72,6 @@ class Decision:
     def is_plain_decode(self) -> bool:
         """True when nothing moves between queues and every sequence decodes one token:
         the engine may then repeat this decision until the next event."""
-        return not (self.preempt or self.swap_in or self.admit or self.abort)
+        if self.preempt or self.swap_in or self.admit or self.abort:
+            return False
+        return all(n == 1 and seq.computed == seq.num_tokens - 1 for seq, n in self.batch)
