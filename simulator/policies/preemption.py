@@ -3,7 +3,7 @@ KV and get prefilled again later (recompute)? AdaptiveLLM Algorithm 1 compares t
 from __future__ import annotations
 
 from ..registry import Registry
-from .state import PreemptMode, SchedulerState
+from .state import SchedulerState
 
 PREEMPTION_POLICIES: Registry = Registry("preemption policy")
 
@@ -11,7 +11,8 @@ PREEMPTION_POLICIES: Registry = Registry("preemption policy")
 class PreemptionPolicy:
     name = "base"
 
-    def choose(self, seq, state: SchedulerState, free_cpu_blocks: int) -> PreemptMode:
+    def choose(self, seq, state: SchedulerState, free_cpu_blocks: int) -> str:
+        """ "swap", "recompute", or "stall" (do not preempt: the sequence needing room waits)."""
         raise NotImplementedError
 
     @staticmethod
@@ -32,12 +33,14 @@ class RecomputePreemption(PreemptionPolicy):
 @PREEMPTION_POLICIES.register("swap")
 class SwapPreemption(PreemptionPolicy):
     """Always swap (AdaptiveLLM's vLLM_s baseline). vLLM aborts when CPU swap space runs out;
-    a simulator that stopped there would report nothing, so a victim that does not fit on the
-    CPU is recomputed instead, and counted apart as a forced recompute."""
+    AdaptiveLLM reports that its swap-only baseline instead ran smaller batches when the CPU
+    pool was full. So a victim that does not fit on the CPU is not preempted: the sequence that
+    needed the block waits ("stall") until blocks free up. Only when every running sequence
+    waits is one recomputed (counted apart as forced)."""
     name = "swap"
 
     def choose(self, seq, state, free_cpu_blocks):
-        return "swap" if self.fits_on_cpu(seq, free_cpu_blocks) else "recompute"
+        return "swap" if self.fits_on_cpu(seq, free_cpu_blocks) else "stall"
 
 
 @PREEMPTION_POLICIES.register("cost_aware")

@@ -38,17 +38,25 @@ class Scheduler:
     # -- shared building blocks ---------------------------------------------------------
     def _reserve_running(self, state: SchedulerState, decision: Decision) -> tuple[list, int, int]:
         """Give every running sequence room for its next step, preempting from the back of
-        the priority order as needed. Returns (kept, free GPU blocks, free CPU blocks)."""
+        the priority order as needed. A policy may answer "stall" (swap-only with a full CPU
+        pool): the sequence then sits this iteration out holding its blocks. If every
+        sequence stalls, nothing could ever free a block, so the last victim is recomputed.
+        Returns (sequences to run, free GPU blocks, free CPU blocks)."""
         queue = sorted(state.running, key=lambda s: self.order_key(s, state))
         free, free_cpu = state.free_gpu_blocks, state.free_cpu_blocks
-        kept = []
+        kept, stalled = [], []
         while queue:
             seq = queue.pop(0)
             q = self._step_tokens(seq, state)
             need = state.new_blocks_for_step(seq, q)
             while need > free:
-                victim = queue.pop() if queue else seq
+                victim = queue[-1] if queue else seq
                 mode = self.preemption.choose(victim, state, free_cpu)
+                if mode == "stall":
+                    stalled.append(seq)
+                    break
+                if queue:
+                    queue.pop()
                 decision.preempt.append((victim, mode))
                 free += victim.num_gpu_blocks
                 if mode == "swap":
@@ -58,6 +66,10 @@ class Scheduler:
             else:
                 free -= need
                 kept.append(seq)
+        if stalled and not kept and not decision.preempt:
+            victim = stalled[-1]
+            decision.preempt.append((victim, "recompute"))
+            free += victim.num_gpu_blocks
         return kept, free, free_cpu
 
     def _step_tokens(self, seq, state: SchedulerState) -> int:

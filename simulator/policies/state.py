@@ -12,7 +12,7 @@ from typing import Any, Literal, Protocol
 
 from ..costmodel.base import CostModel
 
-PreemptMode = Literal["swap", "recompute"]
+PreemptMode = Literal["swap", "recompute"]  # what a decision carries out ("stall" never gets here)
 
 
 class SeqLike(Protocol):
