@@ -48,6 +48,13 @@ def load_model_file(model: type[M], path: str | Path) -> M:
     return validate(model, load_mapping(path), str(path))
 
 
+def _umask_mode() -> int:
+    """The mode an ordinary new file would get (mkstemp makes files private, 0600)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def write_atomic(path: str | Path, data: bytes | str) -> None:
     """Write to a temporary file in the same folder, then rename over the target, so a crash
     never leaves a half-written result and an old result is never lost to a failed write."""
@@ -57,6 +64,7 @@ def write_atomic(path: str | Path, data: bytes | str) -> None:
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data.encode() if isinstance(data, str) else data)
+        os.chmod(tmp, _umask_mode())
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -77,6 +85,7 @@ def atomic_path(path: str | Path):
         os.close(fd)
         try:
             yield Path(tmp)
+            os.chmod(tmp, _umask_mode())
             os.replace(tmp, p)
         finally:
             if os.path.exists(tmp):

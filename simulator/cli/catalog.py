@@ -16,6 +16,11 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run_hardware)
     p = sub.add_parser("workloads", help="list built-in workloads", description="List the built-in workloads.")
     p.set_defaults(func=run_workloads)
+    p = sub.add_parser("schema", help="print the JSON schema of a data file (workload, model, hardware)",
+                       description="Print the JSON schema (field names, types, defaults, descriptions) of a "
+                                   "workload, model or hardware YAML file.")
+    p.add_argument("kind", choices=["workload", "model", "hardware"])
+    p.set_defaults(func=run_schema)
 
 
 def run_models(args: argparse.Namespace) -> int:
@@ -72,4 +77,16 @@ def run_workloads(args: argparse.Namespace) -> int:
         spec, _ = load_workload(name)
         table.add_row(name, spec.model, spec.hardware.profile, (spec.description or "").strip().split("\n")[0][:80])
     Console().print(table)
+    return 0
+
+
+def run_schema(args: argparse.Namespace) -> int:
+    import json
+
+    from ..hardware.profile import HardwareProfile
+    from ..models.spec import ModelSpec
+    from ..workload.schema import WorkloadSpec
+
+    model = {"workload": WorkloadSpec, "model": ModelSpec, "hardware": HardwareProfile}[args.kind]
+    print(json.dumps(model.model_json_schema(), indent=2))
     return 0

@@ -16,6 +16,7 @@ SUBCOMMANDS = {
     "models": "catalog",
     "hardware": "catalog",
     "workloads": "catalog",
+    "schema": "catalog",
 }
 
 

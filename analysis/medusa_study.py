@@ -1,0 +1,364 @@
+"""Medusa Appendix G.3: predicted speedup of tree (multi-candidate) decoding from the roofline.
+
+speedup = acceleration rate / overhead, where
+- the acceleration rate is the mean number of tokens accepted per decoding step, from either
+  (a) the paper's log fit to its Fig. 4a, rate = 0.477 ln(candidates) (`rate_model="log"`), or
+  (b) a head-accuracy table and a sparse tree (`rate_model="tree"`): expected accepted length
+      = 1 + sum over tree nodes of the product of the top-i accuracies along the node's path
+      (Medusa section 2.3.3, accuracies assumed independent);
+- the overhead is the time of one verification pass over `candidates` tokens per sequence
+  (BatchShape.verify) divided by the time of a plain decode step, both over `batch` sequences
+  with `seq_len` cached tokens; either the whole model (`block="model"`) or the paper's
+  simplified block, one layer of XW_Q, XW_K, XW_V, QK^T, PV, XW_u, XW_g, XW_d
+  (`block="paper"`, unfused attention by default so the score matrix traffic counts as in the
+  paper's Table 5).
+Medusa's own heads and the accept step are left out, as in the paper."""
+from __future__ import annotations
+
+import heapq
+from pathlib import Path
+from typing import Literal, Sequence, Union
+
+import numpy as np
+import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from simulator.costmodel import BatchShape, RooflineCostModel
+from simulator.errors import InfersimError, UnknownNameError
+from simulator.paths import catalog_dir
+from simulator.yamlio import atomic_path, load_mapping, validate
+
+from .roofline import POW2_BATCHES, POW2_SEQ_LENS, build_cost_model
+
+LOG_RATE_COEF = 0.477  # Medusa G.3: acceleration rate = 0.477 * ln(#candidates), fitted to Fig. 4a
+POW2_CANDIDATES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+PAPER_BLOCK_OPERATORS = ("q_proj", "k_proj", "v_proj", "qk", "pv", "up_proj", "gate_proj", "down_proj",
+                         "fc1", "fc2")  # fc1/fc2: the up/down of plain-MLP models (OPT); Llama has none
+RATE_MODELS = ("log", "tree")
+BLOCKS = ("model", "paper")
+SEQ_SWEEP_BATCH = 4  # the paper's Fig. 23 fixes batch 4
+
+
+# ---- acceleration rate -----------------------------------------------------------------
+def log_rate(candidates) -> np.ndarray:
+    """0.477 ln(q), clamped to at least 1.0: every step accepts at least one token (the base
+    model's own next token is always kept), so a rate below 1 is impossible; the fit drops
+    below 1 for fewer than e^(1/0.477) ~ 8 candidates and is 0 at one candidate."""
+    q = np.asarray(candidates, dtype=np.float64)
+    return np.maximum(1.0, LOG_RATE_COEF * np.log(q))
+
+
+class HeadTop(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    top1: float = Field(ge=0, le=1)
+    top5: float = Field(ge=0, le=1)
+
+    @model_validator(mode="after")
+    def _order(self):
+        if self.top5 < self.top1:
+            raise ValueError(f"top5 ({self.top5}) is below top1 ({self.top1})")
+        return self
+
+
+class HeadAccuracies(BaseModel):
+    """Medusa head accuracies and a sparse tree (simulator/catalog/medusa/*.yaml)."""
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    model: str = ""
+    source: str
+    top_k: int = Field(10, ge=1)
+    heads: list[HeadTop] = []
+    per_rank: Union[Literal["geometric"], list[list[float]]] = "geometric"
+    tree_name: str = ""
+    tree_source: str = ""
+    tree: list[list[int]]
+
+    @model_validator(mode="after")
+    def _check(self):
+        if isinstance(self.per_rank, list):
+            if any(not 0 <= a <= 1 for row in self.per_rank for a in row) or any(sum(r) > 1 + 1e-9 for r in self.per_rank):
+                raise ValueError("per_rank accuracies must lie in [0, 1] and add up to at most 1 per head")
+        elif not self.heads:
+            raise ValueError("per_rank 'geometric' needs heads with top1/top5")
+        depth = self.num_heads
+        seen = {()}
+        for choice in self.tree:
+            path = tuple(choice)
+            if not path or len(path) > depth or min(path) < 0 or max(path) >= self.top_k:
+                raise ValueError(f"tree node {choice}: needs 1..{depth} indices, each below top_k {self.top_k}")
+            if path[:-1] not in seen:
+                raise ValueError(f"tree node {choice} comes before its parent {list(path[:-1])}")
+            if path in seen:
+                raise ValueError(f"tree node {choice} is listed twice")
+            seen.add(path)
+        return self
+
+    @property
+    def num_heads(self) -> int:
+        return len(self.per_rank) if isinstance(self.per_rank, list) else len(self.heads)
+
+    def rank_accuracies(self) -> np.ndarray:
+        """(heads x top_k): probability that head k's rank-i guess is the right token."""
+        if isinstance(self.per_rank, list):
+            out = np.zeros((len(self.per_rank), self.top_k))
+            for k, row in enumerate(self.per_rank):
+                out[k, :min(len(row), self.top_k)] = row[:self.top_k]
+            return out
+        return np.array([_geometric_ranks(h.top1, h.top5, self.top_k) for h in self.heads])
+
+
+def _geometric_ranks(top1: float, top5: float, top_k: int) -> np.ndarray:
+    """a(i) = top1 * r**i with sum_{i<5} a(i) = top5 (bisection on r; the sum rises with r)."""
+    if top1 <= 0:
+        return np.zeros(top_k)
+    target = top5 / top1
+    lo, hi = 0.0, 10.0
+    for _ in range(200):
+        r = 0.5 * (lo + hi)
+        if sum(r ** i for i in range(5)) < target:
+            lo = r
+        else:
+            hi = r
+    acc = top1 * r ** np.arange(top_k)
+    total = acc.sum()
+    return acc / total if total > 1 else acc  # never more than certainty over the top_k guesses
+
+
+def list_accuracy_tables() -> list[str]:
+    folder = catalog_dir() / "medusa"
+    return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
+
+
+def load_accuracies(name_or_path: str) -> HeadAccuracies:
+    """A built-in table by name (simulator/catalog/medusa/NAME.yaml) or a YAML/JSON file."""
+    path = Path(str(name_or_path)).expanduser()
+    if path.suffix not in (".yaml", ".yml", ".json"):
+        path = catalog_dir() / "medusa" / f"{str(name_or_path).strip().lower()}.yaml"
+        if not path.is_file():
+            raise UnknownNameError("Medusa accuracy table", str(name_or_path), list_accuracy_tables())
+    return validate(HeadAccuracies, load_mapping(path), str(path))
+
+
+def path_accuracy(path: Sequence[int], acc: np.ndarray) -> float:
+    """Probability that a node's whole path is right: product over depth of rank accuracies."""
+    return float(np.prod([acc[depth, idx] for depth, idx in enumerate(path)]))
+
+
+def expected_accept_length(tree: Sequence[Sequence[int]], acc: np.ndarray) -> float:
+    """1 (the base model's own token) + sum over non-root nodes of their path accuracy."""
+    return 1.0 + sum(path_accuracy(p, acc) for p in tree)
+
+
+def grow_tree(table: HeadAccuracies, nodes: int) -> list[tuple[int, ...]]:
+    """A tree of `nodes` tokens (the root included): a prefix of the table's tree, extended
+    past its end greedily by the most probable child of any node (Medusa section 2.3.3)."""
+    if nodes < 1:
+        raise InfersimError(f"candidates must be >= 1, got {nodes}")
+    acc = table.rank_accuracies()
+    tree = [tuple(c) for c in table.tree[:nodes - 1]]
+    if len(tree) == nodes - 1:
+        return tree
+    have = set(tree) | {()}
+    heap: list[tuple[float, tuple[int, ...]]] = []
+    for parent in have:
+        _push_children(heap, parent, have, acc)
+    while len(tree) < nodes - 1 and heap:
+        _, node = heapq.heappop(heap)
+        if node in have:
+            continue
+        tree.append(node)
+        have.add(node)
+        _push_children(heap, node, have, acc)
+    return tree
+
+
+def _push_children(heap, parent, have, acc) -> None:
+    if len(parent) >= acc.shape[0]:
+        return
+    for i in range(acc.shape[1]):
+        child = parent + (i,)
+        if child not in have:
+            heapq.heappush(heap, (-path_accuracy(child, acc), child))
+
+
+def tree_rate(candidates, table: HeadAccuracies) -> np.ndarray:
+    acc = table.rank_accuracies()
+    return np.array([expected_accept_length(grow_tree(table, int(q)), acc) for q in np.atleast_1d(candidates)])
+
+
+def acceleration_rate(candidates, rate_model: str = "log", accuracies: str | HeadAccuracies = "vicuna-7b") -> np.ndarray:
+    if rate_model == "log":
+        return log_rate(candidates)
+    if rate_model == "tree":
+        table = load_accuracies(accuracies) if isinstance(accuracies, str) else accuracies
+        return tree_rate(candidates, table)
+    raise InfersimError(f"unknown rate model '{rate_model}'; known: {', '.join(RATE_MODELS)}")
+
+
+# ---- overhead ----------------------------------------------------------------------------
+def step_time_s(cost: RooflineCostModel, shape: BatchShape, block: str = "model") -> float:
+    if block == "model":
+        return cost.iteration_time_s(shape)
+    if block == "paper":
+        return float(sum(op.time_s for op in cost.breakdown(shape) if op.name in PAPER_BLOCK_OPERATORS))
+    raise InfersimError(f"unknown block '{block}'; known: {', '.join(BLOCKS)}")
+
+
+def overhead(cost: RooflineCostModel, batch: int, seq_len: int, candidates: int, block: str = "model") -> tuple[float, float, float]:
+    """(verify time, plain decode time, their ratio) for `batch` sequences of `seq_len` cached tokens."""
+    contexts = [int(seq_len)] * int(batch)
+    verify_s = step_time_s(cost, BatchShape.verify(contexts, int(candidates)), block)
+    decode_s = step_time_s(cost, BatchShape.decode(contexts), block)
+    return verify_s, decode_s, verify_s / decode_s
+
+
+# ---- the study ----------------------------------------------------------------------------
+STUDY_COLUMNS = ["model", "hardware", "block", "attention", "rate_model", "batch", "seq_len", "candidates",
+                 "acceleration_rate", "decode_time_s", "verify_time_s", "overhead", "speedup"]
+
+
+def medusa_study(model: str, hardware: str, *, batches: Sequence[int] = (1,), seq_lens: Sequence[int] = (1024,),
+                 candidates: Sequence[int] = POW2_CANDIDATES, rate_model: str = "log",
+                 accuracies: str | HeadAccuracies = "vicuna-7b", block: str = "model", attention: str | None = None,
+                 dtype: str = "fp16", kv_dtype: str | None = None, tensor_parallel: int = 1) -> pd.DataFrame:
+    """One row per (batch, seq_len, candidates). `attention` defaults to unfused for the paper
+    block (the paper's Table 5 traffic) and fused (the simulator's default) for the model."""
+    if block not in BLOCKS:
+        raise InfersimError(f"unknown block '{block}'; known: {', '.join(BLOCKS)}")
+    attention = attention or ("unfused" if block == "paper" else "fused")
+    if attention not in ("fused", "unfused"):
+        raise InfersimError(f"unknown attention '{attention}'; known: fused, unfused")
+    if min(list(batches) + list(seq_lens) + list(candidates)) < 1:
+        raise InfersimError("batch sizes, sequence lengths and candidate counts must be >= 1")
+    cost = build_cost_model(model, hardware, dtype=dtype, kv_dtype=kv_dtype, tensor_parallel=tensor_parallel,
+                            fused_attention=attention == "fused")
+    rates = acceleration_rate(candidates, rate_model, accuracies)
+    rows = []
+    for b in batches:
+        for s in seq_lens:
+            for q, rate in zip(candidates, rates):
+                verify_s, decode_s, ratio = overhead(cost, b, s, q, block)
+                rows.append((cost.model.name, cost.hardware.name, block, attention, rate_model, int(b), int(s), int(q),
+                             float(rate), decode_s, verify_s, ratio, float(rate) / ratio))
+    return pd.DataFrame(rows, columns=STUDY_COLUMNS)
+
+
+def standard_sweeps(model: str, hardware: str, *, batch: int = 1, seq_len: int = 1024,
+                    candidates: Sequence[int] = POW2_CANDIDATES, batches: Sequence[int] = POW2_BATCHES,
+                    seq_lens: Sequence[int] = POW2_SEQ_LENS, seq_sweep_batch: int = SEQ_SWEEP_BATCH,
+                    **kwargs) -> pd.DataFrame:
+    """The paper's three sweeps in one table, told apart by `sweep`: 'candidates' (Fig. 21, at
+    batch/seq_len), 'batch' (Fig. 22, at seq_len) and 'seq_len' (Fig. 23, at seq_sweep_batch)."""
+    parts = [
+        medusa_study(model, hardware, batches=[batch], seq_lens=[seq_len], candidates=candidates, **kwargs).assign(sweep="candidates"),
+        medusa_study(model, hardware, batches=batches, seq_lens=[seq_len], candidates=candidates, **kwargs).assign(sweep="batch"),
+        medusa_study(model, hardware, batches=[seq_sweep_batch], seq_lens=seq_lens, candidates=candidates, **kwargs).assign(sweep="seq_len"),
+    ]
+    df = pd.concat(parts, ignore_index=True)
+    return df[["sweep"] + STUDY_COLUMNS]
+
+
+def best_candidates(df: pd.DataFrame) -> pd.DataFrame:
+    """The row with the highest speedup for each (batch, seq_len)."""
+    idx = df.groupby(["batch", "seq_len"], sort=True)["speedup"].idxmax()
+    return df.loc[idx].reset_index(drop=True)
+
+
+# ---- plots (Figs. 21-23) -------------------------------------------------------------------
+def _setup_axes(ax, candidates) -> None:
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(list(candidates))
+    ax.set_xticklabels([str(int(c)) for c in candidates])
+    ax.set_xlabel("candidate tokens per step")
+    ax.grid(True, ls="-", lw=0.4, color="0.87")
+    ax.axhline(1.0, color="0.45", lw=0.8, ls=":", zorder=1)
+
+
+def _save(fig, path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format=Path(path).suffix.lstrip(".") or "png")
+    plt.close(fig)
+    return Path(path)
+
+
+def _subtitle(df: pd.DataFrame) -> str:
+    r = df.iloc[0]
+    block = "simplified block (1 layer)" if r["block"] == "paper" else "whole model"
+    return f"{r['hardware']}, {block}, {r['attention']} attention, rate: {r['rate_model']}"
+
+
+def plot_candidates(df: pd.DataFrame, path: str | Path) -> Path:
+    """Fig. 21: acceleration rate, speedup and normalized latency (= overhead) vs candidates
+    at one (batch, seq_len)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    d = df.sort_values("candidates")
+    fig, ax = plt.subplots(figsize=(7.2, 4.6), dpi=150)
+    ax.plot(d["candidates"], d["acceleration_rate"], "o-", color="#1f77b4", label="acceleration rate (tokens/step)")
+    ax.plot(d["candidates"], d["overhead"], "s--", color="#7f7f7f", label="normalized latency (step time / decode)")
+    ax.plot(d["candidates"], d["speedup"], "D-", color="#d62728", lw=2, label="speedup = rate / overhead")
+    best = d.loc[d["speedup"].idxmax()]
+    ax.annotate(f"best: {int(best['candidates'])} candidates, {best['speedup']:.2f}x",
+                (best["candidates"], best["speedup"]), xytext=(0, -30), textcoords="offset points",
+                ha="center", va="top", fontsize=9, bbox=dict(boxstyle="round,pad=0.25", fc="white", ec="0.7"), arrowprops=dict(arrowstyle="-", color="0.4", lw=0.8))
+    _setup_axes(ax, d["candidates"])
+    ax.set_ylabel("ratio")
+    ax.set_ylim(0, max(d[["acceleration_rate", "overhead", "speedup"]].max().max() * 1.15, 1.5))
+    r = d.iloc[0]
+    ax.set_title(f"Medusa on {r['model']}, batch {r['batch']}, sequence length {r['seq_len']}\n{_subtitle(d)}",
+                 fontsize=10.5)
+    ax.legend(loc="upper left", fontsize=8.5, framealpha=0.9)
+    return _save(fig, path)
+
+
+def _plot_lines(df: pd.DataFrame, path, by: str, label: str, title: str) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = sorted(df[by].unique())
+    cmap = plt.get_cmap("viridis")
+    fig, ax = plt.subplots(figsize=(7.2, 4.6), dpi=150)
+    for n, key in enumerate(keys):
+        d = df[df[by] == key].sort_values("candidates")
+        colour = cmap(n / max(1, len(keys) - 1) * 0.9)
+        ax.plot(d["candidates"], d["speedup"], "o-", ms=4, color=colour, label=f"{label} {key}")
+        best = d.loc[d["speedup"].idxmax()]
+        ax.plot([best["candidates"]], [best["speedup"]], marker="*", ms=11, color=colour, mec="black", mew=0.6)
+    _setup_axes(ax, sorted(df["candidates"].unique()))
+    ax.set_ylabel("speedup over plain decoding")
+    ax.set_title(f"{title}\n{_subtitle(df)}  (star: best per line)", fontsize=10.5)
+    ax.legend(loc="best", fontsize=8, ncol=2, framealpha=0.9)
+    return _save(fig, path)
+
+
+def plot_speedup_by_batch(df: pd.DataFrame, path: str | Path) -> Path:
+    """Fig. 22: speedup vs candidates, one line per batch size (fixed sequence length)."""
+    r = df.iloc[0]
+    return _plot_lines(df, path, "batch", "batch", f"Medusa on {r['model']}, sequence length {r['seq_len']}")
+
+
+def plot_speedup_by_seq(df: pd.DataFrame, path: str | Path) -> Path:
+    """Fig. 23: speedup vs candidates, one line per sequence length (fixed batch)."""
+    r = df.iloc[0]
+    return _plot_lines(df, path, "seq_len", "seq", f"Medusa on {r['model']}, batch {r['batch']}")
+
+
+def write_study(df: pd.DataFrame, out_dir: str | Path) -> dict[str, Path]:
+    """CSV of a standard_sweeps table plus the three figures; returns name -> path."""
+    out = Path(out_dir)
+    paths = {"csv": out / "medusa_study.csv", "fig21": out / "fig21_candidates.png",
+             "fig22": out / "fig22_speedup_by_batch.png", "fig23": out / "fig23_speedup_by_seq.png"}
+    with atomic_path(paths["csv"]) as tmp:
+        df.to_csv(tmp, index=False)
+    plot_candidates(df[df["sweep"] == "candidates"], paths["fig21"])
+    plot_speedup_by_batch(df[df["sweep"] == "batch"], paths["fig22"])
+    plot_speedup_by_seq(df[df["sweep"] == "seq_len"], paths["fig23"])
+    return paths

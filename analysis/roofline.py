@@ -1,0 +1,219 @@
+"""Per-operator roofline table and plot (Medusa Appendix G.1, Figs. 9-17).
+
+`operator_table` runs the cost model's `breakdown()` over a sweep of (phase, batch, sequence
+length, candidates) and returns one row per operator and setting; `plot_roofline` draws the
+achieved FLOP/s of the paper's three matmul groups against their operational intensity under
+the GPU's memory and compute roofs.
+
+Settings: `prefill` is `batch` prompts of `seq_len` tokens each (no cache); `decode` is one new
+token per sequence over a cache of `seq_len`; `verify` is `candidates` new tokens per sequence
+(a Medusa tree or speculative draft) over a cache of `seq_len`. The `candidates` column holds
+the new (query) tokens per sequence of the pass: seq_len for prefill, 1 for decode, q for
+verify."""
+from __future__ import annotations
+
+from itertools import product
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import pandas as pd
+
+from simulator.costmodel import BatchShape, RooflineCostModel
+from simulator.errors import InfersimError
+from simulator.hardware.catalog import load_hardware
+from simulator.hardware.profile import HardwareProfile
+from simulator.models.catalog import load_model
+from simulator.models.spec import ModelSpec
+from simulator.yamlio import atomic_path
+
+PHASES = ("prefill", "decode", "verify")
+POW2_BATCHES = (1, 2, 4, 8, 16, 32, 64)  # Medusa Figs. 9-17
+POW2_SEQ_LENS = (128, 256, 512, 1024, 2048, 4096, 8192)
+DEFAULT_CANDIDATES = (1, 4, 16, 64)
+
+COLUMNS = ["model", "hardware", "phase", "batch", "seq_len", "candidates", "operator", "op_class", "count",
+           "flops", "bytes", "intensity", "achieved_flops_per_s", "bound", "time_s", "total_time_s"]
+
+# The paper's three matmul groups (Fig. 9 legend). o_proj has q_proj's shape, so it sits with
+# the projections; OPT's fc1/fc2 are its up/down.
+OPERATOR_GROUPS = {
+    "q_proj": "qkv mlp", "k_proj": "qkv mlp", "v_proj": "qkv mlp", "o_proj": "qkv mlp",
+    "up_proj": "up/gate/down", "gate_proj": "up/gate/down", "down_proj": "up/gate/down",
+    "fc1": "up/gate/down", "fc2": "up/gate/down",
+    "qk": "qk/pv", "pv": "qk/pv",
+}
+PHASE_LABELS = {"prefill": "init", "decode": "ar", "verify": "medusa"}  # the paper's suffixes
+
+
+def operator_group(name: str) -> str | None:
+    """'qkv mlp', 'up/gate/down', 'qk/pv', or None for operators the paper does not plot."""
+    return OPERATOR_GROUPS.get(name)
+
+
+def build_cost_model(model: str | ModelSpec, hardware: str | HardwareProfile, *, dtype: str = "fp16",
+                     kv_dtype: str | None = None, tensor_parallel: int = 1,
+                     fused_attention: bool = True) -> RooflineCostModel:
+    spec = load_model(model) if isinstance(model, str) else model
+    hw = load_hardware(hardware) if isinstance(hardware, str) else hardware
+    if tensor_parallel < 1:
+        raise InfersimError(f"tensor parallel degree must be >= 1, got {tensor_parallel}")
+    if spec.num_heads % tensor_parallel:
+        raise InfersimError(f"tensor parallel {tensor_parallel} does not divide {spec.name}'s {spec.num_heads} attention heads")
+    if tensor_parallel > 1 and hw.interconnect is None:
+        raise InfersimError(f"tensor parallel {tensor_parallel} needs an interconnect in hardware profile '{hw.name}'")
+    return RooflineCostModel(spec, hw, dtype=dtype, kv_dtype=kv_dtype, tensor_parallel=tensor_parallel,
+                             fused_attention=fused_attention)
+
+
+def batch_shape(phase: str, batch: int, seq_len: int, candidates: int = 1) -> BatchShape:
+    contexts = [int(seq_len)] * int(batch)
+    if phase == "prefill":
+        return BatchShape.prefill(contexts)
+    if phase == "decode":
+        return BatchShape.decode(contexts)
+    if phase == "verify":
+        return BatchShape.verify(contexts, int(candidates))
+    raise InfersimError(f"unknown phase '{phase}'; known: {', '.join(PHASES)}")
+
+
+def settings(phases: Iterable[str], batches: Sequence[int], seq_lens: Sequence[int],
+             candidates: Sequence[int] = DEFAULT_CANDIDATES) -> list[tuple[str, int, int, int]]:
+    """(phase, batch, seq_len, query tokens per sequence) for every point of the sweep."""
+    out = []
+    for phase in phases:
+        if phase not in PHASES:
+            raise InfersimError(f"unknown phase '{phase}'; known: {', '.join(PHASES)}")
+        for b, s in product(batches, seq_lens):
+            if min(b, s) < 1:
+                raise InfersimError(f"batch and sequence length must be >= 1, got batch {b}, seq {s}")
+            qs = {"prefill": [s], "decode": [1], "verify": list(candidates)}[phase]
+            for q in qs:
+                if q < 1:
+                    raise InfersimError(f"candidates must be >= 1, got {q}")
+                out.append((phase, int(b), int(s), int(q)))
+    return out
+
+
+def operator_table(cost: RooflineCostModel, phases: Iterable[str] = ("prefill", "decode"),
+                   batches: Sequence[int] = POW2_BATCHES, seq_lens: Sequence[int] = POW2_SEQ_LENS,
+                   candidates: Sequence[int] = DEFAULT_CANDIDATES) -> pd.DataFrame:
+    """One row per operator per setting. flops/bytes/time_s are per occurrence (one layer for
+    per-layer operators), per GPU; total_time_s = time_s * count."""
+    rows = []
+    for phase, b, s, q in settings(phases, batches, seq_lens, candidates):
+        for op in cost.breakdown(batch_shape(phase, b, s, q)):
+            rows.append((cost.model.name, cost.hardware.name, phase, b, s, q, op.name, op.op_class, op.count,
+                         op.flops, op.bytes, op.intensity if op.bytes else float("nan"),
+                         op.flops / op.time_s if op.time_s > 0 else float("nan"), op.bound, op.time_s,
+                         op.total_time_s))
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def iteration_table(cost: RooflineCostModel, phases: Iterable[str] = ("prefill", "decode"),
+                    batches: Sequence[int] = POW2_BATCHES, seq_lens: Sequence[int] = POW2_SEQ_LENS,
+                    candidates: Sequence[int] = DEFAULT_CANDIDATES) -> pd.DataFrame:
+    """One row per setting: the whole iteration (all layers, lm_head, all-reduces, overheads)."""
+    rows = []
+    for phase, b, s, q in settings(phases, batches, seq_lens, candidates):
+        shape = batch_shape(phase, b, s, q)
+        t = shape.totals()
+        ops = cost.breakdown(shape)
+        time_s = cost.iteration_time_s(shape)
+        flops = sum(op.flops * op.count for op in ops)
+        nbytes = sum(op.bytes * op.count for op in ops if op.op_class != "communication")  # memory traffic only
+        rows.append((cost.model.name, cost.hardware.name, phase, b, s, q, int(t.tokens), flops, nbytes,
+                     time_s, t.tokens / time_s))
+    return pd.DataFrame(rows, columns=["model", "hardware", "phase", "batch", "seq_len", "candidates",
+                                       "new_tokens", "flops", "bytes", "iteration_time_s", "tokens_per_s"])
+
+
+# ---- plot ------------------------------------------------------------------------------
+# colour and marker per group, fill per phase; sizes shrink group by group so that points of
+# different groups at one spot (a roofline puts them on the same roof) stay visible as rings
+_GROUP_STYLE = {"qkv mlp": ("#1f77b4", "o", 9.0), "up/gate/down": ("#d62728", "s", 6.0),
+                "qk/pv": ("#2ca02c", "D", 3.8)}
+_PHASE_FILL = {"prefill": "full", "decode": "none", "verify": "left"}
+
+
+def _fmt_flops(x: float) -> str:
+    return f"{x / 1e12:g} TFLOP/s" if x >= 1e12 else f"{x / 1e9:g} GFLOP/s"
+
+
+def plot_roofline(df: pd.DataFrame, hardware: str | HardwareProfile, path: str | Path, *,
+                  compute_dtype: str = "fp16", title: str | None = None) -> Path:
+    """Log-log roofline of the table's matmul operators (the paper's three groups) by phase.
+    Roofs are the datasheet peaks; with calibrated efficiencies below 1 the achievable linear
+    roof is drawn too. Written atomically; returns the path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    hw = load_hardware(hardware) if isinstance(hardware, str) else hardware
+    peak = hw.peak_flops(compute_dtype)
+    bw = hw.memory_bandwidth_bytes_per_s()
+    ridge = peak / bw
+
+    data = df.assign(group=df["operator"].map(OPERATOR_GROUPS)).dropna(subset=["group"])
+    data = data[(data["flops"] > 0) & (data["bytes"] > 0)]
+    if data.empty:
+        raise InfersimError("nothing to plot: the table has no matmul operators (q/k/v, up/gate/down, qk/pv)")
+
+    lo = min(data["intensity"].min(), ridge) / 4
+    hi = max(data["intensity"].max(), ridge) * 4
+    x = np.geomspace(lo, hi, 400)
+
+    fig, ax = plt.subplots(figsize=(8.0, 5.6), dpi=150)
+    ax.plot(x, np.minimum(x * bw, peak), color="black", lw=1.6, zorder=3)
+    ax.plot(x, x * bw, color="0.35", lw=0.9, ls="--", zorder=2)
+    ax.axhline(peak, color="0.35", lw=0.9, ls="--", zorder=2)
+    eff = hw.efficiency_for("linear")
+    if eff.compute < 1 or eff.memory < 1:
+        ax.plot(x, np.minimum(x * bw * eff.memory, peak * eff.compute), color="0.5", lw=1.0, ls=":",
+                label="achievable (linear, calibrated)")
+    ax.axvline(ridge, color="0.6", lw=0.8, ls=":", zorder=1)
+    ax.plot([ridge], [peak], marker="*", ms=13, color="gold", mec="black", zorder=5)
+    ax.annotate(f"ridge {ridge:.0f} FLOP/B", (ridge, peak), xytext=(8, -18), textcoords="offset points",
+                fontsize=8.5, bbox=dict(boxstyle="round,pad=0.2", fc="white", ec="none", alpha=0.8))
+    ax.annotate(f"peak {_fmt_flops(peak)}", (lo, peak), xytext=(6, 5), textcoords="offset points",
+                ha="left", fontsize=9)
+    for phase in [p for p in PHASES if p in set(data["phase"])]:
+        for group, (colour, marker, size) in _GROUP_STYLE.items():
+            sel = data[(data["phase"] == phase) & (data["group"] == group)]
+            if sel.empty:
+                continue
+            pts = sel[["intensity", "achieved_flops_per_s"]].drop_duplicates()
+            fill = _PHASE_FILL[phase]
+            ax.plot(pts["intensity"], pts["achieved_flops_per_s"], ls="none", marker=marker, ms=size,
+                    color=colour, mec=colour, mew=1.1, fillstyle="full" if fill == "none" else fill,
+                    mfc="none" if fill == "none" else colour, markerfacecoloralt="white", alpha=0.85,
+                    zorder=4, label=f"{group} {PHASE_LABELS[phase]}")
+    ax.text(0.02, 0.97, "memory-bound", transform=ax.transAxes, ha="left", va="top", fontsize=9, color="0.4")
+    ax.text(0.98, 0.97, "compute-bound", transform=ax.transAxes, ha="right", va="top", fontsize=9, color="0.4")
+
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(lo, hi)
+    ymin = max(min(data["achieved_flops_per_s"].min(), lo * bw) / 2, 1e8)
+    ax.set_ylim(ymin, peak * 3)
+    ax.set_xlabel("operational intensity (FLOP/byte)")
+    ax.set_ylabel("achieved performance (FLOP/s)")
+    model = ", ".join(sorted(set(df["model"]))) if "model" in df else ""
+    ax.set_title(title or f"Roofline: {model} on {hw.name} ({compute_dtype})")
+    ax.grid(True, which="major", ls="-", lw=0.4, color="0.85")
+    ax.grid(True, which="minor", ls="-", lw=0.25, color="0.93")
+    ax.legend(loc="lower right", fontsize=8.5, frameon=True, framealpha=0.9, ncol=1)
+    fig.tight_layout()
+    # the memory roof's label follows its slope as drawn (screen angle, known after layout)
+    x_lab = lo * 1.3
+    p0 = ax.transData.transform((x_lab, x_lab * bw))
+    p1 = ax.transData.transform((x_lab * 10, x_lab * 10 * bw))
+    angle = float(np.degrees(np.arctan2(p1[1] - p0[1], p1[0] - p0[0])))
+    ax.annotate(f"HBM {hw.memory_bandwidth_gbps:,.0f} GB/s", (x_lab, x_lab * bw), xytext=(-2, 10),
+                textcoords="offset points", fontsize=9, rotation=angle, rotation_mode="anchor")
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format=Path(path).suffix.lstrip(".") or "png")
+    plt.close(fig)
+    return Path(path)
+

@@ -1,0 +1,162 @@
+"""`sim roofline`: per-operator FLOPs, bytes, intensity and time of a model on a GPU
+(Medusa Appendix G.1, Figs. 9-17), as a terminal table, CSV/JSON and a roofline plot."""
+from __future__ import annotations
+
+import argparse
+
+from ..errors import InfersimError
+
+POW2_BATCHES = "1,2,4,8,16,32,64"
+POW2_SEQ_LENS = "128,256,512,1024,2048,4096,8192"
+
+
+def parse_ints(text: str, what: str) -> list[int]:
+    """'1,2,4' -> [1, 2, 4]; every value a positive integer."""
+    try:
+        values = [int(v) for v in str(text).replace(" ", "").split(",") if v != ""]
+    except ValueError:
+        raise InfersimError(f"--{what}: expected comma-separated integers, got '{text}'") from None
+    if not values or min(values) < 1:
+        raise InfersimError(f"--{what}: expected positive integers, got '{text}'")
+    return list(dict.fromkeys(values))
+
+
+def add_cost_options(p: argparse.ArgumentParser) -> None:
+    """Options shared with `sim medusa`: what is costed and how."""
+    p.add_argument("--model", default="llama-7b", help="model name, alias or YAML/config.json (default llama-7b)")
+    p.add_argument("--hardware", default="a100-80gb-pcie", help="hardware profile name or YAML (default a100-80gb-pcie)")
+    p.add_argument("--dtype", default="fp16", help="weight dtype: fp32, fp16, bf16, int8, int4 (default fp16)")
+    p.add_argument("--kv-dtype", default=None, help="KV cache dtype (default: the weight dtype)")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree; > 1 adds all-reduce rows (default 1)")
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "roofline", help="per-operator roofline table and plot (Medusa Figs. 9-17)",
+        description="Per-operator FLOPs, bytes, operational intensity, bound and time of one engine iteration, "
+                    "for every (phase, batch, sequence length, candidates) of a sweep. The terminal shows the "
+                    "operators of one representative setting (the first batch and sequence length; --all for "
+                    "every setting) and the whole-iteration time of every setting. The default sweep is Medusa's: "
+                    "batch 1..64 x sequence length 128..8192, powers of two.")
+    add_cost_options(p)
+    p.add_argument("--phase", default="prefill,decode",
+                   help="comma list of prefill (batch prompts of seq tokens), decode (1 new token over seq cached), "
+                        "verify (q candidates over seq cached) (default prefill,decode)")
+    p.add_argument("--batch", default=POW2_BATCHES, help=f"comma list of batch sizes (default {POW2_BATCHES})")
+    p.add_argument("--seq", default=POW2_SEQ_LENS,
+                   help=f"comma list of sequence lengths: prompt length for prefill, cached context otherwise "
+                        f"(default {POW2_SEQ_LENS})")
+    p.add_argument("--candidates", default="1,4,16,64",
+                   help="comma list of candidate tokens per sequence for the verify phase (default 1,4,16,64)")
+    p.add_argument("--attention", choices=("fused", "unfused"), default="fused",
+                   help="fused: the score matrix stays on chip (FlashAttention, paged attention); unfused: QK^T "
+                        "writes it and softmax/PV read it back, as Medusa's Table 5 counts (default fused)")
+    p.add_argument("--all", action="store_true", help="show the operators of every setting, not just the first")
+    p.add_argument("--per-operator", action="store_true",
+                   help="write one CSV/JSON row per operator and setting (default: one row per setting with the "
+                        "whole-iteration time)")
+    p.add_argument("--csv", metavar="PATH", help="write the table as CSV")
+    p.add_argument("--json", metavar="PATH", help="write the table as JSON (a list of records)")
+    p.add_argument("--plot", metavar="PATH", help="write a log-log roofline plot (PNG, PDF or SVG by suffix)")
+    p.set_defaults(func=run)
+
+
+def _si(x: float) -> str:
+    """1.23e9 -> '1.23G' (decimal prefixes)."""
+    for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= scale:
+            return f"{x / scale:.3g}{prefix}"
+    return f"{x:.3g}"
+
+
+def _operator_tables(cost, ops, shown, attention: str, wide: bool) -> list:
+    """Rich tables of the operators of each setting in `shown`, each ending with the iteration
+    total: one table with phase/batch/seq/q columns on a wide terminal, else one per setting."""
+    from rich import box
+    from rich.table import Table
+
+    key = ["phase", "batch", "seq_len", "candidates"]
+    head = f"{cost.model.name} on {cost.hardware.name} ({cost.weight_dtype}, tp {cost.tp}, {attention} attention)"
+
+    def new_table(title: str) -> Table:
+        t = Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
+        for col in ["operator"] + (["phase", "batch", "seq", "q"] if wide else []) + \
+                ["×", "FLOPs", "bytes", "FLOP/B", "bound", "µs/op", "µs tot", "%"]:
+            t.add_column(col, justify="left" if col in ("operator", "phase", "bound") else "right", no_wrap=True,
+                         min_width=4 if col == "%" else None)
+        return t
+
+    tables = [new_table(f"{head}: operators of one iteration")] if wide else []
+    for _, it in shown.iterrows():
+        if wide:
+            table = tables[0]
+            if table.row_count:
+                table.add_section()
+        else:
+            table = new_table(f"{head}\n{it['phase']}: batch {it['batch']}, seq {it['seq_len']}, q {it['candidates']}")
+            tables.append(table)
+        setting = [str(it[k]) for k in key] if wide else []
+        for _, r in ops[(ops[key] == it[key].to_numpy()).all(axis=1)].iterrows():
+            share = 100.0 * r["total_time_s"] / it["iteration_time_s"]
+            table.add_row(r["operator"], *setting, str(r["count"]), _si(r["flops"]), _si(r["bytes"]),
+                          "-" if r["intensity"] != r["intensity"] else f"{r['intensity']:.3g}", r["bound"],
+                          f"{r['time_s'] * 1e6:.2f}", f"{r['total_time_s'] * 1e6:.1f}", f"{share:.1f}")
+        table.add_row("[b]iteration[/b]", *setting, "", _si(it["flops"]), _si(it["bytes"]), "", "", "",
+                      f"[b]{it['iteration_time_s'] * 1e6:.1f}[/b]", "100")
+    return tables
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from analysis.roofline import PHASES, build_cost_model, iteration_table, operator_table, plot_roofline
+    from ..yamlio import atomic_path, write_atomic
+
+    phases = [p.strip().lower() for p in args.phase.split(",") if p.strip()]
+    for ph in phases:
+        if ph not in PHASES:
+            raise InfersimError(f"--phase: unknown phase '{ph}'; known: {', '.join(PHASES)}")
+    batches = parse_ints(args.batch, "batch")
+    seqs = parse_ints(args.seq, "seq")
+    cands = parse_ints(args.candidates, "candidates")
+    cost = build_cost_model(args.model, args.hardware, dtype=args.dtype, kv_dtype=args.kv_dtype,
+                            tensor_parallel=args.tp, fused_attention=args.attention == "fused")
+    ops = operator_table(cost, phases, batches, seqs, cands)
+    iters = iteration_table(cost, phases, batches, seqs, cands)
+
+    console = Console()
+    for table in _operator_tables(cost, ops, iters if args.all else iters.drop_duplicates("phase"), args.attention,
+                                  wide=console.width >= 120):
+        console.print(table)
+    if not args.all and iters["phase"].duplicated().any():
+        console.print("(operators of the first setting of each phase; --all shows every setting)")
+
+    # whole-iteration time of every setting: one grid (seq x batch) per phase and candidate count
+    for phase in phases:
+        sub = iters[iters["phase"] == phase]
+        for q in (cands if phase == "verify" else [None]):
+            grid = sub if q is None else sub[sub["candidates"] == q]
+            label = {"prefill": "prefill", "decode": "decode"}.get(phase, f"verify q={q}")
+            t = Table(title=f"{label}: iteration ms")
+            t.add_column("seq \\ batch", justify="right")
+            for b in batches:
+                t.add_column(str(b), justify="right")
+            for s in seqs:
+                cells = [grid[(grid["seq_len"] == s) & (grid["batch"] == b)]["iteration_time_s"] for b in batches]
+                t.add_row(str(s), *[f"{c.iloc[0] * 1e3:.3g}" for c in cells])
+            console.print(t)
+
+    out = ops if args.per_operator else iters
+    if args.csv:
+        with atomic_path(args.csv) as tmp:
+            out.to_csv(tmp, index=False)
+        console.print(f"wrote {args.csv} ({len(out)} rows)")
+    if args.json:
+        write_atomic(args.json, out.to_json(orient="records", indent=1))
+        console.print(f"wrote {args.json} ({len(out)} records)")
+    if args.plot:
+        plot_roofline(ops, cost.hardware, args.plot, compute_dtype=cost.act_dtype)
+        console.print(f"wrote {args.plot}")
+    return 0
+
