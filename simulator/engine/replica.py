@@ -216,6 +216,9 @@ class Replica:
             if seq.generated >= seq.output_len:
                 self._finish(seq, end)
 
+    def report(self, extra: dict) -> None:
+        """Subclasses add their own summary entries (e.g. acceptance, prefetch bytes)."""
+
     def _finish(self, seq, now: float) -> None:
         self.running.remove(seq)
         self.blocks.free(seq)

@@ -35,6 +35,7 @@ class SimulationResult:
     memory: MemoryPlan
     sim_time_s: float
     resolved: dict = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)  # feature-specific summary entries (speculation, offload)
 
 
 class Simulation:
@@ -60,8 +61,10 @@ class Simulation:
                                   cpu_blocks=sv.cpu_blocks, source=source)
         self.env = SimEnvironment()
         self.metrics = MetricsCollector(len(requests), series_path=series_path)
+        self.extra: dict = {}
+        replica_cls = self._replica_class()
         self.replicas = [
-            Replica(i, self, BlockManager(self.memory.gpu_blocks, self.memory.cpu_blocks, sv.block_size, sv.watermark),
+            replica_cls(i, self, BlockManager(self.memory.gpu_blocks, self.memory.cpu_blocks, sv.block_size, sv.watermark),
                     build_scheduler(sv.scheduler, sv.preemption), self.limits, self.memory.kv_bytes_per_block,
                     simpy.Resource(self.env, capacity=1))
             for i in range(hw_sec.replicas)
@@ -71,6 +74,18 @@ class Simulation:
         self.finished = 0
         self._next_rid = 0
         self._progress_every = max(1, self.total // 200)
+
+    def _replica_class(self):
+        """Features that change the iteration loop provide a Replica subclass."""
+        if self.spec.speculation is not None:
+            from ..speculative.replica import replica_class
+
+            return replica_class(self.spec.speculation)
+        if self.spec.offload is not None:
+            from ..offload.replica import replica_class
+
+            return replica_class(self.spec.offload)
+        return Replica
 
     # ---- arrivals -----------------------------------------------------------------------
     def _new_seq(self, i: int, arrival: float, client: int = -1) -> Sequence:
@@ -136,8 +151,10 @@ class Simulation:
         if stuck:
             raise RuntimeError(f"simulation ended with {stuck} requests unfinished")
         series = self.metrics.close_series()
+        for rep in self.replicas:
+            rep.report(self.extra)
         return SimulationResult(self.spec, self.metrics.requests_table(), series, self.metrics, self.memory,
-                                float(self.env.now), self.resolved())
+                                float(self.env.now), self.resolved(), self.extra)
 
     def resolved(self) -> dict:
         """Everything the run used, defaults included."""

@@ -77,4 +77,5 @@ def summarize(result) -> dict:
         "gpu_blocks": gpu_blocks,
         "cpu_blocks": result.memory.cpu_blocks,
     }
+    s.update(result.extra)
     return s

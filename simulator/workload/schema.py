@@ -184,6 +184,10 @@ class RequestsSection(_Strict):
         return self
 
 
+from ..offload.config import OffloadSection  # noqa: E402  (sections owned by their features)
+from ..speculative.config import SpeculationSection  # noqa: E402
+
+
 class WorkloadSpec(_Strict):
     name: str = "workload"
     description: str = ""
@@ -192,4 +196,6 @@ class WorkloadSpec(_Strict):
     hardware: HardwareSection = HardwareSection()
     serving: ServingSection = ServingSection()
     requests: RequestsSection
+    speculation: Optional[SpeculationSection] = None  # speculative decoding (draft models, Minions, Medusa)
+    offload: Optional[OffloadSection] = None  # KV cache in CPU memory with selective prefetch
     seed: int = 0

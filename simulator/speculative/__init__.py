@@ -1,0 +1,1 @@
+"""Speculative decoding in the simulator: draft models (Minions) and Medusa heads."""
