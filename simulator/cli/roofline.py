@@ -100,7 +100,7 @@ def _operator_tables(cost, ops, shown, attention: str, wide: bool) -> list:
             share = 100.0 * r["total_time_s"] / it["iteration_time_s"]
             table.add_row(r["operator"], *setting, str(r["count"]), _si(r["flops"]), _si(r["bytes"]),
                           "-" if r["intensity"] != r["intensity"] else f"{r['intensity']:.3g}", r["bound"],
-                          f"{r['time_s'] * 1e6:.2f}", f"{r['total_time_s'] * 1e6:.1f}", f"{share:.1f}")
+                          f"{r['time_s'] * 1e6:.4g}", f"{r['total_time_s'] * 1e6:.1f}", f"{share:.1f}")
         table.add_row("[b]iteration[/b]", *setting, "", _si(it["flops"]), _si(it["bytes"]), "", "", "",
                       f"[b]{it['iteration_time_s'] * 1e6:.1f}[/b]", "100")
     return tables
