@@ -1,17 +1,10 @@
 """vLLM-style paged KV block accounting: GPU and CPU pools of fixed-size blocks. Only counts
 are kept: no block identities are needed without prefix sharing, and counts are what
-admission (OK / LATER / NEVER), preemption and swapping depend on."""
+admission, preemption and swapping depend on. The admission rule itself (OK / LATER / NEVER
+with the watermark) is policy: `SchedulerState.admission`."""
 from __future__ import annotations
 
-from enum import Enum
-
 from ..errors import InfersimError
-
-
-class AllocStatus(Enum):
-    OK = "ok"
-    LATER = "later"
-    NEVER = "never"
 
 
 class BlockManager:
@@ -25,12 +18,6 @@ class BlockManager:
 
     def blocks_for_tokens(self, tokens: int) -> int:
         return -(-int(tokens) // self.block_size)
-
-    def can_allocate(self, tokens: int) -> AllocStatus:
-        need = self.blocks_for_tokens(tokens)
-        if self.total_gpu - need < self.watermark_blocks:
-            return AllocStatus.NEVER
-        return AllocStatus.OK if self.free_gpu - need >= self.watermark_blocks else AllocStatus.LATER
 
     def grow_to(self, seq, tokens: int) -> int:
         """Make room on the GPU for `tokens` cached tokens; returns blocks added."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ..registry import Registry
 from .preemption import PreemptionPolicy
-from .state import Decision, SchedulerState
+from .state import AllocStatus, Decision, SchedulerState
 
 SCHEDULERS: Registry = Registry("scheduler")
 
@@ -85,18 +85,18 @@ class Scheduler:
         chosen, tokens = [], 0
         for seq in candidates:
             n_tok = seq.num_tokens
-            need = state.blocks_for_tokens(n_tok)
-            if n_tok > state.limits.max_model_len or state.total_gpu_blocks - need < state.watermark_blocks:
+            status = state.admission(n_tok, free)
+            if n_tok > state.limits.max_model_len or status is AllocStatus.NEVER:
                 decision.abort.append(seq)
                 continue
-            if free - need < state.watermark_blocks:
+            if status is AllocStatus.LATER:
                 break
             if n_running + len(chosen) + 1 > state.limits.max_batch_size:
                 break
             if not state.limits.chunked_prefill and tokens + n_tok > token_budget:
                 break
             chosen.append(seq)
-            free -= need
+            free -= state.blocks_for_tokens(n_tok)
             tokens += n_tok
         return chosen, free
 

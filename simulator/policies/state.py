@@ -8,6 +8,7 @@ A sequence, to a policy, is any object with these attributes (duck-typed):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Literal, Protocol
 
 from ..costmodel.base import CostModel
@@ -27,6 +28,13 @@ class SeqLike(Protocol):
 
     @property
     def num_tokens(self) -> int: ...
+
+
+class AllocStatus(Enum):
+    """vLLM's answer to "can this sequence's KV be allocated now?"."""
+    OK = "ok"
+    LATER = "later"  # not now: wait for blocks to free up
+    NEVER = "never"  # not even with the whole pool: abort the request
 
 
 @dataclass(frozen=True)
@@ -54,6 +62,14 @@ class SchedulerState:
 
     def blocks_for_tokens(self, tokens: int) -> int:
         return -(-int(tokens) // self.block_size)
+
+    def admission(self, tokens: int, free_blocks: int) -> AllocStatus:
+        """vLLM's block-manager rule: keep `watermark_blocks` free after admitting, so that
+        running sequences have room to grow without immediate preemption."""
+        need = self.blocks_for_tokens(tokens)
+        if self.total_gpu_blocks - need < self.watermark_blocks:
+            return AllocStatus.NEVER
+        return AllocStatus.OK if free_blocks - need >= self.watermark_blocks else AllocStatus.LATER
 
     def new_blocks_for_step(self, seq: Any, query_tokens: int) -> int:
         """Blocks a sequence must gain to write the KV of `query_tokens` more tokens."""
