@@ -38,13 +38,13 @@ class RooflineCostModel(CostModel):
         hw = self.hardware
         peak = hw.peak_flops(self.act_dtype)
         bw = hw.memory_bandwidth_bytes_per_s()
-        self._ops = self.layer_ops + self.model_ops
+        self.ops = self.layer_ops + self.model_ops
         self._count = np.array([self.model.num_layers] * len(self.layer_ops) + [1] * len(self.model_ops), dtype=np.float64)
-        self._flop_coef, self._byte_coef = coefficient_matrices(self._ops)
-        self._flop_rate = np.array([peak * hw.efficiency_for(op.op_class).compute for op in self._ops])
-        self._byte_rate = np.array([bw * hw.efficiency_for(op.op_class).memory for op in self._ops])
+        self._flop_coef, self._byte_coef = coefficient_matrices(self.ops)
+        self._flop_rate = np.array([peak * hw.efficiency_for(op.op_class).compute for op in self.ops])
+        self._byte_rate = np.array([bw * hw.efficiency_for(op.op_class).memory for op in self.ops])
         self._launch_s = hw.overheads.kernel_launch_us * 1e-6
-        self._iteration_s = hw.overheads.iteration_us * 1e-6
+        self.iteration_overhead_s = hw.overheads.iteration_us * 1e-6
         ic = hw.interconnect
         comm_eff = hw.efficiency_for("communication")
         self._ar_bw = (ic.bandwidth_gbps * 1e9 * comm_eff.memory) if ic else None
@@ -52,7 +52,7 @@ class RooflineCostModel(CostModel):
         self._ar_bytes_per_token = allreduce_bytes_per_layer(self.model, self.act_dtype)
 
     # ---- core: time from batch totals (scalars or arrays) ----------------------------
-    def _op_times(self, T, P, K, L):
+    def op_times(self, T, P, K, L):
         """Per-operator FLOPs, bytes, compute, memory and total time, shape (operators, n)
         for n settings of the totals. Elementwise only (no BLAS), so a setting's numbers do
         not depend on how many settings are evaluated together."""
@@ -74,8 +74,8 @@ class RooflineCostModel(CostModel):
         return 2.0 * per
 
     def _time_from_totals(self, t: BatchTotals) -> np.ndarray:
-        time = self._op_times(t.tokens, t.score_pairs, t.keys, t.logits)[4] * self._count[:, None]
-        total = np.full(time.shape[1], self._iteration_s)
+        time = self.op_times(t.tokens, t.score_pairs, t.keys, t.logits)[4] * self._count[:, None]
+        total = np.full(time.shape[1], self.iteration_overhead_s)
         for row in time:  # a fixed, sequential order of additions: identical for any n
             total = total + row
         return total + self.model.num_layers * self.allreduce_time_s(np.asarray(t.tokens, dtype=np.float64))
@@ -104,9 +104,9 @@ class RooflineCostModel(CostModel):
 
     def breakdown(self, batch: BatchShape) -> list[OperatorCost]:
         t = batch.totals()
-        flops, nbytes, ct, mt, time = (a[:, 0] for a in self._op_times(t.tokens, t.score_pairs, t.keys, t.logits))
+        flops, nbytes, ct, mt, time = (a[:, 0] for a in self.op_times(t.tokens, t.score_pairs, t.keys, t.logits))
         rows = []
-        for j, op in enumerate(self._ops):
+        for j, op in enumerate(self.ops):
             rows.append(OperatorCost(op.name, op.op_class, op.scope, int(self._count[j]), float(flops[j]),
                                      float(nbytes[j]), float(ct[j]), float(mt[j]), float(time[j])))
         if self.tp > 1:

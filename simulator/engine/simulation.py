@@ -54,19 +54,26 @@ class Simulation:
         self.limits = SchedulerLimits(sv.max_batch_size, max_batched, max_model_len, sv.chunked_prefill)
         self.cost_model = build_cost_model(sv.cost_model, self.model, self.hardware, dtype=dtype, kv_dtype=kv_dtype,
                                            tensor_parallel=tp)
-        self.memory = plan_memory(self.model, self.hardware, block_size=sv.block_size, dtype=dtype, kv_dtype=kv_dtype,
-                                  tp=tp, gpu_memory_utilization=sv.gpu_memory_utilization,
-                                  swap_space_gb=sv.swap_space_gb, max_batched_tokens=max_batched,
-                                  max_batch_size=sv.max_batch_size, gpu_blocks=sv.gpu_blocks,
-                                  cpu_blocks=sv.cpu_blocks, source=source)
+        if spec.offload is not None:
+            # KV lives in host memory: the GPU-only plan would reject models that offload weights too
+            from ..offload.replica import offload_memory_plan
+
+            self.memory = offload_memory_plan(self)
+        else:
+            self.memory = plan_memory(self.model, self.hardware, block_size=sv.block_size, dtype=dtype,
+                                      kv_dtype=kv_dtype, tp=tp, gpu_memory_utilization=sv.gpu_memory_utilization,
+                                      swap_space_gb=sv.swap_space_gb, max_batched_tokens=max_batched,
+                                      max_batch_size=sv.max_batch_size, gpu_blocks=sv.gpu_blocks,
+                                      cpu_blocks=sv.cpu_blocks, source=source)
         self.env = SimEnvironment()
         self.metrics = MetricsCollector(len(requests), series_path=series_path)
         self.extra: dict = {}
         replica_cls = self._replica_class()
         self.replicas = [
-            replica_cls(i, self, BlockManager(self.memory.gpu_blocks, self.memory.cpu_blocks, sv.block_size, sv.watermark),
-                    build_scheduler(sv.scheduler, sv.preemption), self.limits, self.memory.kv_bytes_per_block,
-                    simpy.Resource(self.env, capacity=1))
+            replica_cls(i, self,
+                        BlockManager(self.memory.gpu_blocks, self.memory.cpu_blocks, sv.block_size, sv.watermark),
+                        build_scheduler(sv.scheduler, sv.preemption), self.limits, self.memory.kv_bytes_per_block,
+                        simpy.Resource(self.env, capacity=1))
             for i in range(hw_sec.replicas)
         ]
         self.router = ROUTERS.get(hw_sec.router)(hw_sec.replicas)

@@ -189,11 +189,16 @@ class FairnessScheduler(Scheduler):
         d = Decision()
         lim = state.limits
         kept, free, _ = self._reserve_running(state, d)  # MemSchedule
-        by_pri = lambda seqs: sorted(seqs, key=lambda s: self.order_key(s, state))
-        s_sche, _ = self._swappable(state, free, len(kept), by_pri(state.swapped)) if not d.preempt else ([], free)
-        probe = Decision()
-        w_sche, _ = self._admissible(state, free, len(kept), by_pri(state.waiting), lim.max_batched_tokens, probe)
-        d.abort.extend(probe.abort)
+        if d.preempt:
+            # "when GPU memory is short, neither the swapped nor the waiting queue can be
+            # scheduled (w_sche and s_sche are both empty)": this iteration only decodes
+            s_sche, w_sche = [], []
+        else:
+            by_pri = lambda seqs: sorted(seqs, key=lambda s: self.order_key(s, state))
+            s_sche, _ = self._swappable(state, free, len(kept), by_pri(state.swapped))
+            probe = Decision()
+            w_sche, _ = self._admissible(state, free, len(kept), by_pri(state.waiting), lim.max_batched_tokens, probe)
+            d.abort.extend(probe.abort)
         mean = lambda seqs: sum(self.priority(s, state) for s in seqs) / len(seqs)
         if s_sche and (not w_sche or mean(w_sche) <= mean(s_sche)):
             d.swap_in = s_sche

@@ -1,0 +1,1 @@
+"""Reproductions of the seed papers' findings with the simulator (one module per paper)."""

@@ -1,0 +1,87 @@
+"""How many KV blocks an offloading replica can hold: the KV pool lives in CPU memory, so the
+batch is bound by host memory (and by what the policy keeps on the GPU per cached token:
+InfiniGen's partial key cache, the load buffers), not by the GPU's KV blocks.
+
+  GPU:  memory x utilisation - resident weights - activation peak - the policy's fixed GPU
+        bytes (InfiniGen's partial query weights) - a double buffer for streamed weights;
+        what is left, over the policy's GPU bytes per cached token
+  CPU:  cpu_memory_gb x cpu_memory_utilization - the CPU-resident weights; over the policy's
+        CPU bytes per cached token (INT4: packed; InfiniGen with a pool limit: that fraction)
+  pool tokens = min(CPU tokens, GPU tokens); blocks = tokens // block_size
+
+The `gpu` policy keeps the KV on the GPU, and its plan is the GPU one alone."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..engine.memory import MemoryPlan, activation_peak_bytes
+from ..errors import InfersimError
+from ..hardware.profile import HardwareProfile
+from ..models.spec import ModelSpec
+from .config import OffloadSection
+from .policies import PlacementPolicy
+
+
+@dataclass(frozen=True)
+class OffloadMemoryPlan:
+    pool_blocks: int
+    block_size: int
+    bound_by: str  # cpu | gpu | explicit
+    cpu_pool_bytes: float
+    gpu_free_bytes: float
+    cpu_bytes_per_token: float
+    gpu_bytes_per_token: float
+    weight_bytes_gpu: float
+    weight_bytes_cpu: float
+    activation_bytes: float
+    kv_bytes_per_block: float  # fp16 KV of a block, all layers (what a swap would move)
+
+    @property
+    def pool_tokens(self) -> int:
+        return self.pool_blocks * self.block_size
+
+    def engine_plan(self) -> MemoryPlan:
+        """The engine's MemoryPlan with the pool in place of the GPU blocks (what bounds the
+        batch), so summaries and KV utilisation refer to the pool."""
+        return MemoryPlan(self.pool_blocks, 0, self.kv_bytes_per_block, self.weight_bytes_gpu, self.activation_bytes,
+                          f"offload ({self.bound_by}-bound KV pool)")
+
+    def summary(self) -> dict:
+        return {"pool_blocks": self.pool_blocks, "pool_tokens": self.pool_tokens, "bound_by": self.bound_by,
+                "cpu_pool_gb": self.cpu_pool_bytes / 1e9, "gpu_free_gb": self.gpu_free_bytes / 1e9,
+                "weights_gpu_gb": self.weight_bytes_gpu / 1e9, "weights_cpu_gb": self.weight_bytes_cpu / 1e9}
+
+
+def plan_offload_memory(model: ModelSpec, hw: HardwareProfile, policy: PlacementPolicy, section: OffloadSection, *,
+                        block_size: int, dtype: str, kv_dtype: str, tp: int, gpu_memory_utilization: float,
+                        max_batched_tokens: int, max_batch_size: int, source: str = "workload") -> OffloadMemoryPlan:
+    frac = section.weights_gpu_percent / 100.0
+    weights = model.weight_bytes(dtype) / tp
+    w_gpu, w_cpu = frac * weights, (1.0 - frac) * weights
+    act = activation_peak_bytes(model, max_batched_tokens, max_batch_size, "fp16" if dtype in ("int8", "int4") else dtype,
+                                tp)
+    stream_buf = 2.0 * (1.0 - frac) * weights / model.num_layers
+    gpu_free = hw.memory_bytes() * gpu_memory_utilization - w_gpu - act - policy.gpu_fixed_bytes() / tp - stream_buf
+    cpu_pool = section.cpu_memory_gb * 1e9 * section.cpu_memory_utilization - w_cpu
+    gpu_tok = policy.gpu_bytes_per_token() / tp
+    cpu_tok = policy.cpu_bytes_per_token() / tp
+    kv_block = model.bytes_kv_per_block(block_size, kv_dtype) / tp
+    if gpu_free <= 0:
+        raise InfersimError(
+            f"{source}: model '{model.name}' ({w_gpu / 1e9:.1f} GB of weights on the GPU at weights_gpu_percent="
+            f"{section.weights_gpu_percent:g}) leaves no GPU memory on '{hw.name}' ({hw.memory_gb:g} GB x "
+            f"{gpu_memory_utilization}); lower offload.weights_gpu_percent")
+    if not policy.kv_on_gpu and cpu_pool <= 0:
+        raise InfersimError(f"{source}: no CPU memory left for the KV pool ({section.cpu_memory_gb:g} GB x "
+                            f"{section.cpu_memory_utilization} less {w_cpu / 1e9:.1f} GB of CPU weights)")
+    gpu_tokens = gpu_free / gpu_tok if gpu_tok > 0 else float("inf")
+    cpu_tokens = cpu_pool / cpu_tok if cpu_tok > 0 else float("inf")
+    if section.pool_blocks is not None:
+        blocks, bound = int(section.pool_blocks), "explicit"
+    else:
+        tokens = min(gpu_tokens, cpu_tokens)
+        blocks, bound = int(tokens // block_size), ("gpu" if gpu_tokens <= cpu_tokens else "cpu")
+    if blocks <= 0:
+        raise InfersimError(f"{source}: the offload memory plan leaves no KV blocks ({bound}-bound)")
+    return OffloadMemoryPlan(blocks, block_size, bound, cpu_pool, gpu_free, cpu_tok, gpu_tok, w_gpu, w_cpu, act,
+                             kv_block)
