@@ -1,0 +1,423 @@
+"""The real engine: iteration-level (continuous) batching of real requests through a real
+model, with the simulator's own scheduler, preemption and admission policies.
+
+Each loop builds a `SchedulerState` from the engine's own sequences (the attributes policies
+read, see simulator/policies/state.py), asks the same scheduler object the simulator uses for
+a `Decision`, and carries it out as simulator/engine/replica.py `_apply` does: aborts, then
+preemptions (swap = a real copy of the sequence's KV blocks to the host pool, recompute =
+free the blocks and prefill prompt + generated tokens again later, from the front of the
+waiting queue), swap-ins (copied back), admissions (blocks for the whole prompt); then it runs
+`decision.batch` through the model on the paged KV cache, samples greedily, and times the
+iteration (synchronising CUDA first). Arrivals are replayed on the wall clock (real time), or,
+with realtime=False, as fast as possible: when the engine would sit idle waiting for the next
+arrival, its clock jumps there instead.
+
+Metrics go into the simulator's MetricsCollector with the same meaning (one series row per
+iteration, with steps = 1), so the run directory is the same as `sim run`'s; per-iteration
+records (batch composition, tokens, measured times) are kept besides."""
+from __future__ import annotations
+
+import heapq
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from simulator.costmodel.batch import BatchShape
+from simulator.policies.state import SchedulerLimits, SchedulerState
+
+from .kvcache import PagedKVCache
+from .runner import build_runner, plan_batch
+
+
+class ExecSequence:
+    """A request inside the executor: the attributes a policy reads (rid, arrival_s,
+    first_enqueue_s, prompt_len, generated, computed, num_tokens, num_gpu_blocks,
+    num_cpu_blocks) plus its tokens and block tables."""
+
+    def __init__(self, rid: int, prompt_ids, output_len: int, arrival_s: float, client: int = -1):
+        self.rid = rid
+        self.tokens: list[int] = [int(t) for t in prompt_ids]
+        self.prompt_len = len(self.tokens)
+        self.output_len = int(output_len)
+        self.arrival_s = float(arrival_s)
+        self.first_enqueue_s = float(arrival_s)
+        self.generated = 0
+        self.computed = 0
+        self.block_table: list[int] = []
+        self.cpu_block_table: list[int] = []
+        self.replica = 0
+        self.client = client
+        self.last_token_s = float(arrival_s)
+        self.first_scheduled_s = -1.0
+        self.first_token_s = -1.0
+        self.finish_s = -1.0
+        self.aborted = False
+
+    @property
+    def num_tokens(self) -> int:
+        return self.prompt_len + self.generated
+
+    @property
+    def num_gpu_blocks(self) -> int:
+        return len(self.block_table)
+
+    @property
+    def num_cpu_blocks(self) -> int:
+        return len(self.cpu_block_table)
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.tokens[self.prompt_len:]
+
+    def __repr__(self) -> str:
+        return (f"ExecSequence(rid={self.rid}, prompt={self.prompt_len}, gen={self.generated}/{self.output_len}, "
+                f"computed={self.computed}, gpu_blocks={self.num_gpu_blocks}, cpu_blocks={self.num_cpu_blocks})")
+
+
+@dataclass
+class ExecRequest:
+    prompt_ids: list[int]
+    output_len: int
+    arrival_s: float = 0.0
+
+
+ITERATION_COLUMNS = ("iteration", "t_start_s", "t_end_s", "forward_s", "schedule_s", "swap_s", "batch_size",
+                     "prefill_seqs", "decode_seqs", "batch_tokens", "prefill_tokens", "decode_tokens",
+                     "context_tokens", "max_context_tokens", "attended_tokens", "tokens_out", "gpu_blocks_used",
+                     "cpu_blocks_used", "waiting", "swapped", "admitted", "preempt_swap", "preempt_recompute",
+                     "swap_out_blocks", "swap_in_blocks", "aborted")
+BATCH_COLUMNS = ("iteration", "rid", "query_tokens", "context_tokens", "makes_token")
+
+
+@dataclass
+class EngineStats:
+    iterations: list = field(default_factory=list)  # tuples in ITERATION_COLUMNS order
+    batches: list = field(default_factory=list)  # tuples in BATCH_COLUMNS order
+    forward_s: float = 0.0
+    schedule_s: float = 0.0
+    swap_s: float = 0.0
+
+    def iteration_table(self) -> dict[str, np.ndarray]:
+        a = np.array(self.iterations, dtype=np.float64).reshape(-1, len(ITERATION_COLUMNS))
+        return {c: (a[:, i].astype(np.int64) if c not in _FLOAT_COLS else a[:, i])
+                for i, c in enumerate(ITERATION_COLUMNS)}
+
+    def batch_table(self) -> dict[str, np.ndarray]:
+        a = np.array(self.batches, dtype=np.int64).reshape(-1, len(BATCH_COLUMNS))
+        return {c: a[:, i] for i, c in enumerate(BATCH_COLUMNS)}
+
+
+_FLOAT_COLS = {"t_start_s", "t_end_s", "forward_s", "schedule_s", "swap_s"}
+
+
+class Engine:
+    """One replica serving real requests.
+
+    model: a LoadedModel (executor.models); scheduler: from simulator.policies.build_scheduler;
+    metrics: a simulator MetricsCollector (or None for none)."""
+
+    def __init__(self, model, scheduler, *, gpu_blocks: int, cpu_blocks: int, block_size: int = 16,
+                 watermark: float = 0.01, limits: SchedulerLimits | None = None, metrics=None, cost_model=None,
+                 realtime: bool = True, record: bool = True, kv_dtype=None):
+        from .costmodel import MeasuredCostModel
+
+        self.lm = model
+        self.runner = build_runner(model)
+        self.device = model.device
+        self.cache = PagedKVCache(self.runner.num_layers, self.runner.num_kv_heads, self.runner.head_dim,
+                                  block_size=block_size, gpu_blocks=gpu_blocks, cpu_blocks=cpu_blocks,
+                                  dtype=kv_dtype or model.dtype, device=model.device, watermark=watermark)
+        self.scheduler = scheduler
+        self.limits = limits or SchedulerLimits(max_model_len=model.max_positions)
+        self.metrics = metrics
+        self.cost_model = cost_model or MeasuredCostModel()
+        self.realtime = realtime
+        self.record = record
+        self.waiting: list[ExecSequence] = []
+        self.running: list[ExecSequence] = []
+        self.swapped: list[ExecSequence] = []
+        self.finished: list[ExecSequence] = []
+        self.stats = EngineStats()
+        self.counters = {"preempt_swap": 0, "preempt_recompute": 0, "swap_out_blocks": 0, "swap_in_blocks": 0}
+        self._iteration = 0
+        self._t0 = None
+        self._skipped = 0.0
+        self._arrivals: list = []  # heap of (time, order, factory)
+        self._order = 0
+        self.on_finish = None  # callback(seq, now) (closed-loop clients)
+
+    # ---- clock ---------------------------------------------------------------------------
+    def now(self) -> float:
+        return time.perf_counter() - self._t0 + self._skipped
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _wait_until(self, t: float) -> None:
+        delay = t - self.now()
+        if delay <= 0:
+            return
+        if self.realtime:
+            time.sleep(delay)
+        else:
+            self._skipped += delay
+
+    # ---- requests --------------------------------------------------------------------------
+    def submit(self, seq: ExecSequence) -> None:
+        """A sequence that arrives at seq.arrival_s (engine clock)."""
+        heapq.heappush(self._arrivals, (seq.arrival_s, self._order, seq))
+        self._order += 1
+
+    def _deliver(self) -> None:
+        now = self.now()
+        while self._arrivals and self._arrivals[0][0] <= now:
+            _, _, seq = heapq.heappop(self._arrivals)
+            if self.metrics is not None:
+                self.metrics.arrive(seq)
+            self.waiting.append(seq)
+
+    @property
+    def outstanding(self) -> int:
+        return len(self.waiting) + len(self.running) + len(self.swapped)
+
+    # ---- warm-up ---------------------------------------------------------------------------
+    def warmup(self, prompt_len: int = 32) -> None:
+        """One prefill and one decode through the cache (first-call overheads, a first
+        estimate for the cost model, a probe of the host copy bandwidth); leaves no trace."""
+        n = max(2, min(prompt_len, self.limits.max_model_len - 1,
+                       (self.cache.total_gpu - 1) * self.cache.block_size - 1))
+        seq = ExecSequence(-1, [0] * n, 2, 0.0)
+        self.cache.grow_to(seq, n)
+        self._sync()
+        t = time.perf_counter()
+        self.runner.forward(plan_batch(self.cache, [(seq, n)], self.device), self.cache)
+        self._sync()
+        t_prefill = time.perf_counter() - t
+        seq.computed = n - 1
+        t = time.perf_counter()
+        self.runner.forward(plan_batch(self.cache, [(seq, 1)], self.device), self.cache)
+        self._sync()
+        t_decode = time.perf_counter() - t
+        self.cost_model.observe_iteration(1, t_decode)
+        self.cost_model.observe_iteration(n, t_prefill)
+        if self.cache.total_cpu >= len(seq.block_table):
+            nbytes = len(seq.block_table) * self.cache.bytes_per_block
+            t = time.perf_counter()
+            self.cache.swap_out([seq])
+            self._sync()
+            self.cost_model.observe_transfer(nbytes, time.perf_counter() - t, "d2h")
+            t = time.perf_counter()
+            self.cache.swap_in([seq])
+            self._sync()
+            self.cost_model.observe_transfer(nbytes, time.perf_counter() - t, "h2d")
+        self.cache.free(seq)
+
+    # ---- the loop ----------------------------------------------------------------------------
+    def run(self) -> float:
+        """Serve everything submitted (and whatever on_finish submits) to completion;
+        returns the engine clock at the end."""
+        if self._t0 is None:
+            self._t0 = time.perf_counter()
+        while True:
+            self._deliver()
+            if not self.outstanding:
+                if not self._arrivals:
+                    break
+                self._wait_until(self._arrivals[0][0])
+                continue
+            t_sched = time.perf_counter()
+            state = self._state()
+            decision = self.scheduler.schedule(state)
+            sched_s = time.perf_counter() - t_sched
+            moved = self._apply(decision)
+            if not decision.batch:
+                if decision.abort or decision.preempt or decision.swap_in:
+                    continue
+                if not self._arrivals:
+                    raise RuntimeError(f"engine stuck: {self.outstanding} requests can never be scheduled "
+                                       f"(waiting {len(self.waiting)}, swapped {len(self.swapped)})")
+                self._wait_until(self._arrivals[0][0])
+                continue
+            self._run_batch(decision, sched_s, moved)
+        return self.now()
+
+    def _state(self) -> SchedulerState:
+        c = self.cache
+        return SchedulerState(
+            now_s=self.now(), waiting=self.waiting, running=self.running, swapped=self.swapped,
+            free_gpu_blocks=c.free_gpu, free_cpu_blocks=c.free_cpu, total_gpu_blocks=c.total_gpu,
+            block_size=c.block_size, watermark_blocks=c.watermark_blocks, kv_bytes_per_block=c.bytes_per_block,
+            limits=self.limits, cost_model=self.cost_model)
+
+    def _apply(self, d) -> dict:
+        """Carry out a decision exactly as simulator/engine/replica.py `_apply` does."""
+        now = self.now()
+        m = self.metrics
+        moved = {"out_blocks": 0, "in_blocks": 0, "swap_s": 0.0, "preempt_swap": 0, "preempt_recompute": 0,
+                 "admitted": len(d.admit), "aborted": len(d.abort)}
+        if d.abort:
+            gone = {id(s) for s in d.abort}
+            self.waiting = [s for s in self.waiting if id(s) not in gone]
+            for seq in d.abort:
+                self.cache.free(seq)
+                seq.aborted = True
+                self._finish(seq, now, aborted=True)
+        if d.preempt:
+            gone = {id(s) for s, _ in d.preempt}
+            self.running = [s for s in self.running if id(s) not in gone]
+            front, out = [], []
+            for seq, mode in d.preempt:
+                if mode == "swap":
+                    out.append(seq)
+                    self.swapped.append(seq)
+                    moved["preempt_swap"] += 1
+                    if m is not None:
+                        m.preempt(seq, "swap")
+                else:
+                    forced = self.scheduler.preemption.name == "swap"
+                    self.cache.free(seq)
+                    seq.computed = 0
+                    front.append(seq)
+                    moved["preempt_recompute"] += 1
+                    if m is not None:
+                        m.preempt(seq, "recompute", forced=forced)
+            if out:
+                t = time.perf_counter()
+                n = self.cache.swap_out(out)
+                self._sync()
+                dt = time.perf_counter() - t
+                moved["out_blocks"] += n
+                moved["swap_s"] += dt
+                self.cost_model.observe_transfer(n * self.cache.bytes_per_block, dt, "d2h")
+            self.waiting[:0] = sorted(front, key=lambda s: (s.arrival_s, s.rid))
+        if d.swap_in:
+            back = {id(s) for s in d.swap_in}
+            self.swapped = [s for s in self.swapped if id(s) not in back]
+            t = time.perf_counter()
+            n = self.cache.swap_in(d.swap_in)
+            self._sync()
+            dt = time.perf_counter() - t
+            moved["in_blocks"] += n
+            moved["swap_s"] += dt
+            self.cost_model.observe_transfer(n * self.cache.bytes_per_block, dt, "h2d")
+            self.running.extend(d.swap_in)
+        if d.admit:
+            n = len(d.admit)
+            if self.waiting[:n] == d.admit:
+                del self.waiting[:n]
+            else:
+                took = {id(s) for s in d.admit}
+                self.waiting = [s for s in self.waiting if id(s) not in took]
+            for seq in d.admit:
+                self.cache.grow_to(seq, seq.num_tokens)
+                if seq.first_scheduled_s < 0:
+                    seq.first_scheduled_s = now
+                self.running.append(seq)
+        self.counters["preempt_swap"] += moved["preempt_swap"]
+        self.counters["preempt_recompute"] += moved["preempt_recompute"]
+        self.counters["swap_out_blocks"] += moved["out_blocks"]
+        self.counters["swap_in_blocks"] += moved["in_blocks"]
+        if m is not None:
+            m.counters["swap_out_bytes"] += moved["out_blocks"] * self.cache.bytes_per_block
+            m.counters["swap_in_bytes"] += moved["in_blocks"] * self.cache.bytes_per_block
+        self.stats.swap_s += moved["swap_s"]
+        return moved
+
+    def _run_batch(self, d, sched_s: float, moved: dict) -> None:
+        batch = d.batch
+        cache = self.cache
+        q = np.fromiter((n for _, n in batch), dtype=np.int64, count=len(batch))
+        ctx = np.fromiter((s.computed for s, _ in batch), dtype=np.int64, count=len(batch))
+        makes = [s.computed + n == s.num_tokens for s, n in batch]
+        for seq, n in batch:
+            cache.grow_to(seq, seq.computed + n)
+        plan = plan_batch(cache, batch, self.device)
+        start = self.now()
+        t = time.perf_counter()
+        logits = self.runner.forward(plan, cache)
+        next_tokens = logits.argmax(dim=-1).tolist()  # greedy; .tolist() synchronises
+        self._sync()
+        forward_s = time.perf_counter() - t
+        end = self.now()
+        self.stats.forward_s += forward_s
+        self.stats.schedule_s += sched_s
+        tokens = int(q.sum())
+        self.cost_model.observe_iteration(tokens, forward_s)
+        prefill_mask = ctx < np.fromiter((s.num_tokens - 1 for s, _ in batch), dtype=np.int64, count=len(batch))
+        m = self.metrics
+        if m is not None:
+            bpb = cache.bytes_per_block
+            m.segment((start, end, 0, 1, len(batch), tokens, int(q[q > 1].sum()), cache.used_gpu, cache.used_cpu,
+                       len(self.waiting), len(self.swapped), moved["out_blocks"] * bpb, moved["in_blocks"] * bpb))
+        it = self._iteration
+        if self.record:
+            st = self.stats
+            st.iterations.append((
+                it, start, end, forward_s, sched_s, moved["swap_s"], len(batch), int(prefill_mask.sum()),
+                int((~prefill_mask).sum()), tokens, int(q[prefill_mask].sum()), int(q[~prefill_mask].sum()),
+                int(ctx.sum()), int(ctx.max()), int((ctx + q).sum()), len(next_tokens), cache.used_gpu,
+                cache.used_cpu, len(self.waiting), len(self.swapped), moved["admitted"], moved["preempt_swap"],
+                moved["preempt_recompute"], moved["out_blocks"], moved["in_blocks"], moved["aborted"]))
+            st.batches.extend((it, s.rid, int(n), int(c), int(mk)) for (s, n), c, mk in zip(batch, ctx, makes))
+        self._iteration += 1
+        itl = []
+        k = 0
+        for (seq, n), mk in zip(batch, makes):
+            seq.computed += n
+            if not mk:
+                continue
+            seq.tokens.append(int(next_tokens[k]))
+            k += 1
+            seq.generated += 1
+            if seq.first_token_s < 0:
+                seq.first_token_s = end
+            else:
+                itl.append(end - seq.last_token_s)
+            seq.last_token_s = end
+            if seq.generated >= seq.output_len:
+                self.running.remove(seq)
+                cache.free(seq)
+                self._finish(seq, end)
+        if itl and m is not None:
+            m.add_itl(itl, 1.0)
+
+    def _finish(self, seq: ExecSequence, now: float, aborted: bool = False) -> None:
+        seq.finish_s = now
+        self.finished.append(seq)
+        if self.metrics is not None:
+            self.metrics.finish(seq, now, aborted=aborted)
+        if self.on_finish is not None:
+            self.on_finish(seq, now)
+
+
+def generate(model, prompts: list[list[int]], max_new_tokens, *, scheduler: str = "fcfs",
+             preemption: str = "recompute", gpu_blocks: int | None = None, cpu_blocks: int = 0,
+             block_size: int = 16, max_batch_size: int = 256, max_batched_tokens: int | None = None,
+             chunked_prefill: bool = False, arrival_s=None, watermark: float = 0.01) -> tuple[list[list[int]], Engine]:
+    """Greedy generation of many prompts at once through the engine (continuous batching):
+    returns the generated token ids per prompt and the engine (its counters tell what
+    happened: preemptions, swaps). All requests arrive at once unless `arrival_s` is given."""
+    from simulator.policies import build_scheduler
+
+    n = len(prompts)
+    outs = [int(max_new_tokens)] * n if np.isscalar(max_new_tokens) else [int(x) for x in max_new_tokens]
+    if gpu_blocks is None:
+        need = sum(-(-(len(p) + o) // block_size) for p, o in zip(prompts, outs))
+        gpu_blocks = need + 1
+    max_len = model.max_positions
+    limits = SchedulerLimits(max_batch_size, max_batched_tokens or max(max_len, 2048), max_len, chunked_prefill)
+    eng = Engine(model, build_scheduler(scheduler, preemption), gpu_blocks=gpu_blocks, cpu_blocks=cpu_blocks,
+                 block_size=block_size, watermark=watermark, limits=limits, realtime=False)
+    seqs = []
+    for i, (p, o) in enumerate(zip(prompts, outs)):
+        s = ExecSequence(i, p, o, 0.0 if arrival_s is None else float(arrival_s[i]))
+        seqs.append(s)
+        eng.submit(s)
+    eng.run()
+    unfinished = [s for s in seqs if s.aborted]
+    if unfinished:
+        raise RuntimeError(f"{len(unfinished)} requests were aborted (too long for the KV pool or max_model_len)")
+    return [s.output_ids for s in seqs], eng

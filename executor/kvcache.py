@@ -1,0 +1,181 @@
+"""Paged KV cache with real tensors: fixed-size blocks in a device pool and a host pool.
+
+Device pool: for each layer a K and a V tensor of shape [gpu_blocks, block_size, kv_heads,
+head_dim] (views of one [layers, ...] tensor each). Host pool: the same per layer with
+cpu_blocks blocks, pinned on CUDA. A sequence owns a block table (device block ids, position
+p lives in block table[p // block_size], row p % block_size); a swapped-out sequence owns a
+host block table instead. Swap-out and swap-in are real copies of the sequence's blocks: on
+CUDA through pinned staging buffers on a side stream, which the compute stream waits for
+before the next iteration; on CPU plain index copies.
+
+Block accounting follows simulator/engine/blocks.py (free counts, watermark, overdraw
+errors); here the blocks also have identities, kept in free lists."""
+from __future__ import annotations
+
+import torch
+
+
+class PagedKVCache:
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, *, block_size: int, gpu_blocks: int,
+                 cpu_blocks: int, dtype: torch.dtype, device: torch.device | str = "cpu", watermark: float = 0.01):
+        if gpu_blocks <= 0:
+            raise ValueError(f"need at least one device KV block, got {gpu_blocks}")
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.num_layers, self.num_kv_heads, self.head_dim = num_layers, num_kv_heads, head_dim
+        self.block_size = int(block_size)
+        self.total_gpu, self.total_cpu = int(gpu_blocks), int(cpu_blocks)
+        self.watermark_blocks = int(watermark * gpu_blocks)
+        shape = (num_layers, self.total_gpu, self.block_size, num_kv_heads, head_dim)
+        # torch.empty: pages are committed as blocks are first written, not up front
+        self._k = torch.empty(shape, dtype=dtype, device=self.device)
+        self._v = torch.empty(shape, dtype=dtype, device=self.device)
+        self.k = list(self._k.unbind(0))  # per-layer pools
+        self.v = list(self._v.unbind(0))
+        cuda = self.device.type == "cuda"
+        host_shape = (num_layers, self.total_cpu, self.block_size, num_kv_heads, head_dim)
+        self._hk = torch.empty(host_shape, dtype=dtype, pin_memory=cuda)
+        self._hv = torch.empty(host_shape, dtype=dtype, pin_memory=cuda)
+        self.stream = torch.cuda.Stream(device=self.device) if cuda else None
+        self._pending = None  # CUDA event the compute stream must wait for
+        # lowest ids first: a fresh engine fills the pool from the start
+        self._free_gpu = list(range(self.total_gpu - 1, -1, -1))
+        self._free_cpu = list(range(self.total_cpu - 1, -1, -1))
+        # Attention reads whole blocks and masks the rows past a sequence's end (and pads
+        # ragged batches with block 0); a masked row still enters softmax(scores) @ V with
+        # weight 0, and 0 x NaN is NaN. Uninitialised memory may hold NaN bit patterns, so a
+        # device block is zeroed the first time it is handed out (block 0 at once); after
+        # that it only ever holds finite KV values.
+        self._clean = [False] * self.total_gpu
+        self._zero([0])
+
+    # ---- accounting (the same numbers as simulator/engine/blocks.py) ------------------
+    @property
+    def free_gpu(self) -> int:
+        return len(self._free_gpu)
+
+    @property
+    def free_cpu(self) -> int:
+        return len(self._free_cpu)
+
+    @property
+    def used_gpu(self) -> int:
+        return self.total_gpu - self.free_gpu
+
+    @property
+    def used_cpu(self) -> int:
+        return self.total_cpu - self.free_cpu
+
+    @property
+    def bytes_per_block(self) -> int:
+        """K and V of one block over all layers."""
+        return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * self._k.element_size()
+
+    def blocks_for_tokens(self, tokens: int) -> int:
+        return -(-int(tokens) // self.block_size)
+
+    def grow_to(self, seq, tokens: int) -> int:
+        """Give `seq` device blocks for `tokens` cached tokens; returns the blocks added."""
+        add = self.blocks_for_tokens(tokens) - len(seq.block_table)
+        if add <= 0:
+            return 0
+        if add > len(self._free_gpu):
+            raise RuntimeError(f"GPU block pool overdrawn by {seq!r}: need {add}, free {self.free_gpu}")
+        new = [self._free_gpu.pop() for _ in range(add)]
+        fresh = [b for b in new if not self._clean[b]]
+        if fresh:
+            self._zero(fresh)
+        seq.block_table.extend(new)
+        return add
+
+    def _zero(self, blocks: list[int]) -> None:
+        idx = torch.tensor(blocks, dtype=torch.long, device=self.device)
+        self._k[:, idx] = 0
+        self._v[:, idx] = 0
+        for b in blocks:
+            self._clean[b] = True
+
+    def free(self, seq) -> None:
+        self._free_gpu.extend(reversed(seq.block_table))
+        self._free_cpu.extend(reversed(seq.cpu_block_table))
+        seq.block_table = []
+        seq.cpu_block_table = []
+
+    # ---- swapping: real copies ---------------------------------------------------------
+    def swap_out(self, seqs) -> int:
+        """Copy each sequence's device blocks to free host blocks and release the device
+        blocks. Returns the number of blocks moved."""
+        pairs_g, pairs_c = [], []
+        for seq in seqs:
+            n = len(seq.block_table)
+            if n > len(self._free_cpu):
+                raise RuntimeError(f"CPU block pool overdrawn by {seq!r}")
+            cpu = [self._free_cpu.pop() for _ in range(n)]
+            pairs_g.extend(seq.block_table)
+            pairs_c.extend(cpu)
+            self._free_gpu.extend(reversed(seq.block_table))
+            seq.block_table = []
+            seq.cpu_block_table = cpu
+        if pairs_g:
+            self._copy(pairs_g, pairs_c, to_host=True)
+        return len(pairs_g)
+
+    def swap_in(self, seqs) -> int:
+        pairs_g, pairs_c = [], []
+        for seq in seqs:
+            n = len(seq.cpu_block_table)
+            if n > len(self._free_gpu):
+                raise RuntimeError(f"GPU block pool overdrawn swapping in {seq!r}")
+            gpu = [self._free_gpu.pop() for _ in range(n)]
+            for b in gpu:
+                self._clean[b] = True  # overwritten whole by the copy
+            pairs_g.extend(gpu)
+            pairs_c.extend(seq.cpu_block_table)
+            self._free_cpu.extend(reversed(seq.cpu_block_table))
+            seq.cpu_block_table = []
+            seq.block_table = gpu
+        if pairs_g:
+            self._copy(pairs_g, pairs_c, to_host=False)
+        return len(pairs_g)
+
+    def _copy(self, gpu_ids: list[int], cpu_ids: list[int], to_host: bool) -> None:
+        g = torch.tensor(gpu_ids, dtype=torch.long, device=self.device)
+        c = torch.tensor(cpu_ids, dtype=torch.long)
+        if self.stream is None:
+            for dev, host in ((self._k, self._hk), (self._v, self._hv)):
+                if to_host:
+                    host[:, c] = dev[:, g]
+                else:
+                    dev[:, g] = host[:, c]
+            return
+        # CUDA: gather into one contiguous staging tensor per direction, one async copy
+        # through pinned memory on the side stream, scatter on the far side
+        cur = torch.cuda.current_stream(self.device)
+        self.stream.wait_stream(cur)  # the blocks were written by earlier iterations
+        with torch.cuda.stream(self.stream):
+            for dev, host in ((self._k, self._hk), (self._v, self._hv)):
+                if to_host:
+                    staged = dev[:, g]  # on the side stream
+                    pinned = torch.empty(staged.shape, dtype=staged.dtype, pin_memory=True)
+                    pinned.copy_(staged, non_blocking=True)
+                    torch.cuda.current_stream(self.device).synchronize()
+                    host[:, c] = pinned
+                else:
+                    pinned = host[:, c].pin_memory()
+                    staged = pinned.to(self.device, non_blocking=True)
+                    dev[:, g] = staged
+                    staged.record_stream(cur)
+            ev = torch.cuda.Event()
+            ev.record(self.stream)
+        cur.wait_event(ev)  # the next iteration (or a reuse of freed blocks) waits for the copies
+
+    # ---- addressing ----------------------------------------------------------------------
+    def slots(self, block_table: list[int], start: int, stop: int) -> list[int]:
+        """Flat slot indices (block * block_size + row) of positions start..stop-1."""
+        bs = self.block_size
+        return [block_table[p // bs] * bs + p % bs for p in range(start, stop)]
+
+    def flat(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer pools viewed as [blocks * block_size, kv_heads, head_dim]."""
+        k, v = self.k[layer], self.v[layer]
+        return (k.view(-1, self.num_kv_heads, self.head_dim), v.view(-1, self.num_kv_heads, self.head_dim))

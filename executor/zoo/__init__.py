@@ -1,0 +1,72 @@
+"""A small model zoo trained offline: a byte-level BPE tokenizer and small causal LMs (a
+Llama target, Llama drafts distilled from it, a small OPT) on the Python standard library's
+source, deterministic by seed and cached on disk. Names like `zoo-target` resolve to the
+checkpoint folder wherever the executor takes a model."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from simulator.errors import InfersimError
+
+from .spec import DEFAULT_ZOO, TINY_ZOO, ModelRecipe, ZooSpec
+
+ZOO_PREFIX = "zoo-"
+
+
+def is_zoo_name(name: str) -> bool:
+    return str(name).startswith(ZOO_PREFIX) and "/" not in str(name) and not Path(str(name)).exists()
+
+
+def zoo_names(spec: ZooSpec = DEFAULT_ZOO) -> list[str]:
+    return [r.name for r in spec.models]
+
+
+def resolve_zoo_model(name: str, *, build: bool = False, spec: ZooSpec = DEFAULT_ZOO, root: Path | None = None,
+                      log=None) -> Path:
+    """The checkpoint folder of a zoo model; with `build`, train it (and its teacher) first if
+    it is not cached, else an error telling how to build it."""
+    from .build import build_zoo, zoo_dir
+
+    if name not in zoo_names(spec):
+        raise InfersimError(f"unknown zoo model '{name}'; the zoo has: {', '.join(zoo_names(spec))}")
+    d = zoo_dir(spec, root)
+    path = d / name
+    if not (path / "zoo.json").exists():
+        if not build:
+            raise InfersimError(f"zoo model '{name}' is not built yet (looked in {d}): run `sim zoo build`")
+        build_zoo(spec, root=root, names=[name], log=log)
+    return path
+
+
+def ensure_zoo(spec: ZooSpec = DEFAULT_ZOO, root: Path | None = None, log=None, subprocess: bool = True) -> Path:
+    """Build (or find cached) the whole zoo; returns its folder. A missing default zoo is
+    trained in a child process (`python -m executor.zoo.build`) that this one waits for: the
+    training gets a fresh interpreter with OpenMP set up for a shared machine, and its memory
+    is returned when it ends."""
+    import os
+    import subprocess as sp
+    import sys
+
+    from .build import build_zoo, zoo_dir
+
+    d = zoo_dir(spec, root)
+    complete = (d / "tokenizer" / "tokenizer.json").exists() and all((d / n / "zoo.json").exists()
+                                                                       for n in zoo_names(spec))
+    if complete or not subprocess or spec is not DEFAULT_ZOO:
+        return build_zoo(spec, root=root, log=log)
+    env = dict(os.environ, OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"))
+    cmd = [sys.executable, "-m", "executor.zoo.build"] + (["--root", str(root)] if root else [])
+    res = sp.run(cmd, env=env)
+    if res.returncode != 0:
+        raise InfersimError(f"building the model zoo failed (exit {res.returncode}): {' '.join(cmd)}")
+    return build_zoo(spec, root=root, log=log)  # finds it all cached
+
+
+def zoo_manifest(path: Path) -> dict:
+    f = Path(path) / "zoo.json"
+    return json.loads(f.read_text()) if f.exists() else {}
+
+
+__all__ = ["DEFAULT_ZOO", "TINY_ZOO", "ModelRecipe", "ZooSpec", "ensure_zoo", "is_zoo_name", "resolve_zoo_model",
+           "zoo_manifest", "zoo_names"]

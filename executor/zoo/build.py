@@ -1,0 +1,275 @@
+"""`sim zoo build`: train the zoo's tokenizer and models once, cache them on disk.
+
+Layout: <root>/<key>/ with tokenizer/ and one Hugging Face checkpoint folder per model
+(config.json, model.safetensors, generation_config.json, tokenizer.json, zoo.json), plus
+zoo.json listing them all. root is $INFERSIM_ZOO or ~/.cache/infersim/zoo; key hashes the
+corpus hash, the zoo spec and the torch / transformers / tokenizers versions, so anything that
+could change the weights builds a new zoo beside the old one. Each model folder appears
+atomically (built in a hidden folder, then renamed), so an interrupted build resumes with
+what is missing."""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+from simulator.errors import InfersimError
+
+from .corpus import Corpus, load_corpus
+from .spec import DEFAULT_ZOO, ModelRecipe, ZooSpec
+
+BUILDER_VERSION = 1
+ZOO_ENV = "INFERSIM_ZOO"
+
+
+def zoo_root() -> Path:
+    env = os.environ.get(ZOO_ENV)
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "infersim" / "zoo"
+
+
+def _versions() -> dict:
+    import tokenizers
+    import torch
+    import transformers
+
+    return {"torch": str(torch.__version__), "transformers": transformers.__version__, "tokenizers": tokenizers.__version__}
+
+
+def corpus_for(spec: ZooSpec, corpus: Corpus | None = None) -> Corpus:
+    c = corpus or load_corpus()
+    if spec.max_files is not None and len(c.files) > spec.max_files:
+        files = c.files[: spec.max_files]
+        h = hashlib.sha256()
+        for rel in files:
+            h.update(rel.encode() + b"\0" + (c.root / rel).read_bytes() + b"\0")
+        c = Corpus(c.root, files, h.hexdigest(), sum((c.root / f).stat().st_size for f in files), c.python)
+    return c
+
+
+def zoo_key(spec: ZooSpec, corpus: Corpus) -> str:
+    payload = json.dumps({"corpus_sha256": corpus.sha256, "spec": spec.to_dict(), "versions": _versions(),
+                          "builder": BUILDER_VERSION}, sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def zoo_dir(spec: ZooSpec = DEFAULT_ZOO, root: Path | None = None, corpus: Corpus | None = None) -> Path:
+    c = corpus_for(spec, corpus)
+    return Path(root or zoo_root()) / zoo_key(spec, c)
+
+
+def weights_sha256(model) -> str:
+    """Hash of the weights themselves (names, dtypes, shapes, bytes), independent of file format."""
+    import torch
+
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        t = t.detach().contiguous().cpu()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+        h.update(t.view(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+@contextmanager
+def _locked(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+@contextmanager
+def _staged(target: Path):
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.tmp-"))
+    try:
+        yield tmp
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _order(spec: ZooSpec, names) -> list[ModelRecipe]:
+    """The recipes to build, teachers before their students."""
+    want = set(names) if names else {r.name for r in spec.models}
+    unknown = want - {r.name for r in spec.models}
+    if unknown:
+        raise InfersimError(f"unknown zoo model(s) {sorted(unknown)}; the zoo has {[r.name for r in spec.models]}")
+    out: list[ModelRecipe] = []
+
+    def add(name):
+        r = spec.recipe(name)
+        if r.distill_from:
+            add(r.distill_from)
+        if r not in out:
+            out.append(r)
+
+    for r in spec.models:
+        if r.name in want:
+            add(r.name)
+    return out
+
+
+def _hf_tokenizer(tok):
+    from transformers import PreTrainedTokenizerFast
+
+    from .train import SPECIAL
+
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=SPECIAL, eos_token=SPECIAL, pad_token=SPECIAL)
+
+
+def _load_model(path: Path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype="float32").eval()
+
+
+def build_zoo(spec: ZooSpec = DEFAULT_ZOO, root: Path | None = None, names=None, log=None,
+              corpus: Corpus | None = None) -> Path:
+    """Build whatever of the zoo is missing (all models, or `names` and their teachers) and
+    return the zoo folder. Cheap when everything is cached."""
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    c = corpus_for(spec, corpus)
+    d = Path(root or zoo_root()) / zoo_key(spec, c)
+    recipes = _order(spec, names)
+    if (d / "tokenizer" / "tokenizer.json").exists() and all((d / r.name / "zoo.json").exists() for r in recipes):
+        return d
+    d.mkdir(parents=True, exist_ok=True)
+    with _locked(d.parent / f"{d.name}.lock"):
+        threads = torch.get_num_threads()
+        torch.set_num_threads(spec.threads)
+        try:
+            _build_locked(spec, c, d, recipes, log)
+        finally:
+            torch.set_num_threads(threads)
+    return d
+
+
+def _build_locked(spec: ZooSpec, c: Corpus, d: Path, recipes: list[ModelRecipe], log) -> None:
+    import torch
+    from tokenizers import ByteLevelBPETokenizer, Tokenizer
+
+    from . import train as T
+
+    t_start = time.perf_counter()
+    train_files, held_files = c.split()
+    tok_dir = d / "tokenizer"
+    if not (tok_dir / "tokenizer.json").exists():
+        log(f"zoo: training a byte-level BPE tokenizer ({spec.vocab_size} tokens) on {len(train_files)} stdlib files")
+        t0 = time.perf_counter()
+        bpe = ByteLevelBPETokenizer()
+        bpe.train_from_iterator(c.texts(train_files), vocab_size=spec.vocab_size, min_frequency=2,
+                                special_tokens=[T.SPECIAL], show_progress=False)
+        with _staged(tok_dir) as tmp:
+            _hf_tokenizer(bpe._tokenizer).save_pretrained(str(tmp))
+            (tmp / "zoo.json").write_text(json.dumps({"vocab_size": bpe.get_vocab_size(),
+                                                      "train_seconds": time.perf_counter() - t0}, indent=2) + "\n")
+    tok = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
+    todo = [r for r in recipes if not (d / r.name / "zoo.json").exists()]
+    if not todo:
+        _write_manifest(spec, c, d)
+        return
+
+    def stream(files) -> torch.Tensor:
+        ids = []
+        for enc in tok.encode_batch(c.texts(files)):
+            ids.extend(enc.ids)
+            ids.append(0)
+        return torch.tensor(ids, dtype=torch.long)
+
+    streams = {"all": stream(train_files)}
+    held = stream(held_files)
+    windows = T.eval_windows(held, spec.eval_windows, spec.eval_seq_len)
+    prompts = T.eval_windows(held[len(held) // 7:], spec.accept_prompts, spec.accept_prompt_len - 1)
+    log(f"zoo: corpus {len(c.files)} files, {c.num_bytes / 1e6:.1f} MB, sha256 {c.sha256[:12]}; "
+        f"{streams['all'].numel()} training and {held.numel()} held-out tokens")
+    loaded: dict[str, object] = {}
+
+    def get(name):
+        if name not in loaded:
+            loaded[name] = _load_model(d / name)
+        return loaded[name]
+
+    for r in todo:
+        if r.data not in streams:
+            sub = [f for i, f in enumerate(train_files) if (i % 2 == 0) == (r.data == "even")]
+            streams[r.data] = stream(sub)
+        teacher = get(r.distill_from) if r.distill_from else None
+        log(f"zoo: training {r.name} ({r.arch} {r.layers} x {r.hidden}, {r.steps} steps of {r.batch} x {r.seq_len}"
+            f"{', distilled from ' + r.distill_from if teacher is not None else ''})")
+        model, stats = T.train(r, spec, streams[r.data], teacher=teacher, log=log)
+        meta = {"name": r.name, "role": r.role, "arch": r.arch, "description": r.description,
+                "recipe": r.__dict__, "parameters": sum(p.numel() for p in model.parameters()), **stats}
+        loss = T.heldout_loss(model, windows)
+        meta.update(heldout_loss=loss, heldout_perplexity=float(torch.tensor(loss).exp()),
+                    heldout_tokens=int(windows[:, 1:].numel()))
+        target_name = r.distill_from or next((x.name for x in spec.models if x.role == "target"), None)
+        if r.role != "target" and target_name:
+            tgt = get(target_name)
+            meta["token_agreement_with_target"] = T.token_agreement(model, tgt, windows)
+            meta[f"greedy_acceptance_s{spec.accept_s}"] = T.greedy_acceptance(model, tgt, prompts, spec.accept_gen_len,
+                                                                              spec.accept_s)
+            meta["acceptance_target"] = target_name
+        meta["weights_sha256"] = weights_sha256(model)
+        meta.update(corpus_sha256=c.sha256, corpus_files=len(c.files), corpus_bytes=c.num_bytes, python=c.python,
+                    versions=_versions(), threads=spec.threads, autocast_bf16=spec.autocast_bf16)
+        acc = meta.get(f"greedy_acceptance_s{spec.accept_s}")
+        log(f"zoo: {r.name}: {stats['train_seconds']:.0f} s, held-out loss {loss:.3f} "
+            f"(perplexity {meta['heldout_perplexity']:.1f})"
+            + (f", greedy acceptance at s={spec.accept_s} {acc['acceptance']:.3f}" if acc else ""))
+        model.generation_config.pad_token_id = 0
+        model.generation_config.eos_token_id = 0
+        model.generation_config.bos_token_id = 0
+        with _staged(d / r.name) as tmp:
+            model.save_pretrained(str(tmp), safe_serialization=True)
+            for f in tok_dir.iterdir():
+                if f.name != "zoo.json":
+                    shutil.copy2(f, tmp / f.name)
+            (tmp / "zoo.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+        loaded[r.name] = model
+    _write_manifest(spec, c, d)
+    log(f"zoo: built in {time.perf_counter() - t_start:.0f} s: {d}")
+
+
+def _write_manifest(spec: ZooSpec, c: Corpus, d: Path) -> None:
+    models = {}
+    for r in spec.models:
+        f = d / r.name / "zoo.json"
+        if f.exists():
+            models[r.name] = json.loads(f.read_text())
+    data = {"key": d.name, "corpus_sha256": c.sha256, "python": c.python, "versions": _versions(),
+            "spec": spec.to_dict(), "models": models}
+    tmp = d / ".zoo.json.tmp"
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, d / "zoo.json")
+
+
+def main(argv=None) -> int:
+    """`python -m executor.zoo.build [--root DIR] [names...]`: build the default zoo."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description="build the executor's model zoo")
+    ap.add_argument("models", nargs="*")
+    ap.add_argument("--root", default=None)
+    args = ap.parse_args(argv)
+    print(build_zoo(DEFAULT_ZOO, root=Path(args.root) if args.root else None, names=args.models or None))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+"""`sim zoo build|list`: the executor's model zoo (small causal LMs trained offline on the
+Python standard library's source; see executor/zoo/)."""
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("zoo", help="build or list the executor's model zoo (small LMs trained offline)",
+                       description="The model zoo: a byte-level BPE tokenizer and small causal LMs (a Llama target, "
+                                   "Llama drafts distilled from it, a small OPT) trained on the Python standard "
+                                   "library's source, deterministic and cached ($INFERSIM_ZOO or ~/.cache/infersim/zoo).")
+    zsub = p.add_subparsers(dest="zoo_command", metavar="ACTION")
+    zsub.required = True
+    b = zsub.add_parser("build", help="train whatever of the zoo is not cached yet (a few minutes on 2 cores)")
+    b.add_argument("models", nargs="*", help="only these models (and the models they are distilled from)")
+    b.add_argument("--root", default=None, help="cache folder (default $INFERSIM_ZOO or ~/.cache/infersim/zoo)")
+    b.add_argument("--quiet", "-q", action="store_true", help="no progress lines")
+    b.set_defaults(func=run)
+    ls = zsub.add_parser("list", help="the zoo's models, where they are, and their measured numbers")
+    ls.add_argument("--root", default=None, help="cache folder")
+    ls.add_argument("--json", action="store_true", help="print the zoo manifest as JSON")
+    ls.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import sys
+    from pathlib import Path
+
+    from ..errors import InfersimError
+
+    try:
+        from executor.zoo import DEFAULT_ZOO
+        from executor.zoo.build import build_zoo, zoo_dir
+    except ImportError as exc:
+        raise InfersimError(f"the zoo needs PyTorch, transformers and tokenizers ({exc}): pip install \".[executor]\"")
+    root = Path(args.root).expanduser() if args.root else None
+    if args.zoo_command == "build":
+        log = (lambda m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
+        d = build_zoo(DEFAULT_ZOO, root=root, names=args.models or None, log=log)
+        _print_table(d, args)
+        return 0
+    d = zoo_dir(DEFAULT_ZOO, root)
+    if args.json:
+        f = d / "zoo.json"
+        print(f.read_text() if f.exists() else json.dumps({"key": d.name, "models": {}}))
+        return 0
+    _print_table(d, args)
+    return 0
+
+
+def _print_table(d, args) -> None:
+    import sys
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from executor.zoo import DEFAULT_ZOO
+
+    t = Table(title=f"model zoo: {d}")
+    for col in ("name", "role", "architecture", "params", "train s", "held-out ppl", "accept s=4", "built"):
+        t.add_column(col, justify="left" if col in ("name", "role", "architecture") else "right")
+    for r in DEFAULT_ZOO.models:
+        f = d / r.name / "zoo.json"
+        m = json.loads(f.read_text()) if f.exists() else {}
+        acc = (m.get("greedy_acceptance_s4") or {}).get("acceptance")
+        t.add_row(r.name, r.role, f"{r.arch} {r.layers} x {r.hidden}",
+                  f"{m['parameters'] / 1e6:.2f}M" if m else "-",
+                  f"{m['train_seconds']:.0f}" if m else "-",
+                  f"{m['heldout_perplexity']:.2f}" if m else "-",
+                  f"{acc:.3f}" if acc is not None else "-", "yes" if m else "no")
+    Console(width=None if sys.stdout.isatty() else 120).print(t)

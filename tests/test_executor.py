@@ -1,0 +1,263 @@
+"""The real executor: checkpoint loading, the engine's greedy outputs against Hugging Face
+`generate` token for token (continuous batching, forced swap, forced recompute, chunked
+prefill, both schedulers, Llama and OPT), and `sim exec`'s run directory.
+
+All on the zoo's trained models (built once, cached; see test_executor_zoo.py), on CPU. Torch
+runs with one thread here: the outputs do not depend on it, and a shared 2-core machine
+makes multi-threaded torch collapse under contention."""
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+import executor  # noqa: E402,F401  (before torch: OpenMP threads wait passively, see executor/__init__.py)
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("tokenizers")
+
+from executor.engine import generate  # noqa: E402
+from executor.models import load_model  # noqa: E402
+from executor.prompts import make_prompts  # noqa: E402
+from executor.zoo import ensure_zoo  # noqa: E402
+from simulator.errors import InfersimError  # noqa: E402
+
+PROMPT_LENS = [23, 150, 7, 64, 101, 40, 12, 88, 130, 55, 31, 76]
+OUTPUT_LENS = [30, 12, 41, 25, 18, 36, 9, 28, 15, 33, 22, 40]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+@pytest.fixture(scope="session")
+def zoo_dir():
+    return ensure_zoo()
+
+
+def hf_greedy(model, prompts, outputs):
+    """Plain Hugging Face generate, one prompt at a time, greedy, EOS ignored."""
+    res = []
+    with torch.inference_mode():
+        for p, o in zip(prompts, outputs):
+            g = model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                               max_new_tokens=o, do_sample=False, eos_token_id=None, pad_token_id=0)
+            res.append(g[0, len(p):].tolist())
+    return res
+
+
+@pytest.fixture(scope="module")
+def target(zoo_dir):
+    return load_model("zoo-target", device="cpu", dtype="fp32")
+
+
+@pytest.fixture(scope="module")
+def case(target):
+    prompts = make_prompts(PROMPT_LENS, tokenizer=target.tokenizer, vocab_size=target.vocab_size, seed=11)
+    return prompts, OUTPUT_LENS, hf_greedy(target.model, prompts, OUTPUT_LENS)
+
+
+def _blocks(prompts, outputs, bs=16):
+    return sum(-(-(len(p) + o) // bs) for p, o in zip(prompts, outputs))
+
+
+# ---- models -----------------------------------------------------------------------------
+def test_checkpoint_round_trip_llama_and_mistral_layout(target, tmp_path):
+    """A zoo checkpoint saved and reloaded as Llama, and the same weights declared as a
+    Mistral checkpoint, give the same logits; bf16 loads as bf16."""
+    ids = torch.tensor([make_prompts([48], tokenizer=target.tokenizer, vocab_size=target.vocab_size, seed=1)[0]])
+    with torch.inference_mode():
+        ref = target.model(ids).logits
+    target.model.save_pretrained(tmp_path / "llama", safe_serialization=True)
+    again = load_model(str(tmp_path / "llama"))
+    assert again.family == "llama" and again.tokenizer is None
+    with torch.inference_mode():
+        assert torch.equal(again.model(ids).logits, ref)
+    mistral = tmp_path / "mistral"
+    shutil.copytree(target.path, mistral)
+    cfg = json.loads((mistral / "config.json").read_text())
+    cfg.update(model_type="mistral", architectures=["MistralForCausalLM"], sliding_window=None)
+    (mistral / "config.json").write_text(json.dumps(cfg))
+    m = load_model(str(mistral / "config.json"))
+    assert m.family == "mistral" and type(m.model).__name__ == "MistralForCausalLM"
+    with torch.inference_mode():
+        torch.testing.assert_close(m.model(ids).logits, ref, rtol=1e-5, atol=1e-5)
+    half = load_model("zoo-target", dtype="bf16")
+    assert half.dtype == torch.bfloat16 and next(half.model.parameters()).dtype == torch.bfloat16
+
+
+def test_opt_checkpoint_loads(zoo_dir):
+    m = load_model("zoo-opt")
+    assert m.family == "opt" and type(m.model).__name__ == "OPTForCausalLM"
+    assert m.meta["heldout_perplexity"] < 200
+
+
+def test_bad_model_names_are_clear_errors(tmp_path):
+    with pytest.raises(InfersimError, match="not a zoo name"):
+        load_model(str(tmp_path / "missing"))
+    (tmp_path / "x").mkdir()
+    with pytest.raises(InfersimError, match="no config.json"):
+        load_model(str(tmp_path / "x"))
+    with pytest.raises(InfersimError, match="CUDA is not available"):
+        if torch.cuda.is_available():
+            raise InfersimError("CUDA is not available (skipped: this machine has CUDA)")
+        load_model("zoo-target", device="cuda")
+
+
+# ---- the engine against Hugging Face generate -------------------------------------------
+def test_continuous_batching_matches_hf(target, case):
+    prompts, outputs, ref = case
+    got, eng = generate(target, prompts, outputs, max_batch_size=4)
+    assert got == ref
+    it = eng.stats.iteration_table()
+    # requests joined while others were decoding: admissions after the first iteration,
+    # and finished requests left the batch
+    assert it["admitted"][1:].sum() > 0
+    assert len(set(it["batch_size"].tolist())) > 1
+    assert eng.counters["preempt_swap"] == eng.counters["preempt_recompute"] == 0
+
+
+def test_forced_recompute_matches_hf(target, case):
+    prompts, outputs, ref = case
+    got, eng = generate(target, prompts, outputs, gpu_blocks=24, preemption="recompute")
+    assert eng.counters["preempt_recompute"] > 0
+    assert got == ref
+
+
+def test_forced_swap_matches_hf(target, case):
+    prompts, outputs, ref = case
+    got, eng = generate(target, prompts, outputs, gpu_blocks=24, cpu_blocks=_blocks(prompts, outputs),
+                        preemption="swap")
+    assert eng.counters["preempt_swap"] > 0 and eng.counters["swap_in_blocks"] > 0
+    assert eng.counters["preempt_recompute"] == 0
+    assert got == ref
+
+
+def test_cost_aware_fairness_and_chunked_prefill_match_hf(target, case):
+    prompts, outputs, ref = case
+    got, eng = generate(target, prompts, outputs, gpu_blocks=24, cpu_blocks=40, scheduler="fairness",
+                        preemption="cost_aware")
+    assert eng.counters["preempt_swap"] + eng.counters["preempt_recompute"] > 0
+    assert got == ref
+    got, eng = generate(target, prompts, outputs, chunked_prefill=True, max_batched_tokens=48, gpu_blocks=30,
+                        preemption="swap", cpu_blocks=60)
+    mixed = eng.stats.iteration_table()
+    assert ((mixed["prefill_seqs"] > 0) & (mixed["decode_seqs"] > 0)).any()  # Sarathi-style mixed iterations
+    assert got == ref
+
+
+def test_uninitialised_cache_memory_never_leaks_in(target, case, monkeypatch):
+    """Blocks are read whole and ragged batches padded; masked rows get weight 0, but 0 x NaN
+    is NaN: pools made of NaN (as uninitialised memory may be) must not change a token."""
+    import executor.kvcache as kvcache
+
+    real_empty = torch.empty
+
+    def nan_empty(*args, **kwargs):
+        t = real_empty(*args, **kwargs)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    monkeypatch.setattr(kvcache.torch, "empty", nan_empty)
+    prompts, outputs, ref = case
+    got, eng = generate(target, prompts, outputs, gpu_blocks=24, cpu_blocks=_blocks(prompts, outputs),
+                        preemption="swap", max_batch_size=5)
+    assert eng.counters["preempt_swap"] > 0
+    assert got == ref
+
+
+def test_drafts_and_opt_match_hf(zoo_dir, case):
+    prompts, outputs, _ = case
+    for name in ("zoo-draft-b", "zoo-opt"):
+        lm = load_model(name)
+        ps = make_prompts(PROMPT_LENS[:6], tokenizer=lm.tokenizer, vocab_size=lm.vocab_size, seed=5)
+        outs = OUTPUT_LENS[:6]
+        ref = hf_greedy(lm.model, ps, outs)
+        got, eng = generate(lm, ps, outs, gpu_blocks=12, cpu_blocks=60, preemption="swap")
+        assert eng.counters["preempt_swap"] > 0, name
+        assert got == ref, name
+
+
+def test_arrivals_replayed_in_real_time(target, case):
+    prompts, outputs, _ = case
+    arrivals = [0.0, 0.0, 0.25, 0.5]
+    _, eng = generate(target, prompts[:4], [4] * 4, arrival_s=arrivals)
+    seqs = sorted(eng.finished, key=lambda s: s.rid)
+    for s, a in zip(seqs, arrivals):
+        assert s.first_scheduled_s >= a
+        assert s.finish_s > s.first_token_s >= s.first_scheduled_s
+
+
+# ---- sim exec ---------------------------------------------------------------------------
+WORKLOAD = """
+name: exec-small
+model: opt-125m
+hardware: {profile: a100-80gb-pcie}
+serving: {gpu_blocks: 40, cpu_blocks: 40, block_size: 16, preemption: swap}
+requests:
+  count: 10
+  arrival: {type: burst}
+  prompt_tokens: {type: uniform, low: 16, high: 120}
+  output_tokens: {type: uniform, low: 8, high: 40}
+seed: 2
+"""
+
+
+def test_sim_exec_writes_the_run_directory_of_sim_run(zoo_dir, tmp_path):
+    import pandas as pd
+
+    from simulator.cli.main import main
+
+    wl = tmp_path / "small.yaml"
+    wl.write_text(WORKLOAD)
+    assert main(["run", "--workload", str(wl), "--out", str(tmp_path / "sim"), "-q", "--no-plots"]) == 0
+    assert main(["exec", "--workload", str(wl), "--model", "zoo-target", "--fast", "--threads", "1",
+                 "--out", str(tmp_path / "exec"), "-q"]) == 0
+    sim, ex = tmp_path / "sim", tmp_path / "exec"
+    sim_files = {p.name for p in sim.iterdir()}
+    ex_files = {p.name for p in ex.iterdir()}
+    assert sim_files <= ex_files | {"plots"}
+    assert {"iterations.parquet", "iteration_batches.parquet", "outputs.parquet", "plots"} <= ex_files
+    assert any((ex / "plots").iterdir())
+    for name in ("requests.parquet", "series.parquet"):
+        assert list(pd.read_parquet(sim / name).columns) == list(pd.read_parquet(ex / name).columns), name
+    s_sim = json.loads((sim / "summary.json").read_text())
+    s_ex = json.loads((ex / "summary.json").read_text())
+    assert set(s_sim) - {"speculation", "offload"} <= set(s_ex)
+    assert s_ex["finished"] == 10 and s_ex["aborted"] == 0
+    assert s_ex["preemptions"]["swap"] > 0 and s_ex["swap_out_bytes"] > 0  # 40 blocks are too few for 10 requests
+    req = pd.read_parquet(ex / "requests.parquet")
+    assert (req["finish_s"] >= req["first_token_s"]).all() and (req["first_token_s"] >= req["arrival_s"]).all()
+    # per-iteration records: one row per iteration, batch composition adding up
+    it = pd.read_parquet(ex / "iterations.parquet")
+    rows = pd.read_parquet(ex / "iteration_batches.parquet")
+    series = pd.read_parquet(ex / "series.parquet")
+    assert len(it) == len(series) == s_ex["iterations"]
+    assert (it["forward_s"] > 0).all() and (it["t_end_s"] >= it["t_start_s"]).all()
+    assert (it["batch_size"] == it["prefill_seqs"] + it["decode_seqs"]).all()
+    assert it["batch_tokens"].tolist() == rows.groupby("iteration")["query_tokens"].sum().tolist()
+    assert it["swap_out_blocks"].sum() > 0
+    out = pd.read_parquet(ex / "outputs.parquet")
+    assert [len(x) for x in out["output_ids"]] == req["output_tokens"].astype(int).tolist()
+    assert [len(x) for x in out["prompt_ids"]] == req["prompt_tokens"].astype(int).tolist()
+    cfg = (ex / "config.yaml").read_text()
+    assert "executor:" in cfg and "zoo-target" in cfg
+    # the generated tokens are those of Hugging Face generate on the same prompts
+    lm = load_model("zoo-target")
+    ps = [list(map(int, p)) for p in out["prompt_ids"][:3]]
+    ref = hf_greedy(lm.model, ps, [len(x) for x in out["output_ids"][:3]])
+    assert [list(map(int, x)) for x in out["output_ids"][:3]] == ref
+    assert np.isfinite(s_ex["ttft_s"]["mean"])
+
+
+def test_sim_exec_errors_are_one_line(tmp_path, capsys):
+    from simulator.cli.main import main
+
+    wl = tmp_path / "small.yaml"
+    wl.write_text(WORKLOAD)
+    assert main(["exec", "--workload", str(wl), "--model", str(tmp_path / "nope"), "-q"]) == 2
+    assert "not a zoo name" in capsys.readouterr().err
