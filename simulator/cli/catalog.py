@@ -7,7 +7,8 @@ import argparse
 def add_parser(sub) -> None:
     p = sub.add_parser("models", help="list built-in models, or show one (name, alias, YAML or config.json)",
                        description="List the model catalog with derived sizes, or show one model.")
-    p.add_argument("name", nargs="?", help="model name, alias, YAML file or HF config.json / checkpoint folder")
+    p.add_argument("name", nargs="?", help="model name, alias, YAML file or HF config.json / checkpoint folder; "
+                                           "`sim models build` trains the executor's model zoo (= sim zoo build)")
     p.add_argument("--dtype", default="fp16", help="fp32, fp16, bf16, int8, int4 (default fp16)")
     p.set_defaults(func=run_models)
     p = sub.add_parser("hardware", help="list built-in hardware profiles, or show one",
@@ -24,6 +25,10 @@ def add_parser(sub) -> None:
 
 
 def run_models(args: argparse.Namespace) -> int:
+    if args.name == "build":  # `sim models build`: the zoo's build, by the name the docs use
+        from . import zoo
+
+        return zoo.run(argparse.Namespace(zoo_command="build", models=[], root=None, quiet=False))
     from rich.console import Console
     from rich.table import Table
 

@@ -22,10 +22,23 @@ def load_model(name_or_path: str) -> ModelSpec:
     if as_path.suffix in (".yaml", ".yml", ".json") and not as_path.exists():
         # Looks like a path, so "unknown model" with the catalog listing would mislead.
         raise InfersimError(f"{as_path}: file not found")
-    path = resolve("model", str(name_or_path), models_dir())
+    if str(name_or_path).startswith("zoo-") and not as_path.exists():
+        path = _zoo_config(str(name_or_path))
+    else:
+        path = resolve("model", str(name_or_path), models_dir())
     stat = path.stat()
     # Keyed on mtime and size too, so an edited file is re-read rather than served stale.
     return _load(str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+
+
+def _zoo_config(name: str) -> Path:
+    """A model of the executor's zoo (`sim zoo build`), by name, as its HF config.json."""
+    try:
+        from executor.zoo import resolve_zoo_model
+    except ImportError as exc:  # the zoo's cache key needs the executor extra (torch)
+        raise InfersimError(f"model '{name}' is from the executor's zoo, which needs pip install \".[executor]\" "
+                            f"({exc})") from None
+    return resolve_zoo_model(name) / "config.json"
 
 
 @lru_cache(maxsize=None)
