@@ -92,6 +92,10 @@ def execute(spec, requests, out: Path, *, source: str = "workload", step_mode: b
                              progress=progress, source=source)
             result = sim.run()
         summary = summarize(result)
+        if spec.speculation is not None:  # acceptance, s, SSM weights and pool depth over time
+            from ..speculative.report import write_series
+
+            write_series(sim, tmp)
         write_yaml(tmp / "config.yaml", result.resolved)
         table = dict(result.requests)
         table.update(derived_columns(result.requests))

@@ -1,9 +1,245 @@
-"""The `speculation:` section of a workload file."""
+"""The `speculation:` section of a workload file.
+
+    speculation:
+      method: draft | minions | medusa
+      dataset: finance                   # default dataset for acceptance-table look-ups
+      speculation_length: 4              # s (draft / minions); the selector's start value
+      drafts:                            # one SSM for `draft`, one or more for `minions`
+        - model: opt-125m
+          acceptance: {table: opt-13b, draft: opt-125m}      # catalog look-up (simulator/catalog/acceptance)
+        - model: opt-125m
+          acceptance: {kind: iid, alpha: 0.8}                # or inline: iid | positional | empirical
+      sampling: {mode: greedy, temperature: 0.0}             # greedy | sampling (rejection) | typical (Medusa)
+      voting:   {enabled: true, ...}       # Minions (a) majority-voted speculator
+      selector: {enabled: true, ...}       # Minions (b) adaptive speculation length
+      pipeline: {enabled: true, ...}       # Minions (c) SSM and LLM engines run concurrently
+      medusa:   {accuracies: vicuna-7b, tree: {type: choices}}
+
+`method` sets the defaults of the three Minions switches (all on for `minions`, all off for
+`draft`); each switch can be set on its own for ablations. See docs/speculative.md."""
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from typing import Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveInt, model_validator
 
 
-class SpeculationSection(BaseModel):
+class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    method: str = "draft"  # draft | minions | medusa
+
+
+# ---- acceptance --------------------------------------------------------------------------
+class AcceptanceRef(_Strict):
+    """An entry of an acceptance table in simulator/catalog/acceptance/<table>.yaml."""
+    table: str
+    draft: str = Field(description="the draft (SSM) label inside the table")
+    dataset: Optional[str] = None  # None: the speculation section's dataset
+
+
+class AcceptanceSpec(_Strict):
+    """An acceptance model given inline (same fields as a table entry).
+
+    iid:        every drafted token is accepted with probability `alpha`, independently;
+                expected tokens per step (1 - alpha^(s+1)) / (1 - alpha).
+    positional: `probs[i]` = P(token i+1 accepted | tokens 1..i accepted); the last value
+                repeats past the end of the list.
+    empirical:  `counts[k]` = rounds (recorded at speculation length `recorded_s`) in which
+                exactly k drafted tokens were accepted, k = 0..recorded_s, e.g. from a real run;
+                turned into positional probabilities (past recorded_s: their geometric mean)."""
+    kind: Literal["iid", "positional", "empirical"]
+    alpha: Optional[float] = Field(None, ge=0, le=1)
+    probs: Optional[list[float]] = None
+    recorded_s: Optional[PositiveInt] = None
+    counts: Optional[list[NonNegativeFloat]] = None
+    # how the numbers were measured; the model is converted when the workload samples differently
+    measured_mode: Literal["greedy", "sampling"] = "greedy"
+    measured_temperature: NonNegativeFloat = 0.0
+    source: str = ""
+
+    @model_validator(mode="after")
+    def _fields(self):
+        if self.kind == "iid" and self.alpha is None:
+            raise ValueError("kind 'iid' needs 'alpha'")
+        if self.kind == "positional":
+            if not self.probs or any(not 0 <= p <= 1 for p in self.probs):
+                raise ValueError("kind 'positional' needs 'probs', each in [0, 1]")
+        if self.kind == "empirical":
+            if self.recorded_s is None or self.counts is None:
+                raise ValueError("kind 'empirical' needs 'recorded_s' and 'counts'")
+            if len(self.counts) != self.recorded_s + 1:
+                raise ValueError(f"'counts' needs recorded_s + 1 = {self.recorded_s + 1} entries (k = 0..recorded_s)")
+            if sum(self.counts) <= 0:
+                raise ValueError("'counts' must not all be zero")
+        return self
+
+
+Acceptance = Union[AcceptanceRef, AcceptanceSpec]
+
+
+class DraftSection(_Strict):
+    model: str = Field(description="the SSM's model (catalog name, YAML or config.json): what its steps cost")
+    acceptance: Acceptance
+    name: Optional[str] = None  # label in reports (default: model, or the table's draft label)
+    weight: float = Field(1.0, gt=0)  # initial voting weight
+
+
+class SamplingSection(_Strict):
+    """How the target accepts: greedy (argmax match), sampling (rejection sampling at
+    `temperature`) or typical (Medusa's typical acceptance: p(x) > min(epsilon, delta exp(-H)))."""
+    mode: Literal["greedy", "sampling", "typical"] = "greedy"
+    temperature: NonNegativeFloat = 0.0
+    epsilon: float = Field(0.09, gt=0, le=1)  # Medusa reference code defaults (facts.md)
+    delta: float = Field(0.3, gt=0)
+
+
+# ---- Minions --------------------------------------------------------------------------------
+class VotingSection(_Strict):
+    """Minions (a): majority-voted speculator. After each LLM verification every SSM's ACR (mean
+    accepted/s of the outputs it was the voted SSM for) is compared with the thresholds; the
+    weight is multiplied by reward_factor above reward_threshold and by punish_factor below
+    punish_threshold. The paper gives no threshold values: `threshold_mode: relative` (default)
+    reads the thresholds as multiples of a running mean (EMA) of all SSMs' ACR, `absolute` as
+    acceptance rates."""
+    enabled: Optional[bool] = None  # None: on for method minions
+    reward_threshold: float = Field(1.05, ge=0)
+    punish_threshold: float = Field(0.95, ge=0)
+    reward_factor: float = Field(1.1, ge=1)
+    punish_factor: float = Field(0.9, gt=0, le=1)
+    threshold_mode: Literal["relative", "absolute"] = "relative"
+    # voted: ACR over the outputs an SSM was voted for (the paper's Equation 1); all: every SSM
+    # scored on every output by its agreement with what verification revealed (the weighted-
+    # majority algorithm the paper builds on); an SSM never voted can then still gain weight
+    acr_scope: Literal["all", "voted"] = "all"
+    ema: float = Field(0.05, gt=0, le=1)  # smoothing of the running mean ACR (relative mode)
+    # how alike the SSMs' mistakes are: probability that all SSMs share one uniform draw for a
+    # request's agreement lengths (0: independent SSMs, 1: a token hard for one is hard for all)
+    correlation: float = Field(0.5, ge=0, le=1)
+
+    @model_validator(mode="after")
+    def _order(self):
+        if self.punish_threshold > self.reward_threshold:
+            raise ValueError("punish_threshold must not exceed reward_threshold")
+        return self
+
+
+class SelectorSection(_Strict):
+    """Minions (b): adaptive speculation length. The monitor records t / vl per verification
+    (t: see `measure`; vl: mean tokens gained per request); after `decision_threshold` samples since the last
+    change it fits a line through them and the samples before the change; slope > 0 -> s -=
+    s_punish, slope <= 0 -> s += s_reward (rule `paper`, literally). Rule `directional` (the
+    default) reads "punish" as "undo the last change": it keeps moving the way the last change
+    went while t/vl falls and turns back when it rises. The two agree whenever the last change
+    was an increase; after a decrease that hurt, the literal rule decreases again and can spiral
+    down to s_min (docs/findings/minions.md measures it)."""
+    enabled: Optional[bool] = None  # None: on for method minions
+    decision_threshold: PositiveInt = 20
+    s_reward: PositiveInt = 1
+    s_punish: PositiveInt = 1
+    s_min: PositiveInt = 1
+    s_max: PositiveInt = 12
+    rule: Literal["paper", "directional"] = "directional"
+    # what t is: llm = the LLM's verification time (the paper); round = SSM steps + verification
+    # (coupled); period = time between the ends of successive verifications, waits for the pool
+    # included (pipelined: equals llm while the SSMs keep up, and sees it when they do not).
+    # auto: round when coupled, period when pipelined
+    measure: Literal["auto", "llm", "round", "period"] = "auto"
+
+    @model_validator(mode="after")
+    def _order(self):
+        if self.s_min > self.s_max:
+            raise ValueError("s_min must not exceed s_max")
+        return self
+
+
+class PipelineSection(_Strict):
+    """Minions (c): the SSM engine and the LLM engine as concurrent processes joined by the
+    intermediate result pool. `shared`: one GPU, MPS-like; while both engines are busy each runs
+    at its share of its solo speed (shares summing to 1 or less model no overlap gain: the GPU's
+    throughput is only split). `separate`: the SSMs have their own device (speculation.
+    draft_hardware, default the same profile), no contention."""
+    enabled: Optional[bool] = None  # None: on for method minions
+    placement: Literal["shared", "separate"] = "shared"
+    llm_share: float = Field(0.8, gt=0, le=1)
+    ssm_share: float = Field(0.5, gt=0, le=1)
+    llm_batch_size: Optional[PositiveInt] = None  # None: serving.max_batch_size // 2 (two batches in flight)
+    ssm_batch_size: Optional[PositiveInt] = None  # None: llm_batch_size
+    back_pressure: bool = True  # SSMs pause while the pool holds >= llm_batch_size requests
+
+
+# ---- Medusa ---------------------------------------------------------------------------------
+class TreeSection(_Strict):
+    """choices: an explicit list of paths (default: the accuracy table's tree, mc_sim_7b_63);
+    cartesian: every path through the top-sizes[k] guesses of head k; greedy: Medusa 2.3.3,
+    the `nodes` (root included) most probable paths under the accuracy table."""
+    type: Literal["choices", "cartesian", "greedy"] = "choices"
+    choices: Optional[list[list[int]]] = None
+    sizes: Optional[list[PositiveInt]] = None
+    nodes: Optional[PositiveInt] = None
+
+    @model_validator(mode="after")
+    def _fields(self):
+        if self.type == "cartesian" and not self.sizes:
+            raise ValueError("tree type 'cartesian' needs 'sizes' (top-s_k per head)")
+        if self.type == "greedy" and self.nodes is None:
+            raise ValueError("tree type 'greedy' needs 'nodes' (tree size, root included)")
+        return self
+
+
+class MedusaSection(_Strict):
+    accuracies: str = "vicuna-7b"  # simulator/catalog/medusa/<name>.yaml or a file
+    heads: Optional[PositiveInt] = None  # None: every head in the table
+    tree: TreeSection = TreeSection()
+    head_cost: bool = True  # cost the heads (residual SiLU block + vocab projection each)
+    heads_on_all_candidates: bool = True  # reference code applies the heads to every tree position
+
+
+class SpeculationSection(_Strict):
+    model_config = ConfigDict(extra="forbid")
+    method: Literal["draft", "minions", "medusa"] = "draft"
+    dataset: Optional[str] = None
+    speculation_length: PositiveInt = 4
+    drafts: list[DraftSection] = []
+    sampling: SamplingSection = SamplingSection()
+    draft_hardware: Optional[str] = None  # None: the target's profile (same GPU when coupled or shared)
+    draft_tensor_parallel: PositiveInt = 1
+    # fixed cost per SSM step not in the roofline (kernel launches, sampling, framework); paid once
+    # per step however many SSMs draft (they run concurrently, their idle gaps overlap)
+    draft_step_overhead_us: NonNegativeFloat = 0.0
+    account_memory: bool = True  # colocated SSM weights/KV and Medusa heads come out of the KV pool (derived pools only)
+    voting: VotingSection = VotingSection()
+    selector: SelectorSection = SelectorSection()
+    pipeline: PipelineSection = PipelineSection()
+    medusa: MedusaSection = MedusaSection()
+    series_max_points: PositiveInt = 200  # time series in summary.json are thinned to this many points
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.method == "medusa":
+            if self.drafts:
+                raise ValueError("method 'medusa' takes no drafts")
+            if self.sampling.mode == "sampling" and self.sampling.temperature == 0:
+                pass  # rejection sampling at temperature 0 is greedy
+        else:
+            if not self.drafts:
+                raise ValueError(f"method '{self.method}' needs at least one entry in 'drafts'")
+            if self.method == "draft" and len(self.drafts) > 1 and not self.voting_on:
+                raise ValueError("method 'draft' takes one draft; use method 'minions' (voting) for several")
+            if self.sampling.mode == "typical":
+                raise ValueError("typical acceptance is modelled for Medusa only; use greedy or sampling")
+        return self
+
+    # resolved switches ---------------------------------------------------------------------
+    def _switch(self, value: Optional[bool]) -> bool:
+        return (self.method == "minions") if value is None else bool(value)
+
+    @property
+    def voting_on(self) -> bool:
+        return self.method != "medusa" and self._switch(self.voting.enabled) and len(self.drafts) > 1
+
+    @property
+    def selector_on(self) -> bool:
+        return self.method != "medusa" and self._switch(self.selector.enabled)
+
+    @property
+    def pipeline_on(self) -> bool:
+        return self.method != "medusa" and self._switch(self.pipeline.enabled)

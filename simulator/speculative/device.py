@@ -1,0 +1,49 @@
+"""One GPU shared by the SSM engine and the LLM engine (MPS-like), as a SimPy helper.
+
+Each engine submits work measured in seconds of solo execution. While only one engine is
+busy it runs at full speed; while both are, each runs at its share of its solo speed
+(processor sharing): when the other engine starts or stops, the remaining work is re-timed.
+With `shares=None` the engines have separate devices and never slow each other."""
+from __future__ import annotations
+
+
+class SharedDevice:
+    def __init__(self, env, shares: dict[str, float] | None):
+        self.env = env
+        self.shares = shares
+        self.active: set[str] = set()
+        self.changed = env.event()
+        self.busy_s: dict[str, float] = {}
+
+    def _notify(self) -> None:
+        old, self.changed = self.changed, self.env.event()
+        old.succeed()
+
+    def run(self, name: str, work_s: float):
+        """SimPy generator: `yield from device.run("llm", seconds)`."""
+        env = self.env
+        start = env.now
+        if work_s <= 0:
+            return
+        if self.shares is None:
+            yield env.timeout(work_s)
+            self.busy_s[name] = self.busy_s.get(name, 0.0) + (env.now - start)
+            return
+        self.active.add(name)
+        self._notify()
+        remaining = float(work_s)
+        try:
+            while True:
+                rate = 1.0 if len(self.active) == 1 else float(self.shares[name])
+                t0 = env.now
+                done = env.timeout(remaining / rate)
+                yield done | self.changed
+                if done.processed:
+                    break
+                remaining -= (env.now - t0) * rate
+                if remaining <= work_s * 1e-12:
+                    break
+        finally:
+            self.active.discard(name)
+            self._notify()
+            self.busy_s[name] = self.busy_s.get(name, 0.0) + (env.now - start)

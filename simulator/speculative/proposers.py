@@ -1,0 +1,276 @@
+"""What proposes candidate tokens, what that costs and how many the target accepts: draft
+models (one SSM, or several under the majority vote) and Medusa heads. Used by the replicas;
+no SimPy here.
+
+Common interface (per round, for the decoding sequences of a batch):
+  plan(remaining)         -> k: drafted tokens per sequence (never more than remaining - 1)
+  candidates(k)           -> q: tokens each sequence feeds the verification pass
+  tokens_for(remaining)   -> q for one sequence, for the scheduler's KV lookahead
+  draft_time_s(ctx, k)    -> the proposer's own time before verification (SSM steps)
+  draft_prefill_time_s(q, ctx, logits) -> SSM prefill of newly admitted prompts
+  extra_time_s(n, tokens) -> time added to the verification pass (Medusa heads)
+  accept(rng, k)          -> (accepted candidates, voted SSM or -1, accepted / k)
+  feedback(t, vl, voted, rates) -> the policies learn (selector, SSM weights)"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..costmodel import BatchShape, build_cost_model
+from ..errors import InfersimError
+from ..hardware.catalog import load_hardware
+from ..models.catalog import load_model
+from ..models.dtypes import normalize_dtype
+from .acceptance import AcceptanceModel, load_table, resolve_model, resolve_spec
+from .config import AcceptanceRef, SpeculationSection
+from .medusa_tree import (TreeSampler, cartesian_tree, choices_tree, greedy_tree, head_params, heads_time_s,
+                          restrict)
+from .minions import SSMWeights, draw_agreement_lengths, vote_agreement
+from .sampling import convert_rank_accuracies
+from .selector import AdaptiveLengthSelector
+
+
+@dataclass
+class Draft:
+    name: str
+    model: object
+    cost: object
+    acceptance: AcceptanceModel
+
+
+def _cost_key(model, hw, dtype, tp):
+    return (model.name, hw.name, dtype, tp)
+
+
+class DraftProposer:
+    kind = "draft"
+
+    def __init__(self, cfg: SpeculationSection, sim):
+        self.cfg = cfg
+        sv = sim.spec.serving
+        dtype = normalize_dtype(sv.dtype)
+        self.same_device = cfg.draft_hardware is None
+        hw = sim.hardware if cfg.draft_hardware is None else load_hardware(cfg.draft_hardware)
+        self.hardware = hw
+        drafts = cfg.drafts if cfg.voting_on else cfg.drafts[:1]
+        cache: dict = {}
+        self.drafts: list[Draft] = []
+        mode, temp = cfg.sampling.mode, cfg.sampling.temperature
+        for d in drafts:
+            model = load_model(d.model)
+            key = _cost_key(model, hw, dtype, cfg.draft_tensor_parallel)
+            if key not in cache:
+                cache[key] = build_cost_model(sv.cost_model, model, hw, dtype=dtype, kv_dtype=dtype,
+                                              tensor_parallel=cfg.draft_tensor_parallel)
+            acc = resolve_model(d.acceptance, cfg.dataset, mode, temp)
+            name = d.name or (d.acceptance.draft if isinstance(d.acceptance, AcceptanceRef) else d.model)
+            self.drafts.append(Draft(name, model, cache[key], acc))
+        self.names = [d.name for d in self.drafts]
+        self.voting = cfg.voting_on
+        v = cfg.voting
+        self.weights = SSMWeights(np.array([d.weight for d in drafts], dtype=np.float64), v.reward_threshold,
+                                  v.punish_threshold, v.reward_factor, v.punish_factor, v.threshold_mode, v.ema)
+        self.correlation = v.correlation
+        self.acr_scope = v.acr_scope
+        sc = cfg.selector
+        self.selector = (AdaptiveLengthSelector(cfg.speculation_length, sc.decision_threshold, sc.s_reward,
+                                                sc.s_punish, sc.s_min, sc.s_max, sc.rule)
+                         if cfg.selector_on else None)
+        self.s_fixed = int(cfg.speculation_length)
+        self.s_cap = max(self.s_fixed, sc.s_max if self.selector else self.s_fixed)
+        self.step_overhead_s = cfg.draft_step_overhead_us * 1e-6
+
+    # ---- lengths ------------------------------------------------------------------------
+    @property
+    def s(self) -> int:
+        return self.selector.s if self.selector is not None else self.s_fixed
+
+    def plan(self, remaining: np.ndarray) -> np.ndarray:
+        return np.clip(np.minimum(self.s, np.asarray(remaining, dtype=np.int64) - 1), 0, None)
+
+    def candidates(self, k: np.ndarray) -> np.ndarray:
+        return np.asarray(k, dtype=np.int64) + 1
+
+    def tokens_for(self, remaining: int) -> int:
+        return 1 + max(0, min(self.s, int(remaining) - 1))
+
+    # ---- costs --------------------------------------------------------------------------
+    def draft_time_s(self, ctx: np.ndarray, k: np.ndarray) -> float:
+        """Each SSM decodes k_i tokens autoregressively for every sequence: step j runs the
+        sequences with k_i > j at context ctx_i + j. Several SSMs share the device: their
+        roofline times add up (they compete for the same bandwidth and FLOP/s), while the fixed
+        per-step overhead (kernel launches, sampling: idle GPU time) is paid once per step, as
+        when the SSMs run concurrently (Minions runs them under MPS)."""
+        ctx = np.asarray(ctx, dtype=np.int64)
+        k = np.asarray(k, dtype=np.int64)
+        if ctx.size == 0 or k.max(initial=0) <= 0:
+            return 0.0
+        kmax = int(k.max())
+        total = 0.0
+        seen: dict = {}
+        for d in self.drafts:
+            key = id(d.cost)
+            if key not in seen:
+                if (k == kmax).all():
+                    t = float(np.sum(d.cost.decode_step_times_s(ctx, kmax)))
+                else:
+                    t = 0.0
+                    for j in range(kmax):
+                        sel = k > j
+                        t += d.cost.iteration_time_s(BatchShape.decode(ctx[sel] + j))
+                seen[key] = t
+            total += seen[key]
+        return total + kmax * self.step_overhead_s
+
+    def draft_prefill_time_s(self, q: np.ndarray, ctx: np.ndarray, logits: np.ndarray) -> float:
+        q = np.asarray(q, dtype=np.int64)
+        if q.size == 0:
+            return 0.0
+        shape = BatchShape(q, np.asarray(ctx, dtype=np.int64), np.asarray(logits, dtype=np.int64))
+        return float(sum(d.cost.iteration_time_s(shape) for d in self.drafts))
+
+    def extra_time_s(self, n_seqs: int, tokens: int) -> float:
+        return 0.0
+
+    # ---- acceptance ------------------------------------------------------------------------
+    def accept(self, rng: np.random.Generator, k: np.ndarray):
+        """(accepted, voted SSM or -1, accepted / k, every SSM's agreement length or None)."""
+        k = np.asarray(k, dtype=np.int64)
+        n = k.size
+        if n == 0:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0), None
+        models = [d.acceptance for d in self.drafts]
+        lengths = None
+        if len(models) == 1:
+            acc = models[0].sample(rng, k, n)
+            voted = np.zeros(n, dtype=np.int64)
+        else:
+            lengths = draw_agreement_lengths(rng, models, k, n, self.correlation)
+            # ties (common while weights are equal) go to a random SSM, not to the first listed
+            voted = vote_agreement(lengths, self.weights.weights, k, rng.random((n, len(models))))
+            acc = lengths[np.arange(n), voted]
+        rates = np.divide(acc, k, out=np.zeros(n), where=k > 0)
+        voted = np.where(k > 0, voted, -1)
+        return acc, voted, rates, lengths
+
+    def feedback(self, t: float, vl: float, voted: np.ndarray, rates: np.ndarray, lengths=None, k=None,
+                 acc=None) -> tuple[bool, bool]:
+        """(s changed, weights updated)."""
+        changed = self.selector.observe(t, vl) if self.selector is not None else False
+        updated = False
+        if self.voting:
+            sel = voted >= 0
+            if sel.any():
+                if self.acr_scope == "all" and lengths is not None:
+                    kk = np.asarray(k)[sel][:, None]
+                    seen = np.minimum(np.asarray(lengths)[sel], np.asarray(acc)[sel][:, None] + 1)
+                    self.weights.update_all(np.minimum(seen, kk) / kk)
+                else:
+                    self.weights.update(voted[sel], rates[sel])
+                updated = True
+        return changed, updated
+
+    # ---- memory ----------------------------------------------------------------------------------
+    def weight_bytes(self, dtype: str) -> float:
+        return float(sum(d.model.weight_bytes(dtype) / self.cfg.draft_tensor_parallel for d in self.drafts))
+
+    def kv_bytes_per_token(self, dtype: str) -> float:
+        return float(sum(d.model.bytes_kv_per_token(dtype) / self.cfg.draft_tensor_parallel for d in self.drafts))
+
+    def describe(self) -> dict:
+        return {"drafts": [{"name": d.name, "model": d.model.name, "acceptance": d.acceptance.describe()}
+                           for d in self.drafts]}
+
+
+class MedusaProposer:
+    kind = "medusa"
+
+    def __init__(self, cfg: SpeculationSection, sim):
+        from analysis.medusa_study import load_accuracies
+
+        self.cfg = cfg
+        mc = cfg.medusa
+        self.table = load_accuracies(mc.accuracies)
+        acc = self.table.rank_accuracies()
+        self.heads = min(mc.heads or acc.shape[0], acc.shape[0])
+        acc = acc[:self.heads]
+        smp = cfg.sampling
+        ra = convert_rank_accuracies(acc, smp.mode, smp.temperature, smp.epsilon, smp.delta)
+        self.acc, self.extra = ra.acc, ra.extra
+        top_k = acc.shape[1]
+        tc = mc.tree
+        if tc.type == "choices":
+            tree = choices_tree(tc.choices if tc.choices is not None else self.table.tree)
+            self.tree_name = "choices" if tc.choices is not None else (self.table.tree_name or "table tree")
+        elif tc.type == "cartesian":
+            tree = cartesian_tree(tc.sizes)
+            self.tree_name = "cartesian " + "x".join(str(s) for s in tc.sizes)
+        else:
+            tree = greedy_tree(self.acc, tc.nodes)
+            self.tree_name = f"greedy {tc.nodes}"
+        self.tree = restrict(tree, self.heads, top_k)
+        if not self.tree:
+            raise InfersimError("the Medusa tree is empty for these heads")
+        self.sampler = TreeSampler(self.tree, self.acc, self.extra)
+        self.nodes = len(self.tree) + 1
+        self.depth = self.sampler.depth
+        self.model, self.hardware = sim.model, sim.hardware
+        self.dtype = normalize_dtype(sim.spec.serving.dtype)
+        self.tp = sim.spec.hardware.tensor_parallel
+        self.selector = None
+        self.voting = False
+        self.names = []
+        self.weights = None
+
+    @property
+    def s(self) -> int:
+        return self.depth
+
+    def plan(self, remaining: np.ndarray) -> np.ndarray:
+        return np.where(np.asarray(remaining) > 1, self.depth, 0).astype(np.int64)
+
+    def candidates(self, k: np.ndarray) -> np.ndarray:
+        return np.where(np.asarray(k) > 0, self.nodes, 1).astype(np.int64)
+
+    def tokens_for(self, remaining: int) -> int:
+        return self.nodes if remaining > 1 else 1
+
+    def draft_time_s(self, ctx, k) -> float:
+        return 0.0
+
+    def draft_prefill_time_s(self, q, ctx, logits) -> float:
+        return 0.0
+
+    def extra_time_s(self, n_seqs: int, tokens: int) -> float:
+        if not self.cfg.medusa.head_cost or n_seqs == 0:
+            return 0.0
+        on = tokens if self.cfg.medusa.heads_on_all_candidates else n_seqs
+        return heads_time_s(self.model, self.hardware, self.heads, int(on), self.dtype, self.tp)
+
+    def accept(self, rng, k):
+        k = np.asarray(k, dtype=np.int64)
+        d = self.sampler.sample(rng, k.size)
+        acc = np.where(k > 0, np.minimum(d, k), 0)
+        rates = np.divide(acc, k, out=np.zeros(k.size), where=k > 0)
+        return acc, np.full(k.size, -1, dtype=np.int64), rates, None
+
+    def feedback(self, t, vl, voted, rates, lengths=None, k=None, acc=None):
+        return False, False
+
+    def weight_bytes(self, dtype: str) -> float:
+        from ..models.dtypes import bytes_per_element
+
+        return self.heads * head_params(self.model) * bytes_per_element(dtype) / self.tp
+
+    def kv_bytes_per_token(self, dtype: str) -> float:
+        return 0.0
+
+    def describe(self) -> dict:
+        return {"accuracies": self.table.name, "heads": self.heads, "tree": self.tree_name, "tree_nodes": self.nodes,
+                "tree_depth": self.depth, "typical_acceptance": self.extra is not None,
+                "expected_tokens_per_step": self.sampler.expected()}
+
+
+def build_proposer(cfg: SpeculationSection, sim):
+    return MedusaProposer(cfg, sim) if cfg.method == "medusa" else DraftProposer(cfg, sim)

@@ -1,0 +1,236 @@
+"""Speculative decoding in the serving engine: draft models, Minions (voting, selector,
+pipeline) and Medusa keep continuous batching, preemption and block accounting intact."""
+import numpy as np
+import pytest
+import simpy
+
+from simulator.costmodel import BatchShape
+from simulator.engine.replica import Replica
+from simulator.engine.simulation import Simulation
+from simulator.metrics.summary import summarize
+from simulator.speculative.device import SharedDevice
+from simulator.speculative.replica import PipelinedReplica, SpeculativeReplica
+from simulator.workload.builder import build_requests
+from simulator.workload.schema import WorkloadSpec
+
+DRAFTS = [{"model": "opt-125m", "acceptance": {"kind": "iid", "alpha": a}} for a in (0.8, 0.6, 0.4)]
+CASES = {
+    "draft": {"method": "draft", "drafts": DRAFTS[:1], "speculation_length": 5},
+    "minions_coupled": {"method": "minions", "drafts": DRAFTS, "pipeline": {"enabled": False},
+                        "selector": {"decision_threshold": 4}},
+    "minions_pipelined": {"method": "minions", "drafts": DRAFTS, "selector": {"decision_threshold": 4}},
+    "medusa": {"method": "medusa"},
+    "medusa_typical": {"method": "medusa", "sampling": {"mode": "typical", "temperature": 0.7},
+                       "medusa": {"tree": {"type": "greedy", "nodes": 24}}},
+}
+
+
+def _small(speculation, **serving):
+    base = {
+        "name": "small", "model": "opt-1.3b", "hardware": {"profile": "a100-80gb-pcie"},
+        "serving": {"gpu_blocks": 48, "cpu_blocks": 24, "block_size": 16, **serving},
+        "requests": {"count": 50, "arrival": {"type": "poisson", "rate": 200.0},
+                     "prompt_tokens": {"type": "lognormal", "mean": 60, "cv": 0.8, "max": 300},
+                     "output_tokens": {"type": "lognormal", "mean": 40, "cv": 0.8, "max": 200}},
+        "seed": 3, "speculation": speculation}
+    return WorkloadSpec.model_validate(base)
+
+
+def _sim(spec):
+    sim = Simulation(spec, build_requests(spec, "."))
+    return sim, sim.run()
+
+
+@pytest.fixture
+def finish_log(monkeypatch):
+    """Every finished sequence's (generated, output_len)."""
+    log = []
+    orig = Replica._finish
+
+    def spy(self, seq, now):
+        log.append((seq.generated, seq.output_len))
+        orig(self, seq, now)
+
+    monkeypatch.setattr(Replica, "_finish", spy)
+    return log
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("scheduler,preemption,chunked", [("fcfs", "recompute", False), ("fairness", "cost_aware", False),
+                                                          ("fcfs", "swap", True)])
+def test_speculation_keeps_serving_invariants(case, scheduler, preemption, chunked, finish_log):
+    spec = _small(CASES[case], scheduler=scheduler, preemption=preemption, chunked_prefill=chunked,
+                  max_batched_tokens=256 if chunked else None)
+    sim, res = _sim(spec)
+    rep = sim.replicas[0]
+    assert isinstance(rep, PipelinedReplica if case == "minions_pipelined" else SpeculativeReplica)
+    # every KV block comes back, on both pools
+    assert rep.blocks.free_gpu == rep.blocks.total_gpu and rep.blocks.free_cpu == rep.blocks.total_cpu
+    # every request finished with exactly its output length: never more
+    assert len(finish_log) == 50 and all(g == o for g, o in finish_log)
+    r = res.requests
+    assert (r["aborted"] == 0).all() and np.all(r["finish_s"] >= r["first_token_s"])
+    c = res.metrics.counters
+    assert c["preempt_recompute"] + c["preempt_swap"] > 0  # the tiny pool forces preemption
+    sx = summarize(res)["speculation"]
+    assert sx["kv_blocks_released_on_rejection"] > 0
+    assert 1.0 <= sx["acceleration_rate"]
+    if case.startswith("medusa"):
+        assert sx["acceleration_rate"] <= rep.proposer.depth + 1
+    else:
+        assert sx["acceleration_rate"] <= rep.proposer.s_cap + 1
+
+
+def test_acceleration_rate_matches_the_acceptance_model():
+    """Long outputs, no preemption: tokens per step ~ (1 - a^(s+1)) / (1 - a)."""
+    spec = WorkloadSpec.model_validate({
+        "model": "opt-1.3b", "hardware": {"profile": "a100-80gb-pcie"}, "serving": {"max_batch_size": 32},
+        "requests": {"count": 64, "arrival": {"type": "burst"}, "prompt_tokens": {"type": "fixed", "value": 32},
+                     "output_tokens": {"type": "fixed", "value": 1001}},
+        "speculation": {"method": "draft", "speculation_length": 4,
+                        "drafts": [{"model": "opt-125m", "acceptance": {"kind": "iid", "alpha": 0.7}}]}})
+    sim, res = _sim(spec)
+    sx = summarize(res)["speculation"]
+    expect = (1 - 0.7 ** 5) / 0.3
+    assert sx["acceleration_rate"] == pytest.approx(expect, rel=0.02)
+    assert sx["acceptance_rate"] == pytest.approx((expect - 1) / 4, rel=0.03)
+    # one verification costs q = s + 1 tokens per sequence: the step time is draft + verify
+    rep = sim.replicas[0]
+    ctx = np.full(32, 500)
+    verify = rep.cost.iteration_time_s(BatchShape.verify(ctx, 5))
+    assert verify > rep.cost.iteration_time_s(BatchShape.decode(ctx))
+    assert sx["engines"]["ssm"]["busy_s"] > 0 and sx["engines"]["llm"]["busy_s"] > sx["engines"]["ssm"]["busy_s"]
+
+
+def test_single_request_round_times_by_hand():
+    spec = WorkloadSpec.model_validate({
+        "model": "llama-2-7b", "hardware": {"profile": "a100-80gb-pcie"},
+        "requests": {"count": 1, "arrival": {"type": "burst"}, "prompt_tokens": {"type": "fixed", "value": 100},
+                     "output_tokens": {"type": "fixed", "value": 12}},
+        "speculation": {"method": "draft", "speculation_length": 4,
+                        "drafts": [{"model": "llama-68m", "acceptance": {"kind": "iid", "alpha": 1.0}}]}})
+    sim, res = _sim(spec)
+    rep = sim.replicas[0]
+    cm, dm = rep.cost, rep.proposer.drafts[0].cost
+    t = cm.iteration_time_s(BatchShape.prefill([100])) + dm.iteration_time_s(BatchShape.prefill([100]))
+    # alpha = 1: rounds of 5 tokens (ctx 100, 105), then the last token alone (k = 0)
+    for ctx, k in ((100, 4), (105, 4), (110, 0)):
+        t += sum(dm.iteration_time_s(BatchShape.decode([ctx + j])) for j in range(k))
+        t += cm.iteration_time_s(BatchShape.verify([ctx], k + 1))
+    assert res.requests["finish_s"][0] == pytest.approx(t, rel=1e-12)
+    assert summarize(res)["speculation"]["rounds"] == 3
+
+
+def test_same_seed_same_run_and_seeds_differ():
+    spec = _small(CASES["minions_pipelined"])
+    a, b = _sim(spec)[1], _sim(spec)[1]
+    for col in a.requests:
+        assert np.array_equal(a.requests[col], b.requests[col], equal_nan=True), col
+    sa, sb = summarize(a)["speculation"], summarize(b)["speculation"]
+    assert sa == sb
+    c = _sim(spec.model_copy(update={"seed": 4}))[1]
+    assert not np.array_equal(a.requests["finish_s"], c.requests["finish_s"])
+
+
+def test_shared_device_processor_sharing_by_hand():
+    env = simpy.Environment()
+    dev = SharedDevice(env, {"llm": 0.8, "ssm": 0.5})
+    done = {}
+
+    def job(name, work, at=0.0):
+        yield env.timeout(at)
+        yield from dev.run(name, work)
+        done[name] = env.now
+
+    env.process(job("llm", 1.0))
+    env.process(job("ssm", 0.25))
+    env.run()
+    # ssm at half speed finishes at 0.5; llm did 0.4 by then, the last 0.6 alone
+    assert done["ssm"] == pytest.approx(0.5) and done["llm"] == pytest.approx(1.1)
+    env = simpy.Environment()
+    dev = SharedDevice(env, None)
+    done.clear()
+    env.process(job("llm", 1.0))
+    env.process(job("ssm", 0.25))
+    env.run()
+    assert done == {"llm": pytest.approx(1.0), "ssm": pytest.approx(0.25)}
+
+
+def test_pipelined_round_throughput_beats_coupled():
+    """Minions (c) on a fixed setting: three SSMs drafting s = 4 for a verify batch of 16;
+    coupled runs them serially, pipelined overlaps them on a separate device."""
+    def spec(pipeline):
+        return WorkloadSpec.model_validate({
+            "model": "opt-6.7b", "hardware": {"profile": "a100-80gb-sxm"},
+            "serving": {"max_batch_size": 32 if pipeline else 16},
+            "requests": {"count": 96, "arrival": {"type": "burst"}, "prompt_tokens": {"type": "fixed", "value": 64},
+                         "output_tokens": {"type": "fixed", "value": 128}},
+            "speculation": {"method": "minions", "drafts": DRAFTS, "speculation_length": 4,
+                            "draft_step_overhead_us": 500, "selector": {"enabled": False},
+                            "pipeline": {"enabled": pipeline, "placement": "separate", "llm_batch_size": 16}}})
+    coupled = summarize(_sim(spec(False))[1])
+    piped = summarize(_sim(spec(True))[1])
+    assert piped["throughput_output_tokens_per_s"] > coupled["throughput_output_tokens_per_s"]
+    ps = piped["speculation"]
+    assert ps["mode"] == "pipelined" and ps["pool"]["max_depth"] <= 16 + 16  # back-pressure bounds the pool
+    assert ps["engines"]["llm"]["busy_fraction"] > coupled["speculation"]["engines"]["llm"]["busy_fraction"]
+    assert len(ps["series"]["pool_depth"]["rows"]) > 10
+
+
+def test_voting_weights_and_selector_series_are_reported():
+    spec = _small({"method": "minions", "drafts": DRAFTS, "pipeline": {"enabled": False},
+                   "selector": {"decision_threshold": 3}, "voting": {"threshold_mode": "absolute",
+                                                                     "reward_threshold": 0.5, "punish_threshold": 0.3}})
+    sim, res = _sim(spec)
+    sx = summarize(res)["speculation"]
+    v = sx["voting"]
+    assert v["ssms"] == ["opt-125m"] * 3 and sum(v["voted_outputs"]) > 0
+    assert v["final_weights"][0] > max(v["final_weights"][1:])  # the best SSM gains weight over the others
+    assert sx["s"]["changes"] > 0 and len(sx["series"]["s"]["rows"]) == sx["s"]["changes"] + 1
+    assert len(sx["series"]["weights"]["rows"]) > 1
+
+
+def test_medusa_costs_tree_and_heads():
+    spec = WorkloadSpec.model_validate({
+        "model": "vicuna-7b", "hardware": {"profile": "a100-80gb-pcie"},
+        "requests": {"count": 1, "arrival": {"type": "burst"}, "prompt_tokens": {"type": "fixed", "value": 100},
+                     "output_tokens": {"type": "fixed", "value": 200}},
+        "speculation": {"method": "medusa"}})
+    sim, res = _sim(spec)
+    sx = summarize(res)["speculation"]
+    assert sx["proposer"]["tree_nodes"] == 64 and sx["proposer"]["tree"] == "mc_sim_7b_63"
+    assert sx["acceleration_rate"] == pytest.approx(sx["proposer"]["expected_tokens_per_step"], rel=0.1)
+    rep = sim.replicas[0]
+    ctx = np.array([300])
+    assert sx["overhead"] > rep.cost.iteration_time_s(BatchShape.verify(ctx, 64)) / rep.cost.iteration_time_s(BatchShape.decode(ctx))
+    assert sx["memory"]["kv_blocks_taken"] > 0  # the heads' weights come out of the KV pool
+
+
+@pytest.mark.parametrize("name", ["draft", "minions", "medusa"])
+def test_examples_run(name):
+    from pathlib import Path
+
+    from simulator.workload.builder import load_workload
+
+    path = Path(__file__).resolve().parent.parent / "examples" / "speculative" / f"{name}.yaml"
+    spec, p = load_workload(str(path))
+    spec = spec.model_copy(update={"requests": spec.requests.model_copy(update={"count": 24})})
+    sim, res = _sim(spec)
+    sx = summarize(res)["speculation"]
+    assert sx["method"] == spec.speculation.method and sx["acceleration_rate"] > 1.2
+    rep = sim.replicas[0]
+    assert rep.blocks.free_gpu == rep.blocks.total_gpu
+
+
+def test_reproduction_plans_build_valid_workloads():
+    """The Minions and Medusa reproductions' settings validate and one of each runs."""
+    from analysis.reproduce import medusa_trees, minions
+
+    tasks = minions.plan(quick=True)
+    assert {t["study"] for t in tasks} == {"fig2", "selector", "ablation", "voting", "pipeline"}
+    for t in tasks[::7]:
+        minions.build_spec(t)
+    row = minions.simulate(minions.task("fig2", "opt-13b", "dialogue", 16, "s=3", s=3, n=16))
+    assert row["acceleration_rate"] > 1 and row["requests"] == 16
+    r = medusa_trees.simulate("greedy 16", "greedy", {"type": "greedy", "nodes": 16}, 1, 2, 64, 32)
+    assert r["nodes"] == 16 and r["acceleration_rate"] > 1.5

@@ -1,0 +1,281 @@
+"""Speculative decoding policy objects on their own (no SimPy): acceptance models, the
+majority-voted speculator, SSM weights, the length selector, Medusa trees, the pool rule."""
+import numpy as np
+import pytest
+
+from analysis.medusa_study import expected_accept_length, load_accuracies
+from simulator.errors import InfersimError, UnknownNameError
+from simulator.speculative.acceptance import (EmpiricalAcceptance, IIDAcceptance, PositionalAcceptance, build_model,
+                                              load_table, resolve_model)
+from simulator.speculative.config import AcceptanceRef, AcceptanceSpec, SpeculationSection
+from simulator.speculative.medusa_tree import (TreeSampler, cartesian_nodes, cartesian_tree, choices_tree,
+                                               expected_length, expected_length_exclusive, greedy_tree)
+from simulator.speculative.minions import (MajorityVoter, PoolBackPressure, SSMWeights, TokenTree, agreement_outputs,
+                                           draw_agreement_lengths, vote_agreement)
+from simulator.speculative.sampling import convert_rank_accuracies, convert_token_acceptance
+from simulator.speculative.selector import AdaptiveLengthSelector, fitted_slope
+
+
+# ---- acceptance -----------------------------------------------------------------------------
+@pytest.mark.parametrize("alpha,s", [(0.87, 4), (0.54, 6), (0.3, 3), (0.95, 12)])
+def test_iid_expected_tokens_formula_matches_monte_carlo(alpha, s):
+    m = IIDAcceptance(alpha)
+    formula = (1 - alpha ** (s + 1)) / (1 - alpha)
+    assert m.expected_tokens(s) == pytest.approx(formula, rel=1e-12)
+    # the generic survival sum agrees with the closed form
+    assert 1 + m.survival(s).sum() == pytest.approx(formula, rel=1e-12)
+    draws = m.sample(np.random.default_rng(7), s, 200_000)
+    assert draws.min() >= 0 and draws.max() <= s
+    se = draws.std() / np.sqrt(draws.size)
+    assert abs(draws.mean() + 1 - formula) < 5 * se + 1e-3
+
+
+def test_positional_and_empirical_models():
+    pos = PositionalAcceptance([0.9, 0.5])
+    assert pos.survival(4) == pytest.approx([0.9, 0.45, 0.225, 0.1125])  # last value repeats
+    assert pos.pmf(2) == pytest.approx([0.1, 0.45, 0.45])
+    counts = [10, 20, 30, 40]  # accepted 0..3 at s = 3
+    emp = EmpiricalAcceptance(counts, 3)
+    assert emp.pmf(3) == pytest.approx(np.array(counts) / 100)
+    # hazards: S = [.9, .7, .4] -> .9, .7/.9, .4/.7; tail = their geometric mean
+    h = [0.9, 0.7 / 0.9, 0.4 / 0.7]
+    assert emp.conditional(3) == pytest.approx(h)
+    assert emp.tail == pytest.approx(float(np.exp(np.mean(np.log(h)))))
+    draws = emp.sample(np.random.default_rng(1), 3, 100_000)
+    assert np.bincount(draws, minlength=4) / draws.size == pytest.approx(np.array(counts) / 100, abs=0.01)
+
+
+def test_acceptance_never_exceeds_s_per_round():
+    m = IIDAcceptance(0.99)
+    s = np.array([0, 1, 2, 5, 0, 3] * 1000)
+    a = m.sample(np.random.default_rng(0), s)
+    assert np.all(a <= s) and np.all(a[s == 0] == 0)
+    assert (a == s).mean() > 0.9
+
+
+def test_catalog_tables_resolve_with_sources():
+    t = load_table("opt-13b")
+    assert t.find("opt-125m", "finance").alpha == 0.87
+    assert load_table("llama-2-70b").find("llama-160m", "chatbot").alpha == 0.49
+    assert all(e.source for e in t.entries)
+    ref = AcceptanceRef(table="llama-2-70b", draft="llama-160m")
+    assert resolve_model(ref, "dialogue").alpha == 0.55
+    with pytest.raises(InfersimError):
+        resolve_model(ref, None)  # several datasets: must say which
+    with pytest.raises(UnknownNameError):
+        load_table("no-such-table")
+
+
+def test_sampling_conversion_directions():
+    spec = AcceptanceSpec(kind="iid", alpha=0.8)
+    assert build_model(spec, "greedy", 0.0).alpha == 0.8
+    assert build_model(spec, "sampling", 0.0).alpha == 0.8  # temperature 0 is greedy
+    # a round trip through another setting comes back
+    v = convert_token_acceptance(0.7, ("greedy", 0), ("sampling", 0.7))
+    assert convert_token_acceptance(v, ("sampling", 0.7), ("greedy", 0)) == pytest.approx(0.7, abs=1e-6)
+    acc = load_accuracies("vicuna-7b").rank_accuracies()
+    typ = convert_rank_accuracies(acc, "typical", 0.7)
+    assert np.array_equal(typ.acc, acc) and np.all((typ.extra >= 0) & (typ.extra <= 1)) and typ.extra[0, 1] > 0
+    rs = convert_rank_accuracies(acc, "sampling", 0.7)
+    assert rs.extra is None and np.all(rs.acc <= acc + 1e-12)  # matching a sampled token is harder than the argmax
+    hot = convert_rank_accuracies(acc, "typical", 1.0)
+    assert hot.extra[0, 1] > typ.extra[0, 1]  # typical acceptance accepts more as temperature rises (Medusa 2.3.1)
+    assert convert_rank_accuracies(acc, "typical", 0.0).extra is None  # temperature 0: greedy
+
+
+# ---- majority vote ---------------------------------------------------------------------------
+def test_voter_heaviest_child_walk_on_the_papers_example():
+    # Minions Figure 5: SSM1 "I like apple", SSM2 "I like pear", SSM3 "I likes it"
+    outs = [["I", "like", "apple"], ["I", "like", "pear"], ["I", "likes", "it"]]
+    r = MajorityVoter([0.5, 0.3, 0.6]).vote(outs)  # w1 + w2 > w3 and w1 > w2
+    assert r.tokens == ["I", "like", "apple"] and r.voted == 0
+    r = MajorityVoter([0.2, 0.3, 0.6]).vote(outs)  # w3 > w1 + w2: 'likes' wins
+    assert r.tokens == ["I", "likes", "it"] and r.voted == 2
+    r = MajorityVoter([0.3, 0.5, 0.6]).vote(outs)  # 'like' (0.8) then 'pear' (0.5)
+    assert r.voted == 1
+    tree = TokenTree(outs, [0.5, 0.3, 0.6])
+    like = tree.root.children["I"].children["like"]
+    assert like.weight == pytest.approx(0.8) and like.ssms == [0, 1]
+    # identical outputs share a leaf: the heavier SSM is the voted one
+    assert MajorityVoter([1.0, 2.0]).vote([[1, 2], [1, 2]]).voted == 1
+    # a tie between children goes to the child holding the heavier single SSM
+    assert MajorityVoter([1.0, 1.0, 2.0]).vote([[1, 5], [1, 6], [2, 7]]).voted == 2
+
+
+def test_vectorised_vote_equals_tree_walk():
+    rng = np.random.default_rng(5)
+    for _ in range(400):
+        m = int(rng.integers(1, 5))
+        s = int(rng.integers(0, 6))
+        w = rng.choice([0.5, 1.0, 1.5, 2.0], size=m)
+        L = rng.integers(0, s + 1, size=(1, m))
+        expect = TokenTree(agreement_outputs(L[0], s), w).heaviest_path()[1]
+        assert vote_agreement(L, w, s)[0] == expect, (L, w, s)
+        prio = rng.random((1, m))
+        expect = TokenTree(agreement_outputs(L[0], s), w, prio[0]).heaviest_path()[1]
+        assert vote_agreement(L, w, s, prio)[0] == expect, (L, w, s, prio)
+    # many requests at once, each with its own s and priorities
+    L = rng.integers(0, 5, size=(200, 3))
+    s = rng.integers(0, 5, size=200)
+    L = np.minimum(L, s[:, None])
+    prio = rng.random((200, 3))
+    w = [1.0, 1.0, 2.0]
+    got = vote_agreement(L, w, s, prio)
+    for r in range(200):
+        assert got[r] == TokenTree(agreement_outputs(L[r], int(s[r])), w, prio[r]).heaviest_path()[1]
+
+
+def test_vote_follows_the_heaviest_agreeing_ssm():
+    """A strong SSM with the largest weight is never worse off voted than alone: when it is
+    the voted one its own length counts, and another SSM is voted only after it has diverged."""
+    from simulator.speculative.acceptance import IIDAcceptance as I
+
+    models = [I(0.33), I(0.33), I(0.55)]
+    L = draw_agreement_lengths(np.random.default_rng(0), models, 4, 50_000, 0.5)
+    voted = vote_agreement(L, [0.7, 0.8, 1.6], 4)
+    assert np.all(L[np.arange(len(voted)), voted] >= L[:, 2])
+    # equal weights: a tie among a lone right SSM and two lone wrong ones is a coin toss
+    equal = vote_agreement(L, [1.0, 1.0, 1.0], 4, np.random.default_rng(1).random(L.shape))
+    assert 0.2 < (equal == 2).mean() < 0.8
+
+
+def test_agreement_draws_follow_each_model_and_correlation():
+    models = [IIDAcceptance(0.9), IIDAcceptance(0.4)]
+    L = draw_agreement_lengths(np.random.default_rng(2), models, 4, 50_000, correlation=0.0)
+    assert L.max() <= 4
+    assert L[:, 0].mean() == pytest.approx(models[0].expected_accepted(4), abs=0.03)
+    assert L[:, 1].mean() == pytest.approx(models[1].expected_accepted(4), abs=0.03)
+    same = draw_agreement_lengths(np.random.default_rng(2), [models[0], models[0]], 4, 5000, correlation=1.0)
+    assert np.array_equal(same[:, 0], same[:, 1])
+
+
+def test_weight_updates_by_hand():
+    w = SSMWeights(np.ones(3), reward_threshold=0.7, punish_threshold=0.3, reward_factor=2.0, punish_factor=0.5,
+                   threshold_mode="absolute", normalize=False)
+    acrs = w.update(voted=[0, 0, 1, 2], rates=[0.8, 1.0, 0.2, 0.5])
+    assert acrs == pytest.approx({0: 0.9, 1: 0.2, 2: 0.5})
+    assert w.weights == pytest.approx([2.0, 0.5, 1.0])  # rewarded, punished, untouched
+    w.update(voted=[1], rates=[0.7])  # exactly at the threshold: neither
+    assert w.weights == pytest.approx([2.0, 0.5, 1.0])
+    n = SSMWeights(np.ones(3), reward_threshold=0.7, punish_threshold=0.3, reward_factor=2.0, punish_factor=0.5,
+                   threshold_mode="absolute")
+    n.update(voted=[0, 0, 1, 2], rates=[0.8, 1.0, 0.2, 0.5])
+    assert n.weights == pytest.approx(np.array([2.0, 0.5, 1.0]) * 3 / 3.5)  # renormalised to sum 3
+    rel = SSMWeights(np.ones(2), reward_threshold=1.1, punish_threshold=0.9, reward_factor=2.0, punish_factor=0.5,
+                     threshold_mode="relative", ema=1.0, normalize=False)
+    rel.update(voted=[0, 1], rates=[0.9, 0.3])  # mean 0.6: 0.9 > 0.66 rewarded, 0.3 < 0.54 punished
+    assert rel.weights == pytest.approx([2.0, 0.5])
+    # weighted-majority reading: every SSM scored on every output, voted or not
+    wm = SSMWeights(np.ones(3), reward_threshold=0.7, punish_threshold=0.3, reward_factor=2.0, punish_factor=0.5,
+                    threshold_mode="absolute", normalize=False)
+    acrs = wm.update_all(np.array([[1.0, 0.25, 0.5], [0.5, 0.25, 0.5]]))
+    assert acrs == pytest.approx({0: 0.75, 1: 0.25, 2: 0.5})
+    assert wm.weights == pytest.approx([2.0, 0.5, 1.0])
+
+
+# ---- selector -----------------------------------------------------------------------------------
+def test_selector_moves_with_the_fitted_slope():
+    assert fitted_slope([1, 2, 3, 4]) == pytest.approx(1.0)
+    assert fitted_slope([5, 3, 1]) == pytest.approx(-2.0)
+    up = AdaptiveLengthSelector(s=5, decision_threshold=4, rule="paper")
+    changed = [up.observe(t, 1.0) for t in (1.0, 1.1, 1.2, 1.3)]  # t/vl rising: punish
+    assert changed == [False, False, False, True] and up.s == 4
+    down = AdaptiveLengthSelector(s=5, decision_threshold=4, rule="paper")
+    for t in (1.3, 1.2, 1.1, 1.0):  # falling: reward
+        down.observe(t, 1.0)
+    assert down.s == 6
+    # the fit spans the previous setting's samples: old high, new low -> reward again
+    for t in (0.9, 0.9, 0.9, 0.9):
+        down.observe(t, 1.0)
+    assert down.s == 7
+    # literal paper rule after a decrease that hurt: decreases again; directional turns back
+    for rule, expect in (("paper", 3), ("directional", 5)):
+        sel = AdaptiveLengthSelector(s=5, decision_threshold=3, rule=rule)
+        for t in (1.0, 1.1, 1.2):
+            sel.observe(t, 1.0)  # rising -> 4 (a decrease)
+        assert sel.s == 4
+        for t in (1.3, 1.4, 1.5):  # worse still
+            sel.observe(t, 1.0)
+        assert sel.s == expect, rule
+    # vl divides: the same times with longer verified lengths read as falling
+    sel = AdaptiveLengthSelector(s=2, decision_threshold=3)
+    for t, vl in ((1.0, 1.0), (1.0, 2.0), (1.0, 3.0)):
+        sel.observe(t, vl)
+    assert sel.s == 3
+    capped = AdaptiveLengthSelector(s=12, decision_threshold=2, s_max=12)
+    for t in (2.0, 1.0):
+        capped.observe(t, 1.0)
+    assert capped.s == 12
+
+
+def test_back_pressure_rule():
+    bp = PoolBackPressure(16)
+    assert bp.ssm_may_run(15) and not bp.ssm_may_run(16) and not bp.ssm_may_run(40)
+    assert PoolBackPressure(16, enabled=False).ssm_may_run(100)
+
+
+# ---- Medusa trees ---------------------------------------------------------------------------------
+def test_tree_expected_length_by_hand_and_mc_sim_7b_63():
+    acc = np.array([[0.5, 0.2, 0.1], [0.4, 0.3, 0.1]])
+    tiny = [(0,), (0, 0), (1,)]
+    assert expected_length_exclusive(tiny, acc) == pytest.approx(1 + 0.5 + 0.5 * 0.4 + 0.2)
+    table = load_accuracies("vicuna-7b")
+    a = table.rank_accuracies()
+    tree = choices_tree(table.tree)
+    assert len(tree) + 1 == 64 and max(len(p) for p in tree) == 4
+    by_hand = 1 + sum(np.prod([a[d, i] for d, i in enumerate(p)]) for p in table.tree)
+    assert expected_length_exclusive(tree, a) == pytest.approx(by_hand)
+    assert expected_length_exclusive(tree, a) == pytest.approx(expected_accept_length(table.tree, a))
+
+
+def test_greedy_tree_beats_cartesian_of_the_same_size():
+    a = load_accuracies("vicuna-7b").rank_accuracies()
+    for sizes in ([2, 2], [3, 3, 2], [4, 4, 4], [5, 3, 2, 2], [10, 10], [4, 4, 4, 3]):
+        cart = cartesian_tree(sizes)
+        n = cartesian_nodes(sizes)
+        assert len(cart) + 1 == n
+        greedy = greedy_tree(a, n)
+        assert len(greedy) + 1 == n
+        assert expected_length_exclusive(greedy, a) >= expected_length_exclusive(cart, a) - 1e-12, sizes
+    # Medusa Fig. 4a: a 64-node greedy tree above the best dense tree of up to 256 nodes
+    best_dense = max(expected_length_exclusive(cartesian_tree(s), a)
+                     for s in ([10, 10], [10, 10, 1], [6, 6, 6], [5, 5, 5], [4, 4, 4, 3], [3, 3, 3, 3], [2, 2, 2, 2, 2]) if cartesian_nodes(s) <= 256)
+    assert expected_length_exclusive(greedy_tree(a, 64), a) > best_dense
+
+
+def test_tree_sampler_matches_expectations():
+    a = load_accuracies("vicuna-7b").rank_accuracies()
+    tree = greedy_tree(a, 24)
+    rng = np.random.default_rng(3)
+    extra = convert_rank_accuracies(a, "typical", 0.7).extra
+    for ex in (None, extra):
+        smp = TreeSampler(tree, a, ex)
+        d = smp.sample(rng, 100_000)
+        assert d.max() <= smp.depth
+        se = d.std() / np.sqrt(d.size)
+        assert abs(1 + d.mean() - smp.expected()) < 5 * se + 1e-3
+    # typical acceptance adds at most one token over the exact-match path, and never loses one
+    assert expected_length(tree, a) <= expected_length(tree, a, extra) <= expected_length(tree, a) + 1
+    # by hand: root with children (0,) and (1,) only; P(typical gain) = P(no exact match at depth 1)
+    # * (1 - (1 - e0)(1 - e1))
+    e = np.zeros_like(a)
+    e[0, 0], e[0, 1] = 0.5, 0.2
+    small = [(0,), (1,)]
+    by_hand = 1 + a[0, 0] + a[0, 1] + (1 - a[0, 0] - a[0, 1]) * (1 - 0.5 * 0.8)
+    assert expected_length(small, a, e) == pytest.approx(by_hand)
+
+
+def test_config_validation():
+    with pytest.raises(ValueError):
+        SpeculationSection.model_validate({"method": "medusa", "drafts": [{"model": "opt-125m",
+                                                                           "acceptance": {"kind": "iid", "alpha": 0.5}}]})
+    with pytest.raises(ValueError):
+        SpeculationSection.model_validate({"method": "draft"})
+    with pytest.raises(ValueError):
+        SpeculationSection.model_validate({"method": "draft", "drafts": [{"model": "opt-125m",
+                                                                          "acceptance": {"kind": "iid"}}]})
+    sp = SpeculationSection.model_validate({"method": "minions", "drafts": [
+        {"model": "opt-125m", "acceptance": {"table": "opt-13b", "draft": "ssm-finance"}},
+        {"model": "opt-125m", "acceptance": {"kind": "positional", "probs": [0.9, 0.8]}}],
+        "pipeline": {"enabled": False}})
+    assert sp.voting_on and sp.selector_on and not sp.pipeline_on
