@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from simulator.costmodel.batch import BatchShape
+from simulator.engine.sequence import emit_token
 from simulator.policies.state import SchedulerLimits, SchedulerState
 
 from .kvcache import PagedKVCache
@@ -371,13 +372,7 @@ class Engine:
                 continue
             seq.tokens.append(int(next_tokens[k]))
             k += 1
-            seq.generated += 1
-            if seq.first_token_s < 0:
-                seq.first_token_s = end
-            else:
-                itl.append(end - seq.last_token_s)
-            seq.last_token_s = end
-            if seq.generated >= seq.output_len:
+            if emit_token(seq, end, itl):
                 self.running.remove(seq)
                 cache.free(seq)
                 self._finish(seq, end)

@@ -13,6 +13,7 @@ import numpy as np
 
 from ..costmodel.batch import BatchShape
 from ..policies.state import SchedulerState
+from .sequence import emit_token
 
 MAX_STRETCH_STEPS = 1024
 
@@ -64,10 +65,15 @@ class Replica:
                     continue
                 yield self.wakeup  # nothing can run until something arrives
                 continue
-            if decision.is_plain_decode and not self.step_mode and self.scheduler.repeats_while_decoding(state):
-                yield from self._decode_stretch([s for s, _ in decision.batch])
-            else:
-                yield from self._iteration(decision.batch, out_bytes, in_bytes)
+            yield from self._execute(decision, state, out_bytes, in_bytes)
+
+    def _execute(self, decision, state, out_bytes: float, in_bytes: float):
+        """Run the decided batch: a stretch of decode steps when the decision would repeat,
+        else one iteration. Subclasses (speculation) run their own kind of iteration here."""
+        if decision.is_plain_decode and not self.step_mode and self.scheduler.repeats_while_decoding(state):
+            yield from self._decode_stretch([s for s, _ in decision.batch])
+        else:
+            yield from self._iteration(decision.batch, out_bytes, in_bytes)
 
     def _state(self) -> SchedulerState:
         b = self.blocks
@@ -151,15 +157,7 @@ class Replica:
         itl = []
         for (seq, n), tok in zip(batch, makes_token):
             seq.computed += n
-            if not tok:
-                continue
-            seq.generated += 1
-            if seq.first_token_s < 0:
-                seq.first_token_s = end
-            else:
-                itl.append(end - seq.last_token_s)
-            seq.last_token_s = end
-            if seq.generated >= seq.output_len:
+            if tok and emit_token(seq, end, itl):
                 self._finish(seq, end)
         if itl:
             self.metrics.add_itl(itl, 1.0)

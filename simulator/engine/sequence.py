@@ -35,3 +35,16 @@ class Sequence:
     def __repr__(self) -> str:
         return (f"Sequence(rid={self.rid}, prompt={self.prompt_len}, gen={self.generated}/{self.output_len}, "
                 f"computed={self.computed}, gpu_blocks={self.num_gpu_blocks}, cpu_blocks={self.num_cpu_blocks})")
+
+
+def emit_token(seq, now: float, itl: list) -> bool:
+    """`seq` produced its next token at `now`: the first sets its TTFT, later ones add an
+    inter-token gap to `itl`. Returns True when the sequence has all its output tokens.
+    Shared by the simulator's engines and the real executor so both count alike."""
+    seq.generated += 1
+    if seq.first_token_s < 0:
+        seq.first_token_s = now
+    else:
+        itl.append(now - seq.last_token_s)
+    seq.last_token_s = now
+    return seq.generated >= seq.output_len

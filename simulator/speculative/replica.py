@@ -33,6 +33,7 @@ import numpy as np
 
 from ..costmodel.batch import BatchShape
 from ..engine.replica import Replica
+from ..engine.sequence import emit_token
 from ..models.dtypes import normalize_dtype
 from ..policies.state import SchedulerState
 from .config import SpeculationSection
@@ -104,24 +105,8 @@ class SpeculativeReplica(Replica):
         return LookaheadState(**vars(st), tokens_for=self.proposer.tokens_for)
 
     # ---- the loop ------------------------------------------------------------------------
-    def run(self):
-        env = self.env
-        while True:
-            if self.wakeup.triggered:
-                self.wakeup = env.event()
-            if not self.outstanding:
-                yield self.wakeup
-                continue
-            decision = self.scheduler.schedule(self._state())
-            out_bytes, in_bytes = self._apply(decision)
-            if out_bytes or in_bytes:
-                yield from self._transfer(out_bytes, in_bytes)
-            if not decision.batch:
-                if decision.abort or decision.preempt or decision.swap_in:
-                    continue
-                yield self.wakeup
-                continue
-            yield from self._round(decision.batch, out_bytes, in_bytes)
+    def _execute(self, decision, state, out_bytes: float, in_bytes: float):
+        yield from self._round(decision.batch, out_bytes, in_bytes)
 
     # ---- shared pieces ---------------------------------------------------------------------
     def _fit_kv(self, seqs, q_fixed: np.ndarray, dec_pos: np.ndarray, k: np.ndarray) -> np.ndarray:
@@ -156,13 +141,7 @@ class SpeculativeReplica(Replica):
             seq.computed += n
             if not makes:
                 continue
-            seq.generated += 1
-            if seq.first_token_s < 0:
-                seq.first_token_s = end
-            else:
-                itl.append(end - seq.last_token_s)
-            seq.last_token_s = end
-            if seq.generated >= seq.output_len:
+            if emit_token(seq, end, itl):
                 self._finish(seq, end)
             else:
                 started.append(seq)
