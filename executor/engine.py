@@ -262,6 +262,7 @@ class Engine:
         if d.abort:
             gone = {id(s) for s in d.abort}
             self.waiting = [s for s in self.waiting if id(s) not in gone]
+            self.swapped = [s for s in self.swapped if id(s) not in gone]
             for seq in d.abort:
                 self.cache.free(seq)
                 seq.aborted = True

@@ -112,3 +112,16 @@ def test_more_replicas_lower_latency(small_workload):
     two = _run(spec.model_copy(update={"hardware": spec.hardware.model_copy(update={"replicas": 2})}))
     e2e = lambda r: np.mean(r.requests["finish_s"] - r.requests["arrival_s"])
     assert e2e(two) < e2e(one)
+
+
+def test_swapped_sequence_that_outgrew_the_gpu_pool_is_aborted_not_stuck():
+    # a 40-block pool; one request grows past it while swapped out: vLLM would hang, we abort it
+    spec = WorkloadSpec.model_validate({
+        "model": "opt-1.3b", "serving": {"gpu_blocks": 40, "cpu_blocks": 200, "preemption": "swap"},
+        "requests": {"count": 6, "arrival": {"type": "burst"}, "prompt_tokens": {"type": "fixed", "value": 300},
+                     "output_tokens": {"type": "fixed", "value": 400}}})
+    res = _run(spec)
+    r = res.requests
+    assert res.metrics.counters["preempt_swap"] > 0
+    # 700 tokens need 44 blocks: no request can finish in a 40-block pool, all end aborted
+    assert int(r["aborted"].sum()) == 6

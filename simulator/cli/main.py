@@ -17,6 +17,10 @@ SUBCOMMANDS = {
     "hardware": "catalog",
     "workloads": "catalog",
     "schema": "catalog",
+    "plan": "plan",
+    "sweep": "sweep",
+    "exec": "exec",
+    "zoo": "zoo",
 }
 
 

@@ -89,6 +89,7 @@ class Replica:
         if d.abort:
             gone = {id(s) for s in d.abort}
             self.waiting = [s for s in self.waiting if id(s) not in gone]
+            self.swapped = [s for s in self.swapped if id(s) not in gone]
             for seq in d.abort:
                 self.blocks.free(seq)
                 self.sim.finish(seq, now, aborted=True)

@@ -100,11 +100,17 @@ class Scheduler:
             tokens += n_tok
         return chosen, free
 
-    def _swappable(self, state: SchedulerState, free: int, n_running: int, candidates: list) -> tuple[list, int]:
+    def _swappable(self, state: SchedulerState, free: int, n_running: int, candidates: list,
+                   decision: Decision) -> tuple[list, int]:
+        """Swapped sequences that can come back now, in order; one that has outgrown the whole
+        GPU pool never can (NEVER) and is aborted, as an over-long prompt is."""
         chosen = []
         for seq in candidates:
             # its blocks come back, plus room for the token it decodes in this same iteration
             need = max(seq.num_cpu_blocks, state.blocks_for_tokens(seq.computed + 1))
+            if state.total_gpu_blocks - need < state.watermark_blocks:
+                decision.abort.append(seq)
+                continue
             if free - need < state.watermark_blocks or n_running + len(chosen) + 1 > state.limits.max_batch_size:
                 break
             chosen.append(seq)
@@ -141,7 +147,7 @@ class FCFSScheduler(Scheduler):
             if not d.preempt and not state.swapped:
                 d.admit, free = self._admissible(state, free, len(kept), state.waiting, lim.max_batched_tokens, d)
             elif not d.preempt:
-                d.swap_in, free = self._swappable(state, free, len(kept), state.swapped)
+                d.swap_in, free = self._swappable(state, free, len(kept), state.swapped, d)
             d.batch = self._chunked_batch(state, kept + d.swap_in, d.admit)
             admitted_running = {id(s) for s, _ in d.batch}
             d.admit = [s for s in d.admit if id(s) in admitted_running]
@@ -154,7 +160,7 @@ class FCFSScheduler(Scheduler):
                 return d
         kept, free, _ = self._reserve_running(state, d)
         if not d.preempt and state.swapped:
-            d.swap_in, free = self._swappable(state, free, len(kept), state.swapped)
+            d.swap_in, free = self._swappable(state, free, len(kept), state.swapped, d)
         d.batch = [(s, 1) for s in kept + d.swap_in]
         return d
 
@@ -195,7 +201,7 @@ class FairnessScheduler(Scheduler):
             s_sche, w_sche = [], []
         else:
             by_pri = lambda seqs: sorted(seqs, key=lambda s: self.order_key(s, state))
-            s_sche, _ = self._swappable(state, free, len(kept), by_pri(state.swapped))
+            s_sche, _ = self._swappable(state, free, len(kept), by_pri(state.swapped), d)
             probe = Decision()
             w_sche, _ = self._admissible(state, free, len(kept), by_pri(state.waiting), lim.max_batched_tokens, probe)
             d.abort.extend(probe.abort)

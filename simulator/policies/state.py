@@ -81,7 +81,7 @@ class Decision:
     preempt: list[tuple[Any, PreemptMode]] = field(default_factory=list)
     swap_in: list = field(default_factory=list)
     admit: list = field(default_factory=list)  # from waiting: blocks allocated for the whole prompt
-    abort: list = field(default_factory=list)  # can never fit (vLLM's NEVER / over-long prompt)
+    abort: list = field(default_factory=list)  # can never fit (NEVER / over-long): from waiting or swapped
     batch: list[tuple[Any, int]] = field(default_factory=list)  # (sequence, query tokens) to run now
 
     @property

@@ -1,0 +1,903 @@
+"""`sim plan`: what-if capacity planning.
+
+For each candidate deployment (hardware profile x tensor-parallel degree x any other option,
+e.g. a preemption policy) this finds by search the highest Poisson request rate one replica
+sustains within the latency SLOs (its *goodput*), then the number of replicas a target load
+needs, the GPUs that makes, and the cost per million output tokens from a price per GPU-hour.
+
+Goodput search, per candidate: every probe is a full simulation of `search.requests` requests
+(or more, so that the arrivals span at least `search.min_duration_s`: a short run hides an
+overload, the queue has no time to build) with one replica, Poisson arrivals at the probed
+rate and a fixed seed (the same for every probe, so two probes differ only by rate). A probe passes when every SLO percentile in its
+summary is within its limit. Exponential search (doubling or halving from `start_rate`) finds
+a passing and a failing rate; bisection (geometric mid-points) narrows them until
+failing/passing <= 1 + tolerance. The goodput is the highest passing rate; the lowest failing
+rate probed above it is kept as well (the bracket), so "a slightly higher rate violates the
+SLO" is a recorded fact, not an assumption. A few more probes at fractions of the goodput
+fill in the latency-against-load curve.
+
+Replicas for a target load: n = ceil(target / goodput), then a verification run with n
+replicas behind the least_outstanding router at the target rate (n x search.requests
+requests); if it misses an SLO, n grows (by one, or by 10% past
+ten replicas) until it passes. GPUs = replicas x tensor_parallel. Cost per million output
+tokens at the target = price x GPUs / (3600 x target x mean output tokens) x 1e6.
+
+Pricing and the target load are not part of the workload file: they come from a plan file
+(`--plan plan.yaml`, see examples/plan/) or from flags (`--price`, `--target-rate`); flags win.
+"""
+from __future__ import annotations
+
+import math
+import re
+import time
+from concurrent.futures import FIRST_COMPLETED, wait
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Generator, Optional, Union
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt
+
+from simulator.errors import InfersimError
+
+from .sweep import config_key, resolve_config, run_config
+
+# ---------------------------------------------------------------------------------------------
+# SLOs
+
+SLO_METRICS = {"ttft": "ttft_s", "tpot": "tpot_s", "itl": "itl_s", "e2e": "e2e_s", "queueing": "queueing_s",
+               "normalized_latency": "normalized_latency_s"}
+SLO_STATS = ("p50", "p90", "p99", "mean")
+_UNITS = {"s": 1.0, "sec": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "min": 60.0, "m": 60.0}
+
+
+@dataclass(frozen=True)
+class SLO:
+    name: str  # as the user wrote it, e.g. ttft_p99
+    metric: str  # summary path, e.g. ttft_s.p99
+    limit_s: float
+
+    def describe(self) -> str:
+        what, stat = self.name.rsplit("_", 1)
+        return f"{what.upper() if what in ('ttft', 'tpot', 'itl') else what.replace('_', ' ')} {stat} ≤ {fmt_time(self.limit_s)}"
+
+
+def parse_duration(value: Union[str, float, int], what: str = "duration") -> float:
+    """'2s', '100ms', '250us', '1.5' (seconds) or a number -> seconds."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        secs = float(value)
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-zµ]*)\s*", str(value))
+        if not m or m.group(2) not in ("", *_UNITS):
+            raise InfersimError(f"bad {what} '{value}': give a number with s, ms or us, e.g. 2s or 100ms")
+        secs = float(m.group(1)) * _UNITS.get(m.group(2) or "s")
+    if not secs > 0 or not math.isfinite(secs):
+        raise InfersimError(f"bad {what} '{value}': must be positive")
+    return secs
+
+
+def parse_slo(spec: Union[str, dict, None]) -> list[SLO]:
+    """'ttft_p99=2s,tpot_p99=100ms' or {ttft_p99: 2s, ...} -> SLOs."""
+    if spec is None:
+        return []
+    if isinstance(spec, str):
+        items = []
+        for part in filter(None, (x.strip() for x in spec.split(","))):
+            if "=" not in part:
+                raise InfersimError(f"bad SLO '{part}': write NAME=LIMIT, e.g. ttft_p99=2s")
+            k, v = part.split("=", 1)
+            items.append((k.strip(), v.strip()))
+    else:
+        items = list(spec.items())
+    out = []
+    for name, value in items:
+        m = re.fullmatch(r"([a-z0-9_]+)_(p50|p90|p99|mean)", str(name).strip().lower())
+        if not m or m.group(1) not in SLO_METRICS:
+            raise InfersimError(f"unknown SLO '{name}'; write METRIC_STAT with METRIC one of "
+                                f"{', '.join(SLO_METRICS)} and STAT one of {', '.join(SLO_STATS)}, e.g. ttft_p99")
+        out.append(SLO(m.group(0), f"{SLO_METRICS[m.group(1)]}.{m.group(2)}",
+                       parse_duration(value, f"SLO limit for {name}")))
+    return out
+
+
+def slo_value(summary: dict, slo: SLO) -> float:
+    key, stat = slo.metric.split(".")
+    v = (summary.get(key) or {}).get(stat)
+    return float("nan") if v is None else float(v)
+
+
+def meets(summary: dict | None, slos: list[SLO]) -> bool:
+    if not summary or not summary.get("finished"):
+        return False
+    for s in slos:
+        v = slo_value(summary, s)
+        if not (math.isfinite(v) and v <= s.limit_s):
+            return False
+    return True
+
+
+def fmt_time(s: float) -> str:
+    if s is None or not math.isfinite(s):
+        return "-"
+    if s >= 100:
+        return f"{s:.0f} s"
+    if s >= 1:
+        return f"{s:.3g} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.3g} ms"
+    return f"{s * 1e6:.3g} µs"
+
+
+def parse_prices(text: str | None) -> dict[str, float]:
+    """'a100-80gb-pcie=1.8,h100-sxm=4' -> {name: USD per GPU-hour}."""
+    out = {}
+    for part in filter(None, (x.strip() for x in (text or "").split(","))):
+        if "=" not in part:
+            raise InfersimError(f"bad price '{part}': write HARDWARE=USD_PER_GPU_HOUR, e.g. h100-sxm=4.0")
+        k, v = part.split("=", 1)
+        try:
+            price = float(v)
+        except ValueError:
+            raise InfersimError(f"bad price '{part}': '{v}' is not a number") from None
+        if price < 0:
+            raise InfersimError(f"bad price '{part}': must not be negative")
+        out[k.strip()] = price
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# the plan file
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SearchSection(_Strict):
+    requests: PositiveInt = 3000  # simulated requests per probe
+    seed: Optional[int] = None  # None: the workload's seed
+    start_rate: Optional[PositiveFloat] = None  # None: the workload's rate, else 1 req/s
+    min_rate: PositiveFloat = 0.01
+    max_rate: PositiveFloat = 10000.0
+    tolerance: float = Field(0.05, gt=0, lt=1)  # stop when failing/passing rate <= 1 + tolerance
+    curve_points: list[PositiveFloat] = Field(default_factory=lambda: [0.25, 0.5, 0.75, 1.25, 1.6])
+    # Every probe spans at least this much simulated time of arrivals, so that a queue building
+    # up at an overloading rate reaches the p99s; None: 1.25 x the largest SLO limit / tolerance
+    # (at 5% over capacity the backlog delay grows by 5% of the elapsed time), at least 30 s.
+    min_duration_s: Optional[PositiveFloat] = None
+    max_requests: PositiveInt = 30000  # cap on the requests of one probe (high rates, many replicas)
+    max_replicas: PositiveInt = 1024
+
+
+class PlanFile(_Strict):
+    """What `--plan plan.yaml` holds; every entry is optional and a flag overrides it."""
+    slo: dict[str, Union[str, float]] = Field(default_factory=dict)
+    hardware: list[str] = Field(default_factory=list)  # empty: the workload's profile
+    tensor_parallel: list[PositiveInt] = Field(default_factory=list)  # empty: the workload's
+    options: dict[str, list[Any]] = Field(default_factory=dict)  # dotted workload path -> values to compare
+    prices: dict[str, float] = Field(default_factory=dict)  # hardware name -> USD per GPU-hour
+    price_source: str = ""  # where the prices come from (shown in the report)
+    target_rate: Optional[PositiveFloat] = None  # req/s; None: the workload's arrival rate
+    search: SearchSection = SearchSection()
+
+
+def load_plan_file(path: str | Path | None) -> PlanFile:
+    if path is None:
+        return PlanFile()
+    from simulator.yamlio import load_model_file
+
+    return load_model_file(PlanFile, path)
+
+
+@dataclass
+class Candidate:
+    label: str
+    overrides: dict[str, Any]
+    hardware: str  # canonical profile name
+    tensor_parallel: int
+    price: Optional[float]  # USD per GPU-hour
+
+
+@dataclass
+class Probe:
+    rate: float
+    replicas: int = 1
+    requests: int = 0
+    kind: str = "search"  # search | curve | verify
+
+
+@dataclass
+class ProbeResult:
+    candidate: str
+    kind: str
+    rate: float
+    replicas: int
+    requests: int
+    ok: bool
+    status: str
+    error: Optional[str]
+    metrics: dict[str, float]
+    wall_s: float
+
+
+@dataclass
+class CandidateResult:
+    label: str
+    hardware: str
+    tensor_parallel: int
+    overrides: dict[str, Any]
+    price_per_gpu_hour: Optional[float]
+    status: str = "ok"  # ok | infeasible | failed
+    error: Optional[str] = None
+    goodput_rps: float = 0.0  # per replica
+    fail_rate_rps: Optional[float] = None  # lowest failing rate probed above the goodput
+    capped: bool = False  # passed at max_rate: the goodput is at least this
+    goodput_output_tps: float = 0.0
+    mean_output_tokens: float = float("nan")
+    mean_prompt_tokens: float = float("nan")
+    at_goodput: dict[str, float] = field(default_factory=dict)  # SLO metric values at the goodput
+    replicas_initial: Optional[int] = None  # ceil(target / goodput)
+    replicas: Optional[int] = None  # after verification
+    verified: bool = False
+    verify: dict[str, float] = field(default_factory=dict)
+    gpus: Optional[int] = None
+    cost_per_m_output_tokens: Optional[float] = None  # at the target load, with the replicas needed
+    cost_per_m_total_tokens: Optional[float] = None
+    cost_per_m_output_tokens_at_goodput: Optional[float] = None  # a replica run at its goodput
+    probes: list[ProbeResult] = field(default_factory=list)
+
+
+@dataclass
+class PlanResult:
+    workload: str
+    model: str
+    slos: list[SLO]
+    target_rate: Optional[float]
+    search: SearchSection
+    seed: int
+    candidates: list[CandidateResult]
+    wall_s: float = 0.0
+    backend: str = ""
+    price_source: str = ""
+    arrival_note: str = ""
+
+    def best(self) -> Optional[CandidateResult]:
+        return rank(self.candidates)[0] if rank(self.candidates) else None
+
+
+def rank(cands: list[CandidateResult]) -> list[CandidateResult]:
+    """Feasible candidates, best first: lowest cost at the target where priced, then fewest
+    GPUs, then the highest goodput per GPU."""
+    ok = [c for c in cands if c.status == "ok" and c.goodput_rps > 0]
+
+    def key(c):
+        cost = c.cost_per_m_output_tokens if c.cost_per_m_output_tokens is not None else math.inf
+        gpus = c.gpus if c.gpus is not None else math.inf
+        return (cost, gpus, -c.goodput_rps / c.tensor_parallel)
+
+    return sorted(ok, key=key)
+
+
+# ---------------------------------------------------------------------------------------------
+# the search, as a generator: it yields the probes it needs and receives their results, so a
+# driver can interleave every candidate's probes on a pool of workers
+
+
+class _Search:
+    def __init__(self, cand: Candidate, base: dict, base_dir: str, slos: list[SLO], search: SearchSection,
+                 target: Optional[float], seed: int, arrival: dict):
+        self.cand, self.base, self.base_dir, self.slos, self.s = cand, base, base_dir, slos, search
+        self.target, self.seed, self.arrival = target, seed, arrival
+        self.result = CandidateResult(cand.label, cand.hardware, cand.tensor_parallel, cand.overrides, cand.price)
+
+    def task(self, p: Probe) -> dict:
+        arrival = dict(self.arrival, rate=float(p.rate))
+        over = dict(self.cand.overrides)
+        over.update({"hardware.replicas": p.replicas, "requests.arrival": arrival, "requests.count": p.requests,
+                     "requests.duration_s": None, "seed": self.seed})
+        if p.replicas > 1:
+            over["hardware.router"] = "least_outstanding"
+        return {"config": resolve_config(self.base, over), "base_dir": self.base_dir}
+
+    def record(self, p: Probe, res: dict) -> ProbeResult:
+        summary = res.get("summary") or {}
+        metrics = {s.metric: slo_value(summary, s) for s in self.slos}
+        for k in ("throughput_req_per_s", "throughput_output_tokens_per_s", "throughput_total_tokens_per_s",
+                  "finished", "aborted", "makespan_s"):
+            if k in summary:
+                metrics[k] = float(summary[k])
+        for k in ("ttft_s", "tpot_s", "e2e_s"):
+            if k in summary:
+                metrics[f"{k}.p99"] = float(summary[k]["p99"]) if summary[k]["p99"] is not None else float("nan")
+        pr = ProbeResult(self.cand.label, p.kind, p.rate, p.replicas, p.requests,
+                         res["status"] == "ok" and meets(summary, self.slos), res["status"], res.get("error"),
+                         metrics, res.get("wall_s", 0.0))
+        self.result.probes.append(pr)
+        if res["status"] == "ok" and summary.get("finished"):
+            fin = summary["finished"]
+            out_tok = summary["throughput_output_tokens_per_s"] * summary["makespan_s"]
+            tot_tok = summary["throughput_total_tokens_per_s"] * summary["makespan_s"]
+            if p.kind == "search" and math.isnan(self.result.mean_output_tokens):
+                self.result.mean_output_tokens = out_tok / fin
+                self.result.mean_prompt_tokens = (tot_tok - out_tok) / fin
+        return pr
+
+    def run(self) -> Generator[list[Probe], list[dict], CandidateResult]:
+        s, r = self.s, self.result
+        n = s.requests
+        min_dur = probe_duration_s(s, self.slos)
+
+        def one(rate, kind="search", replicas=1):
+            count = min(s.max_requests, max(n * replicas, math.ceil(rate * min_dur)))
+            return Probe(rate=float(rate), replicas=replicas, requests=count, kind=kind)
+
+        rate = min(max(s.start_rate, s.min_rate), s.max_rate)
+        p = one(rate)
+        first = self.record(p, (yield [p])[0])
+        if first.status != "ok":
+            r.status, r.error = "failed", first.error
+            return r
+        lo, hi = (rate, None) if first.ok else (None, rate)
+        # exponential search for a bracket
+        while lo is None or hi is None:
+            nxt = lo * 2 if hi is None else hi / 2
+            if hi is None and nxt > s.max_rate:
+                r.capped = True
+                break
+            if lo is None and nxt < s.min_rate:
+                break
+            p = one(nxt)
+            pr = self.record(p, (yield [p])[0])
+            if pr.status != "ok":
+                r.status, r.error = "failed", pr.error
+                return r
+            if pr.ok:
+                lo = nxt
+            else:
+                hi = nxt
+        if lo is None:
+            r.status = "infeasible"
+            r.error = f"misses the SLO even at {s.min_rate:g} req/s"
+            r.fail_rate_rps = hi
+            return r
+        # bisection in log space
+        while hi is not None and hi / lo > 1 + s.tolerance:
+            mid = math.sqrt(lo * hi)
+            p = one(mid)
+            pr = self.record(p, (yield [p])[0])
+            if pr.ok:
+                lo = mid
+            else:
+                hi = mid
+        r.goodput_rps, r.fail_rate_rps = lo, hi
+        at = next(x for x in r.probes if x.rate == lo and x.kind == "search")
+        r.at_goodput = {k: v for k, v in at.metrics.items()}
+        r.goodput_output_tps = lo * r.mean_output_tokens
+        # the latency-against-load curve
+        probed = [x.rate for x in r.probes]
+        fill = [one(lo * f, "curve") for f in s.curve_points
+                if all(abs(lo * f / q - 1) > 0.04 for q in probed) and s.min_rate <= lo * f <= s.max_rate]
+        if fill:
+            results = yield fill
+            for p, res in zip(fill, results):
+                self.record(p, res)
+        if r.price_per_gpu_hour is not None and r.mean_output_tokens > 0:
+            r.cost_per_m_output_tokens_at_goodput = (r.price_per_gpu_hour * r.tensor_parallel * 1e6
+                                                     / (3600 * lo * r.mean_output_tokens))
+        # replicas for the target load
+        if self.target:
+            need = max(1, math.ceil(self.target / lo - 1e-9))
+            r.replicas_initial = need
+            while True:
+                p = one(self.target, "verify", need)
+                pr = self.record(p, (yield [p])[0])
+                if pr.ok:
+                    r.replicas, r.verified, r.verify = need, True, dict(pr.metrics)
+                    break
+                if pr.status != "ok" or need >= s.max_replicas:
+                    r.replicas, r.verified, r.verify = need, False, dict(pr.metrics)
+                    if pr.status != "ok":
+                        r.error = pr.error
+                    break
+                need = min(s.max_replicas, need + (1 if need < 10 else math.ceil(need * 0.1)))
+            r.gpus = r.replicas * r.tensor_parallel
+            if r.price_per_gpu_hour is not None and r.mean_output_tokens > 0:
+                tok_out = self.target * r.mean_output_tokens
+                tok_all = self.target * (r.mean_output_tokens + r.mean_prompt_tokens)
+                r.cost_per_m_output_tokens = r.price_per_gpu_hour * r.gpus * 1e6 / (3600 * tok_out)
+                r.cost_per_m_total_tokens = r.price_per_gpu_hour * r.gpus * 1e6 / (3600 * tok_all)
+            if not r.verified:
+                r.status = "infeasible"
+                r.error = r.error or f"misses the SLO at {self.target:g} req/s even with {r.replicas} replicas"
+        return r
+
+
+# ---------------------------------------------------------------------------------------------
+# the driver
+
+
+def probe_duration_s(search: SearchSection, slos: list[SLO]) -> float:
+    """The simulated time of arrivals every probe spans at least (see SearchSection)."""
+    if search.min_duration_s is not None:
+        return float(search.min_duration_s)
+    longest = max((x.limit_s for x in slos), default=1.0)
+    return max(30.0, 1.25 * longest / search.tolerance)
+
+
+def build_candidates(spec, hardware: list[str], tps: list[int], options: dict[str, list],
+                     prices: dict[str, float]) -> list[Candidate]:
+    import itertools
+
+    from simulator.hardware.catalog import load_hardware
+
+    hardware = hardware or [spec.hardware.profile]
+    tps = tps or [spec.hardware.tensor_parallel]
+    # prices by canonical name, so an alias or a file path in either place matches
+    canon_prices = {}
+    for name, price in prices.items():
+        canon_prices[load_hardware(name).name] = price
+    keys = list(options)
+    out, seen = [], set()
+    for hw in hardware:
+        canon = load_hardware(hw).name
+        for tp in tps:
+            for combo in itertools.product(*[options[k] for k in keys]) if keys else [()]:
+                over = {"hardware.profile": hw, "hardware.tensor_parallel": int(tp), **dict(zip(keys, combo))}
+                parts = [canon] + ([f"tp{tp}"] if len(tps) > 1 or tp != 1 else [])
+                parts += [f"{k.split('.')[-1]}={v}" for k, v in zip(keys, combo) if len(options[k]) > 1]
+                label = " ".join(parts)
+                if label in seen:
+                    continue
+                seen.add(label)
+                out.append(Candidate(label, over, canon, int(tp), canon_prices.get(canon)))
+    return out
+
+
+def plan(workload: str, *, slos: list[SLO], plan_file: PlanFile | None = None, hardware: list[str] | None = None,
+         tensor_parallel: list[int] | None = None, options: dict[str, list] | None = None,
+         prices: dict[str, float] | None = None, target_rate: float | None = None,
+         requests: int | None = None, tolerance: float | None = None, seed: int | None = None,
+         backend: str = "local", workers: int | None = None, address: str | None = None,
+         quiet: bool = True) -> PlanResult:
+    """Run the searches (no files written): see `write_plan` for the report."""
+    from simulator.workload.builder import load_workload
+
+    from .sweep_backends import make_backend
+
+    t0 = time.perf_counter()
+    pf = plan_file or PlanFile()
+    slos = slos or parse_slo(pf.slo or None)
+    if not slos:
+        raise InfersimError("give at least one SLO: --slo ttft_p99=2s,tpot_p99=100ms (or slo: in the plan file)")
+    spec, wl_path = load_workload(workload)
+    arr = spec.requests.arrival
+    if spec.requests.trace is not None and spec.requests.trace.arrival_column is not None:
+        raise InfersimError("sim plan varies the arrival rate: the workload's trace arrival times cannot be used "
+                            "(drop trace.arrival_column and give requests.arrival)")
+    note = ""
+    if arr is not None and arr.type in ("poisson", "gamma"):
+        arrival = arr.model_dump(mode="json")
+        workload_rate = float(arr.rate)
+    else:
+        arrival = {"type": "poisson", "rate": 1.0}
+        workload_rate = None
+        note = (f"the workload's '{arr.type if arr else 'trace'}' arrivals were replaced by Poisson arrivals "
+                "for the search")
+    search = pf.search.model_copy(update={k: v for k, v in (("requests", requests), ("tolerance", tolerance))
+                                          if v is not None})
+    if search.start_rate is None:
+        search = search.model_copy(update={"start_rate": workload_rate or 1.0})
+    if tolerance is not None and not 0 < tolerance < 1:
+        raise InfersimError(f"--tolerance must be between 0 and 1, got {tolerance}")
+    target = target_rate if target_rate is not None else (pf.target_rate or workload_rate)
+    seed = seed if seed is not None else (search.seed if search.seed is not None else spec.seed)
+    all_prices = dict(pf.prices)
+    all_prices.update(prices or {})
+    opts = dict(pf.options)
+    opts.update(options or {})
+    cands = build_candidates(spec, hardware or pf.hardware, tensor_parallel or pf.tensor_parallel, opts, all_prices)
+    base = spec.model_dump(mode="json")
+    searches = [_Search(c, base, str(wl_path.parent), slos, search, target, seed, arrival) for c in cands]
+
+    be = make_backend(backend, workers, address)
+    cancel = True
+    try:
+        with _PlanProgress(quiet, len(cands), be.describe()) as prog:
+            _drive(searches, be, prog)
+        cancel = False
+    finally:
+        be.close(cancel=cancel)
+    return PlanResult(spec.name, spec.model, slos, target, search, seed, [s.result for s in searches],
+                      time.perf_counter() - t0, be.describe(), pf.price_source, note)
+
+
+def _drive(searches: list[_Search], be, prog) -> None:
+    """Step every search's generator; run each batch of probes it asks for on the backend."""
+    gens = {i: s.run() for i, s in enumerate(searches)}
+    batches: dict[int, tuple[list[Probe], list]] = {}
+    fut_owner: dict = {}
+
+    def advance(i, results=None):
+        try:
+            batch = gens[i].send(results) if results is not None else next(gens[i])
+        except StopIteration:
+            prog.done(searches[i].result)
+            return
+        futs = [be.submit(run_config, searches[i].task(p)) for p in batch]
+        batches[i] = (batch, futs)
+        for f in futs:
+            fut_owner[f] = i
+
+    for i in gens:
+        advance(i)
+    while fut_owner:
+        done, _ = wait(list(fut_owner), return_when=FIRST_COMPLETED)
+        for f in done:
+            fut_owner.pop(f, None)
+            prog.probe()
+        for i in list(batches):
+            batch, futs = batches[i]
+            if all(f.done() for f in futs):
+                del batches[i]
+                advance(i, [_safe(f) for f in futs])
+
+
+def _safe(fut) -> dict:
+    from concurrent.futures.process import BrokenProcessPool
+
+    try:
+        return fut.result()
+    except BrokenProcessPool:
+        raise InfersimError("a worker process died (out of memory or killed); try fewer --workers") from None
+    except Exception as exc:
+        return {"status": "failed", "summary": None, "error": f"worker failed: {exc.__class__.__name__}: {exc}",
+                "wall_s": 0.0, "worker": "?"}
+
+
+class _PlanProgress:
+    def __init__(self, quiet: bool, total: int, where: str):
+        self.quiet, self.total, self.where = quiet, total, where
+        self.probes = 0
+        self.finished: list[str] = []
+
+    def __enter__(self):
+        if not self.quiet:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._p = Progress(TextColumn(f"planning [dim]({self.where})[/]"), BarColumn(), MofNCompleteColumn(),
+                               TextColumn("configurations, {task.fields[probes]} simulations {task.fields[note]}"),
+                               TimeElapsedColumn())
+            self._p.__enter__()
+            self._t = self._p.add_task("plan", total=self.total, probes=0, note="")
+        return self
+
+    def probe(self) -> None:
+        self.probes += 1
+        if not self.quiet:
+            self._p.update(self._t, probes=self.probes)
+
+    def done(self, r: CandidateResult) -> None:
+        if not self.quiet:
+            msg = (f"{r.label}: goodput {r.goodput_rps:.3g} req/s" if r.status != "failed" else f"{r.label}: failed")
+            self._p.update(self._t, advance=1, note=f"[dim]· {msg}[/]")
+            self._p.console.print(msg + (f", {r.replicas} replicas" if r.replicas else "")
+                                + (f" ({r.error})" if r.error else ""))
+
+    def __exit__(self, *exc):
+        if not self.quiet:
+            self._p.__exit__(*exc)
+        return False
+
+
+# ---------------------------------------------------------------------------------------------
+# outputs
+
+
+def _money(v: Optional[float]) -> str:
+    if v is None or not math.isfinite(v):
+        return "-"
+    return f"${v:.3f}" if v < 1 else f"${v:.2f}"
+
+
+def _num(v: Optional[float], digits: int = 3) -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "-"
+    return f"{v:.{digits}g}"
+
+
+def verdict(res: PlanResult) -> list[str]:
+    slo_txt = ", ".join(s.describe() for s in res.slos)
+    ranked = rank(res.candidates)
+    lines = []
+    bad = [c for c in res.candidates if c not in ranked]
+    if not ranked:
+        lines.append(f"No configuration meets {slo_txt}" + (f" at {res.target_rate:g} req/s." if res.target_rate
+                                                              else "."))
+    else:
+        best = ranked[0]
+        if res.target_rate and best.gpus:
+            cost = (f" at **{_money(best.cost_per_m_output_tokens)} per million output tokens**"
+                    if best.cost_per_m_output_tokens is not None else "")
+            how = "cheapest" if best.cost_per_m_output_tokens is not None else "the one needing the fewest GPUs"
+            lines.append(f"To serve **{res.target_rate:g} req/s** within {slo_txt}, **{best.label}** is {how}: "
+                         f"**{best.gpus} GPU{'s' if best.gpus != 1 else ''}** ({best.replicas} replica"
+                         f"{'s' if best.replicas != 1 else ''} × TP {best.tensor_parallel}){cost}.")
+            for other in ranked[1:3]:
+                rel = ""
+                if other.cost_per_m_output_tokens and best.cost_per_m_output_tokens:
+                    rel = (f", {_money(other.cost_per_m_output_tokens)}/M "
+                           f"({other.cost_per_m_output_tokens / best.cost_per_m_output_tokens:.2f}× the cost)")
+                lines.append(f"Next: {other.label} needs {other.gpus} GPU{'s' if other.gpus != 1 else ''}{rel}.")
+        else:
+            lines.append(f"Within {slo_txt}, **{best.label}** sustains the most load per GPU: "
+                         f"{best.goodput_rps / best.tensor_parallel:.3g} req/s per GPU.")
+        top = max(ranked, key=lambda c: c.goodput_rps)
+        lines.append(f"Highest goodput per replica: {top.label}, {top.goodput_rps:.3g} req/s "
+                     f"({top.goodput_output_tps:.0f} output tokens/s).")
+    for c in bad:
+        lines.append(f"{c.label}: {c.status}" + (f" ({c.error})" if c.error else "") + ".")
+    return lines
+
+
+def _plots(res: PlanResult, pdir: Path) -> list[tuple[str, str, str]]:
+    from .report_html import pyplot, save_figure
+
+    plt = pyplot()
+    pdir.mkdir(parents=True, exist_ok=True)
+    made = []
+    cands = res.candidates
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    col = {c.label: colors[i % len(colors)] for i, c in enumerate(cands)}
+
+    # latency against load, one panel per SLO
+    n = len(res.slos)
+    fig, axes = plt.subplots(1, n, figsize=(5.6 * n, 4.2), squeeze=False)
+    for ax, slo in zip(axes[0], res.slos):
+        for c in cands:
+            pts = sorted((p.rate, p.metrics.get(slo.metric, float("nan"))) for p in c.probes
+                         if p.replicas == 1 and p.status == "ok")
+            if not pts:
+                continue
+            x, y = zip(*pts)
+            ax.plot(x, y, "-o", ms=3.5, lw=1.4, color=col[c.label], label=c.label)
+            if c.goodput_rps > 0:
+                gy = c.at_goodput.get(slo.metric)
+                ax.plot([c.goodput_rps], [gy], marker="*", ms=13, color=col[c.label], mec="black", mew=0.6,
+                        zorder=5)
+        ax.axhline(slo.limit_s, color="#d1495b", ls="--", lw=1.3)
+        ax.annotate(f"SLO {fmt_time(slo.limit_s)}", xy=(0.01, slo.limit_s), xycoords=("axes fraction", "data"),
+                    xytext=(2, 3), textcoords="offset points", color="#d1495b", fontsize=8)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("offered load per replica (req/s)")
+        ax.set_ylabel(f"{slo.name.replace('_', ' ')} (s)")
+        ax.set_title(slo.describe(), fontsize=10)
+    if axes[0][0].get_legend_handles_labels()[0]:
+        axes[0][0].legend(fontsize=8, loc="upper left")
+    fig.suptitle("latency against load (one replica; stars: goodput)", fontsize=11)
+    fig.tight_layout()
+    save_figure(fig, pdir / "latency_vs_load.png")
+    plt.close(fig)
+    made.append(("plots/latency_vs_load.png", "latency against load",
+                 "Each point is a full simulation of one replica at that Poisson rate; the dashed line is the SLO; "
+                 "the star marks the goodput found by the search."))
+
+    labels = [c.label for c in cands]
+    y = np.arange(len(cands))
+    h = max(2.2, 0.55 * len(cands) + 1.2)
+
+    # goodput per configuration
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, h), sharey=True)
+    g = [c.goodput_rps for c in cands]
+    gpg = [c.goodput_rps / c.tensor_parallel for c in cands]
+    a1.barh(y, g, color=[col[lb] for lb in labels])
+    a2.barh(y, gpg, color=[col[lb] for lb in labels])
+    for ax, vals, unit in ((a1, g, "req/s"), (a2, gpg, "req/s/GPU")):
+        for yi, v, c in zip(y, vals, cands):
+            txt = f"{v:.3g}" if c.status != "failed" else "failed"
+            ax.annotate(txt, (v, yi), xytext=(3, 0), textcoords="offset points", va="center", fontsize=8)
+        ax.set_xlim(0, max(vals + [1e-9]) * 1.18)
+        ax.set_xlabel(unit)
+    a1.set_yticks(y)
+    a1.set_yticklabels(labels, fontsize=9)
+    a1.invert_yaxis()
+    a1.set_title("goodput per replica", fontsize=10)
+    a2.set_title("goodput per GPU", fontsize=10)
+    fig.tight_layout()
+    save_figure(fig, pdir / "goodput.png")
+    plt.close(fig)
+    made.append(("plots/goodput.png", "goodput per configuration",
+                 "Highest Poisson rate one replica sustains within every SLO."))
+
+    if res.target_rate:
+        fig, ax = plt.subplots(figsize=(8, h))
+        gpus = [c.gpus or 0 for c in cands]
+        ax.barh(y, gpus, color=[col[lb] for lb in labels])
+        for yi, c in zip(y, cands):
+            txt = (f"{c.gpus} GPUs = {c.replicas} × TP{c.tensor_parallel}" if c.gpus else c.status)
+            if c.gpus and not c.verified:
+                txt += " (SLO not met)"
+            ax.annotate(txt, (c.gpus or 0, yi), xytext=(3, 0), textcoords="offset points", va="center", fontsize=8)
+        ax.set_xlim(0, max(gpus + [1]) * 1.45)
+        ax.set_yticks(y)
+        ax.set_yticklabels(labels, fontsize=9)
+        ax.invert_yaxis()
+        ax.set_xlabel("GPUs")
+        ax.set_title(f"GPUs needed for {res.target_rate:g} req/s (verified by simulation)", fontsize=10)
+        fig.tight_layout()
+        save_figure(fig, pdir / "replicas.png")
+        plt.close(fig)
+        made.append(("plots/replicas.png", "replicas needed",
+                     "ceil(target / goodput) replicas, verified with that many replicas behind a least-outstanding "
+                     "router and raised until the SLOs hold."))
+
+    priced = [c for c in cands if c.price_per_gpu_hour is not None and c.status != "failed"]
+    if priced:
+        fig, ax = plt.subplots(figsize=(8, max(2.2, 0.55 * len(priced) + 1.2)))
+        yy = np.arange(len(priced))
+        at_t = [c.cost_per_m_output_tokens or 0 for c in priced]
+        at_g = [c.cost_per_m_output_tokens_at_goodput or 0 for c in priced]
+        if res.target_rate:
+            ax.barh(yy, at_t, color=[col[c.label] for c in priced])
+        ax.scatter(at_g, yy, marker="D", color="black", s=22, zorder=4)
+        for yi, c, v in zip(yy, priced, at_t):
+            ax.annotate(_money(v if res.target_rate else c.cost_per_m_output_tokens_at_goodput),
+                        (max(v, c.cost_per_m_output_tokens_at_goodput or 0), yi), xytext=(5, 0),
+                        textcoords="offset points", va="center", fontsize=8)
+        ax.set_xlim(0, max(at_t + at_g + [1e-9]) * 1.3)
+        ax.set_yticks(yy)
+        ax.set_yticklabels([c.label for c in priced], fontsize=9)
+        ax.invert_yaxis()
+        ax.set_xlabel("USD per million output tokens")
+        ax.set_title((f"bars: at {res.target_rate:g} req/s; " if res.target_rate else "")
+                     + "diamonds: floor, every replica at its goodput", fontsize=10)
+        fig.tight_layout()
+        save_figure(fig, pdir / "cost.png")
+        plt.close(fig)
+        made.append(("plots/cost.png", "cost per million output tokens",
+                     "Price per GPU-hour × GPUs / output tokens per hour at the target load; the diamond is the floor "
+                     "reached if every replica ran exactly at its goodput."))
+    return made
+
+
+def candidates_table(res: PlanResult):
+    import pandas as pd
+
+    rows = []
+    for c in res.candidates:
+        row = {"configuration": c.label, "hardware": c.hardware, "tensor_parallel": c.tensor_parallel,
+               "status": c.status, "error": c.error or "", "goodput_rps": c.goodput_rps,
+               "fail_rate_rps": c.fail_rate_rps, "goodput_capped": c.capped,
+               "goodput_output_tokens_per_s": c.goodput_output_tps, "mean_output_tokens": c.mean_output_tokens,
+               "replicas_initial": c.replicas_initial, "replicas": c.replicas, "verified": c.verified,
+               "gpus": c.gpus, "price_per_gpu_hour": c.price_per_gpu_hour,
+               "cost_per_m_output_tokens": c.cost_per_m_output_tokens,
+               "cost_per_m_total_tokens": c.cost_per_m_total_tokens,
+               "cost_per_m_output_tokens_at_goodput": c.cost_per_m_output_tokens_at_goodput}
+        for k, v in c.overrides.items():
+            row[f"option.{k}"] = v if isinstance(v, (int, float, str, bool)) or v is None else str(v)
+        for s in res.slos:
+            row[f"{s.name}_at_goodput_s"] = c.at_goodput.get(s.metric)
+            row[f"{s.name}_verified_s"] = c.verify.get(s.metric)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def probes_table(res: PlanResult):
+    import pandas as pd
+
+    rows = []
+    for c in res.candidates:
+        for p in c.probes:
+            rows.append({"configuration": c.label, "kind": p.kind, "rate_rps": p.rate, "replicas": p.replicas,
+                         "requests": p.requests, "meets_slo": p.ok, "status": p.status, "error": p.error or "",
+                         "wall_s": p.wall_s, **p.metrics})
+    return pd.DataFrame(rows)
+
+
+def to_json(res: PlanResult) -> dict:
+    d = asdict(res)
+    d["slos"] = [asdict(s) for s in res.slos]
+    d["search"] = res.search.model_dump()
+    return d
+
+
+def build_report(res: PlanResult, images: list[tuple[str, str, str]]):
+    from .report_html import Image, Report, Table
+
+    slo_txt = ", ".join(s.describe() for s in res.slos)
+    sub = (f"Workload **{res.workload}** (model `{res.model}`), SLOs {slo_txt}"
+           + (f", target load {res.target_rate:g} req/s" if res.target_rate else "") + ".")
+    rep = Report(title=f"Capacity plan: {res.workload}", subtitle=sub, verdict=verdict(res))
+    ranked = rank(res.candidates)
+    order = ranked + [c for c in res.candidates if c not in ranked]
+    rep.h2("Configurations")
+    cols = ["configuration", "goodput (req/s per replica)", "output tok/s per replica"]
+    if res.target_rate:
+        cols += ["replicas", "GPUs"]
+    cols += ["$ per GPU-hour", "$ per M output tokens" + (f" at {res.target_rate:g} req/s" if res.target_rate else ""),
+             "$ per M at goodput"]
+    cols += [f"{s.name.replace('_', ' ').upper().replace('P99', 'p99').replace('P90', 'p90').replace('P50', 'p50').replace('MEAN', 'mean')} at goodput"
+             for s in res.slos] + ["status"]
+    rows = []
+    for c in order:
+        row = [c.label, _num(c.goodput_rps) + ("+" if c.capped else ""), _num(c.goodput_output_tps, 4)]
+        if res.target_rate:
+            row += [str(c.replicas) if c.replicas else "-", str(c.gpus) if c.gpus else "-"]
+        row += [_money(c.price_per_gpu_hour), _money(c.cost_per_m_output_tokens),
+                _money(c.cost_per_m_output_tokens_at_goodput)]
+        row += [fmt_time(c.at_goodput.get(s.metric, float("nan"))) for s in res.slos]
+        row.append(c.status if c.status == "ok" else f"{c.status}: {c.error}")
+        rows.append(row)
+    rep.add(Table(cols, rows, highlight={0} if ranked else set(), numeric=set(range(1, len(cols) - 1)),
+                  caption="Best first (lowest cost at the target, then fewest GPUs). “+”: still within the SLOs at "
+                          "the search's maximum rate."))
+    rep.h2("Plots")
+    for src, alt, cap in images:
+        rep.add(Image(src, alt, cap))
+    rep.h2("Method")
+    s = res.search
+    items = [
+        f"Goodput: exponential search then bisection on the Poisson rate until the failing rate is within "
+        f"{s.tolerance:.0%} of the passing one; every probe is a full simulation of one replica with seed "
+        f"{res.seed} and {s.requests} requests, or more to span at least {probe_duration_s(s, res.slos):.0f} s of "
+        f"arrivals (at most {s.max_requests}); a probe passes when every SLO percentile is within its limit.",
+        "Replicas: ceil(target / goodput), verified by simulating that many replicas behind a least-outstanding "
+        "router at the target rate and raised until the SLOs hold.",
+        "Cost per million output tokens: price per GPU-hour × GPUs × 10⁶ / (3600 × target rate × mean output "
+        "tokens per request).",
+        f"Searches ran on {res.backend} in {res.wall_s:.1f} s.",
+    ]
+    if res.price_source:
+        items.append(f"Prices: {res.price_source.rstrip('.')}.")
+    if res.arrival_note:
+        items.append(f"Note: {res.arrival_note}.")
+    rep.bullets(items)
+    probe_rows = []
+    for c in res.candidates:
+        for p in sorted(c.probes, key=lambda p: (p.replicas, p.rate)):
+            probe_rows.append([c.label, p.kind, _num(p.rate, 4), str(p.replicas), str(p.requests),
+                               *[fmt_time(p.metrics.get(x.metric, float("nan"))) for x in res.slos],
+                               "yes" if p.ok else ("error" if p.status != "ok" else "no")])
+    rep.details(f"All {len(probe_rows)} simulations", [
+        Table(["configuration", "kind", "rate (req/s)", "replicas", "requests", *[x.name for x in res.slos],
+               "meets SLO"], probe_rows, numeric={2, 3, 4, *range(5, 5 + len(res.slos))})])
+    return rep
+
+
+def write_plan(res: PlanResult, out: Path, *, plots: bool = True) -> dict[str, Path]:
+    """The plan directory, written atomically: report.html, report.md, plan.json,
+    configurations.csv, probes.csv, plots/."""
+    from simulator.metrics.rundir import staged_dir, write_json
+
+    out = Path(out)
+    with staged_dir(out) as tmp:
+        images = _plots(res, tmp / "plots") if plots else []
+        write_json(tmp / "plan.json", to_json(res))
+        candidates_table(res).to_csv(tmp / "configurations.csv", index=False)
+        probes_table(res).to_csv(tmp / "probes.csv", index=False)
+        build_report(res, images).write(tmp)
+    return {"html": out / "report.html", "md": out / "report.md", "json": out / "plan.json",
+            "csv": out / "configurations.csv", "probes": out / "probes.csv", "plots": out / "plots"}
+
+
+def probe_once(workload: str, overrides: dict[str, Any], rate: float, requests: int, seed: int,
+               replicas: int = 1) -> dict:
+    """One probe as the search runs it (for checks and tests): the summary of a simulation of
+    `requests` Poisson arrivals at `rate` with the candidate's overrides."""
+    from simulator.workload.builder import load_workload
+
+    spec, wl_path = load_workload(workload)
+    arr = spec.requests.arrival
+    arrival = arr.model_dump(mode="json") if arr is not None and arr.type in ("poisson", "gamma") else {"type": "poisson"}
+    c = Candidate("probe", dict(overrides), "", 1, None)
+    s = _Search(c, spec.model_dump(mode="json"), str(wl_path.parent), [], SearchSection(requests=requests), None,
+                seed, arrival)
+    res = run_config(s.task(Probe(rate, replicas, requests)))
+    if res["status"] != "ok":
+        raise InfersimError(res["error"])
+    return res["summary"]
+
+
+__all__ = ["SLO", "parse_slo", "parse_duration", "parse_prices", "PlanFile", "load_plan_file", "plan", "write_plan",
+           "rank", "verdict", "meets", "probe_once", "config_key"]

@@ -1,0 +1,850 @@
+"""`sim sweep`: explore a space of serving configurations, as a grid or with Optuna.
+
+A parameter is any dotted path into the workload file (`serving.preemption`,
+`hardware.profile`, `hardware.tensor_parallel`, `serving.max_batch_size`,
+`requests.arrival.rate`, `speculation.s`, ...). A configuration is the workload with one value
+per parameter set; its key is a hash of that resolved configuration. Each configuration's
+result (metrics, or the error that stopped it) is written atomically as its own file,
+`<sweep dir>/results/<key>.json`, by the driver alone; the table (results.parquet/.csv) and
+the plots are rebuilt from those files. A sweep that is killed and started again skips every
+configuration that has a file, so nothing finished is recomputed, lost or counted twice. A
+configuration whose override fails validation, or whose simulation raises, is recorded as
+failed with its error, and the sweep goes on.
+
+The space file:
+
+    name: policy-search
+    method: grid                # grid | optuna
+    parameters:
+      serving.scheduler: [fcfs, fairness]                   # a list: categorical values
+      serving.preemption: {values: [recompute, swap]}       # the same, spelled out
+      serving.max_batch_size: {low: 32, high: 256, num: 4, log: true}  # a numeric range
+      requests.arrival.rate: {low: 2.0, high: 12.0, step: 2.0}   # 4.0 is a float range, 4 an int one
+    fixed: {requests.count: 400}                            # set in every configuration
+    optuna: {trials: 40, sampler: tpe, seed: 0,
+             objectives: [{metric: throughput_output_tokens_per_s, direction: maximize},
+                          {metric: e2e_s.p99, direction: minimize}]}
+    pareto: {throughput: throughput_output_tokens_per_s, latency: e2e_s.p99}
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import itertools
+import json
+import math
+import os
+import socket
+import time
+import uuid
+from concurrent.futures import FIRST_COMPLETED, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator
+
+from simulator.errors import InfersimError, pydantic_error_line
+
+# ---------------------------------------------------------------------------------------------
+# configurations: dotted overrides, keys, evaluation (shared with `sim plan`)
+
+
+def set_dotted(d: dict, path: str, value: Any) -> None:
+    """Set `a.b.c` in nested dicts, creating (or replacing a null with) a dict on the way. A
+    null value under a section that is absent or null leaves it so: `speculation.s: null`
+    means "no speculation", not an empty speculation section."""
+    parts = path.split(".")
+    if not all(parts):
+        raise InfersimError(f"bad parameter path '{path}'")
+    cur = d
+    for p in parts[:-1]:
+        nxt = cur.get(p)
+        if not isinstance(nxt, dict):
+            if value is None:
+                return
+            nxt = cur[p] = {}
+        cur = nxt
+    cur[parts[-1]] = value
+
+
+def get_dotted(d: dict, path: str, default: Any = None) -> Any:
+    cur: Any = d
+    for p in path.split("."):
+        if not isinstance(cur, dict) or p not in cur:
+            return default
+        cur = cur[p]
+    return cur
+
+
+def resolve_config(base: dict, overrides: dict[str, Any]) -> dict:
+    """The workload (as a plain dict) with the dotted overrides applied, in order."""
+    cfg = copy.deepcopy(base)
+    for path, value in overrides.items():
+        set_dotted(cfg, path, value)
+    return cfg
+
+
+def _canonical(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def config_key(config: dict) -> str:
+    """A short stable hash of a resolved configuration: the name of its result file."""
+    return hashlib.sha256(_canonical(config).encode()).hexdigest()[:20]
+
+
+def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    """{'ttft_s': {'p99': 1}} -> {'ttft_s.p99': 1}."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        name = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, name + "."))
+        else:
+            out[name] = v
+    return out
+
+
+def _clean_number(v):
+    if isinstance(v, (np.floating, float)):
+        return None if not math.isfinite(float(v)) else float(v)
+    if isinstance(v, np.integer):
+        return int(v)
+    return v
+
+
+def run_config(task: dict) -> dict:
+    """Validate and simulate one configuration; never raises. `task`: {'config': workload dict,
+    'base_dir': folder for relative paths}. Returns {'status': 'ok'|'failed', 'summary' or
+    'error', 'wall_s', 'worker'}."""
+    t0 = time.perf_counter()
+    worker = f"{socket.gethostname()}:{os.getpid()}"
+    try:
+        from simulator.engine.simulation import simulate
+        from simulator.metrics.summary import summarize
+        from simulator.workload.builder import build_requests
+        from simulator.workload.schema import WorkloadSpec
+
+        try:
+            spec = WorkloadSpec.model_validate(task["config"])
+        except ValidationError as exc:
+            raise InfersimError(pydantic_error_line("configuration", exc)) from None
+        requests = build_requests(spec, task.get("base_dir") or ".")
+        summary = summarize(simulate(spec, requests))
+        return {"status": "ok", "summary": json.loads(json.dumps(summary, default=_clean_number)),
+                "error": None, "wall_s": time.perf_counter() - t0, "worker": worker}
+    except InfersimError as exc:
+        err = str(exc)
+    except Exception as exc:  # a bug or an unexpected input: recorded, the sweep goes on
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        err = f"{exc.__class__.__name__}: {first}"
+    return {"status": "failed", "summary": None, "error": err, "wall_s": time.perf_counter() - t0,
+            "worker": worker}
+
+
+# ---------------------------------------------------------------------------------------------
+# the space
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ValuesParam(_Strict):
+    values: list[Any] = Field(min_length=1)
+
+
+class RangeParam(_Strict):
+    # int or float as written: `low: 4` is an integer range, `low: 4.0` a real one
+    low: Union[int, float]
+    high: Union[int, float]
+    num: Optional[PositiveInt] = None  # grid: this many points, evenly spaced (geometric if log)
+    step: Optional[Union[int, float]] = Field(None, gt=0)
+    log: bool = False
+    integer: Optional[bool] = None  # None: integers when low, high (and step) are written as integers
+
+    @field_validator("high")
+    @classmethod
+    def _order(cls, v, info):
+        if "low" in info.data and v < info.data["low"]:
+            raise ValueError("high must be >= low")
+        return v
+
+
+class Objective(_Strict):
+    metric: str
+    direction: Literal["maximize", "minimize"]
+
+
+def _default_objectives():
+    return [Objective(metric="throughput_output_tokens_per_s", direction="maximize"),
+            Objective(metric="e2e_s.p99", direction="minimize")]
+
+
+class OptunaSection(_Strict):
+    trials: PositiveInt = 30
+    objectives: list[Objective] = Field(default_factory=_default_objectives, min_length=1)
+    sampler: Literal["tpe", "nsga2", "random"] = "tpe"
+    seed: int = 0
+
+
+class ParetoSection(_Strict):
+    throughput: str = "throughput_output_tokens_per_s"  # maximised
+    latency: str = "e2e_s.p99"  # minimised
+
+
+class SweepSpace(_Strict):
+    name: Optional[str] = None
+    description: str = ""
+    method: Literal["grid", "optuna"] = "grid"
+    parameters: dict[str, Union[ValuesParam, RangeParam, list[Any]]] = Field(min_length=1)
+    fixed: dict[str, Any] = Field(default_factory=dict)
+    optuna: OptunaSection = OptunaSection()
+    pareto: ParetoSection = ParetoSection()
+
+
+@dataclass
+class Param:
+    path: str
+    kind: str  # categorical | int | float
+    values: list = field(default_factory=list)  # categorical, or the grid points of a range
+    low: float = 0.0
+    high: float = 0.0
+    step: float | None = None
+    log: bool = False
+
+
+def build_params(space: SweepSpace) -> list[Param]:
+    out = []
+    for path, spec in space.parameters.items():
+        if isinstance(spec, list):
+            spec = ValuesParam(values=spec)
+        if isinstance(spec, ValuesParam):
+            if not spec.values:
+                raise InfersimError(f"parameter '{path}': give at least one value")
+            out.append(Param(path, "categorical", list(spec.values)))
+            continue
+        integer = spec.integer if spec.integer is not None else all(
+            isinstance(x, int) and not isinstance(x, bool) for x in (spec.low, spec.high, spec.step or 1))
+        if spec.log and spec.low <= 0:
+            raise InfersimError(f"parameter '{path}': a log range needs low > 0")
+        if spec.num is not None:
+            pts = (np.geomspace(spec.low, spec.high, spec.num) if spec.log
+                   else np.linspace(spec.low, spec.high, spec.num))
+        elif spec.step is not None:
+            pts = np.arange(spec.low, spec.high + spec.step * 1e-9, spec.step)
+        elif integer and spec.high - spec.low <= 64 and not spec.log:
+            pts = np.arange(spec.low, spec.high + 1)
+        else:
+            pts = None  # continuous: Optuna only
+        values = []
+        if pts is not None:
+            conv = (lambda x: int(round(x))) if integer else (lambda x: float(round(x, 12)))
+            values = list(dict.fromkeys(conv(x) for x in pts))
+        out.append(Param(path, "int" if integer else "float", values, spec.low, spec.high, spec.step, spec.log))
+    return out
+
+
+def grid_points(params: list[Param]) -> list[dict[str, Any]]:
+    """Every combination, in the order the parameters are listed (the last varies fastest)."""
+    for p in params:
+        if not p.values:
+            raise InfersimError(f"parameter '{p.path}': a grid needs values, or num or step for a range "
+                                f"(a continuous range is for method: optuna)")
+    return [dict(zip([p.path for p in params], combo)) for combo in itertools.product(*[p.values for p in params])]
+
+
+def load_space(path: str | Path) -> SweepSpace:
+    from simulator.yamlio import load_model_file
+
+    return load_model_file(SweepSpace, path)
+
+
+# ---------------------------------------------------------------------------------------------
+# the sweep directory: one file per configuration
+
+
+RESULTS = "results"
+
+
+def _result_path(sweep_dir: Path, key: str) -> Path:
+    return sweep_dir / RESULTS / f"{key}.json"
+
+
+def load_results(sweep_dir: Path) -> dict[str, dict]:
+    """Every finished configuration's record, by key (temporary and unreadable files skipped)."""
+    out = {}
+    folder = Path(sweep_dir) / RESULTS
+    if not folder.is_dir():
+        return out
+    for p in sorted(folder.glob("*.json")):
+        if p.name.startswith("."):
+            continue
+        try:
+            rec = json.loads(p.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(rec, dict) and rec.get("key") == p.stem:
+            out[p.stem] = rec
+    return out
+
+
+def _write_record(sweep_dir: Path, rec: dict) -> None:
+    from simulator.yamlio import write_atomic
+
+    write_atomic(_result_path(sweep_dir, rec["key"]), json.dumps(rec, indent=1, sort_keys=True, default=str) + "\n")
+
+
+def _identity(base: dict, space: SweepSpace) -> dict:
+    """What makes two invocations the same sweep (the trial budget may grow between them)."""
+    return {"workload": config_key(base), "method": space.method,
+            "parameters": json.loads(_canonical({k: (v.model_dump() if isinstance(v, BaseModel) else v)
+                                                  for k, v in space.parameters.items()})),
+            "objectives": [o.model_dump() for o in space.optuna.objectives] if space.method == "optuna" else None}
+
+
+@dataclass
+class SweepOutcome:
+    sweep_dir: Path
+    table: Any  # pandas DataFrame, one row per configuration
+    computed: int  # configurations simulated by this invocation
+    cached: int  # configurations found already finished
+    failed: int  # rows with status 'failed'
+    wall_s: float
+    backend: str
+    files: list[Path] = field(default_factory=list)
+
+
+def run_sweep(workload: str, space: SweepSpace | str | Path, out: str | Path | None = None, *,
+              backend: str = "local", workers: int | None = None, address: str | None = None,
+              retry_failed: bool = False, trials: int | None = None, plots: bool = True,
+              quiet: bool = True, on_record=None) -> SweepOutcome:
+    """Run (or resume) a sweep and rebuild its table and plots. `on_record(rec)` is called after
+    each new result file is written."""
+    from simulator.workload.builder import load_workload
+    from simulator.yamlio import validate, write_atomic
+    from simulator.workload.schema import WorkloadSpec
+
+    from .sweep_backends import make_backend
+
+    t0 = time.perf_counter()
+    if not isinstance(space, SweepSpace):
+        space = load_space(space)
+    if trials is not None:
+        space = space.model_copy(update={"optuna": space.optuna.model_copy(update={"trials": trials})})
+    spec, wl_path = load_workload(workload)
+    base = resolve_config(spec.model_dump(mode="json"), space.fixed)
+    validate(WorkloadSpec, base, f"{wl_path} with the space's 'fixed' overrides")
+    params = build_params(space)
+    name = space.name or spec.name
+    sweep_dir = Path(out) if out is not None else Path("sweeps") / name
+    (sweep_dir / RESULTS).mkdir(parents=True, exist_ok=True)
+    identity = _identity(base, space)
+    manifest_path = sweep_dir / "sweep.json"
+    if manifest_path.exists():
+        try:
+            old = json.loads(manifest_path.read_text()).get("identity")
+        except (OSError, ValueError):
+            old = None
+        if old is not None and old != identity:
+            raise InfersimError(f"{sweep_dir} holds a different sweep (other workload, parameters or "
+                                f"objectives); give another --out or remove that folder")
+    write_atomic(manifest_path, json.dumps({"identity": identity, "space": space.model_dump(mode="json"),
+                                            "workload_file": str(wl_path), "base": base},
+                                           indent=1, sort_keys=True, default=str) + "\n")
+    records = load_results(sweep_dir)
+    if retry_failed:
+        records = {k: r for k, r in records.items() if r.get("status") == "ok"}
+    run_id = uuid.uuid4().hex[:12]
+    ctx = _Ctx(sweep_dir, base, str(wl_path.parent), records, run_id, on_record)
+
+    be = make_backend(backend, workers, address)
+    cancel = True
+    try:
+        with _Progress(quiet, name, be.describe()) as prog:
+            if space.method == "grid":
+                _run_grid(ctx, be, params, prog)
+            else:
+                _run_optuna(ctx, be, params, space.optuna, prog)
+        cancel = False
+    finally:
+        be.close(cancel=cancel)
+    table = build_table(sweep_dir, params)
+    files = write_outputs(sweep_dir, table, params, space, plots=plots)
+    failed = int((table["status"] == "failed").sum()) if len(table) else 0
+    return SweepOutcome(sweep_dir, table, ctx.computed, ctx.cached, failed, time.perf_counter() - t0,
+                        be.describe(), files)
+
+
+@dataclass
+class _Ctx:
+    sweep_dir: Path
+    base: dict
+    base_dir: str
+    records: dict
+    run_id: str
+    on_record: Any
+    computed: int = 0
+    cached: int = 0
+
+    def task(self, params: dict) -> tuple[str, dict]:
+        cfg = resolve_config(self.base, params)
+        return config_key(cfg), {"config": cfg, "base_dir": self.base_dir}
+
+    def finish(self, key: str, index: int, params: dict, task: dict, res: dict) -> dict:
+        metrics = flatten(res["summary"]) if res.get("summary") else {}
+        rec = {"key": key, "index": index, "params": params, "status": res["status"], "error": res["error"],
+               "metrics": metrics, "wall_s": res["wall_s"], "worker": res["worker"], "run_id": self.run_id,
+               "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S"), "config": task["config"]}
+        _write_record(self.sweep_dir, rec)
+        self.records[key] = rec
+        self.computed += 1
+        if self.on_record:
+            self.on_record(rec)
+        return rec
+
+
+def _future_result(fut) -> dict:
+    from concurrent.futures.process import BrokenProcessPool
+
+    try:
+        return fut.result()
+    except BrokenProcessPool:
+        # the pool is gone with every pending configuration: record none of them as failed
+        raise InfersimError("a worker process died (out of memory or killed); finished results are kept: "
+                            "run the same command again to resume (fewer --workers use less memory)") from None
+    except Exception as exc:  # a Ray task whose worker died
+        return {"status": "failed", "summary": None, "error": f"worker failed: {exc.__class__.__name__}: "
+                f"{str(exc).splitlines()[0] if str(exc) else ''}", "wall_s": 0.0, "worker": "?"}
+
+
+def _run_grid(ctx: _Ctx, be, params: list[Param], prog) -> None:
+    fn = run_config
+    points = grid_points(params)
+    todo = []
+    seen = set()
+    for i, pt in enumerate(points):
+        key, task = ctx.task(pt)
+        if key in seen:
+            continue  # two grid points resolving to the same configuration are one configuration
+        seen.add(key)
+        if key in ctx.records:
+            ctx.cached += 1
+        else:
+            todo.append((i, pt, key, task))
+    prog.start(len(seen), ctx.cached)
+    pending = {}
+    it = iter(todo)
+    # a few queued per worker keeps a pool busy; in process, one at a time (each written at once)
+    limit = 1 if getattr(be, "inline", False) else max(1, be.workers) * 2
+    while True:
+        while len(pending) < limit:
+            nxt = next(it, None)
+            if nxt is None:
+                break
+            pending[be.submit(fn, nxt[3])] = nxt
+        if not pending:
+            break
+        done, _ = wait(list(pending), return_when=FIRST_COMPLETED)
+        for fut in done:
+            i, pt, key, task = pending.pop(fut)
+            rec = ctx.finish(key, i, pt, task, _future_result(fut))
+            prog.advance(rec)
+
+
+def _optuna_distributions(params: list[Param]):
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    dists, codecs = {}, {}
+    for p in params:
+        if p.kind == "categorical":
+            primitive = all(v is None or isinstance(v, (bool, int, float, str)) for v in p.values)
+            choices = p.values if primitive else [_canonical(v) for v in p.values]
+            dists[p.path] = CategoricalDistribution(choices)
+            codecs[p.path] = (lambda v: v) if primitive else (lambda v, _m=dict(zip(choices, p.values)): _m[v])
+        elif p.kind == "int":
+            step = int(p.step) if p.step else 1
+            dists[p.path] = IntDistribution(int(p.low), int(p.high), log=p.log and step == 1, step=step)
+            codecs[p.path] = int
+        else:
+            dists[p.path] = FloatDistribution(float(p.low), float(p.high), log=p.log and not p.step,
+                                              step=float(p.step) if p.step else None)
+            codecs[p.path] = float
+    return dists, codecs
+
+
+def _encode(params: list[Param], values: dict) -> dict:
+    out = {}
+    for p in params:
+        v = values.get(p.path)
+        if p.kind == "categorical" and not all(x is None or isinstance(x, (bool, int, float, str)) for x in p.values):
+            v = _canonical(v)
+        out[p.path] = v
+    return out
+
+
+def _objective_values(rec: dict, objectives) -> list[float] | None:
+    if rec.get("status") != "ok":
+        return None
+    vals = []
+    for o in objectives:
+        v = rec["metrics"].get(o.metric)
+        if o.metric not in rec["metrics"]:
+            known = ", ".join(sorted(k for k, x in rec["metrics"].items() if isinstance(x, (int, float))))
+            raise InfersimError(f"unknown objective metric '{o.metric}'; known: {known}")
+        if v is None or not math.isfinite(float(v)):
+            return None
+        vals.append(float(v))
+    return vals
+
+
+def _run_optuna(ctx: _Ctx, be, params: list[Param], opt: OptunaSection, prog) -> None:
+    try:
+        import optuna
+    except ImportError:
+        raise InfersimError("method: optuna needs Optuna: pip install 'infersim[search]'") from None
+    from optuna.trial import TrialState, create_trial
+
+    fn = run_config
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    dists, codecs = _optuna_distributions(params)
+    sampler = {"tpe": lambda: optuna.samplers.TPESampler(seed=opt.seed),
+               "nsga2": lambda: optuna.samplers.NSGAIISampler(seed=opt.seed),
+               "random": lambda: optuna.samplers.RandomSampler(seed=opt.seed)}[opt.sampler]()
+    study = optuna.create_study(directions=[o.direction for o in opt.objectives], sampler=sampler)
+    # a resumed sweep: what is on disk becomes the study's history
+    for rec in sorted(ctx.records.values(), key=lambda r: r.get("index", 0)):
+        enc = _encode(params, rec["params"])
+        if not all(k in enc and _contains(dists[k], enc[k]) for k in dists):
+            continue  # a record outside today's distributions: kept in the table, not taught
+        vals = _objective_values(rec, opt.objectives)
+        try:
+            study.add_trial(create_trial(params=enc, distributions=dists, values=vals) if vals is not None
+                            else create_trial(params=enc, distributions=dists, state=TrialState.FAIL))
+        except ValueError:
+            pass  # a record outside today's distributions: kept in the table, not taught
+    ctx.cached = len(ctx.records)
+    target = opt.trials
+    prog.start(max(target, ctx.cached), ctx.cached)
+    next_index = max([r.get("index", -1) for r in ctx.records.values()], default=-1) + 1
+    pending: dict = {}
+    attempts, max_attempts = 0, target * 20 + 100
+    while True:
+        while len(pending) < max(1, be.workers) and len(ctx.records) + len(pending) < target and attempts < max_attempts:
+            attempts += 1
+            trial = study.ask(dists)
+            pt = {k: codecs[k](v) for k, v in trial.params.items()}
+            key, task = ctx.task(pt)
+            if key in ctx.records:  # the sampler proposed a configuration already measured
+                vals = _objective_values(ctx.records[key], opt.objectives)
+                study.tell(trial, vals) if vals is not None else study.tell(trial, state=TrialState.FAIL)
+                continue
+            if any(p[2] == key for p in pending.values()):
+                study.tell(trial, state=TrialState.PRUNED)
+                continue
+            pending[be.submit(fn, task)] = (trial, pt, key, task, next_index)
+            next_index += 1
+        if not pending:
+            break
+        done, _ = wait(list(pending), return_when=FIRST_COMPLETED)
+        for fut in done:
+            trial, pt, key, task, idx = pending.pop(fut)
+            rec = ctx.finish(key, idx, pt, task, _future_result(fut))
+            vals = _objective_values(rec, opt.objectives)
+            study.tell(trial, vals) if vals is not None else study.tell(trial, state=TrialState.FAIL)
+            prog.advance(rec)
+
+
+def _contains(dist, value) -> bool:
+    try:
+        return bool(dist._contains(dist.to_internal_repr(value)))
+    except Exception:
+        return False
+
+
+# ---------------------------------------------------------------------------------------------
+# the table and the plots
+
+
+def build_table(sweep_dir: Path, params: list[Param] | None = None):
+    """One row per configuration, rebuilt from the result files: key, index, status, error,
+    one column per parameter (its dotted path), every metric (flattened summary names), wall_s."""
+    import pandas as pd
+
+    records = sorted(load_results(sweep_dir).values(), key=lambda r: (r.get("index", 0), r["key"]))
+    param_names = [p.path for p in params] if params else list(dict.fromkeys(
+        k for r in records for k in r.get("params", {})))
+    rows = []
+    for r in records:
+        row = {"key": r["key"], "index": r.get("index"), "status": r["status"], "error": r.get("error") or ""}
+        for k in param_names:
+            row[k] = r.get("params", {}).get(k)
+        for k, v in (r.get("metrics") or {}).items():
+            if k not in row:
+                row[k] = v
+        row["wall_s"] = r.get("wall_s")
+        row["worker"] = r.get("worker", "")
+        rows.append(row)
+    df = pd.DataFrame(rows, columns=None if rows else ["key", "index", "status", "error", *param_names, "wall_s"])
+    for col in param_names:
+        df[col] = _uniform_column(df[col])
+    return df
+
+
+def _uniform_column(s):
+    """Parquet needs one type per column: numbers stay numbers, anything else becomes text."""
+    vals = [v for v in s if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    if vals and all(isinstance(v, bool) for v in vals):
+        return s.astype("boolean")
+    if vals and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals):
+        return s.astype(float) if any(isinstance(v, float) for v in vals) else s.astype("Int64")
+    return s.map(lambda v: None if v is None else (v if isinstance(v, str) else _canonical(v)))
+
+
+def pareto_mask(values: np.ndarray, maximize: list[bool]) -> np.ndarray:
+    """Rows not dominated by any other row. `values` (n, k); a row with a NaN is never on the
+    front. Row a dominates b when a is at least as good in every objective and better in one."""
+    v = np.asarray(values, dtype=float)
+    if v.ndim != 2:
+        raise ValueError("values must be 2-D")
+    signs = np.where(np.asarray(maximize), -1.0, 1.0)  # turn everything into minimisation
+    m = v * signs
+    ok = np.all(np.isfinite(m), axis=1)
+    mask = np.zeros(len(m), dtype=bool)
+    idx = np.flatnonzero(ok)
+    sub = m[idx]
+    for j, i in enumerate(idx):
+        le = np.all(sub <= sub[j], axis=1)
+        lt = np.any(sub < sub[j], axis=1)
+        mask[i] = not np.any(le & lt)
+    return mask
+
+
+def sensitivity(df, params: list[Param], metrics: dict[str, bool]):
+    """Per parameter and metric (name -> True when higher is better): the spread (max - min)
+    of the metric's mean over the parameter's values, among successful configurations, that
+    spread relative to the metric's overall mean, and the best and worst value by mean.
+    Continuous parameters are cut into 5 quantile bins."""
+    import pandas as pd
+
+    ok = df[df["status"] == "ok"] if len(df) else df
+    rows = []
+    for p in params:
+        if p.path not in ok.columns:
+            continue
+        col = ok[p.path]
+        if p.kind != "categorical" and col.nunique() > 8:
+            col = pd.qcut(col.astype(float), 5, duplicates="drop")
+        for m, up in metrics.items():
+            if m not in ok.columns or len(ok) == 0:
+                continue
+            means = ok[m].astype(float).groupby(col.astype(str)).mean().dropna()
+            overall = float(ok[m].astype(float).mean())
+            spread = float(means.max() - means.min()) if len(means) else float("nan")
+            hi, lo = (means.idxmax(), means.idxmin()) if len(means) else (None, None)
+            rows.append({"parameter": p.path, "metric": m, "values": int(len(means)), "spread": spread,
+                         "relative_spread": spread / abs(overall) if overall else float("nan"),
+                         "best_value_by_mean": hi if up else lo, "worst_value_by_mean": lo if up else hi})
+    return pd.DataFrame(rows, columns=["parameter", "metric", "values", "spread", "relative_spread",
+                                       "best_value_by_mean", "worst_value_by_mean"])
+
+
+def _short(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def _label(row, params: list[Param]) -> str:
+    return ", ".join(f"{p.path.split('.')[-1]}={_short(row[p.path])}" for p in params)
+
+
+def write_outputs(sweep_dir: Path, df, params: list[Param], space: SweepSpace, plots: bool = True) -> list[Path]:
+    """results.parquet, results.csv, sensitivity.csv, pareto.csv, plots/, report.md."""
+    from simulator.yamlio import atomic_path, write_atomic
+
+    sweep_dir = Path(sweep_dir)
+    files = []
+    with atomic_path(sweep_dir / "results.parquet") as tmp:
+        df.to_parquet(tmp, index=False)
+    with atomic_path(sweep_dir / "results.csv") as tmp:
+        df.to_csv(tmp, index=False)
+    files += [sweep_dir / "results.parquet", sweep_dir / "results.csv"]
+    tp, lat = space.pareto.throughput, space.pareto.latency
+    have = len(df) and tp in df.columns and lat in df.columns
+    front = df.iloc[0:0]
+    if have:
+        mask = pareto_mask(df[[tp, lat]].astype(float).to_numpy(), [True, False])
+        front = df[mask].sort_values(lat)
+        with atomic_path(sweep_dir / "pareto.csv") as tmp:
+            front.to_csv(tmp, index=False)
+        files.append(sweep_dir / "pareto.csv")
+    sens = sensitivity(df, params, {m: up for m, up in ((tp, True), (lat, False)) if m in df.columns})
+    with atomic_path(sweep_dir / "sensitivity.csv") as tmp:
+        sens.to_csv(tmp, index=False)
+    files.append(sweep_dir / "sensitivity.csv")
+    imgs = []
+    if plots and have and (df["status"] == "ok").any():
+        from .report_html import pyplot, save_figure
+
+        plt = pyplot()
+        pdir = sweep_dir / "plots"
+        pdir.mkdir(exist_ok=True)
+        imgs.append(_plot_pareto(plt, save_figure, df, front, params, tp, lat, pdir / "pareto.png"))
+        imgs.append(_plot_sensitivity(plt, save_figure, df, params, tp, lat, pdir / "sensitivity.png"))
+        files += imgs
+    write_atomic(sweep_dir / "report.md", _markdown(df, front, sens, params, space, imgs, sweep_dir))
+    files.append(sweep_dir / "report.md")
+    return files
+
+
+def _plot_pareto(plt, save, df, front, params, tp, lat, path: Path) -> Path:
+    ok = df[df["status"] == "ok"]
+    fig, ax = plt.subplots(figsize=(8.5, 5.2))
+    ax.scatter(ok[lat].astype(float), ok[tp].astype(float), s=22, color="#9aa5b1", label="configuration", zorder=2)
+    f = front.sort_values(lat)
+    ax.plot(f[lat].astype(float), f[tp].astype(float), "-o", color="#d1495b", ms=6, lw=1.6,
+            label=f"Pareto front ({len(f)} configurations)", zorder=3)
+    # configurations with identical metrics share one point: number the distinct points and
+    # list them under the plot
+    groups: dict = {}
+    for _, row in f.iterrows():
+        groups.setdefault((round(float(row[lat]), 9), round(float(row[tp]), 9)), []).append(row)
+    notes = []
+    for n, ((x, y), rows) in enumerate(groups.items(), 1):
+        ax.annotate(f"#{n}", (x, y), fontsize=8, color="#d1495b", fontweight="bold", xytext=(5, 4),
+                    textcoords="offset points")
+        if n <= 10:
+            more = f"  (+{len(rows) - 1} with the same metrics)" if len(rows) > 1 else ""
+            notes.append(f"#{n}: {_label(rows[0], params)}{more}")
+    if len(groups) > 10:
+        notes.append(f"... {len(groups) - 10} more points in pareto.csv")
+    fig.text(0.01, -0.01, "\n".join(notes), fontsize=8, va="top", ha="left", family="monospace")
+    finite = ok[lat].astype(float)
+    if len(finite) and finite.max() / max(finite.min(), 1e-12) > 50:
+        ax.set_xscale("log")
+    ax.set_xlabel(f"{lat} (s)" if lat.endswith(("_s.p99", "_s.p90", "_s.p50", "_s.mean")) else lat)
+    ax.set_ylabel(tp)
+    ax.set_title("throughput against tail latency (up and left is better)")
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    save(fig, path)
+    plt.close(fig)
+    return path
+
+
+def _plot_sensitivity(plt, save, df, params, tp, lat, path: Path) -> Path:
+    from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
+
+    ok = df[df["status"] == "ok"]
+    n = len(params)
+    ncols = min(n, 3)
+    blocks = math.ceil(n / ncols)
+    fig, axes = plt.subplots(2 * blocks, ncols, figsize=(max(4.5, 3.9 * ncols), 5.2 * blocks), squeeze=False)
+    for k in range(n, blocks * ncols):  # unused panels of the last block
+        axes[2 * (k // ncols)][k % ncols].axis("off")
+        axes[2 * (k // ncols) + 1][k % ncols].axis("off")
+    rng = np.random.default_rng(0)
+    for j, p in enumerate(params):
+        for i, m in enumerate((tp, lat)):
+            ax = axes[2 * (j // ncols) + i][j % ncols]
+            y = ok[m].astype(float).to_numpy()
+            col = ok[p.path]
+            if p.kind != "categorical" and col.nunique() > 8:
+                ax.scatter(col.astype(float), y, s=12, color="#2e86ab", alpha=0.8)
+                if p.log:
+                    ax.set_xscale("log")
+                    ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+                    ax.xaxis.set_major_formatter(ScalarFormatter())
+                    ax.xaxis.set_minor_formatter(NullFormatter())
+            else:
+                cats = list(dict.fromkeys(_short(v) for v in (p.values or sorted(col.dropna().unique()))))
+                pos = {c: k for k, c in enumerate(cats)}
+                xs = np.array([pos.get(_short(v), np.nan) for v in col], dtype=float)
+                ax.scatter(xs + rng.uniform(-0.12, 0.12, len(xs)), y, s=12, color="#2e86ab", alpha=0.7)
+                means = [np.nanmean(y[xs == k]) if np.any(xs == k) else np.nan for k in range(len(cats))]
+                ax.plot(range(len(cats)), means, "_", color="#d1495b", ms=22, mew=2.5)
+                ax.set_xticks(range(len(cats)))
+                ax.set_xticklabels(cats, rotation=30 if max(map(len, cats), default=0) > 6 else 0, fontsize=8,
+                                   ha="right" if max(map(len, cats), default=0) > 6 else "center")
+                ax.set_xlim(-0.5, len(cats) - 0.5)
+            if i == 1:
+                ax.set_xlabel(p.path, fontsize=9)
+            if j % ncols == 0:
+                ax.set_ylabel(m, fontsize=9)
+            ax.tick_params(labelsize=8)
+    fig.suptitle("sensitivity: each point a configuration, red bar the mean per value")
+    fig.tight_layout()
+    save(fig, path)
+    plt.close(fig)
+    return path
+
+
+def _markdown(df, front, sens, params, space, imgs, sweep_dir: Path) -> str:
+    from .report_html import md_table
+
+    n_ok = int((df["status"] == "ok").sum()) if len(df) else 0
+    lines = [f"# Sweep {space.name or ''}".rstrip(), "",
+             f"{len(df)} configurations ({n_ok} ok, {len(df) - n_ok} failed), method {space.method}; "
+             f"parameters: {', '.join(p.path for p in params)}. Table: `results.parquet` / `results.csv`.", ""]
+    tp, lat = space.pareto.throughput, space.pareto.latency
+    if len(front):
+        lines += [f"## Pareto front ({tp} up, {lat} down)", ""]
+        cols = [p.path for p in params] + [tp, lat]
+        lines += md_table(cols, [[_short(r[c]) for c in cols] for _, r in front.iterrows()]) + [""]
+    for img in imgs:
+        lines += [f"![{img.stem}]({img.relative_to(sweep_dir).as_posix()})", ""]
+    if len(sens):
+        lines += ["## Sensitivity (spread of the mean over each parameter's values)", ""]
+        lines += md_table(["parameter", "metric", "spread", "relative", "best by mean"],
+                          [[r.parameter, r.metric, _short(r.spread), f"{r.relative_spread:.1%}"
+                            if r.relative_spread == r.relative_spread else "-", str(r.best_value_by_mean)]
+                           for r in sens.itertuples()]) + [""]
+    failed = df[df["status"] == "failed"] if len(df) else df
+    if len(failed):
+        lines += ["## Failed configurations", ""]
+        lines += md_table([p.path for p in params] + ["error"],
+                          [[_short(r[p.path]) for p in params] + [str(r["error"])[:200]] for _, r in failed.iterrows()])
+        lines.append("")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# progress
+
+
+class _Progress:
+    def __init__(self, quiet: bool, name: str, where: str):
+        self.quiet, self.name, self.where = quiet, name, where
+        self.ok = self.failed = 0
+
+    def __enter__(self):
+        if not self.quiet:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._p = Progress(TextColumn(f"sweep {self.name} [dim]({self.where})[/]"), BarColumn(),
+                               MofNCompleteColumn(), TextColumn("{task.fields[note]}"), TimeElapsedColumn())
+            self._p.__enter__()
+            self._task = None
+        return self
+
+    def start(self, total: int, cached: int) -> None:
+        if not self.quiet:
+            self._task = self._p.add_task("sweep", total=total, completed=cached,
+                                          note=f"{cached} already done" if cached else "")
+
+    def advance(self, rec: dict) -> None:
+        if rec["status"] == "ok":
+            self.ok += 1
+        else:
+            self.failed += 1
+        if not self.quiet and self._task is not None:
+            note = f"{self.ok} new ok" + (f", [red]{self.failed} failed[/]" if self.failed else "")
+            self._p.update(self._task, advance=1, note=note)
+
+    def __exit__(self, *exc):
+        if not self.quiet:
+            self._p.__exit__(*exc)
+        return False

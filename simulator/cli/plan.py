@@ -1,0 +1,109 @@
+"""`sim plan`: capacity planning (goodput per replica, replicas, GPUs and cost for a target load)."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def _csv(text: str | None) -> list[str]:
+    return [x.strip() for x in (text or "").split(",") if x.strip()]
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "plan", help="capacity plan: goodput per replica, replicas, GPUs and cost per hardware option",
+        description="For each hardware option (x TP degree x option), find by search the highest request rate one "
+                    "replica sustains within the SLOs, the replicas and GPUs a target load needs (verified by "
+                    "simulation) and the cost per million output tokens; write an HTML and Markdown report. "
+                    "Prices and the target load come from --plan FILE or the flags (flags win).")
+    p.add_argument("--workload", "-w", required=True, help="built-in workload name or a workload YAML file")
+    p.add_argument("--plan", type=Path, default=None,
+                   help="plan YAML: slo, hardware, tensor_parallel, options, prices, target_rate, search "
+                        "(see examples/plan/)")
+    p.add_argument("--slo", default=None, help="SLOs, e.g. ttft_p99=2s,tpot_p99=100ms (metrics: ttft, tpot, itl, e2e, "
+                                               "queueing, normalized_latency; stats: p50, p90, p99, mean)")
+    p.add_argument("--hardware", default=None, help="hardware options, comma-separated (default: the workload's)")
+    p.add_argument("--tp", default=None, help="tensor-parallel degrees to compare, comma-separated, e.g. 1,2")
+    p.add_argument("--scheduler", default=None, help="schedulers to compare, e.g. fcfs,fairness")
+    p.add_argument("--preemption", default=None, help="preemption modes to compare, e.g. recompute,cost_aware")
+    p.add_argument("--option", action="append", default=[], metavar="PATH=V1,V2",
+                   help="any dotted workload path to compare, e.g. serving.max_batch_size=128,256 (repeatable)")
+    p.add_argument("--price", default=None, help="USD per GPU-hour, e.g. a100-80gb-pcie=1.8,h100-sxm=4.0")
+    p.add_argument("--target-rate", type=float, default=None,
+                   help="target load in req/s (default: the plan file's, else the workload's arrival rate)")
+    p.add_argument("--requests", "-n", type=int, default=None, help="simulated requests per probe (default 3000)")
+    p.add_argument("--tolerance", type=float, default=None, help="relative precision of the goodput (default 0.05)")
+    p.add_argument("--seed", type=int, default=None, help="seed of every probe (default: the workload's)")
+    p.add_argument("--out", "-o", type=Path, default=None, help="report folder (default: plans/<workload name>)")
+    p.add_argument("--workers", type=int, default=None, help="parallel simulations (default: one per core)")
+    p.add_argument("--backend", choices=("local", "ray"), default="local", help="local processes or a Ray cluster")
+    p.add_argument("--address", default=None, help="Ray cluster address (default: start a local Ray instance)")
+    p.add_argument("--no-plots", action="store_true", help="skip the plots")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress or table")
+    p.set_defaults(func=run)
+
+
+def _options(args) -> dict[str, list]:
+    import yaml
+
+    from ..errors import InfersimError
+
+    out: dict[str, list] = {}
+    if args.scheduler:
+        out["serving.scheduler"] = _csv(args.scheduler)
+    if args.preemption:
+        out["serving.preemption"] = _csv(args.preemption)
+    for item in args.option:
+        if "=" not in item:
+            raise InfersimError(f"bad --option '{item}': write PATH=V1,V2, e.g. serving.max_batch_size=128,256")
+        path, values = item.split("=", 1)
+        out[path.strip()] = [yaml.safe_load(v) for v in _csv(values)]
+        if not out[path.strip()]:
+            raise InfersimError(f"bad --option '{item}': give at least one value")
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from analysis.plan import load_plan_file, parse_prices, parse_slo, plan, rank, write_plan
+
+    from ..errors import InfersimError
+
+    if args.requests is not None and args.requests <= 0:
+        raise InfersimError(f"--requests must be positive, got {args.requests}")
+    if args.target_rate is not None and args.target_rate <= 0:
+        raise InfersimError(f"--target-rate must be positive, got {args.target_rate}")
+    tps = []
+    for t in _csv(args.tp):
+        try:
+            tps.append(int(t))
+        except ValueError:
+            raise InfersimError(f"bad --tp '{args.tp}': give integers, e.g. 1,2") from None
+        if tps[-1] < 1:
+            raise InfersimError(f"bad --tp '{args.tp}': degrees must be at least 1")
+    pf = load_plan_file(args.plan)
+    res = plan(args.workload, slos=parse_slo(args.slo) if args.slo else [], plan_file=pf,
+               hardware=_csv(args.hardware), tensor_parallel=tps, options=_options(args),
+               prices=parse_prices(args.price), target_rate=args.target_rate, requests=args.requests,
+               tolerance=args.tolerance, seed=args.seed, backend=args.backend, workers=args.workers,
+               address=args.address, quiet=args.quiet)
+    out = args.out or Path("plans") / res.workload
+    paths = write_plan(res, out, plots=not args.no_plots)
+    if not args.quiet:
+        from rich.console import Console
+        from rich.table import Table
+
+        from analysis.plan import _money, _num, verdict
+
+        c = Console()
+        t = Table(title=f"capacity plan: {res.workload} ({', '.join(s.describe() for s in res.slos)})")
+        for col in ("configuration", "goodput/replica", "replicas", "GPUs", "$/M out tok", "status"):
+            t.add_column(col, justify="left" if col in ("configuration", "status") else "right")
+        ranked = rank(res.candidates)
+        for cand in ranked + [x for x in res.candidates if x not in ranked]:
+            t.add_row(cand.label, f"{_num(cand.goodput_rps)} req/s", str(cand.replicas or "-"), str(cand.gpus or "-"),
+                      _money(cand.cost_per_m_output_tokens), cand.status)
+        c.print(t)
+        for line in verdict(res):
+            c.print(line.replace("**", ""))
+        c.print(f"report: {paths['html']} (and report.md, configurations.csv, probes.csv) in {res.wall_s:.1f} s")
+    return 0

@@ -1,0 +1,64 @@
+"""`sim sweep`: explore a space of serving configurations (grid or Optuna), resumable."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "sweep", help="policy and parameter search over a space of configurations (grid or Optuna)",
+        description="Simulate every configuration of a space (any dotted workload path is a parameter), as a grid "
+                    "or with Optuna, and write one table (results.parquet/.csv) with one row per configuration, a "
+                    "Pareto front and sensitivity plots. Each result is its own file: run the same command again "
+                    "to resume a sweep that was interrupted.")
+    p.add_argument("--workload", "-w", required=True, help="built-in workload name or a workload YAML file")
+    p.add_argument("--space", "-s", required=True, type=Path, help="the space YAML (see examples/sweep/)")
+    p.add_argument("--out", "-o", type=Path, default=None, help="sweep folder (default: sweeps/<space name>)")
+    p.add_argument("--workers", type=int, default=None, help="parallel simulations (default: one per core)")
+    p.add_argument("--backend", choices=("local", "ray"), default="local", help="local processes or a Ray cluster")
+    p.add_argument("--address", default=None, help="Ray cluster address (default: start a local Ray instance)")
+    p.add_argument("--trials", type=int, default=None, help="Optuna: number of configurations (overrides the space)")
+    p.add_argument("--retry-failed", action="store_true", help="simulate failed configurations again")
+    p.add_argument("--no-plots", action="store_true", help="skip the plots")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress or table")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from analysis.sweep import load_space, run_sweep
+
+    from ..errors import InfersimError
+
+    if args.trials is not None and args.trials < 1:
+        raise InfersimError(f"--trials must be at least 1, got {args.trials}")
+    space = load_space(args.space)
+    res = run_sweep(args.workload, space, args.out, backend=args.backend, workers=args.workers,
+                    address=args.address, retry_failed=args.retry_failed, trials=args.trials,
+                    plots=not args.no_plots, quiet=args.quiet)
+    if not args.quiet:
+        _print(res, space)
+    return 0
+
+
+def _print(res, space) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from analysis.sweep import build_params, pareto_mask
+
+    c = Console()
+    df = res.table
+    tp, lat = space.pareto.throughput, space.pareto.latency
+    params = [p.path for p in build_params(space)]
+    if len(df) and tp in df.columns and lat in df.columns:
+        front = df[pareto_mask(df[[tp, lat]].astype(float).to_numpy(), [True, False])].sort_values(lat)
+        t = Table(title=f"Pareto front: {tp} (up) against {lat} (down)")
+        for col in params + [tp, lat]:
+            t.add_column(col.split(".")[-1] if col in params else col, justify="right")
+        for _, row in front.head(15).iterrows():
+            t.add_row(*[f"{row[col]:.4g}" if isinstance(row[col], float) else str(row[col]) for col in params + [tp, lat]])
+        c.print(t)
+    c.print(f"{len(df)} configurations: {res.computed} simulated now, {res.cached} already done, "
+            f"{res.failed} failed; {res.backend}; {res.wall_s:.1f} s")
+    c.print(f"table: {res.sweep_dir / 'results.parquet'} (and results.csv, pareto.csv, sensitivity.csv, report.md, plots/)")

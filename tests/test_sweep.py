@@ -1,0 +1,323 @@
+"""`sim sweep`: spaces, grid and Optuna sweeps, failures recorded, Pareto fronts, resuming a
+killed sweep without losing or duplicating a configuration, and the Ray backend."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from analysis.sweep import (SweepSpace, build_params, config_key, grid_points, load_results, pareto_mask,
+                            resolve_config, run_sweep, set_dotted)
+from simulator.cli.main import main
+from simulator.errors import InfersimError
+
+WORKLOAD = """\
+name: sweep-test
+model: llama-2-7b
+hardware: {profile: a100-80gb-pcie}
+serving: {gpu_blocks: 400, cpu_blocks: 200}
+requests:
+  count: 120
+  arrival: {type: poisson, rate: 6.0}
+  prompt_tokens: {type: lognormal, mean: 300, cv: 0.8, max: 1500}
+  output_tokens: {type: lognormal, mean: 120, cv: 0.8, max: 600}
+seed: 1
+"""
+
+
+@pytest.fixture(scope="module")
+def workload(tmp_path_factory):
+    p = tmp_path_factory.mktemp("wl") / "sweep-test.yaml"
+    p.write_text(WORKLOAD)
+    return str(p)
+
+
+def _space(**kw) -> SweepSpace:
+    return SweepSpace.model_validate(kw)
+
+
+def test_dotted_paths():
+    d = {"serving": {"preemption": "recompute"}, "speculation": None}
+    set_dotted(d, "serving.preemption", "swap")
+    set_dotted(d, "speculation.s", 4)  # a null section becomes a mapping
+    set_dotted(d, "a.b.c", 1)
+    set_dotted(d, "offload.policy", None)  # null under an absent section: left absent
+    assert d == {"serving": {"preemption": "swap"}, "speculation": {"s": 4}, "a": {"b": {"c": 1}}}
+    base = {"x": {"y": 1}}
+    assert resolve_config(base, {"x.y": 2}) == {"x": {"y": 2}} and base == {"x": {"y": 1}}
+    assert config_key({"a": 1, "b": 2}) == config_key({"b": 2, "a": 1}) != config_key({"a": 1, "b": 3})
+
+
+def test_params_and_grid_size():
+    space = _space(parameters={"serving.scheduler": ["fcfs", "fairness"],
+                               "serving.max_batch_size": {"low": 8, "high": 64, "num": 4, "log": True},
+                               "requests.arrival.rate": {"low": 1.0, "high": 2.0, "step": 0.5},
+                               "serving.block_size": {"values": [16]},
+                               "hardware.tensor_parallel": {"low": 1, "high": 2}})
+    params = {p.path: p for p in build_params(space)}
+    assert params["serving.max_batch_size"].values == [8, 16, 32, 64] and params["serving.max_batch_size"].kind == "int"
+    assert params["requests.arrival.rate"].values == [1.0, 1.5, 2.0] and params["requests.arrival.rate"].kind == "float"
+    assert params["hardware.tensor_parallel"].values == [1, 2]
+    pts = grid_points(list(params.values()))
+    assert len(pts) == 2 * 4 * 3 * 1 * 2
+    assert len({json.dumps(p, sort_keys=True) for p in pts}) == len(pts)
+    as_written = build_params(_space(parameters={"a": {"low": 4.0, "high": 24.0}, "b": {"low": 4, "high": 24}}))
+    assert [p.kind for p in as_written] == ["float", "int"]
+    with pytest.raises(InfersimError, match="optuna"):
+        grid_points(build_params(_space(parameters={"requests.arrival.rate": {"low": 1.0, "high": 2.5}})))
+
+
+def test_grid_sweep_table_and_plots(workload, tmp_path):
+    space = _space(name="g", parameters={"serving.scheduler": ["fcfs", "fairness"],
+                                         "serving.preemption": ["recompute", "swap", "cost_aware"],
+                                         "serving.max_batch_size": [8, 64]})
+    res = run_sweep(workload, space, tmp_path / "s", workers=2)
+    df = res.table
+    assert len(df) == 2 * 3 * 2 == res.computed and res.cached == 0 and res.failed == 0
+    assert df["key"].is_unique and (df["status"] == "ok").all()
+    combos = set(zip(df["serving.scheduler"], df["serving.preemption"], df["serving.max_batch_size"]))
+    assert len(combos) == 12
+    assert {"throughput_output_tokens_per_s", "e2e_s.p99", "ttft_s.p99", "preemptions.recompute"} <= set(df.columns)
+    pq = pd.read_parquet(tmp_path / "s" / "results.parquet")
+    assert len(pq) == 12 and list(pq["key"]) == list(df["key"])
+    assert len(pd.read_csv(tmp_path / "s" / "results.csv")) == 12
+    for f in ("plots/pareto.png", "plots/sensitivity.png", "pareto.csv", "sensitivity.csv", "report.md"):
+        assert (tmp_path / "s" / f).stat().st_size > 100
+    # results are those of `sim run` with the same settings (the sweep adds no noise)
+    from analysis.sweep import run_config
+
+    row = df.iloc[5]
+    cfg = resolve_config(json.loads((tmp_path / "s" / "sweep.json").read_text())["base"],
+                         {"serving.scheduler": row["serving.scheduler"], "serving.preemption": row["serving.preemption"],
+                          "serving.max_batch_size": int(row["serving.max_batch_size"])})
+    direct = run_config({"config": cfg, "base_dir": str(Path(workload).parent)})
+    assert direct["summary"]["e2e_s"]["p99"] == pytest.approx(row["e2e_s.p99"], rel=1e-12)
+    # the front written is non-dominated among the rows
+    front = pd.read_csv(tmp_path / "s" / "pareto.csv")
+    for _, f in front.iterrows():
+        better = df[(df["throughput_output_tokens_per_s"] >= f["throughput_output_tokens_per_s"])
+                    & (df["e2e_s.p99"] <= f["e2e_s.p99"])
+                    & ((df["throughput_output_tokens_per_s"] > f["throughput_output_tokens_per_s"])
+                       | (df["e2e_s.p99"] < f["e2e_s.p99"]))]
+        assert better.empty
+
+
+def test_failed_configurations_are_recorded_and_the_sweep_goes_on(workload, tmp_path):
+    space = _space(parameters={"serving.preemption": ["recompute", "swap"], "speculation.s": [None, 4],
+                               "hardware.profile": ["a100-80gb-pcie", "tpu-v9"]})
+    res = run_sweep(workload, space, tmp_path / "f", workers=1)
+    df = res.table
+    assert len(df) == 8
+    ok = df[df["status"] == "ok"]  # speculation.s: null leaves the workload without speculation
+    assert len(ok) == 2 and set(ok["hardware.profile"]) == {"a100-80gb-pcie"} and ok["speculation.s"].isna().all()
+    bad_hw = df[(df["hardware.profile"] == "tpu-v9") & df["speculation.s"].isna()]
+    assert (bad_hw["status"] == "failed").all() and bad_hw["error"].str.contains("tpu-v9").all()
+    spec_rows = df[df["speculation.s"].notna() & (df["hardware.profile"] == "a100-80gb-pcie")]
+    assert (spec_rows["status"] == "failed").all() and spec_rows["error"].str.contains("speculation").all()
+    # failures are results too: a rerun computes nothing, --retry-failed recomputes only them
+    again = run_sweep(workload, space, tmp_path / "f", workers=1)
+    assert again.computed == 0 and again.cached == 8
+    retry = run_sweep(workload, space, tmp_path / "f", workers=1, retry_failed=True)
+    assert retry.computed == res.failed and len(retry.table) == 8
+
+
+def test_other_sweep_in_the_same_folder_is_refused(workload, tmp_path):
+    run_sweep(workload, _space(parameters={"serving.max_batch_size": [8]}), tmp_path / "x", workers=1, plots=False)
+    with pytest.raises(InfersimError, match="different sweep"):
+        run_sweep(workload, _space(parameters={"serving.max_batch_size": [16]}), tmp_path / "x", workers=1)
+
+
+def _dominates(a, b, maximize):
+    s = np.where(maximize, -1.0, 1.0)
+    a, b = a * s, b * s
+    return bool(np.all(a <= b) and np.any(a < b))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 6), st.integers(0, 6), st.integers(0, 3)), min_size=1, max_size=25),
+       st.lists(st.booleans(), min_size=3, max_size=3))
+def test_pareto_front_is_non_dominated_and_covers_the_rest(points, maximize):
+    v = np.array(points, dtype=float)
+    mask = pareto_mask(v, maximize)
+    assert mask.any()
+    for i in np.flatnonzero(mask):
+        assert not any(_dominates(v[j], v[i], maximize) for j in range(len(v)))
+    for i in np.flatnonzero(~mask):
+        assert any(_dominates(v[j], v[i], maximize) for j in np.flatnonzero(mask))
+
+
+def test_pareto_hand_example_and_nan():
+    # (throughput up, latency down)
+    v = np.array([[10, 5], [12, 6], [9, 4], [11, 7], [12, 6], [np.nan, 1]])
+    assert pareto_mask(v, [True, False]).tolist() == [True, True, True, False, True, False]
+
+
+def _space_file(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "space.yaml"
+    p.write_text(text)
+    return p
+
+
+KILL_SPACE = """\
+name: kill-test
+parameters:
+  serving.max_batch_size: [8, 16, 32, 64]
+  serving.preemption: [recompute, swap]
+  serving.scheduler: [fcfs, fairness]
+fixed: {requests.count: 400}
+"""
+
+
+def test_killed_sweep_resumes_without_loss_or_duplicates(workload, tmp_path):
+    space_path = _space_file(tmp_path, KILL_SPACE)
+    out = tmp_path / "k"
+    cmd = [sys.executable, "-m", "simulator.cli.main", "sweep", "-w", workload, "-s", str(space_path), "-o", str(out),
+           "--workers", "2", "-q", "--no-plots"]
+    proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    results = out / "results"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            if results.is_dir() and len([p for p in results.glob("*.json") if not p.name.startswith(".")]) >= 3:
+                break
+            time.sleep(0.02)
+        assert proc.poll() is None, "the sweep finished before it could be killed: " + proc.stderr.read().decode()[-500:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)  # the driver and its worker processes
+        proc.wait()
+    before = {p.name: p.read_bytes() for p in results.glob("*.json") if not p.name.startswith(".")}
+    total = 16
+    assert 3 <= len(before) < total
+    print("finished before the kill:", len(before))
+    assert not (out / "results.parquet").exists()  # killed before the table: it is rebuilt on resume
+
+    res = run_sweep(workload, space_path, out, workers=2, plots=False)
+    after = {p.name: p.read_bytes() for p in results.glob("*.json") if not p.name.startswith(".")}
+    df = res.table
+    # nothing missing, nothing twice
+    params = build_params(SweepSpace.model_validate(__import__("yaml").safe_load(KILL_SPACE)))
+    base = json.loads((out / "sweep.json").read_text())["base"]
+    expected = {config_key(resolve_config(base, pt)) for pt in grid_points(params)}
+    assert len(expected) == total
+    assert len(df) == total and df["key"].is_unique and set(df["key"]) == expected
+    assert set(p[:-5] for p in after) == expected
+    # finished ones were not recomputed: same bytes (their run id and time included)
+    for name, data in before.items():
+        assert after[name] == data
+    assert res.cached == len(before) and res.computed == total - len(before)
+    run_ids = {json.loads(d)["run_id"] for d in before.values()}
+    new_ids = {r["run_id"] for k, r in load_results(out).items() if f"{k}.json" not in before}
+    assert len(run_ids) == 1 and len(new_ids) == 1 and run_ids != new_ids
+    # a third run has nothing left to do
+    assert run_sweep(workload, space_path, out, workers=1, plots=False).computed == 0
+
+
+OPTUNA_SPACE = """\
+name: opt
+method: optuna
+parameters:
+  serving.scheduler: [fcfs, fairness]
+  serving.preemption: [recompute, swap, cost_aware]
+  serving.max_batch_size: {low: 4, high: 128, log: true}
+  requests.arrival.rate: {low: 2.0, high: 12.0}
+optuna:
+  trials: 8
+  seed: 3
+  objectives:
+    - {metric: throughput_output_tokens_per_s, direction: maximize}
+    - {metric: e2e_s.p99, direction: minimize}
+"""
+
+
+def test_optuna_multi_objective_and_resume(workload, tmp_path):
+    pytest.importorskip("optuna")
+    space_path = _space_file(tmp_path, OPTUNA_SPACE)
+    out = tmp_path / "o"
+    res = run_sweep(workload, space_path, out, workers=2)
+    df = res.table
+    assert len(df) == 8 and df["key"].is_unique and (df["status"] == "ok").all()
+    assert df["serving.max_batch_size"].between(4, 128).all()
+    assert df["requests.arrival.rate"].between(2.0, 12.0).all()
+    assert (df["serving.max_batch_size"] == df["serving.max_batch_size"].round()).all()
+    # a larger budget continues the same study: the first 8 are reused
+    more = run_sweep(workload, space_path, out, workers=2, trials=11)
+    assert more.cached == 8 and more.computed == 3 and len(more.table) == 11 and more.table["key"].is_unique
+    assert set(df["key"]) <= set(more.table["key"])
+
+
+def test_optuna_single_objective(workload, tmp_path):
+    pytest.importorskip("optuna")
+    space = _space(method="optuna", parameters={"serving.max_batch_size": [4, 8, 16, 32, 64],
+                                                "serving.preemption": ["recompute", "swap"]},
+                   optuna={"trials": 6, "objectives": [{"metric": "e2e_s.p99", "direction": "minimize"}]})
+    res = run_sweep(workload, space, tmp_path / "o1", workers=1)
+    assert len(res.table) == 6 and res.table["key"].is_unique
+    bad = _space(method="optuna", parameters={"serving.max_batch_size": [4, 8]},
+                 optuna={"trials": 2, "objectives": [{"metric": "happiness", "direction": "maximize"}]})
+    with pytest.raises(InfersimError, match="happiness"):
+        run_sweep(workload, bad, tmp_path / "o2", workers=1)
+
+
+def test_cli_sweep(workload, tmp_path, capsys):
+    space_path = _space_file(tmp_path, "parameters:\n  serving.preemption: [recompute, swap]\n")
+    out = tmp_path / "c"
+    assert main(["sweep", "-w", workload, "-s", str(space_path), "-o", str(out), "--workers", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "2 configurations" in text and "Pareto front" in text
+    assert len(pd.read_parquet(out / "results.parquet")) == 2
+    bad = _space_file(tmp_path, "parameters:\n  serving.preemption: [recompute]\nmethod: annealing\n")
+    assert main(["sweep", "-w", workload, "-s", str(bad), "-o", str(tmp_path / "d"), "-q"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "method" in err and len(err.splitlines()) == 1 and "Traceback" not in err
+    assert main(["sweep", "-w", workload, "-s", str(space_path), "-o", str(out), "--workers", "0", "-q"]) == 2
+
+
+def test_ray_backend_matches_local(workload, tmp_path):
+    ray = pytest.importorskip("ray")
+    try:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    except Exception as exc:  # no shared memory, no ports, ...
+        pytest.skip(f"ray cannot start here: {exc}")
+    try:
+        space = _space(parameters={"serving.preemption": ["recompute", "swap"], "serving.max_batch_size": [8, 32]})
+        r = run_sweep(workload, space, tmp_path / "ray", backend="ray", plots=False)
+        assert r.backend.startswith("ray")
+        local = run_sweep(workload, space, tmp_path / "local", workers=1, plots=False)
+        a, b = r.table.set_index("key"), local.table.set_index("key")
+        assert sorted(a.index) == sorted(b.index) and len(a) == 4
+        for col in ("e2e_s.p99", "throughput_output_tokens_per_s", "ttft_s.p99"):
+            assert np.allclose(a.loc[b.index, col].astype(float), b[col].astype(float), rtol=1e-12)
+        assert all(not w.endswith(f":{os.getpid()}") for w in a["worker"])  # ran in Ray workers
+    finally:
+        ray.shutdown()
+
+
+def _dies_on_16(task):
+    from analysis import sweep
+
+    if task["config"]["serving"]["max_batch_size"] == 16:
+        os._exit(1)  # a worker killed mid-configuration (out of memory, say)
+    return sweep._real_run_config(task)
+
+
+def test_dead_worker_stops_the_sweep_without_recording_false_failures(workload, tmp_path, monkeypatch):
+    from analysis import sweep
+
+    monkeypatch.setattr(sweep, "_real_run_config", sweep.run_config, raising=False)
+    monkeypatch.setattr(sweep, "run_config", _dies_on_16)  # the forked workers see the patched module
+    space = _space(parameters={"serving.max_batch_size": [8, 16, 32, 64]})
+    with pytest.raises(InfersimError, match="worker process died"):
+        run_sweep(workload, space, tmp_path / "w", workers=2, plots=False)
+    assert all(r["status"] == "ok" for r in load_results(tmp_path / "w").values())
+    monkeypatch.setattr(sweep, "run_config", sweep._real_run_config)
+    res = run_sweep(workload, space, tmp_path / "w", workers=2, plots=False)
+    assert len(res.table) == 4 and (res.table["status"] == "ok").all()
