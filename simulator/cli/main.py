@@ -21,6 +21,7 @@ SUBCOMMANDS = {
     "sweep": "sweep",
     "exec": "exec",
     "zoo": "zoo",
+    "profile": "profile",
 }
 
 

@@ -8,6 +8,8 @@ from .roofline import RooflineCostModel
 
 COST_MODELS: Registry = Registry("cost model")
 COST_MODELS.register("roofline")(RooflineCostModel)
+from .regression import RegressionCostModel  # noqa: E402
+COST_MODELS.register("regression")(RegressionCostModel)
 
 
 def build_cost_model(name: str, model, hardware, **kwargs) -> CostModel:

@@ -1,0 +1,450 @@
+"""`sim profile`: measure the torch device, fit, and write a hardware profile + sidecar.
+
+Stages: GEMM sweep (catalog projection and MLP shapes x token counts) and dtype probes ->
+memory streams -> attention (prefill and decode) -> norms and activations -> host<->device
+copies -> whole-iteration step times of small transformers -> fits (roofs, efficiencies,
+overheads, host link) -> the eight regressors x five degrees per step kind -> held-out swap
+and recompute checks -> `<out>.yaml` (a HardwareProfile) and `<out>.calib.json` (the curves,
+the regressors, the checks), the YAML recording the sidecar's SHA-256."""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from simulator.errors import InfersimError
+
+from . import fit as F
+from .device import Repeats, device_info, load_average, make_timer, select_device
+from .kernels import (Bench, attention_plan, attention_sweep, copy_plan, copy_sweep, elementwise_plan,
+                      elementwise_sweep, gemm_plan, gemm_sweep, model_gemm_shapes, stream_sweep)
+
+# --quick: each stage's wall-clock budget (s) and the points it measures whatever the clock
+# says; an idle 2-core machine never reaches them, a busy one drops the tail of each sweep
+QUICK_BUDGETS = {"gemm": (12.0, 12), "dtype_probes": (4.0, 2), "stream": (4.0, 2), "attention": (6.0, 6),
+                 "elementwise": (5.0, 8), "copy": (6.0, 6), "swap_check": (6.0, 1), "recompute_check": (8.0, 2)}
+QUICK_GEMM_MODELS = ("opt-125m", "opt-1.3b", "llama-7b")
+FULL_GEMM_MODELS = ("opt-125m", "llama-160m", "opt-1.3b", "llama-7b", "llama-13b", "llama-2-70b")
+
+
+@dataclass
+class ProfileOptions:
+    out: Path
+    device: str = "cpu"
+    quick: bool = False
+    name: str | None = None
+    threads: int | None = 2
+    seed: int = 0
+    dtype: str | None = None  # None: fp32 on cpu, fp16 on cuda
+    validate: bool = True
+    quiet: bool = False
+
+
+def sidecar_path(profile_path: Path) -> Path:
+    """`x.yaml` -> `x.calib.json` beside it."""
+    p = Path(profile_path)
+    stem = p.name[: -len(p.suffix)] if p.suffix in (".yaml", ".yml") else p.name
+    return p.with_name(stem + ".calib.json")
+
+
+class _Progress:
+    def __init__(self, quiet: bool, total: int):
+        self.quiet, self.total = quiet, total
+        self.done = 0
+
+    def __enter__(self):
+        if not self.quiet:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._p = Progress(TextColumn("profiling"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                               TextColumn("{task.fields[label]}"), transient=True)
+            self._p.__enter__()
+            self._task = self._p.add_task("profile", total=self.total, label="")
+        return self
+
+    def __call__(self, label: str) -> None:
+        self.done += 1
+        if not self.quiet:
+            if self.done > self.total:
+                self.total = self.done
+                self._p.update(self._task, total=self.total)
+            self._p.update(self._task, completed=self.done, label=label)
+
+    def __exit__(self, *exc):
+        if not self.quiet:
+            self._p.__exit__(*exc)
+        return False
+
+
+def _plans(device_type: str, quick: bool, dtype: str) -> dict:
+    from simulator.models.catalog import load_model
+
+    from .accuracy import SWAP_MODELS_FULL, SWAP_MODELS_QUICK, SWAP_TOKENS_FULL, SWAP_TOKENS_QUICK
+    from .steps import step_plan
+
+    cuda = device_type == "cuda"
+    models = [load_model(m) for m in (QUICK_GEMM_MODELS if quick else FULL_GEMM_MODELS)]
+    tokens = (1, 8, 32, 128, 512) if quick else (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
+    if cuda:
+        tokens = (1, 16, 128, 1024, 4096) if quick else tokens + (4096, 8192)
+    max_flops = (3e9 if quick else 6e10) * (1000 if cuda else 1)
+    if cuda:
+        probes = {"fp32": [(4096, 4096, 4096, "probe")], "bf16": [(4096, 4096, 4096, "probe")]}
+    else:
+        probes = {"bf16": [(128, 2048, 2048, "probe"), (512, 2048, 2048, "probe")],
+                  "fp16": [(16, 256, 256, "probe"), (64, 256, 256, "probe")]}
+    probes.pop(dtype, None)
+    stream = [256 << 20, 1 << 30] if cuda else ([64 << 20, 256 << 20] if quick else [64 << 20, 128 << 20, 256 << 20, 512 << 20])
+    attn_caps = (2e10 if quick else 2e11) * (1000 if cuda else 1), (1 << 30)
+    steps = step_plan(quick)
+    if cuda:
+        steps = _cuda_steps(steps)
+    return {"gemm": gemm_plan(model_gemm_shapes(models), list(tokens), max_flops), "probes": probes, "stream": stream,
+            "attention": attention_plan(quick), "attn_caps": attn_caps, "elementwise": elementwise_plan(quick),
+            "copy": copy_plan(device_type, quick), "steps": steps,
+            "swap_points": sum(len(SWAP_TOKENS_QUICK if quick else SWAP_TOKENS_FULL)
+                               for _ in (SWAP_MODELS_QUICK if quick else SWAP_MODELS_FULL))}
+
+
+def _cuda_steps(p):
+    """On a GPU the small transformers are launch-bound; wider and longer sweeps cost little."""
+    from dataclasses import replace
+
+    return replace(p, hidden=tuple(sorted(set(p.hidden) | {1024, 2048})), prefill_tokens=(8, 2048),
+                   prefill_batch=(1, 32), prefill_max_batched=16384, decode_batch=(1, 256), max_kv_bytes=8 << 30)
+
+
+def _repeats(device_type: str, quick: bool) -> Repeats:
+    if quick:
+        return Repeats(warmup=1, min_repeats=3, max_repeats=10, target_s=0.03)
+    return Repeats(warmup=2, min_repeats=5, max_repeats=30, target_s=0.2)
+
+
+def _slim(records: list[dict]) -> list[dict]:
+    keep = ("kind", "op", "op_class", "phase", "m", "k", "n", "dtype", "batch", "q_tokens", "context", "heads",
+            "head_dim", "tokens", "width", "direction", "variant", "pinned", "size_bytes", "layers", "hidden", "flops",
+            "bytes", "median_s", "p10_s", "p90_s", "min_s", "max_s", "repeats", "spread", "achieved_flops",
+            "achieved_bytes")
+    out = []
+    for r in records:
+        d = {k: r[k] for k in keep if k in r}
+        for k, v in d.items():
+            if isinstance(v, float):
+                d[k] = F.sig(v, 6)
+        out.append(d)
+    return out
+
+
+def build_hardware_dict(name: str, info: dict, roof: dict, peaks: dict, eff: dict, link: dict, iteration_s: float,
+                        mode: str, when: str, load: dict, device_type: str) -> dict:
+    sig = F.sig
+    dtype = roof["dtype"]
+    peak_tflops = {k: sig(v / 1e12) for k, v in sorted(peaks.items())}
+    if "fp16" not in peak_tflops:  # the schema wants one; without a measurement, the primary dtype's
+        peak_tflops["fp16"] = peak_tflops[dtype]
+    machine = (f"{info['name']} ({info['host_cores']} cores, {info['host_memory_gb']} GB)" if device_type == "cpu"
+               else f"{info['name']} ({info['memory_gb']} GB) in a host with {info['host_cpu']}")
+    load_txt = (f"1-minute load average {load['start']:.2f} at start, {load['end']:.2f} at end"
+                if load.get("start") is not None else "load average unknown")
+    source = (f"measured by `sim profile{' --quick' if mode == 'quick' else ''} --device {info['device']}` on {when} on "
+              f"{machine}, torch {info['torch']} with {info['threads']} threads; {load_txt}. Peaks are the achieved "
+              f"roofs (best GEMM FLOP/s per dtype, best streaming bytes/s), not datasheet figures.")
+    effs = {}
+    for c in ("linear", "attention", "elementwise"):
+        e = eff["classes"].get(c)
+        if e is None:
+            continue
+        effs[c] = {"compute": sig(min(max(e["compute"], F.EFF_MIN), F.EFF_MAX), 3),
+                   "memory": sig(min(max(e["memory"], F.EFF_MIN), F.EFF_MAX), 3),
+                   "source": f"fitted to {e['n']} {c} micro-benchmarks ({dtype}); roofline MAPE "
+                             f"{e['mape']:.1f}% (uncalibrated {e['mape_uncalibrated']:.1f}%)"}
+    effs["communication"] = {"compute": 1.0, "memory": 1.0, "source": "not measured (single device)"}
+    link_name = "host memcpy (CPU: no host link; plain buffer copies)" if device_type == "cpu" else \
+        f"host link (measured, {link['variant']} host memory)"
+    return {
+        "name": name,
+        "aliases": [],
+        "source": source,
+        "peak_tflops": peak_tflops,
+        "memory_bandwidth_gbps": sig(roof["memory_bytes_per_s"] / 1e9),
+        "memory_gb": sig(info["memory_gb"], 3),
+        "host_link": {"name": link_name, "h2d_gbps": sig(link["h2d_gbps"]), "d2h_gbps": sig(link["d2h_gbps"]),
+                      "latency_us": sig(max(0.0, (link["h2d_latency_us"] + link["d2h_latency_us"]) / 2), 3),
+                      "source": f"latency + bytes/bandwidth fitted to {link['fits']['h2d']['n']} copies per direction "
+                                f"({link['variant']}), MAPE h2d {link['fits']['h2d']['mape']:.1f}%, "
+                                f"d2h {link['fits']['d2h']['mape']:.1f}%"},
+        "efficiency": effs,
+        "overheads": {"kernel_launch_us": sig(eff["kernel_launch_s"] * 1e6, 3), "iteration_us": sig(iteration_s * 1e6, 3),
+                      "source": "kernel launch: fitted jointly with the efficiencies; iteration: fitted to the "
+                                "whole-iteration step times on top of the calibrated roofline"},
+        "sources": {
+            "peak_tflops": f"achieved: {roof['compute_source']} (and best GEMM per dtype probe)",
+            "memory_bandwidth_gbps": f"achieved: {roof['memory_source']}",
+            "memory_gb": "host memory (/proc/meminfo)" if device_type == "cpu" else "torch.cuda.get_device_properties",
+            "measured_on": when,
+            "machine": machine,
+            "torch": info["torch"],
+        },
+    }
+
+
+def dump_profile_yaml(data: dict, header: str = "") -> str:
+    import yaml
+
+    text = yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=100)
+    return header + text
+
+
+def run_profile(opts: ProfileOptions, console=None) -> dict:
+    import executor  # noqa: F401  (OMP passive waits before torch starts)
+    import torch
+
+    from . import accuracy
+    from .steps import step_sweep
+
+    out = Path(opts.out).expanduser()
+    if out.suffix not in (".yaml", ".yml"):
+        raise InfersimError(f"--out {out}: a profile is a .yaml file")
+    device = select_device(opts.device)
+    if opts.threads:
+        torch.set_num_threads(int(opts.threads))
+    dtype = opts.dtype or ("fp32" if device.type == "cpu" else "fp16")
+    if dtype not in ("fp32", "fp16", "bf16"):
+        raise InfersimError(f"--dtype {dtype}: use fp32, fp16 or bf16")
+    mode = "quick" if opts.quick else "full"
+    t_start = time.perf_counter()
+    la0 = load_average()
+    when = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    info = device_info(device)
+    plans = _plans(device.type, opts.quick, dtype)
+    sp = plans["steps"]
+    n_attn = len(plans["attention"]["heads"]) * (len(plans["attention"]["prefill"]) + len(plans["attention"]["decode"]))
+    total = (len(plans["gemm"]) + sum(len(v) for v in plans["probes"].values()) + 2 * len(plans["stream"]) + n_attn
+             + len(plans["elementwise"]) + len(plans["copy"]) + 2 * sp.points_per_shape * len(sp.layers) * len(sp.hidden)
+             + 2 * 8 * 5 + ((plans["swap_points"] + (8 if opts.quick else 36)) * (1 if opts.quick else 5)
+                            if opts.validate else 0))
+    torch.manual_seed(opts.seed)
+    timings: dict[str, float] = {}
+    with _Progress(opts.quiet, total) as progress:
+        b = Bench(device=device, timer=make_timer(device), dtype=dtype, rep=_repeats(device.type, opts.quick),
+                  progress=progress)
+
+        budgets = QUICK_BUDGETS if opts.quick else {}
+
+        def stage(name, fn):
+            t0 = time.perf_counter()
+            budget, min_points = budgets.get(name, (None, 0))
+            b.deadline = None if budget is None else t0 + budget
+            b.min_points, skipped = min_points, b.skipped
+            r = fn()
+            b.deadline = None
+            timings[name] = round(time.perf_counter() - t0, 2)
+            if b.skipped > skipped:
+                timings[f"{name}_skipped_points"] = b.skipped - skipped
+            return r
+
+        stage("gemm", lambda: gemm_sweep(b, plans["gemm"]))
+        stage("dtype_probes", lambda: [gemm_sweep(b, [(m, k, n, f"{dt} {lab}") for m, k, n, lab in pl], dtype=dt)
+                                       for dt, pl in plans["probes"].items()])
+        stage("stream", lambda: stream_sweep(b, plans["stream"]))
+        stage("attention", lambda: attention_sweep(b, plans["attention"], *plans["attn_caps"]))
+        stage("elementwise", lambda: elementwise_sweep(b, plans["elementwise"]))
+        stage("copy", lambda: copy_sweep(b, plans["copy"]))
+        steps = stage("steps", lambda: step_sweep(b, sp, seed=opts.seed))
+        records = b.records
+        name = opts.name or out.stem
+        load_mid = {"start": la0[0] if la0 else None, "end": (load_average() or [None])[0]}
+        meta = {"name": name, "info": info, "mode": mode, "when": when, "load": load_mid, "device_type": device.type,
+                "dtype": dtype, "domain": {**sp.domain(), "max_kv_bytes": sp.max_kv_bytes}}
+        hw_dict, hw, calib, comps = analyze(records, steps, meta, seed=opts.seed, progress=progress, timings=timings)
+
+        # ---- held-out checks (AdaptiveLLM 4.5) ------------------------------------------------
+        if opts.validate:
+            link = calib["host_link"]
+            calib["validation"] = {"swap": stage("swap_check", lambda: accuracy.swap_check(b, link, quick=opts.quick)),
+                                   "recompute": stage("recompute_check",
+                                                      lambda: accuracy.recompute_check(b, hw, calib, quick=opts.quick))}
+
+    la1 = load_average()
+    calib["load_average"]["end"] = la1[0] if la1 else None
+    calib["timings_s"] = {**timings, "total": round(time.perf_counter() - t_start, 2)}
+    # the final load average goes into the YAML's source as well
+    hw_dict["source"] = build_hardware_dict(name, info, calib["roofs"], calib["dtype_peaks"], calib["efficiency"],
+                                            calib["host_link"], 0.0, mode, when, calib["load_average"],
+                                            device.type)["source"]
+    write_profile(out, hw_dict, calib)
+    return {"profile": out, "sidecar": sidecar_path(out), "hardware": hw_dict, "calibration": calib,
+            "comparisons": comps, "timings": calib["timings_s"]}
+
+
+def analyze(records: list[dict], steps: list[dict], meta: dict, *, seed: int = 0, progress=None,
+            timings: dict | None = None) -> tuple[dict, object, dict, dict]:
+    """Fits and regressors from measurements: (profile dict, HardwareProfile, sidecar dict,
+    regressor comparisons). `meta`: name, info, mode, when, load, device_type, dtype, domain."""
+    from simulator.costmodel.regression import CALIB_FORMAT, CALIB_VERSION
+    from simulator.hardware.profile import HardwareProfile
+    from simulator.yamlio import validate
+
+    from . import regress
+    from .steps import Arch
+
+    timings = {} if timings is None else timings
+    dtype, name = meta["dtype"], meta["name"]
+    t0 = time.perf_counter()
+    roof = F.roofs(records, dtype)
+    peaks = F.dtype_peaks(records)
+    eff = F.fit_efficiencies(records, roof["compute_flops"], roof["memory_bytes_per_s"], dtype)
+    link = F.fit_host_link(records, meta["device_type"])
+    hw_dict = build_hardware_dict(name, meta["info"], roof, peaks, eff, link, 0.0, meta["mode"], meta["when"],
+                                  meta["load"], meta["device_type"])
+    hw0 = validate(HardwareProfile, hw_dict, "measured profile")
+    arch = Arch().as_dict()
+    err_no_iter, preds = F.step_roofline_error(steps, hw0, arch, dtype)
+    iteration_s = F.fit_iteration_overhead(steps, preds)
+    hw_dict["overheads"]["iteration_us"] = F.sig(iteration_s * 1e6, 3)
+    hw = validate(HardwareProfile, hw_dict, "measured profile")
+    err_after, _ = F.step_roofline_error(steps, hw, arch, dtype)
+    uncal = {**hw_dict, "efficiency": {}, "overheads": {"kernel_launch_us": 0, "iteration_us": 0}}
+    err_uncal, _ = F.step_roofline_error(steps, validate(HardwareProfile, uncal, "uncalibrated"), arch, dtype)
+    timings["fit"] = round(time.perf_counter() - t0, 2)
+
+    t0 = time.perf_counter()
+    comps = {}
+    for kind in ("prefill", "decode"):
+        rows = [r for r in steps if r["phase"] == kind]
+        X = np.array([[r["layers"], r["hidden"], r["tokens"], r["batch"]] for r in rows], dtype=np.float64)
+        y = np.array([r["median_s"] for r in rows])
+        comps[kind] = regress.compare(X, y, target=kind, seed=seed, progress=progress)
+    timings["regress"] = round(time.perf_counter() - t0, 2)
+    calib = {
+        "format": CALIB_FORMAT, "version": CALIB_VERSION, "profile": name, "created": meta["when"],
+        "mode": meta["mode"], "machine": meta["info"], "load_average": dict(meta["load"]), "dtype": dtype,
+        "roofs": roof, "dtype_peaks": peaks, "efficiency": eff, "host_link": link,
+        "step_model": {"arch": arch, "dtype": dtype, "domain": meta["domain"],
+                       "shapes": sorted({(int(r["layers"]), int(r["hidden"])) for r in steps}),
+                       "predictors": {k: c.portable for k, c in comps.items()},
+                       "comparison": {k: c.as_dict() for k, c in comps.items()}},
+        "roofline_step_error": {"uncalibrated_mape": err_uncal, "calibrated_no_iteration_overhead_mape": err_no_iter,
+                                "calibrated_mape": err_after, "n": len(steps)},
+        "curves": _slim([r for r in records if r["kind"] != "step"]),
+        "steps": _slim(steps),
+    }
+    return hw_dict, hw, calib, comps
+
+
+def write_profile(out: Path, hw_dict: dict, calib: dict) -> None:
+    """The sidecar first, then the YAML naming its hash (both atomic)."""
+    from simulator.costmodel.regression import HASH_KEY, PATH_KEY, SOURCE_KEY, sha256_file
+    from simulator.hardware.profile import HardwareProfile
+    from simulator.paths import hwprofiles_dir
+    from simulator.yamlio import validate, write_atomic
+
+    out = Path(out)
+    side = sidecar_path(out)
+    write_atomic(side, json.dumps(calib, indent=1, sort_keys=False) + "\n")
+    digest = sha256_file(side)
+    hw_dict["sources"][SOURCE_KEY] = side.name
+    hw_dict["sources"][HASH_KEY] = digest
+    try:
+        inside_catalog = out.resolve().parent == hwprofiles_dir().resolve()
+    except OSError:
+        inside_catalog = False
+    if not inside_catalog:
+        hw_dict["sources"][PATH_KEY] = str(side.resolve())
+    else:
+        hw_dict["sources"].pop(PATH_KEY, None)
+    validate(HardwareProfile, hw_dict, str(out))
+    header = (f"# Hardware profile measured by `sim profile` ({calib['mode']}) on {calib['created']}.\n"
+              f"# Machine: {hw_dict['sources']['machine']}; torch {calib['machine']['torch']}.\n"
+              f"# Peaks are achieved roofs, efficiencies fitted per operator class; the sidecar\n"
+              f"# {side.name} (sha256 in sources) holds the curves, step-time regressors and checks.\n")
+    write_atomic(out, dump_profile_yaml(hw_dict, header))
+
+
+def refit_profile(path: Path, out: Path | None = None, *, seed: int = 0, validate: bool = True, quick: bool | None = None,
+                  threads: int | None = 2, quiet: bool = True) -> dict:
+    """Fit a measured profile again from the measurements its sidecar holds (new fits and
+    regressors without measuring the sweeps again); the held-out checks, which compare
+    predictions with new measurements, are run again on this machine."""
+    import torch
+
+    from simulator.costmodel.regression import calibration_for
+    from simulator.hardware.catalog import load_hardware
+
+    from . import accuracy
+
+    path = Path(path)
+    out = Path(out) if out else path
+    old = calibration_for(load_hardware(str(path)))
+    info, mode = old["machine"], old["mode"]
+    quick = (mode == "quick") if quick is None else quick
+    device = select_device(info["device"].split(":")[0] if info["device"].startswith("cuda") else "cpu")
+    if threads:
+        torch.set_num_threads(int(threads))
+    meta = {"name": old["profile"], "info": info, "mode": mode, "when": old["created"], "load": old["load_average"],
+            "device_type": device.type, "dtype": old["dtype"], "domain": old["step_model"]["domain"]}
+    records = [dict(r) for r in old["curves"]]
+    steps = [dict(r) for r in old["steps"]]
+    timings: dict = {}
+    hw_dict, hw, calib, comps = analyze(records, steps, meta, seed=seed, timings=timings)
+    calib["refit"] = {"at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "from": str(path)}
+    if validate:
+        la = load_average()
+        b = Bench(device=device, timer=make_timer(device), dtype=old["dtype"], rep=_repeats(device.type, quick))
+        t0 = time.perf_counter()
+        calib["validation"] = {"swap": accuracy.swap_check(b, calib["host_link"], quick=quick),
+                               "recompute": accuracy.recompute_check(b, hw, calib, quick=quick),
+                               "measured_at": calib["refit"]["at"], "threads": torch.get_num_threads(),
+                               "load_average": {"start": la[0] if la else None,
+                                                "end": (load_average() or [None])[0]}}
+        timings["validate"] = round(time.perf_counter() - t0, 2)
+    elif "validation" in old:
+        calib["validation"] = old["validation"]
+    calib["timings_s"] = {**old.get("timings_s", {}), "refit": timings}
+    hw_dict["source"] = load_hardware(str(path)).source
+    write_profile(out, hw_dict, calib)
+    return {"profile": out, "sidecar": sidecar_path(out), "hardware": hw_dict, "calibration": calib,
+            "comparisons": comps, "timings": timings}
+
+
+def print_report(result: dict, console=None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from .regress import error_table
+
+    console = console or Console()
+    hw, calib = result["hardware"], result["calibration"]
+    for comp in result["comparisons"].values():
+        console.print(error_table(comp))
+    t = Table(title=f"profile {hw['name']} ({calib['mode']}, {calib['dtype']})")
+    t.add_column("quantity")
+    t.add_column("value", justify="right")
+    for dt, v in hw["peak_tflops"].items():
+        t.add_row(f"achieved GEMM {dt}", f"{v * 1e3:.4g} GFLOP/s")
+    t.add_row("achieved memory bandwidth", f"{hw['memory_bandwidth_gbps']:.4g} GB/s")
+    t.add_row("copy h2d / d2h", f"{hw['host_link']['h2d_gbps']:.4g} / {hw['host_link']['d2h_gbps']:.4g} GB/s")
+    for c, e in hw["efficiency"].items():
+        t.add_row(f"efficiency {c} (compute / memory)", f"{e['compute']:.3g} / {e['memory']:.3g}")
+    t.add_row("kernel launch / iteration overhead",
+              f"{hw['overheads']['kernel_launch_us']:.3g} / {hw['overheads']['iteration_us']:.3g} us")
+    rse = calib["roofline_step_error"]
+    t.add_row("roofline step-time MAPE (uncalibrated -> calibrated)",
+              f"{rse['uncalibrated_mape']:.1f}% -> {rse['calibrated_mape']:.1f}%")
+    v = calib.get("validation")
+    if v:
+        t.add_row("held-out swap MAPE (out / in / total)",
+                  f"{v['swap']['mape_out']:.2f}% / {v['swap']['mape_in']:.2f}% / {v['swap']['mape_swap']:.2f}%")
+        rc = v["recompute"]
+        t.add_row("held-out recompute MAPE, batch 1 (regression / roofline)",
+                  f"{rc['mape_recompute']:.2f}% / {rc['mape_recompute_roofline']:.2f}%")
+        if rc.get("mape_batched_prefill") is not None:
+            t.add_row("held-out batched prefill MAPE (regression)", f"{rc['mape_batched_prefill']:.2f}%")
+    if "total" in result["timings"]:
+        t.add_row("time", f"{result['timings']['total']:.0f} s")
+    console.print(t)
+    console.print(f"wrote {result['profile']} and {result['sidecar']}")
