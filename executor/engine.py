@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from simulator.costmodel.batch import BatchShape
-from simulator.engine.sequence import emit_token
+from simulator.engine.sequence import emit_token, without
 from simulator.policies.state import SchedulerLimits, SchedulerState
 
 from .kvcache import PagedKVCache
@@ -260,16 +260,14 @@ class Engine:
         moved = {"out_blocks": 0, "in_blocks": 0, "swap_s": 0.0, "preempt_swap": 0, "preempt_recompute": 0,
                  "admitted": len(d.admit), "aborted": len(d.abort)}
         if d.abort:
-            gone = {id(s) for s in d.abort}
-            self.waiting = [s for s in self.waiting if id(s) not in gone]
-            self.swapped = [s for s in self.swapped if id(s) not in gone]
+            self.waiting = without(self.waiting, d.abort)
+            self.swapped = without(self.swapped, d.abort)
             for seq in d.abort:
                 self.cache.free(seq)
                 seq.aborted = True
                 self._finish(seq, now, aborted=True)
         if d.preempt:
-            gone = {id(s) for s, _ in d.preempt}
-            self.running = [s for s in self.running if id(s) not in gone]
+            self.running = without(self.running, [s for s, _ in d.preempt])
             front, out = [], []
             for seq, mode in d.preempt:
                 if mode == "swap":
@@ -296,8 +294,7 @@ class Engine:
                 self.cost_model.observe_transfer(n * self.cache.bytes_per_block, dt, "d2h")
             self.waiting[:0] = sorted(front, key=lambda s: (s.arrival_s, s.rid))
         if d.swap_in:
-            back = {id(s) for s in d.swap_in}
-            self.swapped = [s for s in self.swapped if id(s) not in back]
+            self.swapped = without(self.swapped, d.swap_in)
             t = time.perf_counter()
             n = self.cache.swap_in(d.swap_in)
             self._sync()
@@ -307,12 +304,7 @@ class Engine:
             self.cost_model.observe_transfer(n * self.cache.bytes_per_block, dt, "h2d")
             self.running.extend(d.swap_in)
         if d.admit:
-            n = len(d.admit)
-            if self.waiting[:n] == d.admit:
-                del self.waiting[:n]
-            else:
-                took = {id(s) for s in d.admit}
-                self.waiting = [s for s in self.waiting if id(s) not in took]
+            self.waiting = without(self.waiting, d.admit)
             for seq in d.admit:
                 self.cache.grow_to(seq, seq.num_tokens)
                 if seq.first_scheduled_s < 0:

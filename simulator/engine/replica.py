@@ -13,7 +13,7 @@ import numpy as np
 
 from ..costmodel.batch import BatchShape
 from ..policies.state import SchedulerState
-from .sequence import emit_token
+from .sequence import emit_token, without
 
 MAX_STRETCH_STEPS = 1024
 
@@ -87,16 +87,14 @@ class Replica:
         now = self.env.now
         m = self.metrics
         if d.abort:
-            gone = {id(s) for s in d.abort}
-            self.waiting = [s for s in self.waiting if id(s) not in gone]
-            self.swapped = [s for s in self.swapped if id(s) not in gone]
+            self.waiting = without(self.waiting, d.abort)
+            self.swapped = without(self.swapped, d.abort)
             for seq in d.abort:
                 self.blocks.free(seq)
                 self.sim.finish(seq, now, aborted=True)
         out_bytes = in_bytes = 0.0
         if d.preempt:
-            gone = {id(s) for s, _ in d.preempt}
-            self.running = [s for s in self.running if id(s) not in gone]
+            self.running = without(self.running, [s for s, _ in d.preempt])
             front = []
             for seq, mode in d.preempt:
                 if mode == "swap":
@@ -112,18 +110,12 @@ class Replica:
             # vLLM puts recomputed sequences back at the front of the waiting queue
             self.waiting[:0] = sorted(front, key=lambda s: (s.arrival_s, s.rid))
         if d.swap_in:
-            back = {id(s) for s in d.swap_in}
-            self.swapped = [s for s in self.swapped if id(s) not in back]
+            self.swapped = without(self.swapped, d.swap_in)
             for seq in d.swap_in:
                 in_bytes += self.blocks.swap_in(seq) * self.kv_bytes_per_block
                 self.running.append(seq)
         if d.admit:
-            n = len(d.admit)
-            if self.waiting[:n] == d.admit:
-                del self.waiting[:n]
-            else:
-                took = {id(s) for s in d.admit}
-                self.waiting = [s for s in self.waiting if id(s) not in took]
+            self.waiting = without(self.waiting, d.admit)
             for seq in d.admit:
                 self.blocks.grow_to(seq, seq.num_tokens)
                 if seq.first_scheduled_s < 0:

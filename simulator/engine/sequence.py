@@ -48,3 +48,13 @@ def emit_token(seq, now: float, itl: list) -> bool:
         itl.append(now - seq.last_token_s)
     seq.last_token_s = now
     return seq.generated >= seq.output_len
+
+
+def without(queue: list, seqs) -> list:
+    """`queue` less `seqs` (by identity), order kept; cheap when `seqs` is the queue's head,
+    as FCFS admissions are."""
+    n = len(seqs)
+    if n <= len(queue) and all(a is b for a, b in zip(queue, seqs)):
+        return queue[n:]
+    gone = {id(s) for s in seqs}
+    return [s for s in queue if id(s) not in gone]
