@@ -229,3 +229,64 @@ def recompute_check(b: Bench, hardware, calibration: dict, *, quick: bool, seed:
             "mape_roofline": mape(rows, "err_roofline_pct"),
             "mape_recompute_roofline": mape(one, "err_roofline_pct"),
             "rounds_cv_median": float(np.median([r["rounds_cv"] for r in rows])) if rows else None}
+
+
+# ---- sentinels: is the machine as fast as when the profile was measured? ------------------------------
+SENTINELS = ("gemm 256x1024x1024", "copy 64 MiB", "prefill L2 h256 t64")
+
+
+def sentinels(b: Bench, rounds: int = 3) -> dict[str, float]:
+    """Three fixed benchmarks (compute, memory copy, a whole prefill step), each the median of
+    `rounds` measurements. Measured when a profile is taken and again before a check, their
+    ratio is how much faster or slower the machine has become in between (a shared VM's
+    speed wanders by tens of percent over tens of minutes), which no predictor can know."""
+    import torch
+    import torch.nn.functional as F
+
+    from .steps import TinyDecoder
+
+    x = torch.empty(256, 1024, device=b.device).uniform_(-1, 1)
+    w = torch.empty(1024, 1024, device=b.device).uniform_(-0.05, 0.05)
+    src = torch.ones(64 << 20, dtype=torch.uint8, device=b.device)
+    dst = torch.zeros(64 << 20, dtype=torch.uint8, device=b.device)
+    model = TinyDecoder(2, 256, device=b.device, dtype=b.dtype, seed=7)
+    fns = {SENTINELS[0]: lambda: F.linear(x, w), SENTINELS[1]: lambda: dst.copy_(src),
+           SENTINELS[2]: model.prefill_fn(1, 64)}
+    out = {k: [] for k in fns}
+    for _ in range(rounds):
+        for k, fn in fns.items():
+            out[k].append(measure(fn, b.timer, b.rep).median_s)
+    return {k: float(np.median(v)) for k, v in out.items()}
+
+
+def drift(reference: dict[str, float], now: dict[str, float]) -> dict[str, float]:
+    """now / reference per sentinel (> 1: the machine is slower now)."""
+    return {k: now[k] / reference[k] for k in reference if k in now and reference[k] > 0}
+
+
+def reference_sentinels(calibration: dict) -> dict[str, float] | None:
+    """The profile's sentinels: the geometric mean of those at the start and the end of its sweeps."""
+    s = calibration.get("sentinels") or {}
+    runs = [v for k, v in s.items() if k in ("start", "after_sweeps") and v]
+    if not runs:
+        return None
+    return {k: float(np.exp(np.mean([np.log(r[k]) for r in runs]))) for k in runs[0]}
+
+
+def apply_drift(validation: dict, factors: dict[str, float]) -> None:
+    """Add drift-corrected errors: each prediction scaled by how much slower the machine was
+    at the check than during the profile (copy sentinel for swaps, prefill sentinel for
+    prefills)."""
+    copy_f, step_f = factors.get(SENTINELS[1]), factors.get(SENTINELS[2])
+    sw, rc = validation.get("swap"), validation.get("recompute")
+    if sw and copy_f:
+        for r in sw["rows"]:
+            r["err_swap_drift_corrected_pct"] = _pct((r["pred_out_s"] + r["pred_in_s"]) * copy_f,
+                                                     r["swap_out_s"] + r["swap_in_s"])
+        sw["mape_swap_drift_corrected"] = float(np.mean([r["err_swap_drift_corrected_pct"] for r in sw["rows"]]))
+    if rc and step_f:
+        for r in rc["rows"]:
+            r["err_regression_drift_corrected_pct"] = _pct(r["pred_regression_s"] * step_f, r["measured_s"])
+        one = [r for r in rc["rows"] if r["batch"] == 1]
+        rc["mape_recompute_drift_corrected"] = float(np.mean([r["err_regression_drift_corrected_pct"] for r in one])) \
+            if one else None

@@ -96,6 +96,17 @@ def report_md(hw: dict, calib: dict) -> str:
     if v:
         parts += ["## Swap predictor on held-out sizes", swap_md(v["swap"]),
                   "## Recompute predictor on held-out prefills", recompute_md(v["recompute"])]
+        if v.get("drift"):
+            d = v["drift"]
+            txt = ("## Machine-speed drift\n\nSentinels (fixed benchmarks) timed at the start and end of the sweeps and "
+                   "again before the checks; time at the checks / time during the profile: "
+                   + ", ".join(f"{k} {x:.3f}" for k, x in d.items()) + ".")
+            sw, rc = v["swap"], v["recompute"]
+            if sw.get("mape_swap_drift_corrected") is not None or rc.get("mape_recompute_drift_corrected") is not None:
+                txt += (f" Scaling each prediction by that drift (copy sentinel for swaps, prefill sentinel for "
+                        f"prefills): swap MAPE {sw.get('mape_swap_drift_corrected', float('nan')):.2f}%, "
+                        f"recompute MAPE {rc.get('mape_recompute_drift_corrected') or float('nan'):.2f}%.")
+            parts.append(txt)
     return "\n\n".join(parts) + "\n"
 
 

@@ -247,6 +247,7 @@ def run_profile(opts: ProfileOptions, console=None) -> dict:
                 timings[f"{name}_skipped_points"] = b.skipped - skipped
             return r
 
+        sent = {"start": stage("sentinels_start", lambda: accuracy.sentinels(b))}
         stage("gemm", lambda: gemm_sweep(b, plans["gemm"]))
         stage("dtype_probes", lambda: [gemm_sweep(b, [(m, k, n, f"{dt} {lab}") for m, k, n, lab in pl], dtype=dt)
                                        for dt, pl in plans["probes"].items()])
@@ -255,19 +256,24 @@ def run_profile(opts: ProfileOptions, console=None) -> dict:
         stage("elementwise", lambda: elementwise_sweep(b, plans["elementwise"]))
         stage("copy", lambda: copy_sweep(b, plans["copy"]))
         steps = stage("steps", lambda: step_sweep(b, sp, seed=opts.seed))
+        sent["after_sweeps"] = stage("sentinels_after_sweeps", lambda: accuracy.sentinels(b))
         records = b.records
         name = opts.name or out.stem
         load_mid = {"start": la0[0] if la0 else None, "end": (load_average() or [None])[0]}
         meta = {"name": name, "info": info, "mode": mode, "when": when, "load": load_mid, "device_type": device.type,
                 "dtype": dtype, "domain": {**sp.domain(), "max_kv_bytes": sp.max_kv_bytes}}
         hw_dict, hw, calib, comps = analyze(records, steps, meta, seed=opts.seed, progress=progress, timings=timings)
+        calib["sentinels"] = sent
 
         # ---- held-out checks (AdaptiveLLM 4.5) ------------------------------------------------
         if opts.validate:
             link = calib["host_link"]
+            now = stage("sentinels_validation", lambda: accuracy.sentinels(b))
             calib["validation"] = {"swap": stage("swap_check", lambda: accuracy.swap_check(b, link, quick=opts.quick)),
                                    "recompute": stage("recompute_check",
-                                                      lambda: accuracy.recompute_check(b, hw, calib, quick=opts.quick))}
+                                                      lambda: accuracy.recompute_check(b, hw, calib, quick=opts.quick)),
+                                   "sentinels": now}
+            _note_drift(calib)
 
     la1 = load_average()
     calib["load_average"]["end"] = la1[0] if la1 else None
@@ -279,6 +285,16 @@ def run_profile(opts: ProfileOptions, console=None) -> dict:
     write_profile(out, hw_dict, calib)
     return {"profile": out, "sidecar": sidecar_path(out), "hardware": hw_dict, "calibration": calib,
             "comparisons": comps, "timings": calib["timings_s"]}
+
+
+def _note_drift(calib: dict) -> None:
+    from . import accuracy
+
+    ref = accuracy.reference_sentinels(calib)
+    v = calib.get("validation")
+    if ref and v and v.get("sentinels"):
+        v["drift"] = accuracy.drift(ref, v["sentinels"])
+        accuracy.apply_drift(v, v["drift"])
 
 
 def analyze(records: list[dict], steps: list[dict], meta: dict, *, seed: int = 0, progress=None,
@@ -396,14 +412,18 @@ def refit_profile(path: Path, out: Path | None = None, *, seed: int = 0, validat
         la = load_average()
         b = Bench(device=device, timer=make_timer(device), dtype=old["dtype"], rep=_repeats(device.type, quick))
         t0 = time.perf_counter()
-        calib["validation"] = {"swap": accuracy.swap_check(b, calib["host_link"], quick=quick),
+        calib["sentinels"] = old.get("sentinels", {})
+        now = accuracy.sentinels(b)
+        calib["validation"] = {"sentinels": now, "swap": accuracy.swap_check(b, calib["host_link"], quick=quick),
                                "recompute": accuracy.recompute_check(b, hw, calib, quick=quick),
                                "measured_at": calib["refit"]["at"], "threads": torch.get_num_threads(),
                                "load_average": {"start": la[0] if la else None,
                                                 "end": (load_average() or [None])[0]}}
+        _note_drift(calib)
         timings["validate"] = round(time.perf_counter() - t0, 2)
     elif "validation" in old:
         calib["validation"] = old["validation"]
+        calib["sentinels"] = old.get("sentinels", {})
     calib["timings_s"] = {**old.get("timings_s", {}), "refit": timings}
     hw_dict["source"] = load_hardware(str(path)).source
     write_profile(out, hw_dict, calib)
@@ -439,6 +459,14 @@ def print_report(result: dict, console=None) -> None:
     if v:
         t.add_row("held-out swap MAPE (out / in / total)",
                   f"{v['swap']['mape_out']:.2f}% / {v['swap']['mape_in']:.2f}% / {v['swap']['mape_swap']:.2f}%")
+        if v.get("drift"):
+            d = v["drift"]
+            t.add_row("machine speed drift at the checks (time now / at profile)",
+                      " / ".join(f"{k.split()[0]} {x:.3f}" for k, x in d.items()))
+            if v["swap"].get("mape_swap_drift_corrected") is not None:
+                t.add_row("  drift-corrected swap / recompute MAPE",
+                          f"{v['swap']['mape_swap_drift_corrected']:.2f}% / "
+                          f"{v['recompute'].get('mape_recompute_drift_corrected') or float('nan'):.2f}%")
         rc = v["recompute"]
         t.add_row("held-out recompute MAPE, batch 1 (regression / roofline)",
                   f"{rc['mape_recompute']:.2f}% / {rc['mape_recompute_roofline']:.2f}%")
