@@ -40,7 +40,8 @@ def _rounds_median(samples: list[float]) -> tuple[float, float]:
     return float(np.median(a)), float(a.std() / a.mean()) if len(a) > 1 else 0.0
 
 
-def swap_check(b: Bench, link: dict, *, quick: bool, kv_dtype: str = "fp16", rounds: int | None = None) -> dict:
+def swap_check(b: Bench, link: dict, *, quick: bool, kv_dtype: str = "fp16", rounds: int | None = None,
+               copy_reference_s: float | None = None) -> dict:
     """Measured vs predicted swap-out, swap-in and their sum per (model, tokens).
 
     The measured swap is a copy of the sequence's KV between a device and a host block pool
@@ -64,6 +65,10 @@ def swap_check(b: Bench, link: dict, *, quick: bool, kv_dtype: str = "fp16", rou
     td = torch_dtype(kv_dtype)
     es = torch.empty((), dtype=td).element_size()
     rows = []
+    # the copy sweep's 64 MiB copy, timed again each round: how far the bandwidth has moved
+    sent_src = torch.ones(64 << 20, dtype=torch.uint8, device=b.device)
+    sent_dst = torch.zeros(64 << 20, dtype=torch.uint8, device=b.device)
+    copy_sentinel: list[float] = []
 
     def predict(nbytes, direction):
         return link[f"{direction}_latency_us"] * 1e-6 + nbytes / (link[f"{direction}_gbps"] * 1e9)
@@ -87,6 +92,7 @@ def swap_check(b: Bench, link: dict, *, quick: bool, kv_dtype: str = "fp16", rou
         cache._clean = [True] * pool
         samples = {n: {"out": [], "in": [], "layers": [], "executor": []} for n in lengths}
         for r in range(rounds):
+            copy_sentinel.append(measure(lambda: sent_dst.copy_(sent_src), b.timer, b.rep).median_s)
             for n in lengths:
                 if r == 0 and b.over_budget(len(rows) + sum(1 for v in samples.values() if v["out"])):
                     samples.pop(n, None)
@@ -146,7 +152,15 @@ def swap_check(b: Bench, link: dict, *, quick: bool, kv_dtype: str = "fp16", rou
                  err_in_pct=_pct(p_in, r["swap_in_s"]), err_swap_pct=_pct(p_out + p_in, r["swap_out_s"] + r["swap_in_s"]),
                  err_per_layer_pct=_pct(p_out + p_in, r["per_layer_swap_s"]),
                  err_executor_pct=_pct(p_out + p_in, r["executor_swap_s"]))
-    return {"rows": rows, "rounds": rounds, "mape_out": float(np.mean([r["err_out_pct"] for r in rows])),
+    drift_f = float(np.median(copy_sentinel)) / copy_reference_s if copy_reference_s and copy_sentinel else None
+    if drift_f:
+        for r in rows:
+            r["err_swap_drift_corrected_pct"] = _pct((r["pred_out_s"] + r["pred_in_s"]) * drift_f,
+                                                     r["swap_out_s"] + r["swap_in_s"])
+    return {"rows": rows, "rounds": rounds, "drift": drift_f,
+            "mape_swap_drift_corrected": float(np.mean([r["err_swap_drift_corrected_pct"] for r in rows]))
+            if drift_f else None,
+            "mape_out": float(np.mean([r["err_out_pct"] for r in rows])),
             "mape_in": float(np.mean([r["err_in_pct"] for r in rows])),
             "mape_swap": float(np.mean([r["err_swap_pct"] for r in rows])),
             "mape_per_layer_swap": float(np.mean([r["err_per_layer_pct"] for r in rows])),
@@ -185,7 +199,9 @@ def recompute_check(b: Bench, hardware, calibration: dict, *, quick: bool, seed:
     plan = recompute_plan(steps["domain"], quick)
     models: dict = {}
     samples: dict = {}
+    sentinel, sent_now = step_sentinel(b), []
     for r in range(rounds):
+        sent_now.append(sentinel())
         for L, h, t, bsz in plan:
             key = (L, h, t, bsz)
             if r == 0 and b.over_budget(len(samples)):
@@ -219,7 +235,13 @@ def recompute_check(b: Bench, hardware, calibration: dict, *, quick: bool, seed:
         return float(np.mean([r[key] for r in sel])) if sel else None
 
     one = [r for r in rows if r["batch"] == 1]
-    return {"rows": rows, "rounds": rounds,
+    ref = steps.get("sentinel_geomean_s")
+    drift_f = float(np.median(sent_now)) / ref if ref else None
+    if drift_f:
+        for r in rows:
+            r["err_regression_drift_corrected_pct"] = _pct(r["pred_regression_s"] * drift_f, r["measured_s"])
+    return {"rows": rows, "rounds": rounds, "drift": drift_f,
+            "mape_recompute_drift_corrected": mape(one, "err_regression_drift_corrected_pct") if drift_f else None,
             "mape_recompute": mape(one),  # batch 1: a preempted sequence's recompute
             "mape_recompute_swept_shapes": mape([r for r in one if r["shape_measured"]]),
             "mape_recompute_unswept_shape": mape([r for r in one if not r["shape_measured"]]),
@@ -233,6 +255,18 @@ def recompute_check(b: Bench, hardware, calibration: dict, *, quick: bool, seed:
 
 # ---- sentinels: is the machine as fast as when the profile was measured? ------------------------------
 SENTINELS = ("gemm 256x1024x1024", "copy 64 MiB", "prefill L2 h256 t64")
+
+
+SENTINEL_STEP = (2, 256, 64)  # layers, hidden, prompt tokens of the prefill sentinel
+
+
+def step_sentinel(b: Bench):
+    """A callable timing the prefill sentinel (one prompt of 64 tokens, 2 x 256) once."""
+    from .steps import TinyDecoder
+
+    L, h, t = SENTINEL_STEP
+    fn = TinyDecoder(L, h, device=b.device, dtype=b.dtype, seed=7).prefill_fn(1, t)
+    return lambda: measure(fn, b.timer, b.rep).median_s
 
 
 def sentinels(b: Bench, rounds: int = 3) -> dict[str, float]:
@@ -271,22 +305,3 @@ def reference_sentinels(calibration: dict) -> dict[str, float] | None:
     if not runs:
         return None
     return {k: float(np.exp(np.mean([np.log(r[k]) for r in runs]))) for k in runs[0]}
-
-
-def apply_drift(validation: dict, factors: dict[str, float]) -> None:
-    """Add drift-corrected errors: each prediction scaled by how much slower the machine was
-    at the check than during the profile (copy sentinel for swaps, prefill sentinel for
-    prefills)."""
-    copy_f, step_f = factors.get(SENTINELS[1]), factors.get(SENTINELS[2])
-    sw, rc = validation.get("swap"), validation.get("recompute")
-    if sw and copy_f:
-        for r in sw["rows"]:
-            r["err_swap_drift_corrected_pct"] = _pct((r["pred_out_s"] + r["pred_in_s"]) * copy_f,
-                                                     r["swap_out_s"] + r["swap_in_s"])
-        sw["mape_swap_drift_corrected"] = float(np.mean([r["err_swap_drift_corrected_pct"] for r in sw["rows"]]))
-    if rc and step_f:
-        for r in rc["rows"]:
-            r["err_regression_drift_corrected_pct"] = _pct(r["pred_regression_s"] * step_f, r["measured_s"])
-        one = [r for r in rc["rows"] if r["batch"] == 1]
-        rc["mape_recompute_drift_corrected"] = float(np.mean([r["err_regression_drift_corrected_pct"] for r in one])) \
-            if one else None

@@ -128,7 +128,7 @@ def _slim(records: list[dict]) -> list[dict]:
     keep = ("kind", "op", "op_class", "phase", "m", "k", "n", "dtype", "batch", "q_tokens", "context", "heads",
             "head_dim", "tokens", "width", "direction", "variant", "pinned", "size_bytes", "layers", "hidden", "flops",
             "bytes", "median_s", "p10_s", "p90_s", "min_s", "max_s", "repeats", "spread", "achieved_flops",
-            "achieved_bytes")
+            "achieved_bytes", "sentinel_s")
     out = []
     for r in records:
         d = {k: r[k] for k in keep if k in r}
@@ -151,7 +151,7 @@ def build_hardware_dict(name: str, info: dict, roof: dict, peaks: dict, eff: dic
     load_txt = (f"1-minute load average {load['start']:.2f} at start, {load['end']:.2f} at end"
                 if load.get("start") is not None else "load average unknown")
     source = (f"measured by `sim profile{' --quick' if mode == 'quick' else ''} --device {info['device']}` on {when} on "
-              f"{machine}, torch {info['torch']} with {info['threads']} threads; {load_txt}. Peaks are the achieved "
+              f"{machine}, torch {info['torch']} with {info['threads']} thread{'s' if info['threads'] != 1 else ''}; {load_txt}. Peaks are the achieved "
               f"roofs (best GEMM FLOP/s per dtype, best streaming bytes/s), not datasheet figures.")
     effs = {}
     for c in ("linear", "attention", "elementwise"):
@@ -255,7 +255,13 @@ def run_profile(opts: ProfileOptions, console=None) -> dict:
         stage("attention", lambda: attention_sweep(b, plans["attention"], *plans["attn_caps"]))
         stage("elementwise", lambda: elementwise_sweep(b, plans["elementwise"]))
         stage("copy", lambda: copy_sweep(b, plans["copy"]))
-        steps = stage("steps", lambda: step_sweep(b, sp, seed=opts.seed))
+        validation: dict = {}
+        if opts.validate:  # right after the copy sweep, before the bandwidth has time to wander
+            link_now = F.fit_host_link(b.records, device.type)
+            validation["swap"] = stage("swap_check", lambda: accuracy.swap_check(
+                b, link_now, quick=opts.quick, copy_reference_s=_copy_reference(b.records)))
+        step_sentinel = accuracy.step_sentinel(b)
+        steps = stage("steps", lambda: step_sweep(b, sp, seed=opts.seed, sentinel=step_sentinel))
         sent["after_sweeps"] = stage("sentinels_after_sweeps", lambda: accuracy.sentinels(b))
         records = b.records
         name = opts.name or out.stem
@@ -266,13 +272,11 @@ def run_profile(opts: ProfileOptions, console=None) -> dict:
         calib["sentinels"] = sent
 
         # ---- held-out checks (AdaptiveLLM 4.5) ------------------------------------------------
-        if opts.validate:
-            link = calib["host_link"]
-            now = stage("sentinels_validation", lambda: accuracy.sentinels(b))
-            calib["validation"] = {"swap": stage("swap_check", lambda: accuracy.swap_check(b, link, quick=opts.quick)),
-                                   "recompute": stage("recompute_check",
-                                                      lambda: accuracy.recompute_check(b, hw, calib, quick=opts.quick)),
-                                   "sentinels": now}
+        if opts.validate:  # right after the step sweep and the fits
+            validation["recompute"] = stage("recompute_check",
+                                            lambda: accuracy.recompute_check(b, hw, calib, quick=opts.quick))
+            validation["sentinels"] = stage("sentinels_validation", lambda: accuracy.sentinels(b))
+            calib["validation"] = validation
             _note_drift(calib)
 
     la1 = load_average()
@@ -294,7 +298,13 @@ def _note_drift(calib: dict) -> None:
     v = calib.get("validation")
     if ref and v and v.get("sentinels"):
         v["drift"] = accuracy.drift(ref, v["sentinels"])
-        accuracy.apply_drift(v, v["drift"])
+
+
+def _copy_reference(records: list[dict]) -> float | None:
+    """The copy sweep's 64 MiB copies (both directions), the swap check's drift reference."""
+    ts = [r["median_s"] for r in records if r.get("kind") == "copy" and r.get("size_bytes") == 64 << 20
+          and r.get("variant") in ("plain", "pinned")]
+    return float(np.mean(ts)) if ts else None
 
 
 def analyze(records: list[dict], steps: list[dict], meta: dict, *, seed: int = 0, progress=None,
@@ -330,17 +340,22 @@ def analyze(records: list[dict], steps: list[dict], meta: dict, *, seed: int = 0
 
     t0 = time.perf_counter()
     comps = {}
+    # the machine's speed drifts over a long sweep (a shared VM: +-10% over minutes); with a
+    # sentinel timed before each shape, every step is scaled to the sweep's mean speed
+    sents = [r.get("sentinel_s") for r in steps]
+    g = float(np.exp(np.mean(np.log(sents)))) if sents and all(sents) else None
     for kind in ("prefill", "decode"):
         rows = [r for r in steps if r["phase"] == kind]
         X = np.array([[r["layers"], r["hidden"], r["tokens"], r["batch"]] for r in rows], dtype=np.float64)
-        y = np.array([r["median_s"] for r in rows])
+        y = np.array([r["median_s"] * (g / r["sentinel_s"] if g else 1.0) for r in rows])
         comps[kind] = regress.compare(X, y, target=kind, seed=seed, progress=progress)
     timings["regress"] = round(time.perf_counter() - t0, 2)
     calib = {
         "format": CALIB_FORMAT, "version": CALIB_VERSION, "profile": name, "created": meta["when"],
         "mode": meta["mode"], "machine": meta["info"], "load_average": dict(meta["load"]), "dtype": dtype,
         "roofs": roof, "dtype_peaks": peaks, "efficiency": eff, "host_link": link,
-        "step_model": {"arch": arch, "dtype": dtype, "domain": meta["domain"],
+        "step_model": {"arch": arch, "dtype": dtype, "domain": meta["domain"], "sentinel_geomean_s": g,
+                       "sentinel_spread": (float(np.max(sents) / np.min(sents)) if g else None),
                        "shapes": sorted({(int(r["layers"]), int(r["hidden"])) for r in steps}),
                        "predictors": {k: c.portable for k, c in comps.items()},
                        "comparison": {k: c.as_dict() for k, c in comps.items()}},
@@ -414,7 +429,9 @@ def refit_profile(path: Path, out: Path | None = None, *, seed: int = 0, validat
         t0 = time.perf_counter()
         calib["sentinels"] = old.get("sentinels", {})
         now = accuracy.sentinels(b)
-        calib["validation"] = {"sentinels": now, "swap": accuracy.swap_check(b, calib["host_link"], quick=quick),
+        calib["validation"] = {"sentinels": now,
+                               "swap": accuracy.swap_check(b, calib["host_link"], quick=quick,
+                                                           copy_reference_s=_copy_reference(records)),
                                "recompute": accuracy.recompute_check(b, hw, calib, quick=quick),
                                "measured_at": calib["refit"]["at"], "threads": torch.get_num_threads(),
                                "load_average": {"start": la[0] if la else None,
@@ -459,14 +476,13 @@ def print_report(result: dict, console=None) -> None:
     if v:
         t.add_row("held-out swap MAPE (out / in / total)",
                   f"{v['swap']['mape_out']:.2f}% / {v['swap']['mape_in']:.2f}% / {v['swap']['mape_swap']:.2f}%")
-        if v.get("drift"):
-            d = v["drift"]
-            t.add_row("machine speed drift at the checks (time now / at profile)",
-                      " / ".join(f"{k.split()[0]} {x:.3f}" for k, x in d.items()))
-            if v["swap"].get("mape_swap_drift_corrected") is not None:
-                t.add_row("  drift-corrected swap / recompute MAPE",
-                          f"{v['swap']['mape_swap_drift_corrected']:.2f}% / "
-                          f"{v['recompute'].get('mape_recompute_drift_corrected') or float('nan'):.2f}%")
+        sw_d, rc_d = v["swap"].get("drift"), v["recompute"].get("drift")
+        if sw_d or rc_d:
+            t.add_row("machine drift at the checks (copy / prefill sentinel, now / then)",
+                      f"{sw_d or float('nan'):.3f} / {rc_d or float('nan'):.3f}")
+            t.add_row("  drift-corrected swap / recompute MAPE",
+                      f"{v['swap'].get('mape_swap_drift_corrected') or float('nan'):.2f}% / "
+                      f"{v['recompute'].get('mape_recompute_drift_corrected') or float('nan'):.2f}%")
         rc = v["recompute"]
         t.add_row("held-out recompute MAPE, batch 1 (regression / roofline)",
                   f"{rc['mape_recompute']:.2f}% / {rc['mape_recompute_roofline']:.2f}%")

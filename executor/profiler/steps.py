@@ -218,9 +218,11 @@ def sample_points(plan: StepPlan, kind: str, layers: int, hidden: int, rng: np.r
     return out
 
 
-def step_sweep(b: Bench, plan: StepPlan, seed: int = 0) -> list[dict]:
+def step_sweep(b: Bench, plan: StepPlan, seed: int = 0, sentinel=None) -> list[dict]:
     """Every (layers, hidden) shape, alternating prefill and decode settings, until each
-    shape's share of the budget or its point quota is used up."""
+    shape's share of the budget or its point quota is used up. `sentinel()`, when given, is
+    timed before each shape and recorded with its points (`sentinel_s`), so the fit can take
+    out the machine's drift in speed over the sweep."""
     rng = np.random.default_rng(seed)
     shapes = [(L, h) for L in plan.layers for h in plan.hidden]
     per_shape_s = plan.budget_s / len(shapes)
@@ -230,6 +232,7 @@ def step_sweep(b: Bench, plan: StepPlan, seed: int = 0) -> list[dict]:
     try:
         for si, (L, h) in enumerate(shapes):
             model = TinyDecoder(L, h, device=b.device, dtype=b.dtype, seed=seed + si)
+            sent = {"sentinel_s": sentinel()} if sentinel else {}
             pts = {k: sample_points(plan, k, L, h, rng, plan.points_per_shape, b.esize) for k in ("prefill", "decode")}
             shape_end = t_sweep + (si + 1) * per_shape_s  # time a fast shape leaves goes to the next
             for j in range(plan.points_per_shape):
@@ -242,7 +245,7 @@ def step_sweep(b: Bench, plan: StepPlan, seed: int = 0) -> list[dict]:
                     t, bsz = pts[kind][j]
                     fn = model.prefill_fn(bsz, t) if kind == "prefill" else model.decode_fn(bsz, t)
                     out.append(b.run(fn, f"step {kind} L{L} h{h} t{t} b{bsz}", kind="step", op_class="step",
-                                     phase=kind, layers=L, hidden=h, tokens=t, batch=bsz))
+                                     phase=kind, layers=L, hidden=h, tokens=t, batch=bsz, **sent))
                     del fn
                 if j >= 1 and time.perf_counter() > shape_end:
                     break
