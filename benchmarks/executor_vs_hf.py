@@ -32,18 +32,6 @@ def workload(n: int, seed: int, max_prompt: int):
     return prompts.tolist(), outputs.tolist()
 
 
-def hf_one_at_a_time(model, prompts, outputs):
-    import torch
-
-    res = []
-    with torch.inference_mode():
-        for p, o in zip(prompts, outputs):
-            g = model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
-                               max_new_tokens=o, do_sample=False, eos_token_id=None, pad_token_id=0)
-            res.append(g[0, len(p):].tolist())
-    return res
-
-
 def hf_static(model, prompts, outputs, batch: int):
     import torch
 
@@ -84,7 +72,7 @@ def main(argv=None) -> int:
     import torch
     import transformers
 
-    from executor.models import load_model
+    from executor.models import hf_greedy_generate, load_model
     from executor.prompts import make_prompts
 
     torch.set_num_threads(args.threads)
@@ -94,13 +82,13 @@ def main(argv=None) -> int:
     prompts = make_prompts(plens, tokenizer=lm.tokenizer, vocab_size=lm.vocab_size, seed=args.seed)
     useful = sum(outputs)
     # warm-up of every path (first-call overheads)
-    hf_one_at_a_time(lm.model, prompts[:2], [4, 4])
+    hf_greedy_generate(lm.model, prompts[:2], [4, 4])
     hf_static(lm.model, prompts[:4], [4] * 4, 4)
     engine(lm, prompts[:4], [4] * 4, 256)
 
     # the methods take turns, round after round, so that load from other processes on a
     # shared machine falls on all of them alike; the best round of each is its time
-    methods = [("HF generate, one request at a time", lambda: hf_one_at_a_time(lm.model, prompts, outputs))]
+    methods = [("HF generate, one request at a time", lambda: hf_greedy_generate(lm.model, prompts, outputs))]
     sizes = [int(x) for x in args.batches.split(",") if x]
     for b in sizes:
         methods.append((f"HF generate, static batches of {b}", lambda b=b: hf_static(lm.model, prompts, outputs, b)))

@@ -123,3 +123,17 @@ def load_model(name_or_path: str, device: str | None = "cpu", dtype: str | None 
     meta = json.loads((path / "zoo.json").read_text()) if (path / "zoo.json").exists() else {}
     name = str(name_or_path) if not Path(str(name_or_path)).exists() else path.name
     return LoadedModel(name, path, model, config, family, dev, tdtype, tokenizer, meta)
+
+
+def hf_greedy_generate(model, prompts, outputs) -> list[list[int]]:
+    """The reference the engine is held to: plain Hugging Face `generate`, one prompt at a
+    time, greedy, EOS ignored; returns each prompt's new token ids."""
+    import torch
+
+    res = []
+    with torch.inference_mode():
+        for p, o in zip(prompts, outputs):
+            g = model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                               max_new_tokens=o, do_sample=False, eos_token_id=None, pad_token_id=0)
+            res.append(g[0, len(p):].tolist())
+    return res

@@ -18,7 +18,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
 from executor.engine import generate  # noqa: E402
-from executor.models import load_model  # noqa: E402
+from executor.models import hf_greedy_generate, load_model  # noqa: E402
 from executor.prompts import make_prompts  # noqa: E402
 from executor.zoo import ensure_zoo  # noqa: E402
 from simulator.errors import InfersimError  # noqa: E402
@@ -40,17 +40,6 @@ def zoo_dir():
     return ensure_zoo()
 
 
-def hf_greedy(model, prompts, outputs):
-    """Plain Hugging Face generate, one prompt at a time, greedy, EOS ignored."""
-    res = []
-    with torch.inference_mode():
-        for p, o in zip(prompts, outputs):
-            g = model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
-                               max_new_tokens=o, do_sample=False, eos_token_id=None, pad_token_id=0)
-            res.append(g[0, len(p):].tolist())
-    return res
-
-
 @pytest.fixture(scope="module")
 def target(zoo_dir):
     return load_model("zoo-target", device="cpu", dtype="fp32")
@@ -59,7 +48,7 @@ def target(zoo_dir):
 @pytest.fixture(scope="module")
 def case(target):
     prompts = make_prompts(PROMPT_LENS, tokenizer=target.tokenizer, vocab_size=target.vocab_size, seed=11)
-    return prompts, OUTPUT_LENS, hf_greedy(target.model, prompts, OUTPUT_LENS)
+    return prompts, OUTPUT_LENS, hf_greedy_generate(target.model, prompts, OUTPUT_LENS)
 
 
 def _blocks(prompts, outputs, bs=16):
@@ -176,7 +165,7 @@ def test_drafts_and_opt_match_hf(zoo_dir, case):
         lm = load_model(name)
         ps = make_prompts(PROMPT_LENS[:6], tokenizer=lm.tokenizer, vocab_size=lm.vocab_size, seed=5)
         outs = OUTPUT_LENS[:6]
-        ref = hf_greedy(lm.model, ps, outs)
+        ref = hf_greedy_generate(lm.model, ps, outs)
         got, eng = generate(lm, ps, outs, gpu_blocks=12, cpu_blocks=60, preemption="swap")
         assert eng.counters["preempt_swap"] > 0, name
         assert got == ref, name
@@ -249,7 +238,7 @@ def test_sim_exec_writes_the_run_directory_of_sim_run(zoo_dir, tmp_path):
     # the generated tokens are those of Hugging Face generate on the same prompts
     lm = load_model("zoo-target")
     ps = [list(map(int, p)) for p in out["prompt_ids"][:3]]
-    ref = hf_greedy(lm.model, ps, [len(x) for x in out["output_ids"][:3]])
+    ref = hf_greedy_generate(lm.model, ps, [len(x) for x in out["output_ids"][:3]])
     assert [list(map(int, x)) for x in out["output_ids"][:3]] == ref
     assert np.isfinite(s_ex["ttft_s"]["mean"])
 
