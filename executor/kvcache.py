@@ -101,6 +101,31 @@ class PagedKVCache:
         seq.block_table = []
         seq.cpu_block_table = []
 
+    # ---- speculation: rollback and tree paths ----------------------------------------------
+    def truncate(self, seq, tokens: int) -> int:
+        """Keep device blocks for the first `tokens` cached tokens only (rejected speculative
+        tokens roll back); the rows past `tokens` in the last kept block are simply overwritten
+        later. Returns the blocks released."""
+        keep = self.blocks_for_tokens(tokens)
+        extra = seq.block_table[keep:]
+        if extra:
+            self._free_gpu.extend(reversed(extra))
+            del seq.block_table[keep:]
+        return len(extra)
+
+    def keep_path(self, seq, start: int, path: list[int]) -> None:
+        """After verifying a token tree written at cache positions start.. start+q-1, move the
+        K/V of the accepted nodes (indices into the tree, in order) to positions start,
+        start+1, ... so the cache holds one linear sequence again (Medusa's KV update)."""
+        if not path or list(path) == list(range(len(path))):
+            return
+        src = torch.tensor(self.slots(seq.block_table, start, start + max(path) + 1), device=self.device)
+        src = src[torch.tensor(path, device=self.device)]
+        dst = torch.tensor(self.slots(seq.block_table, start, start + len(path)), device=self.device)
+        for layer in range(self.num_layers):
+            for pool in self.flat(layer):
+                pool[dst] = pool[src]  # advanced indexing reads src first: overlaps are safe
+
     # ---- swapping: real copies ---------------------------------------------------------
     def swap_out(self, seqs) -> int:
         """Copy each sequence's device blocks to free host blocks and release the device

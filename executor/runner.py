@@ -11,7 +11,14 @@ cached K/V back from its blocks:
 - otherwise each sequence gets its own call: is_causal for a fresh prefill, an explicit
   causal mask offset by the cached context for a chunk or a recompute of a partly cached one.
 Only the rows that produce a token (a sequence's last query token, when its prompt is done)
-go through the final norm and the LM head."""
+go through the final norm and the LM head, unless the plan asks for every row (speculative
+verification scores every drafted token).
+
+Trees (Medusa, token-tree speculation): a sequence may bring its q new tokens as a tree, given
+by the depth of each node and a [q, q] ancestor mask (a node sees the cached context, its
+ancestors and itself). Its position ids are then context + depth, and its K/V are written at
+the next q cache slots like any other tokens; after verification the caller keeps the accepted
+path (see `PagedKVCache.keep_path`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -37,30 +44,49 @@ class BatchPlan:
     read_mask: torch.Tensor | None = None
     # otherwise: per sequence, its block table
     seq_blocks: list[torch.Tensor] | None = None
+    # per sequence: None, or a [q, q] bool ancestor mask of its new tokens (a token tree)
+    tree_masks: list[torch.Tensor | None] | None = None
 
 
-def plan_batch(cache, batch, device) -> BatchPlan:
+def plan_batch(cache, batch, device, *, all_logits: bool = False,
+               trees: list[tuple[list[int], torch.Tensor] | None] | None = None) -> BatchPlan:
     """batch: [(seq, q)] with seq.tokens, seq.computed, seq.block_table (already grown to
-    computed + q tokens). Reads go by whole blocks (no per-token index lists)."""
+    computed + q tokens). Reads go by whole blocks (no per-token index lists).
+
+    all_logits: every row of the batch gets logits (in batch order), not only the last row of
+    a finished prompt. trees: per sequence None or (depths, ancestor mask [q, q] bool): the q
+    tokens are tree nodes in topological order, positioned at context + depth."""
     ids, pos, write, q_lens, ctx_lens, rows = [], [], [], [], [], []
     bs = cache.block_size
     n = 0
     decode_only = True
-    for seq, q in batch:
+    masks = None
+    for i, (seq, q) in enumerate(batch):
         c = seq.computed
         bt = seq.block_table
         ids.extend(seq.tokens[c:c + q])
-        pos.extend(range(c, c + q))
+        tree = trees[i] if trees is not None else None
+        if tree is None:
+            pos.extend(range(c, c + q))
+        else:
+            depths, anc = tree
+            if len(depths) != q or tuple(anc.shape) != (q, q):
+                raise ValueError(f"tree of {len(depths)} nodes / mask {tuple(anc.shape)} for {q} tokens")
+            pos.extend(c + int(d) for d in depths)
+            masks = masks if masks is not None else [None] * len(batch)
+            masks[i] = anc.to(device=device, dtype=torch.bool)
         write.extend(bt[p // bs] * bs + p % bs for p in range(c, c + q))
         q_lens.append(q)
         ctx_lens.append(c)
+        if all_logits:
+            rows.extend(range(n, n + q))
+        elif c + q == seq.num_tokens:
+            rows.append(n + q - 1)
         n += q
-        if c + q == seq.num_tokens:
-            rows.append(n - 1)
         if q != 1:
             decode_only = False
     t = lambda x: torch.tensor(x, dtype=torch.long, device=device)
-    plan = BatchPlan(t(ids), t(pos), t(write), q_lens, ctx_lens, t(rows), decode_only)
+    plan = BatchPlan(t(ids), t(pos), t(write), q_lens, ctx_lens, t(rows), decode_only, tree_masks=masks)
     if decode_only:
         nb = [-(-(c + 1) // bs) for c in ctx_lens]
         width = max(nb)
@@ -124,7 +150,11 @@ class PagedAttention:
             ki = kb[blocks].view(-1, self.num_kv_heads, self.head_dim)[:total].transpose(0, 1)[None]  # [1, KVH, c+q, D]
             vi = vb[blocks].view(-1, self.num_kv_heads, self.head_dim)[:total].transpose(0, 1)[None]
             mask, causal = None, False
-            if c == 0 and (self.window is None or total <= self.window):
+            tree = plan.tree_masks[i] if plan.tree_masks is not None else None
+            if tree is not None:
+                # the cached context is visible to every node; among the new tokens, ancestors only
+                mask = torch.cat([torch.ones(ql, c, dtype=torch.bool, device=q.device), tree], dim=1)
+            elif c == 0 and (self.window is None or total <= self.window):
                 causal = ql > 1
             else:
                 kpos = torch.arange(total, device=q.device)
@@ -161,7 +191,9 @@ class LlamaRunner:
         return torch.cat((-x2, x1), dim=-1)
 
     @torch.inference_mode()
-    def forward(self, plan: BatchPlan, cache) -> torch.Tensor:
+    def forward(self, plan: BatchPlan, cache, return_hidden: bool = False):
+        """Logits of the plan's logit rows; with return_hidden also their last hidden states
+        (after the final norm: what Medusa heads read)."""
         h = self.base.embed_tokens(plan.input_ids)  # [N, hidden]
         N = h.size(0)
         cos, sin = self.base.rotary_emb(h[None], plan.positions[None])  # [1, N, D]
@@ -181,7 +213,7 @@ class LlamaRunner:
             res = h
             h = res + layer.mlp(layer.post_attention_layernorm(h))
         h = self.base.norm(h[plan.logit_rows])
-        return self.lm_head(h)
+        return (self.lm_head(h), h) if return_hidden else self.lm_head(h)
 
 
 class OPTRunner:
@@ -202,7 +234,7 @@ class OPTRunner:
         self.offset = getattr(self.dec.embed_positions, "offset", 2)
 
     @torch.inference_mode()
-    def forward(self, plan: BatchPlan, cache) -> torch.Tensor:
+    def forward(self, plan: BatchPlan, cache, return_hidden: bool = False):
         d = self.dec
         x = d.embed_tokens(plan.input_ids)
         if d.project_in is not None:
@@ -231,7 +263,7 @@ class OPTRunner:
             h = d.final_layer_norm(h)
         if d.project_out is not None:
             h = d.project_out(h)
-        return self.lm_head(h)
+        return (self.lm_head(h), h) if return_hidden else self.lm_head(h)
 
 
 def build_runner(lm):
