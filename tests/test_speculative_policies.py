@@ -279,3 +279,58 @@ def test_config_validation():
         {"model": "opt-125m", "acceptance": {"kind": "positional", "probs": [0.9, 0.8]}}],
         "pipeline": {"enabled": False}})
     assert sp.voting_on and sp.selector_on and not sp.pipeline_on
+
+
+# ---- Medusa Fig. 4a read faithfully (issue #4 point 6) -----------------------------------------
+def test_dense_tree_counts_every_node_not_only_candidates():
+    """Section 2.1.2: a Cartesian tree adds s_1 + s_1 s_2 + ... tokens; 4x4x4x4 has 256 paths
+    (leaves) but 341 nodes with the root, 6x6x6 259."""
+    assert cartesian_nodes([2, 3]) == 1 + 2 + 6 and len(cartesian_tree([2, 3])) == 8
+    assert cartesian_nodes([4, 4, 4, 4]) == 341 and sum(len(p) == 4 for p in cartesian_tree([4, 4, 4, 4])) == 256
+    assert cartesian_nodes([6, 6, 6]) == 259
+    a = np.array([[0.5, 0.2, 0.1], [0.4, 0.3, 0.1]])
+    # 2x2 by hand: 1 + (a00 + a01) + (a00 + a01) * (a10 + a11)
+    assert expected_length_exclusive(cartesian_tree([2, 2]), a) == pytest.approx(1 + 0.7 + 0.7 * 0.7)
+
+
+def test_dependent_heads_reduce_to_independence_and_favour_sparse_trees():
+    from analysis.reproduce.medusa_trees import (dense_settings, dependent_greedy, dependent_path_probability,
+                                                 dependent_rate)
+
+    a = load_accuracies("vicuna-7b").rank_accuracies()
+    # by hand: path (1, 0, 2) has one off-top ancestor (the 1; the last index is the node's own guess)
+    assert dependent_path_probability((1, 0, 2), a, 0.5) == pytest.approx(a[0, 1] * a[1, 0] * a[2, 2] * 0.5)
+    for n in (8, 64):  # d = 1 is Medusa's independence: same tree value as the simulator's greedy tree
+        assert dependent_rate(dependent_greedy(a, n, 1.0), a, 1.0) == pytest.approx(expected_length(greedy_tree(a, n), a))
+    for d in (1.0, 0.6):  # the greedy construction is never below a Cartesian tree of the same size under its own model
+        for sizes in ([3, 3, 2], [4, 4, 4], [5, 5, 4, 1]):
+            n = cartesian_nodes(sizes)
+            assert dependent_rate(dependent_greedy(a, n, d), a, d) >= dependent_rate(cartesian_tree(sizes), a, d) - 1e-12
+    # dependence costs a dense tree (most nodes below off-top guesses) more than the greedy one
+    dense = [s for s in dense_settings(a.shape[1], a.shape[0], 256) if cartesian_nodes(s) >= 193]
+    lead = []
+    for d in (1.0, 0.6):
+        g64 = dependent_rate(dependent_greedy(a, 64, d), a, d)
+        lead.append(g64 - max(dependent_rate(cartesian_tree(s), a, d) for s in dense))
+    assert abs(lead[0]) < 0.02  # independent heads: a tie within 1% (docs/findings/medusa.md)
+    assert lead[1] > 0 and lead[1] > lead[0]
+
+
+def test_pipegain_table_ideal_bound_and_interpolation_by_hand():
+    import pandas as pd
+
+    from analysis.reproduce.minions import overhead_for_gain, pipegain_table
+
+    rows = []
+    for ov, tc, f, ts in ((0.0, 100.0, 0.25, 120.0), (1000.0, 80.0, 0.5, 140.0)):
+        for label, tput, ssm in (("coupled", tc, f), ("pipelined shared", ts, 0.4), ("pipelined separate", ts + 5, 0.3)):
+            rows.append({"study": "pipegain", "pair": "opt-13b", "overhead_us": ov, "selector": False, "label": label,
+                         "throughput_tok_s": tput, "ssm_busy_frac": ssm, "llm_busy_frac": 1.0, "s_mean": 4.0,
+                         "acceleration_rate": 3.0, "pool_mean": 1.0})
+    pg = pipegain_table(pd.DataFrame(rows))
+    r0, r1 = pg.iloc[0], pg.iloc[1]
+    assert r0["ideal_gain_pct"] == pytest.approx(100 / 3) and r1["ideal_gain_pct"] == pytest.approx(100.0)
+    assert r0["shared_gain_pct"] == pytest.approx(20.0) and r1["shared_gain_pct"] == pytest.approx(75.0)
+    # 34.27% lies between 20% (0 us) and 75% (1000 us): linear interpolation
+    assert overhead_for_gain(pg, "opt-13b", "4", "shared_gain_pct", 34.27) == pytest.approx(1000 * 14.27 / 55)
+    assert np.isnan(overhead_for_gain(pg, "opt-13b", "4", "shared_gain_pct", 90.0))

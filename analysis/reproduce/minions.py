@@ -61,6 +61,11 @@ PAPER_ABLATION = {"opt-13b": {"majority": 9.56, "selector": 35.07, "pipeline": 3
                   "llama-2-70b": {"majority": 59.82, "selector": 5.91, "pipeline": 55.37}}
 PAPER_ACCEPTANCE = {("opt-13b", "finance"): 0.87, ("opt-13b", "chatbot"): 0.89, ("opt-13b", "dialogue"): 0.78,
                     ("llama-2-70b", "finance"): 0.54, ("llama-2-70b", "chatbot"): 0.49, ("llama-2-70b", "dialogue"): 0.55}
+# the pipeline's gain against the SSMs' per-step cost (pipegain study): the roofline has no
+# launch/framework cost, which is what makes a 125M-160M SSM slow relative to its FLOPs
+PIPE_OVERHEADS_US = (0.0, 500.0, 1000.0, 2000.0, 3000.0, 4000.0, 6000.0)
+PIPE_MODES = (("coupled", {}), ("pipelined shared", {"pipeline": True, "max_batch": 32}),
+              ("pipelined separate", {"pipeline": True, "max_batch": 32, "placement": "separate"}))
 PAPER_VS_VLLM = {("llama-2-70b", "finance"): 3.02, ("llama-2-70b", "chatbot"): 2.76, ("llama-2-70b", "dialogue"): 2.69}
 
 
@@ -210,6 +215,17 @@ def plan(quick: bool = False) -> list[dict]:
             for label, kw in (variants[:3] if quick else variants):
                 tasks.append(task("pipeline", p, "finance", 16, label, ssms=list(SSMS), voting=True, selector=True,
                                   s=4, n=npp, overhead_us=ov, **kw))
+    # pipegain: the pipeline's gain over coupled execution at the same LLM batch (16; 32 in flight
+    # when pipelined, Fig. 3's two batches) against the SSMs' per-step cost, at the paper's
+    # Default s = 4 and with the selector, two seeds
+    npg = 192 if quick else 512
+    for p in pairs:
+        for ov in ((0.0, 3000.0) if quick else PIPE_OVERHEADS_US):
+            for sel in (False, True):
+                for seed in ((0,) if quick else (0, 1)):
+                    for label, kw in PIPE_MODES:
+                        tasks.append(task("pipegain", p, "finance", 16, label, ssms=list(SSMS), voting=True,
+                                          selector=sel, s=4, n=npg, overhead_us=ov, seed=seed, **kw))
     return tasks
 
 
@@ -299,6 +315,46 @@ def ablation_table(df: pd.DataFrame) -> pd.DataFrame:
                      "s_mean": g[g["label"] == "coupled, 32 in flight"]["s_mean"].iloc[0], "llm_busy": np.nan,
                      "ssm_busy": np.nan})
     return pd.DataFrame(rows)
+
+
+def pipegain_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per (pair, SSM step overhead, s fixed/adaptive): seed-averaged throughput of coupled and
+    pipelined execution, the SSMs' share of a coupled round and the ideal gain of hiding it.
+
+    Coupled, a round costs T_ssm + T_llm; a perfect two-batch pipeline on separate devices costs
+    max(T_ssm, T_llm) per batch, so with f = T_ssm / (T_ssm + T_llm) (the SSM engine's busy
+    fraction when coupled) the gain is at most 1 / max(f, 1 - f) - 1."""
+    f = df[df["study"] == "pipegain"]
+    rows = []
+    for (p, ov, sel), g in f.groupby(["pair", "overhead_us", "selector"], sort=False):
+        m = g.groupby("label").agg(tput=("throughput_tok_s", "mean"), ssm=("ssm_busy_frac", "mean"),
+                                   llm=("llm_busy_frac", "mean"), s_mean=("s_mean", "mean"),
+                                   acc=("acceleration_rate", "mean"), pool=("pool_mean", "mean"))
+        c = m.loc["coupled"]
+        frac = float(c["ssm"])
+        rows.append({"pair": p, "overhead_us": ov, "s": "adaptive" if sel else "4",
+                     "coupled_tput": c["tput"], "ssm_frac_coupled": frac,
+                     "ideal_gain_pct": 100 * (1 / max(frac, 1 - frac) - 1),
+                     "shared_tput": m.loc["pipelined shared", "tput"],
+                     "shared_gain_pct": 100 * (m.loc["pipelined shared", "tput"] / c["tput"] - 1),
+                     "separate_gain_pct": 100 * (m.loc["pipelined separate", "tput"] / c["tput"] - 1),
+                     "paper_gain_pct": PAPER_ABLATION[p]["pipeline"],
+                     "llm_busy_shared": m.loc["pipelined shared", "llm"], "pool_mean_shared": m.loc["pipelined shared", "pool"],
+                     "s_mean_coupled": c["s_mean"], "s_mean_shared": m.loc["pipelined shared", "s_mean"]})
+    return pd.DataFrame(rows)
+
+
+def overhead_for_gain(pg: pd.DataFrame, pair: str, s: str, col: str, target_pct: float) -> float:
+    """The SSM step overhead (us) at which `col` first reaches target_pct, by linear
+    interpolation over the sweep; NaN when it never does."""
+    g = pg[(pg["pair"] == pair) & (pg["s"] == s)].sort_values("overhead_us")
+    x, y = g["overhead_us"].to_numpy(), g[col].to_numpy()
+    for i in range(len(x)):
+        if y[i] >= target_pct:
+            if i == 0:
+                return float(x[0])
+            return float(x[i - 1] + (target_pct - y[i - 1]) * (x[i] - x[i - 1]) / (y[i] - y[i - 1]))
+    return float("nan")
 
 
 def voting_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -446,6 +502,32 @@ def plot_ablation(ab: pd.DataFrame, vt: pd.DataFrame, path: Path) -> Path:
     return path
 
 
+def plot_pipegain(pg: pd.DataFrame, path: Path) -> Path:
+    """The pipeline's gain over coupled execution against the SSMs' per-step cost, per pair."""
+    plt = _plt()
+    pairs = list(dict.fromkeys(pg["pair"]))
+    fig, axes = plt.subplots(1, len(pairs), figsize=(6.2 * len(pairs), 4.0), dpi=130, squeeze=False)
+    for ax, p in zip(axes[0], pairs):
+        for s, ls in (("4", "-"), ("adaptive", "--")):
+            g = pg[(pg["pair"] == p) & (pg["s"] == s)].sort_values("overhead_us")
+            x = g["overhead_us"] / 1000
+            ax.plot(x, g["shared_gain_pct"], ls, marker="o", color="#d62728", label=f"shared GPU 0.8/0.5, s = {s}")
+            ax.plot(x, g["separate_gain_pct"], ls, marker="s", color="#1f77b4", label=f"separate GPU, s = {s}")
+            if s == "4":
+                ax.plot(x, g["ideal_gain_pct"], ":", color="k", label="ideal overlap (s = 4): 1/max(f, 1-f) - 1")
+        ax.axhline(PAPER_ABLATION[p]["pipeline"], color="#2ca02c", lw=1.2, label=f"paper (Fig. 10): +{PAPER_ABLATION[p]['pipeline']:.1f}%")
+        ax.axhline(0, color="k", lw=0.6)
+        ax.set_xlabel("SSM per-step overhead beyond the roofline (ms)")
+        ax.set_ylabel("throughput gain over coupled (%)")
+        ax.set_title(f"{PAIRS[p]['label']}: pipelined vs coupled (finance, LLM batch 16)", fontsize=9)
+        ax.grid(True, lw=0.3)
+        ax.legend(fontsize=6.5)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
 def plot_timeline(series: dict, path: Path) -> Path:
     plt = _plt()
     keys = [k for k in series if k[0] == "ablation" and k[3] == "+Pipeline"]
@@ -531,6 +613,91 @@ def verdicts(opt: pd.DataFrame, sel: pd.DataFrame, ab: pd.DataFrame, vt: pd.Data
     return v
 
 
+def _pipegain_summary(pg: pd.DataFrame, v: dict, yes_fn) -> tuple[str, str]:
+    """The at-a-glance row for "pipelined beats coupled" and section 6 (the pipegain study);
+    falls back to the ablation's +Pipeline vs +Selector when the study was not run."""
+    paper = "+34.3% (OPT-13B), +55.4% (Llama-2-70B) in the ablation (finance, batch 16, SSMs beside the LLM under MPS)"
+    if not len(pg):
+        gains = ", ".join(f"{PAIRS[k[0]]['label'].split(' +')[0]} {k[1] / 1000:g} ms: {g:+.1f}%" for k, g in v["pipeline_gain"].items())
+        verdict = yes_fn(v["pipeline_beats_coupled"]) if v["pipeline_beats_coupled"] else ("**partly reproduced**" if v["pipeline_beats_some"] else yes_fn(False))
+        return f"| pipelined beats tightly coupled (same LLM batch) | {paper} | {gains} (SSM step overhead) | {verdict} |", ""
+    fixed = pg[pg["s"] == "4"]
+    at0 = fixed[fixed["overhead_us"] == 0].set_index("pair")
+    need = {p: overhead_for_gain(pg, p, "4", "shared_gain_pct", PAPER_ABLATION[p]["pipeline"]) for p in at0.index}
+    need_sel = {p: overhead_for_gain(pg, p, "adaptive", "shared_gain_pct", PAPER_ABLATION[p]["pipeline"]) for p in at0.index}
+    short = lambda p: PAIRS[p]["label"].split(" +")[0]
+    top = pg["overhead_us"].max()
+    best_sel = {p: float(pg[(pg["pair"] == p) & (pg["s"] == "adaptive")]["shared_gain_pct"].max()) for p in at0.index}
+    ms = lambda x: f"not within {top / 1000:g} ms" if np.isnan(x) else f"{x / 1000:.1f} ms"
+    reach = lambda x: f"not within {top / 1000:g} ms per step" if np.isnan(x) else f"from {x / 1000:.1f} ms per step"
+    all_pos = bool((fixed["shared_gain_pct"] > 0).all() and (fixed["separate_gain_pct"] > 0).all())
+    here = ("s = 4, one shared GPU, pure roofline: " + ", ".join(
+        f"{short(p)} {r.shared_gain_pct:+.1f}% (SSMs {100 * r.ssm_frac_coupled:.0f}% of a coupled round: at most "
+        f"{r.ideal_gain_pct:+.0f}%)" for p, r in at0.iterrows())
+        + "; the paper's sizes are reached once an SSM step costs " + ", ".join(f"{ms(need[p])} ({short(p)})" for p in at0.index)
+        + " more than its roofline time (at s = 4; with the selector on in both modes: "
+        + ", ".join(f"{short(p)} {reach(need_sel[p])}, at most {best_sel[p]:+.0f}%" for p in at0.index) + ")")
+    verdict = (f"{yes_fn(all_pos)} in direction at every SSM step cost; the paper's sizes only with SSM steps that cost "
+               "what eager small models do, not on the pure roofline")
+    row = f"| pipelined beats tightly coupled (same LLM batch) | {paper} | {here} | {verdict} |"
+    fmt = {"overhead_us": "{:.0f}", "coupled_tput": "{:.0f}", "ssm_frac_coupled": "{:.3f}", "ideal_gain_pct": "{:+.1f}",
+           "shared_tput": "{:.0f}", "shared_gain_pct": "{:+.1f}", "separate_gain_pct": "{:+.1f}", "paper_gain_pct": "{:+.2f}",
+           "llm_busy_shared": "{:.3f}", "pool_mean_shared": "{:.1f}", "s_mean_coupled": "{:.1f}", "s_mean_shared": "{:.1f}"}
+    cols = ["pair", "overhead_us", "s", "coupled_tput", "ssm_frac_coupled", "ideal_gain_pct", "shared_tput", "shared_gain_pct",
+            "separate_gain_pct", "paper_gain_pct", "llm_busy_shared", "pool_mean_shared", "s_mean_coupled", "s_mean_shared"]
+    text = f"""## 6. How large the pipeline's gain is, and what it depends on (Minions section 3.4)
+
+What the paper measured (sections 3.4, 4, 5.1, 5.3): the +Pipeline step of the ablation, finance, batch size 16,
+every prompt submitted at once (a throughput run: no request rate), on top of Majority + Selector; the SSMs run
+beside the LLM on the same A100s under NVIDIA MPS (no separate GPU; OPT-13B on 2 GPUs and Llama-2-70B on 4,
+tensor-parallel); the LLM verifies a batch taken from the intermediate result pool while the SSMs draft the next
+one (Fig. 3: two batches in flight), and the SSMs pause while the pool holds a full LLM batch (back-pressure).
+The same here: finance, LLM batch 16 from the pool, 32 requests in flight, back-pressure on, voting on, SSMs
+sharing the GPU at the default shares (LLM 0.8, SSMs 0.5 while both run) or on a separate device; coupled
+execution at batch 16 is the baseline. `overhead_us` is a fixed cost per SSM step on top of its roofline time
+(kernel launches, sampling, the framework's Python: the datasheet roofline has none), swept because it decides
+the answer. s = 4 is the paper's Default length (both modes draft the same s: a clean comparison); `adaptive`
+has the selector on (each mode finds its own s). Means over two seeds, 512 requests each.
+
+{_md(pg, cols, fmt)}
+
+Why the pure roofline gives so little. A pipeline can only hide the SSMs' time: coupled, a round costs
+T_ssm + T_llm; with two batches in flight it costs max(T_ssm, T_llm), so with f = T_ssm / (T_ssm + T_llm) (the
+SSM engine's busy fraction when coupled, `ssm_frac_coupled`) the gain is at most 1 / max(f, 1 - f) - 1
+(`ideal_gain_pct`). On the roofline a 125M-160M SSM step reads ~0.3 GB of weights (about 0.2 ms on an A100)
+while verification reads the whole LLM: three SSMs x 4 steps are about 15% of an OPT-13B round (TP 2) and 7% of
+a Llama-2-70B round (TP 4, whose verification is itself split over four GPUs), so hiding them is worth at
+most about +17% and +8%. The pipeline gets most of that bound on a separate device and less on a shared GPU,
+where the LLM runs at 0.8 of its speed while the SSMs' kernels run. For Llama-2-70B on the pure roofline, +0%
+to +4% is therefore the honest answer: there is almost nothing to hide. The paper's +34% and +55% mean the
+SSMs took about a quarter (OPT) to a third (Llama) of a coupled round on its system, i.e. SSM steps of a
+few ms: the size of a small model's step in eager PyTorch with vLLM-0.2-era scheduling, where launches and
+Python, not bytes, set the time. With such step costs the gain here reaches the paper's sizes
+({"; ".join(f"{short(p)}: at s = 4 {reach(need[p])}, with the selector on in both modes {reach(need_sel[p])} (at most {best_sel[p]:+.0f}%)" for p in at0.index)}),
+and the pipelined throughput barely moves with the SSM step cost while coupled throughput falls: the LLM
+stays busy (`llm_busy_shared` near 1) until the three SSMs' drafting outlasts a verification (OPT-13B from
+about 2 ms per step), after which the SSM engine is the bottleneck and the gain falls back towards the bound.
+With the selector on (the ablation's exact setting, +Pipeline over +Selector), coupled execution defends
+itself by shortening s as SSM steps get dearer (`s_mean_coupled` falls to 1-3: fewer steps to wait for), while
+the pipelined engine keeps a longer s (`s_mean_shared`); for Llama-2-70B that leaves less to hide than at a
+fixed s = 4, and the paper's +55% is not reached in the sweep with the selector on, only at s = 4.
+
+What was checked and is not a modelling error: the coupled baseline does not overlap anything (its round is
+draft + verify, the engines' busy times add up to the makespan); the LLM does not wait for the pool in the
+pipelined runs until the SSMs become the bottleneck (`llm_busy_shared` of 0.93-1.00 until the three SSMs'
+drafting outlasts a verification: OPT-13B from about 2 ms per step, Llama-2-70B only at 6 ms with s = 4;
+back-pressure pauses the SSMs, never the LLM); and Llama-2-70B's
+tensor parallelism is what makes its SSM share small (its verification is spread over four GPUs' bandwidth,
+the 160M SSM runs on one). One modelling error was fixed: the SSMs' fixed per-step cost (launches, sampling)
+used to be charged as GPU work on the shared device, slowing the LLM to its 0.8 share while the SSM engine only
+waited on the host; only the SSMs' kernels contend for the GPU now (simulator/speculative/replica.py,
+`DraftProposer.draft_overhead_s`), which raised the shared-GPU gains at 1 ms per step (ablation: OPT-13B from
++24% to the value in section 3). Remaining assumptions: the shares 0.8 / 0.5 (MPS's real split depends on
+the kernels), the per-step cost paid once per step for all three SSMs (they draft concurrently under MPS, in
+both modes), and no per-step framework cost on the LLM side (which would lower f and the gain)."""
+    return row, text
+
+
 def _vs_plain(ab: pd.DataFrame, pair: str) -> str:
     r = ab[(ab["pair"] == pair) & (ab["step"] == "+Pipeline")]
     return " / ".join(f"{x.vs_plain:.2f}x ({x.overhead_us / 1000:g} ms SSM steps)" for x in r.itertuples()) or "-"
@@ -539,7 +706,9 @@ def _vs_plain(ab: pd.DataFrame, pair: str) -> str:
 def write_markdown(df: pd.DataFrame, series: dict, out: Path, stem: str, meta: dict) -> Path:
     opt, sel, ab, vt = optimum_table(df), selector_table(df), ablation_table(df), voting_table(df)
     pp = df[df["study"] == "pipeline"].copy()
+    pg = pipegain_table(df)
     v = verdicts(opt, sel, ab, vt, pp)
+    pipe_row, pg_text = _pipegain_summary(pg, v, yes_fn=lambda b: "**reproduced**" if b else "**not reproduced**")
     yes = lambda b: "**reproduced**" if b else "**not reproduced**"
     f2 = {"tput_at_opt": "{:.0f}", "tput_s1": "{:.0f}", "tput_smax": "{:.0f}", "speedup_vs_plain": "{:.2f}",
           "acc_rate_at_opt": "{:.2f}"}
@@ -563,7 +732,7 @@ def write_markdown(df: pd.DataFrame, series: dict, out: Path, stem: str, meta: d
 Seed: Minions (Wang et al. 2024, arXiv:2402.15678), /work/shared/seeds/minions.en.txt. Generated by
 `python -m analysis.reproduce.minions{' --quick' if meta['quick'] else ''}` ({meta['n_runs']} simulations, {meta['wall_s']:.0f} s with
 {meta['jobs']} worker processes on a shared 2-core machine); every row is in `{stem}.csv`. Plots: `{stem}.fig2.png`,
-`{stem}.selector.png`, `{stem}.ablation.png`, `{stem}.timeline.png`.
+`{stem}.selector.png`, `{stem}.ablation.png`, `{stem}.timeline.png`, `{stem}.pipeline.png`.
 
 **Setup.** As the paper's section 5.1 where it is specific: OPT-13B (TP 2) + OPT-125M and Llama-2-70B (TP 4;
 the chat model's shape) + Llama-160M, A100-80GB SXM with NVLink, the built-in `finance`, `chatbot` and `dialogue`
@@ -588,7 +757,7 @@ s_reward = s_punish = 1, s in [1, 12].
 | the optimum moves with batch size | Llama-2-70B dialogue: s* = 5 at batch 8, 2 at batch 16 | {'moves in every (pair, dataset)' if v['moves_with_batch'] else 'see table'} | {yes(v['moves_with_batch']) if not meta['quick'] else 'not run (--quick: batch 16 only)'} |
 | the optimum moves with dataset | OPT-13B batch 16: s* = 6 finance, 5 dialogue | {'differs between datasets' if v['moves_with_dataset'] else 'same s* for every dataset'} | {yes(v['moves_with_dataset'])} |
 | adaptive selector >= 95% of the best fixed s | Fig. 12: "closely approaches the optimality" | worst ratio {v['selector_min_ratio']:.3f} (default rule, from s = 4) | {yes(v['selector_95'])} |
-| pipelined beats tightly coupled (same LLM batch) | +34.3% (OPT), +55.4% (Llama) in the ablation | {', '.join(f"{PAIRS[k[0]]['label'].split(' +')[0]} {k[1] / 1000:g} ms: {g:+.1f}%" for k, g in v['pipeline_gain'].items())} (SSM step overhead) | {yes(v['pipeline_beats_coupled']) if v['pipeline_beats_coupled'] else ('**partly reproduced**' if v['pipeline_beats_some'] else yes(False))} |
+{pipe_row}
 | voting >= best single SSM once weights adapt | Fig. 11: "comparable to, or even higher than" the best | vote / best single SSM, SSMs on their own GPU: {v['vote_range_fixed'][0]:.3f}-{v['vote_range_fixed'][1]:.3f} at fixed s = 4, {v['vote_range_adaptive'][0]:.3f}-{v['vote_range_adaptive'][1]:.3f} with the selector (different s paths); sharing the LLM's GPU: {v['vote_range_shared'][0]:.3f}-{v['vote_range_shared'][1]:.3f}; the paper's Eq. 1 read strictly: down to {v['eq1_min']:.3f} | {yes(v['vote_at_least_best'])} on its own GPU at fixed s (within 1%); on a shared GPU the extra SSM work costs up to {100 * (1 - v['vote_range_shared'][0]):.0f}% |
 
 ## 1. The optimum speculation length (Minions Fig. 2)
@@ -642,12 +811,14 @@ time-weighted.
 {_md(pp, pp_cols, fp)}
 {DISCUSS_PIPELINE}
 
+{pg_text}
+
 ## What is not reproduced, and why
 
 {NOT_REPRODUCED.format(llama_vs_plain=_vs_plain(ab, "llama-2-70b"))}
 """
     path = out / f"{stem}.md"
-    path.write_text(text)
+    _write_atomic(path, text)
     return path
 
 
@@ -687,9 +858,11 @@ verification cost does not change: one output per request is verified, as the pa
 it gains for OPT at 0 ms, where s = 4 is far below the optimum, and nothing for Llama, whose optimum is
 near 4, which is the paper's own explanation for its +5.9% on Llama; with a 1 ms SSM step the OPT optimum
 drops towards 4 and the selector has little left to gain. Pipeline: overlapping the SSMs with verification
-helps in proportion to the SSM time it hides: little for Llama-2-70B on the roofline (its 160M SSMs cost
-about 7% of a round), more for OPT-13B and with a realistic per-step SSM overhead (1 ms rows). The paper's
-+34% / +55% imply SSMs that cost far more relative to the LLM than the roofline says. Against the same
+helps in proportion to the SSM time it hides: little for Llama-2-70B on the pure roofline (its 160M SSMs cost
+about 7% of a round, and here the pipelined selector also settles on a longer s than the coupled one: at an
+equal s = 4 the gain is +3%, section 6), more for OPT-13B and much more with a per-step SSM cost the roofline
+does not see (1 ms rows: OPT-13B above the paper's +34%, Llama-2-70B about +11%; section 6 sweeps that cost
+and finds the paper's +55% for Llama-2-70B at about 3.5 ms per step). Against the same
 number of requests in flight without the pipeline (`coupled, 32 in flight`) the coupled engine wins
 clearly: on the roofline a verification batch of 32 costs little more than one of 16, so simply batching
 the second group of requests beats overlapping it with drafting. The paper compares at equal batch size;
@@ -711,18 +884,20 @@ how); breaking them by list order would hand the early rounds to whichever SSM i
 
 DISCUSS_PIPELINE = """On one shared GPU the pipeline gains only what the shares allow: with LLM 0.8 + SSM 0.5 (summing to 1.3:
 the engines fill each other's idle units, as MPS is meant to) it beats coupled execution at the same LLM
-batch, except for Llama-2-70B on the pure roofline, where its SSMs cost about 6% of a round and hiding them
-does not make up for the LLM's slower share while they run; with 0.5 + 0.5 (summing to 1: the GPU's
-throughput is only divided) it is slightly slower than coupled execution in every row. On a separate GPU
-the SSMs' time is hidden completely and the pipeline gains most (OPT-13B with 1 ms SSM steps: about +60%). Idle time moves from the LLM to the SSM engine: coupled,
+batch, except for Llama-2-70B on the pure roofline, where its SSMs cost about 7% of a round and hiding them
+does not quite make up for the LLM's slower share while they run (-0.4% here, with the selector's s path; +3% at a fixed s = 4, section 6); with
+0.5 + 0.5 (summing to 1: the GPU's throughput is only divided) it is slightly slower than coupled execution on
+the pure roofline, but not with 1 ms SSM steps: that time is host time (launches, sampling), during which the
+LLM has the whole GPU, so the pipeline hides it whatever the shares. On a separate GPU the SSMs' time is hidden
+completely and the pipeline gains most (OPT-13B with 1 ms SSM steps: about +60%). Idle time moves from the LLM to the SSM engine: coupled,
 the LLM idles while the SSMs draft; pipelined, the LLM is busy nearly all the time and the SSMs idle or
 pause for back-pressure. When the SSM engine itself becomes the bottleneck (1 ms steps, three SSMs) the
 selector's `period` measure (time between verifications, waits for the pool included) keeps s from growing
 past what the SSMs can supply; the paper's t_LLM (verification time alone) cannot see that bottleneck.
-Back-pressure keeps the pool near or below the LLM batch (mean depth 3-12 at 64 requests in flight, against
-40-45 without it; 10 for OPT-13B with 1 ms steps, where the SSMs are the bottleneck anyway). On a shared GPU
+Back-pressure keeps the pool near or below the LLM batch (mean depth 2-12 at 64 requests in flight, against
+43-45 without it; 14 for OPT-13B with 1 ms steps, where the SSMs are the bottleneck anyway). On a shared GPU
 it helps throughput where drafting far ahead only takes GPU share from the LLM (up to +9%) and costs a little
-where the SSMs are the bottleneck (OPT-13B, 1 ms: -6%). The KV side of the paper's argument does not show
+where the SSMs are the bottleneck (OPT-13B, 1 ms: -7%). The KV side of the paper's argument does not show
 here: in this engine the KV held by requests waiting in the pool is bounded by the scheduler's admission
 (max batch and KV blocks), and on 80 GB GPUs these requests use a few percent of the KV pool, so the
 swap/recompute storm the paper describes without back-pressure needs a KV-bound deployment to appear."""
@@ -736,9 +911,10 @@ NOT_REPRODUCED = """* The overall gain. `vs_plain` (against the plain vLLM-like 
   reading instead (`kind: positional` or a different alpha), which would bring the sizes of every gain closer
   to the paper's. The comparison with TRT-LLM, TGI and FastGen is out of scope (one engine).
 * The exact optimum s values: the uncalibrated roofline puts OPT-13B's optimum higher than the paper's (see
-  section 1). The *direction* of every effect is reproduced except the pipeline's gain for Llama-2-70B on the
-  pure roofline (nil; it appears with a per-step SSM overhead); the *sizes* depend on the hardware profile,
-  the SSMs' step cost and the acceptance reading.
+  section 1). The *direction* of every effect is reproduced; the pipeline's gain for Llama-2-70B on the pure
+  roofline is small (+3% at s = 4, about nil with the selector) because its SSMs are 7% of a coupled round
+  there, and reaches the paper's +55% only with SSM steps of about 3.5 ms (section 6); the *sizes* depend on
+  the hardware profile, the SSMs' step cost and the acceptance reading.
 * The per-SSM acceptance rates behind Fig. 11 (not in the text) and the paper's weight thresholds and factors
   (not given): the values used are stated above and in simulator/catalog/acceptance/*.yaml.
 * Acceptance is modelled, not measured: i.i.d. per token, and each SSM's output agrees with the target for a
@@ -748,20 +924,30 @@ NOT_REPRODUCED = """* The overall gain. `vs_plain` (against the plain vLLM-like 
   MPS; the shares are assumptions, and the pipeline's gain on one GPU depends on them."""
 
 
+def _write_atomic(path: Path, text: str) -> None:
+    """Write via a temporary sibling and rename: a reader never sees half a file."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def write_outputs(df: pd.DataFrame, series: dict, out: Path, quick: bool, meta: dict) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     stem = "minions.quick" if quick else "minions"
     csv = out / f"{stem}.csv"
-    df.to_csv(csv, index=False, float_format="%.6g")
-    (out / f"{stem}.meta.json").write_text(json.dumps({k: meta[k] for k in ("quick", "n_runs", "wall_s", "jobs")}) + "\n")
+    _write_atomic(csv, df.to_csv(index=False, float_format="%.6g"))
+    _write_atomic(out / f"{stem}.meta.json", json.dumps({k: meta[k] for k in ("quick", "n_runs", "wall_s", "jobs")}) + "\n")
     if series:
         thin = {"|".join(k): {name: _thin_cols(cols) for name, cols in v.items()} for k, v in series.items()}
-        (out / f"{stem}.series.json").write_text(json.dumps(thin, separators=(",", ":")) + "\n")
+        _write_atomic(out / f"{stem}.series.json", json.dumps(thin, separators=(",", ":")) + "\n")
     else:
         series = _load_series(out / f"{stem}.series.json")
     paths = [csv, plot_fig2(df, out / f"{stem}.fig2.png"), plot_selector(df, series, out / f"{stem}.selector.png"),
              plot_ablation(ablation_table(df), voting_table(df), out / f"{stem}.ablation.png"),
              plot_timeline(series, out / f"{stem}.timeline.png")]
+    pg = pipegain_table(df)
+    if len(pg):
+        paths.append(plot_pipegain(pg, out / f"{stem}.pipeline.png"))
     paths.append(write_markdown(df, series, out, stem, meta))
     return paths
 

@@ -123,6 +123,16 @@ class DraftProposer:
             total += seen[key]
         return total + kmax * self.step_overhead_s
 
+    def draft_overhead_s(self, k: np.ndarray) -> float:
+        """The fixed per-step part of draft_time_s (kernel launches, sampling, framework): host
+        time during which the SSM engine issues no GPU work. On a GPU shared with the LLM
+        (pipelined, MPS-like) the LLM keeps the whole GPU during it, so the pipeline charges
+        contention only for draft_time_s - draft_overhead_s."""
+        k = np.asarray(k, dtype=np.int64)
+        if k.size == 0 or k.max(initial=0) <= 0:
+            return 0.0
+        return int(k.max()) * self.step_overhead_s
+
     def draft_prefill_time_s(self, q: np.ndarray, ctx: np.ndarray, logits: np.ndarray) -> float:
         q = np.asarray(q, dtype=np.int64)
         if q.size == 0:
@@ -237,6 +247,9 @@ class MedusaProposer:
         return self.nodes if remaining > 1 else 1
 
     def draft_time_s(self, ctx, k) -> float:
+        return 0.0
+
+    def draft_overhead_s(self, k) -> float:
         return 0.0
 
     def draft_prefill_time_s(self, q, ctx, logits) -> float:

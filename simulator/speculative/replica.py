@@ -452,11 +452,16 @@ class PipelinedReplica(SpeculativeReplica):
             s_now = p.s
             k = p.plan(rem)
             fresh = [i for i, s in enumerate(batch) if s.rid in self.draft_prefill]
-            work = p.draft_time_s(ctx, k)
+            # the per-step host overhead (launches, sampling) leaves the GPU to the LLM: only the
+            # SSMs' kernels contend for a shared device
+            host = p.draft_overhead_s(k)
+            work = p.draft_time_s(ctx, k) - host
             if fresh:
                 qf = ctx[fresh]
                 work += p.draft_prefill_time_s(qf, np.zeros_like(qf), np.ones_like(qf))
             start = env.now
+            if host > 0:
+                yield env.timeout(host)
             yield from self.device.run("ssm", work)
             self.busy["ssm"] += env.now - start
             acc, voted, rates, lengths = p.accept(self.rng, k)
