@@ -63,6 +63,13 @@ class CostModel(ABC):
     def transfer_time_s(self, nbytes: float, direction: Direction) -> float:
         """Host link copy of nbytes (KV swap, offload prefetch)."""
 
+    def kv_transfer_time_s(self, nbytes: float, direction: Direction, copies: int = 1) -> float:
+        """A KV move issued as `copies` separate asynchronous copies on one stream, nbytes in
+        all. vLLM 0.2 swaps every block of every layer's K and V tensor apart (one
+        cudaMemcpyAsync each: 2 x layers copies per block). Cost models that know no per-copy
+        cost price it as one transfer."""
+        return self.transfer_time_s(nbytes, direction)
+
     def breakdown(self, batch: BatchShape) -> list[OperatorCost]:
         raise NotImplementedError(f"{self.name} does not give a per-operator breakdown")
 

@@ -309,6 +309,7 @@ class RegressionCostModel(CostModel):
                     "d2h": float(link.get("d2h_gbps", hl.d2h_gbps)) * 1e9}
         self._lat = {"h2d": float(link.get("h2d_latency_us", hl.latency_us)) * 1e-6,
                      "d2h": float(link.get("d2h_latency_us", hl.latency_us)) * 1e-6}
+        self._copy_issue_s = hl.copy_issue_us * 1e-6
 
     # ---- the representative uniform batch and its roofline -------------------------------
     @staticmethod
@@ -399,6 +400,12 @@ class RegressionCostModel(CostModel):
         if nbytes <= 0:
             return 0.0
         return self._lat[direction] + float(nbytes) / self._bw[direction]
+
+    def kv_transfer_time_s(self, nbytes: float, direction: Direction, copies: int = 1) -> float:
+        # as the roofline: the fitted link, floored by the host's cost per issued copy
+        if nbytes <= 0:
+            return 0.0
+        return self._lat[direction] + max(float(nbytes) / self._bw[direction], int(copies) * self._copy_issue_s)
 
     def breakdown(self, batch: BatchShape):
         return self.roof.breakdown(batch)

@@ -102,6 +102,16 @@ class RooflineCostModel(CostModel):
             return 0.0
         return link.latency_us * 1e-6 + float(nbytes) / (gbps * 1e9)
 
+    def kv_transfer_time_s(self, nbytes: float, direction: Direction, copies: int = 1) -> float:
+        """Back-to-back async copies pipeline: the DMA engine moves one copy while the host
+        issues the next, so the stream runs at the slower of the link's bandwidth and the
+        host's cost per copy (copy_issue_us), after one link latency."""
+        link = self.hardware.host_link
+        gbps = link.h2d_gbps if direction == "h2d" else link.d2h_gbps
+        if nbytes <= 0:
+            return 0.0
+        return link.latency_us * 1e-6 + max(float(nbytes) / (gbps * 1e9), int(copies) * link.copy_issue_us * 1e-6)
+
     def breakdown(self, batch: BatchShape) -> list[OperatorCost]:
         t = batch.totals()
         flops, nbytes, ct, mt, time = (a[:, 0] for a in self.op_times(t.tokens, t.score_pairs, t.keys, t.logits))

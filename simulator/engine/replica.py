@@ -35,6 +35,9 @@ class Replica:
         self.swapped: list = []
         self.wakeup = self.env.event()
         self.step_mode = sim.step_mode
+        # vLLM 0.2's paged KV layout (per layer, a K and a V tensor indexed by block): a swap
+        # is one copy per block per layer per K/V, not one per sequence
+        self.kv_copies_per_block = getattr(sim, "kv_copies_per_block", None)
 
     @property
     def outstanding(self) -> int:
@@ -81,7 +84,8 @@ class Replica:
             now_s=self.env.now, waiting=self.waiting, running=self.running, swapped=self.swapped,
             free_gpu_blocks=b.free_gpu, free_cpu_blocks=b.free_cpu, total_gpu_blocks=b.total_gpu,
             block_size=b.block_size, watermark_blocks=b.watermark_blocks,
-            kv_bytes_per_block=self.kv_bytes_per_block, limits=self.limits, cost_model=self.cost)
+            kv_bytes_per_block=self.kv_bytes_per_block, limits=self.limits, cost_model=self.cost,
+            kv_copies_per_block=self.kv_copies_per_block)
 
     def _apply(self, d) -> tuple[float, float]:
         now = self.env.now
@@ -102,7 +106,7 @@ class Replica:
                     self.swapped.append(seq)
                     m.preempt(seq, "swap")
                 else:
-                    forced = self.scheduler.preemption.name == "swap"
+                    forced = self.scheduler.preemption.swap_only
                     self.blocks.free(seq)
                     seq.computed = 0
                     front.append(seq)
@@ -131,7 +135,14 @@ class Replica:
             yield req
             for nbytes, direction in ((out_bytes, "d2h"), (in_bytes, "h2d")):
                 if nbytes:
-                    yield self.env.timeout_at(self.env.now + self.cost.transfer_time_s(nbytes, direction))
+                    copies = self._swap_copies(nbytes)
+                    yield self.env.timeout_at(self.env.now + self.cost.kv_transfer_time_s(nbytes, direction, copies))
+
+    def _swap_copies(self, nbytes: float) -> int:
+        """Separate copies a swap of nbytes (whole blocks) is issued as."""
+        if not self.kv_copies_per_block:
+            return 1
+        return int(round(nbytes / self.kv_bytes_per_block)) * self.kv_copies_per_block
 
     # ---- one general iteration (prefill, chunks, mixed) -------------------------------
     def _iteration(self, batch, out_bytes: float, in_bytes: float):

@@ -65,6 +65,9 @@ class Simulation:
                                       swap_space_gb=sv.swap_space_gb, max_batched_tokens=max_batched,
                                       max_batch_size=sv.max_batch_size, gpu_blocks=sv.gpu_blocks,
                                       cpu_blocks=sv.cpu_blocks, source=source)
+        # vLLM 0.2-0.5 keep a K and a V tensor per layer and swap block by block with one
+        # cudaMemcpyAsync each (cache_ops.swap_blocks), per GPU: 2 x layers copies per block
+        self.kv_copies_per_block = 2 * self.model.num_layers
         self.env = SimEnvironment()
         self.metrics = MetricsCollector(len(requests), series_path=series_path)
         self.extra: dict = {}

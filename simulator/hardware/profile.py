@@ -19,6 +19,9 @@ class HostLink(BaseModel):
     h2d_gbps: PositiveFloat = Field(description="achieved host-to-device copy bandwidth, GB/s")
     d2h_gbps: PositiveFloat = Field(description="achieved device-to-host copy bandwidth, GB/s")
     latency_us: NonNegativeFloat = 10.0
+    copy_issue_us: NonNegativeFloat = Field(
+        0.0, description="host cost of issuing one async copy (driver call): a stream of many small copies "
+                         "cannot run faster than one per copy_issue_us, whatever the bandwidth; 0 = not known")
     source: str = ""
 
 

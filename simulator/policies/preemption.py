@@ -11,8 +11,11 @@ PREEMPTION_POLICIES: Registry = Registry("preemption policy")
 class PreemptionPolicy:
     name = "base"
 
+    swap_only = False  # a recompute is then forced (every running sequence stalled), not chosen
+
     def choose(self, seq, state: SchedulerState, free_cpu_blocks: int) -> str:
-        """ "swap", "recompute", or "stall" (do not preempt: the sequence needing room waits)."""
+        """ "swap", "recompute", "stall" (do not preempt: the sequence needing room waits) or
+        "stall_tail" (it and every lower-priority sequence wait)."""
         raise NotImplementedError
 
     @staticmethod
@@ -38,9 +41,22 @@ class SwapPreemption(PreemptionPolicy):
     needed the block waits ("stall") until blocks free up. Only when every running sequence
     waits is one recomputed (counted apart as forced)."""
     name = "swap"
+    swap_only = True
 
     def choose(self, seq, state, free_cpu_blocks):
         return "swap" if self.fits_on_cpu(seq, free_cpu_blocks) else "stall"
+
+
+@PREEMPTION_POLICIES.register("swap_tail")
+class SwapTailPreemption(SwapPreemption):
+    """Swap-only, but a full CPU pool stops the batch from growing: the sequence that needed a
+    block and every lower-priority one after it sit the iteration out ("stall_tail"), as if
+    vLLM's reservation loop were left at the first victim that does not fit. An alternative
+    reading of the paper's unstated vLLM_s behaviour, for the AdaptiveLLM study."""
+    name = "swap_tail"
+
+    def choose(self, seq, state, free_cpu_blocks):
+        return "swap" if self.fits_on_cpu(seq, free_cpu_blocks) else "stall_tail"
 
 
 @PREEMPTION_POLICIES.register("cost_aware")
@@ -51,8 +67,9 @@ class CostAwarePreemption(PreemptionPolicy):
 
     def swap_cost_s(self, seq, state: SchedulerState) -> float:
         nbytes = seq.num_gpu_blocks * state.kv_bytes_per_block
+        copies = state.swap_copies(seq.num_gpu_blocks)
         cm = state.cost_model
-        return cm.transfer_time_s(nbytes, "d2h") + cm.transfer_time_s(nbytes, "h2d")
+        return cm.kv_transfer_time_s(nbytes, "d2h", copies) + cm.kv_transfer_time_s(nbytes, "h2d", copies)
 
     def recompute_cost_s(self, seq, state: SchedulerState) -> float:
         return state.cost_model.prefill_time_s(seq.num_tokens)

@@ -52,8 +52,11 @@ class Scheduler:
             while need > free:
                 victim = queue[-1] if queue else seq
                 mode = self.preemption.choose(victim, state, free_cpu)
-                if mode == "stall":
+                if mode in ("stall", "stall_tail"):
                     stalled.append(seq)
+                    if mode == "stall_tail":  # the batch stops growing here: the rest sit out too
+                        stalled.extend(queue)
+                        queue.clear()
                     break
                 if queue:
                     queue.pop()

@@ -13,7 +13,7 @@ from typing import Any, Literal, Protocol
 
 from ..costmodel.base import CostModel
 
-PreemptMode = Literal["swap", "recompute"]  # what a decision carries out ("stall" never gets here)
+PreemptMode = Literal["swap", "recompute"]  # what a decision carries out (stalls never get here)
 
 
 class SeqLike(Protocol):
@@ -59,6 +59,12 @@ class SchedulerState:
     kv_bytes_per_block: float
     limits: SchedulerLimits
     cost_model: CostModel
+    # separate host-link copies per swapped block (vLLM 0.2: one per layer for K and for V);
+    # None: a sequence's KV moves as one contiguous copy
+    kv_copies_per_block: int | None = None
+
+    def swap_copies(self, blocks: int) -> int:
+        return int(blocks) * self.kv_copies_per_block if self.kv_copies_per_block else 1
 
     def blocks_for_tokens(self, tokens: int) -> int:
         return -(-int(tokens) // self.block_size)
