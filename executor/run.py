@@ -83,6 +83,12 @@ def execute(spec, requests, model: str, out: Path, *, device: str | None = "cpu"
             realtime: bool = True, plots: bool = True, csv: bool = False, quiet: bool = True,
             device_memory_gb: float | None = None, source: str = "workload", log=None) -> dict:
     """Serve the requests on the model and write the run directory atomically; returns the summary."""
+    if getattr(spec, "speculation", None) is not None:
+        # a `speculation:` section: the speculative engine (executor/speculative/engine.py)
+        from .speculative.engine import execute_speculative
+
+        return execute_speculative(spec, requests, model, out, device=device, dtype=dtype, realtime=realtime,
+                                   plots=plots, csv=csv, quiet=quiet, log=log)
     import torch
 
     from simulator.engine.memory import MemoryPlan

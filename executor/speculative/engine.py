@@ -1,0 +1,311 @@
+"""`sim exec` for workloads with a `speculation:` section: requests arrive (real time, or
+fast), are admitted up to serving.max_batch_size while their KV fits, and are served by the
+speculative decoder (coupled) or the Minions pipeline, on the zoo (or local) models the
+section names. The run directory is `sim run`'s (config.yaml, requests.parquet,
+series.parquet, summary.json with a `speculation` entry like the simulator's, plots/) plus:
+
+| file | what |
+|---|---|
+| speculation_rounds.parquet | one row per verification: times, batch, s, drafted / accepted / produced tokens, KV blocks released on rejection |
+| speculation_ssm.parquet | Minions: one row per (verification, SSM): ACR, agreement rate, weight after the update, outputs voted |
+| acceptance.yaml | acceptance by position as the simulator's acceptance table (load it with `acceptance: {table: <path>, draft: ..., dataset: ...}`) |
+| outputs.parquet | prompt and generated token ids per request |
+
+What the section may ask: method draft | minions (medusa is not run by the executor); each
+draft's `model` is a zoo name or a checkpoint folder (its `acceptance` is what the simulator
+would assume; here acceptance is measured); sampling greedy, or sampling at a temperature
+with method draft (rejection sampling); voting / selector / pipeline as in the simulator."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from simulator.errors import InfersimError
+
+DATASET = "stdlib-heldout"
+
+
+class _Observer:
+    """Turns the decoder's rounds into the simulator's metrics (same meaning as sim run)."""
+
+    def __init__(self, metrics, target_cache, waiting_count):
+        self.m = metrics
+        self.cache = target_cache
+        self.waiting_count = waiting_count
+        self.finished = []
+        self.series_s = []
+
+    def on_admit(self, seq, now):
+        pass
+
+    def on_round(self, prefill, ready, results, start, end, released):
+        m = self.m
+        q_pre = sum(s.prompt_len for s in prefill)
+        q_ver = sum(k + 1 for k, _ in results)  # verified rows that stay (accepted + the last committed token)
+        m.segment((start, end, 0, 1, len(prefill) + len(ready), q_pre + q_ver, q_pre, self.cache.used_gpu, 0,
+                   self.waiting_count(), 0, 0.0, 0.0))
+        for seq in prefill:
+            seq.first_token_s = end
+            seq.last_token_s = end
+        gaps, wts = [], []
+        for seq, (k, _) in zip(ready, results):
+            n = k + 1
+            gaps.append((end - seq.last_token_s) / n)  # as the simulator spreads a round's tokens
+            wts.append(float(n))
+            seq.last_token_s = end
+        if gaps:
+            m.add_itl(np.array(gaps), np.array(wts))
+
+    def on_finish(self, seq, now):
+        seq.finish_s = now
+        self.finished.append(seq)
+        self.m.finish(seq, now)
+
+
+def _settings(sp):
+    if sp.method == "medusa":
+        raise InfersimError("speculation.method 'medusa': the executor runs draft and minions only")
+    mode = sp.sampling.mode
+    if mode == "typical":
+        raise InfersimError("speculation.sampling.mode 'typical' is Medusa's; use greedy or sampling")
+    temperature = float(sp.sampling.temperature) if mode == "sampling" else 0.0
+    if temperature > 0 and (sp.method == "minions" or sp.pipeline_on or sp.voting_on):
+        raise InfersimError("speculation.sampling: rejection sampling runs with method 'draft' only "
+                            "(Minions votes and pipelines greedily); use sampling.mode: greedy")
+    return mode, temperature
+
+
+def execute_speculative(spec, requests, model: str, out: Path, *, device: str | None = "cpu",
+                        dtype: str | None = None, realtime: bool = True, plots: bool = True, csv: bool = False,
+                        quiet: bool = True, log=None) -> dict:
+    import torch
+
+    from simulator.engine.memory import MemoryPlan
+    from simulator.engine.simulation import SimulationResult
+    from simulator.metrics.collector import MetricsCollector
+    from simulator.metrics.rundir import staged_dir, write_json, write_table, write_yaml
+    from simulator.metrics.summary import derived_columns, summarize
+    from simulator.speculative.minions import SSMWeights
+    from simulator.speculative.selector import AdaptiveLengthSelector
+
+    from ..models import dtype_name, load_model
+    from ..prompts import make_prompts
+    from ..run import _device_description, _model_summary, _write_outputs
+    from .build import build_decoder
+    from .decoder import Clock, kv_blocks_for
+    from .pipeline import PipelinedDecoder
+    from .record import write_acceptance_table
+    from .sequence import SpecSequence
+
+    t_wall = time.perf_counter()
+    sp = spec.speculation
+    mode, temperature = _settings(sp)
+    if len(requests) == 0:
+        raise InfersimError("the workload produced no requests")
+    if requests.closed_loop:
+        raise InfersimError("speculative sim exec replays open-loop arrivals only (requests.arrival), "
+                            "not closed-loop clients")
+    lm = load_model(model, device=device, dtype=dtype, log=log)
+    dlms = [load_model(d.model, device=device, dtype=dtype, log=log) for d in sp.drafts]
+    names = [d.name or d.model for d in sp.drafts]
+    sv = spec.serving
+    max_len = min(sv.max_model_len or lm.max_positions, lm.max_positions, *(d.max_positions for d in dlms))
+    sel = None
+    if sp.selector_on:
+        c = sp.selector
+        sel = AdaptiveLengthSelector(s=sp.speculation_length, decision_threshold=c.decision_threshold,
+                                     s_reward=c.s_reward, s_punish=c.s_punish, s_min=c.s_min, s_max=c.s_max, rule=c.rule)
+    s_max = sel.s_max if sel is not None else sp.speculation_length
+    prompts = make_prompts(requests.prompt_tokens, tokenizer=lm.tokenizer, vocab_size=lm.vocab_size, seed=spec.seed)
+    seqs, truncated = [], 0
+    for i, t in enumerate(requests.arrival_s):
+        if requests.duration_s is not None and t > requests.duration_s:
+            break
+        p = prompts[i][: max_len - 2]
+        o = int(requests.output_tokens[i])
+        if len(p) + o + s_max + 1 > max_len:
+            o = max(1, max_len - len(p) - s_max - 1)  # drafted tokens need positions too
+            truncated += 1
+        seqs.append(SpecSequence(i, p, o, max(1, len(dlms)), float(t)))
+    gpu_blocks = sv.gpu_blocks or min(kv_blocks_for(seqs, s_max, sv.block_size),
+                                      sv.max_batch_size * max(kv_blocks_for([s], s_max, sv.block_size) for s in seqs) + 1)
+    method = sp.method if (sp.method == "minions" or sp.voting_on) else "draft"
+    weights = None
+    if method == "minions":
+        v = sp.voting
+        weights = SSMWeights(np.array([d.weight for d in sp.drafts], dtype=np.float64),
+                             reward_threshold=v.reward_threshold, punish_threshold=v.punish_threshold,
+                             reward_factor=v.reward_factor, punish_factor=v.punish_factor,
+                             threshold_mode=v.threshold_mode, ema=v.ema)
+    dec = build_decoder(lm, dlms, method=method, s=sp.speculation_length, temperature=temperature, seed=spec.seed,
+                        block_size=sv.block_size, gpu_blocks=int(gpu_blocks), max_batch_size=sv.max_batch_size,
+                        selector=sel, weights=weights, acr_scope=sp.voting.acr_scope, names=names)
+    runner = dec
+    if sp.pipeline_on:
+        pl = sp.pipeline
+        runner = PipelinedDecoder(dec, llm_batch_size=pl.llm_batch_size, ssm_batch_size=pl.ssm_batch_size,
+                                  back_pressure=pl.back_pressure)
+    out = Path(out)
+    with staged_dir(out) as tmp:
+        metrics = MetricsCollector(len(seqs), series_path=tmp / "series.parquet")
+        for s in seqs:
+            metrics.arrive(s)
+        clock = Clock(realtime=realtime)
+        finished_count = [0]
+        obs = _Observer(metrics, dec.target.cache, lambda: sum(1 for s in seqs if s.arrival_s <= clock.now()
+                                                                and s.first_scheduled_s < 0))
+        progress = None
+        if not quiet:
+            from rich.progress import Progress
+
+            progress_bar = Progress(transient=True)
+            progress_bar.__enter__()
+            task = progress_bar.add_task("speculative exec", total=len(seqs))
+            progress = lambda seq: progress_bar.advance(task)
+        try:
+            runner.generate(seqs, progress=progress, clock=clock, observer=obs)
+        finally:
+            if progress is not None:
+                progress_bar.__exit__(None, None, None)
+        finished_count[0] = len(obs.finished)
+        end = max((s.finish_s for s in seqs), default=0.0)
+        series = metrics.close_series()
+        bpb = dec.target.cache.bytes_per_block
+        memory = MemoryPlan(int(gpu_blocks), 0, float(bpb), float(lm.weight_bytes()), 0.0,
+                            "explicit" if sv.gpu_blocks else "derived")
+        spec_x = _speculation_summary(dec, runner, sp, names, mode, temperature, sp.series_max_points)
+        tab = dec.stats.table()
+        fwd = float(tab["draft_s"].sum() + tab["verify_s"].sum())
+        ex = {"model": lm.name, "model_path": str(lm.path), "drafts": names, "device": str(lm.device),
+              # forward: drafting + verification passes; schedule: the rest of the rounds (voting,
+              # acceptance, bookkeeping); no swapping here
+              "forward_s": fwd, "schedule_s": max(0.0, float((tab["t_end_s"] - tab["t_start_s"]).sum()) - fwd),
+              "swap_s": 0.0,
+              "dtype": dtype_name(lm.dtype), "realtime": realtime, "wall_s": time.perf_counter() - t_wall,
+              "outputs_truncated_to_max_model_len": truncated, "torch": str(torch.__version__),
+              "threads": torch.get_num_threads()}
+        resolved = {"workload": spec.model_copy(update={"model": str(lm.path)}).model_dump(mode="json"),
+                    "model": _model_summary(lm, sv.dtype), "hardware": _device_description(lm.device),
+                    "memory": {"gpu_blocks": int(gpu_blocks), "kv_bytes_per_block": float(bpb)},
+                    "step_mode": True, "num_requests": len(seqs),
+                    "executor": {k: ex[k] for k in ("model", "model_path", "drafts", "device", "dtype", "realtime",
+                                                    "torch", "threads")}}
+        result = SimulationResult(spec, metrics.requests_table(), series, metrics, memory, float(end), resolved,
+                                  {"executor": ex, "speculation": spec_x})
+        summary = summarize(result)
+        write_yaml(tmp / "config.yaml", resolved)
+        table = dict(result.requests)
+        table.update(derived_columns(result.requests))
+        write_table(tmp / "requests.parquet", table)
+        if csv:
+            import pandas as pd
+
+            pd.DataFrame(table).to_csv(tmp / "requests.csv", index=False)
+        write_json(tmp / "summary.json", summary)
+        write_table(tmp / "speculation_rounds.parquet", dec.stats.table())
+        ssm = _ssm_table(dec.proposer)
+        if ssm is not None:
+            write_table(tmp / "speculation_ssm.parquet", ssm)
+        if dec.stats.recorder.rounds:
+            label = names[0] if method == "draft" else "minions(" + "+".join(names) + ")"
+            write_acceptance_table(tmp / "acceptance.yaml", target=lm.name, drafts={label: label},
+                                   source=f"sim exec of workload {spec.name} (seed {spec.seed})",
+                                   entries=[dec.stats.recorder.entry(label, sp.dataset or DATASET, mode=mode,
+                                                                     temperature=temperature,
+                                                                     source="measured by executor/speculative")])
+        _write_outputs(tmp / "outputs.parquet", sorted(seqs, key=lambda s: s.rid))
+        if plots:
+            from analysis.run_plots import plot_run
+
+            plot_run(tmp)
+            _plot_speculation(tmp, dec, runner)
+    return summary
+
+
+def _speculation_summary(dec, runner, sp, names, mode, temperature, limit) -> dict:
+    from simulator.speculative.report import _thin
+
+    st = dec.stats
+    tab = st.table()
+    rec = st.recorder
+    out = {"method": sp.method, "mode": mode, "temperature": temperature, "executed": True,
+           "pipelined": runner is not dec,
+           "acceleration_rate": st.acceleration_rate(),
+           "acceptance_rate": rec.mean_acceptance(),
+           "accepted_tokens": int(tab["accepted_tokens"].sum()) if len(tab["round"]) else 0,
+           "drafted_tokens": int(tab["drafted_tokens"].sum()) if len(tab["round"]) else 0,
+           "rounds": int(len(tab["round"])), "sequence_rounds": st.verify_rounds,
+           "target_steps": dec.target.steps,
+           "kv_blocks_released_on_rejection": int(dec.target.released_blocks),
+           "draft_kv_blocks_released_on_rejection": int(sum(d.released_blocks for d in getattr(dec.proposer, "drafts", []))),
+           "acceptance_by_position": rec.positional_probs(),
+           "s": {"final": dec.s, "changes": max(0, len(dec.s_series) - 1)},
+           "series": {"s": {"columns": ["round", "s"], "rows": _thin([list(x) for x in dec.s_series], limit)},
+                      "rounds": {"columns": ["t_s", "batch", "tokens_per_seq", "step_s", "s"],
+                                 "rows": _thin([[float(e), int(v), (float(o - p) / v) if v else 0.0, float(e - t), int(s)]
+                                                for t, e, v, p, o, s in zip(tab["t_start_s"], tab["t_end_s"],
+                                                                            tab["verify_seqs"], tab["prefill_seqs"],
+                                                                            tab["tokens_out"], tab["s"])], limit)}}}
+    p = dec.proposer
+    if hasattr(p, "history"):
+        out["voting"] = {"ssms": names, "voted_outputs": p.voted_counts.tolist(),
+                         "final_weights": [float(w) for w in p.weights.weights], "weight_updates": p.weights.updates,
+                         "per_ssm": p.summary()}
+        out["series"]["weights"] = {"columns": ["round"] + names,
+                                    "rows": _thin([[i] + h["weights"] for i, h in enumerate(p.history)], limit)}
+    if runner is not dec:
+        out["pool"] = {"max_depth": max((d for _, d in runner.pool_depth_series), default=0),
+                       "llm_batch_size": runner.llm_batch_size, "ssm_batch_size": runner.ssm_batch_size,
+                       "drafting_rounds": len(runner.draft_rounds)}
+        out["series"]["pool_depth"] = {"columns": ["t_s", "depth"],
+                                       "rows": _thin([list(x) for x in runner.pool_depth_series], limit)}
+    return out
+
+
+def _ssm_table(p):
+    if not hasattr(p, "history") or not p.history:
+        return None
+    rows = {"verification": [], "ssm": [], "acr": [], "agreement_rate": [], "weight": [], "voted": []}
+    for i, h in enumerate(p.history):
+        for j, name in enumerate(p.names):
+            rows["verification"].append(i)
+            rows["ssm"].append(name)
+            rows["acr"].append(h["acr"].get(j, float("nan")))
+            rows["agreement_rate"].append(h["agreement"][j])
+            rows["weight"].append(h["weights"][j])
+            rows["voted"].append(h["voted"][j])
+    return {k: np.asarray(v) for k, v in rows.items()}
+
+
+def _plot_speculation(folder: Path, dec, runner) -> None:
+    """plots/speculation.png: tokens per sequence per verification and s over time; Minions
+    weights per SSM."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from simulator.yamlio import atomic_path
+
+    tab = dec.stats.table()
+    p = dec.proposer
+    has_w = hasattr(p, "history") and p.history
+    fig, axes = plt.subplots(1, 3 if has_w else 2, figsize=(13 if has_w else 9, 3.4))
+    v = np.maximum(tab["verify_seqs"], 1)
+    axes[0].plot(tab["t_end_s"], (tab["tokens_out"] - tab["prefill_seqs"]) / v, ".", ms=3)
+    axes[0].set(xlabel="engine time (s)", ylabel="tokens per sequence per step", title="acceleration")
+    axes[1].step(tab["t_end_s"], tab["s"], where="post")
+    axes[1].set(xlabel="engine time (s)", ylabel="s", title="speculation length")
+    if has_w:
+        w = np.array([h["weights"] for h in p.history])
+        for j, name in enumerate(p.names):
+            axes[2].plot(w[:, j], label=name)
+        axes[2].set(xlabel="verification", ylabel="weight", title="SSM weights")
+        axes[2].legend(fontsize=7)
+    fig.tight_layout()
+    (folder / "plots").mkdir(exist_ok=True)
+    with atomic_path(folder / "plots" / "speculation.png") as tmp:
+        fig.savefig(tmp, dpi=110)
+    plt.close(fig)

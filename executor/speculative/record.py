@@ -1,0 +1,178 @@
+"""Acceptance by position, recorded from real verification rounds and written as the
+simulator's acceptance data (simulator/catalog/acceptance/<target>.yaml, the `empirical` /
+`positional` AcceptanceSpec of simulator/speculative/config.py), so `sim run` can model the
+pairs the executor measured.
+
+Per round and sequence: s (tokens drafted) and k (tokens accepted). Position i (1-based) was
+tried when s >= i and k >= i - 1, accepted when k >= i: the positional probability is
+accepted_i / tried_i. At one fixed s the histogram of k is the `empirical` spec itself."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from simulator.yamlio import write_atomic
+
+
+class AcceptanceRecorder:
+    def __init__(self):
+        self.hist: dict[int, np.ndarray] = {}  # s -> counts of k = 0..s
+
+    def add(self, s: int, k: int) -> None:
+        s, k = int(s), int(k)
+        if s <= 0:
+            return
+        if not 0 <= k <= s:
+            raise ValueError(f"accepted {k} of {s} drafted tokens")
+        h = self.hist.get(s)
+        if h is None:
+            h = self.hist[s] = np.zeros(s + 1, dtype=np.int64)
+        h[k] += 1
+
+    def merge(self, other: "AcceptanceRecorder") -> None:
+        for s, h in other.hist.items():
+            self.hist[s] = self.hist.get(s, np.zeros(s + 1, dtype=np.int64)) + h
+
+    def at(self, s: int) -> "AcceptanceRecorder":
+        """Only the rounds that drafted exactly s (the rounds cut short by a request's end are
+        left out of a table recorded at s)."""
+        r = AcceptanceRecorder()
+        if s in self.hist:
+            r.hist = {s: self.hist[s].copy()}
+        return r
+
+    @property
+    def rounds(self) -> int:
+        return int(sum(h.sum() for h in self.hist.values()))
+
+    def by_position(self) -> tuple[np.ndarray, np.ndarray]:
+        """(tried_i, accepted_i) for positions i = 1..max s."""
+        smax = max(self.hist, default=0)
+        tried, acc = np.zeros(smax, dtype=np.int64), np.zeros(smax, dtype=np.int64)
+        for s, h in self.hist.items():
+            for k, c in enumerate(h):
+                # positions 1..min(k+1, s) were tried, 1..k accepted
+                tried[:min(k + 1, s)] += c
+                acc[:k] += c
+        return tried, acc
+
+    def positional_probs(self) -> list[float]:
+        tried, acc = self.by_position()
+        keep = tried > 0
+        return (acc[keep] / tried[keep]).tolist()
+
+    def mean_acceptance(self) -> float:
+        """Minions' acceptance rate: accepted / drafted over all rounds."""
+        num = sum(float((np.arange(s + 1) * h).sum()) for s, h in self.hist.items())
+        den = sum(float(s * h.sum()) for s, h in self.hist.items())
+        return num / den if den else float("nan")
+
+    def tokens_per_step(self) -> float:
+        """Mean tokens a verification yields (accepted + the target's own): the acceleration rate."""
+        n = self.rounds
+        return sum(float(((np.arange(s + 1) + 1) * h).sum()) for s, h in self.hist.items()) / n if n else float("nan")
+
+    def entry(self, draft: str, dataset: str, *, mode: str = "greedy", temperature: float = 0.0,
+              source: str = "") -> dict:
+        """A table entry: `empirical` when every round drafted the same s, else `positional`."""
+        if not self.hist:
+            raise ValueError("nothing recorded")
+        e = {"draft": draft, "dataset": dataset, "measured_mode": mode, "measured_temperature": float(temperature),
+             "source": source}
+        if len(self.hist) == 1:
+            (s, h), = self.hist.items()
+            e.update(kind="empirical", recorded_s=int(s), counts=[int(c) for c in h])
+        else:
+            e.update(kind="positional", probs=[round(p, 6) for p in self.positional_probs()])
+        return e
+
+
+def write_acceptance_table(path: str | Path, *, target: str, entries: list[dict], source: str, notes: str = "",
+                           drafts: dict | None = None) -> Path:
+    """Write (atomically) an acceptance table the simulator loads with
+    simulator.speculative.acceptance.load_table; validated before it is written."""
+    from simulator.speculative.acceptance import AcceptanceTable
+
+    data = {"name": Path(path).stem, "target": target, "source": source, "notes": notes,
+            "drafts": dict(drafts or {}), "entries": entries}
+    AcceptanceTable.model_validate(data)  # never write a table the simulator would refuse
+    header = (f"# Acceptance of draft tokens by {target}, recorded by the real executor (executor/speculative).\n"
+              f"# In a workload: acceptance: {{table: <this file, or its name when it lies in "
+              f"simulator/catalog/acceptance>, draft: <draft>, dataset: <dataset>}}\n")
+    text = header + yaml.safe_dump(data, sort_keys=False, width=100)
+    write_atomic(path, text)
+    return Path(path)
+
+
+# ---- recording the zoo's table ---------------------------------------------------------------------
+ZOO_DRAFTS = ("zoo-draft-a", "zoo-draft-b", "zoo-draft-c", "zoo-opt")
+DATASET = "stdlib-heldout"
+
+
+def record_zoo(out: Path, *, s: int = 5, requests: int = 24, output: int = 96, seed: int = 0, quiet: bool = False):
+    """Greedy acceptance of each zoo draft (and of the Minions ensemble of drafts a, b, c with
+    fixed s) by zoo-target on held-out prompts, at speculation length s, as table entries."""
+    import platform
+
+    import torch
+    from rich.progress import Progress
+
+    from ..models import load_model
+    from ..prompts import make_prompts
+    from .build import build_decoder, make_sequences
+
+    torch.manual_seed(seed)
+    target = load_model("zoo-target")
+    rng = np.random.default_rng([seed, 5])
+    lengths = rng.integers(32, 161, requests).tolist()
+    prompts = make_prompts(lengths, tokenizer=target.tokenizer, vocab_size=target.vocab_size, seed=seed)
+    runs = [(name, "draft", [name]) for name in ZOO_DRAFTS]
+    runs.append(("minions(a+b+c)", "minions", list(ZOO_DRAFTS[:3])))
+    entries = []
+    how = (f"{requests} held-out prompts of 32-160 tokens (executor/prompts.py, seed {seed}), {output} output "
+           f"tokens each, batch {requests}, greedy, s = {s}; rounds cut short by a request's end left out")
+    with Progress(transient=True, disable=quiet) as prog:
+        task = prog.add_task("recording acceptance", total=len(runs))
+        for label, method, names in runs:
+            dec = build_decoder(target, [load_model(n) for n in names], method=method, s=s, gpu_blocks=2048,
+                                max_batch_size=requests, seed=seed)
+            dec.generate(make_sequences(prompts, output, len(names)))
+            rec = dec.stats.recorder.at(s)
+            entries.append(rec.entry(label, DATASET, source=f"measured: {rec.rounds} rounds; {how}"))
+            prog.advance(task)
+    drafts = {n: n for n in ZOO_DRAFTS}
+    drafts["minions(a+b+c)"] = "zoo-draft-a"
+    notes = (f"Recorded by `python -m executor.speculative.record` with torch {torch.__version__} on "
+             f"{platform.machine()}. kind empirical: counts[k] = rounds in which exactly k of the s drafted tokens "
+             f"were accepted (the simulator turns them into positional probabilities). The `drafts` map names "
+             f"the zoo checkpoint each label's steps would cost (the simulator's catalog has no zoo models: a "
+             f"workload gives a costable model in its draft's `model`). minions(a+b+c): the majority-voted draft "
+             f"of zoo-draft-a/b/c with weights updated from their ACR (executor/speculative/minions.py), s fixed.")
+    return write_acceptance_table(out, target="zoo-target", entries=entries, drafts=drafts, notes=notes,
+                                  source="infersim executor, zoo models (executor/zoo), held-out stdlib text")
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(description="record the zoo's acceptance table (greedy, by position)")
+    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[2] / "simulator" / "catalog"
+                    / "acceptance" / "zoo-target.yaml")
+    ap.add_argument("--s", type=int, default=5)
+    ap.add_argument("--requests", type=int, default=24)
+    ap.add_argument("--output", type=int, default=96)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(args.threads)
+    path = record_zoo(args.out, s=args.s, requests=args.requests, output=args.output, seed=args.seed)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
