@@ -22,6 +22,7 @@ SUBCOMMANDS = {
     "exec": "exec",
     "zoo": "zoo",
     "profile": "profile",
+    "validate": "validate",
 }
 
 

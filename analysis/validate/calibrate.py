@@ -1,0 +1,319 @@
+"""A cost model fitted to the executor on this machine, from held-out executor runs.
+
+The reference device profile's predictors are fitted to generic transformer kernels; a small
+model on a CPU spends most of an iteration in per-call and per-sequence overheads that a
+roofline does not see, so the validation can instead calibrate on a *separate* executor run
+of the same model on different requests (its own seed and shapes: never the run being
+validated) and fit:
+
+- the engine iteration time (the forward pass plus the engine's own per-iteration work:
+  scheduling, bookkeeping; what separates one iteration's start from the next's) as a
+  non-negative combination of the features in `features.py`, in relative error;
+- each host copy direction as latency + bytes / bandwidth, from the swaps of a run under
+  memory pressure.
+
+The fit is stored as JSON (`FittedCostModel.to_json`) with what it was fitted on, so a report
+can say what was calibrated on what."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from simulator.costmodel.base import CostModel, Direction
+from simulator.costmodel.batch import BatchShape
+from simulator.errors import InfersimError
+
+from .features import FEATURE_NAMES, batch_features, feature_matrix
+from .measured import ExecRun, load_exec_run, stalls
+
+FIT_FORMAT = "infersim-executor-fit"
+FIT_VERSION = 2
+
+# Calibration workloads: other seeds and wider shapes than any validation case, so the fit
+# interpolates rather than memorises; two swap runs, because the copy time of the same swap
+# varies by about 10% from one run to the next on a CPU. {seed} and {model} are filled in.
+CALIBRATION_WORKLOADS = (
+    {"name": "calib-load", "serving": {"max_batch_size": 32, "gpu_blocks": 2048, "cpu_blocks": 0},
+     "requests": {"count": 120, "arrival": {"type": "poisson", "rate": 400.0},
+                  "prompt_tokens": {"type": "uniform", "low": 4, "high": 480},
+                  "output_tokens": {"type": "uniform", "low": 4, "high": 160}}},
+    {"name": "calib-pressure", "serving": {"max_batch_size": 24, "gpu_blocks": 96, "cpu_blocks": 256,
+                                           "preemption": "swap"},
+     "requests": {"count": 60, "arrival": {"type": "burst"},
+                  "prompt_tokens": {"type": "uniform", "low": 16, "high": 256},
+                  "output_tokens": {"type": "uniform", "low": 16, "high": 160}}},
+    {"name": "calib-swap-small", "serving": {"max_batch_size": 12, "gpu_blocks": 64, "cpu_blocks": 256,
+                                             "preemption": "swap"},
+     "requests": {"count": 40, "arrival": {"type": "poisson", "rate": 400.0},
+                  "prompt_tokens": {"type": "uniform", "low": 8, "high": 200},
+                  "output_tokens": {"type": "uniform", "low": 16, "high": 160}}},
+    {"name": "calib-recompute", "serving": {"max_batch_size": 24, "gpu_blocks": 96, "cpu_blocks": 0,
+                                            "preemption": "recompute"},
+     "requests": {"count": 40, "arrival": {"type": "burst"},
+                  "prompt_tokens": {"type": "uniform", "low": 16, "high": 256},
+                  "output_tokens": {"type": "uniform", "low": 16, "high": 160}}},
+)
+# Matched calibration: the validated deployment's own serving section (pools, limits,
+# preemption) on other requests, so what the pool size does to the caches is calibrated too.
+MATCHED_REQUESTS = (
+    ("calib-matched-load", {"count": 100, "arrival": {"type": "poisson", "rate": 400.0},
+                            "prompt_tokens": {"type": "uniform", "low": 4, "high": 400},
+                            "output_tokens": {"type": "uniform", "low": 4, "high": 160}}),
+    ("calib-matched-burst", {"count": 48, "arrival": {"type": "burst"},
+                             "prompt_tokens": {"type": "uniform", "low": 8, "high": 240},
+                             "output_tokens": {"type": "uniform", "low": 8, "high": 160}}),
+)
+CALIBRATION_SEED = 9001  # validation cases use small seeds; these (9001..) are the calibration's alone
+STALL_RATIO = 1.8  # a measurement this many times the fit's prediction is a stall, left out of the next round
+
+
+class FittedCostModel(CostModel):
+    """iteration_time_s = coefficients . features(batch); transfers = latency + bytes / bandwidth."""
+
+    name = "executor_fit"
+
+    def __init__(self, coefficients, block_size: int, transfer: dict, meta: dict | None = None):
+        self.coef = np.asarray(coefficients, dtype=np.float64)
+        if self.coef.shape != (len(FEATURE_NAMES),):
+            raise InfersimError(f"executor fit: expected {len(FEATURE_NAMES)} coefficients, got {self.coef.shape}")
+        self.block_size = int(block_size)
+        # per direction: {"latency_s": a, "s_per_byte": b}
+        self.transfer = {d: {"latency_s": float(transfer[d]["latency_s"]), "s_per_byte": float(transfer[d]["s_per_byte"])}
+                         for d in ("h2d", "d2h")}
+        self.meta = dict(meta or {})
+
+    def scaled(self, factor: float, why: str = "") -> "FittedCostModel":
+        """Every time multiplied by factor (the machine's speed changed by 1/factor)."""
+        f = float(factor)
+        tr = {d: {"latency_s": v["latency_s"] * f, "s_per_byte": v["s_per_byte"] * f} for d, v in self.transfer.items()}
+        meta = dict(self.meta)
+        meta["scaled_by"] = f
+        if why:
+            meta["scaled_because"] = why
+        return FittedCostModel(self.coef * f, self.block_size, tr, meta)
+
+    def iteration_time_s(self, batch: BatchShape) -> float:
+        return float(max(batch_features(batch, self.block_size) @ self.coef, 1e-9))
+
+    def predict_many(self, shapes: list[BatchShape]) -> np.ndarray:
+        return np.maximum(feature_matrix(shapes, self.block_size) @ self.coef, 1e-9)
+
+    def transfer_time_s(self, nbytes: float, direction: Direction) -> float:
+        if nbytes <= 0:
+            return 0.0
+        t = self.transfer[direction]
+        return t["latency_s"] + float(nbytes) * t["s_per_byte"]
+
+    # ---- storage -------------------------------------------------------------------------
+    def to_json(self) -> dict:
+        return {"format": FIT_FORMAT, "version": FIT_VERSION, "features": list(FEATURE_NAMES),
+                "coefficients": [float(x) for x in self.coef], "block_size": self.block_size,
+                "transfer": self.transfer, "meta": self.meta}
+
+    @classmethod
+    def from_json(cls, d: dict, source: str = "fit") -> "FittedCostModel":
+        if not isinstance(d, dict) or d.get("format") != FIT_FORMAT:
+            raise InfersimError(f"{source}: not an executor fit (format '{FIT_FORMAT}' expected)")
+        if d.get("version") != FIT_VERSION or list(d.get("features", [])) != list(FEATURE_NAMES):
+            raise InfersimError(f"{source}: executor fit version {d.get('version')} / features differ from this infersim's")
+        try:
+            return cls(d["coefficients"], d["block_size"], d["transfer"], d.get("meta"))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InfersimError(f"{source}: malformed executor fit ({exc})") from None
+
+    def save(self, path: Path) -> None:
+        from simulator.yamlio import write_atomic
+
+        write_atomic(Path(path), json.dumps(self.to_json(), indent=2, sort_keys=True) + "\n")
+
+    @classmethod
+    def load(cls, path: Path) -> "FittedCostModel":
+        path = Path(path)
+        if not path.is_file():
+            raise InfersimError(f"calibration file not found: {path}")
+        try:
+            d = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise InfersimError(f"{path}: not JSON ({exc.msg} at line {exc.lineno})") from None
+        return cls.from_json(d, str(path))
+
+
+# ---- fitting ---------------------------------------------------------------------------------
+def _nnls_relative(X: np.ndarray, y: np.ndarray, rounds: int = 3, trim: float = 0.02) -> tuple[np.ndarray, np.ndarray]:
+    """Non-negative least squares of X c ~ y in relative error (rows scaled by 1/y), refitted
+    without the worst `trim` fraction of points (timing spikes from other processes) a few
+    times. Columns that are all zero keep a zero coefficient. Returns (coefficients, kept mask)."""
+    from scipy.optimize import nnls
+
+    keep = np.isfinite(y) & (y > 0)
+    coef = np.zeros(X.shape[1])
+    scale = np.maximum(X[keep].max(axis=0), 1e-30)  # conditioning: columns to unit range
+    for _ in range(rounds):
+        A = (X[keep] / scale) / y[keep, None]
+        coef_s, _ = nnls(A, np.ones(int(keep.sum())), maxiter=50 * X.shape[1])
+        coef = coef_s / scale
+        pred = X @ coef
+        rel = np.abs(pred - y) / y
+        cut = np.quantile(rel[keep], 1.0 - trim)
+        # stalls (the process lost its core for a time slice) are not the model's to fit
+        keep = keep & (rel <= cut) & (y < STALL_RATIO * np.maximum(pred, 1e-12))
+    return coef, keep
+
+
+def iteration_targets(run: ExecRun) -> np.ndarray:
+    """Measured engine iteration times: from one iteration's start to the next's, less the
+    next iteration's swap copies (the simulator times those separately) — NaN where the engine
+    sat idle waiting for an arrival in between, and for the last iteration."""
+    return run.iteration_period_s
+
+
+def fit_iteration_model(runs: list[ExecRun]) -> tuple[np.ndarray, dict]:
+    X = np.vstack([feature_matrix(r.shapes, r.block_size) for r in runs])
+    y = np.concatenate([iteration_targets(r) for r in runs])
+    coef, kept = _nnls_relative(X, y)
+    ok = np.isfinite(y)
+    stalled = np.concatenate([stalls(r.iteration_period_s, r.shapes)[0] for r in runs])
+    pred = X[ok] @ coef
+    rel = np.abs(pred - y[ok]) / y[ok]
+    return coef, {"points": int(ok.sum()), "kept": int(kept.sum()), "mape_in_sample": float(rel.mean()),
+                  "median_ape_in_sample": float(np.median(rel)),
+                  # iterations that took twice their like neighbours: the machine was busy while calibrating
+                  "stalls": float(np.mean(stalled[ok]))}
+
+
+def fit_transfer_model(runs: list[ExecRun], fallback_s_per_byte: float = 1.0 / 5e9) -> tuple[dict, dict]:
+    """latency + bytes x s_per_byte per direction from iterations whose swap time is one
+    direction's copies; a direction never observed keeps a bandwidth-only fallback."""
+    rows, ys = [], []
+    for r in runs:
+        it = r.iterations
+        o = it["swap_out_blocks"] * r.bytes_per_block
+        i = it["swap_in_blocks"] * r.bytes_per_block
+        m = (o > 0) | (i > 0)
+        rows.append(np.column_stack([(o[m] > 0), o[m], (i[m] > 0), i[m]]).astype(np.float64))
+        ys.append(np.asarray(it["swap_s"], dtype=np.float64)[m])
+    X = np.vstack(rows) if rows else np.zeros((0, 4))
+    y = np.concatenate(ys) if ys else np.zeros(0)
+    out = {"d2h": {"latency_s": 0.0, "s_per_byte": fallback_s_per_byte},
+           "h2d": {"latency_s": 0.0, "s_per_byte": fallback_s_per_byte}}
+    info = {"points": int(y.size)}
+    if y.size >= 4 and (y > 0).all():
+        coef, _ = _nnls_relative(X, y)
+        for d, (a, b) in (("d2h", coef[0:2]), ("h2d", coef[2:4])):
+            if b > 0 or a > 0:
+                out[d] = {"latency_s": float(a), "s_per_byte": float(b)}
+        rel = np.abs(X @ coef - y) / y
+        info["mape_in_sample"] = float(rel.mean())
+    return out, info
+
+
+def fit_from_runs(run_dirs: list[Path], meta: dict | None = None) -> FittedCostModel:
+    runs = [load_exec_run(Path(d)) for d in run_dirs]
+    if not runs:
+        raise InfersimError("calibration: no executor runs to fit")
+    sizes = {r.block_size for r in runs}
+    if len(sizes) != 1:
+        raise InfersimError(f"calibration runs use different block sizes {sorted(sizes)}")
+    coef, it_info = fit_iteration_model(runs)
+    transfer, tr_info = fit_transfer_model(runs)
+    info = dict(meta or {})
+    info.update({"calibrated_on": [str(d) for d in run_dirs], "iteration_fit": it_info, "transfer_fit": tr_info,
+                 "model": runs[0].model, "device": runs[0].device, "threads": runs[0].threads})
+    return FittedCostModel(coef, sizes.pop(), transfer, info)
+
+
+def calibration_specs(model: str, seed: int = CALIBRATION_SEED, block_size: int = 16,
+                      serving: dict | None = None) -> list:
+    """The calibration workloads as WorkloadSpecs (fp32, the executor's model): the generic set,
+    or with `serving` (a workload's serving section) the matched set on that deployment."""
+    from simulator.workload.schema import WorkloadSpec
+
+    specs = []
+    if serving is not None:
+        for k, (name, req) in enumerate(MATCHED_REQUESTS):
+            sv = {**serving, "block_size": block_size, "dtype": "fp32"}
+            specs.append(WorkloadSpec.model_validate({"name": name, "model": model, "seed": seed + 8 + k,
+                                                      "serving": sv, "requests": json.loads(json.dumps(req))}))
+        return specs
+    for k, w in enumerate(CALIBRATION_WORKLOADS):
+        d = json.loads(json.dumps(w))
+        d["serving"].update(block_size=block_size, dtype="fp32")
+        d.update(model=model, seed=seed + k)
+        specs.append(WorkloadSpec.model_validate(d))
+    return specs
+
+
+def calibrate(model: str, out_dir: Path, *, device: str = "cpu", dtype: str | None = None, threads: int = 1,
+              seed: int = CALIBRATION_SEED, block_size: int = 16, serving: dict | None = None,
+              log=None) -> FittedCostModel:
+    """Run the calibration workloads on the executor and fit; writes the runs under out_dir
+    and the fit to out_dir/executor-fit.json."""
+    from simulator.workload.builder import build_requests
+
+    from .execute import run_executor
+    from .sentinel import sentinel_s
+
+    out_dir = Path(out_dir)
+    dirs = []
+    sentinels = []
+    specs = calibration_specs(model, seed, block_size, serving)
+    for spec in specs:
+        d = out_dir / spec.name
+        if log:
+            log(f"calibration run {spec.name} ({len(build_requests(spec))} requests)")
+        sentinels.append(sentinel_s(model, device=device, dtype=dtype, threads=threads))
+        run_executor(spec, build_requests(spec), model, d, device=device, dtype=dtype, threads=threads)
+        dirs.append(d)
+    sentinels.append(sentinel_s(model, device=device, dtype=dtype, threads=threads))
+    fit = fit_from_runs(dirs, {"seed": seed, "seeds": [s.seed for s in specs], "workloads": [s.name for s in specs],
+                               "matched": serving is not None,
+                               "sentinel_s": float(np.median(sentinels)), "sentinels_s": sentinels})
+    fit.save(out_dir / "executor-fit.json")
+    return fit
+
+
+def calibrate_around(run, model: str, out_dir: Path, *, device: str = "cpu", dtype: str | None = None,
+                     threads: int = 1, seed: int = CALIBRATION_SEED, block_size: int = 16, serving: dict | None = None,
+                     log=None) -> FittedCostModel:
+    """Calibrate on both sides of `run()` (the validated run): the calibration workloads once
+    before it and once after, one fit over both. A machine whose speed drifts then gets a fit for
+    its average speed around the run rather than for a moment before it, and the two halves tell
+    whether it drifted: meta["speed_shift"] = (median measured/fitted time after) / (before) - 1
+    over the same workloads."""
+    from simulator.workload.builder import build_requests
+
+    from .execute import run_executor
+
+    out_dir = Path(out_dir)
+    specs = calibration_specs(model, seed, block_size, serving)
+    halves: dict[str, list[Path]] = {"before": [], "after": []}
+
+    def calib(side: str) -> None:
+        for spec in specs:
+            d = out_dir / side / spec.name
+            if log:
+                log(f"calibration run {spec.name} ({side} the validated run)")
+            run_executor(spec, build_requests(spec), model, d, device=device, dtype=dtype, threads=threads)
+            halves[side].append(d)
+
+    calib("before")
+    run()
+    calib("after")
+    fit = fit_from_runs(halves["before"] + halves["after"],
+                        {"seed": seed, "seeds": [s.seed for s in specs], "workloads": [s.name for s in specs],
+                         "matched": serving is not None, "bracketed": True})
+    ratio = {}
+    for side, dirs in halves.items():
+        r = []
+        for d in dirs:
+            e = load_exec_run(d)
+            y = e.iteration_period_s
+            ok = np.isfinite(y)
+            r.append(y[ok] / fit.predict_many([s for s, k in zip(e.shapes, ok) if k]))
+        ratio[side] = float(np.median(np.concatenate(r))) if r else float("nan")
+    fit.meta["speed_ratio_before"], fit.meta["speed_ratio_after"] = ratio["before"], ratio["after"]
+    fit.meta["speed_shift"] = ratio["after"] / ratio["before"] - 1.0
+    fit.save(out_dir / "executor-fit.json")
+    return fit

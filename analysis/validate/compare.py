@@ -1,0 +1,354 @@
+"""Predicted (simulator) against measured (executor), on the same requests.
+
+Four levels, so a miss can be traced to its source:
+1. **cost model alone**: the cost model's time for each iteration the executor actually ran
+   (its exact batch shape from iteration_batches.parquet) against the measured engine
+   iteration time; swaps: the predicted copy time of the exact bytes each iteration swapped
+   against the measured copy time; recomputes: the iterations that prefilled an evicted
+   sequence again. No scheduling is involved: this is the cost model's own error.
+2. **simulation, per iteration**: the simulated run's iterations (step mode: one series row
+   each) aligned with the executor's by index, kept where both ran the same batch (sequences,
+   tokens and prefill tokens equal); the fraction aligned says how far the schedules agree.
+3. **scheduling alone** (replay.py): the simulation driven by the executor's own measured
+   times; what differs then is the simulator's scheduling, not its cost model.
+4. **simulation, end to end**: per-request latencies aligned by request id (TTFT, TPOT,
+   end-to-end: MAPE, bias, p50/p99 errors), throughput, preemptions by mode, bytes swapped,
+   and, for speculative cases, acceptance and tokens per step.
+
+`check_targets` turns these into pass/miss lines against the targets, naming for each miss the
+component it comes from: timing noise (the machine was busy: iterations stalled), the
+acceptance model (the simulated acceptance differs), a scheduling mismatch (even the replay is
+off), or the cost model (the replay is close, so the predicted times are what differs).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .measured import jitter, stalls
+from .metrics import mape, median_ape, percentile, rel_error, signed_bias, total_bias
+
+TARGETS = {
+    "iteration_mape": 0.10,  # per-iteration latency MAPE
+    "throughput": 0.10,  # output tokens per second
+    "e2e_mean": 0.10,  # mean end-to-end latency
+    "p99": 0.20,  # TTFT, TPOT and end-to-end p99
+    "swap_cost": 0.05,  # predicted vs measured KV copy time (total over the run)
+    "recompute_cost": 0.05,  # predicted vs measured time of the iterations that recompute
+}
+LATENCIES = ("ttft_s", "tpot_s", "e2e_s")
+COMPONENTS = ("timing noise", "acceptance model", "cost model", "scheduling mismatch")
+# more executed iterations than this fraction taking >= 2x their usual time: the machine was busy
+STALL_LIMIT = 0.02
+# the machine's speed moving by more than this between the calibrations around the run: busy too
+SHIFT_LIMIT = 0.05
+
+
+@dataclass
+class Comparison:
+    case: str
+    cost_model: dict = field(default_factory=dict)  # level 1
+    iterations: dict = field(default_factory=dict)  # level 2
+    requests: dict = field(default_factory=dict)  # level 3: per-request latencies
+    totals: dict = field(default_factory=dict)  # level 3: throughput, preemptions, bytes, acceptance
+    replay: dict = field(default_factory=dict)  # the simulation with the executor's measured times
+    checks: list = field(default_factory=list)  # [{metric, value, target, ok, component}]
+    info: dict = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return all(c["ok"] for c in self.checks)
+
+    def to_json(self) -> dict:
+        return {"case": self.case, "passed": self.passed, "cost_model": self.cost_model,
+                "iterations": self.iterations, "requests": self.requests, "totals": self.totals,
+                "replay": self.replay,
+                "checks": self.checks, "info": self.info}
+
+
+# ---- level 1: the cost model on the executor's own batches ------------------------------------
+def recompute_iterations(batches: dict[str, np.ndarray], prompt_tokens: np.ndarray) -> np.ndarray:
+    """Iterations that prefill a sequence again after a recompute preemption: a sequence
+    shows up with no cached context after it had been computed before (its first prefill
+    may itself be chunked, so only a return to context 0 after progress counts)."""
+    it = np.asarray(batches["iteration"], dtype=np.int64)
+    rid = np.asarray(batches["rid"], dtype=np.int64)
+    ctx = np.asarray(batches["context_tokens"], dtype=np.int64)
+    q = np.asarray(batches["query_tokens"], dtype=np.int64)
+    seen: dict[int, int] = {}
+    hits = set()
+    for i in np.argsort(it, kind="stable"):
+        r = int(rid[i])
+        if ctx[i] == 0 and seen.get(r, 0) > 0:
+            hits.add(int(it[i]))
+        seen[r] = int(ctx[i] + q[i])
+    return np.array(sorted(hits), dtype=np.int64)
+
+
+def cost_model_level(run, cost_model) -> dict:
+    shapes = run.shapes
+    pred = np.array([cost_model.iteration_time_s(s) for s in shapes])
+    noise = timing_noise(run)
+    stalled = noise.pop("_mask")
+    meas = run.iteration_period_s
+    decode = np.array([bool(np.all(s.query_tokens == 1)) for s in shapes])
+    ok = np.isfinite(meas)
+    out = {
+        "iterations": int(len(shapes)), "compared": int(ok.sum()),
+        "mape": mape(pred, meas), "bias": signed_bias(pred, meas), "median_ape": median_ape(pred, meas),
+        "total_bias": total_bias(pred, meas),
+        "decode_mape": mape(pred[decode], meas[decode]), "mixed_mape": mape(pred[~decode], meas[~decode]),
+        "decode_bias": total_bias(pred[decode], meas[decode]), "mixed_bias": total_bias(pred[~decode], meas[~decode]),
+        "noise": noise,
+        "mape_unstalled": mape(pred[~stalled], meas[~stalled]),
+        "predicted_s": pred.tolist(), "measured_s": meas.tolist(),
+        "batch_size": [int(s.num_seqs) for s in shapes],
+    }
+    it = run.iterations
+    bpb = run.bytes_per_block
+    out_b = np.asarray(it["swap_out_blocks"], dtype=np.float64) * bpb
+    in_b = np.asarray(it["swap_in_blocks"], dtype=np.float64) * bpb
+    swap_meas = np.asarray(it["swap_s"], dtype=np.float64)
+    swapped = (out_b > 0) | (in_b > 0)
+    if swapped.any():
+        swap_pred = np.array([cost_model.transfer_time_s(o, "d2h") + cost_model.transfer_time_s(i, "h2d")
+                              for o, i in zip(out_b[swapped], in_b[swapped])])
+        ratio = swap_meas[swapped] / np.maximum(swap_pred, 1e-12)
+        out["swap"] = {"events": int(swapped.sum()), "measured_s": float(swap_meas[swapped].sum()),
+                       "predicted_s": float(swap_pred.sum()),
+                       "error": rel_error(swap_pred.sum(), swap_meas[swapped].sum()),
+                       "mape": mape(swap_pred, swap_meas[swapped]),
+                       # measured / predicted per copy: a narrow band away from 1 is the copy speed of
+                       # this run differing from calibration's, a wide one is noise
+                       "ratio_p10_p50_p90": [float(x) for x in np.percentile(ratio, [10, 50, 90])]}
+    rec = recompute_iterations(run.batches, run.requests["prompt_tokens"])
+    if rec.size:
+        idx = np.searchsorted(np.asarray(it["iteration"], dtype=np.int64), rec)
+        m = meas[idx]
+        keep = np.isfinite(m)
+        out["recompute"] = {"iterations": int(rec.size), "measured_s": float(m[keep].sum()),
+                            "predicted_s": float(pred[idx][keep].sum()),
+                            "error": rel_error(pred[idx][keep].sum(), m[keep].sum()),
+                            "mape": mape(pred[idx], m)}
+    return out
+
+
+def timing_noise(run) -> dict:
+    """How noisy the measurements are, whatever the model (measured.stalls): the fraction of
+    iterations that stalled, and the iteration-to-iteration jitter of like decode steps."""
+    st, judged = stalls(run.iteration_period_s, run.shapes)
+    return {"stalls": float(st[judged].mean()) if judged.any() else float("nan"),
+            "jitter": jitter(run.iteration_period_s, run.shapes, st), "_mask": st}
+
+
+# ---- level 2: simulated iterations aligned with executed ones -------------------------------------
+def iteration_level(exec_run, sim_run) -> dict:
+    es, ss = exec_run.series, sim_run.series
+    n = min(len(es["t_start_s"]), len(ss["t_start_s"]))
+    same = np.ones(n, dtype=bool)
+    for c in ("batch_size", "batch_tokens", "prefill_tokens"):
+        same &= np.asarray(es[c][:n]) == np.asarray(ss[c][:n])
+    sim_dur = (np.asarray(ss["t_end_s"]) - np.asarray(ss["t_start_s"]))[:n]
+    meas = exec_run.iteration_period_s[:n]
+    return {"executed": int(len(es["t_start_s"])), "simulated": int(len(ss["t_start_s"])),
+            "aligned": int(same.sum()), "aligned_fraction": float(same.sum() / max(1, n)),
+            "first_divergence": int(np.argmin(same)) if not same.all() else int(n),
+            "mape_aligned": mape(sim_dur[same], meas[same]), "bias_aligned": signed_bias(sim_dur[same], meas[same])}
+
+
+# ---- level 3: requests and totals --------------------------------------------------------------------
+def _aligned(exec_run, sim_run, col: str) -> tuple[np.ndarray, np.ndarray]:
+    """(simulated, measured) values of a per-request column by request id; NaN where
+    either run aborted the request."""
+    e, s = exec_run.requests, sim_run.requests
+    n = min(len(e[col]), len(s[col]))
+    ok = (np.asarray(e["aborted"][:n]) == 0) & (np.asarray(s["aborted"][:n]) == 0)
+    return np.where(ok, np.asarray(s[col][:n], dtype=np.float64), np.nan), \
+        np.where(ok, np.asarray(e[col][:n], dtype=np.float64), np.nan)
+
+
+def request_level(exec_run, sim_run) -> dict:
+    from simulator.metrics.summary import derived_columns
+
+    e = dict(exec_run.requests)
+    s = dict(sim_run.requests)
+    for table in (e, s):
+        if "ttft_s" not in table:
+            table.update(derived_columns(table))
+    mismatch = [c for c in ("prompt_tokens", "output_tokens", "arrival_s")
+                if not np.allclose(np.asarray(e[c])[:len(s[c])], np.asarray(s[c])[:len(e[c])])]
+    out = {"requests": int(len(e["arrival_s"])), "input_mismatch": mismatch}
+
+    class _R:  # the derived tables in the shape _aligned expects
+        def __init__(self, r):
+            self.requests = r
+
+    for col in LATENCIES:
+        p, m = _aligned(_R(e), _R(s), col)  # p: simulated, m: measured
+        out[col] = {
+            "mape": mape(p, m), "bias": signed_bias(p, m),
+            "measured": {"mean": float(np.nanmean(m)), "p50": percentile(m, 50), "p99": percentile(m, 99)},
+            "predicted": {"mean": float(np.nanmean(p)), "p50": percentile(p, 50), "p99": percentile(p, 99)},
+        }
+        for k in ("mean", "p50", "p99"):
+            out[col][f"{k}_error"] = rel_error(out[col]["predicted"][k], out[col]["measured"][k])
+        out[col]["measured_values"] = m.tolist()
+        out[col]["predicted_values"] = p.tolist()
+    return out
+
+
+def totals_level(exec_run, sim_run) -> dict:
+    es, ss = exec_run.summary, sim_run.summary
+    keys = {"throughput_output_tokens_per_s": ("throughput_output_tokens_per_s",),
+            "throughput_req_per_s": ("throughput_req_per_s",), "makespan_s": ("makespan_s",),
+            "iterations": ("iterations",), "preempt_recompute": ("preemptions", "recompute"),
+            "preempt_swap": ("preemptions", "swap"), "swap_out_bytes": ("swap_out_bytes",),
+            "swap_in_bytes": ("swap_in_bytes",), "batch_size_mean": ("batch_size", "mean_busy"),
+            "kv_utilization_mean": ("kv_utilization", "mean_busy"),
+            "acceptance_rate": ("speculation", "acceptance_rate"),
+            "tokens_per_step": ("speculation", "acceleration_rate")}
+    out = {}
+    for name, path in keys.items():
+        m, p = _get(es, path), _get(ss, path)
+        if m is None and p is None:
+            continue
+        out[name] = {"measured": m, "predicted": p, "error": rel_error(p, m)}
+    return out
+
+
+def _get(d: dict, path: tuple[str, ...]):
+    for k in path:
+        if not isinstance(d, dict) or k not in d:
+            return None
+        d = d[k]
+    return d
+
+
+# ---- targets and attribution ---------------------------------------------------------------------
+def check_targets(c: Comparison, compare: tuple[str, ...], targets: dict | None = None) -> list[dict]:
+    t = {**TARGETS, **(targets or {})}
+    cm, tot, rq = c.cost_model, c.totals, c.requests
+    checks = []
+    cm_bias = cm.get("total_bias", float("nan"))
+    acc_err = (tot.get("acceptance_rate") or {}).get("error")
+    aligned = c.iterations.get("aligned_fraction", float("nan"))
+
+    rp = c.replay
+    # the bias of each executor code path: both off alike with little jitter and no stalls means
+    # every iteration ran at another speed than at calibration (the machine's speed moved)
+    split = (f": decode-only {pct_signed(cm.get('decode_bias'))}, with prefills {pct_signed(cm.get('mixed_bias'))}"
+             if "decode_bias" in cm else "")
+
+    def end_to_end_source(err: float | None, replay_err: float | None = None) -> str:
+        """The component an end-to-end error comes from."""
+        if moved:
+            return (f"timing noise (the machine's speed moved {shift:+.1%} between the calibration runs before and "
+                    f"after the validated run; cost-model total bias {cm_bias:+.1%})")
+        if busy:
+            return (f"timing noise (a busy machine: {pct(stalls)} of executed and {pct(cal_stalls)} of calibration "
+                    f"iterations stalled; cost-model total bias {cm_bias:+.1%})")
+        if acc_err is not None and abs(acc_err) > 0.05:
+            return f"acceptance model (simulated acceptance {acc_err:+.1%} off)"
+        if replay_err is not None and err is not None and abs(replay_err) >= 0.5 * abs(err):
+            return (f"scheduling mismatch (with the executor's own measured times the simulation is still "
+                    f"{replay_err:+.1%} off; {rp.get('aligned_fraction', float('nan')):.0%} of its iterations ran "
+                    f"the executor's batch)")
+        if err is not None and np.isfinite(cm_bias) and abs(cm_bias) >= 0.5 * abs(err) and np.sign(cm_bias) == np.sign(err):
+            return f"cost model (total bias {cm_bias:+.1%} on the executed batches{split})"
+        if replay_err is not None:
+            return (f"cost model (per-iteration errors that do not cancel; with the measured times the simulation "
+                    f"is {replay_err:+.1%} off, total bias {cm_bias:+.1%})")
+        return f"scheduling mismatch ({aligned:.0%} of iterations ran the same batch; cost-model total bias {cm_bias:+.1%})"
+
+    def add(metric: str, value, target: float, source) -> None:
+        ok = value is not None and np.isfinite(value) and abs(value) <= target
+        comp = "" if ok else (source() if callable(source) else source)
+        checks.append({"metric": metric, "value": value, "target": target, "ok": bool(ok), "component": comp,
+                       "kind": next((k for k in COMPONENTS if comp.startswith(k)), "")})
+
+    noise = cm.get("noise", {})
+    stalls, jit = noise.get("stalls", float("nan")), noise.get("jitter", float("nan"))
+    cal_stalls = c.info.get("calibration_stalls", float("nan"))
+    shift = c.info.get("speed_shift", float("nan"))
+    moved = bool(np.isfinite(shift) and abs(shift) > SHIFT_LIMIT)
+    busy = bool((np.isfinite(stalls) and stalls > STALL_LIMIT) or (np.isfinite(cal_stalls) and cal_stalls > STALL_LIMIT)
+                or moved)
+    c.info["busy"] = busy
+
+    def noise_source() -> str:
+        if moved:
+            return f"timing noise (the machine's speed moved {shift:+.1%} between the calibrations around the run)"
+        return f"timing noise ({pct(stalls)} of executed and {pct(cal_stalls)} of calibration iterations stalled)"
+
+    def iteration_source() -> str:
+        if moved:
+            return (f"timing noise: the machine's speed moved {shift:+.1%} between the calibration runs before and "
+                    f"after the validated run (cost-model bias {cm.get('bias', float('nan')):+.1%})")
+        if busy:
+            return (f"timing noise: {pct(stalls)} of iterations stalled (took >= 2x their like neighbours: the "
+                    f"process lost its core), {pct(cal_stalls)} while calibrating, jitter {pct(jit)}; cost model on "
+                    f"the unstalled iterations {pct(cm.get('mape_unstalled'))}")
+        return f"cost model (bias {cm.get('bias', float('nan')):+.1%}, timing jitter {pct(jit)})"
+
+    add("per-iteration latency MAPE", cm.get("mape"), t["iteration_mape"], iteration_source)
+
+    def neg(x):
+        return -x if x is not None else None
+
+    thr = (tot.get("throughput_output_tokens_per_s") or {}).get("error")
+    add("throughput (output tok/s)", thr, t["throughput"],
+        lambda: end_to_end_source(neg(thr), neg(rp.get("throughput_error"))))
+    e2e = rq.get("e2e_s", {}).get("mean_error")
+    add("mean end-to-end latency", e2e, t["e2e_mean"],
+        lambda: end_to_end_source(e2e, rp.get("e2e_s", {}).get("mean_error")))
+    for col, label in (("ttft_s", "TTFT p99"), ("tpot_s", "TPOT p99"), ("e2e_s", "end-to-end p99")):
+        v = rq.get(col, {}).get("p99_error")
+        add(label, v, t["p99"], lambda v=v, col=col: end_to_end_source(v, rp.get(col, {}).get("p99_error")))
+    if "swap" in compare and "swap" in cm:
+        r = cm["swap"]["ratio_p10_p50_p90"]
+        band = (f"measured/predicted per copy p10 {r[0]:.2f}, median {r[1]:.2f}, p90 {r[2]:.2f} over "
+                f"{cm['swap']['events']} copies")
+        add("swap cost (total copy time)", cm["swap"]["error"], t["swap_cost"],
+            lambda: (noise_source() + f"; {band}") if busy else f"cost model (host-copy fit; {band})")
+    if "recompute" in compare and "recompute" in cm:
+        add("recompute cost (re-prefill time)", cm["recompute"]["error"], t["recompute_cost"],
+            lambda: noise_source() if busy else "cost model (prefill iterations)")
+    return checks
+
+
+def replay_level(exec_run, replay_run) -> dict:
+    """The simulation with the executor's measured times against the executor: what is left
+    is the scheduling's."""
+    out = iteration_level(exec_run, replay_run)
+    rq = request_level(exec_run, replay_run)
+    for col in LATENCIES:
+        out[col] = {k: rq[col][k] for k in ("mean_error", "p50_error", "p99_error", "mape")}
+    tot = totals_level(exec_run, replay_run)
+    out["throughput_error"] = (tot.get("throughput_output_tokens_per_s") or {}).get("error")
+    out["preemptions"] = {k: tot[k]["predicted"] for k in ("preempt_recompute", "preempt_swap") if k in tot}
+    return out
+
+
+def compare_runs(case: str, exec_run, sim_run, cost_model, compare: tuple[str, ...] = ("latency",),
+                 targets: dict | None = None, replay_run=None) -> Comparison:
+    c = Comparison(case)
+    if replay_run is not None:
+        c.replay = replay_level(exec_run, replay_run)
+    meta = getattr(cost_model, "meta", {}) or {}
+    c.info["calibration_stalls"] = float(meta.get("iteration_fit", {}).get("stalls", float("nan")))
+    c.info["speed_shift"] = float(meta.get("speed_shift", float("nan")))
+    c.cost_model = cost_model_level(exec_run, cost_model)
+    c.iterations = iteration_level(exec_run, sim_run)
+    c.requests = request_level(exec_run, sim_run)
+    c.totals = totals_level(exec_run, sim_run)
+    c.checks = check_targets(c, compare, targets)
+    return c
+
+
+def pct(x) -> str:
+    return f"{x:.1%}" if x is not None and np.isfinite(x) else "n/a"
+
+
+def pct_signed(x) -> str:
+    return f"{x:+.1%}" if x is not None and np.isfinite(x) else "n/a"

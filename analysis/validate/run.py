@@ -1,0 +1,177 @@
+"""Validate one case: run the executor, simulate the same requests with the same policies,
+compare, report. Used by `sim validate` and by the matrix."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from simulator.errors import InfersimError
+
+from .calibrate import CALIBRATION_SEED, FittedCostModel, calibrate
+from .cases import Case
+from .compare import compare_runs
+from .measured import load_exec_run, load_run
+from .modes import MODES
+
+COST_MODEL_CHOICES = ("fitted", "regression", "roofline")
+
+
+def _profile_cost_model(name: str, profile: str, exec_run):
+    """A device profile's cost model for the executor's model (what `sim run` would use)."""
+    from simulator.costmodel import build_cost_model
+    from simulator.hardware.catalog import load_hardware
+    from simulator.models.catalog import load_model
+
+    model_path = Path(str(exec_run.config["workload"]["model"]))
+    model = load_model(str(model_path / "config.json" if model_path.is_dir() else model_path))
+    dtype = exec_run.config.get("executor", {}).get("dtype", "fp32")
+    return build_cost_model(name, model, load_hardware(profile), dtype=dtype, kv_dtype=dtype)
+
+
+def resolve_cost_model(cost_model: str, *, model: str, out: Path, device: str, dtype: str | None, threads: int,
+                       calibration: Path | None, block_size: int, serving: dict | None = None, log=None):
+    """(cost model or None for a profile model built after the run, description dict)."""
+    if cost_model not in COST_MODEL_CHOICES:
+        raise InfersimError(f"unknown --cost-model '{cost_model}'; known: {', '.join(COST_MODEL_CHOICES)}")
+    if cost_model != "fitted":
+        return None, {}
+    if calibration is not None:
+        fit = FittedCostModel.load(calibration)
+        src = f"executor fit loaded from `{calibration}`"
+    else:
+        fit = calibrate(model, Path(out) / "calibration", device=device, dtype=dtype, threads=threads,
+                        block_size=block_size, serving=serving, log=log)
+        src = (f"executor fit calibrated now on `{Path(out) / 'calibration'}`"
+               + (" with the validated deployment's serving configuration" if serving is not None else ""))
+    if fit.block_size != block_size:
+        raise InfersimError(f"calibration block size {fit.block_size} differs from the workload's {block_size}")
+    cal = fit.meta
+    desc = (f"{src}: held-out executor runs {', '.join(cal.get('workloads', []))} (seeds {', '.join(str(x) for x in cal.get('seeds', [cal.get('seed')]))}, other "
+            f"requests than the validated run) of {cal.get('model')} on {cal.get('device')}; iteration fit in-sample "
+            f"MAPE {cal.get('iteration_fit', {}).get('mape_in_sample', float('nan')):.1%} over "
+            f"{cal.get('iteration_fit', {}).get('points', 0)} iterations")
+    return fit, {"name": "fitted", "description": desc, "fit": fit.to_json()}
+
+
+def validate_case(case: Case, model: str, out: Path, *, device: str = "cpu", dtype: str | None = None,
+                  threads: int = 1, cost_model: str = "fitted", profile: str = "cpu-reference",
+                  calibration: Path | None = None, fit=None, seed: int | None = None, requests: int | None = None,
+                  spec=None, report: bool = True, drift_correction: bool = False, matched: bool = True,
+                  log=None) -> dict:
+    """Run one case end to end; returns the result dict (also written to out/validation.json).
+    `fit` (a FittedCostModel) skips calibration; otherwise the fit is calibrated now on other
+    requests: with `matched`, on the validated workload's own serving configuration (KV pools,
+    limits, preemption: calibrate.MATCHED_REQUESTS), else on the generic set; `spec` replaces the
+    case's workload;
+    `drift_correction` scales a fit by the machine's speed now against at calibration
+    (sentinel.py)."""
+    from simulator.metrics.rundir import write_json
+    from simulator.workload.builder import build_requests
+
+    out = Path(out)
+    mode = MODES.get(case.mode)
+    ok, why = mode.availability()
+    base = {"case": case.name, "title": case.title, "mode": case.mode, "model": model, "device": device,
+            "threads": threads}
+    if not ok:
+        return {**base, "status": "not available", "reason": why}
+    spec = spec if spec is not None else case.spec(model, seed=seed, requests=requests)
+    if spec.seed in range(CALIBRATION_SEED, CALIBRATION_SEED + 16):
+        raise InfersimError(f"workload seed {spec.seed} is one the calibration uses: pick another so the fit stays "
+                            f"held out")
+    if spec.requests.arrival is not None and spec.requests.arrival.type == "closed_loop":
+        raise InfersimError(f"workload {spec.name}: closed-loop arrivals are not replayed by `sim validate` yet "
+                            f"(their arrival times depend on completions): use poisson, gamma or burst arrivals")
+    t0 = time.perf_counter()
+    bracket = fit is None and cost_model == "fitted" and calibration is None
+    if fit is not None:
+        desc = {"name": "fitted", "description": "executor fit " + _fit_line(fit), "fit": fit.to_json()}
+    elif not bracket:
+        fit, desc = resolve_cost_model(cost_model, model=model, out=out, device=device, dtype=dtype, threads=threads,
+                                       calibration=calibration, block_size=spec.serving.block_size, log=log)
+    reqs = build_requests(spec)
+
+    def execute() -> None:
+        if log:
+            log(f"{case.name}: executing {len(reqs)} requests on {model} ({device})")
+        mode.run(spec, reqs, model, out / "exec", device=device, dtype=dtype, threads=threads)
+
+    if bracket:
+        # calibrated now on other requests, on both sides of the validated run
+        from .calibrate import calibrate_around
+
+        serving = spec.serving.model_dump(mode="json", exclude_none=True) if matched else None
+        fit = calibrate_around(execute, model, out / "calibration", device=device, dtype=dtype, threads=threads,
+                               block_size=spec.serving.block_size, serving=serving, log=log)
+        desc = {"name": "fitted", "fit": fit.to_json(),
+                "description": f"executor fit calibrated on `{out / 'calibration'}` " + _fit_line(fit)
+                + ", run once before and once after the validated run"
+                + (" on its own serving configuration (KV pools, limits, preemption)" if matched else "")
+                + f"; the machine's speed moved {fit.meta['speed_shift']:+.1%} from before to after"}
+        drift_correction = False
+    drift = {}
+    if fit is not None and drift_correction and fit.meta.get("sentinel_s"):
+        from .sentinel import sentinel_s
+
+        before = sentinel_s(model, device=device, dtype=dtype, threads=threads)
+    if not bracket:
+        execute()
+    if fit is not None and drift_correction and fit.meta.get("sentinel_s"):
+        after = sentinel_s(model, device=device, dtype=dtype, threads=threads)
+        factor = 0.5 * (before + after) / fit.meta["sentinel_s"]
+        drift = {"sentinel_calibration_s": fit.meta["sentinel_s"], "sentinel_before_s": before,
+                 "sentinel_after_s": after, "factor": factor}
+        fit = fit.scaled(factor, "machine speed at the validated run (sentinel) against at calibration")
+        desc = {**desc, "description": desc["description"] + f"; scaled by {factor:.3f} for the machine's speed "
+                f"(sentinel {0.5 * (before + after) * 1e3:.2f} ms around the run vs {fit.meta['sentinel_s'] * 1e3:.2f} ms "
+                f"at calibration)", "fit": fit.to_json()}
+    exec_run = load_exec_run(out / "exec")
+    if fit is not None and fit.meta.get("model") not in (None, exec_run.model):
+        raise InfersimError(f"the executor fit was calibrated on {fit.meta.get('model')}, not {exec_run.model}: "
+                            f"calibrate again (leave out --calibration)")
+    stats = mode.recorded(out / "exec")
+    cm = fit
+    if cm is None:
+        cm = _profile_cost_model(cost_model, profile, exec_run)
+        desc = {"name": cost_model, "description": f"`{cost_model}` on the device profile `{profile}`"}
+    if log:
+        log(f"{case.name}: simulating")
+    from .simulate import simulate_run
+
+    updates = mode.sim_updates(stats)
+    simulate_run(exec_run, out / "sim", cost_model=cm, profile=profile, cost_model_name="roofline", updates=updates)
+    sim_run = load_run(out / "sim")
+    # the same simulation driven by the executor's own measured times: the scheduling alone
+    from .replay import ReplayCostModel
+
+    simulate_run(exec_run, out / "replay", cost_model=ReplayCostModel(exec_run, cm), profile=profile,
+                 cost_model_name="roofline", updates=updates, policy_cost_model=cm)
+    cmp = compare_runs(case.name, exec_run, sim_run, cm, case.compare, replay_run=load_run(out / "replay"))
+    result = {**base, "status": "ran", "passed": cmp.passed, "checks": cmp.checks, "cost_model": desc, "drift": drift,
+              "statistics": stats, "seed": spec.seed, "requests": len(reqs), "wall_s": time.perf_counter() - t0,
+              "busy": bool(cmp.info.get("busy")), "comparison": _brief(cmp.to_json())}
+    write_json(out / "validation.json", result)
+    if report:
+        from .report import case_report
+
+        case_report(result, exec_run, sim_run, cmp, out)
+    return result
+
+
+def _fit_line(fit) -> str:
+    m = fit.meta
+    seeds = ", ".join(str(s) for s in m.get("seeds", [m.get("seed")]))
+    return (f"({', '.join(m.get('workloads', []))}, seeds {seeds}, {m.get('model')} on {m.get('device')}; "
+            f"in-sample MAPE {m.get('iteration_fit', {}).get('mape_in_sample', float('nan')):.1%})")
+
+
+def _brief(d: dict) -> dict:
+    """The comparison without per-iteration and per-request arrays (those are in the run dirs)."""
+    d = json.loads(json.dumps(d, default=float))
+    for k in ("predicted_s", "measured_s", "batch_size"):
+        d["cost_model"].pop(k, None)
+    for col in ("ttft_s", "tpot_s", "e2e_s"):
+        for k in ("measured_values", "predicted_values"):
+            d["requests"].get(col, {}).pop(k, None)
+    return d

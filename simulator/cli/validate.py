@@ -1,0 +1,124 @@
+"""`sim validate`: run a workload on the real executor and in the simulator on exactly the
+same requests and policies, and report predicted against measured (analysis/validate/)."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "validate", help="compare the simulator with the real executor on the same requests",
+        description="Serve a workload on a real model (the executor), simulate exactly the same requests with the "
+                    "same policy configuration and KV pools, and write a report (report.md, report.html, plots) of "
+                    "predicted against measured: per-iteration latency, TTFT, TPOT, end-to-end p50/p99, throughput, "
+                    "preemptions, bytes swapped; errors as MAPE and signed bias against the targets, and for each "
+                    "miss the component it comes from. Needs `pip install \".[executor]\"`.")
+    p.add_argument("--workload", "-w", default=None, help="built-in workload name or a workload YAML file")
+    p.add_argument("--case", default=None, help="a case of the validation matrix instead of a workload (see --list)")
+    p.add_argument("--list", action="store_true", help="list the validation matrix's cases and exit")
+    p.add_argument("--model", "-m", default="zoo-target",
+                   help="zoo name or local Hugging Face checkpoint folder (default zoo-target)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N (default cpu)")
+    p.add_argument("--dtype", default=None, help="fp32, fp16 or bf16 (default fp32 on cpu, fp16 on cuda)")
+    p.add_argument("--cost-model", default="fitted", choices=("fitted", "regression", "roofline"),
+                   help="fitted (default): a fit to held-out executor runs of the same model on other requests, "
+                        "measured now or loaded with --calibration; regression / roofline: the --profile's models")
+    p.add_argument("--profile", default="cpu-reference",
+                   help="hardware profile (name or YAML, e.g. from `sim profile`) for --cost-model regression/roofline "
+                        "(default cpu-reference)")
+    p.add_argument("--calibration", type=Path, default=None,
+                   help="an executor fit (executor-fit.json from an earlier validation) instead of calibrating now")
+    p.add_argument("--generic-calibration", action="store_true",
+                   help="calibrate the fit on the generic calibration workloads instead of on the validated "
+                        "workload's own serving configuration (KV pools, limits, preemption) with other requests")
+    p.add_argument("--drift-correction", action="store_true",
+                   help="scale the fit by the machine's speed around the run against at calibration (a fixed "
+                        "sentinel iteration timed at both; helps when the load changed between them and stayed)")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1: steadier timings)")
+    p.add_argument("--seed", type=int, default=None, help="override the workload's seed")
+    p.add_argument("--requests", "-n", type=int, default=None, help="override the request count")
+    p.add_argument("--out", "-o", type=Path, default=None, help="output folder (default runs/validate-<name>)")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress lines or table")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..errors import InfersimError
+
+    from analysis.validate.cases import CASES, case_from_spec, get_case
+
+    if args.list:
+        from analysis.validate.modes import MODES
+
+        for c in CASES.values():
+            ok, why = MODES.get(c.mode).availability()
+            print(f"{c.name:20s} {c.mode:12s} {'small ' if c.small else '      '}{c.title}"
+                  + ("" if ok else f"  [not available: {why}]"))
+        return 0
+    if (args.workload is None) == (args.case is None):
+        raise InfersimError("give exactly one of --workload FILE and --case NAME (see --list)")
+    if args.threads < 1:
+        raise InfersimError(f"--threads must be at least 1, got {args.threads}")
+    if args.requests is not None and args.requests <= 0:
+        raise InfersimError(f"--requests must be positive, got {args.requests}")
+    if args.cost_model != "fitted" and args.device.startswith("cuda") and args.profile == "cpu-reference":
+        raise InfersimError(f"--cost-model {args.cost_model} on cuda needs the GPU's profile: --profile PATH.yaml "
+                            f"(from `sim profile --device cuda --out PATH.yaml`)")
+    if args.calibration is not None and args.cost_model != "fitted":
+        raise InfersimError("--calibration is an executor fit: it goes with --cost-model fitted")
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as exc:
+        raise InfersimError(f"validation runs the executor, which needs PyTorch and transformers ({exc}): "
+                            f"pip install \".[executor]\"")
+    spec = None
+    if args.case is not None:
+        case = get_case(args.case)
+    else:
+        from ..workload.builder import load_workload
+
+        spec, _ = load_workload(args.workload)
+        upd = {"model": args.model}
+        if args.seed is not None:
+            upd["seed"] = args.seed
+        if args.requests is not None:
+            upd["requests"] = spec.requests.model_copy(update={"count": args.requests})
+        spec = spec.model_copy(update=upd)
+        if spec.requests.trace is not None:
+            raise InfersimError(f"{args.workload}: trace workloads are not supported by `sim validate` yet: give "
+                                f"length distributions")
+        case = case_from_spec(spec)
+    from analysis.validate.modes import MODES
+
+    ok, why = MODES.get(case.mode).availability()
+    if not ok:
+        raise InfersimError(f"case {case.name} needs the executor mode '{case.mode}', which is not available: {why}")
+    out = args.out or Path("runs") / f"validate-{case.name}"
+    log = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    from analysis.validate.run import validate_case
+
+    result = validate_case(case, args.model, out, device=args.device, dtype=args.dtype, threads=args.threads,
+                           cost_model=args.cost_model, profile=args.profile, calibration=args.calibration,
+                           seed=args.seed, requests=args.requests, spec=spec,
+                           drift_correction=args.drift_correction, matched=not args.generic_calibration, log=log)
+    if not args.quiet:
+        print_checks(result)
+        print(f"report: {out / 'report.html'} (and report.md); runs: {out / 'exec'}, {out / 'sim'}")
+    return 0
+
+
+def print_checks(result: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"{result['case']}: simulated vs measured")
+    for col in ("metric", "error", "target", "", "source of the miss"):
+        t.add_column(col)
+    for c in result["checks"]:
+        v = c["value"]
+        t.add_row(c["metric"], "-" if v is None else f"{v:+.1%}", f"≤ {c['target']:.0%}",
+                  "[green]pass[/]" if c["ok"] else "[red]MISS[/]", c["component"])
+    Console().print(t)

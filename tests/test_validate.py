@@ -1,0 +1,307 @@
+"""`sim validate` and analysis/validate: the error metrics against hand calculations, the
+engine-time extraction, the executor fit (recovers known coefficients; round-trips), the
+matrix registry, bad input (one line, exit 2), and the small validation matrix on the zoo's
+real target model: plain decoding under load and recompute preemption under memory pressure,
+each checked against the accuracy targets.
+
+Timing on a shared 2-core machine: the executor runs with one torch thread; when another
+process takes the core during a run (more than 2% of iterations take at least twice their
+usual time) the accuracy targets cannot be judged and that test is skipped, saying what it
+measured. The structural checks (same requests, same preemptions and bytes, the report) run
+regardless."""
+import json
+import math
+
+import numpy as np
+import pytest
+
+from analysis.validate.compare import TARGETS, recompute_iterations
+from analysis.validate.features import FEATURE_NAMES, batch_features, shapes_from_batches
+from analysis.validate.measured import engine_periods
+from analysis.validate.metrics import mape, median_ape, rel_error, signed_bias, total_bias
+from simulator.cli.main import main
+from simulator.costmodel.batch import BatchShape
+from simulator.errors import InfersimError
+
+
+# ---- metrics -------------------------------------------------------------------------------
+def test_metrics_against_hand_calculations():
+    p, m = [110.0, 90.0, 50.0], [100.0, 100.0, 25.0]
+    # |10|/100, |10|/100, |25|/25 -> (0.1 + 0.1 + 1.0) / 3
+    assert mape(p, m) == pytest.approx(0.4)
+    # (+0.1 - 0.1 + 1.0) / 3
+    assert signed_bias(p, m) == pytest.approx(1.0 / 3.0)
+    assert median_ape(p, m) == pytest.approx(0.1)
+    # 250 / 225 - 1
+    assert total_bias(p, m) == pytest.approx(250.0 / 225.0 - 1.0)
+    assert rel_error(8.0, 10.0) == pytest.approx(-0.2)
+    assert rel_error(1.0, 0.0) is None and rel_error(None, 1.0) is None
+
+
+def test_metrics_skip_unmeasured_pairs_and_reject_mismatched_lengths():
+    # a zero or NaN measurement has no relative error: left out, not counted as 0 or inf
+    assert mape([2.0, 5.0, 7.0], [1.0, 0.0, float("nan")]) == pytest.approx(1.0)
+    assert math.isnan(mape([1.0], [0.0]))
+    with pytest.raises(ValueError):
+        mape([1.0, 2.0], [1.0])
+
+
+# ---- what the executor measured --------------------------------------------------------------
+def test_engine_periods_subtract_swaps_and_skip_idle_gaps():
+    it = {"t_start_s": np.array([0.0, 1.0, 2.5, 10.0, 11.0]),
+          "t_end_s": np.array([0.8, 2.0, 3.0, 10.5, 11.5]),
+          "swap_s": np.array([0.0, 0.0, 0.25, 0.0, 0.0])}
+    # an arrival at 9.9 while the engine had nothing to do: the clock jumped from 3.0 to 10.0
+    period, idle = engine_periods(it, np.array([0.0, 9.9]))
+    assert period[0] == pytest.approx(1.0)
+    assert period[1] == pytest.approx(2.5 - 1.0 - 0.25)  # the next iteration's swap is timed separately
+    assert math.isnan(period[2]) and idle[2]
+    assert period[3] == pytest.approx(1.0)
+    assert math.isnan(period[4])  # the last one has no next start
+
+
+def test_batch_features_by_hand():
+    dec = BatchShape.of([1, 1, 1], [15, 40, 3], [1, 1, 1])
+    f = dict(zip(FEATURE_NAMES, batch_features(dec, block_size=16)))
+    # decode-only: every sequence padded to the longest (41 keys -> 3 blocks of 16)
+    assert (f["decode_iteration"], f["decode_sequences"], f["decode_padded_keys"]) == (1, 3, 3 * 48)
+    assert f["mixed_iteration"] == f["mixed_sequences"] == f["mixed_tokens"] == 0
+    mixed = BatchShape.of([100, 1], [0, 20], [1, 1])
+    g = dict(zip(FEATURE_NAMES, batch_features(mixed, block_size=16)))
+    assert g["decode_iteration"] == g["decode_padded_keys"] == 0
+    assert (g["mixed_iteration"], g["mixed_sequences"], g["mixed_tokens"]) == (1, 2, 101)
+    assert g["mixed_score_pairs"] == 100 * 100 + 21 and g["mixed_keys"] == 121
+
+
+def test_shapes_from_batches_and_recompute_detection():
+    b = {"iteration": np.array([0, 1, 1, 2, 3]), "rid": np.array([0, 0, 1, 1, 0]),
+         "query_tokens": np.array([50, 1, 30, 1, 51]), "context_tokens": np.array([0, 50, 0, 30, 0]),
+         "makes_token": np.array([1, 1, 1, 1, 1])}
+    shapes = shapes_from_batches(b, np.arange(4))
+    assert [s.num_seqs for s in shapes] == [1, 2, 1, 1]
+    assert shapes[1].query_tokens.tolist() == [1, 30] and shapes[1].context_tokens.tolist() == [50, 0]
+    # request 0 was computed (51 tokens) and shows up again with no context at iteration 3
+    assert recompute_iterations(b, np.array([50, 30])).tolist() == [3]
+
+
+def test_stalls_are_judged_against_like_neighbours():
+    from analysis.validate.measured import jitter, stalls
+
+    shapes = [BatchShape.decode([10 + i, 20 + i]) for i in range(40)]
+    times = np.full(40, 1e-3)
+    times[[5, 17, 30]] = 5e-3  # lost the core for a time slice
+    times[20] = 1.5e-3  # slower, not a stall
+    stalled, judged = stalls(times, shapes)
+    assert judged.all() and stalled.nonzero()[0].tolist() == [5, 17, 30]
+    # a prefill among decodes is not compared with them: not judged, not a stall
+    mixed = shapes[:10] + [BatchShape.prefill([300])] + shapes[10:20]
+    t2 = np.concatenate([np.full(10, 1e-3), [9e-3], np.full(10, 1e-3)])
+    s2, j2 = stalls(t2, mixed)
+    assert not s2.any() and not j2[10]
+    assert jitter(np.full(40, 1e-3), shapes, np.zeros(40, bool)) == 0.0
+
+
+# ---- the executor fit --------------------------------------------------------------------------
+def _synthetic_run(coef, rng, n=300):
+    """An ExecRun-like object whose times follow known coefficients exactly."""
+    from analysis.validate.calibrate import FittedCostModel
+
+    model = FittedCostModel(coef, 16, {"h2d": {"latency_s": 1e-4, "s_per_byte": 2e-10},
+                                       "d2h": {"latency_s": 5e-5, "s_per_byte": 1e-10}})
+    shapes = []
+    for _ in range(n):
+        k = int(rng.integers(1, 12))
+        if rng.random() < 0.3:
+            q = rng.integers(1, 200, k)
+        else:
+            q = np.ones(k, dtype=np.int64)
+        shapes.append(BatchShape.of(q, rng.integers(0, 300, k), np.ones(k)))
+    out_blocks = np.where(rng.random(n) < 0.2, rng.integers(1, 40, n), 0)
+    in_blocks = np.where((out_blocks == 0) & (rng.random(n) < 0.2), rng.integers(1, 40, n), 0)
+    bpb = 24576.0
+    swap = np.array([model.transfer_time_s(o * bpb, "d2h") + model.transfer_time_s(i * bpb, "h2d")
+                     for o, i in zip(out_blocks, in_blocks)])
+
+    class Run:
+        block_size = 16
+        bytes_per_block = bpb
+
+    r = Run()
+    r.shapes = shapes
+    r.iteration_period_s = model.predict_many(shapes)
+    r.iterations = {"swap_out_blocks": out_blocks, "swap_in_blocks": in_blocks, "swap_s": swap}
+    return model, r
+
+
+def test_fit_recovers_known_coefficients():
+    from analysis.validate.calibrate import fit_iteration_model, fit_transfer_model
+
+    coef = np.array([4e-4, 6e-5, 3e-7, 1e-3, 2e-4, 2e-5, 4e-8, 1e-6])
+    truth, run = _synthetic_run(coef, np.random.default_rng(0))
+    got, info = fit_iteration_model([run])
+    pred = np.array([batch_features(s, 16) @ got for s in run.shapes])
+    assert mape(pred, run.iteration_period_s) < 1e-3
+    assert info["mape_in_sample"] < 1e-3
+    transfer, _ = fit_transfer_model([run])
+    for d in ("h2d", "d2h"):
+        assert transfer[d]["s_per_byte"] == pytest.approx(truth.transfer[d]["s_per_byte"], rel=1e-3)
+        assert transfer[d]["latency_s"] == pytest.approx(truth.transfer[d]["latency_s"], rel=1e-2)
+
+
+def test_fit_json_round_trip_scaling_and_bad_files(tmp_path):
+    from analysis.validate.calibrate import FittedCostModel
+
+    m = FittedCostModel(np.arange(len(FEATURE_NAMES)) * 1e-6, 16,
+                        {"h2d": {"latency_s": 1e-5, "s_per_byte": 1e-10}, "d2h": {"latency_s": 2e-5, "s_per_byte": 3e-10}},
+                        {"seed": 1})
+    path = tmp_path / "fit.json"
+    m.save(path)
+    back = FittedCostModel.load(path)
+    b = BatchShape.of([5, 1], [0, 7], [1, 1])
+    assert back.iteration_time_s(b) == m.iteration_time_s(b)
+    assert back.transfer_time_s(1e6, "d2h") == pytest.approx(2e-5 + 3e-4)
+    assert m.scaled(2.0).iteration_time_s(b) == pytest.approx(2.0 * m.iteration_time_s(b))
+    assert m.transfer_time_s(0, "h2d") == 0.0
+    path.write_text(json.dumps({"format": "something-else"}))
+    with pytest.raises(InfersimError, match="not an executor fit"):
+        FittedCostModel.load(path)
+    path.write_text("{not json")
+    with pytest.raises(InfersimError, match="not JSON"):
+        FittedCostModel.load(path)
+
+
+# ---- the matrix registry -------------------------------------------------------------------------
+def test_every_case_is_a_valid_workload_with_a_known_mode():
+    from analysis.validate.cases import CASES, small_matrix
+    from analysis.validate.modes import MODES
+
+    assert {"plain-load", "preempt-recompute", "preempt-swap", "preempt-cost-aware", "spec-draft", "minions-voting",
+            "minions-adaptive", "minions-pipeline", "medusa-tree", "offload-full", "offload-h2o",
+            "offload-infinigen"} <= set(CASES)
+    for c in CASES.values():
+        spec = c.spec("zoo-target")
+        assert spec.model == "zoo-target" and spec.serving.dtype == "fp32"
+        MODES.get(c.mode)
+    assert [c.name for c in small_matrix()] == ["plain-load", "preempt-recompute"]
+    assert MODES.get("plain").availability() == (True, "")
+
+
+def test_case_from_a_user_workload_picks_mode_and_comparisons(small_workload):
+    from analysis.validate.cases import case_from_spec
+
+    c = case_from_spec(small_workload(preemption="cost_aware"))
+    assert c.mode == "plain" and {"swap", "recompute"} <= set(c.compare)
+    assert "swap" not in case_from_spec(small_workload(preemption="recompute")).compare
+
+
+# ---- bad input: one line, exit 2 ------------------------------------------------------------------
+@pytest.mark.parametrize("argv, message", [
+    (["validate"], "exactly one of --workload"),
+    (["validate", "--case", "plain-load", "--workload", "x.yaml"], "exactly one of --workload"),
+    (["validate", "--case", "no-such-case"], "unknown validation case 'no-such-case'"),
+    (["validate", "--case", "plain-load", "--threads", "0"], "--threads must be at least 1"),
+    (["validate", "--case", "plain-load", "-n", "0"], "--requests must be positive"),
+    (["validate", "--case", "plain-load", "--calibration", "missing-fit.json"], "calibration file not found"),
+    (["validate", "--case", "plain-load", "--cost-model", "roofline", "--calibration", "f.json"], "goes with"),
+    (["validate", "--workload", "no-such-workload.yaml"], "no-such-workload"),
+    (["validate", "--case", "plain-load", "--device", "cuda", "--cost-model", "regression"], "needs the GPU's profile"),
+])
+def test_bad_input_is_one_line_and_exit_2(argv, message, capsys, tmp_path, monkeypatch):
+    pytest.importorskip("torch")
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err and "Traceback" not in err
+
+
+# ---- the small matrix on the real target model -------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def small_results(tmp_path_factory):
+    """The small matrix as `sim validate` runs it: each case calibrated just before on its own
+    serving configuration with other requests (held out), then executed and simulated."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import executor  # noqa: F401  (before torch work: passive OpenMP waits)
+    from executor.zoo import ensure_zoo
+
+    from analysis.validate.cases import get_case
+    from analysis.validate.run import validate_case
+
+    ensure_zoo()
+    out = tmp_path_factory.mktemp("validate")
+    counts = {"plain-load": 64, "preempt-recompute": 32}
+    return {name: (validate_case(get_case(name), "zoo-target", out / name, requests=n), out / name)
+            for name, n in counts.items()}
+
+
+def test_small_matrix_runs_the_same_requests_and_writes_the_report(small_results):
+    from analysis.validate.measured import load_exec_run, load_run
+
+    for name, (result, folder) in small_results.items():
+        assert result["status"] == "ran"
+        e, s = load_exec_run(folder / "exec"), load_run(folder / "sim")
+        n = len(e.requests["arrival_s"])
+        assert n == len(s.requests["arrival_s"]) == result["requests"]
+        for col in ("arrival_s", "prompt_tokens", "output_tokens"):
+            assert np.array_equal(e.requests[col], s.requests[col]), col
+        assert result["comparison"]["requests"]["input_mismatch"] == []
+        # every request finished in both, and both produced every output token
+        assert e.summary["finished"] == s.summary["finished"] == n
+        # same KV pools
+        assert e.config["memory"]["gpu_blocks"] == s.config["memory"]["gpu_blocks"]
+        assert e.bytes_per_block == s.bytes_per_block
+        md = (folder / "report.md").read_text()
+        assert "## Targets" in md and "per-iteration latency MAPE" in md
+        for png in ("iterations.png", "timelines.png", "latency_cdfs.png"):
+            assert (folder / "plots" / png).stat().st_size > 1000
+        assert (folder / "report.html").read_text().count("<img") == 3
+        assert (folder / "replay" / "summary.json").is_file()
+        fit = json.loads((folder / "calibration" / "executor-fit.json").read_text())
+        assert fit["meta"]["matched"] and fit["meta"]["seed"] != result["seed"]
+    rec = small_results["preempt-recompute"][0]["comparison"]
+    assert rec["totals"]["preempt_recompute"]["measured"] > 0  # the pool really is too small
+    assert rec["cost_model"]["recompute"]["iterations"] > 0
+
+
+@pytest.mark.parametrize("name", ["plain-load", "preempt-recompute"])
+def test_with_the_measured_times_the_simulator_reproduces_the_executed_schedule(small_results, name):
+    """The scheduling alone, independent of the machine's noise: driven by the executor's own
+    iteration and copy times, the simulation makes the executor's decisions (same batches,
+    same preemptions) and its latencies and throughput agree closely."""
+    result, _ = small_results[name]
+    rp = result["comparison"]["replay"]
+    tot = result["comparison"]["totals"]
+    assert rp["aligned_fraction"] >= 0.95
+    assert rp["preemptions"]["preempt_recompute"] == tot["preempt_recompute"]["measured"]
+    assert rp["preemptions"]["preempt_swap"] == tot["preempt_swap"]["measured"]
+    assert abs(rp["throughput_error"]) < 0.02
+    for col in ("ttft_s", "tpot_s", "e2e_s"):
+        assert abs(rp[col]["mean_error"]) < 0.02, (col, rp[col])
+        assert abs(rp[col]["p99_error"]) < 0.03, (col, rp[col])
+
+
+@pytest.mark.parametrize("name", ["plain-load", "preempt-recompute"])
+def test_small_matrix_meets_the_targets(small_results, name):
+    result, _ = small_results[name]
+    assert set(c["target"] for c in result["checks"]) <= set(TARGETS.values())
+    missed = [f"{c['metric']} {c['value']:+.1%} (target {c['target']:.0%}): {c['component']}"
+              for c in result["checks"] if not c["ok"]]
+    if missed and result["busy"]:
+        cm = result["comparison"]["cost_model"]
+        meta = result["cost_model"]["fit"]["meta"]
+        pytest.skip(f"machine too busy to time: {cm['noise']['stalls']:.1%} of iterations stalled (calibration "
+                    f"{meta['iteration_fit']['stalls']:.1%}), speed moved {meta.get('speed_shift', float('nan')):+.1%} "
+                    f"around the run; missed: {'; '.join(missed)}")
+    assert not missed, "; ".join(missed)
+
+
+def test_closed_loop_workloads_are_refused_in_one_line(tmp_path, capsys):
+    pytest.importorskip("torch")
+    w = tmp_path / "closed.yaml"
+    w.write_text("name: closed\nmodel: zoo-target\nrequests:\n  count: 4\n  arrival: {type: closed_loop, clients: 2}\n"
+                 "  prompt_tokens: {type: fixed, value: 8}\n  output_tokens: {type: fixed, value: 4}\n")
+    assert main(["validate", "--workload", str(w), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "closed-loop arrivals are not replayed" in err and "\n" not in err
