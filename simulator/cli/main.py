@@ -13,6 +13,7 @@ SUBCOMMANDS = {
     "run": "run",
     "roofline": "roofline",
     "medusa": "medusa",
+    "medusa-train": "medusa_train",
     "models": "catalog",
     "hardware": "catalog",
     "workloads": "catalog",

@@ -1,0 +1,266 @@
+"""Batched Medusa decoding over the paged KV cache, and plain greedy decoding on the same
+runner (the baseline Medusa is measured against and must equal under greedy acceptance).
+
+A Medusa step, for every running sequence at once:
+1. candidates: each sequence's tree filled from its heads' top-k guesses (one gather);
+2. one verification forward over all sequences' trees (tree attention: each node sees the
+   cached context and its ancestors, position = context + depth), logits and last hidden
+   states at every node;
+3. acceptance (greedy or typical, `acceptance.py`): the longest accepted path and the bonus
+   token from its last node's logits;
+4. KV: `keep_path` moves the accepted nodes' K/V to consecutive positions and `truncate` frees
+   the blocks past them; the bonus token becomes the next root (committed, not yet cached);
+5. the heads read the last accepted node's hidden state and propose the next step's guesses.
+
+Invariant between steps: seq.tokens = prompt + generated, seq.computed = len(tokens) - 1 (the
+last token, the root of the next tree, is not in the cache yet)."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from ..runner import plan_batch
+from .acceptance import Acceptance, accept, accept_greedy_lists
+from .tree import TreeLayout
+
+
+class Seq:
+    """What plan_batch and PagedKVCache need of a sequence."""
+
+    def __init__(self, tokens):
+        self.tokens = list(tokens)
+        self.computed = 0
+        self.block_table: list[int] = []
+        self.cpu_block_table: list[int] = []
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass
+class DecodeStats:
+    """What a run measured. A "step" is one forward pass over the running batch after the
+    prefill; tokens count only what the requests asked for (tokens a step produces past a
+    request's length are discarded)."""
+    method: str
+    batch: int
+    steps: int = 0
+    seq_steps: int = 0  # sum over steps of the sequences in the batch
+    decode_tokens: int = 0  # tokens produced by decode steps (the prefill makes each request's first)
+    prefill_time_s: float = 0.0
+    decode_time_s: float = 0.0
+    step_times_s: list[float] = field(default_factory=list)
+    # CPU time of this thread per step: on a shared machine wall time includes the slices other
+    # processes take (measured: 10 ms stalls every few 1 ms steps at load 7 on 2 cores); with one
+    # torch thread on cpu all the work runs in this thread, so its CPU time is the work itself
+    step_cpu_s: list[float] = field(default_factory=list)
+    decode_cpu_s: float = 0.0
+    # parts of a Medusa step, on the clock of `work_clock` (thread CPU time on cpu, wall on cuda)
+    verify_time_s: float = 0.0  # building the plan and the verification forward pass
+    heads_time_s: float = 0.0  # the heads' proposals
+    accepted_hist: dict[int, int] = field(default_factory=dict)  # candidates accepted beyond the root -> count
+
+    @property
+    def acceleration_rate(self) -> float:
+        """Mean tokens per sequence per decoding step (Medusa's acceleration rate)."""
+        return self.decode_tokens / self.seq_steps if self.seq_steps else float("nan")
+
+    @property
+    def mean_step_time_s(self) -> float:
+        return self.decode_time_s / self.steps if self.steps else float("nan")
+
+    def to_dict(self) -> dict:
+        return {"method": self.method, "batch": self.batch, "steps": self.steps, "seq_steps": self.seq_steps,
+                "decode_tokens": self.decode_tokens, "prefill_time_s": self.prefill_time_s,
+                "decode_time_s": self.decode_time_s, "acceleration_rate": self.acceleration_rate,
+                "mean_step_time_s": self.mean_step_time_s, "decode_cpu_s": self.decode_cpu_s, "verify_time_s": self.verify_time_s,
+                "heads_time_s": self.heads_time_s,
+                "accepted_hist": {str(k): v for k, v in sorted(self.accepted_hist.items())}}
+
+
+def _sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def work_clock(device):
+    """The clock that measures this process's own work: thread CPU time on cpu (one torch
+    thread runs its kernels inline), wall time on cuda (the work is on the GPU)."""
+    return time.perf_counter if torch.device(device).type == "cuda" else time.thread_time
+
+
+def make_cache(runner, prompts, max_new, extra_tokens: int, device, dtype=torch.float32, block_size: int = 16):
+    """A cache big enough for every prompt + output + one tree's worth of candidates."""
+    from ..kvcache import PagedKVCache
+
+    news = _as_list(max_new, len(prompts))
+    blocks = sum(-(-(len(p) + n + extra_tokens + 1) // block_size) for p, n in zip(prompts, news)) + 1
+    return PagedKVCache(runner.num_layers, runner.num_kv_heads, runner.head_dim, block_size=block_size,
+                        gpu_blocks=blocks, cpu_blocks=1, dtype=dtype, device=device)
+
+
+def _as_list(max_new, n: int) -> list[int]:
+    return [int(max_new)] * n if isinstance(max_new, int) else [int(x) for x in max_new]
+
+
+def compact_paths(cache, moves) -> None:
+    """keep_path for a whole batch: moves = [(seq, start, path)]; every accepted node's K/V
+    goes to consecutive positions from `start`, with one gather and one scatter per layer and
+    pool for all sequences together (PagedKVCache.keep_path does one sequence at a time).
+    Sequences whose path is already in place (a chain of first children) move nothing."""
+    src, dst = [], []
+    for seq, start, path in moves:
+        if list(path) == list(range(len(path))):
+            continue
+        slots = cache.slots(seq.block_table, start, start + max(path) + 1)
+        src.extend(slots[j] for j in path)
+        dst.extend(slots[:len(path)])
+    if not src:
+        return
+    src_t = torch.tensor(src, dtype=torch.long, device=cache.device)
+    dst_t = torch.tensor(dst, dtype=torch.long, device=cache.device)
+    for layer in range(cache.num_layers):
+        for pool in cache.flat(layer):
+            # gathered into a new tensor before the copy: overlapping moves are safe
+            pool.index_copy_(0, dst_t, pool.index_select(0, src_t))
+
+
+def _prefill(runner, cache, seqs, device, return_hidden: bool):
+    for s in seqs:
+        cache.grow_to(s, s.num_tokens)
+    plan = plan_batch(cache, [(s, s.num_tokens) for s in seqs], device)
+    out = runner.forward(plan, cache, return_hidden=return_hidden)
+    for s in seqs:
+        s.computed = s.num_tokens
+    return out
+
+
+def greedy_decode(runner, cache, prompts, max_new, device="cpu") -> tuple[list[list[int]], DecodeStats]:
+    """Plain greedy decoding: a batched prefill, then one token per sequence per step
+    (decode-only batches). Returns each prompt's max_new new tokens and the stats."""
+    news = _as_list(max_new, len(prompts))
+    seqs = [Seq(p) for p in prompts]
+    st = DecodeStats("greedy", len(prompts))
+    _sync(device)
+    t0 = time.perf_counter()
+    logits = _prefill(runner, cache, seqs, device, False)
+    for s, t in zip(seqs, logits.argmax(-1).tolist()):
+        s.tokens.append(t)
+    _sync(device)
+    st.prefill_time_s = time.perf_counter() - t0
+    plens = [len(p) for p in prompts]
+    active = [i for i in range(len(seqs)) if news[i] > 1]
+    while active:
+        t0, c0 = time.perf_counter(), time.thread_time()
+        batch = [seqs[i] for i in active]
+        for s in batch:
+            cache.grow_to(s, s.computed + 1)
+        logits = runner.forward(plan_batch(cache, [(s, 1) for s in batch], device), cache)
+        for s, t in zip(batch, logits.argmax(-1).tolist()):
+            s.computed += 1
+            s.tokens.append(t)
+        _sync(device)
+        dt, dc = time.perf_counter() - t0, time.thread_time() - c0
+        st.steps += 1
+        st.seq_steps += len(batch)
+        st.decode_tokens += len(batch)
+        st.decode_time_s += dt
+        st.step_times_s.append(dt)
+        st.decode_cpu_s += dc
+        st.step_cpu_s.append(dc)
+        active = [i for i in active if len(seqs[i].tokens) - plens[i] < news[i]]
+    for s in seqs:
+        cache.free(s)
+    return [s.tokens[n:n + m] for s, n, m in zip(seqs, plens, news)], st
+
+
+def medusa_decode(runner, heads, tree: TreeLayout, cache, prompts, max_new, acceptance: Acceptance = Acceptance(),
+                  device="cpu") -> tuple[list[list[int]], DecodeStats]:
+    """Medusa decoding of a batch of prompts (see the module docstring). Returns each prompt's
+    max_new new tokens and the stats."""
+    news = _as_list(max_new, len(prompts))
+    if tree.heads_used > heads.num_heads:
+        from simulator.errors import InfersimError
+
+        raise InfersimError(f"tree '{tree.name}' is {tree.depth} deep but there are only {heads.num_heads} heads")
+    seqs = [Seq(p) for p in prompts]
+    plens = [len(p) for p in prompts]
+    st = DecodeStats(f"medusa {tree.name} ({acceptance.mode})", len(prompts))
+    n1 = tree.nodes
+    top_k = tree.top_k
+    tree = tree.on(device)
+    dev_head, dev_rank = tree.head, tree.rank
+    tree_spec = (tree.depths, tree.ancestors)
+    clock = work_clock(device)
+    _sync(device)
+    t0 = time.perf_counter()
+    logits, hidden = _prefill(runner, cache, seqs, device, True)
+    for s, t in zip(seqs, logits.argmax(-1).tolist()):
+        s.tokens.append(t)
+    depth = tree.depth
+    props = heads.propose(hidden, top_k, depth)  # [B, depth, top_k]
+    _sync(device)
+    st.prefill_time_s = time.perf_counter() - t0
+    active = [i for i in range(len(seqs)) if news[i] > 1]
+    props = props[active] if len(active) != len(seqs) else props
+    while active:
+        t0, c0 = time.perf_counter(), time.thread_time()
+        batch = [seqs[i] for i in active]
+        B = len(batch)
+        roots = torch.tensor([s.tokens[-1] for s in batch], dtype=torch.long, device=device)
+        cand = props[:, dev_head, dev_rank]  # [B, n]
+        tokens = torch.cat([roots[:, None], cand], dim=1)  # [B, n+1]
+        for s, c in zip(batch, cand.tolist()):
+            s.tokens.extend(c)
+            cache.grow_to(s, s.computed + n1)
+        t1 = clock()
+        plan = plan_batch(cache, [(s, n1) for s in batch], device, all_logits=True, trees=[tree_spec] * B)
+        logits, hidden = runner.forward(plan, cache, return_hidden=True)
+        _sync(device)
+        t2 = clock()
+        tok_list = tokens.tolist()
+        if acceptance.mode == "greedy":
+            best_l, nacc_l, bonus_l = accept_greedy_lists(tree, tok_list, logits.view(B, n1, -1))
+        else:
+            best, n_acc, bonus = accept(tree, tokens, logits.view(B, n1, -1), acceptance)
+            best_l, nacc_l, bonus_l = best.tolist(), n_acc.tolist(), bonus.tolist()
+        rows = [j * n1 + b for j, b in enumerate(best_l)]
+        t3 = clock()
+        props = heads.propose(hidden[rows], top_k, depth)
+        _sync(device)
+        st.verify_time_s += t2 - t1
+        st.heads_time_s += clock() - t3
+        keep = []
+        compact_paths(cache, [(s, s.computed, tree.node_paths[b]) for s, b in zip(batch, best_l)])
+        for j, (s, b, na, nb) in enumerate(zip(batch, best_l, nacc_l, bonus_l)):
+            path = tree.node_paths[b]
+            start = s.computed  # position of the root
+            del s.tokens[start + 1:]
+            s.tokens.extend(tok_list[j][k] for k in path[1:])
+            s.tokens.append(nb)
+            s.computed = start + len(path)
+            cache.truncate(s, s.computed)
+            i = active[j]
+            before = len(s.tokens) - (na + 1) - plens[i]
+            gained = min(na + 1, news[i] - before)
+            st.decode_tokens += gained
+            st.accepted_hist[na] = st.accepted_hist.get(na, 0) + 1
+            if len(s.tokens) - plens[i] < news[i]:
+                keep.append(j)
+        _sync(device)
+        dt, dc = time.perf_counter() - t0, time.thread_time() - c0
+        st.steps += 1
+        st.seq_steps += B
+        st.decode_time_s += dt
+        st.step_times_s.append(dt)
+        st.decode_cpu_s += dc
+        st.step_cpu_s.append(dc)
+        if len(keep) != B:
+            active = [active[j] for j in keep]
+            props = props[torch.tensor(keep, dtype=torch.long, device=props.device)]
+    for s in seqs:
+        cache.free(s)
+    return [s.tokens[n:n + m] for s, n, m in zip(seqs, plens, news)], st

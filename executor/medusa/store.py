@@ -1,0 +1,98 @@
+"""Trained heads cached next to the zoo: <zoo folder>/medusa/<target>-<key>/ with
+heads.safetensors + medusa.json. The key hashes the target's weight hash, the training recipe
+and the heads' format version, so a retrained target (or a changed recipe) trains new heads
+instead of reusing stale ones; the folder appears atomically, under a lock, so concurrent
+callers train once."""
+from __future__ import annotations
+
+import hashlib
+import sys
+import time
+from pathlib import Path
+
+from simulator.errors import InfersimError
+
+from .heads import FORMAT_VERSION, META_FILE, MedusaHeads, load_heads, save_heads
+from .train import DEFAULT_RECIPE, MedusaRecipe, corpus_streams, train_heads
+
+
+def target_sha256(lm) -> str:
+    """The loaded target's weight hash (the same function the zoo records in zoo.json)."""
+    from ..zoo.build import weights_sha256
+
+    return weights_sha256(lm.model)
+
+
+def heads_key(target_sha: str, recipe: MedusaRecipe) -> str:
+    payload = f"{FORMAT_VERSION}|{target_sha}|{recipe.canonical_json()}"
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def heads_dir(lm, recipe: MedusaRecipe = DEFAULT_RECIPE, root: Path | None = None, target_sha: str | None = None) -> Path:
+    """Where the heads for this target and recipe live: beside the zoo's checkpoints (the
+    target's parent folder) unless `root` says otherwise."""
+    sha = target_sha or target_sha256(lm)
+    base = Path(root) if root else Path(lm.path).parent / "medusa"
+    return base / f"{Path(lm.path).name}-{heads_key(sha, recipe)}"
+
+
+def _progress_callback():
+    """A rich progress bar on a terminal; none otherwise (CI logs, tests)."""
+    if not sys.stderr.isatty():
+        return None, None
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    prog = Progress(TextColumn("medusa {task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                    TimeElapsedColumn(), transient=True)
+    tasks: dict[str, int] = {}
+
+    def cb(stage: str, advance: int, total: int):
+        if stage not in tasks:
+            tasks[stage] = prog.add_task(stage, total=total)
+        prog.advance(tasks[stage], advance)
+
+    return prog, cb
+
+
+def ensure_heads(lm, recipe: MedusaRecipe = DEFAULT_RECIPE, root: Path | None = None, retrain: bool = False,
+                 log=None) -> tuple[MedusaHeads, dict, Path]:
+    """The cached heads for this target and recipe, trained (and their accuracies measured)
+    first if missing. Returns (heads on the target's device, medusa.json, folder)."""
+    from ..zoo.build import _locked
+    from .accuracy import measure
+
+    if lm.family not in ("llama", "mistral"):
+        raise InfersimError(f"Medusa heads are implemented for Llama-family targets, not {lm.family}")
+    sha = target_sha256(lm)
+    folder = heads_dir(lm, recipe, root, sha)
+    if (folder / META_FILE).exists() and not retrain:
+        heads, meta = load_heads(folder, sha, lm.device)
+        return heads, meta, folder
+    log = log or (lambda m: print(m, file=sys.stderr, flush=True))
+    with _locked(folder.parent / f"{folder.name}.lock"):
+        if (folder / META_FILE).exists() and not retrain:  # trained by someone else meanwhile
+            heads, meta = load_heads(folder, sha, lm.device)
+            return heads, meta, folder
+        if lm.tokenizer is None:
+            raise InfersimError(f"{lm.path}: no tokenizer.json: Medusa self-distillation needs the target's tokenizer")
+        if str(lm.dtype) != "torch.float32" or lm.device.type != "cpu":
+            raise InfersimError("train Medusa heads on a cpu fp32 target (load_model(name, 'cpu', 'fp32'))")
+        log(f"medusa: training {recipe.num_heads} heads on {lm.name} (self-distillation, {recipe.steps} steps)")
+        t0 = time.perf_counter()
+        train_stream, held_stream = corpus_streams(lm.tokenizer, recipe.files_every)
+        prog, cb = _progress_callback()
+        if prog:
+            prog.start()
+        try:
+            heads, stats = train_heads(lm.model, train_stream, recipe, log=log, progress=cb)
+        finally:
+            if prog:
+                prog.stop()
+        acc = measure(lm.model, heads, held_stream, recipe.eval_prompts, recipe.eval_prompt_len, recipe.eval_gen_len,
+                      recipe.top_k)
+        meta = {"target": lm.name, "target_path": str(lm.path), "target_sha256": sha, "recipe": recipe.__dict__,
+                "key": folder.name, **stats, "total_seconds": time.perf_counter() - t0, "accuracies": acc}
+        save_heads(heads, folder, meta)
+        log(f"medusa: heads saved to {folder} ({meta['total_seconds']:.0f} s)")
+    heads, meta = load_heads(folder, sha, lm.device)
+    return heads, meta, folder

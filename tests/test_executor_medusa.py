@@ -1,0 +1,294 @@
+"""Medusa on the zoo target (executor/medusa): trees, acceptance, heads, training, decoding.
+
+Greedy Medusa must reproduce the target's own greedy output token for token (for every tree
+kind, batch 1 and > 1), typical acceptance must reduce to greedy where the paper says it does,
+trained heads must round-trip and be keyed to their target, training must be deterministic, and
+the measured accuracies must load in the simulator's Medusa path."""
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+
+import executor  # noqa: F401
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from executor.medusa.acceptance import Acceptance, accept, accept_greedy_lists, typical_threshold  # noqa: E402
+from executor.medusa.heads import MedusaHeads, load_heads, save_heads  # noqa: E402
+from executor.medusa.train import (TINY_RECIPE, loss_weights, medusa_loss, shifted_labels,  # noqa: E402
+                                   train_heads)
+from executor.medusa.tree import build_tree, layout  # noqa: E402
+from simulator.errors import InfersimError  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+# ---- pieces checked by hand ------------------------------------------------------------------
+def test_loss_weights_are_point_eight_to_the_k():
+    assert loss_weights(3).tolist() == pytest.approx([0.8, 0.64, 0.512])
+    # two heads, two positions, vocabulary 2: CE by hand
+    logits = torch.tensor([[[0.0, 0.0], [math.log(3.0), 0.0]],  # head 1: p = (.5, .5), (.75, .25)
+                           [[0.0, 0.0], [0.0, 0.0]]])  # head 2: uniform
+    labels = torch.tensor([[0, 0], [1, -100]])  # head 2 has no label at position 2
+    total, per = medusa_loss(logits, labels, loss_weights(2))
+    ce1 = -(math.log(0.5) + math.log(0.75)) / 2
+    ce2 = -math.log(0.5)
+    assert per == pytest.approx([ce1, ce2], rel=1e-6)
+    assert float(total) == pytest.approx(0.8 * ce1 + 0.64 * ce2, rel=1e-6)
+
+
+def test_head_labels_are_the_tokens_k_plus_one_ahead():
+    tokens = torch.tensor([[10, 11, 12, 13, 14]])
+    pos, labels = shifted_labels(tokens, num_heads=2, first=1)
+    assert pos.tolist() == [[0, 1], [0, 2], [0, 3]]
+    # head 1 at t reads the token at t + 2, head 2 the one at t + 3 (the LM head predicts t + 1)
+    assert labels.tolist() == [[13, 14, -100], [14, -100, -100]]
+
+
+def test_tree_layout():
+    t = layout([(0,), (1,), (0, 0), (1, 2)], "t")
+    assert t.depths == [0, 1, 1, 2, 2] and t.nodes == 5 and t.depth == 2 and t.top_k == 3
+    assert t.parent.tolist() == [0, 0, 0, 1, 2]
+    assert t.head.tolist() == [0, 0, 1, 1] and t.rank.tolist() == [0, 1, 0, 2]
+    assert t.node_paths == [[0], [0, 1], [0, 2], [0, 1, 3], [0, 2, 4]]
+    want = [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 1, 0, 1, 0], [1, 0, 1, 0, 1]]
+    assert t.ancestors.int().tolist() == want
+    assert build_tree("cartesian", heads=3, sizes=[2, 2]).nodes == 1 + 2 + 4
+    # a tree deeper than the heads is cut to them (the simulator's restrict)
+    assert build_tree("cartesian", heads=1, sizes=[2, 2]).nodes == 3
+    g = build_tree("greedy", heads=2, nodes=4, accuracies=np.array([[0.6, 0.3], [0.5, 0.1]]))
+    # expected gains: [0] .6, [1] .3, [0,0] .3, [0,1] .06 -> [0], then [1] / [0,0] (tie)
+    assert g.nodes == 4 and (0,) in g.paths and (0, 1) not in g.paths
+    with pytest.raises(InfersimError):
+        build_tree("star", heads=2)
+
+
+def _one_hot_logits(rows, vocab=4, hi=10.0):
+    out = torch.zeros(1, len(rows), vocab)
+    for i, t in enumerate(rows):
+        out[0, i, t] = hi
+    return out
+
+
+def test_greedy_acceptance_by_hand():
+    t = layout([(0,), (1,), (0, 0), (1, 0)], "t")
+    # root predicts 2; node 1 (token 3) wrong, node 2 (token 2) right; under node 2 the argmax is 1
+    tokens = torch.tensor([[0, 3, 2, 1, 1]])
+    logits = _one_hot_logits([2, 0, 1, 0, 3])
+    best, n_acc, bonus = accept(t.on("cpu"), tokens, logits, Acceptance("greedy"))
+    assert best.tolist() == [4] and n_acc.tolist() == [2] and bonus.tolist() == [3]
+    # nothing matches: only the root, and the bonus is the root's argmax
+    best, n_acc, bonus = accept(t.on("cpu"), torch.tensor([[0, 3, 1, 1, 1]]), logits, Acceptance("greedy"))
+    assert best.tolist() == [0] and n_acc.tolist() == [0] and bonus.tolist() == [2]
+
+
+def test_greedy_acceptance_python_walk_equals_tensor_version():
+    t = build_tree("cartesian", heads=3, sizes=[3, 2, 2]).on("cpu")
+    g = torch.Generator().manual_seed(0)
+    for _ in range(20):  # a vocabulary of 3: many candidates match, deep paths get accepted
+        tokens = torch.randint(0, 3, (4, t.nodes), generator=g)
+        logits = torch.randn(4, t.nodes, 3, generator=g)
+        best, n_acc, bonus = accept(t, tokens, logits, Acceptance("greedy"))
+        assert accept_greedy_lists(t, tokens.tolist(), logits) == (best.tolist(), n_acc.tolist(), bonus.tolist())
+
+
+def test_typical_threshold_by_hand():
+    logits = torch.log(torch.tensor([[0.5, 0.25, 0.25]]))
+    p, thr = typical_threshold(logits, Acceptance("typical", temperature=1.0, epsilon=0.3, delta=0.6))
+    h = -(0.5 * math.log(0.5) + 2 * 0.25 * math.log(0.25))
+    assert p[0].tolist() == pytest.approx([0.5, 0.25, 0.25], rel=1e-5)
+    assert float(thr[0]) == pytest.approx(min(0.3, 0.6 * math.exp(-h)), rel=1e-5)  # 0.6 e^-1.04 = 0.212
+    t = layout([(0,), (1,)], "t").on("cpu")
+    rows = logits.expand(3, 3)[None]  # every node's logits: the same distribution
+    # both children (tokens 1 and 2, p = 0.25 > 0.212) pass: equal depth, the first wins the tie
+    best, n_acc, bonus = accept(t, torch.tensor([[0, 1, 2]]), rows, Acceptance("typical", 1.0, 0.3, 0.6))
+    assert best.tolist() == [1] and n_acc.tolist() == [1] and bonus.tolist() == [0]
+    best, _, _ = accept(t, torch.tensor([[0, 1, 2]]), rows, Acceptance("typical", 1.0, 0.3, 1.2))
+    assert best.tolist() == [0]  # threshold min(0.3, 0.42) = 0.3 > 0.25: neither passes
+
+
+# ---- heads: save, load, keyed to the target -----------------------------------------------------
+def test_heads_round_trip_and_refuse_another_target(tmp_path):
+    torch.manual_seed(0)
+    heads = MedusaHeads.from_lm_head(3, torch.randn(50, 8))
+    with torch.no_grad():
+        heads.w1.normal_()
+        heads.b1.normal_()
+    save_heads(heads, tmp_path / "h", {"target_sha256": "abc"})
+    back, meta = load_heads(tmp_path / "h", "abc")
+    assert meta["heads_sha256"] == heads.weights_sha256() == back.weights_sha256()
+    x = torch.randn(5, 8)
+    assert torch.equal(heads.propose(x, 4), back.propose(x, 4))
+    assert torch.allclose(heads(x), back(x))
+    with pytest.raises(InfersimError, match="other|not"):
+        load_heads(tmp_path / "h", "def")
+    with pytest.raises(InfersimError, match="no medusa.json"):
+        load_heads(tmp_path / "missing")
+    # heads sharing one LM head: one [1, V, h] projection, the same logits as K copies of it
+    w = torch.randn(50, 8)
+    shared = MedusaHeads.from_lm_head(3, w, shared=True)
+    own = MedusaHeads.from_lm_head(3, w)
+    with torch.no_grad():
+        for m in (shared, own):
+            m.w1.copy_(heads.w1)
+            m.b1.copy_(heads.b1)
+    assert shared.w2.shape == (1, 50, 8) and not shared.w2.requires_grad
+    assert shared.parameters_per_head == 8 * 8 + 8 and own.parameters_per_head == 8 * 8 + 8 + 8 * 50
+    assert torch.allclose(shared(x), own(x), atol=1e-5)
+    save_heads(shared, tmp_path / "s", {"target_sha256": "abc"})
+    back, meta = load_heads(tmp_path / "s", "abc")
+    assert meta["shared_lm_head"] and torch.equal(back.propose(x, 4), shared.propose(x, 4))
+
+
+def test_fresh_heads_are_the_target_lm_head():
+    w = torch.randn(30, 6)
+    heads = MedusaHeads.from_lm_head(2, w)
+    x = torch.randn(4, 6)
+    assert torch.allclose(heads(x), (x @ w.T)[None].expand(2, 4, 30), atol=1e-6)
+    # propose (decoding's path, with its cached transposed copy of W2) = top-k of forward
+    assert torch.equal(heads.propose(x, 5), heads(x).topk(5, dim=-1).indices.transpose(0, 1))
+    with torch.no_grad():
+        heads.w2[1].neg_()  # a changed W2 must not be served from the stale copy
+    assert torch.equal(heads.propose(x, 5), heads(x).topk(5, dim=-1).indices.transpose(0, 1))
+
+
+# ---- the zoo target ----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def target():
+    from executor.models import load_model
+    from executor.runner import build_runner
+    from executor.zoo import ensure_zoo
+
+    ensure_zoo()
+    lm = load_model("zoo-target", "cpu", "fp32")
+    return lm, build_runner(lm)
+
+
+@pytest.fixture(scope="module")
+def trained(target):
+    """The default heads (cached beside the zoo; trained once, ~2 minutes, if missing)."""
+    from executor.medusa.store import ensure_heads
+
+    heads, meta, _ = ensure_heads(target[0])
+    return heads, meta
+
+
+@pytest.fixture(scope="module")
+def prompts(target):
+    from executor.prompts import make_prompts
+
+    lm = target[0]
+    return make_prompts([40, 57, 33], tokenizer=lm.tokenizer, vocab_size=lm.vocab_size, seed=11)
+
+
+def _decode(target, heads, tree, prompts, new, acc=Acceptance("greedy")):
+    from executor.medusa.decode import greedy_decode, make_cache, medusa_decode
+
+    _, runner = target
+    cache = make_cache(runner, prompts, new, tree.nodes, "cpu", block_size=8)
+    ref, _ = greedy_decode(runner, cache, prompts, new)
+    assert cache.used_gpu == 0
+    out, st = medusa_decode(runner, heads, tree, cache, prompts, new, acc)
+    assert cache.used_gpu == 0  # every block, speculative ones included, came back
+    return ref, out, st
+
+
+TREES = {"choices": dict(choices=[[0], [1], [0, 0], [0, 1], [2], [0, 0, 0], [1, 0]]),
+         "cartesian": dict(sizes=[2, 2, 1]),
+         "greedy": dict(nodes=12)}
+
+
+@pytest.mark.parametrize("kind", list(TREES))
+@pytest.mark.parametrize("batch", [1, 3])
+def test_greedy_medusa_equals_target_greedy(target, trained, prompts, kind, batch):
+    heads, meta = trained
+    acc = np.array(meta["accuracies"]["greedy"]["per_rank"])
+    tree = build_tree(kind, heads=heads.num_heads, accuracies=acc, **TREES[kind])
+    ref, out, st = _decode(target, heads, tree, prompts[:batch], 40)
+    assert out == ref and all(len(o) == 40 for o in out)
+    # the tree paths were really exercised: candidates accepted, fewer steps than tokens
+    assert max(st.accepted_hist) >= 2 and st.acceleration_rate > 1.2
+    assert st.decode_tokens == batch * 39 and st.seq_steps < st.decode_tokens
+
+
+def test_runner_greedy_equals_hugging_face(target, prompts):
+    from executor.medusa.decode import greedy_decode, make_cache
+    from executor.models import hf_greedy_generate
+
+    lm, runner = target
+    ref = hf_greedy_generate(lm.model, prompts[:2], [24, 24])
+    out, _ = greedy_decode(runner, make_cache(runner, prompts[:2], 24, 1, "cpu"), prompts[:2], 24)
+    assert out == ref
+
+
+def test_typical_acceptance_limits(target, trained, prompts):
+    heads, _ = trained
+    tree = build_tree("cartesian", heads=heads.num_heads, sizes=[2, 2, 1])
+    # temperature 0: p is one-hot, typical acceptance is greedy acceptance
+    ref, out, st0 = _decode(target, heads, tree, prompts, 30, Acceptance("typical", temperature=0.0))
+    assert out == ref
+    # epsilon 0: the threshold is 0, every candidate passes: every step takes the full depth
+    _, _, st = _decode(target, heads, tree, prompts, 30, Acceptance("typical", temperature=0.7, epsilon=0.0))
+    assert set(st.accepted_hist) == {tree.depth}
+    # threshold min(1, delta e^-H) = 1 for a huge delta: nothing passes, one (greedy) token per step
+    ref, out, st = _decode(target, heads, tree, prompts, 30, Acceptance("typical", 0.7, epsilon=1.0, delta=1e9))
+    assert out == ref and set(st.accepted_hist) == {0} and st.acceleration_rate == 1.0
+
+
+def test_tiny_training_is_deterministic_and_cached(target, tmp_path):
+    from executor.medusa.store import ensure_heads, heads_dir, heads_key
+    from executor.medusa.train import corpus_streams
+
+    lm, _ = target
+    train_stream, _ = corpus_streams(lm.tokenizer, TINY_RECIPE.files_every)
+    a, sa = train_heads(lm.model, train_stream, TINY_RECIPE)
+    b, sb = train_heads(lm.model, train_stream, TINY_RECIPE)
+    assert a.weights_sha256() == b.weights_sha256() and sa["final_loss"] == sb["final_loss"]
+    c, _ = train_heads(lm.model, train_stream, dataclasses.replace(TINY_RECIPE, seed=1))
+    assert c.weights_sha256() != a.weights_sha256()
+    # cached by (target weights, recipe): a second call loads, a different target hash is elsewhere
+    h1, m1, f1 = ensure_heads(lm, TINY_RECIPE, root=tmp_path, log=lambda m: None)
+    h2, m2, f2 = ensure_heads(lm, TINY_RECIPE, root=tmp_path, log=lambda m: None)
+    assert f1 == f2 and m1["heads_sha256"] == m2["heads_sha256"] == a.weights_sha256()
+    assert heads_key("0" * 64, TINY_RECIPE) != heads_key(m1["target_sha256"], TINY_RECIPE)
+    assert heads_dir(lm, TINY_RECIPE, tmp_path) == f1
+    acc = np.array(m1["accuracies"]["greedy"]["per_rank"])
+    assert acc.shape == (2, 10) and (acc.sum(1) <= 1 + 1e-9).all()
+
+
+def test_measured_accuracies_load_in_the_simulator(trained):
+    from analysis.medusa_study import load_accuracies
+    from simulator.speculative.medusa_tree import expected_length
+
+    table = load_accuracies("zoo-target")
+    acc = table.rank_accuracies()
+    heads, meta = trained
+    assert acc.shape == (heads.num_heads, 10) and (acc.sum(1) <= 1).all()
+    assert (np.diff(acc[:, 0]) < 0).all()  # later heads guess further ahead: less accurate
+    if table.source.find(meta["key"]) >= 0:  # the recorded table comes from these very heads
+        assert acc == pytest.approx(np.array(meta["accuracies"]["greedy"]["per_rank"]), abs=1e-4)
+    # the simulator's Medusa path runs on them: tokens per step as the table predicts
+    from simulator.engine.simulation import Simulation
+    from simulator.metrics.summary import summarize
+    from simulator.workload.builder import build_requests
+    from simulator.workload.schema import WorkloadSpec
+
+    spec = WorkloadSpec.model_validate({
+        "model": "opt-1.3b", "hardware": {"profile": "a100-80gb-pcie"}, "serving": {"max_batch_size": 8},
+        "requests": {"count": 8, "arrival": {"type": "burst"}, "prompt_tokens": {"type": "fixed", "value": 64},
+                     "output_tokens": {"type": "fixed", "value": 400}},
+        "speculation": {"method": "medusa", "medusa": {"accuracies": "zoo-target"}}, "seed": 1})
+    sim = Simulation(spec, build_requests(spec, "."))
+    sx = summarize(sim.run())["speculation"]
+    assert sx["proposer"]["accuracies"] == "zoo-target" and sx["proposer"]["tree_nodes"] == len(table.tree) + 1
+    want = expected_length([tuple(p) for p in table.tree], acc)
+    assert sx["proposer"]["expected_tokens_per_step"] == pytest.approx(want)
+    assert sx["acceleration_rate"] == pytest.approx(want, rel=0.1)
