@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+from simulator.machine import cpu_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -109,12 +109,7 @@ def main(argv=None) -> int:
     static = {b: min(times[f"HF generate, static batches of {b}"]) for b in sizes}
 
     load_end = os.getloadavg()[0]
-    cpu = platform.processor() or platform.machine()
-    try:
-        cpu = next(x.split(":", 1)[1].strip() for x in Path("/proc/cpuinfo").read_text().splitlines()
-                   if x.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    cpu = cpu_model()
     base = rows[0][2]
     best_static = min(static.values()) if static else float("nan")
     lines = [

@@ -19,12 +19,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import platform
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+from simulator.machine import cpu_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -207,11 +207,7 @@ def write_report(args, rows, lm, meta, folder, load0, load1, wall, device, meta_
     from executor.medusa.accuracy import top_i
 
     today = datetime.date.today().isoformat()
-    cpu = platform.processor() or platform.machine()
-    try:
-        cpu = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    cpu = cpu_model()
     g = top_i(meta["accuracies"]["greedy"]["per_rank"])
     L = ["# Medusa vs plain greedy decoding (real heads, tree attention, CPU)", "",
          f"Written by `python benchmarks/medusa_vs_greedy.py --prompts {args.prompts} --new {args.new} "

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from simulator.errors import InfersimError
+from simulator.machine import cpu_model
 
 
 def _device_description(dev) -> dict:
@@ -27,15 +28,7 @@ def _device_description(dev) -> dict:
         d["name"] = torch.cuda.get_device_name(dev)
         d["memory_bytes"] = torch.cuda.get_device_properties(dev).total_memory
     else:
-        name = platform.processor()
-        try:
-            for line in Path("/proc/cpuinfo").read_text().splitlines():
-                if line.startswith("model name"):
-                    name = line.split(":", 1)[1].strip()
-                    break
-        except OSError:
-            pass
-        d["name"] = name
+        d["name"] = cpu_model()
         d["cores"] = os.cpu_count()
     return d
 

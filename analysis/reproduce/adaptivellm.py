@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import os
-import platform
 import resource
 import tempfile
 import time
@@ -38,6 +37,7 @@ import numpy as np
 import pandas as pd
 
 from simulator.engine.simulation import Simulation
+from simulator.machine import machine_line
 from simulator.hardware.catalog import load_hardware
 from simulator.metrics.collector import SERIES_COLUMNS
 from simulator.metrics.summary import summarize
@@ -454,15 +454,7 @@ def plot_turnaround(df: pd.DataFrame, path: Path) -> Path:
 
 # ---- the report -----------------------------------------------------------------------------
 def _machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, {platform.system()}"
+    return machine_line()
 
 
 def write_markdown(df: pd.DataFrame, out: Path, stem: str, meta: dict) -> Path:

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import Callable
 
 from simulator.errors import InfersimError
+from simulator.machine import cpu_model, host_memory_gb  # noqa: F401  (re-exported)
 
 DEVICE_CHOICES = ("cpu", "cuda")
 
@@ -182,28 +183,6 @@ def host_buffer(nbytes: int, *, pinned: bool, device_type: str, dtype=None):
 
 
 # ---- what machine is this ----------------------------------------------------------------
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown CPU"
-
-
-def host_memory_gb() -> float:
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemTotal:"):
-                    return int(line.split()[1]) * 1024 / 1e9
-    except OSError:
-        pass
-    return 16.0
-
-
 def load_average() -> tuple[float, float, float] | None:
     try:
         return os.getloadavg()

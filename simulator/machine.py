@@ -1,0 +1,34 @@
+"""What machine this is, for the headers of measured results (torch-free, so the simulator's
+reports can say it too)."""
+from __future__ import annotations
+
+import os
+import platform
+
+
+def cpu_model() -> str:
+    """The CPU's marketing name from /proc/cpuinfo, else what platform knows."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def host_memory_gb() -> float:
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024 / 1e9
+    except OSError:
+        pass
+    return 16.0
+
+
+def machine_line() -> str:
+    """One line: CPU, cores, Python, OS."""
+    return f"{cpu_model()}, {os.cpu_count()} cores, Python {platform.python_version()}, {platform.system()}"
