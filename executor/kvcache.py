@@ -164,15 +164,19 @@ class PagedKVCache:
         return len(pairs_g)
 
     def _copy(self, gpu_ids: list[int], cpu_ids: list[int], to_host: bool) -> None:
+        if self.stream is None:
+            # CPU: one slice copy per run of blocks consecutive on both sides (the free lists
+            # hand out neighbouring ids, so runs are long); an index gather + scatter would
+            # go through a temporary and take several times the bytes' memcpy time
+            for g0, c0, n in _runs(gpu_ids, cpu_ids):
+                for dev, host in ((self._k, self._hk), (self._v, self._hv)):
+                    if to_host:
+                        host[:, c0:c0 + n].copy_(dev[:, g0:g0 + n])
+                    else:
+                        dev[:, g0:g0 + n].copy_(host[:, c0:c0 + n])
+            return
         g = torch.tensor(gpu_ids, dtype=torch.long, device=self.device)
         c = torch.tensor(cpu_ids, dtype=torch.long)
-        if self.stream is None:
-            for dev, host in ((self._k, self._hk), (self._v, self._hv)):
-                if to_host:
-                    host[:, c] = dev[:, g]
-                else:
-                    dev[:, g] = host[:, c]
-            return
         # CUDA: gather into one contiguous staging tensor per direction, one async copy
         # through pinned memory on the side stream, scatter on the far side
         cur = torch.cuda.current_stream(self.device)
@@ -204,3 +208,14 @@ class PagedKVCache:
         """Layer pools viewed as [blocks * block_size, kv_heads, head_dim]."""
         k, v = self.k[layer], self.v[layer]
         return (k.view(-1, self.num_kv_heads, self.head_dim), v.view(-1, self.num_kv_heads, self.head_dim))
+
+
+def _runs(a: list[int], b: list[int]):
+    """(a0, b0, n) for maximal runs where a and b both step by +1."""
+    i = 0
+    while i < len(a):
+        n = 1
+        while i + n < len(a) and a[i + n] == a[i] + n and b[i + n] == b[i] + n:
+            n += 1
+        yield a[i], b[i], n
+        i += n
