@@ -292,3 +292,137 @@ def test_measured_accuracies_load_in_the_simulator(trained):
     want = expected_length([tuple(p) for p in table.tree], acc)
     assert sx["proposer"]["expected_tokens_per_step"] == pytest.approx(want)
     assert sx["acceleration_rate"] == pytest.approx(want, rel=0.1)
+
+
+# ---- sim exec: Medusa in the speculative engine (arrivals, continuous batching) -----------------
+def _medusa_decoder(target, trained, tree, gpu_blocks=96, max_batch_size=2, acc="greedy"):
+    from executor.medusa.serve import MedusaDecoder, MedusaProposer
+    from executor.speculative.target import TargetModel
+
+    lm, _ = target
+    heads, _ = trained
+    tm = TargetModel(lm, gpu_blocks=gpu_blocks, block_size=8)
+    return MedusaDecoder(tm, MedusaProposer(heads, tree, Acceptance(acc), lm.device), max_batch_size=max_batch_size)
+
+
+def test_medusa_decoder_serves_arrivals_as_plain_greedy(target, trained, prompts):
+    """Staggered arrivals, batch limit 2 (admissions while others run), output lengths 1, 2, 5
+    and 23 (a prefill-only request, a root-only step, steps cut at the output length): the
+    outputs are the target's greedy ones, every KV block comes back, and the rounds table adds up."""
+    from executor.medusa.decode import greedy_decode, make_cache
+    from executor.speculative.build import make_sequences
+    from executor.speculative.decoder import Clock
+
+    heads, _ = trained
+    tree = build_tree("cartesian", heads=heads.num_heads, sizes=[2, 2, 1])
+    ps = [prompts[0], prompts[1], prompts[2], prompts[0][:20]]
+    lens = [23, 1, 5, 2]
+    _, runner = target
+    ref, _ = greedy_decode(runner, make_cache(runner, ps, lens, 1, "cpu"), ps, lens)
+    dec = _medusa_decoder(target, trained, tree)
+    seqs = make_sequences(ps, lens, 1, arrival_s=[0.0, 0.0, 0.01, 0.02])
+    out = dec.generate(seqs, clock=Clock(realtime=False))
+    assert out == ref
+    assert dec.target.cache.used_gpu == 0 and not dec.proposer.props  # every block and proposal released
+    t = dec.stats.table()
+    assert int(t["prefill_seqs"].sum()) == 4 and int(t["tokens_out"].sum()) == sum(lens)
+    assert t["batch_size"].max() <= 2 and set(t["s"].tolist()) == {tree.depth}
+    # candidates verified: nodes - 1 per sequence with a whole tree (one token left: root only)
+    hist = dec.proposer.accepted_hist
+    assert int(t["drafted_tokens"].sum()) == (tree.nodes - 1) * sum(hist.values())
+    assert int(t["accepted_tokens"].sum()) == sum(k * c for k, c in hist.items())
+    assert max(hist) >= 2  # the trees were really exercised
+    assert dec.stats.recorder.rounds == sum(hist.values())
+
+
+def test_medusa_proposals_are_scored_against_committed_tokens(target, trained):
+    """Head j's rank-i guess from the hidden state at token index b counts as right when it equals
+    token b + j + 2; positions past the sequence's end are not scored (hand-made history)."""
+    from executor.medusa.serve import MedusaProposer
+
+    heads, _ = trained
+    tree = layout([(0,), (1,), (0, 0)], "t")  # 2 heads, top-2
+    p = MedusaProposer(heads, tree, Acceptance("greedy"), "cpu")
+
+    class S:
+        rid = 7
+        tokens = [10, 11, 12, 13, 14]
+
+    # from index 1: head 1 guesses token 3 (13), head 2 token 4 (14); from index 2: token 4 and (past the end)
+    p._history[7] = [(1, [[13, 99], [98, 14]]), (2, [[97, 96], [1, 2]])]
+    p.release(S)
+    assert p.scored.tolist() == [2, 1]
+    assert p.hits.tolist() == [[1, 0], [0, 1]]
+    assert p.per_rank().tolist() == [[0.5, 0.0], [0.0, 1.0]]
+    assert 7 not in p._history
+
+
+def test_medusa_serving_refuses_what_it_cannot_run(target, trained):
+    from executor.medusa.serve import acceptance_for, resolve_tree
+    from simulator.speculative.config import SpeculationSection
+
+    heads, _ = trained
+    with pytest.raises(InfersimError, match="rejection sampling"):
+        acceptance_for(SpeculationSection.model_validate(
+            {"method": "medusa", "sampling": {"mode": "sampling", "temperature": 0.7}}))
+    assert acceptance_for(SpeculationSection.model_validate(
+        {"method": "medusa", "sampling": {"mode": "typical", "temperature": 0.5}})).mode == "typical"
+    with pytest.raises(InfersimError, match="heads"):
+        resolve_tree(SpeculationSection.model_validate(
+            {"method": "medusa", "medusa": {"accuracies": "zoo-target", "heads": 9}}).medusa, heads.num_heads)
+    # the default section: the simulator's tree (the Vicuna table's mc_sim_7b_63), cut to the trained heads
+    from analysis.medusa_study import load_accuracies
+    from simulator.speculative.medusa_tree import restrict
+
+    lay, table, used = resolve_tree(SpeculationSection.model_validate({"method": "medusa"}).medusa, heads.num_heads)
+    assert used == heads.num_heads and lay.depth <= heads.num_heads
+    want = restrict([tuple(c) for c in load_accuracies("vicuna-7b").tree], heads.num_heads, 10)
+    assert sorted(lay.paths) == sorted(want) and lay.nodes == len(want) + 1
+
+
+def test_sim_exec_runs_a_medusa_workload_and_feeds_the_simulator(target, trained, tmp_path):
+    import json
+
+    import pyarrow.parquet as pq
+    import yaml
+
+    from executor.medusa import recorded_statistics, simulator_updates
+    from executor.models import hf_greedy_generate
+    from simulator.cli.main import main
+
+    lm, _ = target
+    wl = {"name": "zoo-medusa", "model": "zoo-target", "hardware": {"profile": "a100-80gb-pcie"},
+          "serving": {"max_batch_size": 3},
+          "requests": {"count": 6, "arrival": {"type": "poisson", "rate": 60.0},
+                       "prompt_tokens": {"type": "uniform", "low": 20, "high": 60},
+                       "output_tokens": {"type": "uniform", "low": 8, "high": 30}},
+          "seed": 3,
+          "speculation": {"method": "medusa", "sampling": {"mode": "greedy"},
+                          "medusa": {"accuracies": "zoo-target", "tree": {"type": "greedy", "nodes": 8}}}}
+    path = tmp_path / "wl.yaml"
+    path.write_text(yaml.safe_dump(wl))
+    out = tmp_path / "run"
+    assert main(["exec", "-w", str(path), "-m", "zoo-target", "--fast", "--no-plots", "-q", "-o", str(out)]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    sx = s["speculation"]
+    assert s["finished"] == 6 and sx["executed"] and sx["method"] == "medusa" and sx["medusa"]["tree_nodes"] == 8
+    rounds = pq.read_table(out / "speculation_rounds.parquet").to_pydict()
+    o = pq.read_table(out / "outputs.parquet").to_pydict()
+    assert sum(rounds["tokens_out"]) == sum(len(x) for x in o["output_ids"])
+    assert o["output_ids"] == hf_greedy_generate(lm.model, o["prompt_ids"], [len(x) for x in o["output_ids"]])
+    # the validation hooks: measured accuracies, tokens per step, and a workload the simulator runs
+    st = recorded_statistics(out)
+    hist = st["accepted_hist"]
+    assert st["tokens_per_tree_step"] == pytest.approx(sum((k + 1) * c for k, c in hist.items()) / sum(hist.values()))
+    assert len(st["per_rank"]) == st["heads"] == 4 and all(sum(r) <= 1 for r in st["per_rank"])
+    upd = simulator_updates(st)
+    from simulator.engine.simulation import Simulation
+    from simulator.metrics.summary import summarize
+    from simulator.workload.builder import build_requests
+    from simulator.workload.schema import WorkloadSpec
+
+    wl2 = dict(wl, model="opt-1.3b")
+    wl2["speculation"] = {**wl["speculation"], "medusa": upd["speculation"]["medusa"]}
+    spec = WorkloadSpec.model_validate(wl2)
+    px = summarize(Simulation(spec, build_requests(spec, ".")).run())["speculation"]["proposer"]
+    assert px["tree_nodes"] == 8 and px["expected_tokens_per_step"] == pytest.approx(st["predicted_tokens_per_tree_step"])

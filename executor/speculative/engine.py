@@ -11,7 +11,9 @@ series.parquet, summary.json with a `speculation` entry like the simulator's, pl
 | acceptance.yaml | acceptance by position as the simulator's acceptance table (load it with `acceptance: {table: <path>, draft: ..., dataset: ...}`) |
 | outputs.parquet | prompt and generated token ids per request |
 
-What the section may ask: method draft | minions (medusa is not run by the executor); each
+What the section may ask: method draft | minions | medusa (Medusa: executor/medusa/serve.py plugs
+its decoder into this engine; its run directory adds medusa_accuracies.yaml, the head accuracies
+measured in the run, instead of acceptance.yaml); each
 draft's `model` is a zoo name or a checkpoint folder (its `acceptance` is what the simulator
 would assume; here acceptance is measured); sampling greedy, or sampling at a temperature
 with method draft (rejection sampling); voting / selector / pipeline as in the simulator."""
@@ -65,8 +67,8 @@ class _Observer:
 
 
 def _settings(sp):
-    if sp.method == "medusa":
-        raise InfersimError("speculation.method 'medusa': the executor runs draft and minions only")
+    if sp.method == "medusa":  # Medusa's settings are executor.medusa.serve.acceptance_for
+        raise InfersimError("speculation.method 'medusa': these settings are for draft and minions only")
     mode = sp.sampling.mode
     if mode == "typical":
         raise InfersimError("speculation.sampling.mode 'typical' is Medusa's; use greedy or sampling")
@@ -101,7 +103,13 @@ def execute_speculative(spec, requests, model: str, out: Path, *, device: str | 
 
     t_wall = time.perf_counter()
     sp = spec.speculation
-    mode, temperature = _settings(sp)
+    medusa = sp.method == "medusa"
+    if medusa:
+        from ..medusa.serve import acceptance_for
+
+        mode, temperature = acceptance_for(sp).mode, 0.0
+    else:
+        mode, temperature = _settings(sp)
     if len(requests) == 0:
         raise InfersimError("the workload produced no requests")
     if requests.closed_loop:
@@ -118,6 +126,14 @@ def execute_speculative(spec, requests, model: str, out: Path, *, device: str | 
         sel = AdaptiveLengthSelector(s=sp.speculation_length, decision_threshold=c.decision_threshold,
                                      s_reward=c.s_reward, s_punish=c.s_punish, s_min=c.s_min, s_max=c.s_max, rule=c.rule)
     s_max = sel.s_max if sel is not None else sp.speculation_length
+    mheads = mtree = None
+    if medusa:  # a verification writes the whole tree into the KV cache: reserve its nodes
+        from ..medusa.serve import resolve_tree
+        from ..medusa.store import ensure_heads
+
+        mheads, _, _ = ensure_heads(lm, log=log)
+        mtree, _, _ = resolve_tree(sp.medusa, mheads.num_heads)
+        s_max = mtree.nodes
     prompts = make_prompts(requests.prompt_tokens, tokenizer=lm.tokenizer, vocab_size=lm.vocab_size, seed=spec.seed)
     seqs, truncated = [], 0
     for i, t in enumerate(requests.arrival_s):
@@ -139,9 +155,16 @@ def execute_speculative(spec, requests, model: str, out: Path, *, device: str | 
                              reward_threshold=v.reward_threshold, punish_threshold=v.punish_threshold,
                              reward_factor=v.reward_factor, punish_factor=v.punish_factor,
                              threshold_mode=v.threshold_mode, ema=v.ema)
-    dec = build_decoder(lm, dlms, method=method, s=sp.speculation_length, temperature=temperature, seed=spec.seed,
-                        block_size=sv.block_size, gpu_blocks=int(gpu_blocks), max_batch_size=sv.max_batch_size,
-                        selector=sel, weights=weights, acr_scope=sp.voting.acr_scope, names=names)
+    if medusa:
+        from ..medusa.serve import build_medusa_decoder
+
+        dec = build_medusa_decoder(lm, sp, gpu_blocks=int(gpu_blocks), block_size=sv.block_size,
+                                   max_batch_size=sv.max_batch_size, heads=mheads, tree=mtree)
+    else:
+        dec = build_decoder(lm, dlms, method=method, s=sp.speculation_length, temperature=temperature,
+                            seed=spec.seed, block_size=sv.block_size, gpu_blocks=int(gpu_blocks),
+                            max_batch_size=sv.max_batch_size, selector=sel, weights=weights,
+                            acr_scope=sp.voting.acr_scope, names=names)
     runner = dec
     if sp.pipeline_on:
         pl = sp.pipeline
@@ -176,6 +199,8 @@ def execute_speculative(spec, requests, model: str, out: Path, *, device: str | 
         memory = MemoryPlan(int(gpu_blocks), 0, float(bpb), float(lm.weight_bytes()), 0.0,
                             "explicit" if sv.gpu_blocks else "derived")
         spec_x = _speculation_summary(dec, runner, sp, names, mode, temperature, sp.series_max_points)
+        if hasattr(dec, "summary_extra"):  # Medusa: tree, accepted lengths, measured head accuracies
+            spec_x.update(dec.summary_extra())
         tab = dec.stats.table()
         fwd = float(tab["draft_s"].sum() + tab["verify_s"].sum())
         ex = {"model": lm.name, "model_path": str(lm.path), "drafts": names, "device": str(lm.device),
@@ -208,7 +233,9 @@ def execute_speculative(spec, requests, model: str, out: Path, *, device: str | 
         ssm = _ssm_table(dec.proposer)
         if ssm is not None:
             write_table(tmp / "speculation_ssm.parquet", ssm)
-        if dec.stats.recorder.rounds:
+        if hasattr(dec, "write_extra"):
+            dec.write_extra(tmp, target=lm.name, source=f"sim exec of workload {spec.name} (seed {spec.seed})")
+        elif dec.stats.recorder.rounds:
             label = names[0] if method == "draft" else "minions(" + "+".join(names) + ")"
             write_acceptance_table(tmp / "acceptance.yaml", target=lm.name, drafts={label: label},
                                    source=f"sim exec of workload {spec.name} (seed {spec.seed})",
@@ -221,6 +248,8 @@ def execute_speculative(spec, requests, model: str, out: Path, *, device: str | 
 
             plot_run(tmp)
             _plot_speculation(tmp, dec, runner)
+            if hasattr(dec, "plot_extra"):  # Medusa: accepted lengths and measured head accuracies
+                dec.plot_extra(tmp)
     return summary
 
 
