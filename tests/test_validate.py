@@ -182,7 +182,7 @@ def test_every_case_is_a_valid_workload_with_a_known_mode():
         spec = c.spec("zoo-target")
         assert spec.model == "zoo-target" and spec.serving.dtype == "fp32"
         MODES.get(c.mode)
-    assert [c.name for c in small_matrix()] == ["plain-load", "preempt-recompute"]
+    assert [c.name for c in small_matrix()] == ["plain-load", "preempt-recompute", "spec-draft"]
     assert MODES.get("plain").availability() == (True, "")
 
 
@@ -305,3 +305,142 @@ def test_closed_loop_workloads_are_refused_in_one_line(tmp_path, capsys):
     assert main(["validate", "--workload", str(w), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip()
     assert "closed-loop arrivals are not replayed" in err and "\n" not in err
+
+
+# ---- the speculative cases (spec_validate.py) -------------------------------------------------------
+def test_speculative_target_and_draft_costs_by_hand():
+    """The fitted round cost as the simulator asks it: rows with no cached context are prefills,
+    the others verifications; a draft's decode step is step + sequences + keys, its lazy
+    prefill its tokens; each draft gets its own cost object (the simulator counts a shared one
+    once)."""
+    from simulator.costmodel.batch import BatchShape
+
+    from analysis.validate.spec_costmodel import FEATURES, SpecFit
+
+    coef = np.arange(1, len(FEATURES) + 1, dtype=np.float64) * 1e-6
+    fit = SpecFit(coef)
+    # two verifications (q = 3 and 5 at contexts 10, 20) and one 8-token prefill
+    b = BatchShape(np.array([3, 5, 8]), np.array([10, 20, 0]), np.array([3, 5, 1]))
+    x = np.array([1, 2, 8, 10 + 3 + 20 + 5, 1, 8, 64], dtype=np.float64)
+    assert fit.target.iteration_time_s(b) == pytest.approx(float(x @ coef[:7]))
+    d1, d2 = fit.drafts(2)
+    assert d1 is not d2
+    step = BatchShape.decode(np.array([10, 20]))
+    assert d1.iteration_time_s(step) == pytest.approx(coef[7] + 2 * coef[8] + (11 + 21) * coef[9])
+    pre = BatchShape(np.array([8, 4]), np.array([0, 0]), np.array([1, 1]))
+    assert d1.iteration_time_s(pre) == pytest.approx(12 * coef[10])
+
+
+def test_pipeline_overlap_contention_and_replayed_selector_by_hand():
+    """The pieces the pipelined and adaptive-s cases rest on: how much of a pass the other
+    thread overlapped, processor sharing at a share, and a selector that follows an executed
+    trajectory by verification count."""
+    from analysis.validate.spec_compare import _contended
+    from analysis.validate.spec_costmodel import overlap_fraction
+    from analysis.validate.spec_simulate import ReplayedSelector
+
+    # passes [0, 2) and [3, 4); the other thread ran [1, 3.5)
+    ov = overlap_fraction([0.0, 3.0], [2.0, 4.0], [1.0], [3.5])
+    assert ov == pytest.approx([0.5, 0.5])
+    # half of a 2 ms solo pass at half speed: 1 + 1 / 0.5 = 3 ms
+    assert _contended(np.array([2e-3]), np.array([0.5]), 0.5) == pytest.approx([3e-3])
+    sel = ReplayedSelector([[0, 4], [3, 3], [5, 6]])
+    seen = [sel.s]
+    for _ in range(6):
+        sel.observe(1e-3, 2.0)
+        seen.append(sel.s)
+    assert seen == [4, 4, 4, 3, 3, 6, 6]
+
+
+def test_tokens_per_round_per_request_by_hand():
+    from types import SimpleNamespace
+
+    from analysis.validate.spec_compare import tokens_per_round_per_request
+
+    # rounds [0,1) [1,2) [2,3) [3,4); request 0: first token at 1, finished at 3 with 5 tokens:
+    # rounds 2 and 3 gave the other 4; request 1: first token at 2, finished at 4 with 3 tokens
+    run = SimpleNamespace(series={"t_start_s": np.array([0.0, 1.0, 2.0, 3.0]), "t_end_s": np.array([1.0, 2.0, 3.0, 4.0])},
+                          requests={"first_token_s": np.array([1.0, 2.0]), "finish_s": np.array([3.0, 4.0]),
+                                    "output_tokens": np.array([5, 3])})
+    assert tokens_per_round_per_request(run) == pytest.approx([2.0, 1.0])
+
+
+@pytest.fixture(scope="module")
+def spec_result(tmp_path_factory):
+    """spec-draft as `sim validate --case spec-draft` runs it, on fewer requests: calibrated on
+    held-out speculative runs around the validated one."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import executor  # noqa: F401
+    from executor.zoo import ensure_zoo
+
+    from analysis.validate.cases import get_case
+    from analysis.validate.run import validate_case
+
+    ensure_zoo()
+    out = tmp_path_factory.mktemp("validate-spec") / "spec-draft"
+    return validate_case(get_case("spec-draft"), "zoo-target", out, requests=24), out
+
+
+def test_spec_draft_rounds_statistics_and_report(spec_result):
+    from executor.speculative import recorded_statistics, simulator_updates
+
+    from analysis.validate.measured import load_run
+    from analysis.validate.spec_rounds import rebuild_rounds
+
+    result, folder = spec_result
+    assert result["status"] == "ran"
+    e, s = load_run(folder / "exec"), load_run(folder / "sim")
+    n = result["requests"]
+    for col in ("arrival_s", "prompt_tokens", "output_tokens"):
+        assert np.array_equal(e.requests[col], s.requests[col]), col
+    assert e.summary["finished"] == s.summary["finished"] == n
+    assert e.config["memory"]["gpu_blocks"] == s.config["memory"]["gpu_blocks"]
+    # the rebuilt rounds account for every prompt token and every output token
+    t = rebuild_rounds(folder / "exec")
+    assert t["prefill_tokens"].sum() == e.requests["prompt_tokens"].sum()
+    assert t["tokens_out"].sum() == e.requests["output_tokens"].sum()
+    assert (t["verify_context"] >= 0).all() and (t["verify_context"][t["verify_seqs"] == 0] == 0).all()
+    # contexts are at least the prompts of the sequences verified
+    assert (t["verify_context"] >= t["verify_seqs"] * 15).all()
+    # the measured acceptance is what the simulator got
+    stats = recorded_statistics(folder / "exec")
+    upd = simulator_updates(stats)
+    assert [d["model"] for d in upd["speculation"]["drafts"]] == ["zoo-draft-a"]
+    sim_drafts = s.config["workload"]["speculation"]["drafts"]
+    assert sim_drafts[0]["acceptance"]["kind"] == stats["acceptance"]["kind"]
+    # the calibration is held out: other seeds, other requests
+    fit = json.loads((folder / "calibration" / "speculative-fit.json").read_text())
+    assert result["seed"] not in fit["meta"]["seeds"] and fit["meta"]["bracketed"]
+    md = (folder / "report.md").read_text()
+    assert "## Targets" in md and "per round" in md and "tokens per step" in md
+    for png in ("rounds.png", "timelines.png", "latency_cdfs.png"):
+        assert (folder / "plots" / png).stat().st_size > 1000
+
+
+def test_spec_draft_simulated_tokens_per_step_follow_the_measured_acceptance(spec_result):
+    """Fed the executor's positional acceptance, the simulator's tokens per verification are
+    the executor's within sampling noise (independent of the machine's speed)."""
+    result, _ = spec_result
+    tot = result["comparison"]["totals"]
+    assert abs(tot["tokens_per_step"]["error"]) < 0.08, tot["tokens_per_step"]
+    assert abs(tot["acceptance_rate"]["error"]) < 0.12, tot["acceptance_rate"]
+
+
+def test_spec_draft_meets_the_latency_targets(spec_result):
+    """Per-round latency, throughput and mean end-to-end against the targets (skipped, saying
+    what it measured, when the machine was too busy to time). The p99s are reported, not
+    asserted here: on 24 requests a p99 is nearly the maximum, and the simulator's i.i.d.
+    per-round acceptance gives a narrower TPOT spread than the real per-request one (the
+    report names that component); a miss must name its source."""
+    result, _ = spec_result
+    judged = ("per-iteration latency MAPE", "throughput (output tok/s)", "mean end-to-end latency")
+    assert all(c["component"] for c in result["checks"] if not c["ok"])
+    missed = [f"{c['metric']} {c['value']:+.1%} (target {c['target']:.0%}): {c['component']}"
+              for c in result["checks"] if not c["ok"] and c["metric"] in judged]
+    if missed and result["busy"]:
+        meta = result["cost_model"]["fit"]["meta"]
+        pytest.skip(f"machine too busy to time: speed moved {meta.get('speed_shift', float('nan')):+.1%} around the "
+                    f"run, {result['comparison']['cost_model']['noise']['stalls']:.1%} of rounds stalled; missed: "
+                    f"{'; '.join(missed)}")
+    assert not missed, "; ".join(missed)

@@ -78,7 +78,7 @@ _register(Case("spec-draft", "One-draft speculative decoding", "speculative",
                 "requests": copy.deepcopy(_SPEC_REQ),
                 "speculation": {"method": "draft", "speculation_length": 4, "sampling": {"mode": "greedy"},
                                 "drafts": [{"model": "zoo-draft-a", "acceptance": {"kind": "iid", "alpha": 0.5}}]}},
-               ("latency", "acceptance"),
+               ("latency", "acceptance"), small=True,
                why="acceptance measured by the real run replaces the catalog's"))
 for _name, _title, _over in (
     ("minions-voting", "Minions: majority voting over three drafts",

@@ -160,7 +160,8 @@ def matrix_report(rows: list[dict], meta: dict, folder: Path, stem: str = "RESUL
                 caption="Targets: per-iteration MAPE ≤ 10%; throughput and mean end-to-end ≤ 10%; p99 ≤ 20%; swap "
                         "and recompute cost ≤ 5%. Errors are (simulated - measured) / measured; ✗ marks a miss. Replay: the "
                         "simulation driven by the executor's measured times (scheduling alone): its mean end-to-end "
-                        "error and the share of iterations that ran the executor's batch."))
+                        "error and the share of iterations that ran the executor's batch; for the adaptive-s cases (s-replay), "
+                        "the mean end-to-end error of the simulation that follows the executed s trajectory."))
     for p in meta.get("notes", []):
         r.p(p)
     return r.write(folder, stem)
@@ -170,6 +171,8 @@ def _replay_cell(row: dict) -> str:
     rp = row.get("comparison", {}).get("replay") or {}
     if not rp:
         return "-"
+    if rp.get("kind") == "s-replay":  # speculative: the simulation with the executed s trajectory
+        return f"s-replay: {pct(rp['e2e_s']['mean_error'])}"
     return f"{pct(rp['e2e_s']['mean_error'])} / {pct(rp['aligned_fraction'], False)}"
 
 

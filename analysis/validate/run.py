@@ -15,6 +15,7 @@ from .measured import load_exec_run, load_run
 from .modes import MODES
 
 COST_MODEL_CHOICES = ("fitted", "regression", "roofline")
+SPECULATIVE_MODES = ("speculative", "minions", "medusa")  # validated per round by spec_validate.py
 
 
 def _profile_cost_model(name: str, profile: str, exec_run):
@@ -76,6 +77,16 @@ def validate_case(case: Case, model: str, out: Path, *, device: str = "cpu", dty
             "threads": threads}
     if not ok:
         return {**base, "status": "not available", "reason": why}
+    if case.mode in SPECULATIVE_MODES:
+        # rounds, not iterations: a cost model fitted on held-out speculative runs (spec_validate.py)
+        if cost_model != "fitted":
+            raise InfersimError(f"case {case.name}: speculative cases are validated with the fitted round cost model "
+                                f"only (--cost-model fitted)")
+        from .spec_validate import validate_spec_case
+
+        return validate_spec_case(case, model, out, device=device, dtype=dtype, threads=threads, seed=seed,
+                                  requests=requests, spec=spec, report=report, log=log,
+                                  calibration=calibration if fit is None else None)
     spec = spec if spec is not None else case.spec(model, seed=seed, requests=requests)
     if spec.seed in range(CALIBRATION_SEED, CALIBRATION_SEED + 16):
         raise InfersimError(f"workload seed {spec.seed} is one the calibration uses: pick another so the fit stays "

@@ -14,3 +14,6 @@ See docs/executor-speculative.md.
 - `record.py`: acceptance by position -> the simulator's acceptance-table YAML;
 - `build.py`: assembling a decoder from model names; `engine.py`: `sim exec` for workloads
   with a `speculation:` section."""
+
+# the validation matrix's hooks (analysis/validate/modes.py); imports nothing heavy
+from .validate_hooks import execute, recorded_statistics, simulator_updates  # noqa: E402,F401

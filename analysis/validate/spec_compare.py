@@ -1,0 +1,266 @@
+"""Predicted against measured for the speculative cases (spec-draft, Minions).
+
+Levels as compare.py, per *round* (drafting s steps + one verification; pipelined: one
+verification) instead of per iteration:
+1. the round cost model alone: the fit's time for each round the executor ran (its batch
+   rebuilt from the run: spec_rounds.py) against the measured round period — the per-round
+   latency target; split into the drafts' part and the target's;
+2. rounds: executed against simulated (count, mean batch, share of rounds with the same
+   batch and prefill tokens at the same index: where the schedules agree);
+3. requests and totals: TTFT / TPOT / end-to-end per request, throughput, tokens per step and
+   acceptance (compare.request_level / totals_level).
+
+The targets and their attribution are compare.check_targets' (timing noise, acceptance model,
+scheduling mismatch, cost model), plus acceptance and tokens per step within 5%, a miss of
+which is the acceptance model's."""
+from __future__ import annotations
+
+import numpy as np
+
+from .compare import Comparison, check_targets, request_level, totals_level
+from .metrics import mape, median_ape, rel_error, signed_bias, total_bias
+
+ACCEPTANCE_TARGET = 0.05
+STALL_FACTOR = 2.0
+
+
+def round_stalls(y: np.ndarray, t: dict, window: int = 3) -> np.ndarray:
+    """Rounds that took >= 2x the median of up to `window` like rounds either side (same batch
+    size, same number of prefills, same s): the process lost its core."""
+    y = np.asarray(y, dtype=np.float64)
+    kind = list(zip(t["batch_size"].tolist(), t["prefill_seqs"].tolist(), t["s"].tolist()))
+    out = np.zeros(y.size, dtype=bool)
+    for i in range(y.size):
+        if not np.isfinite(y[i]):
+            continue
+        lo, hi = max(0, i - window), min(y.size, i + window + 1)
+        ref = [y[j] for j in range(lo, hi) if j != i and np.isfinite(y[j]) and kind[j] == kind[i]]
+        if len(ref) >= 2:
+            out[i] = y[i] >= STALL_FACTOR * float(np.median(ref))
+    return out
+
+
+def _contended(solo: np.ndarray, overlap: np.ndarray, share: float) -> np.ndarray:
+    """Processor sharing (the simulator's SharedDevice): the part of a pass that ran alongside
+    the other thread at `share` of its solo speed."""
+    return solo * ((1.0 - overlap) + overlap / share)
+
+
+def round_level(t: dict, fit, drafting: dict | None = None) -> dict:
+    y = np.asarray(t["fit_y_s"], dtype=np.float64)
+    pred = fit.predict_rounds(t)
+    shares = (fit.meta or {}).get("pipeline_shares")
+    if drafting is not None and shares:
+        # pipelined: each pass priced as the simulator prices it, its overlap with the other
+        # thread's work (as executed) at the fitted share
+        from .spec_costmodel import overlap_fraction
+
+        pred = _contended(pred, overlap_fraction(t["t_start_s"], t["t_end_s"], drafting["t_start_s"],
+                                                 drafting["t_end_s"]), shares["llm"])
+    draft_p, target_p = fit.predict_parts(t)
+    ok = np.isfinite(y)
+    stalled = round_stalls(y, t)
+    keep = ok & ~stalled
+    d_meas = np.asarray(t["draft_s"], dtype=np.float64)
+    has_d = ok & (np.asarray(t["draft_steps"]) > 0) & (d_meas > 0)
+    return {"rounds": int(y.size), "compared": int(ok.sum()), "mape": mape(pred[ok], y[ok]),
+            "bias": signed_bias(pred[ok], y[ok]), "median_ape": median_ape(pred[ok], y[ok]),
+            "total_bias": total_bias(pred[ok], y[ok]), "mape_unstalled": mape(pred[keep], y[keep]),
+            "noise": {"stalls": float(stalled[ok].mean()) if ok.any() else float("nan"), "jitter": float("nan")},
+            # the drafts' share: the fit's draft terms against the measured drafting time
+            "draft_total_bias": total_bias(draft_p[has_d], d_meas[has_d]) if has_d.any() else None,
+            "draft_share_measured": float(d_meas[ok].sum() / y[ok].sum()) if ok.any() else None,
+            "predicted_s": pred.tolist(), "measured_s": y.tolist(), "batch_size": t["batch_size"].tolist(),
+            "drafting": _drafting_level(drafting, fit, t)}
+
+
+def _drafting_level(d: dict | None, fit, t_verify: dict | None = None) -> dict | None:
+    """Pipelined: the drafting thread's rounds, predicted against measured busy time."""
+    if d is None or not len(d["busy_s"]):
+        return None
+    from .spec_costmodel import predict_drafting
+
+    p, m = predict_drafting(fit, d), np.asarray(d["busy_s"], dtype=np.float64)
+    shares = (fit.meta or {}).get("pipeline_shares")
+    if shares and t_verify is not None:
+        from .spec_costmodel import overlap_fraction
+
+        p = _contended(p, overlap_fraction(d["t_start_s"], d["t_end_s"], t_verify["t_start_s"], t_verify["t_end_s"]),
+                       shares["ssm"])
+    ok = np.isfinite(m)
+    p, m = p[ok], m[ok]
+    return {"rounds": int(m.size), "mape": mape(p, m), "bias": signed_bias(p, m), "total_bias": total_bias(p, m)}
+
+
+def tokens_per_round_per_request(run) -> np.ndarray:
+    """Per request: tokens per verification round (coupled runs: every running sequence is
+    verified in every round) — the output after the first token over the rounds that ended
+    after its first token and no later than its finish. NaN for a request with no such round."""
+    r, se = run.requests, run.series
+    start = np.asarray(se["t_start_s"], dtype=np.float64)
+    end = np.asarray(se["t_end_s"], dtype=np.float64)
+    first = np.asarray(r["first_token_s"], dtype=np.float64)
+    fin = np.asarray(r["finish_s"], dtype=np.float64)
+    out = np.asarray(r["output_tokens"], dtype=np.float64)
+    eps = 1e-9
+    rounds = np.array([np.count_nonzero((start >= a - eps) & (end <= b + eps)) for a, b in zip(first, fin)])
+    return np.where(rounds > 0, (out - 1.0) / np.maximum(rounds, 1), np.nan)
+
+
+def _spread(x: np.ndarray) -> dict:
+    x = x[np.isfinite(x)]
+    if not x.size:
+        return {}
+    return {"p10": float(np.percentile(x, 10)), "p50": float(np.median(x)), "p90": float(np.percentile(x, 90)),
+            "cv": float(x.std() / x.mean())}
+
+
+def schedule_level(exec_run, sim_run) -> dict:
+    es, ss = exec_run.series, sim_run.series
+    n = min(len(es["t_start_s"]), len(ss["t_start_s"]))
+    same = np.ones(n, dtype=bool)
+    for c in ("batch_size", "prefill_tokens"):
+        same &= np.asarray(es[c][:n]) == np.asarray(ss[c][:n])
+    return {"executed": int(len(es["t_start_s"])), "simulated": int(len(ss["t_start_s"])),
+            "rounds_error": rel_error(float(len(ss["t_start_s"])), float(len(es["t_start_s"]))),
+            "mean_batch_executed": float(np.mean(es["batch_size"])), "mean_batch_simulated": float(np.mean(ss["batch_size"])),
+            "aligned": int(same.sum()), "aligned_fraction": float(same.sum() / max(1, n)),
+            "first_divergence": int(np.argmin(same)) if not same.all() else int(n)}
+
+
+def pipeline_busy(t: dict, drafting: dict | None, sim_summary: dict) -> dict:
+    """Busy seconds of the two engines, executed (the verifying thread's passes, the drafting
+    thread's rounds and how long both were busy at once) and simulated (the SSM and LLM engines)."""
+    vs, ve = np.asarray(t["t_start_s"], dtype=np.float64), np.asarray(t["t_end_s"], dtype=np.float64)
+    out = {"verify_busy_s": float((ve - vs).sum())}
+    if drafting is not None:
+        ds, de = np.asarray(drafting["t_start_s"], dtype=np.float64), np.asarray(drafting["t_end_s"], dtype=np.float64)
+        out["draft_busy_s"] = float((de - ds).sum())
+        out["both_busy_s"] = float(sum(np.clip(np.minimum(de, b) - np.maximum(ds, a), 0.0, None).sum()
+                                       for a, b in zip(vs, ve)))
+    eng = (sim_summary.get("speculation") or {}).get("engines") or {}
+    out["simulated_llm_busy_s"] = (eng.get("llm") or {}).get("busy_s")
+    out["simulated_ssm_busy_s"] = (eng.get("ssm") or {}).get("busy_s")
+    return out
+
+
+def pipeline_source(b: dict, noise: str) -> str:
+    """Where a pipelined end-to-end miss comes from, from the engines' busy times."""
+    v, vp = b["verify_busy_s"], b.get("simulated_llm_busy_s")
+    d, dp = b.get("draft_busy_s"), b.get("simulated_ssm_busy_s")
+    txt = (f"verifying passes {v:.2f} s measured against {vp:.2f} s simulated, drafting {d:.2f} s against {dp:.2f} s; "
+           f"both threads busy at once {b.get('both_busy_s', float('nan')):.2f} s" if None not in (vp, d, dp) else "")
+    if vp is not None and abs(vp / v - 1.0) > 0.10:
+        return (f"cost model (pipeline: {txt}; the simulator prices the two threads' contention (shared GIL and "
+                f"cores) as a shared device at fixed shares fitted on held-out runs; also {noise})")
+    return f"scheduling mismatch (pipeline: {txt}; also {noise})"
+
+
+def compare_spec(case: str, exec_run, sim_run, t: dict, fit, compare: tuple[str, ...],
+                 pipelined: bool = False, drafting: dict | None = None, s_replay_run=None) -> Comparison:
+    c = Comparison(case)
+    meta = fit.meta or {}
+    c.info["calibration_stalls"] = float(meta.get("calibration_stalls", float("nan")))
+    c.info["speed_shift"] = float(meta.get("speed_shift", float("nan")))
+    c.cost_model = round_level(t, fit, drafting)
+    c.iterations = schedule_level(exec_run, sim_run)
+    c.requests = request_level(exec_run, sim_run)
+    c.totals = totals_level(exec_run, sim_run)
+    checks = check_targets(c, compare)
+    for ch in checks:  # a round, not an iteration
+        if ch["metric"] == "per-iteration latency MAPE":
+            ch["metric_detail"] = "per round (draft s steps + verification)"
+    medusa = (exec_run.config["workload"].get("speculation") or {}).get("method") == "medusa"
+    if "acceptance" in compare:
+        for name, label in (("acceptance_rate", "acceptance rate"), ("tokens_per_step", "tokens per step")):
+            e = (c.totals.get(name) or {}).get("error")
+            ok = e is not None and np.isfinite(e) and abs(e) <= ACCEPTANCE_TARGET
+            why = ("the simulator's token-tree model from the recorded top-k accuracies of each head, heads taken "
+                   "as independent" if medusa else "the measured positional acceptance sampled i.i.d. per round, "
+                   "while real acceptance is correlated within a request")
+            comp = "" if ok else (f"acceptance model (simulated {label} {e:+.1%} off the measured: {why})"
+                                  if e is not None else "acceptance model (missing)")
+            checks.append({"metric": label, "value": e, "target": ACCEPTANCE_TARGET, "ok": bool(ok),
+                           "component": comp, "kind": "" if ok else "acceptance model"})
+    # per-request acceptance: the executor's requests differ in tokens per round (repetitive
+    # code runs long), the simulator's draw every round i.i.d.: requests finish at other times,
+    # slots free at other times, and the queue (TTFT) and tails follow
+    if not pipelined:
+        tm, tp = _spread(tokens_per_round_per_request(exec_run)), _spread(tokens_per_round_per_request(sim_run))
+        c.info["tokens_per_round_per_request"] = {"measured": tm, "simulated": tp}
+        if tm and tp and tp["cv"] < 0.7 * tm["cv"]:
+            note = (f"acceptance model (per-request acceptance: tokens per round per request p10-p90 "
+                    f"{tm['p10']:.2f}-{tm['p90']:.2f} measured against {tp['p10']:.2f}-{tp['p90']:.2f} simulated, "
+                    f"coefficient of variation {tm['cv']:.2f} against {tp['cv']:.2f}: the simulator draws every round's "
+                    f"acceptance i.i.d., so requests finish and free their slots at other times")
+            for ch in checks:
+                if (not ch["ok"] and ch["metric"] in ("mean end-to-end latency", "TTFT p99", "TPOT p99", "end-to-end p99",
+                                                     "throughput (output tok/s)")
+                        and ch["kind"] in ("scheduling mismatch", "cost model")):
+                    ch["component"] = note + f"; also {ch['component']})"
+                    ch["kind"] = "acceptance model"
+    # a p99 miss with the mean right and a narrower simulated spread: the acceptance varies from
+    # request to request in the executor (some code repeats, some does not) while the simulator
+    # draws every round's acceptance i.i.d. from the pooled histogram
+    for ch in checks:
+        col = {"TPOT p99": "tpot_s", "end-to-end p99": "e2e_s"}.get(ch["metric"])
+        if ch["ok"] or col is None or ch["kind"] == "acceptance model":
+            continue
+        m = np.asarray(c.requests[col]["measured_values"], dtype=np.float64)
+        p = np.asarray(c.requests[col]["predicted_values"], dtype=np.float64)
+        cv_m, cv_p = np.nanstd(m) / np.nanmean(m), np.nanstd(p) / np.nanmean(p)
+        mean_err = c.requests[col]["mean_error"]
+        if mean_err is not None and abs(mean_err) <= 0.05 and cv_p < 0.9 * cv_m:
+            ch["component"] = (f"acceptance model (per-request acceptance: the mean is {mean_err:+.1%} off but the "
+                               f"simulated spread is narrower, coefficient of variation {cv_p:.2f} against {cv_m:.2f} "
+                               f"measured: the simulator draws each round's acceptance i.i.d., the real one varies by "
+                               f"request; also {ch['component']})")
+            ch["kind"] = "acceptance model"
+    # adaptive s: the selector reacts to the round times it sees (measured, noisy; or predicted),
+    # so the two runs can take different s trajectories, and tokens per step, acceptance and
+    # latency follow s: name that before the acceptance model or the cost model
+    s_exec = float(np.mean(t["s"])) if len(t["s"]) else float("nan")
+    s_sim = ((sim_run.summary.get("speculation") or {}).get("s") or {}).get("mean_per_round")
+    c.info["s_mean_executed"], c.info["s_mean_simulated"] = s_exec, s_sim
+    sp = exec_run.config["workload"].get("speculation") or {}
+    selector_on = (sp.get("selector") or {}).get("enabled")
+    selector_on = sp.get("method") == "minions" if selector_on is None else bool(selector_on)
+    if s_replay_run is not None:
+        # the simulation with the executed s trajectory: what is left without the selector's decisions
+        rq = request_level(exec_run, s_replay_run)
+        tot = totals_level(exec_run, s_replay_run)
+        c.replay = {"kind": "s-replay", "throughput_error": (tot.get("throughput_output_tokens_per_s") or {}).get("error"),
+                    "tokens_per_step_error": (tot.get("tokens_per_step") or {}).get("error"),
+                    "acceptance_rate_error": (tot.get("acceptance_rate") or {}).get("error"),
+                    "s_mean_simulated": ((s_replay_run.summary.get("speculation") or {}).get("s") or {}).get("mean_per_round"),
+                    **{col: {k: rq[col][k] for k in ("mean_error", "p99_error")} for col in ("ttft_s", "tpot_s", "e2e_s")}}
+    rp = c.replay
+    if rp.get("kind") == "s-replay":
+        # acceptance and tokens per step right with the executed s, off with the simulated selector's: the s choice
+        for ch in checks:
+            key = {"acceptance rate": "acceptance_rate_error", "tokens per step": "tokens_per_step_error"}.get(ch["metric"])
+            e = rp.get(key) if key else None
+            if not ch["ok"] and e is not None and abs(e) <= ACCEPTANCE_TARGET:
+                ch["component"] = (f"scheduling mismatch (adaptive s: with the executed s trajectory the simulated "
+                                   f"{ch['metric']} is {e:+.1%} off; mean s per round {s_exec:.2f} executed, "
+                                   f"{s_sim:.2f} simulated)")
+                ch["kind"] = "scheduling mismatch"
+    if selector_on and s_sim is not None and np.isfinite(s_exec) and abs(s_sim / s_exec - 1.0) > 0.05:
+        with_s = (f"; with the executed s trajectory the simulation is {rp['throughput_error']:+.1%} off in throughput, "
+                  f"{rp['e2e_s']['mean_error']:+.1%} in mean end-to-end, {rp['tokens_per_step_error']:+.1%} in tokens "
+                  f"per step" if rp.get("kind") == "s-replay" else "")
+        note = (f"scheduling mismatch (adaptive s: the selector took another trajectory, mean s per round "
+                f"{s_exec:.2f} executed against {s_sim:.2f} simulated; it decides on round times, measured and noisy "
+                f"in the executor, predicted in the simulator{with_s})")
+        for ch in checks:
+            if not ch["ok"] and ch["metric"] != "per-iteration latency MAPE":
+                ch["component"] = note + ("; also " + ch["component"] if ch["kind"] == "timing noise" else "")
+                ch["kind"] = "scheduling mismatch"
+    if pipelined:
+        b = c.info["pipeline"] = pipeline_busy(t, drafting, sim_run.summary)
+        for ch in checks:
+            if not ch["ok"] and ch["metric"] not in ("acceptance rate", "tokens per step", "per-iteration latency MAPE"):
+                ch["component"] = pipeline_source(b, ch["component"])
+                ch["kind"] = ch["component"].split(" (", 1)[0]
+    c.checks = checks
+    return c

@@ -1,0 +1,238 @@
+"""A cost model for speculative rounds, fitted to the speculative executor on this machine.
+
+A coupled round is the drafts' s autoregressive steps, then one target pass that prefills the
+newly admitted sequences and verifies s_i + 1 rows per running sequence; the engine's own work
+around it (voting, acceptance, bookkeeping, admission) sits between one round's start and the
+next's. The round period is fitted (non-negative least squares in relative error, as
+calibrate.py) as a linear combination of
+
+- target terms (`TARGET_FEATURES`): a constant, per verified sequence, verified rows,
+  verified keys (cached context + rows), per prefilled sequence, prefill tokens, prefill score
+  pairs;
+- draft terms (`DRAFT_FEATURES`, summed over the drafts that run): per drafting step (each
+  draft's batched forward pass), per sequence-step, keys read per sequence-step, and the
+  prompt tokens a draft feeds when it first drafts a sequence (its lazy prefill).
+
+The fitted coefficients become the simulator's cost objects: `SpecTargetCost` (what the
+speculative replica asks for the verification pass: BatchShape rows with no cached context are
+prefills, the others verifications) and one `SpecDraftCost` per draft (a decode step: step +
+sequences + keys; a prefill shape: its tokens) — separate instances, because the simulator
+sums the step times of distinct draft cost objects and counts a shared one once."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from simulator.costmodel.base import CostModel, Direction
+from simulator.costmodel.batch import BatchShape
+from simulator.errors import InfersimError
+
+from .calibrate import _nnls_relative
+
+TARGET_FEATURES = ("round", "verify_sequences", "verify_rows", "verify_keys", "prefill_sequences", "prefill_tokens",
+                   "prefill_pairs")
+DRAFT_FEATURES = ("draft_steps", "draft_sequence_steps", "draft_keys", "draft_prompt_tokens")
+FEATURES = TARGET_FEATURES + DRAFT_FEATURES
+SPEC_FIT_FORMAT = "infersim-speculative-fit"
+
+
+def round_features(t: dict[str, np.ndarray]) -> np.ndarray:
+    """FEATURES per executed round, from spec_rounds.rebuild_rounds."""
+    nv = np.asarray(t["verify_seqs"], dtype=np.float64)
+    rows = np.asarray(t["verify_tokens"], dtype=np.float64)
+    ctx = np.asarray(t["verify_context"], dtype=np.float64)
+    nd = np.asarray(t["n_drafts"], dtype=np.float64)
+    drafted = np.asarray(t["drafted_tokens"], dtype=np.float64)
+    mean_ctx = np.divide(ctx, nv, out=np.zeros_like(ctx), where=nv > 0)
+    # keys a draft step reads: about the mean context (+ the step's own tokens) per sequence-step
+    draft_keys = nd * drafted * (mean_ctx + 1.0)
+    # pipelined: a verification pass has no draft work (the drafting thread's rounds are priced apart)
+    on = ~np.asarray(t.get("pipelined", np.zeros(nv.size, dtype=bool)), dtype=bool)
+    nd = nd * on
+    draft_keys = draft_keys * on
+    return np.column_stack([
+        np.ones_like(nv), nv, rows, ctx + rows, np.asarray(t["prefill_seqs"], dtype=np.float64),
+        np.asarray(t["prefill_tokens"], dtype=np.float64), np.asarray(t["prefill_pairs"], dtype=np.float64),
+        np.asarray(t["draft_steps"], dtype=np.float64), nd * drafted, draft_keys,
+        nd * np.asarray(t["catchup_tokens"], dtype=np.float64)])
+
+
+class SpecTargetCost(CostModel):
+    """The target's pass (verification + prefills + the engine's per-round work)."""
+
+    name = "executor_spec_fit_target"
+
+    def __init__(self, coef: np.ndarray):
+        self.c = np.asarray(coef, dtype=np.float64)
+
+    def iteration_time_s(self, batch: BatchShape) -> float:
+        q = np.asarray(batch.query_tokens, dtype=np.float64)
+        ctx = np.asarray(batch.context_tokens, dtype=np.float64)
+        pre = ctx == 0  # the executor prefills whole prompts: a row with no cached context is a prefill
+        ver = ~pre
+        x = np.array([1.0, ver.sum(), q[ver].sum(), (ctx[ver] + q[ver]).sum(), pre.sum(), q[pre].sum(),
+                      (q[pre] ** 2).sum()])
+        return float(x @ self.c)
+
+    def transfer_time_s(self, nbytes: float, direction: Direction) -> float:
+        return 0.0  # the speculative executor never swaps
+
+
+class SpecDraftCost(CostModel):
+    """One draft's steps: a decode step (step + sequences + keys) or its lazy prefill (tokens)."""
+
+    name = "executor_spec_fit_draft"
+
+    def __init__(self, coef: np.ndarray):
+        self.c = np.asarray(coef, dtype=np.float64)
+
+    def iteration_time_s(self, batch: BatchShape) -> float:
+        q = np.asarray(batch.query_tokens, dtype=np.float64)
+        if q.size == 0:
+            return 0.0
+        if np.all(q == 1):
+            ctx = np.asarray(batch.context_tokens, dtype=np.float64)
+            return float(self.c[0] + self.c[1] * q.size + self.c[2] * (ctx + 1.0).sum())
+        return float(self.c[3] * q.sum())
+
+    def transfer_time_s(self, nbytes: float, direction: Direction) -> float:
+        return 0.0
+
+
+class SpecFit:
+    """The fitted coefficients with what they were fitted on."""
+
+    def __init__(self, coef, meta: dict | None = None):
+        self.coef = np.asarray(coef, dtype=np.float64)
+        if self.coef.shape != (len(FEATURES),):
+            raise InfersimError(f"speculative fit: expected {len(FEATURES)} coefficients, got {self.coef.shape}")
+        self.meta = dict(meta or {})
+
+    @property
+    def target(self) -> SpecTargetCost:
+        return SpecTargetCost(self.coef[:len(TARGET_FEATURES)])
+
+    def drafts(self, n: int) -> list[SpecDraftCost]:
+        return [SpecDraftCost(self.coef[len(TARGET_FEATURES):]) for _ in range(max(1, n))]
+
+    def predict_rounds(self, t: dict) -> np.ndarray:
+        return round_features(t) @ self.coef
+
+    def predict_parts(self, t: dict) -> tuple[np.ndarray, np.ndarray]:
+        """(draft, target) seconds per executed round."""
+        X = round_features(t)
+        k = len(TARGET_FEATURES)
+        return X[:, k:] @ self.coef[k:], X[:, :k] @ self.coef[:k]
+
+    def to_json(self) -> dict:
+        return {"format": SPEC_FIT_FORMAT, "features": list(FEATURES),
+                "coefficients": {f: float(c) for f, c in zip(FEATURES, self.coef)}, "meta": self.meta}
+
+    def save(self, path: Path) -> None:
+        from simulator.metrics.rundir import write_json
+
+        write_json(Path(path), self.to_json())
+
+    @classmethod
+    def load(cls, path: Path) -> "SpecFit":
+        try:
+            d = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as exc:
+            raise InfersimError(f"{path}: cannot read the speculative fit ({exc.__class__.__name__})") from None
+        if d.get("format") != SPEC_FIT_FORMAT:
+            raise InfersimError(f"{path}: not a speculative executor fit (format {d.get('format')!r})")
+        return cls([d["coefficients"][f] for f in FEATURES], d.get("meta"))
+
+
+def drafting_features(d: dict) -> np.ndarray:
+    """DRAFT_FEATURES per drafting round of a pipelined run (speculation_drafting.parquet): each
+    draft runs s steps over the group; contexts and fresh prompts are not recorded there (their
+    cost is absorbed by the per-step and per-sequence-step terms)."""
+    nd = np.asarray(d["n_drafts"], dtype=np.float64)
+    s = np.asarray(d["s"], dtype=np.float64)
+    n = np.asarray(d["sequences"], dtype=np.float64)
+    z = np.zeros_like(s)
+    return np.column_stack([nd * s, nd * n * s, z, z])
+
+
+def _fit(X, y) -> tuple[np.ndarray, dict]:
+    coef, kept = _nnls_relative(X, y)
+    ok = np.isfinite(y) & (y > 0)
+    rel = np.abs(X[ok] @ coef - y[ok]) / y[ok]
+    return coef, {"points": int(ok.sum()), "kept": int(kept.sum()), "mape_in_sample": float(rel.mean()),
+                  "median_ape_in_sample": float(np.median(rel))}
+
+
+def overlap_fraction(starts, ends, other_starts, other_ends) -> np.ndarray:
+    """Per interval [start, end): the fraction of it during which an interval of the other
+    thread ran too."""
+    a, b = np.asarray(starts, dtype=np.float64), np.asarray(ends, dtype=np.float64)
+    c, d = np.asarray(other_starts, dtype=np.float64), np.asarray(other_ends, dtype=np.float64)
+    out = np.zeros(a.size)
+    for i in range(a.size):
+        both = np.clip(np.minimum(d, b[i]) - np.maximum(c, a[i]), 0.0, None).sum()
+        out[i] = both / (b[i] - a[i]) if b[i] > a[i] else 0.0
+    return out
+
+
+SOLO = 0.1  # a pass overlapped by the other thread for less than this fraction ran alone
+SHARED = 0.9  # ... for more than this fraction ran alongside it all the time
+
+
+def fit_rounds(tables: list[dict], meta: dict | None = None, drafting: list[dict] | None = None) -> SpecFit:
+    """Fit the rounds of held-out runs. Coupled: the round period on every term. Pipelined
+    (`drafting`: each run's drafting rounds, in the order of `tables`): the executor's drafting
+    and verifying threads are two threads of one process, and a pass that runs while the other
+    thread is busy takes about twice as long (measured: 1.7-2.0x the solo fit) — they share the
+    GIL and the cores. So the target terms are fitted on the verifying passes that ran alone,
+    the draft terms on the drafting rounds that ran alone, and the slowdown while both run
+    becomes the simulator's shared-device model (`pipeline.placement: shared`): each engine's
+    share of its solo speed, from the passes that ran alongside the other thread throughout
+    (meta["pipeline_shares"])."""
+    if not tables:
+        raise InfersimError("speculative calibration: no runs to fit")
+    X = np.vstack([round_features(t) for t in tables])
+    y = np.concatenate([np.asarray(t["fit_y_s"], dtype=np.float64) for t in tables])
+    info = dict(meta or {})
+    pipelined = bool(np.concatenate([np.asarray(t["pipelined"]) for t in tables]).any())
+    if not pipelined:
+        coef, info["round_fit"] = _fit(X, y)
+        return SpecFit(coef, info)
+    if not drafting or len(drafting) != len(tables):
+        raise InfersimError("speculative calibration: a pipelined run without speculation_drafting.parquet (run it "
+                            "through executor.speculative.validate_hooks.execute)")
+    k = len(TARGET_FEATURES)
+    ov_v = np.concatenate([overlap_fraction(t["t_start_s"], t["t_end_s"], d["t_start_s"], d["t_end_s"])
+                           for t, d in zip(tables, drafting)])
+    ov_d = np.concatenate([overlap_fraction(d["t_start_s"], d["t_end_s"], t["t_start_s"], t["t_end_s"])
+                           for t, d in zip(tables, drafting)])
+    coef = np.zeros(len(FEATURES))
+    solo = ov_v < SOLO
+    if solo.sum() < 2 * k:  # too few passes ran alone: fit on all (the shares then come out near 1)
+        solo = np.ones_like(solo)
+    coef[:k], info["round_fit"] = _fit(X[solo][:, :k], y[solo])
+    info["round_fit"]["solo_only"] = True
+    Xd = np.vstack([drafting_features(d) for d in drafting])
+    yd = np.concatenate([np.asarray(d["busy_s"], dtype=np.float64) for d in drafting])
+    cols = [0, 1]  # steps and sequence-steps: the drafting table has no contexts or prompts
+    dsolo = ov_d < SOLO
+    if dsolo.sum() < 8:
+        dsolo = np.ones_like(dsolo)
+    c, info["drafting_fit"] = _fit(Xd[dsolo][:, cols], yd[dsolo])
+    coef[k + np.array(cols)] = c
+    fit = SpecFit(coef, info)
+    # share = solo time / time while the other thread ran alongside throughout
+    shares = {}
+    for name, pred, meas, ov in (("llm", X[:, :k] @ coef[:k], y, ov_v),
+                                 ("ssm", Xd @ coef[k:], yd, ov_d)):
+        m = (ov > SHARED) & np.isfinite(meas) & (meas > 0)
+        shares[name] = float(np.clip(np.median(pred[m] / meas[m]), 0.05, 1.0)) if m.sum() >= 5 else 1.0
+        shares[name + "_points"] = int(m.sum())
+    fit.meta["pipeline_shares"] = shares
+    return fit
+
+
+def predict_drafting(fit: SpecFit, d: dict) -> np.ndarray:
+    return drafting_features(d) @ fit.coef[len(TARGET_FEATURES):]

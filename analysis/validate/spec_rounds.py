@@ -1,0 +1,105 @@
+"""The executed speculative rounds, rebuilt from a speculative `sim exec` run directory.
+
+speculation_rounds.parquet has one row per round (coupled: draft s steps, then one target pass
+that prefills the newly admitted and verifies everyone else; pipelined: one verification pass)
+with totals only. The batch of each round follows from the engine's rules (executor/speculative/
+decoder.py): admission is FCFS in (arrival, id) order, `prefill_seqs` of them per round; a
+sequence retires after the round in which it finished (finish time after the round's start);
+its cached context when verified is prompt + generated - 1 (the last committed token is fed
+again). So per round the sums the cost is linear in are exact: prefill tokens and score pairs,
+verified rows (drafted + one per sequence), the verified sequences' cached contexts; and the
+drafts' catch-up (a sequence's first drafting step feeds its whole prompt: drafts prefill
+lazily, in the round after the target's prefill)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from simulator.errors import InfersimError
+
+from .measured import _read_table, engine_periods, load_run
+
+
+def rebuild_rounds(run_dir: Path) -> dict[str, np.ndarray]:
+    """The rounds table plus per-round: prefill_tokens, prefill_pairs, verify_tokens,
+    verify_context (sum of cached contexts of verified sequences), catchup_tokens (prompt
+    tokens the drafts feed in this round's first step), period_s (start to the next round's
+    start; NaN before an idle wait and for the last), n_drafts."""
+    run = load_run(run_dir)
+    t = _read_table(Path(run_dir) / "speculation_rounds.parquet")
+    req = run.requests
+    arrival = np.asarray(req["arrival_s"], dtype=np.float64)
+    prompt = np.asarray(req["prompt_tokens"], dtype=np.int64)
+    output = np.asarray(req["output_tokens"], dtype=np.int64)
+    finish = np.asarray(req["finish_s"], dtype=np.float64)
+    order = np.lexsort((np.arange(arrival.size), arrival))
+    start = np.asarray(t["t_start_s"], dtype=np.float64)
+    n = start.size
+    npre = np.asarray(t["prefill_seqs"], dtype=np.int64)
+    if int(npre.sum()) != arrival.size:
+        raise InfersimError(f"{run_dir}: {int(npre.sum())} prefills in speculation_rounds.parquet for "
+                            f"{arrival.size} requests")
+    # the round in which each request finished: the last one that started before its finish
+    done_round = np.searchsorted(start, finish, side="left") - 1
+    out_tok = np.asarray(t["tokens_out"], dtype=np.int64)
+    cum_out = np.concatenate([[0], np.cumsum(out_tok)])
+    cols = {k: np.zeros(n, dtype=np.int64) for k in ("prefill_tokens", "prefill_pairs", "verify_context",
+                                                      "catchup_tokens")}
+    admitted = np.concatenate([[0], np.cumsum(npre)])
+    prev_pre_tokens = 0
+    for r in range(n):
+        new = order[admitted[r]:admitted[r + 1]]
+        p = prompt[new]
+        cols["prefill_tokens"][r] = int(p.sum())
+        cols["prefill_pairs"][r] = int((p * p).sum())
+        # verified now: admitted in earlier rounds and not finished before this round
+        old = order[:admitted[r]]
+        run_now = old[done_round[old] >= r]
+        fin = old[done_round[old] < r]
+        generated = int(cum_out[r]) - int(output[fin].sum())  # tokens of the sequences still running
+        ctx_all = int(prompt[run_now].sum()) + generated - run_now.size
+        # pipelined: a verification takes only the drafted sequences from the pool (their share)
+        nv = int(t["verify_seqs"][r])
+        cols["verify_context"][r] = ctx_all if nv >= run_now.size else int(round(ctx_all * nv / max(1, run_now.size)))
+        cols["catchup_tokens"][r] = prev_pre_tokens
+        prev_pre_tokens = int(p.sum())
+    t.update(cols)
+    t["verify_tokens"] = np.asarray(t["drafted_tokens"], dtype=np.int64) + np.asarray(t["verify_seqs"], dtype=np.int64)
+    end = np.asarray(t["t_end_s"], dtype=np.float64)
+    period, _ = engine_periods({"t_start_s": start, "t_end_s": end, "swap_s": np.zeros(n)}, arrival)
+    t["period_s"] = period
+    drafts = ((run.config.get("workload") or {}).get("speculation") or {}).get("drafts") or [None]
+    sp = (run.config.get("workload") or {}).get("speculation") or {}
+    # the executor runs every draft (and votes) whenever the method is minions, whatever
+    # voting.enabled says (executor/speculative/engine.py), or when voting is switched on
+    voting = sp.get("method") == "minions" or bool((sp.get("voting") or {}).get("enabled"))
+    # Medusa: no draft model (the heads run inside the target pass)
+    t["n_drafts"] = np.full(n, 0 if sp.get("method") == "medusa" else len(drafts) if voting else 1, dtype=np.int64)
+    pipelined = bool((run.summary.get("speculation") or {}).get("pipelined"))
+    t["pipelined"] = np.full(n, pipelined)
+    if pipelined:
+        # the drafting thread prefills and drafts on its own: no draft work in a verification
+        t["catchup_tokens"] = np.zeros(n, dtype=np.int64)
+    # what the simulator's pass costs: coupled, the whole round (start to the next start, the
+    # engine's bookkeeping included); pipelined, the verifying thread's busy time for the pass
+    # (from taking the drafted sequences to the end of its bookkeeping; waits for drafts excluded)
+    t["fit_y_s"] = (end - start) if pipelined else period
+    return t
+
+
+def drafting_rounds(run_dir: Path) -> dict[str, np.ndarray] | None:
+    """A pipelined run's drafting rounds (speculation_drafting.parquet, written by the
+    validation hook) with n_drafts; None when the run has none."""
+    path = Path(run_dir) / "speculation_drafting.parquet"
+    if not path.is_file():
+        return None
+    t = _read_table(path)
+    run = load_run(run_dir)
+    sp = (run.config.get("workload") or {}).get("speculation") or {}
+    t["n_drafts"] = np.full(len(t["t_start_s"]), len(sp.get("drafts") or [None]), dtype=np.int64)
+    busy = np.asarray(t["t_end_s"], dtype=np.float64) - np.asarray(t["t_start_s"], dtype=np.float64)
+    # a group whose sequences all had one token left drafted nothing (microseconds): the table
+    # does not say which, so such rounds are left out (the simulator charges them nothing too)
+    t["busy_s"] = np.where(busy < 0.2 * np.median(busy), np.nan, busy) if busy.size else busy
+    return t

@@ -1,0 +1,177 @@
+"""Validate a speculative case (one draft, or Minions: voting, adaptive s, pipeline): the
+speculative executor serves it, the statistics it recorded (acceptance by position of the
+verified draft, per-SSM agreement, the s trajectory) feed the simulator's speculative engine,
+whose round cost model is fitted on *held-out* speculative executor runs of the same
+deployment (the same serving and `speculation:` sections, other requests and seeds), run once
+before and once after the validated run (as calibrate.calibrate_around). Writes exec/,
+sim/, calibration/, validation.json and report.md/.html under `out`."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from simulator.errors import InfersimError
+
+from .calibrate import CALIBRATION_SEED
+
+# Held-out requests for the speculative fit: other seeds and shapes than any case (9011-9012 are
+# the calibration's alone; calibrate.py's matched runs use 9009-9010).
+SPEC_CALIBRATION = (
+    ("calib-spec-load", {"count": 40, "arrival": {"type": "poisson", "rate": 150.0},
+                         "prompt_tokens": {"type": "uniform", "low": 8, "high": 200},
+                         "output_tokens": {"type": "uniform", "low": 16, "high": 120}}),
+    ("calib-spec-burst", {"count": 24, "arrival": {"type": "burst"},
+                          "prompt_tokens": {"type": "uniform", "low": 16, "high": 180},
+                          "output_tokens": {"type": "uniform", "low": 24, "high": 110}}),
+)
+SPEC_CALIBRATION_SEED = CALIBRATION_SEED + 10
+
+
+def calibration_specs(spec) -> list:
+    from simulator.workload.schema import WorkloadSpec
+
+    base = spec.model_dump(mode="json", exclude_none=True)
+    out = []
+    for k, (name, req) in enumerate(SPEC_CALIBRATION):
+        d = json.loads(json.dumps(base))
+        d.update(name=name, seed=SPEC_CALIBRATION_SEED + k, requests=json.loads(json.dumps(req)))
+        d.pop("description", None)
+        out.append(WorkloadSpec.model_validate(d))
+    return out
+
+
+def _fit_bracketed(mode, spec, run, model: str, out: Path, *, device, dtype, threads, log):
+    """Calibration runs before and after `run()`, one fit over both; speed_shift as
+    calibrate_around (median measured/fitted round period after over before)."""
+    from simulator.workload.builder import build_requests
+
+    from .spec_costmodel import fit_rounds
+    from .spec_rounds import drafting_rounds, rebuild_rounds
+
+    specs = calibration_specs(spec)
+    halves: dict[str, list] = {"before": [], "after": []}
+    drafting: list = []
+
+    def calib(side: str) -> None:
+        for cs in specs:
+            d = out / side / cs.name
+            if log:
+                log(f"{spec.name}: calibration run {cs.name} ({side} the validated run)")
+            mode.run(cs, build_requests(cs), model, d, device=device, dtype=dtype, threads=threads)
+            halves[side].append(rebuild_rounds(d))
+            dr = drafting_rounds(d)
+            if dr is not None:
+                drafting.append(dr)  # one per run, in the order of the runs (fit_rounds pairs them)
+
+    calib("before")
+    run()
+    calib("after")
+    tables = halves["before"] + halves["after"]
+    from .spec_compare import round_stalls
+
+    stalled = np.concatenate([round_stalls(t["fit_y_s"], t)[np.isfinite(t["fit_y_s"])] for t in tables])
+    fit = fit_rounds(tables, {"workloads": [s.name for s in specs], "seeds": [s.seed for s in specs],
+                              "model": model, "device": device, "bracketed": True, "matched": True,
+                              "calibration_stalls": float(stalled.mean()) if stalled.size else float("nan")},
+                     drafting=drafting)
+    ratio = {}
+    for side, ts in halves.items():
+        r = [np.asarray(t["fit_y_s"])[np.isfinite(t["fit_y_s"])] / fit.predict_rounds(t)[np.isfinite(t["fit_y_s"])]
+             for t in ts]
+        ratio[side] = float(np.median(np.concatenate(r))) if r else float("nan")
+    fit.meta["speed_ratio_before"], fit.meta["speed_ratio_after"] = ratio["before"], ratio["after"]
+    fit.meta["speed_shift"] = ratio["after"] / ratio["before"] - 1.0
+    fit.save(out / "speculative-fit.json")
+    return fit
+
+
+def validate_spec_case(case, model: str, out: Path, *, device: str = "cpu", dtype: str | None = None,
+                       threads: int = 1, seed: int | None = None, requests: int | None = None, spec=None,
+                       calibration: Path | None = None, report: bool = True, log=None) -> dict:
+    from simulator.metrics.rundir import write_json
+    from simulator.workload.builder import build_requests
+
+    from .measured import load_run
+    from .modes import MODES
+    from .spec_compare import compare_spec
+    from .spec_costmodel import SpecFit
+    from .spec_rounds import rebuild_rounds
+    from .spec_simulate import kv_binds, simulate_spec_run
+
+    out = Path(out)
+    mode = MODES.get(case.mode)
+    base = {"case": case.name, "title": case.title, "mode": case.mode, "model": model, "device": device,
+            "threads": threads}
+    ok, why = mode.availability()
+    if not ok:
+        return {**base, "status": "not available", "reason": why}
+    spec = spec if spec is not None else case.spec(model, seed=seed, requests=requests)
+    if spec.seed in range(CALIBRATION_SEED, CALIBRATION_SEED + 16):
+        raise InfersimError(f"workload seed {spec.seed} is one the calibration uses: pick another so the fit stays "
+                            f"held out")
+    t0 = time.perf_counter()
+    reqs = build_requests(spec)
+
+    def execute() -> None:
+        if log:
+            log(f"{case.name}: executing {len(reqs)} requests on {model} ({device})")
+        mode.run(spec, reqs, model, out / "exec", device=device, dtype=dtype, threads=threads)
+
+    if calibration is not None:
+        fit = SpecFit.load(calibration)
+        src = f"speculative fit loaded from `{calibration}`"
+        execute()
+    else:
+        fit = _fit_bracketed(mode, spec, execute, model, out / "calibration", device=device, dtype=dtype,
+                             threads=threads, log=log)
+        src = (f"speculative round fit calibrated on `{out / 'calibration'}` ({', '.join(fit.meta['workloads'])}, "
+               f"seeds {', '.join(str(s) for s in fit.meta['seeds'])}: the case's serving and speculation sections on "
+               f"other requests), run once before and once after the validated run; in-sample round MAPE "
+               f"{fit.meta['round_fit']['mape_in_sample']:.1%} over {fit.meta['round_fit']['points']} rounds; the "
+               f"machine's speed moved {fit.meta['speed_shift']:+.1%} from before to after")
+    exec_run = load_run(out / "exec")
+    stats = mode.recorded(out / "exec")
+    updates = mode.sim_updates(stats)
+    if log:
+        log(f"{case.name}: simulating")
+    simulate_spec_run(exec_run, out / "sim", fit, updates=updates, seed=spec.seed)
+    sim_run = load_run(out / "sim")
+    s_replay = None
+    if spec.speculation.selector_on and stats.get("s_trajectory"):
+        # the same simulation with the executed s trajectory instead of the selector's own decisions
+        simulate_spec_run(exec_run, out / "sim-s-replay", fit, updates=updates, seed=spec.seed,
+                          s_trajectory=stats["s_trajectory"])
+        s_replay = load_run(out / "sim-s-replay")
+    t = rebuild_rounds(out / "exec")
+    from .spec_rounds import drafting_rounds
+
+    t_draft = drafting_rounds(out / "exec")
+    cmp = compare_spec(case.name, exec_run, sim_run, t, fit, case.compare, pipelined=bool(stats.get("pipelined")),
+                       drafting=t_draft, s_replay_run=s_replay)
+    sim_spec = sim_run.summary.get("speculation") or {}
+    result = {**base, "status": "ran", "passed": cmp.passed, "checks": cmp.checks,
+              "cost_model": {"name": "speculative-fit", "description": src, "fit": fit.to_json()},
+              "statistics": stats, "seed": spec.seed, "requests": len(reqs), "wall_s": time.perf_counter() - t0,
+              "busy": bool(cmp.info.get("busy")), "kv_reservation_binds": kv_binds(exec_run),
+              "simulated_speculation": {k: sim_spec.get(k) for k in ("acceleration_rate", "acceptance_rate", "rounds",
+                                                                     "sequence_rounds", "s")},
+              "comparison": _brief(cmp.to_json())}
+    write_json(out / "validation.json", result)
+    if report:
+        from .spec_report import spec_case_report
+
+        spec_case_report(result, exec_run, sim_run, cmp, out)
+    return result
+
+
+def _brief(d: dict) -> dict:
+    d = json.loads(json.dumps(d, default=float))
+    for k in ("predicted_s", "measured_s", "batch_size"):
+        d["cost_model"].pop(k, None)
+    for col in ("ttft_s", "tpot_s", "e2e_s"):
+        for k in ("measured_values", "predicted_values"):
+            d["requests"].get(col, {}).pop(k, None)
+    return d
