@@ -425,4 +425,30 @@ def test_sim_exec_runs_a_medusa_workload_and_feeds_the_simulator(target, trained
     wl2["speculation"] = {**wl["speculation"], "medusa": upd["speculation"]["medusa"]}
     spec = WorkloadSpec.model_validate(wl2)
     px = summarize(Simulation(spec, build_requests(spec, ".")).run())["speculation"]["proposer"]
-    assert px["tree_nodes"] == 8 and px["expected_tokens_per_step"] == pytest.approx(st["predicted_tokens_per_tree_step"])
+    # the run's own accepted-depth distribution on its tree (6 requests: too few per request)
+    assert "per_request" not in st
+    assert px["tree_nodes"] == 8 and px["expected_tokens_per_step"] == pytest.approx(st["tokens_per_tree_step"])
+    # without it: the independent-heads model from the run's accuracies
+    wl2["speculation"]["medusa"] = simulator_updates(st, empirical=False)["speculation"]["medusa"]
+    spec = WorkloadSpec.model_validate(wl2)
+    px = summarize(Simulation(spec, build_requests(spec, ".")).run())["speculation"]["proposer"]
+    assert px["expected_tokens_per_step"] == pytest.approx(st["predicted_tokens_per_tree_step"])
+    # and the per-sequence table holds every verified sequence-step
+    q = pq.read_table(out / "speculation_sequences.parquet").to_pydict()
+    # (accepted as kept: a step past a request's end is cut, so tokens gained = accepted + 1)
+    assert len(q["rid"]) == sum(rounds["verify_seqs"])
+    assert sum(q["accepted"]) + len(q["rid"]) == sum(rounds["tokens_out"]) - sum(rounds["prefill_seqs"])
+
+
+def test_fit_depth_mixture_by_hand():
+    from executor.medusa.validate_hooks import fit_depth_mixture
+
+    # 16 requests always accept depth 0, 16 always depth 3 (no noise): groups kept as they are
+    rid = np.repeat(np.arange(32), 10)
+    acc = np.where(rid < 16, 0, 3)
+    fit = fit_depth_mixture(rid, np.full(rid.size, 3), acc, 3)
+    assert fit["shrink"] == pytest.approx(1.0) and fit["weights"] == [0.25] * 4
+    assert fit["group_mean_depth"] == [0.0, 0.0, 3.0, 3.0]
+    assert fit["components"][0] == [1.0, 0.0, 0.0, 0.0] and fit["components"][3] == [0.0, 0.0, 0.0, 1.0]
+    # steps cut short (drafted length below the depth) are left out
+    assert fit_depth_mixture(rid, np.full(rid.size, 2), acc, 3) is None

@@ -366,3 +366,76 @@ def test_sim_exec_refuses_medusa_and_minions_sampling():
         _settings(SpeculationSection.model_validate({
             "method": "minions", "sampling": {"mode": "sampling", "temperature": 0.8},
             "drafts": [{"model": "zoo-draft-a", "acceptance": {"kind": "iid", "alpha": 0.5}}] * 2}))
+
+
+# ---- per-request acceptance, voting off, the run directory's new tables --------------------------
+def _rows(alphas, rounds, s=4, seed=0):
+    """(rid, s, accepted) rows of requests with i.i.d. acceptance alphas[r], `rounds` each."""
+    from simulator.speculative.acceptance import IIDAcceptance
+
+    rng = np.random.default_rng(seed)
+    rid, ss, acc = [], [], []
+    for r, a in enumerate(alphas):
+        acc.extend(IIDAcceptance(a).sample(rng, s, rounds).tolist())
+        rid.extend([r] * rounds)
+        ss.extend([s] * rounds)
+    return rid, ss, acc
+
+
+def test_fit_request_mixture_keeps_real_spread_and_drops_noise():
+    from executor.speculative.validate_hooks import fit_request_mixture
+    from simulator.speculative.acceptance import build_model
+    from simulator.speculative.config import AcceptanceSpec
+
+    e = lambda a: (1 - a ** 5) / (1 - a)
+    # two kinds of request, many rounds each: the groups are the kinds, no shrinking needed
+    mix = fit_request_mixture(*_rows([0.3] * 16 + [0.9] * 16, 200))
+    fit = mix.pop("fit")
+    assert fit["requests"] == 32 and fit["shrink"] > 0.9 and mix["weights"] == [0.25] * 4
+    m = build_model(AcceptanceSpec.model_validate(mix))
+    got = sorted(c.expected_tokens(4) for c in m.components)
+    assert got[:2] == pytest.approx([e(0.3)] * 2, rel=0.05) and got[2:] == pytest.approx([e(0.9)] * 2, rel=0.05)
+    # identical requests, few rounds each: the groups' spread is noise, shrunk toward the pool
+    mix = fit_request_mixture(*_rows([0.6] * 32, 12, seed=1))
+    fit = mix.pop("fit")
+    assert fit["shrink"] < 0.5
+    m = build_model(AcceptanceSpec.model_validate(mix))
+    assert np.ptp([c.expected_tokens(4) for c in m.components]) < 0.5 * np.ptp(fit["group_tokens_per_round"]) + 1e-9
+    assert fit_request_mixture(*_rows([0.6] * 10, 12)) is None  # too few requests to tell
+
+
+def test_minions_with_voting_off_drafts_with_the_first_ssm_only(zoo, tmp_path):
+    """As the simulator (DraftProposer): voting.enabled false -> only the first SSM drafts, no
+    vote; the pipelined run writes its drafting table and the per-sequence table itself."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    from executor.speculative.validate_hooks import execute, recorded_statistics, simulator_updates
+    from simulator.workload.builder import build_requests
+    from simulator.workload.schema import WorkloadSpec
+
+    t, _ = zoo
+    spec = WorkloadSpec.model_validate({
+        "name": "zoo-minions-novote", "model": "zoo-target", "hardware": {"profile": "a100-80gb-pcie"},
+        "serving": {"max_batch_size": 4},
+        "requests": {"count": 6, "arrival": {"type": "poisson", "rate": 40.0},
+                     "prompt_tokens": {"type": "uniform", "low": 20, "high": 60},
+                     "output_tokens": {"type": "uniform", "low": 10, "high": 30}}, "seed": 4,
+        "speculation": {"method": "minions", "speculation_length": 3, "voting": {"enabled": False},
+                        "selector": {"enabled": False},
+                        "drafts": [{"model": n, "acceptance": {"kind": "iid", "alpha": 0.5}} for n in DRAFTS]}})
+    out = tmp_path / "run"
+    execute(spec, build_requests(spec, "."), "zoo-target", out)
+    s = json.loads((out / "summary.json").read_text())
+    assert s["finished"] == 6 and s["speculation"]["pipelined"]
+    assert s["executor"]["drafts"] == [DRAFTS[0]]
+    assert not (out / "speculation_ssm.parquet").exists()  # nothing voted
+    d = pq.read_table(out / "speculation_drafting.parquet").to_pydict()
+    r = pq.read_table(out / "speculation_rounds.parquet").to_pydict()
+    q = pq.read_table(out / "speculation_sequences.parquet").to_pydict()
+    assert len(d["sequences"]) > 0 and sum(d["sequences"]) == len(q["rid"]) == sum(r["verify_seqs"])
+    assert sum(q["accepted"]) == sum(r["accepted_tokens"]) and sum(q["s"]) == sum(r["drafted_tokens"])
+    assert set(q["rid"]) == set(range(6)) and all(0 <= a <= b for a, b in zip(q["accepted"], q["s"]))
+    upd = simulator_updates(recorded_statistics(out))  # 6 requests: too few for a per-request fit
+    assert upd["speculation"]["drafts"][0]["acceptance"]["kind"] in ("empirical", "positional")

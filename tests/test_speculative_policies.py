@@ -334,3 +334,154 @@ def test_pipegain_table_ideal_bound_and_interpolation_by_hand():
     # 34.27% lies between 20% (0 us) and 75% (1000 us): linear interpolation
     assert overhead_for_gain(pg, "opt-13b", "4", "shared_gain_pct", 34.27) == pytest.approx(1000 * 14.27 / 55)
     assert np.isnan(overhead_for_gain(pg, "opt-13b", "4", "shared_gain_pct", 90.0))
+
+
+# ---- per-request acceptance (mixture) and empirical Medusa depths ------------------------------
+def test_mixture_mean_is_the_weighted_mean_and_levels_pick_components():
+    from simulator.speculative.acceptance import MixtureAcceptance
+
+    spec = AcceptanceSpec.model_validate({"kind": "mixture", "weights": [0.7, 0.3],
+                                          "components": [{"kind": "iid", "alpha": 0.9}, {"kind": "iid", "alpha": 0.5}]})
+    m = build_model(spec)
+    assert isinstance(m, MixtureAcceptance) and m.per_request
+    e = lambda a, s: (1 - a ** (s + 1)) / (1 - a)
+    for s in (1, 4, 7):
+        want = 0.7 * e(0.9, s) + 0.3 * e(0.5, s)
+        assert m.expected_tokens(s) == pytest.approx(want, rel=1e-12)
+        assert 1 + m.survival(s).sum() == pytest.approx(want, rel=1e-12)  # the marginal's survival agrees
+    # hardest first: levels below 0.3 are the alpha 0.5 component, the rest alpha 0.9
+    assert m.component_index([0.0, 0.29, 0.31, 0.99]).tolist() == [0, 0, 1, 1]
+    u = np.random.default_rng(1).random(100_000)
+    hard = m.from_uniform_at(u, 4, np.full(u.size, 0.1))
+    easy = m.from_uniform_at(u, 4, np.full(u.size, 0.9))
+    assert (hard == IIDAcceptance(0.5).from_uniform(u, 4)).all() and (easy == IIDAcceptance(0.9).from_uniform(u, 4)).all()
+    # without levels: the marginal, whose mean is the weighted mean
+    assert m.from_uniform_at(u, 4).mean() + 1 == pytest.approx(m.expected_tokens(4), abs=0.02)
+
+
+def test_mixture_spreads_per_request_tokens_per_round_as_specified():
+    """400 requests x 30 rounds: the variance of per-request means is the between-component
+    variance (hand-computed) plus the within-request noise / 30; i.i.d. rounds have only the latter."""
+    from simulator.speculative.acceptance import MixtureAcceptance
+
+    comps = [IIDAcceptance(0.4), IIDAcceptance(0.9)]
+    m = MixtureAcceptance(comps, [0.5, 0.5])
+    n_req, n_rounds, s = 400, 30, 4
+    levels = np.repeat((np.arange(n_req) + 0.5) / n_req, n_rounds)
+    u = np.random.default_rng(3).random(levels.size)
+    per_req = (m.from_uniform_at(u, s, levels) + 1).reshape(n_req, n_rounds).mean(axis=1)
+    iid = (m.from_uniform_at(u, s) + 1).reshape(n_req, n_rounds).mean(axis=1)
+    e = np.array([c.expected_tokens(s) for c in comps])
+    var_k = lambda c: float(np.arange(s + 1) ** 2 @ c.pmf(s) - (np.arange(s + 1) @ c.pmf(s)) ** 2)
+    between = float(np.var(e))  # equal weights: ((e1 - e0) / 2)^2
+    within = np.mean([var_k(c) for c in comps]) / n_rounds
+    assert per_req.mean() == pytest.approx(e.mean(), abs=0.05)
+    assert per_req.var() == pytest.approx(between + within, rel=0.15)
+    assert iid.var() < 0.25 * per_req.var()
+
+
+def test_mixture_spec_is_validated():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="components"):
+        AcceptanceSpec.model_validate({"kind": "mixture"})
+    with pytest.raises(ValidationError, match="weight"):
+        AcceptanceSpec.model_validate({"kind": "mixture", "weights": [1.0],
+                                       "components": [{"kind": "iid", "alpha": 0.5}] * 2})
+    with pytest.raises(ValidationError, match="mixtures"):
+        AcceptanceSpec.model_validate({"kind": "mixture", "components": [
+            {"kind": "mixture", "components": [{"kind": "iid", "alpha": 0.5}]}]})
+
+
+def test_request_levels_depend_on_seed_and_id_only():
+    from simulator.speculative.proposers import level_offset, request_levels
+
+    off = level_offset(7)
+    a = request_levels(off, [5, 1, 9])
+    assert request_levels(off, [9, 5]).tolist() == [a[2], a[0]]  # order does not matter
+    lv = request_levels(off, np.arange(40))
+    # a Weyl sequence: every quarter of [0, 1) holds 10 +- 1 of 40 consecutive requests
+    assert np.all(np.abs(np.histogram(lv, bins=4, range=(0, 1))[0] - 10) <= 1)
+    assert level_offset(8) != off
+
+
+def test_empirical_medusa_sampler_reproduces_its_own_distribution():
+    from simulator.speculative.medusa_tree import EmpiricalTreeSampler
+
+    counts = [10, 20, 30, 40]
+    smp = EmpiricalTreeSampler(np.array(counts, dtype=float))
+    assert smp.depth == 3 and smp.expected() == pytest.approx(1 + (20 + 60 + 120) / 100)
+    d = smp.sample(np.random.default_rng(0), 200_000)
+    assert np.bincount(d, minlength=4) / d.size == pytest.approx(np.array(counts) / 100, abs=0.005)
+    # per request: a level picks one component (hardest first); no level: their mixture
+    per = EmpiricalTreeSampler(np.array(counts, float), [[0, 0, 0, 1], [1, 0, 0, 0]], [0.25, 0.75])
+    assert per.expected() == pytest.approx(1 + 0.25 * 3)
+    rng = np.random.default_rng(1)
+    assert (per.sample(rng, 50, np.full(50, 0.5)) == 0).all() and (per.sample(rng, 50, np.full(50, 0.9)) == 3).all()
+
+
+def test_medusa_empirical_acceptance_replaces_independent_heads_on_its_tree():
+    from simulator.engine.simulation import Simulation
+    from simulator.metrics.summary import summarize
+    from simulator.workload.builder import build_requests
+    from simulator.workload.schema import WorkloadSpec
+
+    tree = [[0], [1], [0, 0], [0, 1], [0, 0, 0]]
+    counts = [5, 10, 25, 60]
+
+    def spec(acc):
+        return WorkloadSpec.model_validate({
+            "model": "opt-1.3b", "hardware": {"profile": "a100-80gb-pcie"}, "serving": {"max_batch_size": 16},
+            "requests": {"count": 16, "arrival": {"type": "burst"}, "prompt_tokens": {"type": "fixed", "value": 32},
+                         "output_tokens": {"type": "fixed", "value": 401}}, "seed": 2,
+            "speculation": {"method": "medusa", "medusa": {"tree": {"type": "choices", "choices": tree},
+                                                           **({"acceptance": acc} if acc else {})}}})
+
+    sx = summarize(Simulation(spec({"counts": counts, "tree": tree}), build_requests(spec(None), ".")).run())["speculation"]
+    want = 1 + (10 + 50 + 180) / 100
+    assert sx["proposer"]["expected_tokens_per_step"] == pytest.approx(want)
+    assert sx["acceleration_rate"] == pytest.approx(want, rel=0.03)  # long outputs: the histogram's mean
+    with pytest.raises(InfersimError, match="another tree"):
+        Simulation(spec({"counts": [1, 1, 1], "tree": [[0], [0, 0]]}), build_requests(spec(None), ".")).run()
+
+
+@pytest.mark.parametrize("method", ["draft", "minions"])
+def test_per_request_acceptance_in_the_engine(method):
+    """A mixture in a simulation: deterministic, step mode equals event mode, and requests differ
+    in tokens per round far more than under i.i.d. rounds with the same mean."""
+    from simulator.engine.simulation import Simulation
+    from simulator.metrics.summary import summarize
+    from simulator.workload.builder import build_requests
+    from simulator.workload.schema import WorkloadSpec
+
+    mix = {"kind": "mixture", "weights": [0.5, 0.5], "components": [{"kind": "iid", "alpha": 0.3},
+                                                                    {"kind": "iid", "alpha": 0.9}]}
+    e = lambda a: (1 - a ** 5) / (1 - a)
+    mean = 0.5 * e(0.3) + 0.5 * e(0.9)
+    alpha = 0.3 + (0.9 - 0.3) * 0.5  # any i.i.d. alpha will do as the narrow reference
+
+    def run(acc, step_mode=False):
+        spec = WorkloadSpec.model_validate({
+            "model": "opt-1.3b", "hardware": {"profile": "a100-80gb-pcie"}, "serving": {"max_batch_size": 16},
+            "requests": {"count": 48, "arrival": {"type": "poisson", "rate": 400.0},
+                         "prompt_tokens": {"type": "fixed", "value": 32}, "output_tokens": {"type": "fixed", "value": 121}},
+            "seed": 5, "speculation": {"method": method, "speculation_length": 4,
+                                       "drafts": [{"model": "opt-125m", "acceptance": acc}] * (1 if method == "draft" else 2)}})
+        res = Simulation(spec, build_requests(spec, "."), step_mode=step_mode).run()
+        return res, summarize(res)["speculation"]
+
+    a, sa = run(mix)
+    b, sb = run(mix)
+    c, _ = run(mix, step_mode=True)
+    for col in ("first_token_s", "finish_s"):
+        assert np.array_equal(a.requests[col], b.requests[col]) and np.array_equal(a.requests[col], c.requests[col]), col
+    assert sa["proposer"]["drafts"][0]["acceptance"]["kind"] == "mixture"
+    # per request: 120 tokens after the first over (finish - first token) / TPOT rounds; use TPOT's spread
+    tpot = lambda r: np.asarray(r.requests["finish_s"] - r.requests["first_token_s"])
+    i, _ = run({"kind": "iid", "alpha": alpha})
+    cv = lambda x: float(np.std(x) / np.mean(x))
+    assert cv(tpot(a)) > 2 * cv(tpot(i))
+    # hard requests take more rounds: per round, the mean is the harmonic mean of the components'
+    # (each request yields 120 tokens after the first in 120 / e_j rounds), below the weighted mean
+    harmonic = 1 / (0.5 / e(0.3) + 0.5 / e(0.9))
+    assert sa["acceleration_rate"] == pytest.approx(harmonic, rel=0.06) and sa["acceleration_rate"] < 0.9 * mean

@@ -107,6 +107,21 @@ def tokens_per_round_per_request(run) -> np.ndarray:
     return np.where(rounds > 0, (out - 1.0) / np.maximum(rounds, 1), np.nan)
 
 
+def _acceptance_why(sim_run, medusa: bool) -> str:
+    """What the simulation assumed about acceptance, for a miss's attribution."""
+    sp = (sim_run.config.get("workload") or {}).get("speculation") or {}
+    if medusa:
+        acc = (sp.get("medusa") or {}).get("acceptance")
+        if acc:
+            return ("the run's accepted-depth histogram on its tree" + (", per request" if acc.get("components") else "")
+                    + ": levels are assigned to requests by id, not by how hard their prompts are")
+        return "the simulator's token-tree model from the recorded top-k accuracies of each head, heads taken as independent"
+    if any((d.get("acceptance") or {}).get("kind") == "mixture" for d in sp.get("drafts") or []):
+        return ("the measured acceptance per request (a mixture fitted from the run): levels are assigned to "
+                "requests by id, not by how hard their prompts are, so which requests are slow differs")
+    return "the measured positional acceptance sampled i.i.d. per round, while real acceptance is correlated within a request"
+
+
 def _spread(x: np.ndarray) -> dict:
     x = x[np.isfinite(x)]
     if not x.size:
@@ -175,9 +190,7 @@ def compare_spec(case: str, exec_run, sim_run, t: dict, fit, compare: tuple[str,
         for name, label in (("acceptance_rate", "acceptance rate"), ("tokens_per_step", "tokens per step")):
             e = (c.totals.get(name) or {}).get("error")
             ok = e is not None and np.isfinite(e) and abs(e) <= ACCEPTANCE_TARGET
-            why = ("the simulator's token-tree model from the recorded top-k accuracies of each head, heads taken "
-                   "as independent" if medusa else "the measured positional acceptance sampled i.i.d. per round, "
-                   "while real acceptance is correlated within a request")
+            why = _acceptance_why(sim_run, medusa)
             comp = "" if ok else (f"acceptance model (simulated {label} {e:+.1%} off the measured: {why})"
                                   if e is not None else "acceptance model (missing)")
             checks.append({"metric": label, "value": e, "target": ACCEPTANCE_TARGET, "ok": bool(ok),

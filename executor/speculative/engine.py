@@ -8,6 +8,8 @@ series.parquet, summary.json with a `speculation` entry like the simulator's, pl
 |---|---|
 | speculation_rounds.parquet | one row per verification: times, batch, s, drafted / accepted / produced tokens, KV blocks released on rejection |
 | speculation_ssm.parquet | Minions: one row per (verification, SSM): ACR, agreement rate, weight after the update, outputs voted |
+| speculation_sequences.parquet | one row per (verification, sequence): round, request id, drafted s, accepted — per-request acceptance (fitted by validate_hooks) |
+| speculation_drafting.parquet | pipelined runs: one row per drafting round of the drafting thread (pipeline.DRAFTING_COLUMNS) |
 | acceptance.yaml | acceptance by position as the simulator's acceptance table (load it with `acceptance: {table: <path>, draft: ..., dataset: ...}`) |
 | outputs.parquet | prompt and generated token ids per request |
 
@@ -32,12 +34,20 @@ DATASET = "stdlib-heldout"
 class _Observer:
     """Turns the decoder's rounds into the simulator's metrics (same meaning as sim run)."""
 
-    def __init__(self, metrics, target_cache, waiting_count):
+    def __init__(self, metrics, target_cache, waiting_count, round_s=None):
         self.m = metrics
         self.cache = target_cache
         self.waiting_count = waiting_count
         self.finished = []
         self.series_s = []
+        self.round_s = round_s  # () -> the s of the round just recorded (None: unknown)
+        self.seq_rows: list[tuple[int, int, int, int]] = []  # (round, rid, drafted, accepted)
+        self._rounds = 0
+        self._drafted = None
+
+    def note_drafted(self, drafted) -> None:
+        """The pipelined decoder tells what each sequence of the next on_round drafted."""
+        self._drafted = list(drafted)
 
     def on_admit(self, seq, now):
         pass
@@ -51,6 +61,16 @@ class _Observer:
         for seq in prefill:
             seq.first_token_s = end
             seq.last_token_s = end
+        drafted, self._drafted = self._drafted, None
+        s_round = self.round_s() if self.round_s is not None else None
+        for i, (seq, (k, _)) in enumerate(zip(ready, results)):
+            if drafted is not None:
+                si = int(drafted[i])
+            else:  # the decoder drafts min(s, remaining - 1); the tokens are committed by now
+                rem_before = seq.remaining + k + 1
+                si = int(min(s_round, rem_before - 1)) if s_round is not None else -1
+            self.seq_rows.append((self._rounds, int(seq.rid), si, int(k)))
+        self._rounds += 1
         gaps, wts = [], []
         for seq, (k, _) in zip(ready, results):
             n = k + 1
@@ -116,8 +136,11 @@ def execute_speculative(spec, requests, model: str, out: Path, *, device: str | 
         raise InfersimError("speculative sim exec replays open-loop arrivals only (requests.arrival), "
                             "not closed-loop clients")
     lm = load_model(model, device=device, dtype=dtype, log=log)
-    dlms = [load_model(d.model, device=device, dtype=dtype, log=log) for d in sp.drafts]
-    names = [d.name or d.model for d in sp.drafts]
+    # as the simulator (proposers.DraftProposer): without the majority vote (voting.enabled:
+    # false, or one draft) only the first SSM drafts; the others are neither run nor voted
+    used = sp.drafts if sp.voting_on else sp.drafts[:1]
+    dlms = [load_model(d.model, device=device, dtype=dtype, log=log) for d in used]
+    names = [d.name or d.model for d in used]
     sv = spec.serving
     max_len = min(sv.max_model_len or lm.max_positions, lm.max_positions, *(d.max_positions for d in dlms))
     sel = None
@@ -147,11 +170,11 @@ def execute_speculative(spec, requests, model: str, out: Path, *, device: str | 
         seqs.append(SpecSequence(i, p, o, max(1, len(dlms)), float(t)))
     gpu_blocks = sv.gpu_blocks or min(kv_blocks_for(seqs, s_max, sv.block_size),
                                       sv.max_batch_size * max(kv_blocks_for([s], s_max, sv.block_size) for s in seqs) + 1)
-    method = sp.method if (sp.method == "minions" or sp.voting_on) else "draft"
+    method = "minions" if sp.voting_on else "draft"
     weights = None
     if method == "minions":
         v = sp.voting
-        weights = SSMWeights(np.array([d.weight for d in sp.drafts], dtype=np.float64),
+        weights = SSMWeights(np.array([d.weight for d in used], dtype=np.float64),
                              reward_threshold=v.reward_threshold, punish_threshold=v.punish_threshold,
                              reward_factor=v.reward_factor, punish_factor=v.punish_factor,
                              threshold_mode=v.threshold_mode, ema=v.ema)
@@ -178,7 +201,8 @@ def execute_speculative(spec, requests, model: str, out: Path, *, device: str | 
         clock = Clock(realtime=realtime)
         finished_count = [0]
         obs = _Observer(metrics, dec.target.cache, lambda: sum(1 for s in seqs if s.arrival_s <= clock.now()
-                                                                and s.first_scheduled_s < 0))
+                                                                and s.first_scheduled_s < 0),
+                        round_s=lambda: int(dec.stats.rounds[-1][8]) if dec.stats.rounds else None)
         progress = None
         if not quiet:
             from rich.progress import Progress
@@ -230,6 +254,9 @@ def execute_speculative(spec, requests, model: str, out: Path, *, device: str | 
             pd.DataFrame(table).to_csv(tmp / "requests.csv", index=False)
         write_json(tmp / "summary.json", summary)
         write_table(tmp / "speculation_rounds.parquet", dec.stats.table())
+        write_table(tmp / "speculation_sequences.parquet", _sequence_table(obs.seq_rows))
+        if hasattr(runner, "drafting_table"):  # pipelined: the drafting thread's rounds
+            write_table(tmp / "speculation_drafting.parquet", runner.drafting_table())
         ssm = _ssm_table(dec.proposer)
         if ssm is not None:
             write_table(tmp / "speculation_ssm.parquet", ssm)
@@ -251,6 +278,14 @@ def execute_speculative(spec, requests, model: str, out: Path, *, device: str | 
             if hasattr(dec, "plot_extra"):  # Medusa: accepted lengths and measured head accuracies
                 dec.plot_extra(tmp)
     return summary
+
+
+SEQUENCE_COLUMNS = ("round", "rid", "s", "accepted")
+
+
+def _sequence_table(rows) -> dict[str, np.ndarray]:
+    a = np.array(rows, dtype=np.int64).reshape(-1, len(SEQUENCE_COLUMNS))
+    return {c: a[:, i] for i, c in enumerate(SEQUENCE_COLUMNS)}
 
 
 def _speculation_summary(dec, runner, sp, names, mode, temperature, limit) -> dict:

@@ -29,6 +29,7 @@ import threading
 import time
 from collections import deque
 
+import numpy as np
 import torch
 
 from simulator.errors import InfersimError
@@ -36,7 +37,10 @@ from simulator.speculative.minions import PoolBackPressure
 
 from .decoder import Clock, DecodeStats, admit_arrived, verified_length
 
-DRAFT_COLUMNS = ("t_start_s", "t_end_s", "group_size", "s", "pool_depth_after", "waited_s")
+
+
+# speculation_drafting.parquet: sequences drafted, s, pool depth after the round, wait for work
+DRAFTING_COLUMNS = ("t_start_s", "t_end_s", "sequences", "s", "pool_depth", "waited_s")
 
 
 class PipelinedDecoder:
@@ -60,6 +64,14 @@ class PipelinedDecoder:
         self._weights_lock = threading.Lock()
         if hasattr(self.proposer, "lock"):
             self.proposer.lock = self._weights_lock
+
+    def drafting_table(self) -> dict[str, np.ndarray]:
+        """speculation_drafting.parquet: one row per drafting round of the drafting thread
+        (start, end, sequences, s, pool depth after, time it waited for work), which the
+        validation needs to price the SSM engine (analysis/validate/spec_rounds.py)."""
+        rows = np.array(self.draft_rounds, dtype=np.float64).reshape(-1, len(DRAFTING_COLUMNS))
+        return {c: (rows[:, i] if c.endswith("_s") else rows[:, i].astype(np.int64))
+                for i, c in enumerate(DRAFTING_COLUMNS)}
 
     def generate(self, seqs, progress=None, clock=None, observer=None) -> list[list[int]]:
         old_threads = torch.get_num_threads()
@@ -172,6 +184,8 @@ class PipelinedDecoder:
                                           len(prefill), len(taken), s_now, drafted, acc,
                                           len(prefill) + acc + len(results), 0, self.target.cache.used_gpu,
                                           self.target.released_blocks - released))
+                if observer is not None and hasattr(observer, "note_drafted"):
+                    observer.note_drafted([x[3] for x in taken])  # what each verified sequence drafted
                 if observer is not None:
                     observer.on_round(prefill, [x[0] for x in taken], results, ts, end,
                                       self.target.released_blocks - released)

@@ -1,16 +1,18 @@
 """The validation matrix's hooks (analysis/validate/modes.py): run a speculative workload for
 real, read back what the run measured, and turn it into the simulator's `speculation:` data.
 
-- `execute`: `sim exec` of a workload with a `speculation:` section (engine.py); a pipelined
-  run also gets speculation_drafting.parquet (the drafting thread's rounds), which the
-  validation needs to price the SSM engine;
+- `execute`: `sim exec` of a workload with a `speculation:` section (engine.py; a pipelined
+  run's directory has speculation_drafting.parquet, the drafting thread's rounds, which the
+  validation needs to price the SSM engine);
 - `recorded_statistics(run_dir)`: the acceptance the run measured — the histogram of accepted
   tokens per round by drafted length s, its positional probabilities, per-SSM agreement and
   voting for Minions, the trajectory of s — read from speculation_rounds.parquet,
   acceptance.yaml, speculation_ssm.parquet and summary.json;
 - `simulator_updates(stats)`: those measurements as `speculation.drafts[*].acceptance`
   (`empirical` when every round drafted one s, else `positional`), so the simulator samples the
-  acceptance the real drafts achieved instead of the catalog's.
+  acceptance the real drafts achieved instead of the catalog's; per request (a `mixture`, see
+  fit_request_mixture) when speculation_sequences.parquet holds enough requests: real
+  acceptance varies by request, and i.i.d. rounds understate the spread of TPOT.
 
 Minions: the executor records the acceptance of the *voted* draft (what the target verified);
 each SSM's own agreement with the target is censored by the verification (it is only seen up
@@ -30,41 +32,77 @@ from simulator.errors import InfersimError
 _SPEC_FIELDS = ("kind", "alpha", "probs", "recorded_s", "counts", "measured_mode", "measured_temperature", "source")
 
 
-DRAFTING_COLUMNS = ("t_start_s", "t_end_s", "sequences", "s", "pool_depth", "waited_s")
-
-
 def execute(spec, requests, model, out, *, device="cpu", dtype=None, realtime=False, plots=False, quiet=True):
-    """`sim exec` of the workload; a pipelined run also gets speculation_drafting.parquet: one
-    row per drafting round of the drafting thread (start, end, sequences, s, pool depth after,
-    time it waited), which the run directory does not otherwise keep and the validation needs
-    to price the SSM engine. The pipelined decoder the engine builds is observed through a
-    subclass put in its place for the duration of the call (engine.py looks it up when called)."""
-    from . import pipeline
+    """`sim exec` of the workload (engine.py writes speculation_drafting.parquet for a
+    pipelined run and speculation_sequences.parquet for every run itself)."""
     from .engine import execute_speculative
 
-    built = []
-    original = pipeline.PipelinedDecoder
+    return execute_speculative(spec, requests, model, Path(out), device=device, dtype=dtype,
+                               realtime=realtime, plots=plots, quiet=quiet)
 
-    class _Observed(original):
-        def __init__(self, *a, **kw):
-            super().__init__(*a, **kw)
-            built.append(self)
 
-    pipeline.PipelinedDecoder = _Observed
-    try:
-        summary = execute_speculative(spec, requests, model, Path(out), device=device, dtype=dtype,
-                                      realtime=realtime, plots=plots, quiet=quiet)
-    finally:
-        pipeline.PipelinedDecoder = original
-    if built:
-        from simulator.metrics.rundir import write_table
-        from simulator.yamlio import atomic_path
+# ---- per-request acceptance ----------------------------------------------------------------
+def fit_request_mixture(rid, s, accepted, *, groups: int = 4, min_requests_per_group: int = 8) -> dict | None:
+    """A `mixture` acceptance spec from per-(round, sequence) rows: requests are split into
+    `groups` equal-count groups by their mean tokens per round; each group's positional
+    acceptance is one component (weight: its fraction of requests).
 
-        rows = np.array(built[-1].draft_rounds, dtype=np.float64).reshape(-1, len(DRAFTING_COLUMNS))
-        with atomic_path(Path(out) / "speculation_drafting.parquet") as tmp:
-            write_table(tmp, {c: (rows[:, i] if c.endswith("_s") else rows[:, i].astype(np.int64))
-                              for i, c in enumerate(DRAFTING_COLUMNS)})
-    return summary
+    A request's mean over few rounds is noisy, so groups formed on it spread further apart than
+    the requests' true acceptance levels do (and the simulator adds its own round-to-round noise
+    on top). The components are therefore shrunk toward the pooled model: survival
+    S'_g = lam S_g + (1 - lam) S_pool, which moves each group's expected tokens per round toward
+    the pooled value by the factor lam (linear in S), with lam^2 = (between-request variance
+    less the part sampling noise explains: var(m_r) - mean(v_r / n_r)) / (the groups' variance
+    of expected tokens). None when there are too few requests to tell anything."""
+    from .record import AcceptanceRecorder
+
+    rid, s, accepted = (np.asarray(x, dtype=np.int64) for x in (rid, s, accepted))
+    keep = s > 0
+    rid, s, accepted = rid[keep], s[keep], accepted[keep]
+    ids = np.unique(rid)
+    groups = min(int(groups), ids.size // max(1, int(min_requests_per_group)))
+    if groups < 2:
+        return None
+    tok = (accepted + 1).astype(np.float64)
+    n_r = np.array([np.count_nonzero(rid == r) for r in ids], dtype=np.float64)
+    m_r = np.array([tok[rid == r].mean() for r in ids])
+    v_r = np.array([tok[rid == r].var(ddof=1) if n > 1 else 0.0 for r, n in zip(ids, n_r)])
+    noise = float(np.mean(v_r / n_r))
+    between = max(0.0, float(m_r.var(ddof=1)) - noise)
+    order = ids[np.argsort(m_r, kind="stable")]
+    parts = np.array_split(order, groups)
+
+    def recorder(sel):
+        r = AcceptanceRecorder()
+        for si, k in zip(s[sel], accepted[sel]):
+            r.add(si, k)
+        return r
+
+    smax = int(s.max())
+    s_ref = int(np.bincount(s).argmax())  # the modal drafted length: where means are compared
+    pool_probs = recorder(np.ones(s.size, dtype=bool)).positional_probs()
+
+    def survival(probs):
+        p = np.asarray(probs, dtype=np.float64)
+        p = np.concatenate((p, np.full(max(0, smax - p.size), p[-1] if p.size else 0.0)))[:smax]
+        return np.cumprod(p)
+
+    S_pool = survival(pool_probs)
+    S_g = [survival(recorder(np.isin(rid, part)).positional_probs()) for part in parts]
+    w = np.array([part.size for part in parts], dtype=np.float64) / ids.size
+    e_g = np.array([1.0 + S[:s_ref].sum() for S in S_g])
+    spread = float(np.sum(w * (e_g - np.sum(w * e_g)) ** 2))
+    lam = float(np.clip(np.sqrt(between / spread), 0.0, 1.0)) if spread > 0 else 0.0
+    comps = []
+    for S in S_g:
+        mix = lam * S + (1.0 - lam) * S_pool
+        prev = np.concatenate(([1.0], mix[:-1]))
+        cond = np.divide(mix, prev, out=np.zeros_like(mix), where=prev > 0)
+        comps.append({"kind": "positional", "probs": [round(float(x), 6) for x in np.clip(cond, 0.0, 1.0)]})
+    return {"kind": "mixture", "components": comps, "weights": [round(float(x), 6) for x in w],
+            "fit": {"requests": int(ids.size), "shrink": lam, "between_request_var": between,
+                    "noise_var": noise, "cv_tokens_per_round": float(m_r.std() / m_r.mean()),
+                    "group_tokens_per_round": [round(float(x), 4) for x in e_g], "s_ref": s_ref}}
 
 
 def recorded_statistics(run_dir) -> dict:
@@ -107,7 +145,15 @@ def recorded_statistics(run_dir) -> dict:
         change = np.flatnonzero(np.r_[True, s[1:] != s[:-1]]) if s.size else np.zeros(0, dtype=np.int64)
         stats["s_trajectory"] = [[int(i), int(s[i])] for i in change]
         stats["draft_steps"] = int(np.sum(t["draft_steps"]))
+    seq_path = run_dir / "speculation_sequences.parquet"
+    if seq_path.is_file():
+        t = pq.read_table(str(seq_path)).to_pydict()
+        mix = fit_request_mixture(t["rid"], t["s"], t["accepted"])
+        if mix is not None:
+            stats["per_request"] = mix.pop("fit")
+            stats["acceptance_per_request"] = mix
     ssm_path = run_dir / "speculation_ssm.parquet"
+
     if ssm_path.is_file():
         t = pq.read_table(str(ssm_path)).to_pydict()
         names = list(dict.fromkeys(t["ssm"]))
@@ -120,15 +166,27 @@ def recorded_statistics(run_dir) -> dict:
     return stats
 
 
-def simulator_updates(stats: dict) -> dict:
+def simulator_updates(stats: dict, per_request: bool = True) -> dict:
     """{"speculation": {"drafts": [...], "voting": {...}}}: the drafts the executor ran, each
-    with the measured acceptance (Minions: with correlation 1, see the module docstring)."""
+    with the measured acceptance (Minions: with correlation 1, see the module docstring) —
+    per request (a `mixture` fitted by fit_request_mixture) when the run recorded
+    speculation_sequences.parquet with enough requests and `per_request`, else the pooled
+    histogram / positional probabilities."""
     acc = stats.get("acceptance")
     if not acc:
         return {}
     from simulator.speculative.config import AcceptanceSpec
 
-    spec = AcceptanceSpec.model_validate({**acc, "source": f"measured by the executor ({stats.get('acceptance_label')})"})
+    src = f"measured by the executor ({stats.get('acceptance_label')})"
+    mix = stats.get("acceptance_per_request") if per_request else None
+    if mix:
+        # the components were measured as the pooled entry was (same mode / temperature)
+        setting = {k: acc[k] for k in ("measured_mode", "measured_temperature") if k in acc}
+        mix = {**mix, "components": [{**c, **setting} for c in mix["components"]], **setting,
+               "source": src + ", per request"}
+        spec = AcceptanceSpec.model_validate(mix)
+    else:
+        spec = AcceptanceSpec.model_validate({**acc, "source": src})
     a = spec.model_dump(mode="json", exclude_none=True)
     drafts = stats.get("drafts") or []
     if not drafts:

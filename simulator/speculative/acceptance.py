@@ -74,6 +74,14 @@ class AcceptanceModel:
             n = int(np.size(s))
         return self.from_uniform(rng.random(n), s)
 
+    # ---- per-request levels (MixtureAcceptance overrides; others ignore the level) ---------
+    per_request = False
+
+    def from_uniform_at(self, u: np.ndarray, s, levels: Optional[np.ndarray] = None) -> np.ndarray:
+        """As from_uniform, each round at its request's level (a quantile in [0, 1), drawn once
+        per request): a per-request model draws from the component at that level."""
+        return self.from_uniform(u, s)
+
     def describe(self) -> dict:
         return {"kind": self.kind, "conditional_1_to_8": [round(float(x), 4) for x in self.conditional(8)]}
 
@@ -139,10 +147,72 @@ class EmpiricalAcceptance(PositionalAcceptance):
         return {"kind": self.kind, "recorded_s": self.recorded_s, "counts": self.counts.tolist(), "tail": self.tail}
 
 
+class MixtureAcceptance(AcceptanceModel):
+    """Per-request acceptance: a request at level u (uniform, drawn once per request) draws all
+    its rounds from component j(u) = the first j with u < W_j (W: cumulative weights of the
+    components, ordered from hardest to easiest). A round of a request drawn afresh (no level)
+    follows the marginal: P(A >= i) = sum_j w_j S_j(i), so expected tokens per step are the
+    weighted mean of the components' — the same mean as the pooled histogram the mixture was
+    fitted from, with the spread between requests kept."""
+    kind = "mixture"
+    per_request = True
+
+    def __init__(self, components: Sequence[AcceptanceModel], weights: Sequence[float], order_s: int = 4):
+        w = np.asarray(list(weights), dtype=np.float64)
+        if len(components) == 0 or w.size != len(components) or np.any(w < 0) or w.sum() <= 0:
+            raise InfersimError("mixture acceptance needs components and one non-negative weight each")
+        # hardest first, so that a shared level means "a hard request" for every SSM
+        order = np.argsort([c.expected_tokens(order_s) for c in components], kind="stable")
+        self.components = [components[i] for i in order]
+        self.weights = w[order] / w.sum()
+        self._cum = np.cumsum(self.weights)
+        self._cum[-1] = 1.0
+
+    def component_index(self, levels) -> np.ndarray:
+        lv = np.asarray(levels, dtype=np.float64).reshape(-1)
+        return np.minimum(np.searchsorted(self._cum, lv, side="right"), len(self.components) - 1)
+
+    def survival(self, s: int) -> np.ndarray:
+        if s <= 0:
+            return np.zeros(0)
+        return np.sum([w * c.survival(s) for w, c in zip(self.weights, self.components)], axis=0)
+
+    def conditional(self, n: int) -> np.ndarray:
+        surv = self.survival(int(n))
+        prev = np.concatenate(([1.0], surv[:-1]))
+        return np.divide(surv, prev, out=np.zeros_like(surv), where=prev > 0)
+
+    def expected_tokens(self, s: int) -> float:
+        return float(sum(w * c.expected_tokens(s) for w, c in zip(self.weights, self.components)))
+
+    def from_uniform_at(self, u: np.ndarray, s, levels: Optional[np.ndarray] = None) -> np.ndarray:
+        if levels is None:
+            return self.from_uniform(u, s)
+        u = np.asarray(u, dtype=np.float64).reshape(-1)
+        s_arr = np.broadcast_to(np.asarray(s, dtype=np.int64), u.shape)
+        smax = int(s_arr.max()) if s_arr.size else 0
+        if smax <= 0:
+            return np.zeros(u.shape, dtype=np.int64)
+        table = np.stack([c.survival(smax) for c in self.components])  # (components, smax)
+        surv = table[self.component_index(levels)]
+        ok = u[:, None] < surv
+        ok &= np.arange(1, smax + 1)[None, :] <= s_arr[:, None]
+        return ok.sum(axis=1).astype(np.int64)
+
+    def describe(self) -> dict:
+        return {"kind": self.kind, "weights": [round(float(x), 4) for x in self.weights],
+                "components": [c.describe() for c in self.components],
+                "expected_tokens_s4": round(self.expected_tokens(4), 4)}
+
+
 def build_model(spec: AcceptanceSpec, mode: str = "greedy", temperature: float = 0.0) -> AcceptanceModel:
     """The model an inline/table spec describes, seen under the workload's sampling (mode,
     temperature): converted per position by the synthetic-logits toy when it differs from how
     the spec was measured (sampling.py)."""
+    if spec.kind == "mixture":
+        # each component converted on its own (its own measured setting)
+        return MixtureAcceptance([build_model(c, mode, temperature) for c in spec.components],
+                                 spec.weights if spec.weights is not None else [1.0] * len(spec.components))
     if spec.kind == "iid":
         model: AcceptanceModel = IIDAcceptance(spec.alpha)
     elif spec.kind == "positional":

@@ -45,12 +45,21 @@ class AcceptanceSpec(_Strict):
                 repeats past the end of the list.
     empirical:  `counts[k]` = rounds (recorded at speculation length `recorded_s`) in which
                 exactly k drafted tokens were accepted, k = 0..recorded_s, e.g. from a real run;
-                turned into positional probabilities (past recorded_s: their geometric mean)."""
-    kind: Literal["iid", "positional", "empirical"]
+                turned into positional probabilities (past recorded_s: their geometric mean).
+    mixture:    per-request acceptance. `components` are acceptance specs (any kind but
+                mixture), `weights` the fraction of requests each describes: a request draws one
+                component when it is first drafted for and all its rounds draw from it (real
+                acceptance varies by request: repetitive code is easy, prose hard). Components
+                are ordered from hardest to easiest when used, so several SSMs of one request
+                get the same quantile (a prompt easy for one draft is easy for all). Fitted from
+                an executor run by executor/speculative/validate_hooks.py."""
+    kind: Literal["iid", "positional", "empirical", "mixture"]
     alpha: Optional[float] = Field(None, ge=0, le=1)
     probs: Optional[list[float]] = None
     recorded_s: Optional[PositiveInt] = None
     counts: Optional[list[NonNegativeFloat]] = None
+    components: Optional[list["AcceptanceSpec"]] = None  # mixture
+    weights: Optional[list[float]] = None  # mixture: fraction of requests per component
     # how the numbers were measured; the model is converted when the workload samples differently
     measured_mode: Literal["greedy", "sampling"] = "greedy"
     measured_temperature: NonNegativeFloat = 0.0
@@ -70,8 +79,18 @@ class AcceptanceSpec(_Strict):
                 raise ValueError(f"'counts' needs recorded_s + 1 = {self.recorded_s + 1} entries (k = 0..recorded_s)")
             if sum(self.counts) <= 0:
                 raise ValueError("'counts' must not all be zero")
+        if self.kind == "mixture":
+            if not self.components:
+                raise ValueError("kind 'mixture' needs 'components' (acceptance specs)")
+            if any(c.kind == "mixture" for c in self.components):
+                raise ValueError("a mixture's components must not be mixtures")
+            w = self.weights if self.weights is not None else [1.0] * len(self.components)
+            if len(w) != len(self.components) or any(x < 0 for x in w) or sum(w) <= 0:
+                raise ValueError("mixture 'weights': one non-negative weight per component, not all zero")
         return self
 
+
+AcceptanceSpec.model_rebuild()
 
 Acceptance = Union[AcceptanceRef, AcceptanceSpec]
 
@@ -185,8 +204,42 @@ class TreeSection(_Strict):
         return self
 
 
+class MedusaAcceptance(_Strict):
+    """An empirical accepted-depth distribution recorded on one tree (e.g. by the executor:
+    executor/medusa/serve.py's accepted_hist): `counts[d]` = tree steps that accepted exactly d
+    candidates, d = 0..depth. Replaces the head-independence model (which needs only the
+    accuracies) when the simulated tree is `tree`; real heads are right together more often
+    than independent ones (a context easy for head 1 is easy for head 2)."""
+    kind: Literal["empirical"] = "empirical"
+    counts: list[NonNegativeFloat]
+    tree: list[list[int]] = Field(description="the tree (choices) the counts were recorded on")
+    # per request (optional): histograms like `counts`, one per group of requests, and the
+    # fraction of requests in each; a request draws one when first verified and all its tree
+    # steps draw from it (as AcceptanceSpec kind mixture). `counts` is then only reported.
+    components: Optional[list[list[NonNegativeFloat]]] = None
+    weights: Optional[list[NonNegativeFloat]] = None
+    source: str = ""
+
+    @model_validator(mode="after")
+    def _fields(self):
+        depth = max((len(p) for p in self.tree), default=0)
+        if len(self.counts) != depth + 1:
+            raise ValueError(f"'counts' needs tree depth + 1 = {depth + 1} entries (d = 0..depth)")
+        if sum(self.counts) <= 0:
+            raise ValueError("'counts' must not all be zero")
+        if self.components is not None:
+            if not self.components or any(len(c) != depth + 1 or sum(c) <= 0 for c in self.components):
+                raise ValueError(f"'components': histograms of depth + 1 = {depth + 1} counts each, not all zero")
+            w = self.weights if self.weights is not None else [1.0] * len(self.components)
+            if len(w) != len(self.components) or sum(w) <= 0:
+                raise ValueError("'weights': one per component, not all zero")
+        return self
+
+
 class MedusaSection(_Strict):
     accuracies: str = "vicuna-7b"  # simulator/catalog/medusa/<name>.yaml or a file
+    # None: heads independent (accuracies); empirical: the recorded distribution on its tree
+    acceptance: Optional[MedusaAcceptance] = None
     heads: Optional[PositiveInt] = None  # None: every head in the table
     tree: TreeSection = TreeSection()
     head_cost: bool = True  # cost the heads (residual SiLU block + vocab projection each)

@@ -212,3 +212,56 @@ def heads_time_s(model, hardware, heads: int, tokens: int, dtype: str = "fp16", 
     memory = nbytes / (hardware.memory_bandwidth_bytes_per_s() * eff.memory)
     launch = 2 * hardware.overheads.kernel_launch_us * 1e-6
     return heads * (max(compute, memory) + launch)
+
+
+# ---- an empirical accepted-depth distribution (heads not independent) ---------------------------
+@dataclass
+class EmpiricalTreeSampler:
+    """Accepted depths drawn from a histogram recorded on one tree (counts[d] = tree steps that
+    accepted exactly d candidates), e.g. by the real executor. Real heads are right together
+    more often than the independence model of TreeSampler assumes (an easy context is easy
+    for every head), which that model cannot express; this one reproduces the run's own
+    distribution on the tree it was recorded on, and nothing else (config.MedusaAcceptance).
+
+    Per request (`components`, `weights`): a request at level u in [0, 1) draws its steps from
+    the component j(u) (components ordered from hardest to easiest by mean depth); without a
+    level, from the weighted mixture of the components."""
+    counts: np.ndarray
+    components: Optional[list] = None
+    weights: Optional[Sequence[float]] = None
+
+    def __post_init__(self):
+        c = np.asarray(self.counts, dtype=np.float64)
+        if c.ndim != 1 or c.size == 0 or np.any(c < 0) or c.sum() <= 0:
+            raise ValueError("empirical Medusa acceptance needs non-negative counts, not all zero")
+        self.depth = c.size - 1
+        self.per_request = self.components is not None
+        if self.per_request:
+            pmfs = [np.asarray(x, dtype=np.float64) / np.sum(x) for x in self.components]
+            w = np.asarray(self.weights if self.weights is not None else [1.0] * len(pmfs), dtype=np.float64)
+            order = np.argsort([float(np.arange(p.size) @ p) for p in pmfs], kind="stable")
+            self._pmfs = np.stack([pmfs[i] for i in order])
+            self._w = w[order] / w.sum()
+            self._wcum = np.cumsum(self._w)
+            self._wcum[-1] = 1.0
+            c = self._w @ self._pmfs  # without a level: the mixture
+        self.counts = c
+        self._cum = np.cumsum(c / c.sum())
+        self._cum[-1] = 1.0
+
+    def expected(self) -> float:
+        """Expected tokens per tree step: 1 + mean accepted depth."""
+        return 1.0 + float((np.arange(self.counts.size) * self.counts).sum() / self.counts.sum())
+
+    def sample(self, rng: np.random.Generator, n: int, levels: Optional[np.ndarray] = None) -> np.ndarray:
+        """Accepted candidates (0..depth) for n sequences, by inverse CDF of one uniform each."""
+        if n == 0:
+            return np.zeros(0, dtype=np.int64)
+        u = rng.random(n)
+        if levels is None or not self.per_request:
+            return np.searchsorted(self._cum, u, side="right").astype(np.int64)
+        j = np.minimum(np.searchsorted(self._wcum, np.asarray(levels, dtype=np.float64), side="right"),
+                       len(self._w) - 1)
+        cum = np.cumsum(self._pmfs[j], axis=1)
+        cum[:, -1] = 1.0
+        return (u[:, None] >= cum).sum(axis=1).astype(np.int64)

@@ -9,7 +9,8 @@ Common interface (per round, for the decoding sequences of a batch):
   draft_time_s(ctx, k)    -> the proposer's own time before verification (SSM steps)
   draft_prefill_time_s(q, ctx, logits) -> SSM prefill of newly admitted prompts
   extra_time_s(n, tokens) -> time added to the verification pass (Medusa heads)
-  accept(rng, k)          -> (accepted candidates, voted SSM or -1, accepted / k)
+  accept(rng, k, rids)    -> (accepted candidates, voted SSM or -1, accepted / k); rids (request
+                             ids, optional) give per-request acceptance models each request's level
   feedback(t, vl, voted, rates) -> the policies learn (selector, SSM weights)"""
 from __future__ import annotations
 
@@ -24,11 +25,28 @@ from ..models.catalog import load_model
 from ..models.dtypes import normalize_dtype
 from .acceptance import AcceptanceModel, load_table, resolve_model, resolve_spec
 from .config import AcceptanceRef, SpeculationSection
-from .medusa_tree import (TreeSampler, cartesian_tree, choices_tree, greedy_tree, head_params, heads_time_s,
+from .medusa_tree import (EmpiricalTreeSampler, TreeSampler, cartesian_tree, choices_tree, greedy_tree, head_params, heads_time_s,
                           restrict)
 from .minions import SSMWeights, draw_agreement_lengths, vote_agreement
 from .sampling import convert_rank_accuracies
 from .selector import AdaptiveLengthSelector
+
+
+_GOLDEN = (5 ** 0.5 - 1) / 2  # spreads k * _GOLDEN mod 1 most evenly for every k (three-distance theorem)
+
+
+def level_offset(seed: int) -> float:
+    return float(np.random.default_rng([int(seed) & 0xFFFFFFFF, 0xACC1]).random())
+
+
+def request_levels(offset: float, rids) -> np.ndarray:
+    """Each request's acceptance level in [0, 1) for per-request models: frac(offset + rid *
+    (golden ratio - 1)), a Weyl sequence. A function of (seed, request id) only, so it does not
+    depend on the order requests are drafted in (step and event-jumping modes agree) and the
+    rounds' random stream is untouched; consecutive requests' levels spread evenly over [0, 1),
+    so a run of a few dozen requests sees each component in its proportion (independent
+    uniform levels left a 32-request run's mean acceptance several percent off by chance)."""
+    return np.mod(float(offset) + np.asarray(rids, dtype=np.float64) * _GOLDEN, 1.0)
 
 
 @dataclass
@@ -80,6 +98,11 @@ class DraftProposer:
         self.s_fixed = int(cfg.speculation_length)
         self.s_cap = max(self.s_fixed, sc.s_max if self.selector else self.s_fixed)
         self.step_overhead_s = cfg.draft_step_overhead_us * 1e-6
+        # per-request acceptance (mixture): one level per request, a function of (seed, request
+        # id) only, so it does not depend on the order requests are drafted in (step and
+        # event-jumping modes agree) and the rounds' random stream is untouched
+        self.per_request = any(d.acceptance.per_request for d in self.drafts)
+        self._level_offset = level_offset(sim.spec.seed)
 
     # ---- lengths ------------------------------------------------------------------------
     @property
@@ -144,19 +167,32 @@ class DraftProposer:
         return 0.0
 
     # ---- acceptance ------------------------------------------------------------------------
-    def accept(self, rng: np.random.Generator, k: np.ndarray):
-        """(accepted, voted SSM or -1, accepted / k, every SSM's agreement length or None)."""
+    def request_levels(self, rids) -> np.ndarray:
+        return request_levels(self._level_offset, rids)
+
+    def accept(self, rng: np.random.Generator, k: np.ndarray, rids=None):
+        """(accepted, voted SSM or -1, accepted / k, every SSM's agreement length or None).
+        rids: the rounds' request ids (used by per-request acceptance models only)."""
         k = np.asarray(k, dtype=np.int64)
         n = k.size
         if n == 0:
             return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0), None
         models = [d.acceptance for d in self.drafts]
+        levels = self.request_levels(rids) if (self.per_request and rids is not None) else None
         lengths = None
         if len(models) == 1:
-            acc = models[0].sample(rng, k, n)
+            if levels is None:
+                acc = models[0].sample(rng, k, n)
+            else:
+                acc = models[0].from_uniform_at(rng.random(n), k, levels)
             voted = np.zeros(n, dtype=np.int64)
         else:
-            lengths = draw_agreement_lengths(rng, models, k, n, self.correlation)
+            if levels is None:
+                lengths = draw_agreement_lengths(rng, models, k, n, self.correlation)
+            else:  # as draw_agreement_lengths, every SSM at the request's level
+                shared, own, same = rng.random(n), rng.random((n, len(models))), rng.random(n) < self.correlation
+                u = np.where(same[:, None], shared[:, None], own)
+                lengths = np.stack([m.from_uniform_at(u[:, j], k, levels) for j, m in enumerate(models)], axis=1)
             # ties (common while weights are equal) go to a random SSM, not to the first listed
             voted = vote_agreement(lengths, self.weights.weights, k, rng.random((n, len(models))))
             acc = lengths[np.arange(n), voted]
@@ -223,8 +259,20 @@ class MedusaProposer:
         if not self.tree:
             raise InfersimError("the Medusa tree is empty for these heads")
         self.sampler = TreeSampler(self.tree, self.acc, self.extra)
+        self.acceptance_source = "independent heads (accuracies)"
+        if mc.acceptance is not None:  # an empirical distribution recorded on one tree
+            recorded = sorted(tuple(int(i) for i in p) for p in mc.acceptance.tree)
+            if recorded != sorted(tuple(p) for p in self.tree):
+                raise InfersimError("speculation.medusa.acceptance: recorded on another tree than the one "
+                                    "simulated (medusa.tree / the accuracy table's tree, restricted to the heads); "
+                                    "give medusa.tree {type: choices, choices: <acceptance.tree>}")
+            self.sampler = EmpiricalTreeSampler(np.asarray(mc.acceptance.counts, dtype=np.float64),
+                                                mc.acceptance.components, mc.acceptance.weights)
+            self.acceptance_source = "empirical accepted depths" + (f" ({mc.acceptance.source})"
+                                                                     if mc.acceptance.source else "")
         self.nodes = len(self.tree) + 1
         self.depth = self.sampler.depth
+        self._level_offset = level_offset(sim.spec.seed)
         self.model, self.hardware = sim.model, sim.hardware
         self.dtype = normalize_dtype(sim.spec.serving.dtype)
         self.tp = sim.spec.hardware.tensor_parallel
@@ -261,9 +309,12 @@ class MedusaProposer:
         on = tokens if self.cfg.medusa.heads_on_all_candidates else n_seqs
         return heads_time_s(self.model, self.hardware, self.heads, int(on), self.dtype, self.tp)
 
-    def accept(self, rng, k):
+    def accept(self, rng, k, rids=None):
         k = np.asarray(k, dtype=np.int64)
-        d = self.sampler.sample(rng, k.size)
+        if getattr(self.sampler, "per_request", False) and rids is not None:
+            d = self.sampler.sample(rng, k.size, request_levels(self._level_offset, rids))
+        else:
+            d = self.sampler.sample(rng, k.size)
         acc = np.where(k > 0, np.minimum(d, k), 0)
         rates = np.divide(acc, k, out=np.zeros(k.size), where=k > 0)
         return acc, np.full(k.size, -1, dtype=np.int64), rates, None
@@ -282,6 +333,7 @@ class MedusaProposer:
     def describe(self) -> dict:
         return {"accuracies": self.table.name, "heads": self.heads, "tree": self.tree_name, "tree_nodes": self.nodes,
                 "tree_depth": self.depth, "typical_acceptance": self.extra is not None,
+                "acceptance": self.acceptance_source,
                 "expected_tokens_per_step": self.sampler.expected()}
 
 

@@ -221,7 +221,7 @@ class SpeculativeReplica(Replica):
         if "ssm" in self.busy:
             self.busy["ssm"] += t_draft
         self.busy["llm"] += t_verify
-        acc, voted, rates, lengths = p.accept(self.rng, k)
+        acc, voted, rates, lengths = p.accept(self.rng, k, [x.rid for x in dec])
         tokens = np.minimum(acc + 1, rem)
         s_now = p.s
         self.metrics.segment((start, end, self.index, 1, len(batch), int(q.sum()), int(q[pre].sum()), blocks.used_gpu,
@@ -464,7 +464,7 @@ class PipelinedReplica(SpeculativeReplica):
                 yield env.timeout(host)
             yield from self.device.run("ssm", work)
             self.busy["ssm"] += env.now - start
-            acc, voted, rates, lengths = p.accept(self.rng, k)
+            acc, voted, rates, lengths = p.accept(self.rng, k, [x.rid for x in batch])
             running = {id(s) for s in self.running}
             added = 0
             for i, seq in enumerate(batch):
