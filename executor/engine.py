@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from simulator.costmodel.batch import BatchShape
 from simulator.engine.sequence import emit_token, without
 from simulator.policies.state import SchedulerLimits, SchedulerState
 
+from .clock import Clock
 from .kvcache import PagedKVCache
 from .runner import build_runner, plan_batch
 
@@ -143,28 +143,21 @@ class Engine:
         self.stats = EngineStats()
         self.counters = {"preempt_swap": 0, "preempt_recompute": 0, "swap_out_blocks": 0, "swap_in_blocks": 0}
         self._iteration = 0
-        self._t0 = None
-        self._skipped = 0.0
+        self.clock: Clock | None = None  # started by the first run()
         self._arrivals: list = []  # heap of (time, order, factory)
         self._order = 0
         self.on_finish = None  # callback(seq, now) (closed-loop clients)
 
     # ---- clock ---------------------------------------------------------------------------
     def now(self) -> float:
-        return time.perf_counter() - self._t0 + self._skipped
+        return self.clock.now()
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
     def _wait_until(self, t: float) -> None:
-        delay = t - self.now()
-        if delay <= 0:
-            return
-        if self.realtime:
-            time.sleep(delay)
-        else:
-            self._skipped += delay
+        self.clock.wait_until(t)
 
     # ---- requests --------------------------------------------------------------------------
     def submit(self, seq: ExecSequence) -> None:
@@ -220,8 +213,8 @@ class Engine:
     def run(self) -> float:
         """Serve everything submitted (and whatever on_finish submits) to completion;
         returns the engine clock at the end."""
-        if self._t0 is None:
-            self._t0 = time.perf_counter()
+        if self.clock is None:
+            self.clock = Clock(self.realtime)
         while True:
             self._deliver()
             if not self.outstanding:

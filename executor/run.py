@@ -87,8 +87,8 @@ def execute(spec, requests, model: str, out: Path, *, device: str | None = "cpu"
     from simulator.engine.memory import MemoryPlan
     from simulator.engine.simulation import SimulationResult
     from simulator.metrics.collector import MetricsCollector
-    from simulator.metrics.rundir import staged_dir, write_json, write_table, write_yaml
-    from simulator.metrics.summary import derived_columns, summarize
+    from simulator.metrics.rundir import staged_dir, write_table
+    from simulator.metrics.summary import write_result_files
     from simulator.policies import SchedulerLimits, build_scheduler
 
     from .engine import Engine, ExecSequence
@@ -193,16 +193,7 @@ def execute(spec, requests, model: str, out: Path, *, device: str | None = "cpu"
         }
         result = SimulationResult(spec, metrics.requests_table(), series, metrics, memory, float(end), resolved,
                                   {"executor": ex})
-        summary = summarize(result)
-        write_yaml(tmp / "config.yaml", resolved)
-        table = dict(result.requests)
-        table.update(derived_columns(result.requests))
-        write_table(tmp / "requests.parquet", table)
-        if csv:
-            import pandas as pd
-
-            pd.DataFrame(table).to_csv(tmp / "requests.csv", index=False)
-        write_json(tmp / "summary.json", summary)
+        summary = write_result_files(tmp, result, csv=csv)
         write_table(tmp / "iterations.parquet", st.iteration_table())
         write_table(tmp / "iteration_batches.parquet", st.batch_table())
         _write_outputs(tmp / "outputs.parquet", sorted(seqs, key=lambda s: s.rid))

@@ -17,6 +17,8 @@ import torch
 
 from simulator.errors import InfersimError
 
+from ..clock import Clock  # noqa: F401  (the engines' clock; callers import it from here too)
+
 from .record import AcceptanceRecorder
 
 ROUND_COLUMNS = ("round", "t_start_s", "t_end_s", "draft_s", "verify_s", "batch_size", "prefill_seqs",
@@ -175,27 +177,6 @@ class SpeculativeDecoder:
                     still.append(seq)
             running = still
         return [s.output_ids for s in seqs]
-
-
-class Clock:
-    """The engine clock: seconds since the first call; realtime=False skips idle waits."""
-
-    def __init__(self, realtime: bool = False):
-        self.realtime = realtime
-        self._t0 = time.perf_counter()
-        self._skipped = 0.0
-
-    def now(self) -> float:
-        return time.perf_counter() - self._t0 + self._skipped
-
-    def wait_until(self, t: float) -> None:
-        delay = t - self.now()
-        if delay <= 0:
-            return
-        if self.realtime:
-            time.sleep(delay)
-        else:
-            self._skipped += delay
 
 
 def admit_arrived(dec, waiting: list, n_running: int, clock, observer) -> list:

@@ -107,8 +107,8 @@ def execute_speculative(spec, requests, model: str, out: Path, *, device: str | 
     from simulator.engine.memory import MemoryPlan
     from simulator.engine.simulation import SimulationResult
     from simulator.metrics.collector import MetricsCollector
-    from simulator.metrics.rundir import staged_dir, write_json, write_table, write_yaml
-    from simulator.metrics.summary import derived_columns, summarize
+    from simulator.metrics.rundir import staged_dir, write_table
+    from simulator.metrics.summary import write_result_files
     from simulator.speculative.minions import SSMWeights
     from simulator.speculative.selector import AdaptiveLengthSelector
 
@@ -243,16 +243,7 @@ def execute_speculative(spec, requests, model: str, out: Path, *, device: str | 
                                                     "torch", "threads")}}
         result = SimulationResult(spec, metrics.requests_table(), series, metrics, memory, float(end), resolved,
                                   {"executor": ex, "speculation": spec_x})
-        summary = summarize(result)
-        write_yaml(tmp / "config.yaml", resolved)
-        table = dict(result.requests)
-        table.update(derived_columns(result.requests))
-        write_table(tmp / "requests.parquet", table)
-        if csv:
-            import pandas as pd
-
-            pd.DataFrame(table).to_csv(tmp / "requests.csv", index=False)
-        write_json(tmp / "summary.json", summary)
+        summary = write_result_files(tmp, result, csv=csv)
         write_table(tmp / "speculation_rounds.parquet", dec.stats.table())
         write_table(tmp / "speculation_sequences.parquet", _sequence_table(obs.seq_rows))
         if hasattr(runner, "drafting_table"):  # pipelined: the drafting thread's rounds

@@ -83,28 +83,19 @@ def execute(spec, requests, out: Path, *, source: str = "workload", step_mode: b
             csv: bool = False, quiet: bool = True) -> dict:
     """Simulate and write the run directory atomically; returns the summary."""
     from ..engine.simulation import Simulation
-    from ..metrics.rundir import staged_dir, write_json, write_table, write_yaml
-    from ..metrics.summary import derived_columns, summarize
+    from ..metrics.rundir import staged_dir
+    from ..metrics.summary import write_result_files
 
     with staged_dir(Path(out)) as tmp:
         with _progress(quiet, len(requests)) as progress:
             sim = Simulation(spec, requests, step_mode=step_mode, series_path=tmp / "series.parquet",
                              progress=progress, source=source)
             result = sim.run()
-        summary = summarize(result)
         if spec.speculation is not None:  # acceptance, s, SSM weights and pool depth over time
             from ..speculative.report import write_series
 
             write_series(sim, tmp)
-        write_yaml(tmp / "config.yaml", result.resolved)
-        table = dict(result.requests)
-        table.update(derived_columns(result.requests))
-        write_table(tmp / "requests.parquet", table)
-        if csv:
-            import pandas as pd
-
-            pd.DataFrame(table).to_csv(tmp / "requests.csv", index=False)
-        write_json(tmp / "summary.json", summary)
+        summary = write_result_files(tmp, result, csv=csv)
         if plots:
             from analysis.run_plots import plot_run
 

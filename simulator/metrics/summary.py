@@ -79,3 +79,25 @@ def summarize(result) -> dict:
     }
     s.update(result.extra)
     return s
+
+
+def write_result_files(run_dir, result, *, csv: bool = False) -> dict:
+    """The files every run directory has, simulated or executed: config.yaml (what was
+    resolved), requests.parquet (+ requests.csv) with the derived per-request columns, and
+    summary.json. Returns the summary."""
+    from pathlib import Path
+
+    from .rundir import write_json, write_table, write_yaml
+
+    run_dir = Path(run_dir)
+    summary = summarize(result)
+    write_yaml(run_dir / "config.yaml", result.resolved)
+    table = dict(result.requests)
+    table.update(derived_columns(result.requests))
+    write_table(run_dir / "requests.parquet", table)
+    if csv:
+        import pandas as pd
+
+        pd.DataFrame(table).to_csv(run_dir / "requests.csv", index=False)
+    write_json(run_dir / "summary.json", summary)
+    return summary
