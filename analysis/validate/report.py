@@ -42,16 +42,22 @@ def checks_table(checks: list[dict]) -> Table:
     return Table(["metric", "error", "target", "", "where a miss comes from"], rows, highlight=bad, numeric={1, 2})
 
 
-def case_report(result: dict, exec_run, sim_run, cmp, folder: Path) -> tuple[Path, Path]:
-    """Write report.md / report.html (and plots/) for one validated case into folder."""
-    folder = Path(folder)
-    (folder / "plots").mkdir(parents=True, exist_ok=True)
-    cm, it, rq, tot = cmp.cost_model, cmp.iterations, cmp.requests, cmp.totals
+def report_head(result: dict, cmp, folder: Path) -> "Report":
+    """A case report with its title and verdict line (and folder/plots made)."""
+    (Path(folder) / "plots").mkdir(parents=True, exist_ok=True)
     r = Report(f"Validation: {result['case']}", result.get("title", ""))
     verdict = "all targets met" if cmp.passed else \
         f"{sum(not c['ok'] for c in cmp.checks)} of {len(cmp.checks)} targets missed"
     r.verdict = [f"**{verdict}** — {result['model']} on {result['device']} ({result['threads']} torch thread(s)), "
-                 f"{rq['requests']} requests; cost model: {result['cost_model']['description']}."]
+                 f"{cmp.requests['requests']} requests; cost model: {result['cost_model']['description']}."]
+    return r
+
+
+def case_report(result: dict, exec_run, sim_run, cmp, folder: Path) -> tuple[Path, Path]:
+    """Write report.md / report.html (and plots/) for one validated case into folder."""
+    folder = Path(folder)
+    cm, it, rq, tot = cmp.cost_model, cmp.iterations, cmp.requests, cmp.totals
+    r = report_head(result, cmp, folder)
     r.h2("Targets")
     r.add(checks_table(cmp.checks))
     r.h2("Per iteration")

@@ -68,8 +68,8 @@ def simulate_run(run: ExecRun, out: Path, *, cost_model=None, profile: str = "cp
     `policy_cost_model`, when given, is what the policies see instead (cost-aware preemption's
     questions), so a replayed cost model answers only the engine's iterations and copies."""
     from simulator.engine.simulation import Simulation
-    from simulator.metrics.rundir import staged_dir, write_json, write_table, write_yaml
-    from simulator.metrics.summary import derived_columns, summarize
+    from simulator.metrics.rundir import staged_dir
+    from simulator.metrics.summary import write_result_files
 
     spec = sim_spec(run, profile=profile, cost_model_name=cost_model_name, updates=updates)
     requests = sim_requests(run)
@@ -83,15 +83,10 @@ def simulate_run(run: ExecRun, out: Path, *, cost_model=None, profile: str = "cp
                 if policy_cost_model is not None:
                     rep._state = _policy_view(rep._state, policy_cost_model)
         result = sim.run()
-        summary = summarize(result)
         resolved = dict(result.resolved)
         resolved["cost_model"] = (cost_model.to_json() if hasattr(cost_model, "to_json")
                                   else {"name": cost_model_name, "profile": profile})
-        write_yaml(tmp / "config.yaml", resolved)
-        table = dict(result.requests)
-        table.update(derived_columns(result.requests))
-        write_table(tmp / "requests.parquet", table)
-        write_json(tmp / "summary.json", summary)
+        summary = write_result_files(tmp, result, resolved=resolved)
     return summary
 
 

@@ -4,21 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from analysis.report_html import Image, Report, Table
+from analysis.report_html import Image, Table
 
 from . import plots
-from .report import checks_table, ms, num, pct
+from .report import checks_table, ms, num, pct, report_head
 
 
 def spec_case_report(result: dict, exec_run, sim_run, cmp, folder: Path) -> tuple[Path, Path]:
     folder = Path(folder)
-    (folder / "plots").mkdir(parents=True, exist_ok=True)
     cm, it, rq, tot = cmp.cost_model, cmp.iterations, cmp.requests, cmp.totals
-    r = Report(f"Validation: {result['case']}", result.get("title", ""))
-    verdict = "all targets met" if cmp.passed else \
-        f"{sum(not c['ok'] for c in cmp.checks)} of {len(cmp.checks)} targets missed"
-    r.verdict = [f"**{verdict}** — {result['model']} on {result['device']} ({result['threads']} torch thread(s)), "
-                 f"{rq['requests']} requests; cost model: {result['cost_model']['description']}."]
+    r = report_head(result, cmp, folder)
     r.h2("Targets")
     r.p("The per-iteration target is judged per round: the drafts' s steps plus the verification "
         "(pipelined: one verification), from one round's start to the next's.")

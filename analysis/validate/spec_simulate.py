@@ -113,8 +113,8 @@ def simulate_spec_run(run: RunDir, out: Path, fit, *, profile: str = "cpu-refere
     """`s_trajectory` (the executed run's [[round, s], ...]): the selector replays it instead of
     deciding (only where the workload has the selector on)."""
     from simulator.engine.simulation import Simulation
-    from simulator.metrics.rundir import staged_dir, write_json, write_table, write_yaml
-    from simulator.metrics.summary import derived_columns, summarize
+    from simulator.metrics.rundir import staged_dir
+    from simulator.metrics.summary import write_result_files
 
     from .simulate import sim_requests
 
@@ -136,12 +136,7 @@ def simulate_spec_run(run: RunDir, out: Path, fit, *, profile: str = "cpu-refere
             if s_trajectory and p.selector is not None:
                 p.selector = ReplayedSelector(s_trajectory)
         result = sim.run()
-        summary = summarize(result)
         resolved = dict(result.resolved)
         resolved["cost_model"] = fit.to_json()
-        write_yaml(tmp / "config.yaml", resolved)
-        table = dict(result.requests)
-        table.update(derived_columns(result.requests))
-        write_table(tmp / "requests.parquet", table)
-        write_json(tmp / "summary.json", summary)
+        summary = write_result_files(tmp, result, resolved=resolved)
     return summary

@@ -99,6 +99,7 @@ def validate_spec_case(case, model: str, out: Path, *, device: str = "cpu", dtyp
     from .spec_compare import compare_spec
     from .spec_costmodel import SpecFit
     from .spec_rounds import rebuild_rounds
+    from .run import _brief
     from .spec_simulate import kv_binds, simulate_spec_run
 
     out = Path(out)
@@ -167,11 +168,3 @@ def validate_spec_case(case, model: str, out: Path, *, device: str = "cpu", dtyp
     return result
 
 
-def _brief(d: dict) -> dict:
-    d = json.loads(json.dumps(d, default=float))
-    for k in ("predicted_s", "measured_s", "batch_size"):
-        d["cost_model"].pop(k, None)
-    for col in ("ttft_s", "tpot_s", "e2e_s"):
-        for k in ("measured_values", "predicted_values"):
-            d["requests"].get(col, {}).pop(k, None)
-    return d

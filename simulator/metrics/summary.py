@@ -81,17 +81,17 @@ def summarize(result) -> dict:
     return s
 
 
-def write_result_files(run_dir, result, *, csv: bool = False) -> dict:
+def write_result_files(run_dir, result, *, csv: bool = False, resolved: dict | None = None) -> dict:
     """The files every run directory has, simulated or executed: config.yaml (what was
-    resolved), requests.parquet (+ requests.csv) with the derived per-request columns, and
-    summary.json. Returns the summary."""
+    resolved; `resolved` replaces result.resolved), requests.parquet (+ requests.csv) with the
+    derived per-request columns, and summary.json. Returns the summary."""
     from pathlib import Path
 
     from .rundir import write_json, write_table, write_yaml
 
     run_dir = Path(run_dir)
     summary = summarize(result)
-    write_yaml(run_dir / "config.yaml", result.resolved)
+    write_yaml(run_dir / "config.yaml", result.resolved if resolved is None else resolved)
     table = dict(result.requests)
     table.update(derived_columns(result.requests))
     write_table(run_dir / "requests.parquet", table)
