@@ -342,3 +342,199 @@ def test_cuda_event_timer_records_and_synchronizes():
     calls.clear()
     assert timer.time(lambda: calls.append(("work",))) == pytest.approx(2.5e-3)
     assert calls == [("sync",), ("record", "e0"), ("work",), ("record", "e1"), ("wait", "e1"), ("elapsed", "e0", "e1")]
+
+
+# ---- per-model predictors (sim profile --model) ------------------------------------------------------------
+def _synthetic_prefills(coef, n=60, seed=3):
+    """Prefill batches of 1-4 prompts and their exact affine + quadratic times."""
+    from simulator.costmodel.regression import model_features
+
+    rng = np.random.default_rng(seed)
+    qs = [tuple(int(x) for x in rng.integers(8, 1500, size=int(rng.integers(1, 5)))) for _ in range(n)]
+    X = np.array([model_features(q) for q in qs])
+    c0, c = coef
+    return qs, X, c0 + X @ np.asarray(c)
+
+
+def test_physical_recompute_predictor_recovers_an_exact_affine_quadratic():
+    from executor.profiler.regress import PHYSICAL, compare_sets, fit_physical
+    from simulator.costmodel.regression import MODEL_FEATURES
+
+    coef = (4e-4, np.array([3e-5, 2e-4, 1.5e-8]))  # per iteration, per token, per sequence, per token^2
+    _, X, y = _synthetic_prefills(coef)
+    c0, c = fit_physical(X, y)
+    assert c0 == pytest.approx(coef[0], rel=1e-6)
+    assert np.allclose(c, coef[1], rtol=1e-6)
+    _, Xh, yh = _synthetic_prefills(coef, n=12, seed=9)  # other batches: held out
+    comp = compare_sets(X, y, Xh, yh, target="prefill", features=MODEL_FEATURES, degrees=(1, 2),
+                        regressors=("linear", "random_forest"))
+    # exact data: the physical model has zero validation error, so it is kept, and predicts the held-out set
+    assert comp["chosen"]["estimator"] == PHYSICAL and comp["chosen"]["held_out_mape"] < 1e-6
+    port = PortableRegressor(comp["portable"])
+    assert np.allclose(port.predict(Xh), yh, rtol=1e-9)
+    assert set(comp["table"]) == {PHYSICAL, "linear", "random_forest"} and comp["n_held_out"] == 12
+
+
+def _per_model_calibration(spec, *, dtype="fp32", name="zoo-target", coef=(4e-4, (3e-5, 2e-4, 1.5e-8)),
+                           swap=None, key=None):
+    """The reference sidecar plus one per-model entry with a physical predictor."""
+    from executor.profiler.regress import physical_portable
+    from simulator.costmodel.regression import (MODEL_FEATURES, MODEL_PREDICTORS_FORMAT, MODEL_PREDICTORS_VERSION,
+                                                model_config_hash, model_key)
+
+    h = model_config_hash(spec)
+    entry = {"name": name, "config_hash": h, "dtype": dtype,
+             "recompute": {"predictor": physical_portable(coef[0], np.array(coef[1]), target="prefill",
+                                                          features=MODEL_FEATURES, mape=0.0, n_train=1, n_test=1),
+                           "domain": {"tokens": [8, 2048], "batch": [1, 4], "max_batched_tokens": 4096}}}
+    if swap:
+        entry["swap"] = {"fit": swap}
+    cal = calibration_for(load_hardware(REF))
+    cal["per_model"] = {"format": MODEL_PREDICTORS_FORMAT, "version": MODEL_PREDICTORS_VERSION,
+                        "models": {key or model_key(name, h): entry}}
+    return cal, entry
+
+
+def test_per_model_predictor_is_used_for_its_model_only():
+    from types import SimpleNamespace
+
+    from simulator.costmodel.regression import model_config_hash
+    from simulator.policies.preemption import CostAwarePreemption
+
+    hw = load_hardware(REF)
+    spec = load_model("llama-68m")
+    swap = {"d2h": {"latency_us": 5.0, "per_copy_us": 2.0, "gbps": 4.0},
+            "h2d": {"latency_us": 3.0, "per_copy_us": 1.0, "gbps": 5.0}}
+    cal, _ = _per_model_calibration(spec, name="llama-68m", swap=swap)
+    cm = RegressionCostModel(spec, hw, dtype="fp32", calibration=cal)
+    assert cm.model_predictor_key == f"llama-68m@{model_config_hash(spec)[:16]}"
+    # recompute of one sequence of t tokens: c0 + c_tok t + c_seq + c_sq t^2, by hand
+    for t in (8, 300, 2048):
+        assert cm.prefill_time_s(t) == pytest.approx(4e-4 + 3e-5 * t + 2e-4 + 1.5e-8 * t * t, rel=1e-12)
+    q = [100, 30, 7 + 1, 400]
+    want = 4e-4 + 3e-5 * sum(q) + 2e-4 * 4 + 1.5e-8 * sum(x * x for x in q)
+    assert cm.iteration_time_s(BatchShape.prefill(q)) == pytest.approx(want, rel=1e-12)
+    # the cost-aware preemption reads it through the one cost-model interface
+    seq = SimpleNamespace(num_tokens=300)
+    assert CostAwarePreemption().recompute_cost_s(seq, SimpleNamespace(cost_model=cm)) == cm.prefill_time_s(300)
+    # swaps: the executor fit (latency + two slice copies + bytes / bandwidth)
+    assert cm.kv_transfer_time_s(4e6, "d2h") == pytest.approx(9e-6 + 4e6 / 4e9, rel=1e-12)
+    assert cm.transfer_time_s(5e6, "h2d") == pytest.approx(5e-6 + 5e6 / 5e9, rel=1e-12)
+    # decode and chunked prefills stay on the generic model
+    generic = RegressionCostModel(spec, hw, dtype="fp32")
+    assert generic.model_predictor_key is None
+    dec = BatchShape.decode([100, 200])
+    assert cm.iteration_time_s(dec) == generic.iteration_time_s(dec)
+    chunk = BatchShape.of([64], [128])
+    assert cm.iteration_time_s(chunk) == generic.iteration_time_s(chunk)
+    # another model, or the same model in another dtype or split over devices: the generic predictor
+    other = load_model("llama-160m")
+    assert RegressionCostModel(other, hw, dtype="fp32", calibration=cal).model_predictor_key is None
+    assert RegressionCostModel(other, hw, dtype="fp32", calibration=cal).prefill_time_s(300) == \
+        RegressionCostModel(other, hw, dtype="fp32").prefill_time_s(300)
+    assert RegressionCostModel(spec, hw, dtype="fp16", calibration=cal).model_predictor_key is None
+    # a renamed copy of the same shape matches (the hash is of the shape, not the name)
+    renamed = spec.model_copy(update={"name": "my-llama"})
+    assert RegressionCostModel(renamed, hw, dtype="fp32", calibration=cal).model_predictor_key is not None
+    # outside the measured domain: the nearest setting inside, carried by the roofline (monotone, positive)
+    assert cm.prefill_time_s(8192) > cm.prefill_time_s(2048) > cm.prefill_time_s(2047)
+
+
+def test_per_model_entries_are_checked():
+    hw = load_hardware(REF)
+    spec = load_model("llama-68m")
+    cal, _ = _per_model_calibration(spec, name="llama-68m", key="llama-68m@0000000000000000")
+    with pytest.raises(InfersimError, match="does not carry its config hash"):
+        RegressionCostModel(spec, hw, dtype="fp32", calibration=cal)
+    cal, _ = _per_model_calibration(spec, name="llama-68m")
+    cal["per_model"]["version"] = 99
+    with pytest.raises(InfersimError, match="per_model section format"):
+        RegressionCostModel(spec, hw, dtype="fp32", calibration=cal)
+
+
+def test_per_model_sidecar_round_trips_and_its_hash_is_checked(tmp_path):
+    from executor.profiler.run import write_profile
+
+    spec = load_model("llama-68m")
+    cal, _ = _per_model_calibration(spec, name="llama-68m")
+    y, _ = _ref_paths()
+    hw_dict = yaml.safe_load(y.read_text())
+    for k in (SOURCE_KEY, HASH_KEY, PATH_KEY):
+        hw_dict["sources"].pop(k, None)
+    hw_dict["name"] = "pm"
+    out = tmp_path / "pm.yaml"
+    write_profile(out, hw_dict, cal)
+    hw = load_hardware(str(out))
+    back = calibration_for(hw)
+    assert back["per_model"] == json.loads(json.dumps(cal["per_model"]))
+    cm = RegressionCostModel(spec, hw, dtype="fp32")
+    assert cm.model_predictor_key is not None
+    assert cm.prefill_time_s(100) == pytest.approx(4e-4 + 3e-3 + 2e-4 + 1.5e-4, rel=1e-12)
+    # an edited entry (another model's hash swapped in) changes the file: refused before it is read
+    side = tmp_path / "pm.calib.json"
+    data = json.loads(side.read_text())
+    entry = next(iter(data["per_model"]["models"].values()))
+    entry["config_hash"] = "f" * 64
+    side.write_text(json.dumps(data))
+    with pytest.raises(InfersimError, match="sha256"):
+        RegressionCostModel(spec, load_hardware(str(out)), dtype="fp32")
+
+
+def test_sim_profile_model_measures_zoo_target_into_a_profile(tmp_path):
+    """`sim profile --refit P --models-only --model zoo-target --quick`: the real executor's
+    prefills and swaps of the zoo's trained model, fitted and held out, into the sidecar."""
+    pytest.importorskip("torch")
+    from executor.zoo import resolve_zoo_model
+    from simulator.cli.main import main
+    from simulator.costmodel.regression import model_config_hash
+
+    try:
+        resolve_zoo_model("zoo-target", build=False)
+    except Exception:
+        pytest.skip("the zoo is not built")
+    ypath, _ = _copy_ref(tmp_path)
+    out = tmp_path / "with-model.yaml"
+    t0 = time.perf_counter()
+    assert main(["profile", "--refit", str(ypath), "--models-only", "--model", "zoo-target", "--quick",
+                 "--threads", "1", "--out", str(out), "-q"]) == 0
+    assert time.perf_counter() - t0 < 90
+    hw = load_hardware(str(out))
+    cal = calibration_for(hw)
+    spec = load_model("zoo-target")
+    h = model_config_hash(spec)
+    (key, entry), = cal["per_model"]["models"].items()
+    assert key == f"zoo-target@{h[:16]}" and entry["config_hash"] == h and entry["dtype"] == "fp32"
+    rows = entry["recompute"]["rows"]
+    fitted1 = {r["prompts"][0] for r in rows if r["role"] == "fit" and r["batch"] == 1}
+    held1 = {r["prompts"][0] for r in rows if r["role"] == "held" and r["batch"] == 1}
+    assert held1 and not held1 & fitted1  # held-out lengths are never fitted,
+    assert not held1 & {t for r in rows if r["role"] == "fit" for t in r["prompts"]}  # not even inside a batch
+    assert all(r["measured_s"] > 0 and np.isfinite(r["err_cost_model_pct"]) for r in rows)
+    assert entry["recompute"]["mape_recompute"] == pytest.approx(
+        np.mean([r["err_cost_model_pct"] for r in rows if r["role"] == "held" and r["batch"] == 1]))
+    # the executor's swap check: both layouts, copies counted, out/in/total per formula
+    sw = entry["swap"]
+    lay = {(r["tokens"], r["layout"]): r for r in sw["rows"]}
+    assert lay[(64, "contiguous")]["copies"] == 2 and lay[(64, "fragmented")]["copies"] == 2 * 4
+    assert set(sw["held_out_mape"]) == {"model_fit", "link", "bandwidth_only"}
+    # the profile's other contents are kept; the cost model picks the entry for zoo-target in fp32
+    assert cal["step_model"] == calibration_for(load_hardware(REF))["step_model"]
+    cm = RegressionCostModel(spec, hw, dtype="fp32")
+    assert cm.model_predictor_key == key
+    assert cm.prefill_time_s(45) == pytest.approx(
+        PortableRegressor(entry["recompute"]["predictor"]).predict([[45, 1, 45 * 45]])[0], rel=1e-12)
+    assert RegressionCostModel(load_model("llama-68m"), hw, dtype="fp32").model_predictor_key is None
+    # the report's section and plot of the entry
+    from executor.profiler.report import per_model_md, plot_per_model
+
+    assert "held-out MAPE" in per_model_md(key, entry)
+    plot_per_model(key, entry, tmp_path / "pm.png")
+    assert (tmp_path / "pm.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_models_only_without_refit_is_a_one_line_error(capsys):
+    from simulator.cli.main import main
+
+    assert main(["profile", "--models-only", "--model", "zoo-target", "--out", "/tmp/x.yaml"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--models-only" in err[0]

@@ -21,10 +21,14 @@ def regressor_table_md(comp: dict) -> str:
     for name, row in comp["table"].items():
         cells = []
         for d in degs:
+            if str(d) not in row:  # the physical model has one form, not five degrees
+                cells.append("-")
+                continue
             v = row[str(d)]
             s = f"{v:.2f}" if v < 1e4 else f"{v:.2g}"
             cells.append(f"**{s}**" if (name, d) == best else s)
-        lines.append(f"| {REGRESSORS.get(name, name)} | " + " | ".join(cells) + " |")
+        label = "affine + quadratic in tokens (physical)" if name == "affine_quadratic" else REGRESSORS.get(name, name)
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -87,6 +91,126 @@ def recompute_md(rc: dict) -> str:
     return "\n".join(lines)
 
 
+def per_model_md(key: str, e: dict) -> str:
+    """One served model's own predictors: the regressor table on its held-out prefills, the
+    held-out rows, and the executor's swap check."""
+    rc, sw = e["recompute"], e["swap"]
+    comp = rc["comparison"]
+    ch, orc = comp["chosen"], comp["oracle"]
+    la = e.get("load_average") or {}
+    out = [f"### {key}: measured {e.get('measured_at', '?')}, {e.get('threads', '?')} thread(s), {e['dtype']}, "
+           f"load {la.get('start') or float('nan'):.2f} -> {la.get('end') or float('nan'):.2f}, "
+           f"{rc['rounds']} rounds, {comp['n_fit']} fitted / {comp['n_held_out']} held-out prefills",
+           "",
+           "Held-out MAPE (%) of every candidate fitted on the grid (features: tokens, batch, sum of squared "
+           "prompt lengths; the physical model is time = c0 + c1 tokens + c2 batch + c3 sum q^2, c >= 0):",
+           "",
+           regressor_table_md({"table": comp["table"], "best": {"estimator": ch["estimator"], "degree": ch["degree"]}}),
+           "",
+           f"Kept (lowest mean error in a 5-fold cross-validation on the grid, never on the held-out set): "
+           f"**{REGRESSORS.get(ch['estimator'], ch['estimator'])}, degree {ch['degree']}** (bold above), held-out "
+           f"{ch['held_out_mape']:.2f}%; the held-out set itself would have picked "
+           f"{REGRESSORS.get(orc['estimator'], orc['estimator'])}, degree {orc['degree']} ({orc['held_out_mape']:.2f}%).",
+           "",
+           "| held-out prompts | measured | per-model (RegressionCostModel) | error | generic regressor error | "
+           "calibrated roofline error | rounds CV |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rc["rows"]:
+        if r["role"] != "held":
+            continue
+        out.append(f"| {' + '.join(map(str, r['prompts']))} | {_fmt_s(r['measured_s'])} | "
+                   f"{_fmt_s(r.get('pred_cost_model_s', r['pred_s']))} | "
+                   f"{r.get('err_cost_model_pct', r.get('err_predictor_pct', float('nan'))):.2f}% | "
+                   f"{r.get('err_generic_pct', float('nan')):.1f}% | {r.get('err_roofline_pct', float('nan')):.1f}% | "
+                   f"{r['rounds_cv'] * 100:.1f}% |")
+
+    def pct(x):
+        return "-" if x is None else f"{x:.2f}%"
+
+    out += ["", "| MAPE over | per-model | generic regressor | calibrated roofline |", "|---|---:|---:|---:|",
+            f"| recompute: held-out prompts alone | **{pct(rc['mape_recompute'])}** | {pct(rc['mape_recompute_generic'])} | "
+            f"{pct(rc['mape_recompute_roofline'])} |",
+            f"| held-out batches of 2-4 prompts | {pct(rc['mape_held_out_batched'])} | | |",
+            f"| fitted settings (in-sample) | {pct(rc['mape_fitted'])} | | |",
+            "", "Swap through the executor (`PagedKVCache.swap_out` / `swap_in` of one sequence):", "",
+            "| tokens | blocks laid out | role | bytes | copies | swap-out measured | swap-in measured | error out / in / "
+            "total: fitted executor swap | profile link (latency per memcpy segment + bandwidth) | bandwidth only |",
+            "|---:|---|---|---:|---:|---:|---:|---|---|---|"]
+    for r in sw["rows"]:
+        cells = []
+        for f in ("model_fit", "link", "bandwidth_only"):
+            cells.append(f"{r[f'err_out_{f}_pct']:.1f}% / {r[f'err_in_{f}_pct']:.1f}% / {r[f'err_swap_{f}_pct']:.1f}%"
+                         if f"err_out_{f}_pct" in r else "-")
+        out.append(f"| {r['tokens']} | {r.get('layout', '-')} | {r['role']} | {r['bytes'] / 1024:.0f} KiB | "
+                   f"{r.get('copies', '-')} | {_fmt_s(r['swap_out_s'])} | "
+                   f"{_fmt_s(r['swap_in_s'])} | " + " | ".join(cells) + " |")
+    m = sw["held_out_mape"]
+    cells = [f"**{m[f]['out']:.2f}% / {m[f]['in']:.2f}% / {m[f]['swap']:.2f}%**" if f in m else "-"
+             for f in ("model_fit", "link", "bandwidth_only")]
+    out.append("| **held-out MAPE** | | | | | | | " + " | ".join(cells) + " |")
+    for lay in ("contiguous", "fragmented"):
+        if lay in m.get("model_fit", {}):
+            cells = [f"{m[f][lay]['out']:.2f}% / {m[f][lay]['in']:.2f}% / {m[f][lay]['swap']:.2f}%" if f in m else "-"
+                     for f in ("model_fit", "link", "bandwidth_only")]
+            out.append(f"| held-out, {lay} | | | | | | | " + " | ".join(cells) + " |")
+    fit = sw["fit"]
+    out += ["", f"Fitted to the executor's swaps of this model on the fitted sizes: swap-out "
+            f"{fit['d2h']['latency_us']:.1f} us + {fit['d2h'].get('per_copy_us', 0):.2f} us per copy + bytes / "
+            f"{fit['d2h']['gbps']:.2f} GB/s, swap-in {fit['h2d']['latency_us']:.1f} us + "
+            f"{fit['h2d'].get('per_copy_us', 0):.2f} us per copy + bytes / {fit['h2d']['gbps']:.2f} GB/s. Sentinel prefill "
+            f"({e['sentinel']['prefill_tokens']} tokens) per round: "
+            + ", ".join(f"{x * 1e3:.2f}" for x in e["sentinel"]["per_round_s"]) + " ms."]
+    return "\n".join(out)
+
+
+def plot_per_model(key: str, e: dict, path) -> None:
+    """Held-out recompute and swap of one model, measured against the predictions."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from simulator.yamlio import write_atomic
+
+    rc, sw = e["recompute"], e["swap"]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
+    one = sorted((r for r in rc["rows"] if r["batch"] == 1), key=lambda r: r["tokens"])
+    t = [r["tokens"] for r in one]
+    for k, lab, st in (("pred_cost_model_s", f"per-model ({rc['mape_recompute']:.2f}% held out)", "-"),
+                       ("pred_generic_s", f"generic regressor ({rc['mape_recompute_generic']:.1f}%)", "--"),
+                       ("pred_roofline_s", f"calibrated roofline ({rc['mape_recompute_roofline']:.1f}%)", ":")):
+        if k in one[0]:
+            a.plot(t, [r[k] * 1e3 for r in one], st, label=lab)
+    fit = [r for r in one if r["role"] == "fit"]
+    held = [r for r in one if r["role"] == "held"]
+    a.plot([r["tokens"] for r in fit], [r["measured_s"] * 1e3 for r in fit], "o", color="0.6", ms=4, label="measured, fitted")
+    a.plot([r["tokens"] for r in held], [r["measured_s"] * 1e3 for r in held], "kx", ms=7, label="measured, held out")
+    a.set(xscale="log", yscale="log", xlabel="prompt tokens (one sequence)", ylabel="prefill time (ms)",
+          title=f"recompute of {e['name']} (executor prefill)")
+    a.legend(fontsize=8)
+    m = sw["held_out_mape"]
+    for lay, mk in (("contiguous", "o"), ("fragmented", "s")):
+        rows = sorted((r for r in sw["rows"] if r["layout"] == lay), key=lambda r: r["bytes"])
+        x = [r["bytes"] / 1024 for r in rows]
+        b.plot(x, [(r["swap_out_s"] + r["swap_in_s"]) * 1e3 for r in rows], "k" + mk, mfc="none",
+               label=f"measured, {lay}")
+        for f, st, lab in (("model_fit", "-", "fitted executor link"), ("link", "--", "profile link, latency per segment"),
+                           ("bandwidth_only", ":", "bandwidth only")):
+            if f"pred_out_{f}_s" in rows[0]:
+                b.plot(x, [(r[f"pred_out_{f}_s"] + r[f"pred_in_{f}_s"]) * 1e3 for r in rows], st,
+                       color={"model_fit": "C0", "link": "C1", "bandwidth_only": "C2"}[f],
+                       label=f"{lab} ({m[f]['swap']:.1f}%)" if lay == "contiguous" else None)
+    b.set(xscale="log", yscale="log", xlabel="KV bytes of the sequence (KiB)", ylabel="swap out + in (ms)",
+          title="swap through PagedKVCache (held-out MAPE)")
+    b.legend(fontsize=8)
+    fig.tight_layout()
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    write_atomic(path, buf.getvalue())
+
+
 def report_md(hw: dict, calib: dict) -> str:
     parts = ["## Headline numbers", headline_md(hw, calib)]
     for kind, comp in calib["step_model"]["comparison"].items():
@@ -109,6 +233,10 @@ def report_md(hw: dict, calib: dict) -> str:
                 txt += (" Whole-profile sentinels (start and end of the sweeps vs. the end of the checks): "
                         + ", ".join(f"{k} {x:.3f}" for k, x in v["drift"].items()) + ".")
             parts.append(txt)
+    pm = (calib.get("per_model") or {}).get("models") or {}
+    if pm:
+        parts.append("## Per-model predictors (sim profile --model)")
+        parts += [per_model_md(k, e) for k, e in pm.items()]
     return "\n\n".join(parts) + "\n"
 
 
@@ -118,10 +246,21 @@ def main(argv=None) -> int:
     from simulator.costmodel.regression import calibration_for
     from simulator.hardware.catalog import load_hardware
 
-    path = (argv or sys.argv[1:])[0]
+    args = list(argv or sys.argv[1:])
+    plot_dir = None
+    if "--plot-dir" in args:  # --plot-dir DIR: a PNG per measured model, profiler-<model>.png
+        i = args.index("--plot-dir")
+        plot_dir = args[i + 1]
+        del args[i:i + 2]
+    path = args[0]
     hw = load_hardware(path)
     calib = calibration_for(hw)
     sys.stdout.write(report_md(yaml.safe_load(hw.model_dump_json()), calib))
+    if plot_dir:
+        from pathlib import Path
+
+        for key, e in ((calib.get("per_model") or {}).get("models") or {}).items():
+            plot_per_model(key, e, Path(plot_dir) / f"profiler-{e['name']}.png")
     return 0
 
 

@@ -42,6 +42,7 @@ class ProfileOptions:
     dtype: str | None = None  # None: fp32 on cpu, fp16 on cuda
     validate: bool = True
     quiet: bool = False
+    models: tuple[str, ...] = ()  # --model: served models whose own predictors are measured (permodel.py)
 
 
 def sidecar_path(profile_path: Path) -> Path:
@@ -227,6 +228,10 @@ def run_profile(opts: ProfileOptions, console=None) -> dict:
              + len(plans["elementwise"]) + len(plans["copy"]) + 2 * sp.points_per_shape * len(sp.layers) * len(sp.hidden)
              + 2 * 8 * 5 + ((plans["swap_points"] + (8 if opts.quick else 36)) * (1 if opts.quick else 5)
                             if opts.validate else 0))
+    if opts.models:
+        from .permodel import progress_total
+
+        total += progress_total(opts.models, opts.quick)
     torch.manual_seed(opts.seed)
     timings: dict[str, float] = {}
     with _Progress(opts.quiet, total) as progress:
@@ -278,6 +283,12 @@ def run_profile(opts: ProfileOptions, console=None) -> dict:
             validation["sentinels"] = stage("sentinels_validation", lambda: accuracy.sentinels(b))
             calib["validation"] = validation
             _note_drift(calib)
+        if opts.models:  # the served models' own predictors (AdaptiveLLM 3.2-3.3), after the generic ones
+            from .permodel import profile_models
+
+            calib["per_model"] = stage("models", lambda: profile_models(
+                opts.models, hardware=hw, calibration=calib, device=device, dtype=dtype, quick=opts.quick,
+                seed=opts.seed, progress=progress, timer=b.timer))
 
     la1 = load_average()
     calib["load_average"]["end"] = la1[0] if la1 else None
@@ -397,10 +408,18 @@ def write_profile(out: Path, hw_dict: dict, calib: dict) -> None:
 
 
 def refit_profile(path: Path, out: Path | None = None, *, seed: int = 0, validate: bool = True, quick: bool | None = None,
-                  threads: int | None = 2, quiet: bool = True) -> dict:
+                  threads: int | None = 2, quiet: bool = True, models: tuple[str, ...] = (),
+                  models_only: bool = False) -> dict:
     """Fit a measured profile again from the measurements its sidecar holds (new fits and
     regressors without measuring the sweeps again); the held-out checks, which compare
-    predictions with new measurements, are run again on this machine."""
+    predictions with new measurements, are run again on this machine. `models`: measure
+    those served models' own predictors too (replacing earlier entries of the same model);
+    `models_only`: only that, the rest of the profile kept as it is."""
+    if models_only:
+        if not models:
+            raise InfersimError("--models-only needs at least one --model NAME")
+        return add_models(Path(path), Path(out) if out else None, models, seed=seed, quick=bool(quick),
+                          threads=threads, quiet=quiet)
     import torch
 
     from simulator.costmodel.regression import calibration_for
@@ -441,11 +460,65 @@ def refit_profile(path: Path, out: Path | None = None, *, seed: int = 0, validat
     elif "validation" in old:
         calib["validation"] = old["validation"]
         calib["sentinels"] = old.get("sentinels", {})
+    if old.get("per_model"):
+        calib["per_model"] = old["per_model"]
+    if models:
+        _merge_models(calib, _measure_models(models, hw, calib, device, old["dtype"], quick, seed, quiet))
     calib["timings_s"] = {**old.get("timings_s", {}), "refit": timings}
     hw_dict["source"] = load_hardware(str(path)).source
     write_profile(out, hw_dict, calib)
     return {"profile": out, "sidecar": sidecar_path(out), "hardware": hw_dict, "calibration": calib,
             "comparisons": comps, "timings": timings}
+
+
+def _measure_models(models, hw, calib, device, dtype, quick, seed, quiet) -> dict:
+    from .permodel import profile_models, progress_total
+
+    with _Progress(quiet, progress_total(models, quick)) as progress:
+        return profile_models(models, hardware=hw, calibration=calib, device=device, dtype=dtype, quick=quick,
+                              seed=seed, progress=progress)
+
+
+def _merge_models(calib: dict, sect: dict) -> None:
+    """New model entries into the sidecar's per_model section; an entry of the same model
+    (same config hash and dtype) is replaced."""
+    old = calib.get("per_model") or {}
+    kept = {k: e for k, e in (old.get("models") or {}).items()
+            if not any(e.get("config_hash") == n.get("config_hash") and e.get("dtype") == n.get("dtype")
+                       for n in sect["models"].values())}
+    calib["per_model"] = {**sect, "models": {**kept, **sect["models"]}}
+
+
+def add_models(path: Path, out: Path | None, models, *, seed: int = 0, quick: bool = False, threads: int | None = 1,
+               quiet: bool = True) -> dict:
+    """Measure only the per-model predictors of `models` into an existing profile (its
+    sweeps, fits and checks kept): `sim profile --refit PROFILE --models-only --model NAME`."""
+    import torch
+    import yaml
+
+    from simulator.costmodel.regression import HASH_KEY, PATH_KEY, SOURCE_KEY, calibration_for
+    from simulator.hardware.catalog import load_hardware
+
+    path = Path(path)
+    out = Path(out) if out else path
+    hw = load_hardware(str(path))
+    calib = calibration_for(hw)
+    device = select_device(calib["machine"]["device"].split(":")[0] if calib["machine"]["device"].startswith("cuda")
+                           else "cpu")
+    if threads:
+        torch.set_num_threads(int(threads))
+    t0 = time.perf_counter()
+    _merge_models(calib, _measure_models(tuple(models), hw, calib, device, calib["dtype"], quick, seed, quiet))
+    calib.setdefault("timings_s", {})["models"] = round(time.perf_counter() - t0, 2)
+    text = path.read_text() if path.is_file() else None
+    if text is None:
+        raise InfersimError(f"{path}: --models-only needs the profile's YAML file")
+    hw_dict = yaml.safe_load(text)
+    for k in (SOURCE_KEY, HASH_KEY, PATH_KEY):
+        hw_dict.get("sources", {}).pop(k, None)
+    write_profile(out, hw_dict, calib)
+    return {"profile": out, "sidecar": sidecar_path(out), "hardware": hw_dict, "calibration": calib,
+            "comparisons": {}, "timings": calib["timings_s"]}
 
 
 def print_report(result: dict, console=None) -> None:
@@ -488,6 +561,20 @@ def print_report(result: dict, console=None) -> None:
                   f"{rc['mape_recompute']:.2f}% / {rc['mape_recompute_roofline']:.2f}%")
         if rc.get("mape_batched_prefill") is not None:
             t.add_row("held-out batched prefill MAPE (regression)", f"{rc['mape_batched_prefill']:.2f}%")
+    for key, e in ((calib.get("per_model") or {}).get("models") or {}).items():
+        rc, sw = e["recompute"], e["swap"]
+        ch = rc["comparison"]["chosen"]
+        t.add_row(f"{key}: recompute predictor", f"{ch['estimator']} (degree {ch['degree']})")
+        t.add_row("  held-out recompute MAPE (per-model / generic / roofline)",
+                  f"{rc['mape_recompute']:.2f}% / {rc['mape_recompute_generic'] or float('nan'):.2f}% / "
+                  f"{rc['mape_recompute_roofline'] or float('nan'):.2f}%")
+        if rc.get("mape_held_out_batched") is not None:
+            t.add_row("  held-out batched prefill MAPE (per-model)", f"{rc['mape_held_out_batched']:.2f}%")
+        for f, lab in (("model_fit", "fitted executor swap"), ("link", "profile link"), ("bandwidth_only", "bandwidth only")):
+            if f in sw["held_out_mape"]:
+                m = sw["held_out_mape"][f]
+                t.add_row(f"  held-out swap MAPE, {lab} (out / in / total)",
+                          f"{m['out']:.2f}% / {m['in']:.2f}% / {m['swap']:.2f}%")
     if "total" in result["timings"]:
         t.add_row("time", f"{result['timings']['total']:.0f} s")
     console.print(t)

@@ -27,6 +27,11 @@ def add_parser(sub) -> None:
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2; 0 leaves torch's default)")
     p.add_argument("--seed", type=int, default=0, help="seed of the step-sweep sampling and held-out split (default 0)")
     p.add_argument("--no-validate", action="store_true", help="skip the held-out swap and recompute checks")
+    p.add_argument("--model", action="append", default=[], metavar="NAME",
+                   help="also fit this served model's own recompute predictor and check its swaps (repeatable; a "
+                        "zoo name such as zoo-target or a checkpoint folder, run through the executor)")
+    p.add_argument("--models-only", action="store_true",
+                   help="with --refit: measure only the --model predictors into the profile, keep the rest")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar or tables")
     p.set_defaults(func=run)
 
@@ -45,15 +50,18 @@ def run(args: argparse.Namespace) -> int:
 
     if args.refit:
         result = refit_profile(Path(args.refit), Path(args.out) if args.out else None, seed=args.seed,
-                               validate=not args.no_validate, quick=args.quick or None, threads=args.threads or None)
+                               validate=not args.no_validate, quick=args.quick or None, threads=args.threads or None,
+                               models=tuple(args.model), models_only=args.models_only)
         if not args.quiet:
             print_report(result)
         return 0
+    if args.models_only:
+        raise InfersimError("--models-only goes with --refit PROFILE.yaml")
     if not args.out:
         raise InfersimError("--out PROFILE.yaml is required (or --refit PROFILE.yaml)")
     opts = ProfileOptions(out=Path(args.out), device=args.device, quick=args.quick, name=args.name,
                           threads=args.threads or None, seed=args.seed, dtype=args.dtype,
-                          validate=not args.no_validate, quiet=args.quiet)
+                          validate=not args.no_validate, quiet=args.quiet, models=tuple(args.model))
     result = run_profile(opts)
     if not args.quiet:
         print_report(result)

@@ -125,10 +125,16 @@ class PortableRegressor:
         if spec.get("format") != REGRESSOR_FORMAT or int(spec.get("version", -1)) != REGRESSOR_VERSION:
             raise InfersimError(f"unsupported regressor format {spec.get('format')!r} version {spec.get('version')!r} "
                                 f"(this infersim reads {REGRESSOR_FORMAT} v{REGRESSOR_VERSION})")
+        self.kind = spec["kind"]
+        if self.kind == "physical":
+            # time = intercept + coef . features, in raw units (no log transform): the
+            # affine + quadratic-in-tokens model of a prefill, fitted with coefficients >= 0
+            self.coef = unpack_array(spec["model"]["coef"]).astype(np.float64)
+            self.intercept = float(spec["model"]["intercept"])
+            return
         t = spec["transform"]
         self.mean, self.scale = np.asarray(t["mean"], dtype=np.float64), np.asarray(t["scale"], dtype=np.float64)
         self.powers = np.asarray(spec["powers"], dtype=np.int64)
-        self.kind = spec["kind"]
         m = spec["model"]
         if self.kind == "linear":
             self.coef = unpack_array(m["coef"]).astype(np.float64)
@@ -186,8 +192,11 @@ class PortableRegressor:
         return acc
 
     def predict(self, X) -> np.ndarray:
-        """Seconds for rows of (layers, hidden, tokens, batch)."""
+        """Seconds for rows of the regressor's features (the generic step model's:
+        layers, hidden, tokens, batch; a per-model recompute predictor's: MODEL_FEATURES)."""
         X = np.atleast_2d(np.asarray(X, dtype=np.float64))
+        if self.kind == "physical":
+            return X @ self.coef + self.intercept
         return np.exp(self.raw_predict(design_matrix(X, self.mean, self.scale, self.powers)))
 
 
@@ -277,6 +286,56 @@ def max_tokens_for(kind: str, batch: np.ndarray, layers: int, hidden: int, domai
     return np.maximum(hi, float(sub["tokens"][0]))
 
 
+# ---- per-model predictors (AdaptiveLLM 3.2-3.3: fitted on the served model's own prefills) --------
+MODEL_PREDICTORS_FORMAT = "infersim-model-predictors"
+MODEL_PREDICTORS_VERSION = 1
+MODEL_FEATURES = ("tokens", "batch", "sum_sq_tokens")  # of a prefill batch: sum q, sequences, sum q^2
+# ModelSpec fields that do not change what a forward pass computes
+_NOT_SHAPE = {"name", "aliases", "source", "published_params", "published_params_source", "default_dtype"}
+
+
+def model_config_hash(spec: ModelSpec) -> str:
+    """SHA-256 of the fields of a model's shape (layers, widths, heads, MLP/norm kind, vocab,
+    positions...), not of its name: the same checkpoint named by a zoo name, a folder or a
+    config.json path hashes alike, and another model (or a renamed copy of a different
+    shape) does not."""
+    shape = spec.model_dump(exclude=_NOT_SHAPE)
+    shape["num_kv_heads"], shape["head_dim"] = spec.kv_heads, spec.dim_head  # defaults made explicit
+    return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()
+
+
+def model_key(name: str, config_hash: str) -> str:
+    """The sidecar key of a model's predictors: its name and config hash."""
+    return f"{name}@{config_hash[:16]}"
+
+
+def model_features(q) -> np.ndarray:
+    """MODEL_FEATURES of a prefill batch whose prompts have q tokens each."""
+    q = np.asarray(q, dtype=np.float64).reshape(-1)
+    return np.array([q.sum(), float(q.size), float(np.square(q).sum())])
+
+
+def per_model_entry(calibration: dict, model: ModelSpec, dtype: str) -> dict | None:
+    """The calibration's predictors for this model (same config hash) measured in this
+    dtype, or None. A section in an unknown format, or an entry whose key does not carry its
+    hash, is refused."""
+    sect = calibration.get("per_model")
+    if not sect:
+        return None
+    if sect.get("format") != MODEL_PREDICTORS_FORMAT or int(sect.get("version", -1)) != MODEL_PREDICTORS_VERSION:
+        raise InfersimError(f"calibration '{calibration.get('profile')}': per_model section format "
+                            f"{sect.get('format')!r} v{sect.get('version')!r} is not supported (this infersim reads "
+                            f"{MODEL_PREDICTORS_FORMAT} v{MODEL_PREDICTORS_VERSION})")
+    h = model_config_hash(model)
+    for key, e in sect.get("models", {}).items():
+        if not key.endswith("@" + str(e.get("config_hash", ""))[:16]):
+            raise InfersimError(f"calibration '{calibration.get('profile')}': per_model entry '{key}' does not "
+                                f"carry its config hash")
+        if e.get("config_hash") == h and e.get("dtype") == dtype:
+            return e
+    return None
+
+
 # ---- the cost model ------------------------------------------------------------------------------
 class RegressionCostModel(CostModel):
     name = "regression"
@@ -310,6 +369,21 @@ class RegressionCostModel(CostModel):
         self._lat = {"h2d": float(link.get("h2d_latency_us", hl.latency_us)) * 1e-6,
                      "d2h": float(link.get("d2h_latency_us", hl.latency_us)) * 1e-6}
         self._copy_issue_s = hl.copy_issue_us * 1e-6
+        # the served model's own prefill predictor, when the profile measured this model (same
+        # config hash, same dtype, one device); otherwise the generic step model above
+        entry = per_model_entry(self.calibration, model, dtype) if tensor_parallel == 1 else None
+        self.model_predictor_key = None
+        self._pm = None
+        if entry is not None and entry.get("recompute", {}).get("predictor"):
+            rc = entry["recompute"]
+            self.model_predictor_key = model_key(entry["name"], entry["config_hash"])
+            self._pm = PortableRegressor(rc["predictor"])
+            self._pm_domain = rc["domain"]
+            for d, f in (entry.get("swap", {}).get("fit") or {}).items():
+                # the executor's own swap of this model, its blocks in one run (K and V: two
+                # slice copies): the fitted cost per swap and per copy, and its bandwidth
+                lat_s = (float(f["latency_us"]) + 2.0 * float(f.get("per_copy_us", 0.0))) * 1e-6
+                self._lat[d], self._bw[d] = lat_s, float(f["gbps"]) * 1e9
 
     # ---- the representative uniform batch and its roofline -------------------------------
     @staticmethod
@@ -377,11 +451,30 @@ class RegressionCostModel(CostModel):
             ratio = np.where((tq == np.asarray(t)) & (bq == np.asarray(b)), 1.0, ratio)
         return base * ratio
 
+    def _model_prefill_time_s(self, q: np.ndarray) -> float:
+        """The per-model predictor for prompts of q tokens (no cache). Outside the measured
+        domain (longer prompts, bigger batches) it is taken at the nearest uniform setting
+        inside and carried to the batch by the calibrated roofline, as the generic model."""
+        dom = self._pm_domain
+        lo, hi = dom["tokens"]
+        b_hi = int(dom["batch"][1])
+        cap = float(dom.get("max_batched_tokens") or hi * b_hi)
+        if q.size <= b_hi and q.min() >= lo and q.max() <= hi and q.sum() <= cap:
+            return float(self._pm.predict(model_features(q)[None])[0])
+        b = min(q.size, b_hi)
+        t = float(np.clip(q.sum() / q.size, lo, min(hi, cap / b)))
+        ref = np.full(b, t)
+        ref_s = float(np.asarray(self.roof._time_from_totals(self._ref_totals("prefill", t, b))).reshape(-1)[0])
+        ratio = self.roof.iteration_time_s(BatchShape.prefill(q)) / ref_s
+        return float(self._pm.predict(model_features(ref)[None])[0]) * float(ratio)
+
     # ---- interface ----------------------------------------------------------------------------
     def iteration_time_s(self, batch: BatchShape) -> float:
         totals = batch.totals()
         q = batch.query_tokens
         n_prefill = int((q > 1).sum())
+        if self._pm is not None and q.size and not batch.context_tokens.any():
+            return self._model_prefill_time_s(q)  # whole prompts (no cache): what the model's profile measured
         if n_prefill == 0 or "prefill" not in self._tables:
             n = max(1, batch.num_seqs)
             t = max(0.0, totals.keys / n - 1.0)

@@ -1,0 +1,431 @@
+"""Per-model predictors (`sim profile --model NAME`): AdaptiveLLM 3.2-3.3 fit the recompute
+predictor of each served model from that model's own profiled prefills. This stage does the
+same on this machine: it loads a real checkpoint (`executor.models.load_model`), runs its
+prefills through the executor's runner over a `PagedKVCache` (the code path that serves:
+`plan_batch` + `forward`), and
+
+- recompute: times prefills over a grid of prompt lengths (batch 1) and of batches of 2-4
+  prompts (uniform and ragged), interleaved in the same rounds with HELD-OUT prefills at
+  lengths the grid never has; compares the eight regressors x degrees and an affine +
+  quadratic-in-tokens physical model on the model's own features (MODEL_FEATURES: tokens,
+  batch, sum of squared prompt lengths), keeps one chosen on a validation part of the grid
+  and reports its error on the held-out prefills, through `RegressionCostModel`;
+- swap: times the executor's real swap path (`PagedKVCache.swap_out` / `swap_in` of one
+  sequence) on fitted and held-out sizes, and scores three predictions per direction:
+  bandwidth only (bytes / the profile's copy bandwidth), the profile's host link (its fitted
+  latency + bytes / bandwidth), and latency + bandwidth fitted to this model's executor swaps
+  on the fitted sizes.
+
+Protocol against the drift of a shared machine: every round goes over all settings (fitted
+and held-out alike, round-robin), the median over rounds is kept per setting, and a
+sentinel prefill of the model is timed at the start of every round."""
+from __future__ import annotations
+
+import datetime as _dt
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from simulator.errors import InfersimError
+
+from .device import Repeats, load_average, measure
+
+BLOCK_SIZE = 16
+SENTINEL_TOKENS = 128
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    fit_tokens: tuple[int, ...]  # batch-1 prompt lengths fitted
+    held_tokens: tuple[int, ...]  # batch-1 prompt lengths held out (never fitted)
+    batches: tuple[int, ...]  # batch sizes > 1 fitted (uniform prompts from fit_tokens)
+    ragged_fit: int  # ragged batches (2..max batch, seeded lengths) fitted
+    ragged_held: int  # ragged batches of held-out lengths held out
+    max_batched_tokens: int
+    swap_fit_tokens: tuple[int, ...]
+    swap_held_tokens: tuple[int, ...]
+    rounds: int
+    rep: Repeats
+    swap_rep: Repeats = field(default_factory=lambda: Repeats(warmup=2, min_repeats=7, max_repeats=60, target_s=0.03))
+
+
+def model_plan(quick: bool, max_positions: int, rounds: int | None = None) -> ModelPlan:
+    """Prompt lengths on a sqrt(2) grid up to the model's context (at most 2,048), held-out
+    lengths between the grid's points; --quick: a handful of each (tests, smoke runs)."""
+    hi = int(min(2048, max_positions))
+    if quick:
+        fit = tuple(t for t in (8, 16, 32, 64, 128) if t <= hi)
+        held = tuple(t for t in (12, 45, 100) if t <= hi)
+        return ModelPlan(fit, held, (2,), 2, 1, 256, (16, 64), (45,), rounds or 2,
+                         Repeats(warmup=1, min_repeats=3, max_repeats=5, target_s=0.01),
+                         Repeats(warmup=1, min_repeats=3, max_repeats=10, target_s=0.005))
+    grid = sorted({int(round(8 * 2 ** (k / 2))) for k in range(40)})
+    fit = tuple(t for t in grid if t <= hi)
+    held = tuple(t for t in (10, 20, 38, 76, 150, 300, 600, 1200, 1800) if t <= hi and t not in fit)
+    return ModelPlan(fit, held, (2, 3, 4), 12, 6, min(4096, 2 * hi), (16, 64, 256, 1024, 4096),
+                     (45, 150, 300, 600, 1500, 3000), rounds or 7,
+                     Repeats(warmup=1, min_repeats=5, max_repeats=25, target_s=0.06))
+
+
+def prefill_settings(plan: ModelPlan, seed: int = 0) -> list[tuple[str, tuple[int, ...]]]:
+    """(role, prompt lengths): 'fit' or 'held'. Uniform batches take lengths of the grid,
+    ragged ones log-uniform draws; the held-out ragged batches take held-out lengths."""
+    rng = np.random.default_rng([seed, 31])
+    out: list[tuple[str, tuple[int, ...]]] = [("fit", (t,)) for t in plan.fit_tokens]
+    out += [("fit", (t,) * b) for b in plan.batches for t in plan.fit_tokens if t * b <= plan.max_batched_tokens]
+    b_hi = max(plan.batches, default=1)
+    lo, hi = min(plan.fit_tokens), max(plan.fit_tokens)
+    held1 = set(plan.held_tokens)
+    while sum(1 for r, q in out if r == "fit" and len(set(q)) > 1) < plan.ragged_fit:
+        b = int(rng.integers(2, b_hi + 1))
+        q = tuple(int(round(np.exp(rng.uniform(np.log(lo), np.log(hi))))) for _ in range(b))
+        # no held-out length inside a fitted batch either: the held-out prompts stay unseen
+        if sum(q) <= plan.max_batched_tokens and len(set(q)) > 1 and not held1 & set(q):
+            out.append(("fit", q))
+    out += [("held", (t,)) for t in plan.held_tokens]
+    tries = 0
+    while sum(1 for r, q in out if r == "held" and len(q) > 1) < plan.ragged_held and tries < 1000:
+        tries += 1
+        b = int(rng.integers(2, b_hi + 1))
+        q = tuple(int(t) for t in rng.choice(sorted(held1), size=b))
+        if sum(q) <= plan.max_batched_tokens and ("held", q) not in out:
+            out.append(("held", q))
+    return out
+
+
+class _Seq:
+    """What plan_batch and the cache read of a sequence."""
+
+    def __init__(self, tokens):
+        self.tokens = list(tokens)
+        self.computed = 0
+        self.block_table: list[int] = []
+        self.cpu_block_table: list[int] = []
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.tokens)
+
+
+def model_spec_of(lm):
+    """The simulator's ModelSpec of a loaded checkpoint (from its config.json, as `sim` reads
+    a zoo model or a checkpoint folder), and its config hash."""
+    from simulator.costmodel.regression import model_config_hash
+    from simulator.models.catalog import load_model as load_spec
+
+    spec = load_spec(str(lm.path / "config.json"))
+    return spec, model_config_hash(spec)
+
+
+def _rounds_median(xs: list[float]) -> tuple[float, float]:
+    a = np.asarray(xs, dtype=np.float64)
+    return float(np.median(a)), (float(a.std() / a.mean()) if len(a) > 1 else 0.0)
+
+
+def _pct(pred: float, meas: float) -> float:
+    return abs(pred - meas) / meas * 100.0
+
+
+def measure_model(lm, plan: ModelPlan, *, timer, seed: int = 0, progress=None, sync=lambda: None) -> dict:
+    """Raw timings, every round over every prefill setting and swap size: {'prefill':
+    {setting: [per-round medians]}, 'swap': {tokens: {'out': [...], 'in': [...]}},
+    'sentinel': [...]}."""
+    from executor.kvcache import PagedKVCache
+    from executor.prompts import make_prompts
+    from executor.runner import build_runner, plan_batch
+
+    runner = build_runner(lm)
+    settings = prefill_settings(plan, seed)
+    longest = max(sum(q) for _, q in settings) + BLOCK_SIZE * 4
+    # one cache for the prefills (room for the biggest batch) and one for the swaps: a pool
+    # of >= 32 MiB per side, so successive repeats move different blocks, not cache-warm ones
+    cache = PagedKVCache(runner.num_layers, runner.num_kv_heads, runner.head_dim, block_size=BLOCK_SIZE,
+                         gpu_blocks=-(-longest // BLOCK_SIZE) + 4, cpu_blocks=1, dtype=lm.dtype, device=lm.device,
+                         watermark=0.0)
+    per_block = cache.bytes_per_block
+    swap_max = max(plan.swap_fit_tokens + plan.swap_held_tokens)
+    pool = max(8 * -(-swap_max // BLOCK_SIZE), (32 << 20) // per_block)
+    scache = PagedKVCache(runner.num_layers, runner.num_kv_heads, runner.head_dim, block_size=BLOCK_SIZE,
+                          gpu_blocks=pool, cpu_blocks=pool, dtype=lm.dtype, device=lm.device, watermark=0.0)
+    for t in (scache._k, scache._v, scache._hk, scache._hv):
+        t.fill_(0.5)  # commit the pages before timing
+    scache._clean = [True] * pool
+    prompts = {}
+
+    def prompt_set(q):
+        if q not in prompts:
+            prompts[q] = make_prompts(list(q), tokenizer=lm.tokenizer, vocab_size=lm.vocab_size, seed=seed + len(prompts))
+        return prompts[q]
+
+    def prefill_fn(q):
+        seqs = [_Seq(p) for p in prompt_set(q)]
+        for s in seqs:
+            cache.grow_to(s, s.num_tokens)
+        batch = [(s, s.num_tokens) for s in seqs]
+
+        def fn():  # one engine iteration: the plan and the forward pass over the paged cache
+            return runner.forward(plan_batch(cache, batch, lm.device), cache)
+        return seqs, fn
+
+    out = {"prefill": {q: [] for _, q in settings},
+           "swap": {(n, lay): {"out": [], "in": []} for n in sorted(set(plan.swap_fit_tokens + plan.swap_held_tokens))
+                    for lay in LAYOUTS},
+           "sentinel": [], "settings": settings, "bytes_per_block": per_block, "layers": runner.num_layers}
+    order_rng = np.random.default_rng([seed, 47])
+    for r in range(plan.rounds):
+        seqs, fn = prefill_fn((SENTINEL_TOKENS,))
+        out["sentinel"].append(measure(fn, timer, plan.rep).median_s)
+        for s in seqs:
+            cache.free(s)
+        # a new seeded order every round: fitted and held-out settings interleaved, so a slow
+        # spell of the machine hits neither group (nor any length range) systematically
+        for k in order_rng.permutation(len(settings)):
+            role, q = settings[k]
+            seqs, fn = prefill_fn(q)
+            out["prefill"][q].append(measure(fn, timer, plan.rep).median_s)
+            for s in seqs:
+                cache.free(s)
+            if progress:
+                progress(f"model prefill {role} {'+'.join(map(str, q))} round {r + 1}/{plan.rounds}")
+        swaps = list(out["swap"].items())
+        for k in order_rng.permutation(len(swaps)):
+            (n, layout), smp = swaps[k]
+            t_out, t_in, smp["copies"] = _time_swaps(scache, n, layout, timer, plan.swap_rep, sync)
+            smp["out"].append(t_out)
+            smp["in"].append(t_in)
+            if progress:
+                progress(f"model swap n={n} {layout} round {r + 1}/{plan.rounds}")
+    return out
+
+
+LAYOUTS = ("contiguous", "fragmented")
+
+
+def _copies(cache, seq) -> int:
+    """Slice copies one swap of `seq` makes: K and V per run of consecutive blocks
+    (executor/kvcache.py `_copy` on the CPU; its free lists hand out neighbouring ids)."""
+    from executor.kvcache import _runs
+
+    blocks = seq.block_table or seq.cpu_block_table
+    return 2 * sum(1 for _ in _runs(blocks, list(range(len(blocks)))))
+
+
+def _time_swaps(cache, tokens: int, layout: str, timer, rep: Repeats, sync) -> tuple[float, float, int]:
+    """Median swap-out and swap-in time of one sequence of `tokens` tokens through the
+    executor's cache, and the copies each makes. Sequences fill the pool and the repeats
+    rotate over them (each repeat moves blocks not touched since long before).
+    layout 'contiguous': each sequence's blocks consecutive (a fresh pool: one run, 2 copies
+    per swap); 'fragmented': two sequences grown block by block in turn, so every block is a
+    run of its own (2 copies per block), as a long-running server's free lists become."""
+    nblk = -(-tokens // BLOCK_SIZE)
+    # fresh free lists (lowest ids first), whatever earlier sizes left behind
+    cache._free_gpu = list(range(cache.total_gpu - 1, -1, -1))
+    cache._free_cpu = list(range(cache.total_cpu - 1, -1, -1))
+    seqs = []
+    while cache.free_gpu >= 2 * nblk and len(seqs) < 64:
+        pair = [_Seq([0] * tokens), _Seq([0] * tokens)]
+        if layout == "fragmented":
+            for k in range(1, nblk + 1):
+                for q in pair:
+                    cache.grow_to(q, k * BLOCK_SIZE)
+        else:
+            for q in pair:
+                cache.grow_to(q, tokens)
+        seqs += pair
+    copies = _copies(cache, seqs[0])
+    outs, ins = [], []
+    i = 0
+    n_warm = rep.warmup
+    spent = 0.0
+    while len(outs) < rep.min_repeats or (spent < rep.target_s and len(outs) < rep.max_repeats):
+        s = seqs[i % len(seqs)]
+        i += 1
+        sync()
+        t_out = timer.time(lambda: cache.swap_out([s]))
+        t_in = timer.time(lambda: cache.swap_in([s]))
+        if n_warm > 0:
+            n_warm -= 1
+            continue
+        outs.append(t_out)
+        ins.append(t_in)
+        spent += t_out + t_in
+    for s in seqs:
+        cache.free(s)
+    return float(np.median(outs)), float(np.median(ins)), copies
+
+
+def fit_swap(rows: list[dict]) -> dict:
+    """Per direction, latency + copies x per-copy cost + bytes / bandwidth fitted to the
+    executor's swaps (relative error, every term >= 0), as the profile's host link is fitted
+    to plain copies."""
+    from scipy.optimize import nnls
+
+    fit = {}
+    for d, key in (("d2h", "swap_out_s"), ("h2d", "swap_in_s")):
+        s = np.array([r["bytes"] for r in rows], dtype=np.float64)
+        c = np.array([r["copies"] for r in rows], dtype=np.float64)
+        t = np.array([r[key] for r in rows], dtype=np.float64)
+        A = np.column_stack([1.0 / t, c / t, s / t])
+        sc = A.max(axis=0)
+        x, _ = nnls(A / sc, np.ones_like(t))
+        lat, per_copy, inv_bw = x / sc
+        if inv_bw <= 0:
+            inv_bw = float(np.min(t / s))
+        pred = lat + c * per_copy + s * inv_bw
+        fit[d] = {"latency_us": float(lat * 1e6), "per_copy_us": float(per_copy * 1e6), "gbps": float(1.0 / inv_bw / 1e9),
+                  "mape_fitted": float(np.mean(np.abs(pred - t) / t) * 100)}
+    return fit
+
+
+def analyze_model(raw: dict, plan: ModelPlan, *, name: str, spec, config_hash: str, dtype: str, hardware,
+                  calibration: dict | None, seed: int = 0) -> dict:
+    """The sidecar entry of one model: the recompute predictor (chosen without the held-out
+    set), its held-out errors beside the generic predictor's and the roofline's, and the swap
+    check of the executor's swap path."""
+    from simulator.costmodel import BatchShape, RooflineCostModel
+    from simulator.costmodel.regression import (MODEL_FEATURES, MODEL_PREDICTORS_FORMAT, MODEL_PREDICTORS_VERSION,
+                                                RegressionCostModel, model_features, model_key)
+
+    from .regress import compare_sets
+
+    settings = raw["settings"]
+    med = {q: _rounds_median(v) for q, v in raw["prefill"].items()}
+    fit_q = [q for role, q in settings if role == "fit"]
+    held_q = [q for role, q in settings if role == "held"]
+    Xf = np.array([model_features(q) for q in fit_q])
+    yf = np.array([med[q][0] for q in fit_q])
+    Xh = np.array([model_features(q) for q in held_q])
+    yh = np.array([med[q][0] for q in held_q])
+    comp = compare_sets(Xf, yf, Xh, yh, target="prefill", features=MODEL_FEATURES, seed=seed)
+    domain = {"tokens": [int(min(plan.fit_tokens)), int(max(plan.fit_tokens))],
+              "batch": [1, int(max((1,) + plan.batches))], "max_batched_tokens": int(plan.max_batched_tokens)}
+    entry = {"name": name, "config_hash": config_hash, "dtype": dtype,
+             "spec": {k: v for k, v in spec.model_dump().items() if k not in ("source", "aliases")},
+             "recompute": {"predictor": comp.pop("portable"), "domain": domain, "comparison": comp}}
+    rows = []
+    reg = generic = roof = None
+    if hardware is not None and calibration is not None:
+        cal = {**calibration, "per_model": {"format": MODEL_PREDICTORS_FORMAT, "version": MODEL_PREDICTORS_VERSION,
+                                            "models": {model_key(name, config_hash): entry}}}
+        reg = RegressionCostModel(spec, hardware, dtype=dtype, calibration=cal)
+        assert reg.model_predictor_key is not None
+        generic = RegressionCostModel(spec, hardware, dtype=dtype, calibration={**calibration, "per_model": None})
+        roof = RooflineCostModel(spec, hardware, dtype=dtype)
+    from simulator.costmodel.regression import PortableRegressor
+
+    port = PortableRegressor(entry["recompute"]["predictor"])
+    for role, q in settings:
+        m, cv = med[q]
+        shape = BatchShape.prefill(list(q))
+        row = {"role": role, "prompts": list(q), "tokens": int(sum(q)), "batch": len(q), "measured_s": m,
+               "rounds_cv": cv, "pred_s": float(port.predict(model_features(q)[None])[0])}
+        if reg is not None:
+            row["pred_cost_model_s"] = reg.iteration_time_s(shape)
+            row["pred_generic_s"] = generic.iteration_time_s(shape)
+            row["pred_roofline_s"] = roof.iteration_time_s(shape)
+        for k, e in (("pred_s", "err_predictor_pct"), ("pred_cost_model_s", "err_cost_model_pct"),
+                     ("pred_generic_s", "err_generic_pct"), ("pred_roofline_s", "err_roofline_pct")):
+            if k in row:
+                row[e] = _pct(row[k], m)
+        rows.append(row)
+
+    def mape(sel, key):
+        sel = [r[key] for r in sel if key in r]
+        return float(np.mean(sel)) if sel else None
+
+    held1 = [r for r in rows if r["role"] == "held" and r["batch"] == 1]
+    heldb = [r for r in rows if r["role"] == "held" and r["batch"] > 1]
+    fitted = [r for r in rows if r["role"] == "fit"]
+    best_key = "err_cost_model_pct" if reg is not None else "err_predictor_pct"
+    entry["recompute"].update({
+        "rows": rows, "rounds": plan.rounds,
+        "rounds_cv_median": float(np.median([r["rounds_cv"] for r in rows])),
+        "mape_recompute": mape(held1, best_key),  # held-out prompts alone: a preempted sequence's recompute
+        "mape_held_out_batched": mape(heldb, best_key),
+        "mape_fitted": mape(fitted, best_key),
+        "mape_recompute_generic": mape(held1, "err_generic_pct"),
+        "mape_recompute_roofline": mape(held1, "err_roofline_pct")})
+
+    # ---- swap: the executor's own path ---------------------------------------------------
+    srows = []
+    per_block = raw["bytes_per_block"]
+    for (n, layout), smp in raw["swap"].items():
+        (t_out, cv_out), (t_in, cv_in) = _rounds_median(smp["out"]), _rounds_median(smp["in"])
+        srows.append({"tokens": int(n), "layout": layout, "role": "fit" if n in plan.swap_fit_tokens else "held",
+                      "bytes": -(-int(n) // BLOCK_SIZE) * per_block, "copies": int(smp["copies"]),
+                      # each slice copy spans the pool's layers: one contiguous memcpy per layer
+                      "segments": int(smp["copies"]) * int(raw["layers"]),
+                      "swap_out_s": t_out, "swap_in_s": t_in, "rounds_cv": 0.5 * (cv_out + cv_in)})
+    sfit = fit_swap([r for r in srows if r["role"] == "fit"])
+    link = (calibration or {}).get("host_link") or {}
+    # (latency per swap, cost per slice copy, bytes/s) per direction
+    formulas = {"model_fit": {d: (sfit[d]["latency_us"] * 1e-6, sfit[d]["per_copy_us"] * 1e-6, sfit[d]["gbps"] * 1e9)
+                              for d in ("d2h", "h2d")}}
+    if link:
+        # the profile's link: its fitted latency is that of one contiguous copy, which every
+        # segment (a layer's part of a slice copy) pays
+        formulas["link"] = {d: (0.0, link[f"{d}_latency_us"] * 1e-6, link[f"{d}_gbps"] * 1e9) for d in ("d2h", "h2d")}
+        formulas["bandwidth_only"] = {d: (0.0, 0.0, link[f"{d}_gbps"] * 1e9) for d in ("d2h", "h2d")}
+    summary = {}
+    for f, par in formulas.items():
+        count = "copies" if f == "model_fit" else "segments"
+        for r in srows:
+            po, pi = (par[d][0] + r[count] * par[d][1] + r["bytes"] / par[d][2] for d in ("d2h", "h2d"))
+            r[f"pred_out_{f}_s"], r[f"pred_in_{f}_s"] = po, pi
+            r[f"err_out_{f}_pct"], r[f"err_in_{f}_pct"] = _pct(po, r["swap_out_s"]), _pct(pi, r["swap_in_s"])
+            r[f"err_swap_{f}_pct"] = _pct(po + pi, r["swap_out_s"] + r["swap_in_s"])
+        held = [r for r in srows if r["role"] == "held"]
+        summary[f] = {k: float(np.mean([r[f"err_{k}_{f}_pct"] for r in held])) for k in ("out", "in", "swap")}
+        for lay in LAYOUTS:
+            sel = [r for r in held if r["layout"] == lay]
+            summary[f][lay] = {k: float(np.mean([r[f"err_{k}_{f}_pct"] for r in sel])) for k in ("out", "in", "swap")}
+    entry["swap"] = {"rows": srows, "fit": {d: {k: v[k] for k in ("latency_us", "per_copy_us", "gbps")}
+                                            for d, v in sfit.items()},
+                     "fit_mape_fitted_sizes": {d: v["mape_fitted"] for d, v in sfit.items()},
+                     "held_out_mape": summary, "block_size": BLOCK_SIZE, "bytes_per_block": per_block,
+                     "rounds_cv_median": float(np.median([r["rounds_cv"] for r in srows]))}
+    s = np.asarray(raw["sentinel"])
+    entry["sentinel"] = {"prefill_tokens": SENTINEL_TOKENS, "per_round_s": [float(x) for x in s],
+                         "spread": float(s.max() / s.min()) if len(s) else None}
+    return entry
+
+
+def profile_models(names, *, hardware, calibration: dict | None, device, dtype: str, quick: bool, seed: int = 0,
+                   rounds: int | None = None, progress=None, timer=None) -> dict:
+    """The `per_model` sidecar section for the named models (zoo names, checkpoint folders)."""
+    import torch
+
+    from executor.models import load_model
+    from simulator.costmodel.regression import MODEL_PREDICTORS_FORMAT, MODEL_PREDICTORS_VERSION, model_key
+
+    from .device import make_timer
+
+    timer = timer or make_timer(device)
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    models = {}
+    for name in names:
+        la0 = load_average()
+        t0 = time.perf_counter()
+        lm = load_model(str(name), device=str(device), dtype=dtype)
+        if getattr(lm, "family", None) not in ("llama", "mistral", "opt"):
+            raise InfersimError(f"--model {name}: no executor runner for family {lm.family!r}")
+        spec, h = model_spec_of(lm)
+        plan = model_plan(quick, lm.max_positions, rounds)
+        raw = measure_model(lm, plan, timer=timer, seed=seed, progress=progress, sync=sync)
+        entry = analyze_model(raw, plan, name=lm.name, spec=spec, config_hash=h, dtype=dtype, hardware=hardware,
+                              calibration=calibration, seed=seed)
+        la1 = load_average()
+        entry.update({"path": str(lm.path), "device": str(device), "threads": torch.get_num_threads(),
+                      "measured_at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                      "load_average": {"start": la0[0] if la0 else None, "end": la1[0] if la1 else None},
+                      "mode": "quick" if quick else "full", "time_s": round(time.perf_counter() - t0, 2)})
+        models[model_key(lm.name, h)] = entry
+        del lm
+    return {"format": MODEL_PREDICTORS_FORMAT, "version": MODEL_PREDICTORS_VERSION, "models": models}
+
+
+def progress_total(names, quick: bool, max_positions: int = 2048, rounds: int | None = None) -> int:
+    plan = model_plan(quick, max_positions, rounds)
+    n = len(prefill_settings(plan)) + len(LAYOUTS) * len(set(plan.swap_fit_tokens + plan.swap_held_tokens))
+    return len(list(names)) * n * plan.rounds
