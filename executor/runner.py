@@ -29,6 +29,21 @@ import torch.nn.functional as F
 _GQA = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 5)
 
 
+class TokenSeq:
+    """The least a sequence needs for plan_batch and PagedKVCache: its tokens, how many are
+    cached, its block tables (for callers without an engine's own sequence class)."""
+
+    def __init__(self, tokens=()):
+        self.tokens = list(tokens)
+        self.computed = 0
+        self.block_table: list[int] = []
+        self.cpu_block_table: list[int] = []
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.tokens)
+
+
 @dataclass
 class BatchPlan:
     """Inputs of one iteration, built once and shared by every layer."""

@@ -10,17 +10,8 @@ pytest.importorskip("transformers")
 
 from executor.kvcache import PagedKVCache  # noqa: E402
 from executor.models import load_model  # noqa: E402
-from executor.runner import build_runner, plan_batch  # noqa: E402
+from executor.runner import TokenSeq, build_runner, plan_batch  # noqa: E402
 from executor.zoo import ensure_zoo  # noqa: E402
-
-
-class Seq:
-    def __init__(self, tokens):
-        self.tokens, self.computed, self.block_table, self.cpu_block_table = list(tokens), 0, [], []
-
-    @property
-    def num_tokens(self):
-        return len(self.tokens)
 
 
 @pytest.mark.parametrize("model", ["zoo-target", "zoo-opt"])
@@ -33,12 +24,12 @@ def test_tree_verification_matches_linear_paths(model):
     prompt = [5, 17, 300, 42, 99, 7, 8]
     a, b, x, y = 11, 12, 13, 14
     # linear references: prompt + a + b, and prompt + x + y
-    refs = [Seq(prompt + [a, b]), Seq(prompt + [x, y])]
+    refs = [TokenSeq(prompt + [a, b]), TokenSeq(prompt + [x, y])]
     ref_logits = []
     for ref in refs:
         cache.grow_to(ref, ref.num_tokens)
         ref_logits.append(r.forward(plan_batch(cache, [(ref, ref.num_tokens)], "cpu", all_logits=True), cache))
-    s = Seq(prompt)
+    s = TokenSeq(prompt)
     cache.grow_to(s, len(prompt))
     r.forward(plan_batch(cache, [(s, len(prompt))], "cpu"), cache)
     s.computed = len(prompt)

@@ -21,23 +21,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..runner import plan_batch
+from ..runner import TokenSeq, plan_batch
 from .acceptance import Acceptance, accept, accept_greedy_lists
 from .tree import TreeLayout
-
-
-class Seq:
-    """What plan_batch and PagedKVCache need of a sequence."""
-
-    def __init__(self, tokens):
-        self.tokens = list(tokens)
-        self.computed = 0
-        self.block_table: list[int] = []
-        self.cpu_block_table: list[int] = []
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.tokens)
 
 
 @dataclass
@@ -142,7 +128,7 @@ def greedy_decode(runner, cache, prompts, max_new, device="cpu") -> tuple[list[l
     """Plain greedy decoding: a batched prefill, then one token per sequence per step
     (decode-only batches). Returns each prompt's max_new new tokens and the stats."""
     news = _as_list(max_new, len(prompts))
-    seqs = [Seq(p) for p in prompts]
+    seqs = [TokenSeq(p) for p in prompts]
     st = DecodeStats("greedy", len(prompts))
     _sync(device)
     t0 = time.perf_counter()
@@ -186,7 +172,7 @@ def medusa_decode(runner, heads, tree: TreeLayout, cache, prompts, max_new, acce
         from simulator.errors import InfersimError
 
         raise InfersimError(f"tree '{tree.name}' is {tree.depth} deep but there are only {heads.num_heads} heads")
-    seqs = [Seq(p) for p in prompts]
+    seqs = [TokenSeq(p) for p in prompts]
     plens = [len(p) for p in prompts]
     st = DecodeStats(f"medusa {tree.name} ({acceptance.mode})", len(prompts))
     n1 = tree.nodes

@@ -94,20 +94,6 @@ def prefill_settings(plan: ModelPlan, seed: int = 0) -> list[tuple[str, tuple[in
     return out
 
 
-class _Seq:
-    """What plan_batch and the cache read of a sequence."""
-
-    def __init__(self, tokens):
-        self.tokens = list(tokens)
-        self.computed = 0
-        self.block_table: list[int] = []
-        self.cpu_block_table: list[int] = []
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.tokens)
-
-
 def model_spec_of(lm):
     """The simulator's ModelSpec of a loaded checkpoint (from its config.json, as `sim` reads
     a zoo model or a checkpoint folder), and its config hash."""
@@ -133,7 +119,7 @@ def measure_model(lm, plan: ModelPlan, *, timer, seed: int = 0, progress=None, s
     'sentinel': [...]}."""
     from executor.kvcache import PagedKVCache
     from executor.prompts import make_prompts
-    from executor.runner import build_runner, plan_batch
+    from executor.runner import TokenSeq, build_runner, plan_batch
 
     runner = build_runner(lm)
     settings = prefill_settings(plan, seed)
@@ -159,7 +145,7 @@ def measure_model(lm, plan: ModelPlan, *, timer, seed: int = 0, progress=None, s
         return prompts[q]
 
     def prefill_fn(q):
-        seqs = [_Seq(p) for p in prompt_set(q)]
+        seqs = [TokenSeq(p) for p in prompt_set(q)]
         for s in seqs:
             cache.grow_to(s, s.num_tokens)
         batch = [(s, s.num_tokens) for s in seqs]
@@ -218,13 +204,15 @@ def _time_swaps(cache, tokens: int, layout: str, timer, rep: Repeats, sync) -> t
     layout 'contiguous': each sequence's blocks consecutive (a fresh pool: one run, 2 copies
     per swap); 'fragmented': two sequences grown block by block in turn, so every block is a
     run of its own (2 copies per block), as a long-running server's free lists become."""
+    from executor.runner import TokenSeq
+
     nblk = -(-tokens // BLOCK_SIZE)
     # fresh free lists (lowest ids first), whatever earlier sizes left behind
     cache._free_gpu = list(range(cache.total_gpu - 1, -1, -1))
     cache._free_cpu = list(range(cache.total_cpu - 1, -1, -1))
     seqs = []
     while cache.free_gpu >= 2 * nblk and len(seqs) < 64:
-        pair = [_Seq([0] * tokens), _Seq([0] * tokens)]
+        pair = [TokenSeq([0] * tokens), TokenSeq([0] * tokens)]
         if layout == "fragmented":
             for k in range(1, nblk + 1):
                 for q in pair:
