@@ -270,9 +270,24 @@ def test_with_the_measured_times_the_simulator_reproduces_the_executed_schedule(
     """The scheduling alone, independent of the machine's noise: driven by the executor's own
     iteration and copy times, the simulation makes the executor's decisions (same batches,
     same preemptions) and its latencies and throughput agree closely."""
-    result, _ = small_results[name]
+    result, folder = small_results[name]
     rp = result["comparison"]["replay"]
     tot = result["comparison"]["totals"]
+    if rp["aligned_fraction"] < 0.95:
+        # replay.py: where an arrival falls within microseconds of the executor's decision point,
+        # the two clocks can put it on either side and the schedules drift from there (seen
+        # once in ~6 runs under memory pressure). Only that documented tie excuses a drift.
+        from analysis.validate.measured import load_exec_run
+
+        run = load_exec_run(folder / "exec")
+        it = run.iterations
+        decide = np.asarray(it["t_start_s"]) - np.asarray(it["schedule_s"]) - np.asarray(it["swap_s"])
+        k = int(rp["first_divergence"])
+        arrivals = np.asarray(run.requests["arrival_s"], dtype=np.float64)
+        gap_s = float(np.min(np.abs(arrivals[:, None] - decide[None, max(0, k - 1):k + 1])))
+        if gap_s < 200e-6:
+            pytest.skip(f"replay drifted from iteration {k} ({rp['aligned_fraction']:.0%} aligned) on an arrival "
+                        f"{gap_s * 1e6:.0f} us from the executor's decision point: a clock tie, not a policy mismatch")
     assert rp["aligned_fraction"] >= 0.95
     assert rp["preemptions"]["preempt_recompute"] == tot["preempt_recompute"]["measured"]
     assert rp["preemptions"]["preempt_swap"] == tot["preempt_swap"]["measured"]
