@@ -311,7 +311,7 @@ def test_medusa_decoder_serves_arrivals_as_plain_greedy(target, trained, prompts
     outputs are the target's greedy ones, every KV block comes back, and the rounds table adds up."""
     from executor.medusa.decode import greedy_decode, make_cache
     from executor.speculative.build import make_sequences
-    from executor.speculative.decoder import Clock
+    from executor.clock import Clock
 
     heads, _ = trained
     tree = build_tree("cartesian", heads=heads.num_heads, sizes=[2, 2, 1])

@@ -17,7 +17,7 @@ import torch
 
 from simulator.errors import InfersimError
 
-from ..clock import Clock  # noqa: F401  (the engines' clock; callers import it from here too)
+from ..clock import Clock
 
 from .record import AcceptanceRecorder
 

@@ -116,7 +116,8 @@ def execute_speculative(spec, requests, model: str, out: Path, *, device: str | 
     from ..prompts import make_prompts
     from ..run import _device_description, _model_summary, _write_outputs
     from .build import build_decoder
-    from .decoder import Clock, kv_blocks_for
+    from ..clock import Clock
+    from .decoder import kv_blocks_for
     from .pipeline import PipelinedDecoder
     from .record import write_acceptance_table
     from .sequence import SpecSequence

@@ -35,7 +35,8 @@ import torch
 from simulator.errors import InfersimError
 from simulator.speculative.minions import PoolBackPressure
 
-from .decoder import Clock, DecodeStats, admit_arrived, verified_length
+from ..clock import Clock
+from .decoder import DecodeStats, admit_arrived, verified_length
 
 
 
