@@ -110,7 +110,9 @@ for _policy, _title in (("full", "full KV load (FlexGen)"), ("h2o", "H2O heavy h
                     "requests": {"count": 16, "arrival": {"type": "poisson", "rate": 50.0},
                                  "prompt_tokens": {"type": "uniform", "low": 256, "high": 768},
                                  "output_tokens": {"type": "fixed", "value": 64}},
-                    "offload": {"policy": _policy}},
+                    # overlap none: the CPU executor (one torch thread) runs each copy in line with the compute,
+                    # so the simulator's pipeline must be the sequential one; on CUDA ffn/layer overlap
+                    "offload": {"policy": _policy, "overlap": "none"}},
                    ("latency", "offload"),
                    why="sparsity recorded by the real attention feeds the simulator's fetch sizes"))
 

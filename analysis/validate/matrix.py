@@ -107,7 +107,17 @@ def write_results(rows: list[dict], meta: dict, machine: dict, folder: Path) -> 
                "on the case's own serving configuration (KV pools, limits, preemption) with other requests (calibration "
                "workloads calib-matched-load and calib-matched-burst, seeds 9009-9010) — in-sample MAPE / stalled: "
                + ", ".join(f"{c} {f['iteration_fit']['mape_in_sample']:.1%} / {f['iteration_fit']['stalls']:.1%}"
-                           for c, f in fits.items() if "iteration_fit" in f) + ".")
+                           for c, f in fits.items() if "iteration_fit" in f and "link_fit" not in f) + ".")
+        off_fits = {c: f for c, f in fits.items() if "link_fit" in f}
+        if off_fits and len(off_fits) == len([f for f in fits.values() if "iteration_fit" in f]):
+            cal = "Cost model:"  # only offload cases ran: the plain cases' sentence has no case to name
+        if off_fits:
+            cal += (" Offload cases: the simulator's OffloadCostModel (per layer: compute + loads of the policy's "
+                    "tokens + stores) on a compute and host link calibrated around each case on its own serving and "
+                    "offload sections with other requests (analysis/validate/offload_calibrate.py, seeds 9013-9014) — "
+                    "in-sample iteration MAPE / machine speed shift before→after: "
+                    + ", ".join(f"{c} {f['iteration_fit']['mape_in_sample']:.1%} / {f.get('speed_shift', float('nan')):+.1%}"
+                                for c, f in off_fits.items()) + ".")
         spec_fits = {c: f for c, f in fits.items() if "round_fit" in f}
         if spec_fits:
             cal += (" Speculative cases: a round fit (analysis/validate/spec_costmodel.py) calibrated around each "

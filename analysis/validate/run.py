@@ -87,6 +87,16 @@ def validate_case(case: Case, model: str, out: Path, *, device: str = "cpu", dty
         return validate_spec_case(case, model, out, device=device, dtype=dtype, threads=threads, seed=seed,
                                   requests=requests, spec=spec, report=report, log=log,
                                   calibration=calibration if fit is None else None)
+    if case.mode == "offload":
+        # the simulator's offload cost model on a calibrated compute and host link (offload_validate.py)
+        if cost_model != "fitted":
+            raise InfersimError(f"case {case.name}: offload cases are validated with the calibrated offload cost "
+                                f"model only (--cost-model fitted)")
+        from .offload_validate import validate_offload_case
+
+        return validate_offload_case(case, model, out, device=device, dtype=dtype, threads=threads, seed=seed,
+                                     requests=requests, spec=spec, report=report, log=log,
+                                     calibration=calibration if fit is None else None)
     spec = spec if spec is not None else case.spec(model, seed=seed, requests=requests)
     if spec.seed in range(CALIBRATION_SEED, CALIBRATION_SEED + 16):
         raise InfersimError(f"workload seed {spec.seed} is one the calibration uses: pick another so the fit stays "

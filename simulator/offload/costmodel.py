@@ -43,6 +43,7 @@ from ..costmodel.batch import BatchShape
 from ..costmodel.roofline import RooflineCostModel
 from ..errors import InfersimError
 from ..models.dtypes import bytes_per_element
+from .calibrated import HostLink, StageInputs
 from .policies import PlacementPolicy, Work
 
 ATTENTION_OPS = frozenset({"input_norm", "q_proj", "k_proj", "v_proj", "kv_write", "qk", "softmax", "pv", "o_proj"})
@@ -76,7 +77,12 @@ class OffloadCostModel(CostModel):
 
     def __init__(self, base: RooflineCostModel, policy: PlacementPolicy, *, overlap: str = "ffn",
                  weights_gpu_fraction: float = 1.0, kv_store_gbps: Optional[float] = None,
-                 layer_overhead_us: float = 0.0):
+                 layer_overhead_us: float = 0.0, compute=None, link: Optional[HostLink] = None):
+        """`compute` (an object with `stage_times(StageInputs, pred_mask) -> StageTimes`, e.g.
+        calibrated.LinearStageCompute) replaces the roofline's per-layer compute stages and
+        `link` (a calibrated.HostLink) the hardware profile's host link; the composition
+        (overlap, loads of the policy's tokens per layer) is the same either way. `base` still
+        gives the model and hardware (shapes, dtypes, the policy's extra work without `compute`)."""
         if not isinstance(base, RooflineCostModel):
             raise InfersimError(f"offload needs the roofline cost model underneath, not '{base.name}'")
         if overlap not in ("ffn", "layer", "none"):
@@ -92,10 +98,15 @@ class OffloadCostModel(CostModel):
         self._post_rows = [j for j, op in enumerate(ops) if op.scope == "model" and op.name not in PRE_OPS]
         self.layer_weight_bytes = base.model.params_per_layer() * bytes_per_element(base.weight_dtype) / base.tp
         self.offloaded_weight_bytes = (1.0 - self.weights_gpu_fraction) * self.layer_weight_bytes
-        link = base.hardware.host_link
-        self._lat = link.latency_us * 1e-6
-        self._h2d = link.h2d_gbps * 1e9
-        self._d2h = (kv_store_gbps or link.d2h_gbps) * 1e9
+        hl = base.hardware.host_link
+        self._lat = hl.latency_us * 1e-6
+        self._h2d = hl.h2d_gbps * 1e9
+        self._d2h = (kv_store_gbps or hl.d2h_gbps) * 1e9
+        self._lat_store = self._lat
+        self.compute, self.link = compute, link
+        if link is not None:
+            self._lat, self._h2d = link.h2d_latency_s, link.h2d_bytes_per_s
+            self._lat_store, self._d2h = link.d2h_latency_s, link.d2h_bytes_per_s
         hw = base.hardware
         self._peak = hw.peak_flops(base.act_dtype)
         self._bw = hw.memory_bandwidth_bytes_per_s()
@@ -116,8 +127,9 @@ class OffloadCostModel(CostModel):
         return f if f is not None and f.size == b else None
 
     # ---- helpers ---------------------------------------------------------------------------
-    def _link_time(self, nbytes: np.ndarray, rate: float) -> np.ndarray:
-        return np.where(nbytes > 0, self._lat + nbytes / rate, 0.0)
+    def _link_time(self, nbytes: np.ndarray, rate: float, latency: Optional[float] = None) -> np.ndarray:
+        lat = self._lat if latency is None else latency
+        return np.where(nbytes > 0, lat + nbytes / rate, 0.0)
 
     def _work_time(self, works: list[Work]) -> np.ndarray | float:
         """Roofline time of a policy's extra work, split over the tensor-parallel group."""
@@ -146,6 +158,20 @@ class OffloadCostModel(CostModel):
         T = q.sum(axis=1).astype(np.float64)
         Lg = lg.sum(axis=1).astype(np.float64)
         stored = pol.stored_new_tokens(c, q, final).sum(axis=1).astype(np.float64)
+        # per GPU: under tensor parallelism each GPU moves its heads' share over its own link
+        tp = base.tp
+        load_bytes = loaded * (pol.fetch_bytes_per_token / tp) + self.offloaded_weight_bytes
+        store_bytes = np.broadcast_to((stored * (pol.store_bytes_per_token / tp))[:, None], (n, L))
+        if self.compute is not None:
+            x = StageInputs(T, Lg, K.astype(np.float64), P.astype(np.float64), att_total.astype(np.float64),
+                            decode.sum(axis=1).astype(np.float64), (~decode).sum(axis=1).astype(np.float64),
+                            np.where(decode, 0, q).sum(axis=1).astype(np.float64),
+                            np.where(decode, held, 0).sum(axis=1).astype(np.float64))
+            ct = self.compute.stage_times(x, self._pred_mask if pol.predicts else np.zeros(L, dtype=bool))
+            pre = ct.pre + ct.pred[:, 0]  # a prediction for layer 0 has no layer before it
+            return Stages(ct.attn, ct.ffn, ct.pred, self._link_time(load_bytes, self._h2d),
+                          self._link_time(store_bytes, self._d2h, self._lat_store), pre, ct.post, ct.overhead,
+                          loaded, load_bytes, store_bytes)
 
         rep = np.repeat
         times = base.op_times(rep(T, L), P.reshape(-1).astype(np.float64), K.reshape(-1).astype(np.float64),
@@ -176,11 +202,8 @@ class OffloadCostModel(CostModel):
             per = self._work_time(pol.prediction_work(D, C, Tp))
             pred = np.where(self._pred_mask[None, :], np.broadcast_to(per, (n, L)), 0.0)
             pre = pre + pred[:, 0]  # a prediction for layer 0 has no layer before it
-        # per GPU: under tensor parallelism each GPU moves its heads' share over its own link
-        tp = base.tp
-        load_bytes = loaded * (pol.fetch_bytes_per_token / tp) + self.offloaded_weight_bytes
-        store_bytes = np.broadcast_to((stored * (pol.store_bytes_per_token / tp))[:, None], (n, L))
-        return Stages(attn, ffn, pred, self._link_time(load_bytes, self._h2d), self._link_time(store_bytes, self._d2h),
+        return Stages(attn, ffn, pred, self._link_time(load_bytes, self._h2d),
+                      self._link_time(store_bytes, self._d2h, self._lat_store),
                       pre, post, base.iteration_overhead_s, loaded, load_bytes, store_bytes)
 
     def blocks(self, st: Stages) -> tuple[np.ndarray, np.ndarray]:

@@ -23,12 +23,14 @@ class OffloadSetup:
     sparsity_name: Optional[str]
     sparsity_borrowed: bool
 
-    def cost_model(self) -> OffloadCostModel:
-        """A fresh cost model (each replica binds sequence lengths on its own)."""
+    def cost_model(self, *, compute=None, link=None) -> OffloadCostModel:
+        """A fresh cost model (each replica binds sequence lengths on its own); `compute` and
+        `link` replace the roofline's compute stages and the profile's host link with
+        calibrated ones (calibrated.py)."""
         s = self.section
         return OffloadCostModel(self.base, self.policy, overlap=s.overlap,
                                 weights_gpu_fraction=s.weights_gpu_percent / 100.0, kv_store_gbps=s.kv_store_gbps,
-                                layer_overhead_us=s.layer_overhead_us)
+                                layer_overhead_us=s.layer_overhead_us, compute=compute, link=link)
 
     def describe(self) -> dict:
         d = {"policy": self.policy.name, "params": self.policy.params.model_dump(), "overlap": self.section.overlap,

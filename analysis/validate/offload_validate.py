@@ -1,0 +1,218 @@
+"""Validate an offload case (offload-full, offload-h2o, offload-infinigen): the offload
+executor (executor/offload/serve.py) serves it with the KV cache in a host pool; what it
+recorded (the host pool, the tokens the policy loaded per layer: InfiniGen's as a sparsity
+file) feeds the simulator's copy of the workload; the simulator's `OffloadCostModel` — its
+own per-layer composition of compute, loads and stores — runs on a calibrated compute and
+host link fitted on held-out offload runs (offload_calibrate.py, bracketing the run).
+
+Compared as every case (compare.py: the cost model on the executed batches, the simulation
+per iteration and per request, the replay), plus the `offload` check: the KV bytes loaded,
+predicted by the cost model's policy on each executed batch against the bytes the executor
+copied (per iteration and in total), and the copy time. Writes exec/, sim/, replay/,
+calibration/, validation.json and report.md/.html under `out`."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from simulator.errors import InfersimError
+
+from .offload_calibrate import OffloadFit, calibrate_offload_around, load_offload_run
+
+BYTES_TARGET = 0.05  # the offload analogue of the swap-cost target: KV bytes loaded, total
+BYTES_ITERATION_TARGET = 0.10  # and per iteration, as the per-iteration latency target
+
+
+class _FinalsInOrder:
+    """The offload cost model for compare.py's cost-model level: the k-th `iteration_time_s`
+    gets the k-th executed iteration's final sequence lengths bound (H2O's budget, the cap
+    basis), as the serving replica binds them."""
+
+    def __init__(self, cm, finals: list[np.ndarray], meta: dict):
+        self.cm, self.finals, self.meta, self._k = cm, finals, meta, 0
+
+    def iteration_time_s(self, shape) -> float:
+        f = self.finals[self._k] if self._k < len(self.finals) else None
+        self._k += 1
+        return self.cm.time_s(shape, final=f)
+
+    def transfer_time_s(self, nbytes, direction) -> float:
+        return self.cm.transfer_time_s(nbytes, direction)
+
+
+def _finals(run) -> list[np.ndarray]:
+    """Per executed iteration, the final lengths (prompt + output) of its sequences, in batch order."""
+    r = run.requests
+    final = {int(i): int(p) + int(o) for i, p, o in zip(np.arange(len(r["prompt_tokens"])), r["prompt_tokens"],
+                                                       r["output_tokens"])}
+    if "request_id" in r:
+        final = {int(i): int(p) + int(o) for i, p, o in zip(r["request_id"], r["prompt_tokens"], r["output_tokens"])}
+    b = run.batches
+    out, its = [], np.asarray(run.iterations["iteration"], dtype=np.int64)
+    order = np.argsort(b["iteration"], kind="stable")
+    it_b, rid_b = b["iteration"][order], b["rid"][order]
+    lo = np.searchsorted(it_b, its, side="left")
+    hi = np.searchsorted(it_b, its, side="right")
+    for a, z in zip(lo, hi):
+        out.append(np.array([final[int(x)] for x in rid_b[a:z]], dtype=np.int64))
+    return out
+
+
+def offload_cost_model(exec_run, fit: OffloadFit, updates: dict, profile: str = "cpu-reference"):
+    """The simulator's OffloadCostModel for the executor run's workload (with the recorded
+    updates), on the calibrated compute and link."""
+    from simulator.hardware.catalog import load_hardware
+    from simulator.models.catalog import load_model
+    from simulator.offload import build_offload
+
+    from .simulate import sim_spec
+
+    spec = sim_spec(exec_run, profile=profile, updates=updates)
+    model = load_model(str(spec.model))
+    setup = build_offload(model, load_hardware(profile), spec.offload, dtype=spec.serving.dtype,
+                          kv_dtype=spec.serving.kv_dtype or spec.serving.dtype)
+    return setup.cost_model(compute=fit.compute, link=fit.link)
+
+
+def bytes_level(exec_run, data, cm, finals) -> dict:
+    """KV bytes loaded and copy time per executed iteration: predicted (the cost model's policy
+    counting on the exact batch) against measured (what the executor copied)."""
+    pred_b, pred_load_s = [], []
+    for s, f in zip(exec_run.shapes, finals):
+        st = cm.stages(s.query_tokens[None, :], s.context_tokens[None, :], s.logit_tokens[None, :], f[None, :])
+        pred_b.append(float(st.load_bytes.sum() - cm.offloaded_weight_bytes * st.load_bytes.size))
+        pred_load_s.append(float(st.load.sum()))
+    pb, mb = np.array(pred_b), np.asarray(data.loaded_bytes, dtype=np.float64)
+    ps, ms = np.array(pred_load_s), np.asarray(data.load_s, dtype=np.float64)
+    m = mb > 0
+    return {"iterations_loading": int(m.sum()), "measured_bytes": float(mb.sum()), "predicted_bytes": float(pb.sum()),
+            "bytes_error": float(pb.sum() / mb.sum() - 1.0) if mb.sum() > 0 else None,
+            "bytes_mape": float(np.mean(np.abs(pb[m] - mb[m]) / mb[m])) if m.any() else None,
+            "measured_load_s": float(ms.sum()), "predicted_load_s": float(ps.sum()),
+            "load_time_error": float(ps.sum() / ms.sum() - 1.0) if ms.sum() > 0 else None,
+            "measured_stored_bytes": float(np.sum(data.stored_bytes))}
+
+
+class _OffloadReplay:
+    """ReplayCostModel for an offloading replica: the measured times, while the replica's
+    byte counters still ask the calibrated model (which binds nothing)."""
+
+    def __new__(cls, exec_run, cm):
+        from .replay import ReplayCostModel
+
+        class Replay(ReplayCostModel):
+            offloaded_weight_bytes = cm.offloaded_weight_bytes
+
+            def bind_final(self, final_tokens) -> None:
+                pass
+
+            def stages(self, *a, **kw):
+                return cm.stages(*a, **kw)
+
+        return Replay(exec_run, cm)
+
+
+def validate_offload_case(case, model: str, out: Path, *, device: str = "cpu", dtype: str | None = None,
+                          threads: int = 1, seed: int | None = None, requests: int | None = None, spec=None,
+                          report: bool = True, calibration: Path | None = None, log=None) -> dict:
+    from simulator.metrics.rundir import write_json
+    from simulator.workload.builder import build_requests
+
+    from .calibrate import CALIBRATION_SEED
+    from .compare import compare_runs
+    from .measured import load_exec_run, load_run
+    from .modes import MODES
+    from .simulate import simulate_run
+
+    out = Path(out)
+    mode = MODES.get("offload")
+    spec = spec if spec is not None else case.spec(model, seed=seed, requests=requests)
+    if spec.offload is None:
+        raise InfersimError(f"case {case.name}: an offload case needs an `offload:` section")
+    if spec.seed in range(CALIBRATION_SEED, CALIBRATION_SEED + 16):
+        raise InfersimError(f"workload seed {spec.seed} is one the calibration uses: pick another so the fit stays "
+                            f"held out")
+    t0 = time.perf_counter()
+    reqs = build_requests(spec)
+
+    def execute() -> None:
+        if log:
+            log(f"{case.name}: executing {len(reqs)} requests on {model} ({device}), KV offloaded "
+                f"({spec.offload.policy})")
+        mode.run(spec, reqs, model, out / "exec", device=device, dtype=dtype, threads=threads)
+
+    if calibration is not None:
+        fit = OffloadFit.load(calibration)
+        execute()
+        src = f"offload fit loaded from `{calibration}`"
+    else:
+        fit = calibrate_offload_around(execute, spec, model, out / "calibration", device=device, dtype=dtype,
+                                       threads=threads, log=log)
+        src = (f"offload fit calibrated on `{out / 'calibration'}` (held-out offload executor runs, seeds "
+               f"{', '.join(str(s) for s in fit.meta['seeds'])}, the case's serving and offload sections, once before "
+               f"and once after the validated run; the machine's speed moved {fit.meta['speed_shift']:+.1%})")
+    exec_run = load_exec_run(out / "exec")
+    predicts = spec.offload.policy == "infinigen"
+    data = load_offload_run(out / "exec", predicts)
+    stats = mode.recorded(out / "exec")
+    updates = mode.sim_updates(stats)
+    cm = offload_cost_model(exec_run, fit, updates)
+    finals = _finals(exec_run)
+    if log:
+        log(f"{case.name}: simulating")
+    simulate_run(exec_run, out / "sim", cost_model=cm, cost_model_name="roofline", updates=updates)
+    sim_run = load_run(out / "sim")
+    simulate_run(exec_run, out / "replay", cost_model=_OffloadReplay(exec_run, cm), cost_model_name="roofline",
+                 updates=updates, policy_cost_model=cm)
+    in_order = _FinalsInOrder(cm, finals, fit.meta)
+    cmp = compare_runs(case.name, exec_run, sim_run, in_order, case.compare, replay_run=load_run(out / "replay"))
+    ob = bytes_level(exec_run, data, cm, finals)
+    sim_off = (sim_run.summary.get("offload") or {})
+    ob["simulated_loaded_bytes"] = float(sim_off.get("kv_loaded_gb", float("nan"))) * 1e9
+    ob["simulated_bytes_error"] = (ob["simulated_loaded_bytes"] / ob["measured_bytes"] - 1.0
+                                   if ob["measured_bytes"] > 0 else None)
+    if predicts and (out / "calibration" / "before").is_dir():
+        # a stricter reading: the sparsity recorded on a held-out calibration run (other requests)
+        # instead of the validated run's own
+        held = mode.sim_updates(mode.recorded(out / "calibration" / "before"))
+        ob["heldout_sparsity_bytes_error"] = bytes_level(exec_run, data, offload_cost_model(exec_run, fit, held),
+                                                         finals)["bytes_error"]
+    cmp.info["offload"] = ob
+    # every offload case (the matrix's, whose compare names "offload", and a user's workload)
+    for metric, err, target in (("KV bytes loaded (total)", ob["bytes_error"], BYTES_TARGET),
+                                ("KV bytes loaded per iteration (MAPE)", ob["bytes_mape"], BYTES_ITERATION_TARGET)):
+        ok = err is not None and np.isfinite(err) and abs(err) <= target
+        comp = "" if ok else (f"cost model (the policy's token counts on the executed batches: bytes "
+                              f"{_pct(ob['bytes_error'])} in total, per-iteration MAPE {_pct(ob['bytes_mape'])})")
+        cmp.checks.append({"metric": metric, "value": err, "target": target, "ok": bool(ok), "component": comp,
+                           "kind": "cost model" if comp else ""})
+    result = {"case": case.name, "title": case.title, "mode": case.mode, "model": model, "device": device,
+              "threads": threads, "status": "ran", "passed": all(c["ok"] for c in cmp.checks), "checks": cmp.checks,
+              "cost_model": {"name": "offload-fitted", "description": "the simulator's OffloadCostModel (per layer: "
+                             f"compute + loads of the policy's tokens + stores, overlap '{spec.offload.overlap}') on a "
+                             f"calibrated compute and host link: {src}; in-sample iteration MAPE "
+                             f"{fit.meta['iteration_fit']['mape_in_sample']:.1%}", "fit": fit.to_json()},
+              "drift": {}, "statistics": stats, "updates": updates, "offload": ob, "seed": spec.seed,
+              "requests": len(reqs), "wall_s": time.perf_counter() - t0, "busy": bool(cmp.info.get("busy")),
+              "comparison": _brief(cmp.to_json())}
+    write_json(out / "validation.json", result)
+    if report:
+        from .report import case_report
+
+        case_report(result, exec_run, sim_run, cmp, out)
+    return result
+
+
+def _pct(x) -> str:
+    return f"{x:.1%}" if x is not None and np.isfinite(x) else "n/a"
+
+
+def _brief(d: dict) -> dict:
+    from .run import _brief as brief
+
+    return brief(d)
+
+
+__all__ = ["validate_offload_case", "offload_cost_model", "bytes_level"]

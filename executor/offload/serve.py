@@ -1,0 +1,255 @@
+"""Serving with the KV cache offloaded to host memory: `executor/engine.py`'s continuous
+batching loop (the simulator's scheduler objects, admission, recompute preemption, metrics)
+with the forward pass replaced by `OffloadRunner` (runner.py) and the KV pool in host memory.
+
+`execute` has `sim exec`'s signature and writes the same run directory as executor/run.py
+(config.yaml, requests/series/summary, iterations.parquet, iteration_batches.parquet,
+outputs.parquet), plus:
+
+| file | what |
+|---|---|
+| offload_iterations.parquet | per iteration: bytes and tokens loaded and stored (per layer), measured load and store copy times |
+| offload_layers.parquet | per iteration and layer: tokens loaded and stored (whole-token equivalents: per KV head / kv_heads) |
+| offload_counts.parquet | per decoding sequence and layer: its context, the tokens loaded, and InfiniGen's predicted important-token count before the cap (NaN for other policies) |
+
+The summary's `offload` entry holds the policy, its parameters, the overlap, the pool and the
+totals (GB loaded and stored, copy seconds)."""
+from __future__ import annotations
+
+import time
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from simulator.errors import InfersimError
+
+from ..engine import Engine, ExecSequence
+from ..kvcache import PagedKVCache
+from ..runner import plan_batch
+from .runner import OffloadRunner
+
+OFFLOAD_COLUMNS = ("iteration", "loaded_bytes", "stored_bytes", "load_s", "store_s")
+
+
+class HostKVPool(PagedKVCache):
+    """The paged KV pool in host memory (pinned when the model is on CUDA, for async H2D);
+    no second tier: preemption recomputes."""
+
+    def __init__(self, *a, pinned: bool = False, **kw):
+        kw["device"] = "cpu"
+        kw["cpu_blocks"] = 0
+        super().__init__(*a, **kw)
+        if pinned:
+            self._k, self._v = self._k.pin_memory(), self._v.pin_memory()
+            self.k, self.v = list(self._k.unbind(0)), list(self._v.unbind(0))
+
+
+class OffloadEngine(Engine):
+    """Engine with the offloaded forward pass; per-iteration offload records besides the
+    engine's own."""
+
+    def __init__(self, model, scheduler, *, policy: str, params: dict | None = None, overlap: str = "none",
+                 skew=None, **kw):
+        if kw.get("limits") is not None and kw["limits"].chunked_prefill:
+            raise InfersimError("the offload executor prefills whole prompts: set serving.chunked_prefill: false")
+        kw["cpu_blocks"] = 0
+        pool_blocks = kw["gpu_blocks"]
+        kw["gpu_blocks"] = 1  # the engine's own device pool is replaced below: keep it one block
+        super().__init__(model, scheduler, **kw)
+        self.cache = HostKVPool(self.runner.num_layers, self.runner.num_kv_heads, self.runner.head_dim,
+                                block_size=kw.get("block_size", 16), gpu_blocks=pool_blocks,
+                                dtype=kw.get("kv_dtype") or model.dtype, watermark=kw.get("watermark", 0.01),
+                                pinned=model.device.type == "cuda")
+        self.runner = OffloadRunner(model, self.cache, policy, params, overlap=overlap, skew=skew)
+        self.offload_rows: list[tuple] = []
+        self.counts: list[tuple] = []  # (iteration, context, layer, predicted count, loaded tokens)
+        self.layer_rows: list[tuple] = []  # (iteration, layer, loaded tokens, stored tokens)
+
+    def warmup(self, prompt_len: int = 32) -> None:
+        """One prefill and one decode through the offloaded path (first-call overheads); no trace."""
+        n = max(2, min(prompt_len, self.limits.max_model_len - 2))
+        seq = ExecSequence(-1, [0] * n, 2, 0.0)
+        self.cache.grow_to(seq, n + 1)
+        for q in (n, 1):
+            self.runner.begin([(seq, q)])
+            self.runner.forward(plan_batch(self.cache, [(seq, q)], self.device), self.cache)
+            seq.computed += q
+            seq.tokens.append(0)
+        self._sync()
+        self.runner.release(seq.rid)
+        self.cache.free(seq)
+
+    def _run_batch(self, d, sched_s: float, moved: dict) -> None:
+        it = self._iteration
+        self.runner.begin(d.batch)
+        super()._run_batch(d, sched_s, moved)  # synchronises (CUDA) before it returns
+        self.runner.finish()
+        r = self.runner.record
+        self.offload_rows.append((it, r.loaded_bytes, r.stored_bytes, r.load_s, r.store_s))
+        self.layer_rows.extend((it, i, float(a), float(b)) for i, (a, b) in enumerate(zip(r.loaded_tokens,
+                                                                                          r.stored_tokens)))
+        self.counts.extend((it, *row) for row in r.counts)
+
+    def _finish(self, seq, now: float, aborted: bool = False) -> None:
+        self.runner.release(seq.rid)
+        super()._finish(seq, now, aborted=aborted)
+
+    def tables(self) -> dict[str, dict[str, np.ndarray]]:
+        o = np.array(self.offload_rows, dtype=np.float64).reshape(-1, len(OFFLOAD_COLUMNS))
+        lr = np.array(self.layer_rows, dtype=np.float64).reshape(-1, 4)
+        c = np.array(self.counts, dtype=np.float64).reshape(-1, 5)
+        return {
+            "offload_iterations": {"iteration": o[:, 0].astype(np.int64), "loaded_bytes": o[:, 1],
+                                   "stored_bytes": o[:, 2], "load_s": o[:, 3], "store_s": o[:, 4]},
+            "offload_layers": {"iteration": lr[:, 0].astype(np.int64), "layer": lr[:, 1].astype(np.int64),
+                               "loaded_tokens": lr[:, 2], "stored_tokens": lr[:, 3]},
+            "offload_counts": {"iteration": c[:, 0].astype(np.int64), "context": c[:, 1].astype(np.int64),
+                               "layer": c[:, 2].astype(np.int64), "predicted": c[:, 3], "loaded": c[:, 4]},
+        }
+
+
+@lru_cache(maxsize=4)
+def _skew_for(model_path: str, device: str, dtype: str):
+    """InfiniGen's offline skewing matrices from a fixed sample of the zoo corpus's training
+    files (never the served prompts), cached per model."""
+    from analysis.reproduce.infinigen_executor import held_out_windows
+
+    from ..models import load_model
+    from .model import DenseLlama
+    from .skew import skew_matrices
+
+    lm = load_model(model_path, device=device, dtype=dtype)
+    sample = held_out_windows(lm.tokenizer, 4, 256, 0, split="train")
+    return skew_matrices(DenseLlama(lm), sample.to(lm.device))
+
+
+def _section(spec):
+    off = getattr(spec, "offload", None)
+    if off is None:
+        raise InfersimError(f"workload {spec.name}: the offload executor needs an `offload:` section")
+    key = {"flexgen": "full", "ideal": "gpu"}.get(off.policy, off.policy)
+    if key not in ("full", "h2o", "infinigen"):
+        # int4: executor/offload/policies.py quantizes and dequantizes in place (its accuracy), it
+        # does not pack the cache, so the bytes copied would not be INT4's
+        raise InfersimError(f"workload {spec.name}: offload.policy '{off.policy}' is not served by the offload "
+                            f"executor; it serves full (flexgen), h2o, infinigen")
+    if off.weights_gpu_percent < 100:
+        raise InfersimError(f"workload {spec.name}: offload.weights_gpu_percent {off.weights_gpu_percent:g}: the "
+                            f"offload executor keeps all weights on the device")
+    return off, key
+
+
+def execute(spec, requests, model: str, out: Path, *, device: str | None = "cpu", dtype: str | None = None,
+            realtime: bool = True, plots: bool = True, quiet: bool = True, csv: bool = False,
+            device_memory_gb: float | None = None, log=None) -> dict:
+    """Serve the requests with the KV cache in host memory under the workload's `offload:`
+    policy; write a `sim exec` run directory at `out` atomically; return the summary."""
+    from simulator.engine.memory import MemoryPlan
+    from simulator.engine.simulation import SimulationResult
+    from simulator.metrics.collector import MetricsCollector
+    from simulator.metrics.rundir import staged_dir, write_table
+    from simulator.metrics.summary import write_result_files
+    from simulator.policies import SchedulerLimits, build_scheduler
+
+    from ..models import dtype_name, load_model
+    from ..prompts import make_prompts
+    from ..run import _device_description, _model_summary, _Progress, _write_outputs, plan_blocks
+
+    off, policy = _section(spec)
+    t_wall = time.perf_counter()
+    if len(requests) == 0:
+        raise InfersimError("the workload produced no requests")
+    lm = load_model(model, device=device, dtype=dtype, log=log)
+    sv = spec.serving
+    if sv.chunked_prefill:
+        raise InfersimError(f"workload {spec.name}: the offload executor prefills whole prompts: set "
+                            f"serving.chunked_prefill: false")
+    max_len = min(sv.max_model_len or lm.max_positions, lm.max_positions)
+    max_batched = sv.max_batched_tokens or max(max_len, 2048)
+    limits = SchedulerLimits(sv.max_batch_size, max_batched, max_len, False)
+    if off.pool_blocks is not None:
+        sv = sv.model_copy(update={"gpu_blocks": int(off.pool_blocks)})
+    mem = plan_blocks(lm, sv, limits, kv_dtype=lm.dtype, device_memory_gb=device_memory_gb)
+    mem["cpu_blocks"] = 0  # the pool is the host memory; no second tier
+    skew = _skew_for(str(lm.path), str(lm.device), dtype_name(lm.dtype)) if policy == "infinigen" else None
+    spec = spec.model_copy(update={"model": str(lm.path),
+                                   "hardware": spec.hardware.model_copy(update={"replicas": 1, "tensor_parallel": 1})})
+    out = Path(out)
+    with staged_dir(out) as tmp:
+        metrics = MetricsCollector(len(requests), series_path=tmp / "series.parquet")
+        engine = OffloadEngine(lm, build_scheduler(sv.scheduler, "recompute"), policy=policy, params=off.params,
+                               overlap=off.overlap, skew=skew, gpu_blocks=mem["gpu_blocks"], cpu_blocks=0,
+                               block_size=sv.block_size, watermark=sv.watermark, limits=limits, metrics=metrics,
+                               realtime=realtime, kv_dtype=lm.dtype)
+        engine.warmup()
+        prompts = make_prompts(requests.prompt_tokens, tokenizer=lm.tokenizer, vocab_size=lm.vocab_size, seed=spec.seed)
+        seqs: list[ExecSequence] = []
+        truncated = 0
+        if requests.closed_loop:
+            raise InfersimError(f"workload {spec.name}: the offload executor replays open-loop arrivals only")
+        for i, t in enumerate(requests.arrival_s):
+            if requests.duration_s is not None and t > requests.duration_s:
+                break
+            p, o = prompts[i], int(requests.output_tokens[i])
+            if len(p) < max_len and len(p) + o > max_len:
+                o = max_len - len(p)
+                truncated += 1
+            s = ExecSequence(i, p, max(1, o), float(t))
+            seqs.append(s)
+            engine.submit(s)
+        progress = None if quiet else _Progress(len(seqs))
+        if progress is not None:
+            engine.on_finish = lambda seq, now: progress.update(len(engine.finished), now)
+        try:
+            engine.run()
+        finally:
+            if progress is not None:
+                progress.close()
+        end = max((s.finish_s for s in engine.finished), default=0.0)
+        series = metrics.close_series()
+        memory = MemoryPlan(mem["gpu_blocks"], 0, mem["kv_bytes_per_block"], mem["weight_bytes_per_gpu"],
+                            mem["activation_bytes_per_gpu"], mem["blocks_source"])
+        st = engine.stats
+        tabs = engine.tables()
+        oi = tabs["offload_iterations"]
+        ex = {"model": lm.name, "model_path": str(lm.path), "family": lm.family, "device": str(lm.device),
+              "dtype": dtype_name(lm.dtype), "realtime": realtime, "wall_s": time.perf_counter() - t_wall,
+              "forward_s": st.forward_s, "schedule_s": st.schedule_s, "swap_s": st.swap_s, "swap_out_blocks": 0,
+              "swap_in_blocks": 0, "outputs_truncated_to_max_model_len": truncated, "torch": str(torch.__version__),
+              "threads": torch.get_num_threads()}
+        offload = {"policy": policy, "params": dict(off.params), "overlap": off.overlap,
+                   "pool_blocks": int(mem["gpu_blocks"]), "host_memory": True,
+                   "pinned": lm.device.type == "cuda",
+                   "kv_loaded_gb": float(oi["loaded_bytes"].sum()) / 1e9,
+                   "kv_stored_gb": float(oi["stored_bytes"].sum()) / 1e9,
+                   "load_s": float(oi["load_s"].sum()), "store_s": float(oi["store_s"].sum())}
+        resolved = {
+            "workload": spec.model_dump(mode="json"),
+            "model": _model_summary(lm, sv.dtype),
+            "hardware": _device_description(lm.device),
+            "memory": mem,
+            "limits": limits.__dict__,
+            "step_mode": True,
+            "num_requests": len(seqs),
+            "executor": {k: ex[k] for k in ("model", "model_path", "family", "device", "dtype", "realtime", "torch",
+                                            "threads")},
+            "offload_executor": offload,
+        }
+        result = SimulationResult(spec, metrics.requests_table(), series, metrics, memory, float(end), resolved,
+                                  {"executor": ex, "offload": offload})
+        summary = write_result_files(tmp, result, csv=csv)
+        write_table(tmp / "iterations.parquet", st.iteration_table())
+        write_table(tmp / "iteration_batches.parquet", st.batch_table())
+        for name, table in tabs.items():
+            write_table(tmp / f"{name}.parquet", table)
+        _write_outputs(tmp / "outputs.parquet", sorted(seqs, key=lambda s: s.rid))
+        if plots:
+            from analysis.run_plots import plot_run
+
+            plot_run(tmp)
+    return summary
+
+
+__all__ = ["HostKVPool", "OffloadEngine", "execute"]

@@ -1,0 +1,170 @@
+"""Validation of the offload cases (analysis/validate/offload_*.py): the offload cost model's
+composition on a calibrated compute and host link against a hand calculation, the fit's
+recovery of known coefficients, and one small offload case end to end on the zoo's real
+target model against the targets (skipped, saying what it measured, when the machine is too
+busy to time; never a looser bound)."""
+import numpy as np
+import pytest
+
+from simulator.costmodel.batch import BatchShape
+from simulator.errors import InfersimError
+from simulator.offload.calibrated import HostLink, LinearStageCompute
+
+COEF = {"const": 1e-3, "decode_seq": 2e-4, "prefill_seq": 5e-4, "prefill_token": 3e-6, "key": 1e-7, "pair": 2e-8,
+        "logit": 4e-5, "pred_context": 5e-7}
+LINK = HostLink(h2d_latency_s=6e-6, h2d_bytes_per_s=3e9, d2h_latency_s=8e-6, d2h_bytes_per_s=4e9)
+
+
+def _cm(policy: str, overlap: str = "none"):
+    from simulator.hardware.catalog import load_hardware
+    from simulator.models.catalog import load_model
+    from simulator.offload import OffloadSection, build_offload
+
+    model = load_model("llama-2-7b")
+    sec = OffloadSection(policy=policy, overlap=overlap, **({"sparsity": "opt-13b"} if policy == "infinigen" else {}))
+    setup = build_offload(model, load_hardware("cpu-reference"), sec, dtype="fp32")
+    return setup.cost_model(compute=LinearStageCompute(COEF), link=LINK), model
+
+
+def test_calibrated_offload_cost_model_composes_by_hand():
+    cm, model = _cm("full")
+    L = model.num_layers
+    tl = 2 * model.kv_dim * 4  # K and V of a token in a layer, fp32
+    ctx = np.array([100, 300, 0])
+    q = np.array([1, 1, 50])
+    batch = BatchShape(q, ctx, np.array([1, 1, 1]))
+    D, Bp, Tp = 2, 1, 50
+    keys_l = (100 + 1) + (300 + 1) + 50  # attended + new, per layer
+    pairs_l = (100 + 1) + (300 + 1) + 50 * 50
+    attn_l = (COEF["decode_seq"] * D + COEF["prefill_seq"] * Bp) / L + COEF["key"] * keys_l + COEF["pair"] * pairs_l
+    ffn_l = COEF["prefill_token"] * Tp / L
+    load_l = LINK.h2d_latency_s + 400 * tl / LINK.h2d_bytes_per_s
+    store_l = LINK.d2h_latency_s + 52 * tl / LINK.d2h_bytes_per_s
+    want = COEF["const"] + L * (load_l + attn_l + ffn_l + store_l) + COEF["logit"] * 3
+    assert cm.time_s(batch) == pytest.approx(want, rel=1e-12)
+    # the bytes are the policy's: full loads every cached token of every decoding sequence
+    st = cm.stages(q[None], ctx[None], np.ones((1, 3), dtype=np.int64))
+    assert st.load_bytes.sum() == pytest.approx(L * 400 * tl)
+    # the pipelined composition uses the same stages: ffn overlap hides loads under the FFN
+    cmf, _ = _cm("full", "ffn")
+    assert cmf.time_s(batch) < cm.time_s(batch)
+
+
+def test_infinigen_prediction_is_paid_per_predicted_layer():
+    cm, model = _cm("infinigen")
+    base, _ = _cm("full")
+    b = BatchShape(np.array([1]), np.array([2000]), np.array([1]))
+    st = cm.stages(b.query_tokens[None], b.context_tokens[None], b.logit_tokens[None])
+    # layers 1..L-1 are predicted (start_layer 1): pred_context x context spread over them
+    assert st.pred[0, 0] == 0.0
+    assert st.pred[0, 1:].sum() == pytest.approx(COEF["pred_context"] * 2000)
+    assert st.load_bytes.sum() < base.stages(b.query_tokens[None], b.context_tokens[None],
+                                             b.logit_tokens[None]).load_bytes.sum()
+
+
+def test_unknown_compute_terms_are_refused():
+    with pytest.raises(InfersimError, match="unknown calibrated offload compute terms"):
+        LinearStageCompute({"const": 1.0, "per_flop": 2.0})
+
+
+def test_nnls_relative_recovers_known_coefficients():
+    from analysis.validate.offload_calibrate import nnls_relative
+
+    rng = np.random.default_rng(0)
+    X = np.column_stack([np.ones(300), rng.integers(1, 9, 300), rng.uniform(0, 5000, 300)])
+    c = np.array([1e-3, 2e-4, 1e-7])
+    y = X @ c * (1 + rng.normal(0, 0.005, 300))
+    y[:3] *= 3.0  # stalls are left out, not fitted
+    got, kept = nnls_relative(X, y)
+    assert got == pytest.approx(c, rel=0.05)
+    assert not kept[:3].any()
+
+
+def test_offload_fit_round_trips(tmp_path):
+    from analysis.validate.offload_calibrate import OffloadFit
+
+    f = OffloadFit(LinearStageCompute(COEF), LINK, {"seeds": [9013, 9014]})
+    f.save(tmp_path / "fit.json")
+    g = OffloadFit.load(tmp_path / "fit.json")
+    assert g.compute.coef == f.compute.coef and g.link == f.link and g.meta == f.meta
+    with pytest.raises(InfersimError):
+        OffloadFit.load(tmp_path / "missing.json")
+
+
+def test_offload_case_refuses_other_cost_models(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("torch")
+    from simulator.cli.main import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["validate", "--case", "offload-full", "--cost-model", "roofline"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "offload cases" in err and "\n" not in err
+
+
+# ---- one small offload case end to end ---------------------------------------------------------
+OFFLOAD_REQUESTS = 16
+
+
+def _missed(result) -> list[str]:
+    return [f"{c['metric']} {c['value']:+.1%} (target {c['target']:.0%}): {c['component']}"
+            for c in result["checks"] if not c["ok"]]
+
+
+@pytest.fixture(scope="module")
+def infinigen_case(tmp_path_factory):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import executor  # noqa: F401
+    from executor.zoo import ensure_zoo
+
+    from analysis.validate.cases import get_case
+    from analysis.validate.run import validate_case
+
+    ensure_zoo()
+    out = tmp_path_factory.mktemp("validate-offload") / "offload-infinigen"
+    # the case's own 16 requests: at 8 the TTFT p99 is the slowest request's, and at 50 req/s a
+    # prefill ending a few ms earlier or later moves a request into the next (50-100 ms) prefill:
+    # 2 of 3 quiet runs missed it at 8 requests, 0 of 3 at 16 (measured 2026-11-22)
+    return validate_case(get_case("offload-infinigen"), "zoo-target", out, requests=OFFLOAD_REQUESTS), out
+
+
+def test_offload_case_runs_end_to_end(infinigen_case):
+    from analysis.validate.measured import load_exec_run, load_run
+
+    result, out = infinigen_case
+    assert result["status"] == "ran" and result["requests"] == OFFLOAD_REQUESTS
+    ex, sim = load_exec_run(out / "exec"), load_run(out / "sim")
+    assert np.array_equal(ex.requests["prompt_tokens"], sim.requests["prompt_tokens"])
+    assert (out / "exec" / "recorded_sparsity.yaml").is_file()
+    assert result["updates"]["offload"]["sparsity"].endswith("recorded_sparsity.yaml")
+    # the calibration is held out: other seeds than the validated run
+    meta = result["cost_model"]["fit"]["meta"]
+    assert result["seed"] not in meta["seeds"]
+    # bytes: the simulator's policy on the executed batches counts what the executor copied
+    ob = result["offload"]
+    assert ob["measured_bytes"] > 0 and abs(ob["bytes_error"]) <= 0.05
+    assert ob["simulated_loaded_bytes"] > 0
+    assert (out / "report.md").is_file() and "KV bytes loaded" in (out / "report.md").read_text()
+
+
+def test_offload_case_meets_the_targets(infinigen_case, tmp_path):
+    result, _ = infinigen_case
+    missed = _missed(result)
+    if missed and not result["busy"]:
+        # one fresh validation, calibrated again, separates a drift of the machine's speed from a
+        # wrong model (as tests/test_validate.py): the test fails if it misses too
+        from analysis.validate.cases import get_case
+        from analysis.validate.run import validate_case
+
+        first = missed
+        result = validate_case(get_case("offload-infinigen"), "zoo-target", tmp_path / "again", requests=OFFLOAD_REQUESTS)
+        missed = _missed(result)
+        if missed:
+            missed = [f"first attempt: {'; '.join(first)}; second attempt:"] + missed
+    if missed and result["busy"]:
+        cm = result["comparison"]["cost_model"]
+        meta = result["cost_model"]["fit"]["meta"]
+        pytest.skip(f"machine too busy to time: {cm['noise']['stalls']:.1%} of iterations stalled (calibration "
+                    f"{meta['iteration_fit']['stalls']:.1%}), speed moved {meta.get('speed_shift', float('nan')):+.1%} "
+                    f"around the run; missed: {'; '.join(missed)}")
+    assert not missed, "; ".join(missed)
