@@ -54,9 +54,10 @@ def spec_case_report(result: dict, exec_run, sim_run, cmp, folder: Path) -> tupl
         r.p("Per SSM (measured; the simulator gets the voted draft's acceptance for every SSM, correlation 1): "
             + "; ".join(f"{n}: agreement {v['mean_agreement_rate']:.2f}, voted {v['voted']}, final weight "
                         f"{v['final_weight']:.2f}" for n, v in st["per_ssm"].items()))
-    if st.get("s_trajectory") and len(st["s_trajectory"]) > 1:
+    traj = st.get("s_trajectory_rounds", st.get("s_trajectory"))
+    if traj and len(traj) > 1:
         ss = result.get("simulated_speculation", {}).get("s") or {}
-        r.p(f"s over the executed rounds (round, s): {st['s_trajectory'][:12]}; simulated: final {ss.get('final')}, "
+        r.p(f"s over the executed rounds (round, s): {traj[:12]}; simulated: final {ss.get('final')}, "
             f"{ss.get('changes')} changes.")
     plots.latency_cdfs(cmp, folder / "plots" / "latency_cdfs.png")
     rp = cmp.replay
@@ -66,5 +67,14 @@ def spec_case_report(result: dict, exec_run, sim_run, cmp, folder: Path) -> tupl
             f"{pct(rp['throughput_error'])}, mean end-to-end {pct(rp['e2e_s']['mean_error'])}, end-to-end p99 "
             f"{pct(rp['e2e_s']['p99_error'])}, TPOT p99 {pct(rp['tpot_s']['p99_error'])}, tokens per step "
             f"{pct(rp['tokens_per_step_error'])}, acceptance {pct(rp['acceptance_rate_error'])}.")
+    fs, sel = cmp.info.get("free_selector"), cmp.info.get("selector_on_executed_inputs") or {}
+    if fs:
+        share = lambda d: ", ".join(f"s={k} {v:.0%}" for k, v in sorted(d.items(), key=lambda kv: int(kv[0])))
+        r.p(f"Adaptive s: the targets above are judged on the s-replay (sim-s-replay/). The simulator's selector fed "
+            f"the executor's own observations took {'the executed trajectory' if sel.get('same') else 'another trajectory'}"
+            f" ({sel.get('trajectory')}). The free-running simulation (sim/, its own selector on simulated rounds): "
+            f"rounds at {share(fs.get('s_rounds_simulated') or {})} against {share(fs.get('s_rounds_executed') or {})} "
+            f"executed; throughput {pct(fs['throughput_error'])}, mean end-to-end {pct(fs['e2e_s']['mean_error'])}, "
+            f"TTFT p99 {pct(fs['ttft_s']['p99_error'])}, tokens per step {pct(fs['tokens_per_step_error'])}.")
     r.add(Image("plots/latency_cdfs.png", "latency CDFs", "Measured and simulated TTFT, TPOT and end-to-end CDFs."))
     return r.write(folder, "report")

@@ -69,13 +69,8 @@ def rebuild_rounds(run_dir: Path) -> dict[str, np.ndarray]:
     end = np.asarray(t["t_end_s"], dtype=np.float64)
     period, _ = engine_periods({"t_start_s": start, "t_end_s": end, "swap_s": np.zeros(n)}, arrival)
     t["period_s"] = period
-    drafts = ((run.config.get("workload") or {}).get("speculation") or {}).get("drafts") or [None]
     sp = (run.config.get("workload") or {}).get("speculation") or {}
-    # the executor runs every draft (and votes) whenever the method is minions, whatever
-    # voting.enabled says (executor/speculative/engine.py), or when voting is switched on
-    voting = sp.get("method") == "minions" or bool((sp.get("voting") or {}).get("enabled"))
-    # Medusa: no draft model (the heads run inside the target pass)
-    t["n_drafts"] = np.full(n, 0 if sp.get("method") == "medusa" else len(drafts) if voting else 1, dtype=np.int64)
+    t["n_drafts"] = np.full(n, drafts_run(sp), dtype=np.int64)
     pipelined = bool((run.summary.get("speculation") or {}).get("pipelined"))
     t["pipelined"] = np.full(n, pipelined)
     if pipelined:
@@ -88,6 +83,19 @@ def rebuild_rounds(run_dir: Path) -> dict[str, np.ndarray]:
     return t
 
 
+def drafts_run(sp: dict) -> int:
+    """How many draft models the executor runs for a `speculation:` section (as run): every
+    draft under the majority vote, else the first alone (executor/speculative/engine.py, as the
+    simulator's DraftProposer; `voting.enabled: false` under method minions too); Medusa none
+    (its heads run inside the target pass)."""
+    from simulator.speculative.config import SpeculationSection
+
+    if sp.get("method") == "medusa":
+        return 0
+    section = SpeculationSection.model_validate(sp)
+    return len(section.drafts) if section.voting_on else 1
+
+
 def drafting_rounds(run_dir: Path) -> dict[str, np.ndarray] | None:
     """A pipelined run's drafting rounds (speculation_drafting.parquet, written by the
     validation hook) with n_drafts; None when the run has none."""
@@ -97,7 +105,7 @@ def drafting_rounds(run_dir: Path) -> dict[str, np.ndarray] | None:
     t = _read_table(path)
     run = load_run(run_dir)
     sp = (run.config.get("workload") or {}).get("speculation") or {}
-    t["n_drafts"] = np.full(len(t["t_start_s"]), len(sp.get("drafts") or [None]), dtype=np.int64)
+    t["n_drafts"] = np.full(len(t["t_start_s"]), drafts_run(sp), dtype=np.int64)
     busy = np.asarray(t["t_end_s"], dtype=np.float64) - np.asarray(t["t_start_s"], dtype=np.float64)
     # a group whose sequences all had one token left drafted nothing (microseconds): the table
     # does not say which, so such rounds are left out (the simulator charges them nothing too)

@@ -11,9 +11,8 @@ Configured as the executor runs (executor/speculative/decoder.py):
   cost object per draft; pipelined, the shared-device model (`placement: shared`) with the
   engines' shares fitted from held-out pipelined runs (spec_costmodel.fit_rounds).
 
-Configured as the executor ran rather than as the section reads: with `method: minions` the
-executor drafts with every SSM and votes even under `voting.enabled: false` (the adaptive and
-pipeline cases switch voting off), so the simulator gets voting on.
+Voting as the section reads: under `voting.enabled: false` both the executor and the
+simulator draft with the first SSM alone (the adaptive and pipeline cases switch voting off).
 
 Known difference kept as is: the executor reserves each request's whole KV (prompt + output +
 s_max) at admission; the simulator admits on the prompt's blocks and grows (with lookahead for
@@ -32,7 +31,7 @@ from .measured import RunDir
 
 
 def spec_sim_spec(run: RunDir, *, profile: str = "cpu-reference", updates: dict | None = None,
-                  shares: dict | None = None):
+                  shares: dict | None = None, contention: str = "sharing"):
     from simulator.workload.schema import WorkloadSpec
 
     w = dict(run.config["workload"])
@@ -51,11 +50,10 @@ def spec_sim_spec(run: RunDir, *, profile: str = "cpu-reference", updates: dict 
     sp = dict(w["speculation"])
     for key, values in ((updates or {}).get("speculation") or {}).items():
         sp[key] = {**(sp.get(key) or {}), **values} if isinstance(values, dict) else values
-    # as the executor runs it: with method minions it drafts with every SSM and votes even when
-    # voting.enabled is false (executor/speculative/engine.py); the simulator would then use
-    # the first draft alone, so voting is switched on here
-    if sp.get("method") == "minions":
-        sp["voting"] = {**(sp.get("voting") or {}), "enabled": True}
+    # voting as the section says: the executor, as the simulator, runs only the first SSM when
+    # voting is off (executor/speculative/engine.py). (It used to draft with every SSM and vote
+    # under method minions whatever voting.enabled said, and this module switched voting on to
+    # match; after the executor changed, that priced three drafts for a run that drafted with one.)
     if sp.get("method") == "medusa":
         # the heads' time is part of the measured target pass the fit prices
         sp["medusa"] = {**(sp.get("medusa") or {}), "head_cost": False}
@@ -64,7 +62,7 @@ def spec_sim_spec(run: RunDir, *, profile: str = "cpu-reference", updates: dict 
     if sp.get("pipeline", {}).get("enabled") is not False and sp.get("method") == "minions":
         shares = shares or {"llm": 1.0, "ssm": 1.0}
         sp["pipeline"] = {**(sp.get("pipeline") or {}), "placement": "shared", "llm_share": float(shares["llm"]),
-                          "ssm_share": float(shares["ssm"])}
+                          "ssm_share": float(shares["ssm"]), "contention": contention}
     w.update(model=str(model_path), serving=sv, hardware=hw, speculation=sp)
     try:
         return WorkloadSpec.model_validate(w)
@@ -89,7 +87,8 @@ def kv_binds(run: RunDir) -> bool:
 
 class ReplayedSelector:
     """Stands in for the simulator's AdaptiveLengthSelector: s follows the executed run's
-    trajectory ([[round, s], ...]) by the number of verifications observed, whatever the
+    trajectory ([[observations, s], ...]: s from the round after that many observed
+    verifications on, validate_hooks' `s_trajectory`) by the number of verifications observed, whatever the
     simulated round times say. Separates where the selector's own decisions diverge from the
     rest of the simulation (the s-replay in the report)."""
 
@@ -110,7 +109,7 @@ class ReplayedSelector:
 
 def simulate_spec_run(run: RunDir, out: Path, fit, *, profile: str = "cpu-reference", updates: dict | None = None,
                       seed: int | None = None, s_trajectory: list | None = None) -> dict:
-    """`s_trajectory` (the executed run's [[round, s], ...]): the selector replays it instead of
+    """`s_trajectory` (the executed run's [[observations, s], ...]): the selector replays it instead of
     deciding (only where the workload has the selector on)."""
     from simulator.engine.simulation import Simulation
     from simulator.metrics.rundir import staged_dir
@@ -118,7 +117,9 @@ def simulate_spec_run(run: RunDir, out: Path, fit, *, profile: str = "cpu-refere
 
     from .simulate import sim_requests
 
-    spec = spec_sim_spec(run, profile=profile, updates=updates, shares=(fit.meta or {}).get("pipeline_shares"))
+    meta = fit.meta or {}
+    spec = spec_sim_spec(run, profile=profile, updates=updates, shares=meta.get("pipeline_shares"),
+                         contention=meta.get("pipeline_contention", "sharing"))
     if seed is not None:
         spec = spec.model_copy(update={"seed": int(seed)})
     requests = sim_requests(run)

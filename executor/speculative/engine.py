@@ -289,7 +289,10 @@ def _speculation_summary(dec, runner, sp, names, mode, temperature, limit) -> di
     out = {"method": sp.method, "mode": mode, "temperature": temperature, "executed": True,
            "pipelined": runner is not dec,
            "acceleration_rate": st.acceleration_rate(),
-           "acceptance_rate": rec.mean_acceptance(),
+           # the simulator's definition (mean over speculating sequence-rounds), so the
+           # validation compares the same quantity; the pooled ratio alongside
+           "acceptance_rate": rec.mean_round_acceptance(),
+           "acceptance_rate_pooled": rec.mean_acceptance(),
            "accepted_tokens": int(tab["accepted_tokens"].sum()) if len(tab["round"]) else 0,
            "drafted_tokens": int(tab["drafted_tokens"].sum()) if len(tab["round"]) else 0,
            "rounds": int(len(tab["round"])), "sequence_rounds": st.verify_rounds,

@@ -64,10 +64,19 @@ class AcceptanceRecorder:
         return (acc[keep] / tried[keep]).tolist()
 
     def mean_acceptance(self) -> float:
-        """Minions' acceptance rate: accepted / drafted over all rounds."""
+        """Accepted / drafted over all rounds (pooled: a round weighs by its s)."""
         num = sum(float((np.arange(s + 1) * h).sum()) for s, h in self.hist.items())
         den = sum(float(s * h.sum()) for s, h in self.hist.items())
         return num / den if den else float("nan")
+
+    def mean_round_acceptance(self) -> float:
+        """Minions' acceptance rate as the simulator reports it (simulator/speculative/report.py):
+        accepted / drafted of each (round, sequence) that drafted, averaged over them. Differs
+        from the pooled mean_acceptance when s varies (rounds cut short by a request's end, an
+        adaptive s): a short round's ratio is its first positions', which accept more often."""
+        num = sum(float((np.arange(s + 1) / s * h).sum()) for s, h in self.hist.items())
+        n = self.rounds
+        return num / n if n else float("nan")
 
     def tokens_per_step(self) -> float:
         """Mean tokens a verification yields (accepted + the target's own): the acceleration rate."""

@@ -12,7 +12,10 @@ real, read back what the run measured, and turn it into the simulator's `specula
   (`empirical` when every round drafted one s, else `positional`), so the simulator samples the
   acceptance the real drafts achieved instead of the catalog's; per request (a `mixture`, see
   fit_request_mixture) when speculation_sequences.parquet holds enough requests: real
-  acceptance varies by request, and i.i.d. rounds understate the spread of TPOT.
+  acceptance varies by request, and i.i.d. rounds understate the spread of TPOT. The mixture
+  has one component per request as realized, `assignment` (request id -> component: the
+  validation simulates the same requests by id) and `draws: stratified` (each request's rounds
+  along a low-discrepancy sequence, so its simulated acceptance stays near its realized one).
 
 Minions: the executor records the acceptance of the *voted* draft (what the target verified);
 each SSM's own agreement with the target is censored by the verification (it is only seen up
@@ -28,6 +31,8 @@ import numpy as np
 
 from simulator.errors import InfersimError
 
+PER_REQUEST_MIN = 16  # requests with verified rounds a run needs for per-request acceptance
+
 # fields of an acceptance-table entry that an inline AcceptanceSpec carries too
 _SPEC_FIELDS = ("kind", "alpha", "probs", "recorded_s", "counts", "measured_mode", "measured_temperature", "source")
 
@@ -42,7 +47,8 @@ def execute(spec, requests, model, out, *, device="cpu", dtype=None, realtime=Fa
 
 
 # ---- per-request acceptance ----------------------------------------------------------------
-def fit_request_mixture(rid, s, accepted, *, groups: int = 4, min_requests_per_group: int = 8) -> dict | None:
+def fit_request_mixture(rid, s, accepted, *, groups: int | None = 4, min_requests_per_group: int = 8,
+                        shrink: bool = True) -> dict | None:
     """A `mixture` acceptance spec from per-(round, sequence) rows: requests are split into
     `groups` equal-count groups by their mean tokens per round; each group's positional
     acceptance is one component (weight: its fraction of requests).
@@ -53,14 +59,19 @@ def fit_request_mixture(rid, s, accepted, *, groups: int = 4, min_requests_per_g
     S'_g = lam S_g + (1 - lam) S_pool, which moves each group's expected tokens per round toward
     the pooled value by the factor lam (linear in S), with lam^2 = (between-request variance
     less the part sampling noise explains: var(m_r) - mean(v_r / n_r)) / (the groups' variance
-    of expected tokens). None when there are too few requests to tell anything."""
+    of expected tokens). None when there are too few requests to tell anything.
+
+    `groups=None`: one component per request. `assignment` maps each request id to its
+    component, for a simulation of the same requests by id (the validation); `shrink=False`
+    keeps the groups' realized acceptance (what the run did, which is what a simulation of that
+    run by id should reproduce; shrinking is for drawing levels for unknown requests)."""
     from .record import AcceptanceRecorder
 
     rid, s, accepted = (np.asarray(x, dtype=np.int64) for x in (rid, s, accepted))
     keep = s > 0
     rid, s, accepted = rid[keep], s[keep], accepted[keep]
     ids = np.unique(rid)
-    groups = min(int(groups), ids.size // max(1, int(min_requests_per_group)))
+    groups = min(ids.size if groups is None else int(groups), ids.size // max(1, int(min_requests_per_group)))
     if groups < 2:
         return None
     tok = (accepted + 1).astype(np.float64)
@@ -93,16 +104,23 @@ def fit_request_mixture(rid, s, accepted, *, groups: int = 4, min_requests_per_g
     e_g = np.array([1.0 + S[:s_ref].sum() for S in S_g])
     spread = float(np.sum(w * (e_g - np.sum(w * e_g)) ** 2))
     lam = float(np.clip(np.sqrt(between / spread), 0.0, 1.0)) if spread > 0 else 0.0
-    comps = []
-    for S in S_g:
-        mix = lam * S + (1.0 - lam) * S_pool
-        prev = np.concatenate(([1.0], mix[:-1]))
-        cond = np.divide(mix, prev, out=np.zeros_like(mix), where=prev > 0)
-        comps.append({"kind": "positional", "probs": [round(float(x), 6) for x in np.clip(cond, 0.0, 1.0)]})
+    if not shrink:
+        lam = 1.0
+    comps = [_positional(lam * S + (1.0 - lam) * S_pool) for S in S_g]
+    assignment = {int(r): g for g, part in enumerate(parts) for r in part}
     return {"kind": "mixture", "components": comps, "weights": [round(float(x), 6) for x in w],
+            "assignment": assignment,
             "fit": {"requests": int(ids.size), "shrink": lam, "between_request_var": between,
                     "noise_var": noise, "cv_tokens_per_round": float(m_r.std() / m_r.mean()),
                     "group_tokens_per_round": [round(float(x), 4) for x in e_g], "s_ref": s_ref}}
+
+
+def _positional(survival) -> dict:
+    """A positional spec from survival probabilities P(A >= i)."""
+    S = np.asarray(survival, dtype=np.float64)
+    prev = np.concatenate(([1.0], S[:-1]))
+    cond = np.divide(S, prev, out=np.zeros_like(S), where=prev > 0)
+    return {"kind": "positional", "probs": [round(float(x), 6) for x in np.clip(cond, 0.0, 1.0)]}
 
 
 def recorded_statistics(run_dir) -> dict:
@@ -143,12 +161,24 @@ def recorded_statistics(run_dir) -> dict:
         stats["rounds"] = int(s.size)
         # the s trajectory: (round, s) where it changed
         change = np.flatnonzero(np.r_[True, s[1:] != s[:-1]]) if s.size else np.zeros(0, dtype=np.int64)
-        stats["s_trajectory"] = [[int(i), int(s[i])] for i in change]
+        stats["s_trajectory_rounds"] = [[int(i), int(s[i])] for i in change]
+        # ... keyed by the selector's observations before that round (rounds that drafted
+        # something; a prefill-only round observes nothing), which is what a replayed selector
+        # counts (analysis/validate/spec_simulate.ReplayedSelector)
+        seen = np.concatenate(([0], np.cumsum(np.asarray(t["drafted_tokens"]) > 0)))[:s.size]
+        stats["s_trajectory"] = [[int(seen[i]), int(s[i])] for i in change]
         stats["draft_steps"] = int(np.sum(t["draft_steps"]))
     seq_path = run_dir / "speculation_sequences.parquet"
     if seq_path.is_file():
         t = pq.read_table(str(seq_path)).to_pydict()
-        mix = fit_request_mixture(t["rid"], t["s"], t["accepted"])
+        # one component per request, as realized, and which request is which: the validation
+        # simulates these requests by id, so it is told which were easy (as it is told their
+        # output lengths); levels drawn by id instead put the easy ones elsewhere in the queue
+        # (spec-draft: mean end-to-end +12% from queueing behind requests that were fast for real)
+        # (at least PER_REQUEST_MIN requests with verified rounds, as before: fewer say little)
+        rids = np.asarray(t["rid"])[np.asarray(t["s"]) > 0]
+        mix = (fit_request_mixture(t["rid"], t["s"], t["accepted"], groups=None, min_requests_per_group=1,
+                                   shrink=False) if np.unique(rids).size >= PER_REQUEST_MIN else None)
         if mix is not None:
             stats["per_request"] = mix.pop("fit")
             stats["acceptance_per_request"] = mix
@@ -182,8 +212,11 @@ def simulator_updates(stats: dict, per_request: bool = True) -> dict:
     if mix:
         # the components were measured as the pooled entry was (same mode / temperature)
         setting = {k: acc[k] for k in ("measured_mode", "measured_temperature") if k in acc}
+        # stratified draws: each request's simulated rounds follow its realized acceptance closely
+        # (the simulation replays these requests; independent draws scatter one run's acceptance
+        # rate by +-5% around the measured, the size of the target)
         mix = {**mix, "components": [{**c, **setting} for c in mix["components"]], **setting,
-               "source": src + ", per request"}
+               "source": src + ", per request", "draws": "stratified" if mix.get("assignment") else "random"}
         spec = AcceptanceSpec.model_validate(mix)
     else:
         spec = AcceptanceSpec.model_validate({**acc, "source": src})

@@ -157,7 +157,9 @@ class MixtureAcceptance(AcceptanceModel):
     kind = "mixture"
     per_request = True
 
-    def __init__(self, components: Sequence[AcceptanceModel], weights: Sequence[float], order_s: int = 4):
+    def __init__(self, components: Sequence[AcceptanceModel], weights: Sequence[float], order_s: int = 4,
+                 assignment: Optional[dict] = None, stratified: bool = False):
+        self.stratified = bool(stratified)
         w = np.asarray(list(weights), dtype=np.float64)
         if len(components) == 0 or w.size != len(components) or np.any(w < 0) or w.sum() <= 0:
             raise InfersimError("mixture acceptance needs components and one non-negative weight each")
@@ -167,6 +169,23 @@ class MixtureAcceptance(AcceptanceModel):
         self.weights = w[order] / w.sum()
         self._cum = np.cumsum(self.weights)
         self._cum[-1] = 1.0
+        # request id -> the level at the middle of its component's interval (components as given,
+        # mapped to their place in the hardest-first order)
+        place = np.empty(len(order), dtype=np.int64)
+        place[order] = np.arange(len(order))
+        mid = self._cum - self.weights / 2.0
+        self.assigned = {int(r): float(mid[place[int(j)]]) for r, j in (assignment or {}).items()}
+
+    def assigned_levels(self, rids, levels: np.ndarray) -> np.ndarray:
+        """`levels` with each assigned request's level replaced by its component's."""
+        if not self.assigned:
+            return levels
+        out = np.array(levels, dtype=np.float64, copy=True)
+        for i, r in enumerate(rids):
+            lv = self.assigned.get(int(r))
+            if lv is not None:
+                out[i] = lv
+        return out
 
     def component_index(self, levels) -> np.ndarray:
         lv = np.asarray(levels, dtype=np.float64).reshape(-1)
@@ -212,7 +231,8 @@ def build_model(spec: AcceptanceSpec, mode: str = "greedy", temperature: float =
     if spec.kind == "mixture":
         # each component converted on its own (its own measured setting)
         return MixtureAcceptance([build_model(c, mode, temperature) for c in spec.components],
-                                 spec.weights if spec.weights is not None else [1.0] * len(spec.components))
+                                 spec.weights if spec.weights is not None else [1.0] * len(spec.components),
+                                 assignment=spec.assignment, stratified=spec.draws == "stratified")
     if spec.kind == "iid":
         model: AcceptanceModel = IIDAcceptance(spec.alpha)
     elif spec.kind == "positional":

@@ -52,7 +52,10 @@ class AcceptanceSpec(_Strict):
                 acceptance varies by request: repetitive code is easy, prose hard). Components
                 are ordered from hardest to easiest when used, so several SSMs of one request
                 get the same quantile (a prompt easy for one draft is easy for all). Fitted from
-                an executor run by executor/speculative/validate_hooks.py."""
+                an executor run by executor/speculative/validate_hooks.py. `assignment` (optional)
+                names the component of given request ids (a recorded run's requests replayed by
+                id, as the validation does: which request was hard is then known, as its output
+                length is); other requests draw their level."""
     kind: Literal["iid", "positional", "empirical", "mixture"]
     alpha: Optional[float] = Field(None, ge=0, le=1)
     probs: Optional[list[float]] = None
@@ -60,6 +63,12 @@ class AcceptanceSpec(_Strict):
     counts: Optional[list[NonNegativeFloat]] = None
     components: Optional[list["AcceptanceSpec"]] = None  # mixture
     weights: Optional[list[float]] = None  # mixture: fraction of requests per component
+    assignment: Optional[dict[int, int]] = None  # mixture: request id -> component index (0-based, as listed)
+    # mixture: "stratified" draws each request's rounds along a low-discrepancy sequence (a Weyl
+    # sequence per request) instead of independent uniforms, so a request's simulated acceptance
+    # over its rounds lands close to its component's (Monte Carlo noise O(1/n) instead of
+    # O(1/sqrt n)); for replaying a recorded run's per-request acceptance (the validation)
+    draws: Literal["random", "stratified"] = "random"
     # how the numbers were measured; the model is converted when the workload samples differently
     measured_mode: Literal["greedy", "sampling"] = "greedy"
     measured_temperature: NonNegativeFloat = 0.0
@@ -87,6 +96,12 @@ class AcceptanceSpec(_Strict):
             w = self.weights if self.weights is not None else [1.0] * len(self.components)
             if len(w) != len(self.components) or any(x < 0 for x in w) or sum(w) <= 0:
                 raise ValueError("mixture 'weights': one non-negative weight per component, not all zero")
+            bad = [j for j in (self.assignment or {}).values() if not 0 <= j < len(self.components)]
+            if bad:
+                raise ValueError(f"mixture 'assignment': component index {bad[0]} out of range "
+                                 f"(0..{len(self.components) - 1})")
+        elif self.assignment is not None or self.draws != "random":
+            raise ValueError("'assignment' and 'draws' apply to kind 'mixture' only")
         return self
 
 
@@ -175,11 +190,19 @@ class PipelineSection(_Strict):
     intermediate result pool. `shared`: one GPU, MPS-like; while both engines are busy each runs
     at its share of its solo speed (shares summing to 1 or less model no overlap gain: the GPU's
     throughput is only split). `separate`: the SSMs have their own device (speculation.
-    draft_hardware, default the same profile), no contention."""
+    draft_hardware, default the same profile), no contention.
+
+    `contention` (shared placement): `sharing` (processor sharing, above: a pass slows down only
+    while the other engine runs) or `whole_pass`: a pass during which the other engine is busy
+    at all takes its solo time / its share, however long the overlap (what two Python threads
+    contending for the GIL and two cores did in the executor, analysis/validate/spec_costmodel.py:
+    verifying passes overlapped for 10-50% of their time were as slow as those overlapped
+    throughout)."""
     enabled: Optional[bool] = None  # None: on for method minions
     placement: Literal["shared", "separate"] = "shared"
     llm_share: float = Field(0.8, gt=0, le=1)
     ssm_share: float = Field(0.5, gt=0, le=1)
+    contention: Literal["sharing", "whole_pass"] = "sharing"
     llm_batch_size: Optional[PositiveInt] = None  # None: serving.max_batch_size // 2 (two batches in flight)
     ssm_batch_size: Optional[PositiveInt] = None  # None: llm_batch_size
     back_pressure: bool = True  # SSMs pause while the pool holds >= llm_batch_size requests

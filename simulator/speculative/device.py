@@ -3,14 +3,21 @@
 Each engine submits work measured in seconds of solo execution. While only one engine is
 busy it runs at full speed; while both are, each runs at its share of its solo speed
 (processor sharing): when the other engine starts or stops, the remaining work is re-timed.
-With `shares=None` the engines have separate devices and never slow each other."""
+With `shares=None` the engines have separate devices and never slow each other.
+
+`whole_pass=True`: a pass that meets the other engine at all (busy when it starts, or starting
+while it runs) takes its solo time / its share in all, charged once when the contention begins,
+however long the overlap; the rest runs at full speed. (Two threads of one Python process
+contending for the GIL and the cores slowed a whole pass by about as much for a short overlap
+as for a full one: analysis/validate/spec_costmodel.py.)"""
 from __future__ import annotations
 
 
 class SharedDevice:
-    def __init__(self, env, shares: dict[str, float] | None):
+    def __init__(self, env, shares: dict[str, float] | None, whole_pass: bool = False):
         self.env = env
         self.shares = shares
+        self.whole_pass = bool(whole_pass)
         self.active: set[str] = set()
         self.changed = env.event()
         self.busy_s: dict[str, float] = {}
@@ -32,6 +39,14 @@ class SharedDevice:
         self.active.add(name)
         self._notify()
         remaining = float(work_s)
+        if self.whole_pass:
+            try:
+                yield from self._run_whole_pass(name, remaining)
+            finally:
+                self.active.discard(name)
+                self._notify()
+                self.busy_s[name] = self.busy_s.get(name, 0.0) + (env.now - start)
+            return
         try:
             while True:
                 rate = 1.0 if len(self.active) == 1 else float(self.shares[name])
@@ -47,3 +62,19 @@ class SharedDevice:
             self.active.discard(name)
             self._notify()
             self.busy_s[name] = self.busy_s.get(name, 0.0) + (env.now - start)
+
+    def _run_whole_pass(self, name: str, work_s: float):
+        env = self.env
+        remaining, charged = work_s, False
+        while True:
+            if not charged and len(self.active) > 1:
+                remaining += work_s * (1.0 / float(self.shares[name]) - 1.0)  # the whole pass's slowdown, once
+                charged = True
+            t0 = env.now
+            done = env.timeout(remaining)
+            yield done | self.changed
+            if done.processed:
+                return
+            remaining -= env.now - t0
+            if remaining <= work_s * 1e-12:
+                return

@@ -103,6 +103,11 @@ class DraftProposer:
         # event-jumping modes agree) and the rounds' random stream is untouched
         self.per_request = any(d.acceptance.per_request for d in self.drafts)
         self._level_offset = level_offset(sim.spec.seed)
+        # stratified draws (a mixture replaying a recorded run): request r's n-th round draws
+        # u = frac(offset_r + n * golden) instead of an independent uniform
+        self.stratified = any(getattr(d.acceptance, "stratified", False) for d in self.drafts)
+        self._draw_offset = level_offset(int(sim.spec.seed) + 1)
+        self._draws: dict[int, int] = {}
 
     # ---- lengths ------------------------------------------------------------------------
     @property
@@ -168,7 +173,27 @@ class DraftProposer:
 
     # ---- acceptance ------------------------------------------------------------------------
     def request_levels(self, rids) -> np.ndarray:
-        return request_levels(self._level_offset, rids)
+        """Each request's level; a mixture that assigns requests to components (a replayed run's
+        requests by id) overrides it for those (every SSM shares the level, as below)."""
+        levels = request_levels(self._level_offset, rids)
+        for d in self.drafts:
+            if getattr(d.acceptance, "assigned", None):
+                return d.acceptance.assigned_levels(rids, levels)
+        return levels
+
+    def _uniforms(self, rng: np.random.Generator, rids, n: int) -> np.ndarray:
+        """One uniform per round: independent, or (stratified) the next point of each request's
+        Weyl sequence."""
+        if not self.stratified or rids is None:
+            return rng.random(n)
+        out = np.empty(n)
+        for i, r in enumerate(rids):
+            c = self._draws.get(int(r), 0)
+            self._draws[int(r)] = c + 1
+            # the request's start point along another irrational than the sequence's step, so
+            # request r + 1's sequence is not request r's shifted by one round
+            out[i] = (self._draw_offset + int(r) * (2 ** 0.5 - 1) + c * _GOLDEN) % 1.0
+        return out
 
     def accept(self, rng: np.random.Generator, k: np.ndarray, rids=None):
         """(accepted, voted SSM or -1, accepted / k, every SSM's agreement length or None).
@@ -184,13 +209,14 @@ class DraftProposer:
             if levels is None:
                 acc = models[0].sample(rng, k, n)
             else:
-                acc = models[0].from_uniform_at(rng.random(n), k, levels)
+                acc = models[0].from_uniform_at(self._uniforms(rng, rids, n), k, levels)
             voted = np.zeros(n, dtype=np.int64)
         else:
             if levels is None:
                 lengths = draw_agreement_lengths(rng, models, k, n, self.correlation)
             else:  # as draw_agreement_lengths, every SSM at the request's level
-                shared, own, same = rng.random(n), rng.random((n, len(models))), rng.random(n) < self.correlation
+                shared, own, same = (self._uniforms(rng, rids, n), rng.random((n, len(models))),
+                                     rng.random(n) < self.correlation)
                 u = np.where(same[:, None], shared[:, None], own)
                 lengths = np.stack([m.from_uniform_at(u[:, j], k, levels) for j, m in enumerate(models)], axis=1)
             # ties (common while weights are equal) go to a random SSM, not to the first listed

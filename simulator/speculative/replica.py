@@ -183,6 +183,8 @@ class SpeculativeReplica(Replica):
         else:
             t = t_llm if self.measure == "llm" else t_round
         self._last_verify_end = now
+        if not np.any(np.asarray(k) > 0):
+            return  # nothing drafted (every sequence on its last token): says nothing about s, as in the executor
         # verified length: over the sequences that drafted the full s (one cut short by its
         # remaining output says nothing about s); all of them if none did
         full = k >= s_used
@@ -294,7 +296,8 @@ class PipelinedReplica(SpeculativeReplica):
         self.b_ssm = int(pc.ssm_batch_size or self.b_llm)
         self.back_pressure = PoolBackPressure(self.b_llm, pc.back_pressure)
         shared = pc.placement == "shared" and self.cfg.draft_hardware is None
-        self.device = SharedDevice(self.env, {"llm": pc.llm_share, "ssm": pc.ssm_share} if shared else None)
+        self.device = SharedDevice(self.env, {"llm": pc.llm_share, "ssm": pc.ssm_share} if shared else None,
+                                   whole_pass=pc.contention == "whole_pass")
         self.ready: list = []
         self.pool: list[PoolEntry] = []
         self.epoch: dict[int, int] = {}
@@ -480,7 +483,8 @@ class PipelinedReplica(SpeculativeReplica):
 
     def _mode_info(self) -> dict:
         return {"pipeline": {"placement": self.cfg.pipeline.placement,
-                             "shares": self.device.shares, "llm_batch_size": self.b_llm,
+                             "shares": self.device.shares, "contention": self.cfg.pipeline.contention,
+                             "llm_batch_size": self.b_llm,
                              "ssm_batch_size": self.b_ssm, "back_pressure": self.back_pressure.enabled,
                              "ssm_paused_by_back_pressure_s": self.ssm_paused_s}}
 

@@ -1,0 +1,280 @@
+"""The speculative validation's pieces that the misses of spec-draft, minions-adaptive and
+minions-pipeline were traced to, by hand and without timing anything (fast, robust to a loaded
+machine):
+
+- per-request acceptance given by request id (`mixture.assignment`): the validation simulates
+  the executor's requests by id, so it is told which were easy, as it is told their lengths;
+- one definition of the acceptance rate on both sides (mean over speculating sequence-rounds);
+- how many drafts the executor runs (voting off: the first alone) for the fit and the simulator;
+- the adaptive-s selector fed the executor's own observations takes the executed trajectory;
+  a replayed trajectory is keyed by observations, not rounds;
+- whole-pass contention of the pipeline's two threads (simulator/speculative/device.py)."""
+import json
+
+import numpy as np
+import pytest
+
+
+# ---- per-request acceptance by request id ---------------------------------------------------
+def _mixture_spec(assignment=None):
+    from simulator.speculative.config import AcceptanceSpec
+
+    return AcceptanceSpec.model_validate({
+        "kind": "mixture", "weights": [0.5, 0.25, 0.25],
+        # listed easy, hard, medium: the model orders them hardest first
+        "components": [{"kind": "iid", "alpha": 0.9}, {"kind": "iid", "alpha": 0.1}, {"kind": "iid", "alpha": 0.5}],
+        **({"assignment": assignment} if assignment is not None else {})})
+
+
+def test_mixture_assignment_puts_each_request_in_its_component():
+    from simulator.speculative.acceptance import build_model
+
+    m = build_model(_mixture_spec({7: 0, 8: 1, 9: 2}))
+    # hardest first: alpha 0.1 (w 0.25), 0.5 (w 0.25), 0.9 (w 0.5): levels at the interval middles
+    assert [c.alpha for c in m.components] == [0.1, 0.5, 0.9]
+    levels = m.assigned_levels([7, 8, 9, 10], np.array([0.01, 0.99, 0.01, 0.42]))
+    assert levels.tolist() == pytest.approx([0.75, 0.125, 0.375, 0.42])  # 10 is not assigned: its own level
+    assert m.component_index(levels).tolist() == [2, 0, 1, 1]
+    # request 7 (assigned the easy component) draws from alpha 0.9 whatever its drawn level said
+    u = np.random.default_rng(0).random(4000)
+    easy = m.from_uniform_at(u, 4, m.assigned_levels([7] * u.size, np.zeros(u.size)))
+    assert easy.mean() + 1 == pytest.approx(m.components[2].expected_tokens(4), rel=0.03)
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"kind": "mixture", "components": [{"kind": "iid", "alpha": 0.5}], "assignment": {1: 1}}, "out of range"),
+    ({"kind": "iid", "alpha": 0.5, "assignment": {1: 0}}, "'mixture' only"),
+])
+def test_bad_assignment_is_refused(bad, message):
+    from simulator.speculative.config import AcceptanceSpec
+
+    with pytest.raises(ValueError, match=message):
+        AcceptanceSpec.model_validate(bad)
+
+
+def _rows(alphas, rounds, s=4, seed=0):
+    from simulator.speculative.acceptance import IIDAcceptance
+
+    rng = np.random.default_rng(seed)
+    rid, ss, acc = [], [], []
+    for r, a in enumerate(alphas):
+        acc.extend(IIDAcceptance(a).sample(rng, s, rounds).tolist())
+        rid.extend([r] * rounds)
+        ss.extend([s] * rounds)
+    return np.array(rid), np.array(ss), np.array(acc)
+
+
+def test_per_request_mixture_reproduces_each_requests_realized_tokens_per_round():
+    """One component per request, unshrunk, assigned by id: a request's component yields, in
+    expectation, exactly the tokens per round it realized (all rounds at one s)."""
+    from executor.speculative.validate_hooks import fit_request_mixture
+    from simulator.speculative.acceptance import build_model
+    from simulator.speculative.config import AcceptanceSpec
+
+    rid, s, acc = _rows(list(np.linspace(0.2, 0.9, 20)), 15, seed=3)
+    mix = fit_request_mixture(rid, s, acc, groups=None, min_requests_per_group=1, shrink=False)
+    fit = mix.pop("fit")
+    assert fit["requests"] == 20 and fit["shrink"] == 1.0 and len(mix["components"]) == 20
+    m = build_model(AcceptanceSpec.model_validate(mix))
+    for r in range(20):
+        j = int(m.component_index(m.assigned_levels([r], np.zeros(1)))[0])
+        want = float((acc[rid == r] + 1).mean())
+        assert m.components[j].expected_tokens(4) == pytest.approx(want, abs=1e-4), r
+
+
+def test_acceptance_rate_is_the_simulators_mean_over_sequence_rounds():
+    from executor.speculative.record import AcceptanceRecorder
+    from simulator.speculative.report import SpecStats
+
+    rec = AcceptanceRecorder()
+    for s, k in ((4, 2), (1, 1), (4, 0)):
+        rec.add(s, k)
+    # mean of 2/4, 1/1, 0/4; the pooled ratio is 3 / 9
+    assert rec.mean_round_acceptance() == pytest.approx(0.5)
+    assert rec.mean_acceptance() == pytest.approx(3 / 9)
+    st = SpecStats([])
+    k, a = np.array([4, 1, 4]), np.array([2, 1, 0])
+    st.round(0.0, [type("S", (), {"rid": i})() for i in range(3)], k, a, a + 1, np.zeros(0, np.int64), a / k,
+             1e-3, 1e-3, 4)
+    assert st.rate_sum / st.spec_seq_rounds == pytest.approx(rec.mean_round_acceptance())
+
+
+# ---- drafts the executor runs -----------------------------------------------------------------
+@pytest.mark.parametrize("section, n", [
+    ({"method": "minions", "voting": {"enabled": False}}, 1),
+    ({"method": "minions"}, 3),
+    ({"method": "draft", "voting": {"enabled": True}}, 3),
+])
+def test_drafts_run_follows_the_voting_switch(section, n):
+    from analysis.validate.spec_rounds import drafts_run
+
+    drafts = [{"model": f"zoo-draft-{x}", "acceptance": {"kind": "iid", "alpha": 0.5}} for x in "abc"]
+    assert drafts_run({**section, "drafts": drafts}) == n
+    assert drafts_run({"method": "medusa"}) == 0
+
+
+def test_voting_off_is_simulated_with_the_first_draft_alone(tmp_path):
+    """spec_simulate no longer switches voting on: the simulated section reads as the run's."""
+    from types import SimpleNamespace
+
+    from analysis.validate.spec_simulate import spec_sim_spec
+
+    sp = {"method": "minions", "speculation_length": 4, "voting": {"enabled": False},
+          "selector": {"enabled": False}, "pipeline": {"enabled": False},
+          "drafts": [{"model": f"zoo-draft-{x}", "acceptance": {"kind": "iid", "alpha": 0.5}} for x in "abc"]}
+    cfg = {"workload": {"name": "w", "model": "zoo-target", "hardware": {"profile": "cpu-reference"},
+                        "serving": {"max_batch_size": 16, "block_size": 16},
+                        "requests": {"count": 2, "arrival": {"type": "burst"}, "prompt_tokens": {"type": "fixed", "value": 10},
+                                     "output_tokens": {"type": "fixed", "value": 10}},
+                        "speculation": sp, "seed": 1},
+           "memory": {"gpu_blocks": 64}, "executor": {"dtype": "fp32"}}
+    run = SimpleNamespace(config=cfg, path=tmp_path, requests={"prompt_tokens": np.array([10, 12])})
+    spec = spec_sim_spec(run)
+    assert not spec.speculation.voting_on
+
+
+# ---- adaptive s ---------------------------------------------------------------------------------
+def _selector_run(tmp_path, rounds=70, seed=0):
+    """A coupled run directory as the executor writes it, whose s the selector chose the way
+    decoder.SpeculativeDecoder.round does (observe(t2 - t0, verified_length(...)) after every
+    round that drafted); a prefill-only round first, which observes nothing."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from executor.speculative.decoder import verified_length
+    from simulator.speculative.selector import AdaptiveLengthSelector
+
+    rng = np.random.default_rng(seed)
+    sel = AdaptiveLengthSelector(4, 20, 1, 1, 1, 8, "directional")
+    rows, seqs = [], []
+    for i in range(rounds):
+        s = sel.s
+        n = 0 if i == 0 else 6
+        s_list = [max(0, min(s, int(x))) for x in rng.integers(0, 9, n)]
+        res = [(int(rng.integers(0, si + 1)), 0) for si in s_list]
+        draft_s, verify_s = float(rng.uniform(1e-3, 3e-3)), float(rng.uniform(2e-3, 5e-3) * (1 + i / 40))
+        drafted = sum(s_list)
+        if drafted:
+            sel.observe(draft_s + verify_s, verified_length(res, s_list, s))
+        rows.append((i, s, drafted, draft_s, verify_s))
+        seqs += [(i, j, si, k) for j, (si, (k, _)) in enumerate(zip(s_list, res))]
+    cols = ("round", "rid", "s", "accepted")
+    pq.write_table(pa.table({c: [r[i] for r in seqs] for i, c in enumerate(cols)}),
+                   tmp_path / "speculation_sequences.parquet")
+    t = {"round": np.array([r[0] for r in rows]), "s": np.array([r[1] for r in rows]),
+         "drafted_tokens": np.array([r[2] for r in rows]), "draft_s": np.array([r[3] for r in rows]),
+         "verify_s": np.array([r[4] for r in rows])}
+    return t
+
+
+def test_the_simulators_selector_fed_the_executed_observations_takes_the_executed_trajectory(tmp_path):
+    from types import SimpleNamespace
+
+    from analysis.validate.spec_compare import selector_replay
+
+    t = _selector_run(tmp_path)
+    assert len(set(t["s"].tolist())) > 1  # the synthetic run did move s
+    sp = {"method": "minions", "speculation_length": 4, "voting": {"enabled": False}, "pipeline": {"enabled": False},
+          "selector": {"enabled": True, "decision_threshold": 20, "s_min": 1, "s_max": 8},
+          "drafts": [{"model": "zoo-draft-a", "acceptance": {"kind": "iid", "alpha": 0.5}}] * 3}
+    run = SimpleNamespace(config={"workload": {"speculation": sp}}, path=tmp_path)
+    got = selector_replay(run, t)
+    assert got["same"] and got["agreement"] == 1.0 and got["trajectory"] == got["executed"]
+    # another decision threshold is another policy: it does not reproduce the run
+    sp["selector"]["decision_threshold"] = 10
+    assert not selector_replay(run, t)["same"]
+
+
+def test_recorded_s_trajectory_is_keyed_by_observations(tmp_path):
+    """Round 0 prefills only (no observation): the change before round 4 comes after 3
+    observations, which is what the replayed selector counts."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from analysis.validate.spec_simulate import ReplayedSelector
+    from executor.speculative.validate_hooks import recorded_statistics
+
+    (tmp_path / "summary.json").write_text(json.dumps({"speculation": {"method": "minions", "s": {}}}))
+    s = [4, 4, 4, 4, 3, 3, 5]
+    pq.write_table(pa.table({"s": s, "drafted_tokens": [0, 8, 8, 8, 6, 6, 10], "draft_steps": [0, 4, 4, 4, 3, 3, 5]}),
+                   tmp_path / "speculation_rounds.parquet")
+    st = recorded_statistics(tmp_path)
+    assert st["s_trajectory_rounds"] == [[0, 4], [4, 3], [6, 5]]
+    assert st["s_trajectory"] == [[0, 4], [3, 3], [5, 5]]
+    sel, seen = ReplayedSelector(st["s_trajectory"]), []
+    for drafted in [8, 8, 8, 6, 6, 10]:  # rounds 1..6 observe; the s of round i+1 after round i
+        sel.observe(1e-3, 2.0)
+        seen.append(sel.s)
+    assert seen[:5] == s[2:]  # s of rounds 2..6
+
+
+# ---- pipeline contention --------------------------------------------------------------------------
+def test_whole_pass_contention_by_hand():
+    """llm: 1.0 s of solo work from t=0; ssm: 0.2 s from t=0.5. Whole pass at shares 0.5 / 0.8:
+    the llm pass meets the ssm at 0.5 and is charged 1.0 x (1/0.5 - 1) once -> ends at 2.0; the
+    ssm starts while the llm runs -> 0.2 / 0.8 = 0.25 s. Processor sharing instead: the ssm
+    takes 0.25 s at rate 0.8, during which the llm does 0.125 s of work -> llm ends at 1.125."""
+    import simpy
+
+    from simulator.speculative.device import SharedDevice
+
+    def run(whole):
+        env = simpy.Environment()
+        dev = SharedDevice(env, {"llm": 0.5, "ssm": 0.8}, whole_pass=whole)
+        ends = {}
+
+        def job(name, at, work):
+            yield env.timeout(at)
+            yield from dev.run(name, work)
+            ends[name] = env.now
+
+        env.process(job("llm", 0.0, 1.0))
+        env.process(job("ssm", 0.5, 0.2))
+        env.run()
+        return ends
+
+    assert run(True) == pytest.approx({"llm": 2.0, "ssm": 0.75})
+    assert run(False) == pytest.approx({"llm": 1.125, "ssm": 0.75})
+
+
+def test_contended_prices_a_pass_as_the_device_does():
+    from analysis.validate.spec_costmodel import SOLO, contended
+
+    solo, ov = np.array([2e-3, 2e-3, 2e-3]), np.array([0.0, 0.3, 1.0])
+    assert contended(solo, ov, 0.5, "whole_pass") == pytest.approx([2e-3, 4e-3, 4e-3])
+    assert contended(solo, ov, 0.5, "sharing") == pytest.approx([2e-3, 2.6e-3, 4e-3])
+    assert contended(solo[:1], np.array([SOLO * 0.5]), 0.5, "whole_pass") == pytest.approx(solo[:1])
+
+
+def test_stratified_draws_keep_each_request_at_its_component():
+    """The proposer of a simulation whose mixture assigns requests to components: 40 rounds of
+    s = 4 per request. Stratified draws (each request along its own low-discrepancy sequence)
+    land every request's mean tokens per round close to its component's expectation; independent
+    draws scatter them by about 1.3 / sqrt(40) = 0.2."""
+    from simulator.engine.simulation import Simulation
+    from simulator.workload.builder import build_requests
+    from simulator.workload.schema import WorkloadSpec
+
+    def proposer(draws):
+        mix = {"kind": "mixture", "weights": [0.5, 0.5], "draws": draws,
+               "components": [{"kind": "iid", "alpha": 0.3}, {"kind": "iid", "alpha": 0.9}],
+               "assignment": {r: r % 2 for r in range(20)}}
+        spec = WorkloadSpec.model_validate({
+            "name": "strat", "model": "opt-1.3b", "hardware": {"profile": "a100-80gb-pcie"},
+            "requests": {"count": 20, "arrival": {"type": "burst"}, "prompt_tokens": {"type": "fixed", "value": 16},
+                         "output_tokens": {"type": "fixed", "value": 200}}, "seed": 5,
+            "speculation": {"method": "draft", "speculation_length": 4,
+                            "drafts": [{"model": "opt-125m", "acceptance": mix}]}})
+        return Simulation(spec, build_requests(spec, ".")).replicas[0].proposer
+
+    rids = list(range(20))
+    errors = {}
+    for draws in ("stratified", "random"):
+        p, rng = proposer(draws), np.random.default_rng(0)
+        acc = np.stack([p.accept(rng, np.full(20, 4), rids)[0] for _ in range(40)])  # (rounds, requests)
+        m = p.drafts[0].acceptance
+        want = np.array([m.components[int(m.component_index(m.assigned_levels([r], np.zeros(1)))[0])]
+                         .expected_tokens(4) for r in rids])
+        errors[draws] = np.abs(acc.mean(axis=0) + 1 - want)
+    assert errors["stratified"].max() < 0.1
+    assert errors["random"].max() > 2 * errors["stratified"].max()
