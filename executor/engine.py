@@ -88,7 +88,7 @@ ITERATION_COLUMNS = ("iteration", "t_start_s", "t_end_s", "forward_s", "schedule
                      "prefill_seqs", "decode_seqs", "batch_tokens", "prefill_tokens", "decode_tokens",
                      "context_tokens", "max_context_tokens", "attended_tokens", "tokens_out", "gpu_blocks_used",
                      "cpu_blocks_used", "waiting", "swapped", "admitted", "preempt_swap", "preempt_recompute",
-                     "swap_out_blocks", "swap_in_blocks", "aborted")
+                     "swap_out_blocks", "swap_in_blocks", "aborted", "swap_out_copies", "swap_in_copies")
 BATCH_COLUMNS = ("iteration", "rid", "query_tokens", "context_tokens", "makes_token")
 
 
@@ -250,7 +250,7 @@ class Engine:
         """Carry out a decision exactly as simulator/engine/replica.py `_apply` does."""
         now = self.now()
         m = self.metrics
-        moved = {"out_blocks": 0, "in_blocks": 0, "swap_s": 0.0, "preempt_swap": 0, "preempt_recompute": 0,
+        moved = {"out_blocks": 0, "in_blocks": 0, "out_copies": 0, "in_copies": 0, "swap_s": 0.0, "preempt_swap": 0, "preempt_recompute": 0,
                  "admitted": len(d.admit), "aborted": len(d.abort)}
         if d.abort:
             self.waiting = without(self.waiting, d.abort)
@@ -278,21 +278,25 @@ class Engine:
                     if m is not None:
                         m.preempt(seq, "recompute", forced=forced)
             if out:
+                calls = self.cache.copy_calls
                 t = time.perf_counter()
                 n = self.cache.swap_out(out)
                 self._sync()
                 dt = time.perf_counter() - t
                 moved["out_blocks"] += n
+                moved["out_copies"] += self.cache.copy_calls - calls
                 moved["swap_s"] += dt
                 self.cost_model.observe_transfer(n * self.cache.bytes_per_block, dt, "d2h")
             self.waiting[:0] = sorted(front, key=lambda s: (s.arrival_s, s.rid))
         if d.swap_in:
             self.swapped = without(self.swapped, d.swap_in)
+            calls = self.cache.copy_calls
             t = time.perf_counter()
             n = self.cache.swap_in(d.swap_in)
             self._sync()
             dt = time.perf_counter() - t
             moved["in_blocks"] += n
+            moved["in_copies"] += self.cache.copy_calls - calls
             moved["swap_s"] += dt
             self.cost_model.observe_transfer(n * self.cache.bytes_per_block, dt, "h2d")
             self.running.extend(d.swap_in)
@@ -347,7 +351,8 @@ class Engine:
                 int((~prefill_mask).sum()), tokens, int(q[prefill_mask].sum()), int(q[~prefill_mask].sum()),
                 int(ctx.sum()), int(ctx.max()), int((ctx + q).sum()), len(next_tokens), cache.used_gpu,
                 cache.used_cpu, len(self.waiting), len(self.swapped), moved["admitted"], moved["preempt_swap"],
-                moved["preempt_recompute"], moved["out_blocks"], moved["in_blocks"], moved["aborted"]))
+                moved["preempt_recompute"], moved["out_blocks"], moved["in_blocks"], moved["aborted"],
+                moved["out_copies"], moved["in_copies"]))
             st.batches.extend((it, s.rid, int(n), int(c), int(mk)) for (s, n), c, mk in zip(batch, ctx, makes))
         self._iteration += 1
         itl = []

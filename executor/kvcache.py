@@ -37,6 +37,7 @@ class PagedKVCache:
         self._hk = torch.empty(host_shape, dtype=dtype, pin_memory=cuda)
         self._hv = torch.empty(host_shape, dtype=dtype, pin_memory=cuda)
         self.stream = torch.cuda.Stream(device=self.device) if cuda else None
+        self.copy_calls = 0  # host-link copy calls made by swaps so far (see _copy)
         self._pending = None  # CUDA event the compute stream must wait for
         # lowest ids first: a fresh engine fills the pool from the start
         self._free_gpu = list(range(self.total_gpu - 1, -1, -1))
@@ -164,17 +165,22 @@ class PagedKVCache:
         return len(pairs_g)
 
     def _copy(self, gpu_ids: list[int], cpu_ids: list[int], to_host: bool) -> None:
+        # copy calls made, for whoever times the swaps: on the CPU a call's fixed cost is most of
+        # a small block's copy time, and the calls per block depend on how fragmented the free
+        # lists are (validation prices each swap with its bytes and its calls)
         if self.stream is None:
             # CPU: one slice copy per run of blocks consecutive on both sides (the free lists
             # hand out neighbouring ids, so runs are long); an index gather + scatter would
             # go through a temporary and take several times the bytes' memcpy time
             for g0, c0, n in _runs(gpu_ids, cpu_ids):
+                self.copy_calls += 2
                 for dev, host in ((self._k, self._hk), (self._v, self._hv)):
                     if to_host:
                         host[:, c0:c0 + n].copy_(dev[:, g0:g0 + n])
                     else:
                         dev[:, g0:g0 + n].copy_(host[:, c0:c0 + n])
             return
+        self.copy_calls += 2  # K and V: one staged copy each
         g = torch.tensor(gpu_ids, dtype=torch.long, device=self.device)
         c = torch.tensor(cpu_ids, dtype=torch.long)
         # CUDA: gather into one contiguous staging tensor per direction, one async copy

@@ -230,6 +230,12 @@ def test_sim_exec_writes_the_run_directory_of_sim_run(zoo_dir, tmp_path):
     assert (it["batch_size"] == it["prefill_seqs"] + it["decode_seqs"]).all()
     assert it["batch_tokens"].tolist() == rows.groupby("iteration")["query_tokens"].sum().tolist()
     assert it["swap_out_blocks"].sum() > 0
+    # copy calls (what validation prices a swap with): 2 (keys, values) per run of consecutive
+    # blocks, so between 2 and 2 per block on the CPU, none without a swap
+    for d in ("out", "in"):
+        blocks, calls = it[f"swap_{d}_blocks"].to_numpy(), it[f"swap_{d}_copies"].to_numpy()
+        assert ((calls == 0) == (blocks == 0)).all() and (calls % 2 == 0).all()
+        assert (calls <= 2 * blocks).all()
     out = pd.read_parquet(ex / "outputs.parquet")
     assert [len(x) for x in out["output_ids"]] == req["output_tokens"].astype(int).tolist()
     assert [len(x) for x in out["prompt_ids"]] == req["prompt_tokens"].astype(int).tolist()

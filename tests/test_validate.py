@@ -106,8 +106,8 @@ def _synthetic_run(coef, rng, n=300):
     """An ExecRun-like object whose times follow known coefficients exactly."""
     from analysis.validate.calibrate import FittedCostModel
 
-    model = FittedCostModel(coef, 16, {"h2d": {"latency_s": 1e-4, "s_per_byte": 2e-10},
-                                       "d2h": {"latency_s": 5e-5, "s_per_byte": 1e-10}})
+    model = FittedCostModel(coef, 16, {"h2d": {"latency_s": 1e-4, "s_per_byte": 2e-10, "s_per_copy": 6e-6},
+                                       "d2h": {"latency_s": 5e-5, "s_per_byte": 1e-10, "s_per_copy": 3e-6}})
     shapes = []
     for _ in range(n):
         k = int(rng.integers(1, 12))
@@ -118,9 +118,12 @@ def _synthetic_run(coef, rng, n=300):
         shapes.append(BatchShape.of(q, rng.integers(0, 300, k), np.ones(k)))
     out_blocks = np.where(rng.random(n) < 0.2, rng.integers(1, 40, n), 0)
     in_blocks = np.where((out_blocks == 0) & (rng.random(n) < 0.2), rng.integers(1, 40, n), 0)
+    # a swap of b blocks made as 2 to 2b copy calls (2 per run of consecutive blocks)
+    out_copies = np.where(out_blocks > 0, 2 * rng.integers(1, np.maximum(out_blocks, 1) + 1), 0)
+    in_copies = np.where(in_blocks > 0, 2 * rng.integers(1, np.maximum(in_blocks, 1) + 1), 0)
     bpb = 24576.0
-    swap = np.array([model.transfer_time_s(o * bpb, "d2h") + model.transfer_time_s(i * bpb, "h2d")
-                     for o, i in zip(out_blocks, in_blocks)])
+    swap = np.array([model.copy_time_s(o * bpb, "d2h", co) + model.copy_time_s(i * bpb, "h2d", ci)
+                     for o, i, co, ci in zip(out_blocks, in_blocks, out_copies, in_copies)])
 
     class Run:
         block_size = 16
@@ -129,7 +132,8 @@ def _synthetic_run(coef, rng, n=300):
     r = Run()
     r.shapes = shapes
     r.iteration_period_s = model.predict_many(shapes)
-    r.iterations = {"swap_out_blocks": out_blocks, "swap_in_blocks": in_blocks, "swap_s": swap}
+    r.iterations = {"swap_out_blocks": out_blocks, "swap_in_blocks": in_blocks, "swap_s": swap,
+                    "swap_out_copies": out_copies, "swap_in_copies": in_copies}
     return model, r
 
 
@@ -142,10 +146,55 @@ def test_fit_recovers_known_coefficients():
     pred = np.array([batch_features(s, 16) @ got for s in run.shapes])
     assert mape(pred, run.iteration_period_s) < 1e-3
     assert info["mape_in_sample"] < 1e-3
-    transfer, _ = fit_transfer_model([run])
-    for d in ("h2d", "d2h"):
-        assert transfer[d]["s_per_byte"] == pytest.approx(truth.transfer[d]["s_per_byte"], rel=1e-3)
+    transfer, tinfo = fit_transfer_model([run])
+    for d, blocks, copies in (("h2d", "swap_in_blocks", "swap_in_copies"), ("d2h", "swap_out_blocks", "swap_out_copies")):
+        for k in ("s_per_byte", "s_per_copy"):
+            assert transfer[d][k] == pytest.approx(truth.transfer[d][k], rel=1e-3)
         assert transfer[d]["latency_s"] == pytest.approx(truth.transfer[d]["latency_s"], rel=1e-2)
+        # a simulation prices a swap with the calibration's calls per byte
+        calls_per_byte = run.iterations[copies].sum() / (run.iterations[blocks].sum() * run.bytes_per_block)
+        assert transfer[d]["copies_per_byte"] == pytest.approx(calls_per_byte)
+    assert abs(tinfo["total_error_in_sample"]) < 1e-6
+
+
+def test_swap_price_uses_the_recorded_copy_calls():
+    from analysis.validate.calibrate import FittedCostModel
+
+    m = FittedCostModel(np.zeros(len(FEATURE_NAMES)), 16,
+                        {"h2d": {"latency_s": 1e-4, "s_per_byte": 2e-10, "s_per_copy": 5e-6, "copies_per_byte": 1e-4},
+                         "d2h": {"latency_s": 0.0, "s_per_byte": 1e-10}})
+    # 1e5 bytes in 4 calls: 1e-4 + 2e-5 + 2e-5 s; with the calibration's 1e-4 calls per byte: 10 calls
+    assert m.copy_time_s(1e5, "h2d", 4) == pytest.approx(1.4e-4)
+    assert m.transfer_time_s(1e5, "h2d") == pytest.approx(1e-4 + 2e-5 + 5e-5)
+    # a fit written before copy calls were counted (version 2) has no per-call term
+    assert m.transfer_time_s(1e5, "d2h") == pytest.approx(1e-5)
+    assert m.scaled(2.0).copy_time_s(1e5, "h2d", 4) == pytest.approx(2.8e-4)
+
+
+def test_cache_counts_copy_calls_per_run_of_consecutive_blocks():
+    torch = pytest.importorskip("torch")
+    from executor.kvcache import PagedKVCache
+
+    c = PagedKVCache(2, 1, 2, block_size=2, gpu_blocks=8, cpu_blocks=8, dtype=torch.float32)
+
+    class Seq:
+        def __init__(self, rid):
+            self.rid, self.block_table = rid, []
+
+    a, b = Seq(0), Seq(1)
+    c.grow_to(a, 6)  # 3 blocks, taken consecutively from a fresh free list
+    c.grow_to(b, 2)
+    c.grow_to(a, 8)  # a 4th block, after b's: a's table is two runs
+    keys = torch.arange(c._k[:, a.block_table].numel(), dtype=torch.float32).reshape(c._k[:, a.block_table].shape)
+    c._k[:, a.block_table] = keys
+    before = c.copy_calls
+    c.swap_out([b])  # one run: one call for keys, one for values
+    assert c.copy_calls - before == 2
+    c.swap_out([a])
+    assert c.copy_calls - before == 2 + 4
+    c.swap_in([a])
+    assert c.copy_calls - before >= 2 + 4 + 2
+    assert torch.equal(c._k[:, a.block_table], keys)  # the per-run copies moved the right blocks
 
 
 def test_fit_json_round_trip_scaling_and_bad_files(tmp_path):

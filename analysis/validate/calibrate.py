@@ -26,10 +26,10 @@ from simulator.costmodel.batch import BatchShape
 from simulator.errors import InfersimError
 
 from .features import FEATURE_NAMES, batch_features, feature_matrix
-from .measured import ExecRun, load_exec_run, stalls
+from .measured import ExecRun, load_exec_run, stalls, swap_events
 
 FIT_FORMAT = "infersim-executor-fit"
-FIT_VERSION = 2
+FIT_VERSION = 3  # 3 added the per-copy term; a version-2 fit reads as one without it
 
 # Calibration workloads: other seeds and wider shapes than any validation case, so the fit
 # interpolates rather than memorises; two swap runs, because the copy time of the same swap
@@ -79,15 +79,23 @@ class FittedCostModel(CostModel):
         if self.coef.shape != (len(FEATURE_NAMES),):
             raise InfersimError(f"executor fit: expected {len(FEATURE_NAMES)} coefficients, got {self.coef.shape}")
         self.block_size = int(block_size)
-        # per direction: {"latency_s": a, "s_per_byte": b}
-        self.transfer = {d: {"latency_s": float(transfer[d]["latency_s"]), "s_per_byte": float(transfer[d]["s_per_byte"])}
+        # per direction: {"latency_s", "s_per_byte", "s_per_copy", "copies_per_byte"}: a swap costs
+        # latency + bytes x s_per_byte + copy calls x s_per_copy. The executor's CPU path makes one
+        # call per run of blocks consecutive on both sides, so its calls depend on how fragmented
+        # the free lists are, which a count-only block manager does not know: a simulation prices
+        # a swap with the calibration's mean calls per byte, the swap-cost check with the calls
+        # each swap made (`copy_time_s`).
+        self.transfer = {d: {"latency_s": float(transfer[d]["latency_s"]), "s_per_byte": float(transfer[d]["s_per_byte"]),
+                             "s_per_copy": float(transfer[d].get("s_per_copy", 0.0)),
+                             "copies_per_byte": float(transfer[d].get("copies_per_byte", 0.0))}
                          for d in ("h2d", "d2h")}
         self.meta = dict(meta or {})
 
     def scaled(self, factor: float, why: str = "") -> "FittedCostModel":
         """Every time multiplied by factor (the machine's speed changed by 1/factor)."""
         f = float(factor)
-        tr = {d: {"latency_s": v["latency_s"] * f, "s_per_byte": v["s_per_byte"] * f} for d, v in self.transfer.items()}
+        tr = {d: {**v, "latency_s": v["latency_s"] * f, "s_per_byte": v["s_per_byte"] * f, "s_per_copy": v["s_per_copy"] * f}
+              for d, v in self.transfer.items()}
         meta = dict(self.meta)
         meta["scaled_by"] = f
         if why:
@@ -101,10 +109,15 @@ class FittedCostModel(CostModel):
         return np.maximum(feature_matrix(shapes, self.block_size) @ self.coef, 1e-9)
 
     def transfer_time_s(self, nbytes: float, direction: Direction) -> float:
+        t = self.transfer[direction]
+        return self.copy_time_s(nbytes, direction, float(nbytes) * t["copies_per_byte"])
+
+    def copy_time_s(self, nbytes: float, direction: Direction, copies: float) -> float:
+        """A swap of nbytes made as `copies` copy calls (the executor records them)."""
         if nbytes <= 0:
             return 0.0
         t = self.transfer[direction]
-        return t["latency_s"] + float(nbytes) * t["s_per_byte"]
+        return t["latency_s"] + float(nbytes) * t["s_per_byte"] + float(copies) * t["s_per_copy"]
 
     # ---- storage -------------------------------------------------------------------------
     def to_json(self) -> dict:
@@ -116,7 +129,7 @@ class FittedCostModel(CostModel):
     def from_json(cls, d: dict, source: str = "fit") -> "FittedCostModel":
         if not isinstance(d, dict) or d.get("format") != FIT_FORMAT:
             raise InfersimError(f"{source}: not an executor fit (format '{FIT_FORMAT}' expected)")
-        if d.get("version") != FIT_VERSION or list(d.get("features", [])) != list(FEATURE_NAMES):
+        if d.get("version") not in (2, FIT_VERSION) or list(d.get("features", [])) != list(FEATURE_NAMES):
             raise InfersimError(f"{source}: executor fit version {d.get('version')} / features differ from this infersim's")
         try:
             return cls(d["coefficients"], d["block_size"], d["transfer"], d.get("meta"))
@@ -184,28 +197,39 @@ def fit_iteration_model(runs: list[ExecRun]) -> tuple[np.ndarray, dict]:
 
 
 def fit_transfer_model(runs: list[ExecRun], fallback_s_per_byte: float = 1.0 / 5e9) -> tuple[dict, dict]:
-    """latency + bytes x s_per_byte per direction from iterations whose swap time is one
-    direction's copies; a direction never observed keeps a bandwidth-only fallback."""
-    rows, ys = [], []
-    for r in runs:
-        it = r.iterations
-        o = it["swap_out_blocks"] * r.bytes_per_block
-        i = it["swap_in_blocks"] * r.bytes_per_block
-        m = (o > 0) | (i > 0)
-        rows.append(np.column_stack([(o[m] > 0), o[m], (i[m] > 0), i[m]]).astype(np.float64))
-        ys.append(np.asarray(it["swap_s"], dtype=np.float64)[m])
-    X = np.vstack(rows) if rows else np.zeros((0, 4))
-    y = np.concatenate(ys) if ys else np.zeros(0)
-    out = {"d2h": {"latency_s": 0.0, "s_per_byte": fallback_s_per_byte},
-           "h2d": {"latency_s": 0.0, "s_per_byte": fallback_s_per_byte}}
+    """latency + bytes x s_per_byte + copy calls x s_per_copy per direction, from the
+    iterations that swapped, in absolute error: what validation checks is the total copy time,
+    and a fit in relative error prices the large (slow) copies low. A direction never observed
+    keeps a bandwidth-only fallback."""
+    from scipy.optimize import nnls
+
+    ev = [swap_events(r) for r in runs]
+    cat = {k: np.concatenate([e[k] for e in ev]) if ev else np.zeros(0) for k in ("out_bytes", "in_bytes",
+                                                                                "out_copies", "in_copies", "swap_s")}
+    X = np.column_stack([cat["out_bytes"] > 0, cat["out_bytes"], cat["out_copies"],
+                         cat["in_bytes"] > 0, cat["in_bytes"], cat["in_copies"]]).astype(np.float64)
+    y = cat["swap_s"]
+    out = {d: {"latency_s": 0.0, "s_per_byte": fallback_s_per_byte, "s_per_copy": 0.0, "copies_per_byte": 0.0}
+           for d in ("d2h", "h2d")}
     info = {"points": int(y.size)}
-    if y.size >= 4 and (y > 0).all():
-        coef, _ = _nnls_relative(X, y)
-        for d, (a, b) in (("d2h", coef[0:2]), ("h2d", coef[2:4])):
-            if b > 0 or a > 0:
-                out[d] = {"latency_s": float(a), "s_per_byte": float(b)}
-        rel = np.abs(X @ coef - y) / y
-        info["mape_in_sample"] = float(rel.mean())
+    if y.size >= 6 and (y > 0).all():
+        keep = np.ones(y.size, dtype=bool)
+        scale = np.maximum(X.max(axis=0), 1e-30)
+        for _ in range(3):
+            coef_s, _ = nnls(X[keep] / scale, y[keep], maxiter=50 * X.shape[1])
+            coef = coef_s / scale
+            pred = X @ coef
+            # a copy that took STALL_RATIO times its prediction lost its core for a while
+            keep = y < STALL_RATIO * np.maximum(pred, 1e-12)
+        for d, sl, b, c in (("d2h", slice(0, 3), cat["out_bytes"], cat["out_copies"]),
+                            ("h2d", slice(3, 6), cat["in_bytes"], cat["in_copies"])):
+            a, sb, sc = coef[sl]
+            if sb > 0 or a > 0 or sc > 0:
+                out[d] = {"latency_s": float(a), "s_per_byte": float(sb), "s_per_copy": float(sc),
+                          "copies_per_byte": float(c.sum() / b.sum()) if b.sum() > 0 else 0.0}
+        pred = X @ coef
+        info.update({"mape_in_sample": float(np.mean(np.abs(pred - y) / y)),
+                     "total_error_in_sample": float(pred.sum() / y.sum() - 1.0), "kept": int(keep.sum())})
     return out, info
 
 
@@ -225,15 +249,18 @@ def fit_from_runs(run_dirs: list[Path], meta: dict | None = None) -> FittedCostM
 
 
 def calibration_specs(model: str, seed: int = CALIBRATION_SEED, block_size: int = 16,
-                      serving: dict | None = None) -> list:
+                      serving: dict | None = None, requests: dict | None = None) -> list:
     """The calibration workloads as WorkloadSpecs (fp32, the executor's model): the generic set,
-    or with `serving` (a workload's serving section) the matched set on that deployment."""
+    or with `serving` (a workload's serving section) the matched set on that deployment, and
+    with `requests` (its requests section) one more run of that request mix drawn with a
+    calibration seed: other requests, the same kind of load."""
     from simulator.workload.schema import WorkloadSpec
 
     specs = []
     if serving is not None:
-        for k, (name, req) in enumerate(MATCHED_REQUESTS):
-            sv = {**serving, "block_size": block_size, "dtype": "fp32"}
+        sv = {**serving, "block_size": block_size, "dtype": "fp32"}
+        mixes = list(MATCHED_REQUESTS) + ([("calib-matched-mix", requests)] if requests is not None else [])
+        for k, (name, req) in enumerate(mixes):
             specs.append(WorkloadSpec.model_validate({"name": name, "model": model, "seed": seed + 8 + k,
                                                       "serving": sv, "requests": json.loads(json.dumps(req))}))
         return specs
@@ -276,7 +303,7 @@ def calibrate(model: str, out_dir: Path, *, device: str = "cpu", dtype: str | No
 
 def calibrate_around(run, model: str, out_dir: Path, *, device: str = "cpu", dtype: str | None = None,
                      threads: int = 1, seed: int = CALIBRATION_SEED, block_size: int = 16, serving: dict | None = None,
-                     log=None) -> FittedCostModel:
+                     requests: dict | None = None, log=None) -> FittedCostModel:
     """Calibrate on both sides of `run()` (the validated run): the calibration workloads once
     before it and once after, one fit over both. A machine whose speed drifts then gets a fit for
     its average speed around the run rather than for a moment before it, and the two halves tell
@@ -287,7 +314,7 @@ def calibrate_around(run, model: str, out_dir: Path, *, device: str = "cpu", dty
     from .execute import run_executor
 
     out_dir = Path(out_dir)
-    specs = calibration_specs(model, seed, block_size, serving)
+    specs = calibration_specs(model, seed, block_size, serving, requests)
     halves: dict[str, list[Path]] = {"before": [], "after": []}
 
     def calib(side: str) -> None:

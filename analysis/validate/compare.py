@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .measured import jitter, stalls
+from .measured import jitter, stalls, swap_events
 from .metrics import mape, median_ape, percentile, rel_error, signed_bias, total_bias
 
 TARGETS = {
@@ -106,19 +106,18 @@ def cost_model_level(run, cost_model) -> dict:
         "batch_size": [int(s.num_seqs) for s in shapes],
     }
     it = run.iterations
-    bpb = run.bytes_per_block
-    out_b = np.asarray(it["swap_out_blocks"], dtype=np.float64) * bpb
-    in_b = np.asarray(it["swap_in_blocks"], dtype=np.float64) * bpb
-    swap_meas = np.asarray(it["swap_s"], dtype=np.float64)
-    swapped = (out_b > 0) | (in_b > 0)
-    if swapped.any():
-        swap_pred = np.array([cost_model.transfer_time_s(o, "d2h") + cost_model.transfer_time_s(i, "h2d")
-                              for o, i in zip(out_b[swapped], in_b[swapped])])
-        ratio = swap_meas[swapped] / np.maximum(swap_pred, 1e-12)
-        out["swap"] = {"events": int(swapped.sum()), "measured_s": float(swap_meas[swapped].sum()),
+    ev = swap_events(run)
+    if ev["swap_s"].size:
+        swap_meas = ev["swap_s"]
+        swap_pred = np.array([_swap_price(cost_model, o, "d2h", co) + _swap_price(cost_model, i, "h2d", ci)
+                              for o, i, co, ci in zip(ev["out_bytes"], ev["in_bytes"], ev["out_copies"],
+                                                      ev["in_copies"])])
+        ratio = swap_meas / np.maximum(swap_pred, 1e-12)
+        out["swap"] = {"events": int(swap_meas.size), "measured_s": float(swap_meas.sum()),
                        "predicted_s": float(swap_pred.sum()),
-                       "error": rel_error(swap_pred.sum(), swap_meas[swapped].sum()),
-                       "mape": mape(swap_pred, swap_meas[swapped]),
+                       "error": rel_error(swap_pred.sum(), swap_meas.sum()),
+                       "mape": mape(swap_pred, swap_meas),
+                       "copies_recorded": bool((ev["out_copies"] + ev["in_copies"]).sum() > 0),
                        # measured / predicted per copy: a narrow band away from 1 is the copy speed of
                        # this run differing from calibration's, a wide one is noise
                        "ratio_p10_p50_p90": [float(x) for x in np.percentile(ratio, [10, 50, 90])]}
@@ -132,6 +131,16 @@ def cost_model_level(run, cost_model) -> dict:
                             "error": rel_error(pred[idx][keep].sum(), m[keep].sum()),
                             "mape": mape(pred[idx], m)}
     return out
+
+
+def _swap_price(cost_model, nbytes: float, direction: str, copies: float) -> float:
+    """The cost model's time for one recorded swap: with the copy calls the executor made when
+    the model prices calls (an executor fit), else by its bytes alone."""
+    if nbytes <= 0:
+        return 0.0
+    if copies > 0 and hasattr(cost_model, "copy_time_s"):
+        return cost_model.copy_time_s(nbytes, direction, copies)
+    return cost_model.transfer_time_s(nbytes, direction)
 
 
 def timing_noise(run) -> dict:

@@ -160,3 +160,18 @@ def jitter(times_s: np.ndarray, shapes: list, stalled: np.ndarray) -> float:
             continue
         d.append(abs(y[i] - y[i - 1]) / y[i - 1])
     return float(np.median(d) / np.sqrt(2.0)) if d else float("nan")
+
+
+def swap_events(run: ExecRun) -> dict[str, np.ndarray]:
+    """The iterations that swapped: bytes and copy calls per direction, and the measured copy
+    time (both directions together: an iteration's swap time is one number). Runs recorded
+    before the executor counted its copy calls have none (zeros)."""
+    it = run.iterations
+    o = np.asarray(it["swap_out_blocks"], dtype=np.float64) * run.bytes_per_block
+    i = np.asarray(it["swap_in_blocks"], dtype=np.float64) * run.bytes_per_block
+    m = (o > 0) | (i > 0)
+    zero = np.zeros(o.size)
+    co = np.asarray(it.get("swap_out_copies", zero), dtype=np.float64)
+    ci = np.asarray(it.get("swap_in_copies", zero), dtype=np.float64)
+    return {"out_bytes": o[m], "in_bytes": i[m], "out_copies": co[m], "in_copies": ci[m],
+            "swap_s": np.asarray(it["swap_s"], dtype=np.float64)[m]}
