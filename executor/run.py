@@ -82,6 +82,12 @@ def execute(spec, requests, model: str, out: Path, *, device: str | None = "cpu"
 
         return execute_speculative(spec, requests, model, out, device=device, dtype=dtype, realtime=realtime,
                                    plots=plots, csv=csv, quiet=quiet, log=log)
+    if getattr(spec, "offload", None) is not None:
+        # an `offload:` section: the KV cache in host memory under the policy (executor/offload/serve.py)
+        from .offload.serve import execute as execute_offload
+
+        return execute_offload(spec, requests, model, out, device=device, dtype=dtype, realtime=realtime,
+                               plots=plots, quiet=quiet, csv=csv, device_memory_gb=device_memory_gb, log=log)
     import torch
 
     from simulator.engine.memory import MemoryPlan
