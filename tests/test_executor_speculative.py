@@ -2,7 +2,10 @@
 batch > 1 (one draft, Minions coupled and pipelined), rejection sampling keeps the target's
 distribution, rejected tokens' KV blocks roll back, the recorded acceptance loads in the
 simulator, and Minions uses the simulator's own objects."""
+import sys
+
 import numpy as np
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -80,9 +83,10 @@ def test_minions_coupled_and_pipelined_are_lossless(zoo, work):
     dec = build_decoder(t, ds, method="minions", s=3, gpu_blocks=256, block_size=8, max_batch_size=6,
                         selector=AdaptiveLengthSelector(s=3, decision_threshold=3, s_max=5))
     pipe = PipelinedDecoder(dec, llm_batch_size=2, ssm_batch_size=2)
-    threads_before = torch.get_num_threads()
+    threads_before, switch_before = torch.get_num_threads(), sys.getswitchinterval()
     assert pipe.generate(make_sequences(prompts, outs, 3)) == ref
-    assert torch.get_num_threads() == threads_before  # restored after the run
+    # restored after the run (the GIL switch interval is shortened while the two threads run)
+    assert torch.get_num_threads() == threads_before and sys.getswitchinterval() == switch_before
     assert _all_free(dec)
     # back-pressure: the drafting thread only runs while the pool holds < llm_batch_size, and
     # adds one group of <= ssm_batch_size

@@ -278,3 +278,70 @@ def test_stratified_draws_keep_each_request_at_its_component():
         errors[draws] = np.abs(acc.mean(axis=0) + 1 - want)
     assert errors["stratified"].max() < 0.1
     assert errors["random"].max() > 2 * errors["stratified"].max()
+
+
+def _pipelined_tables(rng, n=240, share_decode=0.6, share_prefill=0.9):
+    """A pipelined run whose verifying passes follow known solo coefficients exactly, half of
+    them overlapped throughout by a drafting round (decode-only passes then take solo / 0.6,
+    prefilling ones solo / 0.9), and solo drafting rounds in the gaps."""
+    from analysis.validate.spec_costmodel import TARGET_FEATURES, round_features
+
+    pre = rng.random(n) < 0.25
+    nv = np.where(pre, rng.integers(0, 3, n), rng.integers(1, 9, n))
+    s = rng.integers(1, 5, n)
+    t = {"verify_seqs": nv, "verify_tokens": nv * (s + 1), "verify_context": nv * rng.integers(20, 200, n),
+         "n_drafts": np.ones(n, dtype=np.int64), "drafted_tokens": nv * s, "pipelined": np.ones(n, dtype=bool),
+         "prefill_seqs": np.where(pre, rng.integers(1, 3, n), 0), "draft_steps": np.zeros(n, dtype=np.int64),
+         "catchup_tokens": np.zeros(n)}  # pipelined: the verifying pass drafts nothing
+    t["prefill_tokens"] = t["prefill_seqs"] * rng.integers(20, 120, n)
+    t["prefill_pairs"] = t["prefill_tokens"] ** 2 // 2
+    coef = np.array([4e-4, 1e-4, 2e-5, 1e-7, 3e-4, 8e-6, 1e-9])[:len(TARGET_FEATURES)]
+    solo = round_features(t)[:, :len(TARGET_FEATURES)] @ coef
+    over = rng.random(n) < 0.5
+    y = np.where(over, solo / np.where(pre, share_prefill, share_decode), solo)
+    t["fit_y_s"] = y
+    t["t_start_s"] = np.arange(n) * 0.05
+    t["t_end_s"] = t["t_start_s"] + y
+    # drafting: one round exactly over each overlapped pass, one alone in each gap
+    sizes = rng.integers(1, 6, 2 * n)
+    starts = np.concatenate([t["t_start_s"][over], t["t_start_s"] + 0.03])
+    busy = 1e-3 * sizes[:starts.size] * 0.5 + 5e-4
+    ends = np.concatenate([t["t_end_s"][over], starts[over.sum():] + busy[over.sum():]])
+    order = np.argsort(starts)
+    d = {"t_start_s": starts[order], "t_end_s": ends[order], "sequences": sizes[:starts.size][order],
+         "s": np.full(starts.size, 2), "n_drafts": np.ones(starts.size, dtype=np.int64),
+         "busy_s": (ends - starts)[order]}
+    return t, d, coef
+
+
+def test_pipelined_fit_gives_prefilling_passes_their_own_share():
+    """fit_rounds on a run built from known numbers: the solo target terms back, the decode-only
+    share 0.6 and the prefilling share 0.9; the passes priced as the simulator prices them
+    (predict_rounds_as_run) are then the measured ones, and the simulator's device charges a
+    prefilling pass at its own share."""
+    import simpy
+
+    from analysis.validate.spec_costmodel import TARGET_FEATURES, fit_rounds, predict_rounds_as_run
+    from simulator.speculative.device import SharedDevice
+
+    t, d, coef = _pipelined_tables(np.random.default_rng(3))
+    fit = fit_rounds([t], {}, drafting=[d])
+    assert fit.coef[:len(TARGET_FEATURES)] == pytest.approx(coef, rel=1e-3, abs=1e-12)
+    sh = fit.meta["pipeline_shares"]
+    assert sh["llm"] == pytest.approx(0.6, rel=1e-6) and sh["llm_prefill"] == pytest.approx(0.9, rel=1e-6)
+    assert predict_rounds_as_run(fit, t, d) == pytest.approx(t["fit_y_s"], rel=1e-6)
+    assert predict_rounds_as_run(fit, t, None) == pytest.approx(fit.predict_rounds(t))
+
+    env = simpy.Environment()
+    dev = SharedDevice(env, {"llm": 0.6, "ssm": 0.8}, whole_pass=True)
+    ends = {}
+
+    def job(name, at, work, share=None):
+        yield env.timeout(at)
+        yield from dev.run(name, work, share)
+        ends[name] = env.now
+
+    env.process(job("llm", 0.0, 0.9, 0.9))  # a prefilling pass met by the drafts: 0.9 / 0.9
+    env.process(job("ssm", 0.1, 0.08))
+    env.run()
+    assert ends["llm"] == pytest.approx(1.0) and ends["ssm"] == pytest.approx(0.2)

@@ -42,7 +42,7 @@ def round_stalls(y: np.ndarray, t: dict, window: int = 3) -> np.ndarray:
     return out
 
 
-def _contended(solo: np.ndarray, overlap: np.ndarray, share: float, fit=None) -> np.ndarray:
+def _contended(solo: np.ndarray, overlap: np.ndarray, share, fit=None) -> np.ndarray:
     """As the simulator's SharedDevice prices a pass that ran alongside the other thread for
     `overlap` of its time: the fit's contention model (processor sharing for fits made before
     whole_pass existed)."""
@@ -54,15 +54,10 @@ def _contended(solo: np.ndarray, overlap: np.ndarray, share: float, fit=None) ->
 
 def round_level(t: dict, fit, drafting: dict | None = None) -> dict:
     y = np.asarray(t["fit_y_s"], dtype=np.float64)
-    pred = fit.predict_rounds(t)
-    shares = (fit.meta or {}).get("pipeline_shares")
-    if drafting is not None and shares:
-        # pipelined: each pass priced as the simulator prices it, its overlap with the other
-        # thread's work (as executed) at the fitted share and contention model
-        from .spec_costmodel import overlap_fraction
+    from .spec_costmodel import predict_rounds_as_run
 
-        pred = _contended(pred, overlap_fraction(t["t_start_s"], t["t_end_s"], drafting["t_start_s"],
-                                                 drafting["t_end_s"]), shares["llm"], fit)
+    # pipelined: each pass priced as the simulator prices it (its overlap with the other thread)
+    pred = predict_rounds_as_run(fit, t, drafting)
     draft_p, target_p = fit.predict_parts(t)
     ok = np.isfinite(y)
     stalled = round_stalls(y, t)

@@ -238,12 +238,19 @@ def fit_rounds(tables: list[dict], meta: dict | None = None, drafting: list[dict
     # overlap, so processor sharing at the shares of the fully overlapped passes (kept below as
     # `pipeline_shares_sharing`) under-priced the partly overlapped ones (-18% on the verifying
     # passes of a validated run)
+    # Verifying passes that prefill get their own share: their work is mostly in kernels that run
+    # on their own core, a decode pass of a small model mostly interpreter work the other thread
+    # holds up (held-out runs: overlapped prefilling passes 1.04-1.14x their solo time, decode-only
+    # 1.2-1.75x; one share for both over-priced the prefills by 11-19% and so TTFT by 30-50%)
+    prefills = np.concatenate([np.asarray(t["prefill_seqs"]) for t in tables]) > 0
     shares, sharing = {}, {}
-    for name, pred, meas, ov in (("llm", X[:, :k] @ coef[:k], y, ov_v),
-                                 ("ssm", Xd @ coef[k:], yd, ov_d)):
-        ok = np.isfinite(meas) & (meas > 0)
+    for name, pred, meas, ov, sel in (("llm", X[:, :k] @ coef[:k], y, ov_v, ~prefills),
+                                      ("llm_prefill", X[:, :k] @ coef[:k], y, ov_v, prefills),
+                                      ("ssm", Xd @ coef[k:], yd, ov_d, np.ones(yd.size, dtype=bool))):
+        ok = np.isfinite(meas) & (meas > 0) & sel
         for out, m in ((shares, ok & (ov >= SOLO)), (sharing, ok & (ov > SHARED))):
-            out[name] = float(np.clip(np.median(pred[m] / meas[m]), 0.05, 1.0)) if m.sum() >= 5 else 1.0
+            fallback = out.get("llm", 1.0) if name == "llm_prefill" else 1.0  # too few prefilling passes: as decode
+            out[name] = float(np.clip(np.median(pred[m] / meas[m]), 0.05, 1.0)) if m.sum() >= 5 else fallback
             out[name + "_points"] = int(m.sum())
     fit.meta["pipeline_shares"] = shares
     fit.meta["pipeline_contention"] = "whole_pass"
@@ -251,7 +258,7 @@ def fit_rounds(tables: list[dict], meta: dict | None = None, drafting: list[dict
     return fit
 
 
-def contended(solo, overlap, share: float, contention: str = "sharing") -> np.ndarray:
+def contended(solo, overlap, share, contention: str = "sharing") -> np.ndarray:
     """A pass's time given its solo time and the fraction of it the other thread ran alongside
     (as executed), as simulator/speculative/device.py prices it: processor sharing slows the
     overlapped part only; whole_pass slows the whole pass once the overlap reaches SOLO."""
@@ -259,6 +266,19 @@ def contended(solo, overlap, share: float, contention: str = "sharing") -> np.nd
     if contention == "whole_pass":
         return np.where(overlap >= SOLO, solo / share, solo)
     return solo * ((1.0 - overlap) + overlap / share)
+
+
+def predict_rounds_as_run(fit: SpecFit, t: dict, drafting: dict | None = None) -> np.ndarray:
+    """Each executed round's time as the simulator prices it: the fit's solo time, and for a
+    pipelined run whose fit has shares, the contention of the drafting thread's rounds that
+    overlapped it (as executed), at its own share (prefilling passes at `llm_prefill`)."""
+    pred = fit.predict_rounds(t)
+    shares = (fit.meta or {}).get("pipeline_shares")
+    if drafting is None or not shares:
+        return pred
+    share = np.where(np.asarray(t["prefill_seqs"]) > 0, shares.get("llm_prefill", shares["llm"]), shares["llm"])
+    return contended(pred, overlap_fraction(t["t_start_s"], t["t_end_s"], drafting["t_start_s"], drafting["t_end_s"]),
+                     share, fit.meta.get("pipeline_contention", "sharing"))
 
 
 def predict_drafting(fit: SpecFit, d: dict) -> np.ndarray:

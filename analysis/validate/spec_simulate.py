@@ -63,6 +63,8 @@ def spec_sim_spec(run: RunDir, *, profile: str = "cpu-reference", updates: dict 
         shares = shares or {"llm": 1.0, "ssm": 1.0}
         sp["pipeline"] = {**(sp.get("pipeline") or {}), "placement": "shared", "llm_share": float(shares["llm"]),
                           "ssm_share": float(shares["ssm"]), "contention": contention}
+        if "llm_prefill" in shares:
+            sp["pipeline"]["llm_prefill_share"] = float(shares["llm_prefill"])
     w.update(model=str(model_path), serving=sv, hardware=hw, speculation=sp)
     try:
         return WorkloadSpec.model_validate(w)

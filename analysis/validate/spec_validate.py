@@ -54,6 +54,7 @@ def _fit_bracketed(mode, spec, run, model: str, out: Path, *, device, dtype, thr
     specs = calibration_specs(spec)
     halves: dict[str, list] = {"before": [], "after": []}
     drafting: list = []
+    drafting_by_side: dict[str, list] = {"before": [], "after": []}
 
     def calib(side: str) -> None:
         for cs in specs:
@@ -65,6 +66,7 @@ def _fit_bracketed(mode, spec, run, model: str, out: Path, *, device, dtype, thr
             dr = drafting_rounds(d)
             if dr is not None:
                 drafting.append(dr)  # one per run, in the order of the runs (fit_rounds pairs them)
+            drafting_by_side[side].append(dr)
 
     calib("before")
     run()
@@ -77,10 +79,16 @@ def _fit_bracketed(mode, spec, run, model: str, out: Path, *, device, dtype, thr
                               "model": model, "device": device, "bracketed": True, "matched": True,
                               "calibration_stalls": float(stalled.mean()) if stalled.size else float("nan")},
                      drafting=drafting)
+    from .spec_costmodel import predict_rounds_as_run
+
+    # against the rounds as the simulator prices them (a pipelined run's contention included:
+    # against the solo fit the ratio measured how many passes overlapped, not the machine's speed)
     ratio = {}
     for side, ts in halves.items():
-        r = [np.asarray(t["fit_y_s"])[np.isfinite(t["fit_y_s"])] / fit.predict_rounds(t)[np.isfinite(t["fit_y_s"])]
-             for t in ts]
+        r = []
+        for t, dr in zip(ts, drafting_by_side[side]):
+            ok = np.isfinite(t["fit_y_s"])
+            r.append(np.asarray(t["fit_y_s"])[ok] / predict_rounds_as_run(fit, t, dr)[ok])
         ratio[side] = float(np.median(np.concatenate(r))) if r else float("nan")
     fit.meta["speed_ratio_before"], fit.meta["speed_ratio_after"] = ratio["before"], ratio["after"]
     fit.meta["speed_shift"] = ratio["after"] / ratio["before"] - 1.0

@@ -197,11 +197,17 @@ class PipelineSection(_Strict):
     at all takes its solo time / its share, however long the overlap (what two Python threads
     contending for the GIL and two cores did in the executor, analysis/validate/spec_costmodel.py:
     verifying passes overlapped for 10-50% of their time were as slow as those overlapped
-    throughout)."""
+    throughout). `llm_prefill_share` prices the verifying passes that also prefill at their own
+    share."""
     enabled: Optional[bool] = None  # None: on for method minions
     placement: Literal["shared", "separate"] = "shared"
     llm_share: float = Field(0.8, gt=0, le=1)
     ssm_share: float = Field(0.5, gt=0, le=1)
+    # the share of a verifying pass that also prefills new sequences (None: llm_share). Prefill
+    # work is mostly inside kernels that run on their own core; a decode pass of a small model is
+    # mostly interpreter work, which the other thread holds up: in the executor an overlapped
+    # prefilling pass took 1.04-1.14x its solo time, a decode-only one 1.2-1.75x
+    llm_prefill_share: Optional[float] = Field(None, gt=0, le=1)
     contention: Literal["sharing", "whole_pass"] = "sharing"
     llm_batch_size: Optional[PositiveInt] = None  # None: serving.max_batch_size // 2 (two batches in flight)
     ssm_batch_size: Optional[PositiveInt] = None  # None: llm_batch_size

@@ -26,8 +26,9 @@ class SharedDevice:
         old, self.changed = self.changed, self.env.event()
         old.succeed()
 
-    def run(self, name: str, work_s: float):
-        """SimPy generator: `yield from device.run("llm", seconds)`."""
+    def run(self, name: str, work_s: float, share: float | None = None):
+        """SimPy generator: `yield from device.run("llm", seconds)`; `share`: this pass's share
+        instead of the engine's (a pass of another kind, e.g. one that prefills)."""
         env = self.env
         start = env.now
         if work_s <= 0:
@@ -41,7 +42,7 @@ class SharedDevice:
         remaining = float(work_s)
         if self.whole_pass:
             try:
-                yield from self._run_whole_pass(name, remaining)
+                yield from self._run_whole_pass(name, remaining, share)
             finally:
                 self.active.discard(name)
                 self._notify()
@@ -49,7 +50,7 @@ class SharedDevice:
             return
         try:
             while True:
-                rate = 1.0 if len(self.active) == 1 else float(self.shares[name])
+                rate = 1.0 if len(self.active) == 1 else float(share or self.shares[name])
                 t0 = env.now
                 done = env.timeout(remaining / rate)
                 yield done | self.changed
@@ -63,12 +64,12 @@ class SharedDevice:
             self._notify()
             self.busy_s[name] = self.busy_s.get(name, 0.0) + (env.now - start)
 
-    def _run_whole_pass(self, name: str, work_s: float):
+    def _run_whole_pass(self, name: str, work_s: float, share: float | None = None):
         env = self.env
         remaining, charged = work_s, False
         while True:
             if not charged and len(self.active) > 1:
-                remaining += work_s * (1.0 / float(self.shares[name]) - 1.0)  # the whole pass's slowdown, once
+                remaining += work_s * (1.0 / float(share or self.shares[name]) - 1.0)  # the whole pass's slowdown, once
                 charged = True
             t0 = env.now
             done = env.timeout(remaining)

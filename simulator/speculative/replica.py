@@ -405,7 +405,8 @@ class PipelinedReplica(SpeculativeReplica):
         work = self.cost.iteration_time_s(BatchShape(q, ctx, logits)) + p.extra_time_s(len(entries), int(q[dec_pos].sum()))
         t_plain = self._plain_time(ctx[dec_pos])
         start = env.now
-        yield from self.device.run("llm", work)
+        prefill_share = self.cfg.pipeline.llm_prefill_share
+        yield from self.device.run("llm", work, prefill_share if npre and prefill_share is not None else None)
         end = env.now
         self.busy["llm"] += end - start
         dec = [e.seq for e in entries]
