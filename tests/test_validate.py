@@ -160,7 +160,7 @@ def test_fit_recovers_known_coefficients():
 def test_swap_price_uses_the_recorded_copy_calls():
     from analysis.validate.calibrate import FittedCostModel
 
-    m = FittedCostModel(np.zeros(len(FEATURE_NAMES)), 16,
+    m = FittedCostModel(np.arange(len(FEATURE_NAMES)) * 1e-6, 16,
                         {"h2d": {"latency_s": 1e-4, "s_per_byte": 2e-10, "s_per_copy": 5e-6, "copies_per_byte": 1e-4},
                          "d2h": {"latency_s": 0.0, "s_per_byte": 1e-10}})
     # 1e5 bytes in 4 calls: 1e-4 + 2e-5 + 2e-5 s; with the calibration's 1e-4 calls per byte: 10 calls
@@ -169,6 +169,22 @@ def test_swap_price_uses_the_recorded_copy_calls():
     # a fit written before copy calls were counted (version 2) has no per-call term
     assert m.transfer_time_s(1e5, "d2h") == pytest.approx(1e-5)
     assert m.scaled(2.0).copy_time_s(1e5, "h2d", 4) == pytest.approx(2.8e-4)
+    # the copies scaled apart from the compute (their own drift, from the runs next to the validated one)
+    b = BatchShape.of([5, 1], [0, 7], [1, 1])
+    both = m.scaled(2.0, transfer_factor=0.5)
+    assert both.iteration_time_s(b) == pytest.approx(2.0 * m.iteration_time_s(b))
+    assert both.copy_time_s(1e5, "h2d", 4) == pytest.approx(0.7e-4)
+    assert both.meta["scaled_by"] == 2.0 and both.meta["transfer_scaled_by"] == 0.5
+
+
+def test_swap_ratio_is_measured_over_priced_copy_time():
+    from analysis.validate.calibrate import swap_ratio
+
+    truth, run = _synthetic_run(np.array([4e-4, 6e-5, 3e-7, 1e-3, 2e-4, 2e-5, 4e-8, 1e-6]), np.random.default_rng(1))
+    assert swap_ratio(truth, run) == pytest.approx(1.0)
+    assert swap_ratio(truth.scaled(1.0, transfer_factor=1.25), run) == pytest.approx(0.8)
+    run.iterations = {k: (np.zeros_like(v) if k != "swap_s" else v) for k, v in run.iterations.items()}
+    assert np.isnan(swap_ratio(truth, run))
 
 
 def test_cache_counts_copy_calls_per_run_of_consecutive_blocks():

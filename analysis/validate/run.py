@@ -184,8 +184,10 @@ def validate_case(case: Case, model: str, out: Path, *, device: str = "cpu", dty
 def _fit_line(fit) -> str:
     m = fit.meta
     seeds = ", ".join(str(s) for s in m.get("seeds", [m.get("seed")]))
+    scaled = (f"; scaled by {m['scaled_by']:.3f}, {m['scaled_because']}" if "scaled_by" in m and "scaled_because" in m
+              else "")
     return (f"({', '.join(m.get('workloads', []))}, seeds {seeds}, {m.get('model')} on {m.get('device')}; "
-            f"in-sample MAPE {m.get('iteration_fit', {}).get('mape_in_sample', float('nan')):.1%})")
+            f"in-sample MAPE {m.get('iteration_fit', {}).get('mape_in_sample', float('nan')):.1%}{scaled})")
 
 
 def _brief(d: dict) -> dict:
