@@ -72,6 +72,30 @@ def plan_blocks(lm, sv, limits, *, kv_dtype, device_memory_gb: float | None = No
             "weight_bytes_per_gpu": float(weights), "activation_bytes_per_gpu": float(act), "blocks_source": source}
 
 
+def executor_record(lm, stats, *, realtime: bool, t_wall: float, truncated: int, swap_out_blocks: int,
+                    swap_in_blocks: int) -> dict:
+    """The summary's `executor` section: what ran, on what, and where the wall time went."""
+    import torch
+
+    from .models import dtype_name
+
+    return {"model": lm.name, "model_path": str(lm.path), "family": lm.family, "device": str(lm.device),
+            "dtype": dtype_name(lm.dtype), "realtime": realtime, "wall_s": time.perf_counter() - t_wall,
+            "forward_s": stats.forward_s, "schedule_s": stats.schedule_s, "swap_s": stats.swap_s,
+            "swap_out_blocks": int(swap_out_blocks), "swap_in_blocks": int(swap_in_blocks),
+            "outputs_truncated_to_max_model_len": truncated, "torch": str(torch.__version__),
+            "threads": torch.get_num_threads()}
+
+
+def resolved_config(spec, lm, mem: dict, limits, num_requests: int, ex: dict) -> dict:
+    """The run's resolved configuration (config.yaml), as a simulation writes it."""
+    return {"workload": spec.model_dump(mode="json"), "model": _model_summary(lm, spec.serving.dtype),
+            "hardware": _device_description(lm.device), "memory": mem, "limits": limits.__dict__,
+            "step_mode": True, "num_requests": num_requests,
+            "executor": {k: ex[k] for k in ("model", "model_path", "family", "device", "dtype", "realtime", "torch",
+                                            "threads")}}
+
+
 def execute(spec, requests, model: str, out: Path, *, device: str | None = "cpu", dtype: str | None = None,
             realtime: bool = True, plots: bool = True, csv: bool = False, quiet: bool = True,
             device_memory_gb: float | None = None, source: str = "workload", log=None) -> dict:
@@ -88,8 +112,6 @@ def execute(spec, requests, model: str, out: Path, *, device: str | None = "cpu"
 
         return execute_offload(spec, requests, model, out, device=device, dtype=dtype, realtime=realtime,
                                plots=plots, quiet=quiet, csv=csv, device_memory_gb=device_memory_gb, log=log)
-    import torch
-
     from simulator.engine.memory import MemoryPlan
     from simulator.engine.simulation import SimulationResult
     from simulator.metrics.collector import MetricsCollector
@@ -98,7 +120,7 @@ def execute(spec, requests, model: str, out: Path, *, device: str | None = "cpu"
     from simulator.policies import SchedulerLimits, build_scheduler
 
     from .engine import Engine, ExecSequence
-    from .models import dtype_name, load_model
+    from .models import load_model
     from .prompts import make_prompts
 
     t_wall = time.perf_counter()
@@ -176,27 +198,14 @@ def execute(spec, requests, model: str, out: Path, *, device: str | None = "cpu"
         memory = MemoryPlan(mem["gpu_blocks"], mem["cpu_blocks"], mem["kv_bytes_per_block"],
                             mem["weight_bytes_per_gpu"], mem["activation_bytes_per_gpu"], mem["blocks_source"])
         st = engine.stats
-        ex = {"model": lm.name, "model_path": str(lm.path), "family": lm.family, "device": str(lm.device),
-              "dtype": dtype_name(lm.dtype), "realtime": realtime, "wall_s": time.perf_counter() - t_wall,
-              "forward_s": st.forward_s, "schedule_s": st.schedule_s, "swap_s": st.swap_s,
-              "swap_out_blocks": engine.counters["swap_out_blocks"], "swap_in_blocks": engine.counters["swap_in_blocks"],
-              "outputs_truncated_to_max_model_len": truncated, "torch": str(torch.__version__),
-              "threads": torch.get_num_threads(),
-              "cost_model_fit": {"fixed_s": engine.cost_model.fixed_s, "per_token_s": engine.cost_model.per_token_s,
-                                 "bandwidth_bytes_per_s": dict(engine.cost_model.bandwidth)}}
+        ex = executor_record(lm, st, realtime=realtime, t_wall=t_wall, truncated=truncated,
+                             swap_out_blocks=engine.counters["swap_out_blocks"],
+                             swap_in_blocks=engine.counters["swap_in_blocks"])
+        ex["cost_model_fit"] = {"fixed_s": engine.cost_model.fixed_s, "per_token_s": engine.cost_model.per_token_s,
+                                "bandwidth_bytes_per_s": dict(engine.cost_model.bandwidth)}
         if lm.meta:
             ex["zoo"] = {k: lm.meta.get(k) for k in ("heldout_perplexity", "weights_sha256", "corpus_sha256")}
-        resolved = {
-            "workload": spec.model_dump(mode="json"),
-            "model": _model_summary(lm, sv.dtype),
-            "hardware": _device_description(lm.device),
-            "memory": mem,
-            "limits": limits.__dict__,
-            "step_mode": True,
-            "num_requests": len(seqs),
-            "executor": {k: ex[k] for k in ("model", "model_path", "family", "device", "dtype", "realtime", "torch",
-                                            "threads")},
-        }
+        resolved = resolved_config(spec, lm, mem, limits, len(seqs), ex)
         result = SimulationResult(spec, metrics.requests_table(), series, metrics, memory, float(end), resolved,
                                   {"executor": ex})
         summary = write_result_files(tmp, result, csv=csv)

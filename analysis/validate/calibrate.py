@@ -66,6 +66,13 @@ MATCHED_REQUESTS = (
                              "output_tokens": {"type": "uniform", "low": 8, "high": 160}}),
 )
 CALIBRATION_SEED = 9001  # validation cases use small seeds; these (9001..) are the calibration's alone
+
+
+def require_held_out_seed(seed: int) -> None:
+    """Refuse a validated workload whose seed a calibration run uses (9001-9016): the fit must
+    never see the run it is judged on."""
+    if seed in range(CALIBRATION_SEED, CALIBRATION_SEED + 16):
+        raise InfersimError(f"workload seed {seed} is one the calibration uses: pick another so the fit stays held out")
 STALL_RATIO = 1.8  # a measurement this many times the fit's prediction is a stall, left out of the next round
 
 

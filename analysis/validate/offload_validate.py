@@ -120,7 +120,7 @@ def validate_offload_case(case, model: str, out: Path, *, device: str = "cpu", d
     from simulator.metrics.rundir import write_json
     from simulator.workload.builder import build_requests
 
-    from .calibrate import CALIBRATION_SEED
+    from .calibrate import require_held_out_seed
     from .compare import compare_runs
     from .measured import load_exec_run, load_run
     from .modes import MODES
@@ -131,9 +131,7 @@ def validate_offload_case(case, model: str, out: Path, *, device: str = "cpu", d
     spec = spec if spec is not None else case.spec(model, seed=seed, requests=requests)
     if spec.offload is None:
         raise InfersimError(f"case {case.name}: an offload case needs an `offload:` section")
-    if spec.seed in range(CALIBRATION_SEED, CALIBRATION_SEED + 16):
-        raise InfersimError(f"workload seed {spec.seed} is one the calibration uses: pick another so the fit stays "
-                            f"held out")
+    require_held_out_seed(spec.seed)
     t0 = time.perf_counter()
     reqs = build_requests(spec)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from simulator.errors import InfersimError
 
-from .calibrate import CALIBRATION_SEED, FittedCostModel, calibrate
+from .calibrate import FittedCostModel, calibrate, require_held_out_seed
 from .cases import Case
 from .compare import compare_runs
 from .measured import load_exec_run, load_run
@@ -98,9 +98,7 @@ def validate_case(case: Case, model: str, out: Path, *, device: str = "cpu", dty
                                      requests=requests, spec=spec, report=report, log=log,
                                      calibration=calibration if fit is None else None)
     spec = spec if spec is not None else case.spec(model, seed=seed, requests=requests)
-    if spec.seed in range(CALIBRATION_SEED, CALIBRATION_SEED + 16):
-        raise InfersimError(f"workload seed {spec.seed} is one the calibration uses: pick another so the fit stays "
-                            f"held out")
+    require_held_out_seed(spec.seed)
     if spec.requests.arrival is not None and spec.requests.arrival.type == "closed_loop":
         raise InfersimError(f"workload {spec.name}: closed-loop arrivals are not replayed by `sim validate` yet "
                             f"(their arrival times depend on completions): use poisson, gamma or burst arrivals")

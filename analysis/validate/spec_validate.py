@@ -13,9 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from simulator.errors import InfersimError
-
-from .calibrate import CALIBRATION_SEED
+from .calibrate import CALIBRATION_SEED, require_held_out_seed
 
 # Held-out requests for the speculative fit: other seeds and shapes than any case (9011-9012 are
 # the calibration's alone; calibrate.py's matched runs use 9009-9010).
@@ -118,9 +116,7 @@ def validate_spec_case(case, model: str, out: Path, *, device: str = "cpu", dtyp
     if not ok:
         return {**base, "status": "not available", "reason": why}
     spec = spec if spec is not None else case.spec(model, seed=seed, requests=requests)
-    if spec.seed in range(CALIBRATION_SEED, CALIBRATION_SEED + 16):
-        raise InfersimError(f"workload seed {spec.seed} is one the calibration uses: pick another so the fit stays "
-                            f"held out")
+    require_held_out_seed(spec.seed)
     t0 = time.perf_counter()
     reqs = build_requests(spec)
 

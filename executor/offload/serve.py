@@ -21,7 +21,6 @@ from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from simulator.errors import InfersimError
 
@@ -155,7 +154,7 @@ def execute(spec, requests, model: str, out: Path, *, device: str | None = "cpu"
 
     from ..models import dtype_name, load_model
     from ..prompts import make_prompts
-    from ..run import _device_description, _model_summary, _Progress, _write_outputs, plan_blocks
+    from ..run import _Progress, _write_outputs, executor_record, plan_blocks, resolved_config
 
     off, policy = _section(spec)
     t_wall = time.perf_counter()
@@ -214,29 +213,15 @@ def execute(spec, requests, model: str, out: Path, *, device: str | None = "cpu"
         st = engine.stats
         tabs = engine.tables()
         oi = tabs["offload_iterations"]
-        ex = {"model": lm.name, "model_path": str(lm.path), "family": lm.family, "device": str(lm.device),
-              "dtype": dtype_name(lm.dtype), "realtime": realtime, "wall_s": time.perf_counter() - t_wall,
-              "forward_s": st.forward_s, "schedule_s": st.schedule_s, "swap_s": st.swap_s, "swap_out_blocks": 0,
-              "swap_in_blocks": 0, "outputs_truncated_to_max_model_len": truncated, "torch": str(torch.__version__),
-              "threads": torch.get_num_threads()}
+        ex = executor_record(lm, st, realtime=realtime, t_wall=t_wall, truncated=truncated, swap_out_blocks=0,
+                             swap_in_blocks=0)
         offload = {"policy": policy, "params": dict(off.params), "overlap": off.overlap,
                    "pool_blocks": int(mem["gpu_blocks"]), "host_memory": True,
                    "pinned": lm.device.type == "cuda",
                    "kv_loaded_gb": float(oi["loaded_bytes"].sum()) / 1e9,
                    "kv_stored_gb": float(oi["stored_bytes"].sum()) / 1e9,
                    "load_s": float(oi["load_s"].sum()), "store_s": float(oi["store_s"].sum())}
-        resolved = {
-            "workload": spec.model_dump(mode="json"),
-            "model": _model_summary(lm, sv.dtype),
-            "hardware": _device_description(lm.device),
-            "memory": mem,
-            "limits": limits.__dict__,
-            "step_mode": True,
-            "num_requests": len(seqs),
-            "executor": {k: ex[k] for k in ("model", "model_path", "family", "device", "dtype", "realtime", "torch",
-                                            "threads")},
-            "offload_executor": offload,
-        }
+        resolved = {**resolved_config(spec, lm, mem, limits, len(seqs), ex), "offload_executor": offload}
         result = SimulationResult(spec, metrics.requests_table(), series, metrics, memory, float(end), resolved,
                                   {"executor": ex, "offload": offload})
         summary = write_result_files(tmp, result, csv=csv)
