@@ -72,6 +72,27 @@ def plan_blocks(lm, sv, limits, *, kv_dtype, device_memory_gb: float | None = No
             "weight_bytes_per_gpu": float(weights), "activation_bytes_per_gpu": float(act), "blocks_source": source}
 
 
+def serve(engine, total: int | None) -> float:
+    """Run the engine to completion, with a progress bar over `total` requests (None: quiet);
+    returns the last finish time on the engine clock."""
+    progress = None if total is None else _Progress(total)
+    if progress is not None:
+        prev = engine.on_finish
+
+        def on_finish(seq, now):
+            progress.update(len(engine.finished), now)
+            if prev is not None:
+                prev(seq, now)
+
+        engine.on_finish = on_finish
+    try:
+        engine.run()
+    finally:
+        if progress is not None:
+            progress.close()
+    return max((s.finish_s for s in engine.finished), default=0.0)
+
+
 def executor_record(lm, stats, *, realtime: bool, t_wall: float, truncated: int, swap_out_blocks: int,
                     swap_in_blocks: int) -> dict:
     """The summary's `executor` section: what ran, on what, and where the wall time went."""
@@ -178,22 +199,7 @@ def execute(spec, requests, model: str, out: Path, *, device: str | None = "cpu"
                 if requests.duration_s is not None and t > requests.duration_s:
                     break
                 engine.submit(new_seq(i, float(t)))
-        progress = None if quiet else _Progress(len(seqs) if not requests.closed_loop else len(requests))
-        if progress is not None:
-            prev = engine.on_finish
-
-            def on_finish(seq, now):
-                progress.update(len(engine.finished), now)
-                if prev is not None:
-                    prev(seq, now)
-
-            engine.on_finish = on_finish
-        try:
-            engine.run()
-        finally:
-            if progress is not None:
-                progress.close()
-        end = max((s.finish_s for s in engine.finished), default=0.0)
+        end = serve(engine, None if quiet else (len(seqs) if not requests.closed_loop else len(requests)))
         series = metrics.close_series()
         memory = MemoryPlan(mem["gpu_blocks"], mem["cpu_blocks"], mem["kv_bytes_per_block"],
                             mem["weight_bytes_per_gpu"], mem["activation_bytes_per_gpu"], mem["blocks_source"])

@@ -154,7 +154,7 @@ def execute(spec, requests, model: str, out: Path, *, device: str | None = "cpu"
 
     from ..models import dtype_name, load_model
     from ..prompts import make_prompts
-    from ..run import _Progress, _write_outputs, executor_record, plan_blocks, resolved_config
+    from ..run import _write_outputs, executor_record, plan_blocks, resolved_config, serve
 
     off, policy = _section(spec)
     t_wall = time.perf_counter()
@@ -198,15 +198,7 @@ def execute(spec, requests, model: str, out: Path, *, device: str | None = "cpu"
             s = ExecSequence(i, p, max(1, o), float(t))
             seqs.append(s)
             engine.submit(s)
-        progress = None if quiet else _Progress(len(seqs))
-        if progress is not None:
-            engine.on_finish = lambda seq, now: progress.update(len(engine.finished), now)
-        try:
-            engine.run()
-        finally:
-            if progress is not None:
-                progress.close()
-        end = max((s.finish_s for s in engine.finished), default=0.0)
+        end = serve(engine, None if quiet else len(seqs))
         series = metrics.close_series()
         memory = MemoryPlan(mem["gpu_blocks"], 0, mem["kv_bytes_per_block"], mem["weight_bytes_per_gpu"],
                             mem["activation_bytes_per_gpu"], mem["blocks_source"])
