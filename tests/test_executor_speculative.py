@@ -87,11 +87,29 @@ def test_minions_coupled_and_pipelined_are_lossless(zoo, work):
     assert pipe.generate(make_sequences(prompts, outs, 3)) == ref
     # restored after the run (the GIL switch interval is shortened while the two threads run)
     assert torch.get_num_threads() == threads_before and sys.getswitchinterval() == switch_before
+    # on the CPU the drafts ran in their own process; its step counters came back to the drafts here
+    assert pipe.drafting == "process" and pipe.remote.proc.is_alive()
+    assert sum(d.steps for d in dec.proposer.drafts) > 0
+    pipe.close()
+    assert not pipe.remote.proc.is_alive()
     assert _all_free(dec)
     # back-pressure: the drafting thread only runs while the pool holds < llm_batch_size, and
     # adds one group of <= ssm_batch_size
     assert pipe.draft_rounds and max(r[4] for r in pipe.draft_rounds) <= 2 - 1 + 2
     assert isinstance(pipe.rule, sim_minions.PoolBackPressure)
+
+
+def test_pipelined_with_a_drafting_thread_is_lossless_too(zoo, work):
+    """The in-process drafting thread (what a GPU target uses by default) gives the same tokens;
+    a bad drafting mode is refused."""
+    t, d = zoo
+    prompts, outs, ref = work
+    dec = build_decoder(t, [d[n] for n in DRAFTS], method="minions", s=3, gpu_blocks=256, block_size=8, max_batch_size=6)
+    pipe = PipelinedDecoder(dec, llm_batch_size=2, ssm_batch_size=2, drafting="thread")
+    assert pipe.remote is None and pipe.generate(make_sequences(prompts, outs, 3)) == ref
+    assert _all_free(dec)
+    with pytest.raises(InfersimError, match="drafting must be"):
+        PipelinedDecoder(dec, drafting="gpu")
 
 
 def test_minions_uses_the_simulators_objects(zoo):
@@ -346,6 +364,7 @@ def test_sim_exec_runs_a_minions_workload(zoo, tmp_path):
     s = json.loads((out / "summary.json").read_text())
     sx = s["speculation"]
     assert s["finished"] == 6 and sx["executed"] and sx["pipelined"] and sx["method"] == "minions"
+    assert sx["drafting"] == "process"  # on the CPU the drafts ran in their own process
     assert sum(sx["voting"]["voted_outputs"]) > 0 and len(sx["voting"]["final_weights"]) == 3
     rounds = pq.read_table(out / "speculation_rounds.parquet").to_pydict()
     ssm = pq.read_table(out / "speculation_ssm.parquet").to_pydict()

@@ -252,6 +252,18 @@ def fit_rounds(tables: list[dict], meta: dict | None = None, drafting: list[dict
             fallback = out.get("llm", 1.0) if name == "llm_prefill" else 1.0  # too few prefilling passes: as decode
             out[name] = float(np.clip(np.median(pred[m] / meas[m]), 0.05, 1.0)) if m.sum() >= 5 else fallback
             out[name + "_points"] = int(m.sum())
+    # No contention (the drafts in their own process, executor/speculative/remote.py): overlapped
+    # verifying passes ran no slower than the solo fit, in fact 6-14% faster than the passes that
+    # ran alone, which are few and follow a wait for drafts. Then the target terms come from every
+    # pass (per-pass MAPE 5.7% against 9.9-15.6% for the solo fit, two validations) and the
+    # simulator gets no slowdown (shares 1)
+    m = np.isfinite(y) & (y > 0) & (ov_v >= SOLO)
+    if m.sum() >= 5 and np.median((X[m, :k] @ coef[:k]) / y[m]) >= 1.0:
+        coef[:k], info["round_fit"] = _fit(X[:, :k], y)
+        info["round_fit"]["solo_only"] = False
+        fit = SpecFit(coef, info)
+        shares = {name: 1.0 for name in ("llm", "llm_prefill", "ssm")}
+        fit.meta["pipeline_contention_absent"] = True
     fit.meta["pipeline_shares"] = shares
     fit.meta["pipeline_contention"] = "whole_pass"
     fit.meta["pipeline_shares_sharing"] = sharing

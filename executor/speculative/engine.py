@@ -217,6 +217,8 @@ def execute_speculative(spec, requests, model: str, out: Path, *, device: str | 
         finally:
             if progress is not None:
                 progress_bar.__exit__(None, None, None)
+            if hasattr(runner, "close"):
+                runner.close()  # the pipeline's drafting process
         finished_count[0] = len(obs.finished)
         end = max((s.finish_s for s in seqs), default=0.0)
         series = metrics.close_series()
@@ -288,6 +290,7 @@ def _speculation_summary(dec, runner, sp, names, mode, temperature, limit) -> di
     rec = st.recorder
     out = {"method": sp.method, "mode": mode, "temperature": temperature, "executed": True,
            "pipelined": runner is not dec,
+           "drafting": getattr(runner, "drafting", None),  # pipelined: the drafts' own process or a thread
            "acceleration_rate": st.acceleration_rate(),
            # the simulator's definition (mean over speculating sequence-rounds), so the
            # validation compares the same quantity; the pooled ratio alongside

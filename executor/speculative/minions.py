@@ -46,6 +46,7 @@ class MinionsProposer:
         if self.weights.weights.size != m:
             raise InfersimError(f"{self.weights.weights.size} voting weights for {m} drafts")
         self.acr_scope = acr_scope
+        self.seed = int(seed)
         # the pipeline swaps in a lock: its verifying thread reweights while the drafting thread votes
         self.lock = contextlib.nullcontext()
         self.rng = np.random.default_rng([int(seed), 11])

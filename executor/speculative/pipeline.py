@@ -56,14 +56,30 @@ DRAFTING_COLUMNS = ("t_start_s", "t_end_s", "sequences", "s", "pool_depth", "wai
 class PipelinedDecoder:
     def __init__(self, decoder, *, llm_batch_size: int | None = None, ssm_batch_size: int | None = None,
                  back_pressure: bool = True, intra_op_threads: int = 1,
-                 switch_interval_s: float | None = SWITCH_INTERVAL_S):
+                 switch_interval_s: float | None = SWITCH_INTERVAL_S, drafting: str = "auto"):
         """decoder: a SpeculativeDecoder (its target, proposer, selector, s and temperature are used).
         switch_interval_s: the interpreter's GIL switch interval while the two threads run (None:
-        leave Python's, 5 ms by default)."""
+        leave Python's, 5 ms by default). drafting: where the drafts run: `process` (their own
+        process, remote.py: no contention for the interpreter), `thread` (this process's
+        drafting thread), `auto` (a process when the target runs on the CPU, where the two
+        threads' contention was 2.3-2.9x; on a GPU the kernels run asynchronously and a thread
+        holds the interpreter briefly). Call close() when done with a process."""
         if decoder.temperature > 0:
             raise InfersimError("the pipelined decoder verifies greedily only (speculation.sampling.mode: greedy)")
         self.dec = decoder
         self.target, self.proposer = decoder.target, decoder.proposer
+        if drafting not in ("auto", "thread", "process"):
+            raise InfersimError(f"pipelined decoder: drafting must be auto, thread or process, got {drafting!r}")
+        if drafting == "auto":
+            cpu = str(getattr(self.target, "device", "cpu")).startswith("cpu")
+            drafting = "process" if cpu and getattr(self.proposer, "drafts", None) else "thread"
+        self.drafting = drafting
+        self.remote = None
+        if drafting == "process":
+            from .remote import RemoteProposer
+
+            # started here, before the engine's clock: loading the drafts takes seconds
+            self.remote = RemoteProposer(self.proposer, threads=intra_op_threads)
         mb = decoder.max_batch_size
         self.llm_batch_size = int(llm_batch_size or max(1, mb // 2))
         self.ssm_batch_size = int(ssm_batch_size or self.llm_batch_size)
@@ -108,6 +124,7 @@ class PipelinedDecoder:
         finished_drafts: deque = deque()  # sequences whose draft caches the drafting thread frees
         state = {"stop": False, "error": None}
         now = clock.now
+        drafting_side = self.remote if self.remote is not None else self.proposer
 
         def drafter():
             try:
@@ -122,11 +139,11 @@ class PipelinedDecoder:
                         group = [ready.popleft() for _ in range(min(self.ssm_batch_size, len(ready)))]
                         done = [finished_drafts.popleft() for _ in range(len(finished_drafts))]
                     for seq in done:
-                        self.proposer.release(seq)
+                        drafting_side.release(seq)
                     ts = now()
                     s = dec.s
                     s_list = [max(0, min(s, seq.remaining - 1)) for seq in group]
-                    prop = self.proposer.propose(group, s_list, 0.0, None)
+                    prop = drafting_side.propose(group, s_list, 0.0, None)
                     with cond:
                         pool.extend((seq, prop, i, s_list[i]) for i, seq in enumerate(group))
                         depth = len(pool)
@@ -232,5 +249,10 @@ class PipelinedDecoder:
                 cond.notify_all()
             th.join()
         for seq in finished_drafts:
-            self.proposer.release(seq)
+            drafting_side.release(seq)
         return [s.output_ids for s in seqs]
+
+    def close(self) -> None:
+        """Stop the drafting process (if any)."""
+        if self.remote is not None:
+            self.remote.close()
