@@ -99,6 +99,20 @@ def test_minions_coupled_and_pipelined_are_lossless(zoo, work):
     assert isinstance(pipe.rule, sim_minions.PoolBackPressure)
 
 
+def test_warm_up_leaves_no_trace(zoo, work):
+    """The engine's warm-up (first-call costs paid before the clock) gives every block back and
+    zeroes the counters; what is generated after it is unchanged."""
+    from executor.speculative.build import warm_up
+
+    t, d = zoo
+    prompts, outs, ref = work
+    dec = build_decoder(t, [d["zoo-draft-a"]], method="draft", s=3, gpu_blocks=256, block_size=8, max_batch_size=4)
+    warm_up(dec)
+    assert _all_free(dec) and dec.target.steps == 0 and dec.proposer.draft.steps == 0
+    assert dec.generate(make_sequences(prompts, outs, 1)) == ref
+    assert _all_free(dec)
+
+
 def test_pipelined_with_a_drafting_thread_is_lossless_too(zoo, work):
     """The in-process drafting thread (what a GPU target uses by default) gives the same tokens;
     a bad drafting mode is refused."""

@@ -190,6 +190,10 @@ def execute_speculative(spec, requests, model: str, out: Path, *, device: str | 
                             max_batch_size=sv.max_batch_size, selector=sel, weights=weights,
                             acr_scope=sp.voting.acr_scope, names=names)
     runner = dec
+    if not medusa:
+        from .build import warm_up
+
+        warm_up(dec)  # before the clock starts (the drafting process warms its own drafts)
     if sp.pipeline_on:
         pl = sp.pipeline
         runner = PipelinedDecoder(dec, llm_batch_size=pl.llm_batch_size, ssm_batch_size=pl.ssm_batch_size,
