@@ -416,7 +416,7 @@ def _rows(alphas, rounds, s=4, seed=0):
         acc.extend(IIDAcceptance(a).sample(rng, s, rounds).tolist())
         rid.extend([r] * rounds)
         ss.extend([s] * rounds)
-    return rid, ss, acc
+    return np.array(rid), np.array(ss), np.array(acc)
 
 
 def test_fit_request_mixture_keeps_real_spread_and_drops_noise():
@@ -439,6 +439,24 @@ def test_fit_request_mixture_keeps_real_spread_and_drops_noise():
     m = build_model(AcceptanceSpec.model_validate(mix))
     assert np.ptp([c.expected_tokens(4) for c in m.components]) < 0.5 * np.ptp(fit["group_tokens_per_round"]) + 1e-9
     assert fit_request_mixture(*_rows([0.6] * 10, 12)) is None  # too few requests to tell
+
+
+def test_per_request_mixture_reproduces_each_requests_realized_tokens_per_round():
+    """One component per request, unshrunk, assigned by id: a request's component yields, in
+    expectation, exactly the tokens per round it realized (all rounds at one s)."""
+    from executor.speculative.validate_hooks import fit_request_mixture
+    from simulator.speculative.acceptance import build_model
+    from simulator.speculative.config import AcceptanceSpec
+
+    rid, s, acc = _rows(list(np.linspace(0.2, 0.9, 20)), 15, seed=3)
+    mix = fit_request_mixture(rid, s, acc, groups=None, min_requests_per_group=1, shrink=False)
+    fit = mix.pop("fit")
+    assert fit["requests"] == 20 and fit["shrink"] == 1.0 and len(mix["components"]) == 20
+    m = build_model(AcceptanceSpec.model_validate(mix))
+    for r in range(20):
+        j = int(m.component_index(m.assigned_levels([r], np.zeros(1)))[0])
+        want = float((acc[rid == r] + 1).mean())
+        assert m.components[j].expected_tokens(4) == pytest.approx(want, abs=1e-4), r
 
 
 def test_minions_with_voting_off_drafts_with_the_first_ssm_only(zoo, tmp_path):

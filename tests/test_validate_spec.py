@@ -52,36 +52,6 @@ def test_bad_assignment_is_refused(bad, message):
         AcceptanceSpec.model_validate(bad)
 
 
-def _rows(alphas, rounds, s=4, seed=0):
-    from simulator.speculative.acceptance import IIDAcceptance
-
-    rng = np.random.default_rng(seed)
-    rid, ss, acc = [], [], []
-    for r, a in enumerate(alphas):
-        acc.extend(IIDAcceptance(a).sample(rng, s, rounds).tolist())
-        rid.extend([r] * rounds)
-        ss.extend([s] * rounds)
-    return np.array(rid), np.array(ss), np.array(acc)
-
-
-def test_per_request_mixture_reproduces_each_requests_realized_tokens_per_round():
-    """One component per request, unshrunk, assigned by id: a request's component yields, in
-    expectation, exactly the tokens per round it realized (all rounds at one s)."""
-    from executor.speculative.validate_hooks import fit_request_mixture
-    from simulator.speculative.acceptance import build_model
-    from simulator.speculative.config import AcceptanceSpec
-
-    rid, s, acc = _rows(list(np.linspace(0.2, 0.9, 20)), 15, seed=3)
-    mix = fit_request_mixture(rid, s, acc, groups=None, min_requests_per_group=1, shrink=False)
-    fit = mix.pop("fit")
-    assert fit["requests"] == 20 and fit["shrink"] == 1.0 and len(mix["components"]) == 20
-    m = build_model(AcceptanceSpec.model_validate(mix))
-    for r in range(20):
-        j = int(m.component_index(m.assigned_levels([r], np.zeros(1)))[0])
-        want = float((acc[rid == r] + 1).mean())
-        assert m.components[j].expected_tokens(4) == pytest.approx(want, abs=1e-4), r
-
-
 def test_acceptance_rate_is_the_simulators_mean_over_sequence_rounds():
     from executor.speculative.record import AcceptanceRecorder
     from simulator.speculative.report import SpecStats
