@@ -21,7 +21,7 @@ from simulator.errors import InfersimError  # noqa: E402
 
 @pytest.fixture(scope="module")
 def zoo():
-    from analysis.reproduce.infinigen_executor import held_out_windows
+    from executor.zoo.corpus import held_out_windows
     from executor.models import load_model
     from executor.zoo import ensure_zoo
 

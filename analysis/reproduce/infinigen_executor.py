@@ -34,6 +34,7 @@ import pandas as pd
 import torch
 import yaml
 
+from executor.zoo.corpus import held_out_windows
 from simulator.metrics.rundir import _clean
 from simulator.offload.policies import Int4Params
 from simulator.yamlio import atomic_path, write_atomic
@@ -42,28 +43,6 @@ ALPHAS = (2.0, 3.0, 4.0, 5.0, 6.0)
 CONTEXTS = (16, 32, 64, 128, 256, 512, 1024)
 TRAINED_TOKENS = 256
 PAPER_OPT13B = {512: 37, 1024: 60, 1536: 66, 2048: 73}  # InfiniGen 5.3, alpha 4
-
-
-def held_out_windows(tokenizer, n: int, tokens: int, seed: int, *, split: str = "held") -> torch.Tensor:
-    """n windows of `tokens` tokens, one per file (corpus order) long enough, at a seeded
-    offset: [n, tokens]. split 'train' gives the skewing sample from training files."""
-    from executor.zoo.corpus import load_corpus
-    from simulator.errors import InfersimError
-
-    corpus = load_corpus()
-    train, held = corpus.split()
-    rng = np.random.default_rng(seed)
-    out = []
-    for f in (held if split == "held" else train):
-        ids = tokenizer(corpus.read(f))["input_ids"]
-        if len(ids) >= tokens:
-            off = int(rng.integers(0, len(ids) - tokens + 1))
-            out.append(ids[off:off + tokens])
-        if len(out) == n:
-            break
-    if len(out) < n:
-        raise InfersimError(f"only {len(out)} {split} files hold {tokens} tokens; asked for {n} windows")
-    return torch.tensor(out)
 
 
 def policy_set(skew, quick: bool):

@@ -113,7 +113,7 @@ class OffloadEngine(Engine):
 def _skew_for(model_path: str, device: str, dtype: str):
     """InfiniGen's offline skewing matrices from a fixed sample of the zoo corpus's training
     files (never the served prompts), cached per model."""
-    from analysis.reproduce.infinigen_executor import held_out_windows
+    from ..zoo.corpus import held_out_windows
 
     from ..models import load_model
     from .model import DenseLlama

@@ -18,8 +18,12 @@ import sysconfig
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from simulator.errors import InfersimError
+
+if TYPE_CHECKING:
+    import torch
 
 # corpus sha256 by Python "major.minor.micro" (the stdlib changes between patch releases)
 PINNED_SHA256: dict[str, str] = {
@@ -95,3 +99,26 @@ def load_corpus(root: str | None = None, check: bool = True) -> Corpus:
                 f"the zoo would train on different text. Set {ALLOW_UNPINNED_ENV}=1 to build from it anyway "
                 f"(the zoo is keyed by the corpus hash), or pin it in executor/zoo/corpus.py")
     return Corpus(base, tuple(files), digest, total, version)
+
+
+def held_out_windows(tokenizer, n: int, tokens: int, seed: int, *, split: str = "held") -> torch.Tensor:
+    """n windows of `tokens` tokens, one per file (corpus order) long enough, at a seeded
+    offset: [n, tokens]. split 'train' gives the skewing sample from training files (InfiniGen's
+    offline skewing input; the held-out ones measure perplexity and sparsity)."""
+    import numpy as np
+    import torch
+
+    corpus = load_corpus()
+    train, held = corpus.split()
+    rng = np.random.default_rng(seed)
+    out = []
+    for f in (held if split == "held" else train):
+        ids = tokenizer(corpus.read(f))["input_ids"]
+        if len(ids) >= tokens:
+            off = int(rng.integers(0, len(ids) - tokens + 1))
+            out.append(ids[off:off + tokens])
+        if len(out) == n:
+            break
+    if len(out) < n:
+        raise InfersimError(f"only {len(out)} {split} files hold {tokens} tokens; asked for {n} windows")
+    return torch.tensor(out)
