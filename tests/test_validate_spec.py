@@ -330,3 +330,66 @@ def test_pipelined_fit_without_contention_prices_every_pass_alike():
     err_all = np.mean(np.abs(predict_rounds_as_run(fit, t, d) / y - 1))
     # the solo-only fit would price every overlapped pass 10% high: about 5% MAPE over this run
     assert err_all < 0.05 and predict_rounds_as_run(fit, t, d).sum() == pytest.approx(y.sum(), rel=0.02)
+
+
+# ---- Medusa: per-request accepted depths replayed by request id ---------------------------------
+def test_medusa_assignment_puts_each_request_at_its_own_group():
+    """Two groups listed hardest-last (B: always depth 3, A: always 0): a request assigned to a
+    group draws only that group's depth, whatever its Weyl level; an unassigned one draws by level."""
+    from simulator.speculative.medusa_tree import EmpiricalTreeSampler
+
+    s = EmpiricalTreeSampler(np.array([1.0, 0, 0, 1.0]), [[0, 0, 0, 5.0], [5.0, 0, 0, 0]], [0.5, 0.5],
+                             assignment={7: 1, 8: 0})
+    rng = np.random.default_rng(0)
+    rids = [7, 8, 7, 8]
+    levels = s.assigned_levels(rids, np.array([0.9, 0.1, 0.6, 0.4]))
+    assert s.sample(rng, 4, levels).tolist() == [0, 3, 0, 3]
+    # components sort easiest-last: levels below 0.5 are A's (depth 0), above B's (depth 3)
+    assert s.sample(rng, 2, s.assigned_levels([1, 2], np.array([0.2, 0.7]))).tolist() == [0, 3]
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"assignment": {0: 2}}, "component index 2 out of range"),
+    ({"components": None, "weights": None, "draws": "stratified"}, "need per-request 'components'"),
+])
+def test_medusa_acceptance_assignment_is_validated(bad, message):
+    from simulator.speculative.config import MedusaAcceptance
+
+    good = {"counts": [1, 1, 1], "tree": [[0], [0, 0]], "components": [[1, 0, 0], [0, 0, 1]], "weights": [1, 1]}
+    assert MedusaAcceptance.model_validate({**good, "assignment": {3: 1}, "draws": "stratified"}).assignment == {3: 1}
+    with pytest.raises(ValueError, match=message):
+        MedusaAcceptance.model_validate({**good, **bad})
+
+
+def test_medusa_depth_mixture_names_each_requests_group():
+    """fit_depth_mixture groups requests by mean accepted depth (ascending) and says which group
+    each request id was in; empirical_acceptance then asks for stratified draws."""
+    from executor.medusa.validate_hooks import empirical_acceptance, fit_depth_mixture
+
+    rng = np.random.default_rng(2)
+    rid, acc = [], []
+    for r in range(32):
+        p = 0.2 if r % 2 else 0.8  # odd requests hard
+        rid += [r] * 40
+        acc += rng.binomial(3, p, 40).tolist()
+    fit = fit_depth_mixture(rid, [3] * len(rid), acc, 3)
+    groups = fit["assignment"]
+    assert sorted(groups) == list(range(32))
+    assert all(groups[r] <= 1 for r in range(1, 32, 2)) and all(groups[r] >= 2 for r in range(0, 32, 2))
+    stats = {"accepted_hist": {0: 5, 1: 5, 2: 5, 3: 5}, "tree": [[0], [0, 0], [0, 0, 0]],
+             "per_request": {**fit, "assignment": {str(k): v for k, v in groups.items()}}}  # as read back from JSON
+    out = empirical_acceptance(stats)
+    assert out["draws"] == "stratified" and out["assignment"][0] == groups[0]
+
+
+def test_medusa_depth_mixture_per_request_is_each_requests_own_histogram():
+    from executor.medusa.validate_hooks import fit_depth_mixture
+
+    rid = [r for r in range(10) for _ in range(4)]
+    acc = [r % 4 for r in range(10) for _ in range(4)]  # request r always accepted r % 4
+    fit = fit_depth_mixture(rid, [3] * len(rid), acc, 3, groups=None)
+    assert fit["shrink"] == 1.0 and len(fit["components"]) == 10
+    for r in range(10):
+        comp = fit["components"][fit["assignment"][r]]
+        assert comp[r % 4] == 1.0 and sum(comp) == pytest.approx(1.0)
+    assert fit_depth_mixture(rid[:28], [3] * 28, acc[:28], 3, groups=None) is None  # 7 requests: too few

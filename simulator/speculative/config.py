@@ -247,6 +247,10 @@ class MedusaAcceptance(_Strict):
     # steps draw from it (as AcceptanceSpec kind mixture). `counts` is then only reported.
     components: Optional[list[list[NonNegativeFloat]]] = None
     weights: Optional[list[NonNegativeFloat]] = None
+    # replaying a recorded run (as AcceptanceSpec's mixture): request id -> component index (as
+    # listed), and stratified draws (each request's tree steps along a low-discrepancy sequence)
+    assignment: Optional[dict[int, int]] = None
+    draws: Literal["random", "stratified"] = "random"
     source: str = ""
 
     @model_validator(mode="after")
@@ -262,6 +266,12 @@ class MedusaAcceptance(_Strict):
             w = self.weights if self.weights is not None else [1.0] * len(self.components)
             if len(w) != len(self.components) or sum(w) <= 0:
                 raise ValueError("'weights': one per component, not all zero")
+            bad = [j for j in (self.assignment or {}).values() if not 0 <= j < len(self.components)]
+            if bad:
+                raise ValueError(f"'assignment': component index {bad[0]} out of range "
+                                 f"(0..{len(self.components) - 1})")
+        elif self.assignment is not None or self.draws != "random":
+            raise ValueError("'assignment' and 'draws' need per-request 'components'")
         return self
 
 

@@ -229,6 +229,7 @@ class EmpiricalTreeSampler:
     counts: np.ndarray
     components: Optional[list] = None
     weights: Optional[Sequence[float]] = None
+    assignment: Optional[dict] = None  # request id -> component index (as listed)
 
     def __post_init__(self):
         c = np.asarray(self.counts, dtype=np.float64)
@@ -245,6 +246,12 @@ class EmpiricalTreeSampler:
             self._wcum = np.cumsum(self._w)
             self._wcum[-1] = 1.0
             c = self._w @ self._pmfs  # without a level: the mixture
+            # an assigned request sits at the middle of its component's window of levels
+            pos = np.empty(len(order), dtype=np.int64)
+            pos[order] = np.arange(len(order))
+            lo = np.concatenate(([0.0], self._wcum[:-1]))
+            self._assigned = {int(r): float((lo[pos[j]] + self._wcum[pos[j]]) / 2)
+                              for r, j in (self.assignment or {}).items()}
         self.counts = c
         self._cum = np.cumsum(c / c.sum())
         self._cum[-1] = 1.0
@@ -253,11 +260,22 @@ class EmpiricalTreeSampler:
         """Expected tokens per tree step: 1 + mean accepted depth."""
         return 1.0 + float((np.arange(self.counts.size) * self.counts).sum() / self.counts.sum())
 
-    def sample(self, rng: np.random.Generator, n: int, levels: Optional[np.ndarray] = None) -> np.ndarray:
-        """Accepted candidates (0..depth) for n sequences, by inverse CDF of one uniform each."""
+    def assigned_levels(self, rids, levels: np.ndarray) -> np.ndarray:
+        """`levels` with each assigned request's replaced by its component's."""
+        if not self.per_request or not self._assigned:
+            return levels
+        out = np.array(levels, dtype=np.float64, copy=True)
+        for i, r in enumerate(rids):
+            out[i] = self._assigned.get(int(r), out[i])
+        return out
+
+    def sample(self, rng: np.random.Generator, n: int, levels: Optional[np.ndarray] = None,
+               u: Optional[np.ndarray] = None) -> np.ndarray:
+        """Accepted candidates (0..depth) for n sequences, by inverse CDF of one uniform each
+        (`u`, e.g. stratified per request, or drawn from rng)."""
         if n == 0:
             return np.zeros(0, dtype=np.int64)
-        u = rng.random(n)
+        u = rng.random(n) if u is None else np.asarray(u, dtype=np.float64)
         if levels is None or not self.per_request:
             return np.searchsorted(self._cum, u, side="right").astype(np.int64)
         j = np.minimum(np.searchsorted(self._wcum, np.asarray(levels, dtype=np.float64), side="right"),

@@ -49,6 +49,30 @@ def request_levels(offset: float, rids) -> np.ndarray:
     return np.mod(float(offset) + np.asarray(rids, dtype=np.float64) * _GOLDEN, 1.0)
 
 
+class StratifiedDraws:
+    """Per-request low-discrepancy uniforms for replaying a recorded run: request r's n-th draw
+    is frac(offset + r x (sqrt 2 - 1) + n x golden), so a request's draws over its rounds cover
+    [0, 1) evenly and its simulated acceptance lands close to its component's (error O(1/n)
+    rounds instead of O(1/sqrt n)). `on=False`: independent uniforms from the rng."""
+
+    def __init__(self, seed: int, on: bool):
+        self.on = bool(on)
+        self._offset = level_offset(int(seed) + 1)
+        self._count: dict[int, int] = {}
+
+    def uniforms(self, rng: np.random.Generator, rids, n: int) -> np.ndarray:
+        if not self.on or rids is None:
+            return rng.random(n)
+        out = np.empty(n)
+        for i, r in enumerate(rids):
+            c = self._count.get(int(r), 0)
+            self._count[int(r)] = c + 1
+            # the request's start point along another irrational than the sequence's step, so
+            # request r + 1's sequence is not request r's shifted by one round
+            out[i] = (self._offset + int(r) * (2 ** 0.5 - 1) + c * _GOLDEN) % 1.0
+        return out
+
+
 @dataclass
 class Draft:
     name: str
@@ -106,8 +130,7 @@ class DraftProposer:
         # stratified draws (a mixture replaying a recorded run): request r's n-th round draws
         # u = frac(offset_r + n * golden) instead of an independent uniform
         self.stratified = any(getattr(d.acceptance, "stratified", False) for d in self.drafts)
-        self._draw_offset = level_offset(int(sim.spec.seed) + 1)
-        self._draws: dict[int, int] = {}
+        self._draws = StratifiedDraws(sim.spec.seed, self.stratified)
 
     # ---- lengths ------------------------------------------------------------------------
     @property
@@ -184,16 +207,7 @@ class DraftProposer:
     def _uniforms(self, rng: np.random.Generator, rids, n: int) -> np.ndarray:
         """One uniform per round: independent, or (stratified) the next point of each request's
         Weyl sequence."""
-        if not self.stratified or rids is None:
-            return rng.random(n)
-        out = np.empty(n)
-        for i, r in enumerate(rids):
-            c = self._draws.get(int(r), 0)
-            self._draws[int(r)] = c + 1
-            # the request's start point along another irrational than the sequence's step, so
-            # request r + 1's sequence is not request r's shifted by one round
-            out[i] = (self._draw_offset + int(r) * (2 ** 0.5 - 1) + c * _GOLDEN) % 1.0
-        return out
+        return self._draws.uniforms(rng, rids, n)
 
     def accept(self, rng: np.random.Generator, k: np.ndarray, rids=None):
         """(accepted, voted SSM or -1, accepted / k, every SSM's agreement length or None).
@@ -293,12 +307,14 @@ class MedusaProposer:
                                     "simulated (medusa.tree / the accuracy table's tree, restricted to the heads); "
                                     "give medusa.tree {type: choices, choices: <acceptance.tree>}")
             self.sampler = EmpiricalTreeSampler(np.asarray(mc.acceptance.counts, dtype=np.float64),
-                                                mc.acceptance.components, mc.acceptance.weights)
+                                                mc.acceptance.components, mc.acceptance.weights,
+                                                mc.acceptance.assignment)
             self.acceptance_source = "empirical accepted depths" + (f" ({mc.acceptance.source})"
                                                                      if mc.acceptance.source else "")
         self.nodes = len(self.tree) + 1
         self.depth = self.sampler.depth
         self._level_offset = level_offset(sim.spec.seed)
+        self._draws = StratifiedDraws(sim.spec.seed, mc.acceptance is not None and mc.acceptance.draws == "stratified")
         self.model, self.hardware = sim.model, sim.hardware
         self.dtype = normalize_dtype(sim.spec.serving.dtype)
         self.tp = sim.spec.hardware.tensor_parallel
@@ -338,7 +354,8 @@ class MedusaProposer:
     def accept(self, rng, k, rids=None):
         k = np.asarray(k, dtype=np.int64)
         if getattr(self.sampler, "per_request", False) and rids is not None:
-            d = self.sampler.sample(rng, k.size, request_levels(self._level_offset, rids))
+            levels = self.sampler.assigned_levels(rids, request_levels(self._level_offset, rids))
+            d = self.sampler.sample(rng, k.size, levels, u=self._draws.uniforms(rng, rids, k.size))
         else:
             d = self.sampler.sample(rng, k.size)
         acc = np.where(k > 0, np.minimum(d, k), 0)
