@@ -393,3 +393,13 @@ def test_medusa_depth_mixture_per_request_is_each_requests_own_histogram():
         comp = fit["components"][fit["assignment"][r]]
         assert comp[r % 4] == 1.0 and sum(comp) == pytest.approx(1.0)
     assert fit_depth_mixture(rid[:28], [3] * 28, acc[:28], 3, groups=None) is None  # 7 requests: too few
+
+
+def test_drafting_features_count_the_prompts_each_draft_prefills():
+    from analysis.validate.spec_costmodel import drafting_features
+
+    d = {"n_drafts": np.array([3, 1]), "s": np.array([4, 2]), "sequences": np.array([2, 5]),
+         "prompt_tokens": np.array([100, 0])}
+    assert drafting_features(d).tolist() == [[12, 24, 0, 300], [2, 10, 0, 0]]
+    d.pop("prompt_tokens")  # a table written before the column existed
+    assert drafting_features(d)[:, 3].tolist() == [0, 0]

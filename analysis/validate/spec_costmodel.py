@@ -148,13 +148,16 @@ class SpecFit:
 
 def drafting_features(d: dict) -> np.ndarray:
     """DRAFT_FEATURES per drafting round of a pipelined run (speculation_drafting.parquet): each
-    draft runs s steps over the group; contexts and fresh prompts are not recorded there (their
-    cost is absorbed by the per-step and per-sequence-step terms)."""
+    draft runs s steps over the group and, in its first, prefills the sequences it drafts for the
+    first time (`prompt_tokens`, as the simulator's lazy draft prefill; absent from older tables,
+    then zero and absorbed by the other terms); contexts are not recorded there (absorbed by the
+    per-step terms)."""
     nd = np.asarray(d["n_drafts"], dtype=np.float64)
     s = np.asarray(d["s"], dtype=np.float64)
     n = np.asarray(d["sequences"], dtype=np.float64)
     z = np.zeros_like(s)
-    return np.column_stack([nd * s, nd * n * s, z, z])
+    prompts = np.asarray(d["prompt_tokens"], dtype=np.float64) if "prompt_tokens" in d else z
+    return np.column_stack([nd * s, nd * n * s, z, nd * prompts])
 
 
 def _fit(X, y) -> tuple[np.ndarray, dict]:
@@ -216,7 +219,9 @@ def fit_rounds(tables: list[dict], meta: dict | None = None, drafting: list[dict
     info["round_fit"]["solo_only"] = True
     Xd = np.vstack([drafting_features(d) for d in drafting])
     yd = np.concatenate([np.asarray(d["busy_s"], dtype=np.float64) for d in drafting])
-    cols = [0, 1]  # steps and sequence-steps: the drafting table has no contexts or prompts
+    # steps and sequence-steps, and the prompts the drafts prefill where the table records them
+    # (no contexts: those are absorbed by the per-step terms)
+    cols = [0, 1, 3] if all("prompt_tokens" in d for d in drafting) else [0, 1]
     dsolo = ov_d < SOLO
     # the two draft terms (per step, per sequence-step) need the solo rounds to span group sizes:
     # a calibration whose solo drafting rounds were all single sequences (plus a stalled one of 8)

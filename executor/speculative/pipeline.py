@@ -49,8 +49,10 @@ from .decoder import DecodeStats, admit_arrived, verified_length
 # restored when the run ends.
 SWITCH_INTERVAL_S = 0.0002
 
-# speculation_drafting.parquet: sequences drafted, s, pool depth after the round, wait for work
-DRAFTING_COLUMNS = ("t_start_s", "t_end_s", "sequences", "s", "pool_depth", "waited_s")
+# speculation_drafting.parquet: sequences drafted, s, pool depth after the round, wait for work,
+# and the committed tokens of the sequences drafted for the first time (their prompts and first
+# token), which each draft prefills in its first step (the simulator's lazy draft prefill)
+DRAFTING_COLUMNS = ("t_start_s", "t_end_s", "sequences", "s", "pool_depth", "waited_s", "prompt_tokens")
 
 
 class PipelinedDecoder:
@@ -125,6 +127,7 @@ class PipelinedDecoder:
         state = {"stop": False, "error": None}
         now = clock.now
         drafting_side = self.remote if self.remote is not None else self.proposer
+        seen: set[int] = set()  # sequences the drafts have drafted for
 
         def drafter():
             try:
@@ -143,12 +146,14 @@ class PipelinedDecoder:
                     ts = now()
                     s = dec.s
                     s_list = [max(0, min(s, seq.remaining - 1)) for seq in group]
+                    fresh = sum(len(seq.tokens) for seq in group if seq.rid not in seen)
+                    seen.update(seq.rid for seq in group)
                     prop = drafting_side.propose(group, s_list, 0.0, None)
                     with cond:
                         pool.extend((seq, prop, i, s_list[i]) for i, seq in enumerate(group))
                         depth = len(pool)
                         cond.notify_all()
-                    self.draft_rounds.append((ts, now(), len(group), s, depth, waited))
+                    self.draft_rounds.append((ts, now(), len(group), s, depth, waited, fresh))
             except BaseException as exc:  # surfaced in the verifying thread
                 with cond:
                     state["error"] = exc
