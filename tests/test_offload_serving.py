@@ -162,7 +162,7 @@ def test_bad_input_is_one_line(tmp_path):
         assert words in str(e.value) and "\n" not in str(e.value)
 
 
-def test_sim_exec_serves_a_workload_with_an_offload_section(runs, tmp_path):
+def test_sim_exec_serves_a_workload_with_an_offload_section(runs, tmp_path, capsys):
     """`sim exec` picks the offload engine from the workload's `offload:` section: the same
     tokens as the library call."""
     import json
@@ -175,8 +175,9 @@ def test_sim_exec_serves_a_workload_with_an_offload_section(runs, tmp_path):
     path = tmp_path / "wl.yaml"
     path.write_text(yaml.safe_dump(spec.model_dump(mode="json", exclude_none=True)))
     out = tmp_path / "run"
-    assert main(["exec", "-w", str(path), "-m", "zoo-target", "--fast", "--threads", "1", "--no-plots", "-q",
+    assert main(["exec", "-w", str(path), "-m", "zoo-target", "--fast", "--threads", "1", "--no-plots",
                  "-o", str(out)]) == 0
+    assert "host-memory KV blocks" in " ".join(capsys.readouterr().out.split())  # the pool is not on a GPU
     assert json.loads((out / "summary.json").read_text())["finished"] == 6
     # the schedule follows the measured clock, so the bytes per iteration may differ; each
     # sequence's own H2O decisions (and so its tokens) do not

@@ -152,7 +152,9 @@ def print_summary(s: dict, spec, out: Path, wall_s: float) -> None:
             f"throughput {s['throughput_req_per_s']:.2f} req/s, {s['throughput_output_tokens_per_s']:.1f} output tok/s")
     c.print(f"preemptions: {p['recompute']} recompute ({p['recompute_forced_by_full_cpu']} forced by full CPU), {p['swap']} swap; "
             f"swapped {s['swap_out_bytes'] / 1e9:.2f} GB out, {s['swap_in_bytes'] / 1e9:.2f} GB in")
+    # an offload executor's pool lives in host memory (executor/offload/serve.py)
+    pool = "host-memory KV blocks" if (s.get("offload") or {}).get("host_memory") else "GPU blocks"
     c.print(f"batch size mean {s['batch_size']['mean_busy']:.1f} (max {s['batch_size']['max']:.0f}); KV use mean "
             f"{100 * s['kv_utilization']['mean_busy']:.1f}% (max {100 * s['kv_utilization']['max']:.1f}%) of "
-            f"{s['gpu_blocks']} GPU blocks; {s['iterations']} iterations")
+            f"{s['gpu_blocks']} {pool}; {s['iterations']} iterations")
     c.print(f"results in {out}/ ({wall_s:.2f} s wall)")
