@@ -103,10 +103,13 @@ def write_results(rows: list[dict], meta: dict, machine: dict, folder: Path) -> 
                f"{it.get('points', 0)} iterations, {it.get('stalls', float('nan')):.1%} of them stalled.")
     else:
         fits = meta.get("fits", {})
-        cal = ("Cost model: for each case an executor fit (analysis/validate/calibrate.py) calibrated around it (once before, once after) "
-               "on the case's own serving configuration (KV pools, limits, preemption) with other requests (calibration "
-               "workloads calib-matched-load and calib-matched-burst, seeds 9009-9010) — in-sample MAPE / stalled: "
-               + ", ".join(f"{c} {f['iteration_fit']['mape_in_sample']:.1%} / {f['iteration_fit']['stalls']:.1%}"
+        cal = ("Cost model: for each case an executor fit (analysis/validate/calibrate.py) calibrated around it (once before, once after, "
+               "in mirror order) on the case's own serving configuration (KV pools, limits, preemption) with other requests "
+               "(calibration workloads calib-matched-load, calib-matched-burst and the case's own request mix calib-matched-mix, "
+               "seeds 9009-9011), scaled to the machine's speed in the runs next to the validated one — in-sample MAPE / "
+               "stalled / scale: "
+               + ", ".join(f"{c} {f['iteration_fit']['mape_in_sample']:.1%} / {f['iteration_fit']['stalls']:.1%} / "
+                           f"{f.get('scaled_by', 1.0):.3f}"
                            for c, f in fits.items() if "iteration_fit" in f and "link_fit" not in f) + ".")
         off_fits = {c: f for c, f in fits.items() if "link_fit" in f}
         if off_fits and len(off_fits) == len([f for f in fits.values() if "iteration_fit" in f]):
