@@ -26,7 +26,7 @@ from simulator.costmodel.batch import BatchShape
 from simulator.errors import InfersimError
 
 from .features import FEATURE_NAMES, batch_features, feature_matrix
-from .measured import ExecRun, load_exec_run, stalls, swap_events
+from .measured import ExecRun, load_exec_run, priced_swaps, stalls, swap_events
 
 FIT_FORMAT = "infersim-executor-fit"
 FIT_VERSION = 3  # 3 added the per-copy term; a version-2 fit reads as one without it
@@ -249,8 +249,7 @@ def swap_ratio(fit: FittedCostModel, run: ExecRun) -> float:
     ev = swap_events(run)
     if not len(ev["swap_s"]):
         return float("nan")
-    priced = sum(fit.copy_time_s(o, "d2h", co) + fit.copy_time_s(i, "h2d", ci)
-                 for o, i, co, ci in zip(ev["out_bytes"], ev["in_bytes"], ev["out_copies"], ev["in_copies"]))
+    priced = float(priced_swaps(fit, ev).sum())
     return float(ev["swap_s"].sum() / priced) if priced > 0 else float("nan")
 
 

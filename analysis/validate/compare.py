@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .measured import jitter, stalls, swap_events
+from .measured import jitter, priced_swaps, stalls, swap_events
 from .metrics import mape, median_ape, percentile, rel_error, signed_bias, total_bias
 
 TARGETS = {
@@ -109,9 +109,7 @@ def cost_model_level(run, cost_model) -> dict:
     ev = swap_events(run)
     if ev["swap_s"].size:
         swap_meas = ev["swap_s"]
-        swap_pred = np.array([_swap_price(cost_model, o, "d2h", co) + _swap_price(cost_model, i, "h2d", ci)
-                              for o, i, co, ci in zip(ev["out_bytes"], ev["in_bytes"], ev["out_copies"],
-                                                      ev["in_copies"])])
+        swap_pred = priced_swaps(cost_model, ev)
         ratio = swap_meas / np.maximum(swap_pred, 1e-12)
         out["swap"] = {"events": int(swap_meas.size), "measured_s": float(swap_meas.sum()),
                        "predicted_s": float(swap_pred.sum()),
@@ -131,16 +129,6 @@ def cost_model_level(run, cost_model) -> dict:
                             "error": rel_error(pred[idx][keep].sum(), m[keep].sum()),
                             "mape": mape(pred[idx], m)}
     return out
-
-
-def _swap_price(cost_model, nbytes: float, direction: str, copies: float) -> float:
-    """The cost model's time for one recorded swap: with the copy calls the executor made when
-    the model prices calls (an executor fit), else by its bytes alone."""
-    if nbytes <= 0:
-        return 0.0
-    if copies > 0 and hasattr(cost_model, "copy_time_s"):
-        return cost_model.copy_time_s(nbytes, direction, copies)
-    return cost_model.transfer_time_s(nbytes, direction)
 
 
 def timing_noise(run) -> dict:

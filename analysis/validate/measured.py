@@ -175,3 +175,18 @@ def swap_events(run: ExecRun) -> dict[str, np.ndarray]:
     ci = np.asarray(it.get("swap_in_copies", zero), dtype=np.float64)
     return {"out_bytes": o[m], "in_bytes": i[m], "out_copies": co[m], "in_copies": ci[m],
             "swap_s": np.asarray(it["swap_s"], dtype=np.float64)[m]}
+
+
+def priced_swaps(cost_model, ev: dict) -> np.ndarray:
+    """The cost model's time for each recorded swap (`swap_events`): with the copy calls the
+    executor made when the model prices calls (an executor fit), else by the bytes alone."""
+    def one(nbytes: float, direction: str, copies: float) -> float:
+        if nbytes <= 0:
+            return 0.0
+        if copies > 0 and hasattr(cost_model, "copy_time_s"):
+            return cost_model.copy_time_s(nbytes, direction, copies)
+        return cost_model.transfer_time_s(nbytes, direction)
+
+    return np.array([one(o, "d2h", co) + one(i, "h2d", ci)
+                     for o, i, co, ci in zip(ev["out_bytes"], ev["in_bytes"], ev["out_copies"], ev["in_copies"])],
+                    dtype=np.float64)
