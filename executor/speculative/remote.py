@@ -17,6 +17,7 @@ proposal (voted tokens, every SSM's draft, the voted SSM) and the drafts' step a
 counters, added to the parent's draft objects so the run's statistics read as before."""
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 
 import numpy as np
@@ -83,7 +84,7 @@ class RemoteProposer:
             items.append((seq.rid, len(seq.drafts), seq.tokens[n:]))
             self.sent[seq.rid] = len(seq.tokens)
         w = getattr(self.local, "weights", None)
-        with getattr(self.local, "lock", None) or _nolock():
+        with getattr(self.local, "lock", None) or contextlib.nullcontext():
             weights = None if w is None else w.weights.tolist()
         self.conn.send(("propose", items, [int(s) for s in s_list], weights))
         _, tokens, outputs, voted, steps, counters = self._expect("proposal")
@@ -109,14 +110,6 @@ class RemoteProposer:
             self.proc.terminate()
             self.proc.join(timeout=5)
         self.conn.close()
-
-
-class _nolock:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _serve(conn, cfg: dict) -> None:
