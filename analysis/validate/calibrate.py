@@ -66,6 +66,7 @@ MATCHED_REQUESTS = (
                              "output_tokens": {"type": "uniform", "low": 8, "high": 160}}),
 )
 CALIBRATION_SEED = 9001  # validation cases use small seeds; these (9001..) are the calibration's alone
+STALL_RATIO = 1.8  # a measurement this many times the fit's prediction is a stall, left out of the next round
 
 
 def require_held_out_seed(seed: int) -> None:
@@ -73,7 +74,6 @@ def require_held_out_seed(seed: int) -> None:
     never see the run it is judged on."""
     if seed in range(CALIBRATION_SEED, CALIBRATION_SEED + 16):
         raise InfersimError(f"workload seed {seed} is one the calibration uses: pick another so the fit stays held out")
-STALL_RATIO = 1.8  # a measurement this many times the fit's prediction is a stall, left out of the next round
 
 
 class FittedCostModel(CostModel):
@@ -359,23 +359,26 @@ def calibrate_around(run, model: str, out_dir: Path, *, device: str = "cpu", dty
     fit = fit_from_runs(halves["before"] + halves["after"],
                         {"seed": seed, "seeds": [s.seed for s in specs], "workloads": [s.name for s in specs],
                          "matched": serving is not None, "bracketed": True})
+    loaded = {d: load_exec_run(d) for dirs in halves.values() for d in dirs}
+
     def ratios(d: Path) -> np.ndarray:
-        e = load_exec_run(d)
+        e = loaded[d]
         y = e.iteration_period_s
         ok = np.isfinite(y)
         return y[ok] / fit.predict_many([s for s, k in zip(e.shapes, ok) if k])
 
-    ratio = {side: float(np.median(np.concatenate([ratios(d) for d in dirs]))) if dirs else float("nan")
+    per_run = {d: ratios(d) for d in loaded}
+    ratio = {side: float(np.median(np.concatenate([per_run[d] for d in dirs]))) if dirs else float("nan")
              for side, dirs in halves.items()}
     fit.meta["speed_ratio_before"], fit.meta["speed_ratio_after"] = ratio["before"], ratio["after"]
     fit.meta["speed_shift"] = ratio["after"] / ratio["before"] - 1.0
     adjacent = (halves["before"][-1], halves["after"][0])
-    near = [float(np.median(ratios(d))) for d in adjacent]
+    near = [float(np.median(per_run[d])) for d in adjacent]
     # the copies' speed drifts apart from the compute's (swap copies of the same case took 10.6 to
     # 13.3 us per block in consecutive runs): their own ratio, total measured over total priced
     # copy time in the adjacent runs that swapped (preempt cases: mean absolute swap-cost error
     # 2.7% against 5.2% for the fit alone, over six validated runs)
-    copies = [swap_ratio(fit, load_exec_run(d)) for d in adjacent]
+    copies = [swap_ratio(fit, loaded[d]) for d in adjacent]
     copies = [c for c in copies if np.isfinite(c) and c > 0]
     fit.meta["speed_ratio_adjacent"], fit.meta["copy_ratio_adjacent"] = near, copies
     if all(np.isfinite(near)) and all(x > 0 for x in near):
