@@ -39,30 +39,27 @@ class SharedDevice:
             return
         self.active.add(name)
         self._notify()
-        remaining = float(work_s)
-        if self.whole_pass:
-            try:
-                yield from self._run_whole_pass(name, remaining, share)
-            finally:
-                self.active.discard(name)
-                self._notify()
-                self.busy_s[name] = self.busy_s.get(name, 0.0) + (env.now - start)
-            return
+        run = self._run_whole_pass if self.whole_pass else self._run_sharing
         try:
-            while True:
-                rate = 1.0 if len(self.active) == 1 else float(share or self.shares[name])
-                t0 = env.now
-                done = env.timeout(remaining / rate)
-                yield done | self.changed
-                if done.processed:
-                    break
-                remaining -= (env.now - t0) * rate
-                if remaining <= work_s * 1e-12:
-                    break
+            yield from run(name, float(work_s), share)
         finally:
             self.active.discard(name)
             self._notify()
             self.busy_s[name] = self.busy_s.get(name, 0.0) + (env.now - start)
+
+    def _run_sharing(self, name: str, work_s: float, share: float | None = None):
+        env = self.env
+        remaining = work_s
+        while True:
+            rate = 1.0 if len(self.active) == 1 else float(share or self.shares[name])
+            t0 = env.now
+            done = env.timeout(remaining / rate)
+            yield done | self.changed
+            if done.processed:
+                return
+            remaining -= (env.now - t0) * rate
+            if remaining <= work_s * 1e-12:
+                return
 
     def _run_whole_pass(self, name: str, work_s: float, share: float | None = None):
         env = self.env

@@ -204,11 +204,6 @@ class DraftProposer:
                 return d.acceptance.assigned_levels(rids, levels)
         return levels
 
-    def _uniforms(self, rng: np.random.Generator, rids, n: int) -> np.ndarray:
-        """One uniform per round: independent, or (stratified) the next point of each request's
-        Weyl sequence."""
-        return self._draws.uniforms(rng, rids, n)
-
     def accept(self, rng: np.random.Generator, k: np.ndarray, rids=None):
         """(accepted, voted SSM or -1, accepted / k, every SSM's agreement length or None).
         rids: the rounds' request ids (used by per-request acceptance models only)."""
@@ -223,13 +218,13 @@ class DraftProposer:
             if levels is None:
                 acc = models[0].sample(rng, k, n)
             else:
-                acc = models[0].from_uniform_at(self._uniforms(rng, rids, n), k, levels)
+                acc = models[0].from_uniform_at(self._draws.uniforms(rng, rids, n), k, levels)
             voted = np.zeros(n, dtype=np.int64)
         else:
             if levels is None:
                 lengths = draw_agreement_lengths(rng, models, k, n, self.correlation)
             else:  # as draw_agreement_lengths, every SSM at the request's level
-                shared, own, same = (self._uniforms(rng, rids, n), rng.random((n, len(models))),
+                shared, own, same = (self._draws.uniforms(rng, rids, n), rng.random((n, len(models))),
                                      rng.random(n) < self.correlation)
                 u = np.where(same[:, None], shared[:, None], own)
                 lengths = np.stack([m.from_uniform_at(u[:, j], k, levels) for j, m in enumerate(models)], axis=1)
