@@ -59,31 +59,52 @@ def build_decoder(target, drafts=(), *, method: str = "draft", s: int = 4, tempe
                               max_batch_size=max_batch_size)
 
 
-def warm_up(decoder, group_sizes=(1, 2, 4, 8), s: int = 4) -> None:
-    """First calls of new shapes cost 2-5x (a fresh engine's first verification passes took
-    4.7-5.9 ms against 2.6 ms later): run the target's prefill and verification, and each
-    in-process draft's drafting, on dummy sequences for a few batch sizes, then put every
-    counter back. The proposer's own state (voting weights, selector) is not touched."""
+WARM_UP_GROUPS = (1, 2, 4, 8)
+WARM_UP_PROMPT = list(range(1, 17))
+
+
+def _warm_up_groups(caches, s: int, group_sizes=WARM_UP_GROUPS):
+    """The group sizes whose dummy sequences fit every pool (a small pool warms fewer)."""
+    per_seq = caches[0].blocks_for_tokens(len(WARM_UP_PROMPT) + s + 1)
+    free = min(c.free_gpu for c in caches)
+    return [n for n in group_sizes if n * per_seq <= free]
+
+
+def warm_up_drafts(drafts, s: int = 4) -> None:
+    """Each draft's drafting on dummy sequences for a few group sizes, then its counters back to
+    zero (first calls of new shapes cost 2-5x: a fresh process's first drafting rounds took
+    2.4-5.1 ms against 1.1 ms later for one sequence)."""
     from .sequence import SpecSequence
 
-    target = decoder.target
-    drafts = list(getattr(decoder.proposer, "drafts", []))
-    per_seq = target.cache.blocks_for_tokens(16 + s + 1)
-    for n in group_sizes:
-        if n * per_seq > min([target.cache.free_gpu] + [d.cache.free_gpu for d in drafts]):
-            break  # a pool this small: no warm-up of larger groups
-        seqs = [SpecSequence(-1 - j, list(range(1, 17)), s + 2, max(1, len(drafts))) for j in range(n)]
-        target.step(seqs, [])
-        target.step([], [(q, [1] * s, None) for q in seqs])
+    drafts = list(drafts)
+    if not drafts:
+        return
+    for n in _warm_up_groups([d.cache for d in drafts], s):
+        seqs = [SpecSequence(-1 - j, WARM_UP_PROMPT, s + 2, len(drafts)) for j in range(n)]
         for d in drafts:
             d.propose(seqs, [s] * n)
             for q in seqs:
                 d.release(q)
+    for d in drafts:
+        d.steps = d.released_blocks = 0
+
+
+def warm_up(decoder, s: int = 4) -> None:
+    """First calls of new shapes cost 2-5x (a fresh engine's first verification passes took
+    4.7-5.9 ms against 2.6 ms later): run the target's prefill and verification on dummy
+    sequences for a few batch sizes, and the in-process drafts' drafting (warm_up_drafts), then
+    put every counter back. The proposer's own state (voting weights, selector) is not touched."""
+    from .sequence import SpecSequence
+
+    target = decoder.target
+    for n in _warm_up_groups([target.cache], s):
+        seqs = [SpecSequence(-1 - j, WARM_UP_PROMPT, s + 2, 1) for j in range(n)]
+        target.step(seqs, [])
+        target.step([], [(q, [1] * s, None) for q in seqs])
         for q in seqs:
             target.release(q)
     target.steps = target.released_blocks = 0
-    for d in drafts:
-        d.steps = d.released_blocks = 0
+    warm_up_drafts(getattr(decoder.proposer, "drafts", []), s)
 
 
 def make_sequences(prompts, output_lens, n_drafts: int, arrival_s=None):

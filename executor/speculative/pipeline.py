@@ -70,6 +70,8 @@ class PipelinedDecoder:
             raise InfersimError("the pipelined decoder verifies greedily only (speculation.sampling.mode: greedy)")
         self.dec = decoder
         self.target, self.proposer = decoder.target, decoder.proposer
+        if switch_interval_s is not None and not switch_interval_s > 0:
+            raise InfersimError(f"pipelined decoder: switch_interval_s must be positive, got {switch_interval_s}")
         if drafting not in ("auto", "thread", "process"):
             raise InfersimError(f"pipelined decoder: drafting must be auto, thread or process, got {drafting!r}")
         if drafting == "auto":
@@ -87,8 +89,6 @@ class PipelinedDecoder:
         self.ssm_batch_size = int(ssm_batch_size or self.llm_batch_size)
         self.rule = PoolBackPressure(self.llm_batch_size, back_pressure)
         self.intra_op_threads = int(intra_op_threads)
-        if switch_interval_s is not None and not switch_interval_s > 0:
-            raise InfersimError(f"pipelined decoder: switch_interval_s must be positive, got {switch_interval_s}")
         self.switch_interval_s = switch_interval_s
         self.stats: DecodeStats = decoder.stats
         self.draft_rounds: list[tuple] = []

@@ -121,6 +121,7 @@ def _serve(conn, cfg: dict) -> None:
         from simulator.speculative.minions import SSMWeights
 
         from ..models import load_model
+        from .build import warm_up_drafts
         from .draft import DraftModel
         from .minions import MinionsProposer
         from .proposers import SingleDraft
@@ -135,15 +136,7 @@ def _serve(conn, cfg: dict) -> None:
                                        seed=cfg["seed"])
         else:
             proposer = SingleDraft(drafts[0])
-        # first calls of new shapes are 2-5x slower (a fresh process's first drafting rounds took
-        # 2.4-5.1 ms against 1.1 ms later for one sequence): pay them before the engine's clock
-        for n in (1, 2, 4, 8):
-            dummies = [SpecSequence(-1 - j, list(range(1, 17)), 1, len(drafts)) for j in range(n)]
-            proposer.propose(dummies, [4] * n, 0.0, None)
-            for seq in dummies:
-                proposer.release(seq)
-        for d in drafts:
-            d.steps = d.released_blocks = 0
+        warm_up_drafts(drafts)  # first calls of new shapes, paid before the engine's clock
         seqs: dict[int, SpecSequence] = {}
         conn.send(("ready",))
         while True:
