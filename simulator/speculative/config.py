@@ -36,6 +36,13 @@ class AcceptanceRef(_Strict):
     dataset: Optional[str] = None  # None: the speculation section's dataset
 
 
+def _check_assignment(assignment: dict | None, n_components: int, field: str) -> None:
+    """A replayed run's request id -> component index map must name listed components."""
+    bad = [j for j in (assignment or {}).values() if not 0 <= j < n_components]
+    if bad:
+        raise ValueError(f"{field}: component index {bad[0]} out of range (0..{n_components - 1})")
+
+
 class AcceptanceSpec(_Strict):
     """An acceptance model given inline (same fields as a table entry).
 
@@ -96,10 +103,7 @@ class AcceptanceSpec(_Strict):
             w = self.weights if self.weights is not None else [1.0] * len(self.components)
             if len(w) != len(self.components) or any(x < 0 for x in w) or sum(w) <= 0:
                 raise ValueError("mixture 'weights': one non-negative weight per component, not all zero")
-            bad = [j for j in (self.assignment or {}).values() if not 0 <= j < len(self.components)]
-            if bad:
-                raise ValueError(f"mixture 'assignment': component index {bad[0]} out of range "
-                                 f"(0..{len(self.components) - 1})")
+            _check_assignment(self.assignment, len(self.components), "mixture 'assignment'")
         elif self.assignment is not None or self.draws != "random":
             raise ValueError("'assignment' and 'draws' apply to kind 'mixture' only")
         return self
@@ -266,10 +270,7 @@ class MedusaAcceptance(_Strict):
             w = self.weights if self.weights is not None else [1.0] * len(self.components)
             if len(w) != len(self.components) or sum(w) <= 0:
                 raise ValueError("'weights': one per component, not all zero")
-            bad = [j for j in (self.assignment or {}).values() if not 0 <= j < len(self.components)]
-            if bad:
-                raise ValueError(f"'assignment': component index {bad[0]} out of range "
-                                 f"(0..{len(self.components) - 1})")
+            _check_assignment(self.assignment, len(self.components), "'assignment'")
         elif self.assignment is not None or self.draws != "random":
             raise ValueError("'assignment' and 'draws' need per-request 'components'")
         return self
