@@ -259,6 +259,63 @@ def test_case_from_a_user_workload_picks_mode_and_comparisons(small_workload):
     assert "swap" not in case_from_spec(small_workload(preemption="recompute")).compare
 
 
+def _attempt_row(shift: float, stalls: float = 0.0, passed: bool = True) -> dict:
+    from analysis.validate.compare import SHIFT_LIMIT, STALL_LIMIT
+
+    return {"case": "c", "status": "ran", "passed": passed,
+            "busy": abs(shift) > SHIFT_LIMIT or stalls > STALL_LIMIT,
+            "comparison": {"info": {"speed_shift": shift, "calibration_stalls": 0.0},
+                           "cost_model": {"noise": {"stalls": stalls}}}}
+
+
+def test_matrix_measures_a_case_again_only_while_the_machine_was_unsteady(tmp_path):
+    from analysis.validate.matrix import measure_steadily, write_results
+
+    case_dir = tmp_path / "c"
+    (tmp_path / "c.attempt-7").mkdir()  # a previous matrix's leftover: removed
+
+    def measuring(rows):
+        it = iter(rows)
+
+        def measure():
+            case_dir.mkdir(exist_ok=True)
+            (case_dir / "n").write_text(str(len(list(tmp_path.glob("c*")))))
+            return next(it)
+        return measure
+
+    # steady at once: one attempt, even though it missed (the test is on the machine, not the errors)
+    row = measure_steadily(measuring([_attempt_row(0.01, passed=False)]), case_dir, 3)
+    assert row["discarded_attempts"] == [] and not row["passed"]
+    assert not (tmp_path / "c.attempt-7").exists()
+    # unsteady twice (a moved speed, then stalls), then steady: the third is reported, the others kept aside
+    row = measure_steadily(measuring([_attempt_row(-0.081), _attempt_row(0.0, stalls=0.05, passed=False),
+                                      _attempt_row(0.02)]), case_dir, 3)
+    assert [a["attempt"] for a in row["discarded_attempts"]] == [1, 2]
+    assert [a["passed"] for a in row["discarded_attempts"]] == [True, False]
+    assert "speed moved -8.1%" in row["discarded_attempts"][0]["why"]
+    assert "5.0% of executed iterations stalled" in row["discarded_attempts"][1]["why"]
+    assert (tmp_path / "c.attempt-1").is_dir() and (tmp_path / "c.attempt-2").is_dir() and case_dir.is_dir()
+    # the attempts run out: the last is reported, busy as it is
+    row = measure_steadily(measuring([_attempt_row(0.09), _attempt_row(0.09)]), case_dir, 2)
+    assert len(row["discarded_attempts"]) == 1 and row["busy"]
+    # attempts=1: never again
+    assert measure_steadily(measuring([_attempt_row(0.5)]), case_dir, 1)["discarded_attempts"] == []
+    row = measure_steadily(measuring([_attempt_row(-0.081), _attempt_row(0.0)]), case_dir, 3)
+    row.update(case="c", checks=[])
+    text = write_results([row], {"date": "d", "model": "m", "device": "cpu", "wall_s": 1.0, "load_start": "0",
+                                 "load_end": "0", "fits": {}}, {}, tmp_path / "res").read_text()
+    assert "c (attempt 1: speed moved -8.1% between the calibrations around it, met every target; " \
+           "attempt 2 reported)" in text
+
+
+def test_matrix_refuses_fewer_than_one_attempt_in_one_line(capsys):
+    from analysis.validate.matrix import main as matrix_main
+
+    assert matrix_main(["--attempts", "0", "--cases", "plain-load"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--attempts must be at least 1, got 0" in err and "\n" not in err
+
+
 # ---- bad input: one line, exit 2 ------------------------------------------------------------------
 @pytest.mark.parametrize("argv, message", [
     (["validate"], "exactly one of --workload"),
