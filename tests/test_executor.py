@@ -142,16 +142,18 @@ def test_cost_aware_fairness_and_chunked_prefill_match_hf(target, case):
 
 def test_uninitialised_cache_memory_never_leaks_in(target, case, monkeypatch):
     """Blocks are read whole and ragged batches padded; masked rows get weight 0, but 0 x NaN
-    is NaN: pools made of NaN (as uninitialised memory may be) must not change a token."""
+    is NaN: pools made of NaN (as uninitialised GPU memory may be; the CPU's pools are
+    committed and zeroed up front) must not change a token."""
     import executor.kvcache as kvcache
 
-    real_empty = torch.empty
+    def nan_filled(real):
+        def alloc(*args, **kwargs):
+            t = real(*args, **kwargs)
+            return t.fill_(float("nan")) if t.is_floating_point() else t
+        return alloc
 
-    def nan_empty(*args, **kwargs):
-        t = real_empty(*args, **kwargs)
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-
-    monkeypatch.setattr(kvcache.torch, "empty", nan_empty)
+    monkeypatch.setattr(kvcache.torch, "empty", nan_filled(torch.empty))
+    monkeypatch.setattr(kvcache.torch, "zeros", nan_filled(torch.zeros))
     prompts, outputs, ref = case
     got, eng = generate(target, prompts, outputs, gpu_blocks=24, cpu_blocks=_blocks(prompts, outputs),
                         preemption="swap", max_batch_size=5)
