@@ -307,8 +307,8 @@ def test_matrix_measures_a_case_again_only_while_the_machine_was_unsteady(tmp_pa
     row.update(case="c", checks=[])
     text = write_results([row], {"date": "d", "model": "m", "device": "cpu", "wall_s": 1.0, "load_start": "0",
                                  "load_end": "0", "fits": {}}, {}, tmp_path / "res").read_text()
-    assert "c (attempt 1: speed moved -8.1% between the calibrations around it, met every target; " \
-           "attempt 2 reported)" in text
+    assert "c: attempt 1 (speed moved -8.1% between the calibrations around it; it met every target), " \
+           "attempt 2 reported" in text
 
 
 def test_matrix_refuses_fewer_than_one_attempt_in_one_line(capsys):

@@ -206,10 +206,10 @@ def _remeasured(rows: list[dict]) -> str:
     again = [r for r in rows if r.get("discarded_attempts")]
     if not again:
         return ""
-    said = "; ".join(f"{r['case']} (" + ", ".join(f"attempt {a['attempt']}: {a['why']}, "
-                                                  f"{'met every target' if a['passed'] else 'missed'}"
+    said = "; ".join(f"{r['case']}: " + ", ".join(f"attempt {a['attempt']} ({a['why']}; "
+                                                  f"{'it met every target' if a['passed'] else 'it missed'})"
                                                   for a in r["discarded_attempts"])
-                     + f"; attempt {len(r['discarded_attempts']) + 1} reported)" for r in again)
+                     + f", attempt {len(r['discarded_attempts']) + 1} reported" for r in again)
     return (" Measured again because the machine was unsteady around an attempt (its speed moved more than "
             f"{SHIFT_LIMIT:.0%} between the calibrations before and after the validated run, or more than "
             f"{STALL_LIMIT:.0%} of iterations stalled; judged on the machine, whatever the attempt's errors): {said}.")
