@@ -403,3 +403,16 @@ def test_drafting_features_count_the_prompts_each_draft_prefills():
     assert drafting_features(d).tolist() == [[12, 24, 0, 300], [2, 10, 0, 0]]
     d.pop("prompt_tokens")  # a table written before the column existed
     assert drafting_features(d)[:, 3].tolist() == [0, 0]
+
+
+def test_pipelined_miss_names_the_cost_model_when_the_passes_were_priced_off():
+    from analysis.validate.spec_compare import pipeline_source
+
+    busy = {"verify_busy_s": 0.62, "simulated_llm_busy_s": 0.56, "draft_busy_s": 0.44, "simulated_ssm_busy_s": 0.50,
+            "both_busy_s": 0.37}
+    # drafting priced 13.6% slow: the cost model, whatever the total bias
+    assert pipeline_source(busy, "x", cost_bias=-0.02).startswith("cost model (pipeline: verifying passes 0.62 s")
+    close = {**busy, "simulated_llm_busy_s": 0.60, "simulated_ssm_busy_s": 0.46}  # both within 10%
+    assert pipeline_source(close, "x", cost_bias=-0.02).startswith("scheduling mismatch")
+    assert pipeline_source(close, "x", cost_bias=-0.07).startswith("cost model")  # the passes priced 7% off
+    assert pipeline_source(close, "x").startswith("scheduling mismatch") and pipeline_source(close, "x").endswith("also x)")
