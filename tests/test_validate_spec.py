@@ -416,3 +416,30 @@ def test_pipelined_miss_names_the_cost_model_when_the_passes_were_priced_off():
     assert pipeline_source(close, "x", cost_bias=-0.02).startswith("scheduling mismatch")
     assert pipeline_source(close, "x", cost_bias=-0.07).startswith("cost model")  # the passes priced 7% off
     assert pipeline_source(close, "x").startswith("scheduling mismatch") and pipeline_source(close, "x").endswith("also x)")
+
+
+def test_speculative_calibration_runs_the_cases_own_mix_on_a_held_out_seed():
+    from analysis.validate.calibrate import require_held_out_seed
+    from analysis.validate.cases import get_case
+    from analysis.validate.spec_validate import SPEC_MIX_SEED, calibration_specs
+    from simulator.errors import InfersimError
+    from simulator.workload.builder import build_requests
+
+    spec = get_case("spec-draft").spec("zoo-target")
+    specs = calibration_specs(spec)
+    assert [s.name for s in specs] == ["calib-spec-load", "calib-spec-burst", "calib-spec-mix"]
+    mix = specs[-1]
+    assert mix.seed == SPEC_MIX_SEED and mix.requests == spec.requests and mix.speculation == spec.speculation
+    for s in specs:  # every calibration seed is one a validated workload may not use
+        with pytest.raises(InfersimError):
+            require_held_out_seed(s.seed)
+    got, validated = build_requests(mix), build_requests(spec)
+    assert got.prompt_tokens.size == validated.prompt_tokens.size
+    assert not np.array_equal(got.prompt_tokens, validated.prompt_tokens)  # other requests, the same kind
+    assert not np.array_equal(got.arrival_s, validated.arrival_s)
+    # a trace would replay the validated requests themselves: no mix run
+    from simulator.workload.schema import TraceSource
+
+    traced = spec.model_copy(update={"requests": spec.requests.model_copy(update={
+        "trace": TraceSource(file="t.csv", prompt_column="p", output_column="o")})})
+    assert [s.name for s in calibration_specs(traced)] == ["calib-spec-load", "calib-spec-burst"]

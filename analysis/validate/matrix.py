@@ -173,8 +173,8 @@ def write_results(rows: list[dict], meta: dict, machine: dict, folder: Path) -> 
         spec_fits = {c: f for c, f in fits.items() if "round_fit" in f}
         if spec_fits:
             cal += (" Speculative cases: a round fit (analysis/validate/spec_costmodel.py) calibrated around each "
-                    "case on its own serving and speculation sections with other requests (calib-spec-load and "
-                    "calib-spec-burst, seeds 9011-9012) — in-sample round MAPE / machine speed shift before→after: "
+                    "case on its own serving and speculation sections with other requests (calib-spec-load, "
+                    "calib-spec-burst and the case's own request mix calib-spec-mix, seeds 9011, 9012 and 9015) — in-sample round MAPE / machine speed shift before→after: "
                     + ", ".join(f"{c} {f['round_fit']['mape_in_sample']:.1%} / {f.get('speed_shift', float('nan')):+.1%}"
                                 for c, f in spec_fits.items()) + ".")
     info = {
