@@ -416,6 +416,10 @@ def test_pipelined_miss_names_the_cost_model_when_the_passes_were_priced_off():
     assert pipeline_source(close, "x", cost_bias=-0.02).startswith("scheduling mismatch")
     assert pipeline_source(close, "x", cost_bias=-0.07).startswith("cost model")  # the passes priced 7% off
     assert pipeline_source(close, "x").startswith("scheduling mismatch") and pipeline_source(close, "x").endswith("also x)")
+    # the TTFT tail near the batch cap: a few percent of pricing magnified by the queue
+    assert pipeline_source(close, "x", cost_bias=-0.03, metric="TTFT p99").startswith(
+        "cost model, magnified by the queue (the passes priced -3.0% in total")
+    assert pipeline_source(close, "x", cost_bias=-0.01, metric="TTFT p99").startswith("scheduling mismatch")
 
 
 def test_speculative_calibration_runs_the_cases_own_mix_on_a_held_out_seed():
