@@ -263,12 +263,20 @@ def test_case_from_a_user_workload_picks_mode_and_comparisons(small_workload):
 
 
 def _attempt_row(shift: float, stalls: float = 0.0, passed: bool = True) -> dict:
-    from analysis.validate.compare import SHIFT_LIMIT, STALL_LIMIT
+    from analysis.validate.compare import disturbance
 
-    return {"case": "c", "status": "ran", "passed": passed,
-            "busy": abs(shift) > SHIFT_LIMIT or stalls > STALL_LIMIT,
-            "comparison": {"info": {"speed_shift": shift, "calibration_stalls": 0.0},
-                           "cost_model": {"noise": {"stalls": stalls}}}}
+    why = disturbance(stalls, 0.0, shift)  # the busy test, as check_targets applies it
+    return {"case": "c", "status": "ran", "passed": passed, "busy": bool(why),
+            "comparison": {"info": {"speed_shift": shift, "calibration_stalls": 0.0, "disturbed_by": why}}}
+
+
+def test_busy_test_names_what_disturbed_the_run():
+    from analysis.validate.compare import disturbance
+
+    assert disturbance(0.0, 0.0, 0.049) == [] and disturbance(float("nan"), float("nan"), float("nan")) == []
+    assert disturbance(0.03, 0.021, -0.06) == ["speed moved -6.0% between the calibrations around it",
+                                               "3.0% of executed iterations stalled",
+                                               "2.1% of calibration iterations stalled"]
 
 
 def test_matrix_measures_a_case_again_only_while_the_machine_was_unsteady(tmp_path):

@@ -131,6 +131,19 @@ def cost_model_level(run, cost_model) -> dict:
     return out
 
 
+def disturbance(stalls: float, calibration_stalls: float, speed_shift: float) -> list[str]:
+    """The busy test, in words: what disturbed a validation's timing (more than STALL_LIMIT of
+    the executed or calibration iterations stalled, or the machine's speed moved more than
+    SHIFT_LIMIT between the calibrations before and after the run); empty when it was steady."""
+    why = []
+    if np.isfinite(speed_shift) and abs(speed_shift) > SHIFT_LIMIT:
+        why.append(f"speed moved {speed_shift:+.1%} between the calibrations around it")
+    for what, x in (("executed", stalls), ("calibration", calibration_stalls)):
+        if np.isfinite(x) and x > STALL_LIMIT:
+            why.append(f"{x:.1%} of {what} iterations stalled")
+    return why
+
+
 def timing_noise(run) -> dict:
     """How noisy the measurements are, whatever the model (measured.stalls): the fraction of
     iterations that stalled, and the iteration-to-iteration jitter of like decode steps."""
@@ -269,9 +282,8 @@ def check_targets(c: Comparison, compare: tuple[str, ...], targets: dict | None 
     cal_stalls = c.info.get("calibration_stalls", float("nan"))
     shift = c.info.get("speed_shift", float("nan"))
     moved = bool(np.isfinite(shift) and abs(shift) > SHIFT_LIMIT)
-    busy = bool((np.isfinite(stalls) and stalls > STALL_LIMIT) or (np.isfinite(cal_stalls) and cal_stalls > STALL_LIMIT)
-                or moved)
-    c.info["busy"] = busy
+    c.info["disturbed_by"] = disturbance(stalls, cal_stalls, shift)
+    busy = c.info["busy"] = bool(c.info["disturbed_by"])
 
     def noise_source() -> str:
         if moved:

@@ -47,20 +47,6 @@ def _load() -> str:
         return "?"
 
 
-def disturbance(row: dict) -> str:
-    """Why a validation's timing can not be trusted (compare.py's busy test), in words."""
-    info = row.get("comparison", {}).get("info", {})
-    noise = row.get("comparison", {}).get("cost_model", {}).get("noise", {})
-    why = []
-    shift = info.get("speed_shift")
-    if shift is not None and abs(shift) > SHIFT_LIMIT:
-        why.append(f"speed moved {shift:+.1%} between the calibrations around it")
-    for what, x in (("executed", noise.get("stalls")), ("calibration", info.get("calibration_stalls"))):
-        if x is not None and x > STALL_LIMIT:
-            why.append(f"{x:.1%} of {what} iterations stalled")
-    return "; ".join(why) or "busy"
-
-
 def measure_steadily(measure, case_dir: Path, attempts: int) -> dict:
     """measure() again, up to `attempts` times, while the machine was unsteady around it (the
     busy test: its speed moved more than 5% between the calibrations before and after the
@@ -70,15 +56,16 @@ def measure_steadily(measure, case_dir: Path, attempts: int) -> dict:
     as <case>.attempt-K)."""
     import shutil
 
-    case_dir = Path(case_dir)
+    case_dir, attempts = Path(case_dir), max(1, int(attempts))
     for old in case_dir.parent.glob(f"{case_dir.name}.attempt-*"):
         shutil.rmtree(old)  # a previous matrix's discarded attempts
     discarded = []
-    for k in range(1, max(1, int(attempts)) + 1):
+    for k in range(1, attempts + 1):
         row = measure()
         if row.get("status") != "ran" or not row.get("busy") or k == attempts:
             break
-        discarded.append({"attempt": k, "passed": bool(row["passed"]), "why": disturbance(row)})
+        why = row.get("comparison", {}).get("info", {}).get("disturbed_by") or ["busy"]
+        discarded.append({"attempt": k, "passed": bool(row["passed"]), "why": "; ".join(why)})
         if case_dir.exists():
             case_dir.rename(case_dir.parent / f"{case_dir.name}.attempt-{k}")
     row["discarded_attempts"] = discarded
