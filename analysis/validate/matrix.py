@@ -179,9 +179,10 @@ def write_results(rows: list[dict], meta: dict, machine: dict, folder: Path) -> 
             "(start to next start); for the speculative cases per round (the drafts' s steps + the verification; "
             "pipelined: the verifying thread's pass), on the executed rounds' rebuilt batches. Speculative cases "
             "also check acceptance and tokens per step (5%). The other errors are end to end: the simulated run against the executed one on "
-            "the same requests. A miss names its source: timing noise (more than 2% of iterations stalled: a busy "
-            "machine), the acceptance model, a scheduling mismatch (even the simulation driven by the executor's own "
-            "measured times is off), or the cost model (that replay is close: the predicted times differ).",
+            "the same requests. A miss names its source: timing noise (more than 2% of iterations stalled, or the "
+            "machine's speed moved more than 5% between the calibrations around the run), the acceptance model, "
+            "a scheduling mismatch (even the simulation driven by the executor's own measured times is off), or the "
+            "cost model (that replay is close: the predicted times differ).",
             "Reproduce: `python -m analysis.validate.matrix` (per-case reports under runs/validation-matrix/<case>/).",
         ],
     }
