@@ -220,9 +220,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=Path("runs") / "validation-matrix", help="per-case reports")
     p.add_argument("--results", type=Path, default=RESULTS_DIR, help="folder of RESULTS.md (default docs/validation)")
     p.add_argument("--attempts", type=int, default=ATTEMPTS,
-                   help="measure a case again while the machine was unsteady around it (speed moved >5%% between "
-                        "the calibrations before and after, or >2%% of iterations stalled), up to this many times in all; "
-                        "1: never (default %(default)s)")
+                   help=f"measure a case again while the machine was unsteady around it (speed moved >{SHIFT_LIMIT * 100:.0f}%% "
+                        f"between the calibrations before and after, or >{STALL_LIMIT * 100:.0f}%% of iterations stalled), up to "
+                        "this many times in all; 1: never (default %(default)s)")
     p.add_argument("--quiet", "-q", action="store_true")
     args = p.parse_args(argv)
     try:
