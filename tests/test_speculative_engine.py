@@ -308,3 +308,27 @@ def test_pipeline_gain_grows_with_the_ssm_step_cost():
         piped, _ = _tput(_pipe_spec(True, ov, "shared"))
         gains.append(piped / coupled)
     assert gains[0] < gains[1] < gains[2]
+
+
+def test_pipeline_handoff_delays_each_return_to_the_drafts_by_hand():
+    """One request, one SSM: the engines strictly alternate, so each verifying pass's hand-over
+    (pipeline.handoff_s) lands on the request's path once per pass before the last: the prefill
+    pass and every verification but the final one, `rounds` in all. The acceptance draws do not
+    depend on time, so both runs make the same rounds; the LLM's busy time is unchanged (the
+    hand-over is host work)."""
+    def run(handoff_s):
+        spec = WorkloadSpec.model_validate({
+            "model": "opt-6.7b", "hardware": {"profile": "a100-80gb-sxm"},
+            "requests": {"count": 1, "arrival": {"type": "burst"}, "prompt_tokens": {"type": "fixed", "value": 64},
+                         "output_tokens": {"type": "fixed", "value": 40}},
+            "speculation": {"method": "minions", "drafts": DRAFTS[:1], "speculation_length": 4,
+                            "selector": {"enabled": False}, "voting": {"enabled": False},
+                            "pipeline": {"placement": "separate", "handoff_s": handoff_s}}})
+        return summarize(_sim(spec)[1])
+
+    base, slow = run(0.0), run(1e-3)
+    rounds = base["speculation"]["rounds"]
+    assert rounds == slow["speculation"]["rounds"] and rounds > 5
+    assert slow["e2e_s"]["mean"] - base["e2e_s"]["mean"] == pytest.approx(rounds * 1e-3, rel=1e-9)
+    llm = (base["speculation"]["engines"]["llm"], slow["speculation"]["engines"]["llm"])
+    assert llm[0]["busy_s"] == pytest.approx(llm[1]["busy_s"], rel=1e-12)

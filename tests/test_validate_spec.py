@@ -447,3 +447,36 @@ def test_speculative_calibration_runs_the_cases_own_mix_on_a_held_out_seed():
     traced = spec.model_copy(update={"requests": spec.requests.model_copy(update={
         "trace": TraceSource(file="t.csv", prompt_column="p", output_column="o")})})
     assert [s.name for s in calibration_specs(traced)] == ["calib-spec-load", "calib-spec-burst"]
+
+
+def test_handoffs_are_the_gaps_from_a_verification_to_the_drafting_it_held_up():
+    """Only a drafting round that waited for work, and whose previous round ended before the
+    verification it waited for, measures the hand-over: 0.2 ms and 0.3 ms here. A round that
+    did not wait, and one whose previous round ended after the last verification (it waited
+    for something else), are left out."""
+    from analysis.validate.spec_rounds import handoffs_s
+
+    rounds = {"t_end_s": np.array([1.0, 2.0, 3.0])}
+    drafting = {"t_start_s": np.array([1.0002, 1.6, 2.0003, 2.5]), "t_end_s": np.array([1.5, 1.9, 2.4, 2.7]),
+                "waited_s": np.array([0.1, 0.0, 0.05, 0.01])}
+    assert handoffs_s(rounds, drafting) == pytest.approx([2e-4, 3e-4], abs=1e-12)
+    assert handoffs_s(rounds, {k: v for k, v in drafting.items() if k != "waited_s"}).size == 0
+
+
+def test_pipelined_fit_carries_the_median_handoff_to_the_simulator():
+    """The drafting rounds in the gaps waited for work and start 30 ms after their pass began:
+    their hand-overs are 30 ms minus the pass (where the round before them ended earlier); the
+    fit keeps their median for the simulator (spec_simulate passes it as pipeline.handoff_s)."""
+    from analysis.validate.spec_costmodel import fit_rounds
+
+    t, d, _ = _pipelined_tables(np.random.default_rng(5))
+    in_gap = np.isin(d["t_start_s"], t["t_start_s"] + 0.03)
+    d["waited_s"] = np.where(in_gap, 1e-3, 0.0)
+    want = []
+    for j in np.flatnonzero(in_gap):
+        i = int(np.flatnonzero(np.isclose(t["t_start_s"] + 0.03, d["t_start_s"][j]))[0])
+        if j == 0 or d["t_end_s"][j - 1] < t["t_end_s"][i]:
+            want.append(0.03 - t["fit_y_s"][i])
+    fit = fit_rounds([t], {}, drafting=[d])
+    assert len(want) >= 5 and fit.meta["pipeline_handoff_points"] == len(want)
+    assert fit.meta["pipeline_handoff_s"] == pytest.approx(float(np.median(want)), rel=1e-9)

@@ -220,6 +220,9 @@ def pipeline_source(b: dict, noise: str, cost_bias: float | None = None, metric:
     d, dp = b.get("draft_busy_s"), b.get("simulated_ssm_busy_s")
     txt = (f"verifying passes {v:.2f} s measured against {vp:.2f} s simulated, drafting {d:.2f} s against {dp:.2f} s; "
            f"both engines busy at once {b.get('both_busy_s', float('nan')):.2f} s" if None not in (vp, d, dp) else "")
+    hm, hf = b.get("handoff_measured_s"), b.get("handoff_fitted_s")
+    if txt and None not in (hm, hf):
+        txt += f"; hand-over after a pass {hm * 1e3:.2f} ms measured (median), {hf * 1e3:.2f} ms fitted"
     off = [(x, y) for x, y in ((vp, v), (dp, d)) if None not in (x, y) and y > 0 and abs(x / y - 1.0) > 0.10]
     bias = cost_bias if cost_bias is not None and np.isfinite(cost_bias) else 0.0
     if metric == "TTFT p99" and not off and 0.02 < abs(bias) <= 0.05:
@@ -367,6 +370,12 @@ def compare_spec(case: str, exec_run, sim_run, t: dict, fit, compare: tuple[str,
                 ch["kind"] = "scheduling mismatch"
     if pipelined:
         b = c.info["pipeline"] = pipeline_busy(t, drafting, sim_run.summary)
+        if drafting is not None:
+            from .spec_rounds import handoffs_s
+
+            hand = handoffs_s(t, drafting)
+            b["handoff_measured_s"] = float(np.median(hand)) if hand.size else None
+            b["handoff_fitted_s"] = (fit.meta or {}).get("pipeline_handoff_s")
         for ch in checks:
             if not ch["ok"] and ch["metric"] not in ("acceptance rate", "tokens per step", "per-iteration latency MAPE"):
                 ch["component"] = pipeline_source(b, ch["component"], c.cost_model.get("total_bias"), ch["metric"])

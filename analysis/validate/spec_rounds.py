@@ -111,3 +111,22 @@ def drafting_rounds(run_dir: Path) -> dict[str, np.ndarray] | None:
     # does not say which, so such rounds are left out (the simulator charges them nothing too)
     t["busy_s"] = np.where(busy < 0.2 * np.median(busy), np.nan, busy) if busy.size else busy
     return t
+
+
+def handoffs_s(rounds: dict, drafting: dict) -> np.ndarray:
+    """A pipelined run's hand-overs from verification to drafting: for each drafting round that
+    waited for work and began after a verification ended (and after its own previous round), the
+    time from that verification's end to its start. The verifying thread's bookkeeping after a
+    pass (token commits, releases, `end` is stamped before them) and the drafting thread's
+    wake-up, which no pass time prices (the simulator's `pipeline.handoff_s`)."""
+    if "waited_s" not in drafting:  # recorded before the drafting table had its waits
+        return np.zeros(0)
+    te = np.asarray(rounds["t_end_s"], dtype=np.float64)
+    ds = np.asarray(drafting["t_start_s"], dtype=np.float64)
+    de = np.asarray(drafting["t_end_s"], dtype=np.float64)
+    waited = np.asarray(drafting["waited_s"], dtype=np.float64)
+    k = np.searchsorted(te, ds, side="right") - 1  # the last verification ended before each round
+    prev_end = np.concatenate([[-np.inf], de[:-1]])
+    m = (k >= 0) & (waited > 0)
+    m[m] &= te[k[m]] > prev_end[m]  # it waited for that verification, not for an earlier one
+    return ds[m] - te[k[m]]

@@ -31,7 +31,7 @@ from .measured import RunDir
 
 
 def spec_sim_spec(run: RunDir, *, profile: str = "cpu-reference", updates: dict | None = None,
-                  shares: dict | None = None, contention: str = "sharing"):
+                  shares: dict | None = None, contention: str = "sharing", handoff_s: float = 0.0):
     from simulator.workload.schema import WorkloadSpec
 
     w = dict(run.config["workload"])
@@ -62,7 +62,8 @@ def spec_sim_spec(run: RunDir, *, profile: str = "cpu-reference", updates: dict 
     if sp.get("pipeline", {}).get("enabled") is not False and sp.get("method") == "minions":
         shares = shares or {"llm": 1.0, "ssm": 1.0}
         sp["pipeline"] = {**(sp.get("pipeline") or {}), "placement": "shared", "llm_share": float(shares["llm"]),
-                          "ssm_share": float(shares["ssm"]), "contention": contention}
+                          "ssm_share": float(shares["ssm"]), "contention": contention,
+                          "handoff_s": float(handoff_s)}
         if "llm_prefill" in shares:
             sp["pipeline"]["llm_prefill_share"] = float(shares["llm_prefill"])
     w.update(model=str(model_path), serving=sv, hardware=hw, speculation=sp)
@@ -121,7 +122,8 @@ def simulate_spec_run(run: RunDir, out: Path, fit, *, profile: str = "cpu-refere
 
     meta = fit.meta or {}
     spec = spec_sim_spec(run, profile=profile, updates=updates, shares=meta.get("pipeline_shares"),
-                         contention=meta.get("pipeline_contention", "sharing"))
+                         contention=meta.get("pipeline_contention", "sharing"),
+                         handoff_s=meta.get("pipeline_handoff_s", 0.0))
     if seed is not None:
         spec = spec.model_copy(update={"seed": int(seed)})
     requests = sim_requests(run)

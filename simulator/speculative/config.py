@@ -213,6 +213,12 @@ class PipelineSection(_Strict):
     # prefilling pass took 1.04-1.14x its solo time, a decode-only one 1.2-1.75x
     llm_prefill_share: Optional[float] = Field(None, gt=0, le=1)
     contention: Literal["sharing", "whole_pass"] = "sharing"
+    # host time on the verifying engine after each verification before its sequences go back to
+    # the drafting engine and the next pass can begin: token commits, finished requests'
+    # release, the hand-over to the drafting thread or process. The CPU executor spent a median
+    # 0.14-0.25 ms per pass there (most of the gaps between its passes); `sim validate` measures
+    # it on the calibration runs. 0 leaves it out (no measurement for the deployment)
+    handoff_s: float = Field(0.0, ge=0)
     llm_batch_size: Optional[PositiveInt] = None  # None: serving.max_batch_size // 2 (two batches in flight)
     ssm_batch_size: Optional[PositiveInt] = None  # None: llm_batch_size
     back_pressure: bool = True  # SSMs pause while the pool holds >= llm_batch_size requests

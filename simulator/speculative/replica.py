@@ -429,6 +429,10 @@ class PipelinedReplica(SpeculativeReplica):
                        if entries[0].lengths is not None else None)
             self._learn(end - start, end - start, tokens, voted, rates, end, k_fit,
                         np.array([e.s for e in entries]), lengths, acc)
+        if self.cfg.pipeline.handoff_s > 0:
+            # the verifying engine's host bookkeeping before the sequences return (no device
+            # work); it holds this loop, so no scheduling decision lands in between
+            yield env.timeout(self.cfg.pipeline.handoff_s)
         if started or going:
             self.ready.extend(started + going)
             self._wake_ssm()
