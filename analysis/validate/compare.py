@@ -144,6 +144,15 @@ def disturbance(stalls: float, calibration_stalls: float, speed_shift: float) ->
     return why
 
 
+def unsteadiness(stalls: float, calibration_stalls: float, speed_shift: float) -> float:
+    """How far past the busy test's limits a validation's timing was, as the largest of |speed
+    shift| / SHIFT_LIMIT and stalls / STALL_LIMIT (NaN terms left out): above 1 exactly when
+    `disturbance` names something. Ranks the attempts of a case that never ran steadily."""
+    terms = [abs(speed_shift) / SHIFT_LIMIT, stalls / STALL_LIMIT, calibration_stalls / STALL_LIMIT]
+    terms = [x for x in terms if np.isfinite(x)]
+    return float(max(terms)) if terms else 0.0
+
+
 def timing_noise(run) -> dict:
     """How noisy the measurements are, whatever the model (measured.stalls): the fraction of
     iterations that stalled, and the iteration-to-iteration jitter of like decode steps."""
@@ -283,6 +292,7 @@ def check_targets(c: Comparison, compare: tuple[str, ...], targets: dict | None 
     shift = c.info.get("speed_shift", float("nan"))
     moved = bool(np.isfinite(shift) and abs(shift) > SHIFT_LIMIT)
     c.info["disturbed_by"] = disturbance(stalls, cal_stalls, shift)
+    c.info["unsteadiness"] = unsteadiness(stalls, cal_stalls, shift)
     busy = c.info["busy"] = bool(c.info["disturbed_by"])
 
     def noise_source() -> str:

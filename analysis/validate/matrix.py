@@ -51,24 +51,38 @@ def measure_steadily(measure, case_dir: Path, attempts: int) -> dict:
     """measure() again, up to `attempts` times, while the machine was unsteady around it (the
     busy test: its speed moved more than 5% between the calibrations before and after the
     validated run, or more than 2% of iterations stalled). The test is on the machine, not on
-    the errors: a disturbed attempt is measured again whether it met the targets or not, and
-    the last attempt is reported whatever it shows, with the discarded ones (their folders kept
-    as <case>.attempt-K)."""
+    the errors: a disturbed attempt is measured again whether it met the targets or not. The
+    first steady attempt is reported; when none was steady, the steadiest (the least past the
+    busy test's limits, compare.unsteadiness; the later on a tie), whatever it shows. The others
+    are listed with it, their folders kept as <case>.attempt-K."""
     import shutil
 
     case_dir, attempts = Path(case_dir), max(1, int(attempts))
     for old in case_dir.parent.glob(f"{case_dir.name}.attempt-*"):
         shutil.rmtree(old)  # a previous matrix's discarded attempts
-    discarded = []
+    tried = []
     for k in range(1, attempts + 1):
         row = measure()
+        tried.append(row)
         if row.get("status") != "ran" or not row.get("busy") or k == attempts:
             break
-        why = row.get("comparison", {}).get("info", {}).get("disturbed_by") or ["busy"]
-        discarded.append({"attempt": k, "passed": bool(row["passed"]), "why": "; ".join(why)})
         if case_dir.exists():
             case_dir.rename(case_dir.parent / f"{case_dir.name}.attempt-{k}")
-    row["discarded_attempts"] = discarded
+    last = len(tried)
+    best = last
+    if row.get("status") == "ran" and row.get("busy"):
+        score = [float(r.get("comparison", {}).get("info", {}).get("unsteadiness", float("inf")))
+                 for r in tried]
+        best = min(range(1, last + 1), key=lambda k: (score[k - 1], -k))
+    if best != last and case_dir.exists():
+        case_dir.rename(case_dir.parent / f"{case_dir.name}.attempt-{last}")
+        (case_dir.parent / f"{case_dir.name}.attempt-{best}").rename(case_dir)
+    row = tried[best - 1]
+    row["discarded_attempts"] = [
+        {"attempt": k, "passed": bool(r["passed"]),
+         "why": "; ".join(r.get("comparison", {}).get("info", {}).get("disturbed_by") or ["busy"])}
+        for k, r in enumerate(tried, 1) if k != best]
+    row["reported_attempt"] = best
     return row
 
 
@@ -197,7 +211,8 @@ def _remeasured(rows: list[dict]) -> str:
     said = "; ".join(f"{r['case']}: " + ", ".join(f"attempt {a['attempt']} ({a['why']}; "
                                                   f"{'it met every target' if a['passed'] else 'it missed'})"
                                                   for a in r["discarded_attempts"])
-                     + f", attempt {len(r['discarded_attempts']) + 1} reported" for r in again)
+                     + f", attempt {r.get('reported_attempt', len(r['discarded_attempts']) + 1)} reported"
+                     + (" (none was steady: the steadiest)" if r.get("busy") else "") for r in again)
     return (" Measured again because the machine was unsteady around an attempt (its speed moved more than "
             f"{SHIFT_LIMIT:.0%} between the calibrations before and after the validated run, or more than "
             f"{STALL_LIMIT:.0%} of iterations stalled; judged on the machine, whatever the attempt's errors): {said}.")
@@ -222,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--attempts", type=int, default=ATTEMPTS,
                    help=f"measure a case again while the machine was unsteady around it (speed moved >{SHIFT_LIMIT * 100:.0f}%% "
                         f"between the calibrations before and after, or >{STALL_LIMIT * 100:.0f}%% of iterations stalled), up to "
-                        "this many times in all; 1: never (default %(default)s)")
+                        "this many times in all, reporting the steadiest when none was steady; 1: never "
+                        "(default %(default)s)")
     p.add_argument("--quiet", "-q", action="store_true")
     args = p.parse_args(argv)
     try:
