@@ -235,6 +235,7 @@ class Engine:
                                        f"(waiting {len(self.waiting)}, swapped {len(self.swapped)})")
                 self._wait_until(self._arrivals[0][0])
                 continue
+            self.clock.step()
             self._run_batch(decision, sched_s, moved)
         return self.now()
 

@@ -619,3 +619,46 @@ def test_spec_draft_meets_the_latency_targets(spec_result, tmp_path, judge_targe
     result, _ = spec_result
     judge_targets(result, lambda: validate_case(get_case("spec-draft"), "zoo-target", tmp_path / "again", requests=24),
                   only=("per-iteration latency MAPE", "throughput (output tok/s)", "mean end-to-end latency"))
+
+
+def test_speed_ticks_time_the_kernel_every_few_steps_with_the_engine_clock_standing_still(monkeypatch):
+    """Under speed_ticks(every=3) every third step times the reference kernel (here a fake one
+    that takes 5 s of a fake perf_counter) and the engine clock does not move meanwhile; the
+    other steps and every clock made outside speed_ticks() record nothing."""
+    import executor.clock as clock_mod
+
+    now = [100.0]
+    monkeypatch.setattr(clock_mod.time, "perf_counter", lambda: now[0])
+
+    def kernel():
+        now[0] += 5.0
+        return 5.0
+
+    monkeypatch.setattr(clock_mod, "reference_kernel_s", kernel)
+    outside = clock_mod.Clock()
+    with clock_mod.speed_ticks(every=3) as rows:
+        c = clock_mod.Clock()
+        seen = []
+        for _ in range(7):
+            now[0] += 0.25  # an engine step's own time
+            c.step()
+            seen.append(c.now())
+    assert rows == [(0.75, 5.0), (1.5, 5.0)]  # after steps 3 and 6, at engine time 3 x 0.25 and 6 x 0.25
+    assert seen == [0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75]  # 10 s of kernel, none on the engine clock
+    outside.step()
+    assert outside._ticks is None and clock_mod._recording is None and len(rows) == 2
+
+
+def test_speed_from_ticks_carries_the_calibration_speed_per_tick_to_the_validated_run(tmp_path):
+    """Calibration runs at measured/fitted 1.0, 1.1, 1.2 with ticks 1.0, 1.1, 1.2 ms: 1.0 per ms of
+    tick; the validated run ticked 1.3 ms, so it ran at 1.3. A run without ticks: NaN (no scaling)."""
+    import json
+
+    from analysis.validate.execute import speed_from_ticks, speed_tick_s
+
+    assert speed_from_ticks([1.0, 1.1, 1.2], [1e-3, 1.1e-3, 1.2e-3], 1.3e-3) == pytest.approx(1.3)
+    assert np.isnan(speed_from_ticks([1.0, 1.1], [1e-3, float("nan")], 1.3e-3))
+    assert np.isnan(speed_from_ticks([1.0], [1e-3], float("nan")))
+    (tmp_path / "speed_ticks.json").write_text(json.dumps({"tick_s": [3e-3, 1e-3, 2e-3, 9e-3]}))
+    assert speed_tick_s(tmp_path) == pytest.approx(2.5e-3)
+    assert np.isnan(speed_tick_s(tmp_path / "missing"))

@@ -323,7 +323,7 @@ def calibrate(model: str, out_dir: Path, *, device: str = "cpu", dtype: str | No
 
 def calibrate_around(run, model: str, out_dir: Path, *, device: str = "cpu", dtype: str | None = None,
                      threads: int = 1, seed: int = CALIBRATION_SEED, block_size: int = 16, serving: dict | None = None,
-                     requests: dict | None = None, log=None) -> FittedCostModel:
+                     requests: dict | None = None, validated_dir: Path | None = None, log=None) -> FittedCostModel:
     """Calibrate on both sides of `run()` (the validated run): the calibration workloads once
     before it and once after, one fit over both. A machine whose speed drifts then gets a fit for
     its average speed around the run rather than for a moment before it, and the two halves tell
@@ -336,7 +336,12 @@ def calibrate_around(run, model: str, out_dir: Path, *, device: str = "cpu", dty
     this 2-core machine moved by 5-15% within tens of seconds with nothing else running; the
     runs next to the validated one tracked it better than the fit's average over all six
     (preempt cases, mean absolute cost-model bias 3.5% against 5.2%). Nothing of the validated
-    run is used."""
+    run is used.
+
+    With speed ticks (executor/clock.py: a reference kernel timed inside each run) in every run,
+    `validated_dir` the validated run's folder: the speed is that run's own instead, its median
+    tick times the calibration runs' median speed per tick (measured/fitted ratio over tick,
+    all six runs). Only the kernel's time is read from the validated run, never its iterations."""
     from simulator.workload.builder import build_requests
 
     from .execute import run_executor
@@ -381,12 +386,21 @@ def calibrate_around(run, model: str, out_dir: Path, *, device: str = "cpu", dty
     copies = [swap_ratio(fit, loaded[d]) for d in adjacent]
     copies = [c for c in copies if np.isfinite(c) and c > 0]
     fit.meta["speed_ratio_adjacent"], fit.meta["copy_ratio_adjacent"] = near, copies
-    if all(np.isfinite(near)) and all(x > 0 for x in near):
+    from .execute import speed_from_ticks, speed_tick_s, tick_note
+
+    runs = [d for dirs in halves.values() for d in dirs]
+    ticks = [speed_tick_s(d) for d in runs]
+    tick_val = speed_tick_s(validated_dir) if validated_dir is not None else float("nan")
+    speed = speed_from_ticks([np.median(per_run[d]) for d in runs], ticks, tick_val)
+    copied = f"; copies {', '.join(f'{c:.3f}' for c in copies)}" if copies else ""
+    if np.isfinite(speed):
+        fit.meta["speed_ticks_s"] = {"calibration": ticks, "validated": tick_val}
+        fit = fit.scaled(speed, why=tick_note(ticks, tick_val) + copied,
+                         transfer_factor=float(np.mean(copies)) if copies else None)
+    elif all(np.isfinite(near)) and all(x > 0 for x in near):
         fit = fit.scaled(float(np.mean(near)), why=f"the machine's speed near the validated run: mean measured/fitted "
                                                    f"ratio of the calibration runs just before and after it "
-                                                   f"({near[0]:.3f}, {near[1]:.3f}"
-                                                   + (f"; copies {', '.join(f'{c:.3f}' for c in copies)}" if copies else "")
-                                                   + ")",
+                                                   f"({near[0]:.3f}, {near[1]:.3f}{copied})",
                          transfer_factor=float(np.mean(copies)) if copies else None)
     fit.save(out_dir / "executor-fit.json")
     return fit

@@ -8,7 +8,54 @@ allocates; calibration and validated runs are treated alike."""
 from __future__ import annotations
 
 import gc
+from contextlib import contextmanager
 from pathlib import Path
+
+import numpy as np
+
+SPEED_TICKS = "speed_ticks.json"
+
+
+@contextmanager
+def recording_speed_ticks(out: Path):
+    """The run's speed ticks (executor/clock.py) written to out/speed_ticks.json when it ends."""
+    from executor.clock import TICK_EVERY, speed_ticks
+
+    from simulator.metrics.rundir import write_json
+
+    with speed_ticks(TICK_EVERY) as rows:
+        yield
+    if rows and Path(out).is_dir():
+        write_json(Path(out) / SPEED_TICKS, {"every_steps": TICK_EVERY, "clock_s": [r[0] for r in rows],
+                                             "tick_s": [r[1] for r in rows]})
+
+
+def speed_tick_s(run_dir: Path) -> float:
+    """The median speed tick of a run (NaN for a run without ticks: pipelined runs, older runs)."""
+    import json
+
+    path = Path(run_dir) / SPEED_TICKS
+    if not path.is_file():
+        return float("nan")
+    ticks = json.loads(path.read_text()).get("tick_s") or []
+    return float(np.median(ticks)) if len(ticks) >= 3 else float("nan")
+
+
+def speed_from_ticks(ratios, ticks, tick_val: float) -> float:
+    """The validated run's speed (measured/fitted time) from its median speed tick: the
+    calibration runs' median ratio per tick (`ratios` their measured/fitted ratios, `ticks` their
+    median ticks) times its tick. NaN when a run has no ticks (a pipelined run, an older run)."""
+    r, t = np.asarray(ratios, dtype=np.float64), np.asarray(ticks, dtype=np.float64)
+    if not (np.isfinite(tick_val) and r.size and r.size == t.size and np.isfinite(r).all()
+            and np.isfinite(t).all() and (t > 0).all()):
+        return float("nan")
+    return float(np.median(r / t) * tick_val)
+
+
+def tick_note(ticks, tick_val: float) -> str:
+    t = np.asarray(ticks, dtype=np.float64)
+    return (f"the machine's speed in the validated run: its speed tick {tick_val * 1e3:.3f} ms (calibration runs "
+            f"{t.min() * 1e3:.3f}-{t.max() * 1e3:.3f} ms) times their median measured/fitted ratio per tick")
 
 
 def run_executor(spec, requests, model: str, out: Path, *, device: str = "cpu", dtype: str | None = None,
@@ -22,8 +69,9 @@ def run_executor(spec, requests, model: str, out: Path, *, device: str = "cpu", 
     gc.collect()
     gc.freeze()
     try:
-        return execute(spec, requests, model, Path(out), device=device, dtype=dtype, realtime=False, plots=False,
-                       quiet=True)
+        with recording_speed_ticks(out):
+            return execute(spec, requests, model, Path(out), device=device, dtype=dtype, realtime=False,
+                           plots=False, quiet=True)
     finally:
         gc.unfreeze()
         torch.set_num_threads(prev)

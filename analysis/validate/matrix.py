@@ -156,7 +156,8 @@ def write_results(rows: list[dict], meta: dict, machine: dict, folder: Path) -> 
         cal = ("Cost model: for each case an executor fit (analysis/validate/calibrate.py) calibrated around it (once before, once after, "
                "in mirror order) on the case's own serving configuration (KV pools, limits, preemption) with other requests "
                "(calibration workloads calib-matched-load, calib-matched-burst and the case's own request mix calib-matched-mix, "
-               "seeds 9009-9011), scaled to the machine's speed in the runs next to the validated one — in-sample MAPE / "
+               "seeds 9009-9011), scaled to the machine's speed in the validated run (its speed ticks, a reference "
+               "kernel timed inside every run; without ticks, the runs next to it) — in-sample MAPE / "
                "stalled / scale: "
                + ", ".join(f"{c} {f['iteration_fit']['mape_in_sample']:.1%} / {f['iteration_fit']['stalls']:.1%} / "
                            f"{f.get('scaled_by', 1.0):.3f}"
@@ -168,16 +169,19 @@ def write_results(rows: list[dict], meta: dict, machine: dict, folder: Path) -> 
             cal += (" Offload cases: the simulator's OffloadCostModel (per layer: compute + loads of the policy's "
                     "tokens + stores) on a compute and host link calibrated around each case on its own serving and "
                     "offload sections with other requests (analysis/validate/offload_calibrate.py, seeds 9013-9014) — "
-                    "in-sample iteration MAPE / machine speed shift before→after: "
+                    "its compute scaled to the validated run's speed ticks — in-sample iteration MAPE / machine speed "
+                    "shift before→after / scale: "
                     + ", ".join(f"{c} {f['iteration_fit']['mape_in_sample']:.1%} / {f.get('speed_shift', float('nan')):+.1%}"
-                                for c, f in off_fits.items()) + ".")
+                                f" / {f.get('scaled_by', 1.0):.3f}" for c, f in off_fits.items()) + ".")
         spec_fits = {c: f for c, f in fits.items() if "round_fit" in f}
         if spec_fits:
             cal += (" Speculative cases: a round fit (analysis/validate/spec_costmodel.py) calibrated around each "
                     "case on its own serving and speculation sections with other requests (calib-spec-load, "
-                    "calib-spec-burst and the case's own request mix calib-spec-mix, seeds 9011, 9012 and 9015) — in-sample round MAPE / machine speed shift before→after: "
+                    "calib-spec-burst and the case's own request mix calib-spec-mix, seeds 9011, 9012 and 9015), scaled "
+                    "to the validated run's speed ticks where it has them (not pipelined runs) — in-sample round MAPE / "
+                    "machine speed shift before→after / scale: "
                     + ", ".join(f"{c} {f['round_fit']['mape_in_sample']:.1%} / {f.get('speed_shift', float('nan')):+.1%}"
-                                for c, f in spec_fits.items()) + ".")
+                                f" / {f.get('scaled_by', 1.0):.3f}" for c, f in spec_fits.items()) + ".")
     info = {
         "subtitle": f"{meta['date']} — `{meta['model']}` on {meta['device']}; {len(ran)} of {len(rows)} cases ran, "
                     f"{len(passed)} met every target.",

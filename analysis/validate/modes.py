@@ -64,9 +64,12 @@ class ExecutorMode:
         torch.set_num_threads(max(1, int(threads)))
         gc.collect()
         gc.freeze()  # as execute.run_executor: collections walk only what the run allocates
+        from .execute import recording_speed_ticks
+
         try:
-            self._hook("execute")(spec, requests, model, Path(out), device=device, dtype=dtype, realtime=False,
-                                  plots=False, quiet=True)
+            with recording_speed_ticks(out):
+                self._hook("execute")(spec, requests, model, Path(out), device=device, dtype=dtype,
+                                      realtime=False, plots=False, quiet=True)
         finally:
             gc.unfreeze()
             torch.set_num_threads(prev)

@@ -160,6 +160,13 @@ class OffloadFit:
             raise InfersimError(f"offload fit not found: {path}")
         return cls.from_json(json.loads(path.read_text()))
 
+    def scaled_compute(self, factor: float, why: str = "") -> "OffloadFit":
+        """The compute times multiplied by factor (the machine's speed changed by 1/factor); the
+        host link's copies as fitted."""
+        f = float(factor)
+        return OffloadFit(LinearStageCompute({k: v * f for k, v in self.compute.coef.items()}), self.link,
+                          {**self.meta, "scaled_by": f, "scaled_because": why})
+
     def predict_compute(self, X: np.ndarray) -> np.ndarray:
         return X @ np.array([self.compute.coef[k] for k in LINEAR_TERMS])
 
@@ -197,9 +204,12 @@ def calibration_spec(spec, seed: int):
 
 
 def calibrate_offload_around(run, spec, model: str, out_dir: Path, *, device: str = "cpu", dtype: str | None = None,
-                             threads: int = 1, log=None) -> OffloadFit:
+                             threads: int = 1, log=None, validated_dir: Path | None = None) -> OffloadFit:
     """Calibration run (seed 9013) / `run()` (the validated one) / calibration run (9014),
-    one fit over both calibration runs."""
+    one fit over both calibration runs. With speed ticks in all three runs (`validated_dir` the
+    validated run's folder), the compute is scaled to the validated run's own speed as
+    calibrate.calibrate_around does (its median tick times the calibration runs' median
+    measured/fitted ratio per tick)."""
     from simulator.workload.builder import build_requests
 
     from .modes import MODES
@@ -235,6 +245,14 @@ def calibrate_offload_around(run, spec, model: str, out_dir: Path, *, device: st
         ratio[side] = float(np.median(y[ok] / p[ok])) if ok.any() else float("nan")
     fit.meta["speed_ratio_before"], fit.meta["speed_ratio_after"] = ratio["before"], ratio["after"]
     fit.meta["speed_shift"] = ratio["after"] / ratio["before"] - 1.0
+    from .execute import speed_from_ticks, speed_tick_s, tick_note
+
+    ticks = [speed_tick_s(d) for d in dirs.values()]
+    tick_val = speed_tick_s(validated_dir) if validated_dir is not None else float("nan")
+    speed = speed_from_ticks([ratio[k] for k in dirs], ticks, tick_val)
+    if np.isfinite(speed):
+        fit = fit.scaled_compute(speed, tick_note(ticks, tick_val))
+        fit.meta["speed_ticks_s"] = {"calibration": ticks, "validated": tick_val}
     fit.save(out_dir / "offload-fit.json")
     return fit
 

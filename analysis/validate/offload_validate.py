@@ -147,7 +147,7 @@ def validate_offload_case(case, model: str, out: Path, *, device: str = "cpu", d
         src = f"offload fit loaded from `{calibration}`"
     else:
         fit = calibrate_offload_around(execute, spec, model, out / "calibration", device=device, dtype=dtype,
-                                       threads=threads, log=log)
+                                       threads=threads, log=log, validated_dir=out / "exec")
         src = (f"offload fit calibrated on `{out / 'calibration'}` (held-out offload executor runs, seeds "
                f"{', '.join(str(s) for s in fit.meta['seeds'])}, the case's serving and offload sections, once before "
                f"and once after the validated run; the machine's speed moved {fit.meta['speed_shift']:+.1%})")

@@ -124,7 +124,8 @@ def validate_case(case: Case, model: str, out: Path, *, device: str = "cpu", dty
         # a trace would replay the validated requests themselves: no mix run then
         mix = spec.requests.model_dump(mode="json", exclude_none=True) if matched and spec.requests.trace is None else None
         fit = calibrate_around(execute, model, out / "calibration", device=device, dtype=dtype, threads=threads,
-                               block_size=spec.serving.block_size, serving=serving, requests=mix, log=log)
+                               block_size=spec.serving.block_size, serving=serving, requests=mix,
+                               validated_dir=out / "exec", log=log)
         desc = {"name": "fitted", "fit": fit.to_json(),
                 "description": f"executor fit calibrated on `{out / 'calibration'}` " + _fit_line(fit)
                 + ", run once before and once after the validated run"

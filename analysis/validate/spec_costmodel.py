@@ -121,6 +121,10 @@ class SpecFit:
     def predict_rounds(self, t: dict) -> np.ndarray:
         return round_features(t) @ self.coef
 
+    def scaled(self, factor: float, why: str = "") -> "SpecFit":
+        """Every time multiplied by factor (the machine's speed changed by 1/factor)."""
+        return SpecFit(self.coef * float(factor), {**self.meta, "scaled_by": float(factor), "scaled_because": why})
+
     def predict_parts(self, t: dict) -> tuple[np.ndarray, np.ndarray]:
         """(draft, target) seconds per executed round."""
         X = round_features(t)

@@ -49,9 +49,13 @@ def calibration_specs(spec) -> list:
     return out
 
 
-def _fit_bracketed(mode, spec, run, model: str, out: Path, *, device, dtype, threads, log):
+def _fit_bracketed(mode, spec, run, model: str, out: Path, *, device, dtype, threads, log,
+                   validated_dir: Path | None = None):
     """Calibration runs before and after `run()`, one fit over both; speed_shift as
-    calibrate_around (median measured/fitted round period after over before)."""
+    calibrate_around (median measured/fitted round period after over before). With speed ticks
+    in every run (coupled rounds; a pipelined run has none), scaled to the validated run's own
+    speed as calibrate_around does: its median tick times the calibration runs' median
+    measured/fitted ratio per tick."""
     from simulator.workload.builder import build_requests
 
     from .spec_costmodel import fit_rounds
@@ -89,15 +93,24 @@ def _fit_bracketed(mode, spec, run, model: str, out: Path, *, device, dtype, thr
 
     # against the rounds as the simulator prices them (a pipelined run's contention included:
     # against the solo fit the ratio measured how many passes overlapped, not the machine's speed)
-    ratio = {}
+    ratio, per_run = {}, []
     for side, ts in halves.items():
         r = []
         for t, dr in zip(ts, drafting_by_side[side]):
             ok = np.isfinite(t["fit_y_s"])
             r.append(np.asarray(t["fit_y_s"])[ok] / predict_rounds_as_run(fit, t, dr)[ok])
+            per_run.append(float(np.median(r[-1])) if r[-1].size else float("nan"))
         ratio[side] = float(np.median(np.concatenate(r))) if r else float("nan")
     fit.meta["speed_ratio_before"], fit.meta["speed_ratio_after"] = ratio["before"], ratio["after"]
     fit.meta["speed_shift"] = ratio["after"] / ratio["before"] - 1.0
+    from .execute import speed_from_ticks, speed_tick_s, tick_note
+
+    ticks = [speed_tick_s(out / side / cs.name) for side in halves for cs in specs]
+    tick_val = speed_tick_s(validated_dir) if validated_dir is not None else float("nan")
+    speed = speed_from_ticks(per_run, ticks, tick_val)
+    if np.isfinite(speed):
+        fit = fit.scaled(speed, tick_note(ticks, tick_val))
+        fit.meta["speed_ticks_s"] = {"calibration": ticks, "validated": tick_val}
     fit.save(out / "speculative-fit.json")
     return fit
 
@@ -139,7 +152,7 @@ def validate_spec_case(case, model: str, out: Path, *, device: str = "cpu", dtyp
         execute()
     else:
         fit = _fit_bracketed(mode, spec, execute, model, out / "calibration", device=device, dtype=dtype,
-                             threads=threads, log=log)
+                             threads=threads, log=log, validated_dir=out / "exec")
         src = (f"speculative round fit calibrated on `{out / 'calibration'}` ({', '.join(fit.meta['workloads'])}, "
                f"seeds {', '.join(str(s) for s in fit.meta['seeds'])}: the case's serving and speculation sections on "
                f"other requests), run once before and once after the validated run; in-sample round MAPE "

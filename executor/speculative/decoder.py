@@ -158,6 +158,7 @@ class SpeculativeDecoder:
                     continue
                 raise InfersimError(f"request {waiting[0].rid} ({waiting[0].prompt_len} + {waiting[0].output_len} "
                                     f"tokens) does not fit the KV pool")
+            clock.step()
             start = clock.now()
             released = self.target.released_blocks
             results = self.round(prefill, running, start)
