@@ -390,7 +390,7 @@ def calibrate_around(run, model: str, out_dir: Path, *, device: str = "cpu", dty
 
     runs = [d for dirs in halves.values() for d in dirs]
     ticks = [speed_tick_s(d) for d in runs]
-    tick_val = speed_tick_s(validated_dir) if validated_dir is not None else float("nan")
+    tick_val = speed_tick_s(validated_dir) if validated_dir is not None and device == "cpu" else float("nan")
     speed = speed_from_ticks([np.median(per_run[d]) for d in runs], ticks, tick_val)
     copied = f"; copies {', '.join(f'{c:.3f}' for c in copies)}" if copies else ""
     if np.isfinite(speed):

@@ -44,7 +44,9 @@ def speed_tick_s(run_dir: Path) -> float:
 def speed_from_ticks(ratios, ticks, tick_val: float) -> float:
     """The validated run's speed (measured/fitted time) from its median speed tick: the
     calibration runs' median ratio per tick (`ratios` their measured/fitted ratios, `ticks` their
-    median ticks) times its tick. NaN when a run has no ticks (a pipelined run, an older run)."""
+    median ticks) times its tick. NaN when a run has no ticks (a pipelined run, an older run).
+    The callers pass no tick for a GPU run: the kernel times the host's core, which is what a CPU
+    run's steps take and not what a GPU's kernels do."""
     r, t = np.asarray(ratios, dtype=np.float64), np.asarray(ticks, dtype=np.float64)
     if not (np.isfinite(tick_val) and r.size and r.size == t.size and np.isfinite(r).all()
             and np.isfinite(t).all() and (t > 0).all()):

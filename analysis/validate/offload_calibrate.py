@@ -248,7 +248,7 @@ def calibrate_offload_around(run, spec, model: str, out_dir: Path, *, device: st
     from .execute import speed_from_ticks, speed_tick_s, tick_note
 
     ticks = [speed_tick_s(d) for d in dirs.values()]
-    tick_val = speed_tick_s(validated_dir) if validated_dir is not None else float("nan")
+    tick_val = speed_tick_s(validated_dir) if validated_dir is not None and device == "cpu" else float("nan")
     speed = speed_from_ticks([ratio[k] for k in dirs], ticks, tick_val)
     if np.isfinite(speed):
         fit = fit.scaled_compute(speed, tick_note(ticks, tick_val))

@@ -106,7 +106,7 @@ def _fit_bracketed(mode, spec, run, model: str, out: Path, *, device, dtype, thr
     from .execute import speed_from_ticks, speed_tick_s, tick_note
 
     ticks = [speed_tick_s(out / side / cs.name) for side in halves for cs in specs]
-    tick_val = speed_tick_s(validated_dir) if validated_dir is not None else float("nan")
+    tick_val = speed_tick_s(validated_dir) if validated_dir is not None and device == "cpu" else float("nan")
     speed = speed_from_ticks(per_run, ticks, tick_val)
     if np.isfinite(speed):
         fit = fit.scaled(speed, tick_note(ticks, tick_val))
