@@ -14,14 +14,16 @@ import time
 from contextlib import contextmanager
 
 TICK_EVERY = 8  # engine steps between ticks: ~0.5 ms of kernel per 8 iterations of 1-5 ms
-_recording: dict | None = None  # {"every": n, "rows": [(clock_s, tick_s), ...]} under speed_ticks()
+# {"every": n, "rows": [(clock_s, tick_s[, companion tick_s]), ...]} under speed_ticks()
+_recording: dict | None = None
 _kernel: tuple | None = None
 
 
 @contextmanager
 def speed_ticks(every: int = TICK_EVERY):
     """Every engine clock made inside records speed ticks into the yielded list of
-    (engine clock s, kernel s) rows."""
+    (engine clock s, kernel s) rows, (engine clock s, kernel s, companion's kernel s) where the
+    engine has a companion (Clock.step)."""
     global _recording
     prev, _recording = _recording, {"every": max(1, int(every)), "rows": []}
     try:
@@ -54,6 +56,7 @@ class Clock:
         self._skipped = 0.0
         self._ticks = _recording
         self._steps = 0
+        self._next_tick = _recording["every"] if _recording is not None else 0
 
     def now(self) -> float:
         return time.perf_counter() - self._t0 + self._skipped
@@ -67,16 +70,24 @@ class Clock:
         else:
             self._skipped += delay
 
-    def step(self) -> None:
+    def step(self, may_tick: bool = True, companion=None) -> None:
         """An engine step is about to run: under speed_ticks(), every `every` steps time the
-        reference kernel, the clock standing still meanwhile. Only for an engine whose thread
-        is the clock's only reader while it ticks (a concurrent reader would see time stop)."""
+        reference kernel, the clock standing still meanwhile. Only while this thread is the
+        clock's only reader: a concurrent reader would see time stop. An engine with another
+        thread (the pipelined decoder) passes may_tick=False while that thread is busy; a tick
+        that falls due then waits for the next step that may. companion: an engine on another
+        core (the pipelined decoder's drafting process) with tick_start() / tick_finish() -> s,
+        which times the same kernel there at the same moment (its own core's speed)."""
         if self._ticks is None:
             return
         self._steps += 1
-        if self._steps % self._ticks["every"]:
+        if self._steps < self._next_tick or not may_tick:
             return
+        self._next_tick = self._steps + self._ticks["every"]
         t = time.perf_counter()
+        if companion is not None:
+            companion.tick_start()
         s = reference_kernel_s()
+        other = companion.tick_finish() if companion is not None else None
         self._skipped -= time.perf_counter() - t
-        self._ticks["rows"].append((self.now(), s))
+        self._ticks["rows"].append((self.now(), s) if other is None else (self.now(), s, other))

@@ -11,6 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from executor.clock import speed_ticks  # noqa: E402
 from executor.kvcache import PagedKVCache  # noqa: E402
 from executor.models import hf_greedy_generate, load_model  # noqa: E402
 from executor.prompts import make_prompts  # noqa: E402
@@ -84,7 +85,10 @@ def test_minions_coupled_and_pipelined_are_lossless(zoo, work):
                         selector=AdaptiveLengthSelector(s=3, decision_threshold=3, s_max=5))
     pipe = PipelinedDecoder(dec, llm_batch_size=2, ssm_batch_size=2)
     threads_before, switch_before = torch.get_num_threads(), sys.getswitchinterval()
-    assert pipe.generate(make_sequences(prompts, outs, 3)) == ref
+    with speed_ticks(every=2) as ticks:
+        assert pipe.generate(make_sequences(prompts, outs, 3)) == ref
+    # speed ticks taken while the drafting process was idle: the kernel timed here and there
+    assert ticks and all(len(r) == 3 and r[1] > 0 and r[2] > 0 for r in ticks)
     # restored after the run (the GIL switch interval is shortened while the two threads run)
     assert torch.get_num_threads() == threads_before and sys.getswitchinterval() == switch_before
     # on the CPU the drafts ran in their own process; its step counters came back to the drafts here

@@ -649,6 +649,40 @@ def test_speed_ticks_time_the_kernel_every_few_steps_with_the_engine_clock_stand
     assert outside._ticks is None and clock_mod._recording is None and len(rows) == 2
 
 
+def test_a_speed_tick_due_while_another_engine_runs_waits_and_a_companion_ticks_beside_it(monkeypatch):
+    """every=2: the tick due at step 2 is held while may_tick is False (steps 2, 3) and taken at
+    step 4, with the companion's kernel timed at the same moment; the next is due two steps
+    after the one taken (step 6), and neither kernel moves the engine clock."""
+    import executor.clock as clock_mod
+
+    now = [0.0]
+    monkeypatch.setattr(clock_mod.time, "perf_counter", lambda: now[0])
+
+    def kernel():
+        now[0] += 2.0
+        return 2.0
+
+    class Companion:
+        started = 0
+
+        def tick_start(self):
+            self.started += 1
+
+        def tick_finish(self):
+            now[0] += 1.0  # waits for the other core's answer
+            return 3.0
+
+    monkeypatch.setattr(clock_mod, "reference_kernel_s", kernel)
+    comp = Companion()
+    with clock_mod.speed_ticks(every=2) as rows:
+        c = clock_mod.Clock()
+        for k in range(1, 7):
+            now[0] += 0.5
+            c.step(may_tick=k not in (2, 3), companion=comp)
+    assert rows == [(2.0, 2.0, 3.0), (3.0, 2.0, 3.0)] and comp.started == 2
+    assert c.now() == 3.0  # six steps of 0.5 s; 6 s of kernels and waits hidden
+
+
 def test_speed_from_ticks_carries_the_calibration_speed_per_tick_to_the_validated_run(tmp_path):
     """Calibration runs at measured/fitted 1.0, 1.1, 1.2 with ticks 1.0, 1.1, 1.2 ms: 1.0 per ms of
     tick; the validated run ticked 1.3 ms, so it ran at 1.3. A run without ticks: NaN (no scaling)."""

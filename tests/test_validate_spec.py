@@ -480,3 +480,23 @@ def test_pipelined_fit_carries_the_median_handoff_to_the_simulator():
     fit = fit_rounds([t], {}, drafting=[d])
     assert len(want) >= 5 and fit.meta["pipeline_handoff_points"] == len(want)
     assert fit.meta["pipeline_handoff_s"] == pytest.approx(float(np.median(want)), rel=1e-9)
+
+
+def test_a_pipelined_fit_scales_its_draft_terms_by_the_drafting_process_speed():
+    """scaled(1.1, draft_factor=0.8): the verifying pass and the hand-over (the verifying
+    engine's host time) 1.1x, the drafting rounds 0.8x (the drafting process's core); without
+    draft_factor every term moves together."""
+    from analysis.validate.spec_costmodel import fit_rounds, predict_drafting
+
+    t, d, _ = _pipelined_tables(np.random.default_rng(6))
+    d["waited_s"] = np.full(len(d["t_start_s"]), 1e-3)
+    fit = fit_rounds([t], {}, drafting=[d])
+    fit.meta["pipeline_handoff_s"] = 2e-4
+    both = fit.scaled(1.1, "test", draft_factor=0.8)
+    assert both.predict_rounds(t) == pytest.approx(1.1 * fit.predict_rounds(t))
+    assert predict_drafting(both, d) == pytest.approx(0.8 * predict_drafting(fit, d))
+    assert both.meta["pipeline_handoff_s"] == pytest.approx(2.2e-4)
+    assert both.meta["scaled_by"] == 1.1 and both.meta["draft_scaled_by"] == 0.8
+    same = fit.scaled(1.1)
+    assert predict_drafting(same, d) == pytest.approx(1.1 * predict_drafting(fit, d))
+    assert "draft_scaled_by" not in same.meta

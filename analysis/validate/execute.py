@@ -26,25 +26,28 @@ def recording_speed_ticks(out: Path):
     with speed_ticks(TICK_EVERY) as rows:
         yield
     if rows and Path(out).is_dir():
-        write_json(Path(out) / SPEED_TICKS, {"every_steps": TICK_EVERY, "clock_s": [r[0] for r in rows],
-                                             "tick_s": [r[1] for r in rows]})
+        d = {"every_steps": TICK_EVERY, "clock_s": [r[0] for r in rows], "tick_s": [r[1] for r in rows]}
+        if all(len(r) > 2 for r in rows):  # a pipelined run's drafting process ticked beside it
+            d["drafting_tick_s"] = [r[2] for r in rows]
+        write_json(Path(out) / SPEED_TICKS, d)
 
 
-def speed_tick_s(run_dir: Path) -> float:
-    """The median speed tick of a run (NaN for a run without ticks: pipelined runs, older runs)."""
+def speed_tick_s(run_dir: Path, key: str = "tick_s") -> float:
+    """The median speed tick of a run (NaN for a run without ticks: older runs). key
+    "drafting_tick_s": a pipelined run's drafting process's ticks, taken beside its own."""
     import json
 
     path = Path(run_dir) / SPEED_TICKS
     if not path.is_file():
         return float("nan")
-    ticks = json.loads(path.read_text()).get("tick_s") or []
+    ticks = json.loads(path.read_text()).get(key) or []
     return float(np.median(ticks)) if len(ticks) >= 3 else float("nan")
 
 
 def speed_from_ticks(ratios, ticks, tick_val: float) -> float:
     """The validated run's speed (measured/fitted time) from its median speed tick: the
     calibration runs' median ratio per tick (`ratios` their measured/fitted ratios, `ticks` their
-    median ticks) times its tick. NaN when a run has no ticks (a pipelined run, an older run).
+    median ticks) times its tick. NaN when a run has no ticks (an older run).
     The callers pass no tick for a GPU run: the kernel times the host's core, which is what a CPU
     run's steps take and not what a GPU's kernels do."""
     r, t = np.asarray(ratios, dtype=np.float64), np.asarray(ticks, dtype=np.float64)

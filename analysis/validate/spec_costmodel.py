@@ -121,9 +121,19 @@ class SpecFit:
     def predict_rounds(self, t: dict) -> np.ndarray:
         return round_features(t) @ self.coef
 
-    def scaled(self, factor: float, why: str = "") -> "SpecFit":
-        """Every time multiplied by factor (the machine's speed changed by 1/factor)."""
-        return SpecFit(self.coef * float(factor), {**self.meta, "scaled_by": float(factor), "scaled_because": why})
+    def scaled(self, factor: float, why: str = "", draft_factor: float | None = None) -> "SpecFit":
+        """Every time multiplied by factor (the machine's speed changed by 1/factor); with
+        draft_factor, the draft terms by that instead (a pipelined run's drafting process runs
+        on the other core, whose speed moves on its own). A pipelined fit's hand-over is the
+        verifying engine's host time: scaled with the target terms."""
+        coef = self.coef * float(factor)
+        meta = {**self.meta, "scaled_by": float(factor), "scaled_because": why}
+        if draft_factor is not None:
+            coef[len(TARGET_FEATURES):] = self.coef[len(TARGET_FEATURES):] * float(draft_factor)
+            meta["draft_scaled_by"] = float(draft_factor)
+        if meta.get("pipeline_handoff_s"):
+            meta["pipeline_handoff_s"] = float(meta["pipeline_handoff_s"]) * float(factor)
+        return SpecFit(coef, meta)
 
     def predict_parts(self, t: dict) -> tuple[np.ndarray, np.ndarray]:
         """(draft, target) seconds per executed round."""

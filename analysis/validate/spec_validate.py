@@ -53,9 +53,9 @@ def _fit_bracketed(mode, spec, run, model: str, out: Path, *, device, dtype, thr
                    validated_dir: Path | None = None):
     """Calibration runs before and after `run()`, one fit over both; speed_shift as
     calibrate_around (median measured/fitted round period after over before). With speed ticks
-    in every run (coupled rounds; a pipelined run has none), scaled to the validated run's own
-    speed as calibrate_around does: its median tick times the calibration runs' median
-    measured/fitted ratio per tick."""
+    in every run, scaled to the validated run's own speed as calibrate_around does: its median
+    tick times the calibration runs' median measured/fitted ratio per tick; a pipelined run's
+    draft terms by its drafting process's ticks (taken beside the verifying thread's)."""
     from simulator.workload.builder import build_requests
 
     from .spec_costmodel import fit_rounds
@@ -93,24 +93,41 @@ def _fit_bracketed(mode, spec, run, model: str, out: Path, *, device, dtype, thr
 
     # against the rounds as the simulator prices them (a pipelined run's contention included:
     # against the solo fit the ratio measured how many passes overlapped, not the machine's speed)
-    ratio, per_run = {}, []
+    from .spec_costmodel import predict_drafting
+
+    ratio, per_run, per_run_drafting = {}, [], []
     for side, ts in halves.items():
         r = []
         for t, dr in zip(ts, drafting_by_side[side]):
             ok = np.isfinite(t["fit_y_s"])
             r.append(np.asarray(t["fit_y_s"])[ok] / predict_rounds_as_run(fit, t, dr)[ok])
             per_run.append(float(np.median(r[-1])) if r[-1].size else float("nan"))
+            if dr is not None:
+                ok = np.isfinite(dr["busy_s"])
+                per_run_drafting.append(float(np.median(dr["busy_s"][ok] / predict_drafting(fit, dr)[ok]))
+                                        if ok.any() else float("nan"))
         ratio[side] = float(np.median(np.concatenate(r))) if r else float("nan")
     fit.meta["speed_ratio_before"], fit.meta["speed_ratio_after"] = ratio["before"], ratio["after"]
     fit.meta["speed_shift"] = ratio["after"] / ratio["before"] - 1.0
     from .execute import speed_from_ticks, speed_tick_s, tick_note
 
-    ticks = [speed_tick_s(out / side / cs.name) for side in halves for cs in specs]
-    tick_val = speed_tick_s(validated_dir) if validated_dir is not None and device == "cpu" else float("nan")
+    runs = [out / side / cs.name for side in halves for cs in specs]
+    cpu_run = validated_dir is not None and device == "cpu"
+    ticks = [speed_tick_s(d) for d in runs]
+    tick_val = speed_tick_s(validated_dir) if cpu_run else float("nan")
     speed = speed_from_ticks(per_run, ticks, tick_val)
+    # a pipelined run's drafting process ticks on its own core beside the verifying thread's ticks
+    dticks = [speed_tick_s(d, "drafting_tick_s") for d in runs]
+    dtick_val = speed_tick_s(validated_dir, "drafting_tick_s") if cpu_run else float("nan")
+    dspeed = speed_from_ticks(per_run_drafting, dticks, dtick_val) if per_run_drafting else float("nan")
     if np.isfinite(speed):
-        fit = fit.scaled(speed, tick_note(ticks, tick_val))
+        why = tick_note(ticks, tick_val)
+        if np.isfinite(dspeed):
+            why += "; the drafts' terms by the drafting process's own ticks, " + tick_note(dticks, dtick_val)
+        fit = fit.scaled(speed, why, draft_factor=dspeed if np.isfinite(dspeed) else None)
         fit.meta["speed_ticks_s"] = {"calibration": ticks, "validated": tick_val}
+        if np.isfinite(dspeed):
+            fit.meta["drafting_speed_ticks_s"] = {"calibration": dticks, "validated": dtick_val}
     fit.save(out / "speculative-fit.json")
     return fit
 

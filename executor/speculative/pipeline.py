@@ -124,7 +124,10 @@ class PipelinedDecoder:
         ready: deque = deque()
         pool: deque = deque()  # (seq, tokens, s_i, proposal, index) per sequence
         finished_drafts: deque = deque()  # sequences whose draft caches the drafting thread frees
-        state = {"stop": False, "error": None}
+        # drafter_idle: the drafting thread sits in its wait for work (so does its process); a
+        # speed tick (Clock.step) is taken only then, holding `cond`, so neither engine moves while
+        # the clock stands still
+        state = {"stop": False, "error": None, "drafter_idle": False}
         now = clock.now
         drafting_side = self.remote if self.remote is not None else self.proposer
         seen: set[int] = set()  # sequences the drafts have drafted for
@@ -134,8 +137,10 @@ class PipelinedDecoder:
                 while True:
                     with cond:
                         tw = time.perf_counter()
+                        state["drafter_idle"] = True
                         while not state["stop"] and not (ready and self.rule.ssm_may_run(len(pool))):
                             cond.wait()
+                        state["drafter_idle"] = False
                         if state["stop"]:
                             return
                         waited = time.perf_counter() - tw
@@ -185,6 +190,7 @@ class PipelinedDecoder:
                         continue
                     taken = [pool.popleft() for _ in range(min(self.llm_batch_size, len(pool)))]
                     self.pool_depth_series.append((now(), len(pool)))
+                    clock.step(may_tick=state["drafter_idle"], companion=self.remote)
                     cond.notify_all()  # the pool shrank: back-pressure may lift
                 ts = now()
                 items = [(seq, prop.tokens[i], None) for seq, prop, i, _ in taken]

@@ -93,6 +93,14 @@ class RemoteProposer:
             d.released_blocks += rel
         return Proposal(tokens, None, outputs, voted, draft_steps=steps)
 
+    def tick_start(self) -> None:
+        """Time the clock's reference kernel in the drafting process, now (a speed tick of its
+        core, executor/clock.py); only while no proposal is in flight."""
+        self.conn.send(("tick",))
+
+    def tick_finish(self) -> float:
+        return float(self._expect("tick")[1])
+
     def release(self, seq) -> None:
         if self.sent.pop(seq.rid, None) is not None:
             self.conn.send(("release", [seq.rid]))
@@ -120,6 +128,7 @@ def _serve(conn, cfg: dict) -> None:
         import executor  # noqa: F401  (its environment defaults for torch's thread pools)
         from simulator.speculative.minions import SSMWeights
 
+        from ..clock import reference_kernel_s
         from ..models import load_model
         from .build import warm_up_drafts
         from .draft import DraftModel
@@ -137,12 +146,16 @@ def _serve(conn, cfg: dict) -> None:
         else:
             proposer = SingleDraft(drafts[0])
         warm_up_drafts(drafts)  # first calls of new shapes, paid before the engine's clock
+        reference_kernel_s()  # its tensors and first call, paid before the engine's clock too
         seqs: dict[int, SpecSequence] = {}
         conn.send(("ready",))
         while True:
             msg = conn.recv()
             if msg[0] == "stop":
                 return
+            if msg[0] == "tick":
+                conn.send(("tick", reference_kernel_s()))
+                continue
             if msg[0] == "release":
                 for rid in msg[1]:
                     seq = seqs.pop(rid, None)
