@@ -341,7 +341,9 @@ def calibrate_around(run, model: str, out_dir: Path, *, device: str = "cpu", dty
     With speed ticks (executor/clock.py: a reference kernel timed inside each run) in every run,
     `validated_dir` the validated run's folder: the speed is that run's own instead, its median
     tick times the calibration runs' median speed per tick (measured/fitted ratio over tick,
-    all six runs). Only the kernel's time is read from the validated run, never its iterations."""
+    all six runs), or their median ratio where their ticks did not track their speed
+    (execute.speed_from_ticks). Only the kernel's time is read from the validated run, never its
+    iterations."""
     from simulator.workload.builder import build_requests
 
     from .execute import run_executor
@@ -386,16 +388,16 @@ def calibrate_around(run, model: str, out_dir: Path, *, device: str = "cpu", dty
     copies = [swap_ratio(fit, loaded[d]) for d in adjacent]
     copies = [c for c in copies if np.isfinite(c) and c > 0]
     fit.meta["speed_ratio_adjacent"], fit.meta["copy_ratio_adjacent"] = near, copies
-    from .execute import speed_from_ticks, speed_tick_s, tick_note
+    from .execute import speed_from_ticks, speed_tick_s
 
     runs = [d for dirs in halves.values() for d in dirs]
     ticks = [speed_tick_s(d) for d in runs]
     tick_val = speed_tick_s(validated_dir) if validated_dir is not None and device == "cpu" else float("nan")
     speed = speed_from_ticks([np.median(per_run[d]) for d in runs], ticks, tick_val)
     copied = f"; copies {', '.join(f'{c:.3f}' for c in copies)}" if copies else ""
-    if np.isfinite(speed):
-        fit.meta["speed_ticks_s"] = {"calibration": ticks, "validated": tick_val}
-        fit = fit.scaled(speed, why=tick_note(ticks, tick_val) + copied,
+    if np.isfinite(speed.speed):
+        fit.meta["speed_ticks_s"] = {"calibration": ticks, "validated": tick_val, "source": speed.source}
+        fit = fit.scaled(speed.speed, why=speed.note + copied,
                          transfer_factor=float(np.mean(copies)) if copies else None)
     elif all(np.isfinite(near)) and all(x > 0 for x in near):
         fit = fit.scaled(float(np.mean(near)), why=f"the machine's speed near the validated run: mean measured/fitted "

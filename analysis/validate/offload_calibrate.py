@@ -245,14 +245,14 @@ def calibrate_offload_around(run, spec, model: str, out_dir: Path, *, device: st
         ratio[side] = float(np.median(y[ok] / p[ok])) if ok.any() else float("nan")
     fit.meta["speed_ratio_before"], fit.meta["speed_ratio_after"] = ratio["before"], ratio["after"]
     fit.meta["speed_shift"] = ratio["after"] / ratio["before"] - 1.0
-    from .execute import speed_from_ticks, speed_tick_s, tick_note
+    from .execute import speed_from_ticks, speed_tick_s
 
     ticks = [speed_tick_s(d) for d in dirs.values()]
     tick_val = speed_tick_s(validated_dir) if validated_dir is not None and device == "cpu" else float("nan")
     speed = speed_from_ticks([ratio[k] for k in dirs], ticks, tick_val)
-    if np.isfinite(speed):
-        fit = fit.scaled_compute(speed, tick_note(ticks, tick_val))
-        fit.meta["speed_ticks_s"] = {"calibration": ticks, "validated": tick_val}
+    if np.isfinite(speed.speed):
+        fit = fit.scaled_compute(speed.speed, speed.note)
+        fit.meta["speed_ticks_s"] = {"calibration": ticks, "validated": tick_val, "source": speed.source}
     fit.save(out_dir / "offload-fit.json")
     return fit
 

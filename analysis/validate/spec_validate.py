@@ -109,7 +109,7 @@ def _fit_bracketed(mode, spec, run, model: str, out: Path, *, device, dtype, thr
         ratio[side] = float(np.median(np.concatenate(r))) if r else float("nan")
     fit.meta["speed_ratio_before"], fit.meta["speed_ratio_after"] = ratio["before"], ratio["after"]
     fit.meta["speed_shift"] = ratio["after"] / ratio["before"] - 1.0
-    from .execute import speed_from_ticks, speed_tick_s, tick_note
+    from .execute import speed_from_ticks, speed_tick_s
 
     runs = [out / side / cs.name for side in halves for cs in specs]
     cpu_run = validated_dir is not None and device == "cpu"
@@ -119,15 +119,15 @@ def _fit_bracketed(mode, spec, run, model: str, out: Path, *, device, dtype, thr
     # a pipelined run's drafting process ticks on its own core beside the verifying thread's ticks
     dticks = [speed_tick_s(d, "drafting_tick_s") for d in runs]
     dtick_val = speed_tick_s(validated_dir, "drafting_tick_s") if cpu_run else float("nan")
-    dspeed = speed_from_ticks(per_run_drafting, dticks, dtick_val) if per_run_drafting else float("nan")
-    if np.isfinite(speed):
-        why = tick_note(ticks, tick_val)
-        if np.isfinite(dspeed):
-            why += "; the drafts' terms by the drafting process's own ticks, " + tick_note(dticks, dtick_val)
-        fit = fit.scaled(speed, why, draft_factor=dspeed if np.isfinite(dspeed) else None)
-        fit.meta["speed_ticks_s"] = {"calibration": ticks, "validated": tick_val}
-        if np.isfinite(dspeed):
-            fit.meta["drafting_speed_ticks_s"] = {"calibration": dticks, "validated": dtick_val}
+    dspeed = speed_from_ticks(per_run_drafting, dticks, dtick_val) if per_run_drafting else None
+    if np.isfinite(speed.speed):
+        drafts = dspeed is not None and np.isfinite(dspeed.speed)
+        why = speed.note + (f"; the drafts' terms by the drafting process's: {dspeed.note}" if drafts else "")
+        fit = fit.scaled(speed.speed, why, draft_factor=dspeed.speed if drafts else None)
+        fit.meta["speed_ticks_s"] = {"calibration": ticks, "validated": tick_val, "source": speed.source}
+        if drafts:
+            fit.meta["drafting_speed_ticks_s"] = {"calibration": dticks, "validated": dtick_val,
+                                                  "source": dspeed.source}
     fit.save(out / "speculative-fit.json")
     return fit
 
