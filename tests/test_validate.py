@@ -686,25 +686,27 @@ def test_a_speed_tick_due_while_another_engine_runs_waits_and_a_companion_ticks_
 def test_speed_from_ticks_carries_the_calibration_speed_per_tick_to_the_validated_run(tmp_path):
     """Calibration runs at measured/fitted 1.0, 1.1, 1.2 with ticks 1.0, 1.1, 1.2 ms: 1.0 per ms of
     tick; the validated run ticked 1.3 ms, so it ran at 1.3. A run without ticks: NaN (no scaling).
-    With six runs the ticks are checked on them (leave-one-out) before they are believed."""
+    With four runs or more the ticks are weighted by how well they predict those runs (leave-one-out)."""
     import json
 
     from analysis.validate.execute import speed_from_ticks, speed_tick_s
 
     sp = speed_from_ticks([1.0, 1.1, 1.2], [1e-3, 1.1e-3, 1.2e-3], 1.3e-3)
-    assert sp.speed == pytest.approx(1.3) and sp.source == "ticks"  # three runs: too few to check the ticks
+    assert sp.speed == pytest.approx(1.3) and sp.tick_weight == 1.0  # three runs: too few to check the ticks
     assert np.isnan(speed_from_ticks([1.0, 1.1], [1e-3, float("nan")], 1.3e-3).speed)
     assert np.isnan(speed_from_ticks([1.0], [1e-3], float("nan")).speed)
-    # six runs whose ratio follows the tick exactly: leave-one-out error 0 by the ticks, so ticks
+    # six runs whose ratio follows the tick exactly: no leave-one-out error by the ticks, weight 1
     r, t = [1.0, 1.2, 0.9, 1.1, 1.0, 1.3], [1e-3, 1.2e-3, 0.9e-3, 1.1e-3, 1e-3, 1.3e-3]
     sp = speed_from_ticks(r, t, 1.4e-3)
-    assert sp.speed == pytest.approx(1.4) and sp.source == "ticks" and "leave-one-out" in sp.note
-    # the same ratios, ticks that move on their own (1.0-1.4 ms while the runs sit at 1.0 +- 0.02):
-    # the ticks predict the held-out runs worse than the median ratio does, which is the speed
+    assert sp.speed == pytest.approx(1.4) and sp.tick_weight == pytest.approx(1.0) and "left out" in sp.note
+    # four runs at exactly 1.0 whose ticks moved (1-2 ms): the median ratio predicts each exactly,
+    # so the ticks get weight 0 and the validated run's 2 ms tick is not believed
+    sp = speed_from_ticks([1.0, 1.0, 1.0, 1.0], [1e-3, 1e-3, 2e-3, 1.5e-3], 2e-3)
+    assert sp.tick_weight == 0.0 and sp.speed == pytest.approx(1.0)
+    # runs near 1.0 with ticks wandering 1.0-1.4 ms: mostly the median ratio
     r = [1.0, 1.02, 0.98, 1.0, 1.01, 0.99]
-    t = [1.0e-3, 1.4e-3, 1.1e-3, 1.3e-3, 1.0e-3, 1.2e-3]
-    sp = speed_from_ticks(r, t, 1.4e-3)
-    assert sp.source == "calibration" and sp.speed == pytest.approx(np.median(r))
+    sp = speed_from_ticks(r, [1.0e-3, 1.4e-3, 1.1e-3, 1.3e-3, 1.0e-3, 1.2e-3], 1.4e-3)
+    assert sp.tick_weight < 0.1 and abs(sp.speed - np.median(r)) < 0.02
     (tmp_path / "speed_ticks.json").write_text(json.dumps({"tick_s": [3e-3, 1e-3, 2e-3, 9e-3]}))
     assert speed_tick_s(tmp_path) == pytest.approx(2.5e-3)
     assert np.isnan(speed_tick_s(tmp_path / "missing"))

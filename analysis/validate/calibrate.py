@@ -396,7 +396,7 @@ def calibrate_around(run, model: str, out_dir: Path, *, device: str = "cpu", dty
     speed = speed_from_ticks([np.median(per_run[d]) for d in runs], ticks, tick_val)
     copied = f"; copies {', '.join(f'{c:.3f}' for c in copies)}" if copies else ""
     if np.isfinite(speed.speed):
-        fit.meta["speed_ticks_s"] = {"calibration": ticks, "validated": tick_val, "source": speed.source}
+        fit.meta["speed_ticks_s"] = {"calibration": ticks, "validated": tick_val, "tick_weight": speed.tick_weight}
         fit = fit.scaled(speed.speed, why=speed.note + copied,
                          transfer_factor=float(np.mean(copies)) if copies else None)
     elif all(np.isfinite(near)) and all(x > 0 for x in near):

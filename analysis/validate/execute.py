@@ -51,37 +51,39 @@ LOO_MIN_RUNS = 4
 
 @dataclass(frozen=True)
 class TickSpeed:
-    """The validated run's speed (measured/fitted time; NaN: leave the fit as it is), where it
-    came from ("ticks" or "calibration": the calibration runs' median ratio) and a sentence for
-    the report."""
+    """The validated run's speed (measured/fitted time; NaN: leave the fit as it is), the weight
+    its ticks had in it against the calibration runs' median ratio (1: the ticks alone), and a
+    sentence for the report."""
     speed: float
-    source: str = ""
+    tick_weight: float = float("nan")
     note: str = ""
 
 
 def _loo_log_errors(r: np.ndarray, t: np.ndarray) -> tuple[float, float]:
-    """Mean |log error| predicting each calibration run's ratio from the others: by their median
-    ratio (constant), and by their median ratio per tick times its own tick."""
+    """Root-mean-square log error predicting each calibration run's ratio from the others: by
+    their median ratio (constant), and by their median ratio per tick times its own tick."""
     const, tick = [], []
     for i in range(r.size):
         m = np.arange(r.size) != i
-        const.append(abs(np.log(np.median(r[m]) / r[i])))
-        tick.append(abs(np.log(np.median(r[m] / t[m]) * t[i] / r[i])))
-    return float(np.mean(const)), float(np.mean(tick))
+        const.append(np.log(np.median(r[m]) / r[i]))
+        tick.append(np.log(np.median(r[m] / t[m]) * t[i] / r[i]))
+    return float(np.sqrt(np.mean(np.square(const)))), float(np.sqrt(np.mean(np.square(tick))))
 
 
 def speed_from_ticks(ratios, ticks, tick_val: float) -> TickSpeed:
     """The validated run's speed from its median speed tick: the calibration runs' median ratio
     per tick (`ratios` their measured/fitted ratios, `ticks` their median ticks) times its tick.
 
-    Whether the ticks track the run's speed on this machine at this moment is checked on the
+    How far the ticks track the run's speed on this machine at this moment is measured on the
     calibration runs themselves (with LOO_MIN_RUNS or more): each run's ratio predicted from the
-    others, by ticks and by their median ratio alone; where the ticks predicted worse, the
-    median ratio is the speed (source "calibration"). Measured on the matrix of 2026-11-25 06:04
-    UTC (14 validations): the tick kernel sometimes moved 10-30% between runs that ran at the same
-    speed (spec-draft, medusa-tree: -8..-9% bias from the ticks), and sometimes followed a run 24%
-    slower than the runs around it; mean |speed error| 3.2% by the ticks, 3.3% by the median
-    ratio, 2.2% choosing per validation (none over 5%).
+    others, by the ticks and by their median ratio alone; the two estimates of the validated
+    run's speed are combined in log space with inverse-variance weights from those leave-one-out
+    errors (ticks that predicted the runs exactly get weight 1, ticks that moved while the runs
+    did not get little). Re-priced on 45 validations of three matrices on 2026-11-25 (the
+    validated runs' measured/fitted ratio against each estimate): mean |speed error| 4.3% by the
+    median ratio, 3.4% by the ticks, 3.1% choosing the smaller leave-one-out error, 3.0% weighted
+    (over 5%: 13, 9, 8 and 7 of 45); the tick kernel sometimes moved 10-30% between runs at the
+    same speed, and sometimes followed a run 24-30% slower than the runs around it.
 
     NaN when a run has no ticks (an older run). The callers pass no tick for a GPU run: the
     kernel times the host's core, which is what a CPU run's steps take and not what a GPU's
@@ -94,15 +96,15 @@ def speed_from_ticks(ratios, ticks, tick_val: float) -> TickSpeed:
     note = (f"the machine's speed in the validated run: its speed tick {tick_val * 1e3:.3f} ms (calibration runs "
             f"{t.min() * 1e3:.3f}-{t.max() * 1e3:.3f} ms) times their median measured/fitted ratio per tick")
     if r.size < LOO_MIN_RUNS:
-        return TickSpeed(by_ticks, "ticks", note)
+        return TickSpeed(by_ticks, 1.0, note)
     loo_const, loo_tick = _loo_log_errors(r, t)
-    check = (f" (leave-one-out over the {r.size} calibration runs: {loo_tick:.1%} by their ticks, "
-             f"{loo_const:.1%} by their median ratio)")
-    if loo_tick < loo_const:
-        return TickSpeed(by_ticks, "ticks", note + check)
-    return TickSpeed(float(np.median(r)), "calibration",
-                     f"the calibration runs' median measured/fitted ratio: their speed ticks did not track their "
-                     f"speed{check}; the validated run's tick {tick_val * 1e3:.3f} ms not used")
+    var_c, var_t = loo_const ** 2, loo_tick ** 2
+    w = 0.5 if var_c + var_t == 0 else var_c / (var_c + var_t)
+    const = float(np.median(r))
+    speed = float(np.exp(w * np.log(by_ticks) + (1.0 - w) * np.log(const)))
+    return TickSpeed(speed, w, f"{note} ({by_ticks:.3f}), weighted {w:.2f} against their median ratio ({const:.3f}) "
+                               f"by how well each predicted the {r.size} calibration runs left out one at a time "
+                               f"(rms {loo_tick:.1%} by ticks, {loo_const:.1%} by the median ratio)")
 
 
 def run_executor(spec, requests, model: str, out: Path, *, device: str = "cpu", dtype: str | None = None,

@@ -41,9 +41,9 @@ def machine_info(threads: int) -> dict:
 
 
 def _scale(fit_meta: dict) -> str:
-    """A fit's speed scale and where it came from (execute.speed_from_ticks)."""
-    src = (fit_meta.get("speed_ticks_s") or {}).get("source")
-    return f"{fit_meta.get('scaled_by', 1.0):.3f}" + (f" ({src})" if src else "")
+    """A fit's speed scale and the weight its speed ticks had in it (execute.speed_from_ticks)."""
+    w = (fit_meta.get("speed_ticks_s") or {}).get("tick_weight")
+    return f"{fit_meta.get('scaled_by', 1.0):.3f}" + (f" (ticks {w:.2f})" if w is not None else "")
 
 
 def _load() -> str:
@@ -163,8 +163,9 @@ def write_results(rows: list[dict], meta: dict, machine: dict, folder: Path) -> 
                "in mirror order) on the case's own serving configuration (KV pools, limits, preemption) with other requests "
                "(calibration workloads calib-matched-load, calib-matched-burst and the case's own request mix calib-matched-mix, "
                "seeds 9009-9011), scaled to the machine's speed in the validated run (its speed ticks, a reference "
-               "kernel timed inside every run, where they tracked the calibration runs' speed, else those runs' median "
-               "ratio; without ticks, the runs next to it) — in-sample MAPE / stalled / scale (source): "
+               "kernel timed inside every run, weighted against the calibration runs' median ratio by how well each "
+               "predicted those runs; without ticks, the runs next to it) — in-sample MAPE / stalled / scale (the "
+               "ticks' weight): "
                + ", ".join(f"{c} {f['iteration_fit']['mape_in_sample']:.1%} / {f['iteration_fit']['stalls']:.1%} / "
                            f"{_scale(f)}"
                            for c, f in fits.items() if "iteration_fit" in f and "link_fit" not in f) + ".")
@@ -176,7 +177,7 @@ def write_results(rows: list[dict], meta: dict, machine: dict, folder: Path) -> 
                     "tokens + stores) on a compute and host link calibrated around each case on its own serving and "
                     "offload sections with other requests (analysis/validate/offload_calibrate.py, seeds 9013-9014) — "
                     "its compute scaled to the validated run's speed ticks — in-sample iteration MAPE / machine speed "
-                    "shift before→after / scale (source): "
+                    "shift before→after / scale (the ticks' weight): "
                     + ", ".join(f"{c} {f['iteration_fit']['mape_in_sample']:.1%} / {f.get('speed_shift', float('nan')):+.1%}"
                                 f" / {_scale(f)}" for c, f in off_fits.items()) + ".")
         spec_fits = {c: f for c, f in fits.items() if "round_fit" in f}
@@ -185,7 +186,7 @@ def write_results(rows: list[dict], meta: dict, machine: dict, folder: Path) -> 
                     "case on its own serving and speculation sections with other requests (calib-spec-load, "
                     "calib-spec-burst and the case's own request mix calib-spec-mix, seeds 9011, 9012 and 9015), scaled "
                     "as the plain cases (a pipelined run's draft terms by its drafting process's ticks) — in-sample "
-                    "round MAPE / machine speed shift before→after / scale (source): "
+                    "round MAPE / machine speed shift before→after / scale (the ticks' weight): "
                     + ", ".join(f"{c} {f['round_fit']['mape_in_sample']:.1%} / {f.get('speed_shift', float('nan')):+.1%}"
                                 f" / {_scale(f)}" for c, f in spec_fits.items()) + ".")
     info = {

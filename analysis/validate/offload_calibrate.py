@@ -252,7 +252,7 @@ def calibrate_offload_around(run, spec, model: str, out_dir: Path, *, device: st
     speed = speed_from_ticks([ratio[k] for k in dirs], ticks, tick_val)
     if np.isfinite(speed.speed):
         fit = fit.scaled_compute(speed.speed, speed.note)
-        fit.meta["speed_ticks_s"] = {"calibration": ticks, "validated": tick_val, "source": speed.source}
+        fit.meta["speed_ticks_s"] = {"calibration": ticks, "validated": tick_val, "tick_weight": speed.tick_weight}
     fit.save(out_dir / "offload-fit.json")
     return fit
 

@@ -124,10 +124,10 @@ def _fit_bracketed(mode, spec, run, model: str, out: Path, *, device, dtype, thr
         drafts = dspeed is not None and np.isfinite(dspeed.speed)
         why = speed.note + (f"; the drafts' terms by the drafting process's: {dspeed.note}" if drafts else "")
         fit = fit.scaled(speed.speed, why, draft_factor=dspeed.speed if drafts else None)
-        fit.meta["speed_ticks_s"] = {"calibration": ticks, "validated": tick_val, "source": speed.source}
+        fit.meta["speed_ticks_s"] = {"calibration": ticks, "validated": tick_val, "tick_weight": speed.tick_weight}
         if drafts:
             fit.meta["drafting_speed_ticks_s"] = {"calibration": dticks, "validated": dtick_val,
-                                                  "source": dspeed.source}
+                                                  "tick_weight": dspeed.tick_weight}
     fit.save(out / "speculative-fit.json")
     return fit
 
