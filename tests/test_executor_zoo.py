@@ -2,6 +2,7 @@
 
 The default zoo is built once (a few minutes on 2 cores) and cached in ~/.cache/infersim/zoo
 ($INFERSIM_ZOO overrides); every executor test uses its trained models, never random weights."""
+import dataclasses
 import json
 
 import pytest
@@ -58,6 +59,23 @@ def test_tiny_zoo_is_deterministic(tmp_path):
     logs = []
     build_zoo(TINY_ZOO, root=tmp_path / "a", log=logs.append)
     assert not logs
+
+
+def test_bf16_autocast_only_where_the_cpu_has_bf16_instructions(monkeypatch):
+    """A CPU without bf16 instructions trains the zoo in fp32 (torch would emulate bf16, ~13x
+    slower), in a zoo folder of its own; a spec that asked for fp32 is left alone."""
+    from executor.zoo import spec as spec_mod
+    from executor.zoo.build import corpus_for, zoo_key
+
+    c = corpus_for(TINY_ZOO)
+    monkeypatch.setattr(spec_mod, "native_bf16", lambda: True)
+    assert TINY_ZOO.for_host() is TINY_ZOO and TINY_ZOO.autocast_bf16
+    key_native = zoo_key(TINY_ZOO, c)
+    monkeypatch.setattr(spec_mod, "native_bf16", lambda: False)
+    assert TINY_ZOO.for_host().autocast_bf16 is False
+    assert zoo_key(TINY_ZOO, c) != key_native
+    fp32 = dataclasses.replace(TINY_ZOO, autocast_bf16=False)
+    assert fp32.for_host() is fp32 and zoo_key(fp32, c) == zoo_key(TINY_ZOO, c)
 
 
 def test_zoo_models_and_their_numbers(zoo_dir):

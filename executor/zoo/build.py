@@ -54,7 +54,7 @@ def corpus_for(spec: ZooSpec, corpus: Corpus | None = None) -> Corpus:
 
 
 def zoo_key(spec: ZooSpec, corpus: Corpus) -> str:
-    payload = json.dumps({"corpus_sha256": corpus.sha256, "spec": spec.to_dict(), "versions": _versions(),
+    payload = json.dumps({"corpus_sha256": corpus.sha256, "spec": spec.for_host().to_dict(), "versions": _versions(),
                           "builder": BUILDER_VERSION}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
@@ -144,6 +144,7 @@ def build_zoo(spec: ZooSpec = DEFAULT_ZOO, root: Path | None = None, names=None,
 
     hf_logging.disable_progress_bar()
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    spec = spec.for_host()
     c = corpus_for(spec, corpus)
     d = Path(root or zoo_root()) / zoo_key(spec, c)
     recipes = _order(spec, names)

@@ -2,7 +2,8 @@
 
 Reproducible by construction: torch.manual_seed before the weights are made, a seeded
 torch.Generator for the data windows, a fixed number of threads and a fixed step count.
-bf16 autocast halves the step time on CPU; evaluation runs in fp32."""
+bf16 autocast halves the step time on a CPU with bf16 instructions (elsewhere the zoo trains in
+fp32: ZooSpec.for_host); evaluation runs in fp32."""
 from __future__ import annotations
 
 import math
