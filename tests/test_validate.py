@@ -358,6 +358,9 @@ def test_matrix_refuses_fewer_than_one_attempt_in_one_line(capsys):
     assert matrix_main(["--attempts", "0", "--cases", "plain-load"]) == 2
     err = capsys.readouterr().err.strip()
     assert "--attempts must be at least 1, got 0" in err and "\n" not in err
+    assert matrix_main(["--repeats", "0", "--cases", "plain-load"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--repeats must be at least 1, got 0" in err and "\n" not in err
 
 
 # ---- bad input: one line, exit 2 ------------------------------------------------------------------
@@ -367,6 +370,7 @@ def test_matrix_refuses_fewer_than_one_attempt_in_one_line(capsys):
     (["validate", "--case", "no-such-case"], "unknown validation case 'no-such-case'"),
     (["validate", "--case", "plain-load", "--threads", "0"], "--threads must be at least 1"),
     (["validate", "--case", "plain-load", "-n", "0"], "--requests must be positive"),
+    (["validate", "--case", "plain-load", "--repeats", "0"], "--repeats must be at least 1"),
     (["validate", "--case", "plain-load", "--calibration", "missing-fit.json"], "calibration file not found"),
     (["validate", "--case", "plain-load", "--cost-model", "roofline", "--calibration", "f.json"], "goes with"),
     (["validate", "--workload", "no-such-workload.yaml"], "no-such-workload"),
@@ -710,3 +714,36 @@ def test_speed_from_ticks_carries_the_calibration_speed_per_tick_to_the_validate
     (tmp_path / "speed_ticks.json").write_text(json.dumps({"tick_s": [3e-3, 1e-3, 2e-3, 9e-3]}))
     assert speed_tick_s(tmp_path) == pytest.approx(2.5e-3)
     assert np.isnan(speed_tick_s(tmp_path / "missing"))
+
+
+def test_repeated_validated_runs_keep_the_median_by_busy_time(tmp_path):
+    """Three runs of the same requests whose iterations took 1.0, 1.3 and 0.9 s in all: the 1.0 s
+    one (the second fastest, run 1) is the measurement, kept at exec/; the others beside it; the
+    spread is 1.3/0.9 - 1. A previous validation's repeats are cleared; one repeat is one run."""
+    from analysis.validate.execute import busy_s, repeats_note, run_repeated
+    from simulator.metrics.rundir import write_table
+
+    totals = iter([1.0, 1.3, 0.9])
+
+    def run_one(d):
+        d.mkdir(parents=True)
+        total = next(totals)
+        starts = np.array([0.0, 5.0, 7.0])  # idle gaps between iterations are not busy time
+        write_table(d / "iterations.parquet", {"t_start_s": starts, "t_end_s": starts + total * np.array([.5, .3, .2])})
+        (d / "which").write_text(str(total))
+
+    exec_dir = tmp_path / "exec"
+    (tmp_path / "exec.repeat-9").mkdir()
+    info = run_repeated(run_one, exec_dir, 3)
+    assert info["kept"] == 1 and info["busy_s"] == pytest.approx([1.0, 1.3, 0.9])
+    assert info["spread"] == pytest.approx(1.3 / 0.9 - 1)
+    assert (exec_dir / "which").read_text() == "1.0" and busy_s(exec_dir) == pytest.approx(1.0)
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["exec", "exec.repeat-2", "exec.repeat-3"]
+    assert "run 1, the median" in repeats_note(info) and repeats_note({}) == ""
+    # a speculative run's verification rounds count the same way
+    d = tmp_path / "spec"
+    d.mkdir()
+    write_table(d / "speculation_rounds.parquet", {"t_start_s": np.array([0.0, 1.0]), "t_end_s": np.array([0.25, 1.5])})
+    assert busy_s(d) == pytest.approx(0.75) and np.isnan(busy_s(tmp_path / "missing"))
+    totals = iter([2.0])
+    assert run_repeated(run_one, tmp_path / "once", 1) == {} and busy_s(tmp_path / "once") == pytest.approx(2.0)

@@ -23,6 +23,9 @@ RESULTS_DIR = Path(__file__).resolve().parents[2] / "docs" / "validation"
 # a case measured while the machine was unsteady is measured again, at most this many times in all:
 # on this project's 2-core VM about one case in six moved by more than 5% around its run
 ATTEMPTS = 3
+# the validated run of each attempt is measured this many times on the same requests and the
+# median kept (execute.run_repeated)
+REPEATS = 3
 
 
 def machine_info(threads: int) -> dict:
@@ -36,7 +39,9 @@ def machine_info(threads: int) -> dict:
                 break
     except OSError:
         pass
-    return {"CPU": cpu, "cores": os.cpu_count(), "Python": platform.python_version(), "torch": torch.__version__,
+    # the same model name covered hosts with and without AVX-512 (2026-11-22 and -25)
+    return {"CPU": cpu, "CPU vector instructions (torch)": torch.backends.cpu.get_cpu_capability(),
+            "cores": os.cpu_count(), "Python": platform.python_version(), "torch": torch.__version__,
             "torch threads": threads, "platform": platform.platform()}
 
 
@@ -94,11 +99,12 @@ def measure_steadily(measure, case_dir: Path, attempts: int) -> dict:
 
 def run_matrix(cases: list, model: str, out: Path, *, device: str = "cpu", threads: int = 1,
                calibration: Path | None = None, generic: bool = False, quiet: bool = False,
-               attempts: int = ATTEMPTS) -> tuple[list[dict], dict]:
+               attempts: int = ATTEMPTS, repeats: int = REPEATS) -> tuple[list[dict], dict]:
     """Each case calibrated on its own serving configuration with other requests (matched, the
     default), or every case with one fit: `calibration` (a saved fit) or, with `generic`, one
     generic calibration at the start. A case measured while the machine was unsteady is
-    measured again (measure_steadily), up to `attempts` times."""
+    measured again (measure_steadily), up to `attempts` times; each attempt measures its validated
+    run `repeats` times and keeps the median (execute.run_repeated)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     import executor  # noqa: F401  (before torch: passive OpenMP waits on a shared machine)
@@ -127,7 +133,8 @@ def run_matrix(cases: list, model: str, out: Path, *, device: str = "cpu", threa
 
             def measure() -> dict:
                 try:
-                    return validate_case(case, model, out / case.name, device=device, threads=threads, fit=fit)
+                    return validate_case(case, model, out / case.name, device=device, threads=threads, fit=fit,
+                                         repeats=repeats)
                 except InfersimError as exc:
                     # one case's failure (e.g. a feature executor whose run directory lacks a table) is
                     # reported in its row; the rest of the matrix runs
@@ -137,7 +144,7 @@ def run_matrix(cases: list, model: str, out: Path, *, device: str = "cpu", threa
             rows.append(measure_steadily(measure, out / case.name, attempts))
             bar.advance(task)
     meta = {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "model": model,
-            "device": device, "wall_s": time.perf_counter() - t0, "load_start": load_start, "load_end": _load(),
+            "device": device, "wall_s": time.perf_counter() - t0, "load_start": load_start, "load_end": _load(), "repeats": repeats,
             "fit": fit.meta if fit is not None else None,
             "fits": {r["case"]: r["cost_model"]["fit"]["meta"] for r in rows if r.get("status") == "ran"
                      and "fit" in r.get("cost_model", {})}}
@@ -189,6 +196,13 @@ def write_results(rows: list[dict], meta: dict, machine: dict, folder: Path) -> 
                     "round MAPE / machine speed shift before→after / scale (the ticks' weight): "
                     + ", ".join(f"{c} {f['round_fit']['mape_in_sample']:.1%} / {f.get('speed_shift', float('nan')):+.1%}"
                                 f" / {_scale(f)}" for c, f in spec_fits.items()) + ".")
+    rep = [r for r in ran if r.get("repeats")]
+    if rep:
+        cal += (f" Measurement: each validated run was served {meta.get('repeats', rep[0]['repeats']['repeats'])} "
+                "times on the same requests and the run of median busy time (the engine's iterations or rounds "
+                "summed, read without the simulator) is the one compared (execute.run_repeated) — busy-time spread "
+                "over the repeats / run kept: "
+                + ", ".join(f"{r['case']} {r['repeats']['spread']:.1%} / {r['repeats']['kept']}" for r in rep) + ".")
     info = {
         "subtitle": f"{meta['date']} — `{meta['model']}` on {meta['device']}; {len(ran)} of {len(rows)} cases ran, "
                     f"{len(passed)} met every target.",
@@ -250,15 +264,20 @@ def main(argv: list[str] | None = None) -> int:
                         f"between the calibrations before and after, or >{STALL_LIMIT * 100:.0f}%% of iterations stalled), up to "
                         "this many times in all, reporting the steadiest when none was steady; 1: never "
                         "(default %(default)s)")
+    p.add_argument("--repeats", type=int, default=REPEATS,
+                   help="measure each validated run this many times on the same requests and keep the one of median "
+                        "busy time (default %(default)s; 1: once)")
     p.add_argument("--quiet", "-q", action="store_true")
     args = p.parse_args(argv)
     try:
         if args.attempts < 1:
             raise InfersimError(f"--attempts must be at least 1, got {args.attempts}")
+        if args.repeats < 1:
+            raise InfersimError(f"--repeats must be at least 1, got {args.repeats}")
         cases = small_matrix() if args.small else [get_case(n) for n in args.cases] if args.cases else list(CASES.values())
         rows, meta = run_matrix(cases, args.model, args.out, device=args.device, threads=args.threads,
                                 calibration=args.calibration, generic=args.generic, quiet=args.quiet,
-                                attempts=args.attempts)
+                                attempts=args.attempts, repeats=args.repeats)
         path = write_results(rows, meta, machine_info(args.threads), args.results)
     except InfersimError as exc:
         sys.stderr.write(f"validation matrix: error: {exc}\n")

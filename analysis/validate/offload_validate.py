@@ -19,6 +19,7 @@ import numpy as np
 
 from simulator.errors import InfersimError
 
+from .execute import run_repeated
 from .offload_calibrate import OffloadFit, calibrate_offload_around, load_offload_run
 
 BYTES_TARGET = 0.05  # the offload analogue of the swap-cost target: KV bytes loaded, total
@@ -116,7 +117,8 @@ class _OffloadReplay:
 
 def validate_offload_case(case, model: str, out: Path, *, device: str = "cpu", dtype: str | None = None,
                           threads: int = 1, seed: int | None = None, requests: int | None = None, spec=None,
-                          report: bool = True, calibration: Path | None = None, log=None) -> dict:
+                          report: bool = True, calibration: Path | None = None, repeats: int = 1,
+                          log=None) -> dict:
     from simulator.metrics.rundir import write_json
     from simulator.workload.builder import build_requests
 
@@ -135,11 +137,14 @@ def validate_offload_case(case, model: str, out: Path, *, device: str = "cpu", d
     t0 = time.perf_counter()
     reqs = build_requests(spec)
 
+    repeated: dict = {}
+
     def execute() -> None:
         if log:
             log(f"{case.name}: executing {len(reqs)} requests on {model} ({device}), KV offloaded "
                 f"({spec.offload.policy})")
-        mode.run(spec, reqs, model, out / "exec", device=device, dtype=dtype, threads=threads)
+        repeated.update(run_repeated(lambda d: mode.run(spec, reqs, model, d, device=device, dtype=dtype,
+                                                        threads=threads), out / "exec", repeats))
 
     if calibration is not None:
         fit = OffloadFit.load(calibration)
@@ -194,7 +199,7 @@ def validate_offload_case(case, model: str, out: Path, *, device: str = "cpu", d
                              f"{fit.meta['iteration_fit']['mape_in_sample']:.1%}", "fit": fit.to_json()},
               "drift": {}, "statistics": stats, "updates": updates, "offload": ob, "seed": spec.seed,
               "requests": len(reqs), "wall_s": time.perf_counter() - t0, "busy": bool(cmp.info.get("busy")),
-              "comparison": _brief(cmp.to_json())}
+              "repeats": repeated, "comparison": _brief(cmp.to_json())}
     write_json(out / "validation.json", result)
     if report:
         from .report import case_report

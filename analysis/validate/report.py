@@ -50,6 +50,10 @@ def report_head(result: dict, cmp, folder: Path) -> "Report":
         f"{sum(not c['ok'] for c in cmp.checks)} of {len(cmp.checks)} targets missed"
     r.verdict = [f"**{verdict}** — {result['model']} on {result['device']} ({result['threads']} torch thread(s)), "
                  f"{cmp.requests['requests']} requests; cost model: {result['cost_model']['description']}."]
+    from .execute import repeats_note
+
+    if result.get("repeats"):
+        r.verdict.append(f"The validated requests were {repeats_note(result['repeats'])}.")
     return r
 
 

@@ -11,6 +11,7 @@ from simulator.errors import InfersimError
 from .calibrate import FittedCostModel, calibrate, require_held_out_seed
 from .cases import Case
 from .compare import compare_runs
+from .execute import run_repeated
 from .measured import load_exec_run, load_run
 from .modes import MODES
 
@@ -59,14 +60,15 @@ def validate_case(case: Case, model: str, out: Path, *, device: str = "cpu", dty
                   threads: int = 1, cost_model: str = "fitted", profile: str = "cpu-reference",
                   calibration: Path | None = None, fit=None, seed: int | None = None, requests: int | None = None,
                   spec=None, report: bool = True, drift_correction: bool = False, matched: bool = True,
-                  log=None) -> dict:
+                  repeats: int = 1, log=None) -> dict:
     """Run one case end to end; returns the result dict (also written to out/validation.json).
     `fit` (a FittedCostModel) skips calibration; otherwise the fit is calibrated now on other
     requests: with `matched`, on the validated workload's own serving configuration (KV pools,
     limits, preemption: calibrate.MATCHED_REQUESTS), else on the generic set; `spec` replaces the
     case's workload;
     `drift_correction` scales a fit by the machine's speed now against at calibration
-    (sentinel.py)."""
+    (sentinel.py); `repeats` measures the validated run that many times on the same requests and
+    keeps the median (execute.run_repeated)."""
     from simulator.metrics.rundir import write_json
     from simulator.workload.builder import build_requests
 
@@ -85,7 +87,7 @@ def validate_case(case: Case, model: str, out: Path, *, device: str = "cpu", dty
         from .spec_validate import validate_spec_case
 
         return validate_spec_case(case, model, out, device=device, dtype=dtype, threads=threads, seed=seed,
-                                  requests=requests, spec=spec, report=report, log=log,
+                                  requests=requests, spec=spec, report=report, log=log, repeats=repeats,
                                   calibration=calibration if fit is None else None)
     if case.mode == "offload":
         # the simulator's offload cost model on a calibrated compute and host link (offload_validate.py)
@@ -95,7 +97,7 @@ def validate_case(case: Case, model: str, out: Path, *, device: str = "cpu", dty
         from .offload_validate import validate_offload_case
 
         return validate_offload_case(case, model, out, device=device, dtype=dtype, threads=threads, seed=seed,
-                                     requests=requests, spec=spec, report=report, log=log,
+                                     requests=requests, spec=spec, report=report, log=log, repeats=repeats,
                                      calibration=calibration if fit is None else None)
     spec = spec if spec is not None else case.spec(model, seed=seed, requests=requests)
     require_held_out_seed(spec.seed)
@@ -111,10 +113,13 @@ def validate_case(case: Case, model: str, out: Path, *, device: str = "cpu", dty
                                        calibration=calibration, block_size=spec.serving.block_size, log=log)
     reqs = build_requests(spec)
 
+    repeated: dict = {}
+
     def execute() -> None:
         if log:
             log(f"{case.name}: executing {len(reqs)} requests on {model} ({device})")
-        mode.run(spec, reqs, model, out / "exec", device=device, dtype=dtype, threads=threads)
+        repeated.update(run_repeated(lambda d: mode.run(spec, reqs, model, d, device=device, dtype=dtype,
+                                                        threads=threads), out / "exec", repeats))
 
     if bracket:
         # calibrated now on other requests, on both sides of the validated run
@@ -172,7 +177,7 @@ def validate_case(case: Case, model: str, out: Path, *, device: str = "cpu", dty
     cmp = compare_runs(case.name, exec_run, sim_run, cm, case.compare, replay_run=load_run(out / "replay"))
     result = {**base, "status": "ran", "passed": cmp.passed, "checks": cmp.checks, "cost_model": desc, "drift": drift,
               "statistics": stats, "seed": spec.seed, "requests": len(reqs), "wall_s": time.perf_counter() - t0,
-              "busy": bool(cmp.info.get("busy")), "comparison": _brief(cmp.to_json())}
+              "busy": bool(cmp.info.get("busy")), "repeats": repeated, "comparison": _brief(cmp.to_json())}
     write_json(out / "validation.json", result)
     if report:
         from .report import case_report

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from .calibrate import CALIBRATION_SEED, require_held_out_seed
+from .execute import run_repeated
 
 # Held-out requests for the speculative fit: other seeds and shapes than any case (9011-9012 and
 # 9015 are the calibration's alone; calibrate.py's matched runs use 9009-9011).
@@ -134,7 +135,7 @@ def _fit_bracketed(mode, spec, run, model: str, out: Path, *, device, dtype, thr
 
 def validate_spec_case(case, model: str, out: Path, *, device: str = "cpu", dtype: str | None = None,
                        threads: int = 1, seed: int | None = None, requests: int | None = None, spec=None,
-                       calibration: Path | None = None, report: bool = True, log=None) -> dict:
+                       calibration: Path | None = None, report: bool = True, repeats: int = 1, log=None) -> dict:
     from simulator.metrics.rundir import write_json
     from simulator.workload.builder import build_requests
 
@@ -158,10 +159,13 @@ def validate_spec_case(case, model: str, out: Path, *, device: str = "cpu", dtyp
     t0 = time.perf_counter()
     reqs = build_requests(spec)
 
+    repeated: dict = {}
+
     def execute() -> None:
         if log:
             log(f"{case.name}: executing {len(reqs)} requests on {model} ({device})")
-        mode.run(spec, reqs, model, out / "exec", device=device, dtype=dtype, threads=threads)
+        repeated.update(run_repeated(lambda d: mode.run(spec, reqs, model, d, device=device, dtype=dtype,
+                                                        threads=threads), out / "exec", repeats))
 
     if calibration is not None:
         fit = SpecFit.load(calibration)
@@ -198,7 +202,7 @@ def validate_spec_case(case, model: str, out: Path, *, device: str = "cpu", dtyp
     result = {**base, "status": "ran", "passed": cmp.passed, "checks": cmp.checks,
               "cost_model": {"name": "speculative-fit", "description": src, "fit": fit.to_json()},
               "statistics": stats, "seed": spec.seed, "requests": len(reqs), "wall_s": time.perf_counter() - t0,
-              "busy": bool(cmp.info.get("busy")), "kv_reservation_binds": kv_binds(exec_run),
+              "busy": bool(cmp.info.get("busy")), "repeats": repeated, "kv_reservation_binds": kv_binds(exec_run),
               "simulated_speculation": {k: sim_spec.get(k) for k in ("acceleration_rate", "acceptance_rate", "rounds",
                                                                      "sequence_rounds", "s")},
               "comparison": _brief(cmp.to_json())}

@@ -37,6 +37,9 @@ def add_parser(sub) -> None:
                    help="scale the fit by the machine's speed around the run against at calibration (a fixed "
                         "sentinel iteration timed at both; helps when the load changed between them and stayed)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1: steadier timings)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="run the validated requests this many times and compare against the run of median busy time "
+                        "(the matrix uses 3 on a shared machine; default %(default)s)")
     p.add_argument("--seed", type=int, default=None, help="override the workload's seed")
     p.add_argument("--requests", "-n", type=int, default=None, help="override the request count")
     p.add_argument("--out", "-o", type=Path, default=None, help="output folder (default runs/validate-<name>)")
@@ -61,6 +64,8 @@ def run(args: argparse.Namespace) -> int:
         raise InfersimError("give exactly one of --workload FILE and --case NAME (see --list)")
     if args.threads < 1:
         raise InfersimError(f"--threads must be at least 1, got {args.threads}")
+    if args.repeats < 1:
+        raise InfersimError(f"--repeats must be at least 1, got {args.repeats}")
     if args.requests is not None and args.requests <= 0:
         raise InfersimError(f"--requests must be positive, got {args.requests}")
     if args.cost_model != "fitted" and args.device.startswith("cuda") and args.profile == "cpu-reference":
@@ -103,7 +108,8 @@ def run(args: argparse.Namespace) -> int:
     result = validate_case(case, args.model, out, device=args.device, dtype=args.dtype, threads=args.threads,
                            cost_model=args.cost_model, profile=args.profile, calibration=args.calibration,
                            seed=args.seed, requests=args.requests, spec=spec,
-                           drift_correction=args.drift_correction, matched=not args.generic_calibration, log=log)
+                           drift_correction=args.drift_correction, matched=not args.generic_calibration,
+                           repeats=args.repeats, log=log)
     if not args.quiet:
         print_checks(result)
         print(f"report: {out / 'report.html'} (and report.md); runs: {out / 'exec'}, {out / 'sim'}")
