@@ -747,3 +747,35 @@ def test_repeated_validated_runs_keep_the_median_by_busy_time(tmp_path):
     assert busy_s(d) == pytest.approx(0.75) and np.isnan(busy_s(tmp_path / "missing"))
     totals = iter([2.0])
     assert run_repeated(run_one, tmp_path / "once", 1) == {} and busy_s(tmp_path / "once") == pytest.approx(2.0)
+
+
+def test_within_run_speed_attributes_errors_that_follow_the_ticks_to_timing_noise(tmp_path):
+    """Iterations 10 ms apart, predicted 4 ms each; the machine ran 1.3x slow for the second half
+    of the run and its speed ticks (every 80 ms) say so: measured = predicted x the local tick
+    ratio, so the errors follow the ticks exactly (correlation 1, MAPE 0 at the local speed) and a
+    per-iteration miss is timing noise. Ticks that stayed put say nothing."""
+    import json
+
+    from analysis.validate.compare import within_run_source, within_run_speed
+    from analysis.validate.execute import local_speed
+
+    start = np.arange(200) * 0.01
+    slow = np.where(start >= 1.0, 1.3, 1.0)
+    clock = np.arange(25) * 0.08
+    ticks = 1e-3 * np.where(clock >= 1.0, 1.3, 1.0)
+    (tmp_path / "speed_ticks.json").write_text(json.dumps({"clock_s": clock.tolist(), "tick_s": ticks.tolist()}))
+    f = local_speed(tmp_path, start)
+    # 12 of the 25 ticks are slow: the median tick is 1.0 ms; far from the switch all 5 nearest agree
+    assert f[:90] == pytest.approx(1.0) and f[-90:] == pytest.approx(1.3)
+    pred = np.full(200, 4e-3)
+    meas = pred * f
+    w = within_run_speed(tmp_path, start, pred, meas)
+    assert w["correlation"] == pytest.approx(1.0) and w["mape_at_local_speed"] == pytest.approx(0.0, abs=1e-12)
+    cm = {"mape": mape(pred, meas), "bias": 0.1, "within_run": w}
+    assert within_run_source(cm).startswith("timing noise: the machine's speed moved inside the run")
+    # measured errors that do not follow the ticks (the slow half measured fast): not timing noise
+    w = within_run_speed(tmp_path, start, pred, pred * np.where(start >= 1.0, 0.8, 1.1))
+    assert w["correlation"] < 0 and within_run_source({"mape": 0.2, "within_run": w}) == ""
+    # too few ticks: nothing to say
+    (tmp_path / "speed_ticks.json").write_text(json.dumps({"clock_s": [0.0, 1.0], "tick_s": [1e-3, 1e-3]}))
+    assert local_speed(tmp_path, start) is None and within_run_speed(tmp_path, start, pred, meas) == {}

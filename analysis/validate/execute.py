@@ -45,6 +45,31 @@ def speed_tick_s(run_dir: Path, key: str = "tick_s") -> float:
     return float(np.median(ticks)) if len(ticks) >= 3 else float("nan")
 
 
+# the speed ticks nearest an iteration that say the machine's speed around it (w=5 tracked the
+# per-iteration errors best of 1, 3, 5 and 9 in the runs of 2026-11-25 13:30)
+LOCAL_TICKS = 5
+LOCAL_MIN_TICKS = 10
+
+
+def local_speed(run_dir: Path, times_s) -> np.ndarray | None:
+    """The machine's speed around each engine time in `times_s` (seconds on the run's engine
+    clock) relative to the whole run: the median of the LOCAL_TICKS speed ticks nearest in time
+    over the run's median tick. None for a run with fewer than LOCAL_MIN_TICKS ticks."""
+    import json
+
+    path = Path(run_dir) / SPEED_TICKS
+    if not path.is_file():
+        return None
+    d = json.loads(path.read_text())
+    clock, ticks = np.asarray(d.get("clock_s") or [], dtype=np.float64), np.asarray(d.get("tick_s") or [], dtype=np.float64)
+    if ticks.size < LOCAL_MIN_TICKS or clock.size != ticks.size:
+        return None
+    times = np.asarray(times_s, dtype=np.float64)
+    k = min(LOCAL_TICKS, ticks.size)
+    near = np.argsort(np.abs(times[:, None] - clock[None, :]), axis=1, kind="stable")[:, :k]
+    return np.median(ticks[near], axis=1) / np.median(ticks)
+
+
 # leave-one-out needs this many calibration runs to say whether the ticks track their speed
 LOO_MIN_RUNS = 4
 

@@ -57,6 +57,17 @@ def report_head(result: dict, cmp, folder: Path) -> "Report":
     return r
 
 
+def within_run_text(cm: dict) -> str:
+    """What the run's speed ticks say about its per-iteration errors ('' without ticks)."""
+    w = cm.get("within_run") or {}
+    if not w:
+        return ""
+    return (f"The machine's speed inside the run (its speed ticks around each iteration, p10-p90 "
+            f"{w['tick_range'][0]:.2f}-{w['tick_range'][1]:.2f}x their median): correlation with measured/predicted "
+            f"{w['correlation']:.2f} (log), MAPE at that local speed {pct(w['mape_at_local_speed'], False)}. A high "
+            f"correlation says the per-iteration errors are the machine's speed moving, not the cost model.")
+
+
 def case_report(result: dict, exec_run, sim_run, cmp, folder: Path) -> tuple[Path, Path]:
     """Write report.md / report.html (and plots/) for one validated case into folder."""
     folder = Path(folder)
@@ -72,6 +83,8 @@ def case_report(result: dict, exec_run, sim_run, cmp, folder: Path) -> tuple[Pat
         f"{pct(cm['mixed_mape'], False)}. Timing noise: {pct(cm['noise']['stalls'], False)} of iterations stalled (took "
         f"at least twice the time of like iterations around them: the process lost its core), iteration-to-iteration "
         f"jitter of like decode steps {pct(cm['noise']['jitter'], False)}; MAPE without the stalls {pct(cm['mape_unstalled'], False)}.")
+    if within_run_text(cm):
+        r.p(within_run_text(cm))
     r.p(f"The simulation ran {it['simulated']} iterations against {it['executed']} executed; "
         f"{it['aligned']} ({pct(it['aligned_fraction'], False)}) ran the same batch at the same index (first "
         f"divergence at iteration {it['first_divergence']}); on those, MAPE {pct(it['mape_aligned'], False)}, bias "

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .compare import COMPONENTS, Comparison, check_targets, request_level, totals_level
+from .compare import COMPONENTS, Comparison, check_targets, request_level, totals_level, within_run_speed
 from .metrics import mape, median_ape, rel_error, signed_bias, total_bias
 
 ACCEPTANCE_TARGET = 0.05
@@ -245,6 +245,10 @@ def compare_spec(case: str, exec_run, sim_run, t: dict, fit, compare: tuple[str,
     c.info["calibration_stalls"] = float(meta.get("calibration_stalls", float("nan")))
     c.info["speed_shift"] = float(meta.get("speed_shift", float("nan")))
     c.cost_model = round_level(t, fit, drafting)
+    # the verifying engine's ticks (a pipelined run's drafting process ticks on the other core)
+    c.cost_model["within_run"] = within_run_speed(exec_run.path, np.asarray(t["t_start_s"], dtype=np.float64),
+                                                  np.asarray(c.cost_model["predicted_s"]),
+                                                  np.asarray(c.cost_model["measured_s"]))
     sp = exec_run.config["workload"].get("speculation") or {}
     selector_on = (sp.get("selector") or {}).get("enabled")
     selector_on = sp.get("method") == "minions" if selector_on is None else bool(selector_on)
