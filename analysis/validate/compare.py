@@ -153,8 +153,10 @@ def within_run_speed(run_dir, start_s: np.ndarray, pred: np.ndarray, meas: np.nd
             "tick_range": [float(np.percentile(f, 10)), float(np.percentile(f, 90))]}
 
 
-# the ticks explain the per-iteration errors when they correlate at least this well
+# the ticks explain the per-iteration errors when they correlate at least this well and pricing
+# at the local speed takes at least a tenth off the MAPE
 WITHIN_RUN_CORRELATION = 0.5
+WITHIN_RUN_MAPE_RATIO = 0.9
 
 
 def disturbance(stalls: float, calibration_stalls: float, speed_shift: float) -> list[str]:
@@ -396,7 +398,8 @@ def within_run_source(cm: dict) -> str:
     ticks, `within_run_speed`) is timing noise; '' when they do not."""
     w = cm.get("within_run") or {}
     corr, local = w.get("correlation", float("nan")), w.get("mape_at_local_speed", float("nan"))
-    if not (np.isfinite(corr) and corr >= WITHIN_RUN_CORRELATION and np.isfinite(local) and local < cm.get("mape", 0)):
+    if not (np.isfinite(corr) and corr >= WITHIN_RUN_CORRELATION and np.isfinite(local)
+            and local <= WITHIN_RUN_MAPE_RATIO * cm.get("mape", 0)):
         return ""
     lo, hi = w["tick_range"]
     return (f"timing noise: the machine's speed moved inside the run (its speed ticks ran {lo:.2f}-{hi:.2f}x their "

@@ -208,7 +208,7 @@ def write_results(rows: list[dict], meta: dict, machine: dict, folder: Path) -> 
                     f"{len(passed)} met every target.",
         "verdict": [f"**{len(passed)} of {len(ran)} runnable cases met every target**; "
                     f"{len(rows) - len(ran)} cases wait for their executor mode." +
-                    (f" Timing was disturbed (other processes took the cores) in: {', '.join(busy)}." if busy else "")
+                    (f" Timing was disturbed (the machine's speed moved or its iterations stalled: the busy test) in: {', '.join(busy)}." if busy else "")
                     + _remeasured(ran)],
         "machine": {**machine, "load average (1/5/15 min) at start": meta["load_start"],
                     "load average at end": meta["load_end"], "matrix wall time": f"{meta['wall_s']:.0f} s"},
