@@ -779,3 +779,15 @@ def test_within_run_speed_attributes_errors_that_follow_the_ticks_to_timing_nois
     # too few ticks: nothing to say
     (tmp_path / "speed_ticks.json").write_text(json.dumps({"clock_s": [0.0, 1.0], "tick_s": [1e-3, 1e-3]}))
     assert local_speed(tmp_path, start) is None and within_run_speed(tmp_path, start, pred, meas) == {}
+
+
+def test_core_steadiness_reads_ordered_percentiles():
+    """The matrix's steadiness line: p10 <= median <= p90 of the chunk times, and their ratio."""
+    import re
+
+    from analysis.validate.matrix import steadiness
+
+    line = steadiness(chunks=6, calls=10)  # chunks of ~20 ms: the 0.1 ms rounding moves the ratio < 0.01
+    p10, p50, p90, ratio = map(float, re.fullmatch(
+        r"chunks of ([\d.]+) / ([\d.]+) / ([\d.]+) ms \(p10 / median / p90\), p90/p10 ([\d.]+)", line).groups())
+    assert 0 < p10 <= p50 <= p90 and ratio == pytest.approx(p90 / p10, abs=0.02)

@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 from .compare import SHIFT_LIMIT, STALL_LIMIT
 
 RESULTS_DIR = Path(__file__).resolve().parents[2] / "docs" / "validation"
@@ -56,6 +58,20 @@ def _load() -> str:
         return " / ".join(f"{x:.2f}" for x in os.getloadavg())
     except OSError:
         return "?"
+
+
+def steadiness(chunks: int = 40, calls: int = 15) -> str:
+    """How steady the core is right now, whatever runs on it: the speed-tick kernel
+    (executor/clock.py) timed in `chunks` back-to-back chunks of `calls` calls (15-35 ms each),
+    their p10 / median / p90 and p90/p10. On the AVX2 VM of 2026-11-25, with nothing else
+    running, 1.20-1.26 (and 1.11-1.37 for a plain matmul loop in like chunks); there no cost model
+    priced single iterations within 10%."""
+    from executor.clock import reference_kernel_s
+
+    reference_kernel_s()
+    t = np.array([sum(reference_kernel_s() for _ in range(calls)) for _ in range(chunks)]) * 1e3
+    p10, p50, p90 = np.percentile(t, [10, 50, 90])
+    return f"chunks of {p10:.1f} / {p50:.1f} / {p90:.1f} ms (p10 / median / p90), p90/p10 {p90 / p10:.2f}"
 
 
 def measure_steadily(measure, case_dir: Path, attempts: int) -> dict:
@@ -117,7 +133,7 @@ def run_matrix(cases: list, model: str, out: Path, *, device: str = "cpu", threa
 
     out = Path(out)
     t0 = time.perf_counter()
-    load_start = _load()
+    load_start, steady_start = _load(), steadiness()
     rows = []
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   transient=True, disable=quiet) as bar:
@@ -145,6 +161,7 @@ def run_matrix(cases: list, model: str, out: Path, *, device: str = "cpu", threa
             bar.advance(task)
     meta = {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "model": model,
             "device": device, "wall_s": time.perf_counter() - t0, "load_start": load_start, "load_end": _load(), "repeats": repeats,
+            "steadiness_start": steady_start, "steadiness_end": steadiness(),
             "fit": fit.meta if fit is not None else None,
             "fits": {r["case"]: r["cost_model"]["fit"]["meta"] for r in rows if r.get("status") == "ran"
                      and "fit" in r.get("cost_model", {})}}
@@ -211,7 +228,10 @@ def write_results(rows: list[dict], meta: dict, machine: dict, folder: Path) -> 
                     (f" Timing was disturbed (the machine's speed moved or its iterations stalled: the busy test) in: {', '.join(busy)}." if busy else "")
                     + _remeasured(ran)],
         "machine": {**machine, "load average (1/5/15 min) at start": meta["load_start"],
-                    "load average at end": meta["load_end"], "matrix wall time": f"{meta['wall_s']:.0f} s"},
+                    "load average at end": meta["load_end"],
+                    "core steadiness at start (a fixed kernel timed in 40 chunks)": meta.get("steadiness_start", "?"),
+                    "core steadiness at end": meta.get("steadiness_end", "?"),
+                    "matrix wall time": f"{meta['wall_s']:.0f} s"},
         "notes": [
             cal,
             "Per-iteration MAPE: the cost model on the executor's exact batches against the measured engine time "
