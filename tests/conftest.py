@@ -28,6 +28,10 @@ def small_workload():
     return make
 
 
+# a validated run whose speed ticks moved more than this inside it (p90/p10) is not judged
+TICK_RANGE_LIMIT = 1.25
+
+
 @pytest.fixture
 def judge_targets():
     """judge(result, again) for a validation result (analysis/validate/run.py): passes when every
@@ -42,11 +46,17 @@ def judge_targets():
 
     def noisy(result) -> bool:
         """The busy test saw the machine disturbed, or every miss follows the machine's speed
-        inside the run (its speed ticks: compare.within_run_source names them timing noise), as
-        on the AVX2 host of 2026-11-25, where no iteration stalled while the speed moved ±30%
-        inside a second."""
+        inside the run (its speed ticks: compare.within_run_source names them timing noise), or
+        the run's own speed ticks moved more than TICK_RANGE_LIMIT inside it (p90/p10 of their
+        local speed: the machine, not the errors), as on the AVX2 host of 2026-11-25, where no
+        iteration stalled while the speed moved ±30% inside a second: over the 24 validations of
+        its two matrices the ranges were 1.05-1.65, 1.25 or more in 13 (plain-load, preempt-
+        recompute and spec-draft, the cases judged here: 1.22-1.65)."""
         misses = [c for c in result["checks"] if not c["ok"]]
-        return bool(result["busy"]) or (bool(misses) and all(c.get("kind") == "timing noise" for c in misses))
+        w = result["comparison"]["cost_model"].get("within_run") or {}
+        lo, hi = w.get("tick_range") or (1.0, 1.0)
+        return (bool(result["busy"]) or (bool(misses) and all(c.get("kind") == "timing noise" for c in misses))
+                or hi / lo > TICK_RANGE_LIMIT)
 
     def judge(result, again, only=None) -> None:
         """only: the metrics judged (default: every check)."""
