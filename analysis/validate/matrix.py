@@ -160,8 +160,8 @@ def run_matrix(cases: list, model: str, out: Path, *, device: str = "cpu", threa
             rows.append(measure_steadily(measure, out / case.name, attempts))
             bar.advance(task)
     meta = {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "model": model,
-            "device": device, "wall_s": time.perf_counter() - t0, "load_start": load_start, "load_end": _load(), "repeats": repeats,
-            "steadiness_start": steady_start, "steadiness_end": steadiness(),
+            "device": device, "wall_s": time.perf_counter() - t0, "load_start": load_start, "load_end": _load(),
+            "repeats": repeats, "steadiness_start": steady_start, "steadiness_end": steadiness(),
             "fit": fit.meta if fit is not None else None,
             "fits": {r["case"]: r["cost_model"]["fit"]["meta"] for r in rows if r.get("status") == "ran"
                      and "fit" in r.get("cost_model", {})}}

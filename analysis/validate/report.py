@@ -83,8 +83,9 @@ def case_report(result: dict, exec_run, sim_run, cmp, folder: Path) -> tuple[Pat
         f"{pct(cm['mixed_mape'], False)}. Timing noise: {pct(cm['noise']['stalls'], False)} of iterations stalled (took "
         f"at least twice the time of like iterations around them: the process lost its core), iteration-to-iteration "
         f"jitter of like decode steps {pct(cm['noise']['jitter'], False)}; MAPE without the stalls {pct(cm['mape_unstalled'], False)}.")
-    if within_run_text(cm):
-        r.p(within_run_text(cm))
+    within = within_run_text(cm)
+    if within:
+        r.p(within)
     r.p(f"The simulation ran {it['simulated']} iterations against {it['executed']} executed; "
         f"{it['aligned']} ({pct(it['aligned_fraction'], False)}) ran the same batch at the same index (first "
         f"divergence at iteration {it['first_divergence']}); on those, MAPE {pct(it['mape_aligned'], False)}, bias "

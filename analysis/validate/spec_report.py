@@ -24,8 +24,9 @@ def spec_case_report(result: dict, exec_run, sim_run, cmp, folder: Path) -> tupl
         f"{pct(cm['noise']['stalls'], False)} of rounds stalled (MAPE without them {pct(cm['mape_unstalled'], False)}). "
         f"Drafting took {pct(cm['draft_share_measured'], False)} of the measured round time; the fit's draft terms are "
         f"{pct(cm['draft_total_bias'])} off the measured drafting time in total.")
-    if within_run_text(cm):
-        r.p(within_run_text(cm).replace("each iteration", "each round"))
+    within = within_run_text(cm)
+    if within:
+        r.p(within.replace("each iteration", "each round"))
     plots.scatter_iterations(cmp, folder / "plots" / "rounds.png")
     r.add(Image("plots/rounds.png", "predicted vs measured per round", "Per executed round: the fit's time on its "
                 "rebuilt batch against the measured round period."))
