@@ -88,7 +88,8 @@ ITERATION_COLUMNS = ("iteration", "t_start_s", "t_end_s", "forward_s", "schedule
                      "prefill_seqs", "decode_seqs", "batch_tokens", "prefill_tokens", "decode_tokens",
                      "context_tokens", "max_context_tokens", "attended_tokens", "tokens_out", "gpu_blocks_used",
                      "cpu_blocks_used", "waiting", "swapped", "admitted", "preempt_swap", "preempt_recompute",
-                     "swap_out_blocks", "swap_in_blocks", "aborted", "swap_out_copies", "swap_in_copies")
+                     "swap_out_blocks", "swap_in_blocks", "aborted", "swap_out_copies", "swap_in_copies",
+                     "t_intake_s")
 BATCH_COLUMNS = ("iteration", "rid", "query_tokens", "context_tokens", "makes_token")
 
 
@@ -110,7 +111,7 @@ class EngineStats:
         return {c: a[:, i] for i, c in enumerate(BATCH_COLUMNS)}
 
 
-_FLOAT_COLS = {"t_start_s", "t_end_s", "forward_s", "schedule_s", "swap_s"}
+_FLOAT_COLS = {"t_start_s", "t_end_s", "forward_s", "schedule_s", "swap_s", "t_intake_s"}
 
 
 class Engine:
@@ -217,6 +218,9 @@ class Engine:
             self.clock = Clock(self.realtime)
         while True:
             self._deliver()
+            # the decision point: the arrivals the next schedule sees are those taken in by now
+            # (the replay decides there; grow_to, plan_batch and a speed tick come after it)
+            self._intake_s = self.now()
             if not self.outstanding:
                 if not self._arrivals:
                     break
@@ -353,7 +357,7 @@ class Engine:
                 int(ctx.sum()), int(ctx.max()), int((ctx + q).sum()), len(next_tokens), cache.used_gpu,
                 cache.used_cpu, len(self.waiting), len(self.swapped), moved["admitted"], moved["preempt_swap"],
                 moved["preempt_recompute"], moved["out_blocks"], moved["in_blocks"], moved["aborted"],
-                moved["out_copies"], moved["in_copies"]))
+                moved["out_copies"], moved["in_copies"], self._intake_s))
             st.batches.extend((it, s.rid, int(n), int(c), int(mk)) for (s, n), c, mk in zip(batch, ctx, makes))
         self._iteration += 1
         itl = []

@@ -448,10 +448,11 @@ def test_with_the_measured_times_the_simulator_reproduces_the_executed_schedule(
         # the two clocks can put it on either side and the schedules drift from there (seen
         # once in ~6 runs under memory pressure). Only that documented tie excuses a drift.
         from analysis.validate.measured import load_exec_run
+        from analysis.validate.replay import intake_s
 
         run = load_exec_run(folder / "exec")
         it = run.iterations
-        decide = np.asarray(it["t_start_s"]) - np.asarray(it["schedule_s"]) - np.asarray(it["swap_s"])
+        decide = intake_s(it)
         k = int(rp["first_divergence"])
         arrivals = np.asarray(run.requests["arrival_s"], dtype=np.float64)
         gap_s = float(np.min(np.abs(arrivals[:, None] - decide[None, max(0, k - 1):k + 1])))
