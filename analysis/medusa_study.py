@@ -23,10 +23,10 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from simulator.costmodel import BatchShape, RooflineCostModel
-from simulator.errors import InfersimError, UnknownNameError
-from simulator.paths import catalog_dir
-from simulator.yamlio import atomic_path, load_mapping, validate
+from infersim.simulator.costmodel import BatchShape, RooflineCostModel
+from infersim.simulator.errors import InfersimError, UnknownNameError
+from infersim.simulator.paths import catalog_dir
+from infersim.simulator.yamlio import atomic_path, load_mapping, validate
 
 from .roofline import POW2_BATCHES, POW2_SEQ_LENS, build_cost_model
 

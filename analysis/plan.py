@@ -38,7 +38,7 @@ from typing import Any, Generator, Optional, Union
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt
 
-from simulator.errors import InfersimError
+from infersim.simulator.errors import InfersimError
 
 from .sweep import config_key, resolve_config, run_config
 
@@ -184,7 +184,7 @@ class PlanFile(_Strict):
 def load_plan_file(path: str | Path | None) -> PlanFile:
     if path is None:
         return PlanFile()
-    from simulator.yamlio import load_model_file
+    from infersim.simulator.yamlio import load_model_file
 
     return load_model_file(PlanFile, path)
 
@@ -428,7 +428,7 @@ def build_candidates(spec, hardware: list[str], tps: list[int], options: dict[st
                      prices: dict[str, float]) -> list[Candidate]:
     import itertools
 
-    from simulator.hardware.catalog import load_hardware
+    from infersim.simulator.hardware.catalog import load_hardware
 
     hardware = hardware or [spec.hardware.profile]
     tps = tps or [spec.hardware.tensor_parallel]
@@ -460,7 +460,7 @@ def plan(workload: str, *, slos: list[SLO], plan_file: PlanFile | None = None, h
          backend: str = "local", workers: int | None = None, address: str | None = None,
          quiet: bool = True) -> PlanResult:
     """Run the searches (no files written): see `write_plan` for the report."""
-    from simulator.workload.builder import load_workload
+    from infersim.simulator.workload.builder import load_workload
 
     from .sweep_backends import make_backend
 
@@ -868,7 +868,7 @@ def build_report(res: PlanResult, images: list[tuple[str, str, str]]):
 def write_plan(res: PlanResult, out: Path, *, plots: bool = True) -> dict[str, Path]:
     """The plan directory, written atomically: report.html, report.md, plan.json,
     configurations.csv, probes.csv, plots/."""
-    from simulator.metrics.rundir import staged_dir, write_json
+    from infersim.simulator.metrics.rundir import staged_dir, write_json
 
     out = Path(out)
     with staged_dir(out) as tmp:
@@ -885,7 +885,7 @@ def probe_once(workload: str, overrides: dict[str, Any], rate: float, requests: 
                replicas: int = 1) -> dict:
     """One probe as the search runs it (for checks and tests): the summary of a simulation of
     `requests` Poisson arrivals at `rate` with the candidate's overrides."""
-    from simulator.workload.builder import load_workload
+    from infersim.simulator.workload.builder import load_workload
 
     spec, wl_path = load_workload(workload)
     arr = spec.requests.arrival

@@ -28,7 +28,7 @@ def pyplot():
 
 def save_figure(fig, path: Path) -> None:
     """Save with fixed metadata (identical inputs give identical PNGs), atomically."""
-    from simulator.yamlio import atomic_path
+    from infersim.simulator.yamlio import atomic_path
 
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", metadata={"Software": None}, bbox_inches="tight")
@@ -76,7 +76,7 @@ class Report:
         self.blocks.append(("details", summary, blocks))
 
     def write(self, folder: Path, stem: str = "report") -> tuple[Path, Path]:
-        from simulator.yamlio import write_atomic
+        from infersim.simulator.yamlio import write_atomic
 
         folder = Path(folder)
         h, m = folder / f"{stem}.html", folder / f"{stem}.md"

@@ -18,13 +18,13 @@ from typing import Iterable, Sequence
 
 import pandas as pd
 
-from simulator.costmodel import BatchShape, RooflineCostModel
-from simulator.errors import InfersimError
-from simulator.hardware.catalog import load_hardware
-from simulator.hardware.profile import HardwareProfile
-from simulator.models.catalog import load_model
-from simulator.models.spec import ModelSpec
-from simulator.yamlio import atomic_path
+from infersim.simulator.costmodel import BatchShape, RooflineCostModel
+from infersim.simulator.errors import InfersimError
+from infersim.simulator.hardware.catalog import load_hardware
+from infersim.simulator.hardware.profile import HardwareProfile
+from infersim.simulator.models.catalog import load_model
+from infersim.simulator.models.spec import ModelSpec
+from infersim.simulator.yamlio import atomic_path
 
 PHASES = ("prefill", "decode", "verify")
 POW2_BATCHES = (1, 2, 4, 8, 16, 32, 64)  # Medusa Figs. 9-17

@@ -45,7 +45,7 @@ from typing import Any, Literal, Optional, Union
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator
 
-from simulator.errors import InfersimError, pydantic_error_line
+from infersim.simulator.errors import InfersimError, pydantic_error_line
 
 # ---------------------------------------------------------------------------------------------
 # configurations: dotted overrides, keys, evaluation (shared with `sim plan`)
@@ -122,10 +122,10 @@ def run_config(task: dict) -> dict:
     t0 = time.perf_counter()
     worker = f"{socket.gethostname()}:{os.getpid()}"
     try:
-        from simulator.engine.simulation import simulate
-        from simulator.metrics.summary import summarize
-        from simulator.workload.builder import build_requests
-        from simulator.workload.schema import WorkloadSpec
+        from infersim.simulator.engine.simulation import simulate
+        from infersim.simulator.metrics.summary import summarize
+        from infersim.simulator.workload.builder import build_requests
+        from infersim.simulator.workload.schema import WorkloadSpec
 
         try:
             spec = WorkloadSpec.model_validate(task["config"])
@@ -257,7 +257,7 @@ def grid_points(params: list[Param]) -> list[dict[str, Any]]:
 
 
 def load_space(path: str | Path) -> SweepSpace:
-    from simulator.yamlio import load_model_file
+    from infersim.simulator.yamlio import load_model_file
 
     return load_model_file(SweepSpace, path)
 
@@ -292,7 +292,7 @@ def load_results(sweep_dir: Path) -> dict[str, dict]:
 
 
 def _write_record(sweep_dir: Path, rec: dict) -> None:
-    from simulator.yamlio import write_atomic
+    from infersim.simulator.yamlio import write_atomic
 
     write_atomic(_result_path(sweep_dir, rec["key"]), json.dumps(rec, indent=1, sort_keys=True, default=str) + "\n")
 
@@ -323,9 +323,9 @@ def run_sweep(workload: str, space: SweepSpace | str | Path, out: str | Path | N
               quiet: bool = True, on_record=None) -> SweepOutcome:
     """Run (or resume) a sweep and rebuild its table and plots. `on_record(rec)` is called after
     each new result file is written."""
-    from simulator.workload.builder import load_workload
-    from simulator.yamlio import validate, write_atomic
-    from simulator.workload.schema import WorkloadSpec
+    from infersim.simulator.workload.builder import load_workload
+    from infersim.simulator.yamlio import validate, write_atomic
+    from infersim.simulator.workload.schema import WorkloadSpec
 
     from .sweep_backends import make_backend
 
@@ -663,7 +663,7 @@ def _label(row, params: list[Param]) -> str:
 
 def write_outputs(sweep_dir: Path, df, params: list[Param], space: SweepSpace, plots: bool = True) -> list[Path]:
     """results.parquet, results.csv, sensitivity.csv, pareto.csv, plots/, report.md."""
-    from simulator.yamlio import atomic_path, write_atomic
+    from infersim.simulator.yamlio import atomic_path, write_atomic
 
     sweep_dir = Path(sweep_dir)
     files = []

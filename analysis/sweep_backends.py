@@ -12,7 +12,7 @@ import os
 from concurrent.futures import Future
 from typing import Any, Callable
 
-from simulator.errors import InfersimError
+from infersim.simulator.errors import InfersimError
 
 BACKENDS = ("local", "ray")
 

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from simulator.machine import cpu_model  # noqa: E402
+from infersim.simulator.machine import cpu_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -52,7 +52,7 @@ def hf_static(model, prompts, outputs, batch: int):
 
 
 def engine(lm, prompts, outputs, max_batch: int):
-    from executor.engine import generate
+    from infersim.executor.engine import generate
 
     out, eng = generate(lm, prompts, outputs, max_batch_size=max_batch)
     return out
@@ -72,8 +72,8 @@ def main(argv=None) -> int:
     import torch
     import transformers
 
-    from executor.models import hf_greedy_generate, load_model
-    from executor.prompts import make_prompts
+    from infersim.executor.models import hf_greedy_generate, load_model
+    from infersim.executor.prompts import make_prompts
 
     torch.set_num_threads(args.threads)
     load_start = os.getloadavg()[0]

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from simulator.machine import cpu_model  # noqa: E402
+from infersim.simulator.machine import cpu_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -33,8 +33,8 @@ sys.path.insert(0, str(ROOT))
 def tree_set(acc: np.ndarray, heads: int, quick: bool):
     """(kind, layout) pairs: Medusa's own choice list (mc_sim_7b_63, tuned for Vicuna-7B; its
     prefixes are trees), Cartesian products and greedy trees from the measured accuracies."""
-    from analysis.medusa_study import load_accuracies
-    from executor.medusa.tree import build_tree
+    from infersim.analysis.medusa_study import load_accuracies
+    from infersim.executor.medusa.tree import build_tree
 
     mc = [list(c) for c in load_accuracies("vicuna-7b").tree]
     out = []
@@ -52,7 +52,7 @@ def tree_set(acc: np.ndarray, heads: int, quick: bool):
 
 def run_group(method, runner, heads, ps, new, device):
     """One group of prompts decoded together; returns (outputs, DecodeStats)."""
-    from executor.medusa.decode import greedy_decode, make_cache, medusa_decode
+    from infersim.executor.medusa.decode import greedy_decode, make_cache, medusa_decode
 
     kind, tree, acc = method
     cache = make_cache(runner, ps, new, tree.nodes if tree is not None else 1, device)
@@ -84,19 +84,19 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "RESULTS-medusa.md"))
     args = ap.parse_args(argv)
 
-    import executor  # noqa: F401
+    import infersim.executor  # noqa: F401
     import torch
     from rich.progress import Progress
 
-    from executor.medusa.acceptance import Acceptance
-    from executor.medusa.store import ensure_heads
-    from executor.medusa.train import DEFAULT_RECIPE
-    from executor.medusa.tree import build_tree
-    from executor.models import load_model, select_device
-    from executor.prompts import make_prompts
-    from executor.runner import build_runner
-    from executor.zoo import ensure_zoo
-    from simulator.speculative.medusa_tree import expected_length
+    from infersim.executor.medusa.acceptance import Acceptance
+    from infersim.executor.medusa.store import ensure_heads
+    from infersim.executor.medusa.train import DEFAULT_RECIPE
+    from infersim.executor.medusa.tree import build_tree
+    from infersim.executor.models import load_model, select_device
+    from infersim.executor.prompts import make_prompts
+    from infersim.executor.runner import build_runner
+    from infersim.executor.zoo import ensure_zoo
+    from infersim.simulator.speculative.medusa_tree import expected_length
 
     torch.set_num_threads(args.threads)
     ensure_zoo()
@@ -204,7 +204,7 @@ def write_report(args, rows, lm, meta, folder, load0, load1, wall, device, meta_
 
     import torch
 
-    from executor.medusa.accuracy import top_i
+    from infersim.executor.medusa.accuracy import top_i
 
     today = datetime.date.today().isoformat()
     cpu = cpu_model()

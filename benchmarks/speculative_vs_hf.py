@@ -59,10 +59,10 @@ def step_costs(target_lm, draft_lm, batch: int, verify_q=(2, 4, 7), reps: int = 
     """Median time of one forward pass, interleaved: the target decoding (q=1), the target
     verifying q tokens per sequence, one draft step (q=1), for `batch` sequences of 100 cached
     tokens. Ratios of these bound what speculation can gain on this machine."""
-    from executor.runner import plan_batch
-    from executor.speculative.draft import DraftModel
-    from executor.speculative.sequence import Track
-    from executor.speculative.target import TargetModel
+    from infersim.executor.runner import plan_batch
+    from infersim.executor.speculative.draft import DraftModel
+    from infersim.executor.speculative.sequence import Track
+    from infersim.executor.speculative.target import TargetModel
 
     tm = TargetModel(target_lm, gpu_blocks=batch * 8 * (1 + len(verify_q)) + 1, block_size=16)
     dm = DraftModel(draft_lm, gpu_blocks=batch * 8 + 1, block_size=16)
@@ -101,11 +101,11 @@ def main(argv=None) -> int:
     import transformers
     from rich.progress import Progress
 
-    from executor.models import hf_greedy_generate, load_model
-    from executor.prompts import make_prompts
-    from executor.speculative.build import build_decoder, make_sequences
-    from executor.speculative.pipeline import PipelinedDecoder
-    from simulator.speculative.selector import AdaptiveLengthSelector
+    from infersim.executor.models import hf_greedy_generate, load_model
+    from infersim.executor.prompts import make_prompts
+    from infersim.executor.speculative.build import build_decoder, make_sequences
+    from infersim.executor.speculative.pipeline import PipelinedDecoder
+    from infersim.simulator.speculative.selector import AdaptiveLengthSelector
 
     torch.set_num_threads(args.threads)
     load_start = os.getloadavg()[0]
@@ -294,7 +294,7 @@ def main(argv=None) -> int:
                              f"final weight {d['weight']:.2f}")
     lines.append("")
     text = "\n".join(lines) + "\n"
-    from simulator.yamlio import write_atomic
+    from infersim.simulator.yamlio import write_atomic
 
     write_atomic(args.out, text)
     print(text)

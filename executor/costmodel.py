@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from simulator.costmodel.base import CostModel
-from simulator.costmodel.batch import BatchShape
+from infersim.simulator.costmodel.base import CostModel
+from infersim.simulator.costmodel.batch import BatchShape
 
 
 class MeasuredCostModel(CostModel):

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from simulator.engine.sequence import emit_token, without
-from simulator.policies.state import SchedulerLimits, SchedulerState
+from infersim.simulator.engine.sequence import emit_token, without
+from infersim.simulator.policies.state import SchedulerLimits, SchedulerState
 
 from .clock import Clock
 from .kvcache import PagedKVCache
@@ -391,7 +391,7 @@ def generate(model, prompts: list[list[int]], max_new_tokens, *, scheduler: str 
     """Greedy generation of many prompts at once through the engine (continuous batching):
     returns the generated token ids per prompt and the engine (its counters tell what
     happened: preemptions, swaps). All requests arrive at once unless `arrival_s` is given."""
-    from simulator.policies import build_scheduler
+    from infersim.simulator.policies import build_scheduler
 
     n = len(prompts)
     outs = [int(max_new_tokens)] * n if np.isscalar(max_new_tokens) else [int(x) for x in max_new_tokens]

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from simulator.errors import InfersimError
+from infersim.simulator.errors import InfersimError
 
 SUPPORTED_FAMILIES = ("llama", "mistral", "opt")
 _DTYPES = {"fp32": "float32", "float32": "float32", "float": "float32",

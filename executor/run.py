@@ -15,8 +15,8 @@ import platform
 import time
 from pathlib import Path
 
-from simulator.errors import InfersimError
-from simulator.machine import cpu_model
+from infersim.simulator.errors import InfersimError
+from infersim.simulator.machine import cpu_model
 
 
 def _device_description(dev) -> dict:
@@ -40,7 +40,7 @@ def plan_blocks(lm, sv, limits, *, kv_dtype, device_memory_gb: float | None = No
     the activation peak, over the bytes of a block; host blocks from swap_space_gb."""
     import torch
 
-    from simulator.engine.memory import activation_peak_bytes
+    from infersim.simulator.engine.memory import activation_peak_bytes
 
     cfg = lm.config
     runner_layers = getattr(cfg, "num_hidden_layers")
@@ -133,12 +133,12 @@ def execute(spec, requests, model: str, out: Path, *, device: str | None = "cpu"
 
         return execute_offload(spec, requests, model, out, device=device, dtype=dtype, realtime=realtime,
                                plots=plots, quiet=quiet, csv=csv, device_memory_gb=device_memory_gb, log=log)
-    from simulator.engine.memory import MemoryPlan
-    from simulator.engine.simulation import SimulationResult
-    from simulator.metrics.collector import MetricsCollector
-    from simulator.metrics.rundir import staged_dir, write_table
-    from simulator.metrics.summary import write_result_files
-    from simulator.policies import SchedulerLimits, build_scheduler
+    from infersim.simulator.engine.memory import MemoryPlan
+    from infersim.simulator.engine.simulation import SimulationResult
+    from infersim.simulator.metrics.collector import MetricsCollector
+    from infersim.simulator.metrics.rundir import staged_dir, write_table
+    from infersim.simulator.metrics.summary import write_result_files
+    from infersim.simulator.policies import SchedulerLimits, build_scheduler
 
     from .engine import Engine, ExecSequence
     from .models import load_model
@@ -219,14 +219,14 @@ def execute(spec, requests, model: str, out: Path, *, device: str | None = "cpu"
         write_table(tmp / "iteration_batches.parquet", st.batch_table())
         _write_outputs(tmp / "outputs.parquet", sorted(seqs, key=lambda s: s.rid))
         if plots:
-            from analysis.run_plots import plot_run
+            from infersim.analysis.run_plots import plot_run
 
             plot_run(tmp)
     return summary
 
 
 def _model_summary(lm, dtype: str) -> dict:
-    from simulator.models.catalog import load_model as load_spec
+    from infersim.simulator.models.catalog import load_model as load_spec
 
     try:
         s = load_spec(str(lm.path / "config.json")).summary(dtype)

@@ -10,20 +10,20 @@ def _package_dir(package: str) -> Path:
 
 
 def hwprofiles_dir() -> Path:
-    return _package_dir("infersim_data.hwprofiles")
+    return _package_dir("infersim.hwprofiles")
 
 
 def workloads_dir() -> Path:
     """Built-in workloads live in the top-level `traces/` folder."""
-    return _package_dir("infersim_data.traces")
+    return _package_dir("infersim.traces")
 
 
 def models_dir() -> Path:
-    return _package_dir("simulator") / "catalog" / "models"
+    return _package_dir("infersim.simulator") / "catalog" / "models"
 
 
 def catalog_dir() -> Path:
-    return _package_dir("simulator") / "catalog"
+    return _package_dir("infersim.simulator") / "catalog"
 
 
 def shared_dir() -> Path | None:

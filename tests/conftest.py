@@ -10,7 +10,7 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 def small_workload():
     """A workload spec built in code: OPT-125M-sized serving on an A100 with a tiny KV pool,
     so preemption happens within a few dozen requests."""
-    from simulator.workload.schema import WorkloadSpec
+    from infersim.simulator.workload.schema import WorkloadSpec
 
     def make(**serving):
         base = {

@@ -1,7 +1,7 @@
 """AdaptiveLLM's claims that the simulator reproduces, on a small version of its setup:
 OPT-13B on an A800, the chatbot workload cut to 300 requests, max output 64, 128 GPU + 64 CPU
 KV blocks. The full study (all models, datasets, max outputs) is
-`python -m analysis.reproduce.adaptivellm`; docs/findings/adaptivellm.md explains the claims
+`python -m infersim.analysis.reproduce.adaptivellm`; docs/findings/adaptivellm.md explains the claims
 left out here: recompute-only beating swap-only and the size of the gains over vLLM_s (the
 simulator does not show them), and the full AdaptiveLLM (cost_aware+fairness) beating vLLM on
 throughput (it does only on chatbot at max output 64, by ~2%, and loses elsewhere).
@@ -14,14 +14,14 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from analysis.reproduce.adaptivellm import (CONFIGS, PAPER_TABLE3, PAPER_TABLE4, _COL, _hardware_variants,
+from infersim.analysis.reproduce.adaptivellm import (CONFIGS, PAPER_TABLE3, PAPER_TABLE4, _COL, _hardware_variants,
                                             simulate_point, task)
-from simulator.costmodel import RooflineCostModel
-from simulator.engine.simulation import Simulation
-from simulator.hardware.catalog import load_hardware
-from simulator.models.catalog import load_model
-from simulator.policies import SchedulerLimits, SchedulerState, build_scheduler
-from simulator.policies.preemption import CostAwarePreemption
+from infersim.simulator.costmodel import RooflineCostModel
+from infersim.simulator.engine.simulation import Simulation
+from infersim.simulator.hardware.catalog import load_hardware
+from infersim.simulator.models.catalog import load_model
+from infersim.simulator.policies import SchedulerLimits, SchedulerState, build_scheduler
+from infersim.simulator.policies.preemption import CostAwarePreemption
 
 N_REQUESTS = 300
 
@@ -133,8 +133,8 @@ def test_engine_charges_each_swap_as_its_copies(tmp_path):
     direction, copies = swapped blocks x 2 x layers."""
     t = task("test", "opt-13b", "chatbot", 64, "vllm_s", count=120, copy_us=200.0)
     _hardware_variants([t], tmp_path)
-    from analysis.reproduce.adaptivellm import build_spec
-    from simulator.workload.builder import build_requests
+    from infersim.analysis.reproduce.adaptivellm import build_spec
+    from infersim.simulator.workload.builder import build_requests
 
     spec, path = build_spec(t)
     sim = Simulation(spec, build_requests(spec, path))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from simulator.cli.main import main
+from infersim.simulator.cli.main import main
 
 
 def _digest(folder: Path) -> dict[str, str]:
@@ -88,14 +88,14 @@ def test_failed_run_keeps_previous_results(tmp_path, monkeypatch):
     assert main(["run", "-w", "chatbot", "-n", "50", "-o", str(out), "-q"]) == 0
     before = _digest(out)
 
-    import analysis.run_plots
+    import infersim.analysis.run_plots
 
     def broken(run_dir):
         (Path(run_dir) / "plots").mkdir(exist_ok=True)
         (Path(run_dir) / "plots" / "half.png").write_bytes(b"\x89PNG")
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr(analysis.run_plots, "plot_run", broken)
+    monkeypatch.setattr(infersim.analysis.run_plots, "plot_run", broken)
     with pytest.raises(RuntimeError):
         main(["run", "-w", "chatbot", "-n", "60", "-o", str(out), "-q"])
     assert _digest(out) == before
@@ -103,7 +103,7 @@ def test_failed_run_keeps_previous_results(tmp_path, monkeypatch):
 
 
 def test_help_for_every_subcommand(capsys):
-    from simulator.cli.main import SUBCOMMANDS
+    from infersim.simulator.cli.main import SUBCOMMANDS
 
     for cmd in SUBCOMMANDS:
         with pytest.raises(SystemExit) as exc:
@@ -123,5 +123,5 @@ def test_installed_sim_finds_builtins_from_any_directory(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "r" / "summary.json").exists()
-    done = subprocess.run([sys.executable, "-c", "import simulator.cli.main"], cwd=tmp_path, capture_output=True)
+    done = subprocess.run([sys.executable, "-c", "import infersim.simulator.cli.main"], cwd=tmp_path, capture_output=True)
     assert done.returncode == 0

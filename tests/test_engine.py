@@ -3,10 +3,10 @@ preemption and admission behaviour, determinism."""
 import numpy as np
 import pytest
 
-from simulator.costmodel import BatchShape
-from simulator.engine.simulation import Simulation, simulate
-from simulator.workload.builder import build_requests
-from simulator.workload.schema import WorkloadSpec
+from infersim.simulator.costmodel import BatchShape
+from infersim.simulator.engine.simulation import Simulation, simulate
+from infersim.simulator.workload.builder import build_requests
+from infersim.simulator.workload.schema import WorkloadSpec
 
 
 def _run(spec, step_mode=False):

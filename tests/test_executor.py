@@ -11,17 +11,17 @@ import shutil
 import numpy as np
 import pytest
 
-import executor  # noqa: E402,F401  (before torch: OpenMP threads wait passively, see executor/__init__.py)
+import infersim.executor  # noqa: E402,F401  (before torch: OpenMP threads wait passively, see executor/__init__.py)
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
-from executor.engine import generate  # noqa: E402
-from executor.models import hf_greedy_generate, load_model  # noqa: E402
-from executor.prompts import make_prompts  # noqa: E402
-from executor.zoo import ensure_zoo  # noqa: E402
-from simulator.errors import InfersimError  # noqa: E402
+from infersim.executor.engine import generate  # noqa: E402
+from infersim.executor.models import hf_greedy_generate, load_model  # noqa: E402
+from infersim.executor.prompts import make_prompts  # noqa: E402
+from infersim.executor.zoo import ensure_zoo  # noqa: E402
+from infersim.simulator.errors import InfersimError  # noqa: E402
 
 PROMPT_LENS = [23, 150, 7, 64, 101, 40, 12, 88, 130, 55, 31, 76]
 OUTPUT_LENS = [30, 12, 41, 25, 18, 36, 9, 28, 15, 33, 22, 40]
@@ -144,7 +144,7 @@ def test_uninitialised_cache_memory_never_leaks_in(target, case, monkeypatch):
     """Blocks are read whole and ragged batches padded; masked rows get weight 0, but 0 x NaN
     is NaN: pools made of NaN (as uninitialised GPU memory may be; the CPU's pools are
     committed and zeroed up front) must not change a token."""
-    import executor.kvcache as kvcache
+    import infersim.executor.kvcache as kvcache
 
     def nan_filled(real):
         def alloc(*args, **kwargs):
@@ -201,7 +201,7 @@ seed: 2
 def test_sim_exec_writes_the_run_directory_of_sim_run(zoo_dir, tmp_path):
     import pandas as pd
 
-    from simulator.cli.main import main
+    from infersim.simulator.cli.main import main
 
     wl = tmp_path / "small.yaml"
     wl.write_text(WORKLOAD)
@@ -252,7 +252,7 @@ def test_sim_exec_writes_the_run_directory_of_sim_run(zoo_dir, tmp_path):
 
 
 def test_sim_exec_errors_are_one_line(tmp_path, capsys):
-    from simulator.cli.main import main
+    from infersim.simulator.cli.main import main
 
     wl = tmp_path / "small.yaml"
     wl.write_text(WORKLOAD)

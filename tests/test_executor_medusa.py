@@ -10,17 +10,17 @@ import math
 import numpy as np
 import pytest
 
-import executor  # noqa: F401
+import infersim.executor  # noqa: F401
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from executor.medusa.acceptance import Acceptance, accept, accept_greedy_lists, typical_threshold  # noqa: E402
-from executor.medusa.heads import MedusaHeads, load_heads, save_heads  # noqa: E402
-from executor.medusa.train import (TINY_RECIPE, loss_weights, medusa_loss, shifted_labels,  # noqa: E402
+from infersim.executor.medusa.acceptance import Acceptance, accept, accept_greedy_lists, typical_threshold  # noqa: E402
+from infersim.executor.medusa.heads import MedusaHeads, load_heads, save_heads  # noqa: E402
+from infersim.executor.medusa.train import (TINY_RECIPE, loss_weights, medusa_loss, shifted_labels,  # noqa: E402
                                    train_heads)
-from executor.medusa.tree import build_tree, layout  # noqa: E402
-from simulator.errors import InfersimError  # noqa: E402
+from infersim.executor.medusa.tree import build_tree, layout  # noqa: E402
+from infersim.simulator.errors import InfersimError  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -163,9 +163,9 @@ def test_fresh_heads_are_the_target_lm_head():
 # ---- the zoo target ----------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def target():
-    from executor.models import load_model
-    from executor.runner import build_runner
-    from executor.zoo import ensure_zoo
+    from infersim.executor.models import load_model
+    from infersim.executor.runner import build_runner
+    from infersim.executor.zoo import ensure_zoo
 
     ensure_zoo()
     lm = load_model("zoo-target", "cpu", "fp32")
@@ -175,7 +175,7 @@ def target():
 @pytest.fixture(scope="module")
 def trained(target):
     """The default heads (cached beside the zoo; trained once, ~2 minutes, if missing)."""
-    from executor.medusa.store import ensure_heads
+    from infersim.executor.medusa.store import ensure_heads
 
     heads, meta, _ = ensure_heads(target[0])
     return heads, meta
@@ -183,14 +183,14 @@ def trained(target):
 
 @pytest.fixture(scope="module")
 def prompts(target):
-    from executor.prompts import make_prompts
+    from infersim.executor.prompts import make_prompts
 
     lm = target[0]
     return make_prompts([40, 57, 33], tokenizer=lm.tokenizer, vocab_size=lm.vocab_size, seed=11)
 
 
 def _decode(target, heads, tree, prompts, new, acc=Acceptance("greedy")):
-    from executor.medusa.decode import greedy_decode, make_cache, medusa_decode
+    from infersim.executor.medusa.decode import greedy_decode, make_cache, medusa_decode
 
     _, runner = target
     cache = make_cache(runner, prompts, new, tree.nodes, "cpu", block_size=8)
@@ -220,8 +220,8 @@ def test_greedy_medusa_equals_target_greedy(target, trained, prompts, kind, batc
 
 
 def test_runner_greedy_equals_hugging_face(target, prompts):
-    from executor.medusa.decode import greedy_decode, make_cache
-    from executor.models import hf_greedy_generate
+    from infersim.executor.medusa.decode import greedy_decode, make_cache
+    from infersim.executor.models import hf_greedy_generate
 
     lm, runner = target
     ref = hf_greedy_generate(lm.model, prompts[:2], [24, 24])
@@ -244,8 +244,8 @@ def test_typical_acceptance_limits(target, trained, prompts):
 
 
 def test_tiny_training_is_deterministic_and_cached(target, tmp_path):
-    from executor.medusa.store import ensure_heads, heads_dir, heads_key
-    from executor.medusa.train import corpus_streams
+    from infersim.executor.medusa.store import ensure_heads, heads_dir, heads_key
+    from infersim.executor.medusa.train import corpus_streams
 
     lm, _ = target
     train_stream, _ = corpus_streams(lm.tokenizer, TINY_RECIPE.files_every)
@@ -265,8 +265,8 @@ def test_tiny_training_is_deterministic_and_cached(target, tmp_path):
 
 
 def test_measured_accuracies_load_in_the_simulator(trained):
-    from analysis.medusa_study import load_accuracies
-    from simulator.speculative.medusa_tree import expected_length
+    from infersim.analysis.medusa_study import load_accuracies
+    from infersim.simulator.speculative.medusa_tree import expected_length
 
     table = load_accuracies("zoo-target")
     acc = table.rank_accuracies()
@@ -276,10 +276,10 @@ def test_measured_accuracies_load_in_the_simulator(trained):
     if table.source.find(meta["key"]) >= 0:  # the recorded table comes from these very heads
         assert acc == pytest.approx(np.array(meta["accuracies"]["greedy"]["per_rank"]), abs=1e-4)
     # the simulator's Medusa path runs on them: tokens per step as the table predicts
-    from simulator.engine.simulation import Simulation
-    from simulator.metrics.summary import summarize
-    from simulator.workload.builder import build_requests
-    from simulator.workload.schema import WorkloadSpec
+    from infersim.simulator.engine.simulation import Simulation
+    from infersim.simulator.metrics.summary import summarize
+    from infersim.simulator.workload.builder import build_requests
+    from infersim.simulator.workload.schema import WorkloadSpec
 
     spec = WorkloadSpec.model_validate({
         "model": "opt-1.3b", "hardware": {"profile": "a100-80gb-pcie"}, "serving": {"max_batch_size": 8},
@@ -296,8 +296,8 @@ def test_measured_accuracies_load_in_the_simulator(trained):
 
 # ---- sim exec: Medusa in the speculative engine (arrivals, continuous batching) -----------------
 def _medusa_decoder(target, trained, tree, gpu_blocks=96, max_batch_size=2, acc="greedy"):
-    from executor.medusa.serve import MedusaDecoder, MedusaProposer
-    from executor.speculative.target import TargetModel
+    from infersim.executor.medusa.serve import MedusaDecoder, MedusaProposer
+    from infersim.executor.speculative.target import TargetModel
 
     lm, _ = target
     heads, _ = trained
@@ -309,9 +309,9 @@ def test_medusa_decoder_serves_arrivals_as_plain_greedy(target, trained, prompts
     """Staggered arrivals, batch limit 2 (admissions while others run), output lengths 1, 2, 5
     and 23 (a prefill-only request, a root-only step, steps cut at the output length): the
     outputs are the target's greedy ones, every KV block comes back, and the rounds table adds up."""
-    from executor.medusa.decode import greedy_decode, make_cache
-    from executor.speculative.build import make_sequences
-    from executor.clock import Clock
+    from infersim.executor.medusa.decode import greedy_decode, make_cache
+    from infersim.executor.speculative.build import make_sequences
+    from infersim.executor.clock import Clock
 
     heads, _ = trained
     tree = build_tree("cartesian", heads=heads.num_heads, sizes=[2, 2, 1])
@@ -338,7 +338,7 @@ def test_medusa_decoder_serves_arrivals_as_plain_greedy(target, trained, prompts
 def test_medusa_proposals_are_scored_against_committed_tokens(target, trained):
     """Head j's rank-i guess from the hidden state at token index b counts as right when it equals
     token b + j + 2; positions past the sequence's end are not scored (hand-made history)."""
-    from executor.medusa.serve import MedusaProposer
+    from infersim.executor.medusa.serve import MedusaProposer
 
     heads, _ = trained
     tree = layout([(0,), (1,), (0, 0)], "t")  # 2 heads, top-2
@@ -358,8 +358,8 @@ def test_medusa_proposals_are_scored_against_committed_tokens(target, trained):
 
 
 def test_medusa_serving_refuses_what_it_cannot_run(target, trained):
-    from executor.medusa.serve import acceptance_for, resolve_tree
-    from simulator.speculative.config import SpeculationSection
+    from infersim.executor.medusa.serve import acceptance_for, resolve_tree
+    from infersim.simulator.speculative.config import SpeculationSection
 
     heads, _ = trained
     with pytest.raises(InfersimError, match="rejection sampling"):
@@ -371,8 +371,8 @@ def test_medusa_serving_refuses_what_it_cannot_run(target, trained):
         resolve_tree(SpeculationSection.model_validate(
             {"method": "medusa", "medusa": {"accuracies": "zoo-target", "heads": 9}}).medusa, heads.num_heads)
     # the default section: the simulator's tree (the Vicuna table's mc_sim_7b_63), cut to the trained heads
-    from analysis.medusa_study import load_accuracies
-    from simulator.speculative.medusa_tree import restrict
+    from infersim.analysis.medusa_study import load_accuracies
+    from infersim.simulator.speculative.medusa_tree import restrict
 
     lay, table, used = resolve_tree(SpeculationSection.model_validate({"method": "medusa"}).medusa, heads.num_heads)
     assert used == heads.num_heads and lay.depth <= heads.num_heads
@@ -386,9 +386,9 @@ def test_sim_exec_runs_a_medusa_workload_and_feeds_the_simulator(target, trained
     import pyarrow.parquet as pq
     import yaml
 
-    from executor.medusa import recorded_statistics, simulator_updates
-    from executor.models import hf_greedy_generate
-    from simulator.cli.main import main
+    from infersim.executor.medusa import recorded_statistics, simulator_updates
+    from infersim.executor.models import hf_greedy_generate
+    from infersim.simulator.cli.main import main
 
     lm, _ = target
     wl = {"name": "zoo-medusa", "model": "zoo-target", "hardware": {"profile": "a100-80gb-pcie"},
@@ -416,10 +416,10 @@ def test_sim_exec_runs_a_medusa_workload_and_feeds_the_simulator(target, trained
     assert st["tokens_per_tree_step"] == pytest.approx(sum((k + 1) * c for k, c in hist.items()) / sum(hist.values()))
     assert len(st["per_rank"]) == st["heads"] == 4 and all(sum(r) <= 1 for r in st["per_rank"])
     upd = simulator_updates(st)
-    from simulator.engine.simulation import Simulation
-    from simulator.metrics.summary import summarize
-    from simulator.workload.builder import build_requests
-    from simulator.workload.schema import WorkloadSpec
+    from infersim.simulator.engine.simulation import Simulation
+    from infersim.simulator.metrics.summary import summarize
+    from infersim.simulator.workload.builder import build_requests
+    from infersim.simulator.workload.schema import WorkloadSpec
 
     wl2 = dict(wl, model="opt-1.3b")
     wl2["speculation"] = {**wl["speculation"], "medusa": upd["speculation"]["medusa"]}
@@ -441,7 +441,7 @@ def test_sim_exec_runs_a_medusa_workload_and_feeds_the_simulator(target, trained
 
 
 def test_fit_depth_mixture_by_hand():
-    from executor.medusa.validate_hooks import fit_depth_mixture
+    from infersim.executor.medusa.validate_hooks import fit_depth_mixture
 
     # 16 requests always accept depth 0, 16 always depth 3 (no noise): groups kept as they are
     rid = np.repeat(np.arange(32), 10)

@@ -10,20 +10,20 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from executor.offload import DenseLlama, FullCache, H2O, InfiniGen, Int4KV, KVPool, evaluate_policy  # noqa: E402
-from executor.offload.model import apply_rope, full_forward  # noqa: E402
-from executor.offload.policies import build_kv_policy  # noqa: E402
-from executor.offload.quant import quantize_dequantize  # noqa: E402
-from executor.offload.skew import apply_skew, fold_skew, skew_matrices  # noqa: E402
-from executor.offload.sparsity import at_contexts, sparsity_spec  # noqa: E402
-from simulator.errors import InfersimError  # noqa: E402
+from infersim.executor.offload import DenseLlama, FullCache, H2O, InfiniGen, Int4KV, KVPool, evaluate_policy  # noqa: E402
+from infersim.executor.offload.model import apply_rope, full_forward  # noqa: E402
+from infersim.executor.offload.policies import build_kv_policy  # noqa: E402
+from infersim.executor.offload.quant import quantize_dequantize  # noqa: E402
+from infersim.executor.offload.skew import apply_skew, fold_skew, skew_matrices  # noqa: E402
+from infersim.executor.offload.sparsity import at_contexts, sparsity_spec  # noqa: E402
+from infersim.simulator.errors import InfersimError  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def zoo():
-    from executor.zoo.corpus import held_out_windows
-    from executor.models import load_model
-    from executor.zoo import ensure_zoo
+    from infersim.executor.zoo.corpus import held_out_windows
+    from infersim.executor.models import load_model
+    from infersim.executor.zoo import ensure_zoo
 
     torch.set_num_threads(1)
     ensure_zoo()
@@ -213,14 +213,14 @@ def test_sparsity_spec_from_hand_counts():
 
 
 def test_recorded_sparsity_loads_in_the_simulator():
-    from simulator.offload.policies import InfiniGenPolicy, KVShape
-    from simulator.offload.sparsity import SparsityModel, default_sparsity_name, load_sparsity
+    from infersim.simulator.offload.policies import InfiniGenPolicy, KVShape
+    from infersim.simulator.offload.sparsity import SparsityModel, default_sparsity_name, load_sparsity
 
     try:
         spec = load_sparsity("zoo-target")
     except InfersimError:
         pytest.fail("simulator/catalog/sparsity/zoo-target.yaml is missing: run "
-                    "python -m analysis.reproduce.infinigen_executor")
+                    "python -m infersim.analysis.reproduce.infinigen_executor")
     assert default_sparsity_name("zoo-target") == ("zoo-target", False)
     assert len(spec.layer_scale) == 3 and {t.alpha for t in spec.important_tokens} >= {4.0, 5.0}
     sm = SparsityModel(spec, 4.0)

@@ -11,24 +11,24 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from executor.clock import speed_ticks  # noqa: E402
-from executor.kvcache import PagedKVCache  # noqa: E402
-from executor.models import hf_greedy_generate, load_model  # noqa: E402
-from executor.prompts import make_prompts  # noqa: E402
-from executor.runner import build_runner, plan_batch  # noqa: E402
-from executor.speculative import minions as ex_minions  # noqa: E402
-from executor.speculative.attention import install  # noqa: E402
-from executor.speculative.build import build_decoder, make_sequences  # noqa: E402
-from executor.speculative.draft import DraftModel  # noqa: E402
-from executor.speculative.pipeline import PipelinedDecoder  # noqa: E402
-from executor.speculative.record import AcceptanceRecorder, write_acceptance_table  # noqa: E402
-from executor.speculative.sequence import SpecSequence, Track  # noqa: E402
-from executor.speculative.target import TargetModel  # noqa: E402
-from executor.speculative.verify import greedy_accept, rejection_accept  # noqa: E402
-from executor.zoo import ensure_zoo  # noqa: E402
-from simulator.errors import InfersimError  # noqa: E402
-from simulator.speculative import minions as sim_minions  # noqa: E402
-from simulator.speculative.selector import AdaptiveLengthSelector  # noqa: E402
+from infersim.executor.clock import speed_ticks  # noqa: E402
+from infersim.executor.kvcache import PagedKVCache  # noqa: E402
+from infersim.executor.models import hf_greedy_generate, load_model  # noqa: E402
+from infersim.executor.prompts import make_prompts  # noqa: E402
+from infersim.executor.runner import build_runner, plan_batch  # noqa: E402
+from infersim.executor.speculative import minions as ex_minions  # noqa: E402
+from infersim.executor.speculative.attention import install  # noqa: E402
+from infersim.executor.speculative.build import build_decoder, make_sequences  # noqa: E402
+from infersim.executor.speculative.draft import DraftModel  # noqa: E402
+from infersim.executor.speculative.pipeline import PipelinedDecoder  # noqa: E402
+from infersim.executor.speculative.record import AcceptanceRecorder, write_acceptance_table  # noqa: E402
+from infersim.executor.speculative.sequence import SpecSequence, Track  # noqa: E402
+from infersim.executor.speculative.target import TargetModel  # noqa: E402
+from infersim.executor.speculative.verify import greedy_accept, rejection_accept  # noqa: E402
+from infersim.executor.zoo import ensure_zoo  # noqa: E402
+from infersim.simulator.errors import InfersimError  # noqa: E402
+from infersim.simulator.speculative import minions as sim_minions  # noqa: E402
+from infersim.simulator.speculative.selector import AdaptiveLengthSelector  # noqa: E402
 
 DRAFTS = ("zoo-draft-a", "zoo-draft-b", "zoo-draft-c")
 
@@ -106,7 +106,7 @@ def test_minions_coupled_and_pipelined_are_lossless(zoo, work):
 def test_warm_up_leaves_no_trace(zoo, work):
     """The engine's warm-up (first-call costs paid before the clock) gives every block back and
     zeroes the counters; what is generated after it is unchanged."""
-    from executor.speculative.build import warm_up
+    from infersim.executor.speculative.build import warm_up
 
     t, d = zoo
     prompts, outs, ref = work
@@ -137,7 +137,7 @@ def test_minions_uses_the_simulators_objects(zoo):
     p = dec.proposer
     assert ex_minions.MajorityVoter is sim_minions.MajorityVoter
     assert isinstance(p.weights, sim_minions.SSMWeights)
-    assert type(dec.selector).__module__ == "simulator.speculative.selector"
+    assert type(dec.selector).__module__ == "infersim.simulator.speculative.selector"
     # voting a hand-made set of drafts gives the simulator's token-tree answer
     outs = [[5, 6, 7], [5, 6, 9], [1, 2, 3]]
     v = sim_minions.MajorityVoter([1.0, 1.0, 1.5]).vote(outs)
@@ -267,7 +267,7 @@ def test_rejected_tokens_roll_back_target_and_draft_blocks(zoo):
 def test_batched_attention_and_fused_draft_runner_match_the_runner(zoo, which):
     """Ragged multi-token queries (3, 1, 5 new tokens on 9, 14, 5 cached): the batched attention
     and the fused draft runner give the reference runner's logits."""
-    from executor.speculative.fused import FusedLlamaRunner
+    from infersim.executor.speculative.fused import FusedLlamaRunner
 
     t, d = zoo
     lm = t if which == "zoo-target" else d[which]
@@ -298,8 +298,8 @@ def test_batched_attention_and_fused_draft_runner_match_the_runner(zoo, which):
 
 # ---- recorded acceptance -> simulator -----------------------------------------------------------------
 def test_recorded_acceptance_loads_in_the_simulator(zoo, work, tmp_path):
-    from simulator.speculative.acceptance import EmpiricalAcceptance, PositionalAcceptance, load_table, resolve_model
-    from simulator.speculative.config import AcceptanceRef
+    from infersim.simulator.speculative.acceptance import EmpiricalAcceptance, PositionalAcceptance, load_table, resolve_model
+    from infersim.simulator.speculative.config import AcceptanceRef
 
     t, d = zoo
     prompts, outs, _ = work
@@ -324,12 +324,12 @@ def test_recorded_acceptance_loads_in_the_simulator(zoo, work, tmp_path):
 
 
 def test_repo_acceptance_table_drives_a_simulation():
-    """simulator/catalog/acceptance/zoo-target.yaml (written by `python -m executor.speculative.record`)
+    """simulator/catalog/acceptance/zoo-target.yaml (written by `python -m infersim.executor.speculative.record`)
     is a table the simulator runs with."""
-    from simulator.engine.simulation import Simulation
-    from simulator.speculative.acceptance import list_tables, load_table
-    from simulator.workload.builder import build_requests
-    from simulator.workload.schema import WorkloadSpec
+    from infersim.simulator.engine.simulation import Simulation
+    from infersim.simulator.speculative.acceptance import list_tables, load_table
+    from infersim.simulator.workload.builder import build_requests
+    from infersim.simulator.workload.schema import WorkloadSpec
 
     if "zoo-target" not in list_tables():
         pytest.skip("no recorded zoo-target acceptance table")
@@ -343,12 +343,12 @@ def test_repo_acceptance_table_drives_a_simulation():
         "speculation": {"method": "draft", "speculation_length": 3, "dataset": e.dataset,
                         "drafts": [{"model": "opt-125m", "acceptance": {"table": "zoo-target", "draft": e.draft}}]}})
     res = Simulation(spec, build_requests(spec, ".")).run()
-    from simulator.metrics.summary import summarize
+    from infersim.simulator.metrics.summary import summarize
 
     sx = summarize(res)["speculation"]
     # long outputs: tokens per step come out as the recorded histogram says (the last rounds of a
     # request, cut short, pull it down a little)
-    from simulator.speculative.acceptance import resolve_model
+    from infersim.simulator.speculative.acceptance import resolve_model
 
     want = resolve_model(e).expected_tokens(3)
     assert 1.0 < sx["acceleration_rate"] <= 4.0
@@ -362,7 +362,7 @@ def test_sim_exec_runs_a_minions_workload(zoo, tmp_path):
     import pyarrow.parquet as pq
     import yaml
 
-    from simulator.cli.main import main
+    from infersim.simulator.cli.main import main
 
     t, _ = zoo
     wl = {"name": "zoo-minions", "model": "zoo-target", "hardware": {"profile": "a100-80gb-pcie"},
@@ -392,14 +392,14 @@ def test_sim_exec_runs_a_minions_workload(zoo, tmp_path):
     ref = hf_greedy_generate(t.model, o["prompt_ids"], [len(x) for x in o["output_ids"]])
     assert o["output_ids"] == ref
     # and its acceptance file is a table the simulator loads
-    from simulator.speculative.acceptance import load_table
+    from infersim.simulator.speculative.acceptance import load_table
 
     assert load_table(str(out / "acceptance.yaml")).entries[0].dataset == "stdlib-heldout"
 
 
 def test_sim_exec_refuses_medusa_and_minions_sampling():
-    from executor.speculative.engine import _settings
-    from simulator.speculative.config import SpeculationSection
+    from infersim.executor.speculative.engine import _settings
+    from infersim.simulator.speculative.config import SpeculationSection
 
     with pytest.raises(InfersimError, match="medusa"):
         _settings(SpeculationSection.model_validate({"method": "medusa"}))
@@ -412,7 +412,7 @@ def test_sim_exec_refuses_medusa_and_minions_sampling():
 # ---- per-request acceptance, voting off, the run directory's new tables --------------------------
 def _rows(alphas, rounds, s=4, seed=0):
     """(rid, s, accepted) rows of requests with i.i.d. acceptance alphas[r], `rounds` each."""
-    from simulator.speculative.acceptance import IIDAcceptance
+    from infersim.simulator.speculative.acceptance import IIDAcceptance
 
     rng = np.random.default_rng(seed)
     rid, ss, acc = [], [], []
@@ -424,9 +424,9 @@ def _rows(alphas, rounds, s=4, seed=0):
 
 
 def test_fit_request_mixture_keeps_real_spread_and_drops_noise():
-    from executor.speculative.validate_hooks import fit_request_mixture
-    from simulator.speculative.acceptance import build_model
-    from simulator.speculative.config import AcceptanceSpec
+    from infersim.executor.speculative.validate_hooks import fit_request_mixture
+    from infersim.simulator.speculative.acceptance import build_model
+    from infersim.simulator.speculative.config import AcceptanceSpec
 
     e = lambda a: (1 - a ** 5) / (1 - a)
     # two kinds of request, many rounds each: the groups are the kinds, no shrinking needed
@@ -448,9 +448,9 @@ def test_fit_request_mixture_keeps_real_spread_and_drops_noise():
 def test_per_request_mixture_reproduces_each_requests_realized_tokens_per_round():
     """One component per request, unshrunk, assigned by id: a request's component yields, in
     expectation, exactly the tokens per round it realized (all rounds at one s)."""
-    from executor.speculative.validate_hooks import fit_request_mixture
-    from simulator.speculative.acceptance import build_model
-    from simulator.speculative.config import AcceptanceSpec
+    from infersim.executor.speculative.validate_hooks import fit_request_mixture
+    from infersim.simulator.speculative.acceptance import build_model
+    from infersim.simulator.speculative.config import AcceptanceSpec
 
     rid, s, acc = _rows(list(np.linspace(0.2, 0.9, 20)), 15, seed=3)
     mix = fit_request_mixture(rid, s, acc, groups=None, min_requests_per_group=1, shrink=False)
@@ -470,9 +470,9 @@ def test_minions_with_voting_off_drafts_with_the_first_ssm_only(zoo, tmp_path):
 
     import pyarrow.parquet as pq
 
-    from executor.speculative.validate_hooks import execute, recorded_statistics, simulator_updates
-    from simulator.workload.builder import build_requests
-    from simulator.workload.schema import WorkloadSpec
+    from infersim.executor.speculative.validate_hooks import execute, recorded_statistics, simulator_updates
+    from infersim.simulator.workload.builder import build_requests
+    from infersim.simulator.workload.schema import WorkloadSpec
 
     t, _ = zoo
     spec = WorkloadSpec.model_validate({

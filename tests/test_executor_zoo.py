@@ -7,16 +7,16 @@ import json
 
 import pytest
 
-import executor  # noqa: E402,F401  (before torch: OpenMP threads wait passively, see executor/__init__.py)
+import infersim.executor  # noqa: E402,F401  (before torch: OpenMP threads wait passively, see executor/__init__.py)
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
-from executor.zoo import DEFAULT_ZOO, TINY_ZOO, ensure_zoo, resolve_zoo_model, zoo_names  # noqa: E402
-from executor.zoo import corpus as corpus_mod  # noqa: E402
-from executor.zoo.build import build_zoo  # noqa: E402
-from simulator.errors import InfersimError  # noqa: E402
+from infersim.executor.zoo import DEFAULT_ZOO, TINY_ZOO, ensure_zoo, resolve_zoo_model, zoo_names  # noqa: E402
+from infersim.executor.zoo import corpus as corpus_mod  # noqa: E402
+from infersim.executor.zoo.build import build_zoo  # noqa: E402
+from infersim.simulator.errors import InfersimError  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -64,8 +64,8 @@ def test_tiny_zoo_is_deterministic(tmp_path):
 def test_bf16_autocast_only_where_the_cpu_has_bf16_instructions(monkeypatch):
     """A CPU without bf16 instructions trains the zoo in fp32 (torch would emulate bf16, ~13x
     slower), in a zoo folder of its own; a spec that asked for fp32 is left alone."""
-    from executor.zoo import spec as spec_mod
-    from executor.zoo.build import corpus_for, zoo_key
+    from infersim.executor.zoo import spec as spec_mod
+    from infersim.executor.zoo.build import corpus_for, zoo_key
 
     c = corpus_for(TINY_ZOO)
     monkeypatch.setattr(spec_mod, "native_bf16", lambda: True)

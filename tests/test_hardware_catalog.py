@@ -5,9 +5,9 @@ import json
 import pytest
 import yaml
 
-from simulator.errors import InfersimError, UnknownNameError
-from simulator.hardware.catalog import list_hardware, list_host_links, load_hardware, load_host_link
-from simulator.paths import hwprofiles_dir
+from infersim.simulator.errors import InfersimError, UnknownNameError
+from infersim.simulator.hardware.catalog import list_hardware, list_host_links, load_hardware, load_host_link
+from infersim.simulator.paths import hwprofiles_dir
 
 EXPECTED = {
     "a100-80gb-pcie", "a100-80gb-sxm", "a100-40gb", "a800-80gb-pcie", "a40", "rtx-a6000",

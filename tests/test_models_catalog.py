@@ -4,12 +4,12 @@ import json
 
 import pytest
 
-from simulator.catalog_loader import _norm
-from simulator.errors import InfersimError, UnknownNameError
-from simulator.models.catalog import list_models, load_model
-from simulator.models.hf_config import spec_from_hf_config
-from simulator.paths import models_dir
-from simulator.yamlio import load_mapping
+from infersim.simulator.catalog_loader import _norm
+from infersim.simulator.errors import InfersimError, UnknownNameError
+from infersim.simulator.models.catalog import list_models, load_model
+from infersim.simulator.models.hf_config import spec_from_hf_config
+from infersim.simulator.paths import models_dir
+from infersim.simulator.yamlio import load_mapping
 
 EXPECTED_MODELS = {
     "llama-2-7b", "llama-2-13b", "llama-2-70b", "llama-7b", "llama-13b", "llama-33b", "llama-65b",

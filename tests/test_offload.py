@@ -5,17 +5,17 @@ model stay true."""
 import numpy as np
 import pytest
 
-from simulator.costmodel import BatchShape, RooflineCostModel
-from simulator.engine.simulation import Simulation, simulate
-from simulator.errors import InfersimError
-from simulator.hardware.catalog import load_hardware
-from simulator.models.catalog import load_model
-from simulator.offload import OffloadSection, build_offload, coverage
-from simulator.offload.costmodel import OffloadCostModel, Stages
-from simulator.offload.policies import KVShape, build_policy
-from simulator.offload.sparsity import SparsityModel, SparsitySpec, load_sparsity
-from simulator.workload.builder import build_requests
-from simulator.workload.schema import WorkloadSpec
+from infersim.simulator.costmodel import BatchShape, RooflineCostModel
+from infersim.simulator.engine.simulation import Simulation, simulate
+from infersim.simulator.errors import InfersimError
+from infersim.simulator.hardware.catalog import load_hardware
+from infersim.simulator.models.catalog import load_model
+from infersim.simulator.offload import OffloadSection, build_offload, coverage
+from infersim.simulator.offload.costmodel import OffloadCostModel, Stages
+from infersim.simulator.offload.policies import KVShape, build_policy
+from infersim.simulator.offload.sparsity import SparsityModel, SparsitySpec, load_sparsity
+from infersim.simulator.workload.builder import build_requests
+from infersim.simulator.workload.schema import WorkloadSpec
 
 M13 = load_model("opt-13b")
 A6000 = load_hardware("rtx-a6000", host_link="pcie3x16")
@@ -216,7 +216,7 @@ def _spec(offload, count=24, rate=2.0, seed=5, **serving):
 
 
 def test_policy_names_from_yaml_and_one_line_errors(tmp_path):
-    from simulator.workload.builder import load_workload
+    from infersim.simulator.workload.builder import load_workload
 
     f = tmp_path / "w.yaml"
     f.write_text("model: opt-13b\nhardware: {profile: rtx-a6000, host_link: pcie3x16}\n"
@@ -287,7 +287,7 @@ def test_host_memory_bounds_the_batch():
 # ---- the paper's findings that hold in the model ---------------------------------------------------
 @pytest.fixture(scope="module")
 def lab():
-    from analysis.reproduce.infinigen import Lab, sections
+    from infersim.analysis.reproduce.infinigen import Lab, sections
 
     return Lab(sections("model"))
 

@@ -11,13 +11,13 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from simulator.errors import InfersimError  # noqa: E402
+from infersim.simulator.errors import InfersimError  # noqa: E402
 
 PROMPTS = {"type": "uniform", "low": 40, "high": 140}
 
 
 def _spec(policy=None, **over):
-    from simulator.workload.schema import WorkloadSpec
+    from infersim.simulator.workload.schema import WorkloadSpec
 
     d = {"name": f"serve-{policy or 'plain'}", "model": "zoo-target", "seed": 321,
          "serving": {"max_batch_size": 4, "dtype": "fp32"},
@@ -40,11 +40,11 @@ def _read(path):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """The same requests served plainly and with each offload policy."""
-    import executor  # noqa: F401
-    from executor.offload import execute as offload_execute
-    from executor.run import execute as plain_execute
-    from executor.zoo import ensure_zoo
-    from simulator.workload.builder import build_requests
+    import infersim.executor  # noqa: F401
+    from infersim.executor.offload import execute as offload_execute
+    from infersim.executor.run import execute as plain_execute
+    from infersim.executor.zoo import ensure_zoo
+    from infersim.simulator.workload.builder import build_requests
 
     ensure_zoo()
     prev = torch.get_num_threads()
@@ -62,7 +62,7 @@ def runs(tmp_path_factory):
 
 
 def _kv_token_layer_bytes():
-    from executor.models import load_model
+    from infersim.executor.models import load_model
 
     cfg = load_model("zoo-target").config
     kvh = cfg.num_key_value_heads
@@ -126,10 +126,10 @@ def test_h2o_and_infinigen_load_fewer_bytes_than_full(runs):
 
 
 def test_hooks_give_updates_a_simulation_accepts(runs, tmp_path):
-    from analysis.validate.measured import load_exec_run, load_run
-    from analysis.validate.modes import MODES
-    from analysis.validate.simulate import simulate_run
-    from executor.offload import recorded_statistics, simulator_updates
+    from infersim.analysis.validate.measured import load_exec_run, load_run
+    from infersim.analysis.validate.modes import MODES
+    from infersim.analysis.validate.simulate import simulate_run
+    from infersim.executor.offload import recorded_statistics, simulator_updates
 
     assert MODES.get("offload").availability() == (True, "")
     for pol in ("h2o", "infinigen"):
@@ -139,7 +139,7 @@ def test_hooks_give_updates_a_simulation_accepts(runs, tmp_path):
         assert stats["loaded_bytes_total"] == pytest.approx(
             _read(runs / pol / "offload_iterations.parquet")["loaded_bytes"].sum())
         if pol == "infinigen":
-            from simulator.offload.sparsity import load_sparsity
+            from infersim.simulator.offload.sparsity import load_sparsity
 
             sp = load_sparsity(up["offload"]["sparsity"])  # the simulator's own loader accepts the file
             assert sp.important_tokens[0].alpha == 4.0 and len(sp.layer_scale) == 3
@@ -152,8 +152,8 @@ def test_hooks_give_updates_a_simulation_accepts(runs, tmp_path):
 
 
 def test_bad_input_is_one_line(tmp_path):
-    from executor.offload import execute
-    from simulator.workload.builder import build_requests
+    from infersim.executor.offload import execute
+    from infersim.simulator.workload.builder import build_requests
 
     for spec, words in ((_spec(), "offload:"), (_spec("gpu"), "not served"),
                         (_spec("full", serving={"chunked_prefill": True}), "chunked_prefill")):
@@ -169,7 +169,7 @@ def test_sim_exec_serves_a_workload_with_an_offload_section(runs, tmp_path, caps
 
     import yaml
 
-    from simulator.cli.main import main
+    from infersim.simulator.cli.main import main
 
     spec = _spec("h2o")
     path = tmp_path / "wl.yaml"

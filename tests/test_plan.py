@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from analysis.plan import (PlanFile, SearchSection, load_plan_file, meets, parse_duration, parse_prices, parse_slo,
+from infersim.analysis.plan import (PlanFile, SearchSection, load_plan_file, meets, parse_duration, parse_prices, parse_slo,
                            plan, probe_once, rank, verdict, write_plan)
-from simulator.cli.main import main
-from simulator.errors import InfersimError
+from infersim.simulator.cli.main import main
+from infersim.simulator.errors import InfersimError
 
 WORKLOAD = """\
 name: plan-test

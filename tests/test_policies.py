@@ -3,12 +3,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from simulator.costmodel import RooflineCostModel
-from simulator.hardware.catalog import load_hardware
-from simulator.models.catalog import load_model
-from simulator.policies import SchedulerLimits, SchedulerState, build_scheduler
-from simulator.policies.preemption import CostAwarePreemption
-from simulator.policies.state import AllocStatus
+from infersim.simulator.costmodel import RooflineCostModel
+from infersim.simulator.hardware.catalog import load_hardware
+from infersim.simulator.models.catalog import load_model
+from infersim.simulator.policies import SchedulerLimits, SchedulerState, build_scheduler
+from infersim.simulator.policies.preemption import CostAwarePreemption
+from infersim.simulator.policies.state import AllocStatus
 
 
 class Seq(SimpleNamespace):

@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 import yaml
 
-from simulator.costmodel import BatchShape, RooflineCostModel, build_cost_model
-from simulator.costmodel.regression import (HASH_KEY, PATH_KEY, SOURCE_KEY, PortableRegressor, RegressionCostModel,
+from infersim.simulator.costmodel import BatchShape, RooflineCostModel, build_cost_model
+from infersim.simulator.costmodel.regression import (HASH_KEY, PATH_KEY, SOURCE_KEY, PortableRegressor, RegressionCostModel,
                                             calibration_for, load_calibration, sha256_file)
-from simulator.errors import InfersimError
-from simulator.hardware.catalog import load_hardware
-from simulator.hardware.profile import HardwareProfile
-from simulator.models.catalog import load_model
-from simulator.paths import hwprofiles_dir
+from infersim.simulator.errors import InfersimError
+from infersim.simulator.hardware.catalog import load_hardware
+from infersim.simulator.hardware.profile import HardwareProfile
+from infersim.simulator.models.catalog import load_model
+from infersim.simulator.paths import hwprofiles_dir
 
 REF = "cpu-reference"
 
@@ -96,7 +96,7 @@ def _synthetic(n=150, seed=0):
 
 
 def test_regressor_table_is_8x5_and_keeps_the_minimum():
-    from executor.profiler.regress import REGRESSORS, compare
+    from infersim.executor.profiler.regress import REGRESSORS, compare
 
     X, y = _synthetic()
     comp = compare(X, y, target="prefill", seed=0)
@@ -113,8 +113,8 @@ def test_regressor_table_is_8x5_and_keeps_the_minimum():
 def test_stored_regressor_reloads_with_identical_predictions(name, tmp_path):
     import warnings
 
-    from executor.profiler.regress import make_regressor, to_portable, transform_for
-    from simulator.costmodel.regression import design_matrix, poly_powers
+    from infersim.executor.profiler.regress import make_regressor, to_portable, transform_for
+    from infersim.simulator.costmodel.regression import design_matrix, poly_powers
 
     X, y = _synthetic(120, seed=1)
     mean, scale = transform_for(X)
@@ -147,7 +147,7 @@ def test_tampered_sidecar_is_refused_in_one_line(tmp_path, monkeypatch, absolute
     msg = str(err.value)
     assert "sha256" in msg and "refusing" in msg and "\n" not in msg
     # and through the CLI: one line on stderr, exit status 2
-    from simulator.cli.main import main
+    from infersim.simulator.cli.main import main
 
     wl = tmp_path / "w.yaml"
     wl.write_text(yaml.safe_dump({"model": "opt-125m", "hardware": {"profile": str(ypath)},
@@ -187,7 +187,7 @@ def test_cost_models_on_reference_are_positive_and_monotone(model):
 
 
 def test_simulator_uses_a_profile_by_path_with_the_regression_model(tmp_path):
-    from simulator.cli.main import main
+    from infersim.simulator.cli.main import main
 
     ypath, _ = _copy_ref(tmp_path)
     wl = tmp_path / "w.yaml"
@@ -210,8 +210,8 @@ def test_simulator_uses_a_profile_by_path_with_the_regression_model(tmp_path):
 def _bench(threads=1):
     import torch
 
-    from executor.profiler.device import Repeats, make_timer, select_device
-    from executor.profiler.kernels import Bench
+    from infersim.executor.profiler.device import Repeats, make_timer, select_device
+    from infersim.executor.profiler.kernels import Bench
 
     torch.set_num_threads(threads)
     dev = select_device("cpu")
@@ -219,7 +219,7 @@ def _bench(threads=1):
 
 
 def test_tiny_fresh_measurement_agrees_with_reference_in_order_of_magnitude():
-    from executor.profiler.kernels import copy_sweep, gemm_sweep, stream_sweep
+    from infersim.executor.profiler.kernels import copy_sweep, gemm_sweep, stream_sweep
 
     hw = load_hardware(REF)
     cal = calibration_for(hw)
@@ -241,7 +241,7 @@ def test_tiny_fresh_measurement_agrees_with_reference_in_order_of_magnitude():
 
 
 def test_sim_profile_quick_writes_a_consistent_profile(tmp_path):
-    from simulator.cli.main import main
+    from infersim.simulator.cli.main import main
 
     out = tmp_path / "fresh.yaml"
     t0 = time.perf_counter()
@@ -269,8 +269,8 @@ def test_sim_profile_quick_writes_a_consistent_profile(tmp_path):
 def test_device_flag_selects_cuda_and_fails_in_one_line_without_it(capsys):
     import torch
 
-    from executor.profiler.device import CpuTimer, CudaEventTimer, select_device, timer_class_for
-    from simulator.cli.main import main
+    from infersim.executor.profiler.device import CpuTimer, CudaEventTimer, select_device, timer_class_for
+    from infersim.simulator.cli.main import main
 
     assert timer_class_for("cuda") is CudaEventTimer and timer_class_for("cpu") is CpuTimer
     assert select_device("cpu").type == "cpu"
@@ -289,8 +289,8 @@ def test_device_flag_selects_cuda_and_fails_in_one_line_without_it(capsys):
 
 
 def test_cuda_copy_plan_has_pinned_and_pageable_buffers():
-    from executor.profiler.device import copy_variants, host_buffer
-    from executor.profiler.kernels import copy_plan
+    from infersim.executor.profiler.device import copy_variants, host_buffer
+    from infersim.executor.profiler.kernels import copy_plan
 
     assert copy_variants("cuda") == [("pinned", True), ("pageable", False)]
     assert copy_variants("cpu") == [("plain", False)]
@@ -306,7 +306,7 @@ def test_cuda_copy_plan_has_pinned_and_pageable_buffers():
 def test_cuda_event_timer_records_and_synchronizes():
     """The event timer's protocol, on a stand-in for torch.cuda: synchronize, record start, run,
     record end, wait for the end event, read the elapsed milliseconds."""
-    from executor.profiler.device import CudaEventTimer
+    from infersim.executor.profiler.device import CudaEventTimer
 
     calls = []
 
@@ -347,7 +347,7 @@ def test_cuda_event_timer_records_and_synchronizes():
 # ---- per-model predictors (sim profile --model) ------------------------------------------------------------
 def _synthetic_prefills(coef, n=60, seed=3):
     """Prefill batches of 1-4 prompts and their exact affine + quadratic times."""
-    from simulator.costmodel.regression import model_features
+    from infersim.simulator.costmodel.regression import model_features
 
     rng = np.random.default_rng(seed)
     qs = [tuple(int(x) for x in rng.integers(8, 1500, size=int(rng.integers(1, 5)))) for _ in range(n)]
@@ -357,8 +357,8 @@ def _synthetic_prefills(coef, n=60, seed=3):
 
 
 def test_physical_recompute_predictor_recovers_an_exact_affine_quadratic():
-    from executor.profiler.regress import PHYSICAL, compare_sets, fit_physical
-    from simulator.costmodel.regression import MODEL_FEATURES
+    from infersim.executor.profiler.regress import PHYSICAL, compare_sets, fit_physical
+    from infersim.simulator.costmodel.regression import MODEL_FEATURES
 
     coef = (4e-4, np.array([3e-5, 2e-4, 1.5e-8]))  # per iteration, per token, per sequence, per token^2
     _, X, y = _synthetic_prefills(coef)
@@ -378,8 +378,8 @@ def test_physical_recompute_predictor_recovers_an_exact_affine_quadratic():
 def _per_model_calibration(spec, *, dtype="fp32", name="zoo-target", coef=(4e-4, (3e-5, 2e-4, 1.5e-8)),
                            swap=None, key=None):
     """The reference sidecar plus one per-model entry with a physical predictor."""
-    from executor.profiler.regress import physical_portable
-    from simulator.costmodel.regression import (MODEL_FEATURES, MODEL_PREDICTORS_FORMAT, MODEL_PREDICTORS_VERSION,
+    from infersim.executor.profiler.regress import physical_portable
+    from infersim.simulator.costmodel.regression import (MODEL_FEATURES, MODEL_PREDICTORS_FORMAT, MODEL_PREDICTORS_VERSION,
                                                 model_config_hash, model_key)
 
     h = model_config_hash(spec)
@@ -398,8 +398,8 @@ def _per_model_calibration(spec, *, dtype="fp32", name="zoo-target", coef=(4e-4,
 def test_per_model_predictor_is_used_for_its_model_only():
     from types import SimpleNamespace
 
-    from simulator.costmodel.regression import model_config_hash
-    from simulator.policies.preemption import CostAwarePreemption
+    from infersim.simulator.costmodel.regression import model_config_hash
+    from infersim.simulator.policies.preemption import CostAwarePreemption
 
     hw = load_hardware(REF)
     spec = load_model("llama-68m")
@@ -453,7 +453,7 @@ def test_per_model_entries_are_checked():
 
 
 def test_per_model_sidecar_round_trips_and_its_hash_is_checked(tmp_path):
-    from executor.profiler.run import write_profile
+    from infersim.executor.profiler.run import write_profile
 
     spec = load_model("llama-68m")
     cal, _ = _per_model_calibration(spec, name="llama-68m")
@@ -484,9 +484,9 @@ def test_sim_profile_model_measures_zoo_target_into_a_profile(tmp_path):
     """`sim profile --refit P --models-only --model zoo-target --quick`: the real executor's
     prefills and swaps of the zoo's trained model, fitted and held out, into the sidecar."""
     pytest.importorskip("torch")
-    from executor.zoo import resolve_zoo_model
-    from simulator.cli.main import main
-    from simulator.costmodel.regression import model_config_hash
+    from infersim.executor.zoo import resolve_zoo_model
+    from infersim.simulator.cli.main import main
+    from infersim.simulator.costmodel.regression import model_config_hash
 
     try:
         resolve_zoo_model("zoo-target", build=False)
@@ -525,7 +525,7 @@ def test_sim_profile_model_measures_zoo_target_into_a_profile(tmp_path):
         PortableRegressor(entry["recompute"]["predictor"]).predict([[45, 1, 45 * 45]])[0], rel=1e-12)
     assert RegressionCostModel(load_model("llama-68m"), hw, dtype="fp32").model_predictor_key is None
     # the report's section and plot of the entry
-    from executor.profiler.report import per_model_md, plot_per_model
+    from infersim.executor.profiler.report import per_model_md, plot_per_model
 
     assert "held-out MAPE" in per_model_md(key, entry)
     plot_per_model(key, entry, tmp_path / "pm.png")
@@ -533,7 +533,7 @@ def test_sim_profile_model_measures_zoo_target_into_a_profile(tmp_path):
 
 
 def test_models_only_without_refit_is_a_one_line_error(capsys):
-    from simulator.cli.main import main
+    from infersim.simulator.cli.main import main
 
     assert main(["profile", "--models-only", "--model", "zoo-target", "--out", "/tmp/x.yaml"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

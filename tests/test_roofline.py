@@ -7,16 +7,16 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.medusa_study import (
+from infersim.analysis.medusa_study import (
     PAPER_BLOCK_OPERATORS, expected_accept_length, grow_tree, load_accuracies, log_rate, medusa_study,
     standard_sweeps, tree_rate,
 )
-from analysis.roofline import COLUMNS, build_cost_model, iteration_table, operator_table, plot_roofline
-from simulator.cli.main import main
-from simulator.costmodel import BatchShape, RooflineCostModel
-from simulator.errors import InfersimError, UnknownNameError
-from simulator.hardware.catalog import load_hardware
-from simulator.models.catalog import load_model
+from infersim.analysis.roofline import COLUMNS, build_cost_model, iteration_table, operator_table, plot_roofline
+from infersim.simulator.cli.main import main
+from infersim.simulator.costmodel import BatchShape, RooflineCostModel
+from infersim.simulator.errors import InfersimError, UnknownNameError
+from infersim.simulator.hardware.catalog import load_hardware
+from infersim.simulator.models.catalog import load_model
 
 H, I, HEADS, D = 4096, 11008, 32, 128  # Llama-7B
 A100_BW, A100_PEAK = 1.935e12, 312e12

@@ -3,15 +3,15 @@ verified in one pass gives, on each root-to-node path, the same logits as that p
 plain sequence; keep_path + truncate leave a cache that decodes like the linear one."""
 import pytest
 
-import executor  # noqa: F401
+import infersim.executor  # noqa: F401
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from executor.kvcache import PagedKVCache  # noqa: E402
-from executor.models import load_model  # noqa: E402
-from executor.runner import TokenSeq, build_runner, plan_batch  # noqa: E402
-from executor.zoo import ensure_zoo  # noqa: E402
+from infersim.executor.kvcache import PagedKVCache  # noqa: E402
+from infersim.executor.models import load_model  # noqa: E402
+from infersim.executor.runner import TokenSeq, build_runner, plan_batch  # noqa: E402
+from infersim.executor.zoo import ensure_zoo  # noqa: E402
 
 
 @pytest.mark.parametrize("model", ["zoo-target", "zoo-opt"])

@@ -4,14 +4,14 @@ import numpy as np
 import pytest
 import simpy
 
-from simulator.costmodel import BatchShape
-from simulator.engine.replica import Replica
-from simulator.engine.simulation import Simulation
-from simulator.metrics.summary import summarize
-from simulator.speculative.device import SharedDevice
-from simulator.speculative.replica import PipelinedReplica, SpeculativeReplica
-from simulator.workload.builder import build_requests
-from simulator.workload.schema import WorkloadSpec
+from infersim.simulator.costmodel import BatchShape
+from infersim.simulator.engine.replica import Replica
+from infersim.simulator.engine.simulation import Simulation
+from infersim.simulator.metrics.summary import summarize
+from infersim.simulator.speculative.device import SharedDevice
+from infersim.simulator.speculative.replica import PipelinedReplica, SpeculativeReplica
+from infersim.simulator.workload.builder import build_requests
+from infersim.simulator.workload.schema import WorkloadSpec
 
 DRAFTS = [{"model": "opt-125m", "acceptance": {"kind": "iid", "alpha": a}} for a in (0.8, 0.6, 0.4)]
 CASES = {
@@ -210,7 +210,7 @@ def test_medusa_costs_tree_and_heads():
 def test_examples_run(name):
     from pathlib import Path
 
-    from simulator.workload.builder import load_workload
+    from infersim.simulator.workload.builder import load_workload
 
     path = Path(__file__).resolve().parent.parent / "examples" / "speculative" / f"{name}.yaml"
     spec, p = load_workload(str(path))
@@ -224,7 +224,7 @@ def test_examples_run(name):
 
 def test_reproduction_plans_build_valid_workloads():
     """The Minions and Medusa reproductions' settings validate and one of each runs."""
-    from analysis.reproduce import medusa_trees, minions
+    from infersim.analysis.reproduce import medusa_trees, minions
 
     tasks = minions.plan(quick=True)
     assert {t["study"] for t in tasks} == {"fig2", "selector", "ablation", "voting", "pipeline", "pipegain"}

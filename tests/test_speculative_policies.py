@@ -3,17 +3,17 @@ majority-voted speculator, SSM weights, the length selector, Medusa trees, the p
 import numpy as np
 import pytest
 
-from analysis.medusa_study import expected_accept_length, load_accuracies
-from simulator.errors import InfersimError, UnknownNameError
-from simulator.speculative.acceptance import (EmpiricalAcceptance, IIDAcceptance, PositionalAcceptance, build_model,
+from infersim.analysis.medusa_study import expected_accept_length, load_accuracies
+from infersim.simulator.errors import InfersimError, UnknownNameError
+from infersim.simulator.speculative.acceptance import (EmpiricalAcceptance, IIDAcceptance, PositionalAcceptance, build_model,
                                               load_table, resolve_model)
-from simulator.speculative.config import AcceptanceRef, AcceptanceSpec, SpeculationSection
-from simulator.speculative.medusa_tree import (TreeSampler, cartesian_nodes, cartesian_tree, choices_tree,
+from infersim.simulator.speculative.config import AcceptanceRef, AcceptanceSpec, SpeculationSection
+from infersim.simulator.speculative.medusa_tree import (TreeSampler, cartesian_nodes, cartesian_tree, choices_tree,
                                                expected_length, expected_length_exclusive, greedy_tree)
-from simulator.speculative.minions import (MajorityVoter, PoolBackPressure, SSMWeights, TokenTree, agreement_outputs,
+from infersim.simulator.speculative.minions import (MajorityVoter, PoolBackPressure, SSMWeights, TokenTree, agreement_outputs,
                                            draw_agreement_lengths, vote_agreement)
-from simulator.speculative.sampling import convert_rank_accuracies, convert_token_acceptance
-from simulator.speculative.selector import AdaptiveLengthSelector, fitted_slope
+from infersim.simulator.speculative.sampling import convert_rank_accuracies, convert_token_acceptance
+from infersim.simulator.speculative.selector import AdaptiveLengthSelector, fitted_slope
 
 
 # ---- acceptance -----------------------------------------------------------------------------
@@ -128,7 +128,7 @@ def test_vectorised_vote_equals_tree_walk():
 def test_vote_follows_the_heaviest_agreeing_ssm():
     """A strong SSM with the largest weight is never worse off voted than alone: when it is
     the voted one its own length counts, and another SSM is voted only after it has diverged."""
-    from simulator.speculative.acceptance import IIDAcceptance as I
+    from infersim.simulator.speculative.acceptance import IIDAcceptance as I
 
     models = [I(0.33), I(0.33), I(0.55)]
     L = draw_agreement_lengths(np.random.default_rng(0), models, 4, 50_000, 0.5)
@@ -294,7 +294,7 @@ def test_dense_tree_counts_every_node_not_only_candidates():
 
 
 def test_dependent_heads_reduce_to_independence_and_favour_sparse_trees():
-    from analysis.reproduce.medusa_trees import (dense_settings, dependent_greedy, dependent_path_probability,
+    from infersim.analysis.reproduce.medusa_trees import (dense_settings, dependent_greedy, dependent_path_probability,
                                                  dependent_rate)
 
     a = load_accuracies("vicuna-7b").rank_accuracies()
@@ -319,7 +319,7 @@ def test_dependent_heads_reduce_to_independence_and_favour_sparse_trees():
 def test_pipegain_table_ideal_bound_and_interpolation_by_hand():
     import pandas as pd
 
-    from analysis.reproduce.minions import overhead_for_gain, pipegain_table
+    from infersim.analysis.reproduce.minions import overhead_for_gain, pipegain_table
 
     rows = []
     for ov, tc, f, ts in ((0.0, 100.0, 0.25, 120.0), (1000.0, 80.0, 0.5, 140.0)):
@@ -338,7 +338,7 @@ def test_pipegain_table_ideal_bound_and_interpolation_by_hand():
 
 # ---- per-request acceptance (mixture) and empirical Medusa depths ------------------------------
 def test_mixture_mean_is_the_weighted_mean_and_levels_pick_components():
-    from simulator.speculative.acceptance import MixtureAcceptance
+    from infersim.simulator.speculative.acceptance import MixtureAcceptance
 
     spec = AcceptanceSpec.model_validate({"kind": "mixture", "weights": [0.7, 0.3],
                                           "components": [{"kind": "iid", "alpha": 0.9}, {"kind": "iid", "alpha": 0.5}]})
@@ -362,7 +362,7 @@ def test_mixture_mean_is_the_weighted_mean_and_levels_pick_components():
 def test_mixture_spreads_per_request_tokens_per_round_as_specified():
     """400 requests x 30 rounds: the variance of per-request means is the between-component
     variance (hand-computed) plus the within-request noise / 30; i.i.d. rounds have only the latter."""
-    from simulator.speculative.acceptance import MixtureAcceptance
+    from infersim.simulator.speculative.acceptance import MixtureAcceptance
 
     comps = [IIDAcceptance(0.4), IIDAcceptance(0.9)]
     m = MixtureAcceptance(comps, [0.5, 0.5])
@@ -394,7 +394,7 @@ def test_mixture_spec_is_validated():
 
 
 def test_request_levels_depend_on_seed_and_id_only():
-    from simulator.speculative.proposers import level_offset, request_levels
+    from infersim.simulator.speculative.proposers import level_offset, request_levels
 
     off = level_offset(7)
     a = request_levels(off, [5, 1, 9])
@@ -406,7 +406,7 @@ def test_request_levels_depend_on_seed_and_id_only():
 
 
 def test_empirical_medusa_sampler_reproduces_its_own_distribution():
-    from simulator.speculative.medusa_tree import EmpiricalTreeSampler
+    from infersim.simulator.speculative.medusa_tree import EmpiricalTreeSampler
 
     counts = [10, 20, 30, 40]
     smp = EmpiricalTreeSampler(np.array(counts, dtype=float))
@@ -421,10 +421,10 @@ def test_empirical_medusa_sampler_reproduces_its_own_distribution():
 
 
 def test_medusa_empirical_acceptance_replaces_independent_heads_on_its_tree():
-    from simulator.engine.simulation import Simulation
-    from simulator.metrics.summary import summarize
-    from simulator.workload.builder import build_requests
-    from simulator.workload.schema import WorkloadSpec
+    from infersim.simulator.engine.simulation import Simulation
+    from infersim.simulator.metrics.summary import summarize
+    from infersim.simulator.workload.builder import build_requests
+    from infersim.simulator.workload.schema import WorkloadSpec
 
     tree = [[0], [1], [0, 0], [0, 1], [0, 0, 0]]
     counts = [5, 10, 25, 60]
@@ -449,10 +449,10 @@ def test_medusa_empirical_acceptance_replaces_independent_heads_on_its_tree():
 def test_per_request_acceptance_in_the_engine(method):
     """A mixture in a simulation: deterministic, step mode equals event mode, and requests differ
     in tokens per round far more than under i.i.d. rounds with the same mean."""
-    from simulator.engine.simulation import Simulation
-    from simulator.metrics.summary import summarize
-    from simulator.workload.builder import build_requests
-    from simulator.workload.schema import WorkloadSpec
+    from infersim.simulator.engine.simulation import Simulation
+    from infersim.simulator.metrics.summary import summarize
+    from infersim.simulator.workload.builder import build_requests
+    from infersim.simulator.workload.schema import WorkloadSpec
 
     mix = {"kind": "mixture", "weights": [0.5, 0.5], "components": [{"kind": "iid", "alpha": 0.3},
                                                                     {"kind": "iid", "alpha": 0.9}]}

@@ -14,10 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analysis.sweep import (SweepSpace, build_params, config_key, grid_points, load_results, pareto_mask,
+from infersim.analysis.sweep import (SweepSpace, build_params, config_key, grid_points, load_results, pareto_mask,
                             resolve_config, run_sweep, set_dotted)
-from simulator.cli.main import main
-from simulator.errors import InfersimError
+from infersim.simulator.cli.main import main
+from infersim.simulator.errors import InfersimError
 
 WORKLOAD = """\
 name: sweep-test
@@ -92,7 +92,7 @@ def test_grid_sweep_table_and_plots(workload, tmp_path):
     for f in ("plots/pareto.png", "plots/sensitivity.png", "pareto.csv", "sensitivity.csv", "report.md"):
         assert (tmp_path / "s" / f).stat().st_size > 100
     # results are those of `sim run` with the same settings (the sweep adds no noise)
-    from analysis.sweep import run_config
+    from infersim.analysis.sweep import run_config
 
     row = df.iloc[5]
     cfg = resolve_config(json.loads((tmp_path / "s" / "sweep.json").read_text())["base"],
@@ -179,7 +179,7 @@ fixed: {requests.count: 400}
 def test_killed_sweep_resumes_without_loss_or_duplicates(workload, tmp_path):
     space_path = _space_file(tmp_path, KILL_SPACE)
     out = tmp_path / "k"
-    cmd = [sys.executable, "-m", "simulator.cli.main", "sweep", "-w", workload, "-s", str(space_path), "-o", str(out),
+    cmd = [sys.executable, "-m", "infersim.simulator.cli.main", "sweep", "-w", workload, "-s", str(space_path), "-o", str(out),
            "--workers", "2", "-q", "--no-plots"]
     proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     results = out / "results"
@@ -302,7 +302,7 @@ def test_ray_backend_matches_local(workload, tmp_path):
 
 
 def _dies_on_16(task):
-    from analysis import sweep
+    from infersim.analysis import sweep
 
     if task["config"]["serving"]["max_batch_size"] == 16:
         os._exit(1)  # a worker killed mid-configuration (out of memory, say)
@@ -310,7 +310,7 @@ def _dies_on_16(task):
 
 
 def test_dead_worker_stops_the_sweep_without_recording_false_failures(workload, tmp_path, monkeypatch):
-    from analysis import sweep
+    from infersim.analysis import sweep
 
     monkeypatch.setattr(sweep, "_real_run_config", sweep.run_config, raising=False)
     monkeypatch.setattr(sweep, "run_config", _dies_on_16)  # the forked workers see the patched module

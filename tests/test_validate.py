@@ -15,13 +15,13 @@ import math
 import numpy as np
 import pytest
 
-from analysis.validate.compare import TARGETS, recompute_iterations
-from analysis.validate.features import FEATURE_NAMES, batch_features, shapes_from_batches
-from analysis.validate.measured import engine_periods
-from analysis.validate.metrics import mape, median_ape, rel_error, signed_bias, total_bias
-from simulator.cli.main import main
-from simulator.costmodel.batch import BatchShape
-from simulator.errors import InfersimError
+from infersim.analysis.validate.compare import TARGETS, recompute_iterations
+from infersim.analysis.validate.features import FEATURE_NAMES, batch_features, shapes_from_batches
+from infersim.analysis.validate.measured import engine_periods
+from infersim.analysis.validate.metrics import mape, median_ape, rel_error, signed_bias, total_bias
+from infersim.simulator.cli.main import main
+from infersim.simulator.costmodel.batch import BatchShape
+from infersim.simulator.errors import InfersimError
 
 
 # ---- metrics -------------------------------------------------------------------------------
@@ -85,7 +85,7 @@ def test_shapes_from_batches_and_recompute_detection():
 
 
 def test_stalls_are_judged_against_like_neighbours():
-    from analysis.validate.measured import jitter, stalls
+    from infersim.analysis.validate.measured import jitter, stalls
 
     shapes = [BatchShape.decode([10 + i, 20 + i]) for i in range(40)]
     times = np.full(40, 1e-3)
@@ -104,7 +104,7 @@ def test_stalls_are_judged_against_like_neighbours():
 # ---- the executor fit --------------------------------------------------------------------------
 def _synthetic_run(coef, rng, n=300):
     """An ExecRun-like object whose times follow known coefficients exactly."""
-    from analysis.validate.calibrate import FittedCostModel
+    from infersim.analysis.validate.calibrate import FittedCostModel
 
     model = FittedCostModel(coef, 16, {"h2d": {"latency_s": 1e-4, "s_per_byte": 2e-10, "s_per_copy": 6e-6},
                                        "d2h": {"latency_s": 5e-5, "s_per_byte": 1e-10, "s_per_copy": 3e-6}})
@@ -138,7 +138,7 @@ def _synthetic_run(coef, rng, n=300):
 
 
 def test_fit_recovers_known_coefficients():
-    from analysis.validate.calibrate import fit_iteration_model, fit_transfer_model
+    from infersim.analysis.validate.calibrate import fit_iteration_model, fit_transfer_model
 
     coef = np.array([4e-4, 6e-5, 3e-7, 1e-3, 2e-4, 2e-5, 4e-8, 1e-6])
     truth, run = _synthetic_run(coef, np.random.default_rng(0))
@@ -158,7 +158,7 @@ def test_fit_recovers_known_coefficients():
 
 
 def test_swap_price_uses_the_recorded_copy_calls():
-    from analysis.validate.calibrate import FittedCostModel
+    from infersim.analysis.validate.calibrate import FittedCostModel
 
     m = FittedCostModel(np.arange(len(FEATURE_NAMES)) * 1e-6, 16,
                         {"h2d": {"latency_s": 1e-4, "s_per_byte": 2e-10, "s_per_copy": 5e-6, "copies_per_byte": 1e-4},
@@ -178,7 +178,7 @@ def test_swap_price_uses_the_recorded_copy_calls():
 
 
 def test_swap_ratio_is_measured_over_priced_copy_time():
-    from analysis.validate.calibrate import swap_ratio
+    from infersim.analysis.validate.calibrate import swap_ratio
 
     truth, run = _synthetic_run(np.array([4e-4, 6e-5, 3e-7, 1e-3, 2e-4, 2e-5, 4e-8, 1e-6]), np.random.default_rng(1))
     assert swap_ratio(truth, run) == pytest.approx(1.0)
@@ -189,7 +189,7 @@ def test_swap_ratio_is_measured_over_priced_copy_time():
 
 def test_cache_counts_copy_calls_per_run_of_consecutive_blocks():
     torch = pytest.importorskip("torch")
-    from executor.kvcache import PagedKVCache
+    from infersim.executor.kvcache import PagedKVCache
 
     c = PagedKVCache(2, 1, 2, block_size=2, gpu_blocks=8, cpu_blocks=8, dtype=torch.float32)
     # on the CPU both pools are committed up front (a fresh host block's page faults made the first
@@ -217,7 +217,7 @@ def test_cache_counts_copy_calls_per_run_of_consecutive_blocks():
 
 
 def test_fit_json_round_trip_scaling_and_bad_files(tmp_path):
-    from analysis.validate.calibrate import FittedCostModel
+    from infersim.analysis.validate.calibrate import FittedCostModel
 
     m = FittedCostModel(np.arange(len(FEATURE_NAMES)) * 1e-6, 16,
                         {"h2d": {"latency_s": 1e-5, "s_per_byte": 1e-10}, "d2h": {"latency_s": 2e-5, "s_per_byte": 3e-10}},
@@ -240,8 +240,8 @@ def test_fit_json_round_trip_scaling_and_bad_files(tmp_path):
 
 # ---- the matrix registry -------------------------------------------------------------------------
 def test_every_case_is_a_valid_workload_with_a_known_mode():
-    from analysis.validate.cases import CASES, small_matrix
-    from analysis.validate.modes import MODES
+    from infersim.analysis.validate.cases import CASES, small_matrix
+    from infersim.analysis.validate.modes import MODES
 
     assert {"plain-load", "preempt-recompute", "preempt-swap", "preempt-cost-aware", "spec-draft", "minions-voting",
             "minions-adaptive", "minions-pipeline", "medusa-tree", "offload-full", "offload-h2o",
@@ -255,7 +255,7 @@ def test_every_case_is_a_valid_workload_with_a_known_mode():
 
 
 def test_case_from_a_user_workload_picks_mode_and_comparisons(small_workload):
-    from analysis.validate.cases import case_from_spec
+    from infersim.analysis.validate.cases import case_from_spec
 
     c = case_from_spec(small_workload(preemption="cost_aware"))
     assert c.mode == "plain" and {"swap", "recompute"} <= set(c.compare)
@@ -263,7 +263,7 @@ def test_case_from_a_user_workload_picks_mode_and_comparisons(small_workload):
 
 
 def _attempt_row(shift: float, stalls: float = 0.0, passed: bool = True) -> dict:
-    from analysis.validate.compare import disturbance, unsteadiness
+    from infersim.analysis.validate.compare import disturbance, unsteadiness
 
     why = disturbance(stalls, 0.0, shift)  # the busy test, as check_targets applies it
     return {"case": "c", "status": "ran", "passed": passed, "busy": bool(why),
@@ -272,13 +272,13 @@ def _attempt_row(shift: float, stalls: float = 0.0, passed: bool = True) -> dict
 
 
 def test_busy_test_names_what_disturbed_the_run():
-    from analysis.validate.compare import disturbance
+    from infersim.analysis.validate.compare import disturbance
 
     assert disturbance(0.0, 0.0, 0.049) == [] and disturbance(float("nan"), float("nan"), float("nan")) == []
     assert disturbance(0.03, 0.021, -0.06) == ["speed moved -6.0% between the calibrations around it",
                                                "3.0% of executed iterations stalled",
                                                "2.1% of calibration iterations stalled"]
-    from analysis.validate.compare import unsteadiness
+    from infersim.analysis.validate.compare import unsteadiness
 
     # the ranking of unsteady attempts: the furthest past either limit; above 1 exactly when busy
     assert unsteadiness(0.03, 0.021, -0.06) == pytest.approx(1.5)
@@ -289,7 +289,7 @@ def test_busy_test_names_what_disturbed_the_run():
 
 
 def test_matrix_measures_a_case_again_only_while_the_machine_was_unsteady(tmp_path):
-    from analysis.validate.matrix import measure_steadily, write_results
+    from infersim.analysis.validate.matrix import measure_steadily, write_results
 
     case_dir = tmp_path / "c"
     (tmp_path / "c.attempt-7").mkdir()  # a previous matrix's leftover: removed
@@ -353,7 +353,7 @@ def test_matrix_measures_a_case_again_only_while_the_machine_was_unsteady(tmp_pa
 
 
 def test_matrix_refuses_fewer_than_one_attempt_in_one_line(capsys):
-    from analysis.validate.matrix import main as matrix_main
+    from infersim.analysis.validate.matrix import main as matrix_main
 
     assert matrix_main(["--attempts", "0", "--cases", "plain-load"]) == 2
     err = capsys.readouterr().err.strip()
@@ -393,11 +393,11 @@ def small_results(tmp_path_factory):
     serving configuration with other requests (held out), then executed and simulated."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    import executor  # noqa: F401  (before torch work: passive OpenMP waits)
-    from executor.zoo import ensure_zoo
+    import infersim.executor  # noqa: F401  (before torch work: passive OpenMP waits)
+    from infersim.executor.zoo import ensure_zoo
 
-    from analysis.validate.cases import get_case
-    from analysis.validate.run import validate_case
+    from infersim.analysis.validate.cases import get_case
+    from infersim.analysis.validate.run import validate_case
 
     ensure_zoo()
     out = tmp_path_factory.mktemp("validate")
@@ -407,7 +407,7 @@ def small_results(tmp_path_factory):
 
 
 def test_small_matrix_runs_the_same_requests_and_writes_the_report(small_results):
-    from analysis.validate.measured import load_exec_run, load_run
+    from infersim.analysis.validate.measured import load_exec_run, load_run
 
     for name, (result, folder) in small_results.items():
         assert result["status"] == "ran"
@@ -447,8 +447,8 @@ def test_with_the_measured_times_the_simulator_reproduces_the_executed_schedule(
         # replay.py: where an arrival falls within microseconds of the executor's decision point,
         # the two clocks can put it on either side and the schedules drift from there (seen
         # once in ~6 runs under memory pressure). Only that documented tie excuses a drift.
-        from analysis.validate.measured import load_exec_run
-        from analysis.validate.replay import intake_s
+        from infersim.analysis.validate.measured import load_exec_run
+        from infersim.analysis.validate.replay import intake_s
 
         run = load_exec_run(folder / "exec")
         it = run.iterations
@@ -470,8 +470,8 @@ def test_with_the_measured_times_the_simulator_reproduces_the_executed_schedule(
 
 @pytest.mark.parametrize("name", ["plain-load", "preempt-recompute"])
 def test_small_matrix_meets_the_targets(small_results, name, tmp_path, judge_targets):
-    from analysis.validate.cases import get_case
-    from analysis.validate.run import validate_case
+    from infersim.analysis.validate.cases import get_case
+    from infersim.analysis.validate.run import validate_case
 
     result, _ = small_results[name]
     assert set(c["target"] for c in result["checks"]) <= set(TARGETS.values())
@@ -497,9 +497,9 @@ def test_speculative_target_and_draft_costs_by_hand():
     the others verifications; a draft's decode step is step + sequences + keys, its lazy
     prefill its tokens; each draft gets its own cost object (the simulator counts a shared one
     once)."""
-    from simulator.costmodel.batch import BatchShape
+    from infersim.simulator.costmodel.batch import BatchShape
 
-    from analysis.validate.spec_costmodel import FEATURES, SpecFit
+    from infersim.analysis.validate.spec_costmodel import FEATURES, SpecFit
 
     coef = np.arange(1, len(FEATURES) + 1, dtype=np.float64) * 1e-6
     fit = SpecFit(coef)
@@ -519,9 +519,9 @@ def test_pipeline_overlap_contention_and_replayed_selector_by_hand():
     """The pieces the pipelined and adaptive-s cases rest on: how much of a pass the other
     thread overlapped, processor sharing at a share, and a selector that follows an executed
     trajectory by verification count."""
-    from analysis.validate.spec_compare import _contended
-    from analysis.validate.spec_costmodel import overlap_fraction
-    from analysis.validate.spec_simulate import ReplayedSelector
+    from infersim.analysis.validate.spec_compare import _contended
+    from infersim.analysis.validate.spec_costmodel import overlap_fraction
+    from infersim.analysis.validate.spec_simulate import ReplayedSelector
 
     # passes [0, 2) and [3, 4); the other thread ran [1, 3.5)
     ov = overlap_fraction([0.0, 3.0], [2.0, 4.0], [1.0], [3.5])
@@ -539,7 +539,7 @@ def test_pipeline_overlap_contention_and_replayed_selector_by_hand():
 def test_tokens_per_round_per_request_by_hand():
     from types import SimpleNamespace
 
-    from analysis.validate.spec_compare import tokens_per_round_per_request
+    from infersim.analysis.validate.spec_compare import tokens_per_round_per_request
 
     # rounds [0,1) [1,2) [2,3) [3,4); request 0: first token at 1, finished at 3 with 5 tokens:
     # rounds 2 and 3 gave the other 4; request 1: first token at 2, finished at 4 with 3 tokens
@@ -555,11 +555,11 @@ def spec_result(tmp_path_factory):
     held-out speculative runs around the validated one."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    import executor  # noqa: F401
-    from executor.zoo import ensure_zoo
+    import infersim.executor  # noqa: F401
+    from infersim.executor.zoo import ensure_zoo
 
-    from analysis.validate.cases import get_case
-    from analysis.validate.run import validate_case
+    from infersim.analysis.validate.cases import get_case
+    from infersim.analysis.validate.run import validate_case
 
     ensure_zoo()
     out = tmp_path_factory.mktemp("validate-spec") / "spec-draft"
@@ -567,10 +567,10 @@ def spec_result(tmp_path_factory):
 
 
 def test_spec_draft_rounds_statistics_and_report(spec_result):
-    from executor.speculative import recorded_statistics, simulator_updates
+    from infersim.executor.speculative import recorded_statistics, simulator_updates
 
-    from analysis.validate.measured import load_run
-    from analysis.validate.spec_rounds import rebuild_rounds
+    from infersim.analysis.validate.measured import load_run
+    from infersim.analysis.validate.spec_rounds import rebuild_rounds
 
     result, folder = spec_result
     assert result["status"] == "ran"
@@ -618,8 +618,8 @@ def test_spec_draft_meets_the_latency_targets(spec_result, tmp_path, judge_targe
     fresh validation when the first misses on a quiet machine; skipped, saying what it measured,
     when the machine was too busy to time). The p99s are reported, not asserted here: on 24
     requests a p99 is nearly the maximum; a miss must name its source."""
-    from analysis.validate.cases import get_case
-    from analysis.validate.run import validate_case
+    from infersim.analysis.validate.cases import get_case
+    from infersim.analysis.validate.run import validate_case
 
     result, _ = spec_result
     judge_targets(result, lambda: validate_case(get_case("spec-draft"), "zoo-target", tmp_path / "again", requests=24),
@@ -630,7 +630,7 @@ def test_speed_ticks_time_the_kernel_every_few_steps_with_the_engine_clock_stand
     """Under speed_ticks(every=3) every third step times the reference kernel (here a fake one
     that takes 5 s of a fake perf_counter) and the engine clock does not move meanwhile; the
     other steps and every clock made outside speed_ticks() record nothing."""
-    import executor.clock as clock_mod
+    import infersim.executor.clock as clock_mod
 
     now = [100.0]
     monkeypatch.setattr(clock_mod.time, "perf_counter", lambda: now[0])
@@ -658,7 +658,7 @@ def test_a_speed_tick_due_while_another_engine_runs_waits_and_a_companion_ticks_
     """every=2: the tick due at step 2 is held while may_tick is False (steps 2, 3) and taken at
     step 4, with the companion's kernel timed at the same moment; the next is due two steps
     after the one taken (step 6), and neither kernel moves the engine clock."""
-    import executor.clock as clock_mod
+    import infersim.executor.clock as clock_mod
 
     now = [0.0]
     monkeypatch.setattr(clock_mod.time, "perf_counter", lambda: now[0])
@@ -694,7 +694,7 @@ def test_speed_from_ticks_carries_the_calibration_speed_per_tick_to_the_validate
     With four runs or more the ticks are weighted by how well they predict those runs (leave-one-out)."""
     import json
 
-    from analysis.validate.execute import speed_from_ticks, speed_tick_s
+    from infersim.analysis.validate.execute import speed_from_ticks, speed_tick_s
 
     sp = speed_from_ticks([1.0, 1.1, 1.2], [1e-3, 1.1e-3, 1.2e-3], 1.3e-3)
     assert sp.speed == pytest.approx(1.3) and sp.tick_weight == 1.0  # three runs: too few to check the ticks
@@ -721,8 +721,8 @@ def test_repeated_validated_runs_keep_the_median_by_busy_time(tmp_path):
     """Three runs of the same requests whose iterations took 1.0, 1.3 and 0.9 s in all: the 1.0 s
     one (the second fastest, run 1) is the measurement, kept at exec/; the others beside it; the
     spread is 1.3/0.9 - 1. A previous validation's repeats are cleared; one repeat is one run."""
-    from analysis.validate.execute import busy_s, repeats_note, run_repeated
-    from simulator.metrics.rundir import write_table
+    from infersim.analysis.validate.execute import busy_s, repeats_note, run_repeated
+    from infersim.simulator.metrics.rundir import write_table
 
     totals = iter([1.0, 1.3, 0.9])
 
@@ -757,8 +757,8 @@ def test_within_run_speed_attributes_errors_that_follow_the_ticks_to_timing_nois
     per-iteration miss is timing noise. Ticks that stayed put say nothing."""
     import json
 
-    from analysis.validate.compare import within_run_source, within_run_speed
-    from analysis.validate.execute import local_speed
+    from infersim.analysis.validate.compare import within_run_source, within_run_speed
+    from infersim.analysis.validate.execute import local_speed
 
     start = np.arange(200) * 0.01
     slow = np.where(start >= 1.0, 1.3, 1.0)
@@ -786,7 +786,7 @@ def test_core_steadiness_reads_ordered_percentiles():
     """The matrix's steadiness line: p10 <= median <= p90 of the chunk times, and their ratio."""
     import re
 
-    from analysis.validate.matrix import steadiness
+    from infersim.analysis.validate.matrix import steadiness
 
     line = steadiness(chunks=6, calls=10)  # chunks of ~20 ms: the 0.1 ms rounding moves the ratio < 0.01
     p10, p50, p90, ratio = map(float, re.fullmatch(

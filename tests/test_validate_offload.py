@@ -6,9 +6,9 @@ busy to time; never a looser bound)."""
 import numpy as np
 import pytest
 
-from simulator.costmodel.batch import BatchShape
-from simulator.errors import InfersimError
-from simulator.offload.calibrated import HostLink, LinearStageCompute
+from infersim.simulator.costmodel.batch import BatchShape
+from infersim.simulator.errors import InfersimError
+from infersim.simulator.offload.calibrated import HostLink, LinearStageCompute
 
 COEF = {"const": 1e-3, "decode_seq": 2e-4, "prefill_seq": 5e-4, "prefill_token": 3e-6, "key": 1e-7, "pair": 2e-8,
         "logit": 4e-5, "pred_context": 5e-7}
@@ -16,9 +16,9 @@ LINK = HostLink(h2d_latency_s=6e-6, h2d_bytes_per_s=3e9, d2h_latency_s=8e-6, d2h
 
 
 def _cm(policy: str, overlap: str = "none"):
-    from simulator.hardware.catalog import load_hardware
-    from simulator.models.catalog import load_model
-    from simulator.offload import OffloadSection, build_offload
+    from infersim.simulator.hardware.catalog import load_hardware
+    from infersim.simulator.models.catalog import load_model
+    from infersim.simulator.offload import OffloadSection, build_offload
 
     model = load_model("llama-2-7b")
     sec = OffloadSection(policy=policy, overlap=overlap, **({"sparsity": "opt-13b"} if policy == "infinigen" else {}))
@@ -68,7 +68,7 @@ def test_unknown_compute_terms_are_refused():
 
 
 def test_nnls_relative_recovers_known_coefficients():
-    from analysis.validate.offload_calibrate import nnls_relative
+    from infersim.analysis.validate.offload_calibrate import nnls_relative
 
     rng = np.random.default_rng(0)
     X = np.column_stack([np.ones(300), rng.integers(1, 9, 300), rng.uniform(0, 5000, 300)])
@@ -81,7 +81,7 @@ def test_nnls_relative_recovers_known_coefficients():
 
 
 def test_offload_fit_round_trips(tmp_path):
-    from analysis.validate.offload_calibrate import OffloadFit
+    from infersim.analysis.validate.offload_calibrate import OffloadFit
 
     f = OffloadFit(LinearStageCompute(COEF), LINK, {"seeds": [9013, 9014]})
     f.save(tmp_path / "fit.json")
@@ -93,7 +93,7 @@ def test_offload_fit_round_trips(tmp_path):
 
 def test_offload_case_refuses_other_cost_models(tmp_path, capsys, monkeypatch):
     pytest.importorskip("torch")
-    from simulator.cli.main import main
+    from infersim.simulator.cli.main import main
 
     monkeypatch.chdir(tmp_path)
     assert main(["validate", "--case", "offload-full", "--cost-model", "roofline"]) == 2
@@ -109,11 +109,11 @@ OFFLOAD_REQUESTS = 16
 def infinigen_case(tmp_path_factory):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    import executor  # noqa: F401
-    from executor.zoo import ensure_zoo
+    import infersim.executor  # noqa: F401
+    from infersim.executor.zoo import ensure_zoo
 
-    from analysis.validate.cases import get_case
-    from analysis.validate.run import validate_case
+    from infersim.analysis.validate.cases import get_case
+    from infersim.analysis.validate.run import validate_case
 
     ensure_zoo()
     out = tmp_path_factory.mktemp("validate-offload") / "offload-infinigen"
@@ -124,7 +124,7 @@ def infinigen_case(tmp_path_factory):
 
 
 def test_offload_case_runs_end_to_end(infinigen_case):
-    from analysis.validate.measured import load_exec_run, load_run
+    from infersim.analysis.validate.measured import load_exec_run, load_run
 
     result, out = infinigen_case
     assert result["status"] == "ran" and result["requests"] == OFFLOAD_REQUESTS
@@ -143,8 +143,8 @@ def test_offload_case_runs_end_to_end(infinigen_case):
 
 
 def test_offload_case_meets_the_targets(infinigen_case, tmp_path, judge_targets):
-    from analysis.validate.cases import get_case
-    from analysis.validate.run import validate_case
+    from infersim.analysis.validate.cases import get_case
+    from infersim.analysis.validate.run import validate_case
 
     result, _ = infinigen_case
     judge_targets(result, lambda: validate_case(get_case("offload-infinigen"), "zoo-target", tmp_path / "again",

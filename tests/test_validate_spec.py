@@ -17,7 +17,7 @@ import pytest
 
 # ---- per-request acceptance by request id ---------------------------------------------------
 def _mixture_spec(assignment=None):
-    from simulator.speculative.config import AcceptanceSpec
+    from infersim.simulator.speculative.config import AcceptanceSpec
 
     return AcceptanceSpec.model_validate({
         "kind": "mixture", "weights": [0.5, 0.25, 0.25],
@@ -27,7 +27,7 @@ def _mixture_spec(assignment=None):
 
 
 def test_mixture_assignment_puts_each_request_in_its_component():
-    from simulator.speculative.acceptance import build_model
+    from infersim.simulator.speculative.acceptance import build_model
 
     m = build_model(_mixture_spec({7: 0, 8: 1, 9: 2}))
     # hardest first: alpha 0.1 (w 0.25), 0.5 (w 0.25), 0.9 (w 0.5): levels at the interval middles
@@ -46,15 +46,15 @@ def test_mixture_assignment_puts_each_request_in_its_component():
     ({"kind": "iid", "alpha": 0.5, "assignment": {1: 0}}, "'mixture' only"),
 ])
 def test_bad_assignment_is_refused(bad, message):
-    from simulator.speculative.config import AcceptanceSpec
+    from infersim.simulator.speculative.config import AcceptanceSpec
 
     with pytest.raises(ValueError, match=message):
         AcceptanceSpec.model_validate(bad)
 
 
 def test_acceptance_rate_is_the_simulators_mean_over_sequence_rounds():
-    from executor.speculative.record import AcceptanceRecorder
-    from simulator.speculative.report import SpecStats
+    from infersim.executor.speculative.record import AcceptanceRecorder
+    from infersim.simulator.speculative.report import SpecStats
 
     rec = AcceptanceRecorder()
     for s, k in ((4, 2), (1, 1), (4, 0)):
@@ -76,7 +76,7 @@ def test_acceptance_rate_is_the_simulators_mean_over_sequence_rounds():
     ({"method": "draft", "voting": {"enabled": True}}, 3),
 ])
 def test_drafts_run_follows_the_voting_switch(section, n):
-    from analysis.validate.spec_rounds import drafts_run
+    from infersim.analysis.validate.spec_rounds import drafts_run
 
     drafts = [{"model": f"zoo-draft-{x}", "acceptance": {"kind": "iid", "alpha": 0.5}} for x in "abc"]
     assert drafts_run({**section, "drafts": drafts}) == n
@@ -87,7 +87,7 @@ def test_voting_off_is_simulated_with_the_first_draft_alone(tmp_path):
     """spec_simulate no longer switches voting on: the simulated section reads as the run's."""
     from types import SimpleNamespace
 
-    from analysis.validate.spec_simulate import spec_sim_spec
+    from infersim.analysis.validate.spec_simulate import spec_sim_spec
 
     sp = {"method": "minions", "speculation_length": 4, "voting": {"enabled": False},
           "selector": {"enabled": False}, "pipeline": {"enabled": False},
@@ -111,8 +111,8 @@ def _selector_run(tmp_path, rounds=70, seed=0):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from executor.speculative.decoder import verified_length
-    from simulator.speculative.selector import AdaptiveLengthSelector
+    from infersim.executor.speculative.decoder import verified_length
+    from infersim.simulator.speculative.selector import AdaptiveLengthSelector
 
     rng = np.random.default_rng(seed)
     sel = AdaptiveLengthSelector(4, 20, 1, 1, 1, 8, "directional")
@@ -140,7 +140,7 @@ def _selector_run(tmp_path, rounds=70, seed=0):
 def test_the_simulators_selector_fed_the_executed_observations_takes_the_executed_trajectory(tmp_path):
     from types import SimpleNamespace
 
-    from analysis.validate.spec_compare import selector_replay
+    from infersim.analysis.validate.spec_compare import selector_replay
 
     t = _selector_run(tmp_path)
     assert len(set(t["s"].tolist())) > 1  # the synthetic run did move s
@@ -161,8 +161,8 @@ def test_recorded_s_trajectory_is_keyed_by_observations(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from analysis.validate.spec_simulate import ReplayedSelector
-    from executor.speculative.validate_hooks import recorded_statistics
+    from infersim.analysis.validate.spec_simulate import ReplayedSelector
+    from infersim.executor.speculative.validate_hooks import recorded_statistics
 
     (tmp_path / "summary.json").write_text(json.dumps({"speculation": {"method": "minions", "s": {}}}))
     s = [4, 4, 4, 4, 3, 3, 5]
@@ -186,7 +186,7 @@ def test_whole_pass_contention_by_hand():
     takes 0.25 s at rate 0.8, during which the llm does 0.125 s of work -> llm ends at 1.125."""
     import simpy
 
-    from simulator.speculative.device import SharedDevice
+    from infersim.simulator.speculative.device import SharedDevice
 
     def run(whole):
         env = simpy.Environment()
@@ -208,7 +208,7 @@ def test_whole_pass_contention_by_hand():
 
 
 def test_contended_prices_a_pass_as_the_device_does():
-    from analysis.validate.spec_costmodel import SOLO, contended
+    from infersim.analysis.validate.spec_costmodel import SOLO, contended
 
     solo, ov = np.array([2e-3, 2e-3, 2e-3]), np.array([0.0, 0.3, 1.0])
     assert contended(solo, ov, 0.5, "whole_pass") == pytest.approx([2e-3, 4e-3, 4e-3])
@@ -221,9 +221,9 @@ def test_stratified_draws_keep_each_request_at_its_component():
     s = 4 per request. Stratified draws (each request along its own low-discrepancy sequence)
     land every request's mean tokens per round close to its component's expectation; independent
     draws scatter them by about 1.3 / sqrt(40) = 0.2."""
-    from simulator.engine.simulation import Simulation
-    from simulator.workload.builder import build_requests
-    from simulator.workload.schema import WorkloadSpec
+    from infersim.simulator.engine.simulation import Simulation
+    from infersim.simulator.workload.builder import build_requests
+    from infersim.simulator.workload.schema import WorkloadSpec
 
     def proposer(draws):
         mix = {"kind": "mixture", "weights": [0.5, 0.5], "draws": draws,
@@ -254,7 +254,7 @@ def _pipelined_tables(rng, n=240, share_decode=0.6, share_prefill=0.9):
     """A pipelined run whose verifying passes follow known solo coefficients exactly, half of
     them overlapped throughout by a drafting round (decode-only passes then take solo / 0.6,
     prefilling ones solo / 0.9), and solo drafting rounds in the gaps."""
-    from analysis.validate.spec_costmodel import TARGET_FEATURES, round_features
+    from infersim.analysis.validate.spec_costmodel import TARGET_FEATURES, round_features
 
     pre = rng.random(n) < 0.25
     nv = np.where(pre, rng.integers(0, 3, n), rng.integers(1, 9, n))
@@ -291,8 +291,8 @@ def test_pipelined_fit_gives_prefilling_passes_their_own_share():
     prefilling pass at its own share."""
     import simpy
 
-    from analysis.validate.spec_costmodel import TARGET_FEATURES, fit_rounds, predict_rounds_as_run
-    from simulator.speculative.device import SharedDevice
+    from infersim.analysis.validate.spec_costmodel import TARGET_FEATURES, fit_rounds, predict_rounds_as_run
+    from infersim.simulator.speculative.device import SharedDevice
 
     t, d, coef = _pipelined_tables(np.random.default_rng(3))
     fit = fit_rounds([t], {}, drafting=[d])
@@ -320,7 +320,7 @@ def test_pipelined_fit_gives_prefilling_passes_their_own_share():
 def test_pipelined_fit_without_contention_prices_every_pass_alike():
     """Drafts in their own process: overlapped verifying passes ran 10% faster than the solo fit
     (they follow no wait). The fit then uses every pass and gives the simulator no slowdown."""
-    from analysis.validate.spec_costmodel import fit_rounds, predict_rounds_as_run
+    from infersim.analysis.validate.spec_costmodel import fit_rounds, predict_rounds_as_run
 
     t, d, coef = _pipelined_tables(np.random.default_rng(4), share_decode=1.1, share_prefill=1.1)
     fit = fit_rounds([t], {}, drafting=[d])
@@ -336,7 +336,7 @@ def test_pipelined_fit_without_contention_prices_every_pass_alike():
 def test_medusa_assignment_puts_each_request_at_its_own_group():
     """Two groups listed hardest-last (B: always depth 3, A: always 0): a request assigned to a
     group draws only that group's depth, whatever its Weyl level; an unassigned one draws by level."""
-    from simulator.speculative.medusa_tree import EmpiricalTreeSampler
+    from infersim.simulator.speculative.medusa_tree import EmpiricalTreeSampler
 
     s = EmpiricalTreeSampler(np.array([1.0, 0, 0, 1.0]), [[0, 0, 0, 5.0], [5.0, 0, 0, 0]], [0.5, 0.5],
                              assignment={7: 1, 8: 0})
@@ -353,7 +353,7 @@ def test_medusa_assignment_puts_each_request_at_its_own_group():
     ({"components": None, "weights": None, "draws": "stratified"}, "need per-request 'components'"),
 ])
 def test_medusa_acceptance_assignment_is_validated(bad, message):
-    from simulator.speculative.config import MedusaAcceptance
+    from infersim.simulator.speculative.config import MedusaAcceptance
 
     good = {"counts": [1, 1, 1], "tree": [[0], [0, 0]], "components": [[1, 0, 0], [0, 0, 1]], "weights": [1, 1]}
     assert MedusaAcceptance.model_validate({**good, "assignment": {3: 1}, "draws": "stratified"}).assignment == {3: 1}
@@ -364,7 +364,7 @@ def test_medusa_acceptance_assignment_is_validated(bad, message):
 def test_medusa_depth_mixture_names_each_requests_group():
     """fit_depth_mixture groups requests by mean accepted depth (ascending) and says which group
     each request id was in; empirical_acceptance then asks for stratified draws."""
-    from executor.medusa.validate_hooks import empirical_acceptance, fit_depth_mixture
+    from infersim.executor.medusa.validate_hooks import empirical_acceptance, fit_depth_mixture
 
     rng = np.random.default_rng(2)
     rid, acc = [], []
@@ -383,7 +383,7 @@ def test_medusa_depth_mixture_names_each_requests_group():
 
 
 def test_medusa_depth_mixture_per_request_is_each_requests_own_histogram():
-    from executor.medusa.validate_hooks import fit_depth_mixture
+    from infersim.executor.medusa.validate_hooks import fit_depth_mixture
 
     rid = [r for r in range(10) for _ in range(4)]
     acc = [r % 4 for r in range(10) for _ in range(4)]  # request r always accepted r % 4
@@ -396,7 +396,7 @@ def test_medusa_depth_mixture_per_request_is_each_requests_own_histogram():
 
 
 def test_drafting_features_count_the_prompts_each_draft_prefills():
-    from analysis.validate.spec_costmodel import drafting_features
+    from infersim.analysis.validate.spec_costmodel import drafting_features
 
     d = {"n_drafts": np.array([3, 1]), "s": np.array([4, 2]), "sequences": np.array([2, 5]),
          "prompt_tokens": np.array([100, 0])}
@@ -406,7 +406,7 @@ def test_drafting_features_count_the_prompts_each_draft_prefills():
 
 
 def test_pipelined_miss_names_the_cost_model_when_the_passes_were_priced_off():
-    from analysis.validate.spec_compare import pipeline_source
+    from infersim.analysis.validate.spec_compare import pipeline_source
 
     busy = {"verify_busy_s": 0.62, "simulated_llm_busy_s": 0.56, "draft_busy_s": 0.44, "simulated_ssm_busy_s": 0.50,
             "both_busy_s": 0.37}
@@ -423,11 +423,11 @@ def test_pipelined_miss_names_the_cost_model_when_the_passes_were_priced_off():
 
 
 def test_speculative_calibration_runs_the_cases_own_mix_on_a_held_out_seed():
-    from analysis.validate.calibrate import require_held_out_seed
-    from analysis.validate.cases import get_case
-    from analysis.validate.spec_validate import SPEC_MIX_SEED, calibration_specs
-    from simulator.errors import InfersimError
-    from simulator.workload.builder import build_requests
+    from infersim.analysis.validate.calibrate import require_held_out_seed
+    from infersim.analysis.validate.cases import get_case
+    from infersim.analysis.validate.spec_validate import SPEC_MIX_SEED, calibration_specs
+    from infersim.simulator.errors import InfersimError
+    from infersim.simulator.workload.builder import build_requests
 
     spec = get_case("spec-draft").spec("zoo-target")
     specs = calibration_specs(spec)
@@ -442,7 +442,7 @@ def test_speculative_calibration_runs_the_cases_own_mix_on_a_held_out_seed():
     assert not np.array_equal(got.prompt_tokens, validated.prompt_tokens)  # other requests, the same kind
     assert not np.array_equal(got.arrival_s, validated.arrival_s)
     # a trace would replay the validated requests themselves: no mix run
-    from simulator.workload.schema import TraceSource
+    from infersim.simulator.workload.schema import TraceSource
 
     traced = spec.model_copy(update={"requests": spec.requests.model_copy(update={
         "trace": TraceSource(file="t.csv", prompt_column="p", output_column="o")})})
@@ -454,7 +454,7 @@ def test_handoffs_are_the_gaps_from_a_verification_to_the_drafting_it_held_up():
     verification it waited for, measures the hand-over: 0.2 ms and 0.3 ms here. A round that
     did not wait, and one whose previous round ended after the last verification (it waited
     for something else), are left out."""
-    from analysis.validate.spec_rounds import handoffs_s
+    from infersim.analysis.validate.spec_rounds import handoffs_s
 
     rounds = {"t_end_s": np.array([1.0, 2.0, 3.0])}
     drafting = {"t_start_s": np.array([1.0002, 1.6, 2.0003, 2.5]), "t_end_s": np.array([1.5, 1.9, 2.4, 2.7]),
@@ -467,7 +467,7 @@ def test_pipelined_fit_carries_the_median_handoff_to_the_simulator():
     """The drafting rounds in the gaps waited for work and start 30 ms after their pass began:
     their hand-overs are 30 ms minus the pass (where the round before them ended earlier); the
     fit keeps their median for the simulator (spec_simulate passes it as pipeline.handoff_s)."""
-    from analysis.validate.spec_costmodel import fit_rounds
+    from infersim.analysis.validate.spec_costmodel import fit_rounds
 
     t, d, _ = _pipelined_tables(np.random.default_rng(5))
     in_gap = np.isin(d["t_start_s"], t["t_start_s"] + 0.03)
@@ -486,7 +486,7 @@ def test_a_pipelined_fit_scales_its_draft_terms_by_the_drafting_process_speed():
     """scaled(1.1, draft_factor=0.8): the verifying pass and the hand-over (the verifying
     engine's host time) 1.1x, the drafting rounds 0.8x (the drafting process's core); without
     draft_factor every term moves together."""
-    from analysis.validate.spec_costmodel import fit_rounds, predict_drafting
+    from infersim.analysis.validate.spec_costmodel import fit_rounds, predict_drafting
 
     t, d, _ = _pipelined_tables(np.random.default_rng(6))
     d["waited_s"] = np.full(len(d["t_start_s"]), 1e-3)

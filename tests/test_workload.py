@@ -8,13 +8,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from simulator.errors import InfersimError, UnknownNameError
-from simulator.paths import shared_dir, workloads_dir
-from simulator.workload.builder import build_requests, list_workloads, load_requests, load_workload
-from simulator.workload.distributions import sample_arrivals, sample_lengths, streams
-from simulator.workload.requests import Requests
-from simulator.workload.schema import WorkloadSpec
-from simulator.yamlio import validate
+from infersim.simulator.errors import InfersimError, UnknownNameError
+from infersim.simulator.paths import shared_dir, workloads_dir
+from infersim.simulator.workload.builder import build_requests, list_workloads, load_requests, load_workload
+from infersim.simulator.workload.distributions import sample_arrivals, sample_lengths, streams
+from infersim.simulator.workload.requests import Requests
+from infersim.simulator.workload.schema import WorkloadSpec
+from infersim.simulator.yamlio import validate
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples" / "traces"

@@ -9,7 +9,7 @@ training length; beyond it its perplexity rises from ~24 to ~40, and a policy th
 fewer tokens can then look *better* than the full cache); the first `--prefill` tokens are
 the prompt, the rest is decoded position by position so the selection acts on every step.
 
-    python -m analysis.reproduce.infinigen_executor [--quick] [--out docs/findings]
+    python -m infersim.analysis.reproduce.infinigen_executor [--quick] [--out docs/findings]
         [--sparsity-out simulator/catalog/sparsity/zoo-target.yaml]
 
 Writes <out>/infinigen-executor.csv (one row per policy), infinigen-executor-sparsity.csv
@@ -19,7 +19,7 @@ names the files infinigen-executor-w<tokens>.* and writes no YAML (the counts co
 same 1,024-token windows either way); --quick: fewer windows and policies, files *-quick.*,
 no YAML.
 
-    python -m analysis.reproduce.infinigen_executor --window-tokens 512 --prefill 64 --windows 16"""
+    python -m infersim.analysis.reproduce.infinigen_executor --window-tokens 512 --prefill 64 --windows 16"""
 from __future__ import annotations
 
 import argparse
@@ -34,10 +34,10 @@ import pandas as pd
 import torch
 import yaml
 
-from executor.zoo.corpus import held_out_windows
-from simulator.metrics.rundir import _clean
-from simulator.offload.policies import Int4Params
-from simulator.yamlio import atomic_path, write_atomic
+from infersim.executor.zoo.corpus import held_out_windows
+from infersim.simulator.metrics.rundir import _clean
+from infersim.simulator.offload.policies import Int4Params
+from infersim.simulator.yamlio import atomic_path, write_atomic
 
 ALPHAS = (2.0, 3.0, 4.0, 5.0, 6.0)
 CONTEXTS = (16, 32, 64, 128, 256, 512, 1024)
@@ -47,7 +47,7 @@ PAPER_OPT13B = {512: 37, 1024: 60, 1536: 66, 2048: 73}  # InfiniGen 5.3, alpha 4
 
 def policy_set(skew, quick: bool):
     """(kind, policy) pairs in report order; every parameter name is the simulator's."""
-    from executor.offload.policies import H2O, FullCache, InfiniGen, Int4KV
+    from infersim.executor.offload.policies import H2O, FullCache, InfiniGen, Int4KV
 
     out = [("baseline", FullCache()), ("baseline", Int4KV()), ("baseline", H2O({"budget": 0.2})),
            ("infinigen", InfiniGen({}, skew))]
@@ -71,8 +71,8 @@ def policy_set(skew, quick: bool):
 def skew_stats(model, ids, skew, ratio: float) -> dict:
     """Exactness of the skew (max |Q~K~^T - QK^T| / max |QK^T|) and the query energy in the
     top r columns with and without it, per layer (the skew exists to raise the latter)."""
-    from executor.offload.model import full_forward
-    from executor.offload.skew import apply_skew, partial_columns
+    from infersim.executor.offload.model import full_forward
+    from infersim.executor.offload.skew import apply_skew, partial_columns
 
     s = model.shape
     r = partial_columns(s.head_dim, ratio)
@@ -98,7 +98,7 @@ def input_similarity(model, ids) -> list[dict]:
     """InfiniGen Table 1 on this model: cosine similarity of the block inputs of consecutive
     layers, and of layer i's attention input with layer i-1's input under layer i's norm (what
     the prediction uses)."""
-    from executor.offload.model import full_forward
+    from infersim.executor.offload.model import full_forward
 
     out = []
     with torch.inference_mode():
@@ -206,10 +206,10 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from executor.models import load_model
-    from executor.offload import DenseLlama, evaluate_policy
-    from executor.offload.skew import skew_matrices
-    from executor.offload.sparsity import at_contexts, important_counts, sparsity_spec
+    from infersim.executor.models import load_model
+    from infersim.executor.offload import DenseLlama, evaluate_policy
+    from infersim.executor.offload.skew import skew_matrices
+    from infersim.executor.offload.sparsity import at_contexts, important_counts, sparsity_spec
 
     t_start = time.perf_counter()
     if args.quick:
@@ -287,7 +287,7 @@ def main(argv=None) -> int:
     write_atomic(out / f"{stem}-meta.json", json.dumps(_clean(meta), indent=2, sort_keys=True) + "\n")
     if not args.quick and args.sparsity_out and args.window_tokens == TRAINED_TOKENS:
         head = ("# Attention sparsity of zoo-target (the executor's Llama 3 x 192), measured on the real model.\n"
-                "# Written by `python -m analysis.reproduce.infinigen_executor`; see docs/findings/"
+                "# Written by `python -m infersim.analysis.reproduce.infinigen_executor`; see docs/findings/"
                 "infinigen-executor.md.\n")
         write_atomic(args.sparsity_out, head + yaml.safe_dump(_clean(spec.model_dump()), sort_keys=False,
                                                               width=100))

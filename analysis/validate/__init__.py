@@ -7,5 +7,5 @@
 - measured.py: reading run directories back; simulate.py: the simulator on the executor's
   exact requests and policies; compare.py / metrics.py: the errors and their sources;
 - report.py / plots.py: the per-case report and the matrix table; run.py: one case;
-  matrix.py: the whole matrix (`python -m analysis.validate.matrix`); sentinel.py: the
+  matrix.py: the whole matrix (`python -m infersim.analysis.validate.matrix`); sentinel.py: the
   optional machine-speed correction."""

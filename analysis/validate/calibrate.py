@@ -21,9 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-from simulator.costmodel.base import CostModel, Direction
-from simulator.costmodel.batch import BatchShape
-from simulator.errors import InfersimError
+from infersim.simulator.costmodel.base import CostModel, Direction
+from infersim.simulator.costmodel.batch import BatchShape
+from infersim.simulator.errors import InfersimError
 
 from .features import FEATURE_NAMES, batch_features, feature_matrix
 from .measured import ExecRun, load_exec_run, priced_swaps, stalls, swap_events
@@ -148,7 +148,7 @@ class FittedCostModel(CostModel):
             raise InfersimError(f"{source}: malformed executor fit ({exc})") from None
 
     def save(self, path: Path) -> None:
-        from simulator.yamlio import write_atomic
+        from infersim.simulator.yamlio import write_atomic
 
         write_atomic(Path(path), json.dumps(self.to_json(), indent=2, sort_keys=True) + "\n")
 
@@ -274,7 +274,7 @@ def calibration_specs(model: str, seed: int = CALIBRATION_SEED, block_size: int 
     or with `serving` (a workload's serving section) the matched set on that deployment, and
     with `requests` (its requests section) one more run of that request mix drawn with a
     calibration seed: other requests, the same kind of load."""
-    from simulator.workload.schema import WorkloadSpec
+    from infersim.simulator.workload.schema import WorkloadSpec
 
     specs = []
     if serving is not None:
@@ -297,7 +297,7 @@ def calibrate(model: str, out_dir: Path, *, device: str = "cpu", dtype: str | No
               log=None) -> FittedCostModel:
     """Run the calibration workloads on the executor and fit; writes the runs under out_dir
     and the fit to out_dir/executor-fit.json."""
-    from simulator.workload.builder import build_requests
+    from infersim.simulator.workload.builder import build_requests
 
     from .execute import run_executor
     from .sentinel import sentinel_s
@@ -344,7 +344,7 @@ def calibrate_around(run, model: str, out_dir: Path, *, device: str = "cpu", dty
     all six runs), or their median ratio where their ticks did not track their speed
     (execute.speed_from_ticks). Only the kernel's time is read from the validated run, never its
     iterations."""
-    from simulator.workload.builder import build_requests
+    from infersim.simulator.workload.builder import build_requests
 
     from .execute import run_executor
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
-from simulator.errors import UnknownNameError
+from infersim.simulator.errors import UnknownNameError
 
 # what a case compares, beyond the latency/throughput metrics every case has
 COMPARE = ("latency", "preemption", "swap", "recompute", "acceptance", "offload")
@@ -23,7 +23,7 @@ class Case:
     why: str = ""
 
     def spec(self, model: str, seed: int | None = None, requests: int | None = None):
-        from simulator.workload.schema import WorkloadSpec
+        from infersim.simulator.workload.schema import WorkloadSpec
 
         d = copy.deepcopy(self.workload)
         d["name"] = self.name

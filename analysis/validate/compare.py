@@ -216,7 +216,7 @@ def _aligned(exec_run, sim_run, col: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 def request_level(exec_run, sim_run) -> dict:
-    from simulator.metrics.summary import derived_columns
+    from infersim.simulator.metrics.summary import derived_columns
 
     e = dict(exec_run.requests)
     s = dict(sim_run.requests)

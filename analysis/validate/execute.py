@@ -20,9 +20,9 @@ SPEED_TICKS = "speed_ticks.json"
 @contextmanager
 def recording_speed_ticks(out: Path):
     """The run's speed ticks (executor/clock.py) written to out/speed_ticks.json when it ends."""
-    from executor.clock import TICK_EVERY, speed_ticks
+    from infersim.executor.clock import TICK_EVERY, speed_ticks
 
-    from simulator.metrics.rundir import write_json
+    from infersim.simulator.metrics.rundir import write_json
 
     with speed_ticks(TICK_EVERY) as rows:
         yield
@@ -187,7 +187,7 @@ def run_executor(spec, requests, model: str, out: Path, *, device: str = "cpu", 
                  threads: int = 1) -> dict:
     import torch
 
-    from executor.run import execute
+    from infersim.executor.run import execute
 
     prev = torch.get_num_threads()
     torch.set_num_threads(max(1, int(threads)))

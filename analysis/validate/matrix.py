@@ -1,7 +1,7 @@
 """The full validation matrix: every case, on the zoo's target model, against the targets.
 
-    python -m analysis.validate.matrix                       # writes docs/validation/RESULTS.md
-    python -m analysis.validate.matrix --cases plain-load preempt-swap --out runs/vm
+    python -m infersim.analysis.validate.matrix                       # writes docs/validation/RESULTS.md
+    python -m infersim.analysis.validate.matrix --cases plain-load preempt-swap --out runs/vm
 
 One calibration (held-out executor runs, see calibrate.py) serves every case; each case
 writes its own report under --out. Cases whose executor mode is not available yet are listed
@@ -66,7 +66,7 @@ def steadiness(chunks: int = 40, calls: int = 15) -> str:
     their p10 / median / p90 and p90/p10. On the AVX2 VM of 2026-11-25, with nothing else
     running, 1.20-1.26 (and 1.11-1.37 for a plain matmul loop in like chunks); there no cost model
     priced single iterations within 10%."""
-    from executor.clock import reference_kernel_s
+    from infersim.executor.clock import reference_kernel_s
 
     reference_kernel_s()
     t = np.array([sum(reference_kernel_s() for _ in range(calls)) for _ in range(chunks)]) * 1e3
@@ -123,9 +123,9 @@ def run_matrix(cases: list, model: str, out: Path, *, device: str = "cpu", threa
     run `repeats` times and keeps the median (execute.run_repeated)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    import executor  # noqa: F401  (before torch: passive OpenMP waits on a shared machine)
+    import infersim.executor  # noqa: F401  (before torch: passive OpenMP waits on a shared machine)
 
-    from simulator.errors import InfersimError
+    from infersim.simulator.errors import InfersimError
 
     from .calibrate import FittedCostModel, calibrate
     from .modes import MODES
@@ -242,7 +242,7 @@ def write_results(rows: list[dict], meta: dict, machine: dict, folder: Path) -> 
             "machine's speed moved more than 5% between the calibrations around the run), the acceptance model, "
             "a scheduling mismatch (even the simulation driven by the executor's own measured times is off), or the "
             "cost model (that replay is close: the predicted times differ).",
-            "Reproduce: `python -m analysis.validate.matrix` (per-case reports under runs/validation-matrix/<case>/).",
+            "Reproduce: `python -m infersim.analysis.validate.matrix` (per-case reports under runs/validation-matrix/<case>/).",
         ],
     }
     h, m = matrix_report(rows, info, folder)
@@ -264,11 +264,11 @@ def _remeasured(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from simulator.errors import InfersimError
+    from infersim.simulator.errors import InfersimError
 
     from .cases import CASES, get_case, small_matrix
 
-    p = argparse.ArgumentParser(prog="python -m analysis.validate.matrix", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m infersim.analysis.validate.matrix", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="zoo-target")
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=1)

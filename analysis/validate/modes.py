@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from simulator.registry import Registry
+from infersim.simulator.registry import Registry
 
 HOOKS = ("execute", "recorded_statistics", "simulator_updates")
 
@@ -39,7 +39,7 @@ class ExecutorMode:
             mod = importlib.import_module(self.module)
         except ImportError as exc:
             return False, f"{self.module} is not available ({exc.__class__.__name__}: {exc})"
-        if self.module == "executor.run":
+        if self.module == "infersim.executor.run":
             return True, ""
         missing = [h for h in HOOKS if not callable(getattr(mod, h, None))]
         if missing:
@@ -51,7 +51,7 @@ class ExecutorMode:
 
     def run(self, spec, requests, model: str, out: Path, *, device: str = "cpu", dtype: str | None = None,
             threads: int = 1) -> None:
-        if self.module == "executor.run":
+        if self.module == "infersim.executor.run":
             from .execute import run_executor
 
             run_executor(spec, requests, model, out, device=device, dtype=dtype, threads=threads)
@@ -75,23 +75,23 @@ class ExecutorMode:
             torch.set_num_threads(prev)
 
     def recorded(self, run_dir: Path) -> dict:
-        if self.module == "executor.run":
+        if self.module == "infersim.executor.run":
             return {}
         return dict(self._hook("recorded_statistics")(Path(run_dir)))
 
     def sim_updates(self, stats: dict) -> dict:
-        if self.module == "executor.run" or not stats:
+        if self.module == "infersim.executor.run" or not stats:
             return {}
         return dict(self._hook("simulator_updates")(stats))
 
 
 MODES: Registry[ExecutorMode] = Registry("executor mode")
 for _m in (
-    ExecutorMode("plain", "executor.run"),
-    ExecutorMode("speculative", "executor.speculative", ("acceptance per draft", "tokens per step")),
-    ExecutorMode("minions", "executor.speculative", ("acceptance per SSM", "speculation length over time",
+    ExecutorMode("plain", "infersim.executor.run"),
+    ExecutorMode("speculative", "infersim.executor.speculative", ("acceptance per draft", "tokens per step")),
+    ExecutorMode("minions", "infersim.executor.speculative", ("acceptance per SSM", "speculation length over time",
                                                      "tokens per step")),
-    ExecutorMode("medusa", "executor.medusa", ("head accuracies", "tokens per step")),
-    ExecutorMode("offload", "executor.offload", ("attention sparsity", "bytes prefetched")),
+    ExecutorMode("medusa", "infersim.executor.medusa", ("head accuracies", "tokens per step")),
+    ExecutorMode("offload", "infersim.executor.offload", ("attention sparsity", "bytes prefetched")),
 ):
     MODES.register(_m.name)(_m)

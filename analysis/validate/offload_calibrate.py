@@ -26,8 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from simulator.errors import InfersimError
-from simulator.offload.calibrated import LINEAR_TERMS, HostLink, LinearStageCompute
+from infersim.simulator.errors import InfersimError
+from infersim.simulator.offload.calibrated import LINEAR_TERMS, HostLink, LinearStageCompute
 
 from .measured import ExecRun, load_exec_run, stalls
 
@@ -142,7 +142,7 @@ class OffloadFit:
         return {"compute": self.compute.to_json(), "link": self.link.to_json(), "meta": self.meta}
 
     def save(self, path: Path) -> None:
-        from simulator.metrics.rundir import write_json
+        from infersim.simulator.metrics.rundir import write_json
 
         write_json(Path(path), self.to_json())
 
@@ -210,7 +210,7 @@ def calibrate_offload_around(run, spec, model: str, out_dir: Path, *, device: st
     validated run's folder), the compute is scaled to the validated run's own speed as
     calibrate.calibrate_around does (its median tick times the calibration runs' median
     measured/fitted ratio per tick)."""
-    from simulator.workload.builder import build_requests
+    from infersim.simulator.workload.builder import build_requests
 
     from .modes import MODES
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from simulator.errors import InfersimError
+from infersim.simulator.errors import InfersimError
 
 from .execute import run_repeated
 from .offload_calibrate import OffloadFit, calibrate_offload_around, load_offload_run
@@ -64,9 +64,9 @@ def _finals(run) -> list[np.ndarray]:
 def offload_cost_model(exec_run, fit: OffloadFit, updates: dict, profile: str = "cpu-reference"):
     """The simulator's OffloadCostModel for the executor run's workload (with the recorded
     updates), on the calibrated compute and link."""
-    from simulator.hardware.catalog import load_hardware
-    from simulator.models.catalog import load_model
-    from simulator.offload import build_offload
+    from infersim.simulator.hardware.catalog import load_hardware
+    from infersim.simulator.models.catalog import load_model
+    from infersim.simulator.offload import build_offload
 
     from .simulate import sim_spec
 
@@ -119,8 +119,8 @@ def validate_offload_case(case, model: str, out: Path, *, device: str = "cpu", d
                           threads: int = 1, seed: int | None = None, requests: int | None = None, spec=None,
                           report: bool = True, calibration: Path | None = None, repeats: int = 1,
                           log=None) -> dict:
-    from simulator.metrics.rundir import write_json
-    from simulator.workload.builder import build_requests
+    from infersim.simulator.metrics.rundir import write_json
+    from infersim.simulator.workload.builder import build_requests
 
     from .calibrate import require_held_out_seed
     from .compare import compare_runs

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from analysis.report_html import pyplot, save_figure
+from infersim.analysis.report_html import pyplot, save_figure
 
 MEASURED, PREDICTED = "#2e86ab", "#e07a5f"
 

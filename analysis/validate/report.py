@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from analysis.report_html import Image, Report, Table
+from infersim.analysis.report_html import Image, Report, Table
 
 from . import plots
 

@@ -6,7 +6,7 @@ import json
 import time
 from pathlib import Path
 
-from simulator.errors import InfersimError
+from infersim.simulator.errors import InfersimError
 
 from .calibrate import FittedCostModel, calibrate, require_held_out_seed
 from .cases import Case
@@ -21,9 +21,9 @@ SPECULATIVE_MODES = ("speculative", "minions", "medusa")  # validated per round 
 
 def _profile_cost_model(name: str, profile: str, exec_run):
     """A device profile's cost model for the executor's model (what `sim run` would use)."""
-    from simulator.costmodel import build_cost_model
-    from simulator.hardware.catalog import load_hardware
-    from simulator.models.catalog import load_model
+    from infersim.simulator.costmodel import build_cost_model
+    from infersim.simulator.hardware.catalog import load_hardware
+    from infersim.simulator.models.catalog import load_model
 
     model_path = Path(str(exec_run.config["workload"]["model"]))
     model = load_model(str(model_path / "config.json" if model_path.is_dir() else model_path))
@@ -69,8 +69,8 @@ def validate_case(case: Case, model: str, out: Path, *, device: str = "cpu", dty
     `drift_correction` scales a fit by the machine's speed now against at calibration
     (sentinel.py); `repeats` measures the validated run that many times on the same requests and
     keeps the median (execute.run_repeated)."""
-    from simulator.metrics.rundir import write_json
-    from simulator.workload.builder import build_requests
+    from infersim.simulator.metrics.rundir import write_json
+    from infersim.simulator.workload.builder import build_requests
 
     out = Path(out)
     mode = MODES.get(case.mode)

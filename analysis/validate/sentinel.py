@@ -22,10 +22,10 @@ def sentinel_s(model: str, *, device: str = "cpu", dtype: str | None = None, thr
     """Median over rounds of (prefill + decode) time of the fixed work, in seconds."""
     import torch
 
-    from executor.engine import ExecSequence
-    from executor.kvcache import PagedKVCache
-    from executor.models import load_model
-    from executor.runner import build_runner, plan_batch
+    from infersim.executor.engine import ExecSequence
+    from infersim.executor.kvcache import PagedKVCache
+    from infersim.executor.models import load_model
+    from infersim.executor.runner import build_runner, plan_batch
 
     prev = torch.get_num_threads()
     torch.set_num_threads(max(1, int(threads)))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from simulator.errors import InfersimError
+from infersim.simulator.errors import InfersimError
 
 from .measured import ExecRun
 
@@ -22,7 +22,7 @@ from .measured import ExecRun
 def sim_spec(run: ExecRun, *, profile: str, cost_model_name: str = "roofline", updates: dict | None = None):
     """The executor run's workload as a simulator spec: same policy, same pools, the model's
     config.json, the given hardware profile."""
-    from simulator.workload.schema import WorkloadSpec
+    from infersim.simulator.workload.schema import WorkloadSpec
 
     w = dict(run.config["workload"])
     model_path = Path(str(w["model"]))
@@ -41,14 +41,14 @@ def sim_spec(run: ExecRun, *, profile: str, cost_model_name: str = "roofline", u
     try:
         return WorkloadSpec.model_validate(w)
     except Exception as exc:  # pydantic: a recorded statistic the simulator's schema rejects
-        from simulator.errors import pydantic_error_line
+        from infersim.simulator.errors import pydantic_error_line
 
         raise InfersimError(pydantic_error_line(f"{run.path}/config.yaml (as simulated)", exc)) from None
 
 
 def sim_requests(run: ExecRun):
     """The executor's requests, in request-id order."""
-    from simulator.workload.requests import Requests
+    from infersim.simulator.workload.requests import Requests
 
     r = run.requests
     n = int(np.sum(np.asarray(r["arrival_s"]) >= 0))
@@ -67,9 +67,9 @@ def simulate_run(run: ExecRun, out: Path, *, cost_model=None, profile: str = "cp
     `out`. `cost_model`, when given, replaces the one the spec names (the executor fit);
     `policy_cost_model`, when given, is what the policies see instead (cost-aware preemption's
     questions), so a replayed cost model answers only the engine's iterations and copies."""
-    from simulator.engine.simulation import Simulation
-    from simulator.metrics.rundir import staged_dir
-    from simulator.metrics.summary import write_result_files
+    from infersim.simulator.engine.simulation import Simulation
+    from infersim.simulator.metrics.rundir import staged_dir
+    from infersim.simulator.metrics.summary import write_result_files
 
     spec = sim_spec(run, profile=profile, cost_model_name=cost_model_name, updates=updates)
     requests = sim_requests(run)

@@ -4,7 +4,7 @@ from the run's histogram; Medusa: independent heads from the measured accuracies
 what `simulator_updates` gives now (per request; Medusa: the empirical accepted depths), so the
 difference is the acceptance model alone.
 
-    python -m analysis.validate.spec_ab runs/validate-spec-draft [more case folders]
+    python -m infersim.analysis.validate.spec_ab runs/validate-spec-draft [more case folders]
 
 Prints one line per (case, variant) and writes ab.json in each case folder."""
 from __future__ import annotations
@@ -18,8 +18,8 @@ METRICS = ("throughput (output tok/s)", "mean end-to-end latency", "TTFT p99", "
 
 
 def variants(stats: dict) -> dict:
-    import executor.medusa.validate_hooks as mh
-    import executor.speculative.validate_hooks as sh
+    import infersim.executor.medusa.validate_hooks as mh
+    import infersim.executor.speculative.validate_hooks as sh
 
     if stats.get("method") == "medusa":
         return {"independent heads": mh.simulator_updates(stats, empirical=False),
@@ -29,8 +29,8 @@ def variants(stats: dict) -> dict:
 
 
 def ab_case(folder: Path) -> dict:
-    from simulator.errors import InfersimError
-    from simulator.metrics.rundir import write_json
+    from infersim.simulator.errors import InfersimError
+    from infersim.simulator.metrics.rundir import write_json
 
     from .cases import get_case
     from .measured import load_run
@@ -69,11 +69,11 @@ def ab_case(folder: Path) -> dict:
 
 
 def main(argv=None) -> int:
-    from simulator.errors import InfersimError
+    from infersim.simulator.errors import InfersimError
 
     args = list(sys.argv[1:] if argv is None else argv)
     if not args:
-        print("usage: python -m analysis.validate.spec_ab CASE_FOLDER [...]", file=sys.stderr)
+        print("usage: python -m infersim.analysis.validate.spec_ab CASE_FOLDER [...]", file=sys.stderr)
         return 2
     try:
         for f in args:

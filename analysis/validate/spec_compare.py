@@ -149,8 +149,8 @@ def selector_replay(exec_run, t: dict) -> dict:
     the round's drafting + verification time (decoder.py: t2 - t0) and vl = the mean tokens of
     the sequences that drafted the full s (verified_length), for every round that drafted. The
     policy is one object on both sides, so it must take the executed s trajectory exactly."""
-    from simulator.speculative.selector import AdaptiveLengthSelector
-    from simulator.speculative.config import SpeculationSection
+    from infersim.simulator.speculative.selector import AdaptiveLengthSelector
+    from infersim.simulator.speculative.config import SpeculationSection
 
     sec = SpeculationSection.model_validate(exec_run.config["workload"]["speculation"])
     c = sec.selector

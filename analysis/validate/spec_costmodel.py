@@ -25,9 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-from simulator.costmodel.base import CostModel, Direction
-from simulator.costmodel.batch import BatchShape
-from simulator.errors import InfersimError
+from infersim.simulator.costmodel.base import CostModel, Direction
+from infersim.simulator.costmodel.batch import BatchShape
+from infersim.simulator.errors import InfersimError
 
 from .calibrate import _nnls_relative
 from .spec_rounds import handoffs_s
@@ -146,7 +146,7 @@ class SpecFit:
                 "coefficients": {f: float(c) for f, c in zip(FEATURES, self.coef)}, "meta": self.meta}
 
     def save(self, path: Path) -> None:
-        from simulator.metrics.rundir import write_json
+        from infersim.simulator.metrics.rundir import write_json
 
         write_json(Path(path), self.to_json())
 

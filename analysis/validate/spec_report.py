@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from analysis.report_html import Image, Table
+from infersim.analysis.report_html import Image, Table
 
 from . import plots
 from .report import checks_table, ms, num, pct, report_head, within_run_text

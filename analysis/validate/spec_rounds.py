@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from simulator.errors import InfersimError
+from infersim.simulator.errors import InfersimError
 
 from .measured import _read_table, engine_periods, load_run
 
@@ -88,7 +88,7 @@ def drafts_run(sp: dict) -> int:
     draft under the majority vote, else the first alone (executor/speculative/engine.py, as the
     simulator's DraftProposer; `voting.enabled: false` under method minions too); Medusa none
     (its heads run inside the target pass)."""
-    from simulator.speculative.config import SpeculationSection
+    from infersim.simulator.speculative.config import SpeculationSection
 
     if sp.get("method") == "medusa":
         return 0

@@ -25,14 +25,14 @@ from pathlib import Path
 
 import numpy as np
 
-from simulator.errors import InfersimError
+from infersim.simulator.errors import InfersimError
 
 from .measured import RunDir
 
 
 def spec_sim_spec(run: RunDir, *, profile: str = "cpu-reference", updates: dict | None = None,
                   shares: dict | None = None, contention: str = "sharing", handoff_s: float = 0.0):
-    from simulator.workload.schema import WorkloadSpec
+    from infersim.simulator.workload.schema import WorkloadSpec
 
     w = dict(run.config["workload"])
     model_path = Path(str(w["model"]))
@@ -70,7 +70,7 @@ def spec_sim_spec(run: RunDir, *, profile: str = "cpu-reference", updates: dict 
     try:
         return WorkloadSpec.model_validate(w)
     except Exception as exc:
-        from simulator.errors import pydantic_error_line
+        from infersim.simulator.errors import pydantic_error_line
 
         raise InfersimError(pydantic_error_line(f"{run.path}/config.yaml (as simulated)", exc)) from None
 
@@ -114,9 +114,9 @@ def simulate_spec_run(run: RunDir, out: Path, fit, *, profile: str = "cpu-refere
                       seed: int | None = None, s_trajectory: list | None = None) -> dict:
     """`s_trajectory` (the executed run's [[observations, s], ...]): the selector replays it instead of
     deciding (only where the workload has the selector on)."""
-    from simulator.engine.simulation import Simulation
-    from simulator.metrics.rundir import staged_dir
-    from simulator.metrics.summary import write_result_files
+    from infersim.simulator.engine.simulation import Simulation
+    from infersim.simulator.metrics.rundir import staged_dir
+    from infersim.simulator.metrics.summary import write_result_files
 
     from .simulate import sim_requests
 

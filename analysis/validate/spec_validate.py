@@ -35,7 +35,7 @@ SPEC_MIX_SEED = CALIBRATION_SEED + 14
 
 
 def calibration_specs(spec) -> list:
-    from simulator.workload.schema import WorkloadSpec
+    from infersim.simulator.workload.schema import WorkloadSpec
 
     base = spec.model_dump(mode="json", exclude_none=True)
     mixes = [(name, req, SPEC_CALIBRATION_SEED + k) for k, (name, req) in enumerate(SPEC_CALIBRATION)]
@@ -57,7 +57,7 @@ def _fit_bracketed(mode, spec, run, model: str, out: Path, *, device, dtype, thr
     in every run, scaled to the validated run's own speed as calibrate_around does: its median
     tick times the calibration runs' median measured/fitted ratio per tick; a pipelined run's
     draft terms by its drafting process's ticks (taken beside the verifying thread's)."""
-    from simulator.workload.builder import build_requests
+    from infersim.simulator.workload.builder import build_requests
 
     from .spec_costmodel import fit_rounds
     from .spec_rounds import drafting_rounds, rebuild_rounds
@@ -136,8 +136,8 @@ def _fit_bracketed(mode, spec, run, model: str, out: Path, *, device, dtype, thr
 def validate_spec_case(case, model: str, out: Path, *, device: str = "cpu", dtype: str | None = None,
                        threads: int = 1, seed: int | None = None, requests: int | None = None, spec=None,
                        calibration: Path | None = None, report: bool = True, repeats: int = 1, log=None) -> dict:
-    from simulator.metrics.rundir import write_json
-    from simulator.workload.builder import build_requests
+    from infersim.simulator.metrics.rundir import write_json
+    from infersim.simulator.workload.builder import build_requests
 
     from .measured import load_run
     from .modes import MODES

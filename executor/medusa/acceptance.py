@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from simulator.errors import InfersimError
+from infersim.simulator.errors import InfersimError
 
 from .tree import TreeLayout
 

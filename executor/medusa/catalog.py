@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from simulator.speculative.medusa_tree import greedy_tree
+from infersim.simulator.speculative.medusa_tree import greedy_tree
 
 from .accuracy import top_i
 
@@ -35,7 +35,7 @@ def catalog_entry(meta: dict, name: str, tree_nodes: int = DEFAULT_TREE_NODES) -
                        f"{meta['num_heads']} Medusa-1 heads on the target's greedy continuations of held-out prompts"),
             "top_k": int(acc["top_k"]), "per_rank": per_rank,
             "tree_name": f"greedy-{tree_nodes}",
-            "tree_source": "executor.medusa: greedy tree (Medusa 2.3.3) from these accuracies, "
+            "tree_source": "infersim.executor.medusa: greedy tree (Medusa 2.3.3) from these accuracies, "
                            f"{tree_nodes} nodes with the root",
             "tree": [list(p) for p in tree]}
 

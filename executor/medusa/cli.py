@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     import dataclasses
     from pathlib import Path
 
-    from simulator.errors import InfersimError
+    from infersim.simulator.errors import InfersimError
 
     if args.heads is not None and args.heads < 1:
         raise InfersimError(f"--heads must be at least 1, got {args.heads}")
@@ -43,8 +43,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         import torch
 
-        import executor  # noqa: F401  (sets OMP_WAIT_POLICY before torch's first use)
-        from executor.models import load_model
+        import infersim.executor  # noqa: F401  (sets OMP_WAIT_POLICY before torch's first use)
+        from infersim.executor.models import load_model
     except ImportError as exc:
         raise InfersimError(f"Medusa training needs PyTorch and transformers ({exc}): pip install \".[executor]\"")
     from .catalog import write_catalog

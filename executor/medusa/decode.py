@@ -169,7 +169,7 @@ def medusa_decode(runner, heads, tree: TreeLayout, cache, prompts, max_new, acce
     max_new new tokens and the stats."""
     news = _as_list(max_new, len(prompts))
     if tree.heads_used > heads.num_heads:
-        from simulator.errors import InfersimError
+        from infersim.simulator.errors import InfersimError
 
         raise InfersimError(f"tree '{tree.name}' is {tree.depth} deep but there are only {heads.num_heads} heads")
     seqs = [TokenSeq(p) for p in prompts]

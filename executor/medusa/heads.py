@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from simulator.errors import InfersimError
+from infersim.simulator.errors import InfersimError
 
 FORMAT_VERSION = 1
 WEIGHTS_FILE = "heads.safetensors"

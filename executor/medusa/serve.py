@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from simulator.errors import InfersimError
+from infersim.simulator.errors import InfersimError
 
 from ..runner import plan_batch
 from ..speculative.decoder import SpeculativeDecoder
@@ -57,8 +57,8 @@ def resolve_tree(mc, num_heads: int) -> tuple[TreeLayout, object, int]:
     """(layout, accuracy table, heads used) for a `speculation.medusa` section, built as the
     simulator builds it (simulator/speculative/proposers.py MedusaProposer) from the named
     accuracy table, then cut to the `num_heads` heads the executor has."""
-    from analysis.medusa_study import load_accuracies
-    from simulator.speculative.medusa_tree import cartesian_tree, choices_tree, greedy_tree, restrict
+    from infersim.analysis.medusa_study import load_accuracies
+    from infersim.simulator.speculative.medusa_tree import cartesian_tree, choices_tree, greedy_tree, restrict
 
     table = load_accuracies(mc.accuracies)
     acc = table.rank_accuracies()
@@ -287,7 +287,7 @@ class MedusaDecoder(SpeculativeDecoder):
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        from simulator.yamlio import atomic_path
+        from infersim.simulator.yamlio import atomic_path
 
         P = self.proposer
         fig, (a0, a1) = plt.subplots(1, 2, figsize=(9, 3.4))
@@ -310,8 +310,8 @@ class MedusaDecoder(SpeculativeDecoder):
 def write_accuracy_table(path: Path, P: MedusaProposer, *, target: str, source: str) -> Path:
     import yaml
 
-    from analysis.medusa_study import HeadAccuracies
-    from simulator.yamlio import write_atomic
+    from infersim.analysis.medusa_study import HeadAccuracies
+    from infersim.simulator.yamlio import write_atomic
 
     lay = P.layout
     # rounded down so that no head's ranks add up past 1 after rounding

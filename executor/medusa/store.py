@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from simulator.errors import InfersimError
+from infersim.simulator.errors import InfersimError
 
 from .heads import FORMAT_VERSION, META_FILE, MedusaHeads, load_heads, save_heads
 from .train import DEFAULT_RECIPE, MedusaRecipe, corpus_streams, train_heads

@@ -16,8 +16,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from simulator.errors import InfersimError
-from simulator.speculative.medusa_tree import Tree, cartesian_tree, choices_tree, greedy_tree, restrict
+from infersim.simulator.errors import InfersimError
+from infersim.simulator.speculative.medusa_tree import Tree, cartesian_tree, choices_tree, greedy_tree, restrict
 
 TREE_KINDS = ("choices", "cartesian", "greedy")
 

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from simulator.errors import InfersimError
+from infersim.simulator.errors import InfersimError
 
 from .model import DenseLlama, causal_mask
 from .policies import KVPolicy

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from simulator.errors import InfersimError
+from infersim.simulator.errors import InfersimError
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:

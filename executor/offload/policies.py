@@ -25,9 +25,9 @@ from typing import Optional
 import numpy as np
 import torch
 
-from simulator.errors import InfersimError
-from simulator.offload.policies import H2OParams, H2OPolicy, InfiniGenParams, InfiniGenPolicy, Int4Params, KVShape
-from simulator.offload.sparsity import SparsityModel, load_sparsity
+from infersim.simulator.errors import InfersimError
+from infersim.simulator.offload.policies import H2OParams, H2OPolicy, InfiniGenParams, InfiniGenPolicy, Int4Params, KVShape
+from infersim.simulator.offload.sparsity import SparsityModel, load_sparsity
 
 from .model import DenseLlama
 from .pool import KVPool
@@ -297,7 +297,7 @@ def build_kv_policy(name: str, params: dict | None = None, skew: Optional[torch.
     except Exception as exc:  # pydantic: one line naming the policy's fields
         from pydantic import ValidationError
 
-        from simulator.errors import pydantic_error_line
+        from infersim.simulator.errors import pydantic_error_line
         if isinstance(exc, ValidationError):
             raise InfersimError(pydantic_error_line(f"offload params for policy '{name}'", exc)) from None
         raise

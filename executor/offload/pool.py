@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from simulator.errors import InfersimError
+from infersim.simulator.errors import InfersimError
 
 VICTIMS = ("fifo", "lru", "counter")
 

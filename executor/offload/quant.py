@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from simulator.errors import InfersimError
+from infersim.simulator.errors import InfersimError
 
 
 def quantize_dequantize(x: torch.Tensor, group_size: int = 64, bits: int = 4,

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from simulator.errors import InfersimError
+from infersim.simulator.errors import InfersimError
 
 from .model import DenseLlama, causal_mask
 from .policies import build_kv_policy

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from simulator.errors import InfersimError
+from infersim.simulator.errors import InfersimError
 
 from ..engine import Engine, ExecSequence
 from ..kvcache import PagedKVCache
@@ -145,12 +145,12 @@ def execute(spec, requests, model: str, out: Path, *, device: str | None = "cpu"
             device_memory_gb: float | None = None, log=None) -> dict:
     """Serve the requests with the KV cache in host memory under the workload's `offload:`
     policy; write a `sim exec` run directory at `out` atomically; return the summary."""
-    from simulator.engine.memory import MemoryPlan
-    from simulator.engine.simulation import SimulationResult
-    from simulator.metrics.collector import MetricsCollector
-    from simulator.metrics.rundir import staged_dir, write_table
-    from simulator.metrics.summary import write_result_files
-    from simulator.policies import SchedulerLimits, build_scheduler
+    from infersim.simulator.engine.memory import MemoryPlan
+    from infersim.simulator.engine.simulation import SimulationResult
+    from infersim.simulator.metrics.collector import MetricsCollector
+    from infersim.simulator.metrics.rundir import staged_dir, write_table
+    from infersim.simulator.metrics.summary import write_result_files
+    from infersim.simulator.policies import SchedulerLimits, build_scheduler
 
     from ..models import dtype_name, load_model
     from ..prompts import make_prompts
@@ -223,7 +223,7 @@ def execute(spec, requests, model: str, out: Path, *, device: str | None = "cpu"
             write_table(tmp / f"{name}.parquet", table)
         _write_outputs(tmp / "outputs.parquet", sorted(seqs, key=lambda s: s.rid))
         if plots:
-            from analysis.run_plots import plot_run
+            from infersim.analysis.run_plots import plot_run
 
             plot_run(tmp)
     return summary

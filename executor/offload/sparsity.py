@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from simulator.offload.sparsity import SparsitySpec
+from infersim.simulator.offload.sparsity import SparsitySpec
 
 from .model import DenseLlama, full_forward
 

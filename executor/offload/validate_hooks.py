@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from simulator.errors import InfersimError
+from infersim.simulator.errors import InfersimError
 
 from .serve import execute  # noqa: F401  (the hook)
 
@@ -89,8 +89,8 @@ def _write_sparsity(run_dir: Path, counts: dict, off: dict, layers: int) -> Path
     about x + 0.5); the cap it applies again is then a no-op, as the counts are already capped."""
     import os
 
-    from simulator.metrics.rundir import write_yaml
-    from simulator.offload.policies import InfiniGenParams
+    from infersim.simulator.metrics.rundir import write_yaml
+    from infersim.simulator.offload.policies import InfiniGenParams
 
     p = InfiniGenParams.model_validate(dict(off.get("params") or {}))
     sel = counts["layer"] >= p.start_layer

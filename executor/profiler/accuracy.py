@@ -57,7 +57,7 @@ def swap_check(b: Bench, link: dict, *, quick: bool, kv_dtype: str = "fp16", rou
     rounds' spread is recorded as the noise floor."""
     import torch
 
-    from executor.kvcache import PagedKVCache
+    from infersim.executor.kvcache import PagedKVCache
 
     models = SWAP_MODELS_QUICK if quick else SWAP_MODELS_FULL
     lengths = SWAP_TOKENS_QUICK if quick else SWAP_TOKENS_FULL
@@ -188,8 +188,8 @@ def recompute_plan(domain: dict, quick: bool) -> list[tuple[int, int, int, int]]
 def recompute_check(b: Bench, hardware, calibration: dict, *, quick: bool, seed: int = 1234,
                     rounds: int | None = None) -> dict:
     """Measured vs predicted prefill times, each the median of `rounds` passes over the plan."""
-    from simulator.costmodel import BatchShape, RooflineCostModel
-    from simulator.costmodel.regression import RegressionCostModel, reference_spec
+    from infersim.simulator.costmodel import BatchShape, RooflineCostModel
+    from infersim.simulator.costmodel.regression import RegressionCostModel, reference_spec
 
     from .steps import TinyDecoder
 

@@ -16,8 +16,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Callable
 
-from simulator.errors import InfersimError
-from simulator.machine import cpu_model, host_memory_gb  # noqa: F401  (re-exported)
+from infersim.simulator.errors import InfersimError
+from infersim.simulator.machine import cpu_model, host_memory_gb  # noqa: F401  (re-exported)
 
 DEVICE_CHOICES = ("cpu", "cuda")
 

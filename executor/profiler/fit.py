@@ -133,8 +133,8 @@ def fit_host_link(records: list[dict], device_type: str) -> dict:
 
 def step_roofline_error(steps: list[dict], hardware, arch: dict, dtype: str) -> tuple[float, list[float]]:
     """Calibrated-roofline predictions of the measured step times (MAPE %, predictions)."""
-    from simulator.costmodel import BatchShape, RooflineCostModel
-    from simulator.costmodel.regression import reference_spec
+    from infersim.simulator.costmodel import BatchShape, RooflineCostModel
+    from infersim.simulator.costmodel.regression import reference_spec
 
     cache: dict = {}
     preds = []

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from simulator.errors import InfersimError
+from infersim.simulator.errors import InfersimError
 
 from .device import Repeats, load_average, measure
 
@@ -97,8 +97,8 @@ def prefill_settings(plan: ModelPlan, seed: int = 0) -> list[tuple[str, tuple[in
 def model_spec_of(lm):
     """The simulator's ModelSpec of a loaded checkpoint (from its config.json, as `sim` reads
     a zoo model or a checkpoint folder), and its config hash."""
-    from simulator.costmodel.regression import model_config_hash
-    from simulator.models.catalog import load_model as load_spec
+    from infersim.simulator.costmodel.regression import model_config_hash
+    from infersim.simulator.models.catalog import load_model as load_spec
 
     spec = load_spec(str(lm.path / "config.json"))
     return spec, model_config_hash(spec)
@@ -117,9 +117,9 @@ def measure_model(lm, plan: ModelPlan, *, timer, seed: int = 0, progress=None, s
     """Raw timings, every round over every prefill setting and swap size: {'prefill':
     {setting: [per-round medians]}, 'swap': {tokens: {'out': [...], 'in': [...]}},
     'sentinel': [...]}."""
-    from executor.kvcache import PagedKVCache
-    from executor.prompts import make_prompts
-    from executor.runner import TokenSeq, build_runner, plan_batch
+    from infersim.executor.kvcache import PagedKVCache
+    from infersim.executor.prompts import make_prompts
+    from infersim.executor.runner import TokenSeq, build_runner, plan_batch
 
     runner = build_runner(lm)
     settings = prefill_settings(plan, seed)
@@ -191,7 +191,7 @@ LAYOUTS = ("contiguous", "fragmented")
 def _copies(cache, seq) -> int:
     """Slice copies one swap of `seq` makes: K and V per run of consecutive blocks
     (executor/kvcache.py `_copy` on the CPU; its free lists hand out neighbouring ids)."""
-    from executor.kvcache import _runs
+    from infersim.executor.kvcache import _runs
 
     blocks = seq.block_table or seq.cpu_block_table
     return 2 * sum(1 for _ in _runs(blocks, list(range(len(blocks)))))
@@ -204,7 +204,7 @@ def _time_swaps(cache, tokens: int, layout: str, timer, rep: Repeats, sync) -> t
     layout 'contiguous': each sequence's blocks consecutive (a fresh pool: one run, 2 copies
     per swap); 'fragmented': two sequences grown block by block in turn, so every block is a
     run of its own (2 copies per block), as a long-running server's free lists become."""
-    from executor.runner import TokenSeq
+    from infersim.executor.runner import TokenSeq
 
     nblk = -(-tokens // BLOCK_SIZE)
     # fresh free lists (lowest ids first), whatever earlier sizes left behind
@@ -271,8 +271,8 @@ def analyze_model(raw: dict, plan: ModelPlan, *, name: str, spec, config_hash: s
     """The sidecar entry of one model: the recompute predictor (chosen without the held-out
     set), its held-out errors beside the generic predictor's and the roofline's, and the swap
     check of the executor's swap path."""
-    from simulator.costmodel import BatchShape, RooflineCostModel
-    from simulator.costmodel.regression import (MODEL_FEATURES, MODEL_PREDICTORS_FORMAT, MODEL_PREDICTORS_VERSION,
+    from infersim.simulator.costmodel import BatchShape, RooflineCostModel
+    from infersim.simulator.costmodel.regression import (MODEL_FEATURES, MODEL_PREDICTORS_FORMAT, MODEL_PREDICTORS_VERSION,
                                                 RegressionCostModel, model_features, model_key)
 
     from .regress import compare_sets
@@ -300,7 +300,7 @@ def analyze_model(raw: dict, plan: ModelPlan, *, name: str, spec, config_hash: s
         assert reg.model_predictor_key is not None
         generic = RegressionCostModel(spec, hardware, dtype=dtype, calibration={**calibration, "per_model": None})
         roof = RooflineCostModel(spec, hardware, dtype=dtype)
-    from simulator.costmodel.regression import PortableRegressor
+    from infersim.simulator.costmodel.regression import PortableRegressor
 
     port = PortableRegressor(entry["recompute"]["predictor"])
     for role, q in settings:
@@ -384,8 +384,8 @@ def profile_models(names, *, hardware, calibration: dict | None, device, dtype: 
     """The `per_model` sidecar section for the named models (zoo names, checkpoint folders)."""
     import torch
 
-    from executor.models import load_model
-    from simulator.costmodel.regression import MODEL_PREDICTORS_FORMAT, MODEL_PREDICTORS_VERSION, model_key
+    from infersim.executor.models import load_model
+    from infersim.simulator.costmodel.regression import MODEL_PREDICTORS_FORMAT, MODEL_PREDICTORS_VERSION, model_key
 
     from .device import make_timer
 

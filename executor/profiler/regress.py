@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from simulator.costmodel.regression import (FEATURES, REGRESSOR_FORMAT, REGRESSOR_VERSION, PortableRegressor,
+from infersim.simulator.costmodel.regression import (FEATURES, REGRESSOR_FORMAT, REGRESSOR_VERSION, PortableRegressor,
                                             design_matrix, pack_array, poly_powers)
 
 DEGREES = (1, 2, 3, 4, 5)

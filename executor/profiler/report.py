@@ -1,6 +1,6 @@
 """Markdown tables of a measured profile's numbers (for docs/findings/profiler-accuracy.md):
 
-    python -m executor.profiler.report hwprofiles/cpu-reference.yaml
+    python -m infersim.executor.profiler.report hwprofiles/cpu-reference.yaml
 """
 from __future__ import annotations
 
@@ -169,7 +169,7 @@ def plot_per_model(key: str, e: dict, path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from simulator.yamlio import write_atomic
+    from infersim.simulator.yamlio import write_atomic
 
     rc, sw = e["recompute"], e["swap"]
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
@@ -243,8 +243,8 @@ def report_md(hw: dict, calib: dict) -> str:
 def main(argv=None) -> int:
     import yaml
 
-    from simulator.costmodel.regression import calibration_for
-    from simulator.hardware.catalog import load_hardware
+    from infersim.simulator.costmodel.regression import calibration_for
+    from infersim.simulator.hardware.catalog import load_hardware
 
     args = list(argv or sys.argv[1:])
     plot_dir = None

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from simulator.errors import InfersimError
+from infersim.simulator.errors import InfersimError
 
 from . import fit as F
 from .device import Repeats, device_info, load_average, make_timer, select_device
@@ -82,7 +82,7 @@ class _Progress:
 
 
 def _plans(device_type: str, quick: bool, dtype: str) -> dict:
-    from simulator.models.catalog import load_model
+    from infersim.simulator.models.catalog import load_model
 
     from .accuracy import SWAP_MODELS_FULL, SWAP_MODELS_QUICK, SWAP_TOKENS_FULL, SWAP_TOKENS_QUICK
     from .steps import step_plan
@@ -201,7 +201,7 @@ def dump_profile_yaml(data: dict, header: str = "") -> str:
 
 
 def run_profile(opts: ProfileOptions, console=None) -> dict:
-    import executor  # noqa: F401  (OMP passive waits before torch starts)
+    import infersim.executor  # noqa: F401  (OMP passive waits before torch starts)
     import torch
 
     from . import accuracy
@@ -322,9 +322,9 @@ def analyze(records: list[dict], steps: list[dict], meta: dict, *, seed: int = 0
             timings: dict | None = None) -> tuple[dict, object, dict, dict]:
     """Fits and regressors from measurements: (profile dict, HardwareProfile, sidecar dict,
     regressor comparisons). `meta`: name, info, mode, when, load, device_type, dtype, domain."""
-    from simulator.costmodel.regression import CALIB_FORMAT, CALIB_VERSION
-    from simulator.hardware.profile import HardwareProfile
-    from simulator.yamlio import validate
+    from infersim.simulator.costmodel.regression import CALIB_FORMAT, CALIB_VERSION
+    from infersim.simulator.hardware.profile import HardwareProfile
+    from infersim.simulator.yamlio import validate
 
     from . import regress
     from .steps import Arch
@@ -380,10 +380,10 @@ def analyze(records: list[dict], steps: list[dict], meta: dict, *, seed: int = 0
 
 def write_profile(out: Path, hw_dict: dict, calib: dict) -> None:
     """The sidecar first, then the YAML naming its hash (both atomic)."""
-    from simulator.costmodel.regression import HASH_KEY, PATH_KEY, SOURCE_KEY, sha256_file
-    from simulator.hardware.profile import HardwareProfile
-    from simulator.paths import hwprofiles_dir
-    from simulator.yamlio import validate, write_atomic
+    from infersim.simulator.costmodel.regression import HASH_KEY, PATH_KEY, SOURCE_KEY, sha256_file
+    from infersim.simulator.hardware.profile import HardwareProfile
+    from infersim.simulator.paths import hwprofiles_dir
+    from infersim.simulator.yamlio import validate, write_atomic
 
     out = Path(out)
     side = sidecar_path(out)
@@ -422,8 +422,8 @@ def refit_profile(path: Path, out: Path | None = None, *, seed: int = 0, validat
                           threads=threads, quiet=quiet)
     import torch
 
-    from simulator.costmodel.regression import calibration_for
-    from simulator.hardware.catalog import load_hardware
+    from infersim.simulator.costmodel.regression import calibration_for
+    from infersim.simulator.hardware.catalog import load_hardware
 
     from . import accuracy
 
@@ -496,8 +496,8 @@ def add_models(path: Path, out: Path | None, models, *, seed: int = 0, quick: bo
     import torch
     import yaml
 
-    from simulator.costmodel.regression import HASH_KEY, PATH_KEY, SOURCE_KEY, calibration_for
-    from simulator.hardware.catalog import load_hardware
+    from infersim.simulator.costmodel.regression import HASH_KEY, PATH_KEY, SOURCE_KEY, calibration_for
+    from infersim.simulator.hardware.catalog import load_hardware
 
     path = Path(path)
     out = Path(out) if out else path

@@ -44,7 +44,7 @@ class Arch:
 
 def reference_spec(layers: int, hidden: int, arch: dict | None = None):
     """The ModelSpec of a step benchmark's transformer (the calibrated roofline costs it)."""
-    from simulator.models.spec import ModelSpec
+    from infersim.simulator.models.spec import ModelSpec
 
     arch = arch or Arch().as_dict()
     d = int(arch.get("head_dim", HEAD_DIM))

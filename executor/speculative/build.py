@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from simulator.errors import InfersimError
+from infersim.simulator.errors import InfersimError
 
 from .decoder import SpeculativeDecoder
 from .draft import DraftModel
@@ -49,7 +49,7 @@ def build_decoder(target, drafts=(), *, method: str = "draft", s: int = 4, tempe
         ds = [DraftModel(d, index=j, gpu_blocks=gpu_blocks, block_size=block_size, name=n)
               for j, (d, n) in enumerate(zip(dlms, names))]
         if weights is None:
-            from simulator.speculative.minions import SSMWeights
+            from infersim.simulator.speculative.minions import SSMWeights
 
             weights = SSMWeights(np.ones(len(ds)))
         proposer = MinionsProposer(ds, weights, acr_scope=acr_scope, seed=seed)

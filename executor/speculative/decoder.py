@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from simulator.errors import InfersimError
+from infersim.simulator.errors import InfersimError
 
 from ..clock import Clock
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from simulator.errors import InfersimError
+from infersim.simulator.errors import InfersimError
 
 DATASET = "stdlib-heldout"
 
@@ -104,13 +104,13 @@ def execute_speculative(spec, requests, model: str, out: Path, *, device: str | 
                         quiet: bool = True, log=None) -> dict:
     import torch
 
-    from simulator.engine.memory import MemoryPlan
-    from simulator.engine.simulation import SimulationResult
-    from simulator.metrics.collector import MetricsCollector
-    from simulator.metrics.rundir import staged_dir, write_table
-    from simulator.metrics.summary import write_result_files
-    from simulator.speculative.minions import SSMWeights
-    from simulator.speculative.selector import AdaptiveLengthSelector
+    from infersim.simulator.engine.memory import MemoryPlan
+    from infersim.simulator.engine.simulation import SimulationResult
+    from infersim.simulator.metrics.collector import MetricsCollector
+    from infersim.simulator.metrics.rundir import staged_dir, write_table
+    from infersim.simulator.metrics.summary import write_result_files
+    from infersim.simulator.speculative.minions import SSMWeights
+    from infersim.simulator.speculative.selector import AdaptiveLengthSelector
 
     from ..models import dtype_name, load_model
     from ..prompts import make_prompts
@@ -269,7 +269,7 @@ def execute_speculative(spec, requests, model: str, out: Path, *, device: str | 
                                                                      source="measured by executor/speculative")])
         _write_outputs(tmp / "outputs.parquet", sorted(seqs, key=lambda s: s.rid))
         if plots:
-            from analysis.run_plots import plot_run
+            from infersim.analysis.run_plots import plot_run
 
             plot_run(tmp)
             _plot_speculation(tmp, dec, runner)
@@ -287,7 +287,7 @@ def _sequence_table(rows) -> dict[str, np.ndarray]:
 
 
 def _speculation_summary(dec, runner, sp, names, mode, temperature, limit) -> dict:
-    from simulator.speculative.report import _thin
+    from infersim.simulator.speculative.report import _thin
 
     st = dec.stats
     tab = st.table()
@@ -353,7 +353,7 @@ def _plot_speculation(folder: Path, dec, runner) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from simulator.yamlio import atomic_path
+    from infersim.simulator.yamlio import atomic_path
 
     tab = dec.stats.table()
     p = dec.proposer

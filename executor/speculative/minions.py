@@ -16,8 +16,8 @@ import contextlib
 
 import numpy as np
 
-from simulator.errors import InfersimError
-from simulator.speculative.minions import MajorityVoter, SSMWeights
+from infersim.simulator.errors import InfersimError
+from infersim.simulator.speculative.minions import MajorityVoter, SSMWeights
 
 from .proposers import Proposal
 

@@ -33,8 +33,8 @@ from collections import deque
 import numpy as np
 import torch
 
-from simulator.errors import InfersimError
-from simulator.speculative.minions import PoolBackPressure
+from infersim.simulator.errors import InfersimError
+from infersim.simulator.speculative.minions import PoolBackPressure
 
 from ..clock import Clock
 from .decoder import DecodeStats, admit_arrived, verified_length

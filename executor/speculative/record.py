@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from simulator.yamlio import write_atomic
+from infersim.simulator.yamlio import write_atomic
 
 
 class AcceptanceRecorder:
@@ -102,7 +102,7 @@ def write_acceptance_table(path: str | Path, *, target: str, entries: list[dict]
                            drafts: dict | None = None) -> Path:
     """Write (atomically) an acceptance table the simulator loads with
     simulator.speculative.acceptance.load_table; validated before it is written."""
-    from simulator.speculative.acceptance import AcceptanceTable
+    from infersim.simulator.speculative.acceptance import AcceptanceTable
 
     data = {"name": Path(path).stem, "target": target, "source": source, "notes": notes,
             "drafts": dict(drafts or {}), "entries": entries}
@@ -153,7 +153,7 @@ def record_zoo(out: Path, *, s: int = 5, requests: int = 24, output: int = 96, s
             prog.advance(task)
     drafts = {n: n for n in ZOO_DRAFTS}
     drafts["minions(a+b+c)"] = "zoo-draft-a"
-    notes = (f"Recorded by `python -m executor.speculative.record` with torch {torch.__version__} on "
+    notes = (f"Recorded by `python -m infersim.executor.speculative.record` with torch {torch.__version__} on "
              f"{platform.machine()}. kind empirical: counts[k] = rounds in which exactly k of the s drafted tokens "
              f"were accepted (the simulator turns them into positional probabilities). The `drafts` map names "
              f"the zoo checkpoint each label's steps would cost (the simulator's catalog has no zoo models: a "

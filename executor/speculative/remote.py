@@ -22,7 +22,7 @@ import multiprocessing as mp
 
 import numpy as np
 
-from simulator.errors import InfersimError
+from infersim.simulator.errors import InfersimError
 
 from .proposers import Proposal
 
@@ -125,8 +125,8 @@ def _serve(conn, cfg: dict) -> None:
     try:
         import torch
 
-        import executor  # noqa: F401  (its environment defaults for torch's thread pools)
-        from simulator.speculative.minions import SSMWeights
+        import infersim.executor  # noqa: F401  (its environment defaults for torch's thread pools)
+        from infersim.simulator.speculative.minions import SSMWeights
 
         from ..clock import reference_kernel_s
         from ..models import load_model

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from simulator.errors import InfersimError
+from infersim.simulator.errors import InfersimError
 
 PER_REQUEST_MIN = 16  # requests with verified rounds a run needs for per-request acceptance
 
@@ -205,7 +205,7 @@ def simulator_updates(stats: dict, per_request: bool = True) -> dict:
     acc = stats.get("acceptance")
     if not acc:
         return {}
-    from simulator.speculative.config import AcceptanceSpec
+    from infersim.simulator.speculative.config import AcceptanceSpec
 
     src = f"measured by the executor ({stats.get('acceptance_label')})"
     mix = stats.get("acceptance_per_request") if per_request else None

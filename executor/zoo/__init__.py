@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from simulator.errors import InfersimError
+from infersim.simulator.errors import InfersimError
 
 from .spec import DEFAULT_ZOO, TINY_ZOO, ModelRecipe, ZooSpec
 
@@ -41,7 +41,7 @@ def resolve_zoo_model(name: str, *, build: bool = False, spec: ZooSpec = DEFAULT
 
 def ensure_zoo(spec: ZooSpec = DEFAULT_ZOO, root: Path | None = None, log=None, subprocess: bool = True) -> Path:
     """Build (or find cached) the whole zoo; returns its folder. A missing default zoo is
-    trained in a child process (`python -m executor.zoo.build`) that this one waits for: the
+    trained in a child process (`python -m infersim.executor.zoo.build`) that this one waits for: the
     training gets a fresh interpreter with OpenMP set up for a shared machine, and its memory
     is returned when it ends."""
     import os
@@ -56,7 +56,7 @@ def ensure_zoo(spec: ZooSpec = DEFAULT_ZOO, root: Path | None = None, log=None, 
     if complete or not subprocess or spec is not DEFAULT_ZOO:
         return build_zoo(spec, root=root, log=log)
     env = dict(os.environ, OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"))
-    cmd = [sys.executable, "-m", "executor.zoo.build"] + (["--root", str(root)] if root else [])
+    cmd = [sys.executable, "-m", "infersim.executor.zoo.build"] + (["--root", str(root)] if root else [])
     res = sp.run(cmd, env=env)
     if res.returncode != 0:
         raise InfersimError(f"building the model zoo failed (exit {res.returncode}): {' '.join(cmd)}")

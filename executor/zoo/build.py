@@ -20,7 +20,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from simulator.errors import InfersimError
+from infersim.simulator.errors import InfersimError
 
 from .corpus import Corpus, load_corpus
 from .spec import DEFAULT_ZOO, ModelRecipe, ZooSpec
@@ -261,7 +261,7 @@ def _write_manifest(spec: ZooSpec, c: Corpus, d: Path) -> None:
 
 
 def main(argv=None) -> int:
-    """`python -m executor.zoo.build [--root DIR] [names...]`: build the default zoo."""
+    """`python -m infersim.executor.zoo.build [--root DIR] [names...]`: build the default zoo."""
     import argparse
 
     ap = argparse.ArgumentParser(description="build the executor's model zoo")

@@ -20,7 +20,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from simulator.errors import InfersimError
+from infersim.simulator.errors import InfersimError
 
 if TYPE_CHECKING:
     import torch

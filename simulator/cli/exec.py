@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
         import transformers  # noqa: F401
     except ImportError as exc:
         raise InfersimError(f"the executor needs PyTorch and transformers ({exc}): pip install \".[executor]\"")
-    from executor.run import execute
+    from infersim.executor.run import execute
 
     t0 = time.perf_counter()
     if args.threads:

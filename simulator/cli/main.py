@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
         if module in seen:
             continue
         seen.add(module)
-        mod = importlib.import_module(f"simulator.cli.{module}")
+        mod = importlib.import_module(f"infersim.simulator.cli.{module}")
         mod.add_parser(sub)
     return parser
 

@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from analysis.medusa_study import best_candidates, standard_sweeps, write_study
+    from infersim.analysis.medusa_study import best_candidates, standard_sweeps, write_study
 
     cands = parse_ints(args.candidates, "candidates")
     batch = parse_ints(str(args.batch), "batch")[0]

@@ -1,5 +1,5 @@
 """`sim medusa-train`: registered here, implemented in executor/medusa/cli.py (which imports
 torch only when the command runs)."""
-from executor.medusa.cli import add_parser, run
+from infersim.executor.medusa.cli import add_parser, run
 
 __all__ = ["add_parser", "run"]

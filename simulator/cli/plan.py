@@ -64,7 +64,7 @@ def _options(args) -> dict[str, list]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from analysis.plan import load_plan_file, parse_prices, parse_slo, plan, rank, write_plan
+    from infersim.analysis.plan import load_plan_file, parse_prices, parse_slo, plan, rank, write_plan
 
     from ..errors import InfersimError
 
@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         from rich.console import Console
         from rich.table import Table
 
-        from analysis.plan import _money, _num, verdict
+        from infersim.analysis.plan import _money, _num, verdict
 
         c = Console()
         t = Table(title=f"capacity plan: {res.workload} ({', '.join(s.describe() for s in res.slos)})")

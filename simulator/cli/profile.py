@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
         import sklearn  # noqa: F401
     except ImportError as exc:
         raise InfersimError(f"the profiler needs PyTorch and scikit-learn ({exc}): pip install \".[executor]\"")
-    from executor.profiler.run import ProfileOptions, print_report, refit_profile, run_profile
+    from infersim.executor.profiler.run import ProfileOptions, print_report, refit_profile, run_profile
 
     if args.refit:
         result = refit_profile(Path(args.refit), Path(args.out) if args.out else None, seed=args.seed,

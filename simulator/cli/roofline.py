@@ -110,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from analysis.roofline import PHASES, build_cost_model, iteration_table, operator_table, plot_roofline
+    from infersim.analysis.roofline import PHASES, build_cost_model, iteration_table, operator_table, plot_roofline
     from ..yamlio import atomic_path, write_atomic
 
     phases = [p.strip().lower() for p in args.phase.split(",") if p.strip()]

@@ -26,7 +26,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from analysis.sweep import load_space, run_sweep
+    from infersim.analysis.sweep import load_space, run_sweep
 
     from ..errors import InfersimError
 
@@ -45,7 +45,7 @@ def _print(res, space) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from analysis.sweep import build_params, pareto_mask
+    from infersim.analysis.sweep import build_params, pareto_mask
 
     c = Console()
     df = res.table

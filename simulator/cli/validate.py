@@ -50,10 +50,10 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..errors import InfersimError
 
-    from analysis.validate.cases import CASES, case_from_spec, get_case
+    from infersim.analysis.validate.cases import CASES, case_from_spec, get_case
 
     if args.list:
-        from analysis.validate.modes import MODES
+        from infersim.analysis.validate.modes import MODES
 
         for c in CASES.values():
             ok, why = MODES.get(c.mode).availability()
@@ -96,14 +96,14 @@ def run(args: argparse.Namespace) -> int:
             raise InfersimError(f"{args.workload}: trace workloads are not supported by `sim validate` yet: give "
                                 f"length distributions")
         case = case_from_spec(spec)
-    from analysis.validate.modes import MODES
+    from infersim.analysis.validate.modes import MODES
 
     ok, why = MODES.get(case.mode).availability()
     if not ok:
         raise InfersimError(f"case {case.name} needs the executor mode '{case.mode}', which is not available: {why}")
     out = args.out or Path("runs") / f"validate-{case.name}"
     log = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
-    from analysis.validate.run import validate_case
+    from infersim.analysis.validate.run import validate_case
 
     result = validate_case(case, args.model, out, device=args.device, dtype=args.dtype, threads=args.threads,
                            cost_model=args.cost_model, profile=args.profile, calibration=args.calibration,

@@ -31,8 +31,8 @@ def run(args: argparse.Namespace) -> int:
     from ..errors import InfersimError
 
     try:
-        from executor.zoo import DEFAULT_ZOO
-        from executor.zoo.build import build_zoo, zoo_dir
+        from infersim.executor.zoo import DEFAULT_ZOO
+        from infersim.executor.zoo.build import build_zoo, zoo_dir
     except ImportError as exc:
         raise InfersimError(f"the zoo needs PyTorch, transformers and tokenizers ({exc}): pip install \".[executor]\"")
     root = Path(args.root).expanduser() if args.root else None
@@ -56,7 +56,7 @@ def _print_table(d, args) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from executor.zoo import DEFAULT_ZOO
+    from infersim.executor.zoo import DEFAULT_ZOO
 
     t = Table(title=f"model zoo: {d}")
     for col in ("name", "role", "architecture", "params", "train s", "held-out ppl", "accept s=4", "built"):

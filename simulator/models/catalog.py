@@ -34,7 +34,7 @@ def load_model(name_or_path: str) -> ModelSpec:
 def _zoo_config(name: str) -> Path:
     """A model of the executor's zoo (`sim zoo build`), by name, as its HF config.json."""
     try:
-        from executor.zoo import resolve_zoo_model
+        from infersim.executor.zoo import resolve_zoo_model
     except ImportError as exc:  # the zoo's cache key needs the executor extra (torch)
         raise InfersimError(f"model '{name}' is from the executor's zoo, which needs pip install \".[executor]\" "
                             f"({exc})") from None

@@ -72,7 +72,7 @@ def choices_tree(choices: Sequence[Sequence[int]]) -> Tree:
 def greedy_tree(acc: np.ndarray, nodes: int) -> Tree:
     """Medusa 2.3.3: the `nodes`-node tree (root included) that greedily maximises the expected
     acceptance length under accuracies acc (heads x ranks)."""
-    from analysis.medusa_study import HeadAccuracies, grow_tree
+    from infersim.analysis.medusa_study import HeadAccuracies, grow_tree
 
     acc = np.asarray(acc, dtype=np.float64)
     # model_construct: the table of a non-exclusive scheme (typical) may sum above 1 per head
@@ -93,7 +93,7 @@ def path_probability(path: Sequence[int], acc: np.ndarray) -> float:
 
 def expected_length_exclusive(tree: Tree, acc: np.ndarray) -> float:
     """1 + sum over nodes of the product of accuracies along the path (Medusa 2.3.3)."""
-    from analysis.medusa_study import expected_accept_length
+    from infersim.analysis.medusa_study import expected_accept_length
 
     return float(expected_accept_length(tree, np.asarray(acc, dtype=np.float64)))
 

@@ -268,7 +268,7 @@ class MedusaProposer:
     kind = "medusa"
 
     def __init__(self, cfg: SpeculationSection, sim):
-        from analysis.medusa_study import load_accuracies
+        from infersim.analysis.medusa_study import load_accuracies
 
         self.cfg = cfg
         mc = cfg.medusa

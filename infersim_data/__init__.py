@@ -1,1 +1,0 @@
-"""Installed home of the data folders `hwprofiles/` and `traces/` (mapped in pyproject.toml)."""
