@@ -1171,7 +1171,7 @@ plus the side studies ({n_side} simulations) ran in {wall_s:.0f} s wall ({cpu_s:
 on this machine with {jobs} worker processes; the machine is shared with other jobs (1-minute load average at
 the end: {load:.1f} on {cores} cores), so the wall time depends on them: unloaded, wall ~ CPU / {jobs}. Nothing
 was cut.
-`tests/test_adaptivellm_findings.py` asserts findings 1 and 2 (in direction), 6 and 7 on a 300-request
+`tests/analysis/test_adaptivellm_findings.py` asserts findings 1 and 2 (in direction), 6 and 7 on a 300-request
 OPT-13B / chatbot / max output 64 run, the swap path behind finding 3 (the copy-stream price by hand, the
 engine charging each swap as its copies, iteration by iteration, the two readings of a full CPU pool) and
 finding 3's non-reproduction itself (swap-only keeps > 80% of vLLM's decode batch and > 90% of its

@@ -212,7 +212,7 @@ def test_examples_run(name):
 
     from infersim.simulator.workload.builder import load_workload
 
-    path = Path(__file__).resolve().parent.parent / "examples" / "speculative" / f"{name}.yaml"
+    path = Path(__file__).resolve().parents[2] / "examples" / "speculative" / f"{name}.yaml"
     spec, p = load_workload(str(path))
     spec = spec.model_copy(update={"requests": spec.requests.model_copy(update={"count": 24})})
     sim, res = _sim(spec)

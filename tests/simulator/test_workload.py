@@ -16,7 +16,7 @@ from infersim.simulator.workload.requests import Requests
 from infersim.simulator.workload.schema import WorkloadSpec
 from infersim.simulator.yamlio import validate
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples" / "traces"
 
 
