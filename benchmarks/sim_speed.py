@@ -55,7 +55,7 @@ seed: 0
 
 def run_sim(workload: str, out: Path, extra: list[str]) -> tuple[float, float]:
     """Wall seconds and peak RSS (MiB) of one `sim run` process."""
-    cmd = [sys.executable, "-m", "infersim.simulator.cli.main", "run", "-w", workload, "-o", str(out), "-q", "--no-plots", *extra]
+    cmd = [sys.executable, "-m", "infersim.cli.main", "run", "-w", workload, "-o", str(out), "-q", "--no-plots", *extra]
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     t0 = time.perf_counter()
     subprocess.run(cmd, check=True)

@@ -56,7 +56,7 @@ def sweep_once(space: Path, workers: int, backend: str) -> tuple[float, float]:
     """Wall time of a sweep from scratch, and of the same command again (nothing left to
     simulate: the fixed cost of start-up, reading the results and writing the table)."""
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "infersim.simulator.cli.main", "sweep", "-w", str(WORKLOAD), "-s", str(space),
+        cmd = [sys.executable, "-m", "infersim.cli.main", "sweep", "-w", str(WORKLOAD), "-s", str(space),
                "-o", str(Path(tmp) / "s"), "--workers", str(workers), "--backend", backend, "-q", "--no-plots"]
         t0 = time.perf_counter()
         subprocess.run(cmd, check=True, cwd=ROOT)

@@ -13,7 +13,7 @@ def _pyproject() -> dict:
 
 
 def test_every_code_folder_is_listed_under_infersim():
-    on_disk = {"infersim"} | {
+    on_disk = {"infersim", "infersim.cli"} | {
         "infersim." + ".".join(p.parent.relative_to(ROOT).parts)
         for top in MAPPED for p in (ROOT / top).rglob("__init__.py")
     }

@@ -9,7 +9,7 @@ import pytest
 
 from infersim.analysis.plan import (PlanFile, SearchSection, load_plan_file, meets, parse_duration, parse_prices, parse_slo,
                            plan, probe_once, rank, verdict, write_plan)
-from infersim.simulator.cli.main import main
+from infersim.cli.main import main
 from infersim.simulator.errors import InfersimError
 
 WORKLOAD = """\

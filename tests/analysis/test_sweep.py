@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from infersim.analysis.sweep import (SweepSpace, build_params, config_key, grid_points, load_results, pareto_mask,
                             resolve_config, run_sweep, set_dotted)
-from infersim.simulator.cli.main import main
+from infersim.cli.main import main
 from infersim.simulator.errors import InfersimError
 
 WORKLOAD = """\
@@ -179,7 +179,7 @@ fixed: {requests.count: 400}
 def test_killed_sweep_resumes_without_loss_or_duplicates(workload, tmp_path):
     space_path = _space_file(tmp_path, KILL_SPACE)
     out = tmp_path / "k"
-    cmd = [sys.executable, "-m", "infersim.simulator.cli.main", "sweep", "-w", workload, "-s", str(space_path), "-o", str(out),
+    cmd = [sys.executable, "-m", "infersim.cli.main", "sweep", "-w", workload, "-s", str(space_path), "-o", str(out),
            "--workers", "2", "-q", "--no-plots"]
     proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     results = out / "results"

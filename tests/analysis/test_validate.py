@@ -19,7 +19,7 @@ from infersim.analysis.validate.compare import TARGETS, recompute_iterations
 from infersim.analysis.validate.features import FEATURE_NAMES, batch_features, shapes_from_batches
 from infersim.analysis.validate.measured import engine_periods
 from infersim.analysis.validate.metrics import mape, median_ape, rel_error, signed_bias, total_bias
-from infersim.simulator.cli.main import main
+from infersim.cli.main import main
 from infersim.simulator.costmodel.batch import BatchShape
 from infersim.simulator.errors import InfersimError
 

@@ -93,7 +93,7 @@ def test_offload_fit_round_trips(tmp_path):
 
 def test_offload_case_refuses_other_cost_models(tmp_path, capsys, monkeypatch):
     pytest.importorskip("torch")
-    from infersim.simulator.cli.main import main
+    from infersim.cli.main import main
 
     monkeypatch.chdir(tmp_path)
     assert main(["validate", "--case", "offload-full", "--cost-model", "roofline"]) == 2

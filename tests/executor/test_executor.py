@@ -201,7 +201,7 @@ seed: 2
 def test_sim_exec_writes_the_run_directory_of_sim_run(zoo_dir, tmp_path):
     import pandas as pd
 
-    from infersim.simulator.cli.main import main
+    from infersim.cli.main import main
 
     wl = tmp_path / "small.yaml"
     wl.write_text(WORKLOAD)
@@ -252,7 +252,7 @@ def test_sim_exec_writes_the_run_directory_of_sim_run(zoo_dir, tmp_path):
 
 
 def test_sim_exec_errors_are_one_line(tmp_path, capsys):
-    from infersim.simulator.cli.main import main
+    from infersim.cli.main import main
 
     wl = tmp_path / "small.yaml"
     wl.write_text(WORKLOAD)

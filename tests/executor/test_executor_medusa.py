@@ -388,7 +388,7 @@ def test_sim_exec_runs_a_medusa_workload_and_feeds_the_simulator(target, trained
 
     from infersim.executor.medusa import recorded_statistics, simulator_updates
     from infersim.executor.models import hf_greedy_generate
-    from infersim.simulator.cli.main import main
+    from infersim.cli.main import main
 
     lm, _ = target
     wl = {"name": "zoo-medusa", "model": "zoo-target", "hardware": {"profile": "a100-80gb-pcie"},

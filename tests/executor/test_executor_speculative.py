@@ -362,7 +362,7 @@ def test_sim_exec_runs_a_minions_workload(zoo, tmp_path):
     import pyarrow.parquet as pq
     import yaml
 
-    from infersim.simulator.cli.main import main
+    from infersim.cli.main import main
 
     t, _ = zoo
     wl = {"name": "zoo-minions", "model": "zoo-target", "hardware": {"profile": "a100-80gb-pcie"},

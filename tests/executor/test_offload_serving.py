@@ -169,7 +169,7 @@ def test_sim_exec_serves_a_workload_with_an_offload_section(runs, tmp_path, caps
 
     import yaml
 
-    from infersim.simulator.cli.main import main
+    from infersim.cli.main import main
 
     spec = _spec("h2o")
     path = tmp_path / "wl.yaml"

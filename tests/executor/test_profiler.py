@@ -147,7 +147,7 @@ def test_tampered_sidecar_is_refused_in_one_line(tmp_path, monkeypatch, absolute
     msg = str(err.value)
     assert "sha256" in msg and "refusing" in msg and "\n" not in msg
     # and through the CLI: one line on stderr, exit status 2
-    from infersim.simulator.cli.main import main
+    from infersim.cli.main import main
 
     wl = tmp_path / "w.yaml"
     wl.write_text(yaml.safe_dump({"model": "opt-125m", "hardware": {"profile": str(ypath)},
@@ -187,7 +187,7 @@ def test_cost_models_on_reference_are_positive_and_monotone(model):
 
 
 def test_simulator_uses_a_profile_by_path_with_the_regression_model(tmp_path):
-    from infersim.simulator.cli.main import main
+    from infersim.cli.main import main
 
     ypath, _ = _copy_ref(tmp_path)
     wl = tmp_path / "w.yaml"
@@ -241,7 +241,7 @@ def test_tiny_fresh_measurement_agrees_with_reference_in_order_of_magnitude():
 
 
 def test_sim_profile_quick_writes_a_consistent_profile(tmp_path):
-    from infersim.simulator.cli.main import main
+    from infersim.cli.main import main
 
     out = tmp_path / "fresh.yaml"
     t0 = time.perf_counter()
@@ -270,7 +270,7 @@ def test_device_flag_selects_cuda_and_fails_in_one_line_without_it(capsys):
     import torch
 
     from infersim.executor.profiler.device import CpuTimer, CudaEventTimer, select_device, timer_class_for
-    from infersim.simulator.cli.main import main
+    from infersim.cli.main import main
 
     assert timer_class_for("cuda") is CudaEventTimer and timer_class_for("cpu") is CpuTimer
     assert select_device("cpu").type == "cpu"
@@ -485,7 +485,7 @@ def test_sim_profile_model_measures_zoo_target_into_a_profile(tmp_path):
     prefills and swaps of the zoo's trained model, fitted and held out, into the sidecar."""
     pytest.importorskip("torch")
     from infersim.executor.zoo import resolve_zoo_model
-    from infersim.simulator.cli.main import main
+    from infersim.cli.main import main
     from infersim.simulator.costmodel.regression import model_config_hash
 
     try:
@@ -533,7 +533,7 @@ def test_sim_profile_model_measures_zoo_target_into_a_profile(tmp_path):
 
 
 def test_models_only_without_refit_is_a_one_line_error(capsys):
-    from infersim.simulator.cli.main import main
+    from infersim.cli.main import main
 
     assert main(["profile", "--models-only", "--model", "zoo-target", "--out", "/tmp/x.yaml"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -12,7 +12,7 @@ from infersim.analysis.medusa_study import (
     standard_sweeps, tree_rate,
 )
 from infersim.analysis.roofline import COLUMNS, build_cost_model, iteration_table, operator_table, plot_roofline
-from infersim.simulator.cli.main import main
+from infersim.cli.main import main
 from infersim.simulator.costmodel import BatchShape, RooflineCostModel
 from infersim.simulator.errors import InfersimError, UnknownNameError
 from infersim.simulator.hardware.catalog import load_hardware

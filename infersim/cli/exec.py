@@ -43,8 +43,8 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     import sys
 
-    from ..errors import InfersimError
-    from ..workload.builder import build_requests, load_workload
+    from infersim.simulator.errors import InfersimError
+    from infersim.simulator.workload.builder import build_requests, load_workload
     from .run import apply_overrides, print_summary
 
     try:

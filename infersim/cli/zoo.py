@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
 
-    from ..errors import InfersimError
+    from infersim.simulator.errors import InfersimError
 
     try:
         from infersim.executor.zoo import DEFAULT_ZOO

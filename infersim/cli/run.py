@@ -30,7 +30,7 @@ def add_parser(sub) -> None:
 
 
 def apply_overrides(spec, args):
-    from ..errors import InfersimError
+    from infersim.simulator.errors import InfersimError
 
     upd = {}
     if args.seed is not None:
@@ -65,7 +65,7 @@ def apply_overrides(spec, args):
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..workload.builder import build_requests, load_workload
+    from infersim.simulator.workload.builder import build_requests, load_workload
 
     t0 = time.perf_counter()
     spec, base_dir = load_workload(args.workload)
@@ -82,9 +82,9 @@ def run(args: argparse.Namespace) -> int:
 def execute(spec, requests, out: Path, *, source: str = "workload", step_mode: bool = False, plots: bool = True,
             csv: bool = False, quiet: bool = True) -> dict:
     """Simulate and write the run directory atomically; returns the summary."""
-    from ..engine.simulation import Simulation
-    from ..metrics.rundir import staged_dir
-    from ..metrics.summary import write_result_files
+    from infersim.simulator.engine.simulation import Simulation
+    from infersim.simulator.metrics.rundir import staged_dir
+    from infersim.simulator.metrics.summary import write_result_files
 
     with staged_dir(Path(out)) as tmp:
         with _progress(quiet, len(requests)) as progress:
@@ -92,7 +92,7 @@ def execute(spec, requests, out: Path, *, source: str = "workload", step_mode: b
                              progress=progress, source=source)
             result = sim.run()
         if spec.speculation is not None:  # acceptance, s, SSM weights and pool depth over time
-            from ..speculative.report import write_series
+            from infersim.simulator.speculative.report import write_series
 
             write_series(sim, tmp)
         summary = write_result_files(tmp, result, csv=csv)

@@ -6,9 +6,9 @@ import argparse
 import importlib
 import sys
 
-from ..errors import InfersimError
+from infersim.simulator.errors import InfersimError
 
-# subcommand -> module under simulator.cli with `add_parser(subparsers)` and `run(args) -> int`
+# subcommand -> module under infersim.cli with `add_parser(subparsers)` and `run(args) -> int`
 SUBCOMMANDS = {
     "run": "run",
     "roofline": "roofline",
@@ -34,7 +34,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .. import __version__
+    from infersim import __version__
 
     parser = _Parser(prog="sim", description="infersim: LLM inference roofline modeler and serving simulator")
     parser.add_argument("--version", action="version", version=f"infersim {__version__}")
@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
         if module in seen:
             continue
         seen.add(module)
-        mod = importlib.import_module(f"infersim.simulator.cli.{module}")
+        mod = importlib.import_module(f"infersim.cli.{module}")
         mod.add_parser(sub)
     return parser
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..errors import InfersimError
+from infersim.simulator.errors import InfersimError
 
 POW2_BATCHES = "1,2,4,8,16,32,64"
 POW2_SEQ_LENS = "128,256,512,1024,2048,4096,8192"
@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from infersim.analysis.roofline import PHASES, build_cost_model, iteration_table, operator_table, plot_roofline
-    from ..yamlio import atomic_path, write_atomic
+    from infersim.simulator.yamlio import atomic_path, write_atomic
 
     phases = [p.strip().lower() for p in args.phase.split(",") if p.strip()]
     for ph in phases:

@@ -48,7 +48,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..errors import InfersimError
+    from infersim.simulator.errors import InfersimError
 
     from infersim.analysis.validate.cases import CASES, case_from_spec, get_case
 
@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     if args.case is not None:
         case = get_case(args.case)
     else:
-        from ..workload.builder import load_workload
+        from infersim.simulator.workload.builder import load_workload
 
         spec, _ = load_workload(args.workload)
         upd = {"model": args.model}

@@ -39,7 +39,7 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from ..errors import InfersimError
+    from infersim.simulator.errors import InfersimError
 
     try:
         import torch  # noqa: F401

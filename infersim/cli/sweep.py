@@ -28,7 +28,7 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from infersim.analysis.sweep import load_space, run_sweep
 
-    from ..errors import InfersimError
+    from infersim.simulator.errors import InfersimError
 
     if args.trials is not None and args.trials < 1:
         raise InfersimError(f"--trials must be at least 1, got {args.trials}")

@@ -32,7 +32,7 @@ def run_models(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from ..models.catalog import list_models, load_model
+    from infersim.simulator.models.catalog import list_models, load_model
 
     names = [args.name] if args.name else list_models()
     table = Table(title=f"models ({args.dtype})")
@@ -53,7 +53,7 @@ def run_hardware(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from ..hardware.catalog import list_hardware, load_hardware
+    from infersim.simulator.hardware.catalog import list_hardware, load_hardware
 
     names = [args.name] if args.name else list_hardware()
     table = Table(title="hardware profiles")
@@ -73,7 +73,7 @@ def run_workloads(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from ..workload.builder import list_workloads, load_workload
+    from infersim.simulator.workload.builder import list_workloads, load_workload
 
     table = Table(title="built-in workloads (use by bare name: sim run --workload NAME)")
     for col in ("name", "model", "hardware", "description"):
@@ -88,9 +88,9 @@ def run_workloads(args: argparse.Namespace) -> int:
 def run_schema(args: argparse.Namespace) -> int:
     import json
 
-    from ..hardware.profile import HardwareProfile
-    from ..models.spec import ModelSpec
-    from ..workload.schema import WorkloadSpec
+    from infersim.simulator.hardware.profile import HardwareProfile
+    from infersim.simulator.models.spec import ModelSpec
+    from infersim.simulator.workload.schema import WorkloadSpec
 
     model = {"workload": WorkloadSpec, "model": ModelSpec, "hardware": HardwareProfile}[args.kind]
     print(json.dumps(model.model_json_schema(), indent=2))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from infersim.simulator.cli.main import main
+from infersim.cli.main import main
 
 
 def _digest(folder: Path) -> dict[str, str]:
@@ -103,7 +103,7 @@ def test_failed_run_keeps_previous_results(tmp_path, monkeypatch):
 
 
 def test_help_for_every_subcommand(capsys):
-    from infersim.simulator.cli.main import SUBCOMMANDS
+    from infersim.cli.main import SUBCOMMANDS
 
     for cmd in SUBCOMMANDS:
         with pytest.raises(SystemExit) as exc:
@@ -123,5 +123,5 @@ def test_installed_sim_finds_builtins_from_any_directory(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "r" / "summary.json").exists()
-    done = subprocess.run([sys.executable, "-c", "import infersim.simulator.cli.main"], cwd=tmp_path, capture_output=True)
+    done = subprocess.run([sys.executable, "-c", "import infersim.cli.main"], cwd=tmp_path, capture_output=True)
     assert done.returncode == 0

@@ -46,7 +46,7 @@ def add_parser(sub) -> None:
 def _options(args) -> dict[str, list]:
     import yaml
 
-    from ..errors import InfersimError
+    from infersim.simulator.errors import InfersimError
 
     out: dict[str, list] = {}
     if args.scheduler:
@@ -66,7 +66,7 @@ def _options(args) -> dict[str, list]:
 def run(args: argparse.Namespace) -> int:
     from infersim.analysis.plan import load_plan_file, parse_prices, parse_slo, plan, rank, write_plan
 
-    from ..errors import InfersimError
+    from infersim.simulator.errors import InfersimError
 
     if args.requests is not None and args.requests <= 0:
         raise InfersimError(f"--requests must be positive, got {args.requests}")
