@@ -65,7 +65,7 @@ def plan_offload_memory(model: ModelSpec, hw: HardwareProfile, policy: Placement
     cpu_pool = section.cpu_memory_gb * 1e9 * section.cpu_memory_utilization - w_cpu
     gpu_tok = policy.gpu_bytes_per_token() / tp
     cpu_tok = policy.cpu_bytes_per_token() / tp
-    kv_block = model.bytes_kv_per_block(block_size, kv_dtype) / tp
+    kv_block = model.bytes_kv_per_block_per_gpu(block_size, tp, kv_dtype)
     if gpu_free <= 0:
         raise InfersimError(
             f"{source}: model '{model.name}' ({w_gpu / 1e9:.1f} GB of weights on the GPU at weights_gpu_percent="
