@@ -119,7 +119,8 @@ class CollectivesSection(BaseModel):
         topology = topology_of(self.setup, workers, per_node)
         same_kind = ([f for f in fits if f.topology == topology]
                      or [f for f in fits if f.across_nodes == (per_node < workers)] or fits)
-        near = min(same_kind, key=lambda f: (abs(math.log2(f.workers / workers)), -f.devices_per_node, f.workers))
+        # nearest count in doublings; a tie goes to the smaller count
+        near = min(same_kind, key=lambda f: (abs(math.log2(f.workers / workers)), f.workers, -f.devices_per_node))
         scale = ring_traffic(workers) / ring_traffic(near.workers) if collective == "all_reduce" else 1.0
         return near, scale
 
