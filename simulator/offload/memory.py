@@ -63,8 +63,9 @@ def plan_offload_memory(model: ModelSpec, hw: HardwareProfile, policy: Placement
     stream_buf = 2.0 * (1.0 - frac) * weights / model.num_layers
     gpu_free = hw.memory_bytes() * gpu_memory_utilization - w_gpu - act - policy.gpu_fixed_bytes() / tp - stream_buf
     cpu_pool = section.cpu_memory_gb * 1e9 * section.cpu_memory_utilization - w_cpu
-    gpu_tok = policy.gpu_bytes_per_token() / tp
-    cpu_tok = policy.cpu_bytes_per_token() / tp
+    kv_share = model.kv_heads_per_gpu(tp) / model.kv_heads  # 1/tp, more where KV heads replicate
+    gpu_tok = policy.gpu_bytes_per_token() * kv_share
+    cpu_tok = policy.cpu_bytes_per_token() * kv_share
     kv_block = model.bytes_kv_per_block_per_gpu(block_size, tp, kv_dtype)
     if gpu_free <= 0:
         raise InfersimError(
