@@ -33,7 +33,7 @@ def plan_memory(model: ModelSpec, hw: HardwareProfile, *, block_size: int, dtype
                 gpu_blocks: int | None = None, cpu_blocks: int | None = None, source: str = "workload") -> MemoryPlan:
     explicit = gpu_blocks is not None
     block_bytes = model.bytes_kv_per_block_per_gpu(block_size, tp, kv_dtype)
-    weights = model.weight_bytes(dtype) / tp
+    weights = model.weight_bytes_per_gpu(tp, dtype)
     act = activation_peak_bytes(model, max_batched_tokens, max_batch_size, "fp16" if dtype in ("int8", "int4") else dtype, tp)
     if gpu_blocks is None:
         budget = hw.memory_bytes() * gpu_memory_utilization - weights - act

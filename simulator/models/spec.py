@@ -112,6 +112,14 @@ class ModelSpec(BaseModel):
     def weight_bytes(self, dtype: str | None = None) -> float:
         return self.params_total() * bytes_per_element(dtype or self.default_dtype)
 
+    def weight_bytes_per_gpu(self, tensor_parallel: int, dtype: str | None = None) -> float:
+        """Weights on one tensor-parallel rank: 1/tp of the model, plus the K and V projection
+        columns (and biases) of KV heads replicated when tp exceeds kv_heads."""
+        tp = int(tensor_parallel)
+        extra_columns = 2 * (self.kv_dim_per_gpu(tp) * tp - self.kv_dim)
+        extra = self.num_layers * extra_columns * (self.hidden_size + (1 if self.attention_bias else 0))
+        return (self.params_total() + extra) * bytes_per_element(dtype or self.default_dtype) / tp
+
     def bytes_kv_per_token(self, dtype: str | None = None) -> float:
         """K and V of one token across all layers (GQA-aware)."""
         return 2 * self.num_layers * self.kv_dim * bytes_per_element(dtype or self.default_dtype)

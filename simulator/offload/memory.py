@@ -56,7 +56,7 @@ def plan_offload_memory(model: ModelSpec, hw: HardwareProfile, policy: Placement
                         block_size: int, dtype: str, kv_dtype: str, tp: int, gpu_memory_utilization: float,
                         max_batched_tokens: int, max_batch_size: int, source: str = "workload") -> OffloadMemoryPlan:
     frac = section.weights_gpu_percent / 100.0
-    weights = model.weight_bytes(dtype) / tp
+    weights = model.weight_bytes_per_gpu(tp, dtype)
     w_gpu, w_cpu = frac * weights, (1.0 - frac) * weights
     act = activation_peak_bytes(model, max_batched_tokens, max_batch_size, "fp16" if dtype in ("int8", "int4") else dtype,
                                 tp)

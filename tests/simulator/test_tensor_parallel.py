@@ -42,6 +42,14 @@ def test_cost_model_counts_whole_replicated_heads_at_tp16():
     assert ops["q_proj"].flops[1] == 2 * 8192 * 8192 / 16  # query heads still split: 4 per rank
 
 
+def test_weights_per_gpu_hold_replicated_kv_projections():
+    params = LLAMA3_70B.params_total()
+    assert LLAMA3_70B.weight_bytes_per_gpu(8, "fp16") == params * 2 / 8  # one head each: nothing replicated
+    # at TP 16 the 8 heads' K and V columns (2 x 8 x 128 per layer) are held twice across the group
+    extra = 80 * 2 * 8 * 128 * 8192
+    assert LLAMA3_70B.weight_bytes_per_gpu(16, "fp16") == (params + extra) * 2 / 16
+
+
 def test_kv_pool_block_bytes_use_replicated_heads():
     plan = plan_memory(TWO_KV, load_hardware("a100-80gb-sxm"), block_size=16, dtype="fp16", kv_dtype="fp16", tp=4,
                        gpu_memory_utilization=0.9, swap_space_gb=1, max_batched_tokens=256, max_batch_size=8)
