@@ -23,7 +23,7 @@ from infersim.simulator.errors import InfersimError
 from infersim.simulator.hardware.catalog import load_hardware
 from infersim.simulator.hardware.profile import HardwareProfile
 from infersim.simulator.models.catalog import load_model
-from infersim.simulator.models.spec import ModelSpec
+from infersim.simulator.models.spec import ModelSpec, check_tensor_parallel
 from infersim.simulator.yamlio import atomic_path
 
 PHASES = ("prefill", "decode", "verify")
@@ -57,9 +57,9 @@ def build_cost_model(model: str | ModelSpec, hardware: str | HardwareProfile, *,
     hw = load_hardware(hardware) if isinstance(hardware, str) else hardware
     if tensor_parallel < 1:
         raise InfersimError(f"tensor parallel degree must be >= 1, got {tensor_parallel}")
-    if spec.num_heads % tensor_parallel:
-        raise InfersimError(f"tensor parallel {tensor_parallel} does not divide {spec.name}'s {spec.num_heads} attention heads")
-    if tensor_parallel > 1 and hw.interconnect is None:
+    check_tensor_parallel(spec, tensor_parallel, source="", field="--tp")
+    measured = hw.collectives is not None and bool(hw.collectives.all_reduce)
+    if tensor_parallel > 1 and hw.interconnect is None and not measured:
         raise InfersimError(f"tensor parallel {tensor_parallel} needs an interconnect in hardware profile '{hw.name}'")
     return RooflineCostModel(spec, hw, dtype=dtype, kv_dtype=kv_dtype, tensor_parallel=tensor_parallel,
                              fused_attention=fused_attention)

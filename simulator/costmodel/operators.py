@@ -58,14 +58,15 @@ def layer_operators(spec: ModelSpec, weight_dtype: str, kv_dtype: str, act_dtype
     wb, kb, ab = bytes_per_element(weight_dtype), bytes_per_element(kv_dtype), bytes_per_element(act_dtype)
     h, i = spec.hidden_size, spec.intermediate_size
     n_local = spec.num_heads / tp
-    kv_local = spec.kv_dim / tp
+    kv_local = spec.kv_dim_per_gpu(tp)  # KV heads replicate when tp exceeds them
     q_local = spec.q_dim / tp
     d = spec.dim_head
     ops = [
         Operator("input_norm", "elementwise", "layer", (0, 5.0 * h, 0, 0, 0), (h * wb, 2.0 * h * ab, 0, 0, 0)),
         _linear("q_proj", h, spec.q_dim, wb, ab, tp),
-        _linear("k_proj", h, spec.kv_dim, wb, ab, tp),
-        _linear("v_proj", h, spec.kv_dim, wb, ab, tp),
+        # each rank computes its own KV heads, replicated ones included: kv_local columns
+        _linear("k_proj", h, kv_local * tp, wb, ab, tp),
+        _linear("v_proj", h, kv_local * tp, wb, ab, tp),
         # new K and V written into the paged cache
         Operator("kv_write", "elementwise", "layer", (0, 0, 0, 0, 0), (0, 2.0 * kv_local * (ab + kb), 0, 0, 0)),
     ]

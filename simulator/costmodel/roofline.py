@@ -7,7 +7,7 @@ import numpy as np
 
 from ..hardware.profile import HardwareProfile
 from ..models.dtypes import normalize_dtype
-from ..models.spec import ModelSpec
+from ..models.spec import ModelSpec, check_tensor_parallel
 from .base import CostModel, Direction, OperatorCost
 from .batch import BatchShape, BatchTotals
 from .operators import allreduce_bytes_per_layer, coefficient_matrices, layer_operators, model_operators
@@ -28,6 +28,7 @@ class RooflineCostModel(CostModel):
         self.kv_dtype = normalize_dtype(kv_dtype or self.weight_dtype)
         self.act_dtype = compute_dtype_for(self.weight_dtype)
         self.tp = int(tensor_parallel)
+        check_tensor_parallel(model, self.tp)
         self.fused_attention = fused_attention
         self.layer_ops = layer_operators(model, self.weight_dtype, self.kv_dtype, self.act_dtype, self.tp, fused_attention)
         self.model_ops = model_operators(model, self.weight_dtype, self.act_dtype, self.tp)
@@ -65,13 +66,31 @@ class RooflineCostModel(CostModel):
         return flops, nbytes, ct, mt, np.maximum(ct, mt) + self._launch_s
 
     def allreduce_time_s(self, tokens):
-        """Ring all-reduce of the layer's activations, twice per layer, 2(tp-1)/tp of the data."""
+        """All-reduce of the layer's activations (tokens x hidden), twice per layer: from the
+        profile's measured collectives when it has them, else a ring over the interconnect
+        (2(tp-1)/tp of the data at its bandwidth, plus its latency)."""
         if self.tp == 1:
             return 0.0 * tokens
+        nbytes = (self._ar_bytes_per_token / 2.0) * tokens
+        coll = self.hardware.collectives
+        measured = coll.all_reduce_time_s(nbytes, self.tp) if coll is not None else None
+        if measured is not None:
+            return 2.0 * measured
         if self._ar_bw is None:
             raise ValueError(f"tensor_parallel={self.tp} needs an interconnect in hardware profile '{self.hardware.name}'")
-        per = 2.0 * (self.tp - 1) / self.tp * (self._ar_bytes_per_token / 2.0) * tokens / self._ar_bw + self._ar_latency_s
+        per = 2.0 * (self.tp - 1) / self.tp * nbytes / self._ar_bw + self._ar_latency_s
         return 2.0 * per
+
+    def send_recv_time_s(self, nbytes):
+        """One pipeline-stage hand-off of `nbytes` between two GPUs: measured when the profile
+        has collectives, else the interconnect's latency plus bytes at its bandwidth."""
+        coll = self.hardware.collectives
+        measured = coll.send_recv_time_s(nbytes) if coll is not None else None
+        if measured is not None:
+            return measured
+        if self._ar_bw is None:
+            raise ValueError(f"send/recv needs an interconnect in hardware profile '{self.hardware.name}'")
+        return self._ar_latency_s + np.asarray(nbytes, dtype=np.float64) / self._ar_bw
 
     def _time_from_totals(self, t: BatchTotals) -> np.ndarray:
         time = self.op_times(t.tokens, t.score_pairs, t.keys, t.logits)[4] * self._count[:, None]

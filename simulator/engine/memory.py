@@ -14,7 +14,7 @@ from ..models.spec import ModelSpec
 class MemoryPlan:
     gpu_blocks: int
     cpu_blocks: int
-    kv_bytes_per_block: float  # per GPU (a block's KV is split over the TP group)
+    kv_bytes_per_block: float  # per GPU (a block's KV heads split over the TP group, replicated past kv_heads)
     weight_bytes_per_gpu: float
     activation_bytes_per_gpu: float
     source: str  # "explicit" or "derived"
@@ -32,8 +32,8 @@ def plan_memory(model: ModelSpec, hw: HardwareProfile, *, block_size: int, dtype
                 gpu_memory_utilization: float, swap_space_gb: float, max_batched_tokens: int, max_batch_size: int,
                 gpu_blocks: int | None = None, cpu_blocks: int | None = None, source: str = "workload") -> MemoryPlan:
     explicit = gpu_blocks is not None
-    block_bytes = model.bytes_kv_per_block(block_size, kv_dtype) / tp
-    weights = model.weight_bytes(dtype) / tp
+    block_bytes = model.bytes_kv_per_block_per_gpu(block_size, tp, kv_dtype)
+    weights = model.weight_bytes_per_gpu(tp, dtype)
     act = activation_peak_bytes(model, max_batched_tokens, max_batch_size, "fp16" if dtype in ("int8", "int4") else dtype, tp)
     if gpu_blocks is None:
         budget = hw.memory_bytes() * gpu_memory_utilization - weights - act

@@ -6,9 +6,11 @@ property of the machine the GPU sits in, not of the GPU (InfiniGen's A6000 sat o
 Units: GB/s and TFLOP/s are decimal (1e9 bytes, 1e12 FLOP) as on datasheets."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, NonNegativeFloat, model_validator
+
+from .collectives import CollectivesSection
 
 OPERATOR_CLASSES = ("linear", "attention", "elementwise", "communication")
 
@@ -40,6 +42,10 @@ class Efficiency(BaseModel):
     compute: float = Field(1.0, gt=0, le=1.5)
     memory: float = Field(1.0, gt=0, le=1.5)
     source: str = "datasheet peak (not calibrated)"
+    confidence: Literal["datasheet", "published", "derived", "measured"] = Field(
+        "datasheet", description="datasheet: 1.0 placeholders; published: a paper's or vendor's reported kernel "
+                                 "efficiency, no table of ours backs it; derived: another card's numbers carried over; "
+                                 "measured: fitted on timed kernels")
 
 
 class Overheads(BaseModel):
@@ -63,6 +69,8 @@ class HardwareProfile(BaseModel):
     efficiency: dict[str, Efficiency] = {}
     overheads: Overheads = Overheads()
     sources: dict[str, str] = {}  # field -> citation
+    collectives: Optional[CollectivesSection] = Field(
+        None, description="measured NCCL all-reduce and send/recv times; without it the interconnect prices them")
 
     @model_validator(mode="after")
     def _check(self):

@@ -9,6 +9,7 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
+from ..errors import InfersimError
 from .dtypes import bytes_per_element
 
 
@@ -63,6 +64,14 @@ class ModelSpec(BaseModel):
     def kv_dim(self) -> int:
         return self.kv_heads * self.dim_head
 
+    def kv_heads_per_gpu(self, tensor_parallel: int) -> int:
+        """KV heads each tensor-parallel rank holds: kv_heads / tp, or one replicated head
+        when tp exceeds kv_heads (as vLLM shards a GQA model over more GPUs than KV heads)."""
+        return max(1, self.kv_heads // int(tensor_parallel))
+
+    def kv_dim_per_gpu(self, tensor_parallel: int) -> int:
+        return self.kv_heads_per_gpu(tensor_parallel) * self.dim_head
+
     # ---- parameter counts ------------------------------------------------------------
     def params_attention_per_layer(self) -> int:
         h = self.hidden_size
@@ -103,12 +112,27 @@ class ModelSpec(BaseModel):
     def weight_bytes(self, dtype: str | None = None) -> float:
         return self.params_total() * bytes_per_element(dtype or self.default_dtype)
 
+    def weight_bytes_per_gpu(self, tensor_parallel: int, dtype: str | None = None) -> float:
+        """Weights on one tensor-parallel rank: 1/tp of the model, plus the K and V projection
+        columns (and biases) of KV heads replicated when tp exceeds kv_heads."""
+        tp = int(tensor_parallel)
+        extra_columns = 2 * (self.kv_dim_per_gpu(tp) * tp - self.kv_dim)
+        extra = self.num_layers * extra_columns * (self.hidden_size + (1 if self.attention_bias else 0))
+        return (self.params_total() + extra) * bytes_per_element(dtype or self.default_dtype) / tp
+
     def bytes_kv_per_token(self, dtype: str | None = None) -> float:
         """K and V of one token across all layers (GQA-aware)."""
         return 2 * self.num_layers * self.kv_dim * bytes_per_element(dtype or self.default_dtype)
 
     def bytes_kv_per_block(self, block_size: int, dtype: str | None = None) -> float:
         return block_size * self.bytes_kv_per_token(dtype)
+
+    def bytes_kv_per_token_per_gpu(self, tensor_parallel: int, dtype: str | None = None) -> float:
+        """K and V of one token on one tensor-parallel rank (replicated heads counted on each)."""
+        return 2 * self.num_layers * self.kv_dim_per_gpu(tensor_parallel) * bytes_per_element(dtype or self.default_dtype)
+
+    def bytes_kv_per_block_per_gpu(self, block_size: int, tensor_parallel: int, dtype: str | None = None) -> float:
+        return block_size * self.bytes_kv_per_token_per_gpu(tensor_parallel, dtype)
 
     def summary(self, dtype: str | None = None) -> dict:
         dtype = dtype or self.default_dtype
@@ -120,3 +144,20 @@ class ModelSpec(BaseModel):
             "kv_bytes_per_token": self.bytes_kv_per_token(dtype),
             "dtype": dtype,
         }
+
+
+def check_tensor_parallel(spec: ModelSpec, tensor_parallel: int, *, source: str = "input",
+                          field: str = "tensor_parallel") -> None:
+    """Tensor parallelism shards attention heads: tp must divide num_heads, and the KV heads
+    must split evenly (kv_heads % tp == 0) or replicate evenly (tp % kv_heads == 0). The
+    error names `source` (a file, or empty) and the `field` that set tp."""
+    tp, heads, kv = int(tensor_parallel), spec.num_heads, spec.kv_heads
+    where = f"{source}: " if source else ""
+    if tp < 1:
+        raise InfersimError(f"{where}field '{field}': must be at least 1, got {tp}")
+    if heads % tp:
+        raise InfersimError(f"{where}field '{field}': {tp} does not divide num_heads ({heads}) of model "
+                            f"'{spec.name}'")
+    if kv % tp and tp % kv:
+        raise InfersimError(f"{where}field '{field}': {tp} neither divides nor is a multiple of num_kv_heads "
+                            f"({kv}) of model '{spec.name}'")

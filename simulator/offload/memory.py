@@ -56,16 +56,17 @@ def plan_offload_memory(model: ModelSpec, hw: HardwareProfile, policy: Placement
                         block_size: int, dtype: str, kv_dtype: str, tp: int, gpu_memory_utilization: float,
                         max_batched_tokens: int, max_batch_size: int, source: str = "workload") -> OffloadMemoryPlan:
     frac = section.weights_gpu_percent / 100.0
-    weights = model.weight_bytes(dtype) / tp
+    weights = model.weight_bytes_per_gpu(tp, dtype)
     w_gpu, w_cpu = frac * weights, (1.0 - frac) * weights
     act = activation_peak_bytes(model, max_batched_tokens, max_batch_size, "fp16" if dtype in ("int8", "int4") else dtype,
                                 tp)
     stream_buf = 2.0 * (1.0 - frac) * weights / model.num_layers
     gpu_free = hw.memory_bytes() * gpu_memory_utilization - w_gpu - act - policy.gpu_fixed_bytes() / tp - stream_buf
     cpu_pool = section.cpu_memory_gb * 1e9 * section.cpu_memory_utilization - w_cpu
-    gpu_tok = policy.gpu_bytes_per_token() / tp
-    cpu_tok = policy.cpu_bytes_per_token() / tp
-    kv_block = model.bytes_kv_per_block(block_size, kv_dtype) / tp
+    kv_share = model.kv_heads_per_gpu(tp) / model.kv_heads  # 1/tp, more where KV heads replicate
+    gpu_tok = policy.gpu_bytes_per_token() * kv_share
+    cpu_tok = policy.cpu_bytes_per_token() * kv_share
+    kv_block = model.bytes_kv_per_block_per_gpu(block_size, tp, kv_dtype)
     if gpu_free <= 0:
         raise InfersimError(
             f"{source}: model '{model.name}' ({w_gpu / 1e9:.1f} GB of weights on the GPU at weights_gpu_percent="

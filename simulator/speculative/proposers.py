@@ -254,10 +254,10 @@ class DraftProposer:
 
     # ---- memory ----------------------------------------------------------------------------------
     def weight_bytes(self, dtype: str) -> float:
-        return float(sum(d.model.weight_bytes(dtype) / self.cfg.draft_tensor_parallel for d in self.drafts))
+        return float(sum(d.model.weight_bytes_per_gpu(self.cfg.draft_tensor_parallel, dtype) for d in self.drafts))
 
     def kv_bytes_per_token(self, dtype: str) -> float:
-        return float(sum(d.model.bytes_kv_per_token(dtype) / self.cfg.draft_tensor_parallel for d in self.drafts))
+        return float(sum(d.model.bytes_kv_per_token_per_gpu(self.cfg.draft_tensor_parallel, dtype) for d in self.drafts))
 
     def describe(self) -> dict:
         return {"drafts": [{"name": d.name, "model": d.model.name, "acceptance": d.acceptance.describe()}

@@ -1,0 +1,77 @@
+"""Tensor parallelism over more GPUs than KV heads: the heads replicate (each rank holds
+max(1, kv_heads / tp)), in the cost model and in the KV pool alike; degrees that split heads
+unevenly are refused in one line."""
+import pytest
+
+from infersim.simulator.costmodel import RooflineCostModel
+from infersim.simulator.engine.memory import plan_memory
+from infersim.simulator.errors import InfersimError
+from infersim.simulator.hardware.catalog import load_hardware
+from infersim.simulator.models.spec import ModelSpec, check_tensor_parallel
+
+# Llama-3-70B's shape: 64 query heads, 8 KV heads of 128, 80 layers
+LLAMA3_70B = ModelSpec(name="llama-3-70b-like", family="llama", source="test", num_layers=80, hidden_size=8192,
+                       num_heads=64, num_kv_heads=8, intermediate_size=28672, vocab_size=128256)
+# a 2-KV-head model: 8 query heads of 64
+TWO_KV = ModelSpec(name="two-kv", family="llama", source="test", num_layers=4, hidden_size=512, num_heads=8,
+                   num_kv_heads=2, intermediate_size=1024, vocab_size=1000)
+
+
+@pytest.mark.parametrize("spec, tp, heads", [(LLAMA3_70B, 1, 8), (LLAMA3_70B, 4, 2), (LLAMA3_70B, 8, 1),
+                                             (LLAMA3_70B, 16, 1), (TWO_KV, 2, 1), (TWO_KV, 4, 1), (TWO_KV, 8, 1)])
+def test_kv_heads_per_gpu(spec, tp, heads):
+    assert spec.kv_heads_per_gpu(tp) == heads
+
+
+def test_kv_bytes_per_gpu_by_hand():
+    # 2 (K and V) x 80 layers x heads x 128 x 2 bytes
+    assert LLAMA3_70B.bytes_kv_per_token_per_gpu(4, "fp16") == 2 * 80 * 2 * 128 * 2 == 81920
+    assert LLAMA3_70B.bytes_kv_per_token_per_gpu(8, "fp16") == 40960
+    assert LLAMA3_70B.bytes_kv_per_token_per_gpu(16, "fp16") == 40960  # replicated, not 20480
+    assert TWO_KV.bytes_kv_per_token_per_gpu(4, "fp16") == 2 * 4 * 1 * 64 * 2 == 1024  # not 512
+    assert TWO_KV.bytes_kv_per_block_per_gpu(16, 4, "fp16") == 16 * 1024
+
+
+def test_cost_model_counts_whole_replicated_heads_at_tp16():
+    ops = {o.name: o for o in RooflineCostModel(LLAMA3_70B, load_hardware("h100-sxm"), tensor_parallel=16).layer_ops}
+    kv_local = 128  # one head of 128 per rank
+    assert ops["kv_write"].bytes[1] == 2 * kv_local * (2 + 2)  # K and V written per token, fp16 in and out
+    assert ops["qk"].bytes[3] == kv_local * 2  # keys read per cached token
+    assert ops["k_proj"].bytes[0] == 8192 * kv_local * 2  # the rank's own copy of one head's weights
+    assert ops["k_proj"].flops[1] == 2 * 8192 * kv_local
+    assert ops["q_proj"].flops[1] == 2 * 8192 * 8192 / 16  # query heads still split: 4 per rank
+
+
+def test_weights_per_gpu_hold_replicated_kv_projections():
+    params = LLAMA3_70B.params_total()
+    assert LLAMA3_70B.weight_bytes_per_gpu(8, "fp16") == params * 2 / 8  # one head each: nothing replicated
+    # at TP 16 the 8 heads' K and V columns (2 x 8 x 128 per layer) are held twice across the group
+    extra = 80 * 2 * 8 * 128 * 8192
+    assert LLAMA3_70B.weight_bytes_per_gpu(16, "fp16") == (params + extra) * 2 / 16
+
+
+def test_kv_pool_block_bytes_use_replicated_heads():
+    plan = plan_memory(TWO_KV, load_hardware("a100-80gb-sxm"), block_size=16, dtype="fp16", kv_dtype="fp16", tp=4,
+                       gpu_memory_utilization=0.9, swap_space_gb=1, max_batched_tokens=256, max_batch_size=8)
+    assert plan.kv_bytes_per_block == 16 * 1024
+
+
+@pytest.mark.parametrize("spec, tp, problem", [
+    (LLAMA3_70B, 3, "3 does not divide num_heads (64)"),
+    (LLAMA3_70B, 32, None),  # 64 % 32 == 0 and 32 % 8 == 0: allowed
+    (ModelSpec(name="odd", family="llama", source="test", num_layers=1, hidden_size=768, num_heads=12,
+               num_kv_heads=4, intermediate_size=1024, vocab_size=100), 6,
+     "6 neither divides nor is a multiple of num_kv_heads (4)"),
+])
+def test_check_tensor_parallel(spec, tp, problem):
+    if problem is None:
+        check_tensor_parallel(spec, tp)
+        return
+    with pytest.raises(InfersimError) as err:
+        check_tensor_parallel(spec, tp, source="w.yaml", field="hardware.tensor_parallel")
+    assert str(err.value).startswith("w.yaml: field 'hardware.tensor_parallel': ") and problem in str(err.value)
+
+
+def test_cost_model_refuses_an_uneven_split():
+    with pytest.raises(InfersimError, match="does not divide num_heads"):
+        RooflineCostModel(LLAMA3_70B, load_hardware("h100-sxm"), tensor_parallel=3)
