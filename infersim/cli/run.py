@@ -13,7 +13,11 @@ def add_parser(sub) -> None:
                     "(config.yaml, requests.parquet, series.parquet, summary.json, plots/).")
     p.add_argument("--workload", "-w", required=True,
                    help="built-in workload name (see `sim workloads`) or a workload YAML file")
-    p.add_argument("--out", "-o", type=Path, default=None, help="run directory (default: runs/<workload name>)")
+    p.add_argument("--out", "-o", type=Path, default=None,
+                   help="run directory (default: runs/<workload name>); an existing one is replaced only when "
+                        "infersim wrote it (it holds a .infersim-run marker) or with --force")
+    p.add_argument("--force", action="store_true",
+                   help="replace --out even when it is a folder infersim did not write (its files are lost)")
     p.add_argument("--seed", type=int, default=None, help="override the workload's seed")
     p.add_argument("--requests", "-n", type=int, default=None, help="override the request count")
     p.add_argument("--model", default=None, help="override the model (name, YAML or config.json)")
@@ -65,28 +69,29 @@ def apply_overrides(spec, args):
 
 
 def run(args: argparse.Namespace) -> int:
+    from infersim.simulator.metrics.rundir import check_out_dir
     from infersim.simulator.workload.builder import build_requests, load_workload
 
     t0 = time.perf_counter()
     spec, base_dir = load_workload(args.workload)
     spec = apply_overrides(spec, args)
+    out = check_out_dir(args.out or Path("runs") / spec.name, force=args.force)
     requests = build_requests(spec, base_dir)
-    out = args.out or Path("runs") / spec.name
     summary = execute(spec, requests, out, source=str(args.workload), step_mode=args.step_mode,
-                      plots=not args.no_plots, csv=args.csv, quiet=args.quiet)
+                      plots=not args.no_plots, csv=args.csv, quiet=args.quiet, force=args.force)
     if not args.quiet:
         print_summary(summary, spec, out, time.perf_counter() - t0)
     return 0
 
 
 def execute(spec, requests, out: Path, *, source: str = "workload", step_mode: bool = False, plots: bool = True,
-            csv: bool = False, quiet: bool = True) -> dict:
+            csv: bool = False, quiet: bool = True, force: bool = False) -> dict:
     """Simulate and write the run directory atomically; returns the summary."""
     from infersim.simulator.engine.simulation import Simulation
     from infersim.simulator.metrics.rundir import staged_dir
     from infersim.simulator.metrics.summary import write_result_files
 
-    with staged_dir(Path(out)) as tmp:
+    with staged_dir(Path(out), command="run", force=force) as tmp:
         with _progress(quiet, len(requests)) as progress:
             sim = Simulation(spec, requests, step_mode=step_mode, series_path=tmp / "series.parquet",
                              progress=progress, source=source)
