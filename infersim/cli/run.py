@@ -88,11 +88,16 @@ def execute(spec, requests, out: Path, *, source: str = "workload", step_mode: b
             csv: bool = False, quiet: bool = True, force: bool = False) -> dict:
     """Simulate and write the run directory atomically; returns the summary."""
     from infersim.simulator.engine.simulation import Simulation
-    from infersim.simulator.metrics.rundir import staged_dir
+    from infersim.simulator.metrics.rundir import pause_point, staged_dir
     from infersim.simulator.metrics.summary import write_result_files
 
     with staged_dir(Path(out), command="run", force=force) as tmp:
-        with _progress(quiet, len(requests)) as progress:
+        with _progress(quiet, len(requests)) as bar:
+            def progress(done: int, total: int, now: float) -> None:
+                pause_point("simulating")
+                if bar is not None:
+                    bar(done, total, now)
+
             sim = Simulation(spec, requests, step_mode=step_mode, series_path=tmp / "series.parquet",
                              progress=progress, source=source)
             result = sim.run()
@@ -101,6 +106,7 @@ def execute(spec, requests, out: Path, *, source: str = "workload", step_mode: b
 
             write_series(sim, tmp)
         summary = write_result_files(tmp, result, csv=csv)
+        pause_point("writing")
         if plots:
             from infersim.analysis.run_plots import plot_run
 

@@ -22,6 +22,8 @@ import yaml
 from ..errors import InfersimError
 
 MARKER = ".infersim-run"
+# tests of interruption stop a real process at a named stage (see pause_point)
+PAUSE_ENV = "INFERSIM_PAUSE_AT"
 # signals that end a command: held back while a finished folder is swapped into place
 _END_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -87,6 +89,21 @@ def check_out_file(path: Path | str, suffixes: tuple[str, ...], *, option: str) 
         raise InfersimError(f"{option} {raw}: unsupported extension '{path.suffix}'; use {', '.join(suffixes)}")
     _writable_parent(path)
     return path
+
+
+def pause_point(stage: str) -> None:
+    """With the environment variable INFERSIM_PAUSE_AT set to `stage`, say so on stderr and wait
+    for a signal: tests kill a real command at a known moment (e.g. "simulating", "writing")
+    instead of after a guessed delay. Does nothing otherwise."""
+    if os.environ.get(PAUSE_ENV) != stage:
+        return
+    import sys
+    import time
+
+    sys.stderr.write(f"infersim: paused at {stage}\n")
+    sys.stderr.flush()
+    while True:
+        time.sleep(60)
 
 
 @contextmanager
