@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     from infersim.simulator.errors import InfersimError
     from infersim.simulator.metrics.rundir import check_out_dir
     from infersim.simulator.workload.builder import build_requests, load_workload
-    from .run import apply_overrides, print_summary
+    from .run import apply_overrides, finish_status, print_summary
 
     try:
         import torch  # noqa: F401
@@ -91,4 +91,4 @@ def run(args: argparse.Namespace) -> int:
         if sx and sx.get("executed"):
             print(f"speculation ({sx['method']}, {sx['mode']}): {sx['acceleration_rate']:.2f} tokens per target step, "
                   f"acceptance {sx['acceptance_rate']:.2f}, final s {sx['s']['final']}")
-    return 0
+    return finish_status(summary, args.quiet)

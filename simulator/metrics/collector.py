@@ -42,6 +42,7 @@ class MetricsCollector:
         # time-weighted sums over segments, for summaries without reading the series back
         self.tw = {"time_s": 0.0, "batch_size": 0.0, "gpu_blocks_used": 0.0, "cpu_blocks_used": 0.0}
         self.peak = {"batch_size": 0.0, "gpu_blocks_used": 0.0, "cpu_blocks_used": 0.0}
+        self.abort_reasons: dict[str, int] = {}  # SchedulerLimits.abort_reason -> requests
 
     # ---- requests ---------------------------------------------------------------------
     def _ensure(self, rid: int) -> None:
@@ -64,7 +65,7 @@ class MetricsCollector:
         r["aborted"][seq.rid] = 0
         self.n = max(self.n, seq.rid + 1)
 
-    def finish(self, seq, now: float, aborted: bool = False) -> None:
+    def finish(self, seq, now: float, aborted: bool = False, reason: str = "unknown") -> None:
         r = self.req
         r["first_scheduled_s"][seq.rid] = seq.first_scheduled_s
         r["first_token_s"][seq.rid] = seq.first_token_s
@@ -73,6 +74,7 @@ class MetricsCollector:
         if aborted:
             r["aborted"][seq.rid] = 1
             self.counters["aborted"] += 1
+            self.abort_reasons[reason] = self.abort_reasons.get(reason, 0) + 1
 
     def preempt(self, seq, mode: str, forced: bool = False) -> None:
         self.req[f"preempt_{mode}"][seq.rid] += 1

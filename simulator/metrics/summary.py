@@ -52,6 +52,8 @@ def summarize(result) -> dict:
         "requests": int(len(ok)),
         "finished": int(ok.sum()),
         "aborted": int((~ok).sum()),
+        # why (SchedulerLimits.abort_reason): exceeds_context, exceeds_kv_pool
+        "aborted_by_reason": {k: m.abort_reasons[k] for k in sorted(m.abort_reasons)},
         "makespan_s": makespan,
         "throughput_req_per_s": float(ok.sum()) / makespan if makespan else 0.0,
         "throughput_output_tokens_per_s": out_tokens / makespan if makespan else 0.0,
