@@ -70,7 +70,6 @@ def summarize(result) -> dict:
         "swap_out_bytes": m.counters["swap_out_bytes"],
         "swap_in_bytes": m.counters["swap_in_bytes"],
         "iterations": m.counters["iterations"],
-        "segments": m.counters["segments"],
         # averages over the time replicas were busy (idle gaps excluded)
         "batch_size": {"mean_busy": m.tw["batch_size"] / busy, "max": m.peak["batch_size"]},
         "kv_utilization": {"mean_busy": m.tw["gpu_blocks_used"] / busy / gpu_blocks,
