@@ -14,6 +14,10 @@ import numpy as np
 
 REQUEST_COLUMNS = ("arrival_s", "first_scheduled_s", "first_token_s", "finish_s", "prompt_tokens", "output_tokens",
                    "replica", "preempt_recompute", "preempt_swap", "aborted")
+# the per-request columns as requests.parquet types them (the collector keeps float slots with
+# -1 for "not yet"; every one of these is set by the time a request finishes or is aborted)
+REQUEST_INT_COLUMNS = ("prompt_tokens", "output_tokens", "replica", "preempt_recompute", "preempt_swap")
+REQUEST_BOOL_COLUMNS = ("aborted",)
 SERIES_COLUMNS = ("t_start_s", "t_end_s", "replica", "steps", "batch_size", "batch_tokens", "prefill_tokens",
                   "gpu_blocks_used", "cpu_blocks_used", "waiting", "swapped", "swap_out_bytes", "swap_in_bytes")
 

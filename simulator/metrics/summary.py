@@ -82,6 +82,22 @@ def summarize(result) -> dict:
     return s
 
 
+def typed_requests(req: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The per-request columns with their real types: counts and replica ids as int64, the
+    aborted flag as bool, times as float64."""
+    from .collector import REQUEST_BOOL_COLUMNS, REQUEST_INT_COLUMNS
+
+    out = {}
+    for col, values in req.items():
+        if col in REQUEST_INT_COLUMNS:
+            out[col] = np.asarray(values).astype(np.int64)
+        elif col in REQUEST_BOOL_COLUMNS:
+            out[col] = np.asarray(values) != 0
+        else:
+            out[col] = values
+    return out
+
+
 def write_result_files(run_dir, result, *, csv: bool = False, resolved: dict | None = None) -> dict:
     """The files every run directory has, simulated or executed: config.yaml (what was
     resolved; `resolved` replaces result.resolved), requests.parquet (+ requests.csv) with the
@@ -93,7 +109,7 @@ def write_result_files(run_dir, result, *, csv: bool = False, resolved: dict | N
     run_dir = Path(run_dir)
     summary = summarize(result)
     write_yaml(run_dir / "config.yaml", result.resolved if resolved is None else resolved)
-    table = dict(result.requests)
+    table = typed_requests(result.requests)
     table.update(derived_columns(result.requests))
     write_table(run_dir / "requests.parquet", table)
     if csv:

@@ -94,3 +94,21 @@ def test_aborted_requests_are_counted_with_their_reason(prompt, reason):
     s = summarize(simulate(spec, build_requests(spec, ".")))
     assert s["aborted_by_reason"] == ({reason: 30} if reason else {})
     assert s["aborted"] == (30 if reason else 0) and s["finished"] == 30 - s["aborted"]
+
+
+def test_requests_parquet_column_types(small_workload, tmp_path):
+    import pandas as pd
+
+    from infersim.simulator.metrics.summary import write_result_files
+
+    spec = small_workload(preemption="swap")
+    result = simulate(spec, build_requests(spec, "."))
+    write_result_files(tmp_path, result)
+    df = pd.read_parquet(tmp_path / "requests.parquet")
+    for col in ("prompt_tokens", "output_tokens", "replica", "preempt_recompute", "preempt_swap"):
+        assert df[col].dtype == "int64", col
+        assert np.array_equal(df[col].to_numpy(), result.requests[col]), col
+    assert df["aborted"].dtype == bool
+    for col in ("arrival_s", "first_token_s", "finish_s", "ttft_s", "e2e_s"):
+        assert df[col].dtype == "float64", col
+    assert df["preempt_swap"].sum() == summarize(result)["preemptions"]["swap"] > 0
