@@ -110,6 +110,9 @@ def pause_point(stage: str) -> None:
 def held_signals():
     """Hold SIGINT and SIGTERM back for a few file-system steps that must not be cut in half
     (a folder swap); a signal that came meanwhile is delivered at the end."""
+    if not hasattr(signal, "pthread_sigmask"):  # Windows: no signal masks
+        yield
+        return
     old = signal.pthread_sigmask(signal.SIG_BLOCK, _END_SIGNALS)
     try:
         yield

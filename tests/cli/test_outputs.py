@@ -158,3 +158,11 @@ def test_signal_keeps_previous_run_and_leaves_nothing_temporary(tmp_path, sig, c
     assert word in err and "Traceback" not in err, err
     assert _digest(prev) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["prev"]
+
+
+def test_signal_on_a_first_run_leaves_nothing(tmp_path):
+    proc = _sim(["run", "-w", "chatbot", "-n", "300", "-q", "-o", "new"], tmp_path, pause="simulating")
+    assert proc.stderr.readline().strip() == "infersim: paused at simulating"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 143
+    assert list(tmp_path.iterdir()) == []
