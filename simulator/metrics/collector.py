@@ -67,24 +67,24 @@ class TimeIntegrals:
         self._close()
         self._open = (start, end, values)
 
-    def _close(self) -> None:
-        if self._open is None:
-            return
-        start, end, values = self._open
+    @staticmethod
+    def _accumulate(sums: list[float], piece: tuple[float, float, tuple]) -> None:
+        start, end, values = piece
         dt = end - start
-        self.sums[0] += dt
+        sums[0] += dt
         for i, v in enumerate(values):
-            self.sums[i + 1] += dt * v
-        self._open = None
+            sums[i + 1] += dt * v
+
+    def _close(self) -> None:
+        if self._open is not None:
+            self._accumulate(self.sums, self._open)
+            self._open = None
 
     def totals(self) -> list[float]:
         """The sums with the open piece included (it stays open: more may join it)."""
-        op, sums = self._open, list(self.sums)
-        if op is not None:
-            dt = op[1] - op[0]
-            sums[0] += dt
-            for i, v in enumerate(op[2]):
-                sums[i + 1] += dt * v
+        sums = list(self.sums)
+        if self._open is not None:
+            self._accumulate(sums, self._open)
         return sums
 
 
