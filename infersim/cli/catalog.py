@@ -83,7 +83,7 @@ def show_catalog(title: str, columns: list[str], rows: list[tuple[str, ...]], *,
                  console=None) -> None:
     """A table when it fits the terminal with every cell whole (text wraps between words), else
     one stacked block per row: the name on its line, then `column value` pairs wrapped below.
-    Names are never cut: at 80 columns `llama-2-13b-chat` and `a100-80gb-sxm` stay whole."""
+    Names are never cut: at 80 columns `a100-80gb-pcie` and `a100-80gb-sxm` stay apart."""
     from rich.console import Console
     from rich.padding import Padding
     from rich.table import Table

@@ -65,14 +65,18 @@ def check_out_dir(path: Path | str, *, force: bool = False, option: str = "--out
     if full == here or full in here.parents:
         what = "the current folder" if full == here else f"{full}, a folder above the current one"
         raise InfersimError(f"{option} {raw}: is {what}; name a new or an earlier run folder, e.g. {option} runs/mine")
-    if path.is_symlink() or (path.exists() and not path.is_dir()):
+    if path.is_symlink():
+        raise InfersimError(f"{option} {raw}: is a link; name a real folder")
+    if path.exists() and not path.is_dir():
         raise InfersimError(f"{option} {raw}: is a file, not a folder; name a folder")
-    if path.is_dir() and any(path.iterdir()) and not is_tool_folder(path) and not force:
+    try:
+        holds_files = path.is_dir() and any(path.iterdir())
+    except OSError as exc:
+        raise InfersimError(f"{option} {raw}: cannot read the folder ({exc.strerror})") from None
+    if holds_files and not is_tool_folder(path) and not force:
         raise InfersimError(f"{option} {raw}: folder exists and was not written by infersim (no {MARKER} in it); "
                             f"name another folder, or pass --force to replace it")
     _writable_parent(path)
-    if path.is_dir() and not os.access(path.parent, os.W_OK):
-        raise InfersimError(f"{option} {raw}: cannot replace it (its folder is read-only or not ours)")
     return path
 
 
