@@ -865,13 +865,13 @@ def build_report(res: PlanResult, images: list[tuple[str, str, str]]):
     return rep
 
 
-def write_plan(res: PlanResult, out: Path, *, plots: bool = True) -> dict[str, Path]:
+def write_plan(res: PlanResult, out: Path, *, plots: bool = True, force: bool = False) -> dict[str, Path]:
     """The plan directory, written atomically: report.html, report.md, plan.json,
-    configurations.csv, probes.csv, plots/."""
+    configurations.csv, probes.csv, plots/. `force` lets it replace a folder infersim did not write."""
     from infersim.simulator.metrics.rundir import staged_dir, write_json
 
     out = Path(out)
-    with staged_dir(out) as tmp:
+    with staged_dir(out, command="plan", force=force) as tmp:
         images = _plots(res, tmp / "plots") if plots else []
         write_json(tmp / "plan.json", to_json(res))
         candidates_table(res).to_csv(tmp / "configurations.csv", index=False)

@@ -27,6 +27,8 @@ def _cdf(ax, values: np.ndarray, label: str, scale: float = 1.0) -> None:
     v = np.sort(values[np.isfinite(values)]) * scale
     if v.size:
         ax.plot(v, np.arange(1, v.size + 1) / v.size, label=label)
+    else:  # every request aborted: an empty panel that says why
+        ax.text(0.5, 0.5, "no request finished", ha="center", va="center", transform=ax.transAxes, color="grey")
 
 
 def _time_weighted(t0: np.ndarray, t1: np.ndarray, values, bins: int = 400):
@@ -73,9 +75,9 @@ def plot_run(run_dir: Path) -> list[Path]:
     plt.close(fig)
 
     series_path = run_dir / "series.parquet"
-    if series_path.exists():
-        s = pq.read_table(series_path).to_pydict()
-        s = {k: np.asarray(v, dtype=float) for k, v in s.items()}
+    s = pq.read_table(series_path).to_pydict() if series_path.exists() else {}
+    s = {k: np.asarray(v, dtype=float) for k, v in s.items()}
+    if s and s["t_start_s"].size:  # no segment at all when every request was aborted before running
         fig, (a1, a2) = plt.subplots(2, 1, figsize=(11, 5.2), sharex=True)
         multi = s["replica"].max() > 0
         for rep in np.unique(s["replica"]):

@@ -320,10 +320,12 @@ class SweepOutcome:
 def run_sweep(workload: str, space: SweepSpace | str | Path, out: str | Path | None = None, *,
               backend: str = "local", workers: int | None = None, address: str | None = None,
               retry_failed: bool = False, trials: int | None = None, plots: bool = True,
-              quiet: bool = True, on_record=None) -> SweepOutcome:
+              quiet: bool = True, on_record=None, force: bool = False) -> SweepOutcome:
     """Run (or resume) a sweep and rebuild its table and plots. `on_record(rec)` is called after
-    each new result file is written."""
+    each new result file is written. The folder must be new, empty or an infersim folder
+    (`force` allows any other; rundir.check_out_dir)."""
     from infersim.simulator.workload.builder import load_workload
+    from infersim.simulator.metrics.rundir import claim_dir
     from infersim.simulator.yamlio import validate, write_atomic
     from infersim.simulator.workload.schema import WorkloadSpec
 
@@ -340,6 +342,7 @@ def run_sweep(workload: str, space: SweepSpace | str | Path, out: str | Path | N
     params = build_params(space)
     name = space.name or spec.name
     sweep_dir = Path(out) if out is not None else Path("sweeps") / name
+    claim_dir(sweep_dir, command="sweep", force=force)
     (sweep_dir / RESULTS).mkdir(parents=True, exist_ok=True)
     identity = _identity(base, space)
     manifest_path = sweep_dir / "sweep.json"

@@ -379,7 +379,8 @@ class Engine:
         seq.finish_s = now
         self.finished.append(seq)
         if self.metrics is not None:
-            self.metrics.finish(seq, now, aborted=aborted)
+            reason = self.limits.abort_reason(seq.num_tokens) if aborted else "unknown"
+            self.metrics.finish(seq, now, aborted=aborted, reason=reason)
         if self.on_finish is not None:
             self.on_finish(seq, now)
 

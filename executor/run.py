@@ -119,20 +119,22 @@ def resolved_config(spec, lm, mem: dict, limits, num_requests: int, ex: dict) ->
 
 def execute(spec, requests, model: str, out: Path, *, device: str | None = "cpu", dtype: str | None = None,
             realtime: bool = True, plots: bool = True, csv: bool = False, quiet: bool = True,
-            device_memory_gb: float | None = None, source: str = "workload", log=None) -> dict:
-    """Serve the requests on the model and write the run directory atomically; returns the summary."""
+            device_memory_gb: float | None = None, source: str = "workload", log=None, force: bool = False) -> dict:
+    """Serve the requests on the model and write the run directory atomically; returns the summary.
+    `force` lets it replace a folder infersim did not write (rundir.check_out_dir)."""
     if getattr(spec, "speculation", None) is not None:
         # a `speculation:` section: the speculative engine (executor/speculative/engine.py)
         from .speculative.engine import execute_speculative
 
         return execute_speculative(spec, requests, model, out, device=device, dtype=dtype, realtime=realtime,
-                                   plots=plots, csv=csv, quiet=quiet, log=log)
+                                   plots=plots, csv=csv, quiet=quiet, log=log, force=force)
     if getattr(spec, "offload", None) is not None:
         # an `offload:` section: the KV cache in host memory under the policy (executor/offload/serve.py)
         from .offload.serve import execute as execute_offload
 
         return execute_offload(spec, requests, model, out, device=device, dtype=dtype, realtime=realtime,
-                               plots=plots, quiet=quiet, csv=csv, device_memory_gb=device_memory_gb, log=log)
+                               plots=plots, quiet=quiet, csv=csv, device_memory_gb=device_memory_gb, log=log,
+                               force=force)
     from infersim.simulator.engine.memory import MemoryPlan
     from infersim.simulator.engine.simulation import SimulationResult
     from infersim.simulator.metrics.collector import MetricsCollector
@@ -157,7 +159,7 @@ def execute(spec, requests, model: str, out: Path, *, device: str | None = "cpu"
     spec = spec.model_copy(update={"model": str(lm.path),
                                    "hardware": spec.hardware.model_copy(update={"replicas": 1, "tensor_parallel": 1})})
     out = Path(out)
-    with staged_dir(out) as tmp:
+    with staged_dir(out, command="exec", force=force) as tmp:
         metrics = MetricsCollector(len(requests), series_path=tmp / "series.parquet")
         engine = Engine(lm, build_scheduler(sv.scheduler, sv.preemption), gpu_blocks=mem["gpu_blocks"],
                         cpu_blocks=mem["cpu_blocks"], block_size=sv.block_size, watermark=sv.watermark, limits=limits,

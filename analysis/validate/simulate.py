@@ -73,7 +73,7 @@ def simulate_run(run: ExecRun, out: Path, *, cost_model=None, profile: str = "cp
 
     spec = sim_spec(run, profile=profile, cost_model_name=cost_model_name, updates=updates)
     requests = sim_requests(run)
-    with staged_dir(Path(out)) as tmp:
+    with staged_dir(Path(out), command="validate") as tmp:
         sim = Simulation(spec, requests, step_mode=True, series_path=tmp / "series.parquet", source=str(run.path))
         if cost_model is not None:
             # the same object everywhere the engine and the policies ask for times

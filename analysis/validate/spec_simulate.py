@@ -128,7 +128,7 @@ def simulate_spec_run(run: RunDir, out: Path, fit, *, profile: str = "cpu-refere
         spec = spec.model_copy(update={"seed": int(seed)})
     requests = sim_requests(run)
     target = fit.target
-    with staged_dir(Path(out)) as tmp:
+    with staged_dir(Path(out), command="validate") as tmp:
         sim = Simulation(spec, requests, step_mode=True, series_path=tmp / "series.parquet", source=str(run.path))
         sim.cost_model = target
         for rep in sim.replicas:

@@ -142,7 +142,7 @@ def _section(spec):
 
 def execute(spec, requests, model: str, out: Path, *, device: str | None = "cpu", dtype: str | None = None,
             realtime: bool = True, plots: bool = True, quiet: bool = True, csv: bool = False,
-            device_memory_gb: float | None = None, log=None) -> dict:
+            device_memory_gb: float | None = None, log=None, force: bool = False) -> dict:
     """Serve the requests with the KV cache in host memory under the workload's `offload:`
     policy; write a `sim exec` run directory at `out` atomically; return the summary."""
     from infersim.simulator.engine.memory import MemoryPlan
@@ -176,7 +176,7 @@ def execute(spec, requests, model: str, out: Path, *, device: str | None = "cpu"
     spec = spec.model_copy(update={"model": str(lm.path),
                                    "hardware": spec.hardware.model_copy(update={"replicas": 1, "tensor_parallel": 1})})
     out = Path(out)
-    with staged_dir(out) as tmp:
+    with staged_dir(out, command="exec", force=force) as tmp:
         metrics = MetricsCollector(len(requests), series_path=tmp / "series.parquet")
         engine = OffloadEngine(lm, build_scheduler(sv.scheduler, "recompute"), policy=policy, params=off.params,
                                overlap=off.overlap, skew=skew, gpu_blocks=mem["gpu_blocks"], cpu_blocks=0,

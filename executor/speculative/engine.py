@@ -101,7 +101,7 @@ def _settings(sp):
 
 def execute_speculative(spec, requests, model: str, out: Path, *, device: str | None = "cpu",
                         dtype: str | None = None, realtime: bool = True, plots: bool = True, csv: bool = False,
-                        quiet: bool = True, log=None) -> dict:
+                        quiet: bool = True, log=None, force: bool = False) -> dict:
     import torch
 
     from infersim.simulator.engine.memory import MemoryPlan
@@ -199,7 +199,7 @@ def execute_speculative(spec, requests, model: str, out: Path, *, device: str | 
         runner = PipelinedDecoder(dec, llm_batch_size=pl.llm_batch_size, ssm_batch_size=pl.ssm_batch_size,
                                   back_pressure=pl.back_pressure)
     out = Path(out)
-    with staged_dir(out) as tmp:
+    with staged_dir(out, command="exec", force=force) as tmp:
         metrics = MetricsCollector(len(seqs), series_path=tmp / "series.parquet")
         for s in seqs:
             metrics.arrive(s)

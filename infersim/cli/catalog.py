@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 
 
 def add_parser(sub) -> None:
@@ -29,60 +30,87 @@ def run_models(args: argparse.Namespace) -> int:
         from . import zoo
 
         return zoo.run(argparse.Namespace(zoo_command="build", models=[], root=None, quiet=False))
-    from rich.console import Console
-    from rich.table import Table
-
     from infersim.simulator.models.catalog import list_models, load_model
 
     names = [args.name] if args.name else list_models()
-    table = Table(title=f"models ({args.dtype})")
-    for col in ("name", "family", "layers", "hidden", "heads/kv", "params (B)", "weights (GB)", "KV/token (KiB)"):
-        table.add_column(col, justify="right" if col not in ("name", "family") else "left")
+    rows = []
     for name in names:
         m = load_model(name)
-        table.add_row(m.name, m.family, str(m.num_layers), str(m.hidden_size), f"{m.num_heads}/{m.kv_heads}",
-                      f"{m.params_total() / 1e9:.3f}", f"{m.weight_bytes(args.dtype) / 1e9:.2f}",
-                      f"{m.bytes_kv_per_token(args.dtype) / 1024:.0f}")
-    Console().print(table)
+        rows.append((m.name, m.family, str(m.num_layers), str(m.hidden_size), f"{m.num_heads}/{m.kv_heads}",
+                     f"{m.params_total() / 1e9:.3f}", f"{m.weight_bytes(args.dtype) / 1e9:.2f}",
+                     f"{m.bytes_kv_per_token(args.dtype) / 1024:.0f}"))
+    show_catalog(f"models ({args.dtype})", ["name", "family", "layers", "hidden", "heads/kv", "params (B)",
+                                            "weights (GB)", "KV/token (KiB)"], rows, numeric_from=2)
     if args.name:
         print(f"source: {m.source}")
     return 0
 
 
 def run_hardware(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
     from infersim.simulator.hardware.catalog import list_hardware, load_hardware
 
     names = [args.name] if args.name else list_hardware()
-    table = Table(title="hardware profiles")
-    for col in ("name", "fp16 TFLOP/s", "HBM GB/s", "memory GB", "host link", "H2D/D2H GB/s"):
-        table.add_column(col)
+    rows = []
     for name in names:
         h = load_hardware(name)
-        table.add_row(h.name, f"{h.peak_tflops['fp16']:g}", f"{h.memory_bandwidth_gbps:g}", f"{h.memory_gb:g}",
-                      h.host_link.name, f"{h.host_link.h2d_gbps:g}/{h.host_link.d2h_gbps:g}")
-    Console().print(table)
+        rows.append((h.name, f"{h.peak_tflops['fp16']:g}", f"{h.memory_bandwidth_gbps:g}", f"{h.memory_gb:g}",
+                     h.host_link.name, f"{h.host_link.h2d_gbps:g}/{h.host_link.d2h_gbps:g}"))
+    show_catalog("hardware profiles", ["name", "fp16 TFLOP/s", "HBM GB/s", "memory GB", "host link", "H2D/D2H GB/s"],
+                 rows)
     if args.name:
         print(f"source: {h.source}")
     return 0
 
 
 def run_workloads(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
     from infersim.simulator.workload.builder import list_workloads, load_workload
 
-    table = Table(title="built-in workloads (use by bare name: sim run --workload NAME)")
-    for col in ("name", "model", "hardware", "description"):
-        table.add_column(col)
+    rows = []
     for name in list_workloads():
         spec, _ = load_workload(name)
-        table.add_row(name, spec.model, spec.hardware.profile, (spec.description or "").strip().split("\n")[0][:80])
-    Console().print(table)
+        rows.append((name, spec.model, spec.hardware.profile, first_sentence(spec.description or "")))
+    show_catalog("built-in workloads (use by bare name: sim run --workload NAME)",
+                 ["name", "model", "hardware", "description"], rows)
     return 0
+
+
+def first_sentence(text: str) -> str:
+    """The first sentence of a description, whole (the rest is in the workload file)."""
+    return re.split(r"(?<=[.!?])\s+(?=[A-Z])", " ".join(text.split()), maxsplit=1)[0]
+
+
+def show_catalog(title: str, columns: list[str], rows: list[tuple[str, ...]], *, numeric_from: int | None = None,
+                 console=None) -> None:
+    """A table when it fits the terminal with every cell whole (text wraps between words), else
+    one stacked block per row: the name on its line, then `column value` pairs wrapped below.
+    Names are never cut: at 80 columns `a100-80gb-pcie` and `a100-80gb-sxm` stay apart."""
+    from rich.console import Console
+    from rich.padding import Padding
+    from rich.table import Table
+    from rich.text import Text
+
+    console = console or Console()
+    longest_word = lambda text: max((len(w) for w in str(text).split()), default=0)
+    # cells that must stay whole (names, numbers) set their column's minimum; text wraps between words
+    whole = [i == 0 or (numeric_from is not None and i >= numeric_from) for i in range(len(columns))]
+    widths = [max([longest_word(col)] + [len(r[i]) if whole[i] else longest_word(r[i]) for r in rows])
+              for i, col in enumerate(columns)]
+    budget = console.width - (3 * len(columns) + 1)  # cell padding and rules of the default box
+    if sum(widths) <= budget:
+        fixed = _fit_widths([max([len(col)] + [len(r[i]) for r in rows]) for i, col in enumerate(columns)], widths,
+                            budget)
+        table = Table(title=title)
+        for i, col in enumerate(columns):
+            table.add_column(col, justify="right" if whole[i] and i else "left", overflow="fold", width=fixed[i])
+        for row in rows:
+            table.add_row(*(Text(cell) for cell in row))
+        console.print(table)
+        return
+    console.print(Text(title, style="bold"))
+    for row in rows:
+        console.print(Text(row[0], style="bold"), overflow="fold")
+        pairs = Text("; ").join(Text.assemble((f"{col} ", "dim"), cell) for col, cell in zip(columns[1:], row[1:]))
+        console.print(Padding(pairs, (0, 0, 0, 2)))
 
 
 def run_schema(args: argparse.Namespace) -> int:
@@ -95,3 +123,13 @@ def run_schema(args: argparse.Namespace) -> int:
     model = {"workload": WorkloadSpec, "model": ModelSpec, "hardware": HardwareProfile}[args.kind]
     print(json.dumps(model.model_json_schema(), indent=2))
     return 0
+
+
+def _fit_widths(natural: list[int], minimum: list[int], budget: int) -> list[int]:
+    """Column widths within `budget`: natural widths, the widest columns narrowed first but
+    never below their minimum (the caller checked that the minimums fit)."""
+    widths = list(natural)
+    while sum(widths) > budget:
+        i = max(range(len(widths)), key=lambda j: widths[j] - minimum[j])
+        widths[i] -= 1
+    return widths

@@ -20,7 +20,9 @@ def add_parser(sub) -> None:
                         "local Hugging Face checkpoint folder (config.json + *.safetensors): Llama, Mistral, OPT")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default cpu)")
     p.add_argument("--dtype", default=None, help="fp32, fp16 or bf16 (default fp32 on cpu, fp16 on cuda)")
-    p.add_argument("--out", "-o", type=Path, default=None, help="run directory (default: runs/<workload name>-exec)")
+    p.add_argument("--out", "-o", type=Path, default=None,
+                   help="run directory (default: runs/<workload name>-exec); replaced only when infersim wrote it")
+    p.add_argument("--force", action="store_true", help="replace --out even when infersim did not write it")
     p.add_argument("--fast", action="store_true",
                    help="replay arrivals as fast as possible: skip idle waits instead of sleeping until the next "
                         "arrival (default: real time)")
@@ -44,8 +46,9 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     from infersim.simulator.errors import InfersimError
+    from infersim.simulator.metrics.rundir import check_out_dir
     from infersim.simulator.workload.builder import build_requests, load_workload
-    from .run import apply_overrides, print_summary
+    from .run import apply_overrides, finish_status, print_summary
 
     try:
         import torch  # noqa: F401
@@ -72,12 +75,12 @@ def run(args: argparse.Namespace) -> int:
         sv["cpu_blocks"] = args.cpu_blocks
     if sv:
         spec = spec.model_copy(update={"serving": spec.serving.model_copy(update=sv)})
+    out = check_out_dir(args.out or Path("runs") / f"{spec.name}-exec", force=args.force)
     requests = build_requests(spec, base_dir)
-    out = args.out or Path("runs") / f"{spec.name}-exec"
     log = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
     summary = execute(spec, requests, model, out, device=args.device, dtype=args.dtype, realtime=not args.fast,
                       plots=not args.no_plots, csv=args.csv, quiet=args.quiet, device_memory_gb=args.device_memory_gb,
-                      source=str(args.workload), log=log)
+                      source=str(args.workload), log=log, force=args.force)
     if not args.quiet:
         shown = spec.model_copy(update={"model": model})
         print_summary(summary, shown, out, time.perf_counter() - t0)
@@ -88,4 +91,4 @@ def run(args: argparse.Namespace) -> int:
         if sx and sx.get("executed"):
             print(f"speculation ({sx['method']}, {sx['mode']}): {sx['acceleration_rate']:.2f} tokens per target step, "
                   f"acceptance {sx['acceptance_rate']:.2f}, final s {sx['s']['final']}")
-    return 0
+    return finish_status(summary, args.quiet)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import signal
+import threading
 import sys
 
 from infersim.simulator.errors import InfersimError
@@ -25,6 +28,22 @@ SUBCOMMANDS = {
     "profile": "profile",
     "validate": "validate",
 }
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a batch scheduler, `timeout`, `kill`), raised like Ctrl-C so that every clean-up
+    runs: temporary folders go, previous results stay."""
+
+
+def _on_sigterm(signum, frame):
+    if os.getpid() != _MAIN_PID:  # a forked worker (sweep, plan) dies as before; its parent cleans up
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
+    raise Terminated()
+
+
+_MAIN_PID = os.getpid()
 
 
 class _Parser(argparse.ArgumentParser):
@@ -53,16 +72,26 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    global _MAIN_PID
+    _MAIN_PID = os.getpid()
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None
     try:
         return int(args.func(args) or 0)
     except InfersimError as exc:
         sys.stderr.write(f"sim {args.command}: error: {exc}\n")
         return exc.exit_code
+    except Terminated:
+        sys.stderr.write(f"sim {args.command}: terminated (SIGTERM); earlier results left as they were\n")
+        return 143
     except KeyboardInterrupt:
-        sys.stderr.write("interrupted\n")
+        sys.stderr.write(f"sim {args.command}: interrupted (SIGINT); earlier results left as they were\n")
         return 130
     except BrokenPipeError:
         return 0
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -39,7 +39,10 @@ def add_parser(sub) -> None:
     p.add_argument("--seqs", default=POW2_SEQ_LENS,
                    help=f"comma list of sequence lengths for the Fig. 23 sweep (default {POW2_SEQ_LENS})")
     p.add_argument("--seq-batch", type=int, default=4, help="batch size of the Fig. 23 sweep (default 4, as the paper)")
-    p.add_argument("--out", default="medusa-study", help="output folder for the CSV and plots (default medusa-study/)")
+    p.add_argument("--out", default="medusa-study",
+                   help="output folder for the CSV and plots (default medusa-study/); used only when infersim wrote "
+                        "it or it is new")
+    p.add_argument("--force", action="store_true", help="write into --out even when infersim did not write it")
     p.set_defaults(func=run)
 
 
@@ -49,6 +52,9 @@ def run(args: argparse.Namespace) -> int:
 
     from infersim.analysis.medusa_study import best_candidates, standard_sweeps, write_study
 
+    from infersim.simulator.metrics.rundir import check_out_dir, claim_dir
+
+    check_out_dir(args.out, force=args.force)
     cands = parse_ints(args.candidates, "candidates")
     batch = parse_ints(str(args.batch), "batch")[0]
     seq = parse_ints(str(args.seq), "seq")[0]
@@ -82,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
             t.add_row(str(r[by]), str(r["candidates"]), f"{r['speedup']:.3f}", f"{r['overhead']:.3f}")
         console.print(t)
 
-    paths = write_study(df, args.out)
+    paths = write_study(df, claim_dir(args.out, command="medusa", force=args.force))
     console.print(f"wrote {paths['csv']} ({len(df)} rows), {paths['fig21'].name}, {paths['fig22'].name}, "
                   f"{paths['fig23'].name} in {paths['csv'].parent}")
     return 0

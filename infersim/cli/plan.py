@@ -34,7 +34,9 @@ def add_parser(sub) -> None:
     p.add_argument("--requests", "-n", type=int, default=None, help="simulated requests per probe (default 3000)")
     p.add_argument("--tolerance", type=float, default=None, help="relative precision of the goodput (default 0.05)")
     p.add_argument("--seed", type=int, default=None, help="seed of every probe (default: the workload's)")
-    p.add_argument("--out", "-o", type=Path, default=None, help="report folder (default: plans/<workload name>)")
+    p.add_argument("--out", "-o", type=Path, default=None,
+                   help="report folder (default: plans/<workload name>); replaced only when infersim wrote it")
+    p.add_argument("--force", action="store_true", help="replace --out even when infersim did not write it")
     p.add_argument("--workers", type=int, default=None, help="parallel simulations (default: one per core)")
     p.add_argument("--backend", choices=("local", "ray"), default="local", help="local processes or a Ray cluster")
     p.add_argument("--address", default=None, help="Ray cluster address (default: start a local Ray instance)")
@@ -67,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
     from infersim.analysis.plan import load_plan_file, parse_prices, parse_slo, plan, rank, write_plan
 
     from infersim.simulator.errors import InfersimError
+    from infersim.simulator.metrics.rundir import check_out_dir
 
     if args.requests is not None and args.requests <= 0:
         raise InfersimError(f"--requests must be positive, got {args.requests}")
@@ -80,14 +83,17 @@ def run(args: argparse.Namespace) -> int:
             raise InfersimError(f"bad --tp '{args.tp}': give integers, e.g. 1,2") from None
         if tps[-1] < 1:
             raise InfersimError(f"bad --tp '{args.tp}': degrees must be at least 1")
+    from infersim.simulator.workload.builder import load_workload
+
+    # refused before the search, not after it
+    out = check_out_dir(args.out or Path("plans") / load_workload(args.workload)[0].name, force=args.force)
     pf = load_plan_file(args.plan)
     res = plan(args.workload, slos=parse_slo(args.slo) if args.slo else [], plan_file=pf,
                hardware=_csv(args.hardware), tensor_parallel=tps, options=_options(args),
                prices=parse_prices(args.price), target_rate=args.target_rate, requests=args.requests,
                tolerance=args.tolerance, seed=args.seed, backend=args.backend, workers=args.workers,
                address=args.address, quiet=args.quiet)
-    out = args.out or Path("plans") / res.workload
-    paths = write_plan(res, out, plots=not args.no_plots)
+    paths = write_plan(res, out, plots=not args.no_plots, force=args.force)
     if not args.quiet:
         from rich.console import Console
         from rich.table import Table

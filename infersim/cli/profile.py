@@ -47,6 +47,10 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as exc:
         raise InfersimError(f"the profiler needs PyTorch and scikit-learn ({exc}): pip install \".[executor]\"")
     from infersim.executor.profiler.run import ProfileOptions, print_report, refit_profile, run_profile
+    from infersim.simulator.metrics.rundir import check_out_file
+
+    if args.out:
+        check_out_file(args.out, (".yaml", ".yml"), option="--out")
 
     if args.refit:
         result = refit_profile(Path(args.refit), Path(args.out) if args.out else None, seed=args.seed,

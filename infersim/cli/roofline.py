@@ -113,6 +113,11 @@ def run(args: argparse.Namespace) -> int:
     from infersim.analysis.roofline import PHASES, build_cost_model, iteration_table, operator_table, plot_roofline
     from infersim.simulator.yamlio import atomic_path, write_atomic
 
+    from infersim.simulator.metrics.rundir import check_out_file
+
+    for option, suffixes in (("csv", (".csv",)), ("json", (".json",)), ("plot", (".png", ".pdf", ".svg"))):
+        if getattr(args, option) is not None:
+            check_out_file(getattr(args, option), suffixes, option=f"--{option}")
     phases = [p.strip().lower() for p in args.phase.split(",") if p.strip()]
     for ph in phases:
         if ph not in PHASES:

@@ -2,18 +2,33 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
+
+# exit status of a run that completed but in which no request finished (every one aborted)
+EXIT_NOTHING_FINISHED = 3
+ABORT_REASONS = {"exceeds_context": "longer than the context (serving.max_model_len)",
+                 "exceeds_kv_pool": "need more KV blocks than the whole GPU pool"}
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "run", help="simulate serving a workload (built-in name or YAML file)",
         description="Simulate an LLM serving deployment on a workload and write a run directory "
-                    "(config.yaml, requests.parquet, series.parquet, summary.json, plots/).")
+                    "(config.yaml, requests.parquet, series.parquet, summary.json, plots/).",
+        epilog=f"Exit status: 0 done; 2 bad input or an --out that may not be replaced (nothing written); "
+               f"{EXIT_NOTHING_FINISHED} the run completed but no request finished (every one aborted; the run "
+               f"directory is written and the reasons are in summary.json aborted_by_reason); 130 interrupted "
+               f"(Ctrl-C, SIGINT); 143 terminated (SIGTERM). An interrupted run leaves the previous --out as "
+               f"it was and no temporary folder.")
     p.add_argument("--workload", "-w", required=True,
                    help="built-in workload name (see `sim workloads`) or a workload YAML file")
-    p.add_argument("--out", "-o", type=Path, default=None, help="run directory (default: runs/<workload name>)")
+    p.add_argument("--out", "-o", type=Path, default=None,
+                   help="run directory (default: runs/<workload name>); an existing one is replaced only when "
+                        "infersim wrote it (it holds a .infersim-run marker) or with --force")
+    p.add_argument("--force", action="store_true",
+                   help="replace --out even when it is a folder infersim did not write (its files are lost)")
     p.add_argument("--seed", type=int, default=None, help="override the workload's seed")
     p.add_argument("--requests", "-n", type=int, default=None, help="override the request count")
     p.add_argument("--model", default=None, help="override the model (name, YAML or config.json)")
@@ -65,29 +80,55 @@ def apply_overrides(spec, args):
 
 
 def run(args: argparse.Namespace) -> int:
+    from infersim.simulator.metrics.rundir import check_out_dir
     from infersim.simulator.workload.builder import build_requests, load_workload
 
     t0 = time.perf_counter()
     spec, base_dir = load_workload(args.workload)
     spec = apply_overrides(spec, args)
+    out = check_out_dir(args.out or Path("runs") / spec.name, force=args.force)
     requests = build_requests(spec, base_dir)
-    out = args.out or Path("runs") / spec.name
     summary = execute(spec, requests, out, source=str(args.workload), step_mode=args.step_mode,
-                      plots=not args.no_plots, csv=args.csv, quiet=args.quiet)
+                      plots=not args.no_plots, csv=args.csv, quiet=args.quiet, force=args.force)
     if not args.quiet:
         print_summary(summary, spec, out, time.perf_counter() - t0)
+    return finish_status(summary, args.quiet)
+
+
+def abort_line(s: dict) -> str | None:
+    """'12 of 200 requests aborted: 12 longer than the context (...)', or None when none was."""
+    if not s["aborted"]:
+        return None
+    why = ", ".join(f"{n} {ABORT_REASONS.get(k, k)}" for k, n in s.get("aborted_by_reason", {}).items())
+    return f"{s['aborted']} of {s['requests']} requests aborted: {why or 'reason not recorded'}"
+
+
+def finish_status(s: dict, quiet: bool) -> int:
+    """The exit status of a completed run; under --quiet, aborted requests still get one line
+    on stderr (the table that would say so is not printed)."""
+    line = abort_line(s)
+    if line and quiet:
+        sys.stderr.write(line + "\n")
+    if s["requests"] and not s["finished"]:
+        sys.stderr.write(f"no request finished: exit status {EXIT_NOTHING_FINISHED}\n")
+        return EXIT_NOTHING_FINISHED
     return 0
 
 
 def execute(spec, requests, out: Path, *, source: str = "workload", step_mode: bool = False, plots: bool = True,
-            csv: bool = False, quiet: bool = True) -> dict:
+            csv: bool = False, quiet: bool = True, force: bool = False) -> dict:
     """Simulate and write the run directory atomically; returns the summary."""
     from infersim.simulator.engine.simulation import Simulation
-    from infersim.simulator.metrics.rundir import staged_dir
+    from infersim.simulator.metrics.rundir import pause_point, staged_dir
     from infersim.simulator.metrics.summary import write_result_files
 
-    with staged_dir(Path(out)) as tmp:
-        with _progress(quiet, len(requests)) as progress:
+    with staged_dir(Path(out), command="run", force=force) as tmp:
+        with _progress(quiet, len(requests)) as bar:
+            def progress(done: int, total: int, now: float) -> None:
+                pause_point("simulating")
+                if bar is not None:
+                    bar(done, total, now)
+
             sim = Simulation(spec, requests, step_mode=step_mode, series_path=tmp / "series.parquet",
                              progress=progress, source=source)
             result = sim.run()
@@ -96,6 +137,7 @@ def execute(spec, requests, out: Path, *, source: str = "workload", step_mode: b
 
             write_series(sim, tmp)
         summary = write_result_files(tmp, result, csv=csv)
+        pause_point("writing")
         if plots:
             from infersim.analysis.run_plots import plot_run
 
@@ -150,6 +192,8 @@ def print_summary(s: dict, spec, out: Path, wall_s: float) -> None:
     p = s["preemptions"]
     c.print(f"requests {s['finished']}/{s['requests']} finished ({s['aborted']} aborted) in {s['makespan_s']:.2f} s simulated; "
             f"throughput {s['throughput_req_per_s']:.2f} req/s, {s['throughput_output_tokens_per_s']:.1f} output tok/s")
+    if abort_line(s):
+        c.print(f"[yellow]{abort_line(s)}[/]")
     c.print(f"preemptions: {p['recompute']} recompute ({p['recompute_forced_by_full_cpu']} forced by full CPU), {p['swap']} swap; "
             f"swapped {s['swap_out_bytes'] / 1e9:.2f} GB out, {s['swap_in_bytes'] / 1e9:.2f} GB in")
     # an offload executor's pool lives in host memory (executor/offload/serve.py)

@@ -14,7 +14,9 @@ def add_parser(sub) -> None:
                     "to resume a sweep that was interrupted.")
     p.add_argument("--workload", "-w", required=True, help="built-in workload name or a workload YAML file")
     p.add_argument("--space", "-s", required=True, type=Path, help="the space YAML (see examples/sweep/)")
-    p.add_argument("--out", "-o", type=Path, default=None, help="sweep folder (default: sweeps/<space name>)")
+    p.add_argument("--out", "-o", type=Path, default=None,
+                   help="sweep folder (default: sweeps/<space name>); used only when infersim wrote it or it is new")
+    p.add_argument("--force", action="store_true", help="write into --out even when infersim did not write it")
     p.add_argument("--workers", type=int, default=None, help="parallel simulations (default: one per core)")
     p.add_argument("--backend", choices=("local", "ray"), default="local", help="local processes or a Ray cluster")
     p.add_argument("--address", default=None, help="Ray cluster address (default: start a local Ray instance)")
@@ -35,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     space = load_space(args.space)
     res = run_sweep(args.workload, space, args.out, backend=args.backend, workers=args.workers,
                     address=args.address, retry_failed=args.retry_failed, trials=args.trials,
-                    plots=not args.no_plots, quiet=args.quiet)
+                    plots=not args.no_plots, quiet=args.quiet, force=args.force)
     if not args.quiet:
         _print(res, space)
     return 0

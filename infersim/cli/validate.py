@@ -42,7 +42,9 @@ def add_parser(sub) -> None:
                         "(the matrix uses 3 on a shared machine; default %(default)s)")
     p.add_argument("--seed", type=int, default=None, help="override the workload's seed")
     p.add_argument("--requests", "-n", type=int, default=None, help="override the request count")
-    p.add_argument("--out", "-o", type=Path, default=None, help="output folder (default runs/validate-<name>)")
+    p.add_argument("--out", "-o", type=Path, default=None,
+                   help="output folder (default runs/validate-<name>); used only when infersim wrote it or it is new")
+    p.add_argument("--force", action="store_true", help="write into --out even when infersim did not write it")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress lines or table")
     p.set_defaults(func=run)
 
@@ -101,7 +103,9 @@ def run(args: argparse.Namespace) -> int:
     ok, why = MODES.get(case.mode).availability()
     if not ok:
         raise InfersimError(f"case {case.name} needs the executor mode '{case.mode}', which is not available: {why}")
-    out = args.out or Path("runs") / f"validate-{case.name}"
+    from infersim.simulator.metrics.rundir import claim_dir
+
+    out = claim_dir(args.out or Path("runs") / f"validate-{case.name}", command="validate", force=args.force)
     log = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
     from infersim.analysis.validate.run import validate_case
 

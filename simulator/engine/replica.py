@@ -18,6 +18,16 @@ from .sequence import emit_token, without
 MAX_STRETCH_STEPS = 1024
 
 
+def _new_blocks_by_step(ctx: np.ndarray, alloc: np.ndarray, new_alloc: np.ndarray, bs: int, k: int) -> np.ndarray:
+    """Blocks a decode stretch has added by the end of each of its k steps (step j writes the KV
+    of token ctx + j, so a sequence needs its m-th block from step (m - 1) * bs - ctx on)."""
+    counts = new_alloc - alloc
+    seq = np.repeat(np.arange(len(ctx)), counts)
+    nth = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)  # 0, 1, .. within a sequence
+    first_step = np.maximum(0, (alloc[seq] + nth) * bs - ctx[seq])
+    return np.cumsum(np.bincount(first_step, minlength=k)[:k])
+
+
 class Replica:
     def __init__(self, index: int, sim, blocks, scheduler, limits, kv_bytes_per_block: float, link):
         self.index = index
@@ -206,10 +216,11 @@ class Replica:
         b = len(seqs)
         last = np.fromiter((s.last_token_s for s in seqs), dtype=np.float64, count=b)
         m.add_itl(ends[0] - last, 1.0)
-        if k > 1:
-            m.add_itl(times[1:], float(b))
+        if k > 1:  # gaps between step ends, as stepping one by one measures them (not the step times)
+            m.add_itl(np.diff(ends), float(b))
         m.segment((start, end, self.index, k, b, b, 0, blocks.used_gpu, blocks.used_cpu, len(self.waiting),
-                   len(self.swapped), 0.0, 0.0))
+                   len(self.swapped), 0.0, 0.0),
+                  gpu_blocks_steps=(ends, blocks.used_gpu - added + _new_blocks_by_step(ctx, alloc, new_alloc, bs, k)))
         for i, seq in enumerate(seqs):
             seq.computed += k
             seq.generated += k

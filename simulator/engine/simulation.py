@@ -136,7 +136,8 @@ class Simulation:
 
     # ---- called by replicas -------------------------------------------------------------
     def finish(self, seq: Sequence, now: float, aborted: bool = False) -> None:
-        self.metrics.finish(seq, now, aborted=aborted)
+        reason = self.limits.abort_reason(seq.num_tokens) if aborted else "unknown"
+        self.metrics.finish(seq, now, aborted=aborted, reason=reason)
         self.finished += 1
         if self.progress is not None and self.finished % self._progress_every == 0:
             self.progress(self.finished, self.total, now)

@@ -1,12 +1,17 @@
 """A run is a directory: resolved config, per-request rows, time series, summary, plots.
 It is built in a hidden sibling folder and moved into place at the end, so an interrupted
-or failed run never leaves a half-written directory nor destroys a previous one."""
+or failed run never leaves a half-written directory nor destroys a previous one.
+
+A folder is only ever replaced when this tool wrote it: every folder a command writes holds a
+marker file (MARKER, with the command and version); any other existing folder is refused
+unless the user passes --force. Files are never replaced by folders, nor folders by files."""
 from __future__ import annotations
 
 import json
 import math
 import os
 import shutil
+import signal
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,27 +19,158 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from ..errors import InfersimError
+
+MARKER = ".infersim-run"
+# tests of interruption stop a real process at a named stage (see pause_point)
+PAUSE_ENV = "INFERSIM_PAUSE_AT"
+# signals that end a command: held back while a finished folder is swapped into place
+_END_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _marker_text(command: str) -> str:
+    from infersim import __version__
+
+    return json.dumps({"command": command, "infersim": __version__}) + "\n"
+
+
+def is_tool_folder(path: Path) -> bool:
+    """True for a real folder (not a link) holding this tool's marker file."""
+    path = Path(path)
+    return path.is_dir() and not path.is_symlink() and (path / MARKER).is_file()
+
+
+def _writable_parent(path: Path) -> None:
+    """The nearest existing ancestor of `path` must be a folder we can write into."""
+    parent = path.parent
+    while not parent.exists():
+        if parent.is_symlink():
+            raise InfersimError(f"{path}: its folder {parent} is a broken link")
+        parent = parent.parent
+    if not parent.is_dir():
+        raise InfersimError(f"{path}: {parent} is a file, not a folder")
+    if not os.access(parent, os.W_OK):
+        raise InfersimError(f"{path}: cannot write into {parent} (read-only or no permission)")
+
+
+def check_out_dir(path: Path | str, *, force: bool = False, option: str = "--out") -> Path:
+    """Refuse, before any work, an output folder the command may not (re)place: the current
+    folder or one of its ancestors, an existing file, a folder this tool did not write (unless
+    `force`), a place that cannot be written. Returns the path."""
+    raw = str(path)
+    if raw.strip() == "":
+        raise InfersimError(f"{option}: empty path; name a folder, e.g. {option} runs/mine")
+    path = Path(raw)
+    here, full = Path.cwd().resolve(), path.resolve()
+    if full == here or full in here.parents:
+        what = "the current folder" if full == here else f"{full}, a folder above the current one"
+        raise InfersimError(f"{option} {raw}: is {what}; name a new or an earlier run folder, e.g. {option} runs/mine")
+    if path.is_symlink():
+        raise InfersimError(f"{option} {raw}: is a link; name a real folder")
+    if path.exists() and not path.is_dir():
+        raise InfersimError(f"{option} {raw}: is a file, not a folder; name a folder")
+    try:
+        holds_files = path.is_dir() and any(path.iterdir())
+    except OSError as exc:
+        raise InfersimError(f"{option} {raw}: cannot read the folder ({exc.strerror})") from None
+    if holds_files and not is_tool_folder(path) and not force:
+        raise InfersimError(f"{option} {raw}: folder exists and was not written by infersim (no {MARKER} in it); "
+                            f"name another folder, or pass --force to replace it")
+    _writable_parent(path)
+    return path
+
+
+def check_out_file(path: Path | str, suffixes: tuple[str, ...], *, option: str) -> Path:
+    """Refuse, before any work, a file output that names a folder, has another suffix than
+    `suffixes` (lower case, with the dot) or cannot be written."""
+    raw = str(path)
+    if raw.strip() == "":
+        raise InfersimError(f"{option}: empty path; name a file ({', '.join(suffixes)})")
+    path = Path(raw)
+    if path.is_dir() or raw.endswith(os.sep):
+        raise InfersimError(f"{option} {raw}: is a folder; name a file ({', '.join(suffixes)})")
+    if path.suffix.lower() not in suffixes:
+        raise InfersimError(f"{option} {raw}: unsupported extension '{path.suffix}'; use {', '.join(suffixes)}")
+    _writable_parent(path)
+    return path
+
+
+def pause_point(stage: str) -> None:
+    """With the environment variable INFERSIM_PAUSE_AT set to `stage`, say so on stderr and wait
+    for a signal: tests kill a real command at a known moment (e.g. "simulating", "writing")
+    instead of after a guessed delay. Does nothing otherwise."""
+    if os.environ.get(PAUSE_ENV) != stage:
+        return
+    import sys
+    import time
+
+    sys.stderr.write(f"infersim: paused at {stage}\n")
+    sys.stderr.flush()
+    while True:
+        time.sleep(60)
+
 
 @contextmanager
-def staged_dir(target: Path):
-    target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.tmp-"))
+def held_signals():
+    """Hold SIGINT and SIGTERM back for a few file-system steps that must not be cut in half
+    (a folder swap); a signal that came meanwhile is delivered at the end."""
+    if not hasattr(signal, "pthread_sigmask"):  # Windows: no signal masks
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _END_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _mkdtemp(target: Path) -> Path:
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.tmp-"))
+    except OSError as exc:
+        raise InfersimError(f"{target}: cannot create the output folder ({exc.strerror})") from None
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; a run directory is an ordinary folder
+    return tmp
+
+
+@contextmanager
+def staged_dir(target: Path, *, command: str = "run", force: bool = False):
+    """Yield a hidden temporary folder; on success it replaces `target` (checked first with
+    check_out_dir) and holds the marker file. On any error or signal the temporary folder is
+    removed and `target` is left as it was."""
+    target = check_out_dir(target, force=force)
+    tmp = _mkdtemp(target)
     try:
         yield tmp
-        old = None
-        if target.exists():
-            old = target.parent / f".{target.name}.old-{os.getpid()}"
-            os.replace(target, old)
-        os.replace(tmp, target)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        (tmp / MARKER).write_text(_marker_text(command))
+        with held_signals():
+            old = None
+            if target.exists():
+                old = target.parent / f".{target.name}.old-{os.getpid()}"
+                os.replace(target, old)
+            os.replace(tmp, target)
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
     finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        with held_signals():
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+
+
+def claim_dir(target: Path, *, command: str, force: bool = False) -> Path:
+    """For commands that fill their folder in place (resumable sweeps, validation reports,
+    studies): check it, create it and mark it as this tool's. Returns the path."""
+    target = check_out_dir(target, force=force)
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        if not (target / MARKER).is_file():
+            (target / MARKER).write_text(_marker_text(command))
+    except OSError as exc:
+        raise InfersimError(f"{target}: cannot create the output folder ({exc.strerror})") from None
+    return target
 
 
 def _clean(obj):

@@ -52,6 +52,8 @@ def summarize(result) -> dict:
         "requests": int(len(ok)),
         "finished": int(ok.sum()),
         "aborted": int((~ok).sum()),
+        # why (SchedulerLimits.abort_reason): exceeds_context, exceeds_kv_pool
+        "aborted_by_reason": {k: m.abort_reasons[k] for k in sorted(m.abort_reasons)},
         "makespan_s": makespan,
         "throughput_req_per_s": float(ok.sum()) / makespan if makespan else 0.0,
         "throughput_output_tokens_per_s": out_tokens / makespan if makespan else 0.0,
@@ -68,7 +70,6 @@ def summarize(result) -> dict:
         "swap_out_bytes": m.counters["swap_out_bytes"],
         "swap_in_bytes": m.counters["swap_in_bytes"],
         "iterations": m.counters["iterations"],
-        "segments": m.counters["segments"],
         # averages over the time replicas were busy (idle gaps excluded)
         "batch_size": {"mean_busy": m.tw["batch_size"] / busy, "max": m.peak["batch_size"]},
         "kv_utilization": {"mean_busy": m.tw["gpu_blocks_used"] / busy / gpu_blocks,
@@ -79,6 +80,22 @@ def summarize(result) -> dict:
     }
     s.update(result.extra)
     return s
+
+
+def typed_requests(req: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The per-request columns with their real types: counts and replica ids as int64, the
+    aborted flag as bool, times as float64."""
+    from .collector import REQUEST_BOOL_COLUMNS, REQUEST_INT_COLUMNS
+
+    out = {}
+    for col, values in req.items():
+        if col in REQUEST_INT_COLUMNS:
+            out[col] = np.asarray(values).astype(np.int64)
+        elif col in REQUEST_BOOL_COLUMNS:
+            out[col] = np.asarray(values) != 0
+        else:
+            out[col] = values
+    return out
 
 
 def write_result_files(run_dir, result, *, csv: bool = False, resolved: dict | None = None) -> dict:
@@ -92,7 +109,7 @@ def write_result_files(run_dir, result, *, csv: bool = False, resolved: dict | N
     run_dir = Path(run_dir)
     summary = summarize(result)
     write_yaml(run_dir / "config.yaml", result.resolved if resolved is None else resolved)
-    table = dict(result.requests)
+    table = typed_requests(result.requests)
     table.update(derived_columns(result.requests))
     write_table(run_dir / "requests.parquet", table)
     if csv:

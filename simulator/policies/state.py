@@ -44,6 +44,11 @@ class SchedulerLimits:
     max_model_len: int = 2048
     chunked_prefill: bool = False
 
+    def abort_reason(self, num_tokens: int) -> str:
+        """Why the scheduler aborted a sequence of `num_tokens` (it can never run): longer than
+        the context, or more KV blocks than the whole GPU pool holds (the only two causes)."""
+        return "exceeds_context" if num_tokens > self.max_model_len else "exceeds_kv_pool"
+
 
 @dataclass
 class SchedulerState:

@@ -1,0 +1,168 @@
+"""Output folders and files: nothing the user had is lost. A folder is replaced only when
+infersim wrote it (its marker) or with --force; files, the current folder and its ancestors,
+wrong suffixes and unwritable places are refused up front in one line with exit 2; SIGINT and
+SIGTERM at any moment leave the previous run byte-identical and nothing temporary."""
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from infersim.cli.main import main
+from infersim.simulator.metrics.rundir import MARKER, PAUSE_ENV
+
+RUN = ["run", "-w", "chatbot", "-n", "30", "-q", "--no-plots"]
+
+
+def _digest(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _one_line_error(capsys, *needles):
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    for needle in needles:
+        assert needle in err, err
+
+
+def test_foreign_folder_is_refused_and_kept(tmp_path, capsys):
+    out = tmp_path / "D"
+    out.mkdir()
+    (out / "notes.txt").write_text("x\n")
+    assert main([*RUN, "-o", str(out)]) == 2
+    _one_line_error(capsys, str(out), "--force")
+    assert _digest(out) == {"notes.txt": hashlib.sha256(b"x\n").hexdigest()}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["D"]
+
+
+def test_force_replaces_a_foreign_folder(tmp_path):
+    out = tmp_path / "D"
+    out.mkdir()
+    (out / "notes.txt").write_text("x\n")
+    assert main([*RUN, "-o", str(out), "--force"]) == 0
+    assert not (out / "notes.txt").exists() and (out / "summary.json").is_file()
+
+
+def test_a_run_folder_is_marked_and_replaced_by_the_next_run(tmp_path):
+    out = tmp_path / "r"
+    assert main([*RUN, "-o", str(out)]) == 0
+    marker = json.loads((out / MARKER).read_text())
+    assert marker["command"] == "run" and marker["infersim"]
+    assert main([*RUN[:-2], "-o", str(out), "-n", "40", "--no-plots"]) == 0
+    assert json.loads((out / "summary.json").read_text())["requests"] == 40
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]
+
+
+def test_empty_folder_is_used(tmp_path):
+    out = tmp_path / "empty"
+    out.mkdir()
+    assert main([*RUN, "-o", str(out)]) == 0
+    assert (out / "summary.json").is_file()
+
+
+def test_file_as_out_is_refused_untouched(tmp_path, capsys):
+    f = tmp_path / "some_file.txt"
+    f.write_text("mine\n")
+    assert main([*RUN, "-o", str(f), "--force"]) == 2
+    _one_line_error(capsys, "is a file")
+    assert f.read_text() == "mine\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["some_file.txt"]
+
+
+@pytest.mark.parametrize("out", [".", "", "/", "CWD", ".."])
+def test_current_folder_and_its_ancestors_are_refused(tmp_path, monkeypatch, capsys, out):
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "my.yaml").write_text("keep\n")
+    monkeypatch.chdir(work)
+    assert main([*RUN, "-o", str(work) if out == "CWD" else out, "--force"]) == 2
+    _one_line_error(capsys, "--out")
+    assert sorted(p.name for p in work.iterdir()) == ["my.yaml"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["work"]
+
+
+def test_unwritable_place_is_refused_up_front(tmp_path, monkeypatch, capsys):
+    # a read-only file system answers access(W_OK) with False, root included
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if Path(p) == tmp_path else real(p, mode, **kw))
+    assert main([*RUN, "-o", str(tmp_path / "r")]) == 2
+    _one_line_error(capsys, "cannot write")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_failure_to_create_the_folder_is_one_line(tmp_path, monkeypatch, capsys):
+    import tempfile
+
+    def erofs(*a, **kw):
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(tempfile, "mkdtemp", erofs)
+    assert main([*RUN, "-o", str(tmp_path / "r")]) == 2
+    _one_line_error(capsys, "Read-only file system")
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--plot", "out.xyz"], "unsupported extension '.xyz'"),
+    (["--csv", "TMP"], "is a folder"),
+    (["--json", "t.csv"], "unsupported extension '.csv'"),
+])
+def test_roofline_file_outputs_are_checked_first(tmp_path, monkeypatch, capsys, args, needle):
+    monkeypatch.chdir(tmp_path)
+    args = [str(tmp_path) if a == "TMP" else a for a in args]
+    assert main(["roofline", "--batch", "1", "--seq", "128", *args]) == 2
+    _one_line_error(capsys, needle)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", [
+    ["plan", "-w", "chatbot", "--slo", "ttft_p99=2s", "-q"],
+    ["medusa", "--batch", "1"],
+])
+def test_other_folder_commands_refuse_a_foreign_folder(tmp_path, capsys, command):
+    out = tmp_path / "D"
+    out.mkdir()
+    (out / "notes.txt").write_text("x\n")
+    assert main([*command, "--out", str(out)]) == 2
+    _one_line_error(capsys, "--force")
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]
+
+
+def _sim(args, cwd, pause=None):
+    env = {**os.environ, "MPLBACKEND": "Agg"}
+    env.pop(PAUSE_ENV, None)
+    if pause:
+        env[PAUSE_ENV] = pause
+    return subprocess.Popen([sys.executable, "-m", "infersim.cli.main", *args], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.parametrize("sig,code,word", [(signal.SIGTERM, 143, "terminated"), (signal.SIGINT, 130, "interrupted")])
+@pytest.mark.parametrize("stage", ["simulating", "writing"])
+def test_signal_keeps_previous_run_and_leaves_nothing_temporary(tmp_path, sig, code, word, stage):
+    prev = tmp_path / "prev"
+    done = _sim(["run", "-w", "chatbot", "-n", "40", "-q", "-o", "prev"], tmp_path)
+    assert done.wait(timeout=300) == 0, done.stderr.read()
+    before = _digest(prev)
+    proc = _sim(["run", "-w", "chatbot", "-n", "300", "-q", "-o", "prev"], tmp_path, pause=stage)
+    line = proc.stderr.readline()  # blocks until the process stands at the stage
+    assert line.strip() == f"infersim: paused at {stage}", line + proc.stderr.read()
+    assert any(p.name.startswith(".prev.tmp-") for p in tmp_path.iterdir())  # it was mid-run
+    proc.send_signal(sig)
+    assert proc.wait(timeout=120) == code
+    err = proc.stderr.read()
+    assert word in err and "Traceback" not in err, err
+    assert _digest(prev) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["prev"]
+
+
+def test_signal_on_a_first_run_leaves_nothing(tmp_path):
+    proc = _sim(["run", "-w", "chatbot", "-n", "300", "-q", "-o", "new"], tmp_path, pause="simulating")
+    assert proc.stderr.readline().strip() == "infersim: paused at simulating"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 143
+    assert list(tmp_path.iterdir()) == []
