@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import os
+import re
 import resource
 import tempfile
 import time
@@ -680,15 +681,9 @@ def swap_only_section(df: pd.DataFrame, meta: dict, stem: str, out: Path) -> str
         f"direction, {c80.loc['opt-13b', 'swap_ms']:.2f} ms out and in vs {c80.loc['opt-13b', 'swap_bw_only_ms']:.2f} "
         f"ms by bandwidth alone, {c80.loc['opt-13b', 'achieved_gbps']:.1f} GB/s achieved). Models with few KV heads "
         f"(GQA: 8 heads x 128 x 16 tokens = 32-KB copies) would be bound by the per-copy cost instead. The "
-        f"sensitivity rows below raise that cost; a swap-only loss the size of the paper's needs a per-copy cost "
-        f"that would make Algorithm 1 stop swapping:\n")
-    cp = sv[sv["knob"].isin(["base", "copy"])].copy()
-    rows = [[r.label, _f(r.vllm_s / r.vllm), _f(r.ca / r.vllm), _f(r.ca / r.vllm_s), f"{r.ca_rc}/{r.ca_sw}"]
-            for r in cp.itertuples()]
-    S.append(_md_table(["OPT-13B / chatbot / max output 64", "vLLM_s/vLLM", "CA+FCFS/vLLM", "CA+FCFS/vLLM_s",
-                        "CA preemptions rc/swap"], rows)
-             + "\n\nPaper (OPT-13B / chatbot): vLLM_s/vLLM 0.56 (implied), AdaptiveLLM/vLLM 1.38, AdaptiveLLM/vLLM_s "
-               "2.46.\n")
+        f"sensitivity table's per-copy rows (\"us per issued copy\", above) raise that cost: a swap-only loss the "
+        f"size of the paper's (OPT-13B / chatbot: vLLM_s/vLLM 0.56 implied, AdaptiveLLM/vLLM 1.38, "
+        f"AdaptiveLLM/vLLM_s 2.46) needs a per-copy cost that would make Algorithm 1 stop swapping.\n")
     # the paper's own counts
     groups = [k for k in PAPER_TABLE4 if k in PAPER_TABLE3]
     more = np.array([PAPER_TABLE4[k][1] / PAPER_TABLE4[k][3] for k in groups])
@@ -1084,46 +1079,25 @@ def _why(df: pd.DataFrame, meta: dict, sp: pd.DataFrame) -> str:
     return "\n".join(W)
 
 
-# OPT-13B / chatbot / max output 64, cost_aware+fairness, from docs/findings/adaptivellm.csv as
-# committed in 6cfabc8 (study main, row cost_aware_fairness), when the registered `fairness`
-# scheduler still admitted from waiting in an iteration that had just preempted. vLLM (fcfs,
-# unaffected) ran at 1882.13 tok/s then as now.
-EARLIER_FAIRNESS = {"throughput_tok_s": 1729.10, "vllm_tok_s": 1882.13, "prefill_iters": 729,
-                    "preempt_recompute": 804, "preempt_swap": 41, "recomputed_tokens": 46406,
-                    "weighted_turnaround_mean": 3.45607, "e2e_mean_s": 23.9904}
+def policy_notes() -> str:
+    """A paper ambiguity in Algorithm 1 and how the policy resolves it."""
+    return """## Policy notes
 
-
-def policy_notes(df: pd.DataFrame) -> str:
-    """The fairness scheduler's earlier behaviour (with the previous run's numbers next to this
-    run's) and a paper ambiguity in Algorithm 1."""
-    m = _main(df)
-    q = lambda c: m[(m["model"] == "opt-13b") & (m["dataset"] == "chatbot") & (m["max_output"] == 64)
-                    & (m["max_batch_size"] == DEFAULT_MAX_BATCH) & (m["config"] == c)]
-    now, v = q("cost_aware_fairness"), q("vllm")
-    e = EARLIER_FAIRNESS
-    nums = ""
-    if len(now) and len(v):
-        n, vt = now.iloc[0], v["throughput_tok_s"].iloc[0]
-        nums = (f" OPT-13B / chatbot / max output 64, cost_aware+fairness, earlier -> now: "
-                f"{e['throughput_tok_s']:.0f} -> {n.throughput_tok_s:.0f} tok/s "
-                f"({e['throughput_tok_s'] / e['vllm_tok_s']:.2f}x -> {n.throughput_tok_s / vt:.2f}x vLLM), prefill "
-                f"iterations {e['prefill_iters']} -> {n.prefill_iters}, recomputes/swaps "
-                f"{e['preempt_recompute']}/{e['preempt_swap']} -> {n.preempt_recompute}/{n.preempt_swap}, recomputed "
-                f"tokens {e['recomputed_tokens']} -> {n.recomputed_tokens:.0f}, mean weighted turnaround "
-                f"{e['weighted_turnaround_mean']:.2f} -> {n.weighted_turnaround_mean:.2f}, mean e2e "
-                f"{e['e2e_mean_s']:.1f} -> {n.e2e_mean_s:.1f} s.")
-    return f"""## Policy notes
-
-* An earlier version of the registered `fairness` scheduler (`FairnessScheduler.schedule`) left s_sche empty
-  in an iteration that had just preempted but still admitted waiting requests into the freed blocks, so without
-  chunked prefill each preemption became a prefill-only iteration for one or two fresh prompts instead of a
-  decode step. The registered scheduler now follows Algorithm 2's text (section 3.5: when GPU memory is short,
-  w_sche and s_sche are both empty), and every fairness number above is from it (on the six OPT-13B / max
-  output 64 runs of the previous run's analysis-only "gated" variant, it gives exactly that variant's numbers).{nums}
-* Not a bug, a paper ambiguity the policy resolves sensibly: Algorithm 1 sorts running by priority ascending
-  and `pop()`s (the highest) while its comment says the lowest-priority request is the victim; the
-  implementation takes the lowest (`queue[-1]` of a highest-first order).
+* The registered `fairness` scheduler follows Algorithm 2's text (section 3.5): when GPU memory is short,
+  w_sche and s_sche are both empty, so a preempting iteration admits nothing.
+* Algorithm 1 sorts running by priority ascending and `pop()`s (the highest) while its comment says the
+  lowest-priority request is the victim; the implementation takes the lowest (`queue[-1]` of a
+  highest-first order).
 """
+
+
+def in_short(md: str) -> str:
+    """The findings' headlines, for the top of the report."""
+    heads = re.findall(r"^\d+\. \*\*(.+?)\*\*", md, flags=re.M)
+    return ("## In short\n\n" + "\n".join(f"* {h}" for h in heads)
+            + "\n\nThe swap-only result is a finding, not a gap in the model: the section \"Swap-only vs "
+              "recompute-only\" below shows vLLM 0.2's swap path as modelled and why the paper's own counts rule "
+              "out the cost of swapping as the cause of its vLLM_s's loss.\n")
 
 
 def write_outputs(df: pd.DataFrame, out: Path, quick: bool, meta: dict) -> list[Path]:
@@ -1143,7 +1117,9 @@ def write_outputs(df: pd.DataFrame, out: Path, quick: bool, meta: dict) -> list[
         made += [p for p in [plot_swap_only(df, stage / f"{stem}_swap_only.png")] if p is not None]
         md = write_markdown(df, stage, stem, meta)
         if not quick:
-            md.write_text(md.read_text() + "\n" + policy_notes(df) + "\n" + SCOPE.format(
+            text = md.read_text()
+            head, rest = text.split("\n## Setup\n", 1)
+            md.write_text(head + "\n" + in_short(text) + "\n## Setup\n" + rest + "\n" + policy_notes() + "\n" + SCOPE.format(
                 **meta, n_main=len(_main(df)), n_side=len(df) - len(_main(df)), left_out=_left_out(df)))
         keep = {k: meta[k] for k in ("date", "machine", "jobs", "wall_s", "cpu_s", "load", "cores")}
         info = stage / f"{stem}.meta.json"
@@ -1169,17 +1145,15 @@ def _left_out(df: pd.DataFrame) -> str:
 SCOPE = """## Scope and runtime
 
 The full grid (4 models x 3 datasets x 4 max outputs x 5 configurations = {n_main} simulations of 1000 requests)
-plus the side studies ({n_side} simulations) ran in {wall_s:.0f} s wall ({cpu_s:.0f} s CPU over all processes)
-on this machine with {jobs} worker processes; the machine is shared with other jobs (1-minute load average at
-the end: {load:.1f} on {cores} cores), so the wall time depends on them: unloaded, wall ~ CPU / {jobs}. Nothing
-was cut.
+plus the side studies ({n_side} simulations) take {cpu_s:.0f} s of CPU time ({wall_s:.0f} s wall with {jobs}
+worker processes here; the header gives the machine and the metadata file its load). Nothing is cut.
 `tests/analysis/test_adaptivellm_findings.py` asserts findings 1 and 2 (in direction), 6 and 7 on a 300-request
 OPT-13B / chatbot / max output 64 run, the swap path behind finding 3 (the copy-stream price by hand, the
 engine charging each swap as its copies, iteration by iteration, the two readings of a full CPU pool) and
 finding 3's non-reproduction itself (swap-only keeps > 80% of vLLM's decode batch and > 90% of its
 throughput; the paper's own Table 3/4 counts that rule out swap time); {left_out}
-What this cannot reproduce: the paper's absolute throughputs (Figure 7 is a plot without numbers in the seed
-text; the simulator is an uncalibrated roofline), its real datasets (lengths are sampled from the paper's
+What this cannot reproduce: the paper's absolute throughputs (Figure 7 is a plot without numbers in the
+paper; the simulator is an uncalibrated roofline), its real datasets (lengths are sampled from the paper's
 means with assumed spreads and assumed output lengths), and its vLLM_s behaviour when the CPU pool is full.
 """
 
