@@ -494,7 +494,7 @@ each, applied to every tree position as in the reference code), the heads' weigh
 
 ## Findings at a glance
 
-| finding (issue #4) | paper | here | verdict |
+| finding | paper | here | verdict |
 |---|---|---|---|
 | a 64-node greedy tree has a higher acceleration rate than a 256-node dense tree | Fig. 4a: the optimized 64-node sparse tree beats the 256-node dense trees | {rate_line} | {rate_verdict} |
 | ... and a higher speedup in wall time | Fig. 4b: speed falls as candidates grow | batch 1, over plain decoding: greedy 64 {sp64:.2f}x vs {big_dense} | {yes(wall_ok)} |

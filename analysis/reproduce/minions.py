@@ -751,7 +751,7 @@ s_reward = s_punish = 1, s in [1, 12].
 
 ## Findings at a glance
 
-| finding (issue #4) | paper | here | verdict |
+| finding | paper | here | verdict |
 |---|---|---|---|
 | throughput against fixed s has an interior optimum | Fig. 2: decreasing-then-increasing inference time for every setting | optimum strictly inside the sweep in {v['interior_n']} of {len(opt)} settings{'' if v['interior'] else ' (' + ', '.join(f"{r.pair} {r.dataset} batch {r.batch}: s* = {r.s_opt} at the end" for r in opt[~opt['interior']].itertuples()) + ')'} | {yes(v['interior']) if v['interior'] or v['interior_n'] < len(opt) - 1 else f"**reproduced in {v['interior_n']} of {len(opt)}**"} |
 | the optimum moves with batch size | Llama-2-70B dialogue: s* = 5 at batch 8, 2 at batch 16 | {'moves in every (pair, dataset)' if v['moves_with_batch'] else 'see table'} | {yes(v['moves_with_batch']) if not meta['quick'] else 'not run (--quick: batch 16 only)'} |
