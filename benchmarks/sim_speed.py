@@ -116,7 +116,7 @@ def run_sim(workload: str, out: Path, extra: list[str]) -> tuple[float, float, f
 
 # The side-by-side run against vidur on the requests of case 1 (both simulators on one machine, in
 # one run): vidur took 16.8x infersim's wall time as shipped and 13.5x with its Chrome trace output
-# turned off. vidur does not run here (its PyPI package ships without the GPU profiling tables it
+# turned off; infersim's runs there took 3.2-3.9 s. vidur does not run here (its PyPI package ships without the GPU profiling tables it
 # predicts from), so the ratio is quoted from that run, not re-measured.
 VIDUR_RATIO_AS_SHIPPED = 16.8
 VIDUR_RATIO_NO_CHROME_TRACE = 13.5
