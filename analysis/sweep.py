@@ -521,13 +521,13 @@ def _run_optuna(ctx: _Ctx, be, params: list[Param], opt: OptunaSection, prog) ->
     for rec in sorted(ctx.records.values(), key=lambda r: r.get("index", 0)):
         enc = _encode(params, rec["params"])
         if not all(k in enc and _contains(dists[k], enc[k]) for k in dists):
-            continue  # a record outside today's distributions: kept in the table, not taught
+            continue  # a record outside the current distributions: kept in the table, not taught
         vals = _objective_values(rec, opt.objectives)
         try:
             study.add_trial(create_trial(params=enc, distributions=dists, values=vals) if vals is not None
                             else create_trial(params=enc, distributions=dists, state=TrialState.FAIL))
         except ValueError:
-            pass  # a record outside today's distributions: kept in the table, not taught
+            pass  # a record outside the current distributions: kept in the table, not taught
     ctx.cached = len(ctx.records)
     target = opt.trials
     prog.start(max(target, ctx.cached), ctx.cached)

@@ -25,11 +25,3 @@ def models_dir() -> Path:
 def catalog_dir() -> Path:
     return _package_dir("infersim.simulator") / "catalog"
 
-
-def shared_dir() -> Path | None:
-    """`../shared` beside the checkout (developers and CI only; absent in a user's clone)."""
-    here = Path(__file__).resolve().parent.parent
-    for cand in (here.parent / "shared", Path.cwd().parent / "shared", Path.cwd() / "shared"):
-        if (cand / "traces").is_dir():
-            return cand
-    return None

@@ -1,1 +1,1 @@
-"""Reproductions of the seed papers' findings with the simulator (one module per paper)."""
+"""Reproductions of the four papers' findings (AdaptiveLLM, Minions, Medusa, InfiniGen) with the simulator (one module per paper)."""

@@ -135,11 +135,11 @@ def cost_model_level(run, cost_model) -> dict:
 def within_run_speed(run_dir, start_s: np.ndarray, pred: np.ndarray, meas: np.ndarray) -> dict:
     """How far the machine's speed moving inside the run explains the per-iteration errors: the
     run's speed ticks around each iteration (execute.local_speed) against measured/predicted,
-    their correlation in log space, and the MAPE of the predictions at that local speed. On this
-    2-core VM the speed moved ±30% over about a second inside a run with no iteration stalling
-    (2026-11-25: plain-load's validated run, per-iteration MAPE 20.0%, 11.4% at the ticks' local
-    speed, correlation 0.85); in a steady run the ticks are noise (correlation 0.1). Empty
-    without ticks."""
+    their correlation in log space, and the MAPE of the predictions at that local speed. On a
+    2-core CPU whose speed moves ±30% over about a second inside a run, with no iteration stalling,
+    the ticks track it (a plain-load run: per-iteration MAPE 20.0%, 11.4% at the ticks' local
+    speed, correlation 0.85; CHANGELOG.md, validation); in a steady run they are noise
+    (correlation 0.1). Empty without ticks."""
     from .execute import local_speed
 
     f = local_speed(run_dir, start_s)

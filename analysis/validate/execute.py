@@ -45,8 +45,8 @@ def speed_tick_s(run_dir: Path, key: str = "tick_s") -> float:
     return float(np.median(ticks)) if len(ticks) >= 3 else float("nan")
 
 
-# the speed ticks nearest an iteration that say the machine's speed around it (w=5 tracked the
-# per-iteration errors best of 1, 3, 5 and 9 in the runs of 2026-11-25 13:30)
+# the speed ticks nearest an iteration that say the machine's speed around it (5 tracked the
+# per-iteration errors best of 1, 3, 5 and 9 on plain-load validations; CHANGELOG.md, validation)
 LOCAL_TICKS = 5
 LOCAL_MIN_TICKS = 10
 
@@ -104,8 +104,8 @@ def speed_from_ticks(ratios, ticks, tick_val: float) -> TickSpeed:
     others, by the ticks and by their median ratio alone; the two estimates of the validated
     run's speed are combined in log space with inverse-variance weights from those leave-one-out
     errors (ticks that predicted the runs exactly get weight 1, ticks that moved while the runs
-    did not get little). Re-priced on 45 validations of three matrices on 2026-11-25 (the
-    validated runs' measured/fitted ratio against each estimate): mean |speed error| 4.3% by the
+    did not get little). Re-priced on 45 validations of three matrices (CHANGELOG.md, validation;
+    the validated runs' measured/fitted ratio against each estimate): mean |speed error| 4.3% by the
     median ratio, 3.4% by the ticks, 3.1% choosing the smaller leave-one-out error, 3.0% weighted
     (over 5%: 13, 9, 8 and 7 of 45); the tick kernel sometimes moved 10-30% between runs at the
     same speed, and sometimes followed a run 24-30% slower than the runs around it.
@@ -149,8 +149,8 @@ def busy_s(run_dir: Path) -> float:
 def run_repeated(run_one, exec_dir: Path, repeats: int = 1) -> dict:
     """The validated run, measured `repeats` times on the same requests: run_one(folder) for each;
     the run of median busy time (execute.busy_s: the machine's speed, read without the simulator)
-    is kept at exec_dir, the others beside it as <exec_dir>.repeat-K. A single run on this shared
-    2-core machine sometimes ran 10% slower or faster than the calibration runs around it with
+    is kept at exec_dir, the others beside it as <exec_dir>.repeat-K. A single run on a shared
+    2-core machine sometimes runs 10% slower or faster than the calibration runs around it with
     nothing to tell it apart; the median of three is the level the machine held, as benchmarks
     report. Returns what the report says about it (empty for one run)."""
     import shutil

@@ -23,7 +23,7 @@ from .compare import SHIFT_LIMIT, STALL_LIMIT
 
 RESULTS_DIR = Path(__file__).resolve().parents[2] / "docs" / "validation"
 # a case measured while the machine was unsteady is measured again, at most this many times in all:
-# on this project's 2-core VM about one case in six moved by more than 5% around its run
+# on a shared 2-core CPU about one case in six sees the speed move by more than 5% around its run
 ATTEMPTS = 3
 # the validated run of each attempt is measured this many times on the same requests and the
 # median kept (execute.run_repeated)
@@ -41,7 +41,7 @@ def machine_info(threads: int) -> dict:
                 break
     except OSError:
         pass
-    # the same model name covered hosts with and without AVX-512 (2026-11-22 and -25)
+    # one CPU model name covers hosts with and without AVX-512: torch's reading tells them apart
     return {"CPU": cpu, "CPU vector instructions (torch)": torch.backends.cpu.get_cpu_capability(),
             "cores": os.cpu_count(), "Python": platform.python_version(), "torch": torch.__version__,
             "torch threads": threads, "platform": platform.platform()}
@@ -63,9 +63,9 @@ def _load() -> str:
 def steadiness(chunks: int = 40, calls: int = 15) -> str:
     """How steady the core is right now, whatever runs on it: the speed-tick kernel
     (executor/clock.py) timed in `chunks` back-to-back chunks of `calls` calls (15-35 ms each),
-    their p10 / median / p90 and p90/p10. On the AVX2 VM of 2026-11-25, with nothing else
-    running, 1.20-1.26 (and 1.11-1.37 for a plain matmul loop in like chunks); there no cost model
-    priced single iterations within 10%."""
+    their p10 / median / p90 and p90/p10. On a 2-core AVX2 CPU with nothing else running it read
+    1.20-1.26 (and 1.11-1.37 for a plain matmul loop in like chunks), and there no cost model
+    priced single iterations within 10% (CHANGELOG.md, validation)."""
     from infersim.executor.clock import reference_kernel_s
 
     reference_kernel_s()

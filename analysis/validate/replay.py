@@ -19,9 +19,9 @@ from infersim.simulator.costmodel.batch import BatchShape
 
 def intake_s(it: dict) -> np.ndarray:
     """Each iteration's decision point on the executor's clock: when the arrivals its schedule saw
-    were taken in (t_intake_s, recorded since 2026-11-25); older runs: start - schedule - swap,
-    which misses the batch's set-up between them (on a slow host arrivals 0.3 ms before that point
-    had not been taken in)."""
+    were taken in (t_intake_s); runs recorded without it: start - schedule - swap, which misses
+    the batch's set-up between them (on a slow host arrivals 0.3 ms before that point had not been
+    taken in)."""
     if "t_intake_s" in it:
         return np.asarray(it["t_intake_s"], dtype=np.float64)
     return (np.asarray(it["t_start_s"], dtype=np.float64) - np.asarray(it["schedule_s"], dtype=np.float64)

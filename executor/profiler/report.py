@@ -222,7 +222,7 @@ def report_md(hw: dict, calib: dict) -> str:
                   "## Recompute predictor on held-out prefills", recompute_md(v["recompute"])]
         sw, rc = v["swap"], v["recompute"]
         if sw.get("drift") or rc.get("drift"):
-            txt = ("## Machine-speed drift\n\nThis machine's speed wanders (a shared VM). The swap check times the copy "
+            txt = ("## Machine-speed drift\n\nA machine's speed wanders (on a shared VM by several percent in minutes). The swap check times the copy "
                    "sweep's 64 MiB copy again in each round; the recompute check times a fixed prefill (2 x 256, 64 "
                    "tokens) that the step sweep also timed before every shape. Time at the check / time during the "
                    f"sweep: copy {sw.get('drift') or float('nan'):.3f}, prefill {rc.get('drift') or float('nan'):.3f}. "

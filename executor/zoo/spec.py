@@ -60,9 +60,9 @@ class ZooSpec:
 
     def for_host(self) -> "ZooSpec":
         """This spec as this machine trains it: bf16 autocast only where the CPU computes bf16
-        natively (AVX512-BF16 or AMX). Elsewhere torch emulates it: on the 2-core AVX2 EPYC of
-        2026-11-25 a training step of zoo-target took 7.4 s with it against 0.56 s in fp32, an hour
-        and more for the zoo. The zoo's key and records carry the flag as trained."""
+        natively (AVX512-BF16 or AMX). Elsewhere torch emulates it: on a 2-core AVX2 EPYC a training
+        step of zoo-target takes 7.4 s with it against 0.56 s in fp32, an hour and more for the
+        zoo. The zoo's key and records carry the flag as trained."""
         if self.autocast_bf16 and not native_bf16():
             return dataclasses.replace(self, autocast_bf16=False)
         return self

@@ -28,7 +28,7 @@ def add_parser(sub) -> None:
                         "length of a sparse tree from head accuracies (default log)")
     p.add_argument("--accuracies", default="vicuna-7b",
                    help="head-accuracy table for --rate-model tree: a built-in name or a YAML file "
-                        "(default vicuna-7b: facts.md accuracies, mc_sim_7b_63 tree)")
+                        "(default vicuna-7b: the Medusa paper's head accuracies, mc_sim_7b_63 tree)")
     p.add_argument("--block", choices=("model", "paper"), default="model",
                    help="model: whole-model iterations; paper: the paper's simplified block, one layer of "
                         "q/k/v_proj, QK^T, PV, up/gate/down_proj (default model)")

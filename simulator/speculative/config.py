@@ -126,7 +126,7 @@ class SamplingSection(_Strict):
     `temperature`) or typical (Medusa's typical acceptance: p(x) > min(epsilon, delta exp(-H)))."""
     mode: Literal["greedy", "sampling", "typical"] = "greedy"
     temperature: NonNegativeFloat = 0.0
-    epsilon: float = Field(0.09, gt=0, le=1)  # Medusa reference code defaults (facts.md)
+    epsilon: float = Field(0.09, gt=0, le=1)  # the Medusa reference code's defaults (FasterDecoding/Medusa)
     delta: float = Field(0.3, gt=0)
 
 

@@ -1,9 +1,11 @@
-"""Reading request traces (CSV, JSONL, or a JSON list of objects) through the column mapping
-of a TraceSource. Only the mapped columns are kept; every problem is one InfersimError line
+"""Reading request traces (CSV, JSONL, or a JSON list of objects, each optionally gzipped)
+through the column mapping of a TraceSource. Only the mapped columns are kept; every problem is one InfersimError line
 naming the file, the column and, for bad values, the row (1 = first data row)."""
 from __future__ import annotations
 
+import gzip
 import json
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,10 +18,22 @@ from .schema import TraceSource
 _UNIT_S = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
 
 
+def _suffix(path: Path) -> str:
+    """The format suffix, looking through a trailing .gz (traces ship gzipped)."""
+    suffixes = [x.lower() for x in path.suffixes]
+    if suffixes and suffixes[-1] == ".gz":
+        suffixes.pop()
+    return suffixes[-1] if suffixes else ""
+
+
+def _open_text(path: Path):
+    return gzip.open(path, "rt") if path.suffix.lower() == ".gz" else path.open()
+
+
 def file_format(path: Path, fmt: str | None) -> str:
     if fmt:
         return fmt
-    suffix = path.suffix.lower()
+    suffix = _suffix(path)
     if suffix in (".csv", ".tsv"):
         return "csv"
     if suffix in (".jsonl", ".ndjson"):
@@ -43,7 +57,7 @@ def read_columns(path: Path, columns: list[str], fmt: str | None = None, nrows: 
     columns = list(dict.fromkeys(columns))
     try:
         if fmt == "csv":
-            sep = "\t" if path.suffix.lower() == ".tsv" else ","
+            sep = "\t" if _suffix(path) == ".tsv" else ","  # pandas un-gzips by extension
             have = list(pd.read_csv(path, nrows=0, sep=sep).columns)
             for c in columns:
                 if c not in have:
@@ -52,19 +66,20 @@ def read_columns(path: Path, columns: list[str], fmt: str | None = None, nrows: 
             return {c: df[c].to_numpy() for c in columns}
         if fmt == "jsonl":
             records = []
-            with path.open() as fh:
+            with _open_text(path) as fh:
                 for line in fh:
                     if line.strip():
                         records.append(json.loads(line))
                         if nrows is not None and len(records) >= nrows:
                             break
         else:
-            records = json.loads(path.read_text())
+            with _open_text(path) as fh:
+                records = json.load(fh)
             if not isinstance(records, list):
                 raise InfersimError(f"{path}: expected a JSON list of objects, got {type(records).__name__}")
             if nrows is not None:
                 records = records[:nrows]
-    except (json.JSONDecodeError, UnicodeDecodeError, pd.errors.ParserError) as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError, pd.errors.ParserError, gzip.BadGzipFile, zlib.error, EOFError) as exc:
         raise InfersimError(f"{path}: malformed {fmt.upper()} ({str(exc).splitlines()[0]})") from None
     first = records[0] if records else {}
     if not isinstance(first, dict):

@@ -14,7 +14,7 @@ EXPECTED = {
     "h100-sxm", "h100-pcie", "h200", "l40", "v100",
 }
 
-# (fp16 TFLOP/s, memory GB/s, memory GB) from shared/reference/facts.md
+# (fp16 TFLOP/s, memory GB/s, memory GB) from the NVIDIA datasheets each profile cites
 FACTS = {
     "a100-80gb-pcie": (312, 1935, 80), "a100-80gb-sxm": (312, 2039, 80), "a100-40gb": (312, 1555, 40),
     "a800-80gb-pcie": (312, 1935, 80), "a40": (149.7, 696, 48), "rtx-a6000": (154.8, 768, 48),

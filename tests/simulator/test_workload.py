@@ -9,15 +9,13 @@ import numpy as np
 import pytest
 
 from infersim.simulator.errors import InfersimError, UnknownNameError
-from infersim.simulator.paths import shared_dir, workloads_dir
+from infersim.simulator.paths import workloads_dir
 from infersim.simulator.workload.builder import build_requests, list_workloads, load_requests, load_workload
 from infersim.simulator.workload.distributions import sample_arrivals, sample_lengths, streams
 from infersim.simulator.workload.requests import Requests
 from infersim.simulator.workload.schema import WorkloadSpec
 from infersim.simulator.yamlio import validate
 
-REPO = Path(__file__).resolve().parents[2]
-EXAMPLES = REPO / "examples" / "traces"
 
 
 def spec(**requests) -> WorkloadSpec:
@@ -364,51 +362,3 @@ def test_azure_shaped_builtins(name, rate, prompt_p50, output_p50):
     assert len(r) / r.arrival_s[-1] == pytest.approx(rate, rel=0.03)
     assert np.median(r.prompt_tokens) == pytest.approx(prompt_p50, rel=0.05)
     assert np.median(r.output_tokens) == pytest.approx(output_p50, rel=0.1)
-
-
-# --- examples replaying the real traces (developer checkouts only) -----------------------
-
-# mean prompt, mean output, mean rate (req/s; None where the file has no times) from
-# shared/traces/SOURCES.md; gsm8k: 44 words x 1.3 tokens per word.
-SOURCES_STATS = {
-    "azure_code": (2048, 28, 2.57, 8819),
-    "azure_conv": (1155, 211, 5.53, 19366),
-    "mooncake": (12035, 343, 3.40, 12031),
-    "sharegpt_etalon": (2340, 439, None, 30731),
-    "sharegpt_v3": (248, 325, None, 58000),
-    "bwb": (1067, 1613, None, 33768),
-    "arxiv": (2588, 291, None, 28257),
-    "gsm8k": (44 * 1.3, None, None, 7266),
-}
-
-
-@pytest.mark.skipif(shared_dir() is None, reason="no ../shared/traces beside this checkout")
-@pytest.mark.parametrize("name", sorted(SOURCES_STATS))
-def test_example_replays_real_trace(name):
-    prompt, output, rate, rows = SOURCES_STATS[name]
-    s, path = load_workload(str(EXAMPLES / f"{name}.yaml"))
-    assert s.requests.trace is not None and s.requests.trace.file.startswith("../../../shared/traces/")
-    r = build_requests(s, path)
-    assert len(r) == rows
-    assert r.prompt_tokens.mean() == pytest.approx(prompt, rel=0.03)
-    if output is not None:
-        assert r.output_tokens.mean() == pytest.approx(output, rel=0.01)
-    assert r.arrival_s[0] >= 0.0 and (np.diff(r.arrival_s) >= 0).all()
-    if rate is not None:  # replayed times: shifted to start at 0
-        assert r.arrival_s[0] == 0.0
-        assert len(r) / r.arrival_s[-1] == pytest.approx(rate, rel=0.01)
-
-
-@pytest.mark.skipif(shared_dir() is None, reason="no ../shared/traces beside this checkout")
-def test_examples_cover_every_shared_trace():
-    files = {load_workload(str(p))[0].requests.trace.file.rsplit("/", 1)[-1] for p in EXAMPLES.glob("*.yaml")}
-    shared = {p.name for p in (shared_dir() / "traces").iterdir() if p.suffix in (".csv", ".json", ".jsonl")}
-    assert files == shared
-
-
-@pytest.mark.skipif(shared_dir() is None, reason="no ../shared/traces beside this checkout")
-def test_mooncake_timestamps_are_milliseconds():
-    s, path = load_workload(str(EXAMPLES / "mooncake.yaml"))
-    assert s.requests.trace.time_unit == "ms"
-    r = build_requests(s, path)
-    assert r.arrival_s[-1] == pytest.approx(3537.0, abs=1.0)  # one hour, not 3.5 million seconds
