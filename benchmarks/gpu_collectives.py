@@ -3,7 +3,7 @@ Writes benchmarks/RESULTS-gpu-collectives.md.
 
 Data: the collectives table derived from microsoft/vidur's profiling data (MIT License,
 Copyright (c) Microsoft Corporation, https://github.com/microsoft/vidur), found in the
-checkout's `../shared/reference/gpu-kernels/collectives.csv` or given with --table.
+shipped table `benchmarks/data/gpu-kernels/collectives.csv.gz` or one given with --table.
 
 For every setup and collective:
   - by worker count: each (workers, devices per node) is dropped from the section and
@@ -31,12 +31,13 @@ from infersim.simulator.hardware.catalog import load_hardware
 from infersim.simulator.hardware.collectives import CollectivesSection, ring_traffic, topology_of
 from infersim.simulator.hardware.collectives_fit import (FitOptions, fit_collectives, fit_one, read_collectives_table,
                                                          with_section)
-from infersim.simulator.paths import hwprofiles_dir, shared_dir
+from infersim.simulator.paths import hwprofiles_dir
 from infersim.simulator.yamlio import load_mapping, validate, write_atomic
 from infersim.simulator.hardware.profile import HardwareProfile
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "RESULTS-gpu-collectives.md"
+MEASURED_TABLE = HERE / "data" / "gpu-kernels" / "collectives.csv.gz"
 SOURCE = ("microsoft/vidur profiling data (data/profiling/network/, commit 7d47513), MIT License, "
           "Copyright (c) Microsoft Corporation, https://github.com/microsoft/vidur")
 # the shipped profile each setup's section goes to, and the profile whose datasheet interconnect it is compared with
@@ -231,17 +232,11 @@ def update_profiles(sections: dict[str, CollectivesSection]) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--table", type=Path, help="collectives table (default: ../shared/reference/gpu-kernels/)")
+    ap.add_argument("--table", type=Path, help="collectives table (default: the shipped benchmarks/data/gpu-kernels/collectives.csv.gz)")
     ap.add_argument("--update-profiles", action="store_true",
                     help="write the fitted sections into the shipped GPU profiles (no evaluation)")
     args = ap.parse_args(argv)
-    table_path = args.table
-    if table_path is None:
-        shared = shared_dir()
-        if shared is None:
-            print("no ../shared checkout beside this one: give --table PATH", file=sys.stderr)
-            return 2
-        table_path = shared / "reference" / "gpu-kernels" / "collectives.csv"
+    table_path = args.table or MEASURED_TABLE
     try:
         table = read_collectives_table(table_path)
     except InfersimError as exc:

@@ -2,6 +2,8 @@
 roofline prices tensor-parallel all-reduce and pipeline send/recv from it."""
 import numpy as np
 import pandas as pd
+from pathlib import Path
+
 import pytest
 
 from infersim.simulator.costmodel import BatchShape, RooflineCostModel
@@ -11,7 +13,9 @@ from infersim.simulator.hardware.collectives import CollectiveFit, CollectivesSe
 from infersim.simulator.hardware.collectives_fit import (FitOptions, detect, fit_collectives, read_collectives_table,
                                                          with_section)
 from infersim.simulator.models.catalog import load_model
-from infersim.simulator.paths import shared_dir
+
+# the measured table the shipped sections were fitted on (shipped with the benchmarks)
+MEASURED_TABLE = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "gpu-kernels" / "collectives.csv.gz"
 
 HEADER = "setup,collective,num_workers,size,devices_per_node,max_devices_per_node,median_ms,std_ms\n"
 # two regimes with a jump between them, as NCCL's protocol switch makes: (latency s, bandwidth B/s)
@@ -194,11 +198,10 @@ def test_shipped_sections_are_consistent_and_attributed(name, setup):
         assert fit.mape_pct == pytest.approx(weighted, abs=2e-3)  # each rounded to 3 decimals
 
 
-@pytest.mark.skipif(shared_dir() is None, reason="the measured table lives in ../shared (developers and CI)")
 @pytest.mark.parametrize("name", ["a100-80gb-sxm", "h100-sxm", "a40"])
 def test_shipped_sections_reproduce_their_fit_on_the_measured_table(name):
     shipped = load_hardware(name).collectives
-    table = read_collectives_table(shared_dir() / "reference" / "gpu-kernels" / "collectives.csv")
+    table = read_collectives_table(MEASURED_TABLE)
     refit = fit_collectives(table, shipped.setup, source=shipped.source)
     assert refit == shipped
 
