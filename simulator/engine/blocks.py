@@ -35,23 +35,31 @@ class BlockManager:
         self.free_cpu += seq.num_cpu_blocks
         seq.num_gpu_blocks = seq.num_cpu_blocks = 0
 
-    def swap_out(self, seq) -> int:
-        n = seq.num_gpu_blocks
-        if n > self.free_cpu:
-            raise RuntimeError(f"CPU block pool overdrawn by {seq!r}")
-        self.free_cpu -= n
-        self.free_gpu += n
-        seq.num_cpu_blocks, seq.num_gpu_blocks = n, 0
-        return n
+    def swap_out(self, seqs) -> int:
+        """Move each sequence's GPU blocks to the CPU pool; returns the blocks moved."""
+        moved = 0
+        for seq in seqs:
+            n = seq.num_gpu_blocks
+            if n > self.free_cpu:
+                raise RuntimeError(f"CPU block pool overdrawn by {seq!r}")
+            self.free_cpu -= n
+            self.free_gpu += n
+            seq.num_cpu_blocks, seq.num_gpu_blocks = n, 0
+            moved += n
+        return moved
 
-    def swap_in(self, seq) -> int:
-        n = seq.num_cpu_blocks
-        if n > self.free_gpu:
-            raise RuntimeError(f"GPU block pool overdrawn swapping in {seq!r}")
-        self.free_gpu -= n
-        self.free_cpu += n
-        seq.num_gpu_blocks, seq.num_cpu_blocks = n, 0
-        return n
+    def swap_in(self, seqs) -> int:
+        """Move each sequence's CPU blocks back to the GPU pool; returns the blocks moved."""
+        moved = 0
+        for seq in seqs:
+            n = seq.num_cpu_blocks
+            if n > self.free_gpu:
+                raise RuntimeError(f"GPU block pool overdrawn swapping in {seq!r}")
+            self.free_gpu -= n
+            self.free_cpu += n
+            seq.num_gpu_blocks, seq.num_cpu_blocks = n, 0
+            moved += n
+        return moved
 
     @property
     def used_gpu(self) -> int:
