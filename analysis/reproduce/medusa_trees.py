@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from infersim.analysis.medusa_study import load_accuracies
+from infersim.simulator.speculative.medusa_heads import load_accuracies
 from infersim.simulator.engine.simulation import Simulation
 from infersim.simulator.metrics.summary import summarize
 from infersim.simulator.speculative.medusa_tree import (cartesian_nodes, cartesian_tree, choices_tree, expected_length,

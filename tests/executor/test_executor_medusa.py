@@ -265,7 +265,7 @@ def test_tiny_training_is_deterministic_and_cached(target, tmp_path):
 
 
 def test_measured_accuracies_load_in_the_simulator(trained):
-    from infersim.analysis.medusa_study import load_accuracies
+    from infersim.simulator.speculative.medusa_heads import load_accuracies
     from infersim.simulator.speculative.medusa_tree import expected_length
 
     table = load_accuracies("zoo-target")
@@ -371,7 +371,7 @@ def test_medusa_serving_refuses_what_it_cannot_run(target, trained):
         resolve_tree(SpeculationSection.model_validate(
             {"method": "medusa", "medusa": {"accuracies": "zoo-target", "heads": 9}}).medusa, heads.num_heads)
     # the default section: the simulator's tree (the Vicuna table's mc_sim_7b_63), cut to the trained heads
-    from infersim.analysis.medusa_study import load_accuracies
+    from infersim.simulator.speculative.medusa_heads import load_accuracies
     from infersim.simulator.speculative.medusa_tree import restrict
 
     lay, table, used = resolve_tree(SpeculationSection.model_validate({"method": "medusa"}).medusa, heads.num_heads)

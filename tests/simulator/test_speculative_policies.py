@@ -3,7 +3,7 @@ majority-voted speculator, SSM weights, the length selector, Medusa trees, the p
 import numpy as np
 import pytest
 
-from infersim.analysis.medusa_study import expected_accept_length, load_accuracies
+from infersim.simulator.speculative.medusa_heads import expected_accept_length, load_accuracies
 from infersim.simulator.errors import InfersimError, UnknownNameError
 from infersim.simulator.speculative.acceptance import (EmpiricalAcceptance, IIDAcceptance, PositionalAcceptance, build_model,
                                               load_table, resolve_model)
