@@ -223,7 +223,7 @@ def execute(spec, requests, model: str, out: Path, *, device: str | None = "cpu"
             write_table(tmp / f"{name}.parquet", table)
         _write_outputs(tmp / "outputs.parquet", sorted(seqs, key=lambda s: s.rid))
         if plots:
-            from infersim.analysis.run_plots import plot_run
+            from infersim.simulator.metrics.plots import plot_run
 
             plot_run(tmp)
     return summary

@@ -269,7 +269,7 @@ def execute_speculative(spec, requests, model: str, out: Path, *, device: str | 
                                                                      source="measured by executor/speculative")])
         _write_outputs(tmp / "outputs.parquet", sorted(seqs, key=lambda s: s.rid))
         if plots:
-            from infersim.analysis.run_plots import plot_run
+            from infersim.simulator.metrics.plots import plot_run
 
             plot_run(tmp)
             _plot_speculation(tmp, dec, runner)

@@ -97,7 +97,7 @@ def execute(spec, requests, out: Path, *, source: str = "workload", step_mode: b
             write_series(sim, tmp)
         summary = write_result_files(tmp, result, csv=csv)
         if plots:
-            from infersim.analysis.run_plots import plot_run
+            from infersim.simulator.metrics.plots import plot_run
 
             plot_run(tmp)
     return summary
