@@ -114,7 +114,7 @@ def execute_speculative(spec, requests, model: str, out: Path, *, device: str | 
 
     from ..models import dtype_name, load_model
     from ..prompts import make_prompts
-    from ..run import _device_description, _model_summary, _write_outputs
+    from ..serving import device_description, model_summary, write_outputs
     from .build import build_decoder
     from ..clock import Clock
     from .decoder import kv_blocks_for
@@ -243,7 +243,7 @@ def execute_speculative(spec, requests, model: str, out: Path, *, device: str | 
               "outputs_truncated_to_max_model_len": truncated, "torch": str(torch.__version__),
               "threads": torch.get_num_threads()}
         resolved = {"workload": spec.model_copy(update={"model": str(lm.path)}).model_dump(mode="json"),
-                    "model": _model_summary(lm, sv.dtype), "hardware": _device_description(lm.device),
+                    "model": model_summary(lm, sv.dtype), "hardware": device_description(lm.device),
                     "memory": {"gpu_blocks": int(gpu_blocks), "kv_bytes_per_block": float(bpb)},
                     "step_mode": True, "num_requests": len(seqs),
                     "executor": {k: ex[k] for k in ("model", "model_path", "drafts", "device", "dtype", "realtime",
@@ -267,7 +267,7 @@ def execute_speculative(spec, requests, model: str, out: Path, *, device: str | 
                                    entries=[dec.stats.recorder.entry(label, sp.dataset or DATASET, mode=mode,
                                                                      temperature=temperature,
                                                                      source="measured by executor/speculative")])
-        _write_outputs(tmp / "outputs.parquet", sorted(seqs, key=lambda s: s.rid))
+        write_outputs(tmp / "outputs.parquet", sorted(seqs, key=lambda s: s.rid))
         if plots:
             from infersim.simulator.metrics.plots import plot_run
 
