@@ -119,7 +119,7 @@ def execute_speculative(spec, requests, model: str, out: Path, *, device: str | 
     from ..clock import Clock
     from .decoder import kv_blocks_for
     from .pipeline import PipelinedDecoder
-    from .record import write_acceptance_table
+    from .acceptance import write_acceptance_table
     from .sequence import SpecSequence
 
     t_wall = time.perf_counter()

@@ -53,7 +53,7 @@ def test_bad_assignment_is_refused(bad, message):
 
 
 def test_acceptance_rate_is_the_simulators_mean_over_sequence_rounds():
-    from infersim.executor.speculative.record import AcceptanceRecorder
+    from infersim.executor.speculative.acceptance import AcceptanceRecorder
     from infersim.simulator.speculative.report import SpecStats
 
     rec = AcceptanceRecorder()

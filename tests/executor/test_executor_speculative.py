@@ -21,7 +21,7 @@ from infersim.executor.speculative.attention import install  # noqa: E402
 from infersim.executor.speculative.build import build_decoder, make_sequences  # noqa: E402
 from infersim.executor.speculative.draft import DraftModel  # noqa: E402
 from infersim.executor.speculative.pipeline import PipelinedDecoder  # noqa: E402
-from infersim.executor.speculative.record import AcceptanceRecorder, write_acceptance_table  # noqa: E402
+from infersim.executor.speculative.acceptance import AcceptanceRecorder, write_acceptance_table  # noqa: E402
 from infersim.executor.speculative.sequence import SpecSequence, Track  # noqa: E402
 from infersim.executor.speculative.target import TargetModel  # noqa: E402
 from infersim.executor.speculative.verify import greedy_accept, rejection_accept  # noqa: E402
