@@ -35,7 +35,7 @@ def execute(spec, requests, model: str, out: Path, *, device: str | None = "cpu"
         return execute_offload(spec, requests, model, out, device=device, dtype=dtype, realtime=realtime,
                                plots=plots, quiet=quiet, csv=csv, device_memory_gb=device_memory_gb, log=log)
     from infersim.simulator.engine.memory import MemoryPlan
-    from infersim.simulator.engine.simulation import SimulationResult
+    from infersim.simulator.simulation import SimulationResult
     from infersim.simulator.metrics.collector import MetricsCollector
     from infersim.simulator.metrics.rundir import staged_dir, write_table
     from infersim.simulator.metrics.summary import write_result_files

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from infersim.simulator.speculative.medusa_heads import load_accuracies
-from infersim.simulator.engine.simulation import Simulation
+from infersim.simulator.simulation import Simulation
 from infersim.simulator.metrics.summary import summarize
 from infersim.simulator.speculative.medusa_tree import (cartesian_nodes, cartesian_tree, choices_tree, expected_length,
                                                greedy_tree)

@@ -146,7 +146,7 @@ def execute(spec, requests, model: str, out: Path, *, device: str | None = "cpu"
     """Serve the requests with the KV cache in host memory under the workload's `offload:`
     policy; write a `sim exec` run directory at `out` atomically; return the summary."""
     from infersim.simulator.engine.memory import MemoryPlan
-    from infersim.simulator.engine.simulation import SimulationResult
+    from infersim.simulator.simulation import SimulationResult
     from infersim.simulator.metrics.collector import MetricsCollector
     from infersim.simulator.metrics.rundir import staged_dir, write_table
     from infersim.simulator.metrics.summary import write_result_files

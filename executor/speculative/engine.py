@@ -105,7 +105,7 @@ def execute_speculative(spec, requests, model: str, out: Path, *, device: str | 
     import torch
 
     from infersim.simulator.engine.memory import MemoryPlan
-    from infersim.simulator.engine.simulation import SimulationResult
+    from infersim.simulator.simulation import SimulationResult
     from infersim.simulator.metrics.collector import MetricsCollector
     from infersim.simulator.metrics.rundir import staged_dir, write_table
     from infersim.simulator.metrics.summary import write_result_files

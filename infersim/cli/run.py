@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
 def execute(spec, requests, out: Path, *, source: str = "workload", step_mode: bool = False, plots: bool = True,
             csv: bool = False, quiet: bool = True) -> dict:
     """Simulate and write the run directory atomically; returns the summary."""
-    from infersim.simulator.engine.simulation import Simulation
+    from infersim.simulator.simulation import Simulation
     from infersim.simulator.metrics.rundir import staged_dir
     from infersim.simulator.metrics.summary import write_result_files
 

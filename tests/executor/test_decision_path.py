@@ -19,7 +19,7 @@ from infersim.executor.models import load_model  # noqa: E402
 from infersim.executor.prompts import make_prompts  # noqa: E402
 from infersim.executor.zoo import ensure_zoo  # noqa: E402
 from infersim.simulator.costmodel import COST_MODELS, CostModel  # noqa: E402
-from infersim.simulator.engine.simulation import Simulation  # noqa: E402
+from infersim.simulator.simulation import Simulation  # noqa: E402
 from infersim.simulator.metrics.collector import SERIES_COLUMNS, MetricsCollector  # noqa: E402
 from infersim.simulator.policies import build_scheduler  # noqa: E402
 from infersim.simulator.policies.preemption import PREEMPTION_POLICIES  # noqa: E402

@@ -326,7 +326,7 @@ def test_recorded_acceptance_loads_in_the_simulator(zoo, work, tmp_path):
 def test_repo_acceptance_table_drives_a_simulation():
     """simulator/catalog/acceptance/zoo-target.yaml (written by `python -m infersim.executor.speculative.record`)
     is a table the simulator runs with."""
-    from infersim.simulator.engine.simulation import Simulation
+    from infersim.simulator.simulation import Simulation
     from infersim.simulator.speculative.acceptance import list_tables, load_table
     from infersim.simulator.workload.builder import build_requests
     from infersim.simulator.workload.schema import WorkloadSpec
