@@ -15,6 +15,7 @@ from pathlib import Path
 
 from infersim.simulator.errors import InfersimError
 
+from . import medusa  # noqa: F401  (registers Medusa's decoder with the speculative engine)
 from .serving import executor_record, plan_blocks, resolved_config, serve, write_outputs
 
 

@@ -13,8 +13,8 @@ series.parquet, summary.json with a `speculation` entry like the simulator's, pl
 | acceptance.yaml | acceptance by position as the simulator's acceptance table (load it with `acceptance: {table: <path>, draft: ..., dataset: ...}`) |
 | outputs.parquet | prompt and generated token ids per request |
 
-What the section may ask: method draft | minions | medusa (Medusa: executor/medusa/serve.py plugs
-its decoder into this engine; its run directory adds medusa_accuracies.yaml, the head accuracies
+What the section may ask: method draft | minions | medusa (Medusa: executor/medusa registers
+its decoder with this engine, methods.py; its run directory adds medusa_accuracies.yaml, the head accuracies
 measured in the run, instead of acceptance.yaml); each
 draft's `model` is a zoo name or a checkpoint folder (its `acceptance` is what the simulator
 would assume; here acceptance is measured); sampling greedy, or sampling at a temperature
@@ -87,7 +87,7 @@ class _Observer:
 
 
 def _settings(sp):
-    if sp.method == "medusa":  # Medusa's settings are executor.medusa.serve.acceptance_for
+    if sp.method == "medusa":  # Medusa's settings are its TreeDecoding's (methods.py)
         raise InfersimError("speculation.method 'medusa': these settings are for draft and minions only")
     mode = sp.sampling.mode
     if mode == "typical":
@@ -126,9 +126,10 @@ def execute_speculative(spec, requests, model: str, out: Path, *, device: str | 
     sp = spec.speculation
     medusa = sp.method == "medusa"
     if medusa:
-        from ..medusa.serve import acceptance_for
+        from .methods import TREE_DECODINGS
 
-        mode, temperature = acceptance_for(sp).mode, 0.0
+        tree_decoding = TREE_DECODINGS.get(sp.method)  # registered by executor/medusa when imported
+        mode, temperature = tree_decoding.acceptance_mode(sp), 0.0
     else:
         mode, temperature = _settings(sp)
     if len(requests) == 0:
@@ -152,11 +153,7 @@ def execute_speculative(spec, requests, model: str, out: Path, *, device: str | 
     s_max = sel.s_max if sel is not None else sp.speculation_length
     mheads = mtree = None
     if medusa:  # a verification writes the whole tree into the KV cache: reserve its nodes
-        from ..medusa.serve import resolve_tree
-        from ..medusa.store import ensure_heads
-
-        mheads, _, _ = ensure_heads(lm, log=log)
-        mtree, _, _ = resolve_tree(sp.medusa, mheads.num_heads)
+        mheads, mtree = tree_decoding.prepare(lm, sp, log=log)
         s_max = mtree.nodes
     prompts = make_prompts(requests.prompt_tokens, tokenizer=lm.tokenizer, vocab_size=lm.vocab_size, seed=spec.seed)
     seqs, truncated = [], 0
@@ -180,10 +177,8 @@ def execute_speculative(spec, requests, model: str, out: Path, *, device: str | 
                              reward_factor=v.reward_factor, punish_factor=v.punish_factor,
                              threshold_mode=v.threshold_mode, ema=v.ema)
     if medusa:
-        from ..medusa.serve import build_medusa_decoder
-
-        dec = build_medusa_decoder(lm, sp, gpu_blocks=int(gpu_blocks), block_size=sv.block_size,
-                                   max_batch_size=sv.max_batch_size, heads=mheads, tree=mtree)
+        dec = tree_decoding.build_decoder(lm, sp, gpu_blocks=int(gpu_blocks), block_size=sv.block_size,
+                                          max_batch_size=sv.max_batch_size, heads=mheads, tree=mtree)
     else:
         dec = build_decoder(lm, dlms, method=method, s=sp.speculation_length, temperature=temperature,
                             seed=spec.seed, block_size=sv.block_size, gpu_blocks=int(gpu_blocks),
