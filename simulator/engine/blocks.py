@@ -36,30 +36,26 @@ class BlockManager:
         seq.num_gpu_blocks = seq.num_cpu_blocks = 0
 
     def swap_out(self, seqs) -> int:
-        """Move each sequence's GPU blocks to the CPU pool; returns the blocks moved."""
-        moved = 0
+        """Move the sequences' GPU blocks to the CPU pool; returns the blocks moved."""
+        n = sum(seq.num_gpu_blocks for seq in seqs)
+        if n > self.free_cpu:
+            raise RuntimeError(f"CPU block pool overdrawn by {list(seqs)!r}")
+        self.free_cpu -= n
+        self.free_gpu += n
         for seq in seqs:
-            n = seq.num_gpu_blocks
-            if n > self.free_cpu:
-                raise RuntimeError(f"CPU block pool overdrawn by {seq!r}")
-            self.free_cpu -= n
-            self.free_gpu += n
-            seq.num_cpu_blocks, seq.num_gpu_blocks = n, 0
-            moved += n
-        return moved
+            seq.num_cpu_blocks, seq.num_gpu_blocks = seq.num_gpu_blocks, 0
+        return n
 
     def swap_in(self, seqs) -> int:
-        """Move each sequence's CPU blocks back to the GPU pool; returns the blocks moved."""
-        moved = 0
+        """Move the sequences' CPU blocks back to the GPU pool; returns the blocks moved."""
+        n = sum(seq.num_cpu_blocks for seq in seqs)
+        if n > self.free_gpu:
+            raise RuntimeError(f"GPU block pool overdrawn swapping in {list(seqs)!r}")
+        self.free_gpu -= n
+        self.free_cpu += n
         for seq in seqs:
-            n = seq.num_cpu_blocks
-            if n > self.free_gpu:
-                raise RuntimeError(f"GPU block pool overdrawn swapping in {seq!r}")
-            self.free_gpu -= n
-            self.free_cpu += n
-            seq.num_gpu_blocks, seq.num_cpu_blocks = n, 0
-            moved += n
-        return moved
+            seq.num_gpu_blocks, seq.num_cpu_blocks = seq.num_cpu_blocks, 0
+        return n
 
     @property
     def used_gpu(self) -> int:
