@@ -119,9 +119,8 @@ class _TimedSwaps:
     """The paged cache as the decision path's KV operations, with each swap timed (the device
     synchronised) and fed to the engine's measured cost model."""
 
-    def __init__(self, engine: "Engine"):
-        self.engine = engine
-        self.cache = engine.cache
+    def __init__(self, cache: PagedKVCache, sync, cost_model):
+        self.cache, self.sync, self.cost_model = cache, sync, cost_model
         self.swap_s = 0.0
         self.copies = {"d2h": 0, "h2d": 0}
 
@@ -141,11 +140,11 @@ class _TimedSwaps:
         calls = self.cache.copy_calls
         t = time.perf_counter()
         n = move(seqs)
-        self.engine._sync()
+        self.sync()
         dt = time.perf_counter() - t
         self.copies[direction] += self.cache.copy_calls - calls
         self.swap_s += dt
-        self.engine.cost_model.observe_transfer(n * self.cache.bytes_per_block, dt, direction)
+        self.cost_model.observe_transfer(n * self.cache.bytes_per_block, dt, direction)
         return n
 
 
@@ -289,7 +288,7 @@ class Engine:
     def _apply(self, d) -> dict:
         """Carry out a decision on the paged cache through the simulator's own decision path
         (infersim.simulator.engine.decision), timing the swaps."""
-        swaps = _TimedSwaps(self)
+        swaps = _TimedSwaps(self.cache, self._sync, self.cost_model)
         done = apply_decision(d, self, swaps, now_s=self.now(), swap_only=self.scheduler.preemption.swap_only,
                               bytes_per_block=self.cache.bytes_per_block, metrics=self.metrics)
         moved = {"out_blocks": done.out_blocks, "in_blocks": done.in_blocks, "out_copies": swaps.copies["d2h"],
