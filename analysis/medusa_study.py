@@ -15,18 +15,17 @@ speedup = acceleration rate / overhead, where
 Medusa's own heads and the accept step are left out, as in the paper."""
 from __future__ import annotations
 
-import heapq
 from pathlib import Path
-from typing import Literal, Sequence, Union
+from typing import Sequence
 
 import numpy as np
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from infersim.simulator.costmodel import BatchShape, RooflineCostModel
-from infersim.simulator.errors import InfersimError, UnknownNameError
-from infersim.simulator.paths import catalog_dir
-from infersim.simulator.yamlio import atomic_path, load_mapping, validate
+from infersim.simulator.errors import InfersimError
+from infersim.simulator.speculative.medusa_heads import (HeadAccuracies, expected_accept_length, grow_tree,
+                                                          load_accuracies)
+from infersim.simulator.yamlio import atomic_path
 
 from .roofline import POW2_BATCHES, POW2_SEQ_LENS, build_cost_model
 
@@ -46,139 +45,6 @@ def log_rate(candidates) -> np.ndarray:
     below 1 for fewer than e^(1/0.477) ~ 8 candidates and is 0 at one candidate."""
     q = np.asarray(candidates, dtype=np.float64)
     return np.maximum(1.0, LOG_RATE_COEF * np.log(q))
-
-
-class HeadTop(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    top1: float = Field(ge=0, le=1)
-    top5: float = Field(ge=0, le=1)
-
-    @model_validator(mode="after")
-    def _order(self):
-        if self.top5 < self.top1:
-            raise ValueError(f"top5 ({self.top5}) is below top1 ({self.top1})")
-        return self
-
-
-class HeadAccuracies(BaseModel):
-    """Medusa head accuracies and a sparse tree (simulator/catalog/medusa/*.yaml)."""
-    model_config = ConfigDict(extra="forbid")
-    name: str
-    model: str = ""
-    source: str
-    top_k: int = Field(10, ge=1)
-    heads: list[HeadTop] = []
-    per_rank: Union[Literal["geometric"], list[list[float]]] = "geometric"
-    tree_name: str = ""
-    tree_source: str = ""
-    tree: list[list[int]]
-
-    @model_validator(mode="after")
-    def _check(self):
-        if isinstance(self.per_rank, list):
-            if any(not 0 <= a <= 1 for row in self.per_rank for a in row) or any(sum(r) > 1 + 1e-9 for r in self.per_rank):
-                raise ValueError("per_rank accuracies must lie in [0, 1] and add up to at most 1 per head")
-        elif not self.heads:
-            raise ValueError("per_rank 'geometric' needs heads with top1/top5")
-        depth = self.num_heads
-        seen = {()}
-        for choice in self.tree:
-            path = tuple(choice)
-            if not path or len(path) > depth or min(path) < 0 or max(path) >= self.top_k:
-                raise ValueError(f"tree node {choice}: needs 1..{depth} indices, each below top_k {self.top_k}")
-            if path[:-1] not in seen:
-                raise ValueError(f"tree node {choice} comes before its parent {list(path[:-1])}")
-            if path in seen:
-                raise ValueError(f"tree node {choice} is listed twice")
-            seen.add(path)
-        return self
-
-    @property
-    def num_heads(self) -> int:
-        return len(self.per_rank) if isinstance(self.per_rank, list) else len(self.heads)
-
-    def rank_accuracies(self) -> np.ndarray:
-        """(heads x top_k): probability that head k's rank-i guess is the right token."""
-        if isinstance(self.per_rank, list):
-            out = np.zeros((len(self.per_rank), self.top_k))
-            for k, row in enumerate(self.per_rank):
-                out[k, :min(len(row), self.top_k)] = row[:self.top_k]
-            return out
-        return np.array([_geometric_ranks(h.top1, h.top5, self.top_k) for h in self.heads])
-
-
-def _geometric_ranks(top1: float, top5: float, top_k: int) -> np.ndarray:
-    """a(i) = top1 * r**i with sum_{i<5} a(i) = top5 (bisection on r; the sum rises with r)."""
-    if top1 <= 0:
-        return np.zeros(top_k)
-    target = top5 / top1
-    lo, hi = 0.0, 10.0
-    for _ in range(200):
-        r = 0.5 * (lo + hi)
-        if sum(r ** i for i in range(5)) < target:
-            lo = r
-        else:
-            hi = r
-    acc = top1 * r ** np.arange(top_k)
-    total = acc.sum()
-    return acc / total if total > 1 else acc  # never more than certainty over the top_k guesses
-
-
-def list_accuracy_tables() -> list[str]:
-    folder = catalog_dir() / "medusa"
-    return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
-
-
-def load_accuracies(name_or_path: str) -> HeadAccuracies:
-    """A built-in table by name (simulator/catalog/medusa/NAME.yaml) or a YAML/JSON file."""
-    path = Path(str(name_or_path)).expanduser()
-    if path.suffix not in (".yaml", ".yml", ".json"):
-        path = catalog_dir() / "medusa" / f"{str(name_or_path).strip().lower()}.yaml"
-        if not path.is_file():
-            raise UnknownNameError("Medusa accuracy table", str(name_or_path), list_accuracy_tables())
-    return validate(HeadAccuracies, load_mapping(path), str(path))
-
-
-def path_accuracy(path: Sequence[int], acc: np.ndarray) -> float:
-    """Probability that a node's whole path is right: product over depth of rank accuracies."""
-    return float(np.prod([acc[depth, idx] for depth, idx in enumerate(path)]))
-
-
-def expected_accept_length(tree: Sequence[Sequence[int]], acc: np.ndarray) -> float:
-    """1 (the base model's own token) + sum over non-root nodes of their path accuracy."""
-    return 1.0 + sum(path_accuracy(p, acc) for p in tree)
-
-
-def grow_tree(table: HeadAccuracies, nodes: int) -> list[tuple[int, ...]]:
-    """A tree of `nodes` tokens (the root included): a prefix of the table's tree, extended
-    past its end greedily by the most probable child of any node (Medusa section 2.3.3)."""
-    if nodes < 1:
-        raise InfersimError(f"candidates must be >= 1, got {nodes}")
-    acc = table.rank_accuracies()
-    tree = [tuple(c) for c in table.tree[:nodes - 1]]
-    if len(tree) == nodes - 1:
-        return tree
-    have = set(tree) | {()}
-    heap: list[tuple[float, tuple[int, ...]]] = []
-    for parent in have:
-        _push_children(heap, parent, have, acc)
-    while len(tree) < nodes - 1 and heap:
-        _, node = heapq.heappop(heap)
-        if node in have:
-            continue
-        tree.append(node)
-        have.add(node)
-        _push_children(heap, node, have, acc)
-    return tree
-
-
-def _push_children(heap, parent, have, acc) -> None:
-    if len(parent) >= acc.shape[0]:
-        return
-    for i in range(acc.shape[1]):
-        child = parent + (i,)
-        if child not in have:
-            heapq.heappush(heap, (-path_accuracy(child, acc), child))
 
 
 def tree_rate(candidates, table: HeadAccuracies) -> np.ndarray:

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 
 def pyplot():
-    """matplotlib.pyplot on the Agg backend in the style of analysis/run_plots.py."""
+    """matplotlib.pyplot on the Agg backend in the style of simulator/metrics/plots.py."""
     import matplotlib
 
     matplotlib.use("Agg")

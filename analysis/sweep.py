@@ -122,7 +122,7 @@ def run_config(task: dict) -> dict:
     t0 = time.perf_counter()
     worker = f"{socket.gethostname()}:{os.getpid()}"
     try:
-        from infersim.simulator.engine.simulation import simulate
+        from infersim.simulator.simulation import simulate
         from infersim.simulator.metrics.summary import summarize
         from infersim.simulator.workload.builder import build_requests
         from infersim.simulator.workload.schema import WorkloadSpec

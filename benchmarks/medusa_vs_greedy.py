@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 def tree_set(acc: np.ndarray, heads: int, quick: bool):
     """(kind, layout) pairs: Medusa's own choice list (mc_sim_7b_63, tuned for Vicuna-7B; its
     prefixes are trees), Cartesian products and greedy trees from the measured accuracies."""
-    from infersim.analysis.medusa_study import load_accuracies
+    from infersim.simulator.speculative.medusa_heads import load_accuracies
     from infersim.executor.medusa.tree import build_tree
 
     mc = [list(c) for c in load_accuracies("vicuna-7b").tree]

@@ -3,10 +3,10 @@ model, with the simulator's own scheduler, preemption and admission policies.
 
 Each loop builds a `SchedulerState` from the engine's own sequences (the attributes policies
 read, see simulator/policies/state.py), asks the same scheduler object the simulator uses for
-a `Decision`, and carries it out as simulator/engine/replica.py `_apply` does: aborts, then
-preemptions (swap = a real copy of the sequence's KV blocks to the host pool, recompute =
-free the blocks and prefill prompt + generated tokens again later, from the front of the
-waiting queue), swap-ins (copied back), admissions (blocks for the whole prompt); then it runs
+a `Decision`, and carries it out through the simulator's own decision path
+(infersim.simulator.engine.decision): aborts, then preemptions (swap = a real copy of the
+sequence's KV blocks to the host pool, recompute = free the blocks and prefill prompt +
+generated tokens again later, from the front of the waiting queue), swap-ins (copied back), admissions (blocks for the whole prompt); then it runs
 `decision.batch` through the model on the paged KV cache, samples greedily, and times the
 iteration (synchronising CUDA first). Arrivals are replayed on the wall clock (real time), or,
 with realtime=False, as fast as possible: when the engine would sit idle waiting for the next
@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from infersim.simulator.engine.sequence import emit_token, without
+from infersim.simulator.engine.decision import apply_decision
+from infersim.simulator.engine.sequence import emit_token
 from infersim.simulator.policies.state import SchedulerLimits, SchedulerState
 
 from .clock import Clock
@@ -112,6 +113,39 @@ class EngineStats:
 
 
 _FLOAT_COLS = {"t_start_s", "t_end_s", "forward_s", "schedule_s", "swap_s", "t_intake_s"}
+
+
+class _TimedSwaps:
+    """The paged cache as the decision path's KV operations, with each swap timed (the device
+    synchronised) and fed to the engine's measured cost model."""
+
+    def __init__(self, cache: PagedKVCache, sync, cost_model):
+        self.cache, self.sync, self.cost_model = cache, sync, cost_model
+        self.swap_s = 0.0
+        self.copies = {"d2h": 0, "h2d": 0}
+
+    def free(self, seq) -> None:
+        self.cache.free(seq)
+
+    def grow_to(self, seq, tokens: int) -> int:
+        return self.cache.grow_to(seq, tokens)
+
+    def swap_out(self, seqs: list) -> int:
+        return self._timed(self.cache.swap_out, seqs, "d2h")
+
+    def swap_in(self, seqs: list) -> int:
+        return self._timed(self.cache.swap_in, seqs, "h2d")
+
+    def _timed(self, move, seqs: list, direction: str) -> int:
+        calls = self.cache.copy_calls
+        t = time.perf_counter()
+        n = move(seqs)
+        self.sync()
+        dt = time.perf_counter() - t
+        self.copies[direction] += self.cache.copy_calls - calls
+        self.swap_s += dt
+        self.cost_model.observe_transfer(n * self.cache.bytes_per_block, dt, direction)
+        return n
 
 
 class Engine:
@@ -252,75 +286,24 @@ class Engine:
             limits=self.limits, cost_model=self.cost_model)
 
     def _apply(self, d) -> dict:
-        """Carry out a decision exactly as simulator/engine/replica.py `_apply` does."""
-        now = self.now()
-        m = self.metrics
-        moved = {"out_blocks": 0, "in_blocks": 0, "out_copies": 0, "in_copies": 0, "swap_s": 0.0, "preempt_swap": 0, "preempt_recompute": 0,
-                 "admitted": len(d.admit), "aborted": len(d.abort)}
-        if d.abort:
-            self.waiting = without(self.waiting, d.abort)
-            self.swapped = without(self.swapped, d.abort)
-            for seq in d.abort:
-                self.cache.free(seq)
-                seq.aborted = True
-                self._finish(seq, now, aborted=True)
-        if d.preempt:
-            self.running = without(self.running, [s for s, _ in d.preempt])
-            front, out = [], []
-            for seq, mode in d.preempt:
-                if mode == "swap":
-                    out.append(seq)
-                    self.swapped.append(seq)
-                    moved["preempt_swap"] += 1
-                    if m is not None:
-                        m.preempt(seq, "swap")
-                else:
-                    forced = self.scheduler.preemption.name == "swap"
-                    self.cache.free(seq)
-                    seq.computed = 0
-                    front.append(seq)
-                    moved["preempt_recompute"] += 1
-                    if m is not None:
-                        m.preempt(seq, "recompute", forced=forced)
-            if out:
-                calls = self.cache.copy_calls
-                t = time.perf_counter()
-                n = self.cache.swap_out(out)
-                self._sync()
-                dt = time.perf_counter() - t
-                moved["out_blocks"] += n
-                moved["out_copies"] += self.cache.copy_calls - calls
-                moved["swap_s"] += dt
-                self.cost_model.observe_transfer(n * self.cache.bytes_per_block, dt, "d2h")
-            self.waiting[:0] = sorted(front, key=lambda s: (s.arrival_s, s.rid))
-        if d.swap_in:
-            self.swapped = without(self.swapped, d.swap_in)
-            calls = self.cache.copy_calls
-            t = time.perf_counter()
-            n = self.cache.swap_in(d.swap_in)
-            self._sync()
-            dt = time.perf_counter() - t
-            moved["in_blocks"] += n
-            moved["in_copies"] += self.cache.copy_calls - calls
-            moved["swap_s"] += dt
-            self.cost_model.observe_transfer(n * self.cache.bytes_per_block, dt, "h2d")
-            self.running.extend(d.swap_in)
-        if d.admit:
-            self.waiting = without(self.waiting, d.admit)
-            for seq in d.admit:
-                self.cache.grow_to(seq, seq.num_tokens)
-                if seq.first_scheduled_s < 0:
-                    seq.first_scheduled_s = now
-                self.running.append(seq)
-        self.counters["preempt_swap"] += moved["preempt_swap"]
-        self.counters["preempt_recompute"] += moved["preempt_recompute"]
-        self.counters["swap_out_blocks"] += moved["out_blocks"]
-        self.counters["swap_in_blocks"] += moved["in_blocks"]
-        if m is not None:
-            m.counters["swap_out_bytes"] += moved["out_blocks"] * self.cache.bytes_per_block
-            m.counters["swap_in_bytes"] += moved["in_blocks"] * self.cache.bytes_per_block
-        self.stats.swap_s += moved["swap_s"]
+        """Carry out a decision on the paged cache through the simulator's own decision path
+        (infersim.simulator.engine.decision), timing the swaps."""
+        swaps = _TimedSwaps(self.cache, self._sync, self.cost_model)
+        done = apply_decision(d, self, swaps, now_s=self.now(), swap_only=self.scheduler.preemption.swap_only,
+                              bytes_per_block=self.cache.bytes_per_block, metrics=self.metrics)
+        moved = {"out_blocks": done.out_blocks, "in_blocks": done.in_blocks, "out_copies": swaps.copies["d2h"],
+                 "in_copies": swaps.copies["h2d"], "swap_s": swaps.swap_s, "preempt_swap": done.preempt_swap,
+                 "preempt_recompute": done.preempt_recompute, "admitted": done.admitted, "aborted": done.aborted}
+        for key in ("preempt_swap", "preempt_recompute"):
+            self.counters[key] += moved[key]
+        self.counters["swap_out_blocks"] += done.out_blocks
+        self.counters["swap_in_blocks"] += done.in_blocks
+        self.stats.swap_s += swaps.swap_s
         return moved
+
+    def abort(self, seq: ExecSequence, now_s: float) -> None:
+        seq.aborted = True
+        self._finish(seq, now_s, aborted=True)
 
     def _run_batch(self, d, sched_s: float, moved: dict) -> None:
         batch = d.batch

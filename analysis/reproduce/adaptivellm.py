@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from infersim.simulator.engine.simulation import Simulation
+from infersim.simulator.simulation import Simulation
 from infersim.simulator.machine import machine_line
 from infersim.simulator.hardware.catalog import load_hardware
 from infersim.simulator.metrics.collector import SERIES_COLUMNS

@@ -228,7 +228,7 @@ def experiments(quick: bool) -> tuple[pd.DataFrame, dict]:
 
 def serving(quick: bool) -> pd.DataFrame:
     """The capacity question: the example workloads, and variants, at a few Poisson rates."""
-    from infersim.simulator.engine.simulation import simulate
+    from infersim.simulator.simulation import simulate
     from infersim.simulator.metrics.summary import summarize
     from infersim.simulator.workload.builder import build_requests, load_workload
 

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from infersim.simulator.engine.simulation import Simulation
+from infersim.simulator.simulation import Simulation
 from infersim.simulator.metrics.summary import summarize
 from infersim.simulator.workload.builder import build_requests, load_workload
 from infersim.simulator.workload.schema import WorkloadSpec

@@ -22,6 +22,7 @@ off), or the cost model (the replay is close, so the predicted times are what di
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -413,3 +414,14 @@ def pct(x) -> str:
 
 def pct_signed(x) -> str:
     return f"{x:+.1%}" if x is not None and np.isfinite(x) else "n/a"
+
+
+def brief(d: dict) -> dict:
+    """The comparison without per-iteration and per-request arrays (those are in the run dirs)."""
+    d = json.loads(json.dumps(d, default=float))
+    for k in ("predicted_s", "measured_s", "batch_size"):
+        d["cost_model"].pop(k, None)
+    for col in ("ttft_s", "tpot_s", "e2e_s"):
+        for k in ("measured_values", "predicted_values"):
+            d["requests"].get(col, {}).pop(k, None)
+    return d

@@ -19,6 +19,7 @@ import numpy as np
 
 from infersim.simulator.errors import InfersimError
 
+from .compare import brief
 from .execute import run_repeated
 from .offload_calibrate import OffloadFit, calibrate_offload_around, load_offload_run
 
@@ -199,7 +200,7 @@ def validate_offload_case(case, model: str, out: Path, *, device: str = "cpu", d
                              f"{fit.meta['iteration_fit']['mape_in_sample']:.1%}", "fit": fit.to_json()},
               "drift": {}, "statistics": stats, "updates": updates, "offload": ob, "seed": spec.seed,
               "requests": len(reqs), "wall_s": time.perf_counter() - t0, "busy": bool(cmp.info.get("busy")),
-              "repeats": repeated, "comparison": _brief(cmp.to_json())}
+              "repeats": repeated, "comparison": brief(cmp.to_json())}
     write_json(out / "validation.json", result)
     if report:
         from .report import case_report
@@ -212,10 +213,6 @@ def _pct(x) -> str:
     return f"{x:.1%}" if x is not None and np.isfinite(x) else "n/a"
 
 
-def _brief(d: dict) -> dict:
-    from .run import _brief as brief
-
-    return brief(d)
 
 
 __all__ = ["validate_offload_case", "offload_cost_model", "bytes_level"]

@@ -2,7 +2,6 @@
 compare, report. Used by `sim validate` and by the matrix."""
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -10,7 +9,7 @@ from infersim.simulator.errors import InfersimError
 
 from .calibrate import FittedCostModel, calibrate, require_held_out_seed
 from .cases import Case
-from .compare import compare_runs
+from .compare import brief, compare_runs
 from .execute import run_repeated
 from .measured import load_exec_run, load_run
 from .modes import MODES
@@ -177,7 +176,7 @@ def validate_case(case: Case, model: str, out: Path, *, device: str = "cpu", dty
     cmp = compare_runs(case.name, exec_run, sim_run, cm, case.compare, replay_run=load_run(out / "replay"))
     result = {**base, "status": "ran", "passed": cmp.passed, "checks": cmp.checks, "cost_model": desc, "drift": drift,
               "statistics": stats, "seed": spec.seed, "requests": len(reqs), "wall_s": time.perf_counter() - t0,
-              "busy": bool(cmp.info.get("busy")), "repeats": repeated, "comparison": _brief(cmp.to_json())}
+              "busy": bool(cmp.info.get("busy")), "repeats": repeated, "comparison": brief(cmp.to_json())}
     write_json(out / "validation.json", result)
     if report:
         from .report import case_report
@@ -193,14 +192,3 @@ def _fit_line(fit) -> str:
               else "")
     return (f"({', '.join(m.get('workloads', []))}, seeds {seeds}, {m.get('model')} on {m.get('device')}; "
             f"in-sample MAPE {m.get('iteration_fit', {}).get('mape_in_sample', float('nan')):.1%}{scaled})")
-
-
-def _brief(d: dict) -> dict:
-    """The comparison without per-iteration and per-request arrays (those are in the run dirs)."""
-    d = json.loads(json.dumps(d, default=float))
-    for k in ("predicted_s", "measured_s", "batch_size"):
-        d["cost_model"].pop(k, None)
-    for col in ("ttft_s", "tpot_s", "e2e_s"):
-        for k in ("measured_values", "predicted_values"):
-            d["requests"].get(col, {}).pop(k, None)
-    return d

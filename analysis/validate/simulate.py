@@ -67,7 +67,7 @@ def simulate_run(run: ExecRun, out: Path, *, cost_model=None, profile: str = "cp
     `out`. `cost_model`, when given, replaces the one the spec names (the executor fit);
     `policy_cost_model`, when given, is what the policies see instead (cost-aware preemption's
     questions), so a replayed cost model answers only the engine's iterations and copies."""
-    from infersim.simulator.engine.simulation import Simulation
+    from infersim.simulator.simulation import Simulation
     from infersim.simulator.metrics.rundir import staged_dir
     from infersim.simulator.metrics.summary import write_result_files
 

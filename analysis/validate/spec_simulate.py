@@ -114,7 +114,7 @@ def simulate_spec_run(run: RunDir, out: Path, fit, *, profile: str = "cpu-refere
                       seed: int | None = None, s_trajectory: list | None = None) -> dict:
     """`s_trajectory` (the executed run's [[observations, s], ...]): the selector replays it instead of
     deciding (only where the workload has the selector on)."""
-    from infersim.simulator.engine.simulation import Simulation
+    from infersim.simulator.simulation import Simulation
     from infersim.simulator.metrics.rundir import staged_dir
     from infersim.simulator.metrics.summary import write_result_files
 

@@ -144,7 +144,7 @@ def validate_spec_case(case, model: str, out: Path, *, device: str = "cpu", dtyp
     from .spec_compare import compare_spec
     from .spec_costmodel import SpecFit
     from .spec_rounds import rebuild_rounds
-    from .run import _brief
+    from .compare import brief
     from .spec_simulate import kv_binds, simulate_spec_run
 
     out = Path(out)
@@ -205,7 +205,7 @@ def validate_spec_case(case, model: str, out: Path, *, device: str = "cpu", dtyp
               "busy": bool(cmp.info.get("busy")), "repeats": repeated, "kv_reservation_binds": kv_binds(exec_run),
               "simulated_speculation": {k: sim_spec.get(k) for k in ("acceleration_rate", "acceptance_rate", "rounds",
                                                                      "sequence_rounds", "s")},
-              "comparison": _brief(cmp.to_json())}
+              "comparison": brief(cmp.to_json())}
     write_json(out / "validation.json", result)
     if report:
         from .spec_report import spec_case_report

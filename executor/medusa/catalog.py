@@ -1,5 +1,5 @@
 """The heads' measured accuracies as a simulator catalog entry
-(`simulator/catalog/medusa/<name>.yaml`, read by analysis.medusa_study.load_accuracies and the
+(`simulator/catalog/medusa/<name>.yaml`, read by simulator.speculative.medusa_heads.load_accuracies and the
 simulator's `speculation: {method: medusa, medusa: {accuracies: <name>}}`).
 
 per_rank is the `greedy` reading (the target's own continuation: what greedy verification

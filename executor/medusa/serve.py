@@ -57,7 +57,7 @@ def resolve_tree(mc, num_heads: int) -> tuple[TreeLayout, object, int]:
     """(layout, accuracy table, heads used) for a `speculation.medusa` section, built as the
     simulator builds it (simulator/speculative/proposers.py MedusaProposer) from the named
     accuracy table, then cut to the `num_heads` heads the executor has."""
-    from infersim.analysis.medusa_study import load_accuracies
+    from infersim.simulator.speculative.medusa_heads import load_accuracies
     from infersim.simulator.speculative.medusa_tree import cartesian_tree, choices_tree, greedy_tree, restrict
 
     table = load_accuracies(mc.accuracies)
@@ -310,7 +310,7 @@ class MedusaDecoder(SpeculativeDecoder):
 def write_accuracy_table(path: Path, P: MedusaProposer, *, target: str, source: str) -> Path:
     import yaml
 
-    from infersim.analysis.medusa_study import HeadAccuracies
+    from infersim.simulator.speculative.medusa_heads import HeadAccuracies
     from infersim.simulator.yamlio import write_atomic
 
     lay = P.layout

@@ -50,7 +50,7 @@ def recorded_statistics(run_dir) -> dict:
     acc_path = run_dir / m.get("accuracies_file", ACCURACIES_FILE)
     if not acc_path.is_file():
         raise InfersimError(f"{run_dir}: missing {acc_path.name} (the head accuracies the run measured)")
-    from infersim.analysis.medusa_study import expected_accept_length, load_accuracies
+    from infersim.simulator.speculative.medusa_heads import expected_accept_length, load_accuracies
 
     table = load_accuracies(str(acc_path))
     per_rank = np.asarray(table.per_rank, dtype=np.float64)

@@ -146,7 +146,7 @@ def execute(spec, requests, model: str, out: Path, *, device: str | None = "cpu"
     """Serve the requests with the KV cache in host memory under the workload's `offload:`
     policy; write a `sim exec` run directory at `out` atomically; return the summary."""
     from infersim.simulator.engine.memory import MemoryPlan
-    from infersim.simulator.engine.simulation import SimulationResult
+    from infersim.simulator.simulation import SimulationResult
     from infersim.simulator.metrics.collector import MetricsCollector
     from infersim.simulator.metrics.rundir import staged_dir, write_table
     from infersim.simulator.metrics.summary import write_result_files
@@ -154,7 +154,7 @@ def execute(spec, requests, model: str, out: Path, *, device: str | None = "cpu"
 
     from ..models import dtype_name, load_model
     from ..prompts import make_prompts
-    from ..run import _write_outputs, executor_record, plan_blocks, resolved_config, serve
+    from ..serving import executor_record, plan_blocks, resolved_config, serve, write_outputs
 
     off, policy = _section(spec)
     t_wall = time.perf_counter()
@@ -221,9 +221,9 @@ def execute(spec, requests, model: str, out: Path, *, device: str | None = "cpu"
         write_table(tmp / "iteration_batches.parquet", st.batch_table())
         for name, table in tabs.items():
             write_table(tmp / f"{name}.parquet", table)
-        _write_outputs(tmp / "outputs.parquet", sorted(seqs, key=lambda s: s.rid))
+        write_outputs(tmp / "outputs.parquet", sorted(seqs, key=lambda s: s.rid))
         if plots:
-            from infersim.analysis.run_plots import plot_run
+            from infersim.simulator.metrics.plots import plot_run
 
             plot_run(tmp)
     return summary

@@ -19,7 +19,7 @@ from infersim.simulator.errors import InfersimError
 
 from ..clock import Clock
 
-from .record import AcceptanceRecorder
+from .acceptance import AcceptanceRecorder
 
 ROUND_COLUMNS = ("round", "t_start_s", "t_end_s", "draft_s", "verify_s", "batch_size", "prefill_seqs",
                  "verify_seqs", "s", "drafted_tokens", "accepted_tokens", "tokens_out", "draft_steps",

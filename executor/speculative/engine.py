@@ -13,8 +13,8 @@ series.parquet, summary.json with a `speculation` entry like the simulator's, pl
 | acceptance.yaml | acceptance by position as the simulator's acceptance table (load it with `acceptance: {table: <path>, draft: ..., dataset: ...}`) |
 | outputs.parquet | prompt and generated token ids per request |
 
-What the section may ask: method draft | minions | medusa (Medusa: executor/medusa/serve.py plugs
-its decoder into this engine; its run directory adds medusa_accuracies.yaml, the head accuracies
+What the section may ask: method draft | minions | medusa (Medusa: executor/medusa registers
+its decoder with this engine, methods.py; its run directory adds medusa_accuracies.yaml, the head accuracies
 measured in the run, instead of acceptance.yaml); each
 draft's `model` is a zoo name or a checkpoint folder (its `acceptance` is what the simulator
 would assume; here acceptance is measured); sampling greedy, or sampling at a temperature
@@ -87,7 +87,7 @@ class _Observer:
 
 
 def _settings(sp):
-    if sp.method == "medusa":  # Medusa's settings are executor.medusa.serve.acceptance_for
+    if sp.method == "medusa":  # Medusa's settings are its TreeDecoding's (methods.py)
         raise InfersimError("speculation.method 'medusa': these settings are for draft and minions only")
     mode = sp.sampling.mode
     if mode == "typical":
@@ -105,7 +105,7 @@ def execute_speculative(spec, requests, model: str, out: Path, *, device: str | 
     import torch
 
     from infersim.simulator.engine.memory import MemoryPlan
-    from infersim.simulator.engine.simulation import SimulationResult
+    from infersim.simulator.simulation import SimulationResult
     from infersim.simulator.metrics.collector import MetricsCollector
     from infersim.simulator.metrics.rundir import staged_dir, write_table
     from infersim.simulator.metrics.summary import write_result_files
@@ -114,21 +114,22 @@ def execute_speculative(spec, requests, model: str, out: Path, *, device: str | 
 
     from ..models import dtype_name, load_model
     from ..prompts import make_prompts
-    from ..run import _device_description, _model_summary, _write_outputs
+    from ..serving import device_description, model_summary, write_outputs
     from .build import build_decoder
     from ..clock import Clock
     from .decoder import kv_blocks_for
     from .pipeline import PipelinedDecoder
-    from .record import write_acceptance_table
+    from .acceptance import write_acceptance_table
     from .sequence import SpecSequence
 
     t_wall = time.perf_counter()
     sp = spec.speculation
     medusa = sp.method == "medusa"
     if medusa:
-        from ..medusa.serve import acceptance_for
+        from .methods import TREE_DECODINGS
 
-        mode, temperature = acceptance_for(sp).mode, 0.0
+        tree_decoding = TREE_DECODINGS.get(sp.method)  # registered by executor/medusa when imported
+        mode, temperature = tree_decoding.acceptance_mode(sp), 0.0
     else:
         mode, temperature = _settings(sp)
     if len(requests) == 0:
@@ -152,11 +153,7 @@ def execute_speculative(spec, requests, model: str, out: Path, *, device: str | 
     s_max = sel.s_max if sel is not None else sp.speculation_length
     mheads = mtree = None
     if medusa:  # a verification writes the whole tree into the KV cache: reserve its nodes
-        from ..medusa.serve import resolve_tree
-        from ..medusa.store import ensure_heads
-
-        mheads, _, _ = ensure_heads(lm, log=log)
-        mtree, _, _ = resolve_tree(sp.medusa, mheads.num_heads)
+        mheads, mtree = tree_decoding.prepare(lm, sp, log=log)
         s_max = mtree.nodes
     prompts = make_prompts(requests.prompt_tokens, tokenizer=lm.tokenizer, vocab_size=lm.vocab_size, seed=spec.seed)
     seqs, truncated = [], 0
@@ -180,10 +177,8 @@ def execute_speculative(spec, requests, model: str, out: Path, *, device: str | 
                              reward_factor=v.reward_factor, punish_factor=v.punish_factor,
                              threshold_mode=v.threshold_mode, ema=v.ema)
     if medusa:
-        from ..medusa.serve import build_medusa_decoder
-
-        dec = build_medusa_decoder(lm, sp, gpu_blocks=int(gpu_blocks), block_size=sv.block_size,
-                                   max_batch_size=sv.max_batch_size, heads=mheads, tree=mtree)
+        dec = tree_decoding.build_decoder(lm, sp, gpu_blocks=int(gpu_blocks), block_size=sv.block_size,
+                                          max_batch_size=sv.max_batch_size, heads=mheads, tree=mtree)
     else:
         dec = build_decoder(lm, dlms, method=method, s=sp.speculation_length, temperature=temperature,
                             seed=spec.seed, block_size=sv.block_size, gpu_blocks=int(gpu_blocks),
@@ -243,7 +238,7 @@ def execute_speculative(spec, requests, model: str, out: Path, *, device: str | 
               "outputs_truncated_to_max_model_len": truncated, "torch": str(torch.__version__),
               "threads": torch.get_num_threads()}
         resolved = {"workload": spec.model_copy(update={"model": str(lm.path)}).model_dump(mode="json"),
-                    "model": _model_summary(lm, sv.dtype), "hardware": _device_description(lm.device),
+                    "model": model_summary(lm, sv.dtype), "hardware": device_description(lm.device),
                     "memory": {"gpu_blocks": int(gpu_blocks), "kv_bytes_per_block": float(bpb)},
                     "step_mode": True, "num_requests": len(seqs),
                     "executor": {k: ex[k] for k in ("model", "model_path", "drafts", "device", "dtype", "realtime",
@@ -267,9 +262,9 @@ def execute_speculative(spec, requests, model: str, out: Path, *, device: str | 
                                    entries=[dec.stats.recorder.entry(label, sp.dataset or DATASET, mode=mode,
                                                                      temperature=temperature,
                                                                      source="measured by executor/speculative")])
-        _write_outputs(tmp / "outputs.parquet", sorted(seqs, key=lambda s: s.rid))
+        write_outputs(tmp / "outputs.parquet", sorted(seqs, key=lambda s: s.rid))
         if plots:
-            from infersim.analysis.run_plots import plot_run
+            from infersim.simulator.metrics.plots import plot_run
 
             plot_run(tmp)
             _plot_speculation(tmp, dec, runner)

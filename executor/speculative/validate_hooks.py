@@ -65,7 +65,7 @@ def fit_request_mixture(rid, s, accepted, *, groups: int | None = 4, min_request
     component, for a simulation of the same requests by id (the validation); `shrink=False`
     keeps the groups' realized acceptance (what the run did, which is what a simulation of that
     run by id should reproduce; shrinking is for drawing levels for unknown requests)."""
-    from .record import AcceptanceRecorder
+    from .acceptance import AcceptanceRecorder
 
     rid, s, accepted = (np.asarray(x, dtype=np.int64) for x in (rid, s, accepted))
     keep = s > 0

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from infersim.simulator.errors import InfersimError
+from infersim.simulator.models.catalog import register_model_source
 
 from .spec import DEFAULT_ZOO, TINY_ZOO, ModelRecipe, ZooSpec
 
@@ -37,6 +38,18 @@ def resolve_zoo_model(name: str, *, build: bool = False, spec: ZooSpec = DEFAULT
             raise InfersimError(f"zoo model '{name}' is not built yet (looked in {d}): run `sim zoo build`")
         build_zoo(spec, root=root, names=[name], log=log)
     return path
+
+
+def _config_path(name: str) -> Path:
+    """A zoo model's Hugging Face config.json, for the simulator's model catalog."""
+    try:
+        return resolve_zoo_model(name) / "config.json"
+    except ImportError as exc:  # the zoo's cache key needs the executor extra (torch)
+        raise InfersimError(f"model '{name}' is from the executor's zoo, which needs pip install \".[executor]\" "
+                            f"({exc})") from None
+
+
+register_model_source(ZOO_PREFIX, _config_path)
 
 
 def ensure_zoo(spec: ZooSpec = DEFAULT_ZOO, root: Path | None = None, log=None, subprocess: bool = True) -> Path:

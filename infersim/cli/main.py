@@ -9,6 +9,7 @@ import signal
 import threading
 import sys
 
+import infersim.executor  # noqa: F401  (registers the zoo's model names, so every command can name them)
 from infersim.simulator.errors import InfersimError
 
 # subcommand -> module under infersim.cli with `add_parser(subparsers)` and `run(args) -> int`

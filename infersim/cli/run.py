@@ -118,7 +118,7 @@ def finish_status(s: dict, quiet: bool) -> int:
 def execute(spec, requests, out: Path, *, source: str = "workload", step_mode: bool = False, plots: bool = True,
             csv: bool = False, quiet: bool = True, force: bool = False) -> dict:
     """Simulate and write the run directory atomically; returns the summary."""
-    from infersim.simulator.engine.simulation import Simulation
+    from infersim.simulator.simulation import Simulation
     from infersim.simulator.metrics.rundir import pause_point, staged_dir
     from infersim.simulator.metrics.summary import write_result_files
 
@@ -139,7 +139,7 @@ def execute(spec, requests, out: Path, *, source: str = "workload", step_mode: b
         summary = write_result_files(tmp, result, csv=csv)
         pause_point("writing")
         if plots:
-            from infersim.analysis.run_plots import plot_run
+            from infersim.simulator.metrics.plots import plot_run
 
             plot_run(tmp)
     return summary

@@ -35,22 +35,26 @@ class BlockManager:
         self.free_cpu += seq.num_cpu_blocks
         seq.num_gpu_blocks = seq.num_cpu_blocks = 0
 
-    def swap_out(self, seq) -> int:
-        n = seq.num_gpu_blocks
+    def swap_out(self, seqs) -> int:
+        """Move the sequences' GPU blocks to the CPU pool; returns the blocks moved."""
+        n = sum(seq.num_gpu_blocks for seq in seqs)
         if n > self.free_cpu:
-            raise RuntimeError(f"CPU block pool overdrawn by {seq!r}")
+            raise RuntimeError(f"CPU block pool overdrawn by {list(seqs)!r}")
         self.free_cpu -= n
         self.free_gpu += n
-        seq.num_cpu_blocks, seq.num_gpu_blocks = n, 0
+        for seq in seqs:
+            seq.num_cpu_blocks, seq.num_gpu_blocks = seq.num_gpu_blocks, 0
         return n
 
-    def swap_in(self, seq) -> int:
-        n = seq.num_cpu_blocks
+    def swap_in(self, seqs) -> int:
+        """Move the sequences' CPU blocks back to the GPU pool; returns the blocks moved."""
+        n = sum(seq.num_cpu_blocks for seq in seqs)
         if n > self.free_gpu:
-            raise RuntimeError(f"GPU block pool overdrawn swapping in {seq!r}")
+            raise RuntimeError(f"GPU block pool overdrawn swapping in {list(seqs)!r}")
         self.free_gpu -= n
         self.free_cpu += n
-        seq.num_gpu_blocks, seq.num_cpu_blocks = n, 0
+        for seq in seqs:
+            seq.num_gpu_blocks, seq.num_cpu_blocks = seq.num_cpu_blocks, 0
         return n
 
     @property

@@ -13,7 +13,8 @@ import numpy as np
 
 from ..costmodel.batch import BatchShape
 from ..policies.state import SchedulerState
-from .sequence import emit_token, without
+from .decision import apply_decision
+from .sequence import emit_token
 
 MAX_STRETCH_STEPS = 1024
 
@@ -98,46 +99,13 @@ class Replica:
             kv_copies_per_block=self.kv_copies_per_block)
 
     def _apply(self, d) -> tuple[float, float]:
-        now = self.env.now
-        m = self.metrics
-        if d.abort:
-            self.waiting = without(self.waiting, d.abort)
-            self.swapped = without(self.swapped, d.abort)
-            for seq in d.abort:
-                self.blocks.free(seq)
-                self.sim.finish(seq, now, aborted=True)
-        out_bytes = in_bytes = 0.0
-        if d.preempt:
-            self.running = without(self.running, [s for s, _ in d.preempt])
-            front = []
-            for seq, mode in d.preempt:
-                if mode == "swap":
-                    out_bytes += self.blocks.swap_out(seq) * self.kv_bytes_per_block
-                    self.swapped.append(seq)
-                    m.preempt(seq, "swap")
-                else:
-                    forced = self.scheduler.preemption.swap_only
-                    self.blocks.free(seq)
-                    seq.computed = 0
-                    front.append(seq)
-                    m.preempt(seq, "recompute", forced=forced)
-            # vLLM puts recomputed sequences back at the front of the waiting queue
-            self.waiting[:0] = sorted(front, key=lambda s: (s.arrival_s, s.rid))
-        if d.swap_in:
-            self.swapped = without(self.swapped, d.swap_in)
-            for seq in d.swap_in:
-                in_bytes += self.blocks.swap_in(seq) * self.kv_bytes_per_block
-                self.running.append(seq)
-        if d.admit:
-            self.waiting = without(self.waiting, d.admit)
-            for seq in d.admit:
-                self.blocks.grow_to(seq, seq.num_tokens)
-                if seq.first_scheduled_s < 0:
-                    seq.first_scheduled_s = now
-                self.running.append(seq)
-        m.counters["swap_out_bytes"] += out_bytes
-        m.counters["swap_in_bytes"] += in_bytes
-        return out_bytes, in_bytes
+        """Carry out a decision (engine/decision.py); returns the bytes swapped out and in."""
+        done = apply_decision(d, self, self.blocks, now_s=self.env.now, swap_only=self.scheduler.preemption.swap_only,
+                              bytes_per_block=self.kv_bytes_per_block, metrics=self.metrics)
+        return done.out_blocks * self.kv_bytes_per_block, done.in_blocks * self.kv_bytes_per_block
+
+    def abort(self, seq, now_s: float) -> None:
+        self.sim.finish(seq, now_s, aborted=True)
 
     def _transfer(self, out_bytes: float, in_bytes: float):
         """Swap-out then swap-in over this replica's host link, before the iteration runs."""

@@ -1,9 +1,12 @@
 """Model specs by name: the built-in catalog (simulator/catalog/models/*.yaml), a model YAML
-anywhere, or a Hugging Face config.json (the file, or the checkpoint folder holding it)."""
+anywhere, a Hugging Face config.json (the file, or the checkpoint folder holding it), or a
+name another layer provides: the executor registers its zoo's `zoo-*` names when imported
+(`register_model_source`), so the simulator models them without depending on the executor."""
 from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Callable
 
 from ..catalog_loader import canonical_names, resolve
 from ..errors import InfersimError
@@ -11,6 +14,16 @@ from ..paths import models_dir
 from ..yamlio import load_mapping, validate
 from .hf_config import spec_from_hf_config
 from .spec import ModelSpec
+
+
+# name prefix -> the function giving such a model's Hugging Face config.json
+_MODEL_SOURCES: dict[str, Callable[[str], Path]] = {}
+
+
+def register_model_source(prefix: str, config_path: Callable[[str], Path]) -> None:
+    """Names starting with `prefix` resolve through `config_path(name)` (unless a file of that
+    name exists)."""
+    _MODEL_SOURCES[prefix] = config_path
 
 
 def list_models() -> list[str]:
@@ -22,23 +35,14 @@ def load_model(name_or_path: str) -> ModelSpec:
     if as_path.suffix in (".yaml", ".yml", ".json") and not as_path.exists():
         # Looks like a path, so "unknown model" with the catalog listing would mislead.
         raise InfersimError(f"{as_path}: file not found")
-    if str(name_or_path).startswith("zoo-") and not as_path.exists():
-        path = _zoo_config(str(name_or_path))
+    source = next((f for prefix, f in _MODEL_SOURCES.items() if str(name_or_path).startswith(prefix)), None)
+    if source is not None and not as_path.exists():
+        path = source(str(name_or_path))
     else:
         path = resolve("model", str(name_or_path), models_dir())
     stat = path.stat()
     # Keyed on mtime and size too, so an edited file is re-read rather than served stale.
     return _load(str(path.resolve()), stat.st_mtime_ns, stat.st_size)
-
-
-def _zoo_config(name: str) -> Path:
-    """A model of the executor's zoo (`sim zoo build`), by name, as its HF config.json."""
-    try:
-        from infersim.executor.zoo import resolve_zoo_model
-    except ImportError as exc:  # the zoo's cache key needs the executor extra (torch)
-        raise InfersimError(f"model '{name}' is from the executor's zoo, which needs pip install \".[executor]\" "
-                            f"({exc})") from None
-    return resolve_zoo_model(name) / "config.json"
 
 
 @lru_cache(maxsize=None)

@@ -7,12 +7,12 @@ and verification processes n + 1 tokens per sequence (q = nodes in BatchShape.ve
 Builders: `cartesian_tree` (every path through the top-s_k guesses of head k),
 `choices_tree` (an explicit list, e.g. Medusa's mc_sim_7b_63 from the accuracy table) and
 `greedy_tree` (section 2.3.3: add the most probable connected node until the budget is spent;
-the construction itself is analysis/medusa_study.grow_tree, reused here).
+the construction itself is medusa_heads.grow_tree, reused here).
 
 Acceptance (sampling.RankAcceptance): `acc[k, i]`, the probability that head k's rank-i guess is
 the target's own token (at most one candidate per depth can be: greedy decoding and rejection
 sampling), gives the expected accepted length 1 + sum over nodes of the product of accuracies
-along the node's path (Medusa 2.3.3; `analysis.medusa_study.expected_accept_length`). Typical
+along the node's path (Medusa 2.3.3; `medusa_heads.expected_accept_length`). Typical
 acceptance adds `extra[k, i]`: a candidate that is not the target's token still passes if the
 target finds it likely enough. Such a token ends the accepted path: the heads guessed the
 tokens after the target's own continuation, not after an alternative, so its children are not
@@ -29,6 +29,7 @@ import numpy as np
 
 from ..errors import InfersimError
 from ..models.dtypes import bytes_per_element
+from .medusa_heads import HeadAccuracies, expected_accept_length, grow_tree, path_accuracy
 
 Tree = list[tuple[int, ...]]
 
@@ -72,8 +73,6 @@ def choices_tree(choices: Sequence[Sequence[int]]) -> Tree:
 def greedy_tree(acc: np.ndarray, nodes: int) -> Tree:
     """Medusa 2.3.3: the `nodes`-node tree (root included) that greedily maximises the expected
     acceptance length under accuracies acc (heads x ranks)."""
-    from infersim.analysis.medusa_study import HeadAccuracies, grow_tree
-
     acc = np.asarray(acc, dtype=np.float64)
     # model_construct: the table of a non-exclusive scheme (typical) may sum above 1 per head
     table = HeadAccuracies.model_construct(name="greedy", model="", source="", top_k=int(acc.shape[1]), heads=[],
@@ -87,14 +86,8 @@ def restrict(tree: Tree, heads: int, top_k: int) -> Tree:
 
 
 # ---- acceptance --------------------------------------------------------------------------------
-def path_probability(path: Sequence[int], acc: np.ndarray) -> float:
-    return float(np.prod([acc[d, i] for d, i in enumerate(path)]))
-
-
 def expected_length_exclusive(tree: Tree, acc: np.ndarray) -> float:
     """1 + sum over nodes of the product of accuracies along the path (Medusa 2.3.3)."""
-    from infersim.analysis.medusa_study import expected_accept_length
-
     return float(expected_accept_length(tree, np.asarray(acc, dtype=np.float64)))
 
 
@@ -116,7 +109,7 @@ def expected_length(tree: Tree, acc: np.ndarray, extra: Optional[np.ndarray] = N
     for v, kids in children.items():
         if not kids:
             continue
-        reach = path_probability(v, acc) if v else 1.0
+        reach = path_accuracy(v, acc) if v else 1.0
         d = len(v)  # the children are guesses of head d (0-based)
         stop = max(0.0, 1.0 - sum(acc[d, c[-1]] for c in kids))
         miss = float(np.prod([1.0 - extra[d, c[-1]] for c in kids]))

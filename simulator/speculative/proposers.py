@@ -25,6 +25,7 @@ from ..models.catalog import load_model
 from ..models.dtypes import normalize_dtype
 from .acceptance import AcceptanceModel, load_table, resolve_model, resolve_spec
 from .config import AcceptanceRef, SpeculationSection
+from .medusa_heads import load_accuracies
 from .medusa_tree import (EmpiricalTreeSampler, TreeSampler, cartesian_tree, choices_tree, greedy_tree, head_params, heads_time_s,
                           restrict)
 from .minions import SSMWeights, draw_agreement_lengths, vote_agreement
@@ -268,8 +269,6 @@ class MedusaProposer:
     kind = "medusa"
 
     def __init__(self, cfg: SpeculationSection, sim):
-        from infersim.analysis.medusa_study import load_accuracies
-
         self.cfg = cfg
         mc = cfg.medusa
         self.table = load_accuracies(mc.accuracies)

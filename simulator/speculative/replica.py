@@ -495,5 +495,5 @@ class PipelinedReplica(SpeculativeReplica):
 
 
 def replica_class(cfg: SpeculationSection):
-    """The Replica subclass the simulation builds replicas from (engine/simulation.py hook)."""
+    """The Replica subclass the simulation builds replicas from (simulation.py hook)."""
     return PipelinedReplica if cfg.pipeline_on else SpeculativeReplica

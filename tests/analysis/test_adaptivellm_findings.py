@@ -17,7 +17,7 @@ import pytest
 from infersim.analysis.reproduce.adaptivellm import (CONFIGS, PAPER_TABLE3, PAPER_TABLE4, _COL, _hardware_variants,
                                             simulate_point, task)
 from infersim.simulator.costmodel import RooflineCostModel
-from infersim.simulator.engine.simulation import Simulation
+from infersim.simulator.simulation import Simulation
 from infersim.simulator.hardware.catalog import load_hardware
 from infersim.simulator.models.catalog import load_model
 from infersim.simulator.policies import SchedulerLimits, SchedulerState, build_scheduler

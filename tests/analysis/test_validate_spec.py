@@ -53,7 +53,7 @@ def test_bad_assignment_is_refused(bad, message):
 
 
 def test_acceptance_rate_is_the_simulators_mean_over_sequence_rounds():
-    from infersim.executor.speculative.record import AcceptanceRecorder
+    from infersim.executor.speculative.acceptance import AcceptanceRecorder
     from infersim.simulator.speculative.report import SpecStats
 
     rec = AcceptanceRecorder()
@@ -221,7 +221,7 @@ def test_stratified_draws_keep_each_request_at_its_component():
     s = 4 per request. Stratified draws (each request along its own low-discrepancy sequence)
     land every request's mean tokens per round close to its component's expectation; independent
     draws scatter them by about 1.3 / sqrt(40) = 0.2."""
-    from infersim.simulator.engine.simulation import Simulation
+    from infersim.simulator.simulation import Simulation
     from infersim.simulator.workload.builder import build_requests
     from infersim.simulator.workload.schema import WorkloadSpec
 

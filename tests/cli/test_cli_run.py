@@ -91,14 +91,14 @@ def test_failed_run_keeps_previous_results(tmp_path, monkeypatch):
     assert main(["run", "-w", "chatbot", "-n", "50", "-o", str(out), "-q"]) == 0
     before = _digest(out)
 
-    import infersim.analysis.run_plots
+    import infersim.simulator.metrics.plots
 
     def broken(run_dir):
         (Path(run_dir) / "plots").mkdir(exist_ok=True)
         (Path(run_dir) / "plots" / "half.png").write_bytes(b"\x89PNG")
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr(infersim.analysis.run_plots, "plot_run", broken)
+    monkeypatch.setattr(infersim.simulator.metrics.plots, "plot_run", broken)
     with pytest.raises(RuntimeError):
         main(["run", "-w", "chatbot", "-n", "60", "-o", str(out), "-q"])
     assert _digest(out) == before

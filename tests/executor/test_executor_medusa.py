@@ -265,7 +265,7 @@ def test_tiny_training_is_deterministic_and_cached(target, tmp_path):
 
 
 def test_measured_accuracies_load_in_the_simulator(trained):
-    from infersim.analysis.medusa_study import load_accuracies
+    from infersim.simulator.speculative.medusa_heads import load_accuracies
     from infersim.simulator.speculative.medusa_tree import expected_length
 
     table = load_accuracies("zoo-target")
@@ -276,7 +276,7 @@ def test_measured_accuracies_load_in_the_simulator(trained):
     if table.source.find(meta["key"]) >= 0:  # the recorded table comes from these very heads
         assert acc == pytest.approx(np.array(meta["accuracies"]["greedy"]["per_rank"]), abs=1e-4)
     # the simulator's Medusa path runs on them: tokens per step as the table predicts
-    from infersim.simulator.engine.simulation import Simulation
+    from infersim.simulator.simulation import Simulation
     from infersim.simulator.metrics.summary import summarize
     from infersim.simulator.workload.builder import build_requests
     from infersim.simulator.workload.schema import WorkloadSpec
@@ -371,7 +371,7 @@ def test_medusa_serving_refuses_what_it_cannot_run(target, trained):
         resolve_tree(SpeculationSection.model_validate(
             {"method": "medusa", "medusa": {"accuracies": "zoo-target", "heads": 9}}).medusa, heads.num_heads)
     # the default section: the simulator's tree (the Vicuna table's mc_sim_7b_63), cut to the trained heads
-    from infersim.analysis.medusa_study import load_accuracies
+    from infersim.simulator.speculative.medusa_heads import load_accuracies
     from infersim.simulator.speculative.medusa_tree import restrict
 
     lay, table, used = resolve_tree(SpeculationSection.model_validate({"method": "medusa"}).medusa, heads.num_heads)
@@ -416,7 +416,7 @@ def test_sim_exec_runs_a_medusa_workload_and_feeds_the_simulator(target, trained
     assert st["tokens_per_tree_step"] == pytest.approx(sum((k + 1) * c for k, c in hist.items()) / sum(hist.values()))
     assert len(st["per_rank"]) == st["heads"] == 4 and all(sum(r) <= 1 for r in st["per_rank"])
     upd = simulator_updates(st)
-    from infersim.simulator.engine.simulation import Simulation
+    from infersim.simulator.simulation import Simulation
     from infersim.simulator.metrics.summary import summarize
     from infersim.simulator.workload.builder import build_requests
     from infersim.simulator.workload.schema import WorkloadSpec

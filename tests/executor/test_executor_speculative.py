@@ -21,7 +21,7 @@ from infersim.executor.speculative.attention import install  # noqa: E402
 from infersim.executor.speculative.build import build_decoder, make_sequences  # noqa: E402
 from infersim.executor.speculative.draft import DraftModel  # noqa: E402
 from infersim.executor.speculative.pipeline import PipelinedDecoder  # noqa: E402
-from infersim.executor.speculative.record import AcceptanceRecorder, write_acceptance_table  # noqa: E402
+from infersim.executor.speculative.acceptance import AcceptanceRecorder, write_acceptance_table  # noqa: E402
 from infersim.executor.speculative.sequence import SpecSequence, Track  # noqa: E402
 from infersim.executor.speculative.target import TargetModel  # noqa: E402
 from infersim.executor.speculative.verify import greedy_accept, rejection_accept  # noqa: E402
@@ -326,7 +326,7 @@ def test_recorded_acceptance_loads_in_the_simulator(zoo, work, tmp_path):
 def test_repo_acceptance_table_drives_a_simulation():
     """simulator/catalog/acceptance/zoo-target.yaml (written by `python -m infersim.executor.speculative.record`)
     is a table the simulator runs with."""
-    from infersim.simulator.engine.simulation import Simulation
+    from infersim.simulator.simulation import Simulation
     from infersim.simulator.speculative.acceptance import list_tables, load_table
     from infersim.simulator.workload.builder import build_requests
     from infersim.simulator.workload.schema import WorkloadSpec

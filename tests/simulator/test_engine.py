@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from infersim.simulator.costmodel import BatchShape
-from infersim.simulator.engine.simulation import Simulation, simulate
+from infersim.simulator.simulation import Simulation, simulate
 from infersim.simulator.workload.builder import build_requests
 from infersim.simulator.workload.schema import WorkloadSpec
 

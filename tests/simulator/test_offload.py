@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from infersim.simulator.costmodel import BatchShape, RooflineCostModel
-from infersim.simulator.engine.simulation import Simulation, simulate
+from infersim.simulator.simulation import Simulation, simulate
 from infersim.simulator.errors import InfersimError
 from infersim.simulator.hardware.catalog import load_hardware
 from infersim.simulator.models.catalog import load_model

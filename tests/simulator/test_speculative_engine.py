@@ -6,7 +6,7 @@ import simpy
 
 from infersim.simulator.costmodel import BatchShape
 from infersim.simulator.engine.replica import Replica
-from infersim.simulator.engine.simulation import Simulation
+from infersim.simulator.simulation import Simulation
 from infersim.simulator.metrics.summary import summarize
 from infersim.simulator.speculative.device import SharedDevice
 from infersim.simulator.speculative.replica import PipelinedReplica, SpeculativeReplica

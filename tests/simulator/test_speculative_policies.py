@@ -3,7 +3,7 @@ majority-voted speculator, SSM weights, the length selector, Medusa trees, the p
 import numpy as np
 import pytest
 
-from infersim.analysis.medusa_study import expected_accept_length, load_accuracies
+from infersim.simulator.speculative.medusa_heads import expected_accept_length, load_accuracies
 from infersim.simulator.errors import InfersimError, UnknownNameError
 from infersim.simulator.speculative.acceptance import (EmpiricalAcceptance, IIDAcceptance, PositionalAcceptance, build_model,
                                               load_table, resolve_model)
@@ -421,7 +421,7 @@ def test_empirical_medusa_sampler_reproduces_its_own_distribution():
 
 
 def test_medusa_empirical_acceptance_replaces_independent_heads_on_its_tree():
-    from infersim.simulator.engine.simulation import Simulation
+    from infersim.simulator.simulation import Simulation
     from infersim.simulator.metrics.summary import summarize
     from infersim.simulator.workload.builder import build_requests
     from infersim.simulator.workload.schema import WorkloadSpec
@@ -449,7 +449,7 @@ def test_medusa_empirical_acceptance_replaces_independent_heads_on_its_tree():
 def test_per_request_acceptance_in_the_engine(method):
     """A mixture in a simulation: deterministic, step mode equals event mode, and requests differ
     in tokens per round far more than under i.i.d. rounds with the same mean."""
-    from infersim.simulator.engine.simulation import Simulation
+    from infersim.simulator.simulation import Simulation
     from infersim.simulator.metrics.summary import summarize
     from infersim.simulator.workload.builder import build_requests
     from infersim.simulator.workload.schema import WorkloadSpec

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from infersim.simulator.engine.simulation import simulate
+from infersim.simulator.simulation import simulate
 from infersim.simulator.metrics.collector import MetricsCollector, TimeIntegrals, exact_partials
 from infersim.simulator.metrics.rundir import _clean
 from infersim.simulator.metrics.summary import summarize

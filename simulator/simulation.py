@@ -1,5 +1,7 @@
 """A whole simulated deployment: arrivals, a router, replicas, metrics. Built from a
-workload spec; runs on SimPy; returns a `SimulationResult`."""
+workload spec; runs on SimPy; returns a `SimulationResult`. It sits above the engine (the
+serving loop) and the features that extend it (speculation, offload), choosing the Replica
+class a workload's sections ask for."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -9,22 +11,22 @@ from typing import Callable
 import numpy as np
 import simpy
 
-from ..costmodel import build_cost_model
-from ..errors import InfersimError
-from ..hardware.catalog import load_hardware
-from ..metrics.collector import MetricsCollector
-from ..models.catalog import load_model
-from ..models.dtypes import normalize_dtype
-from ..models.spec import check_tensor_parallel
-from ..policies import SchedulerLimits, build_scheduler
-from ..workload.requests import Requests
-from ..workload.schema import WorkloadSpec
-from .blocks import BlockManager
-from .clock import SimEnvironment
-from .memory import MemoryPlan, plan_memory
-from .replica import Replica
-from .router import ROUTERS
-from .sequence import Sequence
+from .costmodel import build_cost_model
+from .engine.blocks import BlockManager
+from .engine.clock import SimEnvironment
+from .engine.memory import MemoryPlan, plan_memory
+from .engine.replica import Replica
+from .engine.router import ROUTERS
+from .engine.sequence import Sequence
+from .errors import InfersimError
+from .hardware.catalog import load_hardware
+from .metrics.collector import MetricsCollector
+from .models.catalog import load_model
+from .models.dtypes import normalize_dtype
+from .models.spec import check_tensor_parallel
+from .policies import SchedulerLimits, build_scheduler
+from .workload.requests import Requests
+from .workload.schema import WorkloadSpec
 
 
 @dataclass
@@ -58,7 +60,7 @@ class Simulation:
                                            tensor_parallel=tp)
         if spec.offload is not None:
             # KV lives in host memory: the GPU-only plan would reject models that offload weights too
-            from ..offload.replica import offload_memory_plan
+            from .offload.replica import offload_memory_plan
 
             self.memory = offload_memory_plan(self)
         else:
@@ -90,11 +92,11 @@ class Simulation:
     def _replica_class(self):
         """Features that change the iteration loop provide a Replica subclass."""
         if self.spec.speculation is not None:
-            from ..speculative.replica import replica_class
+            from .speculative.replica import replica_class
 
             return replica_class(self.spec.speculation)
         if self.spec.offload is not None:
-            from ..offload.replica import replica_class
+            from .offload.replica import replica_class
 
             return replica_class(self.spec.offload)
         return Replica
