@@ -23,6 +23,7 @@ SUBCOMMANDS = {
     "exec": "exec",
     "zoo": "zoo",
     "profile": "profile",
+    "calibrate": "calibrate",
     "validate": "validate",
 }
 
