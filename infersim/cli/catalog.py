@@ -57,15 +57,22 @@ def run_hardware(args: argparse.Namespace) -> int:
 
     names = [args.name] if args.name else list_hardware()
     table = Table(title="hardware profiles")
-    for col in ("name", "fp16 TFLOP/s", "HBM GB/s", "memory GB", "host link", "H2D/D2H GB/s"):
+    for col in ("name", "kernels", "fp16 TFLOP/s", "HBM GB/s", "memory GB", "host link", "H2D/D2H GB/s"):
         table.add_column(col)
     for name in names:
         h = load_hardware(name)
-        table.add_row(h.name, f"{h.peak_tflops['fp16']:g}", f"{h.memory_bandwidth_gbps:g}", f"{h.memory_gb:g}",
-                      h.host_link.name, f"{h.host_link.h2d_gbps:g}/{h.host_link.d2h_gbps:g}")
+        inherits = f" from {h.calibration.inherits}" if h.mode == "derived" else ""
+        table.add_row(h.name, h.mode + inherits, f"{h.peak_tflops['fp16']:g}", f"{h.memory_bandwidth_gbps:g}",
+                      f"{h.memory_gb:g}", h.host_link.name, f"{h.host_link.h2d_gbps:g}/{h.host_link.d2h_gbps:g}")
     Console().print(table)
+    print("kernels: measured = fitted to measured kernel times; derived = a measured card's fits on this card's own "
+          "peaks; datasheet = pure roofline (NAME:datasheet gives it for any profile)")
     if args.name:
         print(f"source: {h.source}")
+        if h.calibration is not None:
+            c = h.calibration
+            print(f"calibration: {c.status}" + (f", inherits {c.inherits}: {c.why}" if c.inherits else "")
+                  + (f"; {c.source}" if c.source else ""))
     return 0
 
 

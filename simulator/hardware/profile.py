@@ -146,8 +146,11 @@ class HardwareProfile(BaseModel):
 
     @property
     def mode(self) -> str:
-        """measured, derived (inherits a measured card's fits) or datasheet (pure roofline)."""
-        return self.calibration.status if self.calibration else "datasheet"
+        """measured (fitted kernel models, or `sim profile`'s fitted efficiencies), derived
+        (inherits a measured card's fits) or datasheet (pure roofline)."""
+        if self.calibration is not None:
+            return self.calibration.status
+        return "measured" if "calibration" in self.sources else "datasheet"
 
     def memory_bytes(self) -> float:
         return self.memory_gb * 1e9
