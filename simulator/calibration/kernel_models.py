@@ -45,8 +45,23 @@ def gemm_time_s(params: GemmParams, flops_per_token, bytes_const, bytes_per_toke
     return params.launch_us * 1e-6 + (memory_s ** p + compute_s ** p) ** (1.0 / p)
 
 
-def elementwise_time_s(memory: float, launch_us: float, nbytes, bandwidth_bytes_per_s: float):
-    return launch_us * 1e-6 + np.asarray(nbytes, dtype=np.float64) / (bandwidth_bytes_per_s * memory)
+def elementwise_time_s(memory: float, launch_us: float, nbytes, bandwidth_bytes_per_s: float,
+                       corner_exponent: float = 1.0):
+    """(launch^p + (bytes / (bandwidth x memory))^p)^(1/p): a latency floor that small inputs
+    never go below, joined to the streaming time (p = 1: their sum)."""
+    stream_s = np.asarray(nbytes, dtype=np.float64) / (bandwidth_bytes_per_s * memory)
+    p = corner_exponent
+    return ((launch_us * 1e-6) ** p + stream_s ** p) ** (1.0 / p)
+
+
+def octave_weights(tokens) -> np.ndarray:
+    """Row weights that give every octave of token counts the same total weight: measured
+    sweeps are dense at large batches (steps of 256 up to 32k) and sparse at small ones, and
+    an unweighted fit would trade the decode range away for them."""
+    octave = np.floor(np.log2(np.asarray(tokens, dtype=np.float64)))
+    _, inverse, counts = np.unique(octave, return_inverse=True, return_counts=True)
+    w = 1.0 / counts[inverse]
+    return w / w.mean()
 
 
 @dataclass(frozen=True)
@@ -68,13 +83,14 @@ def fit_gemm(samples: GemmSamples, peak_flops: float, bandwidth_bytes_per_s: flo
 
     s = samples
     log_t = np.log(s.time_s)
+    sw = np.sqrt(octave_weights(s.tokens))
     floor_us = float(np.min(s.time_s)) * 1e6
     best = None
     for tile in TILE_CANDIDATES:
         def resid(x):
             pred = gemm_time_s(_params(x, tile), s.flops_per_token, s.bytes_const, s.bytes_per_token, s.tokens,
                                peak_flops, bandwidth_bytes_per_s)
-            return np.log(pred) - log_t
+            return (np.log(pred) - log_t) * sw
 
         x0 = np.array([np.log(0.7), np.log(0.8), 0.5 * floor_us, 0.0])
         lo = np.array([np.log(0.05), np.log(0.05), 0.0, np.log(1e-3)])
@@ -86,9 +102,12 @@ def fit_gemm(samples: GemmSamples, peak_flops: float, bandwidth_bytes_per_s: flo
     return best[1]
 
 
-def fit_elementwise(nbytes: np.ndarray, time_s: np.ndarray, bandwidth_bytes_per_s: float) -> tuple[float, float]:
-    """(memory fraction, launch us) of launch + bytes / (bandwidth x memory), least squares in
-    relative error with both terms non-negative."""
+def fit_elementwise(nbytes: np.ndarray, time_s: np.ndarray, tokens: np.ndarray,
+                    bandwidth_bytes_per_s: float) -> tuple[float, float, float]:
+    """(memory fraction, launch us, corner exponent) of elementwise_time_s: launch + bytes /
+    (bandwidth x memory) (p = 1), least squares in relative error with both terms non-negative.
+    (A fitted corner and octave weights, as the GEMM fit uses, scored worse out of sample on the
+    vidur tables: benchmarks/RESULTS-gpu-calibration.md.)"""
     from scipy.optimize import nnls
 
     nbytes = np.asarray(nbytes, dtype=np.float64)
@@ -99,7 +118,7 @@ def fit_elementwise(nbytes: np.ndarray, time_s: np.ndarray, bandwidth_bytes_per_
         inv_rate = float(np.min(t / nbytes))
         launch_s = 0.0
     memory = 1.0 / (inv_rate * bandwidth_bytes_per_s)
-    return float(min(memory, 3.0)), float(launch_s * 1e6)
+    return float(min(memory, 3.0)), float(launch_s * 1e6), 1.0
 
 
 def errors_pct(pred, measured) -> tuple[float, float]:
