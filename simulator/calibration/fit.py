@@ -102,5 +102,12 @@ def record_errors(calibration: Calibration, rows: list[KernelRow], hardware: Har
     return calibration.model_copy(update=update)
 
 
-def _sig(x: float, digits: int = 5) -> float:
+def significant(x: float, digits: int = 4) -> float:
+    """Round to significant digits (profiles hold measurements, not 17-digit noise)."""
+    if x == 0 or not np.isfinite(x):
+        return float(x)
     return float(f"{x:.{digits}g}")
+
+
+def _sig(x: float) -> float:
+    return significant(x, 5)
