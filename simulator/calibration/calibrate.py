@@ -64,7 +64,9 @@ def calibrate(opts: CalibrateOptions) -> CalibrateResult:
                 raise InfersimError(f"{opts.tables[0]}: two table kinds fit the same section '{key}'; calibrate them "
                                     f"one at a time")
             sections[key] = value
-    text = with_sections(base_path.read_text(), sections)
+    header = ("# Kernel time models fitted by `sim calibrate` (docs/profiling.md); they price the GEMMs and the\n"
+              "# elementwise kernels. `efficiency:` prices the operators no table measured.\n")
+    text = with_sections(base_path.read_text(), sections, header=header)
     import yaml
 
     profile = validate(HardwareProfile, yaml.safe_load(text), str(opts.out))

@@ -49,8 +49,8 @@ def with_sections(base_text: str, sections: dict[str, Any], after: str = "overhe
     out: list[str] = []
     inserted = False
     for key, lines in blocks:
-        if key in new_text and key in keys:
-            out.append(new_text[key])
+        if key in new_text:  # replaced in place, comments above it included
+            out.append(header + new_text[key])
             continue
         out.extend(lines)
         if key == after and not inserted:
