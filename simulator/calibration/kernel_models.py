@@ -45,13 +45,8 @@ def gemm_time_s(params: GemmParams, flops_per_token, bytes_const, bytes_per_toke
     return params.launch_us * 1e-6 + (memory_s ** p + compute_s ** p) ** (1.0 / p)
 
 
-def elementwise_time_s(memory: float, launch_us: float, nbytes, bandwidth_bytes_per_s: float,
-                       corner_exponent: float = 1.0):
-    """(launch^p + (bytes / (bandwidth x memory))^p)^(1/p): a latency floor that small inputs
-    never go below, joined to the streaming time (p = 1: their sum)."""
-    stream_s = np.asarray(nbytes, dtype=np.float64) / (bandwidth_bytes_per_s * memory)
-    p = corner_exponent
-    return ((launch_us * 1e-6) ** p + stream_s ** p) ** (1.0 / p)
+def elementwise_time_s(memory: float, launch_us: float, nbytes, bandwidth_bytes_per_s: float):
+    return launch_us * 1e-6 + np.asarray(nbytes, dtype=np.float64) / (bandwidth_bytes_per_s * memory)
 
 
 def octave_weights(tokens) -> np.ndarray:
@@ -102,12 +97,9 @@ def fit_gemm(samples: GemmSamples, peak_flops: float, bandwidth_bytes_per_s: flo
     return best[1]
 
 
-def fit_elementwise(nbytes: np.ndarray, time_s: np.ndarray, tokens: np.ndarray,
-                    bandwidth_bytes_per_s: float) -> tuple[float, float, float]:
-    """(memory fraction, launch us, corner exponent) of elementwise_time_s: launch + bytes /
-    (bandwidth x memory) (p = 1), least squares in relative error with both terms non-negative.
-    (A fitted corner and octave weights, as the GEMM fit uses, scored worse out of sample on the
-    vidur tables: benchmarks/RESULTS-gpu-calibration.md.)"""
+def fit_elementwise(nbytes: np.ndarray, time_s: np.ndarray, bandwidth_bytes_per_s: float) -> tuple[float, float]:
+    """(memory fraction, launch us) of launch + bytes / (bandwidth x memory), least squares in
+    relative error with both terms non-negative."""
     from scipy.optimize import nnls
 
     nbytes = np.asarray(nbytes, dtype=np.float64)
@@ -118,7 +110,7 @@ def fit_elementwise(nbytes: np.ndarray, time_s: np.ndarray, tokens: np.ndarray,
         inv_rate = float(np.min(t / nbytes))
         launch_s = 0.0
     memory = 1.0 / (inv_rate * bandwidth_bytes_per_s)
-    return float(min(memory, 3.0)), float(launch_s * 1e6), 1.0
+    return float(min(memory, 3.0)), float(launch_s * 1e6)
 
 
 def errors_pct(pred, measured) -> tuple[float, float]:

@@ -73,10 +73,9 @@ class GemmFit(FittedValue):
 
 
 class ElementwiseFit(FittedValue):
-    """(launch^p + (bytes / (bandwidth x memory))^p)^(1/p) for one elementwise operator kind."""
+    """launch + bytes / (bandwidth x memory) for one elementwise operator kind."""
     memory: float = Field(gt=0, le=3.0, description="fraction of peak bandwidth the kernel reaches")
     launch_us: NonNegativeFloat = Field(description="latency floor of one kernel, microseconds")
-    corner_exponent: float = Field(1.0, ge=1.0, le=20.0, description="p joining the floor and the streaming time")
 
 
 CALIBRATED_KINDS = ("norm", "act", "rope", "add", "emb")
