@@ -105,3 +105,9 @@ def test_bad_table_one_line_exit_2_nothing_written(tmp_path, capsys, edit, messa
     err = capsys.readouterr().err
     assert rc == 2 and not out.exists()
     assert len(err.strip().splitlines()) == 1 and str(bad) in err and message in err, err
+
+
+def test_sim_hardware_shows_measured_derived_and_datasheet(capsys):
+    assert main(["hardware", "l40"]) == 0
+    out = capsys.readouterr().out
+    assert "calibration: derived, inherits a40" in out

@@ -127,3 +127,24 @@ def test_unfused_projections_cost_more_launches_than_fused():
     unfused = {o.name for o in RooflineCostModel(spec, hw, fused_projections=False).breakdown(BatchShape.decode([64]))}
     assert {"qkv_proj", "gate_up_proj", "rotary", "attn_residual_add"} <= fused
     assert {"q_proj", "k_proj", "v_proj", "up_proj", "gate_proj"} <= unfused and "qkv_proj" not in unfused
+
+
+def test_derived_profile_must_inherit_a_measured_one(tmp_path):
+    from infersim.simulator.errors import InfersimError
+
+    text = (Path(__file__).resolve().parents[2] / "hwprofiles" / "h200.yaml").read_text()
+    bad = tmp_path / "mine.yaml"
+    bad.write_text(text.replace("inherits: h100-sxm", "inherits: cpu-reference"))
+    with pytest.raises(InfersimError, match="calibration.inherits.*not a measured profile"):
+        load_hardware(str(bad))
+
+
+def test_every_gpu_profile_is_measured_or_derived_from_a_measured_card():
+    from infersim.simulator.hardware.catalog import list_hardware
+
+    modes = {n: load_hardware(n).mode for n in list_hardware()}
+    assert {n for n, m in modes.items() if m == "measured" and n != "cpu-reference"} == {"a100-80gb-sxm", "a40", "h100-sxm"}
+    for name, mode in modes.items():
+        if mode == "derived":
+            hw = load_hardware(name)
+            assert hw.calibration.why and load_hardware(hw.calibration.inherits).mode == "measured"
