@@ -59,8 +59,8 @@ def load_hardware(name_or_path: str, host_link: str | None = None) -> HardwarePr
     # Profiles are mutable pydantic models; a copy keeps one caller's edits from leaking into
     # every later load of the same name.
     update = {"host_link": load_host_link(host_link)} if host_link else {}
-    if datasheet:
-        update["calibration"] = None
+    if datasheet:  # named apart, so reports and plans comparing both modes tell them apart
+        update.update(calibration=None, name=profile.name + DATASHEET_SUFFIX)
     elif profile.calibration is not None and profile.calibration.status == "derived":
         update["calibration"] = _inherited(profile, path)
     return profile.model_copy(deep=True, update=update)
