@@ -5,14 +5,16 @@ kernel through these functions, so a fitted value means the same thing in both p
 GEMM of M tokens, FLOPs per token F, bytes W + A M (weights once, activations per token):
 
     memory  = (W + A M) / (bandwidth x memory)
-    compute = F ceil(M / tile) tile / (peak x compute)
+    compute = F M' / (peak x compute),  M' = M up to one tile, ceil(M / tile) tile beyond
     time    = launch + (memory^p + compute^p)^(1/p)
 
 Small batches read the weights (memory-bound), large ones saturate the tensor cores
 (compute-bound); between them both limit at once, which a plain max() misses by up to 30%
-at 128-512 tokens and the p-norm corner follows. The tile rounds M up to the kernel's tile of
-rows (the step in measured times every `tile` tokens); the launch floor is what a tiny GEMM
-costs. Elementwise kernels: launch + bytes / (bandwidth x memory), one pair per kind.
+at 128-512 tokens and the p-norm corner follows. Past one tile, M is rounded up to the kernel's
+tile of rows (the step in measured times every `tile` tokens); below it, the skinny kernels
+cuBLAS picks for a few tokens do not pay for a padded tile (with padding, the fit trades it
+against an impossible 99% of peak bandwidth; without, the fractions come out where achieved
+bandwidth is, 77-90%, at the same held-out error). The launch floor is what a tiny GEMM costs. Elementwise kernels: launch + bytes / (bandwidth x memory), one pair per kind.
 
 Fits minimise squared log error (every row weighs the same, whatever its size) with
 scipy.optimize.least_squares from fixed starting points: deterministic for a given table."""
@@ -40,7 +42,8 @@ def gemm_time_s(params: GemmParams, flops_per_token, bytes_const, bytes_per_toke
     tokens = np.asarray(tokens, dtype=np.float64)
     tile = float(params.tile_tokens)
     memory_s = (bytes_const + bytes_per_token * tokens) / (bandwidth_bytes_per_s * params.memory)
-    compute_s = flops_per_token * (np.ceil(tokens / tile) * tile) / (peak_flops * params.compute)
+    padded = np.where(tokens <= tile, tokens, np.ceil(tokens / tile) * tile)
+    compute_s = flops_per_token * padded / (peak_flops * params.compute)
     p = params.corner_exponent
     return params.launch_us * 1e-6 + (memory_s ** p + compute_s ** p) ** (1.0 / p)
 

@@ -61,15 +61,15 @@ class FittedValue(BaseModel):
 
 class GemmFit(FittedValue):
     """A GEMM of M tokens (x K inputs -> N outputs) takes
-    launch + ((weight + activation bytes) / (bandwidth x memory)) (+) (2 ceil(M/tile) tile K N / (peak x compute))
+    launch + ((weight + activation bytes) / (bandwidth x memory)) (+) (2 M' K N / (peak x compute))
     where (+) is the p-norm of the two times (p = corner_exponent): the memory-bound and
-    compute-bound limits and the smooth corner between them; tile quantisation rounds M up to
-    the kernel's tile of tokens."""
+    compute-bound limits and the smooth corner between them; M' is M up to one tile and M
+    rounded up to a multiple of the tile beyond (tile quantisation)."""
     compute: float = Field(gt=0, le=1.5, description="fraction of peak FLOP/s a compute-bound GEMM reaches")
     memory: float = Field(gt=0, le=1.5, description="fraction of peak bandwidth a weight-read-bound GEMM reaches")
     launch_us: NonNegativeFloat = Field(description="latency floor added to every GEMM, microseconds")
     corner_exponent: float = Field(ge=1.0, le=20.0, description="p of the p-norm joining memory and compute time")
-    tile_tokens: int = Field(ge=1, description="tokens per tile: M is rounded up to a multiple of it")
+    tile_tokens: int = Field(ge=1, description="tokens per tile: past one tile, M is rounded up to a multiple of it")
 
 
 class ElementwiseFit(FittedValue):
