@@ -96,8 +96,9 @@ def medusa_study(model: str, hardware: str, *, batches: Sequence[int] = (1,), se
         raise InfersimError(f"unknown attention '{attention}'; known: fused, unfused")
     if min(list(batches) + list(seq_lens) + list(candidates)) < 1:
         raise InfersimError("batch sizes, sequence lengths and candidate counts must be >= 1")
+    # the paper block is Table 5's eight operators, projections counted one GEMM per weight
     cost = build_cost_model(model, hardware, dtype=dtype, kv_dtype=kv_dtype, tensor_parallel=tensor_parallel,
-                            fused_attention=attention == "fused")
+                            fused_attention=attention == "fused", fused_projections=block != "paper")
     rates = acceleration_rate(candidates, rate_model, accuracies)
     rows = []
     for b in batches:

@@ -52,7 +52,7 @@ def operator_group(name: str) -> str | None:
 
 def build_cost_model(model: str | ModelSpec, hardware: str | HardwareProfile, *, dtype: str = "fp16",
                      kv_dtype: str | None = None, tensor_parallel: int = 1,
-                     fused_attention: bool = True) -> RooflineCostModel:
+                     fused_attention: bool = True, fused_projections: bool = True) -> RooflineCostModel:
     spec = load_model(model) if isinstance(model, str) else model
     hw = load_hardware(hardware) if isinstance(hardware, str) else hardware
     if tensor_parallel < 1:
@@ -62,7 +62,7 @@ def build_cost_model(model: str | ModelSpec, hardware: str | HardwareProfile, *,
     if tensor_parallel > 1 and hw.interconnect is None and not measured:
         raise InfersimError(f"tensor parallel {tensor_parallel} needs an interconnect in hardware profile '{hw.name}'")
     return RooflineCostModel(spec, hw, dtype=dtype, kv_dtype=kv_dtype, tensor_parallel=tensor_parallel,
-                             fused_attention=fused_attention)
+                             fused_attention=fused_attention, fused_projections=fused_projections)
 
 
 def batch_shape(phase: str, batch: int, seq_len: int, candidates: int = 1) -> BatchShape:

@@ -27,3 +27,7 @@ class Registry(Generic[T]):
 
     def names(self) -> list[str]:
         return sorted(self._items)
+
+    def in_order(self) -> list[str]:
+        """Names in registration order (for lookups where the first match wins)."""
+        return list(self._items)

@@ -102,6 +102,44 @@ def fit_efficiencies(records: list[dict], peak: float, bw: float, dtype: str) ->
     return out
 
 
+ELEMENTWISE_KINDS = {"rmsnorm": "norm", "layernorm": "norm", "silu_mul": "act", "relu": "act", "gelu": "act"}
+
+
+def kernel_rows(records: list[dict], dtype: str, label: str) -> list:
+    """The GEMM and elementwise micro-benchmarks as the calibration's KernelRows: the same rows
+    `sim calibrate` reads from measured GPU tables, so both go through one fit."""
+    from infersim.simulator.calibration.rows import gemm_operator, row_from_operator
+    from infersim.simulator.costmodel.operators import act_operator, norm_operator
+
+    es = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0}[dtype]
+    rows = []
+    for r in records:
+        if r.get("dtype") != dtype or r["median_s"] <= 0:
+            continue
+        if r["kind"] == "gemm":
+            op, tokens = gemm_operator(r["k"], r["n"], es), r["m"]
+        elif r["kind"] == "elementwise" and r["op"] in ELEMENTWISE_KINDS:
+            kind, tokens = ELEMENTWISE_KINDS[r["op"]], r["tokens"]
+            op = (norm_operator(r["op"], r["width"], es, es) if kind == "norm"
+                  else act_operator(r["width"], r["op"] == "silu_mul", es))
+        else:
+            continue
+        rows.append(row_from_operator(op, device="profiled", label=label, tp=1, tokens=tokens, op=r["op"],
+                                      time_s=r["median_s"], where=f"micro-benchmark {r['op']}"))
+    return rows
+
+
+def fit_kernel_models(records: list[dict], hardware, dtype: str, source: str) -> dict | None:
+    """The profile's `calibration:` section fitted from the micro-benchmarks (None when the sweep
+    has too few GEMM rows for the fit)."""
+    from infersim.simulator.calibration.fit import MIN_GEMM_ROWS, fit_kernels
+
+    rows = kernel_rows(records, dtype, hardware.name)
+    if sum(r.kernel == "gemm" for r in rows) < MIN_GEMM_ROWS:
+        return None
+    return fit_kernels(rows, hardware, source, dtype).model_dump(mode="json", exclude_none=True)
+
+
 def fit_link(records: list[dict], direction: str, variant: str) -> dict:
     """latency + bytes / bandwidth, least squares in relative error (non-negative)."""
     from scipy.optimize import nnls
@@ -168,8 +206,4 @@ def fit_iteration_overhead(steps: list[dict], preds: list[float]) -> float:
     return o if loss(o) < loss(0.0) else 0.0
 
 
-def sig(x: float, digits: int = 4) -> float:
-    """Round to significant digits (profiles hold measurements, not 17-digit noise)."""
-    if x == 0 or not math.isfinite(x):
-        return float(x)
-    return float(f"{x:.{digits}g}")
+from infersim.simulator.calibration.fit import significant as sig  # noqa: E402  (one rounding rule)

@@ -338,6 +338,10 @@ def analyze(records: list[dict], steps: list[dict], meta: dict, *, seed: int = 0
     link = F.fit_host_link(records, meta["device_type"])
     hw_dict = build_hardware_dict(name, meta["info"], roof, peaks, eff, link, 0.0, meta["mode"], meta["when"],
                                   meta["load"], meta["device_type"])
+    calibration = F.fit_kernel_models(records, validate(HardwareProfile, hw_dict, "measured profile"), dtype,
+                                      f"`sim profile` micro-benchmarks on {meta['info']['name']} ({dtype})")
+    if calibration is not None:
+        hw_dict = _with_calibration(hw_dict, calibration)
     hw0 = validate(HardwareProfile, hw_dict, "measured profile")
     arch = Arch().as_dict()
     err_no_iter, preds = F.step_roofline_error(steps, hw0, arch, dtype)
@@ -345,7 +349,8 @@ def analyze(records: list[dict], steps: list[dict], meta: dict, *, seed: int = 0
     hw_dict["overheads"]["iteration_us"] = F.sig(iteration_s * 1e6, 3)
     hw = validate(HardwareProfile, hw_dict, "measured profile")
     err_after, _ = F.step_roofline_error(steps, hw, arch, dtype)
-    uncal = {**hw_dict, "efficiency": {}, "overheads": {"kernel_launch_us": 0, "iteration_us": 0}}
+    uncal = {**{k: v for k, v in hw_dict.items() if k != "calibration"}, "efficiency": {},
+             "overheads": {"kernel_launch_us": 0, "iteration_us": 0}}
     err_uncal, _ = F.step_roofline_error(steps, validate(HardwareProfile, uncal, "uncalibrated"), arch, dtype)
     timings["fit"] = round(time.perf_counter() - t0, 2)
 
@@ -376,6 +381,17 @@ def analyze(records: list[dict], steps: list[dict], meta: dict, *, seed: int = 0
         "steps": _slim(steps),
     }
     return hw_dict, hw, calib, comps
+
+
+def _with_calibration(hw_dict: dict, calibration: dict) -> dict:
+    """The profile dict with `calibration` right after `overheads` (the shipped profiles' order)."""
+    out = {}
+    for key, value in hw_dict.items():
+        if key != "calibration":
+            out[key] = value
+        if key == "overheads":
+            out["calibration"] = calibration
+    return out
 
 
 def write_profile(out: Path, hw_dict: dict, calib: dict) -> None:

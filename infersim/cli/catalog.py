@@ -53,12 +53,19 @@ def run_hardware(args: argparse.Namespace) -> int:
     rows = []
     for name in names:
         h = load_hardware(name)
-        rows.append((h.name, f"{h.peak_tflops['fp16']:g}", f"{h.memory_bandwidth_gbps:g}", f"{h.memory_gb:g}",
+        kernels = h.mode + (f" from {h.calibration.inherits}" if h.mode == "derived" else "")
+        rows.append((h.name, kernels, f"{h.peak_tflops['fp16']:g}", f"{h.memory_bandwidth_gbps:g}", f"{h.memory_gb:g}",
                      h.host_link.name, f"{h.host_link.h2d_gbps:g}/{h.host_link.d2h_gbps:g}"))
-    show_catalog("hardware profiles", ["name", "fp16 TFLOP/s", "HBM GB/s", "memory GB", "host link", "H2D/D2H GB/s"],
-                 rows)
+    show_catalog("hardware profiles", ["name", "kernels", "fp16 TFLOP/s", "HBM GB/s", "memory GB", "host link",
+                                       "H2D/D2H GB/s"], rows)
+    print("kernels: measured = fitted to measured kernel times; derived = a measured card's fits on this card's own "
+          "peaks; datasheet = pure roofline (NAME:datasheet gives it for any profile)")
     if args.name:
         print(f"source: {h.source}")
+        if h.calibration is not None:
+            c = h.calibration
+            print(f"calibration: {c.status}" + (f", inherits {c.inherits}: {c.why}" if c.inherits else "")
+                  + (f"; {c.source}" if c.source else ""))
     return 0
 
 

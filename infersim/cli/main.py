@@ -27,6 +27,7 @@ SUBCOMMANDS = {
     "exec": "exec",
     "zoo": "zoo",
     "profile": "profile",
+    "calibrate": "calibrate",
     "validate": "validate",
 }
 

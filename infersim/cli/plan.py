@@ -22,7 +22,9 @@ def add_parser(sub) -> None:
                         "(see examples/plan/)")
     p.add_argument("--slo", default=None, help="SLOs, e.g. ttft_p99=2s,tpot_p99=100ms (metrics: ttft, tpot, itl, e2e, "
                                                "queueing, normalized_latency; stats: p50, p90, p99, mean)")
-    p.add_argument("--hardware", default=None, help="hardware options, comma-separated (default: the workload's)")
+    p.add_argument("--hardware", default=None,
+                   help="hardware options, comma-separated (default: the workload's); NAME:datasheet for a "
+                        "profile's pure datasheet roofline")
     p.add_argument("--tp", default=None, help="tensor-parallel degrees to compare, comma-separated, e.g. 1,2")
     p.add_argument("--scheduler", default=None, help="schedulers to compare, e.g. fcfs,fairness")
     p.add_argument("--preemption", default=None, help="preemption modes to compare, e.g. recompute,cost_aware")

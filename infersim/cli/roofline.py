@@ -24,7 +24,8 @@ def parse_ints(text: str, what: str) -> list[int]:
 def add_cost_options(p: argparse.ArgumentParser) -> None:
     """Options shared with `sim medusa`: what is costed and how."""
     p.add_argument("--model", default="llama-7b", help="model name, alias or YAML/config.json (default llama-7b)")
-    p.add_argument("--hardware", default="a100-80gb-pcie", help="hardware profile name or YAML (default a100-80gb-pcie)")
+    p.add_argument("--hardware", default="a100-80gb-pcie", help="hardware profile name or YAML (default a100-80gb-pcie); NAME:datasheet for the pure "
+                        "datasheet roofline of a calibrated profile")
     p.add_argument("--dtype", default="fp16", help="weight dtype: fp32, fp16, bf16, int8, int4 (default fp16)")
     p.add_argument("--kv-dtype", default=None, help="KV cache dtype (default: the weight dtype)")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree; > 1 adds all-reduce rows (default 1)")
@@ -51,6 +52,9 @@ def add_parser(sub) -> None:
     p.add_argument("--attention", choices=("fused", "unfused"), default="fused",
                    help="fused: the score matrix stays on chip (FlashAttention, paged attention); unfused: QK^T "
                         "writes it and softmax/PV read it back, as Medusa's Table 5 counts (default fused)")
+    p.add_argument("--projections", choices=("fused", "unfused"), default="fused",
+                   help="fused: one Q/K/V GEMM and one gate+up GEMM per layer, as vLLM, TensorRT-LLM and SGLang run "
+                        "them; unfused: a GEMM per weight matrix (default fused)")
     p.add_argument("--all", action="store_true", help="show the operators of every setting, not just the first")
     p.add_argument("--per-operator", action="store_true",
                    help="write one CSV/JSON row per operator and setting (default: one row per setting with the "
@@ -126,7 +130,8 @@ def run(args: argparse.Namespace) -> int:
     seqs = parse_ints(args.seq, "seq")
     cands = parse_ints(args.candidates, "candidates")
     cost = build_cost_model(args.model, args.hardware, dtype=args.dtype, kv_dtype=args.kv_dtype,
-                            tensor_parallel=args.tp, fused_attention=args.attention == "fused")
+                            tensor_parallel=args.tp, fused_attention=args.attention == "fused",
+                            fused_projections=args.projections == "fused")
     ops = operator_table(cost, phases, batches, seqs, cands)
     iters = iteration_table(cost, phases, batches, seqs, cands)
 

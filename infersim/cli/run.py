@@ -32,7 +32,9 @@ def add_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=None, help="override the workload's seed")
     p.add_argument("--requests", "-n", type=int, default=None, help="override the request count")
     p.add_argument("--model", default=None, help="override the model (name, YAML or config.json)")
-    p.add_argument("--hardware", default=None, help="override the hardware profile")
+    p.add_argument("--hardware", default=None,
+                   help="override the hardware profile (NAME:datasheet: its pure datasheet roofline, without the "
+                        "calibrated kernel models)")
     p.add_argument("--scheduler", default=None, help="override serving.scheduler (fcfs, fairness)")
     p.add_argument("--preemption", default=None, help="override serving.preemption (recompute, swap, cost_aware)")
     p.add_argument("--rate", type=float, default=None, help="override the arrival rate (req/s) of poisson/gamma arrivals")

@@ -7,7 +7,13 @@ inference"): a matmul of (m x k) by (k x n) is 2mkn FLOPs and reads both operand
 its output once; attention scores cover every query-key pair (c + q keys per query), as a
 kernel computing the full masked tile does. With `fused_attention` (FlashAttention, vLLM's
 paged attention) the score matrix never reaches memory; unfused, QK^T writes it, softmax
-reads and writes it, and PV reads it."""
+reads and writes it, and PV reads it.
+
+Projections are fused as serving engines run them (vLLM, TensorRT-LLM and SGLang concatenate
+the Q, K and V weights into one GEMM and the gate and up weights into another):
+`fused_projections=False` prices them as separate GEMMs instead. Each operator names the
+measured kernel kind (`kernel`) whose calibrated time model prices it when the hardware
+profile has one (simulator/calibration)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -28,6 +34,7 @@ class Operator:
     scope: str  # "layer" (repeated per layer) or "model" (once per iteration)
     flops: tuple[float, float, float, float, float]
     bytes: tuple[float, float, float, float, float]
+    kernel: str = ""  # calibrated kernel kind: gemm, norm, act, rope, add, emb ("" = class roofline)
 
     def flops_at(self, T, P, K, L):
         c = self.flops
@@ -38,7 +45,7 @@ class Operator:
         return c[0] + c[1] * T + c[2] * P + c[3] * K + c[4] * L
 
 
-def _linear(name: str, d_in: int, d_out: int, w_bytes: float, a_bytes: float, tp: int, per: str = "T",
+def linear_operator(name: str, d_in: int, d_out: int, w_bytes: float, a_bytes: float, tp: int, per: str = "T",
             split_out: bool = True) -> Operator:
     """x (T x d_in) @ W (d_in x d_out): reads W once, reads x, writes y. Under tensor
     parallelism each GPU holds 1/tp of W (column- or row-split) and does 1/tp of the FLOPs."""
@@ -50,23 +57,57 @@ def _linear(name: str, d_in: int, d_out: int, w_bytes: float, a_bytes: float, tp
     d_in_local = d_in if split_out else d_in / tp
     d_out_local = d_out / tp if split_out else d_out
     by[idx] = (d_in_local + d_out_local) * a_bytes
-    return Operator(name, "linear", "layer" if per == "T" else "model", tuple(flops), tuple(by))
+    return Operator(name, "linear", "layer" if per == "T" else "model", tuple(flops), tuple(by), "gemm")
+
+
+_linear = linear_operator
+
+
+def norm_operator(name: str, h: int, wb: float, ab: float, scope: str = "layer") -> Operator:
+    """RMSNorm/LayerNorm: reads the weight once, reads and writes each token's h values."""
+    return Operator(name, "elementwise", scope, (0, 5.0 * h, 0, 0, 0), (h * wb, 2.0 * h * ab, 0, 0, 0), "norm")
+
+
+def act_operator(width_local: float, gated: bool, ab: float) -> Operator:
+    """silu(gate) * up reads two T x width tensors and writes one; a plain GELU reads one."""
+    if gated:
+        return Operator("act", "elementwise", "layer", (0, 5.0 * width_local, 0, 0, 0), (0, 3.0 * width_local * ab, 0, 0, 0), "act")
+    return Operator("act", "elementwise", "layer", (0, 1.0 * width_local, 0, 0, 0), (0, 2.0 * width_local * ab, 0, 0, 0), "act")
+
+
+def rotary_operator(q_local: float, kv_local: float, ab: float) -> Operator:
+    """Rotary embedding of the new queries and keys, in place: each read and written once."""
+    width = q_local + kv_local
+    return Operator("rotary", "elementwise", "layer", (0, 3.0 * width, 0, 0, 0), (0, 2.0 * width * ab, 0, 0, 0), "rope")
+
+
+def residual_add_operator(name: str, h: int, ab: float) -> Operator:
+    """x + residual: reads two T x h tensors, writes one."""
+    return Operator(name, "elementwise", "layer", (0, 1.0 * h, 0, 0, 0), (0, 3.0 * h * ab, 0, 0, 0), "add")
+
+
+def embedding_operator(h: int, wb: float, ab: float) -> Operator:
+    """A gather: one embedding row read and written per token."""
+    return Operator("embedding", "elementwise", "model", (0, 0, 0, 0, 0), (0, h * (wb + ab), 0, 0, 0), "emb")
 
 
 def layer_operators(spec: ModelSpec, weight_dtype: str, kv_dtype: str, act_dtype: str, tp: int,
-                    fused_attention: bool = True) -> list[Operator]:
+                    fused_attention: bool = True, fused_projections: bool = True) -> list[Operator]:
     wb, kb, ab = bytes_per_element(weight_dtype), bytes_per_element(kv_dtype), bytes_per_element(act_dtype)
     h, i = spec.hidden_size, spec.intermediate_size
     n_local = spec.num_heads / tp
     kv_local = spec.kv_dim_per_gpu(tp)  # KV heads replicate when tp exceeds them
     q_local = spec.q_dim / tp
     d = spec.dim_head
-    ops = [
-        Operator("input_norm", "elementwise", "layer", (0, 5.0 * h, 0, 0, 0), (h * wb, 2.0 * h * ab, 0, 0, 0)),
-        _linear("q_proj", h, spec.q_dim, wb, ab, tp),
-        # each rank computes its own KV heads, replicated ones included: kv_local columns
-        _linear("k_proj", h, kv_local * tp, wb, ab, tp),
-        _linear("v_proj", h, kv_local * tp, wb, ab, tp),
+    ops = [norm_operator("input_norm", h, wb, ab)]
+    # each rank computes its own KV heads, replicated ones included: kv_local * tp columns in all
+    if fused_projections:
+        ops.append(_linear("qkv_proj", h, spec.q_dim + 2 * kv_local * tp, wb, ab, tp))
+    else:
+        ops += [_linear("q_proj", h, spec.q_dim, wb, ab, tp), _linear("k_proj", h, kv_local * tp, wb, ab, tp),
+                _linear("v_proj", h, kv_local * tp, wb, ab, tp)]
+    ops += [
+        rotary_operator(q_local, kv_local, ab),
         # new K and V written into the paged cache
         Operator("kv_write", "elementwise", "layer", (0, 0, 0, 0, 0), (0, 2.0 * kv_local * (ab + kb), 0, 0, 0)),
     ]
@@ -78,33 +119,25 @@ def layer_operators(spec: ModelSpec, weight_dtype: str, kv_dtype: str, act_dtype
         Operator("pv", "attention", "layer", (0, 0, 2.0 * n_local * d, 0, 0),
                  (0, q_local * ab, score_bytes, kv_local * kb, 0)),
         _linear("o_proj", spec.q_dim, h, wb, ab, tp, split_out=False),
-        Operator("post_attn_norm", "elementwise", "layer", (0, 5.0 * h, 0, 0, 0), (h * wb, 2.0 * h * ab, 0, 0, 0)),
+        residual_add_operator("attn_residual_add", h, ab),
+        norm_operator("post_attn_norm", h, wb, ab),
     ]
     if spec.mlp == "gated":
-        ops += [
-            _linear("up_proj", h, i, wb, ab, tp),
-            _linear("gate_proj", h, i, wb, ab, tp),
-            # silu(gate) * up: reads two T x i tensors, writes one
-            Operator("act", "elementwise", "layer", (0, 5.0 * i / tp, 0, 0, 0), (0, 3.0 * i / tp * ab, 0, 0, 0)),
-            _linear("down_proj", i, h, wb, ab, tp, split_out=False),
-        ]
+        if fused_projections:
+            ops.append(_linear("gate_up_proj", h, 2 * i, wb, ab, tp))
+        else:
+            ops += [_linear("up_proj", h, i, wb, ab, tp), _linear("gate_proj", h, i, wb, ab, tp)]
+        ops += [act_operator(i / tp, True, ab), _linear("down_proj", i, h, wb, ab, tp, split_out=False)]
     else:
-        ops += [
-            _linear("fc1", h, i, wb, ab, tp),
-            Operator("act", "elementwise", "layer", (0, 1.0 * i / tp, 0, 0, 0), (0, 2.0 * i / tp * ab, 0, 0, 0)),
-            _linear("fc2", i, h, wb, ab, tp, split_out=False),
-        ]
-    return ops
+        ops += [_linear("fc1", h, i, wb, ab, tp), act_operator(i / tp, False, ab),
+                _linear("fc2", i, h, wb, ab, tp, split_out=False)]
+    return ops + [residual_add_operator("mlp_residual_add", h, ab)]
 
 
 def model_operators(spec: ModelSpec, weight_dtype: str, act_dtype: str, tp: int) -> list[Operator]:
     wb, ab = bytes_per_element(weight_dtype), bytes_per_element(act_dtype)
     h, v = spec.hidden_size, spec.vocab_size
-    ops = [
-        # a gather: one embedding row read and written per token
-        Operator("embedding", "elementwise", "model", (0, 0, 0, 0, 0), (0, h * (wb + ab), 0, 0, 0)),
-        Operator("final_norm", "elementwise", "model", (0, 5.0 * h, 0, 0, 0), (h * wb, 2.0 * h * ab, 0, 0, 0)),
-    ]
+    ops = [embedding_operator(h, wb, ab), norm_operator("final_norm", h, wb, ab, scope="model")]
     lm = _linear("lm_head", h, v, wb, ab, tp, per="L")
     return ops + [lm]
 

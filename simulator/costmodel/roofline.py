@@ -1,6 +1,12 @@
 """Roofline cost model: each operator takes max(compute time, memory time) under the
 profile's efficiency factors, plus a per-kernel overhead; an iteration adds up its operators,
-the tensor-parallel all-reduces and a per-iteration overhead."""
+the tensor-parallel all-reduces and a per-iteration overhead.
+
+On a calibrated profile (`calibration:` fitted by `sim calibrate`, or inherited from a measured
+card) the GEMMs and the elementwise kernels the tables measured take their fitted time models
+instead (simulator/calibration/kernel_models.py: the memory/compute corner, tile quantisation,
+launch floors); operators no table measured (attention, the KV write) keep the class roofline.
+`NAME:datasheet` profiles have no calibration: the pure datasheet roofline."""
 from __future__ import annotations
 
 import numpy as np
@@ -22,7 +28,8 @@ class RooflineCostModel(CostModel):
     name = "roofline"
 
     def __init__(self, model: ModelSpec, hardware: HardwareProfile, *, dtype: str = "fp16",
-                 kv_dtype: str | None = None, tensor_parallel: int = 1, fused_attention: bool = True):
+                 kv_dtype: str | None = None, tensor_parallel: int = 1, fused_attention: bool = True,
+                 fused_projections: bool = True):
         self.model, self.hardware = model, hardware
         self.weight_dtype = normalize_dtype(dtype)
         self.kv_dtype = normalize_dtype(kv_dtype or self.weight_dtype)
@@ -30,7 +37,9 @@ class RooflineCostModel(CostModel):
         self.tp = int(tensor_parallel)
         check_tensor_parallel(model, self.tp)
         self.fused_attention = fused_attention
-        self.layer_ops = layer_operators(model, self.weight_dtype, self.kv_dtype, self.act_dtype, self.tp, fused_attention)
+        self.fused_projections = fused_projections
+        self.layer_ops = layer_operators(model, self.weight_dtype, self.kv_dtype, self.act_dtype, self.tp, fused_attention,
+                                         fused_projections)
         self.model_ops = model_operators(model, self.weight_dtype, self.act_dtype, self.tp)
         self._precompute()
 
@@ -45,12 +54,34 @@ class RooflineCostModel(CostModel):
         self._flop_rate = np.array([peak * hw.efficiency_for(op.op_class).compute for op in self.ops])
         self._byte_rate = np.array([bw * hw.efficiency_for(op.op_class).memory for op in self.ops])
         self._launch_s = hw.overheads.kernel_launch_us * 1e-6
+        self._peak, self._bw = peak, bw
+        self._calibrated = self._calibrated_rows(hw.calibration)
         self.iteration_overhead_s = hw.overheads.iteration_us * 1e-6
         ic = hw.interconnect
         comm_eff = hw.efficiency_for("communication")
         self._ar_bw = (ic.bandwidth_gbps * 1e9 * comm_eff.memory) if ic else None
         self._ar_latency_s = (ic.latency_us * 1e-6) if ic else 0.0
         self._ar_bytes_per_token = allreduce_bytes_per_layer(self.model, self.act_dtype)
+
+    def _calibrated_rows(self, calibration) -> list[tuple[int, object]]:
+        """(operator row, time function of (T, L)) for the operators a fitted model prices."""
+        if calibration is None:
+            return []
+        from ..calibration.fit import gemm_params
+        from ..calibration.kernel_models import elementwise_time_s, gemm_time_s
+
+        rows = []
+        for j, op in enumerate(self.ops):
+            f, b = self._flop_coef[j], self._byte_coef[j]
+            if op.kernel == "gemm" and calibration.gemm is not None:
+                params, per = gemm_params(calibration.gemm), (1 if f[1] else 4)  # tokens, or logit positions
+                rows.append((j, lambda T, L, p=params, per=per, f=f[per], w=b[0], a=b[per]:
+                             gemm_time_s(p, f, w, a, T if per == 1 else L, self._peak, self._bw)))
+            elif op.kernel in calibration.elementwise:
+                e = calibration.elementwise[op.kernel]
+                rows.append((j, lambda T, L, e=e, b0=b[0], b1=b[1]:
+                             elementwise_time_s(e.memory, e.launch_us, b0 + b1 * T, self._bw)))
+        return rows
 
     # ---- core: time from batch totals (scalars or arrays) ----------------------------
     def op_times(self, T, P, K, L):
@@ -63,7 +94,10 @@ class RooflineCostModel(CostModel):
         nbytes = B[:, 0:1] + B[:, 1:2] * T + B[:, 2:3] * P + B[:, 3:4] * K + B[:, 4:5] * L
         ct = flops / self._flop_rate[:, None]
         mt = nbytes / self._byte_rate[:, None]
-        return flops, nbytes, ct, mt, np.maximum(ct, mt) + self._launch_s
+        time = np.maximum(ct, mt) + self._launch_s
+        for j, fn in self._calibrated:
+            time[j] = fn(T[0], L[0])
+        return flops, nbytes, ct, mt, time
 
     def allreduce_time_s(self, tokens):
         """All-reduce of the layer's activations (tokens x hidden), twice per layer: from the

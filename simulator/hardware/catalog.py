@@ -30,17 +30,56 @@ def load_host_link(name: str) -> HostLink:
     return found.model_copy(deep=True)
 
 
-def load_hardware(name_or_path: str, host_link: str | None = None) -> HardwareProfile:
-    as_path = Path(str(name_or_path)).expanduser()
+DATASHEET_SUFFIX = ":datasheet"
+
+
+def split_mode(name_or_path: str) -> tuple[str, bool]:
+    """("a100-80gb-sxm", True) for "a100-80gb-sxm:datasheet": the pure roofline of a profile."""
+    text = str(name_or_path)
+    if text.lower().endswith(DATASHEET_SUFFIX):
+        return text[: -len(DATASHEET_SUFFIX)], True
+    return text, False
+
+
+def profile_path(name_or_path: str) -> Path:
+    name, _ = split_mode(name_or_path)
+    as_path = Path(name).expanduser()
     if as_path.suffix in (".yaml", ".yml", ".json") and not as_path.exists():
         raise InfersimError(f"{as_path}: file not found")
-    path = resolve("hardware profile", str(name_or_path), hwprofiles_dir())
-    stat = path.stat()
-    profile = _load(str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+    return resolve("hardware profile", name, hwprofiles_dir())
+
+
+def load_hardware(name_or_path: str, host_link: str | None = None) -> HardwareProfile:
+    """A profile by name or path. Calibrated profiles price kernels with their fitted models;
+    NAME:datasheet drops the calibration (the pure datasheet roofline); a derived profile's
+    calibration is the measured card's fits it names in `calibration.inherits`."""
+    _, datasheet = split_mode(name_or_path)
+    path = profile_path(name_or_path)
+    profile = _load_resolved(path)
     # Profiles are mutable pydantic models; a copy keeps one caller's edits from leaking into
     # every later load of the same name.
     update = {"host_link": load_host_link(host_link)} if host_link else {}
+    if datasheet:  # named apart, so reports and plans comparing both modes tell them apart
+        update.update(calibration=None, name=profile.name + DATASHEET_SUFFIX)
+    elif profile.calibration is not None and profile.calibration.status == "derived":
+        update["calibration"] = _inherited(profile, path)
     return profile.model_copy(deep=True, update=update)
+
+
+def _load_resolved(path: Path) -> HardwareProfile:
+    stat = path.stat()
+    return _load(str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+
+
+def _inherited(profile: HardwareProfile, path: Path):
+    """The measured card's fitted models under the derived card's own status and reason."""
+    own = profile.calibration
+    parent = _load_resolved(profile_path(own.inherits)) if own.inherits != profile.name else None
+    if parent is None or parent.calibration is None or parent.calibration.status != "measured":
+        raise InfersimError(f"{path}: field 'calibration.inherits': '{own.inherits}' is not a measured profile")
+    pc = parent.calibration
+    return own.model_copy(update={"gemm": pc.gemm, "elementwise": dict(pc.elementwise),
+                                  "source": own.source or f"inherited from {parent.name}: {pc.source}"})
 
 
 @lru_cache(maxsize=None)

@@ -55,6 +55,62 @@ class Overheads(BaseModel):
     source: str = ""
 
 
+class FittedValue(BaseModel):
+    """Where a fitted number came from and how well it reproduces its rows."""
+    model_config = ConfigDict(extra="forbid")
+    source: str = Field(description="the measurements: table files and who published them")
+    rows: int = Field(ge=0, description="measured rows the value was fitted on")
+    mape_pct: NonNegativeFloat = Field(description="mean absolute percentage error of the fit on those rows")
+    bias_pct: float = Field(description="mean signed error, (predicted - measured) / measured, percent")
+    fitted_on: list[str] = Field([], description="the models (or table labels) whose rows were used")
+
+
+class GemmFit(FittedValue):
+    """A GEMM of M tokens (x K inputs -> N outputs) takes
+    launch + ((weight + activation bytes) / (bandwidth x memory)) (+) (2 M' K N / (peak x compute))
+    where (+) is the p-norm of the two times (p = corner_exponent): the memory-bound and
+    compute-bound limits and the smooth corner between them; M' is M up to one tile and M
+    rounded up to a multiple of the tile beyond (tile quantisation)."""
+    compute: float = Field(gt=0, le=1.5, description="fraction of peak FLOP/s a compute-bound GEMM reaches")
+    memory: float = Field(gt=0, le=1.5, description="fraction of peak bandwidth a weight-read-bound GEMM reaches")
+    launch_us: NonNegativeFloat = Field(description="latency floor added to every GEMM, microseconds")
+    corner_exponent: float = Field(ge=1.0, le=20.0, description="p of the p-norm joining memory and compute time")
+    tile_tokens: int = Field(ge=1, description="tokens per tile: past one tile, M is rounded up to a multiple of it")
+
+
+class ElementwiseFit(FittedValue):
+    """launch + bytes / (bandwidth x memory) for one elementwise operator kind."""
+    memory: float = Field(gt=0, le=3.0, description="fraction of peak bandwidth the kernel reaches")
+    launch_us: NonNegativeFloat = Field(description="latency floor of one kernel, microseconds")
+
+
+CALIBRATED_KINDS = ("norm", "act", "rope", "add", "emb")
+
+
+class Calibration(BaseModel):
+    """Per-kernel time models fitted from measured tables (`sim calibrate`), or inherited from a
+    measured card of the same architecture (`from`), which keeps its fractions and floors and
+    applies them to this card's own peaks."""
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    status: Literal["measured", "derived"] = "measured"
+    inherits: Optional[str] = Field(None, description="measured profile whose fits this card uses (derived cards)")
+    why: str = Field("", description="why those fits carry over (same architecture, same kernels)")
+    source: str = ""
+    gemm: Optional[GemmFit] = None
+    elementwise: dict[str, ElementwiseFit] = {}
+
+    @model_validator(mode="after")
+    def _check(self):
+        unknown = set(self.elementwise) - set(CALIBRATED_KINDS)
+        if unknown:
+            raise ValueError(f"unknown elementwise kind {sorted(unknown)}; known: {list(CALIBRATED_KINDS)}")
+        if self.status == "derived" and not self.inherits:
+            raise ValueError("a derived calibration names the measured profile it inherits")
+        if self.status == "measured" and self.gemm is None and not self.elementwise:
+            raise ValueError("a measured calibration holds a gemm or elementwise fit")
+        return self
+
+
 class HardwareProfile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -68,6 +124,7 @@ class HardwareProfile(BaseModel):
     interconnect: Optional[Interconnect] = None
     efficiency: dict[str, Efficiency] = {}
     overheads: Overheads = Overheads()
+    calibration: Optional[Calibration] = None
     sources: dict[str, str] = {}  # field -> citation
     collectives: Optional[CollectivesSection] = Field(
         None, description="measured NCCL all-reduce and send/recv times; without it the interconnect prices them")
@@ -94,6 +151,14 @@ class HardwareProfile(BaseModel):
 
     def efficiency_for(self, op_class: str) -> Efficiency:
         return self.efficiency.get(op_class, Efficiency())
+
+    @property
+    def mode(self) -> str:
+        """measured (fitted kernel models, or `sim profile`'s fitted efficiencies), derived
+        (inherits a measured card's fits) or datasheet (pure roofline)."""
+        if self.calibration is not None:
+            return self.calibration.status
+        return "measured" if "calibration" in self.sources else "datasheet"
 
     def memory_bytes(self) -> float:
         return self.memory_gb * 1e9

@@ -46,7 +46,8 @@ from ..models.dtypes import bytes_per_element
 from .calibrated import HostLink, StageInputs
 from .policies import PlacementPolicy, Work
 
-ATTENTION_OPS = frozenset({"input_norm", "q_proj", "k_proj", "v_proj", "kv_write", "qk", "softmax", "pv", "o_proj"})
+ATTENTION_OPS = frozenset({"input_norm", "qkv_proj", "q_proj", "k_proj", "v_proj", "rotary", "kv_write", "qk", "softmax", "pv",
+                           "o_proj", "attn_residual_add"})
 PRE_OPS = frozenset({"embedding"})
 MAX_ELEMENTS = 1 << 21  # per chunk of settings x sequences x layers
 

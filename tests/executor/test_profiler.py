@@ -259,6 +259,9 @@ def test_sim_profile_quick_writes_a_consistent_profile(tmp_path):
     cal = calibration_for(hw)
     for comp in cal["step_model"]["comparison"].values():
         assert len(comp["table"]) == 8 and all(len(r) == 5 for r in comp["table"].values())
+    # the GEMM micro-benchmarks went through sim calibrate's kernel fit
+    gemm_rows = [r for r in cal["curves"] if r["kind"] == "gemm" and r["dtype"] == cal["dtype"]]
+    assert hw.calibration.status == "measured" and hw.calibration.gemm.rows == len(gemm_rows)
     spec = load_model("llama-68m")
     fresh_t = RegressionCostModel(spec, hw, dtype="fp32").prefill_time_s(256)
     ref_t = RegressionCostModel(spec, ref, dtype="fp32").prefill_time_s(256)

@@ -24,7 +24,7 @@ A100_BW, A100_PEAK = 1.935e12, 312e12
 
 @pytest.fixture(scope="module")
 def cost():
-    return RooflineCostModel(load_model("llama-7b"), load_hardware("a100-80gb-pcie"))
+    return RooflineCostModel(load_model("llama-7b"), load_hardware("a100-80gb-pcie:datasheet"), fused_projections=False)
 
 
 def op(cost, batch, name):
@@ -60,7 +60,7 @@ def test_decode_attention_flops(cost, b, c):
 
 
 def test_gqa_k_proj_reads_the_narrow_weight():
-    m = RooflineCostModel(load_model("llama-2-70b"), load_hardware("a100-80gb-pcie"))
+    m = RooflineCostModel(load_model("llama-2-70b"), load_hardware("a100-80gb-pcie:datasheet"), fused_projections=False)
     k = op(m, BatchShape.decode([100]), "k_proj")
     weight_bytes = 8192 * 1024 * 2
     assert k.bytes == weight_bytes + (8192 + 1024) * 2
@@ -94,14 +94,16 @@ def test_verify_score_pairs(cost, c, q):
 
 
 def test_unfused_attention_counts_the_score_matrix(cost):
-    unfused = RooflineCostModel(load_model("llama-7b"), load_hardware("a100-80gb-pcie"), fused_attention=False)
+    unfused = RooflineCostModel(load_model("llama-7b"), load_hardware("a100-80gb-pcie:datasheet"), fused_attention=False,
+                                fused_projections=False)
     shape = BatchShape.verify([1024], 16)
     extra = op(unfused, shape, "qk").bytes - op(cost, shape, "qk").bytes
     assert extra == HEADS * 2 * 16 * (1024 + 16)  # the n x P fp16 score matrix, written once
 
 
 def test_tensor_parallel_halves_linear_flops_and_adds_allreduce(cost):
-    tp2 = RooflineCostModel(load_model("llama-7b"), load_hardware("a100-80gb-pcie"), tensor_parallel=2)
+    tp2 = RooflineCostModel(load_model("llama-7b"), load_hardware("a100-80gb-pcie:datasheet"), tensor_parallel=2,
+                            fused_projections=False)
     shape = BatchShape.decode([512] * 4)
     one, two = {o.name: o for o in cost.breakdown(shape)}, {o.name: o for o in tp2.breakdown(shape)}
     for name in ("q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "gate_proj", "down_proj"):
@@ -177,14 +179,14 @@ def test_unknown_accuracy_table():
 
 
 def test_paper_block_is_the_eight_operators():
-    m = build_cost_model("llama-7b", "a100-80gb-pcie", fused_attention=False)
+    m = build_cost_model("llama-7b", "a100-80gb-pcie", fused_attention=False, fused_projections=False)
     names = {o.name for o in m.breakdown(BatchShape.decode([1024]))} & set(PAPER_BLOCK_OPERATORS)
     assert names == {"q_proj", "k_proj", "v_proj", "qk", "pv", "up_proj", "gate_proj", "down_proj"}
 
 
 @pytest.mark.parametrize("block", ["model", "paper"])
 def test_medusa_speedup_rises_then_falls_at_batch_1(block):
-    df = medusa_study("llama-7b", "a100-80gb-pcie", batches=[1], seq_lens=[1024], block=block)
+    df = medusa_study("llama-7b", "a100-80gb-pcie:datasheet", batches=[1], seq_lens=[1024], block=block)
     s = df.set_index("candidates")["speedup"]
     assert df["overhead"].iloc[0] == 1.0 and s[1] == 1.0  # one candidate is plain decoding
     best = s.idxmax()
@@ -199,7 +201,7 @@ def test_medusa_speedup_rises_then_falls_at_batch_1(block):
 
 
 def test_medusa_tree_rate_peaks_at_the_63_choice_tree():
-    df = medusa_study("llama-7b", "a100-80gb-pcie", rate_model="tree", block="paper")
+    df = medusa_study("llama-7b", "a100-80gb-pcie:datasheet", rate_model="tree", block="paper")
     assert df.loc[df["speedup"].idxmax(), "candidates"] == 64
 
 

@@ -462,7 +462,7 @@ def test_per_request_acceptance_in_the_engine(method):
 
     def run(acc, step_mode=False):
         spec = WorkloadSpec.model_validate({
-            "model": "opt-1.3b", "hardware": {"profile": "a100-80gb-pcie"}, "serving": {"max_batch_size": 16},
+            "model": "opt-1.3b", "hardware": {"profile": "a100-80gb-pcie:datasheet"}, "serving": {"max_batch_size": 16},
             "requests": {"count": 48, "arrival": {"type": "poisson", "rate": 400.0},
                          "prompt_tokens": {"type": "fixed", "value": 32}, "output_tokens": {"type": "fixed", "value": 121}},
             "seed": 5, "speculation": {"method": method, "speculation_length": 4,

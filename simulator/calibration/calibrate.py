@@ -1,0 +1,74 @@
+"""`sim calibrate` as a function: tables -> fitted sections -> profile YAML (nothing written
+unless every table reads and fits)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import InfersimError
+from ..hardware.catalog import load_hardware, profile_path
+from ..hardware.profile import HardwareProfile
+from ..yamlio import validate
+from .profile_writer import with_sections, write_profile
+from .tables import recognise
+
+
+@dataclass
+class CalibrateOptions:
+    tables: list[Path]
+    hardware: str
+    out: Path
+    device: str | None = None
+    source: str | None = None
+    force: bool = False
+
+
+@dataclass
+class CalibrateResult:
+    out: Path
+    profile: HardwareProfile
+    sections: dict[str, Any] = field(default_factory=dict)
+
+    def summary_lines(self) -> list[str]:
+        lines = [f"wrote {self.out}"]
+        cal = self.profile.calibration
+        if cal and cal.gemm:
+            g = cal.gemm
+            lines.append(f"  gemm: compute {g.compute:.3f}, memory {g.memory:.3f}, launch {g.launch_us:.2f} us, "
+                         f"corner p {g.corner_exponent:.2f}, tile {g.tile_tokens} tokens; {g.rows} rows, "
+                         f"MAPE {g.mape_pct:.1f}%, bias {g.bias_pct:+.1f}%")
+        for k, e in (cal.elementwise.items() if cal else ()):
+            lines.append(f"  {k}: memory {e.memory:.3f}, launch {e.launch_us:.2f} us; {e.rows} rows, "
+                         f"MAPE {e.mape_pct:.1f}%, bias {e.bias_pct:+.1f}%")
+        return lines
+
+
+def calibrate(opts: CalibrateOptions) -> CalibrateResult:
+    if opts.out.exists() and not opts.force:
+        raise InfersimError(f"{opts.out}: exists; refusing to overwrite it (--force replaces it)")
+    base = load_hardware(opts.hardware + ":datasheet" if ":" not in opts.hardware else opts.hardware)
+    base_path = profile_path(opts.hardware.split(":")[0])
+    kinds: dict[str, tuple[Any, list]] = {}
+    for path in opts.tables:
+        if not path.is_file():
+            raise InfersimError(f"{path}: file not found")
+        kind = recognise(path)
+        rows = kind.read(path, opts.device)
+        kinds.setdefault(type(kind).fit, (kind, []))[1].extend(rows)  # kinds sharing a fit pool their rows
+    source = opts.source or ", ".join(p.name for p in opts.tables)
+    sections: dict[str, Any] = {}
+    for kind, rows in kinds.values():
+        for key, value in kind.fit(rows, base, source).items():
+            if key in sections:
+                raise InfersimError(f"{opts.tables[0]}: two table kinds fit the same section '{key}'; calibrate them "
+                                    f"one at a time")
+            sections[key] = value
+    header = ("# Kernel time models fitted by `sim calibrate` (docs/profiling.md); they price the GEMMs and the\n"
+              "# elementwise kernels. `efficiency:` prices the operators no table measured.\n")
+    text = with_sections(base_path.read_text(), sections, header=header)
+    import yaml
+
+    profile = validate(HardwareProfile, yaml.safe_load(text), str(opts.out))
+    write_profile(opts.out, text, opts.force)
+    return CalibrateResult(opts.out, profile, sections)

@@ -1,0 +1,110 @@
+"""Measured kernel rows -> the `calibration:` section of a hardware profile, and the
+predictions of a profile for measured rows (used to record fit errors and by the
+leave-one-model-out benchmark). One path for every source of measurements: the shared GPU
+tables, vidur's mlp.csv, generic CSVs and `sim profile`'s own micro-benchmarks all arrive
+here as KernelRows."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import InfersimError
+from ..hardware.profile import Calibration, ElementwiseFit, GemmFit, HardwareProfile
+from .kernel_models import (GemmParams, GemmSamples, elementwise_time_s, errors_pct, fit_elementwise, fit_gemm,
+                            gemm_time_s)
+from .rows import KernelRow
+
+MIN_GEMM_ROWS = 8
+MIN_ELEMENTWISE_ROWS = 2
+
+
+def _rates(hardware: HardwareProfile, dtype: str) -> tuple[float, float]:
+    return hardware.peak_flops(dtype), hardware.memory_bandwidth_bytes_per_s()
+
+
+def _gemm_samples(rows: list[KernelRow]) -> GemmSamples:
+    col = lambda name: np.array([getattr(r, name) for r in rows], dtype=np.float64)  # noqa: E731
+    return GemmSamples(col("flops_per_token"), col("bytes_const"), col("bytes_per_token"), col("tokens"), col("time_s"))
+
+
+def gemm_params(fit: GemmFit) -> GemmParams:
+    return GemmParams(fit.compute, fit.memory, fit.launch_us, fit.corner_exponent, fit.tile_tokens)
+
+
+def predict_rows(calibration: Calibration, rows: list[KernelRow], hardware: HardwareProfile,
+                 dtype: str = "fp16") -> np.ndarray:
+    """Predicted seconds of each row under a calibration (NaN where it has no model)."""
+    peak, bw = _rates(hardware, dtype)
+    out = np.full(len(rows), np.nan)
+    for kernel in sorted({r.kernel for r in rows}):
+        idx = [j for j, r in enumerate(rows) if r.kernel == kernel]
+        sub = [rows[j] for j in idx]
+        if kernel == "gemm" and calibration.gemm is not None:
+            s = _gemm_samples(sub)
+            out[idx] = gemm_time_s(gemm_params(calibration.gemm), s.flops_per_token, s.bytes_const,
+                                   s.bytes_per_token, s.tokens, peak, bw)
+        elif kernel in calibration.elementwise:
+            e = calibration.elementwise[kernel]
+            out[idx] = elementwise_time_s(e.memory, e.launch_us, np.array([r.bytes for r in sub]), bw)
+    return out
+
+
+def _labels(rows: list[KernelRow]) -> list[str]:
+    return sorted({r.label for r in rows})
+
+
+def fit_kernels(rows: list[KernelRow], hardware: HardwareProfile, source: str, dtype: str = "fp16") -> Calibration:
+    """Fit the GEMM model and one elementwise model per kernel kind present in the rows.
+    `hardware` gives the peaks the fractions are fractions of."""
+    peak, bw = _rates(hardware, dtype)
+    gemm_rows = [r for r in rows if r.kernel == "gemm"]
+    gemm = None
+    if gemm_rows:
+        if len(gemm_rows) < MIN_GEMM_ROWS:
+            raise InfersimError(f"{gemm_rows[0].where}: {len(gemm_rows)} GEMM rows; the GEMM fit needs at least "
+                                f"{MIN_GEMM_ROWS} (several token counts)")
+        p = fit_gemm(_gemm_samples(gemm_rows), peak, bw)
+        gemm = GemmFit(source=source, rows=len(gemm_rows), mape_pct=0.0, bias_pct=0.0, fitted_on=_labels(gemm_rows),
+                       compute=_sig(p.compute), memory=_sig(p.memory), launch_us=_sig(p.launch_us),
+                       corner_exponent=_sig(p.corner_exponent), tile_tokens=p.tile_tokens)
+    elementwise = {}
+    for kernel in sorted({r.kernel for r in rows} - {"gemm"}):
+        sub = [r for r in rows if r.kernel == kernel]
+        if len(sub) < MIN_ELEMENTWISE_ROWS:
+            continue
+        memory, launch_us = fit_elementwise(np.array([r.bytes for r in sub]), np.array([r.time_s for r in sub]), bw)
+        elementwise[kernel] = ElementwiseFit(source=source, rows=len(sub), mape_pct=0.0, bias_pct=0.0,
+                                             fitted_on=_labels(sub), memory=_sig(memory), launch_us=_sig(launch_us))
+    if gemm is None and not elementwise:
+        raise InfersimError(f"{source}: no GEMM or elementwise rows to fit")
+    calib = Calibration(status="measured", source=source, gemm=gemm, elementwise=elementwise)
+    return record_errors(calib, rows, hardware, dtype)
+
+
+def record_errors(calibration: Calibration, rows: list[KernelRow], hardware: HardwareProfile,
+                  dtype: str = "fp16") -> Calibration:
+    """The calibration with each fitted value's MAPE and bias on its rows, computed with the
+    rounded values it stores (what a reader of the profile reproduces)."""
+    pred = predict_rows(calibration, rows, hardware, dtype)
+    meas = np.array([r.time_s for r in rows])
+    kernels = np.array([r.kernel for r in rows])
+
+    def scored(fit, mask):
+        mape, bias = errors_pct(pred[mask], meas[mask])
+        return fit.model_copy(update={"mape_pct": round(mape, 3), "bias_pct": round(bias, 3)})
+
+    update = {}
+    if calibration.gemm is not None:
+        update["gemm"] = scored(calibration.gemm, kernels == "gemm")
+    update["elementwise"] = {k: scored(e, kernels == k) for k, e in calibration.elementwise.items()}
+    return calibration.model_copy(update=update)
+
+
+def significant(x: float, digits: int = 4) -> float:
+    """Round to significant digits (profiles hold measurements, not 17-digit noise)."""
+    if x == 0 or not np.isfinite(x):
+        return float(x)
+    return float(f"{x:.{digits}g}")
+
+
+def _sig(x: float) -> float:
+    return significant(x, 5)

@@ -1,0 +1,113 @@
+"""`sim calibrate`: the three table kinds, the profile it writes, and bad tables (one line,
+exit 2, nothing written)."""
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from infersim.cli.main import main
+from infersim.simulator.hardware.catalog import load_hardware
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+SAMPLE = DATA / "linear_ops_a100_llama3_8b.csv"
+
+
+def _calibrate(tmp_path, table, *extra):
+    out = tmp_path / "out.yaml"
+    return main(["calibrate", str(table), "--hardware", "a100-80gb-sxm", "--out", str(out), *extra]), out
+
+
+def test_writes_profile_with_sources_rows_and_errors(tmp_path, capsys):
+    rc, out = _calibrate(tmp_path, SAMPLE, "--source", "vidur sample")
+    assert rc == 0
+    hw = load_hardware(str(out))
+    g = hw.calibration.gemm
+    assert g.source == "vidur sample" and g.rows == 4 * 28 and g.fitted_on == ["meta-llama/Meta-Llama-3-8B"]
+    assert set(hw.calibration.elementwise) == {"norm", "act", "rope", "add", "emb"}
+    text = out.read_text()
+    # the base profile's keys keep their order; calibration follows overheads
+    keys = [k for k in yaml.safe_load(text)]
+    assert keys.index("calibration") == keys.index("overheads") + 1
+    assert "# NVIDIA A100 80GB SXM4." in text  # comments kept
+
+
+def test_refuses_to_overwrite_without_force(tmp_path, capsys):
+    out = tmp_path / "out.yaml"
+    out.write_text("mine\n")
+    rc, _ = _calibrate(tmp_path, SAMPLE)
+    assert rc == 2 and out.read_text() == "mine\n"
+    assert "refusing to overwrite" in capsys.readouterr().err
+    rc, _ = _calibrate(tmp_path, SAMPLE, "--force")
+    assert rc == 0 and load_hardware(str(out)).calibration.gemm.rows == 112
+
+
+def _vidur_copy(tmp_path) -> Path:
+    """The sample in vidur's own mlp.csv spelling (no device column)."""
+    import pandas as pd
+
+    d = pd.read_csv(SAMPLE)
+    cols = {c: f"time_stats.{c[:-len('_median_ms')]}.median" for c in d.columns if c.endswith("_median_ms")}
+    v = d.rename(columns={**cols, "tp": "num_tensor_parallel_workers"}).drop(columns=["device", "model"])
+    v = v[[c for c in v.columns if not c.endswith("_std_ms")]].assign(use_gated_mlp=True, vocab_size=128256)
+    path = tmp_path / "mlp.csv"
+    v.to_csv(path, index=False)
+    return path
+
+
+def test_vidur_mlp_csv_gives_the_same_fit(tmp_path, capsys):
+    path = _vidur_copy(tmp_path)
+    rc, _ = _calibrate(tmp_path, path)
+    assert rc == 2 and "--device" in capsys.readouterr().err  # no device column: say which
+    rc, out = _calibrate(tmp_path, path, "--device", "a100")
+    assert rc == 0
+    (tmp_path / "b").mkdir()
+    rc, ref = _calibrate(tmp_path / "b", SAMPLE)
+    a, b = load_hardware(str(out)).calibration, load_hardware(str(ref)).calibration
+    assert a.gemm.compute == b.gemm.compute and a.gemm.mape_pct == b.gemm.mape_pct
+
+
+def test_generic_gemm_table(tmp_path, capsys):
+    lines = ["device,op,tokens,k,n,median_ms"]
+    for t in (1, 8, 64, 128, 256, 512, 1024, 2048, 4096):
+        for k, n in ((4096, 4096), (4096, 11008)):
+            ms = 0.005 + max(k * n * 2 / 1.6e12, 2 * t * k * n / 2.2e14) * 1e3
+            lines.append(f"mygpu,gemm,{t},{k},{n},{ms:.6f}")
+    path = tmp_path / "mine.csv"
+    path.write_text("\n".join(lines) + "\n")
+    rc, out = _calibrate(tmp_path, path)
+    assert rc == 0
+    g = load_hardware(str(out)).calibration.gemm
+    assert g.rows == 18 and g.mape_pct < 5
+
+
+def _set(rows, i, column, value):
+    header = rows[0].split(",")
+    cells = rows[i].split(",")
+    cells[header.index(column)] = value
+    rows[i] = ",".join(cells)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda rows: _set(rows, 3, "attn_pre_proj_median_ms", "fast"), "row 4, column 'attn_pre_proj_median_ms'"),
+    (lambda rows: _set(rows, 4, "mlp_act_median_ms", "-0.01"), "row 5, column 'mlp_act_median_ms'"),
+    (lambda rows: rows.__setitem__(5, rows[5].replace("a100,meta-llama/Meta-Llama-3-8B,32,8,4096",
+                                                      "a100,meta-llama/Meta-Llama-3-8B,32,8,5120")), "row 6, column 'n_embd'"),
+    (lambda rows: rows.__setitem__(2, rows[2].replace(",1,2,", ",3,2,", 1)), "row 3, column 'tp'"),
+    (lambda rows: rows.__setitem__(0, rows[0].replace("num_tokens", "tokens_n")), "row 1"),
+])
+def test_bad_table_one_line_exit_2_nothing_written(tmp_path, capsys, edit, message):
+    rows = SAMPLE.read_text().splitlines()
+    edit(rows)
+    bad = tmp_path / "bad.csv"
+    bad.write_text("\n".join(rows) + "\n")
+    rc, out = _calibrate(tmp_path, bad)
+    err = capsys.readouterr().err
+    assert rc == 2 and not out.exists()
+    assert len(err.strip().splitlines()) == 1 and str(bad) in err and message in err, err
+
+
+def test_sim_hardware_shows_measured_derived_and_datasheet(capsys):
+    assert main(["hardware", "l40"]) == 0
+    out = capsys.readouterr().out
+    assert "calibration: derived, inherits a40" in out

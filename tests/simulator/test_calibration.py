@@ -1,0 +1,150 @@
+"""Kernel-model fits recover known parameters from synthetic tables; the shipped calibrated
+profiles price measured rows as they record; the cost model uses the fitted models exactly."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from infersim.simulator.calibration.fit import fit_kernels, predict_rows
+from infersim.simulator.calibration.kernel_models import GemmParams, errors_pct, gemm_time_s
+from infersim.simulator.calibration.rows import LayerDims, gemm_operator, operator_for, row_from_operator
+from infersim.simulator.calibration.tables import recognise
+from infersim.simulator.costmodel import BatchShape, RooflineCostModel
+from infersim.simulator.hardware.catalog import load_hardware
+from infersim.simulator.models.catalog import load_model
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+HW = load_hardware("a100-80gb-sxm:datasheet")
+PEAK, BW = HW.peak_flops("fp16"), HW.memory_bandwidth_bytes_per_s()
+TOKENS = [1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 2048, 4096]
+
+
+def _synthetic_gemm_rows(params: GemmParams):
+    rows = []
+    for k, n in [(4096, 6144), (4096, 28672), (14336, 4096), (8192, 1280), (5120, 15360)]:
+        op = gemm_operator(k, n)
+        for t in TOKENS:
+            f, b = op.flops[1], op.bytes
+            time_s = float(gemm_time_s(params, f, b[0], b[1], t, PEAK, BW))
+            rows.append(row_from_operator(op, device="x", label=f"k{k}-n{n}", tp=1, tokens=t, op="gemm",
+                                          time_s=time_s, where="synthetic"))
+    return rows
+
+
+@pytest.mark.parametrize("tile", [32, 128])
+def test_gemm_fit_recovers_known_parameters(tile):
+    truth = GemmParams(compute=0.62, memory=0.83, launch_us=4.0, corner_exponent=2.5, tile_tokens=tile)
+    calib = fit_kernels(_synthetic_gemm_rows(truth), HW, "synthetic")
+    g = calib.gemm
+    assert g.tile_tokens == tile
+    assert g.compute == pytest.approx(truth.compute, rel=1e-3)
+    assert g.memory == pytest.approx(truth.memory, rel=1e-3)
+    assert g.launch_us == pytest.approx(truth.launch_us, rel=1e-2)
+    assert g.corner_exponent == pytest.approx(truth.corner_exponent, rel=1e-2)
+    assert g.mape_pct < 0.05 and g.rows == 5 * len(TOKENS)
+
+
+def test_elementwise_fit_recovers_floor_and_bandwidth():
+    dims = LayerDims(heads=32, kv_heads=8, hidden=4096, intermediate=14336)
+    rows = []
+    for t in TOKENS:
+        op = operator_for("input_layernorm", dims, 1)
+        nbytes = op.bytes[0] + op.bytes[1] * t
+        rows.append(row_from_operator(op, device="x", label="m", tp=1, tokens=t, op="input_layernorm",
+                                      time_s=3e-6 + nbytes / (BW * 0.45), where="synthetic"))
+    e = fit_kernels(rows, HW, "synthetic").elementwise["norm"]
+    assert e.memory == pytest.approx(0.45, rel=1e-4)
+    assert e.launch_us == pytest.approx(3.0, rel=1e-3)
+
+
+def test_fused_qkv_row_prices_one_gemm_of_the_concatenated_width():
+    dims = LayerDims(heads=32, kv_heads=8, hidden=4096, intermediate=14336)
+    op = operator_for("attn_pre_proj", dims, 4)
+    # (32 + 2 x 8) heads x 128 / 4 = 1536 outputs per GPU
+    assert op.flops[1] == 2 * 4096 * 1536
+    assert op.bytes[0] == 4096 * 1536 * 2
+
+
+@pytest.fixture(scope="module")
+def sample_rows():
+    path = DATA / "linear_ops_a100_llama3_8b.csv"
+    return recognise(path).read(path, "a100")
+
+
+def test_shipped_profile_prices_measured_rows_near_its_recorded_error(sample_rows):
+    hw = load_hardware("a100-80gb-sxm")
+    cal = hw.calibration
+    assert cal.status == "measured" and "microsoft/vidur" in cal.gemm.source
+    gemm = [r for r in sample_rows if r.kernel == "gemm"]
+    mape, _ = errors_pct(predict_rows(cal, gemm, hw), [r.time_s for r in gemm])
+    # 28 of the 28164 rows the fit recorded its error on: the same model, a similar error
+    assert abs(mape - cal.gemm.mape_pct) < 5.0
+
+
+def test_shipped_profiles_reproduce_their_recorded_errors_when_refitted_on_their_rows(sample_rows):
+    """A fit records the error of the rounded values it stores: scoring the stored values on
+    the same rows gives the recorded numbers back."""
+    from infersim.simulator.calibration.fit import record_errors
+
+    cal = fit_kernels(sample_rows, HW, "sample")
+    again = record_errors(cal, sample_rows, HW)
+    assert again.gemm.mape_pct == cal.gemm.mape_pct
+    assert {k: e.mape_pct for k, e in again.elementwise.items()} == {k: e.mape_pct for k, e in cal.elementwise.items()}
+
+
+def test_cost_model_gemm_time_is_the_fitted_model(sample_rows):
+    hw = load_hardware("a100-80gb-sxm")
+    cm = RooflineCostModel(load_model("mistral-7b"), hw)  # the shape of Llama-3-8B: 4096, 32/8 heads, 14336
+    ops = {o.name: o for o in cm.breakdown(BatchShape.prefill([512]))}
+    row = next(r for r in sample_rows if r.op == "attn_pre_proj" and r.tp == 1 and r.tokens == 512)
+    assert ops["qkv_proj"].time_s == pytest.approx(float(predict_rows(hw.calibration, [row], hw)[0]), rel=1e-12)
+
+
+@pytest.mark.parametrize("hardware", ["a100-80gb-sxm", "h200", "a40:datasheet"])
+def test_decode_steps_equal_stepping_on_calibrated_profiles(hardware):
+    cm = RooflineCostModel(load_model("llama-7b"), load_hardware(hardware), tensor_parallel=1)
+    ctx = np.array([5, 100, 2047])
+    vec = cm.decode_step_times_s(ctx, 70)
+    step = np.array([cm.iteration_time_s(BatchShape.decode(ctx + j)) for j in range(70)])
+    assert np.array_equal(vec, step)
+
+
+def test_datasheet_suffix_drops_the_calibration_and_derived_cards_inherit():
+    assert load_hardware("h100-sxm:datasheet").calibration is None
+    h200 = load_hardware("h200")
+    assert h200.mode == "derived" and h200.calibration.inherits == "h100-sxm"
+    assert h200.calibration.gemm == load_hardware("h100-sxm").calibration.gemm
+    fast = RooflineCostModel(load_model("llama-7b"), load_hardware("h100-sxm:datasheet"))
+    real = RooflineCostModel(load_model("llama-7b"), load_hardware("h100-sxm"))
+    batch = BatchShape.decode([512] * 8)
+    assert real.iteration_time_s(batch) > fast.iteration_time_s(batch)
+
+
+def test_unfused_projections_cost_more_launches_than_fused():
+    hw = load_hardware("a100-80gb-sxm")
+    spec = load_model("llama-7b")
+    fused = {o.name for o in RooflineCostModel(spec, hw).breakdown(BatchShape.decode([64]))}
+    unfused = {o.name for o in RooflineCostModel(spec, hw, fused_projections=False).breakdown(BatchShape.decode([64]))}
+    assert {"qkv_proj", "gate_up_proj", "rotary", "attn_residual_add"} <= fused
+    assert {"q_proj", "k_proj", "v_proj", "up_proj", "gate_proj"} <= unfused and "qkv_proj" not in unfused
+
+
+def test_derived_profile_must_inherit_a_measured_one(tmp_path):
+    from infersim.simulator.errors import InfersimError
+
+    text = (Path(__file__).resolve().parents[2] / "hwprofiles" / "h200.yaml").read_text()
+    bad = tmp_path / "mine.yaml"
+    bad.write_text(text.replace("inherits: h100-sxm", "inherits: cpu-reference"))
+    with pytest.raises(InfersimError, match="calibration.inherits.*not a measured profile"):
+        load_hardware(str(bad))
+
+
+def test_every_gpu_profile_is_measured_or_derived_from_a_measured_card():
+    from infersim.simulator.hardware.catalog import list_hardware
+
+    modes = {n: load_hardware(n).mode for n in list_hardware()}
+    assert {n for n, m in modes.items() if m == "measured" and n != "cpu-reference"} == {"a100-80gb-sxm", "a40", "h100-sxm"}
+    for name, mode in modes.items():
+        if mode == "derived":
+            hw = load_hardware(name)
+            assert hw.calibration.why and load_hardware(hw.calibration.inherits).mode == "measured"
