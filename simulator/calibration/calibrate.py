@@ -41,6 +41,11 @@ class CalibrateResult:
         for k, e in (cal.elementwise.items() if cal else ()):
             lines.append(f"  {k}: memory {e.memory:.3f}, launch {e.launch_us:.2f} us; {e.rows} rows, "
                          f"MAPE {e.mape_pct:.1f}%, bias {e.bias_pct:+.1f}%")
+        coll = self.profile.collectives
+        for name in ("all_reduce", "send_recv"):
+            for fit in getattr(coll, name) if coll else ():
+                lines.append(f"  {name} {fit.workers} workers ({fit.topology}): {fit.rows} rows, "
+                             f"MAPE {fit.mape_pct:.1f}%, bias {fit.bias_pct:+.1f}%")
         return lines
 
 

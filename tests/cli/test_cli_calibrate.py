@@ -111,3 +111,23 @@ def test_sim_hardware_shows_measured_derived_and_datasheet(capsys):
     assert main(["hardware", "l40"]) == 0
     out = capsys.readouterr().out
     assert "calibration: derived, inherits a40" in out
+
+
+def test_collective_table_fits_the_collectives_section(tmp_path, capsys):
+    """A synthetic NCCL table, all-reduce over 2 and 4 NVSwitch workers at 20 us + bytes / 100 GB/s:
+    `sim calibrate` recognises the layout and writes a `collectives:` section that recovers them."""
+    table = tmp_path / "collectives.csv"
+    lines = ["setup,collective,num_workers,size,devices_per_node,max_devices_per_node,median_ms,std_ms"]
+    for workers in (2, 4):
+        for size in (2 ** k for k in range(10, 26)):
+            lines.append(f"lab_dgx,all_reduce,{workers},{size},{workers},8,{(20e-6 + 2 * size / 100e9) * 1e3:.9f},0")
+    table.write_text("\n".join(lines) + "\n")
+    rc, out = _calibrate(tmp_path, table, "--source", "lab")
+    assert rc == 0, capsys.readouterr().err
+    section = load_hardware(str(out)).collectives
+    assert section.setup == "lab_dgx" and section.source == "lab"
+    assert [f.workers for f in section.all_reduce] == [2, 4]
+    for fit in section.all_reduce:
+        assert fit.rows == 16 and fit.mape_pct < 0.1
+        seg = fit.segments[-1]
+        assert seg.latency_us == pytest.approx(20.0, rel=1e-3) and seg.bandwidth_gbps == pytest.approx(100.0, rel=1e-3)

@@ -8,12 +8,14 @@ from pathlib import Path
 from ...errors import InfersimError
 from ...registry import Registry
 from .base_table import TableKind, read_header
+from .collectives import CollectivesTable
 from .generic import GenericTable
 from .per_layer import LinearOpsTable, VidurMlpTable
 
 TABLE_KINDS: Registry = Registry("table kind")
 TABLE_KINDS.register("linear_ops")(LinearOpsTable)
 TABLE_KINDS.register("vidur_mlp")(VidurMlpTable)
+TABLE_KINDS.register("collectives")(CollectivesTable)
 TABLE_KINDS.register("generic")(GenericTable)
 
 

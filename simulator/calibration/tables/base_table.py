@@ -5,6 +5,7 @@ accepts a file's header."""
 from __future__ import annotations
 
 import csv
+import gzip
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, Iterator
@@ -66,7 +67,10 @@ def pick_device(path: Path, devices: set[str], device: str | None) -> str:
 
 
 def _open(path: Path):
+    """A table file, gzipped ones (`.gz`) read as text too."""
     try:
+        if path.suffix == ".gz":
+            return gzip.open(path, "rt", newline="")
         return open(path, newline="")
     except OSError as exc:
         raise InfersimError(f"{path}: cannot read ({exc.__class__.__name__})") from None
