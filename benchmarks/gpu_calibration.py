@@ -176,7 +176,8 @@ def report(df: pd.DataFrame, table: Path) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("table", type=Path, help="linear_ops.csv (per-layer operator medians)")
+    ap.add_argument("table", type=Path, nargs="?", help="linear_ops.csv (per-layer operator medians; default: the shipped table)",
+                    default=Path(__file__).parent / "data" / "gpu-kernels" / "linear_ops.csv.gz")
     ap.add_argument("--out", type=Path, default=Path(__file__).with_name("RESULTS-gpu-calibration.md"))
     args = ap.parse_args()
     df = evaluate(args.table)
