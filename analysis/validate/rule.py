@@ -60,7 +60,8 @@ def _judge_aggregate(check: dict, repeats: list[dict]) -> dict:
     component = "" if ok else (check["component"] or f"timing noise (the median of the repeats {median:+.1%}, "
                                                       f"their values {', '.join(f'{v:+.1%}' for v in values)})")
     return {**check, "value": median, "raw": check["value"], "repeats": values,
-            "judged_on": f"median of {len(values)} repeats", "ok": ok, "component": component,
+            "judged_on": f"median of {len(values)} repeats" if len(values) > 1 else "one run", "ok": ok,
+            "component": component,
             "kind": "" if ok else (check.get("kind") or "timing noise")}
 
 

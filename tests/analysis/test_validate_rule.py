@@ -52,6 +52,7 @@ def test_throughput_12_percent_off_fails():
     assert not v["passed"]
     c = _by_metric(v)[THR]
     assert not c["ok"] and c["value"] == pytest.approx(0.12) and c["component"]
+    assert c["judged_on"] == "one run"  # `sim validate`'s default: a single run, no repeats
 
 
 def test_local_speed_mape_of_11_percent_fails_on_cpu_even_with_a_raw_8_percent():
