@@ -55,7 +55,7 @@ def judge_targets():
         misses = [c for c in result["checks"] if not c["ok"]]
         w = result["comparison"]["cost_model"].get("within_run") or {}
         lo, hi = w.get("tick_range") or (1.0, 1.0)
-        return (bool(result["busy"]) or (bool(misses) and all(c.get("kind") == "timing noise" for c in misses))
+        return (bool(result.get("busy")) or (bool(misses) and all(c.get("kind") == "timing noise" for c in misses))
                 or hi / lo > TICK_RANGE_LIMIT)
 
     def judge(result, again, only=None) -> None:

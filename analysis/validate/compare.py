@@ -160,28 +160,6 @@ WITHIN_RUN_CORRELATION = 0.5
 WITHIN_RUN_MAPE_RATIO = 0.9
 
 
-def disturbance(stalls: float, calibration_stalls: float, speed_shift: float) -> list[str]:
-    """The busy test, in words: what disturbed a validation's timing (more than STALL_LIMIT of
-    the executed or calibration iterations stalled, or the machine's speed moved more than
-    SHIFT_LIMIT between the calibrations before and after the run); empty when it was steady."""
-    why = []
-    if np.isfinite(speed_shift) and abs(speed_shift) > SHIFT_LIMIT:
-        why.append(f"speed moved {speed_shift:+.1%} between the calibrations around it")
-    for what, x in (("executed", stalls), ("calibration", calibration_stalls)):
-        if np.isfinite(x) and x > STALL_LIMIT:
-            why.append(f"{x:.1%} of {what} iterations stalled")
-    return why
-
-
-def unsteadiness(stalls: float, calibration_stalls: float, speed_shift: float) -> float:
-    """How far past the busy test's limits a validation's timing was, as the largest of |speed
-    shift| / SHIFT_LIMIT and stalls / STALL_LIMIT (NaN terms left out): above 1 exactly when
-    `disturbance` names something. Ranks the attempts of a case that never ran steadily."""
-    terms = [abs(speed_shift) / SHIFT_LIMIT, stalls / STALL_LIMIT, calibration_stalls / STALL_LIMIT]
-    terms = [x for x in terms if np.isfinite(x)]
-    return float(max(terms)) if terms else 0.0
-
-
 def timing_noise(run) -> dict:
     """How noisy the measurements are, whatever the model (measured.stalls): the fraction of
     iterations that stalled, and the iteration-to-iteration jitter of like decode steps."""
@@ -265,6 +243,24 @@ def totals_level(exec_run, sim_run) -> dict:
     return out
 
 
+def aggregate_errors(exec_run, sim_run, cost_model=None) -> dict[str, float]:
+    """One executed run's errors on the aggregate targets against a simulation of the same
+    requests, by check_targets' metric names: what the pass rule takes the median of over the
+    repeats (rule.py). With `cost_model`, also the swap and recompute costs on the run's own
+    batches."""
+    rq, tot = request_level(exec_run, sim_run), totals_level(exec_run, sim_run)
+    out = {"throughput (output tok/s)": (tot.get("throughput_output_tokens_per_s") or {}).get("error"),
+           "mean end-to-end latency": rq["e2e_s"]["mean_error"], "TTFT p99": rq["ttft_s"]["p99_error"],
+           "TPOT p99": rq["tpot_s"]["p99_error"], "end-to-end p99": rq["e2e_s"]["p99_error"],
+           "acceptance rate": (tot.get("acceptance_rate") or {}).get("error"),
+           "tokens per step": (tot.get("tokens_per_step") or {}).get("error")}
+    if cost_model is not None:
+        cm = cost_model_level(exec_run, cost_model)
+        out["swap cost (total copy time)"] = (cm.get("swap") or {}).get("error")
+        out["recompute cost (re-prefill time)"] = (cm.get("recompute") or {}).get("error")
+    return {k: float(v) for k, v in out.items() if v is not None}
+
+
 def _get(d: dict, path: tuple[str, ...]):
     for k in path:
         if not isinstance(d, dict) or k not in d:
@@ -320,9 +316,8 @@ def check_targets(c: Comparison, compare: tuple[str, ...], targets: dict | None 
     cal_stalls = c.info.get("calibration_stalls", float("nan"))
     shift = c.info.get("speed_shift", float("nan"))
     moved = bool(np.isfinite(shift) and abs(shift) > SHIFT_LIMIT)
-    c.info["disturbed_by"] = disturbance(stalls, cal_stalls, shift)
-    c.info["unsteadiness"] = unsteadiness(stalls, cal_stalls, shift)
-    busy = c.info["busy"] = bool(c.info["disturbed_by"])
+    # the machine was busy around the run: its speed moved between the calibrations, or iterations stalled
+    busy = moved or any(np.isfinite(x) and x > STALL_LIMIT for x in (stalls, cal_stalls))
 
     def noise_source() -> str:
         if moved:

@@ -174,6 +174,13 @@ def run_repeated(run_one, exec_dir: Path, repeats: int = 1) -> dict:
     return {"repeats": repeats, "busy_s": busy, "kept": kept + 1, "spread": spread}
 
 
+def repeat_dirs(exec_dir: Path) -> list[Path]:
+    """The validated run's folders: the run kept (of median busy time) first, then the other
+    repeats run_repeated left beside it."""
+    exec_dir = Path(exec_dir)
+    return [exec_dir] + sorted(exec_dir.parent.glob(f"{exec_dir.name}.repeat-*"))
+
+
 def repeats_note(info: dict) -> str:
     """One sentence for the report: which of the repeated runs is the measurement."""
     if not info:

@@ -20,7 +20,7 @@ import numpy as np
 from infersim.simulator.errors import InfersimError
 
 from .compare import brief
-from .execute import run_repeated
+from .execute import repeat_dirs, run_repeated
 from .offload_calibrate import OffloadFit, calibrate_offload_around, load_offload_run
 
 BYTES_TARGET = 0.05  # the offload analogue of the swap-cost target: KV bytes loaded, total
@@ -124,7 +124,8 @@ def validate_offload_case(case, model: str, out: Path, *, device: str = "cpu", d
     from infersim.simulator.workload.builder import build_requests
 
     from .calibrate import require_held_out_seed
-    from .compare import compare_runs
+    from .compare import aggregate_errors, compare_runs
+    from .rule import apply_rule
     from .measured import load_exec_run, load_run
     from .modes import MODES
     from .simulate import simulate_run
@@ -199,8 +200,10 @@ def validate_offload_case(case, model: str, out: Path, *, device: str = "cpu", d
                              f"calibrated compute and host link: {src}; in-sample iteration MAPE "
                              f"{fit.meta['iteration_fit']['mape_in_sample']:.1%}", "fit": fit.to_json()},
               "drift": {}, "statistics": stats, "updates": updates, "offload": ob, "seed": spec.seed,
-              "requests": len(reqs), "wall_s": time.perf_counter() - t0, "busy": bool(cmp.info.get("busy")),
-              "repeats": repeated, "comparison": brief(cmp.to_json())}
+              "requests": len(reqs), "wall_s": time.perf_counter() - t0, "repeats": repeated,
+              "comparison": brief(cmp.to_json()),
+              "repeat_errors": [aggregate_errors(load_run(d), sim_run) for d in repeat_dirs(out / "exec")]}
+    apply_rule(result)
     write_json(out / "validation.json", result)
     if report:
         from .report import case_report

@@ -46,14 +46,21 @@ def report_head(result: dict, cmp, folder: Path) -> "Report":
     """A case report with its title and verdict line (and folder/plots made)."""
     (Path(folder) / "plots").mkdir(parents=True, exist_ok=True)
     r = Report(f"Validation: {result['case']}", result.get("title", ""))
-    verdict = "all targets met" if cmp.passed else \
-        f"{sum(not c['ok'] for c in cmp.checks)} of {len(cmp.checks)} targets missed"
+    checks = (result.get("judged") or {}).get("checks", cmp.checks)  # the pass rule's verdict (rule.py)
+    verdict = "all targets met under the rule" if all(c["ok"] for c in checks) else \
+        f"{sum(not c['ok'] for c in checks)} of {len(checks)} targets missed under the rule"
     r.verdict = [f"**{verdict}** — {result['model']} on {result['device']} ({result['threads']} torch thread(s)), "
                  f"{cmp.requests['requests']} requests; cost model: {result['cost_model']['description']}."]
     from .execute import repeats_note
 
     if result.get("repeats"):
         r.verdict.append(f"The validated requests were {repeats_note(result['repeats'])}.")
+    if result.get("judged"):
+        from .rule import RULE
+
+        judged = "; ".join(f"{c['metric']} {pct(c['value'], not c['metric'].endswith('MAPE'))} on {c['judged_on']}"
+                           for c in checks if c.get("judged_on") not in (None, "one run"))
+        r.verdict.append(f"The rule: {RULE}. Judged: {judged}. The table below gives the run of median busy time.")
     return r
 
 
@@ -164,19 +171,20 @@ def case_report(result: dict, exec_run, sim_run, cmp, folder: Path) -> tuple[Pat
 
 def matrix_report(rows: list[dict], meta: dict, folder: Path, stem: str = "RESULTS") -> tuple[Path, Path]:
     """The matrix table: one row per case and target, with the date and the machine."""
-    r = Report("Validation matrix: simulator against the executor", meta.get("subtitle", ""))
+    r = Report(meta.get("title", "Validation matrix: simulator against the executor"), meta.get("subtitle", ""))
     r.verdict = meta.get("verdict", [])
     r.h2("Machine")
     r.bullets([f"{k}: {v}" for k, v in meta.get("machine", {}).items()])
     r.h2("Results")
-    cols = ["case", "status", "iteration MAPE", "throughput", "mean e2e", "TTFT p99", "TPOT p99", "e2e p99", "swap cost",
+    cols = ["case", "status", "iteration MAPE: judged (raw)", "throughput", "mean e2e", "TTFT p99", "TPOT p99", "e2e p99", "swap cost",
             "recompute cost", "KV bytes loaded", "replay: mean e2e / aligned", "misses and their source"]
     body, bad = [], set()
     for i, row in enumerate(rows):
         if row.get("status") != "ran":
             body.append([row["case"], row.get("status", "?")] + ["-"] * 10 + [row.get("reason", "")])
             continue
-        by = {c["metric"]: c for c in row["checks"]}
+        checks = (row.get("judged") or {}).get("checks", row["checks"])  # the rule's verdict (rule.py)
+        by = {c["metric"]: c for c in checks}
 
         def cell(metric, signed=True):
             c = by.get(metric)
@@ -184,24 +192,33 @@ def matrix_report(rows: list[dict], meta: dict, folder: Path, stem: str = "RESUL
                 return "-"
             return pct(c["value"], signed) + ("" if c["ok"] else " ✗")
 
-        misses = _misses(row["checks"])
+        misses = _misses(checks)
         if misses:
             bad.add(i)
-        body.append([row["case"], "pass" if not misses else "miss", cell("per-iteration latency MAPE", False),
+        body.append([row["case"], "pass" if not misses else "miss", _iteration_cell(by, cell),
                      cell("throughput (output tok/s)"), cell("mean end-to-end latency"), cell("TTFT p99"),
                      cell("TPOT p99"), cell("end-to-end p99"), cell("swap cost (total copy time)"),
                      cell("recompute cost (re-prefill time)"), cell("KV bytes loaded (total)"), _replay_cell(row),
                      "; ".join(misses)])
     r.add(Table(cols, body, highlight=bad, numeric=set(range(2, 12)),
-                caption="Targets: per-iteration MAPE ≤ 10%; throughput and mean end-to-end ≤ 10%; p99 ≤ 20%; swap "
+                caption="Targets: per-iteration MAPE ≤ 10% (judged at the run's local speed on CPU; in brackets the raw "
+                        "MAPE); throughput and mean end-to-end ≤ 10%; p99 ≤ 20%; swap "
                         "and recompute cost ≤ 5%; offload cases: KV bytes loaded over the host link ≤ 5% in total (and "
-                        "≤ 10% per iteration, MAPE). Errors are (simulated - measured) / measured; ✗ marks a miss. Replay: the "
+                        "≤ 10% per iteration, MAPE). Errors are (simulated - measured) / measured, the aggregate ones the "
+                        "median over the repeats; ✗ marks a miss under the rule. Replay: the "
                         "simulation driven by the executor's measured times (scheduling alone): its mean end-to-end "
                         "error and the share of iterations that ran the executor's batch; for the adaptive-s cases (s-replay), "
                         "the mean end-to-end error of the simulation that follows the executed s trajectory."))
     for p in meta.get("notes", []):
         r.p(p)
     return r.write(folder, stem)
+
+
+def _iteration_cell(by: dict, cell) -> str:
+    """The per-iteration MAPE judged (at local speed on CPU) with the raw one beside it."""
+    c = by.get("per-iteration latency MAPE")
+    raw = c.get("raw") if c else None
+    return cell("per-iteration latency MAPE", False) + (f" ({pct(raw, False)})" if raw is not None else "")
 
 
 def _replay_cell(row: dict) -> str:

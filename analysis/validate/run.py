@@ -9,10 +9,11 @@ from infersim.simulator.errors import InfersimError
 
 from .calibrate import FittedCostModel, calibrate, require_held_out_seed
 from .cases import Case
-from .compare import brief, compare_runs
-from .execute import run_repeated
+from .compare import aggregate_errors, brief, compare_runs
+from .execute import repeat_dirs, run_repeated
 from .measured import load_exec_run, load_run
 from .modes import MODES
+from .rule import apply_rule
 
 COST_MODEL_CHOICES = ("fitted", "regression", "roofline")
 SPECULATIVE_MODES = ("speculative", "minions", "medusa")  # validated per round by spec_validate.py
@@ -176,7 +177,9 @@ def validate_case(case: Case, model: str, out: Path, *, device: str = "cpu", dty
     cmp = compare_runs(case.name, exec_run, sim_run, cm, case.compare, replay_run=load_run(out / "replay"))
     result = {**base, "status": "ran", "passed": cmp.passed, "checks": cmp.checks, "cost_model": desc, "drift": drift,
               "statistics": stats, "seed": spec.seed, "requests": len(reqs), "wall_s": time.perf_counter() - t0,
-              "busy": bool(cmp.info.get("busy")), "repeats": repeated, "comparison": brief(cmp.to_json())}
+              "repeats": repeated, "comparison": brief(cmp.to_json()),
+              "repeat_errors": [aggregate_errors(load_exec_run(d), sim_run, cm) for d in repeat_dirs(out / "exec")]}
+    apply_rule(result)
     write_json(out / "validation.json", result)
     if report:
         from .report import case_report

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from .calibrate import CALIBRATION_SEED, require_held_out_seed
-from .execute import run_repeated
+from .execute import repeat_dirs, run_repeated
 
 # Held-out requests for the speculative fit: other seeds and shapes than any case (9011-9012 and
 # 9015 are the calibration's alone; calibrate.py's matched runs use 9009-9011).
@@ -141,6 +141,7 @@ def validate_spec_case(case, model: str, out: Path, *, device: str = "cpu", dtyp
 
     from .measured import load_run
     from .modes import MODES
+    from .rule import apply_rule
     from .spec_compare import compare_spec
     from .spec_costmodel import SpecFit
     from .spec_rounds import rebuild_rounds
@@ -202,10 +203,13 @@ def validate_spec_case(case, model: str, out: Path, *, device: str = "cpu", dtyp
     result = {**base, "status": "ran", "passed": cmp.passed, "checks": cmp.checks,
               "cost_model": {"name": "speculative-fit", "description": src, "fit": fit.to_json()},
               "statistics": stats, "seed": spec.seed, "requests": len(reqs), "wall_s": time.perf_counter() - t0,
-              "busy": bool(cmp.info.get("busy")), "repeats": repeated, "kv_reservation_binds": kv_binds(exec_run),
+              "repeats": repeated, "kv_reservation_binds": kv_binds(exec_run),
               "simulated_speculation": {k: sim_spec.get(k) for k in ("acceleration_rate", "acceptance_rate", "rounds",
                                                                      "sequence_rounds", "s")},
-              "comparison": brief(cmp.to_json())}
+              "comparison": brief(cmp.to_json()),
+              "repeat_errors": _repeat_errors(mode, out, sim_run if s_replay is None else s_replay, fit, spec.seed,
+                                              s_replayed=s_replay is not None)}
+    apply_rule(result)
     write_json(out / "validation.json", result)
     if report:
         from .spec_report import spec_case_report
@@ -214,3 +218,25 @@ def validate_spec_case(case, model: str, out: Path, *, device: str = "cpu", dtyp
     return result
 
 
+
+
+def _repeat_errors(mode, out: Path, sim_run, fit, seed: int, s_replayed: bool) -> list[dict]:
+    """Each repeat's aggregate errors against the simulation the targets are judged on
+    (compare.aggregate_errors): with an adaptive s, the one that follows that repeat's own
+    executed s trajectory (simulated for it in sim-s-replay.repeat-K/)."""
+    from .compare import aggregate_errors
+    from .measured import load_run
+    from .spec_simulate import simulate_spec_run
+
+    errors = []
+    for d in repeat_dirs(out / "exec"):
+        run = load_run(d)
+        sim = sim_run
+        if s_replayed and d != out / "exec":
+            stats = mode.recorded(d)
+            sim_dir = out / ("sim-s-replay" + d.name[len("exec"):])
+            simulate_spec_run(run, sim_dir, fit, updates=mode.sim_updates(stats), seed=seed,
+                              s_trajectory=stats["s_trajectory"])
+            sim = load_run(sim_dir)
+        errors.append(aggregate_errors(run, sim))
+    return errors

@@ -262,102 +262,9 @@ def test_case_from_a_user_workload_picks_mode_and_comparisons(small_workload):
     assert "swap" not in case_from_spec(small_workload(preemption="recompute")).compare
 
 
-def _attempt_row(shift: float, stalls: float = 0.0, passed: bool = True) -> dict:
-    from infersim.analysis.validate.compare import disturbance, unsteadiness
-
-    why = disturbance(stalls, 0.0, shift)  # the busy test, as check_targets applies it
-    return {"case": "c", "status": "ran", "passed": passed, "busy": bool(why),
-            "comparison": {"info": {"speed_shift": shift, "calibration_stalls": 0.0, "disturbed_by": why,
-                                    "unsteadiness": unsteadiness(stalls, 0.0, shift)}}}
-
-
-def test_busy_test_names_what_disturbed_the_run():
-    from infersim.analysis.validate.compare import disturbance
-
-    assert disturbance(0.0, 0.0, 0.049) == [] and disturbance(float("nan"), float("nan"), float("nan")) == []
-    assert disturbance(0.03, 0.021, -0.06) == ["speed moved -6.0% between the calibrations around it",
-                                               "3.0% of executed iterations stalled",
-                                               "2.1% of calibration iterations stalled"]
-    from infersim.analysis.validate.compare import unsteadiness
-
-    # the ranking of unsteady attempts: the furthest past either limit; above 1 exactly when busy
-    assert unsteadiness(0.03, 0.021, -0.06) == pytest.approx(1.5)
-    assert unsteadiness(0.0, float("nan"), 0.1) == pytest.approx(2.0)
-    assert unsteadiness(float("nan"), float("nan"), float("nan")) == 0.0
-    for args in ((0.0, 0.0, 0.049), (0.0, 0.0, 0.05), (0.019, 0.0, 0.0), (0.021, 0.0, 0.0), (0.0, 0.0, -0.051)):
-        assert (unsteadiness(*args) > 1.0) == bool(disturbance(*args))
-
-
-def test_matrix_measures_a_case_again_only_while_the_machine_was_unsteady(tmp_path):
-    from infersim.analysis.validate.matrix import measure_steadily, write_results
-
-    case_dir = tmp_path / "c"
-    (tmp_path / "c.attempt-7").mkdir()  # a previous matrix's leftover: removed
-
-    def measuring(rows):
-        it = iter(rows)
-
-        def measure():
-            case_dir.mkdir(exist_ok=True)  # each attempt writes its case folder, as validate_case does
-            return next(it)
-        return measure
-
-    # steady at once: one attempt, even though it missed (the test is on the machine, not the errors)
-    row = measure_steadily(measuring([_attempt_row(0.01, passed=False)]), case_dir, 3)
-    assert row["discarded_attempts"] == [] and not row["passed"]
-    assert not (tmp_path / "c.attempt-7").exists()
-    # unsteady twice (a moved speed, then stalls), then steady: the third is reported, the others kept aside
-    row = measure_steadily(measuring([_attempt_row(-0.081), _attempt_row(0.0, stalls=0.05, passed=False),
-                                      _attempt_row(0.02)]), case_dir, 3)
-    assert [a["attempt"] for a in row["discarded_attempts"]] == [1, 2]
-    assert [a["passed"] for a in row["discarded_attempts"]] == [True, False]
-    assert "speed moved -8.1%" in row["discarded_attempts"][0]["why"]
-    assert "5.0% of executed iterations stalled" in row["discarded_attempts"][1]["why"]
-    assert (tmp_path / "c.attempt-1").is_dir() and (tmp_path / "c.attempt-2").is_dir() and case_dir.is_dir()
-    # the attempts run out: the steadiest is reported, busy as it is (the later one on a tie),
-    # its folder under the case's name and the others' aside
-    row = measure_steadily(measuring([_attempt_row(0.09), _attempt_row(0.09)]), case_dir, 2)
-    assert [a["attempt"] for a in row["discarded_attempts"]] == [1] and row["busy"] and row["reported_attempt"] == 2
-    (case_dir / "which").write_text("3")  # marks the folders by attempt: the last attempt writes 3
-    marks = iter(["1", "2", "3"])
-
-    def marking(rows):
-        it = iter(rows)
-
-        def measure():
-            case_dir.mkdir(exist_ok=True)
-            (case_dir / "which").write_text(next(marks))
-            return next(it)
-        return measure
-
-    row = measure_steadily(marking([_attempt_row(0.3, passed=False), _attempt_row(-0.07),
-                                    _attempt_row(0.0, stalls=0.2, passed=False)]), case_dir, 3)
-    assert row["reported_attempt"] == 2 and row["passed"] and row["comparison"]["info"]["speed_shift"] == -0.07
-    assert [a["attempt"] for a in row["discarded_attempts"]] == [1, 3]
-    assert [(tmp_path / n / "which").read_text() for n in ("c", "c.attempt-1", "c.attempt-3")] == ["2", "1", "3"]
-    assert not (tmp_path / "c.attempt-2").exists()
-    # attempts=1: never again
-    assert measure_steadily(measuring([_attempt_row(0.5)]), case_dir, 1)["discarded_attempts"] == []
-    row = measure_steadily(measuring([_attempt_row(-0.081), _attempt_row(0.0)]), case_dir, 3)
-    row.update(case="c", checks=[])
-    text = write_results([row], {"date": "d", "model": "m", "device": "cpu", "wall_s": 1.0, "load_start": "0",
-                                 "load_end": "0", "fits": {}}, {}, tmp_path / "res").read_text()
-    assert "c: attempt 1 (speed moved -8.1% between the calibrations around it; it met every target), " \
-           "attempt 2 reported" in text
-    row = measure_steadily(measuring([_attempt_row(0.3), _attempt_row(0.06)]), case_dir, 2)
-    row.update(case="c", checks=[])
-    text = write_results([row], {"date": "d", "model": "m", "device": "cpu", "wall_s": 1.0, "load_start": "0",
-                                 "load_end": "0", "fits": {}}, {}, tmp_path / "res").read_text()
-    assert "c: attempt 1 (speed moved +30.0% between the calibrations around it; it met every target), " \
-           "attempt 2 reported (none was steady: the steadiest)" in text
-
-
-def test_matrix_refuses_fewer_than_one_attempt_in_one_line(capsys):
+def test_matrix_refuses_fewer_than_one_repeat_in_one_line(capsys):
     from infersim.analysis.validate.matrix import main as matrix_main
 
-    assert matrix_main(["--attempts", "0", "--cases", "plain-load"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert "--attempts must be at least 1, got 0" in err and "\n" not in err
     assert matrix_main(["--repeats", "0", "--cases", "plain-load"]) == 2
     err = capsys.readouterr().err.strip()
     assert "--repeats must be at least 1, got 0" in err and "\n" not in err
@@ -780,15 +687,3 @@ def test_within_run_speed_attributes_errors_that_follow_the_ticks_to_timing_nois
     # too few ticks: nothing to say
     (tmp_path / "speed_ticks.json").write_text(json.dumps({"clock_s": [0.0, 1.0], "tick_s": [1e-3, 1e-3]}))
     assert local_speed(tmp_path, start) is None and within_run_speed(tmp_path, start, pred, meas) == {}
-
-
-def test_core_steadiness_reads_ordered_percentiles():
-    """The matrix's steadiness line: p10 <= median <= p90 of the chunk times, and their ratio."""
-    import re
-
-    from infersim.analysis.validate.matrix import steadiness
-
-    line = steadiness(chunks=6, calls=10)  # chunks of ~20 ms: the 0.1 ms rounding moves the ratio < 0.01
-    p10, p50, p90, ratio = map(float, re.fullmatch(
-        r"chunks of ([\d.]+) / ([\d.]+) / ([\d.]+) ms \(p10 / median / p90\), p90/p10 ([\d.]+)", line).groups())
-    assert 0 < p10 <= p50 <= p90 and ratio == pytest.approx(p90 / p10, abs=0.02)
