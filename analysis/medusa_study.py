@@ -21,10 +21,11 @@ from typing import Literal, Sequence, Union
 
 import numpy as np
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 
 from infersim.simulator.costmodel import BatchShape, RooflineCostModel
 from infersim.simulator.errors import InfersimError, UnknownNameError
+from infersim.simulator.validation import STRICT_CONFIG
 from infersim.simulator.paths import catalog_dir
 from infersim.simulator.yamlio import atomic_path, load_mapping, validate
 
@@ -49,7 +50,7 @@ def log_rate(candidates) -> np.ndarray:
 
 
 class HeadTop(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT_CONFIG
     top1: float = Field(ge=0, le=1)
     top5: float = Field(ge=0, le=1)
 
@@ -62,7 +63,7 @@ class HeadTop(BaseModel):
 
 class HeadAccuracies(BaseModel):
     """Medusa head accuracies and a sparse tree (simulator/catalog/medusa/*.yaml)."""
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT_CONFIG
     name: str
     model: str = ""
     source: str

@@ -36,9 +36,10 @@ from pathlib import Path
 from typing import Any, Generator, Optional, Union
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt
+from pydantic import BaseModel, Field, PositiveFloat, PositiveInt
 
 from infersim.simulator.errors import InfersimError
+from infersim.simulator.validation import MAX_SEED, STRICT_CONFIG
 
 from .sweep import config_key, resolve_config, run_config
 
@@ -150,12 +151,12 @@ def parse_prices(text: str | None) -> dict[str, float]:
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT_CONFIG
 
 
 class SearchSection(_Strict):
     requests: PositiveInt = 3000  # simulated requests per probe
-    seed: Optional[int] = None  # None: the workload's seed
+    seed: Optional[int] = Field(None, ge=0, le=MAX_SEED)  # None: the workload's seed
     start_rate: Optional[PositiveFloat] = None  # None: the workload's rate, else 1 req/s
     min_rate: PositiveFloat = 0.01
     max_rate: PositiveFloat = 10000.0
@@ -453,12 +454,32 @@ def build_candidates(spec, hardware: list[str], tps: list[int], options: dict[st
     return out
 
 
+def check_candidates(cands: list[Candidate], base: dict, source: str, search: SearchSection,
+                     workers: int | None, allow_large: bool) -> None:
+    """Every candidate passes the shared rules (schema, tensor parallelism, seed) before any
+    probe runs, and the largest probes, one per worker, fit in memory."""
+    import os
+
+    from infersim.simulator.validation import check_memory, check_workload, simulation_bytes
+    from infersim.simulator.workload.schema import WorkloadSpec
+    from infersim.simulator.yamlio import validate
+
+    for c in cands:
+        spec = validate(WorkloadSpec, resolve_config(base, c.overrides), f"{source} as {c.label}")
+        check_workload(spec, f"{source} as {c.label}", allow_large=True)
+    parallel = min(workers or os.cpu_count() or 1, len(cands))
+    check_memory(simulation_bytes(search.max_requests, parallel),
+                 f"plan: field 'search.max_requests': probes of up to {search.max_requests:,} requests x {parallel} "
+                 f"workers",
+                 allow_large)
+
+
 def plan(workload: str, *, slos: list[SLO], plan_file: PlanFile | None = None, hardware: list[str] | None = None,
          tensor_parallel: list[int] | None = None, options: dict[str, list] | None = None,
          prices: dict[str, float] | None = None, target_rate: float | None = None,
          requests: int | None = None, tolerance: float | None = None, seed: int | None = None,
          backend: str = "local", workers: int | None = None, address: str | None = None,
-         quiet: bool = True) -> PlanResult:
+         quiet: bool = True, allow_large: bool = False) -> PlanResult:
     """Run the searches (no files written): see `write_plan` for the report."""
     from infersim.simulator.workload.builder import load_workload
 
@@ -497,6 +518,7 @@ def plan(workload: str, *, slos: list[SLO], plan_file: PlanFile | None = None, h
     opts.update(options or {})
     cands = build_candidates(spec, hardware or pf.hardware, tensor_parallel or pf.tensor_parallel, opts, all_prices)
     base = spec.model_dump(mode="json")
+    check_candidates(cands, base, str(wl_path), search, workers, allow_large)
     searches = [_Search(c, base, str(wl_path.parent), slos, search, target, seed, arrival) for c in cands]
 
     be = make_backend(backend, workers, address)

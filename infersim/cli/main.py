@@ -58,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     except InfersimError as exc:
         sys.stderr.write(f"sim {args.command}: error: {exc}\n")
         return exc.exit_code
+    except MemoryError:  # only reachable past the up-front estimate, with --no-memory-check
+        sys.stderr.write(f"sim {args.command}: error: out of memory; make the work smaller\n")
+        return 2
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
         return 130

@@ -48,13 +48,16 @@ def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from infersim.analysis.medusa_study import best_candidates, standard_sweeps, write_study
+    from infersim.analysis.roofline import check_batch_memory
 
     cands = parse_ints(args.candidates, "candidates")
     batch = parse_ints(str(args.batch), "batch")[0]
     seq = parse_ints(str(args.seq), "seq")[0]
     seq_batch = parse_ints(str(args.seq_batch), "seq-batch")[0]
+    batches = parse_ints(args.batches, "batches")
+    check_batch_memory([batch, seq_batch, *batches], "--batch/--batches/--seq-batch", args.no_memory_check)
     df = standard_sweeps(args.model, args.hardware, batch=batch, seq_len=seq, candidates=cands,
-                         batches=parse_ints(args.batches, "batches"), seq_lens=parse_ints(args.seqs, "seqs"),
+                         batches=batches, seq_lens=parse_ints(args.seqs, "seqs"),
                          seq_sweep_batch=seq_batch, rate_model=args.rate_model, accuracies=args.accuracies,
                          block=args.block, attention=args.attention, dtype=args.dtype, kv_dtype=args.kv_dtype,
                          tensor_parallel=args.tp)

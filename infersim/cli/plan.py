@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from .run import add_memory_flag
+
 
 def _csv(text: str | None) -> list[str]:
     return [x.strip() for x in (text or "").split(",") if x.strip()]
@@ -40,6 +42,7 @@ def add_parser(sub) -> None:
     p.add_argument("--address", default=None, help="Ray cluster address (default: start a local Ray instance)")
     p.add_argument("--no-plots", action="store_true", help="skip the plots")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress or table")
+    add_memory_flag(p)
     p.set_defaults(func=run)
 
 
@@ -68,10 +71,18 @@ def run(args: argparse.Namespace) -> int:
 
     from infersim.simulator.errors import InfersimError
 
-    if args.requests is not None and args.requests <= 0:
-        raise InfersimError(f"--requests must be positive, got {args.requests}")
-    if args.target_rate is not None and args.target_rate <= 0:
-        raise InfersimError(f"--target-rate must be positive, got {args.target_rate}")
+    from infersim.simulator.validation import check_seed, finite_positive, positive_int
+
+    if args.requests is not None:
+        positive_int(args.requests, "--requests")
+    if args.target_rate is not None:
+        finite_positive(args.target_rate, "--target-rate")
+    if args.seed is not None:
+        check_seed(args.seed, "--seed")
+    if args.tolerance is not None:
+        finite_positive(args.tolerance, "--tolerance")
+    if args.workers is not None:
+        positive_int(args.workers, "--workers")
     tps = []
     for t in _csv(args.tp):
         try:
@@ -85,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
                hardware=_csv(args.hardware), tensor_parallel=tps, options=_options(args),
                prices=parse_prices(args.price), target_rate=args.target_rate, requests=args.requests,
                tolerance=args.tolerance, seed=args.seed, backend=args.backend, workers=args.workers,
-               address=args.address, quiet=args.quiet)
+               address=args.address, quiet=args.quiet, allow_large=args.no_memory_check)
     out = args.out or Path("plans") / res.workload
     paths = write_plan(res, out, plots=not args.no_plots)
     if not args.quiet:

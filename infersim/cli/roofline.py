@@ -6,6 +6,8 @@ import argparse
 
 from infersim.simulator.errors import InfersimError
 
+from .run import add_memory_flag
+
 POW2_BATCHES = "1,2,4,8,16,32,64"
 POW2_SEQ_LENS = "128,256,512,1024,2048,4096,8192"
 
@@ -28,6 +30,7 @@ def add_cost_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="fp16", help="weight dtype: fp32, fp16, bf16, int8, int4 (default fp16)")
     p.add_argument("--kv-dtype", default=None, help="KV cache dtype (default: the weight dtype)")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree; > 1 adds all-reduce rows (default 1)")
+    add_memory_flag(p)
 
 
 def add_parser(sub) -> None:
@@ -110,7 +113,8 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from infersim.analysis.roofline import PHASES, build_cost_model, iteration_table, operator_table, plot_roofline
+    from infersim.analysis.roofline import (PHASES, build_cost_model, check_batch_memory, iteration_table,
+                                            operator_table, plot_roofline)
     from infersim.simulator.yamlio import atomic_path, write_atomic
 
     phases = [p.strip().lower() for p in args.phase.split(",") if p.strip()]
@@ -120,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
     batches = parse_ints(args.batch, "batch")
     seqs = parse_ints(args.seq, "seq")
     cands = parse_ints(args.candidates, "candidates")
+    check_batch_memory(batches, "--batch", args.no_memory_check)
     cost = build_cost_model(args.model, args.hardware, dtype=args.dtype, kv_dtype=args.kv_dtype,
                             tensor_parallel=args.tp, fused_attention=args.attention == "fused")
     ops = operator_table(cost, phases, batches, seqs, cands)

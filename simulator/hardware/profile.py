@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from typing import Optional
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, NonNegativeFloat, model_validator
+from pydantic import BaseModel, Field, PositiveFloat, NonNegativeFloat, model_validator
+
+from ..validation import STRICT_CONFIG
 
 OPERATOR_CLASSES = ("linear", "attention", "elementwise", "communication")
 
 
 class HostLink(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT_CONFIG
     name: str = "PCIe 4.0 x16"
     h2d_gbps: PositiveFloat = Field(description="achieved host-to-device copy bandwidth, GB/s")
     d2h_gbps: PositiveFloat = Field(description="achieved device-to-host copy bandwidth, GB/s")
@@ -27,7 +29,7 @@ class HostLink(BaseModel):
 
 class Interconnect(BaseModel):
     """GPU-to-GPU link used by tensor-parallel all-reduce."""
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT_CONFIG
     name: str = "PCIe"
     bandwidth_gbps: PositiveFloat = Field(description="per direction, per GPU, GB/s")
     latency_us: NonNegativeFloat = 10.0
@@ -36,21 +38,21 @@ class Interconnect(BaseModel):
 
 class Efficiency(BaseModel):
     """Achieved fraction of the peaks for one operator class (1.0 = datasheet roofline)."""
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT_CONFIG
     compute: float = Field(1.0, gt=0, le=1.5)
     memory: float = Field(1.0, gt=0, le=1.5)
     source: str = "datasheet peak (not calibrated)"
 
 
 class Overheads(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT_CONFIG
     kernel_launch_us: NonNegativeFloat = 0.0  # added once per kernel
     iteration_us: NonNegativeFloat = 0.0  # added once per engine iteration (scheduling, sampling)
     source: str = ""
 
 
 class HardwareProfile(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT_CONFIG
 
     name: str
     aliases: list[str] = []

@@ -9,11 +9,12 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
+from ..validation import STRICT_CONFIG
 from .dtypes import bytes_per_element
 
 
 class ModelSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(**STRICT_CONFIG, frozen=True)
 
     name: str
     aliases: tuple[str, ...] = ()  # other spellings the catalog resolves (HF ids); a tuple keeps the spec hashable

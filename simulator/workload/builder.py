@@ -31,9 +31,10 @@ def workload_path(name_or_path: str) -> Path:
     p = Path(name_or_path).expanduser()
     if p.is_file():
         return p
-    if p.suffix in _SUFFIXES and len(p.parts) > 1:  # looks like a path, not a name
-        raise InfersimError(f"{p}: file not found")
     name = p.stem if p.suffix in _SUFFIXES else name_or_path
+    # a file name (a suffix or a folder) that is not a built-in workload is a missing file
+    if len(p.parts) > 1 or (p.suffix in _SUFFIXES and name not in list_workloads()):
+        raise InfersimError(f"{p}: file not found")
     return resolve("workload", name, workloads_dir())
 
 

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 from typing import Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
+from pydantic import BaseModel, Field, NonNegativeFloat, PositiveFloat, PositiveInt, field_validator, model_validator
+
+from ..validation import MAX_SEED, STRICT_CONFIG, whole_number
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT_CONFIG
 
 
 class HardwareSection(_Strict):
@@ -161,6 +163,8 @@ class RequestsSection(_Strict):
     max_output_tokens: Optional[PositiveInt] = None
     trace: Optional[TraceSource] = None
 
+    _whole_count = field_validator("count", "max_prompt_tokens", "max_output_tokens", mode="before")(whole_number)
+
     @model_validator(mode="after")
     def _complete(self):
         if self.trace is None:
@@ -198,4 +202,4 @@ class WorkloadSpec(_Strict):
     requests: RequestsSection
     speculation: Optional[SpeculationSection] = None  # speculative decoding (draft models, Minions, Medusa)
     offload: Optional[OffloadSection] = None  # KV cache in CPU memory with selective prefetch
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=MAX_SEED)

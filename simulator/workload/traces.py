@@ -64,6 +64,8 @@ def read_columns(path: Path, columns: list[str], fmt: str | None = None, nrows: 
                 raise InfersimError(f"{path}: expected a JSON list of objects, got {type(records).__name__}")
             if nrows is not None:
                 records = records[:nrows]
+    except pd.errors.EmptyDataError:
+        raise InfersimError(f"{path}: the file is empty (no header, no rows)") from None
     except (json.JSONDecodeError, UnicodeDecodeError, pd.errors.ParserError) as exc:
         raise InfersimError(f"{path}: malformed {fmt.upper()} ({str(exc).splitlines()[0]})") from None
     first = records[0] if records else {}
