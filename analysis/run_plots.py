@@ -76,6 +76,7 @@ def plot_run(run_dir: Path) -> list[Path]:
     if series_path.exists():
         s = pq.read_table(series_path).to_pydict()
         s = {k: np.asarray(v, dtype=float) for k, v in s.items()}
+    if series_path.exists() and s["t_start_s"].size:  # no iteration ran when every request was aborted
         fig, (a1, a2) = plt.subplots(2, 1, figsize=(11, 5.2), sharex=True)
         multi = s["replica"].max() > 0
         for rep in np.unique(s["replica"]):

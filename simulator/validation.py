@@ -26,6 +26,8 @@ MAX_SEED = 2**63 - 1
 # 200,000). The estimate rounds up to 512 bytes and adds the interpreter and libraries.
 BYTES_PER_REQUEST = 512
 BASE_BYTES = 256 * 2**20
+# Each replica (its scheduler, block manager and queues) adds about 2 KB (40 MB at 20,000).
+BYTES_PER_REPLICA = 4096
 
 MEMORY_FLAG = "--no-memory-check"
 
@@ -128,9 +130,9 @@ def check_memory(estimate_bytes: float, what: str, allow: bool = False) -> None:
                             f"available; make it smaller, or pass {MEMORY_FLAG} to try anyway")
 
 
-def simulation_bytes(n_requests: float, parallel: int = 1) -> float:
+def simulation_bytes(n_requests: float, parallel: int = 1, replicas: int = 1) -> float:
     """Estimated peak memory of `parallel` simulations of `n_requests` requests each."""
-    return parallel * (BASE_BYTES + BYTES_PER_REQUEST * float(n_requests))
+    return parallel * (BASE_BYTES + BYTES_PER_REQUEST * float(n_requests) + BYTES_PER_REPLICA * float(replicas))
 
 
 def expected_requests(spec) -> float:
@@ -149,18 +151,47 @@ def expected_requests(spec) -> float:
 # ---- whole workloads ------------------------------------------------------------------------
 
 
+def in_field(source: str, field: str, load, *args, **kwargs):
+    """load(*args): an error it raises is reported against the workload's field."""
+    try:
+        return load(*args, **kwargs)
+    except InfersimError as exc:
+        raise InfersimError(f"{source}: field '{field}': {exc}") from None
+
+
 def check_workload(spec, source: str, *, allow_large: bool = False, parallel: int = 1, what: str = "") -> None:
     """Everything a resolved workload must satisfy before it is simulated or executed, beyond
-    its schema: the seed, the model's tensor-parallel split and the memory estimate."""
+    its schema: the names it gives exist (model, hardware profile, dtypes, policies, router,
+    cost model), the seed is in range, tensor parallelism splits the model, and the requests
+    fit in memory. `parallel` simulations of it run at once."""
+    from .costmodel import COST_MODELS
+    from .engine.router import ROUTERS
+    from .hardware.catalog import load_hardware
     from .models.catalog import load_model
+    from .models.dtypes import normalize_dtype
+    from .policies import PREEMPTION_POLICIES, SCHEDULERS
 
+    hw, sv = spec.hardware, spec.serving
+    model = in_field(source, "model", load_model, spec.model)
+    in_field(source, "hardware.profile", load_hardware, hw.profile)
+    if hw.host_link is not None:
+        in_field(source, "hardware.host_link", load_hardware, hw.profile, host_link=hw.host_link)
+    for field, get, name in (("serving.dtype", normalize_dtype, sv.dtype),
+                             ("serving.kv_dtype", normalize_dtype, sv.kv_dtype or sv.dtype),
+                             ("serving.scheduler", SCHEDULERS.get, sv.scheduler),
+                             ("serving.preemption", PREEMPTION_POLICIES.get, sv.preemption),
+                             ("hardware.router", ROUTERS.get, hw.router),
+                             ("serving.cost_model", COST_MODELS.get, sv.cost_model)):
+        in_field(source, field, get, name)
     check_seed(spec.seed, "seed", source)
-    check_tensor_parallel(load_model(spec.model), spec.hardware.tensor_parallel, source=source)
+    check_tensor_parallel(model, hw.tensor_parallel, source=source)
     n = expected_requests(spec)
     field = "requests.count" if spec.requests.count is not None and n >= spec.requests.count else "requests.duration_s"
+    if BYTES_PER_REPLICA * hw.replicas > BYTES_PER_REQUEST * n:
+        field = "hardware.replicas"
     runs = f" x {parallel} parallel simulations" if parallel > 1 else ""
-    check_memory(simulation_bytes(n, parallel), what or f"{source}: field '{field}': {n:,.0f} requests{runs}",
-                 allow_large)
+    check_memory(simulation_bytes(n, parallel, hw.replicas),
+                 what or f"{source}: field '{field}': {n:,.0f} requests on {hw.replicas:,} replicas{runs}", allow_large)
 
 
 def revalidate(spec, source: str):

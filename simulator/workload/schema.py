@@ -34,7 +34,7 @@ class ServingSection(_Strict):
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     gpu_blocks: Optional[PositiveInt] = None  # explicit GPU KV blocks (overrides utilisation)
     cpu_blocks: Optional[int] = Field(None, ge=0)  # explicit CPU KV blocks (overrides swap_space_gb)
-    swap_space_gb: NonNegativeFloat = 4.0  # GiB, as vLLM's swap_space
+    swap_space_gb: float = Field(4.0, ge=0, le=1e6)  # GiB, as vLLM's swap_space; 1e6 GiB is beyond any host
     watermark: float = Field(0.01, ge=0, lt=1)
     dtype: str = "fp16"
     kv_dtype: Optional[str] = None  # None: same as dtype
@@ -100,7 +100,7 @@ class QuantileDist(_Strict):
 class EmpiricalDist(_Strict):
     """Sample lengths from a column of a file (CSV/JSONL/JSON)."""
     type: Literal["empirical"]
-    file: str
+    file: str = Field(min_length=1)
     column: str
     format: Optional[Literal["csv", "jsonl", "json"]] = None
     # tokens: the column holds numbers; text_words: it holds text, and its word count is used
@@ -138,7 +138,7 @@ Arrivals = Union[PoissonArrivals, GammaArrivals, ClosedLoopArrivals, BurstArriva
 
 class TraceSource(_Strict):
     """Requests replayed from a file; columns are mapped here, so any trace needs only YAML."""
-    file: str
+    file: str = Field(min_length=1)
     format: Optional[Literal["csv", "jsonl", "json"]] = None  # None: from the file suffix
     arrival_column: Optional[str] = None  # None: arrivals come from `arrival` below
     time_unit: Literal["s", "ms", "us", "datetime"] = "s"

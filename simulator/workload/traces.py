@@ -14,6 +14,8 @@ from ..errors import InfersimError
 from .schema import TraceSource
 
 _UNIT_S = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
+# Token counts are int64; far beyond any context, yet safe to convert and sum.
+MAX_TOKENS = 2**40
 
 
 def file_format(path: Path, fmt: str | None) -> str:
@@ -38,7 +40,7 @@ def read_columns(path: Path, columns: list[str], fmt: str | None = None, nrows: 
     the same length; at most `nrows` rows are read when given."""
     path = Path(path)
     if not path.is_file():
-        raise InfersimError(f"{path}: file not found")
+        raise InfersimError(f"{path}: {'a folder, not a file' if path.is_dir() else 'file not found'}")
     fmt = file_format(path, fmt)
     columns = list(dict.fromkeys(columns))
     try:
@@ -115,7 +117,11 @@ def to_lengths(values: np.ndarray, path, column: str, kind: str = "tokens", scal
         x = pd.Series(values, dtype=object).str.split().str.len().to_numpy(dtype=np.float64)
     else:
         x = to_numbers(values, path, column, first_row)
-    return np.maximum(np.rint(x * scale), 1).astype(np.int64)
+    x = np.rint(x * scale)
+    huge = x > MAX_TOKENS
+    if huge.any():
+        raise _bad_row(path, column, huge, first_row, f"{x[huge][0]:g} tokens, more than {MAX_TOKENS:,}")
+    return np.maximum(x, 1).astype(np.int64)
 
 
 def to_seconds(values: np.ndarray, path, column: str, unit: str, first_row: int = 0) -> np.ndarray:
