@@ -152,11 +152,11 @@ def expected_requests(spec) -> float:
 
 
 def in_field(source: str, field: str, load, *args, **kwargs):
-    """load(*args): an error it raises is reported against the workload's field."""
+    """load(*args): an error it raises is reported against the file's field (or the flag)."""
     try:
         return load(*args, **kwargs)
     except InfersimError as exc:
-        raise InfersimError(f"{source}: field '{field}': {exc}") from None
+        raise InfersimError(f"{source_field(source, field)}: {exc}") from None
 
 
 def check_workload(spec, source: str, *, allow_large: bool = False, parallel: int = 1, what: str = "") -> None:

@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
 
     from infersim.simulator.errors import InfersimError
 
-    from infersim.simulator.validation import check_seed, finite_positive, positive_int
+    from infersim.simulator.validation import check_seed, finite_positive, in_field, positive_int
 
     if args.requests is not None:
         positive_int(args.requests, "--requests")
@@ -92,9 +92,10 @@ def run(args: argparse.Namespace) -> int:
         if tps[-1] < 1:
             raise InfersimError(f"bad --tp '{args.tp}': degrees must be at least 1")
     pf = load_plan_file(args.plan)
-    res = plan(args.workload, slos=parse_slo(args.slo) if args.slo else [], plan_file=pf,
+    res = plan(args.workload, slos=in_field("", "--slo", parse_slo, args.slo) if args.slo else [], plan_file=pf,
                hardware=_csv(args.hardware), tensor_parallel=tps, options=_options(args),
-               prices=parse_prices(args.price), target_rate=args.target_rate, requests=args.requests,
+               prices=in_field("", "--price", parse_prices, args.price), target_rate=args.target_rate,
+               requests=args.requests, plan_source=str(args.plan) if args.plan else "plan file",
                tolerance=args.tolerance, seed=args.seed, backend=args.backend, workers=args.workers,
                address=args.address, quiet=args.quiet, allow_large=args.no_memory_check)
     out = args.out or Path("plans") / res.workload

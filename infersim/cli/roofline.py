@@ -33,6 +33,21 @@ def add_cost_options(p: argparse.ArgumentParser) -> None:
     add_memory_flag(p)
 
 
+def resolve_cost_options(args: argparse.Namespace) -> dict:
+    """The options of add_cost_options loaded and checked, each error naming its flag: keyword
+    arguments for build_cost_model (and the studies built on it)."""
+    from infersim.simulator.hardware.catalog import load_hardware
+    from infersim.simulator.models.catalog import load_model
+    from infersim.simulator.models.dtypes import normalize_dtype
+    from infersim.simulator.validation import check_tensor_parallel, in_field
+
+    model = in_field("", "--model", load_model, args.model)
+    return {"model": model, "hardware": in_field("", "--hardware", load_hardware, args.hardware),
+            "dtype": in_field("", "--dtype", normalize_dtype, args.dtype),
+            "kv_dtype": None if args.kv_dtype is None else in_field("", "--kv-dtype", normalize_dtype, args.kv_dtype),
+            "tensor_parallel": check_tensor_parallel(model, args.tp, "--tp")}
+
+
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "roofline", help="per-operator roofline table and plot (Medusa Figs. 9-17)",
@@ -125,8 +140,7 @@ def run(args: argparse.Namespace) -> int:
     seqs = parse_ints(args.seq, "seq")
     cands = parse_ints(args.candidates, "candidates")
     check_batch_memory(batches, "--batch", args.no_memory_check)
-    cost = build_cost_model(args.model, args.hardware, dtype=args.dtype, kv_dtype=args.kv_dtype,
-                            tensor_parallel=args.tp, fused_attention=args.attention == "fused")
+    cost = build_cost_model(**resolve_cost_options(args), fused_attention=args.attention == "fused")
     ops = operator_table(cost, phases, batches, seqs, cands)
     iters = iteration_table(cost, phases, batches, seqs, cands)
 
