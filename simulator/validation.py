@@ -190,8 +190,9 @@ def check_workload(spec, source: str, *, allow_large: bool = False, parallel: in
     if BYTES_PER_REPLICA * hw.replicas > BYTES_PER_REQUEST * n:
         field = "hardware.replicas"
     runs = f" x {parallel} parallel simulations" if parallel > 1 else ""
+    on = f" on {hw.replicas:,} replicas" if hw.replicas > 1 else ""
     check_memory(simulation_bytes(n, parallel, hw.replicas),
-                 what or f"{source}: field '{field}': {n:,.0f} requests on {hw.replicas:,} replicas{runs}", allow_large)
+                 what or f"{source}: field '{field}': {n:,.0f} requests{on}{runs}", allow_large)
 
 
 def revalidate(spec, source: str):
