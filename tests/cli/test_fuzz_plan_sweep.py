@@ -28,21 +28,27 @@ PLAN = {
 NEVER_VALID = st.sampled_from([math.nan, math.inf, -math.inf, [[]], {"x": {"y": []}}])
 
 
+def _file_case(command: str, flag: str, name: str, data: dict, outputs: tuple, blame: list[str],
+               *extra: str) -> None:
+    """`sim COMMAND -w wl.yaml FLAG NAME`: a complete folder, or a refusal that leaves none."""
+    with tempfile.TemporaryDirectory() as tmp:
+        wl = write_yaml(Path(tmp) / "wl.yaml", TINY_WORKLOAD)
+        given_file = write_yaml(Path(tmp) / name, data)
+        out = Path(tmp) / "out"
+        before = digest([wl, given_file])
+        res = invoke([command, "-w", wl, flag, given_file, "-o", out, "-q", "--no-plots", "--workers", "1", *extra])
+        check(res, blame=blame, inputs=[wl, given_file], before=before)
+        if res.rc == 0:
+            assert all((out / f).is_file() for f in outputs), f"incomplete folder: {sorted(out.iterdir())}"
+        else:
+            assert not out.exists(), f"a refused {command} left its folder"
+
+
 @FUZZ
 @given(mutated(PLAN, ("search.seed", "search.tolerance", "search.start_rate"), values=NEVER_VALID))
 def test_mutated_plan_file(plan):
-    with tempfile.TemporaryDirectory() as tmp:
-        wl = write_yaml(Path(tmp) / "wl.yaml", TINY_WORKLOAD)
-        pf = write_yaml(Path(tmp) / "plan.yaml", plan)
-        out = Path(tmp) / "report"
-        before = digest([wl, pf])
-        res = invoke(["plan", "-w", wl, "--plan", pf, "-o", out, "-q", "--no-plots", "--workers", "1"])
-        # a deleted key may leave a valid plan; a missing SLO is reported against the flag that gives one
-        check(res, blame=["plan.yaml", "--slo"], inputs=[wl, pf], before=before)
-        if res.rc == 0:
-            assert (out / "report.md").is_file() and (out / "configurations.csv").is_file()
-        else:
-            assert not out.exists(), "a refused plan left its folder"
+    # a deleted key may leave a valid plan; a missing SLO is reported against the flag that gives one
+    _file_case("plan", "--plan", "plan.yaml", plan, ("report.md", "configurations.csv"), ["plan.yaml", "--slo"])
 
 
 PLAN_FLAGS = {
@@ -88,14 +94,5 @@ SPACE_VALUES = st.one_of(st.sampled_from([-1, 0, 1, 2, 10**12, 2**63, 10**30, 0.
 @FUZZ
 @given(mutated(SPACE, ("method", "optuna.trials", "pareto.latency", "description"), values=SPACE_VALUES))
 def test_mutated_sweep_space(space):
-    with tempfile.TemporaryDirectory() as tmp:
-        wl = write_yaml(Path(tmp) / "wl.yaml", TINY_WORKLOAD)
-        sp = write_yaml(Path(tmp) / "space.yaml", space)
-        out = Path(tmp) / "sweep"
-        before = digest([wl, sp])
-        res = invoke(["sweep", "-w", wl, "-s", sp, "-o", out, "-q", "--no-plots", "--workers", "1", "--trials", "2"])
-        check(res, blame=["space.yaml", "wl.yaml"], inputs=[wl, sp], before=before)
-        if res.rc == 0:
-            assert (out / "sweep.json").is_file() and (out / "results.parquet").is_file()
-        else:
-            assert not out.exists(), "a refused sweep left its folder"
+    _file_case("sweep", "--space", "space.yaml", space, ("sweep.json", "results.parquet"), ["space.yaml", "wl.yaml"],
+               "--trials", "2")
