@@ -185,6 +185,12 @@ def check_workload(spec, source: str, *, allow_large: bool = False, parallel: in
         in_field(source, field, get, name)
     check_seed(spec.seed, "seed", source)
     check_tensor_parallel(model, hw.tensor_parallel, source=source)
+    max_model_len = sv.max_model_len or model.max_position_embeddings
+    if not sv.chunked_prefill and sv.max_batched_tokens is not None and sv.max_batched_tokens < max_model_len:
+        # without chunking a prompt is prefilled in one iteration (vLLM refuses the same setting)
+        raise InfersimError(f"{source}: field 'serving.max_batched_tokens': {sv.max_batched_tokens} is smaller than "
+                            f"max_model_len {max_model_len}; raise it, lower serving.max_model_len or set "
+                            f"chunked_prefill: true")
     n = expected_requests(spec)
     field = "requests.count" if spec.requests.count is not None and n >= spec.requests.count else "requests.duration_s"
     if BYTES_PER_REPLICA * hw.replicas > BYTES_PER_REQUEST * n:
