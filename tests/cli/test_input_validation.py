@@ -96,9 +96,9 @@ def test_sweep_space_refused_before_anything_is_written_then_rerun(wl, tmp_path)
     out = tmp_path / "sw"
     empty = write_yaml(tmp_path / "empty.yaml", {"parameters": {"x": []}})
     refused(["sweep", "-w", wl, "-s", empty, "-o", out], "empty.yaml: field 'parameters'", "'x' has no values")
-    bad = write_yaml(tmp_path / "bad.yaml", {"parameters": {"serving.max_batch_size": ["abc", 4]},
-                                             "fixed": {"requests.count": 3}})
-    refused(["sweep", "-w", wl, "-s", bad, "-o", out], "bad.yaml: parameter 'serving.max_batch_size' = 'abc'")
+    bad = write_yaml(tmp_path / "bad.yaml", {"parameters": {"serving.max_batch_size": {"low": 1.0, "high": 8.0}},
+                                             "fixed": {"requests.count": 3}})  # continuous: Optuna only
+    refused(["sweep", "-w", wl, "-s", bad, "-o", out], "bad.yaml: parameter 'serving.max_batch_size'", "a grid needs")
     huge = write_yaml(tmp_path / "huge.yaml", {"parameters": {"serving.max_batch_size":
                                                               {"low": 1, "high": 10**9, "num": 10**9}}})
     refused(["sweep", "-w", wl, "-s", huge, "-o", out], "1,000,000,000 configurations", "--no-memory-check")
