@@ -34,9 +34,10 @@ def _parent(data, path):
 
 
 @st.composite
-def mutated(draw, base: dict, extra_paths: tuple = (), values=VALUES):
+def mutated(draw, base: dict, extra_paths: tuple = (), values=VALUES, keep: tuple = ()):
     """`base` with one to three mutations: a value replaced by a hostile one, a key deleted, or an
-    unknown key added. `extra_paths` are optional keys the mutations may also set."""
+    unknown key added. `extra_paths` are optional keys the mutations may also set; the dotted
+    paths in `keep` are never deleted (their defaults would make a case slow, not different)."""
     data = copy.deepcopy(base)
     for _ in range(draw(st.integers(1, 3))):
         paths = leaf_paths(data) + [tuple(p.split(".")) for p in extra_paths]
@@ -45,6 +46,8 @@ def mutated(draw, base: dict, extra_paths: tuple = (), values=VALUES):
         if parent is None:
             continue
         action = draw(st.sampled_from(["replace", "replace", "replace", "delete", "unknown"]))
+        if action == "delete" and ".".join(path) in keep:
+            action = "replace"
         if action == "replace":
             parent[path[-1]] = copy.deepcopy(draw(values))  # sampled constants must stay unchanged
         elif action == "delete":
