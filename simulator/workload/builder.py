@@ -70,7 +70,7 @@ def build_requests(spec: WorkloadSpec, base_dir: Path | str = ".") -> Requests:
         n = r.count if trace is None else len(trace)
     else:
         cap = r.count if trace is None else len(trace)  # trace lengths without times: at most its rows
-        arrival = sample_arrivals(r.arrival, arrival_rng, cap, r.duration_s)
+        arrival = in_field(source, "requests.arrival", sample_arrivals, r.arrival, arrival_rng, cap, r.duration_s)
         n = len(arrival)
 
     def lengths(from_trace, dist, rng, limit, field):
