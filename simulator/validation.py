@@ -159,11 +159,13 @@ def in_field(source: str, field: str, load, *args, **kwargs):
         raise InfersimError(f"{source_field(source, field)}: {exc}") from None
 
 
-def check_workload(spec, source: str, *, allow_large: bool = False, parallel: int = 1, what: str = "") -> None:
+def check_workload(spec, source: str, *, allow_large: bool = False, parallel: int = 1, what: str = "",
+                   flags: dict[str, str] | None = None) -> None:
     """Everything a resolved workload must satisfy before it is simulated or executed, beyond
     its schema: the names it gives exist (model, hardware profile, dtypes, policies, router,
     cost model), the seed is in range, tensor parallelism splits the model, and the requests
-    fit in memory. `parallel` simulations of it run at once."""
+    fit in memory. `parallel` simulations of it run at once; `flags` maps a field to the
+    command-line flag that set it, for the message."""
     from .costmodel import COST_MODELS
     from .engine.router import ROUTERS
     from .hardware.catalog import load_hardware
@@ -197,8 +199,9 @@ def check_workload(spec, source: str, *, allow_large: bool = False, parallel: in
         field = "hardware.replicas"
     runs = f" x {parallel} parallel simulations" if parallel > 1 else ""
     on = f" on {hw.replicas:,} replicas" if hw.replicas > 1 else ""
+    by = f" (set by {flags[field]})" if field in (flags or {}) else ""
     check_memory(simulation_bytes(n, parallel, hw.replicas),
-                 what or f"{source}: field '{field}': {n:,.0f} requests{on}{runs}", allow_large)
+                 what or f"{source}: field '{field}'{by}: {n:,.0f} requests{on}{runs}", allow_large)
 
 
 def revalidate(spec, source: str):

@@ -85,7 +85,8 @@ def prepare(args, source: str, serving: dict | None = None):
     spec = apply_overrides(spec, args, source)
     if serving:
         spec = revalidate(spec.model_copy(update={"serving": spec.serving.model_copy(update=serving)}), source)
-    check_workload(spec, source, allow_large=args.no_memory_check)
+    check_workload(spec, source, allow_large=args.no_memory_check,
+                   flags={"requests.count": "--requests"} if args.requests is not None else None)
     requests = build_requests(spec, base_dir)
     notice = arrivals_notice(spec, len(requests))
     if notice:

@@ -100,7 +100,8 @@ def run(args: argparse.Namespace) -> int:
             upd["requests"] = spec.requests.model_copy(update={"count": args.requests})
         spec = revalidate(spec.model_copy(update=upd), str(args.workload))
         check_workload(spec.model_copy(update={"model": spec_model}), str(args.workload),
-                       allow_large=args.no_memory_check)
+                       allow_large=args.no_memory_check,
+                       flags={"requests.count": "--requests"} if args.requests is not None else None)
         if spec.requests.trace is not None:
             raise InfersimError(f"{args.workload}: trace workloads are not supported by `sim validate` yet: give "
                                 f"length distributions")

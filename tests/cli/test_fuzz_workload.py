@@ -65,3 +65,31 @@ def test_run_flags(flags, data):
         before = digest([wl])
         res = invoke(["run", "-w", wl, "-o", out, "-q", "--no-plots", *argv])
         check(res, blame=["wl.yaml", *flags, "missing.yaml"], inputs=[wl], before=before, run_dir=out)
+
+
+# Values every flag here refuses, so `sim exec`, `sim validate` and `sim profile` stop before
+# loading a model or measuring anything.
+REFUSED_FLAGS = {
+    "exec": {"--seed": ["-1", str(2**64)], "--rate": ["nan", "inf", "-2"], "--requests": ["0", "-3", "1000000000000"],
+             "--gpu-blocks": ["0", "-1"], "--cpu-blocks": ["-1"], "--threads": ["-2"]},
+    "validate": {"--seed": ["-1"], "--requests": ["0", "1000000000000"], "--threads": ["0"], "--repeats": ["0"]},
+    "profile": {"--seed": ["-1", str(2**64)], "--threads": ["-1"]},
+}
+
+
+@FUZZ
+@given(st.sampled_from(sorted(REFUSED_FLAGS)), st.data())
+def test_refused_flags_of_the_executor_commands(command, data):
+    flags = data.draw(st.lists(st.sampled_from(sorted(REFUSED_FLAGS[command])), min_size=1, max_size=3, unique=True))
+    argv = []
+    for flag in flags:
+        argv += [flag, data.draw(st.sampled_from(REFUSED_FLAGS[command][flag]), label=flag)]
+    with tempfile.TemporaryDirectory() as tmp:
+        wl = write_yaml(Path(tmp) / "wl.yaml", TINY_WORKLOAD)
+        out = Path(tmp) / "out"
+        head = {"exec": ["exec", "-w", wl, "-m", "zoo-target", "--fast"], "validate": ["validate", "-w", wl],
+                "profile": ["profile", "--quick"]}[command]
+        before = digest([wl])
+        res = invoke([*head, *argv, "--out", out, "-q"])
+        assert res.rc != 0
+        check(res, blame=flags, inputs=[wl], before=before, run_dir=out)
