@@ -31,6 +31,9 @@ BYTES_PER_REPLICA = 4096
 
 MEMORY_FLAG = "--no-memory-check"
 
+# Token counts are int64; 2^40 is far beyond any context, yet safe to convert, clip and sum.
+MAX_TOKENS = 2**40
+
 
 def source_field(source: str, field: str) -> str:
     """'FILE: field 'a.b'' for a file, '--flag' alone for a command-line option."""

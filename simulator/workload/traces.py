@@ -11,11 +11,10 @@ import numpy as np
 import pandas as pd
 
 from ..errors import InfersimError
+from ..validation import MAX_TOKENS
 from .schema import TraceSource
 
 _UNIT_S = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
-# Token counts are int64; far beyond any context, yet safe to convert and sum.
-MAX_TOKENS = 2**40
 
 
 def file_format(path: Path, fmt: str | None) -> str:
