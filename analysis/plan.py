@@ -36,9 +36,10 @@ from pathlib import Path
 from typing import Any, Generator, Optional, Union
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt
+from pydantic import BaseModel, Field, PositiveFloat, PositiveInt
 
 from infersim.simulator.errors import InfersimError
+from infersim.simulator.validation import MAX_SEED, STRICT_CONFIG, in_field
 
 from .sweep import config_key, resolve_config, run_config
 
@@ -150,12 +151,12 @@ def parse_prices(text: str | None) -> dict[str, float]:
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT_CONFIG
 
 
 class SearchSection(_Strict):
     requests: PositiveInt = 3000  # simulated requests per probe
-    seed: Optional[int] = None  # None: the workload's seed
+    seed: Optional[int] = Field(None, ge=0, le=MAX_SEED)  # None: the workload's seed
     start_rate: Optional[PositiveFloat] = None  # None: the workload's rate, else 1 req/s
     min_rate: PositiveFloat = 0.01
     max_rate: PositiveFloat = 10000.0
@@ -453,12 +454,43 @@ def build_candidates(spec, hardware: list[str], tps: list[int], options: dict[st
     return out
 
 
+def check_names(hardware: list[str] | None, pf: PlanFile, prices: dict[str, float] | None, plan_source: str) -> None:
+    """Every hardware name, from the flags or the plan file, exists; an error names its origin."""
+    from infersim.simulator.hardware.catalog import load_hardware
+
+    for names, source, field in ((hardware or [], "", "--hardware"), (list(prices or {}), "", "--price"),
+                                 ([] if hardware else pf.hardware, plan_source, "hardware"),
+                                 (list(pf.prices), plan_source, "prices")):
+        for name in names:
+            in_field(source, field, load_hardware, name)
+
+
+def check_candidates(cands: list[Candidate], base: dict, source: str, search: SearchSection,
+                     workers: int | None, allow_large: bool) -> None:
+    """Every candidate passes the shared rules (schema, tensor parallelism, seed) before any
+    probe runs, and the largest probes, one per worker, fit in memory."""
+    import os
+
+    from infersim.simulator.validation import check_memory, check_workload, simulation_bytes
+    from infersim.simulator.workload.schema import WorkloadSpec
+    from infersim.simulator.yamlio import validate
+
+    for c in cands:
+        spec = validate(WorkloadSpec, resolve_config(base, c.overrides), f"{source} as {c.label}")
+        check_workload(spec, f"{source} as {c.label}", allow_large=True)
+    parallel = min(workers or os.cpu_count() or 1, len(cands))
+    check_memory(simulation_bytes(search.max_requests, parallel),
+                 f"plan: field 'search.max_requests': probes of up to {search.max_requests:,} requests x {parallel} "
+                 f"workers",
+                 allow_large)
+
+
 def plan(workload: str, *, slos: list[SLO], plan_file: PlanFile | None = None, hardware: list[str] | None = None,
          tensor_parallel: list[int] | None = None, options: dict[str, list] | None = None,
          prices: dict[str, float] | None = None, target_rate: float | None = None,
          requests: int | None = None, tolerance: float | None = None, seed: int | None = None,
          backend: str = "local", workers: int | None = None, address: str | None = None,
-         quiet: bool = True) -> PlanResult:
+         quiet: bool = True, allow_large: bool = False, plan_source: str = "plan file") -> PlanResult:
     """Run the searches (no files written): see `write_plan` for the report."""
     from infersim.simulator.workload.builder import load_workload
 
@@ -466,7 +498,7 @@ def plan(workload: str, *, slos: list[SLO], plan_file: PlanFile | None = None, h
 
     t0 = time.perf_counter()
     pf = plan_file or PlanFile()
-    slos = slos or parse_slo(pf.slo or None)
+    slos = slos or in_field(plan_source, "slo", parse_slo, pf.slo or None)
     if not slos:
         raise InfersimError("give at least one SLO: --slo ttft_p99=2s,tpot_p99=100ms (or slo: in the plan file)")
     spec, wl_path = load_workload(workload)
@@ -495,8 +527,11 @@ def plan(workload: str, *, slos: list[SLO], plan_file: PlanFile | None = None, h
     all_prices.update(prices or {})
     opts = dict(pf.options)
     opts.update(options or {})
+    check_names(hardware, pf, prices, plan_source)
     cands = build_candidates(spec, hardware or pf.hardware, tensor_parallel or pf.tensor_parallel, opts, all_prices)
     base = spec.model_dump(mode="json")
+    origin = str(wl_path) + (f" with {plan_source}" if plan_file is not None else "")
+    check_candidates(cands, base, origin, search, workers, allow_large)
     searches = [_Search(c, base, str(wl_path.parent), slos, search, target, seed, arrival) for c in cands]
 
     be = make_backend(backend, workers, address)

@@ -23,7 +23,8 @@ from infersim.simulator.errors import InfersimError
 from infersim.simulator.hardware.catalog import load_hardware
 from infersim.simulator.hardware.profile import HardwareProfile
 from infersim.simulator.models.catalog import load_model
-from infersim.simulator.models.spec import ModelSpec, check_tensor_parallel
+from infersim.simulator.models.spec import ModelSpec
+from infersim.simulator.validation import check_tensor_parallel
 from infersim.simulator.yamlio import atomic_path
 
 PHASES = ("prefill", "decode", "verify")
@@ -55,14 +56,26 @@ def build_cost_model(model: str | ModelSpec, hardware: str | HardwareProfile, *,
                      fused_attention: bool = True, fused_projections: bool = True) -> RooflineCostModel:
     spec = load_model(model) if isinstance(model, str) else model
     hw = load_hardware(hardware) if isinstance(hardware, str) else hardware
-    if tensor_parallel < 1:
-        raise InfersimError(f"tensor parallel degree must be >= 1, got {tensor_parallel}")
-    check_tensor_parallel(spec, tensor_parallel, source="", field="--tp")
+    check_tensor_parallel(spec, tensor_parallel, field="--tp")
     measured = hw.collectives is not None and bool(hw.collectives.all_reduce)
     if tensor_parallel > 1 and hw.interconnect is None and not measured:
         raise InfersimError(f"tensor parallel {tensor_parallel} needs an interconnect in hardware profile '{hw.name}'")
     return RooflineCostModel(spec, hw, dtype=dtype, kv_dtype=kv_dtype, tensor_parallel=tensor_parallel,
                              fused_attention=fused_attention, fused_projections=fused_projections)
+
+
+# A costed batch holds a Python list and three int64 arrays per sequence, plus the temporaries
+# of its totals: about 60 bytes a sequence, rounded up.
+BYTES_PER_BATCH_SEQUENCE = 64
+
+
+def check_batch_memory(batches: Sequence[int], field: str = "--batch", allow_large: bool = False) -> None:
+    """Refuse up front a batch whose per-sequence arrays cannot fit in memory."""
+    from infersim.simulator.validation import BASE_BYTES, check_memory
+
+    largest = max(batches, default=0)
+    check_memory(BASE_BYTES + BYTES_PER_BATCH_SEQUENCE * largest, f"{field}: a batch of {largest:,} sequences",
+                 allow_large)
 
 
 def batch_shape(phase: str, batch: int, seq_len: int, candidates: int = 1) -> BatchShape:

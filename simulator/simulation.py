@@ -23,8 +23,8 @@ from .hardware.catalog import load_hardware
 from .metrics.collector import MetricsCollector
 from .models.catalog import load_model
 from .models.dtypes import normalize_dtype
-from .models.spec import check_tensor_parallel
 from .policies import SchedulerLimits, build_scheduler
+from .validation import check_tensor_parallel
 from .workload.requests import Requests
 from .workload.schema import WorkloadSpec
 
@@ -51,8 +51,7 @@ class Simulation:
         self.hardware = load_hardware(hw_sec.profile, host_link=hw_sec.host_link)
         dtype = normalize_dtype(sv.dtype)
         kv_dtype = normalize_dtype(sv.kv_dtype or sv.dtype)
-        tp = hw_sec.tensor_parallel
-        check_tensor_parallel(self.model, tp, source=source, field="hardware.tensor_parallel")
+        tp = check_tensor_parallel(self.model, hw_sec.tensor_parallel, source=source)
         max_model_len = sv.max_model_len or self.model.max_position_embeddings
         max_batched = sv.max_batched_tokens or (2048 if sv.chunked_prefill else max(max_model_len, 2048))
         self.limits = SchedulerLimits(sv.max_batch_size, max_batched, max_model_len, sv.chunked_prefill)

@@ -6,6 +6,8 @@ import argparse
 import time
 from pathlib import Path
 
+from .run import add_memory_flag
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
@@ -39,6 +41,7 @@ def add_parser(sub) -> None:
     p.add_argument("--no-plots", action="store_true", help="skip the plots")
     p.add_argument("--csv", action="store_true", help="also write requests.csv")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar or table")
+    add_memory_flag(p)
     p.set_defaults(func=run)
 
 
@@ -47,8 +50,9 @@ def run(args: argparse.Namespace) -> int:
 
     from infersim.simulator.errors import InfersimError
     from infersim.simulator.metrics.rundir import check_out_dir
-    from infersim.simulator.workload.builder import build_requests, load_workload
-    from .run import apply_overrides, finish_status, print_summary
+    from infersim.simulator.validation import positive_int
+
+    from .run import finish_status, prepare, print_summary
 
     try:
         import torch  # noqa: F401
@@ -59,24 +63,18 @@ def run(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     if args.threads:
-        torch.set_num_threads(args.threads)
-    spec, base_dir = load_workload(args.workload)
+        torch.set_num_threads(positive_int(args.threads, "--threads"))
     args.model_override, args.hardware, model = None, None, args.model
     ns = argparse.Namespace(**{**vars(args), "model": None})
-    spec = apply_overrides(spec, ns)
     sv = {}
     if args.gpu_blocks is not None:
-        if args.gpu_blocks <= 0:
-            raise InfersimError(f"--gpu-blocks must be positive, got {args.gpu_blocks}")
-        sv["gpu_blocks"] = args.gpu_blocks
+        sv["gpu_blocks"] = positive_int(args.gpu_blocks, "--gpu-blocks")
     if args.cpu_blocks is not None:
         if args.cpu_blocks < 0:
-            raise InfersimError(f"--cpu-blocks must be >= 0, got {args.cpu_blocks}")
+            raise InfersimError(f"--cpu-blocks: expected a whole number >= 0, got {args.cpu_blocks}")
         sv["cpu_blocks"] = args.cpu_blocks
-    if sv:
-        spec = spec.model_copy(update={"serving": spec.serving.model_copy(update=sv)})
+    spec, requests = prepare(ns, str(args.workload), serving=sv)
     out = check_out_dir(args.out or Path("runs") / f"{spec.name}-exec", force=args.force)
-    requests = build_requests(spec, base_dir)
     log = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
     summary = execute(spec, requests, model, out, device=args.device, dtype=args.dtype, realtime=not args.fast,
                       plots=not args.no_plots, csv=args.csv, quiet=args.quiet, device_memory_gb=args.device_memory_gb,

@@ -86,6 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     except Terminated:
         sys.stderr.write(f"sim {args.command}: terminated (SIGTERM); earlier results left as they were\n")
         return 143
+    except MemoryError:  # only reachable past the up-front estimate, with --no-memory-check
+        sys.stderr.write(f"sim {args.command}: error: out of memory; make the work smaller\n")
+        return 2
     except KeyboardInterrupt:
         sys.stderr.write(f"sim {args.command}: interrupted (SIGINT); earlier results left as they were\n")
         return 130

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .roofline import POW2_BATCHES, POW2_SEQ_LENS, add_cost_options, parse_ints
+from .roofline import POW2_BATCHES, POW2_SEQ_LENS, add_cost_options, parse_ints, resolve_cost_options
 
 POW2_CANDIDATES = "1,2,4,8,16,32,64,128,256"
 
@@ -51,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from infersim.analysis.medusa_study import best_candidates, standard_sweeps, write_study
+    from infersim.analysis.roofline import check_batch_memory
 
     from infersim.simulator.metrics.rundir import check_out_dir, claim_dir
 
@@ -59,11 +60,13 @@ def run(args: argparse.Namespace) -> int:
     batch = parse_ints(str(args.batch), "batch")[0]
     seq = parse_ints(str(args.seq), "seq")[0]
     seq_batch = parse_ints(str(args.seq_batch), "seq-batch")[0]
-    df = standard_sweeps(args.model, args.hardware, batch=batch, seq_len=seq, candidates=cands,
-                         batches=parse_ints(args.batches, "batches"), seq_lens=parse_ints(args.seqs, "seqs"),
+    batches = parse_ints(args.batches, "batches")
+    check_batch_memory([batch, seq_batch, *batches], "--batch/--batches/--seq-batch", args.no_memory_check)
+    cost = resolve_cost_options(args)
+    df = standard_sweeps(cost.pop("model"), cost.pop("hardware"), batch=batch, seq_len=seq, candidates=cands,
+                         batches=batches, seq_lens=parse_ints(args.seqs, "seqs"),
                          seq_sweep_batch=seq_batch, rate_model=args.rate_model, accuracies=args.accuracies,
-                         block=args.block, attention=args.attention, dtype=args.dtype, kv_dtype=args.kv_dtype,
-                         tensor_parallel=args.tp)
+                         block=args.block, attention=args.attention, **cost)
     main = df[df["sweep"] == "candidates"]
     first = main.iloc[0]
     console = Console()

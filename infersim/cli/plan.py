@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from .run import add_memory_flag
+
 
 def _csv(text: str | None) -> list[str]:
     return [x.strip() for x in (text or "").split(",") if x.strip()]
@@ -44,6 +46,7 @@ def add_parser(sub) -> None:
     p.add_argument("--address", default=None, help="Ray cluster address (default: start a local Ray instance)")
     p.add_argument("--no-plots", action="store_true", help="skip the plots")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress or table")
+    add_memory_flag(p)
     p.set_defaults(func=run)
 
 
@@ -73,10 +76,18 @@ def run(args: argparse.Namespace) -> int:
     from infersim.simulator.errors import InfersimError
     from infersim.simulator.metrics.rundir import check_out_dir
 
-    if args.requests is not None and args.requests <= 0:
-        raise InfersimError(f"--requests must be positive, got {args.requests}")
-    if args.target_rate is not None and args.target_rate <= 0:
-        raise InfersimError(f"--target-rate must be positive, got {args.target_rate}")
+    from infersim.simulator.validation import check_seed, finite_positive, in_field, positive_int
+
+    if args.requests is not None:
+        positive_int(args.requests, "--requests")
+    if args.target_rate is not None:
+        finite_positive(args.target_rate, "--target-rate")
+    if args.seed is not None:
+        check_seed(args.seed, "--seed")
+    if args.tolerance is not None:
+        finite_positive(args.tolerance, "--tolerance")
+    if args.workers is not None:
+        positive_int(args.workers, "--workers")
     tps = []
     for t in _csv(args.tp):
         try:
@@ -90,11 +101,12 @@ def run(args: argparse.Namespace) -> int:
     # refused before the search, not after it
     out = check_out_dir(args.out or Path("plans") / load_workload(args.workload)[0].name, force=args.force)
     pf = load_plan_file(args.plan)
-    res = plan(args.workload, slos=parse_slo(args.slo) if args.slo else [], plan_file=pf,
+    res = plan(args.workload, slos=in_field("", "--slo", parse_slo, args.slo) if args.slo else [], plan_file=pf,
                hardware=_csv(args.hardware), tensor_parallel=tps, options=_options(args),
-               prices=parse_prices(args.price), target_rate=args.target_rate, requests=args.requests,
+               prices=in_field("", "--price", parse_prices, args.price), target_rate=args.target_rate,
+               requests=args.requests, plan_source=str(args.plan) if args.plan else "plan file",
                tolerance=args.tolerance, seed=args.seed, backend=args.backend, workers=args.workers,
-               address=args.address, quiet=args.quiet)
+               address=args.address, quiet=args.quiet, allow_large=args.no_memory_check)
     paths = write_plan(res, out, plots=not args.no_plots, force=args.force)
     if not args.quiet:
         from rich.console import Console

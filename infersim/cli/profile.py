@@ -40,7 +40,11 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from infersim.simulator.errors import InfersimError
+    from infersim.simulator.validation import check_seed
 
+    check_seed(args.seed, "--seed")
+    if args.threads < 0:
+        raise InfersimError(f"--threads: expected a whole number >= 0 (0: torch's default), got {args.threads}")
     try:
         import torch  # noqa: F401
         import sklearn  # noqa: F401

@@ -6,6 +6,8 @@ import argparse
 
 from infersim.simulator.errors import InfersimError
 
+from .run import add_memory_flag
+
 POW2_BATCHES = "1,2,4,8,16,32,64"
 POW2_SEQ_LENS = "128,256,512,1024,2048,4096,8192"
 
@@ -29,6 +31,22 @@ def add_cost_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="fp16", help="weight dtype: fp32, fp16, bf16, int8, int4 (default fp16)")
     p.add_argument("--kv-dtype", default=None, help="KV cache dtype (default: the weight dtype)")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree; > 1 adds all-reduce rows (default 1)")
+    add_memory_flag(p)
+
+
+def resolve_cost_options(args: argparse.Namespace) -> dict:
+    """The options of add_cost_options loaded and checked, each error naming its flag: keyword
+    arguments for build_cost_model (and the studies built on it)."""
+    from infersim.simulator.hardware.catalog import load_hardware
+    from infersim.simulator.models.catalog import load_model
+    from infersim.simulator.models.dtypes import normalize_dtype
+    from infersim.simulator.validation import check_tensor_parallel, in_field
+
+    model = in_field("", "--model", load_model, args.model)
+    return {"model": model, "hardware": in_field("", "--hardware", load_hardware, args.hardware),
+            "dtype": in_field("", "--dtype", normalize_dtype, args.dtype),
+            "kv_dtype": None if args.kv_dtype is None else in_field("", "--kv-dtype", normalize_dtype, args.kv_dtype),
+            "tensor_parallel": check_tensor_parallel(model, args.tp, "--tp")}
 
 
 def add_parser(sub) -> None:
@@ -114,7 +132,8 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from infersim.analysis.roofline import PHASES, build_cost_model, iteration_table, operator_table, plot_roofline
+    from infersim.analysis.roofline import (PHASES, build_cost_model, check_batch_memory, iteration_table,
+                                            operator_table, plot_roofline)
     from infersim.simulator.yamlio import atomic_path, write_atomic
 
     from infersim.simulator.metrics.rundir import check_out_file
@@ -129,8 +148,8 @@ def run(args: argparse.Namespace) -> int:
     batches = parse_ints(args.batch, "batch")
     seqs = parse_ints(args.seq, "seq")
     cands = parse_ints(args.candidates, "candidates")
-    cost = build_cost_model(args.model, args.hardware, dtype=args.dtype, kv_dtype=args.kv_dtype,
-                            tensor_parallel=args.tp, fused_attention=args.attention == "fused",
+    check_batch_memory(batches, "--batch", args.no_memory_check)
+    cost = build_cost_model(**resolve_cost_options(args), fused_attention=args.attention == "fused",
                             fused_projections=args.projections == "fused")
     ops = operator_table(cost, phases, batches, seqs, cands)
     iters = iteration_table(cost, phases, batches, seqs, cands)

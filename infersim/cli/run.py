@@ -43,15 +43,26 @@ def add_parser(sub) -> None:
     p.add_argument("--no-plots", action="store_true", help="skip the plots")
     p.add_argument("--csv", action="store_true", help="also write requests.csv")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar or table")
+    add_memory_flag(p)
     p.set_defaults(func=run)
 
 
-def apply_overrides(spec, args):
+def add_memory_flag(p) -> None:
+    """The override of the up-front memory refusal, the same on every command."""
+    from infersim.simulator.validation import MEMORY_FLAG
+
+    p.add_argument(MEMORY_FLAG, action="store_true", dest="no_memory_check",
+                   help="run even when the estimated memory exceeds what this machine has available")
+
+
+def apply_overrides(spec, args, source: str = "workload"):
+    """The spec with the command-line overrides, validated again as a whole."""
     from infersim.simulator.errors import InfersimError
+    from infersim.simulator.validation import check_seed, finite_positive, positive_int, revalidate
 
     upd = {}
     if args.seed is not None:
-        upd["seed"] = args.seed
+        upd["seed"] = check_seed(args.seed, "--seed")
     if args.model:
         upd["model"] = args.model
     hw, sv, rq = {}, {}, {}
@@ -62,13 +73,10 @@ def apply_overrides(spec, args):
     if args.preemption:
         sv["preemption"] = args.preemption
     if args.requests is not None:
-        if args.requests <= 0:
-            raise InfersimError(f"--requests must be positive, got {args.requests}")
-        rq["count"] = args.requests
+        rq["count"] = positive_int(args.requests, "--requests")
     if args.rate is not None:
         arr = spec.requests.arrival
-        if args.rate <= 0:
-            raise InfersimError(f"--rate must be positive, got {args.rate}")
+        finite_positive(args.rate, "--rate")
         if arr is None or not hasattr(arr, "rate"):
             raise InfersimError("--rate needs a workload with poisson or gamma arrivals")
         rq["arrival"] = arr.model_copy(update={"rate": args.rate})
@@ -78,18 +86,37 @@ def apply_overrides(spec, args):
         upd["serving"] = spec.serving.model_copy(update=sv)
     if rq:
         upd["requests"] = spec.requests.model_copy(update=rq)
-    return spec.model_copy(update=upd) if upd else spec
+    return revalidate(spec.model_copy(update=upd), source) if upd else spec
+
+
+def prepare(args, source: str, serving: dict | None = None):
+    """Load the workload named by --workload, apply the overrides (flags, then `serving` fields),
+    check it against the shared rules (seed, tensor parallelism, memory) and build its requests;
+    prints the notice of the count + duration_s rule when it applies. Returns (spec, requests)."""
+    import sys
+
+    from infersim.simulator.validation import arrivals_notice, check_workload, revalidate
+    from infersim.simulator.workload.builder import build_requests, load_workload
+
+    spec, base_dir = load_workload(args.workload)
+    spec = apply_overrides(spec, args, source)
+    if serving:
+        spec = revalidate(spec.model_copy(update={"serving": spec.serving.model_copy(update=serving)}), source)
+    check_workload(spec, source, allow_large=args.no_memory_check,
+                   flags={"requests.count": "--requests"} if args.requests is not None else None)
+    requests = build_requests(spec, base_dir)
+    notice = arrivals_notice(spec, len(requests))
+    if notice:
+        print(notice, file=sys.stderr)
+    return spec, requests
 
 
 def run(args: argparse.Namespace) -> int:
     from infersim.simulator.metrics.rundir import check_out_dir
-    from infersim.simulator.workload.builder import build_requests, load_workload
 
     t0 = time.perf_counter()
-    spec, base_dir = load_workload(args.workload)
-    spec = apply_overrides(spec, args)
+    spec, requests = prepare(args, str(args.workload))
     out = check_out_dir(args.out or Path("runs") / spec.name, force=args.force)
-    requests = build_requests(spec, base_dir)
     summary = execute(spec, requests, out, source=str(args.workload), step_mode=args.step_mode,
                       plots=not args.no_plots, csv=args.csv, quiet=args.quiet, force=args.force)
     if not args.quiet:

@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from .run import add_memory_flag
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
@@ -24,20 +26,24 @@ def add_parser(sub) -> None:
     p.add_argument("--retry-failed", action="store_true", help="simulate failed configurations again")
     p.add_argument("--no-plots", action="store_true", help="skip the plots")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress or table")
+    add_memory_flag(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from infersim.analysis.sweep import load_space, run_sweep
 
-    from infersim.simulator.errors import InfersimError
+    from infersim.simulator.validation import positive_int
 
-    if args.trials is not None and args.trials < 1:
-        raise InfersimError(f"--trials must be at least 1, got {args.trials}")
+    if args.trials is not None:
+        positive_int(args.trials, "--trials")
+    if args.workers is not None:
+        positive_int(args.workers, "--workers")
     space = load_space(args.space)
     res = run_sweep(args.workload, space, args.out, backend=args.backend, workers=args.workers,
                     address=args.address, retry_failed=args.retry_failed, trials=args.trials,
-                    plots=not args.no_plots, quiet=args.quiet, force=args.force)
+                    plots=not args.no_plots, quiet=args.quiet, force=args.force, source=str(args.space),
+                    allow_large=args.no_memory_check)
     if not args.quiet:
         _print(res, space)
     return 0

@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from .run import add_memory_flag
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
@@ -46,6 +48,7 @@ def add_parser(sub) -> None:
                    help="output folder (default runs/validate-<name>); used only when infersim wrote it or it is new")
     p.add_argument("--force", action="store_true", help="write into --out even when infersim did not write it")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress lines or table")
+    add_memory_flag(p)
     p.set_defaults(func=run)
 
 
@@ -53,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
     from infersim.simulator.errors import InfersimError
 
     from infersim.analysis.validate.cases import CASES, case_from_spec, get_case
+    from infersim.simulator.validation import check_seed, check_workload, positive_int, revalidate
 
     if args.list:
         from infersim.analysis.validate.modes import MODES
@@ -68,8 +72,10 @@ def run(args: argparse.Namespace) -> int:
         raise InfersimError(f"--threads must be at least 1, got {args.threads}")
     if args.repeats < 1:
         raise InfersimError(f"--repeats must be at least 1, got {args.repeats}")
-    if args.requests is not None and args.requests <= 0:
-        raise InfersimError(f"--requests must be positive, got {args.requests}")
+    if args.requests is not None:
+        positive_int(args.requests, "--requests")
+    if args.seed is not None:
+        check_seed(args.seed, "--seed")
     if args.cost_model != "fitted" and args.device.startswith("cuda") and args.profile == "cpu-reference":
         raise InfersimError(f"--cost-model {args.cost_model} on cuda needs the GPU's profile: --profile PATH.yaml "
                             f"(from `sim profile --device cuda --out PATH.yaml`)")
@@ -88,12 +94,16 @@ def run(args: argparse.Namespace) -> int:
         from infersim.simulator.workload.builder import load_workload
 
         spec, _ = load_workload(args.workload)
+        spec_model = spec.model  # the shared rules check the catalog model the workload names
         upd = {"model": args.model}
         if args.seed is not None:
             upd["seed"] = args.seed
         if args.requests is not None:
             upd["requests"] = spec.requests.model_copy(update={"count": args.requests})
-        spec = spec.model_copy(update=upd)
+        spec = revalidate(spec.model_copy(update=upd), str(args.workload))
+        check_workload(spec.model_copy(update={"model": spec_model}), str(args.workload),
+                       allow_large=args.no_memory_check,
+                       flags={"requests.count": "--requests"} if args.requests is not None else None)
         if spec.requests.trace is not None:
             raise InfersimError(f"{args.workload}: trace workloads are not supported by `sim validate` yet: give "
                                 f"length distributions")

@@ -30,7 +30,11 @@ def run(args: argparse.Namespace) -> int:
 
     from infersim.simulator.errors import InfersimError
 
-    try:
+    try:  # imported here, not on first use deep inside the zoo, so that their absence is one line
+        import tokenizers  # noqa: F401
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+
         from infersim.executor.zoo import DEFAULT_ZOO
         from infersim.executor.zoo.build import build_zoo, zoo_dir
     except ImportError as exc:

@@ -13,7 +13,8 @@ import numpy as np
 
 from ..hardware.profile import HardwareProfile
 from ..models.dtypes import normalize_dtype
-from ..models.spec import ModelSpec, check_tensor_parallel
+from ..models.spec import ModelSpec
+from ..validation import check_tensor_parallel
 from .base import CostModel, Direction, OperatorCost
 from .batch import BatchShape, BatchTotals
 from .operators import allreduce_bytes_per_layer, coefficient_matrices, layer_operators, model_operators

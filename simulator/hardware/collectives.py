@@ -16,7 +16,9 @@ import math
 from typing import Literal, Optional
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
+from pydantic import BaseModel, Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
+
+from ..validation import STRICT_CONFIG
 
 COLLECTIVES = ("all_reduce", "send_recv")
 Topology = Literal["nvswitch", "nvlink_pair", "pcie", "inter_node"]
@@ -24,7 +26,7 @@ Topology = Literal["nvswitch", "nvlink_pair", "pcie", "inter_node"]
 
 class SizeSegment(BaseModel):
     """One message-size range of a fit: [previous segment's max_bytes, max_bytes)."""
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT_CONFIG
     max_bytes: Optional[PositiveFloat] = Field(description="exclusive upper bound of the range; none on the last")
     latency_us: NonNegativeFloat = Field(description="time of a zero-byte message on this range")
     bandwidth_gbps: Optional[PositiveFloat] = Field(
@@ -35,7 +37,7 @@ class SizeSegment(BaseModel):
 
 class CollectiveFit(BaseModel):
     """One collective at one worker count and placement."""
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT_CONFIG
     workers: PositiveInt
     devices_per_node: PositiveInt = Field(description="workers per node; fewer than workers means across nodes")
     topology: Topology
@@ -93,7 +95,7 @@ def ring_traffic(workers: int) -> float:
 
 class CollectivesSection(BaseModel):
     """The `collectives:` section of a hardware profile: measured fits for one setup."""
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT_CONFIG
     setup: str = Field(description="the measured setup, e.g. a100_dgx, a40_pairwise_nvlink")
     max_devices_per_node: PositiveInt = Field(description="GPUs in one node of the setup")
     confidence: Literal["measured"] = "measured"

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, NonNegativeFloat, model_validator
+from pydantic import BaseModel, Field, PositiveFloat, NonNegativeFloat, model_validator
+
+from ..validation import STRICT_CONFIG
 
 from .collectives import CollectivesSection
 
@@ -16,7 +18,7 @@ OPERATOR_CLASSES = ("linear", "attention", "elementwise", "communication")
 
 
 class HostLink(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT_CONFIG
     name: str = "PCIe 4.0 x16"
     h2d_gbps: PositiveFloat = Field(description="achieved host-to-device copy bandwidth, GB/s")
     d2h_gbps: PositiveFloat = Field(description="achieved device-to-host copy bandwidth, GB/s")
@@ -29,7 +31,7 @@ class HostLink(BaseModel):
 
 class Interconnect(BaseModel):
     """GPU-to-GPU link used by tensor-parallel all-reduce."""
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT_CONFIG
     name: str = "PCIe"
     bandwidth_gbps: PositiveFloat = Field(description="per direction, per GPU, GB/s")
     latency_us: NonNegativeFloat = 10.0
@@ -38,7 +40,7 @@ class Interconnect(BaseModel):
 
 class Efficiency(BaseModel):
     """Achieved fraction of the peaks for one operator class (1.0 = datasheet roofline)."""
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT_CONFIG
     compute: float = Field(1.0, gt=0, le=1.5)
     memory: float = Field(1.0, gt=0, le=1.5)
     source: str = "datasheet peak (not calibrated)"
@@ -49,7 +51,7 @@ class Efficiency(BaseModel):
 
 
 class Overheads(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT_CONFIG
     kernel_launch_us: NonNegativeFloat = 0.0  # added once per kernel
     iteration_us: NonNegativeFloat = 0.0  # added once per engine iteration (scheduling, sampling)
     source: str = ""
@@ -57,7 +59,7 @@ class Overheads(BaseModel):
 
 class FittedValue(BaseModel):
     """Where a fitted number came from and how well it reproduces its rows."""
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT_CONFIG
     source: str = Field(description="the measurements: table files and who published them")
     rows: int = Field(ge=0, description="measured rows the value was fitted on")
     mape_pct: NonNegativeFloat = Field(description="mean absolute percentage error of the fit on those rows")
@@ -91,7 +93,7 @@ class Calibration(BaseModel):
     """Per-kernel time models fitted from measured tables (`sim calibrate`), or inherited from a
     measured card of the same architecture (`from`), which keeps its fractions and floors and
     applies them to this card's own peaks."""
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = {**STRICT_CONFIG, "populate_by_name": True}
     status: Literal["measured", "derived"] = "measured"
     inherits: Optional[str] = Field(None, description="measured profile whose fits this card uses (derived cards)")
     why: str = Field("", description="why those fits carry over (same architecture, same kernels)")
@@ -112,7 +114,7 @@ class Calibration(BaseModel):
 
 
 class HardwareProfile(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT_CONFIG
 
     name: str
     aliases: list[str] = []

@@ -122,7 +122,7 @@ _SERVING_DTYPE = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp16"}
 def spec_from_hf_config(config: dict, name: str, source: str) -> ModelSpec:
     """`source` names the file in error messages and becomes the spec's `source`."""
     model_type = config.get("model_type")
-    if model_type not in _FAMILIES:
+    if not isinstance(model_type, str) or model_type not in _FAMILIES:
         raise InfersimError(
             f"{source}: field 'model_type': unsupported value {model_type!r}; "
             f"supported: {', '.join(SUPPORTED_MODEL_TYPES)} (dense decoders only)"

@@ -9,12 +9,12 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
-from ..errors import InfersimError
+from ..validation import STRICT_CONFIG
 from .dtypes import bytes_per_element
 
 
 class ModelSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(**STRICT_CONFIG, frozen=True)
 
     name: str
     aliases: tuple[str, ...] = ()  # other spellings the catalog resolves (HF ids); a tuple keeps the spec hashable
@@ -144,20 +144,3 @@ class ModelSpec(BaseModel):
             "kv_bytes_per_token": self.bytes_kv_per_token(dtype),
             "dtype": dtype,
         }
-
-
-def check_tensor_parallel(spec: ModelSpec, tensor_parallel: int, *, source: str = "input",
-                          field: str = "tensor_parallel") -> None:
-    """Tensor parallelism shards attention heads: tp must divide num_heads, and the KV heads
-    must split evenly (kv_heads % tp == 0) or replicate evenly (tp % kv_heads == 0). The
-    error names `source` (a file, or empty) and the `field` that set tp."""
-    tp, heads, kv = int(tensor_parallel), spec.num_heads, spec.kv_heads
-    where = f"{source}: " if source else ""
-    if tp < 1:
-        raise InfersimError(f"{where}field '{field}': must be at least 1, got {tp}")
-    if heads % tp:
-        raise InfersimError(f"{where}field '{field}': {tp} does not divide num_heads ({heads}) of model "
-                            f"'{spec.name}'")
-    if kv % tp and tp % kv:
-        raise InfersimError(f"{where}field '{field}': {tp} neither divides nor is a multiple of num_kv_heads "
-                            f"({kv}) of model '{spec.name}'")

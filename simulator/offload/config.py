@@ -15,11 +15,13 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt
+from pydantic import BaseModel, Field, PositiveFloat, PositiveInt
+
+from ..validation import STRICT_CONFIG
 
 
 class OffloadSection(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT_CONFIG
 
     policy: str = Field("full", description="KV placement policy (registry name): gpu, full (FlexGen), h2o, int4, "
                                             "infinigen")

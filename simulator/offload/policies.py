@@ -26,7 +26,9 @@ from dataclasses import dataclass
 from typing import Literal, Optional
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError
+from pydantic import BaseModel, Field, PositiveInt, ValidationError
+
+from ..validation import STRICT_CONFIG
 
 from ..errors import InfersimError, pydantic_error_line
 from ..models.dtypes import bytes_per_element
@@ -85,7 +87,7 @@ def coverage(k, n, c, mass: float) -> np.ndarray:
 
 
 class _Params(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT_CONFIG
 
 
 class PlacementPolicy:

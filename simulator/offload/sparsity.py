@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Optional
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, model_validator
+from pydantic import BaseModel, Field, PositiveFloat, model_validator
+
+from ..validation import STRICT_CONFIG
 
 from ..catalog_loader import canonical_names, index_folder, resolve
 from ..errors import InfersimError
@@ -25,7 +27,7 @@ from ..yamlio import load_model_file
 
 
 class ImportantTable(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT_CONFIG
     alpha: float
     context: list[PositiveFloat] = Field(min_length=1)
     tokens: list[PositiveFloat] = Field(min_length=1)
@@ -41,7 +43,7 @@ class ImportantTable(BaseModel):
 
 
 class SparsitySpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT_CONFIG
     name: str
     model: str = ""
     source: str

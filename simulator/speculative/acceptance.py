@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
+
+from ..validation import STRICT_CONFIG
 
 from ..errors import InfersimError, UnknownNameError
 from ..paths import catalog_dir
@@ -258,14 +260,14 @@ def _same_setting(a: tuple[str, float], b: tuple[str, float]) -> bool:
 
 # ---- the catalog ------------------------------------------------------------------------------
 class TableEntry(AcceptanceSpec):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT_CONFIG
     draft: str
     dataset: str
 
 
 class AcceptanceTable(BaseModel):
     """simulator/catalog/acceptance/<name>.yaml: one target, entries per (draft, dataset)."""
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT_CONFIG
     name: str
     target: str
     source: str

@@ -21,11 +21,13 @@ from __future__ import annotations
 
 from typing import Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveInt, model_validator
+from pydantic import BaseModel, Field, NonNegativeFloat, PositiveInt, model_validator
+
+from ..validation import STRICT_CONFIG
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT_CONFIG
 
 
 # ---- acceptance --------------------------------------------------------------------------
@@ -293,7 +295,7 @@ class MedusaSection(_Strict):
 
 
 class SpeculationSection(_Strict):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT_CONFIG
     method: Literal["draft", "minions", "medusa"] = "draft"
     dataset: Optional[str] = None
     speculation_length: PositiveInt = 4

@@ -14,15 +14,16 @@ from pathlib import Path
 from typing import Literal, Sequence, Union
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 
 from ..errors import InfersimError, UnknownNameError
 from ..paths import catalog_dir
+from ..validation import STRICT_CONFIG
 from ..yamlio import load_mapping, validate
 
 
 class HeadTop(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT_CONFIG
     top1: float = Field(ge=0, le=1)
     top5: float = Field(ge=0, le=1)
 
@@ -35,7 +36,7 @@ class HeadTop(BaseModel):
 
 class HeadAccuracies(BaseModel):
     """Medusa head accuracies and a sparse tree (simulator/catalog/medusa/*.yaml)."""
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT_CONFIG
     name: str
     model: str = ""
     source: str

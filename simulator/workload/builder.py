@@ -12,6 +12,7 @@ import numpy as np
 from ..catalog_loader import canonical_names, resolve
 from ..errors import InfersimError
 from ..paths import workloads_dir
+from ..validation import in_field
 from ..yamlio import load_model_file
 from .distributions import sample_arrivals, sample_lengths, streams
 from .requests import Requests
@@ -31,9 +32,10 @@ def workload_path(name_or_path: str) -> Path:
     p = Path(name_or_path).expanduser()
     if p.is_file():
         return p
-    if p.suffix in _SUFFIXES and len(p.parts) > 1:  # looks like a path, not a name
-        raise InfersimError(f"{p}: file not found")
     name = p.stem if p.suffix in _SUFFIXES else name_or_path
+    # a file name (a suffix or a folder) that is not a built-in workload is a missing file
+    if len(p.parts) > 1 or (p.suffix in _SUFFIXES and name not in list_workloads()):
+        raise InfersimError(f"{p}: file not found")
     return resolve("workload", name, workloads_dir())
 
 
@@ -48,6 +50,7 @@ def build_requests(spec: WorkloadSpec, base_dir: Path | str = ".") -> Requests:
     """The requests a workload describes. `base_dir` (the workload file or its folder) anchors
     relative trace and empirical-distribution paths."""
     base_dir = Path(base_dir)
+    source = str(base_dir) if base_dir.is_file() else "workload"
     if base_dir.is_file():
         base_dir = base_dir.parent
     r = spec.requests
@@ -56,7 +59,7 @@ def build_requests(spec: WorkloadSpec, base_dir: Path | str = ".") -> Requests:
 
     trace = None
     if r.trace is not None:
-        trace = read_trace(r.trace, base_dir / r.trace.file, r.count)
+        trace = in_field(source, "requests.trace", read_trace, r.trace, base_dir / r.trace.file, r.count)
     arrival = None
     if trace is not None and trace.arrival_s is not None:
         arrival = trace.arrival_s
@@ -67,15 +70,17 @@ def build_requests(spec: WorkloadSpec, base_dir: Path | str = ".") -> Requests:
         n = r.count if trace is None else len(trace)
     else:
         cap = r.count if trace is None else len(trace)  # trace lengths without times: at most its rows
-        arrival = sample_arrivals(r.arrival, arrival_rng, cap, r.duration_s)
+        arrival = in_field(source, "requests.arrival", sample_arrivals, r.arrival, arrival_rng, cap, r.duration_s)
         n = len(arrival)
 
-    def lengths(from_trace, dist, rng, limit):
-        x = from_trace[:n] if from_trace is not None else sample_lengths(dist, n, rng, base_dir)
+    def lengths(from_trace, dist, rng, limit, field):
+        x = from_trace[:n] if from_trace is not None else in_field(source, field, sample_lengths, dist, n, rng, base_dir)
         return x if limit is None else np.minimum(x, limit)
 
-    prompt = lengths(None if trace is None else trace.prompt_tokens, r.prompt_tokens, prompt_rng, r.max_prompt_tokens)
-    output = lengths(None if trace is None else trace.output_tokens, r.output_tokens, output_rng, r.max_output_tokens)
+    prompt = lengths(None if trace is None else trace.prompt_tokens, r.prompt_tokens, prompt_rng, r.max_prompt_tokens,
+                     "requests.prompt_tokens")
+    output = lengths(None if trace is None else trace.output_tokens, r.output_tokens, output_rng, r.max_output_tokens,
+                     "requests.output_tokens")
     if closed:
         return Requests(prompt, output, None, closed_loop_clients=r.arrival.clients,
                         think_time_s=r.arrival.think_time_s, duration_s=r.duration_s)

@@ -4,13 +4,20 @@ Every field has a default where a serious default exists (vLLM 0.2-0.4 era for s
 a workload file may be as short as a model name and a request generator."""
 from __future__ import annotations
 
-from typing import Literal, Optional, Union
+from typing import Annotated, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
+from pydantic import BaseModel, Field, NonNegativeFloat, PositiveFloat, PositiveInt, field_validator, model_validator
+
+from ..validation import MAX_SEED, MAX_TOKENS, STRICT_CONFIG, whole_number
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT_CONFIG
+
+
+# A token count: int64 arithmetic must hold it (and sums of it) without overflow.
+Tokens = Annotated[int, Field(ge=1, le=MAX_TOKENS)]
+Column = Annotated[str, Field(min_length=1)]
 
 
 class HardwareSection(_Strict):
@@ -32,7 +39,7 @@ class ServingSection(_Strict):
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     gpu_blocks: Optional[PositiveInt] = None  # explicit GPU KV blocks (overrides utilisation)
     cpu_blocks: Optional[int] = Field(None, ge=0)  # explicit CPU KV blocks (overrides swap_space_gb)
-    swap_space_gb: NonNegativeFloat = 4.0  # GiB, as vLLM's swap_space
+    swap_space_gb: float = Field(4.0, ge=0, le=1e6)  # GiB, as vLLM's swap_space; 1e6 GiB is beyond any host
     watermark: float = Field(0.01, ge=0, lt=1)
     dtype: str = "fp16"
     kv_dtype: Optional[str] = None  # None: same as dtype
@@ -41,13 +48,13 @@ class ServingSection(_Strict):
 
 class FixedDist(_Strict):
     type: Literal["fixed"]
-    value: PositiveInt
+    value: Tokens
 
 
 class UniformDist(_Strict):
     type: Literal["uniform"]
-    low: PositiveInt
-    high: PositiveInt
+    low: Tokens
+    high: Tokens
 
     @model_validator(mode="after")
     def _order(self):
@@ -59,10 +66,10 @@ class UniformDist(_Strict):
 class LognormalDist(_Strict):
     """Lognormal given by its mean and coefficient of variation (std/mean) in tokens."""
     type: Literal["lognormal"]
-    mean: PositiveFloat
+    mean: float = Field(gt=0, le=MAX_TOKENS)
     cv: PositiveFloat = 1.0
-    min: PositiveInt = 1
-    max: Optional[PositiveInt] = None
+    min: Tokens = 1
+    max: Optional[Tokens] = None
 
     @model_validator(mode="after")
     def _order(self):
@@ -76,7 +83,7 @@ class QuantileDist(_Strict):
     gives their probabilities): a built-in workload keeps a trace's statistics, not the trace.
     Sampling interpolates the inverse CDF linearly between the given points."""
     type: Literal["quantiles"]
-    values: list[NonNegativeFloat] = Field(min_length=2)
+    values: list[Annotated[float, Field(ge=0, le=MAX_TOKENS)]] = Field(min_length=2)
     # Optional probabilities of `values` (0 first, 1 last, increasing); a finer grid in the tail
     # (e.g. ..., 0.95, 0.975, 0.99, 0.995, 0.999, 1) keeps a heavy tail's mean honest.
     probs: Optional[list[float]] = None
@@ -98,8 +105,8 @@ class QuantileDist(_Strict):
 class EmpiricalDist(_Strict):
     """Sample lengths from a column of a file (CSV/JSONL/JSON)."""
     type: Literal["empirical"]
-    file: str
-    column: str
+    file: str = Field(min_length=1)
+    column: Column
     format: Optional[Literal["csv", "jsonl", "json"]] = None
     # tokens: the column holds numbers; text_words: it holds text, and its word count is used
     kind: Literal["tokens", "text_words"] = "tokens"
@@ -136,12 +143,12 @@ Arrivals = Union[PoissonArrivals, GammaArrivals, ClosedLoopArrivals, BurstArriva
 
 class TraceSource(_Strict):
     """Requests replayed from a file; columns are mapped here, so any trace needs only YAML."""
-    file: str
+    file: str = Field(min_length=1)
     format: Optional[Literal["csv", "jsonl", "json"]] = None  # None: from the file suffix
-    arrival_column: Optional[str] = None  # None: arrivals come from `arrival` below
+    arrival_column: Optional[Column] = None  # None: arrivals come from `arrival` below
     time_unit: Literal["s", "ms", "us", "datetime"] = "s"
-    prompt_column: Optional[str] = None
-    output_column: Optional[str] = None
+    prompt_column: Optional[Column] = None
+    output_column: Optional[Column] = None
     # tokens: the column holds token counts; text_words: it holds the text itself, and its
     # length is whitespace-separated words x tokens_per_word (a rough count, no tokenizer)
     prompt_column_kind: Literal["tokens", "text_words"] = "tokens"
@@ -157,9 +164,11 @@ class RequestsSection(_Strict):
     arrival: Optional[Arrivals] = Field(None, discriminator="type")
     prompt_tokens: Optional[LengthDist] = Field(None, discriminator="type")
     output_tokens: Optional[LengthDist] = Field(None, discriminator="type")
-    max_prompt_tokens: Optional[PositiveInt] = None
-    max_output_tokens: Optional[PositiveInt] = None
+    max_prompt_tokens: Optional[Tokens] = None
+    max_output_tokens: Optional[Tokens] = None
     trace: Optional[TraceSource] = None
+
+    _whole_count = field_validator("count", "max_prompt_tokens", "max_output_tokens", mode="before")(whole_number)
 
     @model_validator(mode="after")
     def _complete(self):
@@ -198,4 +207,4 @@ class WorkloadSpec(_Strict):
     requests: RequestsSection
     speculation: Optional[SpeculationSection] = None  # speculative decoding (draft models, Minions, Medusa)
     offload: Optional[OffloadSection] = None  # KV cache in CPU memory with selective prefetch
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=MAX_SEED)

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import InfersimError
+from ..validation import MAX_TOKENS
 from .schema import TraceSource
 
 _UNIT_S = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
@@ -52,7 +53,7 @@ def read_columns(path: Path, columns: list[str], fmt: str | None = None, nrows: 
     the same length; at most `nrows` rows are read when given."""
     path = Path(path)
     if not path.is_file():
-        raise InfersimError(f"{path}: file not found")
+        raise InfersimError(f"{path}: {'a folder, not a file' if path.is_dir() else 'file not found'}")
     fmt = file_format(path, fmt)
     columns = list(dict.fromkeys(columns))
     try:
@@ -79,6 +80,8 @@ def read_columns(path: Path, columns: list[str], fmt: str | None = None, nrows: 
                 raise InfersimError(f"{path}: expected a JSON list of objects, got {type(records).__name__}")
             if nrows is not None:
                 records = records[:nrows]
+    except pd.errors.EmptyDataError:
+        raise InfersimError(f"{path}: the file is empty (no header, no rows)") from None
     except (json.JSONDecodeError, UnicodeDecodeError, pd.errors.ParserError, gzip.BadGzipFile, zlib.error, EOFError) as exc:
         raise InfersimError(f"{path}: malformed {fmt.upper()} ({str(exc).splitlines()[0]})") from None
     first = records[0] if records else {}
@@ -128,7 +131,11 @@ def to_lengths(values: np.ndarray, path, column: str, kind: str = "tokens", scal
         x = pd.Series(values, dtype=object).str.split().str.len().to_numpy(dtype=np.float64)
     else:
         x = to_numbers(values, path, column, first_row)
-    return np.maximum(np.rint(x * scale), 1).astype(np.int64)
+    x = np.rint(x * scale)
+    huge = x > MAX_TOKENS
+    if huge.any():
+        raise _bad_row(path, column, huge, first_row, f"{x[huge][0]:g} tokens, more than {MAX_TOKENS:,}")
+    return np.maximum(x, 1).astype(np.int64)
 
 
 def to_seconds(values: np.ndarray, path, column: str, unit: str, first_row: int = 0) -> np.ndarray:

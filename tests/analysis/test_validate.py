@@ -276,7 +276,7 @@ def test_matrix_refuses_fewer_than_one_repeat_in_one_line(capsys):
     (["validate", "--case", "plain-load", "--workload", "x.yaml"], "exactly one of --workload"),
     (["validate", "--case", "no-such-case"], "unknown validation case 'no-such-case'"),
     (["validate", "--case", "plain-load", "--threads", "0"], "--threads must be at least 1"),
-    (["validate", "--case", "plain-load", "-n", "0"], "--requests must be positive"),
+    (["validate", "--case", "plain-load", "-n", "0"], "--requests: expected a whole number >= 1"),
     (["validate", "--case", "plain-load", "--repeats", "0"], "--repeats must be at least 1"),
     (["validate", "--case", "plain-load", "--calibration", "missing-fit.json"], "calibration file not found"),
     (["validate", "--case", "plain-load", "--cost-model", "roofline", "--calibration", "f.json"], "goes with"),

@@ -7,7 +7,8 @@ from infersim.simulator.costmodel import RooflineCostModel
 from infersim.simulator.engine.memory import plan_memory
 from infersim.simulator.errors import InfersimError
 from infersim.simulator.hardware.catalog import load_hardware
-from infersim.simulator.models.spec import ModelSpec, check_tensor_parallel
+from infersim.simulator.models.spec import ModelSpec
+from infersim.simulator.validation import check_tensor_parallel
 
 # Llama-3-70B's shape: 64 query heads, 8 KV heads of 128, 80 layers
 LLAMA3_70B = ModelSpec(name="llama-3-70b-like", family="llama", source="test", num_layers=80, hidden_size=8192,
@@ -57,11 +58,11 @@ def test_kv_pool_block_bytes_use_replicated_heads():
 
 
 @pytest.mark.parametrize("spec, tp, problem", [
-    (LLAMA3_70B, 3, "3 does not divide num_heads (64)"),
+    (LLAMA3_70B, 3, "tensor parallel 3 does not divide"),
     (LLAMA3_70B, 32, None),  # 64 % 32 == 0 and 32 % 8 == 0: allowed
     (ModelSpec(name="odd", family="llama", source="test", num_layers=1, hidden_size=768, num_heads=12,
                num_kv_heads=4, intermediate_size=1024, vocab_size=100), 6,
-     "6 neither divides nor is a multiple of num_kv_heads (4)"),
+     "tensor parallel 6 neither divides"),
 ])
 def test_check_tensor_parallel(spec, tp, problem):
     if problem is None:

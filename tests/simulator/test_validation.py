@@ -1,0 +1,89 @@
+"""The shared input rules (simulator/validation.py) against hand-worked cases."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from infersim.simulator.errors import InfersimError
+from infersim.simulator.models.spec import ModelSpec
+from infersim.simulator.validation import (BASE_BYTES, BYTES_PER_REPLICA, BYTES_PER_REQUEST, MAX_SEED,
+                                           arrivals_notice, check_memory, check_seed, check_tensor_parallel,
+                                           expected_requests, finite_positive, simulation_bytes, whole_number)
+from infersim.simulator.workload.schema import WorkloadSpec
+
+
+def _model(heads: int, kv_heads: int) -> ModelSpec:
+    return ModelSpec(name="m", family="llama", source="test", num_layers=2, hidden_size=64 * heads, num_heads=heads,
+                     num_kv_heads=kv_heads, intermediate_size=128, vocab_size=100)
+
+
+@pytest.mark.parametrize("heads,kv,tp,ok", [
+    (32, 32, 1, True), (32, 32, 2, True), (32, 32, 3, False), (64, 64, 3, False),
+    (64, 8, 8, True),     # KV heads split evenly, one per GPU
+    (64, 8, 16, True),    # 16 % 8 == 0: each KV head replicated on two GPUs
+    (24, 6, 4, False),    # 6 % 4 and 4 % 6 are both non-zero
+    (32, 8, 32, True),    # 32 % 8 == 0
+])
+def test_tensor_parallel_rule(heads, kv, tp, ok):
+    model = _model(heads, kv)
+    if ok:
+        assert check_tensor_parallel(model, tp) == tp
+    else:
+        with pytest.raises(InfersimError, match="hardware.tensor_parallel"):
+            check_tensor_parallel(model, tp, source="w.yaml")
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, 0, -1.0, True, "3"])
+def test_finite_positive_refuses(value):
+    with pytest.raises(InfersimError, match="--rate: expected a finite number > 0"):
+        finite_positive(value, "--rate")
+
+
+def test_seed_range():
+    assert check_seed(0) == 0 and check_seed(MAX_SEED) == MAX_SEED
+    for bad in (-1, MAX_SEED + 1, 1.5):
+        with pytest.raises(InfersimError, match="seed"):
+            check_seed(bad, "--seed")
+
+
+def test_whole_number_reads_scientific_counts():
+    assert whole_number("1e12") == 10**12 and whole_number("1_000") == 1000 and whole_number(1000.0) == 1000
+    assert whole_number("ten") == "ten" and whole_number(1.5) == 1.5
+
+
+def test_memory_estimate_by_hand():
+    # 1e9 requests on 3 replicas: 256 MiB + 512 B x 1e9 + 4096 B x 3, twice for two workers
+    assert simulation_bytes(1e9, parallel=2, replicas=3) == 2 * (BASE_BYTES + BYTES_PER_REQUEST * 1e9 + BYTES_PER_REPLICA * 3)
+    with pytest.raises(InfersimError, match=r"about 512 TB of memory.*--no-memory-check"):
+        check_memory(simulation_bytes(1e12), "w.yaml: field 'requests.count': 1e12 requests")
+    check_memory(simulation_bytes(1e12), "allowed", allow=True)  # the override
+    check_memory(simulation_bytes(100), "small")
+
+
+def _spec(**requests) -> WorkloadSpec:
+    base = {"arrival": {"type": "poisson", "rate": 5.0}, "prompt_tokens": {"type": "fixed", "value": 4},
+            "output_tokens": {"type": "fixed", "value": 4}}
+    return WorkloadSpec.model_validate({"requests": {**base, **requests}})
+
+
+def test_count_and_duration_rule():
+    assert expected_requests(_spec(count=100)) == 100
+    assert expected_requests(_spec(duration_s=10)) == 50  # rate x duration
+    assert expected_requests(_spec(count=100, duration_s=10)) == 50  # whichever ends first
+    both = _spec(count=100, duration_s=10)
+    assert "ended arrivals after 47 of the 100 requests" in arrivals_notice(both, 47)
+    assert arrivals_notice(both, 100) is None
+    assert arrivals_notice(_spec(count=100), 100) is None and arrivals_notice(_spec(duration_s=10), 47) is None
+
+
+def test_schema_refuses_non_finite_and_reads_1e12():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="finite"):
+        _spec(count=5, arrival={"type": "poisson", "rate": math.inf})
+    with pytest.raises(ValidationError):
+        WorkloadSpec.model_validate({"seed": -1, "requests": {"count": 1, "arrival": {"type": "burst"},
+                                                              "prompt_tokens": {"type": "fixed", "value": 1},
+                                                              "output_tokens": {"type": "fixed", "value": 1}}})
+    assert _spec(count="1e12").requests.count == 10**12
