@@ -471,7 +471,8 @@ def check_candidates(cands: list[Candidate], base: dict, source: str, search: Se
     probe runs, and the largest probes, one per worker, fit in memory."""
     import os
 
-    from infersim.simulator.validation import check_memory, check_workload, simulation_bytes
+    from infersim.simulator.preflight import check_workload
+    from infersim.simulator.validation import check_memory, simulation_bytes
     from infersim.simulator.workload.schema import WorkloadSpec
     from infersim.simulator.yamlio import validate
 

@@ -58,8 +58,11 @@ def run_hardware(args: argparse.Namespace) -> int:
                      h.host_link.name, f"{h.host_link.h2d_gbps:g}/{h.host_link.d2h_gbps:g}"))
     show_catalog("hardware profiles", ["name", "kernels", "fp16 TFLOP/s", "HBM GB/s", "memory GB", "host link",
                                        "H2D/D2H GB/s"], rows)
-    print("kernels: measured = fitted to measured kernel times; derived = a measured card's fits on this card's own "
-          "peaks; datasheet = pure roofline (NAME:datasheet gives it for any profile)")
+    from rich.console import Console
+
+    Console().print("kernels: measured = fitted to measured kernel times; derived = a measured card's fits on this "
+                    "card's own peaks; datasheet = pure roofline (NAME:datasheet gives it for any profile)",
+                    highlight=False, markup=False)
     if args.name:
         print(f"source: {h.source}")
         if h.calibration is not None:

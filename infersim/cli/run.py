@@ -58,7 +58,8 @@ def add_memory_flag(p) -> None:
 def apply_overrides(spec, args, source: str = "workload"):
     """The spec with the command-line overrides, validated again as a whole."""
     from infersim.simulator.errors import InfersimError
-    from infersim.simulator.validation import check_seed, finite_positive, positive_int, revalidate
+    from infersim.simulator.preflight import revalidate
+    from infersim.simulator.validation import check_seed, finite_positive, positive_int
 
     upd = {}
     if args.seed is not None:
@@ -95,7 +96,8 @@ def prepare(args, source: str, serving: dict | None = None):
     prints the notice of the count + duration_s rule when it applies. Returns (spec, requests)."""
     import sys
 
-    from infersim.simulator.validation import arrivals_notice, check_workload, revalidate
+    from infersim.simulator.preflight import check_workload, revalidate
+    from infersim.simulator.validation import arrivals_notice
     from infersim.simulator.workload.builder import build_requests, load_workload
 
     spec, base_dir = load_workload(args.workload)

@@ -56,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
     from infersim.simulator.errors import InfersimError
 
     from infersim.analysis.validate.cases import CASES, case_from_spec, get_case
-    from infersim.simulator.validation import check_seed, check_workload, positive_int, revalidate
+    from infersim.simulator.preflight import check_workload, revalidate
+    from infersim.simulator.validation import check_seed, positive_int
 
     if args.list:
         from infersim.analysis.validate.modes import MODES

@@ -66,7 +66,7 @@ def test_unknown_hardware_and_policy(tmp_path, capsys):
      "  output_tokens: {type: fixed, value: 5}\nserving: {block_size: sixteen}\n", "serving.block_size"),
     ("model: llama-2-7b\nhardware: {tensor_parallel: 3}\nrequests:\n  count: 10\n  arrival: {type: poisson, rate: 1}\n"
      "  prompt_tokens: {type: fixed, value: 5}\n  output_tokens: {type: fixed, value: 5}\n",
-     "field 'hardware.tensor_parallel': 3 does not divide num_heads (32)"),
+     "field 'hardware.tensor_parallel': tensor parallel 3 does not divide llama-2-7b's 32 attention heads"),
 ])
 def test_bad_workload_file_is_one_line_exit_2(tmp_path, capsys, text, needle):
     wl = tmp_path / "bad.yaml"

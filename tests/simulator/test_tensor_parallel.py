@@ -34,13 +34,17 @@ def test_kv_bytes_per_gpu_by_hand():
 
 
 def test_cost_model_counts_whole_replicated_heads_at_tp16():
-    ops = {o.name: o for o in RooflineCostModel(LLAMA3_70B, load_hardware("h100-sxm"), tensor_parallel=16).layer_ops}
+    ops = {o.name: o for o in RooflineCostModel(LLAMA3_70B, load_hardware("h100-sxm"), tensor_parallel=16,
+                                                         fused_projections=False).layer_ops}
     kv_local = 128  # one head of 128 per rank
     assert ops["kv_write"].bytes[1] == 2 * kv_local * (2 + 2)  # K and V written per token, fp16 in and out
     assert ops["qk"].bytes[3] == kv_local * 2  # keys read per cached token
     assert ops["k_proj"].bytes[0] == 8192 * kv_local * 2  # the rank's own copy of one head's weights
     assert ops["k_proj"].flops[1] == 2 * 8192 * kv_local
     assert ops["q_proj"].flops[1] == 2 * 8192 * 8192 / 16  # query heads still split: 4 per rank
+    # fused (the default): one GEMM of the rank's 4 query heads and its own K and V head
+    fused = {o.name: o for o in RooflineCostModel(LLAMA3_70B, load_hardware("h100-sxm"), tensor_parallel=16).layer_ops}
+    assert fused["qkv_proj"].flops[1] == 2 * 8192 * (8192 / 16 + 2 * kv_local)
 
 
 def test_weights_per_gpu_hold_replicated_kv_projections():
@@ -74,5 +78,5 @@ def test_check_tensor_parallel(spec, tp, problem):
 
 
 def test_cost_model_refuses_an_uneven_split():
-    with pytest.raises(InfersimError, match="does not divide num_heads"):
+    with pytest.raises(InfersimError, match="does not divide"):
         RooflineCostModel(LLAMA3_70B, load_hardware("h100-sxm"), tensor_parallel=3)

@@ -1,0 +1,61 @@
+"""Checks a resolved workload passes before it is simulated or executed, beyond its schema and
+the single-value rules of `validation.py`: the names it gives exist, tensor parallelism splits
+the model, the requests fit in memory. They read the catalogs and registries, so they sit above
+them (validation.py is the leaf every schema uses)."""
+from __future__ import annotations
+
+from .costmodel import COST_MODELS
+from .engine.router import ROUTERS
+from .errors import InfersimError
+from .hardware.catalog import load_hardware
+from .models.catalog import load_model
+from .models.dtypes import normalize_dtype
+from .policies import PREEMPTION_POLICIES, SCHEDULERS
+from .validation import (BYTES_PER_REPLICA, BYTES_PER_REQUEST, check_memory, check_seed, check_tensor_parallel,
+                         expected_requests, in_field, simulation_bytes)
+from .workload.schema import WorkloadSpec
+from .yamlio import validate
+
+
+def check_workload(spec, source: str, *, allow_large: bool = False, parallel: int = 1, what: str = "",
+                   flags: dict[str, str] | None = None) -> None:
+    """Everything a resolved workload must satisfy before it is simulated or executed, beyond
+    its schema: the names it gives exist (model, hardware profile, dtypes, policies, router,
+    cost model), the seed is in range, tensor parallelism splits the model, and the requests
+    fit in memory. `parallel` simulations of it run at once; `flags` maps a field to the
+    command-line flag that set it, for the message."""
+    hw, sv = spec.hardware, spec.serving
+    model = in_field(source, "model", load_model, spec.model)
+    in_field(source, "hardware.profile", load_hardware, hw.profile)
+    if hw.host_link is not None:
+        in_field(source, "hardware.host_link", load_hardware, hw.profile, host_link=hw.host_link)
+    for field, get, name in (("serving.dtype", normalize_dtype, sv.dtype),
+                             ("serving.kv_dtype", normalize_dtype, sv.kv_dtype or sv.dtype),
+                             ("serving.scheduler", SCHEDULERS.get, sv.scheduler),
+                             ("serving.preemption", PREEMPTION_POLICIES.get, sv.preemption),
+                             ("hardware.router", ROUTERS.get, hw.router),
+                             ("serving.cost_model", COST_MODELS.get, sv.cost_model)):
+        in_field(source, field, get, name)
+    check_seed(spec.seed, "seed", source)
+    check_tensor_parallel(model, hw.tensor_parallel, source=source)
+    max_model_len = sv.max_model_len or model.max_position_embeddings
+    if not sv.chunked_prefill and sv.max_batched_tokens is not None and sv.max_batched_tokens < max_model_len:
+        # without chunking a prompt is prefilled in one iteration (vLLM refuses the same setting)
+        raise InfersimError(f"{source}: field 'serving.max_batched_tokens': {sv.max_batched_tokens} is smaller than "
+                            f"max_model_len {max_model_len}; raise it, lower serving.max_model_len or set "
+                            f"chunked_prefill: true")
+    n = expected_requests(spec)
+    field = "requests.count" if spec.requests.count is not None and n >= spec.requests.count else "requests.duration_s"
+    if BYTES_PER_REPLICA * hw.replicas > BYTES_PER_REQUEST * n:
+        field = "hardware.replicas"
+    runs = f" x {parallel} parallel simulations" if parallel > 1 else ""
+    on = f" on {hw.replicas:,} replicas" if hw.replicas > 1 else ""
+    by = f" (set by {flags[field]})" if field in (flags or {}) else ""
+    check_memory(simulation_bytes(n, parallel, hw.replicas),
+                 what or f"{source}: field '{field}'{by}: {n:,.0f} requests{on}{runs}", allow_large)
+
+
+def revalidate(spec, source: str):
+    """The spec validated again after `model_copy` overrides (which pydantic does not check):
+    a flag that broke a rule is reported against the workload's field."""
+    return validate(WorkloadSpec, spec.model_dump(), f"{source} (with command-line overrides)")
