@@ -44,7 +44,8 @@ def predict_rows(calibration: Calibration, rows: list[KernelRow], hardware: Hard
                                    s.bytes_per_token, s.tokens, peak, bw)
         elif kernel in calibration.elementwise:
             e = calibration.elementwise[kernel]
-            out[idx] = elementwise_time_s(e.memory, e.launch_us, np.array([r.bytes for r in sub]), bw)
+            out[idx] = elementwise_time_s(e.memory, e.launch_us, np.array([r.bytes for r in sub]),
+                                          np.array([r.tokens for r in sub]), bw, e.saturation_tokens)
     return out
 
 
@@ -71,9 +72,11 @@ def fit_kernels(rows: list[KernelRow], hardware: HardwareProfile, source: str, d
         sub = [r for r in rows if r.kernel == kernel]
         if len(sub) < MIN_ELEMENTWISE_ROWS:
             continue
-        memory, launch_us = fit_elementwise(np.array([r.bytes for r in sub]), np.array([r.time_s for r in sub]), bw)
+        e = fit_elementwise(np.array([r.bytes for r in sub]), np.array([r.tokens for r in sub]),
+                            np.array([r.time_s for r in sub]), bw)
         elementwise[kernel] = ElementwiseFit(source=source, rows=len(sub), mape_pct=0.0, bias_pct=0.0,
-                                             fitted_on=_labels(sub), memory=_sig(memory), launch_us=_sig(launch_us))
+                                             fitted_on=_labels(sub), memory=_sig(e.memory), launch_us=_sig(e.launch_us),
+                                             saturation_tokens=e.saturation_tokens)
     if gemm is None and not elementwise:
         raise InfersimError(f"{source}: no GEMM or elementwise rows to fit")
     calib = Calibration(status="measured", source=source, gemm=gemm, elementwise=elementwise)

@@ -14,7 +14,13 @@ at 128-512 tokens and the p-norm corner follows. Past one tile, M is rounded up 
 tile of rows (the step in measured times every `tile` tokens); below it, the skinny kernels
 cuBLAS picks for a few tokens do not pay for a padded tile (with padding, the fit trades it
 against an impossible 99% of peak bandwidth; without, the fractions come out where achieved
-bandwidth is, 77-90%, at the same held-out error). The launch floor is what a tiny GEMM costs. Elementwise kernels: launch + bytes / (bandwidth x memory), one pair per kind.
+bandwidth is, 77-90%, at the same held-out error). The launch floor is what a tiny GEMM costs.
+
+Elementwise kernels (one model per kind): launch + bytes x max(1, S / M) / (bandwidth x memory).
+Norms, activations, rotary and residual adds give each token's row to its own thread block, so a
+batch of fewer than S tokens (S = saturation_tokens) leaves SMs idle and takes as long as S tokens
+would: the small-batch floor grows with the row width (an RMSNorm of one token: 4 us at hidden
+4096, 8 us at 8192), which a constant floor cannot follow.
 
 Fits minimise squared log error (every row weighs the same, whatever its size) with
 scipy.optimize.least_squares from fixed starting points: deterministic for a given table."""
@@ -48,8 +54,14 @@ def gemm_time_s(params: GemmParams, flops_per_token, bytes_const, bytes_per_toke
     return params.launch_us * 1e-6 + (memory_s ** p + compute_s ** p) ** (1.0 / p)
 
 
-def elementwise_time_s(memory: float, launch_us: float, nbytes, bandwidth_bytes_per_s: float):
-    return launch_us * 1e-6 + np.asarray(nbytes, dtype=np.float64) / (bandwidth_bytes_per_s * memory)
+SATURATION_CANDIDATES = tuple(2 ** i for i in range(12))  # 1 to 2048 tokens
+
+
+def elementwise_time_s(memory: float, launch_us: float, nbytes, tokens, bandwidth_bytes_per_s: float,
+                       saturation_tokens: int = 1):
+    """Elementwise over arrays; `tokens` are the rows of the kernel (batch tokens)."""
+    occupancy = np.maximum(1.0, saturation_tokens / np.asarray(tokens, dtype=np.float64))
+    return launch_us * 1e-6 + np.asarray(nbytes, dtype=np.float64) * occupancy / (bandwidth_bytes_per_s * memory)
 
 
 def octave_weights(tokens) -> np.ndarray:
@@ -100,20 +112,39 @@ def fit_gemm(samples: GemmSamples, peak_flops: float, bandwidth_bytes_per_s: flo
     return best[1]
 
 
-def fit_elementwise(nbytes: np.ndarray, time_s: np.ndarray, bandwidth_bytes_per_s: float) -> tuple[float, float]:
-    """(memory fraction, launch us) of launch + bytes / (bandwidth x memory), least squares in
-    relative error with both terms non-negative."""
+@dataclass(frozen=True)
+class ElementwiseParams:
+    memory: float
+    launch_us: float
+    saturation_tokens: int
+
+
+def _fit_launch_rate(nbytes: np.ndarray, t: np.ndarray) -> tuple[float, float, float]:
+    """(launch s, s per byte, residual) of t = launch + bytes x rate, least squares in relative
+    error with both terms non-negative."""
     from scipy.optimize import nnls
 
+    (launch_s, inv_rate), resid = nnls(np.column_stack([1.0 / t, nbytes / t]), np.ones_like(t))
+    return float(launch_s), float(inv_rate), float(resid)
+
+
+def fit_elementwise(nbytes: np.ndarray, tokens: np.ndarray, time_s: np.ndarray,
+                    bandwidth_bytes_per_s: float) -> ElementwiseParams:
+    """(memory fraction, launch us, saturation tokens): for each candidate S, the least-squares
+    launch and rate; the S with the smallest relative error (the first on ties: deterministic)."""
     nbytes = np.asarray(nbytes, dtype=np.float64)
+    tokens = np.asarray(tokens, dtype=np.float64)
     t = np.asarray(time_s, dtype=np.float64)
-    A = np.column_stack([1.0 / t, nbytes / t])
-    (launch_s, inv_rate), _ = nnls(A, np.ones_like(t))
-    if inv_rate <= 0:  # every row at the floor: no bandwidth information; the fastest row's rate
-        inv_rate = float(np.min(t / nbytes))
-        launch_s = 0.0
+    best = None
+    for s in SATURATION_CANDIDATES:
+        launch_s, inv_rate, resid = _fit_launch_rate(nbytes * np.maximum(1.0, s / tokens), t)
+        if inv_rate > 0 and (best is None or resid < best[0] - 1e-12):
+            best = (resid, launch_s, inv_rate, s)
+    if best is None:  # every row at the floor: no bandwidth information; the fastest row's rate
+        return ElementwiseParams(float(min(1.0 / (float(np.min(t / nbytes)) * bandwidth_bytes_per_s), 3.0)), 0.0, 1)
+    _, launch_s, inv_rate, s = best
     memory = 1.0 / (inv_rate * bandwidth_bytes_per_s)
-    return float(min(memory, 3.0)), float(launch_s * 1e6)
+    return ElementwiseParams(float(min(memory, 3.0)), launch_s * 1e6, int(s))
 
 
 def errors_pct(pred, measured) -> tuple[float, float]:

@@ -80,7 +80,8 @@ class RooflineCostModel(CostModel):
             elif op.kernel in calibration.elementwise:
                 e = calibration.elementwise[op.kernel]
                 rows.append((j, lambda T, L, e=e, b0=b[0], b1=b[1]:
-                             elementwise_time_s(e.memory, e.launch_us, b0 + b1 * T, self._bw)))
+                             elementwise_time_s(e.memory, e.launch_us, b0 + b1 * T, T, self._bw,
+                                                e.saturation_tokens)))
         return rows
 
     # ---- core: time from batch totals (scalars or arrays) ----------------------------

@@ -79,9 +79,11 @@ class GemmFit(FittedValue):
 
 
 class ElementwiseFit(FittedValue):
-    """launch + bytes / (bandwidth x memory) for one elementwise operator kind."""
+    """launch + bytes x max(1, S / tokens) / (bandwidth x memory) for one elementwise operator
+    kind (S = saturation_tokens: below S tokens, a one-row-per-block kernel leaves SMs idle)."""
     memory: float = Field(gt=0, le=3.0, description="fraction of peak bandwidth the kernel reaches")
     launch_us: NonNegativeFloat = Field(description="latency floor of one kernel, microseconds")
+    saturation_tokens: int = Field(1, ge=1, description="tokens that fill the GPU: fewer take as long as this many")
 
 
 CALIBRATED_KINDS = ("norm", "act", "rope", "add", "emb")

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from infersim.simulator.calibration.fit import fit_kernels, predict_rows
-from infersim.simulator.calibration.kernel_models import GemmParams, errors_pct, gemm_time_s
+from infersim.simulator.calibration.kernel_models import GemmParams, elementwise_time_s, errors_pct, gemm_time_s
 from infersim.simulator.calibration.rows import LayerDims, gemm_operator, operator_for, row_from_operator
 from infersim.simulator.calibration.tables import recognise
 from infersim.simulator.costmodel import BatchShape, RooflineCostModel
@@ -44,17 +44,26 @@ def test_gemm_fit_recovers_known_parameters(tile):
     assert g.mape_pct < 0.05 and g.rows == 5 * len(TOKENS)
 
 
-def test_elementwise_fit_recovers_floor_and_bandwidth():
+@pytest.mark.parametrize("saturation", [1, 64])
+def test_elementwise_fit_recovers_floor_bandwidth_and_saturation(saturation):
     dims = LayerDims(heads=32, kv_heads=8, hidden=4096, intermediate=14336)
     rows = []
     for t in TOKENS:
         op = operator_for("input_layernorm", dims, 1)
         nbytes = op.bytes[0] + op.bytes[1] * t
+        time_s = 3e-6 + nbytes * max(1.0, saturation / t) / (BW * 0.45)
         rows.append(row_from_operator(op, device="x", label="m", tp=1, tokens=t, op="input_layernorm",
-                                      time_s=3e-6 + nbytes / (BW * 0.45), where="synthetic"))
+                                      time_s=time_s, where="synthetic"))
     e = fit_kernels(rows, HW, "synthetic").elementwise["norm"]
+    assert e.saturation_tokens == saturation
     assert e.memory == pytest.approx(0.45, rel=1e-4)
     assert e.launch_us == pytest.approx(3.0, rel=1e-3)
+
+
+def test_elementwise_below_saturation_costs_as_much_as_saturation_tokens():
+    # 8 us launch, 1 GB/s: 4 tokens of 1000 bytes under S = 16 take 8 us + 16 000 bytes / 1e9 B/s
+    t = elementwise_time_s(0.5, 8.0, np.array([4000.0, 32000.0]), np.array([4, 32]), 2e9, saturation_tokens=16)
+    assert t == pytest.approx([8e-6 + 16e-6, 8e-6 + 32e-6])
 
 
 def test_fused_qkv_row_prices_one_gemm_of_the_concatenated_width():
