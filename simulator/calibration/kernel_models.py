@@ -6,6 +6,7 @@ GEMM of M tokens, FLOPs per token F, bytes W + A M (weights once, activations pe
 
     memory  = (W + A M) / (bandwidth x memory)
     compute = F M' / (peak x compute),  M' = M up to one tile, ceil(M / tile) tile beyond
+    compute = compute x fill^-w,  fill = tiles / (waves x SMs)
     time    = launch + (memory^p + compute^p)^(1/p)
 
 Small batches read the weights (memory-bound), large ones saturate the tensor cores
@@ -15,6 +16,13 @@ tile of rows (the step in measured times every `tile` tokens); below it, the ski
 cuBLAS picks for a few tokens do not pay for a padded tile (with padding, the fit trades it
 against an impossible 99% of peak bandwidth; without, the fractions come out where achieved
 bandwidth is, 77-90%, at the same held-out error). The launch floor is what a tiny GEMM costs.
+
+Wave quantisation: the output is cut into 128 x 128 tiles (ceil(M / 128) x ceil(N / 128)) that
+run in waves of one tile per SM; a last wave that fills few SMs wastes the rest. The fitted
+exponent w (wave_exponent) scales compute time by fill^-w: 0 ignores waves, 1 is a single tile
+shape's full wave cost. cuBLAS picks among many tile shapes and split-K, so the measured cost of
+a partial wave is a fraction of one kernel's (w 0.2-0.4 on the measured cards); without the SM
+count (`sm_count` of the profile) fill is 1.
 
 Elementwise kernels (one model per kind): launch + bytes x max(1, S / M) / (bandwidth x memory).
 Norms, activations, rotary and residual adds give each token's row to its own thread block, so a
@@ -31,6 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 
 TILE_CANDIDATES = (1, 16, 32, 64, 128)
+WAVE_TILE = 128  # rows and columns of the output tile the wave count assumes
 
 
 @dataclass(frozen=True)
@@ -40,16 +49,37 @@ class GemmParams:
     launch_us: float
     corner_exponent: float
     tile_tokens: int
+    wave_exponent: float = 0.0
 
 
-def gemm_time_s(params: GemmParams, flops_per_token, bytes_const, bytes_per_token, tokens, peak_flops: float,
-                bandwidth_bytes_per_s: float):
+@dataclass(frozen=True)
+class GemmDevice:
+    """What the GEMM model needs of the device: peaks and SM count (None: no wave model)."""
+    peak_flops: float
+    bandwidth_bytes_per_s: float
+    sm_count: int | None = None
+
+
+def wave_fill(tokens, out_width, sm_count: int | None):
+    """Fraction of the SM slots of all waves that hold a 128 x 128 output tile (1 without SMs)."""
+    tokens = np.asarray(tokens, dtype=np.float64)
+    if not sm_count:
+        return np.ones_like(tokens)
+    n_tiles = np.ceil(np.maximum(np.asarray(out_width, dtype=np.float64), 1.0) / WAVE_TILE)
+    tiles = np.ceil(tokens / WAVE_TILE) * n_tiles
+    return tiles / (np.ceil(tiles / sm_count) * sm_count)
+
+
+def gemm_time_s(params: GemmParams, flops_per_token, bytes_const, bytes_per_token, tokens, out_width,
+                device: GemmDevice):
     """Elementwise over arrays: any number of settings give the same numbers one by one."""
     tokens = np.asarray(tokens, dtype=np.float64)
     tile = float(params.tile_tokens)
-    memory_s = (bytes_const + bytes_per_token * tokens) / (bandwidth_bytes_per_s * params.memory)
+    memory_s = (bytes_const + bytes_per_token * tokens) / (device.bandwidth_bytes_per_s * params.memory)
     padded = np.where(tokens <= tile, tokens, np.ceil(tokens / tile) * tile)
-    compute_s = flops_per_token * padded / (peak_flops * params.compute)
+    compute_s = flops_per_token * padded / (device.peak_flops * params.compute)
+    if params.wave_exponent:
+        compute_s = compute_s * wave_fill(tokens, out_width, device.sm_count) ** -params.wave_exponent
     p = params.corner_exponent
     return params.launch_us * 1e-6 + (memory_s ** p + compute_s ** p) ** (1.0 / p)
 
@@ -81,14 +111,17 @@ class GemmSamples:
     bytes_per_token: np.ndarray
     tokens: np.ndarray
     time_s: np.ndarray
+    out_width: np.ndarray
 
 
 def _params(x, tile: int) -> GemmParams:
-    return GemmParams(float(np.exp(x[0])), float(np.exp(x[1])), float(x[2]), float(1.0 + np.exp(x[3])), int(tile))
+    return GemmParams(float(np.exp(x[0])), float(np.exp(x[1])), float(x[2]), float(1.0 + np.exp(x[3])), int(tile),
+                      float(x[4]))
 
 
-def fit_gemm(samples: GemmSamples, peak_flops: float, bandwidth_bytes_per_s: float) -> GemmParams:
-    """Best (compute, memory, launch, corner) for each candidate tile; the tile that fits best."""
+def fit_gemm(samples: GemmSamples, device: GemmDevice) -> GemmParams:
+    """Best (compute, memory, launch, corner, wave exponent) for each candidate tile; the tile
+    that fits best. Without an SM count the wave exponent stays 0."""
     from scipy.optimize import least_squares
 
     s = samples
@@ -99,17 +132,20 @@ def fit_gemm(samples: GemmSamples, peak_flops: float, bandwidth_bytes_per_s: flo
     for tile in TILE_CANDIDATES:
         def resid(x):
             pred = gemm_time_s(_params(x, tile), s.flops_per_token, s.bytes_const, s.bytes_per_token, s.tokens,
-                               peak_flops, bandwidth_bytes_per_s)
+                               s.out_width, device)
             return (np.log(pred) - log_t) * sw
 
-        x0 = np.array([np.log(0.7), np.log(0.8), 0.5 * floor_us, 0.0])
-        lo = np.array([np.log(0.05), np.log(0.05), 0.0, np.log(1e-3)])
-        hi = np.array([np.log(1.5), np.log(1.5), max(floor_us, 1e-3), np.log(19.0)])
-        res = least_squares(resid, x0, bounds=(lo, hi), x_scale=np.array([1.0, 1.0, max(floor_us, 1.0), 1.0]))
+        x0 = np.array([np.log(0.7), np.log(0.8), 0.5 * floor_us, 0.0, 0.2 if device.sm_count else 0.0])
+        lo = np.array([np.log(0.05), np.log(0.05), 0.0, np.log(1e-3), 0.0])
+        hi = np.array([np.log(1.5), np.log(1.5), max(floor_us, 1e-3), np.log(19.0), 1.5 if device.sm_count else 1e-12])
+        res = least_squares(resid, x0, bounds=(lo, hi), x_scale=np.array([1.0, 1.0, max(floor_us, 1.0), 1.0, 1.0]))
         cost = float(np.mean(res.fun ** 2))
         if best is None or cost < best[0] - 1e-12:
             best = (cost, _params(res.x, tile))
-    return best[1]
+    best_params = best[1]
+    if not device.sm_count:
+        best_params = GemmParams(**{**best_params.__dict__, "wave_exponent": 0.0})
+    return best_params
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, NonNegativeFloat, model_validator
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
 
 from .collectives import CollectivesSection
 
@@ -76,6 +76,8 @@ class GemmFit(FittedValue):
     launch_us: NonNegativeFloat = Field(description="latency floor added to every GEMM, microseconds")
     corner_exponent: float = Field(ge=1.0, le=20.0, description="p of the p-norm joining memory and compute time")
     tile_tokens: int = Field(ge=1, description="tokens per tile: past one tile, M is rounded up to a multiple of it")
+    wave_exponent: float = Field(0.0, ge=0.0, le=1.5, description="compute time x fill^-w, fill = share of the "
+                                 "SM slots of all waves that 128 x 128 output tiles occupy (0: no wave model)")
 
 
 class ElementwiseFit(FittedValue):
@@ -122,6 +124,7 @@ class HardwareProfile(BaseModel):
     peak_tflops: dict[str, PositiveFloat] = Field(description="dense peak per dtype: fp16, bf16, fp32, int8, int4")
     memory_bandwidth_gbps: PositiveFloat
     memory_gb: PositiveFloat
+    sm_count: Optional[PositiveInt] = Field(None, description="streaming multiprocessors: the slots of one GEMM wave")
     host_link: HostLink
     interconnect: Optional[Interconnect] = None
     efficiency: dict[str, Efficiency] = {}

@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 
 from infersim.simulator.calibration.fit import fit_kernels, predict_rows
-from infersim.simulator.calibration.kernel_models import GemmParams, elementwise_time_s, errors_pct, gemm_time_s
+from infersim.simulator.calibration.fit import gemm_device
+from infersim.simulator.calibration.kernel_models import (GemmParams, elementwise_time_s, errors_pct, gemm_time_s,
+                                                        wave_fill)
 from infersim.simulator.calibration.rows import LayerDims, gemm_operator, operator_for, row_from_operator
 from infersim.simulator.calibration.tables import recognise
 from infersim.simulator.costmodel import BatchShape, RooflineCostModel
@@ -25,15 +27,16 @@ def _synthetic_gemm_rows(params: GemmParams):
         op = gemm_operator(k, n)
         for t in TOKENS:
             f, b = op.flops[1], op.bytes
-            time_s = float(gemm_time_s(params, f, b[0], b[1], t, PEAK, BW))
+            time_s = float(gemm_time_s(params, f, b[0], b[1], t, op.out_width, gemm_device(HW)))
             rows.append(row_from_operator(op, device="x", label=f"k{k}-n{n}", tp=1, tokens=t, op="gemm",
                                           time_s=time_s, where="synthetic"))
     return rows
 
 
-@pytest.mark.parametrize("tile", [32, 128])
-def test_gemm_fit_recovers_known_parameters(tile):
-    truth = GemmParams(compute=0.62, memory=0.83, launch_us=4.0, corner_exponent=2.5, tile_tokens=tile)
+@pytest.mark.parametrize("tile, waves", [(32, 0.0), (128, 0.35)])
+def test_gemm_fit_recovers_known_parameters(tile, waves):
+    truth = GemmParams(compute=0.62, memory=0.83, launch_us=4.0, corner_exponent=2.5, tile_tokens=tile,
+                       wave_exponent=waves)
     calib = fit_kernels(_synthetic_gemm_rows(truth), HW, "synthetic")
     g = calib.gemm
     assert g.tile_tokens == tile
@@ -41,7 +44,21 @@ def test_gemm_fit_recovers_known_parameters(tile):
     assert g.memory == pytest.approx(truth.memory, rel=1e-3)
     assert g.launch_us == pytest.approx(truth.launch_us, rel=1e-2)
     assert g.corner_exponent == pytest.approx(truth.corner_exponent, rel=1e-2)
+    assert g.wave_exponent == pytest.approx(truth.wave_exponent, abs=1e-3)
     assert g.mape_pct < 0.05 and g.rows == 5 * len(TOKENS)
+
+
+def test_wave_fill_counts_128_by_128_tiles_over_the_sms():
+    # 108 SMs: N 1280 -> 10 column tiles; 128 tokens -> 10 tiles in one wave of 108 slots;
+    # 1408 tokens -> 11 x 10 = 110 tiles -> 2 waves (216 slots); 1 SM count unknown -> 1
+    assert wave_fill([128, 1408], 1280, 108) == pytest.approx([10 / 108, 110 / 216])
+    assert wave_fill([128], 1280, None) == pytest.approx([1.0])
+
+
+def test_without_an_sm_count_the_fit_has_no_wave_term():
+    hw = HW.model_copy(update={"sm_count": None})
+    truth = GemmParams(compute=0.62, memory=0.83, launch_us=4.0, corner_exponent=2.5, tile_tokens=64)
+    assert fit_kernels(_synthetic_gemm_rows(truth), hw, "synthetic").gemm.wave_exponent == 0.0
 
 
 @pytest.mark.parametrize("saturation", [1, 64])
