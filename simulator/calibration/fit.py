@@ -32,7 +32,8 @@ def _gemm_samples(rows: list[KernelRow]) -> GemmSamples:
 
 
 def gemm_params(fit: GemmFit) -> GemmParams:
-    return GemmParams(fit.compute, fit.memory, fit.launch_us, fit.corner_exponent, fit.tile_tokens, fit.wave_exponent)
+    return GemmParams(fit.compute, fit.memory, fit.launch_us, fit.corner_exponent, fit.tile_tokens, fit.wave_exponent,
+                      fit.wave_latency_us)
 
 
 def predict_rows(calibration: Calibration, rows: list[KernelRow], hardware: HardwareProfile,
@@ -72,7 +73,7 @@ def fit_kernels(rows: list[KernelRow], hardware: HardwareProfile, source: str, d
         gemm = GemmFit(source=source, rows=len(gemm_rows), mape_pct=0.0, bias_pct=0.0, fitted_on=_labels(gemm_rows),
                        compute=_sig(p.compute), memory=_sig(p.memory), launch_us=_sig(p.launch_us),
                        corner_exponent=_sig(p.corner_exponent), tile_tokens=p.tile_tokens,
-                       wave_exponent=_sig(p.wave_exponent))
+                       wave_exponent=_sig(p.wave_exponent), wave_latency_us=_sig(p.wave_latency_us))
     elementwise = {}
     for kernel in sorted({r.kernel for r in rows} - {"gemm"}):
         sub = [r for r in rows if r.kernel == kernel]

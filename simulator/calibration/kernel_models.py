@@ -7,7 +7,7 @@ GEMM of M tokens, FLOPs per token F, bytes W + A M (weights once, activations pe
     memory  = (W + A M) / (bandwidth x memory)
     compute = F M' / (peak x compute),  M' = M up to one tile, ceil(M / tile) tile beyond
     compute = compute x fill^-w,  fill = tiles / (waves x SMs)
-    time    = launch + (memory^p + compute^p)^(1/p)
+    time    = launch + (memory^p + compute^p)^(1/p) + waves x wave latency
 
 Small batches read the weights (memory-bound), large ones saturate the tensor cores
 (compute-bound); between them both limit at once, which a plain max() misses by up to 30%
@@ -21,8 +21,10 @@ Wave quantisation: the output is cut into 128 x 128 tiles (ceil(M / 128) x ceil(
 run in waves of one tile per SM; a last wave that fills few SMs wastes the rest. The fitted
 exponent w (wave_exponent) scales compute time by fill^-w: 0 ignores waves, 1 is a single tile
 shape's full wave cost. cuBLAS picks among many tile shapes and split-K, so the measured cost of
-a partial wave is a fraction of one kernel's (w 0.2-0.4 on the measured cards); without the SM
-count (`sm_count` of the profile) fill is 1.
+a partial wave is a fraction of one kernel's (w 0.2-0.4 on the measured cards). Each wave also
+pays a fixed latency (filling and draining a tile's K-loop pipeline and writing its output),
+which shows where waves are many and short: narrow outputs at large M. Without the SM count
+(`sm_count` of the profile) fill is 1 and there are no waves.
 
 Elementwise kernels (one model per kind): launch + bytes x max(1, S / M) / (bandwidth x memory).
 Norms, activations, rotary and residual adds give each token's row to its own thread block, so a
@@ -50,6 +52,7 @@ class GemmParams:
     corner_exponent: float
     tile_tokens: int
     wave_exponent: float = 0.0
+    wave_latency_us: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -60,14 +63,16 @@ class GemmDevice:
     sm_count: int | None = None
 
 
-def wave_fill(tokens, out_width, sm_count: int | None):
-    """Fraction of the SM slots of all waves that hold a 128 x 128 output tile (1 without SMs)."""
+def output_waves(tokens, out_width, sm_count: int | None):
+    """(fill, waves) of 128 x 128 output tiles run one per SM: fill is the share of the waves'
+    SM slots that hold a tile. Without an SM count: fill 1, no waves."""
     tokens = np.asarray(tokens, dtype=np.float64)
     if not sm_count:
-        return np.ones_like(tokens)
+        return np.ones_like(tokens), np.zeros_like(tokens)
     n_tiles = np.ceil(np.maximum(np.asarray(out_width, dtype=np.float64), 1.0) / WAVE_TILE)
     tiles = np.ceil(tokens / WAVE_TILE) * n_tiles
-    return tiles / (np.ceil(tiles / sm_count) * sm_count)
+    waves = np.ceil(tiles / sm_count)
+    return tiles / (waves * sm_count), waves
 
 
 def gemm_time_s(params: GemmParams, flops_per_token, bytes_const, bytes_per_token, tokens, out_width,
@@ -78,10 +83,11 @@ def gemm_time_s(params: GemmParams, flops_per_token, bytes_const, bytes_per_toke
     memory_s = (bytes_const + bytes_per_token * tokens) / (device.bandwidth_bytes_per_s * params.memory)
     padded = np.where(tokens <= tile, tokens, np.ceil(tokens / tile) * tile)
     compute_s = flops_per_token * padded / (device.peak_flops * params.compute)
-    if params.wave_exponent:
-        compute_s = compute_s * wave_fill(tokens, out_width, device.sm_count) ** -params.wave_exponent
+    fill, waves = output_waves(tokens, out_width, device.sm_count)
+    compute_s = compute_s * fill ** -params.wave_exponent
     p = params.corner_exponent
-    return params.launch_us * 1e-6 + (memory_s ** p + compute_s ** p) ** (1.0 / p)
+    return (params.launch_us * 1e-6 + (memory_s ** p + compute_s ** p) ** (1.0 / p)
+            + params.wave_latency_us * 1e-6 * waves)
 
 
 SATURATION_CANDIDATES = tuple(2 ** i for i in range(12))  # 1 to 2048 tokens
@@ -116,12 +122,12 @@ class GemmSamples:
 
 def _params(x, tile: int) -> GemmParams:
     return GemmParams(float(np.exp(x[0])), float(np.exp(x[1])), float(x[2]), float(1.0 + np.exp(x[3])), int(tile),
-                      float(x[4]))
+                      float(x[4]), float(x[5]))
 
 
 def fit_gemm(samples: GemmSamples, device: GemmDevice) -> GemmParams:
-    """Best (compute, memory, launch, corner, wave exponent) for each candidate tile; the tile
-    that fits best. Without an SM count the wave exponent stays 0."""
+    """Best (compute, memory, launch, corner, wave exponent, wave latency) for each candidate
+    tile; the tile that fits best. Without an SM count both wave terms stay 0."""
     from scipy.optimize import least_squares
 
     s = samples
@@ -135,16 +141,19 @@ def fit_gemm(samples: GemmSamples, device: GemmDevice) -> GemmParams:
                                s.out_width, device)
             return (np.log(pred) - log_t) * sw
 
-        x0 = np.array([np.log(0.7), np.log(0.8), 0.5 * floor_us, 0.0, 0.2 if device.sm_count else 0.0])
-        lo = np.array([np.log(0.05), np.log(0.05), 0.0, np.log(1e-3), 0.0])
-        hi = np.array([np.log(1.5), np.log(1.5), max(floor_us, 1e-3), np.log(19.0), 1.5 if device.sm_count else 1e-12])
-        res = least_squares(resid, x0, bounds=(lo, hi), x_scale=np.array([1.0, 1.0, max(floor_us, 1.0), 1.0, 1.0]))
+        waves = bool(device.sm_count)
+        x0 = np.array([np.log(0.7), np.log(0.8), 0.5 * floor_us, 0.0, 0.2 if waves else 0.0, 0.1 * floor_us if waves else 0.0])
+        lo = np.array([np.log(0.05), np.log(0.05), 0.0, np.log(1e-3), 0.0, 0.0])
+        hi = np.array([np.log(1.5), np.log(1.5), max(floor_us, 1e-3), np.log(19.0), 1.5 if waves else 1e-12,
+                       max(floor_us, 1e-3) if waves else 1e-12])
+        res = least_squares(resid, x0, bounds=(lo, hi),
+                            x_scale=np.array([1.0, 1.0, max(floor_us, 1.0), 1.0, 1.0, max(floor_us, 1.0)]))
         cost = float(np.mean(res.fun ** 2))
         if best is None or cost < best[0] - 1e-12:
             best = (cost, _params(res.x, tile))
     best_params = best[1]
     if not device.sm_count:
-        best_params = GemmParams(**{**best_params.__dict__, "wave_exponent": 0.0})
+        best_params = GemmParams(**{**best_params.__dict__, "wave_exponent": 0.0, "wave_latency_us": 0.0})
     return best_params
 
 

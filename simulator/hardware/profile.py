@@ -78,6 +78,7 @@ class GemmFit(FittedValue):
     tile_tokens: int = Field(ge=1, description="tokens per tile: past one tile, M is rounded up to a multiple of it")
     wave_exponent: float = Field(0.0, ge=0.0, le=1.5, description="compute time x fill^-w, fill = share of the "
                                  "SM slots of all waves that 128 x 128 output tiles occupy (0: no wave model)")
+    wave_latency_us: NonNegativeFloat = Field(0.0, description="fixed time of each wave of output tiles, microseconds")
 
 
 class ElementwiseFit(FittedValue):

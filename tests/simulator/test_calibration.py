@@ -8,7 +8,7 @@ import pytest
 from infersim.simulator.calibration.fit import fit_kernels, predict_rows
 from infersim.simulator.calibration.fit import gemm_device
 from infersim.simulator.calibration.kernel_models import (GemmParams, elementwise_time_s, errors_pct, gemm_time_s,
-                                                        wave_fill)
+                                                        output_waves)
 from infersim.simulator.calibration.rows import LayerDims, gemm_operator, operator_for, row_from_operator
 from infersim.simulator.calibration.tables import recognise
 from infersim.simulator.costmodel import BatchShape, RooflineCostModel
@@ -33,10 +33,10 @@ def _synthetic_gemm_rows(params: GemmParams):
     return rows
 
 
-@pytest.mark.parametrize("tile, waves", [(32, 0.0), (128, 0.35)])
-def test_gemm_fit_recovers_known_parameters(tile, waves):
+@pytest.mark.parametrize("tile, waves, wave_us", [(32, 0.0, 0.0), (128, 0.35, 1.5)])
+def test_gemm_fit_recovers_known_parameters(tile, waves, wave_us):
     truth = GemmParams(compute=0.62, memory=0.83, launch_us=4.0, corner_exponent=2.5, tile_tokens=tile,
-                       wave_exponent=waves)
+                       wave_exponent=waves, wave_latency_us=wave_us)
     calib = fit_kernels(_synthetic_gemm_rows(truth), HW, "synthetic")
     g = calib.gemm
     assert g.tile_tokens == tile
@@ -45,20 +45,24 @@ def test_gemm_fit_recovers_known_parameters(tile, waves):
     assert g.launch_us == pytest.approx(truth.launch_us, rel=1e-2)
     assert g.corner_exponent == pytest.approx(truth.corner_exponent, rel=1e-2)
     assert g.wave_exponent == pytest.approx(truth.wave_exponent, abs=1e-3)
+    assert g.wave_latency_us == pytest.approx(truth.wave_latency_us, abs=1e-2)
     assert g.mape_pct < 0.05 and g.rows == 5 * len(TOKENS)
 
 
-def test_wave_fill_counts_128_by_128_tiles_over_the_sms():
+def test_output_waves_count_128_by_128_tiles_over_the_sms():
     # 108 SMs: N 1280 -> 10 column tiles; 128 tokens -> 10 tiles in one wave of 108 slots;
-    # 1408 tokens -> 11 x 10 = 110 tiles -> 2 waves (216 slots); 1 SM count unknown -> 1
-    assert wave_fill([128, 1408], 1280, 108) == pytest.approx([10 / 108, 110 / 216])
-    assert wave_fill([128], 1280, None) == pytest.approx([1.0])
+    # 1408 tokens -> 11 x 10 = 110 tiles -> 2 waves (216 slots); no SM count -> fill 1, no waves
+    fill, waves = output_waves([128, 1408], 1280, 108)
+    assert fill == pytest.approx([10 / 108, 110 / 216]) and waves == pytest.approx([1, 2])
+    fill, waves = output_waves([128], 1280, None)
+    assert fill == pytest.approx([1.0]) and waves == pytest.approx([0.0])
 
 
 def test_without_an_sm_count_the_fit_has_no_wave_term():
     hw = HW.model_copy(update={"sm_count": None})
     truth = GemmParams(compute=0.62, memory=0.83, launch_us=4.0, corner_exponent=2.5, tile_tokens=64)
-    assert fit_kernels(_synthetic_gemm_rows(truth), hw, "synthetic").gemm.wave_exponent == 0.0
+    g = fit_kernels(_synthetic_gemm_rows(truth), hw, "synthetic").gemm
+    assert g.wave_exponent == 0.0 and g.wave_latency_us == 0.0
 
 
 @pytest.mark.parametrize("saturation", [1, 64])
