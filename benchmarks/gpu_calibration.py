@@ -228,16 +228,18 @@ WHY = """
   of 3-6 MB stay in the 40-50 MB L2 between the profiler's repeated calls, so the measurement
   runs faster than a weight read from HBM. In a real forward pass each layer reads other
   weights, so the model keeps the HBM read; the measured rows understate these shapes.
-- **Elementwise (6.4-10.2% on the RMSNorm / SiLU models, 10 of 14 cells met).** The saturation
-  term (below S tokens a one-row-per-block kernel takes as long as S tokens, S fitted per kind
-  from 1 to 2048) took these from 8.0-11.5% and the 1-32-token bias from -33..-42% to -6..-14%.
-  The rest of the 1-32 range is the tables' 1 us rounding of 2-8 us kernels (one step is 12-50%
-  of the time). Measured and dropped: octave-balanced row weights (10.7-17.7%, worse at large
+- **Elementwise (6.2-9.8% on the RMSNorm / SiLU models: 11 of 14 cells met, phi-2's missed).**
+  The saturation term (below S tokens a one-row-per-block kernel takes as long as S tokens, S
+  fitted per kind from 1 to 2048) took these from 8.0-11.5% and the 1-32-token bias from
+  -33..-42% to -1..-8%: with S on powers of two 6.4-10.2% and -6..-14%, with four steps per
+  octave (kept) 6.2-9.8% and -1..-8%, with every integer 6.2-9.7% and 0..-8%. The rest of the
+  1-32 range (A40 and H100 bias -8%) is the tables' 1 us rounding of 2-8 us kernels (one step
+  is 12-50% of the time). Measured and dropped: octave-balanced row weights (10.7-17.7%, worse at large
   batches); one model per measured operator instead of per kind (the two norms apart: no
   change, 9.6-11.5% before the saturation term); a floor joined to the streaming time by a
   fitted p-norm (1-32 bias -15% to -31%, 64-512 bias +9-15%).
-  H100 CodeLlama-34B (10.2%) and the H100 1024-4096 range (bias -5.5%) miss by the H100 norms:
-  the post-attention norm is predicted 8% fast, the input norm on the same bytes 3%.
+  The H100 1024-4096 range (bias -5.1%) misses by the H100 norms: the post-attention norm is
+  predicted 8% fast, the input norm on the same bytes 3%.
 - **phi-2 elementwise (25-29%)**: its residual add takes 2.2 times the time per element of the
   other models' (0.078 ms for 4,096 x 2,560 against InternLM-20B's 0.071 ms for 4,096 x 5,120 on
   the A100), and its LayerNorm, GELU MLP and partial rotary are kernels no other measured model

@@ -29,7 +29,7 @@ which shows where waves are many and short: narrow outputs at large M. Without t
 Elementwise kernels (one model per kind): launch + bytes x max(1, S / M) / (bandwidth x memory).
 Norms, activations, rotary and residual adds give each token's row to its own thread block, so a
 batch of fewer than S tokens (S = saturation_tokens) leaves SMs idle and takes as long as S tokens
-would: the small-batch floor grows with the row width (an RMSNorm of one token: 4 us at hidden
+would: the small-batch floor grows with the row width (an RMSNorm of one token on the A100: 5 us at hidden
 4096, 8 us at 8192), which a constant floor cannot follow.
 
 Fits minimise squared log error (every row weighs the same, whatever its size) with
@@ -90,7 +90,7 @@ def gemm_time_s(params: GemmParams, flops_per_token, bytes_const, bytes_per_toke
             + params.wave_latency_us * 1e-6 * waves)
 
 
-SATURATION_CANDIDATES = tuple(2 ** i for i in range(12))  # 1 to 2048 tokens
+SATURATION_CANDIDATES = tuple(sorted({round(2 ** (i / 4)) for i in range(45)}))  # 1 to 2048 tokens, 4 per octave
 
 
 def elementwise_time_s(memory: float, launch_us: float, nbytes, tokens, bandwidth_bytes_per_s: float,
