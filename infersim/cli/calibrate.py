@@ -10,8 +10,9 @@ def add_parser(sub) -> None:
         "calibrate", help="fit a hardware profile from measured kernel tables",
         description="Reads measured kernel tables (per-layer operator medians as microsoft/vidur publishes them, "
                     "vidur's own mlp.csv, or the generic CSV of docs/profiling.md), fits the GEMM time model "
-                    "(memory- and compute-bound limits, the corner between them, tile quantisation, a launch floor) "
-                    "and one time model per elementwise kernel (norm, activation, rotary, residual add, embedding) "
+                    "(memory- and compute-bound limits, the corner between them, tile and wave quantisation, a launch "
+                    "floor) and one time model per elementwise kernel (norm, activation, rotary, residual add, "
+                    "embedding; a launch floor, a rate, and the token count that fills the GPU) "
                     "against the base profile's peaks, and writes the base profile with a `calibration:` section "
                     "recording each fitted value's source, rows and fit error.")
     p.add_argument("tables", nargs="+", metavar="TABLE.csv", help="measured tables (kind recognised by the header)")

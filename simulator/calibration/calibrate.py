@@ -36,10 +36,12 @@ class CalibrateResult:
         if cal and cal.gemm:
             g = cal.gemm
             lines.append(f"  gemm: compute {g.compute:.3f}, memory {g.memory:.3f}, launch {g.launch_us:.2f} us, "
-                         f"corner p {g.corner_exponent:.2f}, tile {g.tile_tokens} tokens; {g.rows} rows, "
+                         f"corner p {g.corner_exponent:.2f}, tile {g.tile_tokens} tokens, wave exponent "
+                         f"{g.wave_exponent:.2f}, wave latency {g.wave_latency_us:.2f} us; {g.rows} rows, "
                          f"MAPE {g.mape_pct:.1f}%, bias {g.bias_pct:+.1f}%")
         for k, e in (cal.elementwise.items() if cal else ()):
-            lines.append(f"  {k}: memory {e.memory:.3f}, launch {e.launch_us:.2f} us; {e.rows} rows, "
+            lines.append(f"  {k}: memory {e.memory:.3f}, launch {e.launch_us:.2f} us, saturation "
+                         f"{e.saturation_tokens} tokens; {e.rows} rows, "
                          f"MAPE {e.mape_pct:.1f}%, bias {e.bias_pct:+.1f}%")
         coll = self.profile.collectives
         for name in ("all_reduce", "send_recv"):

@@ -9,8 +9,8 @@ import numpy as np
 
 from ..errors import InfersimError
 from ..hardware.profile import Calibration, ElementwiseFit, GemmFit, HardwareProfile
-from .kernel_models import (GemmParams, GemmSamples, elementwise_time_s, errors_pct, fit_elementwise, fit_gemm,
-                            gemm_time_s)
+from .kernel_models import (GemmDevice, GemmParams, GemmSamples, elementwise_time_s, errors_pct, fit_elementwise,
+                            fit_gemm, gemm_time_s)
 from .rows import KernelRow
 
 MIN_GEMM_ROWS = 8
@@ -21,13 +21,19 @@ def _rates(hardware: HardwareProfile, dtype: str) -> tuple[float, float]:
     return hardware.peak_flops(dtype), hardware.memory_bandwidth_bytes_per_s()
 
 
+def gemm_device(hardware: HardwareProfile, dtype: str = "fp16") -> GemmDevice:
+    return GemmDevice(hardware.peak_flops(dtype), hardware.memory_bandwidth_bytes_per_s(), hardware.sm_count)
+
+
 def _gemm_samples(rows: list[KernelRow]) -> GemmSamples:
     col = lambda name: np.array([getattr(r, name) for r in rows], dtype=np.float64)  # noqa: E731
-    return GemmSamples(col("flops_per_token"), col("bytes_const"), col("bytes_per_token"), col("tokens"), col("time_s"))
+    return GemmSamples(col("flops_per_token"), col("bytes_const"), col("bytes_per_token"), col("tokens"), col("time_s"),
+                       col("out_width"))
 
 
 def gemm_params(fit: GemmFit) -> GemmParams:
-    return GemmParams(fit.compute, fit.memory, fit.launch_us, fit.corner_exponent, fit.tile_tokens)
+    return GemmParams(fit.compute, fit.memory, fit.launch_us, fit.corner_exponent, fit.tile_tokens, fit.wave_exponent,
+                      fit.wave_latency_us)
 
 
 def predict_rows(calibration: Calibration, rows: list[KernelRow], hardware: HardwareProfile,
@@ -41,10 +47,11 @@ def predict_rows(calibration: Calibration, rows: list[KernelRow], hardware: Hard
         if kernel == "gemm" and calibration.gemm is not None:
             s = _gemm_samples(sub)
             out[idx] = gemm_time_s(gemm_params(calibration.gemm), s.flops_per_token, s.bytes_const,
-                                   s.bytes_per_token, s.tokens, peak, bw)
+                                   s.bytes_per_token, s.tokens, s.out_width, gemm_device(hardware, dtype))
         elif kernel in calibration.elementwise:
             e = calibration.elementwise[kernel]
-            out[idx] = elementwise_time_s(e.memory, e.launch_us, np.array([r.bytes for r in sub]), bw)
+            out[idx] = elementwise_time_s(e.memory, e.launch_us, np.array([r.bytes for r in sub]),
+                                          np.array([r.tokens for r in sub]), bw, e.saturation_tokens)
     return out
 
 
@@ -62,18 +69,21 @@ def fit_kernels(rows: list[KernelRow], hardware: HardwareProfile, source: str, d
         if len(gemm_rows) < MIN_GEMM_ROWS:
             raise InfersimError(f"{gemm_rows[0].where}: {len(gemm_rows)} GEMM rows; the GEMM fit needs at least "
                                 f"{MIN_GEMM_ROWS} (several token counts)")
-        p = fit_gemm(_gemm_samples(gemm_rows), peak, bw)
+        p = fit_gemm(_gemm_samples(gemm_rows), gemm_device(hardware, dtype))
         gemm = GemmFit(source=source, rows=len(gemm_rows), mape_pct=0.0, bias_pct=0.0, fitted_on=_labels(gemm_rows),
                        compute=_sig(p.compute), memory=_sig(p.memory), launch_us=_sig(p.launch_us),
-                       corner_exponent=_sig(p.corner_exponent), tile_tokens=p.tile_tokens)
+                       corner_exponent=_sig(p.corner_exponent), tile_tokens=p.tile_tokens,
+                       wave_exponent=_sig(p.wave_exponent), wave_latency_us=_sig(p.wave_latency_us))
     elementwise = {}
     for kernel in sorted({r.kernel for r in rows} - {"gemm"}):
         sub = [r for r in rows if r.kernel == kernel]
         if len(sub) < MIN_ELEMENTWISE_ROWS:
             continue
-        memory, launch_us = fit_elementwise(np.array([r.bytes for r in sub]), np.array([r.time_s for r in sub]), bw)
+        e = fit_elementwise(np.array([r.bytes for r in sub]), np.array([r.tokens for r in sub]),
+                            np.array([r.time_s for r in sub]), bw)
         elementwise[kernel] = ElementwiseFit(source=source, rows=len(sub), mape_pct=0.0, bias_pct=0.0,
-                                             fitted_on=_labels(sub), memory=_sig(memory), launch_us=_sig(launch_us))
+                                             fitted_on=_labels(sub), memory=_sig(e.memory), launch_us=_sig(e.launch_us),
+                                             saturation_tokens=e.saturation_tokens)
     if gemm is None and not elementwise:
         raise InfersimError(f"{source}: no GEMM or elementwise rows to fit")
     calib = Calibration(status="measured", source=source, gemm=gemm, elementwise=elementwise)

@@ -58,6 +58,7 @@ class KernelRow:
     bytes_per_token: float
     time_s: float
     where: str  # "file:row" for messages
+    out_width: float = 0.0  # a GEMM's output columns per GPU (N)
 
     @property
     def bytes(self) -> float:
@@ -100,7 +101,7 @@ def row_from_operator(operator: Operator, *, device: str, label: str, tp: int, t
                       time_s: float, where: str) -> KernelRow:
     f, b = operator.flops, operator.bytes
     return KernelRow(device, label, int(tp), int(tokens), op, operator.kernel, float(f[1]), float(b[0]),
-                     float(b[1]), float(time_s), where)
+                     float(b[1]), float(time_s), where, float(operator.out_width))
 
 
 def parse_number(value, where: str, column: str, *, integer: bool = False, positive: bool = True) -> float:

@@ -35,6 +35,7 @@ class Operator:
     flops: tuple[float, float, float, float, float]
     bytes: tuple[float, float, float, float, float]
     kernel: str = ""  # calibrated kernel kind: gemm, norm, act, rope, add, emb ("" = class roofline)
+    out_width: float = 0.0  # a GEMM's output columns per GPU (N), which set its tile count (0: not a GEMM)
 
     def flops_at(self, T, P, K, L):
         c = self.flops
@@ -57,7 +58,7 @@ def linear_operator(name: str, d_in: int, d_out: int, w_bytes: float, a_bytes: f
     d_in_local = d_in if split_out else d_in / tp
     d_out_local = d_out / tp if split_out else d_out
     by[idx] = (d_in_local + d_out_local) * a_bytes
-    return Operator(name, "linear", "layer" if per == "T" else "model", tuple(flops), tuple(by), "gemm")
+    return Operator(name, "linear", "layer" if per == "T" else "model", tuple(flops), tuple(by), "gemm", d_out_local)
 
 
 _linear = linear_operator

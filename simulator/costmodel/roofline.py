@@ -68,20 +68,22 @@ class RooflineCostModel(CostModel):
         """(operator row, time function of (T, L)) for the operators a fitted model prices."""
         if calibration is None:
             return []
-        from ..calibration.fit import gemm_params
+        from ..calibration.fit import gemm_device, gemm_params
         from ..calibration.kernel_models import elementwise_time_s, gemm_time_s
 
+        device = gemm_device(self.hardware, self.act_dtype)
         rows = []
         for j, op in enumerate(self.ops):
             f, b = self._flop_coef[j], self._byte_coef[j]
             if op.kernel == "gemm" and calibration.gemm is not None:
                 params, per = gemm_params(calibration.gemm), (1 if f[1] else 4)  # tokens, or logit positions
-                rows.append((j, lambda T, L, p=params, per=per, f=f[per], w=b[0], a=b[per]:
-                             gemm_time_s(p, f, w, a, T if per == 1 else L, self._peak, self._bw)))
+                rows.append((j, lambda T, L, p=params, per=per, f=f[per], w=b[0], a=b[per], n=op.out_width:
+                             gemm_time_s(p, f, w, a, T if per == 1 else L, n, device)))
             elif op.kernel in calibration.elementwise:
                 e = calibration.elementwise[op.kernel]
                 rows.append((j, lambda T, L, e=e, b0=b[0], b1=b[1]:
-                             elementwise_time_s(e.memory, e.launch_us, b0 + b1 * T, self._bw)))
+                             elementwise_time_s(e.memory, e.launch_us, b0 + b1 * T, T, self._bw,
+                                                e.saturation_tokens)))
         return rows
 
     # ---- core: time from batch totals (scalars or arrays) ----------------------------

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
-from pydantic import BaseModel, Field, PositiveFloat, NonNegativeFloat, model_validator
+from pydantic import BaseModel, Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
 
 from ..validation import STRICT_CONFIG
 
@@ -78,12 +78,17 @@ class GemmFit(FittedValue):
     launch_us: NonNegativeFloat = Field(description="latency floor added to every GEMM, microseconds")
     corner_exponent: float = Field(ge=1.0, le=20.0, description="p of the p-norm joining memory and compute time")
     tile_tokens: int = Field(ge=1, description="tokens per tile: past one tile, M is rounded up to a multiple of it")
+    wave_exponent: float = Field(0.0, ge=0.0, le=1.5, description="compute time x fill^-w, fill = share of the "
+                                 "SM slots of all waves that 128 x 128 output tiles occupy (0: no wave model)")
+    wave_latency_us: NonNegativeFloat = Field(0.0, description="fixed time of each wave of output tiles, microseconds")
 
 
 class ElementwiseFit(FittedValue):
-    """launch + bytes / (bandwidth x memory) for one elementwise operator kind."""
+    """launch + bytes x max(1, S / tokens) / (bandwidth x memory) for one elementwise operator
+    kind (S = saturation_tokens: below S tokens, a one-row-per-block kernel leaves SMs idle)."""
     memory: float = Field(gt=0, le=3.0, description="fraction of peak bandwidth the kernel reaches")
     launch_us: NonNegativeFloat = Field(description="latency floor of one kernel, microseconds")
+    saturation_tokens: int = Field(1, ge=1, description="tokens that fill the GPU: fewer take as long as this many")
 
 
 CALIBRATED_KINDS = ("norm", "act", "rope", "add", "emb")
@@ -122,6 +127,7 @@ class HardwareProfile(BaseModel):
     peak_tflops: dict[str, PositiveFloat] = Field(description="dense peak per dtype: fp16, bf16, fp32, int8, int4")
     memory_bandwidth_gbps: PositiveFloat
     memory_gb: PositiveFloat
+    sm_count: Optional[PositiveInt] = Field(None, description="streaming multiprocessors: the slots of one GEMM wave")
     host_link: HostLink
     interconnect: Optional[Interconnect] = None
     efficiency: dict[str, Efficiency] = {}

@@ -30,6 +30,10 @@ def test_writes_profile_with_sources_rows_and_errors(tmp_path, capsys):
     keys = [k for k in yaml.safe_load(text)]
     assert keys.index("calibration") == keys.index("overheads") + 1
     assert "# NVIDIA A100 80GB SXM4." in text  # comments kept
+    # every fitted parameter is written, the wave terms and each kind's saturation included
+    written = yaml.safe_load(text)["calibration"]
+    assert {"wave_exponent", "wave_latency_us", "tile_tokens", "corner_exponent"} <= set(written["gemm"])
+    assert all("saturation_tokens" in e for e in written["elementwise"].values())
 
 
 def test_refuses_to_overwrite_without_force(tmp_path, capsys):

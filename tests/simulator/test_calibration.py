@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 
 from infersim.simulator.calibration.fit import fit_kernels, predict_rows
-from infersim.simulator.calibration.kernel_models import GemmParams, errors_pct, gemm_time_s
+from infersim.simulator.calibration.fit import gemm_device
+from infersim.simulator.calibration.kernel_models import (GemmParams, elementwise_time_s, errors_pct, gemm_time_s,
+                                                        output_waves)
 from infersim.simulator.calibration.rows import LayerDims, gemm_operator, operator_for, row_from_operator
 from infersim.simulator.calibration.tables import recognise
 from infersim.simulator.costmodel import BatchShape, RooflineCostModel
@@ -25,15 +27,16 @@ def _synthetic_gemm_rows(params: GemmParams):
         op = gemm_operator(k, n)
         for t in TOKENS:
             f, b = op.flops[1], op.bytes
-            time_s = float(gemm_time_s(params, f, b[0], b[1], t, PEAK, BW))
+            time_s = float(gemm_time_s(params, f, b[0], b[1], t, op.out_width, gemm_device(HW)))
             rows.append(row_from_operator(op, device="x", label=f"k{k}-n{n}", tp=1, tokens=t, op="gemm",
                                           time_s=time_s, where="synthetic"))
     return rows
 
 
-@pytest.mark.parametrize("tile", [32, 128])
-def test_gemm_fit_recovers_known_parameters(tile):
-    truth = GemmParams(compute=0.62, memory=0.83, launch_us=4.0, corner_exponent=2.5, tile_tokens=tile)
+@pytest.mark.parametrize("tile, waves, wave_us", [(32, 0.0, 0.0), (128, 0.35, 1.5)])
+def test_gemm_fit_recovers_known_parameters(tile, waves, wave_us):
+    truth = GemmParams(compute=0.62, memory=0.83, launch_us=4.0, corner_exponent=2.5, tile_tokens=tile,
+                       wave_exponent=waves, wave_latency_us=wave_us)
     calib = fit_kernels(_synthetic_gemm_rows(truth), HW, "synthetic")
     g = calib.gemm
     assert g.tile_tokens == tile
@@ -41,20 +44,47 @@ def test_gemm_fit_recovers_known_parameters(tile):
     assert g.memory == pytest.approx(truth.memory, rel=1e-3)
     assert g.launch_us == pytest.approx(truth.launch_us, rel=1e-2)
     assert g.corner_exponent == pytest.approx(truth.corner_exponent, rel=1e-2)
+    assert g.wave_exponent == pytest.approx(truth.wave_exponent, abs=1e-3)
+    assert g.wave_latency_us == pytest.approx(truth.wave_latency_us, abs=1e-2)
     assert g.mape_pct < 0.05 and g.rows == 5 * len(TOKENS)
 
 
-def test_elementwise_fit_recovers_floor_and_bandwidth():
+def test_output_waves_count_128_by_128_tiles_over_the_sms():
+    # 108 SMs: N 1280 -> 10 column tiles; 128 tokens -> 10 tiles in one wave of 108 slots;
+    # 1408 tokens -> 11 x 10 = 110 tiles -> 2 waves (216 slots); no SM count -> fill 1, no waves
+    fill, waves = output_waves([128, 1408], 1280, 108)
+    assert fill == pytest.approx([10 / 108, 110 / 216]) and waves == pytest.approx([1, 2])
+    fill, waves = output_waves([128], 1280, None)
+    assert fill == pytest.approx([1.0]) and waves == pytest.approx([0.0])
+
+
+def test_without_an_sm_count_the_fit_has_no_wave_term():
+    hw = HW.model_copy(update={"sm_count": None})
+    truth = GemmParams(compute=0.62, memory=0.83, launch_us=4.0, corner_exponent=2.5, tile_tokens=64)
+    g = fit_kernels(_synthetic_gemm_rows(truth), hw, "synthetic").gemm
+    assert g.wave_exponent == 0.0 and g.wave_latency_us == 0.0
+
+
+@pytest.mark.parametrize("saturation", [1, 64])
+def test_elementwise_fit_recovers_floor_bandwidth_and_saturation(saturation):
     dims = LayerDims(heads=32, kv_heads=8, hidden=4096, intermediate=14336)
     rows = []
     for t in TOKENS:
         op = operator_for("input_layernorm", dims, 1)
         nbytes = op.bytes[0] + op.bytes[1] * t
+        time_s = 3e-6 + nbytes * max(1.0, saturation / t) / (BW * 0.45)
         rows.append(row_from_operator(op, device="x", label="m", tp=1, tokens=t, op="input_layernorm",
-                                      time_s=3e-6 + nbytes / (BW * 0.45), where="synthetic"))
+                                      time_s=time_s, where="synthetic"))
     e = fit_kernels(rows, HW, "synthetic").elementwise["norm"]
+    assert e.saturation_tokens == saturation
     assert e.memory == pytest.approx(0.45, rel=1e-4)
     assert e.launch_us == pytest.approx(3.0, rel=1e-3)
+
+
+def test_elementwise_below_saturation_costs_as_much_as_saturation_tokens():
+    # 8 us launch, 1 GB/s: 4 tokens of 1000 bytes under S = 16 take 8 us + 16 000 bytes / 1e9 B/s
+    t = elementwise_time_s(0.5, 8.0, np.array([4000.0, 32000.0]), np.array([4, 32]), 2e9, saturation_tokens=16)
+    assert t == pytest.approx([8e-6 + 16e-6, 8e-6 + 32e-6])
 
 
 def test_fused_qkv_row_prices_one_gemm_of_the_concatenated_width():
