@@ -9,8 +9,8 @@ import numpy as np
 
 from ..errors import InfersimError
 from ..hardware.profile import Calibration, ElementwiseFit, GemmFit, HardwareProfile
-from .kernel_models import (GemmDevice, GemmParams, GemmSamples, elementwise_time_s, errors_pct, fit_elementwise,
-                            fit_gemm, gemm_time_s)
+from ..costmodel.kernel_times import elementwise_time_s, gemm_device, gemm_params, gemm_time_s
+from .kernel_models import GemmSamples, errors_pct, fit_elementwise, fit_gemm
 from .rows import KernelRow
 
 MIN_GEMM_ROWS = 8
@@ -21,19 +21,10 @@ def _rates(hardware: HardwareProfile, dtype: str) -> tuple[float, float]:
     return hardware.peak_flops(dtype), hardware.memory_bandwidth_bytes_per_s()
 
 
-def gemm_device(hardware: HardwareProfile, dtype: str = "fp16") -> GemmDevice:
-    return GemmDevice(hardware.peak_flops(dtype), hardware.memory_bandwidth_bytes_per_s(), hardware.sm_count)
-
-
 def _gemm_samples(rows: list[KernelRow]) -> GemmSamples:
     col = lambda name: np.array([getattr(r, name) for r in rows], dtype=np.float64)  # noqa: E731
     return GemmSamples(col("flops_per_token"), col("bytes_const"), col("bytes_per_token"), col("tokens"), col("time_s"),
                        col("out_width"))
-
-
-def gemm_params(fit: GemmFit) -> GemmParams:
-    return GemmParams(fit.compute, fit.memory, fit.launch_us, fit.corner_exponent, fit.tile_tokens, fit.wave_exponent,
-                      fit.wave_latency_us)
 
 
 def predict_rows(calibration: Calibration, rows: list[KernelRow], hardware: HardwareProfile,

@@ -15,6 +15,7 @@ from ..hardware.profile import HardwareProfile
 from ..models.dtypes import normalize_dtype
 from ..models.spec import ModelSpec
 from ..validation import check_tensor_parallel
+from .kernel_times import elementwise_time_s, gemm_device, gemm_params, gemm_time_s
 from .base import CostModel, Direction, OperatorCost
 from .batch import BatchShape, BatchTotals
 from .operators import allreduce_bytes_per_layer, coefficient_matrices, layer_operators, model_operators
@@ -68,8 +69,6 @@ class RooflineCostModel(CostModel):
         """(operator row, time function of (T, L)) for the operators a fitted model prices."""
         if calibration is None:
             return []
-        from ..calibration.fit import gemm_device, gemm_params
-        from ..calibration.kernel_models import elementwise_time_s, gemm_time_s
 
         device = gemm_device(self.hardware, self.act_dtype)
         rows = []

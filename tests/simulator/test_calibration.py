@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from infersim.simulator.calibration.fit import fit_kernels, predict_rows
-from infersim.simulator.calibration.fit import gemm_device
-from infersim.simulator.calibration.kernel_models import (GemmParams, elementwise_time_s, errors_pct, gemm_time_s,
-                                                        output_waves)
+from infersim.simulator.calibration.kernel_models import errors_pct
+from infersim.simulator.costmodel.kernel_times import (GemmParams, elementwise_time_s, gemm_device, gemm_time_s,
+                                                       output_waves)
 from infersim.simulator.calibration.rows import LayerDims, gemm_operator, operator_for, row_from_operator
 from infersim.simulator.calibration.tables import recognise
 from infersim.simulator.costmodel import BatchShape, RooflineCostModel

@@ -1,0 +1,109 @@
+"""The kernel time models the cost model prices calibrated profiles with, as NumPy functions of
+its own FLOP and byte counts. `sim calibrate` (simulator/calibration/) fits their parameters and
+records them in a profile's `calibration:` section; the models themselves, and how a fitted
+value is read back, live here so the cost model needs nothing of the fitting code.
+their fits. The cost model (simulator/costmodel/roofline.py) and `sim calibrate` both price a
+kernel through these functions, so a fitted value means the same thing in both places.
+
+GEMM of M tokens, FLOPs per token F, bytes W + A M (weights once, activations per token):
+
+    memory  = (W + A M) / (bandwidth x memory)
+    compute = F M' / (peak x compute),  M' = M up to one tile, ceil(M / tile) tile beyond
+    compute = compute x fill^-w,  fill = tiles / (waves x SMs)
+    time    = launch + (memory^p + compute^p)^(1/p) + waves x wave latency
+
+Small batches read the weights (memory-bound), large ones saturate the tensor cores
+(compute-bound); between them both limit at once, which a plain max() misses by up to 30%
+at 128-512 tokens and the p-norm corner follows. Past one tile, M is rounded up to the kernel's
+tile of rows (the step in measured times every `tile` tokens); below it, the skinny kernels
+cuBLAS picks for a few tokens do not pay for a padded tile (with padding, the fit trades it
+against an impossible 99% of peak bandwidth; without, the fractions come out where achieved
+bandwidth is, 77-90%, at the same held-out error). The launch floor is what a tiny GEMM costs.
+
+Wave quantisation: the output is cut into 128 x 128 tiles (ceil(M / 128) x ceil(N / 128)) that
+run in waves of one tile per SM; a last wave that fills few SMs wastes the rest. The fitted
+exponent w (wave_exponent) scales compute time by fill^-w: 0 ignores waves, 1 is a single tile
+shape's full wave cost. cuBLAS picks among many tile shapes and split-K, so the measured cost of
+a partial wave is a fraction of one kernel's (w 0.2-0.4 on the measured cards). Each wave also
+pays a fixed latency (filling and draining a tile's K-loop pipeline and writing its output),
+which shows where waves are many and short: narrow outputs at large M. Without the SM count
+(`sm_count` of the profile) fill is 1 and there are no waves.
+
+Elementwise kernels (one model per kind): launch + bytes x max(1, S / M) / (bandwidth x memory).
+Norms, activations, rotary and residual adds give each token's row to its own thread block, so a
+batch of fewer than S tokens (S = saturation_tokens) leaves SMs idle and takes as long as S tokens
+would: the small-batch floor grows with the row width (an RMSNorm of one token on the A100: 5 us at hidden
+4096, 8 us at 8192), which a constant floor cannot follow.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..hardware.profile import GemmFit, HardwareProfile
+
+WAVE_TILE = 128  # rows and columns of the output tile the wave count assumes
+
+
+@dataclass(frozen=True)
+class GemmParams:
+    compute: float
+    memory: float
+    launch_us: float
+    corner_exponent: float
+    tile_tokens: int
+    wave_exponent: float = 0.0
+    wave_latency_us: float = 0.0
+
+
+@dataclass(frozen=True)
+class GemmDevice:
+    """What the GEMM model needs of the device: peaks and SM count (None: no wave model)."""
+    peak_flops: float
+    bandwidth_bytes_per_s: float
+    sm_count: int | None = None
+
+
+def output_waves(tokens, out_width, sm_count: int | None):
+    """(fill, waves) of 128 x 128 output tiles run one per SM: fill is the share of the waves'
+    SM slots that hold a tile. Without an SM count: fill 1, no waves."""
+    tokens = np.asarray(tokens, dtype=np.float64)
+    if not sm_count:
+        return np.ones_like(tokens), np.zeros_like(tokens)
+    n_tiles = np.ceil(np.maximum(np.asarray(out_width, dtype=np.float64), 1.0) / WAVE_TILE)
+    tiles = np.ceil(tokens / WAVE_TILE) * n_tiles
+    waves = np.ceil(tiles / sm_count)
+    return tiles / (waves * sm_count), waves
+
+
+def gemm_time_s(params: GemmParams, flops_per_token, bytes_const, bytes_per_token, tokens, out_width,
+                device: GemmDevice):
+    """Elementwise over arrays: any number of settings give the same numbers one by one."""
+    tokens = np.asarray(tokens, dtype=np.float64)
+    tile = float(params.tile_tokens)
+    memory_s = (bytes_const + bytes_per_token * tokens) / (device.bandwidth_bytes_per_s * params.memory)
+    padded = np.where(tokens <= tile, tokens, np.ceil(tokens / tile) * tile)
+    compute_s = flops_per_token * padded / (device.peak_flops * params.compute)
+    fill, waves = output_waves(tokens, out_width, device.sm_count)
+    compute_s = compute_s * fill ** -params.wave_exponent
+    p = params.corner_exponent
+    return (params.launch_us * 1e-6 + (memory_s ** p + compute_s ** p) ** (1.0 / p)
+            + params.wave_latency_us * 1e-6 * waves)
+
+
+def elementwise_time_s(memory: float, launch_us: float, nbytes, tokens, bandwidth_bytes_per_s: float,
+                       saturation_tokens: int = 1):
+    """Elementwise over arrays; `tokens` are the rows of the kernel (batch tokens)."""
+    occupancy = np.maximum(1.0, saturation_tokens / np.asarray(tokens, dtype=np.float64))
+    return launch_us * 1e-6 + np.asarray(nbytes, dtype=np.float64) * occupancy / (bandwidth_bytes_per_s * memory)
+
+
+def gemm_params(fit: GemmFit) -> GemmParams:
+    """The GEMM model's parameters as a profile records them."""
+    return GemmParams(fit.compute, fit.memory, fit.launch_us, fit.corner_exponent, fit.tile_tokens, fit.wave_exponent,
+                      fit.wave_latency_us)
+
+
+def gemm_device(hardware: HardwareProfile, dtype: str = "fp16") -> GemmDevice:
+    return GemmDevice(hardware.peak_flops(dtype), hardware.memory_bandwidth_bytes_per_s(), hardware.sm_count)
