@@ -2,9 +2,8 @@
 `generate` token for token (continuous batching, forced swap, forced recompute, chunked
 prefill, both schedulers, Llama and OPT), and `sim exec`'s run directory.
 
-All on the zoo's trained models (built once, cached; see test_executor_zoo.py), on CPU. Torch
-runs with one thread here: the outputs do not depend on it, and a shared 2-core machine
-makes multi-threaded torch collapse under contention."""
+All on the zoo's trained models (the `zoo_dir` fixture), on CPU with one torch thread
+(conftest.py)."""
 import json
 import shutil
 
@@ -16,28 +15,15 @@ import infersim.executor  # noqa: E402,F401  (before torch: OpenMP threads wait 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
+pytestmark = pytest.mark.torch
 
 from infersim.executor.engine import generate  # noqa: E402
 from infersim.executor.models import hf_greedy_generate, load_model  # noqa: E402
 from infersim.executor.prompts import make_prompts  # noqa: E402
-from infersim.executor.zoo import ensure_zoo  # noqa: E402
 from infersim.simulator.errors import InfersimError  # noqa: E402
 
 PROMPT_LENS = [23, 150, 7, 64, 101, 40, 12, 88, 130, 55, 31, 76]
 OUTPUT_LENS = [30, 12, 41, 25, 18, 36, 9, 28, 15, 33, 22, 40]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
-@pytest.fixture(scope="session")
-def zoo_dir():
-    return ensure_zoo()
 
 
 @pytest.fixture(scope="module")

