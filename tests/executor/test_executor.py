@@ -72,15 +72,14 @@ def test_opt_checkpoint_loads(zoo_dir):
     assert m.meta["heldout_perplexity"] < 200
 
 
-def test_bad_model_names_are_clear_errors(tmp_path):
+def test_bad_model_names_are_clear_errors(tmp_path, monkeypatch):
     with pytest.raises(InfersimError, match="not a zoo name"):
         load_model(str(tmp_path / "missing"))
     (tmp_path / "x").mkdir()
     with pytest.raises(InfersimError, match="no config.json"):
         load_model(str(tmp_path / "x"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # as on a machine without CUDA
     with pytest.raises(InfersimError, match="CUDA is not available"):
-        if torch.cuda.is_available():
-            raise InfersimError("CUDA is not available (skipped: this machine has CUDA)")
         load_model("zoo-target", device="cuda")
 
 
@@ -95,6 +94,15 @@ def test_continuous_batching_matches_hf(target, case):
     assert it["admitted"][1:].sum() > 0
     assert len(set(it["batch_size"].tolist())) > 1
     assert eng.counters["preempt_swap"] == eng.counters["preempt_recompute"] == 0
+
+
+@pytest.mark.cuda
+def test_engine_on_cuda_matches_hf_on_cpu(zoo_dir, case):
+    """The same trained target in fp32 on a CUDA device: continuous batching gives the CPU's
+    greedy tokens."""
+    prompts, outputs, ref = case
+    got, _ = generate(load_model("zoo-target", device="cuda", dtype="fp32"), prompts, outputs, max_batch_size=4)
+    assert got == ref
 
 
 def test_forced_recompute_matches_hf(target, case):
