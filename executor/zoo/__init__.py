@@ -25,14 +25,17 @@ def zoo_names(spec: ZooSpec = DEFAULT_ZOO) -> list[str]:
 
 def resolve_zoo_model(name: str, *, build: bool = False, spec: ZooSpec = DEFAULT_ZOO, root: Path | None = None,
                       log=None) -> Path:
-    """The checkpoint folder of a zoo model; with `build`, train it (and its teacher) first if
-    it is not cached, else an error telling how to build it."""
-    from .build import build_zoo, zoo_dir
+    """The checkpoint folder of a zoo model: cached, or copied from the shipped weights when the
+    build key matches; else, with `build`, trained (with its teacher) first, or an error telling
+    how to build it."""
+    from .build import build_zoo, fill_from_shipped, zoo_dir
 
     if name not in zoo_names(spec):
         raise InfersimError(f"unknown zoo model '{name}'; the zoo has: {', '.join(zoo_names(spec))}")
     d = zoo_dir(spec, root)
     path = d / name
+    if not (path / "zoo.json").exists():
+        fill_from_shipped(d)
     if not (path / "zoo.json").exists():
         if not build:
             raise InfersimError(f"zoo model '{name}' is not built yet (looked in {d}): run `sim zoo build`")
@@ -53,20 +56,20 @@ register_model_source(ZOO_PREFIX, _config_path)
 
 
 def ensure_zoo(spec: ZooSpec = DEFAULT_ZOO, root: Path | None = None, log=None, subprocess: bool = True) -> Path:
-    """Build (or find cached) the whole zoo; returns its folder. A missing default zoo is
-    trained in a child process (`python -m infersim.executor.zoo.build`) that this one waits for: the
+    """Build (or find cached, or copy from the shipped weights) the whole zoo; returns its
+    folder. A missing default zoo whose key is not the shipped one is trained in a child process (`python -m infersim.executor.zoo.build`) that this one waits for: the
     training gets a fresh interpreter with OpenMP set up for a shared machine, and its memory
     is returned when it ends."""
     import os
     import subprocess as sp
     import sys
 
-    from .build import build_zoo, zoo_dir
+    from .build import build_zoo, fill_from_shipped, is_complete, zoo_dir
 
     d = zoo_dir(spec, root)
-    complete = (d / "tokenizer" / "tokenizer.json").exists() and all((d / n / "zoo.json").exists()
-                                                                       for n in zoo_names(spec))
-    if complete or not subprocess or spec is not DEFAULT_ZOO:
+    if not is_complete(d, spec.models):
+        fill_from_shipped(d)
+    if is_complete(d, spec.models) or not subprocess or spec is not DEFAULT_ZOO:
         return build_zoo(spec, root=root, log=log)
     env = dict(os.environ, OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"))
     cmd = [sys.executable, "-m", "infersim.executor.zoo.build"] + (["--root", str(root)] if root else [])

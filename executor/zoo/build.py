@@ -54,7 +54,12 @@ def corpus_for(spec: ZooSpec, corpus: Corpus | None = None) -> Corpus:
 
 
 def zoo_key(spec: ZooSpec, corpus: Corpus) -> str:
-    payload = json.dumps({"corpus_sha256": corpus.sha256, "spec": spec.for_host().to_dict(), "versions": _versions(),
+    return key_of(spec.for_host().to_dict(), corpus.sha256, _versions())
+
+
+def key_of(spec: dict, corpus_sha256: str, versions: dict) -> str:
+    """The build key: what could change the weights (spec as trained, corpus, library versions)."""
+    payload = json.dumps({"corpus_sha256": corpus_sha256, "spec": spec, "versions": versions,
                           "builder": BUILDER_VERSION}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
@@ -135,6 +140,19 @@ def _load_model(path: Path):
     return AutoModelForCausalLM.from_pretrained(str(path), dtype="float32").eval()
 
 
+def is_complete(d: Path, recipes) -> bool:
+    return (d / "tokenizer" / "tokenizer.json").exists() and all((d / r.name / "zoo.json").exists() for r in recipes)
+
+
+def fill_from_shipped(d: Path) -> bool:
+    """Copy the shipped weights into zoo folder `d` when its key is the shipped key (shipped.py)."""
+    from .shipped import install_shipped
+
+    d.mkdir(parents=True, exist_ok=True)
+    with _locked(d.parent / f"{d.name}.lock"):
+        return install_shipped(d)
+
+
 def build_zoo(spec: ZooSpec = DEFAULT_ZOO, root: Path | None = None, names=None, log=None,
               corpus: Corpus | None = None) -> Path:
     """Build whatever of the zoo is missing (all models, or `names` and their teachers) and
@@ -148,9 +166,11 @@ def build_zoo(spec: ZooSpec = DEFAULT_ZOO, root: Path | None = None, names=None,
     c = corpus_for(spec, corpus)
     d = Path(root or zoo_root()) / zoo_key(spec, c)
     recipes = _order(spec, names)
-    if (d / "tokenizer" / "tokenizer.json").exists() and all((d / r.name / "zoo.json").exists() for r in recipes):
+    if is_complete(d, recipes):
         return d
-    d.mkdir(parents=True, exist_ok=True)
+    fill_from_shipped(d)
+    if is_complete(d, recipes):
+        return d
     with _locked(d.parent / f"{d.name}.lock"):
         threads = torch.get_num_threads()
         torch.set_num_threads(spec.threads)

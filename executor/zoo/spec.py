@@ -82,7 +82,9 @@ def native_bf16() -> bool:
 # The default zoo (issue #7): a 3-layer x 192 Llama target (~100 s) and drafts of different
 # sizes and data distilled from it (~30 s each), plus a small OPT so that family is served by
 # the engine on real weights too. Step counts, not wall time, fix the training: deterministic.
-DEFAULT_ZOO = ZooSpec(models=(
+# Trained in fp32 on every CPU, so its build key, and with it the weights shipped with the
+# package (shipped.py), are the same on a host with bf16 instructions and one without.
+DEFAULT_ZOO = ZooSpec(autocast_bf16=False, models=(
     ModelRecipe("zoo-target", layers=3, hidden=192, heads=6, kv_heads=2, intermediate=512, steps=500, batch=16,
                 seq_len=256, lr=3e-3, seed=0, role="target",
                 description="Llama 3 x 192 (GQA 6 query / 2 KV heads), trained on the stdlib corpus"),

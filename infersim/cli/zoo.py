@@ -18,6 +18,13 @@ def add_parser(sub) -> None:
     b.add_argument("--root", default=None, help="cache folder (default $INFERSIM_ZOO or ~/.cache/infersim/zoo)")
     b.add_argument("--quiet", "-q", action="store_true", help="no progress lines")
     b.set_defaults(func=run)
+    sh = zsub.add_parser("ship", help="build the zoo and the default Medusa heads of zoo-target and write them as "
+                                      "the weights shipped with the package (executor/zoo/shipped/)")
+    sh.add_argument("--root", default=None, help="cache folder to build in (default $INFERSIM_ZOO or ~/.cache/infersim/zoo)")
+    sh.add_argument("--out", default=None, help="where to write the shipped zoo (default: the package's "
+                                                "executor/zoo/shipped folder, replaced)")
+    sh.add_argument("--quiet", "-q", action="store_true", help="no progress lines")
+    sh.set_defaults(func=run)
     ls = zsub.add_parser("list", help="the zoo's models, where they are, and their measured numbers")
     ls.add_argument("--root", default=None, help="cache folder")
     ls.add_argument("--json", action="store_true", help="print the zoo manifest as JSON")
@@ -40,6 +47,8 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as exc:
         raise InfersimError(f"the zoo needs PyTorch, transformers and tokenizers ({exc}): pip install \".[executor]\"")
     root = Path(args.root).expanduser() if args.root else None
+    if args.zoo_command == "ship":
+        return _ship(root, Path(args.out).expanduser() if args.out else None, args.quiet)
     if args.zoo_command == "build":
         log = (lambda m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
         d = build_zoo(DEFAULT_ZOO, root=root, names=args.models or None, log=log)
@@ -51,6 +60,25 @@ def run(args: argparse.Namespace) -> int:
         print(f.read_text() if f.exists() else json.dumps({"key": d.name, "models": {}}))
         return 0
     _print_table(d, args)
+    return 0
+
+
+def _ship(root, out, quiet: bool) -> int:
+    """Build (or find cached) the default zoo and zoo-target's default Medusa heads beside it,
+    then copy them with their build key and checksums to the shipped folder."""
+    import sys
+
+    from infersim.executor.medusa.store import ensure_heads
+    from infersim.executor.models import load_model
+    from infersim.executor.zoo import DEFAULT_ZOO
+    from infersim.executor.zoo.build import build_zoo
+    from infersim.executor.zoo.shipped import ship
+
+    log = (lambda m: None) if quiet else (lambda m: print(m, file=sys.stderr, flush=True))
+    d = build_zoo(DEFAULT_ZOO, root=root, log=log)
+    ensure_heads(load_model(str(d / "zoo-target"), "cpu", "fp32"), log=log)
+    out = ship(d, out)
+    print(f"shipped zoo {d.name}: {sum(p.stat().st_size for p in out.rglob('*') if p.is_file()) / 1e6:.1f} MB in {out}")
     return 0
 
 

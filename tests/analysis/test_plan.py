@@ -11,6 +11,7 @@ from infersim.analysis.plan import (PlanFile, SearchSection, load_plan_file, mee
                            plan, probe_once, rank, verdict, write_plan)
 from infersim.cli.main import main
 from infersim.simulator.errors import InfersimError
+from tests.utils import chromium
 
 WORKLOAD = """\
 name: plan-test
@@ -194,21 +195,11 @@ CHROME_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backgr
                 "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage"]
 
 
-def _chromium() -> str | None:
-    for name in ("chromium", "chromium-browser", "google-chrome", "chrome"):
-        found = shutil.which(name)
-        if found:
-            return found
-    return None
-
-
 def _check_in_browser(html_path: Path, profile: Path) -> dict:
     """Load the page; return images (count), broken (list), errors (page errors and SEVERE
     console entries). Selenium with chromedriver when available (it reads the browser's
     console log), otherwise chromium --dump-dom (the page records its own errors in the DOM)."""
-    chrome = _chromium()
-    if chrome is None:
-        pytest.skip("chromium is not installed (apt-get install -y chromium chromium-driver)")
+    chrome = chromium()
     driver_path = shutil.which("chromedriver")
     drv = None
     try:
@@ -263,6 +254,7 @@ def _check_in_browser(html_path: Path, profile: Path) -> dict:
             "height": None, "via": "dump-dom"}
 
 
+@pytest.mark.browser
 def test_report_renders_in_headless_browser(report_dir, tmp_path):
     info = _check_in_browser(report_dir / "report.html", tmp_path / "profile")
     assert info["title"] == "Capacity plan: plan-test"

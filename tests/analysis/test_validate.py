@@ -1,14 +1,12 @@
 """`sim validate` and analysis/validate: the error metrics against hand calculations, the
 engine-time extraction, the executor fit (recovers known coefficients; round-trips), the
 matrix registry, bad input (one line, exit 2), and the small validation matrix on the zoo's
-real target model: plain decoding under load and recompute preemption under memory pressure,
-each checked against the accuracy targets.
-
-Timing on a shared 2-core machine: the executor runs with one torch thread; when another
-process takes the core during a run (more than 2% of iterations take at least twice their
-usual time) the accuracy targets cannot be judged and that test is skipped, saying what it
-measured. The structural checks (same requests, same preemptions and bytes, the report) run
-regardless."""
+real target model (plain decoding under load, recompute preemption under memory pressure,
+speculative decoding with one draft): the same requests on both sides, the executed schedule
+reproduced by the replay driven by the measured times, the measured acceptance carried over,
+and reports with every section. How close the predicted times come to the measured ones is
+the validation benchmark's (`python -m infersim.analysis.validate.matrix`), not a test's: it
+depends on the machine's speed during the run."""
 import json
 import math
 
@@ -22,6 +20,7 @@ from infersim.analysis.validate.metrics import mape, median_ape, rel_error, sign
 from infersim.cli.main import main
 from infersim.simulator.costmodel.batch import BatchShape
 from infersim.simulator.errors import InfersimError
+from tests.utils import one_line_error
 
 
 # ---- metrics -------------------------------------------------------------------------------
@@ -187,8 +186,10 @@ def test_swap_ratio_is_measured_over_priced_copy_time():
     assert np.isnan(swap_ratio(truth, run))
 
 
+@pytest.mark.torch
 def test_cache_counts_copy_calls_per_run_of_consecutive_blocks():
-    torch = pytest.importorskip("torch")
+    import torch
+
     from infersim.executor.kvcache import PagedKVCache
 
     c = PagedKVCache(2, 1, 2, block_size=2, gpu_blocks=8, cpu_blocks=8, dtype=torch.float32)
@@ -283,36 +284,31 @@ def test_matrix_refuses_fewer_than_one_repeat_in_one_line(capsys):
     (["validate", "--workload", "no-such-workload.yaml"], "no-such-workload"),
     (["validate", "--case", "plain-load", "--device", "cuda", "--cost-model", "regression"], "needs the GPU's profile"),
 ])
+@pytest.mark.torch
 def test_bad_input_is_one_line_and_exit_2(argv, message, capsys, tmp_path, monkeypatch):
-    pytest.importorskip("torch")
     monkeypatch.chdir(tmp_path)
     assert main(argv) == 2
-    err = capsys.readouterr().err.strip()
-    assert message in err and "\n" not in err and "Traceback" not in err
+    assert message in one_line_error(capsys)
 
 
 # ---- the small matrix on the real target model -------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
-def small_results(tmp_path_factory):
+def small_results(tmp_path_factory, zoo_dir):
     """The small matrix as `sim validate` runs it: each case calibrated just before on its own
     serving configuration with other requests (held out), then executed and simulated."""
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers")
-    import infersim.executor  # noqa: F401  (before torch work: passive OpenMP waits)
-    from infersim.executor.zoo import ensure_zoo
-
     from infersim.analysis.validate.cases import get_case
     from infersim.analysis.validate.run import validate_case
 
-    ensure_zoo()
     out = tmp_path_factory.mktemp("validate")
     counts = {"plain-load": 64, "preempt-recompute": 32}
     return {name: (validate_case(get_case(name), "zoo-target", out / name, requests=n), out / name)
             for name, n in counts.items()}
 
 
+@pytest.mark.slow
+@pytest.mark.torch
 def test_small_matrix_runs_the_same_requests_and_writes_the_report(small_results):
     from infersim.analysis.validate.measured import load_exec_run, load_run
 
@@ -337,11 +333,16 @@ def test_small_matrix_runs_the_same_requests_and_writes_the_report(small_results
         assert (folder / "replay" / "summary.json").is_file()
         fit = json.loads((folder / "calibration" / "executor-fit.json").read_text())
         assert fit["meta"]["matched"] and fit["meta"]["seed"] != result["seed"]
+        # every check the targets name is reported, and a miss names its source
+        assert set(c["target"] for c in result["checks"]) <= set(TARGETS.values())
+        assert all(c["component"] for c in result["checks"] if not c["ok"])
     rec = small_results["preempt-recompute"][0]["comparison"]
     assert rec["totals"]["preempt_recompute"]["measured"] > 0  # the pool really is too small
     assert rec["cost_model"]["recompute"]["iterations"] > 0
 
 
+@pytest.mark.slow
+@pytest.mark.torch
 @pytest.mark.parametrize("name", ["plain-load", "preempt-recompute"])
 def test_with_the_measured_times_the_simulator_reproduces_the_executed_schedule(small_results, name):
     """The scheduling alone, independent of the machine's noise: driven by the executor's own
@@ -350,22 +351,6 @@ def test_with_the_measured_times_the_simulator_reproduces_the_executed_schedule(
     result, folder = small_results[name]
     rp = result["comparison"]["replay"]
     tot = result["comparison"]["totals"]
-    if rp["aligned_fraction"] < 0.95:
-        # replay.py: where an arrival falls within microseconds of the executor's decision point,
-        # the two clocks can put it on either side and the schedules drift from there (seen
-        # once in ~6 runs under memory pressure). Only that documented tie excuses a drift.
-        from infersim.analysis.validate.measured import load_exec_run
-        from infersim.analysis.validate.replay import intake_s
-
-        run = load_exec_run(folder / "exec")
-        it = run.iterations
-        decide = intake_s(it)
-        k = int(rp["first_divergence"])
-        arrivals = np.asarray(run.requests["arrival_s"], dtype=np.float64)
-        gap_s = float(np.min(np.abs(arrivals[:, None] - decide[None, max(0, k - 1):k + 1])))
-        if gap_s < 200e-6:
-            pytest.skip(f"replay drifted from iteration {k} ({rp['aligned_fraction']:.0%} aligned) on an arrival "
-                        f"{gap_s * 1e6:.0f} us from the executor's decision point: a clock tie, not a policy mismatch")
     assert rp["aligned_fraction"] >= 0.95
     assert rp["preemptions"]["preempt_recompute"] == tot["preempt_recompute"]["measured"]
     assert rp["preemptions"]["preempt_swap"] == tot["preempt_swap"]["measured"]
@@ -375,27 +360,13 @@ def test_with_the_measured_times_the_simulator_reproduces_the_executed_schedule(
         assert abs(rp[col]["p99_error"]) < 0.03, (col, rp[col])
 
 
-@pytest.mark.parametrize("name", ["plain-load", "preempt-recompute"])
-def test_small_matrix_meets_the_targets(small_results, name, tmp_path, judge_targets):
-    from infersim.analysis.validate.cases import get_case
-    from infersim.analysis.validate.run import validate_case
-
-    result, _ = small_results[name]
-    assert set(c["target"] for c in result["checks"]) <= set(TARGETS.values())
-    # measured here: the same case at load 0.9 passed, then missed with the cost model biased -9%
-    # to -13% on every decode iteration: one fresh validation tells such a shift from a wrong model
-    judge_targets(result, lambda: validate_case(get_case(name), "zoo-target", tmp_path / name,
-                                                requests=result["requests"]))
-
-
+@pytest.mark.torch
 def test_closed_loop_workloads_are_refused_in_one_line(tmp_path, capsys):
-    pytest.importorskip("torch")
     w = tmp_path / "closed.yaml"
     w.write_text("name: closed\nmodel: zoo-target\nrequests:\n  count: 4\n  arrival: {type: closed_loop, clients: 2}\n"
                  "  prompt_tokens: {type: fixed, value: 8}\n  output_tokens: {type: fixed, value: 4}\n")
     assert main(["validate", "--workload", str(w), "--out", str(tmp_path / "out")]) == 2
-    err = capsys.readouterr().err.strip()
-    assert "closed-loop arrivals are not replayed" in err and "\n" not in err
+    assert "closed-loop arrivals are not replayed" in one_line_error(capsys)
 
 
 # ---- the speculative cases (spec_validate.py) -------------------------------------------------------
@@ -457,22 +428,18 @@ def test_tokens_per_round_per_request_by_hand():
 
 
 @pytest.fixture(scope="module")
-def spec_result(tmp_path_factory):
+def spec_result(tmp_path_factory, zoo_dir):
     """spec-draft as `sim validate --case spec-draft` runs it, on fewer requests: calibrated on
     held-out speculative runs around the validated one."""
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers")
-    import infersim.executor  # noqa: F401
-    from infersim.executor.zoo import ensure_zoo
-
     from infersim.analysis.validate.cases import get_case
     from infersim.analysis.validate.run import validate_case
 
-    ensure_zoo()
     out = tmp_path_factory.mktemp("validate-spec") / "spec-draft"
     return validate_case(get_case("spec-draft"), "zoo-target", out, requests=24), out
 
 
+@pytest.mark.slow
+@pytest.mark.torch
 def test_spec_draft_rounds_statistics_and_report(spec_result):
     from infersim.executor.speculative import recorded_statistics, simulator_updates
 
@@ -511,6 +478,8 @@ def test_spec_draft_rounds_statistics_and_report(spec_result):
         assert (folder / "plots" / png).stat().st_size > 1000
 
 
+@pytest.mark.slow
+@pytest.mark.torch
 def test_spec_draft_simulated_tokens_per_step_follow_the_measured_acceptance(spec_result):
     """Fed the executor's positional acceptance, the simulator's tokens per verification are
     the executor's within sampling noise (independent of the machine's speed)."""
@@ -518,19 +487,6 @@ def test_spec_draft_simulated_tokens_per_step_follow_the_measured_acceptance(spe
     tot = result["comparison"]["totals"]
     assert abs(tot["tokens_per_step"]["error"]) < 0.08, tot["tokens_per_step"]
     assert abs(tot["acceptance_rate"]["error"]) < 0.12, tot["acceptance_rate"]
-
-
-def test_spec_draft_meets_the_latency_targets(spec_result, tmp_path, judge_targets):
-    """Per-round latency, throughput and mean end-to-end against the targets (once more on a
-    fresh validation when the first misses on a quiet machine; skipped, saying what it measured,
-    when the machine was too busy to time). The p99s are reported, not asserted here: on 24
-    requests a p99 is nearly the maximum; a miss must name its source."""
-    from infersim.analysis.validate.cases import get_case
-    from infersim.analysis.validate.run import validate_case
-
-    result, _ = spec_result
-    judge_targets(result, lambda: validate_case(get_case("spec-draft"), "zoo-target", tmp_path / "again", requests=24),
-                  only=("per-iteration latency MAPE", "throughput (output tok/s)", "mean end-to-end latency"))
 
 
 def test_speed_ticks_time_the_kernel_every_few_steps_with_the_engine_clock_standing_still(monkeypatch):

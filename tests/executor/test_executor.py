@@ -2,9 +2,8 @@
 `generate` token for token (continuous batching, forced swap, forced recompute, chunked
 prefill, both schedulers, Llama and OPT), and `sim exec`'s run directory.
 
-All on the zoo's trained models (built once, cached; see test_executor_zoo.py), on CPU. Torch
-runs with one thread here: the outputs do not depend on it, and a shared 2-core machine
-makes multi-threaded torch collapse under contention."""
+All on the zoo's trained models (the `zoo_dir` fixture), on CPU with one torch thread
+(conftest.py)."""
 import json
 import shutil
 
@@ -16,28 +15,15 @@ import infersim.executor  # noqa: E402,F401  (before torch: OpenMP threads wait 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
+pytestmark = pytest.mark.torch
 
 from infersim.executor.engine import generate  # noqa: E402
 from infersim.executor.models import hf_greedy_generate, load_model  # noqa: E402
 from infersim.executor.prompts import make_prompts  # noqa: E402
-from infersim.executor.zoo import ensure_zoo  # noqa: E402
 from infersim.simulator.errors import InfersimError  # noqa: E402
 
 PROMPT_LENS = [23, 150, 7, 64, 101, 40, 12, 88, 130, 55, 31, 76]
 OUTPUT_LENS = [30, 12, 41, 25, 18, 36, 9, 28, 15, 33, 22, 40]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
-@pytest.fixture(scope="session")
-def zoo_dir():
-    return ensure_zoo()
 
 
 @pytest.fixture(scope="module")
@@ -86,15 +72,14 @@ def test_opt_checkpoint_loads(zoo_dir):
     assert m.meta["heldout_perplexity"] < 200
 
 
-def test_bad_model_names_are_clear_errors(tmp_path):
+def test_bad_model_names_are_clear_errors(tmp_path, monkeypatch):
     with pytest.raises(InfersimError, match="not a zoo name"):
         load_model(str(tmp_path / "missing"))
     (tmp_path / "x").mkdir()
     with pytest.raises(InfersimError, match="no config.json"):
         load_model(str(tmp_path / "x"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # as on a machine without CUDA
     with pytest.raises(InfersimError, match="CUDA is not available"):
-        if torch.cuda.is_available():
-            raise InfersimError("CUDA is not available (skipped: this machine has CUDA)")
         load_model("zoo-target", device="cuda")
 
 
@@ -109,6 +94,15 @@ def test_continuous_batching_matches_hf(target, case):
     assert it["admitted"][1:].sum() > 0
     assert len(set(it["batch_size"].tolist())) > 1
     assert eng.counters["preempt_swap"] == eng.counters["preempt_recompute"] == 0
+
+
+@pytest.mark.cuda
+def test_engine_on_cuda_matches_hf_on_cpu(zoo_dir, case):
+    """The same trained target in fp32 on a CUDA device: continuous batching gives the CPU's
+    greedy tokens."""
+    prompts, outputs, ref = case
+    got, _ = generate(load_model("zoo-target", device="cuda", dtype="fp32"), prompts, outputs, max_batch_size=4)
+    assert got == ref
 
 
 def test_forced_recompute_matches_hf(target, case):

@@ -14,6 +14,7 @@ import infersim.executor  # noqa: F401
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
+pytestmark = pytest.mark.torch
 
 from infersim.executor.medusa.acceptance import Acceptance, accept, accept_greedy_lists, typical_threshold  # noqa: E402
 from infersim.executor.medusa.heads import MedusaHeads, load_heads, save_heads  # noqa: E402
@@ -21,14 +22,7 @@ from infersim.executor.medusa.train import (TINY_RECIPE, loss_weights, medusa_lo
                                    train_heads)
 from infersim.executor.medusa.tree import build_tree, layout  # noqa: E402
 from infersim.simulator.errors import InfersimError  # noqa: E402
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+from tests.utils import write_yaml, zoo_workload  # noqa: E402
 
 
 # ---- pieces checked by hand ------------------------------------------------------------------
@@ -162,19 +156,18 @@ def test_fresh_heads_are_the_target_lm_head():
 
 # ---- the zoo target ----------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def target():
+def target(zoo_dir):
     from infersim.executor.models import load_model
     from infersim.executor.runner import build_runner
-    from infersim.executor.zoo import ensure_zoo
 
-    ensure_zoo()
     lm = load_model("zoo-target", "cpu", "fp32")
     return lm, build_runner(lm)
 
 
 @pytest.fixture(scope="module")
 def trained(target):
-    """The default heads (cached beside the zoo; trained once, ~2 minutes, if missing)."""
+    """The default heads: shipped with the zoo (executor/zoo/shipped.py), else trained once
+    (~2 minutes) and cached beside it."""
     from infersim.executor.medusa.store import ensure_heads
 
     heads, meta, _ = ensure_heads(target[0])
@@ -384,23 +377,16 @@ def test_sim_exec_runs_a_medusa_workload_and_feeds_the_simulator(target, trained
     import json
 
     import pyarrow.parquet as pq
-    import yaml
 
     from infersim.executor.medusa import recorded_statistics, simulator_updates
     from infersim.executor.models import hf_greedy_generate
     from infersim.cli.main import main
 
     lm, _ = target
-    wl = {"name": "zoo-medusa", "model": "zoo-target", "hardware": {"profile": "a100-80gb-pcie"},
-          "serving": {"max_batch_size": 3},
-          "requests": {"count": 6, "arrival": {"type": "poisson", "rate": 60.0},
-                       "prompt_tokens": {"type": "uniform", "low": 20, "high": 60},
-                       "output_tokens": {"type": "uniform", "low": 8, "high": 30}},
-          "seed": 3,
-          "speculation": {"method": "medusa", "sampling": {"mode": "greedy"},
-                          "medusa": {"accuracies": "zoo-target", "tree": {"type": "greedy", "nodes": 8}}}}
-    path = tmp_path / "wl.yaml"
-    path.write_text(yaml.safe_dump(wl))
+    wl = zoo_workload("zoo-medusa", max_batch_size=3, rate=60.0, output_tokens=(8, 30), seed=3,
+                      speculation={"method": "medusa", "sampling": {"mode": "greedy"},
+                                   "medusa": {"accuracies": "zoo-target", "tree": {"type": "greedy", "nodes": 8}}})
+    path = write_yaml(tmp_path / "wl.yaml", wl)
     out = tmp_path / "run"
     assert main(["exec", "-w", str(path), "-m", "zoo-target", "--fast", "--no-plots", "-q", "-o", str(out)]) == 0
     s = json.loads((out / "summary.json").read_text())

@@ -9,6 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
+pytestmark = pytest.mark.torch
 
 from infersim.executor.offload import DenseLlama, FullCache, H2O, InfiniGen, Int4KV, KVPool, evaluate_policy  # noqa: E402
 from infersim.executor.offload.model import apply_rope, full_forward  # noqa: E402
@@ -20,13 +21,10 @@ from infersim.simulator.errors import InfersimError  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def zoo():
-    from infersim.executor.zoo.corpus import held_out_windows
+def zoo(zoo_dir):
     from infersim.executor.models import load_model
-    from infersim.executor.zoo import ensure_zoo
+    from infersim.executor.zoo.corpus import held_out_windows
 
-    torch.set_num_threads(1)
-    ensure_zoo()
     lm = load_model("zoo-target")
     model = DenseLlama(lm)
     ids = held_out_windows(lm.tokenizer, 3, 80, seed=0)

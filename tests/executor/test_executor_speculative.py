@@ -10,6 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
+pytestmark = pytest.mark.torch
 
 from infersim.executor.clock import speed_ticks  # noqa: E402
 from infersim.executor.kvcache import PagedKVCache  # noqa: E402
@@ -25,8 +26,8 @@ from infersim.executor.speculative.acceptance import AcceptanceRecorder, write_a
 from infersim.executor.speculative.sequence import SpecSequence, Track  # noqa: E402
 from infersim.executor.speculative.target import TargetModel  # noqa: E402
 from infersim.executor.speculative.verify import greedy_accept, rejection_accept  # noqa: E402
-from infersim.executor.zoo import ensure_zoo  # noqa: E402
 from infersim.simulator.errors import InfersimError  # noqa: E402
+from tests.utils import write_yaml, zoo_workload  # noqa: E402
 from infersim.simulator.speculative import minions as sim_minions  # noqa: E402
 from infersim.simulator.speculative.selector import AdaptiveLengthSelector  # noqa: E402
 
@@ -34,9 +35,7 @@ DRAFTS = ("zoo-draft-a", "zoo-draft-b", "zoo-draft-c")
 
 
 @pytest.fixture(scope="module")
-def zoo():
-    torch.set_num_threads(1)
-    ensure_zoo()
+def zoo(zoo_dir):
     t = load_model("zoo-target")
     return t, {n: load_model(n) for n in DRAFTS}
 
@@ -179,7 +178,6 @@ def _chi2_p(counts, probs):
 def test_rejection_sampling_joint_of_two_tokens_is_the_targets():
     """Small vocabulary, two drafted positions, draft far from the target: the committed pair
     (first two tokens) is distributed as p1 x p2."""
-    pytest.importorskip("scipy")
     g = torch.Generator().manual_seed(0)
     p = torch.tensor([[0.5, 0.3, 0.15, 0.05], [0.1, 0.2, 0.3, 0.4], [0.25, 0.25, 0.25, 0.25]])
     q = torch.tensor([[0.1, 0.1, 0.4, 0.4], [0.7, 0.1, 0.1, 0.1]])
@@ -201,7 +199,6 @@ def test_rejection_sampling_joint_of_two_tokens_is_the_targets():
 def test_rejection_sampling_on_real_models_keeps_the_target_distribution(zoo):
     """A fixed context, many copies: the draft samples 2 tokens at T=1, the target verifies; the
     first committed token follows the target's softmax (chi-square), not the draft's."""
-    pytest.importorskip("scipy")
     t, d = zoo
     ctx = make_prompts([12], tokenizer=t.tokenizer, vocab_size=t.vocab_size, seed=9)[0]
     B = 1500
@@ -331,8 +328,7 @@ def test_repo_acceptance_table_drives_a_simulation():
     from infersim.simulator.workload.builder import build_requests
     from infersim.simulator.workload.schema import WorkloadSpec
 
-    if "zoo-target" not in list_tables():
-        pytest.skip("no recorded zoo-target acceptance table")
+    assert "zoo-target" in list_tables()
     table = load_table("zoo-target")
     e = table.entries[0]
     spec = WorkloadSpec.model_validate({
@@ -360,23 +356,15 @@ def test_sim_exec_runs_a_minions_workload(zoo, tmp_path):
     import json
 
     import pyarrow.parquet as pq
-    import yaml
 
     from infersim.cli.main import main
 
     t, _ = zoo
-    wl = {"name": "zoo-minions", "model": "zoo-target", "hardware": {"profile": "a100-80gb-pcie"},
-          "serving": {"max_batch_size": 4},
-          "requests": {"count": 6, "arrival": {"type": "poisson", "rate": 40.0},
-                       "prompt_tokens": {"type": "uniform", "low": 20, "high": 60},
-                       "output_tokens": {"type": "uniform", "low": 10, "high": 30}},
-          "seed": 4,
-          "speculation": {"method": "minions", "speculation_length": 3,
-                          "selector": {"decision_threshold": 3, "s_max": 5},
-                          "drafts": [{"model": n, "acceptance": {"table": "opt-13b", "draft": "opt-125m",
-                                                                  "dataset": "finance"}} for n in DRAFTS]}}
-    path = tmp_path / "wl.yaml"
-    path.write_text(yaml.safe_dump(wl))
+    path = write_yaml(tmp_path / "wl.yaml", zoo_workload(
+        "zoo-minions", max_batch_size=4, rate=40.0, output_tokens=(10, 30), seed=4,
+        speculation={"method": "minions", "speculation_length": 3, "selector": {"decision_threshold": 3, "s_max": 5},
+                     "drafts": [{"model": n, "acceptance": {"table": "opt-13b", "draft": "opt-125m",
+                                                             "dataset": "finance"}} for n in DRAFTS]}))
     out = tmp_path / "run"
     assert main(["exec", "-w", str(path), "-m", "zoo-target", "--fast", "--no-plots", "-q", "-o", str(out)]) == 0
     s = json.loads((out / "summary.json").read_text())

@@ -12,16 +12,12 @@ import infersim.executor  # noqa: E402,F401  (before torch: OpenMP threads wait 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
+pytestmark = pytest.mark.torch
 
-from infersim.executor.zoo import DEFAULT_ZOO, TINY_ZOO, ensure_zoo, resolve_zoo_model, zoo_names  # noqa: E402
+from infersim.executor.zoo import DEFAULT_ZOO, TINY_ZOO, resolve_zoo_model, zoo_names  # noqa: E402
 from infersim.executor.zoo import corpus as corpus_mod  # noqa: E402
 from infersim.executor.zoo.build import build_zoo  # noqa: E402
 from infersim.simulator.errors import InfersimError  # noqa: E402
-
-
-@pytest.fixture(scope="session")
-def zoo_dir():
-    return ensure_zoo()
 
 
 def test_corpus_is_the_pinned_stdlib():
@@ -104,3 +100,65 @@ def test_zoo_names_resolve(zoo_dir):
     assert p == zoo_dir / "zoo-draft-a" and (p / "tokenizer.json").exists()
     with pytest.raises(InfersimError, match="unknown zoo model"):
         resolve_zoo_model("zoo-nonexistent")
+
+
+# ---- the weights shipped with the package (executor/zoo/shipped.py) ------------------------------
+def test_shipped_zoo_is_a_build_of_the_current_spec():
+    """The shipped key is the build key of DEFAULT_ZOO as it stands (with the corpus and library
+    versions it was trained on): a spec changed without `sim zoo ship` fails here."""
+    from infersim.executor.zoo.build import corpus_for, key_of, zoo_key
+    from infersim.executor.zoo.shipped import shipped_manifest
+
+    man = shipped_manifest()
+    assert man, "no shipped zoo: run `sim zoo ship`"
+    assert man["spec"] == json.loads(json.dumps(DEFAULT_ZOO.for_host().to_dict()))
+    assert man["key"] == key_of(DEFAULT_ZOO.for_host().to_dict(), man["corpus_sha256"], man["versions"])
+    # the test extra pins the versions the weights were trained with, on the pinned Python
+    assert man["versions"]["torch"] == str(torch.__version__)
+    assert man["key"] == zoo_key(DEFAULT_ZOO, corpus_for(DEFAULT_ZOO))
+    assert {n for n in zoo_names(DEFAULT_ZOO)} <= {f.split("/")[0] for f in man["files"]}
+    assert any(f.startswith("medusa/zoo-target-") for f in man["files"])
+
+
+def test_shipped_files_match_their_checksums():
+    from infersim.executor.zoo.shipped import MANIFEST, sha256_of, shipped_dir, shipped_manifest
+
+    d, files = shipped_dir(), shipped_manifest()["files"]
+    on_disk = {p.relative_to(d).as_posix() for p in d.rglob("*") if p.is_file()}
+    assert on_disk == set(files) | {MANIFEST, "zoo.json"}
+    for rel, sha in files.items():
+        assert sha256_of(d / rel) == sha, rel
+
+
+def test_an_empty_cache_is_filled_from_the_shipped_weights(tmp_path):
+    """A zoo folder under the shipped key gets the shipped files, byte for byte, without
+    training; a model already in the cache is left as it is; another key gets nothing."""
+    from infersim.executor.zoo.build import zoo_dir
+    from infersim.executor.zoo.shipped import install_shipped, shipped_dir
+
+    path = resolve_zoo_model("zoo-draft-b", root=tmp_path)
+    d = zoo_dir(DEFAULT_ZOO, tmp_path)
+    assert path == d / "zoo-draft-b" and d.name == json.loads((shipped_dir() / "SHIPPED.json").read_text())["key"]
+    for rel in ("zoo-draft-b/model.safetensors", "tokenizer/tokenizer.json", "zoo.json"):
+        assert (d / rel).read_bytes() == (shipped_dir() / rel).read_bytes()
+    assert any((d / "medusa").iterdir())
+    mine = d / "zoo-opt" / "model.safetensors"
+    mine.write_bytes(b"a user's own weights")
+    assert install_shipped(d) and mine.read_bytes() == b"a user's own weights"
+    assert not install_shipped(tmp_path / "0123456789abcdef")
+    assert not (tmp_path / "0123456789abcdef").exists()
+
+
+def test_a_corrupted_shipped_file_is_refused_naming_it(tmp_path):
+    import shutil
+
+    from infersim.executor.zoo.shipped import install_shipped, shipped_dir, shipped_manifest
+
+    src = tmp_path / "shipped"
+    shutil.copytree(shipped_dir(), src)
+    f = src / "zoo-draft-a" / "config.json"
+    f.write_text(f.read_text() + " ")
+    d = tmp_path / "cache" / shipped_manifest()["key"]
+    with pytest.raises(InfersimError, match="zoo-draft-a/config.json"):
+        install_shipped(d, src)
+    assert not (d / "zoo-draft-a").exists()

@@ -10,6 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
+pytestmark = pytest.mark.torch
 
 from infersim.simulator.errors import InfersimError  # noqa: E402
 
@@ -38,26 +39,18 @@ def _read(path):
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, zoo_dir):
     """The same requests served plainly and with each offload policy."""
-    import infersim.executor  # noqa: F401
     from infersim.executor.offload import execute as offload_execute
     from infersim.executor.run import execute as plain_execute
-    from infersim.executor.zoo import ensure_zoo
     from infersim.simulator.workload.builder import build_requests
 
-    ensure_zoo()
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)
     out = tmp_path_factory.mktemp("offload-serve")
-    try:
-        spec = _spec()
-        plain_execute(spec, build_requests(spec), "zoo-target", out / "plain", realtime=False, plots=False)
-        for pol in ("full", "h2o", "infinigen"):
-            s = _spec(pol)
-            offload_execute(s, build_requests(s), "zoo-target", out / pol, realtime=False, plots=False)
-    finally:
-        torch.set_num_threads(prev)
+    spec = _spec()
+    plain_execute(spec, build_requests(spec), "zoo-target", out / "plain", realtime=False, plots=False)
+    for pol in ("full", "h2o", "infinigen"):
+        s = _spec(pol)
+        offload_execute(s, build_requests(s), "zoo-target", out / pol, realtime=False, plots=False)
     return out
 
 

@@ -7,16 +7,15 @@ import infersim.executor  # noqa: F401
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
+pytestmark = pytest.mark.torch
 
 from infersim.executor.kvcache import PagedKVCache  # noqa: E402
 from infersim.executor.models import load_model  # noqa: E402
 from infersim.executor.runner import TokenSeq, build_runner, plan_batch  # noqa: E402
-from infersim.executor.zoo import ensure_zoo  # noqa: E402
 
 
 @pytest.mark.parametrize("model", ["zoo-target", "zoo-opt"])
-def test_tree_verification_matches_linear_paths(model):
-    ensure_zoo()
+def test_tree_verification_matches_linear_paths(model, zoo_dir):
     lm = load_model(model)
     r = build_runner(lm)
     cache = PagedKVCache(r.num_layers, r.num_kv_heads, r.head_dim, block_size=4, gpu_blocks=64, cpu_blocks=1,
