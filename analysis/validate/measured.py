@@ -8,9 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
+from infersim.simulator.costmodel.executor_features import shapes_from_batches
 from infersim.simulator.errors import InfersimError
-
-from .features import shapes_from_batches
 
 # a gap between iterations longer than this many median gaps, with an arrival inside it,
 # is the engine waiting for work (its clock jumped), not engine overhead

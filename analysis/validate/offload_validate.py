@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from infersim.simulator.costmodel.replay import ReplayCostModel
 from infersim.simulator.errors import InfersimError
 
 from .compare import brief
@@ -102,7 +103,6 @@ class _OffloadReplay:
     byte counters still ask the calibrated model (which binds nothing)."""
 
     def __new__(cls, exec_run, cm):
-        from .replay import ReplayCostModel
 
         class Replay(ReplayCostModel):
             offloaded_weight_bytes = cm.offloaded_weight_bytes
@@ -125,9 +125,9 @@ def validate_offload_case(case, model: str, out: Path, *, device: str = "cpu", d
 
     from .calibrate import require_held_out_seed
     from .compare import aggregate_errors, compare_runs
-    from .rule import apply_rule
     from .measured import load_exec_run, load_run
     from .modes import MODES
+    from .rule import apply_rule
     from .simulate import simulate_run
 
     out = Path(out)

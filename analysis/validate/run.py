@@ -5,9 +5,11 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from infersim.simulator.costmodel.fitted import FittedCostModel
+from infersim.simulator.costmodel.replay import ReplayCostModel
 from infersim.simulator.errors import InfersimError
 
-from .calibrate import FittedCostModel, calibrate, require_held_out_seed
+from .calibrate import calibrate, require_held_out_seed
 from .cases import Case
 from .compare import aggregate_errors, brief, compare_runs
 from .execute import repeat_dirs, run_repeated
@@ -170,7 +172,6 @@ def validate_case(case: Case, model: str, out: Path, *, device: str = "cpu", dty
     simulate_run(exec_run, out / "sim", cost_model=cm, profile=profile, cost_model_name="roofline", updates=updates)
     sim_run = load_run(out / "sim")
     # the same simulation driven by the executor's own measured times: the scheduling alone
-    from .replay import ReplayCostModel
 
     simulate_run(exec_run, out / "replay", cost_model=ReplayCostModel(exec_run, cm), profile=profile,
                  cost_model_name="roofline", updates=updates, policy_cost_model=cm)

@@ -29,6 +29,7 @@ def variants(stats: dict) -> dict:
 
 
 def ab_case(folder: Path) -> dict:
+    from infersim.simulator.costmodel.speculative_fit import SpecFit
     from infersim.simulator.errors import InfersimError
     from infersim.simulator.metrics.rundir import write_json
 
@@ -36,7 +37,6 @@ def ab_case(folder: Path) -> dict:
     from .measured import load_run
     from .modes import MODES
     from .spec_compare import _spread, compare_spec, tokens_per_round_per_request
-    from .spec_costmodel import SpecFit
     from .spec_rounds import drafting_rounds, rebuild_rounds
     from .spec_simulate import simulate_spec_run
 

@@ -90,11 +90,9 @@ def _fit_bracketed(mode, spec, run, model: str, out: Path, *, device, dtype, thr
                               "model": model, "device": device, "bracketed": True, "matched": True,
                               "calibration_stalls": float(stalled.mean()) if stalled.size else float("nan")},
                      drafting=drafting)
-    from .spec_costmodel import predict_rounds_as_run
-
     # against the rounds as the simulator prices them (a pipelined run's contention included:
     # against the solo fit the ratio measured how many passes overlapped, not the machine's speed)
-    from .spec_costmodel import predict_drafting
+    from .spec_costmodel import predict_drafting, predict_rounds_as_run
 
     ratio, per_run, per_run_drafting = {}, [], []
     for side, ts in halves.items():
@@ -136,16 +134,16 @@ def _fit_bracketed(mode, spec, run, model: str, out: Path, *, device, dtype, thr
 def validate_spec_case(case, model: str, out: Path, *, device: str = "cpu", dtype: str | None = None,
                        threads: int = 1, seed: int | None = None, requests: int | None = None, spec=None,
                        calibration: Path | None = None, report: bool = True, repeats: int = 1, log=None) -> dict:
+    from infersim.simulator.costmodel.speculative_fit import SpecFit
     from infersim.simulator.metrics.rundir import write_json
     from infersim.simulator.workload.builder import build_requests
 
+    from .compare import brief
     from .measured import load_run
     from .modes import MODES
     from .rule import apply_rule
     from .spec_compare import compare_spec
-    from .spec_costmodel import SpecFit
     from .spec_rounds import rebuild_rounds
-    from .compare import brief
     from .spec_simulate import kv_binds, simulate_spec_run
 
     out = Path(out)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from infersim.analysis.validate.compare import TARGETS, recompute_iterations
-from infersim.analysis.validate.features import FEATURE_NAMES, batch_features, shapes_from_batches
+from infersim.simulator.costmodel.executor_features import FEATURE_NAMES, batch_features, shapes_from_batches
 from infersim.analysis.validate.measured import engine_periods
 from infersim.analysis.validate.metrics import mape, median_ape, rel_error, signed_bias, total_bias
 from infersim.cli.main import main
@@ -104,7 +104,7 @@ def test_stalls_are_judged_against_like_neighbours():
 # ---- the executor fit --------------------------------------------------------------------------
 def _synthetic_run(coef, rng, n=300):
     """An ExecRun-like object whose times follow known coefficients exactly."""
-    from infersim.analysis.validate.calibrate import FittedCostModel
+    from infersim.simulator.costmodel.fitted import FittedCostModel
 
     model = FittedCostModel(coef, 16, {"h2d": {"latency_s": 1e-4, "s_per_byte": 2e-10, "s_per_copy": 6e-6},
                                        "d2h": {"latency_s": 5e-5, "s_per_byte": 1e-10, "s_per_copy": 3e-6}})
@@ -158,7 +158,7 @@ def test_fit_recovers_known_coefficients():
 
 
 def test_swap_price_uses_the_recorded_copy_calls():
-    from infersim.analysis.validate.calibrate import FittedCostModel
+    from infersim.simulator.costmodel.fitted import FittedCostModel
 
     m = FittedCostModel(np.arange(len(FEATURE_NAMES)) * 1e-6, 16,
                         {"h2d": {"latency_s": 1e-4, "s_per_byte": 2e-10, "s_per_copy": 5e-6, "copies_per_byte": 1e-4},
@@ -217,7 +217,7 @@ def test_cache_counts_copy_calls_per_run_of_consecutive_blocks():
 
 
 def test_fit_json_round_trip_scaling_and_bad_files(tmp_path):
-    from infersim.analysis.validate.calibrate import FittedCostModel
+    from infersim.simulator.costmodel.fitted import FittedCostModel
 
     m = FittedCostModel(np.arange(len(FEATURE_NAMES)) * 1e-6, 16,
                         {"h2d": {"latency_s": 1e-5, "s_per_byte": 1e-10}, "d2h": {"latency_s": 2e-5, "s_per_byte": 3e-10}},
@@ -355,7 +355,7 @@ def test_with_the_measured_times_the_simulator_reproduces_the_executed_schedule(
         # the two clocks can put it on either side and the schedules drift from there (seen
         # once in ~6 runs under memory pressure). Only that documented tie excuses a drift.
         from infersim.analysis.validate.measured import load_exec_run
-        from infersim.analysis.validate.replay import intake_s
+        from infersim.simulator.costmodel.replay import intake_s
 
         run = load_exec_run(folder / "exec")
         it = run.iterations
@@ -406,7 +406,7 @@ def test_speculative_target_and_draft_costs_by_hand():
     once)."""
     from infersim.simulator.costmodel.batch import BatchShape
 
-    from infersim.analysis.validate.spec_costmodel import FEATURES, SpecFit
+    from infersim.simulator.costmodel.speculative_fit import FEATURES, SpecFit
 
     coef = np.arange(1, len(FEATURES) + 1, dtype=np.float64) * 1e-6
     fit = SpecFit(coef)

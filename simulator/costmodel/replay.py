@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from infersim.simulator.costmodel.base import CostModel, Direction
-from infersim.simulator.costmodel.batch import BatchShape
+from .base import CostModel, Direction
+from .batch import BatchShape
 
 
 def intake_s(it: dict) -> np.ndarray:
