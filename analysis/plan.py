@@ -39,6 +39,7 @@ import numpy as np
 from pydantic import BaseModel, Field, PositiveFloat, PositiveInt
 
 from infersim.simulator.errors import InfersimError
+from infersim.simulator.progress import ProgressBar
 from infersim.simulator.validation import MAX_SEED, STRICT_CONFIG, in_field
 
 from .sweep import config_key, resolve_config, run_config
@@ -590,39 +591,21 @@ def _safe(fut) -> dict:
                 "wall_s": 0.0, "worker": "?"}
 
 
-class _PlanProgress:
+class _PlanProgress(ProgressBar):
     def __init__(self, quiet: bool, total: int, where: str):
-        self.quiet, self.total, self.where = quiet, total, where
+        super().__init__(f"planning [dim]({where})[/]", quiet=quiet, total=total,
+                         fields="configurations, {task.fields[probes]} simulations {task.fields[note]}", probes=0,
+                         note="")
         self.probes = 0
-        self.finished: list[str] = []
-
-    def __enter__(self):
-        if not self.quiet:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-            self._p = Progress(TextColumn(f"planning [dim]({self.where})[/]"), BarColumn(), MofNCompleteColumn(),
-                               TextColumn("configurations, {task.fields[probes]} simulations {task.fields[note]}"),
-                               TimeElapsedColumn())
-            self._p.__enter__()
-            self._t = self._p.add_task("plan", total=self.total, probes=0, note="")
-        return self
 
     def probe(self) -> None:
         self.probes += 1
-        if not self.quiet:
-            self._p.update(self._t, probes=self.probes)
+        self.update(probes=self.probes)
 
     def done(self, r: CandidateResult) -> None:
-        if not self.quiet:
-            msg = (f"{r.label}: goodput {r.goodput_rps:.3g} req/s" if r.status != "failed" else f"{r.label}: failed")
-            self._p.update(self._t, advance=1, note=f"[dim]· {msg}[/]")
-            self._p.console.print(msg + (f", {r.replicas} replicas" if r.replicas else "")
-                                + (f" ({r.error})" if r.error else ""))
-
-    def __exit__(self, *exc):
-        if not self.quiet:
-            self._p.__exit__(*exc)
-        return False
+        msg = (f"{r.label}: goodput {r.goodput_rps:.3g} req/s" if r.status != "failed" else f"{r.label}: failed")
+        self.update(advance=1, note=f"[dim]· {msg}[/]")
+        self.print(msg + (f", {r.replicas} replicas" if r.replicas else "") + (f" ({r.error})" if r.error else ""))
 
 
 # ---------------------------------------------------------------------------------------------
