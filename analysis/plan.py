@@ -659,7 +659,9 @@ def verdict(res: PlanResult) -> list[str]:
 
 
 def _plots(res: PlanResult, pdir: Path) -> list[tuple[str, str, str]]:
-    from .report_html import pyplot, save_figure
+    from infersim.simulator.metrics.plots import pyplot
+
+    from .report_html import save_figure
 
     plt = pyplot()
     pdir.mkdir(parents=True, exist_ok=True)

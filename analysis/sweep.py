@@ -750,7 +750,9 @@ def write_outputs(sweep_dir: Path, df, params: list[Param], space: SweepSpace, p
     files.append(sweep_dir / "sensitivity.csv")
     imgs = []
     if plots and have and (df["status"] == "ok").any():
-        from .report_html import pyplot, save_figure
+        from infersim.simulator.metrics.plots import pyplot
+
+        from .report_html import save_figure
 
         plt = pyplot()
         pdir = sweep_dir / "plots"

@@ -199,3 +199,15 @@ def write_table(path: Path, columns: dict[str, np.ndarray]) -> None:
     import pyarrow.parquet as pq
 
     pq.write_table(pa.table(columns), str(path))
+
+
+def read_columns(path: Path, what: str = "a `sim exec` run directory") -> dict[str, np.ndarray]:
+    """A run folder's parquet table as numpy columns; a missing file is a one-line error naming
+    the folder and what it should have been."""
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    if not path.is_file():
+        raise InfersimError(f"{path.parent}: missing {path.name} (not {what})")
+    t = pq.read_table(str(path))
+    return {c: t.column(c).to_numpy() for c in t.column_names}
