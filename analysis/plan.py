@@ -612,13 +612,13 @@ class _PlanProgress(ProgressBar):
 # outputs
 
 
-def _money(v: Optional[float]) -> str:
+def money(v: Optional[float]) -> str:
     if v is None or not math.isfinite(v):
         return "-"
     return f"${v:.3f}" if v < 1 else f"${v:.2f}"
 
 
-def _num(v: Optional[float], digits: int = 3) -> str:
+def num(v: Optional[float], digits: int = 3) -> str:
     if v is None or (isinstance(v, float) and not math.isfinite(v)):
         return "-"
     return f"{v:.{digits}g}"
@@ -635,7 +635,7 @@ def verdict(res: PlanResult) -> list[str]:
     else:
         best = ranked[0]
         if res.target_rate and best.gpus:
-            cost = (f" at **{_money(best.cost_per_m_output_tokens)} per million output tokens**"
+            cost = (f" at **{money(best.cost_per_m_output_tokens)} per million output tokens**"
                     if best.cost_per_m_output_tokens is not None else "")
             how = "cheapest" if best.cost_per_m_output_tokens is not None else "the one needing the fewest GPUs"
             lines.append(f"To serve **{res.target_rate:g} req/s** within {slo_txt}, **{best.label}** is {how}: "
@@ -644,7 +644,7 @@ def verdict(res: PlanResult) -> list[str]:
             for other in ranked[1:3]:
                 rel = ""
                 if other.cost_per_m_output_tokens and best.cost_per_m_output_tokens:
-                    rel = (f", {_money(other.cost_per_m_output_tokens)}/M "
+                    rel = (f", {money(other.cost_per_m_output_tokens)}/M "
                            f"({other.cost_per_m_output_tokens / best.cost_per_m_output_tokens:.2f}× the cost)")
                 lines.append(f"Next: {other.label} needs {other.gpus} GPU{'s' if other.gpus != 1 else ''}{rel}.")
         else:
@@ -762,7 +762,7 @@ def _plots(res: PlanResult, pdir: Path) -> list[tuple[str, str, str]]:
             ax.barh(yy, at_t, color=[col[c.label] for c in priced])
         ax.scatter(at_g, yy, marker="D", color="black", s=22, zorder=4)
         for yi, c, v in zip(yy, priced, at_t):
-            ax.annotate(_money(v if res.target_rate else c.cost_per_m_output_tokens_at_goodput),
+            ax.annotate(money(v if res.target_rate else c.cost_per_m_output_tokens_at_goodput),
                         (max(v, c.cost_per_m_output_tokens_at_goodput or 0), yi), xytext=(5, 0),
                         textcoords="offset points", va="center", fontsize=8)
         ax.set_xlim(0, max(at_t + at_g + [1e-9]) * 1.3)
@@ -842,11 +842,11 @@ def build_report(res: PlanResult, images: list[tuple[str, str, str]]):
              for s in res.slos] + ["status"]
     rows = []
     for c in order:
-        row = [c.label, _num(c.goodput_rps) + ("+" if c.capped else ""), _num(c.goodput_output_tps, 4)]
+        row = [c.label, num(c.goodput_rps) + ("+" if c.capped else ""), num(c.goodput_output_tps, 4)]
         if res.target_rate:
             row += [str(c.replicas) if c.replicas else "-", str(c.gpus) if c.gpus else "-"]
-        row += [_money(c.price_per_gpu_hour), _money(c.cost_per_m_output_tokens),
-                _money(c.cost_per_m_output_tokens_at_goodput)]
+        row += [money(c.price_per_gpu_hour), money(c.cost_per_m_output_tokens),
+                money(c.cost_per_m_output_tokens_at_goodput)]
         row += [fmt_time(c.at_goodput.get(s.metric, float("nan"))) for s in res.slos]
         row.append(c.status if c.status == "ok" else f"{c.status}: {c.error}")
         rows.append(row)
@@ -877,7 +877,7 @@ def build_report(res: PlanResult, images: list[tuple[str, str, str]]):
     probe_rows = []
     for c in res.candidates:
         for p in sorted(c.probes, key=lambda p: (p.replicas, p.rate)):
-            probe_rows.append([c.label, p.kind, _num(p.rate, 4), str(p.replicas), str(p.requests),
+            probe_rows.append([c.label, p.kind, num(p.rate, 4), str(p.replicas), str(p.requests),
                                *[fmt_time(p.metrics.get(x.metric, float("nan"))) for x in res.slos],
                                "yes" if p.ok else ("error" if p.status != "ok" else "no")])
     rep.details(f"All {len(probe_rows)} simulations", [
