@@ -5,17 +5,9 @@ A coupled round is the drafts' s autoregressive steps, then one target pass that
 newly admitted sequences and verifies s_i + 1 rows per running sequence; the engine's own work
 around it (voting, acceptance, bookkeeping, admission) sits between one round's start and the
 next's. The round period is fitted (non-negative least squares in relative error, as
-calibrate.py) as a linear combination of
-
-- target terms (`TARGET_FEATURES`): a constant, per verified sequence, verified rows,
-  verified keys (cached context + rows), per prefilled sequence, prefill tokens, prefill score
-  pairs;
-- draft terms (`DRAFT_FEATURES`, summed over the drafts that run): per drafting step (each
-  draft's batched forward pass), per sequence-step, keys read per sequence-step, and the
-  prompt tokens a draft feeds when it first drafts a sequence (its lazy prefill).
-
-The fitted coefficients become the simulator's cost objects `SpecTargetCost` and
-`SpecDraftCost` (simulator/costmodel/speculative_fit.py)."""
+calibrate.py) as a linear combination of the target and draft terms listed there
+(`TARGET_FEATURES`, `DRAFT_FEATURES`); the coefficients become its `SpecTargetCost` and
+`SpecDraftCost`."""
 from __future__ import annotations
 
 import numpy as np

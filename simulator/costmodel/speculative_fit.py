@@ -60,13 +60,20 @@ def round_features(t: dict[str, np.ndarray]) -> np.ndarray:
         nd * np.asarray(t["catchup_tokens"], dtype=np.float64)])
 
 
-class SpecTargetCost(CostModel):
-    """The target's pass (verification + prefills + the engine's per-round work)."""
-
-    name = "executor_spec_fit_target"
+class _SpecCost(CostModel):
+    """A part of the round fit: its slice of the coefficients; no host copies."""
 
     def __init__(self, coef: np.ndarray):
         self.c = np.asarray(coef, dtype=np.float64)
+
+    def transfer_time_s(self, nbytes: float, direction: Direction) -> float:
+        return 0.0  # the speculative executor never swaps
+
+
+class SpecTargetCost(_SpecCost):
+    """The target's pass (verification + prefills + the engine's per-round work)."""
+
+    name = "executor_spec_fit_target"
 
     def iteration_time_s(self, batch: BatchShape) -> float:
         q = np.asarray(batch.query_tokens, dtype=np.float64)
@@ -77,17 +84,11 @@ class SpecTargetCost(CostModel):
                       (q[pre] ** 2).sum()])
         return float(x @ self.c)
 
-    def transfer_time_s(self, nbytes: float, direction: Direction) -> float:
-        return 0.0  # the speculative executor never swaps
 
-
-class SpecDraftCost(CostModel):
+class SpecDraftCost(_SpecCost):
     """One draft's steps: a decode step (step + sequences + keys) or its lazy prefill (tokens)."""
 
     name = "executor_spec_fit_draft"
-
-    def __init__(self, coef: np.ndarray):
-        self.c = np.asarray(coef, dtype=np.float64)
 
     def iteration_time_s(self, batch: BatchShape) -> float:
         q = np.asarray(batch.query_tokens, dtype=np.float64)
@@ -97,9 +98,6 @@ class SpecDraftCost(CostModel):
             ctx = np.asarray(batch.context_tokens, dtype=np.float64)
             return float(self.c[0] + self.c[1] * q.size + self.c[2] * (ctx + 1.0).sum())
         return float(self.c[3] * q.sum())
-
-    def transfer_time_s(self, nbytes: float, direction: Direction) -> float:
-        return 0.0
 
 
 class SpecFit:
