@@ -70,6 +70,7 @@ def run_matrix(cases: list, model: str, out: Path, *, device: str = "cpu", threa
     from infersim.simulator.errors import InfersimError
 
     from .calibrate import calibrate
+    from .execute import CaseOptions
     from .modes import MODES
     from .run import validate_case
 
@@ -90,8 +91,8 @@ def run_matrix(cases: list, model: str, out: Path, *, device: str = "cpu", threa
             bar.update(task, description=f"validating {case.name}")
 
             try:
-                rows.append(validate_case(case, model, out / case.name, device=device, threads=threads, fit=fit,
-                                          repeats=repeats))
+                rows.append(validate_case(case, model, out / case.name,
+                                          CaseOptions(device=device, threads=threads, repeats=repeats), fit=fit))
             except InfersimError as exc:
                 # one case's failure (e.g. a feature executor whose run directory lacks a table) is
                 # reported in its row; the rest of the matrix runs

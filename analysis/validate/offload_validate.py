@@ -21,7 +21,7 @@ from infersim.simulator.costmodel.replay import ReplayCostModel
 from infersim.simulator.errors import InfersimError
 
 from .compare import brief
-from .execute import repeat_dirs, run_repeated
+from .execute import CaseOptions, execute_case, repeat_dirs
 from .offload_calibrate import OffloadFit, calibrate_offload_around, load_offload_run
 
 BYTES_TARGET = 0.05  # the offload analogue of the swap-cost target: KV bytes loaded, total
@@ -116,10 +116,9 @@ class _OffloadReplay:
         return Replay(exec_run, cm)
 
 
-def validate_offload_case(case, model: str, out: Path, *, device: str = "cpu", dtype: str | None = None,
-                          threads: int = 1, seed: int | None = None, requests: int | None = None, spec=None,
-                          report: bool = True, calibration: Path | None = None, repeats: int = 1,
-                          log=None) -> dict:
+def validate_offload_case(case, model: str, out: Path, opts: CaseOptions) -> dict:
+    device, dtype, threads, seed, requests = opts.device, opts.dtype, opts.threads, opts.seed, opts.requests
+    spec, calibration, report, repeats, log = opts.spec, opts.calibration, opts.report, opts.repeats, opts.log
     from infersim.simulator.metrics.rundir import write_json
     from infersim.simulator.workload.builder import build_requests
 
@@ -142,11 +141,8 @@ def validate_offload_case(case, model: str, out: Path, *, device: str = "cpu", d
     repeated: dict = {}
 
     def execute() -> None:
-        if log:
-            log(f"{case.name}: executing {len(reqs)} requests on {model} ({device}), KV offloaded "
-                f"({spec.offload.policy})")
-        repeated.update(run_repeated(lambda d: mode.run(spec, reqs, model, d, device=device, dtype=dtype,
-                                                        threads=threads), out / "exec", repeats))
+        repeated.update(execute_case(case, mode, spec, reqs, model, out, opts,
+                                     f", KV offloaded ({spec.offload.policy})"))
 
     if calibration is not None:
         fit = OffloadFit.load(calibration)

@@ -304,12 +304,13 @@ def small_results(tmp_path_factory):
     from infersim.executor.zoo import ensure_zoo
 
     from infersim.analysis.validate.cases import get_case
+    from infersim.analysis.validate.execute import CaseOptions
     from infersim.analysis.validate.run import validate_case
 
     ensure_zoo()
     out = tmp_path_factory.mktemp("validate")
     counts = {"plain-load": 64, "preempt-recompute": 32}
-    return {name: (validate_case(get_case(name), "zoo-target", out / name, requests=n), out / name)
+    return {name: (validate_case(get_case(name), "zoo-target", out / name, CaseOptions(requests=n)), out / name)
             for name, n in counts.items()}
 
 
@@ -378,6 +379,7 @@ def test_with_the_measured_times_the_simulator_reproduces_the_executed_schedule(
 @pytest.mark.parametrize("name", ["plain-load", "preempt-recompute"])
 def test_small_matrix_meets_the_targets(small_results, name, tmp_path, judge_targets):
     from infersim.analysis.validate.cases import get_case
+    from infersim.analysis.validate.execute import CaseOptions
     from infersim.analysis.validate.run import validate_case
 
     result, _ = small_results[name]
@@ -385,7 +387,7 @@ def test_small_matrix_meets_the_targets(small_results, name, tmp_path, judge_tar
     # measured here: the same case at load 0.9 passed, then missed with the cost model biased -9%
     # to -13% on every decode iteration: one fresh validation tells such a shift from a wrong model
     judge_targets(result, lambda: validate_case(get_case(name), "zoo-target", tmp_path / name,
-                                                requests=result["requests"]))
+                                                CaseOptions(requests=result["requests"])))
 
 
 def test_closed_loop_workloads_are_refused_in_one_line(tmp_path, capsys):
@@ -466,11 +468,12 @@ def spec_result(tmp_path_factory):
     from infersim.executor.zoo import ensure_zoo
 
     from infersim.analysis.validate.cases import get_case
+    from infersim.analysis.validate.execute import CaseOptions
     from infersim.analysis.validate.run import validate_case
 
     ensure_zoo()
     out = tmp_path_factory.mktemp("validate-spec") / "spec-draft"
-    return validate_case(get_case("spec-draft"), "zoo-target", out, requests=24), out
+    return validate_case(get_case("spec-draft"), "zoo-target", out, CaseOptions(requests=24)), out
 
 
 def test_spec_draft_rounds_statistics_and_report(spec_result):
@@ -526,10 +529,12 @@ def test_spec_draft_meets_the_latency_targets(spec_result, tmp_path, judge_targe
     when the machine was too busy to time). The p99s are reported, not asserted here: on 24
     requests a p99 is nearly the maximum; a miss must name its source."""
     from infersim.analysis.validate.cases import get_case
+    from infersim.analysis.validate.execute import CaseOptions
     from infersim.analysis.validate.run import validate_case
 
     result, _ = spec_result
-    judge_targets(result, lambda: validate_case(get_case("spec-draft"), "zoo-target", tmp_path / "again", requests=24),
+    judge_targets(result, lambda: validate_case(get_case("spec-draft"), "zoo-target", tmp_path / "again",
+                                                CaseOptions(requests=24)),
                   only=("per-iteration latency MAPE", "throughput (output tok/s)", "mean end-to-end latency"))
 
 

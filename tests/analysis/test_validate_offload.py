@@ -113,6 +113,7 @@ def infinigen_case(tmp_path_factory):
     from infersim.executor.zoo import ensure_zoo
 
     from infersim.analysis.validate.cases import get_case
+    from infersim.analysis.validate.execute import CaseOptions
     from infersim.analysis.validate.run import validate_case
 
     ensure_zoo()
@@ -120,7 +121,7 @@ def infinigen_case(tmp_path_factory):
     # the case's own 16 requests: at 8 the TTFT p99 is the slowest request's, and at 50 req/s a
     # prefill ending a few ms earlier or later moves a request into the next (50-100 ms) prefill:
     # 2 of 3 quiet runs missed it at 8 requests, 0 of 3 at 16 (measured 2026-11-22)
-    return validate_case(get_case("offload-infinigen"), "zoo-target", out, requests=OFFLOAD_REQUESTS), out
+    return validate_case(get_case("offload-infinigen"), "zoo-target", out, CaseOptions(requests=OFFLOAD_REQUESTS)), out
 
 
 def test_offload_case_runs_end_to_end(infinigen_case):
@@ -144,8 +145,9 @@ def test_offload_case_runs_end_to_end(infinigen_case):
 
 def test_offload_case_meets_the_targets(infinigen_case, tmp_path, judge_targets):
     from infersim.analysis.validate.cases import get_case
+    from infersim.analysis.validate.execute import CaseOptions
     from infersim.analysis.validate.run import validate_case
 
     result, _ = infinigen_case
     judge_targets(result, lambda: validate_case(get_case("offload-infinigen"), "zoo-target", tmp_path / "again",
-                                                requests=OFFLOAD_REQUESTS))
+                                                CaseOptions(requests=OFFLOAD_REQUESTS)))
