@@ -15,7 +15,6 @@ from typing import Literal
 
 import numpy as np
 
-from ..errors import InfersimError
 from .batch import BatchShape
 
 Direction = Literal["h2d", "d2h"]
@@ -53,16 +52,6 @@ class CostModel(ABC):
 
     name: str = "base"
     from_workload: bool = False  # built from (model, hardware, options) alone, so a workload may name it
-
-    @classmethod
-    def for_workload(cls, model, hardware, **options) -> "CostModel":
-        """The cost model a workload's `serving.cost_model` names, for its model and hardware.
-        Models built from measured data refuse: their data comes from `sim validate` or the
-        executor, not from a workload."""
-        if not cls.from_workload:
-            raise InfersimError(f"cost model '{cls.name}' is built from measured data (sim validate, sim exec), "
-                                f"not named in a workload; use roofline or regression")
-        return cls(model, hardware, **options)
 
     @abstractmethod
     def iteration_time_s(self, batch: BatchShape) -> float:

@@ -12,6 +12,7 @@ from infersim.simulator.costmodel.speculative_fit import SpecDraftCost, SpecTarg
 from infersim.simulator.errors import InfersimError
 from infersim.simulator.hardware.catalog import load_hardware
 from infersim.simulator.models.catalog import load_model
+from infersim.simulator.preflight import check_workload
 from infersim.simulator.registry import name_key
 
 ALL = {"roofline", "regression", "executor_fit", "executor_spec_fit_target", "executor_spec_fit_draft", "measured",
@@ -27,9 +28,11 @@ def test_every_cost_model_is_registered_by_its_name_and_lives_in_the_simulator()
 
 
 @pytest.mark.parametrize("name", sorted(ALL - {"roofline", "regression"}))
-def test_a_workload_may_not_name_a_model_built_from_measured_data(name):
-    with pytest.raises(InfersimError, match=f"cost model '{name}' is built from measured data"):
+def test_a_workload_may_not_name_a_model_built_from_measured_data(name, small_workload):
+    with pytest.raises(InfersimError, match=f"cost model '{name}' is built from measured data .*use regression or"):
         build_cost_model(name, load_model("opt-1.3b"), load_hardware("a100-80gb-pcie"))
+    with pytest.raises(InfersimError, match=f"^chat.yaml: field 'serving.cost_model': cost model '{name}' is built"):
+        check_workload(small_workload(cost_model=name), "chat.yaml")
 
 
 def test_registered_names_ignore_case_hyphens_and_underscores():
