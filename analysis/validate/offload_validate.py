@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from infersim.simulator.costmodel.replay import ReplayCostModel
+from infersim.simulator.costmodel.replay import OffloadReplayCostModel
 from infersim.simulator.errors import InfersimError
 
 from .compare import brief
@@ -98,27 +98,9 @@ def bytes_level(exec_run, data, cm, finals) -> dict:
             "measured_stored_bytes": float(np.sum(data.stored_bytes))}
 
 
-class _OffloadReplay:
-    """ReplayCostModel for an offloading replica: the measured times, while the replica's
-    byte counters still ask the calibrated model (which binds nothing)."""
-
-    def __new__(cls, exec_run, cm):
-
-        class Replay(ReplayCostModel):
-            offloaded_weight_bytes = cm.offloaded_weight_bytes
-
-            def bind_final(self, final_tokens) -> None:
-                pass
-
-            def stages(self, *a, **kw):
-                return cm.stages(*a, **kw)
-
-        return Replay(exec_run, cm)
-
-
 def validate_offload_case(case, model: str, out: Path, opts: CaseOptions) -> dict:
     device, dtype, threads, seed, requests = opts.device, opts.dtype, opts.threads, opts.seed, opts.requests
-    spec, calibration, report, repeats, log = opts.spec, opts.calibration, opts.report, opts.repeats, opts.log
+    spec, calibration, report, log = opts.spec, opts.calibration, opts.report, opts.log
     from infersim.simulator.metrics.rundir import write_json
     from infersim.simulator.workload.builder import build_requests
 
@@ -165,7 +147,7 @@ def validate_offload_case(case, model: str, out: Path, opts: CaseOptions) -> dic
         log(f"{case.name}: simulating")
     simulate_run(exec_run, out / "sim", cost_model=cm, cost_model_name="roofline", updates=updates)
     sim_run = load_run(out / "sim")
-    simulate_run(exec_run, out / "replay", cost_model=_OffloadReplay(exec_run, cm), cost_model_name="roofline",
+    simulate_run(exec_run, out / "replay", cost_model=OffloadReplayCostModel(exec_run, cm), cost_model_name="roofline",
                  updates=updates, policy_cost_model=cm)
     in_order = _FinalsInOrder(cm, finals, fit.meta)
     cmp = compare_runs(case.name, exec_run, sim_run, in_order, case.compare, replay_run=load_run(out / "replay"))

@@ -71,7 +71,7 @@ def validate_case(case: Case, model: str, out: Path, opts: CaseOptions = CaseOpt
     (sentinel.py); `opts` says how the case runs (executor settings, workload, repeats of the
     validated run: execute.CaseOptions)."""
     device, dtype, threads, seed, requests = opts.device, opts.dtype, opts.threads, opts.seed, opts.requests
-    spec, calibration, report, repeats, log = opts.spec, opts.calibration, opts.report, opts.repeats, opts.log
+    spec, calibration, report, log = opts.spec, opts.calibration, opts.report, opts.log
     from infersim.simulator.metrics.rundir import write_json
     from infersim.simulator.workload.builder import build_requests
 

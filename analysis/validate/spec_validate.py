@@ -133,7 +133,7 @@ def _fit_bracketed(mode, spec, run, model: str, out: Path, *, device, dtype, thr
 
 def validate_spec_case(case, model: str, out: Path, opts: CaseOptions) -> dict:
     device, dtype, threads, seed, requests = opts.device, opts.dtype, opts.threads, opts.seed, opts.requests
-    spec, calibration, report, repeats, log = opts.spec, opts.calibration, opts.report, opts.repeats, opts.log
+    spec, calibration, report, log = opts.spec, opts.calibration, opts.report, opts.log
     from infersim.simulator.costmodel.speculative_fit import SpecFit
     from infersim.simulator.metrics.rundir import write_json
     from infersim.simulator.workload.builder import build_requests

@@ -9,13 +9,13 @@ from .batch import BatchShape, BatchTotals
 from .fitted import FittedCostModel
 from .measured import MeasuredCostModel
 from .regression import RegressionCostModel
-from .replay import ReplayCostModel
+from .replay import OffloadReplayCostModel, ReplayCostModel
 from .roofline import RooflineCostModel
 from .speculative_fit import SpecDraftCost, SpecTargetCost
 
 COST_MODELS: Registry[type[CostModel]] = Registry("cost model")
 for _cls in (RooflineCostModel, RegressionCostModel, FittedCostModel, SpecTargetCost, SpecDraftCost,
-             MeasuredCostModel, ReplayCostModel):
+             MeasuredCostModel, ReplayCostModel, OffloadReplayCostModel):
     COST_MODELS.register(_cls.name)(_cls)
 
 
@@ -35,5 +35,5 @@ def build_cost_model(name: str, model, hardware, **options) -> CostModel:
 
 
 __all__ = ["CostModel", "OperatorCost", "BatchShape", "BatchTotals", "RooflineCostModel", "RegressionCostModel",
-           "FittedCostModel", "SpecTargetCost", "SpecDraftCost", "MeasuredCostModel", "ReplayCostModel",
+           "FittedCostModel", "SpecTargetCost", "SpecDraftCost", "MeasuredCostModel", "ReplayCostModel", "OffloadReplayCostModel",
            "COST_MODELS", "build_cost_model", "workload_cost_model"]

@@ -16,7 +16,7 @@ from infersim.simulator.preflight import check_workload
 from infersim.simulator.registry import name_key
 
 ALL = {"roofline", "regression", "executor_fit", "executor_spec_fit_target", "executor_spec_fit_draft", "measured",
-       "replay", "offload"}
+       "replay", "offload_replay", "offload"}
 
 
 def test_every_cost_model_is_registered_by_its_name_and_lives_in_the_simulator():
