@@ -10,16 +10,16 @@ class ProgressBar:
     fields (`{task.fields[note]}`), shown between the count and the elapsed time; a transient
     bar vanishes when done."""
 
-    def __init__(self, label: str, *, quiet: bool = False, total: int | None = None, fields: str = "",
+    def __init__(self, title: str, *, quiet: bool = False, total: int | None = None, fields: str = "",
                  transient: bool = False, **initial):
-        self.label, self.quiet, self.total, self.fields = label, quiet, total, fields
+        self.title, self.quiet, self.total, self.fields = title, quiet, total, fields
         self.transient, self.initial = transient, initial
         self._p: Progress | None = None
         self._task = None
 
     def __enter__(self) -> "ProgressBar":
         if not self.quiet:
-            cols = [TextColumn(self.label), BarColumn(), MofNCompleteColumn()]
+            cols = [TextColumn(self.title), BarColumn(), MofNCompleteColumn()]
             if self.fields:
                 cols.append(TextColumn(self.fields))
             self._p = Progress(*cols, TimeElapsedColumn(), transient=self.transient)
@@ -32,7 +32,7 @@ class ProgressBar:
         """The task, when its size is known only after the bar is shown."""
         self.total = total
         if self._p is not None:
-            self._task = self._p.add_task(self.label, total=total, completed=completed, **{**self.initial, **fields})
+            self._task = self._p.add_task(self.title, total=total, completed=completed, **{**self.initial, **fields})
 
     def update(self, **changes) -> None:
         """rich's `Progress.update` of the task (completed=, advance=, total=, or its fields)."""
