@@ -10,7 +10,7 @@ class ProgressBar:
     fields (`{task.fields[note]}`), shown between the count and the elapsed time; a transient
     bar vanishes when done."""
 
-    def __init__(self, title: str, *, quiet: bool = False, total: int | None = None, fields: str = "",
+    def __init__(self, title: str, /, *, quiet: bool = False, total: int | None = None, fields: str = "",
                  transient: bool = False, **initial):
         self.title, self.quiet, self.total, self.fields = title, quiet, total, fields
         self.transient, self.initial = transient, initial
