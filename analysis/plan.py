@@ -39,6 +39,7 @@ import numpy as np
 from pydantic import BaseModel, Field, PositiveFloat, PositiveInt
 
 from infersim.simulator.errors import InfersimError
+from infersim.simulator.progress import ProgressBar
 from infersim.simulator.validation import MAX_SEED, STRICT_CONFIG, in_field
 
 from .sweep import config_key, resolve_config, run_config
@@ -590,52 +591,34 @@ def _safe(fut) -> dict:
                 "wall_s": 0.0, "worker": "?"}
 
 
-class _PlanProgress:
+class _PlanProgress(ProgressBar):
     def __init__(self, quiet: bool, total: int, where: str):
-        self.quiet, self.total, self.where = quiet, total, where
+        super().__init__(f"planning [dim]({where})[/]", quiet=quiet, total=total,
+                         fields="configurations, {task.fields[probes]} simulations {task.fields[note]}", probes=0,
+                         note="")
         self.probes = 0
-        self.finished: list[str] = []
-
-    def __enter__(self):
-        if not self.quiet:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-            self._p = Progress(TextColumn(f"planning [dim]({self.where})[/]"), BarColumn(), MofNCompleteColumn(),
-                               TextColumn("configurations, {task.fields[probes]} simulations {task.fields[note]}"),
-                               TimeElapsedColumn())
-            self._p.__enter__()
-            self._t = self._p.add_task("plan", total=self.total, probes=0, note="")
-        return self
 
     def probe(self) -> None:
         self.probes += 1
-        if not self.quiet:
-            self._p.update(self._t, probes=self.probes)
+        self.update(probes=self.probes)
 
     def done(self, r: CandidateResult) -> None:
-        if not self.quiet:
-            msg = (f"{r.label}: goodput {r.goodput_rps:.3g} req/s" if r.status != "failed" else f"{r.label}: failed")
-            self._p.update(self._t, advance=1, note=f"[dim]· {msg}[/]")
-            self._p.console.print(msg + (f", {r.replicas} replicas" if r.replicas else "")
-                                + (f" ({r.error})" if r.error else ""))
-
-    def __exit__(self, *exc):
-        if not self.quiet:
-            self._p.__exit__(*exc)
-        return False
+        msg = (f"{r.label}: goodput {r.goodput_rps:.3g} req/s" if r.status != "failed" else f"{r.label}: failed")
+        self.update(advance=1, note=f"[dim]· {msg}[/]")
+        self.print(msg + (f", {r.replicas} replicas" if r.replicas else "") + (f" ({r.error})" if r.error else ""))
 
 
 # ---------------------------------------------------------------------------------------------
 # outputs
 
 
-def _money(v: Optional[float]) -> str:
+def money(v: Optional[float]) -> str:
     if v is None or not math.isfinite(v):
         return "-"
     return f"${v:.3f}" if v < 1 else f"${v:.2f}"
 
 
-def _num(v: Optional[float], digits: int = 3) -> str:
+def num(v: Optional[float], digits: int = 3) -> str:
     if v is None or (isinstance(v, float) and not math.isfinite(v)):
         return "-"
     return f"{v:.{digits}g}"
@@ -652,7 +635,7 @@ def verdict(res: PlanResult) -> list[str]:
     else:
         best = ranked[0]
         if res.target_rate and best.gpus:
-            cost = (f" at **{_money(best.cost_per_m_output_tokens)} per million output tokens**"
+            cost = (f" at **{money(best.cost_per_m_output_tokens)} per million output tokens**"
                     if best.cost_per_m_output_tokens is not None else "")
             how = "cheapest" if best.cost_per_m_output_tokens is not None else "the one needing the fewest GPUs"
             lines.append(f"To serve **{res.target_rate:g} req/s** within {slo_txt}, **{best.label}** is {how}: "
@@ -661,7 +644,7 @@ def verdict(res: PlanResult) -> list[str]:
             for other in ranked[1:3]:
                 rel = ""
                 if other.cost_per_m_output_tokens and best.cost_per_m_output_tokens:
-                    rel = (f", {_money(other.cost_per_m_output_tokens)}/M "
+                    rel = (f", {money(other.cost_per_m_output_tokens)}/M "
                            f"({other.cost_per_m_output_tokens / best.cost_per_m_output_tokens:.2f}× the cost)")
                 lines.append(f"Next: {other.label} needs {other.gpus} GPU{'s' if other.gpus != 1 else ''}{rel}.")
         else:
@@ -676,7 +659,9 @@ def verdict(res: PlanResult) -> list[str]:
 
 
 def _plots(res: PlanResult, pdir: Path) -> list[tuple[str, str, str]]:
-    from .report_html import pyplot, save_figure
+    from infersim.simulator.metrics.plots import pyplot
+
+    from .report_html import save_figure
 
     plt = pyplot()
     pdir.mkdir(parents=True, exist_ok=True)
@@ -777,7 +762,7 @@ def _plots(res: PlanResult, pdir: Path) -> list[tuple[str, str, str]]:
             ax.barh(yy, at_t, color=[col[c.label] for c in priced])
         ax.scatter(at_g, yy, marker="D", color="black", s=22, zorder=4)
         for yi, c, v in zip(yy, priced, at_t):
-            ax.annotate(_money(v if res.target_rate else c.cost_per_m_output_tokens_at_goodput),
+            ax.annotate(money(v if res.target_rate else c.cost_per_m_output_tokens_at_goodput),
                         (max(v, c.cost_per_m_output_tokens_at_goodput or 0), yi), xytext=(5, 0),
                         textcoords="offset points", va="center", fontsize=8)
         ax.set_xlim(0, max(at_t + at_g + [1e-9]) * 1.3)
@@ -857,11 +842,11 @@ def build_report(res: PlanResult, images: list[tuple[str, str, str]]):
              for s in res.slos] + ["status"]
     rows = []
     for c in order:
-        row = [c.label, _num(c.goodput_rps) + ("+" if c.capped else ""), _num(c.goodput_output_tps, 4)]
+        row = [c.label, num(c.goodput_rps) + ("+" if c.capped else ""), num(c.goodput_output_tps, 4)]
         if res.target_rate:
             row += [str(c.replicas) if c.replicas else "-", str(c.gpus) if c.gpus else "-"]
-        row += [_money(c.price_per_gpu_hour), _money(c.cost_per_m_output_tokens),
-                _money(c.cost_per_m_output_tokens_at_goodput)]
+        row += [money(c.price_per_gpu_hour), money(c.cost_per_m_output_tokens),
+                money(c.cost_per_m_output_tokens_at_goodput)]
         row += [fmt_time(c.at_goodput.get(s.metric, float("nan"))) for s in res.slos]
         row.append(c.status if c.status == "ok" else f"{c.status}: {c.error}")
         rows.append(row)
@@ -892,7 +877,7 @@ def build_report(res: PlanResult, images: list[tuple[str, str, str]]):
     probe_rows = []
     for c in res.candidates:
         for p in sorted(c.probes, key=lambda p: (p.replicas, p.rate)):
-            probe_rows.append([c.label, p.kind, _num(p.rate, 4), str(p.replicas), str(p.requests),
+            probe_rows.append([c.label, p.kind, num(p.rate, 4), str(p.replicas), str(p.requests),
                                *[fmt_time(p.metrics.get(x.metric, float("nan"))) for x in res.slos],
                                "yes" if p.ok else ("error" if p.status != "ok" else "no")])
     rep.details(f"All {len(probe_rows)} simulations", [

@@ -14,18 +14,6 @@ from typing import Any, Sequence
 # ------------------------------------------------------------------ plotting helpers (shared)
 
 
-def pyplot():
-    """matplotlib.pyplot on the Agg backend in the style of simulator/metrics/plots.py."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    plt.rcParams.update({"figure.dpi": 110, "axes.grid": True, "grid.alpha": 0.3, "svg.hashsalt": "infersim",
-                         "axes.spines.top": False, "axes.spines.right": False})
-    return plt
-
-
 def save_figure(fig, path: Path) -> None:
     """Save with fixed metadata (identical inputs give identical PNGs), atomically."""
     from infersim.simulator.yamlio import atomic_path

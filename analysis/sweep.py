@@ -46,6 +46,7 @@ import numpy as np
 from pydantic import BaseModel, Field, PositiveInt, ValidationError, field_validator
 
 from infersim.simulator.errors import InfersimError, pydantic_error_line
+from infersim.simulator.progress import ProgressBar
 from infersim.simulator.validation import STRICT_CONFIG
 
 # ---------------------------------------------------------------------------------------------
@@ -123,8 +124,8 @@ def run_config(task: dict) -> dict:
     t0 = time.perf_counter()
     worker = f"{socket.gethostname()}:{os.getpid()}"
     try:
-        from infersim.simulator.simulation import simulate
         from infersim.simulator.metrics.summary import summarize
+        from infersim.simulator.simulation import simulate
         from infersim.simulator.workload.builder import build_requests
         from infersim.simulator.workload.schema import WorkloadSpec
 
@@ -383,10 +384,10 @@ def run_sweep(workload: str, space: SweepSpace | str | Path, out: str | Path | N
     """Run (or resume) a sweep and rebuild its table and plots. `on_record(rec)` is called after
     each new result file is written. The folder must be new, empty or an infersim folder
     (`force` allows any other; rundir.check_out_dir)."""
-    from infersim.simulator.workload.builder import load_workload
     from infersim.simulator.metrics.rundir import claim_dir
-    from infersim.simulator.yamlio import validate, write_atomic
+    from infersim.simulator.workload.builder import load_workload
     from infersim.simulator.workload.schema import WorkloadSpec
+    from infersim.simulator.yamlio import validate, write_atomic
 
     from .sweep_backends import make_backend
 
@@ -749,7 +750,9 @@ def write_outputs(sweep_dir: Path, df, params: list[Param], space: SweepSpace, p
     files.append(sweep_dir / "sensitivity.csv")
     imgs = []
     if plots and have and (df["status"] == "ok").any():
-        from .report_html import pyplot, save_figure
+        from infersim.simulator.metrics.plots import pyplot
+
+        from .report_html import save_figure
 
         plt = pyplot()
         pdir = sweep_dir / "plots"
@@ -877,36 +880,20 @@ def _markdown(df, front, sens, params, space, imgs, sweep_dir: Path) -> str:
 # progress
 
 
-class _Progress:
+class _Progress(ProgressBar):
+    """Counts new results, ok and failed; the total is known once the cached ones are."""
+
     def __init__(self, quiet: bool, name: str, where: str):
-        self.quiet, self.name, self.where = quiet, name, where
+        super().__init__(f"sweep {name} [dim]({where})[/]", quiet=quiet, fields="{task.fields[note]}")
         self.ok = self.failed = 0
 
-    def __enter__(self):
-        if not self.quiet:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-            self._p = Progress(TextColumn(f"sweep {self.name} [dim]({self.where})[/]"), BarColumn(),
-                               MofNCompleteColumn(), TextColumn("{task.fields[note]}"), TimeElapsedColumn())
-            self._p.__enter__()
-            self._task = None
-        return self
-
     def start(self, total: int, cached: int) -> None:
-        if not self.quiet:
-            self._task = self._p.add_task("sweep", total=total, completed=cached,
-                                          note=f"{cached} already done" if cached else "")
+        super().start(total, completed=cached, note=f"{cached} already done" if cached else "")
 
     def advance(self, rec: dict) -> None:
         if rec["status"] == "ok":
             self.ok += 1
         else:
             self.failed += 1
-        if not self.quiet and self._task is not None:
-            note = f"{self.ok} new ok" + (f", [red]{self.failed} failed[/]" if self.failed else "")
-            self._p.update(self._task, advance=1, note=note)
-
-    def __exit__(self, *exc):
-        if not self.quiet:
-            self._p.__exit__(*exc)
-        return False
+        note = f"{self.ok} new ok" + (f", [red]{self.failed} failed[/]" if self.failed else "")
+        self.update(advance=1, note=note)

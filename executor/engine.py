@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from infersim.simulator.costmodel.measured import MeasuredCostModel
 from infersim.simulator.engine.decision import apply_decision
 from infersim.simulator.engine.sequence import emit_token
 from infersim.simulator.policies.state import SchedulerLimits, SchedulerState
@@ -157,7 +158,6 @@ class Engine:
     def __init__(self, model, scheduler, *, gpu_blocks: int, cpu_blocks: int, block_size: int = 16,
                  watermark: float = 0.01, limits: SchedulerLimits | None = None, metrics=None, cost_model=None,
                  realtime: bool = True, record: bool = True, kv_dtype=None):
-        from .costmodel import MeasuredCostModel
 
         self.lm = model
         self.runner = build_runner(model)

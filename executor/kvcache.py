@@ -177,7 +177,7 @@ class PagedKVCache:
             # CPU: one slice copy per run of blocks consecutive on both sides (the free lists
             # hand out neighbouring ids, so runs are long); an index gather + scatter would
             # go through a temporary and take several times the bytes' memcpy time
-            for g0, c0, n in _runs(gpu_ids, cpu_ids):
+            for g0, c0, n in contiguous_runs(gpu_ids, cpu_ids):
                 self.copy_calls += 2
                 for dev, host in ((self._k, self._hk), (self._v, self._hv)):
                     if to_host:
@@ -221,7 +221,7 @@ class PagedKVCache:
         return (k.view(-1, self.num_kv_heads, self.head_dim), v.view(-1, self.num_kv_heads, self.head_dim))
 
 
-def _runs(a: list[int], b: list[int]):
+def contiguous_runs(a: list[int], b: list[int]):
     """(a0, b0, n) for maximal runs where a and b both step by +1."""
     i = 0
     while i < len(a):

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from infersim.simulator.errors import InfersimError
 from infersim.simulator.machine import cpu_model
+from infersim.simulator.progress import ProgressBar
 
 
 def device_description(dev) -> dict:
@@ -68,21 +69,18 @@ def plan_blocks(lm, sv, limits, *, kv_dtype, device_memory_gb: float | None = No
 def serve(engine, total: int | None) -> float:
     """Run the engine to completion, with a progress bar over `total` requests (None: quiet);
     returns the last finish time on the engine clock."""
-    progress = None if total is None else _Progress(total)
-    if progress is not None:
-        prev = engine.on_finish
+    with ProgressBar("executing", quiet=total is None, total=total, fields="engine time {task.fields[t]:.1f} s",
+                     transient=True, t=0.0) as bar:
+        if total is not None:
+            prev = engine.on_finish
 
-        def on_finish(seq, now):
-            progress.update(len(engine.finished), now)
-            if prev is not None:
-                prev(seq, now)
+            def on_finish(seq, now):
+                bar.update(completed=len(engine.finished), t=now)
+                if prev is not None:
+                    prev(seq, now)
 
-        engine.on_finish = on_finish
-    try:
+            engine.on_finish = on_finish
         engine.run()
-    finally:
-        if progress is not None:
-            progress.close()
     return max((s.finish_s for s in engine.finished), default=0.0)
 
 
@@ -134,17 +132,3 @@ def write_outputs(path: Path, seqs) -> None:
     pq.write_table(table, str(path))
 
 
-class _Progress:
-    def __init__(self, total: int):
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        self._p = Progress(TextColumn("executing"), BarColumn(), MofNCompleteColumn(),
-                           TextColumn("engine time {task.fields[t]:.1f} s"), TimeElapsedColumn(), transient=True)
-        self._p.__enter__()
-        self._task = self._p.add_task("exec", total=total, t=0.0)
-
-    def update(self, done: int, now: float) -> None:
-        self._p.update(self._task, completed=done, t=now)
-
-    def close(self) -> None:
-        self._p.__exit__(None, None, None)

@@ -8,11 +8,8 @@ from functools import lru_cache
 from pathlib import Path
 
 from .errors import UnknownNameError
+from .registry import name_key
 from .yamlio import load_mapping
-
-
-def _norm(name: str) -> str:
-    return name.strip().lower().replace("_", "-")
 
 
 @lru_cache(maxsize=None)
@@ -22,14 +19,14 @@ def index_folder(folder: str, suffixes: tuple[str, ...] = (".yaml", ".yml")) -> 
     for path in sorted(Path(folder).iterdir()):
         if path.suffix not in suffixes or path.name.startswith("_"):
             continue
-        out[_norm(path.stem)] = path
+        out[name_key(path.stem)] = path
         try:
             data = load_mapping(path)
         except Exception:
             continue
         for key in [data.get("name", "")] + list(data.get("aliases", []) or []):
             if key:
-                out.setdefault(_norm(str(key)), path)
+                out.setdefault(name_key(str(key)), path)
     return out
 
 
@@ -44,7 +41,7 @@ def resolve(kind: str, name: str, folder: Path) -> Path:
         return as_path
     if as_path.is_dir() and (as_path / "config.json").is_file():
         return as_path / "config.json"
-    found = index_folder(str(folder)).get(_norm(name))
+    found = index_folder(str(folder)).get(name_key(name))
     if found is None:
         raise UnknownNameError(kind, name, canonical_names(folder))
     return found

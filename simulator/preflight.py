@@ -4,15 +4,23 @@ the model, the requests fit in memory. They read the catalogs and registries, so
 them (validation.py is the leaf every schema uses)."""
 from __future__ import annotations
 
-from .costmodel import COST_MODELS
+from .costmodel import workload_cost_model
 from .engine.router import ROUTERS
 from .errors import InfersimError
 from .hardware.catalog import load_hardware
 from .models.catalog import load_model
 from .models.dtypes import normalize_dtype
 from .policies import PREEMPTION_POLICIES, SCHEDULERS
-from .validation import (BYTES_PER_REPLICA, BYTES_PER_REQUEST, check_memory, check_seed, check_tensor_parallel,
-                         expected_requests, in_field, simulation_bytes)
+from .validation import (
+    BYTES_PER_REPLICA,
+    BYTES_PER_REQUEST,
+    check_memory,
+    check_seed,
+    check_tensor_parallel,
+    expected_requests,
+    in_field,
+    simulation_bytes,
+)
 from .workload.schema import WorkloadSpec
 from .yamlio import validate
 
@@ -34,7 +42,7 @@ def check_workload(spec, source: str, *, allow_large: bool = False, parallel: in
                              ("serving.scheduler", SCHEDULERS.get, sv.scheduler),
                              ("serving.preemption", PREEMPTION_POLICIES.get, sv.preemption),
                              ("hardware.router", ROUTERS.get, hw.router),
-                             ("serving.cost_model", COST_MODELS.get, sv.cost_model)):
+                             ("serving.cost_model", workload_cost_model, sv.cost_model)):
         in_field(source, field, get, name)
     check_seed(spec.seed, "seed", source)
     check_tensor_parallel(model, hw.tensor_parallel, source=source)

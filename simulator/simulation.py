@@ -14,7 +14,7 @@ import simpy
 from .costmodel import build_cost_model
 from .engine.blocks import BlockManager
 from .engine.clock import SimEnvironment
-from .engine.memory import MemoryPlan, plan_memory
+from .engine.memory import MemoryOptions, MemoryPlan, plan_memory
 from .engine.replica import Replica
 from .engine.router import ROUTERS
 from .engine.sequence import Sequence
@@ -63,11 +63,9 @@ class Simulation:
 
             self.memory = offload_memory_plan(self)
         else:
-            self.memory = plan_memory(self.model, self.hardware, block_size=sv.block_size, dtype=dtype,
-                                      kv_dtype=kv_dtype, tp=tp, gpu_memory_utilization=sv.gpu_memory_utilization,
-                                      swap_space_gb=sv.swap_space_gb, max_batched_tokens=max_batched,
-                                      max_batch_size=sv.max_batch_size, gpu_blocks=sv.gpu_blocks,
-                                      cpu_blocks=sv.cpu_blocks, source=source)
+            opts = MemoryOptions(sv.block_size, dtype, kv_dtype, tp, sv.gpu_memory_utilization, sv.swap_space_gb,
+                                 max_batched, sv.max_batch_size, gpu_blocks=sv.gpu_blocks, cpu_blocks=sv.cpu_blocks)
+            self.memory = plan_memory(self.model, self.hardware, opts, source=source)
         # vLLM 0.2-0.5 keep a K and a V tensor per layer and swap block by block with one
         # cudaMemcpyAsync each (cache_ops.swap_blocks), per GPU: 2 x layers copies per block
         self.kv_copies_per_block = 2 * self.model.num_layers

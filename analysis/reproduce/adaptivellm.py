@@ -38,11 +38,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from infersim.simulator.simulation import Simulation
-from infersim.simulator.machine import machine_line
 from infersim.simulator.hardware.catalog import load_hardware
+from infersim.simulator.machine import machine_line
 from infersim.simulator.metrics.collector import SERIES_COLUMNS
+from infersim.simulator.metrics.plots import pyplot
 from infersim.simulator.metrics.summary import summarize
+from infersim.simulator.simulation import Simulation
 from infersim.simulator.workload.builder import build_requests, load_workload
 from infersim.simulator.workload.schema import WorkloadSpec
 
@@ -288,8 +289,14 @@ def _label(t: dict) -> str:
 
 
 def run_all(tasks: list[dict], jobs: int) -> pd.DataFrame:
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                               TimeRemainingColumn)
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     # longest first: fairness re-plans every step, and long outputs mean more steps
     order = sorted(tasks, key=lambda t: (not t["config"].endswith("fairness"), -t["max_output"]))
@@ -359,14 +366,7 @@ def _f(x, nd=2) -> str:
 
 # ---- plots ----------------------------------------------------------------------------------
 def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    plt.rcParams.update({"figure.dpi": 100, "axes.grid": True, "grid.alpha": 0.3, "axes.spines.top": False,
-                         "axes.spines.right": False, "font.size": 8})
-    return plt
+    return pyplot(**{"figure.dpi": 100, "font.size": 8})
 
 
 STYLE = {"vllm": ("tab:blue", "o", "-"), "vllm_s": ("tab:orange", "s", "-"), "cost_aware_fcfs": ("tab:green", "^", "-"),

@@ -35,7 +35,7 @@ import torch
 import yaml
 
 from infersim.executor.zoo.corpus import held_out_windows
-from infersim.simulator.metrics.rundir import _clean
+from infersim.simulator.metrics.rundir import json_clean
 from infersim.simulator.offload.policies import Int4Params
 from infersim.simulator.yamlio import atomic_path, write_atomic
 
@@ -284,12 +284,12 @@ def main(argv=None) -> int:
             "skew": skew_stats(model, sample.to(model.device), skew, 0.3),
             "input_similarity": input_similarity(model, ids[:8].to(model.device)),
             "seconds": time.perf_counter() - t_start, "files": [f"{stem}.csv", f"{stem}-sparsity.csv", *files]}
-    write_atomic(out / f"{stem}-meta.json", json.dumps(_clean(meta), indent=2, sort_keys=True) + "\n")
+    write_atomic(out / f"{stem}-meta.json", json.dumps(json_clean(meta), indent=2, sort_keys=True) + "\n")
     if not args.quick and args.sparsity_out and args.window_tokens == TRAINED_TOKENS:
         head = ("# Attention sparsity of zoo-target (the executor's Llama 3 x 192), measured on the real model.\n"
                 "# Written by `python -m infersim.analysis.reproduce.infinigen_executor`; see docs/findings/"
                 "infinigen-executor.md.\n")
-        write_atomic(args.sparsity_out, head + yaml.safe_dump(_clean(spec.model_dump()), sort_keys=False,
+        write_atomic(args.sparsity_out, head + yaml.safe_dump(json_clean(spec.model_dump()), sort_keys=False,
                                                               width=100))
     pd.set_option("display.width", 200)
     print(df[["label", "perplexity", "ppl_vs_full", "mass_kept", "relative_kv_size"]].to_string(index=False))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Callable
 from pathlib import Path
 
 import numpy as np
@@ -207,3 +208,27 @@ def run_executor(spec, requests, model: str, out: Path, *, device: str = "cpu", 
     finally:
         gc.unfreeze()
         torch.set_num_threads(prev)
+
+
+@dataclass(frozen=True)
+class CaseOptions:
+    """How a validation case runs: the executor's settings, the workload drawn, the report."""
+
+    device: str = "cpu"
+    dtype: str | None = None  # the executor's default for the device when None
+    threads: int = 1
+    seed: int | None = None  # the case's own seed when None
+    requests: int | None = None  # the case's own request count when None
+    spec: object = None  # a WorkloadSpec that replaces the case's workload
+    calibration: Path | None = None  # a saved fit instead of calibrating now
+    report: bool = True  # write report.html / report.md
+    repeats: int = 1  # measure the validated run this many times and keep the median (run_repeated)
+    log: Callable[[str], None] | None = None  # progress lines
+
+
+def execute_case(case, mode, spec, reqs, model: str, out: Path, opts: CaseOptions, what: str = "") -> dict:
+    """The validated run, `opts.repeats` times, into out/exec; what run_repeated says about it."""
+    if opts.log:
+        opts.log(f"{case.name}: executing {len(reqs)} requests on {model} ({opts.device}){what}")
+    return run_repeated(lambda d: mode.run(spec, reqs, model, d, device=opts.device, dtype=opts.dtype,
+                                           threads=opts.threads), out / "exec", opts.repeats)

@@ -18,8 +18,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 from .rule import RULE
 
 RESULTS_DIR = Path(__file__).resolve().parents[2] / "docs" / "validation"
@@ -68,10 +66,11 @@ def run_matrix(cases: list, model: str, out: Path, *, device: str = "cpu", threa
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     import infersim.executor  # noqa: F401  (before torch: passive OpenMP waits on a shared machine)
-
+    from infersim.simulator.costmodel.fitted import FittedCostModel
     from infersim.simulator.errors import InfersimError
 
-    from .calibrate import FittedCostModel, calibrate
+    from .calibrate import calibrate
+    from .execute import CaseOptions
     from .modes import MODES
     from .run import validate_case
 
@@ -92,8 +91,8 @@ def run_matrix(cases: list, model: str, out: Path, *, device: str = "cpu", threa
             bar.update(task, description=f"validating {case.name}")
 
             try:
-                rows.append(validate_case(case, model, out / case.name, device=device, threads=threads, fit=fit,
-                                          repeats=repeats))
+                rows.append(validate_case(case, model, out / case.name,
+                                          CaseOptions(device=device, threads=threads, repeats=repeats), fit=fit))
             except InfersimError as exc:
                 # one case's failure (e.g. a feature executor whose run directory lacks a table) is
                 # reported in its row; the rest of the matrix runs

@@ -8,23 +8,14 @@ from pathlib import Path
 
 import numpy as np
 
+from infersim.simulator.costmodel.executor_features import shapes_from_batches
 from infersim.simulator.errors import InfersimError
-
-from .features import shapes_from_batches
+from infersim.simulator.metrics.rundir import read_columns
 
 # a gap between iterations longer than this many median gaps, with an arrival inside it,
 # is the engine waiting for work (its clock jumped), not engine overhead
 IDLE_GAP_FACTOR = 4.0
 IDLE_GAP_MIN_S = 2e-4
-
-
-def _read_table(path: Path) -> dict[str, np.ndarray]:
-    import pyarrow.parquet as pq
-
-    if not path.is_file():
-        raise InfersimError(f"{path.parent}: missing {path.name} (is it a `sim exec` run directory?)")
-    t = pq.read_table(str(path))
-    return {c: t.column(c).to_numpy() for c in t.column_names}
 
 
 def _read_yaml(path: Path) -> dict:
@@ -65,7 +56,7 @@ def load_run(path: Path) -> RunDir:
     if not summary_path.is_file():
         raise InfersimError(f"{path}: missing summary.json (not a run directory)")
     return RunDir(path, _read_yaml(path / "config.yaml"), json.loads(summary_path.read_text()),
-                  _read_table(path / "requests.parquet"), _read_table(path / "series.parquet"))
+                  read_columns(path / "requests.parquet"), read_columns(path / "series.parquet"))
 
 
 @dataclass
@@ -115,8 +106,8 @@ def engine_periods(it: dict[str, np.ndarray], arrivals: np.ndarray) -> tuple[np.
 
 def load_exec_run(path: Path) -> ExecRun:
     base = load_run(path)
-    it = _read_table(Path(path) / "iterations.parquet")
-    b = _read_table(Path(path) / "iteration_batches.parquet")
+    it = read_columns(Path(path) / "iterations.parquet")
+    b = read_columns(Path(path) / "iteration_batches.parquet")
     shapes = shapes_from_batches(b, np.asarray(it["iteration"], dtype=np.int64))
     arrivals = np.asarray(base.requests["arrival_s"], dtype=np.float64)
     period, idle = engine_periods(it, arrivals[arrivals >= 0])

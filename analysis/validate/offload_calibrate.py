@@ -27,21 +27,13 @@ from pathlib import Path
 import numpy as np
 
 from infersim.simulator.errors import InfersimError
+from infersim.simulator.metrics.rundir import read_columns
 from infersim.simulator.offload.calibrated import LINEAR_TERMS, HostLink, LinearStageCompute
 
 from .measured import ExecRun, load_exec_run, stalls
 
 OFFLOAD_CALIBRATION_SEEDS = (9013, 9014)  # inside calibrate.py's reserved 9001-9016: never a validated seed
 STALL_RATIO = 1.8  # a point at this many times the fit or more is a stall, not the model's
-
-
-def _table(path: Path) -> dict[str, np.ndarray]:
-    import pyarrow.parquet as pq
-
-    if not path.is_file():
-        raise InfersimError(f"{path.parent}: missing {path.name} (not an offload executor run directory)")
-    t = pq.read_table(str(path))
-    return {c: t.column(c).to_numpy() for c in t.column_names}
 
 
 @dataclass
@@ -58,8 +50,8 @@ class OffloadRunData:
 
 def load_offload_run(path: Path, predicts: bool) -> OffloadRunData:
     run = load_exec_run(path)
-    oi = _table(Path(path) / "offload_iterations.parquet")
-    ol = _table(Path(path) / "offload_layers.parquet")
+    oi = read_columns(Path(path) / "offload_iterations.parquet", "an offload executor run directory")
+    ol = read_columns(Path(path) / "offload_layers.parquet", "an offload executor run directory")
     n = len(run.shapes)
     if oi["iteration"].size != n:
         raise InfersimError(f"{path}: offload_iterations.parquet has {oi['iteration'].size} rows for {n} iterations")

@@ -17,10 +17,11 @@ from pathlib import Path
 
 import numpy as np
 
+from infersim.simulator.costmodel.replay import OffloadReplayCostModel
 from infersim.simulator.errors import InfersimError
 
 from .compare import brief
-from .execute import repeat_dirs, run_repeated
+from .execute import CaseOptions, execute_case, repeat_dirs
 from .offload_calibrate import OffloadFit, calibrate_offload_around, load_offload_run
 
 BYTES_TARGET = 0.05  # the offload analogue of the swap-cost target: KV bytes loaded, total
@@ -97,37 +98,17 @@ def bytes_level(exec_run, data, cm, finals) -> dict:
             "measured_stored_bytes": float(np.sum(data.stored_bytes))}
 
 
-class _OffloadReplay:
-    """ReplayCostModel for an offloading replica: the measured times, while the replica's
-    byte counters still ask the calibrated model (which binds nothing)."""
-
-    def __new__(cls, exec_run, cm):
-        from .replay import ReplayCostModel
-
-        class Replay(ReplayCostModel):
-            offloaded_weight_bytes = cm.offloaded_weight_bytes
-
-            def bind_final(self, final_tokens) -> None:
-                pass
-
-            def stages(self, *a, **kw):
-                return cm.stages(*a, **kw)
-
-        return Replay(exec_run, cm)
-
-
-def validate_offload_case(case, model: str, out: Path, *, device: str = "cpu", dtype: str | None = None,
-                          threads: int = 1, seed: int | None = None, requests: int | None = None, spec=None,
-                          report: bool = True, calibration: Path | None = None, repeats: int = 1,
-                          log=None) -> dict:
+def validate_offload_case(case, model: str, out: Path, opts: CaseOptions) -> dict:
+    device, dtype, threads, seed, requests = opts.device, opts.dtype, opts.threads, opts.seed, opts.requests
+    spec, calibration, report, log = opts.spec, opts.calibration, opts.report, opts.log
     from infersim.simulator.metrics.rundir import write_json
     from infersim.simulator.workload.builder import build_requests
 
     from .calibrate import require_held_out_seed
     from .compare import aggregate_errors, compare_runs
-    from .rule import apply_rule
     from .measured import load_exec_run, load_run
     from .modes import MODES
+    from .rule import apply_rule
     from .simulate import simulate_run
 
     out = Path(out)
@@ -142,11 +123,8 @@ def validate_offload_case(case, model: str, out: Path, *, device: str = "cpu", d
     repeated: dict = {}
 
     def execute() -> None:
-        if log:
-            log(f"{case.name}: executing {len(reqs)} requests on {model} ({device}), KV offloaded "
-                f"({spec.offload.policy})")
-        repeated.update(run_repeated(lambda d: mode.run(spec, reqs, model, d, device=device, dtype=dtype,
-                                                        threads=threads), out / "exec", repeats))
+        repeated.update(execute_case(case, mode, spec, reqs, model, out, opts,
+                                     f", KV offloaded ({spec.offload.policy})"))
 
     if calibration is not None:
         fit = OffloadFit.load(calibration)
@@ -169,7 +147,7 @@ def validate_offload_case(case, model: str, out: Path, *, device: str = "cpu", d
         log(f"{case.name}: simulating")
     simulate_run(exec_run, out / "sim", cost_model=cm, cost_model_name="roofline", updates=updates)
     sim_run = load_run(out / "sim")
-    simulate_run(exec_run, out / "replay", cost_model=_OffloadReplay(exec_run, cm), cost_model_name="roofline",
+    simulate_run(exec_run, out / "replay", cost_model=OffloadReplayCostModel(exec_run, cm), cost_model_name="roofline",
                  updates=updates, policy_cost_model=cm)
     in_order = _FinalsInOrder(cm, finals, fit.meta)
     cmp = compare_runs(case.name, exec_run, sim_run, in_order, case.compare, replay_run=load_run(out / "replay"))

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
-from infersim.analysis.report_html import pyplot, save_figure
+from infersim.analysis.report_html import save_figure
+from infersim.simulator.metrics.plots import pyplot
 
 MEASURED, PREDICTED = "#2e86ab", "#e07a5f"
 

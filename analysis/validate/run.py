@@ -3,14 +3,17 @@ compare, report. Used by `sim validate` and by the matrix."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
+from infersim.simulator.costmodel.fitted import FittedCostModel
+from infersim.simulator.costmodel.replay import ReplayCostModel
 from infersim.simulator.errors import InfersimError
 
-from .calibrate import FittedCostModel, calibrate, require_held_out_seed
+from .calibrate import calibrate, require_held_out_seed
 from .cases import Case
 from .compare import aggregate_errors, brief, compare_runs
-from .execute import repeat_dirs, run_repeated
+from .execute import CaseOptions, execute_case, repeat_dirs
 from .measured import load_exec_run, load_run
 from .modes import MODES
 from .rule import apply_rule
@@ -56,19 +59,19 @@ def resolve_cost_model(cost_model: str, *, model: str, out: Path, device: str, d
     return fit, {"name": "fitted", "description": desc, "fit": fit.to_json()}
 
 
-def validate_case(case: Case, model: str, out: Path, *, device: str = "cpu", dtype: str | None = None,
-                  threads: int = 1, cost_model: str = "fitted", profile: str = "cpu-reference",
-                  calibration: Path | None = None, fit=None, seed: int | None = None, requests: int | None = None,
-                  spec=None, report: bool = True, drift_correction: bool = False, matched: bool = True,
-                  repeats: int = 1, log=None) -> dict:
+def validate_case(case: Case, model: str, out: Path, opts: CaseOptions = CaseOptions(), *,
+                  cost_model: str = "fitted", profile: str = "cpu-reference", fit=None, drift_correction: bool = False,
+                  matched: bool = True) -> dict:
     """Run one case end to end; returns the result dict (also written to out/validation.json).
     `fit` (a FittedCostModel) skips calibration; otherwise the fit is calibrated now on other
     requests: with `matched`, on the validated workload's own serving configuration (KV pools,
     limits, preemption: calibrate.MATCHED_REQUESTS), else on the generic set; `spec` replaces the
     case's workload;
     `drift_correction` scales a fit by the machine's speed now against at calibration
-    (sentinel.py); `repeats` measures the validated run that many times on the same requests and
-    keeps the median (execute.run_repeated)."""
+    (sentinel.py); `opts` says how the case runs (executor settings, workload, repeats of the
+    validated run: execute.CaseOptions)."""
+    device, dtype, threads, seed, requests = opts.device, opts.dtype, opts.threads, opts.seed, opts.requests
+    spec, calibration, report, log = opts.spec, opts.calibration, opts.report, opts.log
     from infersim.simulator.metrics.rundir import write_json
     from infersim.simulator.workload.builder import build_requests
 
@@ -86,9 +89,7 @@ def validate_case(case: Case, model: str, out: Path, *, device: str = "cpu", dty
                                 f"only (--cost-model fitted)")
         from .spec_validate import validate_spec_case
 
-        return validate_spec_case(case, model, out, device=device, dtype=dtype, threads=threads, seed=seed,
-                                  requests=requests, spec=spec, report=report, log=log, repeats=repeats,
-                                  calibration=calibration if fit is None else None)
+        return validate_spec_case(case, model, out, opts if fit is None else replace(opts, calibration=None))
     if case.mode == "offload":
         # the simulator's offload cost model on a calibrated compute and host link (offload_validate.py)
         if cost_model != "fitted":
@@ -96,9 +97,7 @@ def validate_case(case: Case, model: str, out: Path, *, device: str = "cpu", dty
                                 f"model only (--cost-model fitted)")
         from .offload_validate import validate_offload_case
 
-        return validate_offload_case(case, model, out, device=device, dtype=dtype, threads=threads, seed=seed,
-                                     requests=requests, spec=spec, report=report, log=log, repeats=repeats,
-                                     calibration=calibration if fit is None else None)
+        return validate_offload_case(case, model, out, opts if fit is None else replace(opts, calibration=None))
     spec = spec if spec is not None else case.spec(model, seed=seed, requests=requests)
     require_held_out_seed(spec.seed)
     if spec.requests.arrival is not None and spec.requests.arrival.type == "closed_loop":
@@ -116,10 +115,7 @@ def validate_case(case: Case, model: str, out: Path, *, device: str = "cpu", dty
     repeated: dict = {}
 
     def execute() -> None:
-        if log:
-            log(f"{case.name}: executing {len(reqs)} requests on {model} ({device})")
-        repeated.update(run_repeated(lambda d: mode.run(spec, reqs, model, d, device=device, dtype=dtype,
-                                                        threads=threads), out / "exec", repeats))
+        repeated.update(execute_case(case, mode, spec, reqs, model, out, opts))
 
     if bracket:
         # calibrated now on other requests, on both sides of the validated run
@@ -170,8 +166,6 @@ def validate_case(case: Case, model: str, out: Path, *, device: str = "cpu", dty
     simulate_run(exec_run, out / "sim", cost_model=cm, profile=profile, cost_model_name="roofline", updates=updates)
     sim_run = load_run(out / "sim")
     # the same simulation driven by the executor's own measured times: the scheduling alone
-    from .replay import ReplayCostModel
-
     simulate_run(exec_run, out / "replay", cost_model=ReplayCostModel(exec_run, cm), profile=profile,
                  cost_model_name="roofline", updates=updates, policy_cost_model=cm)
     cmp = compare_runs(case.name, exec_run, sim_run, cm, case.compare, replay_run=load_run(out / "replay"))

@@ -29,14 +29,14 @@ def variants(stats: dict) -> dict:
 
 
 def ab_case(folder: Path) -> dict:
+    from infersim.simulator.costmodel.speculative_fit import SpecFit
     from infersim.simulator.errors import InfersimError
     from infersim.simulator.metrics.rundir import write_json
 
     from .cases import get_case
     from .measured import load_run
     from .modes import MODES
-    from .spec_compare import _spread, compare_spec, tokens_per_round_per_request
-    from .spec_costmodel import SpecFit
+    from .spec_compare import spread, compare_spec, tokens_per_round_per_request
     from .spec_rounds import drafting_rounds, rebuild_rounds
     from .spec_simulate import simulate_spec_run
 
@@ -51,7 +51,7 @@ def ab_case(folder: Path) -> dict:
     stats = mode.recorded(folder / "exec")
     fit = SpecFit.load(folder / "calibration" / "speculative-fit.json")
     t, td = rebuild_rounds(folder / "exec"), drafting_rounds(folder / "exec")
-    cv_exec = _spread(tokens_per_round_per_request(exec_run)).get("cv")
+    cv_exec = spread(tokens_per_round_per_request(exec_run)).get("cv")
     out = {}
     for name, upd in variants(stats).items():
         sim_dir = folder / ("ab-" + name.replace(" ", "-"))
@@ -62,7 +62,7 @@ def ab_case(folder: Path) -> dict:
         row = {c["metric"]: c["value"] for c in cmp.checks if c["metric"] in METRICS}
         row["TTFT mean"] = cmp.requests["ttft_s"]["mean_error"]
         row["tokens per round per request, cv (simulated / measured)"] = [
-            _spread(tokens_per_round_per_request(sim_run)).get("cv"), cv_exec]
+            spread(tokens_per_round_per_request(sim_run)).get("cv"), cv_exec]
         out[name] = row
     write_json(folder / "ab.json", out)
     return out

@@ -123,7 +123,7 @@ def _acceptance_why(sim_run, medusa: bool) -> str:
     return "the measured positional acceptance sampled i.i.d. per round, while real acceptance is correlated within a request"
 
 
-def _spread(x: np.ndarray) -> dict:
+def spread(x: np.ndarray) -> dict:
     x = x[np.isfinite(x)]
     if not x.size:
         return {}
@@ -285,7 +285,7 @@ def compare_spec(case: str, exec_run, sim_run, t: dict, fit, compare: tuple[str,
     # code runs long), the simulator's draw every round i.i.d.: requests finish at other times,
     # slots free at other times, and the queue (TTFT) and tails follow
     if not pipelined:
-        tm, tp = _spread(tokens_per_round_per_request(exec_run)), _spread(tokens_per_round_per_request(sim_run))
+        tm, tp = spread(tokens_per_round_per_request(exec_run)), spread(tokens_per_round_per_request(sim_run))
         c.info["tokens_per_round_per_request"] = {"measured": tm, "simulated": tp}
         if tm and tp and tp["cv"] < 0.7 * tm["cv"]:
             note = (f"acceptance model (per-request acceptance: tokens per round per request p10-p90 "

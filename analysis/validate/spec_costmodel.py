@@ -1,164 +1,22 @@
-"""A cost model for speculative rounds, fitted to the speculative executor on this machine.
+"""Fits the speculative round cost model (simulator/costmodel/speculative_fit.py) to the
+speculative executor on this machine.
 
 A coupled round is the drafts' s autoregressive steps, then one target pass that prefills the
 newly admitted sequences and verifies s_i + 1 rows per running sequence; the engine's own work
 around it (voting, acceptance, bookkeeping, admission) sits between one round's start and the
 next's. The round period is fitted (non-negative least squares in relative error, as
-calibrate.py) as a linear combination of
-
-- target terms (`TARGET_FEATURES`): a constant, per verified sequence, verified rows,
-  verified keys (cached context + rows), per prefilled sequence, prefill tokens, prefill score
-  pairs;
-- draft terms (`DRAFT_FEATURES`, summed over the drafts that run): per drafting step (each
-  draft's batched forward pass), per sequence-step, keys read per sequence-step, and the
-  prompt tokens a draft feeds when it first drafts a sequence (its lazy prefill).
-
-The fitted coefficients become the simulator's cost objects: `SpecTargetCost` (what the
-speculative replica asks for the verification pass: BatchShape rows with no cached context are
-prefills, the others verifications) and one `SpecDraftCost` per draft (a decode step: step +
-sequences + keys; a prefill shape: its tokens) — separate instances, because the simulator
-sums the step times of distinct draft cost objects and counts a shared one once."""
+calibrate.py) as a linear combination of the target and draft terms listed there
+(`TARGET_FEATURES`, `DRAFT_FEATURES`); the coefficients become its `SpecTargetCost` and
+`SpecDraftCost`."""
 from __future__ import annotations
-
-import json
-from pathlib import Path
 
 import numpy as np
 
-from infersim.simulator.costmodel.base import CostModel, Direction
-from infersim.simulator.costmodel.batch import BatchShape
+from infersim.simulator.costmodel.speculative_fit import FEATURES, TARGET_FEATURES, SpecFit, round_features
 from infersim.simulator.errors import InfersimError
 
-from .calibrate import _nnls_relative
+from .calibrate import nnls_relative
 from .spec_rounds import handoffs_s
-
-TARGET_FEATURES = ("round", "verify_sequences", "verify_rows", "verify_keys", "prefill_sequences", "prefill_tokens",
-                   "prefill_pairs")
-DRAFT_FEATURES = ("draft_steps", "draft_sequence_steps", "draft_keys", "draft_prompt_tokens")
-FEATURES = TARGET_FEATURES + DRAFT_FEATURES
-SPEC_FIT_FORMAT = "infersim-speculative-fit"
-
-
-def round_features(t: dict[str, np.ndarray]) -> np.ndarray:
-    """FEATURES per executed round, from spec_rounds.rebuild_rounds."""
-    nv = np.asarray(t["verify_seqs"], dtype=np.float64)
-    rows = np.asarray(t["verify_tokens"], dtype=np.float64)
-    ctx = np.asarray(t["verify_context"], dtype=np.float64)
-    nd = np.asarray(t["n_drafts"], dtype=np.float64)
-    drafted = np.asarray(t["drafted_tokens"], dtype=np.float64)
-    mean_ctx = np.divide(ctx, nv, out=np.zeros_like(ctx), where=nv > 0)
-    # keys a draft step reads: about the mean context (+ the step's own tokens) per sequence-step
-    draft_keys = nd * drafted * (mean_ctx + 1.0)
-    # pipelined: a verification pass has no draft work (the drafting thread's rounds are priced apart)
-    on = ~np.asarray(t.get("pipelined", np.zeros(nv.size, dtype=bool)), dtype=bool)
-    nd = nd * on
-    draft_keys = draft_keys * on
-    return np.column_stack([
-        np.ones_like(nv), nv, rows, ctx + rows, np.asarray(t["prefill_seqs"], dtype=np.float64),
-        np.asarray(t["prefill_tokens"], dtype=np.float64), np.asarray(t["prefill_pairs"], dtype=np.float64),
-        np.asarray(t["draft_steps"], dtype=np.float64), nd * drafted, draft_keys,
-        nd * np.asarray(t["catchup_tokens"], dtype=np.float64)])
-
-
-class SpecTargetCost(CostModel):
-    """The target's pass (verification + prefills + the engine's per-round work)."""
-
-    name = "executor_spec_fit_target"
-
-    def __init__(self, coef: np.ndarray):
-        self.c = np.asarray(coef, dtype=np.float64)
-
-    def iteration_time_s(self, batch: BatchShape) -> float:
-        q = np.asarray(batch.query_tokens, dtype=np.float64)
-        ctx = np.asarray(batch.context_tokens, dtype=np.float64)
-        pre = ctx == 0  # the executor prefills whole prompts: a row with no cached context is a prefill
-        ver = ~pre
-        x = np.array([1.0, ver.sum(), q[ver].sum(), (ctx[ver] + q[ver]).sum(), pre.sum(), q[pre].sum(),
-                      (q[pre] ** 2).sum()])
-        return float(x @ self.c)
-
-    def transfer_time_s(self, nbytes: float, direction: Direction) -> float:
-        return 0.0  # the speculative executor never swaps
-
-
-class SpecDraftCost(CostModel):
-    """One draft's steps: a decode step (step + sequences + keys) or its lazy prefill (tokens)."""
-
-    name = "executor_spec_fit_draft"
-
-    def __init__(self, coef: np.ndarray):
-        self.c = np.asarray(coef, dtype=np.float64)
-
-    def iteration_time_s(self, batch: BatchShape) -> float:
-        q = np.asarray(batch.query_tokens, dtype=np.float64)
-        if q.size == 0:
-            return 0.0
-        if np.all(q == 1):
-            ctx = np.asarray(batch.context_tokens, dtype=np.float64)
-            return float(self.c[0] + self.c[1] * q.size + self.c[2] * (ctx + 1.0).sum())
-        return float(self.c[3] * q.sum())
-
-    def transfer_time_s(self, nbytes: float, direction: Direction) -> float:
-        return 0.0
-
-
-class SpecFit:
-    """The fitted coefficients with what they were fitted on."""
-
-    def __init__(self, coef, meta: dict | None = None):
-        self.coef = np.asarray(coef, dtype=np.float64)
-        if self.coef.shape != (len(FEATURES),):
-            raise InfersimError(f"speculative fit: expected {len(FEATURES)} coefficients, got {self.coef.shape}")
-        self.meta = dict(meta or {})
-
-    @property
-    def target(self) -> SpecTargetCost:
-        return SpecTargetCost(self.coef[:len(TARGET_FEATURES)])
-
-    def drafts(self, n: int) -> list[SpecDraftCost]:
-        return [SpecDraftCost(self.coef[len(TARGET_FEATURES):]) for _ in range(max(1, n))]
-
-    def predict_rounds(self, t: dict) -> np.ndarray:
-        return round_features(t) @ self.coef
-
-    def scaled(self, factor: float, why: str = "", draft_factor: float | None = None) -> "SpecFit":
-        """Every time multiplied by factor (the machine's speed changed by 1/factor); with
-        draft_factor, the draft terms by that instead (a pipelined run's drafting process runs
-        on the other core, whose speed moves on its own). A pipelined fit's hand-over is the
-        verifying engine's host time: scaled with the target terms."""
-        coef = self.coef * float(factor)
-        meta = {**self.meta, "scaled_by": float(factor), "scaled_because": why}
-        if draft_factor is not None:
-            coef[len(TARGET_FEATURES):] = self.coef[len(TARGET_FEATURES):] * float(draft_factor)
-            meta["draft_scaled_by"] = float(draft_factor)
-        if meta.get("pipeline_handoff_s"):
-            meta["pipeline_handoff_s"] = float(meta["pipeline_handoff_s"]) * float(factor)
-        return SpecFit(coef, meta)
-
-    def predict_parts(self, t: dict) -> tuple[np.ndarray, np.ndarray]:
-        """(draft, target) seconds per executed round."""
-        X = round_features(t)
-        k = len(TARGET_FEATURES)
-        return X[:, k:] @ self.coef[k:], X[:, :k] @ self.coef[:k]
-
-    def to_json(self) -> dict:
-        return {"format": SPEC_FIT_FORMAT, "features": list(FEATURES),
-                "coefficients": {f: float(c) for f, c in zip(FEATURES, self.coef)}, "meta": self.meta}
-
-    def save(self, path: Path) -> None:
-        from infersim.simulator.metrics.rundir import write_json
-
-        write_json(Path(path), self.to_json())
-
-    @classmethod
-    def load(cls, path: Path) -> "SpecFit":
-        try:
-            d = json.loads(Path(path).read_text())
-        except (OSError, ValueError) as exc:
-            raise InfersimError(f"{path}: cannot read the speculative fit ({exc.__class__.__name__})") from None
-        if d.get("format") != SPEC_FIT_FORMAT:
-            raise InfersimError(f"{path}: not a speculative executor fit (format {d.get('format')!r})")
-        return cls([d["coefficients"][f] for f in FEATURES], d.get("meta"))
 
 
 def drafting_features(d: dict) -> np.ndarray:
@@ -176,7 +34,7 @@ def drafting_features(d: dict) -> np.ndarray:
 
 
 def _fit(X, y) -> tuple[np.ndarray, dict]:
-    coef, kept = _nnls_relative(X, y)
+    coef, kept = nnls_relative(X, y)
     ok = np.isfinite(y) & (y > 0)
     rel = np.abs(X[ok] @ coef - y[ok]) / y[ok]
     return coef, {"points": int(ok.sum()), "kept": int(kept.sum()), "mape_in_sample": float(rel.mean()),

@@ -17,8 +17,9 @@ from pathlib import Path
 import numpy as np
 
 from infersim.simulator.errors import InfersimError
+from infersim.simulator.metrics.rundir import read_columns
 
-from .measured import _read_table, engine_periods, load_run
+from .measured import engine_periods, load_run
 
 
 def rebuild_rounds(run_dir: Path) -> dict[str, np.ndarray]:
@@ -27,7 +28,7 @@ def rebuild_rounds(run_dir: Path) -> dict[str, np.ndarray]:
     tokens the drafts feed in this round's first step), period_s (start to the next round's
     start; NaN before an idle wait and for the last), n_drafts."""
     run = load_run(run_dir)
-    t = _read_table(Path(run_dir) / "speculation_rounds.parquet")
+    t = read_columns(Path(run_dir) / "speculation_rounds.parquet")
     req = run.requests
     arrival = np.asarray(req["arrival_s"], dtype=np.float64)
     prompt = np.asarray(req["prompt_tokens"], dtype=np.int64)
@@ -102,7 +103,7 @@ def drafting_rounds(run_dir: Path) -> dict[str, np.ndarray] | None:
     path = Path(run_dir) / "speculation_drafting.parquet"
     if not path.is_file():
         return None
-    t = _read_table(path)
+    t = read_columns(path)
     run = load_run(run_dir)
     sp = (run.config.get("workload") or {}).get("speculation") or {}
     t["n_drafts"] = np.full(len(t["t_start_s"]), drafts_run(sp), dtype=np.int64)

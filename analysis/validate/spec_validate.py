@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from .calibrate import CALIBRATION_SEED, require_held_out_seed
-from .execute import repeat_dirs, run_repeated
+from .execute import CaseOptions, execute_case, repeat_dirs
 
 # Held-out requests for the speculative fit: other seeds and shapes than any case (9011-9012 and
 # 9015 are the calibration's alone; calibrate.py's matched runs use 9009-9011).
@@ -90,11 +90,9 @@ def _fit_bracketed(mode, spec, run, model: str, out: Path, *, device, dtype, thr
                               "model": model, "device": device, "bracketed": True, "matched": True,
                               "calibration_stalls": float(stalled.mean()) if stalled.size else float("nan")},
                      drafting=drafting)
-    from .spec_costmodel import predict_rounds_as_run
-
     # against the rounds as the simulator prices them (a pipelined run's contention included:
     # against the solo fit the ratio measured how many passes overlapped, not the machine's speed)
-    from .spec_costmodel import predict_drafting
+    from .spec_costmodel import predict_drafting, predict_rounds_as_run
 
     ratio, per_run, per_run_drafting = {}, [], []
     for side, ts in halves.items():
@@ -133,19 +131,19 @@ def _fit_bracketed(mode, spec, run, model: str, out: Path, *, device, dtype, thr
     return fit
 
 
-def validate_spec_case(case, model: str, out: Path, *, device: str = "cpu", dtype: str | None = None,
-                       threads: int = 1, seed: int | None = None, requests: int | None = None, spec=None,
-                       calibration: Path | None = None, report: bool = True, repeats: int = 1, log=None) -> dict:
+def validate_spec_case(case, model: str, out: Path, opts: CaseOptions) -> dict:
+    device, dtype, threads, seed, requests = opts.device, opts.dtype, opts.threads, opts.seed, opts.requests
+    spec, calibration, report, log = opts.spec, opts.calibration, opts.report, opts.log
+    from infersim.simulator.costmodel.speculative_fit import SpecFit
     from infersim.simulator.metrics.rundir import write_json
     from infersim.simulator.workload.builder import build_requests
 
+    from .compare import brief
     from .measured import load_run
     from .modes import MODES
     from .rule import apply_rule
     from .spec_compare import compare_spec
-    from .spec_costmodel import SpecFit
     from .spec_rounds import rebuild_rounds
-    from .compare import brief
     from .spec_simulate import kv_binds, simulate_spec_run
 
     out = Path(out)
@@ -163,10 +161,7 @@ def validate_spec_case(case, model: str, out: Path, *, device: str = "cpu", dtyp
     repeated: dict = {}
 
     def execute() -> None:
-        if log:
-            log(f"{case.name}: executing {len(reqs)} requests on {model} ({device})")
-        repeated.update(run_repeated(lambda d: mode.run(spec, reqs, model, d, device=device, dtype=dtype,
-                                                        threads=threads), out / "exec", repeats))
+        repeated.update(execute_case(case, mode, spec, reqs, model, out, opts))
 
     if calibration is not None:
         fit = SpecFit.load(calibration)

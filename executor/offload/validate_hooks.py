@@ -17,20 +17,12 @@ from pathlib import Path
 import numpy as np
 
 from infersim.simulator.errors import InfersimError
+from infersim.simulator.metrics.rundir import read_columns
 
 from .serve import execute  # noqa: F401  (the hook)
 
 SPARSITY_FILE = "recorded_sparsity.yaml"
 CONTEXT_BINS = 8
-
-
-def _table(path: Path) -> dict[str, np.ndarray]:
-    import pyarrow.parquet as pq
-
-    if not path.is_file():
-        raise InfersimError(f"{path.parent}: missing {path.name} (not an offload executor run directory)")
-    t = pq.read_table(str(path))
-    return {c: t.column(c).to_numpy() for c in t.column_names}
 
 
 def binned_tokens(context: np.ndarray, tokens: np.ndarray, bins: int = CONTEXT_BINS) -> tuple[list, list]:
@@ -60,8 +52,8 @@ def recorded_statistics(run_dir) -> dict:
     off = summary_cfg.get("offload_executor") or {}
     if not off:
         raise InfersimError(f"{run_dir}: no offload_executor entry in config.yaml (not an offload executor run)")
-    it = _table(run_dir / "offload_iterations.parquet")
-    counts = _table(run_dir / "offload_counts.parquet")
+    it = read_columns(run_dir / "offload_iterations.parquet", "an offload executor run directory")
+    counts = read_columns(run_dir / "offload_counts.parquet", "an offload executor run directory")
     layers = int(summary_cfg.get("model", {}).get("num_layers") or (int(counts["layer"].max()) + 1 if counts["layer"].size else 0))
     stats = {
         "policy": off["policy"], "params": off.get("params", {}), "pool_blocks": int(off["pool_blocks"]),

@@ -191,10 +191,10 @@ LAYOUTS = ("contiguous", "fragmented")
 def _copies(cache, seq) -> int:
     """Slice copies one swap of `seq` makes: K and V per run of consecutive blocks
     (executor/kvcache.py `_copy` on the CPU; its free lists hand out neighbouring ids)."""
-    from infersim.executor.kvcache import _runs
+    from infersim.executor.kvcache import contiguous_runs
 
     blocks = seq.block_table or seq.cpu_block_table
-    return 2 * sum(1 for _ in _runs(blocks, list(range(len(blocks)))))
+    return 2 * sum(1 for _ in contiguous_runs(blocks, list(range(len(blocks)))))
 
 
 def _time_swaps(cache, tokens: int, layout: str, timer, rep: Repeats, sync) -> tuple[float, float, int]:

@@ -243,7 +243,7 @@ def report_md(hw: dict, calib: dict) -> str:
 def main(argv=None) -> int:
     import yaml
 
-    from infersim.simulator.costmodel.regression import calibration_for
+    from infersim.simulator.costmodel.calibration_file import calibration_for
     from infersim.simulator.hardware.catalog import load_hardware
 
     args = list(argv or sys.argv[1:])

@@ -17,11 +17,23 @@ from pathlib import Path
 import numpy as np
 
 from infersim.simulator.errors import InfersimError
+from infersim.simulator.progress import ProgressBar
 
 from . import fit as F
 from .device import Repeats, device_info, load_average, make_timer, select_device
-from .kernels import (Bench, attention_plan, attention_sweep, copy_plan, copy_sweep, elementwise_plan,
-                      elementwise_sweep, gemm_plan, gemm_sweep, model_gemm_shapes, stream_sweep)
+from .kernels import (
+    Bench,
+    attention_plan,
+    attention_sweep,
+    copy_plan,
+    copy_sweep,
+    elementwise_plan,
+    elementwise_sweep,
+    gemm_plan,
+    gemm_sweep,
+    model_gemm_shapes,
+    stream_sweep,
+)
 
 # --quick: each stage's wall-clock budget (s) and the points it measures whatever the clock
 # says; an idle 2-core machine never reaches them, a busy one drops the tail of each sweep
@@ -52,33 +64,20 @@ def sidecar_path(profile_path: Path) -> Path:
     return p.with_name(stem + ".calib.json")
 
 
-class _Progress:
+class _Progress(ProgressBar):
+    """Counts profiling steps; the total grows when a stage takes more than planned."""
+
     def __init__(self, quiet: bool, total: int):
-        self.quiet, self.total = quiet, total
+        super().__init__("profiling", quiet=quiet, total=total, fields="{task.fields[label]}", transient=True,
+                         label="")
         self.done = 0
-
-    def __enter__(self):
-        if not self.quiet:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-            self._p = Progress(TextColumn("profiling"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                               TextColumn("{task.fields[label]}"), transient=True)
-            self._p.__enter__()
-            self._task = self._p.add_task("profile", total=self.total, label="")
-        return self
 
     def __call__(self, label: str) -> None:
         self.done += 1
-        if not self.quiet:
-            if self.done > self.total:
-                self.total = self.done
-                self._p.update(self._task, total=self.total)
-            self._p.update(self._task, completed=self.done, label=label)
-
-    def __exit__(self, *exc):
-        if not self.quiet:
-            self._p.__exit__(*exc)
-        return False
+        if self.done > self.total:
+            self.total = self.done
+            self.update(total=self.total)
+        self.update(completed=self.done, label=label)
 
 
 def _plans(device_type: str, quick: bool, dtype: str) -> dict:
@@ -201,8 +200,9 @@ def dump_profile_yaml(data: dict, header: str = "") -> str:
 
 
 def run_profile(opts: ProfileOptions, console=None) -> dict:
-    import infersim.executor  # noqa: F401  (OMP passive waits before torch starts)
     import torch
+
+    import infersim.executor  # noqa: F401  (OMP passive waits before torch starts)
 
     from . import accuracy
     from .steps import step_sweep
@@ -322,7 +322,7 @@ def analyze(records: list[dict], steps: list[dict], meta: dict, *, seed: int = 0
             timings: dict | None = None) -> tuple[dict, object, dict, dict]:
     """Fits and regressors from measurements: (profile dict, HardwareProfile, sidecar dict,
     regressor comparisons). `meta`: name, info, mode, when, load, device_type, dtype, domain."""
-    from infersim.simulator.costmodel.regression import CALIB_FORMAT, CALIB_VERSION
+    from infersim.simulator.costmodel.calibration_file import CALIB_FORMAT, CALIB_VERSION
     from infersim.simulator.hardware.profile import HardwareProfile
     from infersim.simulator.yamlio import validate
 
@@ -396,7 +396,7 @@ def _with_calibration(hw_dict: dict, calibration: dict) -> dict:
 
 def write_profile(out: Path, hw_dict: dict, calib: dict) -> None:
     """The sidecar first, then the YAML naming its hash (both atomic)."""
-    from infersim.simulator.costmodel.regression import HASH_KEY, PATH_KEY, SOURCE_KEY, sha256_file
+    from infersim.simulator.costmodel.calibration_file import HASH_KEY, PATH_KEY, SOURCE_KEY, sha256_file
     from infersim.simulator.hardware.profile import HardwareProfile
     from infersim.simulator.paths import hwprofiles_dir
     from infersim.simulator.yamlio import validate, write_atomic
@@ -438,7 +438,7 @@ def refit_profile(path: Path, out: Path | None = None, *, seed: int = 0, validat
                           threads=threads, quiet=quiet)
     import torch
 
-    from infersim.simulator.costmodel.regression import calibration_for
+    from infersim.simulator.costmodel.calibration_file import calibration_for
     from infersim.simulator.hardware.catalog import load_hardware
 
     from . import accuracy
@@ -512,7 +512,7 @@ def add_models(path: Path, out: Path | None, models, *, seed: int = 0, quick: bo
     import torch
     import yaml
 
-    from infersim.simulator.costmodel.regression import HASH_KEY, PATH_KEY, SOURCE_KEY, calibration_for
+    from infersim.simulator.costmodel.calibration_file import HASH_KEY, PATH_KEY, SOURCE_KEY, calibration_for
     from infersim.simulator.hardware.catalog import load_hardware
 
     path = Path(path)

@@ -282,7 +282,7 @@ def _sequence_table(rows) -> dict[str, np.ndarray]:
 
 
 def _speculation_summary(dec, runner, sp, names, mode, temperature, limit) -> dict:
-    from infersim.simulator.speculative.report import _thin
+    from infersim.simulator.speculative.report import thin_rows
 
     st = dec.stats
     tab = st.table()
@@ -303,9 +303,9 @@ def _speculation_summary(dec, runner, sp, names, mode, temperature, limit) -> di
            "draft_kv_blocks_released_on_rejection": int(sum(d.released_blocks for d in getattr(dec.proposer, "drafts", []))),
            "acceptance_by_position": rec.positional_probs(),
            "s": {"final": dec.s, "changes": max(0, len(dec.s_series) - 1)},
-           "series": {"s": {"columns": ["round", "s"], "rows": _thin([list(x) for x in dec.s_series], limit)},
+           "series": {"s": {"columns": ["round", "s"], "rows": thin_rows([list(x) for x in dec.s_series], limit)},
                       "rounds": {"columns": ["t_s", "batch", "tokens_per_seq", "step_s", "s"],
-                                 "rows": _thin([[float(e), int(v), (float(o - p) / v) if v else 0.0, float(e - t), int(s)]
+                                 "rows": thin_rows([[float(e), int(v), (float(o - p) / v) if v else 0.0, float(e - t), int(s)]
                                                 for t, e, v, p, o, s in zip(tab["t_start_s"], tab["t_end_s"],
                                                                             tab["verify_seqs"], tab["prefill_seqs"],
                                                                             tab["tokens_out"], tab["s"])], limit)}}}
@@ -315,13 +315,13 @@ def _speculation_summary(dec, runner, sp, names, mode, temperature, limit) -> di
                          "final_weights": [float(w) for w in p.weights.weights], "weight_updates": p.weights.updates,
                          "per_ssm": p.summary()}
         out["series"]["weights"] = {"columns": ["round"] + names,
-                                    "rows": _thin([[i] + h["weights"] for i, h in enumerate(p.history)], limit)}
+                                    "rows": thin_rows([[i] + h["weights"] for i, h in enumerate(p.history)], limit)}
     if runner is not dec:
         out["pool"] = {"max_depth": max((d for _, d in runner.pool_depth_series), default=0),
                        "llm_batch_size": runner.llm_batch_size, "ssm_batch_size": runner.ssm_batch_size,
                        "drafting_rounds": len(runner.draft_rounds)}
         out["series"]["pool_depth"] = {"columns": ["t_s", "depth"],
-                                       "rows": _thin([list(x) for x in runner.pool_depth_series], limit)}
+                                       "rows": thin_rows([list(x) for x in runner.pool_depth_series], limit)}
     return out
 
 

@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
         from rich.console import Console
         from rich.table import Table
 
-        from infersim.analysis.plan import _money, _num, verdict
+        from infersim.analysis.plan import money, num, verdict
 
         c = Console()
         t = Table(title=f"capacity plan: {res.workload} ({', '.join(s.describe() for s in res.slos)})")
@@ -120,8 +120,8 @@ def run(args: argparse.Namespace) -> int:
             t.add_column(col, justify="left" if col in ("configuration", "status") else "right")
         ranked = rank(res.candidates)
         for cand in ranked + [x for x in res.candidates if x not in ranked]:
-            t.add_row(cand.label, f"{_num(cand.goodput_rps)} req/s", str(cand.replicas or "-"), str(cand.gpus or "-"),
-                      _money(cand.cost_per_m_output_tokens), cand.status)
+            t.add_row(cand.label, f"{num(cand.goodput_rps)} req/s", str(cand.replicas or "-"), str(cand.gpus or "-"),
+                      money(cand.cost_per_m_output_tokens), cand.status)
         c.print(t)
         for line in verdict(res):
             c.print(line.replace("**", ""))

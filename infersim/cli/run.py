@@ -6,6 +6,8 @@ import sys
 import time
 from pathlib import Path
 
+from infersim.simulator.progress import ProgressBar
+
 # exit status of a run that completed but in which no request finished (every one aborted)
 EXIT_NOTHING_FINISHED = 3
 ABORT_REASONS = {"exceeds_context": "longer than the context (serving.max_model_len)",
@@ -149,16 +151,16 @@ def finish_status(s: dict, quiet: bool) -> int:
 def execute(spec, requests, out: Path, *, source: str = "workload", step_mode: bool = False, plots: bool = True,
             csv: bool = False, quiet: bool = True, force: bool = False) -> dict:
     """Simulate and write the run directory atomically; returns the summary."""
-    from infersim.simulator.simulation import Simulation
     from infersim.simulator.metrics.rundir import pause_point, staged_dir
     from infersim.simulator.metrics.summary import write_result_files
+    from infersim.simulator.simulation import Simulation
 
     with staged_dir(Path(out), command="run", force=force) as tmp:
-        with _progress(quiet, len(requests)) as bar:
+        with ProgressBar("simulating", quiet=quiet, total=len(requests), fields="sim time {task.fields[sim_s]:.1f} s",
+                         transient=True, sim_s=0.0) as bar:
             def progress(done: int, total: int, now: float) -> None:
                 pause_point("simulating")
-                if bar is not None:
-                    bar(done, total, now)
+                bar.update(completed=done, sim_s=now)
 
             sim = Simulation(spec, requests, step_mode=step_mode, series_path=tmp / "series.parquet",
                              progress=progress, source=source)
@@ -174,32 +176,6 @@ def execute(spec, requests, out: Path, *, source: str = "workload", step_mode: b
 
             plot_run(tmp)
     return summary
-
-
-class _progress:
-    """A rich progress bar over finished requests, labelled with simulated time."""
-
-    def __init__(self, quiet: bool, total: int):
-        self.quiet, self.total = quiet, total
-
-    def __enter__(self):
-        if self.quiet:
-            return None
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        self._p = Progress(TextColumn("simulating"), BarColumn(), MofNCompleteColumn(),
-                           TextColumn("sim time {task.fields[sim_s]:.1f} s"), TimeElapsedColumn(), transient=True)
-        self._p.__enter__()
-        self._task = self._p.add_task("sim", total=self.total, sim_s=0.0)
-        return self.update
-
-    def update(self, done: int, total: int, now: float) -> None:
-        self._p.update(self._task, completed=done, sim_s=now)
-
-    def __exit__(self, *exc):
-        if not self.quiet:
-            self._p.__exit__(*exc)
-        return False
 
 
 def print_summary(s: dict, spec, out: Path, wall_s: float) -> None:

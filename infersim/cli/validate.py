@@ -118,13 +118,13 @@ def run(args: argparse.Namespace) -> int:
 
     out = claim_dir(args.out or Path("runs") / f"validate-{case.name}", command="validate", force=args.force)
     log = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    from infersim.analysis.validate.execute import CaseOptions
     from infersim.analysis.validate.run import validate_case
 
-    result = validate_case(case, args.model, out, device=args.device, dtype=args.dtype, threads=args.threads,
-                           cost_model=args.cost_model, profile=args.profile, calibration=args.calibration,
-                           seed=args.seed, requests=args.requests, spec=spec,
-                           drift_correction=args.drift_correction, matched=not args.generic_calibration,
-                           repeats=args.repeats, log=log)
+    opts = CaseOptions(device=args.device, dtype=args.dtype, threads=args.threads, seed=args.seed,
+                       requests=args.requests, spec=spec, calibration=args.calibration, repeats=args.repeats, log=log)
+    result = validate_case(case, args.model, out, opts, cost_model=args.cost_model, profile=args.profile,
+                           drift_correction=args.drift_correction, matched=not args.generic_calibration)
     if not args.quiet:
         print_checks(result)
         print(f"report: {out / 'report.html'} (and report.md); runs: {out / 'exec'}, {out / 'sim'}")

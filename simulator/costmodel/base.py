@@ -1,8 +1,12 @@
 """The one interface through which anything in infersim asks how long something takes.
 
 Callers: the serving engine (iterations, swaps), the preemption policies (swap vs recompute),
-the capacity planner and the roofline/Medusa studies. Implementations: the datasheet
-roofline, the calibrated roofline and the regression step-time predictor."""
+the capacity planner and the roofline/Medusa studies. Implementations, one file each, all in
+`COST_MODELS` (costmodel/__init__.py) by name: from a model and a hardware profile, the
+roofline and the regression step-time predictor (the two a workload's `serving.cost_model`
+names); from measured data, the executor fit, the speculative round fit, the executor's
+running fit and the replay of measured times; the offload pipeline (simulator/offload/) is
+registered by its package."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -47,6 +51,7 @@ class CostModel(ABC):
     """Narrow on purpose: an iteration's time, a run of decode steps, and a transfer."""
 
     name: str = "base"
+    from_workload: bool = False  # built from (model, hardware, options) alone, so a workload may name it
 
     @abstractmethod
     def iteration_time_s(self, batch: BatchShape) -> float:

@@ -45,16 +45,12 @@ from ..models.dtypes import bytes_per_element
 from ..models.spec import ModelSpec
 from .base import CostModel, Direction
 from .batch import BatchShape, BatchTotals
+from .calibration_file import calibration_for
 from .roofline import RooflineCostModel
 
-CALIB_FORMAT = "infersim-calibration"
-CALIB_VERSION = 1
 REGRESSOR_FORMAT = "infersim-regressor"
 REGRESSOR_VERSION = 1
 FEATURES = ("layers", "hidden", "tokens", "batch")
-SOURCE_KEY = "calibration"
-HASH_KEY = "calibration.sha256"
-PATH_KEY = "calibration.path"
 
 
 # ---- arrays as text -------------------------------------------------------------------------
@@ -200,67 +196,6 @@ class PortableRegressor:
         return np.exp(self.raw_predict(design_matrix(X, self.mean, self.scale, self.powers)))
 
 
-# ---- the sidecar ---------------------------------------------------------------------------------
-def sha256_file(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def load_calibration(path: str | Path, expected_sha256: str | None) -> dict:
-    """Read a sidecar only if its SHA-256 is the one the profile recorded."""
-    path = Path(path)
-    if not path.is_file():
-        raise InfersimError(f"{path}: calibration file not found")
-    if not expected_sha256:
-        raise InfersimError(f"{path}: no recorded sha256 for this calibration file; refusing to load it")
-    got = sha256_file(path)
-    if got != str(expected_sha256).lower():
-        raise InfersimError(f"{path}: sha256 {got[:12]}... does not match the {expected_sha256[:12]}... recorded "
-                            f"in the profile; refusing to load a modified or unknown calibration file")
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InfersimError(f"{path}: unreadable calibration file ({exc.__class__.__name__})") from None
-    if not isinstance(data, dict) or data.get("format") != CALIB_FORMAT:
-        raise InfersimError(f"{path}: not an infersim calibration file")
-    if int(data.get("version", -1)) != CALIB_VERSION:
-        raise InfersimError(f"{path}: calibration format version {data.get('version')} is not supported "
-                            f"(this infersim reads version {CALIB_VERSION})")
-    return data
-
-
-def calibration_candidates(hardware: HardwareProfile, explicit: str | Path | None = None) -> list[Path]:
-    from ..paths import hwprofiles_dir
-
-    if explicit:
-        return [Path(explicit).expanduser()]
-    ref = hardware.sources.get(SOURCE_KEY)
-    if not ref:
-        raise InfersimError(f"hardware profile '{hardware.name}' has no measured calibration (sources.{SOURCE_KEY}); "
-                            f"measure one with `sim profile --out PROFILE.yaml` or use cost_model: roofline")
-    rel = Path(ref)
-    out = [rel] if rel.is_absolute() else [hwprofiles_dir() / rel, Path.cwd() / rel]
-    if hardware.sources.get(PATH_KEY):
-        out.append(Path(hardware.sources[PATH_KEY]))
-    return out
-
-
-def calibration_for(hardware: HardwareProfile, explicit: str | Path | None = None) -> dict:
-    """The verified sidecar of a measured profile."""
-    cands = calibration_candidates(hardware, explicit)
-    expected = hardware.sources.get(HASH_KEY)
-    for p in cands:
-        if p.is_file():
-            return load_calibration(p, expected)
-    raise InfersimError(f"hardware profile '{hardware.name}': calibration file "
-                        f"'{hardware.sources.get(SOURCE_KEY, cands[0])}' not found (looked in "
-                        f"{', '.join(str(c.parent) for c in cands)})")
-
-
-# ---- the profiled transformer -------------------------------------------------------------------
 def reference_spec(layers: int, hidden: float, arch: dict) -> ModelSpec:
     """The ModelSpec of the step benchmark's transformer with `layers` layers and about
     `hidden` hidden size (rounded to whole heads)."""
@@ -339,6 +274,7 @@ def per_model_entry(calibration: dict, model: ModelSpec, dtype: str) -> dict | N
 # ---- the cost model ------------------------------------------------------------------------------
 class RegressionCostModel(CostModel):
     name = "regression"
+    from_workload = True
 
     def __init__(self, model: ModelSpec, hardware: HardwareProfile, *, dtype: str = "fp16", kv_dtype: str | None = None,
                  tensor_parallel: int = 1, fused_attention: bool = True, calibration: str | Path | dict | None = None,

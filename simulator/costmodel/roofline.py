@@ -28,6 +28,7 @@ def compute_dtype_for(weight_dtype: str) -> str:
 
 class RooflineCostModel(CostModel):
     name = "roofline"
+    from_workload = True
 
     def __init__(self, model: ModelSpec, hardware: HardwareProfile, *, dtype: str = "fp16",
                  kv_dtype: str | None = None, tensor_parallel: int = 1, fused_attention: bool = True,

@@ -28,9 +28,27 @@ def activation_peak_bytes(model: ModelSpec, max_batched_tokens: int, max_batch_s
     return max_batched_tokens * per_token + max_batch_size * model.vocab_size * 4.0
 
 
-def plan_memory(model: ModelSpec, hw: HardwareProfile, *, block_size: int, dtype: str, kv_dtype: str, tp: int,
-                gpu_memory_utilization: float, swap_space_gb: float, max_batched_tokens: int, max_batch_size: int,
-                gpu_blocks: int | None = None, cpu_blocks: int | None = None, source: str = "workload") -> MemoryPlan:
+@dataclass(frozen=True)
+class MemoryOptions:
+    """What sizes the KV pools besides the model and the hardware: the serving section's
+    fields, resolved (dtypes normalised, tensor parallelism checked)."""
+
+    block_size: int
+    dtype: str  # of the weights
+    kv_dtype: str
+    tp: int
+    gpu_memory_utilization: float
+    swap_space_gb: float
+    max_batched_tokens: int
+    max_batch_size: int
+    gpu_blocks: int | None = None  # a fixed GPU pool instead of the one the memory budget gives
+    cpu_blocks: int | None = None  # a fixed host pool instead of swap_space_gb's
+
+
+def plan_memory(model: ModelSpec, hw: HardwareProfile, opts: MemoryOptions, source: str = "workload") -> MemoryPlan:
+    block_size, dtype, kv_dtype, tp = opts.block_size, opts.dtype, opts.kv_dtype, opts.tp
+    gpu_memory_utilization, gpu_blocks, cpu_blocks = opts.gpu_memory_utilization, opts.gpu_blocks, opts.cpu_blocks
+    max_batched_tokens, max_batch_size = opts.max_batched_tokens, opts.max_batch_size
     explicit = gpu_blocks is not None
     block_bytes = model.bytes_kv_per_block_per_gpu(block_size, tp, kv_dtype)
     weights = model.weight_bytes_per_gpu(tp, dtype)
@@ -44,6 +62,6 @@ def plan_memory(model: ModelSpec, hw: HardwareProfile, *, block_size: int, dtype
                 f"on '{hw.name}' ({hw.memory_gb:g} GB x {gpu_memory_utilization}) with tensor_parallel={tp}; "
                 f"raise hardware.tensor_parallel or lower the dtype")
     if cpu_blocks is None:
-        cpu_blocks = int(swap_space_gb * 2**30 // block_bytes)
+        cpu_blocks = int(opts.swap_space_gb * 2**30 // block_bytes)
     return MemoryPlan(int(gpu_blocks), int(cpu_blocks), block_bytes, weights, act,
                       "explicit" if explicit else "derived")

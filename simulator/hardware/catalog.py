@@ -3,13 +3,13 @@
 the machine the GPU sits in, so one GPU profile serves hosts with different PCIe generations."""
 from __future__ import annotations
 
-import re
 from functools import lru_cache
 from pathlib import Path
 
 from ..catalog_loader import canonical_names, resolve
 from ..errors import InfersimError, UnknownNameError
 from ..paths import catalog_dir, hwprofiles_dir
+from ..registry import name_key
 from ..yamlio import load_mapping, validate
 from .profile import HardwareProfile, HostLink
 
@@ -24,7 +24,7 @@ def list_host_links() -> list[str]:
 
 def load_host_link(name: str) -> HostLink:
     presets = _host_links()
-    found = presets.get(_link_key(name))
+    found = presets.get(name_key(name))
     if found is None:
         raise UnknownNameError("host link", name, list(presets))
     return found.model_copy(deep=True)
@@ -87,15 +87,10 @@ def _load(path: str, _mtime_ns: int, _size: int) -> HardwareProfile:
     return validate(HardwareProfile, load_mapping(path), path)
 
 
-def _link_key(name: str) -> str:
-    # "PCIe4x16", "pcie-4-x16" and "pcie_4x16" all mean the same preset.
-    return re.sub(r"[\s_\-]", "", str(name).lower())
-
-
 @lru_cache(maxsize=None)
 def _host_links() -> dict[str, HostLink]:
     path = catalog_dir() / "host_links.yaml"
     return {
-        _link_key(key): validate(HostLink, entry if isinstance(entry, dict) else {}, f"{path}: {key}")
+        name_key(key): validate(HostLink, entry if isinstance(entry, dict) else {}, f"{path}: {key}")
         for key, entry in load_mapping(path).items()
     }

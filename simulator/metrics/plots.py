@@ -6,15 +6,16 @@ from pathlib import Path
 import numpy as np
 
 
-
-def _pyplot():
+def pyplot(**rc):
+    """matplotlib.pyplot on the file-only Agg backend, in the project's style (a fixed SVG hash
+    salt, so the same figure gives the same bytes); `rc` overrides settings (dots per inch, font)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     plt.rcParams.update({"figure.dpi": 110, "axes.grid": True, "grid.alpha": 0.3, "svg.hashsalt": "infersim",
-                         "axes.spines.top": False, "axes.spines.right": False})
+                         "axes.spines.top": False, "axes.spines.right": False, **rc})
     return plt
 
 
@@ -45,7 +46,7 @@ def _time_weighted(t0: np.ndarray, t1: np.ndarray, values, bins: int = 400):
 def plot_run(run_dir: Path) -> list[Path]:
     import pyarrow.parquet as pq
 
-    plt = _pyplot()
+    plt = pyplot()
     run_dir = Path(run_dir)
     out = run_dir / "plots"
     out.mkdir(exist_ok=True)

@@ -173,12 +173,12 @@ def claim_dir(target: Path, *, command: str, force: bool = False) -> Path:
     return target
 
 
-def _clean(obj):
+def json_clean(obj):
     """JSON without NaN (not valid JSON): NaN becomes null."""
     if isinstance(obj, dict):
-        return {k: _clean(v) for k, v in obj.items()}
+        return {k: json_clean(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
+        return [json_clean(v) for v in obj]
     if isinstance(obj, (np.floating, float)):
         return None if math.isnan(float(obj)) else float(obj)
     if isinstance(obj, np.integer):
@@ -187,11 +187,11 @@ def _clean(obj):
 
 
 def write_json(path: Path, data) -> None:
-    path.write_text(json.dumps(_clean(data), indent=2, sort_keys=True) + "\n")
+    path.write_text(json.dumps(json_clean(data), indent=2, sort_keys=True) + "\n")
 
 
 def write_yaml(path: Path, data) -> None:
-    path.write_text(yaml.safe_dump(_clean(data), sort_keys=True))
+    path.write_text(yaml.safe_dump(json_clean(data), sort_keys=True))
 
 
 def write_table(path: Path, columns: dict[str, np.ndarray]) -> None:
@@ -199,3 +199,15 @@ def write_table(path: Path, columns: dict[str, np.ndarray]) -> None:
     import pyarrow.parquet as pq
 
     pq.write_table(pa.table(columns), str(path))
+
+
+def read_columns(path: Path, what: str = "a `sim exec` run directory") -> dict[str, np.ndarray]:
+    """A run folder's parquet table as numpy columns; a missing file is a one-line error naming
+    the folder and what it should have been."""
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    if not path.is_file():
+        raise InfersimError(f"{path.parent}: missing {path.name} (not {what})")
+    t = pq.read_table(str(path))
+    return {c: t.column(c).to_numpy() for c in t.column_names}

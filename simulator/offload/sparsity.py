@@ -18,11 +18,11 @@ from typing import Optional
 import numpy as np
 from pydantic import BaseModel, Field, PositiveFloat, model_validator
 
-from ..validation import STRICT_CONFIG
-
 from ..catalog_loader import canonical_names, index_folder, resolve
 from ..errors import InfersimError
 from ..paths import catalog_dir
+from ..registry import name_key
+from ..validation import STRICT_CONFIG
 from ..yamlio import load_model_file
 
 
@@ -81,9 +81,9 @@ def load_sparsity(name: str) -> SparsitySpec:
 def default_sparsity_name(model_name: str) -> tuple[str, bool]:
     """The data named after the model when there is one, else OPT-13B's (the only published
     numbers); the flag says whether it was borrowed."""
-    key = model_name.strip().lower().replace("_", "-")
-    if key in index_folder(str(sparsity_dir())):
-        return key, False
+    found = index_folder(str(sparsity_dir())).get(name_key(model_name))
+    if found is not None:
+        return found.stem, False
     return "opt-13b", True
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 
-def _thin(rows: list, limit: int) -> list:
+def thin_rows(rows: list, limit: int) -> list:
     if len(rows) <= limit:
         return rows
     idx = np.unique(np.linspace(0, len(rows) - 1, limit).round().astype(int))
@@ -101,11 +101,11 @@ class SpecStats:
             "engines": {name: {"busy_s": b, "idle_s": max(0.0, now - b), "busy_fraction": b / now if now else 0.0}
                         for name, b in busy.items()},
             "series": {
-                "s": {"columns": ["t_s", "s"], "rows": _thin(self.s_series, limit)},
-                "pool_depth": {"columns": ["t_s", "depth"], "rows": _thin(self.pool_series, limit)},
-                "weights": {"columns": ["t_s"] + self.names, "rows": _thin(self.weight_series, limit)},
+                "s": {"columns": ["t_s", "s"], "rows": thin_rows(self.s_series, limit)},
+                "pool_depth": {"columns": ["t_s", "depth"], "rows": thin_rows(self.pool_series, limit)},
+                "weights": {"columns": ["t_s"] + self.names, "rows": thin_rows(self.weight_series, limit)},
                 "rounds": {"columns": ["t_s", "batch", "tokens_per_seq", "step_s", "s"],
-                           "rows": _thin(self.round_series, limit)},
+                           "rows": thin_rows(self.round_series, limit)},
             },
         }
         if self.names and proposer.voting:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from infersim.analysis.validate.compare import TARGETS, recompute_iterations
-from infersim.analysis.validate.features import FEATURE_NAMES, batch_features, shapes_from_batches
+from infersim.simulator.costmodel.executor_features import FEATURE_NAMES, batch_features, shapes_from_batches
 from infersim.analysis.validate.measured import engine_periods
 from infersim.analysis.validate.metrics import mape, median_ape, rel_error, signed_bias, total_bias
 from infersim.cli.main import main
@@ -103,7 +103,7 @@ def test_stalls_are_judged_against_like_neighbours():
 # ---- the executor fit --------------------------------------------------------------------------
 def _synthetic_run(coef, rng, n=300):
     """An ExecRun-like object whose times follow known coefficients exactly."""
-    from infersim.analysis.validate.calibrate import FittedCostModel
+    from infersim.simulator.costmodel.fitted import FittedCostModel
 
     model = FittedCostModel(coef, 16, {"h2d": {"latency_s": 1e-4, "s_per_byte": 2e-10, "s_per_copy": 6e-6},
                                        "d2h": {"latency_s": 5e-5, "s_per_byte": 1e-10, "s_per_copy": 3e-6}})
@@ -157,7 +157,7 @@ def test_fit_recovers_known_coefficients():
 
 
 def test_swap_price_uses_the_recorded_copy_calls():
-    from infersim.analysis.validate.calibrate import FittedCostModel
+    from infersim.simulator.costmodel.fitted import FittedCostModel
 
     m = FittedCostModel(np.arange(len(FEATURE_NAMES)) * 1e-6, 16,
                         {"h2d": {"latency_s": 1e-4, "s_per_byte": 2e-10, "s_per_copy": 5e-6, "copies_per_byte": 1e-4},
@@ -218,7 +218,7 @@ def test_cache_counts_copy_calls_per_run_of_consecutive_blocks():
 
 
 def test_fit_json_round_trip_scaling_and_bad_files(tmp_path):
-    from infersim.analysis.validate.calibrate import FittedCostModel
+    from infersim.simulator.costmodel.fitted import FittedCostModel
 
     m = FittedCostModel(np.arange(len(FEATURE_NAMES)) * 1e-6, 16,
                         {"h2d": {"latency_s": 1e-5, "s_per_byte": 1e-10}, "d2h": {"latency_s": 2e-5, "s_per_byte": 3e-10}},
@@ -299,11 +299,12 @@ def small_results(tmp_path_factory, zoo_dir):
     """The small matrix as `sim validate` runs it: each case calibrated just before on its own
     serving configuration with other requests (held out), then executed and simulated."""
     from infersim.analysis.validate.cases import get_case
+    from infersim.analysis.validate.execute import CaseOptions
     from infersim.analysis.validate.run import validate_case
 
     out = tmp_path_factory.mktemp("validate")
     counts = {"plain-load": 64, "preempt-recompute": 32}
-    return {name: (validate_case(get_case(name), "zoo-target", out / name, requests=n), out / name)
+    return {name: (validate_case(get_case(name), "zoo-target", out / name, CaseOptions(requests=n)), out / name)
             for name, n in counts.items()}
 
 
@@ -377,7 +378,7 @@ def test_speculative_target_and_draft_costs_by_hand():
     once)."""
     from infersim.simulator.costmodel.batch import BatchShape
 
-    from infersim.analysis.validate.spec_costmodel import FEATURES, SpecFit
+    from infersim.simulator.costmodel.speculative_fit import FEATURES, SpecFit
 
     coef = np.arange(1, len(FEATURES) + 1, dtype=np.float64) * 1e-6
     fit = SpecFit(coef)
@@ -432,10 +433,11 @@ def spec_result(tmp_path_factory, zoo_dir):
     """spec-draft as `sim validate --case spec-draft` runs it, on fewer requests: calibrated on
     held-out speculative runs around the validated one."""
     from infersim.analysis.validate.cases import get_case
+    from infersim.analysis.validate.execute import CaseOptions
     from infersim.analysis.validate.run import validate_case
 
     out = tmp_path_factory.mktemp("validate-spec") / "spec-draft"
-    return validate_case(get_case("spec-draft"), "zoo-target", out, requests=24), out
+    return validate_case(get_case("spec-draft"), "zoo-target", out, CaseOptions(requests=24)), out
 
 
 @pytest.mark.slow

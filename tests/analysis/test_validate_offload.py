@@ -108,11 +108,12 @@ OFFLOAD_REQUESTS = 8
 @pytest.fixture(scope="module")
 def infinigen_case(tmp_path_factory, zoo_dir):
     from infersim.analysis.validate.cases import get_case
+    from infersim.analysis.validate.execute import CaseOptions
     from infersim.analysis.validate.run import validate_case
 
     out = tmp_path_factory.mktemp("validate-offload") / "offload-infinigen"
     # half the case's 16 requests: the test checks what is deterministic (requests, bytes, report)
-    return validate_case(get_case("offload-infinigen"), "zoo-target", out, requests=OFFLOAD_REQUESTS), out
+    return validate_case(get_case("offload-infinigen"), "zoo-target", out, CaseOptions(requests=OFFLOAD_REQUESTS)), out
 
 
 @pytest.mark.slow

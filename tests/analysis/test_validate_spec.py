@@ -254,7 +254,7 @@ def _pipelined_tables(rng, n=240, share_decode=0.6, share_prefill=0.9):
     """A pipelined run whose verifying passes follow known solo coefficients exactly, half of
     them overlapped throughout by a drafting round (decode-only passes then take solo / 0.6,
     prefilling ones solo / 0.9), and solo drafting rounds in the gaps."""
-    from infersim.analysis.validate.spec_costmodel import TARGET_FEATURES, round_features
+    from infersim.simulator.costmodel.speculative_fit import TARGET_FEATURES, round_features
 
     pre = rng.random(n) < 0.25
     nv = np.where(pre, rng.integers(0, 3, n), rng.integers(1, 9, n))
@@ -291,7 +291,8 @@ def test_pipelined_fit_gives_prefilling_passes_their_own_share():
     prefilling pass at its own share."""
     import simpy
 
-    from infersim.analysis.validate.spec_costmodel import TARGET_FEATURES, fit_rounds, predict_rounds_as_run
+    from infersim.analysis.validate.spec_costmodel import fit_rounds, predict_rounds_as_run
+    from infersim.simulator.costmodel.speculative_fit import TARGET_FEATURES
     from infersim.simulator.speculative.device import SharedDevice
 
     t, d, coef = _pipelined_tables(np.random.default_rng(3))

@@ -40,6 +40,7 @@ COUNTERS = ("preempt_swap", "preempt_recompute", "preempt_recompute_forced", "sw
 class FixedCost(CostModel):
     """1 ms + 0.1 ms per token an iteration, 5 GB/s over the host link; deaf to measurements."""
     name = "fixed_for_decision_test"
+    from_workload = True  # the workloads of this test name it
 
     def __init__(self, *_, **__):
         pass

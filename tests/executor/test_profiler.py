@@ -12,8 +12,9 @@ import pytest
 import yaml
 
 from infersim.simulator.costmodel import BatchShape, RooflineCostModel, build_cost_model
-from infersim.simulator.costmodel.regression import (HASH_KEY, PATH_KEY, SOURCE_KEY, PortableRegressor, RegressionCostModel,
-                                            calibration_for, load_calibration, sha256_file)
+from infersim.simulator.costmodel.calibration_file import (HASH_KEY, PATH_KEY, SOURCE_KEY, calibration_for,
+                                                          load_calibration, sha256_file)
+from infersim.simulator.costmodel.regression import PortableRegressor, RegressionCostModel
 from infersim.simulator.errors import InfersimError
 from infersim.simulator.hardware.catalog import load_hardware
 from infersim.simulator.hardware.profile import HardwareProfile

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from infersim.simulator.catalog_loader import _norm
+from infersim.simulator.registry import name_key
 from infersim.simulator.errors import InfersimError, UnknownNameError
 from infersim.simulator.models.catalog import list_models, load_model
 from infersim.simulator.models.hf_config import spec_from_hf_config
@@ -34,7 +34,7 @@ def test_aliases_are_unique_across_the_catalog():
     seen = {}
     for path in sorted(models_dir().glob("*.yaml")):
         data = load_mapping(path)
-        for key in {_norm(path.stem), _norm(data["name"]), *map(_norm, data.get("aliases", []))}:
+        for key in {name_key(path.stem), name_key(data["name"]), *map(name_key, data.get("aliases", []))}:
             assert key not in seen, f"{key} in both {seen.get(key)} and {path.name}"
             seen[key] = path.name
 

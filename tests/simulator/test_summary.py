@@ -9,7 +9,7 @@ import pytest
 
 from infersim.simulator.simulation import simulate
 from infersim.simulator.metrics.collector import MetricsCollector, TimeIntegrals, exact_partials
-from infersim.simulator.metrics.rundir import _clean
+from infersim.simulator.metrics.rundir import json_clean
 from infersim.simulator.metrics.summary import summarize
 from infersim.simulator.workload.builder import build_requests, load_workload
 from infersim.simulator.workload.schema import WorkloadSpec
@@ -17,7 +17,7 @@ from infersim.simulator.workload.schema import WorkloadSpec
 
 def _summary_json(spec, step_mode: bool) -> dict:
     # the file's own encoding: what summary.json would hold
-    return json.loads(json.dumps(_clean(summarize(simulate(spec, build_requests(spec, "."), step_mode=step_mode)))))
+    return json.loads(json.dumps(json_clean(summarize(simulate(spec, build_requests(spec, "."), step_mode=step_mode)))))
 
 
 def _builtin(name: str, n: int) -> WorkloadSpec:

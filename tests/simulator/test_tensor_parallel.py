@@ -4,7 +4,7 @@ unevenly are refused in one line."""
 import pytest
 
 from infersim.simulator.costmodel import RooflineCostModel
-from infersim.simulator.engine.memory import plan_memory
+from infersim.simulator.engine.memory import MemoryOptions, plan_memory
 from infersim.simulator.errors import InfersimError
 from infersim.simulator.hardware.catalog import load_hardware
 from infersim.simulator.models.spec import ModelSpec
@@ -56,8 +56,9 @@ def test_weights_per_gpu_hold_replicated_kv_projections():
 
 
 def test_kv_pool_block_bytes_use_replicated_heads():
-    plan = plan_memory(TWO_KV, load_hardware("a100-80gb-sxm"), block_size=16, dtype="fp16", kv_dtype="fp16", tp=4,
-                       gpu_memory_utilization=0.9, swap_space_gb=1, max_batched_tokens=256, max_batch_size=8)
+    opts = MemoryOptions(block_size=16, dtype="fp16", kv_dtype="fp16", tp=4, gpu_memory_utilization=0.9,
+                         swap_space_gb=1, max_batched_tokens=256, max_batch_size=8)
+    plan = plan_memory(TWO_KV, load_hardware("a100-80gb-sxm"), opts)
     assert plan.kv_bytes_per_block == 16 * 1024
 
 

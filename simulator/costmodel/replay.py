@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from infersim.simulator.costmodel.base import CostModel, Direction
-from infersim.simulator.costmodel.batch import BatchShape
+from .base import CostModel, Direction
+from .batch import BatchShape
 
 
 def intake_s(it: dict) -> np.ndarray:
@@ -94,3 +94,21 @@ class ReplayCostModel(CostModel):
             self._c += 1
             return t
         return self.fallback.transfer_time_s(nbytes, direction)
+
+
+class OffloadReplayCostModel(ReplayCostModel):
+    """The replay for an offloading replica: the measured times, while the replica's byte
+    counters and pipeline stages still ask the fallback (the calibrated offload model, which
+    binds nothing)."""
+
+    name = "offload_replay"
+
+    def __init__(self, run, fallback):
+        super().__init__(run, fallback)
+        self.offloaded_weight_bytes = fallback.offloaded_weight_bytes
+
+    def bind_final(self, final_tokens) -> None:
+        pass
+
+    def stages(self, *args, **kwargs):
+        return self.fallback.stages(*args, **kwargs)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from infersim.simulator.costmodel.base import CostModel
-from infersim.simulator.costmodel.batch import BatchShape
+from .base import CostModel
+from .batch import BatchShape
 
 
 class MeasuredCostModel(CostModel):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from infersim.simulator.costmodel.batch import BatchShape
+from .batch import BatchShape
 
 # Two code paths, two sets of terms: a decode-only batch (its constant, per sequence, and the
 # padded keys of its one gathered attention call) and any other batch (its constant, per
