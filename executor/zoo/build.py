@@ -15,7 +15,6 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,6 +23,7 @@ from infersim.simulator.errors import InfersimError
 
 from .corpus import Corpus, load_corpus
 from .spec import DEFAULT_ZOO, ModelRecipe, ZooSpec
+from .staging import staged
 
 BUILDER_VERSION = 1
 ZOO_ENV = "INFERSIM_ZOO"
@@ -90,19 +90,6 @@ def _locked(path: Path):
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-@contextmanager
-def _staged(target: Path):
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.tmp-"))
-    try:
-        yield tmp
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _order(spec: ZooSpec, names) -> list[ModelRecipe]:
@@ -196,7 +183,7 @@ def _build_locked(spec: ZooSpec, c: Corpus, d: Path, recipes: list[ModelRecipe],
         bpe = ByteLevelBPETokenizer()
         bpe.train_from_iterator(c.texts(train_files), vocab_size=spec.vocab_size, min_frequency=2,
                                 special_tokens=[T.SPECIAL], show_progress=False)
-        with _staged(tok_dir) as tmp:
+        with staged(tok_dir) as tmp:
             _hf_tokenizer(bpe._tokenizer).save_pretrained(str(tmp))
             (tmp / "zoo.json").write_text(json.dumps({"vocab_size": bpe.get_vocab_size(),
                                                       "train_seconds": time.perf_counter() - t0}, indent=2) + "\n")
@@ -256,7 +243,7 @@ def _build_locked(spec: ZooSpec, c: Corpus, d: Path, recipes: list[ModelRecipe],
         model.generation_config.pad_token_id = 0
         model.generation_config.eos_token_id = 0
         model.generation_config.bos_token_id = 0
-        with _staged(d / r.name) as tmp:
+        with staged(d / r.name) as tmp:
             model.save_pretrained(str(tmp), safe_serialization=True)
             for f in tok_dir.iterdir():
                 if f.name != "zoo.json":

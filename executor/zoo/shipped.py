@@ -16,6 +16,8 @@ from pathlib import Path
 
 from infersim.simulator.errors import InfersimError
 
+from .staging import staged
+
 MANIFEST = "SHIPPED.json"
 
 
@@ -57,8 +59,6 @@ def install_shipped(d: Path, folder: Path | None = None) -> bool:
     """Fill zoo folder `d` from the shipped files when its key (the folder's name) is the shipped
     key: each missing piece is copied in atomically after its checksums are checked. Returns
     whether the key matched. Call it under the zoo's lock."""
-    from .build import _staged
-
     src = Path(folder or shipped_dir())
     man = shipped_manifest(src)
     if not man or man.get("key") != d.name:
@@ -70,7 +70,7 @@ def install_shipped(d: Path, folder: Path | None = None) -> bool:
         if target.exists():
             continue
         target.parent.mkdir(parents=True, exist_ok=True)
-        with _staged(target) as tmp:
+        with staged(target) as tmp:
             for rel in (r for r in files if r.startswith(entry + "/")):
                 got = sha256_of(src / rel)
                 if got != files[rel]:
