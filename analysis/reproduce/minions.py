@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from infersim.analysis.reproduce.moved import Headline, moved_section
 from infersim.simulator.simulation import Simulation
 from infersim.simulator.metrics.summary import summarize
 from infersim.simulator.workload.builder import build_requests, load_workload
@@ -703,6 +704,47 @@ def _vs_plain(ab: pd.DataFrame, pair: str) -> str:
     return " / ".join(f"{x.vs_plain:.2f}x ({x.overhead_us / 1000:g} ms SSM steps)" for x in r.itertuples()) or "-"
 
 
+def _optimum(pair: str, dataset: str, batch: int, column: str):
+    """One Fig. 2 optimum quantity (a column of `optimum_table`)."""
+    def value(rows: pd.DataFrame) -> float:
+        o = optimum_table(rows)
+        return float(o[(o["pair"] == pair) & (o["dataset"] == dataset) & (o["batch"] == batch)][column].iloc[0])
+    return value
+
+
+def _pipeline_gain(pair: str, overhead_us: float):
+    """Shared-GPU pipelining's gain over coupled execution at s = 4 (percent)."""
+    def value(rows: pd.DataFrame) -> float:
+        g = pipegain_table(rows)
+        return float(g[(g["pair"] == pair) & (g["s"] == "4") & (g["overhead_us"] == overhead_us)]["shared_gain_pct"].iloc[0])
+    return value
+
+
+def _full_vs_plain(pair: str):
+    """The full system (+Pipeline) over the plain engine, pure kernel costs (no SSM step overhead)."""
+    def value(rows: pd.DataFrame) -> float:
+        a = ablation_table(rows)
+        return float(a[(a["pair"] == pair) & (a["step"] == "+Pipeline") & (a["overhead_us"] == 0)]["vs_plain"].iloc[0])
+    return value
+
+
+# The quantities the datasheet-roofline comparison reports (moved.py).
+HEADLINES = [
+    Headline("OPT-13B finance batch 16: s*", _optimum("opt-13b", "finance", 16, "s_opt"), "{:.0f}"),
+    Headline("OPT-13B finance batch 16: throughput at s* (tok/s)", _optimum("opt-13b", "finance", 16, "tput_at_opt"),
+             "{:.0f}"),
+    Headline("OPT-13B finance batch 16: speedup over plain", _optimum("opt-13b", "finance", 16, "speedup_vs_plain")),
+    Headline("OPT-13B dialogue batch 16: s*", _optimum("opt-13b", "dialogue", 16, "s_opt"), "{:.0f}"),
+    Headline("Llama-2-70B dialogue batch 8: s*", _optimum("llama-2-70b", "dialogue", 8, "s_opt"), "{:.0f}"),
+    Headline("Llama-2-70B dialogue batch 16: s*", _optimum("llama-2-70b", "dialogue", 16, "s_opt"), "{:.0f}"),
+    Headline("Llama-2-70B finance batch 16: speedup over plain",
+             _optimum("llama-2-70b", "finance", 16, "speedup_vs_plain")),
+    Headline("pipelining gain, OPT-13B, s = 4 (%)", _pipeline_gain("opt-13b", 0.0), "{:+.1f}"),
+    Headline("pipelining gain, Llama-2-70B, s = 4 (%)", _pipeline_gain("llama-2-70b", 0.0), "{:+.1f}"),
+    Headline("full Minions over plain, Llama-2-70B finance", _full_vs_plain("llama-2-70b")),
+]
+
+
 def write_markdown(df: pd.DataFrame, series: dict, out: Path, stem: str, meta: dict) -> Path:
     opt, sel, ab, vt = optimum_table(df), selector_table(df), ablation_table(df), voting_table(df)
     pp = df[df["study"] == "pipeline"].copy()
@@ -817,6 +859,8 @@ time-weighted.
 
 {NOT_REPRODUCED.format(llama_vs_plain=_vs_plain(ab, "llama-2-70b"))}
 """
+    if not meta["quick"]:
+        text += "\n" + moved_section({stem: df}, out, HEADLINES)
     path = out / f"{stem}.md"
     _write_atomic(path, text)
     return path
