@@ -459,11 +459,11 @@ def check_names(hardware: list[str] | None, pf: PlanFile, prices: dict[str, floa
     """Every hardware name, from the flags or the plan file, exists; an error names its origin."""
     from infersim.simulator.hardware.catalog import load_hardware
 
-    for names, source, field in ((hardware or [], "", "--hardware"), (list(prices or {}), "", "--price"),
+    for names, source, where in ((hardware or [], "", "--hardware"), (list(prices or {}), "", "--price"),
                                  ([] if hardware else pf.hardware, plan_source, "hardware"),
                                  (list(pf.prices), plan_source, "prices")):
         for name in names:
-            in_field(source, field, load_hardware, name)
+            in_field(source, where, load_hardware, name)
 
 
 def check_candidates(cands: list[Candidate], base: dict, source: str, search: SearchSection,

@@ -6,8 +6,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from infersim.simulator.errors import InfersimError
+
+if TYPE_CHECKING:  # annotations only: torch is imported where the executor starts
+    import torch
 
 SUPPORTED_FAMILIES = ("llama", "mistral", "opt")
 _DTYPES = {"fp32": "float32", "float32": "float32", "float": "float32",

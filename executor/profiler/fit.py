@@ -74,7 +74,8 @@ def fit_class(recs: list[dict], peak: float, bw: float, launch: float, prior: fl
 
 
 def class_mape(recs, peak, bw, ec, em, launch) -> float:
-    F = np.array([r["flops"] for r in recs]); B = np.array([r["bytes"] for r in recs])
+    F = np.array([r["flops"] for r in recs])
+    B = np.array([r["bytes"] for r in recs])
     t = np.array([r["median_s"] for r in recs])
     pred = _roof_time(F, B, peak, bw, ec, em, launch)
     return float(np.mean(np.abs(pred - t) / t) * 100)
@@ -195,7 +196,8 @@ def fit_iteration_overhead(steps: list[dict], preds: list[float]) -> float:
     """The constant added to every iteration that best fits the steps in log space."""
     from scipy.optimize import minimize_scalar
 
-    t = np.array([r["median_s"] for r in steps]); p = np.array(preds)
+    t = np.array([r["median_s"] for r in steps])
+    p = np.array(preds)
     hi = float(np.min(t))
 
     def loss(o):
@@ -206,4 +208,4 @@ def fit_iteration_overhead(steps: list[dict], preds: list[float]) -> float:
     return o if loss(o) < loss(0.0) else 0.0
 
 
-from infersim.simulator.calibration.fit import significant as sig  # noqa: E402  (one rounding rule)
+from infersim.simulator.calibration.fit import significant as sig  # noqa: E402, F401  (one rounding rule, used as F.sig)
