@@ -13,6 +13,7 @@ speedup = acceleration rate / overhead, where
   (`block="paper"`, unfused attention by default so the score matrix traffic counts as in the
   paper's Table 5).
 Medusa's own heads and the accept step are left out, as in the paper."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -23,16 +24,30 @@ import pandas as pd
 
 from infersim.simulator.costmodel import BatchShape, RooflineCostModel
 from infersim.simulator.errors import InfersimError
-from infersim.simulator.speculative.medusa_heads import (HeadAccuracies, expected_accept_length, grow_tree,
-                                                          load_accuracies)
+from infersim.simulator.speculative.medusa_heads import (
+    HeadAccuracies,
+    expected_accept_length,
+    grow_tree,
+    load_accuracies,
+)
 from infersim.simulator.yamlio import atomic_path
 
 from .roofline import POW2_BATCHES, POW2_SEQ_LENS, build_cost_model
 
 LOG_RATE_COEF = 0.477  # Medusa G.3: acceleration rate = 0.477 * ln(#candidates), fitted to Fig. 4a
 POW2_CANDIDATES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-PAPER_BLOCK_OPERATORS = ("q_proj", "k_proj", "v_proj", "qk", "pv", "up_proj", "gate_proj", "down_proj",
-                         "fc1", "fc2")  # fc1/fc2: the up/down of plain-MLP models (OPT); Llama has none
+PAPER_BLOCK_OPERATORS = (
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "qk",
+    "pv",
+    "up_proj",
+    "gate_proj",
+    "down_proj",
+    "fc1",
+    "fc2",
+)  # fc1/fc2: the up/down of plain-MLP models (OPT); Llama has none
 RATE_MODELS = ("log", "tree")
 BLOCKS = ("model", "paper")
 SEQ_SWEEP_BATCH = 4  # the paper's Fig. 23 fixes batch 4
@@ -52,7 +67,9 @@ def tree_rate(candidates, table: HeadAccuracies) -> np.ndarray:
     return np.array([expected_accept_length(grow_tree(table, int(q)), acc) for q in np.atleast_1d(candidates)])
 
 
-def acceleration_rate(candidates, rate_model: str = "log", accuracies: str | HeadAccuracies = "vicuna-7b") -> np.ndarray:
+def acceleration_rate(
+    candidates, rate_model: str = "log", accuracies: str | HeadAccuracies = "vicuna-7b"
+) -> np.ndarray:
     if rate_model == "log":
         return log_rate(candidates)
     if rate_model == "tree":
@@ -70,7 +87,9 @@ def step_time_s(cost: RooflineCostModel, shape: BatchShape, block: str = "model"
     raise InfersimError(f"unknown block '{block}'; known: {', '.join(BLOCKS)}")
 
 
-def overhead(cost: RooflineCostModel, batch: int, seq_len: int, candidates: int, block: str = "model") -> tuple[float, float, float]:
+def overhead(
+    cost: RooflineCostModel, batch: int, seq_len: int, candidates: int, block: str = "model"
+) -> tuple[float, float, float]:
     """(verify time, plain decode time, their ratio) for `batch` sequences of `seq_len` cached tokens."""
     contexts = [int(seq_len)] * int(batch)
     verify_s = step_time_s(cost, BatchShape.verify(contexts, int(candidates)), block)
@@ -79,14 +98,38 @@ def overhead(cost: RooflineCostModel, batch: int, seq_len: int, candidates: int,
 
 
 # ---- the study ----------------------------------------------------------------------------
-STUDY_COLUMNS = ["model", "hardware", "block", "attention", "rate_model", "batch", "seq_len", "candidates",
-                 "acceleration_rate", "decode_time_s", "verify_time_s", "overhead", "speedup"]
+STUDY_COLUMNS = [
+    "model",
+    "hardware",
+    "block",
+    "attention",
+    "rate_model",
+    "batch",
+    "seq_len",
+    "candidates",
+    "acceleration_rate",
+    "decode_time_s",
+    "verify_time_s",
+    "overhead",
+    "speedup",
+]
 
 
-def medusa_study(model: str, hardware: str, *, batches: Sequence[int] = (1,), seq_lens: Sequence[int] = (1024,),
-                 candidates: Sequence[int] = POW2_CANDIDATES, rate_model: str = "log",
-                 accuracies: str | HeadAccuracies = "vicuna-7b", block: str = "model", attention: str | None = None,
-                 dtype: str = "fp16", kv_dtype: str | None = None, tensor_parallel: int = 1) -> pd.DataFrame:
+def medusa_study(
+    model: str,
+    hardware: str,
+    *,
+    batches: Sequence[int] = (1,),
+    seq_lens: Sequence[int] = (1024,),
+    candidates: Sequence[int] = POW2_CANDIDATES,
+    rate_model: str = "log",
+    accuracies: str | HeadAccuracies = "vicuna-7b",
+    block: str = "model",
+    attention: str | None = None,
+    dtype: str = "fp16",
+    kv_dtype: str | None = None,
+    tensor_parallel: int = 1,
+) -> pd.DataFrame:
     """One row per (batch, seq_len, candidates). `attention` defaults to unfused for the paper
     block (the paper's Table 5 traffic) and fused (the simulator's default) for the model."""
     if block not in BLOCKS:
@@ -97,29 +140,65 @@ def medusa_study(model: str, hardware: str, *, batches: Sequence[int] = (1,), se
     if min(list(batches) + list(seq_lens) + list(candidates)) < 1:
         raise InfersimError("batch sizes, sequence lengths and candidate counts must be >= 1")
     # the paper block is Table 5's eight operators, projections counted one GEMM per weight
-    cost = build_cost_model(model, hardware, dtype=dtype, kv_dtype=kv_dtype, tensor_parallel=tensor_parallel,
-                            fused_attention=attention == "fused", fused_projections=block != "paper")
+    cost = build_cost_model(
+        model,
+        hardware,
+        dtype=dtype,
+        kv_dtype=kv_dtype,
+        tensor_parallel=tensor_parallel,
+        fused_attention=attention == "fused",
+        fused_projections=block != "paper",
+    )
     rates = acceleration_rate(candidates, rate_model, accuracies)
     rows = []
     for b in batches:
         for s in seq_lens:
             for q, rate in zip(candidates, rates):
                 verify_s, decode_s, ratio = overhead(cost, b, s, q, block)
-                rows.append((cost.model.name, cost.hardware.name, block, attention, rate_model, int(b), int(s), int(q),
-                             float(rate), decode_s, verify_s, ratio, float(rate) / ratio))
+                rows.append(
+                    (
+                        cost.model.name,
+                        cost.hardware.name,
+                        block,
+                        attention,
+                        rate_model,
+                        int(b),
+                        int(s),
+                        int(q),
+                        float(rate),
+                        decode_s,
+                        verify_s,
+                        ratio,
+                        float(rate) / ratio,
+                    )
+                )
     return pd.DataFrame(rows, columns=STUDY_COLUMNS)
 
 
-def standard_sweeps(model: str, hardware: str, *, batch: int = 1, seq_len: int = 1024,
-                    candidates: Sequence[int] = POW2_CANDIDATES, batches: Sequence[int] = POW2_BATCHES,
-                    seq_lens: Sequence[int] = POW2_SEQ_LENS, seq_sweep_batch: int = SEQ_SWEEP_BATCH,
-                    **kwargs) -> pd.DataFrame:
+def standard_sweeps(
+    model: str,
+    hardware: str,
+    *,
+    batch: int = 1,
+    seq_len: int = 1024,
+    candidates: Sequence[int] = POW2_CANDIDATES,
+    batches: Sequence[int] = POW2_BATCHES,
+    seq_lens: Sequence[int] = POW2_SEQ_LENS,
+    seq_sweep_batch: int = SEQ_SWEEP_BATCH,
+    **kwargs,
+) -> pd.DataFrame:
     """The paper's three sweeps in one table, told apart by `sweep`: 'candidates' (Fig. 21, at
     batch/seq_len), 'batch' (Fig. 22, at seq_len) and 'seq_len' (Fig. 23, at seq_sweep_batch)."""
     parts = [
-        medusa_study(model, hardware, batches=[batch], seq_lens=[seq_len], candidates=candidates, **kwargs).assign(sweep="candidates"),
-        medusa_study(model, hardware, batches=batches, seq_lens=[seq_len], candidates=candidates, **kwargs).assign(sweep="batch"),
-        medusa_study(model, hardware, batches=[seq_sweep_batch], seq_lens=seq_lens, candidates=candidates, **kwargs).assign(sweep="seq_len"),
+        medusa_study(model, hardware, batches=[batch], seq_lens=[seq_len], candidates=candidates, **kwargs).assign(
+            sweep="candidates"
+        ),
+        medusa_study(model, hardware, batches=batches, seq_lens=[seq_len], candidates=candidates, **kwargs).assign(
+            sweep="batch"
+        ),
+        medusa_study(
+            model, hardware, batches=[seq_sweep_batch], seq_lens=seq_lens, candidates=candidates, **kwargs
+        ).assign(sweep="seq_len"),
     ]
     df = pd.concat(parts, ignore_index=True)
     return df[["sweep"] + STUDY_COLUMNS]
@@ -171,15 +250,24 @@ def plot_candidates(df: pd.DataFrame, path: str | Path) -> Path:
     ax.plot(d["candidates"], d["overhead"], "s--", color="#7f7f7f", label="normalized latency (step time / decode)")
     ax.plot(d["candidates"], d["speedup"], "D-", color="#d62728", lw=2, label="speedup = rate / overhead")
     best = d.loc[d["speedup"].idxmax()]
-    ax.annotate(f"best: {int(best['candidates'])} candidates, {best['speedup']:.2f}x",
-                (best["candidates"], best["speedup"]), xytext=(0, -30), textcoords="offset points",
-                ha="center", va="top", fontsize=9, bbox=dict(boxstyle="round,pad=0.25", fc="white", ec="0.7"), arrowprops=dict(arrowstyle="-", color="0.4", lw=0.8))
+    ax.annotate(
+        f"best: {int(best['candidates'])} candidates, {best['speedup']:.2f}x",
+        (best["candidates"], best["speedup"]),
+        xytext=(0, -30),
+        textcoords="offset points",
+        ha="center",
+        va="top",
+        fontsize=9,
+        bbox=dict(boxstyle="round,pad=0.25", fc="white", ec="0.7"),
+        arrowprops=dict(arrowstyle="-", color="0.4", lw=0.8),
+    )
     _setup_axes(ax, d["candidates"])
     ax.set_ylabel("ratio")
     ax.set_ylim(0, max(d[["acceleration_rate", "overhead", "speedup"]].max().max() * 1.15, 1.5))
     r = d.iloc[0]
-    ax.set_title(f"Medusa on {r['model']}, batch {r['batch']}, sequence length {r['seq_len']}\n{_subtitle(d)}",
-                 fontsize=10.5)
+    ax.set_title(
+        f"Medusa on {r['model']}, batch {r['batch']}, sequence length {r['seq_len']}\n{_subtitle(d)}", fontsize=10.5
+    )
     ax.legend(loc="upper left", fontsize=8.5, framealpha=0.9)
     return _save(fig, path)
 
@@ -221,8 +309,12 @@ def plot_speedup_by_seq(df: pd.DataFrame, path: str | Path) -> Path:
 def write_study(df: pd.DataFrame, out_dir: str | Path) -> dict[str, Path]:
     """CSV of a standard_sweeps table plus the three figures; returns name -> path."""
     out = Path(out_dir)
-    paths = {"csv": out / "medusa_study.csv", "fig21": out / "fig21_candidates.png",
-             "fig22": out / "fig22_speedup_by_batch.png", "fig23": out / "fig23_speedup_by_seq.png"}
+    paths = {
+        "csv": out / "medusa_study.csv",
+        "fig21": out / "fig21_candidates.png",
+        "fig22": out / "fig22_speedup_by_batch.png",
+        "fig23": out / "fig23_speedup_by_seq.png",
+    }
     with atomic_path(paths["csv"]) as tmp:
         df.to_csv(tmp, index=False)
     plot_candidates(df[df["sweep"] == "candidates"], paths["fig21"])

@@ -25,6 +25,7 @@ tokens at the target = price x GPUs / (3600 x target x mean output tokens) x 1e6
 Pricing and the target load are not part of the workload file: they come from a plan file
 (`--plan plan.yaml`, see examples/plan/) or from flags (`--price`, `--target-rate`); flags win.
 """
+
 from __future__ import annotations
 
 import math
@@ -47,8 +48,14 @@ from .sweep import config_key, resolve_config, run_config
 # ---------------------------------------------------------------------------------------------
 # SLOs
 
-SLO_METRICS = {"ttft": "ttft_s", "tpot": "tpot_s", "itl": "itl_s", "e2e": "e2e_s", "queueing": "queueing_s",
-               "normalized_latency": "normalized_latency_s"}
+SLO_METRICS = {
+    "ttft": "ttft_s",
+    "tpot": "tpot_s",
+    "itl": "itl_s",
+    "e2e": "e2e_s",
+    "queueing": "queueing_s",
+    "normalized_latency": "normalized_latency_s",
+}
 SLO_STATS = ("p50", "p90", "p99", "mean")
 _UNITS = {"s": 1.0, "sec": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "min": 60.0, "m": 60.0}
 
@@ -95,10 +102,13 @@ def parse_slo(spec: Union[str, dict, None]) -> list[SLO]:
     for name, value in items:
         m = re.fullmatch(r"([a-z0-9_]+)_(p50|p90|p99|mean)", str(name).strip().lower())
         if not m or m.group(1) not in SLO_METRICS:
-            raise InfersimError(f"unknown SLO '{name}'; write METRIC_STAT with METRIC one of "
-                                f"{', '.join(SLO_METRICS)} and STAT one of {', '.join(SLO_STATS)}, e.g. ttft_p99")
-        out.append(SLO(m.group(0), f"{SLO_METRICS[m.group(1)]}.{m.group(2)}",
-                       parse_duration(value, f"SLO limit for {name}")))
+            raise InfersimError(
+                f"unknown SLO '{name}'; write METRIC_STAT with METRIC one of "
+                f"{', '.join(SLO_METRICS)} and STAT one of {', '.join(SLO_STATS)}, e.g. ttft_p99"
+            )
+        out.append(
+            SLO(m.group(0), f"{SLO_METRICS[m.group(1)]}.{m.group(2)}", parse_duration(value, f"SLO limit for {name}"))
+        )
     return out
 
 
@@ -173,6 +183,7 @@ class SearchSection(_Strict):
 
 class PlanFile(_Strict):
     """What `--plan plan.yaml` holds; every entry is optional and a flag overrides it."""
+
     slo: dict[str, Union[str, float]] = Field(default_factory=dict)
     hardware: list[str] = Field(default_factory=list)  # empty: the workload's profile
     tensor_parallel: list[PositiveInt] = Field(default_factory=list)  # empty: the workload's
@@ -286,8 +297,17 @@ def rank(cands: list[CandidateResult]) -> list[CandidateResult]:
 
 
 class _Search:
-    def __init__(self, cand: Candidate, base: dict, base_dir: str, slos: list[SLO], search: SearchSection,
-                 target: Optional[float], seed: int, arrival: dict):
+    def __init__(
+        self,
+        cand: Candidate,
+        base: dict,
+        base_dir: str,
+        slos: list[SLO],
+        search: SearchSection,
+        target: Optional[float],
+        seed: int,
+        arrival: dict,
+    ):
         self.cand, self.base, self.base_dir, self.slos, self.s = cand, base, base_dir, slos, search
         self.target, self.seed, self.arrival = target, seed, arrival
         self.result = CandidateResult(cand.label, cand.hardware, cand.tensor_parallel, cand.overrides, cand.price)
@@ -295,8 +315,15 @@ class _Search:
     def task(self, p: Probe) -> dict:
         arrival = dict(self.arrival, rate=float(p.rate))
         over = dict(self.cand.overrides)
-        over.update({"hardware.replicas": p.replicas, "requests.arrival": arrival, "requests.count": p.requests,
-                     "requests.duration_s": None, "seed": self.seed})
+        over.update(
+            {
+                "hardware.replicas": p.replicas,
+                "requests.arrival": arrival,
+                "requests.count": p.requests,
+                "requests.duration_s": None,
+                "seed": self.seed,
+            }
+        )
         if p.replicas > 1:
             over["hardware.router"] = "least_outstanding"
         return {"config": resolve_config(self.base, over), "base_dir": self.base_dir}
@@ -304,16 +331,31 @@ class _Search:
     def record(self, p: Probe, res: dict) -> ProbeResult:
         summary = res.get("summary") or {}
         metrics = {s.metric: slo_value(summary, s) for s in self.slos}
-        for k in ("throughput_req_per_s", "throughput_output_tokens_per_s", "throughput_total_tokens_per_s",
-                  "finished", "aborted", "makespan_s"):
+        for k in (
+            "throughput_req_per_s",
+            "throughput_output_tokens_per_s",
+            "throughput_total_tokens_per_s",
+            "finished",
+            "aborted",
+            "makespan_s",
+        ):
             if k in summary:
                 metrics[k] = float(summary[k])
         for k in ("ttft_s", "tpot_s", "e2e_s"):
             if k in summary:
                 metrics[f"{k}.p99"] = float(summary[k]["p99"]) if summary[k]["p99"] is not None else float("nan")
-        pr = ProbeResult(self.cand.label, p.kind, p.rate, p.replicas, p.requests,
-                         res["status"] == "ok" and meets(summary, self.slos), res["status"], res.get("error"),
-                         metrics, res.get("wall_s", 0.0))
+        pr = ProbeResult(
+            self.cand.label,
+            p.kind,
+            p.rate,
+            p.replicas,
+            p.requests,
+            res["status"] == "ok" and meets(summary, self.slos),
+            res["status"],
+            res.get("error"),
+            metrics,
+            res.get("wall_s", 0.0),
+        )
         self.result.probes.append(pr)
         if res["status"] == "ok" and summary.get("finished"):
             fin = summary["finished"]
@@ -377,15 +419,19 @@ class _Search:
         r.goodput_output_tps = lo * r.mean_output_tokens
         # the latency-against-load curve
         probed = [x.rate for x in r.probes]
-        fill = [one(lo * f, "curve") for f in s.curve_points
-                if all(abs(lo * f / q - 1) > 0.04 for q in probed) and s.min_rate <= lo * f <= s.max_rate]
+        fill = [
+            one(lo * f, "curve")
+            for f in s.curve_points
+            if all(abs(lo * f / q - 1) > 0.04 for q in probed) and s.min_rate <= lo * f <= s.max_rate
+        ]
         if fill:
             results = yield fill
             for p, res in zip(fill, results):
                 self.record(p, res)
         if r.price_per_gpu_hour is not None and r.mean_output_tokens > 0:
-            r.cost_per_m_output_tokens_at_goodput = (r.price_per_gpu_hour * r.tensor_parallel * 1e6
-                                                     / (3600 * lo * r.mean_output_tokens))
+            r.cost_per_m_output_tokens_at_goodput = (
+                r.price_per_gpu_hour * r.tensor_parallel * 1e6 / (3600 * lo * r.mean_output_tokens)
+            )
         # replicas for the target load
         if self.target:
             need = max(1, math.ceil(self.target / lo - 1e-9))
@@ -426,8 +472,9 @@ def probe_duration_s(search: SearchSection, slos: list[SLO]) -> float:
     return max(30.0, 1.25 * longest / search.tolerance)
 
 
-def build_candidates(spec, hardware: list[str], tps: list[int], options: dict[str, list],
-                     prices: dict[str, float]) -> list[Candidate]:
+def build_candidates(
+    spec, hardware: list[str], tps: list[int], options: dict[str, list], prices: dict[str, float]
+) -> list[Candidate]:
     import itertools
 
     from infersim.simulator.hardware.catalog import load_hardware
@@ -459,15 +506,19 @@ def check_names(hardware: list[str] | None, pf: PlanFile, prices: dict[str, floa
     """Every hardware name, from the flags or the plan file, exists; an error names its origin."""
     from infersim.simulator.hardware.catalog import load_hardware
 
-    for names, source, where in ((hardware or [], "", "--hardware"), (list(prices or {}), "", "--price"),
-                                 ([] if hardware else pf.hardware, plan_source, "hardware"),
-                                 (list(pf.prices), plan_source, "prices")):
+    for names, source, where in (
+        (hardware or [], "", "--hardware"),
+        (list(prices or {}), "", "--price"),
+        ([] if hardware else pf.hardware, plan_source, "hardware"),
+        (list(pf.prices), plan_source, "prices"),
+    ):
         for name in names:
             in_field(source, where, load_hardware, name)
 
 
-def check_candidates(cands: list[Candidate], base: dict, source: str, search: SearchSection,
-                     workers: int | None, allow_large: bool) -> None:
+def check_candidates(
+    cands: list[Candidate], base: dict, source: str, search: SearchSection, workers: int | None, allow_large: bool
+) -> None:
     """Every candidate passes the shared rules (schema, tensor parallelism, seed) before any
     probe runs, and the largest probes, one per worker, fit in memory."""
     import os
@@ -481,18 +532,33 @@ def check_candidates(cands: list[Candidate], base: dict, source: str, search: Se
         spec = validate(WorkloadSpec, resolve_config(base, c.overrides), f"{source} as {c.label}")
         check_workload(spec, f"{source} as {c.label}", allow_large=True)
     parallel = min(workers or os.cpu_count() or 1, len(cands))
-    check_memory(simulation_bytes(search.max_requests, parallel),
-                 f"plan: field 'search.max_requests': probes of up to {search.max_requests:,} requests x {parallel} "
-                 f"workers",
-                 allow_large)
+    check_memory(
+        simulation_bytes(search.max_requests, parallel),
+        f"plan: field 'search.max_requests': probes of up to {search.max_requests:,} requests x {parallel} " f"workers",
+        allow_large,
+    )
 
 
-def plan(workload: str, *, slos: list[SLO], plan_file: PlanFile | None = None, hardware: list[str] | None = None,
-         tensor_parallel: list[int] | None = None, options: dict[str, list] | None = None,
-         prices: dict[str, float] | None = None, target_rate: float | None = None,
-         requests: int | None = None, tolerance: float | None = None, seed: int | None = None,
-         backend: str = "local", workers: int | None = None, address: str | None = None,
-         quiet: bool = True, allow_large: bool = False, plan_source: str = "plan file") -> PlanResult:
+def plan(
+    workload: str,
+    *,
+    slos: list[SLO],
+    plan_file: PlanFile | None = None,
+    hardware: list[str] | None = None,
+    tensor_parallel: list[int] | None = None,
+    options: dict[str, list] | None = None,
+    prices: dict[str, float] | None = None,
+    target_rate: float | None = None,
+    requests: int | None = None,
+    tolerance: float | None = None,
+    seed: int | None = None,
+    backend: str = "local",
+    workers: int | None = None,
+    address: str | None = None,
+    quiet: bool = True,
+    allow_large: bool = False,
+    plan_source: str = "plan file",
+) -> PlanResult:
     """Run the searches (no files written): see `write_plan` for the report."""
     from infersim.simulator.workload.builder import load_workload
 
@@ -506,8 +572,10 @@ def plan(workload: str, *, slos: list[SLO], plan_file: PlanFile | None = None, h
     spec, wl_path = load_workload(workload)
     arr = spec.requests.arrival
     if spec.requests.trace is not None and spec.requests.trace.arrival_column is not None:
-        raise InfersimError("sim plan varies the arrival rate: the workload's trace arrival times cannot be used "
-                            "(drop trace.arrival_column and give requests.arrival)")
+        raise InfersimError(
+            "sim plan varies the arrival rate: the workload's trace arrival times cannot be used "
+            "(drop trace.arrival_column and give requests.arrival)"
+        )
     note = ""
     if arr is not None and arr.type in ("poisson", "gamma"):
         arrival = arr.model_dump(mode="json")
@@ -515,10 +583,13 @@ def plan(workload: str, *, slos: list[SLO], plan_file: PlanFile | None = None, h
     else:
         arrival = {"type": "poisson", "rate": 1.0}
         workload_rate = None
-        note = (f"the workload's '{arr.type if arr else 'trace'}' arrivals were replaced by Poisson arrivals "
-                "for the search")
-    search = pf.search.model_copy(update={k: v for k, v in (("requests", requests), ("tolerance", tolerance))
-                                          if v is not None})
+        note = (
+            f"the workload's '{arr.type if arr else 'trace'}' arrivals were replaced by Poisson arrivals "
+            "for the search"
+        )
+    search = pf.search.model_copy(
+        update={k: v for k, v in (("requests", requests), ("tolerance", tolerance)) if v is not None}
+    )
     if search.start_rate is None:
         search = search.model_copy(update={"start_rate": workload_rate or 1.0})
     if tolerance is not None and not 0 < tolerance < 1:
@@ -544,8 +615,19 @@ def plan(workload: str, *, slos: list[SLO], plan_file: PlanFile | None = None, h
         cancel = False
     finally:
         be.close(cancel=cancel)
-    return PlanResult(spec.name, spec.model, slos, target, search, seed, [s.result for s in searches],
-                      time.perf_counter() - t0, be.describe(), pf.price_source, note)
+    return PlanResult(
+        spec.name,
+        spec.model,
+        slos,
+        target,
+        search,
+        seed,
+        [s.result for s in searches],
+        time.perf_counter() - t0,
+        be.describe(),
+        pf.price_source,
+        note,
+    )
 
 
 def _drive(searches: list[_Search], be, prog) -> None:
@@ -587,15 +669,25 @@ def _safe(fut) -> dict:
     except BrokenProcessPool:
         raise InfersimError("a worker process died (out of memory or killed); try fewer --workers") from None
     except Exception as exc:
-        return {"status": "failed", "summary": None, "error": f"worker failed: {exc.__class__.__name__}: {exc}",
-                "wall_s": 0.0, "worker": "?"}
+        return {
+            "status": "failed",
+            "summary": None,
+            "error": f"worker failed: {exc.__class__.__name__}: {exc}",
+            "wall_s": 0.0,
+            "worker": "?",
+        }
 
 
 class _PlanProgress(ProgressBar):
     def __init__(self, quiet: bool, total: int, where: str):
-        super().__init__(f"planning [dim]({where})[/]", quiet=quiet, total=total,
-                         fields="configurations, {task.fields[probes]} simulations {task.fields[note]}", probes=0,
-                         note="")
+        super().__init__(
+            f"planning [dim]({where})[/]",
+            quiet=quiet,
+            total=total,
+            fields="configurations, {task.fields[probes]} simulations {task.fields[note]}",
+            probes=0,
+            note="",
+        )
         self.probes = 0
 
     def probe(self) -> None:
@@ -603,7 +695,7 @@ class _PlanProgress(ProgressBar):
         self.update(probes=self.probes)
 
     def done(self, r: CandidateResult) -> None:
-        msg = (f"{r.label}: goodput {r.goodput_rps:.3g} req/s" if r.status != "failed" else f"{r.label}: failed")
+        msg = f"{r.label}: goodput {r.goodput_rps:.3g} req/s" if r.status != "failed" else f"{r.label}: failed"
         self.update(advance=1, note=f"[dim]· {msg}[/]")
         self.print(msg + (f", {r.replicas} replicas" if r.replicas else "") + (f" ({r.error})" if r.error else ""))
 
@@ -630,29 +722,41 @@ def verdict(res: PlanResult) -> list[str]:
     lines = []
     bad = [c for c in res.candidates if c not in ranked]
     if not ranked:
-        lines.append(f"No configuration meets {slo_txt}" + (f" at {res.target_rate:g} req/s." if res.target_rate
-                                                              else "."))
+        lines.append(
+            f"No configuration meets {slo_txt}" + (f" at {res.target_rate:g} req/s." if res.target_rate else ".")
+        )
     else:
         best = ranked[0]
         if res.target_rate and best.gpus:
-            cost = (f" at **{money(best.cost_per_m_output_tokens)} per million output tokens**"
-                    if best.cost_per_m_output_tokens is not None else "")
+            cost = (
+                f" at **{money(best.cost_per_m_output_tokens)} per million output tokens**"
+                if best.cost_per_m_output_tokens is not None
+                else ""
+            )
             how = "cheapest" if best.cost_per_m_output_tokens is not None else "the one needing the fewest GPUs"
-            lines.append(f"To serve **{res.target_rate:g} req/s** within {slo_txt}, **{best.label}** is {how}: "
-                         f"**{best.gpus} GPU{'s' if best.gpus != 1 else ''}** ({best.replicas} replica"
-                         f"{'s' if best.replicas != 1 else ''} × TP {best.tensor_parallel}){cost}.")
+            lines.append(
+                f"To serve **{res.target_rate:g} req/s** within {slo_txt}, **{best.label}** is {how}: "
+                f"**{best.gpus} GPU{'s' if best.gpus != 1 else ''}** ({best.replicas} replica"
+                f"{'s' if best.replicas != 1 else ''} × TP {best.tensor_parallel}){cost}."
+            )
             for other in ranked[1:3]:
                 rel = ""
                 if other.cost_per_m_output_tokens and best.cost_per_m_output_tokens:
-                    rel = (f", {money(other.cost_per_m_output_tokens)}/M "
-                           f"({other.cost_per_m_output_tokens / best.cost_per_m_output_tokens:.2f}× the cost)")
+                    rel = (
+                        f", {money(other.cost_per_m_output_tokens)}/M "
+                        f"({other.cost_per_m_output_tokens / best.cost_per_m_output_tokens:.2f}× the cost)"
+                    )
                 lines.append(f"Next: {other.label} needs {other.gpus} GPU{'s' if other.gpus != 1 else ''}{rel}.")
         else:
-            lines.append(f"Within {slo_txt}, **{best.label}** sustains the most load per GPU: "
-                         f"{best.goodput_rps / best.tensor_parallel:.3g} req/s per GPU.")
+            lines.append(
+                f"Within {slo_txt}, **{best.label}** sustains the most load per GPU: "
+                f"{best.goodput_rps / best.tensor_parallel:.3g} req/s per GPU."
+            )
         top = max(ranked, key=lambda c: c.goodput_rps)
-        lines.append(f"Highest goodput per replica: {top.label}, {top.goodput_rps:.3g} req/s "
-                     f"({top.goodput_output_tps:.0f} output tokens/s).")
+        lines.append(
+            f"Highest goodput per replica: {top.label}, {top.goodput_rps:.3g} req/s "
+            f"({top.goodput_output_tps:.0f} output tokens/s)."
+        )
     for c in bad:
         lines.append(f"{c.label}: {c.status}" + (f" ({c.error})" if c.error else "") + ".")
     return lines
@@ -675,19 +779,28 @@ def _plots(res: PlanResult, pdir: Path) -> list[tuple[str, str, str]]:
     fig, axes = plt.subplots(1, n, figsize=(5.6 * n, 4.2), squeeze=False)
     for ax, slo in zip(axes[0], res.slos):
         for c in cands:
-            pts = sorted((p.rate, p.metrics.get(slo.metric, float("nan"))) for p in c.probes
-                         if p.replicas == 1 and p.status == "ok")
+            pts = sorted(
+                (p.rate, p.metrics.get(slo.metric, float("nan")))
+                for p in c.probes
+                if p.replicas == 1 and p.status == "ok"
+            )
             if not pts:
                 continue
             x, y = zip(*pts)
             ax.plot(x, y, "-o", ms=3.5, lw=1.4, color=col[c.label], label=c.label)
             if c.goodput_rps > 0:
                 gy = c.at_goodput.get(slo.metric)
-                ax.plot([c.goodput_rps], [gy], marker="*", ms=13, color=col[c.label], mec="black", mew=0.6,
-                        zorder=5)
+                ax.plot([c.goodput_rps], [gy], marker="*", ms=13, color=col[c.label], mec="black", mew=0.6, zorder=5)
         ax.axhline(slo.limit_s, color="#d1495b", ls="--", lw=1.3)
-        ax.annotate(f"SLO {fmt_time(slo.limit_s)}", xy=(0.01, slo.limit_s), xycoords=("axes fraction", "data"),
-                    xytext=(2, 3), textcoords="offset points", color="#d1495b", fontsize=8)
+        ax.annotate(
+            f"SLO {fmt_time(slo.limit_s)}",
+            xy=(0.01, slo.limit_s),
+            xycoords=("axes fraction", "data"),
+            xytext=(2, 3),
+            textcoords="offset points",
+            color="#d1495b",
+            fontsize=8,
+        )
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("offered load per replica (req/s)")
@@ -699,9 +812,14 @@ def _plots(res: PlanResult, pdir: Path) -> list[tuple[str, str, str]]:
     fig.tight_layout()
     save_figure(fig, pdir / "latency_vs_load.png")
     plt.close(fig)
-    made.append(("plots/latency_vs_load.png", "latency against load",
-                 "Each point is a full simulation of one replica at that Poisson rate; the dashed line is the SLO; "
-                 "the star marks the goodput found by the search."))
+    made.append(
+        (
+            "plots/latency_vs_load.png",
+            "latency against load",
+            "Each point is a full simulation of one replica at that Poisson rate; the dashed line is the SLO; "
+            "the star marks the goodput found by the search.",
+        )
+    )
 
     labels = [c.label for c in cands]
     y = np.arange(len(cands))
@@ -727,15 +845,20 @@ def _plots(res: PlanResult, pdir: Path) -> list[tuple[str, str, str]]:
     fig.tight_layout()
     save_figure(fig, pdir / "goodput.png")
     plt.close(fig)
-    made.append(("plots/goodput.png", "goodput per configuration",
-                 "Highest Poisson rate one replica sustains within every SLO."))
+    made.append(
+        (
+            "plots/goodput.png",
+            "goodput per configuration",
+            "Highest Poisson rate one replica sustains within every SLO.",
+        )
+    )
 
     if res.target_rate:
         fig, ax = plt.subplots(figsize=(8, h))
         gpus = [c.gpus or 0 for c in cands]
         ax.barh(y, gpus, color=[col[lb] for lb in labels])
         for yi, c in zip(y, cands):
-            txt = (f"{c.gpus} GPUs = {c.replicas} × TP{c.tensor_parallel}" if c.gpus else c.status)
+            txt = f"{c.gpus} GPUs = {c.replicas} × TP{c.tensor_parallel}" if c.gpus else c.status
             if c.gpus and not c.verified:
                 txt += " (SLO not met)"
             ax.annotate(txt, (c.gpus or 0, yi), xytext=(3, 0), textcoords="offset points", va="center", fontsize=8)
@@ -748,9 +871,14 @@ def _plots(res: PlanResult, pdir: Path) -> list[tuple[str, str, str]]:
         fig.tight_layout()
         save_figure(fig, pdir / "replicas.png")
         plt.close(fig)
-        made.append(("plots/replicas.png", "replicas needed",
-                     "ceil(target / goodput) replicas, verified with that many replicas behind a least-outstanding "
-                     "router and raised until the SLOs hold."))
+        made.append(
+            (
+                "plots/replicas.png",
+                "replicas needed",
+                "ceil(target / goodput) replicas, verified with that many replicas behind a least-outstanding "
+                "router and raised until the SLOs hold.",
+            )
+        )
 
     priced = [c for c in cands if c.price_per_gpu_hour is not None and c.status != "failed"]
     if priced:
@@ -762,22 +890,35 @@ def _plots(res: PlanResult, pdir: Path) -> list[tuple[str, str, str]]:
             ax.barh(yy, at_t, color=[col[c.label] for c in priced])
         ax.scatter(at_g, yy, marker="D", color="black", s=22, zorder=4)
         for yi, c, v in zip(yy, priced, at_t):
-            ax.annotate(money(v if res.target_rate else c.cost_per_m_output_tokens_at_goodput),
-                        (max(v, c.cost_per_m_output_tokens_at_goodput or 0), yi), xytext=(5, 0),
-                        textcoords="offset points", va="center", fontsize=8)
+            ax.annotate(
+                money(v if res.target_rate else c.cost_per_m_output_tokens_at_goodput),
+                (max(v, c.cost_per_m_output_tokens_at_goodput or 0), yi),
+                xytext=(5, 0),
+                textcoords="offset points",
+                va="center",
+                fontsize=8,
+            )
         ax.set_xlim(0, max(at_t + at_g + [1e-9]) * 1.3)
         ax.set_yticks(yy)
         ax.set_yticklabels([c.label for c in priced], fontsize=9)
         ax.invert_yaxis()
         ax.set_xlabel("USD per million output tokens")
-        ax.set_title((f"bars: at {res.target_rate:g} req/s; " if res.target_rate else "")
-                     + "diamonds: floor, every replica at its goodput", fontsize=10)
+        ax.set_title(
+            (f"bars: at {res.target_rate:g} req/s; " if res.target_rate else "")
+            + "diamonds: floor, every replica at its goodput",
+            fontsize=10,
+        )
         fig.tight_layout()
         save_figure(fig, pdir / "cost.png")
         plt.close(fig)
-        made.append(("plots/cost.png", "cost per million output tokens",
-                     "Price per GPU-hour × GPUs / output tokens per hour at the target load; the diamond is the floor "
-                     "reached if every replica ran exactly at its goodput."))
+        made.append(
+            (
+                "plots/cost.png",
+                "cost per million output tokens",
+                "Price per GPU-hour × GPUs / output tokens per hour at the target load; the diamond is the floor "
+                "reached if every replica ran exactly at its goodput.",
+            )
+        )
     return made
 
 
@@ -786,15 +927,26 @@ def candidates_table(res: PlanResult):
 
     rows = []
     for c in res.candidates:
-        row = {"configuration": c.label, "hardware": c.hardware, "tensor_parallel": c.tensor_parallel,
-               "status": c.status, "error": c.error or "", "goodput_rps": c.goodput_rps,
-               "fail_rate_rps": c.fail_rate_rps, "goodput_capped": c.capped,
-               "goodput_output_tokens_per_s": c.goodput_output_tps, "mean_output_tokens": c.mean_output_tokens,
-               "replicas_initial": c.replicas_initial, "replicas": c.replicas, "verified": c.verified,
-               "gpus": c.gpus, "price_per_gpu_hour": c.price_per_gpu_hour,
-               "cost_per_m_output_tokens": c.cost_per_m_output_tokens,
-               "cost_per_m_total_tokens": c.cost_per_m_total_tokens,
-               "cost_per_m_output_tokens_at_goodput": c.cost_per_m_output_tokens_at_goodput}
+        row = {
+            "configuration": c.label,
+            "hardware": c.hardware,
+            "tensor_parallel": c.tensor_parallel,
+            "status": c.status,
+            "error": c.error or "",
+            "goodput_rps": c.goodput_rps,
+            "fail_rate_rps": c.fail_rate_rps,
+            "goodput_capped": c.capped,
+            "goodput_output_tokens_per_s": c.goodput_output_tps,
+            "mean_output_tokens": c.mean_output_tokens,
+            "replicas_initial": c.replicas_initial,
+            "replicas": c.replicas,
+            "verified": c.verified,
+            "gpus": c.gpus,
+            "price_per_gpu_hour": c.price_per_gpu_hour,
+            "cost_per_m_output_tokens": c.cost_per_m_output_tokens,
+            "cost_per_m_total_tokens": c.cost_per_m_total_tokens,
+            "cost_per_m_output_tokens_at_goodput": c.cost_per_m_output_tokens_at_goodput,
+        }
         for k, v in c.overrides.items():
             row[f"option.{k}"] = v if isinstance(v, (int, float, str, bool)) or v is None else str(v)
         for s in res.slos:
@@ -810,9 +962,20 @@ def probes_table(res: PlanResult):
     rows = []
     for c in res.candidates:
         for p in c.probes:
-            rows.append({"configuration": c.label, "kind": p.kind, "rate_rps": p.rate, "replicas": p.replicas,
-                         "requests": p.requests, "meets_slo": p.ok, "status": p.status, "error": p.error or "",
-                         "wall_s": p.wall_s, **p.metrics})
+            rows.append(
+                {
+                    "configuration": c.label,
+                    "kind": p.kind,
+                    "rate_rps": p.rate,
+                    "replicas": p.replicas,
+                    "requests": p.requests,
+                    "meets_slo": p.ok,
+                    "status": p.status,
+                    "error": p.error or "",
+                    "wall_s": p.wall_s,
+                    **p.metrics,
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -827,8 +990,11 @@ def build_report(res: PlanResult, images: list[tuple[str, str, str]]):
     from .report_html import Image, Report, Table
 
     slo_txt = ", ".join(s.describe() for s in res.slos)
-    sub = (f"Workload **{res.workload}** (model `{res.model}`), SLOs {slo_txt}"
-           + (f", target load {res.target_rate:g} req/s" if res.target_rate else "") + ".")
+    sub = (
+        f"Workload **{res.workload}** (model `{res.model}`), SLOs {slo_txt}"
+        + (f", target load {res.target_rate:g} req/s" if res.target_rate else "")
+        + "."
+    )
     rep = Report(title=f"Capacity plan: {res.workload}", subtitle=sub, verdict=verdict(res))
     ranked = rank(res.candidates)
     order = ranked + [c for c in res.candidates if c not in ranked]
@@ -836,23 +1002,38 @@ def build_report(res: PlanResult, images: list[tuple[str, str, str]]):
     cols = ["configuration", "goodput (req/s per replica)", "output tok/s per replica"]
     if res.target_rate:
         cols += ["replicas", "GPUs"]
-    cols += ["$ per GPU-hour", "$ per M output tokens" + (f" at {res.target_rate:g} req/s" if res.target_rate else ""),
-             "$ per M at goodput"]
-    cols += [f"{s.name.replace('_', ' ').upper().replace('P99', 'p99').replace('P90', 'p90').replace('P50', 'p50').replace('MEAN', 'mean')} at goodput"
-             for s in res.slos] + ["status"]
+    cols += [
+        "$ per GPU-hour",
+        "$ per M output tokens" + (f" at {res.target_rate:g} req/s" if res.target_rate else ""),
+        "$ per M at goodput",
+    ]
+    cols += [
+        f"{s.name.replace('_', ' ').upper().replace('P99', 'p99').replace('P90', 'p90').replace('P50', 'p50').replace('MEAN', 'mean')} at goodput"
+        for s in res.slos
+    ] + ["status"]
     rows = []
     for c in order:
         row = [c.label, num(c.goodput_rps) + ("+" if c.capped else ""), num(c.goodput_output_tps, 4)]
         if res.target_rate:
             row += [str(c.replicas) if c.replicas else "-", str(c.gpus) if c.gpus else "-"]
-        row += [money(c.price_per_gpu_hour), money(c.cost_per_m_output_tokens),
-                money(c.cost_per_m_output_tokens_at_goodput)]
+        row += [
+            money(c.price_per_gpu_hour),
+            money(c.cost_per_m_output_tokens),
+            money(c.cost_per_m_output_tokens_at_goodput),
+        ]
         row += [fmt_time(c.at_goodput.get(s.metric, float("nan"))) for s in res.slos]
         row.append(c.status if c.status == "ok" else f"{c.status}: {c.error}")
         rows.append(row)
-    rep.add(Table(cols, rows, highlight={0} if ranked else set(), numeric=set(range(1, len(cols) - 1)),
-                  caption="Best first (lowest cost at the target, then fewest GPUs). “+”: still within the SLOs at "
-                          "the search's maximum rate."))
+    rep.add(
+        Table(
+            cols,
+            rows,
+            highlight={0} if ranked else set(),
+            numeric=set(range(1, len(cols) - 1)),
+            caption="Best first (lowest cost at the target, then fewest GPUs). “+”: still within the SLOs at "
+            "the search's maximum rate.",
+        )
+    )
     rep.h2("Plots")
     for src, alt, cap in images:
         rep.add(Image(src, alt, cap))
@@ -877,12 +1058,35 @@ def build_report(res: PlanResult, images: list[tuple[str, str, str]]):
     probe_rows = []
     for c in res.candidates:
         for p in sorted(c.probes, key=lambda p: (p.replicas, p.rate)):
-            probe_rows.append([c.label, p.kind, num(p.rate, 4), str(p.replicas), str(p.requests),
-                               *[fmt_time(p.metrics.get(x.metric, float("nan"))) for x in res.slos],
-                               "yes" if p.ok else ("error" if p.status != "ok" else "no")])
-    rep.details(f"All {len(probe_rows)} simulations", [
-        Table(["configuration", "kind", "rate (req/s)", "replicas", "requests", *[x.name for x in res.slos],
-               "meets SLO"], probe_rows, numeric={2, 3, 4, *range(5, 5 + len(res.slos))})])
+            probe_rows.append(
+                [
+                    c.label,
+                    p.kind,
+                    num(p.rate, 4),
+                    str(p.replicas),
+                    str(p.requests),
+                    *[fmt_time(p.metrics.get(x.metric, float("nan"))) for x in res.slos],
+                    "yes" if p.ok else ("error" if p.status != "ok" else "no"),
+                ]
+            )
+    rep.details(
+        f"All {len(probe_rows)} simulations",
+        [
+            Table(
+                [
+                    "configuration",
+                    "kind",
+                    "rate (req/s)",
+                    "replicas",
+                    "requests",
+                    *[x.name for x in res.slos],
+                    "meets SLO",
+                ],
+                probe_rows,
+                numeric={2, 3, 4, *range(5, 5 + len(res.slos))},
+            )
+        ],
+    )
     return rep
 
 
@@ -898,27 +1102,50 @@ def write_plan(res: PlanResult, out: Path, *, plots: bool = True, force: bool = 
         candidates_table(res).to_csv(tmp / "configurations.csv", index=False)
         probes_table(res).to_csv(tmp / "probes.csv", index=False)
         build_report(res, images).write(tmp)
-    return {"html": out / "report.html", "md": out / "report.md", "json": out / "plan.json",
-            "csv": out / "configurations.csv", "probes": out / "probes.csv", "plots": out / "plots"}
+    return {
+        "html": out / "report.html",
+        "md": out / "report.md",
+        "json": out / "plan.json",
+        "csv": out / "configurations.csv",
+        "probes": out / "probes.csv",
+        "plots": out / "plots",
+    }
 
 
-def probe_once(workload: str, overrides: dict[str, Any], rate: float, requests: int, seed: int,
-               replicas: int = 1) -> dict:
+def probe_once(
+    workload: str, overrides: dict[str, Any], rate: float, requests: int, seed: int, replicas: int = 1
+) -> dict:
     """One probe as the search runs it (for checks and tests): the summary of a simulation of
     `requests` Poisson arrivals at `rate` with the candidate's overrides."""
     from infersim.simulator.workload.builder import load_workload
 
     spec, wl_path = load_workload(workload)
     arr = spec.requests.arrival
-    arrival = arr.model_dump(mode="json") if arr is not None and arr.type in ("poisson", "gamma") else {"type": "poisson"}
+    arrival = (
+        arr.model_dump(mode="json") if arr is not None and arr.type in ("poisson", "gamma") else {"type": "poisson"}
+    )
     c = Candidate("probe", dict(overrides), "", 1, None)
-    s = _Search(c, spec.model_dump(mode="json"), str(wl_path.parent), [], SearchSection(requests=requests), None,
-                seed, arrival)
+    s = _Search(
+        c, spec.model_dump(mode="json"), str(wl_path.parent), [], SearchSection(requests=requests), None, seed, arrival
+    )
     res = run_config(s.task(Probe(rate, replicas, requests)))
     if res["status"] != "ok":
         raise InfersimError(res["error"])
     return res["summary"]
 
 
-__all__ = ["SLO", "parse_slo", "parse_duration", "parse_prices", "PlanFile", "load_plan_file", "plan", "write_plan",
-           "rank", "verdict", "meets", "probe_once", "config_key"]
+__all__ = [
+    "SLO",
+    "parse_slo",
+    "parse_duration",
+    "parse_prices",
+    "PlanFile",
+    "load_plan_file",
+    "plan",
+    "write_plan",
+    "rank",
+    "verdict",
+    "meets",
+    "probe_once",
+    "config_key",
+]

@@ -10,6 +10,7 @@ token per sequence over a cache of `seq_len`; `verify` is `candidates` new token
 (a Medusa tree or speculative draft) over a cache of `seq_len`. The `candidates` column holds
 the new (query) tokens per sequence of the pass: seq_len for prefill, 1 for decode, q for
 verify."""
+
 from __future__ import annotations
 
 from itertools import product
@@ -32,16 +33,39 @@ POW2_BATCHES = (1, 2, 4, 8, 16, 32, 64)  # Medusa Figs. 9-17
 POW2_SEQ_LENS = (128, 256, 512, 1024, 2048, 4096, 8192)
 DEFAULT_CANDIDATES = (1, 4, 16, 64)
 
-COLUMNS = ["model", "hardware", "phase", "batch", "seq_len", "candidates", "operator", "op_class", "count",
-           "flops", "bytes", "intensity", "achieved_flops_per_s", "bound", "time_s", "total_time_s"]
+COLUMNS = [
+    "model",
+    "hardware",
+    "phase",
+    "batch",
+    "seq_len",
+    "candidates",
+    "operator",
+    "op_class",
+    "count",
+    "flops",
+    "bytes",
+    "intensity",
+    "achieved_flops_per_s",
+    "bound",
+    "time_s",
+    "total_time_s",
+]
 
 # The paper's three matmul groups (Fig. 9 legend). o_proj has q_proj's shape, so it sits with
 # the projections; OPT's fc1/fc2 are its up/down.
 OPERATOR_GROUPS = {
-    "q_proj": "qkv mlp", "k_proj": "qkv mlp", "v_proj": "qkv mlp", "o_proj": "qkv mlp",
-    "up_proj": "up/gate/down", "gate_proj": "up/gate/down", "down_proj": "up/gate/down",
-    "fc1": "up/gate/down", "fc2": "up/gate/down",
-    "qk": "qk/pv", "pv": "qk/pv",
+    "q_proj": "qkv mlp",
+    "k_proj": "qkv mlp",
+    "v_proj": "qkv mlp",
+    "o_proj": "qkv mlp",
+    "up_proj": "up/gate/down",
+    "gate_proj": "up/gate/down",
+    "down_proj": "up/gate/down",
+    "fc1": "up/gate/down",
+    "fc2": "up/gate/down",
+    "qk": "qk/pv",
+    "pv": "qk/pv",
 }
 PHASE_LABELS = {"prefill": "init", "decode": "ar", "verify": "medusa"}  # the paper's suffixes
 
@@ -51,17 +75,31 @@ def operator_group(name: str) -> str | None:
     return OPERATOR_GROUPS.get(name)
 
 
-def build_cost_model(model: str | ModelSpec, hardware: str | HardwareProfile, *, dtype: str = "fp16",
-                     kv_dtype: str | None = None, tensor_parallel: int = 1,
-                     fused_attention: bool = True, fused_projections: bool = True) -> RooflineCostModel:
+def build_cost_model(
+    model: str | ModelSpec,
+    hardware: str | HardwareProfile,
+    *,
+    dtype: str = "fp16",
+    kv_dtype: str | None = None,
+    tensor_parallel: int = 1,
+    fused_attention: bool = True,
+    fused_projections: bool = True,
+) -> RooflineCostModel:
     spec = load_model(model) if isinstance(model, str) else model
     hw = load_hardware(hardware) if isinstance(hardware, str) else hardware
     check_tensor_parallel(spec, tensor_parallel, field="--tp")
     measured = hw.collectives is not None and bool(hw.collectives.all_reduce)
     if tensor_parallel > 1 and hw.interconnect is None and not measured:
         raise InfersimError(f"tensor parallel {tensor_parallel} needs an interconnect in hardware profile '{hw.name}'")
-    return RooflineCostModel(spec, hw, dtype=dtype, kv_dtype=kv_dtype, tensor_parallel=tensor_parallel,
-                             fused_attention=fused_attention, fused_projections=fused_projections)
+    return RooflineCostModel(
+        spec,
+        hw,
+        dtype=dtype,
+        kv_dtype=kv_dtype,
+        tensor_parallel=tensor_parallel,
+        fused_attention=fused_attention,
+        fused_projections=fused_projections,
+    )
 
 
 # A costed batch holds a Python list and three int64 arrays per sequence, plus the temporaries
@@ -74,8 +112,9 @@ def check_batch_memory(batches: Sequence[int], field: str = "--batch", allow_lar
     from infersim.simulator.validation import BASE_BYTES, check_memory
 
     largest = max(batches, default=0)
-    check_memory(BASE_BYTES + BYTES_PER_BATCH_SEQUENCE * largest, f"{field}: a batch of {largest:,} sequences",
-                 allow_large)
+    check_memory(
+        BASE_BYTES + BYTES_PER_BATCH_SEQUENCE * largest, f"{field}: a batch of {largest:,} sequences", allow_large
+    )
 
 
 def batch_shape(phase: str, batch: int, seq_len: int, candidates: int = 1) -> BatchShape:
@@ -89,8 +128,12 @@ def batch_shape(phase: str, batch: int, seq_len: int, candidates: int = 1) -> Ba
     raise InfersimError(f"unknown phase '{phase}'; known: {', '.join(PHASES)}")
 
 
-def settings(phases: Iterable[str], batches: Sequence[int], seq_lens: Sequence[int],
-             candidates: Sequence[int] = DEFAULT_CANDIDATES) -> list[tuple[str, int, int, int]]:
+def settings(
+    phases: Iterable[str],
+    batches: Sequence[int],
+    seq_lens: Sequence[int],
+    candidates: Sequence[int] = DEFAULT_CANDIDATES,
+) -> list[tuple[str, int, int, int]]:
     """(phase, batch, seq_len, query tokens per sequence) for every point of the sweep."""
     out = []
     for phase in phases:
@@ -107,24 +150,48 @@ def settings(phases: Iterable[str], batches: Sequence[int], seq_lens: Sequence[i
     return out
 
 
-def operator_table(cost: RooflineCostModel, phases: Iterable[str] = ("prefill", "decode"),
-                   batches: Sequence[int] = POW2_BATCHES, seq_lens: Sequence[int] = POW2_SEQ_LENS,
-                   candidates: Sequence[int] = DEFAULT_CANDIDATES) -> pd.DataFrame:
+def operator_table(
+    cost: RooflineCostModel,
+    phases: Iterable[str] = ("prefill", "decode"),
+    batches: Sequence[int] = POW2_BATCHES,
+    seq_lens: Sequence[int] = POW2_SEQ_LENS,
+    candidates: Sequence[int] = DEFAULT_CANDIDATES,
+) -> pd.DataFrame:
     """One row per operator per setting. flops/bytes/time_s are per occurrence (one layer for
     per-layer operators), per GPU; total_time_s = time_s * count."""
     rows = []
     for phase, b, s, q in settings(phases, batches, seq_lens, candidates):
         for op in cost.breakdown(batch_shape(phase, b, s, q)):
-            rows.append((cost.model.name, cost.hardware.name, phase, b, s, q, op.name, op.op_class, op.count,
-                         op.flops, op.bytes, op.intensity if op.bytes else float("nan"),
-                         op.flops / op.time_s if op.time_s > 0 else float("nan"), op.bound, op.time_s,
-                         op.total_time_s))
+            rows.append(
+                (
+                    cost.model.name,
+                    cost.hardware.name,
+                    phase,
+                    b,
+                    s,
+                    q,
+                    op.name,
+                    op.op_class,
+                    op.count,
+                    op.flops,
+                    op.bytes,
+                    op.intensity if op.bytes else float("nan"),
+                    op.flops / op.time_s if op.time_s > 0 else float("nan"),
+                    op.bound,
+                    op.time_s,
+                    op.total_time_s,
+                )
+            )
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
-def iteration_table(cost: RooflineCostModel, phases: Iterable[str] = ("prefill", "decode"),
-                    batches: Sequence[int] = POW2_BATCHES, seq_lens: Sequence[int] = POW2_SEQ_LENS,
-                    candidates: Sequence[int] = DEFAULT_CANDIDATES) -> pd.DataFrame:
+def iteration_table(
+    cost: RooflineCostModel,
+    phases: Iterable[str] = ("prefill", "decode"),
+    batches: Sequence[int] = POW2_BATCHES,
+    seq_lens: Sequence[int] = POW2_SEQ_LENS,
+    candidates: Sequence[int] = DEFAULT_CANDIDATES,
+) -> pd.DataFrame:
     """One row per setting: the whole iteration (all layers, lm_head, all-reduces, overheads)."""
     rows = []
     for phase, b, s, q in settings(phases, batches, seq_lens, candidates):
@@ -134,17 +201,43 @@ def iteration_table(cost: RooflineCostModel, phases: Iterable[str] = ("prefill",
         time_s = cost.iteration_time_s(shape)
         flops = sum(op.flops * op.count for op in ops)
         nbytes = sum(op.bytes * op.count for op in ops if op.op_class != "communication")  # memory traffic only
-        rows.append((cost.model.name, cost.hardware.name, phase, b, s, q, int(t.tokens), flops, nbytes,
-                     time_s, t.tokens / time_s))
-    return pd.DataFrame(rows, columns=["model", "hardware", "phase", "batch", "seq_len", "candidates",
-                                       "new_tokens", "flops", "bytes", "iteration_time_s", "tokens_per_s"])
+        rows.append(
+            (
+                cost.model.name,
+                cost.hardware.name,
+                phase,
+                b,
+                s,
+                q,
+                int(t.tokens),
+                flops,
+                nbytes,
+                time_s,
+                t.tokens / time_s,
+            )
+        )
+    return pd.DataFrame(
+        rows,
+        columns=[
+            "model",
+            "hardware",
+            "phase",
+            "batch",
+            "seq_len",
+            "candidates",
+            "new_tokens",
+            "flops",
+            "bytes",
+            "iteration_time_s",
+            "tokens_per_s",
+        ],
+    )
 
 
 # ---- plot ------------------------------------------------------------------------------
 # colour and marker per group, fill per phase; sizes shrink group by group so that points of
 # different groups at one spot (a roofline puts them on the same roof) stay visible as rings
-_GROUP_STYLE = {"qkv mlp": ("#1f77b4", "o", 9.0), "up/gate/down": ("#d62728", "s", 6.0),
-                "qk/pv": ("#2ca02c", "D", 3.8)}
+_GROUP_STYLE = {"qkv mlp": ("#1f77b4", "o", 9.0), "up/gate/down": ("#d62728", "s", 6.0), "qk/pv": ("#2ca02c", "D", 3.8)}
 _PHASE_FILL = {"prefill": "full", "decode": "none", "verify": "left"}
 
 
@@ -152,8 +245,14 @@ def _fmt_flops(x: float) -> str:
     return f"{x / 1e12:g} TFLOP/s" if x >= 1e12 else f"{x / 1e9:g} GFLOP/s"
 
 
-def plot_roofline(df: pd.DataFrame, hardware: str | HardwareProfile, path: str | Path, *,
-                  compute_dtype: str = "fp16", title: str | None = None) -> Path:
+def plot_roofline(
+    df: pd.DataFrame,
+    hardware: str | HardwareProfile,
+    path: str | Path,
+    *,
+    compute_dtype: str = "fp16",
+    title: str | None = None,
+) -> Path:
     """Log-log roofline of the table's matmul operators (the paper's three groups) by phase.
     Roofs are the datasheet peaks; with calibrated efficiencies below 1 the achievable linear
     roof is drawn too. Written atomically; returns the path."""
@@ -183,14 +282,27 @@ def plot_roofline(df: pd.DataFrame, hardware: str | HardwareProfile, path: str |
     ax.axhline(peak, color="0.35", lw=0.9, ls="--", zorder=2)
     eff = hw.efficiency_for("linear")
     if eff.compute < 1 or eff.memory < 1:
-        ax.plot(x, np.minimum(x * bw * eff.memory, peak * eff.compute), color="0.5", lw=1.0, ls=":",
-                label="achievable (linear, calibrated)")
+        ax.plot(
+            x,
+            np.minimum(x * bw * eff.memory, peak * eff.compute),
+            color="0.5",
+            lw=1.0,
+            ls=":",
+            label="achievable (linear, calibrated)",
+        )
     ax.axvline(ridge, color="0.6", lw=0.8, ls=":", zorder=1)
     ax.plot([ridge], [peak], marker="*", ms=13, color="gold", mec="black", zorder=5)
-    ax.annotate(f"ridge {ridge:.0f} FLOP/B", (ridge, peak), xytext=(8, -18), textcoords="offset points",
-                fontsize=8.5, bbox=dict(boxstyle="round,pad=0.2", fc="white", ec="none", alpha=0.8))
-    ax.annotate(f"peak {_fmt_flops(peak)}", (lo, peak), xytext=(6, 5), textcoords="offset points",
-                ha="left", fontsize=9)
+    ax.annotate(
+        f"ridge {ridge:.0f} FLOP/B",
+        (ridge, peak),
+        xytext=(8, -18),
+        textcoords="offset points",
+        fontsize=8.5,
+        bbox=dict(boxstyle="round,pad=0.2", fc="white", ec="none", alpha=0.8),
+    )
+    ax.annotate(
+        f"peak {_fmt_flops(peak)}", (lo, peak), xytext=(6, 5), textcoords="offset points", ha="left", fontsize=9
+    )
     for phase in [p for p in PHASES if p in set(data["phase"])]:
         for group, (colour, marker, size) in _GROUP_STYLE.items():
             sel = data[(data["phase"] == phase) & (data["group"] == group)]
@@ -198,10 +310,22 @@ def plot_roofline(df: pd.DataFrame, hardware: str | HardwareProfile, path: str |
                 continue
             pts = sel[["intensity", "achieved_flops_per_s"]].drop_duplicates()
             fill = _PHASE_FILL[phase]
-            ax.plot(pts["intensity"], pts["achieved_flops_per_s"], ls="none", marker=marker, ms=size,
-                    color=colour, mec=colour, mew=1.1, fillstyle="full" if fill == "none" else fill,
-                    mfc="none" if fill == "none" else colour, markerfacecoloralt="white", alpha=0.85,
-                    zorder=4, label=f"{group} {PHASE_LABELS[phase]}")
+            ax.plot(
+                pts["intensity"],
+                pts["achieved_flops_per_s"],
+                ls="none",
+                marker=marker,
+                ms=size,
+                color=colour,
+                mec=colour,
+                mew=1.1,
+                fillstyle="full" if fill == "none" else fill,
+                mfc="none" if fill == "none" else colour,
+                markerfacecoloralt="white",
+                alpha=0.85,
+                zorder=4,
+                label=f"{group} {PHASE_LABELS[phase]}",
+            )
     ax.text(0.02, 0.97, "memory-bound", transform=ax.transAxes, ha="left", va="top", fontsize=9, color="0.4")
     ax.text(0.98, 0.97, "compute-bound", transform=ax.transAxes, ha="right", va="top", fontsize=9, color="0.4")
 
@@ -223,10 +347,16 @@ def plot_roofline(df: pd.DataFrame, hardware: str | HardwareProfile, path: str |
     p0 = ax.transData.transform((x_lab, x_lab * bw))
     p1 = ax.transData.transform((x_lab * 10, x_lab * 10 * bw))
     angle = float(np.degrees(np.arctan2(p1[1] - p0[1], p1[0] - p0[0])))
-    ax.annotate(f"HBM {hw.memory_bandwidth_gbps:,.0f} GB/s", (x_lab, x_lab * bw), xytext=(-2, 10),
-                textcoords="offset points", fontsize=9, rotation=angle, rotation_mode="anchor")
+    ax.annotate(
+        f"HBM {hw.memory_bandwidth_gbps:,.0f} GB/s",
+        (x_lab, x_lab * bw),
+        xytext=(-2, 10),
+        textcoords="offset points",
+        fontsize=9,
+        rotation=angle,
+        rotation_mode="anchor",
+    )
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format=Path(path).suffix.lstrip(".") or "png")
     plt.close(fig)
     return Path(path)
-

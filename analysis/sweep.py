@@ -26,6 +26,7 @@ The space file:
                           {metric: e2e_s.p99, direction: minimize}]}
     pareto: {throughput: throughput_output_tokens_per_s, latency: e2e_s.p99}
 """
+
 from __future__ import annotations
 
 import copy
@@ -135,15 +136,19 @@ def run_config(task: dict) -> dict:
             raise InfersimError(pydantic_error_line("configuration", exc)) from None
         requests = build_requests(spec, task.get("base_dir") or ".")
         summary = summarize(simulate(spec, requests))
-        return {"status": "ok", "summary": json.loads(json.dumps(summary, default=_clean_number)),
-                "error": None, "wall_s": time.perf_counter() - t0, "worker": worker}
+        return {
+            "status": "ok",
+            "summary": json.loads(json.dumps(summary, default=_clean_number)),
+            "error": None,
+            "wall_s": time.perf_counter() - t0,
+            "worker": worker,
+        }
     except InfersimError as exc:
         err = str(exc)
     except Exception as exc:  # a bug or an unexpected input: recorded, the sweep goes on
         first = str(exc).splitlines()[0] if str(exc) else ""
         err = f"{exc.__class__.__name__}: {first}"
-    return {"status": "failed", "summary": None, "error": err, "wall_s": time.perf_counter() - t0,
-            "worker": worker}
+    return {"status": "failed", "summary": None, "error": err, "wall_s": time.perf_counter() - t0, "worker": worker}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -181,8 +186,10 @@ class Objective(_Strict):
 
 
 def _default_objectives():
-    return [Objective(metric="throughput_output_tokens_per_s", direction="maximize"),
-            Objective(metric="e2e_s.p99", direction="minimize")]
+    return [
+        Objective(metric="throughput_output_tokens_per_s", direction="maximize"),
+        Objective(metric="e2e_s.p99", direction="minimize"),
+    ]
 
 
 class OptunaSection(_Strict):
@@ -236,13 +243,17 @@ def build_params(space: SweepSpace) -> list[Param]:
                 raise InfersimError(f"parameter '{path}': give at least one value")
             out.append(Param(path, "categorical", list(spec.values)))
             continue
-        integer = spec.integer if spec.integer is not None else all(
-            isinstance(x, int) and not isinstance(x, bool) for x in (spec.low, spec.high, spec.step or 1))
+        integer = (
+            spec.integer
+            if spec.integer is not None
+            else all(isinstance(x, int) and not isinstance(x, bool) for x in (spec.low, spec.high, spec.step or 1))
+        )
         if spec.log and spec.low <= 0:
             raise InfersimError(f"parameter '{path}': a log range needs low > 0")
         if spec.num is not None:
-            pts = (np.geomspace(spec.low, spec.high, spec.num) if spec.log
-                   else np.linspace(spec.low, spec.high, spec.num))
+            pts = (
+                np.geomspace(spec.low, spec.high, spec.num) if spec.log else np.linspace(spec.low, spec.high, spec.num)
+            )
         elif spec.step is not None:
             pts = np.arange(spec.low, spec.high + spec.step * 1e-9, spec.step)
         elif integer and spec.high - spec.low <= 64 and not spec.log:
@@ -261,8 +272,10 @@ def grid_points(params: list[Param]) -> list[dict[str, Any]]:
     """Every combination, in the order the parameters are listed (the last varies fastest)."""
     for p in params:
         if not p.values:
-            raise InfersimError(f"parameter '{p.path}': a grid needs values, or num or step for a range "
-                                f"(a continuous range is for method: optuna)")
+            raise InfersimError(
+                f"parameter '{p.path}': a grid needs values, or num or step for a range "
+                f"(a continuous range is for method: optuna)"
+            )
     return [dict(zip([p.path for p in params], combo)) for combo in itertools.product(*[p.values for p in params])]
 
 
@@ -289,12 +302,17 @@ def space_size(space: SweepSpace, source: str) -> int:
     total = 1
     for path, spec in space.parameters.items():
         if isinstance(spec, RangeParam):
-            integer = spec.integer if spec.integer is not None else all(
-                isinstance(x, int) and not isinstance(x, bool) for x in (spec.low, spec.high, spec.step or 1))
+            integer = (
+                spec.integer
+                if spec.integer is not None
+                else all(isinstance(x, int) and not isinstance(x, bool) for x in (spec.low, spec.high, spec.step or 1))
+            )
             n = _range_size(spec, integer)
             if n == 0:
-                raise InfersimError(f"{source}: parameter '{path}': a grid needs values, or num or step for a range "
-                                    f"(a continuous range is for method: optuna)")
+                raise InfersimError(
+                    f"{source}: parameter '{path}': a grid needs values, or num or step for a range "
+                    f"(a continuous range is for method: optuna)"
+                )
         else:
             n = len(spec if isinstance(spec, list) else spec.values)
         total *= n
@@ -309,9 +327,11 @@ def check_space(space: SweepSpace, spec, source: str, workers: int | None, allow
 
     n = space_size(space, source)
     parallel = workers or os.cpu_count() or 1
-    check_memory(n * BYTES_PER_CONFIGURATION + simulation_bytes(expected_requests(spec), parallel),
-                 f"{source}: field '{'optuna.trials' if space.method == 'optuna' else 'parameters'}': "
-                 f"{n:,} configurations", allow_large)
+    check_memory(
+        n * BYTES_PER_CONFIGURATION + simulation_bytes(expected_requests(spec), parallel),
+        f"{source}: field '{'optuna.trials' if space.method == 'optuna' else 'parameters'}': " f"{n:,} configurations",
+        allow_large,
+    )
     return build_params(space)
 
 
@@ -358,10 +378,14 @@ def _write_record(sweep_dir: Path, rec: dict) -> None:
 
 def _identity(base: dict, space: SweepSpace) -> dict:
     """What makes two invocations the same sweep (the trial budget may grow between them)."""
-    return {"workload": config_key(base), "method": space.method,
-            "parameters": json.loads(_canonical({k: (v.model_dump() if isinstance(v, BaseModel) else v)
-                                                  for k, v in space.parameters.items()})),
-            "objectives": [o.model_dump() for o in space.optuna.objectives] if space.method == "optuna" else None}
+    return {
+        "workload": config_key(base),
+        "method": space.method,
+        "parameters": json.loads(
+            _canonical({k: (v.model_dump() if isinstance(v, BaseModel) else v) for k, v in space.parameters.items()})
+        ),
+        "objectives": [o.model_dump() for o in space.optuna.objectives] if space.method == "optuna" else None,
+    }
 
 
 @dataclass
@@ -376,11 +400,23 @@ class SweepOutcome:
     files: list[Path] = field(default_factory=list)
 
 
-def run_sweep(workload: str, space: SweepSpace | str | Path, out: str | Path | None = None, *,
-              backend: str = "local", workers: int | None = None, address: str | None = None,
-              retry_failed: bool = False, trials: int | None = None, plots: bool = True,
-              quiet: bool = True, on_record=None, force: bool = False, source: str = "space",
-              allow_large: bool = False) -> SweepOutcome:
+def run_sweep(
+    workload: str,
+    space: SweepSpace | str | Path,
+    out: str | Path | None = None,
+    *,
+    backend: str = "local",
+    workers: int | None = None,
+    address: str | None = None,
+    retry_failed: bool = False,
+    trials: int | None = None,
+    plots: bool = True,
+    quiet: bool = True,
+    on_record=None,
+    force: bool = False,
+    source: str = "space",
+    allow_large: bool = False,
+) -> SweepOutcome:
     """Run (or resume) a sweep and rebuild its table and plots. `on_record(rec)` is called after
     each new result file is written. The folder must be new, empty or an infersim folder
     (`force` allows any other; rundir.check_out_dir)."""
@@ -412,11 +448,20 @@ def run_sweep(workload: str, space: SweepSpace | str | Path, out: str | Path | N
         except (OSError, ValueError):
             old = None
         if old is not None and old != identity:
-            raise InfersimError(f"{sweep_dir} holds a different sweep (other workload, parameters or "
-                                f"objectives); give another --out or remove that folder")
-    write_atomic(manifest_path, json.dumps({"identity": identity, "space": space.model_dump(mode="json"),
-                                            "workload_file": str(wl_path), "base": base},
-                                           indent=1, sort_keys=True, default=str) + "\n")
+            raise InfersimError(
+                f"{sweep_dir} holds a different sweep (other workload, parameters or "
+                f"objectives); give another --out or remove that folder"
+            )
+    write_atomic(
+        manifest_path,
+        json.dumps(
+            {"identity": identity, "space": space.model_dump(mode="json"), "workload_file": str(wl_path), "base": base},
+            indent=1,
+            sort_keys=True,
+            default=str,
+        )
+        + "\n",
+    )
     records = load_results(sweep_dir)
     if retry_failed:
         records = {k: r for k, r in records.items() if r.get("status") == "ok"}
@@ -437,8 +482,9 @@ def run_sweep(workload: str, space: SweepSpace | str | Path, out: str | Path | N
     table = build_table(sweep_dir, params)
     files = write_outputs(sweep_dir, table, params, space, plots=plots)
     failed = int((table["status"] == "failed").sum()) if len(table) else 0
-    return SweepOutcome(sweep_dir, table, ctx.computed, ctx.cached, failed, time.perf_counter() - t0,
-                        be.describe(), files)
+    return SweepOutcome(
+        sweep_dir, table, ctx.computed, ctx.cached, failed, time.perf_counter() - t0, be.describe(), files
+    )
 
 
 @dataclass
@@ -458,9 +504,19 @@ class _Ctx:
 
     def finish(self, key: str, index: int, params: dict, task: dict, res: dict) -> dict:
         metrics = flatten(res["summary"]) if res.get("summary") else {}
-        rec = {"key": key, "index": index, "params": params, "status": res["status"], "error": res["error"],
-               "metrics": metrics, "wall_s": res["wall_s"], "worker": res["worker"], "run_id": self.run_id,
-               "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S"), "config": task["config"]}
+        rec = {
+            "key": key,
+            "index": index,
+            "params": params,
+            "status": res["status"],
+            "error": res["error"],
+            "metrics": metrics,
+            "wall_s": res["wall_s"],
+            "worker": res["worker"],
+            "run_id": self.run_id,
+            "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "config": task["config"],
+        }
         _write_record(self.sweep_dir, rec)
         self.records[key] = rec
         self.computed += 1
@@ -476,11 +532,18 @@ def _future_result(fut) -> dict:
         return fut.result()
     except BrokenProcessPool:
         # the pool is gone with every pending configuration: record none of them as failed
-        raise InfersimError("a worker process died (out of memory or killed); finished results are kept: "
-                            "run the same command again to resume (fewer --workers use less memory)") from None
+        raise InfersimError(
+            "a worker process died (out of memory or killed); finished results are kept: "
+            "run the same command again to resume (fewer --workers use less memory)"
+        ) from None
     except Exception as exc:  # a Ray task whose worker died
-        return {"status": "failed", "summary": None, "error": f"worker failed: {exc.__class__.__name__}: "
-                f"{str(exc).splitlines()[0] if str(exc) else ''}", "wall_s": 0.0, "worker": "?"}
+        return {
+            "status": "failed",
+            "summary": None,
+            "error": f"worker failed: {exc.__class__.__name__}: " f"{str(exc).splitlines()[0] if str(exc) else ''}",
+            "wall_s": 0.0,
+            "worker": "?",
+        }
 
 
 def _run_grid(ctx: _Ctx, be, params: list[Param], prog) -> None:
@@ -532,8 +595,9 @@ def _optuna_distributions(params: list[Param]):
             dists[p.path] = IntDistribution(int(p.low), int(p.high), log=p.log and step == 1, step=step)
             codecs[p.path] = int
         else:
-            dists[p.path] = FloatDistribution(float(p.low), float(p.high), log=p.log and not p.step,
-                                              step=float(p.step) if p.step else None)
+            dists[p.path] = FloatDistribution(
+                float(p.low), float(p.high), log=p.log and not p.step, step=float(p.step) if p.step else None
+            )
             codecs[p.path] = float
     return dists, codecs
 
@@ -573,9 +637,11 @@ def _run_optuna(ctx: _Ctx, be, params: list[Param], opt: OptunaSection, prog) ->
     fn = run_config
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     dists, codecs = _optuna_distributions(params)
-    sampler = {"tpe": lambda: optuna.samplers.TPESampler(seed=opt.seed),
-               "nsga2": lambda: optuna.samplers.NSGAIISampler(seed=opt.seed),
-               "random": lambda: optuna.samplers.RandomSampler(seed=opt.seed)}[opt.sampler]()
+    sampler = {
+        "tpe": lambda: optuna.samplers.TPESampler(seed=opt.seed),
+        "nsga2": lambda: optuna.samplers.NSGAIISampler(seed=opt.seed),
+        "random": lambda: optuna.samplers.RandomSampler(seed=opt.seed),
+    }[opt.sampler]()
     study = optuna.create_study(directions=[o.direction for o in opt.objectives], sampler=sampler)
     # a resumed sweep: what is on disk becomes the study's history
     for rec in sorted(ctx.records.values(), key=lambda r: r.get("index", 0)):
@@ -584,8 +650,11 @@ def _run_optuna(ctx: _Ctx, be, params: list[Param], opt: OptunaSection, prog) ->
             continue  # a record outside the current distributions: kept in the table, not taught
         vals = _objective_values(rec, opt.objectives)
         try:
-            study.add_trial(create_trial(params=enc, distributions=dists, values=vals) if vals is not None
-                            else create_trial(params=enc, distributions=dists, state=TrialState.FAIL))
+            study.add_trial(
+                create_trial(params=enc, distributions=dists, values=vals)
+                if vals is not None
+                else create_trial(params=enc, distributions=dists, state=TrialState.FAIL)
+            )
         except ValueError:
             pass  # a record outside the current distributions: kept in the table, not taught
     ctx.cached = len(ctx.records)
@@ -595,7 +664,9 @@ def _run_optuna(ctx: _Ctx, be, params: list[Param], opt: OptunaSection, prog) ->
     pending: dict = {}
     attempts, max_attempts = 0, target * 20 + 100
     while True:
-        while len(pending) < max(1, be.workers) and len(ctx.records) + len(pending) < target and attempts < max_attempts:
+        while (
+            len(pending) < max(1, be.workers) and len(ctx.records) + len(pending) < target and attempts < max_attempts
+        ):
             attempts += 1
             trial = study.ask(dists)
             pt = {k: codecs[k](v) for k, v in trial.params.items()}
@@ -637,8 +708,9 @@ def build_table(sweep_dir: Path, params: list[Param] | None = None):
     import pandas as pd
 
     records = sorted(load_results(sweep_dir).values(), key=lambda r: (r.get("index", 0), r["key"]))
-    param_names = [p.path for p in params] if params else list(dict.fromkeys(
-        k for r in records for k in r.get("params", {})))
+    param_names = (
+        [p.path for p in params] if params else list(dict.fromkeys(k for r in records for k in r.get("params", {})))
+    )
     rows = []
     for r in records:
         row = {"key": r["key"], "index": r.get("index"), "status": r["status"], "error": r.get("error") or ""}
@@ -707,11 +779,29 @@ def sensitivity(df, params: list[Param], metrics: dict[str, bool]):
             overall = float(ok[m].astype(float).mean())
             spread = float(means.max() - means.min()) if len(means) else float("nan")
             hi, lo = (means.idxmax(), means.idxmin()) if len(means) else (None, None)
-            rows.append({"parameter": p.path, "metric": m, "values": int(len(means)), "spread": spread,
-                         "relative_spread": spread / abs(overall) if overall else float("nan"),
-                         "best_value_by_mean": hi if up else lo, "worst_value_by_mean": lo if up else hi})
-    return pd.DataFrame(rows, columns=["parameter", "metric", "values", "spread", "relative_spread",
-                                       "best_value_by_mean", "worst_value_by_mean"])
+            rows.append(
+                {
+                    "parameter": p.path,
+                    "metric": m,
+                    "values": int(len(means)),
+                    "spread": spread,
+                    "relative_spread": spread / abs(overall) if overall else float("nan"),
+                    "best_value_by_mean": hi if up else lo,
+                    "worst_value_by_mean": lo if up else hi,
+                }
+            )
+    return pd.DataFrame(
+        rows,
+        columns=[
+            "parameter",
+            "metric",
+            "values",
+            "spread",
+            "relative_spread",
+            "best_value_by_mean",
+            "worst_value_by_mean",
+        ],
+    )
 
 
 def _short(v) -> str:
@@ -770,8 +860,16 @@ def _plot_pareto(plt, save, df, front, params, tp, lat, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(8.5, 5.2))
     ax.scatter(ok[lat].astype(float), ok[tp].astype(float), s=22, color="#9aa5b1", label="configuration", zorder=2)
     f = front.sort_values(lat)
-    ax.plot(f[lat].astype(float), f[tp].astype(float), "-o", color="#d1495b", ms=6, lw=1.6,
-            label=f"Pareto front ({len(f)} configurations)", zorder=3)
+    ax.plot(
+        f[lat].astype(float),
+        f[tp].astype(float),
+        "-o",
+        color="#d1495b",
+        ms=6,
+        lw=1.6,
+        label=f"Pareto front ({len(f)} configurations)",
+        zorder=3,
+    )
     # configurations with identical metrics share one point: number the distinct points and
     # list them under the plot
     groups: dict = {}
@@ -779,8 +877,9 @@ def _plot_pareto(plt, save, df, front, params, tp, lat, path: Path) -> Path:
         groups.setdefault((round(float(row[lat]), 9), round(float(row[tp]), 9)), []).append(row)
     notes = []
     for n, ((x, y), rows) in enumerate(groups.items(), 1):
-        ax.annotate(f"#{n}", (x, y), fontsize=8, color="#d1495b", fontweight="bold", xytext=(5, 4),
-                    textcoords="offset points")
+        ax.annotate(
+            f"#{n}", (x, y), fontsize=8, color="#d1495b", fontweight="bold", xytext=(5, 4), textcoords="offset points"
+        )
         if n <= 10:
             more = f"  (+{len(rows) - 1} with the same metrics)" if len(rows) > 1 else ""
             notes.append(f"#{n}: {_label(rows[0], params)}{more}")
@@ -832,8 +931,12 @@ def _plot_sensitivity(plt, save, df, params, tp, lat, path: Path) -> Path:
                 means = [np.nanmean(y[xs == k]) if np.any(xs == k) else np.nan for k in range(len(cats))]
                 ax.plot(range(len(cats)), means, "_", color="#d1495b", ms=22, mew=2.5)
                 ax.set_xticks(range(len(cats)))
-                ax.set_xticklabels(cats, rotation=30 if max(map(len, cats), default=0) > 6 else 0, fontsize=8,
-                                   ha="right" if max(map(len, cats), default=0) > 6 else "center")
+                ax.set_xticklabels(
+                    cats,
+                    rotation=30 if max(map(len, cats), default=0) > 6 else 0,
+                    fontsize=8,
+                    ha="right" if max(map(len, cats), default=0) > 6 else "center",
+                )
                 ax.set_xlim(-0.5, len(cats) - 0.5)
             if i == 1:
                 ax.set_xlabel(p.path, fontsize=9)
@@ -851,9 +954,13 @@ def _markdown(df, front, sens, params, space, imgs, sweep_dir: Path) -> str:
     from .report_html import md_table
 
     n_ok = int((df["status"] == "ok").sum()) if len(df) else 0
-    lines = [f"# Sweep {space.name or ''}".rstrip(), "",
-             f"{len(df)} configurations ({n_ok} ok, {len(df) - n_ok} failed), method {space.method}; "
-             f"parameters: {', '.join(p.path for p in params)}. Table: `results.parquet` / `results.csv`.", ""]
+    lines = [
+        f"# Sweep {space.name or ''}".rstrip(),
+        "",
+        f"{len(df)} configurations ({n_ok} ok, {len(df) - n_ok} failed), method {space.method}; "
+        f"parameters: {', '.join(p.path for p in params)}. Table: `results.parquet` / `results.csv`.",
+        "",
+    ]
     tp, lat = space.pareto.throughput, space.pareto.latency
     if len(front):
         lines += [f"## Pareto front ({tp} up, {lat} down)", ""]
@@ -863,15 +970,26 @@ def _markdown(df, front, sens, params, space, imgs, sweep_dir: Path) -> str:
         lines += [f"![{img.stem}]({img.relative_to(sweep_dir).as_posix()})", ""]
     if len(sens):
         lines += ["## Sensitivity (spread of the mean over each parameter's values)", ""]
-        lines += md_table(["parameter", "metric", "spread", "relative", "best by mean"],
-                          [[r.parameter, r.metric, _short(r.spread), f"{r.relative_spread:.1%}"
-                            if r.relative_spread == r.relative_spread else "-", str(r.best_value_by_mean)]
-                           for r in sens.itertuples()]) + [""]
+        lines += md_table(
+            ["parameter", "metric", "spread", "relative", "best by mean"],
+            [
+                [
+                    r.parameter,
+                    r.metric,
+                    _short(r.spread),
+                    f"{r.relative_spread:.1%}" if r.relative_spread == r.relative_spread else "-",
+                    str(r.best_value_by_mean),
+                ]
+                for r in sens.itertuples()
+            ],
+        ) + [""]
     failed = df[df["status"] == "failed"] if len(df) else df
     if len(failed):
         lines += ["## Failed configurations", ""]
-        lines += md_table([p.path for p in params] + ["error"],
-                          [[_short(r[p.path]) for p in params] + [str(r["error"])[:200]] for _, r in failed.iterrows()])
+        lines += md_table(
+            [p.path for p in params] + ["error"],
+            [[_short(r[p.path]) for p in params] + [str(r["error"])[:200]] for _, r in failed.iterrows()],
+        )
         lines.append("")
     return "\n".join(lines)
 

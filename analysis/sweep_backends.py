@@ -6,6 +6,7 @@ and `close()`. The functions submitted are plain module-level functions of one p
 argument that never raise (they return their error as data), so a driver can mix backends
 with `concurrent.futures.wait`. Results always come back to the driver, which is the only
 writer of files: a worker that outlives a killed driver can never write a half result."""
+
 from __future__ import annotations
 
 import os
@@ -84,8 +85,7 @@ class RayBackend:
         self._ray = ray
         self._started_here = False
         if not ray.is_initialized():
-            kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
-                                      "logging_level": "ERROR"}
+            kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": "ERROR"}
             if address:
                 kwargs["address"] = address
             elif workers:
@@ -93,8 +93,10 @@ class RayBackend:
             try:
                 ray.init(**kwargs)
             except Exception as exc:  # connection refused, bad address, cannot start
-                raise InfersimError(f"cannot start or reach Ray{f' at {address}' if address else ''}: "
-                                    f"{str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__}") from None
+                raise InfersimError(
+                    f"cannot start or reach Ray{f' at {address}' if address else ''}: "
+                    f"{str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__}"
+                ) from None
             self._started_here = True
         self.workers = int(ray.cluster_resources().get("CPU", workers or 1))
         self._remote = {}

@@ -8,6 +8,7 @@ tokens past a short request's end: that is its waste). Writes benchmarks/RESULTS
 
     python benchmarks/executor_vs_hf.py [--requests 48] [--threads 2] [--repeats 3]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,6 +19,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+
 from infersim.simulator.machine import cpu_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,8 +28,8 @@ sys.path.insert(0, str(ROOT))
 
 def workload(n: int, seed: int, max_prompt: int):
     rng = np.random.default_rng(seed)
-    sigma = np.sqrt(np.log(1 + 0.6 ** 2))
-    prompts = np.clip(np.round(rng.lognormal(np.log(96) - sigma ** 2 / 2, sigma, n)), 8, max_prompt).astype(int)
+    sigma = np.sqrt(np.log(1 + 0.6**2))
+    prompts = np.clip(np.round(rng.lognormal(np.log(96) - sigma**2 / 2, sigma, n)), 8, max_prompt).astype(int)
     outputs = rng.integers(16, 129, n)
     return prompts.tolist(), outputs.tolist()
 
@@ -38,16 +40,17 @@ def hf_static(model, prompts, outputs, batch: int):
     res = []
     with torch.inference_mode():
         for i in range(0, len(prompts), batch):
-            ps, os_ = prompts[i:i + batch], outputs[i:i + batch]
+            ps, os_ = prompts[i : i + batch], outputs[i : i + batch]
             L = max(len(p) for p in ps)
             ids = torch.zeros(len(ps), L, dtype=torch.long)
             mask = torch.zeros(len(ps), L, dtype=torch.long)
             for j, p in enumerate(ps):  # left padding
-                ids[j, L - len(p):] = torch.tensor(p)
-                mask[j, L - len(p):] = 1
-            g = model.generate(ids, attention_mask=mask, max_new_tokens=max(os_), do_sample=False, eos_token_id=None,
-                               pad_token_id=0)
-            res.extend(g[j, L:L + o].tolist() for j, o in enumerate(os_))
+                ids[j, L - len(p) :] = torch.tensor(p)
+                mask[j, L - len(p) :] = 1
+            g = model.generate(
+                ids, attention_mask=mask, max_new_tokens=max(os_), do_sample=False, eos_token_id=None, pad_token_id=0
+            )
+            res.extend(g[j, L : L + o].tolist() for j, o in enumerate(os_))
     return res
 
 
@@ -104,8 +107,11 @@ def main(argv=None) -> int:
             times[label].append(time.perf_counter() - t)
     ref = results[methods[0][0]]
     rows = [(label, statistics.median(times[label]), min(times[label]), None) for label, _ in methods]
-    eng_rows = [(label, 0, 0, sum(a == b for a, b in zip(results[label], ref)))
-                for label, _ in methods if label.startswith("engine")]
+    eng_rows = [
+        (label, 0, 0, sum(a == b for a, b in zip(results[label], ref)))
+        for label, _ in methods
+        if label.startswith("engine")
+    ]
     static = {b: min(times[f"HF generate, static batches of {b}"]) for b in sizes}
 
     load_end = os.getloadavg()[0]
@@ -133,10 +139,16 @@ def main(argv=None) -> int:
         "|---|---:|---:|---:|---:|---:|",
     ]
     for label, t_med_r, t_min_r, _ in rows:
-        lines.append(f"| {label} | {t_min_r:.2f} | {t_med_r:.2f} | {useful / t_min_r:.0f} | {base / t_min_r:.2f}x | "
-                     f"{best_static / t_min_r:.2f}x |")
-    lines += ["", "Engine outputs equal to HF one-at-a-time outputs, token for token: " +
-              ", ".join(f"{label.split(', ', 1)[1]}: {m}/{len(prompts)} requests" for label, _, _, m in eng_rows), ""]
+        lines.append(
+            f"| {label} | {t_min_r:.2f} | {t_med_r:.2f} | {useful / t_min_r:.0f} | {base / t_min_r:.2f}x | "
+            f"{best_static / t_min_r:.2f}x |"
+        )
+    lines += [
+        "",
+        "Engine outputs equal to HF one-at-a-time outputs, token for token: "
+        + ", ".join(f"{label.split(', ', 1)[1]}: {m}/{len(prompts)} requests" for label, _, _, m in eng_rows),
+        "",
+    ]
     lines += [
         "Where the time goes: a static batch pads every prompt to the longest one and runs until its longest "
         "request is done; the engine retires a finished request at once and admits the next one in the "

@@ -11,6 +11,7 @@ bandwidth, +5 us per kernel) on the same rows. Writes benchmarks/RESULTS-gpu-cal
 The table is microsoft/vidur's profiling data re-tabulated (MIT License, Copyright (c)
 Microsoft Corporation, https://github.com/microsoft/vidur), in the `linear_ops` format of
 docs/profiling.md."""
+
 from __future__ import annotations
 
 import argparse
@@ -52,11 +53,22 @@ def evaluate(table: Path) -> pd.DataFrame:
             idx = [j for j, r in enumerate(rows) if r.label == held]
             test = [rows[j] for j in idx]
             calib = fit_kernels(train, hw, SOURCE)
-            frames.append(pd.DataFrame({
-                "device": device, "model": held, "op": [r.op for r in test], "kernel": [r.kernel for r in test],
-                "tp": [r.tp for r in test], "tokens": [r.tokens for r in test],
-                "measured": [r.time_s for r in test], "calibrated": predict_rows(calib, test, hw),
-                "datasheet": datasheet[idx], "two_knob": two_knob[idx]}))
+            frames.append(
+                pd.DataFrame(
+                    {
+                        "device": device,
+                        "model": held,
+                        "op": [r.op for r in test],
+                        "kernel": [r.kernel for r in test],
+                        "tp": [r.tp for r in test],
+                        "tokens": [r.tokens for r in test],
+                        "measured": [r.time_s for r in test],
+                        "calibrated": predict_rows(calib, test, hw),
+                        "datasheet": datasheet[idx],
+                        "two_knob": two_knob[idx],
+                    }
+                )
+            )
             print(f"{device} held out {held}", flush=True)
     df = pd.concat(frames, ignore_index=True)
     df["range"] = "other"  # 33-63 and 513-1023 tokens, between the reported ranges
@@ -96,8 +108,11 @@ def worst_shapes(df: pd.DataFrame, n: int = 12) -> pd.DataFrame:
     d = df[df.kernel == "gemm"].copy()
     d["err"] = (d.calibrated - d.measured) / d.measured * 100
     d["abs"] = d.err.abs()
-    g = d.groupby(["device", "model", "op", "tp", "range"]).agg(rows=("err", "size"), MAPE=("abs", "mean"),
-                                                                 bias=("err", "mean")).reset_index()
+    g = (
+        d.groupby(["device", "model", "op", "tp", "range"])
+        .agg(rows=("err", "size"), MAPE=("abs", "mean"), bias=("err", "mean"))
+        .reset_index()
+    )
     return g.sort_values("MAPE", ascending=False).head(n)
 
 
@@ -111,12 +126,14 @@ def summary(per_model: pd.DataFrame, rng: pd.DataFrame) -> str:
     lin = per_model[per_model.cls == "linear"]
     el = per_model[per_model.cls == "elementwise"]
     lr = rng[rng.cls == "linear"]
-    return (f"Linear operators per held-out model: calibrated {_span(lin['calibrated MAPE'])} MAPE (bias "
-            f"{_span(lin['calibrated bias'], True)}), datasheet {_span(lin['datasheet MAPE'])} (bias "
-            f"{lin['datasheet bias'].min():.1f}% to {lin['datasheet bias'].max():.1f}%), two-knob {_span(lin['two_knob MAPE'])}. Per token range: 1-32 tokens "
-            f"{_span(lr[lr.range == '1-32']['calibrated MAPE'])}, 64-512 {_span(lr[lr.range == '64-512']['calibrated MAPE'])}, "
-            f"1024-4096 {_span(lr[lr.range == '1024-4096']['calibrated MAPE'])}. Elementwise per held-out model: calibrated "
-            f"{_span(el['calibrated MAPE'])}, datasheet {_span(el['datasheet MAPE'])}.")
+    return (
+        f"Linear operators per held-out model: calibrated {_span(lin['calibrated MAPE'])} MAPE (bias "
+        f"{_span(lin['calibrated bias'], True)}), datasheet {_span(lin['datasheet MAPE'])} (bias "
+        f"{lin['datasheet bias'].min():.1f}% to {lin['datasheet bias'].max():.1f}%), two-knob {_span(lin['two_knob MAPE'])}. Per token range: 1-32 tokens "
+        f"{_span(lr[lr.range == '1-32']['calibrated MAPE'])}, 64-512 {_span(lr[lr.range == '64-512']['calibrated MAPE'])}, "
+        f"1024-4096 {_span(lr[lr.range == '1024-4096']['calibrated MAPE'])}. Elementwise per held-out model: calibrated "
+        f"{_span(el['calibrated MAPE'])}, datasheet {_span(el['datasheet MAPE'])}."
+    )
 
 
 def report(df: pd.DataFrame, table: Path) -> str:
@@ -176,8 +193,13 @@ def report(df: pd.DataFrame, table: Path) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("table", type=Path, nargs="?", help="linear_ops.csv (per-layer operator medians; default: the shipped table)",
-                    default=Path(__file__).parent / "data" / "gpu-kernels" / "linear_ops.csv.gz")
+    ap.add_argument(
+        "table",
+        type=Path,
+        nargs="?",
+        help="linear_ops.csv (per-layer operator medians; default: the shipped table)",
+        default=Path(__file__).parent / "data" / "gpu-kernels" / "linear_ops.csv.gz",
+    )
     ap.add_argument("--out", type=Path, default=Path(__file__).with_name("RESULTS-gpu-calibration.md"))
     args = ap.parse_args()
     df = evaluate(args.table)

@@ -17,6 +17,7 @@ For every setup and collective:
 Usage: python benchmarks/gpu_collectives.py [--table PATH] [--update-profiles]
   --update-profiles writes the fitted sections at the end of the shipped GPU profiles instead
   of the evaluation."""
+
 from __future__ import annotations
 
 import argparse
@@ -29,23 +30,34 @@ import pandas as pd
 from infersim.simulator.errors import InfersimError
 from infersim.simulator.hardware.catalog import load_hardware
 from infersim.simulator.hardware.collectives import CollectivesSection, ring_traffic, topology_of
-from infersim.simulator.hardware.collectives_fit import (FitOptions, fit_collectives, fit_one, read_collectives_table,
-                                                         with_section)
+from infersim.simulator.hardware.collectives_fit import (
+    FitOptions,
+    fit_collectives,
+    fit_one,
+    read_collectives_table,
+    with_section,
+)
+from infersim.simulator.hardware.profile import HardwareProfile
 from infersim.simulator.paths import hwprofiles_dir
 from infersim.simulator.yamlio import load_mapping, validate, write_atomic
-from infersim.simulator.hardware.profile import HardwareProfile
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "RESULTS-gpu-collectives.md"
 MEASURED_TABLE = HERE / "data" / "gpu-kernels" / "collectives.csv.gz"
-SOURCE = ("microsoft/vidur profiling data (data/profiling/network/, commit 7d47513), MIT License, "
-          "Copyright (c) Microsoft Corporation, https://github.com/microsoft/vidur")
+SOURCE = (
+    "microsoft/vidur profiling data (data/profiling/network/, commit 7d47513), MIT License, "
+    "Copyright (c) Microsoft Corporation, https://github.com/microsoft/vidur"
+)
 # the shipped profile each setup's section goes to, and the profile whose datasheet interconnect it is compared with
 SHIPPED = {"a100_dgx": "a100-80gb-sxm", "h100_dgx": "h100-sxm", "a40_pairwise_nvlink": "a40"}
 DATASHEET = {"a100": "a100-80gb-sxm", "h100": "h100-sxm", "a40": "a40"}
-BANDS_BYTES = [(0, 256 * 2**10, "< 256 KiB"), (256 * 2**10, 2 * 2**20, "256 KiB - 2 MiB"),
-               (2 * 2**20, 16 * 2**20, "2 - 16 MiB"), (16 * 2**20, 128 * 2**20, "16 - 128 MiB"),
-               (128 * 2**20, float("inf"), ">= 128 MiB")]
+BANDS_BYTES = [
+    (0, 256 * 2**10, "< 256 KiB"),
+    (256 * 2**10, 2 * 2**20, "256 KiB - 2 MiB"),
+    (2 * 2**20, 16 * 2**20, "2 - 16 MiB"),
+    (16 * 2**20, 128 * 2**20, "16 - 128 MiB"),
+    (128 * 2**20, float("inf"), ">= 128 MiB"),
+]
 
 
 def errors_pct(pred: np.ndarray, y: np.ndarray) -> tuple[float, float]:
@@ -81,13 +93,20 @@ def by_workers(section: CollectivesSection, table: pd.DataFrame, collective: str
         rest = section.model_copy(update={collective: [f for f in section.fits(collective) if f is not fit]})
         held = rest.time_s(collective, x, workers, per_node)
         borrowed = rest.lookup(collective, workers, per_node)
-        row = {"workers": workers, "per_node": per_node, "topology": fit.topology, "rows": len(y),
-               "fit": errors_pct(fit.time_s(x), y), "datasheet": errors_pct(datasheet_s(collective, x, workers,
-                                                                                        section.setup), y),
-               "noise": errors_pct(noise_floor(y), y)}
+        row = {
+            "workers": workers,
+            "per_node": per_node,
+            "topology": fit.topology,
+            "rows": len(y),
+            "fit": errors_pct(fit.time_s(x), y),
+            "datasheet": errors_pct(datasheet_s(collective, x, workers, section.setup), y),
+            "noise": errors_pct(noise_floor(y), y),
+        }
         same_link = borrowed is not None and borrowed[0].topology == fit.topology
         row["held"] = errors_pct(held, y) if same_link else None
-        row["from"] = f"from {borrowed[0].workers}/{borrowed[0].devices_per_node}" if same_link else "only count on this link"
+        row["from"] = (
+            f"from {borrowed[0].workers}/{borrowed[0].devices_per_node}" if same_link else "only count on this link"
+        )
         out.append(row)
     return out
 
@@ -108,8 +127,9 @@ def by_size(setup: str, table: pd.DataFrame, collective: str, options: FitOption
     acc = {label: {k: ([], []) for k in ("fit", "held", "datasheet", "noise")} for *_, label in BANDS_BYTES}
     per_group = {}
     for workers, per_node, x, y in group_rows(table, setup, collective):
-        fields = dict(workers=workers, devices_per_node=per_node, topology=topology_of(setup, workers, per_node),
-                      fitted_on="-")
+        fields = dict(
+            workers=workers, devices_per_node=per_node, topology=topology_of(setup, workers, per_node), fitted_on="-"
+        )
         full = fit_one(x, y, options, **fields)
         floor = noise_floor(y)
         sheet = datasheet_s(collective, x, workers, setup)
@@ -119,8 +139,12 @@ def by_size(setup: str, table: pd.DataFrame, collective: str, options: FitOption
             inside = (x >= lo) & (x < hi)
             if not inside.any():
                 continue
-            preds = {"fit": full.time_s(x[inside]), "datasheet": sheet[inside], "noise": floor[inside],
-                     "held": held[inside]}
+            preds = {
+                "fit": full.time_s(x[inside]),
+                "datasheet": sheet[inside],
+                "noise": floor[inside],
+                "held": held[inside],
+            }
             for key, pred in preds.items():
                 acc[label][key][0].append(pred)
                 acc[label][key][1].append(y[inside])
@@ -140,12 +164,16 @@ def fmt(pair) -> str:
 
 
 def report(table: pd.DataFrame, options: FitOptions) -> tuple[str, dict[str, CollectivesSection]]:
-    lines = ["# NCCL collectives: fitted vs datasheet, held out", "",
-             "Written by `python benchmarks/gpu_collectives.py` from the collectives table derived from",
-             f"{SOURCE}. Times are medians over ranks; message bytes = 2 x elements (fp16).",
-             "Each cell is MAPE (signed bias; positive = predicts slower). `noise floor`: each size predicted",
-             "by the median of its 8 nearest measured sizes; where it is high the measured medians jump",
-             "between levels from one size to the next and no model of size alone does better.", ""]
+    lines = [
+        "# NCCL collectives: fitted vs datasheet, held out",
+        "",
+        "Written by `python benchmarks/gpu_collectives.py` from the collectives table derived from",
+        f"{SOURCE}. Times are medians over ranks; message bytes = 2 x elements (fp16).",
+        "Each cell is MAPE (signed bias; positive = predicts slower). `noise floor`: each size predicted",
+        "by the median of its 8 nearest measured sizes; where it is high the measured medians jump",
+        "between levels from one size to the next and no model of size alone does better.",
+        "",
+    ]
     head, lines = lines, []
     sections, summary = {}, []
     for setup in sorted(table.setup.unique()):
@@ -154,26 +182,41 @@ def report(table: pd.DataFrame, options: FitOptions) -> tuple[str, dict[str, Col
         lines += [f"## {setup}", ""]
         for collective in ("all_reduce", "send_recv"):
             if not section.fits(collective):
-                lines += [f"No {collective} rows for this setup: the cost model prices it from the datasheet "
-                          "interconnect.", ""]
+                lines += [
+                    f"No {collective} rows for this setup: the cost model prices it from the datasheet "
+                    "interconnect.",
+                    "",
+                ]
                 continue
             rows = by_workers(section, table, collective)
             bands, per_group = by_size(setup, table, collective, options)
             for r in rows:
                 r["octaves"] = per_group[(r["workers"], r["per_node"])]
-            lines += [f"### {collective}: by worker count", "",
-                      "| workers/per node | topology | rows | fit (in sample) | octaves held out | worker count held "
-                      "out (borrowed from) | datasheet | noise floor |", "|---|---|---|---|---|---|---|---|"]
+            lines += [
+                f"### {collective}: by worker count",
+                "",
+                "| workers/per node | topology | rows | fit (in sample) | octaves held out | worker count held "
+                "out (borrowed from) | datasheet | noise floor |",
+                "|---|---|---|---|---|---|---|---|",
+            ]
             for r in rows:
-                lines.append(f"| {r['workers']}/{r['per_node']} | {r['topology']} | {r['rows']} | {fmt(r['fit'])} | "
-                             f"{fmt(r['octaves'])} | {fmt(r['held'])} ({r['from']}) | {fmt(r['datasheet'])} | "
-                             f"{fmt(r['noise'])} |")
-            lines += ["", f"### {collective}: by message size (all worker counts)", "",
-                      "| size range | rows | fit (in sample) | octave held out | datasheet | noise floor |",
-                      "|---|---|---|---|---|---|"]
+                lines.append(
+                    f"| {r['workers']}/{r['per_node']} | {r['topology']} | {r['rows']} | {fmt(r['fit'])} | "
+                    f"{fmt(r['octaves'])} | {fmt(r['held'])} ({r['from']}) | {fmt(r['datasheet'])} | "
+                    f"{fmt(r['noise'])} |"
+                )
+            lines += [
+                "",
+                f"### {collective}: by message size (all worker counts)",
+                "",
+                "| size range | rows | fit (in sample) | octave held out | datasheet | noise floor |",
+                "|---|---|---|---|---|---|",
+            ]
             for b in bands:
-                lines.append(f"| {b['band']} | {b['rows']} | {fmt(b['fit'])} | {fmt(b['held'])} | "
-                             f"{fmt(b['datasheet'])} | {fmt(b['noise'])} |")
+                lines.append(
+                    f"| {b['band']} | {b['rows']} | {fmt(b['fit'])} | {fmt(b['held'])} | "
+                    f"{fmt(b['datasheet'])} | {fmt(b['noise'])} |"
+                )
             lines.append("")
             summary.append((setup, collective, rows, bands))
     return "\n".join(head + summary_lines(summary) + lines) + "\n", sections
@@ -185,18 +228,26 @@ def weighted(rows: list[dict], key: str) -> float | None:
 
 
 def summary_lines(summary) -> list[str]:
-    out = ["## Summary", "", "MAPE over all rows of the setup, and over the worker counts within one node (the "
-           "placements tensor parallelism uses up to 8 GPUs).", "",
-           "| setup | collective | fit, all | octaves held out, all | octaves held out, in node | "
-           "worker count held out, in node (worst) | datasheet, all |", "|---|---|---|---|---|---|---|"]
+    out = [
+        "## Summary",
+        "",
+        "MAPE over all rows of the setup, and over the worker counts within one node (the "
+        "placements tensor parallelism uses up to 8 GPUs).",
+        "",
+        "| setup | collective | fit, all | octaves held out, all | octaves held out, in node | "
+        "worker count held out, in node (worst) | datasheet, all |",
+        "|---|---|---|---|---|---|---|",
+    ]
     pct = lambda v: "-" if v is None else f"{v:.1f}%"  # noqa: E731
     for setup, collective, rows, _ in summary:
         node = [r for r in rows if r["per_node"] == r["workers"]]
         held = [r for r in node if r["held"] is not None]
         worst = max(held, key=lambda r: r["held"][0]) if held else None
         w_text = "-" if worst is None else f"{worst['workers']}/{worst['per_node']}: {worst['held'][0]:.1f}%"
-        out.append(f"| {setup} | {collective} | {pct(weighted(rows, 'fit'))} | {pct(weighted(rows, 'octaves'))} | "
-                   f"{pct(weighted(node, 'octaves'))} | {w_text} | {pct(weighted(rows, 'datasheet'))} |")
+        out.append(
+            f"| {setup} | {collective} | {pct(weighted(rows, 'fit'))} | {pct(weighted(rows, 'octaves'))} | "
+            f"{pct(weighted(node, 'octaves'))} | {w_text} | {pct(weighted(rows, 'datasheet'))} |"
+        )
     return out + ["", NOTES]
 
 
@@ -232,9 +283,16 @@ def update_profiles(sections: dict[str, CollectivesSection]) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--table", type=Path, help="collectives table (default: the shipped benchmarks/data/gpu-kernels/collectives.csv.gz)")
-    ap.add_argument("--update-profiles", action="store_true",
-                    help="write the fitted sections into the shipped GPU profiles (no evaluation)")
+    ap.add_argument(
+        "--table",
+        type=Path,
+        help="collectives table (default: the shipped benchmarks/data/gpu-kernels/collectives.csv.gz)",
+    )
+    ap.add_argument(
+        "--update-profiles",
+        action="store_true",
+        help="write the fitted sections into the shipped GPU profiles (no evaluation)",
+    )
     args = ap.parse_args(argv)
     table_path = args.table or MEASURED_TABLE
     try:

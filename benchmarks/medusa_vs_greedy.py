@@ -14,6 +14,7 @@ Writes benchmarks/RESULTS-medusa.md and benchmarks/RESULTS-medusa.png.
 
     python benchmarks/medusa_vs_greedy.py [--prompts 8] [--new 128] [--batches 1,4,8] [--repeats 3] [--threads 1]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,6 +25,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+
 from infersim.simulator.machine import cpu_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,19 +35,19 @@ sys.path.insert(0, str(ROOT))
 def tree_set(acc: np.ndarray, heads: int, quick: bool):
     """(kind, layout) pairs: Medusa's own choice list (mc_sim_7b_63, tuned for Vicuna-7B; its
     prefixes are trees), Cartesian products and greedy trees from the measured accuracies."""
-    from infersim.simulator.speculative.medusa_heads import load_accuracies
     from infersim.executor.medusa.tree import build_tree
+    from infersim.simulator.speculative.medusa_heads import load_accuracies
 
     mc = [list(c) for c in load_accuracies("vicuna-7b").tree]
     out = []
     budgets = (8, 16) if quick else (4, 8, 16, 32, 64)
     for n in budgets:
         out.append(("greedy", build_tree("greedy", heads=heads, nodes=n, accuracies=acc)))
-    for n in ((16,) if quick else (8, 16, 32, 64)):
-        t = build_tree("choices", heads=heads, choices=mc[:n - 1])
+    for n in (16,) if quick else (8, 16, 32, 64):
+        t = build_tree("choices", heads=heads, choices=mc[: n - 1])
         t.name = f"mc_sim_7b_63[:{n - 1}]"
         out.append(("choices", t))
-    for sizes in (([2, 2, 1, 1],) if quick else ([1, 1, 1, 1], [2, 2, 1, 1], [3, 2, 2, 1])):
+    for sizes in ([2, 2, 1, 1],) if quick else ([1, 1, 1, 1], [2, 2, 1, 1], [3, 2, 2, 1]):
         out.append(("cartesian", build_tree("cartesian", heads=heads, sizes=sizes)))
     return out
 
@@ -84,10 +86,10 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "RESULTS-medusa.md"))
     args = ap.parse_args(argv)
 
-    import infersim.executor  # noqa: F401
     import torch
     from rich.progress import Progress
 
+    import infersim.executor  # noqa: F401
     from infersim.executor.medusa.acceptance import Acceptance
     from infersim.executor.medusa.store import ensure_heads
     from infersim.executor.medusa.train import DEFAULT_RECIPE
@@ -108,8 +110,9 @@ def main(argv=None) -> int:
     heads, shared = heads.to(device), shared.to(device)
     runner = build_runner(lm)
     acc = np.array(meta["accuracies"]["greedy"]["per_rank"])
-    prompts = make_prompts([args.prompt_len] * args.prompts, tokenizer=lm.tokenizer, vocab_size=lm.vocab_size,
-                           seed=args.seed)
+    prompts = make_prompts(
+        [args.prompt_len] * args.prompts, tokenizer=lm.tokenizer, vocab_size=lm.vocab_size, seed=args.seed
+    )
     batches = [int(b) for b in args.batches.split(",")]
     greedy_acc, typical = Acceptance("greedy"), Acceptance("typical", temperature=0.7, epsilon=0.09, delta=0.3)
     trees = tree_set(acc, heads.num_heads, args.quick)
@@ -118,7 +121,7 @@ def main(argv=None) -> int:
     typ_tree = next(t for k, t in trees if k == "greedy" and t.nodes == 16)
     methods.append(("typical", f"{typ_tree.name}, typical (T 0.7, eps 0.09, delta 0.3)", typ_tree, typical, heads))
     acc_s = np.array(meta_s["accuracies"]["greedy"]["per_rank"])
-    for n in ((8,) if args.quick else (4, 8, 16)):
+    for n in (8,) if args.quick else (4, 8, 16):
         t = build_tree("greedy", heads=shared.num_heads, nodes=n, accuracies=acc_s)
         methods.append(("greedy, shared LM head", f"{t.name}, heads sharing the LM head", t, greedy_acc, shared))
     method_acc = {name: (acc_s if h is shared else acc) for _, name, _, _, h in methods}
@@ -136,7 +139,7 @@ def main(argv=None) -> int:
         task = prog.add_task("benchmark", total=groups * args.repeats * (len(methods) - 1))
         for b in batches:
             for g0 in range(0, len(prompts), b):
-                ps = prompts[g0:g0 + b]
+                ps = prompts[g0 : g0 + b]
                 for rep in range(args.repeats):
                     for _, name, tree, acc_mode, hd in methods[1:]:
                         pair = [("plain greedy", plain), (name, ("medusa", tree, acc_mode))]
@@ -147,10 +150,23 @@ def main(argv=None) -> int:
                             o, st = run_group(m, runner, hd, ps, args.new, device)
                             got[label] = st
                             outputs.setdefault((b, label), {})[g0] = o
-                        r = rec.setdefault((b, name), {"rep": {}, "tokens": 0, "seq_steps": 0, "steps": 0,
-                                                       "plain_seq_steps": 0, "plain_steps": 0, "cpu": 0.0,
-                                                       "plain_cpu": 0.0, "wall": 0.0, "plain_wall": 0.0,
-                                                       "verify_s": 0.0, "heads_s": 0.0})
+                        r = rec.setdefault(
+                            (b, name),
+                            {
+                                "rep": {},
+                                "tokens": 0,
+                                "seq_steps": 0,
+                                "steps": 0,
+                                "plain_seq_steps": 0,
+                                "plain_steps": 0,
+                                "cpu": 0.0,
+                                "plain_cpu": 0.0,
+                                "wall": 0.0,
+                                "plain_wall": 0.0,
+                                "verify_s": 0.0,
+                                "heads_s": 0.0,
+                            },
+                        )
                         m_st, p_st = got[name], got["plain greedy"]
                         per = r["rep"].setdefault(rep, [0.0, 0.0])
                         per[0] += cpu_time(p_st, device)
@@ -185,14 +201,27 @@ def main(argv=None) -> int:
             # thins out as its sequences finish at different steps, so whole-step times of the two
             # methods would compare different batch sizes. speedup = rate / overhead exactly.
             overhead = (r["cpu"] / r["seq_steps"]) / (r["plain_cpu"] / r["plain_seq_steps"])
-            rows.append({"batch": b, "kind": kind, "name": name, "nodes": tree.nodes, "rate": rate,
-                         "pred": expected_length(tree.paths, method_acc[name]),
-                         "step_ms": r["cpu"] / r["steps"] * 1e3, "plain_step_ms": r["plain_cpu"] / r["plain_steps"] * 1e3,
-                         "overhead": overhead, "speedup": r["plain_cpu"] / r["cpu"],
-                         "speedup_lo": min(per_rep), "speedup_hi": max(per_rep),
-                         "wall": r["plain_wall"] / r["wall"],
-                         "verify_share": r["verify_s"] / r["cpu"], "heads_share": r["heads_s"] / r["cpu"],
-                         "same": sum(int(x == y) for x, y in zip(got, ref)), "n": len(ref)})
+            rows.append(
+                {
+                    "batch": b,
+                    "kind": kind,
+                    "name": name,
+                    "nodes": tree.nodes,
+                    "rate": rate,
+                    "pred": expected_length(tree.paths, method_acc[name]),
+                    "step_ms": r["cpu"] / r["steps"] * 1e3,
+                    "plain_step_ms": r["plain_cpu"] / r["plain_steps"] * 1e3,
+                    "overhead": overhead,
+                    "speedup": r["plain_cpu"] / r["cpu"],
+                    "speedup_lo": min(per_rep),
+                    "speedup_hi": max(per_rep),
+                    "wall": r["plain_wall"] / r["wall"],
+                    "verify_share": r["verify_s"] / r["cpu"],
+                    "heads_share": r["heads_s"] / r["cpu"],
+                    "same": sum(int(x == y) for x, y in zip(got, ref)),
+                    "n": len(ref),
+                }
+            )
     write_report(args, rows, lm, meta, folder, load0, load1, wall, device, meta_s)
     plot(rows, Path(args.out).with_suffix(".png"))
     print(Path(args.out).read_text())
@@ -209,51 +238,68 @@ def write_report(args, rows, lm, meta, folder, load0, load1, wall, device, meta_
     today = datetime.date.today().isoformat()
     cpu = cpu_model()
     g = top_i(meta["accuracies"]["greedy"]["per_rank"])
-    L = ["# Medusa vs plain greedy decoding (real heads, tree attention, CPU)", "",
-         f"Written by `python benchmarks/medusa_vs_greedy.py --prompts {args.prompts} --new {args.new} "
-         f"--batches {args.batches} --repeats {args.repeats} --threads {args.threads}"
-         f"{' --quick' if args.quick else ''}` on {today}. Target `zoo-target` "
-         f"({sum(p.numel() for p in lm.model.parameters()) / 1e6:.2f}M parameters, fp32) on {cpu} "
-         f"({os.cpu_count()} cores, {args.threads} torch thread(s), device {device}); torch {torch.__version__}. "
-         f"The machine is shared: 1-minute load average {load0:.1f} at the start, {load1:.1f} at the end; "
-         f"the whole run took {wall:.0f} s.", "",
-         f"Heads: {meta['num_heads']} Medusa-1 heads (`{Path(folder).name}`), self-distilled on the target's greedy "
-         f"continuations of training-file prompts. Top-1 accuracy per head on the target's greedy continuation "
-         f"of held-out prompts: " + ", ".join(f"{row[0]:.2f}" for row in g) + "; top-10: "
-         + ", ".join(f"{row[-1]:.2f}" for row in g) + " (`simulator/catalog/medusa/zoo-target.yaml`); "
-         f"{meta['parameters_per_head'] / 1e3:.0f}k parameters per head. The rows *heads sharing the LM head* use "
-         f"a second set of {meta_s['num_heads']} heads trained the same way but projecting through the target's "
-         f"own (frozen) LM head ({meta_s['parameters_per_head'] / 1e3:.0f}k parameters per head); their top-1: "
-         + ", ".join(f"{row[0]:.2f}" for row in top_i(meta_s["accuracies"]["greedy"]["per_rank"])) + ".", "",
-         f"Workload: {args.prompts} prompts of {args.prompt_len} tokens cut from held-out stdlib text "
-         f"(seed {args.seed}), {args.new} new tokens each, EOS ignored. Batch b: the prompts in groups of b, each "
-         f"group decoded together (one verification pass per step for the whole group). Every method ran "
-         f"{args.repeats} times per prompt group, each Medusa run paired with a plain greedy run of the same group "
-         "right beside it (which goes first alternates).", "",
-         "Columns: **rate** = acceleration rate (tokens per sequence per step), **predicted** = the simulator's "
-         "expected tokens per step for this tree from the measured accuracies (the product of per-head "
-         "accuracies along each path: it assumes the heads are right independently), **step** = mean time of "
-         "one decoding step (plain greedy's beside it), **overhead** = Medusa's time per sequence per step / "
-         "plain greedy's (at batch 1 the step-time ratio; at batch b Medusa's batch thins out as its sequences "
-         "finish at different steps, so it is taken per sequence-step), **speedup** = plain greedy decode time / "
-         "Medusa decode time for the same tokens over all paired runs (= rate / overhead; in brackets the "
-         "lowest and highest of the repeats, each over all prompt groups), **verify / heads** = share of Medusa's step time in the verification forward pass (plan "
-         "included) and in the heads' proposals (the rest: acceptance, KV compaction, bookkeeping), "
-         "**= greedy** = requests whose output equals plain greedy's, token for token.", "",
-         "Times are this thread's **CPU time** (one torch thread: every kernel runs inline in it), not wall "
-         "time: at a load average of 7 on 2 cores the scheduler takes ~10 ms slices from a 1 ms decode step "
-         "every few steps, and wall-time ratios measured mostly that. CPU time is what the step costs on an idle "
-         "core; **wall** gives the paired wall-time speedup of the same runs for comparison.", ""]
+    L = [
+        "# Medusa vs plain greedy decoding (real heads, tree attention, CPU)",
+        "",
+        f"Written by `python benchmarks/medusa_vs_greedy.py --prompts {args.prompts} --new {args.new} "
+        f"--batches {args.batches} --repeats {args.repeats} --threads {args.threads}"
+        f"{' --quick' if args.quick else ''}` on {today}. Target `zoo-target` "
+        f"({sum(p.numel() for p in lm.model.parameters()) / 1e6:.2f}M parameters, fp32) on {cpu} "
+        f"({os.cpu_count()} cores, {args.threads} torch thread(s), device {device}); torch {torch.__version__}. "
+        f"The machine is shared: 1-minute load average {load0:.1f} at the start, {load1:.1f} at the end; "
+        f"the whole run took {wall:.0f} s.",
+        "",
+        f"Heads: {meta['num_heads']} Medusa-1 heads (`{Path(folder).name}`), self-distilled on the target's greedy "
+        f"continuations of training-file prompts. Top-1 accuracy per head on the target's greedy continuation "
+        f"of held-out prompts: "
+        + ", ".join(f"{row[0]:.2f}" for row in g)
+        + "; top-10: "
+        + ", ".join(f"{row[-1]:.2f}" for row in g)
+        + " (`simulator/catalog/medusa/zoo-target.yaml`); "
+        f"{meta['parameters_per_head'] / 1e3:.0f}k parameters per head. The rows *heads sharing the LM head* use "
+        f"a second set of {meta_s['num_heads']} heads trained the same way but projecting through the target's "
+        f"own (frozen) LM head ({meta_s['parameters_per_head'] / 1e3:.0f}k parameters per head); their top-1: "
+        + ", ".join(f"{row[0]:.2f}" for row in top_i(meta_s["accuracies"]["greedy"]["per_rank"]))
+        + ".",
+        "",
+        f"Workload: {args.prompts} prompts of {args.prompt_len} tokens cut from held-out stdlib text "
+        f"(seed {args.seed}), {args.new} new tokens each, EOS ignored. Batch b: the prompts in groups of b, each "
+        f"group decoded together (one verification pass per step for the whole group). Every method ran "
+        f"{args.repeats} times per prompt group, each Medusa run paired with a plain greedy run of the same group "
+        "right beside it (which goes first alternates).",
+        "",
+        "Columns: **rate** = acceleration rate (tokens per sequence per step), **predicted** = the simulator's "
+        "expected tokens per step for this tree from the measured accuracies (the product of per-head "
+        "accuracies along each path: it assumes the heads are right independently), **step** = mean time of "
+        "one decoding step (plain greedy's beside it), **overhead** = Medusa's time per sequence per step / "
+        "plain greedy's (at batch 1 the step-time ratio; at batch b Medusa's batch thins out as its sequences "
+        "finish at different steps, so it is taken per sequence-step), **speedup** = plain greedy decode time / "
+        "Medusa decode time for the same tokens over all paired runs (= rate / overhead; in brackets the "
+        "lowest and highest of the repeats, each over all prompt groups), **verify / heads** = share of Medusa's step time in the verification forward pass (plan "
+        "included) and in the heads' proposals (the rest: acceptance, KV compaction, bookkeeping), "
+        "**= greedy** = requests whose output equals plain greedy's, token for token.",
+        "",
+        "Times are this thread's **CPU time** (one torch thread: every kernel runs inline in it), not wall "
+        "time: at a load average of 7 on 2 cores the scheduler takes ~10 ms slices from a 1 ms decode step "
+        "every few steps, and wall-time ratios measured mostly that. CPU time is what the step costs on an idle "
+        "core; **wall** gives the paired wall-time speedup of the same runs for comparison.",
+        "",
+    ]
     for b in sorted({r["batch"] for r in rows}):
-        L += [f"## Batch {b}", "",
-              "| tree | kind | nodes | rate | predicted | step (ms) | plain step (ms) | overhead | speedup | wall "
-              "| verify / heads | = greedy |",
-              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        L += [
+            f"## Batch {b}",
+            "",
+            "| tree | kind | nodes | rate | predicted | step (ms) | plain step (ms) | overhead | speedup | wall "
+            "| verify / heads | = greedy |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
         for r in (x for x in rows if x["batch"] == b):
-            L.append(f"| {r['name']} | {r['kind']} | {r['nodes']} | {r['rate']:.2f} | {r['pred']:.2f} | "
-                     f"{r['step_ms']:.2f} | {r['plain_step_ms']:.2f} | {r['overhead']:.2f} | "
-                     f"**{r['speedup']:.2f}x** [{r['speedup_lo']:.2f}-{r['speedup_hi']:.2f}] | {r['wall']:.2f}x | "
-                     f"{r['verify_share']:.0%} / {r['heads_share']:.0%} | {r['same']}/{r['n']} |")
+            L.append(
+                f"| {r['name']} | {r['kind']} | {r['nodes']} | {r['rate']:.2f} | {r['pred']:.2f} | "
+                f"{r['step_ms']:.2f} | {r['plain_step_ms']:.2f} | {r['overhead']:.2f} | "
+                f"**{r['speedup']:.2f}x** [{r['speedup_lo']:.2f}-{r['speedup_hi']:.2f}] | {r['wall']:.2f}x | "
+                f"{r['verify_share']:.0%} / {r['heads_share']:.0%} | {r['same']}/{r['n']} |"
+            )
         L.append("")
     L += ["![speedup and acceleration rate by tree size](RESULTS-medusa.png)", ""]
     Path(args.out).write_text("\n".join(L) + "\n")
@@ -280,9 +326,14 @@ def plot(rows, path: Path) -> None:
             axes[2].plot(x, [r["speedup"] for r in rs], m, color=color, label=lab)
             if b == batches[0]:
                 axes[0].plot(x, [r["pred"] for r in rs], m, color="gray", alpha=0.5)
-    for ax, t in zip(axes, ["acceleration rate (gray: predicted; same at every batch size)",
-                            "overhead (time per sequence-step vs plain)",
-                            "speedup over plain greedy"]):
+    for ax, t in zip(
+        axes,
+        [
+            "acceleration rate (gray: predicted; same at every batch size)",
+            "overhead (time per sequence-step vs plain)",
+            "speedup over plain greedy",
+        ],
+    ):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("tree nodes (root included)")
         ax.set_title(t)

@@ -12,6 +12,7 @@ Cases (each a fresh `sim run` process, so start-up is included in the wall time)
 
 Usage: python benchmarks/sim_speed.py [--skip-million] [--repeats 3]
        python benchmarks/sim_speed.py --write-requests   (regenerate the replayed requests file)"""
+
 from __future__ import annotations
 
 import argparse
@@ -97,8 +98,9 @@ def vidur_requests(n: int = 10_000, qps: float = 2.0, max_tokens: int = 4096, se
 
 
 def write_vidur_requests(path: Path = VIDUR_REQUESTS) -> None:
-    vidur_requests().to_csv(path, index=False,
-                            compression={"method": "gzip", "mtime": 0})  # mtime 0: same bytes every time
+    vidur_requests().to_csv(
+        path, index=False, compression={"method": "gzip", "mtime": 0}
+    )  # mtime 0: same bytes every time
 
 
 def run_sim(workload: str, out: Path, extra: list[str]) -> tuple[float, float, float]:
@@ -143,38 +145,70 @@ def main() -> int:
         ev_cpu, st_cpu = statistics.median(r[1] for r in event), statistics.median(r[1] for r in step)
         summ = json.loads((tmp / "event" / "summary.json").read_text())
         same = (tmp / "event" / "requests.parquet").read_bytes() == (tmp / "step" / "requests.parquet").read_bytes()
-        rows.append((f"vidur's requests: {len(req):,} Azure-conv rows, Poisson 2 req/s, prompt + output <= 4,096 "
-                     f"(mean prompt {req.prompt_tokens.mean():.0f}, mean output {req.output_tokens.mean():.0f}), "
-                     "Llama-2-7B, A100, batch cap 128",
-                     f"{ev:.2f} s (median of {args.repeats}: {', '.join(f'{r[0]:.2f}' for r in event)})",
-                     f"{ev_cpu:.2f} s", f"{summ['iterations']} iterations"))
-        rows.append(("same, --step-mode", f"{st:.2f} s", f"{st_cpu:.2f} s", f"event mode takes {st_cpu / ev_cpu:.1f}x "
-                     f"less CPU time; identical requests.parquet: {same}"))
+        rows.append(
+            (
+                f"vidur's requests: {len(req):,} Azure-conv rows, Poisson 2 req/s, prompt + output <= 4,096 "
+                f"(mean prompt {req.prompt_tokens.mean():.0f}, mean output {req.output_tokens.mean():.0f}), "
+                "Llama-2-7B, A100, batch cap 128",
+                f"{ev:.2f} s (median of {args.repeats}: {', '.join(f'{r[0]:.2f}' for r in event)})",
+                f"{ev_cpu:.2f} s",
+                f"{summ['iterations']} iterations",
+            )
+        )
+        rows.append(
+            (
+                "same, --step-mode",
+                f"{st:.2f} s",
+                f"{st_cpu:.2f} s",
+                f"event mode takes {st_cpu / ev_cpu:.1f}x " f"less CPU time; identical requests.parquet: {same}",
+            )
+        )
         wl = tmp / "azure.yaml"
         wl.write_text(AZURE_TRACE_YAML.format(trace=azure_conv_trace()))
         wall, cpu, _ = run_sim(str(wl), tmp / "azure", [])
         s = json.loads((tmp / "azure" / "summary.json").read_text())
-        rows.append(("whole Azure conversation trace replayed (19,366 requests, 2 replicas)", f"{wall:.2f} s",
-                     f"{cpu:.2f} s", f"{s['finished']} finished, {s['iterations']} iterations"))
+        rows.append(
+            (
+                "whole Azure conversation trace replayed (19,366 requests, 2 replicas)",
+                f"{wall:.2f} s",
+                f"{cpu:.2f} s",
+                f"{s['finished']} finished, {s['iterations']} iterations",
+            )
+        )
         if not args.skip_million:
             wl = tmp / "million.yaml"
             wl.write_text(MILLION_YAML)
             wall, cpu, peak = run_sim(str(wl), tmp / "million", [])
             s = json.loads((tmp / "million" / "summary.json").read_text())
-            rows.append(("1,000,000 requests, 16 replicas", f"{wall:.1f} s", f"{cpu:.1f} s", f"peak RSS {peak:.0f} MiB; "
-                         f"{s['finished']} finished, {s['iterations']} iterations"))
-    lines = [f"# Simulator speed ({date.today().isoformat()}, {platform.machine()}, "
-             f"{os.cpu_count()} cores, Python {platform.python_version()})", "",
-             "Produced by `python benchmarks/sim_speed.py`; every number is one `sim run` process, start-up included. "
-             "Load average (1/5/15 min) at the start: {:.2f} / {:.2f} / {:.2f}, at the end: {:.2f} / {:.2f} / {:.2f} "
-             "(other processes on the machine slow every row alike).".format(*load_before, *os.getloadavg()),
-             "", "| case | wall time | CPU time | notes |", "|---|---|---|---|"]
+            rows.append(
+                (
+                    "1,000,000 requests, 16 replicas",
+                    f"{wall:.1f} s",
+                    f"{cpu:.1f} s",
+                    f"peak RSS {peak:.0f} MiB; " f"{s['finished']} finished, {s['iterations']} iterations",
+                )
+            )
+    lines = [
+        f"# Simulator speed ({date.today().isoformat()}, {platform.machine()}, "
+        f"{os.cpu_count()} cores, Python {platform.python_version()})",
+        "",
+        "Produced by `python benchmarks/sim_speed.py`; every number is one `sim run` process, start-up included. "
+        "Load average (1/5/15 min) at the start: {:.2f} / {:.2f} / {:.2f}, at the end: {:.2f} / {:.2f} / {:.2f} "
+        "(other processes on the machine slow every row alike).".format(*load_before, *os.getloadavg()),
+        "",
+        "| case | wall time | CPU time | notes |",
+        "|---|---|---|---|",
+    ]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
-    lines += ["", "## Against vidur", "",
-              f"On the requests of the first row, measured side by side in one run on the same machine, vidur "
-              f"took {VIDUR_RATIO_AS_SHIPPED}x infersim's wall time as shipped and {VIDUR_RATIO_NO_CHROME_TRACE}x "
-              "with its Chrome trace output turned off (infersim's runs there: 3.2-3.9 s wall). That ratio is "
-              "quoted from that run; vidur is not run here."]
+    lines += [
+        "",
+        "## Against vidur",
+        "",
+        f"On the requests of the first row, measured side by side in one run on the same machine, vidur "
+        f"took {VIDUR_RATIO_AS_SHIPPED}x infersim's wall time as shipped and {VIDUR_RATIO_NO_CHROME_TRACE}x "
+        "with its Chrome trace output turned off (infersim's runs there: 3.2-3.9 s wall). That ratio is "
+        "quoted from that run; vidur is not run here.",
+    ]
     args.out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -13,6 +13,7 @@ Each method runs `--repeats` times, methods taking turns; tokens/s use each meth
 
     python benchmarks/speculative_vs_hf.py [--requests 16] [--output 64] [--batch 16] [--repeats 3]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,10 +50,17 @@ def hf_one(lm, prompt, out, assistant=None):
     if assistant is not None:
         kw = {"assistant_model": assistant}
     with torch.inference_mode():
-        g = lm.model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                              max_new_tokens=out, min_new_tokens=out, do_sample=False, eos_token_id=None,
-                              pad_token_id=0, **kw)
-    return g[0, len(prompt):].tolist()
+        g = lm.model.generate(
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            max_new_tokens=out,
+            min_new_tokens=out,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+            **kw,
+        )
+    return g[0, len(prompt) :].tolist()
 
 
 def step_costs(target_lm, draft_lm, batch: int, verify_q=(2, 4, 7), reps: int = 200) -> dict:
@@ -67,7 +75,9 @@ def step_costs(target_lm, draft_lm, batch: int, verify_q=(2, 4, 7), reps: int = 
     tm = TargetModel(target_lm, gpu_blocks=batch * 8 * (1 + len(verify_q)) + 1, block_size=16)
     dm = DraftModel(draft_lm, gpu_blocks=batch * 8 + 1, block_size=16)
     plans = {}
-    for key, model, q in [("target_decode", tm, 1), ("draft_step", dm, 1)] + [(f"verify_q{q}", tm, q) for q in verify_q]:
+    for key, model, q in [("target_decode", tm, 1), ("draft_step", dm, 1)] + [
+        (f"verify_q{q}", tm, q) for q in verify_q
+    ]:
         trs = []
         for b in range(batch):
             tr = Track()
@@ -124,8 +134,17 @@ def main(argv=None) -> int:
     def ours(method, dlist, s, batch, *, selector=False, pipeline=False, temperature=0.0):
         def run():
             sel = AdaptiveLengthSelector(s=s, decision_threshold=8, s_min=1, s_max=6) if selector else None
-            dec = build_decoder(target, dlist, method=method, s=s, selector=sel, gpu_blocks=1024,
-                                max_batch_size=batch, seed=args.seed, temperature=temperature)
+            dec = build_decoder(
+                target,
+                dlist,
+                method=method,
+                s=s,
+                selector=sel,
+                gpu_blocks=1024,
+                max_batch_size=batch,
+                seed=args.seed,
+                temperature=temperature,
+            )
             runner = PipelinedDecoder(dec, llm_batch_size=max(1, batch // 2)) if pipeline else dec
             res = []
             if batch == 1:
@@ -134,11 +153,16 @@ def main(argv=None) -> int:
             else:
                 res = runner.generate(make_sequences(prompts, outs, max(1, len(dlist))))
             st = dec.stats
-            info = {"acc_rate": st.acceleration_rate(), "acceptance": st.recorder.mean_acceptance(),
-                    "target_steps": dec.target.steps, "s_series": list(dec.s_series)}
+            info = {
+                "acc_rate": st.acceleration_rate(),
+                "acceptance": st.recorder.mean_acceptance(),
+                "target_steps": dec.target.steps,
+                "s_series": list(dec.s_series),
+            }
             if hasattr(dec.proposer, "summary"):
                 info["ssm"] = dec.proposer.summary()
             return res, info
+
         return run
 
     def hf_plain():
@@ -152,29 +176,57 @@ def main(argv=None) -> int:
         # is not speculative, so tokens per step = (tokens - requests) / (calls - requests)
         return res, {"acc_rate": (total - len(prompts)) / max(1, steps - len(prompts)), "target_steps": steps}
 
-    methods = [("b1", "HF generate, greedy", hf_plain),
-               ("b1", "HF assisted generation (zoo-draft-a)", hf_assisted),
-               ("b1", "executor, plain decoding", ours("none", [], 0, 1))]
-    methods += [("b1", f"executor, speculative zoo-draft-a, s={s}", ours("draft", [drafts["zoo-draft-a"]], s, 1))
-                for s in s_values]
-    methods += [("b1", "executor, Minions a+b+c, adaptive s (start 3), coupled", ours("minions", ds_minions, 3, 1,
-                                                                                     selector=True)),
-                ("b1", "executor, plain sampling, T=1", ours("none", [], 0, 1, temperature=1.0)),
-                ("b1", "executor, speculative zoo-draft-a, s=3, rejection sampling T=1",
-                 ours("draft", [drafts["zoo-draft-a"]], 3, 1, temperature=1.0))]
+    methods = [
+        ("b1", "HF generate, greedy", hf_plain),
+        ("b1", "HF assisted generation (zoo-draft-a)", hf_assisted),
+        ("b1", "executor, plain decoding", ours("none", [], 0, 1)),
+    ]
+    methods += [
+        ("b1", f"executor, speculative zoo-draft-a, s={s}", ours("draft", [drafts["zoo-draft-a"]], s, 1))
+        for s in s_values
+    ]
+    methods += [
+        (
+            "b1",
+            "executor, Minions a+b+c, adaptive s (start 3), coupled",
+            ours("minions", ds_minions, 3, 1, selector=True),
+        ),
+        ("b1", "executor, plain sampling, T=1", ours("none", [], 0, 1, temperature=1.0)),
+        (
+            "b1",
+            "executor, speculative zoo-draft-a, s=3, rejection sampling T=1",
+            ours("draft", [drafts["zoo-draft-a"]], 3, 1, temperature=1.0),
+        ),
+    ]
     B = args.batch
     methods += [(f"b{B}", f"executor, plain decoding, batch {B}", ours("none", [], 0, B))]
-    methods += [(f"b{B}", f"executor, speculative zoo-draft-a, s={s}, batch {B}",
-                 ours("draft", [drafts["zoo-draft-a"]], s, B)) for s in s_values]
-    methods += [(f"b{B}", f"executor, Minions a+b+c, adaptive s, coupled, batch {B}",
-                 ours("minions", ds_minions, 3, B, selector=True)),
-                (f"b{B}", f"executor, Minions a+b+c, adaptive s, pipelined (2 threads), batch {B}",
-                 ours("minions", ds_minions, 3, B, selector=True, pipeline=True)),
-                (f"b{B}", f"executor, speculative zoo-draft-a, s=3, pipelined (2 threads), batch {B}",
-                 ours("draft", [drafts["zoo-draft-a"]], 3, B, pipeline=True)),
-                (f"b{B}", f"executor, plain sampling, T=1, batch {B}", ours("none", [], 0, B, temperature=1.0)),
-                (f"b{B}", f"executor, speculative zoo-draft-a, s=3, rejection sampling T=1, batch {B}",
-                 ours("draft", [drafts["zoo-draft-a"]], 3, B, temperature=1.0))]
+    methods += [
+        (f"b{B}", f"executor, speculative zoo-draft-a, s={s}, batch {B}", ours("draft", [drafts["zoo-draft-a"]], s, B))
+        for s in s_values
+    ]
+    methods += [
+        (
+            f"b{B}",
+            f"executor, Minions a+b+c, adaptive s, coupled, batch {B}",
+            ours("minions", ds_minions, 3, B, selector=True),
+        ),
+        (
+            f"b{B}",
+            f"executor, Minions a+b+c, adaptive s, pipelined (2 threads), batch {B}",
+            ours("minions", ds_minions, 3, B, selector=True, pipeline=True),
+        ),
+        (
+            f"b{B}",
+            f"executor, speculative zoo-draft-a, s=3, pipelined (2 threads), batch {B}",
+            ours("draft", [drafts["zoo-draft-a"]], 3, B, pipeline=True),
+        ),
+        (f"b{B}", f"executor, plain sampling, T=1, batch {B}", ours("none", [], 0, B, temperature=1.0)),
+        (
+            f"b{B}",
+            f"executor, speculative zoo-draft-a, s=3, rejection sampling T=1, batch {B}",
+            ours("draft", [drafts["zoo-draft-a"]], 3, B, temperature=1.0),
+        ),
+    ]
     times = {m[1]: [] for m in methods}
     cpu = {m[1]: [] for m in methods}
     infos, equal = {}, {}
@@ -201,43 +253,54 @@ def main(argv=None) -> int:
     our_plain_b = f"executor, plain decoding, batch {B}"
 
     lines = ["# Speculative decoding vs Hugging Face (CPU)", ""]
-    lines.append(f"Written by `python benchmarks/speculative_vs_hf.py --requests {args.requests} --output {args.output} "
-                 f"--batch {B} --threads {args.threads} --repeats {args.repeats}` on {time.strftime('%Y-%m-%d')}. "
-                 f"Target `zoo-target` (Llama 3 x 192, 1.57M parameters), drafts {', '.join(DRAFTS)} "
-                 f"(0.42-0.46M parameters), fp32 on {platform.processor() or platform.machine()} with "
-                 f"{os.cpu_count()} cores, {args.threads} torch thread(s); torch {torch.__version__}, "
-                 f"transformers {transformers.__version__}. The machine is shared with other jobs: 1-minute load "
-                 f"average {load_start:.1f} at the start, {load_end:.1f} at the end.")
+    lines.append(
+        f"Written by `python benchmarks/speculative_vs_hf.py --requests {args.requests} --output {args.output} "
+        f"--batch {B} --threads {args.threads} --repeats {args.repeats}` on {time.strftime('%Y-%m-%d')}. "
+        f"Target `zoo-target` (Llama 3 x 192, 1.57M parameters), drafts {', '.join(DRAFTS)} "
+        f"(0.42-0.46M parameters), fp32 on {platform.processor() or platform.machine()} with "
+        f"{os.cpu_count()} cores, {args.threads} torch thread(s); torch {torch.__version__}, "
+        f"transformers {transformers.__version__}. The machine is shared with other jobs: 1-minute load "
+        f"average {load_start:.1f} at the start, {load_end:.1f} at the end."
+    )
     lines.append("")
-    lines.append(f"{args.requests} requests, prompts {min(lengths)}-{max(lengths)} tokens cut from the held-out "
-                 f"stdlib files (executor/prompts.py), {args.output} output tokens each ({total} in all), greedy, "
-                 f"EOS ignored. Each method ran {args.repeats} times, taking turns. The machine is shared, so "
-                 f"wall-clock times swing with the other jobs; the ratios therefore use each method's CPU time "
-                 f"(`time.process_time`, best run), which the other processes disturb far less. CPU time counts "
-                 f"every thread of the process: for the pipelined rows (two threads) only the wall-clock "
-                 f"columns tell whether the overlap paid off. Acceleration rate = tokens per target forward pass per "
-                 f"sequence (plain decoding: 1). Acceptance = accepted / drafted tokens. "
-                 f"`= HF` = requests whose output equals HF greedy generate token for token (sampling rows: "
-                 f"compare with the plain sampling row; their outputs are random draws).")
+    lines.append(
+        f"{args.requests} requests, prompts {min(lengths)}-{max(lengths)} tokens cut from the held-out "
+        f"stdlib files (executor/prompts.py), {args.output} output tokens each ({total} in all), greedy, "
+        f"EOS ignored. Each method ran {args.repeats} times, taking turns. The machine is shared, so "
+        f"wall-clock times swing with the other jobs; the ratios therefore use each method's CPU time "
+        f"(`time.process_time`, best run), which the other processes disturb far less. CPU time counts "
+        f"every thread of the process: for the pipelined rows (two threads) only the wall-clock "
+        f"columns tell whether the overlap paid off. Acceleration rate = tokens per target forward pass per "
+        f"sequence (plain decoding: 1). Acceptance = accepted / drafted tokens. "
+        f"`= HF` = requests whose output equals HF greedy generate token for token (sampling rows: "
+        f"compare with the plain sampling row; their outputs are random draws)."
+    )
     lines.append("")
-    hdr = ("| method | CPU best (s) | tokens per CPU-s | vs HF greedy | vs HF assisted | vs executor plain "
-           "| wall best (s) | wall median (s) | wall tokens/s | wall vs executor plain "
-           "| acceleration rate | acceptance | = HF |")
+    hdr = (
+        "| method | CPU best (s) | tokens per CPU-s | vs HF greedy | vs HF assisted | vs executor plain "
+        "| wall best (s) | wall median (s) | wall tokens/s | wall vs executor plain "
+        "| acceleration rate | acceptance | = HF |"
+    )
     sep = "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-    for group, title, plain in (("b1", "Batch 1 (requests one after another)", our_plain_1),
-                                (f"b{B}", f"Batch {B} (all requests at once; HF assisted cannot batch)", our_plain_b)):
+    for group, title, plain in (
+        ("b1", "Batch 1 (requests one after another)", our_plain_1),
+        (f"b{B}", f"Batch {B} (all requests at once; HF assisted cannot batch)", our_plain_b),
+    ):
         lines += [f"## {title}", "", hdr, sep]
         for g, name, _ in methods:
             if g != group:
                 continue
             i = infos[name]
             acc = i.get("acceptance")
-            lines.append(f"| {name} | {cbest[name]:.2f} | {ctps[name]:.0f} | "
-                         f"{ctps[name] / ctps[hf_g]:.2f}x | {ctps[name] / ctps[hf_a]:.2f}x | {ctps[name] / ctps[plain]:.2f}x | "
-                         f"{best[name]:.2f} | {med[name]:.2f} | {tps[name]:.0f} | {tps[name] / tps[plain]:.2f}x | "
-                         f"{i['acc_rate']:.2f} | {'-' if acc is None or acc != acc else f'{acc:.2f}'} | "
-                         f"{'-' if equal[name] is None else f'{equal[name]}/{len(prompts)}'} |")
+            lines.append(
+                f"| {name} | {cbest[name]:.2f} | {ctps[name]:.0f} | "
+                f"{ctps[name] / ctps[hf_g]:.2f}x | {ctps[name] / ctps[hf_a]:.2f}x | {ctps[name] / ctps[plain]:.2f}x | "
+                f"{best[name]:.2f} | {med[name]:.2f} | {tps[name]:.0f} | {tps[name] / tps[plain]:.2f}x | "
+                f"{i['acc_rate']:.2f} | {'-' if acc is None or acc != acc else f'{acc:.2f}'} | "
+                f"{'-' if equal[name] is None else f'{equal[name]}/{len(prompts)}'} |"
+            )
         lines.append("")
+
     # ---- reading: computed from the numbers above ----
     def best_of(group, key):
         cands = [n for g, n, _ in methods if g == group and key in n and "sampling" not in n and "pipelined" not in n]
@@ -249,49 +312,67 @@ def main(argv=None) -> int:
     coup_d = f"executor, speculative zoo-draft-a, s=3, batch {B}"
     pipe_m = f"executor, Minions a+b+c, adaptive s, pipelined (2 threads), batch {B}"
     coup_m = f"executor, Minions a+b+c, adaptive s, coupled, batch {B}"
-    lines += ["## Reading", "",
-              f"- HF assisted generation runs at {ctps[hf_a] / ctps[hf_g]:.2f}x HF greedy here (acceleration "
-              f"{infos[hf_a]['acc_rate']:.2f} tokens per target call, but every call pays HF's per-call overhead "
-              f"for the target and for each assistant step).",
-              f"- Batch 1, best single draft: {b1.split(', ', 1)[1]}: {ctps[b1] / ctps[hf_g]:.2f}x HF greedy, "
-              f"{ctps[b1] / ctps[hf_a]:.2f}x HF assisted, {ctps[b1] / ctps[our_plain_1]:.2f}x the executor's own "
-              f"plain decoding (which is {ctps[our_plain_1] / ctps[hf_g]:.2f}x HF greedy).",
-              f"- Batch {B}, best single draft: {bB.split(', ', 1)[1]}: {ctps[bB] / ctps[our_plain_b]:.2f}x the "
-              f"executor's plain batched decoding; speculation loses more as the batch grows because verifying "
-              f"s+1 tokens per sequence costs more relative to a decode step (table below).",
-              f"- Pipelining (drafting thread + verifying thread) against the coupled loop, wall clock, batch {B}: "
-              f"one draft s=3 {best[coup_d] / best[pipe_d]:.2f}x, Minions {best[coup_m] / best[pipe_m]:.2f}x "
-              f"(> 1: the pipeline is faster).",
-              f"- Minions (three drafts per round, coupled, batch {B}): acceptance "
-              f"{infos[coup_m]['acceptance']:.2f} and {infos[coup_m]['acc_rate']:.2f} tokens per step against one "
-              f"draft's {infos[coup_d]['acceptance']:.2f} / {infos[coup_d]['acc_rate']:.2f} at s=3, for three "
-              f"drafts' steps per round: {ctps[coup_m] / ctps[coup_d]:.2f}x the single draft's tokens per CPU-s.", ""]
-    lines += ["## Where the time goes: one forward pass (CPU time, median of 200, interleaved)", "",
-              "| batch | target decode (ms) | zoo-draft-a step (ms) | draft / target | verify 2 tokens | verify 4 | "
-              "verify 7 | break-even tokens per step, s=1 / 3 / 6 |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += [
+        "## Reading",
+        "",
+        f"- HF assisted generation runs at {ctps[hf_a] / ctps[hf_g]:.2f}x HF greedy here (acceleration "
+        f"{infos[hf_a]['acc_rate']:.2f} tokens per target call, but every call pays HF's per-call overhead "
+        f"for the target and for each assistant step).",
+        f"- Batch 1, best single draft: {b1.split(', ', 1)[1]}: {ctps[b1] / ctps[hf_g]:.2f}x HF greedy, "
+        f"{ctps[b1] / ctps[hf_a]:.2f}x HF assisted, {ctps[b1] / ctps[our_plain_1]:.2f}x the executor's own "
+        f"plain decoding (which is {ctps[our_plain_1] / ctps[hf_g]:.2f}x HF greedy).",
+        f"- Batch {B}, best single draft: {bB.split(', ', 1)[1]}: {ctps[bB] / ctps[our_plain_b]:.2f}x the "
+        f"executor's plain batched decoding; speculation loses more as the batch grows because verifying "
+        f"s+1 tokens per sequence costs more relative to a decode step (table below).",
+        f"- Pipelining (drafting thread + verifying thread) against the coupled loop, wall clock, batch {B}: "
+        f"one draft s=3 {best[coup_d] / best[pipe_d]:.2f}x, Minions {best[coup_m] / best[pipe_m]:.2f}x "
+        f"(> 1: the pipeline is faster).",
+        f"- Minions (three drafts per round, coupled, batch {B}): acceptance "
+        f"{infos[coup_m]['acceptance']:.2f} and {infos[coup_m]['acc_rate']:.2f} tokens per step against one "
+        f"draft's {infos[coup_d]['acceptance']:.2f} / {infos[coup_d]['acc_rate']:.2f} at s=3, for three "
+        f"drafts' steps per round: {ctps[coup_m] / ctps[coup_d]:.2f}x the single draft's tokens per CPU-s.",
+        "",
+    ]
+    lines += [
+        "## Where the time goes: one forward pass (CPU time, median of 200, interleaved)",
+        "",
+        "| batch | target decode (ms) | zoo-draft-a step (ms) | draft / target | verify 2 tokens | verify 4 | "
+        "verify 7 | break-even tokens per step, s=1 / 3 / 6 |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for b, c in costs.items():
         td = c["target_decode"]
         # a round of s costs s draft steps + one verification of s+1 tokens; it beats plain decoding
         # when it yields more than (s * draft + verify(s+1)) / decode tokens per sequence
         be = [(s * c["draft_step"] + c[f"verify_q{s + 1}"]) / td for s in (1, 3, 6)]
-        lines.append(f"| {b} | {1e3 * td:.3f} | {1e3 * c['draft_step']:.3f} | {c['draft_step'] / td:.2f} | "
-                     f"{c['verify_q2'] / td:.2f}x | {c['verify_q4'] / td:.2f}x | {c['verify_q7'] / td:.2f}x | "
-                     f"{' / '.join(f'{x:.2f}' for x in be)} |")
-    lines += ["", "Verification times are relative to the target's decode step. Speculation with s drafted tokens "
-              "is faster than plain decoding only when its acceleration rate (tokens per step, tables above) "
-              "exceeds the break-even value in the last column: (s x draft step + verification of s+1 tokens) / "
-              "decode step. The zoo's draft is small in arithmetic but not in per-call overhead, which is most of "
-              "a step on a CPU at these sizes, so a draft step costs a large fraction of a target step.", ""]
+        lines.append(
+            f"| {b} | {1e3 * td:.3f} | {1e3 * c['draft_step']:.3f} | {c['draft_step'] / td:.2f} | "
+            f"{c['verify_q2'] / td:.2f}x | {c['verify_q4'] / td:.2f}x | {c['verify_q7'] / td:.2f}x | "
+            f"{' / '.join(f'{x:.2f}' for x in be)} |"
+        )
+    lines += [
+        "",
+        "Verification times are relative to the target's decode step. Speculation with s drafted tokens "
+        "is faster than plain decoding only when its acceleration rate (tokens per step, tables above) "
+        "exceeds the break-even value in the last column: (s x draft step + verification of s+1 tokens) / "
+        "decode step. The zoo's draft is small in arithmetic but not in per-call overhead, which is most of "
+        "a step on a CPU at these sizes, so a draft step costs a large fraction of a target step.",
+        "",
+    ]
     lines += ["## Minions details (last run)", ""]
     for g, name, _ in methods:
         if "Minions" in name:
             i = infos[name]
-            lines.append(f"- {name}: s over time (round, s): {i['s_series'][:12]}{' ...' if len(i['s_series']) > 12 else ''}")
+            lines.append(
+                f"- {name}: s over time (round, s): {i['s_series'][:12]}{' ...' if len(i['s_series']) > 12 else ''}"
+            )
             for ssm, d in i["ssm"].items():
                 acr = d["acr_when_voted"]
-                lines.append(f"  - {ssm}: voted {d['voted']} times ({100 * d['voted_share']:.0f}%), ACR when voted "
-                             f"{'-' if acr is None else f'{acr:.2f}'}, agreement rate {d['agreement_rate']:.2f}, "
-                             f"final weight {d['weight']:.2f}")
+                lines.append(
+                    f"  - {ssm}: voted {d['voted']} times ({100 * d['voted_share']:.0f}%), ACR when voted "
+                    f"{'-' if acr is None else f'{acr:.2f}'}, agreement rate {d['agreement_rate']:.2f}, "
+                    f"final weight {d['weight']:.2f}"
+                )
     lines.append("")
     text = "\n".join(lines) + "\n"
     from infersim.simulator.yamlio import write_atomic

@@ -7,6 +7,7 @@ is a fresh `sim sweep` process into an empty folder, so start-up and pool start-
 included. Throughput = configurations per second of wall time; the ratio is against 1 worker.
 
 Usage: python benchmarks/sweep_scaling.py [--repeats 5] [--ray] [--workers 1,2] [--wait-for-cores 1.8]"""
+
 from __future__ import annotations
 
 import argparse
@@ -56,8 +57,24 @@ def sweep_once(space: Path, workers: int, backend: str) -> tuple[float, float]:
     """Wall time of a sweep from scratch, and of the same command again (nothing left to
     simulate: the fixed cost of start-up, reading the results and writing the table)."""
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "infersim.cli.main", "sweep", "-w", str(WORKLOAD), "-s", str(space),
-               "-o", str(Path(tmp) / "s"), "--workers", str(workers), "--backend", backend, "-q", "--no-plots"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "infersim.cli.main",
+            "sweep",
+            "-w",
+            str(WORKLOAD),
+            "-s",
+            str(space),
+            "-o",
+            str(Path(tmp) / "s"),
+            "--workers",
+            str(workers),
+            "--backend",
+            backend,
+            "-q",
+            "--no-plots",
+        ]
         t0 = time.perf_counter()
         subprocess.run(cmd, check=True, cwd=ROOT)
         wall = time.perf_counter() - t0
@@ -75,8 +92,12 @@ def main() -> int:
     ap.add_argument("--workers", default=None, help="comma-separated worker counts (default 1,2,4.. up to cores)")
     ap.add_argument("--ray", action="store_true", help="also sweep on a local Ray instance with all cores")
     ap.add_argument("--out", type=Path, default=HERE / "RESULTS-sweep-scaling.md")
-    ap.add_argument("--wait-for-cores", type=float, default=None,
-                    help="wait (up to 30 min) until this many cores are free before measuring")
+    ap.add_argument(
+        "--wait-for-cores",
+        type=float,
+        default=None,
+        help="wait (up to 30 min) until this many cores are free before measuring",
+    )
     args = ap.parse_args()
     cores = len(os.sched_getaffinity(0))
     if args.wait_for_cores:
@@ -84,8 +105,11 @@ def main() -> int:
         while (got := available_cores()) < args.wait_for_cores and time.monotonic() < deadline:
             print(f"waiting: {got:.2f} cores free", flush=True)
             time.sleep(30)
-    counts = [int(x) for x in args.workers.split(",")] if args.workers else sorted(
-        {1, *[w for w in (2, 4, 8, 16, 32) if w <= cores], cores})
+    counts = (
+        [int(x) for x in args.workers.split(",")]
+        if args.workers
+        else sorted({1, *[w for w in (2, 4, 8, 16, 32) if w <= cores], cores})
+    )
     with tempfile.TemporaryDirectory() as tmp:
         space = Path(tmp) / "space.yaml"
         space.write_text(SPACE)
@@ -108,27 +132,37 @@ def main() -> int:
         rows = [(b, w, min(walls[(b, w)]), walls[(b, w)], min(fixed[(b, w)])) for b, w in cases]
     base = rows[0][2]
     base_sim = rows[0][2] - rows[0][4]
-    lines = [f"# Sweep scaling ({date.today().isoformat()}, {platform.machine()}, {cores} cores, "
-             f"Python {platform.python_version()})", "",
-             f"Produced by `{' '.join(['python benchmarks/sweep_scaling.py', *sys.argv[1:]])}`: the same "
-             f"{CONFIGS}-configuration grid (scheduler x preemption x batch limit on `examples/sweep/small-kv.yaml`, "
-             "2000 requests per configuration) swept from scratch in a fresh `sim sweep` process, start-up "
-             f"included; best of {args.repeats} interleaved runs (all runs listed). Load average of the machine "
-             f"(1 min) {load_before:.1f} before and {load_after:.1f} after; {cores} busy processes got "
-             f"{avail_before:.2f} cores before and {avail_after:.2f} after (other work shares this machine: "
-             "no speed-up can exceed the cores actually available).", "",
-             "| backend | workers | wall time (best) | configurations/s | speed-up vs 1 worker | fixed part | "
-             "speed-up of the simulating part | all runs (s) |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# Sweep scaling ({date.today().isoformat()}, {platform.machine()}, {cores} cores, "
+        f"Python {platform.python_version()})",
+        "",
+        f"Produced by `{' '.join(['python benchmarks/sweep_scaling.py', *sys.argv[1:]])}`: the same "
+        f"{CONFIGS}-configuration grid (scheduler x preemption x batch limit on `examples/sweep/small-kv.yaml`, "
+        "2000 requests per configuration) swept from scratch in a fresh `sim sweep` process, start-up "
+        f"included; best of {args.repeats} interleaved runs (all runs listed). Load average of the machine "
+        f"(1 min) {load_before:.1f} before and {load_after:.1f} after; {cores} busy processes got "
+        f"{avail_before:.2f} cores before and {avail_after:.2f} after (other work shares this machine: "
+        "no speed-up can exceed the cores actually available).",
+        "",
+        "| backend | workers | wall time (best) | configurations/s | speed-up vs 1 worker | fixed part | "
+        "speed-up of the simulating part | all runs (s) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for backend, w, best, runs, fix in rows:
-        lines.append(f"| {backend} | {w} | {best:.2f} s | {CONFIGS / best:.2f} | **{base / best:.2f}x** | {fix:.2f} s | "
-                     f"{base_sim / max(best - fix, 1e-9):.2f}x | {', '.join(f'{x:.2f}' for x in runs)} |")
-    lines += ["", "1 worker runs in the driver process (no pool); more workers are a ProcessPoolExecutor "
-              "(fork). *Fixed part*: the same command run again when every result exists (start-up, imports, "
-              "reading the results, writing the table), best of the repeats; the last column divides the "
-              "wall times less that part. The ideal ratio for w workers is w; besides the fixed part, what "
-              "is lost is the pool's start-up and the last configurations finishing unevenly. Ray adds its "
-              "own start-up (a local instance is started and stopped by every run).", ""]
+        lines.append(
+            f"| {backend} | {w} | {best:.2f} s | {CONFIGS / best:.2f} | **{base / best:.2f}x** | {fix:.2f} s | "
+            f"{base_sim / max(best - fix, 1e-9):.2f}x | {', '.join(f'{x:.2f}' for x in runs)} |"
+        )
+    lines += [
+        "",
+        "1 worker runs in the driver process (no pool); more workers are a ProcessPoolExecutor "
+        "(fork). *Fixed part*: the same command run again when every result exists (start-up, imports, "
+        "reading the results, writing the table), best of the repeats; the last column divides the "
+        "wall times less that part. The ideal ratio for w workers is w; besides the fixed part, what "
+        "is lost is the pool's start-up and the last configurations finishing unevenly. Ray adds its "
+        "own start-up (a local instance is started and stopped by every run).",
+        "",
+    ]
     args.out.write_text("\n".join(lines))
     print(f"wrote {args.out}")
     return 0

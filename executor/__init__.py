@@ -11,6 +11,7 @@ Importing the package does two things, both on purpose at import time:
   the user set is kept; numerics do not depend on it.
 - The zoo's model names (`zoo-target`, ...) are registered with the simulator's model catalog,
   so workloads and cost models can name them (the simulator never imports the executor)."""
+
 import os
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")

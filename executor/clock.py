@@ -8,6 +8,7 @@ the run's own thread, follows that level (its median per run against the run's f
 correlation 0.83-0.90 over 20 back-to-back runs of one workload), while a probe on the other core
 did not (0.04). The kernel's time is hidden from the engine clock, so the run's timeline is the
 same as without it."""
+
 from __future__ import annotations
 
 import time
@@ -40,8 +41,11 @@ def reference_kernel_s() -> float:
 
     if _kernel is None:
         g = torch.Generator().manual_seed(0)
-        _kernel = (torch.randn(8, 192, generator=g), torch.randn(192, 768, generator=g),
-                   torch.randn(768, 192, generator=g))
+        _kernel = (
+            torch.randn(8, 192, generator=g),
+            torch.randn(192, 768, generator=g),
+            torch.randn(768, 192, generator=g),
+        )
     x, a, b = _kernel
     t = time.perf_counter()
     for _ in range(10):

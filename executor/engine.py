@@ -15,6 +15,7 @@ arrival, its clock jumps there instead.
 Metrics go into the simulator's MetricsCollector with the same meaning (one series row per
 iteration, with steps = 1), so the run directory is the same as `sim run`'s; per-iteration
 records (batch composition, tokens, measured times) are kept besides."""
+
 from __future__ import annotations
 
 import heapq
@@ -72,11 +73,13 @@ class ExecSequence:
 
     @property
     def output_ids(self) -> list[int]:
-        return self.tokens[self.prompt_len:]
+        return self.tokens[self.prompt_len :]
 
     def __repr__(self) -> str:
-        return (f"ExecSequence(rid={self.rid}, prompt={self.prompt_len}, gen={self.generated}/{self.output_len}, "
-                f"computed={self.computed}, gpu_blocks={self.num_gpu_blocks}, cpu_blocks={self.num_cpu_blocks})")
+        return (
+            f"ExecSequence(rid={self.rid}, prompt={self.prompt_len}, gen={self.generated}/{self.output_len}, "
+            f"computed={self.computed}, gpu_blocks={self.num_gpu_blocks}, cpu_blocks={self.num_cpu_blocks})"
+        )
 
 
 @dataclass
@@ -86,12 +89,37 @@ class ExecRequest:
     arrival_s: float = 0.0
 
 
-ITERATION_COLUMNS = ("iteration", "t_start_s", "t_end_s", "forward_s", "schedule_s", "swap_s", "batch_size",
-                     "prefill_seqs", "decode_seqs", "batch_tokens", "prefill_tokens", "decode_tokens",
-                     "context_tokens", "max_context_tokens", "attended_tokens", "tokens_out", "gpu_blocks_used",
-                     "cpu_blocks_used", "waiting", "swapped", "admitted", "preempt_swap", "preempt_recompute",
-                     "swap_out_blocks", "swap_in_blocks", "aborted", "swap_out_copies", "swap_in_copies",
-                     "t_intake_s")
+ITERATION_COLUMNS = (
+    "iteration",
+    "t_start_s",
+    "t_end_s",
+    "forward_s",
+    "schedule_s",
+    "swap_s",
+    "batch_size",
+    "prefill_seqs",
+    "decode_seqs",
+    "batch_tokens",
+    "prefill_tokens",
+    "decode_tokens",
+    "context_tokens",
+    "max_context_tokens",
+    "attended_tokens",
+    "tokens_out",
+    "gpu_blocks_used",
+    "cpu_blocks_used",
+    "waiting",
+    "swapped",
+    "admitted",
+    "preempt_swap",
+    "preempt_recompute",
+    "swap_out_blocks",
+    "swap_in_blocks",
+    "aborted",
+    "swap_out_copies",
+    "swap_in_copies",
+    "t_intake_s",
+)
 BATCH_COLUMNS = ("iteration", "rid", "query_tokens", "context_tokens", "makes_token")
 
 
@@ -105,8 +133,9 @@ class EngineStats:
 
     def iteration_table(self) -> dict[str, np.ndarray]:
         a = np.array(self.iterations, dtype=np.float64).reshape(-1, len(ITERATION_COLUMNS))
-        return {c: (a[:, i].astype(np.int64) if c not in _FLOAT_COLS else a[:, i])
-                for i, c in enumerate(ITERATION_COLUMNS)}
+        return {
+            c: (a[:, i].astype(np.int64) if c not in _FLOAT_COLS else a[:, i]) for i, c in enumerate(ITERATION_COLUMNS)
+        }
 
     def batch_table(self) -> dict[str, np.ndarray]:
         a = np.array(self.batches, dtype=np.int64).reshape(-1, len(BATCH_COLUMNS))
@@ -155,16 +184,36 @@ class Engine:
     model: a LoadedModel (executor.models); scheduler: from simulator.policies.build_scheduler;
     metrics: a simulator MetricsCollector (or None for none)."""
 
-    def __init__(self, model, scheduler, *, gpu_blocks: int, cpu_blocks: int, block_size: int = 16,
-                 watermark: float = 0.01, limits: SchedulerLimits | None = None, metrics=None, cost_model=None,
-                 realtime: bool = True, record: bool = True, kv_dtype=None):
-
+    def __init__(
+        self,
+        model,
+        scheduler,
+        *,
+        gpu_blocks: int,
+        cpu_blocks: int,
+        block_size: int = 16,
+        watermark: float = 0.01,
+        limits: SchedulerLimits | None = None,
+        metrics=None,
+        cost_model=None,
+        realtime: bool = True,
+        record: bool = True,
+        kv_dtype=None,
+    ):
         self.lm = model
         self.runner = build_runner(model)
         self.device = model.device
-        self.cache = PagedKVCache(self.runner.num_layers, self.runner.num_kv_heads, self.runner.head_dim,
-                                  block_size=block_size, gpu_blocks=gpu_blocks, cpu_blocks=cpu_blocks,
-                                  dtype=kv_dtype or model.dtype, device=model.device, watermark=watermark)
+        self.cache = PagedKVCache(
+            self.runner.num_layers,
+            self.runner.num_kv_heads,
+            self.runner.head_dim,
+            block_size=block_size,
+            gpu_blocks=gpu_blocks,
+            cpu_blocks=cpu_blocks,
+            dtype=kv_dtype or model.dtype,
+            device=model.device,
+            watermark=watermark,
+        )
         self.scheduler = scheduler
         self.limits = limits or SchedulerLimits(max_model_len=model.max_positions)
         self.metrics = metrics
@@ -216,8 +265,9 @@ class Engine:
     def warmup(self, prompt_len: int = 32) -> None:
         """One prefill and one decode through the cache (first-call overheads, a first
         estimate for the cost model, a probe of the host copy bandwidth); leaves no trace."""
-        n = max(2, min(prompt_len, self.limits.max_model_len - 1,
-                       (self.cache.total_gpu - 1) * self.cache.block_size - 1))
+        n = max(
+            2, min(prompt_len, self.limits.max_model_len - 1, (self.cache.total_gpu - 1) * self.cache.block_size - 1)
+        )
         seq = ExecSequence(-1, [0] * n, 2, 0.0)
         self.cache.grow_to(seq, n)
         self._sync()
@@ -269,8 +319,10 @@ class Engine:
                 if decision.abort or decision.preempt or decision.swap_in:
                     continue
                 if not self._arrivals:
-                    raise RuntimeError(f"engine stuck: {self.outstanding} requests can never be scheduled "
-                                       f"(waiting {len(self.waiting)}, swapped {len(self.swapped)})")
+                    raise RuntimeError(
+                        f"engine stuck: {self.outstanding} requests can never be scheduled "
+                        f"(waiting {len(self.waiting)}, swapped {len(self.swapped)})"
+                    )
                 self._wait_until(self._arrivals[0][0])
                 continue
             self.clock.step()
@@ -280,20 +332,44 @@ class Engine:
     def _state(self) -> SchedulerState:
         c = self.cache
         return SchedulerState(
-            now_s=self.now(), waiting=self.waiting, running=self.running, swapped=self.swapped,
-            free_gpu_blocks=c.free_gpu, free_cpu_blocks=c.free_cpu, total_gpu_blocks=c.total_gpu,
-            block_size=c.block_size, watermark_blocks=c.watermark_blocks, kv_bytes_per_block=c.bytes_per_block,
-            limits=self.limits, cost_model=self.cost_model)
+            now_s=self.now(),
+            waiting=self.waiting,
+            running=self.running,
+            swapped=self.swapped,
+            free_gpu_blocks=c.free_gpu,
+            free_cpu_blocks=c.free_cpu,
+            total_gpu_blocks=c.total_gpu,
+            block_size=c.block_size,
+            watermark_blocks=c.watermark_blocks,
+            kv_bytes_per_block=c.bytes_per_block,
+            limits=self.limits,
+            cost_model=self.cost_model,
+        )
 
     def _apply(self, d) -> dict:
         """Carry out a decision on the paged cache through the simulator's own decision path
         (infersim.simulator.engine.decision), timing the swaps."""
         swaps = _TimedSwaps(self.cache, self._sync, self.cost_model)
-        done = apply_decision(d, self, swaps, now_s=self.now(), swap_only=self.scheduler.preemption.swap_only,
-                              bytes_per_block=self.cache.bytes_per_block, metrics=self.metrics)
-        moved = {"out_blocks": done.out_blocks, "in_blocks": done.in_blocks, "out_copies": swaps.copies["d2h"],
-                 "in_copies": swaps.copies["h2d"], "swap_s": swaps.swap_s, "preempt_swap": done.preempt_swap,
-                 "preempt_recompute": done.preempt_recompute, "admitted": done.admitted, "aborted": done.aborted}
+        done = apply_decision(
+            d,
+            self,
+            swaps,
+            now_s=self.now(),
+            swap_only=self.scheduler.preemption.swap_only,
+            bytes_per_block=self.cache.bytes_per_block,
+            metrics=self.metrics,
+        )
+        moved = {
+            "out_blocks": done.out_blocks,
+            "in_blocks": done.in_blocks,
+            "out_copies": swaps.copies["d2h"],
+            "in_copies": swaps.copies["h2d"],
+            "swap_s": swaps.swap_s,
+            "preempt_swap": done.preempt_swap,
+            "preempt_recompute": done.preempt_recompute,
+            "admitted": done.admitted,
+            "aborted": done.aborted,
+        }
         for key in ("preempt_swap", "preempt_recompute"):
             self.counters[key] += moved[key]
         self.counters["swap_out_blocks"] += done.out_blocks
@@ -329,18 +405,59 @@ class Engine:
         m = self.metrics
         if m is not None:
             bpb = cache.bytes_per_block
-            m.segment((start, end, 0, 1, len(batch), tokens, int(q[q > 1].sum()), cache.used_gpu, cache.used_cpu,
-                       len(self.waiting), len(self.swapped), moved["out_blocks"] * bpb, moved["in_blocks"] * bpb))
+            m.segment(
+                (
+                    start,
+                    end,
+                    0,
+                    1,
+                    len(batch),
+                    tokens,
+                    int(q[q > 1].sum()),
+                    cache.used_gpu,
+                    cache.used_cpu,
+                    len(self.waiting),
+                    len(self.swapped),
+                    moved["out_blocks"] * bpb,
+                    moved["in_blocks"] * bpb,
+                )
+            )
         it = self._iteration
         if self.record:
             st = self.stats
-            st.iterations.append((
-                it, start, end, forward_s, sched_s, moved["swap_s"], len(batch), int(prefill_mask.sum()),
-                int((~prefill_mask).sum()), tokens, int(q[prefill_mask].sum()), int(q[~prefill_mask].sum()),
-                int(ctx.sum()), int(ctx.max()), int((ctx + q).sum()), len(next_tokens), cache.used_gpu,
-                cache.used_cpu, len(self.waiting), len(self.swapped), moved["admitted"], moved["preempt_swap"],
-                moved["preempt_recompute"], moved["out_blocks"], moved["in_blocks"], moved["aborted"],
-                moved["out_copies"], moved["in_copies"], self._intake_s))
+            st.iterations.append(
+                (
+                    it,
+                    start,
+                    end,
+                    forward_s,
+                    sched_s,
+                    moved["swap_s"],
+                    len(batch),
+                    int(prefill_mask.sum()),
+                    int((~prefill_mask).sum()),
+                    tokens,
+                    int(q[prefill_mask].sum()),
+                    int(q[~prefill_mask].sum()),
+                    int(ctx.sum()),
+                    int(ctx.max()),
+                    int((ctx + q).sum()),
+                    len(next_tokens),
+                    cache.used_gpu,
+                    cache.used_cpu,
+                    len(self.waiting),
+                    len(self.swapped),
+                    moved["admitted"],
+                    moved["preempt_swap"],
+                    moved["preempt_recompute"],
+                    moved["out_blocks"],
+                    moved["in_blocks"],
+                    moved["aborted"],
+                    moved["out_copies"],
+                    moved["in_copies"],
+                    self._intake_s,
+                )
+            )
             st.batches.extend((it, s.rid, int(n), int(c), int(mk)) for (s, n), c, mk in zip(batch, ctx, makes))
         self._iteration += 1
         itl = []
@@ -368,10 +485,22 @@ class Engine:
             self.on_finish(seq, now)
 
 
-def generate(model, prompts: list[list[int]], max_new_tokens, *, scheduler: str = "fcfs",
-             preemption: str = "recompute", gpu_blocks: int | None = None, cpu_blocks: int = 0,
-             block_size: int = 16, max_batch_size: int = 256, max_batched_tokens: int | None = None,
-             chunked_prefill: bool = False, arrival_s=None, watermark: float = 0.01) -> tuple[list[list[int]], Engine]:
+def generate(
+    model,
+    prompts: list[list[int]],
+    max_new_tokens,
+    *,
+    scheduler: str = "fcfs",
+    preemption: str = "recompute",
+    gpu_blocks: int | None = None,
+    cpu_blocks: int = 0,
+    block_size: int = 16,
+    max_batch_size: int = 256,
+    max_batched_tokens: int | None = None,
+    chunked_prefill: bool = False,
+    arrival_s=None,
+    watermark: float = 0.01,
+) -> tuple[list[list[int]], Engine]:
     """Greedy generation of many prompts at once through the engine (continuous batching):
     returns the generated token ids per prompt and the engine (its counters tell what
     happened: preemptions, swaps). All requests arrive at once unless `arrival_s` is given."""
@@ -384,8 +513,16 @@ def generate(model, prompts: list[list[int]], max_new_tokens, *, scheduler: str 
         gpu_blocks = need + 1
     max_len = model.max_positions
     limits = SchedulerLimits(max_batch_size, max_batched_tokens or max(max_len, 2048), max_len, chunked_prefill)
-    eng = Engine(model, build_scheduler(scheduler, preemption), gpu_blocks=gpu_blocks, cpu_blocks=cpu_blocks,
-                 block_size=block_size, watermark=watermark, limits=limits, realtime=False)
+    eng = Engine(
+        model,
+        build_scheduler(scheduler, preemption),
+        gpu_blocks=gpu_blocks,
+        cpu_blocks=cpu_blocks,
+        block_size=block_size,
+        watermark=watermark,
+        limits=limits,
+        realtime=False,
+    )
     seqs = []
     for i, (p, o) in enumerate(zip(prompts, outs)):
         s = ExecSequence(i, p, o, 0.0 if arrival_s is None else float(arrival_s[i]))

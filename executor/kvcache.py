@@ -10,14 +10,26 @@ before the next iteration; on CPU plain index copies.
 
 Block accounting follows simulator/engine/blocks.py (free counts, watermark, overdraw
 errors); here the blocks also have identities, kept in free lists."""
+
 from __future__ import annotations
 
 import torch
 
 
 class PagedKVCache:
-    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, *, block_size: int, gpu_blocks: int,
-                 cpu_blocks: int, dtype: torch.dtype, device: torch.device | str = "cpu", watermark: float = 0.01):
+    def __init__(
+        self,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        *,
+        block_size: int,
+        gpu_blocks: int,
+        cpu_blocks: int,
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+        watermark: float = 0.01,
+    ):
         if gpu_blocks <= 0:
             raise ValueError(f"need at least one device KV block, got {gpu_blocks}")
         self.device = torch.device(device)
@@ -181,9 +193,9 @@ class PagedKVCache:
                 self.copy_calls += 2
                 for dev, host in ((self._k, self._hk), (self._v, self._hv)):
                     if to_host:
-                        host[:, c0:c0 + n].copy_(dev[:, g0:g0 + n])
+                        host[:, c0 : c0 + n].copy_(dev[:, g0 : g0 + n])
                     else:
-                        dev[:, g0:g0 + n].copy_(host[:, c0:c0 + n])
+                        dev[:, g0 : g0 + n].copy_(host[:, c0 : c0 + n])
             return
         self.copy_calls += 2  # K and V: one staged copy each
         g = torch.tensor(gpu_ids, dtype=torch.long, device=self.device)

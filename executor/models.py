@@ -2,6 +2,7 @@
 Mistral and OPT families, on cpu or cuda, in fp32, fp16 or bf16. Nothing is ever fetched
 from a hub (local_files_only). A zoo name (`zoo-target`, `zoo-draft-a`, ...) resolves to the
 zoo's checkpoint folder, built on request."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -14,9 +15,16 @@ if TYPE_CHECKING:  # annotations only: torch is imported where the executor star
     import torch
 
 SUPPORTED_FAMILIES = ("llama", "mistral", "opt")
-_DTYPES = {"fp32": "float32", "float32": "float32", "float": "float32",
-           "fp16": "float16", "float16": "float16", "half": "float16",
-           "bf16": "bfloat16", "bfloat16": "bfloat16"}
+_DTYPES = {
+    "fp32": "float32",
+    "float32": "float32",
+    "float": "float32",
+    "fp16": "float16",
+    "float16": "float16",
+    "half": "float16",
+    "bf16": "bfloat16",
+    "bfloat16": "bfloat16",
+}
 
 
 def select_device(device: str | None = None):
@@ -60,8 +68,10 @@ def resolve_model_path(name_or_path: str, *, build_zoo: bool = True, log=None) -
     if p.is_file() and p.name == "config.json":
         p = p.parent
     if not p.is_dir():
-        raise InfersimError(f"model '{name}': not a zoo name and no such checkpoint folder "
-                            f"(give a folder with config.json and *.safetensors, or zoo-target, zoo-draft-a, ...)")
+        raise InfersimError(
+            f"model '{name}': not a zoo name and no such checkpoint folder "
+            f"(give a folder with config.json and *.safetensors, or zoo-target, zoo-draft-a, ...)"
+        )
     if not (p / "config.json").exists():
         raise InfersimError(f"{p}: no config.json: not a Hugging Face checkpoint folder")
     return p
@@ -91,8 +101,9 @@ class LoadedModel:
         return sum(p.numel() * p.element_size() for p in self.model.parameters())
 
 
-def load_model(name_or_path: str, device: str | None = "cpu", dtype: str | None = None, *, build_zoo: bool = True,
-               log=None) -> LoadedModel:
+def load_model(
+    name_or_path: str, device: str | None = "cpu", dtype: str | None = None, *, build_zoo: bool = True, log=None
+) -> LoadedModel:
     """Load a causal LM from a local checkpoint folder (or a zoo name) onto a device."""
     import json
 
@@ -110,14 +121,17 @@ def load_model(name_or_path: str, device: str | None = "cpu", dtype: str | None 
         raise InfersimError(f"{path}/config.json: {exc}") from exc
     family = getattr(config, "model_type", None)
     if family not in SUPPORTED_FAMILIES:
-        raise InfersimError(f"{path}: model_type '{family}' is not supported by the executor "
-                            f"(supported: {', '.join(SUPPORTED_FAMILIES)})")
+        raise InfersimError(
+            f"{path}: model_type '{family}' is not supported by the executor "
+            f"(supported: {', '.join(SUPPORTED_FAMILIES)})"
+        )
     if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
         raise InfersimError(f"{path}: no weights (*.safetensors) in the checkpoint folder")
     if tdtype == torch.float16 and dev.type == "cpu":
         pass  # allowed (slow on most CPUs), as Hugging Face allows it
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=tdtype, local_files_only=True,
-                                                 attn_implementation="sdpa")
+    model = AutoModelForCausalLM.from_pretrained(
+        str(path), dtype=tdtype, local_files_only=True, attn_implementation="sdpa"
+    )
     model.to(dev).eval()
     tokenizer = None
     if (path / "tokenizer.json").exists():
@@ -137,7 +151,13 @@ def hf_greedy_generate(model, prompts, outputs) -> list[list[int]]:
     res = []
     with torch.inference_mode():
         for p, o in zip(prompts, outputs):
-            g = model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
-                               max_new_tokens=o, do_sample=False, eos_token_id=None, pad_token_id=0)
-            res.append(g[0, len(p):].tolist())
+            g = model.generate(
+                torch.tensor([p]),
+                attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                max_new_tokens=o,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
+            )
+            res.append(g[0, len(p) :].tolist())
     return res

@@ -4,6 +4,7 @@ A workload says "request i has a 600-token prompt"; the executor needs the token
 cut from the zoo corpus's held-out files (stdlib source the models did not train on),
 tokenized with the model's own tokenizer, at offsets drawn from the workload seed, so the same
 workload gives the same prompts. A model without a tokenizer gets seeded random token ids."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -39,5 +40,7 @@ def make_prompts(lengths, *, tokenizer=None, vocab_size: int, seed: int = 0) -> 
             continue
         start = int(rng.integers(0, stream.size))
         reps = -(-(start + n) // stream.size)
-        out.append(np.tile(stream, reps)[start:start + n].tolist() if reps > 1 else stream[start:start + n].tolist())
+        out.append(
+            np.tile(stream, reps)[start : start + n].tolist() if reps > 1 else stream[start : start + n].tolist()
+        )
     return out

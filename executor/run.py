@@ -8,6 +8,7 @@ plus what only a real run has:
 | iteration_batches.parquet | one row per (iteration, sequence): query tokens, cached context tokens, whether it produced a token: the exact BatchShape of every iteration, for calibration |
 | outputs.parquet | one row per request: prompt and generated token ids |
 """
+
 from __future__ import annotations
 
 import time
@@ -19,30 +20,68 @@ from . import medusa  # noqa: F401  (registers Medusa's decoder with the specula
 from .serving import executor_record, plan_blocks, resolved_config, serve, write_outputs
 
 
-def execute(spec, requests, model: str, out: Path, *, device: str | None = "cpu", dtype: str | None = None,
-            realtime: bool = True, plots: bool = True, csv: bool = False, quiet: bool = True,
-            device_memory_gb: float | None = None, source: str = "workload", log=None, force: bool = False) -> dict:
+def execute(
+    spec,
+    requests,
+    model: str,
+    out: Path,
+    *,
+    device: str | None = "cpu",
+    dtype: str | None = None,
+    realtime: bool = True,
+    plots: bool = True,
+    csv: bool = False,
+    quiet: bool = True,
+    device_memory_gb: float | None = None,
+    source: str = "workload",
+    log=None,
+    force: bool = False,
+) -> dict:
     """Serve the requests on the model and write the run directory atomically; returns the summary.
     `force` lets it replace a folder infersim did not write (rundir.check_out_dir)."""
     if getattr(spec, "speculation", None) is not None:
         # a `speculation:` section: the speculative engine (executor/speculative/engine.py)
         from .speculative.engine import execute_speculative
 
-        return execute_speculative(spec, requests, model, out, device=device, dtype=dtype, realtime=realtime,
-                                   plots=plots, csv=csv, quiet=quiet, log=log, force=force)
+        return execute_speculative(
+            spec,
+            requests,
+            model,
+            out,
+            device=device,
+            dtype=dtype,
+            realtime=realtime,
+            plots=plots,
+            csv=csv,
+            quiet=quiet,
+            log=log,
+            force=force,
+        )
     if getattr(spec, "offload", None) is not None:
         # an `offload:` section: the KV cache in host memory under the policy (executor/offload/serve.py)
         from .offload.serve import execute as execute_offload
 
-        return execute_offload(spec, requests, model, out, device=device, dtype=dtype, realtime=realtime,
-                               plots=plots, quiet=quiet, csv=csv, device_memory_gb=device_memory_gb, log=log,
-                               force=force)
+        return execute_offload(
+            spec,
+            requests,
+            model,
+            out,
+            device=device,
+            dtype=dtype,
+            realtime=realtime,
+            plots=plots,
+            quiet=quiet,
+            csv=csv,
+            device_memory_gb=device_memory_gb,
+            log=log,
+            force=force,
+        )
     from infersim.simulator.engine.memory import MemoryPlan
-    from infersim.simulator.simulation import SimulationResult
     from infersim.simulator.metrics.collector import MetricsCollector
     from infersim.simulator.metrics.rundir import staged_dir, write_table
     from infersim.simulator.metrics.summary import write_result_files
     from infersim.simulator.policies import SchedulerLimits, build_scheduler
+    from infersim.simulator.simulation import SimulationResult
 
     from .engine import Engine, ExecSequence
     from .models import load_model
@@ -58,14 +97,27 @@ def execute(spec, requests, model: str, out: Path, *, device: str | None = "cpu"
     limits = SchedulerLimits(sv.max_batch_size, max_batched, max_len, sv.chunked_prefill)
     kv_dtype = lm.dtype
     mem = plan_blocks(lm, sv, limits, kv_dtype=kv_dtype, device_memory_gb=device_memory_gb)
-    spec = spec.model_copy(update={"model": str(lm.path),
-                                   "hardware": spec.hardware.model_copy(update={"replicas": 1, "tensor_parallel": 1})})
+    spec = spec.model_copy(
+        update={
+            "model": str(lm.path),
+            "hardware": spec.hardware.model_copy(update={"replicas": 1, "tensor_parallel": 1}),
+        }
+    )
     out = Path(out)
     with staged_dir(out, command="exec", force=force) as tmp:
         metrics = MetricsCollector(len(requests), series_path=tmp / "series.parquet")
-        engine = Engine(lm, build_scheduler(sv.scheduler, sv.preemption), gpu_blocks=mem["gpu_blocks"],
-                        cpu_blocks=mem["cpu_blocks"], block_size=sv.block_size, watermark=sv.watermark, limits=limits,
-                        metrics=metrics, realtime=realtime, kv_dtype=kv_dtype)
+        engine = Engine(
+            lm,
+            build_scheduler(sv.scheduler, sv.preemption),
+            gpu_blocks=mem["gpu_blocks"],
+            cpu_blocks=mem["cpu_blocks"],
+            block_size=sv.block_size,
+            watermark=sv.watermark,
+            limits=limits,
+            metrics=metrics,
+            realtime=realtime,
+            kv_dtype=kv_dtype,
+        )
         engine.warmup()
         prompts = make_prompts(requests.prompt_tokens, tokenizer=lm.tokenizer, vocab_size=lm.vocab_size, seed=spec.seed)
         truncated = 0
@@ -94,8 +146,9 @@ def execute(spec, requests, model: str, out: Path, *, device: str | None = "cpu"
                 state["next"] += 1
                 engine.submit(new_seq(i, at, client))
 
-            engine.on_finish = lambda seq, now: start_client(seq.client, now + requests.think_time_s) \
-                if seq.client >= 0 else None
+            engine.on_finish = (
+                lambda seq, now: start_client(seq.client, now + requests.think_time_s) if seq.client >= 0 else None
+            )
             for c in range(requests.closed_loop_clients):
                 start_client(c, 0.0)
         else:
@@ -105,19 +158,35 @@ def execute(spec, requests, model: str, out: Path, *, device: str | None = "cpu"
                 engine.submit(new_seq(i, float(t)))
         end = serve(engine, None if quiet else (len(seqs) if not requests.closed_loop else len(requests)))
         series = metrics.close_series()
-        memory = MemoryPlan(mem["gpu_blocks"], mem["cpu_blocks"], mem["kv_bytes_per_block"],
-                            mem["weight_bytes_per_gpu"], mem["activation_bytes_per_gpu"], mem["blocks_source"])
+        memory = MemoryPlan(
+            mem["gpu_blocks"],
+            mem["cpu_blocks"],
+            mem["kv_bytes_per_block"],
+            mem["weight_bytes_per_gpu"],
+            mem["activation_bytes_per_gpu"],
+            mem["blocks_source"],
+        )
         st = engine.stats
-        ex = executor_record(lm, st, realtime=realtime, t_wall=t_wall, truncated=truncated,
-                             swap_out_blocks=engine.counters["swap_out_blocks"],
-                             swap_in_blocks=engine.counters["swap_in_blocks"])
-        ex["cost_model_fit"] = {"fixed_s": engine.cost_model.fixed_s, "per_token_s": engine.cost_model.per_token_s,
-                                "bandwidth_bytes_per_s": dict(engine.cost_model.bandwidth)}
+        ex = executor_record(
+            lm,
+            st,
+            realtime=realtime,
+            t_wall=t_wall,
+            truncated=truncated,
+            swap_out_blocks=engine.counters["swap_out_blocks"],
+            swap_in_blocks=engine.counters["swap_in_blocks"],
+        )
+        ex["cost_model_fit"] = {
+            "fixed_s": engine.cost_model.fixed_s,
+            "per_token_s": engine.cost_model.per_token_s,
+            "bandwidth_bytes_per_s": dict(engine.cost_model.bandwidth),
+        }
         if lm.meta:
             ex["zoo"] = {k: lm.meta.get(k) for k in ("heldout_perplexity", "weights_sha256", "corpus_sha256")}
         resolved = resolved_config(spec, lm, mem, limits, len(seqs), ex)
-        result = SimulationResult(spec, metrics.requests_table(), series, metrics, memory, float(end), resolved,
-                                  {"executor": ex})
+        result = SimulationResult(
+            spec, metrics.requests_table(), series, metrics, memory, float(end), resolved, {"executor": ex}
+        )
         summary = write_result_files(tmp, result, csv=csv)
         write_table(tmp / "iterations.parquet", st.iteration_table())
         write_table(tmp / "iteration_batches.parquet", st.batch_table())

@@ -19,6 +19,7 @@ by the depth of each node and a [q, q] ancestor mask (a node sees the cached con
 ancestors and itself). Its position ids are then context + depth, and its K/V are written at
 the next q cache slots like any other tokens; after verification the caller keeps the accepted
 path (see `PagedKVCache.keep_path`)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -47,6 +48,7 @@ class TokenSeq:
 @dataclass
 class BatchPlan:
     """Inputs of one iteration, built once and shared by every layer."""
+
     input_ids: torch.Tensor  # [N]
     positions: torch.Tensor  # [N]
     write_slots: torch.Tensor  # [N] flat cache slot (block * block_size + row) of each token's K/V
@@ -63,8 +65,9 @@ class BatchPlan:
     tree_masks: list[torch.Tensor | None] | None = None
 
 
-def plan_batch(cache, batch, device, *, all_logits: bool = False,
-               trees: list[tuple[list[int], torch.Tensor] | None] | None = None) -> BatchPlan:
+def plan_batch(
+    cache, batch, device, *, all_logits: bool = False, trees: list[tuple[list[int], torch.Tensor] | None] | None = None
+) -> BatchPlan:
     """batch: [(seq, q)] with seq.tokens, seq.computed, seq.block_table (already grown to
     computed + q tokens). Reads go by whole blocks (no per-token index lists).
 
@@ -79,7 +82,7 @@ def plan_batch(cache, batch, device, *, all_logits: bool = False,
     for i, (seq, q) in enumerate(batch):
         c = seq.computed
         bt = seq.block_table
-        ids.extend(seq.tokens[c:c + q])
+        ids.extend(seq.tokens[c : c + q])
         tree = trees[i] if trees is not None else None
         if tree is None:
             pos.extend(range(c, c + q))
@@ -111,15 +114,16 @@ def plan_batch(cache, batch, device, *, all_logits: bool = False,
             ar = torch.arange(width * bs, device=device)
             plan.read_mask = (ar[None, :] < lens[:, None])[:, None, None, :]
     else:
-        plan.seq_blocks = [t(seq.block_table[:-(-(c + q) // bs)]) for (seq, q), c in zip(batch, ctx_lens)]
+        plan.seq_blocks = [t(seq.block_table[: -(-(c + q) // bs)]) for (seq, q), c in zip(batch, ctx_lens)]
     return plan
 
 
 class PagedAttention:
     """Attention of one layer over the paged cache."""
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
-                 sliding_window: int | None = None):
+    def __init__(
+        self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, sliding_window: int | None = None
+    ):
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.groups = num_heads // num_kv_heads
         self.scale = scale
@@ -128,14 +132,16 @@ class PagedAttention:
     def _sdpa(self, q, k, v, mask=None, is_causal=False):
         if self.groups > 1:
             if _GQA:
-                return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=self.scale,
-                                                      enable_gqa=True)
+                return F.scaled_dot_product_attention(
+                    q, k, v, attn_mask=mask, is_causal=is_causal, scale=self.scale, enable_gqa=True
+                )
             k = k.repeat_interleave(self.groups, dim=-3)
             v = v.repeat_interleave(self.groups, dim=-3)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=self.scale)
 
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache, layer: int,
-                 plan: BatchPlan) -> torch.Tensor:
+    def __call__(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache, layer: int, plan: BatchPlan
+    ) -> torch.Tensor:
         """q [N, H, D], k/v [N, KVH, D] of this iteration's tokens -> [N, H * D]."""
         kf, vf = cache.flat(layer)
         kf.index_copy_(0, plan.write_slots, k.to(kf.dtype))
@@ -158,7 +164,7 @@ class PagedAttention:
         outs = []
         start = 0
         for i, (ql, c) in enumerate(zip(plan.q_lens, plan.ctx_lens)):
-            qi = q[start:start + ql].transpose(0, 1)[None]  # [1, H, q, D]
+            qi = q[start : start + ql].transpose(0, 1)[None]  # [1, H, q, D]
             total = c + ql
             blocks = plan.seq_blocks[i]
             kb, vb = cache.k[layer], cache.v[layer]
@@ -202,7 +208,7 @@ class LlamaRunner:
     @staticmethod
     def _rotate_half(x):
         x1 = x[..., : x.shape[-1] // 2]
-        x2 = x[..., x.shape[-1] // 2:]
+        x2 = x[..., x.shape[-1] // 2 :]
         return torch.cat((-x2, x1), dim=-1)
 
     @torch.inference_mode()

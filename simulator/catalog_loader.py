@@ -2,6 +2,7 @@
 
 A name may be a catalog entry (file stem, the `name` field, or an alias; case-insensitive)
 or a path to a file."""
+
 from __future__ import annotations
 
 from functools import lru_cache

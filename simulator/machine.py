@@ -1,5 +1,6 @@
 """What machine this is, for the headers of measured results (torch-free, so the simulator's
 reports can say it too)."""
+
 from __future__ import annotations
 
 import os

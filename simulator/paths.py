@@ -1,4 +1,5 @@
 """Where the built-in data lives, in a source checkout or an installed package alike."""
+
 from __future__ import annotations
 
 import importlib.resources
@@ -24,4 +25,3 @@ def models_dir() -> Path:
 
 def catalog_dir() -> Path:
     return _package_dir("infersim.simulator") / "catalog"
-

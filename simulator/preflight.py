@@ -2,6 +2,7 @@
 the single-value rules of `validation.py`: the names it gives exist, tensor parallelism splits
 the model, the requests fit in memory. They read the catalogs and registries, so they sit above
 them (validation.py is the leaf every schema uses)."""
+
 from __future__ import annotations
 
 from .costmodel import workload_cost_model
@@ -25,8 +26,15 @@ from .workload.schema import WorkloadSpec
 from .yamlio import validate
 
 
-def check_workload(spec, source: str, *, allow_large: bool = False, parallel: int = 1, what: str = "",
-                   flags: dict[str, str] | None = None) -> None:
+def check_workload(
+    spec,
+    source: str,
+    *,
+    allow_large: bool = False,
+    parallel: int = 1,
+    what: str = "",
+    flags: dict[str, str] | None = None,
+) -> None:
     """Everything a resolved workload must satisfy before it is simulated or executed, beyond
     its schema: the names it gives exist (model, hardware profile, dtypes, policies, router,
     cost model), the seed is in range, tensor parallelism splits the model, and the requests
@@ -37,21 +45,25 @@ def check_workload(spec, source: str, *, allow_large: bool = False, parallel: in
     in_field(source, "hardware.profile", load_hardware, hw.profile)
     if hw.host_link is not None:
         in_field(source, "hardware.host_link", load_hardware, hw.profile, host_link=hw.host_link)
-    for field, get, name in (("serving.dtype", normalize_dtype, sv.dtype),
-                             ("serving.kv_dtype", normalize_dtype, sv.kv_dtype or sv.dtype),
-                             ("serving.scheduler", SCHEDULERS.get, sv.scheduler),
-                             ("serving.preemption", PREEMPTION_POLICIES.get, sv.preemption),
-                             ("hardware.router", ROUTERS.get, hw.router),
-                             ("serving.cost_model", workload_cost_model, sv.cost_model)):
+    for field, get, name in (
+        ("serving.dtype", normalize_dtype, sv.dtype),
+        ("serving.kv_dtype", normalize_dtype, sv.kv_dtype or sv.dtype),
+        ("serving.scheduler", SCHEDULERS.get, sv.scheduler),
+        ("serving.preemption", PREEMPTION_POLICIES.get, sv.preemption),
+        ("hardware.router", ROUTERS.get, hw.router),
+        ("serving.cost_model", workload_cost_model, sv.cost_model),
+    ):
         in_field(source, field, get, name)
     check_seed(spec.seed, "seed", source)
     check_tensor_parallel(model, hw.tensor_parallel, source=source)
     max_model_len = sv.max_model_len or model.max_position_embeddings
     if not sv.chunked_prefill and sv.max_batched_tokens is not None and sv.max_batched_tokens < max_model_len:
         # without chunking a prompt is prefilled in one iteration (vLLM refuses the same setting)
-        raise InfersimError(f"{source}: field 'serving.max_batched_tokens': {sv.max_batched_tokens} is smaller than "
-                            f"max_model_len {max_model_len}; raise it, lower serving.max_model_len or set "
-                            f"chunked_prefill: true")
+        raise InfersimError(
+            f"{source}: field 'serving.max_batched_tokens': {sv.max_batched_tokens} is smaller than "
+            f"max_model_len {max_model_len}; raise it, lower serving.max_model_len or set "
+            f"chunked_prefill: true"
+        )
     n = expected_requests(spec)
     field = "requests.count" if spec.requests.count is not None and n >= spec.requests.count else "requests.duration_s"
     if BYTES_PER_REPLICA * hw.replicas > BYTES_PER_REQUEST * n:
@@ -59,8 +71,11 @@ def check_workload(spec, source: str, *, allow_large: bool = False, parallel: in
     runs = f" x {parallel} parallel simulations" if parallel > 1 else ""
     on = f" on {hw.replicas:,} replicas" if hw.replicas > 1 else ""
     by = f" (set by {flags[field]})" if field in (flags or {}) else ""
-    check_memory(simulation_bytes(n, parallel, hw.replicas),
-                 what or f"{source}: field '{field}'{by}: {n:,.0f} requests{on}{runs}", allow_large)
+    check_memory(
+        simulation_bytes(n, parallel, hw.replicas),
+        what or f"{source}: field '{field}'{by}: {n:,.0f} requests{on}{runs}",
+        allow_large,
+    )
 
 
 def revalidate(spec, source: str):

@@ -1,5 +1,6 @@
 """The one progress bar every long command shows: a rich bar with a label, done/total, a line
 of fields and the elapsed time; with `quiet`, nothing at all (so callers never branch on it)."""
+
 from __future__ import annotations
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -10,8 +11,17 @@ class ProgressBar:
     fields (`{task.fields[note]}`), shown between the count and the elapsed time; a transient
     bar vanishes when done."""
 
-    def __init__(self, title: str, /, *, quiet: bool = False, total: int | None = None, fields: str = "",
-                 transient: bool = False, **initial):
+    def __init__(
+        self,
+        title: str,
+        /,
+        *,
+        quiet: bool = False,
+        total: int | None = None,
+        fields: str = "",
+        transient: bool = False,
+        **initial,
+    ):
         self.title, self.quiet, self.total, self.fields = title, quiet, total, fields
         self.transient, self.initial = transient, initial
         self._p: Progress | None = None

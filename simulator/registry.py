@@ -1,4 +1,5 @@
 """Registries keyed by name, so YAML can name pluggable parts (policies, routers, cost models)."""
+
 from __future__ import annotations
 
 import re
@@ -27,6 +28,7 @@ class Registry(Generic[T]):
             self._items[name_key(name)] = obj
             self._names[name_key(name)] = name
             return obj
+
         return deco
 
     def get(self, name: str) -> T:

@@ -2,6 +2,7 @@
 workload spec; runs on SimPy; returns a `SimulationResult`. It sits above the engine (the
 serving loop) and the features that extend it (speculation, offload), choosing the Replica
 class a workload's sections ask for."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -42,9 +43,16 @@ class SimulationResult:
 
 
 class Simulation:
-    def __init__(self, spec: WorkloadSpec, requests: Requests, *, step_mode: bool = False,
-                 series_path: Path | None = None, progress: Callable[[int, int, float], None] | None = None,
-                 source: str = "workload"):
+    def __init__(
+        self,
+        spec: WorkloadSpec,
+        requests: Requests,
+        *,
+        step_mode: bool = False,
+        series_path: Path | None = None,
+        progress: Callable[[int, int, float], None] | None = None,
+        source: str = "workload",
+    ):
         self.spec, self.requests, self.step_mode, self.progress = spec, requests, step_mode, progress
         hw_sec, sv = spec.hardware, spec.serving
         self.model = load_model(spec.model)
@@ -55,16 +63,27 @@ class Simulation:
         max_model_len = sv.max_model_len or self.model.max_position_embeddings
         max_batched = sv.max_batched_tokens or (2048 if sv.chunked_prefill else max(max_model_len, 2048))
         self.limits = SchedulerLimits(sv.max_batch_size, max_batched, max_model_len, sv.chunked_prefill)
-        self.cost_model = build_cost_model(sv.cost_model, self.model, self.hardware, dtype=dtype, kv_dtype=kv_dtype,
-                                           tensor_parallel=tp)
+        self.cost_model = build_cost_model(
+            sv.cost_model, self.model, self.hardware, dtype=dtype, kv_dtype=kv_dtype, tensor_parallel=tp
+        )
         if spec.offload is not None:
             # KV lives in host memory: the GPU-only plan would reject models that offload weights too
             from .offload.replica import offload_memory_plan
 
             self.memory = offload_memory_plan(self)
         else:
-            opts = MemoryOptions(sv.block_size, dtype, kv_dtype, tp, sv.gpu_memory_utilization, sv.swap_space_gb,
-                                 max_batched, sv.max_batch_size, gpu_blocks=sv.gpu_blocks, cpu_blocks=sv.cpu_blocks)
+            opts = MemoryOptions(
+                sv.block_size,
+                dtype,
+                kv_dtype,
+                tp,
+                sv.gpu_memory_utilization,
+                sv.swap_space_gb,
+                max_batched,
+                sv.max_batch_size,
+                gpu_blocks=sv.gpu_blocks,
+                cpu_blocks=sv.cpu_blocks,
+            )
             self.memory = plan_memory(self.model, self.hardware, opts, source=source)
         # vLLM 0.2-0.5 keep a K and a V tensor per layer and swap block by block with one
         # cudaMemcpyAsync each (cache_ops.swap_blocks), per GPU: 2 x layers copies per block
@@ -74,10 +93,15 @@ class Simulation:
         self.extra: dict = {}
         replica_cls = self._replica_class()
         self.replicas = [
-            replica_cls(i, self,
-                        BlockManager(self.memory.gpu_blocks, self.memory.cpu_blocks, sv.block_size, sv.watermark),
-                        build_scheduler(sv.scheduler, sv.preemption), self.limits, self.memory.kv_bytes_per_block,
-                        simpy.Resource(self.env, capacity=1))
+            replica_cls(
+                i,
+                self,
+                BlockManager(self.memory.gpu_blocks, self.memory.cpu_blocks, sv.block_size, sv.watermark),
+                build_scheduler(sv.scheduler, sv.preemption),
+                self.limits,
+                self.memory.kv_bytes_per_block,
+                simpy.Resource(self.env, capacity=1),
+            )
             for i in range(hw_sec.replicas)
         ]
         self.router = ROUTERS.get(hw_sec.router)(hw_sec.replicas)
@@ -165,8 +189,16 @@ class Simulation:
         series = self.metrics.close_series()
         for rep in self.replicas:
             rep.report(self.extra)
-        return SimulationResult(self.spec, self.metrics.requests_table(), series, self.metrics, self.memory,
-                                float(self.env.now), self.resolved(), self.extra)
+        return SimulationResult(
+            self.spec,
+            self.metrics.requests_table(),
+            series,
+            self.metrics,
+            self.memory,
+            float(self.env.now),
+            self.resolved(),
+            self.extra,
+        )
 
     def resolved(self) -> dict:
         """Everything the run used, defaults included."""
@@ -174,11 +206,14 @@ class Simulation:
             "workload": self.spec.model_dump(mode="json"),
             "model": self.model.summary(self.spec.serving.dtype),
             "hardware": self.hardware.model_dump(mode="json"),
-            "memory": {"gpu_blocks": self.memory.gpu_blocks, "cpu_blocks": self.memory.cpu_blocks,
-                       "kv_bytes_per_block": self.memory.kv_bytes_per_block,
-                       "weight_bytes_per_gpu": self.memory.weight_bytes_per_gpu,
-                       "activation_bytes_per_gpu": self.memory.activation_bytes_per_gpu,
-                       "blocks_source": self.memory.source},
+            "memory": {
+                "gpu_blocks": self.memory.gpu_blocks,
+                "cpu_blocks": self.memory.cpu_blocks,
+                "kv_bytes_per_block": self.memory.kv_bytes_per_block,
+                "weight_bytes_per_gpu": self.memory.weight_bytes_per_gpu,
+                "activation_bytes_per_gpu": self.memory.activation_bytes_per_gpu,
+                "blocks_source": self.memory.source,
+            },
             "limits": self.limits.__dict__,
             "step_mode": self.step_mode,
             "num_requests": self.total,

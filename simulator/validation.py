@@ -5,6 +5,7 @@ Schemas call these rules through pydantic (`STRICT_CONFIG` refuses NaN and infin
 float field); commands call them for their flags and, through `check_workload`, for the whole
 resolved workload before any simulation starts. Each failure is one `InfersimError` line naming
 the file or flag and the field."""
+
 from __future__ import annotations
 
 import math
@@ -55,8 +56,9 @@ def positive_int(value: int, field: str, source: str = "") -> int:
 
 def check_seed(seed: int, field: str = "seed", source: str = "") -> int:
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
-        raise InfersimError(f"{source_field(source, field)}: a seed is a whole number from 0 to {MAX_SEED}, "
-                            f"got {seed!r}")
+        raise InfersimError(
+            f"{source_field(source, field)}: a seed is a whole number from 0 to {MAX_SEED}, " f"got {seed!r}"
+        )
     return seed
 
 
@@ -80,12 +82,14 @@ def check_tensor_parallel(model, tp: int, field: str = "hardware.tensor_parallel
     where = source_field(source, field)
     positive_int(tp, field, source)
     if model.num_heads % tp:
-        raise InfersimError(f"{where}: tensor parallel {tp} does not divide {model.name}'s {model.num_heads} "
-                            f"attention heads")
+        raise InfersimError(
+            f"{where}: tensor parallel {tp} does not divide {model.name}'s {model.num_heads} " f"attention heads"
+        )
     kv = model.kv_heads
     if kv % tp and tp % kv:
-        raise InfersimError(f"{where}: tensor parallel {tp} neither divides {model.name}'s {kv} KV heads nor is "
-                            f"a multiple of them")
+        raise InfersimError(
+            f"{where}: tensor parallel {tp} neither divides {model.name}'s {kv} KV heads nor is " f"a multiple of them"
+        )
     return tp
 
 
@@ -129,8 +133,10 @@ def check_memory(estimate_bytes: float, what: str, allow: bool = False) -> None:
         return
     avail = available_memory_bytes()
     if estimate_bytes > avail:
-        raise InfersimError(f"{what} would need about {_gb(estimate_bytes)} of memory, more than the {_gb(avail)} "
-                            f"available; make it smaller, or pass {MEMORY_FLAG} to try anyway")
+        raise InfersimError(
+            f"{what} would need about {_gb(estimate_bytes)} of memory, more than the {_gb(avail)} "
+            f"available; make it smaller, or pass {MEMORY_FLAG} to try anyway"
+        )
 
 
 def simulation_bytes(n_requests: float, parallel: int = 1, replicas: int = 1) -> float:
@@ -166,9 +172,16 @@ def arrivals_notice(spec, n_requests: int) -> str | None:
     """The documented count + duration_s rule: arrivals stop at whichever limit comes first.
     When duration_s stopped them before `count`, a notice says so (the command prints it)."""
     r = spec.requests
-    if r.count is None or r.duration_s is None or n_requests >= r.count or r.arrival is not None and \
-            r.arrival.type == "closed_loop":
+    if (
+        r.count is None
+        or r.duration_s is None
+        or n_requests >= r.count
+        or r.arrival is not None
+        and r.arrival.type == "closed_loop"
+    ):
         return None
-    return (f"notice: requests.duration_s {r.duration_s:g} s ended arrivals after {n_requests:,} of the "
-            f"{r.count:,} requests of requests.count (arrivals stop at whichever limit comes first; raise "
-            f"duration_s or the rate for more)")
+    return (
+        f"notice: requests.duration_s {r.duration_s:g} s ended arrivals after {n_requests:,} of the "
+        f"{r.count:,} requests of requests.count (arrivals stop at whichever limit comes first; raise "
+        f"duration_s or the rate for more)"
+    )

@@ -1,4 +1,5 @@
 """Reading YAML/JSON data files into pydantic models with one-line errors, and atomic writes."""
+
 from __future__ import annotations
 
 import json

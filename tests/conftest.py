@@ -4,6 +4,7 @@ A test that needs an optional part carries its marker and is skipped only where 
 absent: `torch` (PyTorch, transformers and tokenizers: the executor), `browser` (a Chromium
 binary), `cuda` (a CUDA device). `slow` marks the end-to-end runs (`-m "not slow"` leaves them
 out while iterating). The README's test command installs every part, so CI runs them all."""
+
 import importlib.util
 import os
 

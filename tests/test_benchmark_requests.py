@@ -1,5 +1,6 @@
 """The speed benchmark's requests are vidur's: the committed file is what vidur_requests() makes
 from the shipped Azure conversation trace, with vidur's trim and Poisson draw."""
+
 from __future__ import annotations
 
 import importlib.util

@@ -1,4 +1,5 @@
 """CI runs exactly the README's test command, and a run that collects no tests fails it."""
+
 from __future__ import annotations
 
 import re
@@ -27,6 +28,10 @@ def test_ci_runs_the_readme_test_command_and_fails_with_it():
 def test_a_run_that_collects_no_tests_is_not_a_success(tmp_path):
     """pytest exits 5 when it collects nothing: a non-zero status, so `.ci/run` (set -e) fails."""
     (tmp_path / "test_nothing.py").write_text("")
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
-                          cwd=tmp_path, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 5, done.stdout

@@ -1,8 +1,10 @@
 """The installed layout: one import name over the repository's top-level folders."""
+
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 MAPPED = {"simulator", "executor", "analysis", "hwprofiles", "traces"}
@@ -15,7 +17,8 @@ def _pyproject() -> dict:
 def test_every_code_folder_is_listed_under_infersim():
     on_disk = {"infersim", "infersim.cli"} | {
         "infersim." + ".".join(p.parent.relative_to(ROOT).parts)
-        for top in MAPPED for p in (ROOT / top).rglob("__init__.py")
+        for top in MAPPED
+        for p in (ROOT / top).rglob("__init__.py")
     }
     listed = set(_pyproject()["tool"]["setuptools"]["packages"])
     assert listed == on_disk

@@ -1,4 +1,5 @@
 """Factories and checks the test modules share (imported as `tests.utils`)."""
+
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -10,29 +11,49 @@ def small_workload_spec(**serving):
     few dozen requests; keyword arguments override the serving section."""
     from infersim.simulator.workload.schema import WorkloadSpec
 
-    return WorkloadSpec.model_validate({
-        "name": "small",
-        "model": "opt-1.3b",
-        "hardware": {"profile": "a100-80gb-pcie"},
-        "serving": {"gpu_blocks": 48, "cpu_blocks": 24, "block_size": 16, **serving},
-        "requests": {"count": 60, "arrival": {"type": "poisson", "rate": 200.0},
-                     "prompt_tokens": {"type": "lognormal", "mean": 60, "cv": 0.8, "max": 300},
-                     "output_tokens": {"type": "lognormal", "mean": 40, "cv": 0.8, "max": 200}},
-        "seed": 3,
-    })
+    return WorkloadSpec.model_validate(
+        {
+            "name": "small",
+            "model": "opt-1.3b",
+            "hardware": {"profile": "a100-80gb-pcie"},
+            "serving": {"gpu_blocks": 48, "cpu_blocks": 24, "block_size": 16, **serving},
+            "requests": {
+                "count": 60,
+                "arrival": {"type": "poisson", "rate": 200.0},
+                "prompt_tokens": {"type": "lognormal", "mean": 60, "cv": 0.8, "max": 300},
+                "output_tokens": {"type": "lognormal", "mean": 40, "cv": 0.8, "max": 200},
+            },
+            "seed": 3,
+        }
+    )
 
 
-def zoo_workload(name: str, *, max_batch_size: int, rate: float, output_tokens: tuple[int, int], seed: int,
-                 speculation: dict | None = None, count: int = 6) -> dict:
+def zoo_workload(
+    name: str,
+    *,
+    max_batch_size: int,
+    rate: float,
+    output_tokens: tuple[int, int],
+    seed: int,
+    speculation: dict | None = None,
+    count: int = 6,
+) -> dict:
     """A small `sim exec` workload on the zoo target: `count` requests with uniform 20-60-token
     prompts, as a dict ready for write_yaml."""
     low, high = output_tokens
-    wl = {"name": name, "model": "zoo-target", "hardware": {"profile": "a100-80gb-pcie"},
-          "serving": {"max_batch_size": max_batch_size},
-          "requests": {"count": count, "arrival": {"type": "poisson", "rate": rate},
-                       "prompt_tokens": {"type": "uniform", "low": 20, "high": 60},
-                       "output_tokens": {"type": "uniform", "low": low, "high": high}},
-          "seed": seed}
+    wl = {
+        "name": name,
+        "model": "zoo-target",
+        "hardware": {"profile": "a100-80gb-pcie"},
+        "serving": {"max_batch_size": max_batch_size},
+        "requests": {
+            "count": count,
+            "arrival": {"type": "poisson", "rate": rate},
+            "prompt_tokens": {"type": "uniform", "low": 20, "high": 60},
+            "output_tokens": {"type": "uniform", "low": low, "high": high},
+        },
+        "seed": seed,
+    }
     if speculation is not None:
         wl["speculation"] = speculation
     return wl

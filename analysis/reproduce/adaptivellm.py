@@ -23,6 +23,7 @@ overhead, and a swap-only study (vLLM_s variants: what a full CPU pool does). Wr
 
 --quick runs one model, one dataset, max output 64 (the five configurations only) and writes
 <out>/adaptivellm_quick.* so the full study's files are left alone."""
+
 from __future__ import annotations
 
 import argparse
@@ -68,8 +69,14 @@ LABELS = {
     "recompute_fairness": "recompute+fairness",
     "vllm_s_tail": "vLLM_s, tail waits (fcfs+swap_tail)",
 }
-SHORT = {"vllm": "vLLM", "vllm_s": "vLLM_s", "cost_aware_fcfs": "CA+FCFS", "cost_aware_fairness": "CA+fair",
-         "recompute_fairness": "RC+fair", "vllm_s_tail": "vLLM_s tail"}
+SHORT = {
+    "vllm": "vLLM",
+    "vllm_s": "vLLM_s",
+    "cost_aware_fcfs": "CA+FCFS",
+    "cost_aware_fairness": "CA+fair",
+    "recompute_fairness": "RC+fair",
+    "vllm_s_tail": "vLLM_s tail",
+}
 MODELS = {"opt-13b": "OPT-13B", "opt-30b": "OPT-30B", "llama-13b": "Llama-13B", "llama-33b": "Llama-32.5B"}
 DATASETS = ("chatbot", "alpaca", "summary")
 MAX_OUTPUTS = (64, 128, 192, 256)
@@ -87,21 +94,32 @@ BASE_HW = "a800-80gb-pcie"
 
 # AdaptiveLLM Table 3: throughput speedup of AdaptiveLLM over vLLM / over vLLM_s, max output 64
 PAPER_TABLE3 = {
-    ("opt-13b", "chatbot"): (1.38, 2.46), ("opt-13b", "alpaca"): (1.36, 2.55), ("opt-13b", "summary"): (1.15, 2.50),
-    ("opt-30b", "chatbot"): (1.27, 1.98), ("opt-30b", "alpaca"): (1.22, 1.99), ("opt-30b", "summary"): (1.11, 1.64),
-    ("llama-13b", "chatbot"): (1.28, 2.28), ("llama-13b", "alpaca"): (1.40, 2.37),
+    ("opt-13b", "chatbot"): (1.38, 2.46),
+    ("opt-13b", "alpaca"): (1.36, 2.55),
+    ("opt-13b", "summary"): (1.15, 2.50),
+    ("opt-30b", "chatbot"): (1.27, 1.98),
+    ("opt-30b", "alpaca"): (1.22, 1.99),
+    ("opt-30b", "summary"): (1.11, 1.64),
+    ("llama-13b", "chatbot"): (1.28, 2.28),
+    ("llama-13b", "alpaca"): (1.40, 2.37),
     ("llama-13b", "summary"): (1.17, 2.12),
-    ("llama-33b", "chatbot"): (1.28, 1.95), ("llama-33b", "alpaca"): (1.23, 2.13),
+    ("llama-33b", "chatbot"): (1.28, 1.95),
+    ("llama-33b", "alpaca"): (1.23, 2.13),
     ("llama-33b", "summary"): (1.09, 2.18),
 }
 # AdaptiveLLM Table 4 (thousands, max output 64): AdaptiveLLM recompute, AdaptiveLLM swap,
 # vLLM recompute, vLLM_s swap. The paper has no Llama-32.5B-summary row.
 PAPER_TABLE4 = {
-    ("opt-13b", "chatbot"): (0.11, 1.13, 1.77, 0.78), ("opt-13b", "alpaca"): (0.10, 1.17, 1.82, 0.99),
-    ("opt-13b", "summary"): (0.10, 0.56, 0.58, 0.26), ("opt-30b", "chatbot"): (0.08, 1.10, 1.64, 0.68),
-    ("opt-30b", "alpaca"): (0.10, 1.05, 1.61, 0.59), ("opt-30b", "summary"): (0.09, 0.43, 0.47, 0.32),
-    ("llama-13b", "chatbot"): (0.12, 1.02, 1.57, 0.83), ("llama-13b", "alpaca"): (0.08, 1.03, 1.55, 0.87),
-    ("llama-13b", "summary"): (0.15, 0.55, 0.57, 0.36), ("llama-33b", "chatbot"): (0.07, 1.04, 1.53, 0.20),
+    ("opt-13b", "chatbot"): (0.11, 1.13, 1.77, 0.78),
+    ("opt-13b", "alpaca"): (0.10, 1.17, 1.82, 0.99),
+    ("opt-13b", "summary"): (0.10, 0.56, 0.58, 0.26),
+    ("opt-30b", "chatbot"): (0.08, 1.10, 1.64, 0.68),
+    ("opt-30b", "alpaca"): (0.10, 1.05, 1.61, 0.59),
+    ("opt-30b", "summary"): (0.09, 0.43, 0.47, 0.32),
+    ("llama-13b", "chatbot"): (0.12, 1.02, 1.57, 0.83),
+    ("llama-13b", "alpaca"): (0.08, 1.03, 1.55, 0.87),
+    ("llama-13b", "summary"): (0.15, 0.55, 0.57, 0.36),
+    ("llama-33b", "chatbot"): (0.07, 1.04, 1.53, 0.20),
     ("llama-33b", "alpaca"): (0.10, 1.00, 1.57, 0.55),
 }
 QUICK_MODEL, QUICK_DATASET = "opt-13b", "chatbot"
@@ -111,9 +129,20 @@ _COL = {c: i for i, c in enumerate(SERIES_COLUMNS)}
 
 # ---- one simulation ---------------------------------------------------------------------
 def task(study: str, model: str, dataset: str, max_output: int, config: str, **extra) -> dict:
-    t = {"study": study, "model": model, "dataset": dataset, "max_output": int(max_output), "config": config,
-         "max_batch_size": DEFAULT_MAX_BATCH, "cpu_blocks": None, "link_scale": 1.0, "iteration_ms": 0.0,
-         "copy_us": None, "count": None, "hw_path": None}
+    t = {
+        "study": study,
+        "model": model,
+        "dataset": dataset,
+        "max_output": int(max_output),
+        "config": config,
+        "max_batch_size": DEFAULT_MAX_BATCH,
+        "cpu_blocks": None,
+        "link_scale": 1.0,
+        "iteration_ms": 0.0,
+        "copy_us": None,
+        "count": None,
+        "hw_path": None,
+    }
     t.update(extra)
     return t
 
@@ -143,30 +172,39 @@ def simulate_point(t: dict) -> dict:
     sim = Simulation(spec, build_requests(spec, path))
     res = sim.run()
     s = summarize(res)
-    row = {k: t[k] for k in ("study", "model", "dataset", "max_output", "config", "max_batch_size", "link_scale",
-                             "iteration_ms")}
-    row["copy_us"] = float(t["copy_us"]) if t.get("copy_us") is not None else float(sim.hardware.host_link.copy_issue_us)
+    row = {
+        k: t[k]
+        for k in ("study", "model", "dataset", "max_output", "config", "max_batch_size", "link_scale", "iteration_ms")
+    }
+    row["copy_us"] = (
+        float(t["copy_us"]) if t.get("copy_us") is not None else float(sim.hardware.host_link.copy_issue_us)
+    )
     row["scheduler"], row["preemption"] = ALL_CONFIGS[t["config"]]
     row["cpu_blocks"] = s["cpu_blocks"]
     row["gpu_blocks"] = s["gpu_blocks"]
     p = s["preemptions"]
     req = res.requests
-    row.update({
-        "requests": s["requests"], "finished": s["finished"], "aborted": s["aborted"],
-        "makespan_s": s["makespan_s"],
-        "throughput_tok_s": s["throughput_output_tokens_per_s"],
-        "throughput_req_s": s["throughput_req_per_s"],
-        "preempt_recompute": p["recompute"], "preempt_swap": p["swap"],
-        "preempt_forced": p["recompute_forced_by_full_cpu"],
-        "preempted_requests": int(((req["preempt_recompute"] + req["preempt_swap"]) > 0).sum()),
-        "weighted_turnaround_mean": s["weighted_turnaround"]["mean"],
-        "weighted_turnaround_p50": s["weighted_turnaround"]["p50"],
-        "normalized_latency_mean_s": s["normalized_latency_s"]["mean"],
-        "e2e_mean_s": s["e2e_s"]["mean"],
-        "queueing_mean_s": s["queueing_s"]["mean"],
-        "mean_batch": s["batch_size"]["mean_busy"],
-        "swap_gb": (s["swap_out_bytes"] + s["swap_in_bytes"]) / 1e9,
-    })
+    row.update(
+        {
+            "requests": s["requests"],
+            "finished": s["finished"],
+            "aborted": s["aborted"],
+            "makespan_s": s["makespan_s"],
+            "throughput_tok_s": s["throughput_output_tokens_per_s"],
+            "throughput_req_s": s["throughput_req_per_s"],
+            "preempt_recompute": p["recompute"],
+            "preempt_swap": p["swap"],
+            "preempt_forced": p["recompute_forced_by_full_cpu"],
+            "preempted_requests": int(((req["preempt_recompute"] + req["preempt_swap"]) > 0).sum()),
+            "weighted_turnaround_mean": s["weighted_turnaround"]["mean"],
+            "weighted_turnaround_p50": s["weighted_turnaround"]["p50"],
+            "normalized_latency_mean_s": s["normalized_latency_s"]["mean"],
+            "e2e_mean_s": s["e2e_s"]["mean"],
+            "queueing_mean_s": s["queueing_s"]["mean"],
+            "mean_batch": s["batch_size"]["mean_busy"],
+            "swap_gb": (s["swap_out_bytes"] + s["swap_in_bytes"]) / 1e9,
+        }
+    )
     row.update(_breakdown(res, s))
     row["wall_s"] = time.perf_counter() - wall
     return row
@@ -194,8 +232,9 @@ def _breakdown(res, s: dict) -> dict:
         "transfer_time_s": max(0.0, float(res.sim_time_s) - float(dur.sum())),
         "mean_decode_batch": float(np.average(S[~pf, _COL["batch_size"]], weights=dec_w)) if dec_w.sum() else 0.0,
         "frac_swapped_nonempty": float(dur[S[:, _COL["swapped"]] > 0].sum()) / busy,
-        "frac_cpu_full": (float(dur[S[:, _COL["cpu_blocks_used"]] >= 0.9 * cpu_total].sum()) / busy
-                          if cpu_total else 0.0),
+        "frac_cpu_full": (
+            float(dur[S[:, _COL["cpu_blocks_used"]] >= 0.9 * cpu_total].sum()) / busy if cpu_total else 0.0
+        ),
     }
 
 
@@ -217,10 +256,22 @@ def cost_table(models=tuple(MODELS), tokens=(32, 80, 160, 272, 400)) -> pd.DataF
             swap = cm.kv_transfer_time_s(nbytes, "d2h", copies) + cm.kv_transfer_time_s(nbytes, "h2d", copies)
             bw_only = cm.transfer_time_s(nbytes, "d2h") + cm.transfer_time_s(nbytes, "h2d")
             rec = cm.prefill_time_s(n)
-            rows.append({"model": m, "tokens": n, "blocks": blocks, "kv_mb": nbytes / 1e6, "copies": copies,
-                         "copy_kb": kvb / per_block / 1e3, "swap_ms": swap * 1e3, "swap_bw_only_ms": bw_only * 1e3,
-                         "achieved_gbps": 2 * nbytes / swap / 1e9, "recompute_ms": rec * 1e3,
-                         "swap_over_recompute": swap / rec, "decode_step_b32_ms": step * 1e3})
+            rows.append(
+                {
+                    "model": m,
+                    "tokens": n,
+                    "blocks": blocks,
+                    "kv_mb": nbytes / 1e6,
+                    "copies": copies,
+                    "copy_kb": kvb / per_block / 1e3,
+                    "swap_ms": swap * 1e3,
+                    "swap_bw_only_ms": bw_only * 1e3,
+                    "achieved_gbps": 2 * nbytes / swap / 1e9,
+                    "recompute_ms": rec * 1e3,
+                    "swap_over_recompute": swap / rec,
+                    "decode_step_b32_ms": step * 1e3,
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -231,7 +282,7 @@ def plan(quick: bool = False) -> list[dict]:
     datasets = (QUICK_DATASET,) if quick else DATASETS
     for m in models:
         for ds in datasets:
-            for mo in ((64,) if quick else MAX_OUTPUTS):
+            for mo in (64,) if quick else MAX_OUTPUTS:
                 for c in CONFIGS:
                     tasks.append(task("main", m, ds, mo, c))
     if quick:
@@ -263,10 +314,17 @@ def _hardware_variants(tasks: list[dict], folder: Path) -> None:
         if t["link_scale"] == 1.0 and t["iteration_ms"] == 0.0 and t["copy_us"] is None:
             continue
         copy_us = base["host_link"]["copy_issue_us"] if t["copy_us"] is None else float(t["copy_us"])
-        p = {**base, "aliases": [],
-             "name": f"{BASE_HW}-link{t['link_scale']:g}-iter{t['iteration_ms']:g}ms-copy{copy_us:g}us"}
-        p["host_link"] = {**base["host_link"], "h2d_gbps": base["host_link"]["h2d_gbps"] * t["link_scale"],
-                          "d2h_gbps": base["host_link"]["d2h_gbps"] * t["link_scale"], "copy_issue_us": copy_us}
+        p = {
+            **base,
+            "aliases": [],
+            "name": f"{BASE_HW}-link{t['link_scale']:g}-iter{t['iteration_ms']:g}ms-copy{copy_us:g}us",
+        }
+        p["host_link"] = {
+            **base["host_link"],
+            "h2d_gbps": base["host_link"]["h2d_gbps"] * t["link_scale"],
+            "d2h_gbps": base["host_link"]["d2h_gbps"] * t["link_scale"],
+            "copy_issue_us": copy_us,
+        }
         p["overheads"] = {**base["overheads"], "iteration_us": t["iteration_ms"] * 1e3}
         f = folder / f"{p['name']}.yaml"
         if not f.exists():
@@ -302,8 +360,15 @@ def run_all(tasks: list[dict], jobs: int) -> pd.DataFrame:
     # longest first: fairness re-plans every step, and long outputs mean more steps
     order = sorted(tasks, key=lambda t: (not t["config"].endswith("fairness"), -t["max_output"]))
     rows = []
-    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-               TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[last]}"))
+    columns = (
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("eta"),
+        TimeRemainingColumn(),
+        TextColumn("{task.fields[last]}"),
+    )
     with Progress(*columns) as bar:
         pid = bar.add_task("AdaptiveLLM configurations", total=len(order), last="")
         if jobs <= 1:
@@ -317,14 +382,40 @@ def run_all(tasks: list[dict], jobs: int) -> pd.DataFrame:
                     rows.append(fut.result())
                     bar.update(pid, advance=1, last=_label(futures[fut]))
     df = pd.DataFrame(rows)
-    keys = ["study", "model", "dataset", "max_output", "max_batch_size", "link_scale", "cpu_blocks", "iteration_ms",
-            "copy_us", "config"]
+    keys = [
+        "study",
+        "model",
+        "dataset",
+        "max_output",
+        "max_batch_size",
+        "link_scale",
+        "cpu_blocks",
+        "iteration_ms",
+        "copy_us",
+        "config",
+    ]
     df["_m"] = df["model"].map(list(MODELS).index)
     df["_d"] = df["dataset"].map(list(DATASETS).index)
     df["_c"] = df["config"].map(list(ALL_CONFIGS).index)
     df["_s"] = df["study"].map(STUDIES.index)
-    df = df.sort_values(["_s", "_m", "_d", "max_output", "max_batch_size", "link_scale", "cpu_blocks", "iteration_ms",
-                         "copy_us", "_c"]).drop(columns=["_m", "_d", "_c", "_s"]).reset_index(drop=True)
+    df = (
+        df.sort_values(
+            [
+                "_s",
+                "_m",
+                "_d",
+                "max_output",
+                "max_batch_size",
+                "link_scale",
+                "cpu_blocks",
+                "iteration_ms",
+                "copy_us",
+                "_c",
+            ]
+        )
+        .drop(columns=["_m", "_d", "_c", "_s"])
+        .reset_index(drop=True)
+    )
     return df[keys + [c for c in df.columns if c not in keys]]
 
 
@@ -370,8 +461,13 @@ def _pyplot():
     return pyplot(**{"figure.dpi": 100, "font.size": 8})
 
 
-STYLE = {"vllm": ("tab:blue", "o", "-"), "vllm_s": ("tab:orange", "s", "-"), "cost_aware_fcfs": ("tab:green", "^", "-"),
-         "cost_aware_fairness": ("tab:red", "v", "--"), "recompute_fairness": ("tab:purple", "d", ":")}
+STYLE = {
+    "vllm": ("tab:blue", "o", "-"),
+    "vllm_s": ("tab:orange", "s", "-"),
+    "cost_aware_fcfs": ("tab:green", "^", "-"),
+    "cost_aware_fairness": ("tab:red", "v", "--"),
+    "recompute_fairness": ("tab:purple", "d", ":"),
+}
 
 
 def plot_throughput(df: pd.DataFrame, path: Path) -> Path:
@@ -379,8 +475,9 @@ def plot_throughput(df: pd.DataFrame, path: Path) -> Path:
     m = _main(df)
     models = [x for x in MODELS if x in set(m["model"])]
     datasets = [x for x in DATASETS if x in set(m["dataset"])]
-    fig, axes = plt.subplots(len(models), len(datasets), figsize=(3.4 * len(datasets), 2.5 * len(models)),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        len(models), len(datasets), figsize=(3.4 * len(datasets), 2.5 * len(models)), squeeze=False
+    )
     for i, mo in enumerate(models):
         for j, ds in enumerate(datasets):
             ax = axes[i][j]
@@ -388,8 +485,9 @@ def plot_throughput(df: pd.DataFrame, path: Path) -> Path:
                 sub = m[(m["model"] == mo) & (m["dataset"] == ds) & (m["config"] == c)].sort_values("max_output")
                 if len(sub):
                     col, mk, ls = STYLE[c]
-                    ax.plot(sub["max_output"], sub["throughput_tok_s"], marker=mk, ls=ls, color=col, label=LABELS[c],
-                            ms=4)
+                    ax.plot(
+                        sub["max_output"], sub["throughput_tok_s"], marker=mk, ls=ls, color=col, label=LABELS[c], ms=4
+                    )
             ax.set_title(f"{MODELS[mo]} / {ds}")
             ax.set_xticks(sorted(set(m["max_output"])))
             if i == len(models) - 1:
@@ -421,8 +519,15 @@ def plot_turnaround(df: pd.DataFrame, path: Path) -> Path:
             for c in CONFIGS:
                 sub = sweep[(sweep["dataset"] == ds) & (sweep["config"] == c)].sort_values("max_batch_size")
                 col, mk, ls = STYLE[c]
-                ax.plot(sub["max_batch_size"], sub["weighted_turnaround_mean"], marker=mk, ls=ls, color=col,
-                        label=LABELS[c], ms=4)
+                ax.plot(
+                    sub["max_batch_size"],
+                    sub["weighted_turnaround_mean"],
+                    marker=mk,
+                    ls=ls,
+                    color=col,
+                    label=LABELS[c],
+                    ms=4,
+                )
             ax.set_xscale("log", base=2)
             ax.set_xticks(sorted(set(sweep["max_batch_size"])))
             ax.set_xticklabels([str(x) for x in sorted(set(sweep["max_batch_size"]))])
@@ -438,8 +543,12 @@ def plot_turnaround(df: pd.DataFrame, path: Path) -> Path:
     for j, ds in enumerate(datasets):
         ax = axes[r][j]
         for k, c in enumerate(CONFIGS):
-            vals = [at64[(at64["model"] == mo) & (at64["dataset"] == ds) & (at64["config"] == c)]
-                    ["weighted_turnaround_mean"].mean() for mo in models]
+            vals = [
+                at64[(at64["model"] == mo) & (at64["dataset"] == ds) & (at64["config"] == c)][
+                    "weighted_turnaround_mean"
+                ].mean()
+                for mo in models
+            ]
             ax.bar(np.arange(len(models)) + (k - 2) * w, vals, w, color=STYLE[c][0], label=LABELS[c])
         ax.set_xticks(np.arange(len(models)))
         ax.set_xticklabels([MODELS[x] for x in models])
@@ -467,15 +576,18 @@ def write_markdown(df: pd.DataFrame, out: Path, stem: str, meta: dict) -> Path:
     L = []
     add = L.append
     add("# AdaptiveLLM in the simulator: what reproduces and what does not\n")
-    add(f"Generated by `python -m infersim.analysis.reproduce.adaptivellm{' --quick' if meta['quick'] else ''}` on "
+    add(
+        f"Generated by `python -m infersim.analysis.reproduce.adaptivellm{' --quick' if meta['quick'] else ''}` on "
         f"{meta['date']} ({meta['machine']}; {meta['jobs']} worker processes): {len(df)} simulations in "
         f"{meta['wall_s']:.0f} s wall, {meta['cpu_s']:.0f} s CPU. Paper: AdaptiveLLM (Liang et al., tensor swapping and tensor recomputation; sections 3.4-3.5, "
         f"4.2-4.4). Raw numbers: [`{stem}.csv`]({stem}.csv) (one row per simulation; `study` = main, batch_sweep, "
-        "sensitivity, swap_only).\n")
+        "sensitivity, swap_only).\n"
+    )
 
     # -- setup
     add("## Setup\n")
-    add("* **Workloads**: the built-in `traces/chatbot.yaml`, `traces/alpaca.yaml`, `traces/summary.yaml`: 1000 "
+    add(
+        "* **Workloads**: the built-in `traces/chatbot.yaml`, `traces/alpaca.yaml`, `traces/summary.yaml`: 1000 "
         "requests all present at t=0 (burst), prompt lengths lognormal with the paper's means (17.02, 19.66, "
         "340.48 tokens; cv 0.6 assumed), output lengths lognormal (mean 200/200/150, assumed: the paper gives none) "
         "capped by the max output 64/128/192/256. KV cache as the paper: **128 GPU + 64 CPU blocks of 16 tokens**. "
@@ -484,23 +596,30 @@ def write_markdown(df: pd.DataFrame, out: Path, stem: str, meta: dict) -> Path:
         "link PCIe 4.0 x16 at 25.2 GB/s each way, 10 us latency, 4 us host cost per issued copy), fp16, one GPU per "
         "model, vLLM-0.2 limits (max 256 sequences, 2048 batched tokens, no chunked prefill). A swap is copied as "
         "vLLM 0.2 copies it, one block of one layer's K or V at a time (2 x layers copies per block), before the "
-        "iteration and not overlapped with it.")
+        "iteration and not overlapped with it."
+    )
     add("* **Models**: " + ", ".join(f"{v} (`{k}`)" for k, v in MODELS.items() if k in set(m["model"])) + ".")
-    add("* **Configurations**: " + "; ".join(f"`{c}` = {LABELS[c]}" for c in CONFIGS) + ". The paper's vLLM is "
+    add(
+        "* **Configurations**: " + "; ".join(f"`{c}` = {LABELS[c]}" for c in CONFIGS) + ". The paper's vLLM is "
         "`vllm`, vLLM_s is `vllm_s`. Its throughput study (section 4.3) is about Algorithm 1 (cost-aware "
         "preemption); whether its AdaptiveLLM also ran Algorithm 2 there is not stated, so both `cost_aware_fcfs` "
-        "and `cost_aware_fairness` are reported as \"AdaptiveLLM\".")
-    add("* **Metrics**: throughput = output tokens / makespan (requests/s is in the CSV; with a fixed request set "
+        'and `cost_aware_fairness` are reported as "AdaptiveLLM".'
+    )
+    add(
+        "* **Metrics**: throughput = output tokens / makespan (requests/s is in the CSV; with a fixed request set "
         "and no aborts every throughput ratio equals the inverse makespan ratio, so tokens/s and requests/s give "
         "the same speedups). Weighted turnaround (eq. 5) = (finish - send) / (finish - first scheduled), averaged "
         "over requests; normalized latency = e2e / output tokens. Preemptions are counted per event (a request "
         "can be preempted many times); `vllm_s` recomputes only when every running sequence is stalled by a "
-        "full CPU pool (\"forced\").")
-    add("* **Swap-only with a full CPU pool**: vLLM 0.2.5 aborts; the paper says its vLLM_s instead ran smaller "
+        'full CPU pool ("forced").'
+    )
+    add(
+        "* **Swap-only with a full CPU pool**: vLLM 0.2.5 aborts; the paper says its vLLM_s instead ran smaller "
         "batches. The simulator's `swap` policy therefore does not preempt when the victim does not fit on the "
         "CPU: the sequence that needed a block sits the iteration out holding its blocks (a stall). The swap-only "
         "study also runs `vllm_s_tail` (policy `swap_tail`), where that sequence and every lower-priority one sit "
-        "it out.\n")
+        "it out.\n"
+    )
 
     # -- Table 3
     add("## Throughput speedup at max output 64 (paper Table 3)\n")
@@ -510,13 +629,41 @@ def write_markdown(df: pd.DataFrame, out: Path, stem: str, meta: dict) -> Path:
         if k not in sp.index:
             continue
         r = sp.loc[k]
-        rows.append([MODELS[mo], ds, _f(pv), _f(r.get("cost_aware_fcfs/vllm")), _f(r.get("cost_aware_fairness/vllm")),
-                     _f(ps), _f(r.get("cost_aware_fcfs/vllm_s")), _f(r.get("cost_aware_fairness/vllm_s")),
-                     _f(pv / ps), _f(r.get("vllm_s/vllm"))])
-    add(_md_table(["model", "dataset", "paper vs vLLM", "ours CA+FCFS", "ours CA+fair", "paper vs vLLM_s",
-                   "ours CA+FCFS", "ours CA+fair", "paper vLLM_s/vLLM (implied)", "ours vLLM_s/vLLM"], rows))
-    add("\nCA+FCFS = cost_aware+fcfs, CA+fair = cost_aware+fairness. \"Implied\" = (AdaptiveLLM/vLLM) / "
-        "(AdaptiveLLM/vLLM_s) from Table 3.\n")
+        rows.append(
+            [
+                MODELS[mo],
+                ds,
+                _f(pv),
+                _f(r.get("cost_aware_fcfs/vllm")),
+                _f(r.get("cost_aware_fairness/vllm")),
+                _f(ps),
+                _f(r.get("cost_aware_fcfs/vllm_s")),
+                _f(r.get("cost_aware_fairness/vllm_s")),
+                _f(pv / ps),
+                _f(r.get("vllm_s/vllm")),
+            ]
+        )
+    add(
+        _md_table(
+            [
+                "model",
+                "dataset",
+                "paper vs vLLM",
+                "ours CA+FCFS",
+                "ours CA+fair",
+                "paper vs vLLM_s",
+                "ours CA+FCFS",
+                "ours CA+fair",
+                "paper vLLM_s/vLLM (implied)",
+                "ours vLLM_s/vLLM",
+            ],
+            rows,
+        )
+    )
+    add(
+        '\nCA+FCFS = cost_aware+fcfs, CA+fair = cost_aware+fairness. "Implied" = (AdaptiveLLM/vLLM) / '
+        "(AdaptiveLLM/vLLM_s) from Table 3.\n"
+    )
     add("Absolute simulated throughput at max output 64 (output tokens/s):\n")
     rows = []
     for mo, ds in _pairs(tp):
@@ -528,9 +675,11 @@ def write_markdown(df: pd.DataFrame, out: Path, stem: str, meta: dict) -> Path:
         add("\n## Throughput vs max output (paper Figure 7)\n")
         add(f"![throughput]({stem}_throughput.png)\n")
         outs = sorted(set(m["max_output"]))
-        for col, title in (("cost_aware_fcfs/vllm", "cost_aware+fcfs / vLLM"),
-                           ("cost_aware_fairness/vllm", "cost_aware+fairness / vLLM"),
-                           ("vllm_s/vllm", "vLLM_s / vLLM")):
+        for col, title in (
+            ("cost_aware_fcfs/vllm", "cost_aware+fcfs / vLLM"),
+            ("cost_aware_fairness/vllm", "cost_aware+fairness / vLLM"),
+            ("vllm_s/vllm", "vLLM_s / vLLM"),
+        ):
             rows = []
             for mo in MODELS:
                 for ds in DATASETS:
@@ -543,19 +692,46 @@ def write_markdown(df: pd.DataFrame, out: Path, stem: str, meta: dict) -> Path:
     add("## Preemptions at max output 64, thousands (paper Table 4)\n")
     pr = _main(df)[_main(df)["max_output"] == 64].set_index(["model", "dataset", "config"])
     rows = []
-    for (mo, ds) in PAPER_TABLE3:
+    for mo, ds in PAPER_TABLE3:
         if (mo, ds, "vllm") not in pr.index:
             continue
         paper = PAPER_TABLE4.get((mo, ds), (np.nan,) * 4)
         g = lambda c, col: pr.loc[(mo, ds, c), col] / 1e3
-        rows.append([f"{MODELS[mo]}-{ds}", _f(paper[0]), _f(g("cost_aware_fcfs", "preempt_recompute")),
-                     _f(g("cost_aware_fairness", "preempt_recompute")), _f(paper[1]),
-                     _f(g("cost_aware_fcfs", "preempt_swap")), _f(g("cost_aware_fairness", "preempt_swap")),
-                     _f(paper[2]), _f(g("vllm", "preempt_recompute")), _f(paper[3]), _f(g("vllm_s", "preempt_swap")),
-                     _f(g("vllm_s", "preempt_forced"), 3)])
-    add(_md_table(["group", "paper A. recompute", "CA+FCFS", "CA+fair", "paper A. swap", "CA+FCFS", "CA+fair",
-                   "paper vLLM recompute", "ours", "paper vLLM_s swap", "ours", "ours vLLM_s forced recompute"],
-                  rows))
+        rows.append(
+            [
+                f"{MODELS[mo]}-{ds}",
+                _f(paper[0]),
+                _f(g("cost_aware_fcfs", "preempt_recompute")),
+                _f(g("cost_aware_fairness", "preempt_recompute")),
+                _f(paper[1]),
+                _f(g("cost_aware_fcfs", "preempt_swap")),
+                _f(g("cost_aware_fairness", "preempt_swap")),
+                _f(paper[2]),
+                _f(g("vllm", "preempt_recompute")),
+                _f(paper[3]),
+                _f(g("vllm_s", "preempt_swap")),
+                _f(g("vllm_s", "preempt_forced"), 3),
+            ]
+        )
+    add(
+        _md_table(
+            [
+                "group",
+                "paper A. recompute",
+                "CA+FCFS",
+                "CA+fair",
+                "paper A. swap",
+                "CA+FCFS",
+                "CA+fair",
+                "paper vLLM recompute",
+                "ours",
+                "paper vLLM_s swap",
+                "ours",
+                "ours vLLM_s forced recompute",
+            ],
+            rows,
+        )
+    )
     add("\nA. = AdaptiveLLM. The paper's Table 4 has no Llama-32.5B-summary row (–).\n")
 
     # -- weighted turnaround
@@ -567,65 +743,175 @@ def write_markdown(df: pd.DataFrame, out: Path, stem: str, meta: dict) -> Path:
     for mo, ds in _pairs(wt):
         k = (mo, ds, 64)
         r = wt.loc[k]
-        rows.append([MODELS[k[0]], k[1]] + [_f(r.get(c)) for c in CONFIGS]
-                    + [f"{100 * (1 - r['cost_aware_fairness'] / r['vllm']):.0f}%",
-                       f"{100 * (1 - r['cost_aware_fairness'] / r['vllm_s']):.0f}%",
-                       f"{_f(e2e.loc[k, 'cost_aware_fcfs'], 1)} / {_f(e2e.loc[k, 'cost_aware_fairness'], 1)}",
-                       f"{_f(nl.loc[k, 'cost_aware_fcfs'], 3)} / {_f(nl.loc[k, 'cost_aware_fairness'], 3)}"])
-    add("Mean weighted turnaround at max output 64, max batch 256, and the drop of cost_aware+fairness (the full "
+        rows.append(
+            [MODELS[k[0]], k[1]]
+            + [_f(r.get(c)) for c in CONFIGS]
+            + [
+                f"{100 * (1 - r['cost_aware_fairness'] / r['vllm']):.0f}%",
+                f"{100 * (1 - r['cost_aware_fairness'] / r['vllm_s']):.0f}%",
+                f"{_f(e2e.loc[k, 'cost_aware_fcfs'], 1)} / {_f(e2e.loc[k, 'cost_aware_fairness'], 1)}",
+                f"{_f(nl.loc[k, 'cost_aware_fcfs'], 3)} / {_f(nl.loc[k, 'cost_aware_fairness'], 3)}",
+            ]
+        )
+    add(
+        "Mean weighted turnaround at max output 64, max batch 256, and the drop of cost_aware+fairness (the full "
         "AdaptiveLLM) against vLLM and vLLM_s; the last two columns put mean end-to-end latency (s) and mean "
-        "normalized latency (s/token) of cost_aware+fcfs next to cost_aware+fairness:\n")
-    add(_md_table(["model", "dataset"] + [SHORT[c] for c in CONFIGS] + ["drop vs vLLM", "drop vs vLLM_s",
-                                                                      "e2e CA+FCFS / CA+fair",
-                                                                      "norm. lat. CA+FCFS / CA+fair"], rows))
+        "normalized latency (s/token) of cost_aware+fcfs next to cost_aware+fairness:\n"
+    )
+    add(
+        _md_table(
+            ["model", "dataset"]
+            + [SHORT[c] for c in CONFIGS]
+            + ["drop vs vLLM", "drop vs vLLM_s", "e2e CA+FCFS / CA+fair", "norm. lat. CA+FCFS / CA+fair"],
+            rows,
+        )
+    )
     bs = df[df["study"] == "batch_sweep"]
     if len(bs):
         bsw = pd.concat([bs, m[(m["model"] == "opt-13b") & (m["max_output"] == 64)]])
         t = bsw.pivot_table(index=["dataset", "max_batch_size"], columns="config", values="weighted_turnaround_mean")
         rows = []
         for (ds, b), r in t.reindex(DATASETS, level=0).iterrows():
-            rows.append([ds, b] + [_f(r.get(c)) for c in CONFIGS]
-                        + [f"{100 * (1 - r['cost_aware_fairness'] / r['vllm']):.0f}%",
-                           f"{100 * (1 - r['cost_aware_fairness'] / r['vllm_s']):.0f}%"])
-        add("\nOPT-13B, max output 64, by max batch size (the paper's Figure 8 axis; it reports 20-40% lower than "
-            "vLLM and 20-60% lower than vLLM_s at batch 64-128):\n")
-        add(_md_table(["dataset", "max batch"] + [SHORT[c] for c in CONFIGS] + ["drop vs vLLM", "drop vs vLLM_s"],
-                      rows))
+            rows.append(
+                [ds, b]
+                + [_f(r.get(c)) for c in CONFIGS]
+                + [
+                    f"{100 * (1 - r['cost_aware_fairness'] / r['vllm']):.0f}%",
+                    f"{100 * (1 - r['cost_aware_fairness'] / r['vllm_s']):.0f}%",
+                ]
+            )
+        add(
+            "\nOPT-13B, max output 64, by max batch size (the paper's Figure 8 axis; it reports 20-40% lower than "
+            "vLLM and 20-60% lower than vLLM_s at batch 64-128):\n"
+        )
+        add(
+            _md_table(["dataset", "max batch"] + [SHORT[c] for c in CONFIGS] + ["drop vs vLLM", "drop vs vLLM_s"], rows)
+        )
 
     # -- mechanisms
     add("\n## Where the time goes\n")
     ct = meta.get("cost_table")
     if ct is not None and len(ct):
-        add("Algorithm 1's two predictions from the cost model (swap = the KV out and back in, copied as vLLM 0.2 "
+        add(
+            "Algorithm 1's two predictions from the cost model (swap = the KV out and back in, copied as vLLM 0.2 "
             "does: each direction 10 us + max(KV bytes / 25.2 GB/s, copies x 4 us); recompute = that sequence's "
-            "prefill alone), and one decode step of 32 sequences x 64 tokens for scale:\n")
-        rows = [[MODELS[r.model], r.tokens, r.blocks, _f(r.kv_mb, 0), f"{r.copies:.0f} x {r.copy_kb:.0f} KB",
-                 _f(r.swap_ms), _f(r.achieved_gbps, 1), _f(r.recompute_ms), _f(r.swap_over_recompute),
-                 _f(r.decode_step_b32_ms)] for r in ct.itertuples()]
-        add(_md_table(["model", "tokens", "blocks", "KV MB", "copies per direction", "swap out+in ms",
-                       "achieved GB/s", "recompute ms", "swap/recompute", "decode step ms"], rows) + "\n")
+            "prefill alone), and one decode step of 32 sequences x 64 tokens for scale:\n"
+        )
+        rows = [
+            [
+                MODELS[r.model],
+                r.tokens,
+                r.blocks,
+                _f(r.kv_mb, 0),
+                f"{r.copies:.0f} x {r.copy_kb:.0f} KB",
+                _f(r.swap_ms),
+                _f(r.achieved_gbps, 1),
+                _f(r.recompute_ms),
+                _f(r.swap_over_recompute),
+                _f(r.decode_step_b32_ms),
+            ]
+            for r in ct.itertuples()
+        ]
+        add(
+            _md_table(
+                [
+                    "model",
+                    "tokens",
+                    "blocks",
+                    "KV MB",
+                    "copies per direction",
+                    "swap out+in ms",
+                    "achieved GB/s",
+                    "recompute ms",
+                    "swap/recompute",
+                    "decode step ms",
+                ],
+                rows,
+            )
+            + "\n"
+        )
     bd = m[(m["max_output"] == 64) & (m["model"] == "opt-13b")]
     if len(bd):
-        add("OPT-13B at max output 64: the makespan split into prefill-only iterations (first prefills + "
+        add(
+            "OPT-13B at max output 64: the makespan split into prefill-only iterations (first prefills + "
             "recomputation), decode steps and host-link transfers; recomputed tokens = prefill tokens beyond each "
-            "prompt's first prefill:\n")
+            "prompt's first prefill:\n"
+        )
         rows = []
         for r in bd.itertuples():
-            rows.append([r.dataset, SHORT[r.config], _f(r.makespan_s, 1), r.prefill_iters, f"{r.recomputed_tokens:.0f}",
-                         _f(r.prefill_time_s, 1), _f(r.transfer_time_s, 1), _f(r.decode_time_s, 1), r.decode_steps,
-                         _f(r.mean_decode_batch, 1), f"{100 * r.frac_swapped_nonempty:.0f}%",
-                         f"{100 * r.frac_cpu_full:.0f}%"])
-        add(_md_table(["dataset", "config", "makespan s", "prefill iters", "recomputed tokens", "prefill s",
-                       "transfer s", "decode s", "decode steps", "mean decode batch", "time with swapped > 0",
-                       "time CPU pool >= 90%"], rows) + "\n")
+            rows.append(
+                [
+                    r.dataset,
+                    SHORT[r.config],
+                    _f(r.makespan_s, 1),
+                    r.prefill_iters,
+                    f"{r.recomputed_tokens:.0f}",
+                    _f(r.prefill_time_s, 1),
+                    _f(r.transfer_time_s, 1),
+                    _f(r.decode_time_s, 1),
+                    r.decode_steps,
+                    _f(r.mean_decode_batch, 1),
+                    f"{100 * r.frac_swapped_nonempty:.0f}%",
+                    f"{100 * r.frac_cpu_full:.0f}%",
+                ]
+            )
+        add(
+            _md_table(
+                [
+                    "dataset",
+                    "config",
+                    "makespan s",
+                    "prefill iters",
+                    "recomputed tokens",
+                    "prefill s",
+                    "transfer s",
+                    "decode s",
+                    "decode steps",
+                    "mean decode batch",
+                    "time with swapped > 0",
+                    "time CPU pool >= 90%",
+                ],
+                rows,
+            )
+            + "\n"
+        )
     sv = sensitivity_frame(df)
     if len(sv):
-        rows = [[r.label, _f(r.vllm, 0), _f(r.vllm_s, 0), _f(r.ca, 0), _f(r.vllm_s / r.vllm), _f(r.ca / r.vllm),
-                 _f(r.ca / r.vllm_s), f"{r.ca_rc}/{r.ca_sw}", r.forced] for r in sv.itertuples()]
-        add("Sensitivity, OPT-13B / chatbot / max output 64 (output tokens/s). The host-link scale changes the "
-            "swap/recompute cost ratio (a slower GPU relative to PCIe acts like a faster link):\n")
-        add(_md_table(["variant", "vLLM", "vLLM_s", "CA+FCFS", "vLLM_s/vLLM", "CA+FCFS/vLLM", "CA+FCFS/vLLM_s",
-                       "CA preemptions rc/swap", "vLLM_s forced"], rows) + "\n")
+        rows = [
+            [
+                r.label,
+                _f(r.vllm, 0),
+                _f(r.vllm_s, 0),
+                _f(r.ca, 0),
+                _f(r.vllm_s / r.vllm),
+                _f(r.ca / r.vllm),
+                _f(r.ca / r.vllm_s),
+                f"{r.ca_rc}/{r.ca_sw}",
+                r.forced,
+            ]
+            for r in sv.itertuples()
+        ]
+        add(
+            "Sensitivity, OPT-13B / chatbot / max output 64 (output tokens/s). The host-link scale changes the "
+            "swap/recompute cost ratio (a slower GPU relative to PCIe acts like a faster link):\n"
+        )
+        add(
+            _md_table(
+                [
+                    "variant",
+                    "vLLM",
+                    "vLLM_s",
+                    "CA+FCFS",
+                    "vLLM_s/vLLM",
+                    "CA+FCFS/vLLM",
+                    "CA+FCFS/vLLM_s",
+                    "CA preemptions rc/swap",
+                    "vLLM_s forced",
+                ],
+                rows,
+            )
+            + "\n"
+        )
     add(swap_only_section(df, meta, stem, out))
     add(discussion(df, meta))
     p = out / f"{stem}.md"
@@ -636,33 +922,51 @@ def write_markdown(df: pd.DataFrame, out: Path, stem: str, meta: dict) -> Path:
 # what vLLM 0.2 does when it swaps (read from its source, see docs/findings/adaptivellm.md) and
 # whether the simulator has it
 VLLM02_SWAP_PATH = [
-    ("a swap moves each block of each layer's K and V tensor with its own cudaMemcpyAsync: 2 x layers copies "
-     "per block", "`CacheEngine.swap_in/out` -> `cache_ops.swap_blocks`, per layer",
-     "yes: `kv_transfer_time_s(bytes, direction, copies)` = link latency + max(bytes / bandwidth, copies x host "
-     "cost per copy)"),
-    ("the worker waits for all swaps before the model step: no overlap with compute",
-     "`Worker.cache_swap` waits on every cache event (\"TODO(woosuk): Profile swapping overhead\")",
-     "yes: the host-link transfers run before the iteration"),
-    ("no new prefill while anything is swapped out; swap-in only in an iteration that preempted nothing, in FCFS "
-     "order, when the blocks (+1 to grow) fit above the watermark", "`Scheduler._schedule`, "
-     "`BlockSpaceManager.can_swap_in`", "yes"),
-    ("out of CPU swap space: `RuntimeError` (\"Aborted due to the lack of CPU swap space\")",
-     "`Scheduler._swap_out`", "not as such (the paper's runs finished): the sequence that needed a block waits "
-     "(`vllm_s`), or it and every lower-priority one wait (`vllm_s_tail`)"),
-    ("a running sequence needs one free block to continue even when its last block has room",
-     "`BlockSpaceManager.can_append_slot` (\"simple heuristic\")", "no: preemption only when a block is needed"),
+    (
+        "a swap moves each block of each layer's K and V tensor with its own cudaMemcpyAsync: 2 x layers copies "
+        "per block",
+        "`CacheEngine.swap_in/out` -> `cache_ops.swap_blocks`, per layer",
+        "yes: `kv_transfer_time_s(bytes, direction, copies)` = link latency + max(bytes / bandwidth, copies x host "
+        "cost per copy)",
+    ),
+    (
+        "the worker waits for all swaps before the model step: no overlap with compute",
+        '`Worker.cache_swap` waits on every cache event ("TODO(woosuk): Profile swapping overhead")',
+        "yes: the host-link transfers run before the iteration",
+    ),
+    (
+        "no new prefill while anything is swapped out; swap-in only in an iteration that preempted nothing, in FCFS "
+        "order, when the blocks (+1 to grow) fit above the watermark",
+        "`Scheduler._schedule`, " "`BlockSpaceManager.can_swap_in`",
+        "yes",
+    ),
+    (
+        'out of CPU swap space: `RuntimeError` ("Aborted due to the lack of CPU swap space")',
+        "`Scheduler._swap_out`",
+        "not as such (the paper's runs finished): the sequence that needed a block waits "
+        "(`vllm_s`), or it and every lower-priority one wait (`vllm_s_tail`)",
+    ),
+    (
+        "a running sequence needs one free block to continue even when its last block has room",
+        '`BlockSpaceManager.can_append_slot` ("simple heuristic")',
+        "no: preemption only when a block is needed",
+    ),
 ]
 
 
 def swap_only_section(df: pd.DataFrame, meta: dict, stem: str, out: Path) -> str:
     """Why swap-only does not lose 2x here: vLLM 0.2's swap path as modelled, the copy
     granularity, the paper's own counts, and what vLLM_s would have to do to lose that much."""
-    m = _main(df)
     ct = meta.get("cost_table")
     sv = sensitivity_frame(df)
-    g = lambda c, ds, study="main", **kw: df[(df["study"] == study) & (df["model"] == "opt-13b") & (df["dataset"] == ds)
-                                            & (df["max_output"] == 64) & (df["config"] == c)
-                                            & np.logical_and.reduce([df[k] == v for k, v in kw.items()] or [True])]
+    g = lambda c, ds, study="main", **kw: df[
+        (df["study"] == study)
+        & (df["model"] == "opt-13b")
+        & (df["dataset"] == ds)
+        & (df["max_output"] == 64)
+        & (df["config"] == c)
+        & np.logical_and.reduce([df[k] == v for k, v in kw.items()] or [True])
+    ]
     if ct is None or not len(sv) or not len(g("vllm", "chatbot")):
         return ""
     S = ["## Swap-only vs recompute-only: what is modelled, what the paper's numbers allow\n"]
@@ -674,8 +978,9 @@ def swap_only_section(df: pd.DataFrame, meta: dict, stem: str, out: Path) -> str
     floor_kb = link.copy_issue_us * 1e-6 * link.d2h_gbps * 1e9 / 1e3
     c80 = ct[ct["tokens"] == 80].set_index("model")
     S.append(
-        f"**Copy granularity does not matter for these four models.** vLLM 0.2's copies are one block of one layer's "
-        f"K or V: " + ", ".join(f"{MODELS[k]} {c80.loc[k, 'copy_kb']:.0f} KB" for k in MODELS if k in c80.index)
+        "**Copy granularity does not matter for these four models.** vLLM 0.2's copies are one block of one layer's "
+        "K or V: "
+        + ", ".join(f"{MODELS[k]} {c80.loc[k, 'copy_kb']:.0f} KB" for k in MODELS if k in c80.index)
         + f". Issued back to back on one stream, a copy's DMA overlaps the host's call for the next, so the stream "
         f"is bound by the larger of bytes / bandwidth and {link.copy_issue_us:g} us per copy (the host cost of one "
         f"cudaMemcpyAsync); at {link.d2h_gbps:g} GB/s the bandwidth dominates above {floor_kb:.0f} KB, so every "
@@ -685,7 +990,8 @@ def swap_only_section(df: pd.DataFrame, meta: dict, stem: str, out: Path) -> str
         f"(GQA: 8 heads x 128 x 16 tokens = 32-KB copies) would be bound by the per-copy cost instead. The "
         f"sensitivity table's per-copy rows (\"us per issued copy\", above) raise that cost: a swap-only loss the "
         f"size of the paper's (OPT-13B / chatbot: vLLM_s/vLLM 0.56 implied, AdaptiveLLM/vLLM 1.38, "
-        f"AdaptiveLLM/vLLM_s 2.46) needs a per-copy cost that would make Algorithm 1 stop swapping.\n")
+        f"AdaptiveLLM/vLLM_s 2.46) needs a per-copy cost that would make Algorithm 1 stop swapping.\n"
+    )
     # the paper's own counts
     groups = [k for k in PAPER_TABLE4 if k in PAPER_TABLE3]
     more = np.array([PAPER_TABLE4[k][1] / PAPER_TABLE4[k][3] for k in groups])
@@ -696,7 +1002,8 @@ def swap_only_section(df: pd.DataFrame, meta: dict, stem: str, out: Path) -> str
         f"1.13k vs 0.78k) and recomputed besides, yet Table 3 has it {_rng(right)}x faster than vLLM_s. Whatever a "
         f"swap costs, AdaptiveLLM paid it more often; so vLLM_s lost its time elsewhere: in less productive "
         f"iterations, which is the paper's own explanation (\"CPU memory limits make vLLM_s's batch size smaller "
-        f"than vLLM's and AdaptiveLLM's\", section 4.3).")
+        f"than vLLM's and AdaptiveLLM's\", section 4.3)."
+    )
     rows = []
     for ds in DATASETS:
         v, sw, tl = g("vllm", ds), g("vllm_s", ds), g("vllm_s_tail", ds, study="swap_only")
@@ -707,15 +1014,42 @@ def swap_only_section(df: pd.DataFrame, meta: dict, stem: str, out: Path) -> str
         cap16 = capped[16]["throughput_tok_s"].iloc[0] / v.throughput_tok_s if len(capped[16]) else np.nan
         cap32 = capped[32]["throughput_tok_s"].iloc[0] / v.throughput_tok_s if len(capped[32]) else np.nan
         paper = PAPER_TABLE3[("opt-13b", ds)]
-        rows.append([ds, _f(paper[0] / paper[1]), _f(sw.throughput_tok_s / v.throughput_tok_s),
-                     _f(tl["throughput_tok_s"].iloc[0] / v.throughput_tok_s) if len(tl) else "–",
-                     _f(cap32), _f(cap16), _f(v.mean_decode_batch, 1), _f(sw.mean_decode_batch, 1),
-                     f"{100 * sw.frac_cpu_full:.0f}%", int(sw.preempt_forced)])
-    S.append("\nWhat swap-only would have to do to lose that much (OPT-13B, max output 64; throughput relative to "
-             "vLLM at max batch 256; \"capped\" = vLLM_s run with max batch 32 or 16):\n")
-    S.append(_md_table(["dataset", "paper vLLM_s/vLLM", "vLLM_s", "vLLM_s tail", "vLLM_s capped 32",
-                        "vLLM_s capped 16", "mean decode batch vLLM", "vLLM_s", "vLLM_s time CPU pool >= 90%",
-                        "vLLM_s forced recomputes"], rows) + "\n")
+        rows.append(
+            [
+                ds,
+                _f(paper[0] / paper[1]),
+                _f(sw.throughput_tok_s / v.throughput_tok_s),
+                _f(tl["throughput_tok_s"].iloc[0] / v.throughput_tok_s) if len(tl) else "–",
+                _f(cap32),
+                _f(cap16),
+                _f(v.mean_decode_batch, 1),
+                _f(sw.mean_decode_batch, 1),
+                f"{100 * sw.frac_cpu_full:.0f}%",
+                int(sw.preempt_forced),
+            ]
+        )
+    S.append(
+        "\nWhat swap-only would have to do to lose that much (OPT-13B, max output 64; throughput relative to "
+        'vLLM at max batch 256; "capped" = vLLM_s run with max batch 32 or 16):\n'
+    )
+    S.append(
+        _md_table(
+            [
+                "dataset",
+                "paper vLLM_s/vLLM",
+                "vLLM_s",
+                "vLLM_s tail",
+                "vLLM_s capped 32",
+                "vLLM_s capped 16",
+                "mean decode batch vLLM",
+                "vLLM_s",
+                "vLLM_s time CPU pool >= 90%",
+                "vLLM_s forced recomputes",
+            ],
+            rows,
+        )
+        + "\n"
+    )
     chat = g("vllm_s", "chatbot").iloc[0]
     S.append(
         f"On chatbot and alpaca, vLLM_s loses the paper's ~2x only if it runs about 16 sequences at a time; here its "
@@ -726,7 +1060,8 @@ def swap_only_section(df: pd.DataFrame, meta: dict, stem: str, out: Path) -> str
         f"explain the paper's 0.46: 340-token prompts fit ~5 at a time in 128 blocks, so capping at 16 changes "
         f"nothing, and the paper says AdaptiveLLM rarely found the CPU pool full there. **So the paper's vLLM_s lost "
         f"throughput to something specific to its implementation, which the paper does not describe; vLLM 0.2's "
-        f"own swap path, as modelled, is not slower than recomputation on this setup.**\n")
+        f"own swap path, as modelled, is not slower than recomputation on this setup.**\n"
+    )
     return "\n".join(S)
 
 
@@ -741,8 +1076,10 @@ def plot_swap_only(df: pd.DataFrame, path: Path) -> Path | None:
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.2), squeeze=False)
     paper_s = [PAPER_TABLE3[k][0] / PAPER_TABLE3[k][1] for k in PAPER_TABLE3]
     paper_v = [PAPER_TABLE3[k][0] for k in PAPER_TABLE3]
-    for ax, knob, xlab in ((axes[0][0], "link", "host link bandwidth, GB/s (log)"),
-                           (axes[0][1], "copy", "host cost per issued copy, us (log)")):
+    for ax, knob, xlab in (
+        (axes[0][0], "link", "host link bandwidth, GB/s (log)"),
+        (axes[0][1], "copy", "host cost per issued copy, us (log)"),
+    ):
         f = sv[sv["knob"].isin(["base", knob])].copy()
         f["x"] = (f["link_scale"] * link.d2h_gbps) if knob == "link" else f["copy_us"]
         f = f.sort_values("x")
@@ -774,8 +1111,12 @@ def sensitivity_frame(df: pd.DataFrame) -> pd.DataFrame:
     se = df[df["study"] == "sensitivity"]
     if not len(se):
         return pd.DataFrame()
-    base = m[(m["model"] == "opt-13b") & (m["dataset"] == "chatbot") & (m["max_output"] == 64)
-             & m["config"].isin(SENS_CONFIGS)]
+    base = m[
+        (m["model"] == "opt-13b")
+        & (m["dataset"] == "chatbot")
+        & (m["max_output"] == 64)
+        & m["config"].isin(SENS_CONFIGS)
+    ]
     if not len(base):
         return pd.DataFrame()
     base_cpu = int(base["cpu_blocks"].iloc[0])
@@ -796,12 +1137,23 @@ def sensitivity_frame(df: pd.DataFrame) -> pd.DataFrame:
             knob, key, label = "copy", cu, f"{cu:g} us per issued copy"
         else:
             knob, key, label = "base", 0, f"as the workload (x1, {base_cpu} CPU blocks, 0 ms, {base_copy:g} us/copy)"
-        rows.append({"knob": knob, "key": key, "label": label, "link_scale": ls, "cpu_blocks": int(cpu),
-                     "iteration_ms": it, "copy_us": cu, "vllm": v.loc["vllm", "throughput_tok_s"],
-                     "vllm_s": v.loc["vllm_s", "throughput_tok_s"], "ca": v.loc["cost_aware_fcfs", "throughput_tok_s"],
-                     "ca_rc": int(v.loc["cost_aware_fcfs", "preempt_recompute"]),
-                     "ca_sw": int(v.loc["cost_aware_fcfs", "preempt_swap"]),
-                     "forced": int(v.loc["vllm_s", "preempt_forced"])})
+        rows.append(
+            {
+                "knob": knob,
+                "key": key,
+                "label": label,
+                "link_scale": ls,
+                "cpu_blocks": int(cpu),
+                "iteration_ms": it,
+                "copy_us": cu,
+                "vllm": v.loc["vllm", "throughput_tok_s"],
+                "vllm_s": v.loc["vllm_s", "throughput_tok_s"],
+                "ca": v.loc["cost_aware_fcfs", "throughput_tok_s"],
+                "ca_rc": int(v.loc["cost_aware_fcfs", "preempt_recompute"]),
+                "ca_sw": int(v.loc["cost_aware_fcfs", "preempt_swap"]),
+                "forced": int(v.loc["vllm_s", "preempt_forced"]),
+            }
+        )
     f = pd.DataFrame(rows)
     f["_k"] = f["knob"].map(["base", "link", "copy", "cpu", "iter"].index)
     return f.sort_values(["_k", "key"]).drop(columns="_k").reset_index(drop=True)
@@ -838,7 +1190,9 @@ def _where_faf(sp: pd.DataFrame, eps: float = 1e-3) -> tuple[pd.Series, str]:
     words = []
     for ds, mo in cells:
         k = int(ge.xs((ds, mo), level=("dataset", "max_output")).sum())
-        words.append(f"{ds} at max output {mo} for " + ("every model" if k == n_models else f"{k} of {n_models} models"))
+        words.append(
+            f"{ds} at max output {mo} for " + ("every model" if k == n_models else f"{k} of {n_models} models")
+        )
     return ge, ", ".join(words)
 
 
@@ -860,92 +1214,133 @@ def discussion(df: pd.DataFrame, meta: dict) -> str:
     F = ["## Findings\n"]
 
     holds = bool((ca >= 1 - eps).all())
-    verdict = ("reproduces in direction, smaller in size" if holds and ca64.mean() < paper_v.mean() - 0.05
-               else "reproduces" if holds else "partly reproduces")
-    F.append(f"**Cost-aware preemption >= recompute-only (Table 3, left numbers): {verdict}.** cost_aware+fcfs is "
-             f"at least as fast as vLLM in {_count(ca >= 1 - eps)} points (ratio {_rng(ca)}); at max output 64 it is "
-             f"{_rng(ca64)} (mean {ca64.mean():.2f}) against the paper's {_rng(paper_v)} (mean {paper_v.mean():.2f}). "
-             + ("Not a law of the policy, though: see the sensitivity table." if len(sensitivity_frame(df)) else ""))
+    verdict = (
+        "reproduces in direction, smaller in size"
+        if holds and ca64.mean() < paper_v.mean() - 0.05
+        else "reproduces"
+        if holds
+        else "partly reproduces"
+    )
+    F.append(
+        f"**Cost-aware preemption >= recompute-only (Table 3, left numbers): {verdict}.** cost_aware+fcfs is "
+        f"at least as fast as vLLM in {_count(ca >= 1 - eps)} points (ratio {_rng(ca)}); at max output 64 it is "
+        f"{_rng(ca64)} (mean {ca64.mean():.2f}) against the paper's {_rng(paper_v)} (mean {paper_v.mean():.2f}). "
+        + ("Not a law of the policy, though: see the sensitivity table." if len(sensitivity_frame(df)) else "")
+    )
     dir_ok = cs[is_short] >= 1 - eps
-    F.append(f"**AdaptiveLLM >> vLLM_s (Table 3, right numbers, {_rng(paper_s)}x): the direction holds on "
-             f"{'/'.join(short_ds) or '–'} ({_count(dir_ok)} points, cost_aware+fcfs / vLLM_s "
-             f"{_rng(cs[is_short])}), the size does not reproduce**; "
-             + (f"on summary the two tie ({_rng(cs[~is_short])}); " if (~is_short).any() else "")
-             + _below("cost_aware+fairness", "vLLM_s", sp["cost_aware_fairness/vllm_s"], eps) + ".")
+    F.append(
+        f"**AdaptiveLLM >> vLLM_s (Table 3, right numbers, {_rng(paper_s)}x): the direction holds on "
+        f"{'/'.join(short_ds) or '–'} ({_count(dir_ok)} points, cost_aware+fcfs / vLLM_s "
+        f"{_rng(cs[is_short])}), the size does not reproduce**; "
+        + (f"on summary the two tie ({_rng(cs[~is_short])}); " if (~is_short).any() else "")
+        + _below("cost_aware+fairness", "vLLM_s", sp["cost_aware_fairness/vllm_s"], eps)
+        + "."
+    )
     beats = vs < 0.99
     big_gap = vs <= paper_ratio.max()
     where = sorted(set(vs[beats].index.get_level_values("max_output")))
-    verdict = ("does not reproduce" if not big_gap.any() else
-               f"reproduces in {_count(big_gap)} points")
-    F.append(f"**Recompute-only > swap-only (implied by Table 3: vLLM_s/vLLM = {_rng(paper_ratio)}): {verdict}.** "
-             f"vLLM_s/vLLM is {_rng(vs)} over the grid ({_rng(at64['vllm_s/vllm'])} at max output 64)"
-             + (": swap-only is as fast or faster, never more than 1% slower." if beats.sum() == 0 else
-                f"; swap-only is more than 1% slower in {_count(beats)} points (max output "
-                f"{', '.join(str(x) for x in where)}), by at most {100 * (1 - vs.min()):.1f}%, against "
-                f"{100 * (1 - paper_ratio.max()):.0f}-{100 * (1 - paper_ratio.min()):.0f}% in the paper.")
-             + " Why: see \"Swap-only vs recompute-only\" above (in short, the paper's vLLM_s lost its time to "
-               "something other than swapping: by its own Table 4 AdaptiveLLM swapped more often).")
+    verdict = "does not reproduce" if not big_gap.any() else f"reproduces in {_count(big_gap)} points"
+    F.append(
+        f"**Recompute-only > swap-only (implied by Table 3: vLLM_s/vLLM = {_rng(paper_ratio)}): {verdict}.** "
+        f"vLLM_s/vLLM is {_rng(vs)} over the grid ({_rng(at64['vllm_s/vllm'])} at max output 64)"
+        + (
+            ": swap-only is as fast or faster, never more than 1% slower."
+            if beats.sum() == 0
+            else f"; swap-only is more than 1% slower in {_count(beats)} points (max output "
+            f"{', '.join(str(x) for x in where)}), by at most {100 * (1 - vs.min()):.1f}%, against "
+            f"{100 * (1 - paper_ratio.max()):.0f}-{100 * (1 - paper_ratio.min()):.0f}% in the paper."
+        )
+        + ' Why: see "Swap-only vs recompute-only" above (in short, the paper\'s vLLM_s lost its time to '
+        "something other than swapping: by its own Table 4 AdaptiveLLM swapped more often)."
+    )
     ge, where_ge = _where_faf(sp, eps)
-    head = ("is not faster than vLLM" if not ge.any() else "is at least as fast as vLLM" if ge.all()
-            else f"is at least as fast as vLLM only on {where_ge}")
-    by_ds = "; ".join(f"{ds} {_rng(caf.xs(ds, level='dataset'))} ({_count(ge.xs(ds, level='dataset'))})"
-                      for ds in DATASETS if ds in set(m["dataset"]))
+    head = (
+        "is not faster than vLLM"
+        if not ge.any()
+        else "is at least as fast as vLLM"
+        if ge.all()
+        else f"is at least as fast as vLLM only on {where_ge}"
+    )
+    by_ds = "; ".join(
+        f"{ds} {_rng(caf.xs(ds, level='dataset'))} ({_count(ge.xs(ds, level='dataset'))})"
+        for ds in DATASETS
+        if ds in set(m["dataset"])
+    )
     caf_ca = sp["cost_aware_fairness/vllm"] / sp["cost_aware_fcfs/vllm"]
-    F.append(f"**The full AdaptiveLLM (cost_aware+fairness) {head}**: ratio {_rng(caf)}, >= 1 in "
-             f"{_count(ge)} points (by dataset: {by_ds}; at max output 64: "
-             f"{_rng(at64['cost_aware_fairness/vllm'])}), and it is "
-             + _below("", "cost_aware+fcfs", caf_ca, eps, subject=False) + ". "
-             + (f"If the paper's throughput study ran Algorithm 2 too, its Table 3 left numbers ({_rng(paper_v)}x) do "
-                f"not reproduce (at most {caf.max():.2f}x here); " if caf.max() < paper_v.min() else
-                "If the paper's throughput study ran Algorithm 2 too, compare these with its Table 3 left numbers; ")
-             + "with Algorithm 1 alone see the first finding.")
+    F.append(
+        f"**The full AdaptiveLLM (cost_aware+fairness) {head}**: ratio {_rng(caf)}, >= 1 in "
+        f"{_count(ge)} points (by dataset: {by_ds}; at max output 64: "
+        f"{_rng(at64['cost_aware_fairness/vllm'])}), and it is "
+        + _below("", "cost_aware+fcfs", caf_ca, eps, subject=False)
+        + ". "
+        + (
+            f"If the paper's throughput study ran Algorithm 2 too, its Table 3 left numbers ({_rng(paper_v)}x) do "
+            f"not reproduce (at most {caf.max():.2f}x here); "
+            if caf.max() < paper_v.min()
+            else "If the paper's throughput study ran Algorithm 2 too, compare these with its Table 3 left numbers; "
+        )
+        + "with Algorithm 1 alone see the first finding."
+    )
     if len(set(m["max_output"])) > 1:
         big = sp.xs(max(MAX_OUTPUTS), level="max_output")["cost_aware_fcfs/vllm"].reindex(ca64.index)
         shrink = (big < ca64 - eps).to_numpy()
-        F.append(f"**\"The advantage grows with the max output\" (section 4.3 text; up to 1.3x at 256): "
-                 f"{'does not reproduce' if shrink.sum() * 2 > shrink.size else 'partly reproduces'}.** "
-                 f"cost_aware+fcfs / vLLM at {max(MAX_OUTPUTS)} is {_rng(big)}, smaller than at 64 in "
-                 f"{_count(shrink)} model/dataset pairs (the rest are summary, flat at ~1.00).")
+        F.append(
+            f"**\"The advantage grows with the max output\" (section 4.3 text; up to 1.3x at 256): "
+            f"{'does not reproduce' if shrink.sum() * 2 > shrink.size else 'partly reproduces'}.** "
+            f"cost_aware+fcfs / vLLM at {max(MAX_OUTPUTS)} is {_rng(big)}, smaller than at 64 in "
+            f"{_count(shrink)} model/dataset pairs (the rest are summary, flat at ~1.00)."
+        )
     wt = pivot(df, "weighted_turnaround_mean")
     lower_ca = (wt["cost_aware_fairness"] < wt["cost_aware_fcfs"]).to_numpy()
     lower_rc = (wt["recompute_fairness"] < wt["vllm"]).to_numpy()
     drop = 1 - wt["cost_aware_fairness"] / wt["vllm"]
     drop_s = 1 - wt["cost_aware_fairness"] / wt["vllm_s"]
     verdict = "reproduces" if lower_ca.all() and lower_rc.all() else "partly reproduces"
-    text = (f"**Fairness lowers mean weighted turnaround (section 4.4, Figure 8): {verdict}.** cost_aware+fairness "
-            f"< cost_aware+fcfs in {_count(lower_ca)} points and recompute+fairness < vLLM in {_count(lower_rc)}; "
-            f"cost_aware+fairness is {_rng(100 * drop, 0)}% below vLLM and "
-            f"{_rng(100 * drop_s, 0)}% below vLLM_s (paper: 20-40% and 20-60% at batch "
-            f"64-128).")
+    text = (
+        f"**Fairness lowers mean weighted turnaround (section 4.4, Figure 8): {verdict}.** cost_aware+fairness "
+        f"< cost_aware+fcfs in {_count(lower_ca)} points and recompute+fairness < vLLM in {_count(lower_rc)}; "
+        f"cost_aware+fairness is {_rng(100 * drop, 0)}% below vLLM and "
+        f"{_rng(100 * drop_s, 0)}% below vLLM_s (paper: 20-40% and 20-60% at batch "
+        f"64-128)."
+    )
     bs = df[df["study"] == "batch_sweep"]
     if len(bs):
         b = bs.pivot_table(index=["dataset", "max_batch_size"], columns="config", values="weighted_turnaround_mean")
         d = 1 - b["cost_aware_fairness"] / b["vllm"]
         smallest = min(BATCH_SWEEP)
-        text += (f" Over the max batch size sweep (OPT-13B) the drop is {_rng(100 * d, 0)}%; it is smallest at max "
-                 f"batch {smallest} on chatbot/alpaca ({_rng(100 * d.xs(smallest, level='max_batch_size')[short_ds], 0)}"
-                 f"%), where the batch limit, not memory, bounds the batch and nothing is preempted.")
+        text += (
+            f" Over the max batch size sweep (OPT-13B) the drop is {_rng(100 * d, 0)}%; it is smallest at max "
+            f"batch {smallest} on chatbot/alpaca ({_rng(100 * d.xs(smallest, level='max_batch_size')[short_ds], 0)}"
+            f"%), where the batch limit, not memory, bounds the batch and nothing is preempted."
+        )
     F.append(text)
     pr = m[m["max_output"] == 64].set_index(["model", "dataset", "config"])
     pairs = [(mo, ds) for mo in MODELS for ds in DATASETS if (mo, ds, "vllm") in pr.index]
-    mix = [pr.loc[(mo, ds, "cost_aware_fcfs"), "preempt_swap"] > pr.loc[(mo, ds, "cost_aware_fcfs"), "preempt_recompute"]
-           for mo, ds in pairs]
+    mix = [
+        pr.loc[(mo, ds, "cost_aware_fcfs"), "preempt_swap"] > pr.loc[(mo, ds, "cost_aware_fcfs"), "preempt_recompute"]
+        for mo, ds in pairs
+    ]
     withp = [(mo, ds) for mo, ds in pairs if (mo, ds) in PAPER_TABLE4]
-    rat = lambda c, col, i, keep: [pr.loc[(mo, ds, c), col] / 1e3 / PAPER_TABLE4[(mo, ds)][i]
-                                   for mo, ds in withp if keep(ds)]
+    rat = lambda c, col, i, keep: [
+        pr.loc[(mo, ds, c), col] / 1e3 / PAPER_TABLE4[(mo, ds)][i] for mo, ds in withp if keep(ds)
+    ]
     summ = lambda d: d == "summary"
     short = lambda d: d != "summary"
-    t4 = (f"**Preemption mix (Table 4): reproduces for the cost-aware policy.** Swaps outnumber recomputes for "
-          f"cost_aware+fcfs in {_count(mix)} model/dataset pairs, as in the paper. Counts on chatbot/alpaca, ours / "
-          f"paper: cost_aware swaps {_rng(rat('cost_aware_fcfs', 'preempt_swap', 1, short))}x, vLLM recomputes "
-          f"{_rng(rat('vllm', 'preempt_recompute', 2, short))}x, vLLM_s swaps {_rng(rat('vllm_s', 'preempt_swap', 3, short))}"
-          f"x, cost_aware recomputes {_rng(rat('cost_aware_fcfs', 'preempt_recompute', 0, short))}x under fcfs and "
-          f"{_rng(rat('cost_aware_fairness', 'preempt_recompute', 0, short))}x under fairness.")
+    t4 = (
+        f"**Preemption mix (Table 4): reproduces for the cost-aware policy.** Swaps outnumber recomputes for "
+        f"cost_aware+fcfs in {_count(mix)} model/dataset pairs, as in the paper. Counts on chatbot/alpaca, ours / "
+        f"paper: cost_aware swaps {_rng(rat('cost_aware_fcfs', 'preempt_swap', 1, short))}x, vLLM recomputes "
+        f"{_rng(rat('vllm', 'preempt_recompute', 2, short))}x, vLLM_s swaps {_rng(rat('vllm_s', 'preempt_swap', 3, short))}"
+        f"x, cost_aware recomputes {_rng(rat('cost_aware_fcfs', 'preempt_recompute', 0, short))}x under fcfs and "
+        f"{_rng(rat('cost_aware_fairness', 'preempt_recompute', 0, short))}x under fairness."
+    )
     if any(summ(ds) for _, ds in withp):
-        t4 += (f" Summary has far fewer preemptions than the paper (vLLM recomputes "
-               f"{_rng(rat('vllm', 'preempt_recompute', 2, summ))}x, cost_aware swaps "
-               f"{_rng(rat('cost_aware_fcfs', 'preempt_swap', 1, summ))}x), a sign that the assumed summary length "
-               f"distribution is narrower than the real data's.")
+        t4 += (
+            f" Summary has far fewer preemptions than the paper (vLLM recomputes "
+            f"{_rng(rat('vllm', 'preempt_recompute', 2, summ))}x, cost_aware swaps "
+            f"{_rng(rat('cost_aware_fcfs', 'preempt_swap', 1, summ))}x), a sign that the assumed summary length "
+            f"distribution is narrower than the real data's."
+        )
     F.append(t4)
     out = ["## Findings\n"] + [f"{i}. {t}" for i, t in enumerate(F[1:], 1)]
     why = _why(df, meta, sp)
@@ -970,7 +1365,7 @@ def _why(df: pd.DataFrame, meta: dict, sp: pd.DataFrame) -> str:
     if any(x is None for x in need) or ct is None or not len(sv):
         return ""
     v, s, ca, caf = g("vllm"), g("vllm_s"), g("cost_aware_fcfs"), g("cost_aware_fairness")
-    v2, s2, ca2 = g("vllm", mx=max(MAX_OUTPUTS)), g("vllm_s", mx=max(MAX_OUTPUTS)), g("cost_aware_fcfs", mx=max(MAX_OUTPUTS))
+    v2, ca2 = g("vllm", mx=max(MAX_OUTPUTS)), g("cost_aware_fcfs", mx=max(MAX_OUTPUTS))
     vsum, casum, cafsum = g("vllm", "summary"), g("cost_aware_fcfs", "summary"), g("cost_aware_fairness", "summary")
     c13 = ct[ct["model"] == "opt-13b"].set_index("tokens")
     c80 = ct[ct["tokens"] == 80].set_index("model")
@@ -986,12 +1381,14 @@ def _why(df: pd.DataFrame, meta: dict, sp: pd.DataFrame) -> str:
     W = ["### Why\n"]
     per_model = sp.xs(64, level="max_output")["cost_aware_fcfs/vllm"]
     W.append(
-        f"* **The four models give nearly the same picture.** The schedule is set by the 128-block pool and the "
-        f"block counts, which do not depend on the model, and every iteration time scales with the weight bytes; "
-        f"what differs is Algorithm 1's ratio, swap/recompute for an 80-token sequence = "
+        "* **The four models give nearly the same picture.** The schedule is set by the 128-block pool and the "
+        "block counts, which do not depend on the model, and every iteration time scales with the weight bytes; "
+        "what differs is Algorithm 1's ratio, swap/recompute for an 80-token sequence = "
         + ", ".join(f"{MODELS[k]} {c80.loc[k, 'swap_over_recompute']:.2f}" for k in MODELS if k in c80.index)
-        + f", so the 30B-class models gain slightly more (cost_aware+fcfs / vLLM at 64 on chatbot: "
-        + ", ".join(f"{MODELS[k]} {per_model.get((k, 'chatbot'), np.nan):.2f}" for k in MODELS) + ").")
+        + ", so the 30B-class models gain slightly more (cost_aware+fcfs / vLLM at 64 on chatbot: "
+        + ", ".join(f"{MODELS[k]} {per_model.get((k, 'chatbot'), np.nan):.2f}" for k in MODELS)
+        + ")."
+    )
     W.append(
         f"* **Recomputation is expensive because every re-admission is a prefill-only iteration.** With vLLM-0.2 "
         f"scheduling no decode rides along, and in the roofline a small prefill costs a full pass over the weights, "
@@ -1005,7 +1402,8 @@ def _why(df: pd.DataFrame, meta: dict, sp: pd.DataFrame) -> str:
         f"fixed cost per iteration in real vLLM 0.2.5 (Python scheduling, sampling, padding) than the "
         f"profile's 0 ms: +{it.index[0]:g}/+{it.index[-1]:g} ms per iteration moves the ratio to "
         f"{it['ca'].iloc[0] / it['vllm'].iloc[0]:.2f}/{it['ca'].iloc[-1] / it['vllm'].iloc[-1]:.2f}, towards the "
-        f"paper but not to it.")
+        f"paper but not to it."
+    )
     W.append(
         f"* **The advantage shrinks as the max output grows** because decoding grows faster than recomputation: "
         f"from max output 64 to {max(MAX_OUTPUTS)} (chatbot) vLLM's prefill time goes {v.prefill_time_s:.1f} -> "
@@ -1013,14 +1411,16 @@ def _why(df: pd.DataFrame, meta: dict, sp: pd.DataFrame) -> str:
         f"({100 * v.prefill_time_s / v.makespan_s:.0f}% -> {100 * v2.prefill_time_s / v2.makespan_s:.0f}%), and the "
         f"longer victims make swapping dearer (cost_aware+fcfs transfers {ca.transfer_time_s:.1f} -> "
         f"{ca2.transfer_time_s:.1f} s; swap/recompute is {c13.loc[80, 'swap_over_recompute']:.2f} at 80 tokens and "
-        f"{c13.loc[272, 'swap_over_recompute']:.2f} at 272).")
+        f"{c13.loc[272, 'swap_over_recompute']:.2f} at 272)."
+    )
     W.append(
         f"* **Summary gains nothing** ({casum.throughput_tok_s / vsum.throughput_tok_s:.2f}x, paper 1.09-1.17x): "
         f"prompts of 340 tokens on average fit ~{vsum.mean_decode_batch:.1f} at a time in 128 blocks, so the run is "
         f"{vsum.decode_steps} small-batch decode steps ({vsum.decode_time_s:.0f} of {vsum.makespan_s:.0f} s); vLLM's "
         f"{vsum.preempt_recompute} recomputations cost {vsum.prefill_time_s - casum.prefill_time_s:.1f} s of extra "
         f"prefill and cost_aware's swaps {casum.transfer_time_s:.1f} s of transfers, both ~2% of the makespan, and at "
-        f"400 tokens the two cost nearly the same (swap/recompute {c13.loc[400, 'swap_over_recompute']:.2f}).")
+        f"400 tokens the two cost nearly the same (swap/recompute {c13.loc[400, 'swap_over_recompute']:.2f})."
+    )
     W.append(
         f"* **Swap-only is not slower than recompute-only** because swapping is cheap here and a full CPU pool "
         f"barely bites. An 80-token sequence (5 blocks) moves out and back in {c13.loc[80, 'swap_ms']:.1f} ms over "
@@ -1042,7 +1442,8 @@ def _why(df: pd.DataFrame, meta: dict, sp: pd.DataFrame) -> str:
         f"Algorithm 1 swap less. The section \"Swap-only vs recompute-only\" above gives the rest: vLLM 0.2's "
         f"per-block, per-layer copies are large enough here to run at the link's rate, the paper's own Table 4 has "
         f"AdaptiveLLM swapping more often than vLLM_s, and on chatbot/alpaca the paper's vLLM_s behaves as if it "
-        f"ran ~16 sequences at a time, which neither reading of a full CPU pool produces.")
+        f"ran ~16 sequences at a time, which neither reading of a full CPU pool produces."
+    )
     if len(ca_loses):
         r = ca_loses.iloc[0]
         W.append(
@@ -1051,7 +1452,8 @@ def _why(df: pd.DataFrame, meta: dict, sp: pd.DataFrame) -> str:
             f"prefill iterations: vLLM's extra prefill time per recomputation was {1e3 * marginal:.1f} ms (victims "
             f"average {victim_len:.0f} tokens, FCFS preempts the youngest). So when swapping is dearer than that but "
             f"cheaper than the estimate, the policy swaps and loses: at {r['label']} it made {r['ca_sw']} swaps and "
-            f"{r['ca_rc']} recomputes and ran at {r['ca'] / r['vllm']:.2f}x vLLM.")
+            f"{r['ca_rc']} recomputes and ran at {r['ca'] / r['vllm']:.2f}x vLLM."
+        )
     W.append(
         f"* **Fairness costs throughput against cost_aware+fcfs.** With every request present at t=0, Algorithm 2's "
         f"priority (time since first enqueue / sequence length) orders by current length: fresh prompts outrank "
@@ -1067,7 +1469,8 @@ def _why(df: pd.DataFrame, meta: dict, sp: pd.DataFrame) -> str:
         + ("comes out ahead" if caf.throughput_tok_s > v.throughput_tok_s else "does not come out ahead")
         + (" here, and only at the points finding 4 lists" if not _where_faf(sp)[0].all() else " here")
         + f": it recomputes {caf.recomputed_tokens:.0f} tokens in {caf.prefill_iters} prefill iterations "
-        f"against vLLM's {v.recomputed_tokens:.0f} in {v.prefill_iters}.")
+        f"against vLLM's {v.recomputed_tokens:.0f} in {v.prefill_iters}."
+    )
     W.append(
         f"* **Read weighted turnaround together with e2e.** Eq. 5 divides by (finish - first scheduled) and the "
         f"first scheduling survives preemption; fairness admits requests early (mean queueing "
@@ -1077,7 +1480,8 @@ def _why(df: pd.DataFrame, meta: dict, sp: pd.DataFrame) -> str:
         f"{_moves(ca.e2e_mean_s, caf.e2e_mean_s)} {ca.e2e_mean_s:.1f} -> {caf.e2e_mean_s:.1f} s. On summary, whose "
         f"lengths vary more, shortest-first "
         + ("lowers" if cafsum.e2e_mean_s < casum.e2e_mean_s else "does not lower")
-        + f" mean e2e ({casum.e2e_mean_s:.0f} -> {cafsum.e2e_mean_s:.0f} s).")
+        + f" mean e2e ({casum.e2e_mean_s:.0f} -> {cafsum.e2e_mean_s:.0f} s)."
+    )
     return "\n".join(W)
 
 
@@ -1096,10 +1500,13 @@ def policy_notes() -> str:
 def in_short(md: str) -> str:
     """The findings' headlines, for the top of the report."""
     heads = re.findall(r"^\d+\. \*\*(.+?)\*\*", md, flags=re.M)
-    return ("## In short\n\n" + "\n".join(f"* {h}" for h in heads)
-            + "\n\nThe swap-only result is a finding, not a gap in the model: the section \"Swap-only vs "
-              "recompute-only\" below shows vLLM 0.2's swap path as modelled and why the paper's own counts rule "
-              "out the cost of swapping as the cause of its vLLM_s's loss.\n")
+    return (
+        "## In short\n\n"
+        + "\n".join(f"* {h}" for h in heads)
+        + '\n\nThe swap-only result is a finding, not a gap in the model: the section "Swap-only vs '
+        "recompute-only\" below shows vLLM 0.2's swap path as modelled and why the paper's own counts rule "
+        "out the cost of swapping as the cause of its vLLM_s's loss.\n"
+    )
 
 
 def _ratio(model: str, dataset: str, column: str):
@@ -1137,16 +1544,29 @@ def write_outputs(df: pd.DataFrame, out: Path, quick: bool, meta: dict) -> list[
         csv = stage / f"{stem}.csv"
         # per-simulation wall times depend on the machine's load: kept out so the CSV is reproducible
         df.drop(columns=["wall_s"], errors="ignore").to_csv(csv, index=False, float_format="%.9g")
-        made = [csv, plot_throughput(df, stage / f"{stem}_throughput.png"),
-                plot_turnaround(df, stage / f"{stem}_turnaround.png")]
+        made = [
+            csv,
+            plot_throughput(df, stage / f"{stem}_throughput.png"),
+            plot_turnaround(df, stage / f"{stem}_turnaround.png"),
+        ]
         made += [p for p in [plot_swap_only(df, stage / f"{stem}_swap_only.png")] if p is not None]
         md = write_markdown(df, stage, stem, meta)
         if not quick:
             text = md.read_text()
             head, rest = text.split("\n## Setup\n", 1)
-            md.write_text(head + "\n" + in_short(text) + "\n## Setup\n" + rest + "\n" + policy_notes() + "\n" + SCOPE.format(
-                **meta, n_main=len(_main(df)), n_side=len(df) - len(_main(df)), left_out=_left_out(df))
-                + "\n" + moved_section({stem: df}, out, HEADLINES))
+            md.write_text(
+                head
+                + "\n"
+                + in_short(text)
+                + "\n## Setup\n"
+                + rest
+                + "\n"
+                + policy_notes()
+                + "\n"
+                + SCOPE.format(**meta, n_main=len(_main(df)), n_side=len(df) - len(_main(df)), left_out=_left_out(df))
+                + "\n"
+                + moved_section({stem: df}, out, HEADLINES)
+            )
         keep = {k: meta[k] for k in ("date", "machine", "jobs", "wall_s", "cpu_s", "load", "cores")}
         info = stage / f"{stem}.meta.json"
         info.write_text(json.dumps(keep, indent=1) + "\n")
@@ -1160,12 +1580,16 @@ def _left_out(df: pd.DataFrame) -> str:
     """The scope note on the findings the tests leave out."""
     ge, where = _where_faf(speedups(df))
     if not ge.any():
-        return ("findings 4 and 5 and the paper's effect sizes are left out of the tests because the simulator "
-                "does not show them.")
+        return (
+            "findings 4 and 5 and the paper's effect sizes are left out of the tests because the simulator "
+            "does not show them."
+        )
     caf = speedups(df)["cost_aware_fairness/vllm"]
-    return (f"finding 5 and the paper's effect sizes are left out of the tests because the simulator does "
-            f"not show them, and finding 4 because it holds in {_count(ge)} points only ({where}, by at most "
-            f"{caf.max():.2f}x).")
+    return (
+        f"finding 5 and the paper's effect sizes are left out of the tests because the simulator does "
+        f"not show them, and finding 4 because it holds in {_count(ge)} points only ({where}, by at most "
+        f"{caf.max():.2f}x)."
+    )
 
 
 SCOPE = """## Scope and runtime
@@ -1186,13 +1610,18 @@ means with assumed spreads and assumed output lengths), and its vLLM_s behaviour
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m infersim.analysis.reproduce.adaptivellm", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m infersim.analysis.reproduce.adaptivellm", description=__doc__.split("\n\n")[0]
+    )
     ap.add_argument("--quick", action="store_true", help="one model, one dataset, max output 64 (under 30 s)")
     ap.add_argument("--out", default="docs/findings", help="output folder (default docs/findings)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes (default: all cores)")
-    ap.add_argument("--from-csv", type=Path, default=None,
-                    help="re-write the report and plots from an earlier run's CSV (and its .meta.json) without "
-                         "simulating again")
+    ap.add_argument(
+        "--from-csv",
+        type=Path,
+        default=None,
+        help="re-write the report and plots from an earlier run's CSV (and its .meta.json) without " "simulating again",
+    )
     args = ap.parse_args(argv)
     out = Path(args.out)
     if args.from_csv is not None:
@@ -1207,17 +1636,27 @@ def main(argv=None) -> int:
             return 2
     tasks = plan(args.quick)
     t0 = time.perf_counter()
-    cpu0 = sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
-                                                  resource.getrusage(resource.RUSAGE_CHILDREN)))
+    cpu0 = sum(
+        r.ru_utime + r.ru_stime
+        for r in (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN))
+    )
     with tempfile.TemporaryDirectory(prefix="adaptivellm-hw-") as tmp:
         _hardware_variants(tasks, Path(tmp))
         df = run_all(tasks, max(1, args.jobs))
     wall = time.perf_counter() - t0
     ru = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
     cpu = sum(r.ru_utime + r.ru_stime for r in ru) - cpu0
-    meta = {"quick": args.quick, "date": _dt.datetime.now().strftime("%Y-%m-%d %H:%M"), "machine": _machine(),
-            "jobs": max(1, args.jobs), "wall_s": wall, "cpu_s": cpu, "load": os.getloadavg()[0], "cores": os.cpu_count(),
-            "cost_table": cost_table((QUICK_MODEL,) if args.quick else tuple(MODELS))}
+    meta = {
+        "quick": args.quick,
+        "date": _dt.datetime.now().strftime("%Y-%m-%d %H:%M"),
+        "machine": _machine(),
+        "jobs": max(1, args.jobs),
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "load": os.getloadavg()[0],
+        "cores": os.cpu_count(),
+        "cost_table": cost_table((QUICK_MODEL,) if args.quick else tuple(MODELS)),
+    }
     made = write_outputs(df, out, args.quick, meta)
     from rich.console import Console
 
@@ -1244,9 +1683,19 @@ def _rewrite(csv: Path, out: Path, quick: bool) -> int:
         raise InfersimError(f"--from-csv: {csv} is not an adaptivellm CSV (missing columns {sorted(missing)})")
     df["cpu_blocks"] = df["cpu_blocks"].astype(int)
     side = csv.with_suffix(".meta.json")
-    meta = json.loads(side.read_text()) if side.is_file() else {
-        "date": "?", "machine": _machine(), "jobs": 1, "wall_s": float("nan"), "cpu_s": float("nan"), "load": float("nan"),
-        "cores": os.cpu_count()}
+    meta = (
+        json.loads(side.read_text())
+        if side.is_file()
+        else {
+            "date": "?",
+            "machine": _machine(),
+            "jobs": 1,
+            "wall_s": float("nan"),
+            "cpu_s": float("nan"),
+            "load": float("nan"),
+            "cores": os.cpu_count(),
+        }
+    )
     meta.update(quick=quick, cost_table=cost_table((QUICK_MODEL,) if quick else tuple(MODELS)))
     made = write_outputs(df, out, quick, meta)
     print("wrote " + ", ".join(str(p) for p in made))

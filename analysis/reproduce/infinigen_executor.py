@@ -20,6 +20,7 @@ same 1,024-token windows either way); --quick: fewer windows and policies, files
 no YAML.
 
     python -m infersim.analysis.reproduce.infinigen_executor --window-tokens 512 --prefill 64 --windows 16"""
+
 from __future__ import annotations
 
 import argparse
@@ -49,22 +50,31 @@ def policy_set(skew, quick: bool):
     """(kind, policy) pairs in report order; every parameter name is the simulator's."""
     from infersim.executor.offload.policies import H2O, FullCache, InfiniGen, Int4KV
 
-    out = [("baseline", FullCache()), ("baseline", Int4KV()), ("baseline", H2O({"budget": 0.2})),
-           ("infinigen", InfiniGen({}, skew))]
+    out = [
+        ("baseline", FullCache()),
+        ("baseline", Int4KV()),
+        ("baseline", H2O({"budget": 0.2})),
+        ("infinigen", InfiniGen({}, skew)),
+    ]
     if quick:
         return out + [("pool", InfiniGen({"pool_limit": 0.5, "victim": v}, skew)) for v in ("fifo", "counter")]
     out.insert(3, ("baseline", H2O({"budget": 0.1})))
-    out += [("infinigen", InfiniGen({"alpha": 5}, skew)),
-            ("infinigen", InfiniGen({"max_fetch_fraction": 0.1}, skew)),
-            ("infinigen", InfiniGen({"max_fetch_fraction": 1.0}, skew)),
-            ("infinigen", InfiniGen({"start_layer": 2}, skew)),  # the reference code: layers 0-1 in full
-            ("ablation", InfiniGen({}, None)),
-            ("ablation", InfiniGen({}, skew, lookahead=False)),
-            ("ablation", InfiniGen({}, None, lookahead=False)),
-            ("ablation", InfiniGen({}, skew, oracle=True)),
-            ("ablation", InfiniGen({"max_fetch_fraction": 1.0}, skew, oracle=True))]
-    out += [("pool", InfiniGen({"pool_limit": lim, "victim": v}, skew)) for lim in (0.8, 0.5)
-            for v in ("fifo", "lru", "counter")]
+    out += [
+        ("infinigen", InfiniGen({"alpha": 5}, skew)),
+        ("infinigen", InfiniGen({"max_fetch_fraction": 0.1}, skew)),
+        ("infinigen", InfiniGen({"max_fetch_fraction": 1.0}, skew)),
+        ("infinigen", InfiniGen({"start_layer": 2}, skew)),  # the reference code: layers 0-1 in full
+        ("ablation", InfiniGen({}, None)),
+        ("ablation", InfiniGen({}, skew, lookahead=False)),
+        ("ablation", InfiniGen({}, None, lookahead=False)),
+        ("ablation", InfiniGen({}, skew, oracle=True)),
+        ("ablation", InfiniGen({"max_fetch_fraction": 1.0}, skew, oracle=True)),
+    ]
+    out += [
+        ("pool", InfiniGen({"pool_limit": lim, "victim": v}, skew))
+        for lim in (0.8, 0.5)
+        for v in ("fifo", "lru", "counter")
+    ]
     return out
 
 
@@ -87,10 +97,17 @@ def skew_stats(model, ids, skew, ratio: float) -> dict:
         err = (model.scores(qs, ks) - ref).abs().max() / ref.abs().max()
 
         def top_energy(x):
-            e = (x ** 2).sum(dim=(0, 2))  # [heads, d]
+            e = (x**2).sum(dim=(0, 2))  # [heads, d]
             return float((e.sort(dim=-1, descending=True).values[:, :r].sum(-1) / e.sum(-1)).mean())
-        rows.append({"layer": i, "max_rel_error": float(err), "energy_top_r_plain": top_energy(q),
-                     "energy_top_r_skewed": top_energy(qs)})
+
+        rows.append(
+            {
+                "layer": i,
+                "max_rel_error": float(err),
+                "energy_top_r_plain": top_energy(q),
+                "energy_top_r_skewed": top_energy(qs),
+            }
+        )
     return {"columns": r, "layers": rows}
 
 
@@ -238,18 +255,26 @@ def main(argv=None) -> int:
             if pol.name == "int4":
                 p = Int4Params.model_validate(pol.params.model_dump())
                 bytes_ratio = (p.bits / 8 + 4 / p.group_size) / 2.0  # packed + fp16 scale/min per group
-            row = {"label": r.label, "kind": kind, "policy": pol.name,
-                   "params": json.dumps(pol.params.model_dump() if pol.params is not None else {}, sort_keys=True),
-                   "perplexity": r.perplexity, "mass_kept": r.mass_kept(), "kv_fraction": r.kv_fraction(),
-                   "relative_kv_size": r.kv_fraction() * bytes_ratio, "seconds": r.seconds}
+            row = {
+                "label": r.label,
+                "kind": kind,
+                "policy": pol.name,
+                "params": json.dumps(pol.params.model_dump() if pol.params is not None else {}, sort_keys=True),
+                "perplexity": r.perplexity,
+                "mass_kept": r.mass_kept(),
+                "kv_fraction": r.kv_fraction(),
+                "relative_kv_size": r.kv_fraction() * bytes_ratio,
+                "seconds": r.seconds,
+            }
             for i in range(model.shape.layers):
                 row[f"mass_l{i}"] = r.mass_kept(i)
                 row[f"kv_fraction_l{i}"] = r.kv_fraction(i)
             if getattr(pol, "pools", None):
                 row["pool_evictions"] = sum(pl.evictions for pl in pol.pools)
-                sel_layers = pol.pools[pol.params.start_layer:]
-                row["evicted_previous_share"] = (sum(pl.evicted_previous for pl in sel_layers)
-                                                 / max(1, sum(pl.evictions for pl in sel_layers)))
+                sel_layers = pol.pools[pol.params.start_layer :]
+                row["evicted_previous_share"] = sum(pl.evicted_previous for pl in sel_layers) / max(
+                    1, sum(pl.evictions for pl in sel_layers)
+                )
             rows.append(row)
         bar.update(task, description="[cyan]important-token counts")
         counts = important_counts(model, long_ids, ALPHAS)
@@ -258,10 +283,21 @@ def main(argv=None) -> int:
     df.insert(5, "ppl_vs_full", df.perplexity / full)
 
     ca, ma = at_contexts(counts["count"], CONTEXTS), at_contexts(counts["mass"], CONTEXTS)
-    sp = pd.DataFrame([{"alpha": a, "layer": i, "context": c, "tokens": ca[ai, i, ci], "mass": ma[ai, i, ci],
-                        "fraction": ca[ai, i, ci] / c}
-                       for ai, a in enumerate(ALPHAS) for i in range(model.shape.layers)
-                       for ci, c in enumerate(CONTEXTS)])
+    sp = pd.DataFrame(
+        [
+            {
+                "alpha": a,
+                "layer": i,
+                "context": c,
+                "tokens": ca[ai, i, ci],
+                "mass": ma[ai, i, ci],
+                "fraction": ca[ai, i, ci] / c,
+            }
+            for ai, a in enumerate(ALPHAS)
+            for i in range(model.shape.layers)
+            for ci, c in enumerate(CONTEXTS)
+        ]
+    )
     out.mkdir(parents=True, exist_ok=True)
     with atomic_path(out / f"{stem}.csv") as p:
         df.to_csv(p, index=False, float_format="%.6g")
@@ -270,31 +306,49 @@ def main(argv=None) -> int:
     files = plots(df, sp, out, stem, model.shape.layers)
 
     date = _dt.date.today().isoformat()
-    source = (f"measured by analysis/reproduce/infinigen_executor.py on {date}: zoo-target with the full cache, "
-              f"{args.sparsity_windows} held-out stdlib windows of {max(CONTEXTS)} tokens; tokens whose true "
-              f"attention score is above the row's max - alpha, averaged over heads, windows and the query "
-              f"positions within +-10% of each context; the model was trained on {TRAINED_TOKENS}-token windows, "
-              f"so the points above {TRAINED_TOKENS} are the model extrapolating")
+    source = (
+        f"measured by analysis/reproduce/infinigen_executor.py on {date}: zoo-target with the full cache, "
+        f"{args.sparsity_windows} held-out stdlib windows of {max(CONTEXTS)} tokens; tokens whose true "
+        f"attention score is above the row's max - alpha, averaged over heads, windows and the query "
+        f"positions within +-10% of each context; the model was trained on {TRAINED_TOKENS}-token windows, "
+        f"so the points above {TRAINED_TOKENS} are the model extrapolating"
+    )
     spec = sparsity_spec("zoo-target", "zoo-target", ALPHAS, CONTEXTS, ca, ma, 4.0, source)
-    meta = {"date": date, "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
-            "cpus": __import__("os").cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
-            "device": str(model.device), "threads": args.threads, "windows": args.windows,
-            "window_tokens": args.window_tokens, "prefill": args.prefill, "decode_steps": steps,
-            "sparsity_windows": args.sparsity_windows, "seed": args.seed,
-            "skew": skew_stats(model, sample.to(model.device), skew, 0.3),
-            "input_similarity": input_similarity(model, ids[:8].to(model.device)),
-            "seconds": time.perf_counter() - t_start, "files": [f"{stem}.csv", f"{stem}-sparsity.csv", *files]}
+    meta = {
+        "date": date,
+        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+        "cpus": __import__("os").cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "device": str(model.device),
+        "threads": args.threads,
+        "windows": args.windows,
+        "window_tokens": args.window_tokens,
+        "prefill": args.prefill,
+        "decode_steps": steps,
+        "sparsity_windows": args.sparsity_windows,
+        "seed": args.seed,
+        "skew": skew_stats(model, sample.to(model.device), skew, 0.3),
+        "input_similarity": input_similarity(model, ids[:8].to(model.device)),
+        "seconds": time.perf_counter() - t_start,
+        "files": [f"{stem}.csv", f"{stem}-sparsity.csv", *files],
+    }
     write_atomic(out / f"{stem}-meta.json", json.dumps(json_clean(meta), indent=2, sort_keys=True) + "\n")
     if not args.quick and args.sparsity_out and args.window_tokens == TRAINED_TOKENS:
-        head = ("# Attention sparsity of zoo-target (the executor's Llama 3 x 192), measured on the real model.\n"
-                "# Written by `python -m infersim.analysis.reproduce.infinigen_executor`; see docs/findings/"
-                "infinigen-executor.md.\n")
-        write_atomic(args.sparsity_out, head + yaml.safe_dump(json_clean(spec.model_dump()), sort_keys=False,
-                                                              width=100))
+        head = (
+            "# Attention sparsity of zoo-target (the executor's Llama 3 x 192), measured on the real model.\n"
+            "# Written by `python -m infersim.analysis.reproduce.infinigen_executor`; see docs/findings/"
+            "infinigen-executor.md.\n"
+        )
+        write_atomic(
+            args.sparsity_out, head + yaml.safe_dump(json_clean(spec.model_dump()), sort_keys=False, width=100)
+        )
     pd.set_option("display.width", 200)
     print(df[["label", "perplexity", "ppl_vs_full", "mass_kept", "relative_kv_size"]].to_string(index=False))
-    print(f"wrote {out}/{stem}.* ({time.perf_counter() - t_start:.0f} s)"
-          + (f" and {args.sparsity_out}" if not args.quick and args.window_tokens == TRAINED_TOKENS else ""))
+    print(
+        f"wrote {out}/{stem}.* ({time.perf_counter() - t_start:.0f} s)"
+        + (f" and {args.sparsity_out}" if not args.quick and args.window_tokens == TRAINED_TOKENS else "")
+    )
     return 0
 
 

@@ -14,6 +14,7 @@
     python -m infersim.analysis.reproduce.medusa_trees [--quick] [--out docs/findings]
 
 Writes <out>/medusa.md, medusa.csv and medusa.{fig4a,fig4b,acceptance}.png (--quick: medusa.quick.*)."""
+
 from __future__ import annotations
 
 import argparse
@@ -25,11 +26,16 @@ import numpy as np
 import pandas as pd
 
 from infersim.analysis.reproduce.moved import Headline, moved_section
-from infersim.simulator.speculative.medusa_heads import load_accuracies
-from infersim.simulator.simulation import Simulation
 from infersim.simulator.metrics.summary import summarize
-from infersim.simulator.speculative.medusa_tree import (cartesian_nodes, cartesian_tree, choices_tree, expected_length,
-                                               greedy_tree)
+from infersim.simulator.simulation import Simulation
+from infersim.simulator.speculative.medusa_heads import load_accuracies
+from infersim.simulator.speculative.medusa_tree import (
+    cartesian_nodes,
+    cartesian_tree,
+    choices_tree,
+    expected_length,
+    greedy_tree,
+)
 from infersim.simulator.speculative.sampling import convert_rank_accuracies
 from infersim.simulator.workload.builder import build_requests
 from infersim.simulator.workload.schema import WorkloadSpec
@@ -41,9 +47,11 @@ PAPER = {"medusa1_speedup": 2.18, "medusa2_speedup": 2.83}
 
 def _serving(batch: int, label: str, column: str):
     """One number of the serving study (Fig. 4b rows) at a batch size."""
+
     def value(rows: pd.DataFrame) -> float:
         r = rows[(rows["part"] == "fig4b") & (rows["batch"] == batch) & (rows["label"] == label)]
         return float(r[column].iloc[0])
+
     return value
 
 
@@ -97,9 +105,15 @@ def dense_census(acc: np.ndarray, excl=None, max_nodes: int = 360) -> pd.DataFra
     candidate (leaf) count and expected acceleration rate."""
     rows = []
     for sizes in dense_settings(acc.shape[1], acc.shape[0], max_nodes, ordered=False):
-        rows.append({"tree": "x".join(map(str, sizes)), "nodes": cartesian_nodes(sizes),
-                     "leaves": int(np.prod(sizes)), "ordered": all(b <= a for a, b in zip(sizes, sizes[1:])),
-                     "acceleration_rate": expected_length(cartesian_tree(sizes), acc, excl)})
+        rows.append(
+            {
+                "tree": "x".join(map(str, sizes)),
+                "nodes": cartesian_nodes(sizes),
+                "leaves": int(np.prod(sizes)),
+                "ordered": all(b <= a for a, b in zip(sizes, sizes[1:])),
+                "acceleration_rate": expected_length(cartesian_tree(sizes), acc, excl),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -115,33 +129,66 @@ def dense_vs_greedy(acc: np.ndarray, scheme: str, excl=None) -> tuple[pd.DataFra
         for sel, f in (("every setting", census), ("ordered s_1 >= s_2 >= ...", census[census["ordered"]])):
             b = f[(f["nodes"] >= lo) & (f["nodes"] <= hi)]
             top = b.loc[b["acceleration_rate"].idxmax()]
-            rows.append({"scheme": scheme, "dense_trees": f"{sel}, {lo}-{hi} nodes", "count": len(b),
-                         "greedy_64": g64, "share_below_greedy_64": float((b["acceleration_rate"] < g64).mean()),
-                         "median_rate": float(b["acceleration_rate"].median()),
-                         "best_rate": float(top["acceleration_rate"]), "best_tree": f"{top['tree']} ({int(top['nodes'])} nodes)"})
+            rows.append(
+                {
+                    "scheme": scheme,
+                    "dense_trees": f"{sel}, {lo}-{hi} nodes",
+                    "count": len(b),
+                    "greedy_64": g64,
+                    "share_below_greedy_64": float((b["acceleration_rate"] < g64).mean()),
+                    "median_rate": float(b["acceleration_rate"].median()),
+                    "best_rate": float(top["acceleration_rate"]),
+                    "best_tree": f"{top['tree']} ({int(top['nodes'])} nodes)",
+                }
+            )
     leaves = census[census["leaves"] == 256]
     top = leaves.loc[leaves["acceleration_rate"].idxmax()]
-    rows.append({"scheme": scheme, "dense_trees": "256 candidates counted as leaves (any nodes)", "count": len(leaves),
-                 "greedy_64": g64, "share_below_greedy_64": float((leaves["acceleration_rate"] < g64).mean()),
-                 "median_rate": float(leaves["acceleration_rate"].median()), "best_rate": float(top["acceleration_rate"]),
-                 "best_tree": f"{top['tree']} ({int(top['nodes'])} nodes)"})
+    rows.append(
+        {
+            "scheme": scheme,
+            "dense_trees": "256 candidates counted as leaves (any nodes)",
+            "count": len(leaves),
+            "greedy_64": g64,
+            "share_below_greedy_64": float((leaves["acceleration_rate"] < g64).mean()),
+            "median_rate": float(leaves["acceleration_rate"].median()),
+            "best_rate": float(top["acceleration_rate"]),
+            "best_tree": f"{top['tree']} ({int(top['nodes'])} nodes)",
+        }
+    )
     for sizes in UNIFORM_TREES:
         if max(sizes) > acc.shape[1] or len(sizes) > acc.shape[0]:
             continue
         r = expected_length(cartesian_tree(sizes), acc, excl)
         name = "x".join(map(str, sizes))
-        rows.append({"scheme": scheme, "dense_trees": f"uniform {name}", "count": 1, "greedy_64": g64,
-                     "share_below_greedy_64": float(r < g64), "median_rate": r, "best_rate": r,
-                     "best_tree": f"{name} ({cartesian_nodes(sizes)} nodes, {int(np.prod(sizes))} leaves)"})
+        rows.append(
+            {
+                "scheme": scheme,
+                "dense_trees": f"uniform {name}",
+                "count": 1,
+                "greedy_64": g64,
+                "share_below_greedy_64": float(r < g64),
+                "median_rate": r,
+                "best_rate": r,
+                "best_tree": f"{name} ({cartesian_nodes(sizes)} nodes, {int(np.prod(sizes))} leaves)",
+            }
+        )
     pool = census[(census["nodes"] >= 4) & (census["nodes"] <= 300)]
     dots = pool.sample(n=min(RANDOM_DOTS, len(pool)), random_state=np.random.RandomState(4)).assign(scheme=scheme)
     b = dots[(dots["nodes"] >= 129) & (dots["nodes"] <= 256)]
     if len(b):
         top = b.loc[b["acceleration_rate"].idxmax()]
-        rows.append({"scheme": scheme, "dense_trees": f"{len(dots)} settings drawn at random (plot), 129-256 nodes",
-                     "count": len(b), "greedy_64": g64, "share_below_greedy_64": float((b["acceleration_rate"] < g64).mean()),
-                     "median_rate": float(b["acceleration_rate"].median()), "best_rate": float(top["acceleration_rate"]),
-                     "best_tree": f"{top['tree']} ({int(top['nodes'])} nodes)"})
+        rows.append(
+            {
+                "scheme": scheme,
+                "dense_trees": f"{len(dots)} settings drawn at random (plot), 129-256 nodes",
+                "count": len(b),
+                "greedy_64": g64,
+                "share_below_greedy_64": float((b["acceleration_rate"] < g64).mean()),
+                "median_rate": float(b["acceleration_rate"].median()),
+                "best_rate": float(top["acceleration_rate"]),
+                "best_tree": f"{top['tree']} ({int(top['nodes'])} nodes)",
+            }
+        )
     return pd.DataFrame(rows), dots
 
 
@@ -153,15 +200,36 @@ def fig4a(acc: np.ndarray, table, typical=None) -> pd.DataFrame:
     for scheme, a, excl in schemes:
         for sizes in dense_settings(a.shape[1], a.shape[0]):
             tree = cartesian_tree(sizes)
-            rows.append({"scheme": scheme, "kind": "dense", "tree": "x".join(map(str, sizes)), "nodes": len(tree) + 1,
-                         "acceleration_rate": expected_length(tree, a, excl)})
+            rows.append(
+                {
+                    "scheme": scheme,
+                    "kind": "dense",
+                    "tree": "x".join(map(str, sizes)),
+                    "nodes": len(tree) + 1,
+                    "acceleration_rate": expected_length(tree, a, excl),
+                }
+            )
         for n in GREEDY_SIZES:
             tree = greedy_tree(a, n)
-            rows.append({"scheme": scheme, "kind": "greedy", "tree": f"greedy {n}", "nodes": n,
-                         "acceleration_rate": expected_length(tree, a, excl)})
+            rows.append(
+                {
+                    "scheme": scheme,
+                    "kind": "greedy",
+                    "tree": f"greedy {n}",
+                    "nodes": n,
+                    "acceleration_rate": expected_length(tree, a, excl),
+                }
+            )
         tree = choices_tree(table.tree)
-        rows.append({"scheme": scheme, "kind": "mc_sim_7b_63", "tree": "mc_sim_7b_63", "nodes": len(tree) + 1,
-                     "acceleration_rate": expected_length(tree, a, excl)})
+        rows.append(
+            {
+                "scheme": scheme,
+                "kind": "mc_sim_7b_63",
+                "tree": "mc_sim_7b_63",
+                "nodes": len(tree) + 1,
+                "acceleration_rate": expected_length(tree, a, excl),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -182,7 +250,7 @@ def dependent_path_probability(path, acc: np.ndarray, d: float) -> float:
     for j, i in enumerate(path):
         prob *= acc[j, i]
     off_top = sum(1 for i in path[:-1] if i > 0)
-    return prob * d ** off_top
+    return prob * d**off_top
 
 
 def dependent_rate(tree, acc: np.ndarray, d: float) -> float:
@@ -217,38 +285,71 @@ def dependence_study(acc: np.ndarray) -> pd.DataFrame:
         g64 = dependent_rate(dependent_greedy(acc, 64, d), acc, d)
         rates = {x: dependent_rate(cartesian_tree(x), acc, d) for x in ordered}
         best = max(rates, key=rates.get)
-        rows.append({"d": d, "greedy_64": g64, "best_dense_193_256": rates[best],
-                     "best_dense_tree": f"{'x'.join(map(str, best))} ({cartesian_nodes(best)} nodes)",
-                     "share_ordered_below_greedy_64": float(np.mean([r < g64 for r in rates.values()])),
-                     "dense_6x6x6": dependent_rate(cartesian_tree((6, 6, 6)), acc, d),
-                     "dense_4x4x4x4": dependent_rate(cartesian_tree((4, 4, 4, 4)), acc, d)})
+        rows.append(
+            {
+                "d": d,
+                "greedy_64": g64,
+                "best_dense_193_256": rates[best],
+                "best_dense_tree": f"{'x'.join(map(str, best))} ({cartesian_nodes(best)} nodes)",
+                "share_ordered_below_greedy_64": float(np.mean([r < g64 for r in rates.values()])),
+                "dense_6x6x6": dependent_rate(cartesian_tree((6, 6, 6)), acc, d),
+                "dense_4x4x4x4": dependent_rate(cartesian_tree((4, 4, 4, 4)), acc, d),
+            }
+        )
     return pd.DataFrame(rows)
 
 
 # ---- fig 4b: the serving simulator ----------------------------------------------------------------------
-def spec(tree: dict | None, batch: int, n: int, prompt: int, output: int, sampling: dict | None = None,
-         seed: int = 0) -> WorkloadSpec:
-    d = {"name": "medusa", "model": MODEL, "hardware": {"profile": HARDWARE}, "serving": {"max_batch_size": batch},
-         "requests": {"count": n, "arrival": {"type": "burst"}, "prompt_tokens": {"type": "fixed", "value": prompt},
-                      "output_tokens": {"type": "fixed", "value": output}}, "seed": seed}
+def spec(
+    tree: dict | None, batch: int, n: int, prompt: int, output: int, sampling: dict | None = None, seed: int = 0
+) -> WorkloadSpec:
+    d = {
+        "name": "medusa",
+        "model": MODEL,
+        "hardware": {"profile": HARDWARE},
+        "serving": {"max_batch_size": batch},
+        "requests": {
+            "count": n,
+            "arrival": {"type": "burst"},
+            "prompt_tokens": {"type": "fixed", "value": prompt},
+            "output_tokens": {"type": "fixed", "value": output},
+        },
+        "seed": seed,
+    }
     if tree is not None:
-        d["speculation"] = {"method": "medusa", "medusa": {"accuracies": TABLE, "tree": tree},
-                            "sampling": sampling or {"mode": "greedy"}}
+        d["speculation"] = {
+            "method": "medusa",
+            "medusa": {"accuracies": TABLE, "tree": tree},
+            "sampling": sampling or {"mode": "greedy"},
+        }
     return WorkloadSpec.model_validate(d)
 
 
-def simulate(label: str, kind: str, tree: dict | None, batch: int, n: int, prompt: int, output: int,
-             sampling: dict | None = None) -> dict:
+def simulate(
+    label: str, kind: str, tree: dict | None, batch: int, n: int, prompt: int, output: int, sampling: dict | None = None
+) -> dict:
     sp = spec(tree, batch, n, prompt, output, sampling)
     res = Simulation(sp, build_requests(sp, ".")).run()
     s = summarize(res)
-    row = {"label": label, "kind": kind, "batch": batch, "tokens_per_s": s["throughput_output_tokens_per_s"],
-           "tpot_ms": 1e3 * s["tpot_s"]["mean"], "sampling": (sampling or {"mode": "greedy"}).get("mode", "greedy")}
+    row = {
+        "label": label,
+        "kind": kind,
+        "batch": batch,
+        "tokens_per_s": s["throughput_output_tokens_per_s"],
+        "tpot_ms": 1e3 * s["tpot_s"]["mean"],
+        "sampling": (sampling or {"mode": "greedy"}).get("mode", "greedy"),
+    }
     sx = s.get("speculation")
     if sx:
-        row.update({"nodes": sx["proposer"]["tree_nodes"], "acceleration_rate": sx["acceleration_rate"],
-                    "expected_rate": sx["proposer"]["expected_tokens_per_step"], "overhead": sx["overhead"],
-                    "speedup_model": sx["speedup_model"]})
+        row.update(
+            {
+                "nodes": sx["proposer"]["tree_nodes"],
+                "acceleration_rate": sx["acceleration_rate"],
+                "expected_rate": sx["proposer"]["expected_tokens_per_step"],
+                "overhead": sx["overhead"],
+                "speedup_model": sx["speedup_model"],
+            }
+        )
     else:
         row.update({"nodes": 1, "acceleration_rate": 1.0, "expected_rate": 1.0, "overhead": 1.0, "speedup_model": 1.0})
     return row
@@ -271,13 +372,17 @@ def fig4b(fa: pd.DataFrame, quick: bool) -> pd.DataFrame:
         plain = simulate("plain decoding", "plain", None, b, nb, prompt, output)
         rows.append(plain)
         trees = [("mc_sim_7b_63", "mc_sim_7b_63", {"type": "choices"})]
-        sizes = (GREEDY_SIZES if b == 1 and not quick else (8, 64, 256))
+        sizes = GREEDY_SIZES if b == 1 and not quick else (8, 64, 256)
         trees += [(f"greedy {g}", "greedy", {"type": "greedy", "nodes": g}) for g in sizes]
-        trees += [(f"dense {t}", "dense", {"type": "cartesian", "sizes": [int(x) for x in t.split("x")]})
-                  for t in (chosen if b == 1 else chosen[-1:])]
+        trees += [
+            (f"dense {t}", "dense", {"type": "cartesian", "sizes": [int(x) for x in t.split("x")]})
+            for t in (chosen if b == 1 else chosen[-1:])
+        ]
         if b == 1:  # the uniform dense trees of about 256 nodes / 256 candidates (Fig. 4a's reading)
-            trees += [(f"dense {t} (uniform)", "dense", {"type": "cartesian", "sizes": [int(x) for x in t.split("x")]})
-                      for t in UNIFORM_256]
+            trees += [
+                (f"dense {t} (uniform)", "dense", {"type": "cartesian", "sizes": [int(x) for x in t.split("x")]})
+                for t in UNIFORM_256
+            ]
         for label, kind, tree in trees:
             r = simulate(label, kind, tree, b, nb, prompt, output)
             r["speedup"] = r["tokens_per_s"] / plain["tokens_per_s"]
@@ -288,28 +393,56 @@ def fig4b(fa: pd.DataFrame, quick: bool) -> pd.DataFrame:
 
 def acceptance_study(acc: np.ndarray, table, quick: bool) -> pd.DataFrame:
     tree = choices_tree(table.tree)
-    rows = [{"scheme": "greedy", "epsilon": np.nan, "temperature": 0.0, "acceleration_rate": expected_length(tree, acc)}]
+    rows = [
+        {"scheme": "greedy", "epsilon": np.nan, "temperature": 0.0, "acceleration_rate": expected_length(tree, acc)}
+    ]
     for T in (0.3, 0.7, 1.0):
         ra = convert_rank_accuracies(acc, "sampling", T)
-        rows.append({"scheme": "rejection sampling", "epsilon": np.nan, "temperature": T,
-                     "acceleration_rate": expected_length(tree, ra.acc, ra.extra)})
+        rows.append(
+            {
+                "scheme": "rejection sampling",
+                "epsilon": np.nan,
+                "temperature": T,
+                "acceleration_rate": expected_length(tree, ra.acc, ra.extra),
+            }
+        )
     eps = (0.01, 0.09, 0.25) if quick else (0.01, 0.03, 0.05, 0.09, 0.15, 0.25)
     for T in (0.7,) if quick else (0.3, 0.7, 1.0):
         for e in eps:
             ra = convert_rank_accuracies(acc, "typical", T, e, float(np.sqrt(e)))
-            rows.append({"scheme": "typical", "epsilon": e, "temperature": T,
-                         "acceleration_rate": expected_length(tree, ra.acc, ra.extra)})
+            rows.append(
+                {
+                    "scheme": "typical",
+                    "epsilon": e,
+                    "temperature": T,
+                    "acceleration_rate": expected_length(tree, ra.acc, ra.extra),
+                }
+            )
     df = pd.DataFrame(rows)
     # the simulator draws the same: one run per scheme at batch 1
     sims = []
-    for sch, samp in (("greedy", {"mode": "greedy"}), ("rejection sampling", {"mode": "sampling", "temperature": 0.7}),
-                      ("typical", {"mode": "typical", "temperature": 0.7, "epsilon": 0.09, "delta": 0.3})):
+    for sch, samp in (
+        ("greedy", {"mode": "greedy"}),
+        ("rejection sampling", {"mode": "sampling", "temperature": 0.7}),
+        ("typical", {"mode": "typical", "temperature": 0.7, "epsilon": 0.09, "delta": 0.3}),
+    ):
         r = simulate(sch, "mc_sim_7b_63", {"type": "choices"}, 1, 3 if quick else 8, 128, 256, samp)
-        sims.append({"scheme": sch, "simulated_rate": r["acceleration_rate"], "simulated_tokens_per_s": r["tokens_per_s"],
-                     "overhead": r["overhead"]})
-    return df.merge(pd.DataFrame(sims).assign(temperature=lambda x: np.where(x["scheme"] == "greedy", 0.0, 0.7),
-                                              epsilon=lambda x: np.where(x["scheme"] == "typical", 0.09, np.nan)),
-                    on=["scheme", "temperature", "epsilon"], how="left")
+        sims.append(
+            {
+                "scheme": sch,
+                "simulated_rate": r["acceleration_rate"],
+                "simulated_tokens_per_s": r["tokens_per_s"],
+                "overhead": r["overhead"],
+            }
+        )
+    return df.merge(
+        pd.DataFrame(sims).assign(
+            temperature=lambda x: np.where(x["scheme"] == "greedy", 0.0, 0.7),
+            epsilon=lambda x: np.where(x["scheme"] == "typical", 0.09, np.nan),
+        ),
+        on=["scheme", "temperature", "epsilon"],
+        how="left",
+    )
 
 
 # ---- plots --------------------------------------------------------------------------------------------
@@ -329,12 +462,25 @@ def plot_fig4a(fa: pd.DataFrame, path: Path, dots: pd.DataFrame | None = None) -
     for ax, sch in zip(axes[0], schemes):
         d = fa[fa["scheme"] == sch]
         dn = d[d["kind"] == "dense"]
-        ax.scatter(dn["nodes"], dn["acceleration_rate"], s=9, color="#1f77b4", alpha=0.35,
-                   label="dense trees, ordered s_1 >= s_2 >= ...")
+        ax.scatter(
+            dn["nodes"],
+            dn["acceleration_rate"],
+            s=9,
+            color="#1f77b4",
+            alpha=0.35,
+            label="dense trees, ordered s_1 >= s_2 >= ...",
+        )
         if dots is not None and len(dots):
             r = dots[dots["scheme"] == sch]
-            ax.scatter(r["nodes"], r["acceleration_rate"], s=16, facecolor="none", edgecolor="#08306b", lw=0.8,
-                       label=f"{len(r)} dense settings drawn at random (paper's blue dots)")
+            ax.scatter(
+                r["nodes"],
+                r["acceleration_rate"],
+                s=16,
+                facecolor="none",
+                edgecolor="#08306b",
+                lw=0.8,
+                label=f"{len(r)} dense settings drawn at random (paper's blue dots)",
+            )
         g = d[d["kind"] == "greedy"].sort_values("nodes")
         ax.plot(g["nodes"], g["acceleration_rate"], "-", color="#d62728", lw=1.2, label="greedy sparse trees")
         g64 = g[g["nodes"] == 64]
@@ -342,7 +488,9 @@ def plot_fig4a(fa: pd.DataFrame, path: Path, dots: pd.DataFrame | None = None) -
         mc = d[d["kind"] == "mc_sim_7b_63"]
         ax.plot(mc["nodes"], mc["acceleration_rate"], "P", ms=9, color="#2ca02c", mec="k", label="mc_sim_7b_63")
         bd = best_dense(fa, sch)
-        ax.axhline(bd["acceleration_rate"], color="#1f77b4", ls=":", lw=1, label=f"best dense <= 256 nodes ({bd['tree']})")
+        ax.axhline(
+            bd["acceleration_rate"], color="#1f77b4", ls=":", lw=1, label=f"best dense <= 256 nodes ({bd['tree']})"
+        )
         ax.set_xscale("log", base=2)
         ax.set_xlabel("tree nodes (candidate tokens, root included)")
         ax.set_ylabel("acceleration rate (tokens per step)")
@@ -364,7 +512,9 @@ def plot_fig4b(fb: pd.DataFrame, path: Path) -> Path:
         axes[0].plot(d["nodes"], d["tokens_per_s"], marker, color=colour, ms=4, label=f"{kind} trees")
     mc = d1[d1["kind"] == "mc_sim_7b_63"]
     axes[0].plot(mc["nodes"], mc["tokens_per_s"], "P", ms=9, color="#2ca02c", mec="k", label="mc_sim_7b_63")
-    axes[0].axhline(float(d1[d1["kind"] == "plain"]["tokens_per_s"].iloc[0]), color="0.4", ls=":", label="plain decoding")
+    axes[0].axhline(
+        float(d1[d1["kind"] == "plain"]["tokens_per_s"].iloc[0]), color="0.4", ls=":", label="plain decoding"
+    )
     axes[0].set_xscale("log", base=2)
     axes[0].set_xlabel("tree nodes")
     axes[0].set_ylabel("tokens/s (batch 1)")
@@ -434,8 +584,17 @@ def _md(df: pd.DataFrame, cols: list[str], fmt: dict) -> str:
     return head + "\n".join(lines) + "\n"
 
 
-def write_markdown(fa, fb, ac, out: Path, stem: str, meta: dict, dv: pd.DataFrame | None = None,
-                   dep: pd.DataFrame | None = None, moved: str = "") -> Path:
+def write_markdown(
+    fa,
+    fb,
+    ac,
+    out: Path,
+    stem: str,
+    meta: dict,
+    dv: pd.DataFrame | None = None,
+    dep: pd.DataFrame | None = None,
+    moved: str = "",
+) -> Path:
     g = fa[fa["kind"] == "greedy"]
     key = []
     for sch in dict.fromkeys(fa["scheme"]):
@@ -443,13 +602,23 @@ def write_markdown(fa, fb, ac, out: Path, stem: str, meta: dict, dv: pd.DataFram
         g64 = float(g[(g["scheme"] == sch) & (g["nodes"] == 64)]["acceleration_rate"].iloc[0])
         mc = float(fa[(fa["scheme"] == sch) & (fa["kind"] == "mc_sim_7b_63")]["acceleration_rate"].iloc[0])
         d256 = fa[(fa["scheme"] == sch) & (fa["kind"] == "dense") & (fa["nodes"] > 128) & (fa["nodes"] <= 256)]
-        key.append({"scheme": sch, "greedy_64": g64, "mc_sim_7b_63": mc, "best_dense_le256": bd["acceleration_rate"],
-                    "best_dense_tree": f"{bd['tree']} ({int(bd['nodes'])} nodes)",
-                    "dense_129_256_range": f"{d256['acceleration_rate'].min():.2f} - {d256['acceleration_rate'].max():.2f}",
-                    "greedy_256": float(g[(g["scheme"] == sch) & (g["nodes"] == 256)]["acceleration_rate"].iloc[0])})
+        key.append(
+            {
+                "scheme": sch,
+                "greedy_64": g64,
+                "mc_sim_7b_63": mc,
+                "best_dense_le256": bd["acceleration_rate"],
+                "best_dense_tree": f"{bd['tree']} ({int(bd['nodes'])} nodes)",
+                "dense_129_256_range": f"{d256['acceleration_rate'].min():.2f} - {d256['acceleration_rate'].max():.2f}",
+                "greedy_256": float(g[(g["scheme"] == sch) & (g["nodes"] == 256)]["acceleration_rate"].iloc[0]),
+            }
+        )
     key = pd.DataFrame(key)
-    bd_margin = 100 * (float(key[key["scheme"] == "greedy"]["best_dense_le256"].iloc[0])
-                       / float(key[key["scheme"] == "greedy"]["greedy_64"].iloc[0]) - 1)
+    bd_margin = 100 * (
+        float(key[key["scheme"] == "greedy"]["best_dense_le256"].iloc[0])
+        / float(key[key["scheme"] == "greedy"]["greedy_64"].iloc[0])
+        - 1
+    )
     gg = fa[fa["scheme"] == "greedy"]
     g64 = float(gg[(gg["kind"] == "greedy") & (gg["nodes"] == 64)]["acceleration_rate"].iloc[0])
     band = gg[(gg["kind"] == "dense") & (gg["nodes"] > 192) & (gg["nodes"] <= 256)]
@@ -457,51 +626,103 @@ def write_markdown(fa, fb, ac, out: Path, stem: str, meta: dict, dv: pd.DataFram
     beaten = len(band) - len(above)
     rate_ok = len(above) == 0
     margin = float(above["acceleration_rate"].max() / g64 - 1) if len(above) else 0.0
-    rate_line = (f"greedy 64: {g64:.3f}; above {beaten} of the {len(band)} ordered dense trees of 193-256 nodes"
-                 + (f"; {len(above)} edge it by at most {100 * margin:.1f}% ({', '.join(above['tree'])})" if len(above) else ""))
-    rate_verdict = "**reproduced**" if rate_ok else (f"**reproduced for {beaten} of {len(band)}**; not for the best {len(above)} (within {100 * margin:.1f}%)")
+    rate_line = f"greedy 64: {g64:.3f}; above {beaten} of the {len(band)} ordered dense trees of 193-256 nodes" + (
+        f"; {len(above)} edge it by at most {100 * margin:.1f}% ({', '.join(above['tree'])})" if len(above) else ""
+    )
+    rate_verdict = (
+        "**reproduced**"
+        if rate_ok
+        else (f"**reproduced for {beaten} of {len(band)}**; not for the best {len(above)} (within {100 * margin:.1f}%)")
+    )
     dvt, rd_n, rd_below = "", 0, 0
     if dv is not None and len(dv):
         dg = dv[dv["scheme"] == "greedy"].set_index("dense_trees")
         every = dg.loc["every setting, 193-256 nodes"]
         every129 = dg.loc["every setting, 129-256 nodes"]
         u6, u4 = dg.loc["uniform 6x6x6"], dg.loc["uniform 4x4x4x4"]
-        rate_line = (f"greedy 64: {g64:.3f}; above {100 * every['share_below_greedy_64']:.1f}% of all {int(every['count'])} dense "
-                     f"settings of 193-256 nodes ({100 * every129['share_below_greedy_64']:.1f}% of 129-256; median "
-                     f"{every['median_rate']:.2f}); the best-shaped ones edge it by up to "
-                     f"{100 * (every['best_rate'] / g64 - 1):.1f}% ({every['best_tree']}), uniform 6x6x6 (259 nodes) by "
-                     f"{100 * (u6['best_rate'] / g64 - 1):.1f}%, 4x4x4x4 (256 candidates = leaves, 341 nodes) by "
-                     f"{100 * (u4['best_rate'] / g64 - 1):.1f}%")
-        rate_verdict = (f"**reproduced against randomly drawn dense trees** ({100 * every['share_below_greedy_64']:.0f}%); "
-                        f"**not against the best-shaped or uniform ones** (within {100 * (max(every['best_rate'], u4['best_rate']) / g64 - 1):.1f}%)")
+        rate_line = (
+            f"greedy 64: {g64:.3f}; above {100 * every['share_below_greedy_64']:.1f}% of all {int(every['count'])} dense "
+            f"settings of 193-256 nodes ({100 * every129['share_below_greedy_64']:.1f}% of 129-256; median "
+            f"{every['median_rate']:.2f}); the best-shaped ones edge it by up to "
+            f"{100 * (every['best_rate'] / g64 - 1):.1f}% ({every['best_tree']}), uniform 6x6x6 (259 nodes) by "
+            f"{100 * (u6['best_rate'] / g64 - 1):.1f}%, 4x4x4x4 (256 candidates = leaves, 341 nodes) by "
+            f"{100 * (u4['best_rate'] / g64 - 1):.1f}%"
+        )
+        rate_verdict = (
+            f"**reproduced against randomly drawn dense trees** ({100 * every['share_below_greedy_64']:.0f}%); "
+            f"**not against the best-shaped or uniform ones** (within {100 * (max(every['best_rate'], u4['best_rate']) / g64 - 1):.1f}%)"
+        )
         rd = dg[dg.index.str.contains("drawn at random")]
         rd_n = int(rd["count"].iloc[0]) if len(rd) else 0
         rd_below = int(round(rd["share_below_greedy_64"].iloc[0] * rd_n)) if len(rd) else 0
-        dvt = _md(dv, ["scheme", "dense_trees", "count", "greedy_64", "share_below_greedy_64", "median_rate", "best_rate", "best_tree"],
-                  {"greedy_64": "{:.3f}", "share_below_greedy_64": "{:.3f}", "median_rate": "{:.3f}", "best_rate": "{:.3f}"})
+        dvt = _md(
+            dv,
+            [
+                "scheme",
+                "dense_trees",
+                "count",
+                "greedy_64",
+                "share_below_greedy_64",
+                "median_rate",
+                "best_rate",
+                "best_tree",
+            ],
+            {"greedy_64": "{:.3f}", "share_below_greedy_64": "{:.3f}", "median_rate": "{:.3f}", "best_rate": "{:.3f}"},
+        )
     dept, flip = "", "?"
     if dep is not None and len(dep):
-        dept = _md(dep, ["d", "greedy_64", "best_dense_193_256", "best_dense_tree", "share_ordered_below_greedy_64",
-                         "dense_6x6x6", "dense_4x4x4x4"],
-                   {"d": "{:.1f}", "greedy_64": "{:.3f}", "best_dense_193_256": "{:.3f}", "share_ordered_below_greedy_64": "{:.3f}",
-                    "dense_6x6x6": "{:.3f}", "dense_4x4x4x4": "{:.3f}"})
+        dept = _md(
+            dep,
+            [
+                "d",
+                "greedy_64",
+                "best_dense_193_256",
+                "best_dense_tree",
+                "share_ordered_below_greedy_64",
+                "dense_6x6x6",
+                "dense_4x4x4x4",
+            ],
+            {
+                "d": "{:.1f}",
+                "greedy_64": "{:.3f}",
+                "best_dense_193_256": "{:.3f}",
+                "share_ordered_below_greedy_64": "{:.3f}",
+                "dense_6x6x6": "{:.3f}",
+                "dense_4x4x4x4": "{:.3f}",
+            },
+        )
         wins = dep[(dep["greedy_64"] > dep["best_dense_193_256"]) & (dep["greedy_64"] > dep["dense_4x4x4x4"])]
         flip = f"{wins['d'].max():.1f}" if len(wins) else "none of the values tried"
     b1 = fb[fb["batch"] == 1].set_index("label")
     dense_labels = [l for l in b1.index if l.startswith("dense") and b1.loc[l, "nodes"] > 192]
     sp64 = float(b1.loc["greedy 64", "speedup"])
     spd = max(float(b1.loc[l, "speedup"]) for l in dense_labels)
-    big_dense = " / ".join(f"{l} ({int(b1.loc[l, 'nodes'])} nodes) {float(b1.loc[l, 'speedup']):.2f}x" for l in dense_labels)
+    big_dense = " / ".join(
+        f"{l} ({int(b1.loc[l, 'nodes'])} nodes) {float(b1.loc[l, 'speedup']):.2f}x" for l in dense_labels
+    )
     wall_ok = sp64 > spd
     greedy1 = b1[b1.index.str.startswith("greedy")]
     best_greedy = greedy1.loc[greedy1["speedup"].idxmax()]
     best_nodes, sp_best = int(best_greedy["nodes"]), float(best_greedy["speedup"])
     sp_g128 = float(b1.loc["greedy 128", "speedup"]) if "greedy 128" in b1.index else float("nan")
     fa_fmt = {"greedy_64": "{:.3f}", "mc_sim_7b_63": "{:.3f}", "best_dense_le256": "{:.3f}", "greedy_256": "{:.3f}"}
-    fb_fmt = {"tokens_per_s": "{:.1f}", "tpot_ms": "{:.2f}", "acceleration_rate": "{:.3f}", "expected_rate": "{:.3f}",
-              "overhead": "{:.3f}", "speedup_model": "{:.2f}", "speedup": "{:.2f}"}
-    ac_fmt = {"epsilon": "{:.2f}", "temperature": "{:.1f}", "acceleration_rate": "{:.3f}", "simulated_rate": "{:.3f}",
-              "simulated_tokens_per_s": "{:.1f}", "overhead": "{:.3f}"}
+    fb_fmt = {
+        "tokens_per_s": "{:.1f}",
+        "tpot_ms": "{:.2f}",
+        "acceleration_rate": "{:.3f}",
+        "expected_rate": "{:.3f}",
+        "overhead": "{:.3f}",
+        "speedup_model": "{:.2f}",
+        "speedup": "{:.2f}",
+    }
+    ac_fmt = {
+        "epsilon": "{:.2f}",
+        "temperature": "{:.1f}",
+        "acceleration_rate": "{:.3f}",
+        "simulated_rate": "{:.3f}",
+        "simulated_tokens_per_s": "{:.1f}",
+        "overhead": "{:.3f}",
+    }
     yes = lambda b: "**reproduced**" if b else "**not reproduced**"
     mc1 = b1.loc["mc_sim_7b_63"]
     typ = ac[(ac["scheme"] == "typical") & (ac["temperature"] == 0.7)]
@@ -655,7 +876,9 @@ hold against MEDUSA-1's 2.18x.
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m infersim.analysis.reproduce.medusa_trees", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m infersim.analysis.reproduce.medusa_trees", description=__doc__.split("\n\n")[0]
+    )
     ap.add_argument("--quick", action="store_true", help="fewer trees, batch sizes and requests")
     ap.add_argument("--out", default="docs/findings", help="output folder (default docs/findings)")
     args = ap.parse_args(argv)
@@ -676,19 +899,31 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = "medusa.quick" if args.quick else "medusa"
-    allrows = pd.concat([fa.assign(part="fig4a"), dots.assign(part="fig4a_random_dense"),
-                         dv.assign(part="fig4a_dense_vs_greedy64"), dep.assign(part="fig4a_dependence"),
-                         fb.assign(part="fig4b"),
-                         ac.assign(part="acceptance")], ignore_index=True)
+    allrows = pd.concat(
+        [
+            fa.assign(part="fig4a"),
+            dots.assign(part="fig4a_random_dense"),
+            dv.assign(part="fig4a_dense_vs_greedy64"),
+            dep.assign(part="fig4a_dependence"),
+            fb.assign(part="fig4b"),
+            ac.assign(part="acceptance"),
+        ],
+        ignore_index=True,
+    )
     csv = out / f"{stem}.csv"
     tmp = csv.with_suffix(".csv.tmp")
     allrows.to_csv(tmp, index=False, float_format="%.6g")
     tmp.replace(csv)  # atomic: a reader never sees half a file
-    paths = [csv, plot_fig4a(fa, out / f"{stem}.fig4a.png", dots), plot_fig4b(fb, out / f"{stem}.fig4b.png"),
-             plot_acceptance(ac, out / f"{stem}.acceptance.png")]
+    paths = [
+        csv,
+        plot_fig4a(fa, out / f"{stem}.fig4a.png", dots),
+        plot_fig4b(fb, out / f"{stem}.fig4b.png"),
+        plot_acceptance(ac, out / f"{stem}.acceptance.png"),
+    ]
     moved = moved_section({stem: allrows}, out, HEADLINES)
-    paths.append(write_markdown(fa, fb, ac, out, stem, {"quick": args.quick, "wall_s": time.perf_counter() - t0}, dv, dep,
-                                moved))
+    paths.append(
+        write_markdown(fa, fb, ac, out, stem, {"quick": args.quick, "wall_s": time.perf_counter() - t0}, dv, dep, moved)
+    )
     for p in paths:
         print(p)
     return 0

@@ -23,6 +23,7 @@ Studies (each a set of simulations; every row lands in <out>/minions.csv):
 Writes <out>/minions.{md,csv,meta.json,series.json} and minions.{fig2,selector,ablation,timeline}.png.
 --quick runs a reduced set (batch 16, fewer s values and requests) and writes <out>/minions.quick.*
 so the full study's files are left alone; --replot rewrites the write-up and plots from the CSV."""
+
 from __future__ import annotations
 
 import argparse
@@ -36,18 +37,30 @@ import numpy as np
 import pandas as pd
 
 from infersim.analysis.reproduce.moved import Headline, moved_section
-from infersim.simulator.simulation import Simulation
 from infersim.simulator.metrics.summary import summarize
+from infersim.simulator.simulation import Simulation
 from infersim.simulator.workload.builder import build_requests, load_workload
 from infersim.simulator.workload.schema import WorkloadSpec
 
 HARDWARE = "a100-80gb-sxm"
 MAX_NEW_TOKENS = 128
 PAIRS = {
-    "opt-13b": {"model": "opt-13b", "tp": 2, "ssm": "opt-125m", "table": "opt-13b", "base": "opt-125m",
-                "label": "OPT-13B + OPT-125M"},
-    "llama-2-70b": {"model": "llama-2-70b", "tp": 4, "ssm": "llama-160m", "table": "llama-2-70b", "base": "llama-160m",
-                    "label": "Llama-2-70B + Llama-160M"},
+    "opt-13b": {
+        "model": "opt-13b",
+        "tp": 2,
+        "ssm": "opt-125m",
+        "table": "opt-13b",
+        "base": "opt-125m",
+        "label": "OPT-13B + OPT-125M",
+    },
+    "llama-2-70b": {
+        "model": "llama-2-70b",
+        "tp": 4,
+        "ssm": "llama-160m",
+        "table": "llama-2-70b",
+        "base": "llama-160m",
+        "label": "Llama-2-70B + Llama-160M",
+    },
 }
 DATASETS = ("finance", "chatbot", "dialogue")
 SSMS = ("ssm-finance", "ssm-chatbot", "ssm-dialogue")
@@ -56,26 +69,61 @@ S_RANGE = tuple(range(1, 17))  # Fig. 2 sweep
 SEL_RANGE = tuple(range(1, 13))  # the selector's range (Fig. 12: 2..12)
 
 # what the paper reports, beside ours
-PAPER_OPTIMUM = {("opt-13b", "finance", 16): 6, ("opt-13b", "dialogue", 16): 5,
-                 ("llama-2-70b", "dialogue", 8): 5, ("llama-2-70b", "dialogue", 16): 2}
-PAPER_ABLATION = {"opt-13b": {"majority": 9.56, "selector": 35.07, "pipeline": 34.27},
-                  "llama-2-70b": {"majority": 59.82, "selector": 5.91, "pipeline": 55.37}}
-PAPER_ACCEPTANCE = {("opt-13b", "finance"): 0.87, ("opt-13b", "chatbot"): 0.89, ("opt-13b", "dialogue"): 0.78,
-                    ("llama-2-70b", "finance"): 0.54, ("llama-2-70b", "chatbot"): 0.49, ("llama-2-70b", "dialogue"): 0.55}
+PAPER_OPTIMUM = {
+    ("opt-13b", "finance", 16): 6,
+    ("opt-13b", "dialogue", 16): 5,
+    ("llama-2-70b", "dialogue", 8): 5,
+    ("llama-2-70b", "dialogue", 16): 2,
+}
+PAPER_ABLATION = {
+    "opt-13b": {"majority": 9.56, "selector": 35.07, "pipeline": 34.27},
+    "llama-2-70b": {"majority": 59.82, "selector": 5.91, "pipeline": 55.37},
+}
+PAPER_ACCEPTANCE = {
+    ("opt-13b", "finance"): 0.87,
+    ("opt-13b", "chatbot"): 0.89,
+    ("opt-13b", "dialogue"): 0.78,
+    ("llama-2-70b", "finance"): 0.54,
+    ("llama-2-70b", "chatbot"): 0.49,
+    ("llama-2-70b", "dialogue"): 0.55,
+}
 # the pipeline's gain against the SSMs' per-step cost (pipegain study): the hardware profile prices
 # kernels only, not the framework's per-step cost that makes a 125M-160M SSM slow relative to its FLOPs
 PIPE_OVERHEADS_US = (0.0, 500.0, 1000.0, 2000.0, 3000.0, 4000.0, 6000.0)
-PIPE_MODES = (("coupled", {}), ("pipelined shared", {"pipeline": True, "max_batch": 32}),
-              ("pipelined separate", {"pipeline": True, "max_batch": 32, "placement": "separate"}))
+PIPE_MODES = (
+    ("coupled", {}),
+    ("pipelined shared", {"pipeline": True, "max_batch": 32}),
+    ("pipelined separate", {"pipeline": True, "max_batch": 32, "placement": "separate"}),
+)
 PAPER_VS_VLLM = {("llama-2-70b", "finance"): 3.02, ("llama-2-70b", "chatbot"): 2.76, ("llama-2-70b", "dialogue"): 2.69}
 
 
 # ---- one simulation ---------------------------------------------------------------------------
 def task(study: str, pair: str, dataset: str, batch: int, label: str, **kw) -> dict:
-    t = {"study": study, "pair": pair, "dataset": dataset, "batch": int(batch), "label": label, "method": "draft",
-         "ssms": None, "s": 4, "voting": False, "selector": False, "rule": "directional", "pipeline": False,
-         "placement": "shared", "llm_share": 0.8, "ssm_share": 0.5, "back_pressure": True, "max_batch": None,
-         "overhead_us": 0.0, "n": 256, "seed": 0, "series": False, "acr_scope": "all"}
+    t = {
+        "study": study,
+        "pair": pair,
+        "dataset": dataset,
+        "batch": int(batch),
+        "label": label,
+        "method": "draft",
+        "ssms": None,
+        "s": 4,
+        "voting": False,
+        "selector": False,
+        "rule": "directional",
+        "pipeline": False,
+        "placement": "shared",
+        "llm_share": 0.8,
+        "ssm_share": 0.5,
+        "back_pressure": True,
+        "max_batch": None,
+        "overhead_us": 0.0,
+        "n": 256,
+        "seed": 0,
+        "series": False,
+        "acr_scope": "all",
+    }
     t.update(kw)
     return t
 
@@ -94,13 +142,22 @@ def build_spec(t: dict) -> tuple[WorkloadSpec, Path]:
         ssms = t["ssms"] or [p["base"]]
         drafts = [{"model": p["ssm"], "name": s, "acceptance": {"table": p["table"], "draft": s}} for s in ssms]
         d["speculation"] = {
-            "method": "minions" if len(ssms) > 1 else "draft", "dataset": t["dataset"], "speculation_length": int(t["s"]),
-            "drafts": drafts, "draft_step_overhead_us": float(t["overhead_us"]),
+            "method": "minions" if len(ssms) > 1 else "draft",
+            "dataset": t["dataset"],
+            "speculation_length": int(t["s"]),
+            "drafts": drafts,
+            "draft_step_overhead_us": float(t["overhead_us"]),
             "voting": {"enabled": bool(t["voting"]), "acr_scope": t["acr_scope"]},
             "selector": {"enabled": bool(t["selector"]), "rule": t["rule"]},
-            "pipeline": {"enabled": bool(t["pipeline"]), "placement": t["placement"], "llm_share": t["llm_share"],
-                         "ssm_share": t["ssm_share"], "llm_batch_size": int(t["batch"]),
-                         "back_pressure": bool(t["back_pressure"])}}
+            "pipeline": {
+                "enabled": bool(t["pipeline"]),
+                "placement": t["placement"],
+                "llm_share": t["llm_share"],
+                "ssm_share": t["ssm_share"],
+                "llm_batch_size": int(t["batch"]),
+                "back_pressure": bool(t["back_pressure"]),
+            },
+        }
     return WorkloadSpec.model_validate(d), path
 
 
@@ -112,21 +169,36 @@ def simulate(t: dict) -> dict:
     s = summarize(res)
     row = {k: v for k, v in t.items() if k not in ("ssms", "series")}
     row["ssms"] = "+".join(t["ssms"] or ([] if t["method"] == "none" else [PAIRS[t["pair"]]["base"]]))
-    row.update({"throughput_tok_s": s["throughput_output_tokens_per_s"], "makespan_s": s["makespan_s"],
-                "normalized_latency_ms": 1e3 * s["normalized_latency_s"]["mean"], "requests": s["finished"],
-                "preemptions": s["preemptions"]["recompute"] + s["preemptions"]["swap"],
-                "kv_util_mean": s["kv_utilization"]["mean_busy"]})
+    row.update(
+        {
+            "throughput_tok_s": s["throughput_output_tokens_per_s"],
+            "makespan_s": s["makespan_s"],
+            "normalized_latency_ms": 1e3 * s["normalized_latency_s"]["mean"],
+            "requests": s["finished"],
+            "preemptions": s["preemptions"]["recompute"] + s["preemptions"]["swap"],
+            "kv_util_mean": s["kv_utilization"]["mean_busy"],
+        }
+    )
     sx = s.get("speculation")
     if sx:
-        row.update({"acceleration_rate": sx["acceleration_rate"], "acceptance_rate": sx["acceptance_rate"],
-                    "overhead": sx["overhead"], "rounds": sx["rounds"], "s_mean": sx["s"].get("mean_per_sequence"),
-                    "s_mode": sx["s"].get("mode"), "s_final": sx["s"]["final"], "s_changes": sx["s"].get("changes", 0),
-                    "llm_busy_frac": sx["engines"]["llm"]["busy_fraction"],
-                    "ssm_busy_frac": sx["engines"].get("ssm", {}).get("busy_fraction", np.nan),
-                    "llm_idle_s": sx["engines"]["llm"]["idle_s"],
-                    "ssm_idle_s": sx["engines"].get("ssm", {}).get("idle_s", np.nan),
-                    "pool_mean": sx.get("pool", {}).get("mean_depth_time_weighted", np.nan),
-                    "pool_max": sx.get("pool", {}).get("max_depth", np.nan)})
+        row.update(
+            {
+                "acceleration_rate": sx["acceleration_rate"],
+                "acceptance_rate": sx["acceptance_rate"],
+                "overhead": sx["overhead"],
+                "rounds": sx["rounds"],
+                "s_mean": sx["s"].get("mean_per_sequence"),
+                "s_mode": sx["s"].get("mode"),
+                "s_final": sx["s"]["final"],
+                "s_changes": sx["s"].get("changes", 0),
+                "llm_busy_frac": sx["engines"]["llm"]["busy_fraction"],
+                "ssm_busy_frac": sx["engines"].get("ssm", {}).get("busy_fraction", np.nan),
+                "llm_idle_s": sx["engines"]["llm"]["idle_s"],
+                "ssm_idle_s": sx["engines"].get("ssm", {}).get("idle_s", np.nan),
+                "pool_mean": sx.get("pool", {}).get("mean_depth_time_weighted", np.nan),
+                "pool_max": sx.get("pool", {}).get("max_depth", np.nan),
+            }
+        )
         if "voting" in sx:
             row["voted_outputs"] = "/".join(str(v) for v in sx["voting"]["voted_outputs"])
             row["final_weights"] = "/".join(f"{w:.3f}" for w in sx["voting"]["final_weights"])
@@ -166,11 +238,27 @@ def plan(quick: bool = False) -> list[dict]:
         for ds in datasets:
             for s in sel_values:
                 tasks.append(task("selector", p, ds, 16, f"s={s}", s=s, n=_n(ds, nsel)))
-            variants = [("adaptive", 4, "directional"), ("adaptive (paper rule)", 4, "paper"),
-                        ("adaptive from s=12", 12, "directional"), ("adaptive from s=12 (paper rule)", 12, "paper")]
-            for label, s0, rule in (variants[:2] if quick else variants):
-                tasks.append(task("selector", p, ds, 16, label, s=s0, selector=True, rule=rule, n=_n(ds, nsel),
-                                  series=(ds == "finance")))
+            variants = [
+                ("adaptive", 4, "directional"),
+                ("adaptive (paper rule)", 4, "paper"),
+                ("adaptive from s=12", 12, "directional"),
+                ("adaptive from s=12 (paper rule)", 12, "paper"),
+            ]
+            for label, s0, rule in variants[:2] if quick else variants:
+                tasks.append(
+                    task(
+                        "selector",
+                        p,
+                        ds,
+                        16,
+                        label,
+                        s=s0,
+                        selector=True,
+                        rule=rule,
+                        n=_n(ds, nsel),
+                        series=(ds == "finance"),
+                    )
+                )
     # ablation (Figure 10): finance, batch 16
     nab = 192 if quick else 640
     for p, ov in [(p, ov) for p in pairs for ov in ((0.0,) if quick else (0.0, 1000.0))]:
@@ -180,10 +268,34 @@ def plan(quick: bool = False) -> list[dict]:
             task("ablation", p, "finance", 16, "Default", ssms=[DEFAULT_SSM], s=4, **common),
             task("ablation", p, "finance", 16, "+Majority", ssms=list(SSMS), voting=True, s=4, **common),
             task("ablation", p, "finance", 16, "+Selector", ssms=list(SSMS), voting=True, selector=True, s=4, **common),
-            task("ablation", p, "finance", 16, "+Pipeline", ssms=list(SSMS), voting=True, selector=True, pipeline=True,
-                 max_batch=32, s=4, series=(ov == 0.0), **common),
-            task("ablation", p, "finance", 16, "coupled, 32 in flight", ssms=list(SSMS), voting=True, selector=True,
-                 max_batch=32, s=4, **common),
+            task(
+                "ablation",
+                p,
+                "finance",
+                16,
+                "+Pipeline",
+                ssms=list(SSMS),
+                voting=True,
+                selector=True,
+                pipeline=True,
+                max_batch=32,
+                s=4,
+                series=(ov == 0.0),
+                **common,
+            ),
+            task(
+                "ablation",
+                p,
+                "finance",
+                16,
+                "coupled, 32 in flight",
+                ssms=list(SSMS),
+                voting=True,
+                selector=True,
+                max_batch=32,
+                s=4,
+                **common,
+            ),
         ]
     # voting (Figure 11): each SSM alone vs the vote, with selector and pipeline on
     nv = 192 if quick else 384
@@ -193,40 +305,100 @@ def plan(quick: bool = False) -> list[dict]:
             for placement in ("shared", "separate"):
                 for selector in (True, False):
                     for seed in seeds:
-                        full = {"selector": selector, "pipeline": True, "max_batch": 32, "s": 4, "n": _n(ds, nv),
-                                "placement": placement, "seed": seed}
+                        full = {
+                            "selector": selector,
+                            "pipeline": True,
+                            "max_batch": 32,
+                            "s": 4,
+                            "n": _n(ds, nv),
+                            "placement": placement,
+                            "seed": seed,
+                        }
                         for ssm in SSMS:
                             tasks.append(task("voting", p, ds, 16, ssm, ssms=[ssm], **full))
-                        tasks.append(task("voting", p, ds, 16, "majority vote", ssms=list(SSMS), voting=True,
-                                          series=(ds == "finance" and placement == "shared" and selector and seed == 0),
-                                          **full))
-                        tasks.append(task("voting", p, ds, 16, "majority vote (ACR of voted outputs)", ssms=list(SSMS),
-                                          voting=True, acr_scope="voted", **full))
+                        tasks.append(
+                            task(
+                                "voting",
+                                p,
+                                ds,
+                                16,
+                                "majority vote",
+                                ssms=list(SSMS),
+                                voting=True,
+                                series=(ds == "finance" and placement == "shared" and selector and seed == 0),
+                                **full,
+                            )
+                        )
+                        tasks.append(
+                            task(
+                                "voting",
+                                p,
+                                ds,
+                                16,
+                                "majority vote (ACR of voted outputs)",
+                                ssms=list(SSMS),
+                                voting=True,
+                                acr_scope="voted",
+                                **full,
+                            )
+                        )
     # pipeline: coupled vs pipelined under several placements (Minions with voting + selector, finance)
     npp = 192 if quick else 512
-    variants = [("coupled", {}), ("coupled, 32 in flight", {"max_batch": 32}),
-                ("pipelined shared 0.8/0.5", {"pipeline": True, "max_batch": 32}),
-                ("pipelined shared 0.5/0.5", {"pipeline": True, "max_batch": 32, "llm_share": 0.5, "ssm_share": 0.5}),
-                ("pipelined separate GPU", {"pipeline": True, "max_batch": 32, "placement": "separate"}),
-                ("pipelined, 64 in flight", {"pipeline": True, "max_batch": 64}),
-                ("pipelined, 64 in flight, no back-pressure", {"pipeline": True, "max_batch": 64, "back_pressure": False})]
+    variants = [
+        ("coupled", {}),
+        ("coupled, 32 in flight", {"max_batch": 32}),
+        ("pipelined shared 0.8/0.5", {"pipeline": True, "max_batch": 32}),
+        ("pipelined shared 0.5/0.5", {"pipeline": True, "max_batch": 32, "llm_share": 0.5, "ssm_share": 0.5}),
+        ("pipelined separate GPU", {"pipeline": True, "max_batch": 32, "placement": "separate"}),
+        ("pipelined, 64 in flight", {"pipeline": True, "max_batch": 64}),
+        ("pipelined, 64 in flight, no back-pressure", {"pipeline": True, "max_batch": 64, "back_pressure": False}),
+    ]
     overheads = (0.0,) if quick else (0.0, 1000.0)
     for p in pairs:
         for ov in overheads:
-            for label, kw in (variants[:3] if quick else variants):
-                tasks.append(task("pipeline", p, "finance", 16, label, ssms=list(SSMS), voting=True, selector=True,
-                                  s=4, n=npp, overhead_us=ov, **kw))
+            for label, kw in variants[:3] if quick else variants:
+                tasks.append(
+                    task(
+                        "pipeline",
+                        p,
+                        "finance",
+                        16,
+                        label,
+                        ssms=list(SSMS),
+                        voting=True,
+                        selector=True,
+                        s=4,
+                        n=npp,
+                        overhead_us=ov,
+                        **kw,
+                    )
+                )
     # pipegain: the pipeline's gain over coupled execution at the same LLM batch (16; 32 in flight
     # when pipelined, Fig. 3's two batches) against the SSMs' per-step cost, at the paper's
     # Default s = 4 and with the selector, two seeds
     npg = 192 if quick else 512
     for p in pairs:
-        for ov in ((0.0, 3000.0) if quick else PIPE_OVERHEADS_US):
+        for ov in (0.0, 3000.0) if quick else PIPE_OVERHEADS_US:
             for sel in (False, True):
-                for seed in ((0,) if quick else (0, 1)):
+                for seed in (0,) if quick else (0, 1):
                     for label, kw in PIPE_MODES:
-                        tasks.append(task("pipegain", p, "finance", 16, label, ssms=list(SSMS), voting=True,
-                                          selector=sel, s=4, n=npg, overhead_us=ov, seed=seed, **kw))
+                        tasks.append(
+                            task(
+                                "pipegain",
+                                p,
+                                "finance",
+                                16,
+                                label,
+                                ssms=list(SSMS),
+                                voting=True,
+                                selector=sel,
+                                s=4,
+                                n=npg,
+                                overhead_us=ov,
+                                seed=seed,
+                                **kw,
+                            )
+                        )
     return tasks
 
 
@@ -264,17 +436,30 @@ def optimum_table(df: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for (p, ds, b), g in f.groupby(["pair", "dataset", "batch"], sort=False):
         best = g.loc[g["throughput_tok_s"].idxmax()]
-        plain = df[(df["study"] == "fig2") & (df["method"] == "none") & (df["pair"] == p) & (df["dataset"] == ds)
-                   & (df["batch"] == b)]["throughput_tok_s"]
+        plain = df[
+            (df["study"] == "fig2")
+            & (df["method"] == "none")
+            & (df["pair"] == p)
+            & (df["dataset"] == ds)
+            & (df["batch"] == b)
+        ]["throughput_tok_s"]
         smin, smax = int(g["s"].min()), int(g["s"].max())
         interior = smin < int(best["s"]) < smax
-        rows.append({"pair": p, "dataset": ds, "batch": b, "s_opt": int(best["s"]),
-                     "paper_s_opt": PAPER_OPTIMUM.get((p, ds, b)), "interior": interior,
-                     "tput_at_opt": best["throughput_tok_s"],
-                     "tput_s1": float(g[g["s"] == smin]["throughput_tok_s"].iloc[0]),
-                     "tput_smax": float(g[g["s"] == smax]["throughput_tok_s"].iloc[0]),
-                     "speedup_vs_plain": best["throughput_tok_s"] / float(plain.iloc[0]) if len(plain) else np.nan,
-                     "acc_rate_at_opt": best["acceleration_rate"]})
+        rows.append(
+            {
+                "pair": p,
+                "dataset": ds,
+                "batch": b,
+                "s_opt": int(best["s"]),
+                "paper_s_opt": PAPER_OPTIMUM.get((p, ds, b)),
+                "interior": interior,
+                "tput_at_opt": best["throughput_tok_s"],
+                "tput_s1": float(g[g["s"] == smin]["throughput_tok_s"].iloc[0]),
+                "tput_smax": float(g[g["s"] == smax]["throughput_tok_s"].iloc[0]),
+                "speedup_vs_plain": best["throughput_tok_s"] / float(plain.iloc[0]) if len(plain) else np.nan,
+                "acc_rate_at_opt": best["acceleration_rate"],
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -285,10 +470,21 @@ def selector_table(df: pd.DataFrame) -> pd.DataFrame:
         fixed = g[~g["selector"].astype(bool)]
         best = fixed.loc[fixed["throughput_tok_s"].idxmax()]
         for _, r in g[g["selector"].astype(bool)].iterrows():
-            rows.append({"pair": p, "dataset": ds, "variant": r["label"], "best_fixed_s": int(best["s"]),
-                         "best_fixed_tput": best["throughput_tok_s"], "adaptive_tput": r["throughput_tok_s"],
-                         "ratio": r["throughput_tok_s"] / best["throughput_tok_s"], "s_mean": r["s_mean"],
-                         "s_mode": r["s_mode"], "s_final": r["s_final"], "changes": r["s_changes"]})
+            rows.append(
+                {
+                    "pair": p,
+                    "dataset": ds,
+                    "variant": r["label"],
+                    "best_fixed_s": int(best["s"]),
+                    "best_fixed_tput": best["throughput_tok_s"],
+                    "adaptive_tput": r["throughput_tok_s"],
+                    "ratio": r["throughput_tok_s"] / best["throughput_tok_s"],
+                    "s_mean": r["s_mean"],
+                    "s_mode": r["s_mode"],
+                    "s_final": r["s_final"],
+                    "changes": r["s_changes"],
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -302,19 +498,40 @@ def ablation_table(df: pd.DataFrame) -> pd.DataFrame:
             r = g[g["label"] == st].iloc[0]
             inc = 100 * (tp[st] / tp[steps[i - 1]] - 1) if i else np.nan
             key = {"+Majority": "majority", "+Selector": "selector", "+Pipeline": "pipeline"}.get(st)
-            rows.append({"pair": p, "overhead_us": ov, "step": st, "throughput_tok_s": tp[st], "increment_pct": inc,
-                         "paper_increment_pct": PAPER_ABLATION[p].get(key) if key else np.nan,
-                         "vs_default": tp[st] / tp["Default"], "vs_plain": tp[st] / tp["plain (vLLM-like)"],
-                         "acceleration_rate": r["acceleration_rate"], "acceptance_rate": r["acceptance_rate"],
-                         "s_mean": r["s_mean"], "llm_busy": r["llm_busy_frac"], "ssm_busy": r["ssm_busy_frac"]})
-        rows.append({"pair": p, "overhead_us": ov, "step": "coupled, 32 in flight", "throughput_tok_s": tp["coupled, 32 in flight"],
-                     "increment_pct": np.nan, "paper_increment_pct": np.nan,
-                     "vs_default": tp["coupled, 32 in flight"] / tp["Default"],
-                     "vs_plain": tp["coupled, 32 in flight"] / tp["plain (vLLM-like)"],
-                     "acceleration_rate": g[g["label"] == "coupled, 32 in flight"]["acceleration_rate"].iloc[0],
-                     "acceptance_rate": g[g["label"] == "coupled, 32 in flight"]["acceptance_rate"].iloc[0],
-                     "s_mean": g[g["label"] == "coupled, 32 in flight"]["s_mean"].iloc[0], "llm_busy": np.nan,
-                     "ssm_busy": np.nan})
+            rows.append(
+                {
+                    "pair": p,
+                    "overhead_us": ov,
+                    "step": st,
+                    "throughput_tok_s": tp[st],
+                    "increment_pct": inc,
+                    "paper_increment_pct": PAPER_ABLATION[p].get(key) if key else np.nan,
+                    "vs_default": tp[st] / tp["Default"],
+                    "vs_plain": tp[st] / tp["plain (vLLM-like)"],
+                    "acceleration_rate": r["acceleration_rate"],
+                    "acceptance_rate": r["acceptance_rate"],
+                    "s_mean": r["s_mean"],
+                    "llm_busy": r["llm_busy_frac"],
+                    "ssm_busy": r["ssm_busy_frac"],
+                }
+            )
+        rows.append(
+            {
+                "pair": p,
+                "overhead_us": ov,
+                "step": "coupled, 32 in flight",
+                "throughput_tok_s": tp["coupled, 32 in flight"],
+                "increment_pct": np.nan,
+                "paper_increment_pct": np.nan,
+                "vs_default": tp["coupled, 32 in flight"] / tp["Default"],
+                "vs_plain": tp["coupled, 32 in flight"] / tp["plain (vLLM-like)"],
+                "acceleration_rate": g[g["label"] == "coupled, 32 in flight"]["acceleration_rate"].iloc[0],
+                "acceptance_rate": g[g["label"] == "coupled, 32 in flight"]["acceptance_rate"].iloc[0],
+                "s_mean": g[g["label"] == "coupled, 32 in flight"]["s_mean"].iloc[0],
+                "llm_busy": np.nan,
+                "ssm_busy": np.nan,
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -328,20 +545,34 @@ def pipegain_table(df: pd.DataFrame) -> pd.DataFrame:
     f = df[df["study"] == "pipegain"]
     rows = []
     for (p, ov, sel), g in f.groupby(["pair", "overhead_us", "selector"], sort=False):
-        m = g.groupby("label").agg(tput=("throughput_tok_s", "mean"), ssm=("ssm_busy_frac", "mean"),
-                                   llm=("llm_busy_frac", "mean"), s_mean=("s_mean", "mean"),
-                                   acc=("acceleration_rate", "mean"), pool=("pool_mean", "mean"))
+        m = g.groupby("label").agg(
+            tput=("throughput_tok_s", "mean"),
+            ssm=("ssm_busy_frac", "mean"),
+            llm=("llm_busy_frac", "mean"),
+            s_mean=("s_mean", "mean"),
+            acc=("acceleration_rate", "mean"),
+            pool=("pool_mean", "mean"),
+        )
         c = m.loc["coupled"]
         frac = float(c["ssm"])
-        rows.append({"pair": p, "overhead_us": ov, "s": "adaptive" if sel else "4",
-                     "coupled_tput": c["tput"], "ssm_frac_coupled": frac,
-                     "ideal_gain_pct": 100 * (1 / max(frac, 1 - frac) - 1),
-                     "shared_tput": m.loc["pipelined shared", "tput"],
-                     "shared_gain_pct": 100 * (m.loc["pipelined shared", "tput"] / c["tput"] - 1),
-                     "separate_gain_pct": 100 * (m.loc["pipelined separate", "tput"] / c["tput"] - 1),
-                     "paper_gain_pct": PAPER_ABLATION[p]["pipeline"],
-                     "llm_busy_shared": m.loc["pipelined shared", "llm"], "pool_mean_shared": m.loc["pipelined shared", "pool"],
-                     "s_mean_coupled": c["s_mean"], "s_mean_shared": m.loc["pipelined shared", "s_mean"]})
+        rows.append(
+            {
+                "pair": p,
+                "overhead_us": ov,
+                "s": "adaptive" if sel else "4",
+                "coupled_tput": c["tput"],
+                "ssm_frac_coupled": frac,
+                "ideal_gain_pct": 100 * (1 / max(frac, 1 - frac) - 1),
+                "shared_tput": m.loc["pipelined shared", "tput"],
+                "shared_gain_pct": 100 * (m.loc["pipelined shared", "tput"] / c["tput"] - 1),
+                "separate_gain_pct": 100 * (m.loc["pipelined separate", "tput"] / c["tput"] - 1),
+                "paper_gain_pct": PAPER_ABLATION[p]["pipeline"],
+                "llm_busy_shared": m.loc["pipelined shared", "llm"],
+                "pool_mean_shared": m.loc["pipelined shared", "pool"],
+                "s_mean_coupled": c["s_mean"],
+                "s_mean_shared": m.loc["pipelined shared", "s_mean"],
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -364,24 +595,39 @@ def voting_table(df: pd.DataFrame) -> pd.DataFrame:
     f = df[df["study"] == "voting"]
     rows = []
     for (p, ds, pl, sel), g in f.groupby(["pair", "dataset", "placement", "selector"], sort=False):
-        m = g.groupby("label").agg(tput=("throughput_tok_s", "mean"), acc=("acceleration_rate", "mean"),
-                                   ar=("acceptance_rate", "mean"))
+        m = g.groupby("label").agg(
+            tput=("throughput_tok_s", "mean"), acc=("acceleration_rate", "mean"), ar=("acceptance_rate", "mean")
+        )
         singles = m.drop(index=[i for i in m.index if i.startswith("majority vote")])
         best = singles["tput"].idxmax()
         v = m.loc["majority vote"]
-        vv = m.loc["majority vote (ACR of voted outputs)"] if "majority vote (ACR of voted outputs)" in m.index else None
+        vv = (
+            m.loc["majority vote (ACR of voted outputs)"] if "majority vote (ACR of voted outputs)" in m.index else None
+        )
         first = g[(g["label"] == "majority vote")].iloc[0]
         locked = g[g["label"] == "majority vote (ACR of voted outputs)"]
-        rows.append({"pair": p, "dataset": ds, "placement": pl, "s": "adaptive" if sel else "4",
-                     "best_single": best, "best_single_tput": singles.loc[best, "tput"],
-                     "worst_single_tput": singles["tput"].min(), "vote_tput": v["tput"],
-                     "ratio": v["tput"] / singles.loc[best, "tput"],
-                     "ratio_eq1": (vv["tput"] / singles.loc[best, "tput"]) if vv is not None else np.nan,
-                     "eq1_voted_outputs": " ; ".join(locked["voted_outputs"].astype(str)) if len(locked) else "",
-                     "best_single_acc_rate": singles.loc[best, "acc"], "vote_acc_rate": v["acc"],
-                     "vote_acceptance": v["ar"], "best_single_acceptance": singles.loc[best, "ar"],
-                     "paper_acceptance": PAPER_ACCEPTANCE[(p, ds)], "voted_outputs": first.get("voted_outputs", ""),
-                     "final_weights": first.get("final_weights", "")})
+        rows.append(
+            {
+                "pair": p,
+                "dataset": ds,
+                "placement": pl,
+                "s": "adaptive" if sel else "4",
+                "best_single": best,
+                "best_single_tput": singles.loc[best, "tput"],
+                "worst_single_tput": singles["tput"].min(),
+                "vote_tput": v["tput"],
+                "ratio": v["tput"] / singles.loc[best, "tput"],
+                "ratio_eq1": (vv["tput"] / singles.loc[best, "tput"]) if vv is not None else np.nan,
+                "eq1_voted_outputs": " ; ".join(locked["voted_outputs"].astype(str)) if len(locked) else "",
+                "best_single_acc_rate": singles.loc[best, "acc"],
+                "vote_acc_rate": v["acc"],
+                "vote_acceptance": v["ar"],
+                "best_single_acceptance": singles.loc[best, "ar"],
+                "paper_acceptance": PAPER_ACCEPTANCE[(p, ds)],
+                "voted_outputs": first.get("voted_outputs", ""),
+                "final_weights": first.get("final_weights", ""),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -399,8 +645,9 @@ def plot_fig2(df: pd.DataFrame, path: Path) -> Path:
     plt = _plt()
     f = df[(df["study"] == "fig2") & (df["method"] != "none")]
     pairs, datasets = list(dict.fromkeys(f["pair"])), list(dict.fromkeys(f["dataset"]))
-    fig, axes = plt.subplots(len(pairs), len(datasets), figsize=(4.2 * len(datasets), 3.4 * len(pairs)), dpi=130,
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        len(pairs), len(datasets), figsize=(4.2 * len(datasets), 3.4 * len(pairs)), dpi=130, squeeze=False
+    )
     colours = {8: "#1f77b4", 16: "#d62728", 32: "#2ca02c"}
     for i, p in enumerate(pairs):
         for j, ds in enumerate(datasets):
@@ -435,8 +682,12 @@ def plot_selector(df: pd.DataFrame, series: dict, path: Path) -> Path:
         ax.bar(fixed["s"], fixed["throughput_tok_s"], color="0.7", label="fixed s")
         best = fixed["throughput_tok_s"].max()
         ax.axhline(best, color="r", lw=1, label="best fixed (optimality)")
-        for (label, colour) in (("adaptive", "#1f77b4"), ("adaptive (paper rule)", "#ff7f0e"),
-                                ("adaptive from s=12", "#2ca02c"), ("adaptive from s=12 (paper rule)", "#9467bd")):
+        for label, colour in (
+            ("adaptive", "#1f77b4"),
+            ("adaptive (paper rule)", "#ff7f0e"),
+            ("adaptive from s=12", "#2ca02c"),
+            ("adaptive from s=12 (paper rule)", "#9467bd"),
+        ):
             a = g[g["label"] == label]
             if len(a):
                 ax.axhline(float(a["throughput_tok_s"].iloc[0]), color=colour, ls="--", lw=1.2, label=label)
@@ -446,12 +697,17 @@ def plot_selector(df: pd.DataFrame, series: dict, path: Path) -> Path:
         ax.set_ylim(0, best * 1.55)
         ax.legend(fontsize=6.5, loc="upper left", ncol=2)
         ax2 = axes[1][i]
-        for label, colour in (("adaptive", "#1f77b4"), ("adaptive (paper rule)", "#ff7f0e"),
-                              ("adaptive from s=12", "#2ca02c")):
+        for label, colour in (
+            ("adaptive", "#1f77b4"),
+            ("adaptive (paper rule)", "#ff7f0e"),
+            ("adaptive from s=12", "#2ca02c"),
+        ):
             sr = series.get(("selector", p, "finance", label))
             if sr:
                 ax2.step(sr["s"]["t_s"], sr["s"]["s"], where="post", color=colour, label=label)
-        ax2.axhline(float(fixed.loc[fixed["throughput_tok_s"].idxmax(), "s"]), color="r", lw=1, ls=":", label="best fixed s")
+        ax2.axhline(
+            float(fixed.loc[fixed["throughput_tok_s"].idxmax(), "s"]), color="r", lw=1, ls=":", label="best fixed s"
+        )
         ax2.set_xlabel("time (s)")
         ax2.set_ylabel("chosen s")
         ax2.legend(fontsize=7)
@@ -472,9 +728,15 @@ def plot_ablation(ab: pd.DataFrame, vt: pd.DataFrame, path: Path) -> Path:
     w = 0.8 / max(1, len(groups))
     for i, (p, ov) in enumerate(groups):
         g = ab[(ab["pair"] == p) & (ab["overhead_us"] == ov)].set_index("step")
-        ax.bar(np.arange(4) + (i - (len(groups) - 1) / 2) * w, [g.loc[s, "vs_default"] for s in steps], w,
-               label=f"{PAIRS[p]['label'].split(' +')[0]}, SSM step overhead {ov / 1000:g} ms",
-               hatch="//" if ov else None, edgecolor="k", lw=0.3)
+        ax.bar(
+            np.arange(4) + (i - (len(groups) - 1) / 2) * w,
+            [g.loc[s, "vs_default"] for s in steps],
+            w,
+            label=f"{PAIRS[p]['label'].split(' +')[0]}, SSM step overhead {ov / 1000:g} ms",
+            hatch="//" if ov else None,
+            edgecolor="k",
+            lw=0.3,
+        )
     ax.set_xticks(range(4))
     ax.set_xticklabels(steps)
     ax.set_ylabel("throughput / Default")
@@ -486,8 +748,12 @@ def plot_ablation(ab: pd.DataFrame, vt: pd.DataFrame, path: Path) -> Path:
     keys = list(dict.fromkeys(zip(vt["pair"], vt["dataset"])))
     x = np.arange(len(keys))
     for j, (pl, colour) in enumerate((("shared", "#d62728"), ("separate", "#1f77b4"))):
-        r = [float(vt[(vt["pair"] == p) & (vt["dataset"] == d) & (vt["placement"] == pl)]["ratio"].iloc[0])
-             if len(vt[(vt["pair"] == p) & (vt["dataset"] == d) & (vt["placement"] == pl)]) else np.nan for p, d in keys]
+        r = [
+            float(vt[(vt["pair"] == p) & (vt["dataset"] == d) & (vt["placement"] == pl)]["ratio"].iloc[0])
+            if len(vt[(vt["pair"] == p) & (vt["dataset"] == d) & (vt["placement"] == pl)])
+            else np.nan
+            for p, d in keys
+        ]
         ax.bar(x + (j - 0.5) * 0.4, r, 0.4, color=colour, label=f"vote / best single SSM ({pl} GPU)")
     ax.axhline(1.0, color="k", lw=0.8)
     ax.set_xticks(x)
@@ -516,7 +782,12 @@ def plot_pipegain(pg: pd.DataFrame, path: Path) -> Path:
             ax.plot(x, g["separate_gain_pct"], ls, marker="s", color="#1f77b4", label=f"separate GPU, s = {s}")
             if s == "4":
                 ax.plot(x, g["ideal_gain_pct"], ":", color="k", label="ideal overlap (s = 4): 1/max(f, 1-f) - 1")
-        ax.axhline(PAPER_ABLATION[p]["pipeline"], color="#2ca02c", lw=1.2, label=f"paper (Fig. 10): +{PAPER_ABLATION[p]['pipeline']:.1f}%")
+        ax.axhline(
+            PAPER_ABLATION[p]["pipeline"],
+            color="#2ca02c",
+            lw=1.2,
+            label=f"paper (Fig. 10): +{PAPER_ABLATION[p]['pipeline']:.1f}%",
+        )
         ax.axhline(0, color="k", lw=0.6)
         ax.set_xlabel("SSM per-step overhead beyond its kernel time (ms)")
         ax.set_ylabel("throughput gain over coupled (%)")
@@ -604,9 +875,14 @@ def verdicts(opt: pd.DataFrame, sel: pd.DataFrame, ab: pd.DataFrame, vt: pd.Data
     sep, sh = vt[vt["placement"] == "separate"], vt[vt["placement"] == "shared"]
     fixed = sep[sep["s"] != "adaptive"]
     v["vote_acc_rate_higher"] = int((vt["vote_acc_rate"] >= vt["best_single_acc_rate"] - 1e-9).sum())
-    v["vote_range_fixed"] = (float(fixed["ratio"].min()), float(fixed["ratio"].max())) if len(fixed) else (np.nan, np.nan)
-    v["vote_range_adaptive"] = ((float(sep[sep["s"] == "adaptive"]["ratio"].min()), float(sep[sep["s"] == "adaptive"]["ratio"].max()))
-                                if len(sep) else (np.nan, np.nan))
+    v["vote_range_fixed"] = (
+        (float(fixed["ratio"].min()), float(fixed["ratio"].max())) if len(fixed) else (np.nan, np.nan)
+    )
+    v["vote_range_adaptive"] = (
+        (float(sep[sep["s"] == "adaptive"]["ratio"].min()), float(sep[sep["s"] == "adaptive"]["ratio"].max()))
+        if len(sep)
+        else (np.nan, np.nan)
+    )
     v["vote_range_shared"] = (float(sh["ratio"].min()), float(sh["ratio"].max())) if len(sh) else (np.nan, np.nan)
     v["vote_at_least_best"] = bool(len(fixed)) and bool((fixed["ratio"] >= 0.99).all())
     v["eq1_min"] = float(vt["ratio_eq1"].min()) if len(vt) else np.nan
@@ -619,13 +895,25 @@ def _pipegain_summary(pg: pd.DataFrame, v: dict, yes_fn) -> tuple[str, str]:
     falls back to the ablation's +Pipeline vs +Selector when the study was not run."""
     paper = "+34.3% (OPT-13B), +55.4% (Llama-2-70B) in the ablation (finance, batch 16, SSMs beside the LLM under MPS)"
     if not len(pg):
-        gains = ", ".join(f"{PAIRS[k[0]]['label'].split(' +')[0]} {k[1] / 1000:g} ms: {g:+.1f}%" for k, g in v["pipeline_gain"].items())
-        verdict = yes_fn(v["pipeline_beats_coupled"]) if v["pipeline_beats_coupled"] else ("**partly reproduced**" if v["pipeline_beats_some"] else yes_fn(False))
-        return f"| pipelined beats tightly coupled (same LLM batch) | {paper} | {gains} (SSM step overhead) | {verdict} |", ""
+        gains = ", ".join(
+            f"{PAIRS[k[0]]['label'].split(' +')[0]} {k[1] / 1000:g} ms: {g:+.1f}%"
+            for k, g in v["pipeline_gain"].items()
+        )
+        verdict = (
+            yes_fn(v["pipeline_beats_coupled"])
+            if v["pipeline_beats_coupled"]
+            else ("**partly reproduced**" if v["pipeline_beats_some"] else yes_fn(False))
+        )
+        return (
+            f"| pipelined beats tightly coupled (same LLM batch) | {paper} | {gains} (SSM step overhead) | {verdict} |",
+            "",
+        )
     fixed = pg[pg["s"] == "4"]
     at0 = fixed[fixed["overhead_us"] == 0].set_index("pair")
     need = {p: overhead_for_gain(pg, p, "4", "shared_gain_pct", PAPER_ABLATION[p]["pipeline"]) for p in at0.index}
-    need_sel = {p: overhead_for_gain(pg, p, "adaptive", "shared_gain_pct", PAPER_ABLATION[p]["pipeline"]) for p in at0.index}
+    need_sel = {
+        p: overhead_for_gain(pg, p, "adaptive", "shared_gain_pct", PAPER_ABLATION[p]["pipeline"]) for p in at0.index
+    }
     short = lambda p: PAIRS[p]["label"].split(" +")[0]
     top = pg["overhead_us"].max()
     best_sel = {p: float(pg[(pg["pair"] == p) & (pg["s"] == "adaptive")]["shared_gain_pct"].max()) for p in at0.index}
@@ -636,20 +924,54 @@ def _pipegain_summary(pg: pd.DataFrame, v: dict, yes_fn) -> tuple[str, str]:
     bound = {p: f"{r.ideal_gain_pct:+.0f}%" for p, r in at0.iterrows()}
     llama0 = pg[(pg["pair"] == "llama-2-70b") & (pg["overhead_us"] == 0)][["shared_gain_pct", "separate_gain_pct"]]
     llama0 = f"{llama0.min().min():+.0f}% to {llama0.max().max():+.0f}%" if len(llama0) else "-"
-    here = ("s = 4, one shared GPU, kernel costs only: " + ", ".join(
-        f"{short(p)} {r.shared_gain_pct:+.1f}% (SSMs {100 * r.ssm_frac_coupled:.0f}% of a coupled round: at most "
-        f"{r.ideal_gain_pct:+.0f}%)" for p, r in at0.iterrows())
-        + "; the paper's sizes are reached once an SSM step costs " + ", ".join(f"{ms(need[p])} ({short(p)})" for p in at0.index)
+    here = (
+        "s = 4, one shared GPU, kernel costs only: "
+        + ", ".join(
+            f"{short(p)} {r.shared_gain_pct:+.1f}% (SSMs {100 * r.ssm_frac_coupled:.0f}% of a coupled round: at most "
+            f"{r.ideal_gain_pct:+.0f}%)"
+            for p, r in at0.iterrows()
+        )
+        + "; the paper's sizes are reached once an SSM step costs "
+        + ", ".join(f"{ms(need[p])} ({short(p)})" for p in at0.index)
         + " more than its kernel time (at s = 4; with the selector on in both modes: "
-        + ", ".join(f"{short(p)} {reach(need_sel[p])}, at most {best_sel[p]:+.0f}%" for p in at0.index) + ")")
-    verdict = (f"{yes_fn(all_pos)} in direction at every SSM step cost; the paper's sizes only with SSM steps that cost "
-               "what eager small models do, not with kernel costs alone")
+        + ", ".join(f"{short(p)} {reach(need_sel[p])}, at most {best_sel[p]:+.0f}%" for p in at0.index)
+        + ")"
+    )
+    verdict = (
+        f"{yes_fn(all_pos)} in direction at every SSM step cost; the paper's sizes only with SSM steps that cost "
+        "what eager small models do, not with kernel costs alone"
+    )
     row = f"| pipelined beats tightly coupled (same LLM batch) | {paper} | {here} | {verdict} |"
-    fmt = {"overhead_us": "{:.0f}", "coupled_tput": "{:.0f}", "ssm_frac_coupled": "{:.3f}", "ideal_gain_pct": "{:+.1f}",
-           "shared_tput": "{:.0f}", "shared_gain_pct": "{:+.1f}", "separate_gain_pct": "{:+.1f}", "paper_gain_pct": "{:+.2f}",
-           "llm_busy_shared": "{:.3f}", "pool_mean_shared": "{:.1f}", "s_mean_coupled": "{:.1f}", "s_mean_shared": "{:.1f}"}
-    cols = ["pair", "overhead_us", "s", "coupled_tput", "ssm_frac_coupled", "ideal_gain_pct", "shared_tput", "shared_gain_pct",
-            "separate_gain_pct", "paper_gain_pct", "llm_busy_shared", "pool_mean_shared", "s_mean_coupled", "s_mean_shared"]
+    fmt = {
+        "overhead_us": "{:.0f}",
+        "coupled_tput": "{:.0f}",
+        "ssm_frac_coupled": "{:.3f}",
+        "ideal_gain_pct": "{:+.1f}",
+        "shared_tput": "{:.0f}",
+        "shared_gain_pct": "{:+.1f}",
+        "separate_gain_pct": "{:+.1f}",
+        "paper_gain_pct": "{:+.2f}",
+        "llm_busy_shared": "{:.3f}",
+        "pool_mean_shared": "{:.1f}",
+        "s_mean_coupled": "{:.1f}",
+        "s_mean_shared": "{:.1f}",
+    }
+    cols = [
+        "pair",
+        "overhead_us",
+        "s",
+        "coupled_tput",
+        "ssm_frac_coupled",
+        "ideal_gain_pct",
+        "shared_tput",
+        "shared_gain_pct",
+        "separate_gain_pct",
+        "paper_gain_pct",
+        "llm_busy_shared",
+        "pool_mean_shared",
+        "s_mean_coupled",
+        "s_mean_shared",
+    ]
     text = f"""## 6. How large the pipeline's gain is, and what it depends on (Minions section 3.4)
 
 What the paper measured (sections 3.4, 4, 5.1, 5.3): the +Pipeline step of the ablation, finance, batch size 16,
@@ -710,39 +1032,51 @@ def _vs_plain(ab: pd.DataFrame, pair: str) -> str:
 
 def _optimum(pair: str, dataset: str, batch: int, column: str):
     """One Fig. 2 optimum quantity (a column of `optimum_table`)."""
+
     def value(rows: pd.DataFrame) -> float:
         o = optimum_table(rows)
         return float(o[(o["pair"] == pair) & (o["dataset"] == dataset) & (o["batch"] == batch)][column].iloc[0])
+
     return value
 
 
 def _pipeline_gain(pair: str, overhead_us: float):
     """Shared-GPU pipelining's gain over coupled execution at s = 4 (percent)."""
+
     def value(rows: pd.DataFrame) -> float:
         g = pipegain_table(rows)
-        return float(g[(g["pair"] == pair) & (g["s"] == "4") & (g["overhead_us"] == overhead_us)]["shared_gain_pct"].iloc[0])
+        return float(
+            g[(g["pair"] == pair) & (g["s"] == "4") & (g["overhead_us"] == overhead_us)]["shared_gain_pct"].iloc[0]
+        )
+
     return value
 
 
 def _full_vs_plain(pair: str):
     """The full system (+Pipeline) over the plain engine, pure kernel costs (no SSM step overhead)."""
+
     def value(rows: pd.DataFrame) -> float:
         a = ablation_table(rows)
         return float(a[(a["pair"] == pair) & (a["step"] == "+Pipeline") & (a["overhead_us"] == 0)]["vs_plain"].iloc[0])
+
     return value
 
 
 # The quantities the datasheet-roofline comparison reports (moved.py).
 HEADLINES = [
     Headline("OPT-13B finance batch 16: s*", _optimum("opt-13b", "finance", 16, "s_opt"), "{:.0f}"),
-    Headline("OPT-13B finance batch 16: throughput at s* (tok/s)", _optimum("opt-13b", "finance", 16, "tput_at_opt"),
-             "{:.0f}"),
+    Headline(
+        "OPT-13B finance batch 16: throughput at s* (tok/s)",
+        _optimum("opt-13b", "finance", 16, "tput_at_opt"),
+        "{:.0f}",
+    ),
     Headline("OPT-13B finance batch 16: speedup over plain", _optimum("opt-13b", "finance", 16, "speedup_vs_plain")),
     Headline("OPT-13B dialogue batch 16: s*", _optimum("opt-13b", "dialogue", 16, "s_opt"), "{:.0f}"),
     Headline("Llama-2-70B dialogue batch 8: s*", _optimum("llama-2-70b", "dialogue", 8, "s_opt"), "{:.0f}"),
     Headline("Llama-2-70B dialogue batch 16: s*", _optimum("llama-2-70b", "dialogue", 16, "s_opt"), "{:.0f}"),
-    Headline("Llama-2-70B finance batch 16: speedup over plain",
-             _optimum("llama-2-70b", "finance", 16, "speedup_vs_plain")),
+    Headline(
+        "Llama-2-70B finance batch 16: speedup over plain", _optimum("llama-2-70b", "finance", 16, "speedup_vs_plain")
+    ),
     Headline("pipelining gain, OPT-13B, s = 4 (%)", _pipeline_gain("opt-13b", 0.0), "{:+.1f}"),
     Headline("pipelining gain, Llama-2-70B, s = 4 (%)", _pipeline_gain("llama-2-70b", 0.0), "{:+.1f}"),
     Headline("full Minions over plain, Llama-2-70B finance", _full_vs_plain("llama-2-70b")),
@@ -756,23 +1090,69 @@ def write_markdown(df: pd.DataFrame, series: dict, out: Path, stem: str, meta: d
     v = verdicts(opt, sel, ab, vt, pp)
     pipe_row, pg_text = _pipegain_summary(pg, v, yes_fn=lambda b: "**reproduced**" if b else "**not reproduced**")
     yes = lambda b: "**reproduced**" if b else "**not reproduced**"
-    f2 = {"tput_at_opt": "{:.0f}", "tput_s1": "{:.0f}", "tput_smax": "{:.0f}", "speedup_vs_plain": "{:.2f}",
-          "acc_rate_at_opt": "{:.2f}"}
+    f2 = {
+        "tput_at_opt": "{:.0f}",
+        "tput_s1": "{:.0f}",
+        "tput_smax": "{:.0f}",
+        "speedup_vs_plain": "{:.2f}",
+        "acc_rate_at_opt": "{:.2f}",
+    }
     fs = {"best_fixed_tput": "{:.0f}", "adaptive_tput": "{:.0f}", "ratio": "{:.3f}", "s_mean": "{:.2f}"}
-    fa = {"overhead_us": "{:.0f}", "throughput_tok_s": "{:.0f}", "increment_pct": "{:+.1f}", "paper_increment_pct": "{:+.2f}",
-          "vs_default": "{:.2f}", "vs_plain": "{:.2f}", "acceleration_rate": "{:.2f}", "acceptance_rate": "{:.2f}",
-          "s_mean": "{:.1f}", "llm_busy": "{:.2f}", "ssm_busy": "{:.2f}"}
-    fv = {"best_single_tput": "{:.0f}", "worst_single_tput": "{:.0f}", "vote_tput": "{:.0f}", "ratio": "{:.3f}",
-          "ratio_eq1": "{:.3f}",
-          "best_single_acc_rate": "{:.2f}", "vote_acc_rate": "{:.2f}",
-          "vote_acceptance": "{:.2f}", "best_single_acceptance": "{:.2f}", "paper_acceptance": "{:.2f}"}
-    pp_cols = ["pair", "overhead_us", "label", "throughput_tok_s", "normalized_latency_ms", "acceleration_rate",
-               "s_mean", "llm_busy_frac", "ssm_busy_frac", "llm_idle_s", "ssm_idle_s", "pool_mean", "pool_max",
-               "kv_util_mean"]
-    fp = {"throughput_tok_s": "{:.0f}", "normalized_latency_ms": "{:.1f}", "acceleration_rate": "{:.2f}",
-          "s_mean": "{:.1f}", "llm_busy_frac": "{:.2f}", "ssm_busy_frac": "{:.2f}", "llm_idle_s": "{:.2f}",
-          "ssm_idle_s": "{:.2f}", "pool_mean": "{:.1f}", "pool_max": "{:.0f}", "kv_util_mean": "{:.3f}",
-          "overhead_us": "{:.0f}"}
+    fa = {
+        "overhead_us": "{:.0f}",
+        "throughput_tok_s": "{:.0f}",
+        "increment_pct": "{:+.1f}",
+        "paper_increment_pct": "{:+.2f}",
+        "vs_default": "{:.2f}",
+        "vs_plain": "{:.2f}",
+        "acceleration_rate": "{:.2f}",
+        "acceptance_rate": "{:.2f}",
+        "s_mean": "{:.1f}",
+        "llm_busy": "{:.2f}",
+        "ssm_busy": "{:.2f}",
+    }
+    fv = {
+        "best_single_tput": "{:.0f}",
+        "worst_single_tput": "{:.0f}",
+        "vote_tput": "{:.0f}",
+        "ratio": "{:.3f}",
+        "ratio_eq1": "{:.3f}",
+        "best_single_acc_rate": "{:.2f}",
+        "vote_acc_rate": "{:.2f}",
+        "vote_acceptance": "{:.2f}",
+        "best_single_acceptance": "{:.2f}",
+        "paper_acceptance": "{:.2f}",
+    }
+    pp_cols = [
+        "pair",
+        "overhead_us",
+        "label",
+        "throughput_tok_s",
+        "normalized_latency_ms",
+        "acceleration_rate",
+        "s_mean",
+        "llm_busy_frac",
+        "ssm_busy_frac",
+        "llm_idle_s",
+        "ssm_idle_s",
+        "pool_mean",
+        "pool_max",
+        "kv_util_mean",
+    ]
+    fp = {
+        "throughput_tok_s": "{:.0f}",
+        "normalized_latency_ms": "{:.1f}",
+        "acceleration_rate": "{:.2f}",
+        "s_mean": "{:.1f}",
+        "llm_busy_frac": "{:.2f}",
+        "ssm_busy_frac": "{:.2f}",
+        "llm_idle_s": "{:.2f}",
+        "ssm_idle_s": "{:.2f}",
+        "pool_mean": "{:.1f}",
+        "pool_max": "{:.0f}",
+        "kv_util_mean": "{:.3f}",
+        "overhead_us": "{:.0f}",
+    }
     text = f"""# Minions in simulation
 
 Paper: Minions (Wang et al. 2024, arXiv:2402.15678). Generated by
@@ -994,15 +1374,21 @@ def write_outputs(df: pd.DataFrame, series: dict, out: Path, quick: bool, meta: 
     stem = "minions.quick" if quick else "minions"
     csv = out / f"{stem}.csv"
     _write_atomic(csv, df.to_csv(index=False, float_format="%.6g"))
-    _write_atomic(out / f"{stem}.meta.json", json.dumps({k: meta[k] for k in ("quick", "n_runs", "wall_s", "jobs")}) + "\n")
+    _write_atomic(
+        out / f"{stem}.meta.json", json.dumps({k: meta[k] for k in ("quick", "n_runs", "wall_s", "jobs")}) + "\n"
+    )
     if series:
         thin = {"|".join(k): {name: _thin_cols(cols) for name, cols in v.items()} for k, v in series.items()}
         _write_atomic(out / f"{stem}.series.json", json.dumps(thin, separators=(",", ":")) + "\n")
     else:
         series = _load_series(out / f"{stem}.series.json")
-    paths = [csv, plot_fig2(df, out / f"{stem}.fig2.png"), plot_selector(df, series, out / f"{stem}.selector.png"),
-             plot_ablation(ablation_table(df), voting_table(df), out / f"{stem}.ablation.png"),
-             plot_timeline(series, out / f"{stem}.timeline.png")]
+    paths = [
+        csv,
+        plot_fig2(df, out / f"{stem}.fig2.png"),
+        plot_selector(df, series, out / f"{stem}.selector.png"),
+        plot_ablation(ablation_table(df), voting_table(df), out / f"{stem}.ablation.png"),
+        plot_timeline(series, out / f"{stem}.timeline.png"),
+    ]
     pg = pipegain_table(df)
     if len(pg):
         paths.append(plot_pipegain(pg, out / f"{stem}.pipeline.png"))
@@ -1025,7 +1411,9 @@ def _load_series(path: Path) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m infersim.analysis.reproduce.minions", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m infersim.analysis.reproduce.minions", description=__doc__.split("\n\n")[0]
+    )
     ap.add_argument("--quick", action="store_true", help="a reduced set (batch 16, fewer s values and requests)")
     ap.add_argument("--out", default="docs/findings", help="output folder (default docs/findings)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes (default: all cores)")

@@ -6,6 +6,7 @@ Each script names its headline quantities once, as functions of its rows; this m
 evaluates them on both runs and writes the comparison section of the report, so a re-run on a
 refined cost model restates what moved without anyone editing the text.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -42,8 +43,12 @@ def _cell(h: Headline, rows: pd.DataFrame) -> tuple[str, float | None]:
     return h.fmt.format(v), float(v)
 
 
-def moved_section(tables: dict[str, pd.DataFrame], out: Path, headlines: list[Headline],
-                  heading: str = "## What moved against the datasheet roofline") -> str:
+def moved_section(
+    tables: dict[str, pd.DataFrame],
+    out: Path,
+    headlines: list[Headline],
+    heading: str = "## What moved against the datasheet roofline",
+) -> str:
     """The report's comparison section: `tables` maps each CSV's stem to this run's rows, the first
     being the main one ('' when a datasheet run's rows are not there)."""
     refs = {stem: reference_path(out, stem) for stem in tables}
@@ -52,11 +57,16 @@ def moved_section(tables: dict[str, pd.DataFrame], out: Path, headlines: list[He
     old_rows = {stem: pd.read_csv(p) for stem, p in refs.items()}
     main = next(iter(tables))
     kept = ", ".join(f"`{p.name}`" for p in refs.values())
-    lines = [heading, "",
-             f"The same study on the pure datasheet roofline (every efficiency 1.0, no kernel launch cost, "
-             f"unfused Q/K/V and gate/up projections), kept in {kept}, against this run on the calibrated "
-             f"profiles (fitted GEMM and elementwise models, fused projections):", "",
-             "| quantity | datasheet roofline | calibrated | calibrated / datasheet |", "|---|---|---|---|"]
+    lines = [
+        heading,
+        "",
+        f"The same study on the pure datasheet roofline (every efficiency 1.0, no kernel launch cost, "
+        f"unfused Q/K/V and gate/up projections), kept in {kept}, against this run on the calibrated "
+        f"profiles (fitted GEMM and elementwise models, fused projections):",
+        "",
+        "| quantity | datasheet roofline | calibrated | calibrated / datasheet |",
+        "|---|---|---|---|",
+    ]
     for h in headlines:
         stem = h.table or main
         (old, a), (new, b) = _cell(h, old_rows[stem]), _cell(h, tables[stem])

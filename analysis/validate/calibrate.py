@@ -14,6 +14,7 @@ validated) and fit:
 
 The fit is stored as JSON (`FittedCostModel.to_json`) with what it was fitted on, so a report
 can say what was calibrated on what."""
+
 from __future__ import annotations
 
 import json
@@ -31,35 +32,68 @@ from .measured import ExecRun, load_exec_run, priced_swaps, stalls, swap_events
 # interpolates rather than memorises; two swap runs, because the copy time of the same swap
 # varies by about 10% from one run to the next on a CPU. {seed} and {model} are filled in.
 CALIBRATION_WORKLOADS = (
-    {"name": "calib-load", "serving": {"max_batch_size": 32, "gpu_blocks": 2048, "cpu_blocks": 0},
-     "requests": {"count": 120, "arrival": {"type": "poisson", "rate": 400.0},
-                  "prompt_tokens": {"type": "uniform", "low": 4, "high": 480},
-                  "output_tokens": {"type": "uniform", "low": 4, "high": 160}}},
-    {"name": "calib-pressure", "serving": {"max_batch_size": 24, "gpu_blocks": 96, "cpu_blocks": 256,
-                                           "preemption": "swap"},
-     "requests": {"count": 60, "arrival": {"type": "burst"},
-                  "prompt_tokens": {"type": "uniform", "low": 16, "high": 256},
-                  "output_tokens": {"type": "uniform", "low": 16, "high": 160}}},
-    {"name": "calib-swap-small", "serving": {"max_batch_size": 12, "gpu_blocks": 64, "cpu_blocks": 256,
-                                             "preemption": "swap"},
-     "requests": {"count": 40, "arrival": {"type": "poisson", "rate": 400.0},
-                  "prompt_tokens": {"type": "uniform", "low": 8, "high": 200},
-                  "output_tokens": {"type": "uniform", "low": 16, "high": 160}}},
-    {"name": "calib-recompute", "serving": {"max_batch_size": 24, "gpu_blocks": 96, "cpu_blocks": 0,
-                                            "preemption": "recompute"},
-     "requests": {"count": 40, "arrival": {"type": "burst"},
-                  "prompt_tokens": {"type": "uniform", "low": 16, "high": 256},
-                  "output_tokens": {"type": "uniform", "low": 16, "high": 160}}},
+    {
+        "name": "calib-load",
+        "serving": {"max_batch_size": 32, "gpu_blocks": 2048, "cpu_blocks": 0},
+        "requests": {
+            "count": 120,
+            "arrival": {"type": "poisson", "rate": 400.0},
+            "prompt_tokens": {"type": "uniform", "low": 4, "high": 480},
+            "output_tokens": {"type": "uniform", "low": 4, "high": 160},
+        },
+    },
+    {
+        "name": "calib-pressure",
+        "serving": {"max_batch_size": 24, "gpu_blocks": 96, "cpu_blocks": 256, "preemption": "swap"},
+        "requests": {
+            "count": 60,
+            "arrival": {"type": "burst"},
+            "prompt_tokens": {"type": "uniform", "low": 16, "high": 256},
+            "output_tokens": {"type": "uniform", "low": 16, "high": 160},
+        },
+    },
+    {
+        "name": "calib-swap-small",
+        "serving": {"max_batch_size": 12, "gpu_blocks": 64, "cpu_blocks": 256, "preemption": "swap"},
+        "requests": {
+            "count": 40,
+            "arrival": {"type": "poisson", "rate": 400.0},
+            "prompt_tokens": {"type": "uniform", "low": 8, "high": 200},
+            "output_tokens": {"type": "uniform", "low": 16, "high": 160},
+        },
+    },
+    {
+        "name": "calib-recompute",
+        "serving": {"max_batch_size": 24, "gpu_blocks": 96, "cpu_blocks": 0, "preemption": "recompute"},
+        "requests": {
+            "count": 40,
+            "arrival": {"type": "burst"},
+            "prompt_tokens": {"type": "uniform", "low": 16, "high": 256},
+            "output_tokens": {"type": "uniform", "low": 16, "high": 160},
+        },
+    },
 )
 # Matched calibration: the validated deployment's own serving section (pools, limits,
 # preemption) on other requests, so what the pool size does to the caches is calibrated too.
 MATCHED_REQUESTS = (
-    ("calib-matched-load", {"count": 100, "arrival": {"type": "poisson", "rate": 400.0},
-                            "prompt_tokens": {"type": "uniform", "low": 4, "high": 400},
-                            "output_tokens": {"type": "uniform", "low": 4, "high": 160}}),
-    ("calib-matched-burst", {"count": 48, "arrival": {"type": "burst"},
-                             "prompt_tokens": {"type": "uniform", "low": 8, "high": 240},
-                             "output_tokens": {"type": "uniform", "low": 8, "high": 160}}),
+    (
+        "calib-matched-load",
+        {
+            "count": 100,
+            "arrival": {"type": "poisson", "rate": 400.0},
+            "prompt_tokens": {"type": "uniform", "low": 4, "high": 400},
+            "output_tokens": {"type": "uniform", "low": 4, "high": 160},
+        },
+    ),
+    (
+        "calib-matched-burst",
+        {
+            "count": 48,
+            "arrival": {"type": "burst"},
+            "prompt_tokens": {"type": "uniform", "low": 8, "high": 240},
+            "output_tokens": {"type": "uniform", "low": 8, "high": 160},
+        },
+    ),
 )
 CALIBRATION_SEED = 9001  # validation cases use small seeds; these (9001..) are the calibration's alone
 STALL_RATIO = 1.8  # a measurement this many times the fit's prediction is a stall, left out of the next round
@@ -109,10 +143,14 @@ def fit_iteration_model(runs: list[ExecRun]) -> tuple[np.ndarray, dict]:
     stalled = np.concatenate([stalls(r.iteration_period_s, r.shapes)[0] for r in runs])
     pred = X[ok] @ coef
     rel = np.abs(pred - y[ok]) / y[ok]
-    return coef, {"points": int(ok.sum()), "kept": int(kept.sum()), "mape_in_sample": float(rel.mean()),
-                  "median_ape_in_sample": float(np.median(rel)),
-                  # iterations that took twice their like neighbours: the machine was busy while calibrating
-                  "stalls": float(np.mean(stalled[ok]))}
+    return coef, {
+        "points": int(ok.sum()),
+        "kept": int(kept.sum()),
+        "mape_in_sample": float(rel.mean()),
+        "median_ape_in_sample": float(np.median(rel)),
+        # iterations that took twice their like neighbours: the machine was busy while calibrating
+        "stalls": float(np.mean(stalled[ok])),
+    }
 
 
 def fit_transfer_model(runs: list[ExecRun], fallback_s_per_byte: float = 1.0 / 5e9) -> tuple[dict, dict]:
@@ -123,13 +161,25 @@ def fit_transfer_model(runs: list[ExecRun], fallback_s_per_byte: float = 1.0 / 5
     from scipy.optimize import nnls
 
     ev = [swap_events(r) for r in runs]
-    cat = {k: np.concatenate([e[k] for e in ev]) if ev else np.zeros(0) for k in ("out_bytes", "in_bytes",
-                                                                                "out_copies", "in_copies", "swap_s")}
-    X = np.column_stack([cat["out_bytes"] > 0, cat["out_bytes"], cat["out_copies"],
-                         cat["in_bytes"] > 0, cat["in_bytes"], cat["in_copies"]]).astype(np.float64)
+    cat = {
+        k: np.concatenate([e[k] for e in ev]) if ev else np.zeros(0)
+        for k in ("out_bytes", "in_bytes", "out_copies", "in_copies", "swap_s")
+    }
+    X = np.column_stack(
+        [
+            cat["out_bytes"] > 0,
+            cat["out_bytes"],
+            cat["out_copies"],
+            cat["in_bytes"] > 0,
+            cat["in_bytes"],
+            cat["in_copies"],
+        ]
+    ).astype(np.float64)
     y = cat["swap_s"]
-    out = {d: {"latency_s": 0.0, "s_per_byte": fallback_s_per_byte, "s_per_copy": 0.0, "copies_per_byte": 0.0}
-           for d in ("d2h", "h2d")}
+    out = {
+        d: {"latency_s": 0.0, "s_per_byte": fallback_s_per_byte, "s_per_copy": 0.0, "copies_per_byte": 0.0}
+        for d in ("d2h", "h2d")
+    }
     info = {"points": int(y.size)}
     if y.size >= 6 and (y > 0).all():
         keep = np.ones(y.size, dtype=bool)
@@ -140,15 +190,26 @@ def fit_transfer_model(runs: list[ExecRun], fallback_s_per_byte: float = 1.0 / 5
             pred = X @ coef
             # a copy that took STALL_RATIO times its prediction lost its core for a while
             keep = y < STALL_RATIO * np.maximum(pred, 1e-12)
-        for d, sl, b, c in (("d2h", slice(0, 3), cat["out_bytes"], cat["out_copies"]),
-                            ("h2d", slice(3, 6), cat["in_bytes"], cat["in_copies"])):
+        for d, sl, b, c in (
+            ("d2h", slice(0, 3), cat["out_bytes"], cat["out_copies"]),
+            ("h2d", slice(3, 6), cat["in_bytes"], cat["in_copies"]),
+        ):
             a, sb, sc = coef[sl]
             if sb > 0 or a > 0 or sc > 0:
-                out[d] = {"latency_s": float(a), "s_per_byte": float(sb), "s_per_copy": float(sc),
-                          "copies_per_byte": float(c.sum() / b.sum()) if b.sum() > 0 else 0.0}
+                out[d] = {
+                    "latency_s": float(a),
+                    "s_per_byte": float(sb),
+                    "s_per_copy": float(sc),
+                    "copies_per_byte": float(c.sum() / b.sum()) if b.sum() > 0 else 0.0,
+                }
         pred = X @ coef
-        info.update({"mape_in_sample": float(np.mean(np.abs(pred - y) / y)),
-                     "total_error_in_sample": float(pred.sum() / y.sum() - 1.0), "kept": int(keep.sum())})
+        info.update(
+            {
+                "mape_in_sample": float(np.mean(np.abs(pred - y) / y)),
+                "total_error_in_sample": float(pred.sum() / y.sum() - 1.0),
+                "kept": int(keep.sum()),
+            }
+        )
     return out, info
 
 
@@ -171,13 +232,26 @@ def fit_from_runs(run_dirs: list[Path], meta: dict | None = None) -> FittedCostM
     coef, it_info = fit_iteration_model(runs)
     transfer, tr_info = fit_transfer_model(runs)
     info = dict(meta or {})
-    info.update({"calibrated_on": [str(d) for d in run_dirs], "iteration_fit": it_info, "transfer_fit": tr_info,
-                 "model": runs[0].model, "device": runs[0].device, "threads": runs[0].threads})
+    info.update(
+        {
+            "calibrated_on": [str(d) for d in run_dirs],
+            "iteration_fit": it_info,
+            "transfer_fit": tr_info,
+            "model": runs[0].model,
+            "device": runs[0].device,
+            "threads": runs[0].threads,
+        }
+    )
     return FittedCostModel(coef, sizes.pop(), transfer, info)
 
 
-def calibration_specs(model: str, seed: int = CALIBRATION_SEED, block_size: int = 16,
-                      serving: dict | None = None, requests: dict | None = None) -> list:
+def calibration_specs(
+    model: str,
+    seed: int = CALIBRATION_SEED,
+    block_size: int = 16,
+    serving: dict | None = None,
+    requests: dict | None = None,
+) -> list:
     """The calibration workloads as WorkloadSpecs (fp32, the executor's model): the generic set,
     or with `serving` (a workload's serving section) the matched set on that deployment, and
     with `requests` (its requests section) one more run of that request mix drawn with a
@@ -189,8 +263,17 @@ def calibration_specs(model: str, seed: int = CALIBRATION_SEED, block_size: int 
         sv = {**serving, "block_size": block_size, "dtype": "fp32"}
         mixes = list(MATCHED_REQUESTS) + ([("calib-matched-mix", requests)] if requests is not None else [])
         for k, (name, req) in enumerate(mixes):
-            specs.append(WorkloadSpec.model_validate({"name": name, "model": model, "seed": seed + 8 + k,
-                                                      "serving": sv, "requests": json.loads(json.dumps(req))}))
+            specs.append(
+                WorkloadSpec.model_validate(
+                    {
+                        "name": name,
+                        "model": model,
+                        "seed": seed + 8 + k,
+                        "serving": sv,
+                        "requests": json.loads(json.dumps(req)),
+                    }
+                )
+            )
         return specs
     for k, w in enumerate(CALIBRATION_WORKLOADS):
         d = json.loads(json.dumps(w))
@@ -200,9 +283,18 @@ def calibration_specs(model: str, seed: int = CALIBRATION_SEED, block_size: int 
     return specs
 
 
-def calibrate(model: str, out_dir: Path, *, device: str = "cpu", dtype: str | None = None, threads: int = 1,
-              seed: int = CALIBRATION_SEED, block_size: int = 16, serving: dict | None = None,
-              log=None) -> FittedCostModel:
+def calibrate(
+    model: str,
+    out_dir: Path,
+    *,
+    device: str = "cpu",
+    dtype: str | None = None,
+    threads: int = 1,
+    seed: int = CALIBRATION_SEED,
+    block_size: int = 16,
+    serving: dict | None = None,
+    log=None,
+) -> FittedCostModel:
     """Run the calibration workloads on the executor and fit; writes the runs under out_dir
     and the fit to out_dir/executor-fit.json."""
     from infersim.simulator.workload.builder import build_requests
@@ -222,16 +314,36 @@ def calibrate(model: str, out_dir: Path, *, device: str = "cpu", dtype: str | No
         run_executor(spec, build_requests(spec), model, d, device=device, dtype=dtype, threads=threads)
         dirs.append(d)
     sentinels.append(sentinel_s(model, device=device, dtype=dtype, threads=threads))
-    fit = fit_from_runs(dirs, {"seed": seed, "seeds": [s.seed for s in specs], "workloads": [s.name for s in specs],
-                               "matched": serving is not None,
-                               "sentinel_s": float(np.median(sentinels)), "sentinels_s": sentinels})
+    fit = fit_from_runs(
+        dirs,
+        {
+            "seed": seed,
+            "seeds": [s.seed for s in specs],
+            "workloads": [s.name for s in specs],
+            "matched": serving is not None,
+            "sentinel_s": float(np.median(sentinels)),
+            "sentinels_s": sentinels,
+        },
+    )
     fit.save(out_dir / "executor-fit.json")
     return fit
 
 
-def calibrate_around(run, model: str, out_dir: Path, *, device: str = "cpu", dtype: str | None = None,
-                     threads: int = 1, seed: int = CALIBRATION_SEED, block_size: int = 16, serving: dict | None = None,
-                     requests: dict | None = None, validated_dir: Path | None = None, log=None) -> FittedCostModel:
+def calibrate_around(
+    run,
+    model: str,
+    out_dir: Path,
+    *,
+    device: str = "cpu",
+    dtype: str | None = None,
+    threads: int = 1,
+    seed: int = CALIBRATION_SEED,
+    block_size: int = 16,
+    serving: dict | None = None,
+    requests: dict | None = None,
+    validated_dir: Path | None = None,
+    log=None,
+) -> FittedCostModel:
     """Calibrate on both sides of `run()` (the validated run): the calibration workloads once
     before it and once after, one fit over both. A machine whose speed drifts then gets a fit for
     its average speed around the run rather than for a moment before it, and the two halves tell
@@ -261,7 +373,7 @@ def calibrate_around(run, model: str, out_dir: Path, *, device: str = "cpu", dty
     halves: dict[str, list[Path]] = {"before": [], "after": []}
 
     def calib(side: str) -> None:
-        for spec in (specs if side == "before" else specs[::-1]):
+        for spec in specs if side == "before" else specs[::-1]:
             d = out_dir / side / spec.name
             if log:
                 log(f"calibration run {spec.name} ({side} the validated run)")
@@ -271,9 +383,16 @@ def calibrate_around(run, model: str, out_dir: Path, *, device: str = "cpu", dty
     calib("before")
     run()
     calib("after")
-    fit = fit_from_runs(halves["before"] + halves["after"],
-                        {"seed": seed, "seeds": [s.seed for s in specs], "workloads": [s.name for s in specs],
-                         "matched": serving is not None, "bracketed": True})
+    fit = fit_from_runs(
+        halves["before"] + halves["after"],
+        {
+            "seed": seed,
+            "seeds": [s.seed for s in specs],
+            "workloads": [s.name for s in specs],
+            "matched": serving is not None,
+            "bracketed": True,
+        },
+    )
     loaded = {d: load_exec_run(d) for dirs in halves.values() for d in dirs}
 
     def ratios(d: Path) -> np.ndarray:
@@ -283,8 +402,10 @@ def calibrate_around(run, model: str, out_dir: Path, *, device: str = "cpu", dty
         return y[ok] / fit.predict_many([s for s, k in zip(e.shapes, ok) if k])
 
     per_run = {d: ratios(d) for d in loaded}
-    ratio = {side: float(np.median(np.concatenate([per_run[d] for d in dirs]))) if dirs else float("nan")
-             for side, dirs in halves.items()}
+    ratio = {
+        side: float(np.median(np.concatenate([per_run[d] for d in dirs]))) if dirs else float("nan")
+        for side, dirs in halves.items()
+    }
     fit.meta["speed_ratio_before"], fit.meta["speed_ratio_after"] = ratio["before"], ratio["after"]
     fit.meta["speed_shift"] = ratio["after"] / ratio["before"] - 1.0
     adjacent = (halves["before"][-1], halves["after"][0])
@@ -305,12 +426,16 @@ def calibrate_around(run, model: str, out_dir: Path, *, device: str = "cpu", dty
     copied = f"; copies {', '.join(f'{c:.3f}' for c in copies)}" if copies else ""
     if np.isfinite(speed.speed):
         fit.meta["speed_ticks_s"] = {"calibration": ticks, "validated": tick_val, "tick_weight": speed.tick_weight}
-        fit = fit.scaled(speed.speed, why=speed.note + copied,
-                         transfer_factor=float(np.mean(copies)) if copies else None)
+        fit = fit.scaled(
+            speed.speed, why=speed.note + copied, transfer_factor=float(np.mean(copies)) if copies else None
+        )
     elif all(np.isfinite(near)) and all(x > 0 for x in near):
-        fit = fit.scaled(float(np.mean(near)), why=f"the machine's speed near the validated run: mean measured/fitted "
-                                                   f"ratio of the calibration runs just before and after it "
-                                                   f"({near[0]:.3f}, {near[1]:.3f}{copied})",
-                         transfer_factor=float(np.mean(copies)) if copies else None)
+        fit = fit.scaled(
+            float(np.mean(near)),
+            why=f"the machine's speed near the validated run: mean measured/fitted "
+            f"ratio of the calibration runs just before and after it "
+            f"({near[0]:.3f}, {near[1]:.3f}{copied})",
+            transfer_factor=float(np.mean(copies)) if copies else None,
+        )
     fit.save(out_dir / "executor-fit.json")
     return fit

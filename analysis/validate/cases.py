@@ -1,6 +1,7 @@
 """The validation matrix: each case is a workload, a policy configuration, an executor mode
 (which real execution it needs and which recorded statistics feed the simulator) and what to
 compare. The small matrix (`small=True`) runs in the test suite; `matrix.py` runs them all."""
+
 from __future__ import annotations
 
 import copy
@@ -36,21 +37,30 @@ class Case:
         return WorkloadSpec.model_validate(d)
 
 
-_LOAD = {"prompt_tokens": {"type": "uniform", "low": 16, "high": 320},
-         "output_tokens": {"type": "uniform", "low": 8, "high": 128}}
-_PRESSURE = {"prompt_tokens": {"type": "uniform", "low": 24, "high": 192},
-             "output_tokens": {"type": "uniform", "low": 24, "high": 128}}
+_LOAD = {
+    "prompt_tokens": {"type": "uniform", "low": 16, "high": 320},
+    "output_tokens": {"type": "uniform", "low": 8, "high": 128},
+}
+_PRESSURE = {
+    "prompt_tokens": {"type": "uniform", "low": 24, "high": 192},
+    "output_tokens": {"type": "uniform", "low": 24, "high": 128},
+}
 
 
 def _pressure(preemption: str, cpu_blocks: int = 256) -> dict:
     # 80 blocks of 16 tokens hold about six sequences' whole KV: decoding grows past the pool
-    return {"serving": {"max_batch_size": 16, "gpu_blocks": 80, "cpu_blocks": cpu_blocks, "preemption": preemption},
-            "requests": {"count": 48, "arrival": {"type": "poisson", "rate": 300.0}, **_PRESSURE}}
+    return {
+        "serving": {"max_batch_size": 16, "gpu_blocks": 80, "cpu_blocks": cpu_blocks, "preemption": preemption},
+        "requests": {"count": 48, "arrival": {"type": "poisson", "rate": 300.0}, **_PRESSURE},
+    }
 
 
-_SPEC_REQ = {"count": 32, "arrival": {"type": "poisson", "rate": 100.0},
-             "prompt_tokens": {"type": "uniform", "low": 16, "high": 160},
-             "output_tokens": {"type": "uniform", "low": 32, "high": 96}}
+_SPEC_REQ = {
+    "count": 32,
+    "arrival": {"type": "poisson", "rate": 100.0},
+    "prompt_tokens": {"type": "uniform", "low": 16, "high": 160},
+    "output_tokens": {"type": "uniform", "low": 32, "high": 96},
+}
 
 CASES: dict[str, Case] = {}
 
@@ -59,62 +69,150 @@ def _register(case: Case) -> None:
     CASES[case.name] = case
 
 
-_register(Case("plain-load", "Plain decoding under load", "plain",
-               {"serving": {"max_batch_size": 32, "gpu_blocks": 1024, "cpu_blocks": 0},
-                "requests": {"count": 96, "arrival": {"type": "poisson", "rate": 250.0}, **_LOAD}},
-               ("latency",), small=True,
-               why="continuous batching with a queue: batch sizes up to 32, mixed prefill and decode"))
-_register(Case("preempt-recompute", "Recompute preemption under memory pressure", "plain",
-               _pressure("recompute", cpu_blocks=0), ("latency", "preemption", "recompute"), small=True,
-               why="the KV pool is too small for the batch: sequences are evicted and prefilled again"))
-_register(Case("preempt-swap", "Swap preemption under memory pressure", "plain", _pressure("swap"),
-               ("latency", "preemption", "swap"),
-               why="evicted sequences' KV is copied to host blocks and back"))
-_register(Case("preempt-cost-aware", "Cost-aware preemption under memory pressure", "plain",
-               _pressure("cost_aware"), ("latency", "preemption", "swap", "recompute"),
-               why="each eviction picks swap or recompute by predicted cost (AdaptiveLLM 3.3)"))
-_register(Case("spec-draft", "One-draft speculative decoding", "speculative",
-               {"serving": {"max_batch_size": 8, "gpu_blocks": 512},
-                "requests": copy.deepcopy(_SPEC_REQ),
-                "speculation": {"method": "draft", "speculation_length": 4, "sampling": {"mode": "greedy"},
-                                "drafts": [{"model": "zoo-draft-a", "acceptance": {"kind": "iid", "alpha": 0.5}}]}},
-               ("latency", "acceptance"), small=True,
-               why="acceptance measured by the real run replaces the catalog's"))
+_register(
+    Case(
+        "plain-load",
+        "Plain decoding under load",
+        "plain",
+        {
+            "serving": {"max_batch_size": 32, "gpu_blocks": 1024, "cpu_blocks": 0},
+            "requests": {"count": 96, "arrival": {"type": "poisson", "rate": 250.0}, **_LOAD},
+        },
+        ("latency",),
+        small=True,
+        why="continuous batching with a queue: batch sizes up to 32, mixed prefill and decode",
+    )
+)
+_register(
+    Case(
+        "preempt-recompute",
+        "Recompute preemption under memory pressure",
+        "plain",
+        _pressure("recompute", cpu_blocks=0),
+        ("latency", "preemption", "recompute"),
+        small=True,
+        why="the KV pool is too small for the batch: sequences are evicted and prefilled again",
+    )
+)
+_register(
+    Case(
+        "preempt-swap",
+        "Swap preemption under memory pressure",
+        "plain",
+        _pressure("swap"),
+        ("latency", "preemption", "swap"),
+        why="evicted sequences' KV is copied to host blocks and back",
+    )
+)
+_register(
+    Case(
+        "preempt-cost-aware",
+        "Cost-aware preemption under memory pressure",
+        "plain",
+        _pressure("cost_aware"),
+        ("latency", "preemption", "swap", "recompute"),
+        why="each eviction picks swap or recompute by predicted cost (AdaptiveLLM 3.3)",
+    )
+)
+_register(
+    Case(
+        "spec-draft",
+        "One-draft speculative decoding",
+        "speculative",
+        {
+            "serving": {"max_batch_size": 8, "gpu_blocks": 512},
+            "requests": copy.deepcopy(_SPEC_REQ),
+            "speculation": {
+                "method": "draft",
+                "speculation_length": 4,
+                "sampling": {"mode": "greedy"},
+                "drafts": [{"model": "zoo-draft-a", "acceptance": {"kind": "iid", "alpha": 0.5}}],
+            },
+        },
+        ("latency", "acceptance"),
+        small=True,
+        why="acceptance measured by the real run replaces the catalog's",
+    )
+)
 for _name, _title, _over in (
-    ("minions-voting", "Minions: majority voting over three drafts",
-     {"selector": {"enabled": False}, "pipeline": {"enabled": False}}),
-    ("minions-adaptive", "Minions: adaptive speculation length",
-     {"voting": {"enabled": False}, "pipeline": {"enabled": False}}),
-    ("minions-pipeline", "Minions: draft/verify pipeline",
-     {"voting": {"enabled": False}, "selector": {"enabled": False}}),
+    (
+        "minions-voting",
+        "Minions: majority voting over three drafts",
+        {"selector": {"enabled": False}, "pipeline": {"enabled": False}},
+    ),
+    (
+        "minions-adaptive",
+        "Minions: adaptive speculation length",
+        {"voting": {"enabled": False}, "pipeline": {"enabled": False}},
+    ),
+    (
+        "minions-pipeline",
+        "Minions: draft/verify pipeline",
+        {"voting": {"enabled": False}, "selector": {"enabled": False}},
+    ),
 ):
-    _register(Case(_name, _title, "minions",
-                   {"serving": {"max_batch_size": 16, "gpu_blocks": 512},
-                    "requests": copy.deepcopy(_SPEC_REQ),
-                    "speculation": {"method": "minions", "speculation_length": 4,
-                                    "drafts": [{"model": f"zoo-draft-{x}", "acceptance": {"kind": "iid", "alpha": 0.5}}
-                                               for x in "abc"],
-                                    **_over}},
-                   ("latency", "acceptance")))
-_register(Case("medusa-tree", "Medusa heads with a token tree", "medusa",
-               {"serving": {"max_batch_size": 4, "gpu_blocks": 512},
+    _register(
+        Case(
+            _name,
+            _title,
+            "minions",
+            {
+                "serving": {"max_batch_size": 16, "gpu_blocks": 512},
                 "requests": copy.deepcopy(_SPEC_REQ),
-                "speculation": {"method": "medusa", "sampling": {"mode": "greedy"},
-                                "medusa": {"tree": {"type": "choices"}}}},
-               ("latency", "acceptance"),
-               why="head accuracies measured by the real heads feed the simulator's tree model"))
-for _policy, _title in (("full", "full KV load (FlexGen)"), ("h2o", "H2O heavy hitters"),
-                        ("infinigen", "InfiniGen speculative prefetch")):
-    _register(Case(f"offload-{_policy}", f"KV offload: {_title}", "offload",
-                   {"serving": {"max_batch_size": 8},
-                    "requests": {"count": 16, "arrival": {"type": "poisson", "rate": 50.0},
-                                 "prompt_tokens": {"type": "uniform", "low": 256, "high": 768},
-                                 "output_tokens": {"type": "fixed", "value": 64}},
-                    # overlap none: the CPU executor (one torch thread) runs each copy in line with the compute,
-                    # so the simulator's pipeline must be the sequential one; on CUDA ffn/layer overlap
-                    "offload": {"policy": _policy, "overlap": "none"}},
-                   ("latency", "offload"),
-                   why="sparsity recorded by the real attention feeds the simulator's fetch sizes"))
+                "speculation": {
+                    "method": "minions",
+                    "speculation_length": 4,
+                    "drafts": [{"model": f"zoo-draft-{x}", "acceptance": {"kind": "iid", "alpha": 0.5}} for x in "abc"],
+                    **_over,
+                },
+            },
+            ("latency", "acceptance"),
+        )
+    )
+_register(
+    Case(
+        "medusa-tree",
+        "Medusa heads with a token tree",
+        "medusa",
+        {
+            "serving": {"max_batch_size": 4, "gpu_blocks": 512},
+            "requests": copy.deepcopy(_SPEC_REQ),
+            "speculation": {
+                "method": "medusa",
+                "sampling": {"mode": "greedy"},
+                "medusa": {"tree": {"type": "choices"}},
+            },
+        },
+        ("latency", "acceptance"),
+        why="head accuracies measured by the real heads feed the simulator's tree model",
+    )
+)
+for _policy, _title in (
+    ("full", "full KV load (FlexGen)"),
+    ("h2o", "H2O heavy hitters"),
+    ("infinigen", "InfiniGen speculative prefetch"),
+):
+    _register(
+        Case(
+            f"offload-{_policy}",
+            f"KV offload: {_title}",
+            "offload",
+            {
+                "serving": {"max_batch_size": 8},
+                "requests": {
+                    "count": 16,
+                    "arrival": {"type": "poisson", "rate": 50.0},
+                    "prompt_tokens": {"type": "uniform", "low": 256, "high": 768},
+                    "output_tokens": {"type": "fixed", "value": 64},
+                },
+                # overlap none: the CPU executor (one torch thread) runs each copy in line with the compute,
+                # so the simulator's pipeline must be the sequential one; on CUDA ffn/layer overlap
+                "offload": {"policy": _policy, "overlap": "none"},
+            },
+            ("latency", "offload"),
+            why="sparsity recorded by the real attention feeds the simulator's fetch sizes",
+        )
+    )
 
 
 def get_case(name: str) -> Case:
@@ -142,5 +240,6 @@ def case_from_spec(spec) -> Case:
         compare.append("recompute")
     if spec.speculation is not None:
         compare.append("acceptance")
-    return Case(spec.name, spec.description or spec.name, mode, spec.model_dump(mode="json", exclude_none=True),
-                tuple(compare))
+    return Case(
+        spec.name, spec.description or spec.name, mode, spec.model_dump(mode="json", exclude_none=True), tuple(compare)
+    )

@@ -20,6 +20,7 @@ component it comes from: timing noise (the machine was busy: iterations stalled)
 acceptance model (the simulated acceptance differs), a scheduling mismatch (even the replay is
 off), or the cost model (the replay is close, so the predicted times are what differs).
 """
+
 from __future__ import annotations
 
 import json
@@ -62,10 +63,17 @@ class Comparison:
         return all(c["ok"] for c in self.checks)
 
     def to_json(self) -> dict:
-        return {"case": self.case, "passed": self.passed, "cost_model": self.cost_model,
-                "iterations": self.iterations, "requests": self.requests, "totals": self.totals,
-                "replay": self.replay,
-                "checks": self.checks, "info": self.info}
+        return {
+            "case": self.case,
+            "passed": self.passed,
+            "cost_model": self.cost_model,
+            "iterations": self.iterations,
+            "requests": self.requests,
+            "totals": self.totals,
+            "replay": self.replay,
+            "checks": self.checks,
+            "info": self.info,
+        }
 
 
 # ---- level 1: the cost model on the executor's own batches ------------------------------------
@@ -96,14 +104,20 @@ def cost_model_level(run, cost_model) -> dict:
     decode = np.array([bool(np.all(s.query_tokens == 1)) for s in shapes])
     ok = np.isfinite(meas)
     out = {
-        "iterations": int(len(shapes)), "compared": int(ok.sum()),
-        "mape": mape(pred, meas), "bias": signed_bias(pred, meas), "median_ape": median_ape(pred, meas),
+        "iterations": int(len(shapes)),
+        "compared": int(ok.sum()),
+        "mape": mape(pred, meas),
+        "bias": signed_bias(pred, meas),
+        "median_ape": median_ape(pred, meas),
         "total_bias": total_bias(pred, meas),
-        "decode_mape": mape(pred[decode], meas[decode]), "mixed_mape": mape(pred[~decode], meas[~decode]),
-        "decode_bias": total_bias(pred[decode], meas[decode]), "mixed_bias": total_bias(pred[~decode], meas[~decode]),
+        "decode_mape": mape(pred[decode], meas[decode]),
+        "mixed_mape": mape(pred[~decode], meas[~decode]),
+        "decode_bias": total_bias(pred[decode], meas[decode]),
+        "mixed_bias": total_bias(pred[~decode], meas[~decode]),
         "noise": noise,
         "mape_unstalled": mape(pred[~stalled], meas[~stalled]),
-        "predicted_s": pred.tolist(), "measured_s": meas.tolist(),
+        "predicted_s": pred.tolist(),
+        "measured_s": meas.tolist(),
         "batch_size": [int(s.num_seqs) for s in shapes],
     }
     it = run.iterations
@@ -113,23 +127,29 @@ def cost_model_level(run, cost_model) -> dict:
         swap_meas = ev["swap_s"]
         swap_pred = priced_swaps(cost_model, ev)
         ratio = swap_meas / np.maximum(swap_pred, 1e-12)
-        out["swap"] = {"events": int(swap_meas.size), "measured_s": float(swap_meas.sum()),
-                       "predicted_s": float(swap_pred.sum()),
-                       "error": rel_error(swap_pred.sum(), swap_meas.sum()),
-                       "mape": mape(swap_pred, swap_meas),
-                       "copies_recorded": bool((ev["out_copies"] + ev["in_copies"]).sum() > 0),
-                       # measured / predicted per copy: a narrow band away from 1 is the copy speed of
-                       # this run differing from calibration's, a wide one is noise
-                       "ratio_p10_p50_p90": [float(x) for x in np.percentile(ratio, [10, 50, 90])]}
+        out["swap"] = {
+            "events": int(swap_meas.size),
+            "measured_s": float(swap_meas.sum()),
+            "predicted_s": float(swap_pred.sum()),
+            "error": rel_error(swap_pred.sum(), swap_meas.sum()),
+            "mape": mape(swap_pred, swap_meas),
+            "copies_recorded": bool((ev["out_copies"] + ev["in_copies"]).sum() > 0),
+            # measured / predicted per copy: a narrow band away from 1 is the copy speed of
+            # this run differing from calibration's, a wide one is noise
+            "ratio_p10_p50_p90": [float(x) for x in np.percentile(ratio, [10, 50, 90])],
+        }
     rec = recompute_iterations(run.batches, run.requests["prompt_tokens"])
     if rec.size:
         idx = np.searchsorted(np.asarray(it["iteration"], dtype=np.int64), rec)
         m = meas[idx]
         keep = np.isfinite(m)
-        out["recompute"] = {"iterations": int(rec.size), "measured_s": float(m[keep].sum()),
-                            "predicted_s": float(pred[idx][keep].sum()),
-                            "error": rel_error(pred[idx][keep].sum(), m[keep].sum()),
-                            "mape": mape(pred[idx], m)}
+        out["recompute"] = {
+            "iterations": int(rec.size),
+            "measured_s": float(m[keep].sum()),
+            "predicted_s": float(pred[idx][keep].sum()),
+            "error": rel_error(pred[idx][keep].sum(), m[keep].sum()),
+            "mape": mape(pred[idx], m),
+        }
     return out
 
 
@@ -150,8 +170,11 @@ def within_run_speed(run_dir, start_s: np.ndarray, pred: np.ndarray, meas: np.nd
     r = np.log(meas[ok] / pred[ok])
     lf = np.log(f[ok])
     corr = float(np.corrcoef(r, lf)[0, 1]) if np.std(r) > 0 and np.std(lf) > 0 else float("nan")
-    return {"correlation": corr, "mape_at_local_speed": mape(pred * f, meas),
-            "tick_range": [float(np.percentile(f, 10)), float(np.percentile(f, 90))]}
+    return {
+        "correlation": corr,
+        "mape_at_local_speed": mape(pred * f, meas),
+        "tick_range": [float(np.percentile(f, 10)), float(np.percentile(f, 90))],
+    }
 
 
 # the ticks explain the per-iteration errors when they correlate at least this well and pricing
@@ -164,8 +187,11 @@ def timing_noise(run) -> dict:
     """How noisy the measurements are, whatever the model (measured.stalls): the fraction of
     iterations that stalled, and the iteration-to-iteration jitter of like decode steps."""
     st, judged = stalls(run.iteration_period_s, run.shapes)
-    return {"stalls": float(st[judged].mean()) if judged.any() else float("nan"),
-            "jitter": jitter(run.iteration_period_s, run.shapes, st), "_mask": st}
+    return {
+        "stalls": float(st[judged].mean()) if judged.any() else float("nan"),
+        "jitter": jitter(run.iteration_period_s, run.shapes, st),
+        "_mask": st,
+    }
 
 
 # ---- level 2: simulated iterations aligned with executed ones -------------------------------------
@@ -177,10 +203,15 @@ def iteration_level(exec_run, sim_run) -> dict:
         same &= np.asarray(es[c][:n]) == np.asarray(ss[c][:n])
     sim_dur = (np.asarray(ss["t_end_s"]) - np.asarray(ss["t_start_s"]))[:n]
     meas = exec_run.iteration_period_s[:n]
-    return {"executed": int(len(es["t_start_s"])), "simulated": int(len(ss["t_start_s"])),
-            "aligned": int(same.sum()), "aligned_fraction": float(same.sum() / max(1, n)),
-            "first_divergence": int(np.argmin(same)) if not same.all() else int(n),
-            "mape_aligned": mape(sim_dur[same], meas[same]), "bias_aligned": signed_bias(sim_dur[same], meas[same])}
+    return {
+        "executed": int(len(es["t_start_s"])),
+        "simulated": int(len(ss["t_start_s"])),
+        "aligned": int(same.sum()),
+        "aligned_fraction": float(same.sum() / max(1, n)),
+        "first_divergence": int(np.argmin(same)) if not same.all() else int(n),
+        "mape_aligned": mape(sim_dur[same], meas[same]),
+        "bias_aligned": signed_bias(sim_dur[same], meas[same]),
+    }
 
 
 # ---- level 3: requests and totals --------------------------------------------------------------------
@@ -190,8 +221,9 @@ def _aligned(exec_run, sim_run, col: str) -> tuple[np.ndarray, np.ndarray]:
     e, s = exec_run.requests, sim_run.requests
     n = min(len(e[col]), len(s[col]))
     ok = (np.asarray(e["aborted"][:n]) == 0) & (np.asarray(s["aborted"][:n]) == 0)
-    return np.where(ok, np.asarray(s[col][:n], dtype=np.float64), np.nan), \
-        np.where(ok, np.asarray(e[col][:n], dtype=np.float64), np.nan)
+    return np.where(ok, np.asarray(s[col][:n], dtype=np.float64), np.nan), np.where(
+        ok, np.asarray(e[col][:n], dtype=np.float64), np.nan
+    )
 
 
 def request_level(exec_run, sim_run) -> dict:
@@ -202,8 +234,11 @@ def request_level(exec_run, sim_run) -> dict:
     for table in (e, s):
         if "ttft_s" not in table:
             table.update(derived_columns(table))
-    mismatch = [c for c in ("prompt_tokens", "output_tokens", "arrival_s")
-                if not np.allclose(np.asarray(e[c])[:len(s[c])], np.asarray(s[c])[:len(e[c])])]
+    mismatch = [
+        c
+        for c in ("prompt_tokens", "output_tokens", "arrival_s")
+        if not np.allclose(np.asarray(e[c])[: len(s[c])], np.asarray(s[c])[: len(e[c])])
+    ]
     out = {"requests": int(len(e["arrival_s"])), "input_mismatch": mismatch}
 
     class _R:  # the derived tables in the shape _aligned expects
@@ -213,7 +248,8 @@ def request_level(exec_run, sim_run) -> dict:
     for col in LATENCIES:
         p, m = _aligned(_R(e), _R(s), col)  # p: simulated, m: measured
         out[col] = {
-            "mape": mape(p, m), "bias": signed_bias(p, m),
+            "mape": mape(p, m),
+            "bias": signed_bias(p, m),
             "measured": {"mean": float(np.nanmean(m)), "p50": percentile(m, 50), "p99": percentile(m, 99)},
             "predicted": {"mean": float(np.nanmean(p)), "p50": percentile(p, 50), "p99": percentile(p, 99)},
         }
@@ -226,14 +262,20 @@ def request_level(exec_run, sim_run) -> dict:
 
 def totals_level(exec_run, sim_run) -> dict:
     es, ss = exec_run.summary, sim_run.summary
-    keys = {"throughput_output_tokens_per_s": ("throughput_output_tokens_per_s",),
-            "throughput_req_per_s": ("throughput_req_per_s",), "makespan_s": ("makespan_s",),
-            "iterations": ("iterations",), "preempt_recompute": ("preemptions", "recompute"),
-            "preempt_swap": ("preemptions", "swap"), "swap_out_bytes": ("swap_out_bytes",),
-            "swap_in_bytes": ("swap_in_bytes",), "batch_size_mean": ("batch_size", "mean_busy"),
-            "kv_utilization_mean": ("kv_utilization", "mean_busy"),
-            "acceptance_rate": ("speculation", "acceptance_rate"),
-            "tokens_per_step": ("speculation", "acceleration_rate")}
+    keys = {
+        "throughput_output_tokens_per_s": ("throughput_output_tokens_per_s",),
+        "throughput_req_per_s": ("throughput_req_per_s",),
+        "makespan_s": ("makespan_s",),
+        "iterations": ("iterations",),
+        "preempt_recompute": ("preemptions", "recompute"),
+        "preempt_swap": ("preemptions", "swap"),
+        "swap_out_bytes": ("swap_out_bytes",),
+        "swap_in_bytes": ("swap_in_bytes",),
+        "batch_size_mean": ("batch_size", "mean_busy"),
+        "kv_utilization_mean": ("kv_utilization", "mean_busy"),
+        "acceptance_rate": ("speculation", "acceptance_rate"),
+        "tokens_per_step": ("speculation", "acceleration_rate"),
+    }
     out = {}
     for name, path in keys.items():
         m, p = _get(es, path), _get(ss, path)
@@ -249,11 +291,15 @@ def aggregate_errors(exec_run, sim_run, cost_model=None) -> dict[str, float]:
     repeats (rule.py). With `cost_model`, also the swap and recompute costs on the run's own
     batches."""
     rq, tot = request_level(exec_run, sim_run), totals_level(exec_run, sim_run)
-    out = {"throughput (output tok/s)": (tot.get("throughput_output_tokens_per_s") or {}).get("error"),
-           "mean end-to-end latency": rq["e2e_s"]["mean_error"], "TTFT p99": rq["ttft_s"]["p99_error"],
-           "TPOT p99": rq["tpot_s"]["p99_error"], "end-to-end p99": rq["e2e_s"]["p99_error"],
-           "acceptance rate": (tot.get("acceptance_rate") or {}).get("error"),
-           "tokens per step": (tot.get("tokens_per_step") or {}).get("error")}
+    out = {
+        "throughput (output tok/s)": (tot.get("throughput_output_tokens_per_s") or {}).get("error"),
+        "mean end-to-end latency": rq["e2e_s"]["mean_error"],
+        "TTFT p99": rq["ttft_s"]["p99_error"],
+        "TPOT p99": rq["tpot_s"]["p99_error"],
+        "end-to-end p99": rq["e2e_s"]["p99_error"],
+        "acceptance rate": (tot.get("acceptance_rate") or {}).get("error"),
+        "tokens per step": (tot.get("tokens_per_step") or {}).get("error"),
+    }
     if cost_model is not None:
         cm = cost_model_level(exec_run, cost_model)
         out["swap cost (total copy time)"] = (cm.get("swap") or {}).get("error")
@@ -281,35 +327,59 @@ def check_targets(c: Comparison, compare: tuple[str, ...], targets: dict | None 
     rp = c.replay
     # the bias of each executor code path: both off alike with little jitter and no stalls means
     # every iteration ran at another speed than at calibration (the machine's speed moved)
-    split = (f": decode-only {pct_signed(cm.get('decode_bias'))}, with prefills {pct_signed(cm.get('mixed_bias'))}"
-             if "decode_bias" in cm else "")
+    split = (
+        f": decode-only {pct_signed(cm.get('decode_bias'))}, with prefills {pct_signed(cm.get('mixed_bias'))}"
+        if "decode_bias" in cm
+        else ""
+    )
 
     def end_to_end_source(err: float | None, replay_err: float | None = None) -> str:
         """The component an end-to-end error comes from."""
         if moved:
-            return (f"timing noise (the machine's speed moved {shift:+.1%} between the calibration runs before and "
-                    f"after the validated run; cost-model total bias {cm_bias:+.1%})")
+            return (
+                f"timing noise (the machine's speed moved {shift:+.1%} between the calibration runs before and "
+                f"after the validated run; cost-model total bias {cm_bias:+.1%})"
+            )
         if busy:
-            return (f"timing noise (a busy machine: {pct(stalls)} of executed and {pct(cal_stalls)} of calibration "
-                    f"iterations stalled; cost-model total bias {cm_bias:+.1%})")
+            return (
+                f"timing noise (a busy machine: {pct(stalls)} of executed and {pct(cal_stalls)} of calibration "
+                f"iterations stalled; cost-model total bias {cm_bias:+.1%})"
+            )
         if acc_err is not None and abs(acc_err) > 0.05:
             return f"acceptance model (simulated acceptance {acc_err:+.1%} off)"
         if replay_err is not None and err is not None and abs(replay_err) >= 0.5 * abs(err):
-            return (f"scheduling mismatch (with the executor's own measured times the simulation is still "
-                    f"{replay_err:+.1%} off; {rp.get('aligned_fraction', float('nan')):.0%} of its iterations ran "
-                    f"the executor's batch)")
-        if err is not None and np.isfinite(cm_bias) and abs(cm_bias) >= 0.5 * abs(err) and np.sign(cm_bias) == np.sign(err):
+            return (
+                f"scheduling mismatch (with the executor's own measured times the simulation is still "
+                f"{replay_err:+.1%} off; {rp.get('aligned_fraction', float('nan')):.0%} of its iterations ran "
+                f"the executor's batch)"
+            )
+        if (
+            err is not None
+            and np.isfinite(cm_bias)
+            and abs(cm_bias) >= 0.5 * abs(err)
+            and np.sign(cm_bias) == np.sign(err)
+        ):
             return f"cost model (total bias {cm_bias:+.1%} on the executed batches{split})"
         if replay_err is not None:
-            return (f"cost model (per-iteration errors that do not cancel; with the measured times the simulation "
-                    f"is {replay_err:+.1%} off, total bias {cm_bias:+.1%})")
+            return (
+                f"cost model (per-iteration errors that do not cancel; with the measured times the simulation "
+                f"is {replay_err:+.1%} off, total bias {cm_bias:+.1%})"
+            )
         return f"scheduling mismatch ({aligned:.0%} of iterations ran the same batch; cost-model total bias {cm_bias:+.1%})"
 
     def add(metric: str, value, target: float, source) -> None:
         ok = value is not None and np.isfinite(value) and abs(value) <= target
         comp = "" if ok else (source() if callable(source) else source)
-        checks.append({"metric": metric, "value": value, "target": target, "ok": bool(ok), "component": comp,
-                       "kind": next((k for k in COMPONENTS if comp.startswith(k)), "")})
+        checks.append(
+            {
+                "metric": metric,
+                "value": value,
+                "target": target,
+                "ok": bool(ok),
+                "component": comp,
+                "kind": next((k for k in COMPONENTS if comp.startswith(k)), ""),
+            }
+        )
 
     noise = cm.get("noise", {})
     stalls, jit = noise.get("stalls", float("nan")), noise.get("jitter", float("nan"))
@@ -326,13 +396,19 @@ def check_targets(c: Comparison, compare: tuple[str, ...], targets: dict | None 
 
     def iteration_source() -> str:
         if moved:
-            return (f"timing noise: the machine's speed moved {shift:+.1%} between the calibration runs before and "
-                    f"after the validated run (cost-model bias {cm.get('bias', float('nan')):+.1%})")
+            return (
+                f"timing noise: the machine's speed moved {shift:+.1%} between the calibration runs before and "
+                f"after the validated run (cost-model bias {cm.get('bias', float('nan')):+.1%})"
+            )
         if busy:
-            return (f"timing noise: {pct(stalls)} of iterations stalled (took >= 2x their like neighbours: the "
-                    f"process lost its core), {pct(cal_stalls)} while calibrating, jitter {pct(jit)}; cost model on "
-                    f"the unstalled iterations {pct(cm.get('mape_unstalled'))}")
-        return within_run_source(cm) or f"cost model (bias {cm.get('bias', float('nan')):+.1%}, timing jitter {pct(jit)})"
+            return (
+                f"timing noise: {pct(stalls)} of iterations stalled (took >= 2x their like neighbours: the "
+                f"process lost its core), {pct(cal_stalls)} while calibrating, jitter {pct(jit)}; cost model on "
+                f"the unstalled iterations {pct(cm.get('mape_unstalled'))}"
+            )
+        return (
+            within_run_source(cm) or f"cost model (bias {cm.get('bias', float('nan')):+.1%}, timing jitter {pct(jit)})"
+        )
 
     add("per-iteration latency MAPE", cm.get("mape"), t["iteration_mape"], iteration_source)
 
@@ -340,23 +416,41 @@ def check_targets(c: Comparison, compare: tuple[str, ...], targets: dict | None 
         return -x if x is not None else None
 
     thr = (tot.get("throughput_output_tokens_per_s") or {}).get("error")
-    add("throughput (output tok/s)", thr, t["throughput"],
-        lambda: end_to_end_source(neg(thr), neg(rp.get("throughput_error"))))
+    add(
+        "throughput (output tok/s)",
+        thr,
+        t["throughput"],
+        lambda: end_to_end_source(neg(thr), neg(rp.get("throughput_error"))),
+    )
     e2e = rq.get("e2e_s", {}).get("mean_error")
-    add("mean end-to-end latency", e2e, t["e2e_mean"],
-        lambda: end_to_end_source(e2e, rp.get("e2e_s", {}).get("mean_error")))
+    add(
+        "mean end-to-end latency",
+        e2e,
+        t["e2e_mean"],
+        lambda: end_to_end_source(e2e, rp.get("e2e_s", {}).get("mean_error")),
+    )
     for col, label in (("ttft_s", "TTFT p99"), ("tpot_s", "TPOT p99"), ("e2e_s", "end-to-end p99")):
         v = rq.get(col, {}).get("p99_error")
         add(label, v, t["p99"], lambda v=v, col=col: end_to_end_source(v, rp.get(col, {}).get("p99_error")))
     if "swap" in compare and "swap" in cm:
         r = cm["swap"]["ratio_p10_p50_p90"]
-        band = (f"measured/predicted per copy p10 {r[0]:.2f}, median {r[1]:.2f}, p90 {r[2]:.2f} over "
-                f"{cm['swap']['events']} copies")
-        add("swap cost (total copy time)", cm["swap"]["error"], t["swap_cost"],
-            lambda: (noise_source() + f"; {band}") if busy else f"cost model (host-copy fit; {band})")
+        band = (
+            f"measured/predicted per copy p10 {r[0]:.2f}, median {r[1]:.2f}, p90 {r[2]:.2f} over "
+            f"{cm['swap']['events']} copies"
+        )
+        add(
+            "swap cost (total copy time)",
+            cm["swap"]["error"],
+            t["swap_cost"],
+            lambda: (noise_source() + f"; {band}") if busy else f"cost model (host-copy fit; {band})",
+        )
     if "recompute" in compare and "recompute" in cm:
-        add("recompute cost (re-prefill time)", cm["recompute"]["error"], t["recompute_cost"],
-            lambda: noise_source() if busy else "cost model (prefill iterations)")
+        add(
+            "recompute cost (re-prefill time)",
+            cm["recompute"]["error"],
+            t["recompute_cost"],
+            lambda: noise_source() if busy else "cost model (prefill iterations)",
+        )
     return checks
 
 
@@ -373,8 +467,15 @@ def replay_level(exec_run, replay_run) -> dict:
     return out
 
 
-def compare_runs(case: str, exec_run, sim_run, cost_model, compare: tuple[str, ...] = ("latency",),
-                 targets: dict | None = None, replay_run=None) -> Comparison:
+def compare_runs(
+    case: str,
+    exec_run,
+    sim_run,
+    cost_model,
+    compare: tuple[str, ...] = ("latency",),
+    targets: dict | None = None,
+    replay_run=None,
+) -> Comparison:
     c = Comparison(case)
     if replay_run is not None:
         c.replay = replay_level(exec_run, replay_run)
@@ -394,13 +495,19 @@ def within_run_source(cm: dict) -> str:
     ticks, `within_run_speed`) is timing noise; '' when they do not."""
     w = cm.get("within_run") or {}
     corr, local = w.get("correlation", float("nan")), w.get("mape_at_local_speed", float("nan"))
-    if not (np.isfinite(corr) and corr >= WITHIN_RUN_CORRELATION and np.isfinite(local)
-            and local <= WITHIN_RUN_MAPE_RATIO * cm.get("mape", 0)):
+    if not (
+        np.isfinite(corr)
+        and corr >= WITHIN_RUN_CORRELATION
+        and np.isfinite(local)
+        and local <= WITHIN_RUN_MAPE_RATIO * cm.get("mape", 0)
+    ):
         return ""
     lo, hi = w["tick_range"]
-    return (f"timing noise: the machine's speed moved inside the run (its speed ticks ran {lo:.2f}-{hi:.2f}x their "
-            f"median, p10-p90, and follow the per-iteration errors: correlation {corr:.2f}); at that local speed the "
-            f"MAPE is {pct(local)} (cost-model bias {cm.get('bias', float('nan')):+.1%})")
+    return (
+        f"timing noise: the machine's speed moved inside the run (its speed ticks ran {lo:.2f}-{hi:.2f}x their "
+        f"median, p10-p90, and follow the per-iteration errors: correlation {corr:.2f}); at that local speed the "
+        f"MAPE is {pct(local)} (cost-model bias {cm.get('bias', float('nan')):+.1%})"
+    )
 
 
 def pct(x) -> str:

@@ -5,13 +5,14 @@ The objects alive before the run (torch, transformers, the loaded model: several
 thousand) are moved out of the garbage collector's reach for its duration (`gc.freeze`), so a
 full collection in the middle of a millisecond iteration walks only what the run itself
 allocates; calibration and validated runs are treated alike."""
+
 from __future__ import annotations
 
 import gc
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -22,7 +23,6 @@ SPEED_TICKS = "speed_ticks.json"
 def recording_speed_ticks(out: Path):
     """The run's speed ticks (executor/clock.py) written to out/speed_ticks.json when it ends."""
     from infersim.executor.clock import TICK_EVERY, speed_ticks
-
     from infersim.simulator.metrics.rundir import write_json
 
     with speed_ticks(TICK_EVERY) as rows:
@@ -62,7 +62,10 @@ def local_speed(run_dir: Path, times_s) -> np.ndarray | None:
     if not path.is_file():
         return None
     d = json.loads(path.read_text())
-    clock, ticks = np.asarray(d.get("clock_s") or [], dtype=np.float64), np.asarray(d.get("tick_s") or [], dtype=np.float64)
+    clock, ticks = (
+        np.asarray(d.get("clock_s") or [], dtype=np.float64),
+        np.asarray(d.get("tick_s") or [], dtype=np.float64),
+    )
     if ticks.size < LOCAL_MIN_TICKS or clock.size != ticks.size:
         return None
     times = np.asarray(times_s, dtype=np.float64)
@@ -80,6 +83,7 @@ class TickSpeed:
     """The validated run's speed (measured/fitted time; NaN: leave the fit as it is), the weight
     its ticks had in it against the calibration runs' median ratio (1: the ticks alone), and a
     sentence for the report."""
+
     speed: float
     tick_weight: float = float("nan")
     note: str = ""
@@ -115,22 +119,35 @@ def speed_from_ticks(ratios, ticks, tick_val: float) -> TickSpeed:
     kernel times the host's core, which is what a CPU run's steps take and not what a GPU's
     kernels do."""
     r, t = np.asarray(ratios, dtype=np.float64), np.asarray(ticks, dtype=np.float64)
-    if not (np.isfinite(tick_val) and r.size and r.size == t.size and np.isfinite(r).all() and (r > 0).all()
-            and np.isfinite(t).all() and (t > 0).all()):
+    if not (
+        np.isfinite(tick_val)
+        and r.size
+        and r.size == t.size
+        and np.isfinite(r).all()
+        and (r > 0).all()
+        and np.isfinite(t).all()
+        and (t > 0).all()
+    ):
         return TickSpeed(float("nan"))
     by_ticks = float(np.median(r / t) * tick_val)
-    note = (f"the machine's speed in the validated run: its speed tick {tick_val * 1e3:.3f} ms (calibration runs "
-            f"{t.min() * 1e3:.3f}-{t.max() * 1e3:.3f} ms) times their median measured/fitted ratio per tick")
+    note = (
+        f"the machine's speed in the validated run: its speed tick {tick_val * 1e3:.3f} ms (calibration runs "
+        f"{t.min() * 1e3:.3f}-{t.max() * 1e3:.3f} ms) times their median measured/fitted ratio per tick"
+    )
     if r.size < LOO_MIN_RUNS:
         return TickSpeed(by_ticks, 1.0, note)
     loo_const, loo_tick = _loo_log_errors(r, t)
-    var_c, var_t = loo_const ** 2, loo_tick ** 2
+    var_c, var_t = loo_const**2, loo_tick**2
     w = 0.5 if var_c + var_t == 0 else var_c / (var_c + var_t)
     const = float(np.median(r))
     speed = float(np.exp(w * np.log(by_ticks) + (1.0 - w) * np.log(const)))
-    return TickSpeed(speed, w, f"{note} ({by_ticks:.3f}), weighted {w:.2f} against their median ratio ({const:.3f}) "
-                               f"by how well each predicted the {r.size} calibration runs left out one at a time "
-                               f"(rms {loo_tick:.1%} by ticks, {loo_const:.1%} by the median ratio)")
+    return TickSpeed(
+        speed,
+        w,
+        f"{note} ({by_ticks:.3f}), weighted {w:.2f} against their median ratio ({const:.3f}) "
+        f"by how well each predicted the {r.size} calibration runs left out one at a time "
+        f"(rms {loo_tick:.1%} by ticks, {loo_const:.1%} by the median ratio)",
+    )
 
 
 def busy_s(run_dir: Path) -> float:
@@ -187,12 +204,15 @@ def repeats_note(info: dict) -> str:
     if not info:
         return ""
     times = ", ".join(f"{b:.2f}" for b in info["busy_s"])
-    return (f"measured {info['repeats']} times on the same requests (busy {times} s, spread "
-            f"{info['spread']:.1%}); run {info['kept']}, the median, is the measurement")
+    return (
+        f"measured {info['repeats']} times on the same requests (busy {times} s, spread "
+        f"{info['spread']:.1%}); run {info['kept']}, the median, is the measurement"
+    )
 
 
-def run_executor(spec, requests, model: str, out: Path, *, device: str = "cpu", dtype: str | None = None,
-                 threads: int = 1) -> dict:
+def run_executor(
+    spec, requests, model: str, out: Path, *, device: str = "cpu", dtype: str | None = None, threads: int = 1
+) -> dict:
     import torch
 
     from infersim.executor.run import execute
@@ -203,8 +223,9 @@ def run_executor(spec, requests, model: str, out: Path, *, device: str = "cpu", 
     gc.freeze()
     try:
         with recording_speed_ticks(out):
-            return execute(spec, requests, model, Path(out), device=device, dtype=dtype, realtime=False,
-                           plots=False, quiet=True)
+            return execute(
+                spec, requests, model, Path(out), device=device, dtype=dtype, realtime=False, plots=False, quiet=True
+            )
     finally:
         gc.unfreeze()
         torch.set_num_threads(prev)
@@ -230,5 +251,8 @@ def execute_case(case, mode, spec, reqs, model: str, out: Path, opts: CaseOption
     """The validated run, `opts.repeats` times, into out/exec; what run_repeated says about it."""
     if opts.log:
         opts.log(f"{case.name}: executing {len(reqs)} requests on {model} ({opts.device}){what}")
-    return run_repeated(lambda d: mode.run(spec, reqs, model, d, device=opts.device, dtype=opts.dtype,
-                                           threads=opts.threads), out / "exec", opts.repeats)
+    return run_repeated(
+        lambda d: mode.run(spec, reqs, model, d, device=opts.device, dtype=opts.dtype, threads=opts.threads),
+        out / "exec",
+        opts.repeats,
+    )

@@ -8,6 +8,7 @@ under --out; cases whose executor mode is not available are listed as such, with
 Every case is judged by the pass rule (rule.py). The results file (Markdown and HTML) opens with
 a one-line summary, then the rule, the date, the host (CPU model, cores, torch's CPU capability)
 and the table."""
+
 from __future__ import annotations
 
 import argparse
@@ -38,9 +39,15 @@ def machine_info(threads: int) -> dict:
     except OSError:
         pass
     # one CPU model name covers hosts with and without AVX-512: torch's capability tells them apart
-    return {"CPU": cpu, "CPU vector instructions (torch)": torch.backends.cpu.get_cpu_capability(),
-            "cores": os.cpu_count(), "Python": platform.python_version(), "torch": torch.__version__,
-            "torch threads": threads, "platform": platform.platform()}
+    return {
+        "CPU": cpu,
+        "CPU vector instructions (torch)": torch.backends.cpu.get_cpu_capability(),
+        "cores": os.cpu_count(),
+        "Python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch threads": threads,
+        "platform": platform.platform(),
+    }
 
 
 def _scale(fit_meta: dict) -> str:
@@ -56,9 +63,18 @@ def _load() -> str:
         return "?"
 
 
-def run_matrix(cases: list, model: str, out: Path, *, device: str = "cpu", threads: int = 1,
-               calibration: Path | None = None, generic: bool = False, quiet: bool = False,
-               repeats: int = REPEATS) -> tuple[list[dict], dict]:
+def run_matrix(
+    cases: list,
+    model: str,
+    out: Path,
+    *,
+    device: str = "cpu",
+    threads: int = 1,
+    calibration: Path | None = None,
+    generic: bool = False,
+    quiet: bool = False,
+    repeats: int = REPEATS,
+) -> tuple[list[dict], dict]:
     """Each case calibrated on its own serving configuration with other requests (matched, the
     default), or every case with one fit: `calibration` (a saved fit) or, with `generic`, one
     generic calibration at the start. Each case's validated run is measured `repeats` times on
@@ -78,33 +94,59 @@ def run_matrix(cases: list, model: str, out: Path, *, device: str = "cpu", threa
     t0 = time.perf_counter()
     load_start = _load()
     rows = []
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  transient=True, disable=quiet) as bar:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        transient=True,
+        disable=quiet,
+    ) as bar:
         task = bar.add_task("calibrating", total=len(cases) + 1)
         runnable = [c for c in cases if MODES.get(c.mode).availability()[0]]
         fit = None
         if runnable and (calibration or generic):
-            fit = FittedCostModel.load(calibration) if calibration else \
-                calibrate(model, out / "calibration", device=device, threads=threads)
+            fit = (
+                FittedCostModel.load(calibration)
+                if calibration
+                else calibrate(model, out / "calibration", device=device, threads=threads)
+            )
         bar.advance(task)
         for case in cases:
             bar.update(task, description=f"validating {case.name}")
 
             try:
-                rows.append(validate_case(case, model, out / case.name,
-                                          CaseOptions(device=device, threads=threads, repeats=repeats), fit=fit))
+                rows.append(
+                    validate_case(
+                        case,
+                        model,
+                        out / case.name,
+                        CaseOptions(device=device, threads=threads, repeats=repeats),
+                        fit=fit,
+                    )
+                )
             except InfersimError as exc:
                 # one case's failure (e.g. a feature executor whose run directory lacks a table) is
                 # reported in its row; the rest of the matrix runs
-                rows.append({"case": case.name, "title": case.title, "mode": case.mode, "status": "failed",
-                             "reason": str(exc)})
+                rows.append(
+                    {"case": case.name, "title": case.title, "mode": case.mode, "status": "failed", "reason": str(exc)}
+                )
             bar.advance(task)
-    meta = {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "model": model,
-            "device": device, "wall_s": time.perf_counter() - t0, "load_start": load_start, "load_end": _load(),
-            "repeats": repeats,
-            "fit": fit.meta if fit is not None else None,
-            "fits": {r["case"]: r["cost_model"]["fit"]["meta"] for r in rows if r.get("status") == "ran"
-                     and "fit" in r.get("cost_model", {})}}
+    meta = {
+        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "model": model,
+        "device": device,
+        "wall_s": time.perf_counter() - t0,
+        "load_start": load_start,
+        "load_end": _load(),
+        "repeats": repeats,
+        "fit": fit.meta if fit is not None else None,
+        "fits": {
+            r["case"]: r["cost_model"]["fit"]["meta"]
+            for r in rows
+            if r.get("status") == "ran" and "fit" in r.get("cost_model", {})
+        },
+    }
     return rows, meta
 
 
@@ -116,63 +158,94 @@ def write_results(rows: list[dict], meta: dict, machine: dict, folder: Path) -> 
     fit = meta.get("fit")
     if fit:
         it = fit.get("iteration_fit", {})
-        cal = ("Cost model: one executor fit (analysis/validate/calibrate.py) for every case, calibrated on held-out "
-               f"executor runs ({', '.join(fit.get('workloads', []))}, seeds {', '.join(str(x) for x in fit.get('seeds', [fit.get('seed')]))}: other requests and "
-               f"shapes than any case) — in-sample MAPE {it.get('mape_in_sample', float('nan')):.1%} over "
-               f"{it.get('points', 0)} iterations, {it.get('stalls', float('nan')):.1%} of them stalled.")
+        cal = (
+            "Cost model: one executor fit (analysis/validate/calibrate.py) for every case, calibrated on held-out "
+            f"executor runs ({', '.join(fit.get('workloads', []))}, seeds {', '.join(str(x) for x in fit.get('seeds', [fit.get('seed')]))}: other requests and "
+            f"shapes than any case) — in-sample MAPE {it.get('mape_in_sample', float('nan')):.1%} over "
+            f"{it.get('points', 0)} iterations, {it.get('stalls', float('nan')):.1%} of them stalled."
+        )
     else:
         fits = meta.get("fits", {})
-        cal = ("Cost model: for each case an executor fit (analysis/validate/calibrate.py) calibrated around it (once before, once after, "
-               "in mirror order) on the case's own serving configuration (KV pools, limits, preemption) with other requests "
-               "(calibration workloads calib-matched-load, calib-matched-burst and the case's own request mix calib-matched-mix, "
-               "seeds 9009-9011), scaled to the machine's speed in the validated run (its speed ticks, a reference "
-               "kernel timed inside every run, weighted against the calibration runs' median ratio by how well each "
-               "predicted those runs; without ticks, the runs next to it) — in-sample MAPE / stalled / scale (the "
-               "ticks' weight): "
-               + ", ".join(f"{c} {f['iteration_fit']['mape_in_sample']:.1%} / {f['iteration_fit']['stalls']:.1%} / "
-                           f"{_scale(f)}"
-                           for c, f in fits.items() if "iteration_fit" in f and "link_fit" not in f) + ".")
+        cal = (
+            "Cost model: for each case an executor fit (analysis/validate/calibrate.py) calibrated around it (once before, once after, "
+            "in mirror order) on the case's own serving configuration (KV pools, limits, preemption) with other requests "
+            "(calibration workloads calib-matched-load, calib-matched-burst and the case's own request mix calib-matched-mix, "
+            "seeds 9009-9011), scaled to the machine's speed in the validated run (its speed ticks, a reference "
+            "kernel timed inside every run, weighted against the calibration runs' median ratio by how well each "
+            "predicted those runs; without ticks, the runs next to it) — in-sample MAPE / stalled / scale (the "
+            "ticks' weight): "
+            + ", ".join(
+                f"{c} {f['iteration_fit']['mape_in_sample']:.1%} / {f['iteration_fit']['stalls']:.1%} / " f"{_scale(f)}"
+                for c, f in fits.items()
+                if "iteration_fit" in f and "link_fit" not in f
+            )
+            + "."
+        )
         off_fits = {c: f for c, f in fits.items() if "link_fit" in f}
         if off_fits and len(off_fits) == len([f for f in fits.values() if "iteration_fit" in f]):
             cal = "Cost model:"  # only offload cases ran: the plain cases' sentence has no case to name
         if off_fits:
-            cal += (" Offload cases: the simulator's OffloadCostModel (per layer: compute + loads of the policy's "
-                    "tokens + stores) on a compute and host link calibrated around each case on its own serving and "
-                    "offload sections with other requests (analysis/validate/offload_calibrate.py, seeds 9013-9014) — "
-                    "its compute scaled to the validated run's speed ticks — in-sample iteration MAPE / machine speed "
-                    "shift before→after / scale (the ticks' weight): "
-                    + ", ".join(f"{c} {f['iteration_fit']['mape_in_sample']:.1%} / {f.get('speed_shift', float('nan')):+.1%}"
-                                f" / {_scale(f)}" for c, f in off_fits.items()) + ".")
+            cal += (
+                " Offload cases: the simulator's OffloadCostModel (per layer: compute + loads of the policy's "
+                "tokens + stores) on a compute and host link calibrated around each case on its own serving and "
+                "offload sections with other requests (analysis/validate/offload_calibrate.py, seeds 9013-9014) — "
+                "its compute scaled to the validated run's speed ticks — in-sample iteration MAPE / machine speed "
+                "shift before→after / scale (the ticks' weight): "
+                + ", ".join(
+                    f"{c} {f['iteration_fit']['mape_in_sample']:.1%} / {f.get('speed_shift', float('nan')):+.1%}"
+                    f" / {_scale(f)}"
+                    for c, f in off_fits.items()
+                )
+                + "."
+            )
         spec_fits = {c: f for c, f in fits.items() if "round_fit" in f}
         if spec_fits:
-            cal += (" Speculative cases: a round fit (analysis/validate/spec_costmodel.py) calibrated around each "
-                    "case on its own serving and speculation sections with other requests (calib-spec-load, "
-                    "calib-spec-burst and the case's own request mix calib-spec-mix, seeds 9011, 9012 and 9015), scaled "
-                    "as the plain cases (a pipelined run's draft terms by its drafting process's ticks) — in-sample "
-                    "round MAPE / machine speed shift before→after / scale (the ticks' weight): "
-                    + ", ".join(f"{c} {f['round_fit']['mape_in_sample']:.1%} / {f.get('speed_shift', float('nan')):+.1%}"
-                                f" / {_scale(f)}" for c, f in spec_fits.items()) + ".")
+            cal += (
+                " Speculative cases: a round fit (analysis/validate/spec_costmodel.py) calibrated around each "
+                "case on its own serving and speculation sections with other requests (calib-spec-load, "
+                "calib-spec-burst and the case's own request mix calib-spec-mix, seeds 9011, 9012 and 9015), scaled "
+                "as the plain cases (a pipelined run's draft terms by its drafting process's ticks) — in-sample "
+                "round MAPE / machine speed shift before→after / scale (the ticks' weight): "
+                + ", ".join(
+                    f"{c} {f['round_fit']['mape_in_sample']:.1%} / {f.get('speed_shift', float('nan')):+.1%}"
+                    f" / {_scale(f)}"
+                    for c, f in spec_fits.items()
+                )
+                + "."
+            )
     rep = [r for r in ran if r.get("repeats")]
     if rep:
-        cal += (f" Measurement: each validated run was served {meta.get('repeats', rep[0]['repeats']['repeats'])} "
-                "times on the same requests; the aggregate targets are judged on the median of the repeats' errors "
-                "against the same simulation, the per-iteration errors on the run of median busy time (the "
-                "engine's iterations or rounds summed: execute.run_repeated) — busy-time spread over the repeats / "
-                "run of median busy time: "
-                + ", ".join(f"{r['case']} {r['repeats']['spread']:.1%} / {r['repeats']['kept']}" for r in rep) + ".")
+        cal += (
+            f" Measurement: each validated run was served {meta.get('repeats', rep[0]['repeats']['repeats'])} "
+            "times on the same requests; the aggregate targets are judged on the median of the repeats' errors "
+            "against the same simulation, the per-iteration errors on the run of median busy time (the "
+            "engine's iterations or rounds summed: execute.run_repeated) — busy-time spread over the repeats / "
+            "run of median busy time: "
+            + ", ".join(f"{r['case']} {r['repeats']['spread']:.1%} / {r['repeats']['kept']}" for r in rep)
+            + "."
+        )
     info = {
         "title": summary_line(rows, meta, machine),
         "subtitle": f"{meta['date']} — `{meta['model']}` on {meta['device']}; {len(ran)} of {len(rows)} cases ran, "
-                    f"{len(passed)} met every target under the rule.",
-        "verdict": [f"**{len(passed)} of {len(ran)} runnable cases met every target under the rule**"
-                    + (f"; {len(rows) - len(ran)} cases did not run." if len(rows) > len(ran) else ".")
-                    + (f" Missed: {', '.join(r['case'] for r in ran if not r['passed'])} (sources in the table)."
-                       if len(passed) < len(ran) else "") + _iteration_only_note(ran),
-                    f"The rule: {RULE}. The raw per-iteration MAPE (at the run's average speed) is reported beside "
-                    f"the one judged; ✗ marks a miss under the rule." + _local_speed_note(ran)],
-        "machine": {**machine, "load average (1/5/15 min) at start": meta["load_start"],
-                    "load average at end": meta["load_end"],
-                    "matrix wall time": f"{meta['wall_s']:.0f} s"},
+        f"{len(passed)} met every target under the rule.",
+        "verdict": [
+            f"**{len(passed)} of {len(ran)} runnable cases met every target under the rule**"
+            + (f"; {len(rows) - len(ran)} cases did not run." if len(rows) > len(ran) else ".")
+            + (
+                f" Missed: {', '.join(r['case'] for r in ran if not r['passed'])} (sources in the table)."
+                if len(passed) < len(ran)
+                else ""
+            )
+            + _iteration_only_note(ran),
+            f"The rule: {RULE}. The raw per-iteration MAPE (at the run's average speed) is reported beside "
+            f"the one judged; ✗ marks a miss under the rule." + _local_speed_note(ran),
+        ],
+        "machine": {
+            **machine,
+            "load average (1/5/15 min) at start": meta["load_start"],
+            "load average at end": meta["load_end"],
+            "matrix wall time": f"{meta['wall_s']:.0f} s",
+        },
         "notes": [
             cal,
             "Per-iteration MAPE: the cost model on the executor's exact batches against the measured engine time "
@@ -193,36 +266,59 @@ def write_results(rows: list[dict], meta: dict, machine: dict, folder: Path) -> 
 
 def _iteration_only_note(rows: list[dict]) -> str:
     """The cases that met every target but the per-iteration MAPE: their end-to-end numbers held."""
-    only = [r["case"] for r in rows if not r["passed"]
-            and {c["metric"] for c in r["judged"]["checks"] if not c["ok"]} == {"per-iteration latency MAPE"}]
-    return (f" {len(only)} of them missed the per-iteration MAPE alone, every end-to-end target met: "
-            f"{', '.join(only)}." if only else "")
+    only = [
+        r["case"]
+        for r in rows
+        if not r["passed"]
+        and {c["metric"] for c in r["judged"]["checks"] if not c["ok"]} == {"per-iteration latency MAPE"}
+    ]
+    return (
+        f" {len(only)} of them missed the per-iteration MAPE alone, every end-to-end target met: " f"{', '.join(only)}."
+        if only
+        else ""
+    )
 
 
 def _local_speed_note(rows: list[dict]) -> str:
     """How far the speed ticks helped: in how many cases pricing at the local speed lowered the
     per-iteration MAPE, and how far the ticks ranged where it did not."""
-    judged = [c for r in rows for c in (r.get("judged") or {}).get("checks", [])
-              if c["metric"] == "per-iteration latency MAPE" and c.get("judged_on") == "local speed"]
+    judged = [
+        c
+        for r in rows
+        for c in (r.get("judged") or {}).get("checks", [])
+        if c["metric"] == "per-iteration latency MAPE" and c.get("judged_on") == "local speed"
+    ]
     if not judged:
         return ""
-    worse = [r for r in rows for c in (r.get("judged") or {}).get("checks", [])
-             if c["metric"] == "per-iteration latency MAPE" and c.get("judged_on") == "local speed"
-             and c["value"] > c["raw"]]
+    worse = [
+        r
+        for r in rows
+        for c in (r.get("judged") or {}).get("checks", [])
+        if c["metric"] == "per-iteration latency MAPE" and c.get("judged_on") == "local speed" and c["value"] > c["raw"]
+    ]
     hi = [((r["comparison"]["cost_model"].get("within_run") or {}).get("tick_range") or [1, 1])[1] for r in worse]
-    return (f" At the local speed the per-iteration MAPE was lower than the raw one in {len(judged) - len(worse)} of "
-            f"{len(judged)} cases" + (f"; higher in {len(worse)}, whose speed ticks reached up to {max(hi):.1f}x their "
-                                      f"median (p90): ticks the process lost its core in, which price the iterations "
-                                      f"around them that slow too." if worse else "."))
+    return (
+        f" At the local speed the per-iteration MAPE was lower than the raw one in {len(judged) - len(worse)} of "
+        f"{len(judged)} cases"
+        + (
+            f"; higher in {len(worse)}, whose speed ticks reached up to {max(hi):.1f}x their "
+            f"median (p90): ticks the process lost its core in, which price the iterations "
+            f"around them that slow too."
+            if worse
+            else "."
+        )
+    )
 
 
 def summary_line(rows: list[dict], meta: dict, machine: dict) -> str:
     """The results file's first line, the one the README quotes."""
     passed = sum(1 for r in rows if r.get("status") == "ran" and r["passed"])
-    return (f"{passed} of {len(rows)} validation cases met every target under the rule (per-iteration MAPE at local "
-            f"speed, aggregates on the median of {meta.get('repeats', REPEATS)} repeats) — `{meta['model']}` on "
-            f"{meta['device']}, {machine.get('CPU', '?')} ({machine.get('cores', '?')} cores, "
-            f"{machine.get('CPU vector instructions (torch)', '?')}), {meta['date']}")
+    return (
+        f"{passed} of {len(rows)} validation cases met every target under the rule (per-iteration MAPE at local "
+        f"speed, aggregates on the median of {meta.get('repeats', REPEATS)} repeats) — `{meta['model']}` on "
+        f"{meta['device']}, {machine.get('CPU', '?')} ({machine.get('cores', '?')} cores, "
+        f"{machine.get('CPU vector instructions (torch)', '?')}), {meta['date']}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -230,29 +326,48 @@ def main(argv: list[str] | None = None) -> int:
 
     from .cases import CASES, get_case, small_matrix
 
-    p = argparse.ArgumentParser(prog="python -m infersim.analysis.validate.matrix", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m infersim.analysis.validate.matrix", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument("--model", default="zoo-target")
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--cases", nargs="*", default=None, help="case names (default: all)")
     p.add_argument("--small", action="store_true", help="only the small matrix (what the test suite runs)")
     p.add_argument("--calibration", type=Path, default=None, help="an executor fit to reuse instead of calibrating")
-    p.add_argument("--generic", action="store_true",
-                   help="one generic calibration for every case instead of one on each case's serving configuration")
+    p.add_argument(
+        "--generic",
+        action="store_true",
+        help="one generic calibration for every case instead of one on each case's serving configuration",
+    )
     p.add_argument("--out", type=Path, default=Path("runs") / "validation-matrix", help="per-case reports")
     p.add_argument("--results", type=Path, default=RESULTS_DIR, help="folder of RESULTS.md (default docs/validation)")
-    p.add_argument("--repeats", type=int, default=REPEATS,
-                   help="measure each validated run this many times on the same requests: the aggregate targets are "
-                        "judged on the median of the repeats (default %(default)s)")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=REPEATS,
+        help="measure each validated run this many times on the same requests: the aggregate targets are "
+        "judged on the median of the repeats (default %(default)s)",
+    )
     p.add_argument("--quiet", "-q", action="store_true")
     args = p.parse_args(argv)
     try:
         if args.repeats < 1:
             raise InfersimError(f"--repeats must be at least 1, got {args.repeats}")
-        cases = small_matrix() if args.small else [get_case(n) for n in args.cases] if args.cases else list(CASES.values())
-        rows, meta = run_matrix(cases, args.model, args.out, device=args.device, threads=args.threads,
-                                calibration=args.calibration, generic=args.generic, quiet=args.quiet,
-                                repeats=args.repeats)
+        cases = (
+            small_matrix() if args.small else [get_case(n) for n in args.cases] if args.cases else list(CASES.values())
+        )
+        rows, meta = run_matrix(
+            cases,
+            args.model,
+            args.out,
+            device=args.device,
+            threads=args.threads,
+            calibration=args.calibration,
+            generic=args.generic,
+            quiet=args.quiet,
+            repeats=args.repeats,
+        )
         machine = machine_info(args.threads)
         from infersim.simulator.metrics.rundir import write_json
 

@@ -1,5 +1,6 @@
 """Reading run directories back: an executor run (`sim exec`: iterations.parquet and
 iteration_batches.parquet besides the common files) and a simulator run (`sim run`)."""
+
 from __future__ import annotations
 
 import json
@@ -29,6 +30,7 @@ def _read_yaml(path: Path) -> dict:
 @dataclass
 class RunDir:
     """What the common run directory holds (simulator or executor)."""
+
     path: Path
     config: dict
     summary: dict
@@ -55,8 +57,13 @@ def load_run(path: Path) -> RunDir:
     summary_path = path / "summary.json"
     if not summary_path.is_file():
         raise InfersimError(f"{path}: missing summary.json (not a run directory)")
-    return RunDir(path, _read_yaml(path / "config.yaml"), json.loads(summary_path.read_text()),
-                  read_columns(path / "requests.parquet"), read_columns(path / "series.parquet"))
+    return RunDir(
+        path,
+        _read_yaml(path / "config.yaml"),
+        json.loads(summary_path.read_text()),
+        read_columns(path / "requests.parquet"),
+        read_columns(path / "series.parquet"),
+    )
 
 
 @dataclass
@@ -146,8 +153,14 @@ def jitter(times_s: np.ndarray, shapes: list, stalled: np.ndarray) -> float:
     d = []
     for i in range(1, y.size):
         a, b = shapes[i - 1], shapes[i]
-        if (stalled[i] or stalled[i - 1] or not np.isfinite(y[i]) or not np.isfinite(y[i - 1])
-                or a.num_seqs != b.num_seqs or not (np.all(a.query_tokens == 1) and np.all(b.query_tokens == 1))):
+        if (
+            stalled[i]
+            or stalled[i - 1]
+            or not np.isfinite(y[i])
+            or not np.isfinite(y[i - 1])
+            or a.num_seqs != b.num_seqs
+            or not (np.all(a.query_tokens == 1) and np.all(b.query_tokens == 1))
+        ):
             continue
         d.append(abs(y[i] - y[i - 1]) / y[i - 1])
     return float(np.median(d) / np.sqrt(2.0)) if d else float("nan")
@@ -164,13 +177,19 @@ def swap_events(run: ExecRun) -> dict[str, np.ndarray]:
     zero = np.zeros(o.size)
     co = np.asarray(it.get("swap_out_copies", zero), dtype=np.float64)
     ci = np.asarray(it.get("swap_in_copies", zero), dtype=np.float64)
-    return {"out_bytes": o[m], "in_bytes": i[m], "out_copies": co[m], "in_copies": ci[m],
-            "swap_s": np.asarray(it["swap_s"], dtype=np.float64)[m]}
+    return {
+        "out_bytes": o[m],
+        "in_bytes": i[m],
+        "out_copies": co[m],
+        "in_copies": ci[m],
+        "swap_s": np.asarray(it["swap_s"], dtype=np.float64)[m],
+    }
 
 
 def priced_swaps(cost_model, ev: dict) -> np.ndarray:
     """The cost model's time for each recorded swap (`swap_events`): with the copy calls the
     executor made when the model prices calls (an executor fit), else by the bytes alone."""
+
     def one(nbytes: float, direction: str, copies: float) -> float:
         if nbytes <= 0:
             return 0.0
@@ -178,6 +197,10 @@ def priced_swaps(cost_model, ev: dict) -> np.ndarray:
             return cost_model.copy_time_s(nbytes, direction, copies)
         return cost_model.transfer_time_s(nbytes, direction)
 
-    return np.array([one(o, "d2h", co) + one(i, "h2d", ci)
-                     for o, i, co, ci in zip(ev["out_bytes"], ev["in_bytes"], ev["out_copies"], ev["in_copies"])],
-                    dtype=np.float64)
+    return np.array(
+        [
+            one(o, "d2h", co) + one(i, "h2d", ci)
+            for o, i, co, ci in zip(ev["out_bytes"], ev["in_bytes"], ev["out_copies"], ev["in_copies"])
+        ],
+        dtype=np.float64,
+    )

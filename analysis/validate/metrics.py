@@ -7,6 +7,7 @@
 - relative error of one number: (predicted - measured) / measured (None when measured is 0);
 - time-weighted bias: sum(predicted) / sum(measured) - 1, the error of a total (how far a
   simulated clock drifts from the real one over the same iterations)."""
+
 from __future__ import annotations
 
 import math

@@ -15,6 +15,7 @@ A feature executor plugs in by exposing, in its package, `execute(spec, requests
 **kw)` (the `sim exec` signature), `recorded_statistics(run_dir) -> dict` and
 `simulator_updates(stats) -> dict`. Until it does, its cases report "not available" with the
 reason, and the rest of the matrix runs."""
+
 from __future__ import annotations
 
 import importlib
@@ -49,8 +50,9 @@ class ExecutorMode:
     def _hook(self, name: str) -> Callable:
         return getattr(importlib.import_module(self.module), name)
 
-    def run(self, spec, requests, model: str, out: Path, *, device: str = "cpu", dtype: str | None = None,
-            threads: int = 1) -> None:
+    def run(
+        self, spec, requests, model: str, out: Path, *, device: str = "cpu", dtype: str | None = None, threads: int = 1
+    ) -> None:
         if self.module == "infersim.executor.run":
             from .execute import run_executor
 
@@ -68,8 +70,17 @@ class ExecutorMode:
 
         try:
             with recording_speed_ticks(out):
-                self._hook("execute")(spec, requests, model, Path(out), device=device, dtype=dtype,
-                                      realtime=False, plots=False, quiet=True)
+                self._hook("execute")(
+                    spec,
+                    requests,
+                    model,
+                    Path(out),
+                    device=device,
+                    dtype=dtype,
+                    realtime=False,
+                    plots=False,
+                    quiet=True,
+                )
         finally:
             gc.unfreeze()
             torch.set_num_threads(prev)
@@ -89,8 +100,11 @@ MODES: Registry[ExecutorMode] = Registry("executor mode")
 for _m in (
     ExecutorMode("plain", "infersim.executor.run"),
     ExecutorMode("speculative", "infersim.executor.speculative", ("acceptance per draft", "tokens per step")),
-    ExecutorMode("minions", "infersim.executor.speculative", ("acceptance per SSM", "speculation length over time",
-                                                     "tokens per step")),
+    ExecutorMode(
+        "minions",
+        "infersim.executor.speculative",
+        ("acceptance per SSM", "speculation length over time", "tokens per step"),
+    ),
     ExecutorMode("medusa", "infersim.executor.medusa", ("head accuracies", "tokens per step")),
     ExecutorMode("offload", "infersim.executor.offload", ("attention sparsity", "bytes prefetched")),
 ):

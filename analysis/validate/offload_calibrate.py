@@ -18,6 +18,7 @@ the composition and the token counts together.
 Bracketed like the plain cases' fit (calibrate.py): one calibration run before the validated
 run and one after (seeds 9013 and 9014, the case's own serving and offload sections), one fit
 over both, and `speed_shift` = median measured/fitted after over before, less 1."""
+
 from __future__ import annotations
 
 import json
@@ -39,6 +40,7 @@ STALL_RATIO = 1.8  # a point at this many times the fit or more is a stall, not 
 @dataclass
 class OffloadRunData:
     """An offload executor run with per-iteration measured copies and the fit's features."""
+
     run: ExecRun
     load_s: np.ndarray
     store_s: np.ndarray
@@ -119,8 +121,12 @@ def _fit_link(datas: list[OffloadRunData]) -> tuple[HostLink, dict]:
         rate = 1.0 / float(c[1]) if c[1] > 0 else 1.0 / max(float(np.median(y[m] / b[m])), 1e-15)
         pred = X @ c
         out[d_name] = (lat, rate)
-        info[d_name] = {"latency_s": lat, "bytes_per_s": rate, "points": int(m.sum()),
-                        "mape_in_sample": float(np.mean(np.abs(pred - y[m]) / y[m]))}
+        info[d_name] = {
+            "latency_s": lat,
+            "bytes_per_s": rate,
+            "points": int(m.sum()),
+            "mape_in_sample": float(np.mean(np.abs(pred - y[m]) / y[m])),
+        }
     return HostLink(out["h2d"][0], out["h2d"][1], out["d2h"][0], out["d2h"][1]), info
 
 
@@ -156,8 +162,11 @@ class OffloadFit:
         """The compute times multiplied by factor (the machine's speed changed by 1/factor); the
         host link's copies as fitted."""
         f = float(factor)
-        return OffloadFit(LinearStageCompute({k: v * f for k, v in self.compute.coef.items()}), self.link,
-                          {**self.meta, "scaled_by": f, "scaled_because": why})
+        return OffloadFit(
+            LinearStageCompute({k: v * f for k, v in self.compute.coef.items()}),
+            self.link,
+            {**self.meta, "scaled_by": f, "scaled_because": why},
+        )
 
     def predict_compute(self, X: np.ndarray) -> np.ndarray:
         return X @ np.array([self.compute.coef[k] for k in LINEAR_TERMS])
@@ -175,18 +184,26 @@ def fit_offload(datas: list[OffloadRunData], meta: dict | None = None) -> Offloa
     full = pred + np.concatenate([_link_pred(link, d) for d in datas])[ok]
     st = np.concatenate([stalls(d.run.iteration_period_s, d.run.shapes)[0] for d in datas])
     fit = OffloadFit(LinearStageCompute(dict(zip(LINEAR_TERMS, coef.tolist()))), link, dict(meta or {}))
-    fit.meta.update({"iteration_fit": {"points": int(ok.sum()), "kept": int(kept.sum()),
-                                       "mape_in_sample": float(np.mean(np.abs(full - total_meas) / total_meas)),
-                                       "compute_mape_in_sample": float(np.mean(np.abs(pred - y[ok]) / y[ok])),
-                                       "stalls": float(np.mean(st[ok]))},
-                     "link_fit": link_info})
+    fit.meta.update(
+        {
+            "iteration_fit": {
+                "points": int(ok.sum()),
+                "kept": int(kept.sum()),
+                "mape_in_sample": float(np.mean(np.abs(full - total_meas) / total_meas)),
+                "compute_mape_in_sample": float(np.mean(np.abs(pred - y[ok]) / y[ok])),
+                "stalls": float(np.mean(st[ok])),
+            },
+            "link_fit": link_info,
+        }
+    )
     return fit
 
 
 def _link_pred(link: HostLink, d: OffloadRunData) -> np.ndarray:
     lb, sb = d.loaded_bytes, d.stored_bytes
-    return (np.where(lb > 0, d.layers * link.h2d_latency_s + lb / link.h2d_bytes_per_s, 0.0)
-            + np.where(sb > 0, d.layers * link.d2h_latency_s + sb / link.d2h_bytes_per_s, 0.0))
+    return np.where(lb > 0, d.layers * link.h2d_latency_s + lb / link.h2d_bytes_per_s, 0.0) + np.where(
+        sb > 0, d.layers * link.d2h_latency_s + sb / link.d2h_bytes_per_s, 0.0
+    )
 
 
 def calibration_spec(spec, seed: int):
@@ -195,8 +212,18 @@ def calibration_spec(spec, seed: int):
     return spec.model_copy(update={"seed": int(seed), "name": f"calib-offload-{seed}"})
 
 
-def calibrate_offload_around(run, spec, model: str, out_dir: Path, *, device: str = "cpu", dtype: str | None = None,
-                             threads: int = 1, log=None, validated_dir: Path | None = None) -> OffloadFit:
+def calibrate_offload_around(
+    run,
+    spec,
+    model: str,
+    out_dir: Path,
+    *,
+    device: str = "cpu",
+    dtype: str | None = None,
+    threads: int = 1,
+    log=None,
+    validated_dir: Path | None = None,
+) -> OffloadFit:
     """Calibration run (seed 9013) / `run()` (the validated one) / calibration run (9014),
     one fit over both calibration runs. With speed ticks in all three runs (`validated_dir` the
     validated run's folder), the compute is scaled to the validated run's own speed as
@@ -208,9 +235,11 @@ def calibrate_offload_around(run, spec, model: str, out_dir: Path, *, device: st
 
     mode = MODES.get("offload")
     if spec.offload is not None and spec.offload.overlap != "none":
-        raise InfersimError(f"workload {spec.name}: offload.overlap '{spec.offload.overlap}': the offload calibration "
-                            f"separates compute from copies by subtracting each iteration's measured copy time, which "
-                            f"holds for the sequential pipeline only (overlap: none, as the CPU executor runs)")
+        raise InfersimError(
+            f"workload {spec.name}: offload.overlap '{spec.offload.overlap}': the offload calibration "
+            f"separates compute from copies by subtracting each iteration's measured copy time, which "
+            f"holds for the sequential pipeline only (overlap: none, as the CPU executor runs)"
+        )
     out_dir = Path(out_dir)
     predicts = spec.offload is not None and spec.offload.policy == "infinigen"
     dirs = {}
@@ -225,10 +254,17 @@ def calibrate_offload_around(run, spec, model: str, out_dir: Path, *, device: st
         dirs[side] = d
     datas = {k: load_offload_run(v, predicts) for k, v in dirs.items()}
     exec_meta = datas["before"].run
-    fit = fit_offload(list(datas.values()), {
-        "workloads": [f"calib-offload-{s}" for s in OFFLOAD_CALIBRATION_SEEDS], "seeds": list(OFFLOAD_CALIBRATION_SEEDS),
-        "model": exec_meta.model, "device": exec_meta.device, "bracketed": True,
-        "policy": spec.offload.policy if spec.offload is not None else None})
+    fit = fit_offload(
+        list(datas.values()),
+        {
+            "workloads": [f"calib-offload-{s}" for s in OFFLOAD_CALIBRATION_SEEDS],
+            "seeds": list(OFFLOAD_CALIBRATION_SEEDS),
+            "model": exec_meta.model,
+            "device": exec_meta.device,
+            "bracketed": True,
+            "policy": spec.offload.policy if spec.offload is not None else None,
+        },
+    )
     ratio = {}
     for side, d in datas.items():
         y = d.run.iteration_period_s
@@ -249,5 +285,11 @@ def calibrate_offload_around(run, spec, model: str, out_dir: Path, *, device: st
     return fit
 
 
-__all__ = ["OFFLOAD_CALIBRATION_SEEDS", "OffloadFit", "OffloadRunData", "calibrate_offload_around", "fit_offload",
-           "load_offload_run"]
+__all__ = [
+    "OFFLOAD_CALIBRATION_SEEDS",
+    "OffloadFit",
+    "OffloadRunData",
+    "calibrate_offload_around",
+    "fit_offload",
+    "load_offload_run",
+]

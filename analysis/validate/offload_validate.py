@@ -10,6 +10,7 @@ per iteration and per request, the replay), plus the `offload` check: the KV byt
 predicted by the cost model's policy on each executed batch against the bytes the executor
 copied (per iteration and in total), and the copy time. Writes exec/, sim/, replay/,
 calibration/, validation.json and report.md/.html under `out`."""
+
 from __future__ import annotations
 
 import time
@@ -48,8 +49,10 @@ class _FinalsInOrder:
 def _finals(run) -> list[np.ndarray]:
     """Per executed iteration, the final lengths (prompt + output) of its sequences, in batch order."""
     r = run.requests
-    final = {int(i): int(p) + int(o) for i, p, o in zip(np.arange(len(r["prompt_tokens"])), r["prompt_tokens"],
-                                                       r["output_tokens"])}
+    final = {
+        int(i): int(p) + int(o)
+        for i, p, o in zip(np.arange(len(r["prompt_tokens"])), r["prompt_tokens"], r["output_tokens"])
+    }
     if "request_id" in r:
         final = {int(i): int(p) + int(o) for i, p, o in zip(r["request_id"], r["prompt_tokens"], r["output_tokens"])}
     b = run.batches
@@ -74,8 +77,13 @@ def offload_cost_model(exec_run, fit: OffloadFit, updates: dict, profile: str = 
 
     spec = sim_spec(exec_run, profile=profile, updates=updates)
     model = load_model(str(spec.model))
-    setup = build_offload(model, load_hardware(profile), spec.offload, dtype=spec.serving.dtype,
-                          kv_dtype=spec.serving.kv_dtype or spec.serving.dtype)
+    setup = build_offload(
+        model,
+        load_hardware(profile),
+        spec.offload,
+        dtype=spec.serving.dtype,
+        kv_dtype=spec.serving.kv_dtype or spec.serving.dtype,
+    )
     return setup.cost_model(compute=fit.compute, link=fit.link)
 
 
@@ -90,12 +98,17 @@ def bytes_level(exec_run, data, cm, finals) -> dict:
     pb, mb = np.array(pred_b), np.asarray(data.loaded_bytes, dtype=np.float64)
     ps, ms = np.array(pred_load_s), np.asarray(data.load_s, dtype=np.float64)
     m = mb > 0
-    return {"iterations_loading": int(m.sum()), "measured_bytes": float(mb.sum()), "predicted_bytes": float(pb.sum()),
-            "bytes_error": float(pb.sum() / mb.sum() - 1.0) if mb.sum() > 0 else None,
-            "bytes_mape": float(np.mean(np.abs(pb[m] - mb[m]) / mb[m])) if m.any() else None,
-            "measured_load_s": float(ms.sum()), "predicted_load_s": float(ps.sum()),
-            "load_time_error": float(ps.sum() / ms.sum() - 1.0) if ms.sum() > 0 else None,
-            "measured_stored_bytes": float(np.sum(data.stored_bytes))}
+    return {
+        "iterations_loading": int(m.sum()),
+        "measured_bytes": float(mb.sum()),
+        "predicted_bytes": float(pb.sum()),
+        "bytes_error": float(pb.sum() / mb.sum() - 1.0) if mb.sum() > 0 else None,
+        "bytes_mape": float(np.mean(np.abs(pb[m] - mb[m]) / mb[m])) if m.any() else None,
+        "measured_load_s": float(ms.sum()),
+        "predicted_load_s": float(ps.sum()),
+        "load_time_error": float(ps.sum() / ms.sum() - 1.0) if ms.sum() > 0 else None,
+        "measured_stored_bytes": float(np.sum(data.stored_bytes)),
+    }
 
 
 def validate_offload_case(case, model: str, out: Path, opts: CaseOptions) -> dict:
@@ -123,19 +136,31 @@ def validate_offload_case(case, model: str, out: Path, opts: CaseOptions) -> dic
     repeated: dict = {}
 
     def execute() -> None:
-        repeated.update(execute_case(case, mode, spec, reqs, model, out, opts,
-                                     f", KV offloaded ({spec.offload.policy})"))
+        repeated.update(
+            execute_case(case, mode, spec, reqs, model, out, opts, f", KV offloaded ({spec.offload.policy})")
+        )
 
     if calibration is not None:
         fit = OffloadFit.load(calibration)
         execute()
         src = f"offload fit loaded from `{calibration}`"
     else:
-        fit = calibrate_offload_around(execute, spec, model, out / "calibration", device=device, dtype=dtype,
-                                       threads=threads, log=log, validated_dir=out / "exec")
-        src = (f"offload fit calibrated on `{out / 'calibration'}` (held-out offload executor runs, seeds "
-               f"{', '.join(str(s) for s in fit.meta['seeds'])}, the case's serving and offload sections, once before "
-               f"and once after the validated run; the machine's speed moved {fit.meta['speed_shift']:+.1%})")
+        fit = calibrate_offload_around(
+            execute,
+            spec,
+            model,
+            out / "calibration",
+            device=device,
+            dtype=dtype,
+            threads=threads,
+            log=log,
+            validated_dir=out / "exec",
+        )
+        src = (
+            f"offload fit calibrated on `{out / 'calibration'}` (held-out offload executor runs, seeds "
+            f"{', '.join(str(s) for s in fit.meta['seeds'])}, the case's serving and offload sections, once before "
+            f"and once after the validated run; the machine's speed moved {fit.meta['speed_shift']:+.1%})"
+        )
     exec_run = load_exec_run(out / "exec")
     predicts = spec.offload.policy == "infinigen"
     data = load_offload_run(out / "exec", predicts)
@@ -147,40 +172,83 @@ def validate_offload_case(case, model: str, out: Path, opts: CaseOptions) -> dic
         log(f"{case.name}: simulating")
     simulate_run(exec_run, out / "sim", cost_model=cm, cost_model_name="roofline", updates=updates)
     sim_run = load_run(out / "sim")
-    simulate_run(exec_run, out / "replay", cost_model=OffloadReplayCostModel(exec_run, cm), cost_model_name="roofline",
-                 updates=updates, policy_cost_model=cm)
+    simulate_run(
+        exec_run,
+        out / "replay",
+        cost_model=OffloadReplayCostModel(exec_run, cm),
+        cost_model_name="roofline",
+        updates=updates,
+        policy_cost_model=cm,
+    )
     in_order = _FinalsInOrder(cm, finals, fit.meta)
     cmp = compare_runs(case.name, exec_run, sim_run, in_order, case.compare, replay_run=load_run(out / "replay"))
     ob = bytes_level(exec_run, data, cm, finals)
-    sim_off = (sim_run.summary.get("offload") or {})
+    sim_off = sim_run.summary.get("offload") or {}
     ob["simulated_loaded_bytes"] = float(sim_off.get("kv_loaded_gb", float("nan"))) * 1e9
-    ob["simulated_bytes_error"] = (ob["simulated_loaded_bytes"] / ob["measured_bytes"] - 1.0
-                                   if ob["measured_bytes"] > 0 else None)
+    ob["simulated_bytes_error"] = (
+        ob["simulated_loaded_bytes"] / ob["measured_bytes"] - 1.0 if ob["measured_bytes"] > 0 else None
+    )
     if predicts and (out / "calibration" / "before").is_dir():
         # a stricter reading: the sparsity recorded on a held-out calibration run (other requests)
         # instead of the validated run's own
         held = mode.sim_updates(mode.recorded(out / "calibration" / "before"))
-        ob["heldout_sparsity_bytes_error"] = bytes_level(exec_run, data, offload_cost_model(exec_run, fit, held),
-                                                         finals)["bytes_error"]
+        ob["heldout_sparsity_bytes_error"] = bytes_level(
+            exec_run, data, offload_cost_model(exec_run, fit, held), finals
+        )["bytes_error"]
     cmp.info["offload"] = ob
     # every offload case (the matrix's, whose compare names "offload", and a user's workload)
-    for metric, err, target in (("KV bytes loaded (total)", ob["bytes_error"], BYTES_TARGET),
-                                ("KV bytes loaded per iteration (MAPE)", ob["bytes_mape"], BYTES_ITERATION_TARGET)):
+    for metric, err, target in (
+        ("KV bytes loaded (total)", ob["bytes_error"], BYTES_TARGET),
+        ("KV bytes loaded per iteration (MAPE)", ob["bytes_mape"], BYTES_ITERATION_TARGET),
+    ):
         ok = err is not None and np.isfinite(err) and abs(err) <= target
-        comp = "" if ok else (f"cost model (the policy's token counts on the executed batches: bytes "
-                              f"{_pct(ob['bytes_error'])} in total, per-iteration MAPE {_pct(ob['bytes_mape'])})")
-        cmp.checks.append({"metric": metric, "value": err, "target": target, "ok": bool(ok), "component": comp,
-                           "kind": "cost model" if comp else ""})
-    result = {"case": case.name, "title": case.title, "mode": case.mode, "model": model, "device": device,
-              "threads": threads, "status": "ran", "passed": all(c["ok"] for c in cmp.checks), "checks": cmp.checks,
-              "cost_model": {"name": "offload-fitted", "description": "the simulator's OffloadCostModel (per layer: "
-                             f"compute + loads of the policy's tokens + stores, overlap '{spec.offload.overlap}') on a "
-                             f"calibrated compute and host link: {src}; in-sample iteration MAPE "
-                             f"{fit.meta['iteration_fit']['mape_in_sample']:.1%}", "fit": fit.to_json()},
-              "drift": {}, "statistics": stats, "updates": updates, "offload": ob, "seed": spec.seed,
-              "requests": len(reqs), "wall_s": time.perf_counter() - t0, "repeats": repeated,
-              "comparison": brief(cmp.to_json()),
-              "repeat_errors": [aggregate_errors(load_run(d), sim_run) for d in repeat_dirs(out / "exec")]}
+        comp = (
+            ""
+            if ok
+            else (
+                f"cost model (the policy's token counts on the executed batches: bytes "
+                f"{_pct(ob['bytes_error'])} in total, per-iteration MAPE {_pct(ob['bytes_mape'])})"
+            )
+        )
+        cmp.checks.append(
+            {
+                "metric": metric,
+                "value": err,
+                "target": target,
+                "ok": bool(ok),
+                "component": comp,
+                "kind": "cost model" if comp else "",
+            }
+        )
+    result = {
+        "case": case.name,
+        "title": case.title,
+        "mode": case.mode,
+        "model": model,
+        "device": device,
+        "threads": threads,
+        "status": "ran",
+        "passed": all(c["ok"] for c in cmp.checks),
+        "checks": cmp.checks,
+        "cost_model": {
+            "name": "offload-fitted",
+            "description": "the simulator's OffloadCostModel (per layer: "
+            f"compute + loads of the policy's tokens + stores, overlap '{spec.offload.overlap}') on a "
+            f"calibrated compute and host link: {src}; in-sample iteration MAPE "
+            f"{fit.meta['iteration_fit']['mape_in_sample']:.1%}",
+            "fit": fit.to_json(),
+        },
+        "drift": {},
+        "statistics": stats,
+        "updates": updates,
+        "offload": ob,
+        "seed": spec.seed,
+        "requests": len(reqs),
+        "wall_s": time.perf_counter() - t0,
+        "repeats": repeated,
+        "comparison": brief(cmp.to_json()),
+        "repeat_errors": [aggregate_errors(load_run(d), sim_run) for d in repeat_dirs(out / "exec")],
+    }
     apply_rule(result)
     write_json(out / "validation.json", result)
     if report:
@@ -192,8 +260,6 @@ def validate_offload_case(case, model: str, out: Path, opts: CaseOptions) -> dic
 
 def _pct(x) -> str:
     return f"{x:.1%}" if x is not None and np.isfinite(x) else "n/a"
-
-
 
 
 __all__ = ["validate_offload_case", "offload_cost_model", "bytes_level"]

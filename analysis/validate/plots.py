@@ -1,5 +1,6 @@
 """The validation plots: predicted against measured per iteration, overlaid timelines of
 batch size and KV use, latency CDFs."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -47,8 +48,15 @@ def timelines(exec_run, sim_run, path: Path) -> Path:
         s = run.series
         t = np.asarray(s["t_start_s"], dtype=np.float64) * 1e3
         axes[0].step(t, s["batch_size"], where="post", color=color, lw=1, label=label, alpha=0.85)
-        axes[1].step(t, np.asarray(s["gpu_blocks_used"]) / max(1, run.gpu_blocks) * 100, where="post", color=color,
-                     lw=1, label=label, alpha=0.85)
+        axes[1].step(
+            t,
+            np.asarray(s["gpu_blocks_used"]) / max(1, run.gpu_blocks) * 100,
+            where="post",
+            color=color,
+            lw=1,
+            label=label,
+            alpha=0.85,
+        )
     axes[0].set_ylabel("batch size")
     axes[1].set_ylabel("KV blocks in use (%)")
     axes[1].set_xlabel("time (ms)")
@@ -63,7 +71,10 @@ def latency_cdfs(cmp, path: Path) -> Path:
     fig, axes = plt.subplots(1, 3, figsize=(11, 3.4))
     for ax, (col, label) in zip(axes, (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("e2e_s", "end-to-end"))):
         r = cmp.requests.get(col, {})
-        for key, name, color in (("measured_values", "measured", MEASURED), ("predicted_values", "simulated", PREDICTED)):
+        for key, name, color in (
+            ("measured_values", "measured", MEASURED),
+            ("predicted_values", "simulated", PREDICTED),
+        ):
             x = np.asarray(r.get(key, []), dtype=np.float64)
             x = np.sort(x[np.isfinite(x)]) * 1e3
             if x.size:

@@ -13,15 +13,18 @@ the targets (compare.TARGETS).
   the median over the repeats (the validated requests served `repeats` times, each run's errors
   against the same simulation: `compare.aggregate_errors`), on every device.
 - Every other check (KV bytes, selector decisions) keeps its own verdict."""
+
 from __future__ import annotations
 
 import numpy as np
 
 ITERATION_METRIC = "per-iteration latency MAPE"
 
-RULE = ("per-iteration MAPE at the run's local speed (its speed ticks) on CPU, raw on GPU, ≤ 10%; throughput "
-        "and mean end-to-end ≤ 10%, TTFT/TPOT/end-to-end p99 ≤ 20%, swap and recompute cost ≤ 5% on the median "
-        "of the repeats")
+RULE = (
+    "per-iteration MAPE at the run's local speed (its speed ticks) on CPU, raw on GPU, ≤ 10%; throughput "
+    "and mean end-to-end ≤ 10%, TTFT/TPOT/end-to-end p99 ≤ 20%, swap and recompute cost ≤ 5% on the median "
+    "of the repeats"
+)
 
 
 def judge(result: dict) -> dict:
@@ -31,8 +34,10 @@ def judge(result: dict) -> dict:
     device = str(result.get("device", "cpu"))
     within = ((result.get("comparison") or {}).get("cost_model") or {}).get("within_run") or {}
     repeats = result.get("repeat_errors") or []
-    checks = [_judge_iteration(c, device, within) if c["metric"] == ITERATION_METRIC else _judge_aggregate(c, repeats)
-              for c in result.get("checks", [])]
+    checks = [
+        _judge_iteration(c, device, within) if c["metric"] == ITERATION_METRIC else _judge_aggregate(c, repeats)
+        for c in result.get("checks", [])
+    ]
     return {"rule": RULE, "passed": all(c["ok"] for c in checks), "checks": checks}
 
 
@@ -43,26 +48,51 @@ def _within(value, target: float) -> bool:
 def _judge_iteration(check: dict, device: str, within: dict) -> dict:
     local = within.get("mape_at_local_speed")
     if device.startswith("cuda") or local is None or not np.isfinite(local):
-        return {**check, "raw": check["value"], "judged_on": "raw" if device.startswith("cuda") else "raw (no speed ticks)"}
+        return {
+            **check,
+            "raw": check["value"],
+            "judged_on": "raw" if device.startswith("cuda") else "raw (no speed ticks)",
+        }
     ok = _within(local, check["target"])
     component = "" if ok else (check["component"] or f"cost model (MAPE {local:.1%} at the run's local speed)")
-    return {**check, "value": local, "raw": check["value"], "judged_on": "local speed", "ok": ok,
-            "component": component, "kind": "" if ok else (check.get("kind") or "cost model")}
+    return {
+        **check,
+        "value": local,
+        "raw": check["value"],
+        "judged_on": "local speed",
+        "ok": ok,
+        "component": component,
+        "kind": "" if ok else (check.get("kind") or "cost model"),
+    }
 
 
 def _judge_aggregate(check: dict, repeats: list[dict]) -> dict:
-    values = [r[check["metric"]] for r in repeats
-              if r.get(check["metric"]) is not None and np.isfinite(r[check["metric"]])]
+    values = [
+        r[check["metric"]] for r in repeats if r.get(check["metric"]) is not None and np.isfinite(r[check["metric"]])
+    ]
     if not values:
         return {**check, "raw": check["value"], "judged_on": "one run"}
     median = float(np.median(values))
     ok = _within(median, check["target"])
-    component = "" if ok else (check["component"] or f"timing noise (the median of the repeats {median:+.1%}, "
-                                                      f"their values {', '.join(f'{v:+.1%}' for v in values)})")
-    return {**check, "value": median, "raw": check["value"], "repeats": values,
-            "judged_on": f"median of {len(values)} repeats" if len(values) > 1 else "one run", "ok": ok,
-            "component": component,
-            "kind": "" if ok else (check.get("kind") or "timing noise")}
+    component = (
+        ""
+        if ok
+        else (
+            check["component"]
+            or f"timing noise (the median of the repeats {median:+.1%}, "
+            f"their values {', '.join(f'{v:+.1%}' for v in values)})"
+        )
+    )
+    return {
+        **check,
+        "value": median,
+        "raw": check["value"],
+        "repeats": values,
+        "judged_on": f"median of {len(values)} repeats" if len(values) > 1 else "one run",
+        "ok": ok,
+        "component": component,
+        "kind": "" if ok else (check.get("kind") or "timing noise"),
+    }
 
 
 def apply_rule(result: dict) -> dict:

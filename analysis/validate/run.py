@@ -1,5 +1,6 @@
 """Validate one case: run the executor, simulate the same requests with the same policies,
 compare, report. Used by `sim validate` and by the matrix."""
+
 from __future__ import annotations
 
 import time
@@ -34,8 +35,19 @@ def _profile_cost_model(name: str, profile: str, exec_run):
     return build_cost_model(name, model, load_hardware(profile), dtype=dtype, kv_dtype=dtype)
 
 
-def resolve_cost_model(cost_model: str, *, model: str, out: Path, device: str, dtype: str | None, threads: int,
-                       calibration: Path | None, block_size: int, serving: dict | None = None, log=None):
+def resolve_cost_model(
+    cost_model: str,
+    *,
+    model: str,
+    out: Path,
+    device: str,
+    dtype: str | None,
+    threads: int,
+    calibration: Path | None,
+    block_size: int,
+    serving: dict | None = None,
+    log=None,
+):
     """(cost model or None for a profile model built after the run, description dict)."""
     if cost_model not in COST_MODEL_CHOICES:
         raise InfersimError(f"unknown --cost-model '{cost_model}'; known: {', '.join(COST_MODEL_CHOICES)}")
@@ -45,23 +57,43 @@ def resolve_cost_model(cost_model: str, *, model: str, out: Path, device: str, d
         fit = FittedCostModel.load(calibration)
         src = f"executor fit loaded from `{calibration}`"
     else:
-        fit = calibrate(model, Path(out) / "calibration", device=device, dtype=dtype, threads=threads,
-                        block_size=block_size, serving=serving, log=log)
-        src = (f"executor fit calibrated now on `{Path(out) / 'calibration'}`"
-               + (" with the validated deployment's serving configuration" if serving is not None else ""))
+        fit = calibrate(
+            model,
+            Path(out) / "calibration",
+            device=device,
+            dtype=dtype,
+            threads=threads,
+            block_size=block_size,
+            serving=serving,
+            log=log,
+        )
+        src = f"executor fit calibrated now on `{Path(out) / 'calibration'}`" + (
+            " with the validated deployment's serving configuration" if serving is not None else ""
+        )
     if fit.block_size != block_size:
         raise InfersimError(f"calibration block size {fit.block_size} differs from the workload's {block_size}")
     cal = fit.meta
-    desc = (f"{src}: held-out executor runs {', '.join(cal.get('workloads', []))} (seeds {', '.join(str(x) for x in cal.get('seeds', [cal.get('seed')]))}, other "
-            f"requests than the validated run) of {cal.get('model')} on {cal.get('device')}; iteration fit in-sample "
-            f"MAPE {cal.get('iteration_fit', {}).get('mape_in_sample', float('nan')):.1%} over "
-            f"{cal.get('iteration_fit', {}).get('points', 0)} iterations")
+    desc = (
+        f"{src}: held-out executor runs {', '.join(cal.get('workloads', []))} (seeds {', '.join(str(x) for x in cal.get('seeds', [cal.get('seed')]))}, other "
+        f"requests than the validated run) of {cal.get('model')} on {cal.get('device')}; iteration fit in-sample "
+        f"MAPE {cal.get('iteration_fit', {}).get('mape_in_sample', float('nan')):.1%} over "
+        f"{cal.get('iteration_fit', {}).get('points', 0)} iterations"
+    )
     return fit, {"name": "fitted", "description": desc, "fit": fit.to_json()}
 
 
-def validate_case(case: Case, model: str, out: Path, opts: CaseOptions = CaseOptions(), *,
-                  cost_model: str = "fitted", profile: str = "cpu-reference", fit=None, drift_correction: bool = False,
-                  matched: bool = True) -> dict:
+def validate_case(
+    case: Case,
+    model: str,
+    out: Path,
+    opts: CaseOptions = CaseOptions(),
+    *,
+    cost_model: str = "fitted",
+    profile: str = "cpu-reference",
+    fit=None,
+    drift_correction: bool = False,
+    matched: bool = True,
+) -> dict:
     """Run one case end to end; returns the result dict (also written to out/validation.json).
     `fit` (a FittedCostModel) skips calibration; otherwise the fit is calibrated now on other
     requests: with `matched`, on the validated workload's own serving configuration (KV pools,
@@ -78,38 +110,59 @@ def validate_case(case: Case, model: str, out: Path, opts: CaseOptions = CaseOpt
     out = Path(out)
     mode = MODES.get(case.mode)
     ok, why = mode.availability()
-    base = {"case": case.name, "title": case.title, "mode": case.mode, "model": model, "device": device,
-            "threads": threads}
+    base = {
+        "case": case.name,
+        "title": case.title,
+        "mode": case.mode,
+        "model": model,
+        "device": device,
+        "threads": threads,
+    }
     if not ok:
         return {**base, "status": "not available", "reason": why}
     if case.mode in SPECULATIVE_MODES:
         # rounds, not iterations: a cost model fitted on held-out speculative runs (spec_validate.py)
         if cost_model != "fitted":
-            raise InfersimError(f"case {case.name}: speculative cases are validated with the fitted round cost model "
-                                f"only (--cost-model fitted)")
+            raise InfersimError(
+                f"case {case.name}: speculative cases are validated with the fitted round cost model "
+                f"only (--cost-model fitted)"
+            )
         from .spec_validate import validate_spec_case
 
         return validate_spec_case(case, model, out, opts if fit is None else replace(opts, calibration=None))
     if case.mode == "offload":
         # the simulator's offload cost model on a calibrated compute and host link (offload_validate.py)
         if cost_model != "fitted":
-            raise InfersimError(f"case {case.name}: offload cases are validated with the calibrated offload cost "
-                                f"model only (--cost-model fitted)")
+            raise InfersimError(
+                f"case {case.name}: offload cases are validated with the calibrated offload cost "
+                f"model only (--cost-model fitted)"
+            )
         from .offload_validate import validate_offload_case
 
         return validate_offload_case(case, model, out, opts if fit is None else replace(opts, calibration=None))
     spec = spec if spec is not None else case.spec(model, seed=seed, requests=requests)
     require_held_out_seed(spec.seed)
     if spec.requests.arrival is not None and spec.requests.arrival.type == "closed_loop":
-        raise InfersimError(f"workload {spec.name}: closed-loop arrivals are not replayed by `sim validate` yet "
-                            f"(their arrival times depend on completions): use poisson, gamma or burst arrivals")
+        raise InfersimError(
+            f"workload {spec.name}: closed-loop arrivals are not replayed by `sim validate` yet "
+            f"(their arrival times depend on completions): use poisson, gamma or burst arrivals"
+        )
     t0 = time.perf_counter()
     bracket = fit is None and cost_model == "fitted" and calibration is None
     if fit is not None:
         desc = {"name": "fitted", "description": "executor fit " + _fit_line(fit), "fit": fit.to_json()}
     elif not bracket:
-        fit, desc = resolve_cost_model(cost_model, model=model, out=out, device=device, dtype=dtype, threads=threads,
-                                       calibration=calibration, block_size=spec.serving.block_size, log=log)
+        fit, desc = resolve_cost_model(
+            cost_model,
+            model=model,
+            out=out,
+            device=device,
+            dtype=dtype,
+            threads=threads,
+            calibration=calibration,
+            block_size=spec.serving.block_size,
+            log=log,
+        )
     reqs = build_requests(spec)
 
     repeated: dict = {}
@@ -123,15 +176,33 @@ def validate_case(case: Case, model: str, out: Path, opts: CaseOptions = CaseOpt
 
         serving = spec.serving.model_dump(mode="json", exclude_none=True) if matched else None
         # a trace would replay the validated requests themselves: no mix run then
-        mix = spec.requests.model_dump(mode="json", exclude_none=True) if matched and spec.requests.trace is None else None
-        fit = calibrate_around(execute, model, out / "calibration", device=device, dtype=dtype, threads=threads,
-                               block_size=spec.serving.block_size, serving=serving, requests=mix,
-                               validated_dir=out / "exec", log=log)
-        desc = {"name": "fitted", "fit": fit.to_json(),
-                "description": f"executor fit calibrated on `{out / 'calibration'}` " + _fit_line(fit)
-                + ", run once before and once after the validated run"
-                + (" on its own serving configuration (KV pools, limits, preemption)" if matched else "")
-                + f"; the machine's speed moved {fit.meta['speed_shift']:+.1%} from before to after"}
+        mix = (
+            spec.requests.model_dump(mode="json", exclude_none=True)
+            if matched and spec.requests.trace is None
+            else None
+        )
+        fit = calibrate_around(
+            execute,
+            model,
+            out / "calibration",
+            device=device,
+            dtype=dtype,
+            threads=threads,
+            block_size=spec.serving.block_size,
+            serving=serving,
+            requests=mix,
+            validated_dir=out / "exec",
+            log=log,
+        )
+        desc = {
+            "name": "fitted",
+            "fit": fit.to_json(),
+            "description": f"executor fit calibrated on `{out / 'calibration'}` "
+            + _fit_line(fit)
+            + ", run once before and once after the validated run"
+            + (" on its own serving configuration (KV pools, limits, preemption)" if matched else "")
+            + f"; the machine's speed moved {fit.meta['speed_shift']:+.1%} from before to after",
+        }
         drift_correction = False
     drift = {}
     if fit is not None and drift_correction and fit.meta.get("sentinel_s"):
@@ -143,16 +214,26 @@ def validate_case(case: Case, model: str, out: Path, opts: CaseOptions = CaseOpt
     if fit is not None and drift_correction and fit.meta.get("sentinel_s"):
         after = sentinel_s(model, device=device, dtype=dtype, threads=threads)
         factor = 0.5 * (before + after) / fit.meta["sentinel_s"]
-        drift = {"sentinel_calibration_s": fit.meta["sentinel_s"], "sentinel_before_s": before,
-                 "sentinel_after_s": after, "factor": factor}
+        drift = {
+            "sentinel_calibration_s": fit.meta["sentinel_s"],
+            "sentinel_before_s": before,
+            "sentinel_after_s": after,
+            "factor": factor,
+        }
         fit = fit.scaled(factor, "machine speed at the validated run (sentinel) against at calibration")
-        desc = {**desc, "description": desc["description"] + f"; scaled by {factor:.3f} for the machine's speed "
-                f"(sentinel {0.5 * (before + after) * 1e3:.2f} ms around the run vs {fit.meta['sentinel_s'] * 1e3:.2f} ms "
-                f"at calibration)", "fit": fit.to_json()}
+        desc = {
+            **desc,
+            "description": desc["description"] + f"; scaled by {factor:.3f} for the machine's speed "
+            f"(sentinel {0.5 * (before + after) * 1e3:.2f} ms around the run vs {fit.meta['sentinel_s'] * 1e3:.2f} ms "
+            f"at calibration)",
+            "fit": fit.to_json(),
+        }
     exec_run = load_exec_run(out / "exec")
     if fit is not None and fit.meta.get("model") not in (None, exec_run.model):
-        raise InfersimError(f"the executor fit was calibrated on {fit.meta.get('model')}, not {exec_run.model}: "
-                            f"calibrate again (leave out --calibration)")
+        raise InfersimError(
+            f"the executor fit was calibrated on {fit.meta.get('model')}, not {exec_run.model}: "
+            f"calibrate again (leave out --calibration)"
+        )
     stats = mode.recorded(out / "exec")
     cm = fit
     if cm is None:
@@ -166,13 +247,31 @@ def validate_case(case: Case, model: str, out: Path, opts: CaseOptions = CaseOpt
     simulate_run(exec_run, out / "sim", cost_model=cm, profile=profile, cost_model_name="roofline", updates=updates)
     sim_run = load_run(out / "sim")
     # the same simulation driven by the executor's own measured times: the scheduling alone
-    simulate_run(exec_run, out / "replay", cost_model=ReplayCostModel(exec_run, cm), profile=profile,
-                 cost_model_name="roofline", updates=updates, policy_cost_model=cm)
+    simulate_run(
+        exec_run,
+        out / "replay",
+        cost_model=ReplayCostModel(exec_run, cm),
+        profile=profile,
+        cost_model_name="roofline",
+        updates=updates,
+        policy_cost_model=cm,
+    )
     cmp = compare_runs(case.name, exec_run, sim_run, cm, case.compare, replay_run=load_run(out / "replay"))
-    result = {**base, "status": "ran", "passed": cmp.passed, "checks": cmp.checks, "cost_model": desc, "drift": drift,
-              "statistics": stats, "seed": spec.seed, "requests": len(reqs), "wall_s": time.perf_counter() - t0,
-              "repeats": repeated, "comparison": brief(cmp.to_json()),
-              "repeat_errors": [aggregate_errors(load_exec_run(d), sim_run, cm) for d in repeat_dirs(out / "exec")]}
+    result = {
+        **base,
+        "status": "ran",
+        "passed": cmp.passed,
+        "checks": cmp.checks,
+        "cost_model": desc,
+        "drift": drift,
+        "statistics": stats,
+        "seed": spec.seed,
+        "requests": len(reqs),
+        "wall_s": time.perf_counter() - t0,
+        "repeats": repeated,
+        "comparison": brief(cmp.to_json()),
+        "repeat_errors": [aggregate_errors(load_exec_run(d), sim_run, cm) for d in repeat_dirs(out / "exec")],
+    }
     apply_rule(result)
     write_json(out / "validation.json", result)
     if report:
@@ -185,7 +284,10 @@ def validate_case(case: Case, model: str, out: Path, opts: CaseOptions = CaseOpt
 def _fit_line(fit) -> str:
     m = fit.meta
     seeds = ", ".join(str(s) for s in m.get("seeds", [m.get("seed")]))
-    scaled = (f"; scaled by {m['scaled_by']:.3f}, {m['scaled_because']}" if "scaled_by" in m and "scaled_because" in m
-              else "")
-    return (f"({', '.join(m.get('workloads', []))}, seeds {seeds}, {m.get('model')} on {m.get('device')}; "
-            f"in-sample MAPE {m.get('iteration_fit', {}).get('mape_in_sample', float('nan')):.1%}{scaled})")
+    scaled = (
+        f"; scaled by {m['scaled_by']:.3f}, {m['scaled_because']}" if "scaled_by" in m and "scaled_because" in m else ""
+    )
+    return (
+        f"({', '.join(m.get('workloads', []))}, seeds {seeds}, {m.get('model')} on {m.get('device')}; "
+        f"in-sample MAPE {m.get('iteration_fit', {}).get('mape_in_sample', float('nan')):.1%}{scaled})"
+    )

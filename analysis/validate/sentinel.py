@@ -7,18 +7,19 @@ validation times the same fixed work — a 128-token prefill and a decode step o
 over 128 cached tokens, through the executor's own runner and paged cache — around the
 calibration runs and around the validated run, and scales the fit by the ratio. This uses no
 measurement of the validated run itself; the report states the factor."""
+
 from __future__ import annotations
 
 import time
 
 import numpy as np
 
-
 _LOADED: dict = {}
 
 
-def sentinel_s(model: str, *, device: str = "cpu", dtype: str | None = None, threads: int = 1,
-               rounds: int = 12) -> float:
+def sentinel_s(
+    model: str, *, device: str = "cpu", dtype: str | None = None, threads: int = 1, rounds: int = 12
+) -> float:
     """Median over rounds of (prefill + decode) time of the fixed work, in seconds."""
     import torch
 
@@ -37,11 +38,20 @@ def sentinel_s(model: str, *, device: str = "cpu", dtype: str | None = None, thr
             _LOADED[key] = (lm, build_runner(lm))
         lm, runner = _LOADED[key]
         bs, prompt, batch = 16, 128, 8
-        cache = PagedKVCache(runner.num_layers, runner.num_kv_heads, runner.head_dim, block_size=bs,
-                             gpu_blocks=(batch + 1) * (prompt // bs + 2), cpu_blocks=0, dtype=lm.dtype, device=lm.device)
+        cache = PagedKVCache(
+            runner.num_layers,
+            runner.num_kv_heads,
+            runner.head_dim,
+            block_size=bs,
+            gpu_blocks=(batch + 1) * (prompt // bs + 2),
+            cpu_blocks=0,
+            dtype=lm.dtype,
+            device=lm.device,
+        )
         rng = np.random.default_rng(0)
-        seqs = [ExecSequence(-1 - i, rng.integers(1, lm.vocab_size, prompt + 1).tolist(), 1, 0.0)
-                for i in range(batch + 1)]
+        seqs = [
+            ExecSequence(-1 - i, rng.integers(1, lm.vocab_size, prompt + 1).tolist(), 1, 0.0) for i in range(batch + 1)
+        ]
         for s in seqs:
             cache.grow_to(s, prompt + 1)
             s.computed = prompt

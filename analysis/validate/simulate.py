@@ -8,6 +8,7 @@ watermark) with its measured KV pools (`gpu_blocks`, `cpu_blocks`) made explicit
 
 The simulation runs in step mode, so its series has one row per iteration: that is the
 per-iteration log the comparison aligns with the executor's iterations.parquet."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -30,8 +31,12 @@ def sim_spec(run: ExecRun, *, profile: str, cost_model_name: str = "roofline", u
         model_path = model_path / "config.json"
     sv = dict(w["serving"])
     mem = run.config["memory"]
-    sv.update(gpu_blocks=int(mem["gpu_blocks"]), cpu_blocks=int(mem["cpu_blocks"]), cost_model=cost_model_name,
-              dtype=run.config.get("executor", {}).get("dtype", sv.get("dtype", "fp32")))
+    sv.update(
+        gpu_blocks=int(mem["gpu_blocks"]),
+        cpu_blocks=int(mem["cpu_blocks"]),
+        cost_model=cost_model_name,
+        dtype=run.config.get("executor", {}).get("dtype", sv.get("dtype", "fp32")),
+    )
     sv["kv_dtype"] = None
     hw = dict(w["hardware"])
     hw.update(profile=profile, replicas=1, tensor_parallel=1)
@@ -61,15 +66,23 @@ def sim_requests(run: ExecRun):
     return Requests(prompt, output, arrival)
 
 
-def simulate_run(run: ExecRun, out: Path, *, cost_model=None, profile: str = "cpu-reference",
-                 cost_model_name: str = "roofline", updates: dict | None = None, policy_cost_model=None) -> dict:
+def simulate_run(
+    run: ExecRun,
+    out: Path,
+    *,
+    cost_model=None,
+    profile: str = "cpu-reference",
+    cost_model_name: str = "roofline",
+    updates: dict | None = None,
+    policy_cost_model=None,
+) -> dict:
     """Simulate the executor run's requests and write a `sim run` directory (step mode) at
     `out`. `cost_model`, when given, replaces the one the spec names (the executor fit);
     `policy_cost_model`, when given, is what the policies see instead (cost-aware preemption's
     questions), so a replayed cost model answers only the engine's iterations and copies."""
-    from infersim.simulator.simulation import Simulation
     from infersim.simulator.metrics.rundir import staged_dir
     from infersim.simulator.metrics.summary import write_result_files
+    from infersim.simulator.simulation import Simulation
 
     spec = sim_spec(run, profile=profile, cost_model_name=cost_model_name, updates=updates)
     requests = sim_requests(run)
@@ -84,8 +97,9 @@ def simulate_run(run: ExecRun, out: Path, *, cost_model=None, profile: str = "cp
                     rep._state = _policy_view(rep._state, policy_cost_model)
         result = sim.run()
         resolved = dict(result.resolved)
-        resolved["cost_model"] = (cost_model.to_json() if hasattr(cost_model, "to_json")
-                                  else {"name": cost_model_name, "profile": profile})
+        resolved["cost_model"] = (
+            cost_model.to_json() if hasattr(cost_model, "to_json") else {"name": cost_model_name, "profile": profile}
+        )
         summary = write_result_files(tmp, result, resolved=resolved)
     return summary
 

@@ -7,14 +7,22 @@ difference is the acceptance model alone.
     python -m infersim.analysis.validate.spec_ab runs/validate-spec-draft [more case folders]
 
 Prints one line per (case, variant) and writes ab.json in each case folder."""
+
 from __future__ import annotations
 
 import json
 import sys
 from pathlib import Path
 
-METRICS = ("throughput (output tok/s)", "mean end-to-end latency", "TTFT p99", "TPOT p99", "end-to-end p99",
-           "acceptance rate", "tokens per step")
+METRICS = (
+    "throughput (output tok/s)",
+    "mean end-to-end latency",
+    "TTFT p99",
+    "TPOT p99",
+    "end-to-end p99",
+    "acceptance rate",
+    "tokens per step",
+)
 
 
 def variants(stats: dict) -> dict:
@@ -22,9 +30,11 @@ def variants(stats: dict) -> dict:
     import infersim.executor.speculative.validate_hooks as sh
 
     if stats.get("method") == "medusa":
-        return {"independent heads": mh.simulator_updates(stats, empirical=False),
-                "empirical pooled": mh.simulator_updates(stats, per_request=False),
-                "empirical per request": mh.simulator_updates(stats)}
+        return {
+            "independent heads": mh.simulator_updates(stats, empirical=False),
+            "empirical pooled": mh.simulator_updates(stats, per_request=False),
+            "empirical per request": mh.simulator_updates(stats),
+        }
     return {"pooled": sh.simulator_updates(stats, per_request=False), "per request": sh.simulator_updates(stats)}
 
 
@@ -36,7 +46,7 @@ def ab_case(folder: Path) -> dict:
     from .cases import get_case
     from .measured import load_run
     from .modes import MODES
-    from .spec_compare import spread, compare_spec, tokens_per_round_per_request
+    from .spec_compare import compare_spec, spread, tokens_per_round_per_request
     from .spec_rounds import drafting_rounds, rebuild_rounds
     from .spec_simulate import simulate_spec_run
 
@@ -57,12 +67,15 @@ def ab_case(folder: Path) -> dict:
         sim_dir = folder / ("ab-" + name.replace(" ", "-"))
         simulate_spec_run(exec_run, sim_dir, fit, updates=upd, seed=val["seed"])
         sim_run = load_run(sim_dir)
-        cmp = compare_spec(case.name, exec_run, sim_run, t, fit, case.compare, pipelined=bool(stats.get("pipelined")),
-                           drafting=td)
+        cmp = compare_spec(
+            case.name, exec_run, sim_run, t, fit, case.compare, pipelined=bool(stats.get("pipelined")), drafting=td
+        )
         row = {c["metric"]: c["value"] for c in cmp.checks if c["metric"] in METRICS}
         row["TTFT mean"] = cmp.requests["ttft_s"]["mean_error"]
         row["tokens per round per request, cv (simulated / measured)"] = [
-            spread(tokens_per_round_per_request(sim_run)).get("cv"), cv_exec]
+            spread(tokens_per_round_per_request(sim_run)).get("cv"),
+            cv_exec,
+        ]
         out[name] = row
     write_json(folder / "ab.json", out)
     return out

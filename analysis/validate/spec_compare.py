@@ -13,6 +13,7 @@ verification) instead of per iteration:
 The targets and their attribution are compare.check_targets' (timing noise, acceptance model,
 scheduling mismatch, cost model), plus acceptance and tokens per step within 5%, a miss of
 which is the acceptance model's."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -48,8 +49,9 @@ def _contended(solo: np.ndarray, overlap: np.ndarray, share, fit=None) -> np.nda
     whole_pass existed)."""
     from .spec_costmodel import contended
 
-    return contended(solo, overlap, share, ((fit.meta or {}) if fit is not None else {}).get("pipeline_contention",
-                                                                                             "sharing"))
+    return contended(
+        solo, overlap, share, ((fit.meta or {}) if fit is not None else {}).get("pipeline_contention", "sharing")
+    )
 
 
 def round_level(t: dict, fit, drafting: dict | None = None) -> dict:
@@ -64,15 +66,23 @@ def round_level(t: dict, fit, drafting: dict | None = None) -> dict:
     keep = ok & ~stalled
     d_meas = np.asarray(t["draft_s"], dtype=np.float64)
     has_d = ok & (np.asarray(t["draft_steps"]) > 0) & (d_meas > 0)
-    return {"rounds": int(y.size), "compared": int(ok.sum()), "mape": mape(pred[ok], y[ok]),
-            "bias": signed_bias(pred[ok], y[ok]), "median_ape": median_ape(pred[ok], y[ok]),
-            "total_bias": total_bias(pred[ok], y[ok]), "mape_unstalled": mape(pred[keep], y[keep]),
-            "noise": {"stalls": float(stalled[ok].mean()) if ok.any() else float("nan"), "jitter": float("nan")},
-            # the drafts' share: the fit's draft terms against the measured drafting time
-            "draft_total_bias": total_bias(draft_p[has_d], d_meas[has_d]) if has_d.any() else None,
-            "draft_share_measured": float(d_meas[ok].sum() / y[ok].sum()) if ok.any() else None,
-            "predicted_s": pred.tolist(), "measured_s": y.tolist(), "batch_size": t["batch_size"].tolist(),
-            "drafting": _drafting_level(drafting, fit, t)}
+    return {
+        "rounds": int(y.size),
+        "compared": int(ok.sum()),
+        "mape": mape(pred[ok], y[ok]),
+        "bias": signed_bias(pred[ok], y[ok]),
+        "median_ape": median_ape(pred[ok], y[ok]),
+        "total_bias": total_bias(pred[ok], y[ok]),
+        "mape_unstalled": mape(pred[keep], y[keep]),
+        "noise": {"stalls": float(stalled[ok].mean()) if ok.any() else float("nan"), "jitter": float("nan")},
+        # the drafts' share: the fit's draft terms against the measured drafting time
+        "draft_total_bias": total_bias(draft_p[has_d], d_meas[has_d]) if has_d.any() else None,
+        "draft_share_measured": float(d_meas[ok].sum() / y[ok].sum()) if ok.any() else None,
+        "predicted_s": pred.tolist(),
+        "measured_s": y.tolist(),
+        "batch_size": t["batch_size"].tolist(),
+        "drafting": _drafting_level(drafting, fit, t),
+    }
 
 
 def _drafting_level(d: dict | None, fit, t_verify: dict | None = None) -> dict | None:
@@ -86,8 +96,12 @@ def _drafting_level(d: dict | None, fit, t_verify: dict | None = None) -> dict |
     if shares and t_verify is not None:
         from .spec_costmodel import overlap_fraction
 
-        p = _contended(p, overlap_fraction(d["t_start_s"], d["t_end_s"], t_verify["t_start_s"], t_verify["t_end_s"]),
-                       shares["ssm"], fit)
+        p = _contended(
+            p,
+            overlap_fraction(d["t_start_s"], d["t_end_s"], t_verify["t_start_s"], t_verify["t_end_s"]),
+            shares["ssm"],
+            fit,
+        )
     ok = np.isfinite(m)
     p, m = p[ok], m[ok]
     return {"rounds": int(m.size), "mape": mape(p, m), "bias": signed_bias(p, m), "total_bias": total_bias(p, m)}
@@ -114,12 +128,17 @@ def _acceptance_why(sim_run, medusa: bool) -> str:
     if medusa:
         acc = (sp.get("medusa") or {}).get("acceptance")
         if acc:
-            return ("the run's accepted-depth histogram on its tree" + (", per request" if acc.get("components") else "")
-                    + ": levels are assigned to requests by id, not by how hard their prompts are")
+            return (
+                "the run's accepted-depth histogram on its tree"
+                + (", per request" if acc.get("components") else "")
+                + ": levels are assigned to requests by id, not by how hard their prompts are"
+            )
         return "the simulator's token-tree model from the recorded top-k accuracies of each head, heads taken as independent"
     if any((d.get("acceptance") or {}).get("kind") == "mixture" for d in sp.get("drafts") or []):
-        return ("the measured acceptance per request (a mixture fitted from the run): levels are assigned to "
-                "requests by id, not by how hard their prompts are, so which requests are slow differs")
+        return (
+            "the measured acceptance per request (a mixture fitted from the run): levels are assigned to "
+            "requests by id, not by how hard their prompts are, so which requests are slow differs"
+        )
     return "the measured positional acceptance sampled i.i.d. per round, while real acceptance is correlated within a request"
 
 
@@ -127,8 +146,12 @@ def spread(x: np.ndarray) -> dict:
     x = x[np.isfinite(x)]
     if not x.size:
         return {}
-    return {"p10": float(np.percentile(x, 10)), "p50": float(np.median(x)), "p90": float(np.percentile(x, 90)),
-            "cv": float(x.std() / x.mean())}
+    return {
+        "p10": float(np.percentile(x, 10)),
+        "p50": float(np.median(x)),
+        "p90": float(np.percentile(x, 90)),
+        "cv": float(x.std() / x.mean()),
+    }
 
 
 def schedule_level(exec_run, sim_run) -> dict:
@@ -137,11 +160,16 @@ def schedule_level(exec_run, sim_run) -> dict:
     same = np.ones(n, dtype=bool)
     for c in ("batch_size", "prefill_tokens"):
         same &= np.asarray(es[c][:n]) == np.asarray(ss[c][:n])
-    return {"executed": int(len(es["t_start_s"])), "simulated": int(len(ss["t_start_s"])),
-            "rounds_error": rel_error(float(len(ss["t_start_s"])), float(len(es["t_start_s"]))),
-            "mean_batch_executed": float(np.mean(es["batch_size"])), "mean_batch_simulated": float(np.mean(ss["batch_size"])),
-            "aligned": int(same.sum()), "aligned_fraction": float(same.sum() / max(1, n)),
-            "first_divergence": int(np.argmin(same)) if not same.all() else int(n)}
+    return {
+        "executed": int(len(es["t_start_s"])),
+        "simulated": int(len(ss["t_start_s"])),
+        "rounds_error": rel_error(float(len(ss["t_start_s"])), float(len(es["t_start_s"]))),
+        "mean_batch_executed": float(np.mean(es["batch_size"])),
+        "mean_batch_simulated": float(np.mean(ss["batch_size"])),
+        "aligned": int(same.sum()),
+        "aligned_fraction": float(same.sum() / max(1, n)),
+        "first_divergence": int(np.argmin(same)) if not same.all() else int(n),
+    }
 
 
 def selector_replay(exec_run, t: dict) -> dict:
@@ -149,13 +177,14 @@ def selector_replay(exec_run, t: dict) -> dict:
     the round's drafting + verification time (decoder.py: t2 - t0) and vl = the mean tokens of
     the sequences that drafted the full s (verified_length), for every round that drafted. The
     policy is one object on both sides, so it must take the executed s trajectory exactly."""
-    from infersim.simulator.speculative.selector import AdaptiveLengthSelector
     from infersim.simulator.speculative.config import SpeculationSection
+    from infersim.simulator.speculative.selector import AdaptiveLengthSelector
 
     sec = SpeculationSection.model_validate(exec_run.config["workload"]["speculation"])
     c = sec.selector
-    sel = AdaptiveLengthSelector(sec.speculation_length, c.decision_threshold, c.s_reward, c.s_punish, c.s_min,
-                                 c.s_max, c.rule)
+    sel = AdaptiveLengthSelector(
+        sec.speculation_length, c.decision_threshold, c.s_reward, c.s_punish, c.s_min, c.s_max, c.rule
+    )
     path = Path(exec_run.path) / "speculation_sequences.parquet"
     if not path.is_file() or sec.pipeline_on:
         return {"same": None, "why": "not a coupled run with speculation_sequences.parquet"}
@@ -177,9 +206,12 @@ def selector_replay(exec_run, t: dict) -> dict:
     same = bool(np.array_equal(chosen, s_exec))
     change = np.flatnonzero(np.r_[True, chosen[1:] != chosen[:-1]]) if chosen.size else chosen
     change_e = np.flatnonzero(np.r_[True, s_exec[1:] != s_exec[:-1]]) if s_exec.size else s_exec
-    return {"same": same, "agreement": float(np.mean(chosen == s_exec)) if s_exec.size else float("nan"),
-            "trajectory": [[int(i), int(chosen[i])] for i in change],
-            "executed": [[int(i), int(s_exec[i])] for i in change_e]}
+    return {
+        "same": same,
+        "agreement": float(np.mean(chosen == s_exec)) if s_exec.size else float("nan"),
+        "trajectory": [[int(i), int(chosen[i])] for i in change],
+        "executed": [[int(i), int(s_exec[i])] for i in change_e],
+    }
 
 
 def s_share(s) -> dict:
@@ -202,8 +234,9 @@ def pipeline_busy(t: dict, drafting: dict | None, sim_summary: dict) -> dict:
     if drafting is not None:
         ds, de = np.asarray(drafting["t_start_s"], dtype=np.float64), np.asarray(drafting["t_end_s"], dtype=np.float64)
         out["draft_busy_s"] = float((de - ds).sum())
-        out["both_busy_s"] = float(sum(np.clip(np.minimum(de, b) - np.maximum(ds, a), 0.0, None).sum()
-                                       for a, b in zip(vs, ve)))
+        out["both_busy_s"] = float(
+            sum(np.clip(np.minimum(de, b) - np.maximum(ds, a), 0.0, None).sum() for a, b in zip(vs, ve))
+        )
     eng = (sim_summary.get("speculation") or {}).get("engines") or {}
     out["simulated_llm_busy_s"] = (eng.get("llm") or {}).get("busy_s")
     out["simulated_ssm_busy_s"] = (eng.get("ssm") or {}).get("busy_s")
@@ -218,8 +251,12 @@ def pipeline_source(b: dict, noise: str, cost_bias: float | None = None, metric:
     the scheduling (which passes new requests join, the pool's hand-overs)."""
     v, vp = b["verify_busy_s"], b.get("simulated_llm_busy_s")
     d, dp = b.get("draft_busy_s"), b.get("simulated_ssm_busy_s")
-    txt = (f"verifying passes {v:.2f} s measured against {vp:.2f} s simulated, drafting {d:.2f} s against {dp:.2f} s; "
-           f"both engines busy at once {b.get('both_busy_s', float('nan')):.2f} s" if None not in (vp, d, dp) else "")
+    txt = (
+        f"verifying passes {v:.2f} s measured against {vp:.2f} s simulated, drafting {d:.2f} s against {dp:.2f} s; "
+        f"both engines busy at once {b.get('both_busy_s', float('nan')):.2f} s"
+        if None not in (vp, d, dp)
+        else ""
+    )
     hm, hf = b.get("handoff_measured_s"), b.get("handoff_fitted_s")
     if txt and None not in (hm, hf):
         txt += f"; hand-over after a pass {hm * 1e3:.2f} ms measured (median), {hf * 1e3:.2f} ms fitted"
@@ -228,27 +265,43 @@ def pipeline_source(b: dict, noise: str, cost_bias: float | None = None, metric:
     if metric == "TTFT p99" and not off and 0.02 < abs(bias) <= 0.05:
         # near the batch cap the TTFT tail is the last arrivals' wait for a free slot: the finish
         # times before it, a few percent off, move a wait a tenth their size (docs/validation.md)
-        return (f"cost model, magnified by the queue (the passes priced {cost_bias:+.1%} in total; the TTFT tail is "
-                f"the last arrivals' wait for a free slot, set by finish times hundreds of milliseconds into the "
-                f"run; pipeline: {txt}; also {noise})")
+        return (
+            f"cost model, magnified by the queue (the passes priced {cost_bias:+.1%} in total; the TTFT tail is "
+            f"the last arrivals' wait for a free slot, set by finish times hundreds of milliseconds into the "
+            f"run; pipeline: {txt}; also {noise})"
+        )
     if off or abs(bias) > 0.05:
-        return (f"cost model (pipeline: {txt}; the two engines' speed while both run is priced as a shared device "
-                f"at slowdowns fitted on the held-out runs around the case, while a pipelined run on a shared CPU "
-                f"can run at another speed than the runs around it; also {noise})")
+        return (
+            f"cost model (pipeline: {txt}; the two engines' speed while both run is priced as a shared device "
+            f"at slowdowns fitted on the held-out runs around the case, while a pipelined run on a shared CPU "
+            f"can run at another speed than the runs around it; also {noise})"
+        )
     return f"scheduling mismatch (pipeline: {txt}; also {noise})"
 
 
-def compare_spec(case: str, exec_run, sim_run, t: dict, fit, compare: tuple[str, ...],
-                 pipelined: bool = False, drafting: dict | None = None, s_replay_run=None) -> Comparison:
+def compare_spec(
+    case: str,
+    exec_run,
+    sim_run,
+    t: dict,
+    fit,
+    compare: tuple[str, ...],
+    pipelined: bool = False,
+    drafting: dict | None = None,
+    s_replay_run=None,
+) -> Comparison:
     c = Comparison(case)
     meta = fit.meta or {}
     c.info["calibration_stalls"] = float(meta.get("calibration_stalls", float("nan")))
     c.info["speed_shift"] = float(meta.get("speed_shift", float("nan")))
     c.cost_model = round_level(t, fit, drafting)
     # the verifying engine's ticks (a pipelined run's drafting process ticks on the other core)
-    c.cost_model["within_run"] = within_run_speed(exec_run.path, np.asarray(t["t_start_s"], dtype=np.float64),
-                                                  np.asarray(c.cost_model["predicted_s"]),
-                                                  np.asarray(c.cost_model["measured_s"]))
+    c.cost_model["within_run"] = within_run_speed(
+        exec_run.path,
+        np.asarray(t["t_start_s"], dtype=np.float64),
+        np.asarray(c.cost_model["predicted_s"]),
+        np.asarray(c.cost_model["measured_s"]),
+    )
     sp = exec_run.config["workload"].get("speculation") or {}
     selector_on = (sp.get("selector") or {}).get("enabled")
     selector_on = sp.get("method") == "minions" if selector_on is None else bool(selector_on)
@@ -277,10 +330,25 @@ def compare_spec(case: str, exec_run, sim_run, t: dict, fit, compare: tuple[str,
             e = (c.totals.get(name) or {}).get("error")
             ok = e is not None and np.isfinite(e) and abs(e) <= ACCEPTANCE_TARGET
             why = _acceptance_why(sim_run, medusa)
-            comp = "" if ok else (f"acceptance model (simulated {label} {e:+.1%} off the measured: {why})"
-                                  if e is not None else "acceptance model (missing)")
-            checks.append({"metric": label, "value": e, "target": ACCEPTANCE_TARGET, "ok": bool(ok),
-                           "component": comp, "kind": "" if ok else "acceptance model"})
+            comp = (
+                ""
+                if ok
+                else (
+                    f"acceptance model (simulated {label} {e:+.1%} off the measured: {why})"
+                    if e is not None
+                    else "acceptance model (missing)"
+                )
+            )
+            checks.append(
+                {
+                    "metric": label,
+                    "value": e,
+                    "target": ACCEPTANCE_TARGET,
+                    "ok": bool(ok),
+                    "component": comp,
+                    "kind": "" if ok else "acceptance model",
+                }
+            )
     # per-request acceptance: the executor's requests differ in tokens per round (repetitive
     # code runs long), the simulator's draw every round i.i.d.: requests finish at other times,
     # slots free at other times, and the queue (TTFT) and tails follow
@@ -288,14 +356,25 @@ def compare_spec(case: str, exec_run, sim_run, t: dict, fit, compare: tuple[str,
         tm, tp = spread(tokens_per_round_per_request(exec_run)), spread(tokens_per_round_per_request(sim_run))
         c.info["tokens_per_round_per_request"] = {"measured": tm, "simulated": tp}
         if tm and tp and tp["cv"] < 0.7 * tm["cv"]:
-            note = (f"acceptance model (per-request acceptance: tokens per round per request p10-p90 "
-                    f"{tm['p10']:.2f}-{tm['p90']:.2f} measured against {tp['p10']:.2f}-{tp['p90']:.2f} simulated, "
-                    f"coefficient of variation {tm['cv']:.2f} against {tp['cv']:.2f}: the simulator draws every round's "
-                    f"acceptance i.i.d., so requests finish and free their slots at other times")
+            note = (
+                f"acceptance model (per-request acceptance: tokens per round per request p10-p90 "
+                f"{tm['p10']:.2f}-{tm['p90']:.2f} measured against {tp['p10']:.2f}-{tp['p90']:.2f} simulated, "
+                f"coefficient of variation {tm['cv']:.2f} against {tp['cv']:.2f}: the simulator draws every round's "
+                f"acceptance i.i.d., so requests finish and free their slots at other times"
+            )
             for ch in checks:
-                if (not ch["ok"] and ch["metric"] in ("mean end-to-end latency", "TTFT p99", "TPOT p99", "end-to-end p99",
-                                                     "throughput (output tok/s)")
-                        and ch["kind"] in ("scheduling mismatch", "cost model")):
+                if (
+                    not ch["ok"]
+                    and ch["metric"]
+                    in (
+                        "mean end-to-end latency",
+                        "TTFT p99",
+                        "TPOT p99",
+                        "end-to-end p99",
+                        "throughput (output tok/s)",
+                    )
+                    and ch["kind"] in ("scheduling mismatch", "cost model")
+                ):
                     ch["component"] = note + f"; also {ch['component']})"
                     ch["kind"] = "acceptance model"
     # a p99 miss with the mean right and a narrower simulated spread: the acceptance varies from
@@ -310,10 +389,12 @@ def compare_spec(case: str, exec_run, sim_run, t: dict, fit, compare: tuple[str,
         cv_m, cv_p = np.nanstd(m) / np.nanmean(m), np.nanstd(p) / np.nanmean(p)
         mean_err = c.requests[col]["mean_error"]
         if mean_err is not None and abs(mean_err) <= 0.05 and cv_p < 0.9 * cv_m:
-            ch["component"] = (f"acceptance model (per-request acceptance: the mean is {mean_err:+.1%} off but the "
-                               f"simulated spread is narrower, coefficient of variation {cv_p:.2f} against {cv_m:.2f} "
-                               f"measured: the simulator draws each round's acceptance i.i.d., the real one varies by "
-                               f"request; also {ch['component']})")
+            ch["component"] = (
+                f"acceptance model (per-request acceptance: the mean is {mean_err:+.1%} off but the "
+                f"simulated spread is narrower, coefficient of variation {cv_p:.2f} against {cv_m:.2f} "
+                f"measured: the simulator draws each round's acceptance i.i.d., the real one varies by "
+                f"request; also {ch['component']})"
+            )
             ch["kind"] = "acceptance model"
     # adaptive s: the selector reacts to the round times it sees (measured, noisy; or predicted),
     # so the two runs can take different s trajectories, and tokens per step, acceptance and
@@ -326,48 +407,80 @@ def compare_spec(case: str, exec_run, sim_run, t: dict, fit, compare: tuple[str,
         tot = totals_level(exec_run, free_run)
         fs = (free_run.summary.get("speculation") or {}).get("s") or {}
         c.info["free_selector"] = {
-            "s_mean_simulated": fs.get("mean_per_round"), "s_changes_simulated": fs.get("changes"),
-            "s_final_simulated": fs.get("final"), "s_rounds_executed": s_share(t["s"]),
+            "s_mean_simulated": fs.get("mean_per_round"),
+            "s_changes_simulated": fs.get("changes"),
+            "s_final_simulated": fs.get("final"),
+            "s_rounds_executed": s_share(t["s"]),
             "s_rounds_simulated": s_share_series((free_run.summary.get("speculation") or {}).get("series", {})),
             "throughput_error": (tot.get("throughput_output_tokens_per_s") or {}).get("error"),
             "tokens_per_step_error": (tot.get("tokens_per_step") or {}).get("error"),
             "acceptance_rate_error": (tot.get("acceptance_rate") or {}).get("error"),
-            **{col: {k: rq[col][k] for k in ("mean_error", "p99_error")} for col in ("ttft_s", "tpot_s", "e2e_s")}}
+            **{col: {k: rq[col][k] for k in ("mean_error", "p99_error")} for col in ("ttft_s", "tpot_s", "e2e_s")},
+        }
         sel = c.info["selector_on_executed_inputs"]
         ok = bool(sel.get("same"))
-        checks.append({"metric": "selector decisions on the executed inputs", "value": sel.get("agreement"),
-                       "target": 1.0, "ok": ok, "kind": "" if ok else "scheduling mismatch",
-                       "component": "" if ok else (f"scheduling mismatch (the simulator's selector fed the executor's "
-                                                   f"own observations took s {sel.get('trajectory')} against "
-                                                   f"{sel.get('executed')} executed)")})
+        checks.append(
+            {
+                "metric": "selector decisions on the executed inputs",
+                "value": sel.get("agreement"),
+                "target": 1.0,
+                "ok": ok,
+                "kind": "" if ok else "scheduling mismatch",
+                "component": ""
+                if ok
+                else (
+                    f"scheduling mismatch (the simulator's selector fed the executor's "
+                    f"own observations took s {sel.get('trajectory')} against "
+                    f"{sel.get('executed')} executed)"
+                ),
+            }
+        )
     if s_replay_run is not None:
         # the simulation with the executed s trajectory: what is left without the selector's decisions
         rq = request_level(exec_run, s_replay_run)
         tot = totals_level(exec_run, s_replay_run)
-        c.replay = {"kind": "s-replay", "throughput_error": (tot.get("throughput_output_tokens_per_s") or {}).get("error"),
-                    "tokens_per_step_error": (tot.get("tokens_per_step") or {}).get("error"),
-                    "acceptance_rate_error": (tot.get("acceptance_rate") or {}).get("error"),
-                    "s_mean_simulated": ((s_replay_run.summary.get("speculation") or {}).get("s") or {}).get("mean_per_round"),
-                    **{col: {k: rq[col][k] for k in ("mean_error", "p99_error")} for col in ("ttft_s", "tpot_s", "e2e_s")}}
+        c.replay = {
+            "kind": "s-replay",
+            "throughput_error": (tot.get("throughput_output_tokens_per_s") or {}).get("error"),
+            "tokens_per_step_error": (tot.get("tokens_per_step") or {}).get("error"),
+            "acceptance_rate_error": (tot.get("acceptance_rate") or {}).get("error"),
+            "s_mean_simulated": ((s_replay_run.summary.get("speculation") or {}).get("s") or {}).get("mean_per_round"),
+            **{col: {k: rq[col][k] for k in ("mean_error", "p99_error")} for col in ("ttft_s", "tpot_s", "e2e_s")},
+        }
     rp = c.replay
     if rp.get("kind") == "s-replay":
         # acceptance and tokens per step right with the executed s, off with the simulated selector's: the s choice
         for ch in checks:
-            key = {"acceptance rate": "acceptance_rate_error", "tokens per step": "tokens_per_step_error"}.get(ch["metric"])
+            key = {"acceptance rate": "acceptance_rate_error", "tokens per step": "tokens_per_step_error"}.get(
+                ch["metric"]
+            )
             e = rp.get(key) if key else None
             if not ch["ok"] and e is not None and abs(e) <= ACCEPTANCE_TARGET:
-                ch["component"] = (f"scheduling mismatch (adaptive s: with the executed s trajectory the simulated "
-                                   f"{ch['metric']} is {e:+.1%} off; mean s per round {s_exec:.2f} executed, "
-                                   f"{s_sim:.2f} simulated)")
+                ch["component"] = (
+                    f"scheduling mismatch (adaptive s: with the executed s trajectory the simulated "
+                    f"{ch['metric']} is {e:+.1%} off; mean s per round {s_exec:.2f} executed, "
+                    f"{s_sim:.2f} simulated)"
+                )
                 ch["kind"] = "scheduling mismatch"
-    if (free_run is None and selector_on and s_sim is not None and np.isfinite(s_exec)
-            and abs(s_sim / s_exec - 1.0) > 0.05):
-        with_s = (f"; with the executed s trajectory the simulation is {rp['throughput_error']:+.1%} off in throughput, "
-                  f"{rp['e2e_s']['mean_error']:+.1%} in mean end-to-end, {rp['tokens_per_step_error']:+.1%} in tokens "
-                  f"per step" if rp.get("kind") == "s-replay" else "")
-        note = (f"scheduling mismatch (adaptive s: the selector took another trajectory, mean s per round "
-                f"{s_exec:.2f} executed against {s_sim:.2f} simulated; it decides on round times, measured and noisy "
-                f"in the executor, predicted in the simulator{with_s})")
+    if (
+        free_run is None
+        and selector_on
+        and s_sim is not None
+        and np.isfinite(s_exec)
+        and abs(s_sim / s_exec - 1.0) > 0.05
+    ):
+        with_s = (
+            f"; with the executed s trajectory the simulation is {rp['throughput_error']:+.1%} off in throughput, "
+            f"{rp['e2e_s']['mean_error']:+.1%} in mean end-to-end, {rp['tokens_per_step_error']:+.1%} in tokens "
+            f"per step"
+            if rp.get("kind") == "s-replay"
+            else ""
+        )
+        note = (
+            f"scheduling mismatch (adaptive s: the selector took another trajectory, mean s per round "
+            f"{s_exec:.2f} executed against {s_sim:.2f} simulated; it decides on round times, measured and noisy "
+            f"in the executor, predicted in the simulator{with_s})"
+        )
         for ch in checks:
             if not ch["ok"] and ch["metric"] != "per-iteration latency MAPE":
                 ch["component"] = note + ("; also " + ch["component"] if ch["kind"] == "timing noise" else "")
@@ -381,7 +494,11 @@ def compare_spec(case: str, exec_run, sim_run, t: dict, fit, compare: tuple[str,
             b["handoff_measured_s"] = float(np.median(hand)) if hand.size else None
             b["handoff_fitted_s"] = (fit.meta or {}).get("pipeline_handoff_s")
         for ch in checks:
-            if not ch["ok"] and ch["metric"] not in ("acceptance rate", "tokens per step", "per-iteration latency MAPE"):
+            if not ch["ok"] and ch["metric"] not in (
+                "acceptance rate",
+                "tokens per step",
+                "per-iteration latency MAPE",
+            ):
                 ch["component"] = pipeline_source(b, ch["component"], c.cost_model.get("total_bias"), ch["metric"])
                 ch["kind"] = next((k for k in COMPONENTS if ch["component"].startswith(k)), "")
     c.checks = checks

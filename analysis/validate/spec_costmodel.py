@@ -8,6 +8,7 @@ next's. The round period is fitted (non-negative least squares in relative error
 calibrate.py) as a linear combination of the target and draft terms listed there
 (`TARGET_FEATURES`, `DRAFT_FEATURES`); the coefficients become its `SpecTargetCost` and
 `SpecDraftCost`."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -37,8 +38,12 @@ def _fit(X, y) -> tuple[np.ndarray, dict]:
     coef, kept = nnls_relative(X, y)
     ok = np.isfinite(y) & (y > 0)
     rel = np.abs(X[ok] @ coef - y[ok]) / y[ok]
-    return coef, {"points": int(ok.sum()), "kept": int(kept.sum()), "mape_in_sample": float(rel.mean()),
-                  "median_ape_in_sample": float(np.median(rel))}
+    return coef, {
+        "points": int(ok.sum()),
+        "kept": int(kept.sum()),
+        "mape_in_sample": float(rel.mean()),
+        "median_ape_in_sample": float(np.median(rel)),
+    }
 
 
 def overlap_fraction(starts, ends, other_starts, other_ends) -> np.ndarray:
@@ -77,13 +82,17 @@ def fit_rounds(tables: list[dict], meta: dict | None = None, drafting: list[dict
         coef, info["round_fit"] = _fit(X, y)
         return SpecFit(coef, info)
     if not drafting or len(drafting) != len(tables):
-        raise InfersimError("speculative calibration: a pipelined run without speculation_drafting.parquet (run it "
-                            "through executor.speculative.validate_hooks.execute)")
+        raise InfersimError(
+            "speculative calibration: a pipelined run without speculation_drafting.parquet (run it "
+            "through executor.speculative.validate_hooks.execute)"
+        )
     k = len(TARGET_FEATURES)
-    ov_v = np.concatenate([overlap_fraction(t["t_start_s"], t["t_end_s"], d["t_start_s"], d["t_end_s"])
-                           for t, d in zip(tables, drafting)])
-    ov_d = np.concatenate([overlap_fraction(d["t_start_s"], d["t_end_s"], t["t_start_s"], t["t_end_s"])
-                           for t, d in zip(tables, drafting)])
+    ov_v = np.concatenate(
+        [overlap_fraction(t["t_start_s"], t["t_end_s"], d["t_start_s"], d["t_end_s"]) for t, d in zip(tables, drafting)]
+    )
+    ov_d = np.concatenate(
+        [overlap_fraction(d["t_start_s"], d["t_end_s"], t["t_start_s"], t["t_end_s"]) for t, d in zip(tables, drafting)]
+    )
     coef = np.zeros(len(FEATURES))
     solo = ov_v < SOLO
     if solo.sum() < 2 * k:  # too few passes ran alone: fit on all (the shares then come out near 1)
@@ -122,9 +131,11 @@ def fit_rounds(tables: list[dict], meta: dict | None = None, drafting: list[dict
     # 1.2-1.75x; one share for both over-priced the prefills by 11-19% and so TTFT by 30-50%)
     prefills = np.concatenate([np.asarray(t["prefill_seqs"]) for t in tables]) > 0
     shares, sharing = {}, {}
-    for name, pred, meas, ov, sel in (("llm", X[:, :k] @ coef[:k], y, ov_v, ~prefills),
-                                      ("llm_prefill", X[:, :k] @ coef[:k], y, ov_v, prefills),
-                                      ("ssm", Xd @ coef[k:], yd, ov_d, np.ones(yd.size, dtype=bool))):
+    for name, pred, meas, ov, sel in (
+        ("llm", X[:, :k] @ coef[:k], y, ov_v, ~prefills),
+        ("llm_prefill", X[:, :k] @ coef[:k], y, ov_v, prefills),
+        ("ssm", Xd @ coef[k:], yd, ov_d, np.ones(yd.size, dtype=bool)),
+    ):
         ok = np.isfinite(meas) & (meas > 0) & sel
         for out, m in ((shares, ok & (ov >= SOLO)), (sharing, ok & (ov > SHARED))):
             fallback = out.get("llm", 1.0) if name == "llm_prefill" else 1.0  # too few prefilling passes: as decode
@@ -173,9 +184,13 @@ def predict_rounds_as_run(fit: SpecFit, t: dict, drafting: dict | None = None) -
     if drafting is None or not shares:
         return pred
     share = np.where(np.asarray(t["prefill_seqs"]) > 0, shares.get("llm_prefill", shares["llm"]), shares["llm"])
-    return contended(pred, overlap_fraction(t["t_start_s"], t["t_end_s"], drafting["t_start_s"], drafting["t_end_s"]),
-                     share, fit.meta.get("pipeline_contention", "sharing"))
+    return contended(
+        pred,
+        overlap_fraction(t["t_start_s"], t["t_end_s"], drafting["t_start_s"], drafting["t_end_s"]),
+        share,
+        fit.meta.get("pipeline_contention", "sharing"),
+    )
 
 
 def predict_drafting(fit: SpecFit, d: dict) -> np.ndarray:
-    return drafting_features(d) @ fit.coef[len(TARGET_FEATURES):]
+    return drafting_features(d) @ fit.coef[len(TARGET_FEATURES) :]

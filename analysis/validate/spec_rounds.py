@@ -10,6 +10,7 @@ again). So per round the sums the cost is linear in are exact: prefill tokens an
 verified rows (drafted + one per sequence), the verified sequences' cached contexts; and the
 drafts' catch-up (a sequence's first drafting step feeds its whole prompt: drafts prefill
 lazily, in the round after the target's prefill)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -39,23 +40,25 @@ def rebuild_rounds(run_dir: Path) -> dict[str, np.ndarray]:
     n = start.size
     npre = np.asarray(t["prefill_seqs"], dtype=np.int64)
     if int(npre.sum()) != arrival.size:
-        raise InfersimError(f"{run_dir}: {int(npre.sum())} prefills in speculation_rounds.parquet for "
-                            f"{arrival.size} requests")
+        raise InfersimError(
+            f"{run_dir}: {int(npre.sum())} prefills in speculation_rounds.parquet for " f"{arrival.size} requests"
+        )
     # the round in which each request finished: the last one that started before its finish
     done_round = np.searchsorted(start, finish, side="left") - 1
     out_tok = np.asarray(t["tokens_out"], dtype=np.int64)
     cum_out = np.concatenate([[0], np.cumsum(out_tok)])
-    cols = {k: np.zeros(n, dtype=np.int64) for k in ("prefill_tokens", "prefill_pairs", "verify_context",
-                                                      "catchup_tokens")}
+    cols = {
+        k: np.zeros(n, dtype=np.int64) for k in ("prefill_tokens", "prefill_pairs", "verify_context", "catchup_tokens")
+    }
     admitted = np.concatenate([[0], np.cumsum(npre)])
     prev_pre_tokens = 0
     for r in range(n):
-        new = order[admitted[r]:admitted[r + 1]]
+        new = order[admitted[r] : admitted[r + 1]]
         p = prompt[new]
         cols["prefill_tokens"][r] = int(p.sum())
         cols["prefill_pairs"][r] = int((p * p).sum())
         # verified now: admitted in earlier rounds and not finished before this round
-        old = order[:admitted[r]]
+        old = order[: admitted[r]]
         run_now = old[done_round[old] >= r]
         fin = old[done_round[old] < r]
         generated = int(cum_out[r]) - int(output[fin].sum())  # tokens of the sequences still running

@@ -19,6 +19,7 @@ s_max) at admission; the simulator admits on the prompt's blocks and grows (with
 the round's candidates). With the matrix's pools (512 blocks, at most 16 sequences of at most
 ~17 blocks) neither ever binds, so both admit by batch size alone; `kv_binds` in the result
 says whether the executor's reservation could have bound."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -30,8 +31,15 @@ from infersim.simulator.errors import InfersimError
 from .measured import RunDir
 
 
-def spec_sim_spec(run: RunDir, *, profile: str = "cpu-reference", updates: dict | None = None,
-                  shares: dict | None = None, contention: str = "sharing", handoff_s: float = 0.0):
+def spec_sim_spec(
+    run: RunDir,
+    *,
+    profile: str = "cpu-reference",
+    updates: dict | None = None,
+    shares: dict | None = None,
+    contention: str = "sharing",
+    handoff_s: float = 0.0,
+):
     from infersim.simulator.workload.schema import WorkloadSpec
 
     w = dict(run.config["workload"])
@@ -40,10 +48,15 @@ def spec_sim_spec(run: RunDir, *, profile: str = "cpu-reference", updates: dict 
         model_path = model_path / "config.json"
     sv = dict(w["serving"])
     prompts = np.asarray(run.requests["prompt_tokens"], dtype=np.int64)
-    sv.update(gpu_blocks=int(run.config["memory"]["gpu_blocks"]), cpu_blocks=0, cost_model="roofline",
-              preemption="recompute", chunked_prefill=True,
-              max_batched_tokens=int(max(int(prompts.sum()), 2048)),
-              dtype=run.config.get("executor", {}).get("dtype", sv.get("dtype", "fp32")))
+    sv.update(
+        gpu_blocks=int(run.config["memory"]["gpu_blocks"]),
+        cpu_blocks=0,
+        cost_model="roofline",
+        preemption="recompute",
+        chunked_prefill=True,
+        max_batched_tokens=int(max(int(prompts.sum()), 2048)),
+        dtype=run.config.get("executor", {}).get("dtype", sv.get("dtype", "fp32")),
+    )
     sv["kv_dtype"] = None
     hw = dict(w["hardware"])
     hw.update(profile=profile, replicas=1, tensor_parallel=1)
@@ -61,9 +74,14 @@ def spec_sim_spec(run: RunDir, *, profile: str = "cpu-reference", updates: dict 
     # run (shared GIL and cores): the shared-device model with the shares fitted on held-out runs
     if sp.get("pipeline", {}).get("enabled") is not False and sp.get("method") == "minions":
         shares = shares or {"llm": 1.0, "ssm": 1.0}
-        sp["pipeline"] = {**(sp.get("pipeline") or {}), "placement": "shared", "llm_share": float(shares["llm"]),
-                          "ssm_share": float(shares["ssm"]), "contention": contention,
-                          "handoff_s": float(handoff_s)}
+        sp["pipeline"] = {
+            **(sp.get("pipeline") or {}),
+            "placement": "shared",
+            "llm_share": float(shares["llm"]),
+            "ssm_share": float(shares["ssm"]),
+            "contention": contention,
+            "handoff_s": float(handoff_s),
+        }
         if "llm_prefill" in shares:
             sp["pipeline"]["llm_prefill_share"] = float(shares["llm_prefill"])
     w.update(model=str(model_path), serving=sv, hardware=hw, speculation=sp)
@@ -83,8 +101,10 @@ def kv_binds(run: RunDir) -> bool:
     if sp.get("method") == "medusa":
         s_max = int(np.max(np.asarray(run.config.get("memory", {}).get("tree_nodes", 64))))  # candidates per sequence
     bs = int(sv["block_size"])
-    need = (np.asarray(run.requests["prompt_tokens"]) + np.asarray(run.requests["output_tokens"]) + s_max + 1 + bs - 1) // bs
-    top = np.sort(need)[::-1][:int(sv["max_batch_size"])]
+    need = (
+        np.asarray(run.requests["prompt_tokens"]) + np.asarray(run.requests["output_tokens"]) + s_max + 1 + bs - 1
+    ) // bs
+    top = np.sort(need)[::-1][: int(sv["max_batch_size"])]
     return bool(top.sum() > int(run.config["memory"]["gpu_blocks"]))
 
 
@@ -110,20 +130,33 @@ class ReplayedSelector:
         return changed
 
 
-def simulate_spec_run(run: RunDir, out: Path, fit, *, profile: str = "cpu-reference", updates: dict | None = None,
-                      seed: int | None = None, s_trajectory: list | None = None) -> dict:
+def simulate_spec_run(
+    run: RunDir,
+    out: Path,
+    fit,
+    *,
+    profile: str = "cpu-reference",
+    updates: dict | None = None,
+    seed: int | None = None,
+    s_trajectory: list | None = None,
+) -> dict:
     """`s_trajectory` (the executed run's [[observations, s], ...]): the selector replays it instead of
     deciding (only where the workload has the selector on)."""
-    from infersim.simulator.simulation import Simulation
     from infersim.simulator.metrics.rundir import staged_dir
     from infersim.simulator.metrics.summary import write_result_files
+    from infersim.simulator.simulation import Simulation
 
     from .simulate import sim_requests
 
     meta = fit.meta or {}
-    spec = spec_sim_spec(run, profile=profile, updates=updates, shares=meta.get("pipeline_shares"),
-                         contention=meta.get("pipeline_contention", "sharing"),
-                         handoff_s=meta.get("pipeline_handoff_s", 0.0))
+    spec = spec_sim_spec(
+        run,
+        profile=profile,
+        updates=updates,
+        shares=meta.get("pipeline_shares"),
+        contention=meta.get("pipeline_contention", "sharing"),
+        handoff_s=meta.get("pipeline_handoff_s", 0.0),
+    )
     if seed is not None:
         spec = spec.model_copy(update={"seed": int(seed)})
     requests = sim_requests(run)

@@ -5,6 +5,7 @@ whose round cost model is fitted on *held-out* speculative executor runs of the 
 deployment (the same serving and `speculation:` sections, other requests and seeds), run once
 before and once after the validated run (as calibrate.calibrate_around). Writes exec/,
 sim/, calibration/, validation.json and report.md/.html under `out`."""
+
 from __future__ import annotations
 
 import json
@@ -19,12 +20,24 @@ from .execute import CaseOptions, execute_case, repeat_dirs
 # Held-out requests for the speculative fit: other seeds and shapes than any case (9011-9012 and
 # 9015 are the calibration's alone; calibrate.py's matched runs use 9009-9011).
 SPEC_CALIBRATION = (
-    ("calib-spec-load", {"count": 40, "arrival": {"type": "poisson", "rate": 150.0},
-                         "prompt_tokens": {"type": "uniform", "low": 8, "high": 200},
-                         "output_tokens": {"type": "uniform", "low": 16, "high": 120}}),
-    ("calib-spec-burst", {"count": 24, "arrival": {"type": "burst"},
-                          "prompt_tokens": {"type": "uniform", "low": 16, "high": 180},
-                          "output_tokens": {"type": "uniform", "low": 24, "high": 110}}),
+    (
+        "calib-spec-load",
+        {
+            "count": 40,
+            "arrival": {"type": "poisson", "rate": 150.0},
+            "prompt_tokens": {"type": "uniform", "low": 8, "high": 200},
+            "output_tokens": {"type": "uniform", "low": 16, "high": 120},
+        },
+    ),
+    (
+        "calib-spec-burst",
+        {
+            "count": 24,
+            "arrival": {"type": "burst"},
+            "prompt_tokens": {"type": "uniform", "low": 16, "high": 180},
+            "output_tokens": {"type": "uniform", "low": 24, "high": 110},
+        },
+    ),
 )
 SPEC_CALIBRATION_SEED = CALIBRATION_SEED + 10
 # and the validated workload's own request mix drawn with a held-out seed (calib-spec-mix), as the
@@ -50,8 +63,9 @@ def calibration_specs(spec) -> list:
     return out
 
 
-def _fit_bracketed(mode, spec, run, model: str, out: Path, *, device, dtype, threads, log,
-                   validated_dir: Path | None = None):
+def _fit_bracketed(
+    mode, spec, run, model: str, out: Path, *, device, dtype, threads, log, validated_dir: Path | None = None
+):
     """Calibration runs before and after `run()`, one fit over both; speed_shift as
     calibrate_around (median measured/fitted round period after over before). With speed ticks
     in every run, scaled to the validated run's own speed as calibrate_around does: its median
@@ -86,10 +100,19 @@ def _fit_bracketed(mode, spec, run, model: str, out: Path, *, device, dtype, thr
     from .spec_compare import round_stalls
 
     stalled = np.concatenate([round_stalls(t["fit_y_s"], t)[np.isfinite(t["fit_y_s"])] for t in tables])
-    fit = fit_rounds(tables, {"workloads": [s.name for s in specs], "seeds": [s.seed for s in specs],
-                              "model": model, "device": device, "bracketed": True, "matched": True,
-                              "calibration_stalls": float(stalled.mean()) if stalled.size else float("nan")},
-                     drafting=drafting)
+    fit = fit_rounds(
+        tables,
+        {
+            "workloads": [s.name for s in specs],
+            "seeds": [s.seed for s in specs],
+            "model": model,
+            "device": device,
+            "bracketed": True,
+            "matched": True,
+            "calibration_stalls": float(stalled.mean()) if stalled.size else float("nan"),
+        },
+        drafting=drafting,
+    )
     # against the rounds as the simulator prices them (a pipelined run's contention included:
     # against the solo fit the ratio measured how many passes overlapped, not the machine's speed)
     from .spec_costmodel import predict_drafting, predict_rounds_as_run
@@ -103,8 +126,9 @@ def _fit_bracketed(mode, spec, run, model: str, out: Path, *, device, dtype, thr
             per_run.append(float(np.median(r[-1])) if r[-1].size else float("nan"))
             if dr is not None:
                 ok = np.isfinite(dr["busy_s"])
-                per_run_drafting.append(float(np.median(dr["busy_s"][ok] / predict_drafting(fit, dr)[ok]))
-                                        if ok.any() else float("nan"))
+                per_run_drafting.append(
+                    float(np.median(dr["busy_s"][ok] / predict_drafting(fit, dr)[ok])) if ok.any() else float("nan")
+                )
         ratio[side] = float(np.median(np.concatenate(r))) if r else float("nan")
     fit.meta["speed_ratio_before"], fit.meta["speed_ratio_after"] = ratio["before"], ratio["after"]
     fit.meta["speed_shift"] = ratio["after"] / ratio["before"] - 1.0
@@ -125,8 +149,11 @@ def _fit_bracketed(mode, spec, run, model: str, out: Path, *, device, dtype, thr
         fit = fit.scaled(speed.speed, why, draft_factor=dspeed.speed if drafts else None)
         fit.meta["speed_ticks_s"] = {"calibration": ticks, "validated": tick_val, "tick_weight": speed.tick_weight}
         if drafts:
-            fit.meta["drafting_speed_ticks_s"] = {"calibration": dticks, "validated": dtick_val,
-                                                  "tick_weight": dspeed.tick_weight}
+            fit.meta["drafting_speed_ticks_s"] = {
+                "calibration": dticks,
+                "validated": dtick_val,
+                "tick_weight": dspeed.tick_weight,
+            }
     fit.save(out / "speculative-fit.json")
     return fit
 
@@ -148,8 +175,14 @@ def validate_spec_case(case, model: str, out: Path, opts: CaseOptions) -> dict:
 
     out = Path(out)
     mode = MODES.get(case.mode)
-    base = {"case": case.name, "title": case.title, "mode": case.mode, "model": model, "device": device,
-            "threads": threads}
+    base = {
+        "case": case.name,
+        "title": case.title,
+        "mode": case.mode,
+        "model": model,
+        "device": device,
+        "threads": threads,
+    }
     ok, why = mode.availability()
     if not ok:
         return {**base, "status": "not available", "reason": why}
@@ -168,13 +201,25 @@ def validate_spec_case(case, model: str, out: Path, opts: CaseOptions) -> dict:
         src = f"speculative fit loaded from `{calibration}`"
         execute()
     else:
-        fit = _fit_bracketed(mode, spec, execute, model, out / "calibration", device=device, dtype=dtype,
-                             threads=threads, log=log, validated_dir=out / "exec")
-        src = (f"speculative round fit calibrated on `{out / 'calibration'}` ({', '.join(fit.meta['workloads'])}, "
-               f"seeds {', '.join(str(s) for s in fit.meta['seeds'])}: the case's serving and speculation sections on "
-               f"other requests), run once before and once after the validated run; in-sample round MAPE "
-               f"{fit.meta['round_fit']['mape_in_sample']:.1%} over {fit.meta['round_fit']['points']} rounds; the "
-               f"machine's speed moved {fit.meta['speed_shift']:+.1%} from before to after")
+        fit = _fit_bracketed(
+            mode,
+            spec,
+            execute,
+            model,
+            out / "calibration",
+            device=device,
+            dtype=dtype,
+            threads=threads,
+            log=log,
+            validated_dir=out / "exec",
+        )
+        src = (
+            f"speculative round fit calibrated on `{out / 'calibration'}` ({', '.join(fit.meta['workloads'])}, "
+            f"seeds {', '.join(str(s) for s in fit.meta['seeds'])}: the case's serving and speculation sections on "
+            f"other requests), run once before and once after the validated run; in-sample round MAPE "
+            f"{fit.meta['round_fit']['mape_in_sample']:.1%} over {fit.meta['round_fit']['points']} rounds; the "
+            f"machine's speed moved {fit.meta['speed_shift']:+.1%} from before to after"
+        )
     exec_run = load_run(out / "exec")
     stats = mode.recorded(out / "exec")
     updates = mode.sim_updates(stats)
@@ -185,25 +230,46 @@ def validate_spec_case(case, model: str, out: Path, opts: CaseOptions) -> dict:
     s_replay = None
     if spec.speculation.selector_on and stats.get("s_trajectory"):
         # the same simulation with the executed s trajectory instead of the selector's own decisions
-        simulate_spec_run(exec_run, out / "sim-s-replay", fit, updates=updates, seed=spec.seed,
-                          s_trajectory=stats["s_trajectory"])
+        simulate_spec_run(
+            exec_run, out / "sim-s-replay", fit, updates=updates, seed=spec.seed, s_trajectory=stats["s_trajectory"]
+        )
         s_replay = load_run(out / "sim-s-replay")
     t = rebuild_rounds(out / "exec")
     from .spec_rounds import drafting_rounds
 
     t_draft = drafting_rounds(out / "exec")
-    cmp = compare_spec(case.name, exec_run, sim_run, t, fit, case.compare, pipelined=bool(stats.get("pipelined")),
-                       drafting=t_draft, s_replay_run=s_replay)
+    cmp = compare_spec(
+        case.name,
+        exec_run,
+        sim_run,
+        t,
+        fit,
+        case.compare,
+        pipelined=bool(stats.get("pipelined")),
+        drafting=t_draft,
+        s_replay_run=s_replay,
+    )
     sim_spec = sim_run.summary.get("speculation") or {}
-    result = {**base, "status": "ran", "passed": cmp.passed, "checks": cmp.checks,
-              "cost_model": {"name": "speculative-fit", "description": src, "fit": fit.to_json()},
-              "statistics": stats, "seed": spec.seed, "requests": len(reqs), "wall_s": time.perf_counter() - t0,
-              "repeats": repeated, "kv_reservation_binds": kv_binds(exec_run),
-              "simulated_speculation": {k: sim_spec.get(k) for k in ("acceleration_rate", "acceptance_rate", "rounds",
-                                                                     "sequence_rounds", "s")},
-              "comparison": brief(cmp.to_json()),
-              "repeat_errors": _repeat_errors(mode, out, sim_run if s_replay is None else s_replay, fit, spec.seed,
-                                              s_replayed=s_replay is not None)}
+    result = {
+        **base,
+        "status": "ran",
+        "passed": cmp.passed,
+        "checks": cmp.checks,
+        "cost_model": {"name": "speculative-fit", "description": src, "fit": fit.to_json()},
+        "statistics": stats,
+        "seed": spec.seed,
+        "requests": len(reqs),
+        "wall_s": time.perf_counter() - t0,
+        "repeats": repeated,
+        "kv_reservation_binds": kv_binds(exec_run),
+        "simulated_speculation": {
+            k: sim_spec.get(k) for k in ("acceleration_rate", "acceptance_rate", "rounds", "sequence_rounds", "s")
+        },
+        "comparison": brief(cmp.to_json()),
+        "repeat_errors": _repeat_errors(
+            mode, out, sim_run if s_replay is None else s_replay, fit, spec.seed, s_replayed=s_replay is not None
+        ),
+    }
     apply_rule(result)
     write_json(out / "validation.json", result)
     if report:
@@ -211,8 +277,6 @@ def validate_spec_case(case, model: str, out: Path, opts: CaseOptions) -> dict:
 
         spec_case_report(result, exec_run, sim_run, cmp, out)
     return result
-
-
 
 
 def _repeat_errors(mode, out: Path, sim_run, fit, seed: int, s_replayed: bool) -> list[dict]:
@@ -229,9 +293,10 @@ def _repeat_errors(mode, out: Path, sim_run, fit, seed: int, s_replayed: bool) -
         sim = sim_run
         if s_replayed and d != out / "exec":
             stats = mode.recorded(d)
-            sim_dir = out / ("sim-s-replay" + d.name[len("exec"):])
-            simulate_spec_run(run, sim_dir, fit, updates=mode.sim_updates(stats), seed=seed,
-                              s_trajectory=stats["s_trajectory"])
+            sim_dir = out / ("sim-s-replay" + d.name[len("exec") :])
+            simulate_spec_run(
+                run, sim_dir, fit, updates=mode.sim_updates(stats), seed=seed, s_trajectory=stats["s_trajectory"]
+            )
             sim = load_run(sim_dir)
         errors.append(aggregate_errors(run, sim))
     return errors

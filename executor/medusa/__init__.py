@@ -6,5 +6,6 @@ paged KV cache (`decode.py`); served with arrivals and continuous batching by `s
 through the speculative engine (`serve.py`). Nothing here imports torch at package import time."""
 
 from . import method  # noqa: E402,F401  (registers Medusa's decoder with the speculative engine)
+
 # the validation matrix's hooks (analysis/validate/modes.py); imports nothing heavy
 from .validate_hooks import execute, recorded_statistics, simulator_updates  # noqa: E402,F401

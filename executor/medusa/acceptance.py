@@ -15,6 +15,7 @@ tree order on a tie) ends the longest accepted prefix.
 
 The token that follows the accepted path (the next root, the "bonus" token) is the argmax of
 the last accepted node's logits in both modes."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,5 +1,6 @@
 """`sim medusa-train`: train (or find cached) Medusa heads on a zoo target, print their
 measured top-i accuracies, optionally write them as a simulator catalog entry."""
+
 from __future__ import annotations
 
 import argparse
@@ -7,20 +8,29 @@ import json
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("medusa-train", help="train Medusa heads on a zoo target (cached) and show their accuracies",
-                       description="Medusa-1 heads on the frozen target, self-distilled from its own greedy "
-                                   "continuations of training-file prompts (loss weights 0.8^k); cached beside the "
-                                   "zoo, keyed by the target's weight hash. Prints per-head top-i accuracies on "
-                                   "held-out text. See docs/executor-medusa.md.")
+    p = sub.add_parser(
+        "medusa-train",
+        help="train Medusa heads on a zoo target (cached) and show their accuracies",
+        description="Medusa-1 heads on the frozen target, self-distilled from its own greedy "
+        "continuations of training-file prompts (loss weights 0.8^k); cached beside the "
+        "zoo, keyed by the target's weight hash. Prints per-head top-i accuracies on "
+        "held-out text. See docs/executor-medusa.md.",
+    )
     p.add_argument("--model", default="zoo-target", help="target: a zoo name or a Llama checkpoint folder")
     p.add_argument("--heads", type=int, default=None, help="number of heads (default 4)")
     p.add_argument("--steps", type=int, default=None, help="training steps (default 500)")
-    p.add_argument("--shared-lm-head", action="store_true",
-                   help="heads share the target's (frozen) LM head instead of each having its own copy")
+    p.add_argument(
+        "--shared-lm-head",
+        action="store_true",
+        help="heads share the target's (frozen) LM head instead of each having its own copy",
+    )
     p.add_argument("--retrain", action="store_true", help="train again even if cached")
     p.add_argument("--root", default=None, help="cache folder for heads (default: <zoo>/medusa)")
-    p.add_argument("--catalog-out", default=None,
-                   help="also write the accuracies as a simulator table (e.g. simulator/catalog/medusa/zoo-target.yaml)")
+    p.add_argument(
+        "--catalog-out",
+        default=None,
+        help="also write the accuracies as a simulator table (e.g. simulator/catalog/medusa/zoo-target.yaml)",
+    )
     p.add_argument("--catalog-name", default=None, help="table name (default: the model name)")
     p.add_argument("--tree-nodes", type=int, default=16, help="nodes of the greedy tree stored with the table")
     p.add_argument("--json", action="store_true", help="print medusa.json instead of a table")
@@ -46,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
         import infersim.executor  # noqa: F401  (sets OMP_WAIT_POLICY before torch's first use)
         from infersim.executor.models import load_model
     except ImportError as exc:
-        raise InfersimError(f"Medusa training needs PyTorch and transformers ({exc}): pip install \".[executor]\"")
+        raise InfersimError(f'Medusa training needs PyTorch and transformers ({exc}): pip install ".[executor]"')
     from .catalog import write_catalog
     from .store import ensure_heads
     from .train import DEFAULT_RECIPE
@@ -60,11 +70,13 @@ def run(args: argparse.Namespace) -> int:
     if args.shared_lm_head:
         recipe = dataclasses.replace(recipe, shared_lm_head=True)
     lm = load_model(args.model, "cpu", "fp32")
-    _, meta, folder = ensure_heads(lm, recipe, root=Path(args.root).expanduser() if args.root else None,
-                                   retrain=args.retrain)
+    _, meta, folder = ensure_heads(
+        lm, recipe, root=Path(args.root).expanduser() if args.root else None, retrain=args.retrain
+    )
     if args.catalog_out:
-        out = write_catalog(Path(args.catalog_out), meta, args.catalog_name or Path(str(args.model)).name,
-                            args.tree_nodes)
+        out = write_catalog(
+            Path(args.catalog_out), meta, args.catalog_name or Path(str(args.model)).name, args.tree_nodes
+        )
         print(f"wrote {out}")
     if args.json:
         print(json.dumps(meta, indent=2, sort_keys=True))
@@ -81,12 +93,18 @@ def _print(meta: dict, folder) -> None:
 
     con = Console()
     lm_head = "sharing the target's LM head" if meta.get("shared_lm_head") else "each with its own LM head"
-    con.print(f"Medusa heads for [bold]{meta['target']}[/] ({meta['num_heads']} heads, {lm_head}, "
-              f"{meta.get('parameters_per_head', 0) / 1e3:.0f}k parameters each) in {folder}")
-    con.print(f"trained in {meta['train_seconds']:.0f} s (+{meta['data_seconds']:.0f} s self-distillation data) "
-              f"on {meta['train_positions']} positions; final loss {meta['final_loss']:.3f}")
-    for reading, what in (("greedy", "on the target's greedy continuation of held-out prompts"),
-                          ("text", "teacher-forced on held-out text")):
+    con.print(
+        f"Medusa heads for [bold]{meta['target']}[/] ({meta['num_heads']} heads, {lm_head}, "
+        f"{meta.get('parameters_per_head', 0) / 1e3:.0f}k parameters each) in {folder}"
+    )
+    con.print(
+        f"trained in {meta['train_seconds']:.0f} s (+{meta['data_seconds']:.0f} s self-distillation data) "
+        f"on {meta['train_positions']} positions; final loss {meta['final_loss']:.3f}"
+    )
+    for reading, what in (
+        ("greedy", "on the target's greedy continuation of held-out prompts"),
+        ("text", "teacher-forced on held-out text"),
+    ):
         acc = top_i(meta["accuracies"][reading]["per_rank"])
         t = Table(title=f"top-i accuracy, {what}")
         t.add_column("head")

@@ -14,6 +14,7 @@ A Medusa step, for every running sequence at once:
 
 Invariant between steps: seq.tokens = prompt + generated, seq.computed = len(tokens) - 1 (the
 last token, the root of the next tree, is not in the cache yet)."""
+
 from __future__ import annotations
 
 import time
@@ -31,6 +32,7 @@ class DecodeStats:
     """What a run measured. A "step" is one forward pass over the running batch after the
     prefill; tokens count only what the requests asked for (tokens a step produces past a
     request's length are discarded)."""
+
     method: str
     batch: int
     steps: int = 0
@@ -59,12 +61,21 @@ class DecodeStats:
         return self.decode_time_s / self.steps if self.steps else float("nan")
 
     def to_dict(self) -> dict:
-        return {"method": self.method, "batch": self.batch, "steps": self.steps, "seq_steps": self.seq_steps,
-                "decode_tokens": self.decode_tokens, "prefill_time_s": self.prefill_time_s,
-                "decode_time_s": self.decode_time_s, "acceleration_rate": self.acceleration_rate,
-                "mean_step_time_s": self.mean_step_time_s, "decode_cpu_s": self.decode_cpu_s, "verify_time_s": self.verify_time_s,
-                "heads_time_s": self.heads_time_s,
-                "accepted_hist": {str(k): v for k, v in sorted(self.accepted_hist.items())}}
+        return {
+            "method": self.method,
+            "batch": self.batch,
+            "steps": self.steps,
+            "seq_steps": self.seq_steps,
+            "decode_tokens": self.decode_tokens,
+            "prefill_time_s": self.prefill_time_s,
+            "decode_time_s": self.decode_time_s,
+            "acceleration_rate": self.acceleration_rate,
+            "mean_step_time_s": self.mean_step_time_s,
+            "decode_cpu_s": self.decode_cpu_s,
+            "verify_time_s": self.verify_time_s,
+            "heads_time_s": self.heads_time_s,
+            "accepted_hist": {str(k): v for k, v in sorted(self.accepted_hist.items())},
+        }
 
 
 def _sync(device) -> None:
@@ -84,8 +95,16 @@ def make_cache(runner, prompts, max_new, extra_tokens: int, device, dtype=torch.
 
     news = _as_list(max_new, len(prompts))
     blocks = sum(-(-(len(p) + n + extra_tokens + 1) // block_size) for p, n in zip(prompts, news)) + 1
-    return PagedKVCache(runner.num_layers, runner.num_kv_heads, runner.head_dim, block_size=block_size,
-                        gpu_blocks=blocks, cpu_blocks=1, dtype=dtype, device=device)
+    return PagedKVCache(
+        runner.num_layers,
+        runner.num_kv_heads,
+        runner.head_dim,
+        block_size=block_size,
+        gpu_blocks=blocks,
+        cpu_blocks=1,
+        dtype=dtype,
+        device=device,
+    )
 
 
 def _as_list(max_new, n: int) -> list[int]:
@@ -103,7 +122,7 @@ def compact_paths(cache, moves) -> None:
             continue
         slots = cache.slots(seq.block_table, start, start + max(path) + 1)
         src.extend(slots[j] for j in path)
-        dst.extend(slots[:len(path)])
+        dst.extend(slots[: len(path)])
     if not src:
         return
     src_t = torch.tensor(src, dtype=torch.long, device=cache.device)
@@ -160,11 +179,12 @@ def greedy_decode(runner, cache, prompts, max_new, device="cpu") -> tuple[list[l
         active = [i for i in active if len(seqs[i].tokens) - plens[i] < news[i]]
     for s in seqs:
         cache.free(s)
-    return [s.tokens[n:n + m] for s, n, m in zip(seqs, plens, news)], st
+    return [s.tokens[n : n + m] for s, n, m in zip(seqs, plens, news)], st
 
 
-def medusa_decode(runner, heads, tree: TreeLayout, cache, prompts, max_new, acceptance: Acceptance = Acceptance(),
-                  device="cpu") -> tuple[list[list[int]], DecodeStats]:
+def medusa_decode(
+    runner, heads, tree: TreeLayout, cache, prompts, max_new, acceptance: Acceptance = Acceptance(), device="cpu"
+) -> tuple[list[list[int]], DecodeStats]:
     """Medusa decoding of a batch of prompts (see the module docstring). Returns each prompt's
     max_new new tokens and the stats."""
     news = _as_list(max_new, len(prompts))
@@ -224,7 +244,7 @@ def medusa_decode(runner, heads, tree: TreeLayout, cache, prompts, max_new, acce
         for j, (s, b, na, nb) in enumerate(zip(batch, best_l, nacc_l, bonus_l)):
             path = tree.node_paths[b]
             start = s.computed  # position of the root
-            del s.tokens[start + 1:]
+            del s.tokens[start + 1 :]
             s.tokens.extend(tok_list[j][k] for k in path[1:])
             s.tokens.append(nb)
             s.computed = start + len(path)
@@ -249,4 +269,4 @@ def medusa_decode(runner, heads, tree: TreeLayout, cache, prompts, max_new, acce
             props = props[torch.tensor(keep, dtype=torch.long, device=props.device)]
     for s in seqs:
         cache.free(s)
-    return [s.tokens[n:n + m] for s, n, m in zip(seqs, plens, news)], st
+    return [s.tokens[n : n + m] for s, n, m in zip(seqs, plens, news)], st

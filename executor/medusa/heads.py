@@ -17,6 +17,7 @@ batched matmul per step, not K small ones.
 Saved as `heads.safetensors` + `medusa.json` (format version, the target's weight hash, the
 training recipe and what was measured) in a folder of the zoo cache; `load_heads` checks the
 format version and, given the target, that its weights are the ones the heads were trained on."""
+
 from __future__ import annotations
 
 import hashlib
@@ -45,8 +46,9 @@ class MedusaHeads(nn.Module):
         self.w1 = nn.Parameter(torch.zeros(num_heads, hidden_size, hidden_size))  # [K, out, in]
         self.b1 = nn.Parameter(torch.zeros(num_heads, hidden_size))
         # [K, V, h] (or [1, V, h]: the target's LM head, frozen, when shared)
-        self.w2 = nn.Parameter(torch.zeros(1 if shared_lm_head else num_heads, vocab_size, hidden_size),
-                               requires_grad=not shared_lm_head)
+        self.w2 = nn.Parameter(
+            torch.zeros(1 if shared_lm_head else num_heads, vocab_size, hidden_size), requires_grad=not shared_lm_head
+        )
 
     @classmethod
     def from_lm_head(cls, num_heads: int, lm_head_weight: torch.Tensor, shared: bool = False) -> "MedusaHeads":
@@ -126,9 +128,16 @@ def save_heads(heads: MedusaHeads, folder: Path, meta: dict) -> Path:
     tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.tmp-"))
     try:
         save_file({k: v.detach().contiguous().cpu() for k, v in heads.state_dict().items()}, str(tmp / WEIGHTS_FILE))
-        full = {"format_version": FORMAT_VERSION, "num_heads": heads.num_heads, "hidden_size": heads.hidden_size,
-                "vocab_size": heads.vocab_size, "shared_lm_head": heads.shared_lm_head,
-                "parameters_per_head": heads.parameters_per_head, "heads_sha256": heads.weights_sha256(), **meta}
+        full = {
+            "format_version": FORMAT_VERSION,
+            "num_heads": heads.num_heads,
+            "hidden_size": heads.hidden_size,
+            "vocab_size": heads.vocab_size,
+            "shared_lm_head": heads.shared_lm_head,
+            "parameters_per_head": heads.parameters_per_head,
+            "heads_sha256": heads.weights_sha256(),
+            **meta,
+        }
         (tmp / META_FILE).write_text(json.dumps(full, indent=2, sort_keys=True) + "\n")
         if folder.exists():
             shutil.rmtree(folder)
@@ -157,11 +166,15 @@ def load_heads(folder: Path, target_sha256: str | None = None, device="cpu") -> 
     folder = Path(folder)
     meta = read_meta(folder)
     if meta.get("format_version") != FORMAT_VERSION:
-        raise InfersimError(f"{folder / META_FILE}: format_version {meta.get('format_version')!r}, "
-                            f"this infersim reads {FORMAT_VERSION}: retrain with `sim medusa-train`")
+        raise InfersimError(
+            f"{folder / META_FILE}: format_version {meta.get('format_version')!r}, "
+            f"this infersim reads {FORMAT_VERSION}: retrain with `sim medusa-train`"
+        )
     if target_sha256 is not None and meta.get("target_sha256") != target_sha256:
-        raise InfersimError(f"{folder / META_FILE}: heads were trained on target weights "
-                            f"{str(meta.get('target_sha256'))[:12]}, not {target_sha256[:12]}: retrain them")
+        raise InfersimError(
+            f"{folder / META_FILE}: heads were trained on target weights "
+            f"{str(meta.get('target_sha256'))[:12]}, not {target_sha256[:12]}: retrain them"
+        )
     heads = MedusaHeads(meta["num_heads"], meta["hidden_size"], meta["vocab_size"], bool(meta.get("shared_lm_head")))
     state = load_file(str(folder / WEIGHTS_FILE))
     try:

@@ -2,6 +2,7 @@
 engine serves a `speculation: {method: medusa}` workload through these three calls. The
 package registers it on import; the work is in store.py (the cached heads) and serve.py (the
 tree, the acceptance rule and the decoder), imported when called because they need torch."""
+
 from __future__ import annotations
 
 from ..speculative.methods import TREE_DECODINGS
@@ -24,8 +25,9 @@ class MedusaDecoding:
     def build_decoder(self, lm, sp, *, gpu_blocks: int, block_size: int, max_batch_size: int, heads, tree):
         from .serve import build_medusa_decoder
 
-        return build_medusa_decoder(lm, sp, gpu_blocks=gpu_blocks, block_size=block_size,
-                                    max_batch_size=max_batch_size, heads=heads, tree=tree)
+        return build_medusa_decoder(
+            lm, sp, gpu_blocks=gpu_blocks, block_size=block_size, max_batch_size=max_batch_size, heads=heads, tree=tree
+        )
 
 
 TREE_DECODINGS.register("medusa")(MedusaDecoding())

@@ -22,6 +22,7 @@ Rows of speculation_rounds.parquet for Medusa: `s` = the tree's depth, `drafted_
 candidates verified (nodes - 1 per sequence with a tree), `accepted_tokens` = accepted
 candidates (before the cut at the output length), `draft_s` = the heads' time (proposing),
 `verify_s` = the forward pass + acceptance + KV compaction, `draft_steps` = heads calls."""
+
 from __future__ import annotations
 
 import time
@@ -48,8 +49,10 @@ def acceptance_for(sp) -> Acceptance:
     if smp.mode == "typical":
         return Acceptance("typical", float(smp.temperature), float(smp.epsilon), float(smp.delta))
     if smp.mode == "sampling" and float(smp.temperature) > 0:
-        raise InfersimError("speculation.sampling: Medusa in sim exec accepts greedily or typically "
-                            "(mode: greedy | typical); rejection sampling at a temperature is not implemented")
+        raise InfersimError(
+            "speculation.sampling: Medusa in sim exec accepts greedily or typically "
+            "(mode: greedy | typical); rejection sampling at a temperature is not implemented"
+        )
     return Acceptance("greedy")
 
 
@@ -81,6 +84,7 @@ def resolve_tree(mc, num_heads: int) -> tuple[TreeLayout, object, int]:
 
 class MedusaProposer:
     """Heads + tree + acceptance, and the per-sequence proposals between steps."""
+
     samples_with_rejection = False
     names: list = []
 
@@ -136,8 +140,14 @@ class MedusaDecoder(SpeculativeDecoder):
     (reported), s_max = its nodes (what a verification writes into the KV cache: reserved)."""
 
     def __init__(self, target, proposer: MedusaProposer, *, max_batch_size: int = 256):
-        super().__init__(target, proposer, s=proposer.layout.depth, temperature=0.0,
-                         max_batch_size=max_batch_size, s_max=proposer.layout.nodes)
+        super().__init__(
+            target,
+            proposer,
+            s=proposer.layout.depth,
+            temperature=0.0,
+            max_batch_size=max_batch_size,
+            s_max=proposer.layout.nodes,
+        )
 
     def round(self, prefill, ready, t_start: float = 0.0):
         P, tgt = self.proposer, self.target
@@ -201,7 +211,7 @@ class MedusaDecoder(SpeculativeDecoder):
             for f in full:
                 offs.append(off)
                 off += n1 if f else 1
-            lg = torch.stack([logits[offs[i]:offs[i] + n1] for i in idx])  # [B, n1, V]
+            lg = torch.stack([logits[offs[i] : offs[i] + n1] for i in idx])  # [B, n1, V]
             toks = [tok_lists[i] for i in idx]
             if P.acceptance.mode == "greedy":
                 best_f, nacc_f, bonus_f = accept_greedy_lists(lay, toks, lg)
@@ -223,13 +233,13 @@ class MedusaDecoder(SpeculativeDecoder):
                 self.stats.recorder.add(lay.depth, na)
                 P.accepted_hist[na] = P.accepted_hist.get(na, 0) + 1
                 toks = tok_lists[i]
-                del seq.tokens[start + 1:]
+                del seq.tokens[start + 1 :]
                 seq.tokens.extend(toks[k] for k in path[1:])
                 h_row = row + b
                 row += n1
             else:
                 path, bonus = [0], int(logits[row].argmax(-1))
-                del seq.tokens[start + 1:]
+                del seq.tokens[start + 1 :]
                 h_row = row
                 row += 1
             seq.tokens.append(int(bonus))
@@ -238,7 +248,7 @@ class MedusaDecoder(SpeculativeDecoder):
             gained = len(path)  # accepted candidates + the bonus token
             if seq.generated > seq.output_len:  # a step past the request's end: keep what it asked for
                 cut = seq.generated - seq.output_len
-                del seq.tokens[len(seq.tokens) - cut:]
+                del seq.tokens[len(seq.tokens) - cut :]
                 gained -= cut
             gained_total += gained
             out.append((gained - 1, seq.tokens[-1]))
@@ -251,10 +261,25 @@ class MedusaDecoder(SpeculativeDecoder):
             P.propose(go_on, hidden[torch.tensor(h_rows, dtype=torch.long, device=hidden.device)])
         self._sync()
         t2 = time.perf_counter()
-        self.stats.rounds.append((self._round, t_start, t_start + (t2 - t0), t2 - t1, t1 - t0,
-                                  len(prefill) + len(ready), len(prefill), len(ready), s, drafted, acc_total,
-                                  len(prefill) + gained_total, 1 if go_on else 0, cache.used_gpu,
-                                  tgt.released_blocks - released))
+        self.stats.rounds.append(
+            (
+                self._round,
+                t_start,
+                t_start + (t2 - t0),
+                t2 - t1,
+                t1 - t0,
+                len(prefill) + len(ready),
+                len(prefill),
+                len(ready),
+                s,
+                drafted,
+                acc_total,
+                len(prefill) + gained_total,
+                1 if go_on else 0,
+                cache.used_gpu,
+                tgt.released_blocks - released,
+            )
+        )
         self._round += 1
         for seq in prefill:
             seq.rounds += 1
@@ -266,13 +291,21 @@ class MedusaDecoder(SpeculativeDecoder):
     def summary_extra(self) -> dict:
         P = self.proposer
         lay = P.layout
-        return {"medusa": {"tree": lay.name, "tree_nodes": lay.nodes, "tree_depth": lay.depth,
-                           "tree_paths": [list(p) for p in lay.paths], "top_k": lay.top_k,
-                           "acceptance": P.acceptance.mode, "heads_calls": P.calls,
-                           "accepted_hist": {str(k): v for k, v in sorted(P.accepted_hist.items())},
-                           "head_positions_scored": P.scored.tolist(),
-                           "per_rank_measured": P.per_rank().tolist(),
-                           "accuracies_file": ACCURACIES_FILE}}
+        return {
+            "medusa": {
+                "tree": lay.name,
+                "tree_nodes": lay.nodes,
+                "tree_depth": lay.depth,
+                "tree_paths": [list(p) for p in lay.paths],
+                "top_k": lay.top_k,
+                "acceptance": P.acceptance.mode,
+                "heads_calls": P.calls,
+                "accepted_hist": {str(k): v for k, v in sorted(P.accepted_hist.items())},
+                "head_positions_scored": P.scored.tolist(),
+                "per_rank_measured": P.per_rank().tolist(),
+                "accuracies_file": ACCURACIES_FILE,
+            }
+        }
 
     def write_extra(self, folder: Path, *, target: str, source: str) -> None:
         """medusa_accuracies.yaml: the head accuracies measured in this run, as a simulator
@@ -293,8 +326,11 @@ class MedusaDecoder(SpeculativeDecoder):
         fig, (a0, a1) = plt.subplots(1, 2, figsize=(9, 3.4))
         ks = np.arange(P.layout.depth + 1)
         a0.bar(ks, [P.accepted_hist.get(int(k), 0) for k in ks])
-        a0.set(xlabel="candidates accepted in a tree step", ylabel="sequence-steps",
-               title=f"tree {P.layout.name} ({P.layout.nodes} nodes)")
+        a0.set(
+            xlabel="candidates accepted in a tree step",
+            ylabel="sequence-steps",
+            title=f"tree {P.layout.name} ({P.layout.nodes} nodes)",
+        )
         top = np.cumsum(P.per_rank(), axis=1)
         for j, row in enumerate(top):
             a1.plot(np.arange(1, row.size + 1), row, "o-", ms=3, label=f"head {j + 1}")
@@ -316,20 +352,36 @@ def write_accuracy_table(path: Path, P: MedusaProposer, *, target: str, source: 
     lay = P.layout
     # rounded down so that no head's ranks add up past 1 after rounding
     per_rank = [[float(np.floor(a * 1e4) / 1e4) for a in row] for row in P.per_rank()]
-    data = {"name": Path(path).stem, "model": target, "source": source, "top_k": int(lay.top_k),
-            "per_rank": per_rank, "tree_name": lay.name,
-            "tree_source": "the tree the executor verified (cut to the trained heads)",
-            "tree": [list(p) for p in lay.paths]}
+    data = {
+        "name": Path(path).stem,
+        "model": target,
+        "source": source,
+        "top_k": int(lay.top_k),
+        "per_rank": per_rank,
+        "tree_name": lay.name,
+        "tree_source": "the tree the executor verified (cut to the trained heads)",
+        "tree": [list(p) for p in lay.paths],
+    }
     HeadAccuracies.model_validate(data)  # never write a table the simulator would refuse
-    header = ("# Medusa head accuracies measured by `sim exec` (executor/medusa/serve.py): per_rank[k][i] = the\n"
-              "# fraction of proposals in which head k+1's rank-i guess was the token the sequence committed k+2\n"
-              f"# positions past the proposing token; positions scored per head: {P.scored.tolist()}\n")
+    header = (
+        "# Medusa head accuracies measured by `sim exec` (executor/medusa/serve.py): per_rank[k][i] = the\n"
+        "# fraction of proposals in which head k+1's rank-i guess was the token the sequence committed k+2\n"
+        f"# positions past the proposing token; positions scored per head: {P.scored.tolist()}\n"
+    )
     write_atomic(path, header + yaml.safe_dump(data, sort_keys=False, width=100))
     return Path(path)
 
 
-def build_medusa_decoder(lm, sp, *, gpu_blocks: int, block_size: int = 16, max_batch_size: int = 256,
-                         heads=None, tree: TreeLayout | None = None) -> MedusaDecoder:
+def build_medusa_decoder(
+    lm,
+    sp,
+    *,
+    gpu_blocks: int,
+    block_size: int = 16,
+    max_batch_size: int = 256,
+    heads=None,
+    tree: TreeLayout | None = None,
+) -> MedusaDecoder:
     """A Medusa decoder for a `speculation:` section on a loaded target: its cached heads
     (trained first if missing), the section's tree and acceptance."""
     from ..speculative.target import TargetModel

@@ -3,6 +3,7 @@ heads.safetensors + medusa.json. The key hashes the target's weight hash, the tr
 and the heads' format version, so a retrained target (or a changed recipe) trains new heads
 instead of reusing stale ones; the folder appears atomically, under a lock, so concurrent
 callers train once."""
+
 from __future__ import annotations
 
 import hashlib
@@ -28,7 +29,9 @@ def heads_key(target_sha: str, recipe: MedusaRecipe) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
-def heads_dir(lm, recipe: MedusaRecipe = DEFAULT_RECIPE, root: Path | None = None, target_sha: str | None = None) -> Path:
+def heads_dir(
+    lm, recipe: MedusaRecipe = DEFAULT_RECIPE, root: Path | None = None, target_sha: str | None = None
+) -> Path:
     """Where the heads for this target and recipe live: beside the zoo's checkpoints (the
     target's parent folder) unless `root` says otherwise."""
     sha = target_sha or target_sha256(lm)
@@ -42,8 +45,13 @@ def _progress_callback():
         return None, None
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    prog = Progress(TextColumn("medusa {task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                    TimeElapsedColumn(), transient=True)
+    prog = Progress(
+        TextColumn("medusa {task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        transient=True,
+    )
     tasks: dict[str, int] = {}
 
     def cb(stage: str, advance: int, total: int):
@@ -54,8 +62,9 @@ def _progress_callback():
     return prog, cb
 
 
-def ensure_heads(lm, recipe: MedusaRecipe = DEFAULT_RECIPE, root: Path | None = None, retrain: bool = False,
-                 log=None) -> tuple[MedusaHeads, dict, Path]:
+def ensure_heads(
+    lm, recipe: MedusaRecipe = DEFAULT_RECIPE, root: Path | None = None, retrain: bool = False, log=None
+) -> tuple[MedusaHeads, dict, Path]:
     """The cached heads for this target and recipe, trained (and their accuracies measured)
     first if missing. Returns (heads on the target's device, medusa.json, folder)."""
     from ..zoo.build import _locked
@@ -88,10 +97,19 @@ def ensure_heads(lm, recipe: MedusaRecipe = DEFAULT_RECIPE, root: Path | None = 
         finally:
             if prog:
                 prog.stop()
-        acc = measure(lm.model, heads, held_stream, recipe.eval_prompts, recipe.eval_prompt_len, recipe.eval_gen_len,
-                      recipe.top_k)
-        meta = {"target": lm.name, "target_path": str(lm.path), "target_sha256": sha, "recipe": recipe.__dict__,
-                "key": folder.name, **stats, "total_seconds": time.perf_counter() - t0, "accuracies": acc}
+        acc = measure(
+            lm.model, heads, held_stream, recipe.eval_prompts, recipe.eval_prompt_len, recipe.eval_gen_len, recipe.top_k
+        )
+        meta = {
+            "target": lm.name,
+            "target_path": str(lm.path),
+            "target_sha256": sha,
+            "recipe": recipe.__dict__,
+            "key": folder.name,
+            **stats,
+            "total_seconds": time.perf_counter() - t0,
+            "accuracies": acc,
+        }
         save_heads(heads, folder, meta)
         log(f"medusa: heads saved to {folder} ({meta['total_seconds']:.0f} s)")
     heads, meta = load_heads(folder, sha, lm.device)

@@ -11,6 +11,7 @@ head), each CE averaged over the positions that have a label k + 1 tokens ahead.
 
 Deterministic: torch.manual_seed before the heads are made, a seeded generator for the
 prompt windows and the minibatches, a fixed thread count and step count."""
+
 from __future__ import annotations
 
 import json
@@ -54,13 +55,25 @@ class MedusaRecipe:
 
 DEFAULT_RECIPE = MedusaRecipe()
 # small enough to train twice inside a test
-TINY_RECIPE = MedusaRecipe(num_heads=2, prompts=8, prompt_len=16, gen_len=16, gen_batch=8, steps=6, batch=32,
-                           warmup=2, files_every=60, eval_prompts=4, eval_prompt_len=16, eval_gen_len=12)
+TINY_RECIPE = MedusaRecipe(
+    num_heads=2,
+    prompts=8,
+    prompt_len=16,
+    gen_len=16,
+    gen_batch=8,
+    steps=6,
+    batch=32,
+    warmup=2,
+    files_every=60,
+    eval_prompts=4,
+    eval_prompt_len=16,
+    eval_gen_len=12,
+)
 
 
 def loss_weights(num_heads: int, decay: float = 0.8) -> torch.Tensor:
     """lambda_k = decay^k for heads k = 1..K."""
-    return torch.tensor([decay ** k for k in range(1, num_heads + 1)], dtype=torch.float32)
+    return torch.tensor([decay**k for k in range(1, num_heads + 1)], dtype=torch.float32)
 
 
 def medusa_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, list[float]]:
@@ -125,9 +138,15 @@ def greedy_continuations(hf_model, prompts: torch.Tensor, gen_len: int, batch: i
     (Hugging Face generate with its KV cache, EOS ignored; all prompts have the same length)."""
     out = []
     for i in range(0, prompts.size(0), batch):
-        x = prompts[i:i + batch]
-        g = hf_model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=gen_len, do_sample=False,
-                              eos_token_id=None, pad_token_id=0)
+        x = prompts[i : i + batch]
+        g = hf_model.generate(
+            x,
+            attention_mask=torch.ones_like(x),
+            max_new_tokens=gen_len,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
         out.append(g)
         if progress:
             progress(x.size(0))
@@ -139,8 +158,9 @@ def last_hidden(hf_model, tokens: torch.Tensor, batch: int = 32) -> torch.Tensor
     """[P, L] -> [P, L, h]: the backbone's last hidden states after the final norm (what the
     heads read), fp32."""
     base = hf_model.get_decoder() if hasattr(hf_model, "get_decoder") else hf_model.model
-    return torch.cat([base(input_ids=tokens[i:i + batch]).last_hidden_state.float()
-                      for i in range(0, tokens.size(0), batch)])
+    return torch.cat(
+        [base(input_ids=tokens[i : i + batch]).last_hidden_state.float() for i in range(0, tokens.size(0), batch)]
+    )
 
 
 def _lr_at(step: int, r: MedusaRecipe) -> float:
@@ -151,8 +171,9 @@ def _lr_at(step: int, r: MedusaRecipe) -> float:
     return lo + 0.5 * (r.lr - lo) * (1 + math.cos(math.pi * min(1.0, frac)))
 
 
-def train_heads(hf_model, train_stream: torch.Tensor, recipe: MedusaRecipe = DEFAULT_RECIPE, log=None,
-                progress=None) -> tuple[MedusaHeads, dict]:
+def train_heads(
+    hf_model, train_stream: torch.Tensor, recipe: MedusaRecipe = DEFAULT_RECIPE, log=None, progress=None
+) -> tuple[MedusaHeads, dict]:
     """Self-distillation data from the frozen target, then Medusa-1 training of the heads.
     progress(stage, advance, total) is called as work is done (for a progress bar)."""
     r = recipe
@@ -191,11 +212,18 @@ def train_heads(hf_model, train_stream: torch.Tensor, recipe: MedusaRecipe = DEF
             if progress:
                 progress("train", 1, r.steps)
             if log and (step % 100 == 0 or step == r.steps - 1):
-                log(f"  medusa step {step + 1}/{r.steps} loss {loss_v:.3f} per head "
-                    + " ".join(f"{c:.2f}" for c in per))
+                log(
+                    f"  medusa step {step + 1}/{r.steps} loss {loss_v:.3f} per head "
+                    + " ".join(f"{c:.2f}" for c in per)
+                )
         heads.eval()
-        return heads, {"data_seconds": t_data, "train_seconds": time.perf_counter() - t1,
-                       "final_loss": loss_v, "final_head_ce": per, "train_positions": int(M),
-                       "loss_weights": w.tolist()}
+        return heads, {
+            "data_seconds": t_data,
+            "train_seconds": time.perf_counter() - t1,
+            "final_loss": loss_v,
+            "final_head_ce": per,
+            "train_positions": int(M),
+            "loss_weights": w.tolist(),
+        }
     finally:
         torch.set_num_threads(threads)

@@ -9,6 +9,7 @@ Everything that does not depend on the tokens is computed once here: depths (pos
 context + depth), the ancestor mask (tree attention), each node's parent, head and rank (to
 gather candidate tokens from the heads' top-k with one indexing op), and the path of node
 indices from the root to every node (the KV entries keep_path compacts)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -39,8 +40,15 @@ class TreeLayout:
     def on(self, device) -> "TreeLayout":
         """The same tree with its tensors on `device` (moved once per decode, not per step)."""
         mv = lambda t: t.to(device)
-        return replace(self, parent=mv(self.parent), head=mv(self.head), rank=mv(self.rank),
-                       ancestors=mv(self.ancestors), by_depth=[mv(t) for t in self.by_depth], depth_t=mv(self.depth_t))
+        return replace(
+            self,
+            parent=mv(self.parent),
+            head=mv(self.head),
+            rank=mv(self.rank),
+            ancestors=mv(self.ancestors),
+            by_depth=[mv(t) for t in self.by_depth],
+            depth_t=mv(self.depth_t),
+        )
 
     @property
     def nodes(self) -> int:
@@ -78,16 +86,34 @@ def layout(paths: Tree, name: str = "tree") -> TreeLayout:
         anc[j, j] = True
         node_paths.append(node_paths[parent[j]] + [j])
     depths = [0] + [len(p) for p in paths]
-    by_depth = [torch.tensor([j for j in range(n) if depths[j] == d], dtype=torch.long)
-                for d in range(1, max(depths) + 1)]
-    return TreeLayout(name, [tuple(p) for p in paths], depths, torch.tensor(parent, dtype=torch.long),
-                      torch.tensor([len(p) - 1 for p in paths], dtype=torch.long),
-                      torch.tensor([p[-1] for p in paths], dtype=torch.long), torch.from_numpy(anc),
-                      node_paths, by_depth, torch.tensor(depths, dtype=torch.long), parent)
+    by_depth = [
+        torch.tensor([j for j in range(n) if depths[j] == d], dtype=torch.long) for d in range(1, max(depths) + 1)
+    ]
+    return TreeLayout(
+        name,
+        [tuple(p) for p in paths],
+        depths,
+        torch.tensor(parent, dtype=torch.long),
+        torch.tensor([len(p) - 1 for p in paths], dtype=torch.long),
+        torch.tensor([p[-1] for p in paths], dtype=torch.long),
+        torch.from_numpy(anc),
+        node_paths,
+        by_depth,
+        torch.tensor(depths, dtype=torch.long),
+        parent,
+    )
 
 
-def build_tree(kind: str, *, heads: int, top_k: int = 10, choices=None, sizes=None, nodes: int | None = None,
-               accuracies: np.ndarray | None = None) -> TreeLayout:
+def build_tree(
+    kind: str,
+    *,
+    heads: int,
+    top_k: int = 10,
+    choices=None,
+    sizes=None,
+    nodes: int | None = None,
+    accuracies: np.ndarray | None = None,
+) -> TreeLayout:
     """A tree of one of the three kinds, cut to what `heads` heads with `top_k` guesses can
     build (simulator.speculative.medusa_tree.restrict):
     choices: an explicit list of paths; cartesian: every path through the top-sizes[k] guesses

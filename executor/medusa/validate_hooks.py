@@ -16,6 +16,7 @@ section.
   means "the table's tree", and the run's table must not change which tree is simulated.
 
 Nothing heavy is imported at module level (the matrix imports this to check availability)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -30,8 +31,9 @@ def execute(spec, requests, model, out, *, device="cpu", dtype=None, realtime=Fa
         raise InfersimError(f"workload '{spec.name}': the Medusa executor needs speculation.method: medusa")
     from ..speculative.engine import execute_speculative
 
-    return execute_speculative(spec, requests, model, Path(out), device=device, dtype=dtype, realtime=realtime,
-                               plots=plots, quiet=quiet)
+    return execute_speculative(
+        spec, requests, model, Path(out), device=device, dtype=dtype, realtime=realtime, plots=plots, quiet=quiet
+    )
 
 
 def recorded_statistics(run_dir) -> dict:
@@ -57,19 +59,27 @@ def recorded_statistics(run_dir) -> dict:
     tree = [tuple(p) for p in m["tree_paths"]]
     hist = {int(k): int(v) for k, v in (m.get("accepted_hist") or {}).items()}
     steps = sum(hist.values())
-    stats = {"method": "medusa", "mode": sx.get("mode"), "accuracies_file": str(acc_path.resolve()),
-             "per_rank": per_rank.tolist(), "top_i": np.cumsum(per_rank, axis=1).tolist(),
-             "positions_scored": m.get("head_positions_scored"),
-             "heads": int(m["tree_depth"]), "tree_name": m.get("tree"), "tree": [list(p) for p in tree],
-             "tree_nodes": int(m["tree_nodes"]),
-             # tokens per sequence-step over every step (root-only steps of a request's last token included)
-             "tokens_per_step": sx.get("acceleration_rate"),
-             # over the steps that verified a whole tree: 1 + accepted candidates
-             "tokens_per_tree_step": (sum((k + 1) * c for k, c in hist.items()) / steps) if steps else float("nan"),
-             "accepted_hist": hist,
-             # what the simulator's independence model predicts from these accuracies for this tree
-             "predicted_tokens_per_tree_step": expected_accept_length(tree, per_rank),
-             "rounds": sx.get("rounds"), "sequence_rounds": sx.get("sequence_rounds")}
+    stats = {
+        "method": "medusa",
+        "mode": sx.get("mode"),
+        "accuracies_file": str(acc_path.resolve()),
+        "per_rank": per_rank.tolist(),
+        "top_i": np.cumsum(per_rank, axis=1).tolist(),
+        "positions_scored": m.get("head_positions_scored"),
+        "heads": int(m["tree_depth"]),
+        "tree_name": m.get("tree"),
+        "tree": [list(p) for p in tree],
+        "tree_nodes": int(m["tree_nodes"]),
+        # tokens per sequence-step over every step (root-only steps of a request's last token included)
+        "tokens_per_step": sx.get("acceleration_rate"),
+        # over the steps that verified a whole tree: 1 + accepted candidates
+        "tokens_per_tree_step": (sum((k + 1) * c for k, c in hist.items()) / steps) if steps else float("nan"),
+        "accepted_hist": hist,
+        # what the simulator's independence model predicts from these accuracies for this tree
+        "predicted_tokens_per_tree_step": expected_accept_length(tree, per_rank),
+        "rounds": sx.get("rounds"),
+        "sequence_rounds": sx.get("sequence_rounds"),
+    }
     seq_path = run_dir / "speculation_sequences.parquet"
     if seq_path.is_file():
         import pyarrow.parquet as pq
@@ -120,12 +130,17 @@ def fit_depth_mixture(rid, s, accepted, depth: int, *, groups: int | None = 4, m
     spread = float(np.sum(w * (means - w @ means) ** 2))
     lam = 1.0 if per_request else (float(np.clip(np.sqrt(between / spread), 0.0, 1.0)) if spread > 0 else 0.0)
     comps = [lam * p + (1.0 - lam) * pool for p in pmfs]
-    return {"components": [[round(float(x), 6) for x in c] for c in comps], "weights": w.tolist(),
-            # which group each request was in: the validation replays these requests by id
-            "assignment": {int(r): g for g, part in enumerate(parts) for r in part},
-            "requests": int(ids.size), "shrink": lam, "between_request_var": between,
-            "cv_tokens_per_step": float(np.std(m_r + 1) / np.mean(m_r + 1)),
-            "group_mean_depth": [round(float(x), 4) for x in means]}
+    return {
+        "components": [[round(float(x), 6) for x in c] for c in comps],
+        "weights": w.tolist(),
+        # which group each request was in: the validation replays these requests by id
+        "assignment": {int(r): g for g, part in enumerate(parts) for r in part},
+        "requests": int(ids.size),
+        "shrink": lam,
+        "between_request_var": between,
+        "cv_tokens_per_step": float(np.std(m_r + 1) / np.mean(m_r + 1)),
+        "group_mean_depth": [round(float(x), 4) for x in means],
+    }
 
 
 def empirical_acceptance(stats: dict, per_request: bool = True) -> dict | None:
@@ -135,8 +150,12 @@ def empirical_acceptance(stats: dict, per_request: bool = True) -> dict | None:
     depth = max((len(p) for p in stats.get("tree") or []), default=0)
     if depth == 0 or sum(hist.values()) <= 0:
         return None
-    out = {"kind": "empirical", "counts": [hist.get(d, 0) for d in range(depth + 1)],
-           "tree": [list(p) for p in stats["tree"]], "source": "accepted depths measured by the executor"}
+    out = {
+        "kind": "empirical",
+        "counts": [hist.get(d, 0) for d in range(depth + 1)],
+        "tree": [list(p) for p in stats["tree"]],
+        "source": "accepted depths measured by the executor",
+    }
     pr = stats.get("per_request")
     if pr and per_request:
         out.update(components=pr["components"], weights=pr["weights"])
@@ -157,8 +176,11 @@ def simulator_updates(stats: dict, empirical: bool = True, per_request: bool = T
     that a tree other than the recorded one can be simulated from them."""
     if not stats or not stats.get("accuracies_file"):
         return {}
-    medusa = {"accuracies": stats["accuracies_file"], "heads": int(stats["heads"]),
-              "tree": {"type": "choices", "choices": stats["tree"]}}
+    medusa = {
+        "accuracies": stats["accuracies_file"],
+        "heads": int(stats["heads"]),
+        "tree": {"type": "choices", "choices": stats["tree"]},
+    }
     emp = empirical_acceptance(stats, per_request) if empirical else None
     if emp is not None:
         medusa["acceptance"] = emp

@@ -7,6 +7,7 @@ next-token negative log-likelihood.
 
 A batch of equal-length windows decodes in lockstep (one query per window per step), so
 every policy works on dense [batch, heads, tokens] masks."""
+
 from __future__ import annotations
 
 import math
@@ -54,8 +55,15 @@ def _sync(device) -> None:
 
 
 @torch.inference_mode()
-def evaluate_policy(model: DenseLlama, policy: KVPolicy, ids: torch.Tensor, prefill_tokens: int, *,
-                    keep_logits: bool = False, progress=None) -> EvalResult:
+def evaluate_policy(
+    model: DenseLlama,
+    policy: KVPolicy,
+    ids: torch.Tensor,
+    prefill_tokens: int,
+    *,
+    keep_logits: bool = False,
+    progress=None,
+) -> EvalResult:
     """ids [B, T] (equal-length windows); the first `prefill_tokens` are the prompt."""
     B, T = ids.shape
     P = int(prefill_tokens)
@@ -88,12 +96,12 @@ def evaluate_policy(model: DenseLlama, policy: KVPolicy, ids: torch.Tensor, pref
     attended = np.zeros((steps, s.layers, B))
     logits = [] if keep_logits else None
     for n, p in enumerate(range(P, T - 1)):
-        h = model.embed(ids[:, p:p + 1])
+        h = model.embed(ids[:, p : p + 1])
         cos, sin = model.rope(h, torch.full((B, 1), p, device=dev))
         for i in range(s.layers):
             q, k, v = model.qkv(i, model.input_norm(i, h), cos, sin)
             k, v = policy.store(i, k, v, p)
-            K[i, :, :, p:p + 1], V[i, :, :, p:p + 1] = k, v
+            K[i, :, :, p : p + 1], V[i, :, :, p : p + 1] = k, v
             if policy.predicts:
                 # InfiniGen speculates: layer i's input predicts layer i+1 (or, as an
                 # ablation, layer i predicts itself)
@@ -104,9 +112,9 @@ def evaluate_policy(model: DenseLlama, policy: KVPolicy, ids: torch.Tensor, pref
                         policy.predict(i + 1, h, cos, sin, p)
                 else:
                     policy.predict(i, h, cos, sin, p)
-            sc = model.scores(q, K[i, :, :, :p + 1])  # [B, H, 1, p + 1]
+            sc = model.scores(q, K[i, :, :, : p + 1])  # [B, H, 1, p + 1]
             mask = policy.select(i, p, sc)
-            out, probs = model.attend(sc, mask, V[i, :, :, :p + 1])
+            out, probs = model.attend(sc, mask, V[i, :, :, : p + 1])
             full = torch.softmax(sc, dim=-1)
             mass[n, i] = (full * mask).sum(dim=-1)[:, :, 0].mean(dim=1).double().cpu().numpy()
             attended[n, i] = (mask[:, :, 0, :p].sum(dim=-1).double().mean(dim=1)).cpu().numpy()
@@ -119,8 +127,15 @@ def evaluate_policy(model: DenseLlama, policy: KVPolicy, ids: torch.Tensor, pref
         if progress is not None:
             progress()
     _sync(dev)
-    return EvalResult(policy.label(), nll, mass, attended, np.arange(P, T - 1),
-                      torch.stack(logits, dim=1) if logits is not None else None, time.perf_counter() - t0)
+    return EvalResult(
+        policy.label(),
+        nll,
+        mass,
+        attended,
+        np.arange(P, T - 1),
+        torch.stack(logits, dim=1) if logits is not None else None,
+        time.perf_counter() - t0,
+    )
 
 
 __all__ = ["EvalResult", "evaluate_policy"]

@@ -9,6 +9,7 @@ forward (tests compare it with Hugging Face's logits).
 
 Only the Llama/Mistral families (RoPE, RMSNorm, GQA) are supported: that is what InfiniGen's
 Llama-2 results and the zoo target are."""
+
 from __future__ import annotations
 
 import math
@@ -48,8 +49,10 @@ class DenseLlama:
 
     def __init__(self, loaded):
         if loaded.family not in ("llama", "mistral"):
-            raise InfersimError(f"model '{loaded.name}' is {loaded.family}: the offload executor runs Llama/Mistral "
-                                f"checkpoints (RoPE + GQA); zoo-target is one")
+            raise InfersimError(
+                f"model '{loaded.name}' is {loaded.family}: the offload executor runs Llama/Mistral "
+                f"checkpoints (RoPE + GQA); zoo-target is one"
+            )
         cfg = loaded.config
         self.hf = loaded.model
         self.inner = loaded.model.model

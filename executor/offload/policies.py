@@ -17,6 +17,7 @@ simulator's policy objects, so the executor and the simulator agree on what a se
 A policy sees the evaluator's calls in order: `start` once; per layer of the prefill `store`
 then `after_prefill`; per decode step and layer `store`, (`predict` for the next layer),
 `select`, `observe`. The current token is always attended (its KV is computed on the GPU)."""
+
 from __future__ import annotations
 
 import math
@@ -26,7 +27,14 @@ import numpy as np
 import torch
 
 from infersim.simulator.errors import InfersimError
-from infersim.simulator.offload.policies import H2OParams, H2OPolicy, InfiniGenParams, InfiniGenPolicy, Int4Params, KVShape
+from infersim.simulator.offload.policies import (
+    H2OParams,
+    H2OPolicy,
+    InfiniGenParams,
+    InfiniGenPolicy,
+    Int4Params,
+    KVShape,
+)
 from infersim.simulator.offload.sparsity import SparsityModel, load_sparsity
 
 from .model import DenseLlama
@@ -111,6 +119,7 @@ class H2O(KVPolicy):
     attention). Budget B = the simulator's H2O budget (20% of the final length by default),
     half heavy hitters, half recent tokens (H2O's default split). The current token is
     attended beside the B held ones, as the policy's new KV always lands."""
+
     name = "h2o"
 
     def __init__(self, params=None):
@@ -146,14 +155,14 @@ class H2O(KVPolicy):
         return self.held[i, :, :, :pos]
 
     def observe(self, i, pos, probs, mask):
-        self.acc[i, :, :, :pos + 1] += _group_sum(probs[:, :, 0], self.s.group)
+        self.acc[i, :, :, : pos + 1] += _group_sum(probs[:, :, 0], self.s.group)
         held = self.held[i]
         held[:, :, pos] = True
-        over = held[:, :, :pos + 1].sum(dim=-1) > self.budget  # [B, Hkv]
+        over = held[:, :, : pos + 1].sum(dim=-1) > self.budget  # [B, Hkv]
         if bool(over.any()):
-            cand = held[:, :, :pos + 1].clone()
-            cand[:, :, max(0, pos + 1 - self.recent):] = False  # the recent window stays
-            score = self.acc[i, :, :, :pos + 1].masked_fill(~cand, float("inf"))
+            cand = held[:, :, : pos + 1].clone()
+            cand[:, :, max(0, pos + 1 - self.recent) :] = False  # the recent window stays
+            score = self.acc[i, :, :, : pos + 1].masked_fill(~cand, float("inf"))
             victim = torch.argmin(score, dim=-1)
             b, g = torch.nonzero(over, as_tuple=True)
             held[b, g, victim[b, g]] = False
@@ -166,11 +175,13 @@ class InfiniGen(KVPolicy):
     prediction, with the same count rule and cap (an upper bound on what prediction can do).
     `lookahead=False`: predict layer i from its own input instead of layer i-1's (isolates the
     error of the partial columns from that of speculating one layer ahead)."""
+
     name = "infinigen"
     predicts = True
 
-    def __init__(self, params=None, skew: Optional[torch.Tensor] = None, *, oracle: bool = False,
-                 lookahead: bool = True):
+    def __init__(
+        self, params=None, skew: Optional[torch.Tensor] = None, *, oracle: bool = False, lookahead: bool = True
+    ):
         super().__init__(InfiniGenParams.model_validate(dict(params or {})))
         self.skew, self.oracle, self.lookahead = skew, oracle, lookahead
 
@@ -202,8 +213,9 @@ class InfiniGen(KVPolicy):
         self.A = (self.skew if self.skew is not None else identity_skew(model)).to(model.device, model.dtype)
         self.r = partial_columns(s.head_dim, p.partial_weight_ratio)
         self.cols = [None] * s.layers  # [B, Hkv, r] per layer
-        self.kpart = torch.zeros(s.layers, batch, s.kv_heads, max_tokens, self.r, device=model.device,
-                                 dtype=model.dtype)
+        self.kpart = torch.zeros(
+            s.layers, batch, s.kv_heads, max_tokens, self.r, device=model.device, dtype=model.dtype
+        )
         self.pred = [None] * s.layers  # predicted partial scores [B, H, pos] for the layer
         self.pools = None
         if p.pool_limit is not None:
@@ -221,7 +233,7 @@ class InfiniGen(KVPolicy):
             for t in range(start, start + k.shape[2]):
                 self.pools[i].insert(t)
         if self.cols[i] is not None:  # decode: append the new token's partial key
-            self.kpart[i, :, :, start:start + k.shape[2]] = gather_columns(self._skewed_k(i, k), self.cols[i])
+            self.kpart[i, :, :, start : start + k.shape[2]] = gather_columns(self._skewed_k(i, k), self.cols[i])
         return k, v
 
     def after_prefill(self, i, q, k, probs):
@@ -229,7 +241,7 @@ class InfiniGen(KVPolicy):
         qs = apply_skew(q, self.A[i].repeat_interleave(self.s.group, dim=0))
         ks = self._skewed_k(i, k)
         self.cols[i] = choose_columns(qs, ks, self.s.group, self.r)
-        self.kpart[i, :, :, :k.shape[2]] = gather_columns(ks, self.cols[i])
+        self.kpart[i, :, :, : k.shape[2]] = gather_columns(ks, self.cols[i])
 
     def predict(self, i, h_prev, cos, sin, pos):
         """At layer i-1, layer i's query from layer i-1's block input (normalised by layer i's
@@ -245,8 +257,11 @@ class InfiniGen(KVPolicy):
 
     def kv_select(self, i, pos, scores):
         B, s = self.batch, self.s
-        held = self.pools[i].held(pos) if self.pools is not None else torch.ones(B, pos, dtype=torch.bool,
-                                                                              device=self.model.device)
+        held = (
+            self.pools[i].held(pos)
+            if self.pools is not None
+            else torch.ones(B, pos, dtype=torch.bool, device=self.model.device)
+        )
         if i < self.params.start_layer or pos == 0:
             sel = held[:, None, :].expand(B, s.kv_heads, pos)
         else:
@@ -298,6 +313,7 @@ def build_kv_policy(name: str, params: dict | None = None, skew: Optional[torch.
         from pydantic import ValidationError
 
         from infersim.simulator.errors import pydantic_error_line
+
         if isinstance(exc, ValidationError):
             raise InfersimError(pydantic_error_line(f"offload params for policy '{name}'", exc)) from None
         raise

@@ -12,6 +12,7 @@ victim entry is evicted and overwritten:
 Ties go to the oldest entry. An evicted token is gone for good: no later query of that layer
 can attend to it. All state is torch tensors [batch, max_tokens] so a batch of sequences
 evicts in one vectorised step; the names match the simulator's `victim` parameter."""
+
 from __future__ import annotations
 
 import torch
@@ -22,14 +23,13 @@ VICTIMS = ("fifo", "lru", "counter")
 
 
 class KVPool:
-    def __init__(self, victim: str, batch: int, max_tokens: int, capacity: int, *, counter_bits: int = 8,
-                 device="cpu"):
+    def __init__(self, victim: str, batch: int, max_tokens: int, capacity: int, *, counter_bits: int = 8, device="cpu"):
         if victim not in VICTIMS:
             raise InfersimError(f"unknown pool victim policy '{victim}'; known: {', '.join(VICTIMS)}")
         if capacity < 1:
             raise InfersimError(f"KV pool capacity must be at least 1 token (got {capacity})")
         self.victim, self.capacity, self.max_tokens = victim, int(capacity), int(max_tokens)
-        self.saturate = 2 ** counter_bits - 1
+        self.saturate = 2**counter_bits - 1
         z = dict(dtype=torch.long, device=device)
         self.resident = torch.zeros(batch, max_tokens, dtype=torch.bool, device=device)
         self.inserted = torch.zeros(batch, max_tokens, **z)  # insertion order (the token's position)

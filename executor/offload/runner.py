@@ -22,6 +22,7 @@ side stream from a pinned staging buffer (non-blocking H2D), with events: the co
 waits for layer i's load right before layer i's attention, and the load of layer i+1 is issued
 as `overlap` says (none: right before its attention; ffn: after layer i's attention; layer: at
 the start of layer i) — the simulator's three pipelines."""
+
 from __future__ import annotations
 
 import time
@@ -46,6 +47,7 @@ class SeqState:
 class Loaded:
     """One sequence's loaded K/V of one layer: [1, Hkv, k, d] each, the valid mask [1, Hkv, k]
     and the positions [Hkv, k] (for scattering probabilities back)."""
+
     k: torch.Tensor
     v: torch.Tensor
     valid: torch.Tensor
@@ -56,6 +58,7 @@ class Loaded:
 class IterationRecord:
     """What one iteration moved: per layer the loaded and stored tokens (summed over the batch,
     counted per KV head / kv_heads: whole-token equivalents) and bytes, and the copy times."""
+
     loaded_tokens: np.ndarray
     stored_tokens: np.ndarray
     loaded_bytes: float = 0.0
@@ -165,7 +168,7 @@ class OffloadRunner:
         rec.load_s += time.perf_counter() - t
         out, off = {}, 0
         for (j, _, _), n, p, ok in zip(decodes, sizes, pos_l, valid_l):
-            out[j] = Loaded(kd[None, :, off:off + n], vd[None, :, off:off + n], ok[None].to(self.device), p)
+            out[j] = Loaded(kd[None, :, off : off + n], vd[None, :, off : off + n], ok[None].to(self.device), p)
             off += n
         return out
 
@@ -224,9 +227,11 @@ class OffloadRunner:
                 self._start(seq)
                 prefills.append(j)
             else:
-                raise InfersimError("the offload executor prefills whole prompts: chunked prefill (a prompt "
-                                    "continued at a later iteration) is not supported; set "
-                                    "serving.chunked_prefill: false")
+                raise InfersimError(
+                    "the offload executor prefills whole prompts: chunked prefill (a prompt "
+                    "continued at a later iteration) is not supported; set "
+                    "serving.chunked_prefill: false"
+                )
         predicting = any(getattr(self.states[seq.rid].policy, "predicts", False) for _, seq, _ in decodes)
         loads = {0: self._load(0, decodes)} if self.overlap != "none" else {}
         for i in range(s.layers):
@@ -254,8 +259,9 @@ class OffloadRunner:
                     kj, vj = pol.store(i, kj, vj, pos)
                     ld = cur[j]
                     keys, vals = torch.cat([ld.k, kj], dim=2), torch.cat([ld.v, vj], dim=2)
-                    ok = torch.cat([ld.valid, torch.ones(1, s.kv_heads, 1, dtype=torch.bool, device=self.device)],
-                                   dim=2)
+                    ok = torch.cat(
+                        [ld.valid, torch.ones(1, s.kv_heads, 1, dtype=torch.bool, device=self.device)], dim=2
+                    )
                     mask = m.expand_kv(ok)[:, :, None, :]
                     out, p = m.attend(m.scores(qj, keys), mask, vals)
                     # the probabilities at their positions (H2O accumulates them per position)

@@ -14,6 +14,7 @@ outputs.parquet), plus:
 
 The summary's `offload` entry holds the policy, its parameters, the overlap, the pool and the
 totals (GB loaded and stored, copy seconds)."""
+
 from __future__ import annotations
 
 import time
@@ -49,18 +50,25 @@ class OffloadEngine(Engine):
     """Engine with the offloaded forward pass; per-iteration offload records besides the
     engine's own."""
 
-    def __init__(self, model, scheduler, *, policy: str, params: dict | None = None, overlap: str = "none",
-                 skew=None, **kw):
+    def __init__(
+        self, model, scheduler, *, policy: str, params: dict | None = None, overlap: str = "none", skew=None, **kw
+    ):
         if kw.get("limits") is not None and kw["limits"].chunked_prefill:
             raise InfersimError("the offload executor prefills whole prompts: set serving.chunked_prefill: false")
         kw["cpu_blocks"] = 0
         pool_blocks = kw["gpu_blocks"]
         kw["gpu_blocks"] = 1  # the engine's own device pool is replaced below: keep it one block
         super().__init__(model, scheduler, **kw)
-        self.cache = HostKVPool(self.runner.num_layers, self.runner.num_kv_heads, self.runner.head_dim,
-                                block_size=kw.get("block_size", 16), gpu_blocks=pool_blocks,
-                                dtype=kw.get("kv_dtype") or model.dtype, watermark=kw.get("watermark", 0.01),
-                                pinned=model.device.type == "cuda")
+        self.cache = HostKVPool(
+            self.runner.num_layers,
+            self.runner.num_kv_heads,
+            self.runner.head_dim,
+            block_size=kw.get("block_size", 16),
+            gpu_blocks=pool_blocks,
+            dtype=kw.get("kv_dtype") or model.dtype,
+            watermark=kw.get("watermark", 0.01),
+            pinned=model.device.type == "cuda",
+        )
         self.runner = OffloadRunner(model, self.cache, policy, params, overlap=overlap, skew=skew)
         self.offload_rows: list[tuple] = []
         self.counts: list[tuple] = []  # (iteration, context, layer, predicted count, loaded tokens)
@@ -87,8 +95,9 @@ class OffloadEngine(Engine):
         self.runner.finish()
         r = self.runner.record
         self.offload_rows.append((it, r.loaded_bytes, r.stored_bytes, r.load_s, r.store_s))
-        self.layer_rows.extend((it, i, float(a), float(b)) for i, (a, b) in enumerate(zip(r.loaded_tokens,
-                                                                                          r.stored_tokens)))
+        self.layer_rows.extend(
+            (it, i, float(a), float(b)) for i, (a, b) in enumerate(zip(r.loaded_tokens, r.stored_tokens))
+        )
         self.counts.extend((it, *row) for row in r.counts)
 
     def _finish(self, seq, now: float, aborted: bool = False) -> None:
@@ -100,12 +109,26 @@ class OffloadEngine(Engine):
         lr = np.array(self.layer_rows, dtype=np.float64).reshape(-1, 4)
         c = np.array(self.counts, dtype=np.float64).reshape(-1, 5)
         return {
-            "offload_iterations": {"iteration": o[:, 0].astype(np.int64), "loaded_bytes": o[:, 1],
-                                   "stored_bytes": o[:, 2], "load_s": o[:, 3], "store_s": o[:, 4]},
-            "offload_layers": {"iteration": lr[:, 0].astype(np.int64), "layer": lr[:, 1].astype(np.int64),
-                               "loaded_tokens": lr[:, 2], "stored_tokens": lr[:, 3]},
-            "offload_counts": {"iteration": c[:, 0].astype(np.int64), "context": c[:, 1].astype(np.int64),
-                               "layer": c[:, 2].astype(np.int64), "predicted": c[:, 3], "loaded": c[:, 4]},
+            "offload_iterations": {
+                "iteration": o[:, 0].astype(np.int64),
+                "loaded_bytes": o[:, 1],
+                "stored_bytes": o[:, 2],
+                "load_s": o[:, 3],
+                "store_s": o[:, 4],
+            },
+            "offload_layers": {
+                "iteration": lr[:, 0].astype(np.int64),
+                "layer": lr[:, 1].astype(np.int64),
+                "loaded_tokens": lr[:, 2],
+                "stored_tokens": lr[:, 3],
+            },
+            "offload_counts": {
+                "iteration": c[:, 0].astype(np.int64),
+                "context": c[:, 1].astype(np.int64),
+                "layer": c[:, 2].astype(np.int64),
+                "predicted": c[:, 3],
+                "loaded": c[:, 4],
+            },
         }
 
 
@@ -113,9 +136,8 @@ class OffloadEngine(Engine):
 def _skew_for(model_path: str, device: str, dtype: str):
     """InfiniGen's offline skewing matrices from a fixed sample of the zoo corpus's training
     files (never the served prompts), cached per model."""
-    from ..zoo.corpus import held_out_windows
-
     from ..models import load_model
+    from ..zoo.corpus import held_out_windows
     from .model import DenseLlama
     from .skew import skew_matrices
 
@@ -132,25 +154,42 @@ def _section(spec):
     if key not in ("full", "h2o", "infinigen"):
         # int4: executor/offload/policies.py quantizes and dequantizes in place (its accuracy), it
         # does not pack the cache, so the bytes copied would not be INT4's
-        raise InfersimError(f"workload {spec.name}: offload.policy '{off.policy}' is not served by the offload "
-                            f"executor; it serves full (flexgen), h2o, infinigen")
+        raise InfersimError(
+            f"workload {spec.name}: offload.policy '{off.policy}' is not served by the offload "
+            f"executor; it serves full (flexgen), h2o, infinigen"
+        )
     if off.weights_gpu_percent < 100:
-        raise InfersimError(f"workload {spec.name}: offload.weights_gpu_percent {off.weights_gpu_percent:g}: the "
-                            f"offload executor keeps all weights on the device")
+        raise InfersimError(
+            f"workload {spec.name}: offload.weights_gpu_percent {off.weights_gpu_percent:g}: the "
+            f"offload executor keeps all weights on the device"
+        )
     return off, key
 
 
-def execute(spec, requests, model: str, out: Path, *, device: str | None = "cpu", dtype: str | None = None,
-            realtime: bool = True, plots: bool = True, quiet: bool = True, csv: bool = False,
-            device_memory_gb: float | None = None, log=None, force: bool = False) -> dict:
+def execute(
+    spec,
+    requests,
+    model: str,
+    out: Path,
+    *,
+    device: str | None = "cpu",
+    dtype: str | None = None,
+    realtime: bool = True,
+    plots: bool = True,
+    quiet: bool = True,
+    csv: bool = False,
+    device_memory_gb: float | None = None,
+    log=None,
+    force: bool = False,
+) -> dict:
     """Serve the requests with the KV cache in host memory under the workload's `offload:`
     policy; write a `sim exec` run directory at `out` atomically; return the summary."""
     from infersim.simulator.engine.memory import MemoryPlan
-    from infersim.simulator.simulation import SimulationResult
     from infersim.simulator.metrics.collector import MetricsCollector
     from infersim.simulator.metrics.rundir import staged_dir, write_table
     from infersim.simulator.metrics.summary import write_result_files
     from infersim.simulator.policies import SchedulerLimits, build_scheduler
+    from infersim.simulator.simulation import SimulationResult
 
     from ..models import dtype_name, load_model
     from ..prompts import make_prompts
@@ -163,8 +202,9 @@ def execute(spec, requests, model: str, out: Path, *, device: str | None = "cpu"
     lm = load_model(model, device=device, dtype=dtype, log=log)
     sv = spec.serving
     if sv.chunked_prefill:
-        raise InfersimError(f"workload {spec.name}: the offload executor prefills whole prompts: set "
-                            f"serving.chunked_prefill: false")
+        raise InfersimError(
+            f"workload {spec.name}: the offload executor prefills whole prompts: set " f"serving.chunked_prefill: false"
+        )
     max_len = min(sv.max_model_len or lm.max_positions, lm.max_positions)
     max_batched = sv.max_batched_tokens or max(max_len, 2048)
     limits = SchedulerLimits(sv.max_batch_size, max_batched, max_len, False)
@@ -173,15 +213,31 @@ def execute(spec, requests, model: str, out: Path, *, device: str | None = "cpu"
     mem = plan_blocks(lm, sv, limits, kv_dtype=lm.dtype, device_memory_gb=device_memory_gb)
     mem["cpu_blocks"] = 0  # the pool is the host memory; no second tier
     skew = _skew_for(str(lm.path), str(lm.device), dtype_name(lm.dtype)) if policy == "infinigen" else None
-    spec = spec.model_copy(update={"model": str(lm.path),
-                                   "hardware": spec.hardware.model_copy(update={"replicas": 1, "tensor_parallel": 1})})
+    spec = spec.model_copy(
+        update={
+            "model": str(lm.path),
+            "hardware": spec.hardware.model_copy(update={"replicas": 1, "tensor_parallel": 1}),
+        }
+    )
     out = Path(out)
     with staged_dir(out, command="exec", force=force) as tmp:
         metrics = MetricsCollector(len(requests), series_path=tmp / "series.parquet")
-        engine = OffloadEngine(lm, build_scheduler(sv.scheduler, "recompute"), policy=policy, params=off.params,
-                               overlap=off.overlap, skew=skew, gpu_blocks=mem["gpu_blocks"], cpu_blocks=0,
-                               block_size=sv.block_size, watermark=sv.watermark, limits=limits, metrics=metrics,
-                               realtime=realtime, kv_dtype=lm.dtype)
+        engine = OffloadEngine(
+            lm,
+            build_scheduler(sv.scheduler, "recompute"),
+            policy=policy,
+            params=off.params,
+            overlap=off.overlap,
+            skew=skew,
+            gpu_blocks=mem["gpu_blocks"],
+            cpu_blocks=0,
+            block_size=sv.block_size,
+            watermark=sv.watermark,
+            limits=limits,
+            metrics=metrics,
+            realtime=realtime,
+            kv_dtype=lm.dtype,
+        )
         engine.warmup()
         prompts = make_prompts(requests.prompt_tokens, tokenizer=lm.tokenizer, vocab_size=lm.vocab_size, seed=spec.seed)
         seqs: list[ExecSequence] = []
@@ -200,22 +256,43 @@ def execute(spec, requests, model: str, out: Path, *, device: str | None = "cpu"
             engine.submit(s)
         end = serve(engine, None if quiet else len(seqs))
         series = metrics.close_series()
-        memory = MemoryPlan(mem["gpu_blocks"], 0, mem["kv_bytes_per_block"], mem["weight_bytes_per_gpu"],
-                            mem["activation_bytes_per_gpu"], mem["blocks_source"])
+        memory = MemoryPlan(
+            mem["gpu_blocks"],
+            0,
+            mem["kv_bytes_per_block"],
+            mem["weight_bytes_per_gpu"],
+            mem["activation_bytes_per_gpu"],
+            mem["blocks_source"],
+        )
         st = engine.stats
         tabs = engine.tables()
         oi = tabs["offload_iterations"]
-        ex = executor_record(lm, st, realtime=realtime, t_wall=t_wall, truncated=truncated, swap_out_blocks=0,
-                             swap_in_blocks=0)
-        offload = {"policy": policy, "params": dict(off.params), "overlap": off.overlap,
-                   "pool_blocks": int(mem["gpu_blocks"]), "host_memory": True,
-                   "pinned": lm.device.type == "cuda",
-                   "kv_loaded_gb": float(oi["loaded_bytes"].sum()) / 1e9,
-                   "kv_stored_gb": float(oi["stored_bytes"].sum()) / 1e9,
-                   "load_s": float(oi["load_s"].sum()), "store_s": float(oi["store_s"].sum())}
+        ex = executor_record(
+            lm, st, realtime=realtime, t_wall=t_wall, truncated=truncated, swap_out_blocks=0, swap_in_blocks=0
+        )
+        offload = {
+            "policy": policy,
+            "params": dict(off.params),
+            "overlap": off.overlap,
+            "pool_blocks": int(mem["gpu_blocks"]),
+            "host_memory": True,
+            "pinned": lm.device.type == "cuda",
+            "kv_loaded_gb": float(oi["loaded_bytes"].sum()) / 1e9,
+            "kv_stored_gb": float(oi["stored_bytes"].sum()) / 1e9,
+            "load_s": float(oi["load_s"].sum()),
+            "store_s": float(oi["store_s"].sum()),
+        }
         resolved = {**resolved_config(spec, lm, mem, limits, len(seqs), ex), "offload_executor": offload}
-        result = SimulationResult(spec, metrics.requests_table(), series, metrics, memory, float(end), resolved,
-                                  {"executor": ex, "offload": offload})
+        result = SimulationResult(
+            spec,
+            metrics.requests_table(),
+            series,
+            metrics,
+            memory,
+            float(end),
+            resolved,
+            {"executor": ex, "offload": offload},
+        )
         summary = write_result_files(tmp, result, csv=csv)
         write_table(tmp / "iterations.parquet", st.iteration_table())
         write_table(tmp / "iteration_batches.parquet", st.batch_table())

@@ -16,6 +16,7 @@ its skewed columns; the partial key cache is the same r columns of K~ as in the 
 
 GQA: the query heads of one KV head share its keys, so A is per KV head (the SVD of the
 group's queries stacked) and so are the chosen columns (the partial keys are per KV head)."""
+
 from __future__ import annotations
 
 import torch
@@ -38,7 +39,7 @@ def skew_matrices(model: DenseLlama, sample_ids: torch.Tensor) -> torch.Tensor:
     for i, t in enumerate(trace):
         q = t["q"].double()  # [B, H, T, d]
         for g in range(s.kv_heads):
-            rows = q[:, g * s.group:(g + 1) * s.group].reshape(-1, s.head_dim)
+            rows = q[:, g * s.group : (g + 1) * s.group].reshape(-1, s.head_dim)
             _, _, vh = torch.linalg.svd(rows, full_matrices=False)
             out[i, g] = vh.transpose(0, 1)  # A = V: columns in order of decreasing singular value
     return out.to(model.dtype)
@@ -84,5 +85,12 @@ def gather_columns(x: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
     return torch.gather(x, -1, cols[:, :, None, :].expand(*x.shape[:3], cols.shape[-1]))
 
 
-__all__ = ["apply_skew", "choose_columns", "fold_skew", "gather_columns", "identity_skew", "partial_columns",
-           "skew_matrices"]
+__all__ = [
+    "apply_skew",
+    "choose_columns",
+    "fold_skew",
+    "gather_columns",
+    "identity_skew",
+    "partial_columns",
+    "skew_matrices",
+]

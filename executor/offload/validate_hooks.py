@@ -1,14 +1,15 @@
 """The validation matrix's hooks for the offload executor (analysis/validate/modes.py):
 
-  execute(spec, requests, model, out, ...)   serve.py's `sim exec` for an `offload:` workload
-  recorded_statistics(run_dir) -> dict       what the run measured that the simulator takes as
-                                             input: tokens loaded per layer by context (the
-                                             sparsity the policy used: H2O's budget, InfiniGen's
-                                             selected tokens per layer), bytes per iteration,
-                                             the host pool; for InfiniGen a sparsity file
-                                             `recorded_sparsity.yaml` written into the run dir
-  simulator_updates(stats) -> dict           {"offload": {"pool_blocks": ..., "sparsity": <path>}}
+execute(spec, requests, model, out, ...)   serve.py's `sim exec` for an `offload:` workload
+recorded_statistics(run_dir) -> dict       what the run measured that the simulator takes as
+                                           input: tokens loaded per layer by context (the
+                                           sparsity the policy used: H2O's budget, InfiniGen's
+                                           selected tokens per layer), bytes per iteration,
+                                           the host pool; for InfiniGen a sparsity file
+                                           `recorded_sparsity.yaml` written into the run dir
+simulator_updates(stats) -> dict           {"offload": {"pool_blocks": ..., "sparsity": <path>}}
 """
+
 from __future__ import annotations
 
 import math
@@ -54,13 +55,20 @@ def recorded_statistics(run_dir) -> dict:
         raise InfersimError(f"{run_dir}: no offload_executor entry in config.yaml (not an offload executor run)")
     it = read_columns(run_dir / "offload_iterations.parquet", "an offload executor run directory")
     counts = read_columns(run_dir / "offload_counts.parquet", "an offload executor run directory")
-    layers = int(summary_cfg.get("model", {}).get("num_layers") or (int(counts["layer"].max()) + 1 if counts["layer"].size else 0))
+    layers = int(
+        summary_cfg.get("model", {}).get("num_layers")
+        or (int(counts["layer"].max()) + 1 if counts["layer"].size else 0)
+    )
     stats = {
-        "policy": off["policy"], "params": off.get("params", {}), "pool_blocks": int(off["pool_blocks"]),
+        "policy": off["policy"],
+        "params": off.get("params", {}),
+        "pool_blocks": int(off["pool_blocks"]),
         "iterations": int(it["iteration"].size),
-        "loaded_bytes_total": float(it["loaded_bytes"].sum()), "stored_bytes_total": float(it["stored_bytes"].sum()),
+        "loaded_bytes_total": float(it["loaded_bytes"].sum()),
+        "stored_bytes_total": float(it["stored_bytes"].sum()),
         "loaded_bytes_per_iteration_mean": float(it["loaded_bytes"].mean()) if it["loaded_bytes"].size else 0.0,
-        "load_s_total": float(it["load_s"].sum()), "store_s_total": float(it["store_s"].sum()),
+        "load_s_total": float(it["load_s"].sum()),
+        "store_s_total": float(it["store_s"].sum()),
         "tokens_loaded": {},
     }
     # tokens loaded per decoding sequence, per layer, by context: the sparsity the policy used
@@ -93,17 +101,23 @@ def _write_sparsity(run_dir: Path, counts: dict, off: dict, layers: int) -> Path
     scale = []
     for layer in range(layers):
         m = counts["layer"] == layer
-        scale.append(1.0 if layer < p.start_layer or not m.any() else max(1e-3, float(counts["loaded"][m].mean()) / overall))
+        scale.append(
+            1.0 if layer < p.start_layer or not m.any() else max(1e-3, float(counts["loaded"][m].mean()) / overall)
+        )
     doc = {
         "name": f"recorded-{run_dir.name}",
         "model": str(run_dir),
         "source": f"recorded by the offload executor (executor/offload/validate_hooks.py) in {run_dir}: tokens "
-                  f"InfiniGen loaded per decoding sequence and layer, {int(sel.sum())} (sequence, step, layer) "
-                  f"samples, binned by context",
-        "important_tokens": [{"alpha": float(p.alpha), "context": [round(x, 3) for x in cs],
-                              "tokens": [round(max(1.0, t - 0.5), 4) for t in ts],
-                              "source": "mean tokens loaded over the selective layers less 0.5 (the simulator "
-                                        "rounds up)"}],
+        f"InfiniGen loaded per decoding sequence and layer, {int(sel.sum())} (sequence, step, layer) "
+        f"samples, binned by context",
+        "important_tokens": [
+            {
+                "alpha": float(p.alpha),
+                "context": [round(x, 3) for x in cs],
+                "tokens": [round(max(1.0, t - 0.5), 4) for t in ts],
+                "source": "mean tokens loaded over the selective layers less 0.5 (the simulator " "rounds up)",
+            }
+        ],
         "layer_scale": [round(x, 5) for x in scale],
         "layer_scale_source": "each selective layer's mean tokens loaded over the mean of all selective layers",
     }

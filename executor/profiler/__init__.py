@@ -2,6 +2,7 @@
 device, fitted into a HardwareProfile YAML plus a verified sidecar with the measured curves
 and the step-time regressors (AdaptiveLLM 3.2-3.3). Importing this package does not import
 torch; the benchmarks do, when they run."""
+
 from __future__ import annotations
 
 __all__ = ["ProfileOptions", "run_profile", "sidecar_path"]

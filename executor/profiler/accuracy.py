@@ -10,6 +10,7 @@ sizes and reported beside it.
 recompute = predicted prefill time (RegressionCostModel.prefill_time_s, i.e. the step-time
 regressor carried through the cost model), checked against real prefills of small
 transformers at tokens per request (and shapes) the step sweep did not measure."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -40,8 +41,15 @@ def _rounds_median(samples: list[float]) -> tuple[float, float]:
     return float(np.median(a)), float(a.std() / a.mean()) if len(a) > 1 else 0.0
 
 
-def swap_check(b: Bench, link: dict, *, quick: bool, kv_dtype: str = "fp16", rounds: int | None = None,
-               copy_reference_s: float | None = None) -> dict:
+def swap_check(
+    b: Bench,
+    link: dict,
+    *,
+    quick: bool,
+    kv_dtype: str = "fp16",
+    rounds: int | None = None,
+    copy_reference_s: float | None = None,
+) -> dict:
     """Measured vs predicted swap-out, swap-in and their sum per (model, tokens).
 
     The measured swap is a copy of the sequence's KV between a device and a host block pool
@@ -85,8 +93,9 @@ def swap_check(b: Bench, link: dict, *, quick: bool, kv_dtype: str = "fp16", rou
         layer_k = torch.full((L, pool, BLOCK, kvh, d), 0.5, dtype=td, device=b.device)
         layer_hk = torch.full((L, pool, BLOCK, kvh, d), 0.5, dtype=td, pin_memory=pinned)
         layer_v, layer_hv = layer_k.clone(), layer_hk.clone()
-        cache = PagedKVCache(L, kvh, d, block_size=BLOCK, gpu_blocks=pool, cpu_blocks=pool, dtype=td,
-                             device=b.device, watermark=0.0)
+        cache = PagedKVCache(
+            L, kvh, d, block_size=BLOCK, gpu_blocks=pool, cpu_blocks=pool, dtype=td, device=b.device, watermark=0.0
+        )
         for t in (cache._k, cache._v, cache._hk, cache._hv):
             t.fill_(0.5)  # commit the pages before timing
         cache._clean = [True] * pool
@@ -109,20 +118,20 @@ def swap_check(b: Bench, link: dict, *, quick: bool, kv_dtype: str = "fp16", rou
 
                 def out_fn(nblk=nblk, span=span):
                     s = span()
-                    host[s:s + nblk].copy_(dev[s:s + nblk])
+                    host[s : s + nblk].copy_(dev[s : s + nblk])
 
                 def in_fn(nblk=nblk, span=span):
                     s = span()
-                    dev[s:s + nblk].copy_(host[s:s + nblk])
+                    dev[s : s + nblk].copy_(host[s : s + nblk])
 
                 def layers_pair(nblk=nblk, span=span):
                     s = span()
                     for l in range(L):
-                        layer_hk[l, s:s + nblk].copy_(layer_k[l, s:s + nblk])
-                        layer_hv[l, s:s + nblk].copy_(layer_v[l, s:s + nblk])
+                        layer_hk[l, s : s + nblk].copy_(layer_k[l, s : s + nblk])
+                        layer_hv[l, s : s + nblk].copy_(layer_v[l, s : s + nblk])
                     for l in range(L):
-                        layer_k[l, s:s + nblk].copy_(layer_hk[l, s:s + nblk])
-                        layer_v[l, s:s + nblk].copy_(layer_hv[l, s:s + nblk])
+                        layer_k[l, s : s + nblk].copy_(layer_hk[l, s : s + nblk])
+                        layer_v[l, s : s + nblk].copy_(layer_hv[l, s : s + nblk])
 
                 seq = _Seq()
                 cache.grow_to(seq, n)
@@ -141,32 +150,55 @@ def swap_check(b: Bench, link: dict, *, quick: bool, kv_dtype: str = "fp16", rou
         for n, smp in samples.items():
             nbytes = -(-n // BLOCK) * block_bytes
             (t_out, cv_out), (t_in, cv_in) = _rounds_median(smp["out"]), _rounds_median(smp["in"])
-            rows.append({"model": mname, "tokens": n, "blocks": -(-n // BLOCK), "bytes": nbytes, "rounds": len(smp["out"]),
-                         "swap_out_s": t_out, "swap_in_s": t_in, "rounds_cv_out": cv_out, "rounds_cv_in": cv_in,
-                         "per_layer_swap_s": _rounds_median(smp["layers"])[0],
-                         "executor_swap_s": _rounds_median(smp["executor"])[0]})
+            rows.append(
+                {
+                    "model": mname,
+                    "tokens": n,
+                    "blocks": -(-n // BLOCK),
+                    "bytes": nbytes,
+                    "rounds": len(smp["out"]),
+                    "swap_out_s": t_out,
+                    "swap_in_s": t_in,
+                    "rounds_cv_out": cv_out,
+                    "rounds_cv_in": cv_in,
+                    "per_layer_swap_s": _rounds_median(smp["layers"])[0],
+                    "executor_swap_s": _rounds_median(smp["executor"])[0],
+                }
+            )
         dev = host = layer_k = layer_v = layer_hk = layer_hv = cache = None  # free before the next model
     for r in rows:
         p_out, p_in = predict(r["bytes"], "d2h"), predict(r["bytes"], "h2d")
-        r.update(pred_out_s=p_out, pred_in_s=p_in, err_out_pct=_pct(p_out, r["swap_out_s"]),
-                 err_in_pct=_pct(p_in, r["swap_in_s"]), err_swap_pct=_pct(p_out + p_in, r["swap_out_s"] + r["swap_in_s"]),
-                 err_per_layer_pct=_pct(p_out + p_in, r["per_layer_swap_s"]),
-                 err_executor_pct=_pct(p_out + p_in, r["executor_swap_s"]))
+        r.update(
+            pred_out_s=p_out,
+            pred_in_s=p_in,
+            err_out_pct=_pct(p_out, r["swap_out_s"]),
+            err_in_pct=_pct(p_in, r["swap_in_s"]),
+            err_swap_pct=_pct(p_out + p_in, r["swap_out_s"] + r["swap_in_s"]),
+            err_per_layer_pct=_pct(p_out + p_in, r["per_layer_swap_s"]),
+            err_executor_pct=_pct(p_out + p_in, r["executor_swap_s"]),
+        )
     drift_f = float(np.median(copy_sentinel)) / copy_reference_s if copy_reference_s and copy_sentinel else None
     if drift_f:
         for r in rows:
-            r["err_swap_drift_corrected_pct"] = _pct((r["pred_out_s"] + r["pred_in_s"]) * drift_f,
-                                                     r["swap_out_s"] + r["swap_in_s"])
-    return {"rows": rows, "rounds": rounds, "drift": drift_f,
-            "mape_swap_drift_corrected": float(np.mean([r["err_swap_drift_corrected_pct"] for r in rows]))
-            if drift_f else None,
-            "mape_out": float(np.mean([r["err_out_pct"] for r in rows])),
-            "mape_in": float(np.mean([r["err_in_pct"] for r in rows])),
-            "mape_swap": float(np.mean([r["err_swap_pct"] for r in rows])),
-            "mape_per_layer_swap": float(np.mean([r["err_per_layer_pct"] for r in rows])),
-            "mape_executor_swap": float(np.mean([r["err_executor_pct"] for r in rows])),
-            "rounds_cv_median": float(np.median([0.5 * (r["rounds_cv_out"] + r["rounds_cv_in"]) for r in rows])),
-            "kv_dtype": kv_dtype, "block_size": BLOCK}
+            r["err_swap_drift_corrected_pct"] = _pct(
+                (r["pred_out_s"] + r["pred_in_s"]) * drift_f, r["swap_out_s"] + r["swap_in_s"]
+            )
+    return {
+        "rows": rows,
+        "rounds": rounds,
+        "drift": drift_f,
+        "mape_swap_drift_corrected": float(np.mean([r["err_swap_drift_corrected_pct"] for r in rows]))
+        if drift_f
+        else None,
+        "mape_out": float(np.mean([r["err_out_pct"] for r in rows])),
+        "mape_in": float(np.mean([r["err_in_pct"] for r in rows])),
+        "mape_swap": float(np.mean([r["err_swap_pct"] for r in rows])),
+        "mape_per_layer_swap": float(np.mean([r["err_per_layer_pct"] for r in rows])),
+        "mape_executor_swap": float(np.mean([r["err_executor_pct"] for r in rows])),
+        "rounds_cv_median": float(np.median([0.5 * (r["rounds_cv_out"] + r["rounds_cv_in"]) for r in rows])),
+        "kv_dtype": kv_dtype,
+        "block_size": BLOCK,
+    }
 
 
 def recompute_plan(domain: dict, quick: bool) -> list[tuple[int, int, int, int]]:
@@ -185,8 +217,9 @@ def recompute_plan(domain: dict, quick: bool) -> list[tuple[int, int, int, int]]
     return plan
 
 
-def recompute_check(b: Bench, hardware, calibration: dict, *, quick: bool, seed: int = 1234,
-                    rounds: int | None = None) -> dict:
+def recompute_check(
+    b: Bench, hardware, calibration: dict, *, quick: bool, seed: int = 1234, rounds: int | None = None
+) -> dict:
     """Measured vs predicted prefill times, each the median of `rounds` passes over the plan."""
     from infersim.simulator.costmodel import BatchShape, RooflineCostModel
     from infersim.simulator.costmodel.regression import RegressionCostModel, reference_spec
@@ -210,9 +243,11 @@ def recompute_check(b: Bench, hardware, calibration: dict, *, quick: bool, seed:
                 continue
             if (L, h) not in models:
                 spec = reference_spec(L, h, arch)
-                models[(L, h)] = (TinyDecoder(L, h, device=b.device, dtype=b.dtype, seed=seed + L * 1000 + h),
-                                  RegressionCostModel(spec, hardware, dtype=dtype, calibration=calibration),
-                                  RooflineCostModel(spec, hardware, dtype=dtype))
+                models[(L, h)] = (
+                    TinyDecoder(L, h, device=b.device, dtype=b.dtype, seed=seed + L * 1000 + h),
+                    RegressionCostModel(spec, hardware, dtype=dtype, calibration=calibration),
+                    RooflineCostModel(spec, hardware, dtype=dtype),
+                )
             samples.setdefault(key, []).append(measure(models[(L, h)][0].prefill_fn(bsz, t), b.timer, b.rep).median_s)
             b.progress(f"recompute check L{L} h{h} t{t} b{bsz} round {r + 1}/{rounds}")
     rows = []
@@ -224,11 +259,24 @@ def recompute_check(b: Bench, hardware, calibration: dict, *, quick: bool, seed:
         p_reg = reg.prefill_time_s(t) if bsz == 1 else reg.iteration_time_s(shape)
         p_roof = roof.iteration_time_s(shape)
         p_raw = float(reg.predictors["prefill"].predict([[L, h, t, bsz]])[0])
-        rows.append({"layers": L, "hidden": h, "tokens": t, "batch": bsz, "shape_measured": [L, h] in shapes,
-                     "measured_s": meas, "rounds": len(smp), "rounds_cv": cv,
-                     "pred_regression_s": p_reg, "err_regression_pct": _pct(p_reg, meas),
-                     "pred_regressor_raw_s": p_raw, "err_regressor_raw_pct": _pct(p_raw, meas),
-                     "pred_roofline_s": p_roof, "err_roofline_pct": _pct(p_roof, meas)})
+        rows.append(
+            {
+                "layers": L,
+                "hidden": h,
+                "tokens": t,
+                "batch": bsz,
+                "shape_measured": [L, h] in shapes,
+                "measured_s": meas,
+                "rounds": len(smp),
+                "rounds_cv": cv,
+                "pred_regression_s": p_reg,
+                "err_regression_pct": _pct(p_reg, meas),
+                "pred_regressor_raw_s": p_raw,
+                "err_regressor_raw_pct": _pct(p_raw, meas),
+                "pred_roofline_s": p_roof,
+                "err_roofline_pct": _pct(p_roof, meas),
+            }
+        )
     models.clear()
 
     def mape(sel, key="err_regression_pct"):
@@ -240,17 +288,21 @@ def recompute_check(b: Bench, hardware, calibration: dict, *, quick: bool, seed:
     if drift_f:
         for r in rows:
             r["err_regression_drift_corrected_pct"] = _pct(r["pred_regression_s"] * drift_f, r["measured_s"])
-    return {"rows": rows, "rounds": rounds, "drift": drift_f,
-            "mape_recompute_drift_corrected": mape(one, "err_regression_drift_corrected_pct") if drift_f else None,
-            "mape_recompute": mape(one),  # batch 1: a preempted sequence's recompute
-            "mape_recompute_swept_shapes": mape([r for r in one if r["shape_measured"]]),
-            "mape_recompute_unswept_shape": mape([r for r in one if not r["shape_measured"]]),
-            "mape_batched_prefill": mape([r for r in rows if r["batch"] > 1]),
-            "mape_regression": mape(rows),
-            "mape_regressor_raw": mape(rows, "err_regressor_raw_pct"),
-            "mape_roofline": mape(rows, "err_roofline_pct"),
-            "mape_recompute_roofline": mape(one, "err_roofline_pct"),
-            "rounds_cv_median": float(np.median([r["rounds_cv"] for r in rows])) if rows else None}
+    return {
+        "rows": rows,
+        "rounds": rounds,
+        "drift": drift_f,
+        "mape_recompute_drift_corrected": mape(one, "err_regression_drift_corrected_pct") if drift_f else None,
+        "mape_recompute": mape(one),  # batch 1: a preempted sequence's recompute
+        "mape_recompute_swept_shapes": mape([r for r in one if r["shape_measured"]]),
+        "mape_recompute_unswept_shape": mape([r for r in one if not r["shape_measured"]]),
+        "mape_batched_prefill": mape([r for r in rows if r["batch"] > 1]),
+        "mape_regression": mape(rows),
+        "mape_regressor_raw": mape(rows, "err_regressor_raw_pct"),
+        "mape_roofline": mape(rows, "err_roofline_pct"),
+        "mape_recompute_roofline": mape(one, "err_roofline_pct"),
+        "rounds_cv_median": float(np.median([r["rounds_cv"] for r in rows])) if rows else None,
+    }
 
 
 # ---- sentinels: is the machine as fast as when the profile was measured? ------------------------------
@@ -284,8 +336,11 @@ def sentinels(b: Bench, rounds: int = 3) -> dict[str, float]:
     src = torch.ones(64 << 20, dtype=torch.uint8, device=b.device)
     dst = torch.zeros(64 << 20, dtype=torch.uint8, device=b.device)
     model = TinyDecoder(2, 256, device=b.device, dtype=b.dtype, seed=7)
-    fns = {SENTINELS[0]: lambda: F.linear(x, w), SENTINELS[1]: lambda: dst.copy_(src),
-           SENTINELS[2]: model.prefill_fn(1, 64)}
+    fns = {
+        SENTINELS[0]: lambda: F.linear(x, w),
+        SENTINELS[1]: lambda: dst.copy_(src),
+        SENTINELS[2]: model.prefill_fn(1, 64),
+    }
     out = {k: [] for k in fns}
     for _ in range(rounds):
         for k, fn in fns.items():

@@ -7,6 +7,7 @@ host's monotonic `perf_counter` around the call (CPU kernels run synchronously).
 
 `measure()` is the one place warm-up, repeats, median and spread are decided, so every
 micro-benchmark reports the same statistics."""
+
 from __future__ import annotations
 
 import os
@@ -39,8 +40,10 @@ def select_device(name: str | None = "cpu"):
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             build = "a CPU-only build" if torch.version.cuda is None else f"CUDA {torch.version.cuda}, no usable GPU"
-            raise InfersimError(f"--device {name}: CUDA is not available on this machine "
-                                f"(torch {torch.__version__}, {build}); use --device cpu")
+            raise InfersimError(
+                f"--device {name}: CUDA is not available on this machine "
+                f"(torch {torch.__version__}, {build}); use --device cpu"
+            )
         index = dev.index if dev.index is not None else torch.cuda.current_device()
         if index >= torch.cuda.device_count():
             raise InfersimError(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) visible")
@@ -51,6 +54,7 @@ def select_device(name: str | None = "cpu"):
 # ---- timers -----------------------------------------------------------------------------
 class Timer:
     """Seconds taken by one call of fn, with whatever the device needs to be exact."""
+
     kind = "base"
 
     def sync(self) -> None:
@@ -72,6 +76,7 @@ class CpuTimer(Timer):
 class CudaEventTimer(Timer):
     """CUDA events on the current stream: record start, run, record end, synchronize on the
     end event, read the elapsed time (ms on the GPU's clock)."""
+
     kind = "cuda_events"
 
     def __init__(self, device):
@@ -143,6 +148,7 @@ def _quantile(sorted_xs: list[float], q: float) -> float:
 class Repeats:
     """How hard to measure one point: warm-up calls, then at least `min_repeats` timed calls,
     more while under `target_s` of measured time, never more than `max_repeats`."""
+
     warmup: int = 1
     min_repeats: int = 3
     max_repeats: int = 15
@@ -206,8 +212,12 @@ def device_info(device) -> dict:
     }
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
-        info.update(name=props.name, memory_gb=round(props.total_memory / 1e9, 1), cuda=str(torch.version.cuda),
-                    sm_count=props.multi_processor_count)
+        info.update(
+            name=props.name,
+            memory_gb=round(props.total_memory / 1e9, 1),
+            cuda=str(torch.version.cuda),
+            sm_count=props.multi_processor_count,
+        )
     else:
         info.update(name=info["host_cpu"], memory_gb=info["host_memory_gb"])
     return info

@@ -13,6 +13,7 @@ per-kernel and per-iteration overheads, and the host link.
   roofline of the same transformer.
 - Host link per direction: latency + bytes / bandwidth, fitted to the copy sweep in relative
   error (pinned buffers on CUDA; plain copies on the CPU)."""
+
 from __future__ import annotations
 
 import math
@@ -31,10 +32,18 @@ def roofs(records: list[dict], dtype: str) -> dict:
     mem_cands = [r for r in records if r["kind"] == "stream"]
     mem_cands += [r for r in gemms if r["m"] <= 8]
     mtop = max(mem_cands, key=lambda r: r["achieved_bytes"])
-    what = (f"stream {mtop['op']} of {mtop['size_bytes'] / 2**20:.0f} MiB" if mtop["kind"] == "stream"
-            else f"GEMM {mtop['m']}x{mtop['k']}x{mtop['n']} (weight read)")
-    return {"dtype": dtype, "compute_flops": top["achieved_flops"], "memory_bytes_per_s": mtop["achieved_bytes"],
-            "compute_source": f"GEMM {top['m']}x{top['k']}x{top['n']} {dtype}", "memory_source": what}
+    what = (
+        f"stream {mtop['op']} of {mtop['size_bytes'] / 2**20:.0f} MiB"
+        if mtop["kind"] == "stream"
+        else f"GEMM {mtop['m']}x{mtop['k']}x{mtop['n']} (weight read)"
+    )
+    return {
+        "dtype": dtype,
+        "compute_flops": top["achieved_flops"],
+        "memory_bytes_per_s": mtop["achieved_bytes"],
+        "compute_source": f"GEMM {top['m']}x{top['k']}x{top['n']} {dtype}",
+        "memory_source": what,
+    }
 
 
 def dtype_peaks(records: list[dict]) -> dict[str, float]:
@@ -50,7 +59,9 @@ def _roof_time(F, B, peak, bw, ec, em, launch):
     return np.maximum(F / (peak * ec), B / (bw * em)) + launch
 
 
-def fit_class(recs: list[dict], peak: float, bw: float, launch: float, prior: float = 1e-3) -> tuple[float, float, float]:
+def fit_class(
+    recs: list[dict], peak: float, bw: float, launch: float, prior: float = 1e-3
+) -> tuple[float, float, float]:
     """(e_compute, e_memory, loss) minimising mean squared log error for a fixed launch."""
     from scipy.optimize import minimize
 
@@ -66,7 +77,9 @@ def fit_class(recs: list[dict], peak: float, bw: float, launch: float, prior: fl
 
     best = None
     for start in ((0.0, 0.0), (-1.0, -1.0), (-2.0, 0.0), (0.0, -2.0)):
-        res = minimize(loss, np.array(start), method="Nelder-Mead", options={"xatol": 1e-4, "fatol": 1e-8, "maxiter": 800})
+        res = minimize(
+            loss, np.array(start), method="Nelder-Mead", options={"xatol": 1e-4, "fatol": 1e-8, "maxiter": 800}
+        )
         if best is None or res.fun < best.fun:
             best = res
     ec, em = np.exp(np.clip(best.x, lo, hi))
@@ -83,8 +96,10 @@ def class_mape(recs, peak, bw, ec, em, launch) -> float:
 
 def fit_efficiencies(records: list[dict], peak: float, bw: float, dtype: str) -> dict:
     """Per-class efficiencies and the shared kernel-launch overhead (searched on a grid)."""
-    by_class = {c: [r for r in records if r.get("op_class") == c and r.get("dtype") == dtype and r["median_s"] > 0]
-                for c in CLASSES}
+    by_class = {
+        c: [r for r in records if r.get("op_class") == c and r.get("dtype") == dtype and r["median_s"] > 0]
+        for c in CLASSES
+    }
     by_class = {c: v for c, v in by_class.items() if v}
     fastest = min((r["median_s"] for v in by_class.values() for r in v), default=1e-5)
     grid = [0.0] + list(np.geomspace(0.05e-6, 0.9 * fastest, 30))
@@ -97,9 +112,13 @@ def fit_efficiencies(records: list[dict], peak: float, bw: float, dtype: str) ->
     _, launch, fits = best
     out = {"kernel_launch_s": launch, "classes": {}}
     for c, (ec, em, _) in fits.items():
-        out["classes"][c] = {"compute": ec, "memory": em, "n": len(by_class[c]),
-                             "mape": class_mape(by_class[c], peak, bw, ec, em, launch),
-                             "mape_uncalibrated": class_mape(by_class[c], peak, bw, 1.0, 1.0, 0.0)}
+        out["classes"][c] = {
+            "compute": ec,
+            "memory": em,
+            "n": len(by_class[c]),
+            "mape": class_mape(by_class[c], peak, bw, ec, em, launch),
+            "mape_uncalibrated": class_mape(by_class[c], peak, bw, 1.0, 1.0, 0.0),
+        }
     return out
 
 
@@ -121,12 +140,25 @@ def kernel_rows(records: list[dict], dtype: str, label: str) -> list:
             op, tokens = gemm_operator(r["k"], r["n"], es), r["m"]
         elif r["kind"] == "elementwise" and r["op"] in ELEMENTWISE_KINDS:
             kind, tokens = ELEMENTWISE_KINDS[r["op"]], r["tokens"]
-            op = (norm_operator(r["op"], r["width"], es, es) if kind == "norm"
-                  else act_operator(r["width"], r["op"] == "silu_mul", es))
+            op = (
+                norm_operator(r["op"], r["width"], es, es)
+                if kind == "norm"
+                else act_operator(r["width"], r["op"] == "silu_mul", es)
+            )
         else:
             continue
-        rows.append(row_from_operator(op, device="profiled", label=label, tp=1, tokens=tokens, op=r["op"],
-                                      time_s=r["median_s"], where=f"micro-benchmark {r['op']}"))
+        rows.append(
+            row_from_operator(
+                op,
+                device="profiled",
+                label=label,
+                tp=1,
+                tokens=tokens,
+                op=r["op"],
+                time_s=r["median_s"],
+                where=f"micro-benchmark {r['op']}",
+            )
+        )
     return rows
 
 
@@ -153,9 +185,16 @@ def fit_link(records: list[dict], direction: str, variant: str) -> dict:
     if inv_bw <= 0:  # degenerate: bandwidth of the largest copy
         inv_bw, lat = t[-1] / s[-1], 0.0
     pred = lat + s * inv_bw
-    return {"direction": direction, "variant": variant, "gbps": 1.0 / inv_bw / 1e9, "latency_us": lat * 1e6,
-            "mape": float(np.mean(np.abs(pred - t) / t) * 100), "n": len(recs),
-            "sizes": [int(x) for x in s], "achieved_gbps": [float(x) for x in s / t / 1e9]}
+    return {
+        "direction": direction,
+        "variant": variant,
+        "gbps": 1.0 / inv_bw / 1e9,
+        "latency_us": lat * 1e6,
+        "mape": float(np.mean(np.abs(pred - t) / t) * 100),
+        "n": len(recs),
+        "sizes": [int(x) for x in s],
+        "achieved_gbps": [float(x) for x in s / t / 1e9],
+    }
 
 
 def fit_host_link(records: list[dict], device_type: str) -> dict:
@@ -165,9 +204,14 @@ def fit_host_link(records: list[dict], device_type: str) -> dict:
         fits[direction] = fit_link(records, direction, variant)
     others = sorted({r["variant"] for r in records if r["kind"] == "copy"} - {variant})
     extra = {f"{d}_{v}": fit_link(records, d, v) for v in others for d in ("h2d", "d2h")}
-    return {"variant": variant, "h2d_gbps": fits["h2d"]["gbps"], "d2h_gbps": fits["d2h"]["gbps"],
-            "h2d_latency_us": fits["h2d"]["latency_us"], "d2h_latency_us": fits["d2h"]["latency_us"],
-            "fits": {**fits, **extra}}
+    return {
+        "variant": variant,
+        "h2d_gbps": fits["h2d"]["gbps"],
+        "d2h_gbps": fits["d2h"]["gbps"],
+        "h2d_latency_us": fits["h2d"]["latency_us"],
+        "d2h_latency_us": fits["d2h"]["latency_us"],
+        "fits": {**fits, **extra},
+    }
 
 
 def step_roofline_error(steps: list[dict], hardware, arch: dict, dtype: str) -> tuple[float, list[float]]:
@@ -208,4 +252,4 @@ def fit_iteration_overhead(steps: list[dict], preds: list[float]) -> float:
     return o if loss(o) < loss(0.0) else 0.0
 
 
-from infersim.simulator.calibration.fit import significant as sig  # noqa: E402, F401  (one rounding rule, used as F.sig)
+from infersim.simulator.calibration.fit import significant as sig  # noqa: E402, F401 (one rounding rule, used as F.sig)

@@ -6,6 +6,7 @@ compare achieved rates with the roofline's counts directly.
 
 Plans (which shapes) are pure functions, separate from the timing, so they can be checked
 without running anything."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ def torch_dtype(name: str):
 @dataclass
 class Bench:
     """What every benchmark needs: where, how to time, how hard, and whom to tell."""
+
     device: object  # torch.device
     timer: Timer
     dtype: str = "fp32"
@@ -86,7 +88,9 @@ def model_gemm_shapes(models: Iterable) -> list[tuple[int, int, str]]:
     return [(k, n, label) for (k, n), label in seen.items()]
 
 
-def gemm_plan(shapes: list[tuple[int, int, str]], tokens: list[int], max_flops: float) -> list[tuple[int, int, int, str]]:
+def gemm_plan(
+    shapes: list[tuple[int, int, str]], tokens: list[int], max_flops: float
+) -> list[tuple[int, int, int, str]]:
     """(m tokens, k, n, label): every shape at every token count within the FLOP cap."""
     return [(m, k, n, label) for k, n, label in shapes for m in tokens if 2.0 * m * k * n <= max_flops]
 
@@ -107,7 +111,9 @@ def gemm_sweep(b: Bench, plan: list[tuple[int, int, int, str]], dtype: str | Non
         if (k, n) not in weights:
             weights.clear()  # one shape's weights alive at a time
             copies = _rotation(k * n * es, b.cold_bytes)
-            weights[(k, n)] = [torch.empty(n, k, dtype=td, device=b.device).uniform_(-0.05, 0.05) for _ in range(copies)]
+            weights[(k, n)] = [
+                torch.empty(n, k, dtype=td, device=b.device).uniform_(-0.05, 0.05) for _ in range(copies)
+            ]
         ws = weights[(k, n)]
         x = torch.empty(m, k, dtype=td, device=b.device).uniform_(-1, 1)
         state = {"i": 0}
@@ -116,8 +122,21 @@ def gemm_sweep(b: Bench, plan: list[tuple[int, int, int, str]], dtype: str | Non
             state["i"] = (state["i"] + 1) % len(ws)
             return F.linear(x, ws[state["i"]])
 
-        out.append(b.run(fn, f"gemm {m}x{k}x{n} {dtype}", kind="gemm", op_class="linear", op=label, m=m, k=k, n=n,
-                         dtype=dtype, flops=2.0 * m * k * n, bytes=float((k * n + m * k + m * n) * es)))
+        out.append(
+            b.run(
+                fn,
+                f"gemm {m}x{k}x{n} {dtype}",
+                kind="gemm",
+                op_class="linear",
+                op=label,
+                m=m,
+                k=k,
+                n=n,
+                dtype=dtype,
+                flops=2.0 * m * k * n,
+                bytes=float((k * n + m * k + m * n) * es),
+            )
+        )
     weights.clear()
     return out
 
@@ -137,16 +156,38 @@ def stream_sweep(b: Bench, sizes: list[int]) -> list[dict]:
         x = torch.empty(n, dtype=td, device=b.device).uniform_(-1, 1)
         y = torch.empty_like(x).uniform_(-1, 1)
         z = torch.empty_like(x)
-        out.append(b.run(lambda: z.copy_(x), f"stream copy {nbytes >> 20} MiB", kind="stream", op_class="memory",
-                         op="copy", size_bytes=n * es, flops=0.0, bytes=2.0 * n * es))
-        out.append(b.run(lambda: torch.add(x, y, out=z), f"stream add {nbytes >> 20} MiB", kind="stream",
-                         op_class="memory", op="add", size_bytes=n * es, flops=float(n), bytes=3.0 * n * es))
+        out.append(
+            b.run(
+                lambda: z.copy_(x),
+                f"stream copy {nbytes >> 20} MiB",
+                kind="stream",
+                op_class="memory",
+                op="copy",
+                size_bytes=n * es,
+                flops=0.0,
+                bytes=2.0 * n * es,
+            )
+        )
+        out.append(
+            b.run(
+                lambda: torch.add(x, y, out=z),
+                f"stream add {nbytes >> 20} MiB",
+                kind="stream",
+                op_class="memory",
+                op="add",
+                size_bytes=n * es,
+                flops=float(n),
+                bytes=3.0 * n * es,
+            )
+        )
         x = y = z = None  # free before the next size
     return out
 
 
 # ---- attention ------------------------------------------------------------------------------
-def attention_counts(batch: int, q_tokens: int, context: int, heads: int, head_dim: int, es: int) -> tuple[float, float]:
+def attention_counts(
+    batch: int, q_tokens: int, context: int, heads: int, head_dim: int, es: int
+) -> tuple[float, float]:
     """FLOPs and bytes of fused attention (qk + softmax + pv) as operators.py counts them:
     every sequence has q_tokens new queries over context + q_tokens keys."""
     keys = context + q_tokens
@@ -159,12 +200,16 @@ def attention_counts(batch: int, q_tokens: int, context: int, heads: int, head_d
 
 def attention_plan(quick: bool) -> dict:
     if quick:
-        return {"heads": [(16, 64)],
-                "prefill": [(bsz, t) for bsz in (1, 4) for t in (64, 256, 1024)],
-                "decode": [(bsz, c) for bsz in (1, 8, 32) for c in (128, 1024, 4096)]}
-    return {"heads": [(16, 64), (32, 128)],
-            "prefill": [(bsz, t) for bsz in (1, 2, 4, 8) for t in (32, 128, 256, 512, 1024, 2048)],
-            "decode": [(bsz, c) for bsz in (1, 4, 16, 32, 64) for c in (64, 256, 1024, 2048, 4096)]}
+        return {
+            "heads": [(16, 64)],
+            "prefill": [(bsz, t) for bsz in (1, 4) for t in (64, 256, 1024)],
+            "decode": [(bsz, c) for bsz in (1, 8, 32) for c in (128, 1024, 4096)],
+        }
+    return {
+        "heads": [(16, 64), (32, 128)],
+        "prefill": [(bsz, t) for bsz in (1, 2, 4, 8) for t in (32, 128, 256, 512, 1024, 2048)],
+        "decode": [(bsz, c) for bsz in (1, 4, 16, 32, 64) for c in (64, 256, 1024, 2048, 4096)],
+    }
 
 
 def attention_sweep(b: Bench, plan: dict, max_flops: float, max_bytes: float) -> list[dict]:
@@ -181,18 +226,44 @@ def attention_sweep(b: Bench, plan: dict, max_flops: float, max_bytes: float) ->
             if flops > max_flops or nbytes > max_bytes or b.over_budget(len(out)):
                 continue
             q, k, v = (torch.empty(bsz, heads, t, d, dtype=td, device=b.device).uniform_(-1, 1) for _ in range(3))
-            out.append(b.run(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
-                             f"attn prefill b{bsz} t{t}", kind="attention", op_class="attention", phase="prefill",
-                             batch=bsz, q_tokens=t, context=0, heads=heads, head_dim=d, flops=flops, bytes=nbytes))
+            out.append(
+                b.run(
+                    lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+                    f"attn prefill b{bsz} t{t}",
+                    kind="attention",
+                    op_class="attention",
+                    phase="prefill",
+                    batch=bsz,
+                    q_tokens=t,
+                    context=0,
+                    heads=heads,
+                    head_dim=d,
+                    flops=flops,
+                    bytes=nbytes,
+                )
+            )
         for bsz, c in plan["decode"]:
             flops, nbytes = attention_counts(bsz, 1, c, heads, d, es)
             if flops > max_flops or nbytes > max_bytes or b.over_budget(len(out)):
                 continue
             q = torch.empty(bsz, heads, 1, d, dtype=td, device=b.device).uniform_(-1, 1)
             k, v = (torch.empty(bsz, heads, c + 1, d, dtype=td, device=b.device).uniform_(-1, 1) for _ in range(2))
-            out.append(b.run(lambda: F.scaled_dot_product_attention(q, k, v), f"attn decode b{bsz} c{c}",
-                             kind="attention", op_class="attention", phase="decode", batch=bsz, q_tokens=1, context=c,
-                             heads=heads, head_dim=d, flops=flops, bytes=nbytes))
+            out.append(
+                b.run(
+                    lambda: F.scaled_dot_product_attention(q, k, v),
+                    f"attn decode b{bsz} c{c}",
+                    kind="attention",
+                    op_class="attention",
+                    phase="decode",
+                    batch=bsz,
+                    q_tokens=1,
+                    context=c,
+                    heads=heads,
+                    head_dim=d,
+                    flops=flops,
+                    bytes=nbytes,
+                )
+            )
             q = k = v = None
     return out
 
@@ -213,8 +284,13 @@ def elementwise_counts(op: str, tokens: int, width: int, es: int) -> tuple[float
 
 def elementwise_plan(quick: bool) -> list[tuple[str, int, int]]:
     tokens = (1, 64, 512, 2048) if quick else (1, 16, 64, 256, 512, 1024, 2048, 4096)
-    widths = {"rmsnorm": (768, 4096), "layernorm": (768, 4096), "silu_mul": (3072, 11008),
-              "relu": (3072, 11008), "gelu": (3072, 11008)}
+    widths = {
+        "rmsnorm": (768, 4096),
+        "layernorm": (768, 4096),
+        "silu_mul": (3072, 11008),
+        "relu": (3072, 11008),
+        "gelu": (3072, 11008),
+    }
     if quick:
         widths = {"rmsnorm": (768, 4096), "layernorm": (2048,), "silu_mul": (3072, 11008), "relu": (8192,), "gelu": ()}
     return [(op, t, w) for op, ws in widths.items() for w in ws for t in tokens]
@@ -244,8 +320,19 @@ def elementwise_sweep(b: Bench, plan: list[tuple[str, int, int]]) -> list[dict]:
         else:
             fn = lambda x=x: F.gelu(x)
         flops, nbytes = elementwise_counts(op, tokens, width, es)
-        out.append(b.run(fn, f"{op} {tokens}x{width}", kind="elementwise", op_class="elementwise", op=op,
-                         tokens=tokens, width=width, flops=flops, bytes=nbytes))
+        out.append(
+            b.run(
+                fn,
+                f"{op} {tokens}x{width}",
+                kind="elementwise",
+                op_class="elementwise",
+                op=op,
+                tokens=tokens,
+                width=width,
+                flops=flops,
+                bytes=nbytes,
+            )
+        )
     return out
 
 
@@ -253,8 +340,12 @@ def elementwise_sweep(b: Bench, plan: list[tuple[str, int, int]]) -> list[dict]:
 def copy_plan(device_type: str, quick: bool) -> list[tuple[str, str, bool, int]]:
     """(direction, variant, pinned, bytes)."""
     sizes = [1 << s for s in ((16, 18, 20, 22, 24, 26, 28) if quick else range(14, 30))]
-    return [(direction, label, pinned, n) for label, pinned in copy_variants(device_type) for n in sizes
-            for direction in ("h2d", "d2h")]
+    return [
+        (direction, label, pinned, n)
+        for label, pinned in copy_variants(device_type)
+        for n in sizes
+        for direction in ("h2d", "d2h")
+    ]
 
 
 def copy_sweep(b: Bench, plan: list[tuple[str, str, bool, int]]) -> list[dict]:
@@ -283,8 +374,20 @@ def copy_sweep(b: Bench, plan: list[tuple[str, str, bool, int]]) -> list[dict]:
             else:
                 hosts[i].copy_(devs[i], non_blocking=non_blocking)
 
-        out.append(b.run(fn, f"copy {direction} {label} {nbytes >> 10} KiB", kind="copy", op_class="copy",
-                         direction=direction, variant=label, pinned=pinned, size_bytes=nbytes, flops=0.0,
-                         bytes=float(nbytes), dtype="uint8"))
+        out.append(
+            b.run(
+                fn,
+                f"copy {direction} {label} {nbytes >> 10} KiB",
+                kind="copy",
+                op_class="copy",
+                direction=direction,
+                variant=label,
+                pinned=pinned,
+                size_bytes=nbytes,
+                flops=0.0,
+                bytes=float(nbytes),
+                dtype="uint8",
+            )
+        )
         del hosts, devs
     return out

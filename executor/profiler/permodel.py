@@ -19,6 +19,7 @@ prefills through the executor's runner over a `PagedKVCache` (the code path that
 Protocol against the drift of a shared machine: every round goes over all settings (fitted
 and held-out alike, round-robin), the median over rounds is kept per setting, and a
 sentinel prefill of the model is timed at the start of every round."""
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -57,15 +58,34 @@ def model_plan(quick: bool, max_positions: int, rounds: int | None = None) -> Mo
     if quick:
         fit = tuple(t for t in (8, 16, 32, 64, 128) if t <= hi)
         held = tuple(t for t in (12, 45, 100) if t <= hi)
-        return ModelPlan(fit, held, (2,), 2, 1, 256, (16, 64), (45,), rounds or 2,
-                         Repeats(warmup=1, min_repeats=3, max_repeats=5, target_s=0.01),
-                         Repeats(warmup=1, min_repeats=3, max_repeats=10, target_s=0.005))
+        return ModelPlan(
+            fit,
+            held,
+            (2,),
+            2,
+            1,
+            256,
+            (16, 64),
+            (45,),
+            rounds or 2,
+            Repeats(warmup=1, min_repeats=3, max_repeats=5, target_s=0.01),
+            Repeats(warmup=1, min_repeats=3, max_repeats=10, target_s=0.005),
+        )
     grid = sorted({int(round(8 * 2 ** (k / 2))) for k in range(40)})
     fit = tuple(t for t in grid if t <= hi)
     held = tuple(t for t in (10, 20, 38, 76, 150, 300, 600, 1200, 1800) if t <= hi and t not in fit)
-    return ModelPlan(fit, held, (2, 3, 4), 12, 6, min(4096, 2 * hi), (16, 64, 256, 1024, 4096),
-                     (45, 150, 300, 600, 1500, 3000), rounds or 7,
-                     Repeats(warmup=1, min_repeats=5, max_repeats=25, target_s=0.06))
+    return ModelPlan(
+        fit,
+        held,
+        (2, 3, 4),
+        12,
+        6,
+        min(4096, 2 * hi),
+        (16, 64, 256, 1024, 4096),
+        (45, 150, 300, 600, 1500, 3000),
+        rounds or 7,
+        Repeats(warmup=1, min_repeats=5, max_repeats=25, target_s=0.06),
+    )
 
 
 def prefill_settings(plan: ModelPlan, seed: int = 0) -> list[tuple[str, tuple[int, ...]]]:
@@ -126,14 +146,31 @@ def measure_model(lm, plan: ModelPlan, *, timer, seed: int = 0, progress=None, s
     longest = max(sum(q) for _, q in settings) + BLOCK_SIZE * 4
     # one cache for the prefills (room for the biggest batch) and one for the swaps: a pool
     # of >= 32 MiB per side, so successive repeats move different blocks, not cache-warm ones
-    cache = PagedKVCache(runner.num_layers, runner.num_kv_heads, runner.head_dim, block_size=BLOCK_SIZE,
-                         gpu_blocks=-(-longest // BLOCK_SIZE) + 4, cpu_blocks=1, dtype=lm.dtype, device=lm.device,
-                         watermark=0.0)
+    cache = PagedKVCache(
+        runner.num_layers,
+        runner.num_kv_heads,
+        runner.head_dim,
+        block_size=BLOCK_SIZE,
+        gpu_blocks=-(-longest // BLOCK_SIZE) + 4,
+        cpu_blocks=1,
+        dtype=lm.dtype,
+        device=lm.device,
+        watermark=0.0,
+    )
     per_block = cache.bytes_per_block
     swap_max = max(plan.swap_fit_tokens + plan.swap_held_tokens)
     pool = max(8 * -(-swap_max // BLOCK_SIZE), (32 << 20) // per_block)
-    scache = PagedKVCache(runner.num_layers, runner.num_kv_heads, runner.head_dim, block_size=BLOCK_SIZE,
-                          gpu_blocks=pool, cpu_blocks=pool, dtype=lm.dtype, device=lm.device, watermark=0.0)
+    scache = PagedKVCache(
+        runner.num_layers,
+        runner.num_kv_heads,
+        runner.head_dim,
+        block_size=BLOCK_SIZE,
+        gpu_blocks=pool,
+        cpu_blocks=pool,
+        dtype=lm.dtype,
+        device=lm.device,
+        watermark=0.0,
+    )
     for t in (scache._k, scache._v, scache._hk, scache._hv):
         t.fill_(0.5)  # commit the pages before timing
     scache._clean = [True] * pool
@@ -141,7 +178,9 @@ def measure_model(lm, plan: ModelPlan, *, timer, seed: int = 0, progress=None, s
 
     def prompt_set(q):
         if q not in prompts:
-            prompts[q] = make_prompts(list(q), tokenizer=lm.tokenizer, vocab_size=lm.vocab_size, seed=seed + len(prompts))
+            prompts[q] = make_prompts(
+                list(q), tokenizer=lm.tokenizer, vocab_size=lm.vocab_size, seed=seed + len(prompts)
+            )
         return prompts[q]
 
     def prefill_fn(q):
@@ -152,12 +191,21 @@ def measure_model(lm, plan: ModelPlan, *, timer, seed: int = 0, progress=None, s
 
         def fn():  # one engine iteration: the plan and the forward pass over the paged cache
             return runner.forward(plan_batch(cache, batch, lm.device), cache)
+
         return seqs, fn
 
-    out = {"prefill": {q: [] for _, q in settings},
-           "swap": {(n, lay): {"out": [], "in": []} for n in sorted(set(plan.swap_fit_tokens + plan.swap_held_tokens))
-                    for lay in LAYOUTS},
-           "sentinel": [], "settings": settings, "bytes_per_block": per_block, "layers": runner.num_layers}
+    out = {
+        "prefill": {q: [] for _, q in settings},
+        "swap": {
+            (n, lay): {"out": [], "in": []}
+            for n in sorted(set(plan.swap_fit_tokens + plan.swap_held_tokens))
+            for lay in LAYOUTS
+        },
+        "sentinel": [],
+        "settings": settings,
+        "bytes_per_block": per_block,
+        "layers": runner.num_layers,
+    }
     order_rng = np.random.default_rng([seed, 47])
     for r in range(plan.rounds):
         seqs, fn = prefill_fn((SENTINEL_TOKENS,))
@@ -261,19 +309,39 @@ def fit_swap(rows: list[dict]) -> dict:
         if inv_bw <= 0:
             inv_bw = float(np.min(t / s))
         pred = lat + c * per_copy + s * inv_bw
-        fit[d] = {"latency_us": float(lat * 1e6), "per_copy_us": float(per_copy * 1e6), "gbps": float(1.0 / inv_bw / 1e9),
-                  "mape_fitted": float(np.mean(np.abs(pred - t) / t) * 100)}
+        fit[d] = {
+            "latency_us": float(lat * 1e6),
+            "per_copy_us": float(per_copy * 1e6),
+            "gbps": float(1.0 / inv_bw / 1e9),
+            "mape_fitted": float(np.mean(np.abs(pred - t) / t) * 100),
+        }
     return fit
 
 
-def analyze_model(raw: dict, plan: ModelPlan, *, name: str, spec, config_hash: str, dtype: str, hardware,
-                  calibration: dict | None, seed: int = 0) -> dict:
+def analyze_model(
+    raw: dict,
+    plan: ModelPlan,
+    *,
+    name: str,
+    spec,
+    config_hash: str,
+    dtype: str,
+    hardware,
+    calibration: dict | None,
+    seed: int = 0,
+) -> dict:
     """The sidecar entry of one model: the recompute predictor (chosen without the held-out
     set), its held-out errors beside the generic predictor's and the roofline's, and the swap
     check of the executor's swap path."""
     from infersim.simulator.costmodel import BatchShape, RooflineCostModel
-    from infersim.simulator.costmodel.regression import (MODEL_FEATURES, MODEL_PREDICTORS_FORMAT, MODEL_PREDICTORS_VERSION,
-                                                RegressionCostModel, model_features, model_key)
+    from infersim.simulator.costmodel.regression import (
+        MODEL_FEATURES,
+        MODEL_PREDICTORS_FORMAT,
+        MODEL_PREDICTORS_VERSION,
+        RegressionCostModel,
+        model_features,
+        model_key,
+    )
 
     from .regress import compare_sets
 
@@ -286,16 +354,29 @@ def analyze_model(raw: dict, plan: ModelPlan, *, name: str, spec, config_hash: s
     Xh = np.array([model_features(q) for q in held_q])
     yh = np.array([med[q][0] for q in held_q])
     comp = compare_sets(Xf, yf, Xh, yh, target="prefill", features=MODEL_FEATURES, seed=seed)
-    domain = {"tokens": [int(min(plan.fit_tokens)), int(max(plan.fit_tokens))],
-              "batch": [1, int(max((1,) + plan.batches))], "max_batched_tokens": int(plan.max_batched_tokens)}
-    entry = {"name": name, "config_hash": config_hash, "dtype": dtype,
-             "spec": {k: v for k, v in spec.model_dump().items() if k not in ("source", "aliases")},
-             "recompute": {"predictor": comp.pop("portable"), "domain": domain, "comparison": comp}}
+    domain = {
+        "tokens": [int(min(plan.fit_tokens)), int(max(plan.fit_tokens))],
+        "batch": [1, int(max((1,) + plan.batches))],
+        "max_batched_tokens": int(plan.max_batched_tokens),
+    }
+    entry = {
+        "name": name,
+        "config_hash": config_hash,
+        "dtype": dtype,
+        "spec": {k: v for k, v in spec.model_dump().items() if k not in ("source", "aliases")},
+        "recompute": {"predictor": comp.pop("portable"), "domain": domain, "comparison": comp},
+    }
     rows = []
     reg = generic = roof = None
     if hardware is not None and calibration is not None:
-        cal = {**calibration, "per_model": {"format": MODEL_PREDICTORS_FORMAT, "version": MODEL_PREDICTORS_VERSION,
-                                            "models": {model_key(name, config_hash): entry}}}
+        cal = {
+            **calibration,
+            "per_model": {
+                "format": MODEL_PREDICTORS_FORMAT,
+                "version": MODEL_PREDICTORS_VERSION,
+                "models": {model_key(name, config_hash): entry},
+            },
+        }
         reg = RegressionCostModel(spec, hardware, dtype=dtype, calibration=cal)
         assert reg.model_predictor_key is not None
         generic = RegressionCostModel(spec, hardware, dtype=dtype, calibration={**calibration, "per_model": None})
@@ -306,14 +387,25 @@ def analyze_model(raw: dict, plan: ModelPlan, *, name: str, spec, config_hash: s
     for role, q in settings:
         m, cv = med[q]
         shape = BatchShape.prefill(list(q))
-        row = {"role": role, "prompts": list(q), "tokens": int(sum(q)), "batch": len(q), "measured_s": m,
-               "rounds_cv": cv, "pred_s": float(port.predict(model_features(q)[None])[0])}
+        row = {
+            "role": role,
+            "prompts": list(q),
+            "tokens": int(sum(q)),
+            "batch": len(q),
+            "measured_s": m,
+            "rounds_cv": cv,
+            "pred_s": float(port.predict(model_features(q)[None])[0]),
+        }
         if reg is not None:
             row["pred_cost_model_s"] = reg.iteration_time_s(shape)
             row["pred_generic_s"] = generic.iteration_time_s(shape)
             row["pred_roofline_s"] = roof.iteration_time_s(shape)
-        for k, e in (("pred_s", "err_predictor_pct"), ("pred_cost_model_s", "err_cost_model_pct"),
-                     ("pred_generic_s", "err_generic_pct"), ("pred_roofline_s", "err_roofline_pct")):
+        for k, e in (
+            ("pred_s", "err_predictor_pct"),
+            ("pred_cost_model_s", "err_cost_model_pct"),
+            ("pred_generic_s", "err_generic_pct"),
+            ("pred_roofline_s", "err_roofline_pct"),
+        ):
             if k in row:
                 row[e] = _pct(row[k], m)
         rows.append(row)
@@ -326,30 +418,47 @@ def analyze_model(raw: dict, plan: ModelPlan, *, name: str, spec, config_hash: s
     heldb = [r for r in rows if r["role"] == "held" and r["batch"] > 1]
     fitted = [r for r in rows if r["role"] == "fit"]
     best_key = "err_cost_model_pct" if reg is not None else "err_predictor_pct"
-    entry["recompute"].update({
-        "rows": rows, "rounds": plan.rounds,
-        "rounds_cv_median": float(np.median([r["rounds_cv"] for r in rows])),
-        "mape_recompute": mape(held1, best_key),  # held-out prompts alone: a preempted sequence's recompute
-        "mape_held_out_batched": mape(heldb, best_key),
-        "mape_fitted": mape(fitted, best_key),
-        "mape_recompute_generic": mape(held1, "err_generic_pct"),
-        "mape_recompute_roofline": mape(held1, "err_roofline_pct")})
+    entry["recompute"].update(
+        {
+            "rows": rows,
+            "rounds": plan.rounds,
+            "rounds_cv_median": float(np.median([r["rounds_cv"] for r in rows])),
+            "mape_recompute": mape(held1, best_key),  # held-out prompts alone: a preempted sequence's recompute
+            "mape_held_out_batched": mape(heldb, best_key),
+            "mape_fitted": mape(fitted, best_key),
+            "mape_recompute_generic": mape(held1, "err_generic_pct"),
+            "mape_recompute_roofline": mape(held1, "err_roofline_pct"),
+        }
+    )
 
     # ---- swap: the executor's own path ---------------------------------------------------
     srows = []
     per_block = raw["bytes_per_block"]
     for (n, layout), smp in raw["swap"].items():
         (t_out, cv_out), (t_in, cv_in) = _rounds_median(smp["out"]), _rounds_median(smp["in"])
-        srows.append({"tokens": int(n), "layout": layout, "role": "fit" if n in plan.swap_fit_tokens else "held",
-                      "bytes": -(-int(n) // BLOCK_SIZE) * per_block, "copies": int(smp["copies"]),
-                      # each slice copy spans the pool's layers: one contiguous memcpy per layer
-                      "segments": int(smp["copies"]) * int(raw["layers"]),
-                      "swap_out_s": t_out, "swap_in_s": t_in, "rounds_cv": 0.5 * (cv_out + cv_in)})
+        srows.append(
+            {
+                "tokens": int(n),
+                "layout": layout,
+                "role": "fit" if n in plan.swap_fit_tokens else "held",
+                "bytes": -(-int(n) // BLOCK_SIZE) * per_block,
+                "copies": int(smp["copies"]),
+                # each slice copy spans the pool's layers: one contiguous memcpy per layer
+                "segments": int(smp["copies"]) * int(raw["layers"]),
+                "swap_out_s": t_out,
+                "swap_in_s": t_in,
+                "rounds_cv": 0.5 * (cv_out + cv_in),
+            }
+        )
     sfit = fit_swap([r for r in srows if r["role"] == "fit"])
     link = (calibration or {}).get("host_link") or {}
     # (latency per swap, cost per slice copy, bytes/s) per direction
-    formulas = {"model_fit": {d: (sfit[d]["latency_us"] * 1e-6, sfit[d]["per_copy_us"] * 1e-6, sfit[d]["gbps"] * 1e9)
-                              for d in ("d2h", "h2d")}}
+    formulas = {
+        "model_fit": {
+            d: (sfit[d]["latency_us"] * 1e-6, sfit[d]["per_copy_us"] * 1e-6, sfit[d]["gbps"] * 1e9)
+            for d in ("d2h", "h2d")
+        }
+    }
     if link:
         # the profile's link: its fitted latency is that of one contiguous copy, which every
         # segment (a layer's part of a slice copy) pays
@@ -368,19 +477,37 @@ def analyze_model(raw: dict, plan: ModelPlan, *, name: str, spec, config_hash: s
         for lay in LAYOUTS:
             sel = [r for r in held if r["layout"] == lay]
             summary[f][lay] = {k: float(np.mean([r[f"err_{k}_{f}_pct"] for r in sel])) for k in ("out", "in", "swap")}
-    entry["swap"] = {"rows": srows, "fit": {d: {k: v[k] for k in ("latency_us", "per_copy_us", "gbps")}
-                                            for d, v in sfit.items()},
-                     "fit_mape_fitted_sizes": {d: v["mape_fitted"] for d, v in sfit.items()},
-                     "held_out_mape": summary, "block_size": BLOCK_SIZE, "bytes_per_block": per_block,
-                     "rounds_cv_median": float(np.median([r["rounds_cv"] for r in srows]))}
+    entry["swap"] = {
+        "rows": srows,
+        "fit": {d: {k: v[k] for k in ("latency_us", "per_copy_us", "gbps")} for d, v in sfit.items()},
+        "fit_mape_fitted_sizes": {d: v["mape_fitted"] for d, v in sfit.items()},
+        "held_out_mape": summary,
+        "block_size": BLOCK_SIZE,
+        "bytes_per_block": per_block,
+        "rounds_cv_median": float(np.median([r["rounds_cv"] for r in srows])),
+    }
     s = np.asarray(raw["sentinel"])
-    entry["sentinel"] = {"prefill_tokens": SENTINEL_TOKENS, "per_round_s": [float(x) for x in s],
-                         "spread": float(s.max() / s.min()) if len(s) else None}
+    entry["sentinel"] = {
+        "prefill_tokens": SENTINEL_TOKENS,
+        "per_round_s": [float(x) for x in s],
+        "spread": float(s.max() / s.min()) if len(s) else None,
+    }
     return entry
 
 
-def profile_models(names, *, hardware, calibration: dict | None, device, dtype: str, quick: bool, seed: int = 0,
-                   rounds: int | None = None, progress=None, timer=None) -> dict:
+def profile_models(
+    names,
+    *,
+    hardware,
+    calibration: dict | None,
+    device,
+    dtype: str,
+    quick: bool,
+    seed: int = 0,
+    rounds: int | None = None,
+    progress=None,
+    timer=None,
+) -> dict:
     """The `per_model` sidecar section for the named models (zoo names, checkpoint folders)."""
     import torch
 
@@ -401,13 +528,29 @@ def profile_models(names, *, hardware, calibration: dict | None, device, dtype: 
         spec, h = model_spec_of(lm)
         plan = model_plan(quick, lm.max_positions, rounds)
         raw = measure_model(lm, plan, timer=timer, seed=seed, progress=progress, sync=sync)
-        entry = analyze_model(raw, plan, name=lm.name, spec=spec, config_hash=h, dtype=dtype, hardware=hardware,
-                              calibration=calibration, seed=seed)
+        entry = analyze_model(
+            raw,
+            plan,
+            name=lm.name,
+            spec=spec,
+            config_hash=h,
+            dtype=dtype,
+            hardware=hardware,
+            calibration=calibration,
+            seed=seed,
+        )
         la1 = load_average()
-        entry.update({"path": str(lm.path), "device": str(device), "threads": torch.get_num_threads(),
-                      "measured_at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-                      "load_average": {"start": la0[0] if la0 else None, "end": la1[0] if la1 else None},
-                      "mode": "quick" if quick else "full", "time_s": round(time.perf_counter() - t0, 2)})
+        entry.update(
+            {
+                "path": str(lm.path),
+                "device": str(device),
+                "threads": torch.get_num_threads(),
+                "measured_at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                "load_average": {"start": la0[0] if la0 else None, "end": la1[0] if la1 else None},
+                "mode": "quick" if quick else "full",
+                "time_s": round(time.perf_counter() - t0, 2),
+            }
+        )
         models[model_key(lm.name, h)] = entry
         del lm
     return {"format": MODEL_PREDICTORS_FORMAT, "version": MODEL_PREDICTORS_VERSION, "models": models}

@@ -7,6 +7,7 @@ Features and target are taken in logarithms (then standardised and expanded into
 step time is close to a product of powers of the four features, which a low-degree
 polynomial in logs follows far better than one in raw values. The table reports the error
 of the time itself, as the paper does."""
+
 from __future__ import annotations
 
 import warnings
@@ -14,8 +15,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from infersim.simulator.costmodel.regression import (FEATURES, REGRESSOR_FORMAT, REGRESSOR_VERSION, PortableRegressor,
-                                            design_matrix, pack_array, poly_powers)
+from infersim.simulator.costmodel.regression import (
+    FEATURES,
+    REGRESSOR_FORMAT,
+    REGRESSOR_VERSION,
+    PortableRegressor,
+    design_matrix,
+    pack_array,
+    poly_powers,
+)
 
 DEGREES = (1, 2, 3, 4, 5)
 # name -> (AdaptiveLLM's row label, what it is)
@@ -69,10 +77,14 @@ class Comparison:
         return self.table[self.best[0]][self.best[1]]
 
     def as_dict(self) -> dict:
-        return {"target": self.target, "n_train": self.n_train, "n_test": self.n_test,
-                "best": {"estimator": self.best[0], "degree": self.best[1], "mape": round(self.best_mape, 4)},
-                "conversion_max_rel": self.conversion_max_rel,
-                "table": {k: {str(d): round(v, 4) for d, v in row.items()} for k, row in self.table.items()}}
+        return {
+            "target": self.target,
+            "n_train": self.n_train,
+            "n_test": self.n_test,
+            "best": {"estimator": self.best[0], "degree": self.best[1], "mape": round(self.best_mape, 4)},
+            "conversion_max_rel": self.conversion_max_rel,
+            "table": {k: {str(d): round(v, 4) for d, v in row.items()} for k, row in self.table.items()},
+        }
 
 
 def split(n: int, test_frac: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -90,8 +102,17 @@ def transform_for(X_train: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return mean, scale
 
 
-def compare(X: np.ndarray, y: np.ndarray, *, target: str, degrees=DEGREES, regressors=tuple(REGRESSORS),
-            test_frac: float = 0.2, seed: int = 0, progress=None) -> Comparison:
+def compare(
+    X: np.ndarray,
+    y: np.ndarray,
+    *,
+    target: str,
+    degrees=DEGREES,
+    regressors=tuple(REGRESSORS),
+    test_frac: float = 0.2,
+    seed: int = 0,
+    progress=None,
+) -> Comparison:
     """Fit every regressor at every degree on the training rows, score on the held-out rows,
     keep the best (lowest held-out MAPE; the first in table order on a tie)."""
     X, y = np.asarray(X, dtype=np.float64), np.asarray(y, dtype=np.float64)
@@ -115,8 +136,9 @@ def compare(X: np.ndarray, y: np.ndarray, *, target: str, degrees=DEGREES, regre
             if progress:
                 progress(f"regress {target} {name} deg {deg}")
     est, powers, sk_pred = best_fit
-    spec = to_portable(best[0], best[1], est, mean, scale, powers, target=target, mape=best_err,
-                       n_train=len(tr), n_test=len(te))
+    spec = to_portable(
+        best[0], best[1], est, mean, scale, powers, target=target, mape=best_err, n_train=len(tr), n_test=len(te)
+    )
     port = PortableRegressor(spec)
     conv = float(np.max(np.abs(port.predict(X[te]) - sk_pred) / sk_pred))
     with warnings.catch_warnings():
@@ -128,37 +150,82 @@ def compare(X: np.ndarray, y: np.ndarray, *, target: str, degrees=DEGREES, regre
 # ---- scikit-learn estimator -> plain arrays -----------------------------------------------------------
 def _tree_dict(tree) -> dict:
     t = tree.tree_
-    return {"left": pack_array(t.children_left.astype(np.int32)), "right": pack_array(t.children_right.astype(np.int32)),
-            "feature": pack_array(t.feature.astype(np.int32)), "threshold": pack_array(t.threshold.astype(np.float64)),
-            "value": pack_array(t.value.reshape(t.node_count, -1)[:, 0].astype(np.float64))}
+    return {
+        "left": pack_array(t.children_left.astype(np.int32)),
+        "right": pack_array(t.children_right.astype(np.int32)),
+        "feature": pack_array(t.feature.astype(np.int32)),
+        "threshold": pack_array(t.threshold.astype(np.float64)),
+        "value": pack_array(t.value.reshape(t.node_count, -1)[:, 0].astype(np.float64)),
+    }
 
 
-def to_portable(name: str, degree: int, est, mean, scale, powers, *, target: str, mape: float, n_train: int,
-                n_test: int, features=FEATURES) -> dict:
+def to_portable(
+    name: str,
+    degree: int,
+    est,
+    mean,
+    scale,
+    powers,
+    *,
+    target: str,
+    mape: float,
+    n_train: int,
+    n_test: int,
+    features=FEATURES,
+) -> dict:
     if name in ("linear", "ridge", "lasso", "elastic_net"):
-        kind, model = "linear", {"coef": pack_array(np.asarray(est.coef_, dtype=np.float64).reshape(-1)),
-                                 "intercept": float(np.asarray(est.intercept_).reshape(-1)[0])}
+        kind, model = (
+            "linear",
+            {
+                "coef": pack_array(np.asarray(est.coef_, dtype=np.float64).reshape(-1)),
+                "intercept": float(np.asarray(est.intercept_).reshape(-1)[0]),
+            },
+        )
     elif name == "decision_tree":
         kind, model = "tree", {"trees": [_tree_dict(est)]}
     elif name == "random_forest":
         kind, model = "forest", {"trees": [_tree_dict(t) for t in est.estimators_]}
     elif name == "gradient_boosting":
         init = float(np.asarray(est.init_.constant_).reshape(-1)[0])
-        kind, model = "boosting", {"init": init, "learning_rate": float(est.learning_rate),
-                                   "trees": [_tree_dict(t) for t in est.estimators_[:, 0]]}
+        kind, model = (
+            "boosting",
+            {
+                "init": init,
+                "learning_rate": float(est.learning_rate),
+                "trees": [_tree_dict(t) for t in est.estimators_[:, 0]],
+            },
+        )
     elif name == "knn":
         if est.weights != "uniform":
             raise ValueError("only uniform k-NN weights are stored")
-        kind, model = "knn", {"X": pack_array(np.asarray(est._fit_X, dtype=np.float64)),
-                              "y": pack_array(np.asarray(est._y, dtype=np.float64).reshape(-1)), "k": int(est.n_neighbors)}
+        kind, model = (
+            "knn",
+            {
+                "X": pack_array(np.asarray(est._fit_X, dtype=np.float64)),
+                "y": pack_array(np.asarray(est._y, dtype=np.float64).reshape(-1)),
+                "k": int(est.n_neighbors),
+            },
+        )
     else:
         raise ValueError(f"unknown regressor {name}")
-    return {"format": REGRESSOR_FORMAT, "version": REGRESSOR_VERSION, "target": target, "estimator": name,
-            "degree": int(degree), "features": list(features), "kind": kind,
-            "transform": {"log_features": True, "log_target": True, "mean": [float(v) for v in mean],
-                          "scale": [float(v) for v in scale]},
-            "powers": np.asarray(powers).tolist(), "model": model,
-            "held_out": {"mape": round(float(mape), 4), "n_train": int(n_train), "n_test": int(n_test)}}
+    return {
+        "format": REGRESSOR_FORMAT,
+        "version": REGRESSOR_VERSION,
+        "target": target,
+        "estimator": name,
+        "degree": int(degree),
+        "features": list(features),
+        "kind": kind,
+        "transform": {
+            "log_features": True,
+            "log_target": True,
+            "mean": [float(v) for v in mean],
+            "scale": [float(v) for v in scale],
+        },
+        "powers": np.asarray(powers).tolist(),
+        "model": model,
+        "held_out": {"mape": round(float(mape), 4), "n_train": int(n_train), "n_test": int(n_test)},
+    }
 
 
 # ---- printing -----------------------------------------------------------------------------------------
@@ -167,8 +234,11 @@ def error_table(comp: Comparison, title: str | None = None):
     from rich.table import Table
 
     degs = sorted({d for row in comp.table.values() for d in row})
-    t = Table(title=title or f"{comp.target} step time: held-out MAPE (%) by regressor and polynomial degree "
-                             f"({comp.n_train} train / {comp.n_test} held-out)")
+    t = Table(
+        title=title
+        or f"{comp.target} step time: held-out MAPE (%) by regressor and polynomial degree "
+        f"({comp.n_train} train / {comp.n_test} held-out)"
+    )
     t.add_column("regressor - degree")
     for d in degs:
         t.add_column(str(d), justify="right")
@@ -203,12 +273,20 @@ def fit_physical(X: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray]:
     return float(coef[0]), coef[1:]
 
 
-def physical_portable(intercept: float, coef: np.ndarray, *, target: str, features, mape: float, n_train: int,
-                      n_test: int) -> dict:
-    return {"format": REGRESSOR_FORMAT, "version": REGRESSOR_VERSION, "target": target, "estimator": PHYSICAL,
-            "degree": 2, "features": list(features), "kind": "physical",
-            "model": {"coef": pack_array(np.asarray(coef, dtype=np.float64)), "intercept": float(intercept)},
-            "held_out": {"mape": round(float(mape), 4), "n_train": int(n_train), "n_test": int(n_test)}}
+def physical_portable(
+    intercept: float, coef: np.ndarray, *, target: str, features, mape: float, n_train: int, n_test: int
+) -> dict:
+    return {
+        "format": REGRESSOR_FORMAT,
+        "version": REGRESSOR_VERSION,
+        "target": target,
+        "estimator": PHYSICAL,
+        "degree": 2,
+        "features": list(features),
+        "kind": "physical",
+        "model": {"coef": pack_array(np.asarray(coef, dtype=np.float64)), "intercept": float(intercept)},
+        "held_out": {"mape": round(float(mape), 4), "n_train": int(n_train), "n_test": int(n_test)},
+    }
 
 
 def _fit_one(name: str, deg, X, y, mean, scale, seed):
@@ -226,11 +304,23 @@ def _fit_one(name: str, deg, X, y, mean, scale, seed):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             return np.exp(est.predict(design_matrix(Z, mean, scale, powers)))
+
     return pred, (est, powers)
 
 
-def compare_sets(X_fit, y_fit, X_held, y_held, *, target: str, features, degrees=DEGREES,
-                 regressors=tuple(REGRESSORS), folds: int = 5, seed: int = 0) -> dict:
+def compare_sets(
+    X_fit,
+    y_fit,
+    X_held,
+    y_held,
+    *,
+    target: str,
+    features,
+    degrees=DEGREES,
+    regressors=tuple(REGRESSORS),
+    folds: int = 5,
+    seed: int = 0,
+) -> dict:
     """Every regressor x degree (AdaptiveLLM's table) and the physical model, fitted on the
     fitted set and scored on the held-out set. The kept candidate is chosen WITHOUT looking at
     the held-out set: by its mean error over a seeded `folds`-fold cross-validation of the
@@ -265,17 +355,44 @@ def compare_sets(X_fit, y_fit, X_held, y_held, *, target: str, features, degrees
     ph, fitted = fits[chosen]
     name, deg = chosen
     if name == PHYSICAL:
-        spec = physical_portable(fitted[0], fitted[1], target=target, features=features, mape=table[name][deg],
-                                 n_train=len(y_fit), n_test=len(y_held))
+        spec = physical_portable(
+            fitted[0],
+            fitted[1],
+            target=target,
+            features=features,
+            mape=table[name][deg],
+            n_train=len(y_fit),
+            n_test=len(y_held),
+        )
     else:
         est, powers = fitted
-        spec = to_portable(name, deg, est, mean_all, scale_all, powers, target=target, mape=table[name][deg],
-                           n_train=len(y_fit), n_test=len(y_held), features=features)
+        spec = to_portable(
+            name,
+            deg,
+            est,
+            mean_all,
+            scale_all,
+            powers,
+            target=target,
+            mape=table[name][deg],
+            n_train=len(y_fit),
+            n_test=len(y_held),
+            features=features,
+        )
     port = PortableRegressor(spec)
     conv = float(np.max(np.abs(port.predict(X_held) - ph(X_held)) / ph(X_held)))
-    return {"portable": spec, "chosen": {"estimator": name, "degree": int(deg), "held_out_mape": table[name][deg],
-                                         "validation_mape": validation[name][deg]},
-            "oracle": {"estimator": oracle[0], "degree": int(oracle[1]), "held_out_mape": table[oracle[0]][oracle[1]]},
-            "conversion_max_rel": conv, "n_fit": len(y_fit), "n_held_out": len(y_held),
-            "table": {k: {str(d): round(v, 4) for d, v in row.items()} for k, row in table.items()},
-            "validation_table": {k: {str(d): round(v, 4) for d, v in row.items()} for k, row in validation.items()}}
+    return {
+        "portable": spec,
+        "chosen": {
+            "estimator": name,
+            "degree": int(deg),
+            "held_out_mape": table[name][deg],
+            "validation_mape": validation[name][deg],
+        },
+        "oracle": {"estimator": oracle[0], "degree": int(oracle[1]), "held_out_mape": table[oracle[0]][oracle[1]]},
+        "conversion_max_rel": conv,
+        "n_fit": len(y_fit),
+        "n_held_out": len(y_held),
+        "table": {k: {str(d): round(v, 4) for d, v in row.items()} for k, row in table.items()},
+        "validation_table": {k: {str(d): round(v, 4) for d, v in row.items()} for k, row in validation.items()},
+    }

@@ -6,6 +6,7 @@ copies -> whole-iteration step times of small transformers -> fits (roofs, effic
 overheads, host link) -> the eight regressors x five degrees per step kind -> held-out swap
 and recompute checks -> `<out>.yaml` (a HardwareProfile) and `<out>.calib.json` (the curves,
 the regressors, the checks), the YAML recording the sidecar's SHA-256."""
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -37,8 +38,16 @@ from .kernels import (
 
 # --quick: each stage's wall-clock budget (s) and the points it measures whatever the clock
 # says; an idle 2-core machine never reaches them, a busy one drops the tail of each sweep
-QUICK_BUDGETS = {"gemm": (12.0, 12), "dtype_probes": (4.0, 2), "stream": (4.0, 2), "attention": (6.0, 6),
-                 "elementwise": (5.0, 8), "copy": (6.0, 6), "swap_check": (6.0, 1), "recompute_check": (8.0, 2)}
+QUICK_BUDGETS = {
+    "gemm": (12.0, 12),
+    "dtype_probes": (4.0, 2),
+    "stream": (4.0, 2),
+    "attention": (6.0, 6),
+    "elementwise": (5.0, 8),
+    "copy": (6.0, 6),
+    "swap_check": (6.0, 1),
+    "recompute_check": (8.0, 2),
+}
 QUICK_GEMM_MODELS = ("opt-125m", "opt-1.3b", "llama-7b")
 FULL_GEMM_MODELS = ("opt-125m", "llama-160m", "opt-1.3b", "llama-7b", "llama-13b", "llama-2-70b")
 
@@ -68,8 +77,7 @@ class _Progress(ProgressBar):
     """Counts profiling steps; the total grows when a stage takes more than planned."""
 
     def __init__(self, quiet: bool, total: int):
-        super().__init__("profiling", quiet=quiet, total=total, fields="{task.fields[label]}", transient=True,
-                         label="")
+        super().__init__("profiling", quiet=quiet, total=total, fields="{task.fields[label]}", transient=True, label="")
         self.done = 0
 
     def __call__(self, label: str) -> None:
@@ -95,27 +103,49 @@ def _plans(device_type: str, quick: bool, dtype: str) -> dict:
     if cuda:
         probes = {"fp32": [(4096, 4096, 4096, "probe")], "bf16": [(4096, 4096, 4096, "probe")]}
     else:
-        probes = {"bf16": [(128, 2048, 2048, "probe"), (512, 2048, 2048, "probe")],
-                  "fp16": [(16, 256, 256, "probe"), (64, 256, 256, "probe")]}
+        probes = {
+            "bf16": [(128, 2048, 2048, "probe"), (512, 2048, 2048, "probe")],
+            "fp16": [(16, 256, 256, "probe"), (64, 256, 256, "probe")],
+        }
     probes.pop(dtype, None)
-    stream = [256 << 20, 1 << 30] if cuda else ([64 << 20, 256 << 20] if quick else [64 << 20, 128 << 20, 256 << 20, 512 << 20])
+    stream = (
+        [256 << 20, 1 << 30]
+        if cuda
+        else ([64 << 20, 256 << 20] if quick else [64 << 20, 128 << 20, 256 << 20, 512 << 20])
+    )
     attn_caps = (2e10 if quick else 2e11) * (1000 if cuda else 1), (1 << 30)
     steps = step_plan(quick)
     if cuda:
         steps = _cuda_steps(steps)
-    return {"gemm": gemm_plan(model_gemm_shapes(models), list(tokens), max_flops), "probes": probes, "stream": stream,
-            "attention": attention_plan(quick), "attn_caps": attn_caps, "elementwise": elementwise_plan(quick),
-            "copy": copy_plan(device_type, quick), "steps": steps,
-            "swap_points": sum(len(SWAP_TOKENS_QUICK if quick else SWAP_TOKENS_FULL)
-                               for _ in (SWAP_MODELS_QUICK if quick else SWAP_MODELS_FULL))}
+    return {
+        "gemm": gemm_plan(model_gemm_shapes(models), list(tokens), max_flops),
+        "probes": probes,
+        "stream": stream,
+        "attention": attention_plan(quick),
+        "attn_caps": attn_caps,
+        "elementwise": elementwise_plan(quick),
+        "copy": copy_plan(device_type, quick),
+        "steps": steps,
+        "swap_points": sum(
+            len(SWAP_TOKENS_QUICK if quick else SWAP_TOKENS_FULL)
+            for _ in (SWAP_MODELS_QUICK if quick else SWAP_MODELS_FULL)
+        ),
+    }
 
 
 def _cuda_steps(p):
     """On a GPU the small transformers are launch-bound; wider and longer sweeps cost little."""
     from dataclasses import replace
 
-    return replace(p, hidden=tuple(sorted(set(p.hidden) | {1024, 2048})), prefill_tokens=(8, 2048),
-                   prefill_batch=(1, 32), prefill_max_batched=16384, decode_batch=(1, 256), max_kv_bytes=8 << 30)
+    return replace(
+        p,
+        hidden=tuple(sorted(set(p.hidden) | {1024, 2048})),
+        prefill_tokens=(8, 2048),
+        prefill_batch=(1, 32),
+        prefill_max_batched=16384,
+        decode_batch=(1, 256),
+        max_kv_bytes=8 << 30,
+    )
 
 
 def _repeats(device_type: str, quick: bool) -> Repeats:
@@ -125,10 +155,41 @@ def _repeats(device_type: str, quick: bool) -> Repeats:
 
 
 def _slim(records: list[dict]) -> list[dict]:
-    keep = ("kind", "op", "op_class", "phase", "m", "k", "n", "dtype", "batch", "q_tokens", "context", "heads",
-            "head_dim", "tokens", "width", "direction", "variant", "pinned", "size_bytes", "layers", "hidden", "flops",
-            "bytes", "median_s", "p10_s", "p90_s", "min_s", "max_s", "repeats", "spread", "achieved_flops",
-            "achieved_bytes", "sentinel_s")
+    keep = (
+        "kind",
+        "op",
+        "op_class",
+        "phase",
+        "m",
+        "k",
+        "n",
+        "dtype",
+        "batch",
+        "q_tokens",
+        "context",
+        "heads",
+        "head_dim",
+        "tokens",
+        "width",
+        "direction",
+        "variant",
+        "pinned",
+        "size_bytes",
+        "layers",
+        "hidden",
+        "flops",
+        "bytes",
+        "median_s",
+        "p10_s",
+        "p90_s",
+        "min_s",
+        "max_s",
+        "repeats",
+        "spread",
+        "achieved_flops",
+        "achieved_bytes",
+        "sentinel_s",
+    )
     out = []
     for r in records:
         d = {k: r[k] for k in keep if k in r}
@@ -139,32 +200,56 @@ def _slim(records: list[dict]) -> list[dict]:
     return out
 
 
-def build_hardware_dict(name: str, info: dict, roof: dict, peaks: dict, eff: dict, link: dict, iteration_s: float,
-                        mode: str, when: str, load: dict, device_type: str) -> dict:
+def build_hardware_dict(
+    name: str,
+    info: dict,
+    roof: dict,
+    peaks: dict,
+    eff: dict,
+    link: dict,
+    iteration_s: float,
+    mode: str,
+    when: str,
+    load: dict,
+    device_type: str,
+) -> dict:
     sig = F.sig
     dtype = roof["dtype"]
     peak_tflops = {k: sig(v / 1e12) for k, v in sorted(peaks.items())}
     if "fp16" not in peak_tflops:  # the schema wants one; without a measurement, the primary dtype's
         peak_tflops["fp16"] = peak_tflops[dtype]
-    machine = (f"{info['name']} ({info['host_cores']} cores, {info['host_memory_gb']} GB)" if device_type == "cpu"
-               else f"{info['name']} ({info['memory_gb']} GB) in a host with {info['host_cpu']}")
-    load_txt = (f"1-minute load average {load['start']:.2f} at start, {load['end']:.2f} at end"
-                if load.get("start") is not None else "load average unknown")
-    source = (f"measured by `sim profile{' --quick' if mode == 'quick' else ''} --device {info['device']}` on {when} on "
-              f"{machine}, torch {info['torch']} with {info['threads']} thread{'s' if info['threads'] != 1 else ''}; {load_txt}. Peaks are the achieved "
-              f"roofs (best GEMM FLOP/s per dtype, best streaming bytes/s), not datasheet figures.")
+    machine = (
+        f"{info['name']} ({info['host_cores']} cores, {info['host_memory_gb']} GB)"
+        if device_type == "cpu"
+        else f"{info['name']} ({info['memory_gb']} GB) in a host with {info['host_cpu']}"
+    )
+    load_txt = (
+        f"1-minute load average {load['start']:.2f} at start, {load['end']:.2f} at end"
+        if load.get("start") is not None
+        else "load average unknown"
+    )
+    source = (
+        f"measured by `sim profile{' --quick' if mode == 'quick' else ''} --device {info['device']}` on {when} on "
+        f"{machine}, torch {info['torch']} with {info['threads']} thread{'s' if info['threads'] != 1 else ''}; {load_txt}. Peaks are the achieved "
+        f"roofs (best GEMM FLOP/s per dtype, best streaming bytes/s), not datasheet figures."
+    )
     effs = {}
     for c in ("linear", "attention", "elementwise"):
         e = eff["classes"].get(c)
         if e is None:
             continue
-        effs[c] = {"compute": sig(min(max(e["compute"], F.EFF_MIN), F.EFF_MAX), 3),
-                   "memory": sig(min(max(e["memory"], F.EFF_MIN), F.EFF_MAX), 3),
-                   "source": f"fitted to {e['n']} {c} micro-benchmarks ({dtype}); roofline MAPE "
-                             f"{e['mape']:.1f}% (uncalibrated {e['mape_uncalibrated']:.1f}%)"}
+        effs[c] = {
+            "compute": sig(min(max(e["compute"], F.EFF_MIN), F.EFF_MAX), 3),
+            "memory": sig(min(max(e["memory"], F.EFF_MIN), F.EFF_MAX), 3),
+            "source": f"fitted to {e['n']} {c} micro-benchmarks ({dtype}); roofline MAPE "
+            f"{e['mape']:.1f}% (uncalibrated {e['mape_uncalibrated']:.1f}%)",
+        }
     effs["communication"] = {"compute": 1.0, "memory": 1.0, "source": "not measured (single device)"}
-    link_name = "host memcpy (CPU: no host link; plain buffer copies)" if device_type == "cpu" else \
-        f"host link (measured, {link['variant']} host memory)"
+    link_name = (
+        "host memcpy (CPU: no host link; plain buffer copies)"
+        if device_type == "cpu"
+        else f"host link (measured, {link['variant']} host memory)"
+    )
     return {
         "name": name,
         "aliases": [],
@@ -172,15 +257,22 @@ def build_hardware_dict(name: str, info: dict, roof: dict, peaks: dict, eff: dic
         "peak_tflops": peak_tflops,
         "memory_bandwidth_gbps": sig(roof["memory_bytes_per_s"] / 1e9),
         "memory_gb": sig(info["memory_gb"], 3),
-        "host_link": {"name": link_name, "h2d_gbps": sig(link["h2d_gbps"]), "d2h_gbps": sig(link["d2h_gbps"]),
-                      "latency_us": sig(max(0.0, (link["h2d_latency_us"] + link["d2h_latency_us"]) / 2), 3),
-                      "source": f"latency + bytes/bandwidth fitted to {link['fits']['h2d']['n']} copies per direction "
-                                f"({link['variant']}), MAPE h2d {link['fits']['h2d']['mape']:.1f}%, "
-                                f"d2h {link['fits']['d2h']['mape']:.1f}%"},
+        "host_link": {
+            "name": link_name,
+            "h2d_gbps": sig(link["h2d_gbps"]),
+            "d2h_gbps": sig(link["d2h_gbps"]),
+            "latency_us": sig(max(0.0, (link["h2d_latency_us"] + link["d2h_latency_us"]) / 2), 3),
+            "source": f"latency + bytes/bandwidth fitted to {link['fits']['h2d']['n']} copies per direction "
+            f"({link['variant']}), MAPE h2d {link['fits']['h2d']['mape']:.1f}%, "
+            f"d2h {link['fits']['d2h']['mape']:.1f}%",
+        },
         "efficiency": effs,
-        "overheads": {"kernel_launch_us": sig(eff["kernel_launch_s"] * 1e6, 3), "iteration_us": sig(iteration_s * 1e6, 3),
-                      "source": "kernel launch: fitted jointly with the efficiencies; iteration: fitted to the "
-                                "whole-iteration step times on top of the calibrated roofline"},
+        "overheads": {
+            "kernel_launch_us": sig(eff["kernel_launch_s"] * 1e6, 3),
+            "iteration_us": sig(iteration_s * 1e6, 3),
+            "source": "kernel launch: fitted jointly with the efficiencies; iteration: fitted to the "
+            "whole-iteration step times on top of the calibrated roofline",
+        },
         "sources": {
             "peak_tflops": f"achieved: {roof['compute_source']} (and best GEMM per dtype probe)",
             "memory_bandwidth_gbps": f"achieved: {roof['memory_source']}",
@@ -224,10 +316,17 @@ def run_profile(opts: ProfileOptions, console=None) -> dict:
     plans = _plans(device.type, opts.quick, dtype)
     sp = plans["steps"]
     n_attn = len(plans["attention"]["heads"]) * (len(plans["attention"]["prefill"]) + len(plans["attention"]["decode"]))
-    total = (len(plans["gemm"]) + sum(len(v) for v in plans["probes"].values()) + 2 * len(plans["stream"]) + n_attn
-             + len(plans["elementwise"]) + len(plans["copy"]) + 2 * sp.points_per_shape * len(sp.layers) * len(sp.hidden)
-             + 2 * 8 * 5 + ((plans["swap_points"] + (8 if opts.quick else 36)) * (1 if opts.quick else 5)
-                            if opts.validate else 0))
+    total = (
+        len(plans["gemm"])
+        + sum(len(v) for v in plans["probes"].values())
+        + 2 * len(plans["stream"])
+        + n_attn
+        + len(plans["elementwise"])
+        + len(plans["copy"])
+        + 2 * sp.points_per_shape * len(sp.layers) * len(sp.hidden)
+        + 2 * 8 * 5
+        + ((plans["swap_points"] + (8 if opts.quick else 36)) * (1 if opts.quick else 5) if opts.validate else 0)
+    )
     if opts.models:
         from .permodel import progress_total
 
@@ -235,8 +334,13 @@ def run_profile(opts: ProfileOptions, console=None) -> dict:
     torch.manual_seed(opts.seed)
     timings: dict[str, float] = {}
     with _Progress(opts.quiet, total) as progress:
-        b = Bench(device=device, timer=make_timer(device), dtype=dtype, rep=_repeats(device.type, opts.quick),
-                  progress=progress)
+        b = Bench(
+            device=device,
+            timer=make_timer(device),
+            dtype=dtype,
+            rep=_repeats(device.type, opts.quick),
+            progress=progress,
+        )
 
         budgets = QUICK_BUDGETS if opts.quick else {}
 
@@ -254,8 +358,13 @@ def run_profile(opts: ProfileOptions, console=None) -> dict:
 
         sent = {"start": stage("sentinels_start", lambda: accuracy.sentinels(b))}
         stage("gemm", lambda: gemm_sweep(b, plans["gemm"]))
-        stage("dtype_probes", lambda: [gemm_sweep(b, [(m, k, n, f"{dt} {lab}") for m, k, n, lab in pl], dtype=dt)
-                                       for dt, pl in plans["probes"].items()])
+        stage(
+            "dtype_probes",
+            lambda: [
+                gemm_sweep(b, [(m, k, n, f"{dt} {lab}") for m, k, n, lab in pl], dtype=dt)
+                for dt, pl in plans["probes"].items()
+            ],
+        )
         stage("stream", lambda: stream_sweep(b, plans["stream"]))
         stage("attention", lambda: attention_sweep(b, plans["attention"], *plans["attn_caps"]))
         stage("elementwise", lambda: elementwise_sweep(b, plans["elementwise"]))
@@ -263,43 +372,81 @@ def run_profile(opts: ProfileOptions, console=None) -> dict:
         validation: dict = {}
         if opts.validate:  # right after the copy sweep, before the bandwidth has time to wander
             link_now = F.fit_host_link(b.records, device.type)
-            validation["swap"] = stage("swap_check", lambda: accuracy.swap_check(
-                b, link_now, quick=opts.quick, copy_reference_s=_copy_reference(b.records)))
+            validation["swap"] = stage(
+                "swap_check",
+                lambda: accuracy.swap_check(b, link_now, quick=opts.quick, copy_reference_s=_copy_reference(b.records)),
+            )
         step_sentinel = accuracy.step_sentinel(b)
         steps = stage("steps", lambda: step_sweep(b, sp, seed=opts.seed, sentinel=step_sentinel))
         sent["after_sweeps"] = stage("sentinels_after_sweeps", lambda: accuracy.sentinels(b))
         records = b.records
         name = opts.name or out.stem
         load_mid = {"start": la0[0] if la0 else None, "end": (load_average() or [None])[0]}
-        meta = {"name": name, "info": info, "mode": mode, "when": when, "load": load_mid, "device_type": device.type,
-                "dtype": dtype, "domain": {**sp.domain(), "max_kv_bytes": sp.max_kv_bytes}}
+        meta = {
+            "name": name,
+            "info": info,
+            "mode": mode,
+            "when": when,
+            "load": load_mid,
+            "device_type": device.type,
+            "dtype": dtype,
+            "domain": {**sp.domain(), "max_kv_bytes": sp.max_kv_bytes},
+        }
         hw_dict, hw, calib, comps = analyze(records, steps, meta, seed=opts.seed, progress=progress, timings=timings)
         calib["sentinels"] = sent
 
         # ---- held-out checks (AdaptiveLLM 4.5) ------------------------------------------------
         if opts.validate:  # right after the step sweep and the fits
-            validation["recompute"] = stage("recompute_check",
-                                            lambda: accuracy.recompute_check(b, hw, calib, quick=opts.quick))
+            validation["recompute"] = stage(
+                "recompute_check", lambda: accuracy.recompute_check(b, hw, calib, quick=opts.quick)
+            )
             validation["sentinels"] = stage("sentinels_validation", lambda: accuracy.sentinels(b))
             calib["validation"] = validation
             _note_drift(calib)
         if opts.models:  # the served models' own predictors (AdaptiveLLM 3.2-3.3), after the generic ones
             from .permodel import profile_models
 
-            calib["per_model"] = stage("models", lambda: profile_models(
-                opts.models, hardware=hw, calibration=calib, device=device, dtype=dtype, quick=opts.quick,
-                seed=opts.seed, progress=progress, timer=b.timer))
+            calib["per_model"] = stage(
+                "models",
+                lambda: profile_models(
+                    opts.models,
+                    hardware=hw,
+                    calibration=calib,
+                    device=device,
+                    dtype=dtype,
+                    quick=opts.quick,
+                    seed=opts.seed,
+                    progress=progress,
+                    timer=b.timer,
+                ),
+            )
 
     la1 = load_average()
     calib["load_average"]["end"] = la1[0] if la1 else None
     calib["timings_s"] = {**timings, "total": round(time.perf_counter() - t_start, 2)}
     # the final load average goes into the YAML's source as well
-    hw_dict["source"] = build_hardware_dict(name, info, calib["roofs"], calib["dtype_peaks"], calib["efficiency"],
-                                            calib["host_link"], 0.0, mode, when, calib["load_average"],
-                                            device.type)["source"]
+    hw_dict["source"] = build_hardware_dict(
+        name,
+        info,
+        calib["roofs"],
+        calib["dtype_peaks"],
+        calib["efficiency"],
+        calib["host_link"],
+        0.0,
+        mode,
+        when,
+        calib["load_average"],
+        device.type,
+    )["source"]
     write_profile(out, hw_dict, calib)
-    return {"profile": out, "sidecar": sidecar_path(out), "hardware": hw_dict, "calibration": calib,
-            "comparisons": comps, "timings": calib["timings_s"]}
+    return {
+        "profile": out,
+        "sidecar": sidecar_path(out),
+        "hardware": hw_dict,
+        "calibration": calib,
+        "comparisons": comps,
+        "timings": calib["timings_s"],
+    }
 
 
 def _note_drift(calib: dict) -> None:
@@ -313,13 +460,17 @@ def _note_drift(calib: dict) -> None:
 
 def _copy_reference(records: list[dict]) -> float | None:
     """The copy sweep's 64 MiB copies (both directions), the swap check's drift reference."""
-    ts = [r["median_s"] for r in records if r.get("kind") == "copy" and r.get("size_bytes") == 64 << 20
-          and r.get("variant") in ("plain", "pinned")]
+    ts = [
+        r["median_s"]
+        for r in records
+        if r.get("kind") == "copy" and r.get("size_bytes") == 64 << 20 and r.get("variant") in ("plain", "pinned")
+    ]
     return float(np.mean(ts)) if ts else None
 
 
-def analyze(records: list[dict], steps: list[dict], meta: dict, *, seed: int = 0, progress=None,
-            timings: dict | None = None) -> tuple[dict, object, dict, dict]:
+def analyze(
+    records: list[dict], steps: list[dict], meta: dict, *, seed: int = 0, progress=None, timings: dict | None = None
+) -> tuple[dict, object, dict, dict]:
     """Fits and regressors from measurements: (profile dict, HardwareProfile, sidecar dict,
     regressor comparisons). `meta`: name, info, mode, when, load, device_type, dtype, domain."""
     from infersim.simulator.costmodel.calibration_file import CALIB_FORMAT, CALIB_VERSION
@@ -336,10 +487,15 @@ def analyze(records: list[dict], steps: list[dict], meta: dict, *, seed: int = 0
     peaks = F.dtype_peaks(records)
     eff = F.fit_efficiencies(records, roof["compute_flops"], roof["memory_bytes_per_s"], dtype)
     link = F.fit_host_link(records, meta["device_type"])
-    hw_dict = build_hardware_dict(name, meta["info"], roof, peaks, eff, link, 0.0, meta["mode"], meta["when"],
-                                  meta["load"], meta["device_type"])
-    calibration = F.fit_kernel_models(records, validate(HardwareProfile, hw_dict, "measured profile"), dtype,
-                                      f"`sim profile` micro-benchmarks on {meta['info']['name']} ({dtype})")
+    hw_dict = build_hardware_dict(
+        name, meta["info"], roof, peaks, eff, link, 0.0, meta["mode"], meta["when"], meta["load"], meta["device_type"]
+    )
+    calibration = F.fit_kernel_models(
+        records,
+        validate(HardwareProfile, hw_dict, "measured profile"),
+        dtype,
+        f"`sim profile` micro-benchmarks on {meta['info']['name']} ({dtype})",
+    )
     if calibration is not None:
         hw_dict = _with_calibration(hw_dict, calibration)
     hw0 = validate(HardwareProfile, hw_dict, "measured profile")
@@ -349,8 +505,11 @@ def analyze(records: list[dict], steps: list[dict], meta: dict, *, seed: int = 0
     hw_dict["overheads"]["iteration_us"] = F.sig(iteration_s * 1e6, 3)
     hw = validate(HardwareProfile, hw_dict, "measured profile")
     err_after, _ = F.step_roofline_error(steps, hw, arch, dtype)
-    uncal = {**{k: v for k, v in hw_dict.items() if k != "calibration"}, "efficiency": {},
-             "overheads": {"kernel_launch_us": 0, "iteration_us": 0}}
+    uncal = {
+        **{k: v for k, v in hw_dict.items() if k != "calibration"},
+        "efficiency": {},
+        "overheads": {"kernel_launch_us": 0, "iteration_us": 0},
+    }
     err_uncal, _ = F.step_roofline_error(steps, validate(HardwareProfile, uncal, "uncalibrated"), arch, dtype)
     timings["fit"] = round(time.perf_counter() - t0, 2)
 
@@ -367,16 +526,34 @@ def analyze(records: list[dict], steps: list[dict], meta: dict, *, seed: int = 0
         comps[kind] = regress.compare(X, y, target=kind, seed=seed, progress=progress)
     timings["regress"] = round(time.perf_counter() - t0, 2)
     calib = {
-        "format": CALIB_FORMAT, "version": CALIB_VERSION, "profile": name, "created": meta["when"],
-        "mode": meta["mode"], "machine": meta["info"], "load_average": dict(meta["load"]), "dtype": dtype,
-        "roofs": roof, "dtype_peaks": peaks, "efficiency": eff, "host_link": link,
-        "step_model": {"arch": arch, "dtype": dtype, "domain": meta["domain"], "sentinel_geomean_s": g,
-                       "sentinel_spread": (float(np.max(sents) / np.min(sents)) if g else None),
-                       "shapes": sorted({(int(r["layers"]), int(r["hidden"])) for r in steps}),
-                       "predictors": {k: c.portable for k, c in comps.items()},
-                       "comparison": {k: c.as_dict() for k, c in comps.items()}},
-        "roofline_step_error": {"uncalibrated_mape": err_uncal, "calibrated_no_iteration_overhead_mape": err_no_iter,
-                                "calibrated_mape": err_after, "n": len(steps)},
+        "format": CALIB_FORMAT,
+        "version": CALIB_VERSION,
+        "profile": name,
+        "created": meta["when"],
+        "mode": meta["mode"],
+        "machine": meta["info"],
+        "load_average": dict(meta["load"]),
+        "dtype": dtype,
+        "roofs": roof,
+        "dtype_peaks": peaks,
+        "efficiency": eff,
+        "host_link": link,
+        "step_model": {
+            "arch": arch,
+            "dtype": dtype,
+            "domain": meta["domain"],
+            "sentinel_geomean_s": g,
+            "sentinel_spread": (float(np.max(sents) / np.min(sents)) if g else None),
+            "shapes": sorted({(int(r["layers"]), int(r["hidden"])) for r in steps}),
+            "predictors": {k: c.portable for k, c in comps.items()},
+            "comparison": {k: c.as_dict() for k, c in comps.items()},
+        },
+        "roofline_step_error": {
+            "uncalibrated_mape": err_uncal,
+            "calibrated_no_iteration_overhead_mape": err_no_iter,
+            "calibrated_mape": err_after,
+            "n": len(steps),
+        },
         "curves": _slim([r for r in records if r["kind"] != "step"]),
         "steps": _slim(steps),
     }
@@ -416,16 +593,27 @@ def write_profile(out: Path, hw_dict: dict, calib: dict) -> None:
     else:
         hw_dict["sources"].pop(PATH_KEY, None)
     validate(HardwareProfile, hw_dict, str(out))
-    header = (f"# Hardware profile measured by `sim profile` ({calib['mode']}) on {calib['created']}.\n"
-              f"# Machine: {hw_dict['sources']['machine']}; torch {calib['machine']['torch']}.\n"
-              f"# Peaks are achieved roofs, efficiencies fitted per operator class; the sidecar\n"
-              f"# {side.name} (sha256 in sources) holds the curves, step-time regressors and checks.\n")
+    header = (
+        f"# Hardware profile measured by `sim profile` ({calib['mode']}) on {calib['created']}.\n"
+        f"# Machine: {hw_dict['sources']['machine']}; torch {calib['machine']['torch']}.\n"
+        f"# Peaks are achieved roofs, efficiencies fitted per operator class; the sidecar\n"
+        f"# {side.name} (sha256 in sources) holds the curves, step-time regressors and checks.\n"
+    )
     write_atomic(out, dump_profile_yaml(hw_dict, header))
 
 
-def refit_profile(path: Path, out: Path | None = None, *, seed: int = 0, validate: bool = True, quick: bool | None = None,
-                  threads: int | None = 2, quiet: bool = True, models: tuple[str, ...] = (),
-                  models_only: bool = False) -> dict:
+def refit_profile(
+    path: Path,
+    out: Path | None = None,
+    *,
+    seed: int = 0,
+    validate: bool = True,
+    quick: bool | None = None,
+    threads: int | None = 2,
+    quiet: bool = True,
+    models: tuple[str, ...] = (),
+    models_only: bool = False,
+) -> dict:
     """Fit a measured profile again from the measurements its sidecar holds (new fits and
     regressors without measuring the sweeps again); the held-out checks, which compare
     predictions with new measurements, are run again on this machine. `models`: measure
@@ -434,8 +622,9 @@ def refit_profile(path: Path, out: Path | None = None, *, seed: int = 0, validat
     if models_only:
         if not models:
             raise InfersimError("--models-only needs at least one --model NAME")
-        return add_models(Path(path), Path(out) if out else None, models, seed=seed, quick=bool(quick),
-                          threads=threads, quiet=quiet)
+        return add_models(
+            Path(path), Path(out) if out else None, models, seed=seed, quick=bool(quick), threads=threads, quiet=quiet
+        )
     import torch
 
     from infersim.simulator.costmodel.calibration_file import calibration_for
@@ -451,8 +640,16 @@ def refit_profile(path: Path, out: Path | None = None, *, seed: int = 0, validat
     device = select_device(info["device"].split(":")[0] if info["device"].startswith("cuda") else "cpu")
     if threads:
         torch.set_num_threads(int(threads))
-    meta = {"name": old["profile"], "info": info, "mode": mode, "when": old["created"], "load": old["load_average"],
-            "device_type": device.type, "dtype": old["dtype"], "domain": old["step_model"]["domain"]}
+    meta = {
+        "name": old["profile"],
+        "info": info,
+        "mode": mode,
+        "when": old["created"],
+        "load": old["load_average"],
+        "device_type": device.type,
+        "dtype": old["dtype"],
+        "domain": old["step_model"]["domain"],
+    }
     records = [dict(r) for r in old["curves"]]
     steps = [dict(r) for r in old["steps"]]
     timings: dict = {}
@@ -464,13 +661,14 @@ def refit_profile(path: Path, out: Path | None = None, *, seed: int = 0, validat
         t0 = time.perf_counter()
         calib["sentinels"] = old.get("sentinels", {})
         now = accuracy.sentinels(b)
-        calib["validation"] = {"sentinels": now,
-                               "swap": accuracy.swap_check(b, calib["host_link"], quick=quick,
-                                                           copy_reference_s=_copy_reference(records)),
-                               "recompute": accuracy.recompute_check(b, hw, calib, quick=quick),
-                               "measured_at": calib["refit"]["at"], "threads": torch.get_num_threads(),
-                               "load_average": {"start": la[0] if la else None,
-                                                "end": (load_average() or [None])[0]}}
+        calib["validation"] = {
+            "sentinels": now,
+            "swap": accuracy.swap_check(b, calib["host_link"], quick=quick, copy_reference_s=_copy_reference(records)),
+            "recompute": accuracy.recompute_check(b, hw, calib, quick=quick),
+            "measured_at": calib["refit"]["at"],
+            "threads": torch.get_num_threads(),
+            "load_average": {"start": la[0] if la else None, "end": (load_average() or [None])[0]},
+        }
         _note_drift(calib)
         timings["validate"] = round(time.perf_counter() - t0, 2)
     elif "validation" in old:
@@ -483,30 +681,57 @@ def refit_profile(path: Path, out: Path | None = None, *, seed: int = 0, validat
     calib["timings_s"] = {**old.get("timings_s", {}), "refit": timings}
     hw_dict["source"] = load_hardware(str(path)).source
     write_profile(out, hw_dict, calib)
-    return {"profile": out, "sidecar": sidecar_path(out), "hardware": hw_dict, "calibration": calib,
-            "comparisons": comps, "timings": timings}
+    return {
+        "profile": out,
+        "sidecar": sidecar_path(out),
+        "hardware": hw_dict,
+        "calibration": calib,
+        "comparisons": comps,
+        "timings": timings,
+    }
 
 
 def _measure_models(models, hw, calib, device, dtype, quick, seed, quiet) -> dict:
     from .permodel import profile_models, progress_total
 
     with _Progress(quiet, progress_total(models, quick)) as progress:
-        return profile_models(models, hardware=hw, calibration=calib, device=device, dtype=dtype, quick=quick,
-                              seed=seed, progress=progress)
+        return profile_models(
+            models,
+            hardware=hw,
+            calibration=calib,
+            device=device,
+            dtype=dtype,
+            quick=quick,
+            seed=seed,
+            progress=progress,
+        )
 
 
 def _merge_models(calib: dict, sect: dict) -> None:
     """New model entries into the sidecar's per_model section; an entry of the same model
     (same config hash and dtype) is replaced."""
     old = calib.get("per_model") or {}
-    kept = {k: e for k, e in (old.get("models") or {}).items()
-            if not any(e.get("config_hash") == n.get("config_hash") and e.get("dtype") == n.get("dtype")
-                       for n in sect["models"].values())}
+    kept = {
+        k: e
+        for k, e in (old.get("models") or {}).items()
+        if not any(
+            e.get("config_hash") == n.get("config_hash") and e.get("dtype") == n.get("dtype")
+            for n in sect["models"].values()
+        )
+    }
     calib["per_model"] = {**sect, "models": {**kept, **sect["models"]}}
 
 
-def add_models(path: Path, out: Path | None, models, *, seed: int = 0, quick: bool = False, threads: int | None = 1,
-               quiet: bool = True) -> dict:
+def add_models(
+    path: Path,
+    out: Path | None,
+    models,
+    *,
+    seed: int = 0,
+    quick: bool = False,
+    threads: int | None = 1,
+    quiet: bool = True,
+) -> dict:
     """Measure only the per-model predictors of `models` into an existing profile (its
     sweeps, fits and checks kept): `sim profile --refit PROFILE --models-only --model NAME`."""
     import torch
@@ -519,8 +744,9 @@ def add_models(path: Path, out: Path | None, models, *, seed: int = 0, quick: bo
     out = Path(out) if out else path
     hw = load_hardware(str(path))
     calib = calibration_for(hw)
-    device = select_device(calib["machine"]["device"].split(":")[0] if calib["machine"]["device"].startswith("cuda")
-                           else "cpu")
+    device = select_device(
+        calib["machine"]["device"].split(":")[0] if calib["machine"]["device"].startswith("cuda") else "cpu"
+    )
     if threads:
         torch.set_num_threads(int(threads))
     t0 = time.perf_counter()
@@ -533,8 +759,14 @@ def add_models(path: Path, out: Path | None, models, *, seed: int = 0, quick: bo
     for k in (SOURCE_KEY, HASH_KEY, PATH_KEY):
         hw_dict.get("sources", {}).pop(k, None)
     write_profile(out, hw_dict, calib)
-    return {"profile": out, "sidecar": sidecar_path(out), "hardware": hw_dict, "calibration": calib,
-            "comparisons": {}, "timings": calib["timings_s"]}
+    return {
+        "profile": out,
+        "sidecar": sidecar_path(out),
+        "hardware": hw_dict,
+        "calibration": calib,
+        "comparisons": {},
+        "timings": calib["timings_s"],
+    }
 
 
 def print_report(result: dict, console=None) -> None:
@@ -556,41 +788,61 @@ def print_report(result: dict, console=None) -> None:
     t.add_row("copy h2d / d2h", f"{hw['host_link']['h2d_gbps']:.4g} / {hw['host_link']['d2h_gbps']:.4g} GB/s")
     for c, e in hw["efficiency"].items():
         t.add_row(f"efficiency {c} (compute / memory)", f"{e['compute']:.3g} / {e['memory']:.3g}")
-    t.add_row("kernel launch / iteration overhead",
-              f"{hw['overheads']['kernel_launch_us']:.3g} / {hw['overheads']['iteration_us']:.3g} us")
+    t.add_row(
+        "kernel launch / iteration overhead",
+        f"{hw['overheads']['kernel_launch_us']:.3g} / {hw['overheads']['iteration_us']:.3g} us",
+    )
     rse = calib["roofline_step_error"]
-    t.add_row("roofline step-time MAPE (uncalibrated -> calibrated)",
-              f"{rse['uncalibrated_mape']:.1f}% -> {rse['calibrated_mape']:.1f}%")
+    t.add_row(
+        "roofline step-time MAPE (uncalibrated -> calibrated)",
+        f"{rse['uncalibrated_mape']:.1f}% -> {rse['calibrated_mape']:.1f}%",
+    )
     v = calib.get("validation")
     if v:
-        t.add_row("held-out swap MAPE (out / in / total)",
-                  f"{v['swap']['mape_out']:.2f}% / {v['swap']['mape_in']:.2f}% / {v['swap']['mape_swap']:.2f}%")
+        t.add_row(
+            "held-out swap MAPE (out / in / total)",
+            f"{v['swap']['mape_out']:.2f}% / {v['swap']['mape_in']:.2f}% / {v['swap']['mape_swap']:.2f}%",
+        )
         sw_d, rc_d = v["swap"].get("drift"), v["recompute"].get("drift")
         if sw_d or rc_d:
-            t.add_row("machine drift at the checks (copy / prefill sentinel, now / then)",
-                      f"{sw_d or float('nan'):.3f} / {rc_d or float('nan'):.3f}")
-            t.add_row("  drift-corrected swap / recompute MAPE",
-                      f"{v['swap'].get('mape_swap_drift_corrected') or float('nan'):.2f}% / "
-                      f"{v['recompute'].get('mape_recompute_drift_corrected') or float('nan'):.2f}%")
+            t.add_row(
+                "machine drift at the checks (copy / prefill sentinel, now / then)",
+                f"{sw_d or float('nan'):.3f} / {rc_d or float('nan'):.3f}",
+            )
+            t.add_row(
+                "  drift-corrected swap / recompute MAPE",
+                f"{v['swap'].get('mape_swap_drift_corrected') or float('nan'):.2f}% / "
+                f"{v['recompute'].get('mape_recompute_drift_corrected') or float('nan'):.2f}%",
+            )
         rc = v["recompute"]
-        t.add_row("held-out recompute MAPE, batch 1 (regression / roofline)",
-                  f"{rc['mape_recompute']:.2f}% / {rc['mape_recompute_roofline']:.2f}%")
+        t.add_row(
+            "held-out recompute MAPE, batch 1 (regression / roofline)",
+            f"{rc['mape_recompute']:.2f}% / {rc['mape_recompute_roofline']:.2f}%",
+        )
         if rc.get("mape_batched_prefill") is not None:
             t.add_row("held-out batched prefill MAPE (regression)", f"{rc['mape_batched_prefill']:.2f}%")
     for key, e in ((calib.get("per_model") or {}).get("models") or {}).items():
         rc, sw = e["recompute"], e["swap"]
         ch = rc["comparison"]["chosen"]
         t.add_row(f"{key}: recompute predictor", f"{ch['estimator']} (degree {ch['degree']})")
-        t.add_row("  held-out recompute MAPE (per-model / generic / roofline)",
-                  f"{rc['mape_recompute']:.2f}% / {rc['mape_recompute_generic'] or float('nan'):.2f}% / "
-                  f"{rc['mape_recompute_roofline'] or float('nan'):.2f}%")
+        t.add_row(
+            "  held-out recompute MAPE (per-model / generic / roofline)",
+            f"{rc['mape_recompute']:.2f}% / {rc['mape_recompute_generic'] or float('nan'):.2f}% / "
+            f"{rc['mape_recompute_roofline'] or float('nan'):.2f}%",
+        )
         if rc.get("mape_held_out_batched") is not None:
             t.add_row("  held-out batched prefill MAPE (per-model)", f"{rc['mape_held_out_batched']:.2f}%")
-        for f, lab in (("model_fit", "fitted executor swap"), ("link", "profile link"), ("bandwidth_only", "bandwidth only")):
+        for f, lab in (
+            ("model_fit", "fitted executor swap"),
+            ("link", "profile link"),
+            ("bandwidth_only", "bandwidth only"),
+        ):
             if f in sw["held_out_mape"]:
                 m = sw["held_out_mape"][f]
-                t.add_row(f"  held-out swap MAPE, {lab} (out / in / total)",
-                          f"{m['out']:.2f}% / {m['in']:.2f}% / {m['swap']:.2f}%")
+                t.add_row(
+                    f"  held-out swap MAPE, {lab} (out / in / total)",
+                    f"{m['out']:.2f}% / {m['in']:.2f}% / {m['swap']:.2f}%",
+                )
     if "total" in result["timings"]:
         t.add_row("time", f"{result['timings']['total']:.0f} s")
     console.print(t)

@@ -9,6 +9,7 @@ Two kinds of step, as the serving engine runs them:
   prefill: `batch` prompts of `tokens` tokens each, no cache;
   decode:  one new token for each of `batch` sequences with `tokens` cached tokens.
 The four features of AdaptiveLLM 3.2 are (layers, hidden size, tokens per request, batch)."""
+
 from __future__ import annotations
 
 import math
@@ -32,14 +33,22 @@ def intermediate_for(hidden: int) -> int:
 @dataclass(frozen=True)
 class Arch:
     """The family every step benchmark shares; only layers and hidden size vary."""
+
     head_dim: int = HEAD_DIM
     ffn_ratio: float = FFN_RATIO
     vocab: int = VOCAB
     family: str = "llama"
 
     def as_dict(self) -> dict:
-        return {"family": self.family, "head_dim": self.head_dim, "ffn_ratio": self.ffn_ratio, "vocab": self.vocab,
-                "mlp": "gated", "norm": "rmsnorm", "tied_embeddings": True}
+        return {
+            "family": self.family,
+            "head_dim": self.head_dim,
+            "ffn_ratio": self.ffn_ratio,
+            "vocab": self.vocab,
+            "mlp": "gated",
+            "norm": "rmsnorm",
+            "tied_embeddings": True,
+        }
 
 
 def reference_spec(layers: int, hidden: int, arch: dict | None = None):
@@ -50,10 +59,19 @@ def reference_spec(layers: int, hidden: int, arch: dict | None = None):
     d = int(arch.get("head_dim", HEAD_DIM))
     heads = max(1, int(round(hidden / d)))
     inter = max(64, 64 * round(float(arch.get("ffn_ratio", FFN_RATIO)) * hidden / 64))
-    return ModelSpec(name=f"profiler-{layers}x{hidden}", family="llama", source="infersim profiler step benchmark",
-                     num_layers=int(layers), hidden_size=heads * d, num_heads=heads, head_dim=d,
-                     intermediate_size=int(inter), vocab_size=int(arch.get("vocab", VOCAB)),
-                     max_position_embeddings=1 << 16, tied_embeddings=True)
+    return ModelSpec(
+        name=f"profiler-{layers}x{hidden}",
+        family="llama",
+        source="infersim profiler step benchmark",
+        num_layers=int(layers),
+        hidden_size=heads * d,
+        num_heads=heads,
+        head_dim=d,
+        intermediate_size=int(inter),
+        vocab_size=int(arch.get("vocab", VOCAB)),
+        max_position_embeddings=1 << 16,
+        tied_embeddings=True,
+    )
 
 
 class TinyDecoder:
@@ -77,12 +95,19 @@ class TinyDecoder:
         self.embed = w(vocab, hidden, scale=0.02)  # tied with lm_head
         self.layers = []
         for _ in range(layers):
-            self.layers.append({
-                "n1": torch.ones(hidden, dtype=self.td, device=device),
-                "q": w(hidden, hidden), "k": w(hidden, hidden), "v": w(hidden, hidden), "o": w(hidden, hidden),
-                "n2": torch.ones(hidden, dtype=self.td, device=device),
-                "gate": w(self.i, hidden), "up": w(self.i, hidden), "down": w(hidden, self.i),
-            })
+            self.layers.append(
+                {
+                    "n1": torch.ones(hidden, dtype=self.td, device=device),
+                    "q": w(hidden, hidden),
+                    "k": w(hidden, hidden),
+                    "v": w(hidden, hidden),
+                    "o": w(hidden, hidden),
+                    "n2": torch.ones(hidden, dtype=self.td, device=device),
+                    "gate": w(self.i, hidden),
+                    "up": w(self.i, hidden),
+                    "down": w(hidden, self.i),
+                }
+            )
         self.norm = torch.ones(hidden, dtype=self.td, device=device)
 
     def _rope(self, positions):
@@ -104,8 +129,13 @@ class TinyDecoder:
         torch = self.torch
         shape = (batch, self.heads, capacity, self.d)
         # zeros: a memset, much cheaper than random fill, and attention's time does not depend on the values
-        return [(torch.zeros(shape, dtype=self.td, device=self.device),
-                 torch.zeros(shape, dtype=self.td, device=self.device)) for _ in range(self.L)]
+        return [
+            (
+                torch.zeros(shape, dtype=self.td, device=self.device),
+                torch.zeros(shape, dtype=self.td, device=self.device),
+            )
+            for _ in range(self.L)
+        ]
 
     def step(self, ids, start: int, cache):
         """One engine iteration: ids [batch, q] new tokens at positions start..start+q-1 of
@@ -122,12 +152,12 @@ class TinyDecoder:
             kh = F.linear(y, lw["k"]).view(b, q, self.heads, self.d).transpose(1, 2)
             vh = F.linear(y, lw["v"]).view(b, q, self.heads, self.d).transpose(1, 2)
             qh, kh = self._rotate(qh, cos, sin), self._rotate(kh, cos, sin)
-            kc[:, :, start:start + q] = kh
-            vc[:, :, start:start + q] = vh
+            kc[:, :, start : start + q] = kh
+            vc[:, :, start : start + q] = vh
             if start == 0:
                 att = F.scaled_dot_product_attention(qh, kc[:, :, :q], vc[:, :, :q], is_causal=True)
             else:
-                att = F.scaled_dot_product_attention(qh, kc[:, :, :start + q], vc[:, :, :start + q])
+                att = F.scaled_dot_product_attention(qh, kc[:, :, : start + q], vc[:, :, : start + q])
             x = x + F.linear(att.transpose(1, 2).reshape(b, q, self.h), lw["o"])
             y = F.rms_norm(x, (self.h,), lw["n2"], 1e-6)
             x = x + F.linear(F.silu(F.linear(y, lw["gate"])) * F.linear(y, lw["up"]), lw["down"])
@@ -143,6 +173,7 @@ class TinyDecoder:
         def fn():
             with torch.inference_mode():
                 return self.step(ids, 0, cache)
+
         return fn
 
     def decode_fn(self, batch: int, context: int):
@@ -153,7 +184,9 @@ class TinyDecoder:
         def fn():
             with torch.inference_mode():
                 return self.step(ids, context, cache)
+
         return fn
+
 
 # ---- the sweep ---------------------------------------------------------------------------------
 @dataclass(frozen=True)
@@ -171,30 +204,55 @@ class StepPlan:
     rep: Repeats
 
     def domain(self) -> dict:
-        return {"layers": [min(self.layers), max(self.layers)], "hidden": [min(self.hidden), max(self.hidden)],
-                "prefill": {"tokens": list(self.prefill_tokens), "batch": list(self.prefill_batch),
-                            "max_batched_tokens": self.prefill_max_batched},
-                "decode": {"tokens": list(self.decode_context), "batch": list(self.decode_batch)}}
+        return {
+            "layers": [min(self.layers), max(self.layers)],
+            "hidden": [min(self.hidden), max(self.hidden)],
+            "prefill": {
+                "tokens": list(self.prefill_tokens),
+                "batch": list(self.prefill_batch),
+                "max_batched_tokens": self.prefill_max_batched,
+            },
+            "decode": {"tokens": list(self.decode_context), "batch": list(self.decode_batch)},
+        }
 
 
 def step_plan(quick: bool) -> StepPlan:
     if quick:
-        return StepPlan(layers=(1, 2, 4), hidden=(128, 256, 512), prefill_tokens=(8, 256), prefill_batch=(1, 8),
-                        prefill_max_batched=512, decode_context=(16, 2048), decode_batch=(1, 32),
-                        max_kv_bytes=64 << 20, points_per_shape=14, budget_s=15.0,
-                        rep=Repeats(warmup=1, min_repeats=3, max_repeats=7, target_s=0.02))
-    return StepPlan(layers=(1, 2, 3, 4), hidden=(128, 256, 384, 512, 768), prefill_tokens=(8, 512),
-                    prefill_batch=(1, 16), prefill_max_batched=2048, decode_context=(16, 4096),
-                    decode_batch=(1, 64), max_kv_bytes=256 << 20, points_per_shape=70, budget_s=900.0,
-                    rep=Repeats(warmup=2, min_repeats=5, max_repeats=25, target_s=0.1))
+        return StepPlan(
+            layers=(1, 2, 4),
+            hidden=(128, 256, 512),
+            prefill_tokens=(8, 256),
+            prefill_batch=(1, 8),
+            prefill_max_batched=512,
+            decode_context=(16, 2048),
+            decode_batch=(1, 32),
+            max_kv_bytes=64 << 20,
+            points_per_shape=14,
+            budget_s=15.0,
+            rep=Repeats(warmup=1, min_repeats=3, max_repeats=7, target_s=0.02),
+        )
+    return StepPlan(
+        layers=(1, 2, 3, 4),
+        hidden=(128, 256, 384, 512, 768),
+        prefill_tokens=(8, 512),
+        prefill_batch=(1, 16),
+        prefill_max_batched=2048,
+        decode_context=(16, 4096),
+        decode_batch=(1, 64),
+        max_kv_bytes=256 << 20,
+        points_per_shape=70,
+        budget_s=900.0,
+        rep=Repeats(warmup=2, min_repeats=5, max_repeats=25, target_s=0.1),
+    )
 
 
 def _log_uniform_int(rng: np.random.Generator, lo: int, hi: int) -> int:
     return int(round(math.exp(rng.uniform(math.log(lo), math.log(hi)))))
 
 
-def sample_points(plan: StepPlan, kind: str, layers: int, hidden: int, rng: np.random.Generator, n: int,
-                  dtype_bytes: int) -> list[tuple[int, int]]:
+def sample_points(
+    plan: StepPlan, kind: str, layers: int, hidden: int, rng: np.random.Generator, n: int, dtype_bytes: int
+) -> list[tuple[int, int]]:
     """n distinct (tokens, batch) settings, log-uniform within the plan's caps."""
     out: list[tuple[int, int]] = []
     tries = 0
@@ -244,8 +302,20 @@ def step_sweep(b: Bench, plan: StepPlan, seed: int = 0, sentinel=None) -> list[d
                         break
                     t, bsz = pts[kind][j]
                     fn = model.prefill_fn(bsz, t) if kind == "prefill" else model.decode_fn(bsz, t)
-                    out.append(b.run(fn, f"step {kind} L{L} h{h} t{t} b{bsz}", kind="step", op_class="step",
-                                     phase=kind, layers=L, hidden=h, tokens=t, batch=bsz, **sent))
+                    out.append(
+                        b.run(
+                            fn,
+                            f"step {kind} L{L} h{h} t{t} b{bsz}",
+                            kind="step",
+                            op_class="step",
+                            phase=kind,
+                            layers=L,
+                            hidden=h,
+                            tokens=t,
+                            batch=bsz,
+                            **sent,
+                        )
+                    )
                     del fn
                 if j >= 1 and time.perf_counter() > shape_end:
                     break

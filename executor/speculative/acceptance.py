@@ -6,6 +6,7 @@ pairs the executor measured.
 Per round and sequence: s (tokens drafted) and k (tokens accepted). Position i (1-based) was
 tried when s >= i and k >= i - 1, accepted when k >= i: the positional probability is
 accepted_i / tried_i. At one fixed s the histogram of k is the `empirical` spec itself."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -54,7 +55,7 @@ class AcceptanceRecorder:
         for s, h in self.hist.items():
             for k, c in enumerate(h):
                 # positions 1..min(k+1, s) were tried, 1..k accepted
-                tried[:min(k + 1, s)] += c
+                tried[: min(k + 1, s)] += c
                 acc[:k] += c
         return tried, acc
 
@@ -83,33 +84,48 @@ class AcceptanceRecorder:
         n = self.rounds
         return sum(float(((np.arange(s + 1) + 1) * h).sum()) for s, h in self.hist.items()) / n if n else float("nan")
 
-    def entry(self, draft: str, dataset: str, *, mode: str = "greedy", temperature: float = 0.0,
-              source: str = "") -> dict:
+    def entry(
+        self, draft: str, dataset: str, *, mode: str = "greedy", temperature: float = 0.0, source: str = ""
+    ) -> dict:
         """A table entry: `empirical` when every round drafted the same s, else `positional`."""
         if not self.hist:
             raise ValueError("nothing recorded")
-        e = {"draft": draft, "dataset": dataset, "measured_mode": mode, "measured_temperature": float(temperature),
-             "source": source}
+        e = {
+            "draft": draft,
+            "dataset": dataset,
+            "measured_mode": mode,
+            "measured_temperature": float(temperature),
+            "source": source,
+        }
         if len(self.hist) == 1:
-            (s, h), = self.hist.items()
+            ((s, h),) = self.hist.items()
             e.update(kind="empirical", recorded_s=int(s), counts=[int(c) for c in h])
         else:
             e.update(kind="positional", probs=[round(p, 6) for p in self.positional_probs()])
         return e
 
 
-def write_acceptance_table(path: str | Path, *, target: str, entries: list[dict], source: str, notes: str = "",
-                           drafts: dict | None = None) -> Path:
+def write_acceptance_table(
+    path: str | Path, *, target: str, entries: list[dict], source: str, notes: str = "", drafts: dict | None = None
+) -> Path:
     """Write (atomically) an acceptance table the simulator loads with
     simulator.speculative.acceptance.load_table; validated before it is written."""
     from infersim.simulator.speculative.acceptance import AcceptanceTable
 
-    data = {"name": Path(path).stem, "target": target, "source": source, "notes": notes,
-            "drafts": dict(drafts or {}), "entries": entries}
+    data = {
+        "name": Path(path).stem,
+        "target": target,
+        "source": source,
+        "notes": notes,
+        "drafts": dict(drafts or {}),
+        "entries": entries,
+    }
     AcceptanceTable.model_validate(data)  # never write a table the simulator would refuse
-    header = (f"# Acceptance of draft tokens by {target}, recorded by the real executor (executor/speculative).\n"
-              f"# In a workload: acceptance: {{table: <this file, or its name when it lies in "
-              f"simulator/catalog/acceptance>, draft: <draft>, dataset: <dataset>}}\n")
+    header = (
+        f"# Acceptance of draft tokens by {target}, recorded by the real executor (executor/speculative).\n"
+        f"# In a workload: acceptance: {{table: <this file, or its name when it lies in "
+        f"simulator/catalog/acceptance>, draft: <draft>, dataset: <dataset>}}\n"
+    )
     text = header + yaml.safe_dump(data, sort_keys=False, width=100)
     write_atomic(path, text)
     return Path(path)

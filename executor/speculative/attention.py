@@ -8,6 +8,7 @@ does) and its q <= Q new tokens into [B, heads, Q, head_dim], with a [B, 1, Q, L
 (key position <= context + row, padding rows see key 0): one call per layer. Plans with a
 prompt longer than `max_query` (padding would cost more than it saves), token trees or a
 sliding window go to the runner's own path."""
+
 from __future__ import annotations
 
 import torch
@@ -50,8 +51,12 @@ class BatchedShortQueryAttention(PagedAttention):
         return prep
 
     def __call__(self, q, k, v, cache, layer, plan):
-        if (plan.decode_only or plan.tree_masks is not None or self.window is not None
-                or max(plan.q_lens) > self.max_query):
+        if (
+            plan.decode_only
+            or plan.tree_masks is not None
+            or self.window is not None
+            or max(plan.q_lens) > self.max_query
+        ):
             return super().__call__(q, k, v, cache, layer, plan)
         kf, vf = cache.flat(layer)
         kf.index_copy_(0, plan.write_slots, k.to(kf.dtype))

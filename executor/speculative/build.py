@@ -1,5 +1,6 @@
 """Assemble a speculative decoder from model names (zoo names or checkpoint folders) or
 already loaded models."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -21,10 +22,24 @@ def _load(m, device, dtype):
     return load_model(str(m), device=device, dtype=dtype)
 
 
-def build_decoder(target, drafts=(), *, method: str = "draft", s: int = 4, temperature: float = 0.0, seed: int = 0,
-                  block_size: int = 16, gpu_blocks: int = 2048, max_batch_size: int = 256, selector=None,
-                  weights=None, acr_scope: str = "all", device: str | None = "cpu", dtype: str | None = None,
-                  names=None) -> SpeculativeDecoder:
+def build_decoder(
+    target,
+    drafts=(),
+    *,
+    method: str = "draft",
+    s: int = 4,
+    temperature: float = 0.0,
+    seed: int = 0,
+    block_size: int = 16,
+    gpu_blocks: int = 2048,
+    max_batch_size: int = 256,
+    selector=None,
+    weights=None,
+    acr_scope: str = "all",
+    device: str | None = "cpu",
+    dtype: str | None = None,
+    names=None,
+) -> SpeculativeDecoder:
     """method: 'none' (plain decoding through the same loop), 'draft' (one draft) or 'minions'
     (several drafts, majority vote). selector: None (fixed s) or an AdaptiveLengthSelector;
     weights: None (all 1) or an SSMWeights for Minions."""
@@ -32,8 +47,10 @@ def build_decoder(target, drafts=(), *, method: str = "draft", s: int = 4, tempe
     dlms = [_load(d, device, dtype) for d in drafts]
     for d in dlms:
         if d.vocab_size != tlm.vocab_size:
-            raise InfersimError(f"draft {d.name}: vocabulary of {d.vocab_size} tokens, target {tlm.name} has "
-                                f"{tlm.vocab_size}: a draft must share the target's tokenizer")
+            raise InfersimError(
+                f"draft {d.name}: vocabulary of {d.vocab_size} tokens, target {tlm.name} has "
+                f"{tlm.vocab_size}: a draft must share the target's tokenizer"
+            )
     names = list(names) if names is not None else [d.name for d in dlms]
     tm = TargetModel(tlm, gpu_blocks=gpu_blocks, block_size=block_size)
     if method == "none" or s == 0:
@@ -41,13 +58,16 @@ def build_decoder(target, drafts=(), *, method: str = "draft", s: int = 4, tempe
     elif method == "draft":
         if len(dlms) != 1:
             raise InfersimError(f"method 'draft' takes exactly one draft model, got {len(dlms)}")
-        proposer = SingleDraft(DraftModel(dlms[0], index=0, gpu_blocks=gpu_blocks, block_size=block_size,
-                                          name=names[0]))
+        proposer = SingleDraft(
+            DraftModel(dlms[0], index=0, gpu_blocks=gpu_blocks, block_size=block_size, name=names[0])
+        )
     elif method == "minions":
         if not dlms:
             raise InfersimError("method 'minions' needs at least one draft model")
-        ds = [DraftModel(d, index=j, gpu_blocks=gpu_blocks, block_size=block_size, name=n)
-              for j, (d, n) in enumerate(zip(dlms, names))]
+        ds = [
+            DraftModel(d, index=j, gpu_blocks=gpu_blocks, block_size=block_size, name=n)
+            for j, (d, n) in enumerate(zip(dlms, names))
+        ]
         if weights is None:
             from infersim.simulator.speculative.minions import SSMWeights
 
@@ -55,8 +75,9 @@ def build_decoder(target, drafts=(), *, method: str = "draft", s: int = 4, tempe
         proposer = MinionsProposer(ds, weights, acr_scope=acr_scope, seed=seed)
     else:
         raise InfersimError(f"unknown speculation method '{method}': use none, draft or minions")
-    return SpeculativeDecoder(tm, proposer, s=s, temperature=temperature, seed=seed, selector=selector,
-                              max_batch_size=max_batch_size)
+    return SpeculativeDecoder(
+        tm, proposer, s=s, temperature=temperature, seed=seed, selector=selector, max_batch_size=max_batch_size
+    )
 
 
 WARM_UP_GROUPS = (1, 2, 4, 8)
@@ -112,8 +133,10 @@ def make_sequences(prompts, output_lens, n_drafts: int, arrival_s=None):
 
     if np.isscalar(output_lens):
         output_lens = [int(output_lens)] * len(prompts)
-    return [SpecSequence(i, p, o, n_drafts, 0.0 if arrival_s is None else float(arrival_s[i]))
-            for i, (p, o) in enumerate(zip(prompts, output_lens))]
+    return [
+        SpecSequence(i, p, o, n_drafts, 0.0 if arrival_s is None else float(arrival_s[i]))
+        for i, (p, o) in enumerate(zip(prompts, output_lens))
+    ]
 
 
 def speculative_generate(target, drafts, prompts, output_lens, **kw):

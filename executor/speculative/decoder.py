@@ -7,6 +7,7 @@ drafting + verification, and vl = mean tokens the round gave a sequence). A sequ
 drafts past its output length: s_i = min(s, remaining - 1), so a round commits at most the
 tokens the request still wants. Admission reserves a sequence's whole KV (prompt + output +
 s_max) in both the target's and the drafts' pools, so nothing is ever preempted."""
+
 from __future__ import annotations
 
 import time
@@ -18,12 +19,25 @@ import torch
 from infersim.simulator.errors import InfersimError
 
 from ..clock import Clock
-
 from .acceptance import AcceptanceRecorder
 
-ROUND_COLUMNS = ("round", "t_start_s", "t_end_s", "draft_s", "verify_s", "batch_size", "prefill_seqs",
-                 "verify_seqs", "s", "drafted_tokens", "accepted_tokens", "tokens_out", "draft_steps",
-                 "target_blocks_used", "target_blocks_released")
+ROUND_COLUMNS = (
+    "round",
+    "t_start_s",
+    "t_end_s",
+    "draft_s",
+    "verify_s",
+    "batch_size",
+    "prefill_seqs",
+    "verify_seqs",
+    "s",
+    "drafted_tokens",
+    "accepted_tokens",
+    "tokens_out",
+    "draft_steps",
+    "target_blocks_used",
+    "target_blocks_released",
+)
 _FLOAT = {"t_start_s", "t_end_s", "draft_s", "verify_s"}
 
 
@@ -63,11 +77,22 @@ def kv_blocks_for(seqs, s_max: int, block_size: int) -> int:
 
 
 class SpeculativeDecoder:
-    def __init__(self, target, proposer, *, s: int = 4, temperature: float = 0.0, seed: int = 0, selector=None,
-                 max_batch_size: int = 256, s_max: int | None = None):
+    def __init__(
+        self,
+        target,
+        proposer,
+        *,
+        s: int = 4,
+        temperature: float = 0.0,
+        seed: int = 0,
+        selector=None,
+        max_batch_size: int = 256,
+        s_max: int | None = None,
+    ):
         if temperature > 0 and not proposer.samples_with_rejection:
-            raise InfersimError(f"{type(proposer).__name__}: sampling (temperature > 0) is not supported; "
-                                f"use greedy verification")
+            raise InfersimError(
+                f"{type(proposer).__name__}: sampling (temperature > 0) is not supported; " f"use greedy verification"
+            )
         self.target = target
         self.proposer = proposer
         self.fixed_s = int(s)
@@ -116,8 +141,9 @@ class SpeculativeDecoder:
         prop = self.proposer.propose(ready, s_list, self.temperature, self.generator)
         self._sync()
         t1 = time.perf_counter()
-        items = [(seq, prop.tokens[i], prop.probs[i] if prop.probs is not None else None)
-                 for i, seq in enumerate(ready)]
+        items = [
+            (seq, prop.tokens[i], prop.probs[i] if prop.probs is not None else None) for i, seq in enumerate(ready)
+        ]
         released = self.target.released_blocks
         results = self.target.step(prefill, items, self.temperature, self.generator)
         self._sync()
@@ -131,10 +157,25 @@ class SpeculativeDecoder:
         out = len(prefill) + acc + len(results)
         if self.selector is not None and drafted:
             self.selector.observe(t2 - t0, verified_length(results, s_list, s))
-        self.stats.rounds.append((self._round, t_start, t_start + (t2 - t0), t1 - t0, t2 - t1,
-                                  len(prefill) + len(ready), len(prefill), len(ready), s, drafted, acc, out,
-                                  prop.draft_steps, self.target.cache.used_gpu,
-                                  self.target.released_blocks - released))
+        self.stats.rounds.append(
+            (
+                self._round,
+                t_start,
+                t_start + (t2 - t0),
+                t1 - t0,
+                t2 - t1,
+                len(prefill) + len(ready),
+                len(prefill),
+                len(ready),
+                s,
+                drafted,
+                acc,
+                out,
+                prop.draft_steps,
+                self.target.cache.used_gpu,
+                self.target.released_blocks - released,
+            )
+        )
         self._round += 1
         for seq in prefill:
             seq.rounds += 1
@@ -156,8 +197,10 @@ class SpeculativeDecoder:
                 if waiting and waiting[0].arrival_s > clock.now():
                     clock.wait_until(waiting[0].arrival_s)
                     continue
-                raise InfersimError(f"request {waiting[0].rid} ({waiting[0].prompt_len} + {waiting[0].output_len} "
-                                    f"tokens) does not fit the KV pool")
+                raise InfersimError(
+                    f"request {waiting[0].rid} ({waiting[0].prompt_len} + {waiting[0].output_len} "
+                    f"tokens) does not fit the KV pool"
+                )
             clock.step()
             start = clock.now()
             released = self.target.released_blocks
@@ -185,8 +228,12 @@ def admit_arrived(dec, waiting: list, n_running: int, clock, observer) -> list:
     limit and the KV reservation (FCFS: the head blocks the rest)."""
     out = []
     now = clock.now()
-    while (waiting and waiting[0].arrival_s <= now and n_running + len(out) < dec.max_batch_size
-           and dec.can_admit(waiting[0])):
+    while (
+        waiting
+        and waiting[0].arrival_s <= now
+        and n_running + len(out) < dec.max_batch_size
+        and dec.can_admit(waiting[0])
+    ):
         seq = waiting.pop(0)
         dec.admit(seq)
         seq.first_scheduled_s = now

@@ -7,6 +7,7 @@ accepted, or the whole prompt the first time); the next s - 1 steps feed one dra
 each. The last drafted token is never fed: if it is accepted, it is fed with the next round's
 first step. Before drafting, the draft rolls its cache back to the longest prefix of what it
 cached that the target committed (`PagedKVCache.truncate`): its rejected tokens' K/V go."""
+
 from __future__ import annotations
 
 import torch
@@ -29,17 +30,25 @@ def pick_tokens(logits: torch.Tensor, temperature: float, generator: torch.Gener
 class DraftModel:
     """lm: a LoadedModel; index: which of a SpecSequence's draft Tracks is this model's."""
 
-    def __init__(self, lm, *, index: int = 0, gpu_blocks: int, block_size: int = 16, name: str | None = None,
-                 fused: bool = True):
+    def __init__(
+        self, lm, *, index: int = 0, gpu_blocks: int, block_size: int = 16, name: str | None = None, fused: bool = True
+    ):
         self.lm = lm
         self.name = name or lm.name
         self.index = index
         # fewer calls per step (fused.py) and one attention call per layer for short queries
         self.runner = install(draft_runner(lm) if fused else build_runner(lm))
         self.device = lm.device
-        self.cache = PagedKVCache(self.runner.num_layers, self.runner.num_kv_heads, self.runner.head_dim,
-                                  block_size=block_size, gpu_blocks=gpu_blocks, cpu_blocks=0, dtype=lm.dtype,
-                                  device=lm.device)
+        self.cache = PagedKVCache(
+            self.runner.num_layers,
+            self.runner.num_kv_heads,
+            self.runner.head_dim,
+            block_size=block_size,
+            gpu_blocks=gpu_blocks,
+            cpu_blocks=0,
+            dtype=lm.dtype,
+            device=lm.device,
+        )
         self.steps = 0  # forward passes
         self.released_blocks = 0  # blocks given back on rollback
 

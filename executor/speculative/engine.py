@@ -19,6 +19,7 @@ measured in the run, instead of acceptance.yaml); each
 draft's `model` is a zoo name or a checkpoint folder (its `acceptance` is what the simulator
 would assume; here acceptance is measured); sampling greedy, or sampling at a temperature
 with method draft (rejection sampling); voting / selector / pipeline as in the simulator."""
+
 from __future__ import annotations
 
 import time
@@ -56,8 +57,23 @@ class _Observer:
         m = self.m
         q_pre = sum(s.prompt_len for s in prefill)
         q_ver = sum(k + 1 for k, _ in results)  # verified rows that stay (accepted + the last committed token)
-        m.segment((start, end, 0, 1, len(prefill) + len(ready), q_pre + q_ver, q_pre, self.cache.used_gpu, 0,
-                   self.waiting_count(), 0, 0.0, 0.0))
+        m.segment(
+            (
+                start,
+                end,
+                0,
+                1,
+                len(prefill) + len(ready),
+                q_pre + q_ver,
+                q_pre,
+                self.cache.used_gpu,
+                0,
+                self.waiting_count(),
+                0,
+                0.0,
+                0.0,
+            )
+        )
         for seq in prefill:
             seq.first_token_s = end
             seq.last_token_s = end
@@ -94,32 +110,46 @@ def _settings(sp):
         raise InfersimError("speculation.sampling.mode 'typical' is Medusa's; use greedy or sampling")
     temperature = float(sp.sampling.temperature) if mode == "sampling" else 0.0
     if temperature > 0 and (sp.method == "minions" or sp.pipeline_on or sp.voting_on):
-        raise InfersimError("speculation.sampling: rejection sampling runs with method 'draft' only "
-                            "(Minions votes and pipelines greedily); use sampling.mode: greedy")
+        raise InfersimError(
+            "speculation.sampling: rejection sampling runs with method 'draft' only "
+            "(Minions votes and pipelines greedily); use sampling.mode: greedy"
+        )
     return mode, temperature
 
 
-def execute_speculative(spec, requests, model: str, out: Path, *, device: str | None = "cpu",
-                        dtype: str | None = None, realtime: bool = True, plots: bool = True, csv: bool = False,
-                        quiet: bool = True, log=None, force: bool = False) -> dict:
+def execute_speculative(
+    spec,
+    requests,
+    model: str,
+    out: Path,
+    *,
+    device: str | None = "cpu",
+    dtype: str | None = None,
+    realtime: bool = True,
+    plots: bool = True,
+    csv: bool = False,
+    quiet: bool = True,
+    log=None,
+    force: bool = False,
+) -> dict:
     import torch
 
     from infersim.simulator.engine.memory import MemoryPlan
-    from infersim.simulator.simulation import SimulationResult
     from infersim.simulator.metrics.collector import MetricsCollector
     from infersim.simulator.metrics.rundir import staged_dir, write_table
     from infersim.simulator.metrics.summary import write_result_files
+    from infersim.simulator.simulation import SimulationResult
     from infersim.simulator.speculative.minions import SSMWeights
     from infersim.simulator.speculative.selector import AdaptiveLengthSelector
 
+    from ..clock import Clock
     from ..models import dtype_name, load_model
     from ..prompts import make_prompts
     from ..serving import device_description, model_summary, write_outputs
+    from .acceptance import write_acceptance_table
     from .build import build_decoder
-    from ..clock import Clock
     from .decoder import kv_blocks_for
     from .pipeline import PipelinedDecoder
-    from .acceptance import write_acceptance_table
     from .sequence import SpecSequence
 
     t_wall = time.perf_counter()
@@ -135,8 +165,9 @@ def execute_speculative(spec, requests, model: str, out: Path, *, device: str | 
     if len(requests) == 0:
         raise InfersimError("the workload produced no requests")
     if requests.closed_loop:
-        raise InfersimError("speculative sim exec replays open-loop arrivals only (requests.arrival), "
-                            "not closed-loop clients")
+        raise InfersimError(
+            "speculative sim exec replays open-loop arrivals only (requests.arrival), " "not closed-loop clients"
+        )
     lm = load_model(model, device=device, dtype=dtype, log=log)
     # as the simulator (proposers.DraftProposer): without the majority vote (voting.enabled:
     # false, or one draft) only the first SSM drafts; the others are neither run nor voted
@@ -148,8 +179,15 @@ def execute_speculative(spec, requests, model: str, out: Path, *, device: str | 
     sel = None
     if sp.selector_on:
         c = sp.selector
-        sel = AdaptiveLengthSelector(s=sp.speculation_length, decision_threshold=c.decision_threshold,
-                                     s_reward=c.s_reward, s_punish=c.s_punish, s_min=c.s_min, s_max=c.s_max, rule=c.rule)
+        sel = AdaptiveLengthSelector(
+            s=sp.speculation_length,
+            decision_threshold=c.decision_threshold,
+            s_reward=c.s_reward,
+            s_punish=c.s_punish,
+            s_min=c.s_min,
+            s_max=c.s_max,
+            rule=c.rule,
+        )
     s_max = sel.s_max if sel is not None else sp.speculation_length
     mheads = mtree = None
     if medusa:  # a verification writes the whole tree into the KV cache: reserve its nodes
@@ -166,24 +204,49 @@ def execute_speculative(spec, requests, model: str, out: Path, *, device: str | 
             o = max(1, max_len - len(p) - s_max - 1)  # drafted tokens need positions too
             truncated += 1
         seqs.append(SpecSequence(i, p, o, max(1, len(dlms)), float(t)))
-    gpu_blocks = sv.gpu_blocks or min(kv_blocks_for(seqs, s_max, sv.block_size),
-                                      sv.max_batch_size * max(kv_blocks_for([s], s_max, sv.block_size) for s in seqs) + 1)
+    gpu_blocks = sv.gpu_blocks or min(
+        kv_blocks_for(seqs, s_max, sv.block_size),
+        sv.max_batch_size * max(kv_blocks_for([s], s_max, sv.block_size) for s in seqs) + 1,
+    )
     method = "minions" if sp.voting_on else "draft"
     weights = None
     if method == "minions":
         v = sp.voting
-        weights = SSMWeights(np.array([d.weight for d in used], dtype=np.float64),
-                             reward_threshold=v.reward_threshold, punish_threshold=v.punish_threshold,
-                             reward_factor=v.reward_factor, punish_factor=v.punish_factor,
-                             threshold_mode=v.threshold_mode, ema=v.ema)
+        weights = SSMWeights(
+            np.array([d.weight for d in used], dtype=np.float64),
+            reward_threshold=v.reward_threshold,
+            punish_threshold=v.punish_threshold,
+            reward_factor=v.reward_factor,
+            punish_factor=v.punish_factor,
+            threshold_mode=v.threshold_mode,
+            ema=v.ema,
+        )
     if medusa:
-        dec = tree_decoding.build_decoder(lm, sp, gpu_blocks=int(gpu_blocks), block_size=sv.block_size,
-                                          max_batch_size=sv.max_batch_size, heads=mheads, tree=mtree)
+        dec = tree_decoding.build_decoder(
+            lm,
+            sp,
+            gpu_blocks=int(gpu_blocks),
+            block_size=sv.block_size,
+            max_batch_size=sv.max_batch_size,
+            heads=mheads,
+            tree=mtree,
+        )
     else:
-        dec = build_decoder(lm, dlms, method=method, s=sp.speculation_length, temperature=temperature,
-                            seed=spec.seed, block_size=sv.block_size, gpu_blocks=int(gpu_blocks),
-                            max_batch_size=sv.max_batch_size, selector=sel, weights=weights,
-                            acr_scope=sp.voting.acr_scope, names=names)
+        dec = build_decoder(
+            lm,
+            dlms,
+            method=method,
+            s=sp.speculation_length,
+            temperature=temperature,
+            seed=spec.seed,
+            block_size=sv.block_size,
+            gpu_blocks=int(gpu_blocks),
+            max_batch_size=sv.max_batch_size,
+            selector=sel,
+            weights=weights,
+            acr_scope=sp.voting.acr_scope,
+            names=names,
+        )
     runner = dec
     if not medusa:
         from .build import warm_up
@@ -191,8 +254,9 @@ def execute_speculative(spec, requests, model: str, out: Path, *, device: str | 
         warm_up(dec)  # before the clock starts (the drafting process warms its own drafts)
     if sp.pipeline_on:
         pl = sp.pipeline
-        runner = PipelinedDecoder(dec, llm_batch_size=pl.llm_batch_size, ssm_batch_size=pl.ssm_batch_size,
-                                  back_pressure=pl.back_pressure)
+        runner = PipelinedDecoder(
+            dec, llm_batch_size=pl.llm_batch_size, ssm_batch_size=pl.ssm_batch_size, back_pressure=pl.back_pressure
+        )
     out = Path(out)
     with staged_dir(out, command="exec", force=force) as tmp:
         metrics = MetricsCollector(len(seqs), series_path=tmp / "series.parquet")
@@ -200,9 +264,12 @@ def execute_speculative(spec, requests, model: str, out: Path, *, device: str | 
             metrics.arrive(s)
         clock = Clock(realtime=realtime)
         finished_count = [0]
-        obs = _Observer(metrics, dec.target.cache, lambda: sum(1 for s in seqs if s.arrival_s <= clock.now()
-                                                                and s.first_scheduled_s < 0),
-                        round_s=lambda: int(dec.stats.rounds[-1][8]) if dec.stats.rounds else None)
+        obs = _Observer(
+            metrics,
+            dec.target.cache,
+            lambda: sum(1 for s in seqs if s.arrival_s <= clock.now() and s.first_scheduled_s < 0),
+            round_s=lambda: int(dec.stats.rounds[-1][8]) if dec.stats.rounds else None,
+        )
         progress = None
         if not quiet:
             from rich.progress import Progress
@@ -222,29 +289,52 @@ def execute_speculative(spec, requests, model: str, out: Path, *, device: str | 
         end = max((s.finish_s for s in seqs), default=0.0)
         series = metrics.close_series()
         bpb = dec.target.cache.bytes_per_block
-        memory = MemoryPlan(int(gpu_blocks), 0, float(bpb), float(lm.weight_bytes()), 0.0,
-                            "explicit" if sv.gpu_blocks else "derived")
+        memory = MemoryPlan(
+            int(gpu_blocks), 0, float(bpb), float(lm.weight_bytes()), 0.0, "explicit" if sv.gpu_blocks else "derived"
+        )
         spec_x = _speculation_summary(dec, runner, sp, names, mode, temperature, sp.series_max_points)
         if hasattr(dec, "summary_extra"):  # Medusa: tree, accepted lengths, measured head accuracies
             spec_x.update(dec.summary_extra())
         tab = dec.stats.table()
         fwd = float(tab["draft_s"].sum() + tab["verify_s"].sum())
-        ex = {"model": lm.name, "model_path": str(lm.path), "drafts": names, "device": str(lm.device),
-              # forward: drafting + verification passes; schedule: the rest of the rounds (voting,
-              # acceptance, bookkeeping); no swapping here
-              "forward_s": fwd, "schedule_s": max(0.0, float((tab["t_end_s"] - tab["t_start_s"]).sum()) - fwd),
-              "swap_s": 0.0,
-              "dtype": dtype_name(lm.dtype), "realtime": realtime, "wall_s": time.perf_counter() - t_wall,
-              "outputs_truncated_to_max_model_len": truncated, "torch": str(torch.__version__),
-              "threads": torch.get_num_threads()}
-        resolved = {"workload": spec.model_copy(update={"model": str(lm.path)}).model_dump(mode="json"),
-                    "model": model_summary(lm, sv.dtype), "hardware": device_description(lm.device),
-                    "memory": {"gpu_blocks": int(gpu_blocks), "kv_bytes_per_block": float(bpb)},
-                    "step_mode": True, "num_requests": len(seqs),
-                    "executor": {k: ex[k] for k in ("model", "model_path", "drafts", "device", "dtype", "realtime",
-                                                    "torch", "threads")}}
-        result = SimulationResult(spec, metrics.requests_table(), series, metrics, memory, float(end), resolved,
-                                  {"executor": ex, "speculation": spec_x})
+        ex = {
+            "model": lm.name,
+            "model_path": str(lm.path),
+            "drafts": names,
+            "device": str(lm.device),
+            # forward: drafting + verification passes; schedule: the rest of the rounds (voting,
+            # acceptance, bookkeeping); no swapping here
+            "forward_s": fwd,
+            "schedule_s": max(0.0, float((tab["t_end_s"] - tab["t_start_s"]).sum()) - fwd),
+            "swap_s": 0.0,
+            "dtype": dtype_name(lm.dtype),
+            "realtime": realtime,
+            "wall_s": time.perf_counter() - t_wall,
+            "outputs_truncated_to_max_model_len": truncated,
+            "torch": str(torch.__version__),
+            "threads": torch.get_num_threads(),
+        }
+        resolved = {
+            "workload": spec.model_copy(update={"model": str(lm.path)}).model_dump(mode="json"),
+            "model": model_summary(lm, sv.dtype),
+            "hardware": device_description(lm.device),
+            "memory": {"gpu_blocks": int(gpu_blocks), "kv_bytes_per_block": float(bpb)},
+            "step_mode": True,
+            "num_requests": len(seqs),
+            "executor": {
+                k: ex[k] for k in ("model", "model_path", "drafts", "device", "dtype", "realtime", "torch", "threads")
+            },
+        }
+        result = SimulationResult(
+            spec,
+            metrics.requests_table(),
+            series,
+            metrics,
+            memory,
+            float(end),
+            resolved,
+            {"executor": ex, "speculation": spec_x},
+        )
         summary = write_result_files(tmp, result, csv=csv)
         write_table(tmp / "speculation_rounds.parquet", dec.stats.table())
         write_table(tmp / "speculation_sequences.parquet", _sequence_table(obs.seq_rows))
@@ -257,11 +347,21 @@ def execute_speculative(spec, requests, model: str, out: Path, *, device: str | 
             dec.write_extra(tmp, target=lm.name, source=f"sim exec of workload {spec.name} (seed {spec.seed})")
         elif dec.stats.recorder.rounds:
             label = names[0] if method == "draft" else "minions(" + "+".join(names) + ")"
-            write_acceptance_table(tmp / "acceptance.yaml", target=lm.name, drafts={label: label},
-                                   source=f"sim exec of workload {spec.name} (seed {spec.seed})",
-                                   entries=[dec.stats.recorder.entry(label, sp.dataset or DATASET, mode=mode,
-                                                                     temperature=temperature,
-                                                                     source="measured by executor/speculative")])
+            write_acceptance_table(
+                tmp / "acceptance.yaml",
+                target=lm.name,
+                drafts={label: label},
+                source=f"sim exec of workload {spec.name} (seed {spec.seed})",
+                entries=[
+                    dec.stats.recorder.entry(
+                        label,
+                        sp.dataset or DATASET,
+                        mode=mode,
+                        temperature=temperature,
+                        source="measured by executor/speculative",
+                    )
+                ],
+            )
         write_outputs(tmp / "outputs.parquet", sorted(seqs, key=lambda s: s.rid))
         if plots:
             from infersim.simulator.metrics.plots import plot_run
@@ -287,41 +387,74 @@ def _speculation_summary(dec, runner, sp, names, mode, temperature, limit) -> di
     st = dec.stats
     tab = st.table()
     rec = st.recorder
-    out = {"method": sp.method, "mode": mode, "temperature": temperature, "executed": True,
-           "pipelined": runner is not dec,
-           "drafting": getattr(runner, "drafting", None),  # pipelined: the drafts' own process or a thread
-           "acceleration_rate": st.acceleration_rate(),
-           # the simulator's definition (mean over speculating sequence-rounds), so the
-           # validation compares the same quantity; the pooled ratio alongside
-           "acceptance_rate": rec.mean_round_acceptance(),
-           "acceptance_rate_pooled": rec.mean_acceptance(),
-           "accepted_tokens": int(tab["accepted_tokens"].sum()) if len(tab["round"]) else 0,
-           "drafted_tokens": int(tab["drafted_tokens"].sum()) if len(tab["round"]) else 0,
-           "rounds": int(len(tab["round"])), "sequence_rounds": st.verify_rounds,
-           "target_steps": dec.target.steps,
-           "kv_blocks_released_on_rejection": int(dec.target.released_blocks),
-           "draft_kv_blocks_released_on_rejection": int(sum(d.released_blocks for d in getattr(dec.proposer, "drafts", []))),
-           "acceptance_by_position": rec.positional_probs(),
-           "s": {"final": dec.s, "changes": max(0, len(dec.s_series) - 1)},
-           "series": {"s": {"columns": ["round", "s"], "rows": thin_rows([list(x) for x in dec.s_series], limit)},
-                      "rounds": {"columns": ["t_s", "batch", "tokens_per_seq", "step_s", "s"],
-                                 "rows": thin_rows([[float(e), int(v), (float(o - p) / v) if v else 0.0, float(e - t), int(s)]
-                                                for t, e, v, p, o, s in zip(tab["t_start_s"], tab["t_end_s"],
-                                                                            tab["verify_seqs"], tab["prefill_seqs"],
-                                                                            tab["tokens_out"], tab["s"])], limit)}}}
+    out = {
+        "method": sp.method,
+        "mode": mode,
+        "temperature": temperature,
+        "executed": True,
+        "pipelined": runner is not dec,
+        "drafting": getattr(runner, "drafting", None),  # pipelined: the drafts' own process or a thread
+        "acceleration_rate": st.acceleration_rate(),
+        # the simulator's definition (mean over speculating sequence-rounds), so the
+        # validation compares the same quantity; the pooled ratio alongside
+        "acceptance_rate": rec.mean_round_acceptance(),
+        "acceptance_rate_pooled": rec.mean_acceptance(),
+        "accepted_tokens": int(tab["accepted_tokens"].sum()) if len(tab["round"]) else 0,
+        "drafted_tokens": int(tab["drafted_tokens"].sum()) if len(tab["round"]) else 0,
+        "rounds": int(len(tab["round"])),
+        "sequence_rounds": st.verify_rounds,
+        "target_steps": dec.target.steps,
+        "kv_blocks_released_on_rejection": int(dec.target.released_blocks),
+        "draft_kv_blocks_released_on_rejection": int(
+            sum(d.released_blocks for d in getattr(dec.proposer, "drafts", []))
+        ),
+        "acceptance_by_position": rec.positional_probs(),
+        "s": {"final": dec.s, "changes": max(0, len(dec.s_series) - 1)},
+        "series": {
+            "s": {"columns": ["round", "s"], "rows": thin_rows([list(x) for x in dec.s_series], limit)},
+            "rounds": {
+                "columns": ["t_s", "batch", "tokens_per_seq", "step_s", "s"],
+                "rows": thin_rows(
+                    [
+                        [float(e), int(v), (float(o - p) / v) if v else 0.0, float(e - t), int(s)]
+                        for t, e, v, p, o, s in zip(
+                            tab["t_start_s"],
+                            tab["t_end_s"],
+                            tab["verify_seqs"],
+                            tab["prefill_seqs"],
+                            tab["tokens_out"],
+                            tab["s"],
+                        )
+                    ],
+                    limit,
+                ),
+            },
+        },
+    }
     p = dec.proposer
     if hasattr(p, "history"):
-        out["voting"] = {"ssms": names, "voted_outputs": p.voted_counts.tolist(),
-                         "final_weights": [float(w) for w in p.weights.weights], "weight_updates": p.weights.updates,
-                         "per_ssm": p.summary()}
-        out["series"]["weights"] = {"columns": ["round"] + names,
-                                    "rows": thin_rows([[i] + h["weights"] for i, h in enumerate(p.history)], limit)}
+        out["voting"] = {
+            "ssms": names,
+            "voted_outputs": p.voted_counts.tolist(),
+            "final_weights": [float(w) for w in p.weights.weights],
+            "weight_updates": p.weights.updates,
+            "per_ssm": p.summary(),
+        }
+        out["series"]["weights"] = {
+            "columns": ["round"] + names,
+            "rows": thin_rows([[i] + h["weights"] for i, h in enumerate(p.history)], limit),
+        }
     if runner is not dec:
-        out["pool"] = {"max_depth": max((d for _, d in runner.pool_depth_series), default=0),
-                       "llm_batch_size": runner.llm_batch_size, "ssm_batch_size": runner.ssm_batch_size,
-                       "drafting_rounds": len(runner.draft_rounds)}
-        out["series"]["pool_depth"] = {"columns": ["t_s", "depth"],
-                                       "rows": thin_rows([list(x) for x in runner.pool_depth_series], limit)}
+        out["pool"] = {
+            "max_depth": max((d for _, d in runner.pool_depth_series), default=0),
+            "llm_batch_size": runner.llm_batch_size,
+            "ssm_batch_size": runner.ssm_batch_size,
+            "drafting_rounds": len(runner.draft_rounds),
+        }
+        out["series"]["pool_depth"] = {
+            "columns": ["t_s", "depth"],
+            "rows": thin_rows([list(x) for x in runner.pool_depth_series], limit),
+        }
     return out
 
 

@@ -2,6 +2,7 @@
 heads and token trees: executor/medusa) plug into the speculative engine here. The package
 registers a `TreeDecoding` under the method's name when it is imported, so the engine serves
 the method without importing the package that builds on it."""
+
 from __future__ import annotations
 
 from typing import Any, Protocol

@@ -10,6 +10,7 @@ tokens up to the first rejection and its correction, so SSM j's agreement for a 
 the prefix of its draft equal to those tokens (min(L_j, accepted + 1), Minions' rate divides
 by s). Greedy only: the voted draft is chosen by looking at the drafted tokens, so it is not
 a sample from any one draft's distribution and rejection sampling would not be exact."""
+
 from __future__ import annotations
 
 import contextlib
@@ -60,8 +61,9 @@ class MinionsProposer:
 
     def propose(self, seqs, s_list, temperature=0.0, generator=None) -> Proposal:
         if temperature > 0:
-            raise InfersimError("Minions voting is implemented for greedy verification only "
-                                "(speculation.sampling.mode: greedy)")
+            raise InfersimError(
+                "Minions voting is implemented for greedy verification only " "(speculation.sampling.mode: greedy)"
+            )
         steps = 0
         outs = []
         for d in self.drafts:
@@ -103,10 +105,14 @@ class MinionsProposer:
             return {}
         rates = np.asarray(rows)
         acrs = self.weights.update_all(rates) if self.acr_scope == "all" else self.weights.update(voted, vrates)
-        self.history.append({"acr": {int(j): float(a) for j, a in acrs.items()},
-                             "agreement": rates.mean(axis=0).tolist(),
-                             "weights": self.weights.weights.tolist(),
-                             "voted": np.bincount(np.asarray(voted), minlength=m).tolist()})
+        self.history.append(
+            {
+                "acr": {int(j): float(a) for j, a in acrs.items()},
+                "agreement": rates.mean(axis=0).tolist(),
+                "weights": self.weights.weights.tolist(),
+                "voted": np.bincount(np.asarray(voted), minlength=m).tolist(),
+            }
+        )
         return acrs
 
     def release(self, seq) -> None:
@@ -119,8 +125,11 @@ class MinionsProposer:
         out = {}
         for j, name in enumerate(self.names):
             n = int(self.voted_counts[j])
-            out[name] = {"voted": n, "voted_share": n / max(1, self.drafted_outputs),
-                         "acr_when_voted": float(self.voted_accepted[j] / n) if n else None,
-                         "agreement_rate": float(self.agree_tokens[j] / max(1, self.drafted_tokens)),
-                         "weight": float(self.weights.weights[j])}
+            out[name] = {
+                "voted": n,
+                "voted_share": n / max(1, self.drafted_outputs),
+                "acr_when_voted": float(self.voted_accepted[j] / n) if n else None,
+                "agreement_rate": float(self.agree_tokens[j] / max(1, self.drafted_tokens)),
+                "weight": float(self.weights.weights[j]),
+            }
         return out

@@ -23,6 +23,7 @@ share a verification depends on timing, so the statistics vary from run to run.
 The selector (simulator's AdaptiveLengthSelector) sees t = the period between the ends of
 successive verifications (Minions' `period` measure: equal to the LLM's time while the SSMs
 keep up, larger when they do not) and vl = mean tokens per sequence of that verification."""
+
 from __future__ import annotations
 
 import sys
@@ -39,8 +40,6 @@ from infersim.simulator.speculative.minions import PoolBackPressure
 from ..clock import Clock
 from .decoder import DecodeStats, admit_arrived, verified_length
 
-
-
 # While both threads run Python (most of a step on small models), the one waiting for the GIL
 # gets it only when the holder blocks or the interpreter's switch interval (5 ms by default)
 # runs out: on passes of a few milliseconds that wait, not the two cores, was most of the
@@ -56,9 +55,17 @@ DRAFTING_COLUMNS = ("t_start_s", "t_end_s", "sequences", "s", "pool_depth", "wai
 
 
 class PipelinedDecoder:
-    def __init__(self, decoder, *, llm_batch_size: int | None = None, ssm_batch_size: int | None = None,
-                 back_pressure: bool = True, intra_op_threads: int = 1,
-                 switch_interval_s: float | None = SWITCH_INTERVAL_S, drafting: str = "auto"):
+    def __init__(
+        self,
+        decoder,
+        *,
+        llm_batch_size: int | None = None,
+        ssm_batch_size: int | None = None,
+        back_pressure: bool = True,
+        intra_op_threads: int = 1,
+        switch_interval_s: float | None = SWITCH_INTERVAL_S,
+        drafting: str = "auto",
+    ):
         """decoder: a SpeculativeDecoder (its target, proposer, selector, s and temperature are used).
         switch_interval_s: the interpreter's GIL switch interval while the two threads run (None:
         leave Python's, 5 ms by default). drafting: where the drafts run: `process` (their own
@@ -104,8 +111,9 @@ class PipelinedDecoder:
         (start, end, sequences, s, pool depth after, time it waited for work), which the
         validation needs to price the SSM engine (analysis/validate/spec_rounds.py)."""
         rows = np.array(self.draft_rounds, dtype=np.float64).reshape(-1, len(DRAFTING_COLUMNS))
-        return {c: (rows[:, i] if c.endswith("_s") else rows[:, i].astype(np.int64))
-                for i, c in enumerate(DRAFTING_COLUMNS)}
+        return {
+            c: (rows[:, i] if c.endswith("_s") else rows[:, i].astype(np.int64)) for i, c in enumerate(DRAFTING_COLUMNS)
+        }
 
     def generate(self, seqs, progress=None, clock=None, observer=None) -> list[list[int]]:
         old_threads, old_switch = torch.get_num_threads(), sys.getswitchinterval()
@@ -209,9 +217,12 @@ class PipelinedDecoder:
                     e[3].append(si)
                 with self._weights_lock:
                     for prop, idx, res, sl in by_prop.values():
-                        sub = type(prop)([prop.tokens[i] for i in idx], None,
-                                         [[o[i] for i in idx] for o in prop.outputs] if prop.outputs else None,
-                                         [prop.voted[i] for i in idx] if prop.voted else None)
+                        sub = type(prop)(
+                            [prop.tokens[i] for i in idx],
+                            None,
+                            [[o[i] for i in idx] for o in prop.outputs] if prop.outputs else None,
+                            [prop.voted[i] for i in idx] if prop.voted else None,
+                        )
                         self.proposer.feedback([None] * len(idx), sub, res, sl)
                 acc = 0
                 for (_, _, _, si), (k, _) in zip(taken, results):
@@ -227,15 +238,31 @@ class PipelinedDecoder:
                 s_now = dec.s
                 if not self.s_series or self.s_series[-1][1] != s_now:
                     self.s_series.append((len(self.stats.rounds), s_now))
-                self.stats.rounds.append((len(self.stats.rounds), ts, end, 0.0, verify_s, len(prefill) + len(taken),
-                                          len(prefill), len(taken), s_now, drafted, acc,
-                                          len(prefill) + acc + len(results), 0, self.target.cache.used_gpu,
-                                          self.target.released_blocks - released))
+                self.stats.rounds.append(
+                    (
+                        len(self.stats.rounds),
+                        ts,
+                        end,
+                        0.0,
+                        verify_s,
+                        len(prefill) + len(taken),
+                        len(prefill),
+                        len(taken),
+                        s_now,
+                        drafted,
+                        acc,
+                        len(prefill) + acc + len(results),
+                        0,
+                        self.target.cache.used_gpu,
+                        self.target.released_blocks - released,
+                    )
+                )
                 if observer is not None and hasattr(observer, "note_drafted"):
                     observer.note_drafted([x[3] for x in taken])  # what each verified sequence drafted
                 if observer is not None:
-                    observer.on_round(prefill, [x[0] for x in taken], results, ts, end,
-                                      self.target.released_blocks - released)
+                    observer.on_round(
+                        prefill, [x[0] for x in taken], results, ts, end, self.target.released_blocks - released
+                    )
                 back = []
                 for seq in prefill + [x[0] for x in taken]:
                     seq.rounds += 1

@@ -1,5 +1,6 @@
 """What drafts a round: no draft (plain decoding), one draft model, or Minions (minions.py).
 A proposer drafts for a batch (`propose`) and hears the verification's outcome (`feedback`)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ class Proposal:
 @dataclass
 class NoDraft:
     """Plain decoding through the same loop: nothing drafted, every round one token."""
+
     names: list = field(default_factory=list)
     samples_with_rejection = True
 
@@ -34,6 +36,7 @@ class NoDraft:
 
 class SingleDraft:
     """One draft model (`DraftModel`)."""
+
     samples_with_rejection = True
 
     def __init__(self, draft):

@@ -2,6 +2,7 @@
 (simulator/catalog/acceptance/zoo-target.yaml), recorded from real verification rounds of
 each zoo draft by zoo-target on held-out prompts (acceptance.py has the recording and the
 table format)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -34,35 +35,55 @@ def record_zoo(out: Path, *, s: int = 5, requests: int = 24, output: int = 96, s
     runs = [(name, "draft", [name]) for name in ZOO_DRAFTS]
     runs.append(("minions(a+b+c)", "minions", list(ZOO_DRAFTS[:3])))
     entries = []
-    how = (f"{requests} held-out prompts of 32-160 tokens (executor/prompts.py, seed {seed}), {output} output "
-           f"tokens each, batch {requests}, greedy, s = {s}; rounds cut short by a request's end left out")
+    how = (
+        f"{requests} held-out prompts of 32-160 tokens (executor/prompts.py, seed {seed}), {output} output "
+        f"tokens each, batch {requests}, greedy, s = {s}; rounds cut short by a request's end left out"
+    )
     with Progress(transient=True, disable=quiet) as prog:
         task = prog.add_task("recording acceptance", total=len(runs))
         for label, method, names in runs:
-            dec = build_decoder(target, [load_model(n) for n in names], method=method, s=s, gpu_blocks=2048,
-                                max_batch_size=requests, seed=seed)
+            dec = build_decoder(
+                target,
+                [load_model(n) for n in names],
+                method=method,
+                s=s,
+                gpu_blocks=2048,
+                max_batch_size=requests,
+                seed=seed,
+            )
             dec.generate(make_sequences(prompts, output, len(names)))
             rec = dec.stats.recorder.at(s)
             entries.append(rec.entry(label, DATASET, source=f"measured: {rec.rounds} rounds; {how}"))
             prog.advance(task)
     drafts = {n: n for n in ZOO_DRAFTS}
     drafts["minions(a+b+c)"] = "zoo-draft-a"
-    notes = (f"Recorded by `python -m infersim.executor.speculative.record` with torch {torch.__version__} on "
-             f"{platform.machine()}. kind empirical: counts[k] = rounds in which exactly k of the s drafted tokens "
-             f"were accepted (the simulator turns them into positional probabilities). The `drafts` map names "
-             f"the zoo checkpoint each label's steps would cost (the simulator's catalog has no zoo models: a "
-             f"workload gives a costable model in its draft's `model`). minions(a+b+c): the majority-voted draft "
-             f"of zoo-draft-a/b/c with weights updated from their ACR (executor/speculative/minions.py), s fixed.")
-    return write_acceptance_table(out, target="zoo-target", entries=entries, drafts=drafts, notes=notes,
-                                  source="infersim executor, zoo models (executor/zoo), held-out stdlib text")
+    notes = (
+        f"Recorded by `python -m infersim.executor.speculative.record` with torch {torch.__version__} on "
+        f"{platform.machine()}. kind empirical: counts[k] = rounds in which exactly k of the s drafted tokens "
+        f"were accepted (the simulator turns them into positional probabilities). The `drafts` map names "
+        f"the zoo checkpoint each label's steps would cost (the simulator's catalog has no zoo models: a "
+        f"workload gives a costable model in its draft's `model`). minions(a+b+c): the majority-voted draft "
+        f"of zoo-draft-a/b/c with weights updated from their ACR (executor/speculative/minions.py), s fixed."
+    )
+    return write_acceptance_table(
+        out,
+        target="zoo-target",
+        entries=entries,
+        drafts=drafts,
+        notes=notes,
+        source="infersim executor, zoo models (executor/zoo), held-out stdlib text",
+    )
 
 
 def main(argv=None) -> int:
     import argparse
 
     ap = argparse.ArgumentParser(description="record the zoo's acceptance table (greedy, by position)")
-    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[2] / "simulator" / "catalog"
-                    / "acceptance" / "zoo-target.yaml")
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=Path(__file__).resolve().parents[2] / "simulator" / "catalog" / "acceptance" / "zoo-target.yaml",
+    )
     ap.add_argument("--s", type=int, default=5)
     ap.add_argument("--requests", type=int, default=24)
     ap.add_argument("--output", type=int, default=96)

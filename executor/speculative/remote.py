@@ -15,6 +15,7 @@ in-process proposer keeps them on the sequence), the speculation lengths, and th
 (the verifying side reweights the SSMs; the child votes with the latest weights); back come the
 proposal (voted tokens, every SSM's draft, the voted SSM) and the drafts' step and rollback
 counters, added to the parent's draft objects so the run's statistics read as before."""
+
 from __future__ import annotations
 
 import contextlib
@@ -36,11 +37,23 @@ def _config(proposer) -> dict:
     drafts = list(getattr(proposer, "drafts", []))
     if not drafts:
         raise InfersimError("a drafting process needs draft models (method draft or minions)")
-    return {"kind": "minions" if isinstance(proposer, MinionsProposer) else "draft",
-            "drafts": [{"path": str(d.lm.path), "name": d.name, "index": d.index, "gpu_blocks": d.cache.total_gpu,
-                        "block_size": d.cache.block_size} for d in drafts],
-            "device": str(drafts[0].lm.device), "dtype": dtype_name(drafts[0].lm.dtype),
-            "acr_scope": getattr(proposer, "acr_scope", "all"), "seed": int(getattr(proposer, "seed", 0))}
+    return {
+        "kind": "minions" if isinstance(proposer, MinionsProposer) else "draft",
+        "drafts": [
+            {
+                "path": str(d.lm.path),
+                "name": d.name,
+                "index": d.index,
+                "gpu_blocks": d.cache.total_gpu,
+                "block_size": d.cache.block_size,
+            }
+            for d in drafts
+        ],
+        "device": str(drafts[0].lm.device),
+        "dtype": dtype_name(drafts[0].lm.dtype),
+        "acr_scope": getattr(proposer, "acr_scope", "all"),
+        "seed": int(getattr(proposer, "seed", 0)),
+    }
 
 
 class RemoteProposer:
@@ -137,12 +150,20 @@ def _serve(conn, cfg: dict) -> None:
         from .sequence import SpecSequence
 
         torch.set_num_threads(cfg["threads"])
-        drafts = [DraftModel(load_model(d["path"], device=cfg["device"], dtype=cfg["dtype"]), index=d["index"],
-                             gpu_blocks=d["gpu_blocks"], block_size=d["block_size"], name=d["name"])
-                  for d in cfg["drafts"]]
+        drafts = [
+            DraftModel(
+                load_model(d["path"], device=cfg["device"], dtype=cfg["dtype"]),
+                index=d["index"],
+                gpu_blocks=d["gpu_blocks"],
+                block_size=d["block_size"],
+                name=d["name"],
+            )
+            for d in cfg["drafts"]
+        ]
         if cfg["kind"] == "minions":
-            proposer = MinionsProposer(drafts, SSMWeights(np.ones(len(drafts))), acr_scope=cfg["acr_scope"],
-                                       seed=cfg["seed"])
+            proposer = MinionsProposer(
+                drafts, SSMWeights(np.ones(len(drafts))), acr_scope=cfg["acr_scope"], seed=cfg["seed"]
+            )
         else:
             proposer = SingleDraft(drafts[0])
         warm_up_drafts(drafts)  # first calls of new shapes, paid before the engine's clock
@@ -175,8 +196,16 @@ def _serve(conn, cfg: dict) -> None:
                 proposer.weights.weights = np.asarray(weights, dtype=np.float64)
             before = [(d.steps, d.released_blocks) for d in drafts]
             prop = proposer.propose(group, s_list, 0.0, None)
-            conn.send(("proposal", prop.tokens, prop.outputs, prop.voted, prop.draft_steps,
-                       [(d.steps - s, d.released_blocks - r) for d, (s, r) in zip(drafts, before)]))
+            conn.send(
+                (
+                    "proposal",
+                    prop.tokens,
+                    prop.outputs,
+                    prop.voted,
+                    prop.draft_steps,
+                    [(d.steps - s, d.released_blocks - r) for d, (s, r) in zip(drafts, before)],
+                )
+            )
     except (EOFError, KeyboardInterrupt):
         return
     except BaseException as exc:  # reported to the parent as one line

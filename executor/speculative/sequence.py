@@ -7,11 +7,13 @@ cached every committed token but the last one (the token the last verification p
 whose K/V comes with the next verification). Each draft model has its own `Track` (its own
 tokens, cached count and blocks in its own cache): a draft's cache may hold tokens it drafted
 that the target rejected; it rolls them back itself before drafting again (`Track.base`)."""
+
 from __future__ import annotations
 
 
 class Track:
     """One model's cache view of a sequence (the attributes plan_batch reads)."""
+
     __slots__ = ("tokens", "computed", "block_table", "cpu_block_table", "base")
 
     def __init__(self):
@@ -75,7 +77,7 @@ class SpecSequence:
 
     @property
     def output_ids(self) -> list[int]:
-        return self.tokens[self.prompt_len:]
+        return self.tokens[self.prompt_len :]
 
     def __repr__(self) -> str:
         return f"SpecSequence(rid={self.rid}, prompt={self.prompt_len}, gen={self.generated}/{self.output_len})"

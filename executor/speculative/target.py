@@ -1,5 +1,6 @@
 """The target model: prefills new sequences and verifies drafted tokens, one forward pass per
 round for the whole batch, then commits what it accepted and rolls back the rest of its KV."""
+
 from __future__ import annotations
 
 import torch
@@ -17,9 +18,16 @@ class TargetModel:
         self.name = lm.name
         self.runner = install(build_runner(lm))  # one attention call per layer for short queries
         self.device = lm.device
-        self.cache = PagedKVCache(self.runner.num_layers, self.runner.num_kv_heads, self.runner.head_dim,
-                                  block_size=block_size, gpu_blocks=gpu_blocks, cpu_blocks=0, dtype=lm.dtype,
-                                  device=lm.device)
+        self.cache = PagedKVCache(
+            self.runner.num_layers,
+            self.runner.num_kv_heads,
+            self.runner.head_dim,
+            block_size=block_size,
+            gpu_blocks=gpu_blocks,
+            cpu_blocks=0,
+            dtype=lm.dtype,
+            device=lm.device,
+        )
         self.steps = 0
         self.released_blocks = 0  # blocks given back when drafted tokens were rejected
 
@@ -65,8 +73,11 @@ class TargetModel:
         per = list(torch.split(logits[npf:], qs))
         width = max(qs)
         lens = torch.tensor([q - 1 for q in qs], dtype=torch.long, device=dev)
-        draft = pad_rows([torch.tensor(d, dtype=torch.long, device=dev) for _, d, _ in items], width - 1, 0) \
-            if width > 1 else torch.zeros(len(items), 0, dtype=torch.long, device=dev)
+        draft = (
+            pad_rows([torch.tensor(d, dtype=torch.long, device=dev) for _, d, _ in items], width - 1, 0)
+            if width > 1
+            else torch.zeros(len(items), 0, dtype=torch.long, device=dev)
+        )
         if temperature <= 0:
             am = pad_rows([x.argmax(dim=-1) for x in per], width, 0)
             k, nxt = greedy_accept(am, draft, lens)
@@ -78,7 +89,7 @@ class TargetModel:
             k, nxt = rejection_accept(p, qp, draft, lens, generator)
         out = []
         for (seq, _, _), n0, kk, t in zip(items, n0s, k.tolist(), nxt.tolist()):
-            del seq.tokens[n0 + kk:]
+            del seq.tokens[n0 + kk :]
             seq.tokens.append(int(t))
             seq.computed = n0 + kk  # the old last token and the accepted drafts are cached
             self.released_blocks += cache.truncate(seq, n0 + kk)

@@ -23,6 +23,7 @@ to the voted draft's first rejection + 1), so it is reported, not fitted. The si
 gets the voted draft's acceptance for every SSM with `voting.correlation: 1` (all SSMs share
 one draw): its simulated acceptance per verification is the measured one, and its vote among
 identical lengths does not change what is accepted."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -42,13 +43,15 @@ def execute(spec, requests, model, out, *, device="cpu", dtype=None, realtime=Fa
     pipelined run and speculation_sequences.parquet for every run itself)."""
     from .engine import execute_speculative
 
-    return execute_speculative(spec, requests, model, Path(out), device=device, dtype=dtype,
-                               realtime=realtime, plots=plots, quiet=quiet)
+    return execute_speculative(
+        spec, requests, model, Path(out), device=device, dtype=dtype, realtime=realtime, plots=plots, quiet=quiet
+    )
 
 
 # ---- per-request acceptance ----------------------------------------------------------------
-def fit_request_mixture(rid, s, accepted, *, groups: int | None = 4, min_requests_per_group: int = 8,
-                        shrink: bool = True) -> dict | None:
+def fit_request_mixture(
+    rid, s, accepted, *, groups: int | None = 4, min_requests_per_group: int = 8, shrink: bool = True
+) -> dict | None:
     """A `mixture` acceptance spec from per-(round, sequence) rows: requests are split into
     `groups` equal-count groups by their mean tokens per round; each group's positional
     acceptance is one component (weight: its fraction of requests).
@@ -108,11 +111,21 @@ def fit_request_mixture(rid, s, accepted, *, groups: int | None = 4, min_request
         lam = 1.0
     comps = [_positional(lam * S + (1.0 - lam) * S_pool) for S in S_g]
     assignment = {int(r): g for g, part in enumerate(parts) for r in part}
-    return {"kind": "mixture", "components": comps, "weights": [round(float(x), 6) for x in w],
-            "assignment": assignment,
-            "fit": {"requests": int(ids.size), "shrink": lam, "between_request_var": between,
-                    "noise_var": noise, "cv_tokens_per_round": float(m_r.std() / m_r.mean()),
-                    "group_tokens_per_round": [round(float(x), 4) for x in e_g], "s_ref": s_ref}}
+    return {
+        "kind": "mixture",
+        "components": comps,
+        "weights": [round(float(x), 6) for x in w],
+        "assignment": assignment,
+        "fit": {
+            "requests": int(ids.size),
+            "shrink": lam,
+            "between_request_var": between,
+            "noise_var": noise,
+            "cv_tokens_per_round": float(m_r.std() / m_r.mean()),
+            "group_tokens_per_round": [round(float(x), 4) for x in e_g],
+            "s_ref": s_ref,
+        },
+    }
 
 
 def _positional(survival) -> dict:
@@ -137,16 +150,22 @@ def recorded_statistics(run_dir) -> dict:
     spec_x = json.loads(summary_path.read_text()).get("speculation")
     if not spec_x:
         raise InfersimError(f"{run_dir}/summary.json: no 'speculation' entry (not a speculative run)")
-    stats: dict = {"method": spec_x.get("method"), "pipelined": bool(spec_x.get("pipelined")),
-                   "acceptance_rate": spec_x.get("acceptance_rate"),
-                   "tokens_per_step": spec_x.get("acceleration_rate"),
-                   "acceptance_by_position": spec_x.get("acceptance_by_position", []),
-                   "s_final": spec_x.get("s", {}).get("final"), "s_changes": spec_x.get("s", {}).get("changes")}
+    stats: dict = {
+        "method": spec_x.get("method"),
+        "pipelined": bool(spec_x.get("pipelined")),
+        "acceptance_rate": spec_x.get("acceptance_rate"),
+        "tokens_per_step": spec_x.get("acceleration_rate"),
+        "acceptance_by_position": spec_x.get("acceptance_by_position", []),
+        "s_final": spec_x.get("s", {}).get("final"),
+        "s_changes": spec_x.get("s", {}).get("changes"),
+    }
     cfg_path = run_dir / "config.yaml"
     if cfg_path.is_file():
         w = (yaml.safe_load(cfg_path.read_text()) or {}).get("workload", {})
-        stats["drafts"] = [{k: v for k, v in d.items() if k in ("model", "name", "weight") and v is not None}
-                           for d in (w.get("speculation") or {}).get("drafts", [])]
+        stats["drafts"] = [
+            {k: v for k, v in d.items() if k in ("model", "name", "weight") and v is not None}
+            for d in (w.get("speculation") or {}).get("drafts", [])
+        ]
     if acc_path.is_file():
         table = yaml.safe_load(acc_path.read_text()) or {}
         entries = table.get("entries") or []
@@ -165,7 +184,7 @@ def recorded_statistics(run_dir) -> dict:
         # ... keyed by the selector's observations before that round (rounds that drafted
         # something; a prefill-only round observes nothing), which is what a replayed selector
         # counts (analysis/validate/spec_simulate.ReplayedSelector)
-        seen = np.concatenate(([0], np.cumsum(np.asarray(t["drafted_tokens"]) > 0)))[:s.size]
+        seen = np.concatenate(([0], np.cumsum(np.asarray(t["drafted_tokens"]) > 0)))[: s.size]
         stats["s_trajectory"] = [[int(seen[i]), int(s[i])] for i in change]
         stats["draft_steps"] = int(np.sum(t["draft_steps"]))
     seq_path = run_dir / "speculation_sequences.parquet"
@@ -177,8 +196,11 @@ def recorded_statistics(run_dir) -> dict:
         # (spec-draft: mean end-to-end +12% from queueing behind requests that were fast for real)
         # (at least PER_REQUEST_MIN requests with verified rounds, as before: fewer say little)
         rids = np.asarray(t["rid"])[np.asarray(t["s"]) > 0]
-        mix = (fit_request_mixture(t["rid"], t["s"], t["accepted"], groups=None, min_requests_per_group=1,
-                                   shrink=False) if np.unique(rids).size >= PER_REQUEST_MIN else None)
+        mix = (
+            fit_request_mixture(t["rid"], t["s"], t["accepted"], groups=None, min_requests_per_group=1, shrink=False)
+            if np.unique(rids).size >= PER_REQUEST_MIN
+            else None
+        )
         if mix is not None:
             stats["per_request"] = mix.pop("fit")
             stats["acceptance_per_request"] = mix
@@ -190,9 +212,14 @@ def recorded_statistics(run_dir) -> dict:
         ar = np.asarray(t["agreement_rate"], dtype=np.float64)
         voted = np.asarray(t["voted"], dtype=np.int64)
         ssm = np.asarray(t["ssm"])
-        stats["per_ssm"] = {n: {"mean_agreement_rate": float(np.nanmean(ar[ssm == n])),
-                                "voted": int(voted[ssm == n].sum()),
-                                "final_weight": float(np.asarray(t["weight"])[ssm == n][-1])} for n in names}
+        stats["per_ssm"] = {
+            n: {
+                "mean_agreement_rate": float(np.nanmean(ar[ssm == n])),
+                "voted": int(voted[ssm == n].sum()),
+                "final_weight": float(np.asarray(t["weight"])[ssm == n][-1]),
+            }
+            for n in names
+        }
     return stats
 
 
@@ -215,8 +242,13 @@ def simulator_updates(stats: dict, per_request: bool = True) -> dict:
         # stratified draws: each request's simulated rounds follow its realized acceptance closely
         # (the simulation replays these requests; independent draws scatter one run's acceptance
         # rate by +-5% around the measured, the size of the target)
-        mix = {**mix, "components": [{**c, **setting} for c in mix["components"]], **setting,
-               "source": src + ", per request", "draws": "stratified" if mix.get("assignment") else "random"}
+        mix = {
+            **mix,
+            "components": [{**c, **setting} for c in mix["components"]],
+            **setting,
+            "source": src + ", per request",
+            "draws": "stratified" if mix.get("assignment") else "random",
+        }
         spec = AcceptanceSpec.model_validate(mix)
     else:
         spec = AcceptanceSpec.model_validate({**acc, "source": src})

@@ -14,6 +14,7 @@ position i, so row 0 judges draft token 1 and row s gives the bonus token.
 
 The functions work on padded batches: lens[b] <= S drafted tokens per row, draft/q padded with
 zeros past lens[b] (a zero q row makes the residual at k = lens[b] equal to p: the bonus)."""
+
 from __future__ import annotations
 
 import torch
@@ -29,8 +30,9 @@ def greedy_accept(target_argmax: torch.Tensor, draft: torch.Tensor, lens: torch.
     return k, nxt
 
 
-def rejection_accept(p: torch.Tensor, q: torch.Tensor, draft: torch.Tensor, lens: torch.Tensor,
-                     generator: torch.Generator | None = None):
+def rejection_accept(
+    p: torch.Tensor, q: torch.Tensor, draft: torch.Tensor, lens: torch.Tensor, generator: torch.Generator | None = None
+):
     """p [B, S+1, V] target probabilities, q [B, S, V] draft probabilities (zero rows past
     lens), draft [B, S] drafted tokens (sampled from q) -> (accepted k [B], next token [B])."""
     B, S = draft.shape
@@ -62,5 +64,5 @@ def pad_rows(rows: list[torch.Tensor], width: int, fill: float = 0.0) -> torch.T
         return torch.stack(rows)
     out = rows[0].new_full((len(rows), width) + tuple(rows[0].shape[1:]), fill)
     for b, r in enumerate(rows):
-        out[b, :r.size(0)] = r
+        out[b, : r.size(0)] = r
     return out

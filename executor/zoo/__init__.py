@@ -2,6 +2,7 @@
 Llama target, Llama drafts distilled from it, a small OPT) on the Python standard library's
 source, deterministic by seed and cached on disk. Names like `zoo-target` resolve to the
 checkpoint folder wherever the executor takes a model."""
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,9 @@ def zoo_names(spec: ZooSpec = DEFAULT_ZOO) -> list[str]:
     return [r.name for r in spec.models]
 
 
-def resolve_zoo_model(name: str, *, build: bool = False, spec: ZooSpec = DEFAULT_ZOO, root: Path | None = None,
-                      log=None) -> Path:
+def resolve_zoo_model(
+    name: str, *, build: bool = False, spec: ZooSpec = DEFAULT_ZOO, root: Path | None = None, log=None
+) -> Path:
     """The checkpoint folder of a zoo model: cached, or copied from the shipped weights when the
     build key matches; else, with `build`, trained (with its teacher) first, or an error telling
     how to build it."""
@@ -48,8 +50,9 @@ def _config_path(name: str) -> Path:
     try:
         return resolve_zoo_model(name) / "config.json"
     except ImportError as exc:  # the zoo's cache key needs the executor extra (torch)
-        raise InfersimError(f"model '{name}' is from the executor's zoo, which needs pip install \".[executor]\" "
-                            f"({exc})") from None
+        raise InfersimError(
+            f"model '{name}' is from the executor's zoo, which needs pip install \".[executor]\" " f"({exc})"
+        ) from None
 
 
 register_model_source(ZOO_PREFIX, _config_path)
@@ -84,5 +87,14 @@ def zoo_manifest(path: Path) -> dict:
     return json.loads(f.read_text()) if f.exists() else {}
 
 
-__all__ = ["DEFAULT_ZOO", "TINY_ZOO", "ModelRecipe", "ZooSpec", "ensure_zoo", "is_zoo_name", "resolve_zoo_model",
-           "zoo_manifest", "zoo_names"]
+__all__ = [
+    "DEFAULT_ZOO",
+    "TINY_ZOO",
+    "ModelRecipe",
+    "ZooSpec",
+    "ensure_zoo",
+    "is_zoo_name",
+    "resolve_zoo_model",
+    "zoo_manifest",
+    "zoo_names",
+]

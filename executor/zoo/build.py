@@ -7,6 +7,7 @@ corpus hash, the zoo spec and the torch / transformers / tokenizers versions, so
 could change the weights builds a new zoo beside the old one. Each model folder appears
 atomically (built in a hidden folder, then renamed), so an interrupted build resumes with
 what is missing."""
+
 from __future__ import annotations
 
 import fcntl
@@ -39,7 +40,11 @@ def _versions() -> dict:
     import torch
     import transformers
 
-    return {"torch": str(torch.__version__), "transformers": transformers.__version__, "tokenizers": tokenizers.__version__}
+    return {
+        "torch": str(torch.__version__),
+        "transformers": transformers.__version__,
+        "tokenizers": tokenizers.__version__,
+    }
 
 
 def corpus_for(spec: ZooSpec, corpus: Corpus | None = None) -> Corpus:
@@ -59,8 +64,9 @@ def zoo_key(spec: ZooSpec, corpus: Corpus) -> str:
 
 def key_of(spec: dict, corpus_sha256: str, versions: dict) -> str:
     """The build key: what could change the weights (spec as trained, corpus, library versions)."""
-    payload = json.dumps({"corpus_sha256": corpus_sha256, "spec": spec, "versions": versions,
-                          "builder": BUILDER_VERSION}, sort_keys=True)
+    payload = json.dumps(
+        {"corpus_sha256": corpus_sha256, "spec": spec, "versions": versions, "builder": BUILDER_VERSION}, sort_keys=True
+    )
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
@@ -140,8 +146,9 @@ def fill_from_shipped(d: Path) -> bool:
         return install_shipped(d)
 
 
-def build_zoo(spec: ZooSpec = DEFAULT_ZOO, root: Path | None = None, names=None, log=None,
-              corpus: Corpus | None = None) -> Path:
+def build_zoo(
+    spec: ZooSpec = DEFAULT_ZOO, root: Path | None = None, names=None, log=None, corpus: Corpus | None = None
+) -> Path:
     """Build whatever of the zoo is missing (all models, or `names` and their teachers) and
     return the zoo folder. Cheap when everything is cached."""
     import torch
@@ -181,12 +188,19 @@ def _build_locked(spec: ZooSpec, c: Corpus, d: Path, recipes: list[ModelRecipe],
         log(f"zoo: training a byte-level BPE tokenizer ({spec.vocab_size} tokens) on {len(train_files)} stdlib files")
         t0 = time.perf_counter()
         bpe = ByteLevelBPETokenizer()
-        bpe.train_from_iterator(c.texts(train_files), vocab_size=spec.vocab_size, min_frequency=2,
-                                special_tokens=[T.SPECIAL], show_progress=False)
+        bpe.train_from_iterator(
+            c.texts(train_files),
+            vocab_size=spec.vocab_size,
+            min_frequency=2,
+            special_tokens=[T.SPECIAL],
+            show_progress=False,
+        )
         with staged(tok_dir) as tmp:
             _hf_tokenizer(bpe._tokenizer).save_pretrained(str(tmp))
-            (tmp / "zoo.json").write_text(json.dumps({"vocab_size": bpe.get_vocab_size(),
-                                                      "train_seconds": time.perf_counter() - t0}, indent=2) + "\n")
+            (tmp / "zoo.json").write_text(
+                json.dumps({"vocab_size": bpe.get_vocab_size(), "train_seconds": time.perf_counter() - t0}, indent=2)
+                + "\n"
+            )
     tok = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
     todo = [r for r in recipes if not (d / r.name / "zoo.json").exists()]
     if not todo:
@@ -203,9 +217,11 @@ def _build_locked(spec: ZooSpec, c: Corpus, d: Path, recipes: list[ModelRecipe],
     streams = {"all": stream(train_files)}
     held = stream(held_files)
     windows = T.eval_windows(held, spec.eval_windows, spec.eval_seq_len)
-    prompts = T.eval_windows(held[len(held) // 7:], spec.accept_prompts, spec.accept_prompt_len - 1)
-    log(f"zoo: corpus {len(c.files)} files, {c.num_bytes / 1e6:.1f} MB, sha256 {c.sha256[:12]}; "
-        f"{streams['all'].numel()} training and {held.numel()} held-out tokens")
+    prompts = T.eval_windows(held[len(held) // 7 :], spec.accept_prompts, spec.accept_prompt_len - 1)
+    log(
+        f"zoo: corpus {len(c.files)} files, {c.num_bytes / 1e6:.1f} MB, sha256 {c.sha256[:12]}; "
+        f"{streams['all'].numel()} training and {held.numel()} held-out tokens"
+    )
     loaded: dict[str, object] = {}
 
     def get(name):
@@ -218,28 +234,50 @@ def _build_locked(spec: ZooSpec, c: Corpus, d: Path, recipes: list[ModelRecipe],
             sub = [f for i, f in enumerate(train_files) if (i % 2 == 0) == (r.data == "even")]
             streams[r.data] = stream(sub)
         teacher = get(r.distill_from) if r.distill_from else None
-        log(f"zoo: training {r.name} ({r.arch} {r.layers} x {r.hidden}, {r.steps} steps of {r.batch} x {r.seq_len}"
-            f"{', distilled from ' + r.distill_from if teacher is not None else ''})")
+        log(
+            f"zoo: training {r.name} ({r.arch} {r.layers} x {r.hidden}, {r.steps} steps of {r.batch} x {r.seq_len}"
+            f"{', distilled from ' + r.distill_from if teacher is not None else ''})"
+        )
         model, stats = T.train(r, spec, streams[r.data], teacher=teacher, log=log)
-        meta = {"name": r.name, "role": r.role, "arch": r.arch, "description": r.description,
-                "recipe": r.__dict__, "parameters": sum(p.numel() for p in model.parameters()), **stats}
+        meta = {
+            "name": r.name,
+            "role": r.role,
+            "arch": r.arch,
+            "description": r.description,
+            "recipe": r.__dict__,
+            "parameters": sum(p.numel() for p in model.parameters()),
+            **stats,
+        }
         loss = T.heldout_loss(model, windows)
-        meta.update(heldout_loss=loss, heldout_perplexity=float(torch.tensor(loss).exp()),
-                    heldout_tokens=int(windows[:, 1:].numel()))
+        meta.update(
+            heldout_loss=loss,
+            heldout_perplexity=float(torch.tensor(loss).exp()),
+            heldout_tokens=int(windows[:, 1:].numel()),
+        )
         target_name = r.distill_from or next((x.name for x in spec.models if x.role == "target"), None)
         if r.role != "target" and target_name:
             tgt = get(target_name)
             meta["token_agreement_with_target"] = T.token_agreement(model, tgt, windows)
-            meta[f"greedy_acceptance_s{spec.accept_s}"] = T.greedy_acceptance(model, tgt, prompts, spec.accept_gen_len,
-                                                                              spec.accept_s)
+            meta[f"greedy_acceptance_s{spec.accept_s}"] = T.greedy_acceptance(
+                model, tgt, prompts, spec.accept_gen_len, spec.accept_s
+            )
             meta["acceptance_target"] = target_name
         meta["weights_sha256"] = weights_sha256(model)
-        meta.update(corpus_sha256=c.sha256, corpus_files=len(c.files), corpus_bytes=c.num_bytes, python=c.python,
-                    versions=_versions(), threads=spec.threads, autocast_bf16=spec.autocast_bf16)
+        meta.update(
+            corpus_sha256=c.sha256,
+            corpus_files=len(c.files),
+            corpus_bytes=c.num_bytes,
+            python=c.python,
+            versions=_versions(),
+            threads=spec.threads,
+            autocast_bf16=spec.autocast_bf16,
+        )
         acc = meta.get(f"greedy_acceptance_s{spec.accept_s}")
-        log(f"zoo: {r.name}: {stats['train_seconds']:.0f} s, held-out loss {loss:.3f} "
+        log(
+            f"zoo: {r.name}: {stats['train_seconds']:.0f} s, held-out loss {loss:.3f} "
             f"(perplexity {meta['heldout_perplexity']:.1f})"
-            + (f", greedy acceptance at s={spec.accept_s} {acc['acceptance']:.3f}" if acc else ""))
+            + (f", greedy acceptance at s={spec.accept_s} {acc['acceptance']:.3f}" if acc else "")
+        )
         model.generation_config.pad_token_id = 0
         model.generation_config.eos_token_id = 0
         model.generation_config.bos_token_id = 0
@@ -260,8 +298,14 @@ def _write_manifest(spec: ZooSpec, c: Corpus, d: Path) -> None:
         f = d / r.name / "zoo.json"
         if f.exists():
             models[r.name] = json.loads(f.read_text())
-    data = {"key": d.name, "corpus_sha256": c.sha256, "python": c.python, "versions": _versions(),
-            "spec": spec.to_dict(), "models": models}
+    data = {
+        "key": d.name,
+        "corpus_sha256": c.sha256,
+        "python": c.python,
+        "versions": _versions(),
+        "spec": spec.to_dict(),
+        "models": models,
+    }
     tmp = d / ".zoo.json.tmp"
     tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     os.replace(tmp, d / "zoo.json")

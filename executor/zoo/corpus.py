@@ -9,6 +9,7 @@ bytes, NUL) of those files; a zoo is keyed by it, and the hash expected for each
 version is pinned below, so a different corpus (another patch release, a distribution that
 patches the stdlib) is reported instead of silently training different models.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -92,12 +93,16 @@ def load_corpus(root: str | None = None, check: bool = True) -> Corpus:
     if check and root is None:
         expected = PINNED_SHA256.get(version)
         if expected != digest and os.environ.get(ALLOW_UNPINNED_ENV) != "1":
-            why = (f"the pinned hash for Python {version} is {expected}" if expected
-                   else f"no corpus hash is pinned for Python {version} (pinned: {', '.join(PINNED_SHA256)})")
+            why = (
+                f"the pinned hash for Python {version} is {expected}"
+                if expected
+                else f"no corpus hash is pinned for Python {version} (pinned: {', '.join(PINNED_SHA256)})"
+            )
             raise InfersimError(
                 f"model zoo corpus {base} ({len(files)} files, {total} bytes) has sha256 {digest}, but {why}: "
                 f"the zoo would train on different text. Set {ALLOW_UNPINNED_ENV}=1 to build from it anyway "
-                f"(the zoo is keyed by the corpus hash), or pin it in executor/zoo/corpus.py")
+                f"(the zoo is keyed by the corpus hash), or pin it in executor/zoo/corpus.py"
+            )
     return Corpus(base, tuple(files), digest, total, version)
 
 
@@ -112,11 +117,11 @@ def held_out_windows(tokenizer, n: int, tokens: int, seed: int, *, split: str = 
     train, held = corpus.split()
     rng = np.random.default_rng(seed)
     out = []
-    for f in (held if split == "held" else train):
+    for f in held if split == "held" else train:
         ids = tokenizer(corpus.read(f))["input_ids"]
         if len(ids) >= tokens:
             off = int(rng.integers(0, len(ids) - tokens + 1))
-            out.append(ids[off:off + tokens])
+            out.append(ids[off : off + tokens])
         if len(out) == n:
             break
     if len(out) < n:

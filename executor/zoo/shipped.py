@@ -7,6 +7,7 @@ trained: the files are copied into the cache (checked against their checksums fi
 cache stays the one place the executor reads and writes (Medusa heads trained later land
 beside the models as before). A cache that already holds a model keeps it; a key that differs
 (another spec, corpus, torch/transformers/tokenizers version) trains as before."""
+
 from __future__ import annotations
 
 import hashlib
@@ -74,8 +75,10 @@ def install_shipped(d: Path, folder: Path | None = None) -> bool:
             for rel in (r for r in files if r.startswith(entry + "/")):
                 got = sha256_of(src / rel)
                 if got != files[rel]:
-                    raise InfersimError(f"{src / rel}: checksum {got[:12]} is not the shipped {files[rel][:12]} "
-                                        f"(field files in {src / MANIFEST}): reinstall infersim")
+                    raise InfersimError(
+                        f"{src / rel}: checksum {got[:12]} is not the shipped {files[rel][:12]} "
+                        f"(field files in {src / MANIFEST}): reinstall infersim"
+                    )
                 dst = tmp / Path(rel).relative_to(entry)
                 dst.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(src / rel, dst)
@@ -90,8 +93,13 @@ def ship(d: Path, out: Path | None = None) -> Path:
     SHA-256. Leaves out lock files and unfinished (hidden) folders."""
     out = Path(out or shipped_dir())
     manifest = json.loads((d / "zoo.json").read_text())
-    keep = [p for p in sorted(d.rglob("*")) if p.is_file() and not p.name.endswith(".lock")
-            and not any(part.startswith(".") for part in p.relative_to(d).parts)]
+    keep = [
+        p
+        for p in sorted(d.rglob("*"))
+        if p.is_file()
+        and not p.name.endswith(".lock")
+        and not any(part.startswith(".") for part in p.relative_to(d).parts)
+    ]
     if out.exists():
         shutil.rmtree(out)
     files = {}
@@ -101,7 +109,12 @@ def ship(d: Path, out: Path | None = None) -> Path:
         shutil.copyfile(p, out / rel)
         if rel != "zoo.json":
             files[rel] = sha256_of(p)
-    data = {"key": d.name, "corpus_sha256": manifest["corpus_sha256"], "versions": manifest["versions"],
-            "spec": manifest["spec"], "files": files}
+    data = {
+        "key": d.name,
+        "corpus_sha256": manifest["corpus_sha256"],
+        "versions": manifest["versions"],
+        "spec": manifest["spec"],
+        "files": files,
+    }
     (out / MANIFEST).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     return out

@@ -1,5 +1,6 @@
 """What the zoo builds: a tokenizer and a few small causal LMs, each a recipe. A recipe is
 plain data; the zoo's cache key hashes all of them, so changing any number rebuilds."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -84,29 +85,114 @@ def native_bf16() -> bool:
 # the engine on real weights too. Step counts, not wall time, fix the training: deterministic.
 # Trained in fp32 on every CPU, so its build key, and with it the weights shipped with the
 # package (shipped.py), are the same on a host with bf16 instructions and one without.
-DEFAULT_ZOO = ZooSpec(autocast_bf16=False, models=(
-    ModelRecipe("zoo-target", layers=3, hidden=192, heads=6, kv_heads=2, intermediate=512, steps=500, batch=16,
-                seq_len=256, lr=3e-3, seed=0, role="target",
-                description="Llama 3 x 192 (GQA 6 query / 2 KV heads), trained on the stdlib corpus"),
-    ModelRecipe("zoo-draft-a", layers=1, hidden=128, heads=4, intermediate=352, steps=240, batch=16, seq_len=256,
-                lr=4e-3, seed=1, distill_from="zoo-target", role="draft",
-                description="Llama 1 x 128, distilled from zoo-target on all training files"),
-    ModelRecipe("zoo-draft-b", layers=2, hidden=96, heads=3, intermediate=256, steps=200, batch=16, seq_len=256,
-                lr=4e-3, seed=2, distill_from="zoo-target", role="draft",
-                description="Llama 2 x 96, distilled from zoo-target on all training files"),
-    ModelRecipe("zoo-draft-c", layers=1, hidden=128, heads=4, intermediate=352, steps=240, batch=16, seq_len=256,
-                lr=4e-3, seed=3, data="odd", distill_from="zoo-target", role="draft",
-                description="Llama 1 x 128, distilled from zoo-target on every other training file only"),
-    ModelRecipe("zoo-opt", arch="opt", layers=2, hidden=128, heads=4, intermediate=512, max_positions=2048,
-                steps=120, batch=16, seq_len=256, lr=3e-3, seed=4, distill_from="zoo-target", role="extra",
-                description="OPT 2 x 128 (learned positions, LayerNorm, ReLU), distilled from zoo-target"),
-))
+DEFAULT_ZOO = ZooSpec(
+    autocast_bf16=False,
+    models=(
+        ModelRecipe(
+            "zoo-target",
+            layers=3,
+            hidden=192,
+            heads=6,
+            kv_heads=2,
+            intermediate=512,
+            steps=500,
+            batch=16,
+            seq_len=256,
+            lr=3e-3,
+            seed=0,
+            role="target",
+            description="Llama 3 x 192 (GQA 6 query / 2 KV heads), trained on the stdlib corpus",
+        ),
+        ModelRecipe(
+            "zoo-draft-a",
+            layers=1,
+            hidden=128,
+            heads=4,
+            intermediate=352,
+            steps=240,
+            batch=16,
+            seq_len=256,
+            lr=4e-3,
+            seed=1,
+            distill_from="zoo-target",
+            role="draft",
+            description="Llama 1 x 128, distilled from zoo-target on all training files",
+        ),
+        ModelRecipe(
+            "zoo-draft-b",
+            layers=2,
+            hidden=96,
+            heads=3,
+            intermediate=256,
+            steps=200,
+            batch=16,
+            seq_len=256,
+            lr=4e-3,
+            seed=2,
+            distill_from="zoo-target",
+            role="draft",
+            description="Llama 2 x 96, distilled from zoo-target on all training files",
+        ),
+        ModelRecipe(
+            "zoo-draft-c",
+            layers=1,
+            hidden=128,
+            heads=4,
+            intermediate=352,
+            steps=240,
+            batch=16,
+            seq_len=256,
+            lr=4e-3,
+            seed=3,
+            data="odd",
+            distill_from="zoo-target",
+            role="draft",
+            description="Llama 1 x 128, distilled from zoo-target on every other training file only",
+        ),
+        ModelRecipe(
+            "zoo-opt",
+            arch="opt",
+            layers=2,
+            hidden=128,
+            heads=4,
+            intermediate=512,
+            max_positions=2048,
+            steps=120,
+            batch=16,
+            seq_len=256,
+            lr=3e-3,
+            seed=4,
+            distill_from="zoo-target",
+            role="extra",
+            description="OPT 2 x 128 (learned positions, LayerNorm, ReLU), distilled from zoo-target",
+        ),
+    ),
+)
 
 # A zoo small enough to build twice in a test (determinism): a slice of the corpus, a small
 # vocabulary and a few steps of a tiny model and a distilled draft.
-TINY_ZOO = ZooSpec(vocab_size=320, max_files=24, eval_windows=4, eval_seq_len=64, accept_prompts=2,
-                   accept_prompt_len=16, accept_gen_len=8, models=(
-    ModelRecipe("zoo-target", layers=1, hidden=32, heads=2, intermediate=64, steps=6, batch=4, seq_len=64, seed=0),
-    ModelRecipe("zoo-draft-a", layers=1, hidden=16, heads=2, intermediate=32, steps=4, batch=4, seq_len=64, seed=1,
-                distill_from="zoo-target", role="draft"),
-))
+TINY_ZOO = ZooSpec(
+    vocab_size=320,
+    max_files=24,
+    eval_windows=4,
+    eval_seq_len=64,
+    accept_prompts=2,
+    accept_prompt_len=16,
+    accept_gen_len=8,
+    models=(
+        ModelRecipe("zoo-target", layers=1, hidden=32, heads=2, intermediate=64, steps=6, batch=4, seq_len=64, seed=0),
+        ModelRecipe(
+            "zoo-draft-a",
+            layers=1,
+            hidden=16,
+            heads=2,
+            intermediate=32,
+            steps=4,
+            batch=4,
+            seq_len=64,
+            seed=1,
+            distill_from="zoo-target",
+            role="draft",
+        ),
+    ),
+)

@@ -1,5 +1,6 @@
 """A folder written in a hidden sibling and moved into place whole: a zoo piece (the tokenizer,
 a model, shipped weights) is either complete or absent, whatever interrupts its writing."""
+
 from __future__ import annotations
 
 import contextlib

@@ -4,6 +4,7 @@ Reproducible by construction: torch.manual_seed before the weights are made, a s
 torch.Generator for the data windows, a fixed number of threads and a fixed step count.
 bf16 autocast halves the step time on a CPU with bf16 instructions (elsewhere the zoo trains in
 fp32: ZooSpec.for_host); evaluation runs in fp32."""
+
 from __future__ import annotations
 
 import math
@@ -22,20 +23,40 @@ def make_config(recipe: ModelRecipe, vocab_size: int):
         from transformers import LlamaConfig
 
         return LlamaConfig(
-            vocab_size=vocab_size, hidden_size=recipe.hidden, intermediate_size=recipe.intermediate,
-            num_hidden_layers=recipe.layers, num_attention_heads=recipe.heads,
-            num_key_value_heads=recipe.kv_heads or recipe.heads, max_position_embeddings=recipe.max_positions,
-            rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False, bos_token_id=0, eos_token_id=0,
-            attn_implementation="sdpa")
+            vocab_size=vocab_size,
+            hidden_size=recipe.hidden,
+            intermediate_size=recipe.intermediate,
+            num_hidden_layers=recipe.layers,
+            num_attention_heads=recipe.heads,
+            num_key_value_heads=recipe.kv_heads or recipe.heads,
+            max_position_embeddings=recipe.max_positions,
+            rms_norm_eps=1e-5,
+            rope_theta=10000.0,
+            tie_word_embeddings=False,
+            bos_token_id=0,
+            eos_token_id=0,
+            attn_implementation="sdpa",
+        )
     if recipe.arch == "opt":
         from transformers import OPTConfig
 
         return OPTConfig(
-            vocab_size=vocab_size, hidden_size=recipe.hidden, ffn_dim=recipe.intermediate,
-            num_hidden_layers=recipe.layers, num_attention_heads=recipe.heads,
-            max_position_embeddings=recipe.max_positions, word_embed_proj_dim=recipe.hidden,
-            do_layer_norm_before=True, dropout=0.0, attention_dropout=0.0, activation_function="relu",
-            bos_token_id=0, eos_token_id=0, pad_token_id=0, attn_implementation="sdpa")
+            vocab_size=vocab_size,
+            hidden_size=recipe.hidden,
+            ffn_dim=recipe.intermediate,
+            num_hidden_layers=recipe.layers,
+            num_attention_heads=recipe.heads,
+            max_position_embeddings=recipe.max_positions,
+            word_embed_proj_dim=recipe.hidden,
+            do_layer_norm_before=True,
+            dropout=0.0,
+            attention_dropout=0.0,
+            activation_function="relu",
+            bos_token_id=0,
+            eos_token_id=0,
+            pad_token_id=0,
+            attn_implementation="sdpa",
+        )
     raise ValueError(f"unknown architecture {recipe.arch!r}")
 
 
@@ -67,8 +88,12 @@ def train(recipe: ModelRecipe, spec: ZooSpec, stream: torch.Tensor, teacher=None
     model.train()
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "embed" not in n]
     other = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and "embed" not in n)]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": recipe.weight_decay},
-                             {"params": other, "weight_decay": 0.0}], lr=recipe.lr, betas=(0.9, 0.95), eps=1e-8)
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": recipe.weight_decay}, {"params": other, "weight_decay": 0.0}],
+        lr=recipe.lr,
+        betas=(0.9, 0.95),
+        eps=1e-8,
+    )
     gen = torch.Generator().manual_seed(recipe.seed)
     T, B = recipe.seq_len, recipe.batch
     n = stream.numel()
@@ -91,8 +116,12 @@ def train(recipe: ModelRecipe, spec: ZooSpec, stream: torch.Tensor, teacher=None
         logp = F.log_softmax(logits.float(), dim=-1)
         if teacher is not None:
             t_logp = F.log_softmax(t_logits.float(), dim=-1)
-            loss = F.kl_div(logp.reshape(-1, logp.size(-1)), t_logp.reshape(-1, t_logp.size(-1)),
-                            log_target=True, reduction="batchmean")
+            loss = F.kl_div(
+                logp.reshape(-1, logp.size(-1)),
+                t_logp.reshape(-1, t_logp.size(-1)),
+                log_target=True,
+                reduction="batchmean",
+            )
         else:
             loss = F.nll_loss(logp.reshape(-1, logp.size(-1)), y.reshape(-1))
         opt.zero_grad(set_to_none=True)
@@ -103,8 +132,11 @@ def train(recipe: ModelRecipe, spec: ZooSpec, stream: torch.Tensor, teacher=None
         if log and (step % 50 == 0 or step == recipe.steps - 1):
             log(f"  {recipe.name} step {step + 1}/{recipe.steps} loss {loss_v:.3f} ({time.perf_counter() - t0:.0f} s)")
     model.eval()
-    return model, {"train_seconds": time.perf_counter() - t0, "final_train_loss": loss_v,
-                   "train_tokens": recipe.steps * B * T}
+    return model, {
+        "train_seconds": time.perf_counter() - t0,
+        "final_train_loss": loss_v,
+        "train_tokens": recipe.steps * B * T,
+    }
 
 
 def eval_windows(stream: torch.Tensor, count: int, seq_len: int) -> torch.Tensor:
@@ -121,7 +153,7 @@ def eval_windows(stream: torch.Tensor, count: int, seq_len: int) -> torch.Tensor
 def heldout_loss(model, windows: torch.Tensor, batch: int = 16) -> float:
     total, count = 0.0, 0
     for i in range(0, windows.size(0), batch):
-        w = windows[i:i + batch]
+        w = windows[i : i + batch]
         logits = _logits(model, w[:, :-1]).float()
         total += float(F.cross_entropy(logits.reshape(-1, logits.size(-1)), w[:, 1:].reshape(-1), reduction="sum"))
         count += w[:, 1:].numel()
@@ -133,7 +165,7 @@ def token_agreement(draft, target, windows: torch.Tensor, batch: int = 16) -> fl
     """Teacher-forced top-1 agreement of draft and target on held-out text."""
     agree, count = 0, 0
     for i in range(0, windows.size(0), batch):
-        x = windows[i:i + batch, :-1]
+        x = windows[i : i + batch, :-1]
         a = _logits(draft, x).argmax(-1)
         b = _logits(target, x).argmax(-1)
         agree += int((a == b).sum())
@@ -149,7 +181,7 @@ def _greedy(model, ctx: torch.Tensor, steps: int) -> torch.Tensor:
     for _ in range(steps):
         nxt = _logits(model, x)[:, -1].argmax(-1, keepdim=True)
         x = torch.cat([x, nxt], dim=1)
-    return x[0, ctx.numel():]
+    return x[0, ctx.numel() :]
 
 
 @torch.no_grad()
@@ -175,5 +207,9 @@ def greedy_acceptance(draft, target, prompts: torch.Tensor, gen_len: int, s: int
             proposed += s
             rounds += 1
             p += k + 1
-    return {"acceptance": accepted / max(1, proposed), "mean_accepted_per_round": accepted / max(1, rounds),
-            "rounds": rounds, "s": s}
+    return {
+        "acceptance": accepted / max(1, proposed),
+        "mean_accepted_per_round": accepted / max(1, rounds),
+        "rounds": rounds,
+        "s": s,
+    }

@@ -1,5 +1,6 @@
 """`sim calibrate`: fit a hardware profile's kernel time models from measured tables (see
 docs/profiling.md, "sim calibrate")."""
+
 from __future__ import annotations
 
 import argparse
@@ -7,22 +8,34 @@ import argparse
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
-        "calibrate", help="fit a hardware profile from measured kernel tables",
+        "calibrate",
+        help="fit a hardware profile from measured kernel tables",
         description="Reads measured kernel tables (per-layer operator medians as microsoft/vidur publishes them, "
-                    "vidur's own mlp.csv, or the generic CSV of docs/profiling.md), fits the GEMM time model "
-                    "(memory- and compute-bound limits, the corner between them, tile and wave quantisation, a launch "
-                    "floor) and one time model per elementwise kernel (norm, activation, rotary, residual add, "
-                    "embedding; a launch floor, a rate, and the token count that fills the GPU) "
-                    "against the base profile's peaks, and writes the base profile with a `calibration:` section "
-                    "recording each fitted value's source, rows and fit error.")
+        "vidur's own mlp.csv, or the generic CSV of docs/profiling.md), fits the GEMM time model "
+        "(memory- and compute-bound limits, the corner between them, tile and wave quantisation, a launch "
+        "floor) and one time model per elementwise kernel (norm, activation, rotary, residual add, "
+        "embedding; a launch floor, a rate, and the token count that fills the GPU) "
+        "against the base profile's peaks, and writes the base profile with a `calibration:` section "
+        "recording each fitted value's source, rows and fit error.",
+    )
     p.add_argument("tables", nargs="+", metavar="TABLE.csv", help="measured tables (kind recognised by the header)")
-    p.add_argument("--hardware", required=True, metavar="PROFILE",
-                   help="base profile (name or YAML path): peaks, memory and links the fit keeps")
-    p.add_argument("--device", default=None,
-                   help="the tables' device label to fit (e.g. a100); needed when a table holds several devices "
-                        "or has no device column")
-    p.add_argument("--source", default=None,
-                   help="who measured the tables, recorded with every fitted value (default: the file names)")
+    p.add_argument(
+        "--hardware",
+        required=True,
+        metavar="PROFILE",
+        help="base profile (name or YAML path): peaks, memory and links the fit keeps",
+    )
+    p.add_argument(
+        "--device",
+        default=None,
+        help="the tables' device label to fit (e.g. a100); needed when a table holds several devices "
+        "or has no device column",
+    )
+    p.add_argument(
+        "--source",
+        default=None,
+        help="who measured the tables, recorded with every fitted value (default: the file names)",
+    )
     p.add_argument("--out", required=True, metavar="PROFILE.yaml", help="profile to write")
     p.add_argument("--force", action="store_true", help="replace --out if it exists")
     p.set_defaults(func=run)
@@ -33,8 +46,14 @@ def run(args: argparse.Namespace) -> int:
 
     from infersim.simulator.calibration.calibrate import CalibrateOptions, calibrate
 
-    opts = CalibrateOptions(tables=[Path(t) for t in args.tables], hardware=args.hardware, device=args.device,
-                            source=args.source, out=Path(args.out), force=args.force)
+    opts = CalibrateOptions(
+        tables=[Path(t) for t in args.tables],
+        hardware=args.hardware,
+        device=args.device,
+        source=args.source,
+        out=Path(args.out),
+        force=args.force,
+    )
     result = calibrate(opts)
     for line in result.summary_lines():
         print(line)

@@ -1,4 +1,5 @@
 """`sim models`, `sim hardware`, `sim workloads`: what is built in."""
+
 from __future__ import annotations
 
 import argparse
@@ -6,21 +7,34 @@ import re
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("models", help="list built-in models, or show one (name, alias, YAML or config.json)",
-                       description="List the model catalog with derived sizes, or show one model.")
-    p.add_argument("name", nargs="?", help="model name, alias, YAML file or HF config.json / checkpoint folder; "
-                                           "`sim models build` trains the executor's model zoo (= sim zoo build)")
+    p = sub.add_parser(
+        "models",
+        help="list built-in models, or show one (name, alias, YAML or config.json)",
+        description="List the model catalog with derived sizes, or show one model.",
+    )
+    p.add_argument(
+        "name",
+        nargs="?",
+        help="model name, alias, YAML file or HF config.json / checkpoint folder; "
+        "`sim models build` trains the executor's model zoo (= sim zoo build)",
+    )
     p.add_argument("--dtype", default="fp16", help="fp32, fp16, bf16, int8, int4 (default fp16)")
     p.set_defaults(func=run_models)
-    p = sub.add_parser("hardware", help="list built-in hardware profiles, or show one",
-                       description="List hardware profiles, or show one profile's numbers and sources.")
+    p = sub.add_parser(
+        "hardware",
+        help="list built-in hardware profiles, or show one",
+        description="List hardware profiles, or show one profile's numbers and sources.",
+    )
     p.add_argument("name", nargs="?")
     p.set_defaults(func=run_hardware)
     p = sub.add_parser("workloads", help="list built-in workloads", description="List the built-in workloads.")
     p.set_defaults(func=run_workloads)
-    p = sub.add_parser("schema", help="print the JSON schema of a data file (workload, model, hardware)",
-                       description="Print the JSON schema (field names, types, defaults, descriptions) of a "
-                                   "workload, model or hardware YAML file.")
+    p = sub.add_parser(
+        "schema",
+        help="print the JSON schema of a data file (workload, model, hardware)",
+        description="Print the JSON schema (field names, types, defaults, descriptions) of a "
+        "workload, model or hardware YAML file.",
+    )
     p.add_argument("kind", choices=["workload", "model", "hardware"])
     p.set_defaults(func=run_schema)
 
@@ -36,11 +50,24 @@ def run_models(args: argparse.Namespace) -> int:
     rows = []
     for name in names:
         m = load_model(name)
-        rows.append((m.name, m.family, str(m.num_layers), str(m.hidden_size), f"{m.num_heads}/{m.kv_heads}",
-                     f"{m.params_total() / 1e9:.3f}", f"{m.weight_bytes(args.dtype) / 1e9:.2f}",
-                     f"{m.bytes_kv_per_token(args.dtype) / 1024:.0f}"))
-    show_catalog(f"models ({args.dtype})", ["name", "family", "layers", "hidden", "heads/kv", "params (B)",
-                                            "weights (GB)", "KV/token (KiB)"], rows, numeric_from=2)
+        rows.append(
+            (
+                m.name,
+                m.family,
+                str(m.num_layers),
+                str(m.hidden_size),
+                f"{m.num_heads}/{m.kv_heads}",
+                f"{m.params_total() / 1e9:.3f}",
+                f"{m.weight_bytes(args.dtype) / 1e9:.2f}",
+                f"{m.bytes_kv_per_token(args.dtype) / 1024:.0f}",
+            )
+        )
+    show_catalog(
+        f"models ({args.dtype})",
+        ["name", "family", "layers", "hidden", "heads/kv", "params (B)", "weights (GB)", "KV/token (KiB)"],
+        rows,
+        numeric_from=2,
+    )
     if args.name:
         print(f"source: {m.source}")
     return 0
@@ -54,21 +81,39 @@ def run_hardware(args: argparse.Namespace) -> int:
     for name in names:
         h = load_hardware(name)
         kernels = h.mode + (f" from {h.calibration.inherits}" if h.mode == "derived" else "")
-        rows.append((h.name, kernels, f"{h.peak_tflops['fp16']:g}", f"{h.memory_bandwidth_gbps:g}", f"{h.memory_gb:g}",
-                     h.host_link.name, f"{h.host_link.h2d_gbps:g}/{h.host_link.d2h_gbps:g}"))
-    show_catalog("hardware profiles", ["name", "kernels", "fp16 TFLOP/s", "HBM GB/s", "memory GB", "host link",
-                                       "H2D/D2H GB/s"], rows)
+        rows.append(
+            (
+                h.name,
+                kernels,
+                f"{h.peak_tflops['fp16']:g}",
+                f"{h.memory_bandwidth_gbps:g}",
+                f"{h.memory_gb:g}",
+                h.host_link.name,
+                f"{h.host_link.h2d_gbps:g}/{h.host_link.d2h_gbps:g}",
+            )
+        )
+    show_catalog(
+        "hardware profiles",
+        ["name", "kernels", "fp16 TFLOP/s", "HBM GB/s", "memory GB", "host link", "H2D/D2H GB/s"],
+        rows,
+    )
     from rich.console import Console
 
-    Console().print("kernels: measured = fitted to measured kernel times; derived = a measured card's fits on this "
-                    "card's own peaks; datasheet = pure roofline (NAME:datasheet gives it for any profile)",
-                    highlight=False, markup=False)
+    Console().print(
+        "kernels: measured = fitted to measured kernel times; derived = a measured card's fits on this "
+        "card's own peaks; datasheet = pure roofline (NAME:datasheet gives it for any profile)",
+        highlight=False,
+        markup=False,
+    )
     if args.name:
         print(f"source: {h.source}")
         if h.calibration is not None:
             c = h.calibration
-            print(f"calibration: {c.status}" + (f", inherits {c.inherits}: {c.why}" if c.inherits else "")
-                  + (f"; {c.source}" if c.source else ""))
+            print(
+                f"calibration: {c.status}"
+                + (f", inherits {c.inherits}: {c.why}" if c.inherits else "")
+                + (f"; {c.source}" if c.source else "")
+            )
     return 0
 
 
@@ -79,8 +124,11 @@ def run_workloads(args: argparse.Namespace) -> int:
     for name in list_workloads():
         spec, _ = load_workload(name)
         rows.append((name, spec.model, spec.hardware.profile, first_sentence(spec.description or "")))
-    show_catalog("built-in workloads (use by bare name: sim run --workload NAME)",
-                 ["name", "model", "hardware", "description"], rows)
+    show_catalog(
+        "built-in workloads (use by bare name: sim run --workload NAME)",
+        ["name", "model", "hardware", "description"],
+        rows,
+    )
     return 0
 
 
@@ -89,8 +137,9 @@ def first_sentence(text: str) -> str:
     return re.split(r"(?<=[.!?])\s+(?=[A-Z])", " ".join(text.split()), maxsplit=1)[0]
 
 
-def show_catalog(title: str, columns: list[str], rows: list[tuple[str, ...]], *, numeric_from: int | None = None,
-                 console=None) -> None:
+def show_catalog(
+    title: str, columns: list[str], rows: list[tuple[str, ...]], *, numeric_from: int | None = None, console=None
+) -> None:
     """A table when it fits the terminal with every cell whole (text wraps between words), else
     one stacked block per row: the name on its line, then `column value` pairs wrapped below.
     Names are never cut: at 80 columns `a100-80gb-pcie` and `a100-80gb-sxm` stay apart."""
@@ -103,12 +152,15 @@ def show_catalog(title: str, columns: list[str], rows: list[tuple[str, ...]], *,
     longest_word = lambda text: max((len(w) for w in str(text).split()), default=0)
     # cells that must stay whole (names, numbers) set their column's minimum; text wraps between words
     whole = [i == 0 or (numeric_from is not None and i >= numeric_from) for i in range(len(columns))]
-    widths = [max([longest_word(col)] + [len(r[i]) if whole[i] else longest_word(r[i]) for r in rows])
-              for i, col in enumerate(columns)]
+    widths = [
+        max([longest_word(col)] + [len(r[i]) if whole[i] else longest_word(r[i]) for r in rows])
+        for i, col in enumerate(columns)
+    ]
     budget = console.width - (3 * len(columns) + 1)  # cell padding and rules of the default box
     if sum(widths) <= budget:
-        fixed = _fit_widths([max([len(col)] + [len(r[i]) for r in rows]) for i, col in enumerate(columns)], widths,
-                            budget)
+        fixed = _fit_widths(
+            [max([len(col)] + [len(r[i]) for r in rows]) for i, col in enumerate(columns)], widths, budget
+        )
         table = Table(title=title)
         for i, col in enumerate(columns):
             table.add_column(col, justify="right" if whole[i] and i else "left", overflow="fold", width=fixed[i])

@@ -1,5 +1,6 @@
 """`sim exec`: serve a workload on a real model (the executor) and write a run directory in
 the format of `sim run`, plus per-iteration records (see executor/run.py)."""
+
 from __future__ import annotations
 
 import argparse
@@ -11,32 +12,52 @@ from .run import add_memory_flag
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
-        "exec", help="serve a workload on a real model (PyTorch) with the simulator's policies",
+        "exec",
+        help="serve a workload on a real model (PyTorch) with the simulator's policies",
         description="Run a workload's requests through a real model with iteration-level batching, a paged KV "
-                    "cache and the same scheduler and preemption policies as `sim run`; write the same run "
-                    "directory plus iterations.parquet, iteration_batches.parquet and outputs.parquet. "
-                    "Needs `pip install \".[executor]\"`.")
+        "cache and the same scheduler and preemption policies as `sim run`; write the same run "
+        "directory plus iterations.parquet, iteration_batches.parquet and outputs.parquet. "
+        'Needs `pip install ".[executor]"`.',
+    )
     p.add_argument("--workload", "-w", required=True, help="built-in workload name or a workload YAML file")
-    p.add_argument("--model", "-m", required=True,
-                   help="zoo name (zoo-target, zoo-draft-a, ... built on first use; see `sim zoo list`) or a "
-                        "local Hugging Face checkpoint folder (config.json + *.safetensors): Llama, Mistral, OPT")
+    p.add_argument(
+        "--model",
+        "-m",
+        required=True,
+        help="zoo name (zoo-target, zoo-draft-a, ... built on first use; see `sim zoo list`) or a "
+        "local Hugging Face checkpoint folder (config.json + *.safetensors): Llama, Mistral, OPT",
+    )
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default cpu)")
     p.add_argument("--dtype", default=None, help="fp32, fp16 or bf16 (default fp32 on cpu, fp16 on cuda)")
-    p.add_argument("--out", "-o", type=Path, default=None,
-                   help="run directory (default: runs/<workload name>-exec); replaced only when infersim wrote it")
+    p.add_argument(
+        "--out",
+        "-o",
+        type=Path,
+        default=None,
+        help="run directory (default: runs/<workload name>-exec); replaced only when infersim wrote it",
+    )
     p.add_argument("--force", action="store_true", help="replace --out even when infersim did not write it")
-    p.add_argument("--fast", action="store_true",
-                   help="replay arrivals as fast as possible: skip idle waits instead of sleeping until the next "
-                        "arrival (default: real time)")
+    p.add_argument(
+        "--fast",
+        action="store_true",
+        help="replay arrivals as fast as possible: skip idle waits instead of sleeping until the next "
+        "arrival (default: real time)",
+    )
     p.add_argument("--seed", type=int, default=None, help="override the workload's seed")
     p.add_argument("--requests", "-n", type=int, default=None, help="override the request count")
     p.add_argument("--scheduler", default=None, help="override serving.scheduler (fcfs, fairness)")
     p.add_argument("--preemption", default=None, help="override serving.preemption (recompute, swap, cost_aware)")
-    p.add_argument("--rate", type=float, default=None, help="override the arrival rate (req/s) of poisson/gamma arrivals")
+    p.add_argument(
+        "--rate", type=float, default=None, help="override the arrival rate (req/s) of poisson/gamma arrivals"
+    )
     p.add_argument("--gpu-blocks", type=int, default=None, help="device KV blocks (overrides the workload)")
     p.add_argument("--cpu-blocks", type=int, default=None, help="host KV blocks for swapping (overrides the workload)")
-    p.add_argument("--device-memory-gb", type=float, default=None,
-                   help="on cpu, the memory the KV pool is planned from when gpu_blocks is not given (default 4)")
+    p.add_argument(
+        "--device-memory-gb",
+        type=float,
+        default=None,
+        help="on cpu, the memory the KV pool is planned from when gpu_blocks is not given (default 4)",
+    )
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--no-plots", action="store_true", help="skip the plots")
     p.add_argument("--csv", action="store_true", help="also write requests.csv")
@@ -58,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
         import torch  # noqa: F401
         import transformers  # noqa: F401
     except ImportError as exc:
-        raise InfersimError(f"the executor needs PyTorch and transformers ({exc}): pip install \".[executor]\"")
+        raise InfersimError(f'the executor needs PyTorch and transformers ({exc}): pip install ".[executor]"')
     from infersim.executor.run import execute
 
     t0 = time.perf_counter()
@@ -76,17 +97,34 @@ def run(args: argparse.Namespace) -> int:
     spec, requests = prepare(ns, str(args.workload), serving=sv)
     out = check_out_dir(args.out or Path("runs") / f"{spec.name}-exec", force=args.force)
     log = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
-    summary = execute(spec, requests, model, out, device=args.device, dtype=args.dtype, realtime=not args.fast,
-                      plots=not args.no_plots, csv=args.csv, quiet=args.quiet, device_memory_gb=args.device_memory_gb,
-                      source=str(args.workload), log=log, force=args.force)
+    summary = execute(
+        spec,
+        requests,
+        model,
+        out,
+        device=args.device,
+        dtype=args.dtype,
+        realtime=not args.fast,
+        plots=not args.no_plots,
+        csv=args.csv,
+        quiet=args.quiet,
+        device_memory_gb=args.device_memory_gb,
+        source=str(args.workload),
+        log=log,
+        force=args.force,
+    )
     if not args.quiet:
         shown = spec.model_copy(update={"model": model})
         print_summary(summary, shown, out, time.perf_counter() - t0)
         ex = summary["executor"]
-        print(f"executed {ex['model']} on {ex['device']} ({ex['dtype']}): forward {ex['forward_s']:.2f} s, "
-              f"scheduling {ex['schedule_s']:.3f} s, swaps {ex['swap_s']:.3f} s")
+        print(
+            f"executed {ex['model']} on {ex['device']} ({ex['dtype']}): forward {ex['forward_s']:.2f} s, "
+            f"scheduling {ex['schedule_s']:.3f} s, swaps {ex['swap_s']:.3f} s"
+        )
         sx = summary.get("speculation")
         if sx and sx.get("executed"):
-            print(f"speculation ({sx['method']}, {sx['mode']}): {sx['acceleration_rate']:.2f} tokens per target step, "
-                  f"acceptance {sx['acceptance_rate']:.2f}, final s {sx['s']['final']}")
+            print(
+                f"speculation ({sx['method']}, {sx['mode']}): {sx['acceleration_rate']:.2f} tokens per target step, "
+                f"acceptance {sx['acceptance_rate']:.2f}, final s {sx['s']['final']}"
+            )
     return finish_status(summary, args.quiet)

@@ -1,13 +1,14 @@
 """`sim`: the command-line entry point. Each subcommand lives in its own module and registers
 an argparse parser; user errors (InfersimError) print one line and exit 2."""
+
 from __future__ import annotations
 
 import argparse
 import importlib
 import os
 import signal
-import threading
 import sys
+import threading
 
 import infersim.executor  # noqa: F401  (registers the zoo's model names, so every command can name them)
 from infersim.simulator.errors import InfersimError

@@ -1,4 +1,5 @@
 """`sim plan`: capacity planning (goodput per replica, replicas, GPUs and cost for a target load)."""
+
 from __future__ import annotations
 
 import argparse
@@ -13,33 +14,59 @@ def _csv(text: str | None) -> list[str]:
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
-        "plan", help="capacity plan: goodput per replica, replicas, GPUs and cost per hardware option",
+        "plan",
+        help="capacity plan: goodput per replica, replicas, GPUs and cost per hardware option",
         description="For each hardware option (x TP degree x option), find by search the highest request rate one "
-                    "replica sustains within the SLOs, the replicas and GPUs a target load needs (verified by "
-                    "simulation) and the cost per million output tokens; write an HTML and Markdown report. "
-                    "Prices and the target load come from --plan FILE or the flags (flags win).")
+        "replica sustains within the SLOs, the replicas and GPUs a target load needs (verified by "
+        "simulation) and the cost per million output tokens; write an HTML and Markdown report. "
+        "Prices and the target load come from --plan FILE or the flags (flags win).",
+    )
     p.add_argument("--workload", "-w", required=True, help="built-in workload name or a workload YAML file")
-    p.add_argument("--plan", type=Path, default=None,
-                   help="plan YAML: slo, hardware, tensor_parallel, options, prices, target_rate, search "
-                        "(see examples/plan/)")
-    p.add_argument("--slo", default=None, help="SLOs, e.g. ttft_p99=2s,tpot_p99=100ms (metrics: ttft, tpot, itl, e2e, "
-                                               "queueing, normalized_latency; stats: p50, p90, p99, mean)")
-    p.add_argument("--hardware", default=None,
-                   help="hardware options, comma-separated (default: the workload's); NAME:datasheet for a "
-                        "profile's pure datasheet roofline")
+    p.add_argument(
+        "--plan",
+        type=Path,
+        default=None,
+        help="plan YAML: slo, hardware, tensor_parallel, options, prices, target_rate, search " "(see examples/plan/)",
+    )
+    p.add_argument(
+        "--slo",
+        default=None,
+        help="SLOs, e.g. ttft_p99=2s,tpot_p99=100ms (metrics: ttft, tpot, itl, e2e, "
+        "queueing, normalized_latency; stats: p50, p90, p99, mean)",
+    )
+    p.add_argument(
+        "--hardware",
+        default=None,
+        help="hardware options, comma-separated (default: the workload's); NAME:datasheet for a "
+        "profile's pure datasheet roofline",
+    )
     p.add_argument("--tp", default=None, help="tensor-parallel degrees to compare, comma-separated, e.g. 1,2")
     p.add_argument("--scheduler", default=None, help="schedulers to compare, e.g. fcfs,fairness")
     p.add_argument("--preemption", default=None, help="preemption modes to compare, e.g. recompute,cost_aware")
-    p.add_argument("--option", action="append", default=[], metavar="PATH=V1,V2",
-                   help="any dotted workload path to compare, e.g. serving.max_batch_size=128,256 (repeatable)")
+    p.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="PATH=V1,V2",
+        help="any dotted workload path to compare, e.g. serving.max_batch_size=128,256 (repeatable)",
+    )
     p.add_argument("--price", default=None, help="USD per GPU-hour, e.g. a100-80gb-pcie=1.8,h100-sxm=4.0")
-    p.add_argument("--target-rate", type=float, default=None,
-                   help="target load in req/s (default: the plan file's, else the workload's arrival rate)")
+    p.add_argument(
+        "--target-rate",
+        type=float,
+        default=None,
+        help="target load in req/s (default: the plan file's, else the workload's arrival rate)",
+    )
     p.add_argument("--requests", "-n", type=int, default=None, help="simulated requests per probe (default 3000)")
     p.add_argument("--tolerance", type=float, default=None, help="relative precision of the goodput (default 0.05)")
     p.add_argument("--seed", type=int, default=None, help="seed of every probe (default: the workload's)")
-    p.add_argument("--out", "-o", type=Path, default=None,
-                   help="report folder (default: plans/<workload name>); replaced only when infersim wrote it")
+    p.add_argument(
+        "--out",
+        "-o",
+        type=Path,
+        default=None,
+        help="report folder (default: plans/<workload name>); replaced only when infersim wrote it",
+    )
     p.add_argument("--force", action="store_true", help="replace --out even when infersim did not write it")
     p.add_argument("--workers", type=int, default=None, help="parallel simulations (default: one per core)")
     p.add_argument("--backend", choices=("local", "ray"), default="local", help="local processes or a Ray cluster")
@@ -72,10 +99,8 @@ def _options(args) -> dict[str, list]:
 
 def run(args: argparse.Namespace) -> int:
     from infersim.analysis.plan import load_plan_file, parse_prices, parse_slo, plan, rank, write_plan
-
     from infersim.simulator.errors import InfersimError
     from infersim.simulator.metrics.rundir import check_out_dir
-
     from infersim.simulator.validation import check_seed, finite_positive, in_field, positive_int
 
     if args.requests is not None:
@@ -101,12 +126,25 @@ def run(args: argparse.Namespace) -> int:
     # refused before the search, not after it
     out = check_out_dir(args.out or Path("plans") / load_workload(args.workload)[0].name, force=args.force)
     pf = load_plan_file(args.plan)
-    res = plan(args.workload, slos=in_field("", "--slo", parse_slo, args.slo) if args.slo else [], plan_file=pf,
-               hardware=_csv(args.hardware), tensor_parallel=tps, options=_options(args),
-               prices=in_field("", "--price", parse_prices, args.price), target_rate=args.target_rate,
-               requests=args.requests, plan_source=str(args.plan) if args.plan else "plan file",
-               tolerance=args.tolerance, seed=args.seed, backend=args.backend, workers=args.workers,
-               address=args.address, quiet=args.quiet, allow_large=args.no_memory_check)
+    res = plan(
+        args.workload,
+        slos=in_field("", "--slo", parse_slo, args.slo) if args.slo else [],
+        plan_file=pf,
+        hardware=_csv(args.hardware),
+        tensor_parallel=tps,
+        options=_options(args),
+        prices=in_field("", "--price", parse_prices, args.price),
+        target_rate=args.target_rate,
+        requests=args.requests,
+        plan_source=str(args.plan) if args.plan else "plan file",
+        tolerance=args.tolerance,
+        seed=args.seed,
+        backend=args.backend,
+        workers=args.workers,
+        address=args.address,
+        quiet=args.quiet,
+        allow_large=args.no_memory_check,
+    )
     paths = write_plan(res, out, plots=not args.no_plots, force=args.force)
     if not args.quiet:
         from rich.console import Console
@@ -120,8 +158,14 @@ def run(args: argparse.Namespace) -> int:
             t.add_column(col, justify="left" if col in ("configuration", "status") else "right")
         ranked = rank(res.candidates)
         for cand in ranked + [x for x in res.candidates if x not in ranked]:
-            t.add_row(cand.label, f"{num(cand.goodput_rps)} req/s", str(cand.replicas or "-"), str(cand.gpus or "-"),
-                      money(cand.cost_per_m_output_tokens), cand.status)
+            t.add_row(
+                cand.label,
+                f"{num(cand.goodput_rps)} req/s",
+                str(cand.replicas or "-"),
+                str(cand.gpus or "-"),
+                money(cand.cost_per_m_output_tokens),
+                cand.status,
+            )
         c.print(t)
         for line in verdict(res):
             c.print(line.replace("**", ""))

@@ -1,6 +1,7 @@
 """`sim profile`: measure this machine's torch device and write a hardware profile (peaks,
 bandwidths, host link, fitted per-operator-class efficiencies) plus a sidecar with the
 measured curves and the step-time regressors; see docs/profiling.md."""
+
 from __future__ import annotations
 
 import argparse
@@ -8,30 +9,46 @@ import argparse
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
-        "profile", help="measure the torch device and write a calibrated hardware profile",
+        "profile",
+        help="measure the torch device and write a calibrated hardware profile",
         description="Micro-benchmarks (GEMMs over catalog shapes, attention, norms and activations, memory streams, "
-                    "host<->device copies) and whole-iteration step times of small transformers on the torch device; "
-                    "fits achieved roofs, per-operator-class efficiencies, overheads and the host link into a "
-                    "HardwareProfile YAML, compares eight regressors x polynomial degree 1..5 on held-out step times "
-                    "(AdaptiveLLM 3.2) and keeps the best in a sidecar <out>.calib.json whose sha256 the YAML records. "
-                    "Use the result anywhere a hardware profile is named: --hardware PATH, or hardware.profile in a "
-                    "workload (cost_model: roofline for the calibrated roofline, regression for the step-time model).")
+        "host<->device copies) and whole-iteration step times of small transformers on the torch device; "
+        "fits achieved roofs, per-operator-class efficiencies, overheads and the host link into a "
+        "HardwareProfile YAML, compares eight regressors x polynomial degree 1..5 on held-out step times "
+        "(AdaptiveLLM 3.2) and keeps the best in a sidecar <out>.calib.json whose sha256 the YAML records. "
+        "Use the result anywhere a hardware profile is named: --hardware PATH, or hardware.profile in a "
+        "workload (cost_model: roofline for the calibrated roofline, regression for the step-time model).",
+    )
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default cpu)")
     p.add_argument("--quick", action="store_true", help="a smaller sweep (under 2 minutes on a 2-core CPU)")
     p.add_argument("--out", default=None, help="profile YAML to write (the sidecar goes beside it)")
-    p.add_argument("--refit", metavar="PROFILE", default=None,
-                   help="fit a measured profile again from the measurements in its sidecar (fits, regressors; the "
-                        "held-out checks are measured again) and write it to --out (default: in place)")
+    p.add_argument(
+        "--refit",
+        metavar="PROFILE",
+        default=None,
+        help="fit a measured profile again from the measurements in its sidecar (fits, regressors; the "
+        "held-out checks are measured again) and write it to --out (default: in place)",
+    )
     p.add_argument("--name", default=None, help="profile name (default: the file name)")
-    p.add_argument("--dtype", default=None, help="dtype of the sweeps: fp32, fp16, bf16 (default fp32 on cpu, fp16 on cuda)")
+    p.add_argument(
+        "--dtype", default=None, help="dtype of the sweeps: fp32, fp16, bf16 (default fp32 on cpu, fp16 on cuda)"
+    )
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2; 0 leaves torch's default)")
     p.add_argument("--seed", type=int, default=0, help="seed of the step-sweep sampling and held-out split (default 0)")
     p.add_argument("--no-validate", action="store_true", help="skip the held-out swap and recompute checks")
-    p.add_argument("--model", action="append", default=[], metavar="NAME",
-                   help="also fit this served model's own recompute predictor and check its swaps (repeatable; a "
-                        "zoo name such as zoo-target or a checkpoint folder, run through the executor)")
-    p.add_argument("--models-only", action="store_true",
-                   help="with --refit: measure only the --model predictors into the profile, keep the rest")
+    p.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="also fit this served model's own recompute predictor and check its swaps (repeatable; a "
+        "zoo name such as zoo-target or a checkpoint folder, run through the executor)",
+    )
+    p.add_argument(
+        "--models-only",
+        action="store_true",
+        help="with --refit: measure only the --model predictors into the profile, keep the rest",
+    )
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar or tables")
     p.set_defaults(func=run)
 
@@ -46,10 +63,10 @@ def run(args: argparse.Namespace) -> int:
     if args.threads < 0:
         raise InfersimError(f"--threads: expected a whole number >= 0 (0: torch's default), got {args.threads}")
     try:
-        import torch  # noqa: F401
         import sklearn  # noqa: F401
+        import torch  # noqa: F401
     except ImportError as exc:
-        raise InfersimError(f"the profiler needs PyTorch and scikit-learn ({exc}): pip install \".[executor]\"")
+        raise InfersimError(f'the profiler needs PyTorch and scikit-learn ({exc}): pip install ".[executor]"')
     from infersim.executor.profiler.run import ProfileOptions, print_report, refit_profile, run_profile
     from infersim.simulator.metrics.rundir import check_out_file
 
@@ -57,9 +74,16 @@ def run(args: argparse.Namespace) -> int:
         check_out_file(args.out, (".yaml", ".yml"), option="--out")
 
     if args.refit:
-        result = refit_profile(Path(args.refit), Path(args.out) if args.out else None, seed=args.seed,
-                               validate=not args.no_validate, quick=args.quick or None, threads=args.threads or None,
-                               models=tuple(args.model), models_only=args.models_only)
+        result = refit_profile(
+            Path(args.refit),
+            Path(args.out) if args.out else None,
+            seed=args.seed,
+            validate=not args.no_validate,
+            quick=args.quick or None,
+            threads=args.threads or None,
+            models=tuple(args.model),
+            models_only=args.models_only,
+        )
         if not args.quiet:
             print_report(result)
         return 0
@@ -67,9 +91,18 @@ def run(args: argparse.Namespace) -> int:
         raise InfersimError("--models-only goes with --refit PROFILE.yaml")
     if not args.out:
         raise InfersimError("--out PROFILE.yaml is required (or --refit PROFILE.yaml)")
-    opts = ProfileOptions(out=Path(args.out), device=args.device, quick=args.quick, name=args.name,
-                          threads=args.threads or None, seed=args.seed, dtype=args.dtype,
-                          validate=not args.no_validate, quiet=args.quiet, models=tuple(args.model))
+    opts = ProfileOptions(
+        out=Path(args.out),
+        device=args.device,
+        quick=args.quick,
+        name=args.name,
+        threads=args.threads or None,
+        seed=args.seed,
+        dtype=args.dtype,
+        validate=not args.no_validate,
+        quiet=args.quiet,
+        models=tuple(args.model),
+    )
     result = run_profile(opts)
     if not args.quiet:
         print_report(result)

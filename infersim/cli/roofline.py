@@ -1,5 +1,6 @@
 """`sim roofline`: per-operator FLOPs, bytes, intensity and time of a model on a GPU
 (Medusa Appendix G.1, Figs. 9-17), as a terminal table, CSV/JSON and a roofline plot."""
+
 from __future__ import annotations
 
 import argparse
@@ -26,8 +27,12 @@ def parse_ints(text: str, what: str) -> list[int]:
 def add_cost_options(p: argparse.ArgumentParser) -> None:
     """Options shared with `sim medusa`: what is costed and how."""
     p.add_argument("--model", default="llama-7b", help="model name, alias or YAML/config.json (default llama-7b)")
-    p.add_argument("--hardware", default="a100-80gb-pcie", help="hardware profile name or YAML (default a100-80gb-pcie); NAME:datasheet for the pure "
-                        "datasheet roofline of a calibrated profile")
+    p.add_argument(
+        "--hardware",
+        default="a100-80gb-pcie",
+        help="hardware profile name or YAML (default a100-80gb-pcie); NAME:datasheet for the pure "
+        "datasheet roofline of a calibrated profile",
+    )
     p.add_argument("--dtype", default="fp16", help="weight dtype: fp32, fp16, bf16, int8, int4 (default fp16)")
     p.add_argument("--kv-dtype", default=None, help="KV cache dtype (default: the weight dtype)")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree; > 1 adds all-reduce rows (default 1)")
@@ -43,40 +48,65 @@ def resolve_cost_options(args: argparse.Namespace) -> dict:
     from infersim.simulator.validation import check_tensor_parallel, in_field
 
     model = in_field("", "--model", load_model, args.model)
-    return {"model": model, "hardware": in_field("", "--hardware", load_hardware, args.hardware),
-            "dtype": in_field("", "--dtype", normalize_dtype, args.dtype),
-            "kv_dtype": None if args.kv_dtype is None else in_field("", "--kv-dtype", normalize_dtype, args.kv_dtype),
-            "tensor_parallel": check_tensor_parallel(model, args.tp, "--tp")}
+    return {
+        "model": model,
+        "hardware": in_field("", "--hardware", load_hardware, args.hardware),
+        "dtype": in_field("", "--dtype", normalize_dtype, args.dtype),
+        "kv_dtype": None if args.kv_dtype is None else in_field("", "--kv-dtype", normalize_dtype, args.kv_dtype),
+        "tensor_parallel": check_tensor_parallel(model, args.tp, "--tp"),
+    }
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
-        "roofline", help="per-operator roofline table and plot (Medusa Figs. 9-17)",
+        "roofline",
+        help="per-operator roofline table and plot (Medusa Figs. 9-17)",
         description="Per-operator FLOPs, bytes, operational intensity, bound and time of one engine iteration, "
-                    "for every (phase, batch, sequence length, candidates) of a sweep. The terminal shows the "
-                    "operators of one representative setting (the first batch and sequence length; --all for "
-                    "every setting) and the whole-iteration time of every setting. The default sweep is Medusa's: "
-                    "batch 1..64 x sequence length 128..8192, powers of two.")
+        "for every (phase, batch, sequence length, candidates) of a sweep. The terminal shows the "
+        "operators of one representative setting (the first batch and sequence length; --all for "
+        "every setting) and the whole-iteration time of every setting. The default sweep is Medusa's: "
+        "batch 1..64 x sequence length 128..8192, powers of two.",
+    )
     add_cost_options(p)
-    p.add_argument("--phase", default="prefill,decode",
-                   help="comma list of prefill (batch prompts of seq tokens), decode (1 new token over seq cached), "
-                        "verify (q candidates over seq cached) (default prefill,decode)")
+    p.add_argument(
+        "--phase",
+        default="prefill,decode",
+        help="comma list of prefill (batch prompts of seq tokens), decode (1 new token over seq cached), "
+        "verify (q candidates over seq cached) (default prefill,decode)",
+    )
     p.add_argument("--batch", default=POW2_BATCHES, help=f"comma list of batch sizes (default {POW2_BATCHES})")
-    p.add_argument("--seq", default=POW2_SEQ_LENS,
-                   help=f"comma list of sequence lengths: prompt length for prefill, cached context otherwise "
-                        f"(default {POW2_SEQ_LENS})")
-    p.add_argument("--candidates", default="1,4,16,64",
-                   help="comma list of candidate tokens per sequence for the verify phase (default 1,4,16,64)")
-    p.add_argument("--attention", choices=("fused", "unfused"), default="fused",
-                   help="fused: the score matrix stays on chip (FlashAttention, paged attention); unfused: QK^T "
-                        "writes it and softmax/PV read it back, as Medusa's Table 5 counts (default fused)")
-    p.add_argument("--projections", choices=("fused", "unfused"), default="fused",
-                   help="fused: one Q/K/V GEMM and one gate+up GEMM per layer, as vLLM, TensorRT-LLM and SGLang run "
-                        "them; unfused: a GEMM per weight matrix (default fused)")
+    p.add_argument(
+        "--seq",
+        default=POW2_SEQ_LENS,
+        help=f"comma list of sequence lengths: prompt length for prefill, cached context otherwise "
+        f"(default {POW2_SEQ_LENS})",
+    )
+    p.add_argument(
+        "--candidates",
+        default="1,4,16,64",
+        help="comma list of candidate tokens per sequence for the verify phase (default 1,4,16,64)",
+    )
+    p.add_argument(
+        "--attention",
+        choices=("fused", "unfused"),
+        default="fused",
+        help="fused: the score matrix stays on chip (FlashAttention, paged attention); unfused: QK^T "
+        "writes it and softmax/PV read it back, as Medusa's Table 5 counts (default fused)",
+    )
+    p.add_argument(
+        "--projections",
+        choices=("fused", "unfused"),
+        default="fused",
+        help="fused: one Q/K/V GEMM and one gate+up GEMM per layer, as vLLM, TensorRT-LLM and SGLang run "
+        "them; unfused: a GEMM per weight matrix (default fused)",
+    )
     p.add_argument("--all", action="store_true", help="show the operators of every setting, not just the first")
-    p.add_argument("--per-operator", action="store_true",
-                   help="write one CSV/JSON row per operator and setting (default: one row per setting with the "
-                        "whole-iteration time)")
+    p.add_argument(
+        "--per-operator",
+        action="store_true",
+        help="write one CSV/JSON row per operator and setting (default: one row per setting with the "
+        "whole-iteration time)",
+    )
     p.add_argument("--csv", metavar="PATH", help="write the table as CSV")
     p.add_argument("--json", metavar="PATH", help="write the table as JSON (a list of records)")
     p.add_argument("--plot", metavar="PATH", help="write a log-log roofline plot (PNG, PDF or SVG by suffix)")
@@ -102,10 +132,17 @@ def _operator_tables(cost, ops, shown, attention: str, wide: bool) -> list:
 
     def new_table(title: str) -> Table:
         t = Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
-        for col in ["operator"] + (["phase", "batch", "seq", "q"] if wide else []) + \
-                ["×", "FLOPs", "bytes", "FLOP/B", "bound", "µs/op", "µs tot", "%"]:
-            t.add_column(col, justify="left" if col in ("operator", "phase", "bound") else "right", no_wrap=True,
-                         min_width=4 if col == "%" else None)
+        for col in (
+            ["operator"]
+            + (["phase", "batch", "seq", "q"] if wide else [])
+            + ["×", "FLOPs", "bytes", "FLOP/B", "bound", "µs/op", "µs tot", "%"]
+        ):
+            t.add_column(
+                col,
+                justify="left" if col in ("operator", "phase", "bound") else "right",
+                no_wrap=True,
+                min_width=4 if col == "%" else None,
+            )
         return t
 
     tables = [new_table(f"{head}: operators of one iteration")] if wide else []
@@ -120,11 +157,30 @@ def _operator_tables(cost, ops, shown, attention: str, wide: bool) -> list:
         setting = [str(it[k]) for k in key] if wide else []
         for _, r in ops[(ops[key] == it[key].to_numpy()).all(axis=1)].iterrows():
             share = 100.0 * r["total_time_s"] / it["iteration_time_s"]
-            table.add_row(r["operator"], *setting, str(r["count"]), _si(r["flops"]), _si(r["bytes"]),
-                          "-" if r["intensity"] != r["intensity"] else f"{r['intensity']:.3g}", r["bound"],
-                          f"{r['time_s'] * 1e6:.4g}", f"{r['total_time_s'] * 1e6:.1f}", f"{share:.1f}")
-        table.add_row("[b]iteration[/b]", *setting, "", _si(it["flops"]), _si(it["bytes"]), "", "", "",
-                      f"[b]{it['iteration_time_s'] * 1e6:.1f}[/b]", "100")
+            table.add_row(
+                r["operator"],
+                *setting,
+                str(r["count"]),
+                _si(r["flops"]),
+                _si(r["bytes"]),
+                "-" if r["intensity"] != r["intensity"] else f"{r['intensity']:.3g}",
+                r["bound"],
+                f"{r['time_s'] * 1e6:.4g}",
+                f"{r['total_time_s'] * 1e6:.1f}",
+                f"{share:.1f}",
+            )
+        table.add_row(
+            "[b]iteration[/b]",
+            *setting,
+            "",
+            _si(it["flops"]),
+            _si(it["bytes"]),
+            "",
+            "",
+            "",
+            f"[b]{it['iteration_time_s'] * 1e6:.1f}[/b]",
+            "100",
+        )
     return tables
 
 
@@ -132,11 +188,16 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from infersim.analysis.roofline import (PHASES, build_cost_model, check_batch_memory, iteration_table,
-                                            operator_table, plot_roofline)
-    from infersim.simulator.yamlio import atomic_path, write_atomic
-
+    from infersim.analysis.roofline import (
+        PHASES,
+        build_cost_model,
+        check_batch_memory,
+        iteration_table,
+        operator_table,
+        plot_roofline,
+    )
     from infersim.simulator.metrics.rundir import check_out_file
+    from infersim.simulator.yamlio import atomic_path, write_atomic
 
     for option, suffixes in (("csv", (".csv",)), ("json", (".json",)), ("plot", (".png", ".pdf", ".svg"))):
         if getattr(args, option) is not None:
@@ -149,14 +210,18 @@ def run(args: argparse.Namespace) -> int:
     seqs = parse_ints(args.seq, "seq")
     cands = parse_ints(args.candidates, "candidates")
     check_batch_memory(batches, "--batch", args.no_memory_check)
-    cost = build_cost_model(**resolve_cost_options(args), fused_attention=args.attention == "fused",
-                            fused_projections=args.projections == "fused")
+    cost = build_cost_model(
+        **resolve_cost_options(args),
+        fused_attention=args.attention == "fused",
+        fused_projections=args.projections == "fused",
+    )
     ops = operator_table(cost, phases, batches, seqs, cands)
     iters = iteration_table(cost, phases, batches, seqs, cands)
 
     console = Console()
-    for table in _operator_tables(cost, ops, iters if args.all else iters.drop_duplicates("phase"), args.attention,
-                                  wide=console.width >= 120):
+    for table in _operator_tables(
+        cost, ops, iters if args.all else iters.drop_duplicates("phase"), args.attention, wide=console.width >= 120
+    ):
         console.print(table)
     if not args.all and iters["phase"].duplicated().any():
         console.print("(operators of the first setting of each phase; --all shows every setting)")
@@ -164,7 +229,7 @@ def run(args: argparse.Namespace) -> int:
     # whole-iteration time of every setting: one grid (seq x batch) per phase and candidate count
     for phase in phases:
         sub = iters[iters["phase"] == phase]
-        for q in (cands if phase == "verify" else [None]):
+        for q in cands if phase == "verify" else [None]:
             grid = sub if q is None else sub[sub["candidates"] == q]
             label = {"prefill": "prefill", "decode": "decode"}.get(phase, f"verify q={q}")
             t = Table(title=f"{label}: iteration ms")
@@ -188,4 +253,3 @@ def run(args: argparse.Namespace) -> int:
         plot_roofline(ops, cost.hardware, args.plot, compute_dtype=cost.act_dtype)
         console.print(f"wrote {args.plot}")
     return 0
-

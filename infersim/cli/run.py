@@ -1,4 +1,5 @@
 """`sim run`: simulate a workload and write a run directory."""
+
 from __future__ import annotations
 
 import argparse
@@ -10,38 +11,59 @@ from infersim.simulator.progress import ProgressBar
 
 # exit status of a run that completed but in which no request finished (every one aborted)
 EXIT_NOTHING_FINISHED = 3
-ABORT_REASONS = {"exceeds_context": "longer than the context (serving.max_model_len)",
-                 "exceeds_kv_pool": "need more KV blocks than the whole GPU pool"}
+ABORT_REASONS = {
+    "exceeds_context": "longer than the context (serving.max_model_len)",
+    "exceeds_kv_pool": "need more KV blocks than the whole GPU pool",
+}
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
-        "run", help="simulate serving a workload (built-in name or YAML file)",
+        "run",
+        help="simulate serving a workload (built-in name or YAML file)",
         description="Simulate an LLM serving deployment on a workload and write a run directory "
-                    "(config.yaml, requests.parquet, series.parquet, summary.json, plots/).",
+        "(config.yaml, requests.parquet, series.parquet, summary.json, plots/).",
         epilog=f"Exit status: 0 done; 2 bad input or an --out that may not be replaced (nothing written); "
-               f"{EXIT_NOTHING_FINISHED} the run completed but no request finished (every one aborted; the run "
-               f"directory is written and the reasons are in summary.json aborted_by_reason); 130 interrupted "
-               f"(Ctrl-C, SIGINT); 143 terminated (SIGTERM). An interrupted run leaves the previous --out as "
-               f"it was and no temporary folder.")
-    p.add_argument("--workload", "-w", required=True,
-                   help="built-in workload name (see `sim workloads`) or a workload YAML file")
-    p.add_argument("--out", "-o", type=Path, default=None,
-                   help="run directory (default: runs/<workload name>); an existing one is replaced only when "
-                        "infersim wrote it (it holds a .infersim-run marker) or with --force")
-    p.add_argument("--force", action="store_true",
-                   help="replace --out even when it is a folder infersim did not write (its files are lost)")
+        f"{EXIT_NOTHING_FINISHED} the run completed but no request finished (every one aborted; the run "
+        f"directory is written and the reasons are in summary.json aborted_by_reason); 130 interrupted "
+        f"(Ctrl-C, SIGINT); 143 terminated (SIGTERM). An interrupted run leaves the previous --out as "
+        f"it was and no temporary folder.",
+    )
+    p.add_argument(
+        "--workload", "-w", required=True, help="built-in workload name (see `sim workloads`) or a workload YAML file"
+    )
+    p.add_argument(
+        "--out",
+        "-o",
+        type=Path,
+        default=None,
+        help="run directory (default: runs/<workload name>); an existing one is replaced only when "
+        "infersim wrote it (it holds a .infersim-run marker) or with --force",
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace --out even when it is a folder infersim did not write (its files are lost)",
+    )
     p.add_argument("--seed", type=int, default=None, help="override the workload's seed")
     p.add_argument("--requests", "-n", type=int, default=None, help="override the request count")
     p.add_argument("--model", default=None, help="override the model (name, YAML or config.json)")
-    p.add_argument("--hardware", default=None,
-                   help="override the hardware profile (NAME:datasheet: its pure datasheet roofline, without the "
-                        "calibrated kernel models)")
+    p.add_argument(
+        "--hardware",
+        default=None,
+        help="override the hardware profile (NAME:datasheet: its pure datasheet roofline, without the "
+        "calibrated kernel models)",
+    )
     p.add_argument("--scheduler", default=None, help="override serving.scheduler (fcfs, fairness)")
     p.add_argument("--preemption", default=None, help="override serving.preemption (recompute, swap, cost_aware)")
-    p.add_argument("--rate", type=float, default=None, help="override the arrival rate (req/s) of poisson/gamma arrivals")
-    p.add_argument("--step-mode", action="store_true",
-                   help="simulate every decode step one by one (slower; same results as the default event mode)")
+    p.add_argument(
+        "--rate", type=float, default=None, help="override the arrival rate (req/s) of poisson/gamma arrivals"
+    )
+    p.add_argument(
+        "--step-mode",
+        action="store_true",
+        help="simulate every decode step one by one (slower; same results as the default event mode)",
+    )
     p.add_argument("--no-plots", action="store_true", help="skip the plots")
     p.add_argument("--csv", action="store_true", help="also write requests.csv")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar or table")
@@ -53,8 +75,12 @@ def add_memory_flag(p) -> None:
     """The override of the up-front memory refusal, the same on every command."""
     from infersim.simulator.validation import MEMORY_FLAG
 
-    p.add_argument(MEMORY_FLAG, action="store_true", dest="no_memory_check",
-                   help="run even when the estimated memory exceeds what this machine has available")
+    p.add_argument(
+        MEMORY_FLAG,
+        action="store_true",
+        dest="no_memory_check",
+        help="run even when the estimated memory exceeds what this machine has available",
+    )
 
 
 def apply_overrides(spec, args, source: str = "workload"):
@@ -106,8 +132,12 @@ def prepare(args, source: str, serving: dict | None = None):
     spec = apply_overrides(spec, args, source)
     if serving:
         spec = revalidate(spec.model_copy(update={"serving": spec.serving.model_copy(update=serving)}), source)
-    check_workload(spec, source, allow_large=args.no_memory_check,
-                   flags={"requests.count": "--requests"} if args.requests is not None else None)
+    check_workload(
+        spec,
+        source,
+        allow_large=args.no_memory_check,
+        flags={"requests.count": "--requests"} if args.requests is not None else None,
+    )
     requests = build_requests(spec, base_dir)
     notice = arrivals_notice(spec, len(requests))
     if notice:
@@ -121,8 +151,17 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     spec, requests = prepare(args, str(args.workload))
     out = check_out_dir(args.out or Path("runs") / spec.name, force=args.force)
-    summary = execute(spec, requests, out, source=str(args.workload), step_mode=args.step_mode,
-                      plots=not args.no_plots, csv=args.csv, quiet=args.quiet, force=args.force)
+    summary = execute(
+        spec,
+        requests,
+        out,
+        source=str(args.workload),
+        step_mode=args.step_mode,
+        plots=not args.no_plots,
+        csv=args.csv,
+        quiet=args.quiet,
+        force=args.force,
+    )
     if not args.quiet:
         print_summary(summary, spec, out, time.perf_counter() - t0)
     return finish_status(summary, args.quiet)
@@ -148,22 +187,45 @@ def finish_status(s: dict, quiet: bool) -> int:
     return 0
 
 
-def execute(spec, requests, out: Path, *, source: str = "workload", step_mode: bool = False, plots: bool = True,
-            csv: bool = False, quiet: bool = True, force: bool = False) -> dict:
+def execute(
+    spec,
+    requests,
+    out: Path,
+    *,
+    source: str = "workload",
+    step_mode: bool = False,
+    plots: bool = True,
+    csv: bool = False,
+    quiet: bool = True,
+    force: bool = False,
+) -> dict:
     """Simulate and write the run directory atomically; returns the summary."""
     from infersim.simulator.metrics.rundir import pause_point, staged_dir
     from infersim.simulator.metrics.summary import write_result_files
     from infersim.simulator.simulation import Simulation
 
     with staged_dir(Path(out), command="run", force=force) as tmp:
-        with ProgressBar("simulating", quiet=quiet, total=len(requests), fields="sim time {task.fields[sim_s]:.1f} s",
-                         transient=True, sim_s=0.0) as bar:
+        with ProgressBar(
+            "simulating",
+            quiet=quiet,
+            total=len(requests),
+            fields="sim time {task.fields[sim_s]:.1f} s",
+            transient=True,
+            sim_s=0.0,
+        ) as bar:
+
             def progress(done: int, total: int, now: float) -> None:
                 pause_point("simulating")
                 bar.update(completed=done, sim_s=now)
 
-            sim = Simulation(spec, requests, step_mode=step_mode, series_path=tmp / "series.parquet",
-                             progress=progress, source=source)
+            sim = Simulation(
+                spec,
+                requests,
+                step_mode=step_mode,
+                series_path=tmp / "series.parquet",
+                progress=progress,
+                source=source,
+            )
             result = sim.run()
         if spec.speculation is not None:  # acceptance, s, SSM weights and pool depth over time
             from infersim.simulator.speculative.report import write_series
@@ -183,29 +245,41 @@ def print_summary(s: dict, spec, out: Path, wall_s: float) -> None:
     from rich.table import Table
 
     c = Console()
-    t = Table(title=f"{spec.name}: {spec.model} on {spec.hardware.replicas} x {spec.hardware.profile} "
-                    f"(tp={spec.hardware.tensor_parallel}), {spec.serving.scheduler}/{spec.serving.preemption}")
+    t = Table(
+        title=f"{spec.name}: {spec.model} on {spec.hardware.replicas} x {spec.hardware.profile} "
+        f"(tp={spec.hardware.tensor_parallel}), {spec.serving.scheduler}/{spec.serving.preemption}"
+    )
     for col in ("metric", "mean", "p50", "p90", "p99"):
         t.add_column(col, justify="left" if col == "metric" else "right")
-    for key, label, scale, unit in (("ttft_s", "TTFT", 1e3, "ms"), ("tpot_s", "TPOT", 1e3, "ms"),
-                                    ("itl_s", "inter-token latency", 1e3, "ms"), ("e2e_s", "end-to-end", 1.0, "s"),
-                                    ("normalized_latency_s", "normalized latency", 1e3, "ms/token"),
-                                    ("queueing_s", "queueing delay", 1.0, "s"),
-                                    ("weighted_turnaround", "weighted turnaround", 1.0, "")):
+    for key, label, scale, unit in (
+        ("ttft_s", "TTFT", 1e3, "ms"),
+        ("tpot_s", "TPOT", 1e3, "ms"),
+        ("itl_s", "inter-token latency", 1e3, "ms"),
+        ("e2e_s", "end-to-end", 1.0, "s"),
+        ("normalized_latency_s", "normalized latency", 1e3, "ms/token"),
+        ("queueing_s", "queueing delay", 1.0, "s"),
+        ("weighted_turnaround", "weighted turnaround", 1.0, ""),
+    ):
         st = s[key]
         fmt = lambda v: "-" if v is None or v != v else f"{v * scale:.3g}"
         t.add_row(f"{label} ({unit})" if unit else label, *(fmt(st[k]) for k in ("mean", "p50", "p90", "p99")))
     c.print(t)
     p = s["preemptions"]
-    c.print(f"requests {s['finished']}/{s['requests']} finished ({s['aborted']} aborted) in {s['makespan_s']:.2f} s simulated; "
-            f"throughput {s['throughput_req_per_s']:.2f} req/s, {s['throughput_output_tokens_per_s']:.1f} output tok/s")
+    c.print(
+        f"requests {s['finished']}/{s['requests']} finished ({s['aborted']} aborted) in {s['makespan_s']:.2f} s simulated; "
+        f"throughput {s['throughput_req_per_s']:.2f} req/s, {s['throughput_output_tokens_per_s']:.1f} output tok/s"
+    )
     if abort_line(s):
         c.print(f"[yellow]{abort_line(s)}[/]")
-    c.print(f"preemptions: {p['recompute']} recompute ({p['recompute_forced_by_full_cpu']} forced by full CPU), {p['swap']} swap; "
-            f"swapped {s['swap_out_bytes'] / 1e9:.2f} GB out, {s['swap_in_bytes'] / 1e9:.2f} GB in")
+    c.print(
+        f"preemptions: {p['recompute']} recompute ({p['recompute_forced_by_full_cpu']} forced by full CPU), {p['swap']} swap; "
+        f"swapped {s['swap_out_bytes'] / 1e9:.2f} GB out, {s['swap_in_bytes'] / 1e9:.2f} GB in"
+    )
     # an offload executor's pool lives in host memory (executor/offload/serve.py)
     pool = "host-memory KV blocks" if (s.get("offload") or {}).get("host_memory") else "GPU blocks"
-    c.print(f"batch size mean {s['batch_size']['mean_busy']:.1f} (max {s['batch_size']['max']:.0f}); KV use mean "
-            f"{100 * s['kv_utilization']['mean_busy']:.1f}% (max {100 * s['kv_utilization']['max']:.1f}%) of "
-            f"{s['gpu_blocks']} {pool}; {s['iterations']} iterations")
+    c.print(
+        f"batch size mean {s['batch_size']['mean_busy']:.1f} (max {s['batch_size']['max']:.0f}); KV use mean "
+        f"{100 * s['kv_utilization']['mean_busy']:.1f}% (max {100 * s['kv_utilization']['max']:.1f}%) of "
+        f"{s['gpu_blocks']} {pool}; {s['iterations']} iterations"
+    )
     c.print(f"results in {out}/ ({wall_s:.2f} s wall)")

@@ -1,4 +1,5 @@
 """`sim sweep`: explore a space of serving configurations (grid or Optuna), resumable."""
+
 from __future__ import annotations
 
 import argparse
@@ -9,15 +10,22 @@ from .run import add_memory_flag
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
-        "sweep", help="policy and parameter search over a space of configurations (grid or Optuna)",
+        "sweep",
+        help="policy and parameter search over a space of configurations (grid or Optuna)",
         description="Simulate every configuration of a space (any dotted workload path is a parameter), as a grid "
-                    "or with Optuna, and write one table (results.parquet/.csv) with one row per configuration, a "
-                    "Pareto front and sensitivity plots. Each result is its own file: run the same command again "
-                    "to resume a sweep that was interrupted.")
+        "or with Optuna, and write one table (results.parquet/.csv) with one row per configuration, a "
+        "Pareto front and sensitivity plots. Each result is its own file: run the same command again "
+        "to resume a sweep that was interrupted.",
+    )
     p.add_argument("--workload", "-w", required=True, help="built-in workload name or a workload YAML file")
     p.add_argument("--space", "-s", required=True, type=Path, help="the space YAML (see examples/sweep/)")
-    p.add_argument("--out", "-o", type=Path, default=None,
-                   help="sweep folder (default: sweeps/<space name>); used only when infersim wrote it or it is new")
+    p.add_argument(
+        "--out",
+        "-o",
+        type=Path,
+        default=None,
+        help="sweep folder (default: sweeps/<space name>); used only when infersim wrote it or it is new",
+    )
     p.add_argument("--force", action="store_true", help="write into --out even when infersim did not write it")
     p.add_argument("--workers", type=int, default=None, help="parallel simulations (default: one per core)")
     p.add_argument("--backend", choices=("local", "ray"), default="local", help="local processes or a Ray cluster")
@@ -32,7 +40,6 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from infersim.analysis.sweep import load_space, run_sweep
-
     from infersim.simulator.validation import positive_int
 
     if args.trials is not None:
@@ -40,10 +47,21 @@ def run(args: argparse.Namespace) -> int:
     if args.workers is not None:
         positive_int(args.workers, "--workers")
     space = load_space(args.space)
-    res = run_sweep(args.workload, space, args.out, backend=args.backend, workers=args.workers,
-                    address=args.address, retry_failed=args.retry_failed, trials=args.trials,
-                    plots=not args.no_plots, quiet=args.quiet, force=args.force, source=str(args.space),
-                    allow_large=args.no_memory_check)
+    res = run_sweep(
+        args.workload,
+        space,
+        args.out,
+        backend=args.backend,
+        workers=args.workers,
+        address=args.address,
+        retry_failed=args.retry_failed,
+        trials=args.trials,
+        plots=not args.no_plots,
+        quiet=args.quiet,
+        force=args.force,
+        source=str(args.space),
+        allow_large=args.no_memory_check,
+    )
     if not args.quiet:
         _print(res, space)
     return 0
@@ -65,8 +83,14 @@ def _print(res, space) -> None:
         for col in params + [tp, lat]:
             t.add_column(col.split(".")[-1] if col in params else col, justify="right")
         for _, row in front.head(15).iterrows():
-            t.add_row(*[f"{row[col]:.4g}" if isinstance(row[col], float) else str(row[col]) for col in params + [tp, lat]])
+            t.add_row(
+                *[f"{row[col]:.4g}" if isinstance(row[col], float) else str(row[col]) for col in params + [tp, lat]]
+            )
         c.print(t)
-    c.print(f"{len(df)} configurations: {res.computed} simulated now, {res.cached} already done, "
-            f"{res.failed} failed; {res.backend}; {res.wall_s:.1f} s")
-    c.print(f"table: {res.sweep_dir / 'results.parquet'} (and results.csv, pareto.csv, sensitivity.csv, report.md, plots/)")
+    c.print(
+        f"{len(df)} configurations: {res.computed} simulated now, {res.cached} already done, "
+        f"{res.failed} failed; {res.backend}; {res.wall_s:.1f} s"
+    )
+    c.print(
+        f"table: {res.sweep_dir / 'results.parquet'} (and results.csv, pareto.csv, sensitivity.csv, report.md, plots/)"
+    )

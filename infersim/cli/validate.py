@@ -1,5 +1,6 @@
 """`sim validate`: run a workload on the real executor and in the simulator on exactly the
 same requests and policies, and report predicted against measured (analysis/validate/)."""
+
 from __future__ import annotations
 
 import argparse
@@ -11,41 +12,73 @@ from .run import add_memory_flag
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
-        "validate", help="compare the simulator with the real executor on the same requests",
+        "validate",
+        help="compare the simulator with the real executor on the same requests",
         description="Serve a workload on a real model (the executor), simulate exactly the same requests with the "
-                    "same policy configuration and KV pools, and write a report (report.md, report.html, plots) of "
-                    "predicted against measured: per-iteration latency, TTFT, TPOT, end-to-end p50/p99, throughput, "
-                    "preemptions, bytes swapped; errors as MAPE and signed bias against the targets, and for each "
-                    "miss the component it comes from. Needs `pip install \".[executor]\"`.")
+        "same policy configuration and KV pools, and write a report (report.md, report.html, plots) of "
+        "predicted against measured: per-iteration latency, TTFT, TPOT, end-to-end p50/p99, throughput, "
+        "preemptions, bytes swapped; errors as MAPE and signed bias against the targets, and for each "
+        'miss the component it comes from. Needs `pip install ".[executor]"`.',
+    )
     p.add_argument("--workload", "-w", default=None, help="built-in workload name or a workload YAML file")
     p.add_argument("--case", default=None, help="a case of the validation matrix instead of a workload (see --list)")
     p.add_argument("--list", action="store_true", help="list the validation matrix's cases and exit")
-    p.add_argument("--model", "-m", default="zoo-target",
-                   help="zoo name or local Hugging Face checkpoint folder (default zoo-target)")
+    p.add_argument(
+        "--model",
+        "-m",
+        default="zoo-target",
+        help="zoo name or local Hugging Face checkpoint folder (default zoo-target)",
+    )
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N (default cpu)")
     p.add_argument("--dtype", default=None, help="fp32, fp16 or bf16 (default fp32 on cpu, fp16 on cuda)")
-    p.add_argument("--cost-model", default="fitted", choices=("fitted", "regression", "roofline"),
-                   help="fitted (default): a fit to held-out executor runs of the same model on other requests, "
-                        "measured now or loaded with --calibration; regression / roofline: the --profile's models")
-    p.add_argument("--profile", default="cpu-reference",
-                   help="hardware profile (name or YAML, e.g. from `sim profile`) for --cost-model regression/roofline "
-                        "(default cpu-reference)")
-    p.add_argument("--calibration", type=Path, default=None,
-                   help="an executor fit (executor-fit.json from an earlier validation) instead of calibrating now")
-    p.add_argument("--generic-calibration", action="store_true",
-                   help="calibrate the fit on the generic calibration workloads instead of on the validated "
-                        "workload's own serving configuration (KV pools, limits, preemption) with other requests")
-    p.add_argument("--drift-correction", action="store_true",
-                   help="scale the fit by the machine's speed around the run against at calibration (a fixed "
-                        "sentinel iteration timed at both; helps when the load changed between them and stayed)")
+    p.add_argument(
+        "--cost-model",
+        default="fitted",
+        choices=("fitted", "regression", "roofline"),
+        help="fitted (default): a fit to held-out executor runs of the same model on other requests, "
+        "measured now or loaded with --calibration; regression / roofline: the --profile's models",
+    )
+    p.add_argument(
+        "--profile",
+        default="cpu-reference",
+        help="hardware profile (name or YAML, e.g. from `sim profile`) for --cost-model regression/roofline "
+        "(default cpu-reference)",
+    )
+    p.add_argument(
+        "--calibration",
+        type=Path,
+        default=None,
+        help="an executor fit (executor-fit.json from an earlier validation) instead of calibrating now",
+    )
+    p.add_argument(
+        "--generic-calibration",
+        action="store_true",
+        help="calibrate the fit on the generic calibration workloads instead of on the validated "
+        "workload's own serving configuration (KV pools, limits, preemption) with other requests",
+    )
+    p.add_argument(
+        "--drift-correction",
+        action="store_true",
+        help="scale the fit by the machine's speed around the run against at calibration (a fixed "
+        "sentinel iteration timed at both; helps when the load changed between them and stayed)",
+    )
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1: steadier timings)")
-    p.add_argument("--repeats", type=int, default=1,
-                   help="run the validated requests this many times: the aggregate targets are judged on the median "
-                        "of the repeats (the matrix uses 3; default %(default)s)")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="run the validated requests this many times: the aggregate targets are judged on the median "
+        "of the repeats (the matrix uses 3; default %(default)s)",
+    )
     p.add_argument("--seed", type=int, default=None, help="override the workload's seed")
     p.add_argument("--requests", "-n", type=int, default=None, help="override the request count")
-    p.add_argument("--out", "-o", type=Path, default=None,
-                   help="output folder (default runs/validate-<name>); used only when infersim wrote it or it is new")
+    p.add_argument(
+        "--out",
+        "-o",
+        type=Path,
+        default=None,
+        help="output folder (default runs/validate-<name>); used only when infersim wrote it or it is new",
+    )
     p.add_argument("--force", action="store_true", help="write into --out even when infersim did not write it")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress lines or table")
     add_memory_flag(p)
@@ -53,9 +86,8 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from infersim.simulator.errors import InfersimError
-
     from infersim.analysis.validate.cases import CASES, case_from_spec, get_case
+    from infersim.simulator.errors import InfersimError
     from infersim.simulator.preflight import check_workload, revalidate
     from infersim.simulator.validation import check_seed, positive_int
 
@@ -64,8 +96,10 @@ def run(args: argparse.Namespace) -> int:
 
         for c in CASES.values():
             ok, why = MODES.get(c.mode).availability()
-            print(f"{c.name:20s} {c.mode:12s} {'small ' if c.small else '      '}{c.title}"
-                  + ("" if ok else f"  [not available: {why}]"))
+            print(
+                f"{c.name:20s} {c.mode:12s} {'small ' if c.small else '      '}{c.title}"
+                + ("" if ok else f"  [not available: {why}]")
+            )
         return 0
     if (args.workload is None) == (args.case is None):
         raise InfersimError("give exactly one of --workload FILE and --case NAME (see --list)")
@@ -78,16 +112,19 @@ def run(args: argparse.Namespace) -> int:
     if args.seed is not None:
         check_seed(args.seed, "--seed")
     if args.cost_model != "fitted" and args.device.startswith("cuda") and args.profile == "cpu-reference":
-        raise InfersimError(f"--cost-model {args.cost_model} on cuda needs the GPU's profile: --profile PATH.yaml "
-                            f"(from `sim profile --device cuda --out PATH.yaml`)")
+        raise InfersimError(
+            f"--cost-model {args.cost_model} on cuda needs the GPU's profile: --profile PATH.yaml "
+            f"(from `sim profile --device cuda --out PATH.yaml`)"
+        )
     if args.calibration is not None and args.cost_model != "fitted":
         raise InfersimError("--calibration is an executor fit: it goes with --cost-model fitted")
     try:
         import torch  # noqa: F401
         import transformers  # noqa: F401
     except ImportError as exc:
-        raise InfersimError(f"validation runs the executor, which needs PyTorch and transformers ({exc}): "
-                            f"pip install \".[executor]\"")
+        raise InfersimError(
+            f"validation runs the executor, which needs PyTorch and transformers ({exc}): " f'pip install ".[executor]"'
+        )
     spec = None
     if args.case is not None:
         case = get_case(args.case)
@@ -102,12 +139,17 @@ def run(args: argparse.Namespace) -> int:
         if args.requests is not None:
             upd["requests"] = spec.requests.model_copy(update={"count": args.requests})
         spec = revalidate(spec.model_copy(update=upd), str(args.workload))
-        check_workload(spec.model_copy(update={"model": spec_model}), str(args.workload),
-                       allow_large=args.no_memory_check,
-                       flags={"requests.count": "--requests"} if args.requests is not None else None)
+        check_workload(
+            spec.model_copy(update={"model": spec_model}),
+            str(args.workload),
+            allow_large=args.no_memory_check,
+            flags={"requests.count": "--requests"} if args.requests is not None else None,
+        )
         if spec.requests.trace is not None:
-            raise InfersimError(f"{args.workload}: trace workloads are not supported by `sim validate` yet: give "
-                                f"length distributions")
+            raise InfersimError(
+                f"{args.workload}: trace workloads are not supported by `sim validate` yet: give "
+                f"length distributions"
+            )
         case = case_from_spec(spec)
     from infersim.analysis.validate.modes import MODES
 
@@ -121,10 +163,27 @@ def run(args: argparse.Namespace) -> int:
     from infersim.analysis.validate.execute import CaseOptions
     from infersim.analysis.validate.run import validate_case
 
-    opts = CaseOptions(device=args.device, dtype=args.dtype, threads=args.threads, seed=args.seed,
-                       requests=args.requests, spec=spec, calibration=args.calibration, repeats=args.repeats, log=log)
-    result = validate_case(case, args.model, out, opts, cost_model=args.cost_model, profile=args.profile,
-                           drift_correction=args.drift_correction, matched=not args.generic_calibration)
+    opts = CaseOptions(
+        device=args.device,
+        dtype=args.dtype,
+        threads=args.threads,
+        seed=args.seed,
+        requests=args.requests,
+        spec=spec,
+        calibration=args.calibration,
+        repeats=args.repeats,
+        log=log,
+    )
+    result = validate_case(
+        case,
+        args.model,
+        out,
+        opts,
+        cost_model=args.cost_model,
+        profile=args.profile,
+        drift_correction=args.drift_correction,
+        matched=not args.generic_calibration,
+    )
     if not args.quiet:
         print_checks(result)
         print(f"report: {out / 'report.html'} (and report.md); runs: {out / 'exec'}, {out / 'sim'}")
@@ -140,8 +199,15 @@ def print_checks(result: dict) -> None:
     for col in ("metric", "error", "judged on", "raw", "target", "", "source of the miss"):
         t.add_column(col)
     for c in checks:
-        t.add_row(c["metric"], _pct(c["value"]), c.get("judged_on", ""), _pct(c.get("raw")), f"≤ {c['target']:.0%}",
-                  "[green]pass[/]" if c["ok"] else "[red]MISS[/]", c["component"])
+        t.add_row(
+            c["metric"],
+            _pct(c["value"]),
+            c.get("judged_on", ""),
+            _pct(c.get("raw")),
+            f"≤ {c['target']:.0%}",
+            "[green]pass[/]" if c["ok"] else "[red]MISS[/]",
+            c["component"],
+        )
     Console().print(t)
 
 

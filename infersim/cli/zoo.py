@@ -1,5 +1,6 @@
 """`sim zoo build|list`: the executor's model zoo (small causal LMs trained offline on the
 Python standard library's source; see executor/zoo/)."""
+
 from __future__ import annotations
 
 import argparse
@@ -7,10 +8,13 @@ import json
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("zoo", help="build or list the executor's model zoo (small LMs trained offline)",
-                       description="The model zoo: a byte-level BPE tokenizer and small causal LMs (a Llama target, "
-                                   "Llama drafts distilled from it, a small OPT) trained on the Python standard "
-                                   "library's source, deterministic and cached ($INFERSIM_ZOO or ~/.cache/infersim/zoo).")
+    p = sub.add_parser(
+        "zoo",
+        help="build or list the executor's model zoo (small LMs trained offline)",
+        description="The model zoo: a byte-level BPE tokenizer and small causal LMs (a Llama target, "
+        "Llama drafts distilled from it, a small OPT) trained on the Python standard "
+        "library's source, deterministic and cached ($INFERSIM_ZOO or ~/.cache/infersim/zoo).",
+    )
     zsub = p.add_subparsers(dest="zoo_command", metavar="ACTION")
     zsub.required = True
     b = zsub.add_parser("build", help="train whatever of the zoo is not cached yet (a few minutes on 2 cores)")
@@ -18,11 +22,19 @@ def add_parser(sub) -> None:
     b.add_argument("--root", default=None, help="cache folder (default $INFERSIM_ZOO or ~/.cache/infersim/zoo)")
     b.add_argument("--quiet", "-q", action="store_true", help="no progress lines")
     b.set_defaults(func=run)
-    sh = zsub.add_parser("ship", help="build the zoo and the default Medusa heads of zoo-target and write them as "
-                                      "the weights shipped with the package (executor/zoo/shipped/)")
-    sh.add_argument("--root", default=None, help="cache folder to build in (default $INFERSIM_ZOO or ~/.cache/infersim/zoo)")
-    sh.add_argument("--out", default=None, help="where to write the shipped zoo (default: the package's "
-                                                "executor/zoo/shipped folder, replaced)")
+    sh = zsub.add_parser(
+        "ship",
+        help="build the zoo and the default Medusa heads of zoo-target and write them as "
+        "the weights shipped with the package (executor/zoo/shipped/)",
+    )
+    sh.add_argument(
+        "--root", default=None, help="cache folder to build in (default $INFERSIM_ZOO or ~/.cache/infersim/zoo)"
+    )
+    sh.add_argument(
+        "--out",
+        default=None,
+        help="where to write the shipped zoo (default: the package's " "executor/zoo/shipped folder, replaced)",
+    )
     sh.add_argument("--quiet", "-q", action="store_true", help="no progress lines")
     sh.set_defaults(func=run)
     ls = zsub.add_parser("list", help="the zoo's models, where they are, and their measured numbers")
@@ -45,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         from infersim.executor.zoo import DEFAULT_ZOO
         from infersim.executor.zoo.build import build_zoo, zoo_dir
     except ImportError as exc:
-        raise InfersimError(f"the zoo needs PyTorch, transformers and tokenizers ({exc}): pip install \".[executor]\"")
+        raise InfersimError(f'the zoo needs PyTorch, transformers and tokenizers ({exc}): pip install ".[executor]"')
     root = Path(args.root).expanduser() if args.root else None
     if args.zoo_command == "ship":
         return _ship(root, Path(args.out).expanduser() if args.out else None, args.quiet)
@@ -97,9 +109,14 @@ def _print_table(d, args) -> None:
         f = d / r.name / "zoo.json"
         m = json.loads(f.read_text()) if f.exists() else {}
         acc = (m.get("greedy_acceptance_s4") or {}).get("acceptance")
-        t.add_row(r.name, r.role, f"{r.arch} {r.layers} x {r.hidden}",
-                  f"{m['parameters'] / 1e6:.2f}M" if m else "-",
-                  f"{m['train_seconds']:.0f}" if m else "-",
-                  f"{m['heldout_perplexity']:.2f}" if m else "-",
-                  f"{acc:.3f}" if acc is not None else "-", "yes" if m else "no")
+        t.add_row(
+            r.name,
+            r.role,
+            f"{r.arch} {r.layers} x {r.hidden}",
+            f"{m['parameters'] / 1e6:.2f}M" if m else "-",
+            f"{m['train_seconds']:.0f}" if m else "-",
+            f"{m['heldout_perplexity']:.2f}" if m else "-",
+            f"{acc:.3f}" if acc is not None else "-",
+            "yes" if m else "no",
+        )
     Console(width=None if sys.stdout.isatty() else 120).print(t)

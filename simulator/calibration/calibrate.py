@@ -1,5 +1,6 @@
 """`sim calibrate` as a function: tables -> fitted sections -> profile YAML (nothing written
 unless every table reads and fits)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -35,19 +36,25 @@ class CalibrateResult:
         cal = self.profile.calibration
         if cal and cal.gemm:
             g = cal.gemm
-            lines.append(f"  gemm: compute {g.compute:.3f}, memory {g.memory:.3f}, launch {g.launch_us:.2f} us, "
-                         f"corner p {g.corner_exponent:.2f}, tile {g.tile_tokens} tokens, wave exponent "
-                         f"{g.wave_exponent:.2f}, wave latency {g.wave_latency_us:.2f} us; {g.rows} rows, "
-                         f"MAPE {g.mape_pct:.1f}%, bias {g.bias_pct:+.1f}%")
-        for k, e in (cal.elementwise.items() if cal else ()):
-            lines.append(f"  {k}: memory {e.memory:.3f}, launch {e.launch_us:.2f} us, saturation "
-                         f"{e.saturation_tokens} tokens; {e.rows} rows, "
-                         f"MAPE {e.mape_pct:.1f}%, bias {e.bias_pct:+.1f}%")
+            lines.append(
+                f"  gemm: compute {g.compute:.3f}, memory {g.memory:.3f}, launch {g.launch_us:.2f} us, "
+                f"corner p {g.corner_exponent:.2f}, tile {g.tile_tokens} tokens, wave exponent "
+                f"{g.wave_exponent:.2f}, wave latency {g.wave_latency_us:.2f} us; {g.rows} rows, "
+                f"MAPE {g.mape_pct:.1f}%, bias {g.bias_pct:+.1f}%"
+            )
+        for k, e in cal.elementwise.items() if cal else ():
+            lines.append(
+                f"  {k}: memory {e.memory:.3f}, launch {e.launch_us:.2f} us, saturation "
+                f"{e.saturation_tokens} tokens; {e.rows} rows, "
+                f"MAPE {e.mape_pct:.1f}%, bias {e.bias_pct:+.1f}%"
+            )
         coll = self.profile.collectives
         for name in ("all_reduce", "send_recv"):
             for fit in getattr(coll, name) if coll else ():
-                lines.append(f"  {name} {fit.workers} workers ({fit.topology}): {fit.rows} rows, "
-                             f"MAPE {fit.mape_pct:.1f}%, bias {fit.bias_pct:+.1f}%")
+                lines.append(
+                    f"  {name} {fit.workers} workers ({fit.topology}): {fit.rows} rows, "
+                    f"MAPE {fit.mape_pct:.1f}%, bias {fit.bias_pct:+.1f}%"
+                )
         return lines
 
 
@@ -68,11 +75,14 @@ def calibrate(opts: CalibrateOptions) -> CalibrateResult:
     for kind, rows in kinds.values():
         for key, value in kind.fit(rows, base, source).items():
             if key in sections:
-                raise InfersimError(f"{opts.tables[0]}: two table kinds fit the same section '{key}'; calibrate them "
-                                    f"one at a time")
+                raise InfersimError(
+                    f"{opts.tables[0]}: two table kinds fit the same section '{key}'; calibrate them " f"one at a time"
+                )
             sections[key] = value
-    header = ("# Kernel time models fitted by `sim calibrate` (docs/profiling.md); they price the GEMMs and the\n"
-              "# elementwise kernels. `efficiency:` prices the operators no table measured.\n")
+    header = (
+        "# Kernel time models fitted by `sim calibrate` (docs/profiling.md); they price the GEMMs and the\n"
+        "# elementwise kernels. `efficiency:` prices the operators no table measured.\n"
+    )
     text = with_sections(base_path.read_text(), sections, header=header)
     import yaml
 

@@ -3,13 +3,14 @@ predictions of a profile for measured rows (used to record fit errors and by the
 leave-one-model-out benchmark). One path for every source of measurements: the shared GPU
 tables, vidur's mlp.csv, generic CSVs and `sim profile`'s own micro-benchmarks all arrive
 here as KernelRows."""
+
 from __future__ import annotations
 
 import numpy as np
 
+from ..costmodel.kernel_times import elementwise_time_s, gemm_device, gemm_params, gemm_time_s
 from ..errors import InfersimError
 from ..hardware.profile import Calibration, ElementwiseFit, GemmFit, HardwareProfile
-from ..costmodel.kernel_times import elementwise_time_s, gemm_device, gemm_params, gemm_time_s
 from .kernel_models import GemmSamples, errors_pct, fit_elementwise, fit_gemm
 from .rows import KernelRow
 
@@ -23,12 +24,19 @@ def _rates(hardware: HardwareProfile, dtype: str) -> tuple[float, float]:
 
 def _gemm_samples(rows: list[KernelRow]) -> GemmSamples:
     col = lambda name: np.array([getattr(r, name) for r in rows], dtype=np.float64)  # noqa: E731
-    return GemmSamples(col("flops_per_token"), col("bytes_const"), col("bytes_per_token"), col("tokens"), col("time_s"),
-                       col("out_width"))
+    return GemmSamples(
+        col("flops_per_token"),
+        col("bytes_const"),
+        col("bytes_per_token"),
+        col("tokens"),
+        col("time_s"),
+        col("out_width"),
+    )
 
 
-def predict_rows(calibration: Calibration, rows: list[KernelRow], hardware: HardwareProfile,
-                 dtype: str = "fp16") -> np.ndarray:
+def predict_rows(
+    calibration: Calibration, rows: list[KernelRow], hardware: HardwareProfile, dtype: str = "fp16"
+) -> np.ndarray:
     """Predicted seconds of each row under a calibration (NaN where it has no model)."""
     peak, bw = _rates(hardware, dtype)
     out = np.full(len(rows), np.nan)
@@ -37,12 +45,25 @@ def predict_rows(calibration: Calibration, rows: list[KernelRow], hardware: Hard
         sub = [rows[j] for j in idx]
         if kernel == "gemm" and calibration.gemm is not None:
             s = _gemm_samples(sub)
-            out[idx] = gemm_time_s(gemm_params(calibration.gemm), s.flops_per_token, s.bytes_const,
-                                   s.bytes_per_token, s.tokens, s.out_width, gemm_device(hardware, dtype))
+            out[idx] = gemm_time_s(
+                gemm_params(calibration.gemm),
+                s.flops_per_token,
+                s.bytes_const,
+                s.bytes_per_token,
+                s.tokens,
+                s.out_width,
+                gemm_device(hardware, dtype),
+            )
         elif kernel in calibration.elementwise:
             e = calibration.elementwise[kernel]
-            out[idx] = elementwise_time_s(e.memory, e.launch_us, np.array([r.bytes for r in sub]),
-                                          np.array([r.tokens for r in sub]), bw, e.saturation_tokens)
+            out[idx] = elementwise_time_s(
+                e.memory,
+                e.launch_us,
+                np.array([r.bytes for r in sub]),
+                np.array([r.tokens for r in sub]),
+                bw,
+                e.saturation_tokens,
+            )
     return out
 
 
@@ -58,31 +79,52 @@ def fit_kernels(rows: list[KernelRow], hardware: HardwareProfile, source: str, d
     gemm = None
     if gemm_rows:
         if len(gemm_rows) < MIN_GEMM_ROWS:
-            raise InfersimError(f"{gemm_rows[0].where}: {len(gemm_rows)} GEMM rows; the GEMM fit needs at least "
-                                f"{MIN_GEMM_ROWS} (several token counts)")
+            raise InfersimError(
+                f"{gemm_rows[0].where}: {len(gemm_rows)} GEMM rows; the GEMM fit needs at least "
+                f"{MIN_GEMM_ROWS} (several token counts)"
+            )
         p = fit_gemm(_gemm_samples(gemm_rows), gemm_device(hardware, dtype))
-        gemm = GemmFit(source=source, rows=len(gemm_rows), mape_pct=0.0, bias_pct=0.0, fitted_on=_labels(gemm_rows),
-                       compute=_sig(p.compute), memory=_sig(p.memory), launch_us=_sig(p.launch_us),
-                       corner_exponent=_sig(p.corner_exponent), tile_tokens=p.tile_tokens,
-                       wave_exponent=_sig(p.wave_exponent), wave_latency_us=_sig(p.wave_latency_us))
+        gemm = GemmFit(
+            source=source,
+            rows=len(gemm_rows),
+            mape_pct=0.0,
+            bias_pct=0.0,
+            fitted_on=_labels(gemm_rows),
+            compute=_sig(p.compute),
+            memory=_sig(p.memory),
+            launch_us=_sig(p.launch_us),
+            corner_exponent=_sig(p.corner_exponent),
+            tile_tokens=p.tile_tokens,
+            wave_exponent=_sig(p.wave_exponent),
+            wave_latency_us=_sig(p.wave_latency_us),
+        )
     elementwise = {}
     for kernel in sorted({r.kernel for r in rows} - {"gemm"}):
         sub = [r for r in rows if r.kernel == kernel]
         if len(sub) < MIN_ELEMENTWISE_ROWS:
             continue
-        e = fit_elementwise(np.array([r.bytes for r in sub]), np.array([r.tokens for r in sub]),
-                            np.array([r.time_s for r in sub]), bw)
-        elementwise[kernel] = ElementwiseFit(source=source, rows=len(sub), mape_pct=0.0, bias_pct=0.0,
-                                             fitted_on=_labels(sub), memory=_sig(e.memory), launch_us=_sig(e.launch_us),
-                                             saturation_tokens=e.saturation_tokens)
+        e = fit_elementwise(
+            np.array([r.bytes for r in sub]), np.array([r.tokens for r in sub]), np.array([r.time_s for r in sub]), bw
+        )
+        elementwise[kernel] = ElementwiseFit(
+            source=source,
+            rows=len(sub),
+            mape_pct=0.0,
+            bias_pct=0.0,
+            fitted_on=_labels(sub),
+            memory=_sig(e.memory),
+            launch_us=_sig(e.launch_us),
+            saturation_tokens=e.saturation_tokens,
+        )
     if gemm is None and not elementwise:
         raise InfersimError(f"{source}: no GEMM or elementwise rows to fit")
     calib = Calibration(status="measured", source=source, gemm=gemm, elementwise=elementwise)
     return record_errors(calib, rows, hardware, dtype)
 
 
-def record_errors(calibration: Calibration, rows: list[KernelRow], hardware: HardwareProfile,
-                  dtype: str = "fp16") -> Calibration:
+def record_errors(
+    calibration: Calibration, rows: list[KernelRow], hardware: HardwareProfile, dtype: str = "fp16"
+) -> Calibration:
     """The calibration with each fitted value's MAPE and bias on its rows, computed with the
     rounded values it stores (what a reader of the profile reproduces)."""
     pred = predict_rows(calibration, rows, hardware, dtype)

@@ -3,6 +3,7 @@ models and their formulas are described) to measured rows.
 
 Fits minimise squared log error (every row weighs the same, whatever its size) with
 scipy.optimize.least_squares from fixed starting points: deterministic for a given table."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -12,7 +13,6 @@ import numpy as np
 from ..costmodel.kernel_times import GemmDevice, GemmParams, gemm_time_s
 
 TILE_CANDIDATES = (1, 16, 32, 64, 128)
-
 
 
 SATURATION_CANDIDATES = tuple(sorted({round(2 ** (i / 4)) for i in range(45)}))  # 1 to 2048 tokens, 4 per octave
@@ -39,8 +39,15 @@ class GemmSamples:
 
 
 def _params(x, tile: int) -> GemmParams:
-    return GemmParams(float(np.exp(x[0])), float(np.exp(x[1])), float(x[2]), float(1.0 + np.exp(x[3])), int(tile),
-                      float(x[4]), float(x[5]))
+    return GemmParams(
+        float(np.exp(x[0])),
+        float(np.exp(x[1])),
+        float(x[2]),
+        float(1.0 + np.exp(x[3])),
+        int(tile),
+        float(x[4]),
+        float(x[5]),
+    )
 
 
 def fit_gemm(samples: GemmSamples, device: GemmDevice) -> GemmParams:
@@ -54,19 +61,32 @@ def fit_gemm(samples: GemmSamples, device: GemmDevice) -> GemmParams:
     floor_us = float(np.min(s.time_s)) * 1e6
     best = None
     for tile in TILE_CANDIDATES:
+
         def resid(x):
-            pred = gemm_time_s(_params(x, tile), s.flops_per_token, s.bytes_const, s.bytes_per_token, s.tokens,
-                               s.out_width, device)
+            pred = gemm_time_s(
+                _params(x, tile), s.flops_per_token, s.bytes_const, s.bytes_per_token, s.tokens, s.out_width, device
+            )
             return (np.log(pred) - log_t) * sw
 
         waves = bool(device.sm_count)
-        x0 = np.array([np.log(0.7), np.log(0.8), 0.5 * floor_us, 0.0, 0.2 if waves else 0.0, 0.1 * floor_us if waves else 0.0])
+        x0 = np.array(
+            [np.log(0.7), np.log(0.8), 0.5 * floor_us, 0.0, 0.2 if waves else 0.0, 0.1 * floor_us if waves else 0.0]
+        )
         lo = np.array([np.log(0.05), np.log(0.05), 0.0, np.log(1e-3), 0.0, 0.0])
-        hi = np.array([np.log(1.5), np.log(1.5), max(floor_us, 1e-3), np.log(19.0), 1.5 if waves else 1e-12,
-                       max(floor_us, 1e-3) if waves else 1e-12])
-        res = least_squares(resid, x0, bounds=(lo, hi),
-                            x_scale=np.array([1.0, 1.0, max(floor_us, 1.0), 1.0, 1.0, max(floor_us, 1.0)]))
-        cost = float(np.mean(res.fun ** 2))
+        hi = np.array(
+            [
+                np.log(1.5),
+                np.log(1.5),
+                max(floor_us, 1e-3),
+                np.log(19.0),
+                1.5 if waves else 1e-12,
+                max(floor_us, 1e-3) if waves else 1e-12,
+            ]
+        )
+        res = least_squares(
+            resid, x0, bounds=(lo, hi), x_scale=np.array([1.0, 1.0, max(floor_us, 1.0), 1.0, 1.0, max(floor_us, 1.0)])
+        )
+        cost = float(np.mean(res.fun**2))
         if best is None or cost < best[0] - 1e-12:
             best = (cost, _params(res.x, tile))
     best_params = best[1]
@@ -91,8 +111,9 @@ def _fit_launch_rate(nbytes: np.ndarray, t: np.ndarray) -> tuple[float, float, f
     return float(launch_s), float(inv_rate), float(resid)
 
 
-def fit_elementwise(nbytes: np.ndarray, tokens: np.ndarray, time_s: np.ndarray,
-                    bandwidth_bytes_per_s: float) -> ElementwiseParams:
+def fit_elementwise(
+    nbytes: np.ndarray, tokens: np.ndarray, time_s: np.ndarray, bandwidth_bytes_per_s: float
+) -> ElementwiseParams:
     """(memory fraction, launch us, saturation tokens): for each candidate S, the least-squares
     launch and rate; the S with the smallest relative error (the first on ties: deterministic)."""
     nbytes = np.asarray(nbytes, dtype=np.float64)

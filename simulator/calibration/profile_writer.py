@@ -1,5 +1,6 @@
 """Writing a calibrated profile: the base profile's own text (comments and key order kept) with
 the fitted sections in place after `overheads:`; refused if the target exists, unless forced."""
+
 from __future__ import annotations
 
 import re

@@ -5,28 +5,43 @@ thing where the cost model applies it) and the measured median.
 Measured tables name per-layer operators of a transformer block (vLLM/Sarathi-style layers, as
 microsoft/vidur's profiler times them); `operator_for` turns such a name plus the model's
 dimensions and tensor-parallel degree into the cost model's operator."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..costmodel.operators import (Operator, act_operator, embedding_operator, linear_operator, norm_operator,
-                                   residual_add_operator, rotary_operator)
+from ..costmodel.operators import (
+    Operator,
+    act_operator,
+    embedding_operator,
+    linear_operator,
+    norm_operator,
+    residual_add_operator,
+    rotary_operator,
+)
 from ..errors import InfersimError
 
 FP16_BYTES = 2.0
 
 # measured operator name -> calibrated kernel kind
 GEMM_OPS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
-ELEMENTWISE_OPS = {"input_layernorm": "norm", "post_attention_layernorm": "norm", "mlp_act": "act",
-                   "attn_rope": "rope", "add": "add", "emb": "emb"}
+ELEMENTWISE_OPS = {
+    "input_layernorm": "norm",
+    "post_attention_layernorm": "norm",
+    "mlp_act": "act",
+    "attn_rope": "rope",
+    "add": "add",
+    "emb": "emb",
+}
 MEASURED_OPS = GEMM_OPS + tuple(ELEMENTWISE_OPS)
 
 
 @dataclass(frozen=True)
 class LayerDims:
     """A transformer block's shape as the measured tables give it."""
+
     heads: int
     kv_heads: int
     hidden: int
@@ -47,6 +62,7 @@ class LayerDims:
 @dataclass(frozen=True)
 class KernelRow:
     """One measured median, priced by the operator it measured."""
+
     device: str
     label: str  # the model (or table label) the row belongs to: the unit of leave-one-out
     tp: int
@@ -97,11 +113,24 @@ def gemm_operator(m_in: int, n_out: int, bytes_per_element: float = FP16_BYTES) 
     return linear_operator("gemm", m_in, n_out, bytes_per_element, bytes_per_element, 1)
 
 
-def row_from_operator(operator: Operator, *, device: str, label: str, tp: int, tokens: int, op: str,
-                      time_s: float, where: str) -> KernelRow:
+def row_from_operator(
+    operator: Operator, *, device: str, label: str, tp: int, tokens: int, op: str, time_s: float, where: str
+) -> KernelRow:
     f, b = operator.flops, operator.bytes
-    return KernelRow(device, label, int(tp), int(tokens), op, operator.kernel, float(f[1]), float(b[0]),
-                     float(b[1]), float(time_s), where, float(operator.out_width))
+    return KernelRow(
+        device,
+        label,
+        int(tp),
+        int(tokens),
+        op,
+        operator.kernel,
+        float(f[1]),
+        float(b[0]),
+        float(b[1]),
+        float(time_s),
+        where,
+        float(operator.out_width),
+    )
 
 
 def parse_number(value, where: str, column: str, *, integer: bool = False, positive: bool = True) -> float:

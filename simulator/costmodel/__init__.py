@@ -1,5 +1,6 @@
 """Cost models: one interface (`CostModel`), one file per implementation, all chosen by name
 from `COST_MODELS`."""
+
 from __future__ import annotations
 
 from ..errors import InfersimError
@@ -14,8 +15,16 @@ from .roofline import RooflineCostModel
 from .speculative_fit import SpecDraftCost, SpecTargetCost
 
 COST_MODELS: Registry[type[CostModel]] = Registry("cost model")
-for _cls in (RooflineCostModel, RegressionCostModel, FittedCostModel, SpecTargetCost, SpecDraftCost,
-             MeasuredCostModel, ReplayCostModel, OffloadReplayCostModel):
+for _cls in (
+    RooflineCostModel,
+    RegressionCostModel,
+    FittedCostModel,
+    SpecTargetCost,
+    SpecDraftCost,
+    MeasuredCostModel,
+    ReplayCostModel,
+    OffloadReplayCostModel,
+):
     COST_MODELS.register(_cls.name)(_cls)
 
 
@@ -24,8 +33,10 @@ def workload_cost_model(name: str) -> type[CostModel]:
     cls = COST_MODELS.get(name)
     if not cls.from_workload:
         usable = " or ".join(n for n in COST_MODELS.names() if COST_MODELS.get(n).from_workload)
-        raise InfersimError(f"cost model '{cls.name}' is built from measured data (sim validate, sim exec), not "
-                            f"named in a workload; use {usable}")
+        raise InfersimError(
+            f"cost model '{cls.name}' is built from measured data (sim validate, sim exec), not "
+            f"named in a workload; use {usable}"
+        )
     return cls
 
 
@@ -34,6 +45,20 @@ def build_cost_model(name: str, model, hardware, **options) -> CostModel:
     return workload_cost_model(name)(model, hardware, **options)
 
 
-__all__ = ["CostModel", "OperatorCost", "BatchShape", "BatchTotals", "RooflineCostModel", "RegressionCostModel",
-           "FittedCostModel", "SpecTargetCost", "SpecDraftCost", "MeasuredCostModel", "ReplayCostModel", "OffloadReplayCostModel",
-           "COST_MODELS", "build_cost_model", "workload_cost_model"]
+__all__ = [
+    "CostModel",
+    "OperatorCost",
+    "BatchShape",
+    "BatchTotals",
+    "RooflineCostModel",
+    "RegressionCostModel",
+    "FittedCostModel",
+    "SpecTargetCost",
+    "SpecDraftCost",
+    "MeasuredCostModel",
+    "ReplayCostModel",
+    "OffloadReplayCostModel",
+    "COST_MODELS",
+    "build_cost_model",
+    "workload_cost_model",
+]

@@ -7,6 +7,7 @@ roofline and the regression step-time predictor (the two a workload's `serving.c
 names); from measured data, the executor fit, the speculative round fit, the executor's
 running fit and the replay of measured times; the offload pipeline (simulator/offload/) is
 registered by its package."""
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod

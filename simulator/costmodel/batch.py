@@ -5,6 +5,7 @@ decode, q for a speculative or Medusa verification) attending over `context_toke
 tokens plus its own new ones. The roofline only needs four totals of these, all of which
 every operator's FLOPs and bytes are affine in; that is what lets the simulator cost many
 decode steps in one vectorised call."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -24,7 +25,11 @@ class BatchShape:
         c = np.asarray(context_tokens, dtype=np.int64).reshape(-1)
         if c.shape != q.shape:
             c = np.broadcast_to(c, q.shape).copy()
-        lg = q.copy() if logit_tokens is None else np.broadcast_to(np.asarray(logit_tokens, dtype=np.int64), q.shape).copy()
+        lg = (
+            q.copy()
+            if logit_tokens is None
+            else np.broadcast_to(np.asarray(logit_tokens, dtype=np.int64), q.shape).copy()
+        )
         return cls(q, c, lg)
 
     @classmethod
@@ -64,6 +69,7 @@ class BatchShape:
 class BatchTotals:
     """tokens T = sum q; score_pairs P = sum q(c+q) (query-key pairs per head);
     keys K = sum (c+q) (cached keys read per KV head); logits L. Fields may be arrays."""
+
     tokens: float | np.ndarray
     score_pairs: float | np.ndarray
     keys: float | np.ndarray

@@ -8,6 +8,7 @@
 - A speculative executor fit (`infersim-speculative-fit`): `SpeculativeFit`'s coefficients.
 
 Every reader refuses a file of another format or version with a one-line error naming it."""
+
 from __future__ import annotations
 
 import hashlib
@@ -48,8 +49,10 @@ def load_calibration(path: str | Path, expected_sha256: str | None) -> dict:
         raise InfersimError(f"{path}: no recorded sha256 for this calibration file; refusing to load it")
     got = sha256_file(path)
     if got != str(expected_sha256).lower():
-        raise InfersimError(f"{path}: sha256 {got[:12]}... does not match the {expected_sha256[:12]}... recorded "
-                            f"in the profile; refusing to load a modified or unknown calibration file")
+        raise InfersimError(
+            f"{path}: sha256 {got[:12]}... does not match the {expected_sha256[:12]}... recorded "
+            f"in the profile; refusing to load a modified or unknown calibration file"
+        )
     try:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -57,8 +60,10 @@ def load_calibration(path: str | Path, expected_sha256: str | None) -> dict:
     if not isinstance(data, dict) or data.get("format") != CALIB_FORMAT:
         raise InfersimError(f"{path}: not an infersim calibration file")
     if int(data.get("version", -1)) != CALIB_VERSION:
-        raise InfersimError(f"{path}: calibration format version {data.get('version')} is not supported "
-                            f"(this infersim reads version {CALIB_VERSION})")
+        raise InfersimError(
+            f"{path}: calibration format version {data.get('version')} is not supported "
+            f"(this infersim reads version {CALIB_VERSION})"
+        )
     return data
 
 
@@ -69,8 +74,10 @@ def calibration_candidates(hardware: HardwareProfile, explicit: str | Path | Non
         return [Path(explicit).expanduser()]
     ref = hardware.sources.get(SOURCE_KEY)
     if not ref:
-        raise InfersimError(f"hardware profile '{hardware.name}' has no measured calibration (sources.{SOURCE_KEY}); "
-                            f"measure one with `sim profile --out PROFILE.yaml` or use cost_model: roofline")
+        raise InfersimError(
+            f"hardware profile '{hardware.name}' has no measured calibration (sources.{SOURCE_KEY}); "
+            f"measure one with `sim profile --out PROFILE.yaml` or use cost_model: roofline"
+        )
     rel = Path(ref)
     out = [rel] if rel.is_absolute() else [hwprofiles_dir() / rel, Path.cwd() / rel]
     if hardware.sources.get(PATH_KEY):
@@ -85,9 +92,11 @@ def calibration_for(hardware: HardwareProfile, explicit: str | Path | None = Non
     for p in cands:
         if p.is_file():
             return load_calibration(p, expected)
-    raise InfersimError(f"hardware profile '{hardware.name}': calibration file "
-                        f"'{hardware.sources.get(SOURCE_KEY, cands[0])}' not found (looked in "
-                        f"{', '.join(str(c.parent) for c in cands)})")
+    raise InfersimError(
+        f"hardware profile '{hardware.name}': calibration file "
+        f"'{hardware.sources.get(SOURCE_KEY, cands[0])}' not found (looked in "
+        f"{', '.join(str(c.parent) for c in cands)})"
+    )
 
 
 # ---- the profiled transformer -------------------------------------------------------------------

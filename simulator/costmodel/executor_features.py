@@ -8,6 +8,7 @@ sequence (a per-sequence launch cost, plus score pairs). Around the forward pass
 spends Python time per iteration and per sequence (scheduling, bookkeeping). On a small model
 these fixed and per-sequence costs dominate, which is why a roofline of FLOPs and bytes alone
 is far off there and a fit on these features is not."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -17,8 +18,16 @@ from .batch import BatchShape
 # Two code paths, two sets of terms: a decode-only batch (its constant, per sequence, and the
 # padded keys of its one gathered attention call) and any other batch (its constant, per
 # sequence — one attention call each —, tokens through the projections, score pairs, keys read).
-FEATURE_NAMES = ("decode_iteration", "decode_sequences", "decode_padded_keys", "mixed_iteration", "mixed_sequences",
-                 "mixed_tokens", "mixed_score_pairs", "mixed_keys")
+FEATURE_NAMES = (
+    "decode_iteration",
+    "decode_sequences",
+    "decode_padded_keys",
+    "mixed_iteration",
+    "mixed_sequences",
+    "mixed_tokens",
+    "mixed_score_pairs",
+    "mixed_keys",
+)
 
 
 def batch_features(batch: BatchShape, block_size: int) -> np.ndarray:

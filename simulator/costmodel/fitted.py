@@ -3,6 +3,7 @@
 The fitting, from held-out executor runs, is analysis/validate/calibrate.py; this is what
 prices a batch from the fitted coefficients, and reads and writes them
 (calibration_file.py's `infersim-executor-fit` format)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -32,10 +33,15 @@ class FittedCostModel(CostModel):
         # the free lists are, which a count-only block manager does not know: a simulation prices
         # a swap with the calibration's mean calls per byte, the swap-cost check with the calls
         # each swap made (`copy_time_s`).
-        self.transfer = {d: {"latency_s": float(transfer[d]["latency_s"]), "s_per_byte": float(transfer[d]["s_per_byte"]),
-                             "s_per_copy": float(transfer[d].get("s_per_copy", 0.0)),
-                             "copies_per_byte": float(transfer[d].get("copies_per_byte", 0.0))}
-                         for d in ("h2d", "d2h")}
+        self.transfer = {
+            d: {
+                "latency_s": float(transfer[d]["latency_s"]),
+                "s_per_byte": float(transfer[d]["s_per_byte"]),
+                "s_per_copy": float(transfer[d].get("s_per_copy", 0.0)),
+                "copies_per_byte": float(transfer[d].get("copies_per_byte", 0.0)),
+            }
+            for d in ("h2d", "d2h")
+        }
         self.meta = dict(meta or {})
 
     def scaled(self, factor: float, why: str = "", transfer_factor: float | None = None) -> "FittedCostModel":
@@ -43,8 +49,15 @@ class FittedCostModel(CostModel):
         by transfer_factor when given (memory copies drift apart from compute)."""
         f = float(factor)
         g = f if transfer_factor is None else float(transfer_factor)
-        tr = {d: {**v, "latency_s": v["latency_s"] * g, "s_per_byte": v["s_per_byte"] * g, "s_per_copy": v["s_per_copy"] * g}
-              for d, v in self.transfer.items()}
+        tr = {
+            d: {
+                **v,
+                "latency_s": v["latency_s"] * g,
+                "s_per_byte": v["s_per_byte"] * g,
+                "s_per_copy": v["s_per_copy"] * g,
+            }
+            for d, v in self.transfer.items()
+        }
         meta = dict(self.meta)
         meta["scaled_by"] = f
         if transfer_factor is not None:
@@ -72,16 +85,24 @@ class FittedCostModel(CostModel):
 
     # ---- storage -------------------------------------------------------------------------
     def to_json(self) -> dict:
-        return {"format": FIT_FORMAT, "version": FIT_VERSION, "features": list(FEATURE_NAMES),
-                "coefficients": [float(x) for x in self.coef], "block_size": self.block_size,
-                "transfer": self.transfer, "meta": self.meta}
+        return {
+            "format": FIT_FORMAT,
+            "version": FIT_VERSION,
+            "features": list(FEATURE_NAMES),
+            "coefficients": [float(x) for x in self.coef],
+            "block_size": self.block_size,
+            "transfer": self.transfer,
+            "meta": self.meta,
+        }
 
     @classmethod
     def from_json(cls, d: dict, source: str = "fit") -> "FittedCostModel":
         if not isinstance(d, dict) or d.get("format") != FIT_FORMAT:
             raise InfersimError(f"{source}: not an executor fit (format '{FIT_FORMAT}' expected)")
         if d.get("version") not in FIT_VERSIONS_READ or list(d.get("features", [])) != list(FEATURE_NAMES):
-            raise InfersimError(f"{source}: executor fit version {d.get('version')} / features differ from this infersim's")
+            raise InfersimError(
+                f"{source}: executor fit version {d.get('version')} / features differ from this infersim's"
+            )
         try:
             return cls(d["coefficients"], d["block_size"], d["transfer"], d.get("meta"))
         except (KeyError, TypeError, ValueError) as exc:

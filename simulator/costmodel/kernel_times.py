@@ -35,6 +35,7 @@ batch of fewer than S tokens (S = saturation_tokens) leaves SMs idle and takes a
 would: the small-batch floor grows with the row width (an RMSNorm of one token on the A100: 5 us at hidden
 4096, 8 us at 8192), which a constant floor cannot follow.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -60,6 +61,7 @@ class GemmParams:
 @dataclass(frozen=True)
 class GemmDevice:
     """What the GEMM model needs of the device: peaks and SM count (None: no wave model)."""
+
     peak_flops: float
     bandwidth_bytes_per_s: float
     sm_count: int | None = None
@@ -77,8 +79,9 @@ def output_waves(tokens, out_width, sm_count: int | None):
     return tiles / (waves * sm_count), waves
 
 
-def gemm_time_s(params: GemmParams, flops_per_token, bytes_const, bytes_per_token, tokens, out_width,
-                device: GemmDevice):
+def gemm_time_s(
+    params: GemmParams, flops_per_token, bytes_const, bytes_per_token, tokens, out_width, device: GemmDevice
+):
     """Elementwise over arrays: any number of settings give the same numbers one by one."""
     tokens = np.asarray(tokens, dtype=np.float64)
     tile = float(params.tile_tokens)
@@ -86,14 +89,14 @@ def gemm_time_s(params: GemmParams, flops_per_token, bytes_const, bytes_per_toke
     padded = np.where(tokens <= tile, tokens, np.ceil(tokens / tile) * tile)
     compute_s = flops_per_token * padded / (device.peak_flops * params.compute)
     fill, waves = output_waves(tokens, out_width, device.sm_count)
-    compute_s = compute_s * fill ** -params.wave_exponent
+    compute_s = compute_s * fill**-params.wave_exponent
     p = params.corner_exponent
-    return (params.launch_us * 1e-6 + (memory_s ** p + compute_s ** p) ** (1.0 / p)
-            + params.wave_latency_us * 1e-6 * waves)
+    return params.launch_us * 1e-6 + (memory_s**p + compute_s**p) ** (1.0 / p) + params.wave_latency_us * 1e-6 * waves
 
 
-def elementwise_time_s(memory: float, launch_us: float, nbytes, tokens, bandwidth_bytes_per_s: float,
-                       saturation_tokens: int = 1):
+def elementwise_time_s(
+    memory: float, launch_us: float, nbytes, tokens, bandwidth_bytes_per_s: float, saturation_tokens: int = 1
+):
     """Elementwise over arrays; `tokens` are the rows of the kernel (batch tokens)."""
     occupancy = np.maximum(1.0, saturation_tokens / np.asarray(tokens, dtype=np.float64))
     return launch_us * 1e-6 + np.asarray(nbytes, dtype=np.float64) * occupancy / (bandwidth_bytes_per_s * memory)
@@ -101,8 +104,15 @@ def elementwise_time_s(memory: float, launch_us: float, nbytes, tokens, bandwidt
 
 def gemm_params(fit: GemmFit) -> GemmParams:
     """The GEMM model's parameters as a profile records them."""
-    return GemmParams(fit.compute, fit.memory, fit.launch_us, fit.corner_exponent, fit.tile_tokens, fit.wave_exponent,
-                      fit.wave_latency_us)
+    return GemmParams(
+        fit.compute,
+        fit.memory,
+        fit.launch_us,
+        fit.corner_exponent,
+        fit.tile_tokens,
+        fit.wave_exponent,
+        fit.wave_latency_us,
+    )
 
 
 def gemm_device(hardware: HardwareProfile, dtype: str = "fp16") -> GemmDevice:

@@ -4,6 +4,7 @@ preemption compares the time of a swap with that of a recompute).
 iteration_time_s is an affine fit, time = a + b x tokens, kept up to date by least squares
 over the measured iterations (a warm-up pass gives it a first estimate); transfer_time_s is
 bytes over the host-copy bandwidth measured by the swaps themselves (and a probe copy at start)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -28,7 +29,7 @@ class MeasuredCostModel(CostModel):
         self._sy += y
         self._sxx += x * x
         self._sxy += x * y
-        var = self._n * self._sxx - self._sx ** 2
+        var = self._n * self._sxx - self._sx**2
         if self._n >= 2 and var > 0:
             b = (self._n * self._sxy - self._sx * self._sy) / var
             a = (self._sy - b * self._sx) / self._n

@@ -14,6 +14,7 @@ the Q, K and V weights into one GEMM and the gate and up weights into another):
 `fused_projections=False` prices them as separate GEMMs instead. Each operator names the
 measured kernel kind (`kernel`) whose calibrated time model prices it when the hardware
 profile has one (simulator/calibration)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -46,8 +47,9 @@ class Operator:
         return c[0] + c[1] * T + c[2] * P + c[3] * K + c[4] * L
 
 
-def linear_operator(name: str, d_in: int, d_out: int, w_bytes: float, a_bytes: float, tp: int, per: str = "T",
-            split_out: bool = True) -> Operator:
+def linear_operator(
+    name: str, d_in: int, d_out: int, w_bytes: float, a_bytes: float, tp: int, per: str = "T", split_out: bool = True
+) -> Operator:
     """x (T x d_in) @ W (d_in x d_out): reads W once, reads x, writes y. Under tensor
     parallelism each GPU holds 1/tp of W (column- or row-split) and does 1/tp of the FLOPs."""
     idx = 1 if per == "T" else 4
@@ -72,8 +74,12 @@ def norm_operator(name: str, h: int, wb: float, ab: float, scope: str = "layer")
 def act_operator(width_local: float, gated: bool, ab: float) -> Operator:
     """silu(gate) * up reads two T x width tensors and writes one; a plain GELU reads one."""
     if gated:
-        return Operator("act", "elementwise", "layer", (0, 5.0 * width_local, 0, 0, 0), (0, 3.0 * width_local * ab, 0, 0, 0), "act")
-    return Operator("act", "elementwise", "layer", (0, 1.0 * width_local, 0, 0, 0), (0, 2.0 * width_local * ab, 0, 0, 0), "act")
+        return Operator(
+            "act", "elementwise", "layer", (0, 5.0 * width_local, 0, 0, 0), (0, 3.0 * width_local * ab, 0, 0, 0), "act"
+        )
+    return Operator(
+        "act", "elementwise", "layer", (0, 1.0 * width_local, 0, 0, 0), (0, 2.0 * width_local * ab, 0, 0, 0), "act"
+    )
 
 
 def rotary_operator(q_local: float, kv_local: float, ab: float) -> Operator:
@@ -92,8 +98,15 @@ def embedding_operator(h: int, wb: float, ab: float) -> Operator:
     return Operator("embedding", "elementwise", "model", (0, 0, 0, 0, 0), (0, h * (wb + ab), 0, 0, 0), "emb")
 
 
-def layer_operators(spec: ModelSpec, weight_dtype: str, kv_dtype: str, act_dtype: str, tp: int,
-                    fused_attention: bool = True, fused_projections: bool = True) -> list[Operator]:
+def layer_operators(
+    spec: ModelSpec,
+    weight_dtype: str,
+    kv_dtype: str,
+    act_dtype: str,
+    tp: int,
+    fused_attention: bool = True,
+    fused_projections: bool = True,
+) -> list[Operator]:
     wb, kb, ab = bytes_per_element(weight_dtype), bytes_per_element(kv_dtype), bytes_per_element(act_dtype)
     h, i = spec.hidden_size, spec.intermediate_size
     n_local = spec.num_heads / tp
@@ -105,8 +118,11 @@ def layer_operators(spec: ModelSpec, weight_dtype: str, kv_dtype: str, act_dtype
     if fused_projections:
         ops.append(_linear("qkv_proj", h, spec.q_dim + 2 * kv_local * tp, wb, ab, tp))
     else:
-        ops += [_linear("q_proj", h, spec.q_dim, wb, ab, tp), _linear("k_proj", h, kv_local * tp, wb, ab, tp),
-                _linear("v_proj", h, kv_local * tp, wb, ab, tp)]
+        ops += [
+            _linear("q_proj", h, spec.q_dim, wb, ab, tp),
+            _linear("k_proj", h, kv_local * tp, wb, ab, tp),
+            _linear("v_proj", h, kv_local * tp, wb, ab, tp),
+        ]
     ops += [
         rotary_operator(q_local, kv_local, ab),
         # new K and V written into the paged cache
@@ -114,11 +130,21 @@ def layer_operators(spec: ModelSpec, weight_dtype: str, kv_dtype: str, act_dtype
     ]
     score_bytes = 0.0 if fused_attention else n_local * ab
     ops += [
-        Operator("qk", "attention", "layer", (0, 0, 2.0 * n_local * d, 0, 0),
-                 (0, q_local * ab, score_bytes, kv_local * kb, 0)),
+        Operator(
+            "qk",
+            "attention",
+            "layer",
+            (0, 0, 2.0 * n_local * d, 0, 0),
+            (0, q_local * ab, score_bytes, kv_local * kb, 0),
+        ),
         Operator("softmax", "attention", "layer", (0, 0, 5.0 * n_local, 0, 0), (0, 0, 2.0 * score_bytes, 0, 0)),
-        Operator("pv", "attention", "layer", (0, 0, 2.0 * n_local * d, 0, 0),
-                 (0, q_local * ab, score_bytes, kv_local * kb, 0)),
+        Operator(
+            "pv",
+            "attention",
+            "layer",
+            (0, 0, 2.0 * n_local * d, 0, 0),
+            (0, q_local * ab, score_bytes, kv_local * kb, 0),
+        ),
         _linear("o_proj", spec.q_dim, h, wb, ab, tp, split_out=False),
         residual_add_operator("attn_residual_add", h, ab),
         norm_operator("post_attn_norm", h, wb, ab),
@@ -130,8 +156,11 @@ def layer_operators(spec: ModelSpec, weight_dtype: str, kv_dtype: str, act_dtype
             ops += [_linear("up_proj", h, i, wb, ab, tp), _linear("gate_proj", h, i, wb, ab, tp)]
         ops += [act_operator(i / tp, True, ab), _linear("down_proj", i, h, wb, ab, tp, split_out=False)]
     else:
-        ops += [_linear("fc1", h, i, wb, ab, tp), act_operator(i / tp, False, ab),
-                _linear("fc2", i, h, wb, ab, tp, split_out=False)]
+        ops += [
+            _linear("fc1", h, i, wb, ab, tp),
+            act_operator(i / tp, False, ab),
+            _linear("fc2", i, h, wb, ab, tp, split_out=False),
+        ]
     return ops + [residual_add_operator("mlp_residual_add", h, ab)]
 
 

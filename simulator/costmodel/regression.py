@@ -28,6 +28,7 @@ family and a uniform batch, the ratio is 1 and the time is the regressor's; outs
 7B model on a profile of small transformers, a mixed batch, another MLP shape, tensor
 parallelism) the roofline supplies the relative change. Transfers use the measured copy
 bandwidths (latency + bytes / bandwidth, per direction)."""
+
 from __future__ import annotations
 
 import base64
@@ -119,8 +120,10 @@ class PortableRegressor:
     def __init__(self, spec: dict):
         self.spec = spec
         if spec.get("format") != REGRESSOR_FORMAT or int(spec.get("version", -1)) != REGRESSOR_VERSION:
-            raise InfersimError(f"unsupported regressor format {spec.get('format')!r} version {spec.get('version')!r} "
-                                f"(this infersim reads {REGRESSOR_FORMAT} v{REGRESSOR_VERSION})")
+            raise InfersimError(
+                f"unsupported regressor format {spec.get('format')!r} version {spec.get('version')!r} "
+                f"(this infersim reads {REGRESSOR_FORMAT} v{REGRESSOR_VERSION})"
+            )
         self.kind = spec["kind"]
         if self.kind == "physical":
             # time = intercept + coef . features, in raw units (no log transform): the
@@ -148,10 +151,13 @@ class PortableRegressor:
 
     @staticmethod
     def _tree(t: dict) -> dict:
-        return {"left": unpack_array(t["left"]).astype(np.int64), "right": unpack_array(t["right"]).astype(np.int64),
-                "feature": unpack_array(t["feature"]).astype(np.int64),
-                "threshold": unpack_array(t["threshold"]).astype(np.float64),
-                "value": unpack_array(t["value"]).astype(np.float64).reshape(-1)}
+        return {
+            "left": unpack_array(t["left"]).astype(np.int64),
+            "right": unpack_array(t["right"]).astype(np.int64),
+            "feature": unpack_array(t["feature"]).astype(np.int64),
+            "threshold": unpack_array(t["threshold"]).astype(np.float64),
+            "value": unpack_array(t["value"]).astype(np.float64).reshape(-1),
+        }
 
     @property
     def name(self) -> str:
@@ -167,12 +173,12 @@ class PortableRegressor:
             return D @ self.coef + self.intercept
         if self.kind == "knn":
             out = np.empty(D.shape[0])
-            xx = (self.fit_X ** 2).sum(1)
+            xx = (self.fit_X**2).sum(1)
             for s in range(0, D.shape[0], 256):  # squared distances by |a|^2 - 2ab + |b|^2, in chunks
-                q = D[s:s + 256]
-                d2 = (q ** 2).sum(1)[:, None] - 2.0 * (q @ self.fit_X.T) + xx[None, :]
-                idx = np.argsort(d2, axis=1, kind="stable")[:, :self.k]
-                out[s:s + 256] = self.fit_y[idx].mean(axis=1)
+                q = D[s : s + 256]
+                d2 = (q**2).sum(1)[:, None] - 2.0 * (q @ self.fit_X.T) + xx[None, :]
+                idx = np.argsort(d2, axis=1, kind="stable")[:, : self.k]
+                out[s : s + 256] = self.fit_y[idx].mean(axis=1)
             return out
         Xf = D.astype(np.float32).astype(np.float64)
         if self.kind == "tree":
@@ -202,10 +208,19 @@ def reference_spec(layers: int, hidden: float, arch: dict) -> ModelSpec:
     d = int(arch.get("head_dim", 64))
     heads = max(1, int(round(float(hidden) / d)))
     inter = max(64, 64 * int(round(float(arch.get("ffn_ratio", 11008 / 4096)) * heads * d / 64)))
-    return ModelSpec(name=f"profiler-{int(layers)}x{heads * d}", family="llama", source="infersim profiler step benchmark",
-                     num_layers=int(layers), hidden_size=heads * d, num_heads=heads, head_dim=d,
-                     intermediate_size=inter, vocab_size=int(arch.get("vocab", 32000)),
-                     max_position_embeddings=1 << 16, tied_embeddings=bool(arch.get("tied_embeddings", True)))
+    return ModelSpec(
+        name=f"profiler-{int(layers)}x{heads * d}",
+        family="llama",
+        source="infersim profiler step benchmark",
+        num_layers=int(layers),
+        hidden_size=heads * d,
+        num_heads=heads,
+        head_dim=d,
+        intermediate_size=inter,
+        vocab_size=int(arch.get("vocab", 32000)),
+        max_position_embeddings=1 << 16,
+        tied_embeddings=bool(arch.get("tied_embeddings", True)),
+    )
 
 
 def max_tokens_for(kind: str, batch: np.ndarray, layers: int, hidden: int, domain: dict, kv_bytes: float) -> np.ndarray:
@@ -258,14 +273,18 @@ def per_model_entry(calibration: dict, model: ModelSpec, dtype: str) -> dict | N
     if not sect:
         return None
     if sect.get("format") != MODEL_PREDICTORS_FORMAT or int(sect.get("version", -1)) != MODEL_PREDICTORS_VERSION:
-        raise InfersimError(f"calibration '{calibration.get('profile')}': per_model section format "
-                            f"{sect.get('format')!r} v{sect.get('version')!r} is not supported (this infersim reads "
-                            f"{MODEL_PREDICTORS_FORMAT} v{MODEL_PREDICTORS_VERSION})")
+        raise InfersimError(
+            f"calibration '{calibration.get('profile')}': per_model section format "
+            f"{sect.get('format')!r} v{sect.get('version')!r} is not supported (this infersim reads "
+            f"{MODEL_PREDICTORS_FORMAT} v{MODEL_PREDICTORS_VERSION})"
+        )
     h = model_config_hash(model)
     for key, e in sect.get("models", {}).items():
         if not key.endswith("@" + str(e.get("config_hash", ""))[:16]):
-            raise InfersimError(f"calibration '{calibration.get('profile')}': per_model entry '{key}' does not "
-                                f"carry its config hash")
+            raise InfersimError(
+                f"calibration '{calibration.get('profile')}': per_model entry '{key}' does not "
+                f"carry its config hash"
+            )
         if e.get("config_hash") == h and e.get("dtype") == dtype:
             return e
     return None
@@ -276,16 +295,31 @@ class RegressionCostModel(CostModel):
     name = "regression"
     from_workload = True
 
-    def __init__(self, model: ModelSpec, hardware: HardwareProfile, *, dtype: str = "fp16", kv_dtype: str | None = None,
-                 tensor_parallel: int = 1, fused_attention: bool = True, calibration: str | Path | dict | None = None,
-                 grid_points: int = 160):
+    def __init__(
+        self,
+        model: ModelSpec,
+        hardware: HardwareProfile,
+        *,
+        dtype: str = "fp16",
+        kv_dtype: str | None = None,
+        tensor_parallel: int = 1,
+        fused_attention: bool = True,
+        calibration: str | Path | dict | None = None,
+        grid_points: int = 160,
+    ):
         self.model, self.hardware = model, hardware
         self.calibration = calibration if isinstance(calibration, dict) else calibration_for(hardware, calibration)
         steps = self.calibration.get("step_model")
         if not steps or not steps.get("predictors"):
             raise InfersimError(f"hardware profile '{hardware.name}': its calibration has no step-time predictor")
-        self.roof = RooflineCostModel(model, hardware, dtype=dtype, kv_dtype=kv_dtype, tensor_parallel=tensor_parallel,
-                                      fused_attention=fused_attention)
+        self.roof = RooflineCostModel(
+            model,
+            hardware,
+            dtype=dtype,
+            kv_dtype=kv_dtype,
+            tensor_parallel=tensor_parallel,
+            fused_attention=fused_attention,
+        )
         self.domain = steps["domain"]
         self.predictors = {k: PortableRegressor(v) for k, v in steps["predictors"].items()}
         lo_L, hi_L = self.domain["layers"]
@@ -300,10 +334,14 @@ class RegressionCostModel(CostModel):
         self._tables = {k: self._table(k, grid_points) for k in ("prefill", "decode") if k in self.predictors}
         link = self.calibration.get("host_link") or {}
         hl = hardware.host_link
-        self._bw = {"h2d": float(link.get("h2d_gbps", hl.h2d_gbps)) * 1e9,
-                    "d2h": float(link.get("d2h_gbps", hl.d2h_gbps)) * 1e9}
-        self._lat = {"h2d": float(link.get("h2d_latency_us", hl.latency_us)) * 1e-6,
-                     "d2h": float(link.get("d2h_latency_us", hl.latency_us)) * 1e-6}
+        self._bw = {
+            "h2d": float(link.get("h2d_gbps", hl.h2d_gbps)) * 1e9,
+            "d2h": float(link.get("d2h_gbps", hl.d2h_gbps)) * 1e9,
+        }
+        self._lat = {
+            "h2d": float(link.get("h2d_latency_us", hl.latency_us)) * 1e-6,
+            "d2h": float(link.get("d2h_latency_us", hl.latency_us)) * 1e-6,
+        }
         self._copy_issue_s = hl.copy_issue_us * 1e-6
         # the served model's own prefill predictor, when the profile measured this model (same
         # config hash, same dtype, one device); otherwise the generic step model above
@@ -346,13 +384,25 @@ class RegressionCostModel(CostModel):
         bg = np.geomspace(1.0, b_hi, max(16, n // 4))
         T, B = np.meshgrid(tg, bg, indexing="ij")
         Bc = np.clip(B, *sub["batch"])
-        Tc = np.clip(T, sub["tokens"][0], max_tokens_for(kind, Bc, self.ref_layers, self.ref_spec.hidden_size,
-                                                          self.domain, self._kv_bytes))
-        X = np.column_stack([np.full(T.size, float(self.ref_layers)), np.full(T.size, float(self.ref_spec.hidden_size)),
-                             Tc.ravel(), Bc.ravel()])
+        Tc = np.clip(
+            T,
+            sub["tokens"][0],
+            max_tokens_for(kind, Bc, self.ref_layers, self.ref_spec.hidden_size, self.domain, self._kv_bytes),
+        )
+        X = np.column_stack(
+            [
+                np.full(T.size, float(self.ref_layers)),
+                np.full(T.size, float(self.ref_spec.hidden_size)),
+                Tc.ravel(),
+                Bc.ravel(),
+            ]
+        )
         pred = self.predictors[kind].predict(X)
-        pred = pred * self.roof._time_from_totals(self._ref_totals(kind, T.ravel(), B.ravel())) \
+        pred = (
+            pred
+            * self.roof._time_from_totals(self._ref_totals(kind, T.ravel(), B.ravel()))
             / self._ref_time(kind, Tc.ravel(), Bc.ravel())
+        )
         pred = pred.reshape(T.shape)
         pred = np.maximum.accumulate(np.maximum.accumulate(pred, axis=0), axis=1)
         return np.log(tg), np.log(bg), pred
@@ -442,6 +492,10 @@ class RegressionCostModel(CostModel):
 
 def profile_summary(hardware: HardwareProfile) -> dict[str, Any]:
     """Headline numbers of a profile (for listings and reports)."""
-    return {"name": hardware.name, "peak_tflops": dict(hardware.peak_tflops),
-            "memory_bandwidth_gbps": hardware.memory_bandwidth_gbps,
-            "h2d_gbps": hardware.host_link.h2d_gbps, "d2h_gbps": hardware.host_link.d2h_gbps}
+    return {
+        "name": hardware.name,
+        "peak_tflops": dict(hardware.peak_tflops),
+        "memory_bandwidth_gbps": hardware.memory_bandwidth_gbps,
+        "h2d_gbps": hardware.host_link.h2d_gbps,
+        "d2h_gbps": hardware.host_link.d2h_gbps,
+    }

@@ -9,6 +9,7 @@ which call the same policy objects, should make the same decisions at every iter
 an arrival falls in the few microseconds between the executor's clock and the simulated one,
 a batch may form one iteration apart and the schedules drift. The comparison uses this to
 tell a scheduling mismatch from a cost-model error."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -24,8 +25,11 @@ def intake_s(it: dict) -> np.ndarray:
     taken in)."""
     if "t_intake_s" in it:
         return np.asarray(it["t_intake_s"], dtype=np.float64)
-    return (np.asarray(it["t_start_s"], dtype=np.float64) - np.asarray(it["schedule_s"], dtype=np.float64)
-            - np.asarray(it["swap_s"], dtype=np.float64))
+    return (
+        np.asarray(it["t_start_s"], dtype=np.float64)
+        - np.asarray(it["schedule_s"], dtype=np.float64)
+        - np.asarray(it["swap_s"], dtype=np.float64)
+    )
 
 
 class ReplayCostModel(CostModel):

@@ -7,6 +7,7 @@ card) the GEMMs and the elementwise kernels the tables measured take their fitte
 instead (simulator/calibration/kernel_models.py: the memory/compute corner, tile quantisation,
 launch floors); operators no table measured (attention, the KV write) keep the class roofline.
 `NAME:datasheet` profiles have no calibration: the pure datasheet roofline."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -15,9 +16,9 @@ from ..hardware.profile import HardwareProfile
 from ..models.dtypes import normalize_dtype
 from ..models.spec import ModelSpec
 from ..validation import check_tensor_parallel
-from .kernel_times import elementwise_time_s, gemm_device, gemm_params, gemm_time_s
 from .base import CostModel, Direction, OperatorCost
 from .batch import BatchShape, BatchTotals
+from .kernel_times import elementwise_time_s, gemm_device, gemm_params, gemm_time_s
 from .operators import allreduce_bytes_per_layer, coefficient_matrices, layer_operators, model_operators
 
 
@@ -30,9 +31,17 @@ class RooflineCostModel(CostModel):
     name = "roofline"
     from_workload = True
 
-    def __init__(self, model: ModelSpec, hardware: HardwareProfile, *, dtype: str = "fp16",
-                 kv_dtype: str | None = None, tensor_parallel: int = 1, fused_attention: bool = True,
-                 fused_projections: bool = True):
+    def __init__(
+        self,
+        model: ModelSpec,
+        hardware: HardwareProfile,
+        *,
+        dtype: str = "fp16",
+        kv_dtype: str | None = None,
+        tensor_parallel: int = 1,
+        fused_attention: bool = True,
+        fused_projections: bool = True,
+    ):
         self.model, self.hardware = model, hardware
         self.weight_dtype = normalize_dtype(dtype)
         self.kv_dtype = normalize_dtype(kv_dtype or self.weight_dtype)
@@ -41,8 +50,9 @@ class RooflineCostModel(CostModel):
         check_tensor_parallel(model, self.tp)
         self.fused_attention = fused_attention
         self.fused_projections = fused_projections
-        self.layer_ops = layer_operators(model, self.weight_dtype, self.kv_dtype, self.act_dtype, self.tp, fused_attention,
-                                         fused_projections)
+        self.layer_ops = layer_operators(
+            model, self.weight_dtype, self.kv_dtype, self.act_dtype, self.tp, fused_attention, fused_projections
+        )
         self.model_ops = model_operators(model, self.weight_dtype, self.act_dtype, self.tp)
         self._precompute()
 
@@ -52,7 +62,9 @@ class RooflineCostModel(CostModel):
         peak = hw.peak_flops(self.act_dtype)
         bw = hw.memory_bandwidth_bytes_per_s()
         self.ops = self.layer_ops + self.model_ops
-        self._count = np.array([self.model.num_layers] * len(self.layer_ops) + [1] * len(self.model_ops), dtype=np.float64)
+        self._count = np.array(
+            [self.model.num_layers] * len(self.layer_ops) + [1] * len(self.model_ops), dtype=np.float64
+        )
         self._flop_coef, self._byte_coef = coefficient_matrices(self.ops)
         self._flop_rate = np.array([peak * hw.efficiency_for(op.op_class).compute for op in self.ops])
         self._byte_rate = np.array([bw * hw.efficiency_for(op.op_class).memory for op in self.ops])
@@ -77,13 +89,24 @@ class RooflineCostModel(CostModel):
             f, b = self._flop_coef[j], self._byte_coef[j]
             if op.kernel == "gemm" and calibration.gemm is not None:
                 params, per = gemm_params(calibration.gemm), (1 if f[1] else 4)  # tokens, or logit positions
-                rows.append((j, lambda T, L, p=params, per=per, f=f[per], w=b[0], a=b[per], n=op.out_width:
-                             gemm_time_s(p, f, w, a, T if per == 1 else L, n, device)))
+                rows.append(
+                    (
+                        j,
+                        lambda T, L, p=params, per=per, f=f[per], w=b[0], a=b[per], n=op.out_width: gemm_time_s(
+                            p, f, w, a, T if per == 1 else L, n, device
+                        ),
+                    )
+                )
             elif op.kernel in calibration.elementwise:
                 e = calibration.elementwise[op.kernel]
-                rows.append((j, lambda T, L, e=e, b0=b[0], b1=b[1]:
-                             elementwise_time_s(e.memory, e.launch_us, b0 + b1 * T, T, self._bw,
-                                                e.saturation_tokens)))
+                rows.append(
+                    (
+                        j,
+                        lambda T, L, e=e, b0=b[0], b1=b[1]: elementwise_time_s(
+                            e.memory, e.launch_us, b0 + b1 * T, T, self._bw, e.saturation_tokens
+                        ),
+                    )
+                )
         return rows
 
     # ---- core: time from batch totals (scalars or arrays) ----------------------------
@@ -114,7 +137,9 @@ class RooflineCostModel(CostModel):
         if measured is not None:
             return 2.0 * measured
         if self._ar_bw is None:
-            raise ValueError(f"tensor_parallel={self.tp} needs an interconnect in hardware profile '{self.hardware.name}'")
+            raise ValueError(
+                f"tensor_parallel={self.tp} needs an interconnect in hardware profile '{self.hardware.name}'"
+            )
         per = 2.0 * (self.tp - 1) / self.tp * nbytes / self._ar_bw + self._ar_latency_s
         return 2.0 * per
 
@@ -173,10 +198,32 @@ class RooflineCostModel(CostModel):
         flops, nbytes, ct, mt, time = (a[:, 0] for a in self.op_times(t.tokens, t.score_pairs, t.keys, t.logits))
         rows = []
         for j, op in enumerate(self.ops):
-            rows.append(OperatorCost(op.name, op.op_class, op.scope, int(self._count[j]), float(flops[j]),
-                                     float(nbytes[j]), float(ct[j]), float(mt[j]), float(time[j])))
+            rows.append(
+                OperatorCost(
+                    op.name,
+                    op.op_class,
+                    op.scope,
+                    int(self._count[j]),
+                    float(flops[j]),
+                    float(nbytes[j]),
+                    float(ct[j]),
+                    float(mt[j]),
+                    float(time[j]),
+                )
+            )
         if self.tp > 1:
             ar = float(self.allreduce_time_s(t.tokens))
-            rows.append(OperatorCost("allreduce", "communication", "layer", self.model.num_layers, 0.0,
-                                     float(self._ar_bytes_per_token * t.tokens), 0.0, ar, ar))
+            rows.append(
+                OperatorCost(
+                    "allreduce",
+                    "communication",
+                    "layer",
+                    self.model.num_layers,
+                    0.0,
+                    float(self._ar_bytes_per_token * t.tokens),
+                    0.0,
+                    ar,
+                    ar,
+                )
+            )
         return rows

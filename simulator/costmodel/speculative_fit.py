@@ -21,6 +21,7 @@ speculative replica asks for the verification pass: BatchShape rows with no cach
 prefills, the others verifications) and one `SpecDraftCost` per draft (a decode step: step +
 sequences + keys; a prefill shape: its tokens) — separate instances, because the simulator
 sums the step times of distinct draft cost objects and counts a shared one once."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -33,8 +34,15 @@ from .base import CostModel, Direction
 from .batch import BatchShape
 from .calibration_file import SPEC_FIT_FORMAT, read_fit_json
 
-TARGET_FEATURES = ("round", "verify_sequences", "verify_rows", "verify_keys", "prefill_sequences", "prefill_tokens",
-                   "prefill_pairs")
+TARGET_FEATURES = (
+    "round",
+    "verify_sequences",
+    "verify_rows",
+    "verify_keys",
+    "prefill_sequences",
+    "prefill_tokens",
+    "prefill_pairs",
+)
 DRAFT_FEATURES = ("draft_steps", "draft_sequence_steps", "draft_keys", "draft_prompt_tokens")
 FEATURES = TARGET_FEATURES + DRAFT_FEATURES
 
@@ -53,11 +61,21 @@ def round_features(t: dict[str, np.ndarray]) -> np.ndarray:
     on = ~np.asarray(t.get("pipelined", np.zeros(nv.size, dtype=bool)), dtype=bool)
     nd = nd * on
     draft_keys = draft_keys * on
-    return np.column_stack([
-        np.ones_like(nv), nv, rows, ctx + rows, np.asarray(t["prefill_seqs"], dtype=np.float64),
-        np.asarray(t["prefill_tokens"], dtype=np.float64), np.asarray(t["prefill_pairs"], dtype=np.float64),
-        np.asarray(t["draft_steps"], dtype=np.float64), nd * drafted, draft_keys,
-        nd * np.asarray(t["catchup_tokens"], dtype=np.float64)])
+    return np.column_stack(
+        [
+            np.ones_like(nv),
+            nv,
+            rows,
+            ctx + rows,
+            np.asarray(t["prefill_seqs"], dtype=np.float64),
+            np.asarray(t["prefill_tokens"], dtype=np.float64),
+            np.asarray(t["prefill_pairs"], dtype=np.float64),
+            np.asarray(t["draft_steps"], dtype=np.float64),
+            nd * drafted,
+            draft_keys,
+            nd * np.asarray(t["catchup_tokens"], dtype=np.float64),
+        ]
+    )
 
 
 class _SpecCost(CostModel):
@@ -80,8 +98,9 @@ class SpecTargetCost(_SpecCost):
         ctx = np.asarray(batch.context_tokens, dtype=np.float64)
         pre = ctx == 0  # the executor prefills whole prompts: a row with no cached context is a prefill
         ver = ~pre
-        x = np.array([1.0, ver.sum(), q[ver].sum(), (ctx[ver] + q[ver]).sum(), pre.sum(), q[pre].sum(),
-                      (q[pre] ** 2).sum()])
+        x = np.array(
+            [1.0, ver.sum(), q[ver].sum(), (ctx[ver] + q[ver]).sum(), pre.sum(), q[pre].sum(), (q[pre] ** 2).sum()]
+        )
         return float(x @ self.c)
 
 
@@ -111,10 +130,10 @@ class SpecFit:
 
     @property
     def target(self) -> SpecTargetCost:
-        return SpecTargetCost(self.coef[:len(TARGET_FEATURES)])
+        return SpecTargetCost(self.coef[: len(TARGET_FEATURES)])
 
     def drafts(self, n: int) -> list[SpecDraftCost]:
-        return [SpecDraftCost(self.coef[len(TARGET_FEATURES):]) for _ in range(max(1, n))]
+        return [SpecDraftCost(self.coef[len(TARGET_FEATURES) :]) for _ in range(max(1, n))]
 
     def predict_rounds(self, t: dict) -> np.ndarray:
         return round_features(t) @ self.coef
@@ -127,7 +146,7 @@ class SpecFit:
         coef = self.coef * float(factor)
         meta = {**self.meta, "scaled_by": float(factor), "scaled_because": why}
         if draft_factor is not None:
-            coef[len(TARGET_FEATURES):] = self.coef[len(TARGET_FEATURES):] * float(draft_factor)
+            coef[len(TARGET_FEATURES) :] = self.coef[len(TARGET_FEATURES) :] * float(draft_factor)
             meta["draft_scaled_by"] = float(draft_factor)
         if meta.get("pipeline_handoff_s"):
             meta["pipeline_handoff_s"] = float(meta["pipeline_handoff_s"]) * float(factor)
@@ -140,8 +159,12 @@ class SpecFit:
         return X[:, k:] @ self.coef[k:], X[:, :k] @ self.coef[:k]
 
     def to_json(self) -> dict:
-        return {"format": SPEC_FIT_FORMAT, "features": list(FEATURES),
-                "coefficients": {f: float(c) for f, c in zip(FEATURES, self.coef)}, "meta": self.meta}
+        return {
+            "format": SPEC_FIT_FORMAT,
+            "features": list(FEATURES),
+            "coefficients": {f: float(c) for f, c in zip(FEATURES, self.coef)},
+            "meta": self.meta,
+        }
 
     def save(self, path: Path) -> None:
         write_json(Path(path), self.to_json())

@@ -2,6 +2,7 @@
 are kept: no block identities are needed without prefix sharing, and counts are what
 admission, preemption and swapping depend on. The admission rule itself (OK / LATER / NEVER
 with the watermark) is policy: `SchedulerState.admission`."""
+
 from __future__ import annotations
 
 from ..errors import InfersimError

@@ -3,6 +3,7 @@
 A run of decode steps is costed in one vectorised call and its end times are a running sum
 from the current time; landing on exactly that sum (not now + (sum - now), which can differ in
 the last bit) is what makes event-jumping produce the same timestamps as stepping."""
+
 from __future__ import annotations
 
 from heapq import heappush

@@ -7,6 +7,7 @@ recompute: its KV is dropped and it goes back to the front of the waiting queue,
 prefilled again with the tokens it generated), then swap-ins, then admissions (blocks for the
 whole prompt). The KV operations are the engine's own (`KVOps`): the simulator's
 `BlockManager` counts blocks, the executor's paged cache copies tensors."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -56,8 +57,16 @@ class AppliedDecision:
     in_blocks: int = 0
 
 
-def apply_decision(d: Decision, queues: ServingQueues, kv: KVOps, *, now_s: float, swap_only: bool,
-                   bytes_per_block: float, metrics=None) -> AppliedDecision:
+def apply_decision(
+    d: Decision,
+    queues: ServingQueues,
+    kv: KVOps,
+    *,
+    now_s: float,
+    swap_only: bool,
+    bytes_per_block: float,
+    metrics=None,
+) -> AppliedDecision:
     """Carry out `d` on `queues` and `kv`. swap_only: the scheduler's preemption policy never
     chooses a recompute (`PreemptionPolicy.swap_only`), so any recompute is counted as forced.
     metrics: a MetricsCollector (per-request preemptions, swap bytes) or None."""

@@ -1,5 +1,6 @@
 """How many KV blocks fit: GPU memory x utilisation, less the weights and the activation
 peak of the largest iteration (as vLLM's profiling run finds it), over the bytes of a block."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,7 +21,9 @@ class MemoryPlan:
     source: str  # "explicit" or "derived"
 
 
-def activation_peak_bytes(model: ModelSpec, max_batched_tokens: int, max_batch_size: int, act_dtype: str, tp: int) -> float:
+def activation_peak_bytes(
+    model: ModelSpec, max_batched_tokens: int, max_batch_size: int, act_dtype: str, tp: int
+) -> float:
     """Rough peak of live activations in one forward: the hidden state and the MLP's
     intermediate for every batched token, plus fp32 logits for every sequence."""
     ab = bytes_per_element(act_dtype)
@@ -52,7 +55,9 @@ def plan_memory(model: ModelSpec, hw: HardwareProfile, opts: MemoryOptions, sour
     explicit = gpu_blocks is not None
     block_bytes = model.bytes_kv_per_block_per_gpu(block_size, tp, kv_dtype)
     weights = model.weight_bytes_per_gpu(tp, dtype)
-    act = activation_peak_bytes(model, max_batched_tokens, max_batch_size, "fp16" if dtype in ("int8", "int4") else dtype, tp)
+    act = activation_peak_bytes(
+        model, max_batched_tokens, max_batch_size, "fp16" if dtype in ("int8", "int4") else dtype, tp
+    )
     if gpu_blocks is None:
         budget = hw.memory_bytes() * gpu_memory_utilization - weights - act
         gpu_blocks = int(budget // block_bytes)
@@ -60,8 +65,10 @@ def plan_memory(model: ModelSpec, hw: HardwareProfile, opts: MemoryOptions, sour
             raise InfersimError(
                 f"{source}: model '{model.name}' ({weights / 1e9:.1f} GB of weights per GPU in {dtype}) does not fit "
                 f"on '{hw.name}' ({hw.memory_gb:g} GB x {gpu_memory_utilization}) with tensor_parallel={tp}; "
-                f"raise hardware.tensor_parallel or lower the dtype")
+                f"raise hardware.tensor_parallel or lower the dtype"
+            )
     if cpu_blocks is None:
         cpu_blocks = int(opts.swap_space_gb * 2**30 // block_bytes)
-    return MemoryPlan(int(gpu_blocks), int(cpu_blocks), block_bytes, weights, act,
-                      "explicit" if explicit else "derived")
+    return MemoryPlan(
+        int(gpu_blocks), int(cpu_blocks), block_bytes, weights, act, "explicit" if explicit else "derived"
+    )

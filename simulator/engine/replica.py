@@ -7,6 +7,7 @@ decode of the same sequences (no admission, preemption or swap), the loop runs t
 stretch up to the next event in one go: a sequence finishing, the block pool running short,
 or a new arrival (which interrupts the stretch at the next step boundary). `step_mode` turns
 this off; both modes give identical timestamps (tested)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -92,16 +93,32 @@ class Replica:
     def _state(self) -> SchedulerState:
         b = self.blocks
         return SchedulerState(
-            now_s=self.env.now, waiting=self.waiting, running=self.running, swapped=self.swapped,
-            free_gpu_blocks=b.free_gpu, free_cpu_blocks=b.free_cpu, total_gpu_blocks=b.total_gpu,
-            block_size=b.block_size, watermark_blocks=b.watermark_blocks,
-            kv_bytes_per_block=self.kv_bytes_per_block, limits=self.limits, cost_model=self.cost,
-            kv_copies_per_block=self.kv_copies_per_block)
+            now_s=self.env.now,
+            waiting=self.waiting,
+            running=self.running,
+            swapped=self.swapped,
+            free_gpu_blocks=b.free_gpu,
+            free_cpu_blocks=b.free_cpu,
+            total_gpu_blocks=b.total_gpu,
+            block_size=b.block_size,
+            watermark_blocks=b.watermark_blocks,
+            kv_bytes_per_block=self.kv_bytes_per_block,
+            limits=self.limits,
+            cost_model=self.cost,
+            kv_copies_per_block=self.kv_copies_per_block,
+        )
 
     def _apply(self, d) -> tuple[float, float]:
         """Carry out a decision (engine/decision.py); returns the bytes swapped out and in."""
-        done = apply_decision(d, self, self.blocks, now_s=self.env.now, swap_only=self.scheduler.preemption.swap_only,
-                              bytes_per_block=self.kv_bytes_per_block, metrics=self.metrics)
+        done = apply_decision(
+            d,
+            self,
+            self.blocks,
+            now_s=self.env.now,
+            swap_only=self.scheduler.preemption.swap_only,
+            bytes_per_block=self.kv_bytes_per_block,
+            metrics=self.metrics,
+        )
         return done.out_blocks * self.kv_bytes_per_block, done.in_blocks * self.kv_bytes_per_block
 
     def abort(self, seq, now_s: float) -> None:
@@ -134,8 +151,23 @@ class Replica:
         yield env.timeout_at(start + self.cost.iteration_time_s(BatchShape(q, ctx, makes_token.astype(np.int64))))
         end = env.now
         prefill_tokens = int(q[q > 1].sum())
-        self.metrics.segment((start, end, self.index, 1, len(batch), int(q.sum()), prefill_tokens, blocks.used_gpu,
-                              blocks.used_cpu, len(self.waiting), len(self.swapped), out_bytes, in_bytes))
+        self.metrics.segment(
+            (
+                start,
+                end,
+                self.index,
+                1,
+                len(batch),
+                int(q.sum()),
+                prefill_tokens,
+                blocks.used_gpu,
+                blocks.used_cpu,
+                len(self.waiting),
+                len(self.swapped),
+                out_bytes,
+                in_bytes,
+            )
+        )
         itl = []
         for (seq, n), tok in zip(batch, makes_token):
             seq.computed += n
@@ -186,9 +218,24 @@ class Replica:
         m.add_itl(ends[0] - last, 1.0)
         if k > 1:  # gaps between step ends, as stepping one by one measures them (not the step times)
             m.add_itl(np.diff(ends), float(b))
-        m.segment((start, end, self.index, k, b, b, 0, blocks.used_gpu, blocks.used_cpu, len(self.waiting),
-                   len(self.swapped), 0.0, 0.0),
-                  gpu_blocks_steps=(ends, blocks.used_gpu - added + _new_blocks_by_step(ctx, alloc, new_alloc, bs, k)))
+        m.segment(
+            (
+                start,
+                end,
+                self.index,
+                k,
+                b,
+                b,
+                0,
+                blocks.used_gpu,
+                blocks.used_cpu,
+                len(self.waiting),
+                len(self.swapped),
+                0.0,
+                0.0,
+            ),
+            gpu_blocks_steps=(ends, blocks.used_gpu - added + _new_blocks_by_step(ctx, alloc, new_alloc, bs, k)),
+        )
         for i, seq in enumerate(seqs):
             seq.computed += k
             seq.generated += k

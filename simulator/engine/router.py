@@ -1,4 +1,5 @@
 """Routers: which replica a new request goes to."""
+
 from __future__ import annotations
 
 from ..registry import Registry

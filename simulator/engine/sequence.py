@@ -1,12 +1,26 @@
 """A request inside the engine. Policies read it (see policies/state.py); only the engine
 writes it."""
+
 from __future__ import annotations
 
 
 class Sequence:
-    __slots__ = ("rid", "prompt_len", "output_len", "arrival_s", "first_enqueue_s", "generated", "computed",
-                 "num_gpu_blocks", "num_cpu_blocks", "replica", "last_token_s", "first_scheduled_s",
-                 "first_token_s", "client")
+    __slots__ = (
+        "rid",
+        "prompt_len",
+        "output_len",
+        "arrival_s",
+        "first_enqueue_s",
+        "generated",
+        "computed",
+        "num_gpu_blocks",
+        "num_cpu_blocks",
+        "replica",
+        "last_token_s",
+        "first_scheduled_s",
+        "first_token_s",
+        "client",
+    )
 
     def __init__(self, rid: int, prompt_len: int, output_len: int, arrival_s: float, client: int = -1):
         self.rid = rid
@@ -33,8 +47,10 @@ class Sequence:
         return self.output_len - self.generated
 
     def __repr__(self) -> str:
-        return (f"Sequence(rid={self.rid}, prompt={self.prompt_len}, gen={self.generated}/{self.output_len}, "
-                f"computed={self.computed}, gpu_blocks={self.num_gpu_blocks}, cpu_blocks={self.num_cpu_blocks})")
+        return (
+            f"Sequence(rid={self.rid}, prompt={self.prompt_len}, gen={self.generated}/{self.output_len}, "
+            f"computed={self.computed}, gpu_blocks={self.num_gpu_blocks}, cpu_blocks={self.num_cpu_blocks})"
+        )
 
 
 def emit_token(seq, now: float, itl: list) -> bool:

@@ -1,6 +1,7 @@
 """Hardware profiles by name (hwprofiles/*.yaml) or path, with an optional host-link preset
 (simulator/catalog/host_links.yaml) in place of the profile's own: the host link belongs to
 the machine the GPU sits in, so one GPU profile serves hosts with different PCIe generations."""
+
 from __future__ import annotations
 
 from functools import lru_cache
@@ -78,8 +79,13 @@ def _inherited(profile: HardwareProfile, path: Path):
     if parent is None or parent.calibration is None or parent.calibration.status != "measured":
         raise InfersimError(f"{path}: field 'calibration.inherits': '{own.inherits}' is not a measured profile")
     pc = parent.calibration
-    return own.model_copy(update={"gemm": pc.gemm, "elementwise": dict(pc.elementwise),
-                                  "source": own.source or f"inherited from {parent.name}: {pc.source}"})
+    return own.model_copy(
+        update={
+            "gemm": pc.gemm,
+            "elementwise": dict(pc.elementwise),
+            "source": own.source or f"inherited from {parent.name}: {pc.source}",
+        }
+    )
 
 
 @lru_cache(maxsize=None)

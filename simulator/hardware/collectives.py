@@ -10,6 +10,7 @@ A worker count the setup did not measure borrows the nearest measured count on t
 (else of the same kind: within one node, or across nodes) and rescales its size-dependent term by the ring
 all-reduce's traffic factor 2(w-1)/w, the usual conversion between NCCL's algorithm and bus
 bandwidth; its latency stays."""
+
 from __future__ import annotations
 
 import math
@@ -26,17 +27,20 @@ Topology = Literal["nvswitch", "nvlink_pair", "pcie", "inter_node"]
 
 class SizeSegment(BaseModel):
     """One message-size range of a fit: [previous segment's max_bytes, max_bytes)."""
+
     model_config = STRICT_CONFIG
     max_bytes: Optional[PositiveFloat] = Field(description="exclusive upper bound of the range; none on the last")
     latency_us: NonNegativeFloat = Field(description="time of a zero-byte message on this range")
     bandwidth_gbps: Optional[PositiveFloat] = Field(
-        description="message bytes per second on this range, GB/s; none where time does not grow with size")
+        description="message bytes per second on this range, GB/s; none where time does not grow with size"
+    )
     rows: PositiveInt = Field(description="measurements this range was fitted on")
     mape_pct: NonNegativeFloat = Field(description="mean absolute percentage error on those rows")
 
 
 class CollectiveFit(BaseModel):
     """One collective at one worker count and placement."""
+
     model_config = STRICT_CONFIG
     workers: PositiveInt
     devices_per_node: PositiveInt = Field(description="workers per node; fewer than workers means across nodes")
@@ -68,8 +72,9 @@ class CollectiveFit(BaseModel):
         edges = np.array([s.max_bytes for s in self.segments[:-1]], dtype=np.float64)
         idx = np.searchsorted(edges, nbytes, side="right")
         lat = np.array([s.latency_us * 1e-6 for s in self.segments])[idx]
-        inv_bw = np.array([0.0 if s.bandwidth_gbps is None else 1.0 / (s.bandwidth_gbps * 1e9)
-                           for s in self.segments])[idx]
+        inv_bw = np.array([0.0 if s.bandwidth_gbps is None else 1.0 / (s.bandwidth_gbps * 1e9) for s in self.segments])[
+            idx
+        ]
         return lat, nbytes * inv_bw
 
     def time_s(self, nbytes) -> np.ndarray:
@@ -95,6 +100,7 @@ def ring_traffic(workers: int) -> float:
 
 class CollectivesSection(BaseModel):
     """The `collectives:` section of a hardware profile: measured fits for one setup."""
+
     model_config = STRICT_CONFIG
     setup: str = Field(description="the measured setup, e.g. a100_dgx, a40_pairwise_nvlink")
     max_devices_per_node: PositiveInt = Field(description="GPUs in one node of the setup")
@@ -106,8 +112,9 @@ class CollectivesSection(BaseModel):
     def fits(self, collective: str) -> list[CollectiveFit]:
         return self.all_reduce if collective == "all_reduce" else self.send_recv
 
-    def lookup(self, collective: str, workers: int, devices_per_node: int | None = None
-               ) -> tuple[CollectiveFit, float] | None:
+    def lookup(
+        self, collective: str, workers: int, devices_per_node: int | None = None
+    ) -> tuple[CollectiveFit, float] | None:
         """The fit for `workers` (placed as densely as the setup allows unless
         `devices_per_node` says otherwise) and the factor its size-dependent term takes;
         None when the section measured no such collective."""
@@ -119,8 +126,11 @@ class CollectivesSection(BaseModel):
             if fit.workers == workers and fit.devices_per_node == per_node:
                 return fit, 1.0
         topology = topology_of(self.setup, workers, per_node)
-        same_kind = ([f for f in fits if f.topology == topology]
-                     or [f for f in fits if f.across_nodes == (per_node < workers)] or fits)
+        same_kind = (
+            [f for f in fits if f.topology == topology]
+            or [f for f in fits if f.across_nodes == (per_node < workers)]
+            or fits
+        )
         # nearest count in doublings; a tie goes to the smaller count
         near = min(same_kind, key=lambda f: (abs(math.log2(f.workers / workers)), f.workers, -f.devices_per_node))
         scale = ring_traffic(workers) / ring_traffic(near.workers) if collective == "all_reduce" else 1.0

@@ -10,6 +10,7 @@ Two layouts are read, told apart by their columns (`detect`):
   setup is the folder name unless given.
 
 `size` counts fp16 elements (bytes = 2 x size), as both layouts record it."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -26,8 +27,15 @@ BYTES_PER_ELEMENT = 2  # the tables time fp16 buffers
 KEY = ["setup", "collective", "num_workers", "devices_per_node"]
 INTEGER_COLUMNS = ("num_workers", "size", "devices_per_node", "max_devices_per_node")
 FORMATS = {
-    "infersim-collectives": {"setup", "collective", "num_workers", "size", "devices_per_node",
-                             "max_devices_per_node", "median_ms"},
+    "infersim-collectives": {
+        "setup",
+        "collective",
+        "num_workers",
+        "size",
+        "devices_per_node",
+        "max_devices_per_node",
+        "median_ms",
+    },
     "vidur-network": {"collective", "num_workers", "size", "devices_per_node", "max_devices_per_node"},
 }
 
@@ -64,8 +72,10 @@ def read_collectives_table(path: str | Path, setup: str | None = None) -> pd.Dat
     kind = detect(raw.columns)
     if kind is None:
         need = sorted(FORMATS["infersim-collectives"])
-        raise InfersimError(f"{path}: not a collectives table; expected columns {', '.join(need)} "
-                            f"(or vidur's all_reduce.csv / send_recv.csv columns)")
+        raise InfersimError(
+            f"{path}: not a collectives table; expected columns {', '.join(need)} "
+            f"(or vidur's all_reduce.csv / send_recv.csv columns)"
+        )
     if kind == "vidur-network":
         median_col = next(c for c in raw.columns if _is_vidur_median(c))
         raw = raw.assign(setup=setup or path.parent.name, median_ms=raw[median_col])
@@ -100,17 +110,18 @@ def _validated(raw: pd.DataFrame, path: Path, median_col: str) -> pd.DataFrame:
     if empty.any():
         _fail(path, int(np.flatnonzero(empty.to_numpy())[0]), "setup", "empty")
     _check_placement(path, ints)
-    table = pd.DataFrame({"setup": raw["setup"], "collective": raw["collective"], **ints,
-                          "time_s": time_ms * 1e-3})
+    table = pd.DataFrame({"setup": raw["setup"], "collective": raw["collective"], **ints, "time_s": time_ms * 1e-3})
     table["nbytes"] = table.pop("size") * BYTES_PER_ELEMENT
     return table.groupby(KEY + ["max_devices_per_node", "nbytes"], as_index=False, sort=True)["time_s"].median()
 
 
 def _check_placement(path: Path, ints: dict[str, pd.Series]) -> None:
     workers, per_node, max_per_node = ints["num_workers"], ints["devices_per_node"], ints["max_devices_per_node"]
-    checks = [(per_node > workers, "devices_per_node", "more devices per node than num_workers"),
-              (workers % per_node != 0, "devices_per_node", "does not divide num_workers"),
-              (per_node > max_per_node, "max_devices_per_node", "smaller than devices_per_node")]
+    checks = [
+        (per_node > workers, "devices_per_node", "more devices per node than num_workers"),
+        (workers % per_node != 0, "devices_per_node", "does not divide num_workers"),
+        (per_node > max_per_node, "max_devices_per_node", "smaller than devices_per_node"),
+    ]
     for bad, column, problem in checks:
         if bad.any():
             _fail(path, int(np.flatnonzero(bad.to_numpy())[0]), column, problem)
@@ -119,14 +130,16 @@ def _check_placement(path: Path, ints: dict[str, pd.Series]) -> None:
 @dataclass(frozen=True)
 class FitOptions:
     """How the piecewise fit chooses its size ranges."""
+
     max_segments: int = 4  # size ranges per fit at most
     target_mape_pct: float = 3.0  # stop adding ranges once the fit is this close
     min_rows_per_segment: int = 8  # a range rests on at least this many sizes
     candidate_edges: int = 48  # log-spaced candidate range boundaries over the measured sizes
 
 
-def fit_collectives(table: pd.DataFrame, setup: str, *, source: str | None = None,
-                    options: FitOptions | None = None) -> CollectivesSection:
+def fit_collectives(
+    table: pd.DataFrame, setup: str, *, source: str | None = None, options: FitOptions | None = None
+) -> CollectivesSection:
     """Fit the `collectives:` section of one setup from a table `read_collectives_table`
     returned (or any frame with its columns). Each (collective, num_workers,
     devices_per_node) becomes a piecewise latency + size/bandwidth fit whose size ranges are
@@ -140,13 +153,23 @@ def fit_collectives(table: pd.DataFrame, setup: str, *, source: str | None = Non
     origin = table.attrs.get("source", "table")
     fits: dict[str, list[CollectiveFit]] = {c: [] for c in COLLECTIVES}
     for (collective, workers, per_node), group in rows.groupby(["collective", "num_workers", "devices_per_node"]):
-        where = (f"{origin}: setup={setup}, collective={collective}, num_workers={workers}, "
-                 f"devices_per_node={per_node}")
-        fits[collective].append(fit_one(group["nbytes"].to_numpy(), group["time_s"].to_numpy(), options,
-                                        workers=int(workers), devices_per_node=int(per_node),
-                                        topology=topology_of(setup, int(workers), int(per_node)), fitted_on=where))
-    return CollectivesSection(setup=setup, max_devices_per_node=int(rows["max_devices_per_node"].max()),
-                              source=source or origin, **fits)
+        where = (
+            f"{origin}: setup={setup}, collective={collective}, num_workers={workers}, " f"devices_per_node={per_node}"
+        )
+        fits[collective].append(
+            fit_one(
+                group["nbytes"].to_numpy(),
+                group["time_s"].to_numpy(),
+                options,
+                workers=int(workers),
+                devices_per_node=int(per_node),
+                topology=topology_of(setup, int(workers), int(per_node)),
+                fitted_on=where,
+            )
+        )
+    return CollectivesSection(
+        setup=setup, max_devices_per_node=int(rows["max_devices_per_node"].max()), source=source or origin, **fits
+    )
 
 
 def fit_one(nbytes: np.ndarray, time_s: np.ndarray, options: FitOptions, **fields) -> CollectiveFit:
@@ -162,11 +185,23 @@ def fit_one(nbytes: np.ndarray, time_s: np.ndarray, options: FitOptions, **field
         # errors of the rounded values the profile stores, so a reloaded profile reproduces them
         pred[lo:hi] = latency_us * 1e-6 + (0.0 if bandwidth_gbps is None else x[lo:hi] / (bandwidth_gbps * 1e9))
         edge = None if hi == len(x) else round(float(np.sqrt(x[hi - 1] * x[hi])))  # between the two sizes
-        segments.append(SizeSegment(max_bytes=edge, latency_us=latency_us, bandwidth_gbps=bandwidth_gbps,
-                                    rows=hi - lo, mape_pct=round(_mape(pred[lo:hi], y[lo:hi]), 3)))
+        segments.append(
+            SizeSegment(
+                max_bytes=edge,
+                latency_us=latency_us,
+                bandwidth_gbps=bandwidth_gbps,
+                rows=hi - lo,
+                mape_pct=round(_mape(pred[lo:hi], y[lo:hi]), 3),
+            )
+        )
     signed = (pred - y) / y * 100.0
-    return CollectiveFit(rows=len(x), mape_pct=round(float(np.abs(signed).mean()), 3),
-                         bias_pct=round(float(signed.mean()), 3), segments=segments, **fields)
+    return CollectiveFit(
+        rows=len(x),
+        mape_pct=round(float(np.abs(signed).mean()), 3),
+        bias_pct=round(float(signed.mean()), 3),
+        segments=segments,
+        **fields,
+    )
 
 
 def _mape(pred: np.ndarray, y: np.ndarray) -> float:
@@ -201,15 +236,22 @@ def _best_cuts(x: np.ndarray, y: np.ndarray, options: FitOptions) -> list[int]:
     n, m = len(x), options.min_rows_per_segment
     grid = np.geomspace(x[0], x[-1], options.candidate_edges)[1:-1]
     cands = sorted({0, n} | {int(i) for i in np.searchsorted(x, grid) if m <= i <= n - m})
-    cost = {(i, j): _sse(x[a:b], y[a:b]) for i, a in enumerate(cands) for j, b in enumerate(cands)
-            if j > i and b - a >= min(m, n)}
+    cost = {
+        (i, j): _sse(x[a:b], y[a:b])
+        for i, a in enumerate(cands)
+        for j, b in enumerate(cands)
+        if j > i and b - a >= min(m, n)
+    }
     best: dict[tuple[int, int], tuple[float, list[int]]] = {(0, 0): (0.0, [0])}
     last = len(cands) - 1
     chosen = None
     for k in range(1, options.max_segments + 1):
         for j in range(1, last + 1):
-            options_k = [(best[(k - 1, i)][0] + cost[(i, j)], best[(k - 1, i)][1] + [cands[j]])
-                         for i in range(j) if (k - 1, i) in best and (i, j) in cost]
+            options_k = [
+                (best[(k - 1, i)][0] + cost[(i, j)], best[(k - 1, i)][1] + [cands[j]])
+                for i in range(j)
+                if (k - 1, i) in best and (i, j) in cost
+            ]
             if options_k:
                 best[(k, j)] = min(options_k, key=lambda t: t[0])
         if (k, last) in best:
@@ -232,8 +274,9 @@ def section_yaml(section: CollectivesSection) -> str:
     """The section as the YAML block a profile ends with (one line per size range)."""
     import yaml
 
-    return yaml.safe_dump({"collectives": section.model_dump(mode="json")}, sort_keys=False, width=160,
-                          default_flow_style=None)
+    return yaml.safe_dump(
+        {"collectives": section.model_dump(mode="json")}, sort_keys=False, width=160, default_flow_style=None
+    )
 
 
 def with_section(profile_text: str, section: CollectivesSection) -> str:

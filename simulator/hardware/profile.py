@@ -4,6 +4,7 @@ Host-to-device and device-to-host bandwidth are separate fields because they dif
 practice (FlexGen measured 12.89 vs 0.97 GB/s on one host) and because the host link is a
 property of the machine the GPU sits in, not of the GPU (InfiniGen's A6000 sat on PCIe 3.0).
 Units: GB/s and TFLOP/s are decimal (1e9 bytes, 1e12 FLOP) as on datasheets."""
+
 from __future__ import annotations
 
 from typing import Literal, Optional
@@ -11,7 +12,6 @@ from typing import Literal, Optional
 from pydantic import BaseModel, Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
 
 from ..validation import STRICT_CONFIG
-
 from .collectives import CollectivesSection
 
 OPERATOR_CLASSES = ("linear", "attention", "elementwise", "communication")
@@ -24,13 +24,16 @@ class HostLink(BaseModel):
     d2h_gbps: PositiveFloat = Field(description="achieved device-to-host copy bandwidth, GB/s")
     latency_us: NonNegativeFloat = 10.0
     copy_issue_us: NonNegativeFloat = Field(
-        0.0, description="host cost of issuing one async copy (driver call): a stream of many small copies "
-                         "cannot run faster than one per copy_issue_us, whatever the bandwidth; 0 = not known")
+        0.0,
+        description="host cost of issuing one async copy (driver call): a stream of many small copies "
+        "cannot run faster than one per copy_issue_us, whatever the bandwidth; 0 = not known",
+    )
     source: str = ""
 
 
 class Interconnect(BaseModel):
     """GPU-to-GPU link used by tensor-parallel all-reduce."""
+
     model_config = STRICT_CONFIG
     name: str = "PCIe"
     bandwidth_gbps: PositiveFloat = Field(description="per direction, per GPU, GB/s")
@@ -40,14 +43,17 @@ class Interconnect(BaseModel):
 
 class Efficiency(BaseModel):
     """Achieved fraction of the peaks for one operator class (1.0 = datasheet roofline)."""
+
     model_config = STRICT_CONFIG
     compute: float = Field(1.0, gt=0, le=1.5)
     memory: float = Field(1.0, gt=0, le=1.5)
     source: str = "datasheet peak (not calibrated)"
     confidence: Literal["datasheet", "published", "derived", "measured"] = Field(
-        "datasheet", description="datasheet: 1.0 placeholders; published: a paper's or vendor's reported kernel "
-                                 "efficiency, no table of ours backs it; derived: another card's numbers carried over; "
-                                 "measured: fitted on timed kernels")
+        "datasheet",
+        description="datasheet: 1.0 placeholders; published: a paper's or vendor's reported kernel "
+        "efficiency, no table of ours backs it; derived: another card's numbers carried over; "
+        "measured: fitted on timed kernels",
+    )
 
 
 class Overheads(BaseModel):
@@ -59,6 +65,7 @@ class Overheads(BaseModel):
 
 class FittedValue(BaseModel):
     """Where a fitted number came from and how well it reproduces its rows."""
+
     model_config = STRICT_CONFIG
     source: str = Field(description="the measurements: table files and who published them")
     rows: int = Field(ge=0, description="measured rows the value was fitted on")
@@ -73,19 +80,26 @@ class GemmFit(FittedValue):
     where (+) is the p-norm of the two times (p = corner_exponent): the memory-bound and
     compute-bound limits and the smooth corner between them; M' is M up to one tile and M
     rounded up to a multiple of the tile beyond (tile quantisation)."""
+
     compute: float = Field(gt=0, le=1.5, description="fraction of peak FLOP/s a compute-bound GEMM reaches")
     memory: float = Field(gt=0, le=1.5, description="fraction of peak bandwidth a weight-read-bound GEMM reaches")
     launch_us: NonNegativeFloat = Field(description="latency floor added to every GEMM, microseconds")
     corner_exponent: float = Field(ge=1.0, le=20.0, description="p of the p-norm joining memory and compute time")
     tile_tokens: int = Field(ge=1, description="tokens per tile: past one tile, M is rounded up to a multiple of it")
-    wave_exponent: float = Field(0.0, ge=0.0, le=1.5, description="compute time x fill^-w, fill = share of the "
-                                 "SM slots of all waves that 128 x 128 output tiles occupy (0: no wave model)")
+    wave_exponent: float = Field(
+        0.0,
+        ge=0.0,
+        le=1.5,
+        description="compute time x fill^-w, fill = share of the "
+        "SM slots of all waves that 128 x 128 output tiles occupy (0: no wave model)",
+    )
     wave_latency_us: NonNegativeFloat = Field(0.0, description="fixed time of each wave of output tiles, microseconds")
 
 
 class ElementwiseFit(FittedValue):
     """launch + bytes x max(1, S / tokens) / (bandwidth x memory) for one elementwise operator
     kind (S = saturation_tokens: below S tokens, a one-row-per-block kernel leaves SMs idle)."""
+
     memory: float = Field(gt=0, le=3.0, description="fraction of peak bandwidth the kernel reaches")
     launch_us: NonNegativeFloat = Field(description="latency floor of one kernel, microseconds")
     saturation_tokens: int = Field(1, ge=1, description="tokens that fill the GPU: fewer take as long as this many")
@@ -98,6 +112,7 @@ class Calibration(BaseModel):
     """Per-kernel time models fitted from measured tables (`sim calibrate`), or inherited from a
     measured card of the same architecture (`from`), which keeps its fractions and floors and
     applies them to this card's own peaks."""
+
     model_config = {**STRICT_CONFIG, "populate_by_name": True}
     status: Literal["measured", "derived"] = "measured"
     inherits: Optional[str] = Field(None, description="measured profile whose fits this card uses (derived cards)")
@@ -135,7 +150,8 @@ class HardwareProfile(BaseModel):
     calibration: Optional[Calibration] = None
     sources: dict[str, str] = {}  # field -> citation
     collectives: Optional[CollectivesSection] = Field(
-        None, description="measured NCCL all-reduce and send/recv times; without it the interconnect prices them")
+        None, description="measured NCCL all-reduce and send/recv times; without it the interconnect prices them"
+    )
 
     @model_validator(mode="after")
     def _check(self):

@@ -5,6 +5,7 @@ latencies are kept as (value, weight) pairs folded into a fixed log-spaced histo
 million requests cost a few kilobytes. The time series has one row per engine segment (a
 prefill iteration or a run of identical decode steps) and can be streamed to Parquet in
 chunks so a long run keeps bounded memory."""
+
 from __future__ import annotations
 
 import math
@@ -12,14 +13,37 @@ from pathlib import Path
 
 import numpy as np
 
-REQUEST_COLUMNS = ("arrival_s", "first_scheduled_s", "first_token_s", "finish_s", "prompt_tokens", "output_tokens",
-                   "replica", "preempt_recompute", "preempt_swap", "aborted")
+REQUEST_COLUMNS = (
+    "arrival_s",
+    "first_scheduled_s",
+    "first_token_s",
+    "finish_s",
+    "prompt_tokens",
+    "output_tokens",
+    "replica",
+    "preempt_recompute",
+    "preempt_swap",
+    "aborted",
+)
 # the per-request columns as requests.parquet types them (the collector keeps float slots with
 # -1 for "not yet"; every one of these is set by the time a request finishes or is aborted)
 REQUEST_INT_COLUMNS = ("prompt_tokens", "output_tokens", "replica", "preempt_recompute", "preempt_swap")
 REQUEST_BOOL_COLUMNS = ("aborted",)
-SERIES_COLUMNS = ("t_start_s", "t_end_s", "replica", "steps", "batch_size", "batch_tokens", "prefill_tokens",
-                  "gpu_blocks_used", "cpu_blocks_used", "waiting", "swapped", "swap_out_bytes", "swap_in_bytes")
+SERIES_COLUMNS = (
+    "t_start_s",
+    "t_end_s",
+    "replica",
+    "steps",
+    "batch_size",
+    "batch_tokens",
+    "prefill_tokens",
+    "gpu_blocks_used",
+    "cpu_blocks_used",
+    "waiting",
+    "swapped",
+    "swap_out_bytes",
+    "swap_in_bytes",
+)
 
 # inter-token latency histogram: 10 us .. 1e4 s, 400 bins per decade (~0.6% relative width)
 _ITL_EDGES = np.logspace(-5, 4, 9 * 400 + 1)
@@ -100,8 +124,16 @@ class MetricsCollector:
         self._itl_wts: list[np.ndarray] = []
         self._itl_pending = 0
         self._itl_partials: list[float] = []  # exact sum of value * weight (exact_partials)
-        self.counters = {"preempt_recompute": 0, "preempt_swap": 0, "preempt_recompute_forced": 0,
-                         "swap_out_bytes": 0.0, "swap_in_bytes": 0.0, "aborted": 0, "iterations": 0, "segments": 0}
+        self.counters = {
+            "preempt_recompute": 0,
+            "preempt_swap": 0,
+            "preempt_recompute_forced": 0,
+            "swap_out_bytes": 0.0,
+            "swap_in_bytes": 0.0,
+            "aborted": 0,
+            "iterations": 0,
+            "segments": 0,
+        }
         self._chunk = int(chunk_rows)
         self._series = np.zeros((self._chunk, len(SERIES_COLUMNS)))
         self._series_rows = 0
@@ -213,7 +245,9 @@ class MetricsCollector:
             first = np.concatenate(([0], cuts)).tolist()
             last = np.concatenate((cuts, [len(used)])).tolist()
             for a, b in zip(first, last):
-                integ.add(row[0] if a == 0 else float(ends[a - 1]), float(ends[b - 1]), (row[4], float(used[a]), row[8]))
+                integ.add(
+                    row[0] if a == 0 else float(ends[a - 1]), float(ends[b - 1]), (row[4], float(used[a]), row[8])
+                )
         pk = self.peak
         pk["batch_size"] = max(pk["batch_size"], row[4])
         pk["gpu_blocks_used"] = max(pk["gpu_blocks_used"], row[7])

@@ -1,4 +1,5 @@
 """Plots of one run directory: latency CDFs, batch size and KV use over time, throughput."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,8 +15,17 @@ def pyplot(**rc):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    plt.rcParams.update({"figure.dpi": 110, "axes.grid": True, "grid.alpha": 0.3, "svg.hashsalt": "infersim",
-                         "axes.spines.top": False, "axes.spines.right": False, **rc})
+    plt.rcParams.update(
+        {
+            "figure.dpi": 110,
+            "axes.grid": True,
+            "grid.alpha": 0.3,
+            "svg.hashsalt": "infersim",
+            "axes.spines.top": False,
+            "axes.spines.right": False,
+            **rc,
+        }
+    )
     return plt
 
 
@@ -55,17 +65,28 @@ def plot_run(run_dir: Path) -> list[Path]:
     made = []
 
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
-    for ax, (col, title, scale, unit) in zip(axes, (("ttft_s", "time to first token", 1.0, "s"),
-                                                   ("tpot_s", "time per output token", 1e3, "ms"),
-                                                   ("e2e_s", "end-to-end latency", 1.0, "s"))):
+    for ax, (col, title, scale, unit) in zip(
+        axes,
+        (
+            ("ttft_s", "time to first token", 1.0, "s"),
+            ("tpot_s", "time per output token", 1e3, "ms"),
+            ("e2e_s", "end-to-end latency", 1.0, "s"),
+        ),
+    ):
         _cdf(ax, req[col], title, scale)
         for p, ls in ((50, ":"), (99, "--")):
             finite = req[col][np.isfinite(req[col])]
             if finite.size:
                 x = np.percentile(finite, p) * scale
                 ax.axvline(x, color="grey", ls=ls, lw=1)
-                ax.annotate(f"p{p} {x:.3g}", (x, 0.05 if p == 50 else 0.15), fontsize=8, color="grey",
-                            xytext=(3, 0), textcoords="offset points")
+                ax.annotate(
+                    f"p{p} {x:.3g}",
+                    (x, 0.05 if p == 50 else 0.15),
+                    fontsize=8,
+                    color="grey",
+                    xytext=(3, 0),
+                    textcoords="offset points",
+                )
         ax.set_xlabel(f"{title} ({unit})")
         ax.set_ylabel("fraction of requests")
         ax.set_ylim(0, 1.01)
@@ -83,8 +104,11 @@ def plot_run(run_dir: Path) -> list[Path]:
         multi = s["replica"].max() > 0
         for rep in np.unique(s["replica"]):
             sel = s["replica"] == rep
-            grid, means = _time_weighted(s["t_start_s"][sel], s["t_end_s"][sel],
-                                         (s["batch_size"][sel], s["gpu_blocks_used"][sel], s["cpu_blocks_used"][sel]))
+            grid, means = _time_weighted(
+                s["t_start_s"][sel],
+                s["t_end_s"][sel],
+                (s["batch_size"][sel], s["gpu_blocks_used"][sel], s["cpu_blocks_used"][sel]),
+            )
             lab = f"replica {int(rep)}" if multi else None
             a1.plot(grid, means[0], lw=1, label=lab)
             a2.plot(grid, means[1], lw=1, label=lab or "GPU")

@@ -5,6 +5,7 @@ or failed run never leaves a half-written directory nor destroys a previous one.
 A folder is only ever replaced when this tool wrote it: every folder a command writes holds a
 marker file (MARKER, with the command and version); any other existing folder is refused
 unless the user passes --force. Files are never replaced by folders, nor folders by files."""
+
 from __future__ import annotations
 
 import json
@@ -74,8 +75,10 @@ def check_out_dir(path: Path | str, *, force: bool = False, option: str = "--out
     except OSError as exc:
         raise InfersimError(f"{option} {raw}: cannot read the folder ({exc.strerror})") from None
     if holds_files and not is_tool_folder(path) and not force:
-        raise InfersimError(f"{option} {raw}: folder exists and was not written by infersim (no {MARKER} in it); "
-                            f"name another folder, or pass --force to replace it")
+        raise InfersimError(
+            f"{option} {raw}: folder exists and was not written by infersim (no {MARKER} in it); "
+            f"name another folder, or pass --force to replace it"
+        )
     _writable_parent(path)
     return path
 

@@ -1,4 +1,5 @@
 """Per-request derived metrics and the run summary."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -65,15 +66,20 @@ def summarize(result) -> dict:
         "normalized_latency_s": _stats(d["normalized_latency_s"]),
         "weighted_turnaround": _stats(d["weighted_turnaround"]),
         "queueing_s": _stats(d["queueing_s"]),
-        "preemptions": {"recompute": m.counters["preempt_recompute"], "swap": m.counters["preempt_swap"],
-                        "recompute_forced_by_full_cpu": m.counters["preempt_recompute_forced"]},
+        "preemptions": {
+            "recompute": m.counters["preempt_recompute"],
+            "swap": m.counters["preempt_swap"],
+            "recompute_forced_by_full_cpu": m.counters["preempt_recompute_forced"],
+        },
         "swap_out_bytes": m.counters["swap_out_bytes"],
         "swap_in_bytes": m.counters["swap_in_bytes"],
         "iterations": m.counters["iterations"],
         # averages over the time replicas were busy (idle gaps excluded)
         "batch_size": {"mean_busy": m.tw["batch_size"] / busy, "max": m.peak["batch_size"]},
-        "kv_utilization": {"mean_busy": m.tw["gpu_blocks_used"] / busy / gpu_blocks,
-                           "max": m.peak["gpu_blocks_used"] / gpu_blocks},
+        "kv_utilization": {
+            "mean_busy": m.tw["gpu_blocks_used"] / busy / gpu_blocks,
+            "max": m.peak["gpu_blocks_used"] / gpu_blocks,
+        },
         "busy_fraction": m.tw["time_s"] / (makespan * replicas) if makespan else 0.0,
         "gpu_blocks": gpu_blocks,
         "cpu_blocks": result.memory.cpu_blocks,

@@ -2,6 +2,7 @@
 anywhere, a Hugging Face config.json (the file, or the checkpoint folder holding it), or a
 name another layer provides: the executor registers its zoo's `zoo-*` names when imported
 (`register_model_source`), so the simulator models them without depending on the executor."""
+
 from __future__ import annotations
 
 from functools import lru_cache
@@ -14,7 +15,6 @@ from ..paths import models_dir
 from ..yamlio import load_mapping, validate
 from .hf_config import spec_from_hf_config
 from .spec import ModelSpec
-
 
 # name prefix -> the function giving such a model's Hugging Face config.json
 _MODEL_SOURCES: dict[str, Callable[[str], Path]] = {}

@@ -1,4 +1,5 @@
 """Storage size of the numeric formats the cost model knows."""
+
 from __future__ import annotations
 
 from typing import Literal
@@ -10,8 +11,14 @@ DType = Literal["fp32", "fp16", "bf16", "int8", "int4"]
 BYTES_PER_ELEMENT: dict[str, float] = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "int8": 1.0, "int4": 0.5}
 
 _ALIASES = {
-    "float32": "fp32", "float": "fp32", "float16": "fp16", "half": "fp16",
-    "bfloat16": "bf16", "torch.float16": "fp16", "torch.bfloat16": "bf16", "torch.float32": "fp32",
+    "float32": "fp32",
+    "float": "fp32",
+    "float16": "fp16",
+    "half": "fp16",
+    "bfloat16": "bf16",
+    "torch.float16": "fp16",
+    "torch.bfloat16": "bf16",
+    "torch.float32": "fp32",
 }
 
 

@@ -3,6 +3,7 @@
 Each family names the same shape differently and differs in biases, norms, tying and
 position embeddings; the defaults below are those of the family's transformers config class,
 used when a config.json leaves the field out."""
+
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -53,7 +54,8 @@ def _llama(f: _Fields) -> dict:
         intermediate_size=f.integer("intermediate_size"),
         vocab_size=f.integer("vocab_size"),
         max_position_embeddings=f.integer("max_position_embeddings", 4096 * 32 if mistral else 2048),
-        mlp="gated", norm="rmsnorm",
+        mlp="gated",
+        norm="rmsnorm",
         attention_bias=f.flag("attention_bias", False),
         mlp_bias=f.flag("mlp_bias", False),
         tied_embeddings=f.flag("tie_word_embeddings", False),
@@ -66,7 +68,9 @@ def _opt(f: _Fields) -> dict:
     # projection, so a count from it would be wrong rather than approximate.
     proj = f.integer("word_embed_proj_dim", hidden)
     if proj != hidden:
-        f._fail("word_embed_proj_dim", f"{proj} differs from hidden_size {hidden}; embedding projections are not modelled")
+        f._fail(
+            "word_embed_proj_dim", f"{proj} differs from hidden_size {hidden}; embedding projections are not modelled"
+        )
     bias = f.flag("enable_bias", True)
     return dict(
         hidden_size=hidden,
@@ -75,9 +79,13 @@ def _opt(f: _Fields) -> dict:
         intermediate_size=f.integer("ffn_dim"),
         vocab_size=f.integer("vocab_size"),
         max_position_embeddings=f.integer("max_position_embeddings", 2048),
-        mlp="plain", norm="layernorm", attention_bias=bias, mlp_bias=bias,
+        mlp="plain",
+        norm="layernorm",
+        attention_bias=bias,
+        mlp_bias=bias,
         tied_embeddings=f.flag("tie_word_embeddings", True),
-        learned_positions=True, position_offset=2,  # OPTLearnedPositionalEmbedding keeps 2 extra rows
+        learned_positions=True,
+        position_offset=2,  # OPTLearnedPositionalEmbedding keeps 2 extra rows
     )
 
 
@@ -90,7 +98,10 @@ def _gpt2(f: _Fields) -> dict:
         intermediate_size=f.integer("n_inner", 4 * hidden),  # null in config.json means 4 * n_embd
         vocab_size=f.integer("vocab_size"),
         max_position_embeddings=f.integer("n_positions", 1024),
-        mlp="plain", norm="layernorm", attention_bias=True, mlp_bias=True,
+        mlp="plain",
+        norm="layernorm",
+        attention_bias=True,
+        mlp_bias=True,
         tied_embeddings=f.flag("tie_word_embeddings", True),
         learned_positions=True,
     )
@@ -104,14 +115,20 @@ def _gpt_neox(f: _Fields) -> dict:
         intermediate_size=f.integer("intermediate_size"),
         vocab_size=f.integer("vocab_size"),
         max_position_embeddings=f.integer("max_position_embeddings", 2048),
-        mlp="plain", norm="layernorm",
-        attention_bias=f.flag("attention_bias", True), mlp_bias=True,
+        mlp="plain",
+        norm="layernorm",
+        attention_bias=f.flag("attention_bias", True),
+        mlp_bias=True,
         tied_embeddings=f.flag("tie_word_embeddings", False),
     )
 
 
 _FAMILIES: dict[str, Callable[[_Fields], dict]] = {
-    "llama": _llama, "mistral": _llama, "opt": _opt, "gpt2": _gpt2, "gpt_neox": _gpt_neox,
+    "llama": _llama,
+    "mistral": _llama,
+    "opt": _opt,
+    "gpt2": _gpt2,
+    "gpt_neox": _gpt_neox,
 }
 SUPPORTED_MODEL_TYPES = tuple(_FAMILIES)
 
@@ -130,7 +147,9 @@ def spec_from_hf_config(config: dict, name: str, source: str) -> ModelSpec:
     fields = _FAMILIES[model_type](_Fields(config, source))
     stored = config.get("torch_dtype", config.get("dtype"))
     fields.update(
-        name=name, family=model_type, source=source,
+        name=name,
+        family=model_type,
+        source=source,
         default_dtype=_SERVING_DTYPE.get(str(stored).replace("torch.", ""), "fp16"),
     )
     return validate(ModelSpec, fields, source)

@@ -3,6 +3,7 @@
 One `ModelSpec` describes every supported decoder-only family; the family-specific parts
 (gated vs plain MLP, biases, tied embeddings, learned positions) are explicit fields so the
 parameter count follows from the fields alone."""
+
 from __future__ import annotations
 
 from typing import Literal, Optional
@@ -129,7 +130,9 @@ class ModelSpec(BaseModel):
 
     def bytes_kv_per_token_per_gpu(self, tensor_parallel: int, dtype: str | None = None) -> float:
         """K and V of one token on one tensor-parallel rank (replicated heads counted on each)."""
-        return 2 * self.num_layers * self.kv_dim_per_gpu(tensor_parallel) * bytes_per_element(dtype or self.default_dtype)
+        return (
+            2 * self.num_layers * self.kv_dim_per_gpu(tensor_parallel) * bytes_per_element(dtype or self.default_dtype)
+        )
 
     def bytes_kv_per_block_per_gpu(self, block_size: int, tensor_parallel: int, dtype: str | None = None) -> float:
         return block_size * self.bytes_kv_per_token_per_gpu(tensor_parallel, dtype)

@@ -9,6 +9,7 @@
   setup.py      builds the above from a model, a hardware profile and a section
 
 docs/offload.md is the user guide."""
+
 from ..costmodel import COST_MODELS
 from .config import OffloadSection
 from .costmodel import OffloadCostModel
@@ -19,5 +20,16 @@ from .sparsity import SparsityModel, load_sparsity
 # the offload pipeline registers itself: the cost-model package sits below this one
 COST_MODELS.register(OffloadCostModel.name)(OffloadCostModel)
 
-__all__ = ["OffloadSection", "OffloadCostModel", "POLICIES", "KVShape", "PlacementPolicy", "build_policy", "coverage",
-           "OffloadSetup", "build_offload", "SparsityModel", "load_sparsity"]
+__all__ = [
+    "OffloadSection",
+    "OffloadCostModel",
+    "POLICIES",
+    "KVShape",
+    "PlacementPolicy",
+    "build_policy",
+    "coverage",
+    "OffloadSetup",
+    "build_offload",
+    "SparsityModel",
+    "load_sparsity",
+]

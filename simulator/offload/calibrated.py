@@ -25,6 +25,7 @@ analysis/validate/offload_calibrate.py). Its terms, per iteration:
 (the split of per-sequence decode costs between attention and FFN is not identifiable from
 iteration times; it matters only to overlapped pipelines, where the attention side is exposed,
 and the fit is made on the executor's pipeline)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ LINEAR_TERMS = ("const", "decode_seq", "prefill_seq", "prefill_token", "key", "p
 @dataclass(frozen=True)
 class StageInputs:
     """Counts of n settings of one batch: (n,) per iteration, (n, L) per layer."""
+
     tokens: np.ndarray  # (n,) new tokens
     logits: np.ndarray  # (n,) rows sampled
     keys: np.ndarray  # (n, L) keys attended (cached tokens attended + new), summed over the batch
@@ -63,6 +65,7 @@ class StageTimes:
 @dataclass(frozen=True)
 class HostLink:
     """Per layer copy: latency + bytes / rate, loads (h2d) and stores (d2h) separately."""
+
     h2d_latency_s: float
     h2d_bytes_per_s: float
     d2h_latency_s: float
@@ -83,8 +86,9 @@ class LinearStageCompute:
     def __init__(self, coef: dict[str, float]):
         unknown = set(coef) - set(LINEAR_TERMS)
         if unknown:
-            raise InfersimError(f"unknown calibrated offload compute terms {sorted(unknown)}; known: "
-                                f"{', '.join(LINEAR_TERMS)}")
+            raise InfersimError(
+                f"unknown calibrated offload compute terms {sorted(unknown)}; known: " f"{', '.join(LINEAR_TERMS)}"
+            )
         self.coef = {k: float(coef.get(k, 0.0)) for k in LINEAR_TERMS}
 
     def stage_times(self, x: StageInputs, pred_mask: np.ndarray) -> StageTimes:

@@ -31,6 +31,7 @@ and the pipeline (`overlap`), with layer 0's load overlapping only the embedding
 With the `gpu` policy and all weights on the GPU every transfer is zero and the sum is the
 roofline's own iteration time. Everything is elementwise over settings and summed over layers
 in a fixed order, so `decode_step_times_s` equals stepping `iteration_time_s` bit for bit."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -46,8 +47,22 @@ from ..models.dtypes import bytes_per_element
 from .calibrated import HostLink, StageInputs
 from .policies import PlacementPolicy, Work
 
-ATTENTION_OPS = frozenset({"input_norm", "qkv_proj", "q_proj", "k_proj", "v_proj", "rotary", "kv_write", "qk", "softmax", "pv",
-                           "o_proj", "attn_residual_add"})
+ATTENTION_OPS = frozenset(
+    {
+        "input_norm",
+        "qkv_proj",
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "rotary",
+        "kv_write",
+        "qk",
+        "softmax",
+        "pv",
+        "o_proj",
+        "attn_residual_add",
+    }
+)
 PRE_OPS = frozenset({"embedding"})
 MAX_ELEMENTS = 1 << 21  # per chunk of settings x sequences x layers
 
@@ -56,6 +71,7 @@ MAX_ELEMENTS = 1 << 21  # per chunk of settings x sequences x layers
 class Stages:
     """Per-layer stage times (n settings x L layers) and per-setting ends, in seconds, and the
     token/byte counts behind them."""
+
     attn: np.ndarray
     ffn: np.ndarray
     pred: np.ndarray  # pred[:, i]: choosing layer i's tokens, paid during layer i-1
@@ -76,9 +92,18 @@ class Stages:
 class OffloadCostModel(CostModel):
     name = "offload"
 
-    def __init__(self, base: RooflineCostModel, policy: PlacementPolicy, *, overlap: str = "ffn",
-                 weights_gpu_fraction: float = 1.0, kv_store_gbps: Optional[float] = None,
-                 layer_overhead_us: float = 0.0, compute=None, link: Optional[HostLink] = None):
+    def __init__(
+        self,
+        base: RooflineCostModel,
+        policy: PlacementPolicy,
+        *,
+        overlap: str = "ffn",
+        weights_gpu_fraction: float = 1.0,
+        kv_store_gbps: Optional[float] = None,
+        layer_overhead_us: float = 0.0,
+        compute=None,
+        link: Optional[HostLink] = None,
+    ):
         """`compute` (an object with `stage_times(StageInputs, pred_mask) -> StageTimes`, e.g.
         calibrated.LinearStageCompute) replaces the roofline's per-layer compute stages and
         `link` (a calibrated.HostLink) the hardware profile's host link; the composition
@@ -164,19 +189,37 @@ class OffloadCostModel(CostModel):
         load_bytes = loaded * (pol.fetch_bytes_per_token / tp) + self.offloaded_weight_bytes
         store_bytes = np.broadcast_to((stored * (pol.store_bytes_per_token / tp))[:, None], (n, L))
         if self.compute is not None:
-            x = StageInputs(T, Lg, K.astype(np.float64), P.astype(np.float64), att_total.astype(np.float64),
-                            decode.sum(axis=1).astype(np.float64), (~decode).sum(axis=1).astype(np.float64),
-                            np.where(decode, 0, q).sum(axis=1).astype(np.float64),
-                            np.where(decode, held, 0).sum(axis=1).astype(np.float64))
+            x = StageInputs(
+                T,
+                Lg,
+                K.astype(np.float64),
+                P.astype(np.float64),
+                att_total.astype(np.float64),
+                decode.sum(axis=1).astype(np.float64),
+                (~decode).sum(axis=1).astype(np.float64),
+                np.where(decode, 0, q).sum(axis=1).astype(np.float64),
+                np.where(decode, held, 0).sum(axis=1).astype(np.float64),
+            )
             ct = self.compute.stage_times(x, self._pred_mask if pol.predicts else np.zeros(L, dtype=bool))
             pre = ct.pre + ct.pred[:, 0]  # a prediction for layer 0 has no layer before it
-            return Stages(ct.attn, ct.ffn, ct.pred, self._link_time(load_bytes, self._h2d),
-                          self._link_time(store_bytes, self._d2h, self._lat_store), pre, ct.post, ct.overhead,
-                          loaded, load_bytes, store_bytes)
+            return Stages(
+                ct.attn,
+                ct.ffn,
+                ct.pred,
+                self._link_time(load_bytes, self._h2d),
+                self._link_time(store_bytes, self._d2h, self._lat_store),
+                pre,
+                ct.post,
+                ct.overhead,
+                loaded,
+                load_bytes,
+                store_bytes,
+            )
 
         rep = np.repeat
-        times = base.op_times(rep(T, L), P.reshape(-1).astype(np.float64), K.reshape(-1).astype(np.float64),
-                               rep(Lg, L))[4]
+        times = base.op_times(
+            rep(T, L), P.reshape(-1).astype(np.float64), K.reshape(-1).astype(np.float64), rep(Lg, L)
+        )[4]
         attn = np.zeros(n * L)
         for j in self._attn_rows:
             attn = attn + times[j]
@@ -203,9 +246,19 @@ class OffloadCostModel(CostModel):
             per = self._work_time(pol.prediction_work(D, C, Tp))
             pred = np.where(self._pred_mask[None, :], np.broadcast_to(per, (n, L)), 0.0)
             pre = pre + pred[:, 0]  # a prediction for layer 0 has no layer before it
-        return Stages(attn, ffn, pred, self._link_time(load_bytes, self._h2d),
-                      self._link_time(store_bytes, self._d2h, self._lat_store),
-                      pre, post, base.iteration_overhead_s, loaded, load_bytes, store_bytes)
+        return Stages(
+            attn,
+            ffn,
+            pred,
+            self._link_time(load_bytes, self._h2d),
+            self._link_time(store_bytes, self._d2h, self._lat_store),
+            pre,
+            post,
+            base.iteration_overhead_s,
+            loaded,
+            load_bytes,
+            store_bytes,
+        )
 
     def blocks(self, st: Stages) -> tuple[np.ndarray, np.ndarray]:
         """(prologue (n,), block times (n, L)) under the overlap mode."""
@@ -213,11 +266,13 @@ class OffloadCostModel(CostModel):
         nxt_load = np.concatenate([st.load[:, 1:], np.zeros((n, 1))], axis=1)
         nxt_pred = np.concatenate([st.pred[:, 1:], np.zeros((n, 1))], axis=1)
         if self.overlap == "ffn":
-            return np.maximum(st.pre, st.load[:, 0]), st.attn + nxt_pred + np.maximum(np.maximum(st.ffn, nxt_load),
-                                                                                      st.store)
+            return np.maximum(st.pre, st.load[:, 0]), st.attn + nxt_pred + np.maximum(
+                np.maximum(st.ffn, nxt_load), st.store
+            )
         if self.overlap == "layer":
-            return np.maximum(st.pre, st.load[:, 0]), nxt_pred + np.maximum(np.maximum(st.attn + st.ffn, nxt_load),
-                                                                            st.store)
+            return np.maximum(st.pre, st.load[:, 0]), nxt_pred + np.maximum(
+                np.maximum(st.attn + st.ffn, nxt_load), st.store
+            )
         return st.pre, st.load + st.attn + nxt_pred + st.ffn + st.store
 
     def total(self, st: Stages) -> np.ndarray:
@@ -268,12 +323,26 @@ class OffloadCostModel(CostModel):
         f, nb, ct, mt, tm = (a[:, 0] for a in self.base.op_times(t.tokens, pairs, keys, t.logits))
         for j, op in enumerate(self.base.ops):
             cnt = self.num_layers if op.scope == "layer" else 1
-            rows.append(OperatorCost(op.name, op.op_class, op.scope, cnt, float(f[j]), float(nb[j]), float(ct[j]),
-                                     float(mt[j]), float(tm[j])))
+            rows.append(
+                OperatorCost(
+                    op.name,
+                    op.op_class,
+                    op.scope,
+                    cnt,
+                    float(f[j]),
+                    float(nb[j]),
+                    float(ct[j]),
+                    float(mt[j]),
+                    float(tm[j]),
+                )
+            )
         L = self.num_layers
         for name, arr, nb in (("kv_load", st.load, st.load_bytes), ("kv_store", st.store, st.store_bytes)):
-            rows.append(OperatorCost(name, "communication", "layer", L, 0.0, float(nb.mean()), 0.0,
-                                     float(arr.mean()), float(arr.mean())))
+            rows.append(
+                OperatorCost(
+                    name, "communication", "layer", L, 0.0, float(nb.mean()), 0.0, float(arr.mean()), float(arr.mean())
+                )
+            )
         if st.pred.any():
             rows.append(OperatorCost("prediction", "attention", "layer", L, 0.0, 0.0, 0.0, 0.0, float(st.pred.mean())))
         return rows
@@ -295,10 +364,18 @@ class OffloadCostModel(CostModel):
         blk = blocks[0]
         with np.errstate(divide="ignore", invalid="ignore"):
             share = np.where(blk > 0, np.minimum(load, blk) / blk, 0.0)
-        return {"layer": np.arange(L), "attention": st.attn[0], "ffn": st.ffn[0], "prediction": pred,
-                "transfer": load, "store": st.store[0], "block": blk,
-                "exposed_transfer": np.maximum(0.0, blk - st.attn[0] - st.ffn[0] - pred),
-                "transfer_share": share, "loaded_tokens": st.loaded_tokens[0]}
+        return {
+            "layer": np.arange(L),
+            "attention": st.attn[0],
+            "ffn": st.ffn[0],
+            "prediction": pred,
+            "transfer": load,
+            "store": st.store[0],
+            "block": blk,
+            "exposed_transfer": np.maximum(0.0, blk - st.attn[0] - st.ffn[0] - pred),
+            "transfer_share": share,
+            "loaded_tokens": st.loaded_tokens[0],
+        }
 
     def timeline(self, batch: BatchShape, final=None) -> list[dict]:
         """Intervals of one iteration on three streams (compute, h2d, d2h), in the order the

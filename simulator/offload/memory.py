@@ -10,6 +10,7 @@ InfiniGen's partial key cache, the load buffers), not by the GPU's KV blocks.
   pool tokens = min(CPU tokens, GPU tokens); blocks = tokens // block_size
 
 The `gpu` policy keeps the KV on the GPU, and its plan is the GPU one alone."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -43,23 +44,48 @@ class OffloadMemoryPlan:
     def engine_plan(self) -> MemoryPlan:
         """The engine's MemoryPlan with the pool in place of the GPU blocks (what bounds the
         batch), so summaries and KV utilisation refer to the pool."""
-        return MemoryPlan(self.pool_blocks, 0, self.kv_bytes_per_block, self.weight_bytes_gpu, self.activation_bytes,
-                          f"offload ({self.bound_by}-bound KV pool)")
+        return MemoryPlan(
+            self.pool_blocks,
+            0,
+            self.kv_bytes_per_block,
+            self.weight_bytes_gpu,
+            self.activation_bytes,
+            f"offload ({self.bound_by}-bound KV pool)",
+        )
 
     def summary(self) -> dict:
-        return {"pool_blocks": self.pool_blocks, "pool_tokens": self.pool_tokens, "bound_by": self.bound_by,
-                "cpu_pool_gb": self.cpu_pool_bytes / 1e9, "gpu_free_gb": self.gpu_free_bytes / 1e9,
-                "weights_gpu_gb": self.weight_bytes_gpu / 1e9, "weights_cpu_gb": self.weight_bytes_cpu / 1e9}
+        return {
+            "pool_blocks": self.pool_blocks,
+            "pool_tokens": self.pool_tokens,
+            "bound_by": self.bound_by,
+            "cpu_pool_gb": self.cpu_pool_bytes / 1e9,
+            "gpu_free_gb": self.gpu_free_bytes / 1e9,
+            "weights_gpu_gb": self.weight_bytes_gpu / 1e9,
+            "weights_cpu_gb": self.weight_bytes_cpu / 1e9,
+        }
 
 
-def plan_offload_memory(model: ModelSpec, hw: HardwareProfile, policy: PlacementPolicy, section: OffloadSection, *,
-                        block_size: int, dtype: str, kv_dtype: str, tp: int, gpu_memory_utilization: float,
-                        max_batched_tokens: int, max_batch_size: int, source: str = "workload") -> OffloadMemoryPlan:
+def plan_offload_memory(
+    model: ModelSpec,
+    hw: HardwareProfile,
+    policy: PlacementPolicy,
+    section: OffloadSection,
+    *,
+    block_size: int,
+    dtype: str,
+    kv_dtype: str,
+    tp: int,
+    gpu_memory_utilization: float,
+    max_batched_tokens: int,
+    max_batch_size: int,
+    source: str = "workload",
+) -> OffloadMemoryPlan:
     frac = section.weights_gpu_percent / 100.0
     weights = model.weight_bytes_per_gpu(tp, dtype)
     w_gpu, w_cpu = frac * weights, (1.0 - frac) * weights
-    act = activation_peak_bytes(model, max_batched_tokens, max_batch_size, "fp16" if dtype in ("int8", "int4") else dtype,
-                                tp)
+    act = activation_peak_bytes(
+        model, max_batched_tokens, max_batch_size, "fp16" if dtype in ("int8", "int4") else dtype, tp
+    )
     stream_buf = 2.0 * (1.0 - frac) * weights / model.num_layers
     gpu_free = hw.memory_bytes() * gpu_memory_utilization - w_gpu - act - policy.gpu_fixed_bytes() / tp - stream_buf
     cpu_pool = section.cpu_memory_gb * 1e9 * section.cpu_memory_utilization - w_cpu
@@ -71,10 +97,13 @@ def plan_offload_memory(model: ModelSpec, hw: HardwareProfile, policy: Placement
         raise InfersimError(
             f"{source}: model '{model.name}' ({w_gpu / 1e9:.1f} GB of weights on the GPU at weights_gpu_percent="
             f"{section.weights_gpu_percent:g}) leaves no GPU memory on '{hw.name}' ({hw.memory_gb:g} GB x "
-            f"{gpu_memory_utilization}); lower offload.weights_gpu_percent")
+            f"{gpu_memory_utilization}); lower offload.weights_gpu_percent"
+        )
     if not policy.kv_on_gpu and cpu_pool <= 0:
-        raise InfersimError(f"{source}: no CPU memory left for the KV pool ({section.cpu_memory_gb:g} GB x "
-                            f"{section.cpu_memory_utilization} less {w_cpu / 1e9:.1f} GB of CPU weights)")
+        raise InfersimError(
+            f"{source}: no CPU memory left for the KV pool ({section.cpu_memory_gb:g} GB x "
+            f"{section.cpu_memory_utilization} less {w_cpu / 1e9:.1f} GB of CPU weights)"
+        )
     gpu_tokens = gpu_free / gpu_tok if gpu_tok > 0 else float("inf")
     cpu_tokens = cpu_pool / cpu_tok if cpu_tok > 0 else float("inf")
     if section.pool_blocks is not None:
@@ -84,5 +113,6 @@ def plan_offload_memory(model: ModelSpec, hw: HardwareProfile, policy: Placement
         blocks, bound = int(tokens // block_size), ("gpu" if gpu_tokens <= cpu_tokens else "cpu")
     if blocks <= 0:
         raise InfersimError(f"{source}: the offload memory plan leaves no KV blocks ({bound}-bound)")
-    return OffloadMemoryPlan(blocks, block_size, bound, cpu_pool, gpu_free, cpu_tok, gpu_tok, w_gpu, w_cpu, act,
-                             kv_block)
+    return OffloadMemoryPlan(
+        blocks, block_size, bound, cpu_pool, gpu_free, cpu_tok, gpu_tok, w_gpu, w_cpu, act, kv_block
+    )

@@ -20,6 +20,7 @@ Quality proxies (`proxies`): the relative KV size a query attends over, and the 
 mass a best-case selection of that size keeps (see `coverage`). They are proxies, not
 accuracy: they see how much KV a policy uses, not selection errors (H2O's permanent eviction,
 InfiniGen's mispredictions) or quantization error."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -28,12 +29,11 @@ from typing import Literal, Optional
 import numpy as np
 from pydantic import BaseModel, Field, PositiveInt, ValidationError
 
-from ..validation import STRICT_CONFIG
-
 from ..errors import InfersimError, pydantic_error_line
 from ..models.dtypes import bytes_per_element
 from ..models.spec import ModelSpec
 from ..registry import Registry
+from ..validation import STRICT_CONFIG
 from .sparsity import SparsityModel
 
 POLICIES: Registry = Registry("offload policy")
@@ -42,6 +42,7 @@ POLICIES: Registry = Registry("offload policy")
 @dataclass(frozen=True)
 class KVShape:
     """The model sizes a policy counts with."""
+
     num_layers: int
     hidden: int
     num_heads: int
@@ -54,8 +55,16 @@ class KVShape:
     @classmethod
     def of(cls, model: ModelSpec, dtype: str = "fp16", kv_dtype: Optional[str] = None) -> "KVShape":
         act = dtype if dtype in ("fp32", "fp16", "bf16") else "fp16"
-        return cls(model.num_layers, model.hidden_size, model.num_heads, model.q_dim, model.kv_dim,
-                   bytes_per_element(kv_dtype or dtype), bytes_per_element(dtype), bytes_per_element(act))
+        return cls(
+            model.num_layers,
+            model.hidden_size,
+            model.num_heads,
+            model.q_dim,
+            model.kv_dim,
+            bytes_per_element(kv_dtype or dtype),
+            bytes_per_element(dtype),
+            bytes_per_element(act),
+        )
 
     @property
     def token_layer_bytes(self) -> float:
@@ -67,6 +76,7 @@ class KVShape:
 class Work:
     """Extra GPU work a policy adds, as the roofline counts it: per layer (arrays broadcast
     with the layer axis) FLOPs and bytes of one operator class."""
+
     name: str
     op_class: str
     flops: np.ndarray
@@ -92,6 +102,7 @@ class _Params(BaseModel):
 
 class PlacementPolicy:
     """Base: all KV in CPU memory, every layer attends over every held token."""
+
     name = "base"
     kv_on_gpu = False
     predicts = False
@@ -106,8 +117,9 @@ class PlacementPolicy:
                 self.params = self.Params.model_validate(dict(params or {}))
             except ValidationError as exc:
                 known = ", ".join(self.Params.model_fields) or "none"
-                raise InfersimError(pydantic_error_line(f"offload.params for policy '{self.name}' (known: {known})",
-                                                        exc)) from None
+                raise InfersimError(
+                    pydantic_error_line(f"offload.params for policy '{self.name}' (known: {known})", exc)
+                ) from None
         self.shape = shape
         self.sparsity = sparsity
 
@@ -187,6 +199,7 @@ class PlacementPolicy:
 @POLICIES.register("ideal")
 class GpuPolicy(PlacementPolicy):
     """Everything on the GPU: no host traffic (InfiniGen's Ideal)."""
+
     name = "gpu"
     kv_on_gpu = True
 
@@ -208,12 +221,18 @@ class GpuPolicy(PlacementPolicy):
 @POLICIES.register("flexgen")
 class FullOffload(PlacementPolicy):
     """FlexGen with all KV on the CPU: every layer loads every cached token in fp16."""
+
     name = "full"
 
 
 class H2OParams(_Params):
-    budget: float = Field(0.2, gt=0, le=1, description="fraction of the sequence's final length kept (InfiniGen's "
-                                                       "H2O baseline: 20%, 409 tokens at 2048)")
+    budget: float = Field(
+        0.2,
+        gt=0,
+        le=1,
+        description="fraction of the sequence's final length kept (InfiniGen's "
+        "H2O baseline: 20%, 409 tokens at 2048)",
+    )
     budget_tokens: Optional[PositiveInt] = Field(None, description="a fixed budget in tokens instead")
 
 
@@ -224,6 +243,7 @@ class H2OPolicy(PlacementPolicy):
     (prompt_len + 128) / 5); evicted tokens are gone, so prefill stores only B tokens and every
     layer of every decode step loads min(context, B). Without the final length (a bare
     BatchShape) the sequence's current length stands in for it."""
+
     name = "h2o"
     sparsity_use = "proxy"
     Params = H2OParams
@@ -251,15 +271,18 @@ class Int4Params(_Params):
     group_size: PositiveInt = Field(64, description="elements per quantization group (FlexGen's cache default)")
     bits: Literal[4] = 4
     kernels: Literal["fused", "flexgen"] = Field(
-        "fused", description="fused: one pass reads the packed data and writes fp16 (2.56 B/element); flexgen: "
-                             "FlexGen's PyTorch ops (unpack by shift/and into strided halves, div_, add_: 13 B/element "
-                             "to dequantize, ~25 to quantize)")
+        "fused",
+        description="fused: one pass reads the packed data and writes fp16 (2.56 B/element); flexgen: "
+        "FlexGen's PyTorch ops (unpack by shift/and into strided halves, div_, add_: 13 B/element "
+        "to dequantize, ~25 to quantize)",
+    )
 
 
 @POLICIES.register("int4")
 class Int4Policy(PlacementPolicy):
     """FlexGen's KV compression: 4-bit asymmetric groups along the head dimension, an fp16
     scale and minimum per group: (0.5 + 4/group) bytes per element instead of 2."""
+
     name = "int4"
     Params = Int4Params
 
@@ -293,24 +316,35 @@ class Int4Policy(PlacementPolicy):
         el = 2.0 * self.shape.kv_dim * np.asarray(attended_total, dtype=np.float64)
         new = 2.0 * self.shape.kv_dim * np.asarray(new_tokens, dtype=np.float64)
         kern = 1 if self.params.kernels == "fused" else 6
-        return [Work("dequantize", "elementwise", 4.0 * el, deq_bpe * el, kern),
-                Work("quantize", "elementwise", 6.0 * new, q_bpe * new, 1 if kern == 1 else 10)]
+        return [
+            Work("dequantize", "elementwise", 4.0 * el, deq_bpe * el, kern),
+            Work("quantize", "elementwise", 6.0 * new, q_bpe * new, 1 if kern == 1 else 10),
+        ]
 
 
 class InfiniGenParams(_Params):
     alpha: float = Field(4.0, description="score threshold max - alpha (InfiniGen: 4 for OPT, 5 for Llama-2)")
-    partial_weight_ratio: float = Field(0.3, gt=0, le=1, description="fraction of q/k columns used to predict "
-                                                                     "(paper 0.3; reference code 0.2)")
+    partial_weight_ratio: float = Field(
+        0.3, gt=0, le=1, description="fraction of q/k columns used to predict " "(paper 0.3; reference code 0.2)"
+    )
     max_fetch_fraction: float = Field(0.2, gt=0, le=1, description="per-layer cap as a fraction of the KV (20%)")
     max_fetch_tokens: Optional[PositiveInt] = Field(None, description="a fixed cap in tokens instead")
-    cap_basis: Literal["context", "final"] = Field("context", description="the cap is a fraction of the current KV "
-                                                                          "(context) or of the sequence's final "
-                                                                          "length (final: the reference code's "
-                                                                          "--max-num-kv (prompt + 128) / 5)")
-    start_layer: int = Field(1, ge=0, description="first layer loaded selectively (paper: 1; the reference code "
-                                                  "loads layers 0 and 1 in full, i.e. 2)")
-    pool_limit: Optional[float] = Field(None, gt=0, le=1, description="CPU pool limit as a fraction of each "
-                                                                      "sequence's KV (InfiniGen Table 2: 0.8)")
+    cap_basis: Literal["context", "final"] = Field(
+        "context",
+        description="the cap is a fraction of the current KV "
+        "(context) or of the sequence's final "
+        "length (final: the reference code's "
+        "--max-num-kv (prompt + 128) / 5)",
+    )
+    start_layer: int = Field(
+        1,
+        ge=0,
+        description="first layer loaded selectively (paper: 1; the reference code "
+        "loads layers 0 and 1 in full, i.e. 2)",
+    )
+    pool_limit: Optional[float] = Field(
+        None, gt=0, le=1, description="CPU pool limit as a fraction of each " "sequence's KV (InfiniGen Table 2: 0.8)"
+    )
     victim: Literal["counter", "lru", "fifo"] = Field("counter", description="pool victim policy under a limit")
 
 
@@ -326,8 +360,10 @@ class InfiniGenPolicy(PlacementPolicy):
         if sparsity is None:
             raise InfersimError("offload policy 'infinigen' needs sparsity data (offload.sparsity)")
         if self.params.start_layer > shape.num_layers:
-            raise InfersimError(f"offload.params.start_layer {self.params.start_layer} is beyond the model's "
-                                f"{shape.num_layers} layers")
+            raise InfersimError(
+                f"offload.params.start_layer {self.params.start_layer} is beyond the model's "
+                f"{shape.num_layers} layers"
+            )
 
     def held_tokens(self, context, final) -> np.ndarray:
         c = np.asarray(context, dtype=np.int64)
@@ -374,13 +410,25 @@ class InfiniGenPolicy(PlacementPolicy):
         C = np.asarray(decode_context, dtype=np.float64)
         Tp = np.asarray(prefill_tokens, dtype=np.float64)
         w = [
-            Work("partial_q", "linear", 2.0 * D * s.hidden * r * s.q_dim,
-                 np.where(D > 0, r * s.hidden * s.q_dim * s.w_bytes, 0.0) + D * (s.hidden + r * s.q_dim) * s.a_bytes),
-            Work("partial_scores", "attention", 2.0 * r * s.q_dim * C,
-                 r * s.kv_dim * C * s.kv_bytes + s.num_heads * C * s.a_bytes),
+            Work(
+                "partial_q",
+                "linear",
+                2.0 * D * s.hidden * r * s.q_dim,
+                np.where(D > 0, r * s.hidden * s.q_dim * s.w_bytes, 0.0) + D * (s.hidden + r * s.q_dim) * s.a_bytes,
+            ),
+            Work(
+                "partial_scores",
+                "attention",
+                2.0 * r * s.q_dim * C,
+                r * s.kv_dim * C * s.kv_bytes + s.num_heads * C * s.a_bytes,
+            ),
             Work("select", "elementwise", 4.0 * s.num_heads * C, 2.0 * s.num_heads * C * s.a_bytes),
-            Work("partial_setup", "elementwise", 3.0 * Tp * s.hidden,
-                 Tp * (2.0 * s.hidden * s.a_bytes + r * s.kv_dim * s.kv_bytes)),
+            Work(
+                "partial_setup",
+                "elementwise",
+                3.0 * Tp * s.hidden,
+                Tp * (2.0 * s.hidden * s.a_bytes + r * s.kv_dim * s.kv_bytes),
+            ),
         ]
         return w
 

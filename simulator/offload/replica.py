@@ -12,6 +12,7 @@
 
 Decode stretches still jump from event to event: the cost model's `decode_step_times_s`
 equals stepping `iteration_time_s`, so event and step modes give identical timestamps."""
+
 from __future__ import annotations
 
 import weakref
@@ -32,17 +33,37 @@ class _Shared:
 
     def __init__(self, sim, section: OffloadSection):
         sv, hw = sim.spec.serving, sim.spec.hardware
-        self.setup: OffloadSetup = build_offload(sim.model, sim.hardware, section, dtype=sv.dtype,
-                                                 kv_dtype=sv.kv_dtype or sv.dtype,
-                                                 tensor_parallel=hw.tensor_parallel, base=sim.cost_model)
+        self.setup: OffloadSetup = build_offload(
+            sim.model,
+            sim.hardware,
+            section,
+            dtype=sv.dtype,
+            kv_dtype=sv.kv_dtype or sv.dtype,
+            tensor_parallel=hw.tensor_parallel,
+            base=sim.cost_model,
+        )
         self.plan: OffloadMemoryPlan = plan_offload_memory(
-            sim.model, sim.hardware, self.setup.policy, section, block_size=sv.block_size,
-            dtype=self.setup.base.weight_dtype, kv_dtype=self.setup.base.kv_dtype, tp=hw.tensor_parallel,
-            gpu_memory_utilization=sv.gpu_memory_utilization, max_batched_tokens=sim.limits.max_batched_tokens,
-            max_batch_size=sim.limits.max_batch_size, source=sim.spec.name)
+            sim.model,
+            sim.hardware,
+            self.setup.policy,
+            section,
+            block_size=sv.block_size,
+            dtype=self.setup.base.weight_dtype,
+            kv_dtype=self.setup.base.kv_dtype,
+            tp=hw.tensor_parallel,
+            gpu_memory_utilization=sv.gpu_memory_utilization,
+            max_batched_tokens=sim.limits.max_batched_tokens,
+            max_batch_size=sim.limits.max_batch_size,
+            source=sim.spec.name,
+        )
         sim.memory = self.plan.engine_plan()  # summaries and KV utilisation refer to the pool
-        self.totals = {"loaded_bytes": 0.0, "stored_bytes": 0.0, "decode_tokens": 0.0, "kv_size_sum": 0.0,
-                       "mass_sum": 0.0}
+        self.totals = {
+            "loaded_bytes": 0.0,
+            "stored_bytes": 0.0,
+            "decode_tokens": 0.0,
+            "kv_size_sum": 0.0,
+            "mass_sum": 0.0,
+        }
 
 
 def _shared(sim, section) -> _Shared:
@@ -77,8 +98,9 @@ def replica_class(section: OffloadSection):
             yield from super()._iteration(batch, out_bytes, in_bytes)
 
         def _decode_stretch(self, seqs):
-            self._stretch_final = np.fromiter((s.prompt_len + s.output_len for s in seqs), dtype=np.int64,
-                                              count=len(seqs))
+            self._stretch_final = np.fromiter(
+                (s.prompt_len + s.output_len for s in seqs), dtype=np.int64, count=len(seqs)
+            )
             self.cost.bind_final(self._stretch_final)
             yield from super()._decode_stretch(seqs)
 

@@ -1,5 +1,6 @@
 """Everything an offload run needs, built from the workload's sections: the policy (with its
 sparsity data), the offload cost model over the roofline, and the memory plan."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -28,21 +29,36 @@ class OffloadSetup:
         `link` replace the roofline's compute stages and the profile's host link with
         calibrated ones (calibrated.py)."""
         s = self.section
-        return OffloadCostModel(self.base, self.policy, overlap=s.overlap,
-                                weights_gpu_fraction=s.weights_gpu_percent / 100.0, kv_store_gbps=s.kv_store_gbps,
-                                layer_overhead_us=s.layer_overhead_us, compute=compute, link=link)
+        return OffloadCostModel(
+            self.base,
+            self.policy,
+            overlap=s.overlap,
+            weights_gpu_fraction=s.weights_gpu_percent / 100.0,
+            kv_store_gbps=s.kv_store_gbps,
+            layer_overhead_us=s.layer_overhead_us,
+            compute=compute,
+            link=link,
+        )
 
     def describe(self) -> dict:
-        d = {"policy": self.policy.name, "params": self.policy.params.model_dump(), "overlap": self.section.overlap,
-             "weights_gpu_percent": self.section.weights_gpu_percent,
-             "kv_store_gbps": self.section.kv_store_gbps, "host_link": self.base.hardware.host_link.name}
+        d = {
+            "policy": self.policy.name,
+            "params": self.policy.params.model_dump(),
+            "overlap": self.section.overlap,
+            "weights_gpu_percent": self.section.weights_gpu_percent,
+            "kv_store_gbps": self.section.kv_store_gbps,
+            "host_link": self.base.hardware.host_link.name,
+        }
         if self.sparsity_name is not None:
-            d["sparsity"] = self.sparsity_name + (" (borrowed: no data for this model)" if self.sparsity_borrowed else "")
+            d["sparsity"] = self.sparsity_name + (
+                " (borrowed: no data for this model)" if self.sparsity_borrowed else ""
+            )
         return d
 
 
-def build_policy_for(model: ModelSpec, section: OffloadSection, dtype: str = "fp16",
-                     kv_dtype: Optional[str] = None) -> tuple[PlacementPolicy, Optional[str], bool]:
+def build_policy_for(
+    model: ModelSpec, section: OffloadSection, dtype: str = "fp16", kv_dtype: Optional[str] = None
+) -> tuple[PlacementPolicy, Optional[str], bool]:
     cls = POLICIES.get(section.policy)  # an unknown name fails here, in one line
     sparsity, name, borrowed = None, None, False
     if cls.sparsity_use != "none":
@@ -63,9 +79,16 @@ def _any_alpha(name: str, alpha: float) -> float:
     return min(alphas, key=lambda a: abs(a - alpha))
 
 
-def build_offload(model: ModelSpec, hardware: HardwareProfile, section: OffloadSection, *, dtype: str = "fp16",
-                  kv_dtype: Optional[str] = None, tensor_parallel: int = 1,
-                  base: Optional[RooflineCostModel] = None) -> OffloadSetup:
+def build_offload(
+    model: ModelSpec,
+    hardware: HardwareProfile,
+    section: OffloadSection,
+    *,
+    dtype: str = "fp16",
+    kv_dtype: Optional[str] = None,
+    tensor_parallel: int = 1,
+    base: Optional[RooflineCostModel] = None,
+) -> OffloadSetup:
     dtype = normalize_dtype(dtype)
     kv = normalize_dtype(kv_dtype or dtype)
     policy, name, borrowed = build_policy_for(model, section, dtype, kv)

@@ -9,6 +9,7 @@ grow sub-linearly with context: InfiniGen's OPT-13B numbers grow ~c^0.5). It is 
 [1, c]. A per-layer multiplier, when the data gives one, scales n for each layer. Tables are
 per alpha; an alpha between two tables is interpolated linearly in alpha, one outside them is
 an error (the count depends strongly on alpha and cannot be guessed)."""
+
 from __future__ import annotations
 
 from functools import lru_cache
@@ -107,8 +108,10 @@ class SparsityModel:
         tables = sorted(spec.important_tokens, key=lambda t: t.alpha)
         alphas = [t.alpha for t in tables]
         if not alphas[0] <= self.alpha <= alphas[-1]:
-            raise InfersimError(f"sparsity data '{spec.name}' has important-token tables for alpha "
-                                f"{', '.join(f'{a:g}' for a in alphas)}; alpha {self.alpha:g} is outside them")
+            raise InfersimError(
+                f"sparsity data '{spec.name}' has important-token tables for alpha "
+                f"{', '.join(f'{a:g}' for a in alphas)}; alpha {self.alpha:g} is outside them"
+            )
         hi = next(i for i, a in enumerate(alphas) if a >= self.alpha)
         lo = hi if alphas[hi] == self.alpha else hi - 1
         self._lo, self._hi = tables[lo], tables[hi]
@@ -119,8 +122,11 @@ class SparsityModel:
         """Average important tokens over layers (float, clipped to [1, c])."""
         c = np.asarray(context, dtype=np.float64)
         lo = _loglog(c, np.asarray(self._lo.context), np.asarray(self._lo.tokens))
-        n = lo if self._w == 0.0 else (1 - self._w) * lo + self._w * _loglog(
-            c, np.asarray(self._hi.context), np.asarray(self._hi.tokens))
+        n = (
+            lo
+            if self._w == 0.0
+            else (1 - self._w) * lo + self._w * _loglog(c, np.asarray(self._hi.context), np.asarray(self._hi.tokens))
+        )
         return np.clip(n, 1.0, np.maximum(c, 1.0))
 
     def layer_scale(self, num_layers: int) -> np.ndarray:
@@ -128,8 +134,10 @@ class SparsityModel:
         if s is None:
             return np.ones(num_layers)
         if len(s) != num_layers:
-            raise InfersimError(f"sparsity data '{self.spec.name}' gives layer_scale for {len(s)} layers; "
-                                f"the model has {num_layers}")
+            raise InfersimError(
+                f"sparsity data '{self.spec.name}' gives layer_scale for {len(s)} layers; "
+                f"the model has {num_layers}"
+            )
         return np.asarray(s, dtype=np.float64)
 
     def tokens(self, context, num_layers: int) -> np.ndarray:

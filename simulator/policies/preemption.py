@@ -1,5 +1,6 @@
 """Preemption mode: when GPU KV blocks run out, does a victim go to CPU (swap) or lose its
 KV and get prefilled again later (recompute)? AdaptiveLLM Algorithm 1 compares the two costs."""
+
 from __future__ import annotations
 
 from ..registry import Registry
@@ -27,6 +28,7 @@ class PreemptionPolicy:
 @PREEMPTION_POLICIES.register("recompute")
 class RecomputePreemption(PreemptionPolicy):
     """vLLM's default for single-sequence requests."""
+
     name = "recompute"
 
     def choose(self, seq, state, free_cpu_blocks):
@@ -40,6 +42,7 @@ class SwapPreemption(PreemptionPolicy):
     pool was full. So a victim that does not fit on the CPU is not preempted: the sequence that
     needed the block waits ("stall") until blocks free up. Only when every running sequence
     waits is one recomputed (counted apart as forced)."""
+
     name = "swap"
     swap_only = True
 
@@ -53,6 +56,7 @@ class SwapTailPreemption(SwapPreemption):
     block and every lower-priority one after it sit the iteration out ("stall_tail"), as if
     vLLM's reservation loop were left at the first victim that does not fit. An alternative
     reading of the paper's unstated vLLM_s behaviour, for the AdaptiveLLM study."""
+
     name = "swap_tail"
 
     def choose(self, seq, state, free_cpu_blocks):
@@ -63,6 +67,7 @@ class SwapTailPreemption(SwapPreemption):
 class CostAwarePreemption(PreemptionPolicy):
     """AdaptiveLLM Algorithm 1: swap when the KV fits on the CPU and moving it out and back
     (KV bytes / D2H + KV bytes / H2D) is predicted cheaper than prefilling it again."""
+
     name = "cost_aware"
 
     def swap_cost_s(self, seq, state: SchedulerState) -> float:

@@ -6,6 +6,7 @@ nothing is swapped out), otherwise a decode iteration that preempts the most rec
 arrivals until every running sequence has room for its next token, then swaps back in.
 `fairness` is AdaptiveLLM Algorithm 2. With `chunked_prefill` (Sarathi) both build mixed
 iterations: decodes first, then prefill chunks filling the token budget."""
+
 from __future__ import annotations
 
 from ..registry import Registry
@@ -81,8 +82,9 @@ class Scheduler:
         remaining = seq.num_tokens - seq.computed
         return 1 if remaining <= 1 else remaining
 
-    def _admissible(self, state: SchedulerState, free: int, n_running: int, candidates: list,
-                    token_budget: int, decision: Decision) -> tuple[list, int]:
+    def _admissible(
+        self, state: SchedulerState, free: int, n_running: int, candidates: list, token_budget: int, decision: Decision
+    ) -> tuple[list, int]:
         """Waiting sequences that can start now, in the given order: stop at the first that
         must wait (LATER), drop those that never can (NEVER / too long)."""
         chosen, tokens = [], 0
@@ -103,8 +105,9 @@ class Scheduler:
             tokens += n_tok
         return chosen, free
 
-    def _swappable(self, state: SchedulerState, free: int, n_running: int, candidates: list,
-                   decision: Decision) -> tuple[list, int]:
+    def _swappable(
+        self, state: SchedulerState, free: int, n_running: int, candidates: list, decision: Decision
+    ) -> tuple[list, int]:
         """Swapped sequences that can come back now, in order; one that has outgrown the whole
         GPU pool never can (NEVER) and is aborted, as an over-long prompt is."""
         chosen = []
@@ -156,8 +159,9 @@ class FCFSScheduler(Scheduler):
             d.admit = [s for s in d.admit if id(s) in admitted_running]
             return d
         if not state.swapped and state.waiting:
-            d.admit, _ = self._admissible(state, state.free_gpu_blocks, len(state.running), state.waiting,
-                                          lim.max_batched_tokens, d)
+            d.admit, _ = self._admissible(
+                state, state.free_gpu_blocks, len(state.running), state.waiting, lim.max_batched_tokens, d
+            )
             if d.admit:
                 d.batch = [(s, s.num_tokens) for s in d.admit]
                 return d
@@ -174,6 +178,7 @@ class FairnessScheduler(Scheduler):
     and long-waiting requests first. Each iteration admits either from the swapped queue or
     from the waiting queue, never both, whichever candidate set has the higher mean priority;
     an admission from waiting is a prefill-only iteration."""
+
     name = "fairness"
 
     @staticmethod
@@ -190,8 +195,9 @@ class FairnessScheduler(Scheduler):
             return True
         room = state.free_gpu_blocks - state.watermark_blocks
         smallest = min((state.blocks_for_tokens(s.num_tokens) for s in state.waiting), default=None)
-        smallest_swapped = min((max(s.num_cpu_blocks, state.blocks_for_tokens(s.computed + 1)) for s in state.swapped),
-                               default=None)
+        smallest_swapped = min(
+            (max(s.num_cpu_blocks, state.blocks_for_tokens(s.computed + 1)) for s in state.swapped), default=None
+        )
         return all(x is None or x > room for x in (smallest, smallest_swapped))
 
     def schedule(self, state: SchedulerState) -> Decision:

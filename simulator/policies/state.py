@@ -5,6 +5,7 @@ returned `Decision`.
 A sequence, to a policy, is any object with these attributes (duck-typed):
   rid, arrival_s, first_enqueue_s, prompt_len, generated, num_tokens (prompt + generated),
   computed (tokens whose KV is cached), num_gpu_blocks, num_cpu_blocks."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ class SeqLike(Protocol):
 
 class AllocStatus(Enum):
     """vLLM's answer to "can this sequence's KV be allocated now?"."""
+
     OK = "ok"
     LATER = "later"  # not now: wait for blocks to free up
     NEVER = "never"  # not even with the whole pool: abort the request

@@ -9,6 +9,7 @@ SSMs can share or not share their uniforms (see minions.draw_agreement_lengths).
 Models are data: simulator/catalog/acceptance/<table>.yaml holds them per (target, draft,
 dataset) with their source; a workload may also give one inline (config.AcceptanceSpec).
 No SimPy here: the real executor can fit and use the same objects."""
+
 from __future__ import annotations
 
 from functools import lru_cache
@@ -18,10 +19,9 @@ from typing import Optional, Sequence
 import numpy as np
 from pydantic import BaseModel, Field
 
-from ..validation import STRICT_CONFIG
-
 from ..errors import InfersimError, UnknownNameError
 from ..paths import catalog_dir
+from ..validation import STRICT_CONFIG
 from ..yamlio import load_mapping, validate
 from .config import AcceptanceRef, AcceptanceSpec
 from .sampling import convert_token_acceptance
@@ -130,6 +130,7 @@ class EmpiricalAcceptance(PositionalAcceptance):
     """A histogram of accepted counts recorded at speculation length `recorded_s`, e.g. by the
     real executor. Conditional probabilities are its hazards S_i / S_(i-1); past recorded_s
     nothing was observed, so their geometric mean is carried on."""
+
     kind = "empirical"
 
     def __init__(self, counts: Sequence[float], recorded_s: int):
@@ -156,11 +157,18 @@ class MixtureAcceptance(AcceptanceModel):
     follows the marginal: P(A >= i) = sum_j w_j S_j(i), so expected tokens per step are the
     weighted mean of the components' — the same mean as the pooled histogram the mixture was
     fitted from, with the spread between requests kept."""
+
     kind = "mixture"
     per_request = True
 
-    def __init__(self, components: Sequence[AcceptanceModel], weights: Sequence[float], order_s: int = 4,
-                 assignment: Optional[dict] = None, stratified: bool = False):
+    def __init__(
+        self,
+        components: Sequence[AcceptanceModel],
+        weights: Sequence[float],
+        order_s: int = 4,
+        assignment: Optional[dict] = None,
+        stratified: bool = False,
+    ):
         self.stratified = bool(stratified)
         w = np.asarray(list(weights), dtype=np.float64)
         if len(components) == 0 or w.size != len(components) or np.any(w < 0) or w.sum() <= 0:
@@ -221,9 +229,12 @@ class MixtureAcceptance(AcceptanceModel):
         return ok.sum(axis=1).astype(np.int64)
 
     def describe(self) -> dict:
-        return {"kind": self.kind, "weights": [round(float(x), 4) for x in self.weights],
-                "components": [c.describe() for c in self.components],
-                "expected_tokens_s4": round(self.expected_tokens(4), 4)}
+        return {
+            "kind": self.kind,
+            "weights": [round(float(x), 4) for x in self.weights],
+            "components": [c.describe() for c in self.components],
+            "expected_tokens_s4": round(self.expected_tokens(4), 4),
+        }
 
 
 def build_model(spec: AcceptanceSpec, mode: str = "greedy", temperature: float = 0.0) -> AcceptanceModel:
@@ -232,9 +243,12 @@ def build_model(spec: AcceptanceSpec, mode: str = "greedy", temperature: float =
     the spec was measured (sampling.py)."""
     if spec.kind == "mixture":
         # each component converted on its own (its own measured setting)
-        return MixtureAcceptance([build_model(c, mode, temperature) for c in spec.components],
-                                 spec.weights if spec.weights is not None else [1.0] * len(spec.components),
-                                 assignment=spec.assignment, stratified=spec.draws == "stratified")
+        return MixtureAcceptance(
+            [build_model(c, mode, temperature) for c in spec.components],
+            spec.weights if spec.weights is not None else [1.0] * len(spec.components),
+            assignment=spec.assignment,
+            stratified=spec.draws == "stratified",
+        )
     if spec.kind == "iid":
         model: AcceptanceModel = IIDAcceptance(spec.alpha)
     elif spec.kind == "positional":
@@ -267,6 +281,7 @@ class TableEntry(AcceptanceSpec):
 
 class AcceptanceTable(BaseModel):
     """simulator/catalog/acceptance/<name>.yaml: one target, entries per (draft, dataset)."""
+
     model_config = STRICT_CONFIG
     name: str
     target: str
@@ -281,9 +296,11 @@ class AcceptanceTable(BaseModel):
             known = sorted({f"{e.draft}/{e.dataset}" for e in self.entries})
             raise UnknownNameError(f"acceptance entry in table '{self.name}'", f"{draft}/{dataset}", known)
         if len(hits) > 1:
-            raise InfersimError(f"acceptance table '{self.name}': draft '{draft}' has several datasets; "
-                                f"give speculation.dataset or acceptance.dataset "
-                                f"({', '.join(sorted(e.dataset for e in hits))})")
+            raise InfersimError(
+                f"acceptance table '{self.name}': draft '{draft}' has several datasets; "
+                f"give speculation.dataset or acceptance.dataset "
+                f"({', '.join(sorted(e.dataset for e in hits))})"
+            )
         return hits[0]
 
 
@@ -318,5 +335,7 @@ def resolve_spec(acc, dataset: Optional[str] = None) -> AcceptanceSpec:
     raise InfersimError(f"not an acceptance spec: {acc!r}")
 
 
-def resolve_model(acc, dataset: Optional[str] = None, mode: str = "greedy", temperature: float = 0.0) -> AcceptanceModel:
+def resolve_model(
+    acc, dataset: Optional[str] = None, mode: str = "greedy", temperature: float = 0.0
+) -> AcceptanceModel:
     return build_model(resolve_spec(acc, dataset), mode, temperature)

@@ -17,6 +17,7 @@
 
 `method` sets the defaults of the three Minions switches (all on for `minions`, all off for
 `draft`); each switch can be set on its own for ablations. See docs/speculative.md."""
+
 from __future__ import annotations
 
 from typing import Literal, Optional, Union
@@ -33,6 +34,7 @@ class _Strict(BaseModel):
 # ---- acceptance --------------------------------------------------------------------------
 class AcceptanceRef(_Strict):
     """An entry of an acceptance table in simulator/catalog/acceptance/<table>.yaml."""
+
     table: str
     draft: str = Field(description="the draft (SSM) label inside the table")
     dataset: Optional[str] = None  # None: the speculation section's dataset
@@ -65,6 +67,7 @@ class AcceptanceSpec(_Strict):
                 names the component of given request ids (a recorded run's requests replayed by
                 id, as the validation does: which request was hard is then known, as its output
                 length is); other requests draw their level."""
+
     kind: Literal["iid", "positional", "empirical", "mixture"]
     alpha: Optional[float] = Field(None, ge=0, le=1)
     probs: Optional[list[float]] = None
@@ -126,6 +129,7 @@ class DraftSection(_Strict):
 class SamplingSection(_Strict):
     """How the target accepts: greedy (argmax match), sampling (rejection sampling at
     `temperature`) or typical (Medusa's typical acceptance: p(x) > min(epsilon, delta exp(-H)))."""
+
     mode: Literal["greedy", "sampling", "typical"] = "greedy"
     temperature: NonNegativeFloat = 0.0
     epsilon: float = Field(0.09, gt=0, le=1)  # the Medusa reference code's defaults (FasterDecoding/Medusa)
@@ -140,6 +144,7 @@ class VotingSection(_Strict):
     punish_threshold. The paper gives no threshold values: `threshold_mode: relative` (default)
     reads the thresholds as multiples of a running mean (EMA) of all SSMs' ACR, `absolute` as
     acceptance rates."""
+
     enabled: Optional[bool] = None  # None: on for method minions
     reward_threshold: float = Field(1.05, ge=0)
     punish_threshold: float = Field(0.95, ge=0)
@@ -171,6 +176,7 @@ class SelectorSection(_Strict):
     went while t/vl falls and turns back when it rises. The two agree whenever the last change
     was an increase; after a decrease that hurt, the literal rule decreases again and can spiral
     down to s_min (docs/findings/minions.md measures it)."""
+
     enabled: Optional[bool] = None  # None: on for method minions
     decision_threshold: PositiveInt = 20
     s_reward: PositiveInt = 1
@@ -205,6 +211,7 @@ class PipelineSection(_Strict):
     verifying passes overlapped for 10-50% of their time were as slow as those overlapped
     throughout). `llm_prefill_share` prices the verifying passes that also prefill at their own
     share."""
+
     enabled: Optional[bool] = None  # None: on for method minions
     placement: Literal["shared", "separate"] = "shared"
     llm_share: float = Field(0.8, gt=0, le=1)
@@ -231,6 +238,7 @@ class TreeSection(_Strict):
     """choices: an explicit list of paths (default: the accuracy table's tree, mc_sim_7b_63);
     cartesian: every path through the top-sizes[k] guesses of head k; greedy: Medusa 2.3.3,
     the `nodes` (root included) most probable paths under the accuracy table."""
+
     type: Literal["choices", "cartesian", "greedy"] = "choices"
     choices: Optional[list[list[int]]] = None
     sizes: Optional[list[PositiveInt]] = None
@@ -251,6 +259,7 @@ class MedusaAcceptance(_Strict):
     candidates, d = 0..depth. Replaces the head-independence model (which needs only the
     accuracies) when the simulated tree is `tree`; real heads are right together more often
     than independent ones (a context easy for head 1 is easy for head 2)."""
+
     kind: Literal["empirical"] = "empirical"
     counts: list[NonNegativeFloat]
     tree: list[list[int]] = Field(description="the tree (choices) the counts were recorded on")
@@ -306,7 +315,9 @@ class SpeculationSection(_Strict):
     # fixed cost per SSM step not in the roofline (kernel launches, sampling, framework); paid once
     # per step however many SSMs draft (they run concurrently, their idle gaps overlap)
     draft_step_overhead_us: NonNegativeFloat = 0.0
-    account_memory: bool = True  # colocated SSM weights/KV and Medusa heads come out of the KV pool (derived pools only)
+    account_memory: bool = (
+        True  # colocated SSM weights/KV and Medusa heads come out of the KV pool (derived pools only)
+    )
     voting: VotingSection = VotingSection()
     selector: SelectorSection = SelectorSection()
     pipeline: PipelineSection = PipelineSection()

@@ -10,6 +10,7 @@ while it runs) takes its solo time / its share in all, charged once when the con
 however long the overlap; the rest runs at full speed. (Two threads of one Python process
 contending for the GIL and the cores slowed a whole pass by about as much for a short overlap
 as for a full one: analysis/validate/spec_costmodel.py.)"""
+
 from __future__ import annotations
 
 

@@ -7,6 +7,7 @@ the probability that a tree node's whole path is right is the product of the acc
 it; the expected accepted length of a tree is 1 (the base model's own token) plus the sum of
 those over its nodes; and `grow_tree` extends a table's tree greedily by the most probable
 child of any node."""
+
 from __future__ import annotations
 
 import heapq
@@ -36,6 +37,7 @@ class HeadTop(BaseModel):
 
 class HeadAccuracies(BaseModel):
     """Medusa head accuracies and a sparse tree (simulator/catalog/medusa/*.yaml)."""
+
     model_config = STRICT_CONFIG
     name: str
     model: str = ""
@@ -50,7 +52,9 @@ class HeadAccuracies(BaseModel):
     @model_validator(mode="after")
     def _check(self):
         if isinstance(self.per_rank, list):
-            if any(not 0 <= a <= 1 for row in self.per_rank for a in row) or any(sum(r) > 1 + 1e-9 for r in self.per_rank):
+            if any(not 0 <= a <= 1 for row in self.per_rank for a in row) or any(
+                sum(r) > 1 + 1e-9 for r in self.per_rank
+            ):
                 raise ValueError("per_rank accuracies must lie in [0, 1] and add up to at most 1 per head")
         elif not self.heads:
             raise ValueError("per_rank 'geometric' needs heads with top1/top5")
@@ -76,7 +80,7 @@ class HeadAccuracies(BaseModel):
         if isinstance(self.per_rank, list):
             out = np.zeros((len(self.per_rank), self.top_k))
             for k, row in enumerate(self.per_rank):
-                out[k, :min(len(row), self.top_k)] = row[:self.top_k]
+                out[k, : min(len(row), self.top_k)] = row[: self.top_k]
             return out
         return np.array([_geometric_ranks(h.top1, h.top5, self.top_k) for h in self.heads])
 
@@ -89,7 +93,7 @@ def _geometric_ranks(top1: float, top5: float, top_k: int) -> np.ndarray:
     lo, hi = 0.0, 10.0
     for _ in range(200):
         r = 0.5 * (lo + hi)
-        if sum(r ** i for i in range(5)) < target:
+        if sum(r**i for i in range(5)) < target:
             lo = r
         else:
             hi = r
@@ -129,7 +133,7 @@ def grow_tree(table: HeadAccuracies, nodes: int) -> list[tuple[int, ...]]:
     if nodes < 1:
         raise InfersimError(f"candidates must be >= 1, got {nodes}")
     acc = table.rank_accuracies()
-    tree = [tuple(c) for c in table.tree[:nodes - 1]]
+    tree = [tuple(c) for c in table.tree[: nodes - 1]]
     if len(tree) == nodes - 1:
         return tree
     have = set(tree) | {()}

@@ -19,6 +19,7 @@ tokens after the target's own continuation, not after an alternative, so its chi
 counted (a conservative reading; the longest accepted prefix then gains at most one token over
 the exact-match path, from the children of the node where that path stops).
 `TreeSampler` draws a round's accepted depth for many sequences at once."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -75,8 +76,17 @@ def greedy_tree(acc: np.ndarray, nodes: int) -> Tree:
     acceptance length under accuracies acc (heads x ranks)."""
     acc = np.asarray(acc, dtype=np.float64)
     # model_construct: the table of a non-exclusive scheme (typical) may sum above 1 per head
-    table = HeadAccuracies.model_construct(name="greedy", model="", source="", top_k=int(acc.shape[1]), heads=[],
-                                           per_rank=acc.tolist(), tree_name="", tree_source="", tree=[])
+    table = HeadAccuracies.model_construct(
+        name="greedy",
+        model="",
+        source="",
+        top_k=int(acc.shape[1]),
+        heads=[],
+        per_rank=acc.tolist(),
+        tree_name="",
+        tree_source="",
+        tree=[],
+    )
     return [tuple(p) for p in grow_tree(table, int(nodes))]
 
 
@@ -120,6 +130,7 @@ def expected_length(tree: Tree, acc: np.ndarray, extra: Optional[np.ndarray] = N
 @dataclass
 class TreeSampler:
     """Draws accepted depths (candidates accepted beyond the root) for a fixed tree."""
+
     tree: Tree
     acc: np.ndarray
     extra: Optional[np.ndarray] = None
@@ -130,8 +141,10 @@ class TreeSampler:
         self.nodes = len(self.tree) + 1
         k = self.acc.shape[1]
         self._base = k + 1
-        self._codes = [np.array(sorted(self._code(p) for p in self.tree if len(p) == d + 1), dtype=np.int64)
-                       for d in range(self.depth)]
+        self._codes = [
+            np.array(sorted(self._code(p) for p in self.tree if len(p) == d + 1), dtype=np.int64)
+            for d in range(self.depth)
+        ]
         self._cum = []
         for d in range(self.depth):
             p = np.clip(self.acc[d], 0, 1)
@@ -219,6 +232,7 @@ class EmpiricalTreeSampler:
     Per request (`components`, `weights`): a request at level u in [0, 1) draws its steps from
     the component j(u) (components ordered from hardest to easiest by mean depth); without a
     level, from the weighted mixture of the components."""
+
     counts: np.ndarray
     components: Optional[list] = None
     weights: Optional[Sequence[float]] = None
@@ -243,8 +257,9 @@ class EmpiricalTreeSampler:
             pos = np.empty(len(order), dtype=np.int64)
             pos[order] = np.arange(len(order))
             lo = np.concatenate(([0.0], self._wcum[:-1]))
-            self._assigned = {int(r): float((lo[pos[j]] + self._wcum[pos[j]]) / 2)
-                              for r, j in (self.assignment or {}).items()}
+            self._assigned = {
+                int(r): float((lo[pos[j]] + self._wcum[pos[j]]) / 2) for r, j in (self.assignment or {}).items()
+            }
         self.counts = c
         self._cum = np.cumsum(c / c.sum())
         self._cum[-1] = 1.0
@@ -262,8 +277,9 @@ class EmpiricalTreeSampler:
             out[i] = self._assigned.get(int(r), out[i])
         return out
 
-    def sample(self, rng: np.random.Generator, n: int, levels: Optional[np.ndarray] = None,
-               u: Optional[np.ndarray] = None) -> np.ndarray:
+    def sample(
+        self, rng: np.random.Generator, n: int, levels: Optional[np.ndarray] = None, u: Optional[np.ndarray] = None
+    ) -> np.ndarray:
         """Accepted candidates (0..depth) for n sequences, by inverse CDF of one uniform each
         (`u`, e.g. stratified per request, or drawn from rng)."""
         if n == 0:
@@ -271,8 +287,9 @@ class EmpiricalTreeSampler:
         u = rng.random(n) if u is None else np.asarray(u, dtype=np.float64)
         if levels is None or not self.per_request:
             return np.searchsorted(self._cum, u, side="right").astype(np.int64)
-        j = np.minimum(np.searchsorted(self._wcum, np.asarray(levels, dtype=np.float64), side="right"),
-                       len(self._w) - 1)
+        j = np.minimum(
+            np.searchsorted(self._wcum, np.asarray(levels, dtype=np.float64), side="right"), len(self._w) - 1
+        )
         cum = np.cumsum(self._pmfs[j], axis=1)
         cum[:, -1] = 1.0
         return (u[:, None] >= cum).sum(axis=1).astype(np.int64)

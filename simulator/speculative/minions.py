@@ -28,6 +28,7 @@ proposes the target's own tokens for the first L_j positions and then a token of
 (different from every other SSM's), with L_j drawn from SSM j's acceptance model, so votes,
 ACRs and weights mean what they mean in the paper. `vote_agreement` is the vectorised walk for
 such outputs; the tests check it against the tree walk."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -50,8 +51,9 @@ class _Node:
 class TokenTree:
     """The SSMs' outputs for one request merged into a weighted trie."""
 
-    def __init__(self, outputs: Sequence[Sequence[int]], weights: Sequence[float],
-                 priority: Optional[Sequence[float]] = None):
+    def __init__(
+        self, outputs: Sequence[Sequence[int]], weights: Sequence[float], priority: Optional[Sequence[float]] = None
+    ):
         if len(outputs) != len(weights):
             raise ValueError("one weight per SSM output")
         self.weights = [float(w) for w in weights]
@@ -114,7 +116,9 @@ def agreement_outputs(lengths: Sequence[int], s: int, correct: Optional[Sequence
     return outs
 
 
-def vote_agreement(lengths: np.ndarray, weights: Sequence[float], s, priority: Optional[np.ndarray] = None) -> np.ndarray:
+def vote_agreement(
+    lengths: np.ndarray, weights: Sequence[float], s, priority: Optional[np.ndarray] = None
+) -> np.ndarray:
     """Voted SSM per request for agreement-model outputs (requests x SSMs lengths, each <= its
     request's s), identical to TokenTree(agreement_outputs(L_r, s_r), weights, priority_r)
     .heaviest_path()[1] for every request r. `priority`: (requests x SSMs) tie-break priorities
@@ -125,7 +129,11 @@ def vote_agreement(lengths: np.ndarray, weights: Sequence[float], s, priority: O
     n, m = L.shape
     w = np.asarray(weights, dtype=np.float64)
     s_arr = np.broadcast_to(np.asarray(s, dtype=np.int64), (n,))
-    pr = np.broadcast_to(-np.arange(m, dtype=np.float64), (n, m)) if priority is None else np.asarray(priority, np.float64)
+    pr = (
+        np.broadcast_to(-np.arange(m, dtype=np.float64), (n, m))
+        if priority is None
+        else np.asarray(priority, np.float64)
+    )
     # rank of each SSM within its request by (weight, priority): 0 = worst
     order = np.lexsort((pr, np.broadcast_to(w, (n, m))), axis=1)
     rank = np.empty((n, m), dtype=np.int64)
@@ -159,7 +167,9 @@ def vote_agreement(lengths: np.ndarray, weights: Sequence[float], s, priority: O
     return voted
 
 
-def draw_agreement_lengths(rng: np.random.Generator, models: Sequence, s, n: int, correlation: float = 0.0) -> np.ndarray:
+def draw_agreement_lengths(
+    rng: np.random.Generator, models: Sequence, s, n: int, correlation: float = 0.0
+) -> np.ndarray:
     """(n, SSMs) agreement lengths, SSM j's column from its own acceptance model. With
     probability `correlation` a request's SSMs share one uniform (the position is equally hard
     for all of them: comonotone lengths), otherwise each draws its own."""
@@ -251,6 +261,7 @@ class SSMWeights:
 class PoolBackPressure:
     """SSMs pause while the intermediate result pool holds at least the LLM's batch size and
     run again as soon as it drops below."""
+
     llm_batch_size: int
     enabled: bool = True
 

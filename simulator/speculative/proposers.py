@@ -12,6 +12,7 @@ Common interface (per round, for the decoding sequences of a batch):
   accept(rng, k, rids)    -> (accepted candidates, voted SSM or -1, accepted / k); rids (request
                              ids, optional) give per-request acceptance models each request's level
   feedback(t, vl, voted, rates) -> the policies learn (selector, SSM weights)"""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,17 +24,24 @@ from ..errors import InfersimError
 from ..hardware.catalog import load_hardware
 from ..models.catalog import load_model
 from ..models.dtypes import normalize_dtype
-from .acceptance import AcceptanceModel, load_table, resolve_model, resolve_spec
+from .acceptance import AcceptanceModel, resolve_model
 from .config import AcceptanceRef, SpeculationSection
 from .medusa_heads import load_accuracies
-from .medusa_tree import (EmpiricalTreeSampler, TreeSampler, cartesian_tree, choices_tree, greedy_tree, head_params, heads_time_s,
-                          restrict)
+from .medusa_tree import (
+    EmpiricalTreeSampler,
+    TreeSampler,
+    cartesian_tree,
+    choices_tree,
+    greedy_tree,
+    head_params,
+    heads_time_s,
+    restrict,
+)
 from .minions import SSMWeights, draw_agreement_lengths, vote_agreement
 from .sampling import convert_rank_accuracies
 from .selector import AdaptiveLengthSelector
 
-
-_GOLDEN = (5 ** 0.5 - 1) / 2  # spreads k * _GOLDEN mod 1 most evenly for every k (three-distance theorem)
+_GOLDEN = (5**0.5 - 1) / 2  # spreads k * _GOLDEN mod 1 most evenly for every k (three-distance theorem)
 
 
 def level_offset(seed: int) -> float:
@@ -70,7 +78,7 @@ class StratifiedDraws:
             self._count[int(r)] = c + 1
             # the request's start point along another irrational than the sequence's step, so
             # request r + 1's sequence is not request r's shifted by one round
-            out[i] = (self._offset + int(r) * (2 ** 0.5 - 1) + c * _GOLDEN) % 1.0
+            out[i] = (self._offset + int(r) * (2**0.5 - 1) + c * _GOLDEN) % 1.0
         return out
 
 
@@ -104,22 +112,34 @@ class DraftProposer:
             model = load_model(d.model)
             key = _cost_key(model, hw, dtype, cfg.draft_tensor_parallel)
             if key not in cache:
-                cache[key] = build_cost_model(sv.cost_model, model, hw, dtype=dtype, kv_dtype=dtype,
-                                              tensor_parallel=cfg.draft_tensor_parallel)
+                cache[key] = build_cost_model(
+                    sv.cost_model, model, hw, dtype=dtype, kv_dtype=dtype, tensor_parallel=cfg.draft_tensor_parallel
+                )
             acc = resolve_model(d.acceptance, cfg.dataset, mode, temp)
             name = d.name or (d.acceptance.draft if isinstance(d.acceptance, AcceptanceRef) else d.model)
             self.drafts.append(Draft(name, model, cache[key], acc))
         self.names = [d.name for d in self.drafts]
         self.voting = cfg.voting_on
         v = cfg.voting
-        self.weights = SSMWeights(np.array([d.weight for d in drafts], dtype=np.float64), v.reward_threshold,
-                                  v.punish_threshold, v.reward_factor, v.punish_factor, v.threshold_mode, v.ema)
+        self.weights = SSMWeights(
+            np.array([d.weight for d in drafts], dtype=np.float64),
+            v.reward_threshold,
+            v.punish_threshold,
+            v.reward_factor,
+            v.punish_factor,
+            v.threshold_mode,
+            v.ema,
+        )
         self.correlation = v.correlation
         self.acr_scope = v.acr_scope
         sc = cfg.selector
-        self.selector = (AdaptiveLengthSelector(cfg.speculation_length, sc.decision_threshold, sc.s_reward,
-                                                sc.s_punish, sc.s_min, sc.s_max, sc.rule)
-                         if cfg.selector_on else None)
+        self.selector = (
+            AdaptiveLengthSelector(
+                cfg.speculation_length, sc.decision_threshold, sc.s_reward, sc.s_punish, sc.s_min, sc.s_max, sc.rule
+            )
+            if cfg.selector_on
+            else None
+        )
         self.s_fixed = int(cfg.speculation_length)
         self.s_cap = max(self.s_fixed, sc.s_max if self.selector else self.s_fixed)
         self.step_overhead_s = cfg.draft_step_overhead_us * 1e-6
@@ -225,8 +245,11 @@ class DraftProposer:
             if levels is None:
                 lengths = draw_agreement_lengths(rng, models, k, n, self.correlation)
             else:  # as draw_agreement_lengths, every SSM at the request's level
-                shared, own, same = (self._draws.uniforms(rng, rids, n), rng.random((n, len(models))),
-                                     rng.random(n) < self.correlation)
+                shared, own, same = (
+                    self._draws.uniforms(rng, rids, n),
+                    rng.random((n, len(models))),
+                    rng.random(n) < self.correlation,
+                )
                 u = np.where(same[:, None], shared[:, None], own)
                 lengths = np.stack([m.from_uniform_at(u[:, j], k, levels) for j, m in enumerate(models)], axis=1)
             # ties (common while weights are equal) go to a random SSM, not to the first listed
@@ -236,8 +259,9 @@ class DraftProposer:
         voted = np.where(k > 0, voted, -1)
         return acc, voted, rates, lengths
 
-    def feedback(self, t: float, vl: float, voted: np.ndarray, rates: np.ndarray, lengths=None, k=None,
-                 acc=None) -> tuple[bool, bool]:
+    def feedback(
+        self, t: float, vl: float, voted: np.ndarray, rates: np.ndarray, lengths=None, k=None, acc=None
+    ) -> tuple[bool, bool]:
         """(s changed, weights updated)."""
         changed = self.selector.observe(t, vl) if self.selector is not None else False
         updated = False
@@ -258,11 +282,16 @@ class DraftProposer:
         return float(sum(d.model.weight_bytes_per_gpu(self.cfg.draft_tensor_parallel, dtype) for d in self.drafts))
 
     def kv_bytes_per_token(self, dtype: str) -> float:
-        return float(sum(d.model.bytes_kv_per_token_per_gpu(self.cfg.draft_tensor_parallel, dtype) for d in self.drafts))
+        return float(
+            sum(d.model.bytes_kv_per_token_per_gpu(self.cfg.draft_tensor_parallel, dtype) for d in self.drafts)
+        )
 
     def describe(self) -> dict:
-        return {"drafts": [{"name": d.name, "model": d.model.name, "acceptance": d.acceptance.describe()}
-                           for d in self.drafts]}
+        return {
+            "drafts": [
+                {"name": d.name, "model": d.model.name, "acceptance": d.acceptance.describe()} for d in self.drafts
+            ]
+        }
 
 
 class MedusaProposer:
@@ -274,7 +303,7 @@ class MedusaProposer:
         self.table = load_accuracies(mc.accuracies)
         acc = self.table.rank_accuracies()
         self.heads = min(mc.heads or acc.shape[0], acc.shape[0])
-        acc = acc[:self.heads]
+        acc = acc[: self.heads]
         smp = cfg.sampling
         ra = convert_rank_accuracies(acc, smp.mode, smp.temperature, smp.epsilon, smp.delta)
         self.acc, self.extra = ra.acc, ra.extra
@@ -297,14 +326,20 @@ class MedusaProposer:
         if mc.acceptance is not None:  # an empirical distribution recorded on one tree
             recorded = sorted(tuple(int(i) for i in p) for p in mc.acceptance.tree)
             if recorded != sorted(tuple(p) for p in self.tree):
-                raise InfersimError("speculation.medusa.acceptance: recorded on another tree than the one "
-                                    "simulated (medusa.tree / the accuracy table's tree, restricted to the heads); "
-                                    "give medusa.tree {type: choices, choices: <acceptance.tree>}")
-            self.sampler = EmpiricalTreeSampler(np.asarray(mc.acceptance.counts, dtype=np.float64),
-                                                mc.acceptance.components, mc.acceptance.weights,
-                                                mc.acceptance.assignment)
-            self.acceptance_source = "empirical accepted depths" + (f" ({mc.acceptance.source})"
-                                                                     if mc.acceptance.source else "")
+                raise InfersimError(
+                    "speculation.medusa.acceptance: recorded on another tree than the one "
+                    "simulated (medusa.tree / the accuracy table's tree, restricted to the heads); "
+                    "give medusa.tree {type: choices, choices: <acceptance.tree>}"
+                )
+            self.sampler = EmpiricalTreeSampler(
+                np.asarray(mc.acceptance.counts, dtype=np.float64),
+                mc.acceptance.components,
+                mc.acceptance.weights,
+                mc.acceptance.assignment,
+            )
+            self.acceptance_source = "empirical accepted depths" + (
+                f" ({mc.acceptance.source})" if mc.acceptance.source else ""
+            )
         self.nodes = len(self.tree) + 1
         self.depth = self.sampler.depth
         self._level_offset = level_offset(sim.spec.seed)
@@ -368,10 +403,16 @@ class MedusaProposer:
         return 0.0
 
     def describe(self) -> dict:
-        return {"accuracies": self.table.name, "heads": self.heads, "tree": self.tree_name, "tree_nodes": self.nodes,
-                "tree_depth": self.depth, "typical_acceptance": self.extra is not None,
-                "acceptance": self.acceptance_source,
-                "expected_tokens_per_step": self.sampler.expected()}
+        return {
+            "accuracies": self.table.name,
+            "heads": self.heads,
+            "tree": self.tree_name,
+            "tree_nodes": self.nodes,
+            "tree_depth": self.depth,
+            "typical_acceptance": self.extra is not None,
+            "acceptance": self.acceptance_source,
+            "expected_tokens_per_step": self.sampler.expected(),
+        }
 
 
 def build_proposer(cfg: SpeculationSection, sim):

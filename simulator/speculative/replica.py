@@ -24,6 +24,7 @@ pool entries per pass; finished prefills and verified sequences go back to the S
 queue. A sequence preempted while the SSMs draft it has its draft dropped.
 
 Randomness: one numpy Generator per replica seeded from (workload seed, replica index)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -47,6 +48,7 @@ from .report import SpecStats
 class LookaheadState(SchedulerState):
     """The scheduler's view with room for speculative candidates: a decoding sequence's next
     step writes tokens_for(remaining) tokens, not one."""
+
     tokens_for: Optional[Callable[[int], int]] = None
 
     def new_blocks_for_step(self, seq, query_tokens: int) -> int:
@@ -97,8 +99,12 @@ class SpeculativeReplica(Replica):
         wm = b.watermark_blocks / b.total_gpu if b.total_gpu else 0.0
         b.total_gpu = b.free_gpu = total
         b.watermark_blocks = int(wm * total)
-        return {"kv_blocks_taken": taken, "kv_blocks_left": total, "weight_blocks": weight_blocks,
-                "draft_kv_per_target_kv": ratio}
+        return {
+            "kv_blocks_taken": taken,
+            "kv_blocks_left": total,
+            "weight_blocks": weight_blocks,
+            "draft_kv_per_target_kv": ratio,
+        }
 
     def _state(self) -> SchedulerState:
         st = super()._state()
@@ -174,8 +180,19 @@ class SpeculativeReplica(Replica):
     def _plain_time(self, ctx_dec: np.ndarray) -> float:
         return self.cost.iteration_time_s(BatchShape.decode(ctx_dec)) if ctx_dec.size else 0.0
 
-    def _learn(self, t_llm: float, t_round: float, tokens: np.ndarray, voted, rates, now: float,
-               k: np.ndarray, s_used, lengths=None, acc=None) -> None:
+    def _learn(
+        self,
+        t_llm: float,
+        t_round: float,
+        tokens: np.ndarray,
+        voted,
+        rates,
+        now: float,
+        k: np.ndarray,
+        s_used,
+        lengths=None,
+        acc=None,
+    ) -> None:
         if tokens.size == 0:
             return
         if self.measure == "period":
@@ -215,7 +232,9 @@ class SpeculativeReplica(Replica):
             blocks.grow_to(seq, seq.computed + qi)
         pre = ~is_dec
         t_draft = p.draft_time_s(ctx[dec_pos], k) + p.draft_prefill_time_s(q[pre], ctx[pre], makes[pre])
-        t_verify = self.cost.iteration_time_s(BatchShape(q, ctx, logits)) + p.extra_time_s(len(dec), int(q[dec_pos].sum()))
+        t_verify = self.cost.iteration_time_s(BatchShape(q, ctx, logits)) + p.extra_time_s(
+            len(dec), int(q[dec_pos].sum())
+        )
         t_plain = self._plain_time(ctx[dec_pos])
         start = env.now
         yield env.timeout_at(start + t_draft + t_verify)
@@ -226,8 +245,23 @@ class SpeculativeReplica(Replica):
         acc, voted, rates, lengths = p.accept(self.rng, k, [x.rid for x in dec])
         tokens = np.minimum(acc + 1, rem)
         s_now = p.s
-        self.metrics.segment((start, end, self.index, 1, len(batch), int(q.sum()), int(q[pre].sum()), blocks.used_gpu,
-                              blocks.used_cpu, len(self.waiting), len(self.swapped), out_bytes, in_bytes))
+        self.metrics.segment(
+            (
+                start,
+                end,
+                self.index,
+                1,
+                len(batch),
+                int(q.sum()),
+                int(q[pre].sum()),
+                blocks.used_gpu,
+                blocks.used_cpu,
+                len(self.waiting),
+                len(self.swapped),
+                out_bytes,
+                in_bytes,
+            )
+        )
         itl: list = []
         self._commit_prefills([batch[i] for i in np.flatnonzero(pre)], end, itl)
         if itl:
@@ -241,12 +275,21 @@ class SpeculativeReplica(Replica):
     # ---- report ----------------------------------------------------------------------------------
     def report(self, extra: dict) -> None:
         now = self.env.now
-        info = {"method": self.cfg.method, "mode": self.mode, "replica": self.index,
-                "sampling": self.cfg.sampling.model_dump(mode="json"),
-                "switches": {"voting": self.cfg.voting_on, "selector": self.cfg.selector_on,
-                             "pipeline": self.cfg.pipeline_on},
-                "proposer": self.proposer.describe(), "memory": self.memory_note,
-                "step_time_s": self.stats.step_time_s, "plain_decode_time_s": self.stats.plain_time_s}
+        info = {
+            "method": self.cfg.method,
+            "mode": self.mode,
+            "replica": self.index,
+            "sampling": self.cfg.sampling.model_dump(mode="json"),
+            "switches": {
+                "voting": self.cfg.voting_on,
+                "selector": self.cfg.selector_on,
+                "pipeline": self.cfg.pipeline_on,
+            },
+            "proposer": self.proposer.describe(),
+            "memory": self.memory_note,
+            "step_time_s": self.stats.step_time_s,
+            "plain_decode_time_s": self.stats.plain_time_s,
+        }
         info.update(self._mode_info())
         summary = self.stats.summary(now, self.busy, self.proposer, self.cfg.series_max_points, info)
         merge_report(extra, summary)
@@ -270,9 +313,16 @@ def merge_report(extra: dict, summary: dict) -> None:
     plain = sum(r["plain_decode_time_s"] for r in reps)
     acc = tokens / rounds if rounds else float("nan")
     ovh = step / plain if plain else float("nan")
-    extra["speculation"] = {"method": reps[0]["method"], "mode": reps[0]["mode"], "acceleration_rate": acc,
-                            "overhead": ovh, "speedup_model": acc / ovh if plain else float("nan"),
-                            "tokens": tokens, "sequence_rounds": rounds, "replicas": reps}
+    extra["speculation"] = {
+        "method": reps[0]["method"],
+        "mode": reps[0]["mode"],
+        "acceleration_rate": acc,
+        "overhead": ovh,
+        "speedup_model": acc / ovh if plain else float("nan"),
+        "tokens": tokens,
+        "sequence_rounds": rounds,
+        "replicas": reps,
+    }
 
 
 @dataclass
@@ -296,8 +346,11 @@ class PipelinedReplica(SpeculativeReplica):
         self.b_ssm = int(pc.ssm_batch_size or self.b_llm)
         self.back_pressure = PoolBackPressure(self.b_llm, pc.back_pressure)
         shared = pc.placement == "shared" and self.cfg.draft_hardware is None
-        self.device = SharedDevice(self.env, {"llm": pc.llm_share, "ssm": pc.ssm_share} if shared else None,
-                                   whole_pass=pc.contention == "whole_pass")
+        self.device = SharedDevice(
+            self.env,
+            {"llm": pc.llm_share, "ssm": pc.ssm_share} if shared else None,
+            whole_pass=pc.contention == "whole_pass",
+        )
         self.ready: list = []
         self.pool: list[PoolEntry] = []
         self.epoch: dict[int, int] = {}
@@ -366,7 +419,7 @@ class PipelinedReplica(SpeculativeReplica):
                 continue
             prefill = [(s, n) for s, n in decision.batch if not _is_decode(s, n)]
             runnable = {id(s) for s, n in decision.batch if _is_decode(s, n)}
-            entries = [e for e in self.pool if id(e.seq) in runnable][:self.b_llm]
+            entries = [e for e in self.pool if id(e.seq) in runnable][: self.b_llm]
             if not prefill and not entries:
                 if self.pool and not self.back_pressure.ssm_may_run(len(self.pool)):
                     self._override = True  # nothing in the pool can run now: let the SSMs draft the rest
@@ -402,7 +455,9 @@ class PipelinedReplica(SpeculativeReplica):
         logits = np.where(is_dec, q, makes)
         for seq, qi in zip(seqs, q.tolist()):
             blocks.grow_to(seq, seq.computed + qi)
-        work = self.cost.iteration_time_s(BatchShape(q, ctx, logits)) + p.extra_time_s(len(entries), int(q[dec_pos].sum()))
+        work = self.cost.iteration_time_s(BatchShape(q, ctx, logits)) + p.extra_time_s(
+            len(entries), int(q[dec_pos].sum())
+        )
         t_plain = self._plain_time(ctx[dec_pos])
         start = env.now
         prefill_share = self.cfg.pipeline.llm_prefill_share
@@ -412,9 +467,23 @@ class PipelinedReplica(SpeculativeReplica):
         dec = [e.seq for e in entries]
         rem = np.fromiter((s.output_len - s.generated for s in dec), dtype=np.int64, count=len(dec))
         tokens = np.minimum(acc + 1, rem)
-        self.metrics.segment((start, end, self.index, 1, len(batch), int(q.sum()), int(q[:npre].sum()),
-                              blocks.used_gpu, blocks.used_cpu, len(self.waiting), len(self.swapped),
-                              out_bytes, in_bytes))
+        self.metrics.segment(
+            (
+                start,
+                end,
+                self.index,
+                1,
+                len(batch),
+                int(q.sum()),
+                int(q[:npre].sum()),
+                blocks.used_gpu,
+                blocks.used_cpu,
+                len(self.waiting),
+                len(self.swapped),
+                out_bytes,
+                in_bytes,
+            )
+        )
         itl: list = []
         started = self._commit_prefills(prefill, end, itl)
         if itl:
@@ -425,10 +494,23 @@ class PipelinedReplica(SpeculativeReplica):
             self.metrics.add_itl(np.array(gaps), np.array(wts))
             s_used = int(round(np.mean([e.s for e in entries])))
             self.stats.round(end, dec, k_fit, acc, tokens, voted, rates, end - start, t_plain, s_used)
-            lengths = (np.minimum(np.stack([e.lengths for e in entries]), k_fit[:, None])
-                       if entries[0].lengths is not None else None)
-            self._learn(end - start, end - start, tokens, voted, rates, end, k_fit,
-                        np.array([e.s for e in entries]), lengths, acc)
+            lengths = (
+                np.minimum(np.stack([e.lengths for e in entries]), k_fit[:, None])
+                if entries[0].lengths is not None
+                else None
+            )
+            self._learn(
+                end - start,
+                end - start,
+                tokens,
+                voted,
+                rates,
+                end,
+                k_fit,
+                np.array([e.s for e in entries]),
+                lengths,
+                acc,
+            )
         if self.cfg.pipeline.handoff_s > 0:
             # the verifying engine's host bookkeeping before the sequences return (no device
             # work); it holds this loop, so no scheduling decision lands in between
@@ -452,8 +534,8 @@ class PipelinedReplica(SpeculativeReplica):
                 yield self.ssm_wake
                 continue
             self._override = False
-            batch = self.ready[:self.b_ssm]
-            del self.ready[:len(batch)]
+            batch = self.ready[: self.b_ssm]
+            del self.ready[: len(batch)]
             epochs = [self.epoch.get(s.rid, 0) for s in batch]
             rem = np.fromiter((s.output_len - s.generated for s in batch), dtype=np.int64, count=len(batch))
             ctx = np.fromiter((s.computed for s in batch), dtype=np.int64, count=len(batch))
@@ -479,19 +561,34 @@ class PipelinedReplica(SpeculativeReplica):
                 if self.epoch.get(seq.rid, 0) != epochs[i] or id(seq) not in running:
                     continue  # preempted while being drafted: the draft is dropped
                 self.draft_prefill.discard(seq.rid)
-                self.pool.append(PoolEntry(seq, int(k[i]), int(acc[i]), int(voted[i]), float(rates[i]), s_now,
-                                           None if lengths is None else lengths[i]))
+                self.pool.append(
+                    PoolEntry(
+                        seq,
+                        int(k[i]),
+                        int(acc[i]),
+                        int(voted[i]),
+                        float(rates[i]),
+                        s_now,
+                        None if lengths is None else lengths[i],
+                    )
+                )
                 added += 1
             if added:
                 self._pool_changed()
                 self._wake_llm()
 
     def _mode_info(self) -> dict:
-        return {"pipeline": {"placement": self.cfg.pipeline.placement,
-                             "shares": self.device.shares, "contention": self.cfg.pipeline.contention,
-                             "llm_batch_size": self.b_llm,
-                             "ssm_batch_size": self.b_ssm, "back_pressure": self.back_pressure.enabled,
-                             "ssm_paused_by_back_pressure_s": self.ssm_paused_s}}
+        return {
+            "pipeline": {
+                "placement": self.cfg.pipeline.placement,
+                "shares": self.device.shares,
+                "contention": self.cfg.pipeline.contention,
+                "llm_batch_size": self.b_llm,
+                "ssm_batch_size": self.b_ssm,
+                "back_pressure": self.back_pressure.enabled,
+                "ssm_paused_by_back_pressure_s": self.ssm_paused_s,
+            }
+        }
 
 
 def replica_class(cfg: SpeculationSection):

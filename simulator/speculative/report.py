@@ -9,6 +9,7 @@
 - tokens per step per request; SSM and LLM busy and idle time; the pool depth, the chosen s and
   the SSM weights over time (thinned to `series_max_points` in summary.json; `series_frames`
   gives the full series as tables)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -51,8 +52,19 @@ class SpecStats:
         self.weight_series: list[tuple] = []
         self.round_series: list[tuple] = []  # (t_end, batch, mean tokens, step time, s)
 
-    def round(self, t_end: float, seqs, k: np.ndarray, acc: np.ndarray, tokens: np.ndarray, voted: np.ndarray,
-              rates: np.ndarray, step_s: float, plain_s: float, s_now: int) -> None:
+    def round(
+        self,
+        t_end: float,
+        seqs,
+        k: np.ndarray,
+        acc: np.ndarray,
+        tokens: np.ndarray,
+        voted: np.ndarray,
+        rates: np.ndarray,
+        step_s: float,
+        plain_s: float,
+        s_now: int,
+    ) -> None:
         n = len(seqs)
         if n == 0:
             return
@@ -98,26 +110,35 @@ class SpecStats:
             "kv_blocks_released_on_rejection": self.kv_released_blocks,
             "kv_lookahead_shrinks": self.kv_fit_shrinks,
             "s": self._s_summary(proposer),
-            "engines": {name: {"busy_s": b, "idle_s": max(0.0, now - b), "busy_fraction": b / now if now else 0.0}
-                        for name, b in busy.items()},
+            "engines": {
+                name: {"busy_s": b, "idle_s": max(0.0, now - b), "busy_fraction": b / now if now else 0.0}
+                for name, b in busy.items()
+            },
             "series": {
                 "s": {"columns": ["t_s", "s"], "rows": thin_rows(self.s_series, limit)},
                 "pool_depth": {"columns": ["t_s", "depth"], "rows": thin_rows(self.pool_series, limit)},
                 "weights": {"columns": ["t_s"] + self.names, "rows": thin_rows(self.weight_series, limit)},
-                "rounds": {"columns": ["t_s", "batch", "tokens_per_seq", "step_s", "s"],
-                           "rows": thin_rows(self.round_series, limit)},
+                "rounds": {
+                    "columns": ["t_s", "batch", "tokens_per_seq", "step_s", "s"],
+                    "rows": thin_rows(self.round_series, limit),
+                },
             },
         }
         if self.names and proposer.voting:
-            out["voting"] = {"ssms": self.names, "voted_outputs": self.voted_counts.tolist(),
-                             "final_weights": [float(w) for w in proposer.weights.weights],
-                             "weight_updates": proposer.weights.updates}
+            out["voting"] = {
+                "ssms": self.names,
+                "voted_outputs": self.voted_counts.tolist(),
+                "final_weights": [float(w) for w in proposer.weights.weights],
+                "weight_updates": proposer.weights.updates,
+            }
         if self.pool_series:
             depth = np.array([d for _, d in self.pool_series], dtype=np.float64)
             t = np.array([t for t, _ in self.pool_series] + [now])
             dt = np.diff(t)
-            out["pool"] = {"mean_depth_time_weighted": float((depth * dt).sum() / dt.sum()) if dt.sum() > 0 else 0.0,
-                           "max_depth": int(depth.max())}
+            out["pool"] = {
+                "mean_depth_time_weighted": float((depth * dt).sum() / dt.sum()) if dt.sum() > 0 else 0.0,
+                "max_depth": int(depth.max()),
+            }
         if extra:
             out.update(extra)
         return out
@@ -129,8 +150,13 @@ class SpecStats:
         s = np.array([r[4] for r in rows], dtype=np.float64)
         w = np.array([r[1] for r in rows], dtype=np.float64)
         vals, counts = np.unique(s, return_counts=True)
-        return {"final": int(proposer.s), "mean_per_round": float(s.mean()), "mean_per_sequence": float((s * w).sum() / w.sum()),
-                "mode": int(vals[counts.argmax()]), "changes": max(0, len(self.s_series) - 1)}
+        return {
+            "final": int(proposer.s),
+            "mean_per_round": float(s.mean()),
+            "mean_per_sequence": float((s * w).sum() / w.sum()),
+            "mode": int(vals[counts.argmax()]),
+            "changes": max(0, len(self.s_series) - 1),
+        }
 
 
 def series_frames(replica) -> dict:

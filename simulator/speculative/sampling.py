@@ -26,6 +26,7 @@ sampling loses efficiency as temperature rises); a draft chain's rejection-sampl
 E[sum min(p, q)] rises mildly with temperature here, because the toy's draft is as sharp as the
 target (real SSMs are flatter, which can turn that around; Leviathan et al. report both
 directions across model pairs). Treat conversions as rough; measured tables win."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -133,12 +134,14 @@ class RankAcceptance:
     where the target samples and a candidate must match). `extra[k, i]` (typical acceptance only):
     the rank-i guess passes the typical test although it is not the target's argmax, as a
     probability given that it is not the argmax."""
+
     acc: np.ndarray
     extra: Optional[np.ndarray] = None
 
 
-def convert_rank_accuracies(acc: np.ndarray, mode: str, temperature: float, epsilon: float = 0.09,
-                            delta: float = 0.3) -> RankAcceptance:
+def convert_rank_accuracies(
+    acc: np.ndarray, mode: str, temperature: float, epsilon: float = 0.09, delta: float = 0.3
+) -> RankAcceptance:
     """Medusa head accuracies (heads x ranks, measured greedy: P(rank-i guess is the target's
     argmax)) under another acceptance scheme.
 

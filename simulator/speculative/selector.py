@@ -17,6 +17,7 @@ to s_min (docs/findings/minions.md measures it). `directional` (the default) rea
 as "undo the last change", which is the same rule whenever the last change was an increase.
 vl here counts the tokens a verification yields per request (accepted + the target's own
 token), so it is never zero."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -62,7 +63,7 @@ class AdaptiveLengthSelector:
         return self.decide()
 
     def decide(self) -> bool:
-        window = self.previous[-self.decision_threshold:] + self.current
+        window = self.previous[-self.decision_threshold :] + self.current
         slope = fitted_slope(window)
         self.last_slope = slope
         old = self.s

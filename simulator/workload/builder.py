@@ -3,6 +3,7 @@
 Lengths and arrivals each come from the trace when it maps a column for them, otherwise from
 the distributions in `requests`, so a trace's lengths can be replayed under Poisson arrivals or
 a trace's arrival times under synthetic lengths."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -74,16 +75,36 @@ def build_requests(spec: WorkloadSpec, base_dir: Path | str = ".") -> Requests:
         n = len(arrival)
 
     def lengths(from_trace, dist, rng, limit, field):
-        x = from_trace[:n] if from_trace is not None else in_field(source, field, sample_lengths, dist, n, rng, base_dir)
+        x = (
+            from_trace[:n]
+            if from_trace is not None
+            else in_field(source, field, sample_lengths, dist, n, rng, base_dir)
+        )
         return x if limit is None else np.minimum(x, limit)
 
-    prompt = lengths(None if trace is None else trace.prompt_tokens, r.prompt_tokens, prompt_rng, r.max_prompt_tokens,
-                     "requests.prompt_tokens")
-    output = lengths(None if trace is None else trace.output_tokens, r.output_tokens, output_rng, r.max_output_tokens,
-                     "requests.output_tokens")
+    prompt = lengths(
+        None if trace is None else trace.prompt_tokens,
+        r.prompt_tokens,
+        prompt_rng,
+        r.max_prompt_tokens,
+        "requests.prompt_tokens",
+    )
+    output = lengths(
+        None if trace is None else trace.output_tokens,
+        r.output_tokens,
+        output_rng,
+        r.max_output_tokens,
+        "requests.output_tokens",
+    )
     if closed:
-        return Requests(prompt, output, None, closed_loop_clients=r.arrival.clients,
-                        think_time_s=r.arrival.think_time_s, duration_s=r.duration_s)
+        return Requests(
+            prompt,
+            output,
+            None,
+            closed_loop_clients=r.arrival.clients,
+            think_time_s=r.arrival.think_time_s,
+            duration_s=r.duration_s,
+        )
     return Requests(prompt, output, arrival, duration_s=r.duration_s)
 
 

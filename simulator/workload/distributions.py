@@ -2,6 +2,7 @@
 
 One seed gives three independent child streams (numpy SeedSequence.spawn): arrivals, prompt
 lengths, output lengths, so changing one distribution leaves the other two arrays unchanged."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,8 +10,16 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InfersimError
-from .schema import (BurstArrivals, EmpiricalDist, FixedDist, GammaArrivals, LognormalDist, PoissonArrivals,
-                     QuantileDist, UniformDist)
+from .schema import (
+    BurstArrivals,
+    EmpiricalDist,
+    FixedDist,
+    GammaArrivals,
+    LognormalDist,
+    PoissonArrivals,
+    QuantileDist,
+    UniformDist,
+)
 
 # Upper bound on requests generated for a duration, against a typo such as rate: 1e9.
 MAX_REQUESTS = 50_000_000
@@ -34,7 +43,7 @@ def sample_lengths(dist, n: int, rng: np.random.Generator, base_dir: Path | None
         return rng.integers(dist.low, dist.high, size=n, endpoint=True, dtype=np.int64)
     if isinstance(dist, LognormalDist):
         # mean m and cv c: sigma^2 = ln(1 + c^2), mu = ln m - sigma^2 / 2
-        sigma2 = np.log1p(dist.cv ** 2)
+        sigma2 = np.log1p(dist.cv**2)
         x = rng.lognormal(np.log(dist.mean) - sigma2 / 2, np.sqrt(sigma2), size=n)
         return np.clip(_to_tokens(x), dist.min, dist.max if dist.max is not None else None)
     if isinstance(dist, QuantileDist):
@@ -57,13 +66,14 @@ def _gaps(arrival, n: int, rng: np.random.Generator) -> np.ndarray:
     if isinstance(arrival, PoissonArrivals):
         return rng.exponential(1.0 / arrival.rate, size=n)
     if isinstance(arrival, GammaArrivals):
-        shape = 1.0 / arrival.cv ** 2  # mean gap shape * scale = 1 / rate, cv = 1 / sqrt(shape)
+        shape = 1.0 / arrival.cv**2  # mean gap shape * scale = 1 / rate, cv = 1 / sqrt(shape)
         return rng.gamma(shape, 1.0 / (arrival.rate * shape), size=n)
     raise TypeError(f"not an open-loop arrival process: {arrival!r}")
 
 
-def sample_arrivals(arrival, rng: np.random.Generator, count: int | None = None,
-                    duration_s: float | None = None) -> np.ndarray:
+def sample_arrivals(
+    arrival, rng: np.random.Generator, count: int | None = None, duration_s: float | None = None
+) -> np.ndarray:
     """Arrival times (float64, ascending, from >= 0) of an open-loop process (poisson, gamma,
     burst): `count` of them, or those up to `duration_s`, whichever ends first."""
     if count is None and duration_s is None:
@@ -76,8 +86,10 @@ def sample_arrivals(arrival, rng: np.random.Generator, count: int | None = None,
         return np.cumsum(_gaps(arrival, count, rng))
     expected = arrival.rate * duration_s
     if min(expected, count or expected) > MAX_REQUESTS:
-        raise InfersimError(f"requests: rate x duration_s = {expected:.3g} requests, more than the "
-                            f"{MAX_REQUESTS:,} allowed; lower the rate or the duration, or set count")
+        raise InfersimError(
+            f"requests: rate x duration_s = {expected:.3g} requests, more than the "
+            f"{MAX_REQUESTS:,} allowed; lower the rate or the duration, or set count"
+        )
     # Draw in chunks sized to overshoot the duration almost surely; rarely more than one chunk.
     chunk = int(expected + 6 * np.sqrt(expected) + 16)
     if count is not None:

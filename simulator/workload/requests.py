@@ -1,4 +1,5 @@
 """The engine's input: one row per request, as parallel numpy arrays."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -2,6 +2,7 @@
 
 Every field has a default where a serious default exists (vLLM 0.2-0.4 era for serving), so
 a workload file may be as short as a model name and a request generator."""
+
 from __future__ import annotations
 
 from typing import Annotated, Literal, Optional, Union
@@ -33,7 +34,9 @@ class ServingSection(_Strict):
     preemption: str = Field("recompute", description="preemption registry name: recompute, swap, cost_aware")
     chunked_prefill: bool = False
     max_batch_size: PositiveInt = 256  # vLLM max_num_seqs
-    max_batched_tokens: Optional[PositiveInt] = None  # None: max(max_model_len, 2048) as vLLM; chunk budget with chunked prefill
+    max_batched_tokens: Optional[PositiveInt] = (
+        None  # None: max(max_model_len, 2048) as vLLM; chunk budget with chunked prefill
+    )
     max_model_len: Optional[PositiveInt] = None  # None: the model's max_position_embeddings
     block_size: PositiveInt = 16
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
@@ -65,6 +68,7 @@ class UniformDist(_Strict):
 
 class LognormalDist(_Strict):
     """Lognormal given by its mean and coefficient of variation (std/mean) in tokens."""
+
     type: Literal["lognormal"]
     mean: float = Field(gt=0, le=MAX_TOKENS)
     cv: PositiveFloat = 1.0
@@ -82,6 +86,7 @@ class QuantileDist(_Strict):
     """Empirical distribution carried as its quantiles (evenly spaced from 0 to 1 unless `probs`
     gives their probabilities): a built-in workload keeps a trace's statistics, not the trace.
     Sampling interpolates the inverse CDF linearly between the given points."""
+
     type: Literal["quantiles"]
     values: list[Annotated[float, Field(ge=0, le=MAX_TOKENS)]] = Field(min_length=2)
     # Optional probabilities of `values` (0 first, 1 last, increasing); a finer grid in the tail
@@ -104,6 +109,7 @@ class QuantileDist(_Strict):
 
 class EmpiricalDist(_Strict):
     """Sample lengths from a column of a file (CSV/JSONL/JSON)."""
+
     type: Literal["empirical"]
     file: str = Field(min_length=1)
     column: Column
@@ -135,6 +141,7 @@ class ClosedLoopArrivals(_Strict):
 
 class BurstArrivals(_Strict):
     """Every request present at time 0 (offline batch, as in throughput benchmarks)."""
+
     type: Literal["burst"]
 
 
@@ -143,6 +150,7 @@ Arrivals = Union[PoissonArrivals, GammaArrivals, ClosedLoopArrivals, BurstArriva
 
 class TraceSource(_Strict):
     """Requests replayed from a file; columns are mapped here, so any trace needs only YAML."""
+
     file: str = Field(min_length=1)
     format: Optional[Literal["csv", "jsonl", "json"]] = None  # None: from the file suffix
     arrival_column: Optional[Column] = None  # None: arrivals come from `arrival` below

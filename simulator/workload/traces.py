@@ -1,6 +1,7 @@
 """Reading request traces (CSV, JSONL, or a JSON list of objects, each optionally gzipped)
 through the column mapping of a TraceSource. Only the mapped columns are kept; every problem is one InfersimError line
 naming the file, the column and, for bad values, the row (1 = first data row)."""
+
 from __future__ import annotations
 
 import gzip
@@ -48,7 +49,9 @@ def _missing(path: Path, column: str, have) -> InfersimError:
     return InfersimError(f"{path}: column '{column}' not found; columns: {', '.join(map(str, have))}")
 
 
-def read_columns(path: Path, columns: list[str], fmt: str | None = None, nrows: int | None = None) -> dict[str, np.ndarray]:
+def read_columns(
+    path: Path, columns: list[str], fmt: str | None = None, nrows: int | None = None
+) -> dict[str, np.ndarray]:
     """The named columns of a trace file as arrays (raw values: numbers or strings), all of
     the same length; at most `nrows` rows are read when given."""
     path = Path(path)
@@ -82,7 +85,14 @@ def read_columns(path: Path, columns: list[str], fmt: str | None = None, nrows: 
                 records = records[:nrows]
     except pd.errors.EmptyDataError:
         raise InfersimError(f"{path}: the file is empty (no header, no rows)") from None
-    except (json.JSONDecodeError, UnicodeDecodeError, pd.errors.ParserError, gzip.BadGzipFile, zlib.error, EOFError) as exc:
+    except (
+        json.JSONDecodeError,
+        UnicodeDecodeError,
+        pd.errors.ParserError,
+        gzip.BadGzipFile,
+        zlib.error,
+        EOFError,
+    ) as exc:
         raise InfersimError(f"{path}: malformed {fmt.upper()} ({str(exc).splitlines()[0]})") from None
     first = records[0] if records else {}
     if not isinstance(first, dict):
@@ -120,8 +130,9 @@ def to_numbers(values: np.ndarray, path, column: str, first_row: int = 0) -> np.
     return x
 
 
-def to_lengths(values: np.ndarray, path, column: str, kind: str = "tokens", scale: float = 1.0,
-               first_row: int = 0) -> np.ndarray:
+def to_lengths(
+    values: np.ndarray, path, column: str, kind: str = "tokens", scale: float = 1.0, first_row: int = 0
+) -> np.ndarray:
     """Token counts (int64, >= 1): the numbers in the column, or for kind text_words the word
     count of the text; times `scale`, rounded, zeros raised to 1."""
     if kind == "text_words":
@@ -191,11 +202,23 @@ def read_trace(src: TraceSource, path: Path, count: int | None = None) -> TraceD
         arrival = to_seconds(raw[src.arrival_column][rows], path, src.arrival_column, src.time_unit, r0)
         arrival = (arrival - arrival.min()) * src.time_scale
     if src.prompt_column:
-        prompt = to_lengths(raw[src.prompt_column][rows], path, src.prompt_column, src.prompt_column_kind,
-                            src.tokens_per_word if src.prompt_column_kind == "text_words" else 1.0, r0)
+        prompt = to_lengths(
+            raw[src.prompt_column][rows],
+            path,
+            src.prompt_column,
+            src.prompt_column_kind,
+            src.tokens_per_word if src.prompt_column_kind == "text_words" else 1.0,
+            r0,
+        )
     if src.output_column:
-        output = to_lengths(raw[src.output_column][rows], path, src.output_column, src.output_column_kind,
-                            src.tokens_per_word if src.output_column_kind == "text_words" else 1.0, r0)
+        output = to_lengths(
+            raw[src.output_column][rows],
+            path,
+            src.output_column,
+            src.output_column_kind,
+            src.tokens_per_word if src.output_column_kind == "text_words" else 1.0,
+            r0,
+        )
     if arrival is not None and np.any(np.diff(arrival) < 0):
         order = np.argsort(arrival, kind="stable")
         arrival = arrival[order]

@@ -9,19 +9,27 @@ throughput (it does only on chatbot at max output 64, by ~2%, and loses elsewher
 The second half checks the swap path that finding rests on: vLLM 0.2 copies a swap block by
 block and layer by layer, the cost model prices such a stream of copies, the engine charges it,
 and the two readings of swap-only with a full CPU pool behave as documented."""
+
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from infersim.analysis.reproduce.adaptivellm import (CONFIGS, PAPER_TABLE3, PAPER_TABLE4, _COL, _hardware_variants,
-                                            simulate_point, task)
+from infersim.analysis.reproduce.adaptivellm import (
+    _COL,
+    CONFIGS,
+    PAPER_TABLE3,
+    PAPER_TABLE4,
+    _hardware_variants,
+    simulate_point,
+    task,
+)
 from infersim.simulator.costmodel import RooflineCostModel
-from infersim.simulator.simulation import Simulation
 from infersim.simulator.hardware.catalog import load_hardware
 from infersim.simulator.models.catalog import load_model
 from infersim.simulator.policies import SchedulerLimits, SchedulerState, build_scheduler
 from infersim.simulator.policies.preemption import CostAwarePreemption
+from infersim.simulator.simulation import Simulation
 
 N_REQUESTS = 300
 
@@ -79,6 +87,7 @@ def test_fairness_lowers_mean_weighted_turnaround(runs):
 
 # ---- the swap path behind "swap-only is not slower than recompute-only" -----------------
 
+
 @pytest.fixture(scope="module")
 def opt13b():
     return RooflineCostModel(load_model("opt-13b"), load_hardware("a800-80gb-pcie"))
@@ -109,14 +118,35 @@ def test_cost_aware_prices_the_swap_as_the_engine_copies_it(opt13b):
     """Algorithm 1's swap estimate uses the same copy count as the engine (2 x layers per
     block when the state carries it, one copy per sequence when it does not)."""
     pol = CostAwarePreemption()
-    s = SimpleNamespace(rid=0, prompt_len=70, generated=10, arrival_s=0.0, first_enqueue_s=0.0, computed=79,
-                        num_gpu_blocks=5, num_cpu_blocks=0, num_tokens=80)
+    s = SimpleNamespace(
+        rid=0,
+        prompt_len=70,
+        generated=10,
+        arrival_s=0.0,
+        first_enqueue_s=0.0,
+        computed=79,
+        num_gpu_blocks=5,
+        num_cpu_blocks=0,
+        num_tokens=80,
+    )
     kvb = opt13b.model.bytes_kv_per_block(16, "fp16")
 
     def st(copies_per_block):
-        return SchedulerState(now_s=0.0, waiting=[], running=[s], swapped=[], free_gpu_blocks=0, free_cpu_blocks=64,
-                              total_gpu_blocks=128, block_size=16, watermark_blocks=1, kv_bytes_per_block=kvb,
-                              limits=SchedulerLimits(), cost_model=opt13b, kv_copies_per_block=copies_per_block)
+        return SchedulerState(
+            now_s=0.0,
+            waiting=[],
+            running=[s],
+            swapped=[],
+            free_gpu_blocks=0,
+            free_cpu_blocks=64,
+            total_gpu_blocks=128,
+            block_size=16,
+            watermark_blocks=1,
+            kv_bytes_per_block=kvb,
+            limits=SchedulerLimits(),
+            cost_model=opt13b,
+            kv_copies_per_block=copies_per_block,
+        )
 
     link = opt13b.hardware.host_link
     huge = 1e9  # copies per block: makes the per-copy floor dominate, to see it used
@@ -150,8 +180,12 @@ def test_engine_charges_each_swap_as_its_copies(tmp_path):
         blocks = np.round(nbytes / kvb)
         assert np.allclose(blocks * kvb, nbytes)  # whole blocks only
         moved = nbytes > 0
-        expect += float(np.sum(link.latency_us * 1e-6 + np.maximum(nbytes[moved] / (link.d2h_gbps * 1e9),
-                                                                     blocks[moved] * per_block * 200e-6)))
+        expect += float(
+            np.sum(
+                link.latency_us * 1e-6
+                + np.maximum(nbytes[moved] / (link.d2h_gbps * 1e9), blocks[moved] * per_block * 200e-6)
+            )
+        )
     assert expect > 0
     busy = float(np.sum(S[:, _COL["t_end_s"]] - S[:, _COL["t_start_s"]]))
     assert res.sim_time_s - busy == pytest.approx(expect, rel=1e-9)  # burst arrivals: never idle
@@ -180,15 +214,35 @@ def test_swap_tail_stalls_the_rest_of_the_queue(opt13b):
 
     def seq(rid, blocks):
         n = 16 * blocks  # last block full: the next token needs a new block
-        return SimpleNamespace(rid=rid, prompt_len=n - 1, generated=1, arrival_s=float(rid), first_enqueue_s=0.0,
-                               computed=n, num_gpu_blocks=blocks, num_cpu_blocks=0, num_tokens=n + 1)
+        return SimpleNamespace(
+            rid=rid,
+            prompt_len=n - 1,
+            generated=1,
+            arrival_s=float(rid),
+            first_enqueue_s=0.0,
+            computed=n,
+            num_gpu_blocks=blocks,
+            num_cpu_blocks=0,
+            num_tokens=n + 1,
+        )
 
     running = [seq(0, 2), seq(1, 3), seq(2, 2), seq(3, 4)]
 
     def decide(policy):
-        st = SchedulerState(now_s=1.0, waiting=[], running=list(running), swapped=[], free_gpu_blocks=1,
-                            free_cpu_blocks=0, total_gpu_blocks=12, block_size=16, watermark_blocks=0,
-                            kv_bytes_per_block=kvb, limits=SchedulerLimits(), cost_model=opt13b)
+        st = SchedulerState(
+            now_s=1.0,
+            waiting=[],
+            running=list(running),
+            swapped=[],
+            free_gpu_blocks=1,
+            free_cpu_blocks=0,
+            total_gpu_blocks=12,
+            block_size=16,
+            watermark_blocks=0,
+            kv_bytes_per_block=kvb,
+            limits=SchedulerLimits(),
+            cost_model=opt13b,
+        )
         return build_scheduler("fcfs", policy).schedule(st)
 
     plain, tail = decide("swap"), decide("swap_tail")

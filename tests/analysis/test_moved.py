@@ -1,4 +1,5 @@
 """The reproductions' comparison against their datasheet-roofline run (analysis/reproduce/moved.py)."""
+
 from __future__ import annotations
 
 import pandas as pd
@@ -25,8 +26,10 @@ def _write_reference(tmp_path, stem: str, df: pd.DataFrame) -> None:
 def test_each_quantity_is_stated_on_both_runs_with_its_ratio(tmp_path):
     _write_reference(tmp_path, "study", pd.DataFrame({"label": ["tree", "plain"], "speedup": [2.0, 1.0]}))
     _write_reference(tmp_path, "serving", pd.DataFrame({"tok_s": [100.0, 300.0]}))
-    now = {"study": pd.DataFrame({"label": ["tree", "plain"], "speedup": [1.5, 1.0]}),
-           "serving": pd.DataFrame({"tok_s": [240.0]})}
+    now = {
+        "study": pd.DataFrame({"label": ["tree", "plain"], "speedup": [1.5, 1.0]}),
+        "serving": pd.DataFrame({"tok_s": [240.0]}),
+    }
     text = moved_section(now, tmp_path, HEADLINES)
     assert "`study.datasheet.csv.gz`, `serving.datasheet.csv.gz`" in text
     assert "| speedup | 2.00 | 1.50 | 0.75 |" in text  # 1.5 / 2.0

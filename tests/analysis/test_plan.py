@@ -1,4 +1,5 @@
 """`sim plan`: goodput search, replicas for a target, cost, the report (in a real browser)."""
+
 import json
 import math
 import shutil
@@ -7,8 +8,20 @@ from pathlib import Path
 
 import pytest
 
-from infersim.analysis.plan import (PlanFile, SearchSection, load_plan_file, meets, parse_duration, parse_prices, parse_slo,
-                           plan, probe_once, rank, verdict, write_plan)
+from infersim.analysis.plan import (
+    PlanFile,
+    SearchSection,
+    load_plan_file,
+    meets,
+    parse_duration,
+    parse_prices,
+    parse_slo,
+    plan,
+    probe_once,
+    rank,
+    verdict,
+    write_plan,
+)
 from infersim.cli.main import main
 from infersim.simulator.errors import InfersimError
 from tests.utils import chromium
@@ -41,8 +54,15 @@ def workload(tmp_path_factory):
 @pytest.fixture(scope="module")
 def result(workload):
     pf = PlanFile(search=SearchSection(requests=N, tolerance=TOL))
-    return plan(workload, slos=parse_slo(SLO), plan_file=pf, hardware=["a100-80gb-pcie", "h100-sxm"],
-                prices=PRICES, target_rate=TARGET, workers=2)
+    return plan(
+        workload,
+        slos=parse_slo(SLO),
+        plan_file=pf,
+        hardware=["a100-80gb-pcie", "h100-sxm"],
+        prices=PRICES,
+        target_rate=TARGET,
+        workers=2,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +74,12 @@ def report_dir(result, tmp_path_factory):
 
 def test_parse_slo_and_durations():
     slos = parse_slo("ttft_p99=2s, tpot_p99=100ms,e2e_mean=1500ms,itl_p90=250us")
-    assert [(s.metric, s.limit_s) for s in slos] == [("ttft_s.p99", 2.0), ("tpot_s.p99", 0.1), ("e2e_s.mean", 1.5),
-                                                     ("itl_s.p90", pytest.approx(250e-6))]
+    assert [(s.metric, s.limit_s) for s in slos] == [
+        ("ttft_s.p99", 2.0),
+        ("tpot_s.p99", 0.1),
+        ("e2e_s.mean", 1.5),
+        ("itl_s.p90", pytest.approx(250e-6)),
+    ]
     assert parse_slo({"ttft_p50": 0.5})[0].limit_s == 0.5
     assert parse_duration("1.5") == 1.5 and parse_duration("2min") == 120
     for bad in ("ttft=2s", "latency_p99=1s", "ttft_p99", "ttft_p99=fast", "ttft_p99=-1s", "ttft_p99=0"):
@@ -126,8 +150,14 @@ def test_replicas_gpus_and_cost_by_hand(result, workload):
 
 
 def test_unreachable_slo_is_infeasible(workload):
-    res = plan(workload, slos=parse_slo("tpot_p99=1ms"), hardware=["a100-80gb-pcie"], target_rate=5.0,
-               plan_file=PlanFile(search=SearchSection(requests=60, min_rate=0.5)), workers=1)
+    res = plan(
+        workload,
+        slos=parse_slo("tpot_p99=1ms"),
+        hardware=["a100-80gb-pcie"],
+        target_rate=5.0,
+        plan_file=PlanFile(search=SearchSection(requests=60, min_rate=0.5)),
+        workers=1,
+    )
     c = res.candidates[0]
     assert c.status == "infeasible" and c.goodput_rps == 0 and c.replicas is None
     assert all(not p.ok for p in c.probes) and min(p.rate for p in c.probes) < 1.0
@@ -151,17 +181,43 @@ def test_report_files_and_relative_images(report_dir):
 
 def test_cli_plan_file_and_flags(workload, tmp_path, capsys):
     pf = tmp_path / "plan.yaml"
-    pf.write_text("slo: {ttft_p99: 1s}\nhardware: [h100-sxm]\ntarget_rate: 10\nprices: {h100-sxm: 2.0}\n"
-                  "search: {requests: 80, tolerance: 0.3, min_duration_s: 5}\n")
+    pf.write_text(
+        "slo: {ttft_p99: 1s}\nhardware: [h100-sxm]\ntarget_rate: 10\nprices: {h100-sxm: 2.0}\n"
+        "search: {requests: 80, tolerance: 0.3, min_duration_s: 5}\n"
+    )
     out = tmp_path / "p"
-    assert main(["plan", "-w", workload, "--plan", str(pf), "--target-rate", "20", "--price", "h100-sxm=4",
-                 "--option", "serving.preemption=recompute,swap", "-o", str(out), "-q", "--workers", "1",
-                 "--no-plots"]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "-w",
+                workload,
+                "--plan",
+                str(pf),
+                "--target-rate",
+                "20",
+                "--price",
+                "h100-sxm=4",
+                "--option",
+                "serving.preemption=recompute,swap",
+                "-o",
+                str(out),
+                "-q",
+                "--workers",
+                "1",
+                "--no-plots",
+            ]
+        )
+        == 0
+    )
     data = json.loads((out / "plan.json").read_text())
     assert data["target_rate"] == 20  # the flag wins over the file
     assert data["search"]["requests"] == 80
-    assert all(p["requests"] == max(80 * p["replicas"], math.ceil(p["rate"] * 5))
-               for c in data["candidates"] for p in c["probes"])
+    assert all(
+        p["requests"] == max(80 * p["replicas"], math.ceil(p["rate"] * 5))
+        for c in data["candidates"]
+        for p in c["probes"]
+    )
     assert [c["label"] for c in data["candidates"]] == ["h100-sxm preemption=recompute", "h100-sxm preemption=swap"]
     assert all(c["price_per_gpu_hour"] == 4.0 for c in data["candidates"])
     assert (out / "report.html").exists() and not (out / "plots").exists()
@@ -177,8 +233,10 @@ def test_cli_bad_input_is_one_line(workload, tmp_path, capsys):
     assert "ttft_p99" in err()
     assert main(["plan", "-w", workload, "-o", str(tmp_path / "x"), "-q"]) == 2
     assert "SLO" in err()
-    assert main(["plan", "-w", workload, "--slo", "ttft_p99=1s", "--hardware", "tpu-v9", "-o", str(tmp_path / "x"),
-                 "-q"]) == 2
+    assert (
+        main(["plan", "-w", workload, "--slo", "ttft_p99=1s", "--hardware", "tpu-v9", "-o", str(tmp_path / "x"), "-q"])
+        == 2
+    )
     assert "tpu-v9" in err()
     bad = tmp_path / "bad.yaml"
     bad.write_text("slo: {ttft_p99: 1s}\nbudget: 3\n")
@@ -191,8 +249,16 @@ def test_cli_bad_input_is_one_line(workload, tmp_path, capsys):
 # ---------------------------------------------------------------------------------------------
 # the HTML in a real headless browser
 
-CHROME_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage"]
+CHROME_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-dev-shm-usage",
+]
 
 
 def _check_in_browser(html_path: Path, profile: Path) -> dict:
@@ -224,7 +290,8 @@ def _check_in_browser(html_path: Path, profile: Path) -> dict:
             from selenium.webdriver.support.ui import WebDriverWait
 
             WebDriverWait(drv, 20).until(
-                lambda d: d.execute_script("return document.body.getAttribute('data-render-check')") == "done")
+                lambda d: d.execute_script("return document.body.getAttribute('data-render-check')") == "done"
+            )
             info = drv.execute_script("""
                 var imgs = Array.from(document.images);
                 return {images: imgs.length,
@@ -238,10 +305,27 @@ def _check_in_browser(html_path: Path, profile: Path) -> dict:
         errors = [e["message"] for e in logs if e.get("level") == "SEVERE"]
         if info["recorded"]:
             errors.append(info["recorded"])
-        return {"images": info["images"], "broken": info["broken"], "errors": errors, "title": info["title"],
-                "height": info["height"], "via": "selenium"}
-    out = subprocess.run([chrome, *CHROME_FLAGS, f"--user-data-dir={profile}", "--virtual-time-budget=10000",
-                          "--dump-dom", html_path.resolve().as_uri()], capture_output=True, text=True, timeout=90)
+        return {
+            "images": info["images"],
+            "broken": info["broken"],
+            "errors": errors,
+            "title": info["title"],
+            "height": info["height"],
+            "via": "selenium",
+        }
+    out = subprocess.run(
+        [
+            chrome,
+            *CHROME_FLAGS,
+            f"--user-data-dir={profile}",
+            "--virtual-time-budget=10000",
+            "--dump-dom",
+            html_path.resolve().as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
     import re
 
     body = re.search(r"<body([^>]*)>", out.stdout)
@@ -249,9 +333,14 @@ def _check_in_browser(html_path: Path, profile: Path) -> dict:
     attrs = dict(re.findall(r'(data-[a-z-]+)="([^"]*)"', body.group(1)))
     assert attrs.get("data-render-check") == "done", attrs
     title = re.search(r"<title>(.*?)</title>", out.stdout)
-    return {"images": int(attrs["data-images"]), "broken": attrs["data-broken-images"].split(),
-            "errors": [e for e in attrs["data-errors"].split(" | ") if e], "title": title.group(1) if title else "",
-            "height": None, "via": "dump-dom"}
+    return {
+        "images": int(attrs["data-images"]),
+        "broken": attrs["data-broken-images"].split(),
+        "errors": [e for e in attrs["data-errors"].split(" | ") if e],
+        "title": title.group(1) if title else "",
+        "height": None,
+        "via": "dump-dom",
+    }
 
 
 @pytest.mark.browser

@@ -1,5 +1,6 @@
 """`sim sweep`: spaces, grid and Optuna sweeps, failures recorded, Pareto fronts, resuming a
 killed sweep without losing or duplicating a configuration, and the Ray backend."""
+
 import json
 import os
 import signal
@@ -14,8 +15,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from infersim.analysis.sweep import (SweepSpace, build_params, config_key, grid_points, load_results, pareto_mask,
-                            resolve_config, run_sweep, set_dotted)
+from infersim.analysis.sweep import (
+    SweepSpace,
+    build_params,
+    config_key,
+    grid_points,
+    load_results,
+    pareto_mask,
+    resolve_config,
+    run_sweep,
+    set_dotted,
+)
 from infersim.cli.main import main
 from infersim.simulator.errors import InfersimError
 
@@ -57,11 +67,15 @@ def test_dotted_paths():
 
 
 def test_params_and_grid_size():
-    space = _space(parameters={"serving.scheduler": ["fcfs", "fairness"],
-                               "serving.max_batch_size": {"low": 8, "high": 64, "num": 4, "log": True},
-                               "requests.arrival.rate": {"low": 1.0, "high": 2.0, "step": 0.5},
-                               "serving.block_size": {"values": [16]},
-                               "hardware.tensor_parallel": {"low": 1, "high": 2}})
+    space = _space(
+        parameters={
+            "serving.scheduler": ["fcfs", "fairness"],
+            "serving.max_batch_size": {"low": 8, "high": 64, "num": 4, "log": True},
+            "requests.arrival.rate": {"low": 1.0, "high": 2.0, "step": 0.5},
+            "serving.block_size": {"values": [16]},
+            "hardware.tensor_parallel": {"low": 1, "high": 2},
+        }
+    )
     params = {p.path: p for p in build_params(space)}
     assert params["serving.max_batch_size"].values == [8, 16, 32, 64] and params["serving.max_batch_size"].kind == "int"
     assert params["requests.arrival.rate"].values == [1.0, 1.5, 2.0] and params["requests.arrival.rate"].kind == "float"
@@ -76,9 +90,14 @@ def test_params_and_grid_size():
 
 
 def test_grid_sweep_table_and_plots(workload, tmp_path):
-    space = _space(name="g", parameters={"serving.scheduler": ["fcfs", "fairness"],
-                                         "serving.preemption": ["recompute", "swap", "cost_aware"],
-                                         "serving.max_batch_size": [8, 64]})
+    space = _space(
+        name="g",
+        parameters={
+            "serving.scheduler": ["fcfs", "fairness"],
+            "serving.preemption": ["recompute", "swap", "cost_aware"],
+            "serving.max_batch_size": [8, 64],
+        },
+    )
     res = run_sweep(workload, space, tmp_path / "s", workers=2)
     df = res.table
     assert len(df) == 2 * 3 * 2 == res.computed and res.cached == 0 and res.failed == 0
@@ -95,24 +114,38 @@ def test_grid_sweep_table_and_plots(workload, tmp_path):
     from infersim.analysis.sweep import run_config
 
     row = df.iloc[5]
-    cfg = resolve_config(json.loads((tmp_path / "s" / "sweep.json").read_text())["base"],
-                         {"serving.scheduler": row["serving.scheduler"], "serving.preemption": row["serving.preemption"],
-                          "serving.max_batch_size": int(row["serving.max_batch_size"])})
+    cfg = resolve_config(
+        json.loads((tmp_path / "s" / "sweep.json").read_text())["base"],
+        {
+            "serving.scheduler": row["serving.scheduler"],
+            "serving.preemption": row["serving.preemption"],
+            "serving.max_batch_size": int(row["serving.max_batch_size"]),
+        },
+    )
     direct = run_config({"config": cfg, "base_dir": str(Path(workload).parent)})
     assert direct["summary"]["e2e_s"]["p99"] == pytest.approx(row["e2e_s.p99"], rel=1e-12)
     # the front written is non-dominated among the rows
     front = pd.read_csv(tmp_path / "s" / "pareto.csv")
     for _, f in front.iterrows():
-        better = df[(df["throughput_output_tokens_per_s"] >= f["throughput_output_tokens_per_s"])
-                    & (df["e2e_s.p99"] <= f["e2e_s.p99"])
-                    & ((df["throughput_output_tokens_per_s"] > f["throughput_output_tokens_per_s"])
-                       | (df["e2e_s.p99"] < f["e2e_s.p99"]))]
+        better = df[
+            (df["throughput_output_tokens_per_s"] >= f["throughput_output_tokens_per_s"])
+            & (df["e2e_s.p99"] <= f["e2e_s.p99"])
+            & (
+                (df["throughput_output_tokens_per_s"] > f["throughput_output_tokens_per_s"])
+                | (df["e2e_s.p99"] < f["e2e_s.p99"])
+            )
+        ]
         assert better.empty
 
 
 def test_failed_configurations_are_recorded_and_the_sweep_goes_on(workload, tmp_path):
-    space = _space(parameters={"serving.preemption": ["recompute", "swap"], "speculation.s": [None, 4],
-                               "hardware.profile": ["a100-80gb-pcie", "tpu-v9"]})
+    space = _space(
+        parameters={
+            "serving.preemption": ["recompute", "swap"],
+            "speculation.s": [None, 4],
+            "hardware.profile": ["a100-80gb-pcie", "tpu-v9"],
+        }
+    )
     res = run_sweep(workload, space, tmp_path / "f", workers=1)
     df = res.table
     assert len(df) == 8
@@ -142,8 +175,10 @@ def _dominates(a, b, maximize):
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 6), st.integers(0, 6), st.integers(0, 3)), min_size=1, max_size=25),
-       st.lists(st.booleans(), min_size=3, max_size=3))
+@given(
+    st.lists(st.tuples(st.integers(0, 6), st.integers(0, 6), st.integers(0, 3)), min_size=1, max_size=25),
+    st.lists(st.booleans(), min_size=3, max_size=3),
+)
 def test_pareto_front_is_non_dominated_and_covers_the_rest(points, maximize):
     v = np.array(points, dtype=float)
     mask = pareto_mask(v, maximize)
@@ -179,8 +214,22 @@ fixed: {requests.count: 400}
 def test_killed_sweep_resumes_without_loss_or_duplicates(workload, tmp_path):
     space_path = _space_file(tmp_path, KILL_SPACE)
     out = tmp_path / "k"
-    cmd = [sys.executable, "-m", "infersim.cli.main", "sweep", "-w", workload, "-s", str(space_path), "-o", str(out),
-           "--workers", "2", "-q", "--no-plots"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "infersim.cli.main",
+        "sweep",
+        "-w",
+        workload,
+        "-s",
+        str(space_path),
+        "-o",
+        str(out),
+        "--workers",
+        "2",
+        "-q",
+        "--no-plots",
+    ]
     proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     results = out / "results"
     try:
@@ -189,7 +238,9 @@ def test_killed_sweep_resumes_without_loss_or_duplicates(workload, tmp_path):
             if results.is_dir() and len([p for p in results.glob("*.json") if not p.name.startswith(".")]) >= 3:
                 break
             time.sleep(0.02)
-        assert proc.poll() is None, "the sweep finished before it could be killed: " + proc.stderr.read().decode()[-500:]
+        assert proc.poll() is None, (
+            "the sweep finished before it could be killed: " + proc.stderr.read().decode()[-500:]
+        )
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)  # the driver and its worker processes
@@ -256,13 +307,18 @@ def test_optuna_multi_objective_and_resume(workload, tmp_path):
 
 def test_optuna_single_objective(workload, tmp_path):
     pytest.importorskip("optuna")
-    space = _space(method="optuna", parameters={"serving.max_batch_size": [4, 8, 16, 32, 64],
-                                                "serving.preemption": ["recompute", "swap"]},
-                   optuna={"trials": 6, "objectives": [{"metric": "e2e_s.p99", "direction": "minimize"}]})
+    space = _space(
+        method="optuna",
+        parameters={"serving.max_batch_size": [4, 8, 16, 32, 64], "serving.preemption": ["recompute", "swap"]},
+        optuna={"trials": 6, "objectives": [{"metric": "e2e_s.p99", "direction": "minimize"}]},
+    )
     res = run_sweep(workload, space, tmp_path / "o1", workers=1)
     assert len(res.table) == 6 and res.table["key"].is_unique
-    bad = _space(method="optuna", parameters={"serving.max_batch_size": [4, 8]},
-                 optuna={"trials": 2, "objectives": [{"metric": "happiness", "direction": "maximize"}]})
+    bad = _space(
+        method="optuna",
+        parameters={"serving.max_batch_size": [4, 8]},
+        optuna={"trials": 2, "objectives": [{"metric": "happiness", "direction": "maximize"}]},
+    )
     with pytest.raises(InfersimError, match="happiness"):
         run_sweep(workload, bad, tmp_path / "o2", workers=1)
 

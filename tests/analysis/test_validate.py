@@ -7,6 +7,7 @@ reproduced by the replay driven by the measured times, the measured acceptance c
 and reports with every section. How close the predicted times come to the measured ones is
 the validation benchmark's (`python -m infersim.analysis.validate.matrix`), not a test's: it
 depends on the machine's speed during the run."""
+
 import json
 import math
 
@@ -14,11 +15,11 @@ import numpy as np
 import pytest
 
 from infersim.analysis.validate.compare import TARGETS, recompute_iterations
-from infersim.simulator.costmodel.executor_features import FEATURE_NAMES, batch_features, shapes_from_batches
 from infersim.analysis.validate.measured import engine_periods
 from infersim.analysis.validate.metrics import mape, median_ape, rel_error, signed_bias, total_bias
 from infersim.cli.main import main
 from infersim.simulator.costmodel.batch import BatchShape
+from infersim.simulator.costmodel.executor_features import FEATURE_NAMES, batch_features, shapes_from_batches
 from infersim.simulator.errors import InfersimError
 from tests.utils import one_line_error
 
@@ -47,9 +48,11 @@ def test_metrics_skip_unmeasured_pairs_and_reject_mismatched_lengths():
 
 # ---- what the executor measured --------------------------------------------------------------
 def test_engine_periods_subtract_swaps_and_skip_idle_gaps():
-    it = {"t_start_s": np.array([0.0, 1.0, 2.5, 10.0, 11.0]),
-          "t_end_s": np.array([0.8, 2.0, 3.0, 10.5, 11.5]),
-          "swap_s": np.array([0.0, 0.0, 0.25, 0.0, 0.0])}
+    it = {
+        "t_start_s": np.array([0.0, 1.0, 2.5, 10.0, 11.0]),
+        "t_end_s": np.array([0.8, 2.0, 3.0, 10.5, 11.5]),
+        "swap_s": np.array([0.0, 0.0, 0.25, 0.0, 0.0]),
+    }
     # an arrival at 9.9 while the engine had nothing to do: the clock jumped from 3.0 to 10.0
     period, idle = engine_periods(it, np.array([0.0, 9.9]))
     assert period[0] == pytest.approx(1.0)
@@ -73,9 +76,13 @@ def test_batch_features_by_hand():
 
 
 def test_shapes_from_batches_and_recompute_detection():
-    b = {"iteration": np.array([0, 1, 1, 2, 3]), "rid": np.array([0, 0, 1, 1, 0]),
-         "query_tokens": np.array([50, 1, 30, 1, 51]), "context_tokens": np.array([0, 50, 0, 30, 0]),
-         "makes_token": np.array([1, 1, 1, 1, 1])}
+    b = {
+        "iteration": np.array([0, 1, 1, 2, 3]),
+        "rid": np.array([0, 0, 1, 1, 0]),
+        "query_tokens": np.array([50, 1, 30, 1, 51]),
+        "context_tokens": np.array([0, 50, 0, 30, 0]),
+        "makes_token": np.array([1, 1, 1, 1, 1]),
+    }
     shapes = shapes_from_batches(b, np.arange(4))
     assert [s.num_seqs for s in shapes] == [1, 2, 1, 1]
     assert shapes[1].query_tokens.tolist() == [1, 30] and shapes[1].context_tokens.tolist() == [50, 0]
@@ -105,8 +112,14 @@ def _synthetic_run(coef, rng, n=300):
     """An ExecRun-like object whose times follow known coefficients exactly."""
     from infersim.simulator.costmodel.fitted import FittedCostModel
 
-    model = FittedCostModel(coef, 16, {"h2d": {"latency_s": 1e-4, "s_per_byte": 2e-10, "s_per_copy": 6e-6},
-                                       "d2h": {"latency_s": 5e-5, "s_per_byte": 1e-10, "s_per_copy": 3e-6}})
+    model = FittedCostModel(
+        coef,
+        16,
+        {
+            "h2d": {"latency_s": 1e-4, "s_per_byte": 2e-10, "s_per_copy": 6e-6},
+            "d2h": {"latency_s": 5e-5, "s_per_byte": 1e-10, "s_per_copy": 3e-6},
+        },
+    )
     shapes = []
     for _ in range(n):
         k = int(rng.integers(1, 12))
@@ -121,8 +134,12 @@ def _synthetic_run(coef, rng, n=300):
     out_copies = np.where(out_blocks > 0, 2 * rng.integers(1, np.maximum(out_blocks, 1) + 1), 0)
     in_copies = np.where(in_blocks > 0, 2 * rng.integers(1, np.maximum(in_blocks, 1) + 1), 0)
     bpb = 24576.0
-    swap = np.array([model.copy_time_s(o * bpb, "d2h", co) + model.copy_time_s(i * bpb, "h2d", ci)
-                     for o, i, co, ci in zip(out_blocks, in_blocks, out_copies, in_copies)])
+    swap = np.array(
+        [
+            model.copy_time_s(o * bpb, "d2h", co) + model.copy_time_s(i * bpb, "h2d", ci)
+            for o, i, co, ci in zip(out_blocks, in_blocks, out_copies, in_copies)
+        ]
+    )
 
     class Run:
         block_size = 16
@@ -131,8 +148,13 @@ def _synthetic_run(coef, rng, n=300):
     r = Run()
     r.shapes = shapes
     r.iteration_period_s = model.predict_many(shapes)
-    r.iterations = {"swap_out_blocks": out_blocks, "swap_in_blocks": in_blocks, "swap_s": swap,
-                    "swap_out_copies": out_copies, "swap_in_copies": in_copies}
+    r.iterations = {
+        "swap_out_blocks": out_blocks,
+        "swap_in_blocks": in_blocks,
+        "swap_s": swap,
+        "swap_out_copies": out_copies,
+        "swap_in_copies": in_copies,
+    }
     return model, r
 
 
@@ -146,7 +168,10 @@ def test_fit_recovers_known_coefficients():
     assert mape(pred, run.iteration_period_s) < 1e-3
     assert info["mape_in_sample"] < 1e-3
     transfer, tinfo = fit_transfer_model([run])
-    for d, blocks, copies in (("h2d", "swap_in_blocks", "swap_in_copies"), ("d2h", "swap_out_blocks", "swap_out_copies")):
+    for d, blocks, copies in (
+        ("h2d", "swap_in_blocks", "swap_in_copies"),
+        ("d2h", "swap_out_blocks", "swap_out_copies"),
+    ):
         for k in ("s_per_byte", "s_per_copy"):
             assert transfer[d][k] == pytest.approx(truth.transfer[d][k], rel=1e-3)
         assert transfer[d]["latency_s"] == pytest.approx(truth.transfer[d]["latency_s"], rel=1e-2)
@@ -159,9 +184,14 @@ def test_fit_recovers_known_coefficients():
 def test_swap_price_uses_the_recorded_copy_calls():
     from infersim.simulator.costmodel.fitted import FittedCostModel
 
-    m = FittedCostModel(np.arange(len(FEATURE_NAMES)) * 1e-6, 16,
-                        {"h2d": {"latency_s": 1e-4, "s_per_byte": 2e-10, "s_per_copy": 5e-6, "copies_per_byte": 1e-4},
-                         "d2h": {"latency_s": 0.0, "s_per_byte": 1e-10}})
+    m = FittedCostModel(
+        np.arange(len(FEATURE_NAMES)) * 1e-6,
+        16,
+        {
+            "h2d": {"latency_s": 1e-4, "s_per_byte": 2e-10, "s_per_copy": 5e-6, "copies_per_byte": 1e-4},
+            "d2h": {"latency_s": 0.0, "s_per_byte": 1e-10},
+        },
+    )
     # 1e5 bytes in 4 calls: 1e-4 + 2e-5 + 2e-5 s; with the calibration's 1e-4 calls per byte: 10 calls
     assert m.copy_time_s(1e5, "h2d", 4) == pytest.approx(1.4e-4)
     assert m.transfer_time_s(1e5, "h2d") == pytest.approx(1e-4 + 2e-5 + 5e-5)
@@ -220,9 +250,12 @@ def test_cache_counts_copy_calls_per_run_of_consecutive_blocks():
 def test_fit_json_round_trip_scaling_and_bad_files(tmp_path):
     from infersim.simulator.costmodel.fitted import FittedCostModel
 
-    m = FittedCostModel(np.arange(len(FEATURE_NAMES)) * 1e-6, 16,
-                        {"h2d": {"latency_s": 1e-5, "s_per_byte": 1e-10}, "d2h": {"latency_s": 2e-5, "s_per_byte": 3e-10}},
-                        {"seed": 1})
+    m = FittedCostModel(
+        np.arange(len(FEATURE_NAMES)) * 1e-6,
+        16,
+        {"h2d": {"latency_s": 1e-5, "s_per_byte": 1e-10}, "d2h": {"latency_s": 2e-5, "s_per_byte": 3e-10}},
+        {"seed": 1},
+    )
     path = tmp_path / "fit.json"
     m.save(path)
     back = FittedCostModel.load(path)
@@ -244,9 +277,20 @@ def test_every_case_is_a_valid_workload_with_a_known_mode():
     from infersim.analysis.validate.cases import CASES, small_matrix
     from infersim.analysis.validate.modes import MODES
 
-    assert {"plain-load", "preempt-recompute", "preempt-swap", "preempt-cost-aware", "spec-draft", "minions-voting",
-            "minions-adaptive", "minions-pipeline", "medusa-tree", "offload-full", "offload-h2o",
-            "offload-infinigen"} <= set(CASES)
+    assert {
+        "plain-load",
+        "preempt-recompute",
+        "preempt-swap",
+        "preempt-cost-aware",
+        "spec-draft",
+        "minions-voting",
+        "minions-adaptive",
+        "minions-pipeline",
+        "medusa-tree",
+        "offload-full",
+        "offload-h2o",
+        "offload-infinigen",
+    } <= set(CASES)
     for c in CASES.values():
         spec = c.spec("zoo-target")
         assert spec.model == "zoo-target" and spec.serving.dtype == "fp32"
@@ -272,18 +316,24 @@ def test_matrix_refuses_fewer_than_one_repeat_in_one_line(capsys):
 
 
 # ---- bad input: one line, exit 2 ------------------------------------------------------------------
-@pytest.mark.parametrize("argv, message", [
-    (["validate"], "exactly one of --workload"),
-    (["validate", "--case", "plain-load", "--workload", "x.yaml"], "exactly one of --workload"),
-    (["validate", "--case", "no-such-case"], "unknown validation case 'no-such-case'"),
-    (["validate", "--case", "plain-load", "--threads", "0"], "--threads must be at least 1"),
-    (["validate", "--case", "plain-load", "-n", "0"], "--requests: expected a whole number >= 1"),
-    (["validate", "--case", "plain-load", "--repeats", "0"], "--repeats must be at least 1"),
-    (["validate", "--case", "plain-load", "--calibration", "missing-fit.json"], "calibration file not found"),
-    (["validate", "--case", "plain-load", "--cost-model", "roofline", "--calibration", "f.json"], "goes with"),
-    (["validate", "--workload", "no-such-workload.yaml"], "no-such-workload"),
-    (["validate", "--case", "plain-load", "--device", "cuda", "--cost-model", "regression"], "needs the GPU's profile"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["validate"], "exactly one of --workload"),
+        (["validate", "--case", "plain-load", "--workload", "x.yaml"], "exactly one of --workload"),
+        (["validate", "--case", "no-such-case"], "unknown validation case 'no-such-case'"),
+        (["validate", "--case", "plain-load", "--threads", "0"], "--threads must be at least 1"),
+        (["validate", "--case", "plain-load", "-n", "0"], "--requests: expected a whole number >= 1"),
+        (["validate", "--case", "plain-load", "--repeats", "0"], "--repeats must be at least 1"),
+        (["validate", "--case", "plain-load", "--calibration", "missing-fit.json"], "calibration file not found"),
+        (["validate", "--case", "plain-load", "--cost-model", "roofline", "--calibration", "f.json"], "goes with"),
+        (["validate", "--workload", "no-such-workload.yaml"], "no-such-workload"),
+        (
+            ["validate", "--case", "plain-load", "--device", "cuda", "--cost-model", "regression"],
+            "needs the GPU's profile",
+        ),
+    ],
+)
 @pytest.mark.torch
 def test_bad_input_is_one_line_and_exit_2(argv, message, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -304,8 +354,10 @@ def small_results(tmp_path_factory, zoo_dir):
 
     out = tmp_path_factory.mktemp("validate")
     counts = {"plain-load": 64, "preempt-recompute": 32}
-    return {name: (validate_case(get_case(name), "zoo-target", out / name, CaseOptions(requests=n)), out / name)
-            for name, n in counts.items()}
+    return {
+        name: (validate_case(get_case(name), "zoo-target", out / name, CaseOptions(requests=n)), out / name)
+        for name, n in counts.items()
+    }
 
 
 @pytest.mark.slow
@@ -364,8 +416,10 @@ def test_with_the_measured_times_the_simulator_reproduces_the_executed_schedule(
 @pytest.mark.torch
 def test_closed_loop_workloads_are_refused_in_one_line(tmp_path, capsys):
     w = tmp_path / "closed.yaml"
-    w.write_text("name: closed\nmodel: zoo-target\nrequests:\n  count: 4\n  arrival: {type: closed_loop, clients: 2}\n"
-                 "  prompt_tokens: {type: fixed, value: 8}\n  output_tokens: {type: fixed, value: 4}\n")
+    w.write_text(
+        "name: closed\nmodel: zoo-target\nrequests:\n  count: 4\n  arrival: {type: closed_loop, clients: 2}\n"
+        "  prompt_tokens: {type: fixed, value: 8}\n  output_tokens: {type: fixed, value: 4}\n"
+    )
     assert main(["validate", "--workload", str(w), "--out", str(tmp_path / "out")]) == 2
     assert "closed-loop arrivals are not replayed" in one_line_error(capsys)
 
@@ -377,7 +431,6 @@ def test_speculative_target_and_draft_costs_by_hand():
     prefill its tokens; each draft gets its own cost object (the simulator counts a shared one
     once)."""
     from infersim.simulator.costmodel.batch import BatchShape
-
     from infersim.simulator.costmodel.speculative_fit import FEATURES, SpecFit
 
     coef = np.arange(1, len(FEATURES) + 1, dtype=np.float64) * 1e-6
@@ -422,9 +475,14 @@ def test_tokens_per_round_per_request_by_hand():
 
     # rounds [0,1) [1,2) [2,3) [3,4); request 0: first token at 1, finished at 3 with 5 tokens:
     # rounds 2 and 3 gave the other 4; request 1: first token at 2, finished at 4 with 3 tokens
-    run = SimpleNamespace(series={"t_start_s": np.array([0.0, 1.0, 2.0, 3.0]), "t_end_s": np.array([1.0, 2.0, 3.0, 4.0])},
-                          requests={"first_token_s": np.array([1.0, 2.0]), "finish_s": np.array([3.0, 4.0]),
-                                    "output_tokens": np.array([5, 3])})
+    run = SimpleNamespace(
+        series={"t_start_s": np.array([0.0, 1.0, 2.0, 3.0]), "t_end_s": np.array([1.0, 2.0, 3.0, 4.0])},
+        requests={
+            "first_token_s": np.array([1.0, 2.0]),
+            "finish_s": np.array([3.0, 4.0]),
+            "output_tokens": np.array([5, 3]),
+        },
+    )
     assert tokens_per_round_per_request(run) == pytest.approx([2.0, 1.0])
 
 
@@ -443,10 +501,9 @@ def spec_result(tmp_path_factory, zoo_dir):
 @pytest.mark.slow
 @pytest.mark.torch
 def test_spec_draft_rounds_statistics_and_report(spec_result):
-    from infersim.executor.speculative import recorded_statistics, simulator_updates
-
     from infersim.analysis.validate.measured import load_run
     from infersim.analysis.validate.spec_rounds import rebuild_rounds
+    from infersim.executor.speculative import recorded_statistics, simulator_updates
 
     result, folder = spec_result
     assert result["status"] == "ran"
@@ -595,7 +652,9 @@ def test_repeated_validated_runs_keep_the_median_by_busy_time(tmp_path):
         d.mkdir(parents=True)
         total = next(totals)
         starts = np.array([0.0, 5.0, 7.0])  # idle gaps between iterations are not busy time
-        write_table(d / "iterations.parquet", {"t_start_s": starts, "t_end_s": starts + total * np.array([.5, .3, .2])})
+        write_table(
+            d / "iterations.parquet", {"t_start_s": starts, "t_end_s": starts + total * np.array([0.5, 0.3, 0.2])}
+        )
         (d / "which").write_text(str(total))
 
     exec_dir = tmp_path / "exec"
@@ -626,7 +685,6 @@ def test_within_run_speed_attributes_errors_that_follow_the_ticks_to_timing_nois
     from infersim.analysis.validate.execute import local_speed
 
     start = np.arange(200) * 0.01
-    slow = np.where(start >= 1.0, 1.3, 1.0)
     clock = np.arange(25) * 0.08
     ticks = 1e-3 * np.where(clock >= 1.0, 1.3, 1.0)
     (tmp_path / "speed_ticks.json").write_text(json.dumps({"clock_s": clock.tolist(), "tick_s": ticks.tolist()}))

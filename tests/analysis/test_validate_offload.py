@@ -3,6 +3,7 @@ composition on a calibrated compute and host link against a hand calculation, th
 recovery of known coefficients, and one small offload case end to end on the zoo's real
 target model: the same requests on both sides, the KV bytes the simulator's policy copies on
 the executed batches against the executor's, the recorded sparsity carried over, the report."""
+
 import numpy as np
 import pytest
 
@@ -11,8 +12,16 @@ from infersim.simulator.errors import InfersimError
 from infersim.simulator.offload.calibrated import HostLink, LinearStageCompute
 from tests.utils import one_line_error
 
-COEF = {"const": 1e-3, "decode_seq": 2e-4, "prefill_seq": 5e-4, "prefill_token": 3e-6, "key": 1e-7, "pair": 2e-8,
-        "logit": 4e-5, "pred_context": 5e-7}
+COEF = {
+    "const": 1e-3,
+    "decode_seq": 2e-4,
+    "prefill_seq": 5e-4,
+    "prefill_token": 3e-6,
+    "key": 1e-7,
+    "pair": 2e-8,
+    "logit": 4e-5,
+    "pred_context": 5e-7,
+}
 LINK = HostLink(h2d_latency_s=6e-6, h2d_bytes_per_s=3e9, d2h_latency_s=8e-6, d2h_bytes_per_s=4e9)
 
 
@@ -59,8 +68,10 @@ def test_infinigen_prediction_is_paid_per_predicted_layer():
     # layers 1..L-1 are predicted (start_layer 1): pred_context x context spread over them
     assert st.pred[0, 0] == 0.0
     assert st.pred[0, 1:].sum() == pytest.approx(COEF["pred_context"] * 2000)
-    assert st.load_bytes.sum() < base.stages(b.query_tokens[None], b.context_tokens[None],
-                                             b.logit_tokens[None]).load_bytes.sum()
+    assert (
+        st.load_bytes.sum()
+        < base.stages(b.query_tokens[None], b.context_tokens[None], b.logit_tokens[None]).load_bytes.sum()
+    )
 
 
 def test_unknown_compute_terms_are_refused():

@@ -1,6 +1,7 @@
 """The validation benchmark's pass rule (analysis/validate/rule.py) on synthetic results with
 known errors: per-iteration MAPE judged at the run's local speed on CPU and raw on cuda, the
 aggregate targets on the median of the repeats, including results that must fail."""
+
 import pytest
 
 from infersim.analysis.validate.compare import TARGETS
@@ -12,29 +13,54 @@ E2E = "mean end-to-end latency"
 P99 = "end-to-end p99"
 SWAP = "swap cost (total copy time)"
 RECOMPUTE = "recompute cost (re-prefill time)"
-TARGET = {ITER: TARGETS["iteration_mape"], THR: TARGETS["throughput"], E2E: TARGETS["e2e_mean"],
-          P99: TARGETS["p99"], SWAP: TARGETS["swap_cost"], RECOMPUTE: TARGETS["recompute_cost"]}
+TARGET = {
+    ITER: TARGETS["iteration_mape"],
+    THR: TARGETS["throughput"],
+    E2E: TARGETS["e2e_mean"],
+    P99: TARGETS["p99"],
+    SWAP: TARGETS["swap_cost"],
+    RECOMPUTE: TARGETS["recompute_cost"],
+}
 
 
 def _check(metric: str, value: float) -> dict:
     """A check as check_targets writes it (its own verdict on the run of median busy time)."""
     ok = abs(value) <= TARGET[metric]
-    return {"metric": metric, "value": value, "target": TARGET[metric], "ok": ok,
-            "component": "" if ok else "cost model (synthetic)", "kind": "" if ok else "cost model"}
+    return {
+        "metric": metric,
+        "value": value,
+        "target": TARGET[metric],
+        "ok": ok,
+        "component": "" if ok else "cost model (synthetic)",
+        "kind": "" if ok else "cost model",
+    }
 
 
-def _result(*, raw_mape: float = 0.05, local_mape: float | None = 0.05, device: str = "cpu",
-            repeats: list[dict] | None = None, **errors: float) -> dict:
+def _result(
+    *,
+    raw_mape: float = 0.05,
+    local_mape: float | None = 0.05,
+    device: str = "cpu",
+    repeats: list[dict] | None = None,
+    **errors: float,
+) -> dict:
     """A validation result: the median run's checks, its speed ticks' local-speed MAPE and each
     repeat's aggregate errors. errors: metric keyword -> the median run's error."""
     names = {"thr": THR, "e2e": E2E, "p99": P99, "swap": SWAP, "recompute": RECOMPUTE}
     checks = [_check(ITER, raw_mape)] + [_check(names[k], v) for k, v in errors.items()]
-    within = {} if local_mape is None else {"mape_at_local_speed": local_mape, "correlation": 0.8,
-                                            "tick_range": [0.9, 1.1]}
+    within = (
+        {} if local_mape is None else {"mape_at_local_speed": local_mape, "correlation": 0.8, "tick_range": [0.9, 1.1]}
+    )
     if repeats is None:
         repeats = [{names[k]: v for k, v in errors.items()}]
-    return {"case": "synthetic", "device": device, "status": "ran", "checks": checks,
-            "comparison": {"cost_model": {"mape": raw_mape, "within_run": within}}, "repeat_errors": repeats}
+    return {
+        "case": "synthetic",
+        "device": device,
+        "status": "ran",
+        "checks": checks,
+        "comparison": {"cost_model": {"mape": raw_mape, "within_run": within}},
+        "repeat_errors": repeats,
+    }
 
 
 def _by_metric(verdict: dict) -> dict:
@@ -101,8 +127,9 @@ def test_aggregate_targets_at_their_bounds():
     for kw in ({"p99": -0.21}, {"swap": 0.051}, {"recompute": -0.06}, {"e2e": 0.101}):
         v = judge(_result(**kw))
         assert not v["passed"], kw
-        assert [c["metric"] for c in v["checks"] if not c["ok"]] == [{"p99": P99, "swap": SWAP, "recompute": RECOMPUTE,
-                                                                     "e2e": E2E}[next(iter(kw))]]
+        assert [c["metric"] for c in v["checks"] if not c["ok"]] == [
+            {"p99": P99, "swap": SWAP, "recompute": RECOMPUTE, "e2e": E2E}[next(iter(kw))]
+        ]
 
 
 def test_even_repeats_take_the_mean_of_the_middle_two_and_skip_missing_values():
@@ -113,8 +140,16 @@ def test_even_repeats_take_the_mean_of_the_middle_two_and_skip_missing_values():
 
 def test_checks_the_rule_does_not_cover_keep_their_own_verdict():
     r = _result(thr=0.0)
-    r["checks"].append({"metric": "KV bytes loaded (total)", "value": 0.2, "target": 0.05, "ok": False,
-                        "component": "cost model (policy)", "kind": "cost model"})
+    r["checks"].append(
+        {
+            "metric": "KV bytes loaded (total)",
+            "value": 0.2,
+            "target": 0.05,
+            "ok": False,
+            "component": "cost model (policy)",
+            "kind": "cost model",
+        }
+    )
     v = judge(r)
     c = _by_metric(v)["KV bytes loaded (total)"]
     assert not v["passed"] and not c["ok"] and c["judged_on"] == "one run" and c["raw"] == 0.2
@@ -132,13 +167,23 @@ def test_results_file_opens_with_the_summary_and_shows_judged_and_raw(tmp_path):
 
     good = apply_rule({**_result(raw_mape=0.15, local_mape=0.08, thr=0.01), "case": "good", "title": "t"})
     bad = apply_rule({**_result(raw_mape=0.05, local_mape=0.04, thr=0.12), "case": "bad", "title": "t"})
-    meta = {"date": "D", "model": "zoo-target", "device": "cpu", "wall_s": 1.0, "load_start": "0", "load_end": "0",
-            "repeats": 3, "fits": {}}
+    meta = {
+        "date": "D",
+        "model": "zoo-target",
+        "device": "cpu",
+        "wall_s": 1.0,
+        "load_start": "0",
+        "load_end": "0",
+        "repeats": 3,
+        "fits": {},
+    }
     machine = {"CPU": "Some CPU", "cores": 2, "CPU vector instructions (torch)": "AVX2"}
     text = write_results([good, bad], meta, machine, tmp_path).read_text()
     first = text.splitlines()[0]
-    assert first == ("# 1 of 2 validation cases met every target under the rule (per-iteration MAPE at local speed, "
-                     "aggregates on the median of 3 repeats) — `zoo-target` on cpu, Some CPU (2 cores, AVX2), D")
+    assert first == (
+        "# 1 of 2 validation cases met every target under the rule (per-iteration MAPE at local speed, "
+        "aggregates on the median of 3 repeats) — `zoo-target` on cpu, Some CPU (2 cores, AVX2), D"
+    )
     assert RULE in text
     rows = {line.split(" | ")[0].strip("|* "): line for line in text.splitlines() if line.startswith("| ")}
     assert " pass " in rows["good"] and "8.0% (15.0%)" in rows["good"]  # judged at local speed, raw beside

@@ -9,6 +9,7 @@ machine):
 - the adaptive-s selector fed the executor's own observations takes the executed trajectory;
   a replayed trajectory is keyed by observations, not rounds;
 - whole-pass contention of the pipeline's two threads (simulator/speculative/device.py)."""
+
 import json
 
 import numpy as np
@@ -19,11 +20,15 @@ import pytest
 def _mixture_spec(assignment=None):
     from infersim.simulator.speculative.config import AcceptanceSpec
 
-    return AcceptanceSpec.model_validate({
-        "kind": "mixture", "weights": [0.5, 0.25, 0.25],
-        # listed easy, hard, medium: the model orders them hardest first
-        "components": [{"kind": "iid", "alpha": 0.9}, {"kind": "iid", "alpha": 0.1}, {"kind": "iid", "alpha": 0.5}],
-        **({"assignment": assignment} if assignment is not None else {})})
+    return AcceptanceSpec.model_validate(
+        {
+            "kind": "mixture",
+            "weights": [0.5, 0.25, 0.25],
+            # listed easy, hard, medium: the model orders them hardest first
+            "components": [{"kind": "iid", "alpha": 0.9}, {"kind": "iid", "alpha": 0.1}, {"kind": "iid", "alpha": 0.5}],
+            **({"assignment": assignment} if assignment is not None else {}),
+        }
+    )
 
 
 def test_mixture_assignment_puts_each_request_in_its_component():
@@ -41,10 +46,13 @@ def test_mixture_assignment_puts_each_request_in_its_component():
     assert easy.mean() + 1 == pytest.approx(m.components[2].expected_tokens(4), rel=0.03)
 
 
-@pytest.mark.parametrize("bad, message", [
-    ({"kind": "mixture", "components": [{"kind": "iid", "alpha": 0.5}], "assignment": {1: 1}}, "out of range"),
-    ({"kind": "iid", "alpha": 0.5, "assignment": {1: 0}}, "'mixture' only"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"kind": "mixture", "components": [{"kind": "iid", "alpha": 0.5}], "assignment": {1: 1}}, "out of range"),
+        ({"kind": "iid", "alpha": 0.5, "assignment": {1: 0}}, "'mixture' only"),
+    ],
+)
 def test_bad_assignment_is_refused(bad, message):
     from infersim.simulator.speculative.config import AcceptanceSpec
 
@@ -64,17 +72,21 @@ def test_acceptance_rate_is_the_simulators_mean_over_sequence_rounds():
     assert rec.mean_acceptance() == pytest.approx(3 / 9)
     st = SpecStats([])
     k, a = np.array([4, 1, 4]), np.array([2, 1, 0])
-    st.round(0.0, [type("S", (), {"rid": i})() for i in range(3)], k, a, a + 1, np.zeros(0, np.int64), a / k,
-             1e-3, 1e-3, 4)
+    st.round(
+        0.0, [type("S", (), {"rid": i})() for i in range(3)], k, a, a + 1, np.zeros(0, np.int64), a / k, 1e-3, 1e-3, 4
+    )
     assert st.rate_sum / st.spec_seq_rounds == pytest.approx(rec.mean_round_acceptance())
 
 
 # ---- drafts the executor runs -----------------------------------------------------------------
-@pytest.mark.parametrize("section, n", [
-    ({"method": "minions", "voting": {"enabled": False}}, 1),
-    ({"method": "minions"}, 3),
-    ({"method": "draft", "voting": {"enabled": True}}, 3),
-])
+@pytest.mark.parametrize(
+    "section, n",
+    [
+        ({"method": "minions", "voting": {"enabled": False}}, 1),
+        ({"method": "minions"}, 3),
+        ({"method": "draft", "voting": {"enabled": True}}, 3),
+    ],
+)
 def test_drafts_run_follows_the_voting_switch(section, n):
     from infersim.analysis.validate.spec_rounds import drafts_run
 
@@ -89,15 +101,32 @@ def test_voting_off_is_simulated_with_the_first_draft_alone(tmp_path):
 
     from infersim.analysis.validate.spec_simulate import spec_sim_spec
 
-    sp = {"method": "minions", "speculation_length": 4, "voting": {"enabled": False},
-          "selector": {"enabled": False}, "pipeline": {"enabled": False},
-          "drafts": [{"model": f"zoo-draft-{x}", "acceptance": {"kind": "iid", "alpha": 0.5}} for x in "abc"]}
-    cfg = {"workload": {"name": "w", "model": "zoo-target", "hardware": {"profile": "cpu-reference"},
-                        "serving": {"max_batch_size": 16, "block_size": 16},
-                        "requests": {"count": 2, "arrival": {"type": "burst"}, "prompt_tokens": {"type": "fixed", "value": 10},
-                                     "output_tokens": {"type": "fixed", "value": 10}},
-                        "speculation": sp, "seed": 1},
-           "memory": {"gpu_blocks": 64}, "executor": {"dtype": "fp32"}}
+    sp = {
+        "method": "minions",
+        "speculation_length": 4,
+        "voting": {"enabled": False},
+        "selector": {"enabled": False},
+        "pipeline": {"enabled": False},
+        "drafts": [{"model": f"zoo-draft-{x}", "acceptance": {"kind": "iid", "alpha": 0.5}} for x in "abc"],
+    }
+    cfg = {
+        "workload": {
+            "name": "w",
+            "model": "zoo-target",
+            "hardware": {"profile": "cpu-reference"},
+            "serving": {"max_batch_size": 16, "block_size": 16},
+            "requests": {
+                "count": 2,
+                "arrival": {"type": "burst"},
+                "prompt_tokens": {"type": "fixed", "value": 10},
+                "output_tokens": {"type": "fixed", "value": 10},
+            },
+            "speculation": sp,
+            "seed": 1,
+        },
+        "memory": {"gpu_blocks": 64},
+        "executor": {"dtype": "fp32"},
+    }
     run = SimpleNamespace(config=cfg, path=tmp_path, requests={"prompt_tokens": np.array([10, 12])})
     spec = spec_sim_spec(run)
     assert not spec.speculation.voting_on
@@ -129,11 +158,16 @@ def _selector_run(tmp_path, rounds=70, seed=0):
         rows.append((i, s, drafted, draft_s, verify_s))
         seqs += [(i, j, si, k) for j, (si, (k, _)) in enumerate(zip(s_list, res))]
     cols = ("round", "rid", "s", "accepted")
-    pq.write_table(pa.table({c: [r[i] for r in seqs] for i, c in enumerate(cols)}),
-                   tmp_path / "speculation_sequences.parquet")
-    t = {"round": np.array([r[0] for r in rows]), "s": np.array([r[1] for r in rows]),
-         "drafted_tokens": np.array([r[2] for r in rows]), "draft_s": np.array([r[3] for r in rows]),
-         "verify_s": np.array([r[4] for r in rows])}
+    pq.write_table(
+        pa.table({c: [r[i] for r in seqs] for i, c in enumerate(cols)}), tmp_path / "speculation_sequences.parquet"
+    )
+    t = {
+        "round": np.array([r[0] for r in rows]),
+        "s": np.array([r[1] for r in rows]),
+        "drafted_tokens": np.array([r[2] for r in rows]),
+        "draft_s": np.array([r[3] for r in rows]),
+        "verify_s": np.array([r[4] for r in rows]),
+    }
     return t
 
 
@@ -144,9 +178,14 @@ def test_the_simulators_selector_fed_the_executed_observations_takes_the_execute
 
     t = _selector_run(tmp_path)
     assert len(set(t["s"].tolist())) > 1  # the synthetic run did move s
-    sp = {"method": "minions", "speculation_length": 4, "voting": {"enabled": False}, "pipeline": {"enabled": False},
-          "selector": {"enabled": True, "decision_threshold": 20, "s_min": 1, "s_max": 8},
-          "drafts": [{"model": "zoo-draft-a", "acceptance": {"kind": "iid", "alpha": 0.5}}] * 3}
+    sp = {
+        "method": "minions",
+        "speculation_length": 4,
+        "voting": {"enabled": False},
+        "pipeline": {"enabled": False},
+        "selector": {"enabled": True, "decision_threshold": 20, "s_min": 1, "s_max": 8},
+        "drafts": [{"model": "zoo-draft-a", "acceptance": {"kind": "iid", "alpha": 0.5}}] * 3,
+    }
     run = SimpleNamespace(config={"workload": {"speculation": sp}}, path=tmp_path)
     got = selector_replay(run, t)
     assert got["same"] and got["agreement"] == 1.0 and got["trajectory"] == got["executed"]
@@ -166,8 +205,10 @@ def test_recorded_s_trajectory_is_keyed_by_observations(tmp_path):
 
     (tmp_path / "summary.json").write_text(json.dumps({"speculation": {"method": "minions", "s": {}}}))
     s = [4, 4, 4, 4, 3, 3, 5]
-    pq.write_table(pa.table({"s": s, "drafted_tokens": [0, 8, 8, 8, 6, 6, 10], "draft_steps": [0, 4, 4, 4, 3, 3, 5]}),
-                   tmp_path / "speculation_rounds.parquet")
+    pq.write_table(
+        pa.table({"s": s, "drafted_tokens": [0, 8, 8, 8, 6, 6, 10], "draft_steps": [0, 4, 4, 4, 3, 3, 5]}),
+        tmp_path / "speculation_rounds.parquet",
+    )
     st = recorded_statistics(tmp_path)
     assert st["s_trajectory_rounds"] == [[0, 4], [4, 3], [6, 5]]
     assert st["s_trajectory"] == [[0, 4], [3, 3], [5, 5]]
@@ -226,15 +267,32 @@ def test_stratified_draws_keep_each_request_at_its_component():
     from infersim.simulator.workload.schema import WorkloadSpec
 
     def proposer(draws):
-        mix = {"kind": "mixture", "weights": [0.5, 0.5], "draws": draws,
-               "components": [{"kind": "iid", "alpha": 0.3}, {"kind": "iid", "alpha": 0.9}],
-               "assignment": {r: r % 2 for r in range(20)}}
-        spec = WorkloadSpec.model_validate({
-            "name": "strat", "model": "opt-1.3b", "hardware": {"profile": "a100-80gb-pcie"},
-            "requests": {"count": 20, "arrival": {"type": "burst"}, "prompt_tokens": {"type": "fixed", "value": 16},
-                         "output_tokens": {"type": "fixed", "value": 200}}, "seed": 5,
-            "speculation": {"method": "draft", "speculation_length": 4,
-                            "drafts": [{"model": "opt-125m", "acceptance": mix}]}})
+        mix = {
+            "kind": "mixture",
+            "weights": [0.5, 0.5],
+            "draws": draws,
+            "components": [{"kind": "iid", "alpha": 0.3}, {"kind": "iid", "alpha": 0.9}],
+            "assignment": {r: r % 2 for r in range(20)},
+        }
+        spec = WorkloadSpec.model_validate(
+            {
+                "name": "strat",
+                "model": "opt-1.3b",
+                "hardware": {"profile": "a100-80gb-pcie"},
+                "requests": {
+                    "count": 20,
+                    "arrival": {"type": "burst"},
+                    "prompt_tokens": {"type": "fixed", "value": 16},
+                    "output_tokens": {"type": "fixed", "value": 200},
+                },
+                "seed": 5,
+                "speculation": {
+                    "method": "draft",
+                    "speculation_length": 4,
+                    "drafts": [{"model": "opt-125m", "acceptance": mix}],
+                },
+            }
+        )
         return Simulation(spec, build_requests(spec, ".")).replicas[0].proposer
 
     rids = list(range(20))
@@ -243,8 +301,12 @@ def test_stratified_draws_keep_each_request_at_its_component():
         p, rng = proposer(draws), np.random.default_rng(0)
         acc = np.stack([p.accept(rng, np.full(20, 4), rids)[0] for _ in range(40)])  # (rounds, requests)
         m = p.drafts[0].acceptance
-        want = np.array([m.components[int(m.component_index(m.assigned_levels([r], np.zeros(1)))[0])]
-                         .expected_tokens(4) for r in rids])
+        want = np.array(
+            [
+                m.components[int(m.component_index(m.assigned_levels([r], np.zeros(1)))[0])].expected_tokens(4)
+                for r in rids
+            ]
+        )
         errors[draws] = np.abs(acc.mean(axis=0) + 1 - want)
     assert errors["stratified"].max() < 0.1
     assert errors["random"].max() > 2 * errors["stratified"].max()
@@ -259,14 +321,21 @@ def _pipelined_tables(rng, n=240, share_decode=0.6, share_prefill=0.9):
     pre = rng.random(n) < 0.25
     nv = np.where(pre, rng.integers(0, 3, n), rng.integers(1, 9, n))
     s = rng.integers(1, 5, n)
-    t = {"verify_seqs": nv, "verify_tokens": nv * (s + 1), "verify_context": nv * rng.integers(20, 200, n),
-         "n_drafts": np.ones(n, dtype=np.int64), "drafted_tokens": nv * s, "pipelined": np.ones(n, dtype=bool),
-         "prefill_seqs": np.where(pre, rng.integers(1, 3, n), 0), "draft_steps": np.zeros(n, dtype=np.int64),
-         "catchup_tokens": np.zeros(n)}  # pipelined: the verifying pass drafts nothing
+    t = {
+        "verify_seqs": nv,
+        "verify_tokens": nv * (s + 1),
+        "verify_context": nv * rng.integers(20, 200, n),
+        "n_drafts": np.ones(n, dtype=np.int64),
+        "drafted_tokens": nv * s,
+        "pipelined": np.ones(n, dtype=bool),
+        "prefill_seqs": np.where(pre, rng.integers(1, 3, n), 0),
+        "draft_steps": np.zeros(n, dtype=np.int64),
+        "catchup_tokens": np.zeros(n),
+    }  # pipelined: the verifying pass drafts nothing
     t["prefill_tokens"] = t["prefill_seqs"] * rng.integers(20, 120, n)
     t["prefill_pairs"] = t["prefill_tokens"] ** 2 // 2
-    coef = np.array([4e-4, 1e-4, 2e-5, 1e-7, 3e-4, 8e-6, 1e-9])[:len(TARGET_FEATURES)]
-    solo = round_features(t)[:, :len(TARGET_FEATURES)] @ coef
+    coef = np.array([4e-4, 1e-4, 2e-5, 1e-7, 3e-4, 8e-6, 1e-9])[: len(TARGET_FEATURES)]
+    solo = round_features(t)[:, : len(TARGET_FEATURES)] @ coef
     over = rng.random(n) < 0.5
     y = np.where(over, solo / np.where(pre, share_prefill, share_decode), solo)
     t["fit_y_s"] = y
@@ -275,12 +344,17 @@ def _pipelined_tables(rng, n=240, share_decode=0.6, share_prefill=0.9):
     # drafting: one round exactly over each overlapped pass, one alone in each gap
     sizes = rng.integers(1, 6, 2 * n)
     starts = np.concatenate([t["t_start_s"][over], t["t_start_s"] + 0.03])
-    busy = 1e-3 * sizes[:starts.size] * 0.5 + 5e-4
-    ends = np.concatenate([t["t_end_s"][over], starts[over.sum():] + busy[over.sum():]])
+    busy = 1e-3 * sizes[: starts.size] * 0.5 + 5e-4
+    ends = np.concatenate([t["t_end_s"][over], starts[over.sum() :] + busy[over.sum() :]])
     order = np.argsort(starts)
-    d = {"t_start_s": starts[order], "t_end_s": ends[order], "sequences": sizes[:starts.size][order],
-         "s": np.full(starts.size, 2), "n_drafts": np.ones(starts.size, dtype=np.int64),
-         "busy_s": (ends - starts)[order]}
+    d = {
+        "t_start_s": starts[order],
+        "t_end_s": ends[order],
+        "sequences": sizes[: starts.size][order],
+        "s": np.full(starts.size, 2),
+        "n_drafts": np.ones(starts.size, dtype=np.int64),
+        "busy_s": (ends - starts)[order],
+    }
     return t, d, coef
 
 
@@ -297,7 +371,7 @@ def test_pipelined_fit_gives_prefilling_passes_their_own_share():
 
     t, d, coef = _pipelined_tables(np.random.default_rng(3))
     fit = fit_rounds([t], {}, drafting=[d])
-    assert fit.coef[:len(TARGET_FEATURES)] == pytest.approx(coef, rel=1e-3, abs=1e-12)
+    assert fit.coef[: len(TARGET_FEATURES)] == pytest.approx(coef, rel=1e-3, abs=1e-12)
     sh = fit.meta["pipeline_shares"]
     assert sh["llm"] == pytest.approx(0.6, rel=1e-6) and sh["llm_prefill"] == pytest.approx(0.9, rel=1e-6)
     assert predict_rounds_as_run(fit, t, d) == pytest.approx(t["fit_y_s"], rel=1e-6)
@@ -339,8 +413,9 @@ def test_medusa_assignment_puts_each_request_at_its_own_group():
     group draws only that group's depth, whatever its Weyl level; an unassigned one draws by level."""
     from infersim.simulator.speculative.medusa_tree import EmpiricalTreeSampler
 
-    s = EmpiricalTreeSampler(np.array([1.0, 0, 0, 1.0]), [[0, 0, 0, 5.0], [5.0, 0, 0, 0]], [0.5, 0.5],
-                             assignment={7: 1, 8: 0})
+    s = EmpiricalTreeSampler(
+        np.array([1.0, 0, 0, 1.0]), [[0, 0, 0, 5.0], [5.0, 0, 0, 0]], [0.5, 0.5], assignment={7: 1, 8: 0}
+    )
     rng = np.random.default_rng(0)
     rids = [7, 8, 7, 8]
     levels = s.assigned_levels(rids, np.array([0.9, 0.1, 0.6, 0.4]))
@@ -349,10 +424,13 @@ def test_medusa_assignment_puts_each_request_at_its_own_group():
     assert s.sample(rng, 2, s.assigned_levels([1, 2], np.array([0.2, 0.7]))).tolist() == [0, 3]
 
 
-@pytest.mark.parametrize("bad, message", [
-    ({"assignment": {0: 2}}, "component index 2 out of range"),
-    ({"components": None, "weights": None, "draws": "stratified"}, "need per-request 'components'"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"assignment": {0: 2}}, "component index 2 out of range"),
+        ({"components": None, "weights": None, "draws": "stratified"}, "need per-request 'components'"),
+    ],
+)
 def test_medusa_acceptance_assignment_is_validated(bad, message):
     from infersim.simulator.speculative.config import MedusaAcceptance
 
@@ -377,8 +455,11 @@ def test_medusa_depth_mixture_names_each_requests_group():
     groups = fit["assignment"]
     assert sorted(groups) == list(range(32))
     assert all(groups[r] <= 1 for r in range(1, 32, 2)) and all(groups[r] >= 2 for r in range(0, 32, 2))
-    stats = {"accepted_hist": {0: 5, 1: 5, 2: 5, 3: 5}, "tree": [[0], [0, 0], [0, 0, 0]],
-             "per_request": {**fit, "assignment": {str(k): v for k, v in groups.items()}}}  # as read back from JSON
+    stats = {
+        "accepted_hist": {0: 5, 1: 5, 2: 5, 3: 5},
+        "tree": [[0], [0, 0], [0, 0, 0]],
+        "per_request": {**fit, "assignment": {str(k): v for k, v in groups.items()}},
+    }  # as read back from JSON
     out = empirical_acceptance(stats)
     assert out["draws"] == "stratified" and out["assignment"][0] == groups[0]
 
@@ -399,8 +480,12 @@ def test_medusa_depth_mixture_per_request_is_each_requests_own_histogram():
 def test_drafting_features_count_the_prompts_each_draft_prefills():
     from infersim.analysis.validate.spec_costmodel import drafting_features
 
-    d = {"n_drafts": np.array([3, 1]), "s": np.array([4, 2]), "sequences": np.array([2, 5]),
-         "prompt_tokens": np.array([100, 0])}
+    d = {
+        "n_drafts": np.array([3, 1]),
+        "s": np.array([4, 2]),
+        "sequences": np.array([2, 5]),
+        "prompt_tokens": np.array([100, 0]),
+    }
     assert drafting_features(d).tolist() == [[12, 24, 0, 300], [2, 10, 0, 0]]
     d.pop("prompt_tokens")  # a table written before the column existed
     assert drafting_features(d)[:, 3].tolist() == [0, 0]
@@ -409,17 +494,25 @@ def test_drafting_features_count_the_prompts_each_draft_prefills():
 def test_pipelined_miss_names_the_cost_model_when_the_passes_were_priced_off():
     from infersim.analysis.validate.spec_compare import pipeline_source
 
-    busy = {"verify_busy_s": 0.62, "simulated_llm_busy_s": 0.56, "draft_busy_s": 0.44, "simulated_ssm_busy_s": 0.50,
-            "both_busy_s": 0.37}
+    busy = {
+        "verify_busy_s": 0.62,
+        "simulated_llm_busy_s": 0.56,
+        "draft_busy_s": 0.44,
+        "simulated_ssm_busy_s": 0.50,
+        "both_busy_s": 0.37,
+    }
     # drafting priced 13.6% slow: the cost model, whatever the total bias
     assert pipeline_source(busy, "x", cost_bias=-0.02).startswith("cost model (pipeline: verifying passes 0.62 s")
     close = {**busy, "simulated_llm_busy_s": 0.60, "simulated_ssm_busy_s": 0.46}  # both within 10%
     assert pipeline_source(close, "x", cost_bias=-0.02).startswith("scheduling mismatch")
     assert pipeline_source(close, "x", cost_bias=-0.07).startswith("cost model")  # the passes priced 7% off
-    assert pipeline_source(close, "x").startswith("scheduling mismatch") and pipeline_source(close, "x").endswith("also x)")
+    assert pipeline_source(close, "x").startswith("scheduling mismatch") and pipeline_source(close, "x").endswith(
+        "also x)"
+    )
     # the TTFT tail near the batch cap: a few percent of pricing magnified by the queue
     assert pipeline_source(close, "x", cost_bias=-0.03, metric="TTFT p99").startswith(
-        "cost model, magnified by the queue (the passes priced -3.0% in total")
+        "cost model, magnified by the queue (the passes priced -3.0% in total"
+    )
     assert pipeline_source(close, "x", cost_bias=-0.01, metric="TTFT p99").startswith("scheduling mismatch")
 
 
@@ -445,8 +538,13 @@ def test_speculative_calibration_runs_the_cases_own_mix_on_a_held_out_seed():
     # a trace would replay the validated requests themselves: no mix run
     from infersim.simulator.workload.schema import TraceSource
 
-    traced = spec.model_copy(update={"requests": spec.requests.model_copy(update={
-        "trace": TraceSource(file="t.csv", prompt_column="p", output_column="o")})})
+    traced = spec.model_copy(
+        update={
+            "requests": spec.requests.model_copy(
+                update={"trace": TraceSource(file="t.csv", prompt_column="p", output_column="o")}
+            )
+        }
+    )
     assert [s.name for s in calibration_specs(traced)] == ["calib-spec-load", "calib-spec-burst"]
 
 
@@ -458,8 +556,11 @@ def test_handoffs_are_the_gaps_from_a_verification_to_the_drafting_it_held_up():
     from infersim.analysis.validate.spec_rounds import handoffs_s
 
     rounds = {"t_end_s": np.array([1.0, 2.0, 3.0])}
-    drafting = {"t_start_s": np.array([1.0002, 1.6, 2.0003, 2.5]), "t_end_s": np.array([1.5, 1.9, 2.4, 2.7]),
-                "waited_s": np.array([0.1, 0.0, 0.05, 0.01])}
+    drafting = {
+        "t_start_s": np.array([1.0002, 1.6, 2.0003, 2.5]),
+        "t_end_s": np.array([1.5, 1.9, 2.4, 2.7]),
+        "waited_s": np.array([0.1, 0.0, 0.05, 0.01]),
+    }
     assert handoffs_s(rounds, drafting) == pytest.approx([2e-4, 3e-4], abs=1e-12)
     assert handoffs_s(rounds, {k: v for k, v in drafting.items() if k != "waited_s"}).size == 0
 

@@ -3,6 +3,7 @@
 The property: exit 0 with a complete run folder, or exit 2 with one line on stderr naming the
 file or flag at fault; never a traceback, never a partial or temporary folder, never a
 change to a file the user gave."""
+
 from __future__ import annotations
 
 import contextlib
@@ -20,8 +21,13 @@ from infersim.cli.main import main
 # Every fuzz test runs this many generated cases, the same ones in every run (derandomize);
 # INFERSIM_FUZZ_EXAMPLES=1000 searches deeper.
 EXAMPLES = int(os.environ.get("INFERSIM_FUZZ_EXAMPLES", 25))
-FUZZ = settings(max_examples=EXAMPLES, derandomize=True, deadline=None, database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    derandomize=True,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 RUN_FILES = ("config.yaml", "requests.parquet", "series.parquet", "summary.json")
 
@@ -30,11 +36,20 @@ TINY_WORKLOAD = {
     "name": "tiny",
     "model": "llama-2-7b",
     "hardware": {"profile": "a100-80gb-pcie", "replicas": 1, "tensor_parallel": 1},
-    "serving": {"scheduler": "fcfs", "preemption": "recompute", "max_batch_size": 16, "block_size": 16,
-                "gpu_memory_utilization": 0.9, "swap_space_gb": 4.0},
-    "requests": {"count": 6, "arrival": {"type": "poisson", "rate": 5.0},
-                 "prompt_tokens": {"type": "uniform", "low": 4, "high": 64},
-                 "output_tokens": {"type": "fixed", "value": 8}},
+    "serving": {
+        "scheduler": "fcfs",
+        "preemption": "recompute",
+        "max_batch_size": 16,
+        "block_size": 16,
+        "gpu_memory_utilization": 0.9,
+        "swap_space_gb": 4.0,
+    },
+    "requests": {
+        "count": 6,
+        "arrival": {"type": "poisson", "rate": 5.0},
+        "prompt_tokens": {"type": "uniform", "low": 4, "high": 64},
+        "output_tokens": {"type": "fixed", "value": 8},
+    },
     "seed": 0,
 }
 
@@ -70,8 +85,9 @@ def write_yaml(path: Path, data) -> Path:
     return path
 
 
-def check(outcome: Outcome, *, blame: list[str], inputs: list[Path], before: dict[str, str],
-          run_dir: Path | None = None) -> None:
+def check(
+    outcome: Outcome, *, blame: list[str], inputs: list[Path], before: dict[str, str], run_dir: Path | None = None
+) -> None:
     """The fuzz property. `blame`: the file names and flags an error may name (at least one)."""
     assert "Traceback" not in outcome.stderr, outcome.stderr
     if outcome.rc == 0:

@@ -1,5 +1,6 @@
 """Hypothesis strategies of hostile values and of mutations of a valid YAML mapping, shared by
 the fuzz tests."""
+
 from __future__ import annotations
 
 import copy
@@ -7,8 +8,9 @@ import math
 
 from hypothesis import strategies as st
 
-NUMBERS = st.sampled_from([-1, 0, 1, 3, 2**31, 10**12, 2**63, 10**30, -(10**12), 0.5, -0.5, 1e-300, 1e300,
-                           math.nan, math.inf, -math.inf]) | st.integers(-10, 100)
+NUMBERS = st.sampled_from(
+    [-1, 0, 1, 3, 2**31, 10**12, 2**63, 10**30, -(10**12), 0.5, -0.5, 1e-300, 1e300, math.nan, math.inf, -math.inf]
+) | st.integers(-10, 100)
 STRINGS = st.sampled_from(["", "abc", "1e12", "1e3", "nan", ".inf", "-1", "ten", "\u263a", "none", "../x.yaml"])
 OTHERS = st.sampled_from([None, True, False, [], [1], ["a", "b"], {}, {"x": 1}, {"type": "nosuch"}])
 VALUES = st.one_of(NUMBERS, STRINGS, OTHERS)

@@ -1,5 +1,6 @@
 """`sim models`, `sim hardware`, `sim workloads` stay readable in a narrow terminal or a pipe:
 every name whole, no cell cut mid-word, no line wider than the terminal."""
+
 import re
 
 import pytest

@@ -1,6 +1,6 @@
 """`sim calibrate`: the three table kinds, the profile it writes, and bad tables (one line,
 exit 2, nothing written)."""
-import shutil
+
 from pathlib import Path
 
 import pytest
@@ -92,14 +92,24 @@ def _set(rows, i, column, value):
     rows[i] = ",".join(cells)
 
 
-@pytest.mark.parametrize("edit, message", [
-    (lambda rows: _set(rows, 3, "attn_pre_proj_median_ms", "fast"), "row 4, column 'attn_pre_proj_median_ms'"),
-    (lambda rows: _set(rows, 4, "mlp_act_median_ms", "-0.01"), "row 5, column 'mlp_act_median_ms'"),
-    (lambda rows: rows.__setitem__(5, rows[5].replace("a100,meta-llama/Meta-Llama-3-8B,32,8,4096",
-                                                      "a100,meta-llama/Meta-Llama-3-8B,32,8,5120")), "row 6, column 'n_embd'"),
-    (lambda rows: rows.__setitem__(2, rows[2].replace(",1,2,", ",3,2,", 1)), "row 3, column 'tp'"),
-    (lambda rows: rows.__setitem__(0, rows[0].replace("num_tokens", "tokens_n")), "row 1"),
-])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda rows: _set(rows, 3, "attn_pre_proj_median_ms", "fast"), "row 4, column 'attn_pre_proj_median_ms'"),
+        (lambda rows: _set(rows, 4, "mlp_act_median_ms", "-0.01"), "row 5, column 'mlp_act_median_ms'"),
+        (
+            lambda rows: rows.__setitem__(
+                5,
+                rows[5].replace(
+                    "a100,meta-llama/Meta-Llama-3-8B,32,8,4096", "a100,meta-llama/Meta-Llama-3-8B,32,8,5120"
+                ),
+            ),
+            "row 6, column 'n_embd'",
+        ),
+        (lambda rows: rows.__setitem__(2, rows[2].replace(",1,2,", ",3,2,", 1)), "row 3, column 'tp'"),
+        (lambda rows: rows.__setitem__(0, rows[0].replace("num_tokens", "tokens_n")), "row 1"),
+    ],
+)
 def test_bad_table_one_line_exit_2_nothing_written(tmp_path, capsys, edit, message):
     rows = SAMPLE.read_text().splitlines()
     edit(rows)
@@ -123,7 +133,7 @@ def test_collective_table_fits_the_collectives_section(tmp_path, capsys):
     table = tmp_path / "collectives.csv"
     lines = ["setup,collective,num_workers,size,devices_per_node,max_devices_per_node,median_ms,std_ms"]
     for workers in (2, 4):
-        for size in (2 ** k for k in range(10, 26)):
+        for size in (2**k for k in range(10, 26)):
             lines.append(f"lab_dgx,all_reduce,{workers},{size},{workers},8,{(20e-6 + 2 * size / 100e9) * 1e3:.9f},0")
     table.write_text("\n".join(lines) + "\n")
     rc, out = _calibrate(tmp_path, table, "--source", "lab")

@@ -1,4 +1,5 @@
 """`sim run` end to end: outputs, determinism, bad input, atomic run directories."""
+
 import hashlib
 import shutil
 import subprocess
@@ -11,8 +12,11 @@ from infersim.cli.main import main
 
 
 def _digest(folder: Path) -> dict[str, str]:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 def test_run_writes_directory_and_is_byte_identical(tmp_path, capsys):
@@ -20,8 +24,15 @@ def test_run_writes_directory_and_is_byte_identical(tmp_path, capsys):
     assert main(["run", "--workload", "chatbot.yaml", "-n", "200", "-o", str(a), "-q"]) == 0
     assert main(["run", "--workload", "chatbot", "-n", "200", "-o", str(b), "-q"]) == 0
     files = _digest(a)
-    for name in ("config.yaml", "requests.parquet", "series.parquet", "summary.json", "plots/latency_cdf.png",
-                 "plots/timeline.png", "plots/throughput.png"):
+    for name in (
+        "config.yaml",
+        "requests.parquet",
+        "series.parquet",
+        "summary.json",
+        "plots/latency_cdf.png",
+        "plots/timeline.png",
+        "plots/throughput.png",
+    ):
         assert name in files
     assert files == _digest(b)
     import json
@@ -58,16 +69,27 @@ def test_unknown_hardware_and_policy(tmp_path, capsys):
     assert "cost_aware" in _err(capsys)
 
 
-@pytest.mark.parametrize("text,needle", [
-    ("model: [unclosed\n", "malformed YAML"),
-    ("requests:\n  count: 10\n  arrival: {type: poisson, rate: -3}\n"
-     "  prompt_tokens: {type: fixed, value: 5}\n  output_tokens: {type: fixed, value: 5}\n", "rate"),
-    ("requests:\n  count: 10\n  arrival: {type: poisson, rate: 1}\n  prompt_tokens: {type: fixed, value: 5}\n"
-     "  output_tokens: {type: fixed, value: 5}\nserving: {block_size: sixteen}\n", "serving.block_size"),
-    ("model: llama-2-7b\nhardware: {tensor_parallel: 3}\nrequests:\n  count: 10\n  arrival: {type: poisson, rate: 1}\n"
-     "  prompt_tokens: {type: fixed, value: 5}\n  output_tokens: {type: fixed, value: 5}\n",
-     "field 'hardware.tensor_parallel': tensor parallel 3 does not divide llama-2-7b's 32 attention heads"),
-])
+@pytest.mark.parametrize(
+    "text,needle",
+    [
+        ("model: [unclosed\n", "malformed YAML"),
+        (
+            "requests:\n  count: 10\n  arrival: {type: poisson, rate: -3}\n"
+            "  prompt_tokens: {type: fixed, value: 5}\n  output_tokens: {type: fixed, value: 5}\n",
+            "rate",
+        ),
+        (
+            "requests:\n  count: 10\n  arrival: {type: poisson, rate: 1}\n  prompt_tokens: {type: fixed, value: 5}\n"
+            "  output_tokens: {type: fixed, value: 5}\nserving: {block_size: sixteen}\n",
+            "serving.block_size",
+        ),
+        (
+            "model: llama-2-7b\nhardware: {tensor_parallel: 3}\nrequests:\n  count: 10\n  arrival: {type: poisson, rate: 1}\n"
+            "  prompt_tokens: {type: fixed, value: 5}\n  output_tokens: {type: fixed, value: 5}\n",
+            "field 'hardware.tensor_parallel': tensor parallel 3 does not divide llama-2-7b's 32 attention heads",
+        ),
+    ],
+)
 def test_bad_workload_file_is_one_line_exit_2(tmp_path, capsys, text, needle):
     wl = tmp_path / "bad.yaml"
     wl.write_text(text)
@@ -121,8 +143,13 @@ def test_installed_sim_finds_builtins_from_any_directory(tmp_path):
     for args in (["workloads"], ["models", "opt-13b"], ["hardware", "a100-80gb-pcie"]):
         done = subprocess.run([exe, *args], cwd=tmp_path, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
-    done = subprocess.run([exe, "run", "-w", "chatbot", "-n", "20", "-q", "--no-plots", "-o", "r"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [exe, "run", "-w", "chatbot", "-n", "20", "-q", "--no-plots", "-o", "r"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "r" / "summary.json").exists()
     done = subprocess.run([sys.executable, "-c", "import infersim.cli.main"], cwd=tmp_path, capture_output=True)

@@ -1,5 +1,6 @@
 """Every file in examples/ works in a fresh clone: workloads run a few requests through `sim run`,
 sweep spaces and plan files validate; the built-in trace replays run a few requests too."""
+
 from __future__ import annotations
 
 import json

@@ -1,5 +1,6 @@
 """Fuzz: hardware profiles and model configs (catalog YAML and Hugging Face config.json) given
 as files, through `sim roofline` and `sim run`, and the flags of `sim roofline` and `sim medusa`."""
+
 from __future__ import annotations
 
 import json
@@ -16,9 +17,17 @@ from infersim.simulator.paths import catalog_dir, hwprofiles_dir
 
 HARDWARE = yaml.safe_load((hwprofiles_dir() / "a100-80gb-pcie.yaml").read_text())
 MODEL = yaml.safe_load((catalog_dir() / "models" / "llama-2-7b.yaml").read_text())
-HF_CONFIG = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 688, "num_attention_heads": 8,
-             "num_key_value_heads": 4, "num_hidden_layers": 2, "vocab_size": 1000,
-             "max_position_embeddings": 512, "tie_word_embeddings": False}
+HF_CONFIG = {
+    "model_type": "llama",
+    "hidden_size": 256,
+    "intermediate_size": 688,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "num_hidden_layers": 2,
+    "vocab_size": 1000,
+    "max_position_embeddings": 512,
+    "tie_word_embeddings": False,
+}
 
 ROOFLINE = ["roofline", "--batch", "1,4", "--seq", "128", "--phase", "prefill,decode"]
 
@@ -30,8 +39,13 @@ def _both_commands(flag: str, path: Path, inputs: list[Path], tmp: Path) -> None
     check(invoke([*ROOFLINE, flag, path]), blame=blame, inputs=inputs, before=before)
     wl = write_yaml(tmp / "wl.yaml", TINY_WORKLOAD)
     out = tmp / "run"
-    check(invoke(["run", "-w", wl, "-o", out, "-q", "--no-plots", flag, path]), blame=blame + ["wl.yaml"],
-          inputs=inputs, before=before, run_dir=out)
+    check(
+        invoke(["run", "-w", wl, "-o", out, "-q", "--no-plots", flag, path]),
+        blame=blame + ["wl.yaml"],
+        inputs=inputs,
+        before=before,
+        run_dir=out,
+    )
 
 
 @FUZZ
@@ -63,7 +77,9 @@ def test_mutated_hf_config(config):
 
 INT_LISTS = st.sampled_from(["1", "1,2", "0", "-1", "1,,2", "a", "1.5", "", "1000000000000", "64,1"])
 ROOFLINE_FLAGS = {
-    "--batch": INT_LISTS, "--seq": INT_LISTS, "--candidates": INT_LISTS,
+    "--batch": INT_LISTS,
+    "--seq": INT_LISTS,
+    "--candidates": INT_LISTS,
     "--tp": NUMBERS | STRINGS,
     "--phase": st.sampled_from(["prefill", "decode", "verify", "nosuch", "", "decode,verify"]),
     "--dtype": st.sampled_from(["fp16", "bf16", "int4", "fp7", ""]),
@@ -91,8 +107,12 @@ def test_roofline_flags(flags, data):
 
 
 MEDUSA_FLAGS = {
-    "--batch": NUMBERS | STRINGS, "--seq": NUMBERS | STRINGS, "--seq-batch": NUMBERS | STRINGS,
-    "--candidates": INT_LISTS, "--batches": INT_LISTS, "--seqs": INT_LISTS,
+    "--batch": NUMBERS | STRINGS,
+    "--seq": NUMBERS | STRINGS,
+    "--seq-batch": NUMBERS | STRINGS,
+    "--candidates": INT_LISTS,
+    "--batches": INT_LISTS,
+    "--seqs": INT_LISTS,
     "--rate-model": st.sampled_from(["log", "tree", "other"]),
     "--accuracies": st.sampled_from(["vicuna-7b", "nosuch", "missing.yaml"]),
     "--block": st.sampled_from(["model", "paper", "other"]),

@@ -3,6 +3,7 @@
 Plan files are mutated with values no field accepts (or a key deleted, which may leave a valid
 plan: its search is kept to a few probes of ten requests); sweep spaces are mutated freely over
 a workload of six requests, so valid ones run to a complete folder in a fraction of a second."""
+
 from __future__ import annotations
 
 import math
@@ -30,8 +31,7 @@ FAST_SEARCH = ("search", "search.requests", "search.max_requests", "search.min_d
 NEVER_VALID = st.sampled_from([math.nan, math.inf, -math.inf, [[]], {"x": {"y": []}}])
 
 
-def _file_case(command: str, flag: str, name: str, data: dict, outputs: tuple, blame: list[str],
-               *extra: str) -> None:
+def _file_case(command: str, flag: str, name: str, data: dict, outputs: tuple, blame: list[str], *extra: str) -> None:
     """`sim COMMAND -w wl.yaml FLAG NAME`: a complete folder, or a refusal that leaves none."""
     with tempfile.TemporaryDirectory() as tmp:
         wl = write_yaml(Path(tmp) / "wl.yaml", TINY_WORKLOAD)
@@ -88,13 +88,26 @@ SPACE = {
     "fixed": {"requests.count": 4},
 }
 # no mid-sized numbers: a trial budget or grid of 50 is valid but slow for a fuzz case
-SPACE_VALUES = st.one_of(st.sampled_from([-1, 0, 1, 2, 10**12, 2**63, 10**30, 0.5, math.nan, math.inf]),
-                         STRINGS, OTHERS, st.just({"low": 1, "high": 10**12, "num": 10**12}),
-                         st.just({"values": []}), st.just("optuna"))
+SPACE_VALUES = st.one_of(
+    st.sampled_from([-1, 0, 1, 2, 10**12, 2**63, 10**30, 0.5, math.nan, math.inf]),
+    STRINGS,
+    OTHERS,
+    st.just({"low": 1, "high": 10**12, "num": 10**12}),
+    st.just({"values": []}),
+    st.just("optuna"),
+)
 
 
 @FUZZ
 @given(mutated(SPACE, ("method", "optuna.trials", "pareto.latency", "description"), values=SPACE_VALUES))
 def test_mutated_sweep_space(space):
-    _file_case("sweep", "--space", "space.yaml", space, ("sweep.json", "results.parquet"), ["space.yaml", "wl.yaml"],
-               "--trials", "2")
+    _file_case(
+        "sweep",
+        "--space",
+        "space.yaml",
+        space,
+        ("sweep.json", "results.parquet"),
+        ["space.yaml", "wl.yaml"],
+        "--trials",
+        "2",
+    )

@@ -1,5 +1,6 @@
 """Fuzz: mutated workload YAML files and hostile `sim run` flags. Every case ends in a complete
 run folder (exit 0) or one line naming the file or flag (exit 2); see fuzz_harness.check."""
+
 from __future__ import annotations
 
 import tempfile
@@ -10,13 +11,31 @@ from fuzz_values import NUMBERS, STRINGS, mutated
 from hypothesis import given
 from hypothesis import strategies as st
 
-OPTIONAL_FIELDS = ("requests.duration_s", "requests.max_prompt_tokens", "requests.max_output_tokens",
-                   "serving.gpu_blocks", "serving.cpu_blocks", "serving.max_model_len", "serving.max_batched_tokens",
-                   "serving.watermark", "serving.chunked_prefill", "serving.kv_dtype", "hardware.host_link",
-                   "requests.arrival.cv", "requests.prompt_tokens.mean", "description")
+OPTIONAL_FIELDS = (
+    "requests.duration_s",
+    "requests.max_prompt_tokens",
+    "requests.max_output_tokens",
+    "serving.gpu_blocks",
+    "serving.cpu_blocks",
+    "serving.max_model_len",
+    "serving.max_batched_tokens",
+    "serving.watermark",
+    "serving.chunked_prefill",
+    "serving.kv_dtype",
+    "hardware.host_link",
+    "requests.arrival.cv",
+    "requests.prompt_tokens.mean",
+    "description",
+)
 
-ARRIVALS = st.sampled_from([{"type": "burst"}, {"type": "closed_loop", "clients": 2},
-                            {"type": "gamma", "rate": 3.0, "cv": 2.0}, {"type": "poisson", "rate": 1e9}])
+ARRIVALS = st.sampled_from(
+    [
+        {"type": "burst"},
+        {"type": "closed_loop", "clients": 2},
+        {"type": "gamma", "rate": 3.0, "cv": 2.0},
+        {"type": "poisson", "rate": 1e9},
+    ]
+)
 
 
 def _run_case(data) -> None:
@@ -70,8 +89,14 @@ def test_run_flags(flags, data):
 # Values every flag here refuses, so `sim exec`, `sim validate` and `sim profile` stop before
 # loading a model or measuring anything.
 REFUSED_FLAGS = {
-    "exec": {"--seed": ["-1", str(2**64)], "--rate": ["nan", "inf", "-2"], "--requests": ["0", "-3", "1000000000000"],
-             "--gpu-blocks": ["0", "-1"], "--cpu-blocks": ["-1"], "--threads": ["-2"]},
+    "exec": {
+        "--seed": ["-1", str(2**64)],
+        "--rate": ["nan", "inf", "-2"],
+        "--requests": ["0", "-3", "1000000000000"],
+        "--gpu-blocks": ["0", "-1"],
+        "--cpu-blocks": ["-1"],
+        "--threads": ["-2"],
+    },
     "validate": {"--seed": ["-1"], "--requests": ["0", "1000000000000"], "--threads": ["0"], "--repeats": ["0"]},
     "profile": {"--seed": ["-1", str(2**64)], "--threads": ["-1"]},
 }
@@ -87,8 +112,11 @@ def test_refused_flags_of_the_executor_commands(command, data):
     with tempfile.TemporaryDirectory() as tmp:
         wl = write_yaml(Path(tmp) / "wl.yaml", TINY_WORKLOAD)
         out = Path(tmp) / "out"
-        head = {"exec": ["exec", "-w", wl, "-m", "zoo-target", "--fast"], "validate": ["validate", "-w", wl],
-                "profile": ["profile", "--quick"]}[command]
+        head = {
+            "exec": ["exec", "-w", wl, "-m", "zoo-target", "--fast"],
+            "validate": ["validate", "-w", wl],
+            "profile": ["profile", "--quick"],
+        }[command]
         before = digest([wl])
         res = invoke([*head, *argv, "--out", out, "-q"])
         assert res.rc != 0

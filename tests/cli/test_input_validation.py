@@ -1,10 +1,10 @@
 """Issue #20's findings, each reproduced: bad input ends in one line naming the file or flag
 and exit 2, before anything is written."""
+
 from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from fuzz_harness import TINY_WORKLOAD, invoke, write_yaml
@@ -24,25 +24,34 @@ def wl(tmp_path):
     return write_yaml(tmp_path / "wl.yaml", TINY_WORKLOAD)
 
 
-@pytest.mark.parametrize("flag,value,needle", [
-    ("--seed", "-1", "--seed: a seed is a whole number"), ("--rate", "nan", "--rate: expected a finite number"),
-    ("--rate", "inf", "--rate: expected a finite number"), ("--requests", "0", "--requests"),
-])
+@pytest.mark.parametrize(
+    "flag,value,needle",
+    [
+        ("--seed", "-1", "--seed: a seed is a whole number"),
+        ("--rate", "nan", "--rate: expected a finite number"),
+        ("--rate", "inf", "--rate: expected a finite number"),
+        ("--requests", "0", "--requests"),
+    ],
+)
 def test_run_flags_refused(wl, tmp_path, flag, value, needle):
     refused(["run", "-w", wl, "-o", tmp_path / "r", flag, value], needle)
     assert not (tmp_path / "r").exists()
 
 
 def test_huge_request_count_refused_with_estimate_and_override(wl, tmp_path):
-    line = refused(["run", "-w", wl, "-o", tmp_path / "r", "-n", "1000000000000"],
-                   "field 'requests.count'", "512 TB", "--no-memory-check")
+    line = refused(
+        ["run", "-w", wl, "-o", tmp_path / "r", "-n", "1000000000000"],
+        "field 'requests.count'",
+        "512 TB",
+        "--no-memory-check",
+    )
     assert "1,000,000,000,000 requests" in line
     big = dict(TINY_WORKLOAD, requests={**TINY_WORKLOAD["requests"], "count": "1e12"})
     refused(["run", "-w", write_yaml(tmp_path / "big.yaml", big)], "big.yaml: field 'requests.count'", "512 TB")
 
 
 def test_non_finite_rate_in_yaml(tmp_path):
-    text = (tmp_path / "x.yaml")
+    text = tmp_path / "x.yaml"
     write_yaml(text, TINY_WORKLOAD)
     text.write_text(text.read_text().replace("rate: 5.0", "rate: .inf"))
     refused(["run", "-w", text], "x.yaml: field 'requests.arrival", "finite")
@@ -54,7 +63,9 @@ def test_one_tensor_parallel_rule_for_run_plan_roofline(tmp_path):
     rule = "tensor parallel 3 does not divide llama-2-7b's 32 attention heads"
     refused(["run", "-w", wl, "-o", tmp_path / "r"], "tp3.yaml: field 'hardware.tensor_parallel'", rule)
     ok = write_yaml(tmp_path / "ok.yaml", TINY_WORKLOAD)
-    refused(["plan", "-w", ok, "--slo", "ttft_p99=2s", "--tp", "3", "-o", tmp_path / "p"], "hardware.tensor_parallel", rule)
+    refused(
+        ["plan", "-w", ok, "--slo", "ttft_p99=2s", "--tp", "3", "-o", tmp_path / "p"], "hardware.tensor_parallel", rule
+    )
     refused(["roofline", "--model", "llama-2-7b", "--tp", "3"], "--tp", rule)
     assert not (tmp_path / "r").exists() and not (tmp_path / "p").exists()
 
@@ -77,8 +88,14 @@ def test_missing_workload_file_is_not_an_unknown_name(tmp_path):
 @pytest.mark.parametrize("text,needle", [("", "the file is empty"), ("t,p,o\n", "no rows")])
 def test_empty_and_header_only_trace(tmp_path, text, needle):
     (tmp_path / "trace.csv").write_text(text)
-    wl = write_yaml(tmp_path / "wl.yaml", {"requests": {"trace": {
-        "file": "trace.csv", "arrival_column": "t", "prompt_column": "p", "output_column": "o"}}})
+    wl = write_yaml(
+        tmp_path / "wl.yaml",
+        {
+            "requests": {
+                "trace": {"file": "trace.csv", "arrival_column": "t", "prompt_column": "p", "output_column": "o"}
+            }
+        },
+    )
     refused(["run", "-w", wl, "-o", tmp_path / "r"], "trace.csv", needle)
 
 
@@ -96,15 +113,19 @@ def test_sweep_space_refused_before_anything_is_written_then_rerun(wl, tmp_path)
     out = tmp_path / "sw"
     empty = write_yaml(tmp_path / "empty.yaml", {"parameters": {"x": []}})
     refused(["sweep", "-w", wl, "-s", empty, "-o", out], "empty.yaml: field 'parameters'", "'x' has no values")
-    bad = write_yaml(tmp_path / "bad.yaml", {"parameters": {"serving.max_batch_size": {"low": 1.0, "high": 8.0}},
-                                             "fixed": {"requests.count": 3}})  # continuous: Optuna only
+    bad = write_yaml(
+        tmp_path / "bad.yaml",
+        {"parameters": {"serving.max_batch_size": {"low": 1.0, "high": 8.0}}, "fixed": {"requests.count": 3}},
+    )  # continuous: Optuna only
     refused(["sweep", "-w", wl, "-s", bad, "-o", out], "bad.yaml: parameter 'serving.max_batch_size'", "a grid needs")
-    huge = write_yaml(tmp_path / "huge.yaml", {"parameters": {"serving.max_batch_size":
-                                                              {"low": 1, "high": 10**9, "num": 10**9}}})
+    huge = write_yaml(
+        tmp_path / "huge.yaml", {"parameters": {"serving.max_batch_size": {"low": 1, "high": 10**9, "num": 10**9}}}
+    )
     refused(["sweep", "-w", wl, "-s", huge, "-o", out], "1,000,000,000 configurations", "--no-memory-check")
     assert not out.exists()
-    good = write_yaml(tmp_path / "bad.yaml", {"parameters": {"serving.max_batch_size": [8, 4]},
-                                              "fixed": {"requests.count": 3}})
+    good = write_yaml(
+        tmp_path / "bad.yaml", {"parameters": {"serving.max_batch_size": [8, 4]}, "fixed": {"requests.count": 3}}
+    )
     res = invoke(["sweep", "-w", wl, "-s", good, "-o", out, "-q", "--no-plots", "--workers", "1"])
     assert res.rc == 0, res.stderr
     assert (out / "results.parquet").is_file()

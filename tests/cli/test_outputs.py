@@ -2,6 +2,7 @@
 infersim wrote it (its marker) or with --force; files, the current folder and its ancestors,
 wrong suffixes and unwritable places are refused up front in one line with exit 2; SIGINT and
 SIGTERM at any moment leave the previous run byte-identical and nothing temporary."""
+
 import hashlib
 import json
 import os
@@ -19,8 +20,11 @@ RUN = ["run", "-w", "chatbot", "-n", "30", "-q", "--no-plots"]
 
 
 def _digest(folder: Path) -> dict[str, str]:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 def _one_line_error(capsys, *needles):
@@ -106,11 +110,14 @@ def test_failure_to_create_the_folder_is_one_line(tmp_path, monkeypatch, capsys)
     _one_line_error(capsys, "Read-only file system")
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--plot", "out.xyz"], "unsupported extension '.xyz'"),
-    (["--csv", "TMP"], "is a folder"),
-    (["--json", "t.csv"], "unsupported extension '.csv'"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--plot", "out.xyz"], "unsupported extension '.xyz'"),
+        (["--csv", "TMP"], "is a folder"),
+        (["--json", "t.csv"], "unsupported extension '.csv'"),
+    ],
+)
 def test_roofline_file_outputs_are_checked_first(tmp_path, monkeypatch, capsys, args, needle):
     monkeypatch.chdir(tmp_path)
     args = [str(tmp_path) if a == "TMP" else a for a in args]
@@ -119,10 +126,13 @@ def test_roofline_file_outputs_are_checked_first(tmp_path, monkeypatch, capsys, 
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("command", [
-    ["plan", "-w", "chatbot", "--slo", "ttft_p99=2s", "-q"],
-    ["medusa", "--batch", "1"],
-])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["plan", "-w", "chatbot", "--slo", "ttft_p99=2s", "-q"],
+        ["medusa", "--batch", "1"],
+    ],
+)
 def test_other_folder_commands_refuse_a_foreign_folder(tmp_path, capsys, command):
     out = tmp_path / "D"
     out.mkdir()
@@ -137,8 +147,14 @@ def _sim(args, cwd, pause=None):
     env.pop(PAUSE_ENV, None)
     if pause:
         env[PAUSE_ENV] = pause
-    return subprocess.Popen([sys.executable, "-m", "infersim.cli.main", *args], cwd=cwd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "infersim.cli.main", *args],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 @pytest.mark.parametrize("sig,code,word", [(signal.SIGTERM, 143, "terminated"), (signal.SIGINT, 130, "interrupted")])

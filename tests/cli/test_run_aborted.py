@@ -1,5 +1,6 @@
 """Aborted requests reach the user: counted by reason in summary.json and the terminal (one
 stderr line under -q), and a run where no request finished exits 3, plots included."""
+
 import json
 
 import pytest

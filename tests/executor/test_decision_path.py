@@ -7,6 +7,7 @@ The executor runs the zoo's trained target model (built once, cached; see
 test_executor_zoo.py). Both engines price cost-aware preemption with the same fixed cost model,
 so the policies see identical states; the iteration times differ (simulated vs measured) but
 no decision depends on them, as every request arrives at 0."""
+
 import numpy as np
 import pytest
 
@@ -19,10 +20,10 @@ from infersim.executor.models import load_model  # noqa: E402
 from infersim.executor.prompts import make_prompts  # noqa: E402
 from infersim.executor.zoo import ensure_zoo  # noqa: E402
 from infersim.simulator.costmodel import COST_MODELS, CostModel  # noqa: E402
-from infersim.simulator.simulation import Simulation  # noqa: E402
 from infersim.simulator.metrics.collector import SERIES_COLUMNS, MetricsCollector  # noqa: E402
 from infersim.simulator.policies import build_scheduler  # noqa: E402
 from infersim.simulator.policies.preemption import PREEMPTION_POLICIES  # noqa: E402
+from infersim.simulator.simulation import Simulation  # noqa: E402
 from infersim.simulator.workload.requests import Requests  # noqa: E402
 from infersim.simulator.workload.schema import WorkloadSpec  # noqa: E402
 
@@ -32,13 +33,20 @@ OUTPUT_LENS = [30, 12, 41, 25, 18, 36, 9, 28, 15, 33, 22, 40]
 GPU_BLOCKS, CPU_BLOCKS = 16, 6
 # the columns of one iteration that are not times: batch size and tokens, blocks, queues, bytes swapped
 SCHEDULE_COLUMNS = [SERIES_COLUMNS.index(c) for c in SERIES_COLUMNS if not c.endswith("_s")]
-COUNTERS = ("preempt_swap", "preempt_recompute", "preempt_recompute_forced", "swap_out_bytes", "swap_in_bytes",
-            "aborted")
+COUNTERS = (
+    "preempt_swap",
+    "preempt_recompute",
+    "preempt_recompute_forced",
+    "swap_out_bytes",
+    "swap_in_bytes",
+    "aborted",
+)
 
 
 @COST_MODELS.register("fixed_for_decision_test")
 class FixedCost(CostModel):
     """1 ms + 0.1 ms per token an iteration, 5 GB/s over the host link; deaf to measurements."""
+
     name = "fixed_for_decision_test"
     from_workload = True  # the workloads of this test name it
 
@@ -71,12 +79,27 @@ def target():
 
 
 def simulate(preemption: str) -> Simulation:
-    spec = WorkloadSpec.model_validate({
-        "name": "decision-path", "model": "zoo-target", "hardware": {"profile": "a100-80gb-pcie"},
-        "serving": {"gpu_blocks": GPU_BLOCKS, "cpu_blocks": CPU_BLOCKS, "block_size": 16, "dtype": "fp32",
-                    "preemption": preemption, "cost_model": "fixed_for_decision_test"},
-        "requests": {"count": len(PROMPT_LENS), "arrival": {"type": "burst"},
-                     "prompt_tokens": {"type": "fixed", "value": 1}, "output_tokens": {"type": "fixed", "value": 1}}})
+    spec = WorkloadSpec.model_validate(
+        {
+            "name": "decision-path",
+            "model": "zoo-target",
+            "hardware": {"profile": "a100-80gb-pcie"},
+            "serving": {
+                "gpu_blocks": GPU_BLOCKS,
+                "cpu_blocks": CPU_BLOCKS,
+                "block_size": 16,
+                "dtype": "fp32",
+                "preemption": preemption,
+                "cost_model": "fixed_for_decision_test",
+            },
+            "requests": {
+                "count": len(PROMPT_LENS),
+                "arrival": {"type": "burst"},
+                "prompt_tokens": {"type": "fixed", "value": 1},
+                "output_tokens": {"type": "fixed", "value": 1},
+            },
+        }
+    )
     requests = Requests(np.array(PROMPT_LENS), np.array(OUTPUT_LENS), np.zeros(len(PROMPT_LENS)))
     sim = Simulation(spec, requests, step_mode=True)  # one series row per iteration, as the executor's
     sim.run()
@@ -85,8 +108,17 @@ def simulate(preemption: str) -> Simulation:
 
 def execute(target, preemption: str, sim: Simulation) -> Engine:
     metrics = MetricsCollector(len(PROMPT_LENS))
-    engine = Engine(target, build_scheduler("fcfs", preemption), gpu_blocks=GPU_BLOCKS, cpu_blocks=CPU_BLOCKS,
-                    block_size=16, limits=sim.limits, metrics=metrics, cost_model=FixedCost(), realtime=False)
+    engine = Engine(
+        target,
+        build_scheduler("fcfs", preemption),
+        gpu_blocks=GPU_BLOCKS,
+        cpu_blocks=CPU_BLOCKS,
+        block_size=16,
+        limits=sim.limits,
+        metrics=metrics,
+        cost_model=FixedCost(),
+        realtime=False,
+    )
     prompts = make_prompts(PROMPT_LENS, tokenizer=target.tokenizer, vocab_size=target.vocab_size, seed=11)
     for i, (p, o) in enumerate(zip(prompts, OUTPUT_LENS)):
         engine.submit(ExecSequence(i, p, o, 0.0))

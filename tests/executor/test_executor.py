@@ -4,6 +4,7 @@ prefill, both schedulers, Llama and OPT), and `sim exec`'s run directory.
 
 All on the zoo's trained models (the `zoo_dir` fixture), on CPU with one torch thread
 (conftest.py)."""
+
 import json
 import shutil
 
@@ -114,8 +115,9 @@ def test_forced_recompute_matches_hf(target, case):
 
 def test_forced_swap_matches_hf(target, case):
     prompts, outputs, ref = case
-    got, eng = generate(target, prompts, outputs, gpu_blocks=24, cpu_blocks=_blocks(prompts, outputs),
-                        preemption="swap")
+    got, eng = generate(
+        target, prompts, outputs, gpu_blocks=24, cpu_blocks=_blocks(prompts, outputs), preemption="swap"
+    )
     assert eng.counters["preempt_swap"] > 0 and eng.counters["swap_in_blocks"] > 0
     assert eng.counters["preempt_recompute"] == 0
     assert got == ref
@@ -123,12 +125,21 @@ def test_forced_swap_matches_hf(target, case):
 
 def test_cost_aware_fairness_and_chunked_prefill_match_hf(target, case):
     prompts, outputs, ref = case
-    got, eng = generate(target, prompts, outputs, gpu_blocks=24, cpu_blocks=40, scheduler="fairness",
-                        preemption="cost_aware")
+    got, eng = generate(
+        target, prompts, outputs, gpu_blocks=24, cpu_blocks=40, scheduler="fairness", preemption="cost_aware"
+    )
     assert eng.counters["preempt_swap"] + eng.counters["preempt_recompute"] > 0
     assert got == ref
-    got, eng = generate(target, prompts, outputs, chunked_prefill=True, max_batched_tokens=48, gpu_blocks=30,
-                        preemption="swap", cpu_blocks=60)
+    got, eng = generate(
+        target,
+        prompts,
+        outputs,
+        chunked_prefill=True,
+        max_batched_tokens=48,
+        gpu_blocks=30,
+        preemption="swap",
+        cpu_blocks=60,
+    )
     mixed = eng.stats.iteration_table()
     assert ((mixed["prefill_seqs"] > 0) & (mixed["decode_seqs"] > 0)).any()  # Sarathi-style mixed iterations
     assert got == ref
@@ -144,13 +155,21 @@ def test_uninitialised_cache_memory_never_leaks_in(target, case, monkeypatch):
         def alloc(*args, **kwargs):
             t = real(*args, **kwargs)
             return t.fill_(float("nan")) if t.is_floating_point() else t
+
         return alloc
 
     monkeypatch.setattr(kvcache.torch, "empty", nan_filled(torch.empty))
     monkeypatch.setattr(kvcache.torch, "zeros", nan_filled(torch.zeros))
     prompts, outputs, ref = case
-    got, eng = generate(target, prompts, outputs, gpu_blocks=24, cpu_blocks=_blocks(prompts, outputs),
-                        preemption="swap", max_batch_size=5)
+    got, eng = generate(
+        target,
+        prompts,
+        outputs,
+        gpu_blocks=24,
+        cpu_blocks=_blocks(prompts, outputs),
+        preemption="swap",
+        max_batch_size=5,
+    )
     assert eng.counters["preempt_swap"] > 0
     assert got == ref
 
@@ -200,8 +219,24 @@ def test_sim_exec_writes_the_run_directory_of_sim_run(zoo_dir, tmp_path):
     wl = tmp_path / "small.yaml"
     wl.write_text(WORKLOAD)
     assert main(["run", "--workload", str(wl), "--out", str(tmp_path / "sim"), "-q", "--no-plots"]) == 0
-    assert main(["exec", "--workload", str(wl), "--model", "zoo-target", "--fast", "--threads", "1",
-                 "--out", str(tmp_path / "exec"), "-q"]) == 0
+    assert (
+        main(
+            [
+                "exec",
+                "--workload",
+                str(wl),
+                "--model",
+                "zoo-target",
+                "--fast",
+                "--threads",
+                "1",
+                "--out",
+                str(tmp_path / "exec"),
+                "-q",
+            ]
+        )
+        == 0
+    )
     sim, ex = tmp_path / "sim", tmp_path / "exec"
     sim_files = {p.name for p in sim.iterdir()}
     ex_files = {p.name for p in ex.iterdir()}

@@ -4,6 +4,7 @@ Greedy Medusa must reproduce the target's own greedy output token for token (for
 kind, batch 1 and > 1), typical acceptance must reduce to greedy where the paper says it does,
 trained heads must round-trip and be keyed to their target, training must be deterministic, and
 the measured accuracies must load in the simulator's Medusa path."""
+
 import dataclasses
 import math
 
@@ -18,8 +19,13 @@ pytestmark = pytest.mark.torch
 
 from infersim.executor.medusa.acceptance import Acceptance, accept, accept_greedy_lists, typical_threshold  # noqa: E402
 from infersim.executor.medusa.heads import MedusaHeads, load_heads, save_heads  # noqa: E402
-from infersim.executor.medusa.train import (TINY_RECIPE, loss_weights, medusa_loss, shifted_labels,  # noqa: E402
-                                   train_heads)
+from infersim.executor.medusa.train import (
+    TINY_RECIPE,
+    loss_weights,
+    medusa_loss,
+    shifted_labels,  # noqa: E402
+    train_heads,
+)
 from infersim.executor.medusa.tree import build_tree, layout  # noqa: E402
 from infersim.simulator.errors import InfersimError  # noqa: E402
 from tests.utils import write_yaml, zoo_workload  # noqa: E402
@@ -29,8 +35,12 @@ from tests.utils import write_yaml, zoo_workload  # noqa: E402
 def test_loss_weights_are_point_eight_to_the_k():
     assert loss_weights(3).tolist() == pytest.approx([0.8, 0.64, 0.512])
     # two heads, two positions, vocabulary 2: CE by hand
-    logits = torch.tensor([[[0.0, 0.0], [math.log(3.0), 0.0]],  # head 1: p = (.5, .5), (.75, .25)
-                           [[0.0, 0.0], [0.0, 0.0]]])  # head 2: uniform
+    logits = torch.tensor(
+        [
+            [[0.0, 0.0], [math.log(3.0), 0.0]],  # head 1: p = (.5, .5), (.75, .25)
+            [[0.0, 0.0], [0.0, 0.0]],
+        ]
+    )  # head 2: uniform
     labels = torch.tensor([[0, 0], [1, -100]])  # head 2 has no label at position 2
     total, per = medusa_loss(logits, labels, loss_weights(2))
     ce1 = -(math.log(0.5) + math.log(0.75)) / 2
@@ -194,9 +204,11 @@ def _decode(target, heads, tree, prompts, new, acc=Acceptance("greedy")):
     return ref, out, st
 
 
-TREES = {"choices": dict(choices=[[0], [1], [0, 0], [0, 1], [2], [0, 0, 0], [1, 0]]),
-         "cartesian": dict(sizes=[2, 2, 1]),
-         "greedy": dict(nodes=12)}
+TREES = {
+    "choices": dict(choices=[[0], [1], [0, 0], [0, 1], [2], [0, 0, 0], [1, 0]]),
+    "cartesian": dict(sizes=[2, 2, 1]),
+    "greedy": dict(nodes=12),
+}
 
 
 @pytest.mark.parametrize("kind", list(TREES))
@@ -269,16 +281,26 @@ def test_measured_accuracies_load_in_the_simulator(trained):
     if table.source.find(meta["key"]) >= 0:  # the recorded table comes from these very heads
         assert acc == pytest.approx(np.array(meta["accuracies"]["greedy"]["per_rank"]), abs=1e-4)
     # the simulator's Medusa path runs on them: tokens per step as the table predicts
-    from infersim.simulator.simulation import Simulation
     from infersim.simulator.metrics.summary import summarize
+    from infersim.simulator.simulation import Simulation
     from infersim.simulator.workload.builder import build_requests
     from infersim.simulator.workload.schema import WorkloadSpec
 
-    spec = WorkloadSpec.model_validate({
-        "model": "opt-1.3b", "hardware": {"profile": "a100-80gb-pcie"}, "serving": {"max_batch_size": 8},
-        "requests": {"count": 8, "arrival": {"type": "burst"}, "prompt_tokens": {"type": "fixed", "value": 64},
-                     "output_tokens": {"type": "fixed", "value": 400}},
-        "speculation": {"method": "medusa", "medusa": {"accuracies": "zoo-target"}}, "seed": 1})
+    spec = WorkloadSpec.model_validate(
+        {
+            "model": "opt-1.3b",
+            "hardware": {"profile": "a100-80gb-pcie"},
+            "serving": {"max_batch_size": 8},
+            "requests": {
+                "count": 8,
+                "arrival": {"type": "burst"},
+                "prompt_tokens": {"type": "fixed", "value": 64},
+                "output_tokens": {"type": "fixed", "value": 400},
+            },
+            "speculation": {"method": "medusa", "medusa": {"accuracies": "zoo-target"}},
+            "seed": 1,
+        }
+    )
     sim = Simulation(spec, build_requests(spec, "."))
     sx = summarize(sim.run())["speculation"]
     assert sx["proposer"]["accuracies"] == "zoo-target" and sx["proposer"]["tree_nodes"] == len(table.tree) + 1
@@ -302,9 +324,9 @@ def test_medusa_decoder_serves_arrivals_as_plain_greedy(target, trained, prompts
     """Staggered arrivals, batch limit 2 (admissions while others run), output lengths 1, 2, 5
     and 23 (a prefill-only request, a root-only step, steps cut at the output length): the
     outputs are the target's greedy ones, every KV block comes back, and the rounds table adds up."""
+    from infersim.executor.clock import Clock
     from infersim.executor.medusa.decode import greedy_decode, make_cache
     from infersim.executor.speculative.build import make_sequences
-    from infersim.executor.clock import Clock
 
     heads, _ = trained
     tree = build_tree("cartesian", heads=heads.num_heads, sizes=[2, 2, 1])
@@ -356,13 +378,24 @@ def test_medusa_serving_refuses_what_it_cannot_run(target, trained):
 
     heads, _ = trained
     with pytest.raises(InfersimError, match="rejection sampling"):
-        acceptance_for(SpeculationSection.model_validate(
-            {"method": "medusa", "sampling": {"mode": "sampling", "temperature": 0.7}}))
-    assert acceptance_for(SpeculationSection.model_validate(
-        {"method": "medusa", "sampling": {"mode": "typical", "temperature": 0.5}})).mode == "typical"
+        acceptance_for(
+            SpeculationSection.model_validate(
+                {"method": "medusa", "sampling": {"mode": "sampling", "temperature": 0.7}}
+            )
+        )
+    assert (
+        acceptance_for(
+            SpeculationSection.model_validate({"method": "medusa", "sampling": {"mode": "typical", "temperature": 0.5}})
+        ).mode
+        == "typical"
+    )
     with pytest.raises(InfersimError, match="heads"):
-        resolve_tree(SpeculationSection.model_validate(
-            {"method": "medusa", "medusa": {"accuracies": "zoo-target", "heads": 9}}).medusa, heads.num_heads)
+        resolve_tree(
+            SpeculationSection.model_validate(
+                {"method": "medusa", "medusa": {"accuracies": "zoo-target", "heads": 9}}
+            ).medusa,
+            heads.num_heads,
+        )
     # the default section: the simulator's tree (the Vicuna table's mc_sim_7b_63), cut to the trained heads
     from infersim.simulator.speculative.medusa_heads import load_accuracies
     from infersim.simulator.speculative.medusa_tree import restrict
@@ -378,14 +411,23 @@ def test_sim_exec_runs_a_medusa_workload_and_feeds_the_simulator(target, trained
 
     import pyarrow.parquet as pq
 
+    from infersim.cli.main import main
     from infersim.executor.medusa import recorded_statistics, simulator_updates
     from infersim.executor.models import hf_greedy_generate
-    from infersim.cli.main import main
 
     lm, _ = target
-    wl = zoo_workload("zoo-medusa", max_batch_size=3, rate=60.0, output_tokens=(8, 30), seed=3,
-                      speculation={"method": "medusa", "sampling": {"mode": "greedy"},
-                                   "medusa": {"accuracies": "zoo-target", "tree": {"type": "greedy", "nodes": 8}}})
+    wl = zoo_workload(
+        "zoo-medusa",
+        max_batch_size=3,
+        rate=60.0,
+        output_tokens=(8, 30),
+        seed=3,
+        speculation={
+            "method": "medusa",
+            "sampling": {"mode": "greedy"},
+            "medusa": {"accuracies": "zoo-target", "tree": {"type": "greedy", "nodes": 8}},
+        },
+    )
     path = write_yaml(tmp_path / "wl.yaml", wl)
     out = tmp_path / "run"
     assert main(["exec", "-w", str(path), "-m", "zoo-target", "--fast", "--no-plots", "-q", "-o", str(out)]) == 0
@@ -402,8 +444,8 @@ def test_sim_exec_runs_a_medusa_workload_and_feeds_the_simulator(target, trained
     assert st["tokens_per_tree_step"] == pytest.approx(sum((k + 1) * c for k, c in hist.items()) / sum(hist.values()))
     assert len(st["per_rank"]) == st["heads"] == 4 and all(sum(r) <= 1 for r in st["per_rank"])
     upd = simulator_updates(st)
-    from infersim.simulator.simulation import Simulation
     from infersim.simulator.metrics.summary import summarize
+    from infersim.simulator.simulation import Simulation
     from infersim.simulator.workload.builder import build_requests
     from infersim.simulator.workload.schema import WorkloadSpec
 

@@ -2,6 +2,7 @@
 forward with the full cache is the model's own, every policy with a budget covering everything
 is the full cache exactly, INT4's error bound, the pool's eviction orders on hand-made access
 sequences, H2O's budget, and the recorded sparsity data loads in the simulator."""
+
 import math
 
 import numpy as np
@@ -11,7 +12,15 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.torch
 
-from infersim.executor.offload import DenseLlama, FullCache, H2O, InfiniGen, Int4KV, KVPool, evaluate_policy  # noqa: E402
+from infersim.executor.offload import (  # noqa: E402
+    H2O,
+    DenseLlama,
+    FullCache,
+    InfiniGen,
+    Int4KV,
+    KVPool,
+    evaluate_policy,
+)
 from infersim.executor.offload.model import apply_rope, full_forward  # noqa: E402
 from infersim.executor.offload.policies import build_kv_policy  # noqa: E402
 from infersim.executor.offload.quant import quantize_dequantize  # noqa: E402
@@ -46,8 +55,8 @@ def test_skew_is_orthogonal_and_keeps_post_rope_scores(zoo):
         ref = model.scores(q, k)
         assert torch.allclose(model.scores(qs, ks), ref, atol=2e-5 * float(ref.abs().max()))
         # the skew concentrates the query's energy in its leading columns (the point of it)
-        e_plain = (q ** 2).sum(dim=(0, 2)).sort(dim=-1, descending=True).values[:, :10].sum() / (q ** 2).sum()
-        e_skew = (qs ** 2).sum(dim=(0, 2))[:, :10].sum() / (qs ** 2).sum()
+        e_plain = (q**2).sum(dim=(0, 2)).sort(dim=-1, descending=True).values[:, :10].sum() / (q**2).sum()
+        e_skew = (qs**2).sum(dim=(0, 2))[:, :10].sum() / (qs**2).sum()
         assert e_skew > e_plain
 
 
@@ -63,6 +72,7 @@ def test_weight_fold_exact_before_rope_not_after(zoo):
 
         def proj(w, heads):
             return (x @ w.T).view(1, T, heads, s.head_dim).transpose(1, 2)
+
         q, k = proj(att.q_proj.weight, s.heads), proj(att.k_proj.weight, s.kv_heads)
         q2, k2 = proj(wq, s.heads), proj(wk, s.kv_heads)
         ref = model.scores(q, k)
@@ -82,17 +92,21 @@ def test_full_cache_reproduces_hf_logits(zoo):
         ref = lm.model(ids).logits
     assert r.logits.shape == (ids.shape[0], ids.shape[1] - 1 - P, ref.shape[-1])
     assert torch.allclose(r.logits, ref[:, P:-1], atol=1e-4, rtol=1e-4)
-    nll = torch.nn.functional.cross_entropy(ref[:, P:-1].reshape(-1, ref.shape[-1]), ids[:, P + 1:].reshape(-1))
+    nll = torch.nn.functional.cross_entropy(ref[:, P:-1].reshape(-1, ref.shape[-1]), ids[:, P + 1 :].reshape(-1))
     assert r.perplexity == pytest.approx(math.exp(float(nll)), rel=1e-5)
     assert np.all(r.mass == pytest.approx(1.0)) and r.kv_fraction() == pytest.approx(1.0)
 
 
-@pytest.mark.parametrize("make", [
-    lambda A: H2O({"budget": 1.0}),
-    lambda A: InfiniGen({"alpha": 1e9, "max_fetch_fraction": 1.0}, A),
-    lambda A: InfiniGen({"alpha": 1e9, "max_fetch_fraction": 1.0, "pool_limit": 1.0, "victim": "counter"}, A),
-    lambda A: InfiniGen({"alpha": 1e9, "max_fetch_fraction": 1.0, "start_layer": 0}, None),
-], ids=["h2o", "infinigen", "infinigen-pool", "infinigen-noskew-from0"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda A: H2O({"budget": 1.0}),
+        lambda A: InfiniGen({"alpha": 1e9, "max_fetch_fraction": 1.0}, A),
+        lambda A: InfiniGen({"alpha": 1e9, "max_fetch_fraction": 1.0, "pool_limit": 1.0, "victim": "counter"}, A),
+        lambda A: InfiniGen({"alpha": 1e9, "max_fetch_fraction": 1.0, "start_layer": 0}, None),
+    ],
+    ids=["h2o", "infinigen", "infinigen-pool", "infinigen-noskew-from0"],
+)
 def test_budget_covering_everything_is_the_full_cache(zoo, make):
     _, model, ids, A = zoo
     ref = evaluate_policy(model, FullCache(), ids, 16, keep_logits=True)
@@ -127,10 +141,10 @@ def test_h2o_keeps_budget_heavy_hitters_and_recent(zoo):
     pol = H2O({"budget_tokens": 12})
     r = evaluate_policy(model, pol, ids, 24)
     assert pol.budget == 12 and pol.recent == 6
-    held = pol.held[:, :, :, :T - 1].sum(dim=-1)
+    held = pol.held[:, :, :, : T - 1].sum(dim=-1)
     assert torch.all(held == 12)
     # the last `recent` tokens before the final one are always held
-    assert torch.all(pol.held[:, :, :, T - 1 - 6:T - 1])
+    assert torch.all(pol.held[:, :, :, T - 1 - 6 : T - 1])
     assert np.all(r.attended <= 12 + 1e-9) and np.all(r.mass < 1.0 + 1e-9)
 
 
@@ -169,8 +183,18 @@ def _run_pool(victim, ops, capacity=3, max_tokens=8):
     return evicted, pool
 
 
-OPS = [("insert", 0), ("insert", 1), ("insert", 2), ("access", [0]), ("access", [0, 2]), ("access", [1]),
-       ("insert", 3), ("access", [3]), ("insert", 4), ("insert", 5)]
+OPS = [
+    ("insert", 0),
+    ("insert", 1),
+    ("insert", 2),
+    ("access", [0]),
+    ("access", [0, 2]),
+    ("access", [1]),
+    ("insert", 3),
+    ("access", [3]),
+    ("insert", 4),
+    ("insert", 5),
+]
 
 
 # clock: t1 ins0, t2 ins1, t3 ins2, t4 fetch 0, t5 fetch 0+2, t6 fetch 1, t7 ins3 (pool full),
@@ -217,8 +241,10 @@ def test_recorded_sparsity_loads_in_the_simulator():
     try:
         spec = load_sparsity("zoo-target")
     except InfersimError:
-        pytest.fail("simulator/catalog/sparsity/zoo-target.yaml is missing: run "
-                    "python -m infersim.analysis.reproduce.infinigen_executor")
+        pytest.fail(
+            "simulator/catalog/sparsity/zoo-target.yaml is missing: run "
+            "python -m infersim.analysis.reproduce.infinigen_executor"
+        )
     assert default_sparsity_name("zoo-target") == ("zoo-target", False)
     assert len(spec.layer_scale) == 3 and {t.alpha for t in spec.important_tokens} >= {4.0, 5.0}
     sm = SparsityModel(spec, 4.0)

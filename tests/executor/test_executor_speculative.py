@@ -2,10 +2,10 @@
 batch > 1 (one draft, Minions coupled and pipelined), rejection sampling keeps the target's
 distribution, rejected tokens' KV blocks roll back, the recorded acceptance loads in the
 simulator, and Minions uses the simulator's own objects."""
+
 import sys
 
 import numpy as np
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -18,18 +18,18 @@ from infersim.executor.models import hf_greedy_generate, load_model  # noqa: E40
 from infersim.executor.prompts import make_prompts  # noqa: E402
 from infersim.executor.runner import build_runner, plan_batch  # noqa: E402
 from infersim.executor.speculative import minions as ex_minions  # noqa: E402
+from infersim.executor.speculative.acceptance import AcceptanceRecorder, write_acceptance_table  # noqa: E402
 from infersim.executor.speculative.attention import install  # noqa: E402
 from infersim.executor.speculative.build import build_decoder, make_sequences  # noqa: E402
 from infersim.executor.speculative.draft import DraftModel  # noqa: E402
 from infersim.executor.speculative.pipeline import PipelinedDecoder  # noqa: E402
-from infersim.executor.speculative.acceptance import AcceptanceRecorder, write_acceptance_table  # noqa: E402
 from infersim.executor.speculative.sequence import SpecSequence, Track  # noqa: E402
 from infersim.executor.speculative.target import TargetModel  # noqa: E402
 from infersim.executor.speculative.verify import greedy_accept, rejection_accept  # noqa: E402
 from infersim.simulator.errors import InfersimError  # noqa: E402
-from tests.utils import write_yaml, zoo_workload  # noqa: E402
 from infersim.simulator.speculative import minions as sim_minions  # noqa: E402
 from infersim.simulator.speculative.selector import AdaptiveLengthSelector  # noqa: E402
+from tests.utils import write_yaml, zoo_workload  # noqa: E402
 
 DRAFTS = ("zoo-draft-a", "zoo-draft-b", "zoo-draft-c")
 
@@ -72,16 +72,31 @@ def test_minions_coupled_and_pipelined_are_lossless(zoo, work):
     t, d = zoo
     prompts, outs, ref = work
     ds = [d[n] for n in DRAFTS]
-    coupled = build_decoder(t, ds, method="minions", s=3, gpu_blocks=256, block_size=8,
-                            selector=AdaptiveLengthSelector(s=3, decision_threshold=3, s_max=5))
+    coupled = build_decoder(
+        t,
+        ds,
+        method="minions",
+        s=3,
+        gpu_blocks=256,
+        block_size=8,
+        selector=AdaptiveLengthSelector(s=3, decision_threshold=3, s_max=5),
+    )
     assert coupled.generate(make_sequences(prompts, outs, 3)) == ref
     assert _all_free(coupled)
     # the selector moved s, and the history names a voted SSM for every drafted output
     assert len(coupled.s_series) > 1
     p = coupled.proposer
     assert p.voted_counts.sum() == p.drafted_outputs == sum(sum(h["voted"]) for h in p.history)
-    dec = build_decoder(t, ds, method="minions", s=3, gpu_blocks=256, block_size=8, max_batch_size=6,
-                        selector=AdaptiveLengthSelector(s=3, decision_threshold=3, s_max=5))
+    dec = build_decoder(
+        t,
+        ds,
+        method="minions",
+        s=3,
+        gpu_blocks=256,
+        block_size=8,
+        max_batch_size=6,
+        selector=AdaptiveLengthSelector(s=3, decision_threshold=3, s_max=5),
+    )
     pipe = PipelinedDecoder(dec, llm_batch_size=2, ssm_batch_size=2)
     threads_before, switch_before = torch.get_num_threads(), sys.getswitchinterval()
     with speed_ticks(every=2) as ticks:
@@ -121,7 +136,9 @@ def test_pipelined_with_a_drafting_thread_is_lossless_too(zoo, work):
     a bad drafting mode is refused."""
     t, d = zoo
     prompts, outs, ref = work
-    dec = build_decoder(t, [d[n] for n in DRAFTS], method="minions", s=3, gpu_blocks=256, block_size=8, max_batch_size=6)
+    dec = build_decoder(
+        t, [d[n] for n in DRAFTS], method="minions", s=3, gpu_blocks=256, block_size=8, max_batch_size=6
+    )
     pipe = PipelinedDecoder(dec, llm_batch_size=2, ssm_batch_size=2, drafting="thread")
     assert pipe.remote is None and pipe.generate(make_sequences(prompts, outs, 3)) == ref
     assert _all_free(dec)
@@ -131,8 +148,9 @@ def test_pipelined_with_a_drafting_thread_is_lossless_too(zoo, work):
 
 def test_minions_uses_the_simulators_objects(zoo):
     t, d = zoo
-    dec = build_decoder(t, [d[n] for n in DRAFTS], method="minions", s=2, gpu_blocks=64,
-                        selector=AdaptiveLengthSelector(s=2))
+    dec = build_decoder(
+        t, [d[n] for n in DRAFTS], method="minions", s=2, gpu_blocks=64, selector=AdaptiveLengthSelector(s=2)
+    )
     p = dec.proposer
     assert ex_minions.MajorityVoter is sim_minions.MajorityVoter
     assert isinstance(p.weights, sim_minions.SSMWeights)
@@ -237,7 +255,7 @@ def test_rejected_tokens_roll_back_target_and_draft_blocks(zoo):
         nxt = int(t.model(torch.tensor([seq.tokens])).logits[0, -1].argmax())
     wrong = [(nxt + 1) % t.vocab_size] + [1] * 5
     free_before = tm.cache.free_gpu
-    (k, tok), = tm.step([], [(seq, wrong, None)])
+    ((k, tok),) = tm.step([], [(seq, wrong, None)])
     assert k == 0 and tok == nxt
     # 17 slots were written (n0 - 1 + 7 = 17 -> 5 blocks), 11 cached tokens stay -> 3 blocks
     assert seq.computed == n0 and len(seq.block_table) == tm.cache.blocks_for_tokens(n0) == 3
@@ -257,7 +275,7 @@ def test_rejected_tokens_roll_back_target_and_draft_blocks(zoo):
     assert tr.computed == 11 + k and len(tr.block_table) == dm.cache.blocks_for_tokens(11 + k)
     assert dm.released_blocks == 4 - dm.cache.blocks_for_tokens(11 + k)
     dm.propose([seq2], [1])  # catches up on the committed tokens, then drafts 1
-    assert tr.computed == seq2.num_tokens and tr.tokens[:seq2.num_tokens] == seq2.tokens
+    assert tr.computed == seq2.num_tokens and tr.tokens[: seq2.num_tokens] == seq2.tokens
 
 
 @pytest.mark.parametrize("which", ["zoo-target", "zoo-draft-b"])
@@ -270,8 +288,18 @@ def test_batched_attention_and_fused_draft_runner_match_the_runner(zoo, which):
     lm = t if which == "zoo-target" else d[which]
     runners = (build_runner(lm), install(build_runner(lm)), install(FusedLlamaRunner(lm.model)))
     plain = runners[0]
-    caches = [PagedKVCache(plain.num_layers, plain.num_kv_heads, plain.head_dim, block_size=4, gpu_blocks=64,
-                           cpu_blocks=0, dtype=torch.float32) for _ in runners]
+    caches = [
+        PagedKVCache(
+            plain.num_layers,
+            plain.num_kv_heads,
+            plain.head_dim,
+            block_size=4,
+            gpu_blocks=64,
+            cpu_blocks=0,
+            dtype=torch.float32,
+        )
+        for _ in runners
+    ]
     outs = []
     for r, cache in zip(runners, caches):
         trs = []
@@ -295,7 +323,12 @@ def test_batched_attention_and_fused_draft_runner_match_the_runner(zoo, which):
 
 # ---- recorded acceptance -> simulator -----------------------------------------------------------------
 def test_recorded_acceptance_loads_in_the_simulator(zoo, work, tmp_path):
-    from infersim.simulator.speculative.acceptance import EmpiricalAcceptance, PositionalAcceptance, load_table, resolve_model
+    from infersim.simulator.speculative.acceptance import (
+        EmpiricalAcceptance,
+        PositionalAcceptance,
+        load_table,
+        resolve_model,
+    )
     from infersim.simulator.speculative.config import AcceptanceRef
 
     t, d = zoo
@@ -306,8 +339,13 @@ def test_recorded_acceptance_loads_in_the_simulator(zoo, work, tmp_path):
     # only full-s rounds give the s=3 histogram; the short tail rounds give other s
     full = AcceptanceRecorder()
     full.hist = {3: rec.hist[3]}
-    path = write_acceptance_table(tmp_path / "zoo-test.yaml", target="zoo-target", drafts={"b": "zoo-draft-b"},
-                                  source="test", entries=[full.entry("b", "heldout"), rec.entry("b-all", "heldout")])
+    path = write_acceptance_table(
+        tmp_path / "zoo-test.yaml",
+        target="zoo-target",
+        drafts={"b": "zoo-draft-b"},
+        source="test",
+        entries=[full.entry("b", "heldout"), rec.entry("b-all", "heldout")],
+    )
     table = load_table(str(path))
     m = resolve_model(AcceptanceRef(table=str(path), draft="b", dataset="heldout"))
     assert isinstance(m, EmpiricalAcceptance)
@@ -331,13 +369,26 @@ def test_repo_acceptance_table_drives_a_simulation():
     assert "zoo-target" in list_tables()
     table = load_table("zoo-target")
     e = table.entries[0]
-    spec = WorkloadSpec.model_validate({
-        "model": "opt-1.3b", "hardware": {"profile": "a100-80gb-pcie"}, "serving": {"max_batch_size": 8},
-        "requests": {"count": 20, "arrival": {"type": "poisson", "rate": 100.0},
-                     "prompt_tokens": {"type": "fixed", "value": 40}, "output_tokens": {"type": "fixed", "value": 300}},
-        "seed": 1,
-        "speculation": {"method": "draft", "speculation_length": 3, "dataset": e.dataset,
-                        "drafts": [{"model": "opt-125m", "acceptance": {"table": "zoo-target", "draft": e.draft}}]}})
+    spec = WorkloadSpec.model_validate(
+        {
+            "model": "opt-1.3b",
+            "hardware": {"profile": "a100-80gb-pcie"},
+            "serving": {"max_batch_size": 8},
+            "requests": {
+                "count": 20,
+                "arrival": {"type": "poisson", "rate": 100.0},
+                "prompt_tokens": {"type": "fixed", "value": 40},
+                "output_tokens": {"type": "fixed", "value": 300},
+            },
+            "seed": 1,
+            "speculation": {
+                "method": "draft",
+                "speculation_length": 3,
+                "dataset": e.dataset,
+                "drafts": [{"model": "opt-125m", "acceptance": {"table": "zoo-target", "draft": e.draft}}],
+            },
+        }
+    )
     res = Simulation(spec, build_requests(spec, ".")).run()
     from infersim.simulator.metrics.summary import summarize
 
@@ -360,11 +411,25 @@ def test_sim_exec_runs_a_minions_workload(zoo, tmp_path):
     from infersim.cli.main import main
 
     t, _ = zoo
-    path = write_yaml(tmp_path / "wl.yaml", zoo_workload(
-        "zoo-minions", max_batch_size=4, rate=40.0, output_tokens=(10, 30), seed=4,
-        speculation={"method": "minions", "speculation_length": 3, "selector": {"decision_threshold": 3, "s_max": 5},
-                     "drafts": [{"model": n, "acceptance": {"table": "opt-13b", "draft": "opt-125m",
-                                                             "dataset": "finance"}} for n in DRAFTS]}))
+    path = write_yaml(
+        tmp_path / "wl.yaml",
+        zoo_workload(
+            "zoo-minions",
+            max_batch_size=4,
+            rate=40.0,
+            output_tokens=(10, 30),
+            seed=4,
+            speculation={
+                "method": "minions",
+                "speculation_length": 3,
+                "selector": {"decision_threshold": 3, "s_max": 5},
+                "drafts": [
+                    {"model": n, "acceptance": {"table": "opt-13b", "draft": "opt-125m", "dataset": "finance"}}
+                    for n in DRAFTS
+                ],
+            },
+        ),
+    )
     out = tmp_path / "run"
     assert main(["exec", "-w", str(path), "-m", "zoo-target", "--fast", "--no-plots", "-q", "-o", str(out)]) == 0
     s = json.loads((out / "summary.json").read_text())
@@ -392,9 +457,15 @@ def test_sim_exec_refuses_medusa_and_minions_sampling():
     with pytest.raises(InfersimError, match="medusa"):
         _settings(SpeculationSection.model_validate({"method": "medusa"}))
     with pytest.raises(InfersimError, match="sampling"):
-        _settings(SpeculationSection.model_validate({
-            "method": "minions", "sampling": {"mode": "sampling", "temperature": 0.8},
-            "drafts": [{"model": "zoo-draft-a", "acceptance": {"kind": "iid", "alpha": 0.5}}] * 2}))
+        _settings(
+            SpeculationSection.model_validate(
+                {
+                    "method": "minions",
+                    "sampling": {"mode": "sampling", "temperature": 0.8},
+                    "drafts": [{"model": "zoo-draft-a", "acceptance": {"kind": "iid", "alpha": 0.5}}] * 2,
+                }
+            )
+        )
 
 
 # ---- per-request acceptance, voting off, the run directory's new tables --------------------------
@@ -416,7 +487,7 @@ def test_fit_request_mixture_keeps_real_spread_and_drops_noise():
     from infersim.simulator.speculative.acceptance import build_model
     from infersim.simulator.speculative.config import AcceptanceSpec
 
-    e = lambda a: (1 - a ** 5) / (1 - a)
+    e = lambda a: (1 - a**5) / (1 - a)
     # two kinds of request, many rounds each: the groups are the kinds, no shrinking needed
     mix = fit_request_mixture(*_rows([0.3] * 16 + [0.9] * 16, 200))
     fit = mix.pop("fit")
@@ -463,15 +534,28 @@ def test_minions_with_voting_off_drafts_with_the_first_ssm_only(zoo, tmp_path):
     from infersim.simulator.workload.schema import WorkloadSpec
 
     t, _ = zoo
-    spec = WorkloadSpec.model_validate({
-        "name": "zoo-minions-novote", "model": "zoo-target", "hardware": {"profile": "a100-80gb-pcie"},
-        "serving": {"max_batch_size": 4},
-        "requests": {"count": 6, "arrival": {"type": "poisson", "rate": 40.0},
-                     "prompt_tokens": {"type": "uniform", "low": 20, "high": 60},
-                     "output_tokens": {"type": "uniform", "low": 10, "high": 30}}, "seed": 4,
-        "speculation": {"method": "minions", "speculation_length": 3, "voting": {"enabled": False},
-                        "selector": {"enabled": False},
-                        "drafts": [{"model": n, "acceptance": {"kind": "iid", "alpha": 0.5}} for n in DRAFTS]}})
+    spec = WorkloadSpec.model_validate(
+        {
+            "name": "zoo-minions-novote",
+            "model": "zoo-target",
+            "hardware": {"profile": "a100-80gb-pcie"},
+            "serving": {"max_batch_size": 4},
+            "requests": {
+                "count": 6,
+                "arrival": {"type": "poisson", "rate": 40.0},
+                "prompt_tokens": {"type": "uniform", "low": 20, "high": 60},
+                "output_tokens": {"type": "uniform", "low": 10, "high": 30},
+            },
+            "seed": 4,
+            "speculation": {
+                "method": "minions",
+                "speculation_length": 3,
+                "voting": {"enabled": False},
+                "selector": {"enabled": False},
+                "drafts": [{"model": n, "acceptance": {"kind": "iid", "alpha": 0.5}} for n in DRAFTS],
+            },
+        }
+    )
     out = tmp_path / "run"
     execute(spec, build_requests(spec, "."), "zoo-target", out)
     s = json.loads((out / "summary.json").read_text())

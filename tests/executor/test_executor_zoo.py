@@ -2,6 +2,7 @@
 
 The default zoo is built once (a few minutes on 2 cores) and cached in ~/.cache/infersim/zoo
 ($INFERSIM_ZOO overrides); every executor test uses its trained models, never random weights."""
+
 import dataclasses
 import json
 

@@ -3,6 +3,7 @@ target model: with the full policy it generates what the plain executor generate
 iteration loads exactly the bytes the policy selects (against hand counts from the executed
 batches); H2O and InfiniGen load fewer; the validation hooks give the simulator statistics it
 accepts; bad input is one line."""
+
 import math
 
 import numpy as np
@@ -20,10 +21,18 @@ PROMPTS = {"type": "uniform", "low": 40, "high": 140}
 def _spec(policy=None, **over):
     from infersim.simulator.workload.schema import WorkloadSpec
 
-    d = {"name": f"serve-{policy or 'plain'}", "model": "zoo-target", "seed": 321,
-         "serving": {"max_batch_size": 4, "dtype": "fp32"},
-         "requests": {"count": 6, "arrival": {"type": "poisson", "rate": 400.0}, "prompt_tokens": PROMPTS,
-                      "output_tokens": {"type": "fixed", "value": 10}}}
+    d = {
+        "name": f"serve-{policy or 'plain'}",
+        "model": "zoo-target",
+        "seed": 321,
+        "serving": {"max_batch_size": 4, "dtype": "fp32"},
+        "requests": {
+            "count": 6,
+            "arrival": {"type": "poisson", "rate": 400.0},
+            "prompt_tokens": PROMPTS,
+            "output_tokens": {"type": "fixed", "value": 10},
+        },
+    }
     if policy is not None:
         d["offload"] = {"policy": policy, "overlap": "none"}
     for k, v in over.items():
@@ -130,7 +139,8 @@ def test_hooks_give_updates_a_simulation_accepts(runs, tmp_path):
         up = simulator_updates(stats)
         assert up["offload"]["pool_blocks"] == stats["pool_blocks"] > 0
         assert stats["loaded_bytes_total"] == pytest.approx(
-            _read(runs / pol / "offload_iterations.parquet")["loaded_bytes"].sum())
+            _read(runs / pol / "offload_iterations.parquet")["loaded_bytes"].sum()
+        )
         if pol == "infinigen":
             from infersim.simulator.offload.sparsity import load_sparsity
 
@@ -148,8 +158,11 @@ def test_bad_input_is_one_line(tmp_path):
     from infersim.executor.offload import execute
     from infersim.simulator.workload.builder import build_requests
 
-    for spec, words in ((_spec(), "offload:"), (_spec("gpu"), "not served"),
-                        (_spec("full", serving={"chunked_prefill": True}), "chunked_prefill")):
+    for spec, words in (
+        (_spec(), "offload:"),
+        (_spec("gpu"), "not served"),
+        (_spec("full", serving={"chunked_prefill": True}), "chunked_prefill"),
+    ):
         with pytest.raises(InfersimError) as e:
             execute(spec, build_requests(spec), "zoo-target", tmp_path / "x", realtime=False, plots=False)
         assert words in str(e.value) and "\n" not in str(e.value)
@@ -168,14 +181,18 @@ def test_sim_exec_serves_a_workload_with_an_offload_section(runs, tmp_path, caps
     path = tmp_path / "wl.yaml"
     path.write_text(yaml.safe_dump(spec.model_dump(mode="json", exclude_none=True)))
     out = tmp_path / "run"
-    assert main(["exec", "-w", str(path), "-m", "zoo-target", "--fast", "--threads", "1", "--no-plots",
-                 "-o", str(out)]) == 0
+    assert (
+        main(["exec", "-w", str(path), "-m", "zoo-target", "--fast", "--threads", "1", "--no-plots", "-o", str(out)])
+        == 0
+    )
     assert "host-memory KV blocks" in " ".join(capsys.readouterr().out.split())  # the pool is not on a GPU
     assert json.loads((out / "summary.json").read_text())["finished"] == 6
     # the schedule follows the measured clock, so the bytes per iteration may differ; each
     # sequence's own H2O decisions (and so its tokens) do not
     got = _read(out / "offload_iterations.parquet")
-    assert got["loaded_bytes"].sum() > 0 and got["iteration"].size == json.loads(
-        (out / "summary.json").read_text())["iterations"]
+    assert (
+        got["loaded_bytes"].sum() > 0
+        and got["iteration"].size == json.loads((out / "summary.json").read_text())["iterations"]
+    )
     a, b = _read(out / "outputs.parquet"), _read(runs / "h2o" / "outputs.parquet")
     assert [list(x) for x in a["output_ids"]] == [list(x) for x in b["output_ids"]]

@@ -2,6 +2,7 @@
 profile: format and round trips, the eight-regressor table, portable storage and its hash
 check, monotone iteration times, order-of-magnitude agreement of fresh measurements with the
 committed reference, and the CUDA path as far as a CPU-only machine allows."""
+
 from __future__ import annotations
 
 import json
@@ -12,8 +13,14 @@ import pytest
 import yaml
 
 from infersim.simulator.costmodel import BatchShape, RooflineCostModel, build_cost_model
-from infersim.simulator.costmodel.calibration_file import (HASH_KEY, PATH_KEY, SOURCE_KEY, calibration_for,
-                                                          load_calibration, sha256_file)
+from infersim.simulator.costmodel.calibration_file import (
+    HASH_KEY,
+    PATH_KEY,
+    SOURCE_KEY,
+    calibration_for,
+    load_calibration,
+    sha256_file,
+)
 from infersim.simulator.costmodel.regression import PortableRegressor, RegressionCostModel
 from infersim.simulator.errors import InfersimError
 from infersim.simulator.hardware.catalog import load_hardware
@@ -85,8 +92,14 @@ def test_reference_sidecar_holds_table_and_best():
 # ---- regressors: the table, portable storage ------------------------------------------------------
 def _synthetic(n=150, seed=0):
     rng = np.random.default_rng(seed)
-    X = np.column_stack([rng.integers(1, 5, n), rng.choice([128, 256, 512], n), np.exp(rng.uniform(np.log(8), np.log(512), n)).round(),
-                         rng.integers(1, 17, n)]).astype(float)
+    X = np.column_stack(
+        [
+            rng.integers(1, 5, n),
+            rng.choice([128, 256, 512], n),
+            np.exp(rng.uniform(np.log(8), np.log(512), n)).round(),
+            rng.integers(1, 17, n),
+        ]
+    ).astype(float)
     y = 1e-4 * X[:, 0] * (X[:, 1] / 128) ** 1.6 * (X[:, 2] * X[:, 3]) ** 0.9 + 2e-4
     return X, y * np.exp(rng.normal(0, 0.02, n))
 
@@ -104,8 +117,9 @@ def test_regressor_table_is_8x5_and_keeps_the_minimum():
     assert comp.conversion_max_rel < 1e-9  # the stored form predicts what scikit-learn predicts
 
 
-@pytest.mark.parametrize("name", ["linear", "decision_tree", "random_forest", "ridge", "lasso", "elastic_net",
-                                  "gradient_boosting", "knn"])
+@pytest.mark.parametrize(
+    "name", ["linear", "decision_tree", "random_forest", "ridge", "lasso", "elastic_net", "gradient_boosting", "knn"]
+)
 def test_stored_regressor_reloads_with_identical_predictions(name, tmp_path):
     import warnings
 
@@ -146,11 +160,21 @@ def test_tampered_sidecar_is_refused_in_one_line(tmp_path, monkeypatch, absolute
     from infersim.cli.main import main
 
     wl = tmp_path / "w.yaml"
-    wl.write_text(yaml.safe_dump({"model": "opt-125m", "hardware": {"profile": str(ypath)},
-                                  "serving": {"cost_model": "regression", "gpu_blocks": 60, "cpu_blocks": 10},
-                                  "requests": {"count": 5, "arrival": {"type": "poisson", "rate": 1.0},
-                                               "prompt_tokens": {"type": "fixed", "value": 10},
-                                               "output_tokens": {"type": "fixed", "value": 5}}}))
+    wl.write_text(
+        yaml.safe_dump(
+            {
+                "model": "opt-125m",
+                "hardware": {"profile": str(ypath)},
+                "serving": {"cost_model": "regression", "gpu_blocks": 60, "cpu_blocks": 10},
+                "requests": {
+                    "count": 5,
+                    "arrival": {"type": "poisson", "rate": 1.0},
+                    "prompt_tokens": {"type": "fixed", "value": 10},
+                    "output_tokens": {"type": "fixed", "value": 5},
+                },
+            }
+        )
+    )
     assert main(["run", "--workload", str(wl), "--out", str(tmp_path / "r"), "-q", "--no-plots"]) == 2
     # a file with no recorded hash is not read either
     with pytest.raises(InfersimError, match="no recorded sha256"):
@@ -187,14 +211,29 @@ def test_simulator_uses_a_profile_by_path_with_the_regression_model(tmp_path):
 
     ypath, _ = _copy_ref(tmp_path)
     wl = tmp_path / "w.yaml"
-    wl.write_text(yaml.safe_dump({
-        "name": "cpu", "model": "opt-125m", "hardware": {"profile": str(ypath)},
-        "serving": {"cost_model": "regression", "preemption": "cost_aware", "dtype": "fp32", "gpu_blocks": 60,
-                    "cpu_blocks": 40},
-        "requests": {"count": 40, "arrival": {"type": "poisson", "rate": 20.0},
-                     "prompt_tokens": {"type": "uniform", "low": 50, "high": 400},
-                     "output_tokens": {"type": "uniform", "low": 10, "high": 60}},
-        "seed": 1}))
+    wl.write_text(
+        yaml.safe_dump(
+            {
+                "name": "cpu",
+                "model": "opt-125m",
+                "hardware": {"profile": str(ypath)},
+                "serving": {
+                    "cost_model": "regression",
+                    "preemption": "cost_aware",
+                    "dtype": "fp32",
+                    "gpu_blocks": 60,
+                    "cpu_blocks": 40,
+                },
+                "requests": {
+                    "count": 40,
+                    "arrival": {"type": "poisson", "rate": 20.0},
+                    "prompt_tokens": {"type": "uniform", "low": 50, "high": 400},
+                    "output_tokens": {"type": "uniform", "low": 10, "high": 60},
+                },
+                "seed": 1,
+            }
+        )
+    )
     assert main(["run", "--workload", str(wl), "--out", str(tmp_path / "run"), "-q", "--no-plots"]) == 0
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["finished"] == 40
@@ -259,8 +298,8 @@ def test_sim_profile_quick_writes_a_consistent_profile(tmp_path):
 def test_device_flag_selects_cuda_and_fails_in_one_line_without_it(capsys):
     import torch
 
-    from infersim.executor.profiler.device import CpuTimer, CudaEventTimer, select_device, timer_class_for
     from infersim.cli.main import main
+    from infersim.executor.profiler.device import CpuTimer, CudaEventTimer, select_device, timer_class_for
 
     assert timer_class_for("cuda") is CudaEventTimer and timer_class_for("cpu") is CpuTimer
     assert select_device("cpu").type == "cpu"
@@ -285,8 +324,12 @@ def test_cuda_copy_plan_has_pinned_and_pageable_buffers():
     assert copy_variants("cuda") == [("pinned", True), ("pageable", False)]
     assert copy_variants("cpu") == [("plain", False)]
     plan = copy_plan("cuda", quick=True)
-    assert {(d, v, p) for d, v, p, _ in plan} == {("h2d", "pinned", True), ("h2d", "pageable", False),
-                                                  ("d2h", "pinned", True), ("d2h", "pageable", False)}
+    assert {(d, v, p) for d, v, p, _ in plan} == {
+        ("h2d", "pinned", True),
+        ("h2d", "pageable", False),
+        ("d2h", "pinned", True),
+        ("d2h", "pageable", False),
+    }
     assert all(not p for _, _, p, _ in copy_plan("cpu", quick=True))
     with pytest.raises(InfersimError, match="pinned host memory needs a CUDA device"):
         host_buffer(1024, pinned=True, device_type="cpu")
@@ -356,8 +399,9 @@ def test_physical_recompute_predictor_recovers_an_exact_affine_quadratic():
     assert c0 == pytest.approx(coef[0], rel=1e-6)
     assert np.allclose(c, coef[1], rtol=1e-6)
     _, Xh, yh = _synthetic_prefills(coef, n=12, seed=9)  # other batches: held out
-    comp = compare_sets(X, y, Xh, yh, target="prefill", features=MODEL_FEATURES, degrees=(1, 2),
-                        regressors=("linear", "random_forest"))
+    comp = compare_sets(
+        X, y, Xh, yh, target="prefill", features=MODEL_FEATURES, degrees=(1, 2), regressors=("linear", "random_forest")
+    )
     # exact data: the physical model has zero validation error, so it is kept, and predicts the held-out set
     assert comp["chosen"]["estimator"] == PHYSICAL and comp["chosen"]["held_out_mape"] < 1e-6
     port = PortableRegressor(comp["portable"])
@@ -365,23 +409,39 @@ def test_physical_recompute_predictor_recovers_an_exact_affine_quadratic():
     assert set(comp["table"]) == {PHYSICAL, "linear", "random_forest"} and comp["n_held_out"] == 12
 
 
-def _per_model_calibration(spec, *, dtype="fp32", name="zoo-target", coef=(4e-4, (3e-5, 2e-4, 1.5e-8)),
-                           swap=None, key=None):
+def _per_model_calibration(
+    spec, *, dtype="fp32", name="zoo-target", coef=(4e-4, (3e-5, 2e-4, 1.5e-8)), swap=None, key=None
+):
     """The reference sidecar plus one per-model entry with a physical predictor."""
     from infersim.executor.profiler.regress import physical_portable
-    from infersim.simulator.costmodel.regression import (MODEL_FEATURES, MODEL_PREDICTORS_FORMAT, MODEL_PREDICTORS_VERSION,
-                                                model_config_hash, model_key)
+    from infersim.simulator.costmodel.regression import (
+        MODEL_FEATURES,
+        MODEL_PREDICTORS_FORMAT,
+        MODEL_PREDICTORS_VERSION,
+        model_config_hash,
+        model_key,
+    )
 
     h = model_config_hash(spec)
-    entry = {"name": name, "config_hash": h, "dtype": dtype,
-             "recompute": {"predictor": physical_portable(coef[0], np.array(coef[1]), target="prefill",
-                                                          features=MODEL_FEATURES, mape=0.0, n_train=1, n_test=1),
-                           "domain": {"tokens": [8, 2048], "batch": [1, 4], "max_batched_tokens": 4096}}}
+    entry = {
+        "name": name,
+        "config_hash": h,
+        "dtype": dtype,
+        "recompute": {
+            "predictor": physical_portable(
+                coef[0], np.array(coef[1]), target="prefill", features=MODEL_FEATURES, mape=0.0, n_train=1, n_test=1
+            ),
+            "domain": {"tokens": [8, 2048], "batch": [1, 4], "max_batched_tokens": 4096},
+        },
+    }
     if swap:
         entry["swap"] = {"fit": swap}
     cal = calibration_for(load_hardware(REF))
-    cal["per_model"] = {"format": MODEL_PREDICTORS_FORMAT, "version": MODEL_PREDICTORS_VERSION,
-                        "models": {key or model_key(name, h): entry}}
+    cal["per_model"] = {
+        "format": MODEL_PREDICTORS_FORMAT,
+        "version": MODEL_PREDICTORS_VERSION,
+        "models": {key or model_key(name, h): entry},
+    }
     return cal, entry
 
 
@@ -393,8 +453,10 @@ def test_per_model_predictor_is_used_for_its_model_only():
 
     hw = load_hardware(REF)
     spec = load_model("llama-68m")
-    swap = {"d2h": {"latency_us": 5.0, "per_copy_us": 2.0, "gbps": 4.0},
-            "h2d": {"latency_us": 3.0, "per_copy_us": 1.0, "gbps": 5.0}}
+    swap = {
+        "d2h": {"latency_us": 5.0, "per_copy_us": 2.0, "gbps": 4.0},
+        "h2d": {"latency_us": 3.0, "per_copy_us": 1.0, "gbps": 5.0},
+    }
     cal, _ = _per_model_calibration(spec, name="llama-68m", swap=swap)
     cm = RegressionCostModel(spec, hw, dtype="fp32", calibration=cal)
     assert cm.model_predictor_key == f"llama-68m@{model_config_hash(spec)[:16]}"
@@ -420,8 +482,9 @@ def test_per_model_predictor_is_used_for_its_model_only():
     # another model, or the same model in another dtype or split over devices: the generic predictor
     other = load_model("llama-160m")
     assert RegressionCostModel(other, hw, dtype="fp32", calibration=cal).model_predictor_key is None
-    assert RegressionCostModel(other, hw, dtype="fp32", calibration=cal).prefill_time_s(300) == \
-        RegressionCostModel(other, hw, dtype="fp32").prefill_time_s(300)
+    assert RegressionCostModel(other, hw, dtype="fp32", calibration=cal).prefill_time_s(300) == RegressionCostModel(
+        other, hw, dtype="fp32"
+    ).prefill_time_s(300)
     assert RegressionCostModel(spec, hw, dtype="fp16", calibration=cal).model_predictor_key is None
     # a renamed copy of the same shape matches (the hash is of the shape, not the name)
     renamed = spec.model_copy(update={"name": "my-llama"})
@@ -479,13 +542,30 @@ def test_sim_profile_model_measures_zoo_target_into_a_profile(tmp_path, zoo_dir)
 
     ypath, _ = _copy_ref(tmp_path)
     out = tmp_path / "with-model.yaml"
-    assert main(["profile", "--refit", str(ypath), "--models-only", "--model", "zoo-target", "--quick",
-                 "--threads", "1", "--out", str(out), "-q"]) == 0
+    assert (
+        main(
+            [
+                "profile",
+                "--refit",
+                str(ypath),
+                "--models-only",
+                "--model",
+                "zoo-target",
+                "--quick",
+                "--threads",
+                "1",
+                "--out",
+                str(out),
+                "-q",
+            ]
+        )
+        == 0
+    )
     hw = load_hardware(str(out))
     cal = calibration_for(hw)
     spec = load_model("zoo-target")
     h = model_config_hash(spec)
-    (key, entry), = cal["per_model"]["models"].items()
+    ((key, entry),) = cal["per_model"]["models"].items()
     assert key == f"zoo-target@{h[:16]}" and entry["config_hash"] == h and entry["dtype"] == "fp32"
     rows = entry["recompute"]["rows"]
     fitted1 = {r["prompts"][0] for r in rows if r["role"] == "fit" and r["batch"] == 1}
@@ -494,7 +574,8 @@ def test_sim_profile_model_measures_zoo_target_into_a_profile(tmp_path, zoo_dir)
     assert not held1 & {t for r in rows if r["role"] == "fit" for t in r["prompts"]}  # not even inside a batch
     assert all(r["measured_s"] > 0 and np.isfinite(r["err_cost_model_pct"]) for r in rows)
     assert entry["recompute"]["mape_recompute"] == pytest.approx(
-        np.mean([r["err_cost_model_pct"] for r in rows if r["role"] == "held" and r["batch"] == 1]))
+        np.mean([r["err_cost_model_pct"] for r in rows if r["role"] == "held" and r["batch"] == 1])
+    )
     # the executor's swap check: both layouts, copies counted, out/in/total per formula
     sw = entry["swap"]
     lay = {(r["tokens"], r["layout"]): r for r in sw["rows"]}
@@ -505,7 +586,8 @@ def test_sim_profile_model_measures_zoo_target_into_a_profile(tmp_path, zoo_dir)
     cm = RegressionCostModel(spec, hw, dtype="fp32")
     assert cm.model_predictor_key == key
     assert cm.prefill_time_s(45) == pytest.approx(
-        PortableRegressor(entry["recompute"]["predictor"]).predict([[45, 1, 45 * 45]])[0], rel=1e-12)
+        PortableRegressor(entry["recompute"]["predictor"]).predict([[45, 1, 45 * 45]])[0], rel=1e-12
+    )
     assert RegressionCostModel(load_model("llama-68m"), hw, dtype="fp32").model_predictor_key is None
     # the report's section and plot of the entry
     from infersim.executor.profiler.report import per_model_md, plot_per_model

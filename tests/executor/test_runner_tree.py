@@ -1,6 +1,7 @@
 """The runner's tree path (what speculative and Medusa verification stand on): a token tree
 verified in one pass gives, on each root-to-node path, the same logits as that path run as a
 plain sequence; keep_path + truncate leave a cache that decodes like the linear one."""
+
 import pytest
 
 import infersim.executor  # noqa: F401
@@ -18,8 +19,9 @@ from infersim.executor.runner import TokenSeq, build_runner, plan_batch  # noqa:
 def test_tree_verification_matches_linear_paths(model, zoo_dir):
     lm = load_model(model)
     r = build_runner(lm)
-    cache = PagedKVCache(r.num_layers, r.num_kv_heads, r.head_dim, block_size=4, gpu_blocks=64, cpu_blocks=1,
-                         dtype=torch.float32)
+    cache = PagedKVCache(
+        r.num_layers, r.num_kv_heads, r.head_dim, block_size=4, gpu_blocks=64, cpu_blocks=1, dtype=torch.float32
+    )
     prompt = [5, 17, 300, 42, 99, 7, 8]
     a, b, x, y = 11, 12, 13, 14
     # linear references: prompt + a + b, and prompt + x + y

@@ -1,5 +1,6 @@
 """Kernel-model fits recover known parameters from synthetic tables; the shipped calibrated
 profiles price measured rows as they record; the cost model uses the fitted models exactly."""
+
 from pathlib import Path
 
 import numpy as np
@@ -7,11 +8,16 @@ import pytest
 
 from infersim.simulator.calibration.fit import fit_kernels, predict_rows
 from infersim.simulator.calibration.kernel_models import errors_pct
-from infersim.simulator.costmodel.kernel_times import (GemmParams, elementwise_time_s, gemm_device, gemm_time_s,
-                                                       output_waves)
 from infersim.simulator.calibration.rows import LayerDims, gemm_operator, operator_for, row_from_operator
 from infersim.simulator.calibration.tables import recognise
 from infersim.simulator.costmodel import BatchShape, RooflineCostModel
+from infersim.simulator.costmodel.kernel_times import (
+    GemmParams,
+    elementwise_time_s,
+    gemm_device,
+    gemm_time_s,
+    output_waves,
+)
 from infersim.simulator.hardware.catalog import load_hardware
 from infersim.simulator.models.catalog import load_model
 
@@ -28,15 +34,25 @@ def _synthetic_gemm_rows(params: GemmParams):
         for t in TOKENS:
             f, b = op.flops[1], op.bytes
             time_s = float(gemm_time_s(params, f, b[0], b[1], t, op.out_width, gemm_device(HW)))
-            rows.append(row_from_operator(op, device="x", label=f"k{k}-n{n}", tp=1, tokens=t, op="gemm",
-                                          time_s=time_s, where="synthetic"))
+            rows.append(
+                row_from_operator(
+                    op, device="x", label=f"k{k}-n{n}", tp=1, tokens=t, op="gemm", time_s=time_s, where="synthetic"
+                )
+            )
     return rows
 
 
 @pytest.mark.parametrize("tile, waves, wave_us", [(32, 0.0, 0.0), (128, 0.35, 1.5)])
 def test_gemm_fit_recovers_known_parameters(tile, waves, wave_us):
-    truth = GemmParams(compute=0.62, memory=0.83, launch_us=4.0, corner_exponent=2.5, tile_tokens=tile,
-                       wave_exponent=waves, wave_latency_us=wave_us)
+    truth = GemmParams(
+        compute=0.62,
+        memory=0.83,
+        launch_us=4.0,
+        corner_exponent=2.5,
+        tile_tokens=tile,
+        wave_exponent=waves,
+        wave_latency_us=wave_us,
+    )
     calib = fit_kernels(_synthetic_gemm_rows(truth), HW, "synthetic")
     g = calib.gemm
     assert g.tile_tokens == tile
@@ -73,8 +89,11 @@ def test_elementwise_fit_recovers_floor_bandwidth_and_saturation(saturation):
         op = operator_for("input_layernorm", dims, 1)
         nbytes = op.bytes[0] + op.bytes[1] * t
         time_s = 3e-6 + nbytes * max(1.0, saturation / t) / (BW * 0.45)
-        rows.append(row_from_operator(op, device="x", label="m", tp=1, tokens=t, op="input_layernorm",
-                                      time_s=time_s, where="synthetic"))
+        rows.append(
+            row_from_operator(
+                op, device="x", label="m", tp=1, tokens=t, op="input_layernorm", time_s=time_s, where="synthetic"
+            )
+        )
     e = fit_kernels(rows, HW, "synthetic").elementwise["norm"]
     assert e.saturation_tokens == saturation
     assert e.memory == pytest.approx(0.45, rel=1e-4)
@@ -173,7 +192,11 @@ def test_every_gpu_profile_is_measured_or_derived_from_a_measured_card():
     from infersim.simulator.hardware.catalog import list_hardware
 
     modes = {n: load_hardware(n).mode for n in list_hardware()}
-    assert {n for n, m in modes.items() if m == "measured" and n != "cpu-reference"} == {"a100-80gb-sxm", "a40", "h100-sxm"}
+    assert {n for n, m in modes.items() if m == "measured" and n != "cpu-reference"} == {
+        "a100-80gb-sxm",
+        "a40",
+        "h100-sxm",
+    }
     for name, mode in modes.items():
         if mode == "derived":
             hw = load_hardware(name)

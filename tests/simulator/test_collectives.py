@@ -1,17 +1,23 @@
 """Measured collectives: reading the tables, the piecewise fit, the profile section and how the
 roofline prices tensor-parallel all-reduce and pipeline send/recv from it."""
-import numpy as np
-import pandas as pd
+
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
 
 from infersim.simulator.costmodel import BatchShape, RooflineCostModel
 from infersim.simulator.errors import InfersimError
 from infersim.simulator.hardware.catalog import load_hardware
 from infersim.simulator.hardware.collectives import CollectiveFit, CollectivesSection, SizeSegment
-from infersim.simulator.hardware.collectives_fit import (FitOptions, detect, fit_collectives, read_collectives_table,
-                                                         with_section)
+from infersim.simulator.hardware.collectives_fit import (
+    FitOptions,
+    detect,
+    fit_collectives,
+    read_collectives_table,
+    with_section,
+)
 from infersim.simulator.models.catalog import load_model
 
 # the measured table the shipped sections were fitted on (shipped with the benchmarks)
@@ -55,7 +61,8 @@ def test_fit_recovers_known_latency_and_bandwidth_on_both_sides_of_a_jump(tmp_pa
     assert fit.mape_pct < 1e-3 and fit.rows == len(sizes) == small.rows + large.rows
     # the section prices what it was fitted on
     assert section.all_reduce_time_s(np.array([8192.0, 32 * 2**20]), 2) == pytest.approx(
-        [10e-6 + 8192 / 50e9, 40e-6 + 32 * 2**20 / 400e9], rel=1e-5)
+        [10e-6 + 8192 / 50e9, 40e-6 + 32 * 2**20 / 400e9], rel=1e-5
+    )
 
 
 def test_one_line_suffices_when_one_line_fits(tmp_path):
@@ -66,13 +73,17 @@ def test_one_line_suffices_when_one_line_fits(tmp_path):
 
 
 def test_vidur_layout_is_read_with_the_setup_from_its_folder_and_median_over_ranks(tmp_path):
-    header = (",time_stats.all_reduce.min,time_stats.all_reduce.max,time_stats.all_reduce.mean,"
-              "time_stats.all_reduce.median,time_stats.all_reduce.std,rank,num_workers,size,collective,"
-              "devices_per_node,max_devices_per_node\n")
-    rows = ["0,0.01,0.05,0.03,0.020,0.01,0,2,2048,all_reduce,2,8\n",
-            "1,0.01,0.05,0.03,0.040,0.01,1,2,2048,all_reduce,2,8\n",
-            "2,0.01,0.05,0.03,0.030,0.01,2,2,2048,all_reduce,2,8\n",
-            "3,0.01,0.05,0.03,0.100,0.01,0,2,4096,all_reduce,2,8\n"]
+    header = (
+        ",time_stats.all_reduce.min,time_stats.all_reduce.max,time_stats.all_reduce.mean,"
+        "time_stats.all_reduce.median,time_stats.all_reduce.std,rank,num_workers,size,collective,"
+        "devices_per_node,max_devices_per_node\n"
+    )
+    rows = [
+        "0,0.01,0.05,0.03,0.020,0.01,0,2,2048,all_reduce,2,8\n",
+        "1,0.01,0.05,0.03,0.040,0.01,1,2,2048,all_reduce,2,8\n",
+        "2,0.01,0.05,0.03,0.030,0.01,2,2,2048,all_reduce,2,8\n",
+        "3,0.01,0.05,0.03,0.100,0.01,0,2,4096,all_reduce,2,8\n",
+    ]
     path = write(tmp_path, rows, name="h100_dgx/all_reduce.csv", header=header)
     assert detect(pd.read_csv(path, nrows=0).columns) == "vidur-network"
     table = read_collectives_table(path)
@@ -86,15 +97,33 @@ def test_detect_tells_the_layouts_apart():
     assert detect(["num_workers", "size", "median_ms"]) is None
 
 
-@pytest.mark.parametrize("row, message", [
-    ("lab_dgx,all_reduce,2,2048,2,8,abc,0\n", "row 2 (line 3), column 'median_ms': expected a positive number, got 'abc'"),
-    ("lab_dgx,all_reduce,2,2048,2,8,-1,0\n", "row 2 (line 3), column 'median_ms': expected a positive number, got '-1'"),
-    ("lab_dgx,all_reduce,2,20.5,2,8,0.1,0\n", "row 2 (line 3), column 'size': expected a positive integer, got '20.5'"),
-    ("lab_dgx,all_gather,2,2048,2,8,0.1,0\n", "row 2 (line 3), column 'collective': expected one of all_reduce, send_recv"),
-    ("lab_dgx,all_reduce,2,2048,4,8,0.1,0\n", "row 2 (line 3), column 'devices_per_node': more devices per node"),
-    ("lab_dgx,all_reduce,6,2048,4,8,0.1,0\n", "row 2 (line 3), column 'devices_per_node': does not divide num_workers"),
-    (",all_reduce,2,2048,2,8,0.1,0\n", "row 2 (line 3), column 'setup': empty"),
-])
+@pytest.mark.parametrize(
+    "row, message",
+    [
+        (
+            "lab_dgx,all_reduce,2,2048,2,8,abc,0\n",
+            "row 2 (line 3), column 'median_ms': expected a positive number, got 'abc'",
+        ),
+        (
+            "lab_dgx,all_reduce,2,2048,2,8,-1,0\n",
+            "row 2 (line 3), column 'median_ms': expected a positive number, got '-1'",
+        ),
+        (
+            "lab_dgx,all_reduce,2,20.5,2,8,0.1,0\n",
+            "row 2 (line 3), column 'size': expected a positive integer, got '20.5'",
+        ),
+        (
+            "lab_dgx,all_gather,2,2048,2,8,0.1,0\n",
+            "row 2 (line 3), column 'collective': expected one of all_reduce, send_recv",
+        ),
+        ("lab_dgx,all_reduce,2,2048,4,8,0.1,0\n", "row 2 (line 3), column 'devices_per_node': more devices per node"),
+        (
+            "lab_dgx,all_reduce,6,2048,4,8,0.1,0\n",
+            "row 2 (line 3), column 'devices_per_node': does not divide num_workers",
+        ),
+        (",all_reduce,2,2048,2,8,0.1,0\n", "row 2 (line 3), column 'setup': empty"),
+    ],
+)
 def test_a_malformed_row_is_one_line_naming_file_row_and_column(tmp_path, row, message):
     path = write(tmp_path, ["lab_dgx,all_reduce,2,2048,2,8,0.05,0\n", row])
     with pytest.raises(InfersimError) as err:
@@ -121,16 +150,25 @@ def test_not_a_collectives_table_and_missing_file(tmp_path):
 
 
 def one_line(workers, per_node, latency_us, gbps, topology="nvswitch"):
-    return CollectiveFit(workers=workers, devices_per_node=per_node, topology=topology, fitted_on="hand", rows=1,
-                         mape_pct=0, bias_pct=0,
-                         segments=[SizeSegment(max_bytes=None, latency_us=latency_us, bandwidth_gbps=gbps, rows=1,
-                                               mape_pct=0)])
+    return CollectiveFit(
+        workers=workers,
+        devices_per_node=per_node,
+        topology=topology,
+        fitted_on="hand",
+        rows=1,
+        mape_pct=0,
+        bias_pct=0,
+        segments=[SizeSegment(max_bytes=None, latency_us=latency_us, bandwidth_gbps=gbps, rows=1, mape_pct=0)],
+    )
 
 
 SECTION = CollectivesSection(
-    setup="lab_dgx", max_devices_per_node=8, source="hand",
+    setup="lab_dgx",
+    max_devices_per_node=8,
+    source="hand",
     all_reduce=[one_line(2, 2, 10, 100), one_line(8, 8, 30, 70), one_line(16, 8, 90, 20, "inter_node")],
-    send_recv=[one_line(2, 2, 5, 200), one_line(2, 1, 20, 10, "inter_node")])
+    send_recv=[one_line(2, 2, 5, 200), one_line(2, 1, 20, 10, "inter_node")],
+)
 
 
 def test_measured_worker_counts_are_used_as_fitted_and_others_borrow_the_nearest():
@@ -149,8 +187,16 @@ def test_measured_worker_counts_are_used_as_fitted_and_others_borrow_the_nearest
 def test_segments_must_end_open():
     bounded = SizeSegment(max_bytes=10, latency_us=1, bandwidth_gbps=1, rows=1, mape_pct=0)
     with pytest.raises(ValueError, match="only the last segment"):
-        CollectiveFit(workers=2, devices_per_node=2, topology="nvswitch", fitted_on="x", rows=1, mape_pct=0,
-                      bias_pct=0, segments=[bounded])
+        CollectiveFit(
+            workers=2,
+            devices_per_node=2,
+            topology="nvswitch",
+            fitted_on="x",
+            rows=1,
+            mape_pct=0,
+            bias_pct=0,
+            segments=[bounded],
+        )
 
 
 def test_roofline_prices_tp_allreduce_from_the_section():
@@ -186,8 +232,9 @@ def test_a_setup_without_all_reduce_rows_prices_it_from_the_interconnect():
     assert cost.allreduce_time_s(np.float64(1)) == pytest.approx(2 * ring, rel=1e-12)
 
 
-@pytest.mark.parametrize("name, setup", [("a100-80gb-sxm", "a100_dgx"), ("h100-sxm", "h100_dgx"),
-                                         ("a40", "a40_pairwise_nvlink")])
+@pytest.mark.parametrize(
+    "name, setup", [("a100-80gb-sxm", "a100_dgx"), ("h100-sxm", "h100_dgx"), ("a40", "a40_pairwise_nvlink")]
+)
 def test_shipped_sections_are_consistent_and_attributed(name, setup):
     section = load_hardware(name).collectives
     assert section.setup == setup and section.confidence == "measured"

@@ -1,5 +1,6 @@
 """Every cost model is registered by name, in simulator/costmodel/; the ones built from measured
 data price batches exactly as their coefficients say, and a workload may not name them."""
+
 import numpy as np
 import pytest
 
@@ -15,8 +16,17 @@ from infersim.simulator.models.catalog import load_model
 from infersim.simulator.preflight import check_workload
 from infersim.simulator.registry import name_key
 
-ALL = {"roofline", "regression", "executor_fit", "executor_spec_fit_target", "executor_spec_fit_draft", "measured",
-       "replay", "offload_replay", "offload"}
+ALL = {
+    "roofline",
+    "regression",
+    "executor_fit",
+    "executor_spec_fit_target",
+    "executor_spec_fit_draft",
+    "measured",
+    "replay",
+    "offload_replay",
+    "offload",
+}
 
 
 def test_every_cost_model_is_registered_by_its_name_and_lives_in_the_simulator():

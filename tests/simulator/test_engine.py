@@ -1,5 +1,6 @@
 """Serving engine: event-jumping equals stepping, hand-checked timings, block accounting,
 preemption and admission behaviour, determinism."""
+
 import numpy as np
 import pytest
 
@@ -13,14 +14,22 @@ def _run(spec, step_mode=False):
     return simulate(spec, build_requests(spec, "."), step_mode=step_mode)
 
 
-@pytest.mark.parametrize("scheduler,preemption,chunked", [
-    ("fcfs", "recompute", False), ("fcfs", "swap", False), ("fcfs", "cost_aware", False),
-    ("fairness", "recompute", False), ("fairness", "cost_aware", False), ("fcfs", "recompute", True),
-    ("fairness", "swap", True),
-])
+@pytest.mark.parametrize(
+    "scheduler,preemption,chunked",
+    [
+        ("fcfs", "recompute", False),
+        ("fcfs", "swap", False),
+        ("fcfs", "cost_aware", False),
+        ("fairness", "recompute", False),
+        ("fairness", "cost_aware", False),
+        ("fcfs", "recompute", True),
+        ("fairness", "swap", True),
+    ],
+)
 def test_event_mode_equals_step_mode(small_workload, scheduler, preemption, chunked):
-    spec = small_workload(scheduler=scheduler, preemption=preemption, chunked_prefill=chunked,
-                          max_batched_tokens=256 if chunked else None)
+    spec = small_workload(
+        scheduler=scheduler, preemption=preemption, chunked_prefill=chunked, max_batched_tokens=256 if chunked else None
+    )
     a, b = _run(spec), _run(spec, step_mode=True)
     for col in a.requests:
         assert np.array_equal(a.requests[col], b.requests[col], equal_nan=True), col
@@ -41,10 +50,18 @@ def test_multi_replica_closed_loop_event_equals_step(small_workload):
 
 
 def test_single_request_matches_hand_computed_times():
-    spec = WorkloadSpec.model_validate({
-        "model": "llama-2-7b", "hardware": {"profile": "a100-80gb-pcie"},
-        "requests": {"count": 1, "arrival": {"type": "burst"}, "prompt_tokens": {"type": "fixed", "value": 100},
-                     "output_tokens": {"type": "fixed", "value": 50}}})
+    spec = WorkloadSpec.model_validate(
+        {
+            "model": "llama-2-7b",
+            "hardware": {"profile": "a100-80gb-pcie"},
+            "requests": {
+                "count": 1,
+                "arrival": {"type": "burst"},
+                "prompt_tokens": {"type": "fixed", "value": 100},
+                "output_tokens": {"type": "fixed", "value": 50},
+            },
+        }
+    )
     res = _run(spec)
     sim = Simulation(spec, build_requests(spec, "."))
     cm = sim.cost_model
@@ -79,10 +96,18 @@ def test_blocks_are_all_returned_and_preemptions_happen(small_workload):
 
 
 def test_never_fitting_prompt_is_aborted_not_hung():
-    spec = WorkloadSpec.model_validate({
-        "model": "opt-1.3b", "serving": {"gpu_blocks": 8, "cpu_blocks": 0},
-        "requests": {"count": 3, "arrival": {"type": "burst"}, "prompt_tokens": {"type": "fixed", "value": 500},
-                     "output_tokens": {"type": "fixed", "value": 4}}})
+    spec = WorkloadSpec.model_validate(
+        {
+            "model": "opt-1.3b",
+            "serving": {"gpu_blocks": 8, "cpu_blocks": 0},
+            "requests": {
+                "count": 3,
+                "arrival": {"type": "burst"},
+                "prompt_tokens": {"type": "fixed", "value": 500},
+                "output_tokens": {"type": "fixed", "value": 4},
+            },
+        }
+    )
     res = _run(spec)
     assert res.metrics.counters["aborted"] == 3
 
@@ -116,10 +141,18 @@ def test_more_replicas_lower_latency(small_workload):
 
 def test_swapped_sequence_that_outgrew_the_gpu_pool_is_aborted_not_stuck():
     # a 40-block pool; one request grows past it while swapped out: vLLM would hang, we abort it
-    spec = WorkloadSpec.model_validate({
-        "model": "opt-1.3b", "serving": {"gpu_blocks": 40, "cpu_blocks": 200, "preemption": "swap"},
-        "requests": {"count": 6, "arrival": {"type": "burst"}, "prompt_tokens": {"type": "fixed", "value": 300},
-                     "output_tokens": {"type": "fixed", "value": 400}}})
+    spec = WorkloadSpec.model_validate(
+        {
+            "model": "opt-1.3b",
+            "serving": {"gpu_blocks": 40, "cpu_blocks": 200, "preemption": "swap"},
+            "requests": {
+                "count": 6,
+                "arrival": {"type": "burst"},
+                "prompt_tokens": {"type": "fixed", "value": 300},
+                "output_tokens": {"type": "fixed", "value": 400},
+            },
+        }
+    )
     res = _run(spec)
     r = res.requests
     assert res.metrics.counters["preempt_swap"] > 0

@@ -1,5 +1,6 @@
 """The hardware catalog: every profile loads, numbers match the reference table, host links
 are per direction and can be overridden, and bad input gives one-line errors."""
+
 import json
 
 import pytest
@@ -10,16 +11,32 @@ from infersim.simulator.hardware.catalog import list_hardware, list_host_links, 
 from infersim.simulator.paths import hwprofiles_dir
 
 EXPECTED = {
-    "a100-80gb-pcie", "a100-80gb-sxm", "a100-40gb", "a800-80gb-pcie", "a40", "rtx-a6000",
-    "h100-sxm", "h100-pcie", "h200", "l40", "v100",
+    "a100-80gb-pcie",
+    "a100-80gb-sxm",
+    "a100-40gb",
+    "a800-80gb-pcie",
+    "a40",
+    "rtx-a6000",
+    "h100-sxm",
+    "h100-pcie",
+    "h200",
+    "l40",
+    "v100",
 }
 
 # (fp16 TFLOP/s, memory GB/s, memory GB) from the NVIDIA datasheets each profile cites
 FACTS = {
-    "a100-80gb-pcie": (312, 1935, 80), "a100-80gb-sxm": (312, 2039, 80), "a100-40gb": (312, 1555, 40),
-    "a800-80gb-pcie": (312, 1935, 80), "a40": (149.7, 696, 48), "rtx-a6000": (154.8, 768, 48),
-    "h100-sxm": (989.5, 3350, 80), "h100-pcie": (756.5, 2048, 80), "h200": (989.5, 4800, 141),
-    "l40": (181, 864, 48), "v100": (112, 900, 32),
+    "a100-80gb-pcie": (312, 1935, 80),
+    "a100-80gb-sxm": (312, 2039, 80),
+    "a100-40gb": (312, 1555, 40),
+    "a800-80gb-pcie": (312, 1935, 80),
+    "a40": (149.7, 696, 48),
+    "rtx-a6000": (154.8, 768, 48),
+    "h100-sxm": (989.5, 3350, 80),
+    "h100-pcie": (756.5, 2048, 80),
+    "h200": (989.5, 4800, 141),
+    "l40": (181, 864, 48),
+    "v100": (112, 900, 32),
 }
 
 
@@ -106,10 +123,16 @@ def test_loaded_profiles_are_independent_copies():
     assert load_hardware("h100").memory_gb == 80
 
 
-@pytest.mark.parametrize("alias, name", [
-    ("a100", "a100-80gb-pcie"), ("A100-80GB-PCIe", "a100-80gb-pcie"), ("a6000", "rtx-a6000"),
-    ("h100", "h100-sxm"), ("H200", "h200"),
-])
+@pytest.mark.parametrize(
+    "alias, name",
+    [
+        ("a100", "a100-80gb-pcie"),
+        ("A100-80GB-PCIe", "a100-80gb-pcie"),
+        ("a6000", "rtx-a6000"),
+        ("h100", "h100-sxm"),
+        ("H200", "h200"),
+    ],
+)
 def test_aliases(alias, name):
     assert load_hardware(alias).name == name
 
@@ -151,11 +174,14 @@ def test_missing_profile_path(tmp_path):
         load_hardware(str(tmp_path / "none.yaml"))
 
 
-@pytest.mark.parametrize("name, compute, confidence, paper", [
-    ("a100-80gb-sxm", 0.73, "published", "arxiv.org/abs/2307.08691"),  # FlashAttention-2: 230 of 312 TFLOP/s
-    ("h100-sxm", 0.75, "published", "arxiv.org/abs/2407.08608"),  # FlashAttention-3: 740 of 989 TFLOP/s
-    ("a40", 0.73, "derived", "arxiv.org/abs/2307.08691"),  # the A100's numbers, said so
-])
+@pytest.mark.parametrize(
+    "name, compute, confidence, paper",
+    [
+        ("a100-80gb-sxm", 0.73, "published", "arxiv.org/abs/2307.08691"),  # FlashAttention-2: 230 of 312 TFLOP/s
+        ("h100-sxm", 0.75, "published", "arxiv.org/abs/2407.08608"),  # FlashAttention-3: 740 of 989 TFLOP/s
+        ("a40", 0.73, "derived", "arxiv.org/abs/2307.08691"),  # the A100's numbers, said so
+    ],
+)
 def test_attention_efficiencies_load_with_their_citations(name, compute, confidence, paper):
     eff = load_hardware(name).efficiency_for("attention")
     assert (eff.compute, eff.memory, eff.confidence) == (compute, 0.8, confidence)

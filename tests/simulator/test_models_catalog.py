@@ -1,20 +1,38 @@
 """The model catalog: published parameter counts, hand-computed sizes, HF config.json import,
 and one-line errors for bad names and bad files."""
+
 import json
 
 import pytest
 
-from infersim.simulator.registry import name_key
 from infersim.simulator.errors import InfersimError, UnknownNameError
 from infersim.simulator.models.catalog import list_models, load_model
 from infersim.simulator.models.hf_config import spec_from_hf_config
 from infersim.simulator.paths import models_dir
+from infersim.simulator.registry import name_key
 from infersim.simulator.yamlio import load_mapping
 
 EXPECTED_MODELS = {
-    "llama-2-7b", "llama-2-13b", "llama-2-70b", "llama-7b", "llama-13b", "llama-33b", "llama-65b",
-    "vicuna-7b", "vicuna-13b", "vicuna-33b", "opt-125m", "opt-1.3b", "opt-6.7b", "opt-13b", "opt-30b",
-    "opt-66b", "llama-68m", "llama-160m", "mistral-7b", "zephyr-7b",
+    "llama-2-7b",
+    "llama-2-13b",
+    "llama-2-70b",
+    "llama-7b",
+    "llama-13b",
+    "llama-33b",
+    "llama-65b",
+    "vicuna-7b",
+    "vicuna-13b",
+    "vicuna-33b",
+    "opt-125m",
+    "opt-1.3b",
+    "opt-6.7b",
+    "opt-13b",
+    "opt-30b",
+    "opt-66b",
+    "llama-68m",
+    "llama-160m",
+    "mistral-7b",
+    "zephyr-7b",
 }
 
 
@@ -39,15 +57,18 @@ def test_aliases_are_unique_across_the_catalog():
             seen[key] = path.name
 
 
-@pytest.mark.parametrize("alias, name", [
-    ("meta-llama/Llama-2-7b-hf", "llama-2-7b"),
-    ("facebook/opt-13b", "opt-13b"),
-    ("lmsys/vicuna-7b-v1.3", "vicuna-7b"),
-    ("llama-32.5b", "llama-33b"),
-    ("LLaMA-30B", "llama-33b"),
-    ("JackFram/llama-160m", "llama-160m"),
-    ("mistralai/Mistral-7B-v0.1", "mistral-7b"),
-])
+@pytest.mark.parametrize(
+    "alias, name",
+    [
+        ("meta-llama/Llama-2-7b-hf", "llama-2-7b"),
+        ("facebook/opt-13b", "opt-13b"),
+        ("lmsys/vicuna-7b-v1.3", "vicuna-7b"),
+        ("llama-32.5b", "llama-33b"),
+        ("LLaMA-30B", "llama-33b"),
+        ("JackFram/llama-160m", "llama-160m"),
+        ("mistralai/Mistral-7B-v0.1", "mistral-7b"),
+    ],
+)
 def test_aliases_resolve(alias, name):
     assert load_model(alias).name == name
 
@@ -94,25 +115,79 @@ def test_load_model_is_cached():
 
 # ---- Hugging Face config.json -------------------------------------------------------------
 HF_CONFIGS = {
-    "llama": ({"model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008, "num_attention_heads": 32,
-               "num_hidden_layers": 32, "num_key_value_heads": 32, "vocab_size": 32000,
-               "max_position_embeddings": 4096, "tie_word_embeddings": False, "torch_dtype": "float16"},
-              6_738_415_616),
-    "mistral": ({"model_type": "mistral", "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
-                 "num_hidden_layers": 32, "num_key_value_heads": 8, "vocab_size": 32000,
-                 "max_position_embeddings": 32768, "sliding_window": 4096, "torch_dtype": "bfloat16"},
-                7_241_732_096),
-    "opt": ({"model_type": "opt", "hidden_size": 768, "ffn_dim": 3072, "num_attention_heads": 12,
-             "num_hidden_layers": 12, "vocab_size": 50272, "max_position_embeddings": 2048,
-             "word_embed_proj_dim": 768, "do_layer_norm_before": True, "torch_dtype": "float16"},
-            125_239_296),
-    "gpt2": ({"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12, "n_inner": None,
-              "n_positions": 1024, "n_ctx": 1024, "vocab_size": 50257},
-             124_439_808),
-    "gpt_neox": ({"model_type": "gpt_neox", "hidden_size": 768, "intermediate_size": 3072, "num_attention_heads": 12,
-                  "num_hidden_layers": 12, "vocab_size": 50304, "max_position_embeddings": 2048,
-                  "rotary_pct": 0.25, "tie_word_embeddings": False, "torch_dtype": "float16"},
-                 162_322_944),  # pythia-160m
+    "llama": (
+        {
+            "model_type": "llama",
+            "hidden_size": 4096,
+            "intermediate_size": 11008,
+            "num_attention_heads": 32,
+            "num_hidden_layers": 32,
+            "num_key_value_heads": 32,
+            "vocab_size": 32000,
+            "max_position_embeddings": 4096,
+            "tie_word_embeddings": False,
+            "torch_dtype": "float16",
+        },
+        6_738_415_616,
+    ),
+    "mistral": (
+        {
+            "model_type": "mistral",
+            "hidden_size": 4096,
+            "intermediate_size": 14336,
+            "num_attention_heads": 32,
+            "num_hidden_layers": 32,
+            "num_key_value_heads": 8,
+            "vocab_size": 32000,
+            "max_position_embeddings": 32768,
+            "sliding_window": 4096,
+            "torch_dtype": "bfloat16",
+        },
+        7_241_732_096,
+    ),
+    "opt": (
+        {
+            "model_type": "opt",
+            "hidden_size": 768,
+            "ffn_dim": 3072,
+            "num_attention_heads": 12,
+            "num_hidden_layers": 12,
+            "vocab_size": 50272,
+            "max_position_embeddings": 2048,
+            "word_embed_proj_dim": 768,
+            "do_layer_norm_before": True,
+            "torch_dtype": "float16",
+        },
+        125_239_296,
+    ),
+    "gpt2": (
+        {
+            "model_type": "gpt2",
+            "n_embd": 768,
+            "n_layer": 12,
+            "n_head": 12,
+            "n_inner": None,
+            "n_positions": 1024,
+            "n_ctx": 1024,
+            "vocab_size": 50257,
+        },
+        124_439_808,
+    ),
+    "gpt_neox": (
+        {
+            "model_type": "gpt_neox",
+            "hidden_size": 768,
+            "intermediate_size": 3072,
+            "num_attention_heads": 12,
+            "num_hidden_layers": 12,
+            "vocab_size": 50304,
+            "max_position_embeddings": 2048,
+            "rotary_pct": 0.25,
+            "tie_word_embeddings": False,
+            "torch_dtype": "float16",
+        },
+        162_322_944,
+    ),  # pythia-160m
 }
 
 

@@ -2,11 +2,11 @@
 hand, the gpu policy is the roofline, stretches equal stepping, the registry speaks YAML, an
 offloading workload serves deterministically, and the InfiniGen findings that hold in the
 model stay true."""
+
 import numpy as np
 import pytest
 
 from infersim.simulator.costmodel import BatchShape, RooflineCostModel
-from infersim.simulator.simulation import Simulation, simulate
 from infersim.simulator.errors import InfersimError
 from infersim.simulator.hardware.catalog import load_hardware
 from infersim.simulator.models.catalog import load_model
@@ -14,6 +14,7 @@ from infersim.simulator.offload import OffloadSection, build_offload, coverage
 from infersim.simulator.offload.costmodel import OffloadCostModel, Stages
 from infersim.simulator.offload.policies import KVShape, build_policy
 from infersim.simulator.offload.sparsity import SparsityModel, SparsitySpec, load_sparsity
+from infersim.simulator.simulation import Simulation, simulate
 from infersim.simulator.workload.builder import build_requests
 from infersim.simulator.workload.schema import WorkloadSpec
 
@@ -55,8 +56,9 @@ def test_infinigen_fetch_is_important_tokens_capped_from_layer_1():
     assert np.all(st.pred[0, 1:] > 0) and st.pred[0, 0] == 0
 
     # a sparsity table where the 20% cap binds: 300 important tokens of 1,000 -> cap 200
-    spec = SparsitySpec(name="t", source="test", important_tokens=[{"alpha": 4, "context": [1000, 2000],
-                                                                    "tokens": [300, 600]}])
+    spec = SparsitySpec(
+        name="t", source="test", important_tokens=[{"alpha": 4, "context": [1000, 2000], "tokens": [300, 600]}]
+    )
     pol = build_policy("infinigen", {"start_layer": 2}, KVShape.of(M13), SparsityModel(spec, 4))
     att = pol.attended_tokens(np.array([1000, 2000, 1500]), None)
     assert att.shape == (3, 40)
@@ -107,19 +109,32 @@ def test_weights_split_streams_the_cpu_share_every_layer():
 # ---- the pipeline composes by hand ----------------------------------------------------------
 def _tiny_stages():
     z = np.zeros((1, 2))
-    return Stages(attn=np.array([[1.0, 2.0]]), ffn=np.array([[1.0, 1.0]]), pred=np.array([[0.0, 0.5]]),
-                  load=np.array([[4.0, 3.0]]), store=np.array([[0.1, 0.1]]), pre=np.array([0.5]),
-                  post=np.array([0.2]), overhead=0.0, loaded_tokens=z, load_bytes=z, store_bytes=z)
+    return Stages(
+        attn=np.array([[1.0, 2.0]]),
+        ffn=np.array([[1.0, 1.0]]),
+        pred=np.array([[0.0, 0.5]]),
+        load=np.array([[4.0, 3.0]]),
+        store=np.array([[0.1, 0.1]]),
+        pre=np.array([0.5]),
+        post=np.array([0.2]),
+        overhead=0.0,
+        loaded_tokens=z,
+        load_bytes=z,
+        store_bytes=z,
+    )
 
 
-@pytest.mark.parametrize("mode,expected", [
-    # ffn:   max(pre, T0) + [a0 + p1 + max(f0, T1, S0)] + [a1 + max(f1, S1)] + post
-    ("ffn", 4.0 + (1.0 + 0.5 + 3.0) + (2.0 + 1.0) + 0.2),
-    # layer: max(pre, T0) + [p1 + max(a0 + f0, T1, S0)] + [max(a1 + f1, S1)] + post
-    ("layer", 4.0 + (0.5 + 3.0) + 3.0 + 0.2),
-    # none:  pre + [T0 + a0 + p1 + f0 + S0] + [T1 + a1 + f1 + S1] + post
-    ("none", 0.5 + (4.0 + 1.0 + 0.5 + 1.0 + 0.1) + (3.0 + 2.0 + 1.0 + 0.1) + 0.2),
-])
+@pytest.mark.parametrize(
+    "mode,expected",
+    [
+        # ffn:   max(pre, T0) + [a0 + p1 + max(f0, T1, S0)] + [a1 + max(f1, S1)] + post
+        ("ffn", 4.0 + (1.0 + 0.5 + 3.0) + (2.0 + 1.0) + 0.2),
+        # layer: max(pre, T0) + [p1 + max(a0 + f0, T1, S0)] + [max(a1 + f1, S1)] + post
+        ("layer", 4.0 + (0.5 + 3.0) + 3.0 + 0.2),
+        # none:  pre + [T0 + a0 + p1 + f0 + S0] + [T1 + a1 + f1 + S1] + post
+        ("none", 0.5 + (4.0 + 1.0 + 0.5 + 1.0 + 0.1) + (3.0 + 2.0 + 1.0 + 0.1) + 0.2),
+    ],
+)
 def test_pipeline_by_hand(mode, expected):
     cm = cm_for("infinigen", overlap=mode)
     assert cm.total(_tiny_stages())[0] == pytest.approx(expected)
@@ -154,8 +169,11 @@ def test_timeline_ends_at_the_iteration_time(mode):
 def test_gpu_policy_is_the_roofline():
     base = RooflineCostModel(M13, A6000)
     cm = cm_for("gpu")
-    for batch in (BatchShape.decode([100, 2000, 640]), BatchShape.prefill([512, 128]),
-                  BatchShape.of([1, 64], [700, 300])):
+    for batch in (
+        BatchShape.decode([100, 2000, 640]),
+        BatchShape.prefill([512, 128]),
+        BatchShape.of([1, 64], [700, 300]),
+    ):
         assert cm.iteration_time_s(batch) == pytest.approx(base.iteration_time_s(batch), rel=1e-12)
 
 
@@ -197,8 +215,12 @@ def test_quality_proxies():
     full = build_policy("full", {}, shape).proxies(np.array([2048]))
     assert full["attention_mass"][0] == 1.0
     # a CPU pool limit: FIFO loses important tokens, counter and LRU do not (InfiniGen Table 2)
-    mass = {v: build_policy("infinigen", {"pool_limit": 0.8, "victim": v}, shape, SPARSE).proxies(
-        np.array([2048]))["attention_mass"][0] for v in ("fifo", "lru", "counter")}
+    mass = {
+        v: build_policy("infinigen", {"pool_limit": 0.8, "victim": v}, shape, SPARSE).proxies(np.array([2048]))[
+            "attention_mass"
+        ][0]
+        for v in ("fifo", "lru", "counter")
+    }
     assert mass["lru"] == mass["counter"]
     assert mass["fifo"] < mass["lru"] - 0.1
     assert ig["attention_mass"][0] - 0.005 < mass["lru"] <= ig["attention_mass"][0]  # only layer 0 loses a little
@@ -206,23 +228,33 @@ def test_quality_proxies():
 
 # ---- registry and YAML --------------------------------------------------------------------------
 def _spec(offload, count=24, rate=2.0, seed=5, **serving):
-    return WorkloadSpec.model_validate({
-        "model": "opt-1.3b", "hardware": {"profile": "rtx-a6000", "host_link": "pcie3x16"},
-        "serving": serving,
-        "requests": {"count": count, "arrival": {"type": "poisson", "rate": rate},
-                     "prompt_tokens": {"type": "uniform", "low": 200, "high": 1500},
-                     "output_tokens": {"type": "uniform", "low": 8, "high": 60}},
-        "offload": offload, "seed": seed})
+    return WorkloadSpec.model_validate(
+        {
+            "model": "opt-1.3b",
+            "hardware": {"profile": "rtx-a6000", "host_link": "pcie3x16"},
+            "serving": serving,
+            "requests": {
+                "count": count,
+                "arrival": {"type": "poisson", "rate": rate},
+                "prompt_tokens": {"type": "uniform", "low": 200, "high": 1500},
+                "output_tokens": {"type": "uniform", "low": 8, "high": 60},
+            },
+            "offload": offload,
+            "seed": seed,
+        }
+    )
 
 
 def test_policy_names_from_yaml_and_one_line_errors(tmp_path):
     from infersim.simulator.workload.builder import load_workload
 
     f = tmp_path / "w.yaml"
-    f.write_text("model: opt-13b\nhardware: {profile: rtx-a6000, host_link: pcie3x16}\n"
-                 "requests: {count: 2, arrival: {type: burst}, prompt_tokens: {type: fixed, value: 100},\n"
-                 "  output_tokens: {type: fixed, value: 4}}\n"
-                 "offload: {policy: FlexGen, params: {}}\n")
+    f.write_text(
+        "model: opt-13b\nhardware: {profile: rtx-a6000, host_link: pcie3x16}\n"
+        "requests: {count: 2, arrival: {type: burst}, prompt_tokens: {type: fixed, value: 100},\n"
+        "  output_tokens: {type: fixed, value: 4}}\n"
+        "offload: {policy: FlexGen, params: {}}\n"
+    )
     spec, _ = load_workload(str(f))
     setup = build_offload(M13, A6000, spec.offload)
     assert setup.policy.name == "full"
@@ -257,8 +289,10 @@ def test_offloading_workload_serves_poisson_arrivals_deterministically(policy):
 
 
 def test_offload_slows_serving_and_the_pool_is_host_memory():
-    res = {p: simulate(_spec({"policy": p}), build_requests(_spec({"policy": p}), "."))
-           for p in ("gpu", "full", "infinigen")}
+    res = {
+        p: simulate(_spec({"policy": p}), build_requests(_spec({"policy": p}), "."))
+        for p in ("gpu", "full", "infinigen")
+    }
     # the same requests: full offload is slowest, the GPU fastest, InfiniGen between
     end = {p: r.sim_time_s for p, r in res.items()}
     assert end["gpu"] < end["infinigen"] < end["full"]

@@ -1,4 +1,5 @@
 """Scheduling and preemption policies on hand-built states (no SimPy, no engine)."""
+
 from types import SimpleNamespace
 
 import pytest
@@ -19,9 +20,16 @@ class Seq(SimpleNamespace):
 
 def seq(rid, prompt, generated=0, arrival=0.0, gpu=0, cpu=0, computed=None):
     n = prompt + generated
-    return Seq(rid=rid, prompt_len=prompt, generated=generated, arrival_s=arrival, first_enqueue_s=arrival,
-               computed=(n - 1 if generated else 0) if computed is None else computed,
-               num_gpu_blocks=gpu, num_cpu_blocks=cpu)
+    return Seq(
+        rid=rid,
+        prompt_len=prompt,
+        generated=generated,
+        arrival_s=arrival,
+        first_enqueue_s=arrival,
+        computed=(n - 1 if generated else 0) if computed is None else computed,
+        num_gpu_blocks=gpu,
+        num_cpu_blocks=cpu,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -30,10 +38,20 @@ def cost():
 
 
 def state(cost, waiting=(), running=(), swapped=(), free=100, free_cpu=50, total=100, now=10.0, **lim):
-    return SchedulerState(now_s=now, waiting=list(waiting), running=list(running), swapped=list(swapped),
-                          free_gpu_blocks=free, free_cpu_blocks=free_cpu, total_gpu_blocks=total, block_size=16,
-                          watermark_blocks=1, kv_bytes_per_block=16 * 819200.0, limits=SchedulerLimits(**lim),
-                          cost_model=cost)
+    return SchedulerState(
+        now_s=now,
+        waiting=list(waiting),
+        running=list(running),
+        swapped=list(swapped),
+        free_gpu_blocks=free,
+        free_cpu_blocks=free_cpu,
+        total_gpu_blocks=total,
+        block_size=16,
+        watermark_blocks=1,
+        kv_bytes_per_block=16 * 819200.0,
+        limits=SchedulerLimits(**lim),
+        cost_model=cost,
+    )
 
 
 def test_admission_ok_later_never(cost):
@@ -53,7 +71,8 @@ def test_fcfs_admits_prefix_and_stops_at_first_later(cost):
 def test_fcfs_no_new_prefill_while_something_is_swapped(cost):
     run = [seq(0, 32, generated=1, gpu=3)]
     d = build_scheduler("fcfs", "recompute").schedule(
-        state(cost, waiting=[seq(1, 10)], running=run, swapped=[seq(2, 40, generated=3, cpu=3)], free=90))
+        state(cost, waiting=[seq(1, 10)], running=run, swapped=[seq(2, 40, generated=3, cpu=3)], free=90)
+    )
     assert not d.admit
     assert [s.rid for s in d.swap_in] == [2]
     assert sorted(s.rid for s, q in d.batch) == [0, 2] and all(q == 1 for _, q in d.batch)

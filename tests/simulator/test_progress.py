@@ -1,4 +1,5 @@
 """The one progress bar: quiet shows nothing and ignores every call; a shown bar counts."""
+
 from infersim.simulator.progress import ProgressBar
 
 

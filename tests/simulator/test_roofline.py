@@ -1,5 +1,6 @@
 """Hand-calculated checks of the roofline cost model's per-operator counts, the roofline
 table, the Medusa study (Appendix G.3) and the `sim roofline` / `sim medusa` commands."""
+
 import json
 import math
 
@@ -8,8 +9,14 @@ import pandas as pd
 import pytest
 
 from infersim.analysis.medusa_study import (
-    PAPER_BLOCK_OPERATORS, expected_accept_length, grow_tree, load_accuracies, log_rate, medusa_study,
-    standard_sweeps, tree_rate,
+    PAPER_BLOCK_OPERATORS,
+    expected_accept_length,
+    grow_tree,
+    load_accuracies,
+    log_rate,
+    medusa_study,
+    standard_sweeps,
+    tree_rate,
 )
 from infersim.analysis.roofline import COLUMNS, build_cost_model, iteration_table, operator_table, plot_roofline
 from infersim.cli.main import main
@@ -94,16 +101,21 @@ def test_verify_score_pairs(cost, c, q):
 
 
 def test_unfused_attention_counts_the_score_matrix(cost):
-    unfused = RooflineCostModel(load_model("llama-7b"), load_hardware("a100-80gb-pcie:datasheet"), fused_attention=False,
-                                fused_projections=False)
+    unfused = RooflineCostModel(
+        load_model("llama-7b"),
+        load_hardware("a100-80gb-pcie:datasheet"),
+        fused_attention=False,
+        fused_projections=False,
+    )
     shape = BatchShape.verify([1024], 16)
     extra = op(unfused, shape, "qk").bytes - op(cost, shape, "qk").bytes
     assert extra == HEADS * 2 * 16 * (1024 + 16)  # the n x P fp16 score matrix, written once
 
 
 def test_tensor_parallel_halves_linear_flops_and_adds_allreduce(cost):
-    tp2 = RooflineCostModel(load_model("llama-7b"), load_hardware("a100-80gb-pcie:datasheet"), tensor_parallel=2,
-                            fused_projections=False)
+    tp2 = RooflineCostModel(
+        load_model("llama-7b"), load_hardware("a100-80gb-pcie:datasheet"), tensor_parallel=2, fused_projections=False
+    )
     shape = BatchShape.decode([512] * 4)
     one, two = {o.name: o for o in cost.breakdown(shape)}, {o.name: o for o in tp2.breakdown(shape)}
     for name in ("q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "gate_proj", "down_proj"):
@@ -132,7 +144,9 @@ def test_operator_table_columns_and_sizes(cost):
     assert up.bytes == H * I * 2 + (H + I) * 2 and up.bound == "memory" and up.candidates == 1
     assert up.achieved_flops_per_s == pytest.approx(up.flops / up.time_s)
     assert up.total_time_s == pytest.approx(32 * up.time_s)
-    verify = df[(df.phase == "verify") & (df.operator == "qk") & (df.batch == 2) & (df.seq_len == 256) & (df.candidates == 16)]
+    verify = df[
+        (df.phase == "verify") & (df.operator == "qk") & (df.batch == 2) & (df.seq_len == 256) & (df.candidates == 16)
+    ]
     assert verify.iloc[0].flops == 2 * HEADS * D * 2 * 16 * (256 + 16)
     it = iteration_table(cost, ["decode"], [1, 2], [128, 256])
     assert len(it) == 4
@@ -225,8 +239,25 @@ def test_standard_sweeps_rows():
 # ---- command line --------------------------------------------------------------------------
 def test_sim_roofline_writes_csv_json_plot(tmp_path, capsys):
     csv, js, png = tmp_path / "r.csv", tmp_path / "r.json", tmp_path / "r.png"
-    rc = main(["roofline", "--model", "llama-7b", "--hardware", "a100-80gb-pcie", "--batch", "1,2",
-               "--seq", "128,256", "--csv", str(csv), "--json", str(js), "--plot", str(png)])
+    rc = main(
+        [
+            "roofline",
+            "--model",
+            "llama-7b",
+            "--hardware",
+            "a100-80gb-pcie",
+            "--batch",
+            "1,2",
+            "--seq",
+            "128,256",
+            "--csv",
+            str(csv),
+            "--json",
+            str(js),
+            "--plot",
+            str(png),
+        ]
+    )
     assert rc == 0
     out = capsys.readouterr().out
     assert "up_proj" in out and "iteration" in out
@@ -238,8 +269,25 @@ def test_sim_roofline_writes_csv_json_plot(tmp_path, capsys):
 
 def test_sim_roofline_per_operator_csv(tmp_path, capsys):
     csv = tmp_path / "ops.csv"
-    rc = main(["roofline", "--phase", "decode,verify", "--batch", "4", "--seq", "1024", "--candidates", "1,16",
-               "--per-operator", "--attention", "unfused", "--csv", str(csv), "--all"])
+    rc = main(
+        [
+            "roofline",
+            "--phase",
+            "decode,verify",
+            "--batch",
+            "4",
+            "--seq",
+            "1024",
+            "--candidates",
+            "1,16",
+            "--per-operator",
+            "--attention",
+            "unfused",
+            "--csv",
+            str(csv),
+            "--all",
+        ]
+    )
     assert rc == 0
     df = pd.read_csv(csv)
     assert list(df.columns) == COLUMNS
@@ -250,8 +298,27 @@ def test_sim_roofline_per_operator_csv(tmp_path, capsys):
 
 def test_sim_medusa_writes_csv_and_figures(tmp_path, capsys):
     out = tmp_path / "study"
-    rc = main(["medusa", "--model", "llama-7b", "--hardware", "a100-80gb-pcie", "--batch", "1", "--seq", "1024",
-               "--candidates", "1,4,16,64", "--batches", "1,8", "--seqs", "512,2048", "--out", str(out)])
+    rc = main(
+        [
+            "medusa",
+            "--model",
+            "llama-7b",
+            "--hardware",
+            "a100-80gb-pcie",
+            "--batch",
+            "1",
+            "--seq",
+            "1024",
+            "--candidates",
+            "1,4,16,64",
+            "--batches",
+            "1,8",
+            "--seqs",
+            "512,2048",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     df = pd.read_csv(out / "medusa_study.csv")
     assert len(df) == 4 * (1 + 2 + 2)
@@ -261,8 +328,23 @@ def test_sim_medusa_writes_csv_and_figures(tmp_path, capsys):
 
 
 def test_sim_medusa_tree_rate_paper_block(tmp_path, capsys):
-    rc = main(["medusa", "--rate-model", "tree", "--block", "paper", "--candidates", "1,64", "--batches", "1",
-               "--seqs", "1024", "--out", str(tmp_path)])
+    rc = main(
+        [
+            "medusa",
+            "--rate-model",
+            "tree",
+            "--block",
+            "paper",
+            "--candidates",
+            "1,64",
+            "--batches",
+            "1",
+            "--seqs",
+            "1024",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert rc == 0
     df = pd.read_csv(tmp_path / "medusa_study.csv")
     assert (df["block"] == "paper").all() and (df["attention"] == "unfused").all()
@@ -271,8 +353,15 @@ def test_sim_medusa_tree_rate_paper_block(tmp_path, capsys):
 
 @pytest.mark.parametrize("cmd", ["roofline", "medusa"])
 def test_unknown_model_exits_2_listing_known_models(cmd, tmp_path, capsys):
-    rc = main([cmd, "--model", "llama-9000b", "--out" if cmd == "medusa" else "--batch",
-               str(tmp_path) if cmd == "medusa" else "1"])
+    rc = main(
+        [
+            cmd,
+            "--model",
+            "llama-9000b",
+            "--out" if cmd == "medusa" else "--batch",
+            str(tmp_path) if cmd == "medusa" else "1",
+        ]
+    )
     assert rc == 2
     err = capsys.readouterr().err
     assert "unknown model 'llama-9000b'" in err and "llama-7b" in err and "opt-13b" in err

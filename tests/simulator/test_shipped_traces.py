@@ -1,5 +1,6 @@
 """The public traces shipped in traces/data/: each has a built-in replay workload that reads the
 gzipped file and reproduces the statistics traces/SOURCES.md gives for it."""
+
 from __future__ import annotations
 
 import gzip
@@ -72,7 +73,8 @@ def test_gzipped_and_plain_files_read_the_same(tmp_path):
     got = []
     for f in ("a.jsonl", "a.jsonl.gz", "b.csv", "b.csv.gz"):
         (tmp_path / "w.yaml").write_text(
-            f"requests: {{trace: {{file: {f}, arrival_column: t, prompt_column: p, output_column: o}}}}\n")
+            f"requests: {{trace: {{file: {f}, arrival_column: t, prompt_column: p, output_column: o}}}}\n"
+        )
         s, path = load_workload(str(tmp_path / "w.yaml"))
         r = build_requests(s, path)
         got.append((r.arrival_s.tolist(), r.prompt_tokens.tolist(), r.output_tokens.tolist()))
@@ -85,7 +87,8 @@ def test_corrupt_gzip_is_one_error_naming_the_file(tmp_path):
 
     (tmp_path / "bad.jsonl.gz").write_bytes(b"\x1f\x8b\x08\x00not gzip at all")
     (tmp_path / "w.yaml").write_text(
-        "requests: {trace: {file: bad.jsonl.gz, arrival_column: t, prompt_column: p, output_column: o}}\n")
+        "requests: {trace: {file: bad.jsonl.gz, arrival_column: t, prompt_column: p, output_column: o}}\n"
+    )
     s, path = load_workload(str(tmp_path / "w.yaml"))
     with pytest.raises(InfersimError, match="bad.jsonl.gz"):
         build_requests(s, path)

@@ -1,13 +1,14 @@
 """Speculative decoding in the serving engine: draft models, Minions (voting, selector,
 pipeline) and Medusa keep continuous batching, preemption and block accounting intact."""
+
 import numpy as np
 import pytest
 import simpy
 
 from infersim.simulator.costmodel import BatchShape
 from infersim.simulator.engine.replica import Replica
-from infersim.simulator.simulation import Simulation
 from infersim.simulator.metrics.summary import summarize
+from infersim.simulator.simulation import Simulation
 from infersim.simulator.speculative.device import SharedDevice
 from infersim.simulator.speculative.replica import PipelinedReplica, SpeculativeReplica
 from infersim.simulator.workload.builder import build_requests
@@ -16,23 +17,37 @@ from infersim.simulator.workload.schema import WorkloadSpec
 DRAFTS = [{"model": "opt-125m", "acceptance": {"kind": "iid", "alpha": a}} for a in (0.8, 0.6, 0.4)]
 CASES = {
     "draft": {"method": "draft", "drafts": DRAFTS[:1], "speculation_length": 5},
-    "minions_coupled": {"method": "minions", "drafts": DRAFTS, "pipeline": {"enabled": False},
-                        "selector": {"decision_threshold": 4}},
+    "minions_coupled": {
+        "method": "minions",
+        "drafts": DRAFTS,
+        "pipeline": {"enabled": False},
+        "selector": {"decision_threshold": 4},
+    },
     "minions_pipelined": {"method": "minions", "drafts": DRAFTS, "selector": {"decision_threshold": 4}},
     "medusa": {"method": "medusa"},
-    "medusa_typical": {"method": "medusa", "sampling": {"mode": "typical", "temperature": 0.7},
-                       "medusa": {"tree": {"type": "greedy", "nodes": 24}}},
+    "medusa_typical": {
+        "method": "medusa",
+        "sampling": {"mode": "typical", "temperature": 0.7},
+        "medusa": {"tree": {"type": "greedy", "nodes": 24}},
+    },
 }
 
 
 def _small(speculation, **serving):
     base = {
-        "name": "small", "model": "opt-1.3b", "hardware": {"profile": "a100-80gb-pcie"},
+        "name": "small",
+        "model": "opt-1.3b",
+        "hardware": {"profile": "a100-80gb-pcie"},
         "serving": {"gpu_blocks": 48, "cpu_blocks": 24, "block_size": 16, **serving},
-        "requests": {"count": 50, "arrival": {"type": "poisson", "rate": 200.0},
-                     "prompt_tokens": {"type": "lognormal", "mean": 60, "cv": 0.8, "max": 300},
-                     "output_tokens": {"type": "lognormal", "mean": 40, "cv": 0.8, "max": 200}},
-        "seed": 3, "speculation": speculation}
+        "requests": {
+            "count": 50,
+            "arrival": {"type": "poisson", "rate": 200.0},
+            "prompt_tokens": {"type": "lognormal", "mean": 60, "cv": 0.8, "max": 300},
+            "output_tokens": {"type": "lognormal", "mean": 40, "cv": 0.8, "max": 200},
+        },
+        "seed": 3,
+        "speculation": speculation,
+    }
     return WorkloadSpec.model_validate(base)
 
 
@@ -56,11 +71,18 @@ def finish_log(monkeypatch):
 
 
 @pytest.mark.parametrize("case", list(CASES))
-@pytest.mark.parametrize("scheduler,preemption,chunked", [("fcfs", "recompute", False), ("fairness", "cost_aware", False),
-                                                          ("fcfs", "swap", True)])
+@pytest.mark.parametrize(
+    "scheduler,preemption,chunked",
+    [("fcfs", "recompute", False), ("fairness", "cost_aware", False), ("fcfs", "swap", True)],
+)
 def test_speculation_keeps_serving_invariants(case, scheduler, preemption, chunked, finish_log):
-    spec = _small(CASES[case], scheduler=scheduler, preemption=preemption, chunked_prefill=chunked,
-                  max_batched_tokens=256 if chunked else None)
+    spec = _small(
+        CASES[case],
+        scheduler=scheduler,
+        preemption=preemption,
+        chunked_prefill=chunked,
+        max_batched_tokens=256 if chunked else None,
+    )
     sim, res = _sim(spec)
     rep = sim.replicas[0]
     assert isinstance(rep, PipelinedReplica if case == "minions_pipelined" else SpeculativeReplica)
@@ -83,15 +105,27 @@ def test_speculation_keeps_serving_invariants(case, scheduler, preemption, chunk
 
 def test_acceleration_rate_matches_the_acceptance_model():
     """Long outputs, no preemption: tokens per step ~ (1 - a^(s+1)) / (1 - a)."""
-    spec = WorkloadSpec.model_validate({
-        "model": "opt-1.3b", "hardware": {"profile": "a100-80gb-pcie"}, "serving": {"max_batch_size": 32},
-        "requests": {"count": 64, "arrival": {"type": "burst"}, "prompt_tokens": {"type": "fixed", "value": 32},
-                     "output_tokens": {"type": "fixed", "value": 1001}},
-        "speculation": {"method": "draft", "speculation_length": 4,
-                        "drafts": [{"model": "opt-125m", "acceptance": {"kind": "iid", "alpha": 0.7}}]}})
+    spec = WorkloadSpec.model_validate(
+        {
+            "model": "opt-1.3b",
+            "hardware": {"profile": "a100-80gb-pcie"},
+            "serving": {"max_batch_size": 32},
+            "requests": {
+                "count": 64,
+                "arrival": {"type": "burst"},
+                "prompt_tokens": {"type": "fixed", "value": 32},
+                "output_tokens": {"type": "fixed", "value": 1001},
+            },
+            "speculation": {
+                "method": "draft",
+                "speculation_length": 4,
+                "drafts": [{"model": "opt-125m", "acceptance": {"kind": "iid", "alpha": 0.7}}],
+            },
+        }
+    )
     sim, res = _sim(spec)
     sx = summarize(res)["speculation"]
-    expect = (1 - 0.7 ** 5) / 0.3
+    expect = (1 - 0.7**5) / 0.3
     assert sx["acceleration_rate"] == pytest.approx(expect, rel=0.02)
     assert sx["acceptance_rate"] == pytest.approx((expect - 1) / 4, rel=0.03)
     # one verification costs q = s + 1 tokens per sequence: the step time is draft + verify
@@ -103,12 +137,23 @@ def test_acceleration_rate_matches_the_acceptance_model():
 
 
 def test_single_request_round_times_by_hand():
-    spec = WorkloadSpec.model_validate({
-        "model": "llama-2-7b", "hardware": {"profile": "a100-80gb-pcie"},
-        "requests": {"count": 1, "arrival": {"type": "burst"}, "prompt_tokens": {"type": "fixed", "value": 100},
-                     "output_tokens": {"type": "fixed", "value": 12}},
-        "speculation": {"method": "draft", "speculation_length": 4,
-                        "drafts": [{"model": "llama-68m", "acceptance": {"kind": "iid", "alpha": 1.0}}]}})
+    spec = WorkloadSpec.model_validate(
+        {
+            "model": "llama-2-7b",
+            "hardware": {"profile": "a100-80gb-pcie"},
+            "requests": {
+                "count": 1,
+                "arrival": {"type": "burst"},
+                "prompt_tokens": {"type": "fixed", "value": 100},
+                "output_tokens": {"type": "fixed", "value": 12},
+            },
+            "speculation": {
+                "method": "draft",
+                "speculation_length": 4,
+                "drafts": [{"model": "llama-68m", "acceptance": {"kind": "iid", "alpha": 1.0}}],
+            },
+        }
+    )
     sim, res = _sim(spec)
     rep = sim.replicas[0]
     cm, dm = rep.cost, rep.proposer.drafts[0].cost
@@ -159,15 +204,30 @@ def test_shared_device_processor_sharing_by_hand():
 def test_pipelined_round_throughput_beats_coupled():
     """Minions (c) on a fixed setting: three SSMs drafting s = 4 for a verify batch of 16;
     coupled runs them serially, pipelined overlaps them on a separate device."""
+
     def spec(pipeline):
-        return WorkloadSpec.model_validate({
-            "model": "opt-6.7b", "hardware": {"profile": "a100-80gb-sxm"},
-            "serving": {"max_batch_size": 32 if pipeline else 16},
-            "requests": {"count": 96, "arrival": {"type": "burst"}, "prompt_tokens": {"type": "fixed", "value": 64},
-                         "output_tokens": {"type": "fixed", "value": 128}},
-            "speculation": {"method": "minions", "drafts": DRAFTS, "speculation_length": 4,
-                            "draft_step_overhead_us": 500, "selector": {"enabled": False},
-                            "pipeline": {"enabled": pipeline, "placement": "separate", "llm_batch_size": 16}}})
+        return WorkloadSpec.model_validate(
+            {
+                "model": "opt-6.7b",
+                "hardware": {"profile": "a100-80gb-sxm"},
+                "serving": {"max_batch_size": 32 if pipeline else 16},
+                "requests": {
+                    "count": 96,
+                    "arrival": {"type": "burst"},
+                    "prompt_tokens": {"type": "fixed", "value": 64},
+                    "output_tokens": {"type": "fixed", "value": 128},
+                },
+                "speculation": {
+                    "method": "minions",
+                    "drafts": DRAFTS,
+                    "speculation_length": 4,
+                    "draft_step_overhead_us": 500,
+                    "selector": {"enabled": False},
+                    "pipeline": {"enabled": pipeline, "placement": "separate", "llm_batch_size": 16},
+                },
+            }
+        )
+
     coupled = summarize(_sim(spec(False))[1])
     piped = summarize(_sim(spec(True))[1])
     assert piped["throughput_output_tokens_per_s"] > coupled["throughput_output_tokens_per_s"]
@@ -178,9 +238,15 @@ def test_pipelined_round_throughput_beats_coupled():
 
 
 def test_voting_weights_and_selector_series_are_reported():
-    spec = _small({"method": "minions", "drafts": DRAFTS, "pipeline": {"enabled": False},
-                   "selector": {"decision_threshold": 3}, "voting": {"threshold_mode": "absolute",
-                                                                     "reward_threshold": 0.5, "punish_threshold": 0.3}})
+    spec = _small(
+        {
+            "method": "minions",
+            "drafts": DRAFTS,
+            "pipeline": {"enabled": False},
+            "selector": {"decision_threshold": 3},
+            "voting": {"threshold_mode": "absolute", "reward_threshold": 0.5, "punish_threshold": 0.3},
+        }
+    )
     sim, res = _sim(spec)
     sx = summarize(res)["speculation"]
     v = sx["voting"]
@@ -191,18 +257,28 @@ def test_voting_weights_and_selector_series_are_reported():
 
 
 def test_medusa_costs_tree_and_heads():
-    spec = WorkloadSpec.model_validate({
-        "model": "vicuna-7b", "hardware": {"profile": "a100-80gb-pcie"},
-        "requests": {"count": 1, "arrival": {"type": "burst"}, "prompt_tokens": {"type": "fixed", "value": 100},
-                     "output_tokens": {"type": "fixed", "value": 200}},
-        "speculation": {"method": "medusa"}})
+    spec = WorkloadSpec.model_validate(
+        {
+            "model": "vicuna-7b",
+            "hardware": {"profile": "a100-80gb-pcie"},
+            "requests": {
+                "count": 1,
+                "arrival": {"type": "burst"},
+                "prompt_tokens": {"type": "fixed", "value": 100},
+                "output_tokens": {"type": "fixed", "value": 200},
+            },
+            "speculation": {"method": "medusa"},
+        }
+    )
     sim, res = _sim(spec)
     sx = summarize(res)["speculation"]
     assert sx["proposer"]["tree_nodes"] == 64 and sx["proposer"]["tree"] == "mc_sim_7b_63"
     assert sx["acceleration_rate"] == pytest.approx(sx["proposer"]["expected_tokens_per_step"], rel=0.1)
     rep = sim.replicas[0]
     ctx = np.array([300])
-    assert sx["overhead"] > rep.cost.iteration_time_s(BatchShape.verify(ctx, 64)) / rep.cost.iteration_time_s(BatchShape.decode(ctx))
+    assert sx["overhead"] > rep.cost.iteration_time_s(BatchShape.verify(ctx, 64)) / rep.cost.iteration_time_s(
+        BatchShape.decode(ctx)
+    )
     assert sx["memory"]["kv_blocks_taken"] > 0  # the heads' weights come out of the KV pool
 
 
@@ -240,15 +316,33 @@ def test_reproduction_plans_build_valid_workloads():
 def _pipe_spec(pipeline: bool, overhead_us: float, placement: str = "separate", shares=(0.8, 0.5)):
     """Three SSMs at fixed s = 4, LLM batch 16 (coupled: 16 in flight; pipelined: 32, Fig. 3's
     two batches), all requests at t = 0."""
-    return WorkloadSpec.model_validate({
-        "model": "opt-6.7b", "hardware": {"profile": "a100-80gb-sxm"},
-        "serving": {"max_batch_size": 32 if pipeline else 16},
-        "requests": {"count": 64, "arrival": {"type": "burst"}, "prompt_tokens": {"type": "fixed", "value": 64},
-                     "output_tokens": {"type": "fixed", "value": 96}},
-        "speculation": {"method": "minions", "drafts": DRAFTS, "speculation_length": 4,
-                        "draft_step_overhead_us": overhead_us, "selector": {"enabled": False},
-                        "pipeline": {"enabled": pipeline, "placement": placement, "llm_batch_size": 16,
-                                     "llm_share": shares[0], "ssm_share": shares[1]}}})
+    return WorkloadSpec.model_validate(
+        {
+            "model": "opt-6.7b",
+            "hardware": {"profile": "a100-80gb-sxm"},
+            "serving": {"max_batch_size": 32 if pipeline else 16},
+            "requests": {
+                "count": 64,
+                "arrival": {"type": "burst"},
+                "prompt_tokens": {"type": "fixed", "value": 64},
+                "output_tokens": {"type": "fixed", "value": 96},
+            },
+            "speculation": {
+                "method": "minions",
+                "drafts": DRAFTS,
+                "speculation_length": 4,
+                "draft_step_overhead_us": overhead_us,
+                "selector": {"enabled": False},
+                "pipeline": {
+                    "enabled": pipeline,
+                    "placement": placement,
+                    "llm_batch_size": 16,
+                    "llm_share": shares[0],
+                    "ssm_share": shares[1],
+                },
+            },
+        }
+    )
 
 
 def _tput(spec) -> tuple[float, dict]:
@@ -296,8 +390,12 @@ def test_pipeline_gain_is_bounded_by_the_hidden_ssm_time(overhead_us):
     # coupled, the engines alternate (busy times add up to the makespan); pipelined, the makespan
     # (coupled makespan x coupled / pipelined throughput) cannot be shorter than the LLM's busy time
     assert cs["engines"]["llm"]["busy_s"] + cs["engines"]["ssm"]["busy_s"] == pytest.approx(
-        cs["engines"]["llm"]["busy_s"] + cs["engines"]["llm"]["idle_s"], rel=1e-9)
-    assert coupled / piped * (cs["engines"]["llm"]["busy_s"] + cs["engines"]["ssm"]["busy_s"]) >= ps["engines"]["llm"]["busy_s"] - 1e-9
+        cs["engines"]["llm"]["busy_s"] + cs["engines"]["llm"]["idle_s"], rel=1e-9
+    )
+    assert (
+        coupled / piped * (cs["engines"]["llm"]["busy_s"] + cs["engines"]["ssm"]["busy_s"])
+        >= ps["engines"]["llm"]["busy_s"] - 1e-9
+    )
     assert ps["engines"]["llm"]["busy_fraction"] > cs["engines"]["llm"]["busy_fraction"]
 
 
@@ -316,14 +414,28 @@ def test_pipeline_handoff_delays_each_return_to_the_drafts_by_hand():
     pass and every verification but the final one, `rounds` in all. The acceptance draws do not
     depend on time, so both runs make the same rounds; the LLM's busy time is unchanged (the
     hand-over is host work)."""
+
     def run(handoff_s):
-        spec = WorkloadSpec.model_validate({
-            "model": "opt-6.7b", "hardware": {"profile": "a100-80gb-sxm"},
-            "requests": {"count": 1, "arrival": {"type": "burst"}, "prompt_tokens": {"type": "fixed", "value": 64},
-                         "output_tokens": {"type": "fixed", "value": 40}},
-            "speculation": {"method": "minions", "drafts": DRAFTS[:1], "speculation_length": 4,
-                            "selector": {"enabled": False}, "voting": {"enabled": False},
-                            "pipeline": {"placement": "separate", "handoff_s": handoff_s}}})
+        spec = WorkloadSpec.model_validate(
+            {
+                "model": "opt-6.7b",
+                "hardware": {"profile": "a100-80gb-sxm"},
+                "requests": {
+                    "count": 1,
+                    "arrival": {"type": "burst"},
+                    "prompt_tokens": {"type": "fixed", "value": 64},
+                    "output_tokens": {"type": "fixed", "value": 40},
+                },
+                "speculation": {
+                    "method": "minions",
+                    "drafts": DRAFTS[:1],
+                    "speculation_length": 4,
+                    "selector": {"enabled": False},
+                    "voting": {"enabled": False},
+                    "pipeline": {"placement": "separate", "handoff_s": handoff_s},
+                },
+            }
+        )
         return summarize(_sim(spec)[1])
 
     base, slow = run(0.0), run(1e-3)

@@ -1,17 +1,38 @@
 """Speculative decoding policy objects on their own (no SimPy): acceptance models, the
 majority-voted speculator, SSM weights, the length selector, Medusa trees, the pool rule."""
+
 import numpy as np
 import pytest
 
-from infersim.simulator.speculative.medusa_heads import expected_accept_length, load_accuracies
 from infersim.simulator.errors import InfersimError, UnknownNameError
-from infersim.simulator.speculative.acceptance import (EmpiricalAcceptance, IIDAcceptance, PositionalAcceptance, build_model,
-                                              load_table, resolve_model)
+from infersim.simulator.speculative.acceptance import (
+    EmpiricalAcceptance,
+    IIDAcceptance,
+    PositionalAcceptance,
+    build_model,
+    load_table,
+    resolve_model,
+)
 from infersim.simulator.speculative.config import AcceptanceRef, AcceptanceSpec, SpeculationSection
-from infersim.simulator.speculative.medusa_tree import (TreeSampler, cartesian_nodes, cartesian_tree, choices_tree,
-                                               expected_length, expected_length_exclusive, greedy_tree)
-from infersim.simulator.speculative.minions import (MajorityVoter, PoolBackPressure, SSMWeights, TokenTree, agreement_outputs,
-                                           draw_agreement_lengths, vote_agreement)
+from infersim.simulator.speculative.medusa_heads import expected_accept_length, load_accuracies
+from infersim.simulator.speculative.medusa_tree import (
+    TreeSampler,
+    cartesian_nodes,
+    cartesian_tree,
+    choices_tree,
+    expected_length,
+    expected_length_exclusive,
+    greedy_tree,
+)
+from infersim.simulator.speculative.minions import (
+    MajorityVoter,
+    PoolBackPressure,
+    SSMWeights,
+    TokenTree,
+    agreement_outputs,
+    draw_agreement_lengths,
+    vote_agreement,
+)
 from infersim.simulator.speculative.sampling import convert_rank_accuracies, convert_token_acceptance
 from infersim.simulator.speculative.selector import AdaptiveLengthSelector, fitted_slope
 
@@ -150,24 +171,52 @@ def test_agreement_draws_follow_each_model_and_correlation():
 
 
 def test_weight_updates_by_hand():
-    w = SSMWeights(np.ones(3), reward_threshold=0.7, punish_threshold=0.3, reward_factor=2.0, punish_factor=0.5,
-                   threshold_mode="absolute", normalize=False)
+    w = SSMWeights(
+        np.ones(3),
+        reward_threshold=0.7,
+        punish_threshold=0.3,
+        reward_factor=2.0,
+        punish_factor=0.5,
+        threshold_mode="absolute",
+        normalize=False,
+    )
     acrs = w.update(voted=[0, 0, 1, 2], rates=[0.8, 1.0, 0.2, 0.5])
     assert acrs == pytest.approx({0: 0.9, 1: 0.2, 2: 0.5})
     assert w.weights == pytest.approx([2.0, 0.5, 1.0])  # rewarded, punished, untouched
     w.update(voted=[1], rates=[0.7])  # exactly at the threshold: neither
     assert w.weights == pytest.approx([2.0, 0.5, 1.0])
-    n = SSMWeights(np.ones(3), reward_threshold=0.7, punish_threshold=0.3, reward_factor=2.0, punish_factor=0.5,
-                   threshold_mode="absolute")
+    n = SSMWeights(
+        np.ones(3),
+        reward_threshold=0.7,
+        punish_threshold=0.3,
+        reward_factor=2.0,
+        punish_factor=0.5,
+        threshold_mode="absolute",
+    )
     n.update(voted=[0, 0, 1, 2], rates=[0.8, 1.0, 0.2, 0.5])
     assert n.weights == pytest.approx(np.array([2.0, 0.5, 1.0]) * 3 / 3.5)  # renormalised to sum 3
-    rel = SSMWeights(np.ones(2), reward_threshold=1.1, punish_threshold=0.9, reward_factor=2.0, punish_factor=0.5,
-                     threshold_mode="relative", ema=1.0, normalize=False)
+    rel = SSMWeights(
+        np.ones(2),
+        reward_threshold=1.1,
+        punish_threshold=0.9,
+        reward_factor=2.0,
+        punish_factor=0.5,
+        threshold_mode="relative",
+        ema=1.0,
+        normalize=False,
+    )
     rel.update(voted=[0, 1], rates=[0.9, 0.3])  # mean 0.6: 0.9 > 0.66 rewarded, 0.3 < 0.54 punished
     assert rel.weights == pytest.approx([2.0, 0.5])
     # weighted-majority reading: every SSM scored on every output, voted or not
-    wm = SSMWeights(np.ones(3), reward_threshold=0.7, punish_threshold=0.3, reward_factor=2.0, punish_factor=0.5,
-                    threshold_mode="absolute", normalize=False)
+    wm = SSMWeights(
+        np.ones(3),
+        reward_threshold=0.7,
+        punish_threshold=0.3,
+        reward_factor=2.0,
+        punish_factor=0.5,
+        threshold_mode="absolute",
+        normalize=False,
+    )
     acrs = wm.update_all(np.array([[1.0, 0.25, 0.5], [0.5, 0.25, 0.5]]))
     assert acrs == pytest.approx({0: 0.75, 1: 0.25, 2: 0.5})
     assert wm.weights == pytest.approx([2.0, 0.5, 1.0])
@@ -238,8 +287,11 @@ def test_greedy_tree_beats_cartesian_of_the_same_size():
         assert len(greedy) + 1 == n
         assert expected_length_exclusive(greedy, a) >= expected_length_exclusive(cart, a) - 1e-12, sizes
     # Medusa Fig. 4a: a 64-node greedy tree above the best dense tree of up to 256 nodes
-    best_dense = max(expected_length_exclusive(cartesian_tree(s), a)
-                     for s in ([10, 10], [10, 10, 1], [6, 6, 6], [5, 5, 5], [4, 4, 4, 3], [3, 3, 3, 3], [2, 2, 2, 2, 2]) if cartesian_nodes(s) <= 256)
+    best_dense = max(
+        expected_length_exclusive(cartesian_tree(s), a)
+        for s in ([10, 10], [10, 10, 1], [6, 6, 6], [5, 5, 5], [4, 4, 4, 3], [3, 3, 3, 3], [2, 2, 2, 2, 2])
+        if cartesian_nodes(s) <= 256
+    )
     assert expected_length_exclusive(greedy_tree(a, 64), a) > best_dense
 
 
@@ -267,17 +319,25 @@ def test_tree_sampler_matches_expectations():
 
 def test_config_validation():
     with pytest.raises(ValueError):
-        SpeculationSection.model_validate({"method": "medusa", "drafts": [{"model": "opt-125m",
-                                                                           "acceptance": {"kind": "iid", "alpha": 0.5}}]})
+        SpeculationSection.model_validate(
+            {"method": "medusa", "drafts": [{"model": "opt-125m", "acceptance": {"kind": "iid", "alpha": 0.5}}]}
+        )
     with pytest.raises(ValueError):
         SpeculationSection.model_validate({"method": "draft"})
     with pytest.raises(ValueError):
-        SpeculationSection.model_validate({"method": "draft", "drafts": [{"model": "opt-125m",
-                                                                          "acceptance": {"kind": "iid"}}]})
-    sp = SpeculationSection.model_validate({"method": "minions", "drafts": [
-        {"model": "opt-125m", "acceptance": {"table": "opt-13b", "draft": "ssm-finance"}},
-        {"model": "opt-125m", "acceptance": {"kind": "positional", "probs": [0.9, 0.8]}}],
-        "pipeline": {"enabled": False}})
+        SpeculationSection.model_validate(
+            {"method": "draft", "drafts": [{"model": "opt-125m", "acceptance": {"kind": "iid"}}]}
+        )
+    sp = SpeculationSection.model_validate(
+        {
+            "method": "minions",
+            "drafts": [
+                {"model": "opt-125m", "acceptance": {"table": "opt-13b", "draft": "ssm-finance"}},
+                {"model": "opt-125m", "acceptance": {"kind": "positional", "probs": [0.9, 0.8]}},
+            ],
+            "pipeline": {"enabled": False},
+        }
+    )
     assert sp.voting_on and sp.selector_on and not sp.pipeline_on
 
 
@@ -294,18 +354,26 @@ def test_dense_tree_counts_every_node_not_only_candidates():
 
 
 def test_dependent_heads_reduce_to_independence_and_favour_sparse_trees():
-    from infersim.analysis.reproduce.medusa_trees import (dense_settings, dependent_greedy, dependent_path_probability,
-                                                 dependent_rate)
+    from infersim.analysis.reproduce.medusa_trees import (
+        dense_settings,
+        dependent_greedy,
+        dependent_path_probability,
+        dependent_rate,
+    )
 
     a = load_accuracies("vicuna-7b").rank_accuracies()
     # by hand: path (1, 0, 2) has one off-top ancestor (the 1; the last index is the node's own guess)
     assert dependent_path_probability((1, 0, 2), a, 0.5) == pytest.approx(a[0, 1] * a[1, 0] * a[2, 2] * 0.5)
     for n in (8, 64):  # d = 1 is Medusa's independence: same tree value as the simulator's greedy tree
-        assert dependent_rate(dependent_greedy(a, n, 1.0), a, 1.0) == pytest.approx(expected_length(greedy_tree(a, n), a))
+        assert dependent_rate(dependent_greedy(a, n, 1.0), a, 1.0) == pytest.approx(
+            expected_length(greedy_tree(a, n), a)
+        )
     for d in (1.0, 0.6):  # the greedy construction is never below a Cartesian tree of the same size under its own model
         for sizes in ([3, 3, 2], [4, 4, 4], [5, 5, 4, 1]):
             n = cartesian_nodes(sizes)
-            assert dependent_rate(dependent_greedy(a, n, d), a, d) >= dependent_rate(cartesian_tree(sizes), a, d) - 1e-12
+            assert (
+                dependent_rate(dependent_greedy(a, n, d), a, d) >= dependent_rate(cartesian_tree(sizes), a, d) - 1e-12
+            )
     # dependence costs a dense tree (most nodes below off-top guesses) more than the greedy one
     dense = [s for s in dense_settings(a.shape[1], a.shape[0], 256) if cartesian_nodes(s) >= 193]
     lead = []
@@ -323,10 +391,26 @@ def test_pipegain_table_ideal_bound_and_interpolation_by_hand():
 
     rows = []
     for ov, tc, f, ts in ((0.0, 100.0, 0.25, 120.0), (1000.0, 80.0, 0.5, 140.0)):
-        for label, tput, ssm in (("coupled", tc, f), ("pipelined shared", ts, 0.4), ("pipelined separate", ts + 5, 0.3)):
-            rows.append({"study": "pipegain", "pair": "opt-13b", "overhead_us": ov, "selector": False, "label": label,
-                         "throughput_tok_s": tput, "ssm_busy_frac": ssm, "llm_busy_frac": 1.0, "s_mean": 4.0,
-                         "acceleration_rate": 3.0, "pool_mean": 1.0})
+        for label, tput, ssm in (
+            ("coupled", tc, f),
+            ("pipelined shared", ts, 0.4),
+            ("pipelined separate", ts + 5, 0.3),
+        ):
+            rows.append(
+                {
+                    "study": "pipegain",
+                    "pair": "opt-13b",
+                    "overhead_us": ov,
+                    "selector": False,
+                    "label": label,
+                    "throughput_tok_s": tput,
+                    "ssm_busy_frac": ssm,
+                    "llm_busy_frac": 1.0,
+                    "s_mean": 4.0,
+                    "acceleration_rate": 3.0,
+                    "pool_mean": 1.0,
+                }
+            )
     pg = pipegain_table(pd.DataFrame(rows))
     r0, r1 = pg.iloc[0], pg.iloc[1]
     assert r0["ideal_gain_pct"] == pytest.approx(100 / 3) and r1["ideal_gain_pct"] == pytest.approx(100.0)
@@ -340,8 +424,13 @@ def test_pipegain_table_ideal_bound_and_interpolation_by_hand():
 def test_mixture_mean_is_the_weighted_mean_and_levels_pick_components():
     from infersim.simulator.speculative.acceptance import MixtureAcceptance
 
-    spec = AcceptanceSpec.model_validate({"kind": "mixture", "weights": [0.7, 0.3],
-                                          "components": [{"kind": "iid", "alpha": 0.9}, {"kind": "iid", "alpha": 0.5}]})
+    spec = AcceptanceSpec.model_validate(
+        {
+            "kind": "mixture",
+            "weights": [0.7, 0.3],
+            "components": [{"kind": "iid", "alpha": 0.9}, {"kind": "iid", "alpha": 0.5}],
+        }
+    )
     m = build_model(spec)
     assert isinstance(m, MixtureAcceptance) and m.per_request
     e = lambda a, s: (1 - a ** (s + 1)) / (1 - a)
@@ -354,7 +443,9 @@ def test_mixture_mean_is_the_weighted_mean_and_levels_pick_components():
     u = np.random.default_rng(1).random(100_000)
     hard = m.from_uniform_at(u, 4, np.full(u.size, 0.1))
     easy = m.from_uniform_at(u, 4, np.full(u.size, 0.9))
-    assert (hard == IIDAcceptance(0.5).from_uniform(u, 4)).all() and (easy == IIDAcceptance(0.9).from_uniform(u, 4)).all()
+    assert (hard == IIDAcceptance(0.5).from_uniform(u, 4)).all() and (
+        easy == IIDAcceptance(0.9).from_uniform(u, 4)
+    ).all()
     # without levels: the marginal, whose mean is the weighted mean
     assert m.from_uniform_at(u, 4).mean() + 1 == pytest.approx(m.expected_tokens(4), abs=0.02)
 
@@ -386,11 +477,13 @@ def test_mixture_spec_is_validated():
     with pytest.raises(ValidationError, match="components"):
         AcceptanceSpec.model_validate({"kind": "mixture"})
     with pytest.raises(ValidationError, match="weight"):
-        AcceptanceSpec.model_validate({"kind": "mixture", "weights": [1.0],
-                                       "components": [{"kind": "iid", "alpha": 0.5}] * 2})
+        AcceptanceSpec.model_validate(
+            {"kind": "mixture", "weights": [1.0], "components": [{"kind": "iid", "alpha": 0.5}] * 2}
+        )
     with pytest.raises(ValidationError, match="mixtures"):
-        AcceptanceSpec.model_validate({"kind": "mixture", "components": [
-            {"kind": "mixture", "components": [{"kind": "iid", "alpha": 0.5}]}]})
+        AcceptanceSpec.model_validate(
+            {"kind": "mixture", "components": [{"kind": "mixture", "components": [{"kind": "iid", "alpha": 0.5}]}]}
+        )
 
 
 def test_request_levels_depend_on_seed_and_id_only():
@@ -421,8 +514,8 @@ def test_empirical_medusa_sampler_reproduces_its_own_distribution():
 
 
 def test_medusa_empirical_acceptance_replaces_independent_heads_on_its_tree():
-    from infersim.simulator.simulation import Simulation
     from infersim.simulator.metrics.summary import summarize
+    from infersim.simulator.simulation import Simulation
     from infersim.simulator.workload.builder import build_requests
     from infersim.simulator.workload.schema import WorkloadSpec
 
@@ -430,14 +523,28 @@ def test_medusa_empirical_acceptance_replaces_independent_heads_on_its_tree():
     counts = [5, 10, 25, 60]
 
     def spec(acc):
-        return WorkloadSpec.model_validate({
-            "model": "opt-1.3b", "hardware": {"profile": "a100-80gb-pcie"}, "serving": {"max_batch_size": 16},
-            "requests": {"count": 16, "arrival": {"type": "burst"}, "prompt_tokens": {"type": "fixed", "value": 32},
-                         "output_tokens": {"type": "fixed", "value": 401}}, "seed": 2,
-            "speculation": {"method": "medusa", "medusa": {"tree": {"type": "choices", "choices": tree},
-                                                           **({"acceptance": acc} if acc else {})}}})
+        return WorkloadSpec.model_validate(
+            {
+                "model": "opt-1.3b",
+                "hardware": {"profile": "a100-80gb-pcie"},
+                "serving": {"max_batch_size": 16},
+                "requests": {
+                    "count": 16,
+                    "arrival": {"type": "burst"},
+                    "prompt_tokens": {"type": "fixed", "value": 32},
+                    "output_tokens": {"type": "fixed", "value": 401},
+                },
+                "seed": 2,
+                "speculation": {
+                    "method": "medusa",
+                    "medusa": {"tree": {"type": "choices", "choices": tree}, **({"acceptance": acc} if acc else {})},
+                },
+            }
+        )
 
-    sx = summarize(Simulation(spec({"counts": counts, "tree": tree}), build_requests(spec(None), ".")).run())["speculation"]
+    sx = summarize(Simulation(spec({"counts": counts, "tree": tree}), build_requests(spec(None), ".")).run())[
+        "speculation"
+    ]
     want = 1 + (10 + 50 + 180) / 100
     assert sx["proposer"]["expected_tokens_per_step"] == pytest.approx(want)
     assert sx["acceleration_rate"] == pytest.approx(want, rel=0.03)  # long outputs: the histogram's mean
@@ -449,24 +556,40 @@ def test_medusa_empirical_acceptance_replaces_independent_heads_on_its_tree():
 def test_per_request_acceptance_in_the_engine(method):
     """A mixture in a simulation: deterministic, step mode equals event mode, and requests differ
     in tokens per round far more than under i.i.d. rounds with the same mean."""
-    from infersim.simulator.simulation import Simulation
     from infersim.simulator.metrics.summary import summarize
+    from infersim.simulator.simulation import Simulation
     from infersim.simulator.workload.builder import build_requests
     from infersim.simulator.workload.schema import WorkloadSpec
 
-    mix = {"kind": "mixture", "weights": [0.5, 0.5], "components": [{"kind": "iid", "alpha": 0.3},
-                                                                    {"kind": "iid", "alpha": 0.9}]}
-    e = lambda a: (1 - a ** 5) / (1 - a)
+    mix = {
+        "kind": "mixture",
+        "weights": [0.5, 0.5],
+        "components": [{"kind": "iid", "alpha": 0.3}, {"kind": "iid", "alpha": 0.9}],
+    }
+    e = lambda a: (1 - a**5) / (1 - a)
     mean = 0.5 * e(0.3) + 0.5 * e(0.9)
     alpha = 0.3 + (0.9 - 0.3) * 0.5  # any i.i.d. alpha will do as the narrow reference
 
     def run(acc, step_mode=False):
-        spec = WorkloadSpec.model_validate({
-            "model": "opt-1.3b", "hardware": {"profile": "a100-80gb-pcie:datasheet"}, "serving": {"max_batch_size": 16},
-            "requests": {"count": 48, "arrival": {"type": "poisson", "rate": 400.0},
-                         "prompt_tokens": {"type": "fixed", "value": 32}, "output_tokens": {"type": "fixed", "value": 121}},
-            "seed": 5, "speculation": {"method": method, "speculation_length": 4,
-                                       "drafts": [{"model": "opt-125m", "acceptance": acc}] * (1 if method == "draft" else 2)}})
+        spec = WorkloadSpec.model_validate(
+            {
+                "model": "opt-1.3b",
+                "hardware": {"profile": "a100-80gb-pcie:datasheet"},
+                "serving": {"max_batch_size": 16},
+                "requests": {
+                    "count": 48,
+                    "arrival": {"type": "poisson", "rate": 400.0},
+                    "prompt_tokens": {"type": "fixed", "value": 32},
+                    "output_tokens": {"type": "fixed", "value": 121},
+                },
+                "seed": 5,
+                "speculation": {
+                    "method": method,
+                    "speculation_length": 4,
+                    "drafts": [{"model": "opt-125m", "acceptance": acc}] * (1 if method == "draft" else 2),
+                },
+            }
+        )
         res = Simulation(spec, build_requests(spec, "."), step_mode=step_mode).run()
         return res, summarize(res)["speculation"]
 
@@ -474,7 +597,9 @@ def test_per_request_acceptance_in_the_engine(method):
     b, sb = run(mix)
     c, _ = run(mix, step_mode=True)
     for col in ("first_token_s", "finish_s"):
-        assert np.array_equal(a.requests[col], b.requests[col]) and np.array_equal(a.requests[col], c.requests[col]), col
+        assert np.array_equal(a.requests[col], b.requests[col]) and np.array_equal(
+            a.requests[col], c.requests[col]
+        ), col
     assert sa["proposer"]["drafts"][0]["acceptance"]["kind"] == "mixture"
     # per request: 120 tokens after the first over (finish - first token) / TPOT rounds; use TPOT's spread
     tpot = lambda r: np.asarray(r.requests["finish_s"] - r.requests["first_token_s"])

@@ -1,16 +1,17 @@
 """The run summary: event mode and step mode agree on every field of summary.json (time-weighted
 means do not depend on how the timeline is cut into segments), the time integrals hold against
 hand sums, and aborted requests are counted with their reason."""
+
 import json
 import math
 
 import numpy as np
 import pytest
 
-from infersim.simulator.simulation import simulate
 from infersim.simulator.metrics.collector import MetricsCollector, TimeIntegrals, exact_partials
 from infersim.simulator.metrics.rundir import json_clean
 from infersim.simulator.metrics.summary import summarize
+from infersim.simulator.simulation import simulate
 from infersim.simulator.workload.builder import build_requests, load_workload
 from infersim.simulator.workload.schema import WorkloadSpec
 
@@ -86,11 +87,21 @@ def test_exact_partials_do_not_depend_on_grouping():
 @pytest.mark.parametrize("prompt,reason", [(1200, "exceeds_context"), (600, "exceeds_kv_pool"), (100, None)])
 def test_aborted_requests_are_counted_with_their_reason(prompt, reason):
     # 20 blocks of 16 tokens hold 320 tokens; the context is 1000 tokens
-    spec = WorkloadSpec.model_validate({
-        "name": "abort", "model": "opt-1.3b", "hardware": {"profile": "a100-80gb-pcie"},
-        "serving": {"gpu_blocks": 20, "block_size": 16, "max_model_len": 1000},
-        "requests": {"count": 30, "arrival": {"type": "burst"}, "prompt_tokens": {"type": "fixed", "value": prompt},
-                     "output_tokens": {"type": "fixed", "value": 4}}, "seed": 1})
+    spec = WorkloadSpec.model_validate(
+        {
+            "name": "abort",
+            "model": "opt-1.3b",
+            "hardware": {"profile": "a100-80gb-pcie"},
+            "serving": {"gpu_blocks": 20, "block_size": 16, "max_model_len": 1000},
+            "requests": {
+                "count": 30,
+                "arrival": {"type": "burst"},
+                "prompt_tokens": {"type": "fixed", "value": prompt},
+                "output_tokens": {"type": "fixed", "value": 4},
+            },
+            "seed": 1,
+        }
+    )
     s = summarize(simulate(spec, build_requests(spec, ".")))
     assert s["aborted_by_reason"] == ({reason: 30} if reason else {})
     assert s["aborted"] == (30 if reason else 0) and s["finished"] == 30 - s["aborted"]

@@ -1,6 +1,7 @@
 """Tensor parallelism over more GPUs than KV heads: the heads replicate (each rank holds
 max(1, kv_heads / tp)), in the cost model and in the KV pool alike; degrees that split heads
 unevenly are refused in one line."""
+
 import pytest
 
 from infersim.simulator.costmodel import RooflineCostModel
@@ -11,15 +12,43 @@ from infersim.simulator.models.spec import ModelSpec
 from infersim.simulator.validation import check_tensor_parallel
 
 # Llama-3-70B's shape: 64 query heads, 8 KV heads of 128, 80 layers
-LLAMA3_70B = ModelSpec(name="llama-3-70b-like", family="llama", source="test", num_layers=80, hidden_size=8192,
-                       num_heads=64, num_kv_heads=8, intermediate_size=28672, vocab_size=128256)
+LLAMA3_70B = ModelSpec(
+    name="llama-3-70b-like",
+    family="llama",
+    source="test",
+    num_layers=80,
+    hidden_size=8192,
+    num_heads=64,
+    num_kv_heads=8,
+    intermediate_size=28672,
+    vocab_size=128256,
+)
 # a 2-KV-head model: 8 query heads of 64
-TWO_KV = ModelSpec(name="two-kv", family="llama", source="test", num_layers=4, hidden_size=512, num_heads=8,
-                   num_kv_heads=2, intermediate_size=1024, vocab_size=1000)
+TWO_KV = ModelSpec(
+    name="two-kv",
+    family="llama",
+    source="test",
+    num_layers=4,
+    hidden_size=512,
+    num_heads=8,
+    num_kv_heads=2,
+    intermediate_size=1024,
+    vocab_size=1000,
+)
 
 
-@pytest.mark.parametrize("spec, tp, heads", [(LLAMA3_70B, 1, 8), (LLAMA3_70B, 4, 2), (LLAMA3_70B, 8, 1),
-                                             (LLAMA3_70B, 16, 1), (TWO_KV, 2, 1), (TWO_KV, 4, 1), (TWO_KV, 8, 1)])
+@pytest.mark.parametrize(
+    "spec, tp, heads",
+    [
+        (LLAMA3_70B, 1, 8),
+        (LLAMA3_70B, 4, 2),
+        (LLAMA3_70B, 8, 1),
+        (LLAMA3_70B, 16, 1),
+        (TWO_KV, 2, 1),
+        (TWO_KV, 4, 1),
+        (TWO_KV, 8, 1),
+    ],
+)
 def test_kv_heads_per_gpu(spec, tp, heads):
     assert spec.kv_heads_per_gpu(tp) == heads
 
@@ -34,8 +63,12 @@ def test_kv_bytes_per_gpu_by_hand():
 
 
 def test_cost_model_counts_whole_replicated_heads_at_tp16():
-    ops = {o.name: o for o in RooflineCostModel(LLAMA3_70B, load_hardware("h100-sxm"), tensor_parallel=16,
-                                                         fused_projections=False).layer_ops}
+    ops = {
+        o.name: o
+        for o in RooflineCostModel(
+            LLAMA3_70B, load_hardware("h100-sxm"), tensor_parallel=16, fused_projections=False
+        ).layer_ops
+    }
     kv_local = 128  # one head of 128 per rank
     assert ops["kv_write"].bytes[1] == 2 * kv_local * (2 + 2)  # K and V written per token, fp16 in and out
     assert ops["qk"].bytes[3] == kv_local * 2  # keys read per cached token
@@ -56,19 +89,42 @@ def test_weights_per_gpu_hold_replicated_kv_projections():
 
 
 def test_kv_pool_block_bytes_use_replicated_heads():
-    opts = MemoryOptions(block_size=16, dtype="fp16", kv_dtype="fp16", tp=4, gpu_memory_utilization=0.9,
-                         swap_space_gb=1, max_batched_tokens=256, max_batch_size=8)
+    opts = MemoryOptions(
+        block_size=16,
+        dtype="fp16",
+        kv_dtype="fp16",
+        tp=4,
+        gpu_memory_utilization=0.9,
+        swap_space_gb=1,
+        max_batched_tokens=256,
+        max_batch_size=8,
+    )
     plan = plan_memory(TWO_KV, load_hardware("a100-80gb-sxm"), opts)
     assert plan.kv_bytes_per_block == 16 * 1024
 
 
-@pytest.mark.parametrize("spec, tp, problem", [
-    (LLAMA3_70B, 3, "tensor parallel 3 does not divide"),
-    (LLAMA3_70B, 32, None),  # 64 % 32 == 0 and 32 % 8 == 0: allowed
-    (ModelSpec(name="odd", family="llama", source="test", num_layers=1, hidden_size=768, num_heads=12,
-               num_kv_heads=4, intermediate_size=1024, vocab_size=100), 6,
-     "tensor parallel 6 neither divides"),
-])
+@pytest.mark.parametrize(
+    "spec, tp, problem",
+    [
+        (LLAMA3_70B, 3, "tensor parallel 3 does not divide"),
+        (LLAMA3_70B, 32, None),  # 64 % 32 == 0 and 32 % 8 == 0: allowed
+        (
+            ModelSpec(
+                name="odd",
+                family="llama",
+                source="test",
+                num_layers=1,
+                hidden_size=768,
+                num_heads=12,
+                num_kv_heads=4,
+                intermediate_size=1024,
+                vocab_size=100,
+            ),
+            6,
+            "tensor parallel 6 neither divides",
+        ),
+    ],
+)
 def test_check_tensor_parallel(spec, tp, problem):
     if problem is None:
         check_tensor_parallel(spec, tp)

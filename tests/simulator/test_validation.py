@@ -1,4 +1,5 @@
 """The shared input rules (simulator/validation.py) against hand-worked cases."""
+
 from __future__ import annotations
 
 import math
@@ -7,24 +8,50 @@ import pytest
 
 from infersim.simulator.errors import InfersimError
 from infersim.simulator.models.spec import ModelSpec
-from infersim.simulator.validation import (BASE_BYTES, BYTES_PER_REPLICA, BYTES_PER_REQUEST, MAX_SEED,
-                                           arrivals_notice, check_memory, check_seed, check_tensor_parallel,
-                                           expected_requests, finite_positive, simulation_bytes, whole_number)
+from infersim.simulator.validation import (
+    BASE_BYTES,
+    BYTES_PER_REPLICA,
+    BYTES_PER_REQUEST,
+    MAX_SEED,
+    arrivals_notice,
+    check_memory,
+    check_seed,
+    check_tensor_parallel,
+    expected_requests,
+    finite_positive,
+    simulation_bytes,
+    whole_number,
+)
 from infersim.simulator.workload.schema import WorkloadSpec
 
 
 def _model(heads: int, kv_heads: int) -> ModelSpec:
-    return ModelSpec(name="m", family="llama", source="test", num_layers=2, hidden_size=64 * heads, num_heads=heads,
-                     num_kv_heads=kv_heads, intermediate_size=128, vocab_size=100)
+    return ModelSpec(
+        name="m",
+        family="llama",
+        source="test",
+        num_layers=2,
+        hidden_size=64 * heads,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        intermediate_size=128,
+        vocab_size=100,
+    )
 
 
-@pytest.mark.parametrize("heads,kv,tp,ok", [
-    (32, 32, 1, True), (32, 32, 2, True), (32, 32, 3, False), (64, 64, 3, False),
-    (64, 8, 8, True),     # KV heads split evenly, one per GPU
-    (64, 8, 16, True),    # 16 % 8 == 0: each KV head replicated on two GPUs
-    (24, 6, 4, False),    # 6 % 4 and 4 % 6 are both non-zero
-    (32, 8, 32, True),    # 32 % 8 == 0
-])
+@pytest.mark.parametrize(
+    "heads,kv,tp,ok",
+    [
+        (32, 32, 1, True),
+        (32, 32, 2, True),
+        (32, 32, 3, False),
+        (64, 64, 3, False),
+        (64, 8, 8, True),  # KV heads split evenly, one per GPU
+        (64, 8, 16, True),  # 16 % 8 == 0: each KV head replicated on two GPUs
+        (24, 6, 4, False),  # 6 % 4 and 4 % 6 are both non-zero
+        (32, 8, 32, True),  # 32 % 8 == 0
+    ],
+)
 def test_tensor_parallel_rule(heads, kv, tp, ok):
     model = _model(heads, kv)
     if ok:
@@ -54,7 +81,9 @@ def test_whole_number_reads_scientific_counts():
 
 def test_memory_estimate_by_hand():
     # 1e9 requests on 3 replicas: 256 MiB + 512 B x 1e9 + 4096 B x 3, twice for two workers
-    assert simulation_bytes(1e9, parallel=2, replicas=3) == 2 * (BASE_BYTES + BYTES_PER_REQUEST * 1e9 + BYTES_PER_REPLICA * 3)
+    assert simulation_bytes(1e9, parallel=2, replicas=3) == 2 * (
+        BASE_BYTES + BYTES_PER_REQUEST * 1e9 + BYTES_PER_REPLICA * 3
+    )
     with pytest.raises(InfersimError, match=r"about 512 TB of memory.*--no-memory-check"):
         check_memory(simulation_bytes(1e12), "w.yaml: field 'requests.count': 1e12 requests")
     check_memory(simulation_bytes(1e12), "allowed", allow=True)  # the override
@@ -62,8 +91,11 @@ def test_memory_estimate_by_hand():
 
 
 def _spec(**requests) -> WorkloadSpec:
-    base = {"arrival": {"type": "poisson", "rate": 5.0}, "prompt_tokens": {"type": "fixed", "value": 4},
-            "output_tokens": {"type": "fixed", "value": 4}}
+    base = {
+        "arrival": {"type": "poisson", "rate": 5.0},
+        "prompt_tokens": {"type": "fixed", "value": 4},
+        "output_tokens": {"type": "fixed", "value": 4},
+    }
     return WorkloadSpec.model_validate({"requests": {**base, **requests}})
 
 
@@ -83,7 +115,15 @@ def test_schema_refuses_non_finite_and_reads_1e12():
     with pytest.raises(ValidationError, match="finite"):
         _spec(count=5, arrival={"type": "poisson", "rate": math.inf})
     with pytest.raises(ValidationError):
-        WorkloadSpec.model_validate({"seed": -1, "requests": {"count": 1, "arrival": {"type": "burst"},
-                                                              "prompt_tokens": {"type": "fixed", "value": 1},
-                                                              "output_tokens": {"type": "fixed", "value": 1}}})
+        WorkloadSpec.model_validate(
+            {
+                "seed": -1,
+                "requests": {
+                    "count": 1,
+                    "arrival": {"type": "burst"},
+                    "prompt_tokens": {"type": "fixed", "value": 1},
+                    "output_tokens": {"type": "fixed", "value": 1},
+                },
+            }
+        )
     assert _spec(count="1e12").requests.count == 10**12

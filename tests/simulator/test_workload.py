@@ -1,4 +1,5 @@
 """Workload files -> Requests: sampling, traces, built-ins, examples and error messages."""
+
 from __future__ import annotations
 
 import json
@@ -16,19 +17,23 @@ from infersim.simulator.workload.schema import WorkloadSpec
 from infersim.simulator.yamlio import validate
 
 
-
 def spec(**requests) -> WorkloadSpec:
     return validate(WorkloadSpec, {"requests": requests, "seed": requests.pop("seed", 0)}, "test")
 
 
 def dist(**kw):
-    return spec(count=1, arrival={"type": "burst"}, prompt_tokens=kw, output_tokens={"type": "fixed", "value": 1}).requests.prompt_tokens
+    return spec(
+        count=1, arrival={"type": "burst"}, prompt_tokens=kw, output_tokens={"type": "fixed", "value": 1}
+    ).requests.prompt_tokens
 
 
 def synthetic(**over):
-    base = dict(count=20_000, arrival={"type": "poisson", "rate": 10.0},
-                prompt_tokens={"type": "lognormal", "mean": 300, "cv": 1.0},
-                output_tokens={"type": "uniform", "low": 10, "high": 200})
+    base = dict(
+        count=20_000,
+        arrival={"type": "poisson", "rate": 10.0},
+        prompt_tokens={"type": "lognormal", "mean": 300, "cv": 1.0},
+        output_tokens={"type": "uniform", "low": 10, "high": 200},
+    )
     base.update(over)
     return spec(**base)
 
@@ -38,6 +43,7 @@ def cv(x):
 
 
 # --- determinism and independent streams -------------------------------------------------
+
 
 def test_same_seed_same_arrays_and_different_seed_differs():
     a, b, c = build_requests(synthetic()), build_requests(synthetic()), build_requests(synthetic(seed=1))
@@ -56,6 +62,7 @@ def test_changing_one_distribution_leaves_the_others_unchanged():
 
 
 # --- length distributions ----------------------------------------------------------------
+
 
 @pytest.mark.parametrize("mean,c", [(300.0, 1.0), (1000.0, 0.5), (80.0, 2.0)])
 def test_lognormal_mean_and_cv(mean, c):
@@ -97,13 +104,16 @@ def test_quantile_distribution_with_explicit_probs():
     assert x.mean() == pytest.approx(expect, rel=0.02)
 
 
-@pytest.mark.parametrize("bad", [
-    {"type": "quantiles", "values": [5, 3]},
-    {"type": "quantiles", "values": [1, 2, 3], "probs": [0, 0.5]},
-    {"type": "quantiles", "values": [1, 2, 3], "probs": [0, 0.7, 0.5]},
-    {"type": "lognormal", "mean": 10, "min": 20, "max": 10},
-    {"type": "uniform", "low": 9, "high": 3},
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"type": "quantiles", "values": [5, 3]},
+        {"type": "quantiles", "values": [1, 2, 3], "probs": [0, 0.5]},
+        {"type": "quantiles", "values": [1, 2, 3], "probs": [0, 0.7, 0.5]},
+        {"type": "lognormal", "mean": 10, "min": 20, "max": 10},
+        {"type": "uniform", "low": 9, "high": 3},
+    ],
+)
 def test_bad_length_distributions_name_the_field(bad):
     with pytest.raises(InfersimError, match=r"test: field 'requests\.prompt_tokens"):
         dist(**bad)
@@ -115,12 +125,14 @@ def test_empirical_column_scaled_and_text_words(tmp_path):
     rng = streams(0)[1]
     x = sample_lengths(dist(type="empirical", file="lens.csv", column="n", scale=2.0), 30_000, rng, tmp_path)
     assert set(np.unique(x)) == {20, 40, 60}
-    w = sample_lengths(dist(type="empirical", file="p.jsonl", column="prompt", kind="text_words", scale=1.3),
-                       1000, rng, tmp_path)
+    w = sample_lengths(
+        dist(type="empirical", file="p.jsonl", column="prompt", kind="text_words", scale=1.3), 1000, rng, tmp_path
+    )
     assert set(np.unique(w)) == {13, 26}
 
 
 # --- arrivals ----------------------------------------------------------------------------
+
 
 def test_poisson_rate_and_cv():
     t = build_requests(synthetic(count=200_000, arrival={"type": "poisson", "rate": 5.0})).arrival_s
@@ -160,8 +172,9 @@ def test_duration_arrivals_are_a_prefix_of_count_arrivals():
 
 
 def test_closed_loop():
-    r = build_requests(synthetic(count=300, duration_s=60.0,
-                                 arrival={"type": "closed_loop", "clients": 8, "think_time_s": 0.5}))
+    r = build_requests(
+        synthetic(count=300, duration_s=60.0, arrival={"type": "closed_loop", "clients": 8, "think_time_s": 0.5})
+    )
     assert r.arrival_s is None and r.closed_loop and r.closed_loop_clients == 8
     assert r.think_time_s == 0.5 and r.duration_s == 60.0 and len(r) == 300
 
@@ -179,8 +192,11 @@ def test_clipping():
 
 def test_million_requests():
     """A million requests are drawn as arrays (vectorised), in order, within the quantiles."""
-    s = synthetic(count=1_000_000, arrival={"type": "gamma", "rate": 100.0, "cv": 2.0},
-                  output_tokens={"type": "quantiles", "values": [1, 10, 100, 1000]})
+    s = synthetic(
+        count=1_000_000,
+        arrival={"type": "gamma", "rate": 100.0, "cv": 2.0},
+        output_tokens={"type": "quantiles", "values": [1, 10, 100, 1000]},
+    )
     r = build_requests(s)
     assert len(r) == 1_000_000
     assert (np.diff(r.arrival_s) >= 0).all() and 1 <= r.output_tokens.min() and r.output_tokens.max() <= 1000
@@ -197,6 +213,7 @@ def test_requests_checks_its_arrays():
 
 # --- traces ------------------------------------------------------------------------------
 
+
 def write_workload(folder: Path, body: str) -> Path:
     p = folder / "w.yaml"
     p.write_text(body)
@@ -205,12 +222,15 @@ def write_workload(folder: Path, body: str) -> Path:
 
 def test_csv_trace_ms_shift_scale_start_row_count(tmp_path):
     (tmp_path / "t.csv").write_text("ts,p,o,extra\n1000,5,6,x\n1500,7,8,y\n3000,9,10,z\n4000,11,12,w\n")
-    w = write_workload(tmp_path, """
+    w = write_workload(
+        tmp_path,
+        """
 requests:
   count: 2
   trace: {file: t.csv, arrival_column: ts, time_unit: ms, prompt_column: p, output_column: o,
           start_row: 1, time_scale: 2.0}
-""")
+""",
+    )
     _, r = load_requests(str(w))
     assert r.arrival_s.tolist() == [0.0, 3.0]
     assert r.prompt_tokens.tolist() == [7, 9] and r.output_tokens.tolist() == [8, 10]
@@ -219,12 +239,16 @@ requests:
 def test_datetime_trace_with_seven_fractional_digits_and_unsorted_rows(tmp_path):
     (tmp_path / "t.csv").write_text(
         "TIMESTAMP,ContextTokens,GeneratedTokens\n"
-        "2023-11-16 18:17:04.0319600,3,4\n2023-11-16 18:17:03.9799600,1,2\n2023-11-16 18:18:03.9799601,5,6\n")
-    w = write_workload(tmp_path, """
+        "2023-11-16 18:17:04.0319600,3,4\n2023-11-16 18:17:03.9799600,1,2\n2023-11-16 18:18:03.9799601,5,6\n"
+    )
+    w = write_workload(
+        tmp_path,
+        """
 requests:
   trace: {file: t.csv, arrival_column: TIMESTAMP, time_unit: datetime,
           prompt_column: ContextTokens, output_column: GeneratedTokens}
-""")
+""",
+    )
     _, r = load_requests(str(w))
     assert r.arrival_s == pytest.approx([0.0, 0.052, 60.0000001], abs=1e-9)
     assert r.prompt_tokens.tolist() == [1, 3, 5] and r.output_tokens.tolist() == [2, 4, 6]
@@ -235,72 +259,110 @@ def test_jsonl_and_json_traces(tmp_path):
     (tmp_path / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "t.json").write_text(json.dumps(rows))
     for name in ("t.jsonl", "t.json"):
-        w = write_workload(tmp_path, f"""
+        w = write_workload(
+            tmp_path,
+            f"""
 requests:
   duration_s: 1.0
   trace: {{file: {name}, arrival_column: t, prompt_column: in, output_column: out}}
-""")
+""",
+        )
         _, r = load_requests(str(w))
         assert r.arrival_s.tolist() == [0.0, 0.5, 1.0] and r.prompt_tokens.tolist() == [10, 11, 12]
 
 
 def test_trace_lengths_with_poisson_arrivals_and_trace_times_with_sampled_lengths(tmp_path):
     (tmp_path / "t.csv").write_text("p,o,ts\n" + "".join(f"{i + 1},{i + 2},{i * 0.1}\n" for i in range(1000)))
-    w = write_workload(tmp_path, """
+    w = write_workload(
+        tmp_path,
+        """
 requests:
   arrival: {type: poisson, rate: 50}
   trace: {file: t.csv, prompt_column: p, output_column: o}
-""")
+""",
+    )
     _, r = load_requests(str(w))
     assert len(r) == 1000 and r.prompt_tokens[:3].tolist() == [1, 2, 3]
     assert 1 / np.diff(r.arrival_s).mean() == pytest.approx(50, rel=0.1)
-    w = write_workload(tmp_path, """
+    w = write_workload(
+        tmp_path,
+        """
 requests:
   count: 100
   max_output_tokens: 40
   output_tokens: {type: lognormal, mean: 30, cv: 1.0}
   trace: {file: t.csv, arrival_column: ts, prompt_column: p}
-""")
+""",
+    )
     _, r = load_requests(str(w))
     assert len(r) == 100 and r.arrival_s[-1] == pytest.approx(9.9) and r.output_tokens.max() <= 40
 
 
 def test_trace_text_words_prompt(tmp_path):
     (tmp_path / "g.json").write_text(json.dumps([{"prompt": "a b c d e f g h i j"}, {"prompt": "one two"}]))
-    w = write_workload(tmp_path, """
+    w = write_workload(
+        tmp_path,
+        """
 requests:
   arrival: {type: burst}
   output_tokens: {type: fixed, value: 5}
   trace: {file: g.json, prompt_column: prompt, prompt_column_kind: text_words}
-""")
+""",
+    )
     _, r = load_requests(str(w))
     assert r.prompt_tokens.tolist() == [13, 3]
 
 
 # --- bad inputs --------------------------------------------------------------------------
 
-@pytest.mark.parametrize("body,pattern", [
-    ("requests: [\n", r"w\.yaml: malformed YAML at line"),
-    ("requests:\n  count: 2\n  arrival: {type: poisson, rate: -1}\n  prompt_tokens: {type: fixed, value: 3}\n"
-     "  output_tokens: {type: fixed, value: 3}\n", r"w\.yaml: field 'requests\.arrival\.poisson\.rate'"),
-    ("requests:\n  count: 2\n  arrival: {type: poisson, rate: 1}\n  prompt_tokens: {type: fixed, value: 3}\n",
-     r"w\.yaml: .*output_tokens"),
-    ("requests:\n  count: 2\n  arrival: {type: poisson, rate: 1}\n"
-     "  trace: {file: t.csv, prompt_column: p, output_column: nope}\n",
-     r"t\.csv: column 'nope' not found; columns: p, o$"),
-    ("requests:\n  arrival: {type: poisson, rate: 1}\n  trace: {file: bad.csv, prompt_column: p, output_column: o}\n",
-     r"bad\.csv: column 'o', row 3: not a number: 'x'"),
-    ("requests:\n  arrival: {type: poisson, rate: 1}\n  trace: {file: neg.csv, prompt_column: p, output_column: o}\n",
-     r"neg\.csv: column 'p', row 2: negative value -4"),
-    ("requests:\n  count: 9\n  arrival: {type: poisson, rate: 1}\n"
-     "  trace: {file: t.csv, prompt_column: p, output_column: o}\n", r"t\.csv: requests\.count 9 exceeds the 2 rows"),
-    ("requests:\n  arrival: {type: poisson, rate: 1}\n  trace: {file: gone.csv, prompt_column: p, output_column: o}\n",
-     r"gone\.csv: file not found"),
-    ("requests:\n  arrival: {type: poisson, rate: 1}\n"
-     "  trace: {file: t.csv, arrival_column: p, prompt_column: p, output_column: o}\n", r"w\.yaml: .*not both"),
-    ("requests:\n  count: 1\n  trace: {file: t.csv, arrival_column: p, prompt_column: p, output_column: o, "
-     "time_unit: days}\n", r"w\.yaml: field 'requests\.trace\.time_unit'"),
-])
+
+@pytest.mark.parametrize(
+    "body,pattern",
+    [
+        ("requests: [\n", r"w\.yaml: malformed YAML at line"),
+        (
+            "requests:\n  count: 2\n  arrival: {type: poisson, rate: -1}\n  prompt_tokens: {type: fixed, value: 3}\n"
+            "  output_tokens: {type: fixed, value: 3}\n",
+            r"w\.yaml: field 'requests\.arrival\.poisson\.rate'",
+        ),
+        (
+            "requests:\n  count: 2\n  arrival: {type: poisson, rate: 1}\n  prompt_tokens: {type: fixed, value: 3}\n",
+            r"w\.yaml: .*output_tokens",
+        ),
+        (
+            "requests:\n  count: 2\n  arrival: {type: poisson, rate: 1}\n"
+            "  trace: {file: t.csv, prompt_column: p, output_column: nope}\n",
+            r"t\.csv: column 'nope' not found; columns: p, o$",
+        ),
+        (
+            "requests:\n  arrival: {type: poisson, rate: 1}\n  trace: {file: bad.csv, prompt_column: p, output_column: o}\n",
+            r"bad\.csv: column 'o', row 3: not a number: 'x'",
+        ),
+        (
+            "requests:\n  arrival: {type: poisson, rate: 1}\n  trace: {file: neg.csv, prompt_column: p, output_column: o}\n",
+            r"neg\.csv: column 'p', row 2: negative value -4",
+        ),
+        (
+            "requests:\n  count: 9\n  arrival: {type: poisson, rate: 1}\n"
+            "  trace: {file: t.csv, prompt_column: p, output_column: o}\n",
+            r"t\.csv: requests\.count 9 exceeds the 2 rows",
+        ),
+        (
+            "requests:\n  arrival: {type: poisson, rate: 1}\n  trace: {file: gone.csv, prompt_column: p, output_column: o}\n",
+            r"gone\.csv: file not found",
+        ),
+        (
+            "requests:\n  arrival: {type: poisson, rate: 1}\n"
+            "  trace: {file: t.csv, arrival_column: p, prompt_column: p, output_column: o}\n",
+            r"w\.yaml: .*not both",
+        ),
+        (
+            "requests:\n  count: 1\n  trace: {file: t.csv, arrival_column: p, prompt_column: p, output_column: o, "
+            "time_unit: days}\n",
+            r"w\.yaml: field 'requests\.trace\.time_unit'",
+        ),
+    ],
+)
 def test_bad_inputs_are_one_line_errors_naming_file_and_field(tmp_path, body, pattern):
     (tmp_path / "t.csv").write_text("p,o\n1,2\n3,4\n")
     (tmp_path / "bad.csv").write_text("p,o\n1,2\n3,4\n5,x\n")
@@ -353,11 +415,18 @@ def test_long_context_is_fixed():
     assert (r.prompt_tokens == 1920).all() and (r.output_tokens == 128).all()
 
 
-@pytest.mark.parametrize("name,rate,prompt_p50,output_p50", [("code", 2.567, 1469, 13), ("conversation", 5.530, 1020, 129)])
+@pytest.mark.parametrize(
+    "name,rate,prompt_p50,output_p50", [("code", 2.567, 1469, 13), ("conversation", 5.530, 1020, 129)]
+)
 def test_azure_shaped_builtins(name, rate, prompt_p50, output_p50):
     s, path = load_workload(name)
-    many = s.model_copy(update={"requests": s.requests.model_copy(
-        update={"duration_s": 40_000.0, "max_prompt_tokens": None, "max_output_tokens": None})})
+    many = s.model_copy(
+        update={
+            "requests": s.requests.model_copy(
+                update={"duration_s": 40_000.0, "max_prompt_tokens": None, "max_output_tokens": None}
+            )
+        }
+    )
     r = build_requests(many, path)
     assert len(r) / r.arrival_s[-1] == pytest.approx(rate, rel=0.03)
     assert np.median(r.prompt_tokens) == pytest.approx(prompt_p50, rel=0.05)

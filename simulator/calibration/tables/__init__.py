@@ -1,6 +1,7 @@
 """Measured table kinds by name. A kind recognises its files by their header, reads them into
 rows and fits them into profile fields; `sim calibrate` takes the first kind (in registration
 order) that recognises a file. A new kind is one class and one `register` line."""
+
 from __future__ import annotations
 
 from pathlib import Path

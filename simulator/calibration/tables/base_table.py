@@ -2,6 +2,7 @@
 measures into a hardware profile. Kinds are registered by name in TABLE_KINDS
 (simulator/calibration/tables/__init__.py); `sim calibrate` picks the kind whose `recognises`
 accepts a file's header."""
+
 from __future__ import annotations
 
 import csv
@@ -52,17 +53,23 @@ def iter_records(path: Path, required: list[str]) -> Iterator[tuple[str, dict[st
         reader.fieldnames = fields
         for line, row in enumerate(reader, start=2):
             if None in row:  # more cells than header columns
-                raise InfersimError(f"{path}, row {line}: {len(fields) + len(row[None])} cells, header has {len(fields)}")
+                raise InfersimError(
+                    f"{path}, row {line}: {len(fields) + len(row[None])} cells, header has {len(fields)}"
+                )
             yield f"{path}, row {line}", row
 
 
 def pick_device(path: Path, devices: set[str], device: str | None) -> str:
     if device is not None:
         if device not in devices:
-            raise InfersimError(f"{path}: no rows for device '{device}' (column 'device' has: {', '.join(sorted(devices))})")
+            raise InfersimError(
+                f"{path}: no rows for device '{device}' (column 'device' has: {', '.join(sorted(devices))})"
+            )
         return device
     if len(devices) != 1:
-        raise InfersimError(f"{path}: rows for several devices ({', '.join(sorted(devices))}); choose one with --device")
+        raise InfersimError(
+            f"{path}: rows for several devices ({', '.join(sorted(devices))}); choose one with --device"
+        )
     return next(iter(devices))
 
 

@@ -2,6 +2,7 @@
 the shipped `benchmarks/data/gpu-kernels/collectives.csv.gz` or vidur's network profiles
 (`all_reduce.csv`, `send_recv.csv`). Reading and fitting live with the collectives section
 itself (simulator/hardware/collectives_fit.py); this class only adapts them to the registry."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -29,12 +30,17 @@ class CollectivesTable(TableKind):
         the table holds no other H100 setup)."""
         table = read_collectives_table(path)
         setups = sorted(table["setup"].unique())
-        matching = setups if device is None else [s for s in setups if s == device] or [
-            s for s in setups if s.startswith(f"{device}_")]
+        matching = (
+            setups
+            if device is None
+            else [s for s in setups if s == device] or [s for s in setups if s.startswith(f"{device}_")]
+        )
         if len(matching) != 1:
             found = f"for '{device}' " if device is not None and matching else ""
-            raise InfersimError(f"{path}: {'no' if not matching else 'several'} setups {found}in column 'setup' "
-                                f"({', '.join(matching or setups)}); choose one with --device SETUP")
+            raise InfersimError(
+                f"{path}: {'no' if not matching else 'several'} setups {found}in column 'setup' "
+                f"({', '.join(matching or setups)}); choose one with --device SETUP"
+            )
         return [table[table["setup"] == matching[0]]]
 
     def fit(self, rows: list[Any], hardware: HardwareProfile, source: str) -> dict[str, Any]:

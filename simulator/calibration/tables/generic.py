@@ -11,6 +11,7 @@
 | gated | optional, named operators: True for a gated (SwiGLU) MLP (default True) |
 | label | optional: the model a row belongs to (default: its shape) |
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -66,9 +67,12 @@ class GenericTable(TableKind):
             operator = operator_for(op, dims, tp)
             label = label or f"h{dims.hidden}-i{dims.intermediate}"
         else:
-            raise InfersimError(f"{where}, column 'op': unknown operator {op!r}; known: gemm, {', '.join(MEASURED_OPS)}")
-        return row_from_operator(operator, device=device, label=label, tp=tp, tokens=tokens, op=op,
-                                 time_s=ms * 1e-3, where=where)
+            raise InfersimError(
+                f"{where}, column 'op': unknown operator {op!r}; known: gemm, {', '.join(MEASURED_OPS)}"
+            )
+        return row_from_operator(
+            operator, device=device, label=label, tp=tp, tokens=tokens, op=op, time_s=ms * 1e-3, where=where
+        )
 
     fit = PerLayerTable.fit  # the same fit: rows of both kinds are pooled
 

@@ -2,6 +2,7 @@
 degree and token count; one column per operator). Two spellings share the reading:
 `linear_ops` (the re-tabulated form: device column, `<op>_median_ms`) and `vidur_mlp`
 (microsoft/vidur's profiler output `mlp.csv`: `time_stats.<op>.median`, no device column)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,6 +16,7 @@ from .base_table import TableKind, iter_records, pick_device, read_header
 
 class PerLayerTable(TableKind):
     """Shared reading; subclasses name the columns."""
+
     device_column: str | None = None
     model_column: str | None = None
     dims_columns: dict[str, str] = {}  # LayerDims field -> column
@@ -34,8 +36,9 @@ class PerLayerTable(TableKind):
     def read(self, path: Path, device: str | None) -> list[KernelRow]:
         header = read_header(path)
         ops = [op for op in MEASURED_OPS if self.time_column(op) in header]
-        required = [c for c in (self.device_column, self.tp_column, self.tokens_column, *self.dims_columns.values())
-                    if c]
+        required = [
+            c for c in (self.device_column, self.tp_column, self.tokens_column, *self.dims_columns.values()) if c
+        ]
         records = list(iter_records(path, required))
         if not records:
             raise InfersimError(f"{path}: no data rows")
@@ -52,8 +55,10 @@ class PerLayerTable(TableKind):
             label = rec[self.model_column].strip() if self.model_column else self._dims_label(dims)
             seen = label_dims.setdefault(label, (dims, where))
             if seen[0] != dims:
-                raise InfersimError(f"{where}, column '{self.dims_columns['hidden']}': model '{label}' has other "
-                                    f"dimensions than at {seen[1].rsplit(', ', 1)[-1]}")
+                raise InfersimError(
+                    f"{where}, column '{self.dims_columns['hidden']}': model '{label}' has other "
+                    f"dimensions than at {seen[1].rsplit(', ', 1)[-1]}"
+                )
             tp = parse_number(rec[self.tp_column], where, self.tp_column, integer=True)
             bad = dims.check_tp(tp)
             if bad:
@@ -65,8 +70,18 @@ class PerLayerTable(TableKind):
                 if cell == "" or cell.lower() == "nan":  # an operator the model lacks (phi-2's second norm)
                     continue
                 ms = parse_number(cell, where, self.time_column(op))
-                rows.append(row_from_operator(operator_for(op, dims, tp), device=device, label=label, tp=tp,
-                                              tokens=tokens, op=op, time_s=ms * 1e-3, where=where))
+                rows.append(
+                    row_from_operator(
+                        operator_for(op, dims, tp),
+                        device=device,
+                        label=label,
+                        tp=tp,
+                        tokens=tokens,
+                        op=op,
+                        time_s=ms * 1e-3,
+                        where=where,
+                    )
+                )
         if not rows:
             raise InfersimError(f"{path}: no operator times for device '{device}'")
         return rows
@@ -76,11 +91,15 @@ class PerLayerTable(TableKind):
         gated = self._gated(rec, where)
         dims = LayerDims(gated=gated, **vals)
         if dims.heads % dims.kv_heads:
-            raise InfersimError(f"{where}, column '{self.dims_columns['kv_heads']}': {dims.kv_heads} KV heads do not "
-                                f"divide {dims.heads} heads")
+            raise InfersimError(
+                f"{where}, column '{self.dims_columns['kv_heads']}': {dims.kv_heads} KV heads do not "
+                f"divide {dims.heads} heads"
+            )
         if dims.hidden % dims.heads:
-            raise InfersimError(f"{where}, column '{self.dims_columns['hidden']}': {dims.hidden} is not a multiple "
-                                f"of {dims.heads} heads")
+            raise InfersimError(
+                f"{where}, column '{self.dims_columns['hidden']}': {dims.hidden} is not a multiple "
+                f"of {dims.heads} heads"
+            )
         return dims
 
     def _gated(self, rec: dict[str, str], where: str) -> bool:
@@ -100,8 +119,10 @@ PLAIN_MLP_MODELS = ("microsoft/phi-2", "phi-2", "gpt2", "facebook/opt", "Eleuthe
 
 class LinearOpsTable(PerLayerTable):
     name = "linear_ops"
-    description = ("per-layer operator medians: device, model, n_head, n_kv_head, n_embd, n_expanded_embd, tp, "
-                   "num_tokens, <op>_median_ms (the re-tabulated microsoft/vidur profiling data)")
+    description = (
+        "per-layer operator medians: device, model, n_head, n_kv_head, n_embd, n_expanded_embd, tp, "
+        "num_tokens, <op>_median_ms (the re-tabulated microsoft/vidur profiling data)"
+    )
     device_column = "device"
     model_column = "model"
     dims_columns = {"heads": "n_head", "kv_heads": "n_kv_head", "hidden": "n_embd", "intermediate": "n_expanded_embd"}
@@ -119,8 +140,10 @@ class LinearOpsTable(PerLayerTable):
 
 class VidurMlpTable(PerLayerTable):
     name = "vidur_mlp"
-    description = ("microsoft/vidur's mlp.csv: time_stats.<op>.median (ms), n_head, n_kv_head, n_embd, "
-                   "n_expanded_embd, use_gated_mlp, num_tokens, num_tensor_parallel_workers")
+    description = (
+        "microsoft/vidur's mlp.csv: time_stats.<op>.median (ms), n_head, n_kv_head, n_embd, "
+        "n_expanded_embd, use_gated_mlp, num_tokens, num_tensor_parallel_workers"
+    )
     dims_columns = {"heads": "n_head", "kv_heads": "n_kv_head", "hidden": "n_embd", "intermediate": "n_expanded_embd"}
     tp_column = "num_tensor_parallel_workers"
 
