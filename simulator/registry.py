@@ -31,6 +31,11 @@ class Registry(Generic[T]):
 
         return deco
 
+    def unregister(self, name: str) -> None:
+        """Remove a registration (a test's temporary entry, so it does not leak into others)."""
+        self._items.pop(name_key(name), None)
+        self._names.pop(name_key(name), None)
+
     def get(self, name: str) -> T:
         key = name_key(name)
         if key not in self._items:

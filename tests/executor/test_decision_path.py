@@ -43,7 +43,6 @@ COUNTERS = (
 )
 
 
-@COST_MODELS.register("fixed_for_decision_test")
 class FixedCost(CostModel):
     """1 ms + 0.1 ms per token an iteration, 5 GB/s over the host link; deaf to measurements."""
 
@@ -67,6 +66,14 @@ class FixedCost(CostModel):
 
     def observe_transfer(self, nbytes, seconds, direction) -> None:
         pass
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fixed_cost_registered():
+    """The test's cost model, registered by name for this module only (the registry is global)."""
+    COST_MODELS.register(FixedCost.name)(FixedCost)
+    yield
+    COST_MODELS.unregister(FixedCost.name)
 
 
 @pytest.fixture(scope="module")
