@@ -268,24 +268,3 @@ def _cuts_mape(x: np.ndarray, y: np.ndarray, cuts: list[int]) -> float:
         lat, inv_bw = _line(x[lo:hi], y[lo:hi])
         err.append(np.abs(lat + inv_bw * x[lo:hi] - y[lo:hi]) / y[lo:hi])
     return float(np.concatenate(err).mean() * 100.0)
-
-
-def section_yaml(section: CollectivesSection) -> str:
-    """The section as the YAML block a profile ends with (one line per size range)."""
-    import yaml
-
-    return yaml.safe_dump(
-        {"collectives": section.model_dump(mode="json")}, sort_keys=False, width=160, default_flow_style=None
-    )
-
-
-def with_section(profile_text: str, section: CollectivesSection) -> str:
-    """A profile's text with its trailing `collectives:` block (if any) replaced by `section`;
-    everything above it, comments included, is kept as written."""
-    lines = profile_text.splitlines(keepends=True)
-    cut = next((i for i, line in enumerate(lines) if line.startswith("collectives:")), len(lines))
-    head = "".join(lines[:cut]).rstrip("\n") + "\n"
-    comment = "# Measured NCCL collectives (fitted by infersim.simulator.hardware.collectives_fit)\n"
-    if cut and lines[cut - 1].startswith("# Measured NCCL"):
-        comment = ""
-    return head + comment + section_yaml(section)

@@ -6,7 +6,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 
+from infersim.simulator.calibration.profile_writer import with_sections
 from infersim.simulator.costmodel import BatchShape, RooflineCostModel
 from infersim.simulator.errors import InfersimError
 from infersim.simulator.hardware.catalog import load_hardware
@@ -16,7 +18,6 @@ from infersim.simulator.hardware.collectives_fit import (
     detect,
     fit_collectives,
     read_collectives_table,
-    with_section,
 )
 from infersim.simulator.models.catalog import load_model
 
@@ -253,9 +254,11 @@ def test_shipped_sections_reproduce_their_fit_on_the_measured_table(name):
     assert refit == shipped
 
 
-def test_with_section_replaces_only_the_trailing_block():
+def test_profile_writer_adds_then_replaces_the_collectives_block():
     head = "name: x\n# comment kept\nsource: y\n"
-    once = with_section(head, SECTION)
+    block = {"collectives": SECTION.model_dump(mode="json")}
+    once = with_sections(head, block)
     assert once.startswith(head) and once.count("collectives:") == 1
-    again = with_section(once, SECTION)
+    again = with_sections(once, block)
     assert again == once
+    assert CollectivesSection.model_validate(yaml.safe_load(once)["collectives"]) == SECTION
