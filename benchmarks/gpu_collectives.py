@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from infersim.simulator.calibration.calibrate import SECTION_HEADERS
 from infersim.simulator.calibration.profile_writer import with_sections
 from infersim.simulator.errors import InfersimError
 from infersim.simulator.hardware.catalog import load_hardware
@@ -44,7 +45,6 @@ from infersim.simulator.yamlio import load_mapping, validate, write_atomic
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "RESULTS-gpu-collectives.md"
 MEASURED_TABLE = HERE / "data" / "gpu-kernels" / "collectives.csv.gz"
-SECTION_HEADER = "# Measured NCCL collectives (fitted by benchmarks/gpu_collectives.py --update-profiles)\n"
 SOURCE = (
     "microsoft/vidur profiling data (data/profiling/network/, commit 7d47513), MIT License, "
     "Copyright (c) Microsoft Corporation, https://github.com/microsoft/vidur"
@@ -277,7 +277,9 @@ def update_profiles(sections: dict[str, CollectivesSection]) -> None:
     for setup, name in SHIPPED.items():
         path = hwprofiles_dir() / f"{name}.yaml"
         text = with_sections(
-            path.read_text(), {"collectives": sections[setup].model_dump(mode="json")}, header=SECTION_HEADER
+            path.read_text(),
+            {"collectives": sections[setup].model_dump(mode="json")},
+            header=SECTION_HEADERS["collectives"],
         )
         write_atomic(path, text)
         validate(HardwareProfile, load_mapping(path), str(path))

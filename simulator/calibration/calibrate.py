@@ -7,12 +7,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from ..errors import InfersimError
 from ..hardware.catalog import load_hardware, profile_path
 from ..hardware.profile import HardwareProfile
 from ..yamlio import validate
 from .profile_writer import with_sections, write_profile
 from .tables import recognise
+
+# the comment above each section `sim calibrate` writes
+SECTION_HEADERS = {
+    "calibration": "# Kernel time models fitted by `sim calibrate` (docs/profiling.md); they price the GEMMs and the\n"
+    "# elementwise kernels. `efficiency:` prices the operators no table measured.\n",
+    "collectives": "# Measured NCCL collectives, fitted by `sim calibrate` (docs/profiling.md)\n",
+}
 
 
 @dataclass
@@ -76,16 +85,12 @@ def calibrate(opts: CalibrateOptions) -> CalibrateResult:
         for key, value in kind.fit(rows, base, source).items():
             if key in sections:
                 raise InfersimError(
-                    f"{opts.tables[0]}: two table kinds fit the same section '{key}'; calibrate them " f"one at a time"
+                    f"{opts.tables[0]}: two table kinds fit the same section '{key}'; calibrate them one at a time"
                 )
             sections[key] = value
-    header = (
-        "# Kernel time models fitted by `sim calibrate` (docs/profiling.md); they price the GEMMs and the\n"
-        "# elementwise kernels. `efficiency:` prices the operators no table measured.\n"
-    )
-    text = with_sections(base_path.read_text(), sections, header=header)
-    import yaml
-
+    text = base_path.read_text()
+    for key, value in sections.items():  # each section under its own comment
+        text = with_sections(text, {key: value}, header=SECTION_HEADERS.get(key, ""))
     profile = validate(HardwareProfile, yaml.safe_load(text), str(opts.out))
     write_profile(opts.out, text, opts.force)
     return CalibrateResult(opts.out, profile, sections)
