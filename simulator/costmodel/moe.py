@@ -117,6 +117,7 @@ class RoutedExperts:
             raise InfersimError(f"expert_parallel={ep} needs an interconnect in hardware profile '{hardware.name}'")
         self._a2a_rate = ic.bandwidth_gbps * 1e9 * hardware.efficiency_for("communication").memory if ic else None
         self._a2a_latency_s = ic.latency_us * 1e-6 if ic else 0.0
+        self._cache: dict[float, float] = {}
 
     def _gpu_time_s(self, routed: np.ndarray, touched: np.ndarray) -> np.ndarray:
         """One GPU's grouped GEMMs and activation for `routed` token-expert pairs over `touched` experts."""
@@ -140,7 +141,19 @@ class RoutedExperts:
         return total
 
     def expert_time_s(self, tokens) -> np.ndarray:
+        """Elementwise over `tokens`; each distinct count is computed once and remembered (an
+        engine asks for the same few batch sizes over and over)."""
         tokens = np.asarray(tokens, dtype=np.float64)
+        flat = tokens.reshape(-1)
+        if flat.size == 1 and float(flat[0]) in self._cache:
+            return np.full(tokens.shape, self._cache[float(flat[0])])
+        unique, inverse = np.unique(flat, return_inverse=True)
+        missing = np.array([u for u in unique if float(u) not in self._cache], dtype=np.float64)
+        if missing.size:
+            self._cache.update(zip(missing.tolist(), self._expert_time_s(missing).tolist()))
+        return np.array([self._cache[float(u)] for u in unique])[inverse].reshape(tokens.shape)
+
+    def _expert_time_s(self, tokens: np.ndarray) -> np.ndarray:
         slowest = np.zeros_like(tokens)
         for row, load in zip(self._groups, self._load):
             time = self._gpu_time_s(tokens * load, expected_distinct_experts(row, tokens))
