@@ -33,7 +33,7 @@ def add_cost_options(p: argparse.ArgumentParser) -> None:
         help="hardware profile name or YAML (default a100-80gb-pcie); NAME:datasheet for the pure "
         "datasheet roofline of a calibrated profile",
     )
-    p.add_argument("--dtype", default="fp16", help="weight dtype: fp32, fp16, bf16, int8, int4 (default fp16)")
+    p.add_argument("--dtype", default="fp16", help="weight dtype: fp32, fp16, bf16, fp8, int8, int4 (default fp16)")
     p.add_argument("--kv-dtype", default=None, help="KV cache dtype (default: the weight dtype)")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree; > 1 adds all-reduce rows (default 1)")
     add_memory_flag(p)
@@ -48,11 +48,16 @@ def resolve_cost_options(args: argparse.Namespace) -> dict:
     from infersim.simulator.validation import check_tensor_parallel, in_field
 
     model = in_field("", "--model", load_model, args.model)
+    hardware = in_field("", "--hardware", load_hardware, args.hardware)
+    dtype = in_field("", "--dtype", normalize_dtype, args.dtype)
+    kv_dtype = None if args.kv_dtype is None else in_field("", "--kv-dtype", normalize_dtype, args.kv_dtype)
+    hardware.require_dtype(dtype, "--dtype")
+    hardware.require_dtype(kv_dtype or dtype, "--kv-dtype" if kv_dtype else "--dtype")
     return {
         "model": model,
-        "hardware": in_field("", "--hardware", load_hardware, args.hardware),
-        "dtype": in_field("", "--dtype", normalize_dtype, args.dtype),
-        "kv_dtype": None if args.kv_dtype is None else in_field("", "--kv-dtype", normalize_dtype, args.kv_dtype),
+        "hardware": hardware,
+        "dtype": dtype,
+        "kv_dtype": kv_dtype,
         "tensor_parallel": check_tensor_parallel(model, args.tp, "--tp"),
     }
 

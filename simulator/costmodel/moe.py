@@ -160,6 +160,16 @@ class RoutedExperts:
             slowest = np.maximum(slowest, time)
         return slowest
 
+    def work(self, tokens: float) -> tuple[float, float]:
+        """FLOPs and bytes of one sparse layer's routed experts on the GPU with the most routed
+        tokens (the layer's slowest under uniform routing)."""
+        g = int(np.argmax(self._load))
+        routed = tokens * float(self._load[g])
+        touched = float(expected_distinct_experts(self._groups[g], tokens))
+        flops = sum(f * routed for f, _, _, _ in self._gemms)
+        nbytes = sum(w * touched + a * routed for _, w, a, _ in self._gemms) + self._act.bytes[1] * routed
+        return flops, nbytes
+
     def all_to_all_time_s(self, tokens) -> np.ndarray:
         """Dispatch plus combine: each GPU sends the hidden states of its routed token copies
         whose expert sits elsewhere, and receives as many back."""

@@ -103,6 +103,7 @@ class RooflineCostModel(CostModel):
         self._byte_rate = np.array([bw * hw.efficiency_for(op.op_class).memory for op in self.ops])
         self._launch_s = hw.overheads.kernel_launch_us * 1e-6
         self._peak, self._bw = peak, bw
+        self._flop_rate_gemm = gemm_peak * hw.efficiency_for("linear").compute
         self._calibrated = self._calibrated_rows(hw.calibration)
         self.iteration_overhead_s = hw.overheads.iteration_us * 1e-6
         ic = hw.interconnect
@@ -278,7 +279,10 @@ class RooflineCostModel(CostModel):
             return []
         tokens = np.atleast_1d(np.asarray(tokens, dtype=np.float64))
         experts = float(self.experts.expert_time_s(tokens)[0])
-        rows = [OperatorCost("routed_experts", "linear", "layer", self.model.moe_layers, 0.0, 0.0, 0.0, 0.0, experts)]
+        flops, nbytes = self.experts.work(float(tokens[0]))
+        compute, memory = flops / self._flop_rate_gemm, nbytes / self._bw
+        row = OperatorCost("routed_experts", "linear", "layer", self.model.moe_layers, flops, nbytes, compute, memory, experts)
+        rows = [row]
         if self.ep > 1:
             a2a = float(self.experts.all_to_all_time_s(tokens)[0])
             rows.append(OperatorCost("all_to_all", "communication", "layer", self.model.moe_layers, 0.0, 0.0, 0.0, a2a, a2a))

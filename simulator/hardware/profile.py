@@ -167,7 +167,8 @@ class HardwareProfile(BaseModel):
         """FLOP/s for a compute dtype; int4 falls back to int8 rate and bf16 to fp16. FP8 has no
         fallback: a card without FP8 tensor cores cannot run it at any rate we could quote."""
         table = self.peak_tflops
-        self.require_dtype(dtype, f"hardware profile '{self.name}'")
+        if dtype == "fp8" and "fp8" not in table:
+            raise InfersimError(f"hardware profile '{self.name}' has no fp8 peak: fp8 needs FP8 tensor cores")
         for key in (dtype, {"bf16": "fp16", "int4": "int8"}.get(dtype, "fp16"), "fp16"):
             if key in table:
                 return table[key] * 1e12
