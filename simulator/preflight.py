@@ -60,6 +60,12 @@ def check_workload(
         hardware.require_dtype(normalize_dtype(name), f"{source}: field '{field}'")
     check_tensor_parallel(model, hw.tensor_parallel, source=source)
     check_expert_parallel(model, hw.tensor_parallel, hw.expert_parallel, source=source)
+    if spec.offload is not None and (model.moe is not None or model.mla is not None):
+        # the offload pipeline prices every layer alike and streams per-head K and V
+        raise InfersimError(
+            f"{source}: field 'offload': KV offload models dense layers with per-head K and V; "
+            f"'{model.name}' has experts or latent attention"
+        )
     max_model_len = sv.max_model_len or model.max_position_embeddings
     if not sv.chunked_prefill and sv.max_batched_tokens is not None and sv.max_batched_tokens < max_model_len:
         # without chunking a prompt is prefilled in one iteration (vLLM refuses the same setting)

@@ -176,23 +176,6 @@ def mlp_operators(
     return ops + [residual_add_operator("mlp_residual_add", h, ab)]
 
 
-def layer_operators(
-    spec: ModelSpec,
-    weight_dtype: str,
-    kv_dtype: str,
-    act_dtype: str,
-    tp: int,
-    fused_attention: bool = True,
-    fused_projections: bool = True,
-) -> list[Operator]:
-    """One dense layer: attention and the dense MLP."""
-    attention = attention_operators(spec, weight_dtype, kv_dtype, act_dtype, tp, fused_attention, fused_projections)
-    mlp = mlp_operators(
-        spec.hidden_size, spec.intermediate_size, spec.mlp == "gated", weight_dtype, act_dtype, tp, fused_projections
-    )
-    return attention + mlp
-
-
 def model_operators(spec: ModelSpec, weight_dtype: str, act_dtype: str, tp: int) -> list[Operator]:
     wb, ab = bytes_per_element(weight_dtype), bytes_per_element(act_dtype)
     h, v = spec.hidden_size, spec.vocab_size

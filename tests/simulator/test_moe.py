@@ -276,3 +276,17 @@ def test_mixtral_serving_runs_deterministically_with_and_without_expert_parallel
         b = simulate(spec, build_requests(spec, "."))
         assert np.array_equal(a.requests["finish_s"], b.requests["finish_s"])
         assert a.metrics.counters["iterations"] > 0
+
+
+def test_offload_with_a_mixture_of_experts_is_refused(tmp_path, capsys):
+    from infersim.cli.main import main
+
+    wl = tmp_path / "moe-offload.yaml"
+    wl.write_text(
+        "model: mixtral-8x7b\nhardware: {profile: h100-sxm, tensor_parallel: 2}\noffload: {policy: infinigen}\n"
+        "requests:\n  count: 5\n  arrival: {type: poisson, rate: 1}\n"
+        "  prompt_tokens: {type: fixed, value: 50}\n  output_tokens: {type: fixed, value: 5}\n"
+    )
+    assert main(["run", "-w", str(wl), "-o", str(tmp_path / "r"), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert "moe-offload.yaml: field 'offload'" in err and "mixtral-8x7b" in err
