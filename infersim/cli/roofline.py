@@ -74,6 +74,12 @@ def add_parser(sub) -> None:
     )
     add_cost_options(p)
     p.add_argument(
+        "--ep",
+        type=int,
+        default=1,
+        help="expert-parallel degree of a mixture of experts: 1 or --tp; > 1 adds all-to-all rows (default 1)",
+    )
+    p.add_argument(
         "--phase",
         default="prefill,decode",
         help="comma list of prefill (batch prompts of seq tokens), decode (1 new token over seq cached), "
@@ -193,6 +199,8 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    from infersim.simulator.costmodel.moe import check_expert_parallel
+
     from infersim.analysis.roofline import (
         PHASES,
         build_cost_model,
@@ -215,10 +223,13 @@ def run(args: argparse.Namespace) -> int:
     seqs = parse_ints(args.seq, "seq")
     cands = parse_ints(args.candidates, "candidates")
     check_batch_memory(batches, "--batch", args.no_memory_check)
+    options = resolve_cost_options(args)
+    check_expert_parallel(options["model"], args.tp, args.ep, "--ep")
     cost = build_cost_model(
-        **resolve_cost_options(args),
+        **options,
         fused_attention=args.attention == "fused",
         fused_projections=args.projections == "fused",
+        expert_parallel=args.ep,
     )
     ops = operator_table(cost, phases, batches, seqs, cands)
     iters = iteration_table(cost, phases, batches, seqs, cands)

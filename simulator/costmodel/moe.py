@@ -29,21 +29,25 @@ from ..hardware.profile import HardwareProfile
 from ..models.dtypes import bytes_per_element
 from ..models.moe import expected_distinct_experts
 from ..models.spec import ModelSpec
+from ..validation import positive_int, source_field
 from .kernel_times import elementwise_time_s, gemm_device, gemm_params, gemm_time_s
 from .operators import Operator, act_operator, linear_operator, mlp_operators
 
 
-def check_expert_parallel(model: ModelSpec, tp: int, ep: int, source: str = "workload") -> int:
+def check_expert_parallel(
+    model: ModelSpec, tp: int, ep: int, field: str = "hardware.expert_parallel", source: str = ""
+) -> int:
     """EP spreads whole experts over the tensor-parallel group: 1, or equal to TP with the
     experts dividing evenly."""
-    field = f"{source}: field 'hardware.expert_parallel'"
+    positive_int(ep, field, source)
+    field = source_field(source, field) if source else field
     if ep == 1:
         return ep
     if model.moe is None:
         raise InfersimError(f"{field}: {ep} needs a mixture-of-experts model; '{model.name}' has no experts")
     if ep != tp:
         raise InfersimError(
-            f"{field}: {ep} must equal hardware.tensor_parallel ({tp}): experts are spread over the "
+            f"{field}: {ep} must equal the tensor-parallel degree ({tp}): experts are spread over the "
             f"tensor-parallel group, as vLLM's --enable-expert-parallel does"
         )
     if model.moe.num_experts % ep:

@@ -243,7 +243,7 @@ def test_expert_parallel_all_to_all_by_hand():
     "model, tp, ep, needle",
     [
         ("llama-2-7b", 2, 2, "no experts"),
-        ("mixtral-8x7b", 4, 2, "must equal hardware.tensor_parallel"),
+        ("mixtral-8x7b", 4, 2, "must equal the tensor-parallel degree"),
         ("qwen1.5-moe-a2.7b", 8, 8, "does not divide the 60 experts"),
     ],
 )
@@ -290,3 +290,11 @@ def test_offload_with_a_mixture_of_experts_is_refused(tmp_path, capsys):
     assert main(["run", "-w", str(wl), "-o", str(tmp_path / "r"), "-q"]) == 2
     err = capsys.readouterr().err
     assert "moe-offload.yaml: field 'offload'" in err and "mixtral-8x7b" in err
+
+
+def test_sim_roofline_names_the_ep_flag(capsys):
+    from infersim.cli.main import main
+
+    assert main(["roofline", "--model", "mixtral-8x7b", "--tp", "4", "--ep", "2", "--batch", "1", "--seq", "128"]) == 2
+    err = capsys.readouterr().err
+    assert "--ep: 2 must equal the tensor-parallel degree (4)" in err and len(err.strip().splitlines()) == 1
