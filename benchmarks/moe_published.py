@@ -45,11 +45,19 @@ BATCH, PROMPT, OUTPUT = 8, 32, 128
 _LLAMA3 = {"model_type": "llama", "num_key_value_heads": 8, "vocab_size": 128256, "torch_dtype": "bfloat16"}
 DENSE = {
     "llama8B_tp1": dict(
-        _LLAMA3, hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, intermediate_size=14336,
+        _LLAMA3,
+        hidden_size=4096,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        intermediate_size=14336,
         max_position_embeddings=131072,
     ),
     "llama70B_tp4": dict(
-        _LLAMA3, hidden_size=8192, num_hidden_layers=80, num_attention_heads=64, intermediate_size=28672,
+        _LLAMA3,
+        hidden_size=8192,
+        num_hidden_layers=80,
+        num_attention_heads=64,
+        intermediate_size=28672,
         max_position_embeddings=8192,
     ),
 }

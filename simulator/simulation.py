@@ -60,8 +60,8 @@ class Simulation:
         dtype = normalize_dtype(sv.dtype)
         kv_dtype = normalize_dtype(sv.kv_dtype or sv.dtype)
         tp = check_tensor_parallel(self.model, hw_sec.tensor_parallel, source=source)
-        for field, name in (("serving.dtype", dtype), ("serving.kv_dtype", kv_dtype)):
-            self.hardware.require_dtype(name, f"{source}: field '{field}'")
+        for key, name in (("serving.dtype", dtype), ("serving.kv_dtype", kv_dtype)):
+            self.hardware.require_dtype(name, f"{source}: field '{key}'")
         parallel = {"expert_parallel": hw_sec.expert_parallel} if hw_sec.expert_parallel > 1 else {}
         max_model_len = sv.max_model_len or self.model.max_position_embeddings
         max_batched = sv.max_batched_tokens or (2048 if sv.chunked_prefill else max(max_model_len, 2048))

@@ -199,8 +199,6 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from infersim.simulator.costmodel.moe import check_expert_parallel
-
     from infersim.analysis.roofline import (
         PHASES,
         build_cost_model,
@@ -209,6 +207,7 @@ def run(args: argparse.Namespace) -> int:
         operator_table,
         plot_roofline,
     )
+    from infersim.simulator.costmodel.moe import check_expert_parallel
     from infersim.simulator.metrics.rundir import check_out_file
     from infersim.simulator.yamlio import atomic_path, write_atomic
 

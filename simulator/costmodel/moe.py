@@ -66,7 +66,11 @@ def moe_affine_operators(
     ops = [
         linear_operator("router", h, moe.num_experts, wb, ab, 1),
         Operator(
-            "router_topk", "elementwise", "layer", (0, 5.0 * moe.num_experts, 0, 0, 0), (0, 2.0 * moe.num_experts * ab, 0, 0, 0)
+            "router_topk",
+            "elementwise",
+            "layer",
+            (0, 5.0 * moe.num_experts, 0, 0, 0),
+            (0, 2.0 * moe.num_experts * ab, 0, 0, 0),
         ),
     ]
     if moe.shared_intermediate_size:
@@ -86,11 +90,20 @@ class RoutedExperts:
     combine, for arrays of batch token counts."""
 
     def __init__(
-        self, spec: ModelSpec, hardware: HardwareProfile, weight_dtype: str, act_dtype: str, compute_dtype: str, tp: int, ep: int
+        self,
+        spec: ModelSpec,
+        hardware: HardwareProfile,
+        weight_dtype: str,
+        act_dtype: str,
+        compute_dtype: str,
+        tp: int,
+        ep: int,
     ):
         moe, h = spec.moe, spec.hidden_size
         self.ep, self.k = ep, moe.experts_per_token
-        width = moe.expert_intermediate_size / (tp // ep)  # each expert tensor-split over the ranks not spreading experts
+        width = moe.expert_intermediate_size / (
+            tp // ep
+        )  # each expert tensor-split over the ranks not spreading experts
         wb, ab = bytes_per_element(weight_dtype), bytes_per_element(act_dtype)
         gated = spec.mlp == "gated"
         n_up = 2 if gated else 1
@@ -141,7 +154,9 @@ class RoutedExperts:
             total = total + act_bytes / self._el_rate + self._launch_s
         else:
             e = self._act_fit
-            total = total + elementwise_time_s(e.memory, e.launch_us, act_bytes, routed, self._hw.memory_bandwidth_bytes_per_s(), e.saturation_tokens)
+            total = total + elementwise_time_s(
+                e.memory, e.launch_us, act_bytes, routed, self._hw.memory_bandwidth_bytes_per_s(), e.saturation_tokens
+            )
         return total
 
     def expert_time_s(self, tokens) -> np.ndarray:

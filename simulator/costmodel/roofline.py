@@ -83,7 +83,9 @@ class RooflineCostModel(CostModel):
         attention = attention_operators(m, wd, self.kv_dtype, ad, tp, self.fused_attention, fp)
         groups = [(attention, m.num_layers)]
         if m.dense_layers:
-            groups.append((mlp_operators(m.hidden_size, m.intermediate_size, m.mlp == "gated", wd, ad, tp, fp), m.dense_layers))
+            groups.append(
+                (mlp_operators(m.hidden_size, m.intermediate_size, m.mlp == "gated", wd, ad, tp, fp), m.dense_layers)
+            )
         if m.moe_layers:
             groups.append((moe_affine_operators(m, wd, ad, tp, fp), m.moe_layers))
         ops = [op for group, _ in groups for op in group]
@@ -98,7 +100,10 @@ class RooflineCostModel(CostModel):
         self._count = np.array(self._layer_counts + [1] * len(self.model_ops), dtype=np.float64)
         self._flop_coef, self._byte_coef = coefficient_matrices(self.ops)
         self._flop_rate = np.array(
-            [(gemm_peak if op.op_class == "linear" else peak) * hw.efficiency_for(op.op_class).compute for op in self.ops]
+            [
+                (gemm_peak if op.op_class == "linear" else peak) * hw.efficiency_for(op.op_class).compute
+                for op in self.ops
+            ]
         )
         self._byte_rate = np.array([bw * hw.efficiency_for(op.op_class).memory for op in self.ops])
         self._launch_s = hw.overheads.kernel_launch_us * 1e-6
@@ -281,9 +286,13 @@ class RooflineCostModel(CostModel):
         experts = float(self.experts.expert_time_s(tokens)[0])
         flops, nbytes = self.experts.work(float(tokens[0]))
         compute, memory = flops / self._flop_rate_gemm, nbytes / self._bw
-        row = OperatorCost("routed_experts", "linear", "layer", self.model.moe_layers, flops, nbytes, compute, memory, experts)
+        row = OperatorCost(
+            "routed_experts", "linear", "layer", self.model.moe_layers, flops, nbytes, compute, memory, experts
+        )
         rows = [row]
         if self.ep > 1:
             a2a = float(self.experts.all_to_all_time_s(tokens)[0])
-            rows.append(OperatorCost("all_to_all", "communication", "layer", self.model.moe_layers, 0.0, 0.0, 0.0, a2a, a2a))
+            rows.append(
+                OperatorCost("all_to_all", "communication", "layer", self.model.moe_layers, 0.0, 0.0, 0.0, a2a, a2a)
+            )
         return rows

@@ -29,7 +29,9 @@ class MoESpec(BaseModel):
         0, description="intermediate width of the shared experts together (0: none), as checkpoints fuse them"
     )
     shared_expert_gate: bool = Field(False, description="a sigmoid gate (hidden -> 1) scales the shared output (Qwen)")
-    first_dense_layers: NonNegativeInt = Field(0, description="leading layers with a dense MLP (DeepSeek first_k_dense_replace)")
+    first_dense_layers: NonNegativeInt = Field(
+        0, description="leading layers with a dense MLP (DeepSeek first_k_dense_replace)"
+    )
     layer_freq: PositiveInt = Field(1, description="after those, every layer_freq-th layer is sparse")
     layer_phase: NonNegativeInt = Field(0, description="layer i is sparse when i % layer_freq == layer_phase")
     expert_popularity: Optional[tuple[float, ...]] = Field(
@@ -40,9 +42,7 @@ class MoESpec(BaseModel):
     @model_validator(mode="after")
     def _check(self):
         if self.experts_per_token > self.num_experts:
-            raise ValueError(
-                f"experts_per_token ({self.experts_per_token}) exceeds num_experts ({self.num_experts})"
-            )
+            raise ValueError(f"experts_per_token ({self.experts_per_token}) exceeds num_experts ({self.num_experts})")
         if self.layer_phase >= self.layer_freq:
             raise ValueError(f"layer_phase ({self.layer_phase}) must be below layer_freq ({self.layer_freq})")
         if bool(self.num_shared_experts) != bool(self.shared_intermediate_size):

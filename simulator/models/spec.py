@@ -154,8 +154,9 @@ class ModelSpec(BaseModel):
         """Weights on one tensor-parallel rank: 1/tp of the model, plus the K and V projection
         columns (and biases) of KV heads replicated when tp exceeds kv_heads."""
         tp = int(tensor_parallel)
-        if self.mla is not None:  # the latent projection (kv_a_proj) is replicated on every rank
-            extra = self.num_layers * (tp - 1) * self.hidden_size * self.mla.latent_width
+        if self.mla is not None:  # the latent projections (kv_a, and q_a when present) are replicated on every rank
+            replicated = self.mla.latent_width + (self.mla.q_lora_rank or 0)
+            extra = self.num_layers * (tp - 1) * self.hidden_size * replicated
         else:
             extra_columns = 2 * (self.kv_dim_per_gpu(tp) * tp - self.kv_dim)
             extra = self.num_layers * extra_columns * (self.hidden_size + (1 if self.attention_bias else 0))

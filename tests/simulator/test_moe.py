@@ -221,7 +221,13 @@ def test_measured_skew_touches_fewer_experts_and_a_hot_gpu_straggles():
 
 def test_popularity_is_validated():
     with pytest.raises(ValueError, match="sum to 1"):
-        MoESpec(num_experts=2, experts_per_token=1, expert_intermediate_size=8, expert_popularity=(0.5, 0.6), popularity_source="x")
+        MoESpec(
+            num_experts=2,
+            experts_per_token=1,
+            expert_intermediate_size=8,
+            expert_popularity=(0.5, 0.6),
+            popularity_source="x",
+        )
 
 
 def test_expert_parallel_all_to_all_by_hand():
