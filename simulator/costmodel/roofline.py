@@ -67,6 +67,10 @@ class RooflineCostModel(CostModel):
         self.fused_attention = fused_attention
         self.fused_projections = fused_projections
         self.layer_ops, self._layer_counts = self._layer_operators()
+        self._moe_layers = model.moe_layers
+        # layers' worth of the two all-reduces per layer: with expert parallelism a sparse layer's
+        # combine all-to-all replaces its MLP all-reduce
+        self._allreduce_layers = model.num_layers - (0.5 * self._moe_layers if self.ep > 1 else 0.0)
         self.model_ops = model_operators(model, self.weight_dtype, self.act_dtype, self.tp)
         self.experts = (
             RoutedExperts(model, hardware, self.weight_dtype, self.act_dtype, self.gemm_dtype, self.tp, self.ep)
@@ -202,15 +206,8 @@ class RooflineCostModel(CostModel):
         total = total + self._allreduce_layers * self.allreduce_time_s(tokens)
         if self.experts is not None:
             moe = self.experts.expert_time_s(tokens) + self.experts.all_to_all_time_s(tokens)
-            total = total + self.model.moe_layers * moe
+            total = total + self._moe_layers * moe
         return total
-
-    @property
-    def _allreduce_layers(self) -> float:
-        """Layers' worth of the two all-reduces per layer: with expert parallelism a sparse
-        layer's combine all-to-all replaces its MLP all-reduce."""
-        replaced = self.model.moe_layers if self.ep > 1 else 0
-        return self.model.num_layers - 0.5 * replaced
 
     # ---- interface --------------------------------------------------------------------
     def iteration_time_s(self, batch: BatchShape) -> float:
