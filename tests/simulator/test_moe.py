@@ -304,3 +304,16 @@ def test_sim_roofline_names_the_ep_flag(capsys):
     assert main(["roofline", "--model", "mixtral-8x7b", "--tp", "4", "--ep", "2", "--batch", "1", "--seq", "128"]) == 2
     err = capsys.readouterr().err
     assert "--ep: 2 must equal the tensor-parallel degree (4)" in err and len(err.strip().splitlines()) == 1
+
+
+def test_latent_attention_reads_the_latent_per_cached_token():
+    cm = _datasheet_cost("deepseek-v2-lite", tensor_parallel=2)
+    shape = BatchShape.decode([1000])
+    rows = {r.name: r for r in cm.breakdown(shape)}
+    more = {r.name: r for r in cm.breakdown(BatchShape.decode([2000]))}
+    # 1,000 more cached tokens read 1,000 more latents of 512 + 64 bf16 values, on every rank
+    assert more["qk"].bytes - rows["qk"].bytes == 1000 * (512 + 64) * 2
+    assert more["pv"].bytes == rows["pv"].bytes
+    assert rows["kv_write"].bytes == (512 + 64) * (2 + 2)
+    counts = {r.name: r.count for r in cm.breakdown(shape)}
+    assert counts["qk"] == 27 and counts["gate_up_proj"] == 1 and counts["router"] == 26
