@@ -84,6 +84,7 @@ def build_cost_model(
     tensor_parallel: int = 1,
     fused_attention: bool = True,
     fused_projections: bool = True,
+    expert_parallel: int = 1,
 ) -> RooflineCostModel:
     spec = load_model(model) if isinstance(model, str) else model
     hw = load_hardware(hardware) if isinstance(hardware, str) else hardware
@@ -99,6 +100,7 @@ def build_cost_model(
         tensor_parallel=tensor_parallel,
         fused_attention=fused_attention,
         fused_projections=fused_projections,
+        expert_parallel=expert_parallel,
     )
 
 

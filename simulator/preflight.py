@@ -6,6 +6,7 @@ them (validation.py is the leaf every schema uses)."""
 from __future__ import annotations
 
 from .costmodel import workload_cost_model
+from .costmodel.moe import check_expert_parallel
 from .engine.router import ROUTERS
 from .errors import InfersimError
 from .hardware.catalog import load_hardware
@@ -42,7 +43,7 @@ def check_workload(
     command-line flag that set it, for the message."""
     hw, sv = spec.hardware, spec.serving
     model = in_field(source, "model", load_model, spec.model)
-    in_field(source, "hardware.profile", load_hardware, hw.profile)
+    hardware = in_field(source, "hardware.profile", load_hardware, hw.profile)
     if hw.host_link is not None:
         in_field(source, "hardware.host_link", load_hardware, hw.profile, host_link=hw.host_link)
     for field, get, name in (
@@ -55,7 +56,16 @@ def check_workload(
     ):
         in_field(source, field, get, name)
     check_seed(spec.seed, "seed", source)
+    for field, name in (("serving.dtype", sv.dtype), ("serving.kv_dtype", sv.kv_dtype or sv.dtype)):
+        hardware.require_dtype(normalize_dtype(name), f"{source}: field '{field}'")
     check_tensor_parallel(model, hw.tensor_parallel, source=source)
+    check_expert_parallel(model, hw.tensor_parallel, hw.expert_parallel, source=source)
+    if spec.offload is not None and (model.moe is not None or model.mla is not None):
+        # the offload pipeline prices every layer alike and streams per-head K and V
+        raise InfersimError(
+            f"{source}: field 'offload': KV offload models dense layers with per-head K and V; "
+            f"'{model.name}' has experts or latent attention"
+        )
     max_model_len = sv.max_model_len or model.max_position_embeddings
     if not sv.chunked_prefill and sv.max_batched_tokens is not None and sv.max_batched_tokens < max_model_len:
         # without chunking a prompt is prefilled in one iteration (vLLM refuses the same setting)

@@ -60,11 +60,14 @@ class Simulation:
         dtype = normalize_dtype(sv.dtype)
         kv_dtype = normalize_dtype(sv.kv_dtype or sv.dtype)
         tp = check_tensor_parallel(self.model, hw_sec.tensor_parallel, source=source)
+        for key, name in (("serving.dtype", dtype), ("serving.kv_dtype", kv_dtype)):
+            self.hardware.require_dtype(name, f"{source}: field '{key}'")
+        parallel = {"expert_parallel": hw_sec.expert_parallel} if hw_sec.expert_parallel > 1 else {}
         max_model_len = sv.max_model_len or self.model.max_position_embeddings
         max_batched = sv.max_batched_tokens or (2048 if sv.chunked_prefill else max(max_model_len, 2048))
         self.limits = SchedulerLimits(sv.max_batch_size, max_batched, max_model_len, sv.chunked_prefill)
         self.cost_model = build_cost_model(
-            sv.cost_model, self.model, self.hardware, dtype=dtype, kv_dtype=kv_dtype, tensor_parallel=tp
+            sv.cost_model, self.model, self.hardware, dtype=dtype, kv_dtype=kv_dtype, tensor_parallel=tp, **parallel
         )
         if spec.offload is not None:
             # KV lives in host memory: the GPU-only plan would reject models that offload weights too

@@ -58,13 +58,26 @@ def run_models(args: argparse.Namespace) -> int:
                 str(m.hidden_size),
                 f"{m.num_heads}/{m.kv_heads}",
                 f"{m.params_total() / 1e9:.3f}",
+                f"{m.params_active_per_token() / 1e9:.3f}",
+                f"{m.moe.num_experts} top-{m.moe.experts_per_token}" if m.moe else "dense",
                 f"{m.weight_bytes(args.dtype) / 1e9:.2f}",
                 f"{m.bytes_kv_per_token(args.dtype) / 1024:.0f}",
             )
         )
     show_catalog(
         f"models ({args.dtype})",
-        ["name", "family", "layers", "hidden", "heads/kv", "params (B)", "weights (GB)", "KV/token (KiB)"],
+        [
+            "name",
+            "family",
+            "layers",
+            "hidden",
+            "heads/kv",
+            "params (B)",
+            "active (B)",
+            "experts",
+            "weights (GB)",
+            "KV/token (KiB)",
+        ],
         rows,
         numeric_from=2,
     )

@@ -33,7 +33,7 @@ def add_cost_options(p: argparse.ArgumentParser) -> None:
         help="hardware profile name or YAML (default a100-80gb-pcie); NAME:datasheet for the pure "
         "datasheet roofline of a calibrated profile",
     )
-    p.add_argument("--dtype", default="fp16", help="weight dtype: fp32, fp16, bf16, int8, int4 (default fp16)")
+    p.add_argument("--dtype", default="fp16", help="weight dtype: fp32, fp16, bf16, fp8, int8, int4 (default fp16)")
     p.add_argument("--kv-dtype", default=None, help="KV cache dtype (default: the weight dtype)")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree; > 1 adds all-reduce rows (default 1)")
     add_memory_flag(p)
@@ -48,11 +48,16 @@ def resolve_cost_options(args: argparse.Namespace) -> dict:
     from infersim.simulator.validation import check_tensor_parallel, in_field
 
     model = in_field("", "--model", load_model, args.model)
+    hardware = in_field("", "--hardware", load_hardware, args.hardware)
+    dtype = in_field("", "--dtype", normalize_dtype, args.dtype)
+    kv_dtype = None if args.kv_dtype is None else in_field("", "--kv-dtype", normalize_dtype, args.kv_dtype)
+    hardware.require_dtype(dtype, "--dtype")
+    hardware.require_dtype(kv_dtype or dtype, "--kv-dtype" if kv_dtype else "--dtype")
     return {
         "model": model,
-        "hardware": in_field("", "--hardware", load_hardware, args.hardware),
-        "dtype": in_field("", "--dtype", normalize_dtype, args.dtype),
-        "kv_dtype": None if args.kv_dtype is None else in_field("", "--kv-dtype", normalize_dtype, args.kv_dtype),
+        "hardware": hardware,
+        "dtype": dtype,
+        "kv_dtype": kv_dtype,
         "tensor_parallel": check_tensor_parallel(model, args.tp, "--tp"),
     }
 
@@ -68,6 +73,12 @@ def add_parser(sub) -> None:
         "batch 1..64 x sequence length 128..8192, powers of two.",
     )
     add_cost_options(p)
+    p.add_argument(
+        "--ep",
+        type=int,
+        default=1,
+        help="expert-parallel degree of a mixture of experts: 1 or --tp; > 1 adds all-to-all rows (default 1)",
+    )
     p.add_argument(
         "--phase",
         default="prefill,decode",
@@ -196,6 +207,7 @@ def run(args: argparse.Namespace) -> int:
         operator_table,
         plot_roofline,
     )
+    from infersim.simulator.costmodel.moe import check_expert_parallel
     from infersim.simulator.metrics.rundir import check_out_file
     from infersim.simulator.yamlio import atomic_path, write_atomic
 
@@ -210,10 +222,13 @@ def run(args: argparse.Namespace) -> int:
     seqs = parse_ints(args.seq, "seq")
     cands = parse_ints(args.candidates, "candidates")
     check_batch_memory(batches, "--batch", args.no_memory_check)
+    options = resolve_cost_options(args)
+    check_expert_parallel(options["model"], args.tp, args.ep, "--ep")
     cost = build_cost_model(
-        **resolve_cost_options(args),
+        **options,
         fused_attention=args.attention == "fused",
         fused_projections=args.projections == "fused",
+        expert_parallel=args.ep,
     )
     ops = operator_table(cost, phases, batches, seqs, cands)
     iters = iteration_table(cost, phases, batches, seqs, cands)

@@ -98,7 +98,7 @@ def embedding_operator(h: int, wb: float, ab: float) -> Operator:
     return Operator("embedding", "elementwise", "model", (0, 0, 0, 0, 0), (0, h * (wb + ab), 0, 0, 0), "emb")
 
 
-def layer_operators(
+def attention_operators(
     spec: ModelSpec,
     weight_dtype: str,
     kv_dtype: str,
@@ -107,8 +107,13 @@ def layer_operators(
     fused_attention: bool = True,
     fused_projections: bool = True,
 ) -> list[Operator]:
+    """A layer's operators up to the MLP: norm, projections, attention, residual, norm."""
     wb, kb, ab = bytes_per_element(weight_dtype), bytes_per_element(kv_dtype), bytes_per_element(act_dtype)
-    h, i = spec.hidden_size, spec.intermediate_size
+    h = spec.hidden_size
+    if spec.mla is not None:
+        from .mla import mla_attention_operators  # latent attention has its own projections
+
+        return mla_attention_operators(spec, wb, kb, ab, tp, fused_attention)
     n_local = spec.num_heads / tp
     kv_local = spec.kv_dim_per_gpu(tp)  # KV heads replicate when tp exceeds them
     q_local = spec.q_dim / tp
@@ -129,7 +134,7 @@ def layer_operators(
         Operator("kv_write", "elementwise", "layer", (0, 0, 0, 0, 0), (0, 2.0 * kv_local * (ab + kb), 0, 0, 0)),
     ]
     score_bytes = 0.0 if fused_attention else n_local * ab
-    ops += [
+    return ops + [
         Operator(
             "qk",
             "attention",
@@ -149,14 +154,21 @@ def layer_operators(
         residual_add_operator("attn_residual_add", h, ab),
         norm_operator("post_attn_norm", h, wb, ab),
     ]
-    if spec.mlp == "gated":
+
+
+def mlp_operators(
+    h: int, i: int, gated: bool, weight_dtype: str, act_dtype: str, tp: int, fused_projections: bool = True
+) -> list[Operator]:
+    """A dense MLP of width i and its residual add."""
+    wb, ab = bytes_per_element(weight_dtype), bytes_per_element(act_dtype)
+    if gated:
         if fused_projections:
-            ops.append(_linear("gate_up_proj", h, 2 * i, wb, ab, tp))
+            ops = [_linear("gate_up_proj", h, 2 * i, wb, ab, tp)]
         else:
-            ops += [_linear("up_proj", h, i, wb, ab, tp), _linear("gate_proj", h, i, wb, ab, tp)]
+            ops = [_linear("up_proj", h, i, wb, ab, tp), _linear("gate_proj", h, i, wb, ab, tp)]
         ops += [act_operator(i / tp, True, ab), _linear("down_proj", i, h, wb, ab, tp, split_out=False)]
     else:
-        ops += [
+        ops = [
             _linear("fc1", h, i, wb, ab, tp),
             act_operator(i / tp, False, ab),
             _linear("fc2", i, h, wb, ab, tp, split_out=False),

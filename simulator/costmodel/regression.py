@@ -241,7 +241,17 @@ MODEL_PREDICTORS_FORMAT = "infersim-model-predictors"
 MODEL_PREDICTORS_VERSION = 1
 MODEL_FEATURES = ("tokens", "batch", "sum_sq_tokens")  # of a prefill batch: sum q, sequences, sum q^2
 # ModelSpec fields that do not change what a forward pass computes
-_NOT_SHAPE = {"name", "aliases", "source", "published_params", "published_params_source", "default_dtype"}
+_NOT_SHAPE = {
+    "name",
+    "aliases",
+    "source",
+    "published_params",
+    "published_active_params",
+    "published_params_source",
+    "default_dtype",
+}
+# shape fields added later, left out at their defaults so a dense model's hash stays what it was
+_LATER_SHAPE_DEFAULTS = {"qk_norm": False, "moe": None, "mla": None}
 
 
 def model_config_hash(spec: ModelSpec) -> str:
@@ -250,6 +260,9 @@ def model_config_hash(spec: ModelSpec) -> str:
     config.json path hashes alike, and another model (or a renamed copy of a different
     shape) does not."""
     shape = spec.model_dump(exclude=_NOT_SHAPE)
+    for key, default in _LATER_SHAPE_DEFAULTS.items():
+        if shape.get(key) == default:
+            shape.pop(key)
     shape["num_kv_heads"], shape["head_dim"] = spec.kv_heads, spec.dim_head  # defaults made explicit
     return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()
 

@@ -19,12 +19,25 @@ from ..validation import check_tensor_parallel
 from .base import CostModel, Direction, OperatorCost
 from .batch import BatchShape, BatchTotals
 from .kernel_times import elementwise_time_s, gemm_device, gemm_params, gemm_time_s
-from .operators import allreduce_bytes_per_layer, coefficient_matrices, layer_operators, model_operators
+from .moe import RoutedExperts, check_expert_parallel, moe_affine_operators
+from .operators import (
+    allreduce_bytes_per_layer,
+    attention_operators,
+    coefficient_matrices,
+    mlp_operators,
+    model_operators,
+)
 
 
 def compute_dtype_for(weight_dtype: str) -> str:
-    """Weight-only quantisation (int8/int4) still computes in fp16."""
+    """The activations' dtype: weight-only quantisation (int8/int4) and FP8 keep 16-bit activations."""
     return weight_dtype if weight_dtype in ("fp32", "fp16", "bf16") else "fp16"
+
+
+def gemm_dtype_for(weight_dtype: str) -> str:
+    """The GEMMs' tensor-core rate: FP8 weights run FP8 GEMMs (activations quantised per token, as
+    vLLM and TensorRT-LLM do on Hopper and Ada); everything else at the activations' rate."""
+    return "fp8" if weight_dtype == "fp8" else compute_dtype_for(weight_dtype)
 
 
 class RooflineCostModel(CostModel):
@@ -41,35 +54,65 @@ class RooflineCostModel(CostModel):
         tensor_parallel: int = 1,
         fused_attention: bool = True,
         fused_projections: bool = True,
+        expert_parallel: int = 1,
     ):
         self.model, self.hardware = model, hardware
         self.weight_dtype = normalize_dtype(dtype)
         self.kv_dtype = normalize_dtype(kv_dtype or self.weight_dtype)
         self.act_dtype = compute_dtype_for(self.weight_dtype)
+        self.gemm_dtype = gemm_dtype_for(self.weight_dtype)
         self.tp = int(tensor_parallel)
         check_tensor_parallel(model, self.tp)
+        self.ep = check_expert_parallel(model, self.tp, int(expert_parallel))
         self.fused_attention = fused_attention
         self.fused_projections = fused_projections
-        self.layer_ops = layer_operators(
-            model, self.weight_dtype, self.kv_dtype, self.act_dtype, self.tp, fused_attention, fused_projections
-        )
+        self.layer_ops, self._layer_counts = self._layer_operators()
+        self._moe_layers = model.moe_layers
+        # layers' worth of the two all-reduces per layer: with expert parallelism a sparse layer's
+        # combine all-to-all replaces its MLP all-reduce
+        self._allreduce_layers = model.num_layers - (0.5 * self._moe_layers if self.ep > 1 else 0.0)
         self.model_ops = model_operators(model, self.weight_dtype, self.act_dtype, self.tp)
+        self.experts = (
+            RoutedExperts(model, hardware, self.weight_dtype, self.act_dtype, self.gemm_dtype, self.tp, self.ep)
+            if model.moe is not None
+            else None
+        )
         self._precompute()
+
+    def _layer_operators(self):
+        """Per-layer operators and how many layers run each: attention in every layer, the dense
+        MLP in the dense layers, the sparse MLP's affine part in the sparse ones (the routed
+        experts, not affine in the batch, are priced by `RoutedExperts`)."""
+        m, wd, ad, tp, fp = self.model, self.weight_dtype, self.act_dtype, self.tp, self.fused_projections
+        attention = attention_operators(m, wd, self.kv_dtype, ad, tp, self.fused_attention, fp)
+        groups = [(attention, m.num_layers)]
+        if m.dense_layers:
+            groups.append(
+                (mlp_operators(m.hidden_size, m.intermediate_size, m.mlp == "gated", wd, ad, tp, fp), m.dense_layers)
+            )
+        if m.moe_layers:
+            groups.append((moe_affine_operators(m, wd, ad, tp, fp), m.moe_layers))
+        ops = [op for group, _ in groups for op in group]
+        return ops, [n for group, n in groups for _ in group]
 
     # ---- precomputed rates ----------------------------------------------------------
     def _precompute(self) -> None:
         hw = self.hardware
-        peak = hw.peak_flops(self.act_dtype)
+        peak, gemm_peak = hw.peak_flops(self.act_dtype), hw.peak_flops(self.gemm_dtype)
         bw = hw.memory_bandwidth_bytes_per_s()
         self.ops = self.layer_ops + self.model_ops
-        self._count = np.array(
-            [self.model.num_layers] * len(self.layer_ops) + [1] * len(self.model_ops), dtype=np.float64
-        )
+        self._count = np.array(self._layer_counts + [1] * len(self.model_ops), dtype=np.float64)
         self._flop_coef, self._byte_coef = coefficient_matrices(self.ops)
-        self._flop_rate = np.array([peak * hw.efficiency_for(op.op_class).compute for op in self.ops])
+        self._flop_rate = np.array(
+            [
+                (gemm_peak if op.op_class == "linear" else peak) * hw.efficiency_for(op.op_class).compute
+                for op in self.ops
+            ]
+        )
         self._byte_rate = np.array([bw * hw.efficiency_for(op.op_class).memory for op in self.ops])
         self._launch_s = hw.overheads.kernel_launch_us * 1e-6
         self._peak, self._bw = peak, bw
+        self._flop_rate_gemm = gemm_peak * hw.efficiency_for("linear").compute
         self._calibrated = self._calibrated_rows(hw.calibration)
         self.iteration_overhead_s = hw.overheads.iteration_us * 1e-6
         ic = hw.interconnect
@@ -83,7 +126,7 @@ class RooflineCostModel(CostModel):
         if calibration is None:
             return []
 
-        device = gemm_device(self.hardware, self.act_dtype)
+        device = gemm_device(self.hardware, self.gemm_dtype)
         rows = []
         for j, op in enumerate(self.ops):
             f, b = self._flop_coef[j], self._byte_coef[j]
@@ -159,7 +202,12 @@ class RooflineCostModel(CostModel):
         total = np.full(time.shape[1], self.iteration_overhead_s)
         for row in time:  # a fixed, sequential order of additions: identical for any n
             total = total + row
-        return total + self.model.num_layers * self.allreduce_time_s(np.asarray(t.tokens, dtype=np.float64))
+        tokens = np.asarray(t.tokens, dtype=np.float64)
+        total = total + self._allreduce_layers * self.allreduce_time_s(tokens)
+        if self.experts is not None:
+            moe = self.experts.expert_time_s(tokens) + self.experts.all_to_all_time_s(tokens)
+            total = total + self._moe_layers * moe
+        return total
 
     # ---- interface --------------------------------------------------------------------
     def iteration_time_s(self, batch: BatchShape) -> float:
@@ -212,7 +260,7 @@ class RooflineCostModel(CostModel):
                 )
             )
         if self.tp > 1:
-            ar = float(self.allreduce_time_s(t.tokens))
+            ar = float(self.allreduce_time_s(t.tokens)) * self._allreduce_layers / self.model.num_layers
             rows.append(
                 OperatorCost(
                     "allreduce",
@@ -225,5 +273,23 @@ class RooflineCostModel(CostModel):
                     ar,
                     ar,
                 )
+            )
+        return rows + self._expert_rows(t.tokens)
+
+    def _expert_rows(self, tokens) -> list[OperatorCost]:
+        if self.experts is None:
+            return []
+        tokens = np.atleast_1d(np.asarray(tokens, dtype=np.float64))
+        experts = float(self.experts.expert_time_s(tokens)[0])
+        flops, nbytes = self.experts.work(float(tokens[0]))
+        compute, memory = flops / self._flop_rate_gemm, nbytes / self._bw
+        row = OperatorCost(
+            "routed_experts", "linear", "layer", self.model.moe_layers, flops, nbytes, compute, memory, experts
+        )
+        rows = [row]
+        if self.ep > 1:
+            a2a = float(self.experts.all_to_all_time_s(tokens)[0])
+            rows.append(
+                OperatorCost("all_to_all", "communication", "layer", self.model.moe_layers, 0.0, 0.0, 0.0, a2a, a2a)
             )
         return rows

@@ -11,6 +11,7 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
 
+from ..errors import InfersimError
 from ..validation import STRICT_CONFIG
 from .collectives import CollectivesSection
 
@@ -139,7 +140,7 @@ class HardwareProfile(BaseModel):
     name: str
     aliases: list[str] = []
     source: str
-    peak_tflops: dict[str, PositiveFloat] = Field(description="dense peak per dtype: fp16, bf16, fp32, int8, int4")
+    peak_tflops: dict[str, PositiveFloat] = Field(description="dense peak per dtype: fp16, bf16, fp32, fp8, int8, int4")
     memory_bandwidth_gbps: PositiveFloat
     memory_gb: PositiveFloat
     sm_count: Optional[PositiveInt] = Field(None, description="streaming multiprocessors: the slots of one GEMM wave")
@@ -163,12 +164,24 @@ class HardwareProfile(BaseModel):
         return self
 
     def peak_flops(self, dtype: str) -> float:
-        """FLOP/s for a compute dtype; int4 falls back to int8 rate and bf16 to fp16."""
+        """FLOP/s for a compute dtype; int4 falls back to int8 rate and bf16 to fp16. FP8 has no
+        fallback: a card without FP8 tensor cores cannot run it at any rate we could quote."""
         table = self.peak_tflops
+        if dtype == "fp8" and "fp8" not in table:
+            raise InfersimError(f"hardware profile '{self.name}' has no fp8 peak: fp8 needs FP8 tensor cores")
         for key in (dtype, {"bf16": "fp16", "int4": "int8"}.get(dtype, "fp16"), "fp16"):
             if key in table:
                 return table[key] * 1e12
         raise KeyError(dtype)
+
+    def require_dtype(self, dtype: str, field: str) -> None:
+        """Refuse FP8 (weights or KV cache) on a card whose profile gives no fp8 peak: without FP8
+        tensor cores (A100, A40, V100, RTX A6000) serving engines do not run it."""
+        if dtype == "fp8" and "fp8" not in self.peak_tflops:
+            raise InfersimError(
+                f"{field}: fp8 needs FP8 tensor cores and hardware profile '{self.name}' has no fp8 peak "
+                f"(H100, H200, L40 and later have them)"
+            )
 
     def memory_bandwidth_bytes_per_s(self) -> float:
         return self.memory_bandwidth_gbps * 1e9

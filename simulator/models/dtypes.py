@@ -6,9 +6,10 @@ from typing import Literal
 
 from ..errors import InfersimError
 
-DType = Literal["fp32", "fp16", "bf16", "int8", "int4"]
+DType = Literal["fp32", "fp16", "bf16", "fp8", "int8", "int4"]
 
-BYTES_PER_ELEMENT: dict[str, float] = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "int8": 1.0, "int4": 0.5}
+# fp8: the 8-bit floats of Hopper and Ada tensor cores (E4M3 weights, E4M3 or E5M2 KV cache)
+BYTES_PER_ELEMENT: dict[str, float] = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}
 
 _ALIASES = {
     "float32": "fp32",
@@ -19,6 +20,10 @@ _ALIASES = {
     "torch.float16": "fp16",
     "torch.bfloat16": "bf16",
     "torch.float32": "fp32",
+    "float8": "fp8",
+    "float8_e4m3fn": "fp8",
+    "fp8_e4m3": "fp8",
+    "fp8_e5m2": "fp8",
 }
 
 

@@ -1,4 +1,6 @@
-"""A Hugging Face `config.json` to a `ModelSpec`, for the dense decoder families we model.
+"""A Hugging Face `config.json` to a `ModelSpec`, for the decoder families we model: dense
+(llama, mistral, opt, gpt2, gpt_neox) and mixtures of experts (mixtral, qwen2_moe, qwen3_moe,
+deepseek_v2, deepseek_v3).
 
 Each family names the same shape differently and differs in biases, norms, tying and
 position embeddings; the defaults below are those of the family's transformers config class,
@@ -123,12 +125,94 @@ def _gpt_neox(f: _Fields) -> dict:
     )
 
 
+def _mixtral(f: _Fields) -> dict:
+    fields = _llama(f)
+    fields["max_position_embeddings"] = f.integer("max_position_embeddings", 4096 * 32)
+    fields["moe"] = dict(
+        num_experts=f.integer("num_local_experts", 8),
+        experts_per_token=f.integer("num_experts_per_tok", 2),
+        expert_intermediate_size=fields["intermediate_size"],
+    )
+    return fields
+
+
+def _qwen_moe(f: _Fields) -> dict:
+    # Qwen2MoeConfig and Qwen3MoeConfig: layer i is sparse when (i + 1) % decoder_sparse_step == 0
+    qwen3 = f.config.get("model_type") == "qwen3_moe"
+    if f.config.get("mlp_only_layers"):
+        f._fail("mlp_only_layers", "dense layers listed one by one are not modelled; only decoder_sparse_step")
+    step = f.integer("decoder_sparse_step", 1)
+    shared = 0 if qwen3 else f.integer("shared_expert_intermediate_size")
+    fields = _llama(f)
+    fields.update(
+        max_position_embeddings=f.integer("max_position_embeddings", 32768),
+        qk_norm=qwen3,
+        moe=dict(
+            num_experts=f.integer("num_experts"),
+            experts_per_token=f.integer("num_experts_per_tok"),
+            expert_intermediate_size=f.integer("moe_intermediate_size"),
+            num_shared_experts=1 if shared else 0,
+            shared_intermediate_size=shared,
+            shared_expert_gate=bool(shared),
+            layer_freq=step,
+            layer_phase=step - 1,
+        ),
+    )
+    return fields
+
+
+def _deepseek(f: _Fields) -> dict:
+    # DeepseekV2Config/V3Config: layer i is sparse when i >= first_k_dense_replace and
+    # i % moe_layer_freq == 0; the shared experts are one MLP of n_shared_experts x the expert width
+    heads = f.integer("num_attention_heads")
+    nope, rope = f.integer("qk_nope_head_dim"), f.integer("qk_rope_head_dim")
+    expert = f.integer("moe_intermediate_size")
+    n_shared = f.config.get("n_shared_experts") or 0
+    if not isinstance(n_shared, int) or isinstance(n_shared, bool) or n_shared < 0:
+        f._fail("n_shared_experts", f"expected a whole number >= 0, got {n_shared!r}")
+    return dict(
+        hidden_size=f.integer("hidden_size"),
+        num_layers=f.integer("num_hidden_layers"),
+        num_heads=heads,
+        num_kv_heads=heads,
+        head_dim=nope + rope,
+        intermediate_size=f.integer("intermediate_size"),
+        vocab_size=f.integer("vocab_size"),
+        max_position_embeddings=f.integer("max_position_embeddings", 2048),
+        mlp="gated",
+        norm="rmsnorm",
+        attention_bias=f.flag("attention_bias", False),
+        tied_embeddings=f.flag("tie_word_embeddings", False),
+        mla=dict(
+            kv_lora_rank=f.integer("kv_lora_rank"),
+            q_lora_rank=f.integer("q_lora_rank", None),
+            qk_nope_head_dim=nope,
+            qk_rope_head_dim=rope,
+            v_head_dim=f.integer("v_head_dim"),
+        ),
+        moe=dict(
+            num_experts=f.integer("n_routed_experts"),
+            experts_per_token=f.integer("num_experts_per_tok"),
+            expert_intermediate_size=expert,
+            num_shared_experts=n_shared,
+            shared_intermediate_size=n_shared * expert,
+            first_dense_layers=f.config.get("first_k_dense_replace") or 0,
+            layer_freq=f.integer("moe_layer_freq", 1),
+        ),
+    )
+
+
 _FAMILIES: dict[str, Callable[[_Fields], dict]] = {
     "llama": _llama,
     "mistral": _llama,
     "opt": _opt,
     "gpt2": _gpt2,
     "gpt_neox": _gpt_neox,
+    "mixtral": _mixtral,
+    "qwen2_moe": _qwen_moe,
+    "qwen3_moe": _qwen_moe,
+    "deepseek_v2": _deepseek,
+    "deepseek_v3": _deepseek,
 }
 SUPPORTED_MODEL_TYPES = tuple(_FAMILIES)
 
@@ -142,7 +226,7 @@ def spec_from_hf_config(config: dict, name: str, source: str) -> ModelSpec:
     if not isinstance(model_type, str) or model_type not in _FAMILIES:
         raise InfersimError(
             f"{source}: field 'model_type': unsupported value {model_type!r}; "
-            f"supported: {', '.join(SUPPORTED_MODEL_TYPES)} (dense decoders only)"
+            f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
         )
     fields = _FAMILIES[model_type](_Fields(config, source))
     stored = config.get("torch_dtype", config.get("dtype"))

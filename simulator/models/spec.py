@@ -12,6 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
 from ..validation import STRICT_CONFIG
 from .dtypes import bytes_per_element
+from .mla import MLASpec
+from .moe import MoESpec
 
 
 class ModelSpec(BaseModel):
@@ -19,7 +21,9 @@ class ModelSpec(BaseModel):
 
     name: str
     aliases: tuple[str, ...] = ()  # other spellings the catalog resolves (HF ids); a tuple keeps the spec hashable
-    family: Literal["llama", "mistral", "opt", "gpt2", "gpt_neox"]
+    family: Literal[
+        "llama", "mistral", "opt", "gpt2", "gpt_neox", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3"
+    ]
     source: str = Field(description="where the shape numbers come from (config.json URL, paper table)")
     num_layers: PositiveInt
     hidden_size: PositiveInt
@@ -36,7 +40,11 @@ class ModelSpec(BaseModel):
     tied_embeddings: bool = False
     learned_positions: bool = False
     position_offset: int = 0  # OPT stores max_position_embeddings + 2 position rows
+    qk_norm: bool = False  # per-head RMSNorm of queries and keys (Qwen3)
+    moe: Optional[MoESpec] = Field(None, description="mixture-of-experts layers; None: every MLP is dense")
+    mla: Optional[MLASpec] = Field(None, description="multi-head latent attention; None: multi-/grouped-query")
     published_params: Optional[float] = None
+    published_active_params: Optional[float] = None
     published_params_source: Optional[str] = None
     default_dtype: str = "fp16"
 
@@ -73,9 +81,26 @@ class ModelSpec(BaseModel):
     def kv_dim_per_gpu(self, tensor_parallel: int) -> int:
         return self.kv_heads_per_gpu(tensor_parallel) * self.dim_head
 
+    def kv_elements_per_layer_per_gpu(self, tensor_parallel: int) -> int:
+        """Cached values per token per layer on one rank: K and V of its heads, or MLA's latent
+        (kept whole on every rank)."""
+        if self.mla is not None:
+            return self.mla.latent_width
+        return 2 * self.kv_dim_per_gpu(tensor_parallel)
+
+    @property
+    def moe_layers(self) -> int:
+        return 0 if self.moe is None else self.moe.moe_layer_count(self.num_layers)
+
+    @property
+    def dense_layers(self) -> int:
+        return self.num_layers - self.moe_layers
+
     # ---- parameter counts ------------------------------------------------------------
     def params_attention_per_layer(self) -> int:
         h = self.hidden_size
+        if self.mla is not None:
+            return self.mla.params_attention(h, self.num_heads)
         weights = h * self.q_dim + 2 * h * self.kv_dim + self.q_dim * h
         bias = (self.q_dim + 2 * self.kv_dim + h) if self.attention_bias else 0
         return weights + bias
@@ -91,7 +116,15 @@ class ModelSpec(BaseModel):
         return self.hidden_size * (2 if self.norm == "layernorm" else 1)
 
     def params_per_layer(self) -> int:
+        """A dense layer's parameters (attention, dense MLP, norms)."""
         return self.params_attention_per_layer() + self.params_mlp_per_layer() + 2 * self.params_norm()
+
+    def _params_layers(self, moe_mlp: int) -> int:
+        shared = self.params_attention_per_layer() + 2 * self.params_norm() + (2 * self.dim_head if self.qk_norm else 0)
+        return self.num_layers * shared + self.dense_layers * self.params_mlp_per_layer() + self.moe_layers * moe_mlp
+
+    def _params_outside_layers(self) -> int:
+        return self.params_embedding() + self.params_norm() + self.params_lm_head()  # the final norm
 
     def params_embedding(self) -> int:
         tok = self.vocab_size * self.hidden_size
@@ -102,12 +135,16 @@ class ModelSpec(BaseModel):
         return 0 if self.tied_embeddings else self.vocab_size * self.hidden_size
 
     def params_total(self) -> int:
-        return (
-            self.num_layers * self.params_per_layer()
-            + self.params_embedding()
-            + self.params_norm()  # final norm
-            + self.params_lm_head()
-        )
+        gated = self.mlp == "gated"
+        moe_mlp = self.moe.params_layer(self.hidden_size, gated) if self.moe else 0
+        return self._params_layers(moe_mlp) + self._params_outside_layers()
+
+    def params_active_per_token(self) -> int:
+        """Parameters one token's forward pass uses: all of a dense model; for a mixture of
+        experts, its top-k routed experts, the router and the shared experts of each sparse layer."""
+        gated = self.mlp == "gated"
+        moe_mlp = self.moe.params_layer_active(self.hidden_size, gated) if self.moe else 0
+        return self._params_layers(moe_mlp) + self._params_outside_layers()
 
     # ---- bytes -----------------------------------------------------------------------
     def weight_bytes(self, dtype: str | None = None) -> float:
@@ -117,22 +154,25 @@ class ModelSpec(BaseModel):
         """Weights on one tensor-parallel rank: 1/tp of the model, plus the K and V projection
         columns (and biases) of KV heads replicated when tp exceeds kv_heads."""
         tp = int(tensor_parallel)
-        extra_columns = 2 * (self.kv_dim_per_gpu(tp) * tp - self.kv_dim)
-        extra = self.num_layers * extra_columns * (self.hidden_size + (1 if self.attention_bias else 0))
+        if self.mla is not None:  # the latent projections (kv_a, and q_a when present) are replicated on every rank
+            replicated = self.mla.latent_width + (self.mla.q_lora_rank or 0)
+            extra = self.num_layers * (tp - 1) * self.hidden_size * replicated
+        else:
+            extra_columns = 2 * (self.kv_dim_per_gpu(tp) * tp - self.kv_dim)
+            extra = self.num_layers * extra_columns * (self.hidden_size + (1 if self.attention_bias else 0))
         return (self.params_total() + extra) * bytes_per_element(dtype or self.default_dtype) / tp
 
     def bytes_kv_per_token(self, dtype: str | None = None) -> float:
-        """K and V of one token across all layers (GQA-aware)."""
-        return 2 * self.num_layers * self.kv_dim * bytes_per_element(dtype or self.default_dtype)
+        """K and V of one token across all layers (GQA-aware; MLA's latent)."""
+        return self.num_layers * self.kv_elements_per_layer_per_gpu(1) * bytes_per_element(dtype or self.default_dtype)
 
     def bytes_kv_per_block(self, block_size: int, dtype: str | None = None) -> float:
         return block_size * self.bytes_kv_per_token(dtype)
 
     def bytes_kv_per_token_per_gpu(self, tensor_parallel: int, dtype: str | None = None) -> float:
         """K and V of one token on one tensor-parallel rank (replicated heads counted on each)."""
-        return (
-            2 * self.num_layers * self.kv_dim_per_gpu(tensor_parallel) * bytes_per_element(dtype or self.default_dtype)
-        )
+        per_layer = self.kv_elements_per_layer_per_gpu(tensor_parallel)
+        return self.num_layers * per_layer * bytes_per_element(dtype or self.default_dtype)
 
     def bytes_kv_per_block_per_gpu(self, block_size: int, tensor_parallel: int, dtype: str | None = None) -> float:
         return block_size * self.bytes_kv_per_token_per_gpu(tensor_parallel, dtype)

@@ -25,6 +25,10 @@ class HardwareSection(_Strict):
     profile: str = Field("a100-80gb-pcie", description="hardware profile name or path to a YAML file")
     replicas: PositiveInt = 1
     tensor_parallel: PositiveInt = 1
+    expert_parallel: PositiveInt = Field(
+        1,
+        description="GPUs of the tensor-parallel group the experts of a mixture-of-experts model are spread over (1 or tensor_parallel)",
+    )
     router: str = Field("round_robin", description="router registry name: round_robin, least_outstanding")
     host_link: Optional[str] = Field(None, description="override the profile's host link, e.g. 'pcie3x16'")
 

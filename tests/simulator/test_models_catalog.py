@@ -234,10 +234,10 @@ def test_hf_head_dim_and_tying():
 
 def test_hf_unsupported_model_type_names_file_field_and_choices():
     with pytest.raises(InfersimError) as err:
-        spec_from_hf_config({"model_type": "mixtral"}, name="m", source="/ckpt/config.json")
+        spec_from_hf_config({"model_type": "mamba"}, name="m", source="/ckpt/config.json")
     msg = str(err.value)
-    assert "/ckpt/config.json" in msg and "model_type" in msg and "mixtral" in msg
-    for supported in ("llama", "mistral", "opt", "gpt2", "gpt_neox"):
+    assert "/ckpt/config.json" in msg and "model_type" in msg and "mamba" in msg
+    for supported in ("llama", "mistral", "opt", "gpt2", "gpt_neox", "mixtral", "qwen2_moe", "deepseek_v2"):
         assert supported in msg
     assert "\n" not in msg
 

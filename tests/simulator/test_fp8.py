@@ -1,0 +1,87 @@
+"""FP8 weights and KV cache: priced at the FP8 tensor-core peaks, the KV pool sized at one byte
+per element, refused on cards without FP8 tensor cores."""
+
+import numpy as np
+import pytest
+
+from infersim.cli.main import main
+from infersim.simulator.costmodel import BatchShape, RooflineCostModel
+from infersim.simulator.engine.memory import MemoryOptions, plan_memory
+from infersim.simulator.errors import InfersimError
+from infersim.simulator.hardware.catalog import load_hardware
+from infersim.simulator.models.catalog import load_model
+from infersim.simulator.models.dtypes import bytes_per_element, normalize_dtype
+
+FP8_CARDS = {"h100-sxm": 1979, "h100-pcie": 1513, "h200": 1979, "l40": 362.05}
+NO_FP8_CARDS = ["a100-80gb-pcie", "a100-80gb-sxm", "a100-40gb", "a40", "v100", "rtx-a6000"]
+
+
+def test_fp8_is_one_byte():
+    assert bytes_per_element("fp8") == 1.0
+    assert normalize_dtype("float8_e4m3fn") == "fp8"
+
+
+@pytest.mark.parametrize("card, tflops", sorted(FP8_CARDS.items()))
+def test_fp8_cards_carry_their_datasheet_peak(card, tflops):
+    hw = load_hardware(card)
+    assert hw.peak_flops("fp8") == tflops * 1e12
+    assert hw.peak_tflops["fp8"] == pytest.approx(2 * hw.peak_tflops["fp16"], rel=0.001)
+
+
+def test_fp8_kv_pool_holds_twice_the_fp16_blocks():
+    m, hw = load_model("llama-2-7b"), load_hardware("h100-sxm")
+
+    def blocks(kv_dtype):
+        return plan_memory(m, hw, MemoryOptions(16, "fp16", kv_dtype, 1, 0.9, 4.0, 4096, 256)).gpu_blocks
+
+    assert blocks("fp8") in (2 * blocks("fp16"), 2 * blocks("fp16") + 1)
+
+
+def test_fp8_weights_halve_weight_memory_and_double_the_gemm_rate():
+    m, hw = load_model("llama-2-7b"), load_hardware("h100-sxm:datasheet")
+    fp16 = RooflineCostModel(m, hw, dtype="fp16")
+    fp8 = RooflineCostModel(m, hw, dtype="fp8", kv_dtype="fp8")
+    prefill = BatchShape.prefill([4096])
+    rows16 = {r.name: r for r in fp16.breakdown(prefill)}
+    rows8 = {r.name: r for r in fp8.breakdown(prefill)}
+    # same FLOPs at the FP8 peak (1979 vs 989.5 TFLOP/s), half the weight bytes
+    assert rows8["gate_up_proj"].flops == rows16["gate_up_proj"].flops
+    assert rows8["gate_up_proj"].compute_time_s == pytest.approx(rows16["gate_up_proj"].compute_time_s / 2, rel=1e-12)
+    # attention computes in 16 bits (the FP8 cache is dequantised): same compute time
+    assert rows8["qk"].compute_time_s == rows16["qk"].compute_time_s
+    decode = BatchShape.decode(np.full(8, 1000))
+    assert fp8.iteration_time_s(decode) < 0.6 * fp16.iteration_time_s(decode)
+    assert m.weight_bytes("fp8") == m.weight_bytes("fp16") / 2
+
+
+@pytest.mark.parametrize("card", NO_FP8_CARDS)
+def test_fp8_refused_without_fp8_tensor_cores(card):
+    hw = load_hardware(card)
+    assert "fp8" not in hw.peak_tflops
+    with pytest.raises(InfersimError, match="fp8 needs FP8 tensor cores"):
+        RooflineCostModel(load_model("llama-2-7b"), hw, dtype="fp8")
+
+
+@pytest.mark.parametrize("field", ["dtype", "kv_dtype"])
+def test_fp8_on_a100_workload_is_one_line_exit_2(tmp_path, capsys, field):
+    wl = tmp_path / "fp8.yaml"
+    wl.write_text(
+        f"model: llama-2-7b\nhardware: {{profile: a100-80gb-sxm}}\nserving: {{{field}: fp8}}\n"
+        "requests:\n  count: 10\n  arrival: {type: poisson, rate: 1}\n"
+        "  prompt_tokens: {type: fixed, value: 5}\n  output_tokens: {type: fixed, value: 5}\n"
+    )
+    assert main(["run", "-w", str(wl), "-o", str(tmp_path / "r"), "-q"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert "fp8.yaml" in err and f"serving.{field}" in err and "a100-80gb-sxm" in err
+    assert not (tmp_path / "r").exists()
+
+
+def test_fp8_workload_runs_on_h100(tmp_path):
+    wl = tmp_path / "fp8.yaml"
+    wl.write_text(
+        "model: mixtral-8x7b\nhardware: {profile: h100-sxm}\nserving: {dtype: fp8, kv_dtype: fp8}\n"
+        "requests:\n  count: 20\n  arrival: {type: poisson, rate: 5}\n"
+        "  prompt_tokens: {type: fixed, value: 100}\n  output_tokens: {type: fixed, value: 20}\n"
+    )
+    assert main(["run", "-w", str(wl), "-o", str(tmp_path / "r"), "-q", "--no-plots"]) == 0
