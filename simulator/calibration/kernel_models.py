@@ -102,30 +102,33 @@ class ElementwiseParams:
     saturation_tokens: int
 
 
-def _fit_launch_rate(nbytes: np.ndarray, t: np.ndarray) -> tuple[float, float, float]:
-    """(launch s, s per byte, residual) of t = launch + bytes x rate, least squares in relative
-    error with both terms non-negative."""
+def _fit_launch_rate(nbytes: np.ndarray, t: np.ndarray, kernels: np.ndarray) -> tuple[float, float, float]:
+    """(launch s, s per byte, residual) of t = kernels x (launch + bytes x rate), least squares in
+    relative error with both terms non-negative."""
     from scipy.optimize import nnls
 
-    (launch_s, inv_rate), resid = nnls(np.column_stack([1.0 / t, nbytes / t]), np.ones_like(t))
+    (launch_s, inv_rate), resid = nnls(np.column_stack([kernels / t, kernels * nbytes / t]), np.ones_like(t))
     return float(launch_s), float(inv_rate), float(resid)
 
 
 def fit_elementwise(
-    nbytes: np.ndarray, tokens: np.ndarray, time_s: np.ndarray, bandwidth_bytes_per_s: float
+    nbytes: np.ndarray, tokens: np.ndarray, time_s: np.ndarray, bandwidth_bytes_per_s: float, kernels=None
 ) -> ElementwiseParams:
     """(memory fraction, launch us, saturation tokens): for each candidate S, the least-squares
-    launch and rate; the S with the smallest relative error (the first on ties: deterministic)."""
+    launch and rate; the S with the smallest relative error (the first on ties: deterministic).
+    `kernels`: launches each time spans, each moving `nbytes` (default one)."""
     nbytes = np.asarray(nbytes, dtype=np.float64)
     tokens = np.asarray(tokens, dtype=np.float64)
     t = np.asarray(time_s, dtype=np.float64)
+    kernels = np.ones_like(t) if kernels is None else np.asarray(kernels, dtype=np.float64)
     best = None
     for s in SATURATION_CANDIDATES:
-        launch_s, inv_rate, resid = _fit_launch_rate(nbytes * np.maximum(1.0, s / tokens), t)
+        launch_s, inv_rate, resid = _fit_launch_rate(nbytes * np.maximum(1.0, s / tokens), t, kernels)
         if inv_rate > 0 and (best is None or resid < best[0] - 1e-12):
             best = (resid, launch_s, inv_rate, s)
     if best is None:  # every row at the floor: no bandwidth information; the fastest row's rate
-        return ElementwiseParams(float(min(1.0 / (float(np.min(t / nbytes)) * bandwidth_bytes_per_s), 3.0)), 0.0, 1)
+        rate = float(np.min(t / (kernels * nbytes)))
+        return ElementwiseParams(float(min(1.0 / (rate * bandwidth_bytes_per_s), 3.0)), 0.0, 1)
     _, launch_s, inv_rate, s = best
     memory = 1.0 / (inv_rate * bandwidth_bytes_per_s)
     return ElementwiseParams(float(min(memory, 3.0)), launch_s * 1e6, int(s))

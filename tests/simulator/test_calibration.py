@@ -100,6 +100,44 @@ def test_elementwise_fit_recovers_floor_bandwidth_and_saturation(saturation):
     assert e.launch_us == pytest.approx(3.0, rel=1e-3)
 
 
+def test_a_block_without_post_attention_norm_times_two_residual_adds(tmp_path):
+    """phi-2's block runs attention and MLP side by side: its timed add is attn + mlp + residual,
+    two add kernels; a sequential block's timed add is one."""
+    header = (DATA / "linear_ops_a100_llama3_8b.csv").read_text().splitlines()[0]
+    cols = header.split(",")
+    cells = dict.fromkeys(cols, "0.01")
+    cells.update(device="a100", n_head="32", n_kv_head="32", n_embd="2560", n_expanded_embd="10240", tp="1")
+    lines = [header]
+    for model, norm in (("sequential", "0.01"), ("parallel", "")):
+        cells.update(model=model, num_tokens="8", post_attention_layernorm_median_ms=norm)
+        lines.append(",".join(cells[c] for c in cols))
+    path = tmp_path / "linear_ops.csv"
+    path.write_text("\n".join(lines) + "\n")
+    adds = {r.label: r for r in recognise(path).read(path, "a100") if r.op == "add"}
+    assert adds["sequential"].kernels == 1 and adds["parallel"].kernels == 2
+    assert adds["parallel"].bytes == adds["sequential"].bytes  # each kernel moves one add's bytes
+
+
+def test_elementwise_fit_prices_each_launch_of_a_two_kernel_row():
+    # 2 us launch, 60% of bandwidth: a row spanning two kernels takes twice one kernel's time
+    dims = LayerDims(heads=32, kv_heads=32, hidden=2560, intermediate=10240)
+    op = operator_for("add", dims, 1)
+    rows = []
+    for t in TOKENS:
+        for kernels in (1, 2):
+            nbytes = op.bytes[0] + op.bytes[1] * t
+            time_s = kernels * (2e-6 + nbytes / (BW * 0.6))
+            rows.append(
+                row_from_operator(
+                    op, device="x", label=f"k{kernels}", tp=1, tokens=t, op="add", time_s=time_s, where="s", kernels=kernels
+                )
+            )
+    cal = fit_kernels(rows, HW, "synthetic")
+    e = cal.elementwise["add"]
+    assert e.memory == pytest.approx(0.6, rel=1e-4) and e.launch_us == pytest.approx(2.0, rel=1e-3)
+    assert predict_rows(cal, rows, HW) == pytest.approx([r.time_s for r in rows], rel=1e-4)
+
+
 def test_elementwise_below_saturation_costs_as_much_as_saturation_tokens():
     # 8 us launch, 1 GB/s: 4 tokens of 1000 bytes under S = 16 take 8 us + 16 000 bytes / 1e9 B/s
     t = elementwise_time_s(0.5, 8.0, np.array([4000.0, 32000.0]), np.array([4, 32]), 2e9, saturation_tokens=16)
