@@ -97,6 +97,7 @@ def fit_kernels(rows: list[KernelRow], hardware: HardwareProfile, source: str, d
             tile_tokens=p.tile_tokens,
             wave_exponent=_sig(p.wave_exponent),
             wave_latency_us=_sig(p.wave_latency_us),
+            tile_share=_sig(p.tile_share),
         )
     elementwise = {}
     for kernel in sorted({r.kernel for r in rows} - {"gemm"}):

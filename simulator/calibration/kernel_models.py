@@ -47,12 +47,13 @@ def _params(x, tile: int) -> GemmParams:
         int(tile),
         float(x[4]),
         float(x[5]),
+        float(x[6]),
     )
 
 
 def fit_gemm(samples: GemmSamples, device: GemmDevice) -> GemmParams:
-    """Best (compute, memory, launch, corner, wave exponent, wave latency) for each candidate
-    tile; the tile that fits best. Without an SM count both wave terms stay 0."""
+    """Best (compute, memory, launch, corner, wave exponent, wave latency, tile share) for each
+    candidate tile; the tile that fits best. Without an SM count both wave terms stay 0."""
     from scipy.optimize import least_squares
 
     s = samples
@@ -70,9 +71,17 @@ def fit_gemm(samples: GemmSamples, device: GemmDevice) -> GemmParams:
 
         waves = bool(device.sm_count)
         x0 = np.array(
-            [np.log(0.7), np.log(0.8), 0.5 * floor_us, 0.0, 0.2 if waves else 0.0, 0.1 * floor_us if waves else 0.0]
+            [
+                np.log(0.7),
+                np.log(0.8),
+                0.5 * floor_us,
+                0.0,
+                0.2 if waves else 0.0,
+                0.1 * floor_us if waves else 0.0,
+                0.75,
+            ]
         )
-        lo = np.array([np.log(0.05), np.log(0.05), 0.0, np.log(1e-3), 0.0, 0.0])
+        lo = np.array([np.log(0.05), np.log(0.05), 0.0, np.log(1e-3), 0.0, 0.0, 0.0])
         hi = np.array(
             [
                 np.log(1.5),
@@ -81,10 +90,11 @@ def fit_gemm(samples: GemmSamples, device: GemmDevice) -> GemmParams:
                 np.log(19.0),
                 1.5 if waves else 1e-12,
                 max(floor_us, 1e-3) if waves else 1e-12,
+                1.0,
             ]
         )
         res = least_squares(
-            resid, x0, bounds=(lo, hi), x_scale=np.array([1.0, 1.0, max(floor_us, 1.0), 1.0, 1.0, max(floor_us, 1.0)])
+            resid, x0, bounds=(lo, hi), x_scale=np.array([1.0, 1.0, max(floor_us, 1.0), 1.0, 1.0, max(floor_us, 1.0), 1.0])
         )
         cost = float(np.mean(res.fun**2))
         if best is None or cost < best[0] - 1e-12:

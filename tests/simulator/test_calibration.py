@@ -24,7 +24,8 @@ from infersim.simulator.models.catalog import load_model
 DATA = Path(__file__).resolve().parents[1] / "data"
 HW = load_hardware("a100-80gb-sxm:datasheet")
 PEAK, BW = HW.peak_flops("fp16"), HW.memory_bandwidth_bytes_per_s()
-TOKENS = [1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 2048, 4096]
+# 24 and 40 tell a tile of 32 from a tile of 16 rounding at twice itself (tile_share 0)
+TOKENS = [1, 2, 4, 8, 16, 24, 32, 40, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 2048, 4096]
 
 
 def _synthetic_gemm_rows(params: GemmParams):
@@ -42,8 +43,8 @@ def _synthetic_gemm_rows(params: GemmParams):
     return rows
 
 
-@pytest.mark.parametrize("tile, waves, wave_us", [(32, 0.0, 0.0), (128, 0.35, 1.5)])
-def test_gemm_fit_recovers_known_parameters(tile, waves, wave_us):
+@pytest.mark.parametrize("tile, waves, wave_us, share", [(32, 0.0, 0.0, 1.0), (128, 0.35, 1.5, 1.0), (64, 0.3, 1.0, 0.4)])
+def test_gemm_fit_recovers_known_parameters(tile, waves, wave_us, share):
     truth = GemmParams(
         compute=0.62,
         memory=0.83,
@@ -52,6 +53,7 @@ def test_gemm_fit_recovers_known_parameters(tile, waves, wave_us):
         tile_tokens=tile,
         wave_exponent=waves,
         wave_latency_us=wave_us,
+        tile_share=share,
     )
     calib = fit_kernels(_synthetic_gemm_rows(truth), HW, "synthetic")
     g = calib.gemm
@@ -62,7 +64,18 @@ def test_gemm_fit_recovers_known_parameters(tile, waves, wave_us):
     assert g.corner_exponent == pytest.approx(truth.corner_exponent, rel=1e-2)
     assert g.wave_exponent == pytest.approx(truth.wave_exponent, abs=1e-3)
     assert g.wave_latency_us == pytest.approx(truth.wave_latency_us, abs=1e-2)
+    assert g.tile_share == pytest.approx(truth.tile_share, abs=1e-3)
     assert g.mape_pct < 0.05 and g.rows == 5 * len(TOKENS)
+
+
+def test_tile_share_rounds_m_partly_at_the_tile_and_partly_at_twice_the_tile():
+    # compute-bound only (huge bandwidth, no launch): time is proportional to the rounded M.
+    # 72 tokens, tile 64: 0.25 x 128 (one step of 64 past one tile) + 0.75 x 128 (2 x 64) = 128;
+    # 136 tokens: 0.25 x 192 + 0.75 x 256 = 240
+    p = GemmParams(compute=1.0, memory=1.0, launch_us=0.0, corner_exponent=20.0, tile_tokens=64, tile_share=0.25)
+    dev = type(gemm_device(HW))(1e12, 1e30, None)
+    t = gemm_time_s(p, 1e6, 0.0, 0.0, np.array([32, 72, 136]), 4096, dev)
+    assert t == pytest.approx(np.array([32, 128, 240]) * 1e6 / 1e12, rel=1e-6)
 
 
 def test_output_waves_count_128_by_128_tiles_over_the_sms():
