@@ -130,7 +130,10 @@ def repeated_shapes(df: pd.DataFrame) -> pd.DataFrame:
         if len(g) < 2:
             continue
         for _, r in g.iterrows():
-            for kind, others in (("other model", g[g.model != r.model]), ("same model", g[(g.model == r.model) & (g.op != r.op)])):
+            for kind, others in (
+                ("other model", g[g.model != r.model]),
+                ("same model", g[(g.model == r.model) & (g.op != r.op)]),
+            ):
                 if len(others):
                     recs.append(
                         {

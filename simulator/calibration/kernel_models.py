@@ -94,7 +94,10 @@ def fit_gemm(samples: GemmSamples, device: GemmDevice) -> GemmParams:
             ]
         )
         res = least_squares(
-            resid, x0, bounds=(lo, hi), x_scale=np.array([1.0, 1.0, max(floor_us, 1.0), 1.0, 1.0, max(floor_us, 1.0), 1.0])
+            resid,
+            x0,
+            bounds=(lo, hi),
+            x_scale=np.array([1.0, 1.0, max(floor_us, 1.0), 1.0, 1.0, max(floor_us, 1.0), 1.0]),
         )
         cost = float(np.mean(res.fun**2))
         if best is None or cost < best[0] - 1e-12:

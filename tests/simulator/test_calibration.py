@@ -43,7 +43,9 @@ def _synthetic_gemm_rows(params: GemmParams):
     return rows
 
 
-@pytest.mark.parametrize("tile, waves, wave_us, share", [(32, 0.0, 0.0, 1.0), (128, 0.35, 1.5, 1.0), (64, 0.3, 1.0, 0.4)])
+@pytest.mark.parametrize(
+    "tile, waves, wave_us, share", [(32, 0.0, 0.0, 1.0), (128, 0.35, 1.5, 1.0), (64, 0.3, 1.0, 0.4)]
+)
 def test_gemm_fit_recovers_known_parameters(tile, waves, wave_us, share):
     truth = GemmParams(
         compute=0.62,
@@ -142,7 +144,15 @@ def test_elementwise_fit_prices_each_launch_of_a_two_kernel_row():
             time_s = kernels * (2e-6 + nbytes / (BW * 0.6))
             rows.append(
                 row_from_operator(
-                    op, device="x", label=f"k{kernels}", tp=1, tokens=t, op="add", time_s=time_s, where="s", kernels=kernels
+                    op,
+                    device="x",
+                    label=f"k{kernels}",
+                    tp=1,
+                    tokens=t,
+                    op="add",
+                    time_s=time_s,
+                    where="s",
+                    kernels=kernels,
                 )
             )
     cal = fit_kernels(rows, HW, "synthetic")
