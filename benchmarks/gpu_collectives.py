@@ -254,7 +254,34 @@ def summary_lines(summary) -> list[str]:
             f"| {setup} | {collective} | {pct(weighted(rows, 'fit'))} | {pct(weighted(rows, 'octaves'))} | "
             f"{pct(weighted(node, 'octaves'))} | {w_text} | {pct(weighted(rows, 'datasheet'))} |"
         )
-    return out + ["", NOTES]
+    return out + ["", *target_lines(summary), "", NOTES]
+
+
+def target_lines(summary) -> list[str]:
+    """The issue's all-reduce target (<= 10% MAPE held out by size range or by worker count),
+    over the placements tensor parallelism uses within a node."""
+    sizes, counts = [], []
+    for setup, collective, rows, _ in summary:
+        if collective != "all_reduce":
+            continue
+        node = [r for r in rows if r["per_node"] == r["workers"]]
+        sizes.append((setup, weighted(node, "octaves")))
+        counts += [(setup, r) for r in node if r["held"] is not None]
+    size_ok = [v for _, v in sizes if v is not None and v <= 10.0]
+    count_ok = [r for _, r in counts if r["held"][0] <= 10.0]
+    met = lambda ok, n: "met" if len(ok) == n else "MISSED"  # noqa: E731
+    return [
+        "## Targets",
+        "",
+        f"- all-reduce <= 10% MAPE, size octaves held out, within a node: {met(size_ok, len(sizes))} "
+        f"({len(size_ok)} of {len(sizes)} setups: "
+        + ", ".join(f"{setup} {v:.1f}%" for setup, v in sizes if v is not None)
+        + ")",
+        f"- all-reduce <= 10% MAPE, worker count held out, within a node: {met(count_ok, len(counts))} "
+        f"({len(count_ok)} of {len(counts)} counts: "
+        + ", ".join(f"{setup} {r['workers']}/{r['per_node']} {r['held'][0]:.1f}%" for setup, r in counts)
+        + ")",
+    ]
 
 
 NOTES = """## Where the 10% all-reduce target is missed, and why
