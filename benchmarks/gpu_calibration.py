@@ -305,7 +305,10 @@ WHY = """
     of 64 tokens on the A100, 0.51 of 64 on the A40, 0.71 of 128 on the H100): 4.9-7.4 /
     6.2-8.1 / 7.5-8.6, 64-512 tokens 9.7-11.5% -> 9.1-11.2%. Three tile heights (64 / 128 / 256
     or 32 / 64 / 128) with two fitted shares: no better than two (4.9-7.4 / 6.2-8.1 /
-    7.5-8.5); a geometric instead of an arithmetic mean of the two roundings: the same.
+    7.5-8.5); a geometric instead of an arithmetic mean of the two roundings: the same; the
+    share a logistic function of log2 N (and of log2 K), as a heuristic preferring short tiles
+    for narrow outputs would make it: the slopes fit near 0 on the A100 and A40 (4.9-7.4 /
+    6.2-8.1) and vary from fold to fold on the H100 (7.5-8.5, 64-512 tokens worse: 8.5-11.5%).
   - a correction learned from the other models' residuals at the nearest shapes (Gaussian
     kernel over log2 N and log2 K at the same M, 0.25-1 octave wide): helps the held-out models
     that share the hidden size 8,192 with others (A100 Qwen-72B 5.8 -> 4.1%, CodeLlama-34B
