@@ -62,6 +62,8 @@ def evaluate(table: Path) -> pd.DataFrame:
                         "kernel": [r.kernel for r in test],
                         "tp": [r.tp for r in test],
                         "tokens": [r.tokens for r in test],
+                        "out_width": [r.out_width for r in test],
+                        "flops_per_token": [r.flops_per_token for r in test],
                         "measured": [r.time_s for r in test],
                         "calibrated": predict_rows(calib, test, hw),
                         "datasheet": datasheet[idx],
@@ -114,6 +116,48 @@ def worst_shapes(df: pd.DataFrame, n: int = 12) -> pd.DataFrame:
         .reset_index()
     )
     return g.sort_values("MAPE", ascending=False).head(n)
+
+
+def repeated_shapes(df: pd.DataFrame) -> pd.DataFrame:
+    """GEMM rows whose shape (device, M, N, K) another measured operator also has: each such row
+    beside the median of the other measurements of its shape, from other models (`other
+    model`) and from the same model's other operators (`same model`; in this table only
+    Qwen-72B's Q/K/V projection, which adds a bias, against its bias-free gate/up projection)."""
+    d = df[df.kernel == "gemm"]
+    shape = ["device", "tokens", "out_width", "flops_per_token"]
+    recs = []
+    for _, g in d.groupby(shape):
+        if len(g) < 2:
+            continue
+        for _, r in g.iterrows():
+            for kind, others in (
+                ("other model", g[g.model != r.model]),
+                ("same model", g[(g.model == r.model) & (g.op != r.op)]),
+            ):
+                if len(others):
+                    recs.append(
+                        {
+                            "device": r.device,
+                            "range": r.range,
+                            "kind": kind,
+                            "repeat": abs(others.measured.median() - r.measured) / r.measured * 100,
+                            "calibrated": abs(r.calibrated - r.measured) / r.measured * 100,
+                        }
+                    )
+    return pd.DataFrame(recs)
+
+
+def noise_floor(df: pd.DataFrame) -> pd.DataFrame:
+    """Per device, source and token range: how far one measurement of a GEMM shape lies from
+    the other measurements of the same shape (a bound on what any model of M, N and K can
+    reach), beside the calibrated model's held-out error on the same rows."""
+    r = repeated_shapes(df)
+    order = [label for _, _, label in RANGES[:3]]
+    r = r[r["range"].isin(order)].assign(range=lambda x: pd.Categorical(x["range"], order, ordered=True))
+    g = r.groupby(["device", "kind", "range"], observed=True).agg(
+        rows=("repeat", "size"), **{"repeat MAPE": ("repeat", "mean"), "calibrated MAPE": ("calibrated", "mean")}
+    )
+    return g.reset_index()
 
 
 def _span(x: pd.Series, signed: bool = False) -> str:
@@ -187,6 +231,18 @@ def report(df: pd.DataFrame, table: Path) -> str:
         "",
         md_table(worst_shapes(df)),
         "",
+        "## Noise floor: one GEMM shape measured more than once",
+        "",
+        "Identical GEMM shapes (same device, M, N and K) recur in the table: models that share the hidden size "
+        "8,192 share their attention output projections at equal TP, and a TP-split projection of one model "
+        "can match another's. `repeat MAPE`: each such row against the median of the other measurements of its "
+        "shape, the error a model that knew every measured shape exactly would make. `calibrated MAPE`: the "
+        "held-out calibrated model on the same rows. `other model`: the other measurements come from other "
+        "models (what leave-one-model-out could at best borrow); `same model`: from the same model's other "
+        "operator of that shape.",
+        "",
+        md_table(noise_floor(df)),
+        "",
     ]
     return "\n".join(parts)
 
@@ -211,17 +267,28 @@ def main() -> None:
 WHY = """
 ## Where the targets are missed, and why
 
-- **Linear operators (5.1-8.7% MAPE per held-out model; every linear token range is within
-  +-2.1% bias, so that target holds for GEMMs).** The error is not out-of-sample drift: fitted on
-  all six models and scored on the same rows, the model (before the wave term) gave 6.2% on the
-  A100 and 8.8% on the H100 (5.8% and 8.0% with the wave terms), above 5% before anything is
-  held out. A fit free to take any time that never falls as M grows (isotonic regression per
-  shape) reaches 0.8-2.8%, so what
-  remains is the non-monotone staircase of cuBLAS kernel choices with M, N and K (Llama-3-8B's
-  down projection on the A100: 0.111 ms at 128 tokens, 0.162 ms at 152, back to 0.135 ms at 200),
-  which differs from shape to shape. In-sample residuals by output width: GEMMs with N <= 1,500
-  columns per GPU are predicted 13% (A100) and 19% (H100) fast, N >= 3,000 within 1%; by output
-  tiles filling the last wave: <= 25% fill -11%, >= 90% fill +3% to +5% (A100, 128 x 128 tiles).
+- **Linear operators (4.9-8.6% MAPE per held-out model; 1 of 14 cells, the A100's Llama-3-70B,
+  within 5%; every linear token range within +-2.1% bias, so that target holds for GEMMs).**
+  The error is not out-of-sample drift: fitted on all models of a device and scored on the same
+  rows, the model gives 5.6% (A100), 7.0% (A40) and 8.0% (H100), above 5% before anything is
+  held out. Nor is it measurement noise (the noise-floor table above): a GEMM shape measured
+  for two models agrees within 0.4-2.4% MAPE at 1-32 and 1024-4096 tokens and 1.5-3.0% at
+  64-512, where the held-out model misses the same rows by 9.1-10.2%. What a model of M, N
+  and K alone could reach is well under 5%; the miss is the model form's. What it misses is
+  the staircase of cuBLAS kernel choices, which differs from shape to shape: on the A100 an
+  8,192 x 8,192 projection steps every 128 tokens (+32% from 256 to 264 tokens, +36% from
+  384 to 392), Llama-3-8B's 28,672-wide gate/up projection every 64, and some steps go down
+  (Llama-3-8B's down projection: 0.111 ms at 128 tokens, 0.162 ms at 152, 0.134 ms at 184).
+  A fit free to take any time that never falls as M grows (isotonic regression per shape)
+  reaches 0.8-2.8% in sample.
+- **The same shape with and without a bias.** The only identical shapes within one model are
+  Qwen-72B's Q/K/V projection and its gate/up projection at twice the TP degree (N = 2 x 24,576
+  / TP, K = 8,192). In microsoft/vidur's profiled layer the Q/K/V projection of Qwen carries a
+  bias (`use_qkv_bias`) and the gate/up projection none, and the two differ by 6-11% at 64-512
+  tokens (the `same model` rows above; A40, 6,144 x 8,192 at 184 tokens: 0.400 ms with the
+  bias, 0.237 ms without): the bias epilogue changes cuBLAS's kernel choice. The tables carry
+  no bias column, so the model cannot tell these rows apart; phi-2's projections all carry a
+  bias.
 - **Ideas measured for the GEMM model**, in order. Ranges are MAPE per held-out model, A100 /
   A40 / H100. The kept ones are this benchmark's numbers (before: 5.7-8.1 / 6.7-8.2 / 8.2-9.2);
   the others come from a standalone leave-one-model-out run on the GEMM rows with the same fit
@@ -234,6 +301,20 @@ WHY = """
   - kept: a fixed latency per wave (fitted 1.4 us on the A100, 1.7 us on the A40, 0 on the H100):
     5.1-7.5 / 6.3-8.0 / 7.5-8.7. The same latency per tile instead of per wave: 5.1-7.6 / 6.4-8.2
     / 7.8-9.1.
+  - kept: M rounded partly at the tile and partly at twice the tile (`tile_share`, fitted 0.56
+    of 64 tokens on the A100, 0.51 of 64 on the A40, 0.71 of 128 on the H100): 4.9-7.4 /
+    6.2-8.1 / 7.5-8.6, 64-512 tokens 9.7-11.5% -> 9.1-11.2%. Three tile heights (64 / 128 / 256
+    or 32 / 64 / 128) with two fitted shares: no better than two (4.9-7.4 / 6.2-8.1 /
+    7.5-8.5); a geometric instead of an arithmetic mean of the two roundings: the same; the
+    share a logistic function of log2 N (and of log2 K), as a heuristic preferring short tiles
+    for narrow outputs would make it: the slopes fit near 0 on the A100 and A40 (4.9-7.4 /
+    6.2-8.1) and vary from fold to fold on the H100 (7.5-8.5, 64-512 tokens worse: 8.5-11.5%).
+  - a correction learned from the other models' residuals at the nearest shapes (Gaussian
+    kernel over log2 N and log2 K at the same M, 0.25-1 octave wide): helps the held-out models
+    that share the hidden size 8,192 with others (A100 Qwen-72B 5.8 -> 4.1%, CodeLlama-34B
+    6.0 -> 4.0%, Llama-3-70B 5.1 -> 4.1%) and hurts those with shapes of their own (Llama-3-8B
+    5.8 -> 6.1%, phi-2 6.7 -> 8.3%, A40 InternLM-20B 8.0 -> 8.3%): the staircase does not carry
+    from one N, K to another; dropped.
   - one tile shape with whole waves (time = waves x SMs x tile FLOPs, the textbook wave model):
     128 x 128 9.0-14.9 / 7.5-11.6 / 9.9-12.2; 128 x 256 15-31%; 256 x 128 13-28%; 64 x 128
     6.7-9.4 / 6.9-9.1 / 8.9-9.7. A partial wave costs a fraction of a whole one: cuBLAS runs
@@ -246,29 +327,34 @@ WHY = """
   - under-occupancy alone (min(1, tiles / SMs)^-g): 5.7-8.0 / 6.7-8.2 / 8.3-9.4; beside the fill
     term g fits to 0. Fill applied to the weight-read time too: 5.6-7.8 / 6.6-8.2 / 8.2-9.3 with
     the H100's 64-512 bias at -5.9%.
-- **Single shapes off by 17-26%**: a held-out model's projection whose cuBLAS kernel differs
-  from the other models' (phi-2's Q/K/V projection on the H100 at 520-1016 tokens, -26%;
-  Qwen-72B's down projection on the A40 at 64-512 tokens, -20%).
+- **Single shapes off by 17-25%**: a held-out model's projection whose cuBLAS kernel differs
+  from the other models' (phi-2's Q/K/V projection on the H100 at 520-1016 tokens, -25%;
+  Qwen-72B's down projection on the A40 at 64-512 tokens, -21%).
 - **Small-weight GEMMs at high TP (attn_post_proj at TP 8, 1-32 tokens: up to +20%).** Weights
   of 3-6 MB stay in the 40-50 MB L2 between the profiler's repeated calls, so the measurement
   runs faster than a weight read from HBM. In a real forward pass each layer reads other
   weights, so the model keeps the HBM read; the measured rows understate these shapes.
-- **Elementwise (6.2-9.8% on the RMSNorm / SiLU models: 11 of 14 cells met, phi-2's missed).**
+- **Elementwise (6.5-9.8% on the RMSNorm / SiLU models: 11 of 14 cells met, phi-2's missed).**
   The saturation term (below S tokens a one-row-per-block kernel takes as long as S tokens, S
   fitted per kind from 1 to 2048) took these from 8.0-11.5% and the 1-32-token bias from
   -33..-42% to -1..-8%: with S on powers of two 6.4-10.2% and -6..-14%, with four steps per
   octave (kept) 6.2-9.8% and -1..-8%, with every integer 6.2-9.7% and 0..-8%. The rest of the
-  1-32 range (A40 and H100 bias -8%) is the tables' 1 us rounding of 2-8 us kernels (one step
-  is 12-50% of the time). Measured and dropped: octave-balanced row weights (10.7-17.7%, worse at large
-  batches); one model per measured operator instead of per kind (the two norms apart: no
-  change, 9.6-11.5% before the saturation term); a floor joined to the streaming time by a
-  fitted p-norm (1-32 bias -15% to -31%, 64-512 bias +9-15%).
-  The H100 1024-4096 range (bias -5.1%) misses by the H100 norms: the post-attention norm is
-  predicted 8% fast, the input norm on the same bytes 3%.
-- **phi-2 elementwise (25-29%)**: its residual add takes 2.2 times the time per element of the
-  other models' (0.078 ms for 4,096 x 2,560 against InternLM-20B's 0.071 ms for 4,096 x 5,120 on
-  the A100), and its LayerNorm, GELU MLP and partial rotary are kernels no other measured model
-  runs; a held-out model cannot learn them from the rest.
+  1-32 range (A40 and H100 bias -8%, the two token-range cells that miss the 5% bias target) is
+  the tables' 1 us rounding of 2-8 us kernels (one step is 12-50% of the time). Measured and
+  dropped: octave-balanced row weights (10.7-17.7%, worse at large batches); one model per
+  measured operator instead of per kind (the two norms apart: no change, 9.6-11.5% before the
+  saturation term); a floor joined to the streaming time by a fitted p-norm (1-32 bias -15% to
+  -31%, 64-512 bias +9-15%).
+- **phi-2 elementwise (19.4-21.8%; 25.2-28.9% before its residual add was read as two
+  kernels).** phi-2's block has no post-attention norm: attention and MLP run side by side and
+  the timed `add` is attn + mlp + residual, two add kernels where the other models' timed add is
+  one (microsoft/vidur's profiled layer); the table reader now prices it so (phi-2's add: 48%
+  -> 12-20% MAPE, bias -48% -> +3..+4%). What remains is kernels no other measured model runs:
+  its LayerNorm (31-38% MAPE, bias +7..+21%: the norm model is learned on RMSNorm), its GELU
+  (18-41%, bias +18..+41%: PyTorch's GELU streams its one input faster per byte than the
+  SiLU-and-mul kernel the activation model is learned on) and its rotary embedding on the A40
+  and H100 (-14..-18%). Held out, phi-2 leaves no row of these kinds to fit: a model per kind
+  would have nothing to learn from, so the shared RMSNorm and SiLU models price them.
 """
 
 if __name__ == "__main__":

@@ -47,7 +47,8 @@ class CalibrateResult:
             g = cal.gemm
             lines.append(
                 f"  gemm: compute {g.compute:.3f}, memory {g.memory:.3f}, launch {g.launch_us:.2f} us, "
-                f"corner p {g.corner_exponent:.2f}, tile {g.tile_tokens} tokens, wave exponent "
+                f"corner p {g.corner_exponent:.2f}, tile {g.tile_tokens} tokens ({g.tile_share:.2f} of M; the "
+                f"rest 2 x {g.tile_tokens}), wave exponent "
                 f"{g.wave_exponent:.2f}, wave latency {g.wave_latency_us:.2f} us; {g.rows} rows, "
                 f"MAPE {g.mape_pct:.1f}%, bias {g.bias_pct:+.1f}%"
             )

@@ -56,7 +56,7 @@ def predict_rows(
             )
         elif kernel in calibration.elementwise:
             e = calibration.elementwise[kernel]
-            out[idx] = elementwise_time_s(
+            out[idx] = np.array([r.kernels for r in sub]) * elementwise_time_s(
                 e.memory,
                 e.launch_us,
                 np.array([r.bytes for r in sub]),
@@ -97,6 +97,7 @@ def fit_kernels(rows: list[KernelRow], hardware: HardwareProfile, source: str, d
             tile_tokens=p.tile_tokens,
             wave_exponent=_sig(p.wave_exponent),
             wave_latency_us=_sig(p.wave_latency_us),
+            tile_share=_sig(p.tile_share),
         )
     elementwise = {}
     for kernel in sorted({r.kernel for r in rows} - {"gemm"}):
@@ -104,7 +105,11 @@ def fit_kernels(rows: list[KernelRow], hardware: HardwareProfile, source: str, d
         if len(sub) < MIN_ELEMENTWISE_ROWS:
             continue
         e = fit_elementwise(
-            np.array([r.bytes for r in sub]), np.array([r.tokens for r in sub]), np.array([r.time_s for r in sub]), bw
+            np.array([r.bytes for r in sub]),
+            np.array([r.tokens for r in sub]),
+            np.array([r.time_s for r in sub]),
+            bw,
+            np.array([r.kernels for r in sub]),
         )
         elementwise[kernel] = ElementwiseFit(
             source=source,

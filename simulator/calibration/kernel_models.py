@@ -47,12 +47,13 @@ def _params(x, tile: int) -> GemmParams:
         int(tile),
         float(x[4]),
         float(x[5]),
+        float(x[6]),
     )
 
 
 def fit_gemm(samples: GemmSamples, device: GemmDevice) -> GemmParams:
-    """Best (compute, memory, launch, corner, wave exponent, wave latency) for each candidate
-    tile; the tile that fits best. Without an SM count both wave terms stay 0."""
+    """Best (compute, memory, launch, corner, wave exponent, wave latency, tile share) for each
+    candidate tile; the tile that fits best. Without an SM count both wave terms stay 0."""
     from scipy.optimize import least_squares
 
     s = samples
@@ -70,9 +71,17 @@ def fit_gemm(samples: GemmSamples, device: GemmDevice) -> GemmParams:
 
         waves = bool(device.sm_count)
         x0 = np.array(
-            [np.log(0.7), np.log(0.8), 0.5 * floor_us, 0.0, 0.2 if waves else 0.0, 0.1 * floor_us if waves else 0.0]
+            [
+                np.log(0.7),
+                np.log(0.8),
+                0.5 * floor_us,
+                0.0,
+                0.2 if waves else 0.0,
+                0.1 * floor_us if waves else 0.0,
+                0.75,
+            ]
         )
-        lo = np.array([np.log(0.05), np.log(0.05), 0.0, np.log(1e-3), 0.0, 0.0])
+        lo = np.array([np.log(0.05), np.log(0.05), 0.0, np.log(1e-3), 0.0, 0.0, 0.0])
         hi = np.array(
             [
                 np.log(1.5),
@@ -81,10 +90,14 @@ def fit_gemm(samples: GemmSamples, device: GemmDevice) -> GemmParams:
                 np.log(19.0),
                 1.5 if waves else 1e-12,
                 max(floor_us, 1e-3) if waves else 1e-12,
+                1.0,
             ]
         )
         res = least_squares(
-            resid, x0, bounds=(lo, hi), x_scale=np.array([1.0, 1.0, max(floor_us, 1.0), 1.0, 1.0, max(floor_us, 1.0)])
+            resid,
+            x0,
+            bounds=(lo, hi),
+            x_scale=np.array([1.0, 1.0, max(floor_us, 1.0), 1.0, 1.0, max(floor_us, 1.0), 1.0]),
         )
         cost = float(np.mean(res.fun**2))
         if best is None or cost < best[0] - 1e-12:
@@ -102,30 +115,33 @@ class ElementwiseParams:
     saturation_tokens: int
 
 
-def _fit_launch_rate(nbytes: np.ndarray, t: np.ndarray) -> tuple[float, float, float]:
-    """(launch s, s per byte, residual) of t = launch + bytes x rate, least squares in relative
-    error with both terms non-negative."""
+def _fit_launch_rate(nbytes: np.ndarray, t: np.ndarray, kernels: np.ndarray) -> tuple[float, float, float]:
+    """(launch s, s per byte, residual) of t = kernels x (launch + bytes x rate), least squares in
+    relative error with both terms non-negative."""
     from scipy.optimize import nnls
 
-    (launch_s, inv_rate), resid = nnls(np.column_stack([1.0 / t, nbytes / t]), np.ones_like(t))
+    (launch_s, inv_rate), resid = nnls(np.column_stack([kernels / t, kernels * nbytes / t]), np.ones_like(t))
     return float(launch_s), float(inv_rate), float(resid)
 
 
 def fit_elementwise(
-    nbytes: np.ndarray, tokens: np.ndarray, time_s: np.ndarray, bandwidth_bytes_per_s: float
+    nbytes: np.ndarray, tokens: np.ndarray, time_s: np.ndarray, bandwidth_bytes_per_s: float, kernels=None
 ) -> ElementwiseParams:
     """(memory fraction, launch us, saturation tokens): for each candidate S, the least-squares
-    launch and rate; the S with the smallest relative error (the first on ties: deterministic)."""
+    launch and rate; the S with the smallest relative error (the first on ties: deterministic).
+    `kernels`: launches each time spans, each moving `nbytes` (default one)."""
     nbytes = np.asarray(nbytes, dtype=np.float64)
     tokens = np.asarray(tokens, dtype=np.float64)
     t = np.asarray(time_s, dtype=np.float64)
+    kernels = np.ones_like(t) if kernels is None else np.asarray(kernels, dtype=np.float64)
     best = None
     for s in SATURATION_CANDIDATES:
-        launch_s, inv_rate, resid = _fit_launch_rate(nbytes * np.maximum(1.0, s / tokens), t)
+        launch_s, inv_rate, resid = _fit_launch_rate(nbytes * np.maximum(1.0, s / tokens), t, kernels)
         if inv_rate > 0 and (best is None or resid < best[0] - 1e-12):
             best = (resid, launch_s, inv_rate, s)
     if best is None:  # every row at the floor: no bandwidth information; the fastest row's rate
-        return ElementwiseParams(float(min(1.0 / (float(np.min(t / nbytes)) * bandwidth_bytes_per_s), 3.0)), 0.0, 1)
+        rate = float(np.min(t / (kernels * nbytes)))
+        return ElementwiseParams(float(min(1.0 / (rate * bandwidth_bytes_per_s), 3.0)), 0.0, 1)
     _, launch_s, inv_rate, s = best
     memory = 1.0 / (inv_rate * bandwidth_bytes_per_s)
     return ElementwiseParams(float(min(memory, 3.0)), launch_s * 1e6, int(s))

@@ -75,6 +75,7 @@ class KernelRow:
     time_s: float
     where: str  # "file:row" for messages
     out_width: float = 0.0  # a GEMM's output columns per GPU (N)
+    kernels: int = 1  # launches of the operator the measured time spans (each moves `bytes`)
 
     @property
     def bytes(self) -> float:
@@ -114,7 +115,16 @@ def gemm_operator(m_in: int, n_out: int, bytes_per_element: float = FP16_BYTES) 
 
 
 def row_from_operator(
-    operator: Operator, *, device: str, label: str, tp: int, tokens: int, op: str, time_s: float, where: str
+    operator: Operator,
+    *,
+    device: str,
+    label: str,
+    tp: int,
+    tokens: int,
+    op: str,
+    time_s: float,
+    where: str,
+    kernels: int = 1,
 ) -> KernelRow:
     f, b = operator.flops, operator.bytes
     return KernelRow(
@@ -130,6 +140,7 @@ def row_from_operator(
         float(time_s),
         where,
         float(operator.out_width),
+        int(kernels),
     )
 
 

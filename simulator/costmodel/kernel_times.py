@@ -8,7 +8,8 @@ kernel through these functions, so a fitted value means the same thing in both p
 GEMM of M tokens, FLOPs per token F, bytes W + A M (weights once, activations per token):
 
     memory  = (W + A M) / (bandwidth x memory)
-    compute = F M' / (peak x compute),  M' = M up to one tile, ceil(M / tile) tile beyond
+    compute = F M' / (peak x compute),  M' = M up to one tile; beyond it
+              s ceil(M / tile) tile + (1 - s) ceil(M / 2 tile) 2 tile
     compute = compute x fill^-w,  fill = tiles / (waves x SMs)
     time    = launch + (memory^p + compute^p)^(1/p) + waves x wave latency
 
@@ -18,7 +19,11 @@ at 128-512 tokens and the p-norm corner follows. Past one tile, M is rounded up 
 tile of rows (the step in measured times every `tile` tokens); below it, the skinny kernels
 cuBLAS picks for a few tokens do not pay for a padded tile (with padding, the fit trades it
 against an impossible 99% of peak bandwidth; without, the fractions come out where achieved
-bandwidth is, 77-90%, at the same held-out error). The launch floor is what a tiny GEMM costs.
+bandwidth is, 77-90%, at the same held-out error). cuBLAS runs tiles of one height for some
+shapes and of twice that height for others (an A100 8,192 x 8,192 projection steps every 128
+tokens, Llama-3-8B's gate/up every 64), so the rounding is a fitted share s (tile_share) at the
+tile and the rest at twice the tile: the average staircase of the shapes measured. The launch
+floor is what a tiny GEMM costs.
 
 Wave quantisation: the output is cut into 128 x 128 tiles (ceil(M / 128) x ceil(N / 128)) that
 run in waves of one tile per SM; a last wave that fills few SMs wastes the rest. The fitted
@@ -56,6 +61,7 @@ class GemmParams:
     tile_tokens: int
     wave_exponent: float = 0.0
     wave_latency_us: float = 0.0
+    tile_share: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -86,7 +92,9 @@ def gemm_time_s(
     tokens = np.asarray(tokens, dtype=np.float64)
     tile = float(params.tile_tokens)
     memory_s = (bytes_const + bytes_per_token * tokens) / (device.bandwidth_bytes_per_s * params.memory)
-    padded = np.where(tokens <= tile, tokens, np.ceil(tokens / tile) * tile)
+    share = params.tile_share
+    rounded = share * np.ceil(tokens / tile) * tile + (1.0 - share) * np.ceil(tokens / (2.0 * tile)) * 2.0 * tile
+    padded = np.where(tokens <= tile, tokens, rounded)
     compute_s = flops_per_token * padded / (device.peak_flops * params.compute)
     fill, waves = output_waves(tokens, out_width, device.sm_count)
     compute_s = compute_s * fill**-params.wave_exponent
@@ -112,6 +120,7 @@ def gemm_params(fit: GemmFit) -> GemmParams:
         fit.tile_tokens,
         fit.wave_exponent,
         fit.wave_latency_us,
+        fit.tile_share,
     )
 
 

@@ -6,8 +6,12 @@ protocol and algorithm with the message size (LL, LL128, Simple; ring, tree) and
 not fit them all. Bandwidth is the algorithm bandwidth (message bytes over time). Every fit
 records the rows it came from and its error on them.
 
-A worker count the setup did not measure borrows the nearest measured count on the same link
-(else of the same kind: within one node, or across nodes) and rescales its size-dependent term by the ring
+A worker count the setup did not measure, lying between two measured counts on the same link
+and placement kind, takes the time interpolated linearly in log2(workers) between theirs at each
+message size: NCCL's latency grows with the steps of its rings and trees, which neither stays
+constant nor follows the ring's w - 1 steps between measured counts. A count outside the
+measured ones borrows the nearest measured count on the same link (else of the same kind:
+within one node, or across nodes) and rescales its size-dependent term by the ring
 all-reduce's traffic factor 2(w-1)/w, the usual conversion between NCCL's algorithm and bus
 bandwidth; its latency stays."""
 
@@ -125,18 +129,47 @@ class CollectivesSection(BaseModel):
         for fit in fits:
             if fit.workers == workers and fit.devices_per_node == per_node:
                 return fit, 1.0
+        # nearest count in doublings; a tie goes to the smaller count
+        near = min(
+            self._same_kind(fits, workers, per_node),
+            key=lambda f: (abs(math.log2(f.workers / workers)), f.workers, -f.devices_per_node),
+        )
+        scale = ring_traffic(workers) / ring_traffic(near.workers) if collective == "all_reduce" else 1.0
+        return near, scale
+
+    def _same_kind(self, fits: list[CollectiveFit], workers: int, per_node: int) -> list[CollectiveFit]:
         topology = topology_of(self.setup, workers, per_node)
-        same_kind = (
+        return (
             [f for f in fits if f.topology == topology]
             or [f for f in fits if f.across_nodes == (per_node < workers)]
             or fits
         )
-        # nearest count in doublings; a tie goes to the smaller count
-        near = min(same_kind, key=lambda f: (abs(math.log2(f.workers / workers)), f.workers, -f.devices_per_node))
-        scale = ring_traffic(workers) / ring_traffic(near.workers) if collective == "all_reduce" else 1.0
-        return near, scale
+
+    def bracket(
+        self, collective: str, workers: int, devices_per_node: int | None = None
+    ) -> tuple[CollectiveFit, CollectiveFit] | None:
+        """The nearest measured counts below and above an unmeasured `workers` on the same link
+        (same topology), or None where the count is measured or not between two."""
+        fits = self.fits(collective)
+        per_node = devices_per_node or min(workers, self.max_devices_per_node)
+        if not fits or any(f.workers == workers and f.devices_per_node == per_node for f in fits):
+            return None
+        topology = topology_of(self.setup, workers, per_node)
+        link = [f for f in fits if f.topology == topology]
+        below = [f for f in link if f.workers < workers]
+        above = [f for f in link if f.workers > workers]
+        if not below or not above:
+            return None
+        return max(below, key=lambda f: (f.workers, f.devices_per_node)), min(
+            above, key=lambda f: (f.workers, -f.devices_per_node)
+        )
 
     def time_s(self, collective: str, nbytes, workers: int, devices_per_node: int | None = None) -> np.ndarray | None:
+        pair = self.bracket(collective, workers, devices_per_node)
+        if pair is not None:
+            lo, hi = pair
+            frac = math.log2(workers / lo.workers) / math.log2(hi.workers / lo.workers)
+            return (1.0 - frac) * lo.time_s(nbytes) + frac * hi.time_s(nbytes)
         found = self.lookup(collective, workers, devices_per_node)
         if found is None:
             return None

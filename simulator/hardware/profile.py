@@ -80,7 +80,8 @@ class GemmFit(FittedValue):
     launch + ((weight + activation bytes) / (bandwidth x memory)) (+) (2 M' K N / (peak x compute))
     where (+) is the p-norm of the two times (p = corner_exponent): the memory-bound and
     compute-bound limits and the smooth corner between them; M' is M up to one tile and M
-    rounded up to a multiple of the tile beyond (tile quantisation)."""
+    rounded up to a multiple of the tile beyond (tile quantisation: a share `tile_share` of the
+    rounding at the tile, the rest at twice the tile)."""
 
     compute: float = Field(gt=0, le=1.5, description="fraction of peak FLOP/s a compute-bound GEMM reaches")
     memory: float = Field(gt=0, le=1.5, description="fraction of peak bandwidth a weight-read-bound GEMM reaches")
@@ -95,6 +96,13 @@ class GemmFit(FittedValue):
         "SM slots of all waves that 128 x 128 output tiles occupy (0: no wave model)",
     )
     wave_latency_us: NonNegativeFloat = Field(0.0, description="fixed time of each wave of output tiles, microseconds")
+    tile_share: float = Field(
+        1.0,
+        ge=0.0,
+        le=1.0,
+        description="share of the rounding of M at tile_tokens; the rest rounds to twice the tile (cuBLAS runs "
+        "tiles of both heights, shape by shape)",
+    )
 
 
 class ElementwiseFit(FittedValue):

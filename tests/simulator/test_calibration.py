@@ -24,7 +24,8 @@ from infersim.simulator.models.catalog import load_model
 DATA = Path(__file__).resolve().parents[1] / "data"
 HW = load_hardware("a100-80gb-sxm:datasheet")
 PEAK, BW = HW.peak_flops("fp16"), HW.memory_bandwidth_bytes_per_s()
-TOKENS = [1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 2048, 4096]
+# 24 and 40 tell a tile of 32 from a tile of 16 rounding at twice itself (tile_share 0)
+TOKENS = [1, 2, 4, 8, 16, 24, 32, 40, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 2048, 4096]
 
 
 def _synthetic_gemm_rows(params: GemmParams):
@@ -42,8 +43,10 @@ def _synthetic_gemm_rows(params: GemmParams):
     return rows
 
 
-@pytest.mark.parametrize("tile, waves, wave_us", [(32, 0.0, 0.0), (128, 0.35, 1.5)])
-def test_gemm_fit_recovers_known_parameters(tile, waves, wave_us):
+@pytest.mark.parametrize(
+    "tile, waves, wave_us, share", [(32, 0.0, 0.0, 1.0), (128, 0.35, 1.5, 1.0), (64, 0.3, 1.0, 0.4)]
+)
+def test_gemm_fit_recovers_known_parameters(tile, waves, wave_us, share):
     truth = GemmParams(
         compute=0.62,
         memory=0.83,
@@ -52,6 +55,7 @@ def test_gemm_fit_recovers_known_parameters(tile, waves, wave_us):
         tile_tokens=tile,
         wave_exponent=waves,
         wave_latency_us=wave_us,
+        tile_share=share,
     )
     calib = fit_kernels(_synthetic_gemm_rows(truth), HW, "synthetic")
     g = calib.gemm
@@ -62,7 +66,18 @@ def test_gemm_fit_recovers_known_parameters(tile, waves, wave_us):
     assert g.corner_exponent == pytest.approx(truth.corner_exponent, rel=1e-2)
     assert g.wave_exponent == pytest.approx(truth.wave_exponent, abs=1e-3)
     assert g.wave_latency_us == pytest.approx(truth.wave_latency_us, abs=1e-2)
+    assert g.tile_share == pytest.approx(truth.tile_share, abs=1e-3)
     assert g.mape_pct < 0.05 and g.rows == 5 * len(TOKENS)
+
+
+def test_tile_share_rounds_m_partly_at_the_tile_and_partly_at_twice_the_tile():
+    # compute-bound only (huge bandwidth, no launch): time is proportional to the rounded M.
+    # 72 tokens, tile 64: 0.25 x 128 (one step of 64 past one tile) + 0.75 x 128 (2 x 64) = 128;
+    # 136 tokens: 0.25 x 192 + 0.75 x 256 = 240
+    p = GemmParams(compute=1.0, memory=1.0, launch_us=0.0, corner_exponent=20.0, tile_tokens=64, tile_share=0.25)
+    dev = type(gemm_device(HW))(1e12, 1e30, None)
+    t = gemm_time_s(p, 1e6, 0.0, 0.0, np.array([32, 72, 136]), 4096, dev)
+    assert t == pytest.approx(np.array([32, 128, 240]) * 1e6 / 1e12, rel=1e-6)
 
 
 def test_output_waves_count_128_by_128_tiles_over_the_sms():
@@ -98,6 +113,52 @@ def test_elementwise_fit_recovers_floor_bandwidth_and_saturation(saturation):
     assert e.saturation_tokens == saturation
     assert e.memory == pytest.approx(0.45, rel=1e-4)
     assert e.launch_us == pytest.approx(3.0, rel=1e-3)
+
+
+def test_a_block_without_post_attention_norm_times_two_residual_adds(tmp_path):
+    """phi-2's block runs attention and MLP side by side: its timed add is attn + mlp + residual,
+    two add kernels; a sequential block's timed add is one."""
+    header = (DATA / "linear_ops_a100_llama3_8b.csv").read_text().splitlines()[0]
+    cols = header.split(",")
+    cells = dict.fromkeys(cols, "0.01")
+    cells.update(device="a100", n_head="32", n_kv_head="32", n_embd="2560", n_expanded_embd="10240", tp="1")
+    lines = [header]
+    for model, norm in (("sequential", "0.01"), ("parallel", "")):
+        cells.update(model=model, num_tokens="8", post_attention_layernorm_median_ms=norm)
+        lines.append(",".join(cells[c] for c in cols))
+    path = tmp_path / "linear_ops.csv"
+    path.write_text("\n".join(lines) + "\n")
+    adds = {r.label: r for r in recognise(path).read(path, "a100") if r.op == "add"}
+    assert adds["sequential"].kernels == 1 and adds["parallel"].kernels == 2
+    assert adds["parallel"].bytes == adds["sequential"].bytes  # each kernel moves one add's bytes
+
+
+def test_elementwise_fit_prices_each_launch_of_a_two_kernel_row():
+    # 2 us launch, 60% of bandwidth: a row spanning two kernels takes twice one kernel's time
+    dims = LayerDims(heads=32, kv_heads=32, hidden=2560, intermediate=10240)
+    op = operator_for("add", dims, 1)
+    rows = []
+    for t in TOKENS:
+        for kernels in (1, 2):
+            nbytes = op.bytes[0] + op.bytes[1] * t
+            time_s = kernels * (2e-6 + nbytes / (BW * 0.6))
+            rows.append(
+                row_from_operator(
+                    op,
+                    device="x",
+                    label=f"k{kernels}",
+                    tp=1,
+                    tokens=t,
+                    op="add",
+                    time_s=time_s,
+                    where="s",
+                    kernels=kernels,
+                )
+            )
+    cal = fit_kernels(rows, HW, "synthetic")
+    e = cal.elementwise["add"]
+    assert e.memory == pytest.approx(0.6, rel=1e-4) and e.launch_us == pytest.approx(2.0, rel=1e-3)
+    assert predict_rows(cal, rows, HW) == pytest.approx([r.time_s for r in rows], rel=1e-4)
 
 
 def test_elementwise_below_saturation_costs_as_much_as_saturation_tokens():

@@ -172,13 +172,20 @@ SECTION = CollectivesSection(
 )
 
 
-def test_measured_worker_counts_are_used_as_fitted_and_others_borrow_the_nearest():
+def test_measured_worker_counts_are_used_as_fitted_others_interpolate_or_borrow_the_nearest():
     mib = 2.0**20
     assert SECTION.all_reduce_time_s(mib, 8) == pytest.approx(30e-6 + mib / 70e9)
     assert SECTION.all_reduce_time_s(mib, 16) == pytest.approx(90e-6 + mib / 20e9)  # two nodes
-    # 4 workers: 2 and 8 are equally near (one doubling); the smaller is taken, its size term
-    # scaled by the ring traffic 2(w-1)/w: 1.5 / 1.0
-    assert SECTION.all_reduce_time_s(mib, 4) == pytest.approx(10e-6 + 1.5 * mib / 100e9)
+    # 4 workers lie between the measured 2 and 8 on the same NVSwitch: half way in log2(workers)
+    t2, t8 = 10e-6 + mib / 100e9, 30e-6 + mib / 70e9
+    assert SECTION.all_reduce_time_s(mib, 4) == pytest.approx(0.5 * t2 + 0.5 * t8)
+    # 6 workers: log2(6 / 4) / log2(8 / 4)... of the way from 2 to 8: log2(3) / 2
+    f = np.log2(3) / 2
+    assert SECTION.all_reduce_time_s(mib, 6) == pytest.approx((1 - f) * t2 + f * t8)
+    # 2 workers on a section that measured only 8 (nothing below): borrowed, size term scaled
+    # by the ring traffic 2(w-1)/w: 1.0 / 1.75
+    only8 = SECTION.model_copy(update={"all_reduce": [one_line(8, 8, 30, 70)]})
+    assert only8.all_reduce_time_s(mib, 2) == pytest.approx(30e-6 + (1.0 / 1.75) * mib / 70e9)
     # 32 workers span nodes: the across-node fit, scaled 2*31/32 over 2*15/16
     assert SECTION.all_reduce_time_s(mib, 32) == pytest.approx(90e-6 + (62 / 32) / (30 / 16) * mib / 20e9)
     # send/recv between pipeline stages sits inside a node

@@ -65,6 +65,7 @@ class PerLayerTable(TableKind):
                 column = self.tp_column if bad == "tp" else self.dims_columns["hidden"]
                 raise InfersimError(f"{where}, column '{column}': tp {tp} does not divide the heads and MLP width")
             tokens = parse_number(rec[self.tokens_column], where, self.tokens_column, integer=True)
+            parallel_block = self._parallel_block(rec, header)
             for op in ops:
                 cell = (rec.get(self.time_column(op)) or "").strip()
                 if cell == "" or cell.lower() == "nan":  # an operator the model lacks (phi-2's second norm)
@@ -80,11 +81,22 @@ class PerLayerTable(TableKind):
                         op=op,
                         time_s=ms * 1e-3,
                         where=where,
+                        kernels=2 if op == "add" and parallel_block else 1,
                     )
                 )
         if not rows:
             raise InfersimError(f"{path}: no operator times for device '{device}'")
         return rows
+
+    def _parallel_block(self, rec: dict[str, str], header: list[str]) -> bool:
+        """A block without a post-attention norm (phi-2's) runs attention and MLP side by side and
+        its timed `add` is attn + mlp + residual: two residual-add kernels, where a sequential
+        block's timed `add` is one (microsoft/vidur's profiled block, vidur/profiling/mlp)."""
+        column = self.time_column("post_attention_layernorm")
+        if column not in header:  # a table that does not time norms: nothing to tell by
+            return False
+        cell = (rec.get(column) or "").strip()
+        return cell == "" or cell.lower() == "nan"
 
     def _dims(self, rec: dict[str, str], where: str) -> LayerDims:
         vals = {f: parse_number(rec[c], where, c, integer=True) for f, c in self.dims_columns.items()}
