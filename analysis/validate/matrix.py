@@ -109,7 +109,7 @@ def run_matrix(
             fit = (
                 FittedCostModel.load(calibration)
                 if calibration
-                else calibrate(model, out / "calibration", device=device, threads=threads)
+                else calibrate(model, out / "calibration", CaseOptions(device=device, threads=threads))
             )
         bar.advance(task)
         for case in cases:

@@ -112,7 +112,7 @@ def bytes_level(exec_run, data, cm, finals) -> dict:
 
 
 def validate_offload_case(case, model: str, out: Path, opts: CaseOptions) -> dict:
-    device, dtype, threads, seed, requests = opts.device, opts.dtype, opts.threads, opts.seed, opts.requests
+    device, threads, seed, requests = opts.device, opts.threads, opts.seed, opts.requests
     spec, calibration, report, log = opts.spec, opts.calibration, opts.report, opts.log
     from infersim.simulator.metrics.rundir import write_json
     from infersim.simulator.workload.builder import build_requests
@@ -145,17 +145,7 @@ def validate_offload_case(case, model: str, out: Path, opts: CaseOptions) -> dic
         execute()
         src = f"offload fit loaded from `{calibration}`"
     else:
-        fit = calibrate_offload_around(
-            execute,
-            spec,
-            model,
-            out / "calibration",
-            device=device,
-            dtype=dtype,
-            threads=threads,
-            log=log,
-            validated_dir=out / "exec",
-        )
+        fit = calibrate_offload_around(execute, spec, model, out / "calibration", opts, validated_dir=out / "exec")
         src = (
             f"offload fit calibrated on `{out / 'calibration'}` (held-out offload executor runs, seeds "
             f"{', '.join(str(s) for s in fit.meta['seeds'])}, the case's serving and offload sections, once before "

@@ -36,19 +36,11 @@ def _profile_cost_model(name: str, profile: str, exec_run):
 
 
 def resolve_cost_model(
-    cost_model: str,
-    *,
-    model: str,
-    out: Path,
-    device: str,
-    dtype: str | None,
-    threads: int,
-    calibration: Path | None,
-    block_size: int,
-    serving: dict | None = None,
-    log=None,
+    cost_model: str, model: str, out: Path, opts: CaseOptions, *, block_size: int, serving: dict | None = None
 ):
-    """(cost model or None for a profile model built after the run, description dict)."""
+    """(cost model or None for a profile model built after the run, description dict): the fit
+    saved at `opts.calibration`, or one calibrated now under `out`."""
+    calibration = opts.calibration
     if cost_model not in COST_MODEL_CHOICES:
         raise InfersimError(f"unknown --cost-model '{cost_model}'; known: {', '.join(COST_MODEL_CHOICES)}")
     if cost_model != "fitted":
@@ -57,16 +49,7 @@ def resolve_cost_model(
         fit = FittedCostModel.load(calibration)
         src = f"executor fit loaded from `{calibration}`"
     else:
-        fit = calibrate(
-            model,
-            Path(out) / "calibration",
-            device=device,
-            dtype=dtype,
-            threads=threads,
-            block_size=block_size,
-            serving=serving,
-            log=log,
-        )
+        fit = calibrate(model, Path(out) / "calibration", opts, block_size=block_size, serving=serving)
         src = f"executor fit calibrated now on `{Path(out) / 'calibration'}`" + (
             " with the validated deployment's serving configuration" if serving is not None else ""
         )
@@ -152,17 +135,7 @@ def validate_case(
     if fit is not None:
         desc = {"name": "fitted", "description": "executor fit " + _fit_line(fit), "fit": fit.to_json()}
     elif not bracket:
-        fit, desc = resolve_cost_model(
-            cost_model,
-            model=model,
-            out=out,
-            device=device,
-            dtype=dtype,
-            threads=threads,
-            calibration=calibration,
-            block_size=spec.serving.block_size,
-            log=log,
-        )
+        fit, desc = resolve_cost_model(cost_model, model, out, opts, block_size=spec.serving.block_size)
     reqs = build_requests(spec)
 
     repeated: dict = {}
@@ -185,14 +158,11 @@ def validate_case(
             execute,
             model,
             out / "calibration",
-            device=device,
-            dtype=dtype,
-            threads=threads,
+            opts,
             block_size=spec.serving.block_size,
             serving=serving,
             requests=mix,
             validated_dir=out / "exec",
-            log=log,
         )
         desc = {
             "name": "fitted",

@@ -80,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
         import transformers  # noqa: F401
     except ImportError as exc:
         raise InfersimError(f'the executor needs PyTorch and transformers ({exc}): pip install ".[executor]"')
+    from infersim.executor.options import ExecOptions
     from infersim.executor.run import execute
 
     t0 = time.perf_counter()
@@ -97,11 +98,7 @@ def run(args: argparse.Namespace) -> int:
     spec, requests = prepare(ns, str(args.workload), serving=sv)
     out = check_out_dir(args.out or Path("runs") / f"{spec.name}-exec", force=args.force)
     log = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
-    summary = execute(
-        spec,
-        requests,
-        model,
-        out,
+    opts = ExecOptions(
         device=args.device,
         dtype=args.dtype,
         realtime=not args.fast,
@@ -109,10 +106,10 @@ def run(args: argparse.Namespace) -> int:
         csv=args.csv,
         quiet=args.quiet,
         device_memory_gb=args.device_memory_gb,
-        source=str(args.workload),
         log=log,
         force=args.force,
     )
+    summary = execute(spec, requests, model, out, opts)
     if not args.quiet:
         shown = spec.model_copy(update={"model": model})
         print_summary(summary, shown, out, time.perf_counter() - t0)
