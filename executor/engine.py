@@ -32,7 +32,7 @@ from infersim.simulator.policies.state import SchedulerLimits, SchedulerState
 from infersim.simulator.workload.schema import ServingSection
 
 from .clock import Clock
-from .kvcache import PagedKVCache
+from .kvcache import PagedKVCache, runner_cache
 from .runner import build_runner, plan_batch
 
 
@@ -204,10 +204,8 @@ class Engine:
         self.lm = model
         self.runner = build_runner(model)
         self.device = model.device
-        self.cache = PagedKVCache(
-            self.runner.num_layers,
-            self.runner.num_kv_heads,
-            self.runner.head_dim,
+        self.cache = runner_cache(
+            self.runner,
             block_size=block_size,
             gpu_blocks=gpu_blocks,
             cpu_blocks=cpu_blocks,
