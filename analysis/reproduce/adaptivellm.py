@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from infersim.analysis.report_html import md_table
 from infersim.analysis.reproduce.moved import Headline, moved_section
 from infersim.simulator.hardware.catalog import load_hardware
 from infersim.simulator.machine import machine_line
@@ -447,9 +448,7 @@ def _pairs(t: pd.DataFrame) -> list[tuple[str, str]]:
 
 
 def _md_table(header: list[str], rows: list[list]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(str(x) for x in r) + " |" for r in rows]
-    return "\n".join(lines)
+    return "\n".join(md_table(header, rows))
 
 
 def _f(x, nd=2) -> str:

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from infersim.analysis.report_html import frame_md_table as _md
 from infersim.analysis.reproduce.moved import Headline, moved_section
 from infersim.simulator.metrics.summary import summarize
 from infersim.simulator.simulation import Simulation
@@ -567,23 +568,6 @@ def plot_acceptance(ac: pd.DataFrame, path: Path) -> Path:
 
 
 # ---- write-up ------------------------------------------------------------------------------------------
-def _md(df: pd.DataFrame, cols: list[str], fmt: dict) -> str:
-    head = "| " + " | ".join(cols) + " |\n|" + "|".join("---" for _ in cols) + "|\n"
-    lines = []
-    for _, r in df.iterrows():
-        cells = []
-        for c in cols:
-            v = r[c]
-            if v is None or (isinstance(v, float) and np.isnan(v)):
-                cells.append("-")
-            elif c in fmt:
-                cells.append(fmt[c].format(v))
-            else:
-                cells.append(str(v))
-        lines.append("| " + " | ".join(cells) + " |")
-    return head + "\n".join(lines) + "\n"
-
-
 def write_markdown(
     fa,
     fb,
