@@ -125,37 +125,26 @@ def dense_vs_greedy(acc: np.ndarray, scheme: str, excl=None) -> tuple[pd.DataFra
     nodes). Returns (summary rows, a seeded random draw of settings for the plot)."""
     census = dense_census(acc, excl)
     g64 = expected_length(greedy_tree(acc, 64), acc, excl)
-    rows = []
-    for lo, hi in DENSE_BANDS:
-        for sel, f in (("every setting", census), ("ordered s_1 >= s_2 >= ...", census[census["ordered"]])):
-            b = f[(f["nodes"] >= lo) & (f["nodes"] <= hi)]
-            top = b.loc[b["acceleration_rate"].idxmax()]
-            rows.append(
-                {
-                    "scheme": scheme,
-                    "dense_trees": f"{sel}, {lo}-{hi} nodes",
-                    "count": len(b),
-                    "greedy_64": g64,
-                    "share_below_greedy_64": float((b["acceleration_rate"] < g64).mean()),
-                    "median_rate": float(b["acceleration_rate"].median()),
-                    "best_rate": float(top["acceleration_rate"]),
-                    "best_tree": f"{top['tree']} ({int(top['nodes'])} nodes)",
-                }
-            )
-    leaves = census[census["leaves"] == 256]
-    top = leaves.loc[leaves["acceleration_rate"].idxmax()]
-    rows.append(
-        {
+
+    def band_row(label: str, b: pd.DataFrame) -> dict:
+        """A set of trees against greedy-64: its count, share below, median and best."""
+        top = b.loc[b["acceleration_rate"].idxmax()]
+        return {
             "scheme": scheme,
-            "dense_trees": "256 candidates counted as leaves (any nodes)",
-            "count": len(leaves),
+            "dense_trees": label,
+            "count": len(b),
             "greedy_64": g64,
-            "share_below_greedy_64": float((leaves["acceleration_rate"] < g64).mean()),
-            "median_rate": float(leaves["acceleration_rate"].median()),
+            "share_below_greedy_64": float((b["acceleration_rate"] < g64).mean()),
+            "median_rate": float(b["acceleration_rate"].median()),
             "best_rate": float(top["acceleration_rate"]),
             "best_tree": f"{top['tree']} ({int(top['nodes'])} nodes)",
         }
-    )
+
+    rows = []
+    for lo, hi in DENSE_BANDS:
+        for sel, f in (("every setting", census), ("ordered s_1 >= s_2 >= ...", census[census["ordered"]])):
+            rows.append(band_row(f"{sel}, {lo}-{hi} nodes", f[(f["nodes"] >= lo) & (f["nodes"] <= hi)]))
+    rows.append(band_row("256 candidates counted as leaves (any nodes)", census[census["leaves"] == 256]))
     for sizes in UNIFORM_TREES:
         if max(sizes) > acc.shape[1] or len(sizes) > acc.shape[0]:
             continue
@@ -177,19 +166,7 @@ def dense_vs_greedy(acc: np.ndarray, scheme: str, excl=None) -> tuple[pd.DataFra
     dots = pool.sample(n=min(RANDOM_DOTS, len(pool)), random_state=np.random.RandomState(4)).assign(scheme=scheme)
     b = dots[(dots["nodes"] >= 129) & (dots["nodes"] <= 256)]
     if len(b):
-        top = b.loc[b["acceleration_rate"].idxmax()]
-        rows.append(
-            {
-                "scheme": scheme,
-                "dense_trees": f"{len(dots)} settings drawn at random (plot), 129-256 nodes",
-                "count": len(b),
-                "greedy_64": g64,
-                "share_below_greedy_64": float((b["acceleration_rate"] < g64).mean()),
-                "median_rate": float(b["acceleration_rate"].median()),
-                "best_rate": float(top["acceleration_rate"]),
-                "best_tree": f"{top['tree']} ({int(top['nodes'])} nodes)",
-            }
-        )
+        rows.append(band_row(f"{len(dots)} settings drawn at random (plot), 129-256 nodes", b))
     return pd.DataFrame(rows), dots
 
 
