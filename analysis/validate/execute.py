@@ -251,6 +251,32 @@ def run_executor(spec, requests, model: str, out: Path, opts: CaseOptions = Case
         torch.set_num_threads(prev)
 
 
+def case_header(case, model: str, opts: CaseOptions) -> dict:
+    """The fields every case's validation.json starts with: which case ran, of what, on what."""
+    return {
+        "case": case.name,
+        "title": case.title,
+        "mode": case.mode,
+        "model": model,
+        "device": opts.device,
+        "threads": opts.threads,
+    }
+
+
+def finish_case(result: dict, out: Path, report: Callable[[], object] | None = None) -> dict:
+    """A case's verdict under the rule (rule.apply_rule) written to out/validation.json, then its
+    report (`report`, when the case writes one); returns the result."""
+    from infersim.simulator.metrics.rundir import write_json
+
+    from .rule import apply_rule
+
+    apply_rule(result)
+    write_json(Path(out) / "validation.json", result)
+    if report is not None:
+        report()
+    return result
+
+
 def execute_case(case, mode, spec, reqs, model: str, out: Path, opts: CaseOptions, what: str = "") -> dict:
     """The validated run, `opts.repeats` times, into out/exec; what run_repeated says about it."""
     if opts.log:

@@ -14,10 +14,9 @@ from infersim.simulator.errors import InfersimError
 from .calibrate import calibrate, require_held_out_seed
 from .cases import Case
 from .compare import aggregate_errors, brief, compare_runs
-from .execute import CaseOptions, execute_case, repeat_dirs
+from .execute import CaseOptions, case_header, execute_case, finish_case, repeat_dirs
 from .measured import load_exec_run, load_run
 from .modes import MODES
-from .rule import apply_rule
 
 COST_MODEL_CHOICES = ("fitted", "regression", "roofline")
 SPECULATIVE_MODES = ("speculative", "minions", "medusa")  # validated per round by spec_validate.py
@@ -87,20 +86,12 @@ def validate_case(
     validated run: execute.CaseOptions)."""
     device, dtype, threads, seed, requests = opts.device, opts.dtype, opts.threads, opts.seed, opts.requests
     spec, calibration, report, log = opts.spec, opts.calibration, opts.report, opts.log
-    from infersim.simulator.metrics.rundir import write_json
     from infersim.simulator.workload.builder import build_requests
 
     out = Path(out)
     mode = MODES.get(case.mode)
     ok, why = mode.availability()
-    base = {
-        "case": case.name,
-        "title": case.title,
-        "mode": case.mode,
-        "model": model,
-        "device": device,
-        "threads": threads,
-    }
+    base = case_header(case, model, opts)
     if not ok:
         return {**base, "status": "not available", "reason": why}
     if case.mode in SPECULATIVE_MODES:
@@ -242,13 +233,9 @@ def validate_case(
         "comparison": brief(cmp.to_json()),
         "repeat_errors": [aggregate_errors(load_exec_run(d), sim_run, cm) for d in repeat_dirs(out / "exec")],
     }
-    apply_rule(result)
-    write_json(out / "validation.json", result)
-    if report:
-        from .report import case_report
+    from .report import case_report
 
-        case_report(result, exec_run, sim_run, cmp, out)
-    return result
+    return finish_case(result, out, (lambda: case_report(result, exec_run, sim_run, cmp, out)) if report else None)
 
 
 def _fit_line(fit) -> str:

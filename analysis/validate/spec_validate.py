@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from .calibrate import CALIBRATION_SEED, require_held_out_seed
-from .execute import CaseOptions, execute_case, repeat_dirs
+from .execute import CaseOptions, case_header, execute_case, finish_case, repeat_dirs
 
 # Held-out requests for the speculative fit: other seeds and shapes than any case (9011-9012 and
 # 9015 are the calibration's alone; calibrate.py's matched runs use 9009-9011).
@@ -157,30 +157,21 @@ def _fit_bracketed(mode, spec, run, model: str, out: Path, opts: CaseOptions, va
 
 
 def validate_spec_case(case, model: str, out: Path, opts: CaseOptions) -> dict:
-    device, threads, seed, requests = opts.device, opts.threads, opts.seed, opts.requests
+    seed, requests = opts.seed, opts.requests
     spec, calibration, report, log = opts.spec, opts.calibration, opts.report, opts.log
     from infersim.simulator.costmodel.speculative_fit import SpecFit
-    from infersim.simulator.metrics.rundir import write_json
     from infersim.simulator.workload.builder import build_requests
 
     from .compare import brief
     from .measured import load_run
     from .modes import MODES
-    from .rule import apply_rule
     from .spec_compare import compare_spec
     from .spec_rounds import rebuild_rounds
     from .spec_simulate import kv_binds, simulate_spec_run
 
     out = Path(out)
     mode = MODES.get(case.mode)
-    base = {
-        "case": case.name,
-        "title": case.title,
-        "mode": case.mode,
-        "model": model,
-        "device": device,
-        "threads": threads,
-    }
+    base = case_header(case, model, opts)
     ok, why = mode.availability()
     if not ok:
         return {**base, "status": "not available", "reason": why}
@@ -257,13 +248,9 @@ def validate_spec_case(case, model: str, out: Path, opts: CaseOptions) -> dict:
             mode, out, sim_run if s_replay is None else s_replay, fit, spec.seed, s_replayed=s_replay is not None
         ),
     }
-    apply_rule(result)
-    write_json(out / "validation.json", result)
-    if report:
-        from .spec_report import spec_case_report
+    from .spec_report import spec_case_report
 
-        spec_case_report(result, exec_run, sim_run, cmp, out)
-    return result
+    return finish_case(result, out, (lambda: spec_case_report(result, exec_run, sim_run, cmp, out)) if report else None)
 
 
 def _repeat_errors(mode, out: Path, sim_run, fit, seed: int, s_replayed: bool) -> list[dict]:
