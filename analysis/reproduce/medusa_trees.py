@@ -29,7 +29,7 @@ from infersim.analysis.report_html import frame_md_table as _md
 from infersim.analysis.reproduce.moved import Headline, moved_section
 from infersim.simulator.metrics.summary import summarize
 from infersim.simulator.simulation import Simulation
-from infersim.simulator.speculative.medusa_heads import load_accuracies
+from infersim.simulator.speculative.medusa_heads import grow_greedy, load_accuracies
 from infersim.simulator.speculative.medusa_tree import (
     cartesian_nodes,
     cartesian_tree,
@@ -238,20 +238,7 @@ def dependent_rate(tree, acc: np.ndarray, d: float) -> float:
 def dependent_greedy(acc: np.ndarray, nodes: int, d: float) -> list[tuple[int, ...]]:
     """Section 2.3.3's greedy growth under the dependent path probability (a child is never more
     probable than its parent, so adding the most probable connected node stays optimal per step)."""
-    import heapq
-
-    tree, have, heap = [], {()}, [(-dependent_path_probability((i,), acc, d), (i,)) for i in range(acc.shape[1])]
-    heapq.heapify(heap)
-    while len(tree) < nodes - 1 and heap:
-        _, node = heapq.heappop(heap)
-        if node in have:
-            continue
-        tree.append(node)
-        have.add(node)
-        if len(node) < acc.shape[0]:
-            for i in range(acc.shape[1]):
-                heapq.heappush(heap, (-dependent_path_probability(node + (i,), acc, d), node + (i,)))
-    return tree
+    return grow_greedy([], nodes, acc, lambda path, a: dependent_path_probability(path, a, d))
 
 
 def dependence_study(acc: np.ndarray) -> pd.DataFrame:
