@@ -23,6 +23,7 @@ from .serving import (
     memory_plan,
     plan_blocks,
     resolved_config,
+    run_result,
     serve,
     single_replica,
     write_engine_run,
@@ -44,7 +45,6 @@ def execute(spec, requests, model: str, out: Path, opts: ExecOptions = ExecOptio
     from infersim.simulator.metrics.collector import MetricsCollector
     from infersim.simulator.metrics.rundir import staged_dir
     from infersim.simulator.policies import SchedulerLimits, build_scheduler
-    from infersim.simulator.simulation import SimulationResult
 
     from .engine import Engine, ExecSequence
     from .prompts import make_prompts
@@ -109,7 +109,6 @@ def execute(spec, requests, model: str, out: Path, opts: ExecOptions = ExecOptio
                     break
                 engine.submit(new_seq(i, float(t)))
         end = serve(engine, None if opts.quiet else (len(seqs) if not requests.closed_loop else len(requests)))
-        series = metrics.close_series()
         memory = memory_plan(mem)
         st = engine.stats
         ex = executor_record(
@@ -129,8 +128,6 @@ def execute(spec, requests, model: str, out: Path, opts: ExecOptions = ExecOptio
         if lm.meta:
             ex["zoo"] = {k: lm.meta.get(k) for k in ("heldout_perplexity", "weights_sha256", "corpus_sha256")}
         resolved = resolved_config(spec, lm, mem, limits, len(seqs), ex)
-        result = SimulationResult(
-            spec, metrics.requests_table(), series, metrics, memory, float(end), resolved, {"executor": ex}
-        )
+        result = run_result(spec, metrics, memory, end, resolved, {"executor": ex})
         summary = write_engine_run(tmp, result, engine, seqs, opts)
     return summary

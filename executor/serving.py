@@ -197,6 +197,15 @@ def memory_plan(mem: dict):
     return MemoryPlan(*(mem[k] for k in keys), mem["blocks_source"])
 
 
+def run_result(spec, metrics, memory, end_s: float, resolved: dict, sections: dict):
+    """A real run as the simulator's SimulationResult (its series closed), so that its summary
+    and tables are written exactly as a simulation's; `sections`: the summary's extra sections."""
+    from infersim.simulator.simulation import SimulationResult
+
+    series = metrics.close_series()
+    return SimulationResult(spec, metrics.requests_table(), series, metrics, memory, float(end_s), resolved, sections)
+
+
 def write_engine_run(tmp: Path, result, engine, seqs, opts, tables: dict | None = None) -> dict:
     """The run folder of an engine run (plain or offload): the simulator's result files, the
     iteration tables, any further `tables` (name -> table), the outputs and the plots;

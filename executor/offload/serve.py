@@ -173,7 +173,6 @@ def execute(spec, requests, model: str, out: Path, opts: ExecOptions = ExecOptio
     from infersim.simulator.metrics.collector import MetricsCollector
     from infersim.simulator.metrics.rundir import staged_dir
     from infersim.simulator.policies import SchedulerLimits, build_scheduler
-    from infersim.simulator.simulation import SimulationResult
 
     from ..models import dtype_name
     from ..prompts import make_prompts
@@ -184,6 +183,7 @@ def execute(spec, requests, model: str, out: Path, opts: ExecOptions = ExecOptio
         memory_plan,
         plan_blocks,
         resolved_config,
+        run_result,
         serve,
         single_replica,
         write_engine_run,
@@ -240,7 +240,6 @@ def execute(spec, requests, model: str, out: Path, opts: ExecOptions = ExecOptio
             seqs.append(s)
             engine.submit(s)
         end = serve(engine, None if opts.quiet else len(seqs))
-        series = metrics.close_series()
         memory = memory_plan(mem)
         st = engine.stats
         tabs = engine.tables()
@@ -261,16 +260,7 @@ def execute(spec, requests, model: str, out: Path, opts: ExecOptions = ExecOptio
             "store_s": float(oi["store_s"].sum()),
         }
         resolved = {**resolved_config(spec, lm, mem, limits, len(seqs), ex), "offload_executor": offload}
-        result = SimulationResult(
-            spec,
-            metrics.requests_table(),
-            series,
-            metrics,
-            memory,
-            float(end),
-            resolved,
-            {"executor": ex, "offload": offload},
-        )
+        result = run_result(spec, metrics, memory, end, resolved, {"executor": ex, "offload": offload})
         summary = write_engine_run(tmp, result, engine, seqs, opts, tabs)
     return summary
 

@@ -128,14 +128,14 @@ def execute_speculative(spec, requests, model: str, out: Path, opts: ExecOptions
     from infersim.simulator.metrics.collector import MetricsCollector
     from infersim.simulator.metrics.rundir import staged_dir, write_table
     from infersim.simulator.metrics.summary import write_result_files
-    from infersim.simulator.simulation import SimulationResult
+    from infersim.simulator.progress import ProgressBar
     from infersim.simulator.speculative.minions import SSMWeights
     from infersim.simulator.speculative.selector import AdaptiveLengthSelector
 
     from ..clock import Clock
     from ..models import dtype_name, load_model
     from ..prompts import make_prompts
-    from ..serving import device_description, load_served_model, model_summary, write_outputs
+    from ..serving import device_description, load_served_model, model_summary, run_result, write_outputs
     from .acceptance import write_acceptance_table
     from .build import DecoderOptions, build_decoder
     from .decoder import kv_blocks_for
@@ -260,24 +260,14 @@ def execute_speculative(spec, requests, model: str, out: Path, opts: ExecOptions
             lambda: sum(1 for s in seqs if s.arrival_s <= clock.now() and s.first_scheduled_s < 0),
             round_s=lambda: int(dec.stats.rounds[-1][8]) if dec.stats.rounds else None,
         )
-        progress = None
-        if not opts.quiet:
-            from rich.progress import Progress
-
-            progress_bar = Progress(transient=True)
-            progress_bar.__enter__()
-            task = progress_bar.add_task("speculative exec", total=len(seqs))
-            progress = lambda seq: progress_bar.advance(task)
         try:
-            runner.generate(seqs, progress=progress, clock=clock, observer=obs)
+            with ProgressBar("speculative exec", quiet=opts.quiet, total=len(seqs), transient=True) as bar:
+                runner.generate(seqs, progress=lambda seq: bar.update(advance=1), clock=clock, observer=obs)
         finally:
-            if progress is not None:
-                progress_bar.__exit__(None, None, None)
             if hasattr(runner, "close"):
                 runner.close()  # the pipeline's drafting process
         finished_count[0] = len(obs.finished)
         end = max((s.finish_s for s in seqs), default=0.0)
-        series = metrics.close_series()
         bpb = dec.target.cache.bytes_per_block
         memory = MemoryPlan(
             int(gpu_blocks), 0, float(bpb), float(lm.weight_bytes()), 0.0, "explicit" if sv.gpu_blocks else "derived"
@@ -315,16 +305,7 @@ def execute_speculative(spec, requests, model: str, out: Path, opts: ExecOptions
                 k: ex[k] for k in ("model", "model_path", "drafts", "device", "dtype", "realtime", "torch", "threads")
             },
         }
-        result = SimulationResult(
-            spec,
-            metrics.requests_table(),
-            series,
-            metrics,
-            memory,
-            float(end),
-            resolved,
-            {"executor": ex, "speculation": spec_x},
-        )
+        result = run_result(spec, metrics, memory, end, resolved, {"executor": ex, "speculation": spec_x})
         summary = write_result_files(tmp, result, csv=opts.csv)
         write_table(tmp / "speculation_rounds.parquet", dec.stats.table())
         write_table(tmp / "speculation_sequences.parquet", _sequence_table(obs.seq_rows))
