@@ -577,7 +577,8 @@ def write_profile(out: Path, hw_dict: dict, calib: dict) -> None:
 
 
 def _written(out: Path, hw_dict: dict, calib: dict, comps, timings: dict) -> dict:
-    """Write the profile and its calibration sidecar; what profile_host and refit_profile return."""
+    """Write the profile and its calibration sidecar; what run_profile, refit_profile and
+    add_models return."""
     write_profile(out, hw_dict, calib)
     return {
         "profile": out,
@@ -737,15 +738,7 @@ def add_models(
     hw_dict = yaml.safe_load(text)
     for k in (SOURCE_KEY, HASH_KEY, PATH_KEY):
         hw_dict.get("sources", {}).pop(k, None)
-    write_profile(out, hw_dict, calib)
-    return {
-        "profile": out,
-        "sidecar": sidecar_path(out),
-        "hardware": hw_dict,
-        "calibration": calib,
-        "comparisons": {},
-        "timings": calib["timings_s"],
-    }
+    return _written(out, hw_dict, calib, {}, calib["timings_s"])
 
 
 def print_report(result: dict, console=None) -> None:
