@@ -4,6 +4,7 @@ distribution, rejected tokens' KV blocks roll back, the recorded acceptance load
 simulator, and Minions uses the simulator's own objects."""
 
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -74,16 +75,9 @@ def test_minions_coupled_and_pipelined_are_lossless(zoo, work):
     t, d = zoo
     prompts, outs, ref = work
     ds = [d[n] for n in DRAFTS]
+    minions = DecoderOptions(method="minions", s=3, gpu_blocks=256, block_size=8)
     coupled = build_decoder(
-        t,
-        ds,
-        DecoderOptions(
-            method="minions",
-            s=3,
-            gpu_blocks=256,
-            block_size=8,
-            selector=AdaptiveLengthSelector(s=3, decision_threshold=3, s_max=5),
-        ),
+        t, ds, replace(minions, selector=AdaptiveLengthSelector(s=3, decision_threshold=3, s_max=5))
     )
     assert coupled.generate(make_sequences(prompts, outs, 3)) == ref
     assert _all_free(coupled)
@@ -91,18 +85,8 @@ def test_minions_coupled_and_pipelined_are_lossless(zoo, work):
     assert len(coupled.s_series) > 1
     p = coupled.proposer
     assert p.voted_counts.sum() == p.drafted_outputs == sum(sum(h["voted"]) for h in p.history)
-    dec = build_decoder(
-        t,
-        ds,
-        DecoderOptions(
-            method="minions",
-            s=3,
-            gpu_blocks=256,
-            block_size=8,
-            max_batch_size=6,
-            selector=AdaptiveLengthSelector(s=3, decision_threshold=3, s_max=5),
-        ),
-    )
+    selector = AdaptiveLengthSelector(s=3, decision_threshold=3, s_max=5)
+    dec = build_decoder(t, ds, replace(minions, max_batch_size=6, selector=selector))
     pipe = PipelinedDecoder(dec, llm_batch_size=2, ssm_batch_size=2)
     threads_before, switch_before = torch.get_num_threads(), sys.getswitchinterval()
     with speed_ticks(every=2) as ticks:
