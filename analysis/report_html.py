@@ -85,6 +85,18 @@ def md_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]
     return out
 
 
+def frame_md_table(df, cols: Sequence[str], fmt: dict[str, str] | None = None) -> str:
+    """The columns `cols` of a DataFrame as a Markdown table: a cell formatted by `fmt[col]`
+    (str.format) where given, '-' where missing (None or NaN)."""
+
+    def cell(c, v):
+        if v is None or (isinstance(v, float) and v != v):
+            return "-"
+        return fmt[c].format(v) if c in (fmt or {}) else str(v)
+
+    return "\n".join(md_table(cols, [[cell(c, r[c]) for c in cols] for _, r in df.iterrows()])) + "\n"
+
+
 # ------------------------------------------------------------------ Markdown
 
 

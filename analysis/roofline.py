@@ -13,9 +13,10 @@ verify."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from itertools import product
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import pandas as pd
 
@@ -130,39 +131,38 @@ def batch_shape(phase: str, batch: int, seq_len: int, candidates: int = 1) -> Ba
     raise InfersimError(f"unknown phase '{phase}'; known: {', '.join(PHASES)}")
 
 
-def settings(
-    phases: Iterable[str],
-    batches: Sequence[int],
-    seq_lens: Sequence[int],
-    candidates: Sequence[int] = DEFAULT_CANDIDATES,
-) -> list[tuple[str, int, int, int]]:
-    """(phase, batch, seq_len, query tokens per sequence) for every point of the sweep."""
-    out = []
-    for phase in phases:
-        if phase not in PHASES:
-            raise InfersimError(f"unknown phase '{phase}'; known: {', '.join(PHASES)}")
-        for b, s in product(batches, seq_lens):
-            if min(b, s) < 1:
-                raise InfersimError(f"batch and sequence length must be >= 1, got batch {b}, seq {s}")
-            qs = {"prefill": [s], "decode": [1], "verify": list(candidates)}[phase]
-            for q in qs:
-                if q < 1:
-                    raise InfersimError(f"candidates must be >= 1, got {q}")
-                out.append((phase, int(b), int(s), int(q)))
-    return out
+@dataclass(frozen=True)
+class Grid:
+    """The settings a roofline study sweeps: every phase at every batch x sequence length
+    (verify also at every candidate count)."""
+
+    phases: Sequence[str] = ("prefill", "decode")
+    batches: Sequence[int] = POW2_BATCHES
+    seq_lens: Sequence[int] = POW2_SEQ_LENS
+    candidates: Sequence[int] = DEFAULT_CANDIDATES  # query tokens per sequence of a verify step
+
+    def settings(self) -> list[tuple[str, int, int, int]]:
+        """(phase, batch, seq_len, query tokens per sequence) for every point of the sweep."""
+        out = []
+        for phase in self.phases:
+            if phase not in PHASES:
+                raise InfersimError(f"unknown phase '{phase}'; known: {', '.join(PHASES)}")
+            for b, s in product(self.batches, self.seq_lens):
+                if min(b, s) < 1:
+                    raise InfersimError(f"batch and sequence length must be >= 1, got batch {b}, seq {s}")
+                qs = {"prefill": [s], "decode": [1], "verify": list(self.candidates)}[phase]
+                for q in qs:
+                    if q < 1:
+                        raise InfersimError(f"candidates must be >= 1, got {q}")
+                    out.append((phase, int(b), int(s), int(q)))
+        return out
 
 
-def operator_table(
-    cost: RooflineCostModel,
-    phases: Iterable[str] = ("prefill", "decode"),
-    batches: Sequence[int] = POW2_BATCHES,
-    seq_lens: Sequence[int] = POW2_SEQ_LENS,
-    candidates: Sequence[int] = DEFAULT_CANDIDATES,
-) -> pd.DataFrame:
+def operator_table(cost: RooflineCostModel, grid: Grid = Grid()) -> pd.DataFrame:
     """One row per operator per setting. flops/bytes/time_s are per occurrence (one layer for
     per-layer operators), per GPU; total_time_s = time_s * count."""
     rows = []
-    for phase, b, s, q in settings(phases, batches, seq_lens, candidates):
+    for phase, b, s, q in grid.settings():
         for op in cost.breakdown(batch_shape(phase, b, s, q)):
             rows.append(
                 (
@@ -187,16 +187,10 @@ def operator_table(
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
-def iteration_table(
-    cost: RooflineCostModel,
-    phases: Iterable[str] = ("prefill", "decode"),
-    batches: Sequence[int] = POW2_BATCHES,
-    seq_lens: Sequence[int] = POW2_SEQ_LENS,
-    candidates: Sequence[int] = DEFAULT_CANDIDATES,
-) -> pd.DataFrame:
+def iteration_table(cost: RooflineCostModel, grid: Grid = Grid()) -> pd.DataFrame:
     """One row per setting: the whole iteration (all layers, lm_head, all-reduces, overheads)."""
     rows = []
-    for phase, b, s, q in settings(phases, batches, seq_lens, candidates):
+    for phase, b, s, q in grid.settings():
         shape = batch_shape(phase, b, s, q)
         t = shape.totals()
         ops = cost.breakdown(shape)

@@ -56,8 +56,9 @@ def hf_static(model, prompts, outputs, batch: int):
 
 def engine(lm, prompts, outputs, max_batch: int):
     from infersim.executor.engine import generate
+    from infersim.simulator.workload.schema import ServingSection
 
-    out, eng = generate(lm, prompts, outputs, max_batch_size=max_batch)
+    out, eng = generate(lm, prompts, outputs, ServingSection(max_batch_size=max_batch))
     return out
 
 

@@ -113,7 +113,7 @@ def main(argv=None) -> int:
 
     from infersim.executor.models import hf_greedy_generate, load_model
     from infersim.executor.prompts import make_prompts
-    from infersim.executor.speculative.build import build_decoder, make_sequences
+    from infersim.executor.speculative.build import DecoderOptions, build_decoder, make_sequences
     from infersim.executor.speculative.pipeline import PipelinedDecoder
     from infersim.simulator.speculative.selector import AdaptiveLengthSelector
 
@@ -137,13 +137,15 @@ def main(argv=None) -> int:
             dec = build_decoder(
                 target,
                 dlist,
-                method=method,
-                s=s,
-                selector=sel,
-                gpu_blocks=1024,
-                max_batch_size=batch,
-                seed=args.seed,
-                temperature=temperature,
+                DecoderOptions(
+                    method=method,
+                    s=s,
+                    selector=sel,
+                    gpu_blocks=1024,
+                    max_batch_size=batch,
+                    seed=args.seed,
+                    temperature=temperature,
+                ),
             )
             runner = PipelinedDecoder(dec, llm_batch_size=max(1, batch // 2)) if pipeline else dec
             res = []

@@ -29,9 +29,10 @@ from infersim.simulator.costmodel.measured import MeasuredCostModel
 from infersim.simulator.engine.decision import apply_decision
 from infersim.simulator.engine.sequence import emit_token
 from infersim.simulator.policies.state import SchedulerLimits, SchedulerState
+from infersim.simulator.workload.schema import ServingSection
 
 from .clock import Clock
-from .kvcache import PagedKVCache
+from .kvcache import PagedKVCache, runner_cache
 from .runner import build_runner, plan_batch
 
 
@@ -203,10 +204,8 @@ class Engine:
         self.lm = model
         self.runner = build_runner(model)
         self.device = model.device
-        self.cache = PagedKVCache(
-            self.runner.num_layers,
-            self.runner.num_kv_heads,
-            self.runner.head_dim,
+        self.cache = runner_cache(
+            self.runner,
             block_size=block_size,
             gpu_blocks=gpu_blocks,
             cpu_blocks=cpu_blocks,
@@ -486,40 +485,34 @@ class Engine:
 
 
 def generate(
-    model,
-    prompts: list[list[int]],
-    max_new_tokens,
-    *,
-    scheduler: str = "fcfs",
-    preemption: str = "recompute",
-    gpu_blocks: int | None = None,
-    cpu_blocks: int = 0,
-    block_size: int = 16,
-    max_batch_size: int = 256,
-    max_batched_tokens: int | None = None,
-    chunked_prefill: bool = False,
-    arrival_s=None,
-    watermark: float = 0.01,
+    model, prompts: list[list[int]], max_new_tokens, serving: ServingSection | None = None, arrival_s=None
 ) -> tuple[list[list[int]], Engine]:
     """Greedy generation of many prompts at once through the engine (continuous batching):
     returns the generated token ids per prompt and the engine (its counters tell what
-    happened: preemptions, swaps). All requests arrive at once unless `arrival_s` is given."""
+    happened: preemptions, swaps). `serving` is a workload's `serving:` section (scheduler,
+    preemption, pools, batch limits; default its defaults), except that without gpu_blocks the
+    pool holds every request and without cpu_blocks there is no host pool. All requests arrive
+    at once unless `arrival_s` is given."""
     from infersim.simulator.policies import build_scheduler
 
+    sv = serving or ServingSection()
     n = len(prompts)
     outs = [int(max_new_tokens)] * n if np.isscalar(max_new_tokens) else [int(x) for x in max_new_tokens]
+    gpu_blocks = sv.gpu_blocks
     if gpu_blocks is None:
-        need = sum(-(-(len(p) + o) // block_size) for p, o in zip(prompts, outs))
+        need = sum(-(-(len(p) + o) // sv.block_size) for p, o in zip(prompts, outs))
         gpu_blocks = need + 1
-    max_len = model.max_positions
-    limits = SchedulerLimits(max_batch_size, max_batched_tokens or max(max_len, 2048), max_len, chunked_prefill)
+    max_len = min(sv.max_model_len or model.max_positions, model.max_positions)
+    limits = SchedulerLimits(
+        sv.max_batch_size, sv.max_batched_tokens or max(max_len, 2048), max_len, sv.chunked_prefill
+    )
     eng = Engine(
         model,
-        build_scheduler(scheduler, preemption),
+        build_scheduler(sv.scheduler, sv.preemption),
         gpu_blocks=gpu_blocks,
-        cpu_blocks=cpu_blocks,
-        block_size=block_size,
-        watermark=watermark,
+        cpu_blocks=sv.cpu_blocks or 0,
+        block_size=sv.block_size,
+        watermark=sv.watermark,
         limits=limits,
         realtime=False,
     )

@@ -242,3 +242,17 @@ def contiguous_runs(a: list[int], b: list[int]):
             n += 1
         yield a[i], b[i], n
         i += n
+
+
+def runner_cache(runner, *, block_size: int, gpu_blocks: int, cpu_blocks: int = 0, **kw) -> PagedKVCache:
+    """A paged cache shaped for a model runner's layers and KV heads (`kw`: dtype, device,
+    watermark as PagedKVCache takes them)."""
+    return PagedKVCache(
+        runner.num_layers,
+        runner.num_kv_heads,
+        runner.head_dim,
+        block_size=block_size,
+        gpu_blocks=gpu_blocks,
+        cpu_blocks=cpu_blocks,
+        **kw,
+    )

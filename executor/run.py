@@ -14,97 +14,51 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from infersim.simulator.errors import InfersimError
-
 from . import medusa  # noqa: F401  (registers Medusa's decoder with the speculative engine)
-from .serving import executor_record, plan_blocks, resolved_config, serve, write_outputs
+from .options import ExecOptions
+from .serving import (
+    clipped_output,
+    executor_record,
+    load_served_model,
+    memory_plan,
+    plan_blocks,
+    resolved_config,
+    run_result,
+    serve,
+    single_replica,
+    write_engine_run,
+)
 
 
-def execute(
-    spec,
-    requests,
-    model: str,
-    out: Path,
-    *,
-    device: str | None = "cpu",
-    dtype: str | None = None,
-    realtime: bool = True,
-    plots: bool = True,
-    csv: bool = False,
-    quiet: bool = True,
-    device_memory_gb: float | None = None,
-    source: str = "workload",
-    log=None,
-    force: bool = False,
-) -> dict:
-    """Serve the requests on the model and write the run directory atomically; returns the summary.
-    `force` lets it replace a folder infersim did not write (rundir.check_out_dir)."""
+def execute(spec, requests, model: str, out: Path, opts: ExecOptions = ExecOptions()) -> dict:
+    """Serve the requests on the model and write the run directory atomically; returns the summary."""
     if getattr(spec, "speculation", None) is not None:
         # a `speculation:` section: the speculative engine (executor/speculative/engine.py)
         from .speculative.engine import execute_speculative
 
-        return execute_speculative(
-            spec,
-            requests,
-            model,
-            out,
-            device=device,
-            dtype=dtype,
-            realtime=realtime,
-            plots=plots,
-            csv=csv,
-            quiet=quiet,
-            log=log,
-            force=force,
-        )
+        return execute_speculative(spec, requests, model, out, opts)
     if getattr(spec, "offload", None) is not None:
         # an `offload:` section: the KV cache in host memory under the policy (executor/offload/serve.py)
         from .offload.serve import execute as execute_offload
 
-        return execute_offload(
-            spec,
-            requests,
-            model,
-            out,
-            device=device,
-            dtype=dtype,
-            realtime=realtime,
-            plots=plots,
-            quiet=quiet,
-            csv=csv,
-            device_memory_gb=device_memory_gb,
-            log=log,
-            force=force,
-        )
-    from infersim.simulator.engine.memory import MemoryPlan
+        return execute_offload(spec, requests, model, out, opts)
     from infersim.simulator.metrics.collector import MetricsCollector
-    from infersim.simulator.metrics.rundir import staged_dir, write_table
-    from infersim.simulator.metrics.summary import write_result_files
+    from infersim.simulator.metrics.rundir import staged_dir
     from infersim.simulator.policies import SchedulerLimits, build_scheduler
-    from infersim.simulator.simulation import SimulationResult
 
     from .engine import Engine, ExecSequence
-    from .models import load_model
     from .prompts import make_prompts
 
     t_wall = time.perf_counter()
-    if len(requests) == 0:
-        raise InfersimError("the workload produced no requests")
-    lm = load_model(model, device=device, dtype=dtype, log=log)
+    lm = load_served_model(requests, model, opts)
     sv = spec.serving
     max_len = min(sv.max_model_len or lm.max_positions, lm.max_positions)
     max_batched = sv.max_batched_tokens or (2048 if sv.chunked_prefill else max(max_len, 2048))
     limits = SchedulerLimits(sv.max_batch_size, max_batched, max_len, sv.chunked_prefill)
     kv_dtype = lm.dtype
-    mem = plan_blocks(lm, sv, limits, kv_dtype=kv_dtype, device_memory_gb=device_memory_gb)
-    spec = spec.model_copy(
-        update={
-            "model": str(lm.path),
-            "hardware": spec.hardware.model_copy(update={"replicas": 1, "tensor_parallel": 1}),
-        }
-    )
-    out = Path(out)
-    with staged_dir(out, command="exec", force=force) as tmp:
+    mem = plan_blocks(lm, sv, limits, kv_dtype=kv_dtype, device_memory_gb=opts.device_memory_gb)
+    spec = single_replica(spec, lm)
+    with staged_dir(Path(out), command="exec", force=opts.force) as tmp:
         metrics = MetricsCollector(len(requests), series_path=tmp / "series.parquet")
         engine = Engine(
             lm,
@@ -115,7 +69,7 @@ def execute(
             watermark=sv.watermark,
             limits=limits,
             metrics=metrics,
-            realtime=realtime,
+            realtime=opts.realtime,
             kv_dtype=kv_dtype,
         )
         engine.warmup()
@@ -126,11 +80,9 @@ def execute(
         def new_seq(i: int, arrival: float, client: int = -1) -> ExecSequence:
             nonlocal truncated
             p = prompts[i]
-            o = int(requests.output_tokens[i])
-            if len(p) < max_len and len(p) + o > max_len:
-                o = max_len - len(p)  # no position past the model's maximum
-                truncated += 1
-            s = ExecSequence(i, p, max(1, o), arrival, client)
+            o, cut = clipped_output(len(p), requests.output_tokens[i], max_len)
+            truncated += cut
+            s = ExecSequence(i, p, o, arrival, client)
             seqs.append(s)
             return s
 
@@ -156,21 +108,13 @@ def execute(
                 if requests.duration_s is not None and t > requests.duration_s:
                     break
                 engine.submit(new_seq(i, float(t)))
-        end = serve(engine, None if quiet else (len(seqs) if not requests.closed_loop else len(requests)))
-        series = metrics.close_series()
-        memory = MemoryPlan(
-            mem["gpu_blocks"],
-            mem["cpu_blocks"],
-            mem["kv_bytes_per_block"],
-            mem["weight_bytes_per_gpu"],
-            mem["activation_bytes_per_gpu"],
-            mem["blocks_source"],
-        )
+        end = serve(engine, None if opts.quiet else (len(seqs) if not requests.closed_loop else len(requests)))
+        memory = memory_plan(mem)
         st = engine.stats
         ex = executor_record(
             lm,
             st,
-            realtime=realtime,
+            realtime=opts.realtime,
             t_wall=t_wall,
             truncated=truncated,
             swap_out_blocks=engine.counters["swap_out_blocks"],
@@ -184,15 +128,6 @@ def execute(
         if lm.meta:
             ex["zoo"] = {k: lm.meta.get(k) for k in ("heldout_perplexity", "weights_sha256", "corpus_sha256")}
         resolved = resolved_config(spec, lm, mem, limits, len(seqs), ex)
-        result = SimulationResult(
-            spec, metrics.requests_table(), series, metrics, memory, float(end), resolved, {"executor": ex}
-        )
-        summary = write_result_files(tmp, result, csv=csv)
-        write_table(tmp / "iterations.parquet", st.iteration_table())
-        write_table(tmp / "iteration_batches.parquet", st.batch_table())
-        write_outputs(tmp / "outputs.parquet", sorted(seqs, key=lambda s: s.rid))
-        if plots:
-            from infersim.simulator.metrics.plots import plot_run
-
-            plot_run(tmp)
+        result = run_result(spec, metrics, memory, end, resolved, {"executor": ex})
+        summary = write_engine_run(tmp, result, engine, seqs, opts)
     return summary

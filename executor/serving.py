@@ -32,6 +32,36 @@ def device_description(dev) -> dict:
     return d
 
 
+def load_served_model(requests, model: str, opts):
+    """The model a run serves, once there is something to serve (ExecOptions `opts`)."""
+    from .models import load_model
+
+    if len(requests) == 0:
+        raise InfersimError("the workload produced no requests")
+    return load_model(model, device=opts.device, dtype=opts.dtype, log=opts.log)
+
+
+def single_replica(spec, lm):
+    """The workload as executed: the loaded checkpoint on one device (no replicas, no tensor
+    parallelism), which is what config.yaml records."""
+    return spec.model_copy(
+        update={
+            "model": str(lm.path),
+            "hardware": spec.hardware.model_copy(update={"replicas": 1, "tensor_parallel": 1}),
+        }
+    )
+
+
+def clipped_output(prompt_len: int, output_tokens: int, max_len: int) -> tuple[int, bool]:
+    """A request's output length cut so that no position passes the model's maximum, and
+    whether it was cut (at least one token is generated)."""
+    o = int(output_tokens)
+    cut = prompt_len < max_len and prompt_len + o > max_len
+    if cut:
+        o = max_len - prompt_len
+    return max(1, o), cut
+
+
 def plan_blocks(lm, sv, limits, *, kv_dtype, device_memory_gb: float | None = None) -> dict:
     """Device and host KV blocks, as the simulator plans them (simulator/engine/memory.py):
     explicit serving.gpu_blocks / cpu_blocks win; otherwise the device memory (CUDA: the GPU's;
@@ -157,6 +187,43 @@ def model_summary(lm, dtype: str) -> dict:
         s = {"name": lm.path.name, "family": lm.family}
     s.update(name=lm.name, path=str(lm.path), dtype_executed=str(lm.dtype).replace("torch.", ""))
     return s
+
+
+def memory_plan(mem: dict):
+    """plan_blocks' dict as the simulator's MemoryPlan (summary.json's memory section)."""
+    from infersim.simulator.engine.memory import MemoryPlan
+
+    keys = ("gpu_blocks", "cpu_blocks", "kv_bytes_per_block", "weight_bytes_per_gpu", "activation_bytes_per_gpu")
+    return MemoryPlan(*(mem[k] for k in keys), mem["blocks_source"])
+
+
+def run_result(spec, metrics, memory, end_s: float, resolved: dict, sections: dict):
+    """A real run as the simulator's SimulationResult (its series closed), so that its summary
+    and tables are written exactly as a simulation's; `sections`: the summary's extra sections."""
+    from infersim.simulator.simulation import SimulationResult
+
+    series = metrics.close_series()
+    return SimulationResult(spec, metrics.requests_table(), series, metrics, memory, float(end_s), resolved, sections)
+
+
+def write_engine_run(tmp: Path, result, engine, seqs, opts, tables: dict | None = None) -> dict:
+    """The run folder of an engine run (plain or offload): the simulator's result files, the
+    iteration tables, any further `tables` (name -> table), the outputs and the plots;
+    returns the summary."""
+    from infersim.simulator.metrics.rundir import write_table
+    from infersim.simulator.metrics.summary import write_result_files
+
+    summary = write_result_files(tmp, result, csv=opts.csv)
+    write_table(tmp / "iterations.parquet", engine.stats.iteration_table())
+    write_table(tmp / "iteration_batches.parquet", engine.stats.batch_table())
+    for name, table in (tables or {}).items():
+        write_table(tmp / f"{name}.parquet", table)
+    write_outputs(tmp / "outputs.parquet", sorted(seqs, key=lambda s: s.rid))
+    if opts.plots:
+        from infersim.simulator.metrics.plots import plot_run
+
+        plot_run(tmp)
+    return summary
 
 
 def write_outputs(path: Path, seqs) -> None:

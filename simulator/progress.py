@@ -3,6 +3,8 @@ of fields and the elapsed time; with `quiet`, nothing at all (so callers never b
 
 from __future__ import annotations
 
+import sys
+
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 
@@ -59,3 +61,12 @@ class ProgressBar:
             self._p.__exit__(*exc)
             self._p = None
         return False
+
+
+def log_line(message: str) -> None:
+    """A progress line on stderr, shown at once (the `log` callbacks of long commands)."""
+    print(message, file=sys.stderr, flush=True)
+
+
+def quiet_log(message: str) -> None:
+    """The `log` callback under --quiet: nothing."""

@@ -6,24 +6,49 @@ from contextlib import contextmanager
 from pathlib import Path
 
 
-def small_workload_spec(**serving):
+def small_workload_spec(*, count: int = 60, speculation: dict | None = None, **serving):
     """OPT-1.3B-sized serving on an A100 with a tiny KV pool, so preemption happens within a
-    few dozen requests; keyword arguments override the serving section."""
+    few dozen requests: `count` requests, an optional `speculation:` section; other keyword
+    arguments override the serving section."""
+    from infersim.simulator.workload.schema import WorkloadSpec
+
+    doc = {
+        "name": "small",
+        "model": "opt-1.3b",
+        "hardware": {"profile": "a100-80gb-pcie"},
+        "serving": {"gpu_blocks": 48, "cpu_blocks": 24, "block_size": 16, **serving},
+        "requests": {
+            "count": count,
+            "arrival": {"type": "poisson", "rate": 200.0},
+            "prompt_tokens": {"type": "lognormal", "mean": 60, "cv": 0.8, "max": 300},
+            "output_tokens": {"type": "lognormal", "mean": 40, "cv": 0.8, "max": 200},
+        },
+        "seed": 3,
+    }
+    if speculation is not None:
+        doc["speculation"] = speculation
+    return WorkloadSpec.model_validate(doc)
+
+
+def fixed_burst_spec(
+    model: str, *, count: int, prompt_tokens: int, output_tokens: int, profile: str = "a100-80gb-pcie", **sections
+):
+    """`count` requests of fixed prompt and output lengths, all arriving at t = 0, on `model` and
+    the hardware `profile`; `sections` are further top-level workload fields (name, seed,
+    serving, speculation, offload)."""
     from infersim.simulator.workload.schema import WorkloadSpec
 
     return WorkloadSpec.model_validate(
         {
-            "name": "small",
-            "model": "opt-1.3b",
-            "hardware": {"profile": "a100-80gb-pcie"},
-            "serving": {"gpu_blocks": 48, "cpu_blocks": 24, "block_size": 16, **serving},
+            "model": model,
+            "hardware": {"profile": profile},
             "requests": {
-                "count": 60,
-                "arrival": {"type": "poisson", "rate": 200.0},
-                "prompt_tokens": {"type": "lognormal", "mean": 60, "cv": 0.8, "max": 300},
-                "output_tokens": {"type": "lognormal", "mean": 40, "cv": 0.8, "max": 200},
+                "count": count,
+                "arrival": {"type": "burst"},
+                "prompt_tokens": {"type": "fixed", "value": prompt_tokens},
+                "output_tokens": {"type": "fixed", "value": output_tokens},
             },
-            "seed": 3,
+            **sections,
         }
     )
 

@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from infersim.analysis.report_html import md_table, save_figure
 from infersim.analysis.reproduce.moved import Headline, moved_section
 from infersim.simulator.hardware.catalog import load_hardware
 from infersim.simulator.machine import machine_line
@@ -447,9 +448,7 @@ def _pairs(t: pd.DataFrame) -> list[tuple[str, str]]:
 
 
 def _md_table(header: list[str], rows: list[list]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(str(x) for x in r) + " |" for r in rows]
-    return "\n".join(lines)
+    return "\n".join(md_table(header, rows))
 
 
 def _f(x, nd=2) -> str:
@@ -459,6 +458,19 @@ def _f(x, nd=2) -> str:
 # ---- plots ----------------------------------------------------------------------------------
 def _pyplot():
     return pyplot(**{"figure.dpi": 100, "font.size": 8})
+
+
+def _legend_and_save(plt, fig, axes, path: Path, *, ncol: int, legend_y: float, title=None, title_y=None) -> Path:
+    """The first panel's legend across the top (and a title above it), then the figure saved
+    (report_html.save_figure: fixed metadata, atomic) and closed."""
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper center", ncol=ncol, bbox_to_anchor=(0.5, legend_y), frameon=False)
+    if title is not None:
+        fig.suptitle(title, y=title_y)
+    fig.tight_layout()
+    save_figure(fig, path)
+    plt.close(fig)
+    return path
 
 
 STYLE = {
@@ -495,13 +507,16 @@ def plot_throughput(df: pd.DataFrame, path: Path) -> Path:
             if j == 0:
                 ax.set_ylabel("output tokens/s")
             ax.set_ylim(bottom=0)
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="upper center", ncol=5, bbox_to_anchor=(0.5, 1.01), frameon=False)
-    fig.suptitle("Simulated throughput vs max output (cf. AdaptiveLLM Fig. 7)", y=1.04)
-    fig.tight_layout()
-    fig.savefig(path, metadata={"Software": None}, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return _legend_and_save(
+        plt,
+        fig,
+        axes,
+        path,
+        ncol=5,
+        legend_y=1.01,
+        title="Simulated throughput vs max output (cf. AdaptiveLLM Fig. 7)",
+        title_y=1.04,
+    )
 
 
 def plot_turnaround(df: pd.DataFrame, path: Path) -> Path:
@@ -555,13 +570,16 @@ def plot_turnaround(df: pd.DataFrame, path: Path) -> Path:
         ax.set_title(f"{ds}, max output 64, max batch {DEFAULT_MAX_BATCH}")
         if j == 0:
             ax.set_ylabel("mean weighted turnaround")
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="upper center", ncol=5, bbox_to_anchor=(0.5, 1.03), frameon=False)
-    fig.suptitle("Weighted turnaround (eq. 5): FCFS vs fairness (cf. AdaptiveLLM Fig. 8)", y=1.07)
-    fig.tight_layout()
-    fig.savefig(path, metadata={"Software": None}, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return _legend_and_save(
+        plt,
+        fig,
+        axes,
+        path,
+        ncol=5,
+        legend_y=1.03,
+        title="Weighted turnaround (eq. 5): FCFS vs fairness (cf. AdaptiveLLM Fig. 8)",
+        title_y=1.07,
+    )
 
 
 # ---- the report -----------------------------------------------------------------------------
@@ -1096,12 +1114,7 @@ def plot_swap_only(df: pd.DataFrame, path: Path) -> Path | None:
         ax.set_xlabel(xlab + "; dotted: the A800 profile")
         ax.set_ylabel("throughput ratio")
         ax.set_title("OPT-13B / chatbot / max output 64")
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="upper center", ncol=4, bbox_to_anchor=(0.5, 1.08), frameon=False)
-    fig.tight_layout()
-    fig.savefig(path, metadata={"Software": None}, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return _legend_and_save(plt, fig, axes, path, ncol=4, legend_y=1.08)
 
 
 def sensitivity_frame(df: pd.DataFrame) -> pd.DataFrame:

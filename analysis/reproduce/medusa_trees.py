@@ -25,10 +25,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from infersim.analysis.report_html import frame_md_table as _md
 from infersim.analysis.reproduce.moved import Headline, moved_section
 from infersim.simulator.metrics.summary import summarize
 from infersim.simulator.simulation import Simulation
-from infersim.simulator.speculative.medusa_heads import load_accuracies
+from infersim.simulator.speculative.medusa_heads import grow_greedy, load_accuracies
 from infersim.simulator.speculative.medusa_tree import (
     cartesian_nodes,
     cartesian_tree,
@@ -124,37 +125,26 @@ def dense_vs_greedy(acc: np.ndarray, scheme: str, excl=None) -> tuple[pd.DataFra
     nodes). Returns (summary rows, a seeded random draw of settings for the plot)."""
     census = dense_census(acc, excl)
     g64 = expected_length(greedy_tree(acc, 64), acc, excl)
-    rows = []
-    for lo, hi in DENSE_BANDS:
-        for sel, f in (("every setting", census), ("ordered s_1 >= s_2 >= ...", census[census["ordered"]])):
-            b = f[(f["nodes"] >= lo) & (f["nodes"] <= hi)]
-            top = b.loc[b["acceleration_rate"].idxmax()]
-            rows.append(
-                {
-                    "scheme": scheme,
-                    "dense_trees": f"{sel}, {lo}-{hi} nodes",
-                    "count": len(b),
-                    "greedy_64": g64,
-                    "share_below_greedy_64": float((b["acceleration_rate"] < g64).mean()),
-                    "median_rate": float(b["acceleration_rate"].median()),
-                    "best_rate": float(top["acceleration_rate"]),
-                    "best_tree": f"{top['tree']} ({int(top['nodes'])} nodes)",
-                }
-            )
-    leaves = census[census["leaves"] == 256]
-    top = leaves.loc[leaves["acceleration_rate"].idxmax()]
-    rows.append(
-        {
+
+    def band_row(label: str, b: pd.DataFrame) -> dict:
+        """A set of trees against greedy-64: its count, share below, median and best."""
+        top = b.loc[b["acceleration_rate"].idxmax()]
+        return {
             "scheme": scheme,
-            "dense_trees": "256 candidates counted as leaves (any nodes)",
-            "count": len(leaves),
+            "dense_trees": label,
+            "count": len(b),
             "greedy_64": g64,
-            "share_below_greedy_64": float((leaves["acceleration_rate"] < g64).mean()),
-            "median_rate": float(leaves["acceleration_rate"].median()),
+            "share_below_greedy_64": float((b["acceleration_rate"] < g64).mean()),
+            "median_rate": float(b["acceleration_rate"].median()),
             "best_rate": float(top["acceleration_rate"]),
             "best_tree": f"{top['tree']} ({int(top['nodes'])} nodes)",
         }
-    )
+
+    rows = []
+    for lo, hi in DENSE_BANDS:
+        for sel, f in (("every setting", census), ("ordered s_1 >= s_2 >= ...", census[census["ordered"]])):
+            rows.append(band_row(f"{sel}, {lo}-{hi} nodes", f[(f["nodes"] >= lo) & (f["nodes"] <= hi)]))
+    rows.append(band_row("256 candidates counted as leaves (any nodes)", census[census["leaves"] == 256]))
     for sizes in UNIFORM_TREES:
         if max(sizes) > acc.shape[1] or len(sizes) > acc.shape[0]:
             continue
@@ -176,19 +166,7 @@ def dense_vs_greedy(acc: np.ndarray, scheme: str, excl=None) -> tuple[pd.DataFra
     dots = pool.sample(n=min(RANDOM_DOTS, len(pool)), random_state=np.random.RandomState(4)).assign(scheme=scheme)
     b = dots[(dots["nodes"] >= 129) & (dots["nodes"] <= 256)]
     if len(b):
-        top = b.loc[b["acceleration_rate"].idxmax()]
-        rows.append(
-            {
-                "scheme": scheme,
-                "dense_trees": f"{len(dots)} settings drawn at random (plot), 129-256 nodes",
-                "count": len(b),
-                "greedy_64": g64,
-                "share_below_greedy_64": float((b["acceleration_rate"] < g64).mean()),
-                "median_rate": float(b["acceleration_rate"].median()),
-                "best_rate": float(top["acceleration_rate"]),
-                "best_tree": f"{top['tree']} ({int(top['nodes'])} nodes)",
-            }
-        )
+        rows.append(band_row(f"{len(dots)} settings drawn at random (plot), 129-256 nodes", b))
     return pd.DataFrame(rows), dots
 
 
@@ -260,20 +238,7 @@ def dependent_rate(tree, acc: np.ndarray, d: float) -> float:
 def dependent_greedy(acc: np.ndarray, nodes: int, d: float) -> list[tuple[int, ...]]:
     """Section 2.3.3's greedy growth under the dependent path probability (a child is never more
     probable than its parent, so adding the most probable connected node stays optimal per step)."""
-    import heapq
-
-    tree, have, heap = [], {()}, [(-dependent_path_probability((i,), acc, d), (i,)) for i in range(acc.shape[1])]
-    heapq.heapify(heap)
-    while len(tree) < nodes - 1 and heap:
-        _, node = heapq.heappop(heap)
-        if node in have:
-            continue
-        tree.append(node)
-        have.add(node)
-        if len(node) < acc.shape[0]:
-            for i in range(acc.shape[1]):
-                heapq.heappush(heap, (-dependent_path_probability(node + (i,), acc, d), node + (i,)))
-    return tree
+    return grow_greedy([], nodes, acc, lambda path, a: dependent_path_probability(path, a, d))
 
 
 def dependence_study(acc: np.ndarray) -> pd.DataFrame:
@@ -567,23 +532,6 @@ def plot_acceptance(ac: pd.DataFrame, path: Path) -> Path:
 
 
 # ---- write-up ------------------------------------------------------------------------------------------
-def _md(df: pd.DataFrame, cols: list[str], fmt: dict) -> str:
-    head = "| " + " | ".join(cols) + " |\n|" + "|".join("---" for _ in cols) + "|\n"
-    lines = []
-    for _, r in df.iterrows():
-        cells = []
-        for c in cols:
-            v = r[c]
-            if v is None or (isinstance(v, float) and np.isnan(v)):
-                cells.append("-")
-            elif c in fmt:
-                cells.append(fmt[c].format(v))
-            else:
-                cells.append(str(v))
-        lines.append("| " + " | ".join(cells) + " |")
-    return head + "\n".join(lines) + "\n"
-
-
 def write_markdown(
     fa,
     fb,

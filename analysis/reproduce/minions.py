@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from infersim.analysis.report_html import frame_md_table as _md
 from infersim.analysis.reproduce.moved import Headline, moved_section
 from infersim.simulator.metrics.summary import summarize
 from infersim.simulator.simulation import Simulation
@@ -831,24 +832,6 @@ def plot_timeline(series: dict, path: Path) -> Path:
 
 
 # ---- the write-up ------------------------------------------------------------------------------------
-def _md(df: pd.DataFrame, cols: list[str], fmt: dict | None = None) -> str:
-    fmt = fmt or {}
-    head = "| " + " | ".join(cols) + " |\n|" + "|".join("---" for _ in cols) + "|\n"
-    lines = []
-    for _, r in df.iterrows():
-        cells = []
-        for c in cols:
-            v = r[c]
-            if c in fmt and v is not None and not (isinstance(v, float) and np.isnan(v)):
-                cells.append(fmt[c].format(v))
-            elif v is None or (isinstance(v, float) and np.isnan(v)):
-                cells.append("-")
-            else:
-                cells.append(str(v))
-        lines.append("| " + " | ".join(cells) + " |")
-    return head + "\n".join(lines) + "\n"
-
-
 def verdicts(opt: pd.DataFrame, sel: pd.DataFrame, ab: pd.DataFrame, vt: pd.DataFrame, pp: pd.DataFrame) -> dict:
     v = {}
     v["interior"] = bool(opt["interior"].all())

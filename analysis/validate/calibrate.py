@@ -26,6 +26,7 @@ from infersim.simulator.costmodel.executor_features import feature_matrix
 from infersim.simulator.costmodel.fitted import FittedCostModel
 from infersim.simulator.errors import InfersimError
 
+from .execute import CaseOptions, run_executor
 from .measured import ExecRun, load_exec_run, priced_swaps, stalls, swap_events
 
 # Calibration workloads: other seeds and wider shapes than any validation case, so the fit
@@ -286,20 +287,16 @@ def calibration_specs(
 def calibrate(
     model: str,
     out_dir: Path,
+    opts: CaseOptions = CaseOptions(),
     *,
-    device: str = "cpu",
-    dtype: str | None = None,
-    threads: int = 1,
     seed: int = CALIBRATION_SEED,
     block_size: int = 16,
     serving: dict | None = None,
-    log=None,
 ) -> FittedCostModel:
     """Run the calibration workloads on the executor and fit; writes the runs under out_dir
     and the fit to out_dir/executor-fit.json."""
     from infersim.simulator.workload.builder import build_requests
 
-    from .execute import run_executor
     from .sentinel import sentinel_s
 
     out_dir = Path(out_dir)
@@ -308,12 +305,12 @@ def calibrate(
     specs = calibration_specs(model, seed, block_size, serving)
     for spec in specs:
         d = out_dir / spec.name
-        if log:
-            log(f"calibration run {spec.name} ({len(build_requests(spec))} requests)")
-        sentinels.append(sentinel_s(model, device=device, dtype=dtype, threads=threads))
-        run_executor(spec, build_requests(spec), model, d, device=device, dtype=dtype, threads=threads)
+        if opts.log:
+            opts.log(f"calibration run {spec.name} ({len(build_requests(spec))} requests)")
+        sentinels.append(sentinel_s(model, device=opts.device, dtype=opts.dtype, threads=opts.threads))
+        run_executor(spec, build_requests(spec), model, d, opts)
         dirs.append(d)
-    sentinels.append(sentinel_s(model, device=device, dtype=dtype, threads=threads))
+    sentinels.append(sentinel_s(model, device=opts.device, dtype=opts.dtype, threads=opts.threads))
     fit = fit_from_runs(
         dirs,
         {
@@ -333,16 +330,13 @@ def calibrate_around(
     run,
     model: str,
     out_dir: Path,
+    opts: CaseOptions = CaseOptions(),
     *,
-    device: str = "cpu",
-    dtype: str | None = None,
-    threads: int = 1,
     seed: int = CALIBRATION_SEED,
     block_size: int = 16,
     serving: dict | None = None,
     requests: dict | None = None,
     validated_dir: Path | None = None,
-    log=None,
 ) -> FittedCostModel:
     """Calibrate on both sides of `run()` (the validated run): the calibration workloads once
     before it and once after, one fit over both. A machine whose speed drifts then gets a fit for
@@ -366,8 +360,6 @@ def calibrate_around(
     iterations."""
     from infersim.simulator.workload.builder import build_requests
 
-    from .execute import run_executor
-
     out_dir = Path(out_dir)
     specs = calibration_specs(model, seed, block_size, serving, requests)
     halves: dict[str, list[Path]] = {"before": [], "after": []}
@@ -375,9 +367,9 @@ def calibrate_around(
     def calib(side: str) -> None:
         for spec in specs if side == "before" else specs[::-1]:
             d = out_dir / side / spec.name
-            if log:
-                log(f"calibration run {spec.name} ({side} the validated run)")
-            run_executor(spec, build_requests(spec), model, d, device=device, dtype=dtype, threads=threads)
+            if opts.log:
+                opts.log(f"calibration run {spec.name} ({side} the validated run)")
+            run_executor(spec, build_requests(spec), model, d, opts)
             halves[side].append(d)
 
     calib("before")
@@ -421,7 +413,7 @@ def calibrate_around(
 
     runs = [d for dirs in halves.values() for d in dirs]
     ticks = [speed_tick_s(d) for d in runs]
-    tick_val = speed_tick_s(validated_dir) if validated_dir is not None and device == "cpu" else float("nan")
+    tick_val = speed_tick_s(validated_dir) if validated_dir is not None and opts.device == "cpu" else float("nan")
     speed = speed_from_ticks([np.median(per_run[d]) for d in runs], ticks, tick_val)
     copied = f"; copies {', '.join(f'{c:.3f}' for c in copies)}" if copies else ""
     if np.isfinite(speed.speed):

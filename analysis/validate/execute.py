@@ -210,27 +210,6 @@ def repeats_note(info: dict) -> str:
     )
 
 
-def run_executor(
-    spec, requests, model: str, out: Path, *, device: str = "cpu", dtype: str | None = None, threads: int = 1
-) -> dict:
-    import torch
-
-    from infersim.executor.run import execute
-
-    prev = torch.get_num_threads()
-    torch.set_num_threads(max(1, int(threads)))
-    gc.collect()
-    gc.freeze()
-    try:
-        with recording_speed_ticks(out):
-            return execute(
-                spec, requests, model, Path(out), device=device, dtype=dtype, realtime=False, plots=False, quiet=True
-            )
-    finally:
-        gc.unfreeze()
-        torch.set_num_threads(prev)
-
-
 @dataclass(frozen=True)
 class CaseOptions:
     """How a validation case runs: the executor's settings, the workload drawn, the report."""
@@ -247,12 +226,63 @@ class CaseOptions:
     log: Callable[[str], None] | None = None  # progress lines
 
 
+def run_executor(spec, requests, model: str, out: Path, opts: CaseOptions = CaseOptions(), execute=None) -> dict:
+    """One validated run: `execute` (a mode's hook; default the plain executor) on `opts.threads`
+    torch threads, with the speed ticks recorded, the clock jumping idle gaps and no plots."""
+    import dataclasses
+
+    import torch
+
+    from infersim.executor.options import VALIDATION
+
+    if execute is None:
+        from infersim.executor.run import execute
+
+    prev = torch.get_num_threads()
+    torch.set_num_threads(max(1, int(opts.threads)))
+    gc.collect()
+    gc.freeze()  # collections walk only what the run allocates
+    try:
+        with recording_speed_ticks(out):
+            exec_opts = dataclasses.replace(VALIDATION, device=opts.device, dtype=opts.dtype)
+            return execute(spec, requests, model, Path(out), exec_opts)
+    finally:
+        gc.unfreeze()
+        torch.set_num_threads(prev)
+
+
+def case_header(case, model: str, opts: CaseOptions) -> dict:
+    """The fields every case's validation.json starts with: which case ran, of what, on what."""
+    return {
+        "case": case.name,
+        "title": case.title,
+        "mode": case.mode,
+        "model": model,
+        "device": opts.device,
+        "threads": opts.threads,
+    }
+
+
+def finish_case(result: dict, out: Path, report: Callable[[], object] | None = None) -> dict:
+    """A case's verdict under the rule (rule.apply_rule) written to out/validation.json, then its
+    report (`report`, when the case writes one); returns the result."""
+    from infersim.simulator.metrics.rundir import write_json
+
+    from .rule import apply_rule
+
+    apply_rule(result)
+    write_json(Path(out) / "validation.json", result)
+    if report is not None:
+        report()
+    return result
+
+
 def execute_case(case, mode, spec, reqs, model: str, out: Path, opts: CaseOptions, what: str = "") -> dict:
     """The validated run, `opts.repeats` times, into out/exec; what run_repeated says about it."""
     if opts.log:
         opts.log(f"{case.name}: executing {len(reqs)} requests on {model} ({opts.device}){what}")
     return run_repeated(
-        lambda d: mode.run(spec, reqs, model, d, device=opts.device, dtype=opts.dtype, threads=opts.threads),
+        lambda d: mode.run(spec, reqs, model, d, opts),
         out / "exec",
         opts.repeats,
     )

@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+from .execute import CaseOptions
 from .rule import RULE
 
 RESULTS_DIR = Path(__file__).resolve().parents[2] / "docs" / "validation"
@@ -67,26 +68,22 @@ def run_matrix(
     cases: list,
     model: str,
     out: Path,
+    opts: CaseOptions = CaseOptions(repeats=REPEATS),
     *,
-    device: str = "cpu",
-    threads: int = 1,
     calibration: Path | None = None,
     generic: bool = False,
     quiet: bool = False,
-    repeats: int = REPEATS,
 ) -> tuple[list[dict], dict]:
     """Each case calibrated on its own serving configuration with other requests (matched, the
     default), or every case with one fit: `calibration` (a saved fit) or, with `generic`, one
-    generic calibration at the start. Each case's validated run is measured `repeats` times on
-    the same requests (execute.run_repeated)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
+    generic calibration at the start. Each case's validated run is measured `opts.repeats` times
+    on the same requests (execute.run_repeated), on `opts.device` with `opts.threads` threads."""
     import infersim.executor  # noqa: F401  (before torch: passive OpenMP waits on a shared machine)
     from infersim.simulator.costmodel.fitted import FittedCostModel
     from infersim.simulator.errors import InfersimError
+    from infersim.simulator.progress import ProgressBar
 
     from .calibrate import calibrate
-    from .execute import CaseOptions
     from .modes import MODES
     from .run import validate_case
 
@@ -94,26 +91,21 @@ def run_matrix(
     t0 = time.perf_counter()
     load_start = _load()
     rows = []
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
+    with ProgressBar(
+        "validation",
+        quiet=quiet,
+        total=len(cases) + 1,
+        fields="{task.fields[step]}",
         transient=True,
-        disable=quiet,
+        step="calibrating",
     ) as bar:
-        task = bar.add_task("calibrating", total=len(cases) + 1)
         runnable = [c for c in cases if MODES.get(c.mode).availability()[0]]
         fit = None
         if runnable and (calibration or generic):
-            fit = (
-                FittedCostModel.load(calibration)
-                if calibration
-                else calibrate(model, out / "calibration", device=device, threads=threads)
-            )
-        bar.advance(task)
+            fit = FittedCostModel.load(calibration) if calibration else calibrate(model, out / "calibration", opts)
+        bar.update(advance=1)
         for case in cases:
-            bar.update(task, description=f"validating {case.name}")
+            bar.update(step=f"validating {case.name}")
 
             try:
                 rows.append(
@@ -121,7 +113,7 @@ def run_matrix(
                         case,
                         model,
                         out / case.name,
-                        CaseOptions(device=device, threads=threads, repeats=repeats),
+                        opts,
                         fit=fit,
                     )
                 )
@@ -131,15 +123,15 @@ def run_matrix(
                 rows.append(
                     {"case": case.name, "title": case.title, "mode": case.mode, "status": "failed", "reason": str(exc)}
                 )
-            bar.advance(task)
+            bar.update(advance=1)
     meta = {
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "model": model,
-        "device": device,
+        "device": opts.device,
         "wall_s": time.perf_counter() - t0,
         "load_start": load_start,
         "load_end": _load(),
-        "repeats": repeats,
+        "repeats": opts.repeats,
         "fit": fit.meta if fit is not None else None,
         "fits": {
             r["case"]: r["cost_model"]["fit"]["meta"]
@@ -361,12 +353,10 @@ def main(argv: list[str] | None = None) -> int:
             cases,
             args.model,
             args.out,
-            device=args.device,
-            threads=args.threads,
+            CaseOptions(device=args.device, threads=args.threads, repeats=args.repeats),
             calibration=args.calibration,
             generic=args.generic,
             quiet=args.quiet,
-            repeats=args.repeats,
         )
         machine = machine_info(args.threads)
         from infersim.simulator.metrics.rundir import write_json

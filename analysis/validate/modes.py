@@ -4,7 +4,7 @@ records for the simulator to use.
 A mode is the hook between the validation matrix and the executor's features. It names
 - the module that provides the real execution (`executor.run` for plain serving; the
   speculative, Medusa and offload executors live in their own packages),
-- how to run it (`run(spec, requests, model, out, device=, dtype=, threads=)`, writing a
+- how to run it (`run(spec, requests, model, out, opts)`, writing a
   `sim exec` run directory), and
 - `statistics(run_dir) -> dict`: what the run measured that the simulator takes as input
   (acceptance per draft, Medusa head accuracies, attention sparsity), and
@@ -12,7 +12,7 @@ A mode is the hook between the validation matrix and the executor's features. It
   {"speculation": {...}}, applied to the simulator's copy of the workload.
 
 A feature executor plugs in by exposing, in its package, `execute(spec, requests, model, out,
-**kw)` (the `sim exec` signature), `recorded_statistics(run_dir) -> dict` and
+opts)` (the `sim exec` signature; `opts` an executor.options.ExecOptions), `recorded_statistics(run_dir) -> dict` and
 `simulator_updates(stats) -> dict`. Until it does, its cases report "not available" with the
 reason, and the rest of the matrix runs."""
 
@@ -50,40 +50,12 @@ class ExecutorMode:
     def _hook(self, name: str) -> Callable:
         return getattr(importlib.import_module(self.module), name)
 
-    def run(
-        self, spec, requests, model: str, out: Path, *, device: str = "cpu", dtype: str | None = None, threads: int = 1
-    ) -> None:
-        if self.module == "infersim.executor.run":
-            from .execute import run_executor
+    def run(self, spec, requests, model: str, out: Path, opts) -> None:
+        """The real run into `out` (execute.run_executor with this mode's hook); `opts` an
+        execute.CaseOptions."""
+        from .execute import run_executor
 
-            run_executor(spec, requests, model, out, device=device, dtype=dtype, threads=threads)
-            return
-        import gc
-
-        import torch
-
-        prev = torch.get_num_threads()
-        torch.set_num_threads(max(1, int(threads)))
-        gc.collect()
-        gc.freeze()  # as execute.run_executor: collections walk only what the run allocates
-        from .execute import recording_speed_ticks
-
-        try:
-            with recording_speed_ticks(out):
-                self._hook("execute")(
-                    spec,
-                    requests,
-                    model,
-                    Path(out),
-                    device=device,
-                    dtype=dtype,
-                    realtime=False,
-                    plots=False,
-                    quiet=True,
-                )
-        finally:
-            gc.unfreeze()
-            torch.set_num_threads(prev)
+        run_executor(spec, requests, model, out, opts, execute=self._hook("execute"))
 
     def recorded(self, run_dir: Path) -> dict:
         if self.module == "infersim.executor.run":

@@ -31,6 +31,7 @@ from infersim.simulator.errors import InfersimError
 from infersim.simulator.metrics.rundir import read_columns
 from infersim.simulator.offload.calibrated import LINEAR_TERMS, HostLink, LinearStageCompute
 
+from .execute import CaseOptions
 from .measured import ExecRun, load_exec_run, stalls
 
 OFFLOAD_CALIBRATION_SEEDS = (9013, 9014)  # inside calibrate.py's reserved 9001-9016: never a validated seed
@@ -217,11 +218,7 @@ def calibrate_offload_around(
     spec,
     model: str,
     out_dir: Path,
-    *,
-    device: str = "cpu",
-    dtype: str | None = None,
-    threads: int = 1,
-    log=None,
+    opts: CaseOptions = CaseOptions(),
     validated_dir: Path | None = None,
 ) -> OffloadFit:
     """Calibration run (seed 9013) / `run()` (the validated one) / calibration run (9014),
@@ -248,9 +245,9 @@ def calibrate_offload_around(
             run()
         cs = calibration_spec(spec, seed)
         d = out_dir / side
-        if log:
-            log(f"offload calibration run (seed {seed}, {side} the validated run)")
-        mode.run(cs, build_requests(cs), model, d, device=device, dtype=dtype, threads=threads)
+        if opts.log:
+            opts.log(f"offload calibration run (seed {seed}, {side} the validated run)")
+        mode.run(cs, build_requests(cs), model, d, opts)
         dirs[side] = d
     datas = {k: load_offload_run(v, predicts) for k, v in dirs.items()}
     exec_meta = datas["before"].run
@@ -276,7 +273,7 @@ def calibrate_offload_around(
     from .execute import speed_from_ticks, speed_tick_s
 
     ticks = [speed_tick_s(d) for d in dirs.values()]
-    tick_val = speed_tick_s(validated_dir) if validated_dir is not None and device == "cpu" else float("nan")
+    tick_val = speed_tick_s(validated_dir) if validated_dir is not None and opts.device == "cpu" else float("nan")
     speed = speed_from_ticks([ratio[k] for k in dirs], ticks, tick_val)
     if np.isfinite(speed.speed):
         fit = fit.scaled_compute(speed.speed, speed.note)

@@ -22,7 +22,7 @@ from infersim.simulator.costmodel.replay import OffloadReplayCostModel
 from infersim.simulator.errors import InfersimError
 
 from .compare import brief
-from .execute import CaseOptions, execute_case, repeat_dirs
+from .execute import CaseOptions, case_header, execute_case, finish_case, repeat_dirs
 from .offload_calibrate import OffloadFit, calibrate_offload_around, load_offload_run
 
 BYTES_TARGET = 0.05  # the offload analogue of the swap-cost target: KV bytes loaded, total
@@ -112,16 +112,14 @@ def bytes_level(exec_run, data, cm, finals) -> dict:
 
 
 def validate_offload_case(case, model: str, out: Path, opts: CaseOptions) -> dict:
-    device, dtype, threads, seed, requests = opts.device, opts.dtype, opts.threads, opts.seed, opts.requests
+    seed, requests = opts.seed, opts.requests
     spec, calibration, report, log = opts.spec, opts.calibration, opts.report, opts.log
-    from infersim.simulator.metrics.rundir import write_json
     from infersim.simulator.workload.builder import build_requests
 
     from .calibrate import require_held_out_seed
     from .compare import aggregate_errors, compare_runs
     from .measured import load_exec_run, load_run
     from .modes import MODES
-    from .rule import apply_rule
     from .simulate import simulate_run
 
     out = Path(out)
@@ -145,17 +143,7 @@ def validate_offload_case(case, model: str, out: Path, opts: CaseOptions) -> dic
         execute()
         src = f"offload fit loaded from `{calibration}`"
     else:
-        fit = calibrate_offload_around(
-            execute,
-            spec,
-            model,
-            out / "calibration",
-            device=device,
-            dtype=dtype,
-            threads=threads,
-            log=log,
-            validated_dir=out / "exec",
-        )
+        fit = calibrate_offload_around(execute, spec, model, out / "calibration", opts, validated_dir=out / "exec")
         src = (
             f"offload fit calibrated on `{out / 'calibration'}` (held-out offload executor runs, seeds "
             f"{', '.join(str(s) for s in fit.meta['seeds'])}, the case's serving and offload sections, once before "
@@ -221,12 +209,7 @@ def validate_offload_case(case, model: str, out: Path, opts: CaseOptions) -> dic
             }
         )
     result = {
-        "case": case.name,
-        "title": case.title,
-        "mode": case.mode,
-        "model": model,
-        "device": device,
-        "threads": threads,
+        **case_header(case, model, opts),
         "status": "ran",
         "passed": all(c["ok"] for c in cmp.checks),
         "checks": cmp.checks,
@@ -249,13 +232,9 @@ def validate_offload_case(case, model: str, out: Path, opts: CaseOptions) -> dic
         "comparison": brief(cmp.to_json()),
         "repeat_errors": [aggregate_errors(load_run(d), sim_run) for d in repeat_dirs(out / "exec")],
     }
-    apply_rule(result)
-    write_json(out / "validation.json", result)
-    if report:
-        from .report import case_report
+    from .report import case_report
 
-        case_report(result, exec_run, sim_run, cmp, out)
-    return result
+    return finish_case(result, out, (lambda: case_report(result, exec_run, sim_run, cmp, out)) if report else None)
 
 
 def _pct(x) -> str:

@@ -14,10 +14,9 @@ from infersim.simulator.errors import InfersimError
 from .calibrate import calibrate, require_held_out_seed
 from .cases import Case
 from .compare import aggregate_errors, brief, compare_runs
-from .execute import CaseOptions, execute_case, repeat_dirs
+from .execute import CaseOptions, case_header, execute_case, finish_case, repeat_dirs
 from .measured import load_exec_run, load_run
 from .modes import MODES
-from .rule import apply_rule
 
 COST_MODEL_CHOICES = ("fitted", "regression", "roofline")
 SPECULATIVE_MODES = ("speculative", "minions", "medusa")  # validated per round by spec_validate.py
@@ -36,19 +35,11 @@ def _profile_cost_model(name: str, profile: str, exec_run):
 
 
 def resolve_cost_model(
-    cost_model: str,
-    *,
-    model: str,
-    out: Path,
-    device: str,
-    dtype: str | None,
-    threads: int,
-    calibration: Path | None,
-    block_size: int,
-    serving: dict | None = None,
-    log=None,
+    cost_model: str, model: str, out: Path, opts: CaseOptions, *, block_size: int, serving: dict | None = None
 ):
-    """(cost model or None for a profile model built after the run, description dict)."""
+    """(cost model or None for a profile model built after the run, description dict): the fit
+    saved at `opts.calibration`, or one calibrated now under `out`."""
+    calibration = opts.calibration
     if cost_model not in COST_MODEL_CHOICES:
         raise InfersimError(f"unknown --cost-model '{cost_model}'; known: {', '.join(COST_MODEL_CHOICES)}")
     if cost_model != "fitted":
@@ -57,16 +48,7 @@ def resolve_cost_model(
         fit = FittedCostModel.load(calibration)
         src = f"executor fit loaded from `{calibration}`"
     else:
-        fit = calibrate(
-            model,
-            Path(out) / "calibration",
-            device=device,
-            dtype=dtype,
-            threads=threads,
-            block_size=block_size,
-            serving=serving,
-            log=log,
-        )
+        fit = calibrate(model, Path(out) / "calibration", opts, block_size=block_size, serving=serving)
         src = f"executor fit calibrated now on `{Path(out) / 'calibration'}`" + (
             " with the validated deployment's serving configuration" if serving is not None else ""
         )
@@ -104,20 +86,12 @@ def validate_case(
     validated run: execute.CaseOptions)."""
     device, dtype, threads, seed, requests = opts.device, opts.dtype, opts.threads, opts.seed, opts.requests
     spec, calibration, report, log = opts.spec, opts.calibration, opts.report, opts.log
-    from infersim.simulator.metrics.rundir import write_json
     from infersim.simulator.workload.builder import build_requests
 
     out = Path(out)
     mode = MODES.get(case.mode)
     ok, why = mode.availability()
-    base = {
-        "case": case.name,
-        "title": case.title,
-        "mode": case.mode,
-        "model": model,
-        "device": device,
-        "threads": threads,
-    }
+    base = case_header(case, model, opts)
     if not ok:
         return {**base, "status": "not available", "reason": why}
     if case.mode in SPECULATIVE_MODES:
@@ -152,17 +126,7 @@ def validate_case(
     if fit is not None:
         desc = {"name": "fitted", "description": "executor fit " + _fit_line(fit), "fit": fit.to_json()}
     elif not bracket:
-        fit, desc = resolve_cost_model(
-            cost_model,
-            model=model,
-            out=out,
-            device=device,
-            dtype=dtype,
-            threads=threads,
-            calibration=calibration,
-            block_size=spec.serving.block_size,
-            log=log,
-        )
+        fit, desc = resolve_cost_model(cost_model, model, out, opts, block_size=spec.serving.block_size)
     reqs = build_requests(spec)
 
     repeated: dict = {}
@@ -185,14 +149,11 @@ def validate_case(
             execute,
             model,
             out / "calibration",
-            device=device,
-            dtype=dtype,
-            threads=threads,
+            opts,
             block_size=spec.serving.block_size,
             serving=serving,
             requests=mix,
             validated_dir=out / "exec",
-            log=log,
         )
         desc = {
             "name": "fitted",
@@ -272,13 +233,9 @@ def validate_case(
         "comparison": brief(cmp.to_json()),
         "repeat_errors": [aggregate_errors(load_exec_run(d), sim_run, cm) for d in repeat_dirs(out / "exec")],
     }
-    apply_rule(result)
-    write_json(out / "validation.json", result)
-    if report:
-        from .report import case_report
+    from .report import case_report
 
-        case_report(result, exec_run, sim_run, cmp, out)
-    return result
+    return finish_case(result, out, (lambda: case_report(result, exec_run, sim_run, cmp, out)) if report else None)
 
 
 def _fit_line(fit) -> str:

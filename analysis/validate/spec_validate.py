@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from .calibrate import CALIBRATION_SEED, require_held_out_seed
-from .execute import CaseOptions, execute_case, repeat_dirs
+from .execute import CaseOptions, case_header, execute_case, finish_case, repeat_dirs
 
 # Held-out requests for the speculative fit: other seeds and shapes than any case (9011-9012 and
 # 9015 are the calibration's alone; calibrate.py's matched runs use 9009-9011).
@@ -63,9 +63,7 @@ def calibration_specs(spec) -> list:
     return out
 
 
-def _fit_bracketed(
-    mode, spec, run, model: str, out: Path, *, device, dtype, threads, log, validated_dir: Path | None = None
-):
+def _fit_bracketed(mode, spec, run, model: str, out: Path, opts: CaseOptions, validated_dir: Path | None = None):
     """Calibration runs before and after `run()`, one fit over both; speed_shift as
     calibrate_around (median measured/fitted round period after over before). With speed ticks
     in every run, scaled to the validated run's own speed as calibrate_around does: its median
@@ -84,9 +82,9 @@ def _fit_bracketed(
     def calib(side: str) -> None:
         for cs in specs:
             d = out / side / cs.name
-            if log:
-                log(f"{spec.name}: calibration run {cs.name} ({side} the validated run)")
-            mode.run(cs, build_requests(cs), model, d, device=device, dtype=dtype, threads=threads)
+            if opts.log:
+                opts.log(f"{spec.name}: calibration run {cs.name} ({side} the validated run)")
+            mode.run(cs, build_requests(cs), model, d, opts)
             halves[side].append(rebuild_rounds(d))
             dr = drafting_rounds(d)
             if dr is not None:
@@ -106,7 +104,7 @@ def _fit_bracketed(
             "workloads": [s.name for s in specs],
             "seeds": [s.seed for s in specs],
             "model": model,
-            "device": device,
+            "device": opts.device,
             "bracketed": True,
             "matched": True,
             "calibration_stalls": float(stalled.mean()) if stalled.size else float("nan"),
@@ -135,7 +133,7 @@ def _fit_bracketed(
     from .execute import speed_from_ticks, speed_tick_s
 
     runs = [out / side / cs.name for side in halves for cs in specs]
-    cpu_run = validated_dir is not None and device == "cpu"
+    cpu_run = validated_dir is not None and opts.device == "cpu"
     ticks = [speed_tick_s(d) for d in runs]
     tick_val = speed_tick_s(validated_dir) if cpu_run else float("nan")
     speed = speed_from_ticks(per_run, ticks, tick_val)
@@ -159,30 +157,21 @@ def _fit_bracketed(
 
 
 def validate_spec_case(case, model: str, out: Path, opts: CaseOptions) -> dict:
-    device, dtype, threads, seed, requests = opts.device, opts.dtype, opts.threads, opts.seed, opts.requests
+    seed, requests = opts.seed, opts.requests
     spec, calibration, report, log = opts.spec, opts.calibration, opts.report, opts.log
     from infersim.simulator.costmodel.speculative_fit import SpecFit
-    from infersim.simulator.metrics.rundir import write_json
     from infersim.simulator.workload.builder import build_requests
 
     from .compare import brief
     from .measured import load_run
     from .modes import MODES
-    from .rule import apply_rule
     from .spec_compare import compare_spec
     from .spec_rounds import rebuild_rounds
     from .spec_simulate import kv_binds, simulate_spec_run
 
     out = Path(out)
     mode = MODES.get(case.mode)
-    base = {
-        "case": case.name,
-        "title": case.title,
-        "mode": case.mode,
-        "model": model,
-        "device": device,
-        "threads": threads,
-    }
+    base = case_header(case, model, opts)
     ok, why = mode.availability()
     if not ok:
         return {**base, "status": "not available", "reason": why}
@@ -201,18 +190,7 @@ def validate_spec_case(case, model: str, out: Path, opts: CaseOptions) -> dict:
         src = f"speculative fit loaded from `{calibration}`"
         execute()
     else:
-        fit = _fit_bracketed(
-            mode,
-            spec,
-            execute,
-            model,
-            out / "calibration",
-            device=device,
-            dtype=dtype,
-            threads=threads,
-            log=log,
-            validated_dir=out / "exec",
-        )
+        fit = _fit_bracketed(mode, spec, execute, model, out / "calibration", opts, validated_dir=out / "exec")
         src = (
             f"speculative round fit calibrated on `{out / 'calibration'}` ({', '.join(fit.meta['workloads'])}, "
             f"seeds {', '.join(str(s) for s in fit.meta['seeds'])}: the case's serving and speculation sections on "
@@ -270,13 +248,9 @@ def validate_spec_case(case, model: str, out: Path, opts: CaseOptions) -> dict:
             mode, out, sim_run if s_replay is None else s_replay, fit, spec.seed, s_replayed=s_replay is not None
         ),
     }
-    apply_rule(result)
-    write_json(out / "validation.json", result)
-    if report:
-        from .spec_report import spec_case_report
+    from .spec_report import spec_case_report
 
-        spec_case_report(result, exec_run, sim_run, cmp, out)
-    return result
+    return finish_case(result, out, (lambda: spec_case_report(result, exec_run, sim_run, cmp, out)) if report else None)
 
 
 def _repeat_errors(mode, out: Path, sim_run, fit, seed: int, s_replayed: bool) -> list[dict]:

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from infersim.simulator.errors import InfersimError
+from infersim.simulator.progress import log_line
 
 from .heads import FORMAT_VERSION, META_FILE, MedusaHeads, load_heads, save_heads
 from .train import DEFAULT_RECIPE, MedusaRecipe, corpus_streams, train_heads
@@ -77,7 +78,7 @@ def ensure_heads(
     if (folder / META_FILE).exists() and not retrain:
         heads, meta = load_heads(folder, sha, lm.device)
         return heads, meta, folder
-    log = log or (lambda m: print(m, file=sys.stderr, flush=True))
+    log = log or log_line
     with _locked(folder.parent / f"{folder.name}.lock"):
         if (folder / META_FILE).exists() and not retrain:  # trained by someone else meanwhile
             heads, meta = load_heads(folder, sha, lm.device)

@@ -15,13 +15,13 @@ prompt windows and the minibatches, a fixed thread count and step count."""
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
 
+from ..zoo.train import lr_at
 from .heads import MedusaHeads, lm_head_weight
 
 
@@ -163,14 +163,6 @@ def last_hidden(hf_model, tokens: torch.Tensor, batch: int = 32) -> torch.Tensor
     )
 
 
-def _lr_at(step: int, r: MedusaRecipe) -> float:
-    if step < r.warmup:
-        return r.lr * (step + 1) / r.warmup
-    frac = (step - r.warmup) / max(1, r.steps - r.warmup)
-    lo = r.lr * r.min_lr_ratio
-    return lo + 0.5 * (r.lr - lo) * (1 + math.cos(math.pi * min(1.0, frac)))
-
-
 def train_heads(
     hf_model, train_stream: torch.Tensor, recipe: MedusaRecipe = DEFAULT_RECIPE, log=None, progress=None
 ) -> tuple[MedusaHeads, dict]:
@@ -201,7 +193,7 @@ def train_heads(
         loss_v, per = float("nan"), []
         for step in range(r.steps):
             for g in opt.param_groups:
-                g["lr"] = _lr_at(step, r)
+                g["lr"] = lr_at(step, r)
             idx = torch.randint(0, M, (min(r.batch, M),), generator=gen)
             loss, per = medusa_loss(heads(x_all[idx]), labels[:, idx], w)
             opt.zero_grad(set_to_none=True)

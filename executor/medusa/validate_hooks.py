@@ -23,17 +23,17 @@ from pathlib import Path
 
 from infersim.simulator.errors import InfersimError
 
+from ..options import VALIDATION, ExecOptions
+
 ACCURACIES_FILE = "medusa_accuracies.yaml"  # as serve.ACCURACIES_FILE (serve imports torch)
 
 
-def execute(spec, requests, model, out, *, device="cpu", dtype=None, realtime=False, plots=False, quiet=True):
+def execute(spec, requests, model, out, opts: ExecOptions = VALIDATION):
     if spec.speculation is None or spec.speculation.method != "medusa":
         raise InfersimError(f"workload '{spec.name}': the Medusa executor needs speculation.method: medusa")
     from ..speculative.engine import execute_speculative
 
-    return execute_speculative(
-        spec, requests, model, Path(out), device=device, dtype=dtype, realtime=realtime, plots=plots, quiet=quiet
-    )
+    return execute_speculative(spec, requests, model, Path(out), opts)
 
 
 def recorded_statistics(run_dir) -> dict:

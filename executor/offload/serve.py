@@ -27,6 +27,7 @@ from infersim.simulator.errors import InfersimError
 
 from ..engine import Engine, ExecSequence
 from ..kvcache import PagedKVCache
+from ..options import ExecOptions
 from ..runner import plan_batch
 from .runner import OffloadRunner
 
@@ -166,40 +167,31 @@ def _section(spec):
     return off, key
 
 
-def execute(
-    spec,
-    requests,
-    model: str,
-    out: Path,
-    *,
-    device: str | None = "cpu",
-    dtype: str | None = None,
-    realtime: bool = True,
-    plots: bool = True,
-    quiet: bool = True,
-    csv: bool = False,
-    device_memory_gb: float | None = None,
-    log=None,
-    force: bool = False,
-) -> dict:
+def execute(spec, requests, model: str, out: Path, opts: ExecOptions = ExecOptions()) -> dict:
     """Serve the requests with the KV cache in host memory under the workload's `offload:`
     policy; write a `sim exec` run directory at `out` atomically; return the summary."""
-    from infersim.simulator.engine.memory import MemoryPlan
     from infersim.simulator.metrics.collector import MetricsCollector
-    from infersim.simulator.metrics.rundir import staged_dir, write_table
-    from infersim.simulator.metrics.summary import write_result_files
+    from infersim.simulator.metrics.rundir import staged_dir
     from infersim.simulator.policies import SchedulerLimits, build_scheduler
-    from infersim.simulator.simulation import SimulationResult
 
-    from ..models import dtype_name, load_model
+    from ..models import dtype_name
     from ..prompts import make_prompts
-    from ..serving import executor_record, plan_blocks, resolved_config, serve, write_outputs
+    from ..serving import (
+        clipped_output,
+        executor_record,
+        load_served_model,
+        memory_plan,
+        plan_blocks,
+        resolved_config,
+        run_result,
+        serve,
+        single_replica,
+        write_engine_run,
+    )
 
     off, policy = _section(spec)
     t_wall = time.perf_counter()
-    if len(requests) == 0:
-        raise InfersimError("the workload produced no requests")
-    lm = load_model(model, device=device, dtype=dtype, log=log)
+    lm = load_served_model(requests, model, opts)
     sv = spec.serving
     if sv.chunked_prefill:
         raise InfersimError(
@@ -210,17 +202,11 @@ def execute(
     limits = SchedulerLimits(sv.max_batch_size, max_batched, max_len, False)
     if off.pool_blocks is not None:
         sv = sv.model_copy(update={"gpu_blocks": int(off.pool_blocks)})
-    mem = plan_blocks(lm, sv, limits, kv_dtype=lm.dtype, device_memory_gb=device_memory_gb)
+    mem = plan_blocks(lm, sv, limits, kv_dtype=lm.dtype, device_memory_gb=opts.device_memory_gb)
     mem["cpu_blocks"] = 0  # the pool is the host memory; no second tier
     skew = _skew_for(str(lm.path), str(lm.device), dtype_name(lm.dtype)) if policy == "infinigen" else None
-    spec = spec.model_copy(
-        update={
-            "model": str(lm.path),
-            "hardware": spec.hardware.model_copy(update={"replicas": 1, "tensor_parallel": 1}),
-        }
-    )
-    out = Path(out)
-    with staged_dir(out, command="exec", force=force) as tmp:
+    spec = single_replica(spec, lm)
+    with staged_dir(Path(out), command="exec", force=opts.force) as tmp:
         metrics = MetricsCollector(len(requests), series_path=tmp / "series.parquet")
         engine = OffloadEngine(
             lm,
@@ -235,7 +221,7 @@ def execute(
             watermark=sv.watermark,
             limits=limits,
             metrics=metrics,
-            realtime=realtime,
+            realtime=opts.realtime,
             kv_dtype=lm.dtype,
         )
         engine.warmup()
@@ -247,28 +233,19 @@ def execute(
         for i, t in enumerate(requests.arrival_s):
             if requests.duration_s is not None and t > requests.duration_s:
                 break
-            p, o = prompts[i], int(requests.output_tokens[i])
-            if len(p) < max_len and len(p) + o > max_len:
-                o = max_len - len(p)
-                truncated += 1
-            s = ExecSequence(i, p, max(1, o), float(t))
+            p = prompts[i]
+            o, cut = clipped_output(len(p), requests.output_tokens[i], max_len)
+            truncated += cut
+            s = ExecSequence(i, p, o, float(t))
             seqs.append(s)
             engine.submit(s)
-        end = serve(engine, None if quiet else len(seqs))
-        series = metrics.close_series()
-        memory = MemoryPlan(
-            mem["gpu_blocks"],
-            0,
-            mem["kv_bytes_per_block"],
-            mem["weight_bytes_per_gpu"],
-            mem["activation_bytes_per_gpu"],
-            mem["blocks_source"],
-        )
+        end = serve(engine, None if opts.quiet else len(seqs))
+        memory = memory_plan(mem)
         st = engine.stats
         tabs = engine.tables()
         oi = tabs["offload_iterations"]
         ex = executor_record(
-            lm, st, realtime=realtime, t_wall=t_wall, truncated=truncated, swap_out_blocks=0, swap_in_blocks=0
+            lm, st, realtime=opts.realtime, t_wall=t_wall, truncated=truncated, swap_out_blocks=0, swap_in_blocks=0
         )
         offload = {
             "policy": policy,
@@ -283,26 +260,8 @@ def execute(
             "store_s": float(oi["store_s"].sum()),
         }
         resolved = {**resolved_config(spec, lm, mem, limits, len(seqs), ex), "offload_executor": offload}
-        result = SimulationResult(
-            spec,
-            metrics.requests_table(),
-            series,
-            metrics,
-            memory,
-            float(end),
-            resolved,
-            {"executor": ex, "offload": offload},
-        )
-        summary = write_result_files(tmp, result, csv=csv)
-        write_table(tmp / "iterations.parquet", st.iteration_table())
-        write_table(tmp / "iteration_batches.parquet", st.batch_table())
-        for name, table in tabs.items():
-            write_table(tmp / f"{name}.parquet", table)
-        write_outputs(tmp / "outputs.parquet", sorted(seqs, key=lambda s: s.rid))
-        if plots:
-            from infersim.simulator.metrics.plots import plot_run
-
-            plot_run(tmp)
+        result = run_result(spec, metrics, memory, end, resolved, {"executor": ex, "offload": offload})
+        summary = write_engine_run(tmp, result, engine, seqs, opts, tabs)
     return summary
 
 

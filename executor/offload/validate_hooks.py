@@ -1,6 +1,6 @@
 """The validation matrix's hooks for the offload executor (analysis/validate/modes.py):
 
-execute(spec, requests, model, out, ...)   serve.py's `sim exec` for an `offload:` workload
+execute(spec, requests, model, out, opts)  serve.py's `sim exec` for an `offload:` workload
 recorded_statistics(run_dir) -> dict       what the run measured that the simulator takes as
                                            input: tokens loaded per layer by context (the
                                            sparsity the policy used: H2O's budget, InfiniGen's

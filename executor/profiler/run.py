@@ -200,19 +200,14 @@ def _slim(records: list[dict]) -> list[dict]:
     return out
 
 
-def build_hardware_dict(
-    name: str,
-    info: dict,
-    roof: dict,
-    peaks: dict,
-    eff: dict,
-    link: dict,
-    iteration_s: float,
-    mode: str,
-    when: str,
-    load: dict,
-    device_type: str,
-) -> dict:
+def build_hardware_dict(meta: dict, fits: dict, iteration_s: float) -> dict:
+    """The hardware profile's YAML dict. `meta`: name, info, mode, when, load, device_type (as
+    analyze takes it); `fits`: roofs, dtype_peaks, efficiency, host_link (as the sidecar keeps
+    them); `iteration_s`: the fitted per-iteration overhead."""
+    name, info, mode, when, load, device_type = (
+        meta[k] for k in ("name", "info", "mode", "when", "load", "device_type")
+    )
+    roof, peaks, eff, link = (fits[k] for k in ("roofs", "dtype_peaks", "efficiency", "host_link"))
     sig = F.sig
     dtype = roof["dtype"]
     peak_tflops = {k: sig(v / 1e12) for k, v in sorted(peaks.items())}
@@ -425,28 +420,8 @@ def run_profile(opts: ProfileOptions, console=None) -> dict:
     calib["load_average"]["end"] = la1[0] if la1 else None
     calib["timings_s"] = {**timings, "total": round(time.perf_counter() - t_start, 2)}
     # the final load average goes into the YAML's source as well
-    hw_dict["source"] = build_hardware_dict(
-        name,
-        info,
-        calib["roofs"],
-        calib["dtype_peaks"],
-        calib["efficiency"],
-        calib["host_link"],
-        0.0,
-        mode,
-        when,
-        calib["load_average"],
-        device.type,
-    )["source"]
-    write_profile(out, hw_dict, calib)
-    return {
-        "profile": out,
-        "sidecar": sidecar_path(out),
-        "hardware": hw_dict,
-        "calibration": calib,
-        "comparisons": comps,
-        "timings": calib["timings_s"],
-    }
+    hw_dict["source"] = build_hardware_dict({**meta, "load": calib["load_average"]}, calib, 0.0)["source"]
+    return _written(out, hw_dict, calib, comps, calib["timings_s"])
 
 
 def _note_drift(calib: dict) -> None:
@@ -487,9 +462,8 @@ def analyze(
     peaks = F.dtype_peaks(records)
     eff = F.fit_efficiencies(records, roof["compute_flops"], roof["memory_bytes_per_s"], dtype)
     link = F.fit_host_link(records, meta["device_type"])
-    hw_dict = build_hardware_dict(
-        name, meta["info"], roof, peaks, eff, link, 0.0, meta["mode"], meta["when"], meta["load"], meta["device_type"]
-    )
+    fits = {"roofs": roof, "dtype_peaks": peaks, "efficiency": eff, "host_link": link}
+    hw_dict = build_hardware_dict(meta, fits, 0.0)
     calibration = F.fit_kernel_models(
         records,
         validate(HardwareProfile, hw_dict, "measured profile"),
@@ -602,6 +576,20 @@ def write_profile(out: Path, hw_dict: dict, calib: dict) -> None:
     write_atomic(out, dump_profile_yaml(hw_dict, header))
 
 
+def _written(out: Path, hw_dict: dict, calib: dict, comps, timings: dict) -> dict:
+    """Write the profile and its calibration sidecar; what run_profile, refit_profile and
+    add_models return."""
+    write_profile(out, hw_dict, calib)
+    return {
+        "profile": out,
+        "sidecar": sidecar_path(out),
+        "hardware": hw_dict,
+        "calibration": calib,
+        "comparisons": comps,
+        "timings": timings,
+    }
+
+
 def refit_profile(
     path: Path,
     out: Path | None = None,
@@ -680,15 +668,7 @@ def refit_profile(
         _merge_models(calib, _measure_models(models, hw, calib, device, old["dtype"], quick, seed, quiet))
     calib["timings_s"] = {**old.get("timings_s", {}), "refit": timings}
     hw_dict["source"] = load_hardware(str(path)).source
-    write_profile(out, hw_dict, calib)
-    return {
-        "profile": out,
-        "sidecar": sidecar_path(out),
-        "hardware": hw_dict,
-        "calibration": calib,
-        "comparisons": comps,
-        "timings": timings,
-    }
+    return _written(out, hw_dict, calib, comps, timings)
 
 
 def _measure_models(models, hw, calib, device, dtype, quick, seed, quiet) -> dict:
@@ -758,15 +738,7 @@ def add_models(
     hw_dict = yaml.safe_load(text)
     for k in (SOURCE_KEY, HASH_KEY, PATH_KEY):
         hw_dict.get("sources", {}).pop(k, None)
-    write_profile(out, hw_dict, calib)
-    return {
-        "profile": out,
-        "sidecar": sidecar_path(out),
-        "hardware": hw_dict,
-        "calibration": calib,
-        "comparisons": {},
-        "timings": calib["timings_s"],
-    }
+    return _written(out, hw_dict, calib, {}, calib["timings_s"])
 
 
 def print_report(result: dict, console=None) -> None:

@@ -3,6 +3,8 @@ already loaded models."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import numpy as np
 
 from infersim.simulator.errors import InfersimError
@@ -22,61 +24,76 @@ def _load(m, device, dtype):
     return load_model(str(m), device=device, dtype=dtype)
 
 
-def build_decoder(
-    target,
-    drafts=(),
-    *,
-    method: str = "draft",
-    s: int = 4,
-    temperature: float = 0.0,
-    seed: int = 0,
-    block_size: int = 16,
-    gpu_blocks: int = 2048,
-    max_batch_size: int = 256,
-    selector=None,
-    weights=None,
-    acr_scope: str = "all",
-    device: str | None = "cpu",
-    dtype: str | None = None,
-    names=None,
-) -> SpeculativeDecoder:
-    """method: 'none' (plain decoding through the same loop), 'draft' (one draft) or 'minions'
-    (several drafts, majority vote). selector: None (fixed s) or an AdaptiveLengthSelector;
-    weights: None (all 1) or an SSMWeights for Minions."""
-    tlm = _load(target, device, dtype)
-    dlms = [_load(d, device, dtype) for d in drafts]
+@dataclass(frozen=True)
+class DecoderOptions:
+    """How build_decoder assembles a speculative decoder, apart from its models."""
+
+    method: str = field(
+        default="draft",
+        metadata={
+            "help": "'none' (plain decoding through the same loop), 'draft' (one draft), 'minions' (majority vote)"
+        },
+    )
+    s: int = field(default=4, metadata={"help": "speculation length: tokens drafted per round (0: none)"})
+    temperature: float = field(default=0.0, metadata={"help": "0: greedy; > 0: rejection sampling (draft only)"})
+    seed: int = field(default=0, metadata={"help": "seed of sampling and of Minions' vote ties"})
+    block_size: int = field(default=16, metadata={"help": "tokens per KV block"})
+    gpu_blocks: int = field(default=2048, metadata={"help": "KV blocks of each model's pool"})
+    max_batch_size: int = field(default=256, metadata={"help": "sequences verified together at most"})
+    selector: object = field(default=None, metadata={"help": "None (fixed s) or an AdaptiveLengthSelector"})
+    weights: object = field(default=None, metadata={"help": "None (all 1) or an SSMWeights for Minions"})
+    acr_scope: str = field(
+        default="all", metadata={"help": "Minions: each SSM scored on all outputs or on those it was voted for"}
+    )
+    names: tuple | None = field(default=None, metadata={"help": "the drafts' names; None: their model names"})
+    device: str | None = field(default="cpu", metadata={"help": "torch device models given by name load on"})
+    dtype: str | None = field(default=None, metadata={"help": "their dtype; None: the device's default"})
+
+
+def build_decoder(target, drafts=(), opts: DecoderOptions = DecoderOptions()) -> SpeculativeDecoder:
+    """A speculative decoder of `target` with `drafts` (loaded models or names) as `opts` says."""
+    o = opts
+    tlm = _load(target, o.device, o.dtype)
+    dlms = [_load(d, o.device, o.dtype) for d in drafts]
     for d in dlms:
         if d.vocab_size != tlm.vocab_size:
             raise InfersimError(
                 f"draft {d.name}: vocabulary of {d.vocab_size} tokens, target {tlm.name} has "
                 f"{tlm.vocab_size}: a draft must share the target's tokenizer"
             )
-    names = list(names) if names is not None else [d.name for d in dlms]
-    tm = TargetModel(tlm, gpu_blocks=gpu_blocks, block_size=block_size)
-    if method == "none" or s == 0:
+    names = list(o.names) if o.names is not None else [d.name for d in dlms]
+    tm = TargetModel(tlm, gpu_blocks=o.gpu_blocks, block_size=o.block_size)
+    if o.method == "none" or o.s == 0:
         proposer = NoDraft()
-    elif method == "draft":
+    elif o.method == "draft":
         if len(dlms) != 1:
             raise InfersimError(f"method 'draft' takes exactly one draft model, got {len(dlms)}")
         proposer = SingleDraft(
-            DraftModel(dlms[0], index=0, gpu_blocks=gpu_blocks, block_size=block_size, name=names[0])
+            DraftModel(dlms[0], index=0, gpu_blocks=o.gpu_blocks, block_size=o.block_size, name=names[0])
         )
-    elif method == "minions":
+    elif o.method == "minions":
         if not dlms:
             raise InfersimError("method 'minions' needs at least one draft model")
         ds = [
-            DraftModel(d, index=j, gpu_blocks=gpu_blocks, block_size=block_size, name=n)
+            DraftModel(d, index=j, gpu_blocks=o.gpu_blocks, block_size=o.block_size, name=n)
             for j, (d, n) in enumerate(zip(dlms, names))
         ]
+        weights = o.weights
         if weights is None:
             from infersim.simulator.speculative.minions import SSMWeights
 
             weights = SSMWeights(np.ones(len(ds)))
-        proposer = MinionsProposer(ds, weights, acr_scope=acr_scope, seed=seed)
+        proposer = MinionsProposer(ds, weights, acr_scope=o.acr_scope, seed=o.seed)
     else:
-        raise InfersimError(f"unknown speculation method '{method}': use none, draft or minions")
+        raise InfersimError(f"unknown speculation method '{o.method}': use none, draft or minions")
     return SpeculativeDecoder(
-        tm, proposer, s=s, temperature=temperature, seed=seed, selector=selector, max_batch_size=max_batch_size
+        tm,
+        proposer,
+        s=o.s,
+        temperature=o.temperature,
+        seed=o.seed,
+        selector=o.selector,
+        max_batch_size=o.max_batch_size,
     )
 
 
@@ -139,9 +156,9 @@ def make_sequences(prompts, output_lens, n_drafts: int, arrival_s=None):
     ]
 
 
-def speculative_generate(target, drafts, prompts, output_lens, **kw):
+def speculative_generate(target, drafts, prompts, output_lens, opts: DecoderOptions = DecoderOptions()):
     """Outputs (token ids per prompt) and the decoder (its stats) for a batch of prompts."""
-    dec = build_decoder(target, drafts, **kw)
+    dec = build_decoder(target, drafts, opts)
     n = len(getattr(dec.proposer, "drafts", []))
     seqs = make_sequences(prompts, output_lens, max(n, 1))
     return dec.generate(seqs), dec

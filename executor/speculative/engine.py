@@ -29,6 +29,8 @@ import numpy as np
 
 from infersim.simulator.errors import InfersimError
 
+from ..options import ExecOptions
+
 DATASET = "stdlib-heldout"
 
 
@@ -117,37 +119,25 @@ def _settings(sp):
     return mode, temperature
 
 
-def execute_speculative(
-    spec,
-    requests,
-    model: str,
-    out: Path,
-    *,
-    device: str | None = "cpu",
-    dtype: str | None = None,
-    realtime: bool = True,
-    plots: bool = True,
-    csv: bool = False,
-    quiet: bool = True,
-    log=None,
-    force: bool = False,
-) -> dict:
+def execute_speculative(spec, requests, model: str, out: Path, opts: ExecOptions = ExecOptions()) -> dict:
+    """Serve the requests with the workload's `speculation:` method (draft models, Minions or
+    Medusa); write a `sim exec` run directory at `out` atomically; return the summary."""
     import torch
 
     from infersim.simulator.engine.memory import MemoryPlan
     from infersim.simulator.metrics.collector import MetricsCollector
     from infersim.simulator.metrics.rundir import staged_dir, write_table
     from infersim.simulator.metrics.summary import write_result_files
-    from infersim.simulator.simulation import SimulationResult
+    from infersim.simulator.progress import ProgressBar
     from infersim.simulator.speculative.minions import SSMWeights
     from infersim.simulator.speculative.selector import AdaptiveLengthSelector
 
     from ..clock import Clock
     from ..models import dtype_name, load_model
     from ..prompts import make_prompts
-    from ..serving import device_description, model_summary, write_outputs
+    from ..serving import device_description, load_served_model, model_summary, run_result, write_outputs
     from .acceptance import write_acceptance_table
-    from .build import build_decoder
+    from .build import DecoderOptions, build_decoder
     from .decoder import kv_blocks_for
     from .pipeline import PipelinedDecoder
     from .sequence import SpecSequence
@@ -162,17 +152,15 @@ def execute_speculative(
         mode, temperature = tree_decoding.acceptance_mode(sp), 0.0
     else:
         mode, temperature = _settings(sp)
-    if len(requests) == 0:
-        raise InfersimError("the workload produced no requests")
-    if requests.closed_loop:
+    if len(requests) and requests.closed_loop:
         raise InfersimError(
-            "speculative sim exec replays open-loop arrivals only (requests.arrival), " "not closed-loop clients"
+            "speculative sim exec replays open-loop arrivals only (requests.arrival), not closed-loop clients"
         )
-    lm = load_model(model, device=device, dtype=dtype, log=log)
+    lm = load_served_model(requests, model, opts)
     # as the simulator (proposers.DraftProposer): without the majority vote (voting.enabled:
     # false, or one draft) only the first SSM drafts; the others are neither run nor voted
     used = sp.drafts if sp.voting_on else sp.drafts[:1]
-    dlms = [load_model(d.model, device=device, dtype=dtype, log=log) for d in used]
+    dlms = [load_model(d.model, device=opts.device, dtype=opts.dtype, log=opts.log) for d in used]
     names = [d.name or d.model for d in used]
     sv = spec.serving
     max_len = min(sv.max_model_len or lm.max_positions, lm.max_positions, *(d.max_positions for d in dlms))
@@ -191,7 +179,7 @@ def execute_speculative(
     s_max = sel.s_max if sel is not None else sp.speculation_length
     mheads = mtree = None
     if medusa:  # a verification writes the whole tree into the KV cache: reserve its nodes
-        mheads, mtree = tree_decoding.prepare(lm, sp, log=log)
+        mheads, mtree = tree_decoding.prepare(lm, sp, log=opts.log)
         s_max = mtree.nodes
     prompts = make_prompts(requests.prompt_tokens, tokenizer=lm.tokenizer, vocab_size=lm.vocab_size, seed=spec.seed)
     seqs, truncated = [], 0
@@ -235,17 +223,19 @@ def execute_speculative(
         dec = build_decoder(
             lm,
             dlms,
-            method=method,
-            s=sp.speculation_length,
-            temperature=temperature,
-            seed=spec.seed,
-            block_size=sv.block_size,
-            gpu_blocks=int(gpu_blocks),
-            max_batch_size=sv.max_batch_size,
-            selector=sel,
-            weights=weights,
-            acr_scope=sp.voting.acr_scope,
-            names=names,
+            DecoderOptions(
+                method=method,
+                s=sp.speculation_length,
+                temperature=temperature,
+                seed=spec.seed,
+                block_size=sv.block_size,
+                gpu_blocks=int(gpu_blocks),
+                max_batch_size=sv.max_batch_size,
+                selector=sel,
+                weights=weights,
+                acr_scope=sp.voting.acr_scope,
+                names=names,
+            ),
         )
     runner = dec
     if not medusa:
@@ -258,11 +248,11 @@ def execute_speculative(
             dec, llm_batch_size=pl.llm_batch_size, ssm_batch_size=pl.ssm_batch_size, back_pressure=pl.back_pressure
         )
     out = Path(out)
-    with staged_dir(out, command="exec", force=force) as tmp:
+    with staged_dir(out, command="exec", force=opts.force) as tmp:
         metrics = MetricsCollector(len(seqs), series_path=tmp / "series.parquet")
         for s in seqs:
             metrics.arrive(s)
-        clock = Clock(realtime=realtime)
+        clock = Clock(realtime=opts.realtime)
         finished_count = [0]
         obs = _Observer(
             metrics,
@@ -270,24 +260,14 @@ def execute_speculative(
             lambda: sum(1 for s in seqs if s.arrival_s <= clock.now() and s.first_scheduled_s < 0),
             round_s=lambda: int(dec.stats.rounds[-1][8]) if dec.stats.rounds else None,
         )
-        progress = None
-        if not quiet:
-            from rich.progress import Progress
-
-            progress_bar = Progress(transient=True)
-            progress_bar.__enter__()
-            task = progress_bar.add_task("speculative exec", total=len(seqs))
-            progress = lambda seq: progress_bar.advance(task)
         try:
-            runner.generate(seqs, progress=progress, clock=clock, observer=obs)
+            with ProgressBar("speculative exec", quiet=opts.quiet, total=len(seqs), transient=True) as bar:
+                runner.generate(seqs, progress=lambda seq: bar.update(advance=1), clock=clock, observer=obs)
         finally:
-            if progress is not None:
-                progress_bar.__exit__(None, None, None)
             if hasattr(runner, "close"):
                 runner.close()  # the pipeline's drafting process
         finished_count[0] = len(obs.finished)
         end = max((s.finish_s for s in seqs), default=0.0)
-        series = metrics.close_series()
         bpb = dec.target.cache.bytes_per_block
         memory = MemoryPlan(
             int(gpu_blocks), 0, float(bpb), float(lm.weight_bytes()), 0.0, "explicit" if sv.gpu_blocks else "derived"
@@ -308,7 +288,7 @@ def execute_speculative(
             "schedule_s": max(0.0, float((tab["t_end_s"] - tab["t_start_s"]).sum()) - fwd),
             "swap_s": 0.0,
             "dtype": dtype_name(lm.dtype),
-            "realtime": realtime,
+            "realtime": opts.realtime,
             "wall_s": time.perf_counter() - t_wall,
             "outputs_truncated_to_max_model_len": truncated,
             "torch": str(torch.__version__),
@@ -325,17 +305,8 @@ def execute_speculative(
                 k: ex[k] for k in ("model", "model_path", "drafts", "device", "dtype", "realtime", "torch", "threads")
             },
         }
-        result = SimulationResult(
-            spec,
-            metrics.requests_table(),
-            series,
-            metrics,
-            memory,
-            float(end),
-            resolved,
-            {"executor": ex, "speculation": spec_x},
-        )
-        summary = write_result_files(tmp, result, csv=csv)
+        result = run_result(spec, metrics, memory, end, resolved, {"executor": ex, "speculation": spec_x})
+        summary = write_result_files(tmp, result, csv=opts.csv)
         write_table(tmp / "speculation_rounds.parquet", dec.stats.table())
         write_table(tmp / "speculation_sequences.parquet", _sequence_table(obs.seq_rows))
         if hasattr(runner, "drafting_table"):  # pipelined: the drafting thread's rounds
@@ -363,7 +334,7 @@ def execute_speculative(
                 ],
             )
         write_outputs(tmp / "outputs.parquet", sorted(seqs, key=lambda s: s.rid))
-        if plots:
+        if opts.plots:
             from infersim.simulator.metrics.plots import plot_run
 
             plot_run(tmp)

@@ -25,7 +25,7 @@ def record_zoo(out: Path, *, s: int = 5, requests: int = 24, output: int = 96, s
 
     from ..models import load_model
     from ..prompts import make_prompts
-    from .build import build_decoder, make_sequences
+    from .build import DecoderOptions, build_decoder, make_sequences
 
     torch.manual_seed(seed)
     target = load_model("zoo-target")
@@ -45,11 +45,7 @@ def record_zoo(out: Path, *, s: int = 5, requests: int = 24, output: int = 96, s
             dec = build_decoder(
                 target,
                 [load_model(n) for n in names],
-                method=method,
-                s=s,
-                gpu_blocks=2048,
-                max_batch_size=requests,
-                seed=seed,
+                DecoderOptions(method=method, s=s, gpu_blocks=2048, max_batch_size=requests, seed=seed),
             )
             dec.generate(make_sequences(prompts, output, len(names)))
             rec = dec.stats.recorder.at(s)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ..kvcache import PagedKVCache
+from ..kvcache import runner_cache
 from ..runner import build_runner, plan_batch
 from .attention import install
 from .draft import pick_tokens
@@ -18,15 +18,8 @@ class TargetModel:
         self.name = lm.name
         self.runner = install(build_runner(lm))  # one attention call per layer for short queries
         self.device = lm.device
-        self.cache = PagedKVCache(
-            self.runner.num_layers,
-            self.runner.num_kv_heads,
-            self.runner.head_dim,
-            block_size=block_size,
-            gpu_blocks=gpu_blocks,
-            cpu_blocks=0,
-            dtype=lm.dtype,
-            device=lm.device,
+        self.cache = runner_cache(
+            self.runner, block_size=block_size, gpu_blocks=gpu_blocks, dtype=lm.dtype, device=lm.device
         )
         self.steps = 0
         self.released_blocks = 0  # blocks given back when drafted tokens were rejected

@@ -32,20 +32,20 @@ import numpy as np
 
 from infersim.simulator.errors import InfersimError
 
+from ..options import VALIDATION, ExecOptions
+
 PER_REQUEST_MIN = 16  # requests with verified rounds a run needs for per-request acceptance
 
 # fields of an acceptance-table entry that an inline AcceptanceSpec carries too
 _SPEC_FIELDS = ("kind", "alpha", "probs", "recorded_s", "counts", "measured_mode", "measured_temperature", "source")
 
 
-def execute(spec, requests, model, out, *, device="cpu", dtype=None, realtime=False, plots=False, quiet=True):
+def execute(spec, requests, model, out, opts: ExecOptions = VALIDATION):
     """`sim exec` of the workload (engine.py writes speculation_drafting.parquet for a
     pipelined run and speculation_sequences.parquet for every run itself)."""
     from .engine import execute_speculative
 
-    return execute_speculative(
-        spec, requests, model, Path(out), device=device, dtype=dtype, realtime=realtime, plots=plots, quiet=quiet
-    )
+    return execute_speculative(spec, requests, model, Path(out), opts)
 
 
 # ---- per-request acceptance ----------------------------------------------------------------

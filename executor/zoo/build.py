@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from infersim.simulator.errors import InfersimError
+from infersim.simulator.progress import log_line
 
 from .corpus import Corpus, load_corpus
 from .spec import DEFAULT_ZOO, ModelRecipe, ZooSpec
@@ -155,7 +156,7 @@ def build_zoo(
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    log = log or log_line
     spec = spec.for_host()
     c = corpus_for(spec, corpus)
     d = Path(root or zoo_root()) / zoo_key(spec, c)

@@ -69,7 +69,9 @@ def make_model(recipe: ModelRecipe, vocab_size: int):
     return cls(cfg)
 
 
-def _lr_at(step: int, recipe: ModelRecipe) -> float:
+def lr_at(step: int, recipe) -> float:
+    """Linear warmup over `recipe.warmup` steps, then cosine decay to `lr * min_lr_ratio` at
+    `recipe.steps` (a zoo model's or Medusa heads' recipe)."""
     if step < recipe.warmup:
         return recipe.lr * (step + 1) / recipe.warmup
     frac = (step - recipe.warmup) / max(1, recipe.steps - recipe.warmup)
@@ -104,7 +106,7 @@ def train(recipe: ModelRecipe, spec: ZooSpec, stream: torch.Tensor, teacher=None
     loss_v = float("nan")
     for step in range(recipe.steps):
         for g in opt.param_groups:
-            g["lr"] = _lr_at(step, recipe)
+            g["lr"] = lr_at(step, recipe)
         starts = torch.randint(0, n - T - 1, (B,), generator=gen)
         batch = stream[starts[:, None] + offs[None, :]]
         x, y = batch[:, :-1], batch[:, 1:]

@@ -7,7 +7,7 @@ import argparse
 import time
 from pathlib import Path
 
-from .run import add_memory_flag
+from .run import add_memory_flag, add_out_flags
 
 
 def add_parser(sub) -> None:
@@ -29,14 +29,7 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default cpu)")
     p.add_argument("--dtype", default=None, help="fp32, fp16 or bf16 (default fp32 on cpu, fp16 on cuda)")
-    p.add_argument(
-        "--out",
-        "-o",
-        type=Path,
-        default=None,
-        help="run directory (default: runs/<workload name>-exec); replaced only when infersim wrote it",
-    )
-    p.add_argument("--force", action="store_true", help="replace --out even when infersim did not write it")
+    add_out_flags(p, "run directory (default: runs/<workload name>-exec)", replaces=True)
     p.add_argument(
         "--fast",
         action="store_true",
@@ -67,10 +60,9 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import sys
-
     from infersim.simulator.errors import InfersimError
     from infersim.simulator.metrics.rundir import check_out_dir
+    from infersim.simulator.progress import log_line
     from infersim.simulator.validation import positive_int
 
     from .run import finish_status, prepare, print_summary
@@ -80,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
         import transformers  # noqa: F401
     except ImportError as exc:
         raise InfersimError(f'the executor needs PyTorch and transformers ({exc}): pip install ".[executor]"')
+    from infersim.executor.options import ExecOptions
     from infersim.executor.run import execute
 
     t0 = time.perf_counter()
@@ -96,12 +89,8 @@ def run(args: argparse.Namespace) -> int:
         sv["cpu_blocks"] = args.cpu_blocks
     spec, requests = prepare(ns, str(args.workload), serving=sv)
     out = check_out_dir(args.out or Path("runs") / f"{spec.name}-exec", force=args.force)
-    log = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
-    summary = execute(
-        spec,
-        requests,
-        model,
-        out,
+    log = None if args.quiet else log_line
+    opts = ExecOptions(
         device=args.device,
         dtype=args.dtype,
         realtime=not args.fast,
@@ -109,10 +98,10 @@ def run(args: argparse.Namespace) -> int:
         csv=args.csv,
         quiet=args.quiet,
         device_memory_gb=args.device_memory_gb,
-        source=str(args.workload),
         log=log,
         force=args.force,
     )
+    summary = execute(spec, requests, model, out, opts)
     if not args.quiet:
         shown = spec.model_copy(update={"model": model})
         print_summary(summary, shown, out, time.perf_counter() - t0)

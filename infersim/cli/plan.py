@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .run import add_memory_flag
+from .run import add_memory_flag, add_out_flags
 
 
 def _csv(text: str | None) -> list[str]:
@@ -60,14 +60,7 @@ def add_parser(sub) -> None:
     p.add_argument("--requests", "-n", type=int, default=None, help="simulated requests per probe (default 3000)")
     p.add_argument("--tolerance", type=float, default=None, help="relative precision of the goodput (default 0.05)")
     p.add_argument("--seed", type=int, default=None, help="seed of every probe (default: the workload's)")
-    p.add_argument(
-        "--out",
-        "-o",
-        type=Path,
-        default=None,
-        help="report folder (default: plans/<workload name>); replaced only when infersim wrote it",
-    )
-    p.add_argument("--force", action="store_true", help="replace --out even when infersim did not write it")
+    add_out_flags(p, "report folder (default: plans/<workload name>)", replaces=True)
     p.add_argument("--workers", type=int, default=None, help="parallel simulations (default: one per core)")
     p.add_argument("--backend", choices=("local", "ray"), default="local", help="local processes or a Ray cluster")
     p.add_argument("--address", default=None, help="Ray cluster address (default: start a local Ray instance)")

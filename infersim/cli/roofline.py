@@ -201,6 +201,7 @@ def run(args: argparse.Namespace) -> int:
 
     from infersim.analysis.roofline import (
         PHASES,
+        Grid,
         build_cost_model,
         check_batch_memory,
         iteration_table,
@@ -230,8 +231,9 @@ def run(args: argparse.Namespace) -> int:
         fused_projections=args.projections == "fused",
         expert_parallel=args.ep,
     )
-    ops = operator_table(cost, phases, batches, seqs, cands)
-    iters = iteration_table(cost, phases, batches, seqs, cands)
+    grid = Grid(phases, batches, seqs, cands)
+    ops = operator_table(cost, grid)
+    iters = iteration_table(cost, grid)
 
     console = Console()
     for table in _operator_tables(

@@ -71,6 +71,21 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
+def add_out_flags(p, where: str, *, replaces: bool) -> None:
+    """--out/-o, a folder (`where`: what it holds, its default), and --force. A folder a command
+    `replaces` (a run) or writes into (a sweep, a validation) is touched only when infersim
+    wrote it, or is new, unless --force."""
+    if replaces:
+        rule, force = "replaced only when infersim wrote it", "replace --out even when infersim did not write it"
+    else:
+        rule, force = (
+            "used only when infersim wrote it or it is new",
+            "write into --out even when infersim did not write it",
+        )
+    p.add_argument("--out", "-o", type=Path, default=None, help=f"{where}; {rule}")
+    p.add_argument("--force", action="store_true", help=force)
+
+
 def add_memory_flag(p) -> None:
     """The override of the up-front memory refusal, the same on every command."""
     from infersim.simulator.validation import MEMORY_FLAG

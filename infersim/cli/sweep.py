@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .run import add_memory_flag
+from .run import add_memory_flag, add_out_flags
 
 
 def add_parser(sub) -> None:
@@ -19,14 +19,7 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--workload", "-w", required=True, help="built-in workload name or a workload YAML file")
     p.add_argument("--space", "-s", required=True, type=Path, help="the space YAML (see examples/sweep/)")
-    p.add_argument(
-        "--out",
-        "-o",
-        type=Path,
-        default=None,
-        help="sweep folder (default: sweeps/<space name>); used only when infersim wrote it or it is new",
-    )
-    p.add_argument("--force", action="store_true", help="write into --out even when infersim did not write it")
+    add_out_flags(p, "sweep folder (default: sweeps/<space name>)", replaces=False)
     p.add_argument("--workers", type=int, default=None, help="parallel simulations (default: one per core)")
     p.add_argument("--backend", choices=("local", "ray"), default="local", help="local processes or a Ray cluster")
     p.add_argument("--address", default=None, help="Ray cluster address (default: start a local Ray instance)")

@@ -4,10 +4,9 @@ same requests and policies, and report predicted against measured (analysis/vali
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-from .run import add_memory_flag
+from .run import add_memory_flag, add_out_flags
 
 
 def add_parser(sub) -> None:
@@ -72,14 +71,7 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--seed", type=int, default=None, help="override the workload's seed")
     p.add_argument("--requests", "-n", type=int, default=None, help="override the request count")
-    p.add_argument(
-        "--out",
-        "-o",
-        type=Path,
-        default=None,
-        help="output folder (default runs/validate-<name>); used only when infersim wrote it or it is new",
-    )
-    p.add_argument("--force", action="store_true", help="write into --out even when infersim did not write it")
+    add_out_flags(p, "output folder (default runs/validate-<name>)", replaces=False)
     p.add_argument("--quiet", "-q", action="store_true", help="no progress lines or table")
     add_memory_flag(p)
     p.set_defaults(func=run)
@@ -157,9 +149,10 @@ def run(args: argparse.Namespace) -> int:
     if not ok:
         raise InfersimError(f"case {case.name} needs the executor mode '{case.mode}', which is not available: {why}")
     from infersim.simulator.metrics.rundir import claim_dir
+    from infersim.simulator.progress import log_line
 
     out = claim_dir(args.out or Path("runs") / f"validate-{case.name}", command="validate", force=args.force)
-    log = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    log = None if args.quiet else log_line
     from infersim.analysis.validate.execute import CaseOptions
     from infersim.analysis.validate.run import validate_case
 

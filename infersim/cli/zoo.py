@@ -44,10 +44,10 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import sys
     from pathlib import Path
 
     from infersim.simulator.errors import InfersimError
+    from infersim.simulator.progress import log_line, quiet_log
 
     try:  # imported here, not on first use deep inside the zoo, so that their absence is one line
         import tokenizers  # noqa: F401
@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     if args.zoo_command == "ship":
         return _ship(root, Path(args.out).expanduser() if args.out else None, args.quiet)
     if args.zoo_command == "build":
-        log = (lambda m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
+        log = quiet_log if args.quiet else log_line
         d = build_zoo(DEFAULT_ZOO, root=root, names=args.models or None, log=log)
         _print_table(d, args)
         return 0
@@ -78,15 +78,14 @@ def run(args: argparse.Namespace) -> int:
 def _ship(root, out, quiet: bool) -> int:
     """Build (or find cached) the default zoo and zoo-target's default Medusa heads beside it,
     then copy them with their build key and checksums to the shipped folder."""
-    import sys
-
     from infersim.executor.medusa.store import ensure_heads
     from infersim.executor.models import load_model
     from infersim.executor.zoo import DEFAULT_ZOO
     from infersim.executor.zoo.build import build_zoo
     from infersim.executor.zoo.shipped import ship
+    from infersim.simulator.progress import log_line, quiet_log
 
-    log = (lambda m: None) if quiet else (lambda m: print(m, file=sys.stderr, flush=True))
+    log = quiet_log if quiet else log_line
     d = build_zoo(DEFAULT_ZOO, root=root, log=log)
     ensure_heads(load_model(str(d / "zoo-target"), "cpu", "fp32"), log=log)
     out = ship(d, out)

@@ -132,28 +132,34 @@ def grow_tree(table: HeadAccuracies, nodes: int) -> list[tuple[int, ...]]:
     past its end greedily by the most probable child of any node (Medusa section 2.3.3)."""
     if nodes < 1:
         raise InfersimError(f"candidates must be >= 1, got {nodes}")
-    acc = table.rank_accuracies()
-    tree = [tuple(c) for c in table.tree[: nodes - 1]]
-    if len(tree) == nodes - 1:
-        return tree
+    return grow_greedy([tuple(c) for c in table.tree[: nodes - 1]], nodes, table.rank_accuracies())
+
+
+def grow_greedy(
+    tree: list[tuple[int, ...]], nodes: int, acc: np.ndarray, probability=path_accuracy
+) -> list[tuple[int, ...]]:
+    """`tree` (its non-root paths) extended to `nodes` tokens, the root included, one node at a
+    time: the child of any node with the highest `probability(path, acc)`. Optimal at every size
+    when a child is never more probable than its parent (Medusa section 2.3.3)."""
+    tree = list(tree)
     have = set(tree) | {()}
     heap: list[tuple[float, tuple[int, ...]]] = []
-    for parent in have:
-        _push_children(heap, parent, have, acc)
+
+    def push_children(parent: tuple[int, ...]) -> None:
+        if len(parent) >= acc.shape[0]:
+            return
+        for i in range(acc.shape[1]):
+            child = parent + (i,)
+            if child not in have:
+                heapq.heappush(heap, (-probability(child, acc), child))
+
+    for parent in list(have):
+        push_children(parent)
     while len(tree) < nodes - 1 and heap:
         _, node = heapq.heappop(heap)
         if node in have:
             continue
         tree.append(node)
         have.add(node)
-        _push_children(heap, node, have, acc)
+        push_children(node)
     return tree
-
-
-def _push_children(heap, parent, have, acc) -> None:
-    if len(parent) >= acc.shape[0]:
-        return
-    for i in range(acc.shape[1]):
-        child = parent + (i,)
-        if child not in have:
-            heapq.heappush(heap, (-path_accuracy(child, acc), child))

@@ -264,7 +264,7 @@ def test_stratified_draws_keep_each_request_at_its_component():
     draws scatter them by about 1.3 / sqrt(40) = 0.2."""
     from infersim.simulator.simulation import Simulation
     from infersim.simulator.workload.builder import build_requests
-    from infersim.simulator.workload.schema import WorkloadSpec
+    from tests.utils import fixed_burst_spec
 
     def proposer(draws):
         mix = {
@@ -274,24 +274,18 @@ def test_stratified_draws_keep_each_request_at_its_component():
             "components": [{"kind": "iid", "alpha": 0.3}, {"kind": "iid", "alpha": 0.9}],
             "assignment": {r: r % 2 for r in range(20)},
         }
-        spec = WorkloadSpec.model_validate(
-            {
-                "name": "strat",
-                "model": "opt-1.3b",
-                "hardware": {"profile": "a100-80gb-pcie"},
-                "requests": {
-                    "count": 20,
-                    "arrival": {"type": "burst"},
-                    "prompt_tokens": {"type": "fixed", "value": 16},
-                    "output_tokens": {"type": "fixed", "value": 200},
-                },
-                "seed": 5,
-                "speculation": {
-                    "method": "draft",
-                    "speculation_length": 4,
-                    "drafts": [{"model": "opt-125m", "acceptance": mix}],
-                },
-            }
+        spec = fixed_burst_spec(
+            "opt-1.3b",
+            count=20,
+            prompt_tokens=16,
+            output_tokens=200,
+            name="strat",
+            seed=5,
+            speculation={
+                "method": "draft",
+                "speculation_length": 4,
+                "drafts": [{"model": "opt-125m", "acceptance": mix}],
+            },
         )
         return Simulation(spec, build_requests(spec, ".")).replicas[0].proposer
 

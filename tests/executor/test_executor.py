@@ -22,6 +22,7 @@ from infersim.executor.engine import generate  # noqa: E402
 from infersim.executor.models import hf_greedy_generate, load_model  # noqa: E402
 from infersim.executor.prompts import make_prompts  # noqa: E402
 from infersim.simulator.errors import InfersimError  # noqa: E402
+from infersim.simulator.workload.schema import ServingSection  # noqa: E402
 
 PROMPT_LENS = [23, 150, 7, 64, 101, 40, 12, 88, 130, 55, 31, 76]
 OUTPUT_LENS = [30, 12, 41, 25, 18, 36, 9, 28, 15, 33, 22, 40]
@@ -87,7 +88,7 @@ def test_bad_model_names_are_clear_errors(tmp_path, monkeypatch):
 # ---- the engine against Hugging Face generate -------------------------------------------
 def test_continuous_batching_matches_hf(target, case):
     prompts, outputs, ref = case
-    got, eng = generate(target, prompts, outputs, max_batch_size=4)
+    got, eng = generate(target, prompts, outputs, ServingSection(max_batch_size=4))
     assert got == ref
     it = eng.stats.iteration_table()
     # requests joined while others were decoding: admissions after the first iteration,
@@ -102,13 +103,15 @@ def test_engine_on_cuda_matches_hf_on_cpu(zoo_dir, case):
     """The same trained target in fp32 on a CUDA device: continuous batching gives the CPU's
     greedy tokens."""
     prompts, outputs, ref = case
-    got, _ = generate(load_model("zoo-target", device="cuda", dtype="fp32"), prompts, outputs, max_batch_size=4)
+    got, _ = generate(
+        load_model("zoo-target", device="cuda", dtype="fp32"), prompts, outputs, ServingSection(max_batch_size=4)
+    )
     assert got == ref
 
 
 def test_forced_recompute_matches_hf(target, case):
     prompts, outputs, ref = case
-    got, eng = generate(target, prompts, outputs, gpu_blocks=24, preemption="recompute")
+    got, eng = generate(target, prompts, outputs, ServingSection(gpu_blocks=24, preemption="recompute"))
     assert eng.counters["preempt_recompute"] > 0
     assert got == ref
 
@@ -116,7 +119,7 @@ def test_forced_recompute_matches_hf(target, case):
 def test_forced_swap_matches_hf(target, case):
     prompts, outputs, ref = case
     got, eng = generate(
-        target, prompts, outputs, gpu_blocks=24, cpu_blocks=_blocks(prompts, outputs), preemption="swap"
+        target, prompts, outputs, ServingSection(gpu_blocks=24, cpu_blocks=_blocks(prompts, outputs), preemption="swap")
     )
     assert eng.counters["preempt_swap"] > 0 and eng.counters["swap_in_blocks"] > 0
     assert eng.counters["preempt_recompute"] == 0
@@ -126,7 +129,10 @@ def test_forced_swap_matches_hf(target, case):
 def test_cost_aware_fairness_and_chunked_prefill_match_hf(target, case):
     prompts, outputs, ref = case
     got, eng = generate(
-        target, prompts, outputs, gpu_blocks=24, cpu_blocks=40, scheduler="fairness", preemption="cost_aware"
+        target,
+        prompts,
+        outputs,
+        ServingSection(gpu_blocks=24, cpu_blocks=40, scheduler="fairness", preemption="cost_aware"),
     )
     assert eng.counters["preempt_swap"] + eng.counters["preempt_recompute"] > 0
     assert got == ref
@@ -134,11 +140,7 @@ def test_cost_aware_fairness_and_chunked_prefill_match_hf(target, case):
         target,
         prompts,
         outputs,
-        chunked_prefill=True,
-        max_batched_tokens=48,
-        gpu_blocks=30,
-        preemption="swap",
-        cpu_blocks=60,
+        ServingSection(chunked_prefill=True, max_batched_tokens=48, gpu_blocks=30, preemption="swap", cpu_blocks=60),
     )
     mixed = eng.stats.iteration_table()
     assert ((mixed["prefill_seqs"] > 0) & (mixed["decode_seqs"] > 0)).any()  # Sarathi-style mixed iterations
@@ -165,10 +167,7 @@ def test_uninitialised_cache_memory_never_leaks_in(target, case, monkeypatch):
         target,
         prompts,
         outputs,
-        gpu_blocks=24,
-        cpu_blocks=_blocks(prompts, outputs),
-        preemption="swap",
-        max_batch_size=5,
+        ServingSection(gpu_blocks=24, cpu_blocks=_blocks(prompts, outputs), preemption="swap", max_batch_size=5),
     )
     assert eng.counters["preempt_swap"] > 0
     assert got == ref
@@ -181,7 +180,7 @@ def test_drafts_and_opt_match_hf(zoo_dir, case):
         ps = make_prompts(PROMPT_LENS[:6], tokenizer=lm.tokenizer, vocab_size=lm.vocab_size, seed=5)
         outs = OUTPUT_LENS[:6]
         ref = hf_greedy_generate(lm.model, ps, outs)
-        got, eng = generate(lm, ps, outs, gpu_blocks=12, cpu_blocks=60, preemption="swap")
+        got, eng = generate(lm, ps, outs, ServingSection(gpu_blocks=12, cpu_blocks=60, preemption="swap"))
         assert eng.counters["preempt_swap"] > 0, name
         assert got == ref, name
 

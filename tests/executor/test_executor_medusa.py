@@ -28,7 +28,7 @@ from infersim.executor.medusa.train import (
 )
 from infersim.executor.medusa.tree import build_tree, layout  # noqa: E402
 from infersim.simulator.errors import InfersimError  # noqa: E402
-from tests.utils import write_yaml, zoo_workload  # noqa: E402
+from tests.utils import fixed_burst_spec, write_yaml, zoo_workload  # noqa: E402
 
 
 # ---- pieces checked by hand ------------------------------------------------------------------
@@ -284,22 +284,15 @@ def test_measured_accuracies_load_in_the_simulator(trained):
     from infersim.simulator.metrics.summary import summarize
     from infersim.simulator.simulation import Simulation
     from infersim.simulator.workload.builder import build_requests
-    from infersim.simulator.workload.schema import WorkloadSpec
 
-    spec = WorkloadSpec.model_validate(
-        {
-            "model": "opt-1.3b",
-            "hardware": {"profile": "a100-80gb-pcie"},
-            "serving": {"max_batch_size": 8},
-            "requests": {
-                "count": 8,
-                "arrival": {"type": "burst"},
-                "prompt_tokens": {"type": "fixed", "value": 64},
-                "output_tokens": {"type": "fixed", "value": 400},
-            },
-            "speculation": {"method": "medusa", "medusa": {"accuracies": "zoo-target"}},
-            "seed": 1,
-        }
+    spec = fixed_burst_spec(
+        "opt-1.3b",
+        count=8,
+        prompt_tokens=64,
+        output_tokens=400,
+        serving={"max_batch_size": 8},
+        speculation={"method": "medusa", "medusa": {"accuracies": "zoo-target"}},
+        seed=1,
     )
     sim = Simulation(spec, build_requests(spec, "."))
     sx = summarize(sim.run())["speculation"]

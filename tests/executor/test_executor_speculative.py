@@ -4,6 +4,7 @@ distribution, rejected tokens' KV blocks roll back, the recorded acceptance load
 simulator, and Minions uses the simulator's own objects."""
 
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -20,7 +21,7 @@ from infersim.executor.runner import build_runner, plan_batch  # noqa: E402
 from infersim.executor.speculative import minions as ex_minions  # noqa: E402
 from infersim.executor.speculative.acceptance import AcceptanceRecorder, write_acceptance_table  # noqa: E402
 from infersim.executor.speculative.attention import install  # noqa: E402
-from infersim.executor.speculative.build import build_decoder, make_sequences  # noqa: E402
+from infersim.executor.speculative.build import DecoderOptions, build_decoder, make_sequences  # noqa: E402
 from infersim.executor.speculative.draft import DraftModel  # noqa: E402
 from infersim.executor.speculative.pipeline import PipelinedDecoder  # noqa: E402
 from infersim.executor.speculative.sequence import SpecSequence, Track  # noqa: E402
@@ -58,7 +59,9 @@ def _all_free(dec):
 def test_draft_greedy_equals_target_greedy_at_batch_6(zoo, work, s):
     t, d = zoo
     prompts, outs, ref = work
-    dec = build_decoder(t, [d["zoo-draft-a"]], method="draft", s=s, gpu_blocks=256, block_size=8, max_batch_size=4)
+    dec = build_decoder(
+        t, [d["zoo-draft-a"]], DecoderOptions(method="draft", s=s, gpu_blocks=256, block_size=8, max_batch_size=4)
+    )
     got = dec.generate(make_sequences(prompts, outs, 1))
     assert got == ref
     st = dec.stats
@@ -72,14 +75,9 @@ def test_minions_coupled_and_pipelined_are_lossless(zoo, work):
     t, d = zoo
     prompts, outs, ref = work
     ds = [d[n] for n in DRAFTS]
+    minions = DecoderOptions(method="minions", s=3, gpu_blocks=256, block_size=8)
     coupled = build_decoder(
-        t,
-        ds,
-        method="minions",
-        s=3,
-        gpu_blocks=256,
-        block_size=8,
-        selector=AdaptiveLengthSelector(s=3, decision_threshold=3, s_max=5),
+        t, ds, replace(minions, selector=AdaptiveLengthSelector(s=3, decision_threshold=3, s_max=5))
     )
     assert coupled.generate(make_sequences(prompts, outs, 3)) == ref
     assert _all_free(coupled)
@@ -87,16 +85,8 @@ def test_minions_coupled_and_pipelined_are_lossless(zoo, work):
     assert len(coupled.s_series) > 1
     p = coupled.proposer
     assert p.voted_counts.sum() == p.drafted_outputs == sum(sum(h["voted"]) for h in p.history)
-    dec = build_decoder(
-        t,
-        ds,
-        method="minions",
-        s=3,
-        gpu_blocks=256,
-        block_size=8,
-        max_batch_size=6,
-        selector=AdaptiveLengthSelector(s=3, decision_threshold=3, s_max=5),
-    )
+    selector = AdaptiveLengthSelector(s=3, decision_threshold=3, s_max=5)
+    dec = build_decoder(t, ds, replace(minions, max_batch_size=6, selector=selector))
     pipe = PipelinedDecoder(dec, llm_batch_size=2, ssm_batch_size=2)
     threads_before, switch_before = torch.get_num_threads(), sys.getswitchinterval()
     with speed_ticks(every=2) as ticks:
@@ -124,7 +114,9 @@ def test_warm_up_leaves_no_trace(zoo, work):
 
     t, d = zoo
     prompts, outs, ref = work
-    dec = build_decoder(t, [d["zoo-draft-a"]], method="draft", s=3, gpu_blocks=256, block_size=8, max_batch_size=4)
+    dec = build_decoder(
+        t, [d["zoo-draft-a"]], DecoderOptions(method="draft", s=3, gpu_blocks=256, block_size=8, max_batch_size=4)
+    )
     warm_up(dec)
     assert _all_free(dec) and dec.target.steps == 0 and dec.proposer.draft.steps == 0
     assert dec.generate(make_sequences(prompts, outs, 1)) == ref
@@ -137,7 +129,7 @@ def test_pipelined_with_a_drafting_thread_is_lossless_too(zoo, work):
     t, d = zoo
     prompts, outs, ref = work
     dec = build_decoder(
-        t, [d[n] for n in DRAFTS], method="minions", s=3, gpu_blocks=256, block_size=8, max_batch_size=6
+        t, [d[n] for n in DRAFTS], DecoderOptions(method="minions", s=3, gpu_blocks=256, block_size=8, max_batch_size=6)
     )
     pipe = PipelinedDecoder(dec, llm_batch_size=2, ssm_batch_size=2, drafting="thread")
     assert pipe.remote is None and pipe.generate(make_sequences(prompts, outs, 3)) == ref
@@ -149,7 +141,9 @@ def test_pipelined_with_a_drafting_thread_is_lossless_too(zoo, work):
 def test_minions_uses_the_simulators_objects(zoo):
     t, d = zoo
     dec = build_decoder(
-        t, [d[n] for n in DRAFTS], method="minions", s=2, gpu_blocks=64, selector=AdaptiveLengthSelector(s=2)
+        t,
+        [d[n] for n in DRAFTS],
+        DecoderOptions(method="minions", s=2, gpu_blocks=64, selector=AdaptiveLengthSelector(s=2)),
     )
     p = dec.proposer
     assert ex_minions.MajorityVoter is sim_minions.MajorityVoter
@@ -164,7 +158,11 @@ def test_minions_uses_the_simulators_objects(zoo):
 def test_sampling_with_minions_is_refused(zoo):
     t, d = zoo
     with pytest.raises(InfersimError):
-        build_decoder(t, [d["zoo-draft-a"], d["zoo-draft-b"]], method="minions", s=2, temperature=1.0, gpu_blocks=64)
+        build_decoder(
+            t,
+            [d["zoo-draft-a"], d["zoo-draft-b"]],
+            DecoderOptions(method="minions", s=2, temperature=1.0, gpu_blocks=64),
+        )
 
 
 # ---- acceptance rules, by hand ---------------------------------------------------------------------
@@ -333,7 +331,7 @@ def test_recorded_acceptance_loads_in_the_simulator(zoo, work, tmp_path):
 
     t, d = zoo
     prompts, outs, _ = work
-    dec = build_decoder(t, [d["zoo-draft-b"]], method="draft", s=3, gpu_blocks=256)
+    dec = build_decoder(t, [d["zoo-draft-b"]], DecoderOptions(method="draft", s=3, gpu_blocks=256))
     dec.generate(make_sequences(prompts, [40] * len(prompts), 1))
     rec = dec.stats.recorder
     # only full-s rounds give the s=3 histogram; the short tail rounds give other s

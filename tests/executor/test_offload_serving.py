@@ -51,15 +51,16 @@ def _read(path):
 def runs(tmp_path_factory, zoo_dir):
     """The same requests served plainly and with each offload policy."""
     from infersim.executor.offload import execute as offload_execute
+    from infersim.executor.options import VALIDATION
     from infersim.executor.run import execute as plain_execute
     from infersim.simulator.workload.builder import build_requests
 
     out = tmp_path_factory.mktemp("offload-serve")
     spec = _spec()
-    plain_execute(spec, build_requests(spec), "zoo-target", out / "plain", realtime=False, plots=False)
+    plain_execute(spec, build_requests(spec), "zoo-target", out / "plain", VALIDATION)
     for pol in ("full", "h2o", "infinigen"):
         s = _spec(pol)
-        offload_execute(s, build_requests(s), "zoo-target", out / pol, realtime=False, plots=False)
+        offload_execute(s, build_requests(s), "zoo-target", out / pol, VALIDATION)
     return out
 
 
@@ -156,6 +157,7 @@ def test_hooks_give_updates_a_simulation_accepts(runs, tmp_path):
 
 def test_bad_input_is_one_line(tmp_path):
     from infersim.executor.offload import execute
+    from infersim.executor.options import VALIDATION
     from infersim.simulator.workload.builder import build_requests
 
     for spec, words in (
@@ -164,7 +166,7 @@ def test_bad_input_is_one_line(tmp_path):
         (_spec("full", serving={"chunked_prefill": True}), "chunked_prefill"),
     ):
         with pytest.raises(InfersimError) as e:
-            execute(spec, build_requests(spec), "zoo-target", tmp_path / "x", realtime=False, plots=False)
+            execute(spec, build_requests(spec), "zoo-target", tmp_path / "x", VALIDATION)
         assert words in str(e.value) and "\n" not in str(e.value)
 
 

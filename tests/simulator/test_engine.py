@@ -8,6 +8,7 @@ from infersim.simulator.costmodel import BatchShape
 from infersim.simulator.simulation import Simulation, simulate
 from infersim.simulator.workload.builder import build_requests
 from infersim.simulator.workload.schema import WorkloadSpec
+from tests.utils import fixed_burst_spec
 
 
 def _run(spec, step_mode=False):
@@ -50,18 +51,7 @@ def test_multi_replica_closed_loop_event_equals_step(small_workload):
 
 
 def test_single_request_matches_hand_computed_times():
-    spec = WorkloadSpec.model_validate(
-        {
-            "model": "llama-2-7b",
-            "hardware": {"profile": "a100-80gb-pcie"},
-            "requests": {
-                "count": 1,
-                "arrival": {"type": "burst"},
-                "prompt_tokens": {"type": "fixed", "value": 100},
-                "output_tokens": {"type": "fixed", "value": 50},
-            },
-        }
-    )
+    spec = fixed_burst_spec("llama-2-7b", count=1, prompt_tokens=100, output_tokens=50)
     res = _run(spec)
     sim = Simulation(spec, build_requests(spec, "."))
     cm = sim.cost_model
@@ -96,17 +86,8 @@ def test_blocks_are_all_returned_and_preemptions_happen(small_workload):
 
 
 def test_never_fitting_prompt_is_aborted_not_hung():
-    spec = WorkloadSpec.model_validate(
-        {
-            "model": "opt-1.3b",
-            "serving": {"gpu_blocks": 8, "cpu_blocks": 0},
-            "requests": {
-                "count": 3,
-                "arrival": {"type": "burst"},
-                "prompt_tokens": {"type": "fixed", "value": 500},
-                "output_tokens": {"type": "fixed", "value": 4},
-            },
-        }
+    spec = fixed_burst_spec(
+        "opt-1.3b", count=3, prompt_tokens=500, output_tokens=4, serving={"gpu_blocks": 8, "cpu_blocks": 0}
     )
     res = _run(spec)
     assert res.metrics.counters["aborted"] == 3
@@ -141,17 +122,12 @@ def test_more_replicas_lower_latency(small_workload):
 
 def test_swapped_sequence_that_outgrew_the_gpu_pool_is_aborted_not_stuck():
     # a 40-block pool; one request grows past it while swapped out: vLLM would hang, we abort it
-    spec = WorkloadSpec.model_validate(
-        {
-            "model": "opt-1.3b",
-            "serving": {"gpu_blocks": 40, "cpu_blocks": 200, "preemption": "swap"},
-            "requests": {
-                "count": 6,
-                "arrival": {"type": "burst"},
-                "prompt_tokens": {"type": "fixed", "value": 300},
-                "output_tokens": {"type": "fixed", "value": 400},
-            },
-        }
+    spec = fixed_burst_spec(
+        "opt-1.3b",
+        count=6,
+        prompt_tokens=300,
+        output_tokens=400,
+        serving={"gpu_blocks": 40, "cpu_blocks": 200, "preemption": "swap"},
     )
     res = _run(spec)
     r = res.requests

@@ -18,7 +18,7 @@ from infersim.analysis.medusa_study import (
     standard_sweeps,
     tree_rate,
 )
-from infersim.analysis.roofline import COLUMNS, build_cost_model, iteration_table, operator_table, plot_roofline
+from infersim.analysis.roofline import COLUMNS, Grid, build_cost_model, iteration_table, operator_table, plot_roofline
 from infersim.cli.main import main
 from infersim.simulator.costmodel import BatchShape, RooflineCostModel
 from infersim.simulator.errors import InfersimError, UnknownNameError
@@ -136,7 +136,7 @@ def test_decode_step_times_equal_iteration_times_exactly(cost):
 
 # ---- the roofline table --------------------------------------------------------------------
 def test_operator_table_columns_and_sizes(cost):
-    df = operator_table(cost, ["prefill", "decode", "verify"], [1, 2], [128, 256], [1, 4, 16])
+    df = operator_table(cost, Grid(["prefill", "decode", "verify"], [1, 2], [128, 256], [1, 4, 16]))
     assert list(df.columns) == COLUMNS
     n_ops = len(cost.breakdown(BatchShape.decode([1])))
     assert len(df) == (4 + 4 + 4 * 3) * n_ops
@@ -148,14 +148,14 @@ def test_operator_table_columns_and_sizes(cost):
         (df.phase == "verify") & (df.operator == "qk") & (df.batch == 2) & (df.seq_len == 256) & (df.candidates == 16)
     ]
     assert verify.iloc[0].flops == 2 * HEADS * D * 2 * 16 * (256 + 16)
-    it = iteration_table(cost, ["decode"], [1, 2], [128, 256])
+    it = iteration_table(cost, Grid(["decode"], [1, 2], [128, 256]))
     assert len(it) == 4
     row = it[(it.batch == 2) & (it.seq_len == 256)].iloc[0]
     assert row.iteration_time_s == cost.iteration_time_s(BatchShape.decode([256, 256]))
 
 
 def test_plot_roofline_writes_png(cost, tmp_path):
-    df = operator_table(cost, ["prefill", "decode"], [1, 8], [128, 1024])
+    df = operator_table(cost, Grid(["prefill", "decode"], [1, 8], [128, 1024]))
     path = plot_roofline(df, "a100-80gb-pcie", tmp_path / "roof.png")
     assert path.exists() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary left
@@ -163,7 +163,7 @@ def test_plot_roofline_writes_png(cost, tmp_path):
 
 def test_unknown_phase_is_a_user_error(cost):
     with pytest.raises(InfersimError, match="unknown phase"):
-        operator_table(cost, ["warmup"], [1], [128])
+        operator_table(cost, Grid(["warmup"], [1], [128]))
 
 
 # ---- Medusa study --------------------------------------------------------------------------

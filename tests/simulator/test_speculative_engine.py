@@ -13,6 +13,7 @@ from infersim.simulator.speculative.device import SharedDevice
 from infersim.simulator.speculative.replica import PipelinedReplica, SpeculativeReplica
 from infersim.simulator.workload.builder import build_requests
 from infersim.simulator.workload.schema import WorkloadSpec
+from tests.utils import fixed_burst_spec, small_workload_spec
 
 DRAFTS = [{"model": "opt-125m", "acceptance": {"kind": "iid", "alpha": a}} for a in (0.8, 0.6, 0.4)]
 CASES = {
@@ -34,21 +35,7 @@ CASES = {
 
 
 def _small(speculation, **serving):
-    base = {
-        "name": "small",
-        "model": "opt-1.3b",
-        "hardware": {"profile": "a100-80gb-pcie"},
-        "serving": {"gpu_blocks": 48, "cpu_blocks": 24, "block_size": 16, **serving},
-        "requests": {
-            "count": 50,
-            "arrival": {"type": "poisson", "rate": 200.0},
-            "prompt_tokens": {"type": "lognormal", "mean": 60, "cv": 0.8, "max": 300},
-            "output_tokens": {"type": "lognormal", "mean": 40, "cv": 0.8, "max": 200},
-        },
-        "seed": 3,
-        "speculation": speculation,
-    }
-    return WorkloadSpec.model_validate(base)
+    return small_workload_spec(count=50, speculation=speculation, **serving)
 
 
 def _sim(spec):
@@ -105,23 +92,17 @@ def test_speculation_keeps_serving_invariants(case, scheduler, preemption, chunk
 
 def test_acceleration_rate_matches_the_acceptance_model():
     """Long outputs, no preemption: tokens per step ~ (1 - a^(s+1)) / (1 - a)."""
-    spec = WorkloadSpec.model_validate(
-        {
-            "model": "opt-1.3b",
-            "hardware": {"profile": "a100-80gb-pcie"},
-            "serving": {"max_batch_size": 32},
-            "requests": {
-                "count": 64,
-                "arrival": {"type": "burst"},
-                "prompt_tokens": {"type": "fixed", "value": 32},
-                "output_tokens": {"type": "fixed", "value": 1001},
-            },
-            "speculation": {
-                "method": "draft",
-                "speculation_length": 4,
-                "drafts": [{"model": "opt-125m", "acceptance": {"kind": "iid", "alpha": 0.7}}],
-            },
-        }
+    spec = fixed_burst_spec(
+        "opt-1.3b",
+        count=64,
+        prompt_tokens=32,
+        output_tokens=1001,
+        serving={"max_batch_size": 32},
+        speculation={
+            "method": "draft",
+            "speculation_length": 4,
+            "drafts": [{"model": "opt-125m", "acceptance": {"kind": "iid", "alpha": 0.7}}],
+        },
     )
     sim, res = _sim(spec)
     sx = summarize(res)["speculation"]
@@ -137,22 +118,16 @@ def test_acceleration_rate_matches_the_acceptance_model():
 
 
 def test_single_request_round_times_by_hand():
-    spec = WorkloadSpec.model_validate(
-        {
-            "model": "llama-2-7b",
-            "hardware": {"profile": "a100-80gb-pcie"},
-            "requests": {
-                "count": 1,
-                "arrival": {"type": "burst"},
-                "prompt_tokens": {"type": "fixed", "value": 100},
-                "output_tokens": {"type": "fixed", "value": 12},
-            },
-            "speculation": {
-                "method": "draft",
-                "speculation_length": 4,
-                "drafts": [{"model": "llama-68m", "acceptance": {"kind": "iid", "alpha": 1.0}}],
-            },
-        }
+    spec = fixed_burst_spec(
+        "llama-2-7b",
+        count=1,
+        prompt_tokens=100,
+        output_tokens=12,
+        speculation={
+            "method": "draft",
+            "speculation_length": 4,
+            "drafts": [{"model": "llama-68m", "acceptance": {"kind": "iid", "alpha": 1.0}}],
+        },
     )
     sim, res = _sim(spec)
     rep = sim.replicas[0]
@@ -206,27 +181,7 @@ def test_pipelined_round_throughput_beats_coupled():
     coupled runs them serially, pipelined overlaps them on a separate device."""
 
     def spec(pipeline):
-        return WorkloadSpec.model_validate(
-            {
-                "model": "opt-6.7b",
-                "hardware": {"profile": "a100-80gb-sxm"},
-                "serving": {"max_batch_size": 32 if pipeline else 16},
-                "requests": {
-                    "count": 96,
-                    "arrival": {"type": "burst"},
-                    "prompt_tokens": {"type": "fixed", "value": 64},
-                    "output_tokens": {"type": "fixed", "value": 128},
-                },
-                "speculation": {
-                    "method": "minions",
-                    "drafts": DRAFTS,
-                    "speculation_length": 4,
-                    "draft_step_overhead_us": 500,
-                    "selector": {"enabled": False},
-                    "pipeline": {"enabled": pipeline, "placement": "separate", "llm_batch_size": 16},
-                },
-            }
-        )
+        return _pipe_spec(pipeline, 500.0, shares=None, count=96, output_tokens=128)
 
     coupled = summarize(_sim(spec(False))[1])
     piped = summarize(_sim(spec(True))[1])
@@ -257,18 +212,8 @@ def test_voting_weights_and_selector_series_are_reported():
 
 
 def test_medusa_costs_tree_and_heads():
-    spec = WorkloadSpec.model_validate(
-        {
-            "model": "vicuna-7b",
-            "hardware": {"profile": "a100-80gb-pcie"},
-            "requests": {
-                "count": 1,
-                "arrival": {"type": "burst"},
-                "prompt_tokens": {"type": "fixed", "value": 100},
-                "output_tokens": {"type": "fixed", "value": 200},
-            },
-            "speculation": {"method": "medusa"},
-        }
+    spec = fixed_burst_spec(
+        "vicuna-7b", count=1, prompt_tokens=100, output_tokens=200, speculation={"method": "medusa"}
     )
     sim, res = _sim(spec)
     sx = summarize(res)["speculation"]
@@ -313,19 +258,30 @@ def test_reproduction_plans_build_valid_workloads():
 
 
 # ---- pipelined vs coupled: what the pipeline's gain depends on (issue #4 point 6) -----------------
-def _pipe_spec(pipeline: bool, overhead_us: float, placement: str = "separate", shares=(0.8, 0.5)):
+def _pipe_spec(
+    pipeline: bool,
+    overhead_us: float,
+    placement: str = "separate",
+    shares=(0.8, 0.5),
+    count: int = 64,
+    output_tokens: int = 96,
+):
     """Three SSMs at fixed s = 4, LLM batch 16 (coupled: 16 in flight; pipelined: 32, Fig. 3's
-    two batches), all requests at t = 0."""
+    two batches), all `count` requests (64-token prompts) at t = 0; `shares` (LLM, SSM) of a
+    shared device, None: the defaults."""
+    pipe = {"enabled": pipeline, "placement": placement, "llm_batch_size": 16}
+    if shares is not None:
+        pipe.update(llm_share=shares[0], ssm_share=shares[1])
     return WorkloadSpec.model_validate(
         {
             "model": "opt-6.7b",
             "hardware": {"profile": "a100-80gb-sxm"},
             "serving": {"max_batch_size": 32 if pipeline else 16},
             "requests": {
-                "count": 64,
+                "count": count,
                 "arrival": {"type": "burst"},
                 "prompt_tokens": {"type": "fixed", "value": 64},
-                "output_tokens": {"type": "fixed", "value": 96},
+                "output_tokens": {"type": "fixed", "value": output_tokens},
             },
             "speculation": {
                 "method": "minions",
@@ -333,13 +289,7 @@ def _pipe_spec(pipeline: bool, overhead_us: float, placement: str = "separate", 
                 "speculation_length": 4,
                 "draft_step_overhead_us": overhead_us,
                 "selector": {"enabled": False},
-                "pipeline": {
-                    "enabled": pipeline,
-                    "placement": placement,
-                    "llm_batch_size": 16,
-                    "llm_share": shares[0],
-                    "ssm_share": shares[1],
-                },
+                "pipeline": pipe,
             },
         }
     )
@@ -416,25 +366,20 @@ def test_pipeline_handoff_delays_each_return_to_the_drafts_by_hand():
     hand-over is host work)."""
 
     def run(handoff_s):
-        spec = WorkloadSpec.model_validate(
-            {
-                "model": "opt-6.7b",
-                "hardware": {"profile": "a100-80gb-sxm"},
-                "requests": {
-                    "count": 1,
-                    "arrival": {"type": "burst"},
-                    "prompt_tokens": {"type": "fixed", "value": 64},
-                    "output_tokens": {"type": "fixed", "value": 40},
-                },
-                "speculation": {
-                    "method": "minions",
-                    "drafts": DRAFTS[:1],
-                    "speculation_length": 4,
-                    "selector": {"enabled": False},
-                    "voting": {"enabled": False},
-                    "pipeline": {"placement": "separate", "handoff_s": handoff_s},
-                },
-            }
+        spec = fixed_burst_spec(
+            "opt-6.7b",
+            count=1,
+            prompt_tokens=64,
+            output_tokens=40,
+            profile="a100-80gb-sxm",
+            speculation={
+                "method": "minions",
+                "drafts": DRAFTS[:1],
+                "speculation_length": 4,
+                "selector": {"enabled": False},
+                "voting": {"enabled": False},
+                "pipeline": {"placement": "separate", "handoff_s": handoff_s},
+            },
         )
         return summarize(_sim(spec)[1])
 

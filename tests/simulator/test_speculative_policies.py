@@ -170,29 +170,27 @@ def test_agreement_draws_follow_each_model_and_correlation():
     assert np.array_equal(same[:, 0], same[:, 1])
 
 
-def test_weight_updates_by_hand():
-    w = SSMWeights(
+def _absolute(**kw) -> SSMWeights:
+    """Three SSMs at weight 1: rewarded x2 above an ACR of 0.7, punished x0.5 below 0.3."""
+    return SSMWeights(
         np.ones(3),
         reward_threshold=0.7,
         punish_threshold=0.3,
         reward_factor=2.0,
         punish_factor=0.5,
         threshold_mode="absolute",
-        normalize=False,
+        **kw,
     )
+
+
+def test_weight_updates_by_hand():
+    w = _absolute(normalize=False)
     acrs = w.update(voted=[0, 0, 1, 2], rates=[0.8, 1.0, 0.2, 0.5])
     assert acrs == pytest.approx({0: 0.9, 1: 0.2, 2: 0.5})
     assert w.weights == pytest.approx([2.0, 0.5, 1.0])  # rewarded, punished, untouched
     w.update(voted=[1], rates=[0.7])  # exactly at the threshold: neither
     assert w.weights == pytest.approx([2.0, 0.5, 1.0])
-    n = SSMWeights(
-        np.ones(3),
-        reward_threshold=0.7,
-        punish_threshold=0.3,
-        reward_factor=2.0,
-        punish_factor=0.5,
-        threshold_mode="absolute",
-    )
+    n = _absolute()
     n.update(voted=[0, 0, 1, 2], rates=[0.8, 1.0, 0.2, 0.5])
     assert n.weights == pytest.approx(np.array([2.0, 0.5, 1.0]) * 3 / 3.5)  # renormalised to sum 3
     rel = SSMWeights(
@@ -208,15 +206,7 @@ def test_weight_updates_by_hand():
     rel.update(voted=[0, 1], rates=[0.9, 0.3])  # mean 0.6: 0.9 > 0.66 rewarded, 0.3 < 0.54 punished
     assert rel.weights == pytest.approx([2.0, 0.5])
     # weighted-majority reading: every SSM scored on every output, voted or not
-    wm = SSMWeights(
-        np.ones(3),
-        reward_threshold=0.7,
-        punish_threshold=0.3,
-        reward_factor=2.0,
-        punish_factor=0.5,
-        threshold_mode="absolute",
-        normalize=False,
-    )
+    wm = _absolute(normalize=False)
     acrs = wm.update_all(np.array([[1.0, 0.25, 0.5], [0.5, 0.25, 0.5]]))
     assert acrs == pytest.approx({0: 0.75, 1: 0.25, 2: 0.5})
     assert wm.weights == pytest.approx([2.0, 0.5, 1.0])
@@ -517,29 +507,23 @@ def test_medusa_empirical_acceptance_replaces_independent_heads_on_its_tree():
     from infersim.simulator.metrics.summary import summarize
     from infersim.simulator.simulation import Simulation
     from infersim.simulator.workload.builder import build_requests
-    from infersim.simulator.workload.schema import WorkloadSpec
+    from tests.utils import fixed_burst_spec
 
     tree = [[0], [1], [0, 0], [0, 1], [0, 0, 0]]
     counts = [5, 10, 25, 60]
 
     def spec(acc):
-        return WorkloadSpec.model_validate(
-            {
-                "model": "opt-1.3b",
-                "hardware": {"profile": "a100-80gb-pcie"},
-                "serving": {"max_batch_size": 16},
-                "requests": {
-                    "count": 16,
-                    "arrival": {"type": "burst"},
-                    "prompt_tokens": {"type": "fixed", "value": 32},
-                    "output_tokens": {"type": "fixed", "value": 401},
-                },
-                "seed": 2,
-                "speculation": {
-                    "method": "medusa",
-                    "medusa": {"tree": {"type": "choices", "choices": tree}, **({"acceptance": acc} if acc else {})},
-                },
-            }
+        return fixed_burst_spec(
+            "opt-1.3b",
+            count=16,
+            prompt_tokens=32,
+            output_tokens=401,
+            serving={"max_batch_size": 16},
+            seed=2,
+            speculation={
+                "method": "medusa",
+                "medusa": {"tree": {"type": "choices", "choices": tree}, **({"acceptance": acc} if acc else {})},
+            },
         )
 
     sx = summarize(Simulation(spec({"counts": counts, "tree": tree}), build_requests(spec(None), ".")).run())[
