@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..costmodel.operators import (
+from ..costmodel.base_operator import (
     Operator,
     act_operator,
     embedding_operator,

@@ -11,7 +11,7 @@ bound on every card in the catalog, so its time is set by the latent bytes, whic
 from __future__ import annotations
 
 from ..models.spec import ModelSpec
-from .operators import Operator, linear_operator, norm_operator, residual_add_operator, rotary_operator
+from .base_operator import Operator, linear_operator, norm_operator, residual_add_operator, rotary_operator
 
 
 def mla_attention_operators(

@@ -30,8 +30,9 @@ from ..models.dtypes import bytes_per_element
 from ..models.moe import expected_distinct_experts
 from ..models.spec import ModelSpec
 from ..validation import positive_int, source_field
+from .base_operator import Operator, act_operator, linear_operator
 from .kernel_times import elementwise_time_s, gemm_device, gemm_params, gemm_time_s
-from .operators import Operator, act_operator, linear_operator, mlp_operators
+from .operators import mlp_operators
 
 
 def check_expert_parallel(
