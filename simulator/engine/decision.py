@@ -6,7 +6,9 @@ The order is vLLM's: aborts, then preemptions (swap: the victim's KV moves to th
 recompute: its KV is dropped and it goes back to the front of the waiting queue, to be
 prefilled again with the tokens it generated), then swap-ins, then admissions (blocks for the
 whole prompt). The KV operations are the engine's own (`KVOps`): the simulator's
-`BlockManager` counts blocks, the executor's paged cache copies tensors."""
+`BlockManager` counts blocks, the executor's paged cache copies tensors. With prefix caching an
+admission may find part of the prompt cached (`KVOps.admit` sets `seq.computed`): the batch then
+runs only the rest."""
 
 from __future__ import annotations
 
@@ -25,6 +27,11 @@ class KVOps(Protocol):
 
     def grow_to(self, seq, tokens: int) -> int:
         """Give `seq` GPU blocks for `tokens` cached tokens; returns the blocks added."""
+
+    def admit(self, seq) -> None:
+        """A waiting sequence starts: blocks for its tokens, with prefix caching the cached
+        leading blocks shared and `seq.computed` set to their tokens. Optional: without it an
+        admission is `grow_to(seq, seq.num_tokens)`."""
 
     def swap_out(self, seqs: list) -> int:
         """Move the sequences' GPU blocks to the host pool; returns the blocks moved."""
@@ -85,11 +92,17 @@ def apply_decision(
         queues.running.extend(d.swap_in)
     if d.admit:
         queues.waiting = without(queues.waiting, d.admit)
+        admit = getattr(kv, "admit", None)
         for seq in d.admit:
-            kv.grow_to(seq, seq.num_tokens)
+            if admit is None:
+                kv.grow_to(seq, seq.num_tokens)
+            else:
+                admit(seq)
             if seq.first_scheduled_s < 0:
                 seq.first_scheduled_s = now_s
             queues.running.append(seq)
+        if any(seq.computed for seq in d.admit):  # prefix-cache hits: compute only the rest
+            d.batch = [(seq, min(n, seq.num_tokens - seq.computed)) for seq, n in d.batch]
     if metrics is not None:
         metrics.counters["swap_out_bytes"] += done.out_blocks * bytes_per_block
         metrics.counters["swap_in_bytes"] += done.in_blocks * bytes_per_block
