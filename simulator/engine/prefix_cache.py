@@ -177,7 +177,11 @@ class PrefixCachePool:
         h, got = self._head, []
         while len(got) < n:
             k = n - len(got)
-            got.extend([b for b, s in zip(blocks[h : h + k], stamps[h : h + k]) if ev.get(b) == s])
+            run, run_stamps = blocks[h : h + k], stamps[h : h + k]
+            if list(map(ev.get, run)) == run_stamps:  # no entry taken again since: the whole run
+                got.extend(run)
+            else:
+                got.extend([b for b, s in zip(run, run_stamps) if ev.get(b) == s])
             h += k
         self._head = h
         deque(map(ev.__delitem__, got), 0)
