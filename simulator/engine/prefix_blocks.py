@@ -156,7 +156,8 @@ class PrefixCachingBlockManager(BlockManager):
 
     def free(self, seq) -> None:
         if seq.block_ids:
-            self.pool.free([b for b in seq.block_ids if b is not None])
+            ids = seq.block_ids  # positions moved to the host (None) hold no GPU block
+            self.pool.free(ids if not seq.num_cpu_blocks else [b for b in ids if b is not None])
         self.free_cpu += seq.num_cpu_blocks
         seq.block_ids = None
         seq.num_gpu_blocks = seq.num_cpu_blocks = 0
