@@ -13,9 +13,9 @@ import numpy as np
 import simpy
 
 from .costmodel import build_cost_model
-from .engine.blocks import BlockManager
 from .engine.clock import SimEnvironment
 from .engine.memory import MemoryOptions, MemoryPlan, plan_memory
+from .engine.prefix_blocks import block_manager, prefix_cache_counters
 from .engine.replica import Replica
 from .engine.router import ROUTERS
 from .engine.sequence import Sequence
@@ -54,6 +54,9 @@ class Simulation:
         source: str = "workload",
     ):
         self.spec, self.requests, self.step_mode, self.progress = spec, requests, step_mode, progress
+        self._source = source
+        # token identity for prefix caching: keys of each request's full blocks
+        self._prefix = requests.prefix if spec.serving.prefix_caching else None
         hw_sec, sv = spec.hardware, spec.serving
         self.model = load_model(spec.model)
         self.hardware = load_hardware(hw_sec.profile, host_link=hw_sec.host_link)
@@ -99,7 +102,9 @@ class Simulation:
             replica_cls(
                 i,
                 self,
-                BlockManager(self.memory.gpu_blocks, self.memory.cpu_blocks, sv.block_size, sv.watermark),
+                block_manager(
+                    sv.prefix_caching, self.memory.gpu_blocks, self.memory.cpu_blocks, sv.block_size, sv.watermark
+                ),
                 build_scheduler(sv.scheduler, sv.preemption),
                 self.limits,
                 self.memory.kv_bytes_per_block,
@@ -116,6 +121,11 @@ class Simulation:
     def _replica_class(self):
         """Features that change the iteration loop provide a Replica subclass."""
         if self.spec.speculation is not None:
+            if self.spec.serving.prefix_caching:
+                raise InfersimError(
+                    f"{self._source}: serving.prefix_caching does not combine with speculation (the speculative "
+                    "engines roll back KV blocks by count)"
+                )
             from .speculative.replica import replica_class
 
             return replica_class(self.spec.speculation)
@@ -129,6 +139,8 @@ class Simulation:
     def _new_seq(self, i: int, arrival: float, client: int = -1) -> Sequence:
         r = self.requests
         seq = Sequence(i, r.prompt_tokens[i], r.output_tokens[i], arrival, client)
+        if self._prefix is not None:
+            seq.block_keys = self._prefix.keys(i, seq.prompt_len + seq.output_len, self.spec.serving.block_size)
         self.metrics.arrive(seq)
         return seq
 
@@ -164,6 +176,7 @@ class Simulation:
     def finish(self, seq: Sequence, now: float, aborted: bool = False) -> None:
         reason = self.limits.abort_reason(seq.num_tokens) if aborted else "unknown"
         self.metrics.finish(seq, now, aborted=aborted, reason=reason)
+        seq.block_keys = None  # a finished request's keys are not needed again
         self.finished += 1
         if self.progress is not None and self.finished % self._progress_every == 0:
             self.progress(self.finished, self.total, now)
@@ -192,6 +205,8 @@ class Simulation:
         series = self.metrics.close_series()
         for rep in self.replicas:
             rep.report(self.extra)
+        if self.spec.serving.prefix_caching:
+            self.extra["prefix_cache"] = prefix_cache_counters([rep.blocks for rep in self.replicas])
         return SimulationResult(
             self.spec,
             self.metrics.requests_table(),

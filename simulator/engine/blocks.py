@@ -1,7 +1,8 @@
 """vLLM-style paged KV block accounting: GPU and CPU pools of fixed-size blocks. Only counts
 are kept: no block identities are needed without prefix sharing, and counts are what
-admission, preemption and swapping depend on. The admission rule itself (OK / LATER / NEVER
-with the watermark) is policy: `SchedulerState.admission`."""
+admission, preemption and swapping depend on (with prefix caching, engine/prefix_blocks.py
+keeps identities). The admission rule itself (OK / LATER / NEVER with the watermark) is
+policy: `SchedulerState.admission`."""
 
 from __future__ import annotations
 
@@ -19,6 +20,29 @@ class BlockManager:
 
     def blocks_for_tokens(self, tokens: int) -> int:
         return -(-int(tokens) // self.block_size)
+
+    def admit(self, seq, query_tokens: int) -> int:
+        """A waiting sequence starts: blocks for all its tokens (decision.KVOps.admit)."""
+        self.grow_to(seq, seq.num_tokens)
+        return query_tokens
+
+    def releasable(self, seq) -> int:
+        """GPU blocks preempting `seq` gives back."""
+        return seq.num_gpu_blocks
+
+    def commit_stretch(self, seqs, tokens, new_alloc) -> None:
+        """A decode stretch ran: sequence i now holds tokens[i] tokens in new_alloc[i] blocks."""
+        added = int(sum(new_alloc) - sum(seq.num_gpu_blocks for seq in seqs))
+        if added > self.free_gpu:
+            raise RuntimeError("decode stretch overdrew the GPU block pool")
+        self.free_gpu -= added
+        for seq, n in zip(seqs, new_alloc):
+            seq.num_gpu_blocks = int(n)
+
+    @property
+    def cached_gpu(self) -> int:
+        """GPU blocks holding prefix-cache keys (none without prefix caching)."""
+        return 0
 
     def grow_to(self, seq, tokens: int) -> int:
         """Make room on the GPU for `tokens` cached tokens; returns blocks added."""

@@ -6,7 +6,9 @@ The order is vLLM's: aborts, then preemptions (swap: the victim's KV moves to th
 recompute: its KV is dropped and it goes back to the front of the waiting queue, to be
 prefilled again with the tokens it generated), then swap-ins, then admissions (blocks for the
 whole prompt). The KV operations are the engine's own (`KVOps`): the simulator's
-`BlockManager` counts blocks, the executor's paged cache copies tensors."""
+`BlockManager` counts blocks, the executor's paged cache copies tensors. With prefix caching an
+admission may find part of the prompt cached (`KVOps.admit` sets `seq.computed`): the batch then
+runs only the rest."""
 
 from __future__ import annotations
 
@@ -25,6 +27,13 @@ class KVOps(Protocol):
 
     def grow_to(self, seq, tokens: int) -> int:
         """Give `seq` GPU blocks for `tokens` cached tokens; returns the blocks added."""
+
+    def admit(self, seq, query_tokens: int) -> int:
+        """A waiting sequence starts, computing `query_tokens` tokens in this iteration: blocks
+        for all its tokens; with prefix caching the cached leading blocks are shared,
+        `seq.computed` counts their tokens and the blocks this iteration fills are registered
+        (a later admission in the same decision may share them). Returns the query tokens left
+        to compute. Optional: without it an admission is `grow_to(seq, seq.num_tokens)`."""
 
     def swap_out(self, seqs: list) -> int:
         """Move the sequences' GPU blocks to the host pool; returns the blocks moved."""
@@ -85,11 +94,18 @@ def apply_decision(
         queues.running.extend(d.swap_in)
     if d.admit:
         queues.waiting = without(queues.waiting, d.admit)
+        admit = getattr(kv, "admit", None)
+        queries = {id(seq): n for seq, n in d.batch} if admit is not None else None
         for seq in d.admit:
-            kv.grow_to(seq, seq.num_tokens)
+            if admit is None:
+                kv.grow_to(seq, seq.num_tokens)
+            else:
+                queries[id(seq)] = admit(seq, queries[id(seq)])
             if seq.first_scheduled_s < 0:
                 seq.first_scheduled_s = now_s
             queues.running.append(seq)
+        if admit is not None:  # prefix-cache hits: the batch computes only the rest
+            d.batch = [(seq, queries[id(seq)]) for seq, _ in d.batch]
     if metrics is not None:
         metrics.counters["swap_out_bytes"] += done.out_blocks * bytes_per_block
         metrics.counters["swap_in_bytes"] += done.in_blocks * bytes_per_block

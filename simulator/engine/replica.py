@@ -106,6 +106,7 @@ class Replica:
             limits=self.limits,
             cost_model=self.cost,
             kv_copies_per_block=self.kv_copies_per_block,
+            releasable_blocks=b.releasable,
         )
 
     def _apply(self, d) -> tuple[float, float]:
@@ -166,6 +167,7 @@ class Replica:
                 len(self.swapped),
                 out_bytes,
                 in_bytes,
+                blocks.cached_gpu,
             )
         )
         itl = []
@@ -210,9 +212,7 @@ class Replica:
         blocks, bs, m = self.blocks, self.blocks.block_size, self.metrics
         new_alloc = np.maximum(alloc, -(-(ctx + k) // bs))
         added = int((new_alloc - alloc).sum())
-        if added > blocks.free_gpu:
-            raise RuntimeError("decode stretch overdrew the GPU block pool")
-        blocks.free_gpu -= added
+        blocks.commit_stretch(seqs, ctx + k, new_alloc)
         b = len(seqs)
         last = np.fromiter((s.last_token_s for s in seqs), dtype=np.float64, count=b)
         m.add_itl(ends[0] - last, 1.0)
@@ -233,13 +233,13 @@ class Replica:
                 len(self.swapped),
                 0.0,
                 0.0,
+                blocks.cached_gpu,
             ),
             gpu_blocks_steps=(ends, blocks.used_gpu - added + _new_blocks_by_step(ctx, alloc, new_alloc, bs, k)),
         )
-        for i, seq in enumerate(seqs):
+        for seq in seqs:
             seq.computed += k
             seq.generated += k
-            seq.num_gpu_blocks = int(new_alloc[i])
             seq.last_token_s = end
             if seq.generated >= seq.output_len:
                 self._finish(seq, end)

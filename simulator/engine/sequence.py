@@ -20,6 +20,10 @@ class Sequence:
         "first_scheduled_s",
         "first_token_s",
         "client",
+        "block_keys",
+        "block_ids",
+        "keys_cached",
+        "cached_tokens",
     )
 
     def __init__(self, rid: int, prompt_len: int, output_len: int, arrival_s: float, client: int = -1):
@@ -37,6 +41,14 @@ class Sequence:
         self.first_scheduled_s = -1.0
         self.first_token_s = -1.0
         self.client = client
+        # prefix caching (engine/prefix_blocks.py): keys of the full blocks of the token stream
+        # (None: tokens of its own), GPU block ids by position (None: the block is on the host),
+        # how many leading blocks are registered in the cache, prompt tokens found cached at
+        # the first admission (-1: not admitted yet)
+        self.block_keys = None
+        self.block_ids = None
+        self.keys_cached = 0
+        self.cached_tokens = -1
 
     @property
     def num_tokens(self) -> int:

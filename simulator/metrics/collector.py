@@ -24,10 +24,18 @@ REQUEST_COLUMNS = (
     "preempt_recompute",
     "preempt_swap",
     "aborted",
+    "cached_tokens",
 )
 # the per-request columns as requests.parquet types them (the collector keeps float slots with
 # -1 for "not yet"; every one of these is set by the time a request finishes or is aborted)
-REQUEST_INT_COLUMNS = ("prompt_tokens", "output_tokens", "replica", "preempt_recompute", "preempt_swap")
+REQUEST_INT_COLUMNS = (
+    "prompt_tokens",
+    "output_tokens",
+    "replica",
+    "preempt_recompute",
+    "preempt_swap",
+    "cached_tokens",
+)
 REQUEST_BOOL_COLUMNS = ("aborted",)
 SERIES_COLUMNS = (
     "t_start_s",
@@ -43,6 +51,7 @@ SERIES_COLUMNS = (
     "swapped",
     "swap_out_bytes",
     "swap_in_bytes",
+    "gpu_blocks_cached",  # blocks holding prefix-cache keys at the segment's end (0 without caching)
 )
 
 # inter-token latency histogram: 10 us .. 1e4 s, 400 bins per decade (~0.6% relative width)
@@ -164,6 +173,7 @@ class MetricsCollector:
         r["preempt_recompute"][seq.rid] = 0
         r["preempt_swap"][seq.rid] = 0
         r["aborted"][seq.rid] = 0
+        r["cached_tokens"][seq.rid] = 0  # prompt tokens found in the prefix cache at the first admission
         self.n = max(self.n, seq.rid + 1)
 
     def finish(self, seq, now: float, aborted: bool = False, reason: str = "unknown") -> None:
@@ -172,6 +182,7 @@ class MetricsCollector:
         r["first_token_s"][seq.rid] = seq.first_token_s
         r["finish_s"][seq.rid] = now
         r["replica"][seq.rid] = seq.replica
+        r["cached_tokens"][seq.rid] = max(0, getattr(seq, "cached_tokens", 0))
         if aborted:
             r["aborted"][seq.rid] = 1
             self.counters["aborted"] += 1
@@ -235,7 +246,7 @@ class MetricsCollector:
         """One row of the series. `gpu_blocks_steps` = (step end times, GPU blocks in use per
         step) when the blocks in use changed inside the segment (a decode stretch): the time
         integral then counts each step with its own value, as stepping one by one does."""
-        self._series[self._series_rows] = row
+        self._series[self._series_rows] = (*row, *(0.0,) * (len(SERIES_COLUMNS) - len(row)))  # later columns: 0
         integ = self._integrals.setdefault(int(row[2]), TimeIntegrals())
         if gpu_blocks_steps is None:
             integ.add(row[0], row[1], (row[4], row[7], row[8]))

@@ -107,13 +107,20 @@ def plot_run(run_dir: Path) -> list[Path]:
             grid, means = _time_weighted(
                 s["t_start_s"][sel],
                 s["t_end_s"][sel],
-                (s["batch_size"][sel], s["gpu_blocks_used"][sel], s["cpu_blocks_used"][sel]),
+                (
+                    s["batch_size"][sel],
+                    s["gpu_blocks_used"][sel],
+                    s["cpu_blocks_used"][sel],
+                    s.get("gpu_blocks_cached", np.zeros_like(s["batch_size"]))[sel],
+                ),
             )
             lab = f"replica {int(rep)}" if multi else None
             a1.plot(grid, means[0], lw=1, label=lab)
             a2.plot(grid, means[1], lw=1, label=lab or "GPU")
             if means[2].max() > 0:
                 a2.plot(grid, means[2], lw=1, ls="--", label=None if multi else "CPU (swapped out)")
+            if np.nanmax(means[3], initial=0) > 0:  # prefix caching: blocks holding cached prefixes
+                a2.plot(grid, means[3], lw=1, ls=":", label=None if multi else "GPU, prefix-cached")
         a1.set_ylabel("batch size\n(time-weighted)")
         a2.set_ylabel("KV blocks in use")
         a2.set_xlabel("simulated time (s)")

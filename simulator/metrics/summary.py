@@ -85,7 +85,31 @@ def summarize(result) -> dict:
         "cpu_blocks": result.memory.cpu_blocks,
     }
     s.update(result.extra)
+    if "prefix_cache" in s:
+        s["prefix_cache"] = prefix_cache_summary(req, result.spec.serving.block_size, s["prefix_cache"])
     return s
+
+
+def prefix_cache_summary(req: dict[str, np.ndarray], block_size: int, counters: dict) -> dict:
+    """Hit rates over the requests' first admissions (a recomputed request's second lookup is
+    not a new request's hit): by tokens, cached prompt tokens / prompt tokens; by blocks, cached
+    blocks / the blocks the prompts fill (a partial last block counts). prefill_tokens_saved counts
+    every admission's cached tokens, re-admissions after a recompute preemption included."""
+    admitted = req["first_scheduled_s"] >= 0
+    prompt = req["prompt_tokens"][admitted].astype(np.int64)
+    cached = req["cached_tokens"][admitted].astype(np.int64)
+    blocks = -(-prompt // block_size)
+    return {
+        "hit_rate_tokens": float(cached.sum() / prompt.sum()) if prompt.size else 0.0,
+        "hit_rate_blocks": float((cached // block_size).sum() / blocks.sum()) if prompt.size else 0.0,
+        "cached_prompt_tokens": int(cached.sum()),
+        "prompt_tokens": int(prompt.sum()),
+        "prefill_tokens_saved": int(counters.get("hit_tokens", 0)),
+        "admissions": int(counters.get("admissions", 0)),
+        "evictions": int(counters.get("evictions", 0)),
+        "swap_in_blocks_found_cached": int(counters.get("swap_in_cache_hits", 0)),
+        "cached_blocks_at_end": int(counters.get("cached_blocks_at_end", 0)),
+    }
 
 
 def typed_requests(req: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -19,7 +19,7 @@ import weakref
 
 import numpy as np
 
-from ..engine.blocks import BlockManager
+from ..engine.prefix_blocks import block_manager
 from ..engine.replica import Replica
 from .config import OffloadSection
 from .memory import OffloadMemoryPlan, plan_offload_memory
@@ -84,7 +84,8 @@ def replica_class(section: OffloadSection):
             self.shared = _shared(sim, section)
             self.cost = self.shared.setup.cost_model()
             plan = self.shared.plan
-            self.blocks = BlockManager(plan.pool_blocks, 0, blocks.block_size, sim.spec.serving.watermark)
+            sv = sim.spec.serving
+            self.blocks = block_manager(sv.prefix_caching, plan.pool_blocks, 0, blocks.block_size, sv.watermark)
             self.kv_bytes_per_block = plan.kv_bytes_per_block
             self.policy = self.shared.setup.policy
 

@@ -62,7 +62,7 @@ class Scheduler:
                 if queue:
                     queue.pop()
                 decision.preempt.append((victim, mode))
-                free += victim.num_gpu_blocks
+                free += state.freed_by_preempting(victim)
                 if mode == "swap":
                     free_cpu -= victim.num_gpu_blocks
                 if victim is seq:
@@ -73,7 +73,7 @@ class Scheduler:
         if stalled and not kept and not decision.preempt:
             victim = stalled[-1]
             decision.preempt.append((victim, "recompute"))
-            free += victim.num_gpu_blocks
+            free += state.freed_by_preempting(victim)
         return kept, free, free_cpu
 
     def _step_tokens(self, seq, state: SchedulerState) -> int:

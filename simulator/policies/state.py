@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Literal, Protocol
+from typing import Any, Callable, Literal, Protocol
 
 from ..costmodel.base import CostModel
 
@@ -69,6 +69,12 @@ class SchedulerState:
     # separate host-link copies per swapped block (vLLM 0.2: one per layer for K and for V);
     # None: a sequence's KV moves as one contiguous copy
     kv_copies_per_block: int | None = None
+    # GPU blocks preempting a sequence gives back; None: all it holds (with prefix caching,
+    # blocks other sequences share stay)
+    releasable_blocks: Callable[[Any], int] | None = None
+
+    def freed_by_preempting(self, seq) -> int:
+        return seq.num_gpu_blocks if self.releasable_blocks is None else self.releasable_blocks(seq)
 
     def swap_copies(self, blocks: int) -> int:
         return int(blocks) * self.kv_copies_per_block if self.kv_copies_per_block else 1

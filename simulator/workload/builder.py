@@ -16,6 +16,7 @@ from ..paths import workloads_dir
 from ..validation import in_field
 from ..yamlio import load_model_file
 from .distributions import sample_arrivals, sample_lengths, streams
+from .prefixes import TraceBlockKeys, conversation_turns
 from .requests import Requests
 from .schema import ClosedLoopArrivals, WorkloadSpec
 from .traces import read_trace
@@ -96,6 +97,13 @@ def build_requests(spec: WorkloadSpec, base_dir: Path | str = ".") -> Requests:
         r.max_output_tokens,
         "requests.output_tokens",
     )
+    prefix = None
+    if r.sharing is not None:
+        prompt, prefix = conversation_turns(r.sharing, prompt, output, r.max_prompt_tokens)
+    elif trace is not None and trace.hash_ids is not None:
+        prefix = TraceBlockKeys(trace.hash_ids[:n], r.trace.hash_block_tokens)
+    if prefix is not None:
+        prefix.check_block_size(spec.serving.block_size, source)
     if closed:
         return Requests(
             prompt,
@@ -104,8 +112,9 @@ def build_requests(spec: WorkloadSpec, base_dir: Path | str = ".") -> Requests:
             closed_loop_clients=r.arrival.clients,
             think_time_s=r.arrival.think_time_s,
             duration_s=r.duration_s,
+            prefix=prefix,
         )
-    return Requests(prompt, output, arrival, duration_s=r.duration_s)
+    return Requests(prompt, output, arrival, duration_s=r.duration_s, prefix=prefix)
 
 
 def load_requests(name_or_path: str) -> tuple[WorkloadSpec, Requests]:

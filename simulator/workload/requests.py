@@ -22,6 +22,9 @@ class Requests:
     closed_loop_clients: int = 0
     think_time_s: float = 0.0
     duration_s: float | None = None
+    # token identity for prefix caching (workload/prefixes.py): keys(i, tokens, block_size) -> the
+    # keys of request i's full blocks; None: every request's tokens are its own
+    prefix: object | None = None
 
     def __post_init__(self):
         self.prompt_tokens = np.ascontiguousarray(self.prompt_tokens, dtype=np.int64)

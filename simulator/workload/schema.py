@@ -51,6 +51,13 @@ class ServingSection(_Strict):
     dtype: str = "fp16"
     kv_dtype: Optional[str] = None  # None: same as dtype
     cost_model: str = Field("roofline", description="cost model registry name")
+    prefix_caching: bool = Field(
+        False,
+        description="automatic prefix caching (vLLM's): full KV blocks are kept by the identity of their "
+        "tokens and everything before them, shared between requests and after a request ends, evicted "
+        "least recently used when blocks are needed; a hit skips that part of the prefill. Token identity "
+        "comes from requests.trace.hash_column or requests.sharing (docs/prefix-caching.md)",
+    )
 
 
 class FixedDist(_Strict):
@@ -152,6 +159,18 @@ class BurstArrivals(_Strict):
 Arrivals = Union[PoissonArrivals, GammaArrivals, ClosedLoopArrivals, BurstArrivals]
 
 
+class SharingModel(_Strict):
+    """Synthetic prefix sharing (multi-turn chat): request i is the next turn of conversation slot
+    i mod `conversations`. A conversation's first prompt is the shared system prompt plus a user
+    message drawn from prompt_tokens; turn k's prompt is the whole previous turn (its prompt and
+    its output_tokens reply) plus a new user message drawn from prompt_tokens. After `max_turns`
+    turns, or when a prompt would pass max_prompt_tokens, the slot starts a new conversation."""
+
+    conversations: PositiveInt = Field(description="conversation slots; request i continues slot i mod this")
+    system_prompt_tokens: int = Field(0, ge=0, le=MAX_TOKENS, description="tokens every prompt starts with")
+    max_turns: PositiveInt = Field(8, description="turns before a slot starts a new conversation")
+
+
 class TraceSource(_Strict):
     """Requests replayed from a file; columns are mapped here, so any trace needs only YAML."""
 
@@ -168,6 +187,15 @@ class TraceSource(_Strict):
     tokens_per_word: PositiveFloat = 1.3
     time_scale: PositiveFloat = 1.0  # >1 stretches time (lower rate), <1 compresses it
     start_row: int = Field(0, ge=0)
+    hash_column: Optional[Column] = Field(
+        None,
+        description="column holding each request's prefix-block hash ids (a list of integers, one per "
+        "hash_block_tokens tokens of the prompt, equal ids meaning equal prompt prefixes, as Mooncake's "
+        "hash_ids): the token identity serving.prefix_caching looks up",
+    )
+    hash_block_tokens: PositiveInt = Field(
+        512, description="prompt tokens per hash id in hash_column; serving.block_size must divide it"
+    )
 
 
 class RequestsSection(_Strict):
@@ -179,6 +207,9 @@ class RequestsSection(_Strict):
     max_prompt_tokens: Optional[Tokens] = None
     max_output_tokens: Optional[Tokens] = None
     trace: Optional[TraceSource] = None
+    sharing: Optional[SharingModel] = Field(
+        None, description="synthetic prefix sharing (multi-turn conversations, a shared system prompt)"
+    )
 
     _whole_count = field_validator("count", "max_prompt_tokens", "max_output_tokens", mode="before")(whole_number)
 
@@ -200,6 +231,8 @@ class RequestsSection(_Strict):
                 raise ValueError("give either trace.arrival_column or 'arrival', not both")
         if self.count is None and self.duration_s is None and self.trace is None:
             raise ValueError("give 'count' or 'duration_s'")
+        if self.sharing is not None and self.trace is not None and self.trace.hash_column is not None:
+            raise ValueError("give either 'sharing' or trace.hash_column as the prompts' identity, not both")
         if self.count is None and self.trace is None and self.arrival.type in ("closed_loop", "burst"):
             raise ValueError(f"'{self.arrival.type}' arrivals need 'count' (the number of requests)")
         return self

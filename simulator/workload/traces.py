@@ -168,11 +168,33 @@ def to_seconds(values: np.ndarray, path, column: str, unit: str, first_row: int 
     return (ns - ns.min()) * 1e-9
 
 
+def to_hash_ids(values: np.ndarray, path, column: str, first_row: int = 0) -> list[list[int]]:
+    """Per row, a list of non-negative integer hash ids (a JSON list in the file, or a string
+    holding one in CSV)."""
+    out = []
+    for i, v in enumerate(values):
+        if isinstance(v, np.ndarray):  # equal-length lists come back as rows of a 2-D array
+            v = v.tolist()
+        if isinstance(v, str):
+            try:
+                v = json.loads(v)
+            except json.JSONDecodeError:
+                v = None
+        ok = isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v)
+        if not ok:
+            raise InfersimError(
+                f"{path}: column '{column}', row {first_row + i + 1}: not a list of non-negative integer hash ids"
+            )
+        out.append(v)
+    return out
+
+
 @dataclass
 class TraceData:
     arrival_s: np.ndarray | None  # sorted, starting at 0, time_scale applied
     prompt_tokens: np.ndarray | None
     output_tokens: np.ndarray | None
+    hash_ids: list | None = None  # per row, the prefix-block hash ids (hash_column)
 
     def __len__(self):
         for a in (self.arrival_s, self.prompt_tokens, self.output_tokens):
@@ -185,7 +207,7 @@ def read_trace(src: TraceSource, path: Path, count: int | None = None) -> TraceD
     """Rows start_row .. start_row+count (all rows after start_row when count is None) of the
     trace at `path`, mapped through `src`. Arrivals are shifted to start at 0, multiplied by
     time_scale, and the rows are put in arrival order (stable) if the file is not."""
-    cols = [c for c in (src.arrival_column, src.prompt_column, src.output_column) if c]
+    cols = [c for c in (src.arrival_column, src.prompt_column, src.output_column, src.hash_column) if c]
     if not cols:
         raise InfersimError(f"{path}: the trace maps no column (arrival_column, prompt_column, output_column)")
     nrows = None if count is None else src.start_row + count
@@ -219,9 +241,11 @@ def read_trace(src: TraceSource, path: Path, count: int | None = None) -> TraceD
             src.tokens_per_word if src.output_column_kind == "text_words" else 1.0,
             r0,
         )
+    hashes = None if not src.hash_column else to_hash_ids(raw[src.hash_column][rows], path, src.hash_column, r0)
     if arrival is not None and np.any(np.diff(arrival) < 0):
         order = np.argsort(arrival, kind="stable")
         arrival = arrival[order]
         prompt = None if prompt is None else prompt[order]
         output = None if output is None else output[order]
-    return TraceData(arrival, prompt, output)
+        hashes = None if hashes is None else [hashes[i] for i in order]
+    return TraceData(arrival, prompt, output, hashes)
