@@ -146,10 +146,11 @@ _FLOAT_COLS = {"t_start_s", "t_end_s", "forward_s", "schedule_s", "swap_s", "t_i
 
 
 class _TimedSwaps:
-    """The paged cache as the decision path's KV operations, with each swap timed (the device
-    synchronised) and fed to the engine's measured cost model."""
+    """The engine's KV operations (the paged cache, or its prefix-caching accounting) as the
+    decision path's, with each swap timed (the device synchronised) and fed to the engine's
+    measured cost model."""
 
-    def __init__(self, cache: PagedKVCache, sync, cost_model):
+    def __init__(self, cache, sync, cost_model):
         self.cache, self.sync, self.cost_model = cache, sync, cost_model
         self.swap_s = 0.0
         self.copies = {"d2h": 0, "h2d": 0}
@@ -159,6 +160,13 @@ class _TimedSwaps:
 
     def grow_to(self, seq, tokens: int) -> int:
         return self.cache.grow_to(seq, tokens)
+
+    def admit(self, seq) -> None:
+        admit = getattr(self.cache, "admit", None)
+        if admit is None:
+            self.cache.grow_to(seq, seq.num_tokens)
+        else:
+            admit(seq)
 
     def swap_out(self, seqs: list) -> int:
         return self._timed(self.cache.swap_out, seqs, "d2h")
@@ -199,6 +207,7 @@ class Engine:
         realtime: bool = True,
         record: bool = True,
         kv_dtype=None,
+        prefix_caching: bool = False,
     ):
         self.lm = model
         self.runner = build_runner(model)
@@ -214,6 +223,15 @@ class Engine:
             device=model.device,
             watermark=watermark,
         )
+        # the KV operations the decisions go through: the cache itself, or with prefix caching
+        # the simulator's prefix-caching accounting over its blocks (executor/prefix_kv.py)
+        self.kv = self.cache
+        self.sequence_class = ExecSequence
+        if prefix_caching:
+            from .prefix_kv import CachedSequence, PrefixCachedKV
+
+            self.kv = PrefixCachedKV(self.cache, watermark)
+            self.sequence_class = CachedSequence
         self.scheduler = scheduler
         self.limits = limits or SchedulerLimits(max_model_len=model.max_positions)
         self.metrics = metrics
@@ -330,7 +348,7 @@ class Engine:
         return self.now()
 
     def _state(self) -> SchedulerState:
-        c = self.cache
+        c = self.kv
         return SchedulerState(
             now_s=self.now(),
             waiting=self.waiting,
@@ -341,15 +359,16 @@ class Engine:
             total_gpu_blocks=c.total_gpu,
             block_size=c.block_size,
             watermark_blocks=c.watermark_blocks,
-            kv_bytes_per_block=c.bytes_per_block,
+            kv_bytes_per_block=self.cache.bytes_per_block,
             limits=self.limits,
             cost_model=self.cost_model,
+            releasable_blocks=None if self.kv is self.cache else self.kv.releasable,
         )
 
     def _apply(self, d) -> dict:
         """Carry out a decision on the paged cache through the simulator's own decision path
         (infersim.simulator.engine.decision), timing the swaps."""
-        swaps = _TimedSwaps(self.cache, self._sync, self.cost_model)
+        swaps = _TimedSwaps(self.kv, self._sync, self.cost_model)
         done = apply_decision(
             d,
             self,
@@ -383,12 +402,12 @@ class Engine:
 
     def _run_batch(self, d, sched_s: float, moved: dict) -> None:
         batch = d.batch
-        cache = self.cache
+        cache, kv = self.cache, self.kv
         q = np.fromiter((n for _, n in batch), dtype=np.int64, count=len(batch))
         ctx = np.fromiter((s.computed for s, _ in batch), dtype=np.int64, count=len(batch))
         makes = [s.computed + n == s.num_tokens for s, n in batch]
         for seq, n in batch:
-            cache.grow_to(seq, seq.computed + n)
+            kv.grow_to(seq, seq.computed + n)
         plan = plan_batch(cache, batch, self.device)
         start = self.now()
         t = time.perf_counter()
@@ -414,12 +433,13 @@ class Engine:
                     len(batch),
                     tokens,
                     int(q[q > 1].sum()),
-                    cache.used_gpu,
-                    cache.used_cpu,
+                    kv.used_gpu,
+                    kv.used_cpu,
                     len(self.waiting),
                     len(self.swapped),
                     moved["out_blocks"] * bpb,
                     moved["in_blocks"] * bpb,
+                    getattr(kv, "cached_gpu", 0),
                 )
             )
         it = self._iteration
@@ -443,8 +463,8 @@ class Engine:
                     int(ctx.max()),
                     int((ctx + q).sum()),
                     len(next_tokens),
-                    cache.used_gpu,
-                    cache.used_cpu,
+                    kv.used_gpu,
+                    kv.used_cpu,
                     len(self.waiting),
                     len(self.swapped),
                     moved["admitted"],
@@ -470,7 +490,7 @@ class Engine:
             k += 1
             if emit_token(seq, end, itl):
                 self.running.remove(seq)
-                cache.free(seq)
+                kv.free(seq)
                 self._finish(seq, end)
         if itl and m is not None:
             m.add_itl(itl, 1.0)
@@ -500,10 +520,12 @@ def generate(
     chunked_prefill: bool = False,
     arrival_s=None,
     watermark: float = 0.01,
+    prefix_caching: bool = False,
 ) -> tuple[list[list[int]], Engine]:
     """Greedy generation of many prompts at once through the engine (continuous batching):
     returns the generated token ids per prompt and the engine (its counters tell what
-    happened: preemptions, swaps). All requests arrive at once unless `arrival_s` is given."""
+    happened: preemptions, swaps; with prefix caching `engine.kv.stats` the cache hits). All
+    requests arrive at once unless `arrival_s` is given."""
     from infersim.simulator.policies import build_scheduler
 
     n = len(prompts)
@@ -522,10 +544,11 @@ def generate(
         watermark=watermark,
         limits=limits,
         realtime=False,
+        prefix_caching=prefix_caching,
     )
     seqs = []
     for i, (p, o) in enumerate(zip(prompts, outs)):
-        s = ExecSequence(i, p, o, 0.0 if arrival_s is None else float(arrival_s[i]))
+        s = eng.sequence_class(i, p, o, 0.0 if arrival_s is None else float(arrival_s[i]))
         seqs.append(s)
         eng.submit(s)
     eng.run()
