@@ -39,6 +39,11 @@ def execute(
 ) -> dict:
     """Serve the requests on the model and write the run directory atomically; returns the summary.
     `force` lets it replace a folder infersim did not write (rundir.check_out_dir)."""
+    if spec.serving.prefix_caching and (spec.speculation is not None or spec.offload is not None):
+        raise InfersimError(
+            f"{source}: serving.prefix_caching runs on the plain engine only, not with a "
+            f"{'speculation' if spec.speculation is not None else 'offload'} section"
+        )
     if getattr(spec, "speculation", None) is not None:
         # a `speculation:` section: the speculative engine (executor/speculative/engine.py)
         from .speculative.engine import execute_speculative
@@ -117,20 +122,30 @@ def execute(
             metrics=metrics,
             realtime=realtime,
             kv_dtype=kv_dtype,
+            prefix_caching=sv.prefix_caching,
         )
         engine.warmup()
-        prompts = make_prompts(requests.prompt_tokens, tokenizer=lm.tokenizer, vocab_size=lm.vocab_size, seed=spec.seed)
+        # a workload with token identity (requests.sharing, a trace's hash ids) gets prompts that
+        # share tokens where it says, with prefix caching on or off; a conversation's turns hold
+        # the model's own replies to the turns before (prompts.conversation_prompts)
+        prompts = make_prompts(
+            requests.prompt_tokens,
+            tokenizer=lm.tokenizer,
+            vocab_size=lm.vocab_size,
+            seed=spec.seed,
+            prefix=requests.prefix,
+            outputs=[int(o) for o in requests.output_tokens],
+            reply=lambda ps, outs: greedy_replies(lm, ps, outs, limits),
+        )
         truncated = 0
         seqs: list[ExecSequence] = []
 
         def new_seq(i: int, arrival: float, client: int = -1) -> ExecSequence:
             nonlocal truncated
             p = prompts[i]
-            o = int(requests.output_tokens[i])
-            if len(p) < max_len and len(p) + o > max_len:
-                o = max_len - len(p)  # no position past the model's maximum
-                truncated += 1
-            s = ExecSequence(i, p, max(1, o), arrival, client)
+            o = served_output_len(len(p), int(requests.output_tokens[i]), max_len)
+            truncated += int(o < int(requests.output_tokens[i]))
+            s = engine.sequence_class(i, p, o, arrival, client)
             seqs.append(s)
             return s
 
@@ -184,9 +199,12 @@ def execute(
         if lm.meta:
             ex["zoo"] = {k: lm.meta.get(k) for k in ("heldout_perplexity", "weights_sha256", "corpus_sha256")}
         resolved = resolved_config(spec, lm, mem, limits, len(seqs), ex)
-        result = SimulationResult(
-            spec, metrics.requests_table(), series, metrics, memory, float(end), resolved, {"executor": ex}
-        )
+        extra = {"executor": ex}
+        if sv.prefix_caching:
+            from infersim.simulator.engine.prefix_blocks import prefix_cache_counters
+
+            extra["prefix_cache"] = prefix_cache_counters([engine.kv])
+        result = SimulationResult(spec, metrics.requests_table(), series, metrics, memory, float(end), resolved, extra)
         summary = write_result_files(tmp, result, csv=csv)
         write_table(tmp / "iterations.parquet", st.iteration_table())
         write_table(tmp / "iteration_batches.parquet", st.batch_table())
@@ -196,3 +214,30 @@ def execute(
 
             plot_run(tmp)
     return summary
+
+
+def served_output_len(prompt_len: int, output_len: int, max_len: int) -> int:
+    """The output tokens a request gets: none past the model's maximum position, at least one."""
+    if prompt_len < max_len and prompt_len + output_len > max_len:
+        output_len = max_len - prompt_len
+    return max(1, output_len)
+
+
+def greedy_replies(lm, prompts: list[list[int]], outputs: list[int], limits) -> list[list[int] | None]:
+    """The model's greedy outputs (as served: cut at the maximum position) for the prompts that
+    fit, None for those the engine would abort; for conversation turns built before serving."""
+    from .engine import generate
+
+    max_len = limits.max_model_len
+    fit = [k for k, p in enumerate(prompts) if len(p) < max_len]
+    out: list[list[int] | None] = [None] * len(prompts)
+    if fit:
+        got, _ = generate(
+            lm,
+            [prompts[k] for k in fit],
+            [served_output_len(len(prompts[k]), outputs[k], max_len) for k in fit],
+            max_batch_size=limits.max_batch_size,
+        )
+        for k, g in zip(fit, got):
+            out[k] = g
+    return out
