@@ -225,12 +225,12 @@ class Engine:
         )
         # the KV operations the decisions go through: the cache itself, or with prefix caching
         # the simulator's prefix-caching accounting over its blocks (executor/prefix_kv.py)
-        self.kv = self.cache
+        self._prefix_kv = None
         self.sequence_class = ExecSequence
         if prefix_caching:
             from .prefix_kv import CachedSequence, PrefixCachedKV
 
-            self.kv = PrefixCachedKV(self.cache, watermark)
+            self._prefix_kv = PrefixCachedKV(self.cache, watermark)
             self.sequence_class = CachedSequence
         self.scheduler = scheduler
         self.limits = limits or SchedulerLimits(max_model_len=model.max_positions)
@@ -249,6 +249,12 @@ class Engine:
         self._arrivals: list = []  # heap of (time, order, factory)
         self._order = 0
         self.on_finish = None  # callback(seq, now) (closed-loop clients)
+
+    @property
+    def kv(self):
+        """The KV operations decisions go through: the paged cache (which a subclass may
+        replace), or the prefix-caching accounting over it."""
+        return self.cache if self._prefix_kv is None else self._prefix_kv
 
     # ---- clock ---------------------------------------------------------------------------
     def now(self) -> float:
@@ -362,7 +368,7 @@ class Engine:
             kv_bytes_per_block=self.cache.bytes_per_block,
             limits=self.limits,
             cost_model=self.cost_model,
-            releasable_blocks=None if self.kv is self.cache else self.kv.releasable,
+            releasable_blocks=None if self._prefix_kv is None else self._prefix_kv.releasable,
         )
 
     def _apply(self, d) -> dict:
