@@ -64,6 +64,18 @@ def add_parser(sub) -> None:
         action="store_true",
         help="simulate every decode step one by one (slower; same results as the default event mode)",
     )
+    p.add_argument(
+        "--prefix-caching",
+        choices=("on", "off"),
+        default=None,
+        help="override serving.prefix_caching (automatic prefix caching, docs/prefix-caching.md)",
+    )
+    p.add_argument(
+        "--compare-prefix-caching",
+        action="store_true",
+        help="also simulate the same requests with prefix caching off and put its TTFT, end-to-end "
+        "latency and throughput in summary.json (without_prefix_caching) beside the cached run's",
+    )
     p.add_argument("--no-plots", action="store_true", help="skip the plots")
     p.add_argument("--csv", action="store_true", help="also write requests.csv")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar or table")
@@ -101,6 +113,8 @@ def apply_overrides(spec, args, source: str = "workload"):
         sv["scheduler"] = args.scheduler
     if args.preemption:
         sv["preemption"] = args.preemption
+    if getattr(args, "prefix_caching", None):
+        sv["prefix_caching"] = args.prefix_caching == "on"
     if args.requests is not None:
         rq["count"] = positive_int(args.requests, "--requests")
     if args.rate is not None:
@@ -150,6 +164,12 @@ def run(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     spec, requests = prepare(args, str(args.workload))
+    if args.compare_prefix_caching and not spec.serving.prefix_caching:
+        from infersim.simulator.errors import InfersimError
+
+        raise InfersimError(
+            f"{args.workload}: --compare-prefix-caching needs serving.prefix_caching on (or --prefix-caching on)"
+        )
     out = check_out_dir(args.out or Path("runs") / spec.name, force=args.force)
     summary = execute(
         spec,
@@ -161,6 +181,7 @@ def run(args: argparse.Namespace) -> int:
         csv=args.csv,
         quiet=args.quiet,
         force=args.force,
+        compare_prefix_caching=args.compare_prefix_caching,
     )
     if not args.quiet:
         print_summary(summary, spec, out, time.perf_counter() - t0)
@@ -198,8 +219,11 @@ def execute(
     csv: bool = False,
     quiet: bool = True,
     force: bool = False,
+    compare_prefix_caching: bool = False,
 ) -> dict:
-    """Simulate and write the run directory atomically; returns the summary."""
+    """Simulate and write the run directory atomically; returns the summary. With
+    `compare_prefix_caching`, the same requests are simulated again with prefix caching off and
+    the summary gets that run's latencies (`without_prefix_caching`)."""
     from infersim.simulator.metrics.rundir import pause_point, staged_dir
     from infersim.simulator.metrics.summary import write_result_files
     from infersim.simulator.simulation import Simulation
@@ -227,6 +251,8 @@ def execute(
                 source=source,
             )
             result = sim.run()
+            if compare_prefix_caching:
+                result.extra["without_prefix_caching"] = _without_prefix_caching(spec, requests, step_mode, source)
         if spec.speculation is not None:  # acceptance, s, SSM weights and pool depth over time
             from infersim.simulator.speculative.report import write_series
 
@@ -238,6 +264,17 @@ def execute(
 
             plot_run(tmp)
     return summary
+
+
+def _without_prefix_caching(spec, requests, step_mode: bool, source: str) -> dict:
+    """Latencies and throughput of the same requests served with prefix caching off."""
+    from infersim.simulator.metrics.summary import summarize
+    from infersim.simulator.simulation import Simulation
+
+    off = spec.model_copy(update={"serving": spec.serving.model_copy(update={"prefix_caching": False})})
+    s = summarize(Simulation(off, requests, step_mode=step_mode, source=source).run())
+    keep = ("ttft_s", "tpot_s", "e2e_s", "queueing_s", "makespan_s", "throughput_req_per_s", "finished")
+    return {k: s[k] for k in keep}
 
 
 def print_summary(s: dict, spec, out: Path, wall_s: float) -> None:
@@ -282,4 +319,15 @@ def print_summary(s: dict, spec, out: Path, wall_s: float) -> None:
         f"{100 * s['kv_utilization']['mean_busy']:.1f}% (max {100 * s['kv_utilization']['max']:.1f}%) of "
         f"{s['gpu_blocks']} {pool}; {s['iterations']} iterations"
     )
+    pc = s.get("prefix_cache")
+    if pc:
+        line = (
+            f"prefix cache: hit rate {100 * pc['hit_rate_tokens']:.1f}% of prompt tokens "
+            f"({100 * pc['hit_rate_blocks']:.1f}% of blocks), {pc['prefill_tokens_saved']} prefill tokens saved, "
+            f"{pc['evictions']} evictions"
+        )
+        off = s.get("without_prefix_caching")
+        if off:
+            line += f"; mean TTFT {s['ttft_s']['mean'] * 1e3:.3g} ms vs {off['ttft_s']['mean'] * 1e3:.3g} ms without"
+        c.print(line)
     c.print(f"results in {out}/ ({wall_s:.2f} s wall)")

@@ -76,7 +76,8 @@ def output_waves(tokens, out_width, sm_count: int | None):
     n_tiles = np.ceil(np.maximum(np.asarray(out_width, dtype=np.float64), 1.0) / WAVE_TILE)
     tiles = np.ceil(tokens / WAVE_TILE) * n_tiles
     waves = np.ceil(tiles / sm_count)
-    return tiles / (waves * sm_count), waves
+    # no rows (a batch of prefill chunks that produce no logits): no tiles, nothing to fill
+    return np.where(waves > 0, tiles / np.maximum(waves, 1.0) / sm_count, 1.0), waves
 
 
 def gemm_time_s(

@@ -21,9 +21,10 @@ class BlockManager:
     def blocks_for_tokens(self, tokens: int) -> int:
         return -(-int(tokens) // self.block_size)
 
-    def admit(self, seq) -> None:
-        """A waiting sequence starts: blocks for all its tokens."""
+    def admit(self, seq, query_tokens: int) -> int:
+        """A waiting sequence starts: blocks for all its tokens (decision.KVOps.admit)."""
         self.grow_to(seq, seq.num_tokens)
+        return query_tokens
 
     def releasable(self, seq) -> int:
         """GPU blocks preempting `seq` gives back."""

@@ -28,10 +28,12 @@ class KVOps(Protocol):
     def grow_to(self, seq, tokens: int) -> int:
         """Give `seq` GPU blocks for `tokens` cached tokens; returns the blocks added."""
 
-    def admit(self, seq) -> None:
-        """A waiting sequence starts: blocks for its tokens, with prefix caching the cached
-        leading blocks shared and `seq.computed` set to their tokens. Optional: without it an
-        admission is `grow_to(seq, seq.num_tokens)`."""
+    def admit(self, seq, query_tokens: int) -> int:
+        """A waiting sequence starts, computing `query_tokens` tokens in this iteration: blocks
+        for all its tokens; with prefix caching the cached leading blocks are shared,
+        `seq.computed` counts their tokens and the blocks this iteration fills are registered
+        (a later admission in the same decision may share them). Returns the query tokens left
+        to compute. Optional: without it an admission is `grow_to(seq, seq.num_tokens)`."""
 
     def swap_out(self, seqs: list) -> int:
         """Move the sequences' GPU blocks to the host pool; returns the blocks moved."""
@@ -93,16 +95,17 @@ def apply_decision(
     if d.admit:
         queues.waiting = without(queues.waiting, d.admit)
         admit = getattr(kv, "admit", None)
+        queries = {id(seq): n for seq, n in d.batch} if admit is not None else None
         for seq in d.admit:
             if admit is None:
                 kv.grow_to(seq, seq.num_tokens)
             else:
-                admit(seq)
+                queries[id(seq)] = admit(seq, queries[id(seq)])
             if seq.first_scheduled_s < 0:
                 seq.first_scheduled_s = now_s
             queues.running.append(seq)
-        if any(seq.computed for seq in d.admit):  # prefix-cache hits: compute only the rest
-            d.batch = [(seq, min(n, seq.num_tokens - seq.computed)) for seq, n in d.batch]
+        if admit is not None:  # prefix-cache hits: the batch computes only the rest
+            d.batch = [(seq, queries[id(seq)]) for seq, _ in d.batch]
     if metrics is not None:
         metrics.counters["swap_out_bytes"] += done.out_blocks * bytes_per_block
         metrics.counters["swap_in_bytes"] += done.in_blocks * bytes_per_block

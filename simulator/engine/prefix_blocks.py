@@ -49,7 +49,7 @@ class PrefixCachingBlockManager(BlockManager):
         return self.pool.evictions
 
     # ---- admission and growth ------------------------------------------------------------
-    def admit(self, seq) -> None:
+    def admit(self, seq, query_tokens: int) -> int:
         bs = self.block_size
         keys = seq.block_keys
         hits = 0
@@ -67,6 +67,10 @@ class PrefixCachingBlockManager(BlockManager):
         st["hit_tokens"] += hits * bs
         st["hit_blocks"] += hits
         self.grow_to(seq, seq.num_tokens, register=False)
+        query_tokens = min(query_tokens, seq.num_tokens - seq.computed)
+        if seq.block_keys:
+            self._register(seq, min(len(seq.block_keys), (seq.computed + query_tokens) // bs))
+        return query_tokens
 
     def grow_to(self, seq, tokens: int, register: bool = True) -> int:
         """Blocks for `tokens` tokens; with `register`, the blocks those tokens fill are cached
@@ -90,11 +94,31 @@ class PrefixCachingBlockManager(BlockManager):
         seq.keys_cached = max(seq.keys_cached, upto)
 
     def commit_stretch(self, seqs, tokens, new_alloc) -> None:
+        pool = self.pool
         need = sum(max(0, int(n) - len(seq.block_ids)) for seq, n in zip(seqs, new_alloc))
-        if need > self.pool.num_free:
+        if need > pool.num_free:
             raise RuntimeError("decode stretch overdrew the GPU block pool")
+        if need > pool.num_free - pool.num_evictable:
+            # the stretch evicts: which key a step finds still held depends on when each block
+            # was taken, so replay the steps that take or fill a block in the order stepping
+            # one by one does (step by step, batch order within a step)
+            for _, i, t in self._block_steps(seqs, tokens):
+                self.grow_to(seqs[i], t)
         for seq, t in zip(seqs, tokens):
             self.grow_to(seq, int(t))
+
+    def _block_steps(self, seqs, tokens) -> list[tuple[int, int, int]]:
+        """(step, sequence index, tokens after the step) of every decode step in a stretch that
+        starts a block (t % bs == 1) or fills one (t % bs == 0), in stepping order."""
+        bs = self.block_size
+        out = []
+        for i, (seq, end) in enumerate(zip(seqs, tokens)):
+            start = seq.computed
+            for first in (1, 0) if bs > 1 else (0,):
+                t0 = start + 1 + (first - (start + 1)) % bs  # first t > start with t % bs == first
+                out.extend((t - start - 1, i, t) for t in range(t0, int(end) + 1, bs))
+        out.sort()
+        return out
 
     # ---- release -----------------------------------------------------------------------------
     def releasable(self, seq) -> int:

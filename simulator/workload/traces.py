@@ -173,6 +173,8 @@ def to_hash_ids(values: np.ndarray, path, column: str, first_row: int = 0) -> li
     holding one in CSV)."""
     out = []
     for i, v in enumerate(values):
+        if isinstance(v, np.ndarray):  # equal-length lists come back as rows of a 2-D array
+            v = v.tolist()
         if isinstance(v, str):
             try:
                 v = json.loads(v)

@@ -33,7 +33,9 @@ def _flat(d: dict, prefix: str = "") -> dict:
     return out
 
 
-@pytest.mark.parametrize("case", ["finance-500", "chatbot-300", "preempt-swap", "preempt-recompute-3-replicas"])
+@pytest.mark.parametrize(
+    "case", ["finance-500", "chatbot-300", "preempt-swap", "preempt-recompute-3-replicas", "prefix-caching-swap"]
+)
 def test_step_mode_and_event_mode_summaries_are_identical(small_workload, case):
     if case == "finance-500":
         spec = _builtin("finance", 500)
@@ -41,6 +43,10 @@ def test_step_mode_and_event_mode_summaries_are_identical(small_workload, case):
         spec = _builtin("chatbot", 300)
     elif case == "preempt-swap":
         spec = small_workload(preemption="swap")
+    elif case == "prefix-caching-swap":
+        data = small_workload(preemption="swap", prefix_caching=True, gpu_blocks=120, cpu_blocks=120).model_dump()
+        data["requests"]["sharing"] = {"conversations": 6, "system_prompt_tokens": 40, "max_turns": 4}
+        spec = WorkloadSpec.model_validate(data)
     else:
         data = small_workload(preemption="recompute").model_dump()
         data["hardware"].update(replicas=3, router="least_outstanding")
@@ -51,8 +57,10 @@ def test_step_mode_and_event_mode_summaries_are_identical(small_workload, case):
     assert fa.keys() == fb.keys()
     assert {k: (fa[k], fb[k]) for k in fa if fa[k] != fb[k]} == {}
     assert a["kv_utilization"]["mean_busy"] > 0
-    if case.startswith("preempt"):
+    if case.startswith(("preempt", "prefix")):
         assert a["preemptions"]["swap"] + a["preemptions"]["recompute"] > 0
+    if case.startswith("prefix"):
+        assert a["prefix_cache"]["hit_rate_tokens"] > 0.3 and a["prefix_cache"]["evictions"] > 0
 
 
 def test_time_integrals_merge_equal_pieces_and_match_hand_sums():
