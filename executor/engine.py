@@ -161,12 +161,12 @@ class _TimedSwaps:
     def grow_to(self, seq, tokens: int) -> int:
         return self.cache.grow_to(seq, tokens)
 
-    def admit(self, seq) -> None:
+    def admit(self, seq, query_tokens: int) -> int:
         admit = getattr(self.cache, "admit", None)
         if admit is None:
             self.cache.grow_to(seq, seq.num_tokens)
-        else:
-            admit(seq)
+            return query_tokens
+        return admit(seq, query_tokens)
 
     def swap_out(self, seqs: list) -> int:
         return self._timed(self.cache.swap_out, seqs, "d2h")

@@ -77,10 +77,11 @@ class PrefixCachedKV(PrefixCachingBlockManager):
         return self.cache.bytes_per_block
 
     # ---- admission and growth ------------------------------------------------------------
-    def admit(self, seq) -> None:
+    def admit(self, seq, query_tokens: int) -> int:
         seq.extend_keys(self.block_size, seq.num_tokens)
-        super().admit(seq)
+        left = super().admit(seq, query_tokens)
         self.cache.ensure_clean(seq.block_ids)
+        return left
 
     def grow_to(self, seq, tokens: int, register: bool = True) -> int:
         seq.extend_keys(self.block_size, tokens)

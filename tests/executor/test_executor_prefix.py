@@ -70,7 +70,7 @@ def _core_hits(lengths, keys, gpu_blocks: int) -> tuple[list[int], int]:
     for i, (p, o) in enumerate(zip(lengths, OUT)):
         seq = Sequence(i, p, o, 0.0)
         seq.block_keys = keys.keys(i, p + o, BS)
-        bm.admit(seq)
+        bm.admit(seq, p)
         bm.grow_to(seq, p + o - 1)  # the last output token's KV is never written
         bm.free(seq)
         hits.append(seq.cached_tokens)
@@ -125,18 +125,23 @@ def test_hits_are_the_shared_cores_and_outputs_do_not_change(chat, target, gpu_b
 
 @pytest.mark.parametrize("preemption, cpu_blocks", [("swap", 200), ("recompute", 0)])
 def test_shared_blocks_under_preemption_keep_the_outputs(chat, target, preemption, cpu_blocks):
-    """All 16 turns at once in a pool too small for them: sequences sharing blocks are swapped
-    out (only their unshared blocks move) or recomputed (a recompute finds its own blocks
-    cached again); the tokens are those of the run without caching."""
+    """All 16 turns at once, with 48 more output tokens each, in 24 blocks: sequences sharing
+    blocks are swapped out (only their unshared blocks move; some come back from the cache
+    without a copy) or recomputed (a recompute finds its blocks cached again); the tokens are
+    those of the run without caching, and every reference is returned at the end."""
     _, _, prompts = chat
-    kw = dict(gpu_blocks=30, cpu_blocks=cpu_blocks, preemption=preemption, max_batch_size=8)
-    off, _ = generate(target, prompts, OUT, **kw)
-    on, eng = generate(target, prompts, OUT, prefix_caching=True, **kw)
+    outs = [o + 48 for o in OUT]
+    kw = dict(gpu_blocks=24, cpu_blocks=cpu_blocks, preemption=preemption, max_batch_size=16)
+    off, _ = generate(target, prompts, outs, **kw)
+    on, eng = generate(target, prompts, outs, prefix_caching=True, **kw)
     assert on == off
-    assert eng.counters[f"preempt_{preemption}"] > 0
-    assert eng.kv.stats["hit_blocks"] > 0
-    assert eng.kv.pool.num_used == 0 and eng.kv.free_cpu == cpu_blocks  # every reference returned
-    assert eng.cache.free_cpu == cpu_blocks
+    st = eng.kv.stats
+    assert eng.counters[f"preempt_{preemption}"] > 0 and st["hit_blocks"] > 0
+    if preemption == "swap":
+        assert st["swap_in_cache_hits"] > 0 and eng.counters["swap_out_blocks"] > 0
+    else:  # re-admissions after a recompute look the cache up again
+        assert st["admissions"] > len(prompts)
+    assert eng.kv.pool.num_used == 0 and eng.kv.free_cpu == cpu_blocks == eng.cache.free_cpu
 
 
 def test_swap_moves_only_unshared_blocks_and_restores_them():
@@ -148,12 +153,12 @@ def test_swap_moves_only_unshared_blocks_and_restores_them():
     kv = PrefixCachedKV(cache)
     common = list(range(1, 9))
     a, b = CachedSequence(0, common + [20, 21, 22, 23, 24], 4, 0.0), CachedSequence(1, common + [30] * 7, 4, 0.0)
-    kv.admit(a)
+    kv.admit(a, a.num_tokens)
     kv.grow_to(a, a.num_tokens)  # a's prefill is scheduled: its full blocks are registered
     for layer in range(2):  # distinct K/V in every slot
         for pool in cache.flat(layer):
             pool.copy_(torch.arange(pool.numel(), dtype=torch.float32).view_as(pool) + 1000 * layer)
-    kv.admit(b)
+    kv.admit(b, b.num_tokens)
     assert b.computed == 8 and b.block_ids[:2] == a.block_ids[:2] and set(b.block_ids[2:]).isdisjoint(a.block_ids)
     kv.grow_to(b, b.num_tokens)
     shared = list(b.block_ids[:2])
