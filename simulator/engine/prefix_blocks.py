@@ -88,24 +88,38 @@ class PrefixCachingBlockManager(BlockManager):
         return max(add, 0)
 
     def _register(self, seq, upto: int) -> None:
-        ids, keys, cache = seq.block_ids, seq.block_keys, self.pool.cache
-        for j in range(seq.keys_cached, upto):
-            cache(ids[j], keys[j])
-        seq.keys_cached = max(seq.keys_cached, upto)
+        done = seq.keys_cached
+        if upto > done:
+            self.pool.cache_run(seq.block_ids[done:upto], seq.block_keys[done:upto])
+            seq.keys_cached = upto
 
     def commit_stretch(self, seqs, tokens, new_alloc) -> None:
         pool = self.pool
         need = sum(max(0, int(n) - len(seq.block_ids)) for seq, n in zip(seqs, new_alloc))
         if need > pool.num_free:
             raise RuntimeError("decode stretch overdrew the GPU block pool")
-        if need > pool.num_free - pool.num_evictable:
-            # the stretch evicts: which key a step finds still held depends on when each block
-            # was taken, so replay the steps that take or fill a block in the order stepping
-            # one by one does (step by step, batch order within a step)
+        if need > pool.num_free - pool.num_evictable and self._order_matters(seqs, tokens):
+            # the stretch evicts and fills blocks whose keys are cached already (or twice):
+            # whether a key is still held when its block fills depends on when each block was
+            # taken, so replay the steps that take or fill a block in the order stepping one by
+            # one does (step by step, batch order within a step)
             for _, i, t in self._block_steps(seqs, tokens):
                 self.grow_to(seqs[i], t)
         for seq, t in zip(seqs, tokens):
             self.grow_to(seq, int(t))
+
+    def _order_matters(self, seqs, tokens) -> bool:
+        """Could the order of a stretch's allocations and registrations change what gets
+        cached? Only if a key it registers is cached already or registered twice: else every
+        registration succeeds and the evictions take the same oldest blocks in any order."""
+        bs = self.block_size
+        keys = [
+            k
+            for seq, t in zip(seqs, tokens)
+            if seq.block_keys
+            for k in seq.block_keys[seq.keys_cached : min(len(seq.block_keys), int(t) // bs)]
+        ]
+        return bool(keys) and (self.pool.holds_any(keys) or len(set(keys)) < len(keys))
 
     def _block_steps(self, seqs, tokens) -> list[tuple[int, int, int]]:
         """(step, sequence index, tokens after the step) of every decode step in a stretch that

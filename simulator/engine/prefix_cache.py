@@ -14,7 +14,8 @@ Interface (every count is in blocks, every id an int in [0, num_blocks)):
 - `allocate(n)`: n blocks with one reference each, never-cached free blocks first, then the
   least recently released cached blocks, evicted (their keys forgotten).
 - `cache(block_id, key)`: a block just filled becomes findable under `key` (a key already held by
-  another block is left with that block, and this one stays anonymous, as vLLM's).
+  another block is left with that block, and this one stays anonymous, as vLLM's);
+  `cache_run(block_ids, keys)` does it for a run of blocks.
 - `free(block_ids)`: one reference less each; a block that reaches zero goes back to the pool,
   and if it holds a key it stays cached and enters the LRU evictor. A sequence's blocks are
   released tail first, so its last blocks are evicted before its prefix, which more requests
@@ -31,8 +32,9 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections import OrderedDict
+from collections import deque
 from collections.abc import Hashable, Iterable, Sequence
+from itertools import repeat
 
 BlockKey = Hashable
 
@@ -62,8 +64,13 @@ class PrefixCachePool:
         self.num_blocks = int(num_blocks)
         self._next_fresh = 0  # ids >= this were never handed out (a huge pool costs nothing)
         self._free: list[int] = []  # released anonymous blocks, reused last-in first-out
-        self._evictable: OrderedDict[int, None] = OrderedDict()  # cached, unreferenced; oldest first
-        self._refs: dict[int, int] = {}  # block id -> references, for blocks handed out
+        # the LRU evictor: cached, unreferenced blocks -> the number of the `free` call that
+        # released them, and the releases in order; a queue entry whose number no longer
+        # matches (the block was taken again since) is skipped when evicting
+        self._evictable: dict[int, int] = {}
+        self._release_order: deque[tuple[int, int]] = deque()
+        self._releases = 0
+        self._refs: dict[int, int] = {}  # block id -> references (0 once released), for ids handed out
         self._key_of: dict[int, BlockKey] = {}
         self._block_of: dict[BlockKey, int] = {}
         self.evictions = 0
@@ -115,6 +122,10 @@ class PrefixCachePool:
             n += 1
         return n
 
+    def holds_any(self, keys: Iterable[BlockKey]) -> bool:
+        """Is any of `keys` cached?"""
+        return not self._block_of.keys().isdisjoint(keys)
+
     def take_cached(self, keys: Iterable[BlockKey]) -> list[int]:
         """Block ids of `keys` (all cached: call `lookup` first), each referenced once more."""
         ids = [self._block_of[key] for key in keys]
@@ -131,25 +142,44 @@ class PrefixCachePool:
                     raise ValueError(f"block {b} is free: only a held or cached block can be touched")
                 del evictable[b]
             refs[b] = r + 1
+        if len(self._release_order) > 2 * len(evictable) + 4096:
+            # mostly entries of blocks taken again: rebuild from the evictor (in release order,
+            # since a block re-enters it at the end only after being taken out)
+            self._release_order = deque(evictable.items())
 
     def allocate(self, n: int) -> list[int]:
         """`n` blocks, each with one reference; raises when fewer than n are free."""
         if n > self.num_free:
             raise RuntimeError(f"KV block pool overdrawn: need {n}, free {self.num_free}")
-        out = []
-        refs = self._refs
-        for _ in range(n):
-            if self._free:
-                b = self._free.pop()
-            elif self._next_fresh < self.num_blocks:
-                b = self._next_fresh
-                self._next_fresh += 1
-            else:
-                b, _ = self._evictable.popitem(last=False)
-                del self._block_of[self._key_of.pop(b)]
-                self.evictions += 1
-            refs[b] = 1
-            out.append(b)
+        # whole runs at a time: released anonymous blocks (last released first), then never-used
+        # ids (lowest first), then evictions (oldest first)
+        take = min(n, len(self._free))
+        out = self._free[: -take - 1 : -1] if take else []
+        if take:
+            del self._free[-take:]
+        fresh = min(n - take, self.num_blocks - self._next_fresh)
+        if fresh:
+            out.extend(range(self._next_fresh, self._next_fresh + fresh))
+            self._next_fresh += fresh
+        evict = n - take - fresh
+        if evict:
+            popleft, evictable, key_of, block_of = (
+                self._release_order.popleft,
+                self._evictable,
+                self._key_of,
+                self._block_of,
+            )
+            left = evict
+            while left:
+                b, n = popleft()
+                if evictable.get(b) != n:
+                    continue  # taken again after this release
+                del evictable[b]
+                del block_of[key_of.pop(b)]
+                out.append(b)
+                left -= 1
+            self.evictions += evict
+        self._refs.update(dict.fromkeys(out, 1))
         return out
 
     def cache(self, block_id: int, key: BlockKey) -> bool:
@@ -163,16 +193,33 @@ class PrefixCachePool:
         self._key_of[block_id] = key
         return True
 
+    def cache_run(self, block_ids: Sequence[int], keys: Sequence[BlockKey]) -> None:
+        """`cache` for each (block, key) pair in order, whole runs at a time when no key and
+        no block is cached yet (the common case)."""
+        if self._block_of.keys().isdisjoint(keys) and self._key_of.keys().isdisjoint(block_ids):
+            refs = self._refs
+            if not all(map(refs.get, block_ids)):  # a missing or zero count: not held
+                raise ValueError("only held blocks can be cached")
+            self._block_of.update(zip(keys, block_ids))
+            self._key_of.update(zip(block_ids, keys))
+            return
+        for b, k in zip(block_ids, keys):
+            self.cache(b, k)
+
     def free(self, block_ids: Sequence[int]) -> None:
         """Drop one reference from each block, releasing from the tail of `block_ids`."""
         refs = self._refs
-        for b in reversed(block_ids):
-            r = refs[b] - 1
-            if r > 0:
-                refs[b] = r
-                continue
-            del refs[b]
-            if b in self._key_of:
-                self._evictable[b] = None
-            else:
-                self._free.append(b)
+        released = [b for b in reversed(block_ids) if refs[b] == 1]
+        if len(released) < len(block_ids):
+            for b in block_ids:
+                if refs[b] > 1:
+                    refs[b] -= 1
+        refs.update(dict.fromkeys(released, 0))
+        key_of = self._key_of
+        cached = [b for b in released if b in key_of]
+        if cached:
+            self._releases += 1
+            self._evictable.update(dict.fromkeys(cached, self._releases))
+            self._release_order.extend(zip(cached, repeat(self._releases)))
+        if len(cached) < len(released):
+            self._free.extend(b for b in released if b not in key_of)
