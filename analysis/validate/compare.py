@@ -469,8 +469,10 @@ def _prefix_checks(c: Comparison, add) -> None:
     must be exactly 0 (both engines key the same tokens and share blocks by one accounting;
     a difference is a request that found a different prefix cached: the schedules differ)."""
     tot, mism = c.totals, c.requests.get("cached_tokens_mismatch", [])
-    for name, metric in (("prefix_hit_rate_tokens", "prefix-cache hit rate (tokens)"),
-                         ("prefix_hit_rate_blocks", "prefix-cache hit rate (blocks)")):
+    for name, metric in (
+        ("prefix_hit_rate_tokens", "prefix-cache hit rate (tokens)"),
+        ("prefix_hit_rate_blocks", "prefix-cache hit rate (blocks)"),
+    ):
         row = tot.get(name) or {}
         m, p = row.get("measured"), row.get("predicted")
         diff = None if m is None or p is None else float(p) - float(m)
