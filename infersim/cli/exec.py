@@ -50,6 +50,12 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--rate", type=float, default=None, help="override the arrival rate (req/s) of poisson/gamma arrivals"
     )
+    p.add_argument(
+        "--prefix-caching",
+        choices=("on", "off"),
+        default=None,
+        help="override serving.prefix_caching (shared KV blocks keyed by the prompts' token ids, docs/executor.md)",
+    )
     p.add_argument("--gpu-blocks", type=int, default=None, help="device KV blocks (overrides the workload)")
     p.add_argument("--cpu-blocks", type=int, default=None, help="host KV blocks for swapping (overrides the workload)")
     p.add_argument(

@@ -11,6 +11,8 @@ each turn holding the previous turn and the model's own reply to it).
 - a swap-out copies only the blocks no other sequence references, and a swap-in brings back
   the same K/V (real tensors, no model)."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -180,3 +182,35 @@ def test_swap_moves_only_unshared_blocks_and_restores_them():
         for x, y in zip(kv_of(b), before):
             assert torch.equal(x, y)
     assert kv.stats["swap_in_cache_hits"] == 1
+
+
+def test_sim_exec_serves_the_same_multi_turn_prompts_with_caching_on_and_off(zoo_dir, tmp_path):
+    """`sim exec` on a workload with requests.sharing: --prefix-caching on and off serve the same
+    prompts and generate the same tokens; only the cached run has hits (summary, requests)."""
+    import pyarrow.parquet as pq
+
+    from infersim.cli.main import main
+
+    wl = tmp_path / "chat.yaml"
+    wl.write_text(
+        "name: chat\nserving: {gpu_blocks: 256, cpu_blocks: 0, dtype: fp32}\n"
+        "requests:\n  count: 8\n  arrival: {type: poisson, rate: 2.0}\n"
+        "  prompt_tokens: {type: uniform, low: 8, high: 40}\n  output_tokens: {type: uniform, low: 8, high: 24}\n"
+        "  sharing: {conversations: 2, system_prompt_tokens: 32, max_turns: 4}\nseed: 4\n"
+    )
+    runs = {}
+    for mode in ("on", "off"):
+        out = tmp_path / mode
+        argv = ["exec", "-w", str(wl), "-m", "zoo-target", "--fast", "--no-plots", "-q", "--out", str(out)]
+        assert main(argv + ["--prefix-caching", mode]) == 0
+        runs[mode] = (
+            pq.read_table(out / "outputs.parquet").to_pydict(),
+            json.loads((out / "summary.json").read_text()),
+        )
+    (on, s_on), (off, s_off) = runs["on"], runs["off"]
+    assert on["prompt_ids"] == off["prompt_ids"] and on["output_ids"] == off["output_ids"]
+    assert "prefix_cache" not in s_off
+    pc = s_on["prefix_cache"]
+    assert pc["cached_prompt_tokens"] > 0 and pc["prompt_tokens"] == sum(len(p) for p in on["prompt_ids"])
+    cached = pq.read_table(tmp_path / "on" / "requests.parquet").column("cached_tokens").to_pylist()
+    assert sum(cached) == pc["cached_prompt_tokens"] and cached[0] == 0
