@@ -214,3 +214,17 @@ def test_sim_exec_serves_the_same_multi_turn_prompts_with_caching_on_and_off(zoo
     assert pc["cached_prompt_tokens"] > 0 and pc["prompt_tokens"] == sum(len(p) for p in on["prompt_ids"])
     cached = pq.read_table(tmp_path / "on" / "requests.parquet").column("cached_tokens").to_pylist()
     assert sum(cached) == pc["cached_prompt_tokens"] and cached[0] == 0
+
+
+@pytest.mark.parametrize("case", ["spec-draft", "offload-h2o"])
+def test_prefix_caching_with_speculation_or_offload_is_refused_in_one_line(case, tmp_path):
+    from infersim.analysis.validate.cases import get_case
+    from infersim.executor.run import execute
+    from infersim.simulator.errors import InfersimError
+
+    spec = get_case(case).spec("zoo-target")
+    spec = spec.model_copy(update={"serving": spec.serving.model_copy(update={"prefix_caching": True})})
+    with pytest.raises(InfersimError, match="prefix_caching runs on the plain engine only") as err:
+        execute(spec, None, "zoo-target", tmp_path / "out", source="w.yaml")
+    assert "\n" not in str(err.value) and str(err.value).startswith("w.yaml: ")
+    assert not (tmp_path / "out").exists()
