@@ -6,7 +6,7 @@ the time is CPU time of the simulation itself, workload loading excluded, median
   1. replay-mooncake as shipped (Mooncake's conversation trace at its real timestamps, its
      hash ids as block identity, Mistral-7B on 4x H100-SXM): a full cache that evicts all the time;
   2. a synthetic multi-turn chat (requests.sharing: 64 conversations, a 1,024-token system
-     prompt, 8 turns), Llama-2-7B on one A100-80GB, Poisson 4 req/s.
+     prompt, 8 turns), Llama-2-7B on one A100-80GB, Poisson 1.5 req/s.
 
 Usage: python benchmarks/speed_prefix_caching.py [--repeats 2] [--mooncake-requests N]"""
 
@@ -29,7 +29,7 @@ CHAT = {
     "hardware": {"profile": "a100-80gb-pcie"},
     "requests": {
         "count": 5000,
-        "arrival": {"type": "poisson", "rate": 4.0},
+        "arrival": {"type": "poisson", "rate": 1.5},
         "prompt_tokens": {"type": "lognormal", "mean": 150, "cv": 1.0, "max": 1000},
         "output_tokens": {"type": "lognormal", "mean": 200, "cv": 0.8, "max": 800},
         "sharing": {"conversations": 64, "system_prompt_tokens": 1024, "max_turns": 8},

@@ -68,7 +68,9 @@ class PrefixCachePool:
         # released them, and the releases in order; a queue entry whose number no longer
         # matches (the block was taken again since) is skipped when evicting
         self._evictable: dict[int, int] = {}
-        self._release_order: deque[tuple[int, int]] = deque()
+        self._order_blocks: list[int] = []  # releases of cached blocks, oldest first from _head
+        self._order_stamps: list[int] = []
+        self._head = 0
         self._releases = 0
         self._refs: dict[int, int] = {}  # block id -> references (0 once released), for ids handed out
         self._key_of: dict[int, BlockKey] = {}
@@ -142,10 +144,11 @@ class PrefixCachePool:
                     raise ValueError(f"block {b} is free: only a held or cached block can be touched")
                 del evictable[b]
             refs[b] = r + 1
-        if len(self._release_order) > 2 * len(evictable) + 4096:
+        if len(self._order_blocks) - self._head > 2 * len(evictable) + 4096:
             # mostly entries of blocks taken again: rebuild from the evictor (in release order,
             # since a block re-enters it at the end only after being taken out)
-            self._release_order = deque(evictable.items())
+            self._order_blocks, self._order_stamps = list(evictable), list(evictable.values())
+            self._head = 0
 
     def allocate(self, n: int) -> list[int]:
         """`n` blocks, each with one reference; raises when fewer than n are free."""
@@ -163,24 +166,27 @@ class PrefixCachePool:
             self._next_fresh += fresh
         evict = n - take - fresh
         if evict:
-            popleft, evictable, key_of, block_of = (
-                self._release_order.popleft,
-                self._evictable,
-                self._key_of,
-                self._block_of,
-            )
-            left = evict
-            while left:
-                b, n = popleft()
-                if evictable.get(b) != n:
-                    continue  # taken again after this release
-                del evictable[b]
-                del block_of[key_of.pop(b)]
-                out.append(b)
-                left -= 1
-            self.evictions += evict
+            out.extend(self._evict(evict))
         self._refs.update(dict.fromkeys(out, 1))
         return out
+
+    def _evict(self, n: int) -> list[int]:
+        """The n least recently released cached blocks, their keys forgotten. Whole runs of the
+        release order at a time (C-level loops): this is the hot path of a full cache."""
+        ev, blocks, stamps = self._evictable, self._order_blocks, self._order_stamps
+        h, got = self._head, []
+        while len(got) < n:
+            k = n - len(got)
+            got.extend([b for b, s in zip(blocks[h : h + k], stamps[h : h + k]) if ev.get(b) == s])
+            h += k
+        self._head = h
+        deque(map(ev.__delitem__, got), 0)
+        deque(map(self._block_of.__delitem__, map(self._key_of.pop, got)), 0)
+        self.evictions += n
+        if h > 65536 and 2 * h > len(blocks):
+            del blocks[:h], stamps[:h]
+            self._head = 0
+        return got
 
     def cache(self, block_id: int, key: BlockKey) -> bool:
         """Make the full, referenced block `block_id` findable under `key`; False when the key
@@ -220,6 +226,7 @@ class PrefixCachePool:
         if cached:
             self._releases += 1
             self._evictable.update(dict.fromkeys(cached, self._releases))
-            self._release_order.extend(zip(cached, repeat(self._releases)))
+            self._order_blocks.extend(cached)
+            self._order_stamps.extend(repeat(self._releases, len(cached)))
         if len(cached) < len(released):
             self._free.extend(b for b in released if b not in key_of)
