@@ -33,53 +33,7 @@ from infersim.simulator.policies.state import SchedulerLimits, SchedulerState
 from .clock import Clock
 from .kvcache import PagedKVCache
 from .runner import build_runner, plan_batch
-
-
-class ExecSequence:
-    """A request inside the executor: the attributes a policy reads (rid, arrival_s,
-    first_enqueue_s, prompt_len, generated, computed, num_tokens, num_gpu_blocks,
-    num_cpu_blocks) plus its tokens and block tables."""
-
-    def __init__(self, rid: int, prompt_ids, output_len: int, arrival_s: float, client: int = -1):
-        self.rid = rid
-        self.tokens: list[int] = [int(t) for t in prompt_ids]
-        self.prompt_len = len(self.tokens)
-        self.output_len = int(output_len)
-        self.arrival_s = float(arrival_s)
-        self.first_enqueue_s = float(arrival_s)
-        self.generated = 0
-        self.computed = 0
-        self.block_table: list[int] = []
-        self.cpu_block_table: list[int] = []
-        self.replica = 0
-        self.client = client
-        self.last_token_s = float(arrival_s)
-        self.first_scheduled_s = -1.0
-        self.first_token_s = -1.0
-        self.finish_s = -1.0
-        self.aborted = False
-
-    @property
-    def num_tokens(self) -> int:
-        return self.prompt_len + self.generated
-
-    @property
-    def num_gpu_blocks(self) -> int:
-        return len(self.block_table)
-
-    @property
-    def num_cpu_blocks(self) -> int:
-        return len(self.cpu_block_table)
-
-    @property
-    def output_ids(self) -> list[int]:
-        return self.tokens[self.prompt_len :]
-
-    def __repr__(self) -> str:
-        return (
-            f"ExecSequence(rid={self.rid}, prompt={self.prompt_len}, gen={self.generated}/{self.output_len}, "
-            f"computed={self.computed}, gpu_blocks={self.num_gpu_blocks}, cpu_blocks={self.num_cpu_blocks})"
-        )
+from .sequence import ExecSequence
 
 
 @dataclass
@@ -228,7 +182,8 @@ class Engine:
         self._prefix_kv = None
         self.sequence_class = ExecSequence
         if prefix_caching:
-            from .prefix_kv import CachedSequence, PrefixCachedKV
+            from .prefix_kv import PrefixCachedKV
+            from .sequence import CachedSequence
 
             self._prefix_kv = PrefixCachedKV(self.cache, watermark)
             self.sequence_class = CachedSequence

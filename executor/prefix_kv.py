@@ -21,43 +21,6 @@ attention reads the cached blocks' K/V and computes only the rest (executor/runn
 from __future__ import annotations
 
 from infersim.simulator.engine.prefix_blocks import PrefixCachingBlockManager
-from infersim.simulator.engine.prefix_cache import chain_keys
-
-from .engine import ExecSequence
-
-
-class CachedSequence(ExecSequence):
-    """An ExecSequence whose blocks the prefix-caching accounting keeps: block ids by position
-    (`block_ids`, None where the block is on the host), host block ids of moved positions
-    (`host_blocks`), and the keys of its full blocks (`block_keys`)."""
-
-    # plain attributes here (ExecSequence derives them from its own tables): the accounting sets them
-    num_gpu_blocks = 0
-    num_cpu_blocks = 0
-
-    def __init__(self, *args, **kwargs):
-        self.block_ids: list | None = []
-        super().__init__(*args, **kwargs)
-        self.block_keys: list = []
-        self.keys_cached = 0
-        self.cached_tokens = -1  # prompt tokens found cached at the first admission (-1: not admitted)
-        self.host_blocks: dict[int, int] = {}
-
-    @property
-    def block_table(self) -> list[int]:
-        return self.block_ids or []
-
-    @block_table.setter
-    def block_table(self, ids) -> None:
-        self.block_ids = list(ids)
-
-    def extend_keys(self, block_size: int, tokens: int) -> None:
-        """Keys for the full blocks of the first `tokens` tokens (all known by then)."""
-        n = min(int(tokens), len(self.tokens)) // block_size
-        have = len(self.block_keys)
-        if n > have:
-            parent = self.block_keys[-1] if have else None
-            self.block_keys.extend(chain_keys(self.tokens[have * block_size : n * block_size], block_size, parent))
 
 
 class PrefixCachedKV(PrefixCachingBlockManager):

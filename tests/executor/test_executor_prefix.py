@@ -25,9 +25,10 @@ pytestmark = pytest.mark.torch
 from infersim.executor.engine import generate  # noqa: E402
 from infersim.executor.kvcache import PagedKVCache  # noqa: E402
 from infersim.executor.models import load_model  # noqa: E402
-from infersim.executor.prefix_kv import CachedSequence, PrefixCachedKV  # noqa: E402
+from infersim.executor.prefix_kv import PrefixCachedKV  # noqa: E402
 from infersim.executor.prompts import make_prompts  # noqa: E402
 from infersim.executor.run import greedy_replies  # noqa: E402
+from infersim.executor.sequence import CachedSequence  # noqa: E402
 from infersim.simulator.engine.prefix_blocks import PrefixCachingBlockManager  # noqa: E402
 from infersim.simulator.engine.sequence import Sequence  # noqa: E402
 from infersim.simulator.policies.state import SchedulerLimits  # noqa: E402
