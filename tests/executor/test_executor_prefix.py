@@ -229,3 +229,18 @@ def test_prefix_caching_with_speculation_or_offload_is_refused_in_one_line(case,
         execute(spec, None, "zoo-target", tmp_path / "out", source="w.yaml")
     assert "\n" not in str(err.value) and str(err.value).startswith("w.yaml: ")
     assert not (tmp_path / "out").exists()
+
+
+def test_trace_hash_ids_become_shared_token_stretches():
+    """A trace's hash ids as real tokens: one stretch of hash_block_tokens tokens per id, equal
+    leading ids giving equal leading tokens, a new id new tokens; the same seed gives the same
+    prompts."""
+    from infersim.simulator.workload.prefixes import TraceBlockKeys
+
+    ids = TraceBlockKeys([[1, 2], [1, 2, 3], [1, 4], [5]], block_tokens=32)
+    lengths = [64, 80, 50, 32]
+    prompts = make_prompts(lengths, vocab_size=1000, seed=2, prefix=ids)
+    assert [len(p) for p in prompts] == lengths
+    assert prompts[1][:64] == prompts[0] and prompts[2][:32] == prompts[0][:32]
+    assert prompts[2][32:50] != prompts[0][32:50] and prompts[3][:32] != prompts[0][:32]
+    assert make_prompts(lengths, vocab_size=1000, seed=2, prefix=ids) == prompts
