@@ -96,6 +96,10 @@ serving.prefix_caching off and on, alternately, in one process; CPU time of the 
 |---|---|---|---|---|---|---|---|
 {chr(10).join(rows)}
 
+The target is caching within 2x of the plain simulator's time: met by the chat workload,
+missed by the Mooncake replay, whose cache is full from its first minutes on and evicts on
+almost every allocation.
+
 What the ratio pays for: with caching on, every KV block has an identity; admissions look up
 and share blocks, every block filled is registered, and every block a new request needs past
 the free ones evicts a cached one, all in Python, block by block (16 tokens), while the plain

@@ -95,7 +95,8 @@ class PrefixCachingBlockManager(BlockManager):
 
     def commit_stretch(self, seqs, tokens, new_alloc) -> None:
         pool = self.pool
-        need = sum(max(0, int(n) - len(seq.block_ids)) for seq, n in zip(seqs, new_alloc))
+        adds = [int(n) - len(seq.block_ids) for seq, n in zip(seqs, new_alloc)]
+        need = sum(a for a in adds if a > 0)
         if need > pool.num_free:
             raise RuntimeError("decode stretch overdrew the GPU block pool")
         if need > pool.num_free - pool.num_evictable and self._order_matters(seqs, tokens):
@@ -105,8 +106,21 @@ class PrefixCachingBlockManager(BlockManager):
             # one does (step by step, batch order within a step)
             for _, i, t in self._block_steps(seqs, tokens):
                 self.grow_to(seqs[i], t)
+        elif need:
+            # one allocation for the whole stretch, handed out in batch order: the same blocks
+            # as one allocation per sequence
+            ids, at = pool.allocate(need), 0
+            for seq, a in zip(seqs, adds):
+                if a > 0:
+                    seq.block_ids.extend(ids[at : at + a])
+                    seq.num_gpu_blocks += a
+                    at += a
+        bs = self.block_size
         for seq, t in zip(seqs, tokens):
-            self.grow_to(seq, int(t))
+            if seq.block_keys and seq.keys_cached < len(seq.block_keys):
+                self.grow_to(seq, int(t))  # registers the blocks the stretch filled
+            elif len(seq.block_ids) * bs < t:
+                self.grow_to(seq, int(t))
 
     def _order_matters(self, seqs, tokens) -> bool:
         """Could the order of a stretch's allocations and registrations change what gets

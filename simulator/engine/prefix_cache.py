@@ -13,9 +13,11 @@ Interface (every count is in blocks, every id an int in [0, num_blocks)):
 - `take_cached(keys)`: the block ids of those keys, each with one more reference.
 - `allocate(n)`: n blocks with one reference each, never-cached free blocks first, then the
   least recently released cached blocks, evicted (their keys forgotten).
-- `cache(block_id, key)`: a block just filled becomes findable under `key` (a key already held by
-  another block is left with that block, and this one stays anonymous, as vLLM's);
-  `cache_run(block_ids, keys)` does it for a run of blocks.
+- `cache(block_id, key)`: a block just filled becomes findable under `key`; a key already held
+  by another block (two requests computed the same prefix at once) stays with that block, and
+  this one stays anonymous, going back to the free blocks when released (vLLM v1 keeps both
+  under the key; the hits are the same). `cache_run(block_ids, keys)` does it for a run of
+  blocks; `holds_any(keys)` tells whether any of them is cached.
 - `free(block_ids)`: one reference less each; a block that reaches zero goes back to the pool,
   and if it holds a key it stays cached and enters the LRU evictor. A sequence's blocks are
   released tail first, so its last blocks are evicted before its prefix, which more requests
@@ -177,7 +179,11 @@ class PrefixCachePool:
         h, got = self._head, []
         while len(got) < n:
             k = n - len(got)
-            got.extend([b for b, s in zip(blocks[h : h + k], stamps[h : h + k]) if ev.get(b) == s])
+            run, run_stamps = blocks[h : h + k], stamps[h : h + k]
+            if list(map(ev.get, run)) == run_stamps:  # no entry taken again since: the whole run
+                got.extend(run)
+            else:
+                got.extend([b for b, s in zip(run, run_stamps) if ev.get(b) == s])
             h += k
         self._head = h
         deque(map(ev.__delitem__, got), 0)

@@ -124,3 +124,92 @@ def test_a_huge_pool_costs_nothing_up_front():
     pool = PrefixCachePool(10**12)
     assert pool.num_free == 10**12
     assert pool.allocate(2) == [0, 1]
+
+
+class _ReferencePool:
+    """The pool's rules written plainly (one OrderedDict as the LRU), to check the real one's
+    run-at-a-time bookkeeping against."""
+
+    def __init__(self, n):
+        from collections import OrderedDict
+
+        self.n, self.fresh, self.free_list, self.lru = n, 0, [], OrderedDict()
+        self.refs, self.key_of, self.block_of, self.evictions = {}, {}, {}, 0
+
+    def allocate(self, k):
+        out = []
+        for _ in range(k):
+            if self.free_list:
+                b = self.free_list.pop()
+            elif self.fresh < self.n:
+                b, self.fresh = self.fresh, self.fresh + 1
+            else:
+                b, _ = self.lru.popitem(last=False)
+                del self.block_of[self.key_of.pop(b)]
+                self.evictions += 1
+            self.refs[b] = 1
+            out.append(b)
+        return out
+
+    def free(self, ids):
+        for b in reversed(ids):
+            self.refs[b] -= 1
+            if self.refs[b] == 0:
+                if b in self.key_of:
+                    self.lru[b] = None
+                else:
+                    self.free_list.append(b)
+
+    def take(self, keys):
+        ids = [self.block_of[k] for k in keys]
+        for b in ids:
+            if self.refs[b] == 0:
+                del self.lru[b]
+            self.refs[b] += 1
+        return ids
+
+    def cache(self, b, k):
+        if k not in self.block_of and b not in self.key_of:
+            self.block_of[k], self.key_of[b] = b, k
+
+    def lookup(self, keys):
+        n = 0
+        while n < len(keys) and keys[n] in self.block_of:
+            n += 1
+        return n
+
+
+def test_random_operations_match_the_plain_reference():
+    """Seeded random sequences sharing prefixes of 12 possible chains: allocations, caching,
+    hits and releases give the same ids, hits and evictions as the plain reference, through
+    enough churn to compact the release order (over 65,536 evictions) and rebuild it."""
+    import random
+
+    rng = random.Random(7)
+    pool, ref = PrefixCachePool(64), _ReferencePool(64)
+    live = []  # (block ids, keys) per sequence
+    for _ in range(40000):
+        if live and (rng.random() < 0.5 or pool.num_free < 12):
+            ids, _ = live.pop(rng.randrange(len(live)))
+            pool.free(ids)
+            ref.free(ids)
+            continue
+        chain = rng.randrange(12)
+        keys = [(chain if j < 4 else rng.randrange(10**6)) * 1000 + j for j in range(rng.randrange(1, 12))]
+        hit = pool.lookup(keys)
+        assert hit == ref.lookup(keys)
+        ids = pool.take_cached(keys[:hit])
+        assert ids == ref.take(keys[:hit])
+        new = pool.allocate(len(keys) - hit)
+        assert new == ref.allocate(len(keys) - hit)
+        ids = ids + new
+        pool.cache_run(ids[hit:], keys[hit:])
+        for b, k in zip(ids[hit:], keys[hit:]):
+            ref.cache(b, k)
+        live.append((ids, keys))
+        assert (pool.evictions, pool.num_cached, pool.num_free) == (
+            ref.evictions,
+            len(ref.block_of),
+            64 - sum(1 for r in ref.refs.values() if r),
+        )
+    assert pool.evictions > 65536 and pool._head < 65536  # the release order was compacted
