@@ -32,55 +32,9 @@ from infersim.simulator.policies.state import SchedulerLimits, SchedulerState
 from infersim.simulator.workload.schema import ServingSection
 
 from .clock import Clock
-from .kvcache import PagedKVCache, runner_cache
+from .kvcache import runner_cache
 from .runner import build_runner, plan_batch
-
-
-class ExecSequence:
-    """A request inside the executor: the attributes a policy reads (rid, arrival_s,
-    first_enqueue_s, prompt_len, generated, computed, num_tokens, num_gpu_blocks,
-    num_cpu_blocks) plus its tokens and block tables."""
-
-    def __init__(self, rid: int, prompt_ids, output_len: int, arrival_s: float, client: int = -1):
-        self.rid = rid
-        self.tokens: list[int] = [int(t) for t in prompt_ids]
-        self.prompt_len = len(self.tokens)
-        self.output_len = int(output_len)
-        self.arrival_s = float(arrival_s)
-        self.first_enqueue_s = float(arrival_s)
-        self.generated = 0
-        self.computed = 0
-        self.block_table: list[int] = []
-        self.cpu_block_table: list[int] = []
-        self.replica = 0
-        self.client = client
-        self.last_token_s = float(arrival_s)
-        self.first_scheduled_s = -1.0
-        self.first_token_s = -1.0
-        self.finish_s = -1.0
-        self.aborted = False
-
-    @property
-    def num_tokens(self) -> int:
-        return self.prompt_len + self.generated
-
-    @property
-    def num_gpu_blocks(self) -> int:
-        return len(self.block_table)
-
-    @property
-    def num_cpu_blocks(self) -> int:
-        return len(self.cpu_block_table)
-
-    @property
-    def output_ids(self) -> list[int]:
-        return self.tokens[self.prompt_len :]
-
-    def __repr__(self) -> str:
-        return (
-            f"ExecSequence(rid={self.rid}, prompt={self.prompt_len}, gen={self.generated}/{self.output_len}, "
-            f"computed={self.computed}, gpu_blocks={self.num_gpu_blocks}, cpu_blocks={self.num_cpu_blocks})"
-        )
+from .sequence import ExecSequence
 
 
 @dataclass
@@ -147,10 +101,11 @@ _FLOAT_COLS = {"t_start_s", "t_end_s", "forward_s", "schedule_s", "swap_s", "t_i
 
 
 class _TimedSwaps:
-    """The paged cache as the decision path's KV operations, with each swap timed (the device
-    synchronised) and fed to the engine's measured cost model."""
+    """The engine's KV operations (the paged cache, or its prefix-caching accounting) as the
+    decision path's, with each swap timed (the device synchronised) and fed to the engine's
+    measured cost model."""
 
-    def __init__(self, cache: PagedKVCache, sync, cost_model):
+    def __init__(self, cache, sync, cost_model):
         self.cache, self.sync, self.cost_model = cache, sync, cost_model
         self.swap_s = 0.0
         self.copies = {"d2h": 0, "h2d": 0}
@@ -160,6 +115,13 @@ class _TimedSwaps:
 
     def grow_to(self, seq, tokens: int) -> int:
         return self.cache.grow_to(seq, tokens)
+
+    def admit(self, seq, query_tokens: int) -> int:
+        admit = getattr(self.cache, "admit", None)
+        if admit is None:
+            self.cache.grow_to(seq, seq.num_tokens)
+            return query_tokens
+        return admit(seq, query_tokens)
 
     def swap_out(self, seqs: list) -> int:
         return self._timed(self.cache.swap_out, seqs, "d2h")
@@ -200,6 +162,7 @@ class Engine:
         realtime: bool = True,
         record: bool = True,
         kv_dtype=None,
+        prefix_caching: bool = False,
     ):
         self.lm = model
         self.runner = build_runner(model)
@@ -213,6 +176,16 @@ class Engine:
             device=model.device,
             watermark=watermark,
         )
+        # the KV operations the decisions go through: the cache itself, or with prefix caching
+        # the simulator's prefix-caching accounting over its blocks (executor/prefix_kv.py)
+        self._prefix_kv = None
+        self.sequence_class = ExecSequence
+        if prefix_caching:
+            from .prefix_kv import PrefixCachedKV
+            from .sequence import CachedSequence
+
+            self._prefix_kv = PrefixCachedKV(self.cache, watermark)
+            self.sequence_class = CachedSequence
         self.scheduler = scheduler
         self.limits = limits or SchedulerLimits(max_model_len=model.max_positions)
         self.metrics = metrics
@@ -230,6 +203,12 @@ class Engine:
         self._arrivals: list = []  # heap of (time, order, factory)
         self._order = 0
         self.on_finish = None  # callback(seq, now) (closed-loop clients)
+
+    @property
+    def kv(self):
+        """The KV operations decisions go through: the paged cache (which a subclass may
+        replace), or the prefix-caching accounting over it."""
+        return self.cache if self._prefix_kv is None else self._prefix_kv
 
     # ---- clock ---------------------------------------------------------------------------
     def now(self) -> float:
@@ -329,7 +308,7 @@ class Engine:
         return self.now()
 
     def _state(self) -> SchedulerState:
-        c = self.cache
+        c = self.kv
         return SchedulerState(
             now_s=self.now(),
             waiting=self.waiting,
@@ -340,15 +319,16 @@ class Engine:
             total_gpu_blocks=c.total_gpu,
             block_size=c.block_size,
             watermark_blocks=c.watermark_blocks,
-            kv_bytes_per_block=c.bytes_per_block,
+            kv_bytes_per_block=self.cache.bytes_per_block,
             limits=self.limits,
             cost_model=self.cost_model,
+            releasable_blocks=None if self._prefix_kv is None else self._prefix_kv.releasable,
         )
 
     def _apply(self, d) -> dict:
         """Carry out a decision on the paged cache through the simulator's own decision path
         (infersim.simulator.engine.decision), timing the swaps."""
-        swaps = _TimedSwaps(self.cache, self._sync, self.cost_model)
+        swaps = _TimedSwaps(self.kv, self._sync, self.cost_model)
         done = apply_decision(
             d,
             self,
@@ -382,12 +362,12 @@ class Engine:
 
     def _run_batch(self, d, sched_s: float, moved: dict) -> None:
         batch = d.batch
-        cache = self.cache
+        cache, kv = self.cache, self.kv
         q = np.fromiter((n for _, n in batch), dtype=np.int64, count=len(batch))
         ctx = np.fromiter((s.computed for s, _ in batch), dtype=np.int64, count=len(batch))
         makes = [s.computed + n == s.num_tokens for s, n in batch]
         for seq, n in batch:
-            cache.grow_to(seq, seq.computed + n)
+            kv.grow_to(seq, seq.computed + n)
         plan = plan_batch(cache, batch, self.device)
         start = self.now()
         t = time.perf_counter()
@@ -413,12 +393,13 @@ class Engine:
                     len(batch),
                     tokens,
                     int(q[q > 1].sum()),
-                    cache.used_gpu,
-                    cache.used_cpu,
+                    kv.used_gpu,
+                    kv.used_cpu,
                     len(self.waiting),
                     len(self.swapped),
                     moved["out_blocks"] * bpb,
                     moved["in_blocks"] * bpb,
+                    getattr(kv, "cached_gpu", 0),
                 )
             )
         it = self._iteration
@@ -442,8 +423,8 @@ class Engine:
                     int(ctx.max()),
                     int((ctx + q).sum()),
                     len(next_tokens),
-                    cache.used_gpu,
-                    cache.used_cpu,
+                    kv.used_gpu,
+                    kv.used_cpu,
                     len(self.waiting),
                     len(self.swapped),
                     moved["admitted"],
@@ -469,7 +450,7 @@ class Engine:
             k += 1
             if emit_token(seq, end, itl):
                 self.running.remove(seq)
-                cache.free(seq)
+                kv.free(seq)
                 self._finish(seq, end)
         if itl and m is not None:
             m.add_itl(itl, 1.0)
@@ -491,8 +472,9 @@ def generate(
     returns the generated token ids per prompt and the engine (its counters tell what
     happened: preemptions, swaps). `serving` is a workload's `serving:` section (scheduler,
     preemption, pools, batch limits; default its defaults), except that without gpu_blocks the
-    pool holds every request and without cpu_blocks there is no host pool. All requests arrive
-    at once unless `arrival_s` is given."""
+    pool holds every request and without cpu_blocks there is no host pool; with
+    `serving.prefix_caching` `engine.kv.stats` has the cache hits. All requests arrive at once
+    unless `arrival_s` is given."""
     from infersim.simulator.policies import build_scheduler
 
     sv = serving or ServingSection()
@@ -515,10 +497,11 @@ def generate(
         watermark=sv.watermark,
         limits=limits,
         realtime=False,
+        prefix_caching=sv.prefix_caching,
     )
     seqs = []
     for i, (p, o) in enumerate(zip(prompts, outs)):
-        s = ExecSequence(i, p, o, 0.0 if arrival_s is None else float(arrival_s[i]))
+        s = eng.sequence_class(i, p, o, 0.0 if arrival_s is None else float(arrival_s[i]))
         seqs.append(s)
         eng.submit(s)
     eng.run()

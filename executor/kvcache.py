@@ -100,11 +100,15 @@ class PagedKVCache:
         if add > len(self._free_gpu):
             raise RuntimeError(f"GPU block pool overdrawn by {seq!r}: need {add}, free {self.free_gpu}")
         new = [self._free_gpu.pop() for _ in range(add)]
-        fresh = [b for b in new if not self._clean[b]]
-        if fresh:
-            self._zero(fresh)
+        self.ensure_clean(new)
         seq.block_table.extend(new)
         return add
+
+    def ensure_clean(self, blocks) -> None:
+        """Zero those of `blocks` never handed out before (see __init__: no NaN bit patterns)."""
+        fresh = [b for b in blocks if not self._clean[b]]
+        if fresh:
+            self._zero(fresh)
 
     def _zero(self, blocks: list[int]) -> None:
         idx = torch.tensor(blocks, dtype=torch.long, device=self.device)
@@ -180,6 +184,24 @@ class PagedKVCache:
         if pairs_g:
             self._copy(pairs_g, pairs_c, to_host=False)
         return len(pairs_g)
+
+    # ---- host blocks by id, for callers that choose which device blocks move (prefix caching) --
+    def take_host(self, n: int) -> list[int]:
+        if n > len(self._free_cpu):
+            raise RuntimeError(f"CPU block pool overdrawn: need {n}, free {self.free_cpu}")
+        return [self._free_cpu.pop() for _ in range(n)]
+
+    def release_host(self, ids) -> None:
+        self._free_cpu.extend(reversed(list(ids)))
+
+    def copy_blocks(self, gpu_ids: list[int], cpu_ids: list[int], to_host: bool) -> None:
+        """Copy device blocks gpu_ids[i] to host blocks cpu_ids[i] (or back, with to_host=False)."""
+        if not gpu_ids:
+            return
+        if not to_host:
+            for b in gpu_ids:
+                self._clean[b] = True  # overwritten whole by the copy
+        self._copy(gpu_ids, cpu_ids, to_host)
 
     def _copy(self, gpu_ids: list[int], cpu_ids: list[int], to_host: bool) -> None:
         # copy calls made, for whoever times the swaps: on the CPU a call's fixed cost is most of

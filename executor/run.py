@@ -14,6 +14,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from infersim.simulator.errors import InfersimError
+from infersim.simulator.workload.schema import ServingSection
+
 from . import medusa  # noqa: F401  (registers Medusa's decoder with the speculative engine)
 from .options import ExecOptions
 from .serving import (
@@ -30,8 +33,18 @@ from .serving import (
 )
 
 
+def check_engine_features(spec, source: str = "workload") -> None:
+    """Prefix caching runs on the plain engine only: refuse it beside speculation or offload."""
+    if spec.serving.prefix_caching and (spec.speculation is not None or spec.offload is not None):
+        raise InfersimError(
+            f"{source}: serving.prefix_caching runs on the plain engine only, not with a "
+            f"{'speculation' if spec.speculation is not None else 'offload'} section"
+        )
+
+
 def execute(spec, requests, model: str, out: Path, opts: ExecOptions = ExecOptions()) -> dict:
     """Serve the requests on the model and write the run directory atomically; returns the summary."""
+    check_engine_features(spec)
     if getattr(spec, "speculation", None) is not None:
         # a `speculation:` section: the speculative engine (executor/speculative/engine.py)
         from .speculative.engine import execute_speculative
@@ -71,9 +84,21 @@ def execute(spec, requests, model: str, out: Path, opts: ExecOptions = ExecOptio
             metrics=metrics,
             realtime=opts.realtime,
             kv_dtype=kv_dtype,
+            prefix_caching=sv.prefix_caching,
         )
         engine.warmup()
-        prompts = make_prompts(requests.prompt_tokens, tokenizer=lm.tokenizer, vocab_size=lm.vocab_size, seed=spec.seed)
+        # a workload with token identity (requests.sharing, a trace's hash ids) gets prompts that
+        # share tokens where it says, with prefix caching on or off; a conversation's turns hold
+        # the model's own replies to the turns before (prompts.conversation_prompts)
+        prompts = make_prompts(
+            requests.prompt_tokens,
+            tokenizer=lm.tokenizer,
+            vocab_size=lm.vocab_size,
+            seed=spec.seed,
+            prefix=requests.prefix,
+            outputs=[int(o) for o in requests.output_tokens],
+            reply=lambda ps, outs: greedy_replies(lm, ps, outs, limits),
+        )
         truncated = 0
         seqs: list[ExecSequence] = []
 
@@ -82,7 +107,7 @@ def execute(spec, requests, model: str, out: Path, opts: ExecOptions = ExecOptio
             p = prompts[i]
             o, cut = clipped_output(len(p), requests.output_tokens[i], max_len)
             truncated += cut
-            s = ExecSequence(i, p, o, arrival, client)
+            s = engine.sequence_class(i, p, o, arrival, client)
             seqs.append(s)
             return s
 
@@ -128,6 +153,31 @@ def execute(spec, requests, model: str, out: Path, opts: ExecOptions = ExecOptio
         if lm.meta:
             ex["zoo"] = {k: lm.meta.get(k) for k in ("heldout_perplexity", "weights_sha256", "corpus_sha256")}
         resolved = resolved_config(spec, lm, mem, limits, len(seqs), ex)
-        result = run_result(spec, metrics, memory, end, resolved, {"executor": ex})
+        sections = {"executor": ex}
+        if sv.prefix_caching:
+            from infersim.simulator.engine.prefix_blocks import prefix_cache_counters
+
+            sections["prefix_cache"] = prefix_cache_counters([engine.kv])
+        result = run_result(spec, metrics, memory, end, resolved, sections)
         summary = write_engine_run(tmp, result, engine, seqs, opts)
     return summary
+
+
+def greedy_replies(lm, prompts: list[list[int]], outputs: list[int], limits) -> list[list[int] | None]:
+    """The model's greedy outputs (as served: cut at the maximum position) for the prompts that
+    fit, None for those the engine would abort; for conversation turns built before serving."""
+    from .engine import generate
+
+    max_len = limits.max_model_len
+    fit = [k for k, p in enumerate(prompts) if len(p) < max_len]
+    out: list[list[int] | None] = [None] * len(prompts)
+    if fit:
+        got, _ = generate(
+            lm,
+            [prompts[k] for k in fit],
+            [clipped_output(len(prompts[k]), outputs[k], max_len)[0] for k in fit],
+            ServingSection(max_batch_size=limits.max_batch_size),
+        )
+        for k, g in zip(fit, got):
+            out[k] = g
+    return out

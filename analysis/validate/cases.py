@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from infersim.simulator.errors import UnknownNameError
 
 # what a case compares, beyond the latency/throughput metrics every case has
-COMPARE = ("latency", "preemption", "swap", "recompute", "acceptance", "offload")
+COMPARE = ("latency", "preemption", "swap", "recompute", "acceptance", "offload", "prefix")
 
 
 @dataclass(frozen=True)
@@ -185,6 +185,29 @@ _register(
         },
         ("latency", "acceptance"),
         why="head accuracies measured by the real heads feed the simulator's tree model",
+    )
+)
+_register(
+    Case(
+        "prefix-multiturn",
+        "Prefix caching over multi-turn conversations",
+        "plain",
+        {
+            "serving": {"max_batch_size": 32, "gpu_blocks": 1024, "cpu_blocks": 0, "prefix_caching": True},
+            "requests": {
+                "count": 96,
+                "arrival": {"type": "poisson", "rate": 5.0},
+                "prompt_tokens": {"type": "uniform", "low": 16, "high": 64},
+                "output_tokens": {"type": "uniform", "low": 16, "high": 48},
+                # 32 conversations of 3 turns after a 64-token system prompt; a turn arrives 4.7 s
+                # or more after the previous turn of its conversation (6.4 s on average), which has
+                # finished by then in both engines even on a busy CPU, so which blocks a turn finds
+                # cached does not hang on timing (a busy 2-core CPU can take 3 s a request)
+                "sharing": {"conversations": 32, "system_prompt_tokens": 64, "max_turns": 3},
+            },
+        },
+        ("latency", "prefix"),
+        why="a turn's prefill skips the blocks its conversation and the system prompt left cached",
     )
 )
 for _policy, _title in (

@@ -240,6 +240,11 @@ def request_level(exec_run, sim_run) -> dict:
         if not np.allclose(np.asarray(e[c])[: len(s[c])], np.asarray(s[c])[: len(e[c])])
     ]
     out = {"requests": int(len(e["arrival_s"])), "input_mismatch": mismatch}
+    if "cached_tokens" in e and "cached_tokens" in s:  # prefix caching: requests whose hits differ
+        n = min(len(e["cached_tokens"]), len(s["cached_tokens"]))
+        out["cached_tokens_mismatch"] = np.flatnonzero(
+            np.asarray(e["cached_tokens"][:n]) != np.asarray(s["cached_tokens"][:n])
+        ).tolist()
 
     class _R:  # the derived tables in the shape _aligned expects
         def __init__(self, r):
@@ -275,6 +280,9 @@ def totals_level(exec_run, sim_run) -> dict:
         "kv_utilization_mean": ("kv_utilization", "mean_busy"),
         "acceptance_rate": ("speculation", "acceptance_rate"),
         "tokens_per_step": ("speculation", "acceleration_rate"),
+        "prefix_hit_rate_tokens": ("prefix_cache", "hit_rate_tokens"),
+        "prefix_hit_rate_blocks": ("prefix_cache", "hit_rate_blocks"),
+        "prefix_evictions": ("prefix_cache", "evictions"),
     }
     out = {}
     for name, path in keys.items():
@@ -444,6 +452,8 @@ def check_targets(c: Comparison, compare: tuple[str, ...], targets: dict | None 
             t["swap_cost"],
             lambda: (noise_source() + f"; {band}") if busy else f"cost model (host-copy fit; {band})",
         )
+    if "prefix" in compare:
+        _prefix_checks(c, add)
     if "recompute" in compare and "recompute" in cm:
         add(
             "recompute cost (re-prefill time)",
@@ -452,6 +462,27 @@ def check_targets(c: Comparison, compare: tuple[str, ...], targets: dict | None 
             lambda: noise_source() if busy else "cost model (prefill iterations)",
         )
     return checks
+
+
+def _prefix_checks(c: Comparison, add) -> None:
+    """Prefix-cache hit rates by tokens and by blocks: the simulated minus the executed, which
+    must be exactly 0 (both engines key the same tokens and share blocks by one accounting;
+    a difference is a request that found a different prefix cached: the schedules differ)."""
+    tot, mism = c.totals, c.requests.get("cached_tokens_mismatch", [])
+    for name, metric in (
+        ("prefix_hit_rate_tokens", "prefix-cache hit rate (tokens)"),
+        ("prefix_hit_rate_blocks", "prefix-cache hit rate (blocks)"),
+    ):
+        row = tot.get(name) or {}
+        m, p = row.get("measured"), row.get("predicted")
+        diff = None if m is None or p is None else float(p) - float(m)
+        add(
+            metric,
+            diff,
+            0.0,
+            f"scheduling mismatch ({len(mism)} requests found another number of prompt tokens cached, first "
+            f"request ids {mism[:5]}: a turn met its previous turn's blocks in one engine and not the other)",
+        )
 
 
 def replay_level(exec_run, replay_run) -> dict:

@@ -11,6 +11,7 @@ per-iteration log the comparison aligns with the executor's iterations.parquet."
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -51,8 +52,40 @@ def sim_spec(run: ExecRun, *, profile: str, cost_model_name: str = "roofline", u
         raise InfersimError(pydantic_error_line(f"{run.path}/config.yaml (as simulated)", exc)) from None
 
 
+@dataclass
+class ExecutedKeys:
+    """Token identity for prefix caching from the executed token ids (outputs.parquet: each
+    request's prompt and generated tokens): request i's block keys are the executor's own
+    (`chain_keys` over the same tokens), so the simulator shares, registers and evicts exactly
+    the blocks the executor could."""
+
+    tokens: list  # per request id, prompt + output token ids
+
+    def keys(self, i: int, num_tokens: int, block_size: int) -> list[int]:
+        from infersim.simulator.engine.prefix_cache import chain_keys
+
+        return chain_keys(self.tokens[i][: int(num_tokens)], block_size)
+
+    def check_block_size(self, block_size: int, source: str) -> None:
+        pass
+
+
+def executed_keys(run: ExecRun) -> ExecutedKeys:
+    import pyarrow.parquet as pq
+
+    path = Path(run.path) / "outputs.parquet"
+    if not path.is_file():
+        raise InfersimError(f"{run.path}: missing outputs.parquet (the executed tokens prefix caching is keyed by)")
+    t = pq.read_table(str(path), columns=["rid", "prompt_ids", "output_ids"]).to_pydict()
+    tokens: list = [[] for _ in range(max(t["rid"], default=-1) + 1)]
+    for rid, prompt, out in zip(t["rid"], t["prompt_ids"], t["output_ids"]):
+        tokens[rid] = list(prompt) + list(out)
+    return ExecutedKeys(tokens)
+
+
 def sim_requests(run: ExecRun):
-    """The executor's requests, in request-id order."""
+    """The executor's requests, in request-id order; with prefix caching, with the executed
+    tokens' block keys (ExecutedKeys)."""
     from infersim.simulator.workload.requests import Requests
 
     r = run.requests
@@ -63,7 +96,8 @@ def sim_requests(run: ExecRun):
     order = np.argsort(arrival, kind="stable")
     if not np.array_equal(order, np.arange(n)):
         raise InfersimError(f"{run.path}: request ids are not in arrival order; cannot replay them as the same ids")
-    return Requests(prompt, output, arrival)
+    prefix = executed_keys(run) if run.config["workload"]["serving"].get("prefix_caching") else None
+    return Requests(prompt, output, arrival, prefix=prefix)
 
 
 def simulate_run(

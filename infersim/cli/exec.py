@@ -43,6 +43,12 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--rate", type=float, default=None, help="override the arrival rate (req/s) of poisson/gamma arrivals"
     )
+    p.add_argument(
+        "--prefix-caching",
+        choices=("on", "off"),
+        default=None,
+        help="override serving.prefix_caching (shared KV blocks keyed by the prompts' token ids, docs/executor.md)",
+    )
     p.add_argument("--gpu-blocks", type=int, default=None, help="device KV blocks (overrides the workload)")
     p.add_argument("--cpu-blocks", type=int, default=None, help="host KV blocks for swapping (overrides the workload)")
     p.add_argument(
@@ -73,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as exc:
         raise InfersimError(f'the executor needs PyTorch and transformers ({exc}): pip install ".[executor]"')
     from infersim.executor.options import ExecOptions
-    from infersim.executor.run import execute
+    from infersim.executor.run import check_engine_features, execute
 
     t0 = time.perf_counter()
     if args.threads:
@@ -88,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
             raise InfersimError(f"--cpu-blocks: expected a whole number >= 0, got {args.cpu_blocks}")
         sv["cpu_blocks"] = args.cpu_blocks
     spec, requests = prepare(ns, str(args.workload), serving=sv)
+    check_engine_features(spec, str(args.workload))
     out = check_out_dir(args.out or Path("runs") / f"{spec.name}-exec", force=args.force)
     log = None if args.quiet else log_line
     opts = ExecOptions(

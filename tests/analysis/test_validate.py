@@ -703,3 +703,49 @@ def test_within_run_speed_attributes_errors_that_follow_the_ticks_to_timing_nois
     # too few ticks: nothing to say
     (tmp_path / "speed_ticks.json").write_text(json.dumps({"clock_s": [0.0, 1.0], "tick_s": [1e-3, 1e-3]}))
     assert local_speed(tmp_path, start) is None and within_run_speed(tmp_path, start, pred, meas) == {}
+
+
+# ---- prefix caching: the executor's hits against the simulator's --------------------------------
+@pytest.fixture(scope="module")
+def prefix_run(tmp_path_factory, zoo_dir):
+    """The prefix-multiturn case's first 48 requests served by the executor (one torch thread)."""
+    from infersim.analysis.validate.cases import get_case
+    from infersim.analysis.validate.execute import run_executor
+    from infersim.analysis.validate.measured import load_exec_run
+    from infersim.simulator.workload.builder import build_requests
+
+    spec = get_case("prefix-multiturn").spec("zoo-target", requests=48)
+    out = tmp_path_factory.mktemp("prefix") / "exec"
+    run_executor(spec, build_requests(spec), "zoo-target", out)
+    return load_exec_run(out), out.parent
+
+
+@pytest.mark.torch
+def test_simulator_finds_the_executors_prefix_hits_exactly(prefix_run):
+    """On the executed tokens' keys (ExecutedKeys), the simulator finds the executor's cache hits
+    request for request: driven by the executor's measured times (its schedule), and with the
+    cpu-reference roofline (another speed: the case spaces a conversation's turns so far apart
+    that which blocks a turn finds does not hang on timing). The hits are real: every first turn
+    but the first finds the 64-token system prompt, a second turn its previous turn's blocks."""
+    from infersim.analysis.validate.compare import compare_runs
+    from infersim.analysis.validate.measured import load_run
+    from infersim.analysis.validate.run import _profile_cost_model
+    from infersim.analysis.validate.simulate import simulate_run
+    from infersim.simulator.costmodel.replay import ReplayCostModel
+
+    run, folder = prefix_run
+    roofline = _profile_cost_model("roofline", "cpu-reference", run)
+    cached = np.asarray(run.requests["cached_tokens"])
+    assert cached[0] == 0 and np.all(cached[1:32] == 64)  # 4 system-prompt blocks of 16
+    prompt = np.asarray(run.requests["prompt_tokens"])
+    assert np.all(cached[32:] == (prompt[:16] + np.asarray(run.requests["output_tokens"])[:16] - 1) // 16 * 16)
+    pc = run.summary["prefix_cache"]
+    assert pc["hit_rate_tokens"] == cached.sum() / prompt.sum() and pc["evictions"] == 0
+    for name, cm in (("replay", ReplayCostModel(run, roofline)), ("roofline", roofline)):
+        simulate_run(run, folder / name, cost_model=cm, cost_model_name="roofline")
+        sim = load_run(folder / name)
+        assert np.array_equal(np.asarray(sim.requests["cached_tokens"]), cached), name
+        assert sim.summary["prefix_cache"] == pc, name
+        checks = compare_runs("prefix-multiturn", run, sim, roofline, ("latency", "prefix")).checks
+        hit = [c for c in checks if c["metric"].startswith("prefix-cache hit rate")]
+        assert len(hit) == 2 and all(c["ok"] and c["value"] == 0.0 for c in hit), hit
