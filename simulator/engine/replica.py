@@ -58,6 +58,10 @@ class Replica:
     def add(self, seq) -> None:
         seq.replica = self.index
         self.waiting.append(seq)
+        self.wake()
+
+    def wake(self) -> None:
+        """Something changed that the loop waits for (an arrival, freed blocks)."""
         if not self.wakeup.triggered:
             self.wakeup.succeed()
 
@@ -171,8 +175,8 @@ class Replica:
         itl = []
         for (seq, n), tok in zip(batch, makes_token):
             seq.computed += n
-            if tok and emit_token(seq, end, itl):
-                self._finish(seq, end)
+            if tok:
+                self._token(seq, end, itl)
         if itl:
             self.metrics.add_itl(itl, 1.0)
 
@@ -243,6 +247,12 @@ class Replica:
             seq.last_token_s = end
             if seq.generated >= seq.output_len:
                 self._finish(seq, end)
+
+    def _token(self, seq, now: float, itl: list) -> None:
+        """`seq` produced a token at `now` in a general iteration (a disaggregated prefill
+        replica hands the sequence over here instead)."""
+        if emit_token(seq, now, itl):
+            self._finish(seq, now)
 
     def report(self, extra: dict) -> None:
         """Subclasses add their own summary entries (e.g. acceptance, prefetch bytes)."""

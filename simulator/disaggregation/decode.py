@@ -1,0 +1,71 @@
+"""A decode replica: the engine's loop over sequences whose KV came from a prefill replica.
+
+A prefilled sequence is offered to the replica the decode router picks and waits there
+(`incoming`, first come first served) until the replica's pool has blocks for its prompt and
+first token under vLLM's admission rule (the watermark kept free); the blocks are then taken
+and the KV transfer starts. When the transfer ends the sequence joins the running batch with
+its first token out. After that it is any running sequence: the replica's scheduler may
+preempt it (swap, or recompute on this replica)."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from ..engine.replica import Replica
+from ..engine.sequence import emit_token
+
+
+class DecodeReplica(Replica):
+    def __init__(self, *args, transfers, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.transfers = transfers
+        self.incoming: deque = deque()  # handoffs waiting for blocks here
+        self.inbound = 0  # sequences with blocks taken here whose KV is on its way
+
+    @property
+    def outstanding(self) -> int:
+        return super().outstanding + len(self.incoming) + self.inbound
+
+    def offer(self, handoff) -> None:
+        handoff.seq.replica = self.index
+        self.incoming.append(handoff)
+        self.take_incoming()
+
+    def take_incoming(self) -> None:
+        """Take blocks for the head of `incoming` while they fit; each taken starts its transfer."""
+        b = self.blocks
+        while self.incoming:
+            h = self.incoming[0]
+            need = b.blocks_for_tokens(h.seq.num_tokens + 1)
+            if b.total_gpu - need < b.watermark_blocks:
+                self.incoming.popleft()
+                self.transfers.abort(h, self.env.now)
+                continue
+            if b.free_gpu - need < b.watermark_blocks:
+                return
+            self.incoming.popleft()
+            b.grow_to(h.seq, h.seq.num_tokens + 1)
+            self.inbound += 1
+            self.transfers.reserved(h)
+
+    def land(self, seq, now_s: float) -> None:
+        """`seq`'s KV has arrived: its first token is out and it decodes from the next iteration."""
+        self.inbound -= 1
+        emit_token(seq, now_s, [])
+        self.running.append(seq)
+        self.wake()
+
+    def _apply(self, d):
+        moved = super()._apply(d)
+        if d.preempt or d.abort:
+            self.take_incoming()  # preemptions and aborts free blocks
+        return moved
+
+    def _execute(self, decision, state, out_bytes: float, in_bytes: float):
+        for seq, _ in decision.batch:
+            self.transfers.phases.stamp_once("decode_start_s", seq.rid, self.env.now)
+        yield from super()._execute(decision, state, out_bytes, in_bytes)
+
+    def _finish(self, seq, now: float) -> None:
+        super()._finish(seq, now)
+        self.take_incoming()
