@@ -27,12 +27,14 @@ class DecodeReplica(Replica):
         return super().outstanding + len(self.incoming) + self.inbound
 
     def offer(self, handoff) -> None:
+        """Queue a prefilled sequence; the loop takes its blocks at its next decision."""
         handoff.seq.replica = self.index
         self.incoming.append(handoff)
-        self.take_incoming()
+        self.wake()
 
-    def take_incoming(self) -> None:
-        """Take blocks for the head of `incoming` while they fit; each taken starts its transfer."""
+    def take_incoming(self, keep_blocks: int) -> None:
+        """Take blocks for the head of `incoming` while they fit beside the `keep_blocks` the
+        decided batch is about to use; each taken starts its transfer."""
         b = self.blocks
         while self.incoming:
             h = self.incoming[0]
@@ -41,7 +43,7 @@ class DecodeReplica(Replica):
                 self.incoming.popleft()
                 self.transfers.abort(h, self.env.now)
                 continue
-            if b.free_gpu - need < b.watermark_blocks:
+            if b.free_gpu - keep_blocks - need < b.watermark_blocks:
                 return
             self.incoming.popleft()
             b.grow_to(h.seq, h.seq.num_tokens + 1)
@@ -56,16 +58,16 @@ class DecodeReplica(Replica):
         self.wake()
 
     def _apply(self, d):
+        """The scheduler's decision first (the running batch comes before newcomers), then
+        blocks for the prefilled sequences waiting here, from what the batch leaves free."""
         moved = super()._apply(d)
-        if d.preempt or d.abort:
-            self.take_incoming()  # preemptions and aborts free blocks
+        if self.incoming:
+            b = self.blocks
+            keep = sum(max(0, b.blocks_for_tokens(seq.computed + n) - seq.num_gpu_blocks) for seq, n in d.batch)
+            self.take_incoming(keep)
         return moved
 
     def _execute(self, decision, state, out_bytes: float, in_bytes: float):
         for seq, _ in decision.batch:
             self.transfers.phases.stamp_once("decode_start_s", seq.rid, self.env.now)
         yield from super()._execute(decision, state, out_bytes, in_bytes)
-
-    def _finish(self, seq, now: float) -> None:
-        super()._finish(seq, now)
-        self.take_incoming()

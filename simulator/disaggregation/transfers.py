@@ -5,7 +5,7 @@ for blocks; once it has them its KV (prompt tokens x the model's KV bytes per to
 layer and head: the whole cache moves whatever the pools' tensor parallelism) is sent over its
 prefill replica's link, one transfer at a time per link, timed by the prefill pool's cost
 model (`kv_link_transfer_time_s`). With layer-wise streaming, the sequences of one prefill
-iteration that get their decode blocks at once are sent together while the prefill runs
+iteration that get their decode blocks the moment it ends are sent together while it runs
 (`kv_link_streamed_time_s`: only the last layer's share follows the prefill when the link keeps
 up); a sequence that had to wait for blocks or for the link is sent whole afterwards. The
 prefill side's blocks are freed when the transfer ends."""
@@ -38,13 +38,12 @@ class KVTransfers:
         self.phases = phases
         self.decode: list = []
         self.router = None
-        self._batch: list[Handoff] | None = None  # handoffs of the prefill iteration being handed over
+        self._streams: dict = {}  # prefill replica -> the handoffs it streams at this instant
         self.counters = {"transfers": 0, "streamed": 0, "bytes": 0.0, "time_s": 0.0}
 
     def prefilled(self, source, seqs: list, prefill_time_s: float) -> None:
         """`seqs` finished their prompts on `source` in an iteration of `prefill_time_s`."""
         now = self.env.now
-        self._batch = []
         for seq in seqs:
             h = Handoff(seq, source, seq.num_gpu_blocks, seq.computed * self.bytes_kv_per_token, now, prefill_time_s)
             seq.num_gpu_blocks = 0  # the source's blocks are now the handoff's
@@ -52,16 +51,22 @@ class KVTransfers:
             self.phases.prefill_replica[seq.rid] = source.index
             h.dest = self.decode[self.router.route(seq, self.decode)]
             h.dest.offer(h)
-        batch, self._batch = self._batch, None
-        if batch:
-            self.env.process(self._send(batch, streamed=True))
 
     def reserved(self, h: Handoff) -> None:
-        """A decode replica took blocks for `h`: send its KV (with its prefill batch when streaming)."""
-        if self.streaming and self._batch is not None:
-            self._batch.append(h)
+        """A decode replica took blocks for `h`: send its KV. Streamed, the handoffs of one
+        prefill iteration that get their blocks the moment it ends go together."""
+        if self.streaming and h.prefill_end_s == self.env.now:
+            group = self._streams.get(h.source)
+            if group is None:
+                group = self._streams[h.source] = []
+                self.env.process(self._stream(h.source))
+            group.append(h)
         else:
             self.env.process(self._send([h], streamed=False))
+
+    def _stream(self, source):
+        yield self.env.timeout(0)  # every decode replica that takes blocks at this instant joins the group
+        yield from self._send(self._streams.pop(source), streamed=True)
 
     def abort(self, h: Handoff, now_s: float) -> None:
         """`h` can never fit in its decode replica's pool."""
