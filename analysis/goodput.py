@@ -112,7 +112,9 @@ def build_deployments(section: GoodputSection, source: str = "plan file") -> lis
         )
     n = section.gpus // tp
     if n < 2:
-        raise InfersimError(f"{source}: field 'disaggregation.gpus': a disaggregated deployment needs two replicas or more")
+        raise InfersimError(
+            f"{source}: field 'disaggregation.gpus': a disaggregated deployment needs two replicas or more"
+        )
     splits = [tuple(int(x) for x in s.split(":")) for s in section.splits] or [(p, n - p) for p in range(1, n)]
     for p, d in splits:
         if p + d != n:
@@ -133,7 +135,11 @@ def build_deployments(section: GoodputSection, source: str = "plan file") -> lis
             "link": link,
             "layerwise_streaming": section.layerwise_streaming,
         }
-        out.append(Deployment(f"disaggregated {p}P:{d}D tp{tp}", "disaggregated", section.gpus, {"hardware.disaggregated": pools}))
+        out.append(
+            Deployment(
+                f"disaggregated {p}P:{d}D tp{tp}", "disaggregated", section.gpus, {"hardware.disaggregated": pools}
+            )
+        )
     return out
 
 
@@ -199,19 +205,37 @@ def search_goodput(task: dict) -> dict:
             else:
                 hi = nxt
         if lo is None:
-            return {"status": "infeasible", "goodput_rps": 0.0, "fail_rate_rps": hi, "probes": probes,
-                    "error": f"misses the attainment even at {s['min_rate']:g} req/s", "wall_s": time.perf_counter() - t0}
+            return {
+                "status": "infeasible",
+                "goodput_rps": 0.0,
+                "fail_rate_rps": hi,
+                "probes": probes,
+                "error": f"misses the attainment even at {s['min_rate']:g} req/s",
+                "wall_s": time.perf_counter() - t0,
+            }
         while hi is not None and hi / lo > 1 + s["tolerance"]:
             mid = math.sqrt(lo * hi)
             if passes(mid):
                 lo = mid
             else:
                 hi = mid
-        return {"status": "ok", "goodput_rps": lo, "fail_rate_rps": hi, "probes": probes, "error": None,
-                "wall_s": time.perf_counter() - t0}
+        return {
+            "status": "ok",
+            "goodput_rps": lo,
+            "fail_rate_rps": hi,
+            "probes": probes,
+            "error": None,
+            "wall_s": time.perf_counter() - t0,
+        }
     except InfersimError as exc:
-        return {"status": "failed", "goodput_rps": 0.0, "fail_rate_rps": None, "probes": probes, "error": str(exc),
-                "wall_s": time.perf_counter() - t0}
+        return {
+            "status": "failed",
+            "goodput_rps": 0.0,
+            "fail_rate_rps": None,
+            "probes": probes,
+            "error": str(exc),
+            "wall_s": time.perf_counter() - t0,
+        }
 
 
 def compare_goodput(
@@ -254,7 +278,9 @@ def compare_goodput(
     deps = build_deployments(section, source)
     for d in deps:
         config = resolve_config(base, d.overrides)
-        check_workload(validate(WorkloadSpec, config, f"{wl_path} as {d.label}"), f"{wl_path} as {d.label}", allow_large=True)
+        check_workload(
+            validate(WorkloadSpec, config, f"{wl_path} as {d.label}"), f"{wl_path} as {d.label}", allow_large=True
+        )
     rate = spec.requests.arrival.rate if getattr(spec.requests.arrival, "rate", None) else 1.0
     s = search.model_dump()
     s.update(start_rate=search.start_rate or rate, min_duration_s=probe_duration_s(search, slos))
@@ -282,8 +308,16 @@ def compare_goodput(
     out = []
     for d, r in zip(deps, results):
         out.append(
-            DeploymentGoodput(d.label, d.kind, d.gpus, r["status"], r.get("error"), r.get("goodput_rps", 0.0),
-                              r.get("fail_rate_rps"), r.get("probes", []))
+            DeploymentGoodput(
+                d.label,
+                d.kind,
+                d.gpus,
+                r["status"],
+                r.get("error"),
+                r.get("goodput_rps", 0.0),
+                r.get("fail_rate_rps"),
+                r.get("probes", []),
+            )
         )
     return GoodputComparison(spec.name, spec.model, slos, section, seed, out, time.perf_counter() - t0)
 
@@ -339,8 +373,14 @@ def _plot(res: GoodputComparison, path: Path) -> None:
     for d in res.deployments:
         pts = sorted((p["rate"] / d.gpus, p["attainment"]) for p in d.probes)
         if pts:
-            ax.plot(*zip(*pts), marker="o", ms=3, lw=1.2 if d.kind == "colocated" else 0.9,
-                    ls="-" if d.kind == "colocated" else "--", label=d.label)
+            ax.plot(
+                *zip(*pts),
+                marker="o",
+                ms=3,
+                lw=1.2 if d.kind == "colocated" else 0.9,
+                ls="-" if d.kind == "colocated" else "--",
+                label=d.label,
+            )
     ax.axhline(res.section.attainment, color="grey", lw=0.8, ls=":")
     ax.set_xscale("log")
     ax.set_xlabel("request rate per GPU (req/s)")
@@ -376,4 +416,9 @@ def write_goodput(res: GoodputComparison, out: Path, *, plots: bool = True, forc
                 "wall_s": res.wall_s,
             },
         )
-    return {"md": out / "goodput.md", "json": out / "goodput.json", "csv": out / "goodput.csv", "png": out / "goodput.png"}
+    return {
+        "md": out / "goodput.md",
+        "json": out / "goodput.json",
+        "csv": out / "goodput.csv",
+        "png": out / "goodput.png",
+    }

@@ -97,7 +97,15 @@ class Simulation:
         self.entry = self.replicas  # the replicas arrivals are routed to
         self.router = ROUTERS.get(hw_sec.router)(hw_sec.replicas)
 
-    def build_pool(self, profile: str, tensor_parallel: int, source: str, *, field: str = "hardware.tensor_parallel", host_link=None):
+    def build_pool(
+        self,
+        profile: str,
+        tensor_parallel: int,
+        source: str,
+        *,
+        field: str = "hardware.tensor_parallel",
+        host_link=None,
+    ):
         """The hardware, cost model and checked tensor-parallel degree of a pool of replicas."""
         hardware = load_hardware(profile, host_link=host_link)
         tp = check_tensor_parallel(self.model, tensor_parallel, field=field, source=source)

@@ -203,9 +203,15 @@ def _goodput(args: argparse.Namespace, pf, out: Path) -> int:
         finite_positive(args.attainment, "--attainment")
         section["attainment"] = args.attainment
     if "gpus" not in section:
-        raise InfersimError(f"{source}: field 'disaggregation.gpus': give the GPUs to compare (or --disaggregation GPUS)")
-    section = validate(GoodputSection, section, source if pf.disaggregation is not None else "--disaggregation/--attainment")
-    slos = in_field("", "--slo", parse_slo, args.slo) if args.slo else in_field(source, "slo", parse_slo, pf.slo or None)
+        raise InfersimError(
+            f"{source}: field 'disaggregation.gpus': give the GPUs to compare (or --disaggregation GPUS)"
+        )
+    section = validate(
+        GoodputSection, section, source if pf.disaggregation is not None else "--disaggregation/--attainment"
+    )
+    slos = (
+        in_field("", "--slo", parse_slo, args.slo) if args.slo else in_field(source, "slo", parse_slo, pf.slo or None)
+    )
     if not slos:
         raise InfersimError("give at least one SLO: --slo ttft_p90=2s,tpot_p90=100ms (or slo: in the plan file)")
     search = pf.search.model_copy(

@@ -2,7 +2,8 @@
 
 A prefilled sequence is offered to the replica the decode router picks and waits there
 (`incoming`, first come first served) until the replica's pool has blocks for its prompt and
-first token under vLLM's admission rule (the watermark kept free); the blocks are then taken
+first token under vLLM's admission rule (the watermark kept free) and its batch has room
+(max_batch_size counts running sequences and those on their way); the blocks are then taken
 and the KV transfer starts. When the transfer ends the sequence joins the running batch with
 its first token out. After that it is any running sequence: the replica's scheduler may
 preempt it (swap, or recompute on this replica)."""
@@ -35,8 +36,10 @@ class DecodeReplica(Replica):
     def take_incoming(self, keep_blocks: int) -> None:
         """Take blocks for the head of `incoming` while they fit beside the `keep_blocks` the
         decided batch is about to use; each taken starts its transfer."""
-        b = self.blocks
+        b, cap = self.blocks, self.limits.max_batch_size
         while self.incoming:
+            if len(self.running) + self.inbound >= cap:  # vLLM's max_num_seqs bounds the batch
+                return
             h = self.incoming[0]
             need = b.blocks_for_tokens(h.seq.num_tokens + 1)
             if b.total_gpu - need < b.watermark_blocks:

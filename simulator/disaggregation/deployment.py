@@ -57,7 +57,10 @@ class Deployment:
             pool = getattr(d, name)
             field = f"hardware.disaggregated.{name}"
             hardware, cost, tp = sim.build_pool(
-                pool.profile or hw.profile, pool.tensor_parallel, source, field=f"{field}.tensor_parallel",
+                pool.profile or hw.profile,
+                pool.tensor_parallel,
+                source,
+                field=f"{field}.tensor_parallel",
                 host_link=hw.host_link,
             )
             memory = sim.plan_pool_memory(hardware, tp, f"{source}: field '{field}'")

@@ -26,7 +26,9 @@ def _plan(tmp_path, workload: str, slo: dict, start_rate: float) -> dict:
         },
     )
     out = tmp_path / "out"
-    assert main(["plan", "-w", str(EXAMPLES / workload), "--plan", str(plan), "-o", str(out), "-q", "--workers", "1"]) == 0
+    assert (
+        main(["plan", "-w", str(EXAMPLES / workload), "--plan", str(plan), "-o", str(out), "-q", "--workers", "1"]) == 0
+    )
     assert (out / "goodput.md").exists() and (out / "goodput.png").exists()
     return json.loads((out / "goodput.json").read_text())
 

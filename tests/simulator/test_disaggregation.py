@@ -129,7 +129,9 @@ def test_decode_admission_waits_for_decode_blocks():
 @pytest.mark.parametrize("preemption,chunked", [("recompute", False), ("swap", False), ("recompute", True)])
 def test_blocks_conserved_phases_add_up_and_event_equals_step(preemption, chunked, streaming):
     spec = _disaggregated(
-        small_workload_spec(preemption=preemption, chunked_prefill=chunked, max_batched_tokens=256 if chunked else None),
+        small_workload_spec(
+            preemption=preemption, chunked_prefill=chunked, max_batched_tokens=256 if chunked else None
+        ),
         prefill=1,
         decode=2,
         streaming=streaming,
@@ -209,8 +211,12 @@ def test_a_pool_the_model_does_not_fit_is_refused_naming_it():
         {
             "model": "llama-2-70b",
             "hardware": {"disaggregated": {"prefill": {"tensor_parallel": 4}, "decode": {"tensor_parallel": 1}}},
-            "requests": {"count": 1, "arrival": {"type": "burst"}, "prompt_tokens": {"type": "fixed", "value": 10},
-                         "output_tokens": {"type": "fixed", "value": 10}},
+            "requests": {
+                "count": 1,
+                "arrival": {"type": "burst"},
+                "prompt_tokens": {"type": "fixed", "value": 10},
+                "output_tokens": {"type": "fixed", "value": 10},
+            },
         }
     )
     with pytest.raises(InfersimError, match="hardware.disaggregated.decode"):
