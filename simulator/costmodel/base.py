@@ -90,17 +90,23 @@ class CostModel(ABC):
             return 0.0
         return link.latency_us * 1e-6 + float(nbytes) / (link.bandwidth_gbps * 1e9)
 
-    def kv_link_streamed_time_s(self, nbytes: float, link: KVLink, prefill_time_s: float, layers: int) -> float:
-        """Layer-wise streaming: layer i's KV share (nbytes / layers) leaves when the prefill has
-        computed layer i (at i / layers of `prefill_time_s`) and the shares queue on the link.
-        Returns the time from the prefill's end to the last share's arrival: with w the wire time
-        of one share, latency + max(w, layers * w - (layers - 1) / layers * prefill_time_s), so a
-        link that keeps up exposes only the last layer's share."""
+    def kv_link_streamed_time_s(
+        self, nbytes: float, link: KVLink, prefill_time_s: float, layers: int, started_s: float = 0.0
+    ) -> float:
+        """Layer-wise streaming: layer i's KV share (nbytes / layers) is ready when the prefill
+        has computed layer i (at i / layers of `prefill_time_s`); the link is free from
+        `started_s` after the prefill began and sends the shares in order. Returns the time from
+        the prefill's end to the last share's arrival: with w the wire time of one share,
+        latency + max over i of (max(started_s, i / layers * prefill_time_s) + (layers - i + 1) * w)
+        - prefill_time_s. A link free from the start that keeps up exposes only the last layer's
+        share; one free only after the prefill sends the whole cache."""
         if nbytes <= 0:
             return 0.0
         share_s = float(nbytes) / (link.bandwidth_gbps * 1e9) / layers
-        hidden_s = (layers - 1) / layers * float(prefill_time_s)
-        return link.latency_us * 1e-6 + max(share_s, layers * share_s - hidden_s)
+        i = np.arange(1, layers + 1)
+        ready_s = np.maximum(float(started_s), i / layers * float(prefill_time_s))
+        last_s = float(np.max(ready_s + (layers - i + 1) * share_s))
+        return link.latency_us * 1e-6 + max(0.0, last_s - float(prefill_time_s))
 
     def breakdown(self, batch: BatchShape) -> list[OperatorCost]:
         raise NotImplementedError(f"{self.name} does not give a per-operator breakdown")

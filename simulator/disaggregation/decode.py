@@ -1,6 +1,6 @@
 """A decode replica: the engine's loop over sequences whose KV came from a prefill replica.
 
-A prefilled sequence is offered to the replica the decode router picks and waits there
+A handed-off sequence is offered to the replica the decode router picks and waits there
 (`incoming`, first come first served) until the replica's pool has blocks for its prompt and
 first token under vLLM's admission rule (the watermark kept free) and its batch has room
 (max_batch_size counts running sequences and those on their way); the blocks are then taken
@@ -28,7 +28,7 @@ class DecodeReplica(Replica):
         return super().outstanding + len(self.incoming) + self.inbound
 
     def offer(self, handoff) -> None:
-        """Queue a prefilled sequence; the loop takes its blocks at its next decision."""
+        """Queue a handed-off sequence; the loop takes its blocks at its next decision."""
         handoff.seq.replica = self.index
         self.incoming.append(handoff)
         self.wake()
@@ -41,21 +41,24 @@ class DecodeReplica(Replica):
             if len(self.running) + self.inbound >= cap:  # vLLM's max_num_seqs bounds the batch
                 return
             h = self.incoming[0]
-            need = b.blocks_for_tokens(h.seq.num_tokens + 1)
+            need = b.blocks_for_tokens(h.seq.prompt_len + 1)
+            self.incoming.popleft()
             if b.total_gpu - need < b.watermark_blocks:
-                self.incoming.popleft()
-                self.transfers.abort(h, self.env.now)
+                self.transfers.abort(h)
                 continue
             if b.free_gpu - keep_blocks - need < b.watermark_blocks:
+                self.incoming.appendleft(h)
                 return
-            self.incoming.popleft()
-            b.grow_to(h.seq, h.seq.num_tokens + 1)
+            b.free_gpu -= need  # the sequence still holds its prefill blocks: these are the handoff's
+            h.decode_blocks = need
             self.inbound += 1
             self.transfers.reserved(h)
 
-    def land(self, seq, now_s: float) -> None:
-        """`seq`'s KV has arrived: its first token is out and it decodes from the next iteration."""
+    def land(self, h, now_s: float) -> None:
+        """`h`'s KV has arrived: its first token is out and it decodes from the next iteration."""
+        seq = h.seq
         self.inbound -= 1
+        seq.num_gpu_blocks = h.decode_blocks
         emit_token(seq, now_s, [])
         self.running.append(seq)
         self.wake()

@@ -1,18 +1,25 @@
 """The KV transfers from the prefill pool to the decode pool.
 
-A prefilled sequence is routed to a decode replica (the decode pool's router) and waits there
-for blocks; once it has them its KV (prompt tokens x the model's KV bytes per token, every
-layer and head: the whole cache moves whatever the pools' tensor parallelism) is sent over its
-prefill replica's link, one transfer at a time per link, timed by the prefill pool's cost
-model (`kv_link_transfer_time_s`). With layer-wise streaming, the sequences of one prefill
-iteration that get their decode blocks the moment it ends are sent together while it runs
-(`kv_link_streamed_time_s`: only the last layer's share follows the prefill when the link keeps
-up); a sequence that had to wait for blocks or for the link is sent whole afterwards. The
-prefill side's blocks are freed when the transfer ends."""
+Each request whose prompt a prefill replica finishes is handed off: the decode pool's router
+picks a decode replica, where the request waits for blocks (decode.py). Its KV cache (prompt
+tokens x the model's KV bytes per token, every layer and head: the whole cache moves whatever
+the pools' tensor parallelism) goes over its prefill replica's link, one transfer at a time
+per link, timed by the prefill pool's cost model. The prefill side's blocks are freed when the
+transfer ends, and the request's first token counts as delivered then.
+
+Without streaming the hand-off happens when the prompt is done and the transfer
+(`kv_link_transfer_time_s`) starts once the decode replica has taken blocks and the link is free.
+
+With layer-wise streaming (Splitwise) the hand-off happens when the prefill iteration that
+finishes the prompt starts, so that the decode side can take blocks while it runs; the
+prompts of one iteration form one transfer, which starts when all of them have decode blocks
+and the link is free. Started during the prefill, it sends each layer's share as the prefill
+computes it (`kv_link_streamed_time_s`); started after it, it sends the whole cache. The
+`transfer_s` phase is the part of the transfer after the prompt is done."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .phases import PhaseTimes
 
@@ -21,11 +28,23 @@ from .phases import PhaseTimes
 class Handoff:
     seq: object
     source: object  # PrefillReplica
-    held_blocks: int  # taken on the source until the transfer ends
     nbytes: float
+    prefill_start_s: float  # of the iteration that finishes the prompt
     prefill_end_s: float
-    prefill_time_s: float  # of the iteration that finished the prompt
     dest: object = None  # DecodeReplica
+    held_blocks: int = 0  # taken on the source from the prompt's end until the transfer ends
+    decode_blocks: int = 0  # taken on the destination for it
+    prefilled: bool = False
+    aborted: bool = False
+
+
+@dataclass
+class _Group:
+    """The handoffs sent as one transfer, and how many of them still wait for decode blocks."""
+
+    handoffs: list = field(default_factory=list)
+    waiting: int = 0
+    ready: object = None  # SimPy event: every handoff has its blocks (or was aborted)
 
 
 class KVTransfers:
@@ -38,62 +57,105 @@ class KVTransfers:
         self.phases = phases
         self.decode: list = []
         self.router = None
-        self._streams: dict = {}  # prefill replica -> the handoffs it streams at this instant
+        self._groups: dict[int, _Group] = {}  # id(handoff) -> its group
         self.counters = {"transfers": 0, "streamed": 0, "bytes": 0.0, "time_s": 0.0}
 
-    def prefilled(self, source, seqs: list, prefill_time_s: float) -> None:
-        """`seqs` finished their prompts on `source` in an iteration of `prefill_time_s`."""
-        now = self.env.now
+    # ---- hand-offs from the prefill replicas ------------------------------------------
+    def starting(self, source, seqs: list, start_s: float, end_s: float) -> list[Handoff]:
+        """A prefill iteration from start_s to end_s will finish the prompts of `seqs`; with
+        streaming they are handed off now, as one group (returns the handoffs, else [])."""
+        if not self.streaming or not seqs:
+            return []
+        group = _Group(waiting=len(seqs), ready=self.env.event())
         for seq in seqs:
-            h = Handoff(seq, source, seq.num_gpu_blocks, seq.computed * self.bytes_kv_per_token, now, prefill_time_s)
-            seq.num_gpu_blocks = 0  # the source's blocks are now the handoff's
+            h = Handoff(seq, source, seq.num_tokens * self.bytes_kv_per_token, start_s, end_s)
+            group.handoffs.append(h)
+            self._groups[id(h)] = group
+            self._offer(h)
+        self.env.process(self._send_group(group))
+        return group.handoffs
+
+    def prefilled(self, source, seqs: list, start_s: float, handoffs: list[Handoff]) -> None:
+        """The prompts of `seqs` are done on `source`; `handoffs` are theirs if streamed."""
+        now = self.env.now
+        by_seq = {id(h.seq): h for h in handoffs}
+        for seq in seqs:
+            h = by_seq.get(id(seq))
+            if h is None:
+                h = Handoff(seq, source, seq.computed * self.bytes_kv_per_token, start_s, now)
+                self._offer(h)
+            h.held_blocks, seq.num_gpu_blocks = seq.num_gpu_blocks, 0  # the source's blocks are the handoff's
+            h.prefilled = True
             self.phases.stamp("prefill_end_s", seq.rid, now)
             self.phases.prefill_replica[seq.rid] = source.index
-            h.dest = self.decode[self.router.route(seq, self.decode)]
-            h.dest.offer(h)
+            if h.aborted:
+                self._drop(h)
 
+    def _offer(self, h: Handoff) -> None:
+        h.dest = self.decode[self.router.route(h.seq, self.decode)]
+        h.dest.offer(h)
+
+    # ---- called by the decode replicas ------------------------------------------------
     def reserved(self, h: Handoff) -> None:
-        """A decode replica took blocks for `h`: send its KV. Streamed, the handoffs of one
-        prefill iteration that get their blocks the moment it ends go together."""
-        if self.streaming and h.prefill_end_s == self.env.now:
-            group = self._streams.get(h.source)
-            if group is None:
-                group = self._streams[h.source] = []
-                self.env.process(self._stream(h.source))
-            group.append(h)
+        """`h.dest` took blocks for `h`: send it (or count it ready in its group)."""
+        group = self._groups.get(id(h))
+        if group is None:
+            self.env.process(self._send([h]))
         else:
-            self.env.process(self._send([h], streamed=False))
+            self._one_ready(group)
 
-    def _stream(self, source):
-        yield self.env.timeout(0)  # every decode replica that takes blocks at this instant joins the group
-        yield from self._send(self._streams.pop(source), streamed=True)
+    def abort(self, h: Handoff) -> None:
+        """`h` can never fit in its decode replica's pool: it ends once its prompt is done."""
+        h.aborted = True
+        group = self._groups.get(id(h))
+        if group is not None:
+            self._one_ready(group)
+        if h.prefilled:
+            self._drop(h)
 
-    def abort(self, h: Handoff, now_s: float) -> None:
-        """`h` can never fit in its decode replica's pool."""
+    def _one_ready(self, group: _Group) -> None:
+        group.waiting -= 1
+        if group.waiting == 0:
+            group.ready.succeed()
+
+    def _drop(self, h: Handoff) -> None:
         h.source.release(h.held_blocks)
-        self.sim.finish(h.seq, now_s, aborted=True)
+        h.held_blocks = 0
+        self.sim.finish(h.seq, self.env.now, aborted=True)
 
-    def _send(self, handoffs: list[Handoff], streamed: bool):
-        src, env = handoffs[0].source, self.env
+    # ---- the transfers ----------------------------------------------------------------
+    def _send_group(self, group: _Group):
+        yield group.ready
+        for h in group.handoffs:
+            del self._groups[id(h)]
+        live = [h for h in group.handoffs if not h.aborted]
+        if live:
+            yield from self._send(live)
+
+    def _send(self, handoffs: list[Handoff]):
+        src, env, first = handoffs[0].source, self.env, handoffs[0]
         nbytes = sum(h.nbytes for h in handoffs)
         with src.kv_link.request() as req:
             yield req
             start = env.now
-            streamed = streamed and start == handoffs[0].prefill_end_s  # the link was free during the prefill
+            streamed = start < first.prefill_end_s
             if streamed:
-                dt = src.cost.kv_link_streamed_time_s(nbytes, self.link, handoffs[0].prefill_time_s, self.layers)
+                prefill_s = first.prefill_end_s - first.prefill_start_s
+                exposed = src.cost.kv_link_streamed_time_s(
+                    nbytes, self.link, prefill_s, self.layers, started_s=start - first.prefill_start_s
+                )
+                end = first.prefill_end_s + exposed
             else:
-                dt = src.cost.kv_link_transfer_time_s(nbytes, self.link)
-            for h in handoffs:
-                self.phases.stamp("transfer_start_s", h.seq.rid, start)
-            yield env.timeout_at(start + dt)
-        end = env.now
+                end = start + src.cost.kv_link_transfer_time_s(nbytes, self.link)
+            yield env.timeout_at(end)
         c = self.counters
         c["transfers"] += 1
         c["streamed"] += int(streamed)
         c["bytes"] += nbytes
         c["time_s"] += end - start
         for h in handoffs:
-            src.release(h.held_blocks)
+            # a streamed transfer delays the request only after its prompt is done
+            self.phases.stamp("transfer_start_s", h.seq.rid, max(start, h.prefill_end_s))
             self.phases.stamp("transfer_end_s", h.seq.rid, end)
-            h.dest.land(h.seq, end)
+            src.release(h.held_blocks)
+            h.dest.land(h, end)

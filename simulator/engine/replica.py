@@ -152,7 +152,9 @@ class Replica:
         for seq, n in batch:
             blocks.grow_to(seq, seq.computed + n)
         start = env.now
-        yield env.timeout_at(start + self.cost.iteration_time_s(BatchShape(q, ctx, makes_token.astype(np.int64))))
+        end_s = start + self.cost.iteration_time_s(BatchShape(q, ctx, makes_token.astype(np.int64)))
+        self._iteration_started(batch, makes_token, start, end_s)
+        yield env.timeout_at(end_s)
         end = env.now
         prefill_tokens = int(q[q > 1].sum())
         self.metrics.segment(
@@ -247,6 +249,10 @@ class Replica:
             seq.last_token_s = end
             if seq.generated >= seq.output_len:
                 self._finish(seq, end)
+
+    def _iteration_started(self, batch, makes_token: np.ndarray, start_s: float, end_s: float) -> None:
+        """A general iteration from start_s to end_s began (a disaggregated prefill replica
+        announces the prompts it finishes, to stream their KV while it runs)."""
 
     def _token(self, seq, now: float, itl: list) -> None:
         """`seq` produced a token at `now` in a general iteration (a disaggregated prefill
