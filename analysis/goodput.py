@@ -343,8 +343,10 @@ def goodput_table(res: GoodputComparison):
 
 
 def _markdown(res: GoodputComparison, image: Optional[str]) -> str:
+    from .plan import fmt_time
+
     sec = res.section
-    slos = ", ".join(f"{s.name.rsplit('_', 1)[0].upper()} ≤ {s.limit_s:g} s" for s in res.slos)
+    slos = ", ".join(f"{s.name.rsplit('_', 1)[0].upper()} ≤ {fmt_time(s.limit_s)}" for s in res.slos)
     lines = [
         f"# Goodput: colocated vs disaggregated ({res.workload}, {res.model})",
         "",
@@ -385,6 +387,7 @@ def _plot(res: GoodputComparison, path: Path) -> None:
     ax.set_xscale("log")
     ax.set_xlabel("request rate per GPU (req/s)")
     ax.set_ylabel("fraction meeting every SLO")
+    ax.set_title(f"{res.workload}: {res.section.gpus} GPUs, colocated and disaggregated", fontsize=10)
     ax.legend(fontsize=8)
     fig.tight_layout()
     _save(fig, path)
