@@ -21,38 +21,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from pydantic import BaseModel, Field, PositiveInt, field_validator
-
-from infersim.simulator.disaggregation.config import KVLinkSection
 from infersim.simulator.errors import InfersimError
-from infersim.simulator.validation import STRICT_CONFIG
+
+from .goodput_config import GoodputSection
 
 # per-request columns (metrics/summary.py derived_columns) an attainment SLO may name
 PER_REQUEST = ("ttft_s", "tpot_s", "e2e_s", "queueing_s", "normalized_latency_s")
-
-
-class GoodputSection(BaseModel):
-    """The plan file's `disaggregation:` section."""
-
-    model_config = STRICT_CONFIG
-
-    gpus: PositiveInt = Field(description="GPUs of every deployment compared")
-    tensor_parallel: PositiveInt = Field(1, description="GPUs per replica, colocated and in both pools")
-    attainment: float = Field(0.9, gt=0, le=1, description="fraction of requests that must meet every SLO")
-    splits: list[str] = Field(
-        default_factory=list, description="prefill:decode replica counts, e.g. ['1:3', '2:2']; empty: every split"
-    )
-    link: KVLinkSection = KVLinkSection()
-    layerwise_streaming: bool = False
-
-    @field_validator("splits")
-    @classmethod
-    def _splits(cls, v: list[str]) -> list[str]:
-        for s in v:
-            p, _, d = s.partition(":")
-            if not (p.isdigit() and d.isdigit() and int(p) > 0 and int(d) > 0):
-                raise ValueError(f"split '{s}' is not PREFILL:DECODE replica counts, e.g. 1:3")
-        return v
 
 
 @dataclass

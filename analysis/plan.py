@@ -43,7 +43,7 @@ from infersim.simulator.errors import InfersimError
 from infersim.simulator.progress import ProgressBar
 from infersim.simulator.validation import MAX_SEED, STRICT_CONFIG, in_field
 
-from .goodput import GoodputSection
+from .goodput_config import GoodputSection
 from .sweep import config_key, resolve_config, run_config
 
 # ---------------------------------------------------------------------------------------------

@@ -188,7 +188,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _goodput(args: argparse.Namespace, pf, out: Path) -> int:
     """`sim plan --disaggregation GPUS` (or a plan file's disaggregation: section)."""
-    from infersim.analysis.goodput import GoodputSection, compare_goodput, write_goodput
+    from infersim.analysis.goodput import compare_goodput, write_goodput
+    from infersim.analysis.goodput_config import GoodputSection
     from infersim.analysis.plan import parse_slo
     from infersim.simulator.errors import InfersimError
     from infersim.simulator.validation import finite_positive, in_field, positive_int

@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from infersim.analysis.goodput import GoodputSection, build_deployments, slo_attainment
+from infersim.analysis.goodput import build_deployments, slo_attainment
+from infersim.analysis.goodput_config import GoodputSection
 from infersim.cli.main import main
 from infersim.simulator.errors import InfersimError
 from tests.utils import one_line_error, write_yaml
