@@ -3,6 +3,8 @@ streamed), decode admission waiting for decode-side blocks, blocks held on the p
 until the transfer ends, blocks conserved on both sides, the per-request phases adding up,
 event mode equal to step mode, determinism, and one-line errors for bad sections."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -221,3 +223,21 @@ def test_a_pool_the_model_does_not_fit_is_refused_naming_it():
     )
     with pytest.raises(InfersimError, match="hardware.disaggregated.decode"):
         Simulation(spec, build_requests(spec, "."))
+
+
+def test_run_folder_carries_the_phases(tmp_path):
+    import json
+
+    import pandas as pd
+
+    wl = Path(__file__).resolve().parents[2] / "examples" / "disaggregation" / "disaggregated-7b.yaml"
+    out = tmp_path / "run"
+    assert main(["run", "-w", str(wl), "-n", "20", "-o", str(out), "-q", "--csv"]) == 0
+    table = pd.read_csv(out / "requests.csv")
+    for col in ("prefill_replica", "prefill_s", "transfer_wait_s", "transfer_s", "decode_queueing_s", "decode_s"):
+        assert col in table.columns
+    assert table["transfer_s"].notna().all()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["disaggregation"]["kv_transfers_streamed"] > 0
+    assert set(summary["disaggregation"]["pools"]) == {"prefill", "decode"}
+    assert (out / "plots" / "disaggregation_phases.png").exists()
