@@ -43,6 +43,7 @@ from infersim.simulator.errors import InfersimError
 from infersim.simulator.progress import ProgressBar
 from infersim.simulator.validation import MAX_SEED, STRICT_CONFIG, in_field
 
+from .goodput_config import GoodputSection
 from .sweep import config_key, resolve_config, run_config
 
 # ---------------------------------------------------------------------------------------------
@@ -192,6 +193,8 @@ class PlanFile(_Strict):
     price_source: str = ""  # where the prices come from (shown in the report)
     target_rate: Optional[PositiveFloat] = None  # req/s; None: the workload's arrival rate
     search: SearchSection = SearchSection()
+    # compare colocated and disaggregated deployments of the same GPUs by goodput (analysis/goodput.py)
+    disaggregation: Optional[GoodputSection] = None
 
 
 def load_plan_file(path: str | Path | None) -> PlanFile:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from .costmodel import workload_cost_model
 from .costmodel.moe import check_expert_parallel
+from .disaggregation.deployment import check_disaggregated
 from .engine.router import ROUTERS
 from .errors import InfersimError
 from .hardware.catalog import load_hardware
@@ -66,6 +67,7 @@ def check_workload(
             f"{source}: field 'offload': KV offload models dense layers with per-head K and V; "
             f"'{model.name}' has experts or latent attention"
         )
+    check_disaggregated(spec, source)
     max_model_len = sv.max_model_len or model.max_position_embeddings
     if not sv.chunked_prefill and sv.max_batched_tokens is not None and sv.max_batched_tokens < max_model_len:
         # without chunking a prompt is prefilled in one iteration (vLLM refuses the same setting)
@@ -76,13 +78,13 @@ def check_workload(
         )
     n = expected_requests(spec)
     field = "requests.count" if spec.requests.count is not None and n >= spec.requests.count else "requests.duration_s"
-    if BYTES_PER_REPLICA * hw.replicas > BYTES_PER_REQUEST * n:
+    if BYTES_PER_REPLICA * hw.instances > BYTES_PER_REQUEST * n:
         field = "hardware.replicas"
     runs = f" x {parallel} parallel simulations" if parallel > 1 else ""
-    on = f" on {hw.replicas:,} replicas" if hw.replicas > 1 else ""
+    on = f" on {hw.instances:,} replicas" if hw.instances > 1 else ""
     by = f" (set by {flags[field]})" if field in (flags or {}) else ""
     check_memory(
-        simulation_bytes(n, parallel, hw.replicas),
+        simulation_bytes(n, parallel, hw.instances),
         what or f"{source}: field '{field}'{by}: {n:,.0f} requests{on}{runs}",
         allow_large,
     )

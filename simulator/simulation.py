@@ -57,66 +57,105 @@ class Simulation:
         self._source = source
         # token identity for prefix caching: keys of each request's full blocks
         self._prefix = requests.prefix if spec.serving.prefix_caching else None
-        hw_sec, sv = spec.hardware, spec.serving
+        sv = spec.serving
         self.model = load_model(spec.model)
-        self.hardware = load_hardware(hw_sec.profile, host_link=hw_sec.host_link)
-        dtype = normalize_dtype(sv.dtype)
-        kv_dtype = normalize_dtype(sv.kv_dtype or sv.dtype)
-        tp = check_tensor_parallel(self.model, hw_sec.tensor_parallel, source=source)
-        for key, name in (("serving.dtype", dtype), ("serving.kv_dtype", kv_dtype)):
-            self.hardware.require_dtype(name, f"{source}: field '{key}'")
-        parallel = {"expert_parallel": hw_sec.expert_parallel} if hw_sec.expert_parallel > 1 else {}
+        self.dtype = normalize_dtype(sv.dtype)
+        self.kv_dtype = normalize_dtype(sv.kv_dtype or sv.dtype)
         max_model_len = sv.max_model_len or self.model.max_position_embeddings
-        max_batched = sv.max_batched_tokens or (2048 if sv.chunked_prefill else max(max_model_len, 2048))
-        self.limits = SchedulerLimits(sv.max_batch_size, max_batched, max_model_len, sv.chunked_prefill)
-        self.cost_model = build_cost_model(
-            sv.cost_model, self.model, self.hardware, dtype=dtype, kv_dtype=kv_dtype, tensor_parallel=tp, **parallel
-        )
-        if spec.offload is not None:
-            # KV lives in host memory: the GPU-only plan would reject models that offload weights too
-            from .offload.replica import offload_memory_plan
-
-            self.memory = offload_memory_plan(self)
-        else:
-            opts = MemoryOptions(
-                sv.block_size,
-                dtype,
-                kv_dtype,
-                tp,
-                sv.gpu_memory_utilization,
-                sv.swap_space_gb,
-                max_batched,
-                sv.max_batch_size,
-                gpu_blocks=sv.gpu_blocks,
-                cpu_blocks=sv.cpu_blocks,
-            )
-            self.memory = plan_memory(self.model, self.hardware, opts, source=source)
+        self.max_batched = sv.max_batched_tokens or (2048 if sv.chunked_prefill else max(max_model_len, 2048))
+        self.limits = SchedulerLimits(sv.max_batch_size, self.max_batched, max_model_len, sv.chunked_prefill)
         # vLLM 0.2-0.5 keep a K and a V tensor per layer and swap block by block with one
         # cudaMemcpyAsync each (cache_ops.swap_blocks), per GPU: 2 x layers copies per block
         self.kv_copies_per_block = 2 * self.model.num_layers
         self.env = SimEnvironment()
         self.metrics = MetricsCollector(len(requests), series_path=series_path)
         self.extra: dict = {}
-        replica_cls = self._replica_class()
-        self.replicas = [
-            replica_cls(
-                i,
-                self,
-                block_manager(
-                    sv.prefix_caching, self.memory.gpu_blocks, self.memory.cpu_blocks, sv.block_size, sv.watermark
-                ),
-                build_scheduler(sv.scheduler, sv.preemption),
-                self.limits,
-                self.memory.kv_bytes_per_block,
-                simpy.Resource(self.env, capacity=1),
-            )
-            for i in range(hw_sec.replicas)
-        ]
-        self.router = ROUTERS.get(hw_sec.router)(hw_sec.replicas)
+        self.deployment = None  # a disaggregated deployment's pools and KV transfers
+        if spec.hardware.disaggregated is not None:
+            from .disaggregation.deployment import build_disaggregated
+
+            build_disaggregated(self, source)
+        else:
+            self._build_colocated(source)
         self.total = len(requests)
         self.finished = 0
         self._next_rid = 0
         self._progress_every = max(1, self.total // 200)
+
+    def _build_colocated(self, source: str) -> None:
+        """One pool of identical replicas behind the workload's router."""
+        hw_sec = self.spec.hardware
+        self.hardware, self.cost_model, tp = self.build_pool(
+            hw_sec.profile, hw_sec.tensor_parallel, source, host_link=hw_sec.host_link
+        )
+        if self.spec.offload is not None:
+            # KV lives in host memory: the GPU-only plan would reject models that offload weights too
+            from .offload.replica import offload_memory_plan
+
+            self.memory = offload_memory_plan(self)
+        else:
+            self.memory = self.plan_pool_memory(self.hardware, tp, source)
+        replica_cls = self._replica_class()
+        self.replicas = [self.new_replica(replica_cls, i, self.memory) for i in range(hw_sec.replicas)]
+        self.entry = self.replicas  # the replicas arrivals are routed to
+        self.router = ROUTERS.get(hw_sec.router)(hw_sec.replicas)
+
+    def build_pool(
+        self,
+        profile: str,
+        tensor_parallel: int,
+        source: str,
+        *,
+        field: str = "hardware.tensor_parallel",
+        host_link=None,
+    ):
+        """The hardware, cost model and checked tensor-parallel degree of a pool of replicas."""
+        hardware = load_hardware(profile, host_link=host_link)
+        tp = check_tensor_parallel(self.model, tensor_parallel, field=field, source=source)
+        for key, name in (("serving.dtype", self.dtype), ("serving.kv_dtype", self.kv_dtype)):
+            hardware.require_dtype(name, f"{source}: field '{key}'")
+        ep = self.spec.hardware.expert_parallel
+        parallel = {"expert_parallel": ep} if ep > 1 else {}
+        cost_model = build_cost_model(
+            self.spec.serving.cost_model,
+            self.model,
+            hardware,
+            dtype=self.dtype,
+            kv_dtype=self.kv_dtype,
+            tensor_parallel=tp,
+            **parallel,
+        )
+        return hardware, cost_model, tp
+
+    def plan_pool_memory(self, hardware, tp: int, source: str) -> MemoryPlan:
+        sv = self.spec.serving
+        opts = MemoryOptions(
+            sv.block_size,
+            self.dtype,
+            self.kv_dtype,
+            tp,
+            sv.gpu_memory_utilization,
+            sv.swap_space_gb,
+            self.max_batched,
+            sv.max_batch_size,
+            gpu_blocks=sv.gpu_blocks,
+            cpu_blocks=sv.cpu_blocks,
+        )
+        return plan_memory(self.model, hardware, opts, source=source)
+
+    def new_replica(self, replica_cls, index: int, memory: MemoryPlan, **kwargs):
+        """A replica with its own block pools (sized by `memory`), scheduler and host link."""
+        sv = self.spec.serving
+        return replica_cls(
+            index,
+            self,
+            block_manager(sv.prefix_caching, memory.gpu_blocks, memory.cpu_blocks, sv.block_size, sv.watermark),
+            build_scheduler(sv.scheduler, sv.preemption),
+            self.limits,
+            memory.kv_bytes_per_block,
+            simpy.Resource(self.env, capacity=1),
+            **kwargs,
+        )
 
     def _replica_class(self):
         """Features that change the iteration loop provide a Replica subclass."""
@@ -145,7 +184,7 @@ class Simulation:
         return seq
 
     def _deliver(self, seq: Sequence) -> None:
-        self.replicas[self.router.route(seq, self.replicas)].add(seq)
+        self.entry[self.router.route(seq, self.entry)].add(seq)
 
     def _open_loop(self):
         env, arrivals = self.env, self.requests.arrival_s
@@ -207,9 +246,12 @@ class Simulation:
             rep.report(self.extra)
         if self.spec.serving.prefix_caching:
             self.extra["prefix_cache"] = prefix_cache_counters([rep.blocks for rep in self.replicas])
+        table = self.metrics.requests_table()
+        if self.deployment is not None:
+            self.deployment.report(table, self.extra)
         return SimulationResult(
             self.spec,
-            self.metrics.requests_table(),
+            table,
             series,
             self.metrics,
             self.memory,
@@ -220,7 +262,7 @@ class Simulation:
 
     def resolved(self) -> dict:
         """Everything the run used, defaults included."""
-        return {
+        out = {
             "workload": self.spec.model_dump(mode="json"),
             "model": self.model.summary(self.spec.serving.dtype),
             "hardware": self.hardware.model_dump(mode="json"),
@@ -236,6 +278,9 @@ class Simulation:
             "step_mode": self.step_mode,
             "num_requests": self.total,
         }
+        if self.spec.hardware.disaggregated is not None:
+            out["disaggregated"] = self.deployment.resolved()
+        return out
 
 
 def simulate(spec: WorkloadSpec, requests: Requests, **kwargs) -> SimulationResult:

@@ -57,6 +57,17 @@ def add_parser(sub) -> None:
         default=None,
         help="target load in req/s (default: the plan file's, else the workload's arrival rate)",
     )
+    p.add_argument(
+        "--disaggregation",
+        type=int,
+        default=None,
+        metavar="GPUS",
+        help="compare colocated and prefill/decode-disaggregated deployments of GPUS GPUs by goodput "
+        "(requests/s per GPU with --attainment of the requests meeting every SLO) instead of the capacity plan",
+    )
+    p.add_argument(
+        "--attainment", type=float, default=None, help="with --disaggregation: fraction meeting the SLOs (default 0.9)"
+    )
     p.add_argument("--requests", "-n", type=int, default=None, help="simulated requests per probe (default 3000)")
     p.add_argument("--tolerance", type=float, default=None, help="relative precision of the goodput (default 0.05)")
     p.add_argument("--seed", type=int, default=None, help="seed of every probe (default: the workload's)")
@@ -119,6 +130,8 @@ def run(args: argparse.Namespace) -> int:
     # refused before the search, not after it
     out = check_out_dir(args.out or Path("plans") / load_workload(args.workload)[0].name, force=args.force)
     pf = load_plan_file(args.plan)
+    if args.disaggregation is not None or pf.disaggregation is not None:
+        return _goodput(args, pf, out)
     res = plan(
         args.workload,
         slos=in_field("", "--slo", parse_slo, args.slo) if args.slo else [],
@@ -163,4 +176,64 @@ def run(args: argparse.Namespace) -> int:
         for line in verdict(res):
             c.print(line.replace("**", ""))
         c.print(f"report: {paths['html']} (and report.md, configurations.csv, probes.csv) in {res.wall_s:.1f} s")
+    return 0
+
+
+def _goodput(args: argparse.Namespace, pf, out: Path) -> int:
+    """`sim plan --disaggregation GPUS` (or a plan file's disaggregation: section)."""
+    from infersim.analysis.goodput import compare_goodput, write_goodput
+    from infersim.analysis.goodput_config import GoodputSection
+    from infersim.analysis.plan import parse_slo
+    from infersim.simulator.errors import InfersimError
+    from infersim.simulator.validation import finite_positive, in_field, positive_int
+    from infersim.simulator.yamlio import validate
+
+    source = str(args.plan) if args.plan else "plan file"
+    section = pf.disaggregation.model_dump() if pf.disaggregation is not None else {}
+    if args.disaggregation is not None:
+        positive_int(args.disaggregation, "--disaggregation")
+        section["gpus"] = args.disaggregation
+    if args.attainment is not None:
+        finite_positive(args.attainment, "--attainment")
+        section["attainment"] = args.attainment
+    if "gpus" not in section:
+        raise InfersimError(
+            f"{source}: field 'disaggregation.gpus': give the GPUs to compare (or --disaggregation GPUS)"
+        )
+    section = validate(
+        GoodputSection, section, source if pf.disaggregation is not None else "--disaggregation/--attainment"
+    )
+    slos = (
+        in_field("", "--slo", parse_slo, args.slo) if args.slo else in_field(source, "slo", parse_slo, pf.slo or None)
+    )
+    if not slos:
+        raise InfersimError("give at least one SLO: --slo ttft_p90=2s,tpot_p90=100ms (or slo: in the plan file)")
+    search = pf.search.model_copy(
+        update={k: v for k, v in (("requests", args.requests), ("tolerance", args.tolerance)) if v is not None}
+    )
+    res = compare_goodput(
+        args.workload,
+        slos=slos,
+        section=section,
+        search=search,
+        seed=args.seed,
+        backend=args.backend,
+        workers=args.workers,
+        address=args.address,
+        source=source,
+        quiet=args.quiet,
+    )
+    paths = write_goodput(res, out, plots=not args.no_plots, force=args.force)
+    if not args.quiet:
+        from rich.console import Console
+        from rich.table import Table
+
+        t = Table(title=f"goodput on {section.gpus} GPUs: {res.workload} (≥{section.attainment:.0%} meeting every SLO)")
+        for col in ("deployment", "goodput", "per GPU", "status"):
+            t.add_column(col, justify="left" if col in ("deployment", "status") else "right")
+        for d in res.deployments:
+            t.add_row(d.label, f"{d.goodput_rps:.3g} req/s", f"{d.goodput_per_gpu:.3g} req/s", d.status)
+        c = Console()
+        c.print(t)
+        c.print(f"higher goodput per GPU: {res.winner()}; report: {paths['md']} in {res.wall_s:.1f} s")
     return 0

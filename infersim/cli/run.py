@@ -297,10 +297,14 @@ def print_summary(s: dict, spec, out: Path, wall_s: float) -> None:
     from rich.table import Table
 
     c = Console()
-    t = Table(
-        title=f"{spec.name}: {spec.model} on {spec.hardware.replicas} x {spec.hardware.profile} "
-        f"(tp={spec.hardware.tensor_parallel}), {spec.serving.scheduler}/{spec.serving.preemption}"
-    )
+    hw, d = spec.hardware, spec.hardware.disaggregated
+    where = f"{hw.replicas} x {hw.profile} (tp={hw.tensor_parallel})"
+    if d is not None:
+        where = " + ".join(
+            f"{pool.replicas} {name} x {pool.profile or hw.profile} (tp={pool.tensor_parallel})"
+            for name, pool in (("prefill", d.prefill), ("decode", d.decode))
+        )
+    t = Table(title=f"{spec.name}: {spec.model} on {where}, {spec.serving.scheduler}/{spec.serving.preemption}")
     for col in ("metric", "mean", "p50", "p90", "p99"):
         t.add_column(col, justify="left" if col == "metric" else "right")
     for key, label, scale, unit in (
@@ -345,4 +349,12 @@ def print_summary(s: dict, spec, out: Path, wall_s: float) -> None:
         if off:
             line += f"; mean TTFT {s['ttft_s']['mean'] * 1e3:.3g} ms vs {off['ttft_s']['mean'] * 1e3:.3g} ms without"
         c.print(line)
+    dis = s.get("disaggregation")
+    if dis:
+        ph = dis["phases_s"]
+        c.print(
+            f"disaggregated: {dis['kv_transfers']} KV transfers ({dis['kv_transfers_streamed']} streamed), "
+            f"{dis['kv_transfer_bytes'] / 1e9:.2f} GB; p50 transfer wait {1e3 * ph['transfer_wait_s']['p50']:.3g} ms, "
+            f"transfer {1e3 * ph['transfer_s']['p50']:.3g} ms, decode queueing {1e3 * ph['decode_queueing_s']['p50']:.3g} ms"
+        )
     c.print(f"results in {out}/ ({wall_s:.2f} s wall)")

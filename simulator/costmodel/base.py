@@ -12,13 +12,20 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 import numpy as np
 
 from .batch import BatchShape
 
 Direction = Literal["h2d", "d2h"]
+
+
+class KVLink(Protocol):
+    """A link between two serving instances (a disaggregated deployment's prefill-to-decode link)."""
+
+    bandwidth_gbps: float  # GB/s
+    latency_us: float
 
 
 @dataclass(frozen=True)
@@ -75,6 +82,31 @@ class CostModel(ABC):
         cudaMemcpyAsync each: 2 x layers copies per block). Cost models that know no per-copy
         cost price it as one transfer."""
         return self.transfer_time_s(nbytes, direction)
+
+    def kv_link_transfer_time_s(self, nbytes: float, link: KVLink) -> float:
+        """A KV cache of nbytes sent from one instance to another (prefill to decode pool): one
+        latency, then the bytes at the link's bandwidth."""
+        if nbytes <= 0:
+            return 0.0
+        return link.latency_us * 1e-6 + float(nbytes) / (link.bandwidth_gbps * 1e9)
+
+    def kv_link_streamed_time_s(
+        self, nbytes: float, link: KVLink, prefill_time_s: float, layers: int, started_s: float = 0.0
+    ) -> float:
+        """Layer-wise streaming: layer i's KV share (nbytes / layers) is ready when the prefill
+        has computed layer i (at i / layers of `prefill_time_s`); the link is free from
+        `started_s` after the prefill began and sends the shares in order. Returns the time from
+        the prefill's end to the last share's arrival: with w the wire time of one share,
+        latency + max over i of (max(started_s, i / layers * prefill_time_s) + (layers - i + 1) * w)
+        - prefill_time_s. A link free from the start that keeps up exposes only the last layer's
+        share; one free only after the prefill sends the whole cache."""
+        if nbytes <= 0:
+            return 0.0
+        share_s = float(nbytes) / (link.bandwidth_gbps * 1e9) / layers
+        i = np.arange(1, layers + 1)
+        ready_s = np.maximum(float(started_s), i / layers * float(prefill_time_s))
+        last_s = float(np.max(ready_s + (layers - i + 1) * share_s))
+        return link.latency_us * 1e-6 + max(0.0, last_s - float(prefill_time_s))
 
     def breakdown(self, batch: BatchShape) -> list[OperatorCost]:
         raise NotImplementedError(f"{self.name} does not give a per-operator breakdown")

@@ -58,6 +58,10 @@ class Replica:
     def add(self, seq) -> None:
         seq.replica = self.index
         self.waiting.append(seq)
+        self.wake()
+
+    def wake(self) -> None:
+        """Something changed that the loop waits for (an arrival, freed blocks)."""
         if not self.wakeup.triggered:
             self.wakeup.succeed()
 
@@ -149,7 +153,9 @@ class Replica:
         for seq, n in batch:
             blocks.grow_to(seq, seq.computed + n)
         start = env.now
-        yield env.timeout_at(start + self.cost.iteration_time_s(BatchShape(q, ctx, makes_token.astype(np.int64))))
+        end_s = start + self.cost.iteration_time_s(BatchShape(q, ctx, makes_token.astype(np.int64)))
+        self._iteration_started(batch, makes_token, start, end_s)
+        yield env.timeout_at(end_s)
         end = env.now
         prefill_tokens = int(q[q > 1].sum())
         self.metrics.segment(
@@ -173,8 +179,8 @@ class Replica:
         itl = []
         for (seq, n), tok in zip(batch, makes_token):
             seq.computed += n
-            if tok and emit_token(seq, end, itl):
-                self._finish(seq, end)
+            if tok:
+                self._token(seq, end, itl)
         if itl:
             self.metrics.add_itl(itl, 1.0)
 
@@ -243,6 +249,16 @@ class Replica:
             seq.last_token_s = end
             if seq.generated >= seq.output_len:
                 self._finish(seq, end)
+
+    def _iteration_started(self, batch, makes_token: np.ndarray, start_s: float, end_s: float) -> None:
+        """A general iteration from start_s to end_s began (a disaggregated prefill replica
+        announces the prompts it finishes, to stream their KV while it runs)."""
+
+    def _token(self, seq, now: float, itl: list) -> None:
+        """`seq` produced a token at `now` in a general iteration (a disaggregated prefill
+        replica hands the sequence over here instead)."""
+        if emit_token(seq, now, itl):
+            self._finish(seq, now)
 
     def report(self, extra: dict) -> None:
         """Subclasses add their own summary entries (e.g. acceptance, prefetch bytes)."""

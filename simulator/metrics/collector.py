@@ -236,8 +236,14 @@ class MetricsCollector:
     @property
     def tw(self) -> dict[str, float]:
         """Time-weighted sums over the replicas' busy time: time_s and one per integrated column."""
+        return self.time_integrals()
+
+    def time_integrals(self, replicas=None) -> dict[str, float]:
+        """`tw` over the given replica indices only (None: every replica)."""
         totals = [0.0] * (1 + len(_TW_COLUMNS))
         for rep in sorted(self._integrals):
+            if replicas is not None and rep not in replicas:
+                continue
             for i, x in enumerate(self._integrals[rep].totals()):
                 totals[i] += x
         return dict(zip(("time_s", *_TW_COLUMNS), totals))

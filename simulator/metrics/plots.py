@@ -153,4 +153,17 @@ def plot_run(run_dir: Path) -> list[Path]:
         made.append(out / "throughput.png")
         _save(fig, made[-1])
         plt.close(fig)
+    if "transfer_s" in req:  # a disaggregated run: where each request's time went
+        fig, ax = plt.subplots(figsize=(8, 3.6))
+        for col in ("queueing_s", "prefill_s", "transfer_wait_s", "transfer_s", "decode_queueing_s", "decode_s"):
+            _cdf(ax, req[col], col[:-2].replace("_", " "), 1e3)
+        ax.set_xscale("symlog", linthresh=0.01)
+        ax.set_xlabel("time (ms)")
+        ax.set_ylabel("fraction of requests")
+        ax.legend(fontsize=8)
+        ax.set_title("per-request phases (disaggregated)")
+        fig.tight_layout()
+        made.append(out / "disaggregation_phases.png")
+        _save(fig, made[-1])
+        plt.close(fig)
     return made

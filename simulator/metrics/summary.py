@@ -46,7 +46,7 @@ def summarize(result) -> dict:
     makespan = float(result.sim_time_s)
     out_tokens = float(req["output_tokens"][ok].sum())
     in_tokens = float(req["prompt_tokens"][ok].sum())
-    replicas = result.spec.hardware.replicas
+    replicas = result.spec.hardware.instances
     busy = m.tw["time_s"] or 1.0
     gpu_blocks = result.memory.gpu_blocks
     s = {

@@ -9,6 +9,7 @@ from typing import Annotated, Literal, Optional, Union
 
 from pydantic import BaseModel, Field, NonNegativeFloat, PositiveFloat, PositiveInt, field_validator, model_validator
 
+from ..disaggregation.config import DisaggregatedSection
 from ..validation import MAX_SEED, MAX_TOKENS, STRICT_CONFIG, whole_number
 
 
@@ -31,6 +32,31 @@ class HardwareSection(_Strict):
     )
     router: str = Field("round_robin", description="router registry name: round_robin, least_outstanding")
     host_link: Optional[str] = Field(None, description="override the profile's host link, e.g. 'pcie3x16'")
+    disaggregated: Optional[DisaggregatedSection] = Field(
+        None, description="separate prefill and decode pools with a KV link between them (docs/disaggregation.md)"
+    )
+
+    @model_validator(mode="after")
+    def _pools(self):
+        if self.disaggregated is not None and (self.replicas != 1 or self.tensor_parallel != 1):
+            raise ValueError(
+                "with 'disaggregated', give replicas and tensor_parallel per pool "
+                "(disaggregated.prefill, disaggregated.decode), not in hardware"
+            )
+        return self
+
+    @property
+    def gpus(self) -> int:
+        """GPUs the deployment uses, every pool together."""
+        if self.disaggregated is not None:
+            return self.disaggregated.gpus
+        return self.replicas * self.tensor_parallel
+
+    @property
+    def instances(self) -> int:
+        """Replicas, every pool together."""
+        d = self.disaggregated
+        return self.replicas if d is None else d.prefill.replicas + d.decode.replicas
 
 
 class ServingSection(_Strict):

@@ -1,0 +1,61 @@
+"""The `hardware.disaggregated:` section of a workload file.
+
+```yaml
+hardware:
+  profile: h100-sxm
+  disaggregated:
+    prefill: {replicas: 1, tensor_parallel: 2}          # profile: hardware.profile unless given
+    decode: {replicas: 2, tensor_parallel: 1, router: least_outstanding}
+    link: {bandwidth_gbps: 25, latency_us: 10}           # one prefill replica to the decode pool
+    layerwise_streaming: false
+```
+
+With the section present, `hardware.replicas` and `hardware.tensor_parallel` stay at 1: each
+pool gives its own."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from pydantic import BaseModel, Field, NonNegativeFloat, PositiveFloat, PositiveInt
+
+from ..validation import STRICT_CONFIG
+
+
+class _Strict(BaseModel):
+    model_config = STRICT_CONFIG
+
+
+class PoolSection(_Strict):
+    replicas: PositiveInt = Field(1, description="replicas (instances) in the pool")
+    tensor_parallel: PositiveInt = Field(1, description="GPUs per replica (tensor parallelism)")
+    profile: Optional[str] = Field(None, description="hardware profile of the pool; None: hardware.profile")
+    router: Optional[str] = Field(None, description="router registry name for the pool; None: hardware.router")
+
+    @property
+    def gpus(self) -> int:
+        return self.replicas * self.tensor_parallel
+
+
+class KVLinkSection(_Strict):
+    """The link a prefill replica sends KV caches over, all its GPUs together. The defaults are
+    one 200 Gb/s InfiniBand HDR port (25 GB/s) and an RDMA write's few microseconds."""
+
+    bandwidth_gbps: PositiveFloat = Field(25.0, description="GB/s (1e9 bytes per second) from a prefill replica")
+    latency_us: NonNegativeFloat = Field(10.0, description="fixed cost of one transfer, microseconds")
+
+
+class DisaggregatedSection(_Strict):
+    prefill: PoolSection = PoolSection()
+    decode: PoolSection = PoolSection()
+    link: KVLinkSection = KVLinkSection()
+    layerwise_streaming: bool = Field(
+        False,
+        description="send each layer's KV as soon as the prefill has computed it, so that the transfer "
+        "overlaps the prefill and only the last layer's share follows it (when the link and the "
+        "decode side's blocks are free at the prefill's end)",
+    )
+
+    @property
+    def gpus(self) -> int:
+        return self.prefill.gpus + self.decode.gpus
