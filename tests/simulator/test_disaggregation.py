@@ -185,6 +185,7 @@ def test_pools_take_their_own_profile_and_parallelism():
         ({"disaggregated": {"link": {"bandwidth_gbps": 0}}}, {}, "hardware.disaggregated.link.bandwidth_gbps"),
         ({"disaggregated": {"decode": {"router": "nope"}}}, {}, "hardware.disaggregated.decode.router"),
         ({"disaggregated": {}}, {"offload": {"policy": "full"}}, "hardware.disaggregated"),
+        ({"disaggregated": {}}, {"serving": {"prefix_caching": True}}, "hardware.disaggregated"),
     ],
 )
 def test_bad_sections_are_one_line_errors(tmp_path, capsys, hardware, extra, field):
