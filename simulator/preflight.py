@@ -11,13 +11,13 @@ from .errors import InfersimError
 from .hardware.catalog import load_hardware
 from .models.catalog import load_model
 from .models.dtypes import normalize_dtype
+from .parallel.placement import check_deployment
 from .policies import PREEMPTION_POLICIES, SCHEDULERS
 from .validation import (
     BYTES_PER_REPLICA,
     BYTES_PER_REQUEST,
     check_memory,
     check_seed,
-    check_tensor_parallel,
     expected_requests,
     in_field,
     simulation_bytes,
@@ -55,7 +55,7 @@ def check_workload(
     ):
         in_field(source, field, get, name)
     check_seed(spec.seed, "seed", source)
-    check_tensor_parallel(model, hw.tensor_parallel, source=source)
+    check_deployment(model, spec, source)
     max_model_len = sv.max_model_len or model.max_position_embeddings
     if not sv.chunked_prefill and sv.max_batched_tokens is not None and sv.max_batched_tokens < max_model_len:
         # without chunking a prompt is prefilled in one iteration (vLLM refuses the same setting)

@@ -25,7 +25,7 @@ from .metrics.collector import MetricsCollector
 from .models.catalog import load_model
 from .models.dtypes import normalize_dtype
 from .policies import SchedulerLimits, build_scheduler
-from .validation import check_tensor_parallel
+from .parallel.placement import check_deployment
 from .workload.requests import Requests
 from .workload.schema import WorkloadSpec
 
@@ -59,13 +59,19 @@ class Simulation:
         self.hardware = load_hardware(hw_sec.profile, host_link=hw_sec.host_link)
         dtype = normalize_dtype(sv.dtype)
         kv_dtype = normalize_dtype(sv.kv_dtype or sv.dtype)
-        tp = check_tensor_parallel(self.model, hw_sec.tensor_parallel, source=source)
+        self.placement = check_deployment(self.model, spec, source)
+        tp = self.placement.tp
         max_model_len = sv.max_model_len or self.model.max_position_embeddings
         max_batched = sv.max_batched_tokens or (2048 if sv.chunked_prefill else max(max_model_len, 2048))
         self.limits = SchedulerLimits(sv.max_batch_size, max_batched, max_model_len, sv.chunked_prefill)
         self.cost_model = build_cost_model(
             sv.cost_model, self.model, self.hardware, dtype=dtype, kv_dtype=kv_dtype, tensor_parallel=tp
         )
+        self.stage_memory: dict = {}
+        if self.placement.staged:  # stages, or a tensor-parallel group across nodes
+            from .parallel.cost import PipelineCostModel
+
+            self.cost_model = PipelineCostModel(self.cost_model, self.placement, source)
         if spec.offload is not None:
             # KV lives in host memory: the GPU-only plan would reject models that offload weights too
             from .offload.replica import offload_memory_plan
@@ -84,26 +90,38 @@ class Simulation:
                 gpu_blocks=sv.gpu_blocks,
                 cpu_blocks=sv.cpu_blocks,
             )
-            self.memory = plan_memory(self.model, self.hardware, opts, source=source)
+            if self.placement.pp > 1:
+                from .parallel.memory import plan_pipeline_memory
+
+                self.memory, self.stage_memory = plan_pipeline_memory(
+                    self.model, self.hardware, opts, self.placement, source
+                )
+            else:
+                self.memory = plan_memory(self.model, self.hardware, opts, source=source)
         # vLLM 0.2-0.5 keep a K and a V tensor per layer and swap block by block with one
         # cudaMemcpyAsync each (cache_ops.swap_blocks), per GPU: 2 x layers copies per block
         self.kv_copies_per_block = 2 * self.model.num_layers
         self.env = SimEnvironment()
         self.metrics = MetricsCollector(len(requests), series_path=series_path)
         self.extra: dict = {}
-        replica_cls = self._replica_class()
-        self.replicas = [
-            replica_cls(
-                i,
-                self,
-                BlockManager(self.memory.gpu_blocks, self.memory.cpu_blocks, sv.block_size, sv.watermark),
-                build_scheduler(sv.scheduler, sv.preemption),
-                self.limits,
-                self.memory.kv_bytes_per_block,
-                simpy.Resource(self.env, capacity=1),
-            )
-            for i in range(hw_sec.replicas)
-        ]
+        if self.placement.pp > 1:
+            from .parallel.setup import pipeline_replicas
+
+            self.replicas = pipeline_replicas(self, source)
+        else:
+            replica_cls = self._replica_class()
+            self.replicas = [
+                replica_cls(
+                    i,
+                    self,
+                    BlockManager(self.memory.gpu_blocks, self.memory.cpu_blocks, sv.block_size, sv.watermark),
+                    build_scheduler(sv.scheduler, sv.preemption),
+                    self.limits,
+                    self.memory.kv_bytes_per_block,
+                    simpy.Resource(self.env, capacity=1),
+                )
+                for i in range(hw_sec.replicas)
+            ]
         self.router = ROUTERS.get(hw_sec.router)(hw_sec.replicas)
         self.total = len(requests)
         self.finished = 0
@@ -215,6 +233,7 @@ class Simulation:
                 "blocks_source": self.memory.source,
             },
             "limits": self.limits.__dict__,
+            "parallel": {**self.placement.describe(), **self.stage_memory},
             "step_mode": self.step_mode,
             "num_requests": self.total,
         }

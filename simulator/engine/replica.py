@@ -148,7 +148,7 @@ class Replica:
         for seq, n in batch:
             blocks.grow_to(seq, seq.computed + n)
         start = env.now
-        yield env.timeout_at(start + self.cost.iteration_time_s(BatchShape(q, ctx, makes_token.astype(np.int64))))
+        yield from self._run_batch(BatchShape(q, ctx, makes_token.astype(np.int64)))
         end = env.now
         prefill_tokens = int(q[q > 1].sum())
         self.metrics.segment(
@@ -175,6 +175,11 @@ class Replica:
                 self._finish(seq, end)
         if itl:
             self.metrics.add_itl(itl, 1.0)
+
+    def _run_batch(self, shape: BatchShape):
+        """Hold the GPUs for one iteration; a pipeline's virtual engine passes it through its
+        stages instead (parallel/replica.py)."""
+        yield self.env.timeout_at(self.env.now + self.cost.iteration_time_s(shape))
 
     # ---- a stretch of identical decode steps ------------------------------------------
     def _decode_stretch(self, seqs):

@@ -9,6 +9,7 @@ from typing import Annotated, Literal, Optional, Union
 
 from pydantic import BaseModel, Field, NonNegativeFloat, PositiveFloat, PositiveInt, field_validator, model_validator
 
+from ..parallel.config import ClusterSection
 from ..validation import MAX_SEED, MAX_TOKENS, STRICT_CONFIG, whole_number
 
 
@@ -25,6 +26,12 @@ class HardwareSection(_Strict):
     profile: str = Field("a100-80gb-pcie", description="hardware profile name or path to a YAML file")
     replicas: PositiveInt = 1
     tensor_parallel: PositiveInt = 1
+    pipeline_parallel: PositiveInt = Field(
+        1, description="pipeline stages per replica: layers split over them, each stage a tensor-parallel group"
+    )
+    cluster: Optional[ClusterSection] = Field(
+        None, description="GPUs per node and the inter-node link; none: 8-GPU nodes on InfiniBand NDR"
+    )
     router: str = Field("round_robin", description="router registry name: round_robin, least_outstanding")
     host_link: Optional[str] = Field(None, description="override the profile's host link, e.g. 'pcie3x16'")
 

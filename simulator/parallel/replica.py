@@ -1,0 +1,133 @@
+"""A pipelined replica: vLLM's virtual engines over shared stages.
+
+vLLM (v0, `pipeline_parallel_size` > 1) runs one scheduler per batch in flight ("virtual
+engine"), each with its own requests and an equal share of the KV blocks; a new request goes
+to the virtual engine with the fewest unfinished requests. Each virtual engine forms its next
+batch as soon as its previous one has left the last stage, so while batch i is in stage 2 the
+scheduler has batch i+1 in stage 1. Here a virtual engine is an ordinary `Replica` loop whose
+iteration, instead of holding the GPUs for the whole batch time, passes the batch through the
+stages: each stage takes batches in the order they were issued (every stage worker runs the
+steps the driver issued, in order), starting a batch when the batch has arrived (its hand-off
+from the previous stage done) and the stage has finished the batch before it.
+
+A pipelined replica runs iteration by iteration (step mode): a virtual engine's decode steps
+interleave with the others' on the stages, so a run of decode steps cannot be costed ahead as
+one stretch."""
+
+from __future__ import annotations
+
+from array import array
+
+import numpy as np
+
+from ..engine.replica import Replica
+
+
+class StageTimeline:
+    """When each stage is next free, and every interval each stage was busy."""
+
+    def __init__(self, stages: int):
+        self.free_at_s = [0.0] * stages
+        self.stage = array("i")
+        self.engine = array("i")
+        self.start_s = array("d")
+        self.end_s = array("d")
+        self.busy_s = [0.0] * stages
+        # union of the intervals from a batch entering stage 0 to it leaving the last stage
+        self.active_s = 0.0
+        self._span: list[float] | None = None
+
+    def reserve(self, now_s: float, stage_times_s, handoffs_s, engine: int) -> float:
+        """Pass a batch issued at now_s through the stages; returns when it leaves the last."""
+        t = now_s
+        first = None
+        for s, dt in enumerate(stage_times_s):
+            if s:
+                t += float(handoffs_s[s - 1])
+            start = max(t, self.free_at_s[s])
+            end = start + float(dt)
+            self.free_at_s[s] = end
+            self.busy_s[s] += end - start
+            self.stage.append(s)
+            self.engine.append(engine)
+            self.start_s.append(start)
+            self.end_s.append(end)
+            first = start if first is None else first
+            t = end
+        self._cover(first, t)
+        return t
+
+    def _cover(self, a: float, b: float) -> None:
+        sp = self._span
+        if sp is not None and a <= sp[1]:
+            sp[1] = max(sp[1], b)
+            return
+        if sp is not None:
+            self.active_s += sp[1] - sp[0]
+        self._span = [a, b]
+
+    def active_total_s(self) -> float:
+        return self.active_s + (self._span[1] - self._span[0] if self._span else 0.0)
+
+
+class VirtualEngine(Replica):
+    """One batch in flight of a pipelined replica."""
+
+    def __init__(self, number: int, timeline: StageTimeline, *args):
+        super().__init__(*args)
+        self.number = number
+        self.timeline = timeline
+        self.step_mode = True
+
+    def _run_batch(self, shape):
+        stages_s, handoffs_s = self.cost.stage_times_s(shape)
+        yield self.env.timeout_at(self.timeline.reserve(self.env.now, stages_s, handoffs_s, self.number))
+
+
+class PipelineReplica:
+    """A replica of `pp` stages serving through `pp` virtual engines."""
+
+    def __init__(self, index: int, sim, make_engine, stages: int):
+        self.index, self.env = index, sim.env
+        self.timeline = StageTimeline(stages)
+        self.engines = [make_engine(v, self.timeline) for v in range(stages)]
+
+    @property
+    def outstanding(self) -> int:
+        return sum(e.outstanding for e in self.engines)
+
+    def add(self, seq) -> None:
+        loads = [e.outstanding for e in self.engines]
+        self.engines[loads.index(min(loads))].add(seq)
+
+    def run(self):
+        for e in self.engines:
+            self.env.process(e.run())
+        return
+        yield  # a SimPy process: the virtual engines do the work
+
+    def stage_table(self) -> dict[str, np.ndarray]:
+        t = self.timeline
+        n = len(t.stage)
+        return {
+            "replica": np.full(n, self.index, dtype=np.int64),
+            "stage": np.frombuffer(t.stage, dtype=np.int32).astype(np.int64),
+            "virtual_engine": np.frombuffer(t.engine, dtype=np.int32).astype(np.int64),
+            "t_start_s": np.frombuffer(t.start_s, dtype=np.float64).copy(),
+            "t_end_s": np.frombuffer(t.end_s, dtype=np.float64).copy(),
+        }
+
+    def report(self, extra: dict) -> None:
+        t = self.timeline
+        active = t.active_total_s()
+        busy = np.array(t.busy_s)
+        entry = {
+            "replica": self.index,
+            "stage_busy_s": busy.tolist(),
+            "active_s": active,
+            "stage_utilization": (busy / active).tolist() if active > 0 else [0.0] * len(busy),
+            "bubble_fraction": float(1.0 - busy.sum() / (len(busy) * active)) if active > 0 else 0.0,
+        }
+        extra.setdefault("pipeline", {}).setdefault("replicas", []).append(entry)
+        for e in self.engines:
+            e.report(extra)
