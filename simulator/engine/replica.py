@@ -182,8 +182,10 @@ class Replica:
         yield self.env.timeout_at(self.env.now + self.cost.iteration_time_s(shape))
 
     # ---- a stretch of identical decode steps ------------------------------------------
-    def _decode_stretch(self, seqs):
-        env, blocks, bs = self.env, self.blocks, self.blocks.block_size
+    def _stretch_plan(self, seqs) -> tuple[np.ndarray, np.ndarray, int]:
+        """Contexts and blocks held of a decode stretch's sequences, and its length: up to the
+        first sequence finishing or the block pool running short."""
+        blocks, bs = self.blocks, self.blocks.block_size
         b = len(seqs)
         ctx = np.fromiter((s.computed for s in seqs), dtype=np.int64, count=b)
         alloc = np.fromiter((s.num_gpu_blocks for s in seqs), dtype=np.int64, count=b)
@@ -195,6 +197,11 @@ class Replica:
             steps = np.arange(k, dtype=np.int64)
             need = np.maximum(0, -(-(ctx[:, None] + steps[None, :] + 1) // bs) - alloc[:, None]).sum(axis=0)
             k = max(1, int(np.argmax(need > blocks.free_gpu)))
+        return ctx, alloc, k
+
+    def _decode_stretch(self, seqs):
+        env = self.env
+        ctx, alloc, k = self._stretch_plan(seqs)
         times = self.cost.decode_step_times_s(ctx, k)
         start = env.now
         ends = np.cumsum(np.concatenate(([start], times)))[1:]

@@ -73,16 +73,26 @@ class PipelineCostModel(CostModel):
         t = batch.totals()
         return self.stage_times_from_totals(t)[:, 0], self.handoff_times_from_tokens(t.tokens)[:, 0]
 
+    def decode_stage_times_s(self, context_tokens, steps: int) -> tuple[np.ndarray, np.ndarray]:
+        """stage_times_s of `steps` consecutive decode steps at once, shapes (stages, steps) and
+        (stages - 1, steps): the same totals and arithmetic as one by one, so identical."""
+        t = self._decode_totals(context_tokens, steps)
+        return self.stage_times_from_totals(t), self.handoff_times_from_tokens(t.tokens)
+
+    @staticmethod
+    def _decode_totals(context_tokens, steps: int) -> BatchTotals:
+        ctx = np.asarray(context_tokens, dtype=np.int64)
+        b = ctx.size
+        keys = ((ctx.sum() + b) + b * np.arange(steps, dtype=np.int64)).astype(np.float64)
+        bf = np.full(steps, float(b))
+        return BatchTotals(bf, keys, keys, bf)
+
     def iteration_time_s(self, batch: BatchShape) -> float:
         """One batch through every stage with nothing else in flight."""
         return float(self._latency(batch.totals())[0])
 
     def decode_step_times_s(self, context_tokens, steps: int) -> np.ndarray:
-        ctx = np.asarray(context_tokens, dtype=np.int64)
-        b = ctx.size
-        keys = ((ctx.sum() + b) + b * np.arange(steps, dtype=np.int64)).astype(np.float64)
-        bf = np.full(steps, float(b))
-        return self._latency(BatchTotals(bf, keys, keys, bf))
+        return self._latency(self._decode_totals(context_tokens, steps))
 
     def transfer_time_s(self, nbytes: float, direction) -> float:
         return self.base.transfer_time_s(nbytes, direction)
