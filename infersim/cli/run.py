@@ -231,13 +231,24 @@ def execute(
             from infersim.simulator.speculative.report import write_series
 
             write_series(sim, tmp)
+        if spec.hardware.pipeline_parallel > 1:  # each stage's busy intervals
+            from infersim.simulator.parallel.report import write_stage_timeline
+
+            write_stage_timeline(sim, tmp)
         summary = write_result_files(tmp, result, csv=csv)
         pause_point("writing")
         if plots:
             from infersim.simulator.metrics.plots import plot_run
+            from infersim.simulator.parallel.report import plot_stages
 
             plot_run(tmp)
+            plot_stages(tmp)
     return summary
+
+
+def pp_note(spec) -> str:
+    pp = spec.hardware.pipeline_parallel
+    return f", pp={pp}" if pp > 1 else ""
 
 
 def print_summary(s: dict, spec, out: Path, wall_s: float) -> None:
@@ -247,7 +258,7 @@ def print_summary(s: dict, spec, out: Path, wall_s: float) -> None:
     c = Console()
     t = Table(
         title=f"{spec.name}: {spec.model} on {spec.hardware.replicas} x {spec.hardware.profile} "
-        f"(tp={spec.hardware.tensor_parallel}), {spec.serving.scheduler}/{spec.serving.preemption}"
+        f"(tp={spec.hardware.tensor_parallel}{pp_note(spec)}), {spec.serving.scheduler}/{spec.serving.preemption}"
     )
     for col in ("metric", "mean", "p50", "p90", "p99"):
         t.add_column(col, justify="left" if col == "metric" else "right")
