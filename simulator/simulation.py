@@ -67,11 +67,12 @@ class Simulation:
         self.cost_model = build_cost_model(
             sv.cost_model, self.model, self.hardware, dtype=dtype, kv_dtype=kv_dtype, tensor_parallel=tp
         )
-        self.stage_memory: dict = {}
+        self.parallel_account: dict = {}  # per-stage memory and the links' sources, for config.yaml
         if self.placement.staged:  # stages, or a tensor-parallel group across nodes
             from .parallel.cost import PipelineCostModel
 
             self.cost_model = PipelineCostModel(self.cost_model, self.placement, source)
+            self.parallel_account["links"] = self.cost_model.links.sources
         if spec.offload is not None:
             # KV lives in host memory: the GPU-only plan would reject models that offload weights too
             from .offload.replica import offload_memory_plan
@@ -93,9 +94,8 @@ class Simulation:
             if self.placement.pp > 1:
                 from .parallel.memory import plan_pipeline_memory
 
-                self.memory, self.stage_memory = plan_pipeline_memory(
-                    self.model, self.hardware, opts, self.placement, source
-                )
+                self.memory, stages = plan_pipeline_memory(self.model, self.hardware, opts, self.placement, source)
+                self.parallel_account.update(stages)
             else:
                 self.memory = plan_memory(self.model, self.hardware, opts, source=source)
         # vLLM 0.2-0.5 keep a K and a V tensor per layer and swap block by block with one
@@ -233,7 +233,7 @@ class Simulation:
                 "blocks_source": self.memory.source,
             },
             "limits": self.limits.__dict__,
-            "parallel": {**self.placement.describe(), **self.stage_memory},
+            "parallel": {**self.placement.describe(), **self.parallel_account},
             "step_mode": self.step_mode,
             "num_requests": self.total,
         }
