@@ -24,8 +24,8 @@ from .hardware.catalog import load_hardware
 from .metrics.collector import MetricsCollector
 from .models.catalog import load_model
 from .models.dtypes import normalize_dtype
-from .policies import SchedulerLimits, build_scheduler
 from .parallel.placement import check_deployment
+from .policies import SchedulerLimits, build_scheduler
 from .workload.requests import Requests
 from .workload.schema import WorkloadSpec
 
