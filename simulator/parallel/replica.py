@@ -17,6 +17,7 @@ and summaries (tested)."""
 
 from __future__ import annotations
 
+import math
 from array import array
 
 import numpy as np
@@ -25,50 +26,64 @@ from ..engine.replica import Replica
 
 
 class StageTimeline:
-    """When each stage is next free, and every interval each stage was busy."""
+    """When each stage is next free, and every interval each stage was busy (stored batch by
+    batch: a batch's stages in order, so row i is stage i % stages)."""
 
     def __init__(self, stages: int):
+        self.stages = stages
         self.free_at_s = [0.0] * stages
-        self.stage = array("i")
-        self.engine = array("i")
-        self.start_s = array("d")
+        self.engine = array("i")  # per batch
+        self.start_s = array("d")  # per batch and stage
         self.end_s = array("d")
-        self.busy_s = [0.0] * stages
         # union of the intervals from a batch entering stage 0 to it leaving the last stage
         self.active_s = 0.0
         self._span: list[float] | None = None
 
     def reserve(self, now_s: float, stage_times_s, handoffs_s, engine: int) -> float:
-        """Pass a batch issued at now_s through the stages; returns when it leaves the last."""
+        """Pass a batch issued at now_s through the stages; returns when it leaves the last.
+        Times are plain floats (this runs once per step of every virtual engine)."""
+        free = self.free_at_s
         t = float(now_s)
-        first = None
+        starts, ends = [], []
         for s, dt in enumerate(stage_times_s):
             if s:
-                t += float(handoffs_s[s - 1])
-            start = max(t, self.free_at_s[s])
-            end = start + float(dt)
-            self.free_at_s[s] = end
-            self.busy_s[s] += end - start
-            self.stage.append(s)
-            self.engine.append(engine)
-            self.start_s.append(start)
-            self.end_s.append(end)
-            first = start if first is None else first
-            t = end
-        self._cover(first, t)
-        return t
-
-    def _cover(self, a: float, b: float) -> None:
+                t += handoffs_s[s - 1]
+            start = t if t > free[s] else free[s]
+            t = start + dt
+            free[s] = t
+            starts.append(start)
+            ends.append(t)
+        self.start_s.extend(starts)
+        self.end_s.extend(ends)
+        self.engine.append(engine)
         sp = self._span
-        if sp is not None and a <= sp[1]:
-            sp[1] = max(sp[1], b)
-            return
-        if sp is not None:
-            self.active_s += sp[1] - sp[0]
-        self._span = [a, b]
+        if sp is not None and starts[0] <= sp[1]:
+            if t > sp[1]:
+                sp[1] = t
+        else:
+            if sp is not None:
+                self.active_s += sp[1] - sp[0]
+            self._span = [starts[0], t]
+        return t
 
     def active_total_s(self) -> float:
         return self.active_s + (self._span[1] - self._span[0] if self._span else 0.0)
+
+    def columns(self) -> dict[str, np.ndarray]:
+        start = np.frombuffer(self.start_s, dtype=np.float64).copy()
+        n = start.size
+        return {
+            "stage": np.arange(n, dtype=np.int64) % self.stages,
+            "virtual_engine": np.repeat(np.frombuffer(self.engine, dtype=np.int32).astype(np.int64), self.stages),
+            "t_start_s": start,
+            "t_end_s": np.frombuffer(self.end_s, dtype=np.float64).copy(),
+        }
+
+    def busy_s(self) -> list[float]:
+        """Busy time of each stage, summed in time order."""
+        c = self.columns()
+        d = c["t_end_s"] - c["t_start_s"]
+        return [math.fsum(d[s :: self.stages]) for s in range(self.stages)]
 
 
 class VirtualEngine(Replica):
@@ -81,7 +96,9 @@ class VirtualEngine(Replica):
 
     def _run_batch(self, shape):
         stages_s, handoffs_s = self.cost.stage_times_s(shape)
-        yield self.env.timeout_at(self.timeline.reserve(self.env.now, stages_s, handoffs_s, self.number))
+        yield self.env.timeout_at(
+            self.timeline.reserve(self.env.now, stages_s.tolist(), handoffs_s.tolist(), self.number)
+        )
 
     def _decode_stretch(self, seqs):
         """A run of decode steps of the same sequences: each step still enters the stages when
@@ -91,16 +108,15 @@ class VirtualEngine(Replica):
         env = self.env
         ctx, alloc, k = self._stretch_plan(seqs)
         stages_s, handoffs_s = self.cost.decode_stage_times_s(ctx, k)
-        start = env.now
-        ends = np.empty(k)
-        done = 0
-        while done < k:
-            ends[done] = self.timeline.reserve(env.now, stages_s[:, done], handoffs_s[:, done], self.number)
-            yield env.timeout_at(float(ends[done]))
-            done += 1
+        stages_s, handoffs_s = stages_s.T.tolist(), handoffs_s.T.tolist()
+        start, reserve, number = env.now, self.timeline.reserve, self.number
+        ends = []
+        for j in range(k):
+            ends.append(reserve(env.now, stages_s[j], handoffs_s[j], number))
+            yield env.timeout_at(ends[-1])
             if self.wakeup.triggered:
                 break
-        self._commit_stretch(seqs, ctx, alloc, None, ends[:done], start, env.now, done)
+        self._commit_stretch(seqs, ctx, alloc, None, np.array(ends), start, env.now, len(ends))
 
 
 class PipelineReplica:
@@ -126,20 +142,13 @@ class PipelineReplica:
         yield  # a SimPy process: the virtual engines do the work
 
     def stage_table(self) -> dict[str, np.ndarray]:
-        t = self.timeline
-        n = len(t.stage)
-        return {
-            "replica": np.full(n, self.index, dtype=np.int64),
-            "stage": np.frombuffer(t.stage, dtype=np.int32).astype(np.int64),
-            "virtual_engine": np.frombuffer(t.engine, dtype=np.int32).astype(np.int64),
-            "t_start_s": np.frombuffer(t.start_s, dtype=np.float64).copy(),
-            "t_end_s": np.frombuffer(t.end_s, dtype=np.float64).copy(),
-        }
+        cols = self.timeline.columns()
+        return {"replica": np.full(cols["stage"].size, self.index, dtype=np.int64), **cols}
 
     def report(self, extra: dict) -> None:
         t = self.timeline
         active = t.active_total_s()
-        busy = np.array(t.busy_s)
+        busy = np.array(t.busy_s())
         entry = {
             "replica": self.index,
             "stage_busy_s": busy.tolist(),
