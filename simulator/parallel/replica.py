@@ -17,6 +17,8 @@ and summaries (tested)."""
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
 from array import array
 
@@ -101,22 +103,81 @@ class VirtualEngine(Replica):
         )
 
     def _decode_stretch(self, seqs):
-        """A run of decode steps of the same sequences: each step still enters the stages when
-        the previous one has left them (the other virtual engines' batches interleave), but the
-        scheduler is not asked again and the step times are costed at once; an arrival ends
-        the run at the next step boundary, as stepping one by one would see it."""
-        env = self.env
+        """A run of decode steps of the same sequences, handed to the replica's conductor: each
+        step still enters the stages when the previous one has left them, in time order with
+        the other virtual engines' steps, but the scheduler is not asked again, the step times
+        are costed at once and no simulation event is spent per step; an arrival ends the run
+        at the next step boundary, as stepping one by one would see it."""
         ctx, alloc, k = self._stretch_plan(seqs)
         stages_s, handoffs_s = self.cost.decode_stage_times_s(ctx, k)
-        stages_s, handoffs_s = stages_s.T.tolist(), handoffs_s.T.tolist()
-        start, reserve, number = env.now, self.timeline.reserve, self.number
-        ends = []
-        for j in range(k):
-            ends.append(reserve(env.now, stages_s[j], handoffs_s[j], number))
-            yield env.timeout_at(ends[-1])
-            if self.wakeup.triggered:
+        run = DecodeRun(self, stages_s.T.tolist(), handoffs_s.T.tolist(), self.env.now)
+        self.conductor.join(run)
+        yield run.done
+        self._commit_stretch(seqs, ctx, alloc, None, np.array(run.ends), run.start_s, self.env.now, len(run.ends))
+
+
+class DecodeRun:
+    """A virtual engine's run of decode steps: the step times, and the steps' end times so far."""
+
+    __slots__ = ("engine", "stages_s", "handoffs_s", "start_s", "ends", "done")
+
+    def __init__(self, engine: VirtualEngine, stages_s: list, handoffs_s: list, start_s: float):
+        self.engine, self.stages_s, self.handoffs_s, self.start_s = engine, stages_s, handoffs_s, start_s
+        self.ends: list[float] = []
+        self.done = engine.env.event()
+
+
+class Conductor:
+    """Issues the steps of the virtual engines' decode runs on the stage timeline in time order,
+    without a simulation event per step.
+
+    Steps are issued ahead of the simulation clock only before the next pending event of the
+    whole simulation (`env.peek()`): nothing can happen before it (no arrival, no other
+    engine's batch), so a step issued ahead is issued exactly as stepping would issue it. Every
+    event created later lies at or after the time it is created, and the steps still pending
+    lie beyond that time, so the order holds. A run's end (its last step, or the step boundary
+    after an arrival to its engine) is an event at that time, where its engine takes over."""
+
+    def __init__(self, env, timeline: StageTimeline):
+        self.env, self.timeline = env, timeline
+        self.heap: list = []  # (issue time, order, run)
+        self._order = itertools.count()
+        self._wake_s = math.inf
+
+    def join(self, run: DecodeRun) -> None:
+        heapq.heappush(self.heap, (self.env.now, next(self._order), run))
+        self.advance()
+
+    def advance(self, _event=None) -> None:
+        env, heap, reserve = self.env, self.heap, self.timeline.reserve
+        now, horizon = env.now, env.peek()
+        while heap:
+            t, order, run = heap[0]
+            if t > now and t >= horizon:
                 break
-        self._commit_stretch(seqs, ctx, alloc, None, np.array(ends), start, env.now, len(ends))
+            heapq.heappop(heap)
+            if run.ends and run.engine.wakeup.triggered:  # an arrival: the run ends at this boundary
+                horizon = min(horizon, self._end(run, t))
+                continue
+            j = len(run.ends)
+            end = reserve(t, run.stages_s[j], run.handoffs_s[j], run.engine.number)
+            run.ends.append(end)
+            if j + 1 == len(run.stages_s):
+                horizon = min(horizon, self._end(run, end))
+            else:
+                heapq.heappush(heap, (end, order, run))
+        if heap and heap[0][0] < self._wake_s:
+            self._wake_s = heap[0][0]
+            self.env.timeout_at(self._wake_s).callbacks.append(self._wake)
+
+    def _wake(self, event) -> None:
+        if self.env.now >= self._wake_s:
+            self._wake_s = math.inf
+        self.advance()
+
+    def _end(self, run: DecodeRun, at_s: float) -> float:
+        self.env.timeout_at(at_s).callbacks.append(lambda _e, run=run: run.done.succeed())
+        return at_s
 
 
 class PipelineReplica:
@@ -125,7 +186,10 @@ class PipelineReplica:
     def __init__(self, index: int, sim, make_engine, stages: int):
         self.index, self.env = index, sim.env
         self.timeline = StageTimeline(stages)
+        self.conductor = Conductor(self.env, self.timeline)
         self.engines = [make_engine(v, self.timeline) for v in range(stages)]
+        for e in self.engines:
+            e.conductor = self.conductor
 
     @property
     def outstanding(self) -> int:
