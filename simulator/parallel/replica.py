@@ -11,9 +11,10 @@ steps the driver issued, in order), starting a batch when the batch has arrived 
 from the previous stage done) and the stage has finished the batch before it.
 
 A virtual engine's run of identical decode steps still enters the stages step by step (the
-other virtual engines' batches interleave with it), so the event mode saves the scheduler
-calls and the per-step costing, not the per-step events; both modes give identical requests
-and summaries (tested)."""
+other virtual engines' batches interleave with it); the replica's conductor issues those steps
+in time order without a simulation event each, so the event mode saves the scheduler calls,
+the per-step costing and the per-step events; both modes give identical requests and summaries
+(tested)."""
 
 from __future__ import annotations
 

@@ -90,8 +90,19 @@ def test_stage_timeline_by_hand():
     assert tl.active_total_s() == 7.1
 
 
-def workload(pp=2, tp=1, count=1, rate=None, prompt=200, output=20, profile="a100-80gb-pcie", model="llama-2-7b", **hw):
-    arrival = {"type": "burst"} if rate is None else {"type": "poisson", "rate": rate}
+def workload(
+    pp=2,
+    tp=1,
+    count=1,
+    rate=None,
+    prompt=200,
+    output=20,
+    profile="a100-80gb-pcie",
+    model="llama-2-7b",
+    arrival=None,
+    **hw,
+):
+    arrival = arrival or ({"type": "burst"} if rate is None else {"type": "poisson", "rate": rate})
     return WorkloadSpec.model_validate(
         {
             "model": model,
@@ -140,8 +151,18 @@ def test_steady_stream_runs_at_the_slowest_stage():
     assert tokens_per_s == pytest.approx(32 / stages.max(), rel=0.03)
 
 
-def test_event_and_step_mode_identical_with_pipeline():
-    spec = workload(pp=4, count=80, rate=20.0, prompt=300, output=120)
+@pytest.mark.parametrize(
+    "spec",
+    [
+        workload(pp=4, count=80, rate=20.0, prompt=300, output=120),
+        # two replicas: each conductor's horizon is the other's next event too
+        workload(pp=2, count=60, rate=30.0, prompt=200, output=90, replicas=2, router="least_outstanding"),
+        # closed loop: requests arrive when others finish, at the end of a decode run
+        workload(pp=3, count=50, prompt=150, output=60, arrival={"type": "closed_loop", "clients": 7}),
+    ],
+    ids=["open-loop", "two-replicas", "closed-loop"],
+)
+def test_event_and_step_mode_identical_with_pipeline(spec):
     a, b = run(spec), run(spec, step_mode=True)
     for col in a.requests:
         assert np.array_equal(a.requests[col], b.requests[col], equal_nan=True), col
