@@ -42,20 +42,20 @@ class StageTimeline:
         self.active_s = 0.0
         self._span: list[float] | None = None
 
-    def reserve(self, now_s: float, stage_times_s, handoffs_s, engine: int) -> float:
+    def reserve(self, now_s: float, stage_times_s, arrive_after_s, engine: int) -> float:
         """Pass a batch issued at now_s through the stages; returns when it leaves the last.
-        Times are plain floats (this runs once per step of every virtual engine)."""
-        free = self.free_at_s
+        `arrive_after_s[s]` is the hand-off before stage s (0 before stage 0). Times are plain
+        floats: this runs once per step of every virtual engine."""
         t = float(now_s)
         starts, ends = [], []
-        for s, dt in enumerate(stage_times_s):
-            if s:
-                t += handoffs_s[s - 1]
-            start = t if t > free[s] else free[s]
-            t = start + dt
-            free[s] = t
-            starts.append(start)
+        for free, dt, hand in zip(self.free_at_s, stage_times_s, arrive_after_s):
+            t += hand
+            if free > t:
+                t = free
+            starts.append(t)
+            t += dt
             ends.append(t)
+        self.free_at_s = ends  # each stage is next free when this batch leaves it
         self.start_s.extend(starts)
         self.end_s.extend(ends)
         self.engine.append(engine)
@@ -99,33 +99,43 @@ class VirtualEngine(Replica):
 
     def _run_batch(self, shape):
         stages_s, handoffs_s = self.cost.stage_times_s(shape)
-        yield self.env.timeout_at(
-            self.timeline.reserve(self.env.now, stages_s.tolist(), handoffs_s.tolist(), self.number)
-        )
+        arrive = [0.0, *handoffs_s.tolist()]
+        yield self.env.timeout_at(self.timeline.reserve(self.env.now, stages_s.tolist(), arrive, self.number))
 
     def _decode_stretch(self, seqs):
         """A run of decode steps of the same sequences, handed to the replica's conductor: each
         step still enters the stages when the previous one has left them, in time order with
         the other virtual engines' steps, but the scheduler is not asked again, the step times
-        are costed at once and no simulation event is spent per step; an arrival ends the run
+        are costed in vectorised chunks and no simulation event is spent per step; an arrival ends the run
         at the next step boundary, as stepping one by one would see it."""
         ctx, alloc, k = self._stretch_plan(seqs)
-        stages_s, handoffs_s = self.cost.decode_stage_times_s(ctx, k)
-        run = DecodeRun(self, stages_s.T.tolist(), handoffs_s.T.tolist(), self.env.now)
+        run = DecodeRun(self, ctx, k, self.env.now)
         self.conductor.join(run)
         yield run.done
         self._commit_stretch(seqs, ctx, alloc, None, np.array(run.ends), run.start_s, self.env.now, len(run.ends))
 
 
 class DecodeRun:
-    """A virtual engine's run of decode steps: the step times, and the steps' end times so far."""
+    """A virtual engine's run of up to `steps` decode steps: the step times costed so far (in
+    growing chunks: an arrival often ends a run early) and the steps' end times so far."""
 
-    __slots__ = ("engine", "stages_s", "handoffs_s", "start_s", "ends", "done")
+    __slots__ = ("engine", "ctx", "steps", "stages_s", "arrive_s", "start_s", "ends", "done")
+    FIRST_CHUNK = 32
 
-    def __init__(self, engine: VirtualEngine, stages_s: list, handoffs_s: list, start_s: float):
-        self.engine, self.stages_s, self.handoffs_s, self.start_s = engine, stages_s, handoffs_s, start_s
+    def __init__(self, engine: VirtualEngine, ctx: np.ndarray, steps: int, start_s: float):
+        self.engine, self.ctx, self.steps, self.start_s = engine, ctx, steps, start_s
+        self.stages_s: list = []
+        self.arrive_s: list = []
         self.ends: list[float] = []
         self.done = engine.env.event()
+
+    def cost_more(self) -> None:
+        """Cost the next chunk of steps (as if all were costed at once: the same totals)."""
+        have = len(self.stages_s)
+        n = min(max(self.FIRST_CHUNK, have), self.steps - have)
+        stages, handoffs = self.engine.cost.decode_stage_times_s(self.ctx + have, n)
+        self.stages_s += stages.T.tolist()
+        self.arrive_s += np.vstack([np.zeros((1, n)), handoffs]).T.tolist()
 
 
 class Conductor:
@@ -161,9 +171,11 @@ class Conductor:
                 horizon = min(horizon, self._end(run, t))
                 continue
             j = len(run.ends)
-            end = reserve(t, run.stages_s[j], run.handoffs_s[j], run.engine.number)
+            if j == len(run.stages_s):
+                run.cost_more()
+            end = reserve(t, run.stages_s[j], run.arrive_s[j], run.engine.number)
             run.ends.append(end)
-            if j + 1 == len(run.stages_s):
+            if j + 1 == run.steps:
                 horizon = min(horizon, self._end(run, end))
             else:
                 heapq.heappush(heap, (end, order, run))

@@ -80,10 +80,10 @@ def test_stage_timeline_by_hand():
     """Two virtual engines on stages of 1.0 and 1.5 s with a 0.1 s hand-off, each issuing its
     next batch when its last leaves: after the start, stage 1 (the slower) never idles."""
     tl = StageTimeline(2)
-    assert tl.reserve(0.0, [1.0, 1.5], [0.1], 0) == 2.6  # s0 [0, 1], s1 [1.1, 2.6]
-    assert tl.reserve(0.0, [1.0, 1.5], [0.1], 1) == 4.1  # s0 [1, 2], s1 waits for 2.6
-    assert tl.reserve(2.6, [1.0, 1.5], [0.1], 0) == 5.6  # s0 [2.6, 3.6], s1 [4.1, 5.6]
-    assert tl.reserve(4.1, [1.0, 1.5], [0.1], 1) == 7.1
+    assert tl.reserve(0.0, [1.0, 1.5], [0.0, 0.1], 0) == 2.6  # s0 [0, 1], s1 [1.1, 2.6]
+    assert tl.reserve(0.0, [1.0, 1.5], [0.0, 0.1], 1) == 4.1  # s0 [1, 2], s1 waits for 2.6
+    assert tl.reserve(2.6, [1.0, 1.5], [0.0, 0.1], 0) == 5.6  # s0 [2.6, 3.6], s1 [4.1, 5.6]
+    assert tl.reserve(4.1, [1.0, 1.5], [0.0, 0.1], 1) == 7.1
     assert list(tl.end_s[1::2]) == [2.6, 4.1, 5.6, 7.1]  # one batch per 1.5 s: 1 / max stage time
     assert tl.busy_s() == [4.0, 6.0]
     assert list(tl.columns()["virtual_engine"]) == [0, 0, 1, 1, 0, 0, 1, 1]
