@@ -106,7 +106,7 @@ class VirtualEngine(Replica):
         """A run of decode steps of the same sequences, handed to the replica's conductor: each
         step still enters the stages when the previous one has left them, in time order with
         the other virtual engines' steps, but the scheduler is not asked again, the step times
-        are costed in vectorised chunks and no simulation event is spent per step; an arrival ends the run
+        are costed at once and no simulation event is spent per step; an arrival ends the run
         at the next step boundary, as stepping one by one would see it."""
         ctx, alloc, k = self._stretch_plan(seqs)
         run = DecodeRun(self, ctx, k, self.env.now)
@@ -116,26 +116,18 @@ class VirtualEngine(Replica):
 
 
 class DecodeRun:
-    """A virtual engine's run of up to `steps` decode steps: the step times costed so far (in
-    growing chunks: an arrival often ends a run early) and the steps' end times so far."""
+    """A virtual engine's run of up to `steps` decode steps: each step's stage times and the
+    hand-off before each stage, and the steps' end times so far."""
 
-    __slots__ = ("engine", "ctx", "steps", "stages_s", "arrive_s", "start_s", "ends", "done")
-    FIRST_CHUNK = 32
+    __slots__ = ("engine", "stages_s", "arrive_s", "start_s", "ends", "done")
 
     def __init__(self, engine: VirtualEngine, ctx: np.ndarray, steps: int, start_s: float):
-        self.engine, self.ctx, self.steps, self.start_s = engine, ctx, steps, start_s
-        self.stages_s: list = []
-        self.arrive_s: list = []
+        stages, handoffs = engine.cost.decode_stage_times_s(ctx, steps)
+        self.stages_s = stages.T.tolist()
+        self.arrive_s = np.vstack([np.zeros((1, steps)), handoffs]).T.tolist()
+        self.engine, self.start_s = engine, start_s
         self.ends: list[float] = []
         self.done = engine.env.event()
-
-    def cost_more(self) -> None:
-        """Cost the next chunk of steps (as if all were costed at once: the same totals)."""
-        have = len(self.stages_s)
-        n = min(max(self.FIRST_CHUNK, have), self.steps - have)
-        stages, handoffs = self.engine.cost.decode_stage_times_s(self.ctx + have, n)
-        self.stages_s += stages.T.tolist()
-        self.arrive_s += np.vstack([np.zeros((1, n)), handoffs]).T.tolist()
 
 
 class Conductor:
@@ -171,11 +163,9 @@ class Conductor:
                 horizon = min(horizon, self._end(run, t))
                 continue
             j = len(run.ends)
-            if j == len(run.stages_s):
-                run.cost_more()
             end = reserve(t, run.stages_s[j], run.arrive_s[j], run.engine.number)
             run.ends.append(end)
-            if j + 1 == run.steps:
+            if j + 1 == len(run.stages_s):
                 horizon = min(horizon, self._end(run, end))
             else:
                 heapq.heappush(heap, (end, order, run))
