@@ -45,16 +45,17 @@ class StageTimeline:
     def reserve(self, now_s: float, stage_times_s, arrive_after_s, engine: int) -> float:
         """Pass a batch issued at now_s through the stages; returns when it leaves the last.
         `arrive_after_s[s]` is the hand-off before stage s (0 before stage 0). Times are plain
-        floats: this runs once per step of every virtual engine."""
-        t = float(now_s)
+        floats (now_s too): this runs once per step of every virtual engine."""
+        t = now_s
         starts, ends = [], []
+        start, stop = starts.append, ends.append
         for free, dt, hand in zip(self.free_at_s, stage_times_s, arrive_after_s):
             t += hand
             if free > t:
                 t = free
-            starts.append(t)
+            start(t)
             t += dt
-            ends.append(t)
+            stop(t)
         self.free_at_s = ends  # each stage is next free when this batch leaves it
         self.start_s.extend(starts)
         self.end_s.extend(ends)
