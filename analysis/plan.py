@@ -19,7 +19,7 @@ fill in the latency-against-load curve.
 Replicas for a target load: n = ceil(target / goodput), then a verification run with n
 replicas behind the least_outstanding router at the target rate (n x search.requests
 requests); if it misses an SLO, n grows (by one, or by 10% past
-ten replicas) until it passes. GPUs = replicas x tensor_parallel. Cost per million output
+ten replicas) until it passes. GPUs = replicas x tensor_parallel x pipeline_parallel. Cost per million output
 tokens at the target = price x GPUs / (3600 x target x mean output tokens) x 1e6.
 
 Pricing and the target load are not part of the workload file: they come from a plan file
@@ -188,6 +188,7 @@ class PlanFile(_Strict):
     slo: dict[str, Union[str, float]] = Field(default_factory=dict)
     hardware: list[str] = Field(default_factory=list)  # empty: the workload's profile
     tensor_parallel: list[PositiveInt] = Field(default_factory=list)  # empty: the workload's
+    pipeline_parallel: list[PositiveInt] = Field(default_factory=list)  # empty: the workload's; crossed with TP
     options: dict[str, list[Any]] = Field(default_factory=dict)  # dotted workload path -> values to compare
     prices: dict[str, float] = Field(default_factory=dict)  # hardware name -> USD per GPU-hour
     price_source: str = ""  # where the prices come from (shown in the report)
@@ -212,6 +213,7 @@ class Candidate:
     hardware: str  # canonical profile name
     tensor_parallel: int
     price: Optional[float]  # USD per GPU-hour
+    pipeline_parallel: int = 1
 
 
 @dataclass
@@ -261,6 +263,11 @@ class CandidateResult:
     cost_per_m_total_tokens: Optional[float] = None
     cost_per_m_output_tokens_at_goodput: Optional[float] = None  # a replica run at its goodput
     probes: list[ProbeResult] = field(default_factory=list)
+    pipeline_parallel: int = 1
+
+    @property
+    def gpus_per_replica(self) -> int:
+        return self.tensor_parallel * self.pipeline_parallel
 
 
 @dataclass
@@ -289,7 +296,7 @@ def rank(cands: list[CandidateResult]) -> list[CandidateResult]:
     def key(c):
         cost = c.cost_per_m_output_tokens if c.cost_per_m_output_tokens is not None else math.inf
         gpus = c.gpus if c.gpus is not None else math.inf
-        return (cost, gpus, -c.goodput_rps / c.tensor_parallel)
+        return (cost, gpus, -c.goodput_rps / c.gpus_per_replica)
 
     return sorted(ok, key=key)
 
@@ -314,6 +321,7 @@ class _Search:
         self.cand, self.base, self.base_dir, self.slos, self.s = cand, base, base_dir, slos, search
         self.target, self.seed, self.arrival = target, seed, arrival
         self.result = CandidateResult(cand.label, cand.hardware, cand.tensor_parallel, cand.overrides, cand.price)
+        self.result.pipeline_parallel = cand.pipeline_parallel
 
     def task(self, p: Probe) -> dict:
         arrival = dict(self.arrival, rate=float(p.rate))
@@ -433,7 +441,7 @@ class _Search:
                 self.record(p, res)
         if r.price_per_gpu_hour is not None and r.mean_output_tokens > 0:
             r.cost_per_m_output_tokens_at_goodput = (
-                r.price_per_gpu_hour * r.tensor_parallel * 1e6 / (3600 * lo * r.mean_output_tokens)
+                r.price_per_gpu_hour * r.gpus_per_replica * 1e6 / (3600 * lo * r.mean_output_tokens)
             )
         # replicas for the target load
         if self.target:
@@ -451,7 +459,7 @@ class _Search:
                         r.error = pr.error
                     break
                 need = min(s.max_replicas, need + (1 if need < 10 else math.ceil(need * 0.1)))
-            r.gpus = r.replicas * r.tensor_parallel
+            r.gpus = r.replicas * r.gpus_per_replica
             if r.price_per_gpu_hour is not None and r.mean_output_tokens > 0:
                 tok_out = self.target * r.mean_output_tokens
                 tok_all = self.target * (r.mean_output_tokens + r.mean_prompt_tokens)
@@ -476,7 +484,12 @@ def probe_duration_s(search: SearchSection, slos: list[SLO]) -> float:
 
 
 def build_candidates(
-    spec, hardware: list[str], tps: list[int], options: dict[str, list], prices: dict[str, float]
+    spec,
+    hardware: list[str],
+    tps: list[int],
+    options: dict[str, list],
+    prices: dict[str, float],
+    pps: list[int] | None = None,
 ) -> list[Candidate]:
     import itertools
 
@@ -484,6 +497,7 @@ def build_candidates(
 
     hardware = hardware or [spec.hardware.profile]
     tps = tps or [spec.hardware.tensor_parallel]
+    pps = pps or [spec.hardware.pipeline_parallel]
     # prices by canonical name, so an alias or a file path in either place matches
     canon_prices = {}
     for name, price in prices.items():
@@ -492,16 +506,22 @@ def build_candidates(
     out, seen = [], set()
     for hw in hardware:
         canon = load_hardware(hw).name
-        for tp in tps:
+        for tp, pp in itertools.product(tps, pps):
             for combo in itertools.product(*[options[k] for k in keys]) if keys else [()]:
-                over = {"hardware.profile": hw, "hardware.tensor_parallel": int(tp), **dict(zip(keys, combo))}
+                over = {
+                    "hardware.profile": hw,
+                    "hardware.tensor_parallel": int(tp),
+                    "hardware.pipeline_parallel": int(pp),
+                    **dict(zip(keys, combo)),
+                }
                 parts = [canon] + ([f"tp{tp}"] if len(tps) > 1 or tp != 1 else [])
+                parts += [f"pp{pp}"] if len(pps) > 1 or pp != 1 else []
                 parts += [f"{k.split('.')[-1]}={v}" for k, v in zip(keys, combo) if len(options[k]) > 1]
                 label = " ".join(parts)
                 if label in seen:
                     continue
                 seen.add(label)
-                out.append(Candidate(label, over, canon, int(tp), canon_prices.get(canon)))
+                out.append(Candidate(label, over, canon, int(tp), canon_prices.get(canon), int(pp)))
     return out
 
 
@@ -549,6 +569,7 @@ def plan(
     plan_file: PlanFile | None = None,
     hardware: list[str] | None = None,
     tensor_parallel: list[int] | None = None,
+    pipeline_parallel: list[int] | None = None,
     options: dict[str, list] | None = None,
     prices: dict[str, float] | None = None,
     target_rate: float | None = None,
@@ -604,7 +625,14 @@ def plan(
     opts = dict(pf.options)
     opts.update(options or {})
     check_names(hardware, pf, prices, plan_source)
-    cands = build_candidates(spec, hardware or pf.hardware, tensor_parallel or pf.tensor_parallel, opts, all_prices)
+    cands = build_candidates(
+        spec,
+        hardware or pf.hardware,
+        tensor_parallel or pf.tensor_parallel,
+        opts,
+        all_prices,
+        pipeline_parallel or pf.pipeline_parallel,
+    )
     base = spec.model_dump(mode="json")
     origin = str(wl_path) + (f" with {plan_source}" if plan_file is not None else "")
     check_candidates(cands, base, origin, search, workers, allow_large)
@@ -719,6 +747,10 @@ def num(v: Optional[float], digits: int = 3) -> str:
     return f"{v:.{digits}g}"
 
 
+def _pp(c: CandidateResult) -> str:
+    return f" × PP {c.pipeline_parallel}" if c.pipeline_parallel > 1 else ""
+
+
 def verdict(res: PlanResult) -> list[str]:
     slo_txt = ", ".join(s.describe() for s in res.slos)
     ranked = rank(res.candidates)
@@ -740,7 +772,7 @@ def verdict(res: PlanResult) -> list[str]:
             lines.append(
                 f"To serve **{res.target_rate:g} req/s** within {slo_txt}, **{best.label}** is {how}: "
                 f"**{best.gpus} GPU{'s' if best.gpus != 1 else ''}** ({best.replicas} replica"
-                f"{'s' if best.replicas != 1 else ''} × TP {best.tensor_parallel}){cost}."
+                f"{'s' if best.replicas != 1 else ''} × TP {best.tensor_parallel}{_pp(best)}){cost}."
             )
             for other in ranked[1:3]:
                 rel = ""
@@ -753,7 +785,7 @@ def verdict(res: PlanResult) -> list[str]:
         else:
             lines.append(
                 f"Within {slo_txt}, **{best.label}** sustains the most load per GPU: "
-                f"{best.goodput_rps / best.tensor_parallel:.3g} req/s per GPU."
+                f"{best.goodput_rps / best.gpus_per_replica:.3g} req/s per GPU."
             )
         top = max(ranked, key=lambda c: c.goodput_rps)
         lines.append(
@@ -831,7 +863,7 @@ def _plots(res: PlanResult, pdir: Path) -> list[tuple[str, str, str]]:
     # goodput per configuration
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, h), sharey=True)
     g = [c.goodput_rps for c in cands]
-    gpg = [c.goodput_rps / c.tensor_parallel for c in cands]
+    gpg = [c.goodput_rps / c.gpus_per_replica for c in cands]
     a1.barh(y, g, color=[col[lb] for lb in labels])
     a2.barh(y, gpg, color=[col[lb] for lb in labels])
     for ax, vals, unit in ((a1, g, "req/s"), (a2, gpg, "req/s/GPU")):
@@ -861,7 +893,7 @@ def _plots(res: PlanResult, pdir: Path) -> list[tuple[str, str, str]]:
         gpus = [c.gpus or 0 for c in cands]
         ax.barh(y, gpus, color=[col[lb] for lb in labels])
         for yi, c in zip(y, cands):
-            txt = f"{c.gpus} GPUs = {c.replicas} × TP{c.tensor_parallel}" if c.gpus else c.status
+            txt = f"{c.gpus} GPUs = {c.replicas} × TP{c.tensor_parallel}{_pp(c)}" if c.gpus else c.status
             if c.gpus and not c.verified:
                 txt += " (SLO not met)"
             ax.annotate(txt, (c.gpus or 0, yi), xytext=(3, 0), textcoords="offset points", va="center", fontsize=8)
@@ -934,6 +966,7 @@ def candidates_table(res: PlanResult):
             "configuration": c.label,
             "hardware": c.hardware,
             "tensor_parallel": c.tensor_parallel,
+            "pipeline_parallel": c.pipeline_parallel,
             "status": c.status,
             "error": c.error or "",
             "goodput_rps": c.goodput_rps,

@@ -13,13 +13,13 @@ from .errors import InfersimError
 from .hardware.catalog import load_hardware
 from .models.catalog import load_model
 from .models.dtypes import normalize_dtype
+from .parallel.placement import check_deployment
 from .policies import PREEMPTION_POLICIES, SCHEDULERS
 from .validation import (
     BYTES_PER_REPLICA,
     BYTES_PER_REQUEST,
     check_memory,
     check_seed,
-    check_tensor_parallel,
     expected_requests,
     in_field,
     simulation_bytes,
@@ -59,7 +59,6 @@ def check_workload(
     check_seed(spec.seed, "seed", source)
     for field, name in (("serving.dtype", sv.dtype), ("serving.kv_dtype", sv.kv_dtype or sv.dtype)):
         hardware.require_dtype(normalize_dtype(name), f"{source}: field '{field}'")
-    check_tensor_parallel(model, hw.tensor_parallel, source=source)
     check_expert_parallel(model, hw.tensor_parallel, hw.expert_parallel, source=source)
     if spec.offload is not None and (model.moe is not None or model.mla is not None):
         # the offload pipeline prices every layer alike and streams per-head K and V
@@ -68,6 +67,7 @@ def check_workload(
             f"'{model.name}' has experts or latent attention"
         )
     check_disaggregated(spec, source)
+    check_deployment(model, spec, source)
     max_model_len = sv.max_model_len or model.max_position_embeddings
     if not sv.chunked_prefill and sv.max_batched_tokens is not None and sv.max_batched_tokens < max_model_len:
         # without chunking a prompt is prefilled in one iteration (vLLM refuses the same setting)

@@ -24,6 +24,7 @@ from .hardware.catalog import load_hardware
 from .metrics.collector import MetricsCollector
 from .models.catalog import load_model
 from .models.dtypes import normalize_dtype
+from .parallel.placement import check_deployment
 from .policies import SchedulerLimits, build_scheduler
 from .validation import check_tensor_parallel
 from .workload.requests import Requests
@@ -83,20 +84,40 @@ class Simulation:
         self._progress_every = max(1, self.total // 200)
 
     def _build_colocated(self, source: str) -> None:
-        """One pool of identical replicas behind the workload's router."""
+        """One pool of identical replicas behind the workload's router; with pipeline stages (or a
+        tensor-parallel group across nodes) the pipelined cost model, memory plan and replicas."""
         hw_sec = self.spec.hardware
+        self.placement = check_deployment(self.model, self.spec, source)
         self.hardware, self.cost_model, tp = self.build_pool(
             hw_sec.profile, hw_sec.tensor_parallel, source, host_link=hw_sec.host_link
         )
+        self.parallel_account = {}  # per-stage memory and the links' sources, for config.yaml
+        if self.placement.staged:
+            from .parallel.cost import PipelineCostModel
+
+            self.cost_model = PipelineCostModel(self.cost_model, self.placement, source)
+            self.parallel_account["links"] = self.cost_model.links.sources
         if self.spec.offload is not None:
             # KV lives in host memory: the GPU-only plan would reject models that offload weights too
             from .offload.replica import offload_memory_plan
 
             self.memory = offload_memory_plan(self)
+        elif self.placement.pp > 1:
+            from .parallel.memory import plan_pipeline_memory
+
+            self.memory, stages = plan_pipeline_memory(
+                self.model, self.hardware, self.memory_options(tp), self.placement, source
+            )
+            self.parallel_account.update(stages)
         else:
             self.memory = self.plan_pool_memory(self.hardware, tp, source)
-        replica_cls = self._replica_class()
-        self.replicas = [self.new_replica(replica_cls, i, self.memory) for i in range(hw_sec.replicas)]
+        if self.placement.pp > 1:
+            from .parallel.setup import pipeline_replicas
+
+            self.replicas = pipeline_replicas(self, source)
+        else:
+            replica_cls = self._replica_class()
+            self.replicas = [self.new_replica(replica_cls, i, self.memory) for i in range(hw_sec.replicas)]
         self.entry = self.replicas  # the replicas arrivals are routed to
         self.router = ROUTERS.get(hw_sec.router)(hw_sec.replicas)
 
@@ -127,9 +148,9 @@ class Simulation:
         )
         return hardware, cost_model, tp
 
-    def plan_pool_memory(self, hardware, tp: int, source: str) -> MemoryPlan:
+    def memory_options(self, tp: int) -> MemoryOptions:
         sv = self.spec.serving
-        opts = MemoryOptions(
+        return MemoryOptions(
             sv.block_size,
             self.dtype,
             self.kv_dtype,
@@ -141,7 +162,9 @@ class Simulation:
             gpu_blocks=sv.gpu_blocks,
             cpu_blocks=sv.cpu_blocks,
         )
-        return plan_memory(self.model, hardware, opts, source=source)
+
+    def plan_pool_memory(self, hardware, tp: int, source: str) -> MemoryPlan:
+        return plan_memory(self.model, hardware, self.memory_options(tp), source=source)
 
     def new_replica(self, replica_cls, index: int, memory: MemoryPlan, **kwargs):
         """A replica with its own block pools (sized by `memory`), scheduler and host link."""
@@ -280,6 +303,8 @@ class Simulation:
         }
         if self.spec.hardware.disaggregated is not None:
             out["disaggregated"] = self.deployment.resolved()
+        else:
+            out["parallel"] = {**self.placement.describe(), **self.parallel_account}
         return out
 
 

@@ -26,7 +26,8 @@ def add_parser(sub) -> None:
         "--plan",
         type=Path,
         default=None,
-        help="plan YAML: slo, hardware, tensor_parallel, options, prices, target_rate, search " "(see examples/plan/)",
+        help="plan YAML: slo, hardware, tensor_parallel, pipeline_parallel, options, prices, target_rate, search "
+        "(see examples/plan/)",
     )
     p.add_argument(
         "--slo",
@@ -41,6 +42,9 @@ def add_parser(sub) -> None:
         "profile's pure datasheet roofline",
     )
     p.add_argument("--tp", default=None, help="tensor-parallel degrees to compare, comma-separated, e.g. 1,2")
+    p.add_argument(
+        "--pp", default=None, help="pipeline-parallel degrees to compare (crossed with --tp), comma-separated, e.g. 1,2"
+    )
     p.add_argument("--scheduler", default=None, help="schedulers to compare, e.g. fcfs,fairness")
     p.add_argument("--preemption", default=None, help="preemption modes to compare, e.g. recompute,cost_aware")
     p.add_argument(
@@ -101,9 +105,23 @@ def _options(args) -> dict[str, list]:
     return out
 
 
+def _degrees(text, flag: str) -> list[int]:
+    """'1,2' -> [1, 2]; a bad list is one line naming the flag."""
+    from infersim.simulator.errors import InfersimError
+
+    out = []
+    for t in _csv(text):
+        try:
+            out.append(int(t))
+        except ValueError:
+            raise InfersimError(f"bad {flag} '{text}': give integers, e.g. 1,2") from None
+        if out[-1] < 1:
+            raise InfersimError(f"bad {flag} '{text}': degrees must be at least 1")
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     from infersim.analysis.plan import load_plan_file, parse_prices, parse_slo, plan, rank, write_plan
-    from infersim.simulator.errors import InfersimError
     from infersim.simulator.metrics.rundir import check_out_dir
     from infersim.simulator.validation import check_seed, finite_positive, in_field, positive_int
 
@@ -117,14 +135,7 @@ def run(args: argparse.Namespace) -> int:
         finite_positive(args.tolerance, "--tolerance")
     if args.workers is not None:
         positive_int(args.workers, "--workers")
-    tps = []
-    for t in _csv(args.tp):
-        try:
-            tps.append(int(t))
-        except ValueError:
-            raise InfersimError(f"bad --tp '{args.tp}': give integers, e.g. 1,2") from None
-        if tps[-1] < 1:
-            raise InfersimError(f"bad --tp '{args.tp}': degrees must be at least 1")
+    tps, pps = _degrees(args.tp, "--tp"), _degrees(args.pp, "--pp")
     from infersim.simulator.workload.builder import load_workload
 
     # refused before the search, not after it
@@ -138,6 +149,7 @@ def run(args: argparse.Namespace) -> int:
         plan_file=pf,
         hardware=_csv(args.hardware),
         tensor_parallel=tps,
+        pipeline_parallel=pps,
         options=_options(args),
         prices=in_field("", "--price", parse_prices, args.price),
         target_rate=args.target_rate,

@@ -272,12 +272,18 @@ def execute(
             from infersim.simulator.speculative.report import write_series
 
             write_series(sim, tmp)
+        if spec.hardware.pipeline_parallel > 1:  # each stage's busy intervals
+            from infersim.simulator.parallel.report import write_stage_timeline
+
+            write_stage_timeline(sim, tmp)
         summary = write_result_files(tmp, result, csv=csv)
         pause_point("writing")
         if plots:
             from infersim.simulator.metrics.plots import plot_run
+            from infersim.simulator.parallel.report import plot_stages
 
             plot_run(tmp)
+            plot_stages(tmp)
     return summary
 
 
@@ -292,13 +298,18 @@ def _without_prefix_caching(spec, requests, step_mode: bool, source: str) -> dic
     return {k: s[k] for k in keep}
 
 
+def pp_note(spec) -> str:
+    pp = spec.hardware.pipeline_parallel
+    return f", pp={pp}" if pp > 1 else ""
+
+
 def print_summary(s: dict, spec, out: Path, wall_s: float) -> None:
     from rich.console import Console
     from rich.table import Table
 
     c = Console()
     hw, d = spec.hardware, spec.hardware.disaggregated
-    where = f"{hw.replicas} x {hw.profile} (tp={hw.tensor_parallel})"
+    where = f"{hw.replicas} x {hw.profile} (tp={hw.tensor_parallel}{pp_note(spec)})"
     if d is not None:
         where = " + ".join(
             f"{pool.replicas} {name} x {pool.profile or hw.profile} (tp={pool.tensor_parallel})"

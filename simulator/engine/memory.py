@@ -65,7 +65,7 @@ def plan_memory(model: ModelSpec, hw: HardwareProfile, opts: MemoryOptions, sour
             raise InfersimError(
                 f"{source}: model '{model.name}' ({weights / 1e9:.1f} GB of weights per GPU in {dtype}) does not fit "
                 f"on '{hw.name}' ({hw.memory_gb:g} GB x {gpu_memory_utilization}) with tensor_parallel={tp}; "
-                f"raise hardware.tensor_parallel or lower the dtype"
+                f"raise hardware.tensor_parallel or hardware.pipeline_parallel, or lower the dtype"
             )
     if cpu_blocks is None:
         cpu_blocks = int(opts.swap_space_gb * 2**30 // block_bytes)

@@ -153,9 +153,7 @@ class Replica:
         for seq, n in batch:
             blocks.grow_to(seq, seq.computed + n)
         start = env.now
-        end_s = start + self.cost.iteration_time_s(BatchShape(q, ctx, makes_token.astype(np.int64)))
-        self._iteration_started(batch, makes_token, start, end_s)
-        yield env.timeout_at(end_s)
+        yield from self._run_batch(batch, makes_token, BatchShape(q, ctx, makes_token.astype(np.int64)))
         end = env.now
         prefill_tokens = int(q[q > 1].sum())
         self.metrics.segment(
@@ -184,9 +182,19 @@ class Replica:
         if itl:
             self.metrics.add_itl(itl, 1.0)
 
+    def _run_batch(self, batch, makes_token: np.ndarray, shape: BatchShape):
+        """Hold the GPUs for one iteration; a pipeline's virtual engine passes it through its
+        stages instead (parallel/replica.py)."""
+        start_s = self.env.now
+        end_s = start_s + self.cost.iteration_time_s(shape)
+        self._iteration_started(batch, makes_token, start_s, end_s)
+        yield self.env.timeout_at(end_s)
+
     # ---- a stretch of identical decode steps ------------------------------------------
-    def _decode_stretch(self, seqs):
-        env, blocks, bs = self.env, self.blocks, self.blocks.block_size
+    def _stretch_plan(self, seqs) -> tuple[np.ndarray, np.ndarray, int]:
+        """Contexts and blocks held of a decode stretch's sequences, and its length: up to the
+        first sequence finishing or the block pool running short."""
+        blocks, bs = self.blocks, self.blocks.block_size
         b = len(seqs)
         ctx = np.fromiter((s.computed for s in seqs), dtype=np.int64, count=b)
         alloc = np.fromiter((s.num_gpu_blocks for s in seqs), dtype=np.int64, count=b)
@@ -198,6 +206,11 @@ class Replica:
             steps = np.arange(k, dtype=np.int64)
             need = np.maximum(0, -(-(ctx[:, None] + steps[None, :] + 1) // bs) - alloc[:, None]).sum(axis=0)
             k = max(1, int(np.argmax(need > blocks.free_gpu)))
+        return ctx, alloc, k
+
+    def _decode_stretch(self, seqs):
+        env = self.env
+        ctx, alloc, k = self._stretch_plan(seqs)
         times = self.cost.decode_step_times_s(ctx, k)
         start = env.now
         ends = np.cumsum(np.concatenate(([start], times)))[1:]

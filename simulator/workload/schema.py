@@ -10,6 +10,7 @@ from typing import Annotated, Literal, Optional, Union
 from pydantic import BaseModel, Field, NonNegativeFloat, PositiveFloat, PositiveInt, field_validator, model_validator
 
 from ..disaggregation.config import DisaggregatedSection
+from ..parallel.config import ClusterSection
 from ..validation import MAX_SEED, MAX_TOKENS, STRICT_CONFIG, whole_number
 
 
@@ -30,6 +31,12 @@ class HardwareSection(_Strict):
         1,
         description="GPUs of the tensor-parallel group the experts of a mixture-of-experts model are spread over (1 or tensor_parallel)",
     )
+    pipeline_parallel: PositiveInt = Field(
+        1, description="pipeline stages per replica: layers split over them, each stage a tensor-parallel group"
+    )
+    cluster: Optional[ClusterSection] = Field(
+        None, description="GPUs per node and the inter-node link; none: 8-GPU nodes on InfiniBand NDR"
+    )
     router: str = Field("round_robin", description="router registry name: round_robin, least_outstanding")
     host_link: Optional[str] = Field(None, description="override the profile's host link, e.g. 'pcie3x16'")
     disaggregated: Optional[DisaggregatedSection] = Field(
@@ -38,9 +45,11 @@ class HardwareSection(_Strict):
 
     @model_validator(mode="after")
     def _pools(self):
-        if self.disaggregated is not None and (self.replicas != 1 or self.tensor_parallel != 1):
+        if self.disaggregated is not None and (
+            self.replicas != 1 or self.tensor_parallel != 1 or self.pipeline_parallel != 1
+        ):
             raise ValueError(
-                "with 'disaggregated', give replicas and tensor_parallel per pool "
+                "with 'disaggregated', give replicas and tensor_parallel per pool (pipeline_parallel stays 1) "
                 "(disaggregated.prefill, disaggregated.decode), not in hardware"
             )
         return self

@@ -1,0 +1,101 @@
+"""Stage times of a placed replica, from the roofline's per-operator times.
+
+Stage s runs its layers (each: the layer's operators and its two tensor-parallel
+all-reduces); stage 0 also embeds the tokens and carries the per-iteration overhead
+(scheduling happens before the first stage starts), the last stage also runs the final norm
+and the LM head. Between stages the activations move: the hidden state and, for RMSNorm
+models, the residual (vLLM's fused add-and-norm keeps them apart and sends both as
+`IntermediateTensors`), tokens x hidden each. One batch alone takes the sum of its stage times
+and hand-offs; a pipeline keeps several batches in flight (parallel/replica.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..costmodel.base import CostModel
+from ..costmodel.batch import BatchShape, BatchTotals
+from ..models.dtypes import bytes_per_element
+from .links import Links
+from .placement import Placement
+
+
+class PipelineCostModel(CostModel):
+    name = "pipeline"
+
+    def __init__(self, base, placement: Placement, source: str = ""):
+        self.base, self.placement = base, placement
+        self.links = Links(base, placement, source)
+        n_layer = len(base.layer_ops)
+        self._n_layer = n_layer
+        self._model_row = {op.name: n_layer + j for j, op in enumerate(base.model_ops)}
+        tensors = 2 if base.model.norm == "rmsnorm" else 1
+        self.handoff_bytes_per_token = tensors * base.model.hidden_size * bytes_per_element(base.act_dtype)
+        self.iteration_overhead_s = base.iteration_overhead_s
+
+    # ---- stage times from totals (arrays) ------------------------------------------------
+    def stage_times_from_totals(self, t: BatchTotals) -> np.ndarray:
+        """Compute time of each stage, shape (stages, n)."""
+        time = self.base.op_times(t.tokens, t.score_pairs, t.keys, t.logits)[4]
+        layer = np.zeros(time.shape[1])
+        for row in time[: self._n_layer]:  # a fixed order of additions: identical for any n
+            layer = layer + row
+        layer = layer + self.links.allreduce_pair_time_s(np.asarray(t.tokens, dtype=np.float64).reshape(-1))
+        first = time[self._model_row["embedding"]] + self.iteration_overhead_s
+        last = time[self._model_row["final_norm"]] + time[self._model_row["lm_head"]]
+        stages = []
+        for s, n in enumerate(self.placement.layers):
+            st = n * layer
+            if s == 0:
+                st = st + first
+            if s == self.placement.pp - 1:
+                st = st + last
+            stages.append(st)
+        return np.vstack(stages)
+
+    def handoff_times_from_tokens(self, tokens) -> np.ndarray:
+        """Hand-off time at each stage boundary, shape (stages - 1, n)."""
+        nbytes = self.handoff_bytes_per_token * np.asarray(tokens, dtype=np.float64).reshape(-1)
+        if self.placement.pp == 1:
+            return np.zeros((0, nbytes.size))
+        return np.vstack([self.links.handoff_time_s(s, nbytes) for s in range(self.placement.pp - 1)])
+
+    def _latency(self, t: BatchTotals) -> np.ndarray:
+        total = np.zeros(np.asarray(t.tokens).size)
+        for row in self.stage_times_from_totals(t):
+            total = total + row
+        for row in self.handoff_times_from_tokens(t.tokens):
+            total = total + row
+        return total
+
+    # ---- what the engine asks -------------------------------------------------------------
+    def stage_times_s(self, batch: BatchShape) -> tuple[np.ndarray, np.ndarray]:
+        """(time on each stage, time of each hand-off) of one batch."""
+        t = batch.totals()
+        return self.stage_times_from_totals(t)[:, 0], self.handoff_times_from_tokens(t.tokens)[:, 0]
+
+    def decode_stage_times_s(self, context_tokens, steps: int) -> tuple[np.ndarray, np.ndarray]:
+        """stage_times_s of `steps` consecutive decode steps at once, shapes (stages, steps) and
+        (stages - 1, steps): the same totals and arithmetic as one by one, so identical."""
+        t = self._decode_totals(context_tokens, steps)
+        return self.stage_times_from_totals(t), self.handoff_times_from_tokens(t.tokens)
+
+    @staticmethod
+    def _decode_totals(context_tokens, steps: int) -> BatchTotals:
+        ctx = np.asarray(context_tokens, dtype=np.int64)
+        b = ctx.size
+        keys = ((ctx.sum() + b) + b * np.arange(steps, dtype=np.int64)).astype(np.float64)
+        bf = np.full(steps, float(b))
+        return BatchTotals(bf, keys, keys, bf)
+
+    def iteration_time_s(self, batch: BatchShape) -> float:
+        """One batch through every stage with nothing else in flight."""
+        return float(self._latency(batch.totals())[0])
+
+    def decode_step_times_s(self, context_tokens, steps: int) -> np.ndarray:
+        return self._latency(self._decode_totals(context_tokens, steps))
+
+    def transfer_time_s(self, nbytes: float, direction) -> float:
+        return self.base.transfer_time_s(nbytes, direction)
+
+    def kv_transfer_time_s(self, nbytes: float, direction, copies: int = 1) -> float:
+        return self.base.kv_transfer_time_s(nbytes, direction, copies)

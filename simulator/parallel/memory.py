@@ -1,0 +1,68 @@
+"""KV pools of a pipelined replica: each stage's GPUs hold their layers' weights (1/tp of
+them) and the KV of their layers only, so a block costs each stage its layers' share.
+
+The replica holds as many blocks as its fullest stage allows (every block spans all layers),
+and vLLM divides them evenly over its virtual engines (vllm/core/scheduler.py:
+`num_gpu_blocks //= pipeline_parallel_size`), one per batch in flight."""
+
+from __future__ import annotations
+
+from ..engine.memory import MemoryOptions, MemoryPlan, activation_peak_bytes
+from ..errors import InfersimError
+from ..models.dtypes import bytes_per_element
+from .placement import Placement
+
+
+def stage_weight_bytes(model, placement: Placement, dtype: str) -> list[float]:
+    """Weight bytes on one GPU of each stage."""
+    tp, wb = placement.tp, bytes_per_element(dtype)
+    edges = model.params_embedding() + model.params_norm() + model.params_lm_head()
+    per_layer = (model.weight_bytes_per_gpu(tp, dtype) - edges * wb / tp) / model.num_layers
+    head = (model.params_norm() + model.vocab_size * model.hidden_size) * wb / tp  # a tied head is a copy
+    out = []
+    for s, n in enumerate(placement.layers):
+        w = n * per_layer
+        if s == 0:
+            w += model.params_embedding() * wb / tp
+        if s == placement.pp - 1:
+            w += head
+        out.append(w)
+    return out
+
+
+def plan_pipeline_memory(
+    model, hw, opts: MemoryOptions, placement: Placement, source: str = "workload"
+) -> tuple[MemoryPlan, dict]:
+    """The replica's pools and a per-stage account (weights, blocks that fit)."""
+    per_layer_block = model.bytes_kv_per_block_per_gpu(opts.block_size, placement.tp, opts.kv_dtype) / model.num_layers
+    weights = stage_weight_bytes(model, placement, opts.dtype)
+    act_dtype = "fp16" if opts.dtype in ("int8", "int4") else opts.dtype
+    act = activation_peak_bytes(model, opts.max_batched_tokens, opts.max_batch_size, act_dtype, placement.tp)
+    fits = []
+    for s, (w, n) in enumerate(zip(weights, placement.layers)):
+        blocks = int((hw.memory_bytes() * opts.gpu_memory_utilization - w - act) // (n * per_layer_block))
+        if blocks < placement.pp and opts.gpu_blocks is None:
+            raise InfersimError(
+                f"{source}: field 'hardware.pipeline_parallel': stage {s} of {placement.pp} ({n} layers, "
+                f"{w / 1e9:.1f} GB of weights per GPU with tensor_parallel={placement.tp}) leaves no KV cache on "
+                f"'{hw.name}' ({hw.memory_gb:g} GB x {opts.gpu_memory_utilization}); raise "
+                f"hardware.pipeline_parallel or hardware.tensor_parallel, or lower the dtype"
+            )
+        fits.append(blocks)
+    gpu_blocks = opts.gpu_blocks if opts.gpu_blocks is not None else min(fits)
+    widest = max(placement.layers) * per_layer_block
+    cpu_blocks = opts.cpu_blocks if opts.cpu_blocks is not None else int(opts.swap_space_gb * 2**30 // widest)
+    plan = MemoryPlan(
+        int(gpu_blocks),
+        int(cpu_blocks),
+        widest,  # stages swap at once; the one with most layers sets the time
+        max(weights),
+        act,
+        "explicit" if opts.gpu_blocks is not None else "derived",
+    )
+    account = {
+        "stage_weight_bytes_per_gpu": weights,
+        "stage_gpu_blocks_fit": fits,
+        "kv_bytes_per_block_per_stage": [n * per_layer_block for n in placement.layers],
+    }
+    return plan, account

@@ -1,0 +1,124 @@
+"""Where a replica's work runs: its layers split over pipeline stages, each stage a
+tensor-parallel group, the groups laid on nodes in order.
+
+Layers split as vLLM splits them (`get_pp_indices` in vllm/distributed/utils.py): every stage
+gets layers // pp, and the remainder goes one each to the stages before the last, from the
+second-to-last backwards (the last stage also holds the final norm and the LM head). A
+replica's GPUs fill nodes in order, stage 0's group first, so a tensor-parallel group stays in
+one node when it fits in one, and a stage boundary crosses nodes exactly where a node fills."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import InfersimError
+from ..validation import check_tensor_parallel, positive_int, source_field
+from .config import ClusterSection
+
+
+def stage_layers(num_layers: int, pp: int) -> tuple[int, ...]:
+    """Layers per stage, vLLM's default split."""
+    parts = [num_layers // pp] * pp
+    for i in range(2, num_layers % pp + 2):
+        parts[-i] += 1
+    return tuple(parts)
+
+
+@dataclass(frozen=True)
+class Placement:
+    tp: int
+    pp: int
+    layers: tuple[int, ...]  # per stage
+    cluster: ClusterSection
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.pp
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.cluster.gpus_per_node
+
+    @property
+    def nodes(self) -> int:
+        """Nodes one replica spans."""
+        return -(-self.gpus // self.gpus_per_node)
+
+    @property
+    def tp_crosses_nodes(self) -> bool:
+        return self.tp > self.gpus_per_node
+
+    @property
+    def tp_devices_per_node(self) -> int:
+        return min(self.tp, self.gpus_per_node)
+
+    def boundary_crosses_nodes(self, stage: int) -> bool:
+        """Whether the hand-off from `stage` to `stage + 1` goes between nodes (rank i of one
+        group sends to rank i of the next)."""
+        g = self.gpus_per_node
+        return any((stage * self.tp + i) // g != ((stage + 1) * self.tp + i) // g for i in range(self.tp))
+
+    @property
+    def staged(self) -> bool:
+        """Needs the stage-aware cost model: several stages, or a group spanning nodes."""
+        return self.pp > 1 or self.tp_crosses_nodes
+
+    def describe(self) -> dict:
+        return {
+            "tensor_parallel": self.tp,
+            "pipeline_parallel": self.pp,
+            "layers_per_stage": list(self.layers),
+            "gpus_per_replica": self.gpus,
+            "gpus_per_node": self.gpus_per_node,
+            "nodes_per_replica": self.nodes,
+            "tp_group_crosses_nodes": self.tp_crosses_nodes,
+            "stage_boundaries_across_nodes": [s for s in range(self.pp - 1) if self.boundary_crosses_nodes(s)],
+        }
+
+
+def check_parallel(model, hardware_section, source: str = "") -> Placement:
+    """The one rule set for TP x PP on a cluster, each failure one line naming the field."""
+    tp = check_tensor_parallel(model, hardware_section.tensor_parallel, source=source)
+    pp = positive_int(hardware_section.pipeline_parallel, "hardware.pipeline_parallel", source)
+    if pp > model.num_layers:
+        raise InfersimError(
+            f"{source_field(source, 'hardware.pipeline_parallel')}: {pp} stages exceed {model.name}'s "
+            f"{model.num_layers} layers (each stage holds at least one)"
+        )
+    cluster = hardware_section.cluster or ClusterSection()
+    g = cluster.gpus_per_node
+    if g % tp and tp % g:
+        raise InfersimError(
+            f"{source_field(source, 'hardware.tensor_parallel')}: tensor parallel {tp} neither divides "
+            f"hardware.cluster.gpus_per_node {g} nor is a multiple of it (a group would straddle nodes unevenly)"
+        )
+    return Placement(tp, pp, stage_layers(model.num_layers, pp), cluster)
+
+
+def check_deployment(model, spec, source: str = "") -> Placement:
+    """check_parallel, and what a pipelined replica does not combine with: speculation and
+    offload run their own iteration loops, and only the roofline prices stages."""
+    placement = check_parallel(model, spec.hardware, source)
+    if not placement.staged:
+        return placement
+    field = "hardware.pipeline_parallel" if placement.pp > 1 else "hardware.tensor_parallel"
+    where = source_field(source, field)
+    for section in ("speculation", "offload"):
+        if getattr(spec, section) is not None:
+            raise InfersimError(f"{where}: {_what(placement)} does not combine with a '{section}' section")
+    if model.moe is not None:
+        # a stage is priced as its layer count times one layer, which a model with dense and
+        # sparse layers and routed experts is not
+        raise InfersimError(f"{where}: {_what(placement)} is not modelled for a mixture-of-experts model")
+    if spec.serving.prefix_caching:
+        raise InfersimError(f"{where}: {_what(placement)} does not combine with serving.prefix_caching")
+    if spec.serving.cost_model != "roofline":
+        raise InfersimError(
+            f"{where}: {_what(placement)} is priced by the roofline cost model only, not "
+            f"serving.cost_model '{spec.serving.cost_model}'"
+        )
+    return placement
+
+
+def _what(p: Placement) -> str:
+    return f"pipeline_parallel {p.pp}" if p.pp > 1 else f"a tensor-parallel group of {p.tp} across nodes"

@@ -1,0 +1,65 @@
+"""`sim plan` over tensor x pipeline parallelism: candidates cross the degrees, GPUs count
+every stage, and a split whose stage does not fit is reported with the stage's numbers."""
+
+import math
+
+from infersim.analysis.plan import PlanFile, SearchSection, build_candidates, parse_slo, plan
+from infersim.simulator.workload.schema import WorkloadSpec
+
+WORKLOAD = """\
+name: pp-plan
+model: llama-2-70b
+hardware: {profile: a100-40gb}
+serving: {max_model_len: 2048}
+requests:
+  count: 100
+  arrival: {type: poisson, rate: 1.0}
+  prompt_tokens: {type: fixed, value: 200}
+  output_tokens: {type: fixed, value: 40}
+seed: 2
+"""
+
+
+def test_candidates_cross_tp_and_pp():
+    spec = WorkloadSpec.model_validate(
+        {
+            "requests": {
+                "count": 1,
+                "arrival": {"type": "burst"},
+                "prompt_tokens": {"type": "fixed", "value": 1},
+                "output_tokens": {"type": "fixed", "value": 1},
+            }
+        }
+    )
+    cands = build_candidates(spec, ["h100-sxm"], [4, 8], {}, {}, [1, 2])
+    assert [c.label for c in cands] == [
+        "h100-sxm tp4 pp1",
+        "h100-sxm tp4 pp2",
+        "h100-sxm tp8 pp1",
+        "h100-sxm tp8 pp2",
+    ]
+    assert cands[3].overrides["hardware.pipeline_parallel"] == 2 and cands[3].pipeline_parallel == 2
+
+
+def test_plan_counts_every_stage_and_reports_a_stage_that_does_not_fit(tmp_path):
+    wl = tmp_path / "pp-plan.yaml"
+    wl.write_text(WORKLOAD)
+    res = plan(
+        str(wl),
+        slos=parse_slo("ttft_p99=5s,tpot_p99=300ms"),
+        plan_file=PlanFile(search=SearchSection(requests=60, tolerance=0.25)),
+        tensor_parallel=[2],
+        pipeline_parallel=[1, 4],
+        prices={"a100-40gb": 1.0},
+        target_rate=1.0,
+        workers=1,
+    )
+    by = {c.label: c for c in res.candidates}
+    # 70B in fp16 is 138 GB: 69 GB per GPU at TP 2 does not fit a 40 GB card, 17 GB at TP 2 x PP 4 does
+    bad = by["a100-40gb tp2 pp1"]
+    assert bad.status == "failed" and "does not fit" in bad.error
+    ok = by["a100-40gb tp2 pp4"]
+    assert ok.status == "ok" and ok.gpus_per_replica == 8
+    assert ok.gpus == ok.replicas * 8
+    # cost at the target: price x GPUs x 1e6 / (3600 x target x mean output tokens)
+    assert math.isclose(ok.cost_per_m_output_tokens, 1.0 * ok.gpus * 1e6 / (3600 * 1.0 * 40), rel_tol=1e-9)
