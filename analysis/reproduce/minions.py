@@ -1317,11 +1317,11 @@ def _reflow(text: str, width: int = 115) -> str:
 def _fill(words: list[str], width: int, indent: str) -> str:
     lines, line = [], ""
     for w in words:
-        if line.strip() and len(line) + 1 + len(w) > width and not _MARKER.match(w):
+        if line and len(line) + 1 + len(w) > width and not _MARKER.match(w):
             lines.append(line)
             line = indent + w
         else:
-            line = f"{line} {w}" if line.strip() else indent + w if lines else w
+            line = f"{line} {w}" if line else w
     return "\n".join(lines + [line])
 
 
