@@ -11,8 +11,8 @@ import pytest
 
 from infersim.analysis.plan import (
     PlanFile,
-    build_candidates,
     SearchSection,
+    build_candidates,
     load_plan_file,
     meets,
     parse_duration,
