@@ -1554,6 +1554,13 @@ def _pp_gain(t: Tables, label: str, pair: str | None = None, overhead_us: float 
     return pd.Series({k: 100 * (tp[(*k, label)] / tp[(*k, "coupled")] - 1) for k in keys}, dtype=float)
 
 
+def _step_cost_effect(t: Tables, label: str) -> pd.Series:
+    """Throughput of the pipeline study's `label` with 1 ms SSM steps over kernel costs only (percent), per pair."""
+    tp = t.pp.set_index(["pair", "overhead_us", "label"])["throughput_tok_s"]
+    pairs = [p for p in PAIRS if (p, 0.0, label) in tp.index and (p, 1000.0, label) in tp.index]
+    return pd.Series({p: 100 * (tp[(p, 1000.0, label)] / tp[(p, 0.0, label)] - 1) for p in pairs}, dtype=float)
+
+
 def _bp_effect(t: Tables) -> pd.Series:
     """Back-pressure's effect on throughput at 64 requests in flight (percent), per (pair, overhead)."""
     tp = t.pp.set_index(["pair", "overhead_us", "label"])["throughput_tok_s"]
@@ -1583,7 +1590,8 @@ the engines fill each other's idle units, as MPS is meant to) it is {_pct(opt08)
     }, at 0 and 1 ms SSM steps; the more of a round the SSMs take, the more there is to hide. With 0.5 + 0.5 (summing to
 1: the GPU's throughput is only divided) it is {_pct(_pp_gain(t, g05, overhead_us=0.0))} with kernel costs only and
 {_pct(_pp_gain(t, g05, overhead_us=1000.0))} with 1 ms SSM steps: that time is host time (launches, sampling), during
-which the LLM has the whole GPU, so the pipeline hides it whatever the shares. On a separate GPU the SSMs' time is
+which the LLM has the whole GPU, so the pipeline hides it whatever the shares (from 0 to 1 ms the pipelined
+throughput moves {_pct(_step_cost_effect(t, g05))}, coupled {_pct(_step_cost_effect(t, "coupled"))}). On a separate GPU the SSMs' time is
 hidden completely and the pipeline gains most ({_pct(_pp_gain(t, sep))}{
         _was(ref, lambda r: f"; datasheet roofline {_pct(_pp_gain(r, sep))}")
     }). Idle time moves from the LLM to the SSM engine: coupled, the LLM idles while the SSMs draft; pipelined, the
