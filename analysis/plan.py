@@ -521,8 +521,16 @@ def build_candidates(
                 if label in seen:
                     continue
                 seen.add(label)
-                out.append(Candidate(label, over, canon, int(tp), canon_prices.get(canon), int(pp)))
+                out.append(Candidate(label, over, canon, int(tp), _price(canon_prices, canon), int(pp)))
     return out
+
+
+def _price(prices: dict[str, float], canon: str) -> Optional[float]:
+    """The price of a candidate's GPU: its own name's, else its base profile's (NAME:datasheet
+    runs on the same GPU as NAME, only priced by another cost model)."""
+    from infersim.simulator.hardware.catalog import split_mode
+
+    return prices.get(canon, prices.get(split_mode(canon)[0]))
 
 
 def check_names(hardware: list[str] | None, pf: PlanFile, prices: dict[str, float] | None, plan_source: str) -> None:

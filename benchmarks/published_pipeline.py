@@ -9,9 +9,7 @@ parallelism across the 8 GPUs against pipeline parallelism across the 8 GPUs. At
 (one user) TP is 5.6x faster than PP; at maximum throughput PP delivers 1.5x TP's.
 
 Predicted: the same two deployments (TP 8 x PP 1 and TP 1 x PP 8) on the `h200` profile.
-infersim has no FP8 compute here, so the weights and the KV cache are `int8` (one byte each, as
-FP8: decode reads the same bytes) and GEMMs compute at the FP16 peak (FP8 doubles it; compute-bound
-prefill is priced slower than it runs). The blog does not give the sequence lengths of its
+Weights and KV cache are `fp8` (one byte each) and GEMMs compute at the H200's FP8 dense peak. The blog does not give the sequence lengths of its
 scenarios; the ones used here are stated in the output.
 
 Usage: python benchmarks/published_pipeline.py"""
@@ -47,7 +45,7 @@ def spec(tp: int, pp: int, requests: int, prompt: int, output: int) -> WorkloadS
             "name": f"llama-405b-h200-tp{tp}-pp{pp}",
             "model": "llama-3.1-405b",
             "hardware": {"profile": "h200", "tensor_parallel": tp, "pipeline_parallel": pp},
-            "serving": {"dtype": "int8", "kv_dtype": "int8", "max_model_len": 4096, "max_batch_size": 256},
+            "serving": {"dtype": "fp8", "kv_dtype": "fp8", "max_model_len": 4096, "max_batch_size": 256},
             "requests": {
                 "count": requests,
                 "arrival": {"type": "burst"},
@@ -98,7 +96,7 @@ parallelism over the 8 GPUs.
 
 Predicted: `llama-3.1-405b` on the `h200` profile (datasheet peaks, the H100's fitted GEMM and
 elementwise models, datasheet NVLink for the all-reduces and the stage hand-offs), weights and KV
-cache `int8` (one byte each, as FP8), GEMMs at the FP16 peak (infersim prices no FP8 compute here).
+cache `fp8` (one byte each), GEMMs at the FP8 dense peak.
 Sequence lengths are not in the blog: minimum latency is one request of {MIN_LATENCY[1]:,} prompt and
 {MIN_LATENCY[2]} output tokens; maximum throughput is a burst of {n:,} requests of {p:,} + {o}
 tokens (batch cap 256 per scheduler; PP 8 runs 8 virtual engines).

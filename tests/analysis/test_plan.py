@@ -5,12 +5,14 @@ import math
 import shutil
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from infersim.analysis.plan import (
     PlanFile,
     SearchSection,
+    build_candidates,
     load_plan_file,
     meets,
     parse_duration,
@@ -89,6 +91,24 @@ def test_parse_slo_and_durations():
     for bad in ("h100", "h100=cheap", "h100=-1"):
         with pytest.raises(InfersimError):
             parse_prices(bad)
+
+
+def test_plan_file_prices_reach_datasheet_candidates(tmp_path):
+    """NAME:datasheet is the same GPU as NAME priced by the pure roofline: the plan file's price for
+    NAME (or an alias of it) applies to both; a price given for NAME:datasheet itself wins there."""
+    pf_path = tmp_path / "plan.yaml"
+    pf_path.write_text("prices: {h100: 4.0, a100-80gb-sxm: 2.0, a100-80gb-sxm:datasheet: 1.5}\n")
+    pf = load_plan_file(pf_path)
+    spec = SimpleNamespace(hardware=SimpleNamespace(profile="h100-sxm", tensor_parallel=1, pipeline_parallel=1))
+    names = ["h100-sxm", "h100-sxm:datasheet", "a100-80gb-sxm", "a100-80gb-sxm:datasheet", "a40:datasheet"]
+    cands = build_candidates(spec, names, [1], {}, pf.prices)
+    assert {c.label: c.price for c in cands} == {
+        "h100-sxm": 4.0,
+        "h100-sxm:datasheet": 4.0,
+        "a100-80gb-sxm": 2.0,
+        "a100-80gb-sxm:datasheet": 1.5,
+        "a40:datasheet": None,
+    }
 
 
 def test_meets_checks_every_slo():
