@@ -36,7 +36,8 @@ import hashlib
 import struct
 from collections import deque
 from collections.abc import Hashable, Iterable, Sequence
-from itertools import repeat
+from itertools import compress, repeat
+from operator import add, eq, not_
 
 BlockKey = Hashable
 
@@ -66,15 +67,17 @@ class PrefixCachePool:
         self.num_blocks = int(num_blocks)
         self._next_fresh = 0  # ids >= this were never handed out (a huge pool costs nothing)
         self._free: list[int] = []  # released anonymous blocks, reused last-in first-out
-        # the LRU evictor: cached, unreferenced blocks -> the number of the `free` call that
-        # released them, and the releases in order; a queue entry whose number no longer
-        # matches (the block was taken again since) is skipped when evicting
-        self._evictable: dict[int, int] = {}
+        # block id -> references, for ids handed out: > 0 held, 0 released anonymous, and -s
+        # for a cached block nobody references, released by the s-th `free` call (the LRU
+        # evictor: one table serves both, so a release or an eviction costs one lookup less).
+        # The releases of cached blocks in order, each with -s: an entry whose -s no longer
+        # matches the block's count (it was taken again since) is skipped when evicting.
+        self._refs: dict[int, int] = {}
+        self._num_evictable = 0
         self._order_blocks: list[int] = []  # releases of cached blocks, oldest first from _head
         self._order_stamps: list[int] = []
         self._head = 0
         self._releases = 0
-        self._refs: dict[int, int] = {}  # block id -> references (0 once released), for ids handed out
         self._key_of: dict[int, BlockKey] = {}
         self._block_of: dict[BlockKey, int] = {}
         self.evictions = 0
@@ -83,7 +86,7 @@ class PrefixCachePool:
     @property
     def num_free(self) -> int:
         """Blocks `allocate` can hand out: never used, released anonymous, or evictable."""
-        return self.num_blocks - self._next_fresh + len(self._free) + len(self._evictable)
+        return self.num_blocks - self._next_fresh + len(self._free) + self._num_evictable
 
     @property
     def num_used(self) -> int:
@@ -97,10 +100,10 @@ class PrefixCachePool:
 
     @property
     def num_evictable(self) -> int:
-        return len(self._evictable)
+        return self._num_evictable
 
     def ref_count(self, block_id: int) -> int:
-        return self._refs.get(block_id, 0)
+        return max(self._refs.get(block_id, 0), 0)
 
     def releasable(self, block_ids: Iterable[int]) -> int:
         """How many of `block_ids` one `free` would return to `num_free` (those referenced
@@ -138,18 +141,24 @@ class PrefixCachePool:
 
     # ---- references ------------------------------------------------------------------
     def touch(self, block_ids: Iterable[int]) -> None:
-        refs, evictable = self._refs, self._evictable
-        for b in block_ids:
-            r = refs.get(b, 0)
-            if r == 0:
-                if b not in evictable:
-                    raise ValueError(f"block {b} is free: only a held or cached block can be touched")
-                del evictable[b]
-            refs[b] = r + 1
-        if len(self._order_blocks) - self._head > 2 * len(evictable) + 4096:
-            # mostly entries of blocks taken again: rebuild from the evictor (in release order,
-            # since a block re-enters it at the end only after being taken out)
-            self._order_blocks, self._order_stamps = list(evictable), list(evictable.values())
+        refs = self._refs
+        ids = list(block_ids)
+        now = list(map(refs.get, ids, repeat(0)))
+        if 0 in now:
+            b = ids[now.index(0)]
+            raise ValueError(f"block {b} is free: only a held or cached block can be touched")
+        if len(dict.fromkeys(ids)) < len(ids):  # a block twice: one at a time
+            for b in ids:
+                self.touch([b])
+            return
+        # a cached block nobody referenced (-s) leaves the evictor with one reference
+        self._num_evictable -= sum(map((0).__gt__, now))
+        refs.update(zip(ids, map(add, map(max, now, repeat(0)), repeat(1))))
+        if len(self._order_blocks) - self._head > 2 * self._num_evictable + 4096:
+            # mostly entries of blocks taken again: keep the live ones, in release order
+            h = self._head
+            live = [(b, s) for b, s in zip(self._order_blocks[h:], self._order_stamps[h:]) if refs[b] == s]
+            self._order_blocks, self._order_stamps = [b for b, _ in live], [s for _, s in live]
             self._head = 0
 
     def allocate(self, n: int) -> list[int]:
@@ -175,18 +184,19 @@ class PrefixCachePool:
     def _evict(self, n: int) -> list[int]:
         """The n least recently released cached blocks, their keys forgotten. Whole runs of the
         release order at a time (C-level loops): this is the hot path of a full cache."""
-        ev, blocks, stamps = self._evictable, self._order_blocks, self._order_stamps
+        refs, blocks, stamps = self._refs, self._order_blocks, self._order_stamps
         h, got = self._head, []
         while len(got) < n:
             k = n - len(got)
             run, run_stamps = blocks[h : h + k], stamps[h : h + k]
-            if list(map(ev.get, run)) == run_stamps:  # no entry taken again since: the whole run
+            now = list(map(refs.get, run))
+            if now == run_stamps:  # no entry taken again since: the whole run
                 got.extend(run)
             else:
-                got.extend([b for b, s in zip(run, run_stamps) if ev.get(b) == s])
+                got.extend(compress(run, map(eq, now, run_stamps)))
             h += k
         self._head = h
-        deque(map(ev.__delitem__, got), 0)
+        self._num_evictable -= n
         deque(map(self._block_of.__delitem__, map(self._key_of.pop, got)), 0)
         self.evictions += n
         if h > 65536 and 2 * h > len(blocks):
@@ -221,18 +231,26 @@ class PrefixCachePool:
     def free(self, block_ids: Sequence[int]) -> None:
         """Drop one reference from each block, releasing from the tail of `block_ids`."""
         refs = self._refs
-        released = [b for b in reversed(block_ids) if refs[b] == 1]
-        if len(released) < len(block_ids):
+        rev = list(reversed(block_ids))
+        counts = list(map(refs.__getitem__, rev))
+        if counts.count(1) == len(rev):  # nobody else holds any of them (the common case)
+            released = rev
+        else:
+            released = list(compress(rev, map((1).__eq__, counts)))
             for b in block_ids:
                 if refs[b] > 1:
                     refs[b] -= 1
-        refs.update(dict.fromkeys(released, 0))
-        key_of = self._key_of
-        cached = [b for b in released if b in key_of]
-        if cached:
+        has_key = list(map(self._key_of.__contains__, released))
+        n_cached = has_key.count(True)
+        if n_cached:
             self._releases += 1
-            self._evictable.update(dict.fromkeys(cached, self._releases))
+            stamp = -self._releases
+            cached = released if n_cached == len(released) else list(compress(released, has_key))
+            refs.update(dict.fromkeys(cached, stamp))
+            self._num_evictable += n_cached
             self._order_blocks.extend(cached)
-            self._order_stamps.extend(repeat(self._releases, len(cached)))
-        if len(cached) < len(released):
-            self._free.extend(b for b in released if b not in key_of)
+            self._order_stamps.extend(repeat(stamp, n_cached))
+        if n_cached < len(released):
+            anonymous = list(compress(released, map(not_, has_key))) if n_cached else released
+            refs.update(dict.fromkeys(anonymous, 0))
+            self._free.extend(anonymous)
