@@ -36,8 +36,9 @@ import hashlib
 import struct
 from collections import deque
 from collections.abc import Hashable, Iterable, Sequence
-from itertools import compress, repeat
-from operator import add, eq, not_
+from itertools import compress
+
+import numpy as np
 
 BlockKey = Hashable
 
@@ -59,7 +60,12 @@ def chain_keys(token_ids: Sequence[int], block_size: int, parent: int | None = N
 class PrefixCachePool:
     """Block ids with reference counts, a key -> block table and an LRU of cached blocks that
     nobody references. Ids are handed out lowest first while the pool is fresh; a released
-    anonymous block is reused first (last released, first reused)."""
+    anonymous block is reused first (last released, first reused).
+
+    Per-block state lives in numpy arrays indexed by block id (grown as ids are handed out), so
+    a sequence's hundreds of blocks are read and written in one vectorized pass: with a full
+    cache every block is allocated, registered, released and evicted, and per-block dict
+    lookups scattered over a pool of 10^5 blocks are what made caching slow."""
 
     def __init__(self, num_blocks: int):
         if num_blocks <= 0:
@@ -67,20 +73,27 @@ class PrefixCachePool:
         self.num_blocks = int(num_blocks)
         self._next_fresh = 0  # ids >= this were never handed out (a huge pool costs nothing)
         self._free: list[int] = []  # released anonymous blocks, reused last-in first-out
-        # block id -> references, for ids handed out: > 0 held, 0 released anonymous, and -s
-        # for a cached block nobody references, released by the s-th `free` call (the LRU
-        # evictor: one table serves both, so a release or an eviction costs one lookup less).
-        # The releases of cached blocks in order, each with -s: an entry whose -s no longer
-        # matches the block's count (it was taken again since) is skipped when evicting.
-        self._refs: dict[int, int] = {}
+        # references per block id handed out: > 0 held, 0 released anonymous, and -(p + 1) for a
+        # cached block nobody references whose release is entry p of the LRU queue (the
+        # evictor): an entry whose block no longer carries its -(p + 1) was taken again since
+        # and is skipped when evicting
+        self._refs = np.zeros(0, dtype=np.int64)
+        self._keyed = np.zeros(0, dtype=bool)  # the block holds a key
+        self._keys = np.empty(0, dtype=object)  # its key, where _keyed
         self._num_evictable = 0
-        self._order_blocks: list[int] = []  # releases of cached blocks, oldest first from _head
-        self._order_stamps: list[int] = []
+        self._order: list[int] = []  # releases of cached blocks, oldest first from _head
         self._head = 0
-        self._releases = 0
-        self._key_of: dict[int, BlockKey] = {}
+        self._base = 0  # queue position of _order[0] (entries before it were dropped)
         self._block_of: dict[BlockKey, int] = {}
         self.evictions = 0
+
+    def _ids(self, block_ids) -> np.ndarray:
+        """Block ids as an index array, each checked to have been handed out."""
+        ids = np.fromiter(block_ids, dtype=np.int64)
+        if len(ids) and (ids.min() < 0 or ids.max() >= self._next_fresh):
+            bad = ids[(ids < 0) | (ids >= self._next_fresh)][0]
+            raise ValueError(f"block {bad} is free: it was never handed out")
+        return ids
 
     # ---- counts ----------------------------------------------------------------------
     @property
@@ -103,17 +116,20 @@ class PrefixCachePool:
         return self._num_evictable
 
     def ref_count(self, block_id: int) -> int:
-        return max(self._refs.get(block_id, 0), 0)
+        if not 0 <= block_id < self._next_fresh:
+            return 0
+        return max(int(self._refs[block_id]), 0)
 
     def releasable(self, block_ids: Iterable[int]) -> int:
         """How many of `block_ids` one `free` would return to `num_free` (those referenced
         once): what a preemption can count on; a swap-out moves only these blocks, the shared
         ones stay on the device, referenced."""
-        refs = self._refs
-        return sum(1 for b in block_ids if refs.get(b, 0) == 1)
+        return int(np.count_nonzero(self._refs[self._ids(block_ids)] == 1))
 
     def key_of(self, block_id: int) -> BlockKey | None:
-        return self._key_of.get(block_id)
+        if not 0 <= block_id < self._next_fresh or not self._keyed[block_id]:
+            return None
+        return self._keys[block_id]
 
     def block_of(self, key: BlockKey) -> int | None:
         return self._block_of.get(key)
@@ -141,25 +157,37 @@ class PrefixCachePool:
 
     # ---- references ------------------------------------------------------------------
     def touch(self, block_ids: Iterable[int]) -> None:
+        ids = self._ids(block_ids)
         refs = self._refs
-        ids = list(block_ids)
-        now = list(map(refs.get, ids, repeat(0)))
-        if 0 in now:
-            b = ids[now.index(0)]
-            raise ValueError(f"block {b} is free: only a held or cached block can be touched")
-        if len(dict.fromkeys(ids)) < len(ids):  # a block twice: one at a time
-            for b in ids:
+        now = refs[ids]
+        if not now.all():
+            raise ValueError(f"block {ids[now == 0][0]} is free: only a held or cached block can be touched")
+        if len(np.unique(ids)) < len(ids):  # a block twice: one at a time
+            for b in ids.tolist():
                 self.touch([b])
             return
-        # a cached block nobody referenced (-s) leaves the evictor with one reference
-        self._num_evictable -= sum(map((0).__gt__, now))
-        refs.update(zip(ids, map(add, map(max, now, repeat(0)), repeat(1))))
-        if len(self._order_blocks) - self._head > 2 * self._num_evictable + 4096:
-            # mostly entries of blocks taken again: keep the live ones, in release order
-            h = self._head
-            live = [(b, s) for b, s in zip(self._order_blocks[h:], self._order_stamps[h:]) if refs[b] == s]
-            self._order_blocks, self._order_stamps = [b for b, _ in live], [s for _, s in live]
-            self._head = 0
+        # a cached block nobody referenced leaves the evictor with one reference
+        self._num_evictable -= int(np.count_nonzero(now < 0))
+        refs[ids] = np.maximum(now, 0) + 1
+        if len(self._order) - self._head > 2 * self._num_evictable + 4096:
+            self._compact()
+
+    def _compact(self) -> None:
+        """Drop the queue entries of blocks taken again since (keeping the live ones in release
+        order) and renumber the live ones."""
+        h = self._head
+        queue = np.asarray(self._order[h:], dtype=np.int64)
+        live = queue[self._refs[queue] == -(self._base + h + 1 + np.arange(len(queue)))]
+        self._order, self._head, self._base = live.tolist(), 0, 0
+        self._refs[live] = -np.arange(1, len(live) + 1)
+
+    def _grow(self, upto: int) -> None:
+        """Room in the per-block arrays for ids below `upto`."""
+        if upto > len(self._refs):
+            size = min(self.num_blocks, max(upto, 2 * len(self._refs), 1024))
+            self._refs = np.concatenate([self._refs, np.zeros(size - len(self._refs), dtype=np.int64)])
+            self._keyed = np.concatenate([self._keyed, np.zeros(size - len(self._keyed), dtype=bool)])
+            self._keys = np.concatenate([self._keys, np.empty(size - len(self._keys), dtype=object)])
 
     def allocate(self, n: int) -> list[int]:
         """`n` blocks, each with one reference; raises when fewer than n are free."""
@@ -175,82 +203,80 @@ class PrefixCachePool:
         if fresh:
             out.extend(range(self._next_fresh, self._next_fresh + fresh))
             self._next_fresh += fresh
+            self._grow(self._next_fresh)
         evict = n - take - fresh
         if evict:
             out.extend(self._evict(evict))
-        self._refs.update(dict.fromkeys(out, 1))
+        if out:
+            self._refs[out] = 1
         return out
 
     def _evict(self, n: int) -> list[int]:
         """The n least recently released cached blocks, their keys forgotten. Whole runs of the
-        release order at a time (C-level loops): this is the hot path of a full cache."""
-        refs, blocks, stamps = self._refs, self._order_blocks, self._order_stamps
+        queue at a time: this is the hot path of a full cache."""
+        refs, order = self._refs, self._order
         h, got = self._head, []
         while len(got) < n:
             k = n - len(got)
-            run, run_stamps = blocks[h : h + k], stamps[h : h + k]
-            now = list(map(refs.get, run))
-            if now == run_stamps:  # no entry taken again since: the whole run
-                got.extend(run)
-            else:
-                got.extend(compress(run, map(eq, now, run_stamps)))
+            run = order[h : h + k]
+            live = refs[run] == -(self._base + h + 1 + np.arange(len(run)))
+            got.extend(run if live.all() else compress(run, live.tolist()))
             h += k
         self._head = h
         self._num_evictable -= n
-        deque(map(self._block_of.__delitem__, map(self._key_of.pop, got)), 0)
+        self._keyed[got] = False
+        deque(map(self._block_of.__delitem__, self._keys[got].tolist()), 0)
         self.evictions += n
-        if h > 65536 and 2 * h > len(blocks):
-            del blocks[:h], stamps[:h]
+        if h > 65536 and 2 * h > len(order):
+            del order[:h]
+            self._base += h
             self._head = 0
         return got
 
     def cache(self, block_id: int, key: BlockKey) -> bool:
         """Make the full, referenced block `block_id` findable under `key`; False when the key
         already has a block or this block already has a key (it then stays as it is)."""
-        if key in self._block_of or block_id in self._key_of:
+        if key in self._block_of or self.key_of(block_id) is not None:
             return False
-        if self._refs.get(block_id, 0) <= 0:
+        if self.ref_count(block_id) <= 0:
             raise ValueError(f"block {block_id} is not held: only a held block can be cached")
         self._block_of[key] = block_id
-        self._key_of[block_id] = key
+        self._keys[block_id] = key
+        self._keyed[block_id] = True
         return True
 
     def cache_run(self, block_ids: Sequence[int], keys: Sequence[BlockKey]) -> None:
         """`cache` for each (block, key) pair in order, whole runs at a time when no key and
         no block is cached yet (the common case)."""
-        if self._block_of.keys().isdisjoint(keys) and self._key_of.keys().isdisjoint(block_ids):
-            refs = self._refs
-            if not all(map(refs.get, block_ids)):  # a missing or zero count: not held
+        ids = self._ids(block_ids)
+        if self._block_of.keys().isdisjoint(keys) and not self._keyed[ids].any():
+            if not (self._refs[ids] > 0).all():
                 raise ValueError("only held blocks can be cached")
             self._block_of.update(zip(keys, block_ids))
-            self._key_of.update(zip(block_ids, keys))
+            self._keys[ids] = np.fromiter(keys, dtype=object, count=len(ids))  # tuples stay whole
+            self._keyed[ids] = True
             return
         for b, k in zip(block_ids, keys):
             self.cache(b, k)
 
     def free(self, block_ids: Sequence[int]) -> None:
         """Drop one reference from each block, releasing from the tail of `block_ids`."""
+        ids = self._ids(reversed(block_ids))
         refs = self._refs
-        rev = list(reversed(block_ids))
-        counts = list(map(refs.__getitem__, rev))
-        if counts.count(1) == len(rev):  # nobody else holds any of them (the common case)
-            released = rev
-        else:
-            released = list(compress(rev, map((1).__eq__, counts)))
-            for b in block_ids:
-                if refs[b] > 1:
-                    refs[b] -= 1
-        has_key = list(map(self._key_of.__contains__, released))
-        n_cached = has_key.count(True)
-        if n_cached:
-            self._releases += 1
-            stamp = -self._releases
-            cached = released if n_cached == len(released) else list(compress(released, has_key))
-            refs.update(dict.fromkeys(cached, stamp))
-            self._num_evictable += n_cached
-            self._order_blocks.extend(cached)
-            self._order_stamps.extend(repeat(stamp, n_cached))
-        if n_cached < len(released):
-            anonymous = list(compress(released, map(not_, has_key))) if n_cached else released
-            refs.update(dict.fromkeys(anonymous, 0))
-            self._free.extend(anonymous)
+        now = refs[ids]
+        one = now == 1
+        released = ids if one.all() else ids[one]
+        if len(released) < len(ids):
+            shared = ids[now > 1]
+            refs[shared] -= 1
+        keyed = self._keyed[released]
+        cached = released[keyed]
+        if len(cached):
+            pos = self._base + len(self._order)
+            refs[cached] = -(pos + 1 + np.arange(len(cached)))
+            self._num_evictable += len(cached)
+            self._order.extend(cached.tolist())
+        if len(cached) < len(released):
+            anonymous = released[~keyed]
+            refs[anonymous] = 0
+            self._free.extend(anonymous.tolist())
