@@ -20,6 +20,8 @@ first admissions separately per request in `seq.cached_tokens`), evictions."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..errors import InfersimError
 from .blocks import BlockManager
 from .prefix_cache import PrefixCachePool
@@ -95,7 +97,8 @@ class PrefixCachingBlockManager(BlockManager):
 
     def commit_stretch(self, seqs, tokens, new_alloc) -> None:
         pool = self.pool
-        adds = [int(n) - len(seq.block_ids) for seq, n in zip(seqs, new_alloc)]
+        tokens, new_alloc = np.asarray(tokens).tolist(), np.asarray(new_alloc).tolist()  # Python ints: cheaper per sequence
+        adds = [n - len(seq.block_ids) for seq, n in zip(seqs, new_alloc)]
         need = sum(a for a in adds if a > 0)
         if need > pool.num_free:
             raise RuntimeError("decode stretch overdrew the GPU block pool")
@@ -117,10 +120,10 @@ class PrefixCachingBlockManager(BlockManager):
                     at += a
         bs = self.block_size
         for seq, t in zip(seqs, tokens):
-            if seq.block_keys and seq.keys_cached < len(seq.block_keys):
-                self.grow_to(seq, int(t))  # registers the blocks the stretch filled
-            elif len(seq.block_ids) * bs < t:
-                self.grow_to(seq, int(t))
+            keys = seq.block_keys
+            # blocks the stretch filled to register, or blocks still to take
+            if (keys and seq.keys_cached < len(keys)) or len(seq.block_ids) * bs < t:
+                self.grow_to(seq, t)
 
     def _order_matters(self, seqs, tokens) -> bool:
         """Could the order of a stretch's allocations and registrations change what gets

@@ -81,7 +81,8 @@ class PrefixCachePool:
         self._keyed = np.zeros(0, dtype=bool)  # the block holds a key
         self._keys = np.empty(0, dtype=object)  # its key, where _keyed
         self._num_evictable = 0
-        self._order: list[int] = []  # releases of cached blocks, oldest first from _head
+        self._order = np.zeros(1024, dtype=np.int64)  # releases of cached blocks, oldest first
+        self._order_len = 0  # entries in use: _order[_head:_order_len] are still queued
         self._head = 0
         self._base = 0  # queue position of _order[0] (entries before it were dropped)
         self._block_of: dict[BlockKey, int] = {}
@@ -169,16 +170,16 @@ class PrefixCachePool:
         # a cached block nobody referenced leaves the evictor with one reference
         self._num_evictable -= int(np.count_nonzero(now < 0))
         refs[ids] = np.maximum(now, 0) + 1
-        if len(self._order) - self._head > 2 * self._num_evictable + 4096:
+        if self._order_len - self._head > 2 * self._num_evictable + 4096:
             self._compact()
 
     def _compact(self) -> None:
         """Drop the queue entries of blocks taken again since (keeping the live ones in release
         order) and renumber the live ones."""
         h = self._head
-        queue = np.asarray(self._order[h:], dtype=np.int64)
+        queue = self._order[h : self._order_len]
         live = queue[self._refs[queue] == -(self._base + h + 1 + np.arange(len(queue)))]
-        self._order, self._head, self._base = live.tolist(), 0, 0
+        self._order, self._order_len, self._head, self._base = live, len(live), 0, 0
         self._refs[live] = -np.arange(1, len(live) + 1)
 
     def _grow(self, upto: int) -> None:
@@ -215,23 +216,34 @@ class PrefixCachePool:
         """The n least recently released cached blocks, their keys forgotten. Whole runs of the
         queue at a time: this is the hot path of a full cache."""
         refs, order = self._refs, self._order
-        h, got = self._head, []
-        while len(got) < n:
-            k = n - len(got)
-            run = order[h : h + k]
+        h, got, count = self._head, [], 0
+        while count < n:
+            run = order[h : h + n - count]
             live = refs[run] == -(self._base + h + 1 + np.arange(len(run)))
-            got.extend(run if live.all() else compress(run, live.tolist()))
-            h += k
+            run = run if live.all() else run[live]
+            got.append(run)
+            count += len(run)
+            h += len(live)
         self._head = h
         self._num_evictable -= n
-        self._keyed[got] = False
-        deque(map(self._block_of.__delitem__, self._keys[got].tolist()), 0)
+        ids = np.concatenate(got) if len(got) > 1 else got[0]
+        self._keyed[ids] = False
+        deque(map(self._block_of.__delitem__, self._keys[ids].tolist()), 0)
         self.evictions += n
-        if h > 65536 and 2 * h > len(order):
-            del order[:h]
+        if h > 65536 and 2 * h > self._order_len:
+            self._order = order[h : self._order_len].copy()
+            self._order_len -= h
             self._base += h
             self._head = 0
-        return got
+        return ids.tolist()
+
+    def _queue(self, ids: np.ndarray) -> None:
+        """Append released cached blocks to the LRU queue."""
+        end = self._order_len + len(ids)
+        if end > len(self._order):
+            self._order = np.concatenate([self._order, np.zeros(max(end, 2 * len(self._order)) - len(self._order), dtype=np.int64)])
+        self._order[self._order_len : end] = ids
+        self._order_len = end
 
     def cache(self, block_id: int, key: BlockKey) -> bool:
         """Make the full, referenced block `block_id` findable under `key`; False when the key
@@ -272,10 +284,10 @@ class PrefixCachePool:
         keyed = self._keyed[released]
         cached = released[keyed]
         if len(cached):
-            pos = self._base + len(self._order)
+            pos = self._base + self._order_len
             refs[cached] = -(pos + 1 + np.arange(len(cached)))
             self._num_evictable += len(cached)
-            self._order.extend(cached.tolist())
+            self._queue(cached)
         if len(cached) < len(released):
             anonymous = released[~keyed]
             refs[anonymous] = 0
