@@ -97,15 +97,16 @@ class PrefixCachingBlockManager(BlockManager):
 
     def commit_stretch(self, seqs, tokens, new_alloc) -> None:
         pool = self.pool
-        tokens, new_alloc = np.asarray(tokens).tolist(), np.asarray(new_alloc).tolist()  # Python ints: cheaper per sequence
+        tokens, new_alloc = (
+            np.asarray(tokens).tolist(),
+            np.asarray(new_alloc).tolist(),
+        )  # Python ints: cheaper per sequence
         adds = [n - len(seq.block_ids) for seq, n in zip(seqs, new_alloc)]
         need = sum(a for a in adds if a > 0)
         if need > pool.num_free:
             raise RuntimeError("decode stretch overdrew the GPU block pool")
         # the sequences with keys still to register: the only ones the stretch can cache blocks of
-        pending = [
-            (seq, t) for seq, t in zip(seqs, tokens) if seq.block_keys and seq.keys_cached < len(seq.block_keys)
-        ]
+        pending = [(seq, t) for seq, t in zip(seqs, tokens) if seq.block_keys and seq.keys_cached < len(seq.block_keys)]
         if need > pool.num_free - pool.num_evictable and self._order_matters(pending):
             # the stretch evicts and fills blocks whose keys are cached already (or twice):
             # whether a key is still held when its block fills depends on when each block was
@@ -132,11 +133,7 @@ class PrefixCachingBlockManager(BlockManager):
         cached? Only if a key it registers is cached already or registered twice: else every
         registration succeeds and the evictions take the same oldest blocks in any order."""
         bs = self.block_size
-        keys = [
-            k
-            for seq, t in pending
-            for k in seq.block_keys[seq.keys_cached : min(len(seq.block_keys), t // bs)]
-        ]
+        keys = [k for seq, t in pending for k in seq.block_keys[seq.keys_cached : min(len(seq.block_keys), t // bs)]]
         return bool(keys) and (self.pool.holds_any(keys) or len(set(keys)) < len(keys))
 
     def _block_steps(self, seqs, tokens) -> list[tuple[int, int, int]]:

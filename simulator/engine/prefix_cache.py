@@ -1,6 +1,6 @@
 """Automatic prefix caching: a pool of KV block ids whose full blocks are found again by the
 identity of their tokens, after vLLM v1's `BlockPool` (vllm/v1/core/block_pool.py,
-https://docs.vllm.ai/en/latest/design/prefix_caching.html). Pure Python: the simulator's block
+https://docs.vllm.ai/en/latest/design/prefix_caching.html). Python and numpy, no torch: the simulator's block
 accounting and the real executor's paged KV cache both keep their block ids here.
 
 Interface (every count is in blocks, every id an int in [0, num_blocks)):
@@ -36,7 +36,6 @@ import hashlib
 import struct
 from collections import deque
 from collections.abc import Hashable, Iterable, Sequence
-from itertools import compress
 
 import numpy as np
 
@@ -241,7 +240,9 @@ class PrefixCachePool:
         """Append released cached blocks to the LRU queue."""
         end = self._order_len + len(ids)
         if end > len(self._order):
-            self._order = np.concatenate([self._order, np.zeros(max(end, 2 * len(self._order)) - len(self._order), dtype=np.int64)])
+            self._order = np.concatenate(
+                [self._order, np.zeros(max(end, 2 * len(self._order)) - len(self._order), dtype=np.int64)]
+            )
         self._order[self._order_len : end] = ids
         self._order_len = end
 
