@@ -204,14 +204,16 @@ class PrefixCachePool:
             out.extend(range(self._next_fresh, self._next_fresh + fresh))
             self._next_fresh += fresh
             self._grow(self._next_fresh)
-        evict = n - take - fresh
-        if evict:
-            out.extend(self._evict(evict))
         if out:
             self._refs[out] = 1
+        evict = n - take - fresh
+        if evict:
+            evicted = self._evict(evict)
+            self._refs[evicted] = 1
+            out.extend(evicted.tolist())
         return out
 
-    def _evict(self, n: int) -> list[int]:
+    def _evict(self, n: int) -> np.ndarray:
         """The n least recently released cached blocks, their keys forgotten. Whole runs of the
         queue at a time: this is the hot path of a full cache."""
         refs, order = self._refs, self._order
@@ -234,7 +236,7 @@ class PrefixCachePool:
             self._order_len -= h
             self._base += h
             self._head = 0
-        return ids.tolist()
+        return ids
 
     def _queue(self, ids: np.ndarray) -> None:
         """Append released cached blocks to the LRU queue."""
