@@ -64,7 +64,7 @@ class PrefixCachePool:
     Per-block state lives in numpy arrays indexed by block id (grown as ids are handed out), so
     a sequence's hundreds of blocks are read and written in one vectorized pass: with a full
     cache every block is allocated, registered, released and evicted, and per-block dict
-    lookups scattered over a pool of 10^5 blocks are what made caching slow."""
+    lookups scattered over a pool of 10^5 blocks would dominate the simulation's time."""
 
     def __init__(self, num_blocks: int):
         if num_blocks <= 0:
