@@ -20,6 +20,8 @@ first admissions separately per request in `seq.cached_tokens`), evictions."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..errors import InfersimError
 from .blocks import BlockManager
 from .prefix_cache import PrefixCachePool
@@ -95,11 +97,17 @@ class PrefixCachingBlockManager(BlockManager):
 
     def commit_stretch(self, seqs, tokens, new_alloc) -> None:
         pool = self.pool
-        adds = [int(n) - len(seq.block_ids) for seq, n in zip(seqs, new_alloc)]
+        tokens, new_alloc = (
+            np.asarray(tokens).tolist(),
+            np.asarray(new_alloc).tolist(),
+        )  # Python ints: cheaper per sequence
+        adds = [n - len(seq.block_ids) for seq, n in zip(seqs, new_alloc)]
         need = sum(a for a in adds if a > 0)
         if need > pool.num_free:
             raise RuntimeError("decode stretch overdrew the GPU block pool")
-        if need > pool.num_free - pool.num_evictable and self._order_matters(seqs, tokens):
+        # the sequences with keys still to register: the only ones the stretch can cache blocks of
+        pending = [(seq, t) for seq, t in zip(seqs, tokens) if seq.block_keys and seq.keys_cached < len(seq.block_keys)]
+        if need > pool.num_free - pool.num_evictable and self._order_matters(pending):
             # the stretch evicts and fills blocks whose keys are cached already (or twice):
             # whether a key is still held when its block fills depends on when each block was
             # taken, so replay the steps that take or fill a block in the order stepping one by
@@ -115,24 +123,17 @@ class PrefixCachingBlockManager(BlockManager):
                     seq.block_ids.extend(ids[at : at + a])
                     seq.num_gpu_blocks += a
                     at += a
-        bs = self.block_size
-        for seq, t in zip(seqs, tokens):
-            if seq.block_keys and seq.keys_cached < len(seq.block_keys):
-                self.grow_to(seq, int(t))  # registers the blocks the stretch filled
-            elif len(seq.block_ids) * bs < t:
-                self.grow_to(seq, int(t))
+        # every sequence has its blocks now (allocated above for the last token of the
+        # stretch); those the stretch filled get registered
+        for seq, t in pending:
+            self.grow_to(seq, t)
 
-    def _order_matters(self, seqs, tokens) -> bool:
+    def _order_matters(self, pending) -> bool:
         """Could the order of a stretch's allocations and registrations change what gets
         cached? Only if a key it registers is cached already or registered twice: else every
         registration succeeds and the evictions take the same oldest blocks in any order."""
         bs = self.block_size
-        keys = [
-            k
-            for seq, t in zip(seqs, tokens)
-            if seq.block_keys
-            for k in seq.block_keys[seq.keys_cached : min(len(seq.block_keys), int(t) // bs)]
-        ]
+        keys = [k for seq, t in pending for k in seq.block_keys[seq.keys_cached : min(len(seq.block_keys), t // bs)]]
         return bool(keys) and (self.pool.holds_any(keys) or len(set(keys)) < len(keys))
 
     def _block_steps(self, seqs, tokens) -> list[tuple[int, int, int]]:

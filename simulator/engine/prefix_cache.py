@@ -1,6 +1,6 @@
 """Automatic prefix caching: a pool of KV block ids whose full blocks are found again by the
 identity of their tokens, after vLLM v1's `BlockPool` (vllm/v1/core/block_pool.py,
-https://docs.vllm.ai/en/latest/design/prefix_caching.html). Pure Python: the simulator's block
+https://docs.vllm.ai/en/latest/design/prefix_caching.html). Python and numpy, no torch: the simulator's block
 accounting and the real executor's paged KV cache both keep their block ids here.
 
 Interface (every count is in blocks, every id an int in [0, num_blocks)):
@@ -36,7 +36,8 @@ import hashlib
 import struct
 from collections import deque
 from collections.abc import Hashable, Iterable, Sequence
-from itertools import repeat
+
+import numpy as np
 
 BlockKey = Hashable
 
@@ -58,7 +59,12 @@ def chain_keys(token_ids: Sequence[int], block_size: int, parent: int | None = N
 class PrefixCachePool:
     """Block ids with reference counts, a key -> block table and an LRU of cached blocks that
     nobody references. Ids are handed out lowest first while the pool is fresh; a released
-    anonymous block is reused first (last released, first reused)."""
+    anonymous block is reused first (last released, first reused).
+
+    Per-block state lives in numpy arrays indexed by block id (grown as ids are handed out), so
+    a sequence's hundreds of blocks are read and written in one vectorized pass: with a full
+    cache every block is allocated, registered, released and evicted, and per-block dict
+    lookups scattered over a pool of 10^5 blocks would dominate the simulation's time."""
 
     def __init__(self, num_blocks: int):
         if num_blocks <= 0:
@@ -66,24 +72,34 @@ class PrefixCachePool:
         self.num_blocks = int(num_blocks)
         self._next_fresh = 0  # ids >= this were never handed out (a huge pool costs nothing)
         self._free: list[int] = []  # released anonymous blocks, reused last-in first-out
-        # the LRU evictor: cached, unreferenced blocks -> the number of the `free` call that
-        # released them, and the releases in order; a queue entry whose number no longer
-        # matches (the block was taken again since) is skipped when evicting
-        self._evictable: dict[int, int] = {}
-        self._order_blocks: list[int] = []  # releases of cached blocks, oldest first from _head
-        self._order_stamps: list[int] = []
+        # references per block id handed out: > 0 held, 0 released anonymous, and -(p + 1) for a
+        # cached block nobody references whose release is entry p of the LRU queue (the
+        # evictor): an entry whose block no longer carries its -(p + 1) was taken again since
+        # and is skipped when evicting
+        self._refs = np.zeros(0, dtype=np.int64)
+        self._keyed = np.zeros(0, dtype=bool)  # the block holds a key
+        self._keys = np.empty(0, dtype=object)  # its key, where _keyed
+        self._num_evictable = 0
+        self._order = np.zeros(1024, dtype=np.int64)  # releases of cached blocks, oldest first
+        self._order_len = 0  # entries in use: _order[_head:_order_len] are still queued
         self._head = 0
-        self._releases = 0
-        self._refs: dict[int, int] = {}  # block id -> references (0 once released), for ids handed out
-        self._key_of: dict[int, BlockKey] = {}
+        self._base = 0  # queue position of _order[0] (entries before it were dropped)
         self._block_of: dict[BlockKey, int] = {}
         self.evictions = 0
+
+    def _ids(self, block_ids) -> np.ndarray:
+        """Block ids as an index array, each checked to have been handed out."""
+        ids = np.fromiter(block_ids, dtype=np.int64)
+        if len(ids) and (ids.min() < 0 or ids.max() >= self._next_fresh):
+            bad = ids[(ids < 0) | (ids >= self._next_fresh)][0]
+            raise ValueError(f"block {bad} is free: it was never handed out")
+        return ids
 
     # ---- counts ----------------------------------------------------------------------
     @property
     def num_free(self) -> int:
         """Blocks `allocate` can hand out: never used, released anonymous, or evictable."""
-        return self.num_blocks - self._next_fresh + len(self._free) + len(self._evictable)
+        return self.num_blocks - self._next_fresh + len(self._free) + self._num_evictable
 
     @property
     def num_used(self) -> int:
@@ -97,20 +113,23 @@ class PrefixCachePool:
 
     @property
     def num_evictable(self) -> int:
-        return len(self._evictable)
+        return self._num_evictable
 
     def ref_count(self, block_id: int) -> int:
-        return self._refs.get(block_id, 0)
+        if not 0 <= block_id < self._next_fresh:
+            return 0
+        return max(int(self._refs[block_id]), 0)
 
     def releasable(self, block_ids: Iterable[int]) -> int:
         """How many of `block_ids` one `free` would return to `num_free` (those referenced
         once): what a preemption can count on; a swap-out moves only these blocks, the shared
         ones stay on the device, referenced."""
-        refs = self._refs
-        return sum(1 for b in block_ids if refs.get(b, 0) == 1)
+        return int(np.count_nonzero(self._refs[self._ids(block_ids)] == 1))
 
     def key_of(self, block_id: int) -> BlockKey | None:
-        return self._key_of.get(block_id)
+        if not 0 <= block_id < self._next_fresh or not self._keyed[block_id]:
+            return None
+        return self._keys[block_id]
 
     def block_of(self, key: BlockKey) -> int | None:
         return self._block_of.get(key)
@@ -138,19 +157,37 @@ class PrefixCachePool:
 
     # ---- references ------------------------------------------------------------------
     def touch(self, block_ids: Iterable[int]) -> None:
-        refs, evictable = self._refs, self._evictable
-        for b in block_ids:
-            r = refs.get(b, 0)
-            if r == 0:
-                if b not in evictable:
-                    raise ValueError(f"block {b} is free: only a held or cached block can be touched")
-                del evictable[b]
-            refs[b] = r + 1
-        if len(self._order_blocks) - self._head > 2 * len(evictable) + 4096:
-            # mostly entries of blocks taken again: rebuild from the evictor (in release order,
-            # since a block re-enters it at the end only after being taken out)
-            self._order_blocks, self._order_stamps = list(evictable), list(evictable.values())
-            self._head = 0
+        ids = self._ids(block_ids)
+        refs = self._refs
+        now = refs[ids]
+        if not now.all():
+            raise ValueError(f"block {ids[now == 0][0]} is free: only a held or cached block can be touched")
+        if len(np.unique(ids)) < len(ids):  # a block twice: one at a time
+            for b in ids.tolist():
+                self.touch([b])
+            return
+        # a cached block nobody referenced leaves the evictor with one reference
+        self._num_evictable -= int(np.count_nonzero(now < 0))
+        refs[ids] = np.maximum(now, 0) + 1
+        if self._order_len - self._head > 2 * self._num_evictable + 4096:
+            self._compact()
+
+    def _compact(self) -> None:
+        """Drop the queue entries of blocks taken again since (keeping the live ones in release
+        order) and renumber the live ones."""
+        h = self._head
+        queue = self._order[h : self._order_len]
+        live = queue[self._refs[queue] == -(self._base + h + 1 + np.arange(len(queue)))]
+        self._order, self._order_len, self._head, self._base = live, len(live), 0, 0
+        self._refs[live] = -np.arange(1, len(live) + 1)
+
+    def _grow(self, upto: int) -> None:
+        """Room in the per-block arrays for ids below `upto`."""
+        if upto > len(self._refs):
+            size = min(self.num_blocks, max(upto, 2 * len(self._refs), 1024))
+            self._refs = np.concatenate([self._refs, np.zeros(size - len(self._refs), dtype=np.int64)])
+            self._keyed = np.concatenate([self._keyed, np.zeros(size - len(self._keyed), dtype=bool)])
+            self._keys = np.concatenate([self._keys, np.empty(size - len(self._keys), dtype=object)])
 
     def allocate(self, n: int) -> list[int]:
         """`n` blocks, each with one reference; raises when fewer than n are free."""
@@ -166,73 +203,95 @@ class PrefixCachePool:
         if fresh:
             out.extend(range(self._next_fresh, self._next_fresh + fresh))
             self._next_fresh += fresh
+            self._grow(self._next_fresh)
+        if out:
+            self._refs[out] = 1
         evict = n - take - fresh
         if evict:
-            out.extend(self._evict(evict))
-        self._refs.update(dict.fromkeys(out, 1))
+            evicted = self._evict(evict)
+            self._refs[evicted] = 1
+            out.extend(evicted.tolist())
         return out
 
-    def _evict(self, n: int) -> list[int]:
+    def _evict(self, n: int) -> np.ndarray:
         """The n least recently released cached blocks, their keys forgotten. Whole runs of the
-        release order at a time (C-level loops): this is the hot path of a full cache."""
-        ev, blocks, stamps = self._evictable, self._order_blocks, self._order_stamps
-        h, got = self._head, []
-        while len(got) < n:
-            k = n - len(got)
-            run, run_stamps = blocks[h : h + k], stamps[h : h + k]
-            if list(map(ev.get, run)) == run_stamps:  # no entry taken again since: the whole run
-                got.extend(run)
-            else:
-                got.extend([b for b, s in zip(run, run_stamps) if ev.get(b) == s])
-            h += k
+        queue at a time: this is the hot path of a full cache."""
+        refs, order = self._refs, self._order
+        h, got, count = self._head, [], 0
+        while count < n:
+            run = order[h : h + n - count]
+            live = refs[run] == -(self._base + h + 1 + np.arange(len(run)))
+            run = run if live.all() else run[live]
+            got.append(run)
+            count += len(run)
+            h += len(live)
         self._head = h
-        deque(map(ev.__delitem__, got), 0)
-        deque(map(self._block_of.__delitem__, map(self._key_of.pop, got)), 0)
+        self._num_evictable -= n
+        ids = np.concatenate(got) if len(got) > 1 else got[0]
+        self._keyed[ids] = False
+        deque(map(self._block_of.__delitem__, self._keys[ids].tolist()), 0)
         self.evictions += n
-        if h > 65536 and 2 * h > len(blocks):
-            del blocks[:h], stamps[:h]
+        if h > 65536 and 2 * h > self._order_len:
+            self._order = order[h : self._order_len].copy()
+            self._order_len -= h
+            self._base += h
             self._head = 0
-        return got
+        return ids
+
+    def _queue(self, ids: np.ndarray) -> None:
+        """Append released cached blocks to the LRU queue."""
+        end = self._order_len + len(ids)
+        if end > len(self._order):
+            self._order = np.concatenate(
+                [self._order, np.zeros(max(end, 2 * len(self._order)) - len(self._order), dtype=np.int64)]
+            )
+        self._order[self._order_len : end] = ids
+        self._order_len = end
 
     def cache(self, block_id: int, key: BlockKey) -> bool:
         """Make the full, referenced block `block_id` findable under `key`; False when the key
         already has a block or this block already has a key (it then stays as it is)."""
-        if key in self._block_of or block_id in self._key_of:
+        if key in self._block_of or self.key_of(block_id) is not None:
             return False
-        if self._refs.get(block_id, 0) <= 0:
+        if self.ref_count(block_id) <= 0:
             raise ValueError(f"block {block_id} is not held: only a held block can be cached")
         self._block_of[key] = block_id
-        self._key_of[block_id] = key
+        self._keys[block_id] = key
+        self._keyed[block_id] = True
         return True
 
     def cache_run(self, block_ids: Sequence[int], keys: Sequence[BlockKey]) -> None:
         """`cache` for each (block, key) pair in order, whole runs at a time when no key and
         no block is cached yet (the common case)."""
-        if self._block_of.keys().isdisjoint(keys) and self._key_of.keys().isdisjoint(block_ids):
-            refs = self._refs
-            if not all(map(refs.get, block_ids)):  # a missing or zero count: not held
+        ids = self._ids(block_ids)
+        if self._block_of.keys().isdisjoint(keys) and not self._keyed[ids].any():
+            if not (self._refs[ids] > 0).all():
                 raise ValueError("only held blocks can be cached")
             self._block_of.update(zip(keys, block_ids))
-            self._key_of.update(zip(block_ids, keys))
+            self._keys[ids] = np.fromiter(keys, dtype=object, count=len(ids))  # tuples stay whole
+            self._keyed[ids] = True
             return
         for b, k in zip(block_ids, keys):
             self.cache(b, k)
 
     def free(self, block_ids: Sequence[int]) -> None:
         """Drop one reference from each block, releasing from the tail of `block_ids`."""
+        ids = self._ids(reversed(block_ids))
         refs = self._refs
-        released = [b for b in reversed(block_ids) if refs[b] == 1]
-        if len(released) < len(block_ids):
-            for b in block_ids:
-                if refs[b] > 1:
-                    refs[b] -= 1
-        refs.update(dict.fromkeys(released, 0))
-        key_of = self._key_of
-        cached = [b for b in released if b in key_of]
-        if cached:
-            self._releases += 1
-            self._evictable.update(dict.fromkeys(cached, self._releases))
-            self._order_blocks.extend(cached)
-            self._order_stamps.extend(repeat(self._releases, len(cached)))
+        now = refs[ids]
+        one = now == 1
+        released = ids if one.all() else ids[one]
+        if len(released) < len(ids):
+            shared = ids[now > 1]
+            refs[shared] -= 1
+        keyed = self._keyed[released]
+        cached = released[keyed]
+        if len(cached):
+            pos = self._base + self._order_len
+            refs[cached] = -(pos + 1 + np.arange(len(cached)))
+            self._num_evictable += len(cached)
+            self._queue(cached)
         if len(cached) < len(released):
-            self._free.extend(b for b in released if b not in key_of)
+            anonymous = released[~keyed]
+            refs[anonymous] = 0
+            self._free.extend(anonymous.tolist())

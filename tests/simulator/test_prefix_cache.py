@@ -92,6 +92,22 @@ def test_lru_order_follows_release_time_and_touch_removes_from_evictor():
     assert pool.allocate(1) == [z]
 
 
+def test_lru_order_survives_the_queue_compactions():
+    # 10,000 take/release cycles of one block leave that many stale queue entries: the queue is
+    # compacted (renumbering the live entries) and the release order still decides evictions
+    pool = PrefixCachePool(4)
+    ids = pool.allocate(4)
+    for b, k in zip(ids, "abcd"):
+        pool.cache(b, k)
+    pool.free([ids[1]])
+    pool.free([ids[2]])
+    pool.free([ids[0]])
+    for _ in range(10_000):
+        pool.free(pool.take_cached(["d"]) if pool.ref_count(ids[3]) == 0 else [ids[3]])
+    assert pool.num_evictable == 4 and pool._order_len - pool._head < 10_000
+    assert pool.allocate(4) == [ids[1], ids[2], ids[0], ids[3]] and pool.num_cached == 0
+
+
 def test_anonymous_blocks_are_reused_before_cached_ones_are_evicted():
     pool = PrefixCachePool(2)
     a, b = pool.allocate(2)
