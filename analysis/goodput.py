@@ -24,6 +24,7 @@ from typing import Optional
 from infersim.simulator.errors import InfersimError
 
 from .goodput_config import GoodputSection
+from .sweep_backends import BackendOptions
 
 # per-request columns (metrics/summary.py derived_columns) an attainment SLO may name
 PER_REQUEST = ("ttft_s", "tpot_s", "e2e_s", "queueing_s", "normalized_latency_s")
@@ -219,11 +220,8 @@ def compare_goodput(
     section: GoodputSection,
     search,
     seed: Optional[int] = None,
-    backend: str = "local",
-    workers: Optional[int] = None,
-    address: Optional[str] = None,
+    run: BackendOptions = BackendOptions(),
     source: str = "plan file",
-    quiet: bool = True,
 ) -> GoodputComparison:
     """Every deployment's goodput (see the module docstring); `search` is the plan's
     SearchSection (requests per probe, start rate, bounds, tolerance, min_duration_s)."""
@@ -235,7 +233,6 @@ def compare_goodput(
 
     from .plan import _safe, probe_duration_s
     from .sweep import resolve_config
-    from .sweep_backends import make_backend
 
     t0 = time.perf_counter()
     limits = {}
@@ -269,10 +266,10 @@ def compare_goodput(
         }
         for d in deps
     ]
-    be = make_backend(backend, workers, address)
+    be = run.make()
     results = []
     try:
-        with ProgressBar("goodput", quiet=quiet, total=len(tasks), fields="deployments") as bar:
+        with ProgressBar("goodput", quiet=run.quiet, total=len(tasks), fields="deployments") as bar:
             futs = [be.submit(search_goodput, t) for t in tasks]
             for f in futs:
                 results.append(_safe(f))

@@ -45,6 +45,7 @@ from infersim.simulator.validation import MAX_SEED, STRICT_CONFIG, in_field
 
 from .goodput_config import GoodputSection
 from .sweep import config_key, resolve_config, run_config
+from .sweep_backends import BackendOptions
 
 # ---------------------------------------------------------------------------------------------
 # SLOs
@@ -570,34 +571,38 @@ def check_candidates(
     )
 
 
+@dataclass(frozen=True)
+class PlanFlags:
+    """The command line's values, each overriding the plan file's (None: the plan file's)."""
+
+    hardware: list[str] | None = field(default=None, metadata={"help": "hardware profiles to compare"})
+    tensor_parallel: list[int] | None = field(default=None, metadata={"help": "tensor-parallel degrees"})
+    pipeline_parallel: list[int] | None = field(default=None, metadata={"help": "pipeline stages, crossed with TP"})
+    options: dict[str, list] | None = field(default=None, metadata={"help": "dotted workload path -> values"})
+    prices: dict[str, float] | None = field(default=None, metadata={"help": "USD per GPU-hour by hardware"})
+    target_rate: float | None = field(default=None, metadata={"help": "req/s the plan sizes for"})
+    requests: int | None = field(default=None, metadata={"help": "requests per probe"})
+    tolerance: float | None = field(default=None, metadata={"help": "relative precision of the rate search"})
+    seed: int | None = field(default=None, metadata={"help": "seed of every probe's requests"})
+
+
 def plan(
     workload: str,
     *,
     slos: list[SLO],
     plan_file: PlanFile | None = None,
-    hardware: list[str] | None = None,
-    tensor_parallel: list[int] | None = None,
-    pipeline_parallel: list[int] | None = None,
-    options: dict[str, list] | None = None,
-    prices: dict[str, float] | None = None,
-    target_rate: float | None = None,
-    requests: int | None = None,
-    tolerance: float | None = None,
-    seed: int | None = None,
-    backend: str = "local",
-    workers: int | None = None,
-    address: str | None = None,
-    quiet: bool = True,
-    allow_large: bool = False,
+    flags: PlanFlags = PlanFlags(),
+    run: BackendOptions = BackendOptions(),
     plan_source: str = "plan file",
 ) -> PlanResult:
     """Run the searches (no files written): see `write_plan` for the report."""
     from infersim.simulator.workload.builder import load_workload
 
-    from .sweep_backends import make_backend
-
     t0 = time.perf_counter()
     pf = plan_file or PlanFile()
+    hardware, tensor_parallel, pipeline_parallel = flags.hardware, flags.tensor_parallel, flags.pipeline_parallel
+    options, prices, target_rate = flags.options, flags.prices, flags.target_rate
+    requests, tolerance, seed = flags.requests, flags.tolerance, flags.seed
     slos = slos or in_field(plan_source, "slo", parse_slo, pf.slo or None)
     if not slos:
         raise InfersimError("give at least one SLO: --slo ttft_p99=2s,tpot_p99=100ms (or slo: in the plan file)")
@@ -643,13 +648,13 @@ def plan(
     )
     base = spec.model_dump(mode="json")
     origin = str(wl_path) + (f" with {plan_source}" if plan_file is not None else "")
-    check_candidates(cands, base, origin, search, workers, allow_large)
+    check_candidates(cands, base, origin, search, run.workers, run.allow_large)
     searches = [_Search(c, base, str(wl_path.parent), slos, search, target, seed, arrival) for c in cands]
 
-    be = make_backend(backend, workers, address)
+    be = run.make()
     cancel = True
     try:
-        with _PlanProgress(quiet, len(cands), be.describe()) as prog:
+        with _PlanProgress(run.quiet, len(cands), be.describe()) as prog:
             _drive(searches, be, prog)
         cancel = False
     finally:

@@ -50,6 +50,8 @@ from infersim.simulator.errors import InfersimError, pydantic_error_line
 from infersim.simulator.progress import ProgressBar
 from infersim.simulator.validation import STRICT_CONFIG
 
+from .sweep_backends import BackendOptions
+
 # ---------------------------------------------------------------------------------------------
 # configurations: dotted overrides, keys, evaluation (shared with `sim plan`)
 
@@ -405,17 +407,13 @@ def run_sweep(
     space: SweepSpace | str | Path,
     out: str | Path | None = None,
     *,
-    backend: str = "local",
-    workers: int | None = None,
-    address: str | None = None,
+    run: BackendOptions = BackendOptions(),
     retry_failed: bool = False,
     trials: int | None = None,
     plots: bool = True,
-    quiet: bool = True,
     on_record=None,
     force: bool = False,
     source: str = "space",
-    allow_large: bool = False,
 ) -> SweepOutcome:
     """Run (or resume) a sweep and rebuild its table and plots. `on_record(rec)` is called after
     each new result file is written. The folder must be new, empty or an infersim folder
@@ -425,8 +423,6 @@ def run_sweep(
     from infersim.simulator.workload.schema import WorkloadSpec
     from infersim.simulator.yamlio import validate, write_atomic
 
-    from .sweep_backends import make_backend
-
     t0 = time.perf_counter()
     if not isinstance(space, SweepSpace):
         space = load_space(space)
@@ -435,7 +431,7 @@ def run_sweep(
     spec, wl_path = load_workload(workload)
     base = resolve_config(spec.model_dump(mode="json"), space.fixed)
     base_spec = validate(WorkloadSpec, base, f"{wl_path} with the space's 'fixed' overrides")
-    params = check_space(space, base_spec, source, workers, allow_large)  # before anything is written
+    params = check_space(space, base_spec, source, run.workers, run.allow_large)  # before anything is written
     name = space.name or spec.name
     sweep_dir = Path(out) if out is not None else Path("sweeps") / name
     claim_dir(sweep_dir, command="sweep", force=force)
@@ -468,10 +464,10 @@ def run_sweep(
     run_id = uuid.uuid4().hex[:12]
     ctx = _Ctx(sweep_dir, base, str(wl_path.parent), records, run_id, on_record)
 
-    be = make_backend(backend, workers, address)
+    be = run.make()
     cancel = True
     try:
-        with _Progress(quiet, name, be.describe()) as prog:
+        with _Progress(run.quiet, name, be.describe()) as prog:
             if space.method == "grid":
                 _run_grid(ctx, be, params, prog)
             else:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import Future
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from infersim.simulator.errors import InfersimError
@@ -126,3 +127,18 @@ def make_backend(backend: str = "local", workers: int | None = None, address: st
         raise InfersimError("--address is for --backend ray")
     workers = workers or default_workers()
     return InlineBackend() if workers == 1 else LocalBackend(workers)
+
+
+@dataclass(frozen=True)
+class BackendOptions:
+    """Where and how a search's simulations run: `sim plan`, `sim sweep` and the goodput
+    comparison take the same flags."""
+
+    backend: str = field(default="local", metadata={"help": "local (worker processes) or ray"})
+    workers: int | None = field(default=None, metadata={"help": "worker processes; None: one per core"})
+    address: str | None = field(default=None, metadata={"help": "ray cluster address (--backend ray)"})
+    quiet: bool = field(default=True, metadata={"help": "no progress bar"})
+    allow_large: bool = field(default=False, metadata={"help": "skip the up-front memory estimate (--no-memory-check)"})
+
+    def make(self):
+        return make_backend(self.backend, self.workers, self.address)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .run import add_memory_flag, add_out_flags
+from .run import add_memory_flag, add_out_flags, backend_options
 
 
 def _csv(text: str | None) -> list[str]:
@@ -121,7 +121,7 @@ def _degrees(text, flag: str) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from infersim.analysis.plan import load_plan_file, parse_prices, parse_slo, plan, rank, write_plan
+    from infersim.analysis.plan import PlanFlags, load_plan_file, parse_prices, parse_slo, plan, rank, write_plan
     from infersim.simulator.metrics.rundir import check_out_dir
     from infersim.simulator.validation import check_seed, finite_positive, in_field, positive_int
 
@@ -143,10 +143,7 @@ def run(args: argparse.Namespace) -> int:
     pf = load_plan_file(args.plan)
     if args.disaggregation is not None or pf.disaggregation is not None:
         return _goodput(args, pf, out)
-    res = plan(
-        args.workload,
-        slos=in_field("", "--slo", parse_slo, args.slo) if args.slo else [],
-        plan_file=pf,
+    flags = PlanFlags(
         hardware=_csv(args.hardware),
         tensor_parallel=tps,
         pipeline_parallel=pps,
@@ -154,14 +151,16 @@ def run(args: argparse.Namespace) -> int:
         prices=in_field("", "--price", parse_prices, args.price),
         target_rate=args.target_rate,
         requests=args.requests,
-        plan_source=str(args.plan) if args.plan else "plan file",
         tolerance=args.tolerance,
         seed=args.seed,
-        backend=args.backend,
-        workers=args.workers,
-        address=args.address,
-        quiet=args.quiet,
-        allow_large=args.no_memory_check,
+    )
+    res = plan(
+        args.workload,
+        slos=in_field("", "--slo", parse_slo, args.slo) if args.slo else [],
+        plan_file=pf,
+        flags=flags,
+        run=backend_options(args),
+        plan_source=str(args.plan) if args.plan else "plan file",
     )
     paths = write_plan(res, out, plots=not args.no_plots, force=args.force)
     if not args.quiet:
@@ -229,11 +228,8 @@ def _goodput(args: argparse.Namespace, pf, out: Path) -> int:
         section=section,
         search=search,
         seed=args.seed,
-        backend=args.backend,
-        workers=args.workers,
-        address=args.address,
+        run=backend_options(args),
         source=source,
-        quiet=args.quiet,
     )
     paths = write_goodput(res, out, plots=not args.no_plots, force=args.force)
     if not args.quiet:

@@ -369,3 +369,16 @@ def print_summary(s: dict, spec, out: Path, wall_s: float) -> None:
             f"transfer {1e3 * ph['transfer_s']['p50']:.3g} ms, decode queueing {1e3 * ph['decode_queueing_s']['p50']:.3g} ms"
         )
     c.print(f"results in {out}/ ({wall_s:.2f} s wall)")
+
+
+def backend_options(args: argparse.Namespace):
+    """The --backend/--workers/--address/--quiet/--no-memory-check flags `sim plan` and `sim sweep` share."""
+    from infersim.analysis.sweep_backends import BackendOptions
+
+    return BackendOptions(
+        backend=args.backend,
+        workers=args.workers,
+        address=args.address,
+        quiet=args.quiet,
+        allow_large=args.no_memory_check,
+    )

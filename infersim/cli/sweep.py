@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .run import add_memory_flag, add_out_flags
+from .run import add_memory_flag, add_out_flags, backend_options
 
 
 def add_parser(sub) -> None:
@@ -44,16 +44,12 @@ def run(args: argparse.Namespace) -> int:
         args.workload,
         space,
         args.out,
-        backend=args.backend,
-        workers=args.workers,
-        address=args.address,
+        run=backend_options(args),
         retry_failed=args.retry_failed,
         trials=args.trials,
         plots=not args.no_plots,
-        quiet=args.quiet,
         force=args.force,
         source=str(args.space),
-        allow_large=args.no_memory_check,
     )
     if not args.quiet:
         _print(res, space)

@@ -11,6 +11,7 @@ import pytest
 
 from infersim.analysis.plan import (
     PlanFile,
+    PlanFlags,
     SearchSection,
     build_candidates,
     load_plan_file,
@@ -24,6 +25,7 @@ from infersim.analysis.plan import (
     verdict,
     write_plan,
 )
+from infersim.analysis.sweep_backends import BackendOptions
 from infersim.cli.main import main
 from infersim.simulator.errors import InfersimError
 from tests.utils import chromium
@@ -60,10 +62,8 @@ def result(workload):
         workload,
         slos=parse_slo(SLO),
         plan_file=pf,
-        hardware=["a100-80gb-pcie", "h100-sxm"],
-        prices=PRICES,
-        target_rate=TARGET,
-        workers=2,
+        flags=PlanFlags(hardware=["a100-80gb-pcie", "h100-sxm"], prices=PRICES, target_rate=TARGET),
+        run=BackendOptions(workers=2),
     )
 
 
@@ -173,10 +173,9 @@ def test_unreachable_slo_is_infeasible(workload):
     res = plan(
         workload,
         slos=parse_slo("tpot_p99=1ms"),
-        hardware=["a100-80gb-pcie"],
-        target_rate=5.0,
+        flags=PlanFlags(hardware=["a100-80gb-pcie"], target_rate=5.0),
         plan_file=PlanFile(search=SearchSection(requests=60, min_rate=0.5)),
-        workers=1,
+        run=BackendOptions(workers=1),
     )
     c = res.candidates[0]
     assert c.status == "infeasible" and c.goodput_rps == 0 and c.replicas is None

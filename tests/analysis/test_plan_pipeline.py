@@ -3,7 +3,8 @@ every stage, and a split whose stage does not fit is reported with the stage's n
 
 import math
 
-from infersim.analysis.plan import PlanFile, SearchSection, build_candidates, parse_slo, plan
+from infersim.analysis.plan import PlanFile, PlanFlags, SearchSection, build_candidates, parse_slo, plan
+from infersim.analysis.sweep_backends import BackendOptions
 from infersim.simulator.workload.schema import WorkloadSpec
 
 WORKLOAD = """\
@@ -48,11 +49,8 @@ def test_plan_counts_every_stage_and_reports_a_stage_that_does_not_fit(tmp_path)
         str(wl),
         slos=parse_slo("ttft_p99=5s,tpot_p99=300ms"),
         plan_file=PlanFile(search=SearchSection(requests=60, tolerance=0.25)),
-        tensor_parallel=[2],
-        pipeline_parallel=[1, 4],
-        prices={"a100-40gb": 1.0},
-        target_rate=1.0,
-        workers=1,
+        flags=PlanFlags(tensor_parallel=[2], pipeline_parallel=[1, 4], prices={"a100-40gb": 1.0}, target_rate=1.0),
+        run=BackendOptions(workers=1),
     )
     by = {c.label: c for c in res.candidates}
     # 70B in fp16 is 138 GB: 69 GB per GPU at TP 2 does not fit a 40 GB card, 17 GB at TP 2 x PP 4 does

@@ -26,6 +26,7 @@ from infersim.analysis.sweep import (
     run_sweep,
     set_dotted,
 )
+from infersim.analysis.sweep_backends import BackendOptions
 from infersim.cli.main import main
 from infersim.simulator.errors import InfersimError
 
@@ -98,7 +99,7 @@ def test_grid_sweep_table_and_plots(workload, tmp_path):
             "serving.max_batch_size": [8, 64],
         },
     )
-    res = run_sweep(workload, space, tmp_path / "s", workers=2)
+    res = run_sweep(workload, space, tmp_path / "s", run=BackendOptions(workers=2))
     df = res.table
     assert len(df) == 2 * 3 * 2 == res.computed and res.cached == 0 and res.failed == 0
     assert df["key"].is_unique and (df["status"] == "ok").all()
@@ -146,7 +147,7 @@ def test_failed_configurations_are_recorded_and_the_sweep_goes_on(workload, tmp_
             "hardware.profile": ["a100-80gb-pcie", "tpu-v9"],
         }
     )
-    res = run_sweep(workload, space, tmp_path / "f", workers=1)
+    res = run_sweep(workload, space, tmp_path / "f", run=BackendOptions(workers=1))
     df = res.table
     assert len(df) == 8
     ok = df[df["status"] == "ok"]  # speculation.s: null leaves the workload without speculation
@@ -156,16 +157,24 @@ def test_failed_configurations_are_recorded_and_the_sweep_goes_on(workload, tmp_
     spec_rows = df[df["speculation.s"].notna() & (df["hardware.profile"] == "a100-80gb-pcie")]
     assert (spec_rows["status"] == "failed").all() and spec_rows["error"].str.contains("speculation").all()
     # failures are results too: a rerun computes nothing, --retry-failed recomputes only them
-    again = run_sweep(workload, space, tmp_path / "f", workers=1)
+    again = run_sweep(workload, space, tmp_path / "f", run=BackendOptions(workers=1))
     assert again.computed == 0 and again.cached == 8
-    retry = run_sweep(workload, space, tmp_path / "f", workers=1, retry_failed=True)
+    retry = run_sweep(workload, space, tmp_path / "f", run=BackendOptions(workers=1), retry_failed=True)
     assert retry.computed == res.failed and len(retry.table) == 8
 
 
 def test_other_sweep_in_the_same_folder_is_refused(workload, tmp_path):
-    run_sweep(workload, _space(parameters={"serving.max_batch_size": [8]}), tmp_path / "x", workers=1, plots=False)
+    run_sweep(
+        workload,
+        _space(parameters={"serving.max_batch_size": [8]}),
+        tmp_path / "x",
+        run=BackendOptions(workers=1),
+        plots=False,
+    )
     with pytest.raises(InfersimError, match="different sweep"):
-        run_sweep(workload, _space(parameters={"serving.max_batch_size": [16]}), tmp_path / "x", workers=1)
+        run_sweep(
+            workload, _space(parameters={"serving.max_batch_size": [16]}), tmp_path / "x", run=BackendOptions(workers=1)
+        )
 
 
 def _dominates(a, b, maximize):
@@ -251,7 +260,7 @@ def test_killed_sweep_resumes_without_loss_or_duplicates(workload, tmp_path):
     print("finished before the kill:", len(before))
     assert not (out / "results.parquet").exists()  # killed before the table: it is rebuilt on resume
 
-    res = run_sweep(workload, space_path, out, workers=2, plots=False)
+    res = run_sweep(workload, space_path, out, run=BackendOptions(workers=2), plots=False)
     after = {p.name: p.read_bytes() for p in results.glob("*.json") if not p.name.startswith(".")}
     df = res.table
     # nothing missing, nothing twice
@@ -269,7 +278,7 @@ def test_killed_sweep_resumes_without_loss_or_duplicates(workload, tmp_path):
     new_ids = {r["run_id"] for k, r in load_results(out).items() if f"{k}.json" not in before}
     assert len(run_ids) == 1 and len(new_ids) == 1 and run_ids != new_ids
     # a third run has nothing left to do
-    assert run_sweep(workload, space_path, out, workers=1, plots=False).computed == 0
+    assert run_sweep(workload, space_path, out, run=BackendOptions(workers=1), plots=False).computed == 0
 
 
 OPTUNA_SPACE = """\
@@ -293,14 +302,14 @@ def test_optuna_multi_objective_and_resume(workload, tmp_path):
     pytest.importorskip("optuna")
     space_path = _space_file(tmp_path, OPTUNA_SPACE)
     out = tmp_path / "o"
-    res = run_sweep(workload, space_path, out, workers=2)
+    res = run_sweep(workload, space_path, out, run=BackendOptions(workers=2))
     df = res.table
     assert len(df) == 8 and df["key"].is_unique and (df["status"] == "ok").all()
     assert df["serving.max_batch_size"].between(4, 128).all()
     assert df["requests.arrival.rate"].between(2.0, 12.0).all()
     assert (df["serving.max_batch_size"] == df["serving.max_batch_size"].round()).all()
     # a larger budget continues the same study: the first 8 are reused
-    more = run_sweep(workload, space_path, out, workers=2, trials=11)
+    more = run_sweep(workload, space_path, out, run=BackendOptions(workers=2), trials=11)
     assert more.cached == 8 and more.computed == 3 and len(more.table) == 11 and more.table["key"].is_unique
     assert set(df["key"]) <= set(more.table["key"])
 
@@ -312,7 +321,7 @@ def test_optuna_single_objective(workload, tmp_path):
         parameters={"serving.max_batch_size": [4, 8, 16, 32, 64], "serving.preemption": ["recompute", "swap"]},
         optuna={"trials": 6, "objectives": [{"metric": "e2e_s.p99", "direction": "minimize"}]},
     )
-    res = run_sweep(workload, space, tmp_path / "o1", workers=1)
+    res = run_sweep(workload, space, tmp_path / "o1", run=BackendOptions(workers=1))
     assert len(res.table) == 6 and res.table["key"].is_unique
     bad = _space(
         method="optuna",
@@ -320,7 +329,7 @@ def test_optuna_single_objective(workload, tmp_path):
         optuna={"trials": 2, "objectives": [{"metric": "happiness", "direction": "maximize"}]},
     )
     with pytest.raises(InfersimError, match="happiness"):
-        run_sweep(workload, bad, tmp_path / "o2", workers=1)
+        run_sweep(workload, bad, tmp_path / "o2", run=BackendOptions(workers=1))
 
 
 def test_cli_sweep(workload, tmp_path, capsys):
@@ -342,9 +351,9 @@ def test_ray_backend_matches_local(workload, tmp_path):
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     try:
         space = _space(parameters={"serving.preemption": ["recompute", "swap"], "serving.max_batch_size": [8, 32]})
-        r = run_sweep(workload, space, tmp_path / "ray", backend="ray", plots=False)
+        r = run_sweep(workload, space, tmp_path / "ray", run=BackendOptions(backend="ray"), plots=False)
         assert r.backend.startswith("ray")
-        local = run_sweep(workload, space, tmp_path / "local", workers=1, plots=False)
+        local = run_sweep(workload, space, tmp_path / "local", run=BackendOptions(workers=1), plots=False)
         a, b = r.table.set_index("key"), local.table.set_index("key")
         assert sorted(a.index) == sorted(b.index) and len(a) == 4
         for col in ("e2e_s.p99", "throughput_output_tokens_per_s", "ttft_s.p99"):
@@ -369,8 +378,8 @@ def test_dead_worker_stops_the_sweep_without_recording_false_failures(workload, 
     monkeypatch.setattr(sweep, "run_config", _dies_on_16)  # the forked workers see the patched module
     space = _space(parameters={"serving.max_batch_size": [8, 16, 32, 64]})
     with pytest.raises(InfersimError, match="worker process died"):
-        run_sweep(workload, space, tmp_path / "w", workers=2, plots=False)
+        run_sweep(workload, space, tmp_path / "w", run=BackendOptions(workers=2), plots=False)
     assert all(r["status"] == "ok" for r in load_results(tmp_path / "w").values())
     monkeypatch.setattr(sweep, "run_config", sweep._real_run_config)
-    res = run_sweep(workload, space, tmp_path / "w", workers=2, plots=False)
+    res = run_sweep(workload, space, tmp_path / "w", run=BackendOptions(workers=2), plots=False)
     assert len(res.table) == 4 and (res.table["status"] == "ok").all()
