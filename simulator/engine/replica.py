@@ -156,24 +156,7 @@ class Replica:
         yield from self._run_batch(batch, makes_token, BatchShape(q, ctx, makes_token.astype(np.int64)))
         end = env.now
         prefill_tokens = int(q[q > 1].sum())
-        self.metrics.segment(
-            (
-                start,
-                end,
-                self.index,
-                1,
-                len(batch),
-                int(q.sum()),
-                prefill_tokens,
-                blocks.used_gpu,
-                blocks.used_cpu,
-                len(self.waiting),
-                len(self.swapped),
-                out_bytes,
-                in_bytes,
-                blocks.cached_gpu,
-            )
-        )
+        self._record_iteration(start, end, len(batch), int(q.sum()), prefill_tokens, out_bytes, in_bytes)
         itl = []
         for (seq, n), tok in zip(batch, makes_token):
             seq.computed += n
@@ -181,6 +164,30 @@ class Replica:
                 self._token(seq, end, itl)
         if itl:
             self.metrics.add_itl(itl, 1.0)
+
+    def _record_iteration(
+        self, start: float, end: float, seqs: int, tokens: int, prefill_tokens: int, out_bytes: float, in_bytes: float
+    ) -> None:
+        """One iteration's row in the series (a segment of one step), with the pools and queues now."""
+        b = self.blocks
+        self.metrics.segment(
+            (
+                start,
+                end,
+                self.index,
+                1,
+                seqs,
+                tokens,
+                prefill_tokens,
+                b.used_gpu,
+                b.used_cpu,
+                len(self.waiting),
+                len(self.swapped),
+                out_bytes,
+                in_bytes,
+                b.cached_gpu,
+            )
+        )
 
     def _run_batch(self, batch, makes_token: np.ndarray, shape: BatchShape):
         """Hold the GPUs for one iteration; a pipeline's virtual engine passes it through its

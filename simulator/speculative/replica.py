@@ -245,23 +245,7 @@ class SpeculativeReplica(Replica):
         acc, voted, rates, lengths = p.accept(self.rng, k, [x.rid for x in dec])
         tokens = np.minimum(acc + 1, rem)
         s_now = p.s
-        self.metrics.segment(
-            (
-                start,
-                end,
-                self.index,
-                1,
-                len(batch),
-                int(q.sum()),
-                int(q[pre].sum()),
-                blocks.used_gpu,
-                blocks.used_cpu,
-                len(self.waiting),
-                len(self.swapped),
-                out_bytes,
-                in_bytes,
-            )
-        )
+        self._record_iteration(start, end, len(batch), int(q.sum()), int(q[pre].sum()), out_bytes, in_bytes)
         itl: list = []
         self._commit_prefills([batch[i] for i in np.flatnonzero(pre)], end, itl)
         if itl:
@@ -467,23 +451,7 @@ class PipelinedReplica(SpeculativeReplica):
         dec = [e.seq for e in entries]
         rem = np.fromiter((s.output_len - s.generated for s in dec), dtype=np.int64, count=len(dec))
         tokens = np.minimum(acc + 1, rem)
-        self.metrics.segment(
-            (
-                start,
-                end,
-                self.index,
-                1,
-                len(batch),
-                int(q.sum()),
-                int(q[:npre].sum()),
-                blocks.used_gpu,
-                blocks.used_cpu,
-                len(self.waiting),
-                len(self.swapped),
-                out_bytes,
-                in_bytes,
-            )
-        )
+        self._record_iteration(start, end, len(batch), int(q.sum()), int(q[:npre].sum()), out_bytes, in_bytes)
         itl: list = []
         started = self._commit_prefills(prefill, end, itl)
         if itl:
