@@ -223,24 +223,15 @@ def read_trace(src: TraceSource, path: Path, count: int | None = None) -> TraceD
     if src.arrival_column:
         arrival = to_seconds(raw[src.arrival_column][rows], path, src.arrival_column, src.time_unit, r0)
         arrival = (arrival - arrival.min()) * src.time_scale
+
+    def lengths(column, kind):
+        scale = src.tokens_per_word if kind == "text_words" else 1.0
+        return to_lengths(raw[column][rows], path, column, kind, scale, r0)
+
     if src.prompt_column:
-        prompt = to_lengths(
-            raw[src.prompt_column][rows],
-            path,
-            src.prompt_column,
-            src.prompt_column_kind,
-            src.tokens_per_word if src.prompt_column_kind == "text_words" else 1.0,
-            r0,
-        )
+        prompt = lengths(src.prompt_column, src.prompt_column_kind)
     if src.output_column:
-        output = to_lengths(
-            raw[src.output_column][rows],
-            path,
-            src.output_column,
-            src.output_column_kind,
-            src.tokens_per_word if src.output_column_kind == "text_words" else 1.0,
-            r0,
-        )
+        output = lengths(src.output_column, src.output_column_kind)
     hashes = None if not src.hash_column else to_hash_ids(raw[src.hash_column][rows], path, src.hash_column, r0)
     if arrival is not None and np.any(np.diff(arrival) < 0):
         order = np.argsort(arrival, kind="stable")
