@@ -600,9 +600,6 @@ def plan(
 
     t0 = time.perf_counter()
     pf = plan_file or PlanFile()
-    hardware, tensor_parallel, pipeline_parallel = flags.hardware, flags.tensor_parallel, flags.pipeline_parallel
-    options, prices, target_rate = flags.options, flags.prices, flags.target_rate
-    requests, tolerance, seed = flags.requests, flags.tolerance, flags.seed
     slos = slos or in_field(plan_source, "slo", parse_slo, pf.slo or None)
     if not slos:
         raise InfersimError("give at least one SLO: --slo ttft_p99=2s,tpot_p99=100ms (or slo: in the plan file)")
@@ -625,26 +622,26 @@ def plan(
             "for the search"
         )
     search = pf.search.model_copy(
-        update={k: v for k, v in (("requests", requests), ("tolerance", tolerance)) if v is not None}
+        update={k: v for k, v in (("requests", flags.requests), ("tolerance", flags.tolerance)) if v is not None}
     )
     if search.start_rate is None:
         search = search.model_copy(update={"start_rate": workload_rate or 1.0})
-    if tolerance is not None and not 0 < tolerance < 1:
-        raise InfersimError(f"--tolerance must be between 0 and 1, got {tolerance}")
-    target = target_rate if target_rate is not None else (pf.target_rate or workload_rate)
-    seed = seed if seed is not None else (search.seed if search.seed is not None else spec.seed)
+    if flags.tolerance is not None and not 0 < flags.tolerance < 1:
+        raise InfersimError(f"--tolerance must be between 0 and 1, got {flags.tolerance}")
+    target = flags.target_rate if flags.target_rate is not None else (pf.target_rate or workload_rate)
+    seed = flags.seed if flags.seed is not None else (search.seed if search.seed is not None else spec.seed)
     all_prices = dict(pf.prices)
-    all_prices.update(prices or {})
+    all_prices.update(flags.prices or {})
     opts = dict(pf.options)
-    opts.update(options or {})
-    check_names(hardware, pf, prices, plan_source)
+    opts.update(flags.options or {})
+    check_names(flags.hardware, pf, flags.prices, plan_source)
     cands = build_candidates(
         spec,
-        hardware or pf.hardware,
-        tensor_parallel or pf.tensor_parallel,
+        flags.hardware or pf.hardware,
+        flags.tensor_parallel or pf.tensor_parallel,
         opts,
         all_prices,
-        pipeline_parallel or pf.pipeline_parallel,
+        flags.pipeline_parallel or pf.pipeline_parallel,
     )
     base = spec.model_dump(mode="json")
     origin = str(wl_path) + (f" with {plan_source}" if plan_file is not None else "")
