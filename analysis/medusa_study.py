@@ -33,6 +33,7 @@ from infersim.simulator.speculative.medusa_heads import (
 )
 from infersim.simulator.yamlio import atomic_path
 
+from .report_html import agg_pyplot, finish_figure
 from .roofline import POW2_BATCHES, POW2_SEQ_LENS, build_cost_model
 
 LOG_RATE_COEF = 0.477  # Medusa G.3: acceleration rate = 0.477 * ln(#candidates), fitted to Fig. 4a
@@ -121,7 +122,9 @@ class MedusaStudyOptions:
     """How a Medusa study models one decoding step: the acceleration-rate model, the block whose
     time is the overhead, and the cost model's precision and parallelism."""
 
-    rate_model: str = field(default="log", metadata={"help": "log (the paper's fit to Fig. 4a) or tree (head accuracies)"})
+    rate_model: str = field(
+        default="log", metadata={"help": "log (the paper's fit to Fig. 4a) or tree (head accuracies)"}
+    )
     accuracies: str | HeadAccuracies = field(
         default="vicuna-7b", metadata={"help": "head-accuracy table (name or table) for rate_model tree"}
     )
@@ -247,16 +250,6 @@ def _setup_axes(ax, candidates) -> None:
     ax.axhline(1.0, color="0.45", lw=0.8, ls=":", zorder=1)
 
 
-def _save(fig, path) -> Path:
-    import matplotlib.pyplot as plt
-
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format=Path(path).suffix.lstrip(".") or "png")
-    plt.close(fig)
-    return Path(path)
-
-
 def _subtitle(df: pd.DataFrame) -> str:
     r = df.iloc[0]
     block = "simplified block (1 layer)" if r["block"] == "paper" else "whole model"
@@ -266,10 +259,7 @@ def _subtitle(df: pd.DataFrame) -> str:
 def plot_candidates(df: pd.DataFrame, path: str | Path) -> Path:
     """Fig. 21: acceleration rate, speedup and normalized latency (= overhead) vs candidates
     at one (batch, seq_len)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = agg_pyplot()
 
     d = df.sort_values("candidates")
     fig, ax = plt.subplots(figsize=(7.2, 4.6), dpi=150)
@@ -296,14 +286,11 @@ def plot_candidates(df: pd.DataFrame, path: str | Path) -> Path:
         f"Medusa on {r['model']}, batch {r['batch']}, sequence length {r['seq_len']}\n{_subtitle(d)}", fontsize=10.5
     )
     ax.legend(loc="upper left", fontsize=8.5, framealpha=0.9)
-    return _save(fig, path)
+    return finish_figure(fig, path)
 
 
 def _plot_lines(df: pd.DataFrame, path, by: str, label: str, title: str) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = agg_pyplot()
 
     keys = sorted(df[by].unique())
     cmap = plt.get_cmap("viridis")
@@ -318,7 +305,7 @@ def _plot_lines(df: pd.DataFrame, path, by: str, label: str, title: str) -> Path
     ax.set_ylabel("speedup over plain decoding")
     ax.set_title(f"{title}\n{_subtitle(df)}  (star: best per line)", fontsize=10.5)
     ax.legend(loc="best", fontsize=8, ncol=2, framealpha=0.9)
-    return _save(fig, path)
+    return finish_figure(fig, path)
 
 
 def plot_speedup_by_batch(df: pd.DataFrame, path: str | Path) -> Path:

@@ -27,7 +27,8 @@ from infersim.simulator.hardware.profile import HardwareProfile
 from infersim.simulator.models.catalog import load_model
 from infersim.simulator.models.spec import ModelSpec
 from infersim.simulator.validation import check_tensor_parallel
-from infersim.simulator.yamlio import atomic_path
+
+from .report_html import agg_pyplot, write_figure
 
 PHASES = ("prefill", "decode", "verify")
 POW2_BATCHES = (1, 2, 4, 8, 16, 32, 64)  # Medusa Figs. 9-17
@@ -252,10 +253,7 @@ def plot_roofline(
     """Log-log roofline of the table's matmul operators (the paper's three groups) by phase.
     Roofs are the datasheet peaks; with calibrated efficiencies below 1 the achievable linear
     roof is drawn too. Written atomically; returns the path."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = agg_pyplot()
     import numpy as np
 
     hw = load_hardware(hardware) if isinstance(hardware, str) else hardware
@@ -352,7 +350,6 @@ def plot_roofline(
         rotation=angle,
         rotation_mode="anchor",
     )
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format=Path(path).suffix.lstrip(".") or "png")
+    write_figure(fig, path)
     plt.close(fig)
     return Path(path)

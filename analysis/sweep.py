@@ -50,6 +50,7 @@ from infersim.simulator.errors import InfersimError, pydantic_error_line
 from infersim.simulator.progress import ProgressBar
 from infersim.simulator.validation import STRICT_CONFIG
 
+from .report_html import REPRODUCIBLE_PNG, finish_figure
 from .sweep_backends import BackendOptions
 
 # ---------------------------------------------------------------------------------------------
@@ -849,20 +850,18 @@ def write_outputs(sweep_dir: Path, df, params: list[Param], space: SweepSpace, p
     if plots and have and (df["status"] == "ok").any():
         from infersim.simulator.metrics.plots import pyplot
 
-        from .report_html import save_figure
-
         plt = pyplot()
         pdir = sweep_dir / "plots"
         pdir.mkdir(exist_ok=True)
-        imgs.append(_plot_pareto(plt, save_figure, df, front, params, tp, lat, pdir / "pareto.png"))
-        imgs.append(_plot_sensitivity(plt, save_figure, df, params, tp, lat, pdir / "sensitivity.png"))
+        imgs.append(_plot_pareto(plt, df, front, params, tp, lat, pdir / "pareto.png"))
+        imgs.append(_plot_sensitivity(plt, df, params, tp, lat, pdir / "sensitivity.png"))
         files += imgs
     write_atomic(sweep_dir / "report.md", _markdown(df, front, sens, params, space, imgs, sweep_dir))
     files.append(sweep_dir / "report.md")
     return files
 
 
-def _plot_pareto(plt, save, df, front, params, tp, lat, path: Path) -> Path:
+def _plot_pareto(plt, df, front, params, tp, lat, path: Path) -> Path:
     ok = df[df["status"] == "ok"]
     fig, ax = plt.subplots(figsize=(8.5, 5.2))
     ax.scatter(ok[lat].astype(float), ok[tp].astype(float), s=22, color="#9aa5b1", label="configuration", zorder=2)
@@ -900,13 +899,10 @@ def _plot_pareto(plt, save, df, front, params, tp, lat, path: Path) -> Path:
     ax.set_ylabel(tp)
     ax.set_title("throughput against tail latency (up and left is better)")
     ax.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
-    save(fig, path)
-    plt.close(fig)
-    return path
+    return finish_figure(fig, path, **REPRODUCIBLE_PNG)
 
 
-def _plot_sensitivity(plt, save, df, params, tp, lat, path: Path) -> Path:
+def _plot_sensitivity(plt, df, params, tp, lat, path: Path) -> Path:
     from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
 
     ok = df[df["status"] == "ok"]
@@ -951,10 +947,7 @@ def _plot_sensitivity(plt, save, df, params, tp, lat, path: Path) -> Path:
                 ax.set_ylabel(m, fontsize=9)
             ax.tick_params(labelsize=8)
     fig.suptitle("sensitivity: each point a configuration, red bar the mean per value")
-    fig.tight_layout()
-    save(fig, path)
-    plt.close(fig)
-    return path
+    return finish_figure(fig, path, **REPRODUCIBLE_PNG)
 
 
 def _markdown(df, front, sens, params, space, imgs, sweep_dir: Path) -> str:

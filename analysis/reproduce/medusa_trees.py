@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from infersim.analysis.report_html import agg_pyplot, finish_figure
 from infersim.analysis.report_html import frame_md_table as _md
 from infersim.analysis.reproduce.moved import Headline, moved_section
 from infersim.simulator.metrics.summary import summarize
@@ -411,17 +412,8 @@ def acceptance_study(acc: np.ndarray, table, quick: bool) -> pd.DataFrame:
 
 
 # ---- plots --------------------------------------------------------------------------------------------
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def plot_fig4a(fa: pd.DataFrame, path: Path, dots: pd.DataFrame | None = None) -> Path:
-    plt = _plt()
+    plt = agg_pyplot()
     schemes = list(dict.fromkeys(fa["scheme"]))
     fig, axes = plt.subplots(1, len(schemes), figsize=(6.2 * len(schemes), 4.4), dpi=130, squeeze=False)
     for ax, sch in zip(axes[0], schemes):
@@ -462,14 +454,11 @@ def plot_fig4a(fa: pd.DataFrame, path: Path, dots: pd.DataFrame | None = None) -
         ax.set_title(f"Medusa Fig. 4a: Vicuna-7B head accuracies, {sch}", fontsize=9)
         ax.grid(True, lw=0.3)
         ax.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return finish_figure(fig, path)
 
 
 def plot_fig4b(fb: pd.DataFrame, path: Path) -> Path:
-    plt = _plt()
+    plt = agg_pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), dpi=130)
     d1 = fb[fb["batch"] == 1]
     for kind, colour, marker in (("greedy", "#d62728", "o-"), ("dense", "#1f77b4", "s--")):
@@ -502,14 +491,11 @@ def plot_fig4b(fb: pd.DataFrame, path: Path) -> Path:
     ax.set_title("speedup by tree and batch size", fontsize=9)
     ax.legend(fontsize=7)
     ax.grid(True, axis="y", lw=0.3)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return finish_figure(fig, path)
 
 
 def plot_acceptance(ac: pd.DataFrame, path: Path) -> Path:
-    plt = _plt()
+    plt = agg_pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=130)
     for T, g in ac[ac["scheme"] == "typical"].groupby("temperature"):
         ax.plot(g["epsilon"], g["acceleration_rate"], "o-", label=f"typical, T={T}")
@@ -525,10 +511,7 @@ def plot_acceptance(ac: pd.DataFrame, path: Path) -> Path:
     ax.set_title("Medusa Fig. 5 (rate only): acceptance schemes", fontsize=9)
     ax.legend(fontsize=7)
     ax.grid(True, lw=0.3)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return finish_figure(fig, path)
 
 
 # ---- write-up ------------------------------------------------------------------------------------------
