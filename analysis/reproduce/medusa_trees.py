@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -515,17 +516,21 @@ def plot_acceptance(ac: pd.DataFrame, path: Path) -> Path:
 
 
 # ---- write-up ------------------------------------------------------------------------------------------
-def write_markdown(
-    fa,
-    fb,
-    ac,
-    out: Path,
-    stem: str,
-    meta: dict,
-    dv: pd.DataFrame | None = None,
-    dep: pd.DataFrame | None = None,
-    moved: str = "",
-) -> Path:
+@dataclass(frozen=True)
+class TreeTables:
+    """The study's tables, one per part of the write-up (the CSV's `part` column)."""
+
+    fa: pd.DataFrame = field(metadata={"help": "Fig. 4a: acceleration rate of every tree (fig4a)"})
+    fb: pd.DataFrame = field(metadata={"help": "Fig. 4b: serving speed by tree and batch size (fig4b)"})
+    ac: pd.DataFrame = field(metadata={"help": "acceptance schemes (acceptance)"})
+    dv: pd.DataFrame | None = field(
+        default=None, metadata={"help": "dense trees against the greedy 64 (fig4a_dense_vs_greedy64)"}
+    )
+    dep: pd.DataFrame | None = field(default=None, metadata={"help": "the dependence sensitivity (fig4a_dependence)"})
+
+
+def write_markdown(tables: TreeTables, out: Path, stem: str, meta: dict, moved: str = "") -> Path:
+    fa, fb, ac, dv, dep = tables.fa, tables.fb, tables.ac, tables.dv, tables.dep
     g = fa[fa["kind"] == "greedy"]
     key = []
     for sch in dict.fromkeys(fa["scheme"]):
@@ -852,9 +857,8 @@ def main(argv=None) -> int:
         plot_acceptance(ac, out / f"{stem}.acceptance.png"),
     ]
     moved = moved_section({stem: allrows}, out, HEADLINES)
-    paths.append(
-        write_markdown(fa, fb, ac, out, stem, {"quick": args.quick, "wall_s": time.perf_counter() - t0}, dv, dep, moved)
-    )
+    meta = {"quick": args.quick, "wall_s": time.perf_counter() - t0}
+    paths.append(write_markdown(TreeTables(fa, fb, ac, dv, dep), out, stem, meta, moved))
     for p in paths:
         print(p)
     return 0
