@@ -26,7 +26,6 @@ overhead, and a swap-only study (vLLM_s variants: what a full CPU pool does). Wr
 
 from __future__ import annotations
 
-import argparse
 import datetime as _dt
 import os
 import re
@@ -40,6 +39,7 @@ import numpy as np
 import pandas as pd
 
 from infersim.analysis.report_html import REPRODUCIBLE_PNG, finish_figure, md_table
+from infersim.analysis.reproduce.command import reproduction_parser
 from infersim.analysis.reproduce.moved import Headline, moved_section
 from infersim.simulator.hardware.catalog import load_hardware
 from infersim.simulator.machine import machine_line
@@ -1618,12 +1618,12 @@ means with assumed spreads and assumed output lengths), and its vLLM_s behaviour
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m infersim.analysis.reproduce.adaptivellm", description=__doc__.split("\n\n")[0]
+    ap = reproduction_parser(
+        "infersim.analysis.reproduce.adaptivellm",
+        __doc__,
+        "one model, one dataset, max output 64 (under 30 s)",
+        jobs=True,
     )
-    ap.add_argument("--quick", action="store_true", help="one model, one dataset, max output 64 (under 30 s)")
-    ap.add_argument("--out", default="docs/findings", help="output folder (default docs/findings)")
-    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes (default: all cores)")
     ap.add_argument(
         "--from-csv",
         type=Path,

@@ -33,7 +33,6 @@ Writes <out>/infinigen.md, infinigen.csv and infinigen_*.png.
 
 from __future__ import annotations
 
-import argparse
 import datetime as _dt
 import platform
 import time
@@ -43,6 +42,7 @@ import numpy as np
 import pandas as pd
 
 from infersim.analysis.report_html import agg_pyplot, finish_figure
+from infersim.analysis.reproduce.command import reproduction_parser
 from infersim.analysis.reproduce.moved import Headline, moved_section
 from infersim.simulator.costmodel import BatchShape
 from infersim.simulator.hardware.catalog import load_hardware
@@ -897,11 +897,9 @@ def _serving_text(serve: pd.DataFrame) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m infersim.analysis.reproduce.infinigen", description=__doc__.split("\n\n")[0]
+    ap = reproduction_parser(
+        "infersim.analysis.reproduce.infinigen", __doc__, "fewer points, no serving runs (a few seconds)"
     )
-    ap.add_argument("--quick", action="store_true", help="fewer points, no serving runs (a few seconds)")
-    ap.add_argument("--out", default="docs/findings", help="output folder (default docs/findings)")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

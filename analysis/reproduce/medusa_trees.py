@@ -17,7 +17,6 @@ Writes <out>/medusa.md, medusa.csv and medusa.{fig4a,fig4b,acceptance}.png (--qu
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import time
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ import pandas as pd
 
 from infersim.analysis.report_html import agg_pyplot, finish_figure
 from infersim.analysis.report_html import frame_md_table as _md
+from infersim.analysis.reproduce.command import reproduction_parser
 from infersim.analysis.reproduce.moved import Headline, moved_section
 from infersim.simulator.metrics.summary import summarize
 from infersim.simulator.simulation import Simulation
@@ -812,11 +812,9 @@ hold against MEDUSA-1's 2.18x.
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m infersim.analysis.reproduce.medusa_trees", description=__doc__.split("\n\n")[0]
+    ap = reproduction_parser(
+        "infersim.analysis.reproduce.medusa_trees", __doc__, "fewer trees, batch sizes and requests"
     )
-    ap.add_argument("--quick", action="store_true", help="fewer trees, batch sizes and requests")
-    ap.add_argument("--out", default="docs/findings", help="output folder (default docs/findings)")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     table = load_accuracies(TABLE)

@@ -26,7 +26,6 @@ so the full study's files are left alone; --replot rewrites the write-up and plo
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -40,6 +39,7 @@ import pandas as pd
 
 from infersim.analysis.report_html import agg_pyplot, finish_figure
 from infersim.analysis.report_html import frame_md_table as _md
+from infersim.analysis.reproduce.command import reproduction_parser
 from infersim.analysis.reproduce.moved import Headline, moved_section, reference_path
 from infersim.simulator.metrics.summary import summarize
 from infersim.simulator.simulation import Simulation
@@ -1716,12 +1716,12 @@ def _load_series(path: Path) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m infersim.analysis.reproduce.minions", description=__doc__.split("\n\n")[0]
+    ap = reproduction_parser(
+        "infersim.analysis.reproduce.minions",
+        __doc__,
+        "a reduced set (batch 16, fewer s values and requests)",
+        jobs=True,
     )
-    ap.add_argument("--quick", action="store_true", help="a reduced set (batch 16, fewer s values and requests)")
-    ap.add_argument("--out", default="docs/findings", help="output folder (default docs/findings)")
-    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes (default: all cores)")
     ap.add_argument("--replot", action="store_true", help="rewrite the markdown and plots from the existing CSV")
     args = ap.parse_args(argv)
     out = Path(args.out)
