@@ -10,12 +10,12 @@ import pytest
 
 from infersim.analysis.medusa_study import (
     PAPER_BLOCK_OPERATORS,
+    MedusaStudyOptions,
+    MedusaSweeps,
     expected_accept_length,
     grow_tree,
     load_accuracies,
     log_rate,
-    MedusaStudyOptions,
-    MedusaSweeps,
     medusa_study,
     standard_sweeps,
     tree_rate,
