@@ -339,7 +339,9 @@ def _markdown(res: GoodputComparison, image: Optional[str]) -> str:
 
 
 def _plot(res: GoodputComparison, path: Path) -> None:
-    from infersim.simulator.metrics.plots import _save, pyplot
+    from infersim.simulator.metrics.plots import pyplot
+
+    from .report_html import REPRODUCIBLE_PNG, finish_figure
 
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4))
@@ -360,9 +362,7 @@ def _plot(res: GoodputComparison, path: Path) -> None:
     ax.set_ylabel("fraction meeting every SLO")
     ax.set_title(f"{res.workload}: {res.section.gpus} GPUs, colocated and disaggregated", fontsize=10)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    _save(fig, path)
-    plt.close(fig)
+    finish_figure(fig, path, **REPRODUCIBLE_PNG)
 
 
 def write_goodput(res: GoodputComparison, out: Path, *, plots: bool = True, force: bool = False) -> dict[str, Path]:

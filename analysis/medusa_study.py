@@ -16,6 +16,7 @@ Medusa's own heads and the accept step are left out, as in the paper."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
@@ -32,6 +33,7 @@ from infersim.simulator.speculative.medusa_heads import (
 )
 from infersim.simulator.yamlio import atomic_path
 
+from .report_html import agg_pyplot, finish_figure
 from .roofline import POW2_BATCHES, POW2_SEQ_LENS, build_cost_model
 
 LOG_RATE_COEF = 0.477  # Medusa G.3: acceleration rate = 0.477 * ln(#candidates), fitted to Fig. 4a
@@ -115,6 +117,48 @@ STUDY_COLUMNS = [
 ]
 
 
+@dataclass(frozen=True)
+class MedusaStudyOptions:
+    """How a Medusa study models one decoding step: the acceleration-rate model, the block whose
+    time is the overhead, and the cost model's precision and parallelism."""
+
+    rate_model: str = field(
+        default="log", metadata={"help": "log (the paper's fit to Fig. 4a) or tree (head accuracies)"}
+    )
+    accuracies: str | HeadAccuracies = field(
+        default="vicuna-7b", metadata={"help": "head-accuracy table (name or table) for rate_model tree"}
+    )
+    block: str = field(default="model", metadata={"help": "model (whole model) or paper (Table 5's one-layer block)"})
+    attention: str | None = field(
+        default=None, metadata={"help": "fused or unfused; None: unfused for the paper block, fused for the model"}
+    )
+    dtype: str = field(default="fp16", metadata={"help": "weight dtype of the cost model"})
+    kv_dtype: str | None = field(default=None, metadata={"help": "KV-cache dtype; None: the weight dtype"})
+    tensor_parallel: int = field(default=1, metadata={"help": "tensor-parallel degree"})
+
+    def resolved_attention(self) -> str:
+        """The attention kind the study costs, checked."""
+        if self.block not in BLOCKS:
+            raise InfersimError(f"unknown block '{self.block}'; known: {', '.join(BLOCKS)}")
+        attention = self.attention or ("unfused" if self.block == "paper" else "fused")
+        if attention not in ("fused", "unfused"):
+            raise InfersimError(f"unknown attention '{attention}'; known: fused, unfused")
+        return attention
+
+
+@dataclass(frozen=True)
+class MedusaSweeps:
+    """The paper's three sweeps: candidates at one (batch, seq_len) (Fig. 21), batch sizes at
+    seq_len (Fig. 22) and sequence lengths at seq_sweep_batch (Fig. 23), each over `candidates`."""
+
+    batch: int = field(default=1, metadata={"help": "batch of the candidate sweep"})
+    seq_len: int = field(default=1024, metadata={"help": "cached tokens of the candidate and batch sweeps"})
+    candidates: Sequence[int] = field(default=POW2_CANDIDATES, metadata={"help": "candidate tokens per step"})
+    batches: Sequence[int] = field(default=POW2_BATCHES, metadata={"help": "batch sizes of the batch sweep"})
+    seq_lens: Sequence[int] = field(default=POW2_SEQ_LENS, metadata={"help": "cached tokens of the seq_len sweep"})
+    seq_sweep_batch: int = field(default=SEQ_SWEEP_BATCH, metadata={"help": "batch of the seq_len sweep"})
+
+
 def medusa_study(
     model: str,
     hardware: str,
@@ -122,46 +166,37 @@ def medusa_study(
     batches: Sequence[int] = (1,),
     seq_lens: Sequence[int] = (1024,),
     candidates: Sequence[int] = POW2_CANDIDATES,
-    rate_model: str = "log",
-    accuracies: str | HeadAccuracies = "vicuna-7b",
-    block: str = "model",
-    attention: str | None = None,
-    dtype: str = "fp16",
-    kv_dtype: str | None = None,
-    tensor_parallel: int = 1,
+    options: MedusaStudyOptions = MedusaStudyOptions(),
 ) -> pd.DataFrame:
     """One row per (batch, seq_len, candidates). `attention` defaults to unfused for the paper
     block (the paper's Table 5 traffic) and fused (the simulator's default) for the model."""
-    if block not in BLOCKS:
-        raise InfersimError(f"unknown block '{block}'; known: {', '.join(BLOCKS)}")
-    attention = attention or ("unfused" if block == "paper" else "fused")
-    if attention not in ("fused", "unfused"):
-        raise InfersimError(f"unknown attention '{attention}'; known: fused, unfused")
+    o = options
+    attention = o.resolved_attention()
     if min(list(batches) + list(seq_lens) + list(candidates)) < 1:
         raise InfersimError("batch sizes, sequence lengths and candidate counts must be >= 1")
     # the paper block is Table 5's eight operators, projections counted one GEMM per weight
     cost = build_cost_model(
         model,
         hardware,
-        dtype=dtype,
-        kv_dtype=kv_dtype,
-        tensor_parallel=tensor_parallel,
+        dtype=o.dtype,
+        kv_dtype=o.kv_dtype,
+        tensor_parallel=o.tensor_parallel,
         fused_attention=attention == "fused",
-        fused_projections=block != "paper",
+        fused_projections=o.block != "paper",
     )
-    rates = acceleration_rate(candidates, rate_model, accuracies)
+    rates = acceleration_rate(candidates, o.rate_model, o.accuracies)
     rows = []
     for b in batches:
         for s in seq_lens:
             for q, rate in zip(candidates, rates):
-                verify_s, decode_s, ratio = overhead(cost, b, s, q, block)
+                verify_s, decode_s, ratio = overhead(cost, b, s, q, o.block)
                 rows.append(
                     (
                         cost.model.name,
                         cost.hardware.name,
-                        block,
+                        o.block,
                         attention,
-                        rate_model,
+                        o.rate_model,
                         int(b),
                         int(s),
                         int(q),
@@ -178,27 +213,22 @@ def medusa_study(
 def standard_sweeps(
     model: str,
     hardware: str,
-    *,
-    batch: int = 1,
-    seq_len: int = 1024,
-    candidates: Sequence[int] = POW2_CANDIDATES,
-    batches: Sequence[int] = POW2_BATCHES,
-    seq_lens: Sequence[int] = POW2_SEQ_LENS,
-    seq_sweep_batch: int = SEQ_SWEEP_BATCH,
-    **kwargs,
+    sweeps: MedusaSweeps = MedusaSweeps(),
+    options: MedusaStudyOptions = MedusaStudyOptions(),
 ) -> pd.DataFrame:
     """The paper's three sweeps in one table, told apart by `sweep`: 'candidates' (Fig. 21, at
     batch/seq_len), 'batch' (Fig. 22, at seq_len) and 'seq_len' (Fig. 23, at seq_sweep_batch)."""
+    w = sweeps
+    grids = (
+        ("candidates", [w.batch], [w.seq_len]),
+        ("batch", w.batches, [w.seq_len]),
+        ("seq_len", [w.seq_sweep_batch], w.seq_lens),
+    )
     parts = [
-        medusa_study(model, hardware, batches=[batch], seq_lens=[seq_len], candidates=candidates, **kwargs).assign(
-            sweep="candidates"
-        ),
-        medusa_study(model, hardware, batches=batches, seq_lens=[seq_len], candidates=candidates, **kwargs).assign(
-            sweep="batch"
-        ),
         medusa_study(
-            model, hardware, batches=[seq_sweep_batch], seq_lens=seq_lens, candidates=candidates, **kwargs
-        ).assign(sweep="seq_len"),
+            model, hardware, batches=batches, seq_lens=seq_lens, candidates=w.candidates, options=options
+        ).assign(sweep=sweep)
+        for sweep, batches, seq_lens in grids
     ]
     df = pd.concat(parts, ignore_index=True)
     return df[["sweep"] + STUDY_COLUMNS]
@@ -220,16 +250,6 @@ def _setup_axes(ax, candidates) -> None:
     ax.axhline(1.0, color="0.45", lw=0.8, ls=":", zorder=1)
 
 
-def _save(fig, path) -> Path:
-    import matplotlib.pyplot as plt
-
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format=Path(path).suffix.lstrip(".") or "png")
-    plt.close(fig)
-    return Path(path)
-
-
 def _subtitle(df: pd.DataFrame) -> str:
     r = df.iloc[0]
     block = "simplified block (1 layer)" if r["block"] == "paper" else "whole model"
@@ -239,10 +259,7 @@ def _subtitle(df: pd.DataFrame) -> str:
 def plot_candidates(df: pd.DataFrame, path: str | Path) -> Path:
     """Fig. 21: acceleration rate, speedup and normalized latency (= overhead) vs candidates
     at one (batch, seq_len)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = agg_pyplot()
 
     d = df.sort_values("candidates")
     fig, ax = plt.subplots(figsize=(7.2, 4.6), dpi=150)
@@ -269,14 +286,11 @@ def plot_candidates(df: pd.DataFrame, path: str | Path) -> Path:
         f"Medusa on {r['model']}, batch {r['batch']}, sequence length {r['seq_len']}\n{_subtitle(d)}", fontsize=10.5
     )
     ax.legend(loc="upper left", fontsize=8.5, framealpha=0.9)
-    return _save(fig, path)
+    return finish_figure(fig, path)
 
 
 def _plot_lines(df: pd.DataFrame, path, by: str, label: str, title: str) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = agg_pyplot()
 
     keys = sorted(df[by].unique())
     cmap = plt.get_cmap("viridis")
@@ -291,7 +305,7 @@ def _plot_lines(df: pd.DataFrame, path, by: str, label: str, title: str) -> Path
     ax.set_ylabel("speedup over plain decoding")
     ax.set_title(f"{title}\n{_subtitle(df)}  (star: best per line)", fontsize=10.5)
     ax.legend(loc="best", fontsize=8, ncol=2, framealpha=0.9)
-    return _save(fig, path)
+    return finish_figure(fig, path)
 
 
 def plot_speedup_by_batch(df: pd.DataFrame, path: str | Path) -> Path:

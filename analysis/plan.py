@@ -810,7 +810,7 @@ def verdict(res: PlanResult) -> list[str]:
 def _plots(res: PlanResult, pdir: Path) -> list[tuple[str, str, str]]:
     from infersim.simulator.metrics.plots import pyplot
 
-    from .report_html import save_figure
+    from .report_html import REPRODUCIBLE_PNG, finish_figure
 
     plt = pyplot()
     pdir.mkdir(parents=True, exist_ok=True)
@@ -854,9 +854,7 @@ def _plots(res: PlanResult, pdir: Path) -> list[tuple[str, str, str]]:
     if axes[0][0].get_legend_handles_labels()[0]:
         axes[0][0].legend(fontsize=8, loc="upper left")
     fig.suptitle("latency against load (one replica; stars: goodput)", fontsize=11)
-    fig.tight_layout()
-    save_figure(fig, pdir / "latency_vs_load.png")
-    plt.close(fig)
+    finish_figure(fig, pdir / "latency_vs_load.png", **REPRODUCIBLE_PNG)
     made.append(
         (
             "plots/latency_vs_load.png",
@@ -887,9 +885,7 @@ def _plots(res: PlanResult, pdir: Path) -> list[tuple[str, str, str]]:
     a1.invert_yaxis()
     a1.set_title("goodput per replica", fontsize=10)
     a2.set_title("goodput per GPU", fontsize=10)
-    fig.tight_layout()
-    save_figure(fig, pdir / "goodput.png")
-    plt.close(fig)
+    finish_figure(fig, pdir / "goodput.png", **REPRODUCIBLE_PNG)
     made.append(
         (
             "plots/goodput.png",
@@ -913,9 +909,7 @@ def _plots(res: PlanResult, pdir: Path) -> list[tuple[str, str, str]]:
         ax.invert_yaxis()
         ax.set_xlabel("GPUs")
         ax.set_title(f"GPUs needed for {res.target_rate:g} req/s (verified by simulation)", fontsize=10)
-        fig.tight_layout()
-        save_figure(fig, pdir / "replicas.png")
-        plt.close(fig)
+        finish_figure(fig, pdir / "replicas.png", **REPRODUCIBLE_PNG)
         made.append(
             (
                 "plots/replicas.png",
@@ -953,9 +947,7 @@ def _plots(res: PlanResult, pdir: Path) -> list[tuple[str, str, str]]:
             + "diamonds: floor, every replica at its goodput",
             fontsize=10,
         )
-        fig.tight_layout()
-        save_figure(fig, pdir / "cost.png")
-        plt.close(fig)
+        finish_figure(fig, pdir / "cost.png", **REPRODUCIBLE_PNG)
         made.append(
             (
                 "plots/cost.png",

@@ -15,12 +15,42 @@ from typing import Any, Sequence
 # ------------------------------------------------------------------ plotting helpers (shared)
 
 
-def save_figure(fig, path: Path) -> None:
-    """Save with fixed metadata (identical inputs give identical PNGs), atomically."""
+# fixed metadata (no matplotlib version) and a tight box: identical inputs give identical PNGs
+REPRODUCIBLE_PNG = {"metadata": {"Software": None}, "bbox_inches": "tight"}
+
+
+def agg_pyplot():
+    """matplotlib.pyplot on the file-only Agg backend, matplotlib's own style."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def write_figure(fig, path: str | Path, **savefig) -> None:
+    """Save atomically, in the format of the file's suffix; `savefig` goes to Figure.savefig."""
     from infersim.simulator.yamlio import atomic_path
 
     with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", metadata={"Software": None}, bbox_inches="tight")
+        fig.savefig(tmp, format=Path(path).suffix.lstrip(".") or "png", **savefig)
+
+
+def save_figure(fig, path: Path) -> None:
+    """Save with fixed metadata (identical inputs give identical PNGs), atomically."""
+    write_figure(fig, path, **REPRODUCIBLE_PNG)
+
+
+def finish_figure(fig, path: str | Path, **savefig) -> Path:
+    """The end of a plot function: the layout tightened, the figure saved atomically
+    (`savefig` as Figure.savefig's, e.g. dpi or REPRODUCIBLE_PNG) and closed."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    write_figure(fig, path, **savefig)
+    plt.close(fig)
+    return Path(path)
 
 
 # ------------------------------------------------------------------ blocks

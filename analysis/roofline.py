@@ -27,20 +27,17 @@ from infersim.simulator.hardware.profile import HardwareProfile
 from infersim.simulator.models.catalog import load_model
 from infersim.simulator.models.spec import ModelSpec
 from infersim.simulator.validation import check_tensor_parallel
-from infersim.simulator.yamlio import atomic_path
+
+from .report_html import agg_pyplot, write_figure
 
 PHASES = ("prefill", "decode", "verify")
 POW2_BATCHES = (1, 2, 4, 8, 16, 32, 64)  # Medusa Figs. 9-17
 POW2_SEQ_LENS = (128, 256, 512, 1024, 2048, 4096, 8192)
 DEFAULT_CANDIDATES = (1, 4, 16, 64)
 
+SETTING_COLUMNS = ["model", "hardware", "phase", "batch", "seq_len", "candidates"]  # one setting of a sweep
 COLUMNS = [
-    "model",
-    "hardware",
-    "phase",
-    "batch",
-    "seq_len",
-    "candidates",
+    *SETTING_COLUMNS,
     "operator",
     "op_class",
     "count",
@@ -76,33 +73,19 @@ def operator_group(name: str) -> str | None:
     return OPERATOR_GROUPS.get(name)
 
 
-def build_cost_model(
-    model: str | ModelSpec,
-    hardware: str | HardwareProfile,
-    *,
-    dtype: str = "fp16",
-    kv_dtype: str | None = None,
-    tensor_parallel: int = 1,
-    fused_attention: bool = True,
-    fused_projections: bool = True,
-    expert_parallel: int = 1,
-) -> RooflineCostModel:
+def build_cost_model(model: str | ModelSpec, hardware: str | HardwareProfile, **options) -> RooflineCostModel:
+    """The roofline cost model of `model` on `hardware` (names or loaded specs); `options` are
+    RooflineCostModel's keyword arguments (dtype, kv_dtype, tensor_parallel, fused_attention,
+    fused_projections, expert_parallel). Tensor parallelism is checked here against the model
+    and the profile, each error naming --tp."""
     spec = load_model(model) if isinstance(model, str) else model
     hw = load_hardware(hardware) if isinstance(hardware, str) else hardware
+    tensor_parallel = options.get("tensor_parallel", 1)
     check_tensor_parallel(spec, tensor_parallel, field="--tp")
     measured = hw.collectives is not None and bool(hw.collectives.all_reduce)
     if tensor_parallel > 1 and hw.interconnect is None and not measured:
         raise InfersimError(f"tensor parallel {tensor_parallel} needs an interconnect in hardware profile '{hw.name}'")
-    return RooflineCostModel(
-        spec,
-        hw,
-        dtype=dtype,
-        kv_dtype=kv_dtype,
-        tensor_parallel=tensor_parallel,
-        fused_attention=fused_attention,
-        fused_projections=fused_projections,
-        expert_parallel=expert_parallel,
-    )
+    return RooflineCostModel(spec, hw, **options)
 
 
 # A costed batch holds a Python list and three int64 arrays per sequence, plus the temporaries
@@ -215,12 +198,7 @@ def iteration_table(cost: RooflineCostModel, grid: Grid = Grid()) -> pd.DataFram
     return pd.DataFrame(
         rows,
         columns=[
-            "model",
-            "hardware",
-            "phase",
-            "batch",
-            "seq_len",
-            "candidates",
+            *SETTING_COLUMNS,
             "new_tokens",
             "flops",
             "bytes",
@@ -252,10 +230,7 @@ def plot_roofline(
     """Log-log roofline of the table's matmul operators (the paper's three groups) by phase.
     Roofs are the datasheet peaks; with calibrated efficiencies below 1 the achievable linear
     roof is drawn too. Written atomically; returns the path."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = agg_pyplot()
     import numpy as np
 
     hw = load_hardware(hardware) if isinstance(hardware, str) else hardware
@@ -352,7 +327,6 @@ def plot_roofline(
         rotation=angle,
         rotation_mode="anchor",
     )
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format=Path(path).suffix.lstrip(".") or "png")
+    write_figure(fig, path)
     plt.close(fig)
     return Path(path)

@@ -41,7 +41,7 @@ import uuid
 from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Any, Callable, Literal, Optional, Union
 
 import numpy as np
 from pydantic import BaseModel, Field, PositiveInt, ValidationError, field_validator
@@ -50,6 +50,7 @@ from infersim.simulator.errors import InfersimError, pydantic_error_line
 from infersim.simulator.progress import ProgressBar
 from infersim.simulator.validation import STRICT_CONFIG
 
+from .report_html import REPRODUCIBLE_PNG, finish_figure
 from .sweep_backends import BackendOptions
 
 # ---------------------------------------------------------------------------------------------
@@ -402,22 +403,33 @@ class SweepOutcome:
     files: list[Path] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class SweepOptions:
+    """How one invocation of a sweep treats its folder and what it writes, apart from where the
+    simulations run (BackendOptions)."""
+
+    retry_failed: bool = field(default=False, metadata={"help": "simulate again the configurations that failed"})
+    trials: int | None = field(default=None, metadata={"help": "optuna trial budget; None: the space file's"})
+    plots: bool = field(default=True, metadata={"help": "draw the sweep's plots"})
+    on_record: Callable[[dict], None] | None = field(
+        default=None, metadata={"help": "called with each new result record after its file is written"}
+    )
+    force: bool = field(
+        default=False, metadata={"help": "use an output folder infersim did not write (rundir.check_out_dir)"}
+    )
+
+
 def run_sweep(
     workload: str,
     space: SweepSpace | str | Path,
     out: str | Path | None = None,
     *,
     run: BackendOptions = BackendOptions(),
-    retry_failed: bool = False,
-    trials: int | None = None,
-    plots: bool = True,
-    on_record=None,
-    force: bool = False,
+    options: SweepOptions = SweepOptions(),
     source: str = "space",
 ) -> SweepOutcome:
-    """Run (or resume) a sweep and rebuild its table and plots. `on_record(rec)` is called after
-    each new result file is written. The folder must be new, empty or an infersim folder
-    (`force` allows any other; rundir.check_out_dir)."""
+    """Run (or resume) a sweep and rebuild its table and plots. The folder must be new, empty or
+    an infersim folder (`options.force` allows any other; rundir.check_out_dir)."""
     from infersim.simulator.metrics.rundir import claim_dir
     from infersim.simulator.workload.builder import load_workload
     from infersim.simulator.workload.schema import WorkloadSpec
@@ -426,15 +438,15 @@ def run_sweep(
     t0 = time.perf_counter()
     if not isinstance(space, SweepSpace):
         space = load_space(space)
-    if trials is not None:
-        space = space.model_copy(update={"optuna": space.optuna.model_copy(update={"trials": trials})})
+    if options.trials is not None:
+        space = space.model_copy(update={"optuna": space.optuna.model_copy(update={"trials": options.trials})})
     spec, wl_path = load_workload(workload)
     base = resolve_config(spec.model_dump(mode="json"), space.fixed)
     base_spec = validate(WorkloadSpec, base, f"{wl_path} with the space's 'fixed' overrides")
     params = check_space(space, base_spec, source, run.workers, run.allow_large)  # before anything is written
     name = space.name or spec.name
     sweep_dir = Path(out) if out is not None else Path("sweeps") / name
-    claim_dir(sweep_dir, command="sweep", force=force)
+    claim_dir(sweep_dir, command="sweep", force=options.force)
     (sweep_dir / RESULTS).mkdir(parents=True, exist_ok=True)
     identity = _identity(base, space)
     manifest_path = sweep_dir / "sweep.json"
@@ -459,10 +471,10 @@ def run_sweep(
         + "\n",
     )
     records = load_results(sweep_dir)
-    if retry_failed:
+    if options.retry_failed:
         records = {k: r for k, r in records.items() if r.get("status") == "ok"}
     run_id = uuid.uuid4().hex[:12]
-    ctx = _Ctx(sweep_dir, base, str(wl_path.parent), records, run_id, on_record)
+    ctx = _Ctx(sweep_dir, base, str(wl_path.parent), records, run_id, options.on_record)
 
     be = run.make()
     cancel = True
@@ -476,7 +488,7 @@ def run_sweep(
     finally:
         be.close(cancel=cancel)
     table = build_table(sweep_dir, params)
-    files = write_outputs(sweep_dir, table, params, space, plots=plots)
+    files = write_outputs(sweep_dir, table, params, space, plots=options.plots)
     failed = int((table["status"] == "failed").sum()) if len(table) else 0
     return SweepOutcome(
         sweep_dir, table, ctx.computed, ctx.cached, failed, time.perf_counter() - t0, be.describe(), files
@@ -838,20 +850,18 @@ def write_outputs(sweep_dir: Path, df, params: list[Param], space: SweepSpace, p
     if plots and have and (df["status"] == "ok").any():
         from infersim.simulator.metrics.plots import pyplot
 
-        from .report_html import save_figure
-
         plt = pyplot()
         pdir = sweep_dir / "plots"
         pdir.mkdir(exist_ok=True)
-        imgs.append(_plot_pareto(plt, save_figure, df, front, params, tp, lat, pdir / "pareto.png"))
-        imgs.append(_plot_sensitivity(plt, save_figure, df, params, tp, lat, pdir / "sensitivity.png"))
+        imgs.append(_plot_pareto(plt, df, front, params, tp, lat, pdir / "pareto.png"))
+        imgs.append(_plot_sensitivity(plt, df, params, tp, lat, pdir / "sensitivity.png"))
         files += imgs
     write_atomic(sweep_dir / "report.md", _markdown(df, front, sens, params, space, imgs, sweep_dir))
     files.append(sweep_dir / "report.md")
     return files
 
 
-def _plot_pareto(plt, save, df, front, params, tp, lat, path: Path) -> Path:
+def _plot_pareto(plt, df, front, params, tp, lat, path: Path) -> Path:
     ok = df[df["status"] == "ok"]
     fig, ax = plt.subplots(figsize=(8.5, 5.2))
     ax.scatter(ok[lat].astype(float), ok[tp].astype(float), s=22, color="#9aa5b1", label="configuration", zorder=2)
@@ -889,13 +899,10 @@ def _plot_pareto(plt, save, df, front, params, tp, lat, path: Path) -> Path:
     ax.set_ylabel(tp)
     ax.set_title("throughput against tail latency (up and left is better)")
     ax.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
-    save(fig, path)
-    plt.close(fig)
-    return path
+    return finish_figure(fig, path, **REPRODUCIBLE_PNG)
 
 
-def _plot_sensitivity(plt, save, df, params, tp, lat, path: Path) -> Path:
+def _plot_sensitivity(plt, df, params, tp, lat, path: Path) -> Path:
     from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
 
     ok = df[df["status"] == "ok"]
@@ -940,10 +947,7 @@ def _plot_sensitivity(plt, save, df, params, tp, lat, path: Path) -> Path:
                 ax.set_ylabel(m, fontsize=9)
             ax.tick_params(labelsize=8)
     fig.suptitle("sensitivity: each point a configuration, red bar the mean per value")
-    fig.tight_layout()
-    save(fig, path)
-    plt.close(fig)
-    return path
+    return finish_figure(fig, path, **REPRODUCIBLE_PNG)
 
 
 def _markdown(df, front, sens, params, space, imgs, sweep_dir: Path) -> str:

@@ -23,10 +23,12 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from infersim.simulator.machine import cpu_model  # noqa: E402
+from infersim.analysis.report_html import agg_pyplot, finish_figure
+from infersim.simulator.machine import cpu_model
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -222,19 +224,37 @@ def main(argv=None) -> int:
                     "n": len(ref),
                 }
             )
-    write_report(args, rows, lm, meta, folder, load0, load1, wall, device, meta_s)
+    measured = Measured(rows, lm, meta, meta_s, folder, device, load0, load1, wall)
+    write_report(args, measured)
     plot(rows, Path(args.out).with_suffix(".png"))
     print(Path(args.out).read_text())
     return 0
 
 
-def write_report(args, rows, lm, meta, folder, load0, load1, wall, device, meta_s) -> None:
+@dataclasses.dataclass(frozen=True)
+class Measured:
+    """What one benchmark run measured, and on what: the report's inputs besides the command line."""
+
+    rows: list[dict] = dataclasses.field(metadata={"help": "one row per batch size and method"})
+    lm: Any = dataclasses.field(metadata={"help": "the target model's runner"})
+    meta: dict = dataclasses.field(metadata={"help": "the Medusa heads' training record"})
+    meta_s: dict = dataclasses.field(metadata={"help": "the record of the heads sharing the LM head"})
+    folder: Path = dataclasses.field(metadata={"help": "the heads' folder"})
+    device: str = dataclasses.field(metadata={"help": "torch device"})
+    load0: float = dataclasses.field(metadata={"help": "1-minute load average at the start"})
+    load1: float = dataclasses.field(metadata={"help": "1-minute load average at the end"})
+    wall: float = dataclasses.field(metadata={"help": "wall time of the whole run (s)"})
+
+
+def write_report(args, measured: Measured) -> None:
     import datetime
 
     import torch
 
     from infersim.executor.medusa.accuracy import top_i
 
+    rows, lm, meta, meta_s, folder = measured.rows, measured.lm, measured.meta, measured.meta_s, measured.folder
+    device, load0, load1, wall = measured.device, measured.load0, measured.load1, measured.wall
     today = datetime.date.today().isoformat()
     cpu = cpu_model()
     g = top_i(meta["accuracies"]["greedy"]["per_rank"])
@@ -306,10 +326,7 @@ def write_report(args, rows, lm, meta, folder, load0, load1, wall, device, meta_
 
 
 def plot(rows, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = agg_pyplot()
 
     batches = sorted({r["batch"] for r in rows})
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
@@ -340,10 +357,7 @@ def plot(rows, path: Path) -> None:
         ax.grid(alpha=0.3)
     axes[2].axhline(1.0, color="k", lw=0.8)
     axes[1].legend(fontsize=7, loc="upper left")  # the overhead panel has room there
-    fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
-    os.replace(tmp, path)
+    finish_figure(fig, path, dpi=110)
 
 
 if __name__ == "__main__":

@@ -116,6 +116,15 @@ def run_sim(workload: str, out: Path, extra: list[str]) -> tuple[float, float, f
     return wall, cpu, max(after.ru_maxrss, before.ru_maxrss) / 1024.0
 
 
+def run_workload_text(tmp: Path, name: str, text: str) -> tuple[float, float, float, dict]:
+    """run_sim on a workload written from `text` to tmp/NAME.yaml, out to tmp/NAME; its three
+    numbers and the run's summary.json."""
+    wl = tmp / f"{name}.yaml"
+    wl.write_text(text)
+    wall, cpu, peak = run_sim(str(wl), tmp / name, [])
+    return wall, cpu, peak, json.loads((tmp / name / "summary.json").read_text())
+
+
 # The side-by-side run against vidur on the requests of case 1 (both simulators on one machine, in
 # one run): vidur took 16.8x infersim's wall time as shipped and 13.5x with its Chrome trace output
 # turned off; infersim's runs there took 3.2-3.9 s. vidur does not run here (its PyPI package ships
@@ -163,10 +172,7 @@ def main() -> int:
                 f"event mode takes {st_cpu / ev_cpu:.1f}x " f"less CPU time; identical requests.parquet: {same}",
             )
         )
-        wl = tmp / "azure.yaml"
-        wl.write_text(AZURE_TRACE_YAML.format(trace=azure_conv_trace()))
-        wall, cpu, _ = run_sim(str(wl), tmp / "azure", [])
-        s = json.loads((tmp / "azure" / "summary.json").read_text())
+        wall, cpu, _, s = run_workload_text(tmp, "azure", AZURE_TRACE_YAML.format(trace=azure_conv_trace()))
         rows.append(
             (
                 "whole Azure conversation trace replayed (19,366 requests, 2 replicas)",
@@ -176,10 +182,7 @@ def main() -> int:
             )
         )
         if not args.skip_million:
-            wl = tmp / "million.yaml"
-            wl.write_text(MILLION_YAML)
-            wall, cpu, peak = run_sim(str(wl), tmp / "million", [])
-            s = json.loads((tmp / "million" / "summary.json").read_text())
+            wall, cpu, peak, s = run_workload_text(tmp, "million", MILLION_YAML)
             rows.append(
                 (
                     "1,000,000 requests, 16 replicas",

@@ -26,7 +26,6 @@ overhead, and a swap-only study (vLLM_s variants: what a full CPU pool does). Wr
 
 from __future__ import annotations
 
-import argparse
 import datetime as _dt
 import os
 import re
@@ -39,7 +38,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from infersim.analysis.report_html import md_table, save_figure
+from infersim.analysis.report_html import REPRODUCIBLE_PNG, finish_figure, md_table
+from infersim.analysis.reproduce.command import reproduction_parser
 from infersim.analysis.reproduce.moved import Headline, moved_section
 from infersim.simulator.hardware.catalog import load_hardware
 from infersim.simulator.machine import machine_line
@@ -460,17 +460,14 @@ def _pyplot():
     return pyplot(**{"figure.dpi": 100, "font.size": 8})
 
 
-def _legend_and_save(plt, fig, axes, path: Path, *, ncol: int, legend_y: float, title=None, title_y=None) -> Path:
+def _legend_and_save(fig, axes, path: Path, *, ncol: int, legend_y: float, title=None, title_y=None) -> Path:
     """The first panel's legend across the top (and a title above it), then the figure saved
-    (report_html.save_figure: fixed metadata, atomic) and closed."""
+    (report_html.finish_figure: fixed metadata, atomic) and closed."""
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="upper center", ncol=ncol, bbox_to_anchor=(0.5, legend_y), frameon=False)
     if title is not None:
         fig.suptitle(title, y=title_y)
-    fig.tight_layout()
-    save_figure(fig, path)
-    plt.close(fig)
-    return path
+    return finish_figure(fig, path, **REPRODUCIBLE_PNG)
 
 
 STYLE = {
@@ -508,7 +505,6 @@ def plot_throughput(df: pd.DataFrame, path: Path) -> Path:
                 ax.set_ylabel("output tokens/s")
             ax.set_ylim(bottom=0)
     return _legend_and_save(
-        plt,
         fig,
         axes,
         path,
@@ -571,7 +567,6 @@ def plot_turnaround(df: pd.DataFrame, path: Path) -> Path:
         if j == 0:
             ax.set_ylabel("mean weighted turnaround")
     return _legend_and_save(
-        plt,
         fig,
         axes,
         path,
@@ -1114,7 +1109,7 @@ def plot_swap_only(df: pd.DataFrame, path: Path) -> Path | None:
         ax.set_xlabel(xlab + "; dotted: the A800 profile")
         ax.set_ylabel("throughput ratio")
         ax.set_title("OPT-13B / chatbot / max output 64")
-    return _legend_and_save(plt, fig, axes, path, ncol=4, legend_y=1.08)
+    return _legend_and_save(fig, axes, path, ncol=4, legend_y=1.08)
 
 
 def sensitivity_frame(df: pd.DataFrame) -> pd.DataFrame:
@@ -1623,12 +1618,12 @@ means with assumed spreads and assumed output lengths), and its vLLM_s behaviour
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m infersim.analysis.reproduce.adaptivellm", description=__doc__.split("\n\n")[0]
+    ap = reproduction_parser(
+        "infersim.analysis.reproduce.adaptivellm",
+        __doc__,
+        "one model, one dataset, max output 64 (under 30 s)",
+        jobs=True,
     )
-    ap.add_argument("--quick", action="store_true", help="one model, one dataset, max output 64 (under 30 s)")
-    ap.add_argument("--out", default="docs/findings", help="output folder (default docs/findings)")
-    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes (default: all cores)")
     ap.add_argument(
         "--from-csv",
         type=Path,

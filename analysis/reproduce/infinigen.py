@@ -33,7 +33,6 @@ Writes <out>/infinigen.md, infinigen.csv and infinigen_*.png.
 
 from __future__ import annotations
 
-import argparse
 import datetime as _dt
 import platform
 import time
@@ -42,6 +41,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from infersim.analysis.report_html import agg_pyplot, finish_figure
+from infersim.analysis.reproduce.command import reproduction_parser
 from infersim.analysis.reproduce.moved import Headline, moved_section
 from infersim.simulator.costmodel import BatchShape
 from infersim.simulator.hardware.catalog import load_hardware
@@ -332,10 +333,7 @@ def serving(quick: bool) -> pd.DataFrame:
 
 # ---- plots ---------------------------------------------------------------------------------------
 def plots(df: pd.DataFrame, meta: dict, out: Path, stem: str) -> list[str]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = agg_pyplot()
 
     files = []
     colors = {"flexgen": "#d62728", "int4": "#9467bd", "h2o": "#ff7f0e", "infinigen": "#2ca02c", "ideal": "#7f7f7f"}
@@ -389,11 +387,7 @@ def plots(df: pd.DataFrame, meta: dict, out: Path, stem: str) -> list[str]:
         bbox_to_anchor=(1.0, 1.02),
     )
     fig.suptitle("Per-layer pipeline (model settings): KV load for layer i+1 under layer i's FFN", fontsize=10, y=1.0)
-    fig.tight_layout()
-    f = out / f"{stem}_timeline.png"
-    fig.savefig(f, dpi=120)
-    plt.close(fig)
-    files.append(f.name)
+    files.append(finish_figure(fig, out / f"{stem}_timeline.png", dpi=120).name)
 
     # 2. block breakdown (Fig. 18)
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=False)
@@ -421,11 +415,7 @@ def plots(df: pd.DataFrame, meta: dict, out: Path, stem: str) -> list[str]:
         "Block latency, OPT-13B, batch 8, sequence 2,048 (InfiniGen Fig. 18: FlexGen 28.0 ms, 96.9% " "transfer)",
         fontsize=9,
     )
-    fig.tight_layout()
-    f = out / f"{stem}_block.png"
-    fig.savefig(f, dpi=120)
-    plt.close(fig)
-    files.append(f.name)
+    files.append(finish_figure(fig, out / f"{stem}_block.png", dpi=120).name)
 
     # 3. speedup by sequence length (Fig. 16a) and 4. throughput by batch (Fig. 15)
     for exp, metric, xlabel, ylabel, fname in (
@@ -448,11 +438,7 @@ def plots(df: pd.DataFrame, meta: dict, out: Path, stem: str) -> list[str]:
             ax.grid(alpha=0.3)
         axes[0].set_ylabel(ylabel)
         axes[0].legend(fontsize=8)
-        fig.tight_layout()
-        f = out / f"{stem}_{fname}.png"
-        fig.savefig(f, dpi=120)
-        plt.close(fig)
-        files.append(f.name)
+        files.append(finish_figure(fig, out / f"{stem}_{fname}.png", dpi=120).name)
     return files
 
 
@@ -911,11 +897,9 @@ def _serving_text(serve: pd.DataFrame) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m infersim.analysis.reproduce.infinigen", description=__doc__.split("\n\n")[0]
+    ap = reproduction_parser(
+        "infersim.analysis.reproduce.infinigen", __doc__, "fewer points, no serving runs (a few seconds)"
     )
-    ap.add_argument("--quick", action="store_true", help="fewer points, no serving runs (a few seconds)")
-    ap.add_argument("--out", default="docs/findings", help="output folder (default docs/findings)")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -35,6 +35,7 @@ import pandas as pd
 import torch
 import yaml
 
+from infersim.analysis.report_html import agg_pyplot, finish_figure
 from infersim.executor.zoo.corpus import held_out_windows
 from infersim.simulator.metrics.rundir import json_clean
 from infersim.simulator.offload.policies import Int4Params
@@ -130,11 +131,9 @@ def input_similarity(model, ids) -> list[dict]:
 
 
 def plots(df: pd.DataFrame, sp: pd.DataFrame, out: Path, stem: str, layers: int) -> list[str]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
+
+    plt = agg_pyplot()
 
     files = []
     colors = {"baseline": "tab:gray", "infinigen": "tab:blue", "ablation": "tab:green", "pool": "tab:orange"}
@@ -155,11 +154,7 @@ def plots(df: pd.DataFrame, sp: pd.DataFrame, out: Path, stem: str, layers: int)
         a.grid(axis="x", alpha=0.3)
     fig.legend(handles=[Patch(color=c, label=k) for k, c in colors.items()], fontsize=8, loc="upper right", ncol=4)
     fig.suptitle("zoo-target, held-out stdlib windows: quality against KV attended", x=0.35)
-    fig.tight_layout()
-    files.append(f"{stem}-quality.png")
-    with atomic_path(out / files[-1]) as p:
-        fig.savefig(p, dpi=110, format="png")
-    plt.close(fig)
+    files.append(finish_figure(fig, out / f"{stem}-quality.png", dpi=110).name)
 
     fig, ax = plt.subplots(figsize=(12, 4.5))
     w = 0.8 / layers
@@ -171,11 +166,7 @@ def plots(df: pd.DataFrame, sp: pd.DataFrame, out: Path, stem: str, layers: int)
     ax.set_ylim(0, 1.02)
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.set_title("attention mass kept per layer (full-attention probability of the tokens attended)")
-    fig.tight_layout()
-    files.append(f"{stem}-mass.png")
-    with atomic_path(out / files[-1]) as p:
-        fig.savefig(p, dpi=110, format="png")
-    plt.close(fig)
+    files.append(finish_figure(fig, out / f"{stem}-mass.png", dpi=110).name)
 
     fig, ax = plt.subplots(1, 2, figsize=(12, 4.5))
     for i in range(layers):
@@ -199,11 +190,7 @@ def plots(df: pd.DataFrame, sp: pd.DataFrame, out: Path, stem: str, layers: int)
     ax[1].set_ylabel("important fraction of the context")
     ax[1].legend(fontsize=7)
     fig.suptitle("important tokens (dotted line: the model's training length)")
-    fig.tight_layout()
-    files.append(f"{stem}-sparsity.png")
-    with atomic_path(out / files[-1]) as p:
-        fig.savefig(p, dpi=110, format="png")
-    plt.close(fig)
+    files.append(finish_figure(fig, out / f"{stem}-sparsity.png", dpi=110).name)
     return files
 
 

@@ -17,15 +17,17 @@ Writes <out>/medusa.md, medusa.csv and medusa.{fig4a,fig4b,acceptance}.png (--qu
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from infersim.analysis.report_html import agg_pyplot, finish_figure
 from infersim.analysis.report_html import frame_md_table as _md
+from infersim.analysis.reproduce.command import reproduction_parser
 from infersim.analysis.reproduce.moved import Headline, moved_section
 from infersim.simulator.metrics.summary import summarize
 from infersim.simulator.simulation import Simulation
@@ -411,17 +413,8 @@ def acceptance_study(acc: np.ndarray, table, quick: bool) -> pd.DataFrame:
 
 
 # ---- plots --------------------------------------------------------------------------------------------
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def plot_fig4a(fa: pd.DataFrame, path: Path, dots: pd.DataFrame | None = None) -> Path:
-    plt = _plt()
+    plt = agg_pyplot()
     schemes = list(dict.fromkeys(fa["scheme"]))
     fig, axes = plt.subplots(1, len(schemes), figsize=(6.2 * len(schemes), 4.4), dpi=130, squeeze=False)
     for ax, sch in zip(axes[0], schemes):
@@ -462,14 +455,11 @@ def plot_fig4a(fa: pd.DataFrame, path: Path, dots: pd.DataFrame | None = None) -
         ax.set_title(f"Medusa Fig. 4a: Vicuna-7B head accuracies, {sch}", fontsize=9)
         ax.grid(True, lw=0.3)
         ax.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return finish_figure(fig, path)
 
 
 def plot_fig4b(fb: pd.DataFrame, path: Path) -> Path:
-    plt = _plt()
+    plt = agg_pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), dpi=130)
     d1 = fb[fb["batch"] == 1]
     for kind, colour, marker in (("greedy", "#d62728", "o-"), ("dense", "#1f77b4", "s--")):
@@ -502,14 +492,11 @@ def plot_fig4b(fb: pd.DataFrame, path: Path) -> Path:
     ax.set_title("speedup by tree and batch size", fontsize=9)
     ax.legend(fontsize=7)
     ax.grid(True, axis="y", lw=0.3)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return finish_figure(fig, path)
 
 
 def plot_acceptance(ac: pd.DataFrame, path: Path) -> Path:
-    plt = _plt()
+    plt = agg_pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=130)
     for T, g in ac[ac["scheme"] == "typical"].groupby("temperature"):
         ax.plot(g["epsilon"], g["acceleration_rate"], "o-", label=f"typical, T={T}")
@@ -525,24 +512,25 @@ def plot_acceptance(ac: pd.DataFrame, path: Path) -> Path:
     ax.set_title("Medusa Fig. 5 (rate only): acceptance schemes", fontsize=9)
     ax.legend(fontsize=7)
     ax.grid(True, lw=0.3)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return finish_figure(fig, path)
 
 
 # ---- write-up ------------------------------------------------------------------------------------------
-def write_markdown(
-    fa,
-    fb,
-    ac,
-    out: Path,
-    stem: str,
-    meta: dict,
-    dv: pd.DataFrame | None = None,
-    dep: pd.DataFrame | None = None,
-    moved: str = "",
-) -> Path:
+@dataclass(frozen=True)
+class TreeTables:
+    """The study's tables, one per part of the write-up (the CSV's `part` column)."""
+
+    fa: pd.DataFrame = field(metadata={"help": "Fig. 4a: acceleration rate of every tree (fig4a)"})
+    fb: pd.DataFrame = field(metadata={"help": "Fig. 4b: serving speed by tree and batch size (fig4b)"})
+    ac: pd.DataFrame = field(metadata={"help": "acceptance schemes (acceptance)"})
+    dv: pd.DataFrame | None = field(
+        default=None, metadata={"help": "dense trees against the greedy 64 (fig4a_dense_vs_greedy64)"}
+    )
+    dep: pd.DataFrame | None = field(default=None, metadata={"help": "the dependence sensitivity (fig4a_dependence)"})
+
+
+def write_markdown(tables: TreeTables, out: Path, stem: str, meta: dict, moved: str = "") -> Path:
+    fa, fb, ac, dv, dep = tables.fa, tables.fb, tables.ac, tables.dv, tables.dep
     g = fa[fa["kind"] == "greedy"]
     key = []
     for sch in dict.fromkeys(fa["scheme"]):
@@ -824,11 +812,9 @@ hold against MEDUSA-1's 2.18x.
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m infersim.analysis.reproduce.medusa_trees", description=__doc__.split("\n\n")[0]
+    ap = reproduction_parser(
+        "infersim.analysis.reproduce.medusa_trees", __doc__, "fewer trees, batch sizes and requests"
     )
-    ap.add_argument("--quick", action="store_true", help="fewer trees, batch sizes and requests")
-    ap.add_argument("--out", default="docs/findings", help="output folder (default docs/findings)")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     table = load_accuracies(TABLE)
@@ -869,9 +855,8 @@ def main(argv=None) -> int:
         plot_acceptance(ac, out / f"{stem}.acceptance.png"),
     ]
     moved = moved_section({stem: allrows}, out, HEADLINES)
-    paths.append(
-        write_markdown(fa, fb, ac, out, stem, {"quick": args.quick, "wall_s": time.perf_counter() - t0}, dv, dep, moved)
-    )
+    meta = {"quick": args.quick, "wall_s": time.perf_counter() - t0}
+    paths.append(write_markdown(TreeTables(fa, fb, ac, dv, dep), out, stem, meta, moved))
     for p in paths:
         print(p)
     return 0

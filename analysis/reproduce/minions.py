@@ -26,7 +26,6 @@ so the full study's files are left alone; --replot rewrites the write-up and plo
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -38,7 +37,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from infersim.analysis.report_html import agg_pyplot, finish_figure
 from infersim.analysis.report_html import frame_md_table as _md
+from infersim.analysis.reproduce.command import reproduction_parser
 from infersim.analysis.reproduce.moved import Headline, moved_section, reference_path
 from infersim.simulator.metrics.summary import summarize
 from infersim.simulator.simulation import Simulation
@@ -635,17 +636,8 @@ def voting_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 # ---- plots ------------------------------------------------------------------------------------------
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def plot_fig2(df: pd.DataFrame, path: Path) -> Path:
-    plt = _plt()
+    plt = agg_pyplot()
     f = df[(df["study"] == "fig2") & (df["method"] != "none")]
     pairs, datasets = list(dict.fromkeys(f["pair"])), list(dict.fromkeys(f["dataset"]))
     fig, axes = plt.subplots(
@@ -667,14 +659,11 @@ def plot_fig2(df: pd.DataFrame, path: Path) -> Path:
             ax.grid(True, lw=0.3)
             ax.legend(fontsize=7)
     fig.suptitle("Minions Fig. 2 in simulation: inference time against fixed s (star: optimum)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return finish_figure(fig, path)
 
 
 def plot_selector(df: pd.DataFrame, series: dict, path: Path) -> Path:
-    plt = _plt()
+    plt = agg_pyplot()
     f = df[df["study"] == "selector"]
     pairs = list(dict.fromkeys(f["pair"]))
     fig, axes = plt.subplots(2, len(pairs), figsize=(6 * len(pairs), 7), dpi=130, squeeze=False)
@@ -716,14 +705,11 @@ def plot_selector(df: pd.DataFrame, series: dict, path: Path) -> Path:
         ax2.legend(fontsize=7)
         ax2.grid(True, lw=0.3)
     fig.suptitle("Minions Fig. 12 in simulation: adaptive speculation length", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return finish_figure(fig, path)
 
 
 def plot_ablation(ab: pd.DataFrame, vt: pd.DataFrame, path: Path) -> Path:
-    plt = _plt()
+    plt = agg_pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.2), dpi=130)
     ax = axes[0]
     steps = ["Default", "+Majority", "+Selector", "+Pipeline"]
@@ -766,15 +752,12 @@ def plot_ablation(ab: pd.DataFrame, vt: pd.DataFrame, path: Path) -> Path:
     ax.set_title("Minions Fig. 11: majority vote vs the best single SSM (selector + pipeline on)", fontsize=9)
     ax.legend(fontsize=7)
     ax.grid(True, axis="y", lw=0.3)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return finish_figure(fig, path)
 
 
 def plot_pipegain(pg: pd.DataFrame, path: Path) -> Path:
     """The pipeline's gain over coupled execution against the SSMs' per-step cost, per pair."""
-    plt = _plt()
+    plt = agg_pyplot()
     pairs = list(dict.fromkeys(pg["pair"]))
     fig, axes = plt.subplots(1, len(pairs), figsize=(6.2 * len(pairs), 4.0), dpi=130, squeeze=False)
     for ax, p in zip(axes[0], pairs):
@@ -797,14 +780,11 @@ def plot_pipegain(pg: pd.DataFrame, path: Path) -> Path:
         ax.set_title(f"{PAIRS[p]['label']}: pipelined vs coupled (finance, LLM batch 16)", fontsize=9)
         ax.grid(True, lw=0.3)
         ax.legend(fontsize=6.5)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return finish_figure(fig, path)
 
 
 def plot_timeline(series: dict, path: Path) -> Path:
-    plt = _plt()
+    plt = agg_pyplot()
     keys = [k for k in series if k[0] == "ablation" and k[3] == "+Pipeline"]
     fig, axes = plt.subplots(3, max(1, len(keys)), figsize=(6 * max(1, len(keys)), 8), dpi=130, squeeze=False)
     for i, k in enumerate(keys):
@@ -827,10 +807,7 @@ def plot_timeline(series: dict, path: Path) -> Path:
         ax.legend(fontsize=7)
         for a in axes[:, i]:
             a.grid(True, lw=0.3)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return finish_figure(fig, path)
 
 
 # ---- the write-up ------------------------------------------------------------------------------------
@@ -1739,12 +1716,12 @@ def _load_series(path: Path) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m infersim.analysis.reproduce.minions", description=__doc__.split("\n\n")[0]
+    ap = reproduction_parser(
+        "infersim.analysis.reproduce.minions",
+        __doc__,
+        "a reduced set (batch 16, fewer s values and requests)",
+        jobs=True,
     )
-    ap.add_argument("--quick", action="store_true", help="a reduced set (batch 16, fewer s values and requests)")
-    ap.add_argument("--out", default="docs/findings", help="output folder (default docs/findings)")
-    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes (default: all cores)")
     ap.add_argument("--replot", action="store_true", help="rewrite the markdown and plots from the existing CSV")
     args = ap.parse_args(argv)
     out = Path(args.out)

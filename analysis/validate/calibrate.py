@@ -18,6 +18,7 @@ can say what was calibrated on what."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -326,16 +327,30 @@ def calibrate(
     return fit
 
 
+@dataclass(frozen=True)
+class CalibrationSet:
+    """Which calibration workloads run (calibration_specs): the generic set, or with `serving`
+    the matched set on that deployment."""
+
+    seed: int = field(default=CALIBRATION_SEED, metadata={"help": "seed of the first calibration workload"})
+    block_size: int = field(default=16, metadata={"help": "KV block size of every calibration run"})
+    serving: dict | None = field(
+        default=None, metadata={"help": "the validated workload's serving section; None: the generic set"}
+    )
+    requests: dict | None = field(
+        default=None, metadata={"help": "its requests section, run once more with a calibration seed"}
+    )
+
+    def specs(self, model: str) -> list:
+        return calibration_specs(model, self.seed, self.block_size, self.serving, self.requests)
+
+
 def calibrate_around(
     run,
     model: str,
     out_dir: Path,
     opts: CaseOptions = CaseOptions(),
-    *,
-    seed: int = CALIBRATION_SEED,
-    block_size: int = 16,
-    serving: dict | None = None,
-    requests: dict | None = None,
+    workloads: CalibrationSet = CalibrationSet(),
     validated_dir: Path | None = None,
 ) -> FittedCostModel:
     """Calibrate on both sides of `run()` (the validated run): the calibration workloads once
@@ -361,7 +376,8 @@ def calibrate_around(
     from infersim.simulator.workload.builder import build_requests
 
     out_dir = Path(out_dir)
-    specs = calibration_specs(model, seed, block_size, serving, requests)
+    seed, serving = workloads.seed, workloads.serving
+    specs = workloads.specs(model)
     halves: dict[str, list[Path]] = {"before": [], "after": []}
 
     def calib(side: str) -> None:

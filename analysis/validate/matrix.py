@@ -85,7 +85,7 @@ def run_matrix(
 
     from .calibrate import calibrate
     from .modes import MODES
-    from .run import validate_case
+    from .run import SimCostOptions, validate_case
 
     out = Path(out)
     t0 = time.perf_counter()
@@ -108,15 +108,7 @@ def run_matrix(
             bar.update(step=f"validating {case.name}")
 
             try:
-                rows.append(
-                    validate_case(
-                        case,
-                        model,
-                        out / case.name,
-                        opts,
-                        fit=fit,
-                    )
-                )
+                rows.append(validate_case(case, model, out / case.name, opts, SimCostOptions(fit=fit)))
             except InfersimError as exc:
                 # one case's failure (e.g. a feature executor whose run directory lacks a table) is
                 # reported in its row; the rest of the matrix runs

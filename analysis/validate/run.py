@@ -4,7 +4,7 @@ compare, report. Used by `sim validate` and by the matrix."""
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from infersim.simulator.costmodel.fitted import FittedCostModel
@@ -64,28 +64,40 @@ def resolve_cost_model(
     return fit, {"name": "fitted", "description": desc, "fit": fit.to_json()}
 
 
+@dataclass(frozen=True)
+class SimCostOptions:
+    """How the simulator side of a case prices its iterations."""
+
+    cost_model: str = field(default="fitted", metadata={"help": "fitted, regression or roofline (COST_MODEL_CHOICES)"})
+    profile: str = field(default="cpu-reference", metadata={"help": "device profile of the regression and roofline"})
+    fit: FittedCostModel | None = field(default=None, metadata={"help": "a fit to use; None: calibrate now"})
+    drift_correction: bool = field(
+        default=False, metadata={"help": "scale a saved fit by the machine's speed now against at calibration"}
+    )
+    matched: bool = field(
+        default=True,
+        metadata={"help": "calibrate on the validated workload's own serving configuration, else the generic set"},
+    )
+
+
 def validate_case(
     case: Case,
     model: str,
     out: Path,
     opts: CaseOptions = CaseOptions(),
-    *,
-    cost_model: str = "fitted",
-    profile: str = "cpu-reference",
-    fit=None,
-    drift_correction: bool = False,
-    matched: bool = True,
+    cost: SimCostOptions = SimCostOptions(),
 ) -> dict:
     """Run one case end to end; returns the result dict (also written to out/validation.json).
-    `fit` (a FittedCostModel) skips calibration; otherwise the fit is calibrated now on other
-    requests: with `matched`, on the validated workload's own serving configuration (KV pools,
-    limits, preemption: calibrate.MATCHED_REQUESTS), else on the generic set; `spec` replaces the
-    case's workload;
-    `drift_correction` scales a fit by the machine's speed now against at calibration
+    `cost.fit` (a FittedCostModel) skips calibration; otherwise the fit is calibrated now on other
+    requests: with `cost.matched`, on the validated workload's own serving configuration (KV
+    pools, limits, preemption: calibrate.MATCHED_REQUESTS), else on the generic set;
+    `cost.drift_correction` scales a fit by the machine's speed now against at calibration
     (sentinel.py); `opts` says how the case runs (executor settings, workload, repeats of the
-    validated run: execute.CaseOptions)."""
+    validated run: execute.CaseOptions; `opts.spec` replaces the case's workload)."""
     device, dtype, threads, seed, requests = opts.device, opts.dtype, opts.threads, opts.seed, opts.requests
     spec, calibration, report, log = opts.spec, opts.calibration, opts.report, opts.log
+    cost_model, profile, fit = cost.cost_model, cost.profile, cost.fit
+    drift_correction, matched = cost.drift_correction, cost.matched
     from infersim.simulator.workload.builder import build_requests
 
     out = Path(out)
@@ -136,7 +148,7 @@ def validate_case(
 
     if bracket:
         # calibrated now on other requests, on both sides of the validated run
-        from .calibrate import calibrate_around
+        from .calibrate import CalibrationSet, calibrate_around
 
         serving = spec.serving.model_dump(mode="json", exclude_none=True) if matched else None
         # a trace would replay the validated requests themselves: no mix run then
@@ -145,16 +157,8 @@ def validate_case(
             if matched and spec.requests.trace is None
             else None
         )
-        fit = calibrate_around(
-            execute,
-            model,
-            out / "calibration",
-            opts,
-            block_size=spec.serving.block_size,
-            serving=serving,
-            requests=mix,
-            validated_dir=out / "exec",
-        )
+        workloads = CalibrationSet(block_size=spec.serving.block_size, serving=serving, requests=mix)
+        fit = calibrate_around(execute, model, out / "calibration", opts, workloads, validated_dir=out / "exec")
         desc = {
             "name": "fitted",
             "fit": fit.to_json(),

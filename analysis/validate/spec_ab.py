@@ -46,8 +46,7 @@ def ab_case(folder: Path) -> dict:
     from .cases import get_case
     from .measured import load_run
     from .modes import MODES
-    from .spec_compare import compare_spec, spread, tokens_per_round_per_request
-    from .spec_rounds import drafting_rounds, rebuild_rounds
+    from .spec_compare import ExecutedSpec, compare_spec, spread, tokens_per_round_per_request
     from .spec_simulate import simulate_spec_run
 
     folder = Path(folder)
@@ -57,19 +56,17 @@ def ab_case(folder: Path) -> dict:
     val = json.loads(vpath.read_text())
     case = get_case(val["case"])
     mode = MODES.get(case.mode)
-    exec_run = load_run(folder / "exec")
     stats = mode.recorded(folder / "exec")
+    executed = ExecutedSpec.load(folder / "exec", pipelined=bool(stats.get("pipelined")))
+    exec_run = executed.run
     fit = SpecFit.load(folder / "calibration" / "speculative-fit.json")
-    t, td = rebuild_rounds(folder / "exec"), drafting_rounds(folder / "exec")
     cv_exec = spread(tokens_per_round_per_request(exec_run)).get("cv")
     out = {}
     for name, upd in variants(stats).items():
         sim_dir = folder / ("ab-" + name.replace(" ", "-"))
         simulate_spec_run(exec_run, sim_dir, fit, updates=upd, seed=val["seed"])
         sim_run = load_run(sim_dir)
-        cmp = compare_spec(
-            case.name, exec_run, sim_run, t, fit, case.compare, pipelined=bool(stats.get("pipelined")), drafting=td
-        )
+        cmp = compare_spec(case.name, executed, sim_run, fit, case.compare)
         row = {c["metric"]: c["value"] for c in cmp.checks if c["metric"] in METRICS}
         row["TTFT mean"] = cmp.requests["ttft_s"]["mean_error"]
         row["tokens per round per request, cv (simulated / measured)"] = [

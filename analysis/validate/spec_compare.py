@@ -16,12 +16,16 @@ which is the acceptance model's."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from .compare import COMPONENTS, Comparison, check_targets, request_level, totals_level, within_run_speed
+from .measured import load_run
 from .metrics import mape, median_ape, rel_error, signed_bias, total_bias
+from .spec_rounds import drafting_rounds, rebuild_rounds
 
 ACCEPTANCE_TARGET = 0.05
 STALL_FACTOR = 2.0
@@ -279,17 +283,32 @@ def pipeline_source(b: dict, noise: str, cost_bias: float | None = None, metric:
     return f"scheduling mismatch (pipeline: {txt}; also {noise})"
 
 
+@dataclass(frozen=True)
+class ExecutedSpec:
+    """What the executor ran in one speculative case: its run folder and the rounds rebuilt
+    from it (spec_rounds.py)."""
+
+    run: Any = field(metadata={"help": "the executor's run (measured.load_run)"})
+    rounds: dict = field(metadata={"help": "the verification rounds (spec_rounds.rebuild_rounds)"})
+    drafting: dict | None = field(
+        default=None, metadata={"help": "a pipelined run's drafting rounds (spec_rounds.drafting_rounds)"}
+    )
+    pipelined: bool = field(default=False, metadata={"help": "drafts ran in their own process beside the target"})
+
+    @classmethod
+    def load(cls, run_dir: Path, pipelined: bool = False) -> ExecutedSpec:
+        return cls(load_run(run_dir), rebuild_rounds(run_dir), drafting_rounds(run_dir), pipelined)
+
+
 def compare_spec(
     case: str,
-    exec_run,
+    executed: ExecutedSpec,
     sim_run,
-    t: dict,
     fit,
     compare: tuple[str, ...],
-    pipelined: bool = False,
-    drafting: dict | None = None,
     s_replay_run=None,
 ) -> Comparison:
+    exec_run, t, drafting, pipelined = executed.run, executed.rounds, executed.drafting, executed.pipelined
     c = Comparison(case)
     meta = fit.meta or {}
     c.info["calibration_stalls"] = float(meta.get("calibration_stalls", float("nan")))

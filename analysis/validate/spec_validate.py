@@ -165,8 +165,8 @@ def validate_spec_case(case, model: str, out: Path, opts: CaseOptions) -> dict:
     from .compare import brief
     from .measured import load_run
     from .modes import MODES
-    from .spec_compare import compare_spec
-    from .spec_rounds import rebuild_rounds
+    from .spec_compare import ExecutedSpec, compare_spec
+    from .spec_rounds import drafting_rounds, rebuild_rounds
     from .spec_simulate import kv_binds, simulate_spec_run
 
     out = Path(out)
@@ -212,21 +212,10 @@ def validate_spec_case(case, model: str, out: Path, opts: CaseOptions) -> dict:
             exec_run, out / "sim-s-replay", fit, updates=updates, seed=spec.seed, s_trajectory=stats["s_trajectory"]
         )
         s_replay = load_run(out / "sim-s-replay")
-    t = rebuild_rounds(out / "exec")
-    from .spec_rounds import drafting_rounds
-
-    t_draft = drafting_rounds(out / "exec")
-    cmp = compare_spec(
-        case.name,
-        exec_run,
-        sim_run,
-        t,
-        fit,
-        case.compare,
-        pipelined=bool(stats.get("pipelined")),
-        drafting=t_draft,
-        s_replay_run=s_replay,
+    executed = ExecutedSpec(
+        exec_run, rebuild_rounds(out / "exec"), drafting_rounds(out / "exec"), bool(stats.get("pipelined"))
     )
+    cmp = compare_spec(case.name, executed, sim_run, fit, case.compare, s_replay_run=s_replay)
     sim_spec = sim_run.summary.get("speculation") or {}
     result = {
         **base,

@@ -84,7 +84,13 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from infersim.analysis.medusa_study import best_candidates, standard_sweeps, write_study
+    from infersim.analysis.medusa_study import (
+        MedusaStudyOptions,
+        MedusaSweeps,
+        best_candidates,
+        standard_sweeps,
+        write_study,
+    )
     from infersim.analysis.roofline import check_batch_memory
     from infersim.simulator.metrics.rundir import check_out_dir, claim_dir
 
@@ -96,21 +102,19 @@ def run(args: argparse.Namespace) -> int:
     batches = parse_ints(args.batches, "batches")
     check_batch_memory([batch, seq_batch, *batches], "--batch/--batches/--seq-batch", args.no_memory_check)
     cost = resolve_cost_options(args)
-    df = standard_sweeps(
-        cost.pop("model"),
-        cost.pop("hardware"),
+    sweeps = MedusaSweeps(
         batch=batch,
         seq_len=seq,
         candidates=cands,
         batches=batches,
         seq_lens=parse_ints(args.seqs, "seqs"),
         seq_sweep_batch=seq_batch,
-        rate_model=args.rate_model,
-        accuracies=args.accuracies,
-        block=args.block,
-        attention=args.attention,
-        **cost,
     )
+    model, hardware = cost.pop("model"), cost.pop("hardware")
+    options = MedusaStudyOptions(
+        rate_model=args.rate_model, accuracies=args.accuracies, block=args.block, attention=args.attention, **cost
+    )
+    df = standard_sweeps(model, hardware, sweeps, options)
     main = df[df["sweep"] == "candidates"]
     first = main.iloc[0]
     console = Console()

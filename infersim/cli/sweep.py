@@ -32,7 +32,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from infersim.analysis.sweep import load_space, run_sweep
+    from infersim.analysis.sweep import SweepOptions, load_space, run_sweep
     from infersim.simulator.validation import positive_int
 
     if args.trials is not None:
@@ -45,10 +45,9 @@ def run(args: argparse.Namespace) -> int:
         space,
         args.out,
         run=backend_options(args),
-        retry_failed=args.retry_failed,
-        trials=args.trials,
-        plots=not args.no_plots,
-        force=args.force,
+        options=SweepOptions(
+            retry_failed=args.retry_failed, trials=args.trials, plots=not args.no_plots, force=args.force
+        ),
         source=str(args.space),
     )
     if not args.quiet:

@@ -154,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
     out = claim_dir(args.out or Path("runs") / f"validate-{case.name}", command="validate", force=args.force)
     log = None if args.quiet else log_line
     from infersim.analysis.validate.execute import CaseOptions
-    from infersim.analysis.validate.run import validate_case
+    from infersim.analysis.validate.run import SimCostOptions, validate_case
 
     opts = CaseOptions(
         device=args.device,
@@ -167,16 +167,13 @@ def run(args: argparse.Namespace) -> int:
         repeats=args.repeats,
         log=log,
     )
-    result = validate_case(
-        case,
-        args.model,
-        out,
-        opts,
+    cost = SimCostOptions(
         cost_model=args.cost_model,
         profile=args.profile,
         drift_correction=args.drift_correction,
         matched=not args.generic_calibration,
     )
+    result = validate_case(case, args.model, out, opts, cost)
     if not args.quiet:
         print_checks(result)
         print(f"report: {out / 'report.html'} (and report.md); runs: {out / 'exec'}, {out / 'sim'}")

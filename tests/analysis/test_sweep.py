@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from infersim.analysis.sweep import (
+    SweepOptions,
     SweepSpace,
     build_params,
     config_key,
@@ -159,7 +160,9 @@ def test_failed_configurations_are_recorded_and_the_sweep_goes_on(workload, tmp_
     # failures are results too: a rerun computes nothing, --retry-failed recomputes only them
     again = run_sweep(workload, space, tmp_path / "f", run=BackendOptions(workers=1))
     assert again.computed == 0 and again.cached == 8
-    retry = run_sweep(workload, space, tmp_path / "f", run=BackendOptions(workers=1), retry_failed=True)
+    retry = run_sweep(
+        workload, space, tmp_path / "f", run=BackendOptions(workers=1), options=SweepOptions(retry_failed=True)
+    )
     assert retry.computed == res.failed and len(retry.table) == 8
 
 
@@ -169,7 +172,7 @@ def test_other_sweep_in_the_same_folder_is_refused(workload, tmp_path):
         _space(parameters={"serving.max_batch_size": [8]}),
         tmp_path / "x",
         run=BackendOptions(workers=1),
-        plots=False,
+        options=SweepOptions(plots=False),
     )
     with pytest.raises(InfersimError, match="different sweep"):
         run_sweep(
@@ -260,7 +263,7 @@ def test_killed_sweep_resumes_without_loss_or_duplicates(workload, tmp_path):
     print("finished before the kill:", len(before))
     assert not (out / "results.parquet").exists()  # killed before the table: it is rebuilt on resume
 
-    res = run_sweep(workload, space_path, out, run=BackendOptions(workers=2), plots=False)
+    res = run_sweep(workload, space_path, out, run=BackendOptions(workers=2), options=SweepOptions(plots=False))
     after = {p.name: p.read_bytes() for p in results.glob("*.json") if not p.name.startswith(".")}
     df = res.table
     # nothing missing, nothing twice
@@ -278,7 +281,10 @@ def test_killed_sweep_resumes_without_loss_or_duplicates(workload, tmp_path):
     new_ids = {r["run_id"] for k, r in load_results(out).items() if f"{k}.json" not in before}
     assert len(run_ids) == 1 and len(new_ids) == 1 and run_ids != new_ids
     # a third run has nothing left to do
-    assert run_sweep(workload, space_path, out, run=BackendOptions(workers=1), plots=False).computed == 0
+    assert (
+        run_sweep(workload, space_path, out, run=BackendOptions(workers=1), options=SweepOptions(plots=False)).computed
+        == 0
+    )
 
 
 OPTUNA_SPACE = """\
@@ -309,7 +315,7 @@ def test_optuna_multi_objective_and_resume(workload, tmp_path):
     assert df["requests.arrival.rate"].between(2.0, 12.0).all()
     assert (df["serving.max_batch_size"] == df["serving.max_batch_size"].round()).all()
     # a larger budget continues the same study: the first 8 are reused
-    more = run_sweep(workload, space_path, out, run=BackendOptions(workers=2), trials=11)
+    more = run_sweep(workload, space_path, out, run=BackendOptions(workers=2), options=SweepOptions(trials=11))
     assert more.cached == 8 and more.computed == 3 and len(more.table) == 11 and more.table["key"].is_unique
     assert set(df["key"]) <= set(more.table["key"])
 
@@ -351,9 +357,13 @@ def test_ray_backend_matches_local(workload, tmp_path):
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     try:
         space = _space(parameters={"serving.preemption": ["recompute", "swap"], "serving.max_batch_size": [8, 32]})
-        r = run_sweep(workload, space, tmp_path / "ray", run=BackendOptions(backend="ray"), plots=False)
+        r = run_sweep(
+            workload, space, tmp_path / "ray", run=BackendOptions(backend="ray"), options=SweepOptions(plots=False)
+        )
         assert r.backend.startswith("ray")
-        local = run_sweep(workload, space, tmp_path / "local", run=BackendOptions(workers=1), plots=False)
+        local = run_sweep(
+            workload, space, tmp_path / "local", run=BackendOptions(workers=1), options=SweepOptions(plots=False)
+        )
         a, b = r.table.set_index("key"), local.table.set_index("key")
         assert sorted(a.index) == sorted(b.index) and len(a) == 4
         for col in ("e2e_s.p99", "throughput_output_tokens_per_s", "ttft_s.p99"):
@@ -378,8 +388,8 @@ def test_dead_worker_stops_the_sweep_without_recording_false_failures(workload, 
     monkeypatch.setattr(sweep, "run_config", _dies_on_16)  # the forked workers see the patched module
     space = _space(parameters={"serving.max_batch_size": [8, 16, 32, 64]})
     with pytest.raises(InfersimError, match="worker process died"):
-        run_sweep(workload, space, tmp_path / "w", run=BackendOptions(workers=2), plots=False)
+        run_sweep(workload, space, tmp_path / "w", run=BackendOptions(workers=2), options=SweepOptions(plots=False))
     assert all(r["status"] == "ok" for r in load_results(tmp_path / "w").values())
     monkeypatch.setattr(sweep, "run_config", sweep._real_run_config)
-    res = run_sweep(workload, space, tmp_path / "w", run=BackendOptions(workers=2), plots=False)
+    res = run_sweep(workload, space, tmp_path / "w", run=BackendOptions(workers=2), options=SweepOptions(plots=False))
     assert len(res.table) == 4 and (res.table["status"] == "ok").all()

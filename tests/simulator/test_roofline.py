@@ -10,6 +10,8 @@ import pytest
 
 from infersim.analysis.medusa_study import (
     PAPER_BLOCK_OPERATORS,
+    MedusaStudyOptions,
+    MedusaSweeps,
     expected_accept_length,
     grow_tree,
     load_accuracies,
@@ -200,7 +202,9 @@ def test_paper_block_is_the_eight_operators():
 
 @pytest.mark.parametrize("block", ["model", "paper"])
 def test_medusa_speedup_rises_then_falls_at_batch_1(block):
-    df = medusa_study("llama-7b", "a100-80gb-pcie:datasheet", batches=[1], seq_lens=[1024], block=block)
+    df = medusa_study(
+        "llama-7b", "a100-80gb-pcie:datasheet", batches=[1], seq_lens=[1024], options=MedusaStudyOptions(block=block)
+    )
     s = df.set_index("candidates")["speedup"]
     assert df["overhead"].iloc[0] == 1.0 and s[1] == 1.0  # one candidate is plain decoding
     best = s.idxmax()
@@ -215,7 +219,9 @@ def test_medusa_speedup_rises_then_falls_at_batch_1(block):
 
 
 def test_medusa_tree_rate_peaks_at_the_63_choice_tree():
-    df = medusa_study("llama-7b", "a100-80gb-pcie:datasheet", rate_model="tree", block="paper")
+    df = medusa_study(
+        "llama-7b", "a100-80gb-pcie:datasheet", options=MedusaStudyOptions(rate_model="tree", block="paper")
+    )
     assert df.loc[df["speedup"].idxmax(), "candidates"] == 64
 
 
@@ -230,7 +236,9 @@ def test_medusa_large_batches_lose_the_speedup():
 
 
 def test_standard_sweeps_rows():
-    df = standard_sweeps("llama-7b", "a100-80gb-pcie", candidates=[1, 8, 64], batches=[1, 4], seq_lens=[512])
+    df = standard_sweeps(
+        "llama-7b", "a100-80gb-pcie", MedusaSweeps(candidates=[1, 8, 64], batches=[1, 4], seq_lens=[512])
+    )
     assert len(df) == 3 * (1 + 2 + 1)
     assert set(df["sweep"]) == {"candidates", "batch", "seq_len"}
     assert (df[df.sweep == "seq_len"]["batch"] == 4).all()  # Fig. 23 fixes batch 4
