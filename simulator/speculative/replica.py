@@ -373,6 +373,9 @@ class PipelinedReplica(SpeculativeReplica):
         return res
 
     # ---- the LLM engine (the replica's own process) ---------------------------------------------
+    def _idle(self):
+        return self.wakeup | self.pool_wake  # an arrival, or a draft the pool receives
+
     def run(self):
         env = self.env
         env.process(self._ssm_loop())
@@ -381,18 +384,10 @@ class PipelinedReplica(SpeculativeReplica):
                 self.wakeup = env.event()
             if self.pool_wake.triggered:
                 self.pool_wake = env.event()
-            if not self.outstanding:
-                yield self.wakeup
+            step = yield from self._decide()
+            if step is None:
                 continue
-            decision = self.scheduler.schedule(self._state())
-            out_bytes, in_bytes = self._apply(decision)
-            if out_bytes or in_bytes:
-                yield from self._transfer(out_bytes, in_bytes)
-            if not decision.batch:
-                if decision.abort or decision.preempt or decision.swap_in:
-                    continue
-                yield self.wakeup | self.pool_wake
-                continue
+            decision, _, out_bytes, in_bytes = step
             prefill = [(s, n) for s, n in decision.batch if not _is_decode(s, n)]
             runnable = {id(s) for s, n in decision.batch if _is_decode(s, n)}
             entries = [e for e in self.pool if id(e.seq) in runnable][: self.b_llm]
