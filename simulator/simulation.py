@@ -24,9 +24,8 @@ from .hardware.catalog import load_hardware
 from .metrics.collector import MetricsCollector
 from .models.catalog import load_model
 from .models.dtypes import normalize_dtype
-from .parallel.placement import check_deployment
+from .parallel.placement import COLOCATED, check_deployment
 from .policies import SchedulerLimits, build_scheduler
-from .validation import check_tensor_parallel
 from .workload.requests import Requests
 from .workload.schema import WorkloadSpec
 
@@ -72,6 +71,8 @@ class Simulation:
         self.metrics = MetricsCollector(len(requests), series_path=series_path)
         self.extra: dict = {}
         self.deployment = None  # a disaggregated deployment's pools and KV transfers
+        # every pool's tensor parallelism (and a colocated pool's stages) checked once, here
+        self.placements = check_deployment(self.model, spec, source)
         if spec.hardware.disaggregated is not None:
             from .disaggregation.deployment import build_disaggregated
 
@@ -87,10 +88,9 @@ class Simulation:
         """One pool of identical replicas behind the workload's router; with pipeline stages (or a
         tensor-parallel group across nodes) the pipelined cost model, memory plan and replicas."""
         hw_sec = self.spec.hardware
-        self.placement = check_deployment(self.model, self.spec, source)
-        self.hardware, self.cost_model, tp = self.build_pool(
-            hw_sec.profile, hw_sec.tensor_parallel, source, host_link=hw_sec.host_link
-        )
+        self.placement = self.placements[COLOCATED]
+        tp = self.placement.tp
+        self.hardware, self.cost_model = self.build_pool(hw_sec.profile, tp, source, host_link=hw_sec.host_link)
         self.parallel_account = {}  # per-stage memory and the links' sources, for config.yaml
         if self.placement.staged:
             from .parallel.cost import PipelineCostModel
@@ -121,18 +121,10 @@ class Simulation:
         self.entry = self.replicas  # the replicas arrivals are routed to
         self.router = ROUTERS.get(hw_sec.router)(hw_sec.replicas)
 
-    def build_pool(
-        self,
-        profile: str,
-        tensor_parallel: int,
-        source: str,
-        *,
-        field: str = "hardware.tensor_parallel",
-        host_link=None,
-    ):
-        """The hardware, cost model and checked tensor-parallel degree of a pool of replicas."""
+    def build_pool(self, profile: str, tp: int, source: str, *, host_link=None):
+        """The hardware and cost model of a pool of replicas; `tp` is its tensor-parallel degree
+        as check_deployment checked it."""
         hardware = load_hardware(profile, host_link=host_link)
-        tp = check_tensor_parallel(self.model, tensor_parallel, field=field, source=source)
         for key, name in (("serving.dtype", self.dtype), ("serving.kv_dtype", self.kv_dtype)):
             hardware.require_dtype(name, f"{source}: field '{key}'")
         ep = self.spec.hardware.expert_parallel
@@ -146,7 +138,7 @@ class Simulation:
             tensor_parallel=tp,
             **parallel,
         )
-        return hardware, cost_model, tp
+        return hardware, cost_model
 
     def memory_options(self, tp: int) -> MemoryOptions:
         sv = self.spec.serving

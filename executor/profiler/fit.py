@@ -128,7 +128,7 @@ ELEMENTWISE_KINDS = {"rmsnorm": "norm", "layernorm": "norm", "silu_mul": "act", 
 def kernel_rows(records: list[dict], dtype: str, label: str) -> list:
     """The GEMM and elementwise micro-benchmarks as the calibration's KernelRows: the same rows
     `sim calibrate` reads from measured GPU tables, so both go through one fit."""
-    from infersim.simulator.calibration.rows import gemm_operator, row_from_operator
+    from infersim.simulator.calibration.rows import RowOrigin, gemm_operator, row_from_operator
     from infersim.simulator.costmodel.operators import act_operator, norm_operator
 
     es = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0}[dtype]
@@ -150,13 +150,11 @@ def kernel_rows(records: list[dict], dtype: str, label: str) -> list:
         rows.append(
             row_from_operator(
                 op,
-                device="profiled",
-                label=label,
+                RowOrigin("profiled", label, f"micro-benchmark {r['op']}"),
                 tp=1,
                 tokens=tokens,
                 op=r["op"],
                 time_s=r["median_s"],
-                where=f"micro-benchmark {r['op']}",
             )
         )
     return rows

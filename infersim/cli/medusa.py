@@ -4,8 +4,10 @@ batch size and sequence length (Figs. 21-23), from the roofline cost model."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from .roofline import POW2_BATCHES, POW2_SEQ_LENS, add_cost_options, parse_ints, resolve_cost_options
+from .run import add_out_flags
 
 POW2_CANDIDATES = "1,2,4,8,16,32,64,128,256"
 
@@ -70,13 +72,7 @@ def add_parser(sub) -> None:
         help=f"comma list of sequence lengths for the Fig. 23 sweep (default {POW2_SEQ_LENS})",
     )
     p.add_argument("--seq-batch", type=int, default=4, help="batch size of the Fig. 23 sweep (default 4, as the paper)")
-    p.add_argument(
-        "--out",
-        default="medusa-study",
-        help="output folder for the CSV and plots (default medusa-study/); used only when infersim wrote "
-        "it or it is new",
-    )
-    p.add_argument("--force", action="store_true", help="write into --out even when infersim did not write it")
+    add_out_flags(p, "output folder for the CSV and plots (default medusa-study/)", replaces=False)
     p.set_defaults(func=run)
 
 
@@ -94,7 +90,8 @@ def run(args: argparse.Namespace) -> int:
     from infersim.analysis.roofline import check_batch_memory
     from infersim.simulator.metrics.rundir import check_out_dir, claim_dir
 
-    check_out_dir(args.out, force=args.force)
+    out = args.out or Path("medusa-study")
+    check_out_dir(out, force=args.force)
     cands = parse_ints(args.candidates, "candidates")
     batch = parse_ints(str(args.batch), "batch")[0]
     seq = parse_ints(str(args.seq), "seq")[0]
@@ -150,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
             t.add_row(str(r[by]), str(r["candidates"]), f"{r['speedup']:.3f}", f"{r['overhead']:.3f}")
         console.print(t)
 
-    paths = write_study(df, claim_dir(args.out, command="medusa", force=args.force))
+    paths = write_study(df, claim_dir(out, command="medusa", force=args.force))
     console.print(
         f"wrote {paths['csv']} ({len(df)} rows), {paths['fig21'].name}, {paths['fig22'].name}, "
         f"{paths['fig23'].name} in {paths['csv'].parent}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from infersim.simulator.progress import ProgressBar
@@ -186,18 +187,7 @@ def run(args: argparse.Namespace) -> int:
             f"{args.workload}: --compare-prefix-caching needs serving.prefix_caching on (or --prefix-caching on)"
         )
     out = check_out_dir(args.out or Path("runs") / spec.name, force=args.force)
-    summary = execute(
-        spec,
-        requests,
-        out,
-        source=str(args.workload),
-        step_mode=args.step_mode,
-        plots=not args.no_plots,
-        csv=args.csv,
-        quiet=args.quiet,
-        force=args.force,
-        compare_prefix_caching=args.compare_prefix_caching,
-    )
+    summary = execute(spec, requests, out, RunOptions.from_args(args))
     if not args.quiet:
         print_summary(summary, spec, out, time.perf_counter() - t0)
     return finish_status(summary, args.quiet)
@@ -223,30 +213,43 @@ def finish_status(s: dict, quiet: bool) -> int:
     return 0
 
 
-def execute(
-    spec,
-    requests,
-    out: Path,
-    *,
-    source: str = "workload",
-    step_mode: bool = False,
-    plots: bool = True,
-    csv: bool = False,
-    quiet: bool = True,
-    force: bool = False,
-    compare_prefix_caching: bool = False,
-) -> dict:
+@dataclass(frozen=True)
+class RunOptions:
+    """How `sim run` simulates a workload and what it writes besides the summary."""
+
+    source: str = "workload"  # the workload's name or file, for messages
+    step_mode: bool = False  # every decode step one by one (same results as the event mode)
+    plots: bool = True
+    csv: bool = False  # also requests.csv
+    quiet: bool = True  # no progress bar
+    force: bool = False  # replace an --out infersim did not write
+    compare_prefix_caching: bool = False  # also simulate with prefix caching off (`without_prefix_caching`)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "RunOptions":
+        return cls(
+            source=str(args.workload),
+            step_mode=args.step_mode,
+            plots=not args.no_plots,
+            csv=args.csv,
+            quiet=args.quiet,
+            force=args.force,
+            compare_prefix_caching=args.compare_prefix_caching,
+        )
+
+
+def execute(spec, requests, out: Path, opts: RunOptions = RunOptions()) -> dict:
     """Simulate and write the run directory atomically; returns the summary. With
-    `compare_prefix_caching`, the same requests are simulated again with prefix caching off and
-    the summary gets that run's latencies (`without_prefix_caching`)."""
+    `opts.compare_prefix_caching`, the same requests are simulated again with prefix caching
+    off and the summary gets that run's latencies (`without_prefix_caching`)."""
     from infersim.simulator.metrics.rundir import pause_point, staged_dir
     from infersim.simulator.metrics.summary import write_result_files
     from infersim.simulator.simulation import Simulation
 
-    with staged_dir(Path(out), command="run", force=force) as tmp:
+    with staged_dir(Path(out), command="run", force=opts.force) as tmp:
         with ProgressBar(
             "simulating",
-            quiet=quiet,
+            quiet=opts.quiet,
             total=len(requests),
             fields="sim time {task.fields[sim_s]:.1f} s",
             transient=True,
@@ -260,14 +263,14 @@ def execute(
             sim = Simulation(
                 spec,
                 requests,
-                step_mode=step_mode,
+                step_mode=opts.step_mode,
                 series_path=tmp / "series.parquet",
                 progress=progress,
-                source=source,
+                source=opts.source,
             )
             result = sim.run()
-            if compare_prefix_caching:
-                result.extra["without_prefix_caching"] = _without_prefix_caching(spec, requests, step_mode, source)
+            if opts.compare_prefix_caching:
+                result.extra["without_prefix_caching"] = _without_prefix_caching(spec, requests, opts)
         if spec.speculation is not None:  # acceptance, s, SSM weights and pool depth over time
             from infersim.simulator.speculative.report import write_series
 
@@ -276,9 +279,9 @@ def execute(
             from infersim.simulator.parallel.report import write_stage_timeline
 
             write_stage_timeline(sim, tmp)
-        summary = write_result_files(tmp, result, csv=csv)
+        summary = write_result_files(tmp, result, csv=opts.csv)
         pause_point("writing")
-        if plots:
+        if opts.plots:
             from infersim.simulator.metrics.plots import plot_run
             from infersim.simulator.parallel.report import plot_stages
 
@@ -287,13 +290,13 @@ def execute(
     return summary
 
 
-def _without_prefix_caching(spec, requests, step_mode: bool, source: str) -> dict:
+def _without_prefix_caching(spec, requests, opts: RunOptions) -> dict:
     """Latencies and throughput of the same requests served with prefix caching off."""
     from infersim.simulator.metrics.summary import summarize
     from infersim.simulator.simulation import Simulation
 
     off = spec.model_copy(update={"serving": spec.serving.model_copy(update={"prefix_caching": False})})
-    s = summarize(Simulation(off, requests, step_mode=step_mode, source=source).run())
+    s = summarize(Simulation(off, requests, step_mode=opts.step_mode, source=opts.source).run())
     keep = ("ttft_s", "tpot_s", "e2e_s", "queueing_s", "makespan_s", "throughput_req_per_s", "finished")
     return {k: s[k] for k in keep}
 

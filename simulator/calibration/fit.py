@@ -67,8 +67,15 @@ def predict_rows(
     return out
 
 
-def _labels(rows: list[KernelRow]) -> list[str]:
-    return sorted({r.label for r in rows})
+def _provenance(source: str, rows: list[KernelRow]) -> dict:
+    """A FittedValue's record of its rows; its errors are measured after the fit."""
+    return {
+        "source": source,
+        "rows": len(rows),
+        "mape_pct": 0.0,
+        "bias_pct": 0.0,
+        "fitted_on": sorted({r.label for r in rows}),
+    }
 
 
 def fit_kernels(rows: list[KernelRow], hardware: HardwareProfile, source: str, dtype: str = "fp16") -> Calibration:
@@ -85,11 +92,7 @@ def fit_kernels(rows: list[KernelRow], hardware: HardwareProfile, source: str, d
             )
         p = fit_gemm(_gemm_samples(gemm_rows), gemm_device(hardware, dtype))
         gemm = GemmFit(
-            source=source,
-            rows=len(gemm_rows),
-            mape_pct=0.0,
-            bias_pct=0.0,
-            fitted_on=_labels(gemm_rows),
+            **_provenance(source, gemm_rows),
             compute=_sig(p.compute),
             memory=_sig(p.memory),
             launch_us=_sig(p.launch_us),
@@ -112,11 +115,7 @@ def fit_kernels(rows: list[KernelRow], hardware: HardwareProfile, source: str, d
             np.array([r.kernels for r in sub]),
         )
         elementwise[kernel] = ElementwiseFit(
-            source=source,
-            rows=len(sub),
-            mape_pct=0.0,
-            bias_pct=0.0,
-            fitted_on=_labels(sub),
+            **_provenance(source, sub),
             memory=_sig(e.memory),
             launch_us=_sig(e.launch_us),
             saturation_tokens=e.saturation_tokens,

@@ -114,22 +114,22 @@ def gemm_operator(m_in: int, n_out: int, bytes_per_element: float = FP16_BYTES) 
     return linear_operator("gemm", m_in, n_out, bytes_per_element, bytes_per_element, 1)
 
 
+@dataclass(frozen=True)
+class RowOrigin:
+    """Where a measured time comes from: the same for every operator timed on one table line."""
+
+    device: str  # the GPU the table measured
+    label: str  # the model (or table label): the unit of leave-one-out
+    where: str  # "file:row" for messages
+
+
 def row_from_operator(
-    operator: Operator,
-    *,
-    device: str,
-    label: str,
-    tp: int,
-    tokens: int,
-    op: str,
-    time_s: float,
-    where: str,
-    kernels: int = 1,
+    operator: Operator, origin: RowOrigin, *, tp: int, tokens: int, op: str, time_s: float, kernels: int = 1
 ) -> KernelRow:
     f, b = operator.flops, operator.bytes
     return KernelRow(
-        device,
-        label,
+        origin.device,
+        origin.label,
         int(tp),
         int(tokens),
         op,
@@ -138,7 +138,7 @@ def row_from_operator(
         float(b[0]),
         float(b[1]),
         float(time_s),
-        where,
+        origin.where,
         float(operator.out_width),
         int(kernels),
     )

@@ -68,22 +68,14 @@ def attention_operators(
         Operator("kv_write", "elementwise", "layer", (0, 0, 0, 0, 0), (0, 2.0 * kv_local * (ab + kb), 0, 0, 0)),
     ]
     score_bytes = 0.0 if fused_attention else n_local * ab
+    # QK^T and PV are the same size: a head_dim matmul over every query-key pair that reads Q
+    # (writes the output), the cached K (V) and, unfused, the score matrix
+    pair_flops = (0, 0, 2.0 * n_local * d, 0, 0)
+    pair_bytes = (0, q_local * ab, score_bytes, kv_local * kb, 0)
     return ops + [
-        Operator(
-            "qk",
-            "attention",
-            "layer",
-            (0, 0, 2.0 * n_local * d, 0, 0),
-            (0, q_local * ab, score_bytes, kv_local * kb, 0),
-        ),
+        Operator("qk", "attention", "layer", pair_flops, pair_bytes),
         Operator("softmax", "attention", "layer", (0, 0, 5.0 * n_local, 0, 0), (0, 0, 2.0 * score_bytes, 0, 0)),
-        Operator(
-            "pv",
-            "attention",
-            "layer",
-            (0, 0, 2.0 * n_local * d, 0, 0),
-            (0, q_local * ab, score_bytes, kv_local * kb, 0),
-        ),
+        Operator("pv", "attention", "layer", pair_flops, pair_bytes),
         linear_operator("o_proj", spec.q_dim, h, wb, ab, tp, split_out=False),
         residual_add_operator("attn_residual_add", h, ab),
         norm_operator("post_attn_norm", h, wb, ab),

@@ -313,26 +313,18 @@ class RegressionCostModel(CostModel):
         model: ModelSpec,
         hardware: HardwareProfile,
         *,
-        dtype: str = "fp16",
-        kv_dtype: str | None = None,
-        tensor_parallel: int = 1,
-        fused_attention: bool = True,
         calibration: str | Path | dict | None = None,
         grid_points: int = 160,
+        **roofline_options,
     ):
+        """`roofline_options` are RooflineCostModel's (dtype, kv_dtype, tensor_parallel, ...): the
+        served model's roofline, which the step predictor's reference roofline is scaled to."""
         self.model, self.hardware = model, hardware
         self.calibration = calibration if isinstance(calibration, dict) else calibration_for(hardware, calibration)
         steps = self.calibration.get("step_model")
         if not steps or not steps.get("predictors"):
             raise InfersimError(f"hardware profile '{hardware.name}': its calibration has no step-time predictor")
-        self.roof = RooflineCostModel(
-            model,
-            hardware,
-            dtype=dtype,
-            kv_dtype=kv_dtype,
-            tensor_parallel=tensor_parallel,
-            fused_attention=fused_attention,
-        )
+        self.roof = RooflineCostModel(model, hardware, **roofline_options)
         self.domain = steps["domain"]
         self.predictors = {k: PortableRegressor(v) for k, v in steps["predictors"].items()}
         lo_L, hi_L = self.domain["layers"]
@@ -358,7 +350,7 @@ class RegressionCostModel(CostModel):
         self._copy_issue_s = hl.copy_issue_us * 1e-6
         # the served model's own prefill predictor, when the profile measured this model (same
         # config hash, same dtype, one device); otherwise the generic step model above
-        entry = per_model_entry(self.calibration, model, dtype) if tensor_parallel == 1 else None
+        entry = per_model_entry(self.calibration, model, self.roof.weight_dtype) if self.roof.tp == 1 else None
         self.model_predictor_key = None
         self._pm = None
         if entry is not None and entry.get("recompute", {}).get("predictor"):

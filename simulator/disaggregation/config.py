@@ -21,6 +21,8 @@ from pydantic import BaseModel, Field, NonNegativeFloat, PositiveFloat, Positive
 
 from ..validation import STRICT_CONFIG
 
+POOLS = ("prefill", "decode")  # the section's pools, in the order requests pass them
+
 
 class _Strict(BaseModel):
     model_config = STRICT_CONFIG

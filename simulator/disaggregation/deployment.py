@@ -8,20 +8,17 @@ from ..engine.router import ROUTERS
 from ..errors import InfersimError
 from ..metrics.summary import _stats
 from ..validation import in_field
+from .config import POOLS
 from .decode import DecodeReplica
 from .phases import PHASES, PhaseTimes
 from .prefill import PrefillReplica
 from .transfers import KVTransfers
 
-POOLS = ("prefill", "decode")
-
 
 def check_disaggregated(spec, source: str) -> None:
     """What the schema cannot see: features that change the iteration loop do not combine with
-    disaggregation, and every pool's names exist and its tensor parallelism splits the model."""
+    disaggregation, and every pool's names exist (its tensor parallelism is check_deployment's)."""
     from ..hardware.catalog import load_hardware
-    from ..models.catalog import load_model
-    from ..validation import check_tensor_parallel
 
     d = spec.hardware.disaggregated
     if d is None:
@@ -32,7 +29,6 @@ def check_disaggregated(spec, source: str) -> None:
     if spec.serving.prefix_caching:
         # the decode pool receives whole KV caches; which cached blocks a transfer could skip is not modelled
         raise InfersimError(f"{source}: field 'hardware.disaggregated': does not combine with 'serving.prefix_caching'")
-    model = load_model(spec.model)
     for name in POOLS:
         pool = getattr(d, name)
         field = f"hardware.disaggregated.{name}"
@@ -40,7 +36,6 @@ def check_disaggregated(spec, source: str) -> None:
             in_field(source, f"{field}.profile", load_hardware, pool.profile)
         if pool.router is not None:
             in_field(source, f"{field}.router", ROUTERS.get, pool.router)
-        check_tensor_parallel(model, pool.tensor_parallel, field=f"{field}.tensor_parallel", source=source)
 
 
 class Deployment:
@@ -59,13 +54,8 @@ class Deployment:
         for name, cls in zip(POOLS, (PrefillReplica, DecodeReplica)):
             pool = getattr(d, name)
             field = f"hardware.disaggregated.{name}"
-            hardware, cost, tp = sim.build_pool(
-                pool.profile or hw.profile,
-                pool.tensor_parallel,
-                source,
-                field=f"{field}.tensor_parallel",
-                host_link=hw.host_link,
-            )
+            tp = sim.placements[name].tp
+            hardware, cost = sim.build_pool(pool.profile or hw.profile, tp, source, host_link=hw.host_link)
             memory = sim.plan_pool_memory(hardware, tp, f"{source}: field '{field}'")
             sim.cost_model = cost  # the replicas of this pool time their iterations with it
             self.replicas[name] = [

@@ -47,17 +47,19 @@ class MemoryOptions:
     gpu_blocks: int | None = None  # a fixed GPU pool instead of the one the memory budget gives
     cpu_blocks: int | None = None  # a fixed host pool instead of swap_space_gb's
 
+    def activation_bytes(self, model: ModelSpec) -> float:
+        """The activation peak per GPU; weight-only int8/int4 keep 16-bit activations."""
+        act_dtype = "fp16" if self.dtype in ("int8", "int4") else self.dtype
+        return activation_peak_bytes(model, self.max_batched_tokens, self.max_batch_size, act_dtype, self.tp)
+
 
 def plan_memory(model: ModelSpec, hw: HardwareProfile, opts: MemoryOptions, source: str = "workload") -> MemoryPlan:
     block_size, dtype, kv_dtype, tp = opts.block_size, opts.dtype, opts.kv_dtype, opts.tp
     gpu_memory_utilization, gpu_blocks, cpu_blocks = opts.gpu_memory_utilization, opts.gpu_blocks, opts.cpu_blocks
-    max_batched_tokens, max_batch_size = opts.max_batched_tokens, opts.max_batch_size
     explicit = gpu_blocks is not None
     block_bytes = model.bytes_kv_per_block_per_gpu(block_size, tp, kv_dtype)
     weights = model.weight_bytes_per_gpu(tp, dtype)
-    act = activation_peak_bytes(
-        model, max_batched_tokens, max_batch_size, "fp16" if dtype in ("int8", "int4") else dtype, tp
-    )
+    act = opts.activation_bytes(model)
     if gpu_blocks is None:
         budget = hw.memory_bytes() * gpu_memory_utilization - weights - act
         gpu_blocks = int(budget // block_bytes)

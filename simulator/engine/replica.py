@@ -71,20 +71,31 @@ class Replica:
         while True:
             if self.wakeup.triggered:
                 self.wakeup = env.event()
-            if not self.outstanding:
-                yield self.wakeup
-                continue
-            state = self._state()
-            decision = self.scheduler.schedule(state)
-            out_bytes, in_bytes = self._apply(decision)
-            if out_bytes or in_bytes:
-                yield from self._transfer(out_bytes, in_bytes)
-            if not decision.batch:
-                if decision.abort or decision.preempt or decision.swap_in:
-                    continue
-                yield self.wakeup  # nothing can run until something arrives
-                continue
-            yield from self._execute(decision, state, out_bytes, in_bytes)
+            step = yield from self._decide()
+            if step is not None:
+                yield from self._execute(*step)
+
+    def _decide(self):
+        """Schedule and carry out one decision (its swaps transferred). Returns (decision, state,
+        bytes out, bytes in) when it has a batch to run; None when it has not, after waiting for
+        `_idle()` unless the decision changed the queues (aborts, preemptions, swap-ins)."""
+        if not self.outstanding:
+            yield self.wakeup
+            return None
+        state = self._state()
+        decision = self.scheduler.schedule(state)
+        out_bytes, in_bytes = self._apply(decision)
+        if out_bytes or in_bytes:
+            yield from self._transfer(out_bytes, in_bytes)
+        if decision.batch:
+            return decision, state, out_bytes, in_bytes
+        if not (decision.abort or decision.preempt or decision.swap_in):
+            yield self._idle()  # nothing can run until something arrives
+        return None
+
+    def _idle(self):
+        """The event a replica with nothing it can run waits for."""
+        return self.wakeup
 
     def _execute(self, decision, state, out_bytes: float, in_bytes: float):
         """Run the decided batch: a stretch of decode steps when the decision would repeat,

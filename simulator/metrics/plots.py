@@ -34,6 +34,14 @@ def _save(fig, path: Path) -> None:
     fig.savefig(path, metadata={"Software": None}, bbox_inches="tight")
 
 
+def write_figure(plt, fig, path: Path) -> Path:
+    """Lay out, save and close one of a run's figures; returns its path."""
+    fig.tight_layout()
+    _save(fig, path)
+    plt.close(fig)
+    return path
+
+
 def _cdf(ax, values: np.ndarray, label: str, scale: float = 1.0) -> None:
     v = np.sort(values[np.isfinite(values)]) * scale
     if v.size:
@@ -91,10 +99,7 @@ def plot_run(run_dir: Path) -> list[Path]:
         ax.set_ylabel("fraction of requests")
         ax.set_ylim(0, 1.01)
     fig.suptitle("latency CDFs")
-    fig.tight_layout()
-    made.append(out / "latency_cdf.png")
-    _save(fig, made[-1])
-    plt.close(fig)
+    made.append(write_figure(plt, fig, out / "latency_cdf.png"))
 
     series_path = run_dir / "series.parquet"
     s = pq.read_table(series_path).to_pydict() if series_path.exists() else {}
@@ -126,10 +131,7 @@ def plot_run(run_dir: Path) -> list[Path]:
         a2.set_xlabel("simulated time (s)")
         a2.legend(loc="upper right", fontsize=8)
         fig.suptitle("batch size and KV-cache use over time")
-        fig.tight_layout()
-        made.append(out / "timeline.png")
-        _save(fig, made[-1])
-        plt.close(fig)
+        made.append(write_figure(plt, fig, out / "timeline.png"))
 
     ok = np.isfinite(req["e2e_s"])
     if ok.any():
@@ -149,10 +151,7 @@ def plot_run(run_dir: Path) -> list[Path]:
         ax2.set_ylabel("requests finished/s")
         fig.legend(loc="upper right", fontsize=8)
         ax.set_title("throughput over time (by finish time)")
-        fig.tight_layout()
-        made.append(out / "throughput.png")
-        _save(fig, made[-1])
-        plt.close(fig)
+        made.append(write_figure(plt, fig, out / "throughput.png"))
     if "transfer_s" in req:  # a disaggregated run: where each request's time went
         fig, ax = plt.subplots(figsize=(8, 3.6))
         for col in ("queueing_s", "prefill_s", "transfer_wait_s", "transfer_s", "decode_queueing_s", "decode_s"):
@@ -162,8 +161,5 @@ def plot_run(run_dir: Path) -> list[Path]:
         ax.set_ylabel("fraction of requests")
         ax.legend(fontsize=8)
         ax.set_title("per-request phases (disaggregated)")
-        fig.tight_layout()
-        made.append(out / "disaggregation_phases.png")
-        _save(fig, made[-1])
-        plt.close(fig)
+        made.append(write_figure(plt, fig, out / "disaggregation_phases.png"))
     return made

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..engine.memory import MemoryPlan, activation_peak_bytes
+from ..engine.memory import MemoryOptions, MemoryPlan
 from ..errors import InfersimError
 from ..hardware.profile import HardwareProfile
 from ..models.spec import ModelSpec
@@ -70,22 +70,17 @@ def plan_offload_memory(
     hw: HardwareProfile,
     policy: PlacementPolicy,
     section: OffloadSection,
-    *,
-    block_size: int,
-    dtype: str,
-    kv_dtype: str,
-    tp: int,
-    gpu_memory_utilization: float,
-    max_batched_tokens: int,
-    max_batch_size: int,
+    opts: MemoryOptions,
     source: str = "workload",
 ) -> OffloadMemoryPlan:
+    """The offload plan for the serving fields in `opts` (its swap space and fixed block counts
+    do not apply: the pool is the host memory's, or `offload.pool_blocks`)."""
+    block_size, dtype, kv_dtype, tp = opts.block_size, opts.dtype, opts.kv_dtype, opts.tp
+    gpu_memory_utilization = opts.gpu_memory_utilization
     frac = section.weights_gpu_percent / 100.0
     weights = model.weight_bytes_per_gpu(tp, dtype)
     w_gpu, w_cpu = frac * weights, (1.0 - frac) * weights
-    act = activation_peak_bytes(
-        model, max_batched_tokens, max_batch_size, "fp16" if dtype in ("int8", "int4") else dtype, tp
-    )
+    act = opts.activation_bytes(model)
     stream_buf = 2.0 * (1.0 - frac) * weights / model.num_layers
     gpu_free = hw.memory_bytes() * gpu_memory_utilization - w_gpu - act - policy.gpu_fixed_bytes() / tp - stream_buf
     cpu_pool = section.cpu_memory_gb * 1e9 * section.cpu_memory_utilization - w_cpu

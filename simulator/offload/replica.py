@@ -16,6 +16,7 @@ equals stepping `iteration_time_s`, so event and step modes give identical times
 from __future__ import annotations
 
 import weakref
+from dataclasses import replace
 
 import numpy as np
 
@@ -42,19 +43,13 @@ class _Shared:
             tensor_parallel=hw.tensor_parallel,
             base=sim.cost_model,
         )
-        self.plan: OffloadMemoryPlan = plan_offload_memory(
-            sim.model,
-            sim.hardware,
-            self.setup.policy,
-            section,
-            block_size=sv.block_size,
+        opts = replace(
+            sim.memory_options(hw.tensor_parallel),
             dtype=self.setup.base.weight_dtype,
             kv_dtype=self.setup.base.kv_dtype,
-            tp=hw.tensor_parallel,
-            gpu_memory_utilization=sv.gpu_memory_utilization,
-            max_batched_tokens=sim.limits.max_batched_tokens,
-            max_batch_size=sim.limits.max_batch_size,
-            source=sim.spec.name,
+        )
+        self.plan: OffloadMemoryPlan = plan_offload_memory(
+            sim.model, sim.hardware, self.setup.policy, section, opts, source=sim.spec.name
         )
         sim.memory = self.plan.engine_plan()  # summaries and KV utilisation refer to the pool
         self.totals = {

@@ -7,7 +7,7 @@ and vLLM divides them evenly over its virtual engines (vllm/core/scheduler.py:
 
 from __future__ import annotations
 
-from ..engine.memory import MemoryOptions, MemoryPlan, activation_peak_bytes
+from ..engine.memory import MemoryOptions, MemoryPlan
 from ..errors import InfersimError
 from ..models.dtypes import bytes_per_element
 from .placement import Placement
@@ -36,8 +36,7 @@ def plan_pipeline_memory(
     """The replica's pools and a per-stage account (weights, blocks that fit)."""
     per_layer_block = model.bytes_kv_per_block_per_gpu(opts.block_size, placement.tp, opts.kv_dtype) / model.num_layers
     weights = stage_weight_bytes(model, placement, opts.dtype)
-    act_dtype = "fp16" if opts.dtype in ("int8", "int4") else opts.dtype
-    act = activation_peak_bytes(model, opts.max_batched_tokens, opts.max_batch_size, act_dtype, placement.tp)
+    act = opts.activation_bytes(model)  # opts.tp is the placement's
     fits = []
     for s, (w, n) in enumerate(zip(weights, placement.layers)):
         blocks = int((hw.memory_bytes() * opts.gpu_memory_utilization - w - act) // (n * per_layer_block))

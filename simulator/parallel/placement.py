@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..disaggregation.config import POOLS
 from ..errors import InfersimError
 from ..validation import check_tensor_parallel, positive_int, source_field
 from .config import ClusterSection
+
+COLOCATED = "colocated"  # check_deployment's key of a colocated deployment's one pool
 
 
 def stage_layers(num_layers: int, pp: int) -> tuple[int, ...]:
@@ -95,9 +98,26 @@ def check_parallel(model, hardware_section, source: str = "") -> Placement:
     return Placement(tp, pp, stage_layers(model.num_layers, pp), cluster)
 
 
-def check_deployment(model, spec, source: str = "") -> Placement:
-    """check_parallel, and what a pipelined replica does not combine with: speculation and
-    offload run their own iteration loops, and only the roofline prices stages."""
+def check_deployment(model, spec, source: str = "") -> dict[str, Placement]:
+    """The placement of every pool of a deployment, checked here once for both kinds (each
+    failure one line naming the field): a colocated deployment's one pool (key `COLOCATED`:
+    check_parallel, and what a staged replica does not combine with), or a disaggregated
+    deployment's prefill and decode pools (one stage each, its own tensor_parallel)."""
+    d = spec.hardware.disaggregated
+    cluster = spec.hardware.cluster or ClusterSection()
+    if d is None:
+        return {COLOCATED: _check_colocated(model, spec, source)}
+    placements = {}
+    for name in POOLS:
+        field = f"hardware.disaggregated.{name}.tensor_parallel"
+        tp = check_tensor_parallel(model, getattr(d, name).tensor_parallel, field=field, source=source)
+        placements[name] = Placement(tp, 1, stage_layers(model.num_layers, 1), cluster)
+    return placements
+
+
+def _check_colocated(model, spec, source: str) -> Placement:
+    """check_parallel, and what a staged replica does not combine with: speculation and offload
+    run their own iteration loops, and only the roofline prices stages."""
     placement = check_parallel(model, spec.hardware, source)
     if not placement.staged:
         return placement

@@ -35,7 +35,7 @@ def busy_until(start_s: np.ndarray, end_s: np.ndarray, t_s: np.ndarray) -> np.nd
 
 def plot_stages(run_dir: Path) -> list[Path]:
     """The stage panel of a run folder that has stages.parquet."""
-    from ..metrics.plots import _save, pyplot
+    from ..metrics.plots import pyplot, write_figure
 
     run_dir = Path(run_dir)
     if not (run_dir / "stages.parquet").is_file():
@@ -71,9 +71,6 @@ def plot_stages(run_dir: Path) -> list[Path]:
     bottom.invert_yaxis()
     bottom.set_xlabel(f"ms after {lo:.3f} s (colour: virtual engine)")
     bottom.set_title("close-up: batches on the stages; gaps are bubbles")
-    fig.tight_layout()
     out = run_dir / "plots" / "stages.png"
     out.parent.mkdir(exist_ok=True)
-    _save(fig, out)
-    plt.close(fig)
-    return [out]
+    return [write_figure(plt, fig, out)]

@@ -41,7 +41,7 @@ from .config import SpeculationSection
 from .device import SharedDevice
 from .minions import PoolBackPressure
 from .proposers import build_proposer
-from .report import SpecStats
+from .report import SpecStats, VerifiedRound
 
 
 @dataclass
@@ -180,33 +180,24 @@ class SpeculativeReplica(Replica):
     def _plain_time(self, ctx_dec: np.ndarray) -> float:
         return self.cost.iteration_time_s(BatchShape.decode(ctx_dec)) if ctx_dec.size else 0.0
 
-    def _learn(
-        self,
-        t_llm: float,
-        t_round: float,
-        tokens: np.ndarray,
-        voted,
-        rates,
-        now: float,
-        k: np.ndarray,
-        s_used,
-        lengths=None,
-        acc=None,
-    ) -> None:
+    def _learn(self, r: VerifiedRound, t_llm: float) -> None:
+        """The proposer's feedback from a verified round; `t_llm` is the LLM's share of its step."""
+        tokens, k = r.tokens, r.drafted
         if tokens.size == 0:
             return
+        now = r.end_s
         if self.measure == "period":
             t = now - self._last_verify_end if self._last_verify_end is not None else t_llm
         else:
-            t = t_llm if self.measure == "llm" else t_round
+            t = t_llm if self.measure == "llm" else r.step_s
         self._last_verify_end = now
         if not np.any(np.asarray(k) > 0):
             return  # nothing drafted (every sequence on its last token): says nothing about s, as in the executor
         # verified length: over the sequences that drafted the full s (one cut short by its
         # remaining output says nothing about s); all of them if none did
-        full = k >= s_used
+        full = k >= r.s_drafted
         vl = float(tokens[full].mean()) if full.any() else float(tokens.mean())
-        changed, updated = self.proposer.feedback(t, vl, voted, rates, lengths, k, acc)
+        changed, updated = self.proposer.feedback(t, vl, r.voted, r.rates, r.lengths, k, r.accepted)
         if changed:
             self.stats.s_series.append((now, self.proposer.s))
         if updated:
@@ -253,8 +244,9 @@ class SpeculativeReplica(Replica):
         if dec:
             gaps, wts, _ = self._commit_verified(dec, tokens, end)
             self.metrics.add_itl(np.array(gaps), np.array(wts))
-            self.stats.round(end, dec, k, acc, tokens, voted, rates, t_draft + t_verify, t_plain, s_now)
-            self._learn(t_verify, t_draft + t_verify, tokens, voted, rates, end, k, s_now, lengths, acc)
+            r = VerifiedRound(end, dec, k, acc, tokens, voted, rates, t_draft + t_verify, t_plain, s_now, lengths)
+            self.stats.round(r)
+            self._learn(r, t_verify)
 
     # ---- report ----------------------------------------------------------------------------------
     def report(self, extra: dict) -> None:
@@ -381,6 +373,9 @@ class PipelinedReplica(SpeculativeReplica):
         return res
 
     # ---- the LLM engine (the replica's own process) ---------------------------------------------
+    def _idle(self):
+        return self.wakeup | self.pool_wake  # an arrival, or a draft the pool receives
+
     def run(self):
         env = self.env
         env.process(self._ssm_loop())
@@ -389,18 +384,10 @@ class PipelinedReplica(SpeculativeReplica):
                 self.wakeup = env.event()
             if self.pool_wake.triggered:
                 self.pool_wake = env.event()
-            if not self.outstanding:
-                yield self.wakeup
+            step = yield from self._decide()
+            if step is None:
                 continue
-            decision = self.scheduler.schedule(self._state())
-            out_bytes, in_bytes = self._apply(decision)
-            if out_bytes or in_bytes:
-                yield from self._transfer(out_bytes, in_bytes)
-            if not decision.batch:
-                if decision.abort or decision.preempt or decision.swap_in:
-                    continue
-                yield self.wakeup | self.pool_wake
-                continue
+            decision, _, out_bytes, in_bytes = step
             prefill = [(s, n) for s, n in decision.batch if not _is_decode(s, n)]
             runnable = {id(s) for s, n in decision.batch if _is_decode(s, n)}
             entries = [e for e in self.pool if id(e.seq) in runnable][: self.b_llm]
@@ -460,25 +447,15 @@ class PipelinedReplica(SpeculativeReplica):
         if dec:
             gaps, wts, going = self._commit_verified(dec, tokens, end)
             self.metrics.add_itl(np.array(gaps), np.array(wts))
-            s_used = int(round(np.mean([e.s for e in entries])))
-            self.stats.round(end, dec, k_fit, acc, tokens, voted, rates, end - start, t_plain, s_used)
             lengths = (
                 np.minimum(np.stack([e.lengths for e in entries]), k_fit[:, None])
                 if entries[0].lengths is not None
                 else None
             )
-            self._learn(
-                end - start,
-                end - start,
-                tokens,
-                voted,
-                rates,
-                end,
-                k_fit,
-                np.array([e.s for e in entries]),
-                lengths,
-                acc,
-            )
+            s_drafted = np.array([e.s for e in entries])
+            r = VerifiedRound(end, dec, k_fit, acc, tokens, voted, rates, end - start, t_plain, s_drafted, lengths)
+            self.stats.round(r)
+            self._learn(r, end - start)
         if self.cfg.pipeline.handoff_s > 0:
             # the verifying engine's host bookkeeping before the sequences return (no device
             # work); it holds this loop, so no scheduling decision lands in between

@@ -12,6 +12,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Optional
+
 import numpy as np
 
 
@@ -27,6 +30,29 @@ def _pct(x: np.ndarray) -> dict:
         return {"mean": float("nan"), "p10": float("nan"), "p50": float("nan"), "p90": float("nan")}
     p10, p50, p90 = np.percentile(x, [10, 50, 90])
     return {"mean": float(x.mean()), "p10": float(p10), "p50": float(p50), "p90": float(p90)}
+
+
+@dataclass(frozen=True)
+class VerifiedRound:
+    """One verification pass over the decoding sequences of a batch: what `SpecStats.round`
+    records and what the replica's proposer learns from."""
+
+    end_s: float  # when the verification ended
+    seqs: list  # the decoding sequences verified
+    drafted: np.ndarray  # k: tokens drafted per sequence
+    accepted: np.ndarray  # drafted tokens accepted per sequence
+    tokens: np.ndarray  # tokens each sequence gained: accepted + 1, cut at its remaining output
+    voted: np.ndarray  # the SSM whose draft each sequence took (-1: none)
+    rates: np.ndarray  # accepted / drafted per sequence (0 where nothing was drafted)
+    step_s: float  # the speculative step: coupled, drafting + verification; pipelined, the LLM pass
+    plain_s: float  # a plain decode step of the same batch
+    s_drafted: int | np.ndarray  # the speculation length each sequence drafted under (one for all when coupled)
+    lengths: Optional[np.ndarray] = None  # every SSM's agreement length per sequence (voting)
+
+    @property
+    def s(self) -> int:
+        """The round's speculation length: the mean over its sequences, rounded."""
+        return int(round(np.mean(self.s_drafted)))
 
 
 class SpecStats:
@@ -52,44 +78,34 @@ class SpecStats:
         self.weight_series: list[tuple] = []
         self.round_series: list[tuple] = []  # (t_end, batch, mean tokens, step time, s)
 
-    def round(
-        self,
-        t_end: float,
-        seqs,
-        k: np.ndarray,
-        acc: np.ndarray,
-        tokens: np.ndarray,
-        voted: np.ndarray,
-        rates: np.ndarray,
-        step_s: float,
-        plain_s: float,
-        s_now: int,
-    ) -> None:
-        n = len(seqs)
+    def round(self, r: VerifiedRound) -> None:
+        n = len(r.seqs)
         if n == 0:
             return
+        k, tokens = r.drafted, r.tokens
         self.rounds += 1
         self.seq_rounds += n
         spec = k > 0
         self.spec_seq_rounds += int(spec.sum())
         self.tokens += int(tokens.sum())
-        self.accepted += int(acc.sum())
+        self.accepted += int(r.accepted.sum())
         self.drafted += int(k.sum())
-        self.rate_sum += float(rates[spec].sum())
-        self.step_time_s += step_s
-        self.plain_time_s += plain_s
-        for seq, t in zip(seqs, tokens.tolist()):
+        self.rate_sum += float(r.rates[spec].sum())
+        self.step_time_s += r.step_s
+        self.plain_time_s += r.plain_s
+        for seq, t in zip(r.seqs, tokens.tolist()):
             rec = self.per_request.get(seq.rid)
             if rec is None:
                 self.per_request[seq.rid] = [t, 1]
             else:
                 rec[0] += t
                 rec[1] += 1
+        voted = r.voted
         if voted.size and self.voted_counts.size:
             v = voted[voted >= 0]
             if v.size:
                 self.voted_counts += np.bincount(v, minlength=self.voted_counts.size)
-        self.round_series.append((t_end, n, float(tokens.mean()), step_s, s_now))
+        self.round_series.append((r.end_s, n, float(tokens.mean()), r.step_s, r.s))
 
     def summary(self, now: float, busy: dict[str, float], proposer, limit: int, extra: dict | None = None) -> dict:
         acc_rate = self.tokens / self.seq_rounds if self.seq_rounds else float("nan")

@@ -115,16 +115,21 @@ def _bad_row(path, column, mask, first_row: int, what: str) -> InfersimError:
     return InfersimError(f"{path}: column '{column}', row {first_row + i + 1}: {what}")
 
 
-def to_numbers(values: np.ndarray, path, column: str, first_row: int = 0) -> np.ndarray:
-    """float64 values, >= 0; a non-numeric, missing or negative value is an error."""
+def _finite(values: np.ndarray, path, column: str, first_row: int) -> np.ndarray:
+    """float64 values; a non-numeric, missing or infinite value is an error."""
     if values.dtype.kind in "iuf":
         x = values.astype(np.float64)
     else:
         x = pd.to_numeric(pd.Series(values, dtype=object), errors="coerce").to_numpy(dtype=np.float64)
     bad = ~np.isfinite(x)
     if bad.any():
-        v = values[np.flatnonzero(bad)[0]]
-        raise _bad_row(path, column, bad, first_row, f"not a number: {v!r}")
+        raise _bad_row(path, column, bad, first_row, f"not a number: {values[np.flatnonzero(bad)[0]]!r}")
+    return x
+
+
+def to_numbers(values: np.ndarray, path, column: str, first_row: int = 0) -> np.ndarray:
+    """float64 values, >= 0; a non-numeric, missing or negative value is an error."""
+    x = _finite(values, path, column, first_row)
     if (x < 0).any():
         raise _bad_row(path, column, x < 0, first_row, f"negative value {x[x < 0][0]:g}")
     return x
@@ -152,14 +157,7 @@ def to_lengths(
 def to_seconds(values: np.ndarray, path, column: str, unit: str, first_row: int = 0) -> np.ndarray:
     """Times as float64 seconds (an arbitrary origin for datetimes)."""
     if unit != "datetime":
-        if values.dtype.kind in "iuf":
-            x = values.astype(np.float64)
-        else:
-            x = pd.to_numeric(pd.Series(values, dtype=object), errors="coerce").to_numpy(dtype=np.float64)
-        bad = ~np.isfinite(x)
-        if bad.any():
-            raise _bad_row(path, column, bad, first_row, f"not a number: {values[np.flatnonzero(bad)[0]]!r}")
-        return x * _UNIT_S[unit]
+        return _finite(values, path, column, first_row) * _UNIT_S[unit]
     t = pd.to_datetime(pd.Series(values, dtype=object), format="ISO8601", errors="coerce", utc=True)
     bad = t.isna().to_numpy()
     if bad.any():

@@ -62,7 +62,7 @@ def test_bad_assignment_is_refused(bad, message):
 
 def test_acceptance_rate_is_the_simulators_mean_over_sequence_rounds():
     from infersim.executor.speculative.acceptance import AcceptanceRecorder
-    from infersim.simulator.speculative.report import SpecStats
+    from infersim.simulator.speculative.report import SpecStats, VerifiedRound
 
     rec = AcceptanceRecorder()
     for s, k in ((4, 2), (1, 1), (4, 0)):
@@ -72,9 +72,8 @@ def test_acceptance_rate_is_the_simulators_mean_over_sequence_rounds():
     assert rec.mean_acceptance() == pytest.approx(3 / 9)
     st = SpecStats([])
     k, a = np.array([4, 1, 4]), np.array([2, 1, 0])
-    st.round(
-        0.0, [type("S", (), {"rid": i})() for i in range(3)], k, a, a + 1, np.zeros(0, np.int64), a / k, 1e-3, 1e-3, 4
-    )
+    seqs = [type("S", (), {"rid": i})() for i in range(3)]
+    st.round(VerifiedRound(0.0, seqs, k, a, a + 1, np.zeros(0, np.int64), a / k, 1e-3, 1e-3, 4))
     assert st.rate_sum / st.spec_seq_rounds == pytest.approx(rec.mean_round_acceptance())
 
 

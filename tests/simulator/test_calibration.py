@@ -8,7 +8,7 @@ import pytest
 
 from infersim.simulator.calibration.fit import fit_kernels, predict_rows
 from infersim.simulator.calibration.kernel_models import errors_pct
-from infersim.simulator.calibration.rows import LayerDims, gemm_operator, operator_for, row_from_operator
+from infersim.simulator.calibration.rows import LayerDims, RowOrigin, gemm_operator, operator_for, row_from_operator
 from infersim.simulator.calibration.tables import recognise
 from infersim.simulator.costmodel import BatchShape, RooflineCostModel
 from infersim.simulator.costmodel.kernel_times import (
@@ -37,7 +37,7 @@ def _synthetic_gemm_rows(params: GemmParams):
             time_s = float(gemm_time_s(params, f, b[0], b[1], t, op.out_width, gemm_device(HW)))
             rows.append(
                 row_from_operator(
-                    op, device="x", label=f"k{k}-n{n}", tp=1, tokens=t, op="gemm", time_s=time_s, where="synthetic"
+                    op, RowOrigin("x", f"k{k}-n{n}", "synthetic"), tp=1, tokens=t, op="gemm", time_s=time_s
                 )
             )
     return rows
@@ -105,9 +105,7 @@ def test_elementwise_fit_recovers_floor_bandwidth_and_saturation(saturation):
         nbytes = op.bytes[0] + op.bytes[1] * t
         time_s = 3e-6 + nbytes * max(1.0, saturation / t) / (BW * 0.45)
         rows.append(
-            row_from_operator(
-                op, device="x", label="m", tp=1, tokens=t, op="input_layernorm", time_s=time_s, where="synthetic"
-            )
+            row_from_operator(op, RowOrigin("x", "m", "synthetic"), tp=1, tokens=t, op="input_layernorm", time_s=time_s)
         )
     e = fit_kernels(rows, HW, "synthetic").elementwise["norm"]
     assert e.saturation_tokens == saturation
@@ -144,15 +142,7 @@ def test_elementwise_fit_prices_each_launch_of_a_two_kernel_row():
             time_s = kernels * (2e-6 + nbytes / (BW * 0.6))
             rows.append(
                 row_from_operator(
-                    op,
-                    device="x",
-                    label=f"k{kernels}",
-                    tp=1,
-                    tokens=t,
-                    op="add",
-                    time_s=time_s,
-                    where="s",
-                    kernels=kernels,
+                    op, RowOrigin("x", f"k{kernels}", "s"), tp=1, tokens=t, op="add", time_s=time_s, kernels=kernels
                 )
             )
     cal = fit_kernels(rows, HW, "synthetic")

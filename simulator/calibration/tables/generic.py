@@ -17,7 +17,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from ...errors import InfersimError
-from ..rows import MEASURED_OPS, KernelRow, LayerDims, gemm_operator, operator_for, parse_number, row_from_operator
+from ..rows import (
+    MEASURED_OPS,
+    KernelRow,
+    LayerDims,
+    RowOrigin,
+    gemm_operator,
+    operator_for,
+    parse_number,
+    row_from_operator,
+)
 from .base_table import TableKind, iter_records, pick_device
 from .per_layer import PerLayerTable, _parse_bool
 
@@ -71,7 +80,7 @@ class GenericTable(TableKind):
                 f"{where}, column 'op': unknown operator {op!r}; known: gemm, {', '.join(MEASURED_OPS)}"
             )
         return row_from_operator(
-            operator, device=device, label=label, tp=tp, tokens=tokens, op=op, time_s=ms * 1e-3, where=where
+            operator, RowOrigin(device, label, where), tp=tp, tokens=tokens, op=op, time_s=ms * 1e-3
         )
 
     fit = PerLayerTable.fit  # the same fit: rows of both kinds are pooled

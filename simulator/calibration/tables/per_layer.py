@@ -10,7 +10,7 @@ from pathlib import Path
 from ...errors import InfersimError
 from ...hardware.profile import HardwareProfile
 from ..fit import fit_kernels
-from ..rows import MEASURED_OPS, KernelRow, LayerDims, operator_for, parse_number, row_from_operator
+from ..rows import MEASURED_OPS, KernelRow, LayerDims, RowOrigin, operator_for, parse_number, row_from_operator
 from .base_table import TableKind, iter_records, pick_device, read_header
 
 
@@ -74,13 +74,11 @@ class PerLayerTable(TableKind):
                 rows.append(
                     row_from_operator(
                         operator_for(op, dims, tp),
-                        device=device,
-                        label=label,
+                        RowOrigin(device, label, where),
                         tp=tp,
                         tokens=tokens,
                         op=op,
                         time_s=ms * 1e-3,
-                        where=where,
                         kernels=2 if op == "add" and parallel_block else 1,
                     )
                 )
