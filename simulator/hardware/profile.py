@@ -126,6 +126,13 @@ class ElementwiseFit(FittedValue):
         None, description="time the small-index gather adds per token, microseconds"
     )
 
+    @model_validator(mode="after")
+    def _gather_complete(self):
+        given = [self.gather_tokens, self.gather_us, self.gather_us_per_token]
+        if any(v is not None for v in given) and any(v is None for v in given):
+            raise ValueError("gather_tokens, gather_us and gather_us_per_token go together")
+        return self
+
 
 CALIBRATED_KINDS = ("norm", "act", "rope", "add", "emb")
 

@@ -290,6 +290,18 @@ def test_derived_profile_must_inherit_a_measured_one(tmp_path):
         load_hardware(str(bad))
 
 
+def test_a_gather_line_missing_a_value_is_refused_naming_the_file(tmp_path):
+    from infersim.simulator.errors import InfersimError
+
+    text = (Path(__file__).resolve().parents[2] / "hwprofiles" / "a100-80gb-sxm.yaml").read_text()
+    bad = tmp_path / "mine.yaml"
+    bad.write_text("".join(line for line in text.splitlines(keepends=True) if "gather_us_per_token" not in line))
+    with pytest.raises(
+        InfersimError, match=r"mine\.yaml.*gather_tokens, gather_us and gather_us_per_token go together"
+    ):
+        load_hardware(str(bad))
+
+
 def test_every_gpu_profile_is_measured_or_derived_from_a_measured_card():
     from infersim.simulator.hardware.catalog import list_hardware
 
