@@ -111,6 +111,7 @@ def fit_gemm(samples: GemmSamples, device: GemmDevice) -> GemmParams:
 # Kinds whose small batches run a serial gather: the embedding lookup is PyTorch's index_select,
 # whose small-index kernel (at most 16 indices) walks the indices one after another in each thread.
 GATHER_TOKENS = {"emb": 16}
+MIN_GATHER_ROWS = 2  # on each side of gather_tokens, else the kind keeps the plain model
 
 
 @dataclass(frozen=True)
@@ -168,9 +169,6 @@ def fit_elementwise(
     _, launch_s, inv_rate, s = best
     memory = 1.0 / (inv_rate * bandwidth_bytes_per_s)
     return ElementwiseParams(float(min(memory, 3.0)), launch_s * 1e6, int(s))
-
-
-MIN_GATHER_ROWS = 2
 
 
 def _fit_gather(tokens: np.ndarray, t: np.ndarray) -> tuple[float, float]:
