@@ -55,8 +55,13 @@ class CalibrateResult:
         for k, e in cal.elementwise.items() if cal else ():
             lines.append(
                 f"  {k}: memory {e.memory:.3f}, launch {e.launch_us:.2f} us, saturation "
-                f"{e.saturation_tokens} tokens; {e.rows} rows, "
-                f"MAPE {e.mape_pct:.1f}%, bias {e.bias_pct:+.1f}%"
+                f"{e.saturation_tokens} tokens"
+                + (
+                    f", up to {e.gather_tokens} tokens {e.gather_us:.2f} us + {e.gather_us_per_token:.2f} us a token"
+                    if e.gather_tokens
+                    else ""
+                )
+                + f"; {e.rows} rows, MAPE {e.mape_pct:.1f}%, bias {e.bias_pct:+.1f}%"
             )
         coll = self.profile.collectives
         for name in ("all_reduce", "send_recv"):

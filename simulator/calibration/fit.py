@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..costmodel.kernel_times import elementwise_time_s, gemm_device, gemm_params, gemm_time_s
+from ..costmodel.kernel_times import elementwise_fit_time_s, gemm_device, gemm_params, gemm_time_s
 from ..errors import InfersimError
 from ..hardware.profile import Calibration, ElementwiseFit, GemmFit, HardwareProfile
-from .kernel_models import GemmSamples, errors_pct, fit_elementwise, fit_gemm
+from .kernel_models import GATHER_TOKENS, GemmSamples, errors_pct, fit_elementwise, fit_gemm
 from .rows import KernelRow
 
 MIN_GEMM_ROWS = 8
@@ -55,14 +55,11 @@ def predict_rows(
                 gemm_device(hardware, dtype),
             )
         elif kernel in calibration.elementwise:
-            e = calibration.elementwise[kernel]
-            out[idx] = np.array([r.kernels for r in sub]) * elementwise_time_s(
-                e.memory,
-                e.launch_us,
+            out[idx] = np.array([r.kernels for r in sub]) * elementwise_fit_time_s(
+                calibration.elementwise[kernel],
                 np.array([r.bytes for r in sub]),
                 np.array([r.tokens for r in sub]),
                 bw,
-                e.saturation_tokens,
             )
     return out
 
@@ -113,12 +110,21 @@ def fit_kernels(rows: list[KernelRow], hardware: HardwareProfile, source: str, d
             np.array([r.time_s for r in sub]),
             bw,
             np.array([r.kernels for r in sub]),
+            GATHER_TOKENS.get(kernel),
         )
+        gather = {}
+        if e.gather_tokens:
+            gather = dict(
+                gather_tokens=e.gather_tokens,
+                gather_us=_sig(e.gather_us),
+                gather_us_per_token=_sig(e.gather_us_per_token),
+            )
         elementwise[kernel] = ElementwiseFit(
             **_provenance(source, sub),
             memory=_sig(e.memory),
             launch_us=_sig(e.launch_us),
             saturation_tokens=e.saturation_tokens,
+            **gather,
         )
     if gemm is None and not elementwise:
         raise InfersimError(f"{source}: no GEMM or elementwise rows to fit")

@@ -108,11 +108,20 @@ def fit_gemm(samples: GemmSamples, device: GemmDevice) -> GemmParams:
     return best_params
 
 
+# Kinds whose small batches run a serial gather: the embedding lookup is PyTorch's index_select,
+# whose small-index kernel (at most 16 indices) walks the indices one after another in each thread.
+GATHER_TOKENS = {"emb": 16}
+MIN_GATHER_ROWS = 2  # on each side of gather_tokens, else the kind keeps the plain model
+
+
 @dataclass(frozen=True)
 class ElementwiseParams:
     memory: float
     launch_us: float
     saturation_tokens: int
+    gather_tokens: int | None = None
+    gather_us: float | None = None
+    gather_us_per_token: float | None = None
 
 
 def _fit_launch_rate(nbytes: np.ndarray, t: np.ndarray, kernels: np.ndarray) -> tuple[float, float, float]:
@@ -125,15 +134,30 @@ def _fit_launch_rate(nbytes: np.ndarray, t: np.ndarray, kernels: np.ndarray) -> 
 
 
 def fit_elementwise(
-    nbytes: np.ndarray, tokens: np.ndarray, time_s: np.ndarray, bandwidth_bytes_per_s: float, kernels=None
+    nbytes: np.ndarray,
+    tokens: np.ndarray,
+    time_s: np.ndarray,
+    bandwidth_bytes_per_s: float,
+    kernels=None,
+    gather_tokens: int | None = None,
 ) -> ElementwiseParams:
     """(memory fraction, launch us, saturation tokens): for each candidate S, the least-squares
     launch and rate; the S with the smallest relative error (the first on ties: deterministic).
-    `kernels`: launches each time spans, each moving `nbytes` (default one)."""
+    `kernels`: launches each time spans, each moving `nbytes` (default one). With
+    `gather_tokens`, rows of at most that many tokens fit the gather's line instead (when both
+    sides have rows)."""
     nbytes = np.asarray(nbytes, dtype=np.float64)
     tokens = np.asarray(tokens, dtype=np.float64)
     t = np.asarray(time_s, dtype=np.float64)
     kernels = np.ones_like(t) if kernels is None else np.asarray(kernels, dtype=np.float64)
+    if gather_tokens:
+        small = tokens <= gather_tokens
+        if MIN_GATHER_ROWS <= small.sum() and MIN_GATHER_ROWS <= (~small).sum():
+            p = fit_elementwise(nbytes[~small], tokens[~small], t[~small], bandwidth_bytes_per_s, kernels[~small])
+            gather_s, per_token_s = _fit_gather(tokens[small], t[small] / kernels[small])
+            return ElementwiseParams(
+                p.memory, p.launch_us, p.saturation_tokens, gather_tokens, gather_s * 1e6, per_token_s * 1e6
+            )
     best = None
     for s in SATURATION_CANDIDATES:
         launch_s, inv_rate, resid = _fit_launch_rate(nbytes * np.maximum(1.0, s / tokens), t, kernels)
@@ -145,6 +169,15 @@ def fit_elementwise(
     _, launch_s, inv_rate, s = best
     memory = 1.0 / (inv_rate * bandwidth_bytes_per_s)
     return ElementwiseParams(float(min(memory, 3.0)), launch_s * 1e6, int(s))
+
+
+def _fit_gather(tokens: np.ndarray, t: np.ndarray) -> tuple[float, float]:
+    """(fixed s, s per token) of t = fixed + tokens x per token, least squares in relative error,
+    both non-negative."""
+    from scipy.optimize import nnls
+
+    (fixed_s, per_token_s), _ = nnls(np.column_stack([1.0 / t, tokens / t]), np.ones_like(t))
+    return float(fixed_s), float(per_token_s)
 
 
 def errors_pct(pred, measured) -> tuple[float, float]:

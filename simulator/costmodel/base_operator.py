@@ -51,13 +51,16 @@ def norm_operator(name: str, h: int, wb: float, ab: float, scope: str = "layer")
 
 
 def act_operator(width_local: float, gated: bool, ab: float) -> Operator:
-    """silu(gate) * up reads two T x width tensors and writes one; a plain GELU reads one."""
+    """silu(gate) * up reads two T x width tensors and writes one; a plain GELU reads one.
+    The fused SiLU-and-mul kernel gives each token's row to its own thread block (kind `act`);
+    a plain activation runs as the framework's pointwise kernel over all elements, the kernel
+    the residual add runs, so it is priced by that kind (`add`) with its own bytes."""
     if gated:
         return Operator(
             "act", "elementwise", "layer", (0, 5.0 * width_local, 0, 0, 0), (0, 3.0 * width_local * ab, 0, 0, 0), "act"
         )
     return Operator(
-        "act", "elementwise", "layer", (0, 1.0 * width_local, 0, 0, 0), (0, 2.0 * width_local * ab, 0, 0, 0), "act"
+        "act", "elementwise", "layer", (0, 1.0 * width_local, 0, 0, 0), (0, 2.0 * width_local * ab, 0, 0, 0), "add"
     )
 
 

@@ -38,7 +38,14 @@ Elementwise kernels (one model per kind): launch + bytes x max(1, S / M) / (band
 Norms, activations, rotary and residual adds give each token's row to its own thread block, so a
 batch of fewer than S tokens (S = saturation_tokens) leaves SMs idle and takes as long as S tokens
 would: the small-batch floor grows with the row width (an RMSNorm of one token on the A100: 5 us at hidden
-4096, 8 us at 8192), which a constant floor cannot follow.
+4096, 8 us at 8192), which a constant floor cannot follow. A plain activation (GELU) runs the
+same pointwise kernel as the residual add and is priced by the add kind.
+
+The embedding lookup is a row gather (PyTorch's embedding runs index_select). For at most 16
+indices index_select runs its small-index kernel, in which each thread walks the indices one
+after another, so its time grows by a fixed step per token whatever the row width (on the A100:
+3, 4, 5, 8, 14 us at 1, 2, 4, 8, 16 tokens, then 5 us at 24); such batches are priced
+gather_us + gather_us_per_token x tokens (`gather_tokens` = 16), larger ones by the model above.
 """
 
 from __future__ import annotations
@@ -47,7 +54,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..hardware.profile import GemmFit, HardwareProfile
+from ..hardware.profile import ElementwiseFit, GemmFit, HardwareProfile
 
 WAVE_TILE = 128  # rows and columns of the output tile the wave count assumes
 
@@ -109,6 +116,17 @@ def elementwise_time_s(
     """Elementwise over arrays; `tokens` are the rows of the kernel (batch tokens)."""
     occupancy = np.maximum(1.0, saturation_tokens / np.asarray(tokens, dtype=np.float64))
     return launch_us * 1e-6 + np.asarray(nbytes, dtype=np.float64) * occupancy / (bandwidth_bytes_per_s * memory)
+
+
+def elementwise_fit_time_s(fit: ElementwiseFit, nbytes, tokens, bandwidth_bytes_per_s: float):
+    """One kernel of a fitted elementwise kind, elementwise over arrays: the streaming model,
+    and the small-index gather's line for batches of at most `gather_tokens` tokens."""
+    t = elementwise_time_s(fit.memory, fit.launch_us, nbytes, tokens, bandwidth_bytes_per_s, fit.saturation_tokens)
+    if not fit.gather_tokens:
+        return t
+    tokens = np.asarray(tokens, dtype=np.float64)
+    gather_s = (fit.gather_us + fit.gather_us_per_token * tokens) * 1e-6
+    return np.where(tokens <= fit.gather_tokens, gather_s, t)
 
 
 def gemm_params(fit: GemmFit) -> GemmParams:

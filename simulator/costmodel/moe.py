@@ -31,7 +31,7 @@ from ..models.moe import expected_distinct_experts
 from ..models.spec import ModelSpec
 from ..validation import positive_int, source_field
 from .base_operator import Operator, act_operator, linear_operator
-from .kernel_times import elementwise_time_s, gemm_device, gemm_params, gemm_time_s
+from .kernel_times import elementwise_fit_time_s, gemm_device, gemm_params, gemm_time_s
 from .operators import mlp_operators
 
 
@@ -128,7 +128,7 @@ class RoutedExperts:
         cal = hardware.calibration
         self._gemm = gemm_params(cal.gemm) if cal is not None and cal.gemm is not None else None
         self._device = gemm_device(hardware, compute_dtype)
-        self._act_fit = cal.elementwise.get("act") if cal is not None else None
+        self._act_fit = cal.elementwise.get(self._act.kernel) if cal is not None else None
         self._a2a_bytes_per_token = self.k * h * ab * (ep - 1) / ep / ep  # sent by each GPU, tokens spread evenly
         ic = hardware.interconnect
         if ep > 1 and ic is None:
@@ -154,9 +154,8 @@ class RoutedExperts:
         if self._act_fit is None:
             total = total + act_bytes / self._el_rate + self._launch_s
         else:
-            e = self._act_fit
-            total = total + elementwise_time_s(
-                e.memory, e.launch_us, act_bytes, routed, self._hw.memory_bandwidth_bytes_per_s(), e.saturation_tokens
+            total = total + elementwise_fit_time_s(
+                self._act_fit, act_bytes, routed, self._hw.memory_bandwidth_bytes_per_s()
             )
         return total
 

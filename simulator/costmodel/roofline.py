@@ -18,7 +18,7 @@ from ..models.spec import ModelSpec
 from ..validation import check_tensor_parallel
 from .base import CostModel, Direction, OperatorCost
 from .batch import BatchShape, BatchTotals
-from .kernel_times import elementwise_time_s, gemm_device, gemm_params, gemm_time_s
+from .kernel_times import elementwise_fit_time_s, gemm_device, gemm_params, gemm_time_s
 from .moe import RoutedExperts, check_expert_parallel, moe_affine_operators
 from .operators import (
     allreduce_bytes_per_layer,
@@ -145,9 +145,7 @@ class RooflineCostModel(CostModel):
                 rows.append(
                     (
                         j,
-                        lambda T, L, e=e, b0=b[0], b1=b[1]: elementwise_time_s(
-                            e.memory, e.launch_us, b0 + b1 * T, T, self._bw, e.saturation_tokens
-                        ),
+                        lambda T, L, e=e, b0=b[0], b1=b[1]: elementwise_fit_time_s(e, b0 + b1 * T, T, self._bw),
                     )
                 )
         return rows

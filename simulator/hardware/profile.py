@@ -107,11 +107,31 @@ class GemmFit(FittedValue):
 
 class ElementwiseFit(FittedValue):
     """launch + bytes x max(1, S / tokens) / (bandwidth x memory) for one elementwise operator
-    kind (S = saturation_tokens: below S tokens, a one-row-per-block kernel leaves SMs idle)."""
+    kind (S = saturation_tokens: below S tokens, a one-row-per-block kernel leaves SMs idle);
+    for a gather of at most `gather_tokens` rows, gather_us + gather_us_per_token x tokens
+    instead (the small-index kernel walks the rows one after another)."""
 
     memory: float = Field(gt=0, le=3.0, description="fraction of peak bandwidth the kernel reaches")
     launch_us: NonNegativeFloat = Field(description="latency floor of one kernel, microseconds")
     saturation_tokens: int = Field(1, ge=1, description="tokens that fill the GPU: fewer take as long as this many")
+    gather_tokens: Optional[int] = Field(
+        None,
+        ge=1,
+        description="batches of at most this many tokens run the serial small-index gather (none: no such branch)",
+    )
+    gather_us: Optional[NonNegativeFloat] = Field(
+        None, description="fixed time of the small-index gather, microseconds"
+    )
+    gather_us_per_token: Optional[NonNegativeFloat] = Field(
+        None, description="time the small-index gather adds per token, microseconds"
+    )
+
+    @model_validator(mode="after")
+    def _gather_complete(self):
+        given = [self.gather_tokens, self.gather_us, self.gather_us_per_token]
+        if any(v is not None for v in given) and any(v is None for v in given):
+            raise ValueError("gather_tokens, gather_us and gather_us_per_token go together")
+        return self
 
 
 CALIBRATED_KINDS = ("norm", "act", "rope", "add", "emb")

@@ -113,6 +113,37 @@ def test_elementwise_fit_recovers_floor_bandwidth_and_saturation(saturation):
     assert e.launch_us == pytest.approx(3.0, rel=1e-3)
 
 
+def test_embedding_fit_recovers_the_small_index_gather_line():
+    """Up to 16 tokens the embedding gather walks its rows one after another: 2 us + 0.7 us a
+    token whatever the width; above, the streaming model."""
+    rows = []
+    for hidden in (2560, 4096, 8192):
+        op = operator_for("emb", LayerDims(heads=32, kv_heads=32, hidden=hidden, intermediate=4 * hidden), 1)
+        for t in TOKENS:
+            nbytes = op.bytes[0] + op.bytes[1] * t
+            time_s = (2.0 + 0.7 * t) * 1e-6 if t <= 16 else 1.5e-6 + nbytes * max(1.0, 32 / t) / (BW * 0.2)
+            rows.append(
+                row_from_operator(
+                    op, device="x", label=f"h{hidden}", tp=1, tokens=t, op="emb", time_s=time_s, where="s"
+                )
+            )
+    cal = fit_kernels(rows, HW, "synthetic")
+    e = cal.elementwise["emb"]
+    assert e.gather_tokens == 16
+    assert e.gather_us == pytest.approx(2.0, rel=1e-4) and e.gather_us_per_token == pytest.approx(0.7, rel=1e-4)
+    assert e.saturation_tokens == 32 and e.memory == pytest.approx(0.2, rel=1e-4)
+    assert e.launch_us == pytest.approx(1.5, rel=1e-3)
+    assert predict_rows(cal, rows, HW) == pytest.approx([r.time_s for r in rows], rel=1e-4)
+
+
+def test_a_plain_activation_is_priced_as_the_pointwise_add_kernel():
+    """GELU runs the framework's pointwise kernel (the residual add's); SiLU-and-mul its own."""
+    gelu = operator_for("mlp_act", LayerDims(heads=32, kv_heads=32, hidden=2560, intermediate=10240, gated=False), 2)
+    silu = operator_for("mlp_act", LayerDims(heads=32, kv_heads=8, hidden=4096, intermediate=14336), 2)
+    assert gelu.kernel == "add" and silu.kernel == "act"
+    assert gelu.bytes[1] == 2 * 5120 * 2 and silu.bytes[1] == 3 * 7168 * 2  # reads one (two) tensors, writes one
+
+
 def test_a_block_without_post_attention_norm_times_two_residual_adds(tmp_path):
     """phi-2's block runs attention and MLP side by side: its timed add is attn + mlp + residual,
     two add kernels; a sequential block's timed add is one."""
@@ -200,6 +231,16 @@ def test_cost_model_gemm_time_is_the_fitted_model(sample_rows):
     assert ops["qkv_proj"].time_s == pytest.approx(float(predict_rows(hw.calibration, [row], hw)[0]), rel=1e-12)
 
 
+def test_cost_model_prices_a_small_embedding_batch_on_the_gather_line():
+    hw = load_hardware("a100-80gb-sxm")
+    e = hw.calibration.elementwise["emb"]
+    cm = RooflineCostModel(load_model("mistral-7b"), hw)
+    for tokens in (8, 64):
+        ops = {o.name: o for o in cm.breakdown(BatchShape.prefill([tokens]))}
+        line_s = (e.gather_us + e.gather_us_per_token * tokens) * 1e-6
+        assert (ops["embedding"].time_s == pytest.approx(line_s, rel=1e-12)) == (tokens <= e.gather_tokens)
+
+
 @pytest.mark.parametrize("hardware", ["a100-80gb-sxm", "h200", "a40:datasheet"])
 def test_decode_steps_equal_stepping_on_calibrated_profiles(hardware):
     cm = RooflineCostModel(load_model("llama-7b"), load_hardware(hardware), tensor_parallel=1)
@@ -236,6 +277,18 @@ def test_derived_profile_must_inherit_a_measured_one(tmp_path):
     bad = tmp_path / "mine.yaml"
     bad.write_text(text.replace("inherits: h100-sxm", "inherits: cpu-reference"))
     with pytest.raises(InfersimError, match="calibration.inherits.*not a measured profile"):
+        load_hardware(str(bad))
+
+
+def test_a_gather_line_missing_a_value_is_refused_naming_the_file(tmp_path):
+    from infersim.simulator.errors import InfersimError
+
+    text = (Path(__file__).resolve().parents[2] / "hwprofiles" / "a100-80gb-sxm.yaml").read_text()
+    bad = tmp_path / "mine.yaml"
+    bad.write_text("".join(line for line in text.splitlines(keepends=True) if "gather_us_per_token" not in line))
+    with pytest.raises(
+        InfersimError, match=r"mine\.yaml.*gather_tokens, gather_us and gather_us_per_token go together"
+    ):
         load_hardware(str(bad))
 
 
