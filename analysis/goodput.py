@@ -339,9 +339,7 @@ def _markdown(res: GoodputComparison, image: Optional[str]) -> str:
 
 
 def _plot(res: GoodputComparison, path: Path) -> None:
-    from infersim.simulator.metrics.plots import pyplot
-
-    from .report_html import REPRODUCIBLE_PNG, finish_figure
+    from infersim.simulator.metrics.plots import REPRODUCIBLE_PNG, finish_figure, pyplot
 
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4))

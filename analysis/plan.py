@@ -808,9 +808,7 @@ def verdict(res: PlanResult) -> list[str]:
 
 
 def _plots(res: PlanResult, pdir: Path) -> list[tuple[str, str, str]]:
-    from infersim.simulator.metrics.plots import pyplot
-
-    from .report_html import REPRODUCIBLE_PNG, finish_figure
+    from infersim.simulator.metrics.plots import REPRODUCIBLE_PNG, finish_figure, pyplot
 
     plt = pyplot()
     pdir.mkdir(parents=True, exist_ok=True)

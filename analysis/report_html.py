@@ -12,11 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from infersim.simulator.metrics.plots import REPRODUCIBLE_PNG, write_figure
+
 # ------------------------------------------------------------------ plotting helpers (shared)
-
-
-# fixed metadata (no matplotlib version) and a tight box: identical inputs give identical PNGs
-REPRODUCIBLE_PNG = {"metadata": {"Software": None}, "bbox_inches": "tight"}
 
 
 def agg_pyplot():
@@ -29,28 +27,9 @@ def agg_pyplot():
     return plt
 
 
-def write_figure(fig, path: str | Path, **savefig) -> None:
-    """Save atomically, in the format of the file's suffix; `savefig` goes to Figure.savefig."""
-    from infersim.simulator.yamlio import atomic_path
-
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format=Path(path).suffix.lstrip(".") or "png", **savefig)
-
-
 def save_figure(fig, path: Path) -> None:
     """Save with fixed metadata (identical inputs give identical PNGs), atomically."""
     write_figure(fig, path, **REPRODUCIBLE_PNG)
-
-
-def finish_figure(fig, path: str | Path, **savefig) -> Path:
-    """The end of a plot function: the layout tightened, the figure saved atomically
-    (`savefig` as Figure.savefig's, e.g. dpi or REPRODUCIBLE_PNG) and closed."""
-    import matplotlib.pyplot as plt
-
-    fig.tight_layout()
-    write_figure(fig, path, **savefig)
-    plt.close(fig)
-    return Path(path)
 
 
 # ------------------------------------------------------------------ blocks

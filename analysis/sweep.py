@@ -47,10 +47,10 @@ import numpy as np
 from pydantic import BaseModel, Field, PositiveInt, ValidationError, field_validator
 
 from infersim.simulator.errors import InfersimError, pydantic_error_line
+from infersim.simulator.metrics.plots import REPRODUCIBLE_PNG, finish_figure
 from infersim.simulator.progress import ProgressBar
 from infersim.simulator.validation import STRICT_CONFIG
 
-from .report_html import REPRODUCIBLE_PNG, finish_figure
 from .sweep_backends import BackendOptions
 
 # ---------------------------------------------------------------------------------------------

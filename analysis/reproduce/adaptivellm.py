@@ -38,13 +38,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from infersim.analysis.report_html import REPRODUCIBLE_PNG, finish_figure, md_table
+from infersim.analysis.report_html import md_table
 from infersim.analysis.reproduce.command import reproduction_parser
 from infersim.analysis.reproduce.moved import Headline, moved_section
 from infersim.simulator.hardware.catalog import load_hardware
 from infersim.simulator.machine import machine_line
 from infersim.simulator.metrics.collector import SERIES_COLUMNS
-from infersim.simulator.metrics.plots import pyplot
+from infersim.simulator.metrics.plots import REPRODUCIBLE_PNG, finish_figure, pyplot
 from infersim.simulator.metrics.summary import summarize
 from infersim.simulator.simulation import Simulation
 from infersim.simulator.workload.builder import build_requests, load_workload

@@ -35,8 +35,9 @@ import pandas as pd
 import torch
 import yaml
 
-from infersim.analysis.report_html import agg_pyplot, finish_figure
+from infersim.analysis.report_html import agg_pyplot
 from infersim.executor.zoo.corpus import held_out_windows
+from infersim.simulator.metrics.plots import finish_figure
 from infersim.simulator.metrics.rundir import json_clean
 from infersim.simulator.offload.policies import Int4Params
 from infersim.simulator.yamlio import atomic_path, write_atomic

@@ -37,10 +37,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from infersim.analysis.report_html import agg_pyplot, finish_figure
+from infersim.analysis.report_html import agg_pyplot
 from infersim.analysis.report_html import frame_md_table as _md
 from infersim.analysis.reproduce.command import reproduction_parser
 from infersim.analysis.reproduce.moved import Headline, moved_section, reference_path
+from infersim.simulator.metrics.plots import finish_figure
 from infersim.simulator.metrics.summary import summarize
 from infersim.simulator.simulation import Simulation
 from infersim.simulator.workload.builder import build_requests, load_workload

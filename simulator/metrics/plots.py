@@ -29,17 +29,27 @@ def pyplot(**rc):
     return plt
 
 
-def _save(fig, path: Path) -> None:
-    # fixed metadata so the same run gives byte-identical images
-    fig.savefig(path, metadata={"Software": None}, bbox_inches="tight")
+# fixed metadata (no matplotlib version) and a tight box: identical inputs give identical PNGs
+REPRODUCIBLE_PNG = {"metadata": {"Software": None}, "bbox_inches": "tight"}
 
 
-def write_figure(plt, fig, path: Path) -> Path:
-    """Lay out, save and close one of a run's figures; returns its path."""
+def write_figure(fig, path: str | Path, **savefig) -> None:
+    """Save atomically, in the format of the file's suffix; `savefig` goes to Figure.savefig."""
+    from ..yamlio import atomic_path
+
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format=Path(path).suffix.lstrip(".") or "png", **savefig)
+
+
+def finish_figure(fig, path: str | Path, **savefig) -> Path:
+    """The end of every plot function: the layout tightened, the figure saved atomically
+    (`savefig` as Figure.savefig's, e.g. dpi or REPRODUCIBLE_PNG) and closed; returns the path."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
-    _save(fig, path)
+    write_figure(fig, path, **savefig)
     plt.close(fig)
-    return path
+    return Path(path)
 
 
 def _cdf(ax, values: np.ndarray, label: str, scale: float = 1.0) -> None:
@@ -99,7 +109,7 @@ def plot_run(run_dir: Path) -> list[Path]:
         ax.set_ylabel("fraction of requests")
         ax.set_ylim(0, 1.01)
     fig.suptitle("latency CDFs")
-    made.append(write_figure(plt, fig, out / "latency_cdf.png"))
+    made.append(finish_figure(fig, out / "latency_cdf.png", **REPRODUCIBLE_PNG))
 
     series_path = run_dir / "series.parquet"
     s = pq.read_table(series_path).to_pydict() if series_path.exists() else {}
@@ -131,7 +141,7 @@ def plot_run(run_dir: Path) -> list[Path]:
         a2.set_xlabel("simulated time (s)")
         a2.legend(loc="upper right", fontsize=8)
         fig.suptitle("batch size and KV-cache use over time")
-        made.append(write_figure(plt, fig, out / "timeline.png"))
+        made.append(finish_figure(fig, out / "timeline.png", **REPRODUCIBLE_PNG))
 
     ok = np.isfinite(req["e2e_s"])
     if ok.any():
@@ -151,7 +161,7 @@ def plot_run(run_dir: Path) -> list[Path]:
         ax2.set_ylabel("requests finished/s")
         fig.legend(loc="upper right", fontsize=8)
         ax.set_title("throughput over time (by finish time)")
-        made.append(write_figure(plt, fig, out / "throughput.png"))
+        made.append(finish_figure(fig, out / "throughput.png", **REPRODUCIBLE_PNG))
     if "transfer_s" in req:  # a disaggregated run: where each request's time went
         fig, ax = plt.subplots(figsize=(8, 3.6))
         for col in ("queueing_s", "prefill_s", "transfer_wait_s", "transfer_s", "decode_queueing_s", "decode_s"):
@@ -161,5 +171,5 @@ def plot_run(run_dir: Path) -> list[Path]:
         ax.set_ylabel("fraction of requests")
         ax.legend(fontsize=8)
         ax.set_title("per-request phases (disaggregated)")
-        made.append(write_figure(plt, fig, out / "disaggregation_phases.png"))
+        made.append(finish_figure(fig, out / "disaggregation_phases.png", **REPRODUCIBLE_PNG))
     return made

@@ -35,7 +35,7 @@ def busy_until(start_s: np.ndarray, end_s: np.ndarray, t_s: np.ndarray) -> np.nd
 
 def plot_stages(run_dir: Path) -> list[Path]:
     """The stage panel of a run folder that has stages.parquet."""
-    from ..metrics.plots import pyplot, write_figure
+    from ..metrics.plots import REPRODUCIBLE_PNG, finish_figure, pyplot
 
     run_dir = Path(run_dir)
     if not (run_dir / "stages.parquet").is_file():
@@ -73,4 +73,4 @@ def plot_stages(run_dir: Path) -> list[Path]:
     bottom.set_title("close-up: batches on the stages; gaps are bubbles")
     out = run_dir / "plots" / "stages.png"
     out.parent.mkdir(exist_ok=True)
-    return [write_figure(plt, fig, out)]
+    return [finish_figure(fig, out, **REPRODUCIBLE_PNG)]
