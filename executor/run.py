@@ -18,6 +18,7 @@ from infersim.simulator.errors import InfersimError
 from infersim.simulator.workload.schema import ServingSection
 
 from . import medusa  # noqa: F401  (registers Medusa's decoder with the speculative engine)
+from .kvcache import KVCacheConfig
 from .options import ExecOptions
 from .serving import (
     clipped_output,
@@ -76,15 +77,10 @@ def execute(spec, requests, model: str, out: Path, opts: ExecOptions = ExecOptio
         engine = Engine(
             lm,
             build_scheduler(sv.scheduler, sv.preemption),
-            gpu_blocks=mem["gpu_blocks"],
-            cpu_blocks=mem["cpu_blocks"],
-            block_size=sv.block_size,
-            watermark=sv.watermark,
+            KVCacheConfig.from_serving(sv, mem["gpu_blocks"], mem["cpu_blocks"], kv_dtype),
             limits=limits,
             metrics=metrics,
             realtime=opts.realtime,
-            kv_dtype=kv_dtype,
-            prefix_caching=sv.prefix_caching,
         )
         engine.warmup()
         # a workload with token identity (requests.sharing, a trace's hash ids) gets prompts that

@@ -18,6 +18,7 @@ totals (GB loaded and stored, copy seconds)."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -26,7 +27,7 @@ import numpy as np
 from infersim.simulator.errors import InfersimError
 
 from ..engine import Engine, ExecSequence
-from ..kvcache import PagedKVCache
+from ..kvcache import KVCacheConfig, PagedKVCache
 from ..options import ExecOptions
 from ..runner import plan_batch
 from .runner import OffloadRunner
@@ -38,10 +39,8 @@ class HostKVPool(PagedKVCache):
     """The paged KV pool in host memory (pinned when the model is on CUDA, for async H2D);
     no second tier: preemption recomputes."""
 
-    def __init__(self, *a, pinned: bool = False, **kw):
-        kw["device"] = "cpu"
-        kw["cpu_blocks"] = 0
-        super().__init__(*a, **kw)
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, config: KVCacheConfig, pinned: bool = False):
+        super().__init__(num_layers, num_kv_heads, head_dim, replace(config, cpu_blocks=0), "cpu")
         if pinned:
             self._k, self._v = self._k.pin_memory(), self._v.pin_memory()
             self.k, self.v = list(self._k.unbind(0)), list(self._v.unbind(0))
@@ -52,22 +51,27 @@ class OffloadEngine(Engine):
     engine's own."""
 
     def __init__(
-        self, model, scheduler, *, policy: str, params: dict | None = None, overlap: str = "none", skew=None, **kw
+        self,
+        model,
+        scheduler,
+        kv: KVCacheConfig,
+        *,
+        policy: str,
+        params: dict | None = None,
+        overlap: str = "none",
+        skew=None,
+        **kw,
     ):
+        """kv: the host pool (gpu_blocks of them); the remaining `kw` as Engine takes them."""
         if kw.get("limits") is not None and kw["limits"].chunked_prefill:
             raise InfersimError("the offload executor prefills whole prompts: set serving.chunked_prefill: false")
-        kw["cpu_blocks"] = 0
-        pool_blocks = kw["gpu_blocks"]
-        kw["gpu_blocks"] = 1  # the engine's own device pool is replaced below: keep it one block
-        super().__init__(model, scheduler, **kw)
+        # the engine's own device pool is replaced below: keep it one block
+        super().__init__(model, scheduler, replace(kv, gpu_blocks=1, cpu_blocks=0), **kw)
         self.cache = HostKVPool(
             self.runner.num_layers,
             self.runner.num_kv_heads,
             self.runner.head_dim,
-            block_size=kw.get("block_size", 16),
-            gpu_blocks=pool_blocks,
-            dtype=kw.get("kv_dtype") or model.dtype,
-            watermark=kw.get("watermark", 0.01),
+            replace(self.kv_config, gpu_blocks=kv.gpu_blocks),
             pinned=model.device.type == "cuda",
         )
         self.runner = OffloadRunner(model, self.cache, policy, params, overlap=overlap, skew=skew)
@@ -211,18 +215,14 @@ def execute(spec, requests, model: str, out: Path, opts: ExecOptions = ExecOptio
         engine = OffloadEngine(
             lm,
             build_scheduler(sv.scheduler, "recompute"),
+            KVCacheConfig.from_serving(sv, mem["gpu_blocks"], 0, lm.dtype),
             policy=policy,
             params=off.params,
             overlap=off.overlap,
             skew=skew,
-            gpu_blocks=mem["gpu_blocks"],
-            cpu_blocks=0,
-            block_size=sv.block_size,
-            watermark=sv.watermark,
             limits=limits,
             metrics=metrics,
             realtime=opts.realtime,
-            kv_dtype=lm.dtype,
         )
         engine.warmup()
         prompts = make_prompts(requests.prompt_tokens, tokenizer=lm.tokenizer, vocab_size=lm.vocab_size, seed=spec.seed)

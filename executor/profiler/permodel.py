@@ -137,7 +137,7 @@ def measure_model(lm, plan: ModelPlan, *, timer, seed: int = 0, progress=None, s
     """Raw timings, every round over every prefill setting and swap size: {'prefill':
     {setting: [per-round medians]}, 'swap': {tokens: {'out': [...], 'in': [...]}},
     'sentinel': [...]}."""
-    from infersim.executor.kvcache import runner_cache
+    from infersim.executor.kvcache import KVCacheConfig, runner_cache
     from infersim.executor.prompts import make_prompts
     from infersim.executor.runner import TokenSeq, build_runner, plan_batch
 
@@ -147,20 +147,12 @@ def measure_model(lm, plan: ModelPlan, *, timer, seed: int = 0, progress=None, s
     # one cache for the prefills (room for the biggest batch) and one for the swaps: a pool
     # of >= 32 MiB per side, so successive repeats move different blocks, not cache-warm ones
     cache = runner_cache(
-        runner,
-        block_size=BLOCK_SIZE,
-        gpu_blocks=-(-longest // BLOCK_SIZE) + 4,
-        cpu_blocks=1,
-        dtype=lm.dtype,
-        device=lm.device,
-        watermark=0.0,
+        runner, KVCacheConfig(-(-longest // BLOCK_SIZE) + 4, BLOCK_SIZE, 1, watermark=0.0, dtype=lm.dtype), lm.device
     )
     per_block = cache.bytes_per_block
     swap_max = max(plan.swap_fit_tokens + plan.swap_held_tokens)
     pool = max(8 * -(-swap_max // BLOCK_SIZE), (32 << 20) // per_block)
-    scache = runner_cache(
-        runner, block_size=BLOCK_SIZE, gpu_blocks=pool, cpu_blocks=pool, dtype=lm.dtype, device=lm.device, watermark=0.0
-    )
+    scache = runner_cache(runner, KVCacheConfig(pool, BLOCK_SIZE, pool, watermark=0.0, dtype=lm.dtype), lm.device)
     for t in (scache._k, scache._v, scache._hk, scache._hv):
         t.fill_(0.5)  # commit the pages before timing
     scache._clean = [True] * pool

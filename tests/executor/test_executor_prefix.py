@@ -23,7 +23,7 @@ pytest.importorskip("transformers")
 pytestmark = pytest.mark.torch
 
 from infersim.executor.engine import generate  # noqa: E402
-from infersim.executor.kvcache import PagedKVCache  # noqa: E402
+from infersim.executor.kvcache import KVCacheConfig, PagedKVCache  # noqa: E402
 from infersim.executor.models import load_model  # noqa: E402
 from infersim.executor.prefix_kv import PrefixCachedKV  # noqa: E402
 from infersim.executor.prompts import make_prompts  # noqa: E402
@@ -154,7 +154,7 @@ def test_swap_moves_only_unshared_blocks_and_restores_them():
     two blocks only and leaves the shared ones in place, referenced by both (so never evicted);
     swapping it back takes its registered block from the cache when it is still there and
     copies the rest, and its K/V is what it was."""
-    cache = PagedKVCache(2, 2, 4, block_size=4, gpu_blocks=12, cpu_blocks=8, dtype=torch.float32)
+    cache = PagedKVCache(2, 2, 4, KVCacheConfig(12, 4, cpu_blocks=8, dtype=torch.float32))
     kv = PrefixCachedKV(cache)
     common = list(range(1, 9))
     a, b = CachedSequence(0, common + [20, 21, 22, 23, 24], 4, 0.0), CachedSequence(1, common + [30] * 7, 4, 0.0)
