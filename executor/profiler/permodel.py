@@ -51,6 +51,27 @@ class ModelPlan:
     swap_rep: Repeats = field(default_factory=lambda: Repeats(warmup=2, min_repeats=7, max_repeats=60, target_s=0.03))
 
 
+@dataclass(frozen=True)
+class ModelSettings:
+    """How the served models' own predictors are measured (`sim profile --model NAME`)."""
+
+    device: object = field(metadata={"help": "torch.device the models run on"})
+    dtype: str = field(metadata={"help": "fp32, fp16 or bf16: the weights' and KV cache's dtype"})
+    quick: bool = field(default=False, metadata={"help": "a handful of prompt lengths (tests, smoke runs)"})
+    seed: int = field(default=0, metadata={"help": "seed of the prompts, ragged batches and regressors"})
+    rounds: int | None = field(default=None, metadata={"help": "passes over all settings; None: the plan's"})
+
+
+@dataclass(frozen=True)
+class ProfiledModel:
+    """Which model a per-model entry describes: the key the cost model looks it up by."""
+
+    name: str = field(metadata={"help": "the loaded model's name (zoo name or folder)"})
+    spec: object = field(metadata={"help": "its simulator ModelSpec (model_spec_of)"})
+    config_hash: str = field(metadata={"help": "hash of its architecture (model_config_hash)"})
+    dtype: str = field(metadata={"help": "the dtype it was measured in"})
+
+
 def model_plan(quick: bool, max_positions: int, rounds: int | None = None) -> ModelPlan:
     """Prompt lengths on a sqrt(2) grid up to the model's context (at most 2,048), held-out
     lengths between the grid's points; --quick: a handful of each (tests, smoke runs)."""
@@ -301,16 +322,7 @@ def fit_swap(rows: list[dict]) -> dict:
 
 
 def analyze_model(
-    raw: dict,
-    plan: ModelPlan,
-    *,
-    name: str,
-    spec,
-    config_hash: str,
-    dtype: str,
-    hardware,
-    calibration: dict | None,
-    seed: int = 0,
+    raw: dict, plan: ModelPlan, model: ProfiledModel, *, hardware, calibration: dict | None, seed: int = 0
 ) -> dict:
     """The sidecar entry of one model: the recompute predictor (chosen without the held-out
     set), its held-out errors beside the generic predictor's and the roofline's, and the swap
@@ -325,8 +337,9 @@ def analyze_model(
         model_key,
     )
 
-    from .regress import compare_sets
+    from .regress import Candidates, compare_sets
 
+    name, spec, dtype = model.name, model.spec, model.dtype
     settings = raw["settings"]
     med = {q: _rounds_median(v) for q, v in raw["prefill"].items()}
     fit_q = [q for role, q in settings if role == "fit"]
@@ -335,7 +348,7 @@ def analyze_model(
     yf = np.array([med[q][0] for q in fit_q])
     Xh = np.array([model_features(q) for q in held_q])
     yh = np.array([med[q][0] for q in held_q])
-    comp = compare_sets(Xf, yf, Xh, yh, target="prefill", features=MODEL_FEATURES, seed=seed)
+    comp = compare_sets(Xf, yf, Xh, yh, target="prefill", features=MODEL_FEATURES, candidates=Candidates(seed=seed))
     domain = {
         "tokens": [int(min(plan.fit_tokens)), int(max(plan.fit_tokens))],
         "batch": [1, int(max((1,) + plan.batches))],
@@ -343,7 +356,7 @@ def analyze_model(
     }
     entry = {
         "name": name,
-        "config_hash": config_hash,
+        "config_hash": model.config_hash,
         "dtype": dtype,
         "spec": {k: v for k, v in spec.model_dump().items() if k not in ("source", "aliases")},
         "recompute": {"predictor": comp.pop("portable"), "domain": domain, "comparison": comp},
@@ -356,7 +369,7 @@ def analyze_model(
             "per_model": {
                 "format": MODEL_PREDICTORS_FORMAT,
                 "version": MODEL_PREDICTORS_VERSION,
-                "models": {model_key(name, config_hash): entry},
+                "models": {model_key(name, model.config_hash): entry},
             },
         }
         reg = RegressionCostModel(spec, hardware, dtype=dtype, calibration=cal)
@@ -478,17 +491,7 @@ def analyze_model(
 
 
 def profile_models(
-    names,
-    *,
-    hardware,
-    calibration: dict | None,
-    device,
-    dtype: str,
-    quick: bool,
-    seed: int = 0,
-    rounds: int | None = None,
-    progress=None,
-    timer=None,
+    names, settings: ModelSettings, *, hardware, calibration: dict | None, progress=None, timer=None
 ) -> dict:
     """The `per_model` sidecar section for the named models (zoo names, checkpoint folders)."""
     import torch
@@ -498,6 +501,7 @@ def profile_models(
 
     from .device import make_timer
 
+    device, dtype, quick, seed = settings.device, settings.dtype, settings.quick, settings.seed
     timer = timer or make_timer(device)
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     models = {}
@@ -508,18 +512,10 @@ def profile_models(
         if getattr(lm, "family", None) not in ("llama", "mistral", "opt"):
             raise InfersimError(f"--model {name}: no executor runner for family {lm.family!r}")
         spec, h = model_spec_of(lm)
-        plan = model_plan(quick, lm.max_positions, rounds)
+        plan = model_plan(quick, lm.max_positions, settings.rounds)
         raw = measure_model(lm, plan, timer=timer, seed=seed, progress=progress, sync=sync)
         entry = analyze_model(
-            raw,
-            plan,
-            name=lm.name,
-            spec=spec,
-            config_hash=h,
-            dtype=dtype,
-            hardware=hardware,
-            calibration=calibration,
-            seed=seed,
+            raw, plan, ProfiledModel(lm.name, spec, h, dtype), hardware=hardware, calibration=calibration, seed=seed
         )
         la1 = load_average()
         entry.update(
