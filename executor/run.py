@@ -34,7 +34,7 @@ from .serving import (
 )
 
 
-def check_engine_features(spec, source: str = "workload") -> None:
+def check_engine_features(spec, source: str) -> None:
     """Prefix caching runs on the plain engine only: refuse it beside speculation or offload."""
     if spec.serving.prefix_caching and (spec.speculation is not None or spec.offload is not None):
         raise InfersimError(
@@ -44,8 +44,9 @@ def check_engine_features(spec, source: str = "workload") -> None:
 
 
 def execute(spec, requests, model: str, out: Path, opts: ExecOptions = ExecOptions()) -> dict:
-    """Serve the requests on the model and write the run directory atomically; returns the summary."""
-    check_engine_features(spec)
+    """Serve the requests on the model and write the run directory atomically; returns the summary.
+    Refuses, before any work, settings the engines cannot serve together (naming `opts.source`)."""
+    check_engine_features(spec, opts.source)
     if getattr(spec, "speculation", None) is not None:
         # a `speculation:` section: the speculative engine (executor/speculative/engine.py)
         from .speculative.engine import execute_speculative
