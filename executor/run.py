@@ -29,6 +29,7 @@ from .serving import (
     resolved_config,
     run_result,
     serve,
+    served_limits,
     single_replica,
     write_engine_run,
 )
@@ -59,7 +60,7 @@ def execute(spec, requests, model: str, out: Path, opts: ExecOptions = ExecOptio
         return execute_offload(spec, requests, model, out, opts)
     from infersim.simulator.metrics.collector import MetricsCollector
     from infersim.simulator.metrics.rundir import staged_dir
-    from infersim.simulator.policies import SchedulerLimits, build_scheduler
+    from infersim.simulator.policies import build_scheduler
 
     from .engine import Engine, ExecSequence
     from .prompts import make_prompts
@@ -67,9 +68,8 @@ def execute(spec, requests, model: str, out: Path, opts: ExecOptions = ExecOptio
     t_wall = time.perf_counter()
     lm = load_served_model(requests, model, opts)
     sv = spec.serving
-    max_len = min(sv.max_model_len or lm.max_positions, lm.max_positions)
-    max_batched = sv.max_batched_tokens or (2048 if sv.chunked_prefill else max(max_len, 2048))
-    limits = SchedulerLimits(sv.max_batch_size, max_batched, max_len, sv.chunked_prefill)
+    limits = served_limits(sv, lm)
+    max_len = limits.max_model_len
     kv_dtype = lm.dtype
     mem = plan_blocks(lm, sv, limits, kv_dtype=kv_dtype, device_memory_gb=opts.device_memory_gb)
     spec = single_replica(spec, lm)

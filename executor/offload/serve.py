@@ -26,6 +26,7 @@ import numpy as np
 
 from infersim.simulator.errors import InfersimError
 
+from .. import serving
 from ..engine import Engine, ExecSequence
 from ..kvcache import KVCacheConfig, PagedKVCache
 from ..options import ExecOptions
@@ -176,40 +177,27 @@ def execute(spec, requests, model: str, out: Path, opts: ExecOptions = ExecOptio
     policy; write a `sim exec` run directory at `out` atomically; return the summary."""
     from infersim.simulator.metrics.collector import MetricsCollector
     from infersim.simulator.metrics.rundir import staged_dir
-    from infersim.simulator.policies import SchedulerLimits, build_scheduler
+    from infersim.simulator.policies import build_scheduler
 
     from ..models import dtype_name
     from ..prompts import make_prompts
-    from ..serving import (
-        clipped_output,
-        executor_record,
-        load_served_model,
-        memory_plan,
-        plan_blocks,
-        resolved_config,
-        run_result,
-        serve,
-        single_replica,
-        write_engine_run,
-    )
 
     off, policy = _section(spec)
     t_wall = time.perf_counter()
-    lm = load_served_model(requests, model, opts)
+    lm = serving.load_served_model(requests, model, opts)
     sv = spec.serving
     if sv.chunked_prefill:
         raise InfersimError(
             f"workload {spec.name}: the offload executor prefills whole prompts: set " f"serving.chunked_prefill: false"
         )
-    max_len = min(sv.max_model_len or lm.max_positions, lm.max_positions)
-    max_batched = sv.max_batched_tokens or max(max_len, 2048)
-    limits = SchedulerLimits(sv.max_batch_size, max_batched, max_len, False)
+    limits = serving.served_limits(sv, lm)  # without chunked prefill (refused above)
+    max_len = limits.max_model_len
     if off.pool_blocks is not None:
         sv = sv.model_copy(update={"gpu_blocks": int(off.pool_blocks)})
-    mem = plan_blocks(lm, sv, limits, kv_dtype=lm.dtype, device_memory_gb=opts.device_memory_gb)
+    mem = serving.plan_blocks(lm, sv, limits, kv_dtype=lm.dtype, device_memory_gb=opts.device_memory_gb)
     mem["cpu_blocks"] = 0  # the pool is the host memory; no second tier
     skew = _skew_for(str(lm.path), str(lm.device), dtype_name(lm.dtype)) if policy == "infinigen" else None
-    spec = single_replica(spec, lm)
+    spec = serving.single_replica(spec, lm)
     with staged_dir(Path(out), command="exec", force=opts.force) as tmp:
         metrics = MetricsCollector(len(requests), series_path=tmp / "series.parquet")
         engine = OffloadEngine(
@@ -234,17 +222,17 @@ def execute(spec, requests, model: str, out: Path, opts: ExecOptions = ExecOptio
             if requests.duration_s is not None and t > requests.duration_s:
                 break
             p = prompts[i]
-            o, cut = clipped_output(len(p), requests.output_tokens[i], max_len)
+            o, cut = serving.clipped_output(len(p), requests.output_tokens[i], max_len)
             truncated += cut
             s = ExecSequence(i, p, o, float(t))
             seqs.append(s)
             engine.submit(s)
-        end = serve(engine, None if opts.quiet else len(seqs))
-        memory = memory_plan(mem)
+        end = serving.serve(engine, None if opts.quiet else len(seqs))
+        memory = serving.memory_plan(mem)
         st = engine.stats
         tabs = engine.tables()
         oi = tabs["offload_iterations"]
-        ex = executor_record(
+        ex = serving.executor_record(
             lm, st, realtime=opts.realtime, t_wall=t_wall, truncated=truncated, swap_out_blocks=0, swap_in_blocks=0
         )
         offload = {
@@ -259,9 +247,9 @@ def execute(spec, requests, model: str, out: Path, opts: ExecOptions = ExecOptio
             "load_s": float(oi["load_s"].sum()),
             "store_s": float(oi["store_s"].sum()),
         }
-        resolved = {**resolved_config(spec, lm, mem, limits, len(seqs), ex), "offload_executor": offload}
-        result = run_result(spec, metrics, memory, end, resolved, {"executor": ex, "offload": offload})
-        summary = write_engine_run(tmp, result, engine, seqs, opts, tabs)
+        resolved = {**serving.resolved_config(spec, lm, mem, limits, len(seqs), ex), "offload_executor": offload}
+        result = serving.run_result(spec, metrics, memory, end, resolved, {"executor": ex, "offload": offload})
+        summary = serving.write_engine_run(tmp, result, engine, seqs, opts, tabs)
     return summary
 
 
