@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from infersim.simulator.engine.blocks import BlockCounts
+
 
 @dataclass(frozen=True)
 class KVCacheConfig:
@@ -46,7 +48,7 @@ class KVCacheConfig:
         )
 
 
-class PagedKVCache:
+class PagedKVCache(BlockCounts):
     def __init__(
         self,
         num_layers: int,
@@ -100,7 +102,7 @@ class PagedKVCache:
         self._clean = [False] * self.total_gpu
         self._zero([0])
 
-    # ---- accounting (the same numbers as simulator/engine/blocks.py) ------------------
+    # ---- accounting (the same numbers as simulator/engine/blocks.py; BlockCounts adds used_*) --
     @property
     def free_gpu(self) -> int:
         return len(self._free_gpu)
@@ -110,20 +112,9 @@ class PagedKVCache:
         return len(self._free_cpu)
 
     @property
-    def used_gpu(self) -> int:
-        return self.total_gpu - self.free_gpu
-
-    @property
-    def used_cpu(self) -> int:
-        return self.total_cpu - self.free_cpu
-
-    @property
     def bytes_per_block(self) -> int:
         """K and V of one block over all layers."""
         return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * self._k.element_size()
-
-    def blocks_for_tokens(self, tokens: int) -> int:
-        return -(-int(tokens) // self.block_size)
 
     def grow_to(self, seq, tokens: int) -> int:
         """Give `seq` device blocks for `tokens` cached tokens; returns the blocks added."""
