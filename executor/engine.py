@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import heapq
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -32,7 +32,7 @@ from infersim.simulator.policies.state import SchedulerLimits, SchedulerState
 from infersim.simulator.workload.schema import ServingSection
 
 from .clock import Clock
-from .kvcache import runner_cache
+from .kvcache import KVCacheConfig, runner_cache
 from .runner import build_runner, plan_batch
 from .sequence import ExecSequence
 
@@ -145,46 +145,35 @@ class Engine:
     """One replica serving real requests.
 
     model: a LoadedModel (executor.models); scheduler: from simulator.policies.build_scheduler;
-    metrics: a simulator MetricsCollector (or None for none)."""
+    kv: the paged cache's pools (its dtype None: the model's); metrics: a simulator
+    MetricsCollector (or None for none)."""
 
     def __init__(
         self,
         model,
         scheduler,
+        kv: KVCacheConfig,
         *,
-        gpu_blocks: int,
-        cpu_blocks: int,
-        block_size: int = 16,
-        watermark: float = 0.01,
         limits: SchedulerLimits | None = None,
         metrics=None,
         cost_model=None,
         realtime: bool = True,
         record: bool = True,
-        kv_dtype=None,
-        prefix_caching: bool = False,
     ):
         self.lm = model
         self.runner = build_runner(model)
         self.device = model.device
-        self.cache = runner_cache(
-            self.runner,
-            block_size=block_size,
-            gpu_blocks=gpu_blocks,
-            cpu_blocks=cpu_blocks,
-            dtype=kv_dtype or model.dtype,
-            device=model.device,
-            watermark=watermark,
-        )
+        self.kv_config = replace(kv, dtype=kv.dtype or model.dtype)
+        self.cache = runner_cache(self.runner, self.kv_config, model.device)
         # the KV operations the decisions go through: the cache itself, or with prefix caching
         # the simulator's prefix-caching accounting over its blocks (executor/prefix_kv.py)
         self._prefix_kv = None
         self.sequence_class = ExecSequence
-        if prefix_caching:
+        if kv.prefix_caching:
             from .prefix_kv import PrefixCachedKV
             from .sequence import CachedSequence
 
-            self._prefix_kv = PrefixCachedKV(self.cache, watermark)
+            self._prefix_kv = PrefixCachedKV(self.cache, kv.watermark)
             self.sequence_class = CachedSequence
         self.scheduler = scheduler
         self.limits = limits or SchedulerLimits(max_model_len=model.max_positions)
@@ -488,17 +477,8 @@ def generate(
     limits = SchedulerLimits(
         sv.max_batch_size, sv.max_batched_tokens or max(max_len, 2048), max_len, sv.chunked_prefill
     )
-    eng = Engine(
-        model,
-        build_scheduler(sv.scheduler, sv.preemption),
-        gpu_blocks=gpu_blocks,
-        cpu_blocks=sv.cpu_blocks or 0,
-        block_size=sv.block_size,
-        watermark=sv.watermark,
-        limits=limits,
-        realtime=False,
-        prefix_caching=sv.prefix_caching,
-    )
+    kv = KVCacheConfig.from_serving(sv, gpu_blocks, sv.cpu_blocks or 0)
+    eng = Engine(model, build_scheduler(sv.scheduler, sv.preemption), kv, limits=limits, realtime=False)
     seqs = []
     for i, (p, o) in enumerate(zip(prompts, outs)):
         s = eng.sequence_class(i, p, o, 0.0 if arrival_s is None else float(arrival_s[i]))

@@ -13,31 +13,66 @@ errors); here the blocks also have identities, kept in free lists."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 
+from infersim.simulator.engine.blocks import BlockCounts
 
-class PagedKVCache:
+
+@dataclass(frozen=True)
+class KVCacheConfig:
+    """How a paged KV cache is laid out (vLLM's CacheConfig): its blocks, pools and dtype."""
+
+    gpu_blocks: int = field(metadata={"help": "blocks in the device pool"})
+    block_size: int = field(default=16, metadata={"help": "tokens per block"})
+    cpu_blocks: int = field(default=0, metadata={"help": "blocks in the host pool (swap space)"})
+    watermark: float = field(
+        default=0.01, metadata={"help": "share of the device blocks admission keeps free (simulator/engine/blocks.py)"}
+    )
+    dtype: torch.dtype | None = field(default=None, metadata={"help": "K/V element type; None: the model's dtype"})
+    prefix_caching: bool = field(
+        default=False, metadata={"help": "share blocks of common prompt prefixes (executor/prefix_kv.py; the Engine)"}
+    )
+
+    @classmethod
+    def from_serving(cls, serving, gpu_blocks: int, cpu_blocks: int, dtype: torch.dtype | None = None):
+        """The cache a workload's `serving:` section asks for, with the pools as planned."""
+        return cls(
+            gpu_blocks,
+            serving.block_size,
+            cpu_blocks,
+            serving.watermark,
+            dtype=dtype,
+            prefix_caching=serving.prefix_caching,
+        )
+
+
+class PagedKVCache(BlockCounts):
     def __init__(
         self,
         num_layers: int,
         num_kv_heads: int,
         head_dim: int,
-        *,
-        block_size: int,
-        gpu_blocks: int,
-        cpu_blocks: int,
-        dtype: torch.dtype,
+        config: KVCacheConfig,
         device: torch.device | str = "cpu",
-        watermark: float = 0.01,
     ):
+        gpu_blocks, cpu_blocks, block_size, dtype = (
+            config.gpu_blocks,
+            config.cpu_blocks,
+            config.block_size,
+            config.dtype,
+        )
         if gpu_blocks <= 0:
             raise ValueError(f"need at least one device KV block, got {gpu_blocks}")
+        if dtype is None:
+            raise ValueError("a paged KV cache needs its dtype (KVCacheConfig.dtype)")
         self.device = torch.device(device)
         self.dtype = dtype
         self.num_layers, self.num_kv_heads, self.head_dim = num_layers, num_kv_heads, head_dim
         self.block_size = int(block_size)
         self.total_gpu, self.total_cpu = int(gpu_blocks), int(cpu_blocks)
-        self.watermark_blocks = int(watermark * gpu_blocks)
+        self.watermark_blocks = int(config.watermark * gpu_blocks)
         shape = (num_layers, self.total_gpu, self.block_size, num_kv_heads, head_dim)
         cuda = self.device.type == "cuda"
         # Every page committed up front, as cudaMalloc and pinned host memory (cudaHostAlloc) are
@@ -67,7 +102,7 @@ class PagedKVCache:
         self._clean = [False] * self.total_gpu
         self._zero([0])
 
-    # ---- accounting (the same numbers as simulator/engine/blocks.py) ------------------
+    # ---- accounting (the same numbers as simulator/engine/blocks.py; BlockCounts adds used_*) --
     @property
     def free_gpu(self) -> int:
         return len(self._free_gpu)
@@ -77,20 +112,9 @@ class PagedKVCache:
         return len(self._free_cpu)
 
     @property
-    def used_gpu(self) -> int:
-        return self.total_gpu - self.free_gpu
-
-    @property
-    def used_cpu(self) -> int:
-        return self.total_cpu - self.free_cpu
-
-    @property
     def bytes_per_block(self) -> int:
         """K and V of one block over all layers."""
         return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * self._k.element_size()
-
-    def blocks_for_tokens(self, tokens: int) -> int:
-        return -(-int(tokens) // self.block_size)
 
     def grow_to(self, seq, tokens: int) -> int:
         """Give `seq` device blocks for `tokens` cached tokens; returns the blocks added."""
@@ -266,15 +290,6 @@ def contiguous_runs(a: list[int], b: list[int]):
         i += n
 
 
-def runner_cache(runner, *, block_size: int, gpu_blocks: int, cpu_blocks: int = 0, **kw) -> PagedKVCache:
-    """A paged cache shaped for a model runner's layers and KV heads (`kw`: dtype, device,
-    watermark as PagedKVCache takes them)."""
-    return PagedKVCache(
-        runner.num_layers,
-        runner.num_kv_heads,
-        runner.head_dim,
-        block_size=block_size,
-        gpu_blocks=gpu_blocks,
-        cpu_blocks=cpu_blocks,
-        **kw,
-    )
+def runner_cache(runner, config: KVCacheConfig, device: torch.device | str = "cpu") -> PagedKVCache:
+    """A paged cache shaped for a model runner's layers and KV heads."""
+    return PagedKVCache(runner.num_layers, runner.num_kv_heads, runner.head_dim, config, device)

@@ -30,6 +30,10 @@ class ExecOptions:
         default=False,
         metadata={"help": "replace an output folder infersim did not write (rundir.check_out_dir)"},
     )
+    source: str = field(
+        default="workload",
+        metadata={"help": "what the workload came from (its file name), named by refusals of its settings"},
+    )
 
 
 # what the validation hooks run with: the clock jumps idle gaps and nothing is drawn

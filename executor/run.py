@@ -18,6 +18,7 @@ from infersim.simulator.errors import InfersimError
 from infersim.simulator.workload.schema import ServingSection
 
 from . import medusa  # noqa: F401  (registers Medusa's decoder with the speculative engine)
+from .kvcache import KVCacheConfig
 from .options import ExecOptions
 from .serving import (
     clipped_output,
@@ -28,12 +29,13 @@ from .serving import (
     resolved_config,
     run_result,
     serve,
+    served_limits,
     single_replica,
     write_engine_run,
 )
 
 
-def check_engine_features(spec, source: str = "workload") -> None:
+def check_engine_features(spec, source: str) -> None:
     """Prefix caching runs on the plain engine only: refuse it beside speculation or offload."""
     if spec.serving.prefix_caching and (spec.speculation is not None or spec.offload is not None):
         raise InfersimError(
@@ -43,8 +45,9 @@ def check_engine_features(spec, source: str = "workload") -> None:
 
 
 def execute(spec, requests, model: str, out: Path, opts: ExecOptions = ExecOptions()) -> dict:
-    """Serve the requests on the model and write the run directory atomically; returns the summary."""
-    check_engine_features(spec)
+    """Serve the requests on the model and write the run directory atomically; returns the summary.
+    Refuses, before any work, settings the engines cannot serve together (naming `opts.source`)."""
+    check_engine_features(spec, opts.source)
     if getattr(spec, "speculation", None) is not None:
         # a `speculation:` section: the speculative engine (executor/speculative/engine.py)
         from .speculative.engine import execute_speculative
@@ -57,7 +60,7 @@ def execute(spec, requests, model: str, out: Path, opts: ExecOptions = ExecOptio
         return execute_offload(spec, requests, model, out, opts)
     from infersim.simulator.metrics.collector import MetricsCollector
     from infersim.simulator.metrics.rundir import staged_dir
-    from infersim.simulator.policies import SchedulerLimits, build_scheduler
+    from infersim.simulator.policies import build_scheduler
 
     from .engine import Engine, ExecSequence
     from .prompts import make_prompts
@@ -65,9 +68,8 @@ def execute(spec, requests, model: str, out: Path, opts: ExecOptions = ExecOptio
     t_wall = time.perf_counter()
     lm = load_served_model(requests, model, opts)
     sv = spec.serving
-    max_len = min(sv.max_model_len or lm.max_positions, lm.max_positions)
-    max_batched = sv.max_batched_tokens or (2048 if sv.chunked_prefill else max(max_len, 2048))
-    limits = SchedulerLimits(sv.max_batch_size, max_batched, max_len, sv.chunked_prefill)
+    limits = served_limits(sv, lm)
+    max_len = limits.max_model_len
     kv_dtype = lm.dtype
     mem = plan_blocks(lm, sv, limits, kv_dtype=kv_dtype, device_memory_gb=opts.device_memory_gb)
     spec = single_replica(spec, lm)
@@ -76,15 +78,10 @@ def execute(spec, requests, model: str, out: Path, opts: ExecOptions = ExecOptio
         engine = Engine(
             lm,
             build_scheduler(sv.scheduler, sv.preemption),
-            gpu_blocks=mem["gpu_blocks"],
-            cpu_blocks=mem["cpu_blocks"],
-            block_size=sv.block_size,
-            watermark=sv.watermark,
+            KVCacheConfig.from_serving(sv, mem["gpu_blocks"], mem["cpu_blocks"], kv_dtype),
             limits=limits,
             metrics=metrics,
             realtime=opts.realtime,
-            kv_dtype=kv_dtype,
-            prefix_caching=sv.prefix_caching,
         )
         engine.warmup()
         # a workload with token identity (requests.sharing, a trace's hash ids) gets prompts that

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from infersim.simulator.errors import InfersimError
 from infersim.simulator.machine import cpu_model
+from infersim.simulator.policies.state import SchedulerLimits
 from infersim.simulator.progress import ProgressBar
 
 
@@ -60,6 +61,15 @@ def clipped_output(prompt_len: int, output_tokens: int, max_len: int) -> tuple[i
     if cut:
         o = max_len - prompt_len
     return max(1, o), cut
+
+
+def served_limits(sv, lm) -> SchedulerLimits:
+    """The scheduler's limits a workload's `serving:` section sets on the loaded model: the
+    context cut at the model's positions; batched tokens by default 2,048 with chunked prefill,
+    else the context or 2,048 if that is longer."""
+    max_len = min(sv.max_model_len or lm.max_positions, lm.max_positions)
+    max_batched = sv.max_batched_tokens or (2048 if sv.chunked_prefill else max(max_len, 2048))
+    return SchedulerLimits(sv.max_batch_size, max_batched, max_len, sv.chunked_prefill)
 
 
 def plan_blocks(lm, sv, limits, *, kv_dtype, device_memory_gb: float | None = None) -> dict:

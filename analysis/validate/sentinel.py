@@ -24,7 +24,7 @@ def sentinel_s(
     import torch
 
     from infersim.executor.engine import ExecSequence
-    from infersim.executor.kvcache import PagedKVCache
+    from infersim.executor.kvcache import KVCacheConfig, runner_cache
     from infersim.executor.models import load_model
     from infersim.executor.runner import build_runner, plan_batch
 
@@ -38,16 +38,7 @@ def sentinel_s(
             _LOADED[key] = (lm, build_runner(lm))
         lm, runner = _LOADED[key]
         bs, prompt, batch = 16, 128, 8
-        cache = PagedKVCache(
-            runner.num_layers,
-            runner.num_kv_heads,
-            runner.head_dim,
-            block_size=bs,
-            gpu_blocks=(batch + 1) * (prompt // bs + 2),
-            cpu_blocks=0,
-            dtype=lm.dtype,
-            device=lm.device,
-        )
+        cache = runner_cache(runner, KVCacheConfig((batch + 1) * (prompt // bs + 2), bs, dtype=lm.dtype), lm.device)
         rng = np.random.default_rng(0)
         seqs = [
             ExecSequence(-1 - i, rng.integers(1, lm.vocab_size, prompt + 1).tolist(), 1, 0.0) for i in range(batch + 1)

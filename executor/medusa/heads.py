@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 
 import torch
@@ -118,15 +117,13 @@ def lm_head_weight(hf_model) -> torch.Tensor:
 def save_heads(heads: MedusaHeads, folder: Path, meta: dict) -> Path:
     """Write weights and metadata into `folder` atomically (a hidden sibling folder renamed
     into place), so a reader never sees half a set of heads."""
-    import shutil
-    import tempfile
-
     from safetensors.torch import save_file
+
+    from ..zoo.staging import staged
 
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.tmp-"))
-    try:
+    with staged(folder) as tmp:
         save_file({k: v.detach().contiguous().cpu() for k, v in heads.state_dict().items()}, str(tmp / WEIGHTS_FILE))
         full = {
             "format_version": FORMAT_VERSION,
@@ -139,12 +136,6 @@ def save_heads(heads: MedusaHeads, folder: Path, meta: dict) -> Path:
             **meta,
         }
         (tmp / META_FILE).write_text(json.dumps(full, indent=2, sort_keys=True) + "\n")
-        if folder.exists():
-            shutil.rmtree(folder)
-        os.replace(tmp, folder)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return folder
 
 

@@ -34,7 +34,7 @@ import torch
 from infersim.simulator.errors import InfersimError
 
 from ..runner import plan_batch
-from ..speculative.decoder import SpeculativeDecoder
+from ..speculative.decoder import SpeculativeDecoder, round_row
 from .acceptance import Acceptance, accept, accept_greedy_lists
 from .decode import compact_paths
 from .tree import TreeLayout, layout
@@ -261,30 +261,11 @@ class MedusaDecoder(SpeculativeDecoder):
             P.propose(go_on, hidden[torch.tensor(h_rows, dtype=torch.long, device=hidden.device)])
         self._sync()
         t2 = time.perf_counter()
-        self.stats.rounds.append(
-            (
-                self._round,
-                t_start,
-                t_start + (t2 - t0),
-                t2 - t1,
-                t1 - t0,
-                len(prefill) + len(ready),
-                len(prefill),
-                len(ready),
-                s,
-                drafted,
-                acc_total,
-                len(prefill) + gained_total,
-                1 if go_on else 0,
-                cache.used_gpu,
-                tgt.released_blocks - released,
-            )
+        times_s = (t_start, t_start + (t2 - t0), t2 - t1, t1 - t0)
+        counts = (s, drafted, acc_total, len(prefill) + gained_total, 1 if go_on else 0)
+        self._close_round(
+            prefill, ready, round_row(self._round, times_s, (len(prefill), len(ready)), counts, tgt, released)
         )
-        self._round += 1
-        for seq in prefill:
-            seq.rounds += 1
-        for seq in ready:
-            seq.rounds += 1
         return out
 
     # ---- what the engine writes beside its own files ------------------------------------------

@@ -18,6 +18,7 @@ totals (GB loaded and stored, copy seconds)."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -25,8 +26,9 @@ import numpy as np
 
 from infersim.simulator.errors import InfersimError
 
+from .. import serving
 from ..engine import Engine, ExecSequence
-from ..kvcache import PagedKVCache
+from ..kvcache import KVCacheConfig, PagedKVCache
 from ..options import ExecOptions
 from ..runner import plan_batch
 from .runner import OffloadRunner
@@ -38,10 +40,8 @@ class HostKVPool(PagedKVCache):
     """The paged KV pool in host memory (pinned when the model is on CUDA, for async H2D);
     no second tier: preemption recomputes."""
 
-    def __init__(self, *a, pinned: bool = False, **kw):
-        kw["device"] = "cpu"
-        kw["cpu_blocks"] = 0
-        super().__init__(*a, **kw)
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, config: KVCacheConfig, pinned: bool = False):
+        super().__init__(num_layers, num_kv_heads, head_dim, replace(config, cpu_blocks=0), "cpu")
         if pinned:
             self._k, self._v = self._k.pin_memory(), self._v.pin_memory()
             self.k, self.v = list(self._k.unbind(0)), list(self._v.unbind(0))
@@ -52,22 +52,27 @@ class OffloadEngine(Engine):
     engine's own."""
 
     def __init__(
-        self, model, scheduler, *, policy: str, params: dict | None = None, overlap: str = "none", skew=None, **kw
+        self,
+        model,
+        scheduler,
+        kv: KVCacheConfig,
+        *,
+        policy: str,
+        params: dict | None = None,
+        overlap: str = "none",
+        skew=None,
+        **kw,
     ):
+        """kv: the host pool (gpu_blocks of them); the remaining `kw` as Engine takes them."""
         if kw.get("limits") is not None and kw["limits"].chunked_prefill:
             raise InfersimError("the offload executor prefills whole prompts: set serving.chunked_prefill: false")
-        kw["cpu_blocks"] = 0
-        pool_blocks = kw["gpu_blocks"]
-        kw["gpu_blocks"] = 1  # the engine's own device pool is replaced below: keep it one block
-        super().__init__(model, scheduler, **kw)
+        # the engine's own device pool is replaced below: keep it one block
+        super().__init__(model, scheduler, replace(kv, gpu_blocks=1, cpu_blocks=0), **kw)
         self.cache = HostKVPool(
             self.runner.num_layers,
             self.runner.num_kv_heads,
             self.runner.head_dim,
-            block_size=kw.get("block_size", 16),
-            gpu_blocks=pool_blocks,
-            dtype=kw.get("kv_dtype") or model.dtype,
-            watermark=kw.get("watermark", 0.01),
+            replace(self.kv_config, gpu_blocks=kv.gpu_blocks),
             pinned=model.device.type == "cuda",
         )
         self.runner = OffloadRunner(model, self.cache, policy, params, overlap=overlap, skew=skew)
@@ -172,57 +177,40 @@ def execute(spec, requests, model: str, out: Path, opts: ExecOptions = ExecOptio
     policy; write a `sim exec` run directory at `out` atomically; return the summary."""
     from infersim.simulator.metrics.collector import MetricsCollector
     from infersim.simulator.metrics.rundir import staged_dir
-    from infersim.simulator.policies import SchedulerLimits, build_scheduler
+    from infersim.simulator.policies import build_scheduler
 
     from ..models import dtype_name
     from ..prompts import make_prompts
-    from ..serving import (
-        clipped_output,
-        executor_record,
-        load_served_model,
-        memory_plan,
-        plan_blocks,
-        resolved_config,
-        run_result,
-        serve,
-        single_replica,
-        write_engine_run,
-    )
 
     off, policy = _section(spec)
     t_wall = time.perf_counter()
-    lm = load_served_model(requests, model, opts)
+    lm = serving.load_served_model(requests, model, opts)
     sv = spec.serving
     if sv.chunked_prefill:
         raise InfersimError(
             f"workload {spec.name}: the offload executor prefills whole prompts: set " f"serving.chunked_prefill: false"
         )
-    max_len = min(sv.max_model_len or lm.max_positions, lm.max_positions)
-    max_batched = sv.max_batched_tokens or max(max_len, 2048)
-    limits = SchedulerLimits(sv.max_batch_size, max_batched, max_len, False)
+    limits = serving.served_limits(sv, lm)  # without chunked prefill (refused above)
+    max_len = limits.max_model_len
     if off.pool_blocks is not None:
         sv = sv.model_copy(update={"gpu_blocks": int(off.pool_blocks)})
-    mem = plan_blocks(lm, sv, limits, kv_dtype=lm.dtype, device_memory_gb=opts.device_memory_gb)
+    mem = serving.plan_blocks(lm, sv, limits, kv_dtype=lm.dtype, device_memory_gb=opts.device_memory_gb)
     mem["cpu_blocks"] = 0  # the pool is the host memory; no second tier
     skew = _skew_for(str(lm.path), str(lm.device), dtype_name(lm.dtype)) if policy == "infinigen" else None
-    spec = single_replica(spec, lm)
+    spec = serving.single_replica(spec, lm)
     with staged_dir(Path(out), command="exec", force=opts.force) as tmp:
         metrics = MetricsCollector(len(requests), series_path=tmp / "series.parquet")
         engine = OffloadEngine(
             lm,
             build_scheduler(sv.scheduler, "recompute"),
+            KVCacheConfig.from_serving(sv, mem["gpu_blocks"], 0, lm.dtype),
             policy=policy,
             params=off.params,
             overlap=off.overlap,
             skew=skew,
-            gpu_blocks=mem["gpu_blocks"],
-            cpu_blocks=0,
-            block_size=sv.block_size,
-            watermark=sv.watermark,
             limits=limits,
             metrics=metrics,
             realtime=opts.realtime,
-            kv_dtype=lm.dtype,
         )
         engine.warmup()
         prompts = make_prompts(requests.prompt_tokens, tokenizer=lm.tokenizer, vocab_size=lm.vocab_size, seed=spec.seed)
@@ -234,17 +222,17 @@ def execute(spec, requests, model: str, out: Path, opts: ExecOptions = ExecOptio
             if requests.duration_s is not None and t > requests.duration_s:
                 break
             p = prompts[i]
-            o, cut = clipped_output(len(p), requests.output_tokens[i], max_len)
+            o, cut = serving.clipped_output(len(p), requests.output_tokens[i], max_len)
             truncated += cut
             s = ExecSequence(i, p, o, float(t))
             seqs.append(s)
             engine.submit(s)
-        end = serve(engine, None if opts.quiet else len(seqs))
-        memory = memory_plan(mem)
+        end = serving.serve(engine, None if opts.quiet else len(seqs))
+        memory = serving.memory_plan(mem)
         st = engine.stats
         tabs = engine.tables()
         oi = tabs["offload_iterations"]
-        ex = executor_record(
+        ex = serving.executor_record(
             lm, st, realtime=opts.realtime, t_wall=t_wall, truncated=truncated, swap_out_blocks=0, swap_in_blocks=0
         )
         offload = {
@@ -259,9 +247,9 @@ def execute(spec, requests, model: str, out: Path, opts: ExecOptions = ExecOptio
             "load_s": float(oi["load_s"].sum()),
             "store_s": float(oi["store_s"].sum()),
         }
-        resolved = {**resolved_config(spec, lm, mem, limits, len(seqs), ex), "offload_executor": offload}
-        result = run_result(spec, metrics, memory, end, resolved, {"executor": ex, "offload": offload})
-        summary = write_engine_run(tmp, result, engine, seqs, opts, tabs)
+        resolved = {**serving.resolved_config(spec, lm, mem, limits, len(seqs), ex), "offload_executor": offload}
+        result = serving.run_result(spec, metrics, memory, end, resolved, {"executor": ex, "offload": offload})
+        summary = serving.write_engine_run(tmp, result, engine, seqs, opts, tabs)
     return summary
 
 

@@ -65,7 +65,7 @@ def swap_check(
     rounds' spread is recorded as the noise floor."""
     import torch
 
-    from infersim.executor.kvcache import PagedKVCache
+    from infersim.executor.kvcache import KVCacheConfig, PagedKVCache
 
     models = SWAP_MODELS_QUICK if quick else SWAP_MODELS_FULL
     lengths = SWAP_TOKENS_QUICK if quick else SWAP_TOKENS_FULL
@@ -93,9 +93,7 @@ def swap_check(
         layer_k = torch.full((L, pool, BLOCK, kvh, d), 0.5, dtype=td, device=b.device)
         layer_hk = torch.full((L, pool, BLOCK, kvh, d), 0.5, dtype=td, pin_memory=pinned)
         layer_v, layer_hv = layer_k.clone(), layer_hk.clone()
-        cache = PagedKVCache(
-            L, kvh, d, block_size=BLOCK, gpu_blocks=pool, cpu_blocks=pool, dtype=td, device=b.device, watermark=0.0
-        )
+        cache = PagedKVCache(L, kvh, d, KVCacheConfig(pool, BLOCK, pool, watermark=0.0, dtype=td), b.device)
         for t in (cache._k, cache._v, cache._hk, cache._hv):
             t.fill_(0.5)  # commit the pages before timing
         cache._clean = [True] * pool

@@ -51,6 +51,27 @@ class ModelPlan:
     swap_rep: Repeats = field(default_factory=lambda: Repeats(warmup=2, min_repeats=7, max_repeats=60, target_s=0.03))
 
 
+@dataclass(frozen=True)
+class ModelSettings:
+    """How the served models' own predictors are measured (`sim profile --model NAME`)."""
+
+    device: object = field(metadata={"help": "torch.device the models run on"})
+    dtype: str = field(metadata={"help": "fp32, fp16 or bf16: the weights' and KV cache's dtype"})
+    quick: bool = field(default=False, metadata={"help": "a handful of prompt lengths (tests, smoke runs)"})
+    seed: int = field(default=0, metadata={"help": "seed of the prompts, ragged batches and regressors"})
+    rounds: int | None = field(default=None, metadata={"help": "passes over all settings; None: the plan's"})
+
+
+@dataclass(frozen=True)
+class ProfiledModel:
+    """Which model a per-model entry describes: the key the cost model looks it up by."""
+
+    name: str = field(metadata={"help": "the loaded model's name (zoo name or folder)"})
+    spec: object = field(metadata={"help": "its simulator ModelSpec (model_spec_of)"})
+    config_hash: str = field(metadata={"help": "hash of its architecture (model_config_hash)"})
+    dtype: str = field(metadata={"help": "the dtype it was measured in"})
+
+
 def model_plan(quick: bool, max_positions: int, rounds: int | None = None) -> ModelPlan:
     """Prompt lengths on a sqrt(2) grid up to the model's context (at most 2,048), held-out
     lengths between the grid's points; --quick: a handful of each (tests, smoke runs)."""
@@ -137,7 +158,7 @@ def measure_model(lm, plan: ModelPlan, *, timer, seed: int = 0, progress=None, s
     """Raw timings, every round over every prefill setting and swap size: {'prefill':
     {setting: [per-round medians]}, 'swap': {tokens: {'out': [...], 'in': [...]}},
     'sentinel': [...]}."""
-    from infersim.executor.kvcache import runner_cache
+    from infersim.executor.kvcache import KVCacheConfig, runner_cache
     from infersim.executor.prompts import make_prompts
     from infersim.executor.runner import TokenSeq, build_runner, plan_batch
 
@@ -147,20 +168,12 @@ def measure_model(lm, plan: ModelPlan, *, timer, seed: int = 0, progress=None, s
     # one cache for the prefills (room for the biggest batch) and one for the swaps: a pool
     # of >= 32 MiB per side, so successive repeats move different blocks, not cache-warm ones
     cache = runner_cache(
-        runner,
-        block_size=BLOCK_SIZE,
-        gpu_blocks=-(-longest // BLOCK_SIZE) + 4,
-        cpu_blocks=1,
-        dtype=lm.dtype,
-        device=lm.device,
-        watermark=0.0,
+        runner, KVCacheConfig(-(-longest // BLOCK_SIZE) + 4, BLOCK_SIZE, 1, watermark=0.0, dtype=lm.dtype), lm.device
     )
     per_block = cache.bytes_per_block
     swap_max = max(plan.swap_fit_tokens + plan.swap_held_tokens)
     pool = max(8 * -(-swap_max // BLOCK_SIZE), (32 << 20) // per_block)
-    scache = runner_cache(
-        runner, block_size=BLOCK_SIZE, gpu_blocks=pool, cpu_blocks=pool, dtype=lm.dtype, device=lm.device, watermark=0.0
-    )
+    scache = runner_cache(runner, KVCacheConfig(pool, BLOCK_SIZE, pool, watermark=0.0, dtype=lm.dtype), lm.device)
     for t in (scache._k, scache._v, scache._hk, scache._hv):
         t.fill_(0.5)  # commit the pages before timing
     scache._clean = [True] * pool
@@ -309,16 +322,7 @@ def fit_swap(rows: list[dict]) -> dict:
 
 
 def analyze_model(
-    raw: dict,
-    plan: ModelPlan,
-    *,
-    name: str,
-    spec,
-    config_hash: str,
-    dtype: str,
-    hardware,
-    calibration: dict | None,
-    seed: int = 0,
+    raw: dict, plan: ModelPlan, model: ProfiledModel, *, hardware, calibration: dict | None, seed: int = 0
 ) -> dict:
     """The sidecar entry of one model: the recompute predictor (chosen without the held-out
     set), its held-out errors beside the generic predictor's and the roofline's, and the swap
@@ -333,8 +337,9 @@ def analyze_model(
         model_key,
     )
 
-    from .regress import compare_sets
+    from .regress import Candidates, compare_sets
 
+    name, spec, dtype = model.name, model.spec, model.dtype
     settings = raw["settings"]
     med = {q: _rounds_median(v) for q, v in raw["prefill"].items()}
     fit_q = [q for role, q in settings if role == "fit"]
@@ -343,7 +348,7 @@ def analyze_model(
     yf = np.array([med[q][0] for q in fit_q])
     Xh = np.array([model_features(q) for q in held_q])
     yh = np.array([med[q][0] for q in held_q])
-    comp = compare_sets(Xf, yf, Xh, yh, target="prefill", features=MODEL_FEATURES, seed=seed)
+    comp = compare_sets(Xf, yf, Xh, yh, target="prefill", features=MODEL_FEATURES, candidates=Candidates(seed=seed))
     domain = {
         "tokens": [int(min(plan.fit_tokens)), int(max(plan.fit_tokens))],
         "batch": [1, int(max((1,) + plan.batches))],
@@ -351,7 +356,7 @@ def analyze_model(
     }
     entry = {
         "name": name,
-        "config_hash": config_hash,
+        "config_hash": model.config_hash,
         "dtype": dtype,
         "spec": {k: v for k, v in spec.model_dump().items() if k not in ("source", "aliases")},
         "recompute": {"predictor": comp.pop("portable"), "domain": domain, "comparison": comp},
@@ -364,7 +369,7 @@ def analyze_model(
             "per_model": {
                 "format": MODEL_PREDICTORS_FORMAT,
                 "version": MODEL_PREDICTORS_VERSION,
-                "models": {model_key(name, config_hash): entry},
+                "models": {model_key(name, model.config_hash): entry},
             },
         }
         reg = RegressionCostModel(spec, hardware, dtype=dtype, calibration=cal)
@@ -486,17 +491,7 @@ def analyze_model(
 
 
 def profile_models(
-    names,
-    *,
-    hardware,
-    calibration: dict | None,
-    device,
-    dtype: str,
-    quick: bool,
-    seed: int = 0,
-    rounds: int | None = None,
-    progress=None,
-    timer=None,
+    names, settings: ModelSettings, *, hardware, calibration: dict | None, progress=None, timer=None
 ) -> dict:
     """The `per_model` sidecar section for the named models (zoo names, checkpoint folders)."""
     import torch
@@ -506,6 +501,7 @@ def profile_models(
 
     from .device import make_timer
 
+    device, dtype, quick, seed = settings.device, settings.dtype, settings.quick, settings.seed
     timer = timer or make_timer(device)
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     models = {}
@@ -516,18 +512,10 @@ def profile_models(
         if getattr(lm, "family", None) not in ("llama", "mistral", "opt"):
             raise InfersimError(f"--model {name}: no executor runner for family {lm.family!r}")
         spec, h = model_spec_of(lm)
-        plan = model_plan(quick, lm.max_positions, rounds)
+        plan = model_plan(quick, lm.max_positions, settings.rounds)
         raw = measure_model(lm, plan, timer=timer, seed=seed, progress=progress, sync=sync)
         entry = analyze_model(
-            raw,
-            plan,
-            name=lm.name,
-            spec=spec,
-            config_hash=h,
-            dtype=dtype,
-            hardware=hardware,
-            calibration=calibration,
-            seed=seed,
+            raw, plan, ProfiledModel(lm.name, spec, h, dtype), hardware=hardware, calibration=calibration, seed=seed
         )
         la1 = load_average()
         entry.update(

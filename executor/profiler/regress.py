@@ -61,6 +61,30 @@ def mape(pred: np.ndarray, y: np.ndarray) -> float:
     return float(np.mean(np.abs(pred - y) / y) * 100.0)
 
 
+@dataclass(frozen=True)
+class Candidates:
+    """The predictors a comparison fits: every regressor at every polynomial degree
+    (AdaptiveLLM's Tables 5-6), with the seed of their randomness (trees, forests, splits)."""
+
+    degrees: tuple[int, ...] = field(default=DEGREES, metadata={"help": "polynomial degrees of the feature expansion"})
+    regressors: tuple[str, ...] = field(
+        default=tuple(REGRESSORS), metadata={"help": "regressor names, keys of REGRESSORS"}
+    )
+    seed: int = field(default=0, metadata={"help": "random state of the regressors and of the data splits"})
+
+
+@dataclass(frozen=True)
+class FitRecord:
+    """What a stored regressor says about its fit: what it predicts from which features, and
+    its error on the rows it was not fitted on."""
+
+    target: str = field(metadata={"help": "what is predicted: prefill, decode, ..."})
+    mape: float = field(metadata={"help": "held-out mean absolute percentage error (%)"})
+    n_train: int = field(metadata={"help": "rows it was fitted on"})
+    n_test: int = field(metadata={"help": "held-out rows the error is measured on"})
+    features: tuple[str, ...] = field(default=FEATURES, metadata={"help": "input feature names, in order"})
+
+
 @dataclass
 class Comparison:
     target: str
@@ -107,15 +131,14 @@ def compare(
     y: np.ndarray,
     *,
     target: str,
-    degrees=DEGREES,
-    regressors=tuple(REGRESSORS),
+    candidates: Candidates = Candidates(),
     test_frac: float = 0.2,
-    seed: int = 0,
     progress=None,
 ) -> Comparison:
     """Fit every regressor at every degree on the training rows, score on the held-out rows,
     keep the best (lowest held-out MAPE; the first in table order on a tie)."""
     X, y = np.asarray(X, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    degrees, regressors, seed = candidates.degrees, candidates.regressors, candidates.seed
     tr, te = split(len(y), test_frac, seed)
     mean, scale = transform_for(X[tr])
     table: dict[str, dict[int, float]] = {name: {} for name in regressors}
@@ -136,9 +159,7 @@ def compare(
             if progress:
                 progress(f"regress {target} {name} deg {deg}")
     est, powers, sk_pred = best_fit
-    spec = to_portable(
-        best[0], best[1], est, mean, scale, powers, target=target, mape=best_err, n_train=len(tr), n_test=len(te)
-    )
+    spec = to_portable(best[0], best[1], est, mean, scale, powers, FitRecord(target, best_err, len(tr), len(te)))
     port = PortableRegressor(spec)
     conv = float(np.max(np.abs(port.predict(X[te]) - sk_pred) / sk_pred))
     with warnings.catch_warnings():
@@ -159,20 +180,9 @@ def _tree_dict(tree) -> dict:
     }
 
 
-def to_portable(
-    name: str,
-    degree: int,
-    est,
-    mean,
-    scale,
-    powers,
-    *,
-    target: str,
-    mape: float,
-    n_train: int,
-    n_test: int,
-    features=FEATURES,
-) -> dict:
+def to_portable(name: str, degree: int, est, mean, scale, powers, record: FitRecord) -> dict:
+    """A fitted scikit-learn estimator (on features standardised by mean and scale, expanded
+    into the monomials `powers`) as plain arrays that simulator/costmodel/regression.py reads."""
     if name in ("linear", "ridge", "lasso", "elastic_net"):
         kind, model = (
             "linear",
@@ -208,23 +218,31 @@ def to_portable(
         )
     else:
         raise ValueError(f"unknown regressor {name}")
+    transform = {
+        "log_features": True,
+        "log_target": True,
+        "mean": [float(v) for v in mean],
+        "scale": [float(v) for v in scale],
+    }
+    return _portable(record, name, degree, kind, transform=transform, powers=np.asarray(powers).tolist(), model=model)
+
+
+def _portable(record: FitRecord, estimator: str, degree: int, kind: str, **body) -> dict:
+    """The stored form's header, the estimator's own `body` fields, the fit's record."""
     return {
         "format": REGRESSOR_FORMAT,
         "version": REGRESSOR_VERSION,
-        "target": target,
-        "estimator": name,
+        "target": record.target,
+        "estimator": estimator,
         "degree": int(degree),
-        "features": list(features),
+        "features": list(record.features),
         "kind": kind,
-        "transform": {
-            "log_features": True,
-            "log_target": True,
-            "mean": [float(v) for v in mean],
-            "scale": [float(v) for v in scale],
+        **body,
+        "held_out": {
+            "mape": round(float(record.mape), 4),
+            "n_train": int(record.n_train),
+            "n_test": int(record.n_test),
         },
-        "powers": np.asarray(powers).tolist(),
-        "model": model,
-        "held_out": {"mape": round(float(mape), 4), "n_train": int(n_train), "n_test": int(n_test)},
     }
 
 
@@ -273,20 +291,14 @@ def fit_physical(X: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray]:
     return float(coef[0]), coef[1:]
 
 
-def physical_portable(
-    intercept: float, coef: np.ndarray, *, target: str, features, mape: float, n_train: int, n_test: int
-) -> dict:
-    return {
-        "format": REGRESSOR_FORMAT,
-        "version": REGRESSOR_VERSION,
-        "target": target,
-        "estimator": PHYSICAL,
-        "degree": 2,
-        "features": list(features),
-        "kind": "physical",
-        "model": {"coef": pack_array(np.asarray(coef, dtype=np.float64)), "intercept": float(intercept)},
-        "held_out": {"mape": round(float(mape), 4), "n_train": int(n_train), "n_test": int(n_test)},
-    }
+def physical_portable(intercept: float, coef: np.ndarray, record: FitRecord) -> dict:
+    return _portable(
+        record,
+        PHYSICAL,
+        2,
+        "physical",
+        model={"coef": pack_array(np.asarray(coef, dtype=np.float64)), "intercept": float(intercept)},
+    )
 
 
 def _fit_one(name: str, deg, X, y, mean, scale, seed):
@@ -316,10 +328,8 @@ def compare_sets(
     *,
     target: str,
     features,
-    degrees=DEGREES,
-    regressors=tuple(REGRESSORS),
+    candidates: Candidates = Candidates(),
     folds: int = 5,
-    seed: int = 0,
 ) -> dict:
     """Every regressor x degree (AdaptiveLLM's table) and the physical model, fitted on the
     fitted set and scored on the held-out set. The kept candidate is chosen WITHOUT looking at
@@ -329,6 +339,7 @@ def compare_sets(
     tables report) is returned beside it."""
     X_fit, y_fit = np.asarray(X_fit, dtype=np.float64), np.asarray(y_fit, dtype=np.float64)
     X_held, y_held = np.asarray(X_held, dtype=np.float64), np.asarray(y_held, dtype=np.float64)
+    degrees, regressors, seed = candidates.degrees, candidates.regressors, candidates.seed
     perm = np.random.default_rng(seed).permutation(len(y_fit))
     parts = [np.sort(perm[k::folds]) for k in range(folds)]
     mean_all, scale_all = transform_for(X_fit)
@@ -354,31 +365,12 @@ def compare_sets(
     oracle = min(cands, key=lambda c: (table[c[0]][c[1]], cands.index(c)))
     ph, fitted = fits[chosen]
     name, deg = chosen
+    record = FitRecord(target, table[name][deg], len(y_fit), len(y_held), tuple(features))
     if name == PHYSICAL:
-        spec = physical_portable(
-            fitted[0],
-            fitted[1],
-            target=target,
-            features=features,
-            mape=table[name][deg],
-            n_train=len(y_fit),
-            n_test=len(y_held),
-        )
+        spec = physical_portable(fitted[0], fitted[1], record)
     else:
         est, powers = fitted
-        spec = to_portable(
-            name,
-            deg,
-            est,
-            mean_all,
-            scale_all,
-            powers,
-            target=target,
-            mape=table[name][deg],
-            n_train=len(y_fit),
-            n_test=len(y_held),
-            features=features,
-        )
+        spec = to_portable(name, deg, est, mean_all, scale_all, powers, record)
     port = PortableRegressor(spec)
     conv = float(np.max(np.abs(port.predict(X_held) - ph(X_held)) / ph(X_held)))
     return {

@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +35,7 @@ from .kernels import (
     model_gemm_shapes,
     stream_sweep,
 )
+from .permodel import ModelSettings
 
 # --quick: each stage's wall-clock budget (s) and the points it measures whatever the clock
 # says; an idle 2-core machine never reaches them, a busy one drops the tail of each sweep
@@ -401,18 +402,11 @@ def run_profile(opts: ProfileOptions, console=None) -> dict:
         if opts.models:  # the served models' own predictors (AdaptiveLLM 3.2-3.3), after the generic ones
             from .permodel import profile_models
 
+            settings = ModelSettings(device, dtype, quick=opts.quick, seed=opts.seed)
             calib["per_model"] = stage(
                 "models",
                 lambda: profile_models(
-                    opts.models,
-                    hardware=hw,
-                    calibration=calib,
-                    device=device,
-                    dtype=dtype,
-                    quick=opts.quick,
-                    seed=opts.seed,
-                    progress=progress,
-                    timer=b.timer,
+                    opts.models, settings, hardware=hw, calibration=calib, progress=progress, timer=b.timer
                 ),
             )
 
@@ -497,7 +491,7 @@ def analyze(
         rows = [r for r in steps if r["phase"] == kind]
         X = np.array([[r["layers"], r["hidden"], r["tokens"], r["batch"]] for r in rows], dtype=np.float64)
         y = np.array([r["median_s"] * (g / r["sentinel_s"] if g else 1.0) for r in rows])
-        comps[kind] = regress.compare(X, y, target=kind, seed=seed, progress=progress)
+        comps[kind] = regress.compare(X, y, target=kind, candidates=regress.Candidates(seed=seed), progress=progress)
     timings["regress"] = round(time.perf_counter() - t0, 2)
     calib = {
         "format": CALIB_FORMAT,
@@ -590,29 +584,41 @@ def _written(out: Path, hw_dict: dict, calib: dict, comps, timings: dict) -> dic
     }
 
 
-def refit_profile(
-    path: Path,
-    out: Path | None = None,
-    *,
-    seed: int = 0,
-    validate: bool = True,
-    quick: bool | None = None,
-    threads: int | None = 2,
-    quiet: bool = True,
-    models: tuple[str, ...] = (),
-    models_only: bool = False,
-) -> dict:
+@dataclass(frozen=True)
+class RefitOptions:
+    """The settings of `sim profile --refit PROFILE`: the device, dtype and name are the
+    profile's own."""
+
+    out: Path | None = field(default=None, metadata={"help": "where the refitted profile goes; None: over PROFILE"})
+    seed: int = field(default=0, metadata={"help": "seed of the regressors' splits"})
+    validate: bool = field(default=True, metadata={"help": "run the held-out checks again on this machine"})
+    quick: bool | None = field(default=None, metadata={"help": "quick checks; None: the profile's own mode"})
+    threads: int | None = field(default=2, metadata={"help": "torch threads; None: torch's default"})
+    quiet: bool = field(default=True, metadata={"help": "no progress bar"})
+    models: tuple[str, ...] = field(
+        default=(), metadata={"help": "served models whose own predictors are measured too (permodel.py)"}
+    )
+    models_only: bool = field(default=False, metadata={"help": "only measure `models`; keep the rest as it is"})
+
+
+def refit_profile(path: Path, opts: RefitOptions = RefitOptions()) -> dict:
     """Fit a measured profile again from the measurements its sidecar holds (new fits and
     regressors without measuring the sweeps again); the held-out checks, which compare
-    predictions with new measurements, are run again on this machine. `models`: measure
+    predictions with new measurements, are run again on this machine. `opts.models`: measure
     those served models' own predictors too (replacing earlier entries of the same model);
-    `models_only`: only that, the rest of the profile kept as it is."""
-    if models_only:
+    `opts.models_only`: only that, the rest of the profile kept as it is."""
+    out, seed, validate, quick, threads, models = (
+        opts.out,
+        opts.seed,
+        opts.validate,
+        opts.quick,
+        opts.threads,
+        opts.models,
+    )
+    if opts.models_only:
         if not models:
             raise InfersimError("--models-only needs at least one --model NAME")
-        return add_models(
-            Path(path), Path(out) if out else None, models, seed=seed, quick=bool(quick), threads=threads, quiet=quiet
-        )
+        return add_models(Path(path), opts)
     import torch
 
     from infersim.simulator.costmodel.calibration_file import calibration_for
@@ -665,26 +671,18 @@ def refit_profile(
     if old.get("per_model"):
         calib["per_model"] = old["per_model"]
     if models:
-        _merge_models(calib, _measure_models(models, hw, calib, device, old["dtype"], quick, seed, quiet))
+        settings = ModelSettings(device, old["dtype"], quick=quick, seed=seed)
+        _merge_models(calib, _measure_models(models, settings, hw, calib, opts.quiet))
     calib["timings_s"] = {**old.get("timings_s", {}), "refit": timings}
     hw_dict["source"] = load_hardware(str(path)).source
     return _written(out, hw_dict, calib, comps, timings)
 
 
-def _measure_models(models, hw, calib, device, dtype, quick, seed, quiet) -> dict:
+def _measure_models(models, settings: ModelSettings, hw, calib, quiet: bool) -> dict:
     from .permodel import profile_models, progress_total
 
-    with _Progress(quiet, progress_total(models, quick)) as progress:
-        return profile_models(
-            models,
-            hardware=hw,
-            calibration=calib,
-            device=device,
-            dtype=dtype,
-            quick=quick,
-            seed=seed,
-            progress=progress,
-        )
+    with _Progress(quiet, progress_total(models, settings.quick)) as progress:
+        return profile_models(models, settings, hardware=hw, calibration=calib, progress=progress)
 
 
 def _merge_models(calib: dict, sect: dict) -> None:
@@ -702,17 +700,8 @@ def _merge_models(calib: dict, sect: dict) -> None:
     calib["per_model"] = {**sect, "models": {**kept, **sect["models"]}}
 
 
-def add_models(
-    path: Path,
-    out: Path | None,
-    models,
-    *,
-    seed: int = 0,
-    quick: bool = False,
-    threads: int | None = 1,
-    quiet: bool = True,
-) -> dict:
-    """Measure only the per-model predictors of `models` into an existing profile (its
+def add_models(path: Path, opts: RefitOptions) -> dict:
+    """Measure only the per-model predictors of `opts.models` into an existing profile (its
     sweeps, fits and checks kept): `sim profile --refit PROFILE --models-only --model NAME`."""
     import torch
     import yaml
@@ -721,16 +710,17 @@ def add_models(
     from infersim.simulator.hardware.catalog import load_hardware
 
     path = Path(path)
-    out = Path(out) if out else path
+    out = Path(opts.out) if opts.out else path
     hw = load_hardware(str(path))
     calib = calibration_for(hw)
     device = select_device(
         calib["machine"]["device"].split(":")[0] if calib["machine"]["device"].startswith("cuda") else "cpu"
     )
-    if threads:
-        torch.set_num_threads(int(threads))
+    if opts.threads:
+        torch.set_num_threads(int(opts.threads))
     t0 = time.perf_counter()
-    _merge_models(calib, _measure_models(tuple(models), hw, calib, device, calib["dtype"], quick, seed, quiet))
+    settings = ModelSettings(device, calib["dtype"], quick=bool(opts.quick), seed=opts.seed)
+    _merge_models(calib, _measure_models(tuple(opts.models), settings, hw, calib, opts.quiet))
     calib.setdefault("timings_s", {})["models"] = round(time.perf_counter() - t0, 2)
     text = path.read_text() if path.is_file() else None
     if text is None:

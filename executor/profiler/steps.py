@@ -51,29 +51,6 @@ class Arch:
         }
 
 
-def reference_spec(layers: int, hidden: int, arch: dict | None = None):
-    """The ModelSpec of a step benchmark's transformer (the calibrated roofline costs it)."""
-    from infersim.simulator.models.spec import ModelSpec
-
-    arch = arch or Arch().as_dict()
-    d = int(arch.get("head_dim", HEAD_DIM))
-    heads = max(1, int(round(hidden / d)))
-    inter = max(64, 64 * round(float(arch.get("ffn_ratio", FFN_RATIO)) * hidden / 64))
-    return ModelSpec(
-        name=f"profiler-{layers}x{hidden}",
-        family="llama",
-        source="infersim profiler step benchmark",
-        num_layers=int(layers),
-        hidden_size=heads * d,
-        num_heads=heads,
-        head_dim=d,
-        intermediate_size=int(inter),
-        vocab_size=int(arch.get("vocab", VOCAB)),
-        max_position_embeddings=1 << 16,
-        tied_embeddings=True,
-    )
-
-
 class TinyDecoder:
     """A Llama-style decoder as plain tensors and torch.nn.functional calls."""
 

@@ -41,6 +41,23 @@ ROUND_COLUMNS = (
 _FLOAT = {"t_start_s", "t_end_s", "draft_s", "verify_s"}
 
 
+def round_row(number: int, times_s: tuple, seqs: tuple[int, int], counts: tuple, target, released: int) -> tuple:
+    """One row in ROUND_COLUMNS order: times_s = (start, end, draft, verify); seqs = (prefilled,
+    verified) sequences; counts = (s, drafted, accepted, tokens out, draft steps); then the
+    target's blocks in use and those it released since it had released `released`."""
+    n_prefill, n_verify = seqs
+    return (
+        number,
+        *times_s,
+        n_prefill + n_verify,
+        n_prefill,
+        n_verify,
+        *counts,
+        target.cache.used_gpu,
+        target.released_blocks - released,
+    )
+
+
 @dataclass
 class DecodeStats:
     rounds: list = field(default_factory=list)  # tuples in ROUND_COLUMNS order
@@ -157,31 +174,21 @@ class SpeculativeDecoder:
         out = len(prefill) + acc + len(results)
         if self.selector is not None and drafted:
             self.selector.observe(t2 - t0, verified_length(results, s_list, s))
-        self.stats.rounds.append(
-            (
-                self._round,
-                t_start,
-                t_start + (t2 - t0),
-                t1 - t0,
-                t2 - t1,
-                len(prefill) + len(ready),
-                len(prefill),
-                len(ready),
-                s,
-                drafted,
-                acc,
-                out,
-                prop.draft_steps,
-                self.target.cache.used_gpu,
-                self.target.released_blocks - released,
-            )
+        times_s = (t_start, t_start + (t2 - t0), t1 - t0, t2 - t1)
+        counts = (s, drafted, acc, out, prop.draft_steps)
+        self._close_round(
+            prefill, ready, round_row(self._round, times_s, (len(prefill), len(ready)), counts, self.target, released)
         )
+        return results
+
+    def _close_round(self, prefill, ready, row: tuple) -> None:
+        """Record the round's row and count the round for each of its sequences."""
+        self.stats.rounds.append(row)
         self._round += 1
         for seq in prefill:
             seq.rounds += 1
         for seq in ready:
             seq.rounds += 1
-        return results
 
     # ---- a whole batch -------------------------------------------------------------------------
     def generate(self, seqs, progress=None, clock=None, observer=None) -> list[list[int]]:

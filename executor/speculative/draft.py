@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ..kvcache import runner_cache
+from ..kvcache import KVCacheConfig, runner_cache
 from ..runner import build_runner, plan_batch
 from .attention import install
 from .fused import draft_runner
@@ -39,9 +39,7 @@ class DraftModel:
         # fewer calls per step (fused.py) and one attention call per layer for short queries
         self.runner = install(draft_runner(lm) if fused else build_runner(lm))
         self.device = lm.device
-        self.cache = runner_cache(
-            self.runner, block_size=block_size, gpu_blocks=gpu_blocks, dtype=lm.dtype, device=lm.device
-        )
+        self.cache = runner_cache(self.runner, KVCacheConfig(gpu_blocks, block_size, dtype=lm.dtype), lm.device)
         self.steps = 0  # forward passes
         self.released_blocks = 0  # blocks given back on rollback
 

@@ -38,7 +38,7 @@ from infersim.simulator.errors import InfersimError
 from infersim.simulator.speculative.minions import PoolBackPressure
 
 from ..clock import Clock
-from .decoder import DecodeStats, admit_arrived, verified_length
+from .decoder import DecodeStats, admit_arrived, round_row, verified_length
 
 # While both threads run Python (most of a step on small models), the one waiting for the GIL
 # gets it only when the holder blocks or the interpreter's switch interval (5 ms by default)
@@ -238,25 +238,10 @@ class PipelinedDecoder:
                 s_now = dec.s
                 if not self.s_series or self.s_series[-1][1] != s_now:
                     self.s_series.append((len(self.stats.rounds), s_now))
-                self.stats.rounds.append(
-                    (
-                        len(self.stats.rounds),
-                        ts,
-                        end,
-                        0.0,
-                        verify_s,
-                        len(prefill) + len(taken),
-                        len(prefill),
-                        len(taken),
-                        s_now,
-                        drafted,
-                        acc,
-                        len(prefill) + acc + len(results),
-                        0,
-                        self.target.cache.used_gpu,
-                        self.target.released_blocks - released,
-                    )
-                )
+                counts = (s_now, drafted, acc, len(prefill) + acc + len(results), 0)
+                n_seqs = (len(prefill), len(taken))
+                row = round_row(len(self.stats.rounds), (ts, end, 0.0, verify_s), n_seqs, counts, self.target, released)
+                self.stats.rounds.append(row)
                 if observer is not None and hasattr(observer, "note_drafted"):
                     observer.note_drafted([x[3] for x in taken])  # what each verified sequence drafted
                 if observer is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ..kvcache import runner_cache
+from ..kvcache import KVCacheConfig, runner_cache
 from ..runner import build_runner, plan_batch
 from .attention import install
 from .draft import pick_tokens
@@ -18,9 +18,7 @@ class TargetModel:
         self.name = lm.name
         self.runner = install(build_runner(lm))  # one attention call per layer for short queries
         self.device = lm.device
-        self.cache = runner_cache(
-            self.runner, block_size=block_size, gpu_blocks=gpu_blocks, dtype=lm.dtype, device=lm.device
-        )
+        self.cache = runner_cache(self.runner, KVCacheConfig(gpu_blocks, block_size, dtype=lm.dtype), lm.device)
         self.steps = 0
         self.released_blocks = 0  # blocks given back when drafted tokens were rejected
 

@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as exc:
         raise InfersimError(f'the executor needs PyTorch and transformers ({exc}): pip install ".[executor]"')
     from infersim.executor.options import ExecOptions
-    from infersim.executor.run import check_engine_features, execute
+    from infersim.executor.run import execute
 
     t0 = time.perf_counter()
     if args.threads:
@@ -94,7 +94,6 @@ def run(args: argparse.Namespace) -> int:
             raise InfersimError(f"--cpu-blocks: expected a whole number >= 0, got {args.cpu_blocks}")
         sv["cpu_blocks"] = args.cpu_blocks
     spec, requests = prepare(ns, str(args.workload), serving=sv)
-    check_engine_features(spec, str(args.workload))
     out = check_out_dir(args.out or Path("runs") / f"{spec.name}-exec", force=args.force)
     log = None if args.quiet else log_line
     opts = ExecOptions(
@@ -107,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
         device_memory_gb=args.device_memory_gb,
         log=log,
         force=args.force,
+        source=str(args.workload),
     )
     summary = execute(spec, requests, model, out, opts)
     if not args.quiet:

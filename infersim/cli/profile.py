@@ -67,16 +67,15 @@ def run(args: argparse.Namespace) -> int:
         import torch  # noqa: F401
     except ImportError as exc:
         raise InfersimError(f'the profiler needs PyTorch and scikit-learn ({exc}): pip install ".[executor]"')
-    from infersim.executor.profiler.run import ProfileOptions, print_report, refit_profile, run_profile
+    from infersim.executor.profiler.run import ProfileOptions, RefitOptions, print_report, refit_profile, run_profile
     from infersim.simulator.metrics.rundir import check_out_file
 
     if args.out:
         check_out_file(args.out, (".yaml", ".yml"), option="--out")
 
     if args.refit:
-        result = refit_profile(
-            Path(args.refit),
-            Path(args.out) if args.out else None,
+        refit = RefitOptions(
+            out=Path(args.out) if args.out else None,
             seed=args.seed,
             validate=not args.no_validate,
             quick=args.quick or None,
@@ -84,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
             models=tuple(args.model),
             models_only=args.models_only,
         )
+        result = refit_profile(Path(args.refit), refit)
         if not args.quiet:
             print_report(result)
         return 0

@@ -9,7 +9,23 @@ from __future__ import annotations
 from ..errors import InfersimError
 
 
-class BlockManager:
+class BlockCounts:
+    """The counts a pair of block pools derives from total_*, free_* and block_size: shared by
+    this accounting and the executor's paged cache of real blocks (executor/kvcache.py)."""
+
+    def blocks_for_tokens(self, tokens: int) -> int:
+        return -(-int(tokens) // self.block_size)
+
+    @property
+    def used_gpu(self) -> int:
+        return self.total_gpu - self.free_gpu
+
+    @property
+    def used_cpu(self) -> int:
+        return self.total_cpu - self.free_cpu
+
+
+class BlockManager(BlockCounts):
     def __init__(self, gpu_blocks: int, cpu_blocks: int, block_size: int, watermark: float = 0.01):
         if gpu_blocks <= 0:
             raise InfersimError(f"no GPU KV blocks left (gpu_blocks={gpu_blocks}): the model does not fit")
@@ -17,9 +33,6 @@ class BlockManager:
         self.free_gpu, self.free_cpu = int(gpu_blocks), int(cpu_blocks)
         self.block_size = int(block_size)
         self.watermark_blocks = int(watermark * gpu_blocks)
-
-    def blocks_for_tokens(self, tokens: int) -> int:
-        return -(-int(tokens) // self.block_size)
 
     def admit(self, seq, query_tokens: int) -> int:
         """A waiting sequence starts: blocks for all its tokens (decision.KVOps.admit)."""
@@ -80,11 +93,3 @@ class BlockManager:
         for seq, k in zip(seqs, held):
             seq.num_gpu_blocks, seq.num_cpu_blocks = (k, 0) if to_gpu else (0, k)
         return n
-
-    @property
-    def used_gpu(self) -> int:
-        return self.total_gpu - self.free_gpu
-
-    @property
-    def used_cpu(self) -> int:
-        return self.total_cpu - self.free_cpu

@@ -220,9 +220,9 @@ def test_swap_ratio_is_measured_over_priced_copy_time():
 def test_cache_counts_copy_calls_per_run_of_consecutive_blocks():
     import torch
 
-    from infersim.executor.kvcache import PagedKVCache
+    from infersim.executor.kvcache import KVCacheConfig, PagedKVCache
 
-    c = PagedKVCache(2, 1, 2, block_size=2, gpu_blocks=8, cpu_blocks=8, dtype=torch.float32)
+    c = PagedKVCache(2, 1, 2, KVCacheConfig(8, 2, cpu_blocks=8, dtype=torch.float32))
     # on the CPU both pools are committed up front (a fresh host block's page faults made the first
     # swaps into it 2-3x slower than later ones): they read as zeros before any write
     assert not c._k.any() and not c._hk.any() and not c._hv.any()

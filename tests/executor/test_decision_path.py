@@ -16,6 +16,7 @@ import infersim.executor  # noqa: F401  (before torch: OpenMP threads wait passi
 torch = pytest.importorskip("torch")
 
 from infersim.executor.engine import Engine, ExecSequence  # noqa: E402
+from infersim.executor.kvcache import KVCacheConfig  # noqa: E402
 from infersim.executor.models import load_model  # noqa: E402
 from infersim.executor.prompts import make_prompts  # noqa: E402
 from infersim.executor.zoo import ensure_zoo  # noqa: E402
@@ -118,9 +119,7 @@ def execute(target, preemption: str, sim: Simulation) -> Engine:
     engine = Engine(
         target,
         build_scheduler("fcfs", preemption),
-        gpu_blocks=GPU_BLOCKS,
-        cpu_blocks=CPU_BLOCKS,
-        block_size=16,
+        KVCacheConfig(GPU_BLOCKS, 16, CPU_BLOCKS),
         limits=sim.limits,
         metrics=metrics,
         cost_model=FixedCost(),

@@ -23,7 +23,7 @@ pytest.importorskip("transformers")
 pytestmark = pytest.mark.torch
 
 from infersim.executor.engine import generate  # noqa: E402
-from infersim.executor.kvcache import PagedKVCache  # noqa: E402
+from infersim.executor.kvcache import KVCacheConfig, PagedKVCache  # noqa: E402
 from infersim.executor.models import load_model  # noqa: E402
 from infersim.executor.prefix_kv import PrefixCachedKV  # noqa: E402
 from infersim.executor.prompts import make_prompts  # noqa: E402
@@ -154,7 +154,7 @@ def test_swap_moves_only_unshared_blocks_and_restores_them():
     two blocks only and leaves the shared ones in place, referenced by both (so never evicted);
     swapping it back takes its registered block from the cache when it is still there and
     copies the rest, and its K/V is what it was."""
-    cache = PagedKVCache(2, 2, 4, block_size=4, gpu_blocks=12, cpu_blocks=8, dtype=torch.float32)
+    cache = PagedKVCache(2, 2, 4, KVCacheConfig(12, 4, cpu_blocks=8, dtype=torch.float32))
     kv = PrefixCachedKV(cache)
     common = list(range(1, 9))
     a, b = CachedSequence(0, common + [20, 21, 22, 23, 24], 4, 0.0), CachedSequence(1, common + [30] * 7, 4, 0.0)
@@ -222,17 +222,40 @@ def test_sim_exec_serves_the_same_multi_turn_prompts_with_caching_on_and_off(zoo
 @pytest.mark.parametrize("case", ["spec-draft", "offload-h2o"])
 def test_prefix_caching_with_speculation_or_offload_is_refused_in_one_line(case, tmp_path):
     from infersim.analysis.validate.cases import get_case
-    from infersim.executor.run import check_engine_features, execute
+    from infersim.executor.options import ExecOptions
+    from infersim.executor.run import execute
     from infersim.simulator.errors import InfersimError
 
     spec = get_case(case).spec("zoo-target")
     spec = spec.model_copy(update={"serving": spec.serving.model_copy(update={"prefix_caching": True})})
     with pytest.raises(InfersimError, match="prefix_caching runs on the plain engine only") as err:
-        check_engine_features(spec, "w.yaml")  # as `sim exec` checks its workload file
+        execute(spec, None, "zoo-target", tmp_path / "out", ExecOptions(source="w.yaml"))
     assert "\n" not in str(err.value) and str(err.value).startswith("w.yaml: ")
-    with pytest.raises(InfersimError, match="prefix_caching runs on the plain engine only"):
-        execute(spec, None, "zoo-target", tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("case", ["spec-draft", "offload-h2o"])
+def test_sim_exec_refuses_prefix_caching_beside_speculation_or_offload_naming_the_file(case, tmp_path, capsys):
+    """`sim exec` names its workload file and the field in one line, exits 2, writes nothing."""
+    import copy
+
+    import yaml
+
+    from infersim.analysis.validate.cases import get_case
+    from infersim.cli.main import main
+
+    c = get_case(case)
+    d = {**copy.deepcopy(c.workload), "name": c.name, "model": "zoo-target"}
+    d.setdefault("serving", {})["prefix_caching"] = True
+    wl = tmp_path / "pc.yaml"
+    wl.write_text(yaml.safe_dump(d))
+    section = "speculation" if "speculation" in d else "offload"
+    out = tmp_path / "out"
+    assert main(["exec", "-w", str(wl), "-m", "zoo-target", "--fast", "-q", "-o", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert str(wl) in err and "serving.prefix_caching" in err and section in err
+    assert not out.exists()
 
 
 def test_trace_hash_ids_become_shared_token_stretches():

@@ -14,7 +14,7 @@ pytest.importorskip("transformers")
 pytestmark = pytest.mark.torch
 
 from infersim.executor.clock import speed_ticks  # noqa: E402
-from infersim.executor.kvcache import PagedKVCache  # noqa: E402
+from infersim.executor.kvcache import KVCacheConfig, runner_cache  # noqa: E402
 from infersim.executor.models import hf_greedy_generate, load_model  # noqa: E402
 from infersim.executor.prompts import make_prompts  # noqa: E402
 from infersim.executor.runner import build_runner, plan_batch  # noqa: E402
@@ -286,18 +286,7 @@ def test_batched_attention_and_fused_draft_runner_match_the_runner(zoo, which):
     lm = t if which == "zoo-target" else d[which]
     runners = (build_runner(lm), install(build_runner(lm)), install(FusedLlamaRunner(lm.model)))
     plain = runners[0]
-    caches = [
-        PagedKVCache(
-            plain.num_layers,
-            plain.num_kv_heads,
-            plain.head_dim,
-            block_size=4,
-            gpu_blocks=64,
-            cpu_blocks=0,
-            dtype=torch.float32,
-        )
-        for _ in runners
-    ]
+    caches = [runner_cache(plain, KVCacheConfig(64, 4, dtype=torch.float32)) for _ in runners]
     outs = []
     for r, cache in zip(runners, caches):
         trs = []

@@ -105,10 +105,10 @@ def _synthetic(n=150, seed=0):
 
 
 def test_regressor_table_is_8x5_and_keeps_the_minimum():
-    from infersim.executor.profiler.regress import REGRESSORS, compare
+    from infersim.executor.profiler.regress import REGRESSORS, Candidates, compare
 
     X, y = _synthetic()
-    comp = compare(X, y, target="prefill", seed=0)
+    comp = compare(X, y, target="prefill", candidates=Candidates(seed=0))
     assert list(comp.table) == list(REGRESSORS) and len(comp.table) == 8
     assert all(sorted(row) == [1, 2, 3, 4, 5] for row in comp.table.values())
     best = min(v for row in comp.table.values() for v in row.values())
@@ -123,7 +123,7 @@ def test_regressor_table_is_8x5_and_keeps_the_minimum():
 def test_stored_regressor_reloads_with_identical_predictions(name, tmp_path):
     import warnings
 
-    from infersim.executor.profiler.regress import make_regressor, to_portable, transform_for
+    from infersim.executor.profiler.regress import FitRecord, make_regressor, to_portable, transform_for
     from infersim.simulator.costmodel.regression import design_matrix, poly_powers
 
     X, y = _synthetic(120, seed=1)
@@ -134,7 +134,7 @@ def test_stored_regressor_reloads_with_identical_predictions(name, tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         est.fit(D, np.log(y))
-    spec = to_portable(name, 2, est, mean, scale, powers, target="prefill", mape=0.0, n_train=120, n_test=0)
+    spec = to_portable(name, 2, est, mean, scale, powers, FitRecord("prefill", mape=0.0, n_train=120, n_test=0))
     path = tmp_path / "reg.json"
     path.write_text(json.dumps(spec))
     before = PortableRegressor(spec).predict(X)
@@ -390,7 +390,7 @@ def _synthetic_prefills(coef, n=60, seed=3):
 
 
 def test_physical_recompute_predictor_recovers_an_exact_affine_quadratic():
-    from infersim.executor.profiler.regress import PHYSICAL, compare_sets, fit_physical
+    from infersim.executor.profiler.regress import PHYSICAL, Candidates, compare_sets, fit_physical
     from infersim.simulator.costmodel.regression import MODEL_FEATURES
 
     coef = (4e-4, np.array([3e-5, 2e-4, 1.5e-8]))  # per iteration, per token, per sequence, per token^2
@@ -400,7 +400,13 @@ def test_physical_recompute_predictor_recovers_an_exact_affine_quadratic():
     assert np.allclose(c, coef[1], rtol=1e-6)
     _, Xh, yh = _synthetic_prefills(coef, n=12, seed=9)  # other batches: held out
     comp = compare_sets(
-        X, y, Xh, yh, target="prefill", features=MODEL_FEATURES, degrees=(1, 2), regressors=("linear", "random_forest")
+        X,
+        y,
+        Xh,
+        yh,
+        target="prefill",
+        features=MODEL_FEATURES,
+        candidates=Candidates(degrees=(1, 2), regressors=("linear", "random_forest")),
     )
     # exact data: the physical model has zero validation error, so it is kept, and predicts the held-out set
     assert comp["chosen"]["estimator"] == PHYSICAL and comp["chosen"]["held_out_mape"] < 1e-6
@@ -413,7 +419,7 @@ def _per_model_calibration(
     spec, *, dtype="fp32", name="zoo-target", coef=(4e-4, (3e-5, 2e-4, 1.5e-8)), swap=None, key=None
 ):
     """The reference sidecar plus one per-model entry with a physical predictor."""
-    from infersim.executor.profiler.regress import physical_portable
+    from infersim.executor.profiler.regress import FitRecord, physical_portable
     from infersim.simulator.costmodel.regression import (
         MODEL_FEATURES,
         MODEL_PREDICTORS_FORMAT,
@@ -428,9 +434,7 @@ def _per_model_calibration(
         "config_hash": h,
         "dtype": dtype,
         "recompute": {
-            "predictor": physical_portable(
-                coef[0], np.array(coef[1]), target="prefill", features=MODEL_FEATURES, mape=0.0, n_train=1, n_test=1
-            ),
+            "predictor": physical_portable(coef[0], np.array(coef[1]), FitRecord("prefill", 0.0, 1, 1, MODEL_FEATURES)),
             "domain": {"tokens": [8, 2048], "batch": [1, 4], "max_batched_tokens": 4096},
         },
     }

@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.torch
 
-from infersim.executor.kvcache import PagedKVCache  # noqa: E402
+from infersim.executor.kvcache import KVCacheConfig, runner_cache  # noqa: E402
 from infersim.executor.models import load_model  # noqa: E402
 from infersim.executor.runner import TokenSeq, build_runner, plan_batch  # noqa: E402
 
@@ -19,9 +19,7 @@ from infersim.executor.runner import TokenSeq, build_runner, plan_batch  # noqa:
 def test_tree_verification_matches_linear_paths(model, zoo_dir):
     lm = load_model(model)
     r = build_runner(lm)
-    cache = PagedKVCache(
-        r.num_layers, r.num_kv_heads, r.head_dim, block_size=4, gpu_blocks=64, cpu_blocks=1, dtype=torch.float32
-    )
+    cache = runner_cache(r, KVCacheConfig(64, 4, cpu_blocks=1, dtype=torch.float32))
     prompt = [5, 17, 300, 42, 99, 7, 8]
     a, b, x, y = 11, 12, 13, 14
     # linear references: prompt + a + b, and prompt + x + y
