@@ -185,10 +185,7 @@ def selector_replay(exec_run, t: dict) -> dict:
     from infersim.simulator.speculative.selector import AdaptiveLengthSelector
 
     sec = SpeculationSection.model_validate(exec_run.config["workload"]["speculation"])
-    c = sec.selector
-    sel = AdaptiveLengthSelector(
-        sec.speculation_length, c.decision_threshold, c.s_reward, c.s_punish, c.s_min, c.s_max, c.rule
-    )
+    sel = AdaptiveLengthSelector.from_section(sec)
     path = Path(exec_run.path) / "speculation_sequences.parquet"
     if not path.is_file() or sec.pipeline_on:
         return {"same": None, "why": "not a coupled run with speculation_sequences.parquet"}

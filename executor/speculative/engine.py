@@ -164,18 +164,7 @@ def execute_speculative(spec, requests, model: str, out: Path, opts: ExecOptions
     names = [d.name or d.model for d in used]
     sv = spec.serving
     max_len = min(sv.max_model_len or lm.max_positions, lm.max_positions, *(d.max_positions for d in dlms))
-    sel = None
-    if sp.selector_on:
-        c = sp.selector
-        sel = AdaptiveLengthSelector(
-            s=sp.speculation_length,
-            decision_threshold=c.decision_threshold,
-            s_reward=c.s_reward,
-            s_punish=c.s_punish,
-            s_min=c.s_min,
-            s_max=c.s_max,
-            rule=c.rule,
-        )
+    sel = AdaptiveLengthSelector.from_section(sp) if sp.selector_on else None
     s_max = sel.s_max if sel is not None else sp.speculation_length
     mheads = mtree = None
     if medusa:  # a verification writes the whole tree into the KV cache: reserve its nodes

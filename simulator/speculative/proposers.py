@@ -133,13 +133,7 @@ class DraftProposer:
         self.correlation = v.correlation
         self.acr_scope = v.acr_scope
         sc = cfg.selector
-        self.selector = (
-            AdaptiveLengthSelector(
-                cfg.speculation_length, sc.decision_threshold, sc.s_reward, sc.s_punish, sc.s_min, sc.s_max, sc.rule
-            )
-            if cfg.selector_on
-            else None
-        )
+        self.selector = AdaptiveLengthSelector.from_section(cfg) if cfg.selector_on else None
         self.s_fixed = int(cfg.speculation_length)
         self.s_cap = max(self.s_fixed, sc.s_max if self.selector else self.s_fixed)
         self.step_overhead_s = cfg.draft_step_overhead_us * 1e-6

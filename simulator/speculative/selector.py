@@ -50,6 +50,21 @@ class AdaptiveLengthSelector:
     decisions: int = 0
     last_slope: float = 0.0
 
+    @classmethod
+    def from_section(cls, sec) -> "AdaptiveLengthSelector":
+        """The selector a workload's `speculation` section describes (its starting length and
+        its `selector` settings); simulator, executor and validation build it here alike."""
+        c = sec.selector
+        return cls(
+            s=sec.speculation_length,
+            decision_threshold=c.decision_threshold,
+            s_reward=c.s_reward,
+            s_punish=c.s_punish,
+            s_min=c.s_min,
+            s_max=c.s_max,
+            rule=c.rule,
+        )
+
     def __post_init__(self):
         if self.rule not in ("paper", "directional"):
             raise ValueError(f"unknown selector rule '{self.rule}'")
