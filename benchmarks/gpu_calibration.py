@@ -347,7 +347,8 @@ WHY = """
     d from the nearest training shape in (log2 N, log2 K), exp(-d^2 / 2 s^2): s = 0.3 octave
     3.5-6.5 / 5.3-7.8 / 6.0-6.8 (no cell worse than without the correction, 64-512 tokens 7.4 /
     9.7 / 7.8%), s = 0.6 3.5-6.7 / 5.2-7.2 / 5.9-6.3, s = 0.15 3.7-7.2 / 5.4-8.0 / 6.4-7.2.
-    Without the N-tile and K mod 256 features: depth 5 3.3-7.2 / 5.3-7.7 / 5.8-6.8, depth 3 with 200 or 500 rows per leaf 4.1-7.3 / 5.7-7.9 / 5.7-7.0,
+    Without the N-tile and K mod 256 features: depth 5 3.3-7.2 / 5.3-7.7 / 5.8-6.8, depth 3
+    with 200 or 500 rows per leaf 4.1-7.3 / 5.7-7.9 / 5.7-7.0,
     without N and K at all (tile, wave and intensity features only) 3.7-7.9 / 5.3-7.7 /
     5.7-7.4, the correction halved 3.9-6.5 / 5.5-7.8 / 6.4-6.8, ExtraTrees and RandomForest
     (100 trees of depth 6, 100 rows per leaf) 4.4-7.1 / 5.9-8.2 / 6.5-7.2 and 4.2-7.2 /
