@@ -94,7 +94,6 @@ def workload(
     pp=2,
     tp=1,
     count=1,
-    rate=None,
     prompt=200,
     output=20,
     profile="a100-80gb-pcie",
@@ -102,7 +101,9 @@ def workload(
     arrival=None,
     **hw,
 ):
-    arrival = arrival or ({"type": "burst"} if rate is None else {"type": "poisson", "rate": rate})
+    """`count` requests of `prompt` and `output` tokens, all at t = 0 unless `arrival` says
+    otherwise, on `model` split over `pp` stages of `tp` GPUs; `hw` are further hardware fields."""
+    arrival = arrival or {"type": "burst"}
     return WorkloadSpec.model_validate(
         {
             "model": model,
@@ -115,6 +116,10 @@ def workload(
             },
         }
     )
+
+
+def poisson(rate_per_s: float) -> dict:
+    return {"type": "poisson", "rate": rate_per_s}
 
 
 def run(spec, **kw):
@@ -154,9 +159,9 @@ def test_steady_stream_runs_at_the_slowest_stage():
 @pytest.mark.parametrize(
     "spec",
     [
-        workload(pp=4, count=80, rate=20.0, prompt=300, output=120),
+        workload(pp=4, count=80, arrival=poisson(20.0), prompt=300, output=120),
         # two replicas: each conductor's horizon is the other's next event too
-        workload(pp=2, count=60, rate=30.0, prompt=200, output=90, replicas=2, router="least_outstanding"),
+        workload(pp=2, count=60, arrival=poisson(30.0), prompt=200, output=90, replicas=2, router="least_outstanding"),
         # closed loop: requests arrive when others finish, at the end of a decode run
         workload(pp=3, count=50, prompt=150, output=60, arrival={"type": "closed_loop", "clients": 7}),
     ],
