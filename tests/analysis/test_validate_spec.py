@@ -15,6 +15,8 @@ import json
 import numpy as np
 import pytest
 
+from tests.utils import fixed_burst_spec, requests_section
+
 
 # ---- per-request acceptance by request id ---------------------------------------------------
 def _mixture_spec(assignment=None):
@@ -115,12 +117,7 @@ def test_voting_off_is_simulated_with_the_first_draft_alone(tmp_path):
             "model": "zoo-target",
             "hardware": {"profile": "cpu-reference"},
             "serving": {"max_batch_size": 16, "block_size": 16},
-            "requests": {
-                "count": 2,
-                "arrival": {"type": "burst"},
-                "prompt_tokens": {"type": "fixed", "value": 10},
-                "output_tokens": {"type": "fixed", "value": 10},
-            },
+            "requests": requests_section(2, 10, 10),
             "speculation": sp,
             "seed": 1,
         },
@@ -264,7 +261,6 @@ def test_stratified_draws_keep_each_request_at_its_component():
     draws scatter them by about 1.3 / sqrt(40) = 0.2."""
     from infersim.simulator.simulation import Simulation
     from infersim.simulator.workload.builder import build_requests
-    from tests.utils import fixed_burst_spec
 
     def proposer(draws):
         mix = {

@@ -26,6 +26,7 @@ from infersim.simulator.policies.preemption import PREEMPTION_POLICIES  # noqa: 
 from infersim.simulator.simulation import Simulation  # noqa: E402
 from infersim.simulator.workload.requests import Requests  # noqa: E402
 from infersim.simulator.workload.schema import WorkloadSpec  # noqa: E402
+from tests.utils import requests_section  # noqa: E402
 
 PROMPT_LENS = [23, 150, 7, 64, 101, 40, 12, 88, 130, 55, 31, 76]
 OUTPUT_LENS = [30, 12, 41, 25, 18, 36, 9, 28, 15, 33, 22, 40]
@@ -99,12 +100,7 @@ def simulate(preemption: str) -> Simulation:
                 "preemption": preemption,
                 "cost_model": "fixed_for_decision_test",
             },
-            "requests": {
-                "count": len(PROMPT_LENS),
-                "arrival": {"type": "burst"},
-                "prompt_tokens": {"type": "fixed", "value": 1},
-                "output_tokens": {"type": "fixed", "value": 1},
-            },
+            "requests": requests_section(len(PROMPT_LENS), 1, 1),
         }
     )
     requests = Requests(np.array(PROMPT_LENS), np.array(OUTPUT_LENS), np.zeros(len(PROMPT_LENS)))

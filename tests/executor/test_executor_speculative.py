@@ -30,7 +30,7 @@ from infersim.executor.speculative.verify import greedy_accept, rejection_accept
 from infersim.simulator.errors import InfersimError  # noqa: E402
 from infersim.simulator.speculative import minions as sim_minions  # noqa: E402
 from infersim.simulator.speculative.selector import AdaptiveLengthSelector  # noqa: E402
-from tests.utils import write_yaml, zoo_workload  # noqa: E402
+from tests.utils import poisson, requests_section, write_yaml, zoo_workload  # noqa: E402
 
 DRAFTS = ("zoo-draft-a", "zoo-draft-b", "zoo-draft-c")
 
@@ -372,12 +372,7 @@ def test_repo_acceptance_table_drives_a_simulation():
             "model": "opt-1.3b",
             "hardware": {"profile": "a100-80gb-pcie"},
             "serving": {"max_batch_size": 8},
-            "requests": {
-                "count": 20,
-                "arrival": {"type": "poisson", "rate": 100.0},
-                "prompt_tokens": {"type": "fixed", "value": 40},
-                "output_tokens": {"type": "fixed", "value": 300},
-            },
+            "requests": requests_section(20, 40, 300, poisson(100.0)),
             "seed": 1,
             "speculation": {
                 "method": "draft",
@@ -532,28 +527,21 @@ def test_minions_with_voting_off_drafts_with_the_first_ssm_only(zoo, tmp_path):
     from infersim.simulator.workload.schema import WorkloadSpec
 
     t, _ = zoo
-    spec = WorkloadSpec.model_validate(
-        {
-            "name": "zoo-minions-novote",
-            "model": "zoo-target",
-            "hardware": {"profile": "a100-80gb-pcie"},
-            "serving": {"max_batch_size": 4},
-            "requests": {
-                "count": 6,
-                "arrival": {"type": "poisson", "rate": 40.0},
-                "prompt_tokens": {"type": "uniform", "low": 20, "high": 60},
-                "output_tokens": {"type": "uniform", "low": 10, "high": 30},
-            },
-            "seed": 4,
-            "speculation": {
-                "method": "minions",
-                "speculation_length": 3,
-                "voting": {"enabled": False},
-                "selector": {"enabled": False},
-                "drafts": [{"model": n, "acceptance": {"kind": "iid", "alpha": 0.5}} for n in DRAFTS],
-            },
-        }
+    wl = zoo_workload(
+        "zoo-minions-novote",
+        max_batch_size=4,
+        rate=40.0,
+        output_tokens=(10, 30),
+        seed=4,
+        speculation={
+            "method": "minions",
+            "speculation_length": 3,
+            "voting": {"enabled": False},
+            "selector": {"enabled": False},
+            "drafts": [{"model": n, "acceptance": {"kind": "iid", "alpha": 0.5}} for n in DRAFTS],
+        },
     )
+    spec = WorkloadSpec.model_validate(wl)
     out = tmp_path / "run"
     execute(spec, build_requests(spec, "."), "zoo-target", out)
     s = json.loads((out / "summary.json").read_text())

@@ -13,7 +13,7 @@ from infersim.simulator.speculative.device import SharedDevice
 from infersim.simulator.speculative.replica import PipelinedReplica, SpeculativeReplica
 from infersim.simulator.workload.builder import build_requests
 from infersim.simulator.workload.schema import WorkloadSpec
-from tests.utils import fixed_burst_spec, small_workload_spec
+from tests.utils import fixed_burst_spec, requests_section, small_workload_spec
 
 DRAFTS = [{"model": "opt-125m", "acceptance": {"kind": "iid", "alpha": a}} for a in (0.8, 0.6, 0.4)]
 CASES = {
@@ -277,12 +277,7 @@ def _pipe_spec(
             "model": "opt-6.7b",
             "hardware": {"profile": "a100-80gb-sxm"},
             "serving": {"max_batch_size": 32 if pipeline else 16},
-            "requests": {
-                "count": count,
-                "arrival": {"type": "burst"},
-                "prompt_tokens": {"type": "fixed", "value": 64},
-                "output_tokens": {"type": "fixed", "value": output_tokens},
-            },
+            "requests": requests_section(count, 64, output_tokens),
             "speculation": {
                 "method": "minions",
                 "drafts": DRAFTS,

@@ -35,6 +35,7 @@ from infersim.simulator.speculative.minions import (
 )
 from infersim.simulator.speculative.sampling import convert_rank_accuracies, convert_token_acceptance
 from infersim.simulator.speculative.selector import AdaptiveLengthSelector, fitted_slope
+from tests.utils import poisson, requests_section
 
 
 # ---- acceptance -----------------------------------------------------------------------------
@@ -560,12 +561,7 @@ def test_per_request_acceptance_in_the_engine(method):
                 "model": "opt-1.3b",
                 "hardware": {"profile": "a100-80gb-pcie:datasheet"},
                 "serving": {"max_batch_size": 16},
-                "requests": {
-                    "count": 48,
-                    "arrival": {"type": "poisson", "rate": 400.0},
-                    "prompt_tokens": {"type": "fixed", "value": 32},
-                    "output_tokens": {"type": "fixed", "value": 121},
-                },
+                "requests": requests_section(48, 32, 121, poisson(400.0)),
                 "seed": 5,
                 "speculation": {
                     "method": method,
