@@ -16,9 +16,7 @@ import infersim.executor  # noqa: F401  (before torch: OpenMP threads wait passi
 torch = pytest.importorskip("torch")
 
 from infersim.executor.engine import Engine, ExecSequence  # noqa: E402
-from infersim.executor.models import load_model  # noqa: E402
 from infersim.executor.prompts import make_prompts  # noqa: E402
-from infersim.executor.zoo import ensure_zoo  # noqa: E402
 from infersim.simulator.costmodel import COST_MODELS, CostModel  # noqa: E402
 from infersim.simulator.metrics.collector import SERIES_COLUMNS, MetricsCollector  # noqa: E402
 from infersim.simulator.policies import build_scheduler  # noqa: E402
@@ -77,15 +75,6 @@ def fixed_cost_registered():
     COST_MODELS.unregister(FixedCost.name)
 
 
-@pytest.fixture(scope="module")
-def target():
-    ensure_zoo()
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield load_model("zoo-target", device="cpu", dtype="fp32")
-    torch.set_num_threads(old)
-
-
 def simulate(preemption: str) -> Simulation:
     spec = WorkloadSpec.model_validate(
         {
@@ -130,9 +119,9 @@ def execute(target, preemption: str, sim: Simulation) -> Engine:
 
 
 @pytest.mark.parametrize("preemption", PREEMPTION_POLICIES.names())
-def test_both_engines_carry_out_the_same_decisions(target, preemption):
+def test_both_engines_carry_out_the_same_decisions(zoo_target, preemption):
     sim = simulate(preemption)
-    engine = execute(target, preemption, sim)
+    engine = execute(zoo_target, preemption, sim)
     assert engine.cache.bytes_per_block == sim.memory.kv_bytes_per_block
     ran, real = sim.metrics, engine.metrics
     assert {c: real.counters[c] for c in COUNTERS} == {c: ran.counters[c] for c in COUNTERS}

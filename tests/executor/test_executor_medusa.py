@@ -166,12 +166,10 @@ def test_fresh_heads_are_the_target_lm_head():
 
 # ---- the zoo target ----------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def target(zoo_dir):
-    from infersim.executor.models import load_model
+def target(zoo_target):
     from infersim.executor.runner import build_runner
 
-    lm = load_model("zoo-target", "cpu", "fp32")
-    return lm, build_runner(lm)
+    return zoo_target, build_runner(zoo_target)
 
 
 @pytest.fixture(scope="module")

@@ -171,17 +171,23 @@ def test_agreement_draws_follow_each_model_and_correlation():
     assert np.array_equal(same[:, 0], same[:, 1])
 
 
-def _absolute(**kw) -> SSMWeights:
-    """Three SSMs at weight 1: rewarded x2 above an ACR of 0.7, punished x0.5 below 0.3."""
+def _weights(n: int, reward_above: float, punish_below: float, mode: str, **kw) -> SSMWeights:
+    """`n` SSMs at weight 1: rewarded x2 above an ACR of `reward_above`, punished x0.5 below
+    `punish_below` (ACRs or, in the relative mode, fractions of their mean)."""
     return SSMWeights(
-        np.ones(3),
-        reward_threshold=0.7,
-        punish_threshold=0.3,
+        np.ones(n),
+        reward_threshold=reward_above,
+        punish_threshold=punish_below,
         reward_factor=2.0,
         punish_factor=0.5,
-        threshold_mode="absolute",
+        threshold_mode=mode,
         **kw,
     )
+
+
+def _absolute(**kw) -> SSMWeights:
+    """Three SSMs at weight 1: rewarded x2 above an ACR of 0.7, punished x0.5 below 0.3."""
+    return _weights(3, 0.7, 0.3, "absolute", **kw)
 
 
 def test_weight_updates_by_hand():
@@ -194,16 +200,7 @@ def test_weight_updates_by_hand():
     n = _absolute()
     n.update(voted=[0, 0, 1, 2], rates=[0.8, 1.0, 0.2, 0.5])
     assert n.weights == pytest.approx(np.array([2.0, 0.5, 1.0]) * 3 / 3.5)  # renormalised to sum 3
-    rel = SSMWeights(
-        np.ones(2),
-        reward_threshold=1.1,
-        punish_threshold=0.9,
-        reward_factor=2.0,
-        punish_factor=0.5,
-        threshold_mode="relative",
-        ema=1.0,
-        normalize=False,
-    )
+    rel = _weights(2, 1.1, 0.9, "relative", ema=1.0, normalize=False)
     rel.update(voted=[0, 1], rates=[0.9, 0.3])  # mean 0.6: 0.9 > 0.66 rewarded, 0.3 < 0.54 punished
     assert rel.weights == pytest.approx([2.0, 0.5])
     # weighted-majority reading: every SSM scored on every output, voted or not
