@@ -58,19 +58,26 @@ def requests_section(
     }
 
 
-def fixed_burst_spec(
-    model: str, *, count: int, prompt_tokens: int, output_tokens: int, profile: str = "a100-80gb-pcie", **sections
+def fixed_lengths_spec(
+    model: str,
+    *,
+    count: int,
+    prompt_tokens: int,
+    output_tokens: int,
+    profile: str = "a100-80gb-pcie",
+    arrival: dict | None = None,
+    **sections,
 ):
-    """`count` requests of fixed prompt and output lengths, all arriving at t = 0, on `model` and
-    the hardware `profile`; `sections` are further top-level workload fields (name, seed,
-    serving, speculation, offload)."""
+    """`count` requests of fixed prompt and output lengths, all arriving at t = 0 unless
+    `arrival` says otherwise, on `model` and the hardware `profile`; `sections` are further
+    top-level workload fields (name, seed, serving, speculation, offload)."""
     from infersim.simulator.workload.schema import WorkloadSpec
 
     return WorkloadSpec.model_validate(
         {
             "model": model,
             "hardware": {"profile": profile},
-            "requests": requests_section(count, prompt_tokens, output_tokens),
+            "requests": requests_section(count, prompt_tokens, output_tokens, arrival),
             **sections,
         }
     )

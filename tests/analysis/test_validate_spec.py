@@ -15,7 +15,7 @@ import json
 import numpy as np
 import pytest
 
-from tests.utils import fixed_burst_spec, requests_section
+from tests.utils import fixed_lengths_spec, requests_section
 
 
 # ---- per-request acceptance by request id ---------------------------------------------------
@@ -270,7 +270,7 @@ def test_stratified_draws_keep_each_request_at_its_component():
             "components": [{"kind": "iid", "alpha": 0.3}, {"kind": "iid", "alpha": 0.9}],
             "assignment": {r: r % 2 for r in range(20)},
         }
-        spec = fixed_burst_spec(
+        spec = fixed_lengths_spec(
             "opt-1.3b",
             count=20,
             prompt_tokens=16,

@@ -34,7 +34,9 @@ def case(zoo_target):
     return prompts, OUTPUT_LENS, hf_greedy_generate(zoo_target.model, prompts, OUTPUT_LENS)
 
 
-def _blocks(prompts, outputs, bs=16):
+def _blocks(case, bs=16):
+    """KV blocks that hold every request of the case whole: a swap pool nothing overflows."""
+    prompts, outputs, _ = case
     return sum(-(-(len(p) + o) // bs) for p, o in zip(prompts, outputs))
 
 
@@ -83,10 +85,17 @@ def test_bad_model_names_are_clear_errors(tmp_path, monkeypatch):
 
 
 # ---- the engine against Hugging Face generate -------------------------------------------
-def test_continuous_batching_matches_hf(zoo_target, case):
+def serve_matching_hf(zoo_target, case, **serving):
+    """Serves the case's prompts on the engine with `serving` options, checks that every token
+    is Hugging Face greedy's, and returns the engine."""
     prompts, outputs, ref = case
-    got, eng = generate(zoo_target, prompts, outputs, ServingSection(max_batch_size=4))
+    got, eng = generate(zoo_target, prompts, outputs, ServingSection(**serving))
     assert got == ref
+    return eng
+
+
+def test_continuous_batching_matches_hf(zoo_target, case):
+    eng = serve_matching_hf(zoo_target, case, max_batch_size=4)
     it = eng.stats.iteration_table()
     # requests joined while others were decoding: admissions after the first iteration,
     # and finished requests left the batch
@@ -107,44 +116,26 @@ def test_engine_on_cuda_matches_hf_on_cpu(zoo_dir, case):
 
 
 def test_forced_recompute_matches_hf(zoo_target, case):
-    prompts, outputs, ref = case
-    got, eng = generate(zoo_target, prompts, outputs, ServingSection(gpu_blocks=24, preemption="recompute"))
+    eng = serve_matching_hf(zoo_target, case, gpu_blocks=24, preemption="recompute")
     assert eng.counters["preempt_recompute"] > 0
-    assert got == ref
 
 
 def test_forced_swap_matches_hf(zoo_target, case):
-    prompts, outputs, ref = case
-    got, eng = generate(
-        zoo_target,
-        prompts,
-        outputs,
-        ServingSection(gpu_blocks=24, cpu_blocks=_blocks(prompts, outputs), preemption="swap"),
-    )
+    eng = serve_matching_hf(zoo_target, case, gpu_blocks=24, cpu_blocks=_blocks(case), preemption="swap")
     assert eng.counters["preempt_swap"] > 0 and eng.counters["swap_in_blocks"] > 0
     assert eng.counters["preempt_recompute"] == 0
-    assert got == ref
 
 
 def test_cost_aware_fairness_and_chunked_prefill_match_hf(zoo_target, case):
-    prompts, outputs, ref = case
-    got, eng = generate(
-        zoo_target,
-        prompts,
-        outputs,
-        ServingSection(gpu_blocks=24, cpu_blocks=40, scheduler="fairness", preemption="cost_aware"),
+    eng = serve_matching_hf(
+        zoo_target, case, gpu_blocks=24, cpu_blocks=40, scheduler="fairness", preemption="cost_aware"
     )
     assert eng.counters["preempt_swap"] + eng.counters["preempt_recompute"] > 0
-    assert got == ref
-    got, eng = generate(
-        zoo_target,
-        prompts,
-        outputs,
-        ServingSection(chunked_prefill=True, max_batched_tokens=48, gpu_blocks=30, preemption="swap", cpu_blocks=60),
+    eng = serve_matching_hf(
+        zoo_target, case, chunked_prefill=True, max_batched_tokens=48, gpu_blocks=30, preemption="swap", cpu_blocks=60
     )
     mixed = eng.stats.iteration_table()
     assert ((mixed["prefill_seqs"] > 0) & (mixed["decode_seqs"] > 0)).any()  # Sarathi-style mixed iterations
-    assert got == ref
 
 
 def test_uninitialised_cache_memory_never_leaks_in(zoo_target, case, monkeypatch):
@@ -162,15 +153,10 @@ def test_uninitialised_cache_memory_never_leaks_in(zoo_target, case, monkeypatch
 
     monkeypatch.setattr(kvcache.torch, "empty", nan_filled(torch.empty))
     monkeypatch.setattr(kvcache.torch, "zeros", nan_filled(torch.zeros))
-    prompts, outputs, ref = case
-    got, eng = generate(
-        zoo_target,
-        prompts,
-        outputs,
-        ServingSection(gpu_blocks=24, cpu_blocks=_blocks(prompts, outputs), preemption="swap", max_batch_size=5),
+    eng = serve_matching_hf(
+        zoo_target, case, gpu_blocks=24, cpu_blocks=_blocks(case), preemption="swap", max_batch_size=5
     )
     assert eng.counters["preempt_swap"] > 0
-    assert got == ref
 
 
 def test_drafts_and_opt_match_hf(zoo_dir, case):

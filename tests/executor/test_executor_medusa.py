@@ -28,7 +28,7 @@ from infersim.executor.medusa.train import (
 )
 from infersim.executor.medusa.tree import build_tree, layout  # noqa: E402
 from infersim.simulator.errors import InfersimError  # noqa: E402
-from tests.utils import fixed_burst_spec, write_yaml, zoo_workload  # noqa: E402
+from tests.utils import fixed_lengths_spec, write_yaml, zoo_workload  # noqa: E402
 
 
 # ---- pieces checked by hand ------------------------------------------------------------------
@@ -283,7 +283,7 @@ def test_measured_accuracies_load_in_the_simulator(trained):
     from infersim.simulator.simulation import Simulation
     from infersim.simulator.workload.builder import build_requests
 
-    spec = fixed_burst_spec(
+    spec = fixed_lengths_spec(
         "opt-1.3b",
         count=8,
         prompt_tokens=64,

@@ -35,7 +35,7 @@ from infersim.simulator.speculative.minions import (
 )
 from infersim.simulator.speculative.sampling import convert_rank_accuracies, convert_token_acceptance
 from infersim.simulator.speculative.selector import AdaptiveLengthSelector, fitted_slope
-from tests.utils import poisson, requests_section
+from tests.utils import fixed_lengths_spec, poisson
 
 
 # ---- acceptance -----------------------------------------------------------------------------
@@ -505,13 +505,12 @@ def test_medusa_empirical_acceptance_replaces_independent_heads_on_its_tree():
     from infersim.simulator.metrics.summary import summarize
     from infersim.simulator.simulation import Simulation
     from infersim.simulator.workload.builder import build_requests
-    from tests.utils import fixed_burst_spec
 
     tree = [[0], [1], [0, 0], [0, 1], [0, 0, 0]]
     counts = [5, 10, 25, 60]
 
     def spec(acc):
-        return fixed_burst_spec(
+        return fixed_lengths_spec(
             "opt-1.3b",
             count=16,
             prompt_tokens=32,
@@ -541,7 +540,6 @@ def test_per_request_acceptance_in_the_engine(method):
     from infersim.simulator.metrics.summary import summarize
     from infersim.simulator.simulation import Simulation
     from infersim.simulator.workload.builder import build_requests
-    from infersim.simulator.workload.schema import WorkloadSpec
 
     mix = {
         "kind": "mixture",
@@ -553,19 +551,20 @@ def test_per_request_acceptance_in_the_engine(method):
     alpha = 0.3 + (0.9 - 0.3) * 0.5  # any i.i.d. alpha will do as the narrow reference
 
     def run(acc, step_mode=False):
-        spec = WorkloadSpec.model_validate(
-            {
-                "model": "opt-1.3b",
-                "hardware": {"profile": "a100-80gb-pcie:datasheet"},
-                "serving": {"max_batch_size": 16},
-                "requests": requests_section(48, 32, 121, poisson(400.0)),
-                "seed": 5,
-                "speculation": {
-                    "method": method,
-                    "speculation_length": 4,
-                    "drafts": [{"model": "opt-125m", "acceptance": acc}] * (1 if method == "draft" else 2),
-                },
-            }
+        spec = fixed_lengths_spec(
+            "opt-1.3b",
+            count=48,
+            prompt_tokens=32,
+            output_tokens=121,
+            profile="a100-80gb-pcie:datasheet",
+            arrival=poisson(400.0),
+            serving={"max_batch_size": 16},
+            seed=5,
+            speculation={
+                "method": method,
+                "speculation_length": 4,
+                "drafts": [{"model": "opt-125m", "acceptance": acc}] * (1 if method == "draft" else 2),
+            },
         )
         res = Simulation(spec, build_requests(spec, "."), step_mode=step_mode).run()
         return res, summarize(res)["speculation"]
