@@ -70,6 +70,14 @@ def zoo_dir():
     return ensure_zoo()
 
 
+@pytest.fixture(scope="module")
+def zoo_target(zoo_dir):
+    """The zoo's target model, loaded on the CPU in fp32 (once per test module)."""
+    from infersim.executor.models import load_model
+
+    return load_model("zoo-target", device="cpu", dtype="fp32")
+
+
 @pytest.fixture
 def small_workload():
     """A workload spec built in code (tests/utils.py small_workload_spec), serving options as

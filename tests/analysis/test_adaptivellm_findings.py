@@ -27,9 +27,10 @@ from infersim.analysis.reproduce.adaptivellm import (
 from infersim.simulator.costmodel import RooflineCostModel
 from infersim.simulator.hardware.catalog import load_hardware
 from infersim.simulator.models.catalog import load_model
-from infersim.simulator.policies import SchedulerLimits, SchedulerState, build_scheduler
+from infersim.simulator.policies import build_scheduler
 from infersim.simulator.policies.preemption import CostAwarePreemption
 from infersim.simulator.simulation import Simulation
+from tests.utils import scheduler_state, seq
 
 N_REQUESTS = 300
 
@@ -118,33 +119,18 @@ def test_cost_aware_prices_the_swap_as_the_engine_copies_it(opt13b):
     """Algorithm 1's swap estimate uses the same copy count as the engine (2 x layers per
     block when the state carries it, one copy per sequence when it does not)."""
     pol = CostAwarePreemption()
-    s = SimpleNamespace(
-        rid=0,
-        prompt_len=70,
-        generated=10,
-        arrival_s=0.0,
-        first_enqueue_s=0.0,
-        computed=79,
-        num_gpu_blocks=5,
-        num_cpu_blocks=0,
-        num_tokens=80,
-    )
+    s = seq(0, 70, generated=10, gpu=5)  # 80 tokens, 79 of them computed
     kvb = opt13b.model.bytes_kv_per_block(16, "fp16")
 
     def st(copies_per_block):
-        return SchedulerState(
-            now_s=0.0,
-            waiting=[],
+        return scheduler_state(
+            opt13b,
             running=[s],
-            swapped=[],
             free_gpu_blocks=0,
             free_cpu_blocks=64,
             total_gpu_blocks=128,
-            block_size=16,
             watermark_blocks=1,
             kv_bytes_per_block=kvb,
-            limits=SchedulerLimits(),
-            cost_model=opt13b,
             kv_copies_per_block=copies_per_block,
         )
 
@@ -229,19 +215,15 @@ def test_swap_tail_stalls_the_rest_of_the_queue(opt13b):
     running = [seq(0, 2), seq(1, 3), seq(2, 2), seq(3, 4)]
 
     def decide(policy):
-        st = SchedulerState(
+        st = scheduler_state(
+            opt13b,
             now_s=1.0,
-            waiting=[],
             running=list(running),
-            swapped=[],
             free_gpu_blocks=1,
             free_cpu_blocks=0,
             total_gpu_blocks=12,
-            block_size=16,
             watermark_blocks=0,
             kv_bytes_per_block=kvb,
-            limits=SchedulerLimits(),
-            cost_model=opt13b,
         )
         return build_scheduler("fcfs", policy).schedule(st)
 

@@ -6,6 +6,7 @@ import math
 from infersim.analysis.plan import PlanFile, PlanFlags, SearchSection, build_candidates, parse_slo, plan
 from infersim.analysis.sweep_backends import BackendOptions
 from infersim.simulator.workload.schema import WorkloadSpec
+from tests.utils import requests_section
 
 WORKLOAD = """\
 name: pp-plan
@@ -22,16 +23,7 @@ seed: 2
 
 
 def test_candidates_cross_tp_and_pp():
-    spec = WorkloadSpec.model_validate(
-        {
-            "requests": {
-                "count": 1,
-                "arrival": {"type": "burst"},
-                "prompt_tokens": {"type": "fixed", "value": 1},
-                "output_tokens": {"type": "fixed", "value": 1},
-            }
-        }
-    )
+    spec = WorkloadSpec.model_validate({"requests": requests_section(1, 1, 1)})
     cands = build_candidates(spec, ["h100-sxm"], [4, 8], {}, {}, [1, 2])
     assert [c.label for c in cands] == [
         "h100-sxm tp4 pp1",

@@ -548,20 +548,28 @@ def test_spec_draft_simulated_tokens_per_step_follow_the_measured_acceptance(spe
     assert abs(tot["acceptance_rate"]["error"]) < 0.12, tot["acceptance_rate"]
 
 
+def _fake_clock(monkeypatch, start_s: float, kernel_s: float):
+    """The executor's clock module on a fake perf_counter that starts at `start_s`, with a fake
+    reference kernel that takes `kernel_s` of it. Returns the module and the one-element list
+    holding the fake time (a test moves it on by hand)."""
+    import infersim.executor.clock as clock_mod
+
+    now = [start_s]
+    monkeypatch.setattr(clock_mod.time, "perf_counter", lambda: now[0])
+
+    def kernel():
+        now[0] += kernel_s
+        return kernel_s
+
+    monkeypatch.setattr(clock_mod, "reference_kernel_s", kernel)
+    return clock_mod, now
+
+
 def test_speed_ticks_time_the_kernel_every_few_steps_with_the_engine_clock_standing_still(monkeypatch):
     """Under speed_ticks(every=3) every third step times the reference kernel (here a fake one
     that takes 5 s of a fake perf_counter) and the engine clock does not move meanwhile; the
     other steps and every clock made outside speed_ticks() record nothing."""
-    import infersim.executor.clock as clock_mod
-
-    now = [100.0]
-    monkeypatch.setattr(clock_mod.time, "perf_counter", lambda: now[0])
-
-    def kernel():
-        now[0] += 5.0
-        return 5.0
-
-    monkeypatch.setattr(clock_mod, "reference_kernel_s", kernel)
+    clock_mod, now = _fake_clock(monkeypatch, start_s=100.0, kernel_s=5.0)
     outside = clock_mod.Clock()
     with clock_mod.speed_ticks(every=3) as rows:
         c = clock_mod.Clock()
@@ -580,14 +588,7 @@ def test_a_speed_tick_due_while_another_engine_runs_waits_and_a_companion_ticks_
     """every=2: the tick due at step 2 is held while may_tick is False (steps 2, 3) and taken at
     step 4, with the companion's kernel timed at the same moment; the next is due two steps
     after the one taken (step 6), and neither kernel moves the engine clock."""
-    import infersim.executor.clock as clock_mod
-
-    now = [0.0]
-    monkeypatch.setattr(clock_mod.time, "perf_counter", lambda: now[0])
-
-    def kernel():
-        now[0] += 2.0
-        return 2.0
+    clock_mod, now = _fake_clock(monkeypatch, start_s=0.0, kernel_s=2.0)
 
     class Companion:
         started = 0
@@ -599,7 +600,6 @@ def test_a_speed_tick_due_while_another_engine_runs_waits_and_a_companion_ticks_
             now[0] += 1.0  # waits for the other core's answer
             return 3.0
 
-    monkeypatch.setattr(clock_mod, "reference_kernel_s", kernel)
     comp = Companion()
     with clock_mod.speed_ticks(every=2) as rows:
         c = clock_mod.Clock()

@@ -15,6 +15,8 @@ import json
 import numpy as np
 import pytest
 
+from tests.utils import fixed_lengths_spec, requests_section
+
 
 # ---- per-request acceptance by request id ---------------------------------------------------
 def _mixture_spec(assignment=None):
@@ -114,12 +116,7 @@ def test_voting_off_is_simulated_with_the_first_draft_alone(tmp_path):
             "model": "zoo-target",
             "hardware": {"profile": "cpu-reference"},
             "serving": {"max_batch_size": 16, "block_size": 16},
-            "requests": {
-                "count": 2,
-                "arrival": {"type": "burst"},
-                "prompt_tokens": {"type": "fixed", "value": 10},
-                "output_tokens": {"type": "fixed", "value": 10},
-            },
+            "requests": requests_section(2, 10, 10),
             "speculation": sp,
             "seed": 1,
         },
@@ -263,7 +260,6 @@ def test_stratified_draws_keep_each_request_at_its_component():
     draws scatter them by about 1.3 / sqrt(40) = 0.2."""
     from infersim.simulator.simulation import Simulation
     from infersim.simulator.workload.builder import build_requests
-    from tests.utils import fixed_burst_spec
 
     def proposer(draws):
         mix = {
@@ -273,7 +269,7 @@ def test_stratified_draws_keep_each_request_at_its_component():
             "components": [{"kind": "iid", "alpha": 0.3}, {"kind": "iid", "alpha": 0.9}],
             "assignment": {r: r % 2 for r in range(20)},
         }
-        spec = fixed_burst_spec(
+        spec = fixed_lengths_spec(
             "opt-1.3b",
             count=20,
             prompt_tokens=16,

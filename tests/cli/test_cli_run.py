@@ -1,6 +1,5 @@
 """`sim run` end to end: outputs, determinism, bad input, atomic run directories."""
 
-import hashlib
 import shutil
 import subprocess
 import sys
@@ -9,21 +8,14 @@ from pathlib import Path
 import pytest
 
 from infersim.cli.main import main
-
-
-def _digest(folder: Path) -> dict[str, str]:
-    return {
-        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(folder.rglob("*"))
-        if p.is_file()
-    }
+from tests.utils import folder_digest
 
 
 def test_run_writes_directory_and_is_byte_identical(tmp_path, capsys):
     a, b = tmp_path / "a", tmp_path / "b"
     assert main(["run", "--workload", "chatbot.yaml", "-n", "200", "-o", str(a), "-q"]) == 0
     assert main(["run", "--workload", "chatbot", "-n", "200", "-o", str(b), "-q"]) == 0
-    files = _digest(a)
+    files = folder_digest(a)
     for name in (
         "config.yaml",
         "requests.parquet",
@@ -34,7 +26,7 @@ def test_run_writes_directory_and_is_byte_identical(tmp_path, capsys):
         "plots/throughput.png",
     ):
         assert name in files
-    assert files == _digest(b)
+    assert files == folder_digest(b)
     import json
 
     s = json.loads((a / "summary.json").read_text())
@@ -46,7 +38,7 @@ def test_seed_changes_results(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     main(["run", "-w", "chatbot", "-n", "100", "-o", str(a), "-q", "--no-plots"])
     main(["run", "-w", "chatbot", "-n", "100", "-o", str(b), "-q", "--no-plots", "--seed", "7"])
-    assert _digest(a)["requests.parquet"] != _digest(b)["requests.parquet"]
+    assert folder_digest(a)["requests.parquet"] != folder_digest(b)["requests.parquet"]
 
 
 def _err(capsys) -> str:
@@ -111,7 +103,7 @@ def test_trace_with_missing_column(tmp_path, capsys):
 def test_failed_run_keeps_previous_results(tmp_path, monkeypatch):
     out = tmp_path / "run"
     assert main(["run", "-w", "chatbot", "-n", "50", "-o", str(out), "-q"]) == 0
-    before = _digest(out)
+    before = folder_digest(out)
 
     import infersim.simulator.metrics.plots
 
@@ -123,7 +115,7 @@ def test_failed_run_keeps_previous_results(tmp_path, monkeypatch):
     monkeypatch.setattr(infersim.simulator.metrics.plots, "plot_run", broken)
     with pytest.raises(RuntimeError):
         main(["run", "-w", "chatbot", "-n", "60", "-o", str(out), "-q"])
-    assert _digest(out) == before
+    assert folder_digest(out) == before
     assert [p.name for p in tmp_path.iterdir()] == ["run"]  # no temporary folders left behind
 
 

@@ -15,16 +15,9 @@ import pytest
 
 from infersim.cli.main import main
 from infersim.simulator.metrics.rundir import MARKER, PAUSE_ENV
+from tests.utils import folder_digest
 
 RUN = ["run", "-w", "chatbot", "-n", "30", "-q", "--no-plots"]
-
-
-def _digest(folder: Path) -> dict[str, str]:
-    return {
-        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(folder.rglob("*"))
-        if p.is_file()
-    }
 
 
 def _one_line_error(capsys, *needles):
@@ -40,7 +33,7 @@ def test_foreign_folder_is_refused_and_kept(tmp_path, capsys):
     (out / "notes.txt").write_text("x\n")
     assert main([*RUN, "-o", str(out)]) == 2
     _one_line_error(capsys, str(out), "--force")
-    assert _digest(out) == {"notes.txt": hashlib.sha256(b"x\n").hexdigest()}
+    assert folder_digest(out) == {"notes.txt": hashlib.sha256(b"x\n").hexdigest()}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["D"]
 
 
@@ -163,7 +156,7 @@ def test_signal_keeps_previous_run_and_leaves_nothing_temporary(tmp_path, sig, c
     prev = tmp_path / "prev"
     done = _sim(["run", "-w", "chatbot", "-n", "40", "-q", "-o", "prev"], tmp_path)
     assert done.wait(timeout=300) == 0, done.stderr.read()
-    before = _digest(prev)
+    before = folder_digest(prev)
     proc = _sim(["run", "-w", "chatbot", "-n", "300", "-q", "-o", "prev"], tmp_path, pause=stage)
     line = proc.stderr.readline()  # blocks until the process stands at the stage
     assert line.strip() == f"infersim: paused at {stage}", line + proc.stderr.read()
@@ -172,7 +165,7 @@ def test_signal_keeps_previous_run_and_leaves_nothing_temporary(tmp_path, sig, c
     assert proc.wait(timeout=120) == code
     err = proc.stderr.read()
     assert word in err and "Traceback" not in err, err
-    assert _digest(prev) == before
+    assert folder_digest(prev) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["prev"]
 
 

@@ -17,9 +17,7 @@ torch = pytest.importorskip("torch")
 
 from infersim.executor.engine import Engine, ExecSequence  # noqa: E402
 from infersim.executor.kvcache import KVCacheConfig  # noqa: E402
-from infersim.executor.models import load_model  # noqa: E402
 from infersim.executor.prompts import make_prompts  # noqa: E402
-from infersim.executor.zoo import ensure_zoo  # noqa: E402
 from infersim.simulator.costmodel import COST_MODELS, CostModel  # noqa: E402
 from infersim.simulator.metrics.collector import SERIES_COLUMNS, MetricsCollector  # noqa: E402
 from infersim.simulator.policies import build_scheduler  # noqa: E402
@@ -27,6 +25,7 @@ from infersim.simulator.policies.preemption import PREEMPTION_POLICIES  # noqa: 
 from infersim.simulator.simulation import Simulation  # noqa: E402
 from infersim.simulator.workload.requests import Requests  # noqa: E402
 from infersim.simulator.workload.schema import WorkloadSpec  # noqa: E402
+from tests.utils import requests_section  # noqa: E402
 
 PROMPT_LENS = [23, 150, 7, 64, 101, 40, 12, 88, 130, 55, 31, 76]
 OUTPUT_LENS = [30, 12, 41, 25, 18, 36, 9, 28, 15, 33, 22, 40]
@@ -77,15 +76,6 @@ def fixed_cost_registered():
     COST_MODELS.unregister(FixedCost.name)
 
 
-@pytest.fixture(scope="module")
-def target():
-    ensure_zoo()
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield load_model("zoo-target", device="cpu", dtype="fp32")
-    torch.set_num_threads(old)
-
-
 def simulate(preemption: str) -> Simulation:
     spec = WorkloadSpec.model_validate(
         {
@@ -100,12 +90,7 @@ def simulate(preemption: str) -> Simulation:
                 "preemption": preemption,
                 "cost_model": "fixed_for_decision_test",
             },
-            "requests": {
-                "count": len(PROMPT_LENS),
-                "arrival": {"type": "burst"},
-                "prompt_tokens": {"type": "fixed", "value": 1},
-                "output_tokens": {"type": "fixed", "value": 1},
-            },
+            "requests": requests_section(len(PROMPT_LENS), 1, 1),
         }
     )
     requests = Requests(np.array(PROMPT_LENS), np.array(OUTPUT_LENS), np.zeros(len(PROMPT_LENS)))
@@ -133,9 +118,9 @@ def execute(target, preemption: str, sim: Simulation) -> Engine:
 
 
 @pytest.mark.parametrize("preemption", PREEMPTION_POLICIES.names())
-def test_both_engines_carry_out_the_same_decisions(target, preemption):
+def test_both_engines_carry_out_the_same_decisions(zoo_target, preemption):
     sim = simulate(preemption)
-    engine = execute(target, preemption, sim)
+    engine = execute(zoo_target, preemption, sim)
     assert engine.cache.bytes_per_block == sim.memory.kv_bytes_per_block
     ran, real = sim.metrics, engine.metrics
     assert {c: real.counters[c] for c in COUNTERS} == {c: ran.counters[c] for c in COUNTERS}

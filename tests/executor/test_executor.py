@@ -29,34 +29,33 @@ OUTPUT_LENS = [30, 12, 41, 25, 18, 36, 9, 28, 15, 33, 22, 40]
 
 
 @pytest.fixture(scope="module")
-def target(zoo_dir):
-    return load_model("zoo-target", device="cpu", dtype="fp32")
+def case(zoo_target):
+    prompts = make_prompts(PROMPT_LENS, tokenizer=zoo_target.tokenizer, vocab_size=zoo_target.vocab_size, seed=11)
+    return prompts, OUTPUT_LENS, hf_greedy_generate(zoo_target.model, prompts, OUTPUT_LENS)
 
 
-@pytest.fixture(scope="module")
-def case(target):
-    prompts = make_prompts(PROMPT_LENS, tokenizer=target.tokenizer, vocab_size=target.vocab_size, seed=11)
-    return prompts, OUTPUT_LENS, hf_greedy_generate(target.model, prompts, OUTPUT_LENS)
-
-
-def _blocks(prompts, outputs, bs=16):
+def _blocks(case, bs=16):
+    """KV blocks that hold every request of the case whole: a swap pool nothing overflows."""
+    prompts, outputs, _ = case
     return sum(-(-(len(p) + o) // bs) for p, o in zip(prompts, outputs))
 
 
 # ---- models -----------------------------------------------------------------------------
-def test_checkpoint_round_trip_llama_and_mistral_layout(target, tmp_path):
+def test_checkpoint_round_trip_llama_and_mistral_layout(zoo_target, tmp_path):
     """A zoo checkpoint saved and reloaded as Llama, and the same weights declared as a
     Mistral checkpoint, give the same logits; bf16 loads as bf16."""
-    ids = torch.tensor([make_prompts([48], tokenizer=target.tokenizer, vocab_size=target.vocab_size, seed=1)[0]])
+    ids = torch.tensor(
+        [make_prompts([48], tokenizer=zoo_target.tokenizer, vocab_size=zoo_target.vocab_size, seed=1)[0]]
+    )
     with torch.inference_mode():
-        ref = target.model(ids).logits
-    target.model.save_pretrained(tmp_path / "llama", safe_serialization=True)
+        ref = zoo_target.model(ids).logits
+    zoo_target.model.save_pretrained(tmp_path / "llama", safe_serialization=True)
     again = load_model(str(tmp_path / "llama"))
     assert again.family == "llama" and again.tokenizer is None
     with torch.inference_mode():
         assert torch.equal(again.model(ids).logits, ref)
     mistral = tmp_path / "mistral"
-    shutil.copytree(target.path, mistral)
+    shutil.copytree(zoo_target.path, mistral)
     cfg = json.loads((mistral / "config.json").read_text())
     cfg.update(model_type="mistral", architectures=["MistralForCausalLM"], sliding_window=None)
     (mistral / "config.json").write_text(json.dumps(cfg))
@@ -86,10 +85,17 @@ def test_bad_model_names_are_clear_errors(tmp_path, monkeypatch):
 
 
 # ---- the engine against Hugging Face generate -------------------------------------------
-def test_continuous_batching_matches_hf(target, case):
+def serve_matching_hf(zoo_target, case, **serving):
+    """Serves the case's prompts on the engine with `serving` options, checks that every token
+    is Hugging Face greedy's, and returns the engine."""
     prompts, outputs, ref = case
-    got, eng = generate(target, prompts, outputs, ServingSection(max_batch_size=4))
+    got, eng = generate(zoo_target, prompts, outputs, ServingSection(**serving))
     assert got == ref
+    return eng
+
+
+def test_continuous_batching_matches_hf(zoo_target, case):
+    eng = serve_matching_hf(zoo_target, case, max_batch_size=4)
     it = eng.stats.iteration_table()
     # requests joined while others were decoding: admissions after the first iteration,
     # and finished requests left the batch
@@ -109,45 +115,30 @@ def test_engine_on_cuda_matches_hf_on_cpu(zoo_dir, case):
     assert got == ref
 
 
-def test_forced_recompute_matches_hf(target, case):
-    prompts, outputs, ref = case
-    got, eng = generate(target, prompts, outputs, ServingSection(gpu_blocks=24, preemption="recompute"))
+def test_forced_recompute_matches_hf(zoo_target, case):
+    eng = serve_matching_hf(zoo_target, case, gpu_blocks=24, preemption="recompute")
     assert eng.counters["preempt_recompute"] > 0
-    assert got == ref
 
 
-def test_forced_swap_matches_hf(target, case):
-    prompts, outputs, ref = case
-    got, eng = generate(
-        target, prompts, outputs, ServingSection(gpu_blocks=24, cpu_blocks=_blocks(prompts, outputs), preemption="swap")
-    )
+def test_forced_swap_matches_hf(zoo_target, case):
+    eng = serve_matching_hf(zoo_target, case, gpu_blocks=24, cpu_blocks=_blocks(case), preemption="swap")
     assert eng.counters["preempt_swap"] > 0 and eng.counters["swap_in_blocks"] > 0
     assert eng.counters["preempt_recompute"] == 0
-    assert got == ref
 
 
-def test_cost_aware_fairness_and_chunked_prefill_match_hf(target, case):
-    prompts, outputs, ref = case
-    got, eng = generate(
-        target,
-        prompts,
-        outputs,
-        ServingSection(gpu_blocks=24, cpu_blocks=40, scheduler="fairness", preemption="cost_aware"),
+def test_cost_aware_fairness_and_chunked_prefill_match_hf(zoo_target, case):
+    eng = serve_matching_hf(
+        zoo_target, case, gpu_blocks=24, cpu_blocks=40, scheduler="fairness", preemption="cost_aware"
     )
     assert eng.counters["preempt_swap"] + eng.counters["preempt_recompute"] > 0
-    assert got == ref
-    got, eng = generate(
-        target,
-        prompts,
-        outputs,
-        ServingSection(chunked_prefill=True, max_batched_tokens=48, gpu_blocks=30, preemption="swap", cpu_blocks=60),
+    eng = serve_matching_hf(
+        zoo_target, case, chunked_prefill=True, max_batched_tokens=48, gpu_blocks=30, preemption="swap", cpu_blocks=60
     )
     mixed = eng.stats.iteration_table()
     assert ((mixed["prefill_seqs"] > 0) & (mixed["decode_seqs"] > 0)).any()  # Sarathi-style mixed iterations
-    assert got == ref
 
 
-def test_uninitialised_cache_memory_never_leaks_in(target, case, monkeypatch):
+def test_uninitialised_cache_memory_never_leaks_in(zoo_target, case, monkeypatch):
     """Blocks are read whole and ragged batches padded; masked rows get weight 0, but 0 x NaN
     is NaN: pools made of NaN (as uninitialised GPU memory may be; the CPU's pools are
     committed and zeroed up front) must not change a token."""
@@ -162,15 +153,10 @@ def test_uninitialised_cache_memory_never_leaks_in(target, case, monkeypatch):
 
     monkeypatch.setattr(kvcache.torch, "empty", nan_filled(torch.empty))
     monkeypatch.setattr(kvcache.torch, "zeros", nan_filled(torch.zeros))
-    prompts, outputs, ref = case
-    got, eng = generate(
-        target,
-        prompts,
-        outputs,
-        ServingSection(gpu_blocks=24, cpu_blocks=_blocks(prompts, outputs), preemption="swap", max_batch_size=5),
+    eng = serve_matching_hf(
+        zoo_target, case, gpu_blocks=24, cpu_blocks=_blocks(case), preemption="swap", max_batch_size=5
     )
     assert eng.counters["preempt_swap"] > 0
-    assert got == ref
 
 
 def test_drafts_and_opt_match_hf(zoo_dir, case):
@@ -185,10 +171,10 @@ def test_drafts_and_opt_match_hf(zoo_dir, case):
         assert got == ref, name
 
 
-def test_arrivals_replayed_in_real_time(target, case):
+def test_arrivals_replayed_in_real_time(zoo_target, case):
     prompts, outputs, _ = case
     arrivals = [0.0, 0.0, 0.25, 0.5]
-    _, eng = generate(target, prompts[:4], [4] * 4, arrival_s=arrivals)
+    _, eng = generate(zoo_target, prompts[:4], [4] * 4, arrival_s=arrivals)
     seqs = sorted(eng.finished, key=lambda s: s.rid)
     for s, a in zip(seqs, arrivals):
         assert s.first_scheduled_s >= a

@@ -28,7 +28,7 @@ from infersim.executor.medusa.train import (
 )
 from infersim.executor.medusa.tree import build_tree, layout  # noqa: E402
 from infersim.simulator.errors import InfersimError  # noqa: E402
-from tests.utils import fixed_burst_spec, write_yaml, zoo_workload  # noqa: E402
+from tests.utils import fixed_lengths_spec, write_yaml, zoo_workload  # noqa: E402
 
 
 # ---- pieces checked by hand ------------------------------------------------------------------
@@ -166,12 +166,10 @@ def test_fresh_heads_are_the_target_lm_head():
 
 # ---- the zoo target ----------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def target(zoo_dir):
-    from infersim.executor.models import load_model
+def target(zoo_target):
     from infersim.executor.runner import build_runner
 
-    lm = load_model("zoo-target", "cpu", "fp32")
-    return lm, build_runner(lm)
+    return zoo_target, build_runner(zoo_target)
 
 
 @pytest.fixture(scope="module")
@@ -285,7 +283,7 @@ def test_measured_accuracies_load_in_the_simulator(trained):
     from infersim.simulator.simulation import Simulation
     from infersim.simulator.workload.builder import build_requests
 
-    spec = fixed_burst_spec(
+    spec = fixed_lengths_spec(
         "opt-1.3b",
         count=8,
         prompt_tokens=64,

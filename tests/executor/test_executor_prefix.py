@@ -24,7 +24,6 @@ pytestmark = pytest.mark.torch
 
 from infersim.executor.engine import generate  # noqa: E402
 from infersim.executor.kvcache import KVCacheConfig, PagedKVCache  # noqa: E402
-from infersim.executor.models import load_model  # noqa: E402
 from infersim.executor.prefix_kv import PrefixCachedKV  # noqa: E402
 from infersim.executor.prompts import make_prompts  # noqa: E402
 from infersim.executor.run import greedy_replies  # noqa: E402
@@ -41,26 +40,21 @@ OUT = [12, 20, 7, 16, 9, 25, 14, 8, 19, 11, 22, 6, 13, 17, 10, 15]
 
 
 @pytest.fixture(scope="module")
-def target(zoo_dir):
-    return load_model("zoo-target", device="cpu", dtype="fp32")
-
-
-@pytest.fixture(scope="module")
-def chat(target):
+def chat(zoo_target):
     """16 turns of 4 conversations (max 5 turns) after a 40-token system prompt: prompt lengths,
     the conversation model's keys, real prompts and output lengths."""
     lengths, keys = conversation_turns(
         SharingModel(conversations=4, system_prompt_tokens=40, max_turns=5), np.array(USER), np.array(OUT), None
     )
-    limits = SchedulerLimits(16, 4096, target.max_positions)
+    limits = SchedulerLimits(16, 4096, zoo_target.max_positions)
     prompts = make_prompts(
         lengths,
-        tokenizer=target.tokenizer,
-        vocab_size=target.vocab_size,
+        tokenizer=zoo_target.tokenizer,
+        vocab_size=zoo_target.vocab_size,
         seed=3,
         prefix=keys,
         outputs=OUT,
-        reply=lambda ps, outs: greedy_replies(target, ps, outs, limits),
+        reply=lambda ps, outs: greedy_replies(zoo_target, ps, outs, limits),
     )
     return [int(n) for n in lengths], keys, prompts
 
@@ -80,10 +74,10 @@ def _core_hits(lengths, keys, gpu_blocks: int) -> tuple[list[int], int]:
     return hits, bm.evictions
 
 
-def test_turns_hold_the_previous_turn_and_its_served_reply(chat, target):
+def test_turns_hold_the_previous_turn_and_its_served_reply(chat, zoo_target):
     lengths, keys, prompts = chat
     assert [len(p) for p in prompts] == lengths
-    got, _ = generate(target, prompts, OUT)
+    got, _ = generate(zoo_target, prompts, OUT)
     conv = keys.conversation.tolist()
     follow = 0
     for i in range(len(prompts)):
@@ -97,16 +91,16 @@ def test_turns_hold_the_previous_turn_and_its_served_reply(chat, target):
 
 
 @pytest.mark.parametrize("gpu_blocks", [400, 20])
-def test_hits_are_the_shared_cores_and_outputs_do_not_change(chat, target, gpu_blocks):
+def test_hits_are_the_shared_cores_and_outputs_do_not_change(chat, zoo_target, gpu_blocks):
     """Turns arriving one at a time (1000 s apart: each finishes before the next arrives): the
     cached tokens of every request are what the simulator's accounting computes from the
     conversation model's keys; with 20 blocks, LRU evictions included. Caching on and off give
     the same tokens."""
     lengths, keys, prompts = chat
     arrivals = [1000.0 * i for i in range(len(prompts))]
-    off, _ = generate(target, prompts, OUT, ServingSection(gpu_blocks=gpu_blocks), arrival_s=arrivals)
+    off, _ = generate(zoo_target, prompts, OUT, ServingSection(gpu_blocks=gpu_blocks), arrival_s=arrivals)
     on, eng = generate(
-        target, prompts, OUT, ServingSection(gpu_blocks=gpu_blocks, prefix_caching=True), arrival_s=arrivals
+        zoo_target, prompts, OUT, ServingSection(gpu_blocks=gpu_blocks, prefix_caching=True), arrival_s=arrivals
     )
     assert on == off
     cached = [s.cached_tokens for s in sorted(eng.finished, key=lambda s: s.rid)]
@@ -129,7 +123,7 @@ def test_hits_are_the_shared_cores_and_outputs_do_not_change(chat, target, gpu_b
 
 
 @pytest.mark.parametrize("preemption, cpu_blocks", [("swap", 200), ("recompute", 0)])
-def test_shared_blocks_under_preemption_keep_the_outputs(chat, target, preemption, cpu_blocks):
+def test_shared_blocks_under_preemption_keep_the_outputs(chat, zoo_target, preemption, cpu_blocks):
     """All 16 turns at once, with 48 more output tokens each, in 24 blocks: sequences sharing
     blocks are swapped out (only their unshared blocks move; some come back from the cache
     without a copy) or recomputed (a recompute finds its blocks cached again); the tokens are
@@ -137,8 +131,8 @@ def test_shared_blocks_under_preemption_keep_the_outputs(chat, target, preemptio
     _, _, prompts = chat
     outs = [o + 48 for o in OUT]
     kw = dict(gpu_blocks=24, cpu_blocks=cpu_blocks, preemption=preemption, max_batch_size=16)
-    off, _ = generate(target, prompts, outs, ServingSection(**kw))
-    on, eng = generate(target, prompts, outs, ServingSection(prefix_caching=True, **kw))
+    off, _ = generate(zoo_target, prompts, outs, ServingSection(**kw))
+    on, eng = generate(zoo_target, prompts, outs, ServingSection(prefix_caching=True, **kw))
     assert on == off
     st = eng.kv.stats
     assert eng.counters[f"preempt_{preemption}"] > 0 and st["hit_blocks"] > 0

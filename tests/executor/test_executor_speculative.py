@@ -30,7 +30,7 @@ from infersim.executor.speculative.verify import greedy_accept, rejection_accept
 from infersim.simulator.errors import InfersimError  # noqa: E402
 from infersim.simulator.speculative import minions as sim_minions  # noqa: E402
 from infersim.simulator.speculative.selector import AdaptiveLengthSelector  # noqa: E402
-from tests.utils import write_yaml, zoo_workload  # noqa: E402
+from tests.utils import fixed_lengths_spec, poisson, write_yaml, zoo_workload  # noqa: E402
 
 DRAFTS = ("zoo-draft-a", "zoo-draft-b", "zoo-draft-c")
 
@@ -351,30 +351,24 @@ def test_repo_acceptance_table_drives_a_simulation():
     from infersim.simulator.simulation import Simulation
     from infersim.simulator.speculative.acceptance import list_tables, load_table
     from infersim.simulator.workload.builder import build_requests
-    from infersim.simulator.workload.schema import WorkloadSpec
 
     assert "zoo-target" in list_tables()
     table = load_table("zoo-target")
     e = table.entries[0]
-    spec = WorkloadSpec.model_validate(
-        {
-            "model": "opt-1.3b",
-            "hardware": {"profile": "a100-80gb-pcie"},
-            "serving": {"max_batch_size": 8},
-            "requests": {
-                "count": 20,
-                "arrival": {"type": "poisson", "rate": 100.0},
-                "prompt_tokens": {"type": "fixed", "value": 40},
-                "output_tokens": {"type": "fixed", "value": 300},
-            },
-            "seed": 1,
-            "speculation": {
-                "method": "draft",
-                "speculation_length": 3,
-                "dataset": e.dataset,
-                "drafts": [{"model": "opt-125m", "acceptance": {"table": "zoo-target", "draft": e.draft}}],
-            },
-        }
+    spec = fixed_lengths_spec(
+        "opt-1.3b",
+        count=20,
+        prompt_tokens=40,
+        output_tokens=300,
+        arrival=poisson(100.0),
+        serving={"max_batch_size": 8},
+        seed=1,
+        speculation={
+            "method": "draft",
+            "speculation_length": 3,
+            "dataset": e.dataset,
+            "drafts": [{"model": "opt-125m", "acceptance": {"table": "zoo-target", "draft": e.draft}}],
+        },
     )
     res = Simulation(spec, build_requests(spec, ".")).run()
     from infersim.simulator.metrics.summary import summarize
@@ -390,6 +384,19 @@ def test_repo_acceptance_table_drives_a_simulation():
 
 
 # ---- sim exec with a speculation: section ----------------------------------------------------------
+def minions_workload(name: str, **speculation) -> dict:
+    """Six zoo-target requests (10-30 output tokens, 40 per second, at most 4 at a time) served
+    by Minions with 3-token speculation; `speculation` fills in the rest of the section."""
+    return zoo_workload(
+        name,
+        max_batch_size=4,
+        rate=40.0,
+        output_tokens=(10, 30),
+        seed=4,
+        speculation={"method": "minions", "speculation_length": 3, **speculation},
+    )
+
+
 def test_sim_exec_runs_a_minions_workload(zoo, tmp_path):
     import json
 
@@ -400,21 +407,13 @@ def test_sim_exec_runs_a_minions_workload(zoo, tmp_path):
     t, _ = zoo
     path = write_yaml(
         tmp_path / "wl.yaml",
-        zoo_workload(
+        minions_workload(
             "zoo-minions",
-            max_batch_size=4,
-            rate=40.0,
-            output_tokens=(10, 30),
-            seed=4,
-            speculation={
-                "method": "minions",
-                "speculation_length": 3,
-                "selector": {"decision_threshold": 3, "s_max": 5},
-                "drafts": [
-                    {"model": n, "acceptance": {"table": "opt-13b", "draft": "opt-125m", "dataset": "finance"}}
-                    for n in DRAFTS
-                ],
-            },
+            selector={"decision_threshold": 3, "s_max": 5},
+            drafts=[
+                {"model": n, "acceptance": {"table": "opt-13b", "draft": "opt-125m", "dataset": "finance"}}
+                for n in DRAFTS
+            ],
         ),
     )
     out = tmp_path / "run"
@@ -521,28 +520,13 @@ def test_minions_with_voting_off_drafts_with_the_first_ssm_only(zoo, tmp_path):
     from infersim.simulator.workload.schema import WorkloadSpec
 
     t, _ = zoo
-    spec = WorkloadSpec.model_validate(
-        {
-            "name": "zoo-minions-novote",
-            "model": "zoo-target",
-            "hardware": {"profile": "a100-80gb-pcie"},
-            "serving": {"max_batch_size": 4},
-            "requests": {
-                "count": 6,
-                "arrival": {"type": "poisson", "rate": 40.0},
-                "prompt_tokens": {"type": "uniform", "low": 20, "high": 60},
-                "output_tokens": {"type": "uniform", "low": 10, "high": 30},
-            },
-            "seed": 4,
-            "speculation": {
-                "method": "minions",
-                "speculation_length": 3,
-                "voting": {"enabled": False},
-                "selector": {"enabled": False},
-                "drafts": [{"model": n, "acceptance": {"kind": "iid", "alpha": 0.5}} for n in DRAFTS],
-            },
-        }
+    wl = minions_workload(
+        "zoo-minions-novote",
+        voting={"enabled": False},
+        selector={"enabled": False},
+        drafts=[{"model": n, "acceptance": {"kind": "iid", "alpha": 0.5}} for n in DRAFTS],
     )
+    spec = WorkloadSpec.model_validate(wl)
     out = tmp_path / "run"
     execute(spec, build_requests(spec, "."), "zoo-target", out)
     s = json.loads((out / "summary.json").read_text())

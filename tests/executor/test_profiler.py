@@ -27,6 +27,7 @@ from infersim.simulator.hardware.catalog import load_hardware
 from infersim.simulator.hardware.profile import HardwareProfile
 from infersim.simulator.models.catalog import load_model
 from infersim.simulator.paths import hwprofiles_dir
+from tests.utils import poisson, requests_section
 
 REF = "cpu-reference"
 
@@ -166,12 +167,7 @@ def test_tampered_sidecar_is_refused_in_one_line(tmp_path, monkeypatch, absolute
                 "model": "opt-125m",
                 "hardware": {"profile": str(ypath)},
                 "serving": {"cost_model": "regression", "gpu_blocks": 60, "cpu_blocks": 10},
-                "requests": {
-                    "count": 5,
-                    "arrival": {"type": "poisson", "rate": 1.0},
-                    "prompt_tokens": {"type": "fixed", "value": 10},
-                    "output_tokens": {"type": "fixed", "value": 5},
-                },
+                "requests": requests_section(5, 10, 5, poisson(1.0)),
             }
         )
     )
@@ -224,12 +220,7 @@ def test_simulator_uses_a_profile_by_path_with_the_regression_model(tmp_path):
                     "gpu_blocks": 60,
                     "cpu_blocks": 40,
                 },
-                "requests": {
-                    "count": 40,
-                    "arrival": {"type": "poisson", "rate": 20.0},
-                    "prompt_tokens": {"type": "uniform", "low": 50, "high": 400},
-                    "output_tokens": {"type": "uniform", "low": 10, "high": 60},
-                },
+                "requests": requests_section(40, (50, 400), (10, 60), poisson(20.0)),
                 "seed": 1,
             }
         )

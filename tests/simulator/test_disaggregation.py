@@ -14,7 +14,7 @@ from infersim.simulator.errors import InfersimError
 from infersim.simulator.simulation import Simulation, simulate
 from infersim.simulator.workload.builder import build_requests
 from infersim.simulator.workload.schema import WorkloadSpec
-from tests.utils import one_line_error, small_workload_spec, write_yaml
+from tests.utils import one_line_error, requests_section, small_workload_spec, write_yaml
 
 LINK = {"bandwidth_gbps": 25.0, "latency_us": 10.0}
 # llama-2-7b in fp16: K and V, 32 layers x 4096 values of 2 bytes per token
@@ -29,12 +29,7 @@ def _one_request(prompt: int, output: int, streaming: bool = False, **pools) -> 
                 "profile": "a100-80gb-pcie",
                 "disaggregated": {"link": LINK, "layerwise_streaming": streaming, **pools},
             },
-            "requests": {
-                "count": 1,
-                "arrival": {"type": "burst"},
-                "prompt_tokens": {"type": "fixed", "value": prompt},
-                "output_tokens": {"type": "fixed", "value": output},
-            },
+            "requests": requests_section(1, prompt, output),
         }
     )
 
@@ -194,12 +189,7 @@ def test_bad_sections_are_one_line_errors(tmp_path, capsys, hardware, extra, fie
         {
             "model": "llama-2-7b",
             "hardware": hardware,
-            "requests": {
-                "count": 2,
-                "arrival": {"type": "burst"},
-                "prompt_tokens": {"type": "fixed", "value": 10},
-                "output_tokens": {"type": "fixed", "value": 10},
-            },
+            "requests": requests_section(2, 10, 10),
             **extra,
         },
     )
@@ -214,12 +204,7 @@ def test_a_pool_the_model_does_not_fit_is_refused_naming_it():
         {
             "model": "llama-2-70b",
             "hardware": {"disaggregated": {"prefill": {"tensor_parallel": 4}, "decode": {"tensor_parallel": 1}}},
-            "requests": {
-                "count": 1,
-                "arrival": {"type": "burst"},
-                "prompt_tokens": {"type": "fixed", "value": 10},
-                "output_tokens": {"type": "fixed", "value": 10},
-            },
+            "requests": requests_section(1, 10, 10),
         }
     )
     with pytest.raises(InfersimError, match="hardware.disaggregated.decode"):

@@ -8,7 +8,7 @@ from infersim.simulator.costmodel import BatchShape
 from infersim.simulator.simulation import Simulation, simulate
 from infersim.simulator.workload.builder import build_requests
 from infersim.simulator.workload.schema import WorkloadSpec
-from tests.utils import fixed_burst_spec
+from tests.utils import fixed_lengths_spec
 
 
 def _run(spec, step_mode=False):
@@ -51,7 +51,7 @@ def test_multi_replica_closed_loop_event_equals_step(small_workload):
 
 
 def test_single_request_matches_hand_computed_times():
-    spec = fixed_burst_spec("llama-2-7b", count=1, prompt_tokens=100, output_tokens=50)
+    spec = fixed_lengths_spec("llama-2-7b", count=1, prompt_tokens=100, output_tokens=50)
     res = _run(spec)
     sim = Simulation(spec, build_requests(spec, "."))
     cm = sim.cost_model
@@ -86,7 +86,7 @@ def test_blocks_are_all_returned_and_preemptions_happen(small_workload):
 
 
 def test_never_fitting_prompt_is_aborted_not_hung():
-    spec = fixed_burst_spec(
+    spec = fixed_lengths_spec(
         "opt-1.3b", count=3, prompt_tokens=500, output_tokens=4, serving={"gpu_blocks": 8, "cpu_blocks": 0}
     )
     res = _run(spec)
@@ -122,7 +122,7 @@ def test_more_replicas_lower_latency(small_workload):
 
 def test_swapped_sequence_that_outgrew_the_gpu_pool_is_aborted_not_stuck():
     # a 40-block pool; one request grows past it while swapped out: vLLM would hang, we abort it
-    spec = fixed_burst_spec(
+    spec = fixed_lengths_spec(
         "opt-1.3b",
         count=6,
         prompt_tokens=300,

@@ -6,11 +6,12 @@ import pytest
 
 from infersim.cli.main import main
 from infersim.simulator.costmodel import BatchShape, RooflineCostModel
-from infersim.simulator.engine.memory import MemoryOptions, plan_memory
+from infersim.simulator.engine.memory import plan_memory
 from infersim.simulator.errors import InfersimError
 from infersim.simulator.hardware.catalog import load_hardware
 from infersim.simulator.models.catalog import load_model
 from infersim.simulator.models.dtypes import bytes_per_element, normalize_dtype
+from tests.utils import memory_options
 
 FP8_CARDS = {"h100-sxm": 1979, "h100-pcie": 1513, "h200": 1979, "l40": 362.05}
 NO_FP8_CARDS = ["a100-80gb-pcie", "a100-80gb-sxm", "a100-40gb", "a40", "v100", "rtx-a6000"]
@@ -32,7 +33,7 @@ def test_fp8_kv_pool_holds_twice_the_fp16_blocks():
     m, hw = load_model("llama-2-7b"), load_hardware("h100-sxm")
 
     def blocks(kv_dtype):
-        return plan_memory(m, hw, MemoryOptions(16, "fp16", kv_dtype, 1, 0.9, 4.0, 4096, 256)).gpu_blocks
+        return plan_memory(m, hw, memory_options(kv_dtype=kv_dtype)).gpu_blocks
 
     assert blocks("fp8") in (2 * blocks("fp16"), 2 * blocks("fp16") + 1)
 

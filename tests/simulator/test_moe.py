@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from infersim.simulator.costmodel import BatchShape, RooflineCostModel
-from infersim.simulator.engine.memory import MemoryOptions, plan_memory
+from infersim.simulator.engine.memory import plan_memory
 from infersim.simulator.errors import InfersimError
 from infersim.simulator.hardware.catalog import load_hardware
 from infersim.simulator.models.catalog import load_model
@@ -15,6 +15,7 @@ from infersim.simulator.models.moe import MoESpec, expected_distinct_experts
 from infersim.simulator.simulation import simulate
 from infersim.simulator.workload.builder import build_requests
 from infersim.simulator.workload.schema import WorkloadSpec
+from tests.utils import memory_options, poisson, requests_section
 
 H, I, LAYERS, VOCAB, E, K = 4096, 14336, 32, 32000, 8, 2
 ATTN = H * H + 2 * H * 1024 + H * H  # q, k, v (8 KV heads of 128), o
@@ -58,11 +59,11 @@ def test_moe_catalog_counts_match_their_model_cards(name):
 
 def test_memory_estimate_uses_total_parameters():
     m, hw = load_model("mixtral-8x7b"), load_hardware("h100-sxm")
-    opts = MemoryOptions(16, "bf16", "bf16", 2, 0.9, 4.0, 32768, 256)
+    opts = memory_options(dtype="bf16", kv_dtype="bf16", tp=2, max_batched_tokens=32768)
     plan = plan_memory(m, hw, opts)
     assert plan.weight_bytes_per_gpu == m.params_total() * 2 / 2
     with pytest.raises(InfersimError, match="does not fit"):
-        plan_memory(m, hw, MemoryOptions(16, "bf16", "bf16", 1, 0.9, 4.0, 32768, 256))
+        plan_memory(m, hw, memory_options(dtype="bf16", kv_dtype="bf16", max_batched_tokens=32768))
 
 
 def test_deepseek_layer_pattern_and_latent_cache():
@@ -265,12 +266,7 @@ def _mixtral_workload(**hardware):
             "model": "mixtral-8x7b",
             "hardware": {"profile": "h100-sxm", "tensor_parallel": 2, **hardware},
             "serving": {"dtype": "bf16"},
-            "requests": {
-                "count": 40,
-                "arrival": {"type": "poisson", "rate": 20.0},
-                "prompt_tokens": {"type": "fixed", "value": 200},
-                "output_tokens": {"type": "fixed", "value": 30},
-            },
+            "requests": requests_section(40, 200, 30, poisson(20.0)),
             "seed": 5,
         }
     )

@@ -17,6 +17,7 @@ from infersim.simulator.offload.sparsity import SparsityModel, SparsitySpec, loa
 from infersim.simulator.simulation import Simulation, simulate
 from infersim.simulator.workload.builder import build_requests
 from infersim.simulator.workload.schema import WorkloadSpec
+from tests.utils import poisson, requests_section
 
 M13 = load_model("opt-13b")
 A6000 = load_hardware("rtx-a6000", host_link="pcie3x16")
@@ -233,12 +234,7 @@ def _spec(offload, count=24, rate=2.0, seed=5, **serving):
             "model": "opt-1.3b",
             "hardware": {"profile": "rtx-a6000", "host_link": "pcie3x16"},
             "serving": serving,
-            "requests": {
-                "count": count,
-                "arrival": {"type": "poisson", "rate": rate},
-                "prompt_tokens": {"type": "uniform", "low": 200, "high": 1500},
-                "output_tokens": {"type": "uniform", "low": 8, "high": 60},
-            },
+            "requests": requests_section(count, (200, 1500), (8, 60), poisson(rate)),
             "offload": offload,
             "seed": seed,
         }

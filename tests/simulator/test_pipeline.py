@@ -9,7 +9,6 @@ import pytest
 
 from infersim.simulator.costmodel import RooflineCostModel
 from infersim.simulator.costmodel.batch import BatchShape
-from infersim.simulator.engine.memory import MemoryOptions
 from infersim.simulator.errors import InfersimError
 from infersim.simulator.hardware.catalog import load_hardware
 from infersim.simulator.models.catalog import load_model
@@ -21,6 +20,7 @@ from infersim.simulator.parallel.replica import StageTimeline
 from infersim.simulator.simulation import simulate
 from infersim.simulator.workload.builder import build_requests
 from infersim.simulator.workload.schema import HardwareSection, WorkloadSpec
+from tests.utils import memory_options, poisson, requests_section
 
 
 def placement(model, tp=1, pp=2, gpus_per_node=8) -> Placement:
@@ -101,23 +101,15 @@ def workload(
     arrival=None,
     **hw,
 ):
-    arrival = arrival or {"type": "burst"}
+    """`count` requests of `prompt` and `output` tokens, all at t = 0 unless `arrival` says
+    otherwise, on `model` split over `pp` stages of `tp` GPUs; `hw` are further hardware fields."""
     return WorkloadSpec.model_validate(
         {
             "model": model,
             "hardware": {"profile": profile, "pipeline_parallel": pp, "tensor_parallel": tp, **hw},
-            "requests": {
-                "count": count,
-                "arrival": arrival,
-                "prompt_tokens": {"type": "fixed", "value": prompt},
-                "output_tokens": {"type": "fixed", "value": output},
-            },
+            "requests": requests_section(count, prompt, output, arrival),
         }
     )
-
-
-def poisson(rate):
-    return {"type": "poisson", "rate": rate}
 
 
 def run(spec, **kw):
@@ -157,9 +149,9 @@ def test_steady_stream_runs_at_the_slowest_stage():
 @pytest.mark.parametrize(
     "spec",
     [
-        workload(pp=4, count=80, prompt=300, output=120, arrival=poisson(20.0)),
+        workload(pp=4, count=80, arrival=poisson(20.0), prompt=300, output=120),
         # two replicas: each conductor's horizon is the other's next event too
-        workload(pp=2, count=60, prompt=200, output=90, arrival=poisson(30.0), replicas=2, router="least_outstanding"),
+        workload(pp=2, count=60, arrival=poisson(30.0), prompt=200, output=90, replicas=2, router="least_outstanding"),
         # closed loop: requests arrive when others finish, at the end of a decode run
         workload(pp=3, count=50, prompt=150, output=60, arrival={"type": "closed_loop", "clients": 7}),
     ],
@@ -181,7 +173,7 @@ def test_stage_memory_by_hand():
     layer = model.params_per_layer() * 2
     assert w[0] == 16 * layer + model.params_embedding() * 2
     hw = load_hardware("a100-80gb-pcie")
-    opts = MemoryOptions(16, "fp16", "fp16", 1, 0.9, 4.0, 4096, 256)
+    opts = memory_options()
     plan, account = plan_pipeline_memory(model, hw, opts, p)
     block = 16 * 2 * 16 * 4096 * 2  # tokens x K,V x 16 layers x hidden x 2 bytes
     assert plan.kv_bytes_per_block == block

@@ -1,35 +1,14 @@
 """Scheduling and preemption policies on hand-built states (no SimPy, no engine)."""
 
-from types import SimpleNamespace
-
 import pytest
 
 from infersim.simulator.costmodel import RooflineCostModel
 from infersim.simulator.hardware.catalog import load_hardware
 from infersim.simulator.models.catalog import load_model
-from infersim.simulator.policies import SchedulerLimits, SchedulerState, build_scheduler
+from infersim.simulator.policies import SchedulerLimits, build_scheduler
 from infersim.simulator.policies.preemption import CostAwarePreemption
 from infersim.simulator.policies.state import AllocStatus
-
-
-class Seq(SimpleNamespace):
-    @property
-    def num_tokens(self):
-        return self.prompt_len + self.generated
-
-
-def seq(rid, prompt, generated=0, arrival=0.0, gpu=0, cpu=0, computed=None):
-    n = prompt + generated
-    return Seq(
-        rid=rid,
-        prompt_len=prompt,
-        generated=generated,
-        arrival_s=arrival,
-        first_enqueue_s=arrival,
-        computed=(n - 1 if generated else 0) if computed is None else computed,
-        num_gpu_blocks=gpu,
-        num_cpu_blocks=cpu,
-    )
+from tests.utils import scheduler_state, seq
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +17,8 @@ def cost():
 
 
 def state(cost, waiting=(), running=(), swapped=(), free=100, free_cpu=50, total=100, now=10.0, **lim):
-    return SchedulerState(
+    return scheduler_state(
+        cost,
         now_s=now,
         waiting=list(waiting),
         running=list(running),
@@ -46,11 +26,9 @@ def state(cost, waiting=(), running=(), swapped=(), free=100, free_cpu=50, total
         free_gpu_blocks=free,
         free_cpu_blocks=free_cpu,
         total_gpu_blocks=total,
-        block_size=16,
         watermark_blocks=1,
         kv_bytes_per_block=16 * 819200.0,
         limits=SchedulerLimits(**lim),
-        cost_model=cost,
     )
 
 

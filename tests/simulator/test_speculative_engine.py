@@ -13,7 +13,7 @@ from infersim.simulator.speculative.device import SharedDevice
 from infersim.simulator.speculative.replica import PipelinedReplica, SpeculativeReplica
 from infersim.simulator.workload.builder import build_requests
 from infersim.simulator.workload.schema import WorkloadSpec
-from tests.utils import fixed_burst_spec, small_workload_spec
+from tests.utils import fixed_lengths_spec, requests_section, small_workload_spec
 
 DRAFTS = [{"model": "opt-125m", "acceptance": {"kind": "iid", "alpha": a}} for a in (0.8, 0.6, 0.4)]
 CASES = {
@@ -92,7 +92,7 @@ def test_speculation_keeps_serving_invariants(case, scheduler, preemption, chunk
 
 def test_acceleration_rate_matches_the_acceptance_model():
     """Long outputs, no preemption: tokens per step ~ (1 - a^(s+1)) / (1 - a)."""
-    spec = fixed_burst_spec(
+    spec = fixed_lengths_spec(
         "opt-1.3b",
         count=64,
         prompt_tokens=32,
@@ -118,7 +118,7 @@ def test_acceleration_rate_matches_the_acceptance_model():
 
 
 def test_single_request_round_times_by_hand():
-    spec = fixed_burst_spec(
+    spec = fixed_lengths_spec(
         "llama-2-7b",
         count=1,
         prompt_tokens=100,
@@ -212,7 +212,7 @@ def test_voting_weights_and_selector_series_are_reported():
 
 
 def test_medusa_costs_tree_and_heads():
-    spec = fixed_burst_spec(
+    spec = fixed_lengths_spec(
         "vicuna-7b", count=1, prompt_tokens=100, output_tokens=200, speculation={"method": "medusa"}
     )
     sim, res = _sim(spec)
@@ -277,12 +277,7 @@ def _pipe_spec(
             "model": "opt-6.7b",
             "hardware": {"profile": "a100-80gb-sxm"},
             "serving": {"max_batch_size": 32 if pipeline else 16},
-            "requests": {
-                "count": count,
-                "arrival": {"type": "burst"},
-                "prompt_tokens": {"type": "fixed", "value": 64},
-                "output_tokens": {"type": "fixed", "value": output_tokens},
-            },
+            "requests": requests_section(count, 64, output_tokens),
             "speculation": {
                 "method": "minions",
                 "drafts": DRAFTS,
@@ -366,7 +361,7 @@ def test_pipeline_handoff_delays_each_return_to_the_drafts_by_hand():
     hand-over is host work)."""
 
     def run(handoff_s):
-        spec = fixed_burst_spec(
+        spec = fixed_lengths_spec(
             "opt-6.7b",
             count=1,
             prompt_tokens=64,

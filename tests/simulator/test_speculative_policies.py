@@ -35,6 +35,7 @@ from infersim.simulator.speculative.minions import (
 )
 from infersim.simulator.speculative.sampling import convert_rank_accuracies, convert_token_acceptance
 from infersim.simulator.speculative.selector import AdaptiveLengthSelector, fitted_slope
+from tests.utils import fixed_lengths_spec, poisson
 
 
 # ---- acceptance -----------------------------------------------------------------------------
@@ -170,17 +171,23 @@ def test_agreement_draws_follow_each_model_and_correlation():
     assert np.array_equal(same[:, 0], same[:, 1])
 
 
-def _absolute(**kw) -> SSMWeights:
-    """Three SSMs at weight 1: rewarded x2 above an ACR of 0.7, punished x0.5 below 0.3."""
+def _weights(n: int, reward_above: float, punish_below: float, mode: str, **kw) -> SSMWeights:
+    """`n` SSMs at weight 1: rewarded x2 above an ACR of `reward_above`, punished x0.5 below
+    `punish_below` (ACRs or, in the relative mode, fractions of their mean)."""
     return SSMWeights(
-        np.ones(3),
-        reward_threshold=0.7,
-        punish_threshold=0.3,
+        np.ones(n),
+        reward_threshold=reward_above,
+        punish_threshold=punish_below,
         reward_factor=2.0,
         punish_factor=0.5,
-        threshold_mode="absolute",
+        threshold_mode=mode,
         **kw,
     )
+
+
+def _absolute(**kw) -> SSMWeights:
+    """Three SSMs at weight 1: rewarded x2 above an ACR of 0.7, punished x0.5 below 0.3."""
+    return _weights(3, 0.7, 0.3, "absolute", **kw)
 
 
 def test_weight_updates_by_hand():
@@ -193,16 +200,7 @@ def test_weight_updates_by_hand():
     n = _absolute()
     n.update(voted=[0, 0, 1, 2], rates=[0.8, 1.0, 0.2, 0.5])
     assert n.weights == pytest.approx(np.array([2.0, 0.5, 1.0]) * 3 / 3.5)  # renormalised to sum 3
-    rel = SSMWeights(
-        np.ones(2),
-        reward_threshold=1.1,
-        punish_threshold=0.9,
-        reward_factor=2.0,
-        punish_factor=0.5,
-        threshold_mode="relative",
-        ema=1.0,
-        normalize=False,
-    )
+    rel = _weights(2, 1.1, 0.9, "relative", ema=1.0, normalize=False)
     rel.update(voted=[0, 1], rates=[0.9, 0.3])  # mean 0.6: 0.9 > 0.66 rewarded, 0.3 < 0.54 punished
     assert rel.weights == pytest.approx([2.0, 0.5])
     # weighted-majority reading: every SSM scored on every output, voted or not
@@ -507,13 +505,12 @@ def test_medusa_empirical_acceptance_replaces_independent_heads_on_its_tree():
     from infersim.simulator.metrics.summary import summarize
     from infersim.simulator.simulation import Simulation
     from infersim.simulator.workload.builder import build_requests
-    from tests.utils import fixed_burst_spec
 
     tree = [[0], [1], [0, 0], [0, 1], [0, 0, 0]]
     counts = [5, 10, 25, 60]
 
     def spec(acc):
-        return fixed_burst_spec(
+        return fixed_lengths_spec(
             "opt-1.3b",
             count=16,
             prompt_tokens=32,
@@ -543,7 +540,6 @@ def test_per_request_acceptance_in_the_engine(method):
     from infersim.simulator.metrics.summary import summarize
     from infersim.simulator.simulation import Simulation
     from infersim.simulator.workload.builder import build_requests
-    from infersim.simulator.workload.schema import WorkloadSpec
 
     mix = {
         "kind": "mixture",
@@ -555,24 +551,20 @@ def test_per_request_acceptance_in_the_engine(method):
     alpha = 0.3 + (0.9 - 0.3) * 0.5  # any i.i.d. alpha will do as the narrow reference
 
     def run(acc, step_mode=False):
-        spec = WorkloadSpec.model_validate(
-            {
-                "model": "opt-1.3b",
-                "hardware": {"profile": "a100-80gb-pcie:datasheet"},
-                "serving": {"max_batch_size": 16},
-                "requests": {
-                    "count": 48,
-                    "arrival": {"type": "poisson", "rate": 400.0},
-                    "prompt_tokens": {"type": "fixed", "value": 32},
-                    "output_tokens": {"type": "fixed", "value": 121},
-                },
-                "seed": 5,
-                "speculation": {
-                    "method": method,
-                    "speculation_length": 4,
-                    "drafts": [{"model": "opt-125m", "acceptance": acc}] * (1 if method == "draft" else 2),
-                },
-            }
+        spec = fixed_lengths_spec(
+            "opt-1.3b",
+            count=48,
+            prompt_tokens=32,
+            output_tokens=121,
+            profile="a100-80gb-pcie:datasheet",
+            arrival=poisson(400.0),
+            serving={"max_batch_size": 16},
+            seed=5,
+            speculation={
+                "method": method,
+                "speculation_length": 4,
+                "drafts": [{"model": "opt-125m", "acceptance": acc}] * (1 if method == "draft" else 2),
+            },
         )
         res = Simulation(spec, build_requests(spec, "."), step_mode=step_mode).run()
         return res, summarize(res)["speculation"]

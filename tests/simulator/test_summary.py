@@ -14,6 +14,7 @@ from infersim.simulator.metrics.summary import summarize
 from infersim.simulator.simulation import simulate
 from infersim.simulator.workload.builder import build_requests, load_workload
 from infersim.simulator.workload.schema import WorkloadSpec
+from tests.utils import requests_section
 
 
 def _summary_json(spec, step_mode: bool) -> dict:
@@ -101,12 +102,7 @@ def test_aborted_requests_are_counted_with_their_reason(prompt, reason):
             "model": "opt-1.3b",
             "hardware": {"profile": "a100-80gb-pcie"},
             "serving": {"gpu_blocks": 20, "block_size": 16, "max_model_len": 1000},
-            "requests": {
-                "count": 30,
-                "arrival": {"type": "burst"},
-                "prompt_tokens": {"type": "fixed", "value": prompt},
-                "output_tokens": {"type": "fixed", "value": 4},
-            },
+            "requests": requests_section(30, prompt, 4),
             "seed": 1,
         }
     )

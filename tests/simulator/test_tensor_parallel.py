@@ -5,36 +5,16 @@ unevenly are refused in one line."""
 import pytest
 
 from infersim.simulator.costmodel import RooflineCostModel
-from infersim.simulator.engine.memory import MemoryOptions, plan_memory
+from infersim.simulator.engine.memory import plan_memory
 from infersim.simulator.errors import InfersimError
 from infersim.simulator.hardware.catalog import load_hardware
-from infersim.simulator.models.spec import ModelSpec
 from infersim.simulator.validation import check_tensor_parallel
+from tests.utils import llama_spec, memory_options
 
-# Llama-3-70B's shape: 64 query heads, 8 KV heads of 128, 80 layers
-LLAMA3_70B = ModelSpec(
-    name="llama-3-70b-like",
-    family="llama",
-    source="test",
-    num_layers=80,
-    hidden_size=8192,
-    num_heads=64,
-    num_kv_heads=8,
-    intermediate_size=28672,
-    vocab_size=128256,
-)
-# a 2-KV-head model: 8 query heads of 64
-TWO_KV = ModelSpec(
-    name="two-kv",
-    family="llama",
-    source="test",
-    num_layers=4,
-    hidden_size=512,
-    num_heads=8,
-    num_kv_heads=2,
-    intermediate_size=1024,
-    vocab_size=1000,
-)
+# Llama-3-70B's shape: 80 layers, hidden 8192, 64 query heads, 8 KV heads of 128, FFN 28672
+LLAMA3_70B = llama_spec("llama-3-70b-like", 80, 8192, 64, 8, 28672, 128256)
+# a 2-KV-head model: 4 layers, hidden 512, 8 query heads of 64
+TWO_KV = llama_spec("two-kv", 4, 512, 8, 2, 1024, 1000)
 
 
 @pytest.mark.parametrize(
@@ -89,16 +69,7 @@ def test_weights_per_gpu_hold_replicated_kv_projections():
 
 
 def test_kv_pool_block_bytes_use_replicated_heads():
-    opts = MemoryOptions(
-        block_size=16,
-        dtype="fp16",
-        kv_dtype="fp16",
-        tp=4,
-        gpu_memory_utilization=0.9,
-        swap_space_gb=1,
-        max_batched_tokens=256,
-        max_batch_size=8,
-    )
+    opts = memory_options(tp=4, swap_space_gb=1, max_batched_tokens=256, max_batch_size=8)
     plan = plan_memory(TWO_KV, load_hardware("a100-80gb-sxm"), opts)
     assert plan.kv_bytes_per_block == 16 * 1024
 
@@ -109,17 +80,7 @@ def test_kv_pool_block_bytes_use_replicated_heads():
         (LLAMA3_70B, 3, "tensor parallel 3 does not divide"),
         (LLAMA3_70B, 32, None),  # 64 % 32 == 0 and 32 % 8 == 0: allowed
         (
-            ModelSpec(
-                name="odd",
-                family="llama",
-                source="test",
-                num_layers=1,
-                hidden_size=768,
-                num_heads=12,
-                num_kv_heads=4,
-                intermediate_size=1024,
-                vocab_size=100,
-            ),
+            llama_spec("odd", 1, 768, 12, 4, 1024, 100),
             6,
             "tensor parallel 6 neither divides",
         ),

@@ -23,20 +23,11 @@ from infersim.simulator.validation import (
     whole_number,
 )
 from infersim.simulator.workload.schema import WorkloadSpec
+from tests.utils import llama_spec, requests_section
 
 
 def _model(heads: int, kv_heads: int) -> ModelSpec:
-    return ModelSpec(
-        name="m",
-        family="llama",
-        source="test",
-        num_layers=2,
-        hidden_size=64 * heads,
-        num_heads=heads,
-        num_kv_heads=kv_heads,
-        intermediate_size=128,
-        vocab_size=100,
-    )
+    return llama_spec("m", 2, 64 * heads, heads, kv_heads, 128, 100)
 
 
 @pytest.mark.parametrize(
@@ -118,12 +109,7 @@ def test_schema_refuses_non_finite_and_reads_1e12():
         WorkloadSpec.model_validate(
             {
                 "seed": -1,
-                "requests": {
-                    "count": 1,
-                    "arrival": {"type": "burst"},
-                    "prompt_tokens": {"type": "fixed", "value": 1},
-                    "output_tokens": {"type": "fixed", "value": 1},
-                },
+                "requests": requests_section(1, 1, 1),
             }
         )
     assert _spec(count="1e12").requests.count == 10**12
