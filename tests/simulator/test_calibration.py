@@ -123,9 +123,7 @@ def test_embedding_fit_recovers_the_small_index_gather_line():
             nbytes = op.bytes[0] + op.bytes[1] * t
             time_s = (2.0 + 0.7 * t) * 1e-6 if t <= 16 else 1.5e-6 + nbytes * max(1.0, 32 / t) / (BW * 0.2)
             rows.append(
-                row_from_operator(
-                    op, RowOrigin("x", f"h{hidden}", "s"), tp=1, tokens=t, op="emb", time_s=time_s
-                )
+                row_from_operator(op, RowOrigin("x", f"h{hidden}", "s"), tp=1, tokens=t, op="emb", time_s=time_s)
             )
     cal = fit_kernels(rows, HW, "synthetic")
     e = cal.elementwise["emb"]
