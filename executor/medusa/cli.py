@@ -4,7 +4,14 @@ measured top-i accuracies, optionally write them as a simulator catalog entry.""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from infersim.simulator.errors import InfersimError
 
 
 def add_parser(sub) -> None:
@@ -39,11 +46,6 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import dataclasses
-    from pathlib import Path
-
-    from infersim.simulator.errors import InfersimError
-
     if args.heads is not None and args.heads < 1:
         raise InfersimError(f"--heads must be at least 1, got {args.heads}")
     if args.steps is not None and args.steps < 1:
@@ -86,9 +88,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print(meta: dict, folder) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     from .accuracy import top_i
 
     con = Console()
