@@ -14,10 +14,11 @@ from rich.table import Table
 from infersim.simulator.errors import InfersimError
 
 
-def add_parser(sub) -> None:
+def add_parser(sub, help: str) -> None:
+    """`sim medusa-train`'s flags; `help` is the one-line summary the command registry keeps."""
     p = sub.add_parser(
         "medusa-train",
-        help="train Medusa heads on a zoo target (cached) and show their accuracies",
+        help=help,
         description="Medusa-1 heads on the frozen target, self-distilled from its own greedy "
         "continuations of training-file prompts (loss weights 0.8^k); cached beside the "
         "zoo, keyed by the target's weight hash. Prints per-head top-i accuracies on "
