@@ -21,9 +21,23 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
+import numpy as np
+import pandas as pd
+
 from infersim.simulator.errors import InfersimError
+from infersim.simulator.metrics.plots import REPRODUCIBLE_PNG, finish_figure, pyplot
+from infersim.simulator.metrics.rundir import staged_dir, write_json
+from infersim.simulator.metrics.summary import derived_columns
+from infersim.simulator.preflight import check_workload
+from infersim.simulator.progress import ProgressBar
+from infersim.simulator.simulation import simulate
+from infersim.simulator.workload.builder import build_requests, load_workload
+from infersim.simulator.workload.schema import WorkloadSpec
+from infersim.simulator.yamlio import validate
 
 from .goodput_config import GoodputSection
+from .plan import _safe, fmt_time, probe_duration_s
+from .sweep import resolve_config
 from .sweep_backends import BackendOptions
 
 # per-request columns (metrics/summary.py derived_columns) an attainment SLO may name
@@ -121,9 +135,6 @@ def build_deployments(section: GoodputSection, source: str = "plan file") -> lis
 def slo_attainment(requests: dict, limits: dict[str, float]) -> float:
     """Fraction of all requests that met every per-request limit (column -> seconds); a TPOT of
     a one-token request (none) meets its limit, an aborted request meets none."""
-    import numpy as np
-
-    from infersim.simulator.metrics.summary import derived_columns
 
     cols = derived_columns(requests)
     ok = requests["aborted"] == 0
@@ -134,12 +145,6 @@ def slo_attainment(requests: dict, limits: dict[str, float]) -> float:
 
 
 def _probe(task: dict, rate: float) -> dict:
-    from infersim.simulator.simulation import simulate
-    from infersim.simulator.workload.builder import build_requests
-    from infersim.simulator.workload.schema import WorkloadSpec
-
-    from .sweep import resolve_config
-
     s = task["search"]
     count = min(s["max_requests"], max(s["requests"], math.ceil(rate * s["min_duration_s"])))
     over = {
@@ -225,14 +230,6 @@ def compare_goodput(
 ) -> GoodputComparison:
     """Every deployment's goodput (see the module docstring); `search` is the plan's
     SearchSection (requests per probe, start rate, bounds, tolerance, min_duration_s)."""
-    from infersim.simulator.preflight import check_workload
-    from infersim.simulator.progress import ProgressBar
-    from infersim.simulator.workload.builder import load_workload
-    from infersim.simulator.workload.schema import WorkloadSpec
-    from infersim.simulator.yamlio import validate
-
-    from .plan import _safe, probe_duration_s
-    from .sweep import resolve_config
 
     t0 = time.perf_counter()
     limits = {}
@@ -294,8 +291,6 @@ def compare_goodput(
 
 
 def goodput_table(res: GoodputComparison):
-    import pandas as pd
-
     return pd.DataFrame(
         [
             {
@@ -314,8 +309,6 @@ def goodput_table(res: GoodputComparison):
 
 
 def _markdown(res: GoodputComparison, image: Optional[str]) -> str:
-    from .plan import fmt_time
-
     sec = res.section
     slos = ", ".join(f"{s.name.rsplit('_', 1)[0].upper()} ≤ {fmt_time(s.limit_s)}" for s in res.slos)
     lines = [
@@ -339,8 +332,6 @@ def _markdown(res: GoodputComparison, image: Optional[str]) -> str:
 
 
 def _plot(res: GoodputComparison, path: Path) -> None:
-    from infersim.simulator.metrics.plots import REPRODUCIBLE_PNG, finish_figure, pyplot
-
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4))
     for d in res.deployments:
@@ -365,7 +356,6 @@ def _plot(res: GoodputComparison, path: Path) -> None:
 
 def write_goodput(res: GoodputComparison, out: Path, *, plots: bool = True, force: bool = False) -> dict[str, Path]:
     """goodput.md, goodput.json, goodput.csv and goodput.png in `out`, written atomically."""
-    from infersim.simulator.metrics.rundir import staged_dir, write_json
 
     out = Path(out)
     with staged_dir(out, command="plan", force=force) as tmp:

@@ -28,22 +28,34 @@ Pricing and the target load are not part of the workload file: they come from a 
 
 from __future__ import annotations
 
+import itertools
 import math
+import os
 import re
 import time
 from concurrent.futures import FIRST_COMPLETED, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Generator, Optional, Union
 
 import numpy as np
+import pandas as pd
 from pydantic import BaseModel, Field, PositiveFloat, PositiveInt
 
 from infersim.simulator.errors import InfersimError
+from infersim.simulator.hardware.catalog import load_hardware, split_mode
+from infersim.simulator.metrics.plots import REPRODUCIBLE_PNG, finish_figure, pyplot
+from infersim.simulator.metrics.rundir import staged_dir, write_json
+from infersim.simulator.preflight import check_workload
 from infersim.simulator.progress import ProgressBar
-from infersim.simulator.validation import MAX_SEED, STRICT_CONFIG, in_field
+from infersim.simulator.validation import MAX_SEED, STRICT_CONFIG, check_memory, in_field, simulation_bytes
+from infersim.simulator.workload.builder import load_workload
+from infersim.simulator.workload.schema import WorkloadSpec
+from infersim.simulator.yamlio import load_model_file, validate
 
 from .goodput_config import GoodputSection
+from .report_html import Image, Report, Table
 from .sweep import config_key, resolve_config, run_config
 from .sweep_backends import BackendOptions
 
@@ -202,7 +214,6 @@ class PlanFile(_Strict):
 def load_plan_file(path: str | Path | None) -> PlanFile:
     if path is None:
         return PlanFile()
-    from infersim.simulator.yamlio import load_model_file
 
     return load_model_file(PlanFile, path)
 
@@ -492,10 +503,6 @@ def build_candidates(
     prices: dict[str, float],
     pps: list[int] | None = None,
 ) -> list[Candidate]:
-    import itertools
-
-    from infersim.simulator.hardware.catalog import load_hardware
-
     hardware = hardware or [spec.hardware.profile]
     tps = tps or [spec.hardware.tensor_parallel]
     pps = pps or [spec.hardware.pipeline_parallel]
@@ -529,14 +536,12 @@ def build_candidates(
 def _price(prices: dict[str, float], canon: str) -> Optional[float]:
     """The price of a candidate's GPU: its own name's, else its base profile's (NAME:datasheet
     runs on the same GPU as NAME, only priced by another cost model)."""
-    from infersim.simulator.hardware.catalog import split_mode
 
     return prices.get(canon, prices.get(split_mode(canon)[0]))
 
 
 def check_names(hardware: list[str] | None, pf: PlanFile, prices: dict[str, float] | None, plan_source: str) -> None:
     """Every hardware name, from the flags or the plan file, exists; an error names its origin."""
-    from infersim.simulator.hardware.catalog import load_hardware
 
     for names, source, where in (
         (hardware or [], "", "--hardware"),
@@ -553,12 +558,6 @@ def check_candidates(
 ) -> None:
     """Every candidate passes the shared rules (schema, tensor parallelism, seed) before any
     probe runs, and the largest probes, one per worker, fit in memory."""
-    import os
-
-    from infersim.simulator.preflight import check_workload
-    from infersim.simulator.validation import check_memory, simulation_bytes
-    from infersim.simulator.workload.schema import WorkloadSpec
-    from infersim.simulator.yamlio import validate
 
     for c in cands:
         spec = validate(WorkloadSpec, resolve_config(base, c.overrides), f"{source} as {c.label}")
@@ -596,7 +595,6 @@ def plan(
     plan_source: str = "plan file",
 ) -> PlanResult:
     """Run the searches (no files written): see `write_plan` for the report."""
-    from infersim.simulator.workload.builder import load_workload
 
     t0 = time.perf_counter()
     pf = plan_file or PlanFile()
@@ -703,8 +701,6 @@ def _drive(searches: list[_Search], be, prog) -> None:
 
 
 def _safe(fut) -> dict:
-    from concurrent.futures.process import BrokenProcessPool
-
     try:
         return fut.result()
     except BrokenProcessPool:
@@ -808,8 +804,6 @@ def verdict(res: PlanResult) -> list[str]:
 
 
 def _plots(res: PlanResult, pdir: Path) -> list[tuple[str, str, str]]:
-    from infersim.simulator.metrics.plots import REPRODUCIBLE_PNG, finish_figure, pyplot
-
     plt = pyplot()
     pdir.mkdir(parents=True, exist_ok=True)
     made = []
@@ -958,8 +952,6 @@ def _plots(res: PlanResult, pdir: Path) -> list[tuple[str, str, str]]:
 
 
 def candidates_table(res: PlanResult):
-    import pandas as pd
-
     rows = []
     for c in res.candidates:
         row = {
@@ -993,8 +985,6 @@ def candidates_table(res: PlanResult):
 
 
 def probes_table(res: PlanResult):
-    import pandas as pd
-
     rows = []
     for c in res.candidates:
         for p in c.probes:
@@ -1023,8 +1013,6 @@ def to_json(res: PlanResult) -> dict:
 
 
 def build_report(res: PlanResult, images: list[tuple[str, str, str]]):
-    from .report_html import Image, Report, Table
-
     slo_txt = ", ".join(s.describe() for s in res.slos)
     sub = (
         f"Workload **{res.workload}** (model `{res.model}`), SLOs {slo_txt}"
@@ -1129,7 +1117,6 @@ def build_report(res: PlanResult, images: list[tuple[str, str, str]]):
 def write_plan(res: PlanResult, out: Path, *, plots: bool = True, force: bool = False) -> dict[str, Path]:
     """The plan directory, written atomically: report.html, report.md, plan.json,
     configurations.csv, probes.csv, plots/. `force` lets it replace a folder infersim did not write."""
-    from infersim.simulator.metrics.rundir import staged_dir, write_json
 
     out = Path(out)
     with staged_dir(out, command="plan", force=force) as tmp:
@@ -1153,7 +1140,6 @@ def probe_once(
 ) -> dict:
     """One probe as the search runs it (for checks and tests): the summary of a simulation of
     `requests` Poisson arrivals at `rate` with the candidate's overrides."""
-    from infersim.simulator.workload.builder import load_workload
 
     spec, wl_path = load_workload(workload)
     arr = spec.requests.arrival

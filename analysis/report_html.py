@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from infersim.simulator.metrics.plots import REPRODUCIBLE_PNG, write_figure
+from infersim.simulator.yamlio import write_atomic
 
 # ------------------------------------------------------------------ plotting helpers (shared)
 
@@ -76,8 +77,6 @@ class Report:
         self.blocks.append(("details", summary, blocks))
 
     def write(self, folder: Path, stem: str = "report") -> tuple[Path, Path]:
-        from infersim.simulator.yamlio import write_atomic
-
         folder = Path(folder)
         h, m = folder / f"{stem}.html", folder / f"{stem}.md"
         write_atomic(h, render_html(self))

@@ -18,6 +18,7 @@ from itertools import product
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
 import pandas as pd
 
 from infersim.simulator.costmodel import BatchShape, RooflineCostModel
@@ -27,7 +28,7 @@ from infersim.simulator.hardware.profile import HardwareProfile
 from infersim.simulator.metrics.plots import write_figure
 from infersim.simulator.models.catalog import load_model
 from infersim.simulator.models.spec import ModelSpec
-from infersim.simulator.validation import check_tensor_parallel
+from infersim.simulator.validation import BASE_BYTES, check_memory, check_tensor_parallel
 
 from .report_html import agg_pyplot
 
@@ -96,7 +97,6 @@ BYTES_PER_BATCH_SEQUENCE = 64
 
 def check_batch_memory(batches: Sequence[int], field: str = "--batch", allow_large: bool = False) -> None:
     """Refuse up front a batch whose per-sequence arrays cannot fit in memory."""
-    from infersim.simulator.validation import BASE_BYTES, check_memory
 
     largest = max(batches, default=0)
     check_memory(
@@ -232,7 +232,6 @@ def plot_roofline(
     Roofs are the datasheet peaks; with calibrated efficiencies below 1 the achievable linear
     roof is drawn too. Written atomically; returns the path."""
     plt = agg_pyplot()
-    import numpy as np
 
     hw = load_hardware(hardware) if isinstance(hardware, str) else hardware
     peak = hw.peak_flops(compute_dtype)

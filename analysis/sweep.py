@@ -39,18 +39,25 @@ import socket
 import time
 import uuid
 from concurrent.futures import FIRST_COMPLETED, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal, Optional, Union
 
 import numpy as np
+import pandas as pd
 from pydantic import BaseModel, Field, PositiveInt, ValidationError, field_validator
 
 from infersim.simulator.errors import InfersimError, pydantic_error_line
-from infersim.simulator.metrics.plots import REPRODUCIBLE_PNG, finish_figure
+from infersim.simulator.metrics.plots import REPRODUCIBLE_PNG, finish_figure, pyplot
+from infersim.simulator.metrics.rundir import claim_dir
 from infersim.simulator.progress import ProgressBar
-from infersim.simulator.validation import STRICT_CONFIG
+from infersim.simulator.validation import STRICT_CONFIG, check_memory, expected_requests, simulation_bytes
+from infersim.simulator.workload.builder import load_workload
+from infersim.simulator.workload.schema import WorkloadSpec
+from infersim.simulator.yamlio import atomic_path, load_model_file, validate, write_atomic
 
+from .report_html import md_table
 from .sweep_backends import BackendOptions
 
 # ---------------------------------------------------------------------------------------------
@@ -326,7 +333,6 @@ def check_space(space: SweepSpace, spec, source: str, workers: int | None, allow
     """Refuse, before anything is written, a space that cannot run: a grid over a continuous
     range, or more configurations than memory holds. Returns the parameters. (A configuration
     the workload schema rejects is a result: it is recorded as failed and the sweep goes on.)"""
-    from infersim.simulator.validation import check_memory, expected_requests, simulation_bytes
 
     n = space_size(space, source)
     parallel = workers or os.cpu_count() or 1
@@ -339,8 +345,6 @@ def check_space(space: SweepSpace, spec, source: str, workers: int | None, allow
 
 
 def load_space(path: str | Path) -> SweepSpace:
-    from infersim.simulator.yamlio import load_model_file
-
     return load_model_file(SweepSpace, path)
 
 
@@ -374,8 +378,6 @@ def load_results(sweep_dir: Path) -> dict[str, dict]:
 
 
 def _write_record(sweep_dir: Path, rec: dict) -> None:
-    from infersim.simulator.yamlio import write_atomic
-
     write_atomic(_result_path(sweep_dir, rec["key"]), json.dumps(rec, indent=1, sort_keys=True, default=str) + "\n")
 
 
@@ -430,10 +432,6 @@ def run_sweep(
 ) -> SweepOutcome:
     """Run (or resume) a sweep and rebuild its table and plots. The folder must be new, empty or
     an infersim folder (`options.force` allows any other; rundir.check_out_dir)."""
-    from infersim.simulator.metrics.rundir import claim_dir
-    from infersim.simulator.workload.builder import load_workload
-    from infersim.simulator.workload.schema import WorkloadSpec
-    from infersim.simulator.yamlio import validate, write_atomic
 
     t0 = time.perf_counter()
     if not isinstance(space, SweepSpace):
@@ -534,8 +532,6 @@ class _Ctx:
 
 
 def _future_result(fut) -> dict:
-    from concurrent.futures.process import BrokenProcessPool
-
     try:
         return fut.result()
     except BrokenProcessPool:
@@ -713,7 +709,6 @@ def _contains(dist, value) -> bool:
 def build_table(sweep_dir: Path, params: list[Param] | None = None):
     """One row per configuration, rebuilt from the result files: key, index, status, error,
     one column per parameter (its dotted path), every metric (flattened summary names), wall_s."""
-    import pandas as pd
 
     records = sorted(load_results(sweep_dir).values(), key=lambda r: (r.get("index", 0), r["key"]))
     param_names = (
@@ -770,7 +765,6 @@ def sensitivity(df, params: list[Param], metrics: dict[str, bool]):
     of the metric's mean over the parameter's values, among successful configurations, that
     spread relative to the metric's overall mean, and the best and worst value by mean.
     Continuous parameters are cut into 5 quantile bins."""
-    import pandas as pd
 
     ok = df[df["status"] == "ok"] if len(df) else df
     rows = []
@@ -824,7 +818,6 @@ def _label(row, params: list[Param]) -> str:
 
 def write_outputs(sweep_dir: Path, df, params: list[Param], space: SweepSpace, plots: bool = True) -> list[Path]:
     """results.parquet, results.csv, sensitivity.csv, pareto.csv, plots/, report.md."""
-    from infersim.simulator.yamlio import atomic_path, write_atomic
 
     sweep_dir = Path(sweep_dir)
     files = []
@@ -848,8 +841,6 @@ def write_outputs(sweep_dir: Path, df, params: list[Param], space: SweepSpace, p
     files.append(sweep_dir / "sensitivity.csv")
     imgs = []
     if plots and have and (df["status"] == "ok").any():
-        from infersim.simulator.metrics.plots import pyplot
-
         plt = pyplot()
         pdir = sweep_dir / "plots"
         pdir.mkdir(exist_ok=True)
@@ -951,8 +942,6 @@ def _plot_sensitivity(plt, df, params, tp, lat, path: Path) -> Path:
 
 
 def _markdown(df, front, sens, params, space, imgs, sweep_dir: Path) -> str:
-    from .report_html import md_table
-
     n_ok = int((df["status"] == "ok").sum()) if len(df) else 0
     lines = [
         f"# Sweep {space.name or ''}".rstrip(),

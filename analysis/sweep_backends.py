@@ -10,7 +10,7 @@ writer of files: a worker that outlives a killed driver can never write a half r
 from __future__ import annotations
 
 import os
-from concurrent.futures import Future
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -56,8 +56,6 @@ class LocalBackend:
     name = "local"
 
     def __init__(self, workers: int):
-        from concurrent.futures import ProcessPoolExecutor
-
         self.workers = workers
         self._pool = ProcessPoolExecutor(max_workers=workers)
 

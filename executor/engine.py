@@ -28,13 +28,15 @@ import torch
 from infersim.simulator.costmodel.measured import MeasuredCostModel
 from infersim.simulator.engine.decision import apply_decision
 from infersim.simulator.engine.sequence import emit_token
+from infersim.simulator.policies import build_scheduler
 from infersim.simulator.policies.state import SchedulerLimits, SchedulerState
 from infersim.simulator.workload.schema import ServingSection
 
 from .clock import Clock
 from .kvcache import KVCacheConfig, runner_cache
+from .prefix_kv import PrefixCachedKV
 from .runner import build_runner, plan_batch
-from .sequence import ExecSequence
+from .sequence import CachedSequence, ExecSequence
 
 
 @dataclass
@@ -170,9 +172,6 @@ class Engine:
         self._prefix_kv = None
         self.sequence_class = ExecSequence
         if kv.prefix_caching:
-            from .prefix_kv import PrefixCachedKV
-            from .sequence import CachedSequence
-
             self._prefix_kv = PrefixCachedKV(self.cache, kv.watermark)
             self.sequence_class = CachedSequence
         self.scheduler = scheduler
@@ -464,7 +463,6 @@ def generate(
     pool holds every request and without cpu_blocks there is no host pool; with
     `serving.prefix_caching` `engine.kv.stats` has the cache hits. All requests arrive at once
     unless `arrival_s` is given."""
-    from infersim.simulator.policies import build_scheduler
 
     sv = serving or ServingSection()
     n = len(prompts)

@@ -5,11 +5,16 @@ zoo's checkpoint folder, built on request."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import torch
+
 from infersim.simulator.errors import InfersimError
+
+from .zoo import is_zoo_name, resolve_zoo_model
 
 if TYPE_CHECKING:  # annotations only: torch is imported where the executor starts
     import torch
@@ -29,7 +34,6 @@ _DTYPES = {
 
 def select_device(device: str | None = None):
     """'cpu', 'cuda', 'cuda:N' or None/'auto' (cuda when available)."""
-    import torch
 
     if device in (None, "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -43,7 +47,6 @@ def select_device(device: str | None = None):
 
 def select_dtype(dtype: str | None, device) -> "torch.dtype":
     """fp32/fp16/bf16 (or torch names); None: fp32 on cpu, fp16 on cuda."""
-    import torch
 
     if dtype is None:
         return torch.float32 if torch.device(device).type == "cpu" else torch.float16
@@ -59,7 +62,6 @@ def dtype_name(dtype) -> str:
 
 def resolve_model_path(name_or_path: str, *, build_zoo: bool = True, log=None) -> Path:
     """A checkpoint folder: a zoo name, a folder holding config.json, or a config.json file."""
-    from .zoo import is_zoo_name, resolve_zoo_model
 
     name = str(name_or_path)
     if is_zoo_name(name):
@@ -105,9 +107,7 @@ def load_model(
     name_or_path: str, device: str | None = "cpu", dtype: str | None = None, *, build_zoo: bool = True, log=None
 ) -> LoadedModel:
     """Load a causal LM from a local checkpoint folder (or a zoo name) onto a device."""
-    import json
 
-    import torch
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
@@ -146,7 +146,6 @@ def load_model(
 def hf_greedy_generate(model, prompts, outputs) -> list[list[int]]:
     """The reference the engine is held to: plain Hugging Face `generate`, one prompt at a
     time, greedy, EOS ignored; returns each prompt's new token ids."""
-    import torch
 
     res = []
     with torch.inference_mode():

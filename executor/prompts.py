@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from infersim.simulator.workload.prefixes import ConversationKeys, TraceBlockKeys
+
 
 def heldout_text(max_chars: int = 2_000_000) -> str:
     from .zoo.corpus import load_corpus
@@ -79,7 +81,6 @@ def shared_prompts(prefix, lengths: list[int], text: _Tokens, *, outputs=None, r
 
     Segments are laid out one after another in the held-out text, so different segments never
     share text by construction."""
-    from infersim.simulator.workload.prefixes import ConversationKeys, TraceBlockKeys
 
     if isinstance(prefix, ConversationKeys):
         outs = [1] * len(lengths) if outputs is None else [int(o) for o in outputs]

@@ -14,12 +14,19 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from infersim.simulator.engine.prefix_blocks import prefix_cache_counters
 from infersim.simulator.errors import InfersimError
+from infersim.simulator.metrics.collector import MetricsCollector
+from infersim.simulator.metrics.rundir import staged_dir
+from infersim.simulator.policies import build_scheduler
 from infersim.simulator.workload.schema import ServingSection
 
 from . import medusa  # noqa: F401  (registers Medusa's decoder with the speculative engine)
+from .engine import Engine, ExecSequence, generate
 from .kvcache import KVCacheConfig
+from .offload.serve import execute as execute_offload
 from .options import ExecOptions
+from .prompts import make_prompts
 from .serving import (
     clipped_output,
     executor_record,
@@ -33,6 +40,7 @@ from .serving import (
     single_replica,
     write_engine_run,
 )
+from .speculative.engine import execute_speculative
 
 
 def check_engine_features(spec, source: str) -> None:
@@ -50,20 +58,12 @@ def execute(spec, requests, model: str, out: Path, opts: ExecOptions = ExecOptio
     check_engine_features(spec, opts.source)
     if getattr(spec, "speculation", None) is not None:
         # a `speculation:` section: the speculative engine (executor/speculative/engine.py)
-        from .speculative.engine import execute_speculative
 
         return execute_speculative(spec, requests, model, out, opts)
     if getattr(spec, "offload", None) is not None:
         # an `offload:` section: the KV cache in host memory under the policy (executor/offload/serve.py)
-        from .offload.serve import execute as execute_offload
 
         return execute_offload(spec, requests, model, out, opts)
-    from infersim.simulator.metrics.collector import MetricsCollector
-    from infersim.simulator.metrics.rundir import staged_dir
-    from infersim.simulator.policies import build_scheduler
-
-    from .engine import Engine, ExecSequence
-    from .prompts import make_prompts
 
     t_wall = time.perf_counter()
     lm = load_served_model(requests, model, opts)
@@ -152,8 +152,6 @@ def execute(spec, requests, model: str, out: Path, opts: ExecOptions = ExecOptio
         resolved = resolved_config(spec, lm, mem, limits, len(seqs), ex)
         sections = {"executor": ex}
         if sv.prefix_caching:
-            from infersim.simulator.engine.prefix_blocks import prefix_cache_counters
-
             sections["prefix_cache"] = prefix_cache_counters([engine.kv])
         result = run_result(spec, metrics, memory, end, resolved, sections)
         summary = write_engine_run(tmp, result, engine, seqs, opts)
@@ -163,7 +161,6 @@ def execute(spec, requests, model: str, out: Path, opts: ExecOptions = ExecOptio
 def greedy_replies(lm, prompts: list[list[int]], outputs: list[int], limits) -> list[list[int] | None]:
     """The model's greedy outputs (as served: cut at the maximum position) for the prompts that
     fit, None for those the engine would abort; for conversation turns built before serving."""
-    from .engine import generate
 
     max_len = limits.max_model_len
     fit = [k for k, p in enumerate(prompts) if len(p) < max_len]

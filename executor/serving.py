@@ -8,11 +8,21 @@ import os
 import platform
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from infersim.simulator.engine.memory import MemoryPlan, activation_peak_bytes
 from infersim.simulator.errors import InfersimError
 from infersim.simulator.machine import cpu_model
+from infersim.simulator.metrics.plots import plot_run
+from infersim.simulator.metrics.rundir import write_table
+from infersim.simulator.metrics.summary import write_result_files
+from infersim.simulator.models.catalog import load_model as load_spec
 from infersim.simulator.policies.state import SchedulerLimits
 from infersim.simulator.progress import ProgressBar
+from infersim.simulator.simulation import SimulationResult
 
 
 def device_description(dev) -> dict:
@@ -79,8 +89,6 @@ def plan_blocks(lm, sv, limits, *, kv_dtype, device_memory_gb: float | None = No
     the activation peak, over the bytes of a block; host blocks from swap_space_gb."""
     import torch
 
-    from infersim.simulator.engine.memory import activation_peak_bytes
-
     cfg = lm.config
     runner_layers = getattr(cfg, "num_hidden_layers")
     heads = cfg.num_attention_heads
@@ -98,7 +106,6 @@ def plan_blocks(lm, sv, limits, *, kv_dtype, device_memory_gb: float | None = No
             total = torch.cuda.get_device_properties(lm.device).total_memory
         else:
             total = (device_memory_gb or 4.0) * 2**30
-        from types import SimpleNamespace
 
         inter = getattr(cfg, "intermediate_size", None) or getattr(cfg, "ffn_dim", 4 * cfg.hidden_size)
         shape = SimpleNamespace(hidden_size=cfg.hidden_size, intermediate_size=inter, vocab_size=cfg.vocab_size)
@@ -189,8 +196,6 @@ def resolved_config(spec, lm, mem: dict, limits, num_requests: int, ex: dict) ->
 
 
 def model_summary(lm, dtype: str) -> dict:
-    from infersim.simulator.models.catalog import load_model as load_spec
-
     try:
         s = load_spec(str(lm.path / "config.json")).summary(dtype)
     except InfersimError:
@@ -201,7 +206,6 @@ def model_summary(lm, dtype: str) -> dict:
 
 def memory_plan(mem: dict):
     """plan_blocks' dict as the simulator's MemoryPlan (summary.json's memory section)."""
-    from infersim.simulator.engine.memory import MemoryPlan
 
     keys = ("gpu_blocks", "cpu_blocks", "kv_bytes_per_block", "weight_bytes_per_gpu", "activation_bytes_per_gpu")
     return MemoryPlan(*(mem[k] for k in keys), mem["blocks_source"])
@@ -210,7 +214,6 @@ def memory_plan(mem: dict):
 def run_result(spec, metrics, memory, end_s: float, resolved: dict, sections: dict):
     """A real run as the simulator's SimulationResult (its series closed), so that its summary
     and tables are written exactly as a simulation's; `sections`: the summary's extra sections."""
-    from infersim.simulator.simulation import SimulationResult
 
     series = metrics.close_series()
     return SimulationResult(spec, metrics.requests_table(), series, metrics, memory, float(end_s), resolved, sections)
@@ -220,8 +223,6 @@ def write_engine_run(tmp: Path, result, engine, seqs, opts, tables: dict | None 
     """The run folder of an engine run (plain or offload): the simulator's result files, the
     iteration tables, any further `tables` (name -> table), the outputs and the plots;
     returns the summary."""
-    from infersim.simulator.metrics.rundir import write_table
-    from infersim.simulator.metrics.summary import write_result_files
 
     summary = write_result_files(tmp, result, csv=opts.csv)
     write_table(tmp / "iterations.parquet", engine.stats.iteration_table())
@@ -230,16 +231,11 @@ def write_engine_run(tmp: Path, result, engine, seqs, opts, tables: dict | None 
         write_table(tmp / f"{name}.parquet", table)
     write_outputs(tmp / "outputs.parquet", sorted(seqs, key=lambda s: s.rid))
     if opts.plots:
-        from infersim.simulator.metrics.plots import plot_run
-
         plot_run(tmp)
     return summary
 
 
 def write_outputs(path: Path, seqs) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     table = pa.table(
         {
             "rid": pa.array([s.rid for s in seqs], type=pa.int64()),

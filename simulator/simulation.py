@@ -13,6 +13,7 @@ import numpy as np
 import simpy
 
 from .costmodel import build_cost_model
+from .disaggregation.deployment import build_disaggregated
 from .engine.clock import SimEnvironment
 from .engine.memory import MemoryOptions, MemoryPlan, plan_memory
 from .engine.prefix_blocks import block_manager, prefix_cache_counters
@@ -24,8 +25,14 @@ from .hardware.catalog import load_hardware
 from .metrics.collector import MetricsCollector
 from .models.catalog import load_model
 from .models.dtypes import normalize_dtype
+from .offload.replica import offload_memory_plan
+from .offload.replica import replica_class as offload_replica_class
+from .parallel.cost import PipelineCostModel
+from .parallel.memory import plan_pipeline_memory
 from .parallel.placement import COLOCATED, check_deployment
+from .parallel.setup import pipeline_replicas
 from .policies import SchedulerLimits, build_scheduler
+from .speculative.replica import replica_class as speculative_replica_class
 from .workload.requests import Requests
 from .workload.schema import WorkloadSpec
 
@@ -74,8 +81,6 @@ class Simulation:
         # every pool's tensor parallelism (and a colocated pool's stages) checked once, here
         self.placements = check_deployment(self.model, spec, source)
         if spec.hardware.disaggregated is not None:
-            from .disaggregation.deployment import build_disaggregated
-
             build_disaggregated(self, source)
         else:
             self._build_colocated(source)
@@ -93,18 +98,13 @@ class Simulation:
         self.hardware, self.cost_model = self.build_pool(hw_sec.profile, tp, source, host_link=hw_sec.host_link)
         self.parallel_account = {}  # per-stage memory and the links' sources, for config.yaml
         if self.placement.staged:
-            from .parallel.cost import PipelineCostModel
-
             self.cost_model = PipelineCostModel(self.cost_model, self.placement, source)
             self.parallel_account["links"] = self.cost_model.links.sources
         if self.spec.offload is not None:
             # KV lives in host memory: the GPU-only plan would reject models that offload weights too
-            from .offload.replica import offload_memory_plan
 
             self.memory = offload_memory_plan(self)
         elif self.placement.pp > 1:
-            from .parallel.memory import plan_pipeline_memory
-
             self.memory, stages = plan_pipeline_memory(
                 self.model, self.hardware, self.memory_options(tp), self.placement, source
             )
@@ -112,8 +112,6 @@ class Simulation:
         else:
             self.memory = self.plan_pool_memory(self.hardware, tp, source)
         if self.placement.pp > 1:
-            from .parallel.setup import pipeline_replicas
-
             self.replicas = pipeline_replicas(self, source)
         else:
             replica_cls = self._replica_class()
@@ -180,13 +178,9 @@ class Simulation:
                     f"{self._source}: serving.prefix_caching does not combine with speculation (the speculative "
                     "engines roll back KV blocks by count)"
                 )
-            from .speculative.replica import replica_class
-
-            return replica_class(self.spec.speculation)
+            return speculative_replica_class(self.spec.speculation)
         if self.spec.offload is not None:
-            from .offload.replica import replica_class
-
-            return replica_class(self.spec.offload)
+            return offload_replica_class(self.spec.offload)
         return Replica
 
     # ---- arrivals -----------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -76,7 +77,6 @@ def write_atomic(path: str | Path, data: bytes | str) -> None:
 def atomic_path(path: str | Path):
     """Context manager yielding a temporary path that replaces `path` on success
     (for writers such as pandas/matplotlib that want a filename)."""
-    import contextlib
 
     @contextlib.contextmanager
     def _cm():

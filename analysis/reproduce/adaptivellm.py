@@ -27,9 +27,11 @@ overhead, and a swap-only study (vLLM_s variants: what a full CPU pool does). Wr
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import os
 import re
 import resource
+import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -37,10 +39,15 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import yaml
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from infersim.analysis.report_html import md_table
 from infersim.analysis.reproduce.command import reproduction_parser
 from infersim.analysis.reproduce.moved import Headline, moved_section
+from infersim.simulator.costmodel import BatchShape
+from infersim.simulator.errors import InfersimError
 from infersim.simulator.hardware.catalog import load_hardware
 from infersim.simulator.machine import machine_line
 from infersim.simulator.metrics.collector import SERIES_COLUMNS
@@ -243,7 +250,6 @@ def cost_table(models=tuple(MODELS), tokens=(32, 80, 160, 272, 400)) -> pd.DataF
     """Algorithm 1's two predictions from the cost model: moving a sequence's KV out and back
     over the host link as vLLM 0.2 does it (one copy per block per layer for K and for V) vs
     prefilling it again alone, plus one decode step for scale."""
-    from infersim.simulator.costmodel import BatchShape
 
     rows = []
     for m in models:
@@ -308,7 +314,6 @@ def plan(quick: bool = False) -> list[dict]:
 
 def _hardware_variants(tasks: list[dict], folder: Path) -> None:
     """Write a hardware profile per (link scale, iteration overhead) the tasks ask for."""
-    import yaml
 
     base = load_hardware(BASE_HW).model_dump(mode="json")
     for t in tasks:
@@ -349,15 +354,6 @@ def _label(t: dict) -> str:
 
 
 def run_all(tasks: list[dict], jobs: int) -> pd.DataFrame:
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
     # longest first: fairness re-plans every step, and long outputs mean more steps
     order = sorted(tasks, key=lambda t: (not t["config"].endswith("fairness"), -t["max_output"]))
     rows = []
@@ -1543,7 +1539,6 @@ HEADLINES = [
 def write_outputs(df: pd.DataFrame, out: Path, quick: bool, meta: dict) -> list[Path]:
     """CSV, plots, run metadata and the report, written into a staging folder and moved into
     place file by file, so a failure leaves the previous files whole."""
-    import json
 
     out.mkdir(parents=True, exist_ok=True)
     stem = "adaptivellm_quick" if quick else "adaptivellm"
@@ -1633,10 +1628,6 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     out = Path(args.out)
     if args.from_csv is not None:
-        import sys
-
-        from infersim.simulator.errors import InfersimError
-
         try:
             return _rewrite(args.from_csv, out, args.quick)
         except InfersimError as e:  # bad input: one line, exit status 2, as the CLI does
@@ -1666,7 +1657,6 @@ def main(argv=None) -> int:
         "cost_table": cost_table((QUICK_MODEL,) if args.quick else tuple(MODELS)),
     }
     made = write_outputs(df, out, args.quick, meta)
-    from rich.console import Console
 
     con = Console()
     sp = speedups(df).xs(64, level="max_output")
@@ -1676,10 +1666,6 @@ def main(argv=None) -> int:
 
 
 def _rewrite(csv: Path, out: Path, quick: bool) -> int:
-    import json
-
-    from infersim.simulator.errors import InfersimError
-
     if not csv.is_file():
         raise InfersimError(f"--from-csv: no such file {csv}")
     try:

@@ -47,9 +47,12 @@ from infersim.analysis.reproduce.moved import Headline, moved_section
 from infersim.simulator.costmodel import BatchShape
 from infersim.simulator.hardware.catalog import load_hardware
 from infersim.simulator.metrics.plots import finish_figure
+from infersim.simulator.metrics.summary import summarize
 from infersim.simulator.models.catalog import load_model
 from infersim.simulator.offload import OffloadSection, build_offload
 from infersim.simulator.offload.sparsity import SparsityModel, load_sparsity
+from infersim.simulator.simulation import simulate
+from infersim.simulator.workload.builder import build_requests, load_workload
 from infersim.simulator.yamlio import write_atomic
 
 MODEL, HW, LINK = "opt-13b", "rtx-a6000", "pcie3x16"
@@ -287,9 +290,6 @@ def experiments(quick: bool) -> tuple[pd.DataFrame, dict]:
 
 def serving(quick: bool) -> pd.DataFrame:
     """The capacity question: the example workloads, and variants, at a few Poisson rates."""
-    from infersim.simulator.metrics.summary import summarize
-    from infersim.simulator.simulation import simulate
-    from infersim.simulator.workload.builder import build_requests, load_workload
 
     root = Path(__file__).resolve().parents[2] / "examples" / "offload"
     a6000, _ = load_workload(str(root / "a6000-infinigen.yaml"))

@@ -34,8 +34,15 @@ import numpy as np
 import pandas as pd
 import torch
 import yaml
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from infersim.analysis.report_html import agg_pyplot
+from infersim.executor.models import load_model
+from infersim.executor.offload import DenseLlama, evaluate_policy
+from infersim.executor.offload.model import full_forward
+from infersim.executor.offload.policies import H2O, FullCache, InfiniGen, Int4KV
+from infersim.executor.offload.skew import apply_skew, partial_columns, skew_matrices
+from infersim.executor.offload.sparsity import at_contexts, important_counts, sparsity_spec
 from infersim.executor.zoo.corpus import held_out_windows
 from infersim.simulator.metrics.plots import finish_figure
 from infersim.simulator.metrics.rundir import json_clean
@@ -50,7 +57,6 @@ PAPER_OPT13B = {512: 37, 1024: 60, 1536: 66, 2048: 73}  # InfiniGen 5.3, alpha 4
 
 def policy_set(skew, quick: bool):
     """(kind, policy) pairs in report order; every parameter name is the simulator's."""
-    from infersim.executor.offload.policies import H2O, FullCache, InfiniGen, Int4KV
 
     out = [
         ("baseline", FullCache()),
@@ -83,8 +89,6 @@ def policy_set(skew, quick: bool):
 def skew_stats(model, ids, skew, ratio: float) -> dict:
     """Exactness of the skew (max |Q~K~^T - QK^T| / max |QK^T|) and the query energy in the
     top r columns with and without it, per layer (the skew exists to raise the latter)."""
-    from infersim.executor.offload.model import full_forward
-    from infersim.executor.offload.skew import apply_skew, partial_columns
 
     s = model.shape
     r = partial_columns(s.head_dim, ratio)
@@ -117,7 +121,6 @@ def input_similarity(model, ids) -> list[dict]:
     """InfiniGen Table 1 on this model: cosine similarity of the block inputs of consecutive
     layers, and of layer i's attention input with layer i-1's input under layer i's norm (what
     the prediction uses)."""
-    from infersim.executor.offload.model import full_forward
 
     out = []
     with torch.inference_mode():
@@ -209,12 +212,6 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from infersim.executor.models import load_model
-    from infersim.executor.offload import DenseLlama, evaluate_policy
-    from infersim.executor.offload.skew import skew_matrices
-    from infersim.executor.offload.sparsity import at_contexts, important_counts, sparsity_spec
 
     t_start = time.perf_counter()
     if args.quick:

@@ -36,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from infersim.analysis.report_html import agg_pyplot
 from infersim.analysis.report_html import frame_md_table as _md
@@ -44,6 +45,7 @@ from infersim.analysis.reproduce.moved import Headline, moved_section, reference
 from infersim.simulator.metrics.plots import finish_figure
 from infersim.simulator.metrics.summary import summarize
 from infersim.simulator.simulation import Simulation
+from infersim.simulator.speculative.report import series_frames
 from infersim.simulator.workload.builder import build_requests, load_workload
 from infersim.simulator.workload.schema import WorkloadSpec
 
@@ -208,8 +210,6 @@ def simulate(t: dict) -> dict:
             row["voted_outputs"] = "/".join(str(v) for v in sx["voting"]["voted_outputs"])
             row["final_weights"] = "/".join(f"{w:.3f}" for w in sx["voting"]["final_weights"])
         if t["series"]:
-            from infersim.simulator.speculative.report import series_frames
-
             row["_series"] = {k: v.to_dict("list") for k, v in series_frames(sim.replicas[0]).items()}
     row["wall_s"] = time.perf_counter() - wall
     return row
@@ -408,8 +408,6 @@ def plan(quick: bool = False) -> list[dict]:
 
 
 def run_all(tasks: list[dict], jobs: int) -> tuple[pd.DataFrame, dict]:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     rows = []
     order = sorted(range(len(tasks)), key=lambda i: -tasks[i]["n"])
     with Progress(TextColumn("[bold]Minions"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as bar:

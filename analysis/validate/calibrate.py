@@ -22,13 +22,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from scipy.optimize import nnls
 
 from infersim.simulator.costmodel.executor_features import feature_matrix
 from infersim.simulator.costmodel.fitted import FittedCostModel
 from infersim.simulator.errors import InfersimError
+from infersim.simulator.workload.builder import build_requests
+from infersim.simulator.workload.schema import WorkloadSpec
 
-from .execute import CaseOptions, run_executor
+from .execute import CaseOptions, run_executor, speed_from_ticks, speed_tick_s
 from .measured import ExecRun, load_exec_run, priced_swaps, stalls, swap_events
+from .sentinel import sentinel_s
 
 # Calibration workloads: other seeds and wider shapes than any validation case, so the fit
 # interpolates rather than memorises; two swap runs, because the copy time of the same swap
@@ -113,7 +117,6 @@ def nnls_relative(X: np.ndarray, y: np.ndarray, rounds: int = 3, trim: float = 0
     """Non-negative least squares of X c ~ y in relative error (rows scaled by 1/y), refitted
     without the worst `trim` fraction of points (timing spikes from other processes) a few
     times. Columns that are all zero keep a zero coefficient. Returns (coefficients, kept mask)."""
-    from scipy.optimize import nnls
 
     keep = np.isfinite(y) & (y > 0)
     coef = np.zeros(X.shape[1])
@@ -160,7 +163,6 @@ def fit_transfer_model(runs: list[ExecRun], fallback_s_per_byte: float = 1.0 / 5
     iterations that swapped, in absolute error: what validation checks is the total copy time,
     and a fit in relative error prices the large (slow) copies low. A direction never observed
     keeps a bandwidth-only fallback."""
-    from scipy.optimize import nnls
 
     ev = [swap_events(r) for r in runs]
     cat = {
@@ -258,7 +260,6 @@ def calibration_specs(
     or with `serving` (a workload's serving section) the matched set on that deployment, and
     with `requests` (its requests section) one more run of that request mix drawn with a
     calibration seed: other requests, the same kind of load."""
-    from infersim.simulator.workload.schema import WorkloadSpec
 
     specs = []
     if serving is not None:
@@ -296,9 +297,6 @@ def calibrate(
 ) -> FittedCostModel:
     """Run the calibration workloads on the executor and fit; writes the runs under out_dir
     and the fit to out_dir/executor-fit.json."""
-    from infersim.simulator.workload.builder import build_requests
-
-    from .sentinel import sentinel_s
 
     out_dir = Path(out_dir)
     dirs = []
@@ -373,7 +371,6 @@ def calibrate_around(
     all six runs), or their median ratio where their ticks did not track their speed
     (execute.speed_from_ticks). Only the kernel's time is read from the validated run, never its
     iterations."""
-    from infersim.simulator.workload.builder import build_requests
 
     out_dir = Path(out_dir)
     seed, serving = workloads.seed, workloads.serving
@@ -425,7 +422,6 @@ def calibrate_around(
     copies = [swap_ratio(fit, loaded[d]) for d in adjacent]
     copies = [c for c in copies if np.isfinite(c) and c > 0]
     fit.meta["speed_ratio_adjacent"], fit.meta["copy_ratio_adjacent"] = near, copies
-    from .execute import speed_from_ticks, speed_tick_s
 
     runs = [d for dirs in halves.values() for d in dirs]
     ticks = [speed_tick_s(d) for d in runs]

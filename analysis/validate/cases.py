@@ -8,6 +8,7 @@ import copy
 from dataclasses import dataclass
 
 from infersim.simulator.errors import UnknownNameError
+from infersim.simulator.workload.schema import WorkloadSpec
 
 # what a case compares, beyond the latency/throughput metrics every case has
 COMPARE = ("latency", "preemption", "swap", "recompute", "acceptance", "offload", "prefix")
@@ -24,8 +25,6 @@ class Case:
     why: str = ""
 
     def spec(self, model: str, seed: int | None = None, requests: int | None = None):
-        from infersim.simulator.workload.schema import WorkloadSpec
-
         d = copy.deepcopy(self.workload)
         d["name"] = self.name
         d["model"] = model

@@ -28,6 +28,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from infersim.simulator.metrics.summary import derived_columns
+
+from .execute import local_speed
 from .measured import jitter, priced_swaps, stalls, swap_events
 from .metrics import mape, median_ape, percentile, rel_error, signed_bias, total_bias
 
@@ -161,7 +164,6 @@ def within_run_speed(run_dir, start_s: np.ndarray, pred: np.ndarray, meas: np.nd
     the ticks track it (a plain-load run: per-iteration MAPE 20.0%, 11.4% at the ticks' local
     speed, correlation 0.85; CHANGELOG.md, validation); in a steady run they are noise
     (correlation 0.1). Empty without ticks."""
-    from .execute import local_speed
 
     f = local_speed(run_dir, start_s)
     ok = np.isfinite(meas) & np.isfinite(pred) & (pred > 0) & (meas > 0)
@@ -227,8 +229,6 @@ def _aligned(exec_run, sim_run, col: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 def request_level(exec_run, sim_run) -> dict:
-    from infersim.simulator.metrics.summary import derived_columns
-
     e = dict(exec_run.requests)
     s = dict(sim_run.requests)
     for table in (e, s):

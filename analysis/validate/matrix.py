@@ -19,8 +19,17 @@ import sys
 import time
 from pathlib import Path
 
+from infersim.simulator.costmodel.fitted import FittedCostModel
+from infersim.simulator.errors import InfersimError
+from infersim.simulator.progress import ProgressBar
+
+from .calibrate import calibrate
+from .cases import CASES, get_case, small_matrix
 from .execute import CaseOptions
+from .modes import MODES
+from .report import matrix_report
 from .rule import RULE
+from .run import SimCostOptions, validate_case
 
 RESULTS_DIR = Path(__file__).resolve().parents[2] / "docs" / "validation"
 # the validated run is measured this many times on the same requests: the aggregate targets are
@@ -78,14 +87,6 @@ def run_matrix(
     default), or every case with one fit: `calibration` (a saved fit) or, with `generic`, one
     generic calibration at the start. Each case's validated run is measured `opts.repeats` times
     on the same requests (execute.run_repeated), on `opts.device` with `opts.threads` threads."""
-    import infersim.executor  # noqa: F401  (before torch: passive OpenMP waits on a shared machine)
-    from infersim.simulator.costmodel.fitted import FittedCostModel
-    from infersim.simulator.errors import InfersimError
-    from infersim.simulator.progress import ProgressBar
-
-    from .calibrate import calibrate
-    from .modes import MODES
-    from .run import SimCostOptions, validate_case
 
     out = Path(out)
     t0 = time.perf_counter()
@@ -135,8 +136,6 @@ def run_matrix(
 
 
 def write_results(rows: list[dict], meta: dict, machine: dict, folder: Path) -> Path:
-    from .report import matrix_report
-
     ran = [r for r in rows if r.get("status") == "ran"]
     passed = [r for r in ran if r["passed"]]
     fit = meta.get("fit")
@@ -306,10 +305,6 @@ def summary_line(rows: list[dict], meta: dict, machine: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from infersim.simulator.errors import InfersimError
-
-    from .cases import CASES, get_case, small_matrix
-
     p = argparse.ArgumentParser(
         prog="python -m infersim.analysis.validate.matrix", description=__doc__.split("\n\n")[0]
     )

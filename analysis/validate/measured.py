@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import yaml
 
 from infersim.simulator.costmodel.executor_features import shapes_from_batches
 from infersim.simulator.errors import InfersimError
@@ -20,8 +21,6 @@ IDLE_GAP_MIN_S = 2e-4
 
 
 def _read_yaml(path: Path) -> dict:
-    import yaml
-
     if not path.is_file():
         raise InfersimError(f"{path.parent}: missing {path.name}")
     return yaml.safe_load(path.read_text()) or {}

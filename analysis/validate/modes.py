@@ -25,6 +25,8 @@ from typing import Callable
 
 from infersim.simulator.registry import Registry
 
+from .execute import run_executor
+
 HOOKS = ("execute", "recorded_statistics", "simulator_updates")
 
 
@@ -53,7 +55,6 @@ class ExecutorMode:
     def run(self, spec, requests, model: str, out: Path, opts) -> None:
         """The real run into `out` (execute.run_executor with this mode's hook); `opts` an
         execute.CaseOptions."""
-        from .execute import run_executor
 
         run_executor(spec, requests, model, out, opts, execute=self._hook("execute"))
 

@@ -26,13 +26,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from scipy.optimize import nnls
 
 from infersim.simulator.errors import InfersimError
-from infersim.simulator.metrics.rundir import read_columns
+from infersim.simulator.metrics.rundir import read_columns, write_json
 from infersim.simulator.offload.calibrated import LINEAR_TERMS, HostLink, LinearStageCompute
+from infersim.simulator.workload.builder import build_requests
 
-from .execute import CaseOptions
+from .execute import CaseOptions, speed_from_ticks, speed_tick_s
 from .measured import ExecRun, load_exec_run, stalls
+from .modes import MODES
 
 OFFLOAD_CALIBRATION_SEEDS = (9013, 9014)  # inside calibrate.py's reserved 9001-9016: never a validated seed
 STALL_RATIO = 1.8  # a point at this many times the fit or more is a stall, not the model's
@@ -87,7 +90,6 @@ def compute_targets(d: OffloadRunData) -> np.ndarray:
 def nnls_relative(X: np.ndarray, y: np.ndarray, rounds: int = 3, trim: float = 0.02) -> tuple[np.ndarray, np.ndarray]:
     """X c ~ y, c >= 0, in relative error; refitted a few times without the worst `trim` and
     the stalls (points at STALL_RATIO x the fit or more). Returns (c, kept)."""
-    from scipy.optimize import nnls
 
     keep = np.isfinite(y) & (y > 0)
     coef = np.zeros(X.shape[1])
@@ -141,8 +143,6 @@ class OffloadFit:
         return {"compute": self.compute.to_json(), "link": self.link.to_json(), "meta": self.meta}
 
     def save(self, path: Path) -> None:
-        from infersim.simulator.metrics.rundir import write_json
-
         write_json(Path(path), self.to_json())
 
     @classmethod
@@ -226,9 +226,6 @@ def calibrate_offload_around(
     validated run's folder), the compute is scaled to the validated run's own speed as
     calibrate.calibrate_around does (its median tick times the calibration runs' median
     measured/fitted ratio per tick)."""
-    from infersim.simulator.workload.builder import build_requests
-
-    from .modes import MODES
 
     mode = MODES.get("offload")
     if spec.offload is not None and spec.offload.overlap != "none":
@@ -270,7 +267,6 @@ def calibrate_offload_around(
         ratio[side] = float(np.median(y[ok] / p[ok])) if ok.any() else float("nan")
     fit.meta["speed_ratio_before"], fit.meta["speed_ratio_after"] = ratio["before"], ratio["after"]
     fit.meta["speed_shift"] = ratio["after"] / ratio["before"] - 1.0
-    from .execute import speed_from_ticks, speed_tick_s
 
     ticks = [speed_tick_s(d) for d in dirs.values()]
     tick_val = speed_tick_s(validated_dir) if validated_dir is not None and opts.device == "cpu" else float("nan")

@@ -20,10 +20,19 @@ import numpy as np
 
 from infersim.simulator.costmodel.replay import OffloadReplayCostModel
 from infersim.simulator.errors import InfersimError
+from infersim.simulator.hardware.catalog import load_hardware
+from infersim.simulator.models.catalog import load_model
+from infersim.simulator.offload import build_offload
+from infersim.simulator.workload.builder import build_requests
 
-from .compare import brief
+from .calibrate import require_held_out_seed
+from .compare import aggregate_errors, brief, compare_runs
 from .execute import CaseOptions, case_header, execute_case, finish_case, repeat_dirs
+from .measured import load_exec_run, load_run
+from .modes import MODES
 from .offload_calibrate import OffloadFit, calibrate_offload_around, load_offload_run
+from .report import case_report
+from .simulate import sim_spec, simulate_run
 
 BYTES_TARGET = 0.05  # the offload analogue of the swap-cost target: KV bytes loaded, total
 BYTES_ITERATION_TARGET = 0.10  # and per iteration, as the per-iteration latency target
@@ -69,11 +78,6 @@ def _finals(run) -> list[np.ndarray]:
 def offload_cost_model(exec_run, fit: OffloadFit, updates: dict, profile: str = "cpu-reference"):
     """The simulator's OffloadCostModel for the executor run's workload (with the recorded
     updates), on the calibrated compute and link."""
-    from infersim.simulator.hardware.catalog import load_hardware
-    from infersim.simulator.models.catalog import load_model
-    from infersim.simulator.offload import build_offload
-
-    from .simulate import sim_spec
 
     spec = sim_spec(exec_run, profile=profile, updates=updates)
     model = load_model(str(spec.model))
@@ -114,13 +118,6 @@ def bytes_level(exec_run, data, cm, finals) -> dict:
 def validate_offload_case(case, model: str, out: Path, opts: CaseOptions) -> dict:
     seed, requests = opts.seed, opts.requests
     spec, calibration, report, log = opts.spec, opts.calibration, opts.report, opts.log
-    from infersim.simulator.workload.builder import build_requests
-
-    from .calibrate import require_held_out_seed
-    from .compare import aggregate_errors, compare_runs
-    from .measured import load_exec_run, load_run
-    from .modes import MODES
-    from .simulate import simulate_run
 
     out = Path(out)
     mode = MODES.get("offload")
@@ -232,7 +229,6 @@ def validate_offload_case(case, model: str, out: Path, opts: CaseOptions) -> dic
         "comparison": brief(cmp.to_json()),
         "repeat_errors": [aggregate_errors(load_run(d), sim_run) for d in repeat_dirs(out / "exec")],
     }
-    from .report import case_report
 
     return finish_case(result, out, (lambda: case_report(result, exec_run, sim_run, cmp, out)) if report else None)
 

@@ -8,6 +8,8 @@ from pathlib import Path
 from infersim.analysis.report_html import Image, Report, Table
 
 from . import plots
+from .execute import repeats_note
+from .rule import RULE
 
 
 def pct(x, signed: bool = True) -> str:
@@ -64,13 +66,10 @@ def report_head(result: dict, cmp, folder: Path) -> "Report":
         f"**{verdict}** — {result['model']} on {result['device']} ({result['threads']} torch thread(s)), "
         f"{cmp.requests['requests']} requests; cost model: {result['cost_model']['description']}."
     ]
-    from .execute import repeats_note
 
     if result.get("repeats"):
         r.verdict.append(f"The validated requests were {repeats_note(result['repeats'])}.")
     if result.get("judged"):
-        from .rule import RULE
-
         judged = "; ".join(
             f"{c['metric']} {pct(c['value'], not c['metric'].endswith('MAPE'))} on {c['judged_on']}"
             for c in checks

@@ -7,16 +7,25 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from infersim.simulator.costmodel import build_cost_model
 from infersim.simulator.costmodel.fitted import FittedCostModel
 from infersim.simulator.costmodel.replay import ReplayCostModel
 from infersim.simulator.errors import InfersimError
+from infersim.simulator.hardware.catalog import load_hardware
+from infersim.simulator.models.catalog import load_model
+from infersim.simulator.workload.builder import build_requests
 
-from .calibrate import calibrate, require_held_out_seed
+from .calibrate import CalibrationSet, calibrate, calibrate_around, require_held_out_seed
 from .cases import Case
 from .compare import aggregate_errors, brief, compare_runs
 from .execute import CaseOptions, case_header, execute_case, finish_case, repeat_dirs
 from .measured import load_exec_run, load_run
 from .modes import MODES
+from .offload_validate import validate_offload_case
+from .report import case_report
+from .sentinel import sentinel_s
+from .simulate import simulate_run
+from .spec_validate import validate_spec_case
 
 COST_MODEL_CHOICES = ("fitted", "regression", "roofline")
 SPECULATIVE_MODES = ("speculative", "minions", "medusa")  # validated per round by spec_validate.py
@@ -24,9 +33,6 @@ SPECULATIVE_MODES = ("speculative", "minions", "medusa")  # validated per round 
 
 def _profile_cost_model(name: str, profile: str, exec_run):
     """A device profile's cost model for the executor's model (what `sim run` would use)."""
-    from infersim.simulator.costmodel import build_cost_model
-    from infersim.simulator.hardware.catalog import load_hardware
-    from infersim.simulator.models.catalog import load_model
 
     model_path = Path(str(exec_run.config["workload"]["model"]))
     model = load_model(str(model_path / "config.json" if model_path.is_dir() else model_path))
@@ -98,7 +104,6 @@ def validate_case(
     spec, calibration, report, log = opts.spec, opts.calibration, opts.report, opts.log
     cost_model, profile, fit = cost.cost_model, cost.profile, cost.fit
     drift_correction, matched = cost.drift_correction, cost.matched
-    from infersim.simulator.workload.builder import build_requests
 
     out = Path(out)
     mode = MODES.get(case.mode)
@@ -113,7 +118,6 @@ def validate_case(
                 f"case {case.name}: speculative cases are validated with the fitted round cost model "
                 f"only (--cost-model fitted)"
             )
-        from .spec_validate import validate_spec_case
 
         return validate_spec_case(case, model, out, opts if fit is None else replace(opts, calibration=None))
     if case.mode == "offload":
@@ -123,7 +127,6 @@ def validate_case(
                 f"case {case.name}: offload cases are validated with the calibrated offload cost "
                 f"model only (--cost-model fitted)"
             )
-        from .offload_validate import validate_offload_case
 
         return validate_offload_case(case, model, out, opts if fit is None else replace(opts, calibration=None))
     spec = spec if spec is not None else case.spec(model, seed=seed, requests=requests)
@@ -148,7 +151,6 @@ def validate_case(
 
     if bracket:
         # calibrated now on other requests, on both sides of the validated run
-        from .calibrate import CalibrationSet, calibrate_around
 
         serving = spec.serving.model_dump(mode="json", exclude_none=True) if matched else None
         # a trace would replay the validated requests themselves: no mix run then
@@ -171,8 +173,6 @@ def validate_case(
         drift_correction = False
     drift = {}
     if fit is not None and drift_correction and fit.meta.get("sentinel_s"):
-        from .sentinel import sentinel_s
-
         before = sentinel_s(model, device=device, dtype=dtype, threads=threads)
     if not bracket:
         execute()
@@ -206,7 +206,6 @@ def validate_case(
         desc = {"name": cost_model, "description": f"`{cost_model}` on the device profile `{profile}`"}
     if log:
         log(f"{case.name}: simulating")
-    from .simulate import simulate_run
 
     updates = mode.sim_updates(stats)
     simulate_run(exec_run, out / "sim", cost_model=cm, profile=profile, cost_model_name="roofline", updates=updates)
@@ -237,7 +236,6 @@ def validate_case(
         "comparison": brief(cmp.to_json()),
         "repeat_errors": [aggregate_errors(load_exec_run(d), sim_run, cm) for d in repeat_dirs(out / "exec")],
     }
-    from .report import case_report
 
     return finish_case(result, out, (lambda: case_report(result, exec_run, sim_run, cmp, out)) if report else None)
 

@@ -11,12 +11,20 @@ per-iteration log the comparison aligns with the executor's iterations.parquet."
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 
+from infersim.simulator.engine.prefix_cache import chain_keys
 from infersim.simulator.errors import InfersimError
+from infersim.simulator.metrics.rundir import staged_dir
+from infersim.simulator.metrics.summary import write_result_files
+from infersim.simulator.simulation import Simulation
+from infersim.simulator.workload.requests import Requests
+from infersim.simulator.workload.schema import WorkloadSpec
 
 from .measured import ExecRun
 
@@ -24,7 +32,6 @@ from .measured import ExecRun
 def sim_spec(run: ExecRun, *, profile: str, cost_model_name: str = "roofline", updates: dict | None = None):
     """The executor run's workload as a simulator spec: same policy, same pools, the model's
     config.json, the given hardware profile."""
-    from infersim.simulator.workload.schema import WorkloadSpec
 
     w = dict(run.config["workload"])
     model_path = Path(str(w["model"]))
@@ -62,8 +69,6 @@ class ExecutedKeys:
     tokens: list  # per request id, prompt + output token ids
 
     def keys(self, i: int, num_tokens: int, block_size: int) -> list[int]:
-        from infersim.simulator.engine.prefix_cache import chain_keys
-
         return chain_keys(self.tokens[i][: int(num_tokens)], block_size)
 
     def check_block_size(self, block_size: int, source: str) -> None:
@@ -71,8 +76,6 @@ class ExecutedKeys:
 
 
 def executed_keys(run: ExecRun) -> ExecutedKeys:
-    import pyarrow.parquet as pq
-
     path = Path(run.path) / "outputs.parquet"
     if not path.is_file():
         raise InfersimError(f"{run.path}: missing outputs.parquet (the executed tokens prefix caching is keyed by)")
@@ -86,7 +89,6 @@ def executed_keys(run: ExecRun) -> ExecutedKeys:
 def sim_requests(run: ExecRun):
     """The executor's requests, in request-id order; with prefix caching, with the executed
     tokens' block keys (ExecutedKeys)."""
-    from infersim.simulator.workload.requests import Requests
 
     r = run.requests
     n = int(np.sum(np.asarray(r["arrival_s"]) >= 0))
@@ -114,9 +116,6 @@ def simulate_run(
     `out`. `cost_model`, when given, replaces the one the spec names (the executor fit);
     `policy_cost_model`, when given, is what the policies see instead (cost-aware preemption's
     questions), so a replayed cost model answers only the engine's iterations and copies."""
-    from infersim.simulator.metrics.rundir import staged_dir
-    from infersim.simulator.metrics.summary import write_result_files
-    from infersim.simulator.simulation import Simulation
 
     spec = sim_spec(run, profile=profile, cost_model_name=cost_model_name, updates=updates)
     requests = sim_requests(run)
@@ -140,7 +139,6 @@ def simulate_run(
 
 def _policy_view(state_fn, cost_model):
     """The replica's scheduler state with another cost model for the policies to ask."""
-    import dataclasses
 
     def state():
         st = state_fn()

@@ -14,6 +14,18 @@ import json
 import sys
 from pathlib import Path
 
+import infersim.executor.medusa.validate_hooks as mh
+import infersim.executor.speculative.validate_hooks as sh
+from infersim.simulator.costmodel.speculative_fit import SpecFit
+from infersim.simulator.errors import InfersimError
+from infersim.simulator.metrics.rundir import write_json
+
+from .cases import get_case
+from .measured import load_run
+from .modes import MODES
+from .spec_compare import ExecutedSpec, compare_spec, spread, tokens_per_round_per_request
+from .spec_simulate import simulate_spec_run
+
 METRICS = (
     "throughput (output tok/s)",
     "mean end-to-end latency",
@@ -26,9 +38,6 @@ METRICS = (
 
 
 def variants(stats: dict) -> dict:
-    import infersim.executor.medusa.validate_hooks as mh
-    import infersim.executor.speculative.validate_hooks as sh
-
     if stats.get("method") == "medusa":
         return {
             "independent heads": mh.simulator_updates(stats, empirical=False),
@@ -39,16 +48,6 @@ def variants(stats: dict) -> dict:
 
 
 def ab_case(folder: Path) -> dict:
-    from infersim.simulator.costmodel.speculative_fit import SpecFit
-    from infersim.simulator.errors import InfersimError
-    from infersim.simulator.metrics.rundir import write_json
-
-    from .cases import get_case
-    from .measured import load_run
-    from .modes import MODES
-    from .spec_compare import ExecutedSpec, compare_spec, spread, tokens_per_round_per_request
-    from .spec_simulate import simulate_spec_run
-
     folder = Path(folder)
     vpath = folder / "validation.json"
     if not vpath.is_file():
@@ -79,8 +78,6 @@ def ab_case(folder: Path) -> dict:
 
 
 def main(argv=None) -> int:
-    from infersim.simulator.errors import InfersimError
-
     args = list(sys.argv[1:] if argv is None else argv)
     if not args:
         print("usage: python -m infersim.analysis.validate.spec_ab CASE_FOLDER [...]", file=sys.stderr)

@@ -21,11 +21,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow.parquet as pq
+
+from infersim.simulator.speculative.config import SpeculationSection
+from infersim.simulator.speculative.selector import AdaptiveLengthSelector
 
 from .compare import COMPONENTS, Comparison, check_targets, request_level, totals_level, within_run_speed
 from .measured import load_run
 from .metrics import mape, median_ape, rel_error, signed_bias, total_bias
-from .spec_rounds import drafting_rounds, rebuild_rounds
+from .spec_costmodel import contended, overlap_fraction, predict_drafting, predict_rounds_as_run
+from .spec_rounds import drafting_rounds, handoffs_s, rebuild_rounds
 
 ACCEPTANCE_TARGET = 0.05
 STALL_FACTOR = 2.0
@@ -51,7 +56,6 @@ def _contended(solo: np.ndarray, overlap: np.ndarray, share, fit=None) -> np.nda
     """As the simulator's SharedDevice prices a pass that ran alongside the other thread for
     `overlap` of its time: the fit's contention model (processor sharing for fits made before
     whole_pass existed)."""
-    from .spec_costmodel import contended
 
     return contended(
         solo, overlap, share, ((fit.meta or {}) if fit is not None else {}).get("pipeline_contention", "sharing")
@@ -60,7 +64,6 @@ def _contended(solo: np.ndarray, overlap: np.ndarray, share, fit=None) -> np.nda
 
 def round_level(t: dict, fit, drafting: dict | None = None) -> dict:
     y = np.asarray(t["fit_y_s"], dtype=np.float64)
-    from .spec_costmodel import predict_rounds_as_run
 
     # pipelined: each pass priced as the simulator prices it (its overlap with the other thread)
     pred = predict_rounds_as_run(fit, t, drafting)
@@ -93,13 +96,10 @@ def _drafting_level(d: dict | None, fit, t_verify: dict | None = None) -> dict |
     """Pipelined: the drafting thread's rounds, predicted against measured busy time."""
     if d is None or not len(d["busy_s"]):
         return None
-    from .spec_costmodel import predict_drafting
 
     p, m = predict_drafting(fit, d), np.asarray(d["busy_s"], dtype=np.float64)
     shares = (fit.meta or {}).get("pipeline_shares")
     if shares and t_verify is not None:
-        from .spec_costmodel import overlap_fraction
-
         p = _contended(
             p,
             overlap_fraction(d["t_start_s"], d["t_end_s"], t_verify["t_start_s"], t_verify["t_end_s"]),
@@ -181,15 +181,12 @@ def selector_replay(exec_run, t: dict) -> dict:
     the round's drafting + verification time (decoder.py: t2 - t0) and vl = the mean tokens of
     the sequences that drafted the full s (verified_length), for every round that drafted. The
     policy is one object on both sides, so it must take the executed s trajectory exactly."""
-    from infersim.simulator.speculative.config import SpeculationSection
-    from infersim.simulator.speculative.selector import AdaptiveLengthSelector
 
     sec = SpeculationSection.model_validate(exec_run.config["workload"]["speculation"])
     sel = AdaptiveLengthSelector.from_section(sec)
     path = Path(exec_run.path) / "speculation_sequences.parquet"
     if not path.is_file() or sec.pipeline_on:
         return {"same": None, "why": "not a coupled run with speculation_sequences.parquet"}
-    import pyarrow.parquet as pq
 
     q = pq.read_table(str(path)).to_pydict()
     q_round, q_s, q_acc = (np.asarray(q[k], dtype=np.int64) for k in ("round", "s", "accepted"))
@@ -504,8 +501,6 @@ def compare_spec(
     if pipelined:
         b = c.info["pipeline"] = pipeline_busy(t, drafting, sim_run.summary)
         if drafting is not None:
-            from .spec_rounds import handoffs_s
-
             hand = handoffs_s(t, drafting)
             b["handoff_measured_s"] = float(np.median(hand)) if hand.size else None
             b["handoff_fitted_s"] = (fit.meta or {}).get("pipeline_handoff_s")

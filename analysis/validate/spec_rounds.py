@@ -19,6 +19,7 @@ import numpy as np
 
 from infersim.simulator.errors import InfersimError
 from infersim.simulator.metrics.rundir import read_columns
+from infersim.simulator.speculative.config import SpeculationSection
 
 from .measured import engine_periods, load_run
 
@@ -92,7 +93,6 @@ def drafts_run(sp: dict) -> int:
     draft under the majority vote, else the first alone (executor/speculative/engine.py, as the
     simulator's DraftProposer; `voting.enabled: false` under method minions too); Medusa none
     (its heads run inside the target pass)."""
-    from infersim.simulator.speculative.config import SpeculationSection
 
     if sp.get("method") == "medusa":
         return 0

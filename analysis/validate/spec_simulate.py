@@ -27,8 +27,13 @@ from pathlib import Path
 import numpy as np
 
 from infersim.simulator.errors import InfersimError
+from infersim.simulator.metrics.rundir import staged_dir
+from infersim.simulator.metrics.summary import write_result_files
+from infersim.simulator.simulation import Simulation
+from infersim.simulator.workload.schema import WorkloadSpec
 
 from .measured import RunDir
+from .simulate import sim_requests
 
 
 def spec_sim_spec(
@@ -40,8 +45,6 @@ def spec_sim_spec(
     contention: str = "sharing",
     handoff_s: float = 0.0,
 ):
-    from infersim.simulator.workload.schema import WorkloadSpec
-
     w = dict(run.config["workload"])
     model_path = Path(str(w["model"]))
     if model_path.is_dir():
@@ -142,11 +145,6 @@ def simulate_spec_run(
 ) -> dict:
     """`s_trajectory` (the executed run's [[observations, s], ...]): the selector replays it instead of
     deciding (only where the workload has the selector on)."""
-    from infersim.simulator.metrics.rundir import staged_dir
-    from infersim.simulator.metrics.summary import write_result_files
-    from infersim.simulator.simulation import Simulation
-
-    from .simulate import sim_requests
 
     meta = fit.meta or {}
     spec = spec_sim_spec(

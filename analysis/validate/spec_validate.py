@@ -14,8 +14,20 @@ from pathlib import Path
 
 import numpy as np
 
+from infersim.simulator.costmodel.speculative_fit import SpecFit
+from infersim.simulator.workload.builder import build_requests
+from infersim.simulator.workload.schema import WorkloadSpec
+
 from .calibrate import CALIBRATION_SEED, require_held_out_seed
-from .execute import CaseOptions, case_header, execute_case, finish_case, repeat_dirs
+from .compare import aggregate_errors, brief
+from .execute import CaseOptions, case_header, execute_case, finish_case, repeat_dirs, speed_from_ticks, speed_tick_s
+from .measured import load_run
+from .modes import MODES
+from .spec_compare import ExecutedSpec, compare_spec, round_stalls
+from .spec_costmodel import fit_rounds, predict_drafting, predict_rounds_as_run
+from .spec_report import spec_case_report
+from .spec_rounds import drafting_rounds, rebuild_rounds
+from .spec_simulate import kv_binds, simulate_spec_run
 
 # Held-out requests for the speculative fit: other seeds and shapes than any case (9011-9012 and
 # 9015 are the calibration's alone; calibrate.py's matched runs use 9009-9011).
@@ -48,8 +60,6 @@ SPEC_MIX_SEED = CALIBRATION_SEED + 14
 
 
 def calibration_specs(spec) -> list:
-    from infersim.simulator.workload.schema import WorkloadSpec
-
     base = spec.model_dump(mode="json", exclude_none=True)
     mixes = [(name, req, SPEC_CALIBRATION_SEED + k) for k, (name, req) in enumerate(SPEC_CALIBRATION)]
     if not base["requests"].get("trace"):  # a trace would replay the validated requests themselves
@@ -69,10 +79,6 @@ def _fit_bracketed(mode, spec, run, model: str, out: Path, opts: CaseOptions, va
     in every run, scaled to the validated run's own speed as calibrate_around does: its median
     tick times the calibration runs' median measured/fitted ratio per tick; a pipelined run's
     draft terms by its drafting process's ticks (taken beside the verifying thread's)."""
-    from infersim.simulator.workload.builder import build_requests
-
-    from .spec_costmodel import fit_rounds
-    from .spec_rounds import drafting_rounds, rebuild_rounds
 
     specs = calibration_specs(spec)
     halves: dict[str, list] = {"before": [], "after": []}
@@ -95,7 +101,6 @@ def _fit_bracketed(mode, spec, run, model: str, out: Path, opts: CaseOptions, va
     run()
     calib("after")
     tables = halves["before"] + halves["after"]
-    from .spec_compare import round_stalls
 
     stalled = np.concatenate([round_stalls(t["fit_y_s"], t)[np.isfinite(t["fit_y_s"])] for t in tables])
     fit = fit_rounds(
@@ -113,7 +118,6 @@ def _fit_bracketed(mode, spec, run, model: str, out: Path, opts: CaseOptions, va
     )
     # against the rounds as the simulator prices them (a pipelined run's contention included:
     # against the solo fit the ratio measured how many passes overlapped, not the machine's speed)
-    from .spec_costmodel import predict_drafting, predict_rounds_as_run
 
     ratio, per_run, per_run_drafting = {}, [], []
     for side, ts in halves.items():
@@ -130,7 +134,6 @@ def _fit_bracketed(mode, spec, run, model: str, out: Path, opts: CaseOptions, va
         ratio[side] = float(np.median(np.concatenate(r))) if r else float("nan")
     fit.meta["speed_ratio_before"], fit.meta["speed_ratio_after"] = ratio["before"], ratio["after"]
     fit.meta["speed_shift"] = ratio["after"] / ratio["before"] - 1.0
-    from .execute import speed_from_ticks, speed_tick_s
 
     runs = [out / side / cs.name for side in halves for cs in specs]
     cpu_run = validated_dir is not None and opts.device == "cpu"
@@ -159,15 +162,6 @@ def _fit_bracketed(mode, spec, run, model: str, out: Path, opts: CaseOptions, va
 def validate_spec_case(case, model: str, out: Path, opts: CaseOptions) -> dict:
     seed, requests = opts.seed, opts.requests
     spec, calibration, report, log = opts.spec, opts.calibration, opts.report, opts.log
-    from infersim.simulator.costmodel.speculative_fit import SpecFit
-    from infersim.simulator.workload.builder import build_requests
-
-    from .compare import brief
-    from .measured import load_run
-    from .modes import MODES
-    from .spec_compare import ExecutedSpec, compare_spec
-    from .spec_rounds import drafting_rounds, rebuild_rounds
-    from .spec_simulate import kv_binds, simulate_spec_run
 
     out = Path(out)
     mode = MODES.get(case.mode)
@@ -237,7 +231,6 @@ def validate_spec_case(case, model: str, out: Path, opts: CaseOptions) -> dict:
             mode, out, sim_run if s_replay is None else s_replay, fit, spec.seed, s_replayed=s_replay is not None
         ),
     }
-    from .spec_report import spec_case_report
 
     return finish_case(result, out, (lambda: spec_case_report(result, exec_run, sim_run, cmp, out)) if report else None)
 
@@ -246,9 +239,6 @@ def _repeat_errors(mode, out: Path, sim_run, fit, seed: int, s_replayed: bool) -
     """Each repeat's aggregate errors against the simulation the targets are judged on
     (compare.aggregate_errors): with an adaptive s, the one that follows that repeat's own
     executed s trajectory (simulated for it in sim-s-replay.repeat-K/)."""
-    from .compare import aggregate_errors
-    from .measured import load_run
-    from .spec_simulate import simulate_spec_run
 
     errors = []
     for d in repeat_dirs(out / "exec"):

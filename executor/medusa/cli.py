@@ -4,13 +4,21 @@ measured top-i accuracies, optionally write them as a simulator catalog entry.""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from infersim.simulator.errors import InfersimError
 
 
-def add_parser(sub) -> None:
+def add_parser(sub, help: str) -> None:
+    """`sim medusa-train`'s flags; `help` is the one-line summary the command registry keeps."""
     p = sub.add_parser(
         "medusa-train",
-        help="train Medusa heads on a zoo target (cached) and show their accuracies",
+        help=help,
         description="Medusa-1 heads on the frozen target, self-distilled from its own greedy "
         "continuations of training-file prompts (loss weights 0.8^k); cached beside the "
         "zoo, keyed by the target's weight hash. Prints per-head top-i accuracies on "
@@ -39,11 +47,6 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import dataclasses
-    from pathlib import Path
-
-    from infersim.simulator.errors import InfersimError
-
     if args.heads is not None and args.heads < 1:
         raise InfersimError(f"--heads must be at least 1, got {args.heads}")
     if args.steps is not None and args.steps < 1:
@@ -86,9 +89,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print(meta: dict, folder) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     from .accuracy import top_i
 
     con = Console()

@@ -22,6 +22,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from infersim.simulator.errors import InfersimError
+
+from ..kvcache import KVCacheConfig, runner_cache
 from ..runner import TokenSeq, plan_batch
 from .acceptance import Acceptance, accept, accept_greedy_lists
 from .tree import TreeLayout
@@ -91,7 +94,6 @@ def work_clock(device):
 
 def make_cache(runner, prompts, max_new, extra_tokens: int, device, dtype=torch.float32, block_size: int = 16):
     """A cache big enough for every prompt + output + one tree's worth of candidates."""
-    from ..kvcache import KVCacheConfig, runner_cache
 
     news = _as_list(max_new, len(prompts))
     blocks = sum(-(-(len(p) + n + extra_tokens + 1) // block_size) for p, n in zip(prompts, news)) + 1
@@ -180,8 +182,6 @@ def medusa_decode(
     max_new new tokens and the stats."""
     news = _as_list(max_new, len(prompts))
     if tree.heads_used > heads.num_heads:
-        from infersim.simulator.errors import InfersimError
-
         raise InfersimError(f"tree '{tree.name}' is {tree.depth} deep but there are only {heads.num_heads} heads")
     seqs = [TokenSeq(p) for p in prompts]
     plens = [len(p) for p in prompts]

@@ -30,6 +30,8 @@ from torch import nn
 
 from infersim.simulator.errors import InfersimError
 
+from ..zoo.staging import staged
+
 FORMAT_VERSION = 1
 WEIGHTS_FILE = "heads.safetensors"
 META_FILE = "medusa.json"
@@ -118,8 +120,6 @@ def save_heads(heads: MedusaHeads, folder: Path, meta: dict) -> Path:
     """Write weights and metadata into `folder` atomically (a hidden sibling folder renamed
     into place), so a reader never sees half a set of heads."""
     from safetensors.torch import save_file
-
-    from ..zoo.staging import staged
 
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)

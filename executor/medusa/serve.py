@@ -30,13 +30,19 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import yaml
 
 from infersim.simulator.errors import InfersimError
+from infersim.simulator.speculative.medusa_heads import HeadAccuracies, load_accuracies
+from infersim.simulator.speculative.medusa_tree import cartesian_tree, choices_tree, greedy_tree, restrict
+from infersim.simulator.yamlio import atomic_path, write_atomic
 
 from ..runner import plan_batch
 from ..speculative.decoder import SpeculativeDecoder, round_row
+from ..speculative.target import TargetModel
 from .acceptance import Acceptance, accept, accept_greedy_lists
 from .decode import compact_paths
+from .store import ensure_heads
 from .tree import TreeLayout, layout
 
 ACCURACIES_FILE = "medusa_accuracies.yaml"
@@ -60,8 +66,6 @@ def resolve_tree(mc, num_heads: int) -> tuple[TreeLayout, object, int]:
     """(layout, accuracy table, heads used) for a `speculation.medusa` section, built as the
     simulator builds it (simulator/speculative/proposers.py MedusaProposer) from the named
     accuracy table, then cut to the `num_heads` heads the executor has."""
-    from infersim.simulator.speculative.medusa_heads import load_accuracies
-    from infersim.simulator.speculative.medusa_tree import cartesian_tree, choices_tree, greedy_tree, restrict
 
     table = load_accuracies(mc.accuracies)
     acc = table.rank_accuracies()
@@ -301,8 +305,6 @@ class MedusaDecoder(SpeculativeDecoder):
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        from infersim.simulator.yamlio import atomic_path
-
         P = self.proposer
         fig, (a0, a1) = plt.subplots(1, 2, figsize=(9, 3.4))
         ks = np.arange(P.layout.depth + 1)
@@ -325,11 +327,6 @@ class MedusaDecoder(SpeculativeDecoder):
 
 
 def write_accuracy_table(path: Path, P: MedusaProposer, *, target: str, source: str) -> Path:
-    import yaml
-
-    from infersim.simulator.speculative.medusa_heads import HeadAccuracies
-    from infersim.simulator.yamlio import write_atomic
-
     lay = P.layout
     # rounded down so that no head's ranks add up past 1 after rounding
     per_rank = [[float(np.floor(a * 1e4) / 1e4) for a in row] for row in P.per_rank()]
@@ -365,11 +362,8 @@ def build_medusa_decoder(
 ) -> MedusaDecoder:
     """A Medusa decoder for a `speculation:` section on a loaded target: its cached heads
     (trained first if missing), the section's tree and acceptance."""
-    from ..speculative.target import TargetModel
 
     if heads is None:
-        from .store import ensure_heads
-
         heads, _, _ = ensure_heads(lm)
     if tree is None:
         tree, _, _ = resolve_tree(sp.medusa, heads.num_heads)

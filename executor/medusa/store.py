@@ -11,16 +11,19 @@ import sys
 import time
 from pathlib import Path
 
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
 from infersim.simulator.errors import InfersimError
 from infersim.simulator.progress import log_line
 
+from ..zoo.build import _locked, weights_sha256
+from .accuracy import measure
 from .heads import FORMAT_VERSION, META_FILE, MedusaHeads, load_heads, save_heads
 from .train import DEFAULT_RECIPE, MedusaRecipe, corpus_streams, train_heads
 
 
 def target_sha256(lm) -> str:
     """The loaded target's weight hash (the same function the zoo records in zoo.json)."""
-    from ..zoo.build import weights_sha256
 
     return weights_sha256(lm.model)
 
@@ -44,7 +47,6 @@ def _progress_callback():
     """A rich progress bar on a terminal; none otherwise (CI logs, tests)."""
     if not sys.stderr.isatty():
         return None, None
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     prog = Progress(
         TextColumn("medusa {task.description}"),
@@ -68,8 +70,6 @@ def ensure_heads(
 ) -> tuple[MedusaHeads, dict, Path]:
     """The cached heads for this target and recipe, trained (and their accuracies measured)
     first if missing. Returns (heads on the target's device, medusa.json, folder)."""
-    from ..zoo.build import _locked
-    from .accuracy import measure
 
     if lm.family not in ("llama", "mistral"):
         raise InfersimError(f"Medusa heads are implemented for Llama-family targets, not {lm.family}")

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 
+from ..zoo.corpus import load_corpus
 from ..zoo.train import lr_at
 from .heads import MedusaHeads, lm_head_weight
 
@@ -113,7 +114,6 @@ def token_stream(tokenizer, texts) -> torch.Tensor:
 
 def corpus_streams(tokenizer, files_every: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(training stream from every files_every-th training file, held-out stream)."""
-    from ..zoo.corpus import load_corpus
 
     c = load_corpus(check=False)
     train_files, held_files = c.split()

@@ -25,13 +25,21 @@ from pathlib import Path
 import numpy as np
 
 from infersim.simulator.errors import InfersimError
+from infersim.simulator.metrics.collector import MetricsCollector
+from infersim.simulator.metrics.rundir import staged_dir
+from infersim.simulator.policies import build_scheduler
 
 from .. import serving
 from ..engine import Engine, ExecSequence
 from ..kvcache import KVCacheConfig, PagedKVCache
+from ..models import dtype_name, load_model
 from ..options import ExecOptions
+from ..prompts import make_prompts
 from ..runner import plan_batch
+from ..zoo.corpus import held_out_windows
+from .model import DenseLlama
 from .runner import OffloadRunner
+from .skew import skew_matrices
 
 OFFLOAD_COLUMNS = ("iteration", "loaded_bytes", "stored_bytes", "load_s", "store_s")
 
@@ -142,10 +150,6 @@ class OffloadEngine(Engine):
 def _skew_for(model_path: str, device: str, dtype: str):
     """InfiniGen's offline skewing matrices from a fixed sample of the zoo corpus's training
     files (never the served prompts), cached per model."""
-    from ..models import load_model
-    from ..zoo.corpus import held_out_windows
-    from .model import DenseLlama
-    from .skew import skew_matrices
 
     lm = load_model(model_path, device=device, dtype=dtype)
     sample = held_out_windows(lm.tokenizer, 4, 256, 0, split="train")
@@ -175,12 +179,6 @@ def _section(spec):
 def execute(spec, requests, model: str, out: Path, opts: ExecOptions = ExecOptions()) -> dict:
     """Serve the requests with the KV cache in host memory under the workload's `offload:`
     policy; write a `sim exec` run directory at `out` atomically; return the summary."""
-    from infersim.simulator.metrics.collector import MetricsCollector
-    from infersim.simulator.metrics.rundir import staged_dir
-    from infersim.simulator.policies import build_scheduler
-
-    from ..models import dtype_name
-    from ..prompts import make_prompts
 
     off, policy = _section(spec)
     t_wall = time.perf_counter()

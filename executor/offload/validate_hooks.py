@@ -13,12 +13,15 @@ simulator_updates(stats) -> dict           {"offload": {"pool_blocks": ..., "spa
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 import numpy as np
+import yaml
 
 from infersim.simulator.errors import InfersimError
-from infersim.simulator.metrics.rundir import read_columns
+from infersim.simulator.metrics.rundir import read_columns, write_yaml
+from infersim.simulator.offload.policies import InfiniGenParams
 
 from .serve import execute  # noqa: F401  (the hook)
 
@@ -46,8 +49,6 @@ def binned_tokens(context: np.ndarray, tokens: np.ndarray, bins: int = CONTEXT_B
 
 
 def recorded_statistics(run_dir) -> dict:
-    import yaml
-
     run_dir = Path(run_dir)
     summary_cfg = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
     off = summary_cfg.get("offload_executor") or {}
@@ -87,10 +88,6 @@ def _write_sparsity(run_dir: Path, counts: dict, off: dict, layers: int) -> Path
     1 below start_layer, where everything held loads). The simulator rounds the interpolated
     count up, so the table holds the mean less half a token (the mean of ceil(x) over x is
     about x + 0.5); the cap it applies again is then a no-op, as the counts are already capped."""
-    import os
-
-    from infersim.simulator.metrics.rundir import write_yaml
-    from infersim.simulator.offload.policies import InfiniGenParams
 
     p = InfiniGenParams.model_validate(dict(off.get("params") or {}))
     sel = counts["layer"] >= p.start_layer

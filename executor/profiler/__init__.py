@@ -5,12 +5,12 @@ torch; the benchmarks do, when they run."""
 
 from __future__ import annotations
 
+from . import run
+
 __all__ = ["ProfileOptions", "run_profile", "sidecar_path"]
 
 
 def __getattr__(name):
     if name in __all__:
-        from . import run
-
         return getattr(run, name)
     raise AttributeError(name)

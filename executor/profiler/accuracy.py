@@ -15,8 +15,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from infersim.simulator.costmodel import BatchShape, RooflineCostModel
+from infersim.simulator.costmodel.regression import RegressionCostModel, reference_spec
+
 from .device import measure
 from .kernels import Bench, torch_dtype
+from .steps import TinyDecoder
 
 # KV shapes of catalog models (layers, kv heads, head dim), fp16 cache, block size 16
 SWAP_MODELS_QUICK = {"llama-160m": (12, 12, 64)}
@@ -219,10 +223,6 @@ def recompute_check(
     b: Bench, hardware, calibration: dict, *, quick: bool, seed: int = 1234, rounds: int | None = None
 ) -> dict:
     """Measured vs predicted prefill times, each the median of `rounds` passes over the plan."""
-    from infersim.simulator.costmodel import BatchShape, RooflineCostModel
-    from infersim.simulator.costmodel.regression import RegressionCostModel, reference_spec
-
-    from .steps import TinyDecoder
 
     steps = calibration["step_model"]
     arch, dtype = steps["arch"], steps["dtype"]
@@ -312,7 +312,6 @@ SENTINEL_STEP = (2, 256, 64)  # layers, hidden, prompt tokens of the prefill sen
 
 def step_sentinel(b: Bench):
     """A callable timing the prefill sentinel (one prompt of 64 tokens, 2 x 256) once."""
-    from .steps import TinyDecoder
 
     L, h, t = SENTINEL_STEP
     fn = TinyDecoder(L, h, device=b.device, dtype=b.dtype, seed=7).prefill_fn(1, t)
@@ -326,8 +325,6 @@ def sentinels(b: Bench, rounds: int = 3) -> dict[str, float]:
     speed wanders by tens of percent over tens of minutes), which no predictor can know."""
     import torch
     import torch.nn.functional as F
-
-    from .steps import TinyDecoder
 
     x = torch.empty(256, 1024, device=b.device).uniform_(-1, 1)
     w = torch.empty(1024, 1024, device=b.device).uniform_(-0.05, 0.05)

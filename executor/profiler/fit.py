@@ -19,6 +19,13 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from scipy.optimize import minimize, minimize_scalar, nnls
+
+from infersim.simulator.calibration.fit import MIN_GEMM_ROWS, fit_kernels
+from infersim.simulator.calibration.rows import RowOrigin, gemm_operator, row_from_operator
+from infersim.simulator.costmodel import BatchShape, RooflineCostModel
+from infersim.simulator.costmodel.operators import act_operator, norm_operator
+from infersim.simulator.costmodel.regression import reference_spec
 
 CLASSES = ("linear", "attention", "elementwise")
 EFF_MIN, EFF_MAX = 1e-3, 1.5
@@ -63,7 +70,6 @@ def fit_class(
     recs: list[dict], peak: float, bw: float, launch: float, prior: float = 1e-3
 ) -> tuple[float, float, float]:
     """(e_compute, e_memory, loss) minimising mean squared log error for a fixed launch."""
-    from scipy.optimize import minimize
 
     F = np.array([r["flops"] for r in recs], dtype=np.float64)
     B = np.array([r["bytes"] for r in recs], dtype=np.float64)
@@ -129,8 +135,6 @@ ELEMENTWISE_KINDS = {"rmsnorm": "norm", "layernorm": "norm", "silu_mul": "act", 
 def kernel_rows(records: list[dict], dtype: str, label: str) -> list:
     """The GEMM and elementwise micro-benchmarks as the calibration's KernelRows: the same rows
     `sim calibrate` reads from measured GPU tables, so both go through one fit."""
-    from infersim.simulator.calibration.rows import RowOrigin, gemm_operator, row_from_operator
-    from infersim.simulator.costmodel.operators import act_operator, norm_operator
 
     es = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0}[dtype]
     rows = []
@@ -164,7 +168,6 @@ def kernel_rows(records: list[dict], dtype: str, label: str) -> list:
 def fit_kernel_models(records: list[dict], hardware, dtype: str, source: str) -> dict | None:
     """The profile's `calibration:` section fitted from the micro-benchmarks (None when the sweep
     has too few GEMM rows for the fit)."""
-    from infersim.simulator.calibration.fit import MIN_GEMM_ROWS, fit_kernels
 
     rows = kernel_rows(records, dtype, hardware.name)
     if sum(r.kernel == "gemm" for r in rows) < MIN_GEMM_ROWS:
@@ -174,7 +177,6 @@ def fit_kernel_models(records: list[dict], hardware, dtype: str, source: str) ->
 
 def fit_link(records: list[dict], direction: str, variant: str) -> dict:
     """latency + bytes / bandwidth, least squares in relative error (non-negative)."""
-    from scipy.optimize import nnls
 
     recs = [r for r in records if r["kind"] == "copy" and r["direction"] == direction and r["variant"] == variant]
     s = np.array([r["size_bytes"] for r in recs], dtype=np.float64)
@@ -215,8 +217,6 @@ def fit_host_link(records: list[dict], device_type: str) -> dict:
 
 def step_roofline_error(steps: list[dict], hardware, arch: dict, dtype: str) -> tuple[float, list[float]]:
     """Calibrated-roofline predictions of the measured step times (MAPE %, predictions)."""
-    from infersim.simulator.costmodel import BatchShape, RooflineCostModel
-    from infersim.simulator.costmodel.regression import reference_spec
 
     cache: dict = {}
     preds = []
@@ -237,7 +237,6 @@ def step_roofline_error(steps: list[dict], hardware, arch: dict, dtype: str) -> 
 
 def fit_iteration_overhead(steps: list[dict], preds: list[float]) -> float:
     """The constant added to every iteration that best fits the steps in log space."""
-    from scipy.optimize import minimize_scalar
 
     t = np.array([r["median_s"] for r in steps])
     p = np.array(preds)

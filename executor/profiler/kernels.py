@@ -9,6 +9,7 @@ without running anything."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
@@ -43,8 +44,6 @@ class Bench:
     skipped: int = 0
 
     def over_budget(self, done: int) -> bool:
-        import time
-
         if self.deadline is None or done < self.min_points or time.perf_counter() < self.deadline:
             return False
         self.skipped += 1

@@ -27,10 +27,25 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
+from scipy.optimize import nnls
 
+from infersim.executor.prompts import make_prompts
+from infersim.simulator.costmodel import BatchShape, RooflineCostModel
+from infersim.simulator.costmodel.regression import (
+    MODEL_FEATURES,
+    MODEL_PREDICTORS_FORMAT,
+    MODEL_PREDICTORS_VERSION,
+    PortableRegressor,
+    RegressionCostModel,
+    model_config_hash,
+    model_features,
+    model_key,
+)
 from infersim.simulator.errors import InfersimError
+from infersim.simulator.models.catalog import load_model as load_spec
 
-from .device import Repeats, load_average, measure
+from .device import Repeats, load_average, make_timer, measure
+from .regress import Candidates, compare_sets
 
 BLOCK_SIZE = 16
 SENTINEL_TOKENS = 128
@@ -138,8 +153,6 @@ def prefill_settings(plan: ModelPlan, seed: int = 0) -> list[tuple[str, tuple[in
 def model_spec_of(lm):
     """The simulator's ModelSpec of a loaded checkpoint (from its config.json, as `sim` reads
     a zoo model or a checkpoint folder), and its config hash."""
-    from infersim.simulator.costmodel.regression import model_config_hash
-    from infersim.simulator.models.catalog import load_model as load_spec
 
     spec = load_spec(str(lm.path / "config.json"))
     return spec, model_config_hash(spec)
@@ -159,7 +172,6 @@ def measure_model(lm, plan: ModelPlan, *, timer, seed: int = 0, progress=None, s
     {setting: [per-round medians]}, 'swap': {tokens: {'out': [...], 'in': [...]}},
     'sentinel': [...]}."""
     from infersim.executor.kvcache import KVCacheConfig, runner_cache
-    from infersim.executor.prompts import make_prompts
     from infersim.executor.runner import TokenSeq, build_runner, plan_batch
 
     runner = build_runner(lm)
@@ -298,7 +310,6 @@ def fit_swap(rows: list[dict]) -> dict:
     """Per direction, latency + copies x per-copy cost + bytes / bandwidth fitted to the
     executor's swaps (relative error, every term >= 0), as the profile's host link is fitted
     to plain copies."""
-    from scipy.optimize import nnls
 
     fit = {}
     for d, key in (("d2h", "swap_out_s"), ("h2d", "swap_in_s")):
@@ -327,17 +338,6 @@ def analyze_model(
     """The sidecar entry of one model: the recompute predictor (chosen without the held-out
     set), its held-out errors beside the generic predictor's and the roofline's, and the swap
     check of the executor's swap path."""
-    from infersim.simulator.costmodel import BatchShape, RooflineCostModel
-    from infersim.simulator.costmodel.regression import (
-        MODEL_FEATURES,
-        MODEL_PREDICTORS_FORMAT,
-        MODEL_PREDICTORS_VERSION,
-        RegressionCostModel,
-        model_features,
-        model_key,
-    )
-
-    from .regress import Candidates, compare_sets
 
     name, spec, dtype = model.name, model.spec, model.dtype
     settings = raw["settings"]
@@ -376,7 +376,6 @@ def analyze_model(
         assert reg.model_predictor_key is not None
         generic = RegressionCostModel(spec, hardware, dtype=dtype, calibration={**calibration, "per_model": None})
         roof = RooflineCostModel(spec, hardware, dtype=dtype)
-    from infersim.simulator.costmodel.regression import PortableRegressor
 
     port = PortableRegressor(entry["recompute"]["predictor"])
     for role, q in settings:
@@ -497,9 +496,6 @@ def profile_models(
     import torch
 
     from infersim.executor.models import load_model
-    from infersim.simulator.costmodel.regression import MODEL_PREDICTORS_FORMAT, MODEL_PREDICTORS_VERSION, model_key
-
-    from .device import make_timer
 
     device, dtype, quick, seed = settings.device, settings.dtype, settings.quick, settings.seed
     timer = timer or make_timer(device)

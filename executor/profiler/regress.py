@@ -14,6 +14,12 @@ import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
+from rich.table import Table
+from scipy.optimize import nnls
+from sklearn.ensemble import GradientBoostingRegressor, RandomForestRegressor
+from sklearn.linear_model import ElasticNet, Lasso, LinearRegression, Ridge
+from sklearn.neighbors import KNeighborsRegressor
+from sklearn.tree import DecisionTreeRegressor
 
 from infersim.simulator.costmodel.regression import (
     FEATURES,
@@ -40,11 +46,6 @@ REGRESSORS = {
 
 
 def make_regressor(name: str, seed: int = 0):
-    from sklearn.ensemble import GradientBoostingRegressor, RandomForestRegressor
-    from sklearn.linear_model import ElasticNet, Lasso, LinearRegression, Ridge
-    from sklearn.neighbors import KNeighborsRegressor
-    from sklearn.tree import DecisionTreeRegressor
-
     return {
         "linear": lambda: LinearRegression(),
         "decision_tree": lambda: DecisionTreeRegressor(random_state=seed),
@@ -249,7 +250,6 @@ def _portable(record: FitRecord, estimator: str, degree: int, kind: str, **body)
 # ---- printing -----------------------------------------------------------------------------------------
 def error_table(comp: Comparison, title: str | None = None):
     """A rich Table laid out like AdaptiveLLM Tables 5-6: regressor x degree, MAPE %."""
-    from rich.table import Table
 
     degs = sorted({d for row in comp.table.values() for d in row})
     t = Table(
@@ -280,7 +280,6 @@ def fit_physical(X: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray]:
     x = (tokens, batch, sum of squared prompt lengths) this is the cost of a prefill: a fixed
     per-iteration cost, per-token work (projections, MLP), per-sequence work (attention calls,
     LM head row) and attention's score matrix, quadratic in each prompt's length."""
-    from scipy.optimize import nnls
 
     X, y = np.asarray(X, dtype=np.float64), np.asarray(y, dtype=np.float64)
     A = np.column_stack([np.ones(len(y)), X]) / y[:, None]

@@ -5,7 +5,15 @@ python -m infersim.executor.profiler.report hwprofiles/cpu-reference.yaml
 
 from __future__ import annotations
 
+import io
 import sys
+from pathlib import Path
+
+import yaml
+
+from infersim.simulator.costmodel.calibration_file import calibration_for
+from infersim.simulator.hardware.catalog import load_hardware
+from infersim.simulator.yamlio import write_atomic
 
 from .regress import REGRESSORS
 
@@ -224,8 +232,6 @@ def plot_per_model(key: str, e: dict, path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from infersim.simulator.yamlio import write_atomic
-
     rc, sw = e["recompute"], e["swap"]
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
     one = sorted((r for r in rc["rows"] if r["batch"] == 1), key=lambda r: r["tokens"])
@@ -285,7 +291,6 @@ def plot_per_model(key: str, e: dict, path) -> None:
     )
     b.legend(fontsize=8)
     fig.tight_layout()
-    import io
 
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
@@ -334,11 +339,6 @@ def report_md(hw: dict, calib: dict) -> str:
 
 
 def main(argv=None) -> int:
-    import yaml
-
-    from infersim.simulator.costmodel.calibration_file import calibration_for
-    from infersim.simulator.hardware.catalog import load_hardware
-
     args = list(argv or sys.argv[1:])
     plot_dir = None
     if "--plot-dir" in args:  # --plot-dir DIR: a PNG per measured model, profiler-<model>.png
@@ -350,8 +350,6 @@ def main(argv=None) -> int:
     calib = calibration_for(hw)
     sys.stdout.write(report_md(yaml.safe_load(hw.model_dump_json()), calib))
     if plot_dir:
-        from pathlib import Path
-
         for key, e in ((calib.get("per_model") or {}).get("models") or {}).items():
             plot_per_model(key, e, Path(plot_dir) / f"profiler-{e['name']}.png")
     return 0

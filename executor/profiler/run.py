@@ -12,15 +12,34 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
+import yaml
+from rich.console import Console
+from rich.table import Table
 
+from infersim.simulator.costmodel.calibration_file import (
+    CALIB_FORMAT,
+    CALIB_VERSION,
+    HASH_KEY,
+    PATH_KEY,
+    SOURCE_KEY,
+    calibration_for,
+    sha256_file,
+)
 from infersim.simulator.errors import InfersimError
+from infersim.simulator.hardware.catalog import load_hardware
+from infersim.simulator.hardware.profile import HardwareProfile
+from infersim.simulator.models.catalog import load_model
+from infersim.simulator.paths import hwprofiles_dir
 from infersim.simulator.progress import ProgressBar
+from infersim.simulator.yamlio import validate, write_atomic
 
+from . import accuracy, regress
 from . import fit as F
+from .accuracy import SWAP_MODELS_FULL, SWAP_MODELS_QUICK, SWAP_TOKENS_FULL, SWAP_TOKENS_QUICK
 from .device import Repeats, device_info, load_average, make_timer, select_device
 from .kernels import (
     Bench,
@@ -35,7 +54,9 @@ from .kernels import (
     model_gemm_shapes,
     stream_sweep,
 )
-from .permodel import ModelSettings
+from .permodel import ModelSettings, profile_models, progress_total
+from .regress import error_table
+from .steps import Arch, step_plan, step_sweep
 
 # --quick: each stage's wall-clock budget (s) and the points it measures whatever the clock
 # says; an idle 2-core machine never reaches them, a busy one drops the tail of each sweep
@@ -90,11 +111,6 @@ class _Progress(ProgressBar):
 
 
 def _plans(device_type: str, quick: bool, dtype: str) -> dict:
-    from infersim.simulator.models.catalog import load_model
-
-    from .accuracy import SWAP_MODELS_FULL, SWAP_MODELS_QUICK, SWAP_TOKENS_FULL, SWAP_TOKENS_QUICK
-    from .steps import step_plan
-
     cuda = device_type == "cuda"
     models = [load_model(m) for m in (QUICK_GEMM_MODELS if quick else FULL_GEMM_MODELS)]
     tokens = (1, 8, 32, 128, 512) if quick else (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
@@ -136,7 +152,6 @@ def _plans(device_type: str, quick: bool, dtype: str) -> dict:
 
 def _cuda_steps(p):
     """On a GPU the small transformers are launch-bound; wider and longer sweeps cost little."""
-    from dataclasses import replace
 
     return replace(
         p,
@@ -281,19 +296,12 @@ def build_hardware_dict(meta: dict, fits: dict, iteration_s: float) -> dict:
 
 
 def dump_profile_yaml(data: dict, header: str = "") -> str:
-    import yaml
-
     text = yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=100)
     return header + text
 
 
 def run_profile(opts: ProfileOptions, console=None) -> dict:
     import torch
-
-    import infersim.executor  # noqa: F401  (OMP passive waits before torch starts)
-
-    from . import accuracy
-    from .steps import step_sweep
 
     out = Path(opts.out).expanduser()
     if out.suffix not in (".yaml", ".yml"):
@@ -324,8 +332,6 @@ def run_profile(opts: ProfileOptions, console=None) -> dict:
         + ((plans["swap_points"] + (8 if opts.quick else 36)) * (1 if opts.quick else 5) if opts.validate else 0)
     )
     if opts.models:
-        from .permodel import progress_total
-
         total += progress_total(opts.models, opts.quick)
     torch.manual_seed(opts.seed)
     timings: dict[str, float] = {}
@@ -400,8 +406,6 @@ def run_profile(opts: ProfileOptions, console=None) -> dict:
             calib["validation"] = validation
             _note_drift(calib)
         if opts.models:  # the served models' own predictors (AdaptiveLLM 3.2-3.3), after the generic ones
-            from .permodel import profile_models
-
             settings = ModelSettings(device, dtype, quick=opts.quick, seed=opts.seed)
             calib["per_model"] = stage(
                 "models",
@@ -419,8 +423,6 @@ def run_profile(opts: ProfileOptions, console=None) -> dict:
 
 
 def _note_drift(calib: dict) -> None:
-    from . import accuracy
-
     ref = accuracy.reference_sentinels(calib)
     v = calib.get("validation")
     if ref and v and v.get("sentinels"):
@@ -442,12 +444,6 @@ def analyze(
 ) -> tuple[dict, object, dict, dict]:
     """Fits and regressors from measurements: (profile dict, HardwareProfile, sidecar dict,
     regressor comparisons). `meta`: name, info, mode, when, load, device_type, dtype, domain."""
-    from infersim.simulator.costmodel.calibration_file import CALIB_FORMAT, CALIB_VERSION
-    from infersim.simulator.hardware.profile import HardwareProfile
-    from infersim.simulator.yamlio import validate
-
-    from . import regress
-    from .steps import Arch
 
     timings = {} if timings is None else timings
     dtype, name = meta["dtype"], meta["name"]
@@ -541,10 +537,6 @@ def _with_calibration(hw_dict: dict, calibration: dict) -> dict:
 
 def write_profile(out: Path, hw_dict: dict, calib: dict) -> None:
     """The sidecar first, then the YAML naming its hash (both atomic)."""
-    from infersim.simulator.costmodel.calibration_file import HASH_KEY, PATH_KEY, SOURCE_KEY, sha256_file
-    from infersim.simulator.hardware.profile import HardwareProfile
-    from infersim.simulator.paths import hwprofiles_dir
-    from infersim.simulator.yamlio import validate, write_atomic
 
     out = Path(out)
     side = sidecar_path(out)
@@ -621,11 +613,6 @@ def refit_profile(path: Path, opts: RefitOptions = RefitOptions()) -> dict:
         return add_models(Path(path), opts)
     import torch
 
-    from infersim.simulator.costmodel.calibration_file import calibration_for
-    from infersim.simulator.hardware.catalog import load_hardware
-
-    from . import accuracy
-
     path = Path(path)
     out = Path(out) if out else path
     old = calibration_for(load_hardware(str(path)))
@@ -679,8 +666,6 @@ def refit_profile(path: Path, opts: RefitOptions = RefitOptions()) -> dict:
 
 
 def _measure_models(models, settings: ModelSettings, hw, calib, quiet: bool) -> dict:
-    from .permodel import profile_models, progress_total
-
     with _Progress(quiet, progress_total(models, settings.quick)) as progress:
         return profile_models(models, settings, hardware=hw, calibration=calib, progress=progress)
 
@@ -704,10 +689,6 @@ def add_models(path: Path, opts: RefitOptions) -> dict:
     """Measure only the per-model predictors of `opts.models` into an existing profile (its
     sweeps, fits and checks kept): `sim profile --refit PROFILE --models-only --model NAME`."""
     import torch
-    import yaml
-
-    from infersim.simulator.costmodel.calibration_file import HASH_KEY, PATH_KEY, SOURCE_KEY, calibration_for
-    from infersim.simulator.hardware.catalog import load_hardware
 
     path = Path(path)
     out = Path(opts.out) if opts.out else path
@@ -732,11 +713,6 @@ def add_models(path: Path, opts: RefitOptions) -> dict:
 
 
 def print_report(result: dict, console=None) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    from .regress import error_table
-
     console = console or Console()
     hw, calib = result["hardware"], result["calibration"]
     for comp in result["comparisons"].values():

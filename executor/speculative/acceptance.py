@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from infersim.simulator.speculative.acceptance import AcceptanceTable
 from infersim.simulator.yamlio import write_atomic
 
 
@@ -110,7 +111,6 @@ def write_acceptance_table(
 ) -> Path:
     """Write (atomically) an acceptance table the simulator loads with
     simulator.speculative.acceptance.load_table; validated before it is written."""
-    from infersim.simulator.speculative.acceptance import AcceptanceTable
 
     data = {
         "name": Path(path).stem,

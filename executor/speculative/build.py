@@ -8,18 +8,20 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from infersim.simulator.errors import InfersimError
+from infersim.simulator.speculative.minions import SSMWeights
 
+from ..models import load_model
 from .decoder import SpeculativeDecoder
 from .draft import DraftModel
 from .minions import MinionsProposer
 from .proposers import NoDraft, SingleDraft
+from .sequence import SpecSequence
 from .target import TargetModel
 
 
 def _load(m, device, dtype):
     if hasattr(m, "model") and hasattr(m, "family"):
         return m
-    from ..models import load_model
 
     return load_model(str(m), device=device, dtype=dtype)
 
@@ -80,8 +82,6 @@ def build_decoder(target, drafts=(), opts: DecoderOptions = DecoderOptions()) ->
         ]
         weights = o.weights
         if weights is None:
-            from infersim.simulator.speculative.minions import SSMWeights
-
             weights = SSMWeights(np.ones(len(ds)))
         proposer = MinionsProposer(ds, weights, acr_scope=o.acr_scope, seed=o.seed)
     else:
@@ -112,7 +112,6 @@ def warm_up_drafts(drafts, s: int = 4) -> None:
     """Each draft's drafting on dummy sequences for a few group sizes, then its counters back to
     zero (first calls of new shapes cost 2-5x: a fresh process's first drafting rounds took
     2.4-5.1 ms against 1.1 ms later for one sequence)."""
-    from .sequence import SpecSequence
 
     drafts = list(drafts)
     if not drafts:
@@ -132,7 +131,6 @@ def warm_up(decoder, s: int = 4) -> None:
     4.7-5.9 ms against 2.6 ms later): run the target's prefill and verification on dummy
     sequences for a few batch sizes, and the in-process drafts' drafting (warm_up_drafts), then
     put every counter back. The proposer's own state (voting weights, selector) is not touched."""
-    from .sequence import SpecSequence
 
     target = decoder.target
     for n in _warm_up_groups([target.cache], s):
@@ -146,8 +144,6 @@ def warm_up(decoder, s: int = 4) -> None:
 
 
 def make_sequences(prompts, output_lens, n_drafts: int, arrival_s=None):
-    from .sequence import SpecSequence
-
     if np.isscalar(output_lens):
         output_lens = [int(output_lens)] * len(prompts)
     return [

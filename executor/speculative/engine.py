@@ -27,9 +27,25 @@ from pathlib import Path
 
 import numpy as np
 
+from infersim.simulator.engine.memory import MemoryPlan
 from infersim.simulator.errors import InfersimError
+from infersim.simulator.metrics.collector import MetricsCollector
+from infersim.simulator.metrics.plots import plot_run
+from infersim.simulator.metrics.rundir import staged_dir, write_table
+from infersim.simulator.metrics.summary import write_result_files
+from infersim.simulator.progress import ProgressBar
+from infersim.simulator.speculative.minions import SSMWeights
+from infersim.simulator.speculative.report import thin_rows
+from infersim.simulator.speculative.selector import AdaptiveLengthSelector
+from infersim.simulator.yamlio import atomic_path
 
+from ..clock import Clock
 from ..options import ExecOptions
+from ..prompts import make_prompts
+from ..serving import device_description, load_served_model, model_summary, run_result, write_outputs
+from .acceptance import write_acceptance_table
+from .methods import TREE_DECODINGS
+from .sequence import SpecSequence
 
 DATASET = "stdlib-heldout"
 
@@ -124,30 +140,15 @@ def execute_speculative(spec, requests, model: str, out: Path, opts: ExecOptions
     Medusa); write a `sim exec` run directory at `out` atomically; return the summary."""
     import torch
 
-    from infersim.simulator.engine.memory import MemoryPlan
-    from infersim.simulator.metrics.collector import MetricsCollector
-    from infersim.simulator.metrics.rundir import staged_dir, write_table
-    from infersim.simulator.metrics.summary import write_result_files
-    from infersim.simulator.progress import ProgressBar
-    from infersim.simulator.speculative.minions import SSMWeights
-    from infersim.simulator.speculative.selector import AdaptiveLengthSelector
-
-    from ..clock import Clock
     from ..models import dtype_name, load_model
-    from ..prompts import make_prompts
-    from ..serving import device_description, load_served_model, model_summary, run_result, write_outputs
-    from .acceptance import write_acceptance_table
     from .build import DecoderOptions, build_decoder
     from .decoder import kv_blocks_for
     from .pipeline import PipelinedDecoder
-    from .sequence import SpecSequence
 
     t_wall = time.perf_counter()
     sp = spec.speculation
     medusa = sp.method == "medusa"
     if medusa:
-        from .methods import TREE_DECODINGS
-
         tree_decoding = TREE_DECODINGS.get(sp.method)  # registered by executor/medusa when imported
         mode, temperature = tree_decoding.acceptance_mode(sp), 0.0
     else:
@@ -324,8 +325,6 @@ def execute_speculative(spec, requests, model: str, out: Path, opts: ExecOptions
             )
         write_outputs(tmp / "outputs.parquet", sorted(seqs, key=lambda s: s.rid))
         if opts.plots:
-            from infersim.simulator.metrics.plots import plot_run
-
             plot_run(tmp)
             _plot_speculation(tmp, dec, runner)
             if hasattr(dec, "plot_extra"):  # Medusa: accepted lengths and measured head accuracies
@@ -342,8 +341,6 @@ def _sequence_table(rows) -> dict[str, np.ndarray]:
 
 
 def _speculation_summary(dec, runner, sp, names, mode, temperature, limit) -> dict:
-    from infersim.simulator.speculative.report import thin_rows
-
     st = dec.stats
     tab = st.table()
     rec = st.recorder
@@ -440,8 +437,6 @@ def _plot_speculation(folder: Path, dec, runner) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from infersim.simulator.yamlio import atomic_path
 
     tab = dec.stats.table()
     p = dec.proposer

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..runner import LlamaRunner
+from ..runner import LlamaRunner, build_runner
 
 
 class FusedLlamaRunner(LlamaRunner):
@@ -82,7 +82,6 @@ class FusedLlamaRunner(LlamaRunner):
 
 def draft_runner(lm):
     """The fused runner for Llama/Mistral drafts without a sliding window, else the reference one."""
-    from ..runner import build_runner
 
     if (
         lm.family == "llama"

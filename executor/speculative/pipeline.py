@@ -39,6 +39,7 @@ from infersim.simulator.speculative.minions import PoolBackPressure
 
 from ..clock import Clock
 from .decoder import DecodeStats, admit_arrived, round_row, verified_length
+from .remote import RemoteProposer
 
 # While both threads run Python (most of a step on small models), the one waiting for the GIL
 # gets it only when the holder blocks or the interpreter's switch interval (5 ms by default)
@@ -87,8 +88,6 @@ class PipelinedDecoder:
         self.drafting = drafting
         self.remote = None
         if drafting == "process":
-            from .remote import RemoteProposer
-
             # started here, before the engine's clock: loading the drafts takes seconds
             self.remote = RemoteProposer(self.proposer, threads=intra_op_threads)
         mb = decoder.max_batch_size

@@ -5,10 +5,14 @@ table format)."""
 
 from __future__ import annotations
 
+import argparse
+import platform
 from pathlib import Path
 
 import numpy as np
+from rich.progress import Progress
 
+from ..prompts import make_prompts
 from .acceptance import write_acceptance_table
 
 ZOO_DRAFTS = ("zoo-draft-a", "zoo-draft-b", "zoo-draft-c", "zoo-opt")
@@ -18,13 +22,10 @@ DATASET = "stdlib-heldout"
 def record_zoo(out: Path, *, s: int = 5, requests: int = 24, output: int = 96, seed: int = 0, quiet: bool = False):
     """Greedy acceptance of each zoo draft (and of the Minions ensemble of drafts a, b, c with
     fixed s) by zoo-target on held-out prompts, at speculation length s, as table entries."""
-    import platform
 
     import torch
-    from rich.progress import Progress
 
     from ..models import load_model
-    from ..prompts import make_prompts
     from .build import DecoderOptions, build_decoder, make_sequences
 
     torch.manual_seed(seed)
@@ -72,8 +73,6 @@ def record_zoo(out: Path, *, s: int = 5, requests: int = 24, output: int = 96, s
 
 
 def main(argv=None) -> int:
-    import argparse
-
     ap = argparse.ArgumentParser(description="record the zoo's acceptance table (greedy, by position)")
     ap.add_argument(
         "--out",

@@ -25,15 +25,14 @@ import numpy as np
 
 from infersim.simulator.errors import InfersimError
 
+from ..models import dtype_name
+from .minions import MinionsProposer
 from .proposers import Proposal
 
 READY_TIMEOUT_S = 300.0  # loading the drafts in the child (torch import included)
 
 
 def _config(proposer) -> dict:
-    from ..models import dtype_name
-    from .minions import MinionsProposer
-
     drafts = list(getattr(proposer, "drafts", []))
     if not drafts:
         raise InfersimError("a drafting process needs draft models (method draft or minions)")

@@ -26,13 +26,19 @@ identical lengths does not change what is accepted."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
+import yaml
 
 from infersim.simulator.errors import InfersimError
+from infersim.simulator.speculative.config import AcceptanceSpec
 
 from ..options import VALIDATION, ExecOptions
+from .acceptance import AcceptanceRecorder
+from .engine import execute_speculative
 
 PER_REQUEST_MIN = 16  # requests with verified rounds a run needs for per-request acceptance
 
@@ -43,7 +49,6 @@ _SPEC_FIELDS = ("kind", "alpha", "probs", "recorded_s", "counts", "measured_mode
 def execute(spec, requests, model, out, opts: ExecOptions = VALIDATION):
     """`sim exec` of the workload (engine.py writes speculation_drafting.parquet for a
     pipelined run and speculation_sequences.parquet for every run itself)."""
-    from .engine import execute_speculative
 
     return execute_speculative(spec, requests, model, Path(out), opts)
 
@@ -68,7 +73,6 @@ def fit_request_mixture(
     component, for a simulation of the same requests by id (the validation); `shrink=False`
     keeps the groups' realized acceptance (what the run did, which is what a simulation of that
     run by id should reproduce; shrinking is for drawing levels for unknown requests)."""
-    from .acceptance import AcceptanceRecorder
 
     rid, s, accepted = (np.asarray(x, dtype=np.int64) for x in (rid, s, accepted))
     keep = s > 0
@@ -137,11 +141,6 @@ def _positional(survival) -> dict:
 
 
 def recorded_statistics(run_dir) -> dict:
-    import json
-
-    import pyarrow.parquet as pq
-    import yaml
-
     run_dir = Path(run_dir)
     acc_path = run_dir / "acceptance.yaml"
     summary_path = run_dir / "summary.json"
@@ -232,7 +231,6 @@ def simulator_updates(stats: dict, per_request: bool = True) -> dict:
     acc = stats.get("acceptance")
     if not acc:
         return {}
-    from infersim.simulator.speculative.config import AcceptanceSpec
 
     src = f"measured by the executor ({stats.get('acceptance_label')})"
     mix = stats.get("acceptance_per_request") if per_request else None

@@ -6,6 +6,9 @@ checkpoint folder wherever the executor takes a model."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess as sp
+import sys
 from pathlib import Path
 
 from infersim.simulator.errors import InfersimError
@@ -63,9 +66,6 @@ def ensure_zoo(spec: ZooSpec = DEFAULT_ZOO, root: Path | None = None, log=None, 
     folder. A missing default zoo whose key is not the shipped one is trained in a child process (`python -m infersim.executor.zoo.build`) that this one waits for: the
     training gets a fresh interpreter with OpenMP set up for a shared machine, and its memory
     is returned when it ends."""
-    import os
-    import subprocess as sp
-    import sys
 
     from .build import build_zoo, fill_from_shipped, is_complete, zoo_dir
 

@@ -10,6 +10,7 @@ what is missing."""
 
 from __future__ import annotations
 
+import argparse
 import fcntl
 import hashlib
 import json
@@ -20,12 +21,17 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+import torch
+
 from infersim.simulator.errors import InfersimError
 from infersim.simulator.progress import log_line
 
+from . import train as T
 from .corpus import Corpus, load_corpus
+from .shipped import install_shipped
 from .spec import DEFAULT_ZOO, ModelRecipe, ZooSpec
 from .staging import staged
+from .train import SPECIAL
 
 BUILDER_VERSION = 1
 ZOO_ENV = "INFERSIM_ZOO"
@@ -38,7 +44,6 @@ def zoo_root() -> Path:
 
 def _versions() -> dict:
     import tokenizers
-    import torch
     import transformers
 
     return {
@@ -78,7 +83,6 @@ def zoo_dir(spec: ZooSpec = DEFAULT_ZOO, root: Path | None = None, corpus: Corpu
 
 def weights_sha256(model) -> str:
     """Hash of the weights themselves (names, dtypes, shapes, bytes), independent of file format."""
-    import torch
 
     h = hashlib.sha256()
     for name, t in sorted(model.state_dict().items()):
@@ -123,8 +127,6 @@ def _order(spec: ZooSpec, names) -> list[ModelRecipe]:
 def _hf_tokenizer(tok):
     from transformers import PreTrainedTokenizerFast
 
-    from .train import SPECIAL
-
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=SPECIAL, eos_token=SPECIAL, pad_token=SPECIAL)
 
 
@@ -140,7 +142,6 @@ def is_complete(d: Path, recipes) -> bool:
 
 def fill_from_shipped(d: Path) -> bool:
     """Copy the shipped weights into zoo folder `d` when its key is the shipped key (shipped.py)."""
-    from .shipped import install_shipped
 
     d.mkdir(parents=True, exist_ok=True)
     with _locked(d.parent / f"{d.name}.lock"):
@@ -152,7 +153,6 @@ def build_zoo(
 ) -> Path:
     """Build whatever of the zoo is missing (all models, or `names` and their teachers) and
     return the zoo folder. Cheap when everything is cached."""
-    import torch
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
@@ -177,10 +177,7 @@ def build_zoo(
 
 
 def _build_locked(spec: ZooSpec, c: Corpus, d: Path, recipes: list[ModelRecipe], log) -> None:
-    import torch
     from tokenizers import ByteLevelBPETokenizer, Tokenizer
-
-    from . import train as T
 
     t_start = time.perf_counter()
     train_files, held_files = c.split()
@@ -314,7 +311,6 @@ def _write_manifest(spec: ZooSpec, c: Corpus, d: Path) -> None:
 
 def main(argv=None) -> int:
     """`python -m infersim.executor.zoo.build [--root DIR] [names...]`: build the default zoo."""
-    import argparse
 
     ap = argparse.ArgumentParser(description="build the executor's model zoo")
     ap.add_argument("models", nargs="*")

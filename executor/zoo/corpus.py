@@ -21,6 +21,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+import torch
+
 from infersim.simulator.errors import InfersimError
 
 if TYPE_CHECKING:
@@ -110,8 +113,6 @@ def held_out_windows(tokenizer, n: int, tokens: int, seed: int, *, split: str = 
     """n windows of `tokens` tokens, one per file (corpus order) long enough, at a seeded
     offset: [n, tokens]. split 'train' gives the skewing sample from training files (InfiniGen's
     offline skewing input; the held-out ones measure perplexity and sparsity)."""
-    import numpy as np
-    import torch
 
     corpus = load_corpus()
     train, held = corpus.split()

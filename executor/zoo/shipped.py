@@ -11,6 +11,7 @@ beside the models as before). A cache that already holds a model keeps it; a key
 from __future__ import annotations
 
 import hashlib
+import importlib.resources
 import json
 import shutil
 from pathlib import Path
@@ -24,7 +25,6 @@ MANIFEST = "SHIPPED.json"
 
 def shipped_dir() -> Path:
     """The package's shipped-zoo folder (in a source checkout and an installed package alike)."""
-    import importlib.resources
 
     return Path(str(importlib.resources.files("infersim.executor.zoo"))) / "shipped"
 

@@ -4,12 +4,17 @@ docs/profiling.md, "sim calibrate")."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+
+from infersim.simulator.calibration.calibrate import CalibrateOptions, calibrate
+
+from .commands import COMMANDS
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "calibrate",
-        help="fit a hardware profile from measured kernel tables",
+        help=COMMANDS["calibrate"].help,
         description="Reads measured kernel tables (per-layer operator medians as microsoft/vidur publishes them, "
         "vidur's own mlp.csv, or the generic CSV of docs/profiling.md), fits the GEMM time model "
         "(memory- and compute-bound limits, the corner between them, tile and wave quantisation, a launch "
@@ -42,10 +47,6 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from infersim.simulator.calibration.calibrate import CalibrateOptions, calibrate
-
     opts = CalibrateOptions(
         tables=[Path(t) for t in args.tables],
         hardware=args.hardware,

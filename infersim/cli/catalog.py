@@ -3,13 +3,29 @@
 from __future__ import annotations
 
 import argparse
+import json
 import re
+
+from rich.console import Console
+from rich.padding import Padding
+from rich.table import Table
+from rich.text import Text
+
+from infersim.simulator.hardware.catalog import list_hardware, load_hardware
+from infersim.simulator.hardware.profile import HardwareProfile
+from infersim.simulator.models.catalog import list_models, load_model
+from infersim.simulator.models.spec import ModelSpec
+from infersim.simulator.workload.builder import list_workloads, load_workload
+from infersim.simulator.workload.schema import WorkloadSpec
+
+from . import zoo
+from .commands import COMMANDS
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "models",
-        help="list built-in models, or show one (name, alias, YAML or config.json)",
+        help=COMMANDS["models"].help,
         description="List the model catalog with derived sizes, or show one model.",
     )
     p.add_argument(
@@ -22,16 +38,16 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run_models)
     p = sub.add_parser(
         "hardware",
-        help="list built-in hardware profiles, or show one",
+        help=COMMANDS["hardware"].help,
         description="List hardware profiles, or show one profile's numbers and sources.",
     )
     p.add_argument("name", nargs="?")
     p.set_defaults(func=run_hardware)
-    p = sub.add_parser("workloads", help="list built-in workloads", description="List the built-in workloads.")
+    p = sub.add_parser("workloads", help=COMMANDS["workloads"].help, description="List the built-in workloads.")
     p.set_defaults(func=run_workloads)
     p = sub.add_parser(
         "schema",
-        help="print the JSON schema of a data file (workload, model, hardware)",
+        help=COMMANDS["schema"].help,
         description="Print the JSON schema (field names, types, defaults, descriptions) of a "
         "workload, model or hardware YAML file.",
     )
@@ -41,10 +57,7 @@ def add_parser(sub) -> None:
 
 def run_models(args: argparse.Namespace) -> int:
     if args.name == "build":  # `sim models build`: the zoo's build, by the name the docs use
-        from . import zoo
-
         return zoo.run(argparse.Namespace(zoo_command="build", models=[], root=None, quiet=False))
-    from infersim.simulator.models.catalog import list_models, load_model
 
     names = [args.name] if args.name else list_models()
     rows = []
@@ -87,8 +100,6 @@ def run_models(args: argparse.Namespace) -> int:
 
 
 def run_hardware(args: argparse.Namespace) -> int:
-    from infersim.simulator.hardware.catalog import list_hardware, load_hardware
-
     names = [args.name] if args.name else list_hardware()
     rows = []
     for name in names:
@@ -110,7 +121,6 @@ def run_hardware(args: argparse.Namespace) -> int:
         ["name", "kernels", "fp16 TFLOP/s", "HBM GB/s", "memory GB", "host link", "H2D/D2H GB/s"],
         rows,
     )
-    from rich.console import Console
 
     Console().print(
         "kernels: measured = fitted to measured kernel times; derived = a measured card's fits on this "
@@ -131,8 +141,6 @@ def run_hardware(args: argparse.Namespace) -> int:
 
 
 def run_workloads(args: argparse.Namespace) -> int:
-    from infersim.simulator.workload.builder import list_workloads, load_workload
-
     rows = []
     for name in list_workloads():
         spec, _ = load_workload(name)
@@ -156,10 +164,6 @@ def show_catalog(
     """A table when it fits the terminal with every cell whole (text wraps between words), else
     one stacked block per row: the name on its line, then `column value` pairs wrapped below.
     Names are never cut: at 80 columns `a100-80gb-pcie` and `a100-80gb-sxm` stay apart."""
-    from rich.console import Console
-    from rich.padding import Padding
-    from rich.table import Table
-    from rich.text import Text
 
     console = console or Console()
     longest_word = lambda text: max((len(w) for w in str(text).split()), default=0)
@@ -189,12 +193,6 @@ def show_catalog(
 
 
 def run_schema(args: argparse.Namespace) -> int:
-    import json
-
-    from infersim.simulator.hardware.profile import HardwareProfile
-    from infersim.simulator.models.spec import ModelSpec
-    from infersim.simulator.workload.schema import WorkloadSpec
-
     model = {"workload": WorkloadSpec, "model": ModelSpec, "hardware": HardwareProfile}[args.kind]
     print(json.dumps(model.model_json_schema(), indent=2))
     return 0

@@ -7,13 +7,20 @@ import argparse
 import time
 from pathlib import Path
 
-from .run import add_memory_flag, add_out_flags
+from infersim.executor.options import ExecOptions
+from infersim.simulator.errors import InfersimError
+from infersim.simulator.metrics.rundir import check_out_dir
+from infersim.simulator.progress import log_line
+from infersim.simulator.validation import positive_int
+
+from .commands import COMMANDS
+from .run import add_memory_flag, add_out_flags, finish_status, prepare, print_summary
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "exec",
-        help="serve a workload on a real model (PyTorch) with the simulator's policies",
+        help=COMMANDS["exec"].help,
         description="Run a workload's requests through a real model with iteration-level batching, a paged KV "
         "cache and the same scheduler and preemption policies as `sim run`; write the same run "
         "directory plus iterations.parquet, iteration_batches.parquet and outputs.parquet. "
@@ -66,19 +73,11 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from infersim.simulator.errors import InfersimError
-    from infersim.simulator.metrics.rundir import check_out_dir
-    from infersim.simulator.progress import log_line
-    from infersim.simulator.validation import positive_int
-
-    from .run import finish_status, prepare, print_summary
-
     try:
         import torch  # noqa: F401
         import transformers  # noqa: F401
     except ImportError as exc:
         raise InfersimError(f'the executor needs PyTorch and transformers ({exc}): pip install ".[executor]"')
-    from infersim.executor.options import ExecOptions
     from infersim.executor.run import execute
 
     t0 = time.perf_counter()

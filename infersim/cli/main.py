@@ -11,26 +11,12 @@ import sys
 import threading
 
 import infersim.executor  # noqa: F401  (registers the zoo's model names, so every command can name them)
+from infersim import __version__
 from infersim.simulator.errors import InfersimError
 
-# subcommand -> module under infersim.cli with `add_parser(subparsers)` and `run(args) -> int`
-SUBCOMMANDS = {
-    "run": "run",
-    "roofline": "roofline",
-    "medusa": "medusa",
-    "medusa-train": "medusa_train",
-    "models": "catalog",
-    "hardware": "catalog",
-    "workloads": "catalog",
-    "schema": "catalog",
-    "plan": "plan",
-    "sweep": "sweep",
-    "exec": "exec",
-    "zoo": "zoo",
-    "profile": "profile",
-    "calibrate": "calibrate",
-    "validate": "validate",
-}
+from .commands import COMMANDS
+
+SUBCOMMANDS = tuple(COMMANDS)  # every `sim` subcommand, in the order `sim --help` lists them
 
 
 class Terminated(KeyboardInterrupt):
@@ -55,25 +41,24 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from infersim import __version__
-
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The `sim` parser with full flags for the command `argv` names (every command when it
+    names none we can tell) and a one-line entry for each of the others."""
     parser = _Parser(prog="sim", description="infersim: LLM inference roofline modeler and serving simulator")
     parser.add_argument("--version", action="version", version=f"infersim {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
-    seen = set()
-    for module in dict.fromkeys(SUBCOMMANDS.values()):
-        if module in seen:
-            continue
-        seen.add(module)
-        mod = importlib.import_module(f"infersim.cli.{module}")
-        mod.add_parser(sub)
+    chosen = next((a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")), None)
+    if chosen in COMMANDS:
+        importlib.import_module(f"infersim.cli.{COMMANDS[chosen].module}").add_parser(sub)
+    for name, command in COMMANDS.items():
+        if name not in sub.choices:
+            sub.add_parser(name, help=command.help)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     global _MAIN_PID
     _MAIN_PID = os.getpid()

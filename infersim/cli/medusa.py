@@ -6,6 +6,20 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from rich.console import Console
+from rich.table import Table
+
+from infersim.analysis.medusa_study import (
+    MedusaStudyOptions,
+    MedusaSweeps,
+    best_candidates,
+    standard_sweeps,
+    write_study,
+)
+from infersim.analysis.roofline import check_batch_memory
+from infersim.simulator.metrics.rundir import check_out_dir, claim_dir
+
+from .commands import COMMANDS
 from .roofline import POW2_BATCHES, POW2_SEQ_LENS, add_cost_options, parse_ints, resolve_cost_options
 from .run import add_out_flags
 
@@ -15,7 +29,7 @@ POW2_CANDIDATES = "1,2,4,8,16,32,64,128,256"
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "medusa",
-        help="Medusa speedup study: rate / overhead vs candidates, batch, sequence (Figs. 21-23)",
+        help=COMMANDS["medusa"].help,
         description="Predict Medusa's speedup = acceleration rate / overhead, where overhead is the time of one "
         "verification pass over the candidate tokens divided by a plain decode step (roofline cost "
         "model). Prints the candidate sweep at --batch/--seq and writes medusa_study.csv and three "
@@ -77,19 +91,6 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
-    from infersim.analysis.medusa_study import (
-        MedusaStudyOptions,
-        MedusaSweeps,
-        best_candidates,
-        standard_sweeps,
-        write_study,
-    )
-    from infersim.analysis.roofline import check_batch_memory
-    from infersim.simulator.metrics.rundir import check_out_dir, claim_dir
-
     out = args.out or Path("medusa-study")
     check_out_dir(out, force=args.force)
     cands = parse_ints(args.candidates, "candidates")

@@ -5,6 +5,31 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from infersim.analysis.goodput import compare_goodput, write_goodput
+from infersim.analysis.goodput_config import GoodputSection
+from infersim.analysis.plan import (
+    PlanFlags,
+    load_plan_file,
+    money,
+    num,
+    parse_prices,
+    parse_slo,
+    plan,
+    rank,
+    verdict,
+    write_plan,
+)
+from infersim.simulator.errors import InfersimError
+from infersim.simulator.metrics.rundir import check_out_dir
+from infersim.simulator.validation import check_seed, finite_positive, in_field, positive_int
+from infersim.simulator.workload.builder import load_workload
+from infersim.simulator.yamlio import validate
+
+from .commands import COMMANDS
 from .run import add_memory_flag, add_out_flags, backend_options
 
 
@@ -15,7 +40,7 @@ def _csv(text: str | None) -> list[str]:
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "plan",
-        help="capacity plan: goodput per replica, replicas, GPUs and cost per hardware option",
+        help=COMMANDS["plan"].help,
         description="For each hardware option (x TP degree x option), find by search the highest request rate one "
         "replica sustains within the SLOs, the replicas and GPUs a target load needs (verified by "
         "simulation) and the cost per million output tokens; write an HTML and Markdown report. "
@@ -86,10 +111,6 @@ def add_parser(sub) -> None:
 
 
 def _options(args) -> dict[str, list]:
-    import yaml
-
-    from infersim.simulator.errors import InfersimError
-
     out: dict[str, list] = {}
     if args.scheduler:
         out["serving.scheduler"] = _csv(args.scheduler)
@@ -107,7 +128,6 @@ def _options(args) -> dict[str, list]:
 
 def _degrees(text, flag: str) -> list[int]:
     """'1,2' -> [1, 2]; a bad list is one line naming the flag."""
-    from infersim.simulator.errors import InfersimError
 
     out = []
     for t in _csv(text):
@@ -121,10 +141,6 @@ def _degrees(text, flag: str) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from infersim.analysis.plan import PlanFlags, load_plan_file, parse_prices, parse_slo, plan, rank, write_plan
-    from infersim.simulator.metrics.rundir import check_out_dir
-    from infersim.simulator.validation import check_seed, finite_positive, in_field, positive_int
-
     if args.requests is not None:
         positive_int(args.requests, "--requests")
     if args.target_rate is not None:
@@ -136,7 +152,6 @@ def run(args: argparse.Namespace) -> int:
     if args.workers is not None:
         positive_int(args.workers, "--workers")
     tps, pps = _degrees(args.tp, "--tp"), _degrees(args.pp, "--pp")
-    from infersim.simulator.workload.builder import load_workload
 
     # refused before the search, not after it
     out = check_out_dir(args.out or Path("plans") / load_workload(args.workload)[0].name, force=args.force)
@@ -164,11 +179,6 @@ def run(args: argparse.Namespace) -> int:
     )
     paths = write_plan(res, out, plots=not args.no_plots, force=args.force)
     if not args.quiet:
-        from rich.console import Console
-        from rich.table import Table
-
-        from infersim.analysis.plan import money, num, verdict
-
         c = Console()
         t = Table(title=f"capacity plan: {res.workload} ({', '.join(s.describe() for s in res.slos)})")
         for col in ("configuration", "goodput/replica", "replicas", "GPUs", "$/M out tok", "status"):
@@ -192,12 +202,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _goodput(args: argparse.Namespace, pf, out: Path) -> int:
     """`sim plan --disaggregation GPUS` (or a plan file's disaggregation: section)."""
-    from infersim.analysis.goodput import compare_goodput, write_goodput
-    from infersim.analysis.goodput_config import GoodputSection
-    from infersim.analysis.plan import parse_slo
-    from infersim.simulator.errors import InfersimError
-    from infersim.simulator.validation import finite_positive, in_field, positive_int
-    from infersim.simulator.yamlio import validate
 
     source = str(args.plan) if args.plan else "plan file"
     section = pf.disaggregation.model_dump() if pf.disaggregation is not None else {}
@@ -233,9 +237,6 @@ def _goodput(args: argparse.Namespace, pf, out: Path) -> int:
     )
     paths = write_goodput(res, out, plots=not args.no_plots, force=args.force)
     if not args.quiet:
-        from rich.console import Console
-        from rich.table import Table
-
         t = Table(title=f"goodput on {section.gpus} GPUs: {res.workload} (≥{section.attainment:.0%} meeting every SLO)")
         for col in ("deployment", "goodput", "per GPU", "status"):
             t.add_column(col, justify="left" if col in ("deployment", "status") else "right")

@@ -5,12 +5,20 @@ measured curves and the step-time regressors; see docs/profiling.md."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+
+from infersim.executor.profiler.run import ProfileOptions, RefitOptions, print_report, refit_profile, run_profile
+from infersim.simulator.errors import InfersimError
+from infersim.simulator.metrics.rundir import check_out_file
+from infersim.simulator.validation import check_seed
+
+from .commands import COMMANDS
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "profile",
-        help="measure the torch device and write a calibrated hardware profile",
+        help=COMMANDS["profile"].help,
         description="Micro-benchmarks (GEMMs over catalog shapes, attention, norms and activations, memory streams, "
         "host<->device copies) and whole-iteration step times of small transformers on the torch device; "
         "fits achieved roofs, per-operator-class efficiencies, overheads and the host link into a "
@@ -54,11 +62,6 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from infersim.simulator.errors import InfersimError
-    from infersim.simulator.validation import check_seed
-
     check_seed(args.seed, "--seed")
     if args.threads < 0:
         raise InfersimError(f"--threads: expected a whole number >= 0 (0: torch's default), got {args.threads}")
@@ -67,8 +70,6 @@ def run(args: argparse.Namespace) -> int:
         import torch  # noqa: F401
     except ImportError as exc:
         raise InfersimError(f'the profiler needs PyTorch and scikit-learn ({exc}): pip install ".[executor]"')
-    from infersim.executor.profiler.run import ProfileOptions, RefitOptions, print_report, refit_profile, run_profile
-    from infersim.simulator.metrics.rundir import check_out_file
 
     if args.out:
         check_out_file(args.out, (".yaml", ".yml"), option="--out")

@@ -5,8 +5,29 @@ from __future__ import annotations
 
 import argparse
 
-from infersim.simulator.errors import InfersimError
+from rich import box
+from rich.console import Console
+from rich.table import Table
 
+from infersim.analysis.roofline import (
+    PHASES,
+    Grid,
+    build_cost_model,
+    check_batch_memory,
+    iteration_table,
+    operator_table,
+    plot_roofline,
+)
+from infersim.simulator.costmodel.moe import check_expert_parallel
+from infersim.simulator.errors import InfersimError
+from infersim.simulator.hardware.catalog import load_hardware
+from infersim.simulator.metrics.rundir import check_out_file
+from infersim.simulator.models.catalog import load_model
+from infersim.simulator.models.dtypes import normalize_dtype
+from infersim.simulator.validation import check_tensor_parallel, in_field
+from infersim.simulator.yamlio import atomic_path, write_atomic
+
+from .commands import COMMANDS
 from .run import add_memory_flag
 
 POW2_BATCHES = "1,2,4,8,16,32,64"
@@ -42,10 +63,6 @@ def add_cost_options(p: argparse.ArgumentParser) -> None:
 def resolve_cost_options(args: argparse.Namespace) -> dict:
     """The options of add_cost_options loaded and checked, each error naming its flag: keyword
     arguments for build_cost_model (and the studies built on it)."""
-    from infersim.simulator.hardware.catalog import load_hardware
-    from infersim.simulator.models.catalog import load_model
-    from infersim.simulator.models.dtypes import normalize_dtype
-    from infersim.simulator.validation import check_tensor_parallel, in_field
 
     model = in_field("", "--model", load_model, args.model)
     hardware = in_field("", "--hardware", load_hardware, args.hardware)
@@ -65,7 +82,7 @@ def resolve_cost_options(args: argparse.Namespace) -> dict:
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "roofline",
-        help="per-operator roofline table and plot (Medusa Figs. 9-17)",
+        help=COMMANDS["roofline"].help,
         description="Per-operator FLOPs, bytes, operational intensity, bound and time of one engine iteration, "
         "for every (phase, batch, sequence length, candidates) of a sweep. The terminal shows the "
         "operators of one representative setting (the first batch and sequence length; --all for "
@@ -135,8 +152,6 @@ def _si(x: float) -> str:
 def _operator_tables(cost, ops, shown, attention: str, wide: bool) -> list:
     """Rich tables of the operators of each setting in `shown`, each ending with the iteration
     total: one table with phase/batch/seq/q columns on a wide terminal, else one per setting."""
-    from rich import box
-    from rich.table import Table
 
     key = ["phase", "batch", "seq_len", "candidates"]
     head = f"{cost.model.name} on {cost.hardware.name} ({cost.weight_dtype}, tp {cost.tp}, {attention} attention)"
@@ -196,22 +211,6 @@ def _operator_tables(cost, ops, shown, attention: str, wide: bool) -> list:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
-    from infersim.analysis.roofline import (
-        PHASES,
-        Grid,
-        build_cost_model,
-        check_batch_memory,
-        iteration_table,
-        operator_table,
-        plot_roofline,
-    )
-    from infersim.simulator.costmodel.moe import check_expert_parallel
-    from infersim.simulator.metrics.rundir import check_out_file
-    from infersim.simulator.yamlio import atomic_path, write_atomic
-
     for option, suffixes in (("csv", (".csv",)), ("json", (".json",)), ("plot", (".png", ".pdf", ".svg"))):
         if getattr(args, option) is not None:
             check_out_file(getattr(args, option), suffixes, option=f"--{option}")

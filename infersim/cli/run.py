@@ -8,7 +8,23 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from rich.console import Console
+from rich.table import Table
+
+from infersim.analysis.sweep_backends import BackendOptions
+from infersim.simulator.errors import InfersimError
+from infersim.simulator.metrics.plots import plot_run
+from infersim.simulator.metrics.rundir import check_out_dir, pause_point, staged_dir
+from infersim.simulator.metrics.summary import summarize, write_result_files
+from infersim.simulator.parallel.report import plot_stages, write_stage_timeline
+from infersim.simulator.preflight import check_workload, revalidate
 from infersim.simulator.progress import ProgressBar
+from infersim.simulator.simulation import Simulation
+from infersim.simulator.speculative.report import write_series
+from infersim.simulator.validation import MEMORY_FLAG, arrivals_notice, check_seed, finite_positive, positive_int
+from infersim.simulator.workload.builder import build_requests, load_workload
+
+from .commands import COMMANDS
 
 # exit status of a run that completed but in which no request finished (every one aborted)
 EXIT_NOTHING_FINISHED = 3
@@ -21,7 +37,7 @@ ABORT_REASONS = {
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "run",
-        help="simulate serving a workload (built-in name or YAML file)",
+        help=COMMANDS["run"].help,
         description="Simulate an LLM serving deployment on a workload and write a run directory "
         "(config.yaml, requests.parquet, series.parquet, summary.json, plots/).",
         epilog=f"Exit status: 0 done; 2 bad input or an --out that may not be replaced (nothing written); "
@@ -101,7 +117,6 @@ def add_out_flags(p, where: str, *, replaces: bool) -> None:
 
 def add_memory_flag(p) -> None:
     """The override of the up-front memory refusal, the same on every command."""
-    from infersim.simulator.validation import MEMORY_FLAG
 
     p.add_argument(
         MEMORY_FLAG,
@@ -113,9 +128,6 @@ def add_memory_flag(p) -> None:
 
 def apply_overrides(spec, args, source: str = "workload"):
     """The spec with the command-line overrides, validated again as a whole."""
-    from infersim.simulator.errors import InfersimError
-    from infersim.simulator.preflight import revalidate
-    from infersim.simulator.validation import check_seed, finite_positive, positive_int
 
     upd = {}
     if args.seed is not None:
@@ -152,11 +164,6 @@ def prepare(args, source: str, serving: dict | None = None):
     """Load the workload named by --workload, apply the overrides (flags, then `serving` fields),
     check it against the shared rules (seed, tensor parallelism, memory) and build its requests;
     prints the notice of the count + duration_s rule when it applies. Returns (spec, requests)."""
-    import sys
-
-    from infersim.simulator.preflight import check_workload, revalidate
-    from infersim.simulator.validation import arrivals_notice
-    from infersim.simulator.workload.builder import build_requests, load_workload
 
     spec, base_dir = load_workload(args.workload)
     spec = apply_overrides(spec, args, source)
@@ -176,13 +183,9 @@ def prepare(args, source: str, serving: dict | None = None):
 
 
 def run(args: argparse.Namespace) -> int:
-    from infersim.simulator.metrics.rundir import check_out_dir
-
     t0 = time.perf_counter()
     spec, requests = prepare(args, str(args.workload))
     if args.compare_prefix_caching and not spec.serving.prefix_caching:
-        from infersim.simulator.errors import InfersimError
-
         raise InfersimError(
             f"{args.workload}: --compare-prefix-caching needs serving.prefix_caching on (or --prefix-caching on)"
         )
@@ -242,9 +245,6 @@ def execute(spec, requests, out: Path, opts: RunOptions = RunOptions()) -> dict:
     """Simulate and write the run directory atomically; returns the summary. With
     `opts.compare_prefix_caching`, the same requests are simulated again with prefix caching
     off and the summary gets that run's latencies (`without_prefix_caching`)."""
-    from infersim.simulator.metrics.rundir import pause_point, staged_dir
-    from infersim.simulator.metrics.summary import write_result_files
-    from infersim.simulator.simulation import Simulation
 
     with staged_dir(Path(out), command="run", force=opts.force) as tmp:
         with ProgressBar(
@@ -272,19 +272,12 @@ def execute(spec, requests, out: Path, opts: RunOptions = RunOptions()) -> dict:
             if opts.compare_prefix_caching:
                 result.extra["without_prefix_caching"] = _without_prefix_caching(spec, requests, opts)
         if spec.speculation is not None:  # acceptance, s, SSM weights and pool depth over time
-            from infersim.simulator.speculative.report import write_series
-
             write_series(sim, tmp)
         if spec.hardware.pipeline_parallel > 1:  # each stage's busy intervals
-            from infersim.simulator.parallel.report import write_stage_timeline
-
             write_stage_timeline(sim, tmp)
         summary = write_result_files(tmp, result, csv=opts.csv)
         pause_point("writing")
         if opts.plots:
-            from infersim.simulator.metrics.plots import plot_run
-            from infersim.simulator.parallel.report import plot_stages
-
             plot_run(tmp)
             plot_stages(tmp)
     return summary
@@ -292,8 +285,6 @@ def execute(spec, requests, out: Path, opts: RunOptions = RunOptions()) -> dict:
 
 def _without_prefix_caching(spec, requests, opts: RunOptions) -> dict:
     """Latencies and throughput of the same requests served with prefix caching off."""
-    from infersim.simulator.metrics.summary import summarize
-    from infersim.simulator.simulation import Simulation
 
     off = spec.model_copy(update={"serving": spec.serving.model_copy(update={"prefix_caching": False})})
     s = summarize(Simulation(off, requests, step_mode=opts.step_mode, source=opts.source).run())
@@ -307,9 +298,6 @@ def pp_note(spec) -> str:
 
 
 def print_summary(s: dict, spec, out: Path, wall_s: float) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     c = Console()
     hw, d = spec.hardware, spec.hardware.disaggregated
     where = f"{hw.replicas} x {hw.profile} (tp={hw.tensor_parallel}{pp_note(spec)})"
@@ -376,7 +364,6 @@ def print_summary(s: dict, spec, out: Path, wall_s: float) -> None:
 
 def backend_options(args: argparse.Namespace):
     """The --backend/--workers/--address/--quiet/--no-memory-check flags `sim plan` and `sim sweep` share."""
-    from infersim.analysis.sweep_backends import BackendOptions
 
     return BackendOptions(
         backend=args.backend,

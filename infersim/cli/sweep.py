@@ -5,13 +5,20 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from rich.console import Console
+from rich.table import Table
+
+from infersim.analysis.sweep import SweepOptions, build_params, load_space, pareto_mask, run_sweep
+from infersim.simulator.validation import positive_int
+
+from .commands import COMMANDS
 from .run import add_memory_flag, add_out_flags, backend_options
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "sweep",
-        help="policy and parameter search over a space of configurations (grid or Optuna)",
+        help=COMMANDS["sweep"].help,
         description="Simulate every configuration of a space (any dotted workload path is a parameter), as a grid "
         "or with Optuna, and write one table (results.parquet/.csv) with one row per configuration, a "
         "Pareto front and sensitivity plots. Each result is its own file: run the same command again "
@@ -32,9 +39,6 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from infersim.analysis.sweep import SweepOptions, load_space, run_sweep
-    from infersim.simulator.validation import positive_int
-
     if args.trials is not None:
         positive_int(args.trials, "--trials")
     if args.workers is not None:
@@ -56,11 +60,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print(res, space) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    from infersim.analysis.sweep import build_params, pareto_mask
-
     c = Console()
     df = res.table
     tp, lat = space.pareto.throughput, space.pareto.latency

@@ -6,13 +6,28 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from rich.console import Console
+from rich.table import Table
+
+from infersim.analysis.validate.cases import CASES, case_from_spec, get_case
+from infersim.analysis.validate.execute import CaseOptions
+from infersim.analysis.validate.modes import MODES
+from infersim.analysis.validate.run import SimCostOptions, validate_case
+from infersim.simulator.errors import InfersimError
+from infersim.simulator.metrics.rundir import claim_dir
+from infersim.simulator.preflight import check_workload, revalidate
+from infersim.simulator.progress import log_line
+from infersim.simulator.validation import check_seed, positive_int
+from infersim.simulator.workload.builder import load_workload
+
+from .commands import COMMANDS
 from .run import add_memory_flag, add_out_flags
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "validate",
-        help="compare the simulator with the real executor on the same requests",
+        help=COMMANDS["validate"].help,
         description="Serve a workload on a real model (the executor), simulate exactly the same requests with the "
         "same policy configuration and KV pools, and write a report (report.md, report.html, plots) of "
         "predicted against measured: per-iteration latency, TTFT, TPOT, end-to-end p50/p99, throughput, "
@@ -78,14 +93,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from infersim.analysis.validate.cases import CASES, case_from_spec, get_case
-    from infersim.simulator.errors import InfersimError
-    from infersim.simulator.preflight import check_workload, revalidate
-    from infersim.simulator.validation import check_seed, positive_int
-
     if args.list:
-        from infersim.analysis.validate.modes import MODES
-
         for c in CASES.values():
             ok, why = MODES.get(c.mode).availability()
             print(
@@ -121,8 +129,6 @@ def run(args: argparse.Namespace) -> int:
     if args.case is not None:
         case = get_case(args.case)
     else:
-        from infersim.simulator.workload.builder import load_workload
-
         spec, _ = load_workload(args.workload)
         spec_model = spec.model  # the shared rules check the catalog model the workload names
         upd = {"model": args.model}
@@ -143,18 +149,13 @@ def run(args: argparse.Namespace) -> int:
                 f"length distributions"
             )
         case = case_from_spec(spec)
-    from infersim.analysis.validate.modes import MODES
 
     ok, why = MODES.get(case.mode).availability()
     if not ok:
         raise InfersimError(f"case {case.name} needs the executor mode '{case.mode}', which is not available: {why}")
-    from infersim.simulator.metrics.rundir import claim_dir
-    from infersim.simulator.progress import log_line
 
     out = claim_dir(args.out or Path("runs") / f"validate-{case.name}", command="validate", force=args.force)
     log = None if args.quiet else log_line
-    from infersim.analysis.validate.execute import CaseOptions
-    from infersim.analysis.validate.run import SimCostOptions, validate_case
 
     opts = CaseOptions(
         device=args.device,
@@ -181,9 +182,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def print_checks(result: dict) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     checks = (result.get("judged") or {}).get("checks", result["checks"])  # the pass rule's (analysis/validate/rule.py)
     t = Table(title=f"{result['case']}: simulated vs measured, judged by the pass rule")
     for col in ("metric", "error", "judged on", "raw", "target", "", "source of the miss"):

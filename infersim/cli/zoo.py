@@ -5,12 +5,24 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from infersim.executor.zoo import DEFAULT_ZOO
+from infersim.executor.zoo.shipped import ship
+from infersim.simulator.errors import InfersimError
+from infersim.simulator.progress import log_line, quiet_log
+
+from .commands import COMMANDS
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "zoo",
-        help="build or list the executor's model zoo (small LMs trained offline)",
+        help=COMMANDS["zoo"].help,
         description="The model zoo: a byte-level BPE tokenizer and small causal LMs (a Llama target, "
         "Llama drafts distilled from it, a small OPT) trained on the Python standard "
         "library's source, deterministic and cached ($INFERSIM_ZOO or ~/.cache/infersim/zoo).",
@@ -44,11 +56,6 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from infersim.simulator.errors import InfersimError
-    from infersim.simulator.progress import log_line, quiet_log
-
     try:  # imported here, not on first use deep inside the zoo, so that their absence is one line
         import tokenizers  # noqa: F401
         import torch  # noqa: F401
@@ -80,10 +87,7 @@ def _ship(root, out, quiet: bool) -> int:
     then copy them with their build key and checksums to the shipped folder."""
     from infersim.executor.medusa.store import ensure_heads
     from infersim.executor.models import load_model
-    from infersim.executor.zoo import DEFAULT_ZOO
     from infersim.executor.zoo.build import build_zoo
-    from infersim.executor.zoo.shipped import ship
-    from infersim.simulator.progress import log_line, quiet_log
 
     log = quiet_log if quiet else log_line
     d = build_zoo(DEFAULT_ZOO, root=root, log=log)
@@ -94,13 +98,6 @@ def _ship(root, out, quiet: bool) -> int:
 
 
 def _print_table(d, args) -> None:
-    import sys
-
-    from rich.console import Console
-    from rich.table import Table
-
-    from infersim.executor.zoo import DEFAULT_ZOO
-
     t = Table(title=f"model zoo: {d}")
     for col in ("name", "role", "architecture", "params", "train s", "held-out ppl", "accept s=4", "built"):
         t.add_column(col, justify="left" if col in ("name", "role", "architecture") else "right")

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.optimize import least_squares, nnls
 
 from ..costmodel.kernel_times import GemmDevice, GemmParams, gemm_time_s
 
@@ -54,7 +55,6 @@ def _params(x, tile: int) -> GemmParams:
 def fit_gemm(samples: GemmSamples, device: GemmDevice) -> GemmParams:
     """Best (compute, memory, launch, corner, wave exponent, wave latency, tile share) for each
     candidate tile; the tile that fits best. Without an SM count both wave terms stay 0."""
-    from scipy.optimize import least_squares
 
     s = samples
     log_t = np.log(s.time_s)
@@ -127,7 +127,6 @@ class ElementwiseParams:
 def _fit_launch_rate(nbytes: np.ndarray, t: np.ndarray, kernels: np.ndarray) -> tuple[float, float, float]:
     """(launch s, s per byte, residual) of t = kernels x (launch + bytes x rate), least squares in
     relative error with both terms non-negative."""
-    from scipy.optimize import nnls
 
     (launch_s, inv_rate), resid = nnls(np.column_stack([kernels / t, kernels * nbytes / t]), np.ones_like(t))
     return float(launch_s), float(inv_rate), float(resid)
@@ -174,7 +173,6 @@ def fit_elementwise(
 def _fit_gather(tokens: np.ndarray, t: np.ndarray) -> tuple[float, float]:
     """(fixed s, s per token) of t = fixed + tokens x per token, least squares in relative error,
     both non-negative."""
-    from scipy.optimize import nnls
 
     (fixed_s, per_token_s), _ = nnls(np.column_stack([1.0 / t, tokens / t]), np.ones_like(t))
     return float(fixed_s), float(per_token_s)

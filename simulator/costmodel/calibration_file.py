@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ..errors import InfersimError
 from ..hardware.profile import HardwareProfile
+from ..paths import hwprofiles_dir
 from ..yamlio import write_atomic
 
 CALIB_FORMAT = "infersim-calibration"
@@ -68,8 +69,6 @@ def load_calibration(path: str | Path, expected_sha256: str | None) -> dict:
 
 
 def calibration_candidates(hardware: HardwareProfile, explicit: str | Path | None = None) -> list[Path]:
-    from ..paths import hwprofiles_dir
-
     if explicit:
         return [Path(explicit).expanduser()]
     ref = hardware.sources.get(SOURCE_KEY)

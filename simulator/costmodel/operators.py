@@ -30,6 +30,7 @@ from .base_operator import (
     residual_add_operator,
     rotary_operator,
 )
+from .mla import mla_attention_operators
 
 
 def attention_operators(
@@ -45,8 +46,6 @@ def attention_operators(
     wb, kb, ab = bytes_per_element(weight_dtype), bytes_per_element(kv_dtype), bytes_per_element(act_dtype)
     h = spec.hidden_size
     if spec.mla is not None:
-        from .mla import mla_attention_operators  # latent attention has its own projections
-
         return mla_attention_operators(spec, wb, kb, ab, tp, fused_attention)
     n_local = spec.num_heads / tp
     kv_local = spec.kv_dim_per_gpu(tp)  # KV heads replicate when tp exceeds them

@@ -35,6 +35,7 @@ import base64
 import hashlib
 import json
 import zlib
+from itertools import combinations_with_replacement
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +76,6 @@ def unpack_array(d: dict) -> np.ndarray:
 def poly_powers(n_features: int, degree: int) -> np.ndarray:
     """Exponent rows of every monomial of total degree 0..degree, in scikit-learn's
     PolynomialFeatures order (bias, then by degree, then lexicographic combinations)."""
-    from itertools import combinations_with_replacement
 
     rows = []
     for deg in range(degree + 1):

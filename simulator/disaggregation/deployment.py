@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from ..engine.router import ROUTERS
 from ..errors import InfersimError
+from ..hardware.catalog import load_hardware
 from ..metrics.summary import _stats
 from ..validation import in_field
 from .config import POOLS
@@ -18,7 +19,6 @@ from .transfers import KVTransfers
 def check_disaggregated(spec, source: str) -> None:
     """What the schema cannot see: features that change the iteration loop do not combine with
     disaggregation, and every pool's names exist (its tensor parallelism is check_deployment's)."""
-    from ..hardware.catalog import load_hardware
 
     d = spec.hardware.disaggregated
     if d is None:

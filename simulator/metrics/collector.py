@@ -12,6 +12,8 @@ import math
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 REQUEST_COLUMNS = (
     "arrival_s",
@@ -281,8 +283,6 @@ class MetricsCollector:
         if self._series_path is None:
             self._series_done.append(block)
             return
-        import pyarrow as pa
-        import pyarrow.parquet as pq
 
         table = pa.table({c: block[:, i] for i, c in enumerate(SERIES_COLUMNS)})
         if self._writer is None:

@@ -5,6 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
+
+from ..yamlio import atomic_path
 
 
 def pyplot(**rc):
@@ -35,7 +38,6 @@ REPRODUCIBLE_PNG = {"metadata": {"Software": None}, "bbox_inches": "tight"}
 
 def write_figure(fig, path: str | Path, **savefig) -> None:
     """Save atomically, in the format of the file's suffix; `savefig` goes to Figure.savefig."""
-    from ..yamlio import atomic_path
 
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format=Path(path).suffix.lstrip(".") or "png", **savefig)
@@ -72,8 +74,6 @@ def _time_weighted(t0: np.ndarray, t1: np.ndarray, values, bins: int = 400):
 
 
 def plot_run(run_dir: Path) -> list[Path]:
-    import pyarrow.parquet as pq
-
     plt = pyplot()
     run_dir = Path(run_dir)
     out = run_dir / "plots"

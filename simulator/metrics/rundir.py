@@ -13,12 +13,18 @@ import math
 import os
 import shutil
 import signal
+import sys
 import tempfile
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import yaml
+
+from infersim import __version__
 
 from ..errors import InfersimError
 
@@ -30,8 +36,6 @@ _END_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def _marker_text(command: str) -> str:
-    from infersim import __version__
-
     return json.dumps({"command": command, "infersim": __version__}) + "\n"
 
 
@@ -104,8 +108,6 @@ def pause_point(stage: str) -> None:
     instead of after a guessed delay. Does nothing otherwise."""
     if os.environ.get(PAUSE_ENV) != stage:
         return
-    import sys
-    import time
 
     sys.stderr.write(f"infersim: paused at {stage}\n")
     sys.stderr.flush()
@@ -198,16 +200,12 @@ def write_yaml(path: Path, data) -> None:
 
 
 def write_table(path: Path, columns: dict[str, np.ndarray]) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     pq.write_table(pa.table(columns), str(path))
 
 
 def read_columns(path: Path, what: str = "a `sim exec` run directory") -> dict[str, np.ndarray]:
     """A run folder's parquet table as numpy columns; a missing file is a one-line error naming
     the folder and what it should have been."""
-    import pyarrow.parquet as pq
 
     path = Path(path)
     if not path.is_file():

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
+import pandas as pd
+
+from .collector import REQUEST_BOOL_COLUMNS, REQUEST_INT_COLUMNS
+from .rundir import write_json, write_table, write_yaml
 
 PERCENTILES = (50, 90, 99)
 
@@ -115,7 +121,6 @@ def prefix_cache_summary(req: dict[str, np.ndarray], block_size: int, counters: 
 def typed_requests(req: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The per-request columns with their real types: counts and replica ids as int64, the
     aborted flag as bool, times as float64."""
-    from .collector import REQUEST_BOOL_COLUMNS, REQUEST_INT_COLUMNS
 
     out = {}
     for col, values in req.items():
@@ -132,9 +137,6 @@ def write_result_files(run_dir, result, *, csv: bool = False, resolved: dict | N
     """The files every run directory has, simulated or executed: config.yaml (what was
     resolved; `resolved` replaces result.resolved), requests.parquet (+ requests.csv) with the
     derived per-request columns, and summary.json. Returns the summary."""
-    from pathlib import Path
-
-    from .rundir import write_json, write_table, write_yaml
 
     run_dir = Path(run_dir)
     summary = summarize(result)
@@ -143,8 +145,6 @@ def write_result_files(run_dir, result, *, csv: bool = False, resolved: dict | N
     table.update(derived_columns(result.requests))
     write_table(run_dir / "requests.parquet", table)
     if csv:
-        import pandas as pd
-
         pd.DataFrame(table).to_csv(run_dir / "requests.csv", index=False)
     write_json(run_dir / "summary.json", summary)
     return summary

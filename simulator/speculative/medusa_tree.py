@@ -28,6 +28,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from ..costmodel.roofline import compute_dtype_for
 from ..errors import InfersimError
 from ..models.dtypes import bytes_per_element
 from .medusa_heads import HeadAccuracies, expected_accept_length, grow_tree, path_accuracy
@@ -205,7 +206,6 @@ def heads_time_s(model, hardware, heads: int, tokens: int, dtype: str = "fp16", 
     LM head. Efficiencies and kernel overhead from the hardware profile's `linear` class."""
     if heads <= 0 or tokens <= 0:
         return 0.0
-    from ..costmodel.roofline import compute_dtype_for
 
     wb = bytes_per_element(dtype)
     act_dtype = compute_dtype_for(dtype)

@@ -23,7 +23,7 @@ from ..costmodel import BatchShape, build_cost_model
 from ..errors import InfersimError
 from ..hardware.catalog import load_hardware
 from ..models.catalog import load_model
-from ..models.dtypes import normalize_dtype
+from ..models.dtypes import bytes_per_element, normalize_dtype
 from .acceptance import AcceptanceModel, resolve_model
 from .config import AcceptanceRef, SpeculationSection
 from .medusa_heads import load_accuracies
@@ -389,8 +389,6 @@ class MedusaProposer:
         return False, False
 
     def weight_bytes(self, dtype: str) -> float:
-        from ..models.dtypes import bytes_per_element
-
         return self.heads * head_params(self.model) * bytes_per_element(dtype) / self.tp
 
     def kv_bytes_per_token(self, dtype: str) -> float:

@@ -13,9 +13,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 import numpy as np
+import pandas as pd
 
 
 def thin_rows(rows: list, limit: int) -> list:
@@ -177,7 +179,6 @@ class SpecStats:
 
 def series_frames(replica) -> dict:
     """The full time series of one speculative replica as pandas DataFrames."""
-    import pandas as pd
 
     st = replica.stats
     return {
@@ -190,7 +191,6 @@ def series_frames(replica) -> dict:
 
 def write_series(sim, folder) -> list:
     """CSV files speculation_<series>[_r<replica>].csv of every speculative replica of a run."""
-    from pathlib import Path
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)

@@ -20,6 +20,7 @@ from .schema import (
     QuantileDist,
     UniformDist,
 )
+from .traces import read_columns, to_lengths
 
 # Upper bound on requests generated for a duration, against a typo such as rate: 1e9.
 MAX_REQUESTS = 50_000_000
@@ -51,8 +52,6 @@ def sample_lengths(dist, n: int, rng: np.random.Generator, base_dir: Path | None
         probs = np.linspace(0.0, 1.0, len(values)) if dist.probs is None else np.asarray(dist.probs)
         return _to_tokens(np.interp(rng.random(n), probs, values))
     if isinstance(dist, EmpiricalDist):
-        from .traces import read_columns, to_lengths
-
         path = Path(dist.file) if base_dir is None else (Path(base_dir) / dist.file)
         raw = read_columns(path, [dist.column], dist.format)[dist.column]
         if len(raw) == 0:

@@ -105,14 +105,14 @@ def test_failed_run_keeps_previous_results(tmp_path, monkeypatch):
     assert main(["run", "-w", "chatbot", "-n", "50", "-o", str(out), "-q"]) == 0
     before = folder_digest(out)
 
-    import infersim.simulator.metrics.plots
+    import infersim.cli.run
 
     def broken(run_dir):
         (Path(run_dir) / "plots").mkdir(exist_ok=True)
         (Path(run_dir) / "plots" / "half.png").write_bytes(b"\x89PNG")
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr(infersim.simulator.metrics.plots, "plot_run", broken)
+    monkeypatch.setattr(infersim.cli.run, "plot_run", broken)
     with pytest.raises(RuntimeError):
         main(["run", "-w", "chatbot", "-n", "60", "-o", str(out), "-q"])
     assert folder_digest(out) == before
