@@ -135,7 +135,6 @@ def build_deployments(section: GoodputSection, source: str = "plan file") -> lis
 def slo_attainment(requests: dict, limits: dict[str, float]) -> float:
     """Fraction of all requests that met every per-request limit (column -> seconds); a TPOT of
     a one-token request (none) meets its limit, an aborted request meets none."""
-
     cols = derived_columns(requests)
     ok = requests["aborted"] == 0
     for col, limit in limits.items():
@@ -230,7 +229,6 @@ def compare_goodput(
 ) -> GoodputComparison:
     """Every deployment's goodput (see the module docstring); `search` is the plan's
     SearchSection (requests per probe, start rate, bounds, tolerance, min_duration_s)."""
-
     t0 = time.perf_counter()
     limits = {}
     for s in slos:
@@ -356,7 +354,6 @@ def _plot(res: GoodputComparison, path: Path) -> None:
 
 def write_goodput(res: GoodputComparison, out: Path, *, plots: bool = True, force: bool = False) -> dict[str, Path]:
     """goodput.md, goodput.json, goodput.csv and goodput.png in `out`, written atomically."""
-
     out = Path(out)
     with staged_dir(out, command="plan", force=force) as tmp:
         image = None

@@ -536,13 +536,11 @@ def build_candidates(
 def _price(prices: dict[str, float], canon: str) -> Optional[float]:
     """The price of a candidate's GPU: its own name's, else its base profile's (NAME:datasheet
     runs on the same GPU as NAME, only priced by another cost model)."""
-
     return prices.get(canon, prices.get(split_mode(canon)[0]))
 
 
 def check_names(hardware: list[str] | None, pf: PlanFile, prices: dict[str, float] | None, plan_source: str) -> None:
     """Every hardware name, from the flags or the plan file, exists; an error names its origin."""
-
     for names, source, where in (
         (hardware or [], "", "--hardware"),
         (list(prices or {}), "", "--price"),
@@ -558,7 +556,6 @@ def check_candidates(
 ) -> None:
     """Every candidate passes the shared rules (schema, tensor parallelism, seed) before any
     probe runs, and the largest probes, one per worker, fit in memory."""
-
     for c in cands:
         spec = validate(WorkloadSpec, resolve_config(base, c.overrides), f"{source} as {c.label}")
         check_workload(spec, f"{source} as {c.label}", allow_large=True)
@@ -595,7 +592,6 @@ def plan(
     plan_source: str = "plan file",
 ) -> PlanResult:
     """Run the searches (no files written): see `write_plan` for the report."""
-
     t0 = time.perf_counter()
     pf = plan_file or PlanFile()
     slos = slos or in_field(plan_source, "slo", parse_slo, pf.slo or None)
@@ -1117,7 +1113,6 @@ def build_report(res: PlanResult, images: list[tuple[str, str, str]]):
 def write_plan(res: PlanResult, out: Path, *, plots: bool = True, force: bool = False) -> dict[str, Path]:
     """The plan directory, written atomically: report.html, report.md, plan.json,
     configurations.csv, probes.csv, plots/. `force` lets it replace a folder infersim did not write."""
-
     out = Path(out)
     with staged_dir(out, command="plan", force=force) as tmp:
         images = _plots(res, tmp / "plots") if plots else []
@@ -1140,7 +1135,6 @@ def probe_once(
 ) -> dict:
     """One probe as the search runs it (for checks and tests): the summary of a simulation of
     `requests` Poisson arrivals at `rate` with the candidate's overrides."""
-
     spec, wl_path = load_workload(workload)
     arr = spec.requests.arrival
     arrival = (

@@ -97,7 +97,6 @@ BYTES_PER_BATCH_SEQUENCE = 64
 
 def check_batch_memory(batches: Sequence[int], field: str = "--batch", allow_large: bool = False) -> None:
     """Refuse up front a batch whose per-sequence arrays cannot fit in memory."""
-
     largest = max(batches, default=0)
     check_memory(
         BASE_BYTES + BYTES_PER_BATCH_SEQUENCE * largest, f"{field}: a batch of {largest:,} sequences", allow_large

@@ -333,7 +333,6 @@ def check_space(space: SweepSpace, spec, source: str, workers: int | None, allow
     """Refuse, before anything is written, a space that cannot run: a grid over a continuous
     range, or more configurations than memory holds. Returns the parameters. (A configuration
     the workload schema rejects is a result: it is recorded as failed and the sweep goes on.)"""
-
     n = space_size(space, source)
     parallel = workers or os.cpu_count() or 1
     check_memory(
@@ -432,7 +431,6 @@ def run_sweep(
 ) -> SweepOutcome:
     """Run (or resume) a sweep and rebuild its table and plots. The folder must be new, empty or
     an infersim folder (`options.force` allows any other; rundir.check_out_dir)."""
-
     t0 = time.perf_counter()
     if not isinstance(space, SweepSpace):
         space = load_space(space)
@@ -709,7 +707,6 @@ def _contains(dist, value) -> bool:
 def build_table(sweep_dir: Path, params: list[Param] | None = None):
     """One row per configuration, rebuilt from the result files: key, index, status, error,
     one column per parameter (its dotted path), every metric (flattened summary names), wall_s."""
-
     records = sorted(load_results(sweep_dir).values(), key=lambda r: (r.get("index", 0), r["key"]))
     param_names = (
         [p.path for p in params] if params else list(dict.fromkeys(k for r in records for k in r.get("params", {})))
@@ -765,7 +762,6 @@ def sensitivity(df, params: list[Param], metrics: dict[str, bool]):
     of the metric's mean over the parameter's values, among successful configurations, that
     spread relative to the metric's overall mean, and the best and worst value by mean.
     Continuous parameters are cut into 5 quantile bins."""
-
     ok = df[df["status"] == "ok"] if len(df) else df
     rows = []
     for p in params:
@@ -818,7 +814,6 @@ def _label(row, params: list[Param]) -> str:
 
 def write_outputs(sweep_dir: Path, df, params: list[Param], space: SweepSpace, plots: bool = True) -> list[Path]:
     """results.parquet, results.csv, sensitivity.csv, pareto.csv, plots/, report.md."""
-
     sweep_dir = Path(sweep_dir)
     files = []
     with atomic_path(sweep_dir / "results.parquet") as tmp:

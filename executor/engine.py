@@ -463,7 +463,6 @@ def generate(
     pool holds every request and without cpu_blocks there is no host pool; with
     `serving.prefix_caching` `engine.kv.stats` has the cache hits. All requests arrive at once
     unless `arrival_s` is given."""
-
     sv = serving or ServingSection()
     n = len(prompts)
     outs = [int(max_new_tokens)] * n if np.isscalar(max_new_tokens) else [int(x) for x in max_new_tokens]

@@ -34,7 +34,6 @@ _DTYPES = {
 
 def select_device(device: str | None = None):
     """'cpu', 'cuda', 'cuda:N' or None/'auto' (cuda when available)."""
-
     if device in (None, "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dev = torch.device(device)
@@ -47,7 +46,6 @@ def select_device(device: str | None = None):
 
 def select_dtype(dtype: str | None, device) -> "torch.dtype":
     """fp32/fp16/bf16 (or torch names); None: fp32 on cpu, fp16 on cuda."""
-
     if dtype is None:
         return torch.float32 if torch.device(device).type == "cpu" else torch.float16
     name = _DTYPES.get(str(dtype).lower().replace("torch.", ""))
@@ -62,7 +60,6 @@ def dtype_name(dtype) -> str:
 
 def resolve_model_path(name_or_path: str, *, build_zoo: bool = True, log=None) -> Path:
     """A checkpoint folder: a zoo name, a folder holding config.json, or a config.json file."""
-
     name = str(name_or_path)
     if is_zoo_name(name):
         return resolve_zoo_model(name, build=build_zoo, log=log)
@@ -107,7 +104,6 @@ def load_model(
     name_or_path: str, device: str | None = "cpu", dtype: str | None = None, *, build_zoo: bool = True, log=None
 ) -> LoadedModel:
     """Load a causal LM from a local checkpoint folder (or a zoo name) onto a device."""
-
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
@@ -146,7 +142,6 @@ def load_model(
 def hf_greedy_generate(model, prompts, outputs) -> list[list[int]]:
     """The reference the engine is held to: plain Hugging Face `generate`, one prompt at a
     time, greedy, EOS ignored; returns each prompt's new token ids."""
-
     res = []
     with torch.inference_mode():
         for p, o in zip(prompts, outputs):

@@ -81,7 +81,6 @@ def shared_prompts(prefix, lengths: list[int], text: _Tokens, *, outputs=None, r
 
     Segments are laid out one after another in the held-out text, so different segments never
     share text by construction."""
-
     if isinstance(prefix, ConversationKeys):
         outs = [1] * len(lengths) if outputs is None else [int(o) for o in outputs]
         return conversation_prompts(prefix, lengths, outs, text, reply)

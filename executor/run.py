@@ -161,7 +161,6 @@ def execute(spec, requests, model: str, out: Path, opts: ExecOptions = ExecOptio
 def greedy_replies(lm, prompts: list[list[int]], outputs: list[int], limits) -> list[list[int] | None]:
     """The model's greedy outputs (as served: cut at the maximum position) for the prompts that
     fit, None for those the engine would abort; for conversation turns built before serving."""
-
     max_len = limits.max_model_len
     fit = [k for k, p in enumerate(prompts) if len(p) < max_len]
     out: list[list[int] | None] = [None] * len(prompts)

@@ -206,7 +206,6 @@ def model_summary(lm, dtype: str) -> dict:
 
 def memory_plan(mem: dict):
     """plan_blocks' dict as the simulator's MemoryPlan (summary.json's memory section)."""
-
     keys = ("gpu_blocks", "cpu_blocks", "kv_bytes_per_block", "weight_bytes_per_gpu", "activation_bytes_per_gpu")
     return MemoryPlan(*(mem[k] for k in keys), mem["blocks_source"])
 
@@ -214,7 +213,6 @@ def memory_plan(mem: dict):
 def run_result(spec, metrics, memory, end_s: float, resolved: dict, sections: dict):
     """A real run as the simulator's SimulationResult (its series closed), so that its summary
     and tables are written exactly as a simulation's; `sections`: the summary's extra sections."""
-
     series = metrics.close_series()
     return SimulationResult(spec, metrics.requests_table(), series, metrics, memory, float(end_s), resolved, sections)
 
@@ -223,7 +221,6 @@ def write_engine_run(tmp: Path, result, engine, seqs, opts, tables: dict | None 
     """The run folder of an engine run (plain or offload): the simulator's result files, the
     iteration tables, any further `tables` (name -> table), the outputs and the plots;
     returns the summary."""
-
     summary = write_result_files(tmp, result, csv=opts.csv)
     write_table(tmp / "iterations.parquet", engine.stats.iteration_table())
     write_table(tmp / "iteration_batches.parquet", engine.stats.batch_table())

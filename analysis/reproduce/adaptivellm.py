@@ -250,7 +250,6 @@ def cost_table(models=tuple(MODELS), tokens=(32, 80, 160, 272, 400)) -> pd.DataF
     """Algorithm 1's two predictions from the cost model: moving a sequence's KV out and back
     over the host link as vLLM 0.2 does it (one copy per block per layer for K and for V) vs
     prefilling it again alone, plus one decode step for scale."""
-
     rows = []
     for m in models:
         spec, path = build_spec(task("cost", m, "chatbot", 64, "vllm", count=1))
@@ -314,7 +313,6 @@ def plan(quick: bool = False) -> list[dict]:
 
 def _hardware_variants(tasks: list[dict], folder: Path) -> None:
     """Write a hardware profile per (link scale, iteration overhead) the tasks ask for."""
-
     base = load_hardware(BASE_HW).model_dump(mode="json")
     for t in tasks:
         if t["link_scale"] == 1.0 and t["iteration_ms"] == 0.0 and t["copy_us"] is None:
@@ -1539,7 +1537,6 @@ HEADLINES = [
 def write_outputs(df: pd.DataFrame, out: Path, quick: bool, meta: dict) -> list[Path]:
     """CSV, plots, run metadata and the report, written into a staging folder and moved into
     place file by file, so a failure leaves the previous files whole."""
-
     out.mkdir(parents=True, exist_ok=True)
     stem = "adaptivellm_quick" if quick else "adaptivellm"
     with tempfile.TemporaryDirectory(dir=out, prefix=f".{stem}-") as tmp:

@@ -290,7 +290,6 @@ def experiments(quick: bool) -> tuple[pd.DataFrame, dict]:
 
 def serving(quick: bool) -> pd.DataFrame:
     """The capacity question: the example workloads, and variants, at a few Poisson rates."""
-
     root = Path(__file__).resolve().parents[2] / "examples" / "offload"
     a6000, _ = load_workload(str(root / "a6000-infinigen.yaml"))
     a100, _ = load_workload(str(root / "a100-no-offload.yaml"))

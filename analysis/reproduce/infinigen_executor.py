@@ -57,7 +57,6 @@ PAPER_OPT13B = {512: 37, 1024: 60, 1536: 66, 2048: 73}  # InfiniGen 5.3, alpha 4
 
 def policy_set(skew, quick: bool):
     """(kind, policy) pairs in report order; every parameter name is the simulator's."""
-
     out = [
         ("baseline", FullCache()),
         ("baseline", Int4KV()),
@@ -89,7 +88,6 @@ def policy_set(skew, quick: bool):
 def skew_stats(model, ids, skew, ratio: float) -> dict:
     """Exactness of the skew (max |Q~K~^T - QK^T| / max |QK^T|) and the query energy in the
     top r columns with and without it, per layer (the skew exists to raise the latter)."""
-
     s = model.shape
     r = partial_columns(s.head_dim, ratio)
     with torch.inference_mode():
@@ -121,7 +119,6 @@ def input_similarity(model, ids) -> list[dict]:
     """InfiniGen Table 1 on this model: cosine similarity of the block inputs of consecutive
     layers, and of layer i's attention input with layer i-1's input under layer i's norm (what
     the prediction uses)."""
-
     out = []
     with torch.inference_mode():
         _, trace = full_forward(model, ids)

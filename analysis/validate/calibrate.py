@@ -117,7 +117,6 @@ def nnls_relative(X: np.ndarray, y: np.ndarray, rounds: int = 3, trim: float = 0
     """Non-negative least squares of X c ~ y in relative error (rows scaled by 1/y), refitted
     without the worst `trim` fraction of points (timing spikes from other processes) a few
     times. Columns that are all zero keep a zero coefficient. Returns (coefficients, kept mask)."""
-
     keep = np.isfinite(y) & (y > 0)
     coef = np.zeros(X.shape[1])
     scale = np.maximum(X[keep].max(axis=0), 1e-30)  # conditioning: columns to unit range
@@ -163,7 +162,6 @@ def fit_transfer_model(runs: list[ExecRun], fallback_s_per_byte: float = 1.0 / 5
     iterations that swapped, in absolute error: what validation checks is the total copy time,
     and a fit in relative error prices the large (slow) copies low. A direction never observed
     keeps a bandwidth-only fallback."""
-
     ev = [swap_events(r) for r in runs]
     cat = {
         k: np.concatenate([e[k] for e in ev]) if ev else np.zeros(0)
@@ -260,7 +258,6 @@ def calibration_specs(
     or with `serving` (a workload's serving section) the matched set on that deployment, and
     with `requests` (its requests section) one more run of that request mix drawn with a
     calibration seed: other requests, the same kind of load."""
-
     specs = []
     if serving is not None:
         sv = {**serving, "block_size": block_size, "dtype": "fp32"}
@@ -297,7 +294,6 @@ def calibrate(
 ) -> FittedCostModel:
     """Run the calibration workloads on the executor and fit; writes the runs under out_dir
     and the fit to out_dir/executor-fit.json."""
-
     out_dir = Path(out_dir)
     dirs = []
     sentinels = []
@@ -371,7 +367,6 @@ def calibrate_around(
     all six runs), or their median ratio where their ticks did not track their speed
     (execute.speed_from_ticks). Only the kernel's time is read from the validated run, never its
     iterations."""
-
     out_dir = Path(out_dir)
     seed, serving = workloads.seed, workloads.serving
     specs = workloads.specs(model)

@@ -164,7 +164,6 @@ def within_run_speed(run_dir, start_s: np.ndarray, pred: np.ndarray, meas: np.nd
     the ticks track it (a plain-load run: per-iteration MAPE 20.0%, 11.4% at the ticks' local
     speed, correlation 0.85; CHANGELOG.md, validation); in a steady run they are noise
     (correlation 0.1). Empty without ticks."""
-
     f = local_speed(run_dir, start_s)
     ok = np.isfinite(meas) & np.isfinite(pred) & (pred > 0) & (meas > 0)
     if f is None or ok.sum() < 10:

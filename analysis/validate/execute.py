@@ -32,7 +32,6 @@ SPEED_TICKS = "speed_ticks.json"
 @contextmanager
 def recording_speed_ticks(out: Path):
     """The run's speed ticks (executor/clock.py) written to out/speed_ticks.json when it ends."""
-
     with speed_ticks(TICK_EVERY) as rows:
         yield
     if rows and Path(out).is_dir():
@@ -45,7 +44,6 @@ def recording_speed_ticks(out: Path):
 def speed_tick_s(run_dir: Path, key: str = "tick_s") -> float:
     """The median speed tick of a run (NaN for a run without ticks: older runs). key
     "drafting_tick_s": a pipelined run's drafting process's ticks, taken beside its own."""
-
     path = Path(run_dir) / SPEED_TICKS
     if not path.is_file():
         return float("nan")
@@ -63,7 +61,6 @@ def local_speed(run_dir: Path, times_s) -> np.ndarray | None:
     """The machine's speed around each engine time in `times_s` (seconds on the run's engine
     clock) relative to the whole run: the median of the LOCAL_TICKS speed ticks nearest in time
     over the run's median tick. None for a run with fewer than LOCAL_MIN_TICKS ticks."""
-
     path = Path(run_dir) / SPEED_TICKS
     if not path.is_file():
         return None
@@ -160,7 +157,6 @@ def busy_s(run_dir: Path) -> float:
     """Seconds the engine computed in an executor run: its iterations' (a speculative run: its
     verification rounds') durations summed; idle waits for arrivals are not in it. NaN for a
     folder with neither table."""
-
     for name in ("iterations.parquet", "speculation_rounds.parquet"):
         path = Path(run_dir) / name
         if path.is_file():
@@ -176,7 +172,6 @@ def run_repeated(run_one, exec_dir: Path, repeats: int = 1) -> dict:
     2-core machine sometimes runs 10% slower or faster than the calibration runs around it with
     nothing to tell it apart; the median of three is the level the machine held, as benchmarks
     report. Returns what the report says about it (empty for one run)."""
-
     exec_dir, repeats = Path(exec_dir), max(1, int(repeats))
     for old in exec_dir.parent.glob(f"{exec_dir.name}.repeat-*"):
         shutil.rmtree(old)  # a previous validation's
@@ -233,7 +228,6 @@ class CaseOptions:
 def run_executor(spec, requests, model: str, out: Path, opts: CaseOptions = CaseOptions(), execute=None) -> dict:
     """One validated run: `execute` (a mode's hook; default the plain executor) on `opts.threads`
     torch threads, with the speed ticks recorded, the clock jumping idle gaps and no plots."""
-
     import torch
 
     if execute is None:
@@ -267,7 +261,6 @@ def case_header(case, model: str, opts: CaseOptions) -> dict:
 def finish_case(result: dict, out: Path, report: Callable[[], object] | None = None) -> dict:
     """A case's verdict under the rule (rule.apply_rule) written to out/validation.json, then its
     report (`report`, when the case writes one); returns the result."""
-
     apply_rule(result)
     write_json(Path(out) / "validation.json", result)
     if report is not None:

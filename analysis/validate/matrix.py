@@ -87,7 +87,6 @@ def run_matrix(
     default), or every case with one fit: `calibration` (a saved fit) or, with `generic`, one
     generic calibration at the start. Each case's validated run is measured `opts.repeats` times
     on the same requests (execute.run_repeated), on `opts.device` with `opts.threads` threads."""
-
     out = Path(out)
     t0 = time.perf_counter()
     load_start = _load()

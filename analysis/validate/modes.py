@@ -55,7 +55,6 @@ class ExecutorMode:
     def run(self, spec, requests, model: str, out: Path, opts) -> None:
         """The real run into `out` (execute.run_executor with this mode's hook); `opts` an
         execute.CaseOptions."""
-
         run_executor(spec, requests, model, out, opts, execute=self._hook("execute"))
 
     def recorded(self, run_dir: Path) -> dict:

@@ -90,7 +90,6 @@ def compute_targets(d: OffloadRunData) -> np.ndarray:
 def nnls_relative(X: np.ndarray, y: np.ndarray, rounds: int = 3, trim: float = 0.02) -> tuple[np.ndarray, np.ndarray]:
     """X c ~ y, c >= 0, in relative error; refitted a few times without the worst `trim` and
     the stalls (points at STALL_RATIO x the fit or more). Returns (c, kept)."""
-
     keep = np.isfinite(y) & (y > 0)
     coef = np.zeros(X.shape[1])
     if not keep.any():
@@ -226,7 +225,6 @@ def calibrate_offload_around(
     validated run's folder), the compute is scaled to the validated run's own speed as
     calibrate.calibrate_around does (its median tick times the calibration runs' median
     measured/fitted ratio per tick)."""
-
     mode = MODES.get("offload")
     if spec.offload is not None and spec.offload.overlap != "none":
         raise InfersimError(

@@ -78,7 +78,6 @@ def _finals(run) -> list[np.ndarray]:
 def offload_cost_model(exec_run, fit: OffloadFit, updates: dict, profile: str = "cpu-reference"):
     """The simulator's OffloadCostModel for the executor run's workload (with the recorded
     updates), on the calibrated compute and link."""
-
     spec = sim_spec(exec_run, profile=profile, updates=updates)
     model = load_model(str(spec.model))
     setup = build_offload(

@@ -33,7 +33,6 @@ SPECULATIVE_MODES = ("speculative", "minions", "medusa")  # validated per round 
 
 def _profile_cost_model(name: str, profile: str, exec_run):
     """A device profile's cost model for the executor's model (what `sim run` would use)."""
-
     model_path = Path(str(exec_run.config["workload"]["model"]))
     model = load_model(str(model_path / "config.json" if model_path.is_dir() else model_path))
     dtype = exec_run.config.get("executor", {}).get("dtype", "fp32")

@@ -32,7 +32,6 @@ from .measured import ExecRun
 def sim_spec(run: ExecRun, *, profile: str, cost_model_name: str = "roofline", updates: dict | None = None):
     """The executor run's workload as a simulator spec: same policy, same pools, the model's
     config.json, the given hardware profile."""
-
     w = dict(run.config["workload"])
     model_path = Path(str(w["model"]))
     if model_path.is_dir():
@@ -89,7 +88,6 @@ def executed_keys(run: ExecRun) -> ExecutedKeys:
 def sim_requests(run: ExecRun):
     """The executor's requests, in request-id order; with prefix caching, with the executed
     tokens' block keys (ExecutedKeys)."""
-
     r = run.requests
     n = int(np.sum(np.asarray(r["arrival_s"]) >= 0))
     arrival = np.asarray(r["arrival_s"], dtype=np.float64)[:n]
@@ -116,7 +114,6 @@ def simulate_run(
     `out`. `cost_model`, when given, replaces the one the spec names (the executor fit);
     `policy_cost_model`, when given, is what the policies see instead (cost-aware preemption's
     questions), so a replayed cost model answers only the engine's iterations and copies."""
-
     spec = sim_spec(run, profile=profile, cost_model_name=cost_model_name, updates=updates)
     requests = sim_requests(run)
     with staged_dir(Path(out), command="validate") as tmp:

@@ -56,7 +56,6 @@ def _contended(solo: np.ndarray, overlap: np.ndarray, share, fit=None) -> np.nda
     """As the simulator's SharedDevice prices a pass that ran alongside the other thread for
     `overlap` of its time: the fit's contention model (processor sharing for fits made before
     whole_pass existed)."""
-
     return contended(
         solo, overlap, share, ((fit.meta or {}) if fit is not None else {}).get("pipeline_contention", "sharing")
     )
@@ -181,7 +180,6 @@ def selector_replay(exec_run, t: dict) -> dict:
     the round's drafting + verification time (decoder.py: t2 - t0) and vl = the mean tokens of
     the sequences that drafted the full s (verified_length), for every round that drafted. The
     policy is one object on both sides, so it must take the executed s trajectory exactly."""
-
     sec = SpeculationSection.model_validate(exec_run.config["workload"]["speculation"])
     sel = AdaptiveLengthSelector.from_section(sec)
     path = Path(exec_run.path) / "speculation_sequences.parquet"

@@ -93,7 +93,6 @@ def drafts_run(sp: dict) -> int:
     draft under the majority vote, else the first alone (executor/speculative/engine.py, as the
     simulator's DraftProposer; `voting.enabled: false` under method minions too); Medusa none
     (its heads run inside the target pass)."""
-
     if sp.get("method") == "medusa":
         return 0
     section = SpeculationSection.model_validate(sp)

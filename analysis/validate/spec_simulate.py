@@ -145,7 +145,6 @@ def simulate_spec_run(
 ) -> dict:
     """`s_trajectory` (the executed run's [[observations, s], ...]): the selector replays it instead of
     deciding (only where the workload has the selector on)."""
-
     meta = fit.meta or {}
     spec = spec_sim_spec(
         run,

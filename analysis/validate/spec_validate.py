@@ -79,7 +79,6 @@ def _fit_bracketed(mode, spec, run, model: str, out: Path, opts: CaseOptions, va
     in every run, scaled to the validated run's own speed as calibrate_around does: its median
     tick times the calibration runs' median measured/fitted ratio per tick; a pipelined run's
     draft terms by its drafting process's ticks (taken beside the verifying thread's)."""
-
     specs = calibration_specs(spec)
     halves: dict[str, list] = {"before": [], "after": []}
     drafting: list = []
@@ -239,7 +238,6 @@ def _repeat_errors(mode, out: Path, sim_run, fit, seed: int, s_replayed: bool) -
     """Each repeat's aggregate errors against the simulation the targets are judged on
     (compare.aggregate_errors): with an adaptive s, the one that follows that repeat's own
     executed s trajectory (simulated for it in sim-s-replay.repeat-K/)."""
-
     errors = []
     for d in repeat_dirs(out / "exec"):
         run = load_run(d)

@@ -94,7 +94,6 @@ def work_clock(device):
 
 def make_cache(runner, prompts, max_new, extra_tokens: int, device, dtype=torch.float32, block_size: int = 16):
     """A cache big enough for every prompt + output + one tree's worth of candidates."""
-
     news = _as_list(max_new, len(prompts))
     blocks = sum(-(-(len(p) + n + extra_tokens + 1) // block_size) for p, n in zip(prompts, news)) + 1
     return runner_cache(runner, KVCacheConfig(blocks, block_size, cpu_blocks=1, dtype=dtype), device)

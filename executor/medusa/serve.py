@@ -66,7 +66,6 @@ def resolve_tree(mc, num_heads: int) -> tuple[TreeLayout, object, int]:
     """(layout, accuracy table, heads used) for a `speculation.medusa` section, built as the
     simulator builds it (simulator/speculative/proposers.py MedusaProposer) from the named
     accuracy table, then cut to the `num_heads` heads the executor has."""
-
     table = load_accuracies(mc.accuracies)
     acc = table.rank_accuracies()
     if mc.heads is not None and mc.heads > num_heads:
@@ -362,7 +361,6 @@ def build_medusa_decoder(
 ) -> MedusaDecoder:
     """A Medusa decoder for a `speculation:` section on a loaded target: its cached heads
     (trained first if missing), the section's tree and acceptance."""
-
     if heads is None:
         heads, _, _ = ensure_heads(lm)
     if tree is None:

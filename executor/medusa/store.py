@@ -24,7 +24,6 @@ from .train import DEFAULT_RECIPE, MedusaRecipe, corpus_streams, train_heads
 
 def target_sha256(lm) -> str:
     """The loaded target's weight hash (the same function the zoo records in zoo.json)."""
-
     return weights_sha256(lm.model)
 
 
@@ -70,7 +69,6 @@ def ensure_heads(
 ) -> tuple[MedusaHeads, dict, Path]:
     """The cached heads for this target and recipe, trained (and their accuracies measured)
     first if missing. Returns (heads on the target's device, medusa.json, folder)."""
-
     if lm.family not in ("llama", "mistral"):
         raise InfersimError(f"Medusa heads are implemented for Llama-family targets, not {lm.family}")
     sha = target_sha256(lm)

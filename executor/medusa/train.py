@@ -114,7 +114,6 @@ def token_stream(tokenizer, texts) -> torch.Tensor:
 
 def corpus_streams(tokenizer, files_every: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(training stream from every files_every-th training file, held-out stream)."""
-
     c = load_corpus(check=False)
     train_files, held_files = c.split()
     return token_stream(tokenizer, c.texts(train_files[::files_every])), token_stream(tokenizer, c.texts(held_files))

@@ -150,7 +150,6 @@ class OffloadEngine(Engine):
 def _skew_for(model_path: str, device: str, dtype: str):
     """InfiniGen's offline skewing matrices from a fixed sample of the zoo corpus's training
     files (never the served prompts), cached per model."""
-
     lm = load_model(model_path, device=device, dtype=dtype)
     sample = held_out_windows(lm.tokenizer, 4, 256, 0, split="train")
     return skew_matrices(DenseLlama(lm), sample.to(lm.device))
@@ -179,7 +178,6 @@ def _section(spec):
 def execute(spec, requests, model: str, out: Path, opts: ExecOptions = ExecOptions()) -> dict:
     """Serve the requests with the KV cache in host memory under the workload's `offload:`
     policy; write a `sim exec` run directory at `out` atomically; return the summary."""
-
     off, policy = _section(spec)
     t_wall = time.perf_counter()
     lm = serving.load_served_model(requests, model, opts)

@@ -88,7 +88,6 @@ def _write_sparsity(run_dir: Path, counts: dict, off: dict, layers: int) -> Path
     1 below start_layer, where everything held loads). The simulator rounds the interpolated
     count up, so the table holds the mean less half a token (the mean of ceil(x) over x is
     about x + 0.5); the cap it applies again is then a no-op, as the counts are already capped."""
-
     p = InfiniGenParams.model_validate(dict(off.get("params") or {}))
     sel = counts["layer"] >= p.start_layer
     if not sel.any():

@@ -223,7 +223,6 @@ def recompute_check(
     b: Bench, hardware, calibration: dict, *, quick: bool, seed: int = 1234, rounds: int | None = None
 ) -> dict:
     """Measured vs predicted prefill times, each the median of `rounds` passes over the plan."""
-
     steps = calibration["step_model"]
     arch, dtype = steps["arch"], steps["dtype"]
     rounds = rounds or (1 if quick else 5)
@@ -312,7 +311,6 @@ SENTINEL_STEP = (2, 256, 64)  # layers, hidden, prompt tokens of the prefill sen
 
 def step_sentinel(b: Bench):
     """A callable timing the prefill sentinel (one prompt of 64 tokens, 2 x 256) once."""
-
     L, h, t = SENTINEL_STEP
     fn = TinyDecoder(L, h, device=b.device, dtype=b.dtype, seed=7).prefill_fn(1, t)
     return lambda: measure(fn, b.timer, b.rep).median_s

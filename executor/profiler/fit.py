@@ -70,7 +70,6 @@ def fit_class(
     recs: list[dict], peak: float, bw: float, launch: float, prior: float = 1e-3
 ) -> tuple[float, float, float]:
     """(e_compute, e_memory, loss) minimising mean squared log error for a fixed launch."""
-
     F = np.array([r["flops"] for r in recs], dtype=np.float64)
     B = np.array([r["bytes"] for r in recs], dtype=np.float64)
     t = np.array([r["median_s"] for r in recs], dtype=np.float64)
@@ -135,7 +134,6 @@ ELEMENTWISE_KINDS = {"rmsnorm": "norm", "layernorm": "norm", "silu_mul": "act", 
 def kernel_rows(records: list[dict], dtype: str, label: str) -> list:
     """The GEMM and elementwise micro-benchmarks as the calibration's KernelRows: the same rows
     `sim calibrate` reads from measured GPU tables, so both go through one fit."""
-
     es = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0}[dtype]
     rows = []
     for r in records:
@@ -168,7 +166,6 @@ def kernel_rows(records: list[dict], dtype: str, label: str) -> list:
 def fit_kernel_models(records: list[dict], hardware, dtype: str, source: str) -> dict | None:
     """The profile's `calibration:` section fitted from the micro-benchmarks (None when the sweep
     has too few GEMM rows for the fit)."""
-
     rows = kernel_rows(records, dtype, hardware.name)
     if sum(r.kernel == "gemm" for r in rows) < MIN_GEMM_ROWS:
         return None
@@ -177,7 +174,6 @@ def fit_kernel_models(records: list[dict], hardware, dtype: str, source: str) ->
 
 def fit_link(records: list[dict], direction: str, variant: str) -> dict:
     """latency + bytes / bandwidth, least squares in relative error (non-negative)."""
-
     recs = [r for r in records if r["kind"] == "copy" and r["direction"] == direction and r["variant"] == variant]
     s = np.array([r["size_bytes"] for r in recs], dtype=np.float64)
     t = np.array([r["median_s"] for r in recs], dtype=np.float64)
@@ -217,7 +213,6 @@ def fit_host_link(records: list[dict], device_type: str) -> dict:
 
 def step_roofline_error(steps: list[dict], hardware, arch: dict, dtype: str) -> tuple[float, list[float]]:
     """Calibrated-roofline predictions of the measured step times (MAPE %, predictions)."""
-
     cache: dict = {}
     preds = []
     for r in steps:
@@ -237,7 +232,6 @@ def step_roofline_error(steps: list[dict], hardware, arch: dict, dtype: str) -> 
 
 def fit_iteration_overhead(steps: list[dict], preds: list[float]) -> float:
     """The constant added to every iteration that best fits the steps in log space."""
-
     t = np.array([r["median_s"] for r in steps])
     p = np.array(preds)
     hi = float(np.min(t))

@@ -153,7 +153,6 @@ def prefill_settings(plan: ModelPlan, seed: int = 0) -> list[tuple[str, tuple[in
 def model_spec_of(lm):
     """The simulator's ModelSpec of a loaded checkpoint (from its config.json, as `sim` reads
     a zoo model or a checkpoint folder), and its config hash."""
-
     spec = load_spec(str(lm.path / "config.json"))
     return spec, model_config_hash(spec)
 
@@ -310,7 +309,6 @@ def fit_swap(rows: list[dict]) -> dict:
     """Per direction, latency + copies x per-copy cost + bytes / bandwidth fitted to the
     executor's swaps (relative error, every term >= 0), as the profile's host link is fitted
     to plain copies."""
-
     fit = {}
     for d, key in (("d2h", "swap_out_s"), ("h2d", "swap_in_s")):
         s = np.array([r["bytes"] for r in rows], dtype=np.float64)
@@ -338,7 +336,6 @@ def analyze_model(
     """The sidecar entry of one model: the recompute predictor (chosen without the held-out
     set), its held-out errors beside the generic predictor's and the roofline's, and the swap
     check of the executor's swap path."""
-
     name, spec, dtype = model.name, model.spec, model.dtype
     settings = raw["settings"]
     med = {q: _rounds_median(v) for q, v in raw["prefill"].items()}

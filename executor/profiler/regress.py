@@ -250,7 +250,6 @@ def _portable(record: FitRecord, estimator: str, degree: int, kind: str, **body)
 # ---- printing -----------------------------------------------------------------------------------------
 def error_table(comp: Comparison, title: str | None = None):
     """A rich Table laid out like AdaptiveLLM Tables 5-6: regressor x degree, MAPE %."""
-
     degs = sorted({d for row in comp.table.values() for d in row})
     t = Table(
         title=title
@@ -280,7 +279,6 @@ def fit_physical(X: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray]:
     x = (tokens, batch, sum of squared prompt lengths) this is the cost of a prefill: a fixed
     per-iteration cost, per-token work (projections, MLP), per-sequence work (attention calls,
     LM head row) and attention's score matrix, quadratic in each prompt's length."""
-
     X, y = np.asarray(X, dtype=np.float64), np.asarray(y, dtype=np.float64)
     A = np.column_stack([np.ones(len(y)), X]) / y[:, None]
     colscale = np.abs(A).max(axis=0)

@@ -152,7 +152,6 @@ def _plans(device_type: str, quick: bool, dtype: str) -> dict:
 
 def _cuda_steps(p):
     """On a GPU the small transformers are launch-bound; wider and longer sweeps cost little."""
-
     return replace(
         p,
         hidden=tuple(sorted(set(p.hidden) | {1024, 2048})),
@@ -444,7 +443,6 @@ def analyze(
 ) -> tuple[dict, object, dict, dict]:
     """Fits and regressors from measurements: (profile dict, HardwareProfile, sidecar dict,
     regressor comparisons). `meta`: name, info, mode, when, load, device_type, dtype, domain."""
-
     timings = {} if timings is None else timings
     dtype, name = meta["dtype"], meta["name"]
     t0 = time.perf_counter()
@@ -537,7 +535,6 @@ def _with_calibration(hw_dict: dict, calibration: dict) -> dict:
 
 def write_profile(out: Path, hw_dict: dict, calib: dict) -> None:
     """The sidecar first, then the YAML naming its hash (both atomic)."""
-
     out = Path(out)
     side = sidecar_path(out)
     write_atomic(side, json.dumps(calib, indent=1, sort_keys=False) + "\n")

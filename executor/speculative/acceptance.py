@@ -111,7 +111,6 @@ def write_acceptance_table(
 ) -> Path:
     """Write (atomically) an acceptance table the simulator loads with
     simulator.speculative.acceptance.load_table; validated before it is written."""
-
     data = {
         "name": Path(path).stem,
         "target": target,

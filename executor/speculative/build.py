@@ -112,7 +112,6 @@ def warm_up_drafts(drafts, s: int = 4) -> None:
     """Each draft's drafting on dummy sequences for a few group sizes, then its counters back to
     zero (first calls of new shapes cost 2-5x: a fresh process's first drafting rounds took
     2.4-5.1 ms against 1.1 ms later for one sequence)."""
-
     drafts = list(drafts)
     if not drafts:
         return
@@ -131,7 +130,6 @@ def warm_up(decoder, s: int = 4) -> None:
     4.7-5.9 ms against 2.6 ms later): run the target's prefill and verification on dummy
     sequences for a few batch sizes, and the in-process drafts' drafting (warm_up_drafts), then
     put every counter back. The proposer's own state (voting weights, selector) is not touched."""
-
     target = decoder.target
     for n in _warm_up_groups([target.cache], s):
         seqs = [SpecSequence(-1 - j, WARM_UP_PROMPT, s + 2, 1) for j in range(n)]

@@ -82,7 +82,6 @@ class FusedLlamaRunner(LlamaRunner):
 
 def draft_runner(lm):
     """The fused runner for Llama/Mistral drafts without a sliding window, else the reference one."""
-
     if (
         lm.family == "llama"
         and getattr(lm.config, "rope_scaling", None) in (None, {})

@@ -22,7 +22,6 @@ DATASET = "stdlib-heldout"
 def record_zoo(out: Path, *, s: int = 5, requests: int = 24, output: int = 96, seed: int = 0, quiet: bool = False):
     """Greedy acceptance of each zoo draft (and of the Minions ensemble of drafts a, b, c with
     fixed s) by zoo-target on held-out prompts, at speculation length s, as table entries."""
-
     import torch
 
     from ..models import load_model

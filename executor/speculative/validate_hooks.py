@@ -49,7 +49,6 @@ _SPEC_FIELDS = ("kind", "alpha", "probs", "recorded_s", "counts", "measured_mode
 def execute(spec, requests, model, out, opts: ExecOptions = VALIDATION):
     """`sim exec` of the workload (engine.py writes speculation_drafting.parquet for a
     pipelined run and speculation_sequences.parquet for every run itself)."""
-
     return execute_speculative(spec, requests, model, Path(out), opts)
 
 
@@ -73,7 +72,6 @@ def fit_request_mixture(
     component, for a simulation of the same requests by id (the validation); `shrink=False`
     keeps the groups' realized acceptance (what the run did, which is what a simulation of that
     run by id should reproduce; shrinking is for drawing levels for unknown requests)."""
-
     rid, s, accepted = (np.asarray(x, dtype=np.int64) for x in (rid, s, accepted))
     keep = s > 0
     rid, s, accepted = rid[keep], s[keep], accepted[keep]

@@ -66,7 +66,6 @@ def ensure_zoo(spec: ZooSpec = DEFAULT_ZOO, root: Path | None = None, log=None, 
     folder. A missing default zoo whose key is not the shipped one is trained in a child process (`python -m infersim.executor.zoo.build`) that this one waits for: the
     training gets a fresh interpreter with OpenMP set up for a shared machine, and its memory
     is returned when it ends."""
-
     from .build import build_zoo, fill_from_shipped, is_complete, zoo_dir
 
     d = zoo_dir(spec, root)

@@ -83,7 +83,6 @@ def zoo_dir(spec: ZooSpec = DEFAULT_ZOO, root: Path | None = None, corpus: Corpu
 
 def weights_sha256(model) -> str:
     """Hash of the weights themselves (names, dtypes, shapes, bytes), independent of file format."""
-
     h = hashlib.sha256()
     for name, t in sorted(model.state_dict().items()):
         t = t.detach().contiguous().cpu()
@@ -142,7 +141,6 @@ def is_complete(d: Path, recipes) -> bool:
 
 def fill_from_shipped(d: Path) -> bool:
     """Copy the shipped weights into zoo folder `d` when its key is the shipped key (shipped.py)."""
-
     d.mkdir(parents=True, exist_ok=True)
     with _locked(d.parent / f"{d.name}.lock"):
         return install_shipped(d)
@@ -311,7 +309,6 @@ def _write_manifest(spec: ZooSpec, c: Corpus, d: Path) -> None:
 
 def main(argv=None) -> int:
     """`python -m infersim.executor.zoo.build [--root DIR] [names...]`: build the default zoo."""
-
     ap = argparse.ArgumentParser(description="build the executor's model zoo")
     ap.add_argument("models", nargs="*")
     ap.add_argument("--root", default=None)

@@ -113,7 +113,6 @@ def held_out_windows(tokenizer, n: int, tokens: int, seed: int, *, split: str = 
     """n windows of `tokens` tokens, one per file (corpus order) long enough, at a seeded
     offset: [n, tokens]. split 'train' gives the skewing sample from training files (InfiniGen's
     offline skewing input; the held-out ones measure perplexity and sparsity)."""
-
     corpus = load_corpus()
     train, held = corpus.split()
     rng = np.random.default_rng(seed)

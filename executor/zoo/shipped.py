@@ -25,7 +25,6 @@ MANIFEST = "SHIPPED.json"
 
 def shipped_dir() -> Path:
     """The package's shipped-zoo folder (in a source checkout and an installed package alike)."""
-
     return Path(str(importlib.resources.files("infersim.executor.zoo"))) / "shipped"
 
 

@@ -164,7 +164,6 @@ def show_catalog(
     """A table when it fits the terminal with every cell whole (text wraps between words), else
     one stacked block per row: the name on its line, then `column value` pairs wrapped below.
     Names are never cut: at 80 columns `a100-80gb-pcie` and `a100-80gb-sxm` stay apart."""
-
     console = console or Console()
     longest_word = lambda text: max((len(w) for w in str(text).split()), default=0)
     # cells that must stay whole (names, numbers) set their column's minimum; text wraps between words

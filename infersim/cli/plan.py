@@ -128,7 +128,6 @@ def _options(args) -> dict[str, list]:
 
 def _degrees(text, flag: str) -> list[int]:
     """'1,2' -> [1, 2]; a bad list is one line naming the flag."""
-
     out = []
     for t in _csv(text):
         try:
@@ -202,7 +201,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _goodput(args: argparse.Namespace, pf, out: Path) -> int:
     """`sim plan --disaggregation GPUS` (or a plan file's disaggregation: section)."""
-
     source = str(args.plan) if args.plan else "plan file"
     section = pf.disaggregation.model_dump() if pf.disaggregation is not None else {}
     if args.disaggregation is not None:

@@ -63,7 +63,6 @@ def add_cost_options(p: argparse.ArgumentParser) -> None:
 def resolve_cost_options(args: argparse.Namespace) -> dict:
     """The options of add_cost_options loaded and checked, each error naming its flag: keyword
     arguments for build_cost_model (and the studies built on it)."""
-
     model = in_field("", "--model", load_model, args.model)
     hardware = in_field("", "--hardware", load_hardware, args.hardware)
     dtype = in_field("", "--dtype", normalize_dtype, args.dtype)
@@ -152,7 +151,6 @@ def _si(x: float) -> str:
 def _operator_tables(cost, ops, shown, attention: str, wide: bool) -> list:
     """Rich tables of the operators of each setting in `shown`, each ending with the iteration
     total: one table with phase/batch/seq/q columns on a wide terminal, else one per setting."""
-
     key = ["phase", "batch", "seq_len", "candidates"]
     head = f"{cost.model.name} on {cost.hardware.name} ({cost.weight_dtype}, tp {cost.tp}, {attention} attention)"
 

@@ -117,7 +117,6 @@ def add_out_flags(p, where: str, *, replaces: bool) -> None:
 
 def add_memory_flag(p) -> None:
     """The override of the up-front memory refusal, the same on every command."""
-
     p.add_argument(
         MEMORY_FLAG,
         action="store_true",
@@ -128,7 +127,6 @@ def add_memory_flag(p) -> None:
 
 def apply_overrides(spec, args, source: str = "workload"):
     """The spec with the command-line overrides, validated again as a whole."""
-
     upd = {}
     if args.seed is not None:
         upd["seed"] = check_seed(args.seed, "--seed")
@@ -164,7 +162,6 @@ def prepare(args, source: str, serving: dict | None = None):
     """Load the workload named by --workload, apply the overrides (flags, then `serving` fields),
     check it against the shared rules (seed, tensor parallelism, memory) and build its requests;
     prints the notice of the count + duration_s rule when it applies. Returns (spec, requests)."""
-
     spec, base_dir = load_workload(args.workload)
     spec = apply_overrides(spec, args, source)
     if serving:
@@ -245,7 +242,6 @@ def execute(spec, requests, out: Path, opts: RunOptions = RunOptions()) -> dict:
     """Simulate and write the run directory atomically; returns the summary. With
     `opts.compare_prefix_caching`, the same requests are simulated again with prefix caching
     off and the summary gets that run's latencies (`without_prefix_caching`)."""
-
     with staged_dir(Path(out), command="run", force=opts.force) as tmp:
         with ProgressBar(
             "simulating",
@@ -285,7 +281,6 @@ def execute(spec, requests, out: Path, opts: RunOptions = RunOptions()) -> dict:
 
 def _without_prefix_caching(spec, requests, opts: RunOptions) -> dict:
     """Latencies and throughput of the same requests served with prefix caching off."""
-
     off = spec.model_copy(update={"serving": spec.serving.model_copy(update={"prefix_caching": False})})
     s = summarize(Simulation(off, requests, step_mode=opts.step_mode, source=opts.source).run())
     keep = ("ttft_s", "tpot_s", "e2e_s", "queueing_s", "makespan_s", "throughput_req_per_s", "finished")
@@ -364,7 +359,6 @@ def print_summary(s: dict, spec, out: Path, wall_s: float) -> None:
 
 def backend_options(args: argparse.Namespace):
     """The --backend/--workers/--address/--quiet/--no-memory-check flags `sim plan` and `sim sweep` share."""
-
     return BackendOptions(
         backend=args.backend,
         workers=args.workers,

@@ -55,7 +55,6 @@ def _params(x, tile: int) -> GemmParams:
 def fit_gemm(samples: GemmSamples, device: GemmDevice) -> GemmParams:
     """Best (compute, memory, launch, corner, wave exponent, wave latency, tile share) for each
     candidate tile; the tile that fits best. Without an SM count both wave terms stay 0."""
-
     s = samples
     log_t = np.log(s.time_s)
     sw = np.sqrt(octave_weights(s.tokens))
@@ -127,7 +126,6 @@ class ElementwiseParams:
 def _fit_launch_rate(nbytes: np.ndarray, t: np.ndarray, kernels: np.ndarray) -> tuple[float, float, float]:
     """(launch s, s per byte, residual) of t = kernels x (launch + bytes x rate), least squares in
     relative error with both terms non-negative."""
-
     (launch_s, inv_rate), resid = nnls(np.column_stack([kernels / t, kernels * nbytes / t]), np.ones_like(t))
     return float(launch_s), float(inv_rate), float(resid)
 
@@ -173,7 +171,6 @@ def fit_elementwise(
 def _fit_gather(tokens: np.ndarray, t: np.ndarray) -> tuple[float, float]:
     """(fixed s, s per token) of t = fixed + tokens x per token, least squares in relative error,
     both non-negative."""
-
     (fixed_s, per_token_s), _ = nnls(np.column_stack([1.0 / t, tokens / t]), np.ones_like(t))
     return float(fixed_s), float(per_token_s)
 

@@ -76,7 +76,6 @@ def unpack_array(d: dict) -> np.ndarray:
 def poly_powers(n_features: int, degree: int) -> np.ndarray:
     """Exponent rows of every monomial of total degree 0..degree, in scikit-learn's
     PolynomialFeatures order (bias, then by degree, then lexicographic combinations)."""
-
     rows = []
     for deg in range(degree + 1):
         for combo in combinations_with_replacement(range(n_features), deg):

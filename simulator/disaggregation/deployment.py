@@ -19,7 +19,6 @@ from .transfers import KVTransfers
 def check_disaggregated(spec, source: str) -> None:
     """What the schema cannot see: features that change the iteration loop do not combine with
     disaggregation, and every pool's names exist (its tensor parallelism is check_deployment's)."""
-
     d = spec.hardware.disaggregated
     if d is None:
         return

@@ -38,7 +38,6 @@ REPRODUCIBLE_PNG = {"metadata": {"Software": None}, "bbox_inches": "tight"}
 
 def write_figure(fig, path: str | Path, **savefig) -> None:
     """Save atomically, in the format of the file's suffix; `savefig` goes to Figure.savefig."""
-
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format=Path(path).suffix.lstrip(".") or "png", **savefig)
 

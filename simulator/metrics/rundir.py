@@ -206,7 +206,6 @@ def write_table(path: Path, columns: dict[str, np.ndarray]) -> None:
 def read_columns(path: Path, what: str = "a `sim exec` run directory") -> dict[str, np.ndarray]:
     """A run folder's parquet table as numpy columns; a missing file is a one-line error naming
     the folder and what it should have been."""
-
     path = Path(path)
     if not path.is_file():
         raise InfersimError(f"{path.parent}: missing {path.name} (not {what})")

@@ -121,7 +121,6 @@ def prefix_cache_summary(req: dict[str, np.ndarray], block_size: int, counters: 
 def typed_requests(req: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The per-request columns with their real types: counts and replica ids as int64, the
     aborted flag as bool, times as float64."""
-
     out = {}
     for col, values in req.items():
         if col in REQUEST_INT_COLUMNS:
@@ -137,7 +136,6 @@ def write_result_files(run_dir, result, *, csv: bool = False, resolved: dict | N
     """The files every run directory has, simulated or executed: config.yaml (what was
     resolved; `resolved` replaces result.resolved), requests.parquet (+ requests.csv) with the
     derived per-request columns, and summary.json. Returns the summary."""
-
     run_dir = Path(run_dir)
     summary = summarize(result)
     write_yaml(run_dir / "config.yaml", result.resolved if resolved is None else resolved)

@@ -36,7 +36,6 @@ def busy_until(start_s: np.ndarray, end_s: np.ndarray, t_s: np.ndarray) -> np.nd
 
 def plot_stages(run_dir: Path) -> list[Path]:
     """The stage panel of a run folder that has stages.parquet."""
-
     run_dir = Path(run_dir)
     if not (run_dir / "stages.parquet").is_file():
         return []

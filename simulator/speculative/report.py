@@ -179,7 +179,6 @@ class SpecStats:
 
 def series_frames(replica) -> dict:
     """The full time series of one speculative replica as pandas DataFrames."""
-
     st = replica.stats
     return {
         "s": pd.DataFrame(st.s_series, columns=["t_s", "s"]),
@@ -191,7 +190,6 @@ def series_frames(replica) -> dict:
 
 def write_series(sim, folder) -> list:
     """CSV files speculation_<series>[_r<replica>].csv of every speculative replica of a run."""
-
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
