@@ -58,11 +58,9 @@ def execute(spec, requests, model: str, out: Path, opts: ExecOptions = ExecOptio
     check_engine_features(spec, opts.source)
     if getattr(spec, "speculation", None) is not None:
         # a `speculation:` section: the speculative engine (executor/speculative/engine.py)
-
         return execute_speculative(spec, requests, model, out, opts)
     if getattr(spec, "offload", None) is not None:
         # an `offload:` section: the KV cache in host memory under the policy (executor/offload/serve.py)
-
         return execute_offload(spec, requests, model, out, opts)
 
     t_wall = time.perf_counter()

@@ -102,7 +102,6 @@ class Simulation:
             self.parallel_account["links"] = self.cost_model.links.sources
         if self.spec.offload is not None:
             # KV lives in host memory: the GPU-only plan would reject models that offload weights too
-
             self.memory = offload_memory_plan(self)
         elif self.placement.pp > 1:
             self.memory, stages = plan_pipeline_memory(

@@ -150,7 +150,6 @@ def validate_case(
 
     if bracket:
         # calibrated now on other requests, on both sides of the validated run
-
         serving = spec.serving.model_dump(mode="json", exclude_none=True) if matched else None
         # a trace would replay the validated requests themselves: no mix run then
         mix = (

@@ -117,7 +117,6 @@ def _fit_bracketed(mode, spec, run, model: str, out: Path, opts: CaseOptions, va
     )
     # against the rounds as the simulator prices them (a pipelined run's contention included:
     # against the solo fit the ratio measured how many passes overlapped, not the machine's speed)
-
     ratio, per_run, per_run_drafting = {}, [], []
     for side, ts in halves.items():
         r = []
