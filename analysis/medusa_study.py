@@ -25,7 +25,7 @@ import pandas as pd
 
 from infersim.simulator.costmodel import BatchShape, RooflineCostModel
 from infersim.simulator.errors import InfersimError
-from infersim.simulator.metrics.plots import finish_figure
+from infersim.simulator.metrics.plots import agg_pyplot, finish_figure
 from infersim.simulator.speculative.medusa_heads import (
     HeadAccuracies,
     expected_accept_length,
@@ -34,7 +34,6 @@ from infersim.simulator.speculative.medusa_heads import (
 )
 from infersim.simulator.yamlio import atomic_path
 
-from .report_html import agg_pyplot
 from .roofline import POW2_BATCHES, POW2_SEQ_LENS, build_cost_model
 
 LOG_RATE_COEF = 0.477  # Medusa G.3: acceleration rate = 0.477 * ln(#candidates), fitted to Fig. 4a

@@ -18,16 +18,6 @@ from infersim.simulator.yamlio import write_atomic
 # ------------------------------------------------------------------ plotting helpers (shared)
 
 
-def agg_pyplot():
-    """matplotlib.pyplot on the file-only Agg backend, matplotlib's own style."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def save_figure(fig, path: Path) -> None:
     """Save with fixed metadata (identical inputs give identical PNGs), atomically."""
     write_figure(fig, path, **REPRODUCIBLE_PNG)

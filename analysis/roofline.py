@@ -25,12 +25,10 @@ from infersim.simulator.costmodel import BatchShape, RooflineCostModel
 from infersim.simulator.errors import InfersimError
 from infersim.simulator.hardware.catalog import load_hardware
 from infersim.simulator.hardware.profile import HardwareProfile
-from infersim.simulator.metrics.plots import write_figure
+from infersim.simulator.metrics.plots import agg_pyplot, write_figure
 from infersim.simulator.models.catalog import load_model
 from infersim.simulator.models.spec import ModelSpec
 from infersim.simulator.validation import BASE_BYTES, check_memory, check_tensor_parallel
-
-from .report_html import agg_pyplot
 
 PHASES = ("prefill", "decode", "verify")
 POW2_BATCHES = (1, 2, 4, 8, 16, 32, 64)  # Medusa Figs. 9-17

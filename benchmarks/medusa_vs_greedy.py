@@ -27,9 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from infersim.analysis.report_html import agg_pyplot
 from infersim.simulator.machine import cpu_model
-from infersim.simulator.metrics.plots import finish_figure
+from infersim.simulator.metrics.plots import agg_pyplot, finish_figure
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))

@@ -41,12 +41,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from infersim.analysis.report_html import agg_pyplot
 from infersim.analysis.reproduce.command import reproduction_parser
 from infersim.analysis.reproduce.moved import Headline, moved_section
 from infersim.simulator.costmodel import BatchShape
 from infersim.simulator.hardware.catalog import load_hardware
-from infersim.simulator.metrics.plots import finish_figure
+from infersim.simulator.metrics.plots import agg_pyplot, finish_figure
 from infersim.simulator.metrics.summary import summarize
 from infersim.simulator.models.catalog import load_model
 from infersim.simulator.offload import OffloadSection, build_offload

@@ -36,7 +36,6 @@ import torch
 import yaml
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from infersim.analysis.report_html import agg_pyplot
 from infersim.executor.models import load_model
 from infersim.executor.offload import DenseLlama, evaluate_policy
 from infersim.executor.offload.model import full_forward
@@ -44,7 +43,7 @@ from infersim.executor.offload.policies import H2O, FullCache, InfiniGen, Int4KV
 from infersim.executor.offload.skew import apply_skew, partial_columns, skew_matrices
 from infersim.executor.offload.sparsity import at_contexts, important_counts, sparsity_spec
 from infersim.executor.zoo.corpus import held_out_windows
-from infersim.simulator.metrics.plots import finish_figure
+from infersim.simulator.metrics.plots import agg_pyplot, finish_figure
 from infersim.simulator.metrics.rundir import json_clean
 from infersim.simulator.offload.policies import Int4Params
 from infersim.simulator.yamlio import atomic_path, write_atomic

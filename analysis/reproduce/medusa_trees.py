@@ -25,11 +25,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from infersim.analysis.report_html import agg_pyplot
 from infersim.analysis.report_html import frame_md_table as _md
 from infersim.analysis.reproduce.command import reproduction_parser
 from infersim.analysis.reproduce.moved import Headline, moved_section
-from infersim.simulator.metrics.plots import finish_figure
+from infersim.simulator.metrics.plots import agg_pyplot, finish_figure
 from infersim.simulator.metrics.summary import summarize
 from infersim.simulator.simulation import Simulation
 from infersim.simulator.speculative.medusa_heads import grow_greedy, load_accuracies

@@ -38,11 +38,10 @@ import numpy as np
 import pandas as pd
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from infersim.analysis.report_html import agg_pyplot
 from infersim.analysis.report_html import frame_md_table as _md
 from infersim.analysis.reproduce.command import reproduction_parser
 from infersim.analysis.reproduce.moved import Headline, moved_section, reference_path
-from infersim.simulator.metrics.plots import finish_figure
+from infersim.simulator.metrics.plots import agg_pyplot, finish_figure
 from infersim.simulator.metrics.summary import summarize
 from infersim.simulator.simulation import Simulation
 from infersim.simulator.speculative.report import series_frames

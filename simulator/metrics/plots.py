@@ -10,14 +10,20 @@ import pyarrow.parquet as pq
 from ..yamlio import atomic_path
 
 
-def pyplot(**rc):
-    """matplotlib.pyplot on the file-only Agg backend, in the project's style (a fixed SVG hash
-    salt, so the same figure gives the same bytes); `rc` overrides settings (dots per inch, font)."""
+def agg_pyplot():
+    """matplotlib.pyplot on the file-only Agg backend, its settings left as they are."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def pyplot(**rc):
+    """matplotlib.pyplot on the file-only Agg backend, in the project's style (a fixed SVG hash
+    salt, so the same figure gives the same bytes); `rc` overrides settings (dots per inch, font)."""
+    plt = agg_pyplot()
     plt.rcParams.update(
         {
             "figure.dpi": 110,
