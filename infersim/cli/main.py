@@ -16,8 +16,6 @@ from infersim.simulator.errors import InfersimError
 
 from .commands import COMMANDS
 
-SUBCOMMANDS = tuple(COMMANDS)  # every `sim` subcommand, in the order `sim --help` lists them
-
 
 class Terminated(KeyboardInterrupt):
     """SIGTERM (a batch scheduler, `timeout`, `kill`), raised like Ctrl-C so that every clean-up

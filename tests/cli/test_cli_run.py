@@ -120,9 +120,9 @@ def test_failed_run_keeps_previous_results(tmp_path, monkeypatch):
 
 
 def test_help_for_every_subcommand(capsys):
-    from infersim.cli.main import SUBCOMMANDS
+    from infersim.cli.commands import COMMANDS
 
-    for cmd in SUBCOMMANDS:
+    for cmd in COMMANDS:
         with pytest.raises(SystemExit) as exc:
             main([cmd, "--help"])
         assert exc.value.code == 0
