@@ -75,21 +75,22 @@ class BlockManager(BlockCounts):
 
     def swap_out(self, seqs) -> int:
         """Move the sequences' GPU blocks to the CPU pool; returns the blocks moved."""
-        return self._swap(seqs, to_gpu=False)
+        n = sum(seq.num_gpu_blocks for seq in seqs)
+        if n > self.free_cpu:
+            raise RuntimeError(f"CPU block pool overdrawn by {list(seqs)!r}")
+        self.free_cpu -= n
+        self.free_gpu += n
+        for seq in seqs:
+            seq.num_cpu_blocks, seq.num_gpu_blocks = seq.num_gpu_blocks, 0
+        return n
 
     def swap_in(self, seqs) -> int:
         """Move the sequences' CPU blocks back to the GPU pool; returns the blocks moved."""
-        return self._swap(seqs, to_gpu=True)
-
-    def _swap(self, seqs, *, to_gpu: bool) -> int:
-        held = [seq.num_cpu_blocks if to_gpu else seq.num_gpu_blocks for seq in seqs]
-        n = sum(held)
-        if n > (self.free_gpu if to_gpu else self.free_cpu):
-            what = "GPU block pool overdrawn swapping in" if to_gpu else "CPU block pool overdrawn by"
-            raise RuntimeError(f"{what} {list(seqs)!r}")
-        taken = n if to_gpu else -n  # GPU blocks the swap fills (a swap-out frees them)
-        self.free_gpu -= taken
-        self.free_cpu += taken
-        for seq, k in zip(seqs, held):
-            seq.num_gpu_blocks, seq.num_cpu_blocks = (k, 0) if to_gpu else (0, k)
+        n = sum(seq.num_cpu_blocks for seq in seqs)
+        if n > self.free_gpu:
+            raise RuntimeError(f"GPU block pool overdrawn swapping in {list(seqs)!r}")
+        self.free_gpu -= n
+        self.free_cpu += n
+        for seq in seqs:
+            seq.num_gpu_blocks, seq.num_cpu_blocks = seq.num_cpu_blocks, 0
         return n
