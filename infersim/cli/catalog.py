@@ -137,6 +137,18 @@ def run_hardware(args: argparse.Namespace) -> int:
                 + (f", inherits {c.inherits}: {c.why}" if c.inherits else "")
                 + (f"; {c.source}" if c.source else "")
             )
+            shapes = c.gemm.measured_shapes if c.gemm is not None else None
+            if shapes is not None:
+                print(
+                    f"measured GEMM shapes: {shapes.rows} (GEMMs of a measured N at a K within "
+                    f"~{shapes.k_width_octaves} octave take their measured/model ratio; corrected MAPE "
+                    f"{shapes.mape_pct:.1f}% on the fitted rows)"
+                )
+            elif c.gemm is not None and c.inherits:
+                print(
+                    f"measured GEMM shapes: not inherited ({h.sm_count} SMs, not {c.inherits}'s: "
+                    "the staircase of kernel choices moves with the SM count); the fitted GEMM model alone"
+                )
     return 0
 
 

@@ -12,9 +12,12 @@ import yaml
 from ..errors import InfersimError
 from ..hardware.catalog import load_hardware, profile_path
 from ..hardware.profile import HardwareProfile
-from ..yamlio import validate
+from ..yamlio import validate, write_atomic
+from .fit import with_measured_shapes
 from .profile_writer import with_sections, write_profile
 from .tables import recognise
+
+SHAPES_SUFFIX = ".gemm-shapes.csv.gz"
 
 # the comment above each section `sim calibrate` writes
 SECTION_HEADERS = {
@@ -52,6 +55,12 @@ class CalibrateResult:
                 f"{g.wave_exponent:.2f}, wave latency {g.wave_latency_us:.2f} us; {g.rows} rows, "
                 f"MAPE {g.mape_pct:.1f}%, bias {g.bias_pct:+.1f}%"
             )
+            if g.measured_shapes:
+                m = g.measured_shapes
+                lines.append(
+                    f"  gemm measured shapes: {m.rows} in {m.file} (K carried {m.k_width_octaves} octave); "
+                    f"corrected MAPE {m.mape_pct:.1f}%, bias {m.bias_pct:+.1f}%"
+                )
         for k, e in cal.elementwise.items() if cal else ():
             lines.append(
                 f"  {k}: memory {e.memory:.3f}, launch {e.launch_us:.2f} us, saturation "
@@ -73,9 +82,33 @@ class CalibrateResult:
         return lines
 
 
+def shapes_path(out: Path) -> Path:
+    """Where `sim calibrate` writes the measured GEMM table of a profile written to `out`."""
+    return out.with_name(out.name.removesuffix(out.suffix) + SHAPES_SUFFIX)
+
+
+def _refuse_existing(target: Path, force: bool) -> None:
+    if target.exists() and not force:
+        raise InfersimError(f"{target}: exists; refusing to overwrite it (--force replaces it)")
+
+
+def _carried_shapes(profile: HardwareProfile, text: str, base_path: Path, out: Path) -> tuple[str, Path | None]:
+    """A base profile's measured GEMM table, kept by a step that fits other sections: the text
+    names the copy written beside `out`; and the file to copy."""
+    cal = profile.calibration
+    shapes = cal.gemm.measured_shapes if cal is not None and cal.gemm is not None else None
+    if shapes is None:
+        return text, None
+    src = base_path.parent / shapes.file
+    if not src.is_file():
+        raise InfersimError(f"{base_path}: field 'calibration.gemm.measured_shapes.file': {shapes.file} not found")
+    moved = shapes.model_copy(update={"file": shapes_path(out).name})
+    new = cal.model_copy(update={"gemm": cal.gemm.model_copy(update={"measured_shapes": moved})})
+    return with_sections(text, {"calibration": new}, header=SECTION_HEADERS["calibration"]), src
+
+
 def calibrate(opts: CalibrateOptions) -> CalibrateResult:
-    if opts.out.exists() and not opts.force:
-        raise InfersimError(f"{opts.out}: exists; refusing to overwrite it (--force replaces it)")
+    _refuse_existing(opts.out, opts.force)
     base = load_hardware(opts.hardware + ":datasheet" if ":" not in opts.hardware else opts.hardware)
     base_path = profile_path(opts.hardware.split(":")[0])
     kinds: dict[str, tuple[Any, list]] = {}
@@ -87,16 +120,29 @@ def calibrate(opts: CalibrateOptions) -> CalibrateResult:
         kinds.setdefault(type(kind).fit, (kind, []))[1].extend(rows)  # kinds sharing a fit pool their rows
     source = opts.source or ", ".join(p.name for p in opts.tables)
     sections: dict[str, Any] = {}
+    table = None
     for kind, rows in kinds.values():
         for key, value in kind.fit(rows, base, source).items():
             if key in sections:
                 raise InfersimError(
                     f"{opts.tables[0]}: two table kinds fit the same section '{key}'; calibrate them one at a time"
                 )
+            if key == "calibration" and value.gemm is not None:
+                value, table = with_measured_shapes(value, rows, base, shapes_path(opts.out).name)
             sections[key] = value
     text = base_path.read_text()
     for key, value in sections.items():  # each section under its own comment
         text = with_sections(text, {key: value}, header=SECTION_HEADERS.get(key, ""))
+    carried = None
+    if "calibration" not in sections:
+        base_profile = validate(HardwareProfile, yaml.safe_load(text), str(base_path))
+        text, carried = _carried_shapes(base_profile, text, base_path, opts.out)
     profile = validate(HardwareProfile, yaml.safe_load(text), str(opts.out))
+    if table is not None or carried is not None:  # first: a profile never names a table that is not there
+        _refuse_existing(shapes_path(opts.out), opts.force)
+        if table is not None:
+            table.write(shapes_path(opts.out), source)
+        elif carried.resolve() != shapes_path(opts.out).resolve():
+            write_atomic(shapes_path(opts.out), carried.read_bytes())
     write_profile(opts.out, text, opts.force)
     return CalibrateResult(opts.out, profile, sections)

@@ -9,8 +9,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..costmodel.kernel_times import elementwise_fit_time_s, gemm_device, gemm_params, gemm_time_s
+from ..costmodel.measured_gemms import K_WIDTH_OCTAVES, MeasuredGemms, ShapeCorrection
 from ..errors import InfersimError
-from ..hardware.profile import Calibration, ElementwiseFit, GemmFit, HardwareProfile
+from ..hardware.profile import Calibration, ElementwiseFit, GemmFit, HardwareProfile, MeasuredShapes
 from .kernel_models import GATHER_TOKENS, GemmSamples, errors_pct, fit_elementwise, fit_gemm
 from .rows import KernelRow
 
@@ -34,10 +35,33 @@ def _gemm_samples(rows: list[KernelRow]) -> GemmSamples:
     )
 
 
+def measured_gemms(rows: list[KernelRow]) -> MeasuredGemms:
+    """The GEMM rows' medians by shape (n, k, tokens)."""
+    g = [r for r in rows if r.kernel == "gemm"]
+    n = np.array([r.out_width for r in g])
+    k = np.array([r.flops_per_token for r in g]) / (2.0 * n)
+    return MeasuredGemms.from_arrays(n, k, [r.tokens for r in g], [r.time_s for r in g])
+
+
+def _shape_factors(correction: ShapeCorrection, s: GemmSamples) -> np.ndarray:
+    shape = np.stack([np.rint(s.out_width), np.rint(s.flops_per_token / (2.0 * s.out_width))], axis=1)
+    keys, inverse = np.unique(shape, axis=0, return_inverse=True)
+    out = np.ones_like(s.tokens)
+    for i, (n, k) in enumerate(keys):
+        sel = inverse.ravel() == i
+        out[sel] = correction.factor(n, k, s.tokens[sel])
+    return out
+
+
 def predict_rows(
-    calibration: Calibration, rows: list[KernelRow], hardware: HardwareProfile, dtype: str = "fp16"
+    calibration: Calibration,
+    rows: list[KernelRow],
+    hardware: HardwareProfile,
+    dtype: str = "fp16",
+    correction: ShapeCorrection | None = None,
 ) -> np.ndarray:
-    """Predicted seconds of each row under a calibration (NaN where it has no model)."""
+    """Predicted seconds of each row under a calibration (NaN where it has no model); GEMMs
+    scaled by `correction` (measured shapes) when given."""
     peak, bw = _rates(hardware, dtype)
     out = np.full(len(rows), np.nan)
     for kernel in sorted({r.kernel for r in rows}):
@@ -45,7 +69,7 @@ def predict_rows(
         sub = [rows[j] for j in idx]
         if kernel == "gemm" and calibration.gemm is not None:
             s = _gemm_samples(sub)
-            out[idx] = gemm_time_s(
+            t = gemm_time_s(
                 gemm_params(calibration.gemm),
                 s.flops_per_token,
                 s.bytes_const,
@@ -54,6 +78,9 @@ def predict_rows(
                 s.out_width,
                 gemm_device(hardware, dtype),
             )
+            if correction is not None:
+                t = t * _shape_factors(correction, s)
+            out[idx] = t
         elif kernel in calibration.elementwise:
             out[idx] = np.array([r.kernels for r in sub]) * elementwise_fit_time_s(
                 calibration.elementwise[kernel],
@@ -161,3 +188,21 @@ def significant(x: float, digits: int = 4) -> float:
 
 def _sig(x: float) -> float:
     return significant(x, 5)
+
+
+def with_measured_shapes(
+    calibration: Calibration, rows: list[KernelRow], hardware: HardwareProfile, file: str, dtype: str = "fp16"
+) -> tuple[Calibration, MeasuredGemms]:
+    """The calibration whose GEMM fit is corrected by its own rows' measured shapes (stored in
+    `file`, relative to the profile), with the corrected model's errors on those rows; and the
+    table to write there."""
+    table = measured_gemms(rows)
+    fit = calibration.gemm
+    correction = ShapeCorrection(table, gemm_params(fit), gemm_device(hardware, dtype), K_WIDTH_OCTAVES)
+    g = [r for r in rows if r.kernel == "gemm"]
+    mape, bias = errors_pct(predict_rows(calibration, g, hardware, dtype, correction), [r.time_s for r in g])
+    shapes = MeasuredShapes(
+        file=file, rows=len(table), k_width_octaves=K_WIDTH_OCTAVES, mape_pct=round(mape, 3), bias_pct=round(bias, 3)
+    )
+    gemm = fit.model_copy(update={"measured_shapes": shapes})
+    return calibration.model_copy(update={"gemm": gemm}), table

@@ -5,7 +5,9 @@ the tensor-parallel all-reduces and a per-iteration overhead.
 On a calibrated profile (`calibration:` fitted by `sim calibrate`, or inherited from a measured
 card) the GEMMs and the elementwise kernels the tables measured take their fitted time models
 instead (simulator/calibration/kernel_models.py: the memory/compute corner, tile quantisation,
-launch floors); operators no table measured (attention, the KV write) keep the class roofline.
+launch floors), and a 16-bit GEMM of a width the profile's tables measured is scaled by their
+measured/model ratio (simulator/costmodel/measured_gemms.py); operators no table measured
+(attention, the KV write) keep the class roofline.
 `NAME:datasheet` profiles have no calibration: the pure datasheet roofline."""
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from ..validation import check_tensor_parallel
 from .base import CostModel, Direction, OperatorCost
 from .batch import BatchShape, BatchTotals
 from .kernel_times import elementwise_fit_time_s, gemm_device, gemm_params, gemm_time_s
+from .measured_gemms import ratio_on, shape_correction
 from .moe import RoutedExperts, check_expert_parallel, moe_affine_operators
 from .operators import (
     allreduce_bytes_per_layer,
@@ -38,6 +41,22 @@ def gemm_dtype_for(weight_dtype: str) -> str:
     """The GEMMs' tensor-core rate: FP8 weights run FP8 GEMMs (activations quantised per token, as
     vLLM and TensorRT-LLM do on Hopper and Ada); everything else at the activations' rate."""
     return "fp8" if weight_dtype == "fp8" else compute_dtype_for(weight_dtype)
+
+
+MEASURED_GEMM_DTYPES = ("fp16", "bf16")
+
+
+def _gemm_fn(params, coef, per: int, device, curve):
+    """Time of one GEMM operator as a function of (T, L): the fitted model, scaled by the
+    measured shapes' ratio where the profile measured this N and K."""
+    f, w, a, n = coef
+
+    def time_s(T, L):
+        m = T if per == 1 else L
+        t = gemm_time_s(params, f, w, a, m, n, device)
+        return t if curve is None else t * ratio_on(curve, np.asarray(m, dtype=np.float64))
+
+    return time_s
 
 
 class RooflineCostModel(CostModel):
@@ -127,19 +146,15 @@ class RooflineCostModel(CostModel):
             return []
 
         device = gemm_device(self.hardware, self.gemm_dtype)
+        # the measured shapes are 16-bit GEMMs: other GEMM dtypes run other kernels
+        shapes = shape_correction(calibration.gemm, device) if self.gemm_dtype in MEASURED_GEMM_DTYPES else None
         rows = []
         for j, op in enumerate(self.ops):
             f, b = self._flop_coef[j], self._byte_coef[j]
             if op.kernel == "gemm" and calibration.gemm is not None:
                 params, per = gemm_params(calibration.gemm), (1 if f[1] else 4)  # tokens, or logit positions
-                rows.append(
-                    (
-                        j,
-                        lambda T, L, p=params, per=per, f=f[per], w=b[0], a=b[per], n=op.out_width: gemm_time_s(
-                            p, f, w, a, T if per == 1 else L, n, device
-                        ),
-                    )
-                )
+                curve = shapes.curve(op.out_width, f[per] / (2.0 * op.out_width)) if shapes is not None else None
+                rows.append((j, _gemm_fn(params, (f[per], b[0], b[per], op.out_width), per, device, curve)))
             elif op.kernel in calibration.elementwise:
                 e = calibration.elementwise[op.kernel]
                 rows.append(

@@ -79,9 +79,14 @@ def _inherited(profile: HardwareProfile, path: Path):
     if parent is None or parent.calibration is None or parent.calibration.status != "measured":
         raise InfersimError(f"{path}: field 'calibration.inherits': '{own.inherits}' is not a measured profile")
     pc = parent.calibration
+    gemm = pc.gemm
+    if gemm is not None and gemm.measured_shapes is not None and parent.sm_count != profile.sm_count:
+        # the measured staircase follows the waves of output tiles over the SMs: another SM
+        # count steps elsewhere, so only the fitted model carries over
+        gemm = gemm.model_copy(update={"measured_shapes": None})
     return own.model_copy(
         update={
-            "gemm": pc.gemm,
+            "gemm": gemm,
             "elementwise": dict(pc.elementwise),
             "source": own.source or f"inherited from {parent.name}: {pc.source}",
         }
@@ -90,7 +95,21 @@ def _inherited(profile: HardwareProfile, path: Path):
 
 @lru_cache(maxsize=None)
 def _load(path: str, _mtime_ns: int, _size: int) -> HardwareProfile:
-    return validate(HardwareProfile, load_mapping(path), path)
+    return with_shapes_path(validate(HardwareProfile, load_mapping(path), path), Path(path))
+
+
+def with_shapes_path(profile: HardwareProfile, path: Path) -> HardwareProfile:
+    """The profile with its measured GEMM table's file resolved against the profile's folder
+    (so a derived card that inherits the fits finds it); refused in one line if missing."""
+    cal = profile.calibration
+    shapes = cal.gemm.measured_shapes if cal is not None and cal.gemm is not None else None
+    if shapes is None:
+        return profile
+    file = (path.parent / shapes.file).resolve()
+    if not file.is_file():
+        raise InfersimError(f"{path}: field 'calibration.gemm.measured_shapes.file': {shapes.file} not found")
+    gemm = cal.gemm.model_copy(update={"measured_shapes": shapes.model_copy(update={"file": str(file)})})
+    return profile.model_copy(update={"calibration": cal.model_copy(update={"gemm": gemm})})
 
 
 @lru_cache(maxsize=None)

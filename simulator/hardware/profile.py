@@ -75,6 +75,20 @@ class FittedValue(BaseModel):
     fitted_on: list[str] = Field([], description="the models (or table labels) whose rows were used")
 
 
+class MeasuredShapes(BaseModel):
+    """The measured GEMM medians the model is corrected by, shape by shape
+    (simulator/costmodel/measured_gemms.py)."""
+
+    model_config = STRICT_CONFIG
+    file: str = Field(description="gzipped CSV of n, k, tokens, time_us; relative to the profile's folder")
+    rows: int = Field(ge=1, description="measured shapes (one median per n, k, tokens)")
+    k_width_octaves: float = Field(
+        gt=0, le=4.0, description="width of the weight over log2 K: how far a measured K carries to another"
+    )
+    mape_pct: NonNegativeFloat = Field(description="MAPE of the corrected model on the fitted rows")
+    bias_pct: float = Field(description="signed error of the corrected model on the fitted rows, percent")
+
+
 class GemmFit(FittedValue):
     """A GEMM of M tokens (x K inputs -> N outputs) takes
     launch + ((weight + activation bytes) / (bandwidth x memory)) (+) (2 M' K N / (peak x compute))
@@ -102,6 +116,9 @@ class GemmFit(FittedValue):
         le=1.0,
         description="share of the rounding of M at tile_tokens; the rest rounds to twice the tile (cuBLAS runs "
         "tiles of both heights, shape by shape)",
+    )
+    measured_shapes: Optional[MeasuredShapes] = Field(
+        None, description="measured shapes that correct the model where a GEMM's N and K were measured"
     )
 
 

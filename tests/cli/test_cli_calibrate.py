@@ -145,3 +145,54 @@ def test_collective_table_fits_the_collectives_section(tmp_path, capsys):
         assert fit.rows == 16 and fit.mape_pct < 0.1
         seg = fit.segments[-1]
         assert seg.latency_us == pytest.approx(20.0, rel=1e-3) and seg.bandwidth_gbps == pytest.approx(100.0, rel=1e-3)
+
+
+def test_writes_the_measured_gemm_table_beside_the_profile(tmp_path, capsys):
+    rc, out = _calibrate(tmp_path, SAMPLE)
+    assert rc == 0
+    table = tmp_path / "out.gemm-shapes.csv.gz"
+    shapes = load_hardware(str(out)).calibration.gemm.measured_shapes
+    assert (
+        table.is_file()
+        and yaml.safe_load(out.read_text())["calibration"]["gemm"]["measured_shapes"]["file"] == table.name
+    )
+    assert shapes.rows == 4 * 28 and shapes.mape_pct < load_hardware(str(out)).calibration.gemm.mape_pct
+    assert "gemm measured shapes: 112" in capsys.readouterr().out
+
+
+def test_an_existing_table_is_not_overwritten_without_force(tmp_path, capsys):
+    table = tmp_path / "out.gemm-shapes.csv.gz"
+    table.write_bytes(b"mine")
+    rc, out = _calibrate(tmp_path, SAMPLE)
+    assert rc == 2 and table.read_bytes() == b"mine" and not out.exists()
+    assert "refusing to overwrite" in capsys.readouterr().err
+
+
+def test_a_later_step_into_another_folder_carries_the_table(tmp_path, capsys):
+    """Collectives fitted onto a calibrated profile written elsewhere: the table goes along."""
+    rc, first = _calibrate(tmp_path, SAMPLE)
+    assert rc == 0
+    table = tmp_path / "coll.csv"
+    rows = ["setup,collective,num_workers,size,devices_per_node,max_devices_per_node,median_ms,std_ms"]
+    rows += [f"lab_dgx,all_reduce,2,{2**k},2,8,{0.02 + k * 1e-3:.6f},0" for k in range(10, 20)]
+    table.write_text("\n".join(rows) + "\n")
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    out = other / "tp.yaml"
+    assert main(["calibrate", str(table), "--hardware", str(first), "--out", str(out)]) == 0
+    hw = load_hardware(str(out))
+    assert (other / "tp.gemm-shapes.csv.gz").read_bytes() == (tmp_path / "out.gemm-shapes.csv.gz").read_bytes()
+    assert hw.calibration.gemm.measured_shapes.rows == 112 and hw.collectives is not None
+
+
+def test_a_profile_naming_a_missing_table_is_refused_in_one_line(tmp_path, capsys):
+    rc, out = _calibrate(tmp_path, SAMPLE)
+    assert rc == 0
+    (tmp_path / "out.gemm-shapes.csv.gz").unlink()
+    capsys.readouterr()
+    assert (
+        main(["run", "--workload", "chatbot.yaml", "--hardware", str(out), "-n", "5", "--out", str(tmp_path / "r")])
+        == 2
+    )
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "measured_shapes.file" in err and str(out) in err

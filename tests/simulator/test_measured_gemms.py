@@ -1,0 +1,138 @@
+"""Measured GEMM shapes: the correction gives a measured shape its measured time, fades with
+the distance in K, leaves unmeasured widths and fp8 GEMMs to the fitted model; shipped
+profiles carry their tables to derived cards of the same SM count only."""
+
+import numpy as np
+import pytest
+
+from infersim.simulator.costmodel import BatchShape, RooflineCostModel
+from infersim.simulator.costmodel.kernel_times import GemmParams, gemm_device, gemm_params, gemm_time_s
+from infersim.simulator.costmodel.measured_gemms import MeasuredGemms, ShapeCorrection, shape_correction
+from infersim.simulator.hardware.catalog import load_hardware
+from infersim.simulator.models.catalog import load_model
+
+HW = load_hardware("a100-80gb-sxm:datasheet")
+DEVICE = gemm_device(HW)
+PARAMS = GemmParams(0.7, 0.85, 4.0, 2.5, 64, 0.3, 1.0, 0.5)
+GRID = np.array([1.0, 8.0, 64.0, 128.0, 256.0])
+
+
+def _model_s(n, k, tokens):
+    return gemm_time_s(PARAMS, 2.0 * n * k, 2.0 * n * k, 2.0 * (n + k), np.asarray(tokens, float), n, DEVICE)
+
+
+def _table(shapes):
+    """Measured = model x a factor per (n, k): 1.2 for the first shape, 0.9 for the second..."""
+    n, k, t, s = [], [], [], []
+    for (ni, ki), factor in shapes.items():
+        n += [ni] * len(GRID)
+        k += [ki] * len(GRID)
+        t += list(GRID)
+        s += list(_model_s(ni, ki, GRID) * factor)
+    return MeasuredGemms.from_arrays(np.array(n), np.array(k), np.array(t), np.array(s))
+
+
+def test_a_measured_shape_takes_its_measured_time():
+    corr = ShapeCorrection(_table({(8192, 8192): 1.2, (4096, 4096): 0.9}), PARAMS, DEVICE, 0.25)
+    assert corr.factor(8192, 8192, GRID) == pytest.approx(np.full(5, 1.2), rel=1e-12)
+    assert corr.factor(4096, 4096, GRID) == pytest.approx(np.full(5, 0.9), rel=1e-12)
+    # between grid points: the next measured token count (the same tile)
+    assert corr.factor(8192, 8192, [100.0, 129.0])[1] == pytest.approx(1.2, rel=1e-12)
+
+
+def test_unmeasured_width_and_beyond_the_grid_keep_the_model():
+    corr = ShapeCorrection(_table({(8192, 8192): 1.2}), PARAMS, DEVICE, 0.25)
+    assert np.array_equal(corr.factor(5120, 8192, GRID), np.ones(5))
+    assert corr.factor(8192, 8192, [257.0, 4096.0]).tolist() == [1.0, 1.0]
+
+
+def test_the_correction_fades_with_the_distance_in_k():
+    """K a quarter octave away: the log ratio times exp(-1/2); an octave away: nothing."""
+    corr = ShapeCorrection(_table({(8192, 8192): 1.2}), PARAMS, DEVICE, 0.25)
+    k = 9742  # 8,192 x 2^0.25, whole (shapes are whole numbers)
+    w1 = np.exp(-0.5 * (np.log2(k / 8192) / 0.25) ** 2)
+    assert w1 == pytest.approx(np.exp(-0.5), rel=1e-4)
+    assert corr.factor(8192, k, [64.0])[0] == pytest.approx(np.exp(np.log(1.2) * w1), rel=1e-12)
+    assert corr.factor(8192, 16384, [64.0])[0] == 1.0
+    # two measured K's around the asked one: their weighted mean, scaled by the nearer's weight
+    two = ShapeCorrection(_table({(8192, 8192): 1.2, (8192, 16384): 0.8}), PARAMS, DEVICE, 0.25)
+    w2 = np.exp(-0.5 * (np.log2(16384 / k) / 0.25) ** 2)
+    expect = np.exp((w1 * np.log(1.2) + w2 * np.log(0.8)) / (w1 + w2) * w1)
+    assert two.factor(8192, k, [64.0])[0] == pytest.approx(expect, rel=1e-12)
+
+
+def test_duplicate_measurements_give_their_median(tmp_path):
+    m = MeasuredGemms.from_arrays([10, 10, 10, 20], [5, 5, 5, 5], [1, 1, 1, 1], [1e-6, 3e-6, 2e-6, 4e-6])
+    assert len(m) == 2 and m.time_s.tolist() == [2e-6, 4e-6]
+    path = tmp_path / "t.gemm-shapes.csv.gz"
+    m.write(path, "test")
+    back = MeasuredGemms.read(path)
+    assert back.n.tolist() == [10, 20] and back.time_s == pytest.approx(m.time_s, rel=1e-9)
+    m.write(tmp_path / "again.csv.gz", "test")
+    assert (tmp_path / "again.csv.gz").read_bytes() == path.read_bytes()  # no timestamp in the gzip
+
+
+def test_cost_model_applies_the_shipped_correction_to_a_measured_width():
+    """Llama-2-70B on the A100 at TP 4 has Meta-Llama-3-70B's shapes: its Q/K/V projection
+    (N = 2,560, K = 8,192) is the fitted model times the table's ratio, which differs from 1."""
+    hw = load_hardware("a100-80gb-sxm")
+    corr = shape_correction(hw.calibration.gemm, gemm_device(hw))
+    cm = RooflineCostModel(load_model("llama-2-70b"), hw, tensor_parallel=4)
+    op = next(o for o in cm.layer_ops if o.name == "qkv_proj")
+    assert op.out_width == 2560
+    f, b = cm._flop_coef[cm.ops.index(op)], cm._byte_coef[cm.ops.index(op)]
+    for tokens in (1, 300, 512, 2048):
+        model = gemm_time_s(gemm_params(hw.calibration.gemm), f[1], b[0], b[1], tokens, 2560, gemm_device(hw))
+        factor = corr.factor(2560, 8192, [tokens])[0]
+        assert factor != 1.0
+        ops = {o.name: o for o in cm.breakdown(BatchShape.prefill([tokens]))}
+        assert ops["qkv_proj"].time_s == pytest.approx(float(model) * factor, rel=1e-12)
+
+
+def test_a_shape_measured_once_with_no_neighbour_is_priced_at_its_median():
+    """In the shipped A100 table, a width measured at a single K with no other K within an
+    octave: the corrected model returns the measured medians."""
+    hw = load_hardware("a100-80gb-sxm")
+    table = MeasuredGemms.read(hw.calibration.gemm.measured_shapes.file)
+    corr = shape_correction(hw.calibration.gemm, gemm_device(hw))
+    for n in np.unique(table.n):
+        ks = np.unique(table.k[table.n == n])
+        if len(ks) == 1:
+            sel = table.n == n
+            model = _fitted(hw, n, ks[0], table.tokens[sel])
+            got = model * corr.factor(n, ks[0], table.tokens[sel])
+            assert got == pytest.approx(table.time_s[sel], rel=1e-9)
+            return
+    pytest.fail("no width measured at a single K")
+
+
+def _fitted(hw, n, k, tokens):
+    return gemm_time_s(
+        gemm_params(hw.calibration.gemm), 2.0 * n * k, 2.0 * n * k, 2.0 * (n + k), tokens, n, gemm_device(hw)
+    )
+
+
+def test_fp8_gemms_keep_the_fitted_model():
+    hw = load_hardware("h100-sxm")
+    cm = RooflineCostModel(load_model("llama-2-70b"), hw, tensor_parallel=4, dtype="fp8")
+    op = next(o for o in cm.layer_ops if o.name == "qkv_proj")
+    j = cm.ops.index(op)
+    f, b = cm._flop_coef[j], cm._byte_coef[j]
+    model = gemm_time_s(gemm_params(hw.calibration.gemm), f[1], b[0], b[1], 512.0, op.out_width, gemm_device(hw, "fp8"))
+    ops = {o.name: o for o in cm.breakdown(BatchShape.prefill([512]))}
+    assert ops["qkv_proj"].time_s == pytest.approx(float(model), rel=1e-12)
+
+
+def test_derived_cards_inherit_the_table_only_with_the_same_sm_count():
+    assert load_hardware("h200").calibration.gemm.measured_shapes is not None  # 132 SMs, as the H100 SXM
+    assert load_hardware("a100-40gb").calibration.gemm.measured_shapes is not None  # 108, as the A100 SXM
+    assert load_hardware("h100-pcie").calibration.gemm.measured_shapes is None  # 114 SMs
+    assert load_hardware("l40").calibration.gemm.measured_shapes is None  # 142 SMs, from the A40's 84
+    assert shape_correction(load_hardware("h100-pcie").calibration.gemm, gemm_device(HW)) is None
+
+
+def test_shipped_profiles_reproduce_the_recorded_corrected_error():
+    """The recorded corrected MAPE is what the stored fit and table give on their own rows."""
+    for name in ("a100-80gb-sxm", "a40", "h100-sxm"):
+        fit = load_hardware(name).calibration.gemm
+        assert 0.0 < fit.measured_shapes.mape_pct < fit.mape_pct / 2
