@@ -103,7 +103,7 @@ class MeasuredGemms:
 
 
 class ShapeCorrection:
-    """Per (N, K): the token grid and the log ratio measured/model on it (see the module)."""
+    """Per (N, K): the token grid and the ratio measured/model on it (see the module)."""
 
     def __init__(self, measured: MeasuredGemms, params: GemmParams, device: GemmDevice, k_width_octaves: float):
         m = measured
@@ -120,8 +120,8 @@ class ShapeCorrection:
         self._curves: dict[tuple[float, float], tuple[np.ndarray, np.ndarray] | None] = {}
 
     def curve(self, n: float, k: float) -> tuple[np.ndarray, np.ndarray] | None:
-        """(token grid, log ratio) of a GEMM of width n and inner size k; None if no measured
-        shape of width n is near k."""
+        """(token grid, ratio at each grid point and 1 after the last) of a GEMM of width n and
+        inner size k; None if no measured shape of width n is near k."""
         key = (float(round(n)), float(round(k)))
         if key not in self._curves:
             self._curves[key] = self._build(*key)
@@ -143,7 +143,8 @@ class ShapeCorrection:
             num += np.where(ok, w * r, 0.0)
             den += np.where(ok, w, 0.0)
             top = np.maximum(top, np.where(ok, w, 0.0))
-        return grid, np.where(den > 0, num / np.maximum(den, 1e-300) * top, 0.0)
+        ratio = np.exp(np.where(den > 0, num / np.maximum(den, 1e-300) * top, 0.0))
+        return grid, np.append(ratio, 1.0)  # past the last grid point: the model's own time
 
     def factor(self, n: float, k: float, tokens) -> np.ndarray:
         """Multiplier of the model's time, elementwise over token counts."""
@@ -155,10 +156,9 @@ class ShapeCorrection:
 
 
 def ratio_on(curve: tuple[np.ndarray, np.ndarray], tokens: np.ndarray) -> np.ndarray:
-    grid, lr = curve
-    idx = np.searchsorted(grid, tokens, side="left")
-    inside = (idx < len(grid)) & (tokens > 0)
-    return np.where(inside, np.exp(lr[np.minimum(idx, len(grid) - 1)]), 1.0)
+    """The multiplier at each token count (1 for none, or past the measured grid)."""
+    grid, ratio = curve
+    return np.where(tokens > 0, ratio[np.searchsorted(grid, tokens, side="left")], 1.0)
 
 
 def shape_correction(fit: GemmFit | None, device: GemmDevice) -> ShapeCorrection | None:
