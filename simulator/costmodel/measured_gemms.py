@@ -98,7 +98,7 @@ class MeasuredGemms:
         bad = ~np.isfinite(values) | (values <= 0)
         if bad.any():
             row, col = np.argwhere(bad)[0]
-            raise InfersimError(f"{path}: row {row + 2}, column '{COLUMNS[col]}': expected a positive number")
+            raise InfersimError(f"{path}: data row {row + 1}, column '{COLUMNS[col]}': expected a positive number")
         return cls.from_arrays(values[:, 0], values[:, 1], values[:, 2], values[:, 3] * 1e-6)
 
 

@@ -136,3 +136,15 @@ def test_shipped_profiles_reproduce_the_recorded_corrected_error():
     for name in ("a100-80gb-sxm", "a40", "h100-sxm"):
         fit = load_hardware(name).calibration.gemm
         assert 0.0 < fit.measured_shapes.mape_pct < fit.mape_pct / 2
+
+
+def test_a_malformed_table_is_refused_naming_row_and_column(tmp_path):
+    from infersim.simulator.errors import InfersimError
+
+    bad = tmp_path / "t.csv"
+    bad.write_text("# source\nn,k,tokens,time_us\n10,5,1,2.0\n10,5,2,-1\n")
+    with pytest.raises(InfersimError, match=r"t.csv: data row 2, column 'time_us'"):
+        MeasuredGemms.read(bad)
+    bad.write_text("n,k,time_us\n10,5,2.0\n")
+    with pytest.raises(InfersimError, match="column 'tokens' missing"):
+        MeasuredGemms.read(bad)
