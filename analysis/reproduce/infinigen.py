@@ -481,6 +481,11 @@ HEADLINES = [
 ]
 
 
+def _shapes_note(cal) -> str:
+    """' and measured GEMM shapes' when the inherited GEMM fit carries them."""
+    return " and measured GEMM shapes" if cal.gemm is not None and cal.gemm.measured_shapes is not None else ""
+
+
 def report(
     df: pd.DataFrame, meta: dict, serve: pd.DataFrame | None, files: list[str], quick: bool, elapsed: float
 ) -> str:
@@ -501,7 +506,7 @@ def report(
     cal = load_hardware(HW).calibration
     w(
         "OPT-13B (fp16, 25.7 GB of weights, all on the GPU), RTX A6000 profile (154.8 TFLOP/s, 768 GB/s; kernels "
-        f"priced by the {cal.inherits} GEMM and elementwise fits the profile inherits, on its own peaks) with the "
+        f"priced by the {cal.inherits} GEMM and elementwise fits{_shapes_note(cal)} the profile inherits, on its own peaks) with the "
         "`pcie3x16` host link (12.6 GB/s each way: 80% of PCIe 3.0 x16), 96 GB host "
         "memory. A batch of sequences is prefilled and then decodes 127 steps (128 tokens), as FlexGen runs it; "
         "throughput is batch x 128 / (prefill + decode), as the paper's Fig. 15. Policies (`simulator/offload/"
