@@ -2,9 +2,14 @@
 the distance in K, leaves unmeasured widths and fp8 GEMMs to the fitted model; shipped
 profiles carry their tables to derived cards of the same SM count only."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
+from infersim.simulator.calibration.fit import measured_gemms, predict_rows
+from infersim.simulator.calibration.kernel_models import errors_pct
+from infersim.simulator.calibration.tables import recognise
 from infersim.simulator.costmodel import BatchShape, RooflineCostModel
 from infersim.simulator.costmodel.kernel_times import GemmParams, gemm_device, gemm_params, gemm_time_s
 from infersim.simulator.costmodel.measured_gemms import MeasuredGemms, ShapeCorrection, shape_correction
@@ -14,6 +19,7 @@ from infersim.simulator.models.catalog import load_model
 HW = load_hardware("a100-80gb-sxm:datasheet")
 DEVICE = gemm_device(HW)
 PARAMS = GemmParams(0.7, 0.85, 4.0, 2.5, 64, 0.3, 1.0, 0.5)
+KERNEL_TABLE = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "gpu-kernels" / "linear_ops.csv.gz"
 GRID = np.array([1.0, 8.0, 64.0, 128.0, 256.0])
 
 
@@ -131,11 +137,20 @@ def test_derived_cards_inherit_the_table_only_with_the_same_sm_count():
     assert shape_correction(load_hardware("h100-pcie").calibration.gemm, gemm_device(HW)) is None
 
 
-def test_shipped_profiles_reproduce_the_recorded_corrected_error():
-    """The recorded corrected MAPE is what the stored fit and table give on their own rows."""
-    for name in ("a100-80gb-sxm", "a40", "h100-sxm"):
-        fit = load_hardware(name).calibration.gemm
-        assert 0.0 < fit.measured_shapes.mape_pct < fit.mape_pct / 2
+@pytest.mark.parametrize("name, device", [("a100-80gb-sxm", "a100"), ("a40", "a40"), ("h100-sxm", "h100")])
+def test_shipped_profiles_reproduce_their_recorded_corrected_error(name, device):
+    """The shipped table's GEMM rows priced by the stored fit and the stored measured shapes
+    give the error the profile records, and the table holds those rows' medians."""
+    hw = load_hardware(name)
+    rows = [r for r in recognise(KERNEL_TABLE).read(KERNEL_TABLE, device) if r.kernel == "gemm"]
+    table = MeasuredGemms.read(hw.calibration.gemm.measured_shapes.file)
+    again = measured_gemms(rows)
+    assert np.array_equal(table.n, again.n) and table.time_s == pytest.approx(again.time_s, rel=1e-6)
+    correction = shape_correction(hw.calibration.gemm, gemm_device(hw))
+    mape, bias = errors_pct(predict_rows(hw.calibration, rows, hw, correction=correction), [r.time_s for r in rows])
+    shapes = hw.calibration.gemm.measured_shapes
+    assert (round(mape, 3), round(bias, 3)) == pytest.approx((shapes.mape_pct, shapes.bias_pct), abs=2e-3)
+    assert shapes.mape_pct < hw.calibration.gemm.mape_pct / 2
 
 
 def test_a_malformed_table_is_refused_naming_row_and_column(tmp_path):
