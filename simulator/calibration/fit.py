@@ -12,6 +12,7 @@ from ..costmodel.kernel_times import elementwise_fit_time_s, gemm_device, gemm_p
 from ..costmodel.measured_gemms import K_WIDTH_OCTAVES, MeasuredGemms, ShapeCorrection
 from ..errors import InfersimError
 from ..hardware.profile import Calibration, ElementwiseFit, GemmFit, HardwareProfile, MeasuredShapes
+from ..models.dtypes import bytes_per_element, normalize_dtype
 from .kernel_models import GATHER_TOKENS, GemmSamples, errors_pct, fit_elementwise, fit_gemm
 from .rows import KernelRow
 
@@ -198,11 +199,17 @@ def with_measured_shapes(
     table to write there."""
     table = measured_gemms(rows)
     fit = calibration.gemm
-    correction = ShapeCorrection(table, gemm_params(fit), gemm_device(hardware, dtype), K_WIDTH_OCTAVES)
+    device = gemm_device(hardware, dtype)
+    correction = ShapeCorrection(table, gemm_params(fit), device, K_WIDTH_OCTAVES, bytes_per_element(dtype))
     g = [r for r in rows if r.kernel == "gemm"]
     mape, bias = errors_pct(predict_rows(calibration, g, hardware, dtype, correction), [r.time_s for r in g])
     shapes = MeasuredShapes(
-        file=file, rows=len(table), k_width_octaves=K_WIDTH_OCTAVES, mape_pct=round(mape, 3), bias_pct=round(bias, 3)
+        file=file,
+        rows=len(table),
+        k_width_octaves=K_WIDTH_OCTAVES,
+        dtype=normalize_dtype(dtype),
+        mape_pct=round(mape, 3),
+        bias_pct=round(bias, 3),
     )
     gemm = fit.model_copy(update={"measured_shapes": shapes})
     return calibration.model_copy(update={"gemm": gemm}), table

@@ -33,6 +33,7 @@ import pandas as pd
 
 from ..errors import InfersimError
 from ..hardware.profile import GemmFit
+from ..models.dtypes import bytes_per_element
 from ..yamlio import write_atomic
 from .kernel_times import GemmDevice, GemmParams, gemm_params, gemm_time_s
 
@@ -40,7 +41,6 @@ COLUMNS = ("n", "k", "tokens", "time_us")
 # how far a measured K carries: chosen by leave-one-model-out on the shipped tables (0.2 and 0.3
 # octave score alike; 1 octave and wider borrow staircases that do not carry)
 K_WIDTH_OCTAVES = 0.25
-FP16_BYTES = 2.0
 
 
 @dataclass(frozen=True)
@@ -64,11 +64,11 @@ class MeasuredGemms:
     def __len__(self) -> int:
         return len(self.n)
 
-    def to_csv_bytes(self, source: str) -> bytes:
+    def to_csv_bytes(self, source: str, dtype: str = "fp16") -> bytes:
         """Gzipped CSV (mtime 0: the same table gives the same bytes) under a comment naming
         the source."""
         buf = io.StringIO()
-        buf.write(f"# measured GEMM medians (fp16): {source}\n")
+        buf.write(f"# measured GEMM medians ({dtype}): {source}\n")
         pd.DataFrame(
             {
                 "n": self.n.astype(np.int64),
@@ -82,8 +82,8 @@ class MeasuredGemms:
             fh.write(buf.getvalue().encode())
         return out.getvalue()
 
-    def write(self, path: Path, source: str) -> None:
-        write_atomic(path, self.to_csv_bytes(source))
+    def write(self, path: Path, source: str, dtype: str = "fp16") -> None:
+        write_atomic(path, self.to_csv_bytes(source, dtype))
 
     @classmethod
     def read(cls, path: Path) -> "MeasuredGemms":
@@ -105,11 +105,16 @@ class MeasuredGemms:
 class ShapeCorrection:
     """Per (N, K): the token grid and the ratio measured/model on it (see the module)."""
 
-    def __init__(self, measured: MeasuredGemms, params: GemmParams, device: GemmDevice, k_width_octaves: float):
-        m = measured
-        model = gemm_time_s(
-            params, 2.0 * m.n * m.k, FP16_BYTES * m.n * m.k, FP16_BYTES * (m.n + m.k), m.tokens, m.n, device
-        )
+    def __init__(
+        self,
+        measured: MeasuredGemms,
+        params: GemmParams,
+        device: GemmDevice,
+        k_width_octaves: float,
+        element_bytes: float = 2.0,
+    ):
+        m, b = measured, element_bytes
+        model = gemm_time_s(params, 2.0 * m.n * m.k, b * m.n * m.k, b * (m.n + m.k), m.tokens, m.n, device)
         log_ratio = np.log(m.time_s / model)
         self._width = float(k_width_octaves)
         self._by_n: dict[float, list[tuple[float, np.ndarray, np.ndarray]]] = {}
@@ -172,9 +177,17 @@ def shape_correction(fit: GemmFit | None, device: GemmDevice) -> ShapeCorrection
         stat = path.stat()
     except OSError:
         raise InfersimError(f"{path}: measured GEMM table not found") from None
-    return _correction(str(path), stat.st_mtime_ns, stat.st_size, gemm_params(fit), device, shapes.k_width_octaves)
+    key = (str(path), stat.st_mtime_ns, stat.st_size)
+    return _correction(key, gemm_params(fit), device, shapes.k_width_octaves, bytes_per_element(shapes.dtype))
 
 
 @lru_cache(maxsize=16)
-def _correction(path: str, _mtime_ns: int, _size: int, params: GemmParams, device: GemmDevice, width: float):
-    return ShapeCorrection(MeasuredGemms.read(Path(path)), params, device, width)
+def _correction(key: tuple, params: GemmParams, device: GemmDevice, width: float, element_bytes: float):
+    return ShapeCorrection(MeasuredGemms.read(Path(key[0])), params, device, width, element_bytes)
+
+
+def same_gemm_kernels(dtype: str, measured_dtype: str) -> bool:
+    """Whether GEMMs of `dtype` run the kernels a table of `measured_dtype` timed: the same
+    dtype, or fp16 and bf16 (the same tensor-core kernels at the same rate)."""
+    half = ("fp16", "bf16")
+    return dtype == measured_dtype or (dtype in half and measured_dtype in half)

@@ -21,7 +21,7 @@ from ..validation import check_tensor_parallel
 from .base import CostModel, Direction, OperatorCost
 from .batch import BatchShape, BatchTotals
 from .kernel_times import elementwise_fit_time_s, gemm_device, gemm_params, gemm_time_s
-from .measured_gemms import ratio_on, shape_correction
+from .measured_gemms import ratio_on, same_gemm_kernels, shape_correction
 from .moe import RoutedExperts, check_expert_parallel, moe_affine_operators
 from .operators import (
     allreduce_bytes_per_layer,
@@ -41,9 +41,6 @@ def gemm_dtype_for(weight_dtype: str) -> str:
     """The GEMMs' tensor-core rate: FP8 weights run FP8 GEMMs (activations quantised per token, as
     vLLM and TensorRT-LLM do on Hopper and Ada); everything else at the activations' rate."""
     return "fp8" if weight_dtype == "fp8" else compute_dtype_for(weight_dtype)
-
-
-MEASURED_GEMM_DTYPES = ("fp16", "bf16")
 
 
 def _gemm_fn(params, coef, per: int, device, curve):
@@ -146,8 +143,10 @@ class RooflineCostModel(CostModel):
             return []
 
         device = gemm_device(self.hardware, self.gemm_dtype)
-        # the measured shapes are 16-bit GEMMs: other GEMM dtypes run other kernels
-        shapes = shape_correction(calibration.gemm, device) if self.gemm_dtype in MEASURED_GEMM_DTYPES else None
+        measured = calibration.gemm.measured_shapes if calibration.gemm is not None else None
+        # a table of other GEMM dtypes timed other kernels (fp8 GEMMs against an fp16 table)
+        same = measured is not None and same_gemm_kernels(self.gemm_dtype, measured.dtype)
+        shapes = shape_correction(calibration.gemm, device) if same else None
         rows = []
         for j, op in enumerate(self.ops):
             f, b = self._flop_coef[j], self._byte_coef[j]

@@ -85,6 +85,9 @@ class MeasuredShapes(BaseModel):
     k_width_octaves: float = Field(
         gt=0, le=4.0, description="width of the weight over log2 K: how far a measured K carries to another"
     )
+    dtype: Literal["fp32", "fp16", "bf16"] = Field(
+        "fp16", description="the measured GEMMs' dtype: GEMMs of another width of element run other kernels"
+    )
     mape_pct: NonNegativeFloat = Field(description="MAPE of the corrected model on the fitted rows")
     bias_pct: float = Field(description="signed error of the corrected model on the fitted rows, percent")
 
