@@ -21,9 +21,10 @@ import math
 import numpy as np
 from scipy.optimize import minimize, minimize_scalar, nnls
 
-from infersim.simulator.calibration.fit import MIN_GEMM_ROWS, fit_kernels
+from infersim.simulator.calibration.fit import MIN_GEMM_ROWS, fit_kernels, with_measured_shapes
 from infersim.simulator.calibration.rows import RowOrigin, gemm_operator, row_from_operator
 from infersim.simulator.costmodel import BatchShape, RooflineCostModel
+from infersim.simulator.costmodel.measured_gemms import MeasuredGemms
 from infersim.simulator.costmodel.operators import act_operator, norm_operator
 from infersim.simulator.costmodel.regression import reference_spec
 
@@ -163,13 +164,19 @@ def kernel_rows(records: list[dict], dtype: str, label: str) -> list:
     return rows
 
 
-def fit_kernel_models(records: list[dict], hardware, dtype: str, source: str) -> dict | None:
-    """The profile's `calibration:` section fitted from the micro-benchmarks (None when the sweep
-    has too few GEMM rows for the fit)."""
+def fit_kernel_models(
+    records: list[dict], hardware, dtype: str, source: str, shapes_file: str | None = None
+) -> tuple[dict, MeasuredGemms | None] | None:
+    """The profile's `calibration:` section fitted from the micro-benchmarks, and with
+    `shapes_file` the measured GEMM table it names there (as `sim calibrate` writes them);
+    None when the sweep has too few GEMM rows for the fit."""
     rows = kernel_rows(records, dtype, hardware.name)
     if sum(r.kernel == "gemm" for r in rows) < MIN_GEMM_ROWS:
         return None
-    return fit_kernels(rows, hardware, source, dtype).model_dump(mode="json", exclude_none=True)
+    calibration, table = fit_kernels(rows, hardware, source, dtype), None
+    if shapes_file is not None:
+        calibration, table = with_measured_shapes(calibration, rows, hardware, shapes_file, dtype)
+    return calibration.model_dump(mode="json", exclude_none=True), table
 
 
 def fit_link(records: list[dict], direction: str, variant: str) -> dict:

@@ -20,6 +20,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from infersim.simulator.calibration.calibrate import shapes_path
 from infersim.simulator.costmodel.calibration_file import (
     CALIB_FORMAT,
     CALIB_VERSION,
@@ -392,6 +393,7 @@ def run_profile(opts: ProfileOptions, console=None) -> dict:
             "device_type": device.type,
             "dtype": dtype,
             "domain": {**sp.domain(), "max_kv_bytes": sp.max_kv_bytes},
+            "shapes_path": shapes_path(out).resolve(),
         }
         hw_dict, hw, calib, comps = analyze(records, steps, meta, seed=opts.seed, progress=progress, timings=timings)
         calib["sentinels"] = sent
@@ -442,7 +444,8 @@ def analyze(
     records: list[dict], steps: list[dict], meta: dict, *, seed: int = 0, progress=None, timings: dict | None = None
 ) -> tuple[dict, object, dict, dict]:
     """Fits and regressors from measurements: (profile dict, HardwareProfile, sidecar dict,
-    regressor comparisons). `meta`: name, info, mode, when, load, device_type, dtype, domain."""
+    regressor comparisons). `meta`: name, info, mode, when, load, device_type, dtype, domain and
+    shapes_path (where the measured GEMM table goes)."""
     timings = {} if timings is None else timings
     dtype, name = meta["dtype"], meta["name"]
     t0 = time.perf_counter()
@@ -452,13 +455,15 @@ def analyze(
     link = F.fit_host_link(records, meta["device_type"])
     fits = {"roofs": roof, "dtype_peaks": peaks, "efficiency": eff, "host_link": link}
     hw_dict = build_hardware_dict(meta, fits, 0.0)
-    calibration = F.fit_kernel_models(
-        records,
-        validate(HardwareProfile, hw_dict, "measured profile"),
-        dtype,
-        f"`sim profile` micro-benchmarks on {meta['info']['name']} ({dtype})",
+    source = f"`sim profile` micro-benchmarks on {meta['info']['name']} ({dtype})"
+    shapes = meta.get("shapes_path")
+    fitted = F.fit_kernel_models(
+        records, validate(HardwareProfile, hw_dict, "measured profile"), dtype, source, shapes and str(shapes)
     )
-    if calibration is not None:
+    if fitted is not None:
+        calibration, table = fitted
+        if table is not None:  # now: the cost models below, built on this profile, read it
+            table.write(Path(shapes), source, dtype)
         hw_dict = _with_calibration(hw_dict, calibration)
     hw0 = validate(HardwareProfile, hw_dict, "measured profile")
     arch = Arch().as_dict()
@@ -534,8 +539,12 @@ def _with_calibration(hw_dict: dict, calibration: dict) -> dict:
 
 
 def write_profile(out: Path, hw_dict: dict, calib: dict) -> None:
-    """The sidecar first, then the YAML naming its hash (both atomic)."""
+    """The sidecar first, then the YAML naming its hash (both atomic); the measured GEMM table
+    (written by the fit, beside `out`) is named relative to the profile."""
     out = Path(out)
+    shapes = ((hw_dict.get("calibration") or {}).get("gemm") or {}).get("measured_shapes")
+    if shapes:
+        shapes["file"] = Path(shapes["file"]).name
     side = sidecar_path(out)
     write_atomic(side, json.dumps(calib, indent=1, sort_keys=False) + "\n")
     digest = sha256_file(side)
@@ -627,6 +636,7 @@ def refit_profile(path: Path, opts: RefitOptions = RefitOptions()) -> dict:
         "device_type": device.type,
         "dtype": old["dtype"],
         "domain": old["step_model"]["domain"],
+        "shapes_path": shapes_path(out).resolve(),
     }
     records = [dict(r) for r in old["curves"]]
     steps = [dict(r) for r in old["steps"]]

@@ -281,6 +281,13 @@ def test_sim_profile_quick_writes_a_consistent_profile(tmp_path):
     # the GEMM micro-benchmarks went through sim calibrate's kernel fit
     gemm_rows = [r for r in cal["curves"] if r["kind"] == "gemm" and r["dtype"] == cal["dtype"]]
     assert hw.calibration.status == "measured" and hw.calibration.gemm.rows == len(gemm_rows)
+    # and its measured GEMM table, as sim calibrate writes one, in the profile's dtype
+    shapes = hw.calibration.gemm.measured_shapes
+    assert (tmp_path / "fresh.gemm-shapes.csv.gz").is_file() and shapes.dtype == "fp32"
+    assert (
+        yaml.safe_load(out.read_text())["calibration"]["gemm"]["measured_shapes"]["file"] == "fresh.gemm-shapes.csv.gz"
+    )
+    assert shapes.rows == len({(r["m"], r["k"], r["n"]) for r in gemm_rows})
     spec = load_model("llama-68m")
     assert 0 < RegressionCostModel(spec, hw, dtype="fp32").prefill_time_s(256) < float("inf")
 
