@@ -342,6 +342,10 @@ WHY = """
     InternLM-20B 7.4 -> 8.2%. Neighbouring widths N as well (Gaussian in log2 N, 0.1 or 0.2
     octave): no better (3.4-7.4 / 4.4-7.9 / 5.3-7.4 and 3.5-7.2 / 4.5-8.0 / 5.6-7.4, the A100's
     phi-2 6.8%).
+  - one GEMM fit per measured operator (Q/K/V, output, gate/up, down projection) instead of one
+    per device: 4.8-7.2 / 6.1-8.2 / 7.3-8.3 against 4.9-7.4 / 6.2-8.1 / 7.5-8.6 for the one fit
+    (fitted model alone); too little for a fit that GEMMs without such a name (MoE experts,
+    Medusa heads, the lm_head) could not use.
   - one tile shape with whole waves (time = waves x SMs x tile FLOPs, the textbook wave model):
     128 x 128 9.0-14.9 / 7.5-11.6 / 9.9-12.2; 128 x 256 15-31%; 256 x 128 13-28%; 64 x 128
     6.7-9.4 / 6.9-9.1 / 8.9-9.7. A partial wave costs a fraction of a whole one: cuBLAS runs
