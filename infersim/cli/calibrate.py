@@ -21,7 +21,8 @@ def add_parser(sub) -> None:
         "floor) and one time model per elementwise kernel (norm, activation, rotary, residual add, "
         "embedding; a launch floor, a rate, and the token count that fills the GPU) "
         "against the base profile's peaks, and writes the base profile with a `calibration:` section "
-        "recording each fitted value's source, rows and fit error.",
+        "recording each fitted value's source, rows and fit error, and beside it the GEMM rows' medians "
+        "(PROFILE.gemm-shapes.csv.gz: GEMMs of a measured width take the measured/model ratio).",
     )
     p.add_argument("tables", nargs="+", metavar="TABLE.csv", help="measured tables (kind recognised by the header)")
     p.add_argument(
@@ -42,7 +43,7 @@ def add_parser(sub) -> None:
         help="who measured the tables, recorded with every fitted value (default: the file names)",
     )
     p.add_argument("--out", required=True, metavar="PROFILE.yaml", help="profile to write")
-    p.add_argument("--force", action="store_true", help="replace --out if it exists")
+    p.add_argument("--force", action="store_true", help="replace --out (and its .gemm-shapes.csv.gz) if it exists")
     p.set_defaults(func=run)
 
 
