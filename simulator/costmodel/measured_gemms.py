@@ -3,7 +3,7 @@ device's tables measured.
 
 The fitted GEMM model (kernel_times.gemm_time_s) follows the average staircase of cuBLAS's
 kernel choices; each shape has its own (an A100 8,192 x 8,192 projection steps every 128
-tokens, a 28,672-wide one every 64; on the H100 a 8,192-wide output runs 20-30% slower than
+tokens, a 28,672-wide one every 64; on the H100 an 8,192-wide output runs 17-30% slower than
 the average from 520 to 640 tokens). The staircase is a property of the output width N, the
 inner size K and the token count M, and it repeats: the same shape measured for two models
 agrees within 0.4-3%. So where a device's tables measured GEMMs of the same N at the same or
@@ -120,8 +120,8 @@ class ShapeCorrection:
         self._by_n: dict[float, list[tuple[float, np.ndarray, np.ndarray]]] = {}
         keys = np.stack([m.n, m.k], axis=1)
         starts = np.flatnonzero(np.r_[True, np.any(keys[1:] != keys[:-1], axis=1)])
-        for a, b in zip(starts, np.r_[starts[1:], len(m)]):
-            self._by_n.setdefault(float(m.n[a]), []).append((float(m.k[a]), m.tokens[a:b], log_ratio[a:b]))
+        for lo, hi in zip(starts, np.r_[starts[1:], len(m)]):
+            self._by_n.setdefault(float(m.n[lo]), []).append((float(m.k[lo]), m.tokens[lo:hi], log_ratio[lo:hi]))
         self._curves: dict[tuple[float, float], tuple[np.ndarray, np.ndarray] | None] = {}
 
     def curve(self, n: float, k: float) -> tuple[np.ndarray, np.ndarray] | None:
@@ -137,7 +137,7 @@ class ShapeCorrection:
         if not shapes:
             return None
         weights = np.array([np.exp(-0.5 * (np.log2(kj / k) / self._width) ** 2) for kj, _, _ in shapes])
-        if weights.max() < 1e-3:
+        if weights.max() < 1e-3:  # every measured K about an octave away or more
             return None
         grid = np.unique(np.concatenate([t for _, t, _ in shapes]))
         num, den, top = np.zeros_like(grid), np.zeros_like(grid), np.zeros_like(grid)
