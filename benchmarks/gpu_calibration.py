@@ -341,7 +341,10 @@ WHY = """
     normalised weights instead of scaled, 0.3 octave: the A100's phi-2 6.5 -> 8.2% and
     InternLM-20B 7.4 -> 8.2%. Neighbouring widths N as well (Gaussian in log2 N, 0.1 or 0.2
     octave): no better (3.4-7.4 / 4.4-7.9 / 5.3-7.4 and 3.5-7.2 / 4.5-8.0 / 5.6-7.4, the A100's
-    phi-2 6.8%).
+    phi-2 6.8%). With the learned correction of the bullet above (its best setting) where the
+    measured shapes give none: 3.0-7.3 / 4.3-6.9 / 4.9-6.8, 6 of 14 cells (the H100's
+    CodeLlama-34B 4.9%; its Qwen-72B 5.1%, the A100's Llama-3-8B 5.1%), the A100's phi-2 worse
+    (6.3 -> 7.3%): one cell more for a tree ensemble in every profile; not kept.
   - one GEMM fit per measured operator (Q/K/V, output, gate/up, down projection) instead of one
     per device: 4.8-7.2 / 6.1-8.2 / 7.3-8.3 against 4.9-7.4 / 6.2-8.1 / 7.5-8.6 for the one fit
     (fitted model alone); too little for a fit that GEMMs without such a name (MoE experts,
