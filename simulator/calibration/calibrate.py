@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 
 from ..errors import InfersimError
-from ..hardware.catalog import load_hardware, profile_path
+from ..hardware.catalog import load_hardware, profile_path, with_shapes_path
 from ..hardware.profile import HardwareProfile
 from ..yamlio import validate, write_atomic
 from .fit import with_measured_shapes
@@ -92,16 +92,15 @@ def _refuse_existing(target: Path, force: bool) -> None:
         raise InfersimError(f"{target}: exists; refusing to overwrite it (--force replaces it)")
 
 
-def _carried_shapes(profile: HardwareProfile, text: str, base_path: Path, out: Path) -> tuple[str, Path | None]:
+def _carried_shapes(text: str, base_path: Path, out: Path) -> tuple[str, Path | None]:
     """A base profile's measured GEMM table, kept by a step that fits other sections: the text
     names the copy written beside `out`; and the file to copy."""
+    profile = with_shapes_path(validate(HardwareProfile, yaml.safe_load(text), str(base_path)), base_path)
     cal = profile.calibration
     shapes = cal.gemm.measured_shapes if cal is not None and cal.gemm is not None else None
     if shapes is None:
         return text, None
-    src = base_path.parent / shapes.file
-    if not src.is_file():
-        raise InfersimError(f"{base_path}: field 'calibration.gemm.measured_shapes.file': {shapes.file} not found")
+    src = Path(shapes.file)  # resolved against the base profile's folder, and there
     moved = shapes.model_copy(update={"file": shapes_path(out).name})
     new = cal.model_copy(update={"gemm": cal.gemm.model_copy(update={"measured_shapes": moved})})
     return with_sections(text, {"calibration": new}, header=SECTION_HEADERS["calibration"]), src
@@ -135,8 +134,7 @@ def calibrate(opts: CalibrateOptions) -> CalibrateResult:
         text = with_sections(text, {key: value}, header=SECTION_HEADERS.get(key, ""))
     carried = None
     if "calibration" not in sections:
-        base_profile = validate(HardwareProfile, yaml.safe_load(text), str(base_path))
-        text, carried = _carried_shapes(base_profile, text, base_path, opts.out)
+        text, carried = _carried_shapes(text, base_path, opts.out)
     profile = validate(HardwareProfile, yaml.safe_load(text), str(opts.out))
     if table is not None or carried is not None:  # first: a profile never names a table that is not there
         _refuse_existing(shapes_path(opts.out), opts.force)

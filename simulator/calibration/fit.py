@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..costmodel.kernel_times import elementwise_fit_time_s, gemm_device, gemm_params, gemm_time_s
-from ..costmodel.measured_gemms import K_WIDTH_OCTAVES, MeasuredGemms, ShapeCorrection
+from ..costmodel.measured_gemms import K_WIDTH_OCTAVES, MeasuredGemms, ShapeCorrection, gemm_inner_size
 from ..errors import InfersimError
 from ..hardware.profile import Calibration, ElementwiseFit, GemmFit, HardwareProfile, MeasuredShapes
 from ..models.dtypes import bytes_per_element, normalize_dtype
@@ -40,18 +40,8 @@ def measured_gemms(rows: list[KernelRow]) -> MeasuredGemms:
     """The GEMM rows' medians by shape (n, k, tokens)."""
     g = [r for r in rows if r.kernel == "gemm"]
     n = np.array([r.out_width for r in g])
-    k = np.array([r.flops_per_token for r in g]) / (2.0 * n)
+    k = gemm_inner_size([r.flops_per_token for r in g], n)
     return MeasuredGemms.from_arrays(n, k, [r.tokens for r in g], [r.time_s for r in g])
-
-
-def _shape_factors(correction: ShapeCorrection, s: GemmSamples) -> np.ndarray:
-    shape = np.stack([np.rint(s.out_width), np.rint(s.flops_per_token / (2.0 * s.out_width))], axis=1)
-    keys, inverse = np.unique(shape, axis=0, return_inverse=True)
-    out = np.ones_like(s.tokens)
-    for i, (n, k) in enumerate(keys):
-        sel = inverse.ravel() == i
-        out[sel] = correction.factor(n, k, s.tokens[sel])
-    return out
 
 
 def predict_rows(
@@ -80,7 +70,7 @@ def predict_rows(
                 gemm_device(hardware, dtype),
             )
             if correction is not None:
-                t = t * _shape_factors(correction, s)
+                t = t * correction.factors(s.out_width, gemm_inner_size(s.flops_per_token, s.out_width), s.tokens)
             out[idx] = t
         elif kernel in calibration.elementwise:
             out[idx] = np.array([r.kernels for r in sub]) * elementwise_fit_time_s(

@@ -159,6 +159,21 @@ class ShapeCorrection:
             return np.ones_like(tokens)
         return ratio_on(c, tokens)
 
+    def factors(self, n, k, tokens) -> np.ndarray:
+        """Multipliers of GEMMs of many shapes, elementwise over (n, k, tokens)."""
+        tokens = np.asarray(tokens, dtype=np.float64)
+        keys, inverse = np.unique(np.stack([np.rint(n), np.rint(k)], axis=1), axis=0, return_inverse=True)
+        out = np.ones_like(tokens)
+        for i, (ni, ki) in enumerate(keys):
+            sel = inverse.ravel() == i
+            out[sel] = self.factor(ni, ki, tokens[sel])
+        return out
+
+
+def gemm_inner_size(flops_per_token, out_width):
+    """K of a GEMM from its FLOPs per token (2 K N) and its output width N."""
+    return np.asarray(flops_per_token, dtype=np.float64) / (2.0 * np.asarray(out_width, dtype=np.float64))
+
 
 def ratio_on(curve: tuple[np.ndarray, np.ndarray], tokens: np.ndarray) -> np.ndarray:
     """The multiplier at each token count (1 for none, or past the measured grid)."""
@@ -166,11 +181,11 @@ def ratio_on(curve: tuple[np.ndarray, np.ndarray], tokens: np.ndarray) -> np.nda
     return np.where(tokens > 0, ratio[np.searchsorted(grid, tokens, side="left")], 1.0)
 
 
-def shape_correction(fit: GemmFit | None, device: GemmDevice) -> ShapeCorrection | None:
-    """The correction of a profile's GEMM fit (None without measured shapes); built once per
-    table, fit and device."""
+def shape_correction(fit: GemmFit | None, device: GemmDevice, dtype: str) -> ShapeCorrection | None:
+    """The correction of a profile's GEMM fit for GEMMs of `dtype` (None without measured
+    shapes, or when they timed another dtype's kernels); built once per table, fit and device."""
     shapes = fit.measured_shapes if fit is not None else None
-    if shapes is None:
+    if shapes is None or not same_gemm_kernels(dtype, shapes.dtype):
         return None
     path = Path(shapes.file)
     try:

@@ -21,7 +21,7 @@ from ..validation import check_tensor_parallel
 from .base import CostModel, Direction, OperatorCost
 from .batch import BatchShape, BatchTotals
 from .kernel_times import elementwise_fit_time_s, gemm_device, gemm_params, gemm_time_s
-from .measured_gemms import ratio_on, same_gemm_kernels, shape_correction
+from .measured_gemms import gemm_inner_size, ratio_on, shape_correction
 from .moe import RoutedExperts, check_expert_parallel, moe_affine_operators
 from .operators import (
     allreduce_bytes_per_layer,
@@ -143,16 +143,14 @@ class RooflineCostModel(CostModel):
             return []
 
         device = gemm_device(self.hardware, self.gemm_dtype)
-        measured = calibration.gemm.measured_shapes if calibration.gemm is not None else None
-        # a table of other GEMM dtypes timed other kernels (fp8 GEMMs against an fp16 table)
-        same = measured is not None and same_gemm_kernels(self.gemm_dtype, measured.dtype)
-        shapes = shape_correction(calibration.gemm, device) if same else None
+        shapes = shape_correction(calibration.gemm, device, self.gemm_dtype)
         rows = []
         for j, op in enumerate(self.ops):
             f, b = self._flop_coef[j], self._byte_coef[j]
             if op.kernel == "gemm" and calibration.gemm is not None:
                 params, per = gemm_params(calibration.gemm), (1 if f[1] else 4)  # tokens, or logit positions
-                curve = shapes.curve(op.out_width, f[per] / (2.0 * op.out_width)) if shapes is not None else None
+                k = gemm_inner_size(f[per], op.out_width)
+                curve = shapes.curve(op.out_width, k) if shapes is not None else None
                 rows.append((j, _gemm_fn(params, (f[per], b[0], b[per], op.out_width), per, device, curve)))
             elif op.kernel in calibration.elementwise:
                 e = calibration.elementwise[op.kernel]

@@ -227,7 +227,7 @@ def test_cost_model_gemm_time_is_the_fitted_model(sample_rows):
     cm = RooflineCostModel(load_model("mistral-7b"), hw)  # the shape of Llama-3-8B: 4096, 32/8 heads, 14336
     ops = {o.name: o for o in cm.breakdown(BatchShape.prefill([512]))}
     row = next(r for r in sample_rows if r.op == "attn_pre_proj" and r.tp == 1 and r.tokens == 512)
-    shapes = shape_correction(hw.calibration.gemm, gemm_device(hw))
+    shapes = shape_correction(hw.calibration.gemm, gemm_device(hw), "fp16")
     predicted = predict_rows(hw.calibration, [row], hw, correction=shapes)[0]
     assert ops["qkv_proj"].time_s == pytest.approx(float(predicted), rel=1e-12)
 

@@ -82,7 +82,7 @@ def test_cost_model_applies_the_shipped_correction_to_a_measured_width():
     """Llama-2-70B on the A100 at TP 4 has Meta-Llama-3-70B's shapes: its Q/K/V projection
     (N = 2,560, K = 8,192) is the fitted model times the table's ratio, which differs from 1."""
     hw = load_hardware("a100-80gb-sxm")
-    corr = shape_correction(hw.calibration.gemm, gemm_device(hw))
+    corr = shape_correction(hw.calibration.gemm, gemm_device(hw), "fp16")
     cm = RooflineCostModel(load_model("llama-2-70b"), hw, tensor_parallel=4)
     op = next(o for o in cm.layer_ops if o.name == "qkv_proj")
     assert op.out_width == 2560
@@ -100,7 +100,7 @@ def test_a_shape_measured_once_with_no_neighbour_is_priced_at_its_median():
     octave: the corrected model returns the measured medians."""
     hw = load_hardware("a100-80gb-sxm")
     table = MeasuredGemms.read(hw.calibration.gemm.measured_shapes.file)
-    corr = shape_correction(hw.calibration.gemm, gemm_device(hw))
+    corr = shape_correction(hw.calibration.gemm, gemm_device(hw), "fp16")
     for n in np.unique(table.n):
         ks = np.unique(table.k[table.n == n])
         if len(ks) == 1:
@@ -134,7 +134,7 @@ def test_derived_cards_inherit_the_table_only_with_the_same_sm_count():
     assert load_hardware("a100-40gb").calibration.gemm.measured_shapes is not None  # 108, as the A100 SXM
     assert load_hardware("h100-pcie").calibration.gemm.measured_shapes is None  # 114 SMs
     assert load_hardware("l40").calibration.gemm.measured_shapes is None  # 142 SMs, from the A40's 84
-    assert shape_correction(load_hardware("h100-pcie").calibration.gemm, gemm_device(HW)) is None
+    assert shape_correction(load_hardware("h100-pcie").calibration.gemm, gemm_device(HW), "fp16") is None
 
 
 @pytest.mark.parametrize("name, device", [("a100-80gb-sxm", "a100"), ("a40", "a40"), ("h100-sxm", "h100")])
@@ -146,7 +146,7 @@ def test_shipped_profiles_reproduce_their_recorded_corrected_error(name, device)
     table = MeasuredGemms.read(hw.calibration.gemm.measured_shapes.file)
     again = measured_gemms(rows)
     assert np.array_equal(table.n, again.n) and table.time_s == pytest.approx(again.time_s, rel=1e-6)
-    correction = shape_correction(hw.calibration.gemm, gemm_device(hw))
+    correction = shape_correction(hw.calibration.gemm, gemm_device(hw), "fp16")
     mape, bias = errors_pct(predict_rows(hw.calibration, rows, hw, correction=correction), [r.time_s for r in rows])
     shapes = hw.calibration.gemm.measured_shapes
     assert (round(mape, 3), round(bias, 3)) == pytest.approx((shapes.mape_pct, shapes.bias_pct), abs=2e-3)
