@@ -302,7 +302,9 @@ WHY = """
   tokens (the `same model` rows above; A40, 6,144 x 8,192 at 184 tokens: 0.400 ms with the
   bias, 0.237 ms without): the bias epilogue changes cuBLAS's kernel choice. The tables carry
   no bias column, so the model cannot tell these rows apart; phi-2's projections all carry a
-  bias.
+  bias. Measured: the measured shapes kept apart by bias (a GEMM with a bias corrected only by
+  measured GEMMs with one: Qwen's Q/K/V and phi-2's projections): no cell better, the A40's and
+  H100's phi-2 worse (7.1 -> 7.4%, 7.5 -> 7.9%); not kept.
 - **Ideas measured for the GEMM model**, in order. Ranges are MAPE per held-out model, A100 /
   A40 / H100. The kept ones are this benchmark's numbers (before: 5.7-8.1 / 6.7-8.2 / 8.2-9.2);
   the others come from a standalone leave-one-model-out run on the GEMM rows with the same fit
