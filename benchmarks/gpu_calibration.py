@@ -347,6 +347,12 @@ WHY = """
     measured shapes give none: 3.0-7.3 / 4.3-6.9 / 4.9-6.8, 6 of 14 cells (the H100's
     CodeLlama-34B 4.9%; its Qwen-72B 5.1%, the A100's Llama-3-8B 5.1%), the A100's phi-2 worse
     (6.3 -> 7.3%): one cell more for a tree ensemble in every profile; not kept.
+  - a robust loss for the GEMM fit instead of least squares in log time (scipy's least_squares,
+    with the measured shapes on top): soft_l1 at f_scale 0.05 3.1-7.4 / 4.3-7.7 / 5.1-7.5
+    (0.0-0.3 points better per cell, the same 5 cells met), at 0.02 or 0.1 the same within 0.1;
+    cauchy 0.05 3.1-7.4 / 4.2-7.6 / 5.0-7.7 (the H100's CodeLlama-34B 5.0%, its phi-2 worse);
+    arctan 0.05 3.2-7.3 / 4.5-7.8 / 5.1-7.8 (64-512 bias -2.6% on the H100); without the octave
+    row weights as well: the same. Not kept: no cell crosses 5%.
   - one GEMM fit per measured operator (Q/K/V, output, gate/up, down projection) instead of one
     per device: 4.8-7.2 / 6.1-8.2 / 7.3-8.3 against 4.9-7.4 / 6.2-8.1 / 7.5-8.6 for the one fit
     (fitted model alone); too little for a fit that GEMMs without such a name (MoE experts,
