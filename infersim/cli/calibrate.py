@@ -43,7 +43,16 @@ def add_parser(sub) -> None:
         help="who measured the tables, recorded with every fitted value (default: the file names)",
     )
     p.add_argument("--out", required=True, metavar="PROFILE.yaml", help="profile to write")
-    p.add_argument("--force", action="store_true", help="replace --out (and its .gemm-shapes.csv.gz) if it exists")
+    p.add_argument(
+        "--plot",
+        default=None,
+        metavar="FIT.png",
+        help="also draw the fit on its own rows (predicted / measured against tokens, one panel per kernel kind, "
+        "+-5%% and +-10%% bands) to this PNG or SVG",
+    )
+    p.add_argument(
+        "--force", action="store_true", help="replace --out (its .gemm-shapes.csv.gz and --plot) if they exist"
+    )
     p.set_defaults(func=run)
 
 
@@ -55,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
         source=args.source,
         out=Path(args.out),
         force=args.force,
+        plot=Path(args.plot) if args.plot else None,
     )
     result = calibrate(opts)
     for line in result.summary_lines():

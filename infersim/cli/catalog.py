@@ -149,6 +149,15 @@ def run_hardware(args: argparse.Namespace) -> int:
                     f"measured GEMM shapes: not inherited ({h.sm_count} SMs, not {c.inherits}'s: "
                     "the staircase of kernel choices moves with the SM count); the fitted GEMM model alone"
                 )
+            cached = {k: e.cache_mb for k, e in c.elementwise.items() if e.cache_mb}
+            if cached:
+                l2 = f" of a {h.l2_cache_mb:g} MB L2" if h.l2_cache_mb else " (no datasheet L2 in the profile)"
+                print(
+                    "elementwise working set from cache (MB): "
+                    + ", ".join(f"{k} {mb:.3g}" for k, mb in cached.items())
+                    + l2
+                    + (f"; {c.inherits}'s, scaled by the two L2 sizes" if c.inherits and h.l2_cache_mb else "")
+                )
     return 0
 
 

@@ -14,7 +14,9 @@ from ..hardware.catalog import load_hardware, profile_path, with_shapes_path
 from ..hardware.profile import HardwareProfile
 from ..yamlio import validate, write_atomic
 from .fit import with_measured_shapes
+from .fit_plot import fit_series, plot_fit
 from .profile_writer import with_sections, write_profile
+from .rows import KernelRow
 from .tables import recognise
 
 SHAPES_SUFFIX = ".gemm-shapes.csv.gz"
@@ -35,6 +37,7 @@ class CalibrateOptions:
     device: str | None = None
     source: str | None = None
     force: bool = False
+    plot: Path | None = None  # a figure of the fit on its rows (PNG or SVG), written beside the profile
 
 
 @dataclass
@@ -42,9 +45,10 @@ class CalibrateResult:
     out: Path
     profile: HardwareProfile
     sections: dict[str, Any] = field(default_factory=dict)
+    plot: Path | None = None
 
     def summary_lines(self) -> list[str]:
-        lines = [f"wrote {self.out}"]
+        lines = [f"wrote {self.out}"] + ([f"wrote {self.plot}"] if self.plot else [])
         cal = self.profile.calibration
         if cal and cal.gemm:
             g = cal.gemm
@@ -65,6 +69,7 @@ class CalibrateResult:
             lines.append(
                 f"  {k}: memory {e.memory:.3f}, launch {e.launch_us:.2f} us, saturation "
                 f"{e.saturation_tokens} tokens"
+                + (f", first {e.cache_mb:.3g} MB from cache at {e.cache_memory:.3f}" if e.cache_mb else "")
                 + (
                     f", up to {e.gather_tokens} tokens {e.gather_us:.2f} us + {e.gather_us_per_token:.2f} us a token"
                     if e.gather_tokens
@@ -108,6 +113,8 @@ def _carried_shapes(text: str, base_path: Path, out: Path) -> tuple[str, Path | 
 
 def calibrate(opts: CalibrateOptions) -> CalibrateResult:
     _refuse_existing(opts.out, opts.force)
+    if opts.plot is not None:
+        _refuse_existing(opts.plot, opts.force)
     base = load_hardware(opts.hardware + ":datasheet" if ":" not in opts.hardware else opts.hardware)
     base_path = profile_path(opts.hardware.split(":")[0])
     kinds: dict[str, tuple[Any, list]] = {}
@@ -118,6 +125,9 @@ def calibrate(opts: CalibrateOptions) -> CalibrateResult:
         rows = kind.read(path, opts.device)
         kinds.setdefault(type(kind).fit, (kind, []))[1].extend(rows)  # kinds sharing a fit pool their rows
     source = opts.source or ", ".join(p.name for p in opts.tables)
+    kernel_rows = [r for _, rows in kinds.values() for r in rows if isinstance(r, KernelRow)]
+    if opts.plot is not None and not kernel_rows:
+        raise InfersimError(f"--plot {opts.plot}: the tables hold no kernel rows to plot (collectives only)")
     sections: dict[str, Any] = {}
     table = None
     for kind, rows in kinds.values():
@@ -143,4 +153,6 @@ def calibrate(opts: CalibrateOptions) -> CalibrateResult:
         elif carried.resolve() != shapes_path(opts.out).resolve():
             write_atomic(shapes_path(opts.out), carried.read_bytes())
     write_profile(opts.out, text, opts.force)
-    return CalibrateResult(opts.out, profile, sections)
+    if opts.plot is not None:
+        plot_fit(fit_series(kernel_rows, profile, table), opts.plot, profile.name)
+    return CalibrateResult(opts.out, profile, sections, opts.plot)

@@ -137,12 +137,14 @@ def fit_kernels(rows: list[KernelRow], hardware: HardwareProfile, source: str, d
                 gather_us=_sig(e.gather_us),
                 gather_us_per_token=_sig(e.gather_us_per_token),
             )
+        cache = dict(cache_mb=_sig(e.cache_mb), cache_memory=_sig(e.cache_memory)) if e.cache_mb else {}
         elementwise[kernel] = ElementwiseFit(
             **_provenance(source, sub),
             memory=_sig(e.memory),
             launch_us=_sig(e.launch_us),
             saturation_tokens=e.saturation_tokens,
             **gather,
+            **cache,
         )
     if gemm is None and not elementwise:
         raise InfersimError(f"{source}: no GEMM or elementwise rows to fit")

@@ -6,17 +6,21 @@ scipy.optimize.least_squares from fixed starting points: deterministic for a giv
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from scipy.optimize import least_squares, nnls
 
-from ..costmodel.kernel_times import GemmDevice, GemmParams, gemm_time_s
+from ..costmodel.kernel_times import MB, GemmDevice, GemmParams, gemm_time_s
 
 TILE_CANDIDATES = (1, 16, 32, 64, 128)
 
 
 SATURATION_CANDIDATES = tuple(sorted({round(2 ** (i / 4)) for i in range(45)}))  # 1 to 2048 tokens, 4 per octave
+# cached working sets tried, MB: none, then 256 kB to 256 MB, 4 per octave (first-level caches of
+# CPUs to the largest GPU L2)
+CACHE_MB_CANDIDATES = (0.0,) + tuple(float(2 ** (i / 4)) for i in range(-8, 33))
+MAX_CACHE_MEMORY = 20.0
 
 
 def octave_weights(tokens) -> np.ndarray:
@@ -121,13 +125,30 @@ class ElementwiseParams:
     gather_tokens: int | None = None
     gather_us: float | None = None
     gather_us_per_token: float | None = None
+    cache_mb: float = 0.0
+    cache_memory: float | None = None
 
 
-def _fit_launch_rate(nbytes: np.ndarray, t: np.ndarray, kernels: np.ndarray) -> tuple[float, float, float]:
-    """(launch s, s per byte, residual) of t = kernels x (launch + bytes x rate), least squares in
-    relative error with both terms non-negative."""
-    (launch_s, inv_rate), resid = nnls(np.column_stack([kernels / t, kernels * nbytes / t]), np.ones_like(t))
-    return float(launch_s), float(inv_rate), float(resid)
+@dataclass(frozen=True)
+class _StreamFit:
+    launch_s: float
+    s_per_byte: float  # from memory
+    cached_s_per_byte: float  # from the cache (the first cache bytes)
+    resid: float
+
+
+def _fit_launch_rate(
+    nbytes: np.ndarray, occupancy: np.ndarray, t: np.ndarray, kernels: np.ndarray, cache_bytes: float
+) -> _StreamFit:
+    """t = kernels x (launch + occupancy x (cached rate x bytes + extra x max(bytes - cache, 0))),
+    least squares in relative error, every term non-negative (so the cache is never slower than
+    memory: memory's rate is cached rate + extra)."""
+    cols = [kernels / t, kernels * occupancy * nbytes / t]
+    if cache_bytes > 0:
+        cols.append(kernels * occupancy * np.maximum(nbytes - cache_bytes, 0.0) / t)
+    x, resid = nnls(np.column_stack(cols), np.ones_like(t))
+    extra = float(x[2]) if cache_bytes > 0 else 0.0
+    return _StreamFit(float(x[0]), float(x[1]) + extra, float(x[1]), float(resid))
 
 
 def fit_elementwise(
@@ -138,8 +159,10 @@ def fit_elementwise(
     kernels=None,
     gather_tokens: int | None = None,
 ) -> ElementwiseParams:
-    """(memory fraction, launch us, saturation tokens): for each candidate S, the least-squares
-    launch and rate; the S with the smallest relative error (the first on ties: deterministic).
+    """(memory fraction, launch us, saturation tokens, cached working set and its bandwidth
+    fraction): for each candidate S and cache size, the least-squares launch and rates; the pair
+    with the smallest relative error (the first on ties, so no cache unless it fits better:
+    deterministic).
     `kernels`: launches each time spans, each moving `nbytes` (default one). With
     `gather_tokens`, rows of at most that many tokens fit the gather's line instead (when both
     sides have rows)."""
@@ -152,20 +175,27 @@ def fit_elementwise(
         if MIN_GATHER_ROWS <= small.sum() and MIN_GATHER_ROWS <= (~small).sum():
             p = fit_elementwise(nbytes[~small], tokens[~small], t[~small], bandwidth_bytes_per_s, kernels[~small])
             gather_s, per_token_s = _fit_gather(tokens[small], t[small] / kernels[small])
-            return ElementwiseParams(
-                p.memory, p.launch_us, p.saturation_tokens, gather_tokens, gather_s * 1e6, per_token_s * 1e6
+            return replace(
+                p, gather_tokens=gather_tokens, gather_us=gather_s * 1e6, gather_us_per_token=per_token_s * 1e6
             )
     best = None
     for s in SATURATION_CANDIDATES:
-        launch_s, inv_rate, resid = _fit_launch_rate(nbytes * np.maximum(1.0, s / tokens), t, kernels)
-        if inv_rate > 0 and (best is None or resid < best[0] - 1e-12):
-            best = (resid, launch_s, inv_rate, s)
+        occupancy = np.maximum(1.0, s / tokens)
+        for cache_mb in CACHE_MB_CANDIDATES:
+            f = _fit_launch_rate(nbytes, occupancy, t, kernels, cache_mb * MB)
+            if f.s_per_byte > 0 and (best is None or f.resid < best[0].resid - 1e-12):
+                best = (f, s, cache_mb)
     if best is None:  # every row at the floor: no bandwidth information; the fastest row's rate
         rate = float(np.min(t / (kernels * nbytes)))
         return ElementwiseParams(float(min(1.0 / (rate * bandwidth_bytes_per_s), 3.0)), 0.0, 1)
-    _, launch_s, inv_rate, s = best
-    memory = 1.0 / (inv_rate * bandwidth_bytes_per_s)
-    return ElementwiseParams(float(min(memory, 3.0)), launch_s * 1e6, int(s))
+    f, s, cache_mb = best
+    memory = min(1.0 / (f.s_per_byte * bandwidth_bytes_per_s), 3.0)
+    if cache_mb == 0 or f.cached_s_per_byte >= f.s_per_byte:  # no faster cache found
+        return ElementwiseParams(float(memory), f.launch_s * 1e6, int(s))
+    cached = 1.0 / (f.cached_s_per_byte * bandwidth_bytes_per_s) if f.cached_s_per_byte > 0 else MAX_CACHE_MEMORY
+    return ElementwiseParams(
+        float(memory), f.launch_s * 1e6, int(s), cache_mb=cache_mb, cache_memory=float(min(cached, MAX_CACHE_MEMORY))
+    )
 
 
 def _fit_gather(tokens: np.ndarray, t: np.ndarray) -> tuple[float, float]:

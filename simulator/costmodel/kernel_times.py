@@ -34,12 +34,23 @@ pays a fixed latency (filling and draining a tile's K-loop pipeline and writing 
 which shows where waves are many and short: narrow outputs at large M. Without the SM count
 (`sm_count` of the profile) fill is 1 and there are no waves.
 
-Elementwise kernels (one model per kind): launch + bytes x max(1, S / M) / (bandwidth x memory).
+Elementwise kernels (one model per kind): launch + bytes x max(1, S / M) / (bandwidth x memory)
+without the cache term below.
 Norms, activations, rotary and residual adds give each token's row to its own thread block, so a
 batch of fewer than S tokens (S = saturation_tokens) leaves SMs idle and takes as long as S tokens
 would: the small-batch floor grows with the row width (an RMSNorm of one token on the A100: 5 us at hidden
 4096, 8 us at 8192), which a constant floor cannot follow. A plain activation (GELU) runs the
 same pointwise kernel as the residual add and is priced by the add kind.
+
+An elementwise kernel reads what the kernel before it wrote, so a working set that fits the L2
+cache streams from the cache: its first C bytes (C = cache_mb) move at `cache_memory` of the
+memory bandwidth, the rest at `memory`:
+
+    launch + max(1, S / M) x (min(B, C) / (bandwidth x cache_memory) + max(B - C, 0) / (bandwidth x memory))
+
+The fitted C is about half the L2 on the measured cards (A100: 19 of 40 MB for the norm, 23 for
+the residual add; H100: 27 of 50; A40: 4.8 of 6), one of the two L2 partitions of the A100 and
+H100; below it, norms and adds stream 1.4-2.5x faster per byte than from memory.
 
 The embedding lookup is a row gather (PyTorch's embedding runs index_select). For at most 16
 indices index_select runs its small-index kernel, in which each thread walks the indices one
@@ -56,6 +67,7 @@ import numpy as np
 
 from ..hardware.profile import ElementwiseFit, GemmFit, HardwareProfile
 
+MB = 2**20  # the cache size unit of the profiles
 WAVE_TILE = 128  # rows and columns of the output tile the wave count assumes
 
 
@@ -110,18 +122,36 @@ def gemm_time_s(
     return params.launch_us * 1e-6 + (memory_s**p + compute_s**p) ** (1.0 / p) + params.wave_latency_us * 1e-6 * waves
 
 
-def elementwise_time_s(
-    memory: float, launch_us: float, nbytes, tokens, bandwidth_bytes_per_s: float, saturation_tokens: int = 1
-):
+@dataclass(frozen=True)
+class StreamParams:
+    """An elementwise kernel's streaming model (see the module docstring)."""
+
+    memory: float
+    launch_us: float
+    saturation_tokens: int = 1
+    cache_bytes: float = 0.0
+    cache_memory: float | None = None
+
+
+def elementwise_time_s(params: StreamParams, nbytes, tokens, bandwidth_bytes_per_s: float):
     """Elementwise over arrays; `tokens` are the rows of the kernel (batch tokens)."""
-    occupancy = np.maximum(1.0, saturation_tokens / np.asarray(tokens, dtype=np.float64))
-    return launch_us * 1e-6 + np.asarray(nbytes, dtype=np.float64) * occupancy / (bandwidth_bytes_per_s * memory)
+    occupancy = np.maximum(1.0, params.saturation_tokens / np.asarray(tokens, dtype=np.float64))
+    nbytes = np.asarray(nbytes, dtype=np.float64)
+    memory_s = np.maximum(nbytes - params.cache_bytes, 0.0) / (bandwidth_bytes_per_s * params.memory)
+    cached_s = 0.0
+    if params.cache_bytes > 0:
+        cached_s = np.minimum(nbytes, params.cache_bytes) / (bandwidth_bytes_per_s * params.cache_memory)
+    return params.launch_us * 1e-6 + occupancy * (cached_s + memory_s)
+
+
+def stream_params(fit: ElementwiseFit) -> StreamParams:
+    return StreamParams(fit.memory, fit.launch_us, fit.saturation_tokens, fit.cache_mb * MB, fit.cache_memory)
 
 
 def elementwise_fit_time_s(fit: ElementwiseFit, nbytes, tokens, bandwidth_bytes_per_s: float):
     """One kernel of a fitted elementwise kind, elementwise over arrays: the streaming model,
     and the small-index gather's line for batches of at most `gather_tokens` tokens."""
-    t = elementwise_time_s(fit.memory, fit.launch_us, nbytes, tokens, bandwidth_bytes_per_s, fit.saturation_tokens)
+    t = elementwise_time_s(stream_params(fit), nbytes, tokens, bandwidth_bytes_per_s)
     if not fit.gather_tokens:
         return t
     tokens = np.asarray(tokens, dtype=np.float64)

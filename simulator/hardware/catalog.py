@@ -12,7 +12,7 @@ from ..errors import InfersimError, UnknownNameError
 from ..paths import catalog_dir, hwprofiles_dir
 from ..registry import name_key
 from ..yamlio import load_mapping, validate
-from .profile import HardwareProfile, HostLink
+from .profile import ElementwiseFit, HardwareProfile, HostLink
 
 
 def list_hardware() -> list[str]:
@@ -87,10 +87,18 @@ def _inherited(profile: HardwareProfile, path: Path):
     return own.model_copy(
         update={
             "gemm": gemm,
-            "elementwise": dict(pc.elementwise),
+            "elementwise": {k: _cache_scaled(e, parent, profile) for k, e in pc.elementwise.items()},
             "source": own.source or f"inherited from {parent.name}: {pc.source}",
         }
     )
+
+
+def _cache_scaled(fit: ElementwiseFit, parent: HardwareProfile, profile: HardwareProfile) -> ElementwiseFit:
+    """An inherited elementwise fit whose cached working set is the same share of the derived
+    card's own L2 (a card without a datasheet L2 keeps the measured card's)."""
+    if not fit.cache_mb or not parent.l2_cache_mb or not profile.l2_cache_mb:
+        return fit
+    return fit.model_copy(update={"cache_mb": fit.cache_mb * (profile.l2_cache_mb / parent.l2_cache_mb)})
 
 
 @lru_cache(maxsize=None)

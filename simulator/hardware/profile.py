@@ -126,14 +126,25 @@ class GemmFit(FittedValue):
 
 
 class ElementwiseFit(FittedValue):
-    """launch + bytes x max(1, S / tokens) / (bandwidth x memory) for one elementwise operator
-    kind (S = saturation_tokens: below S tokens, a one-row-per-block kernel leaves SMs idle);
+    """launch + max(1, S / tokens) x (min(B, C) / (bandwidth x cache_memory) + max(B - C, 0) /
+    (bandwidth x memory)) for one elementwise operator kind moving B bytes (S =
+    saturation_tokens: below S tokens, a one-row-per-block kernel leaves SMs idle; C =
+    cache_mb: a working set that fits the L2 cache streams from it, faster than from memory);
     for a gather of at most `gather_tokens` rows, gather_us + gather_us_per_token x tokens
     instead (the small-index kernel walks the rows one after another)."""
 
     memory: float = Field(gt=0, le=3.0, description="fraction of peak bandwidth the kernel reaches")
     launch_us: NonNegativeFloat = Field(description="latency floor of one kernel, microseconds")
     saturation_tokens: int = Field(1, ge=1, description="tokens that fill the GPU: fewer take as long as this many")
+    cache_mb: NonNegativeFloat = Field(
+        0.0, description="bytes (MB, 2^20) of a kernel's working set that stream from the L2 cache (0: none)"
+    )
+    cache_memory: Optional[float] = Field(
+        None,
+        gt=0,
+        le=20.0,
+        description="fraction of peak memory bandwidth the kernel reaches on its cached bytes (with cache_mb)",
+    )
     gather_tokens: Optional[int] = Field(
         None,
         ge=1,
@@ -151,6 +162,10 @@ class ElementwiseFit(FittedValue):
         given = [self.gather_tokens, self.gather_us, self.gather_us_per_token]
         if any(v is not None for v in given) and any(v is None for v in given):
             raise ValueError("gather_tokens, gather_us and gather_us_per_token go together")
+        if (self.cache_mb > 0) != (self.cache_memory is not None):
+            raise ValueError("cache_mb and cache_memory go together")
+        if self.cache_memory is not None and self.cache_memory < self.memory:
+            raise ValueError("cache_memory is at least memory (the cache is no slower than memory)")
         return self
 
 
@@ -192,6 +207,9 @@ class HardwareProfile(BaseModel):
     memory_bandwidth_gbps: PositiveFloat
     memory_gb: PositiveFloat
     sm_count: Optional[PositiveInt] = Field(None, description="streaming multiprocessors: the slots of one GEMM wave")
+    l2_cache_mb: Optional[PositiveFloat] = Field(
+        None, description="L2 cache, MB (2^20): a derived card scales the measured card's cached working set by it"
+    )
     host_link: HostLink
     interconnect: Optional[Interconnect] = None
     efficiency: dict[str, Efficiency] = {}

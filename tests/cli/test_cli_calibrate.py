@@ -196,3 +196,44 @@ def test_a_profile_naming_a_missing_table_is_refused_in_one_line(tmp_path, capsy
     )
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "measured_shapes.file" in err and str(out) in err
+
+
+def test_plot_draws_each_kind_with_the_error_the_profile_records(tmp_path, capsys):
+    """--plot writes the figure beside the profile; its panels' MAPEs are the recorded ones (the
+    GEMM with measured shapes, the corrected one); an existing figure is refused without
+    --force and left as it was, and a collectives-only table has nothing to draw."""
+    from infersim.simulator.calibration.calibrate import shapes_path
+    from infersim.simulator.calibration.fit_plot import fit_series
+    from infersim.simulator.calibration.tables import recognise
+    from infersim.simulator.costmodel.measured_gemms import MeasuredGemms
+
+    plot = tmp_path / "fit.png"
+    rc, out = _calibrate(tmp_path, SAMPLE, "--plot", str(plot))
+    assert rc == 0 and plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"wrote {plot}" in capsys.readouterr().out
+    hw = load_hardware(str(out))
+    series = fit_series(recognise(SAMPLE).read(SAMPLE, None), hw, MeasuredGemms.read(shapes_path(out)))
+    recorded = {
+        "GEMM (fitted model)": hw.calibration.gemm.mape_pct,
+        "GEMM (measured shapes)": hw.calibration.gemm.measured_shapes.mape_pct,
+        **{k: e.mape_pct for k, e in hw.calibration.elementwise.items()},
+    }
+    assert {s.title: round(s.mape_pct, 3) for s in series} == recorded
+
+    plot.write_bytes(b"mine")
+    (tmp_path / "again").mkdir()
+    rc = main(
+        [
+            "calibrate",
+            str(SAMPLE),
+            "--hardware",
+            "a100-80gb-sxm",
+            "--out",
+            str(tmp_path / "again" / "p.yaml"),
+            "--plot",
+            str(plot),
+        ]
+    )
+    err = capsys.readouterr().err
+    assert rc == 2 and "refusing to overwrite" in err and len(err.strip().splitlines()) == 1
+    assert plot.read_bytes() == b"mine" and not (tmp_path / "again" / "p.yaml").exists()

@@ -13,6 +13,7 @@ from infersim.simulator.calibration.tables import recognise
 from infersim.simulator.costmodel import BatchShape, RooflineCostModel
 from infersim.simulator.costmodel.kernel_times import (
     GemmParams,
+    StreamParams,
     elementwise_time_s,
     gemm_device,
     gemm_time_s,
@@ -109,9 +110,33 @@ def test_elementwise_fit_recovers_floor_bandwidth_and_saturation(saturation):
             row_from_operator(op, RowOrigin("x", "m", "synthetic"), tp=1, tokens=t, op="input_layernorm", time_s=time_s)
         )
     e = fit_kernels(rows, HW, "synthetic").elementwise["norm"]
-    assert e.saturation_tokens == saturation
+    assert e.saturation_tokens == saturation and e.cache_mb == 0 and e.cache_memory is None
     assert e.memory == pytest.approx(0.45, rel=1e-4)
     assert e.launch_us == pytest.approx(3.0, rel=1e-3)
+
+
+def test_elementwise_fit_recovers_the_cached_working_set():
+    """Norms of three widths streaming their first 16 MB at 1.2 of the memory bandwidth and the
+    rest at 0.4: the fit finds the cache size on its grid and both rates; the model without a
+    cache term is also in the search, so a table without the effect keeps cache_mb 0 (above)."""
+    rows = []
+    for hidden in (2048, 4096, 8192):
+        op = operator_for("input_layernorm", LayerDims(heads=32, kv_heads=8, hidden=hidden, intermediate=4 * hidden), 1)
+        for t in TOKENS + [8192, 16384]:
+            nbytes = op.bytes[0] + op.bytes[1] * t
+            cached, rest = min(nbytes, 16 * 2**20), max(nbytes - 16 * 2**20, 0)
+            time_s = 3e-6 + max(1.0, 64 / t) * (cached / (BW * 1.2) + rest / (BW * 0.4))
+            rows.append(
+                row_from_operator(
+                    op, RowOrigin("x", f"h{hidden}", "s"), tp=1, tokens=t, op="input_layernorm", time_s=time_s
+                )
+            )
+    cal = fit_kernels(rows, HW, "synthetic")
+    e = cal.elementwise["norm"]
+    assert e.cache_mb == 16.0 and e.saturation_tokens == 64
+    assert e.cache_memory == pytest.approx(1.2, rel=1e-4) and e.memory == pytest.approx(0.4, rel=1e-4)
+    assert e.launch_us == pytest.approx(3.0, rel=1e-3)
+    assert predict_rows(cal, rows, HW) == pytest.approx([r.time_s for r in rows], rel=1e-4)
 
 
 def test_embedding_fit_recovers_the_small_index_gather_line():
@@ -183,7 +208,7 @@ def test_elementwise_fit_prices_each_launch_of_a_two_kernel_row():
 
 def test_elementwise_below_saturation_costs_as_much_as_saturation_tokens():
     # 8 us launch, 1 GB/s: 4 tokens of 1000 bytes under S = 16 take 8 us + 16 000 bytes / 1e9 B/s
-    t = elementwise_time_s(0.5, 8.0, np.array([4000.0, 32000.0]), np.array([4, 32]), 2e9, saturation_tokens=16)
+    t = elementwise_time_s(StreamParams(0.5, 8.0, 16), np.array([4000.0, 32000.0]), np.array([4, 32]), 2e9)
     assert t == pytest.approx([8e-6 + 16e-6, 8e-6 + 32e-6])
 
 
@@ -260,6 +285,30 @@ def test_datasheet_suffix_drops_the_calibration_and_derived_cards_inherit():
     real = RooflineCostModel(load_model("llama-7b"), load_hardware("h100-sxm"))
     batch = BatchShape.decode([512] * 8)
     assert real.iteration_time_s(batch) > fast.iteration_time_s(batch)
+
+
+def test_derived_cards_scale_the_cached_working_set_by_their_own_l2():
+    """The V100 (6 MB L2) inherits the A100's (40 MB) fits with 6/40 of each cached working set;
+    the H200 (the H100's 50 MB) keeps the H100's; the L40 (no datasheet L2 in its profile) keeps
+    the A40's as measured."""
+    a100, v100 = load_hardware("a100-80gb-sxm"), load_hardware("v100")
+    for kind, e in a100.calibration.elementwise.items():
+        inherited = v100.calibration.elementwise[kind]
+        assert inherited.cache_mb == pytest.approx(e.cache_mb * 6 / 40)
+        assert inherited.model_copy(update={"cache_mb": e.cache_mb}) == e
+    assert load_hardware("h200").calibration.elementwise == load_hardware("h100-sxm").calibration.elementwise
+    assert load_hardware("l40").calibration.elementwise == load_hardware("a40").calibration.elementwise
+    assert any(e.cache_mb > 0 for e in a100.calibration.elementwise.values())
+
+
+def test_cached_bytes_stream_at_the_cached_rate_and_the_rest_at_the_memory_rate():
+    # 1 GB/s peak, 2 us launch; 1 MB cached at 2x peak, the rest at 0.5x: 3 MB over 16 tokens
+    # (S = 8, so no idle SMs) take 2 us + 1 MB / 2 GB/s + 2 MB / 0.5 GB/s
+    params = StreamParams(memory=0.5, launch_us=2.0, saturation_tokens=8, cache_bytes=2**20, cache_memory=2.0)
+    t = elementwise_time_s(params, np.array([3 * 2**20, 2**19]), np.array([16, 4]), 1e9)
+    assert t[0] == pytest.approx(2e-6 + 2**20 / 2e9 + 2 * 2**20 / 0.5e9)
+    # half a MB, all cached, at 4 tokens of S = 8: twice the streaming time
+    assert t[1] == pytest.approx(2e-6 + 2 * 2**19 / 2e9)
 
 
 def test_unfused_projections_cost_more_launches_than_fused():
