@@ -1,11 +1,12 @@
 """The manual points at real things: every relative link in README.md and docs/ names a file of
 the repository (and a heading of it, when it has an anchor), and every `sim` command in a code
 block or code span of README.md and docs/ names a subcommand, flags its parser accepts and files the
-repository holds."""
+repository holds, as every `python -m infersim...` module and `python script.py` they name exists."""
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import re
 import shlex
 from pathlib import Path
@@ -122,6 +123,27 @@ def test_documented_command_exists(doc, command):
             assert (ROOT / value).exists(), f"{_rel(doc)}: `{command}` names {value}, not in the repository"
 
 
+def python_commands(path: Path) -> list[str]:
+    """The modules (`python -m M`) and scripts (`python FILE.py`) the page runs, in code."""
+    code = "\n".join(body for _, body in FENCE.findall(path.read_text())) + "\n".join(
+        re.findall(r"`([^`]+)`", FENCE.sub("", path.read_text()))
+    )
+    return re.findall(r"\bpython3?\s+(-m\s+[\w.]+|[\w./-]+\.py)\b", code)
+
+
+PYTHON = [(doc, c) for doc in DOCS for c in python_commands(doc)]
+
+
+@pytest.mark.parametrize("doc,command", PYTHON, ids=[f"{_rel(d)}: python {c}" for d, c in PYTHON])
+def test_documented_python_command_exists(doc, command):
+    if command.startswith("-m"):
+        module = command.split()[1]
+        assert module == "pytest" or module.startswith("infersim."), f"{_rel(doc)}: python {command}: not infersim's"
+        assert importlib.util.find_spec(module) is not None, f"{_rel(doc)}: python {command}: no such module"
+    else:
+        assert (ROOT / command).is_file(), f"{_rel(doc)}: python {command}: no such file"
+
+
 def test_the_checks_find_what_they_look_for():
     """The extraction sees the README's two quick-start commands and its links, so an empty
     parametrization cannot pass for a clean manual."""
@@ -130,5 +152,6 @@ def test_the_checks_find_what_they_look_for():
     assert "docs/profiling.md#collectives" in relative_links(ROOT / "README.md")
     assert _commands_in("$ sim run -w x -n 3  # a comment") == ["sim run -w x -n 3"]
     assert _commands_in("sim run: error: bad") == []
+    assert "benchmarks/sim_speed.py" in python_commands(ROOT / "README.md")
     assert slug("The pass rule") == "the-pass-rule"
     assert slug("`sim exec` and `--fast`") == "sim-exec-and---fast"
