@@ -25,3 +25,14 @@ def models_dir() -> Path:
 
 def catalog_dir() -> Path:
     return _package_dir("infersim.simulator") / "catalog"
+
+
+def home_relative(path: Path | str) -> str:
+    """`path` as a record names it: under the home folder as `~/...`, so that a file shipped with
+    the package (a measured profile, trained heads) names no user's home on the machine that
+    wrote it; elsewhere as given."""
+    p = Path(path).expanduser()
+    try:
+        return str(Path("~") / p.resolve().relative_to(Path.home().resolve()))
+    except ValueError:
+        return str(path)

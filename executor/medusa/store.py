@@ -14,6 +14,7 @@ from pathlib import Path
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from infersim.simulator.errors import InfersimError
+from infersim.simulator.paths import home_relative
 from infersim.simulator.progress import log_line
 
 from ..zoo.build import _locked, weights_sha256
@@ -101,7 +102,7 @@ def ensure_heads(
         )
         meta = {
             "target": lm.name,
-            "target_path": str(lm.path),
+            "target_path": home_relative(lm.path),
             "target_sha256": sha,
             "recipe": recipe.__dict__,
             "key": folder.name,

@@ -43,6 +43,7 @@ from infersim.simulator.costmodel.regression import (
 )
 from infersim.simulator.errors import InfersimError
 from infersim.simulator.models.catalog import load_model as load_spec
+from infersim.simulator.paths import home_relative
 
 from .device import Repeats, load_average, make_timer, measure
 from .regress import Candidates, compare_sets
@@ -513,7 +514,7 @@ def profile_models(
         la1 = load_average()
         entry.update(
             {
-                "path": str(lm.path),
+                "path": home_relative(lm.path),
                 "device": str(device),
                 "threads": torch.get_num_threads(),
                 "measured_at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),

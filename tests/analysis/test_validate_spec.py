@@ -97,7 +97,7 @@ def test_drafts_run_follows_the_voting_switch(section, n):
 
 
 def test_voting_off_is_simulated_with_the_first_draft_alone(tmp_path):
-    """spec_simulate no longer switches voting on: the simulated section reads as the run's."""
+    """spec_simulate leaves voting as the run had it: the simulated section reads as the run's."""
     from types import SimpleNamespace
 
     from infersim.analysis.validate.spec_simulate import spec_sim_spec
