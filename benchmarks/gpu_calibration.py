@@ -428,6 +428,13 @@ WHY = """
   (10.7-17.7%, worse at large batches); one model per measured operator instead of per kind
   (the two norms apart: no change, 9.6-11.5% before the saturation term); a floor joined to the
   streaming time by a fitted p-norm (1-32 bias -15% to -31%, 64-512 bias +9-15%); before the
+  cache term, whole waves of rows instead of the saturation (ceil(M / R) x R rows, R fitted:
+  vLLM's RMSNorm and SiLU-and-mul kernels run one 1,024-thread block per token, and the
+  measured times step where the rows pass a multiple of two blocks per SM, e.g. Llama-3-70B's
+  norm on the A100: 9-10 us to 216 tokens, 16-18 us from 224 to 432, 22-23 us from 440),
+  measured with the cache term on the norm, activation, rotary and add kinds: no better (A100
+  6.3-7.2% -> 6.4-7.4%, A40 5.1-7.2% -> 5.2-7.9%, H100 6.6-8.4% -> 6.6-9.4% on those kinds; the
+  fit takes R = 108 rows, one block per SM, for the A100's norm); before the
   cache term, the saturation applied to the per-token bytes only (a norm's weight read once:
   bytes_const + bytes_per_token x max(M, S) instead of all bytes x max(1, S / M)), on the
   norm, activation, rotary and add kinds: 0.0-0.4 points better per held-out model, phi-2
