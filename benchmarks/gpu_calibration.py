@@ -21,6 +21,8 @@ import numpy as np
 import pandas as pd
 
 from infersim.simulator.calibration.fit import fit_kernels, measured_gemms, predict_rows
+from infersim.simulator.calibration.fit_plot import FitSeries, plot_fit
+from infersim.simulator.calibration.kernel_models import errors_pct
 from infersim.simulator.calibration.tables import recognise
 from infersim.simulator.costmodel.kernel_times import gemm_device, gemm_params
 from infersim.simulator.costmodel.measured_gemms import K_WIDTH_OCTAVES, ShapeCorrection
@@ -267,8 +269,32 @@ def main() -> None:
     args = ap.parse_args()
     df = evaluate(args.table)
     text = report(df, args.table)
+    figure = args.out.with_suffix(".png")
+    text = text.replace(
+        "## Summary\n", f"## Summary\n\n![held-out predicted / measured per device]({figure.name})\n", 1
+    )
     args.out.write_text(text + WHY)
-    print(f"wrote {args.out}")
+    plot_held_out(df, figure)
+    print(f"wrote {args.out} and {figure}")
+
+
+def plot_held_out(df: pd.DataFrame, path: Path) -> None:
+    """Every held-out row's calibrated predicted / measured against its token count, one panel per
+    device and class (linear, elementwise), with the bands of the fit figure of `sim calibrate
+    --plot`."""
+    series = []
+    for device in DEVICES:
+        for cls, mask in (("linear", df.kernel == "gemm"), ("elementwise", df.kernel != "gemm")):
+            sub = df[(df.device == device) & mask]
+            series.append(
+                FitSeries(
+                    f"{device} {cls}, held out",
+                    sub.tokens.to_numpy(dtype=np.float64),
+                    (sub.calibrated / sub.measured).to_numpy(),
+                    errors_pct(sub.calibrated, sub.measured)[0],
+                )
+            )
+    plot_fit(series, path, "calibrated", "leave-one-model-out, each model predicted by a fit on the others")
 
 
 WHY = """

@@ -61,7 +61,9 @@ def _series(title: str, tokens, predicted, measured) -> FitSeries:
     return FitSeries(title, tokens, np.asarray(predicted) / np.asarray(measured), mape)
 
 
-def plot_fit(series: list[FitSeries], path: Path, device_name: str) -> Path:
+def plot_fit(
+    series: list[FitSeries], path: Path, device_name: str, what: str = "calibrated kernel models on their measured rows"
+) -> Path:
     """One panel per series, three to a row, written atomically to `path` (PNG or SVG)."""
     plt = pyplot()
     cols = min(3, len(series))
@@ -80,5 +82,5 @@ def plot_fit(series: list[FitSeries], path: Path, device_name: str) -> Path:
         ax.set_ylabel("predicted / measured")
     for ax in list(axes.flat)[len(series) :]:
         ax.set_visible(False)
-    fig.suptitle(f"{device_name}: calibrated kernel models on their measured rows (dashed +-5%, dotted +-10%)")
+    fig.suptitle(f"{device_name}: {what} (dashed +-5%, dotted +-10%)")
     return finish_figure(fig, path, **(REPRODUCIBLE_PNG if Path(path).suffix.lower() == ".png" else {}))
