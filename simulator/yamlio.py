@@ -57,12 +57,21 @@ def _umask_mode() -> int:
     return 0o666 & ~mask
 
 
+def _temporary_beside(path: Path, prefix: str, suffix: str) -> tuple[int, str]:
+    """A new temporary file in `path`'s folder (created if needed); a folder that cannot be
+    created or written is one line naming `path`."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return tempfile.mkstemp(dir=path.parent, prefix=prefix, suffix=suffix)
+    except OSError as exc:
+        raise InfersimError(f"{path}: cannot write there ({exc.strerror or exc})") from None
+
+
 def write_atomic(path: str | Path, data: bytes | str) -> None:
     """Write to a temporary file in the same folder, then rename over the target, so a crash
     never leaves a half-written result and an old result is never lost to a failed write."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = _temporary_beside(path, f".{path.name}.", ".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data.encode() if isinstance(data, str) else data)
@@ -81,8 +90,7 @@ def atomic_path(path: str | Path):
     @contextlib.contextmanager
     def _cm():
         p = Path(path)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.stem}.", suffix=p.suffix)
+        fd, tmp = _temporary_beside(p, f".{p.stem}.", p.suffix)
         os.close(fd)
         try:
             yield Path(tmp)

@@ -201,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _goodput(args: argparse.Namespace, pf, out: Path) -> int:
     """`sim plan --disaggregation GPUS` (or a plan file's disaggregation: section)."""
-    source = str(args.plan) if args.plan else "plan file"
+    source = str(args.plan) if args.plan else "--disaggregation"  # without a file, the section is the flags'
     section = pf.disaggregation.model_dump() if pf.disaggregation is not None else {}
     if args.disaggregation is not None:
         positive_int(args.disaggregation, "--disaggregation")

@@ -87,9 +87,10 @@ def check_out_dir(path: Path | str, *, force: bool = False, option: str = "--out
     return path
 
 
-def check_out_file(path: Path | str, suffixes: tuple[str, ...], *, option: str) -> Path:
+def check_out_file(path: Path | str, suffixes: tuple[str, ...], *, option: str, force: bool = False) -> Path:
     """Refuse, before any work, a file output that names a folder, has another suffix than
-    `suffixes` (lower case, with the dot) or cannot be written."""
+    `suffixes` (lower case, with the dot), exists already (unless `force`: the command's
+    --force) or cannot be written."""
     raw = str(path)
     if raw.strip() == "":
         raise InfersimError(f"{option}: empty path; name a file ({', '.join(suffixes)})")
@@ -98,6 +99,8 @@ def check_out_file(path: Path | str, suffixes: tuple[str, ...], *, option: str) 
         raise InfersimError(f"{option} {raw}: is a folder; name a file ({', '.join(suffixes)})")
     if path.suffix.lower() not in suffixes:
         raise InfersimError(f"{option} {raw}: unsupported extension '{path.suffix}'; use {', '.join(suffixes)}")
+    if (path.exists() or path.is_symlink()) and not force:
+        raise InfersimError(f"{option} {raw}: exists; name another file, or pass --force to replace it")
     _writable_parent(path)
     return path
 

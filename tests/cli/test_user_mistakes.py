@@ -1,0 +1,64 @@
+"""Mistakes a new user makes with the commands that need no PyTorch, each refused in one line
+naming the file, field or flag, with exit 2 and every file left as it was: an output file that
+exists, a place that cannot be written, an empty phase list, a price that is not a number, a
+model or hardware name one typo away, a YAML file that is a folder or empty, a batch limit that
+leaves no KV cache."""
+
+from __future__ import annotations
+
+import errno
+import tempfile
+
+import pytest
+from fuzz_harness import TINY_WORKLOAD, invoke, refused_untouched, tree, write_yaml
+
+ROOFLINE = ["roofline", "--batch", "1", "--seq", "128"]
+
+
+@pytest.mark.parametrize("option,name", [("--csv", "t.csv"), ("--json", "t.json"), ("--plot", "t.png")])
+def test_roofline_keeps_an_existing_output_file(tmp_path, option, name):
+    (tmp_path / name).write_text("mine\n")
+    refused_untouched([*ROOFLINE, option, tmp_path / name], tmp_path, f"{option} {tmp_path / name}: exists", "--force")
+
+
+def test_roofline_force_replaces_the_file(tmp_path):
+    (tmp_path / "t.csv").write_text("mine\n")
+    res = invoke([*ROOFLINE, "--csv", tmp_path / "t.csv", "--force"])
+    assert res.rc == 0, res.stderr
+    assert (tmp_path / "t.csv").read_text().startswith("model,hardware,phase,")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.csv"]  # no temporary file left
+
+
+def test_a_file_that_cannot_be_written_is_one_line(tmp_path, monkeypatch):
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(tempfile, "mkstemp", read_only)
+    refused_untouched([*ROOFLINE, "--csv", tmp_path / "t.csv"], tmp_path, f"{tmp_path / 't.csv'}: cannot write there")
+
+
+def test_roofline_empty_phase_list(tmp_path):
+    refused_untouched([*ROOFLINE, "--phase", " , "], tmp_path, "--phase: empty", "prefill, decode, verify")
+
+
+@pytest.fixture
+def wl(tmp_path):
+    return write_yaml(tmp_path / "wl.yaml", TINY_WORKLOAD)
+
+
+@pytest.mark.parametrize("price", ["nan", "inf", "-1"])
+def test_plan_price_must_be_a_finite_number(wl, tmp_path, price):
+    argv = ["plan", "-w", wl, "--slo", "ttft_p99=2s", "--price", f"a100-80gb-pcie={price}", "-o", tmp_path / "p"]
+    refused_untouched(argv, tmp_path, "--price", f"a100-80gb-pcie={price}", "a finite number >= 0")
+
+
+def test_plan_file_price_must_not_be_negative(wl, tmp_path):
+    plan = write_yaml(tmp_path / "plan.yaml", {"slo": {"ttft_p99": "2s"}, "prices": {"a100-80gb-pcie": -1.8}})
+    argv = ["plan", "-w", wl, "--plan", plan, "-o", tmp_path / "p"]
+    refused_untouched(argv, tmp_path, "plan.yaml: field 'prices.a100-80gb-pcie'", "greater than or equal to 0")
+
+
+def test_plan_disaggregation_flag_is_named_without_a_plan_file(wl, tmp_path):
+    argv = ["plan", "-w", wl, "--slo", "ttft_p99=2s", "--disaggregation", "1", "-o", tmp_path / "p"]
+    line = refused_untouched(argv, tmp_path, "--disaggregation: field 'disaggregation.gpus'", "two replicas or more")
+    assert "plan file" not in line
