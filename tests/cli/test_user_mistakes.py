@@ -10,7 +10,7 @@ import errno
 import tempfile
 
 import pytest
-from fuzz_harness import TINY_WORKLOAD, invoke, refused_untouched, tree, write_yaml
+from fuzz_harness import TINY_WORKLOAD, invoke, refused_untouched, write_yaml
 
 ROOFLINE = ["roofline", "--batch", "1", "--seq", "128"]
 
