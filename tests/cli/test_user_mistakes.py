@@ -62,3 +62,18 @@ def test_plan_disaggregation_flag_is_named_without_a_plan_file(wl, tmp_path):
     argv = ["plan", "-w", wl, "--slo", "ttft_p99=2s", "--disaggregation", "1", "-o", tmp_path / "p"]
     line = refused_untouched(argv, tmp_path, "--disaggregation: field 'disaggregation.gpus'", "two replicas or more")
     assert "plan file" not in line
+
+
+@pytest.mark.parametrize(
+    "serving,needles",
+    [
+        ({"max_batch_size": 10**12}, ["field 'serving.max_batch_size'", "1,000,000,000,000 sequences"]),
+        ({"max_batched_tokens": 10**12}, ["field 'serving.max_batched_tokens'", "1,000,000,000,000 batched tokens"]),
+        ({"block_size": 10**9}, ["field 'serving.block_size'", "one KV block of 1,000,000,000 tokens"]),
+    ],
+)
+def test_no_kv_cache_names_the_limit_at_fault_not_the_weights(tmp_path, serving, needles):
+    spec = dict(TINY_WORKLOAD, serving={**TINY_WORKLOAD["serving"], **serving})
+    wl = write_yaml(tmp_path / "big.yaml", spec)
+    line = refused_untouched(["run", "-w", wl, "-o", tmp_path / "r"], tmp_path, "big.yaml: ", *needles)
+    assert "does not fit" not in line
