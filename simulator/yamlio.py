@@ -20,12 +20,16 @@ M = TypeVar("M", bound=BaseModel)
 def load_mapping(path: str | Path) -> dict[str, Any]:
     """Load a YAML or JSON file that must hold a mapping at the top level."""
     path = Path(path)
+    if path.is_dir():
+        raise InfersimError(f"{path}: is a folder; name a {'JSON' if path.suffix == '.json' else 'YAML'} file")
     if not path.is_file():
         raise InfersimError(f"{path}: file not found")
     try:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as exc:
         raise InfersimError(f"{path}: cannot read ({exc.__class__.__name__})") from None
+    if not text.strip():
+        raise InfersimError(f"{path}: the file is empty")
     try:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (yaml.YAMLError, json.JSONDecodeError) as exc:
@@ -34,6 +38,8 @@ def load_mapping(path: str | Path) -> dict[str, Any]:
         if isinstance(exc, json.JSONDecodeError):
             where = f" at line {exc.lineno}, column {exc.colno}"
         raise InfersimError(f"{path}: malformed {'JSON' if path.suffix == '.json' else 'YAML'}{where}") from None
+    if data is None:
+        raise InfersimError(f"{path}: holds nothing but comments; expected a mapping at the top level")
     if not isinstance(data, dict):
         raise InfersimError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
     return data

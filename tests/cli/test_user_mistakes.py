@@ -77,3 +77,46 @@ def test_no_kv_cache_names_the_limit_at_fault_not_the_weights(tmp_path, serving,
     wl = write_yaml(tmp_path / "big.yaml", spec)
     line = refused_untouched(["run", "-w", wl, "-o", tmp_path / "r"], tmp_path, "big.yaml: ", *needles)
     assert "does not fit" not in line
+
+
+@pytest.mark.parametrize(
+    "argv,needles",
+    [
+        (["models", "lama-7b"], ["unknown model 'lama-7b' (did you mean 'llama-7b'?)"]),
+        (["hardware", "h100-sx"], ["unknown hardware profile 'h100-sx' (did you mean 'h100-sxm'?)"]),
+        (
+            ["hardware", "h100-sxm:datashet"],
+            ["unknown variant ':datashet' of hardware profile 'h100-sxm'", "did you mean 'h100-sxm:datasheet'?"],
+        ),
+        ([*ROOFLINE, "--hardware", "a100-80gb-pci:datasheet"], ["--hardware", "did you mean 'a100-80gb-pcie'?"]),
+        (["run", "-w", "chatbott"], ["unknown workload 'chatbott' (did you mean 'chatbot'?)"]),
+    ],
+)
+def test_a_typo_gets_the_nearest_name(tmp_path, monkeypatch, argv, needles):
+    monkeypatch.chdir(tmp_path)
+    refused_untouched(argv, tmp_path, *needles)
+
+
+def test_a_name_far_from_every_entry_gets_no_guess(tmp_path):
+    line = refused_untouched(["models", "no-such-model"], tmp_path, "unknown model 'no-such-model'; known:")
+    assert "did you mean" not in line
+
+
+@pytest.mark.parametrize(
+    "make,needle",
+    [
+        (lambda p: p.mkdir(), "is a folder; name a YAML file"),
+        (lambda p: p.write_text("\n"), "the file is empty"),
+        (lambda p: p.write_text("# only a comment\n"), "holds nothing but comments"),
+    ],
+)
+def test_workload_file_that_is_a_folder_or_empty(tmp_path, make, needle):
+    make(tmp_path / "wl.yaml")
+    refused_untouched(
+        ["run", "-w", tmp_path / "wl.yaml", "-o", tmp_path / "r"], tmp_path, f"{tmp_path / 'wl.yaml'}: {needle}"
+    )
+
+
+def test_model_folder_without_config_json(tmp_path):
+    (tmp_path / "ckpt").mkdir()
+    refused_untouched(["models", tmp_path / "ckpt"], tmp_path, f"{tmp_path / 'ckpt'}: is a folder without config.json")

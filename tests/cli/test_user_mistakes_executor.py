@@ -44,7 +44,7 @@ def test_exec_pools_larger_than_the_machine(wl, tmp_path):
 @pytest.mark.parametrize(
     "extra,needle",
     [
-        (["-m", "zoo-targt"], "--model: unknown zoo model 'zoo-targt'"),
+        (["-m", "zoo-targt"], "--model: unknown zoo model 'zoo-targt' (did you mean 'zoo-target'?)"),
         (["--device", "tpu"], "--device tpu"),
         (["--cost-model", "roofline", "--profile", "cpu-referenc"], "--profile: unknown hardware profile"),
         (["--calibration", "missing.json"], "missing.json"),
