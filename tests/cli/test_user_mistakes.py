@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import tempfile
+from pathlib import Path
 
 import pytest
 from fuzz_harness import TINY_WORKLOAD, invoke, refused_untouched, write_yaml
@@ -120,3 +121,10 @@ def test_workload_file_that_is_a_folder_or_empty(tmp_path, make, needle):
 def test_model_folder_without_config_json(tmp_path):
     (tmp_path / "ckpt").mkdir()
     refused_untouched(["models", tmp_path / "ckpt"], tmp_path, f"{tmp_path / 'ckpt'}: is a folder without config.json")
+
+
+def test_calibrate_refuses_a_folder_as_out_even_with_force(tmp_path):
+    (tmp_path / "prof").mkdir()
+    table = Path(__file__).parents[1] / "data" / "linear_ops_a100_llama3_8b.csv"
+    argv = ["calibrate", "--hardware", "a100-80gb-sxm", "--out", tmp_path / "prof", "--force", table]
+    refused_untouched(argv, tmp_path, f"{tmp_path / 'prof'}: is a folder")
