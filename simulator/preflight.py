@@ -13,6 +13,7 @@ from .errors import InfersimError
 from .hardware.catalog import load_hardware
 from .models.catalog import load_model
 from .models.dtypes import normalize_dtype
+from .offload.policies import POLICIES as OFFLOAD_POLICIES
 from .parallel.placement import check_deployment
 from .policies import PREEMPTION_POLICIES, SCHEDULERS
 from .validation import (
@@ -56,6 +57,8 @@ def check_workload(
         ("serving.cost_model", workload_cost_model, sv.cost_model),
     ):
         in_field(source, field, get, name)
+    if spec.offload is not None:
+        in_field(source, "offload.policy", OFFLOAD_POLICIES.get, spec.offload.policy)
     check_seed(spec.seed, "seed", source)
     for field, name in (("serving.dtype", sv.dtype), ("serving.kv_dtype", sv.kv_dtype or sv.dtype)):
         hardware.require_dtype(normalize_dtype(name), f"{source}: field '{field}'")

@@ -17,6 +17,7 @@ from infersim.analysis.medusa_study import (
     write_study,
 )
 from infersim.analysis.roofline import check_batch_memory
+from infersim.simulator.errors import InfersimError
 from infersim.simulator.metrics.rundir import check_out_dir, claim_dir
 
 from .commands import COMMANDS
@@ -58,7 +59,7 @@ def add_parser(sub) -> None:
     )
     p.add_argument(
         "--accuracies",
-        default="vicuna-7b",
+        default=None,
         help="head-accuracy table for --rate-model tree: a built-in name or a YAML file "
         "(default vicuna-7b: the Medusa paper's head accuracies, mc_sim_7b_63 tree)",
     )
@@ -93,6 +94,8 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     out = args.out or Path("medusa-study")
     check_out_dir(out, force=args.force)
+    if args.accuracies is not None and args.rate_model != "tree":
+        raise InfersimError("--accuracies is the head-accuracy table of --rate-model tree; add --rate-model tree")
     cands = parse_ints(args.candidates, "candidates")
     batch = parse_ints(str(args.batch), "batch")[0]
     seq = parse_ints(str(args.seq), "seq")[0]
@@ -110,7 +113,9 @@ def run(args: argparse.Namespace) -> int:
     )
     model, hardware = cost.pop("model"), cost.pop("hardware")
     options = MedusaStudyOptions(
-        rate_model=args.rate_model, accuracies=args.accuracies, block=args.block, attention=args.attention, **cost
+        rate_model=args.rate_model,
+        accuracies=args.accuracies or "vicuna-7b",
+        block=args.block, attention=args.attention, **cost
     )
     df = standard_sweeps(model, hardware, sweeps, options)
     main = df[df["sweep"] == "candidates"]

@@ -157,6 +157,8 @@ def run(args: argparse.Namespace) -> int:
     pf = load_plan_file(args.plan)
     if args.disaggregation is not None or pf.disaggregation is not None:
         return _goodput(args, pf, out)
+    if args.attainment is not None:
+        raise InfersimError("--attainment goes with --disaggregation GPUS (or a plan file's disaggregation: section)")
     flags = PlanFlags(
         hardware=_csv(args.hardware),
         tensor_parallel=tps,

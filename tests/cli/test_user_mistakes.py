@@ -128,3 +128,29 @@ def test_calibrate_refuses_a_folder_as_out_even_with_force(tmp_path):
     table = Path(__file__).parents[1] / "data" / "linear_ops_a100_llama3_8b.csv"
     argv = ["calibrate", "--hardware", "a100-80gb-sxm", "--out", tmp_path / "prof", "--force", table]
     refused_untouched(argv, tmp_path, f"{tmp_path / 'prof'}: is a folder")
+
+
+def test_flags_that_would_be_ignored_are_refused(wl, tmp_path):
+    """A flag that only means something beside another is refused without it, not dropped."""
+    argv = ["plan", "-w", wl, "--slo", "ttft_p99=2s", "--attainment", "0.9", "-o", tmp_path / "p"]
+    refused_untouched(argv, tmp_path, "--attainment goes with --disaggregation")
+    grid = write_yaml(tmp_path / "grid.yaml", {"parameters": {"serving.max_batch_size": [4, 8]}})
+    argv = ["sweep", "-w", wl, "-s", grid, "--trials", "5", "-o", tmp_path / "s"]
+    refused_untouched(argv, tmp_path, "--trials", "grid.yaml is a grid")
+    argv = ["medusa", "--accuracies", "vicuna-7b", "--out", tmp_path / "m"]
+    refused_untouched(argv, tmp_path, "--accuracies", "--rate-model tree")
+
+
+def test_offload_policy_typo_names_the_file_and_field(tmp_path):
+    spec = dict(TINY_WORKLOAD, offload={"policy": "infinigenn"})
+    wl = write_yaml(tmp_path / "off.yaml", spec)
+    refused_untouched(
+        ["run", "-w", wl, "-o", tmp_path / "r"], tmp_path, "off.yaml: field 'offload.policy'", "'infinigen'?"
+    )
+
+
+def test_sweep_says_why_its_configurations_failed(wl, tmp_path):
+    typo = write_yaml(tmp_path / "typo.yaml", {"parameters": {"serving.max_batch_sise": [4, 8]}})
+    res = invoke(["sweep", "-w", wl, "-s", typo, "-o", tmp_path / "s", "--workers", "1", "--no-plots"])
+    assert res.rc == 0, res.stderr
+    assert "failed (2): configuration: field 'serving.max_batch_sise': Extra inputs are not permitted" in res.stdout
