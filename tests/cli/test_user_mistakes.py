@@ -154,3 +154,20 @@ def test_sweep_says_why_its_configurations_failed(wl, tmp_path):
     res = invoke(["sweep", "-w", wl, "-s", typo, "-o", tmp_path / "s", "--workers", "1", "--no-plots"])
     assert res.rc == 0, res.stderr
     assert "failed (2): configuration: field 'serving.max_batch_sise': Extra inputs are not permitted" in res.stdout
+
+
+@pytest.mark.parametrize(
+    "flag,value,needle",
+    [
+        ("--scheduler", "fcfs,fcfss", "--scheduler: unknown scheduler 'fcfss' (did you mean 'fcfs'?)"),
+        ("--preemption", "swapp", "--preemption: unknown preemption policy 'swapp' (did you mean 'swap'?)"),
+    ],
+)
+def test_plan_policy_typo_is_named_by_its_flag(wl, tmp_path, flag, value, needle):
+    refused_untouched(["plan", "-w", wl, "--slo", "ttft_p99=2s", flag, value, "-o", tmp_path / "p"], tmp_path, needle)
+
+
+def test_plan_option_error_without_a_plan_file_names_the_workload_alone(wl, tmp_path):
+    argv = ["plan", "-w", wl, "--slo", "ttft_p99=2s", "--option", "serving.foo=1", "-o", tmp_path / "p"]
+    line = refused_untouched(argv, tmp_path, f"{wl} as a100-80gb-pcie: field 'serving.foo'")
+    assert "plan file" not in line
