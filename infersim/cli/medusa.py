@@ -115,7 +115,9 @@ def run(args: argparse.Namespace) -> int:
     options = MedusaStudyOptions(
         rate_model=args.rate_model,
         accuracies=args.accuracies or "vicuna-7b",
-        block=args.block, attention=args.attention, **cost
+        block=args.block,
+        attention=args.attention,
+        **cost,
     )
     df = standard_sweeps(model, hardware, sweeps, options)
     main = df[df["sweep"] == "candidates"]

@@ -171,3 +171,16 @@ def test_plan_option_error_without_a_plan_file_names_the_workload_alone(wl, tmp_
     argv = ["plan", "-w", wl, "--slo", "ttft_p99=2s", "--option", "serving.foo=1", "-o", tmp_path / "p"]
     line = refused_untouched(argv, tmp_path, f"{wl} as a100-80gb-pcie: field 'serving.foo'")
     assert "plan file" not in line
+
+
+@pytest.mark.parametrize(
+    "flag,value,needle",
+    [
+        ("--scheduler", "fcfss", "--scheduler: unknown scheduler 'fcfss' (did you mean 'fcfs'?)"),
+        ("--model", "llama-2-7", "--model: unknown model 'llama-2-7' (did you mean 'llama-2-7b'?)"),
+        ("--hardware", "h100-sxm:datashet", "--hardware: unknown variant ':datashet'"),
+    ],
+)
+def test_run_override_typo_is_named_by_its_flag(wl, tmp_path, flag, value, needle):
+    line = refused_untouched(["run", "-w", wl, flag, value, "-o", tmp_path / "r"], tmp_path, needle)
+    assert "wl.yaml" not in line  # the file does not hold the value
