@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from infersim.simulator.errors import InfersimError
-from infersim.simulator.metrics.rundir import check_out_file
+from infersim.simulator.metrics.rundir import check_folder_option, check_out_file
 from infersim.simulator.validation import positive_int
 
 
@@ -57,8 +57,8 @@ def run(args: argparse.Namespace) -> int:
     if args.tree_nodes < 2:
         raise InfersimError(f"--tree-nodes must be at least 2, got {args.tree_nodes}")
     positive_int(args.threads, "--threads")
-    if args.root and Path(args.root).expanduser().exists() and not Path(args.root).expanduser().is_dir():
-        raise InfersimError(f"--root {args.root}: is a file; name a folder for the heads")
+    if args.root:
+        check_folder_option(args.root, "--root")
     if args.catalog_out:  # before the training, not after it
         check_out_file(args.catalog_out, (".yaml", ".yml"), option="--catalog-out", force=args.force)
     try:

@@ -105,6 +105,14 @@ def check_out_file(path: Path | str, suffixes: tuple[str, ...], *, option: str, 
     return path
 
 
+def check_folder_option(path: Path | str, option: str) -> Path:
+    """A folder the command reads and fills (a cache, a root): refused when it names a file."""
+    path = Path(path).expanduser()
+    if path.exists() and not path.is_dir():
+        raise InfersimError(f"{option} {path}: is a file; name a folder")
+    return path
+
+
 def pause_point(stage: str) -> None:
     """With the environment variable INFERSIM_PAUSE_AT set to `stage`, say so on stderr and wait
     for a signal: tests kill a real command at a known moment (e.g. "simulating", "writing")

@@ -65,7 +65,7 @@ def test_profile_refuses_an_unknown_model_and_an_existing_profile(tmp_path, zoo_
     "extra,needle",
     [
         (["--threads", "-1"], "--threads: expected a whole number >= 1"),
-        (["--root", "notes.txt"], "--root notes.txt: is a file"),
+        (["--root", "notes.txt"], "--root notes.txt: is a file; name a folder"),
         (["--catalog-out", "notes.yaml"], "--catalog-out notes.yaml: exists"),
         (["--catalog-out", "folder"], "--catalog-out folder: is a folder"),
     ],
@@ -76,3 +76,22 @@ def test_medusa_train_refuses_before_training(tmp_path, monkeypatch, zoo_dir, ex
     (tmp_path / "notes.yaml").write_text("mine: 1\n")
     (tmp_path / "folder").mkdir()
     refused_untouched(["medusa-train", "--model", "zoo-target", *extra], tmp_path, needle)
+
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["zoo", "ship", "--out", "mine"], "--out mine: folder exists and was not written by infersim"),
+        (["zoo", "ship", "--out", "notes.txt"], "--out notes.txt: is a file"),
+        (["zoo", "build", "--root", "notes.txt"], "--root notes.txt: is a file; name a folder"),
+        (["zoo", "list", "--root", "notes.txt"], "--root notes.txt: is a file; name a folder"),
+    ],
+)
+def test_zoo_never_replaces_a_folder_of_the_users(tmp_path, monkeypatch, argv, needle):
+    """`sim zoo ship --out` replaces its folder whole: one that holds no shipped zoo is refused
+    before the build, not deleted after it."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "thesis.tex").write_text("years of work\n")
+    (tmp_path / "notes.txt").write_text("mine\n")
+    refused_untouched(argv, tmp_path, needle)
