@@ -14,7 +14,7 @@ import torch
 
 from infersim.simulator.errors import InfersimError
 
-from .profiler.device import select_device as checked_device
+from .device import select_device as checked_device
 from .zoo import is_zoo_name, resolve_zoo_model
 
 if TYPE_CHECKING:  # annotations only: torch is imported where the executor starts
@@ -35,7 +35,7 @@ _DTYPES = {
 
 def select_device(device: str | None = None):
     """'cpu', 'cuda', 'cuda:N' or None/'auto' (cuda when available); anything else, or CUDA where
-    there is none, is one line naming --device (the profiler's rule, executor/profiler/device.py)."""
+    there is none, is one line naming --device (executor/device.py)."""
     return checked_device("auto" if device is None else device)
 
 
