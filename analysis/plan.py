@@ -620,6 +620,12 @@ def plan(
     )
     if search.start_rate is None:
         search = search.model_copy(update={"start_rate": workload_rate or 1.0})
+    if search.requests > search.max_requests:  # one() would cap every probe at max_requests, unsaid
+        where = "--requests" if flags.requests is not None else f"{plan_source}: field 'search.requests'"
+        raise InfersimError(
+            f"{where}: {search.requests:,} requests per probe is more than search.max_requests "
+            f"({search.max_requests:,}), the most one probe simulates; ask for fewer or raise search.max_requests"
+        )
     if flags.tolerance is not None and not 0 < flags.tolerance < 1:
         raise InfersimError(f"--tolerance must be between 0 and 1, got {flags.tolerance}")
     target = flags.target_rate if flags.target_rate is not None else (pf.target_rate or workload_rate)

@@ -184,3 +184,11 @@ def test_plan_option_error_without_a_plan_file_names_the_workload_alone(wl, tmp_
 def test_run_override_typo_is_named_by_its_flag(wl, tmp_path, flag, value, needle):
     line = refused_untouched(["run", "-w", wl, flag, value, "-o", tmp_path / "r"], tmp_path, needle)
     assert "wl.yaml" not in line  # the file does not hold the value
+
+
+def test_plan_probe_larger_than_its_cap_is_refused_not_capped(wl, tmp_path):
+    argv = ["plan", "-w", wl, "--slo", "ttft_p99=2s", "-n", "1000000", "-o", tmp_path / "p"]
+    refused_untouched(argv, tmp_path, "--requests: 1,000,000 requests per probe", "search.max_requests (30,000)")
+    plan = write_yaml(tmp_path / "plan.yaml", {"slo": {"ttft_p99": "2s"}, "search": {"requests": 40000}})
+    argv = ["plan", "-w", wl, "--plan", plan, "-o", tmp_path / "p"]
+    refused_untouched(argv, tmp_path, "plan.yaml: field 'search.requests': 40,000 requests per probe")
