@@ -18,7 +18,7 @@ from infersim.analysis.medusa_study import (
 )
 from infersim.analysis.roofline import check_batch_memory
 from infersim.simulator.errors import InfersimError
-from infersim.simulator.metrics.rundir import check_out_dir, claim_dir
+from infersim.simulator.metrics.rundir import check_out_dir, claimed_dir
 
 from .commands import COMMANDS
 from .roofline import POW2_BATCHES, POW2_SEQ_LENS, add_cost_options, parse_ints, resolve_cost_options
@@ -155,7 +155,8 @@ def run(args: argparse.Namespace) -> int:
             t.add_row(str(r[by]), str(r["candidates"]), f"{r['speedup']:.3f}", f"{r['overhead']:.3f}")
         console.print(t)
 
-    paths = write_study(df, claim_dir(out, command="medusa", force=args.force))
+    with claimed_dir(out, command="medusa", force=args.force) as folder:
+        paths = write_study(df, folder)
     console.print(
         f"wrote {paths['csv']} ({len(df)} rows), {paths['fig21'].name}, {paths['fig22'].name}, "
         f"{paths['fig23'].name} in {paths['csv'].parent}"

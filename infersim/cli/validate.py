@@ -16,7 +16,7 @@ from infersim.analysis.validate.run import SimCostOptions, validate_case
 from infersim.simulator.costmodel.calibration_file import read_fit_json
 from infersim.simulator.errors import InfersimError
 from infersim.simulator.hardware.catalog import load_hardware
-from infersim.simulator.metrics.rundir import claim_dir
+from infersim.simulator.metrics.rundir import claimed_dir
 from infersim.simulator.preflight import check_workload, revalidate
 from infersim.simulator.progress import log_line
 from infersim.simulator.validation import check_seed, in_field, positive_int
@@ -157,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
         raise InfersimError(f"case {case.name} needs the executor mode '{case.mode}', which is not available: {why}")
 
     _check_names(args)
-    out = claim_dir(args.out or Path("runs") / f"validate-{case.name}", command="validate", force=args.force)
+    out_dir = args.out or Path("runs") / f"validate-{case.name}"
     log = None if args.quiet else log_line
 
     opts = CaseOptions(
@@ -177,7 +177,8 @@ def run(args: argparse.Namespace) -> int:
         drift_correction=args.drift_correction,
         matched=not args.generic_calibration,
     )
-    result = validate_case(case, args.model, out, opts, cost)
+    with claimed_dir(out_dir, command="validate", force=args.force) as out:
+        result = validate_case(case, args.model, out, opts, cost)
     if not args.quiet:
         print_checks(result)
         print(f"report: {out / 'report.html'} (and report.md); runs: {out / 'exec'}, {out / 'sim'}")

@@ -189,6 +189,22 @@ def claim_dir(target: Path, *, command: str, force: bool = False) -> Path:
     return target
 
 
+@contextmanager
+def claimed_dir(target: Path, *, command: str, force: bool = False):
+    """claim_dir for a command that fills its folder in place over a long run (a validation, a
+    study): a folder this call created is removed again when the command fails or is interrupted,
+    so a refusal or a Ctrl-C leaves nothing; a folder that was there stays."""
+    existed = Path(target).exists()
+    path = claim_dir(target, command=command, force=force)
+    try:
+        yield path
+    except BaseException:
+        if not existed:
+            with held_signals():
+                shutil.rmtree(path, ignore_errors=True)
+        raise
+
+
 def json_clean(obj):
     """JSON without NaN (not valid JSON): NaN becomes null."""
     if isinstance(obj, dict):

@@ -5,7 +5,7 @@ measuring or training, and with every file left as it was (no output folder made
 from __future__ import annotations
 
 import pytest
-from fuzz_harness import TINY_WORKLOAD, refused_untouched, write_yaml
+from fuzz_harness import TINY_WORKLOAD, refused, refused_untouched, write_yaml
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -95,3 +95,16 @@ def test_zoo_never_replaces_a_folder_of_the_users(tmp_path, monkeypatch, argv, n
     (tmp_path / "mine" / "thesis.tex").write_text("years of work\n")
     (tmp_path / "notes.txt").write_text("mine\n")
     refused_untouched(argv, tmp_path, needle)
+
+
+def test_validate_refused_after_claiming_its_folder_leaves_none(tmp_path, zoo_dir):
+    """A refusal that comes only once the validation runs (here the executor's KV pools, larger
+    than the machine) removes the folder the command had made."""
+    huge_swap = write_yaml(
+        tmp_path / "swap.yaml", dict(TINY_WORKLOAD, serving={**TINY_WORKLOAD["serving"], "swap_space_gb": 100000})
+    )
+    refused_untouched(["validate", "-w", huge_swap, "-o", tmp_path / "v", "-q"], tmp_path, "the KV pools")
+    (tmp_path / "v").mkdir()  # a folder that was there stays, with its files
+    (tmp_path / "v" / "notes.txt").write_text("mine\n")
+    refused(["validate", "-w", huge_swap, "-o", tmp_path / "v", "-q", "--force"], "the KV pools")
+    assert (tmp_path / "v" / "notes.txt").read_text() == "mine\n"
