@@ -41,7 +41,7 @@ from typing import Any, Generator, Optional, Union
 
 import numpy as np
 import pandas as pd
-from pydantic import BaseModel, Field, PositiveFloat, PositiveInt
+from pydantic import BaseModel, Field, NonNegativeFloat, PositiveFloat, PositiveInt
 
 from infersim.simulator.errors import InfersimError
 from infersim.simulator.hardware.catalog import load_hardware, split_mode
@@ -165,8 +165,8 @@ def parse_prices(text: str | None) -> dict[str, float]:
             price = float(v)
         except ValueError:
             raise InfersimError(f"bad price '{part}': '{v}' is not a number") from None
-        if price < 0:
-            raise InfersimError(f"bad price '{part}': must not be negative")
+        if not math.isfinite(price) or price < 0:
+            raise InfersimError(f"bad price '{part}': a finite number >= 0 (USD per GPU-hour)")
         out[k.strip()] = price
     return out
 
@@ -203,7 +203,7 @@ class PlanFile(_Strict):
     tensor_parallel: list[PositiveInt] = Field(default_factory=list)  # empty: the workload's
     pipeline_parallel: list[PositiveInt] = Field(default_factory=list)  # empty: the workload's; crossed with TP
     options: dict[str, list[Any]] = Field(default_factory=dict)  # dotted workload path -> values to compare
-    prices: dict[str, float] = Field(default_factory=dict)  # hardware name -> USD per GPU-hour
+    prices: dict[str, NonNegativeFloat] = Field(default_factory=dict)  # hardware name -> USD per GPU-hour
     price_source: str = ""  # where the prices come from (shown in the report)
     target_rate: Optional[PositiveFloat] = None  # req/s; None: the workload's arrival rate
     search: SearchSection = SearchSection()
@@ -620,6 +620,12 @@ def plan(
     )
     if search.start_rate is None:
         search = search.model_copy(update={"start_rate": workload_rate or 1.0})
+    if search.requests > search.max_requests:  # one() would cap every probe at max_requests, unsaid
+        where = "--requests" if flags.requests is not None else f"{plan_source}: field 'search.requests'"
+        raise InfersimError(
+            f"{where}: {search.requests:,} requests per probe is more than search.max_requests "
+            f"({search.max_requests:,}), the most one probe simulates; ask for fewer or raise search.max_requests"
+        )
     if flags.tolerance is not None and not 0 < flags.tolerance < 1:
         raise InfersimError(f"--tolerance must be between 0 and 1, got {flags.tolerance}")
     target = flags.target_rate if flags.target_rate is not None else (pf.target_rate or workload_rate)

@@ -14,6 +14,7 @@ import torch
 
 from infersim.simulator.errors import InfersimError
 
+from .device import select_device as checked_device
 from .zoo import is_zoo_name, resolve_zoo_model
 
 if TYPE_CHECKING:  # annotations only: torch is imported where the executor starts
@@ -33,15 +34,9 @@ _DTYPES = {
 
 
 def select_device(device: str | None = None):
-    """'cpu', 'cuda', 'cuda:N' or None/'auto' (cuda when available)."""
-    if device in (None, "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise InfersimError(f"--device {device}: CUDA is not available on this machine (torch {torch.__version__})")
-    if dev.type not in ("cpu", "cuda"):
-        raise InfersimError(f"unsupported device '{device}': use cpu or cuda")
-    return dev
+    """'cpu', 'cuda', 'cuda:N' or None/'auto' (cuda when available); anything else, or CUDA where
+    there is none, is one line naming --device (executor/device.py)."""
+    return checked_device("auto" if device is None else device)
 
 
 def select_dtype(dtype: str | None, device) -> "torch.dtype":

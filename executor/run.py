@@ -69,7 +69,7 @@ def execute(spec, requests, model: str, out: Path, opts: ExecOptions = ExecOptio
     limits = served_limits(sv, lm)
     max_len = limits.max_model_len
     kv_dtype = lm.dtype
-    mem = plan_blocks(lm, sv, limits, kv_dtype=kv_dtype, device_memory_gb=opts.device_memory_gb)
+    mem = plan_blocks(lm, sv, limits, kv_dtype=kv_dtype, device_memory_gb=opts.device_memory_gb, source=opts.source)
     spec = single_replica(spec, lm)
     with staged_dir(Path(out), command="exec", force=opts.force) as tmp:
         metrics = MetricsCollector(len(requests), series_path=tmp / "series.parquet")

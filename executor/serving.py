@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 
 from infersim.simulator.engine.memory import MemoryPlan, activation_peak_bytes
 from infersim.simulator.errors import InfersimError
-from infersim.simulator.machine import cpu_model
+from infersim.simulator.machine import cpu_model, host_memory_gb
 from infersim.simulator.metrics.plots import plot_run
 from infersim.simulator.metrics.rundir import write_table
 from infersim.simulator.metrics.summary import write_result_files
@@ -82,7 +82,22 @@ def served_limits(sv, lm) -> SchedulerLimits:
     return SchedulerLimits(sv.max_batch_size, max_batched, max_len, sv.chunked_prefill)
 
 
-def plan_blocks(lm, sv, limits, *, kv_dtype, device_memory_gb: float | None = None) -> dict:
+def _check_host_pools(lm, gpu_blocks: int, cpu_blocks: int, block_bytes: int, source: str) -> None:
+    """Refuse, before allocating them, KV pools larger than this machine's memory: the host pool
+    always lives there, and on cpu the device pool too (both zero-filled, so every page is
+    committed at once)."""
+    pool_bytes = (cpu_blocks + (gpu_blocks if lm.device.type == "cpu" else 0)) * block_bytes
+    total_bytes = host_memory_gb() * 1e9
+    if pool_bytes > total_bytes:
+        device = "--device-memory-gb, serving.gpu_blocks, " if lm.device.type == "cpu" else ""
+        raise InfersimError(
+            f"{source}: the KV pools ({gpu_blocks:,} device and {cpu_blocks:,} host blocks: {pool_bytes / 1e9:,.3g} GB in "
+            f"host memory) exceed this machine's {total_bytes / 1e9:.3g} GB; lower {device}"
+            f"serving.swap_space_gb or serving.cpu_blocks"
+        )
+
+
+def plan_blocks(lm, sv, limits, *, kv_dtype, device_memory_gb: float | None = None, source: str = "workload") -> dict:
     """Device and host KV blocks, as the simulator plans them (simulator/engine/memory.py):
     explicit serving.gpu_blocks / cpu_blocks win; otherwise the device memory (CUDA: the GPU's;
     CPU: --device-memory-gb, default 4 GiB) x gpu_memory_utilization, less the weights and
@@ -97,11 +112,11 @@ def plan_blocks(lm, sv, limits, *, kv_dtype, device_memory_gb: float | None = No
     elt = torch.empty((), dtype=kv_dtype).element_size()
     block_bytes = 2 * runner_layers * sv.block_size * kvh * hd * elt
     weights = lm.weight_bytes()
-    source = "explicit"
+    blocks_source = "explicit"
     gpu_blocks = sv.gpu_blocks
     act = 0.0
     if gpu_blocks is None:
-        source = "derived"
+        blocks_source = "derived"
         if lm.device.type == "cuda":
             total = torch.cuda.get_device_properties(lm.device).total_memory
         else:
@@ -118,13 +133,14 @@ def plan_blocks(lm, sv, limits, *, kv_dtype, device_memory_gb: float | None = No
                 f"model {lm.name} ({weights / 1e9:.2f} GB of weights) leaves no KV blocks on {lm.device}"
             )
     cpu_blocks = sv.cpu_blocks if sv.cpu_blocks is not None else int(sv.swap_space_gb * 2**30 // block_bytes)
+    _check_host_pools(lm, int(gpu_blocks), int(cpu_blocks), block_bytes, source)
     return {
         "gpu_blocks": int(gpu_blocks),
         "cpu_blocks": int(cpu_blocks),
         "kv_bytes_per_block": float(block_bytes),
         "weight_bytes_per_gpu": float(weights),
         "activation_bytes_per_gpu": float(act),
-        "blocks_source": source,
+        "blocks_source": blocks_source,
     }
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from .errors import UnknownNameError
+from .errors import InfersimError, UnknownNameError
 from .registry import name_key
 from .yamlio import load_mapping
 
@@ -42,6 +42,9 @@ def resolve(kind: str, name: str, folder: Path) -> Path:
         return as_path
     if as_path.is_dir() and (as_path / "config.json").is_file():
         return as_path / "config.json"
+    if as_path.is_dir():
+        holds = " without config.json" if kind == "model" else ""  # a checkpoint folder names a model
+        raise InfersimError(f"{as_path}: is a folder{holds}; name a {kind} or its YAML file")
     found = index_folder(str(folder)).get(name_key(name))
     if found is None:
         raise UnknownNameError(kind, name, canonical_names(folder))

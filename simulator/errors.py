@@ -1,5 +1,7 @@
 """User-facing errors: bad input is reported in one line and exits with status 2."""
 
+import difflib
+
 
 class InfersimError(Exception):
     """A problem with the user's input (file, name, option). The CLI prints it in one line
@@ -8,12 +10,19 @@ class InfersimError(Exception):
     exit_code = 2
 
 
+def did_you_mean(name: str, known: list[str]) -> str:
+    """ " (did you mean 'X'?)" for the known name nearest a typo (case aside), else ""."""
+    lowered = {k.lower(): k for k in known}
+    close = difflib.get_close_matches(str(name).lower(), list(lowered), n=1, cutoff=0.75)
+    return f" (did you mean '{lowered[close[0]]}'?)" if close else ""
+
+
 class UnknownNameError(InfersimError):
     """A model, hardware profile, workload or policy name that is not in its catalog."""
 
     def __init__(self, kind: str, name: str, known: list[str]):
         self.kind, self.name, self.known = kind, name, sorted(known)
-        super().__init__(f"unknown {kind} '{name}'; known: {', '.join(self.known)}")
+        super().__init__(f"unknown {kind} '{name}'{did_you_mean(name, self.known)}; known: {', '.join(self.known)}")
 
 
 def pydantic_error_line(source: str, exc) -> str:

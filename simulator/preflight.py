@@ -13,6 +13,7 @@ from .errors import InfersimError
 from .hardware.catalog import load_hardware
 from .models.catalog import load_model
 from .models.dtypes import normalize_dtype
+from .offload.policies import POLICIES as OFFLOAD_POLICIES
 from .parallel.placement import check_deployment
 from .policies import PREEMPTION_POLICIES, SCHEDULERS
 from .validation import (
@@ -43,8 +44,12 @@ def check_workload(
     fit in memory. `parallel` simulations of it run at once; `flags` maps a field to the
     command-line flag that set it, for the message."""
     hw, sv = spec.hardware, spec.serving
-    model = in_field(source, "model", load_model, spec.model)
-    hardware = in_field(source, "hardware.profile", load_hardware, hw.profile)
+
+    def named(field: str) -> str:  # a value a flag set is named by the flag
+        return (flags or {}).get(field, field)
+
+    model = in_field(source, named("model"), load_model, spec.model)
+    hardware = in_field(source, named("hardware.profile"), load_hardware, hw.profile)
     if hw.host_link is not None:
         in_field(source, "hardware.host_link", load_hardware, hw.profile, host_link=hw.host_link)
     for field, get, name in (
@@ -55,7 +60,9 @@ def check_workload(
         ("hardware.router", ROUTERS.get, hw.router),
         ("serving.cost_model", workload_cost_model, sv.cost_model),
     ):
-        in_field(source, field, get, name)
+        in_field(source, named(field), get, name)
+    if spec.offload is not None:
+        in_field(source, "offload.policy", OFFLOAD_POLICIES.get, spec.offload.policy)
     check_seed(spec.seed, "seed", source)
     for field, name in (("serving.dtype", sv.dtype), ("serving.kv_dtype", sv.kv_dtype or sv.dtype)):
         hardware.require_dtype(normalize_dtype(name), f"{source}: field '{field}'")

@@ -20,12 +20,16 @@ M = TypeVar("M", bound=BaseModel)
 def load_mapping(path: str | Path) -> dict[str, Any]:
     """Load a YAML or JSON file that must hold a mapping at the top level."""
     path = Path(path)
+    if path.is_dir():
+        raise InfersimError(f"{path}: is a folder; name a {'JSON' if path.suffix == '.json' else 'YAML'} file")
     if not path.is_file():
         raise InfersimError(f"{path}: file not found")
     try:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as exc:
         raise InfersimError(f"{path}: cannot read ({exc.__class__.__name__})") from None
+    if not text.strip():
+        raise InfersimError(f"{path}: the file is empty")
     try:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (yaml.YAMLError, json.JSONDecodeError) as exc:
@@ -34,6 +38,8 @@ def load_mapping(path: str | Path) -> dict[str, Any]:
         if isinstance(exc, json.JSONDecodeError):
             where = f" at line {exc.lineno}, column {exc.colno}"
         raise InfersimError(f"{path}: malformed {'JSON' if path.suffix == '.json' else 'YAML'}{where}") from None
+    if data is None:
+        raise InfersimError(f"{path}: holds nothing but comments; expected a mapping at the top level")
     if not isinstance(data, dict):
         raise InfersimError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
     return data
@@ -57,12 +63,21 @@ def _umask_mode() -> int:
     return 0o666 & ~mask
 
 
+def _temporary_beside(path: Path, prefix: str, suffix: str) -> tuple[int, str]:
+    """A new temporary file in `path`'s folder (created if needed); a folder that cannot be
+    created or written is one line naming `path`."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return tempfile.mkstemp(dir=path.parent, prefix=prefix, suffix=suffix)
+    except OSError as exc:
+        raise InfersimError(f"{path}: cannot write there ({exc.strerror or exc})") from None
+
+
 def write_atomic(path: str | Path, data: bytes | str) -> None:
     """Write to a temporary file in the same folder, then rename over the target, so a crash
     never leaves a half-written result and an old result is never lost to a failed write."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = _temporary_beside(path, f".{path.name}.", ".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data.encode() if isinstance(data, str) else data)
@@ -81,8 +96,7 @@ def atomic_path(path: str | Path):
     @contextlib.contextmanager
     def _cm():
         p = Path(path)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.stem}.", suffix=p.suffix)
+        fd, tmp = _temporary_beside(p, f".{p.stem}.", p.suffix)
         os.close(fd)
         try:
             yield Path(tmp)

@@ -8,13 +8,13 @@ no field for it. The entry's tree is the greedy tree built from these accuracies
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 import yaml
 
 from infersim.simulator.speculative.medusa_tree import greedy_tree
+from infersim.simulator.yamlio import write_atomic
 
 from .accuracy import top_i
 
@@ -68,9 +68,5 @@ def render(meta: dict, name: str, tree_nodes: int = DEFAULT_TREE_NODES) -> str:
 
 def write_catalog(path: Path, meta: dict, name: str, tree_nodes: int = DEFAULT_TREE_NODES) -> Path:
     """Write the entry atomically (a temporary file renamed into place)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(render(meta, name, tree_nodes))
-    os.replace(tmp, path)
-    return path
+    write_atomic(path, render(meta, name, tree_nodes))
+    return Path(path)

@@ -12,6 +12,8 @@ from rich.console import Console
 from rich.table import Table
 
 from infersim.simulator.errors import InfersimError
+from infersim.simulator.metrics.rundir import check_folder_option, check_out_file
+from infersim.simulator.validation import positive_int
 
 
 def add_parser(sub, help: str) -> None:
@@ -39,6 +41,7 @@ def add_parser(sub, help: str) -> None:
         default=None,
         help="also write the accuracies as a simulator table (e.g. simulator/catalog/medusa/zoo-target.yaml)",
     )
+    p.add_argument("--force", action="store_true", help="replace --catalog-out if it exists")
     p.add_argument("--catalog-name", default=None, help="table name (default: the model name)")
     p.add_argument("--tree-nodes", type=int, default=16, help="nodes of the greedy tree stored with the table")
     p.add_argument("--json", action="store_true", help="print medusa.json instead of a table")
@@ -53,6 +56,11 @@ def run(args: argparse.Namespace) -> int:
         raise InfersimError(f"--steps must be at least 1, got {args.steps}")
     if args.tree_nodes < 2:
         raise InfersimError(f"--tree-nodes must be at least 2, got {args.tree_nodes}")
+    positive_int(args.threads, "--threads")
+    if args.root:
+        check_folder_option(args.root, "--root")
+    if args.catalog_out:  # before the training, not after it
+        check_out_file(args.catalog_out, (".yaml", ".yml"), option="--catalog-out", force=args.force)
     try:
         import torch
 

@@ -190,7 +190,9 @@ def execute(spec, requests, model: str, out: Path, opts: ExecOptions = ExecOptio
     max_len = limits.max_model_len
     if off.pool_blocks is not None:
         sv = sv.model_copy(update={"gpu_blocks": int(off.pool_blocks)})
-    mem = serving.plan_blocks(lm, sv, limits, kv_dtype=lm.dtype, device_memory_gb=opts.device_memory_gb)
+    mem = serving.plan_blocks(
+        lm, sv, limits, kv_dtype=lm.dtype, device_memory_gb=opts.device_memory_gb, source=opts.source
+    )
     mem["cpu_blocks"] = 0  # the pool is the host memory; no second tier
     skew = _skew_for(str(lm.path), str(lm.device), dtype_name(lm.dtype)) if policy == "infinigen" else None
     spec = serving.single_replica(spec, lm)

@@ -11,7 +11,7 @@ import subprocess as sp
 import sys
 from pathlib import Path
 
-from infersim.simulator.errors import InfersimError
+from infersim.simulator.errors import InfersimError, did_you_mean
 from infersim.simulator.models.catalog import register_model_source
 
 from .spec import DEFAULT_ZOO, TINY_ZOO, ModelRecipe, ZooSpec
@@ -36,7 +36,8 @@ def resolve_zoo_model(
     from .build import build_zoo, fill_from_shipped, zoo_dir
 
     if name not in zoo_names(spec):
-        raise InfersimError(f"unknown zoo model '{name}'; the zoo has: {', '.join(zoo_names(spec))}")
+        hint = did_you_mean(name, zoo_names(spec))
+        raise InfersimError(f"unknown zoo model '{name}'{hint}; the zoo has: {', '.join(zoo_names(spec))}")
     d = zoo_dir(spec, root)
     path = d / name
     if not (path / "zoo.json").exists():

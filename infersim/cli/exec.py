@@ -11,7 +11,7 @@ from infersim.executor.options import ExecOptions
 from infersim.simulator.errors import InfersimError
 from infersim.simulator.metrics.rundir import check_out_dir
 from infersim.simulator.progress import log_line
-from infersim.simulator.validation import positive_int
+from infersim.simulator.validation import finite_positive, positive_int
 
 from .commands import COMMANDS
 from .run import add_memory_flag, add_out_flags, finish_status, prepare, print_summary
@@ -92,6 +92,8 @@ def run(args: argparse.Namespace) -> int:
         if args.cpu_blocks < 0:
             raise InfersimError(f"--cpu-blocks: expected a whole number >= 0, got {args.cpu_blocks}")
         sv["cpu_blocks"] = args.cpu_blocks
+    if args.device_memory_gb is not None:
+        finite_positive(args.device_memory_gb, "--device-memory-gb")
     spec, requests = prepare(ns, str(args.workload), serving=sv)
     out = check_out_dir(args.out or Path("runs") / f"{spec.name}-exec", force=args.force)
     log = None if args.quiet else log_line

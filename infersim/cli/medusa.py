@@ -17,7 +17,8 @@ from infersim.analysis.medusa_study import (
     write_study,
 )
 from infersim.analysis.roofline import check_batch_memory
-from infersim.simulator.metrics.rundir import check_out_dir, claim_dir
+from infersim.simulator.errors import InfersimError
+from infersim.simulator.metrics.rundir import check_out_dir, claimed_dir
 
 from .commands import COMMANDS
 from .roofline import POW2_BATCHES, POW2_SEQ_LENS, add_cost_options, parse_ints, resolve_cost_options
@@ -58,7 +59,7 @@ def add_parser(sub) -> None:
     )
     p.add_argument(
         "--accuracies",
-        default="vicuna-7b",
+        default=None,
         help="head-accuracy table for --rate-model tree: a built-in name or a YAML file "
         "(default vicuna-7b: the Medusa paper's head accuracies, mc_sim_7b_63 tree)",
     )
@@ -93,6 +94,8 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     out = args.out or Path("medusa-study")
     check_out_dir(out, force=args.force)
+    if args.accuracies is not None and args.rate_model != "tree":
+        raise InfersimError("--accuracies is the head-accuracy table of --rate-model tree; add --rate-model tree")
     cands = parse_ints(args.candidates, "candidates")
     batch = parse_ints(str(args.batch), "batch")[0]
     seq = parse_ints(str(args.seq), "seq")[0]
@@ -110,7 +113,11 @@ def run(args: argparse.Namespace) -> int:
     )
     model, hardware = cost.pop("model"), cost.pop("hardware")
     options = MedusaStudyOptions(
-        rate_model=args.rate_model, accuracies=args.accuracies, block=args.block, attention=args.attention, **cost
+        rate_model=args.rate_model,
+        accuracies=args.accuracies or "vicuna-7b",
+        block=args.block,
+        attention=args.attention,
+        **cost,
     )
     df = standard_sweeps(model, hardware, sweeps, options)
     main = df[df["sweep"] == "candidates"]
@@ -148,7 +155,8 @@ def run(args: argparse.Namespace) -> int:
             t.add_row(str(r[by]), str(r["candidates"]), f"{r['speedup']:.3f}", f"{r['overhead']:.3f}")
         console.print(t)
 
-    paths = write_study(df, claim_dir(out, command="medusa", force=args.force))
+    with claimed_dir(out, command="medusa", force=args.force) as folder:
+        paths = write_study(df, folder)
     console.print(
         f"wrote {paths['csv']} ({len(df)} rows), {paths['fig21'].name}, {paths['fig22'].name}, "
         f"{paths['fig23'].name} in {paths['csv'].parent}"

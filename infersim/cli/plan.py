@@ -25,6 +25,7 @@ from infersim.analysis.plan import (
 )
 from infersim.simulator.errors import InfersimError
 from infersim.simulator.metrics.rundir import check_out_dir
+from infersim.simulator.policies import PREEMPTION_POLICIES, SCHEDULERS
 from infersim.simulator.validation import check_seed, finite_positive, in_field, positive_int
 from infersim.simulator.workload.builder import load_workload
 from infersim.simulator.yamlio import validate
@@ -112,10 +113,14 @@ def add_parser(sub) -> None:
 
 def _options(args) -> dict[str, list]:
     out: dict[str, list] = {}
-    if args.scheduler:
-        out["serving.scheduler"] = _csv(args.scheduler)
-    if args.preemption:
-        out["serving.preemption"] = _csv(args.preemption)
+    for flag, path, registry, text in (
+        ("--scheduler", "serving.scheduler", SCHEDULERS, args.scheduler),
+        ("--preemption", "serving.preemption", PREEMPTION_POLICIES, args.preemption),
+    ):
+        if text:
+            out[path] = _csv(text)
+            for name in out[path]:  # a typo is named by its flag, before any search
+                in_field("", flag, registry.get, name)
     for item in args.option:
         if "=" not in item:
             raise InfersimError(f"bad --option '{item}': write PATH=V1,V2, e.g. serving.max_batch_size=128,256")
@@ -157,6 +162,8 @@ def run(args: argparse.Namespace) -> int:
     pf = load_plan_file(args.plan)
     if args.disaggregation is not None or pf.disaggregation is not None:
         return _goodput(args, pf, out)
+    if args.attainment is not None:
+        raise InfersimError("--attainment goes with --disaggregation GPUS (or a plan file's disaggregation: section)")
     flags = PlanFlags(
         hardware=_csv(args.hardware),
         tensor_parallel=tps,
@@ -171,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
     res = plan(
         args.workload,
         slos=in_field("", "--slo", parse_slo, args.slo) if args.slo else [],
-        plan_file=pf,
+        plan_file=pf if args.plan else None,  # without a file, errors name the workload alone
         flags=flags,
         run=backend_options(args),
         plan_source=str(args.plan) if args.plan else "plan file",
@@ -201,7 +208,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _goodput(args: argparse.Namespace, pf, out: Path) -> int:
     """`sim plan --disaggregation GPUS` (or a plan file's disaggregation: section)."""
-    source = str(args.plan) if args.plan else "plan file"
+    source = str(args.plan) if args.plan else "--disaggregation"  # without a file, the section is the flags'
     section = pf.disaggregation.model_dump() if pf.disaggregation is not None else {}
     if args.disaggregation is not None:
         positive_int(args.disaggregation, "--disaggregation")

@@ -10,7 +10,7 @@ from pathlib import Path
 from infersim.executor.profiler.run import ProfileOptions, RefitOptions, print_report, refit_profile, run_profile
 from infersim.simulator.errors import InfersimError
 from infersim.simulator.metrics.rundir import check_out_file
-from infersim.simulator.validation import check_seed
+from infersim.simulator.validation import check_seed, in_field
 
 from .commands import COMMANDS
 
@@ -58,6 +58,7 @@ def add_parser(sub) -> None:
         help="with --refit: measure only the --model predictors into the profile, keep the rest",
     )
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar or tables")
+    p.add_argument("--force", action="store_true", help="replace --out (and its sidecar) if it exists")
     p.set_defaults(func=run)
 
 
@@ -71,8 +72,15 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as exc:
         raise InfersimError(f'the profiler needs PyTorch and scikit-learn ({exc}): pip install ".[executor]"')
 
+    if args.models_only and not args.refit:
+        raise InfersimError("--models-only goes with --refit PROFILE.yaml")
     if args.out:
-        check_out_file(args.out, (".yaml", ".yml"), option="--out")
+        in_place = args.refit is not None and Path(args.out).resolve() == Path(args.refit).resolve()
+        check_out_file(args.out, (".yaml", ".yml"), option="--out", force=args.force or in_place)
+    from infersim.executor.models import resolve_model_path
+
+    for name in args.model:  # before the sweep, not after it
+        in_field("", "--model", resolve_model_path, name)
 
     if args.refit:
         refit = RefitOptions(
@@ -88,8 +96,6 @@ def run(args: argparse.Namespace) -> int:
         if not args.quiet:
             print_report(result)
         return 0
-    if args.models_only:
-        raise InfersimError("--models-only goes with --refit PROFILE.yaml")
     if not args.out:
         raise InfersimError("--out PROFILE.yaml is required (or --refit PROFILE.yaml)")
     opts = ProfileOptions(

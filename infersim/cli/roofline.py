@@ -137,6 +137,7 @@ def add_parser(sub) -> None:
     p.add_argument("--csv", metavar="PATH", help="write the table as CSV")
     p.add_argument("--json", metavar="PATH", help="write the table as JSON (a list of records)")
     p.add_argument("--plot", metavar="PATH", help="write a log-log roofline plot (PNG, PDF or SVG by suffix)")
+    p.add_argument("--force", action="store_true", help="replace --csv, --json or --plot files that exist")
     p.set_defaults(func=run)
 
 
@@ -211,8 +212,10 @@ def _operator_tables(cost, ops, shown, attention: str, wide: bool) -> list:
 def run(args: argparse.Namespace) -> int:
     for option, suffixes in (("csv", (".csv",)), ("json", (".json",)), ("plot", (".png", ".pdf", ".svg"))):
         if getattr(args, option) is not None:
-            check_out_file(getattr(args, option), suffixes, option=f"--{option}")
+            check_out_file(getattr(args, option), suffixes, option=f"--{option}", force=args.force)
     phases = [p.strip().lower() for p in args.phase.split(",") if p.strip()]
+    if not phases:
+        raise InfersimError(f"--phase: empty; name one or more of {', '.join(PHASES)}")
     for ph in phases:
         if ph not in PHASES:
             raise InfersimError(f"--phase: unknown phase '{ph}'; known: {', '.join(PHASES)}")

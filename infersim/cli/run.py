@@ -158,6 +158,21 @@ def apply_overrides(spec, args, source: str = "workload"):
     return revalidate(spec.model_copy(update=upd), source) if upd else spec
 
 
+# the workload field each override flag sets (apply_overrides), for refusals to name the flag
+OVERRIDE_FLAGS = {
+    "model": "--model",
+    "hardware.profile": "--hardware",
+    "serving.scheduler": "--scheduler",
+    "serving.preemption": "--preemption",
+    "requests.count": "--requests",
+}
+
+
+def override_flags(args) -> dict[str, str]:
+    """{field: flag} of the overrides given on this command line."""
+    return {f: flag for f, flag in OVERRIDE_FLAGS.items() if getattr(args, flag[2:], None) is not None}
+
+
 def prepare(args, source: str, serving: dict | None = None):
     """Load the workload named by --workload, apply the overrides (flags, then `serving` fields),
     check it against the shared rules (seed, tensor parallelism, memory) and build its requests;
@@ -170,7 +185,7 @@ def prepare(args, source: str, serving: dict | None = None):
         spec,
         source,
         allow_large=args.no_memory_check,
-        flags={"requests.count": "--requests"} if args.requests is not None else None,
+        flags=override_flags(args),
     )
     requests = build_requests(spec, base_dir)
     notice = arrivals_notice(spec, len(requests))

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from infersim.analysis.sweep import SweepOptions, build_params, load_space, pareto_mask, run_sweep
+from infersim.simulator.errors import InfersimError
 from infersim.simulator.validation import positive_int
 
 from .commands import COMMANDS
@@ -44,6 +45,8 @@ def run(args: argparse.Namespace) -> int:
     if args.workers is not None:
         positive_int(args.workers, "--workers")
     space = load_space(args.space)
+    if args.trials is not None and space.method != "optuna":
+        raise InfersimError(f"--trials is the trial budget of an Optuna space; {args.space} is a {space.method}")
     res = run_sweep(
         args.workload,
         space,
@@ -78,6 +81,10 @@ def _print(res, space) -> None:
         f"{len(df)} configurations: {res.computed} simulated now, {res.cached} already done, "
         f"{res.failed} failed; {res.backend}; {res.wall_s:.1f} s"
     )
+    if res.failed:  # the reasons, not only their count: a misspelt parameter path fails every configuration
+        reasons = df.loc[df["status"] == "failed", "error"].astype(str).value_counts()
+        for reason, n in reasons.head(3).items():
+            c.print(f"failed ({n}): {reason}", markup=False, highlight=False, soft_wrap=True)
     c.print(
         f"table: {res.sweep_dir / 'results.parquet'} (and results.csv, pareto.csv, sensitivity.csv, report.md, plots/)"
     )

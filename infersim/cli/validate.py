@@ -13,11 +13,13 @@ from infersim.analysis.validate.cases import CASES, case_from_spec, get_case
 from infersim.analysis.validate.execute import CaseOptions
 from infersim.analysis.validate.modes import MODES
 from infersim.analysis.validate.run import SimCostOptions, validate_case
+from infersim.simulator.costmodel.calibration_file import read_fit_json
 from infersim.simulator.errors import InfersimError
-from infersim.simulator.metrics.rundir import claim_dir
+from infersim.simulator.hardware.catalog import load_hardware
+from infersim.simulator.metrics.rundir import claimed_dir
 from infersim.simulator.preflight import check_workload, revalidate
 from infersim.simulator.progress import log_line
-from infersim.simulator.validation import check_seed, positive_int
+from infersim.simulator.validation import check_seed, in_field, positive_int
 from infersim.simulator.workload.builder import load_workload
 
 from .commands import COMMANDS
@@ -154,7 +156,8 @@ def run(args: argparse.Namespace) -> int:
     if not ok:
         raise InfersimError(f"case {case.name} needs the executor mode '{case.mode}', which is not available: {why}")
 
-    out = claim_dir(args.out or Path("runs") / f"validate-{case.name}", command="validate", force=args.force)
+    _check_names(args)
+    out_dir = args.out or Path("runs") / f"validate-{case.name}"
     log = None if args.quiet else log_line
 
     opts = CaseOptions(
@@ -174,11 +177,24 @@ def run(args: argparse.Namespace) -> int:
         drift_correction=args.drift_correction,
         matched=not args.generic_calibration,
     )
-    result = validate_case(case, args.model, out, opts, cost)
+    with claimed_dir(out_dir, command="validate", force=args.force) as out:
+        result = validate_case(case, args.model, out, opts, cost)
     if not args.quiet:
         print_checks(result)
         print(f"report: {out / 'report.html'} (and report.md); runs: {out / 'exec'}, {out / 'sim'}")
     return 0
+
+
+def _check_names(args: argparse.Namespace) -> None:
+    """What the validation would refuse only after its calibration runs: the model, the device,
+    the hardware profile and a saved fit, each checked before the output folder is made."""
+    from infersim.executor.models import resolve_model_path, select_device
+
+    in_field("", "--model", resolve_model_path, args.model)
+    select_device(args.device)
+    in_field("", "--profile", load_hardware, args.profile)
+    if args.calibration is not None:
+        read_fit_json(args.calibration)
 
 
 def print_checks(result: dict) -> None:

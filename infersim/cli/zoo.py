@@ -12,8 +12,9 @@ from rich.console import Console
 from rich.table import Table
 
 from infersim.executor.zoo import DEFAULT_ZOO
-from infersim.executor.zoo.shipped import ship
+from infersim.executor.zoo.shipped import MANIFEST, ship
 from infersim.simulator.errors import InfersimError
+from infersim.simulator.metrics.rundir import check_folder_option, check_out_dir
 from infersim.simulator.progress import log_line, quiet_log
 
 from .commands import COMMANDS
@@ -45,8 +46,10 @@ def add_parser(sub) -> None:
     sh.add_argument(
         "--out",
         default=None,
-        help="where to write the shipped zoo (default: the package's " "executor/zoo/shipped folder, replaced)",
+        help="where to write the shipped zoo (default: the package's executor/zoo/shipped folder, replaced); "
+        "an existing folder is replaced only when it holds a shipped zoo or with --force",
     )
+    sh.add_argument("--force", action="store_true", help="replace --out even when it holds no shipped zoo")
     sh.add_argument("--quiet", "-q", action="store_true", help="no progress lines")
     sh.set_defaults(func=run)
     ls = zsub.add_parser("list", help="the zoo's models, where they are, and their measured numbers")
@@ -65,9 +68,13 @@ def run(args: argparse.Namespace) -> int:
         from infersim.executor.zoo.build import build_zoo, zoo_dir
     except ImportError as exc:
         raise InfersimError(f'the zoo needs PyTorch, transformers and tokenizers ({exc}): pip install ".[executor]"')
-    root = Path(args.root).expanduser() if args.root else None
+    root = check_folder_option(args.root, "--root") if args.root else None
     if args.zoo_command == "ship":
-        return _ship(root, Path(args.out).expanduser() if args.out else None, args.quiet)
+        out = None
+        if args.out:  # before the build, and never a folder of the user's: ship() replaces it whole
+            out = Path(args.out).expanduser()
+            check_out_dir(out, force=args.force or (out / MANIFEST).is_file())
+        return _ship(root, out, args.quiet)
     if args.zoo_command == "build":
         log = quiet_log if args.quiet else log_line
         d = build_zoo(DEFAULT_ZOO, root=root, names=args.models or None, log=log)

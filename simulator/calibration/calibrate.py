@@ -93,6 +93,8 @@ def shapes_path(out: Path) -> Path:
 
 
 def _refuse_existing(target: Path, force: bool) -> None:
+    if target.is_dir():  # even with --force: a folder is never replaced by a file
+        raise InfersimError(f"{target}: is a folder; name a profile file (.yaml)")
     if target.exists() and not force:
         raise InfersimError(f"{target}: exists; refusing to overwrite it (--force replaces it)")
 

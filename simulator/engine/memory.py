@@ -53,6 +53,35 @@ class MemoryOptions:
         return activation_peak_bytes(model, self.max_batched_tokens, self.max_batch_size, act_dtype, self.tp)
 
 
+def _no_kv_cache_reason(
+    model: ModelSpec, hw: HardwareProfile, opts: MemoryOptions, weights: float, act: float, block_bytes: float
+) -> str:
+    """Why not one KV block fits, naming what to change: the weights alone, the activation peak
+    of the batch limits beside them, or a block larger than what is left."""
+    where = f"'{hw.name}' ({hw.memory_gb:g} GB x {opts.gpu_memory_utilization})"
+    usable = hw.memory_bytes() * opts.gpu_memory_utilization
+    if weights >= usable:
+        return (
+            f"model '{model.name}' ({weights / 1e9:.1f} GB of weights per GPU in {opts.dtype}) does not fit on "
+            f"{where} with tensor_parallel={opts.tp}; raise hardware.tensor_parallel or hardware.pipeline_parallel, "
+            f"or lower the dtype"
+        )
+    if weights + act >= usable:
+        logits = opts.max_batch_size * model.vocab_size * 4.0  # activation_peak_bytes's per-sequence part
+        field = "serving.max_batch_size" if logits >= act - logits else "serving.max_batched_tokens"
+        return (
+            f"field '{field}': the activation peak of {opts.max_batch_size:,} sequences and "
+            f"{opts.max_batched_tokens:,} batched tokens ({act / 1e9:,.3g} GB) beside {weights / 1e9:.1f} GB of "
+            f"weights leaves no KV cache on {where}; lower serving.max_batch_size or serving.max_batched_tokens, "
+            f"or raise hardware.tensor_parallel"
+        )
+    return (
+        f"field 'serving.block_size': one KV block of {opts.block_size:,} tokens ({block_bytes / 1e9:,.3g} GB) is "
+        f"larger than the {(usable - weights - act) / 1e9:.3g} GB left on {where} after the weights and "
+        f"activations; lower serving.block_size"
+    )
+
+
 def plan_memory(model: ModelSpec, hw: HardwareProfile, opts: MemoryOptions, source: str = "workload") -> MemoryPlan:
     block_size, dtype, kv_dtype, tp = opts.block_size, opts.dtype, opts.kv_dtype, opts.tp
     gpu_memory_utilization, gpu_blocks, cpu_blocks = opts.gpu_memory_utilization, opts.gpu_blocks, opts.cpu_blocks
@@ -64,11 +93,7 @@ def plan_memory(model: ModelSpec, hw: HardwareProfile, opts: MemoryOptions, sour
         budget = hw.memory_bytes() * gpu_memory_utilization - weights - act
         gpu_blocks = int(budget // block_bytes)
         if gpu_blocks <= 0:
-            raise InfersimError(
-                f"{source}: model '{model.name}' ({weights / 1e9:.1f} GB of weights per GPU in {dtype}) does not fit "
-                f"on '{hw.name}' ({hw.memory_gb:g} GB x {gpu_memory_utilization}) with tensor_parallel={tp}; "
-                f"raise hardware.tensor_parallel or hardware.pipeline_parallel, or lower the dtype"
-            )
+            raise InfersimError(f"{source}: {_no_kv_cache_reason(model, hw, opts, weights, act, block_bytes)}")
     if cpu_blocks is None:
         cpu_blocks = int(opts.swap_space_gb * 2**30 // block_bytes)
     return MemoryPlan(

@@ -39,6 +39,13 @@ def split_mode(name_or_path: str) -> tuple[str, bool]:
     text = str(name_or_path)
     if text.lower().endswith(DATASHEET_SUFFIX):
         return text[: -len(DATASHEET_SUFFIX)], True
+    base, colon, variant = text.rpartition(":")
+    looks_like_file = any(sep in text for sep in "/\\") or Path(text).suffix in (".yaml", ".yml", ".json")
+    if colon and base and not looks_like_file and not Path(text).exists():
+        raise InfersimError(
+            f"unknown variant ':{variant}' of hardware profile '{base}'; the one variant is "
+            f"NAME{DATASHEET_SUFFIX} (did you mean '{base}{DATASHEET_SUFFIX}'?)"
+        )
     return text, False
 
 

@@ -87,9 +87,10 @@ def check_out_dir(path: Path | str, *, force: bool = False, option: str = "--out
     return path
 
 
-def check_out_file(path: Path | str, suffixes: tuple[str, ...], *, option: str) -> Path:
+def check_out_file(path: Path | str, suffixes: tuple[str, ...], *, option: str, force: bool = False) -> Path:
     """Refuse, before any work, a file output that names a folder, has another suffix than
-    `suffixes` (lower case, with the dot) or cannot be written."""
+    `suffixes` (lower case, with the dot), exists already (unless `force`: the command's
+    --force) or cannot be written."""
     raw = str(path)
     if raw.strip() == "":
         raise InfersimError(f"{option}: empty path; name a file ({', '.join(suffixes)})")
@@ -98,7 +99,17 @@ def check_out_file(path: Path | str, suffixes: tuple[str, ...], *, option: str) 
         raise InfersimError(f"{option} {raw}: is a folder; name a file ({', '.join(suffixes)})")
     if path.suffix.lower() not in suffixes:
         raise InfersimError(f"{option} {raw}: unsupported extension '{path.suffix}'; use {', '.join(suffixes)}")
+    if (path.exists() or path.is_symlink()) and not force:
+        raise InfersimError(f"{option} {raw}: exists; name another file, or pass --force to replace it")
     _writable_parent(path)
+    return path
+
+
+def check_folder_option(path: Path | str, option: str) -> Path:
+    """A folder the command reads and fills (a cache, a root): refused when it names a file."""
+    path = Path(path).expanduser()
+    if path.exists() and not path.is_dir():
+        raise InfersimError(f"{option} {path}: is a file; name a folder")
     return path
 
 
@@ -176,6 +187,22 @@ def claim_dir(target: Path, *, command: str, force: bool = False) -> Path:
     except OSError as exc:
         raise InfersimError(f"{target}: cannot create the output folder ({exc.strerror})") from None
     return target
+
+
+@contextmanager
+def claimed_dir(target: Path, *, command: str, force: bool = False):
+    """claim_dir for a command that fills its folder in place over a long run (a validation, a
+    study): a folder this call created is removed again when the command fails or is interrupted,
+    so a refusal or a Ctrl-C leaves nothing; a folder that was there stays."""
+    existed = Path(target).exists()
+    path = claim_dir(target, command=command, force=force)
+    try:
+        yield path
+    except BaseException:
+        if not existed:
+            with held_signals():
+                shutil.rmtree(path, ignore_errors=True)
+        raise
 
 
 def json_clean(obj):

@@ -35,6 +35,8 @@ def workload_path(name_or_path: str) -> Path:
     if p.is_file():
         return p
     name = p.stem if p.suffix in _SUFFIXES else name_or_path
+    if p.is_dir() and (len(p.parts) > 1 or p.suffix in _SUFFIXES):  # not a bare name: load_mapping says so
+        return p
     # a file name (a suffix or a folder) that is not a built-in workload is a missing file
     if len(p.parts) > 1 or (p.suffix in _SUFFIXES and name not in list_workloads()):
         raise InfersimError(f"{p}: file not found")

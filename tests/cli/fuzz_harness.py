@@ -104,3 +104,29 @@ def check(
         leftovers = [p.name for p in run_dir.parent.iterdir() if p.name.startswith(".") and "tmp" in p.name]
         assert not leftovers, f"temporary folders left: {leftovers}"
     assert digest(inputs) == before, "an input file was changed"
+
+
+def refused(argv: list, *needles: str) -> str:
+    """`sim ARGV` ends in exit 2 with one line on stderr holding every needle; returns the line."""
+    res = invoke(argv)
+    assert res.rc == 2, res.stderr
+    assert len(res.error_lines) == 1 and "Traceback" not in res.stderr, res.stderr
+    for n in needles:
+        assert n in res.error_lines[0], res.error_lines[0]
+    return res.error_lines[0]
+
+
+def tree(folder: Path) -> dict[str, str]:
+    """Every file (sha256) and folder ("dir") under `folder`: what a refusal must leave as it was."""
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+        for p in sorted(folder.rglob("*"))
+    }
+
+
+def refused_untouched(argv: list, folder: Path, *needles: str) -> str:
+    """`refused`, and nothing under `folder` written, changed or removed."""
+    before = tree(folder)
+    line = refused(argv, *needles)
+    assert tree(folder) == before, "a refused command changed the files"
+    return line

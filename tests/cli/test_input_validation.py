@@ -7,16 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from fuzz_harness import TINY_WORKLOAD, invoke, write_yaml
-
-
-def refused(argv, *needles) -> str:
-    res = invoke(argv)
-    assert res.rc == 2, res.stderr
-    assert len(res.error_lines) == 1 and "Traceback" not in res.stderr, res.stderr
-    for n in needles:
-        assert n in res.error_lines[0], res.error_lines[0]
-    return res.error_lines[0]
+from fuzz_harness import TINY_WORKLOAD, invoke, refused, write_yaml
 
 
 @pytest.fixture

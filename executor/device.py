@@ -1,0 +1,37 @@
+"""The torch device a command runs on: cpu, cuda, cuda:N or auto, checked once for every
+command (exec, validate, profile), so that a device that is not there is one line naming
+--device."""
+
+from __future__ import annotations
+
+from infersim.simulator.errors import InfersimError
+
+DEVICE_CHOICES = ("cpu", "cuda")
+
+
+def select_device(name: str | None = "cpu"):
+    """'cpu', 'cuda', 'cuda:N' or 'auto' to a torch.device; a one-line InfersimError when CUDA
+    is asked for and torch has none (CPU-only build, no driver, no GPU)."""
+    import torch
+
+    name = (name or "cpu").strip().lower()
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise InfersimError(f"--device {name}: unknown device; use cpu, cuda or cuda:N") from None
+    if dev.type not in DEVICE_CHOICES:
+        raise InfersimError(f"--device {name}: unsupported device type '{dev.type}'; use cpu, cuda or cuda:N")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            build = "a CPU-only build" if torch.version.cuda is None else f"CUDA {torch.version.cuda}, no usable GPU"
+            raise InfersimError(
+                f"--device {name}: CUDA is not available on this machine "
+                f"(torch {torch.__version__}, {build}); use --device cpu"
+            )
+        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        if index >= torch.cuda.device_count():
+            raise InfersimError(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) visible")
+        dev = torch.device("cuda", index)
+    return dev

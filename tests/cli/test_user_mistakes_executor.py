@@ -1,0 +1,110 @@
+"""Mistakes a new user makes with the commands that run real models (exec, validate, profile,
+medusa-train), each refused in one line naming the flag or field, with exit 2, before any
+measuring or training, and with every file left as it was (no output folder made)."""
+
+from __future__ import annotations
+
+import pytest
+from fuzz_harness import TINY_WORKLOAD, refused, refused_untouched, write_yaml
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytestmark = pytest.mark.torch
+
+
+@pytest.fixture
+def wl(tmp_path, zoo_dir):
+    return write_yaml(tmp_path / "wl.yaml", TINY_WORKLOAD)
+
+
+def _exec(wl, tmp_path, *extra):
+    return ["exec", "-w", wl, "-m", "zoo-target", "-o", tmp_path / "e", "--fast", "-n", "2", "-q", *extra]
+
+
+def test_exec_unknown_device(wl, tmp_path):
+    refused_untouched(_exec(wl, tmp_path, "--device", "gpu"), tmp_path, "--device gpu: unknown device")
+
+
+@pytest.mark.parametrize("value", ["0", "nan", "-4"])
+def test_exec_device_memory_must_be_positive(wl, tmp_path, value):
+    refused_untouched(_exec(wl, tmp_path, "--device-memory-gb", value), tmp_path, "--device-memory-gb", "> 0")
+
+
+def test_exec_pools_larger_than_the_machine(wl, tmp_path):
+    line = refused_untouched(
+        _exec(wl, tmp_path, "--device-memory-gb", "1e9"), tmp_path, f"{wl}: the KV pools", "--device-memory-gb"
+    )
+    assert "exceed this machine's" in line
+    huge_swap = write_yaml(
+        tmp_path / "swap.yaml", dict(TINY_WORKLOAD, serving={**TINY_WORKLOAD["serving"], "swap_space_gb": 100000})
+    )
+    refused_untouched(_exec(huge_swap, tmp_path), tmp_path, "swap.yaml: the KV pools", "serving.swap_space_gb")
+
+
+@pytest.mark.parametrize(
+    "extra,needle",
+    [
+        (["-m", "zoo-targt"], "--model: unknown zoo model 'zoo-targt' (did you mean 'zoo-target'?)"),
+        (["--device", "tpu"], "--device tpu"),
+        (["--cost-model", "roofline", "--profile", "cpu-referenc"], "--profile: unknown hardware profile"),
+        (["--calibration", "missing.json"], "missing.json"),
+    ],
+)
+def test_validate_refuses_names_before_making_its_folder(wl, tmp_path, extra, needle):
+    refused_untouched(["validate", "-w", wl, "-o", tmp_path / "v", "-q", *extra], tmp_path, needle)
+
+
+def test_profile_refuses_an_unknown_model_and_an_existing_profile(tmp_path, zoo_dir):
+    out = tmp_path / "mine.yaml"
+    refused_untouched(["profile", "--quick", "--model", "zoo-targt", "--out", out], tmp_path, "--model", "zoo-targt")
+    out.write_text("name: mine\n")
+    refused_untouched(["profile", "--quick", "--out", out], tmp_path, f"--out {out}: exists", "--force")
+
+
+@pytest.mark.parametrize(
+    "extra,needle",
+    [
+        (["--threads", "-1"], "--threads: expected a whole number >= 1"),
+        (["--root", "notes.txt"], "--root notes.txt: is a file; name a folder"),
+        (["--catalog-out", "notes.yaml"], "--catalog-out notes.yaml: exists"),
+        (["--catalog-out", "folder"], "--catalog-out folder: is a folder"),
+    ],
+)
+def test_medusa_train_refuses_before_training(tmp_path, monkeypatch, zoo_dir, extra, needle):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.txt").write_text("mine\n")
+    (tmp_path / "notes.yaml").write_text("mine: 1\n")
+    (tmp_path / "folder").mkdir()
+    refused_untouched(["medusa-train", "--model", "zoo-target", *extra], tmp_path, needle)
+
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["zoo", "ship", "--out", "mine"], "--out mine: folder exists and was not written by infersim"),
+        (["zoo", "ship", "--out", "notes.txt"], "--out notes.txt: is a file"),
+        (["zoo", "build", "--root", "notes.txt"], "--root notes.txt: is a file; name a folder"),
+        (["zoo", "list", "--root", "notes.txt"], "--root notes.txt: is a file; name a folder"),
+    ],
+)
+def test_zoo_never_replaces_a_folder_of_the_users(tmp_path, monkeypatch, argv, needle):
+    """`sim zoo ship --out` replaces its folder whole: one that holds no shipped zoo is refused
+    before the build, not deleted after it."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "thesis.tex").write_text("years of work\n")
+    (tmp_path / "notes.txt").write_text("mine\n")
+    refused_untouched(argv, tmp_path, needle)
+
+
+def test_validate_refused_after_claiming_its_folder_leaves_none(tmp_path, zoo_dir):
+    """A refusal that comes only once the validation runs (here the executor's KV pools, larger
+    than the machine) removes the folder the command had made."""
+    huge_swap = write_yaml(
+        tmp_path / "swap.yaml", dict(TINY_WORKLOAD, serving={**TINY_WORKLOAD["serving"], "swap_space_gb": 100000})
+    )
+    refused_untouched(["validate", "-w", huge_swap, "-o", tmp_path / "v", "-q"], tmp_path, "the KV pools")
+    (tmp_path / "v").mkdir()  # a folder that was there stays, with its files
+    (tmp_path / "v" / "notes.txt").write_text("mine\n")
+    refused(["validate", "-w", huge_swap, "-o", tmp_path / "v", "-q", "--force"], "the KV pools")
+    assert (tmp_path / "v" / "notes.txt").read_text() == "mine\n"
