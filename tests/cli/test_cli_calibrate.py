@@ -237,3 +237,20 @@ def test_plot_draws_each_kind_with_the_error_the_profile_records(tmp_path, capsy
     err = capsys.readouterr().err
     assert rc == 2 and "refusing to overwrite" in err and len(err.strip().splitlines()) == 1
     assert plot.read_bytes() == b"mine" and not (tmp_path / "again" / "p.yaml").exists()
+    # a figure matplotlib would refuse, or a folder, is refused before the profile is written
+    for bad, message in ((tmp_path / "fit.txt", "name a .png or .svg file"), (tmp_path, "name a .png or .svg file")):
+        rc = main(
+            [
+                "calibrate",
+                str(SAMPLE),
+                "--hardware",
+                "a100-80gb-sxm",
+                "--out",
+                str(tmp_path / "again" / "p.yaml"),
+                "--plot",
+                str(bad),
+            ]
+        )
+        err = capsys.readouterr().err
+        assert rc == 2 and message in err and len(err.strip().splitlines()) == 1
+        assert not (tmp_path / "again" / "p.yaml").exists()
