@@ -200,8 +200,8 @@ def test_a_profile_naming_a_missing_table_is_refused_in_one_line(tmp_path, capsy
 
 def test_plot_draws_each_kind_with_the_error_the_profile_records(tmp_path, capsys):
     """--plot writes the figure beside the profile; its panels' MAPEs are the recorded ones (the
-    GEMM with measured shapes, the corrected one); an existing figure is refused without
-    --force and left as it was, and a collectives-only table has nothing to draw."""
+    GEMM with measured shapes, the corrected one); an existing figure (without --force), a
+    format other than PNG or SVG and a folder are refused before anything is written."""
     from infersim.simulator.calibration.calibrate import shapes_path
     from infersim.simulator.calibration.fit_plot import fit_series
     from infersim.simulator.calibration.tables import recognise
@@ -221,36 +221,15 @@ def test_plot_draws_each_kind_with_the_error_the_profile_records(tmp_path, capsy
     assert {s.title: round(s.mape_pct, 3) for s in series} == recorded
 
     plot.write_bytes(b"mine")
-    (tmp_path / "again").mkdir()
-    rc = main(
-        [
-            "calibrate",
-            str(SAMPLE),
-            "--hardware",
-            "a100-80gb-sxm",
-            "--out",
-            str(tmp_path / "again" / "p.yaml"),
-            "--plot",
-            str(plot),
-        ]
+    again = tmp_path / "again" / "p.yaml"
+    refusals = (
+        (plot, "refusing to overwrite"),  # an existing figure, left as it was
+        (tmp_path / "fit.txt", "name a .png or .svg file"),  # a format matplotlib would refuse
+        (tmp_path, "name a .png or .svg file"),  # a folder
     )
-    err = capsys.readouterr().err
-    assert rc == 2 and "refusing to overwrite" in err and len(err.strip().splitlines()) == 1
-    assert plot.read_bytes() == b"mine" and not (tmp_path / "again" / "p.yaml").exists()
-    # a figure matplotlib would refuse, or a folder, is refused before the profile is written
-    for bad, message in ((tmp_path / "fit.txt", "name a .png or .svg file"), (tmp_path, "name a .png or .svg file")):
-        rc = main(
-            [
-                "calibrate",
-                str(SAMPLE),
-                "--hardware",
-                "a100-80gb-sxm",
-                "--out",
-                str(tmp_path / "again" / "p.yaml"),
-                "--plot",
-                str(bad),
-            ]
-        )
+    for bad, message in refusals:
+        rc = main(["calibrate", str(SAMPLE), "--hardware", "a100-80gb-sxm", "--out", str(again), "--plot", str(bad)])
         err = capsys.readouterr().err
         assert rc == 2 and message in err and len(err.strip().splitlines()) == 1
-        assert not (tmp_path / "again" / "p.yaml").exists()
+        assert not again.exists()  # refused before anything is written
+    assert plot.read_bytes() == b"mine"
