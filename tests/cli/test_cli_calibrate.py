@@ -127,16 +127,21 @@ def test_sim_hardware_shows_measured_derived_and_datasheet(capsys):
     assert "calibration: derived, inherits a40" in out
 
 
-def test_collective_table_fits_the_collectives_section(tmp_path, capsys):
-    """A synthetic NCCL table, all-reduce over 2 and 4 NVSwitch workers at 20 us + bytes / 100 GB/s:
-    `sim calibrate` recognises the layout and writes a `collectives:` section that recovers them."""
+def _collectives_table(tmp_path) -> Path:
+    """A synthetic NCCL table, all-reduce over 2 and 4 NVSwitch workers at 20 us + bytes / 100 GB/s."""
     table = tmp_path / "collectives.csv"
     lines = ["setup,collective,num_workers,size,devices_per_node,max_devices_per_node,median_ms,std_ms"]
     for workers in (2, 4):
         for size in (2**k for k in range(10, 26)):
             lines.append(f"lab_dgx,all_reduce,{workers},{size},{workers},8,{(20e-6 + 2 * size / 100e9) * 1e3:.9f},0")
     table.write_text("\n".join(lines) + "\n")
-    rc, out = _calibrate(tmp_path, table, "--source", "lab")
+    return table
+
+
+def test_collective_table_fits_the_collectives_section(tmp_path, capsys):
+    """`sim calibrate` recognises the NCCL layout and writes a `collectives:` section that recovers
+    the table's latency and bandwidth."""
+    rc, out = _calibrate(tmp_path, _collectives_table(tmp_path), "--source", "lab")
     assert rc == 0, capsys.readouterr().err
     section = load_hardware(str(out)).collectives
     assert section.setup == "lab_dgx" and section.source == "lab"
@@ -233,3 +238,10 @@ def test_plot_draws_each_kind_with_the_error_the_profile_records(tmp_path, capsy
         assert rc == 2 and message in err and len(err.strip().splitlines()) == 1
         assert not again.exists()  # refused before anything is written
     assert plot.read_bytes() == b"mine"
+
+
+def test_plot_of_a_collectives_only_table_is_refused_before_writing(tmp_path, capsys):
+    rc, out = _calibrate(tmp_path, _collectives_table(tmp_path), "--plot", str(tmp_path / "fit.png"))
+    err = capsys.readouterr().err
+    assert rc == 2 and "no kernel rows to plot" in err and len(err.strip().splitlines()) == 1
+    assert not out.exists() and not (tmp_path / "fit.png").exists()
