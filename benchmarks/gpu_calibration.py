@@ -20,12 +20,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from infersim.simulator.calibration.fit import fit_kernels, measured_gemms, predict_rows
+from infersim.simulator.calibration.fit import fit_kernels, measured_gemms, predict_rows, table_correction
 from infersim.simulator.calibration.fit_plot import FitSeries, plot_fit
 from infersim.simulator.calibration.kernel_models import errors_pct
 from infersim.simulator.calibration.tables import recognise
-from infersim.simulator.costmodel.kernel_times import gemm_device, gemm_params
-from infersim.simulator.costmodel.measured_gemms import K_WIDTH_OCTAVES, ShapeCorrection
 from infersim.simulator.hardware.catalog import load_hardware
 
 DEVICES = {"a100": "a100-80gb-sxm", "a40": "a40", "h100": "h100-sxm"}
@@ -58,7 +56,7 @@ def evaluate(table: Path) -> pd.DataFrame:
             test = [rows[j] for j in idx]
             calib = fit_kernels(train, hw, SOURCE)
             # the measured shapes of the training models only, as `sim calibrate` would ship them
-            shapes = ShapeCorrection(measured_gemms(train), gemm_params(calib.gemm), gemm_device(hw), K_WIDTH_OCTAVES)
+            shapes = table_correction(calib.gemm, measured_gemms(train), hw)
             frames.append(
                 pd.DataFrame(
                     {

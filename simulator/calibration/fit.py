@@ -183,6 +183,14 @@ def _sig(x: float) -> float:
     return significant(x, 5)
 
 
+def table_correction(
+    fit: GemmFit, table: MeasuredGemms, hardware: HardwareProfile, dtype: str = "fp16", width: float = K_WIDTH_OCTAVES
+) -> ShapeCorrection:
+    """The measured shapes of `table` correcting the fitted GEMM model `fit` on `hardware` (the
+    table in memory; a shipped profile's is read through measured_gemms.shape_correction)."""
+    return ShapeCorrection(table, gemm_params(fit), gemm_device(hardware, dtype), width, bytes_per_element(dtype))
+
+
 def with_measured_shapes(
     calibration: Calibration, rows: list[KernelRow], hardware: HardwareProfile, file: str, dtype: str = "fp16"
 ) -> tuple[Calibration, MeasuredGemms]:
@@ -191,8 +199,7 @@ def with_measured_shapes(
     table to write there."""
     table = measured_gemms(rows)
     fit = calibration.gemm
-    device = gemm_device(hardware, dtype)
-    correction = ShapeCorrection(table, gemm_params(fit), device, K_WIDTH_OCTAVES, bytes_per_element(dtype))
+    correction = table_correction(fit, table, hardware, dtype)
     g = [r for r in rows if r.kernel == "gemm"]
     mape, bias = errors_pct(predict_rows(calibration, g, hardware, dtype, correction), [r.time_s for r in g])
     shapes = MeasuredShapes(

@@ -10,11 +10,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..costmodel.kernel_times import gemm_device, gemm_params
-from ..costmodel.measured_gemms import MeasuredGemms, ShapeCorrection
+from ..costmodel.measured_gemms import MeasuredGemms
 from ..hardware.profile import HardwareProfile
 from ..metrics.plots import REPRODUCIBLE_PNG, finish_figure, pyplot
-from .fit import predict_rows
+from .fit import predict_rows, table_correction
 from .kernel_models import errors_pct
 from .rows import KernelRow
 
@@ -44,9 +43,7 @@ def fit_series(rows: list[KernelRow], profile: HardwareProfile, table: MeasuredG
         gemm = kinds == "gemm"
         out.append(_series("GEMM (fitted model)", tokens[gemm], plain[gemm], measured[gemm]))
         if table is not None:
-            corr = ShapeCorrection(
-                table, gemm_params(cal.gemm), gemm_device(profile), cal.gemm.measured_shapes.k_width_octaves
-            )
+            corr = table_correction(cal.gemm, table, profile, width=cal.gemm.measured_shapes.k_width_octaves)
             g_rows = [r for r in rows if r.kernel == "gemm"]
             corrected = predict_rows(cal, g_rows, profile, correction=corr)
             out.append(_series("GEMM (measured shapes)", tokens[gemm], corrected, measured[gemm]))
