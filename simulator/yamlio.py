@@ -70,7 +70,23 @@ def _temporary_beside(path: Path, prefix: str, suffix: str) -> tuple[int, str]:
         path.parent.mkdir(parents=True, exist_ok=True)
         return tempfile.mkstemp(dir=path.parent, prefix=prefix, suffix=suffix)
     except OSError as exc:
-        raise InfersimError(f"{path}: cannot write there ({exc.strerror or exc})") from None
+        raise _cannot_write(path, exc) from None
+
+
+def _cannot_write(path: Path, exc: OSError) -> InfersimError:
+    return InfersimError(f"{path}: cannot write there ({exc.strerror or exc})")
+
+
+def check_writable_in(folder: Path, path: Path) -> None:
+    """Refuse, before any work, a `path` the atomic writers could not write into `folder` (its
+    nearest existing folder): a file made there and removed, since permissions alone do not
+    tell (root on a read-only mount, /proc). The one line is the writers' own."""
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".probe.")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise _cannot_write(path, exc) from None
 
 
 def write_atomic(path: str | Path, data: bytes | str) -> None:

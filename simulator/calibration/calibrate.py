@@ -3,8 +3,6 @@ unless every table reads and fits)."""
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,6 +12,7 @@ import yaml
 from ..errors import InfersimError
 from ..hardware.catalog import load_hardware, profile_path, with_shapes_path
 from ..hardware.profile import HardwareProfile
+from ..metrics.rundir import check_out_file
 from ..yamlio import validate, write_atomic
 from .fit import with_measured_shapes
 from .fit_plot import fit_series, plot_fit
@@ -95,25 +94,11 @@ def shapes_path(out: Path) -> Path:
     return out.with_name(out.name.removesuffix(out.suffix) + SHAPES_SUFFIX)
 
 
-def _refuse_existing(target: Path, force: bool, kind: str = "a profile file (.yaml)") -> None:
+def _refuse_existing(target: Path, force: bool) -> None:
     if target.is_dir():  # even with --force: a folder is never replaced by a file
-        raise InfersimError(f"{target}: is a folder; name {kind}")
+        raise InfersimError(f"{target}: is a folder; name a profile file (.yaml)")
     if target.exists() and not force:
         raise InfersimError(f"{target}: exists; refusing to overwrite it (--force replaces it)")
-
-
-def _check_plot(plot: Path, force: bool) -> None:
-    """Everything that could stop the figure after the profile is written, refused first."""
-    if plot.suffix.lower() not in PLOT_SUFFIXES:
-        raise InfersimError(f"--plot {plot}: name a .png or .svg file")
-    _refuse_existing(plot, force, "a figure file (.png or .svg)")
-    folder = next(p for p in (plot.absolute().parent, *plot.absolute().parents) if p.exists())
-    try:  # a file made and removed: permissions alone do not tell (root, read-only mounts, /proc)
-        fd, probe = tempfile.mkstemp(dir=folder, prefix=".probe.")
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as exc:
-        raise InfersimError(f"--plot {plot}: cannot write there ({exc.strerror or exc})") from None
 
 
 def _carried_shapes(text: str, base_path: Path, out: Path) -> tuple[str, Path | None]:
@@ -132,8 +117,8 @@ def _carried_shapes(text: str, base_path: Path, out: Path) -> tuple[str, Path | 
 
 def calibrate(opts: CalibrateOptions) -> CalibrateResult:
     _refuse_existing(opts.out, opts.force)
-    if opts.plot is not None:
-        _check_plot(opts.plot, opts.force)
+    if opts.plot is not None:  # everything that could stop the figure after the profile is written
+        check_out_file(opts.plot, PLOT_SUFFIXES, option="--plot", force=opts.force)
     base = load_hardware(opts.hardware + ":datasheet" if ":" not in opts.hardware else opts.hardware)
     base_path = profile_path(opts.hardware.split(":")[0])
     kinds: dict[str, tuple[Any, list]] = {}

@@ -27,6 +27,7 @@ import yaml
 from infersim import __version__
 
 from ..errors import InfersimError
+from ..yamlio import check_writable_in
 
 MARKER = ".infersim-run"
 # tests of interruption stop a real process at a named stage (see pause_point)
@@ -56,6 +57,7 @@ def _writable_parent(path: Path) -> None:
         raise InfersimError(f"{path}: {parent} is a file, not a folder")
     if not os.access(parent, os.W_OK):
         raise InfersimError(f"{path}: cannot write into {parent} (read-only or no permission)")
+    check_writable_in(parent, path)
 
 
 def check_out_dir(path: Path | str, *, force: bool = False, option: str = "--out") -> Path:

@@ -228,9 +228,9 @@ def test_plot_draws_each_kind_with_the_error_the_profile_records(tmp_path, capsy
     plot.write_bytes(b"mine")
     again = tmp_path / "again" / "p.yaml"
     refusals = (
-        (plot, "refusing to overwrite"),  # an existing figure, left as it was
-        (tmp_path / "fit.txt", "name a .png or .svg file"),  # a format matplotlib would refuse
-        (tmp_path, "name a .png or .svg file"),  # a folder
+        (plot, f"--plot {plot}: exists; name another file, or pass --force"),  # left as it was
+        (tmp_path / "fit.txt", "unsupported extension '.txt'; use .png, .svg"),  # matplotlib would refuse it
+        (tmp_path, f"--plot {tmp_path}: is a folder; name a file (.png, .svg)"),
     )
     for bad, message in refusals:
         rc = main(["calibrate", str(SAMPLE), "--hardware", "a100-80gb-sxm", "--out", str(again), "--plot", str(bad)])
