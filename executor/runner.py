@@ -27,6 +27,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .device import sdpa
+
 _GQA = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 5)
 
 
@@ -132,12 +134,10 @@ class PagedAttention:
     def _sdpa(self, q, k, v, mask=None, is_causal=False):
         if self.groups > 1:
             if _GQA:
-                return F.scaled_dot_product_attention(
-                    q, k, v, attn_mask=mask, is_causal=is_causal, scale=self.scale, enable_gqa=True
-                )
+                return sdpa(q, k, v, attn_mask=mask, is_causal=is_causal, scale=self.scale, enable_gqa=True)
             k = k.repeat_interleave(self.groups, dim=-3)
             v = v.repeat_interleave(self.groups, dim=-3)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=self.scale)
+        return sdpa(q, k, v, attn_mask=mask, is_causal=is_causal, scale=self.scale)
 
     def __call__(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache, layer: int, plan: BatchPlan

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
+from ..device import sdpa
 from .device import Repeats, Timer, copy_variants, host_buffer, measure
 
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
@@ -215,7 +216,6 @@ def attention_sweep(b: Bench, plan: dict, max_flops: float, max_bytes: float) ->
     """scaled_dot_product_attention: prefill (causal, no cache) and decode (one query over
     a cached context), across batch and context length."""
     import torch
-    import torch.nn.functional as F
 
     td, es = torch_dtype(b.dtype), b.esize
     out = []
@@ -227,7 +227,7 @@ def attention_sweep(b: Bench, plan: dict, max_flops: float, max_bytes: float) ->
             q, k, v = (torch.empty(bsz, heads, t, d, dtype=td, device=b.device).uniform_(-1, 1) for _ in range(3))
             out.append(
                 b.run(
-                    lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+                    lambda: sdpa(q, k, v, is_causal=True),
                     f"attn prefill b{bsz} t{t}",
                     kind="attention",
                     op_class="attention",
@@ -249,7 +249,7 @@ def attention_sweep(b: Bench, plan: dict, max_flops: float, max_bytes: float) ->
             k, v = (torch.empty(bsz, heads, c + 1, d, dtype=td, device=b.device).uniform_(-1, 1) for _ in range(2))
             out.append(
                 b.run(
-                    lambda: F.scaled_dot_product_attention(q, k, v),
+                    lambda: sdpa(q, k, v),
                     f"attn decode b{bsz} c{c}",
                     kind="attention",
                     op_class="attention",

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..device import sdpa
 from .device import Repeats, measure
 from .kernels import Bench, torch_dtype
 
@@ -132,9 +133,9 @@ class TinyDecoder:
             kc[:, :, start : start + q] = kh
             vc[:, :, start : start + q] = vh
             if start == 0:
-                att = F.scaled_dot_product_attention(qh, kc[:, :, :q], vc[:, :, :q], is_causal=True)
+                att = sdpa(qh, kc[:, :, :q], vc[:, :, :q], is_causal=True)
             else:
-                att = F.scaled_dot_product_attention(qh, kc[:, :, : start + q], vc[:, :, : start + q])
+                att = sdpa(qh, kc[:, :, : start + q], vc[:, :, : start + q])
             x = x + F.linear(att.transpose(1, 2).reshape(b, q, self.h), lw["o"])
             y = F.rms_norm(x, (self.h,), lw["n2"], 1e-6)
             x = x + F.linear(F.silu(F.linear(y, lw["gate"])) * F.linear(y, lw["up"]), lw["down"])
