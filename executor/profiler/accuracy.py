@@ -19,7 +19,7 @@ from infersim.simulator.costmodel import BatchShape, RooflineCostModel
 from infersim.simulator.costmodel.regression import RegressionCostModel, reference_spec
 
 from .device import measure
-from .kernels import Bench, torch_dtype
+from .kernels import Bench, copy_fn, copy_reference_plan, torch_dtype
 from .steps import TinyDecoder
 
 # KV shapes of catalog models (layers, kv heads, head dim), fp16 cache, block size 16
@@ -77,10 +77,12 @@ def swap_check(
     td = torch_dtype(kv_dtype)
     es = torch.empty((), dtype=td).element_size()
     rows = []
-    # the copy sweep's 64 MiB copy, timed again each round: how far the bandwidth has moved
-    sent_src = torch.ones(64 << 20, dtype=torch.uint8, device=b.device)
-    sent_dst = torch.zeros(64 << 20, dtype=torch.uint8, device=b.device)
+    # the copy sweep's reference copies, timed again each round: how far the bandwidth has moved
     copy_sentinel: list[float] = []
+
+    def copy_sentinel_s() -> float:  # buffers made per call: on the CPU each copy holds 256 MiB
+        plan = copy_reference_plan(b.device.type)
+        return float(np.mean([measure(copy_fn(b, d, pinned, n), b.timer, b.rep).median_s for d, _, pinned, n in plan]))
 
     def predict(nbytes, direction):
         return link[f"{direction}_latency_us"] * 1e-6 + nbytes / (link[f"{direction}_gbps"] * 1e9)
@@ -103,7 +105,7 @@ def swap_check(
         cache._clean = [True] * pool
         samples = {n: {"out": [], "in": [], "layers": [], "executor": []} for n in lengths}
         for r in range(rounds):
-            copy_sentinel.append(measure(lambda: sent_dst.copy_(sent_src), b.timer, b.rep).median_s)
+            copy_sentinel.append(copy_sentinel_s())
             for n in lengths:
                 if r == 0 and b.over_budget(len(rows) + sum(1 for v in samples.values() if v["out"])):
                     samples.pop(n, None)

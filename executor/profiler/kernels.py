@@ -347,32 +347,45 @@ def copy_plan(device_type: str, quick: bool) -> list[tuple[str, str, bool, int]]
     ]
 
 
-def copy_sweep(b: Bench, plan: list[tuple[str, str, bool, int]]) -> list[dict]:
-    """Host->device and device->host copies. On CUDA the host side is a pinned or a
-    pageable buffer; on the CPU both sides are host buffers (a plain memcpy), rotated through
+def copy_reference_plan(device_type: str) -> list[tuple[str, str, bool, int]]:
+    """The copies that stand for the host link's speed: the copy sweep's 64 MiB copies of its
+    first buffer kind (pinned on CUDA, plain on the CPU), both directions. The swap check times
+    them again and compares with the sweep's (how far the bandwidth moved in between)."""
+    label, pinned = copy_variants(device_type)[0]
+    return [(direction, label, pinned, 64 << 20) for direction in ("h2d", "d2h")]
+
+
+def copy_fn(b: Bench, direction: str, pinned: bool, nbytes: int) -> Callable[[], None]:
+    """One copy of `nbytes` in `direction` (h2d or d2h). On CUDA the host side is a pinned or
+    a pageable buffer; on the CPU both sides are host buffers (a plain memcpy), rotated through
     enough copies to leave the caches, so the numbers are DRAM-to-DRAM."""
     import torch
 
     dev_type = b.device.type
+    copies = 1 if dev_type == "cuda" else _rotation(2 * nbytes, 4 * b.cold_bytes, cap=512)
+    hosts = [host_buffer(nbytes, pinned=pinned, device_type=dev_type) for _ in range(copies)]
+    for h in hosts:
+        h.fill_(1)
+    devs = [torch.ones(nbytes, dtype=torch.uint8, device=b.device) for _ in range(copies)]
+    state = {"i": 0}
+
+    def fn():
+        i = state["i"] = (state["i"] + 1) % len(hosts)
+        if direction == "h2d":
+            devs[i].copy_(hosts[i], non_blocking=pinned)
+        else:
+            hosts[i].copy_(devs[i], non_blocking=pinned)
+
+    return fn
+
+
+def copy_sweep(b: Bench, plan: list[tuple[str, str, bool, int]]) -> list[dict]:
+    """Host->device and device->host copies (`copy_fn`), one record per plan entry."""
     out = []
     for direction, label, pinned, nbytes in plan:
         if b.over_budget(len(out)):
             continue
-        copies = 1 if dev_type == "cuda" else _rotation(2 * nbytes, 4 * b.cold_bytes, cap=512)
-        hosts = [host_buffer(nbytes, pinned=pinned, device_type=dev_type) for _ in range(copies)]
-        for h in hosts:
-            h.fill_(1)
-        devs = [torch.ones(nbytes, dtype=torch.uint8, device=b.device) for _ in range(copies)]
-        state = {"i": 0}
-        non_blocking = pinned
-
-        def fn(hosts=hosts, devs=devs, state=state, direction=direction):
-            i = state["i"] = (state["i"] + 1) % len(hosts)
-            if direction == "h2d":
-                devs[i].copy_(hosts[i], non_blocking=non_blocking)
-            else:
-                hosts[i].copy_(devs[i], non_blocking=non_blocking)
-
+        fn = copy_fn(b, direction, pinned, nbytes)
         out.append(
             b.run(
                 fn,
@@ -388,5 +401,5 @@ def copy_sweep(b: Bench, plan: list[tuple[str, str, bool, int]]) -> list[dict]:
                 dtype="uint8",
             )
         )
-        del hosts, devs
+        del fn
     return out

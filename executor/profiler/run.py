@@ -47,6 +47,7 @@ from .kernels import (
     attention_plan,
     attention_sweep,
     copy_plan,
+    copy_reference_plan,
     copy_sweep,
     elementwise_plan,
     elementwise_sweep,
@@ -376,7 +377,9 @@ def run_profile(opts: ProfileOptions, console=None) -> dict:
             link_now = F.fit_host_link(b.records, device.type)
             validation["swap"] = stage(
                 "swap_check",
-                lambda: accuracy.swap_check(b, link_now, quick=opts.quick, copy_reference_s=_copy_reference(b.records)),
+                lambda: accuracy.swap_check(
+                    b, link_now, quick=opts.quick, copy_reference_s=_copy_reference(b.records, device.type)
+                ),
             )
         step_sentinel = accuracy.step_sentinel(b)
         steps = stage("steps", lambda: step_sweep(b, sp, seed=opts.seed, sentinel=step_sentinel))
@@ -430,12 +433,14 @@ def _note_drift(calib: dict) -> None:
         v["drift"] = accuracy.drift(ref, v["sentinels"])
 
 
-def _copy_reference(records: list[dict]) -> float | None:
-    """The copy sweep's 64 MiB copies (both directions), the swap check's drift reference."""
+def _copy_reference(records: list[dict], device_type: str) -> float | None:
+    """The copy sweep's reference copies (kernels.copy_reference_plan), the swap check's drift
+    reference."""
+    plan = {(d, label, n) for d, label, _, n in copy_reference_plan(device_type)}
     ts = [
         r["median_s"]
         for r in records
-        if r.get("kind") == "copy" and r.get("size_bytes") == 64 << 20 and r.get("variant") in ("plain", "pinned")
+        if r.get("kind") == "copy" and (r.get("direction"), r.get("variant"), r.get("size_bytes")) in plan
     ]
     return float(np.mean(ts)) if ts else None
 
@@ -651,7 +656,9 @@ def refit_profile(path: Path, opts: RefitOptions = RefitOptions()) -> dict:
         now = accuracy.sentinels(b)
         calib["validation"] = {
             "sentinels": now,
-            "swap": accuracy.swap_check(b, calib["host_link"], quick=quick, copy_reference_s=_copy_reference(records)),
+            "swap": accuracy.swap_check(
+                b, calib["host_link"], quick=quick, copy_reference_s=_copy_reference(records, device.type)
+            ),
             "recompute": accuracy.recompute_check(b, hw, calib, quick=quick),
             "measured_at": calib["refit"]["at"],
             "threads": torch.get_num_threads(),

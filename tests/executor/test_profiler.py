@@ -334,6 +334,30 @@ def test_cuda_copy_plan_has_pinned_and_pageable_buffers():
     assert host_buffer(1024, pinned=False, device_type="cpu").numel() == 1024
 
 
+@pytest.mark.parametrize("device_type", ["cpu", "cuda"])
+def test_swap_check_copy_sentinel_times_copies_the_sweep_measured(device_type):
+    """The swap check's drift sentinel and its reference are the same host<->device copies (on
+    CUDA a pinned host buffer and the GPU, both directions), copies the copy sweep measures in
+    quick and full profiles alike: a device-to-device sentinel against a host-link reference
+    read a 20-30x 'drift' on an H100 and an H200."""
+    from infersim.executor.profiler.kernels import copy_plan, copy_reference_plan
+
+    ref = copy_reference_plan(device_type)
+    assert {d for d, *_ in ref} == {"h2d", "d2h"} and {n for *_, n in ref} == {64 << 20}
+    assert all(p for _, _, p, _ in ref) == (device_type == "cuda")
+    for quick in (True, False):
+        assert set(ref) <= set(copy_plan(device_type, quick=quick))
+    from infersim.executor.profiler.run import _copy_reference
+
+    records = [
+        {"kind": "copy", "direction": d, "variant": label, "size_bytes": n, "median_s": t}
+        for (d, label, _, n), t in zip(copy_plan(device_type, quick=True), range(1, 100))
+    ]
+    wanted = {(d, label, n) for d, label, _, n in ref}
+    picked = [r["median_s"] for r in records if (r["direction"], r["variant"], r["size_bytes"]) in wanted]
+    assert len(picked) == 2 and _copy_reference(records, device_type) == sum(picked) / 2
+
+
 def test_cuda_event_timer_records_and_synchronizes():
     """The event timer's protocol, on a stand-in for torch.cuda: synchronize, record start, run,
     record end, wait for the end event, read the elapsed milliseconds."""
