@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The CUDA paths on a real GPU, in one go: the CUDA-marked tests (the engine on the GPU gives the
+# CPU's greedy tokens), the projection GEMMs of seven public models timed for the shipped
+# profile's out-of-sample check (kernels_on_this_gpu.py), `sim profile --device cuda --quick`
+# with the zoo target's own predictor, and `sim validate --device cuda` on the plain-load case.
+# Each step has its own time limit and log; a failed step does not stop the next.
+#
+#     bash benchmarks/cuda_checks.sh OUTDIR        # SIM="python -m infersim.cli.main" if `sim` is not on PATH
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:?usage: bash benchmarks/cuda_checks.sh OUTDIR}
+SIM=${SIM:-sim}
+PY=${PYTHON:-python3}
+mkdir -p "$OUT"
+
+step() {
+  local name=$1 limit=$2 start rc
+  shift 2
+  start=$(date +%s)
+  echo "== $name (limit ${limit} s): $*"
+  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+  rc=$?
+  echo "$name rc=$rc $(($(date +%s) - start)) s" | tee -a "$OUT/steps.txt"
+  tail -n 8 "$OUT/$name.log"
+}
+
+nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1 || true
+$PY -c "import torch; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0))" | tee "$OUT/torch.txt"
+step pytest-cuda "${LIMIT_TESTS:-120}" $PY -m pytest -m cuda -n 0 -p no:cacheprovider tests/executor/test_executor.py
+step kernels "${LIMIT_KERNELS:-150}" $PY benchmarks/kernels_on_this_gpu.py measure --out "$OUT/kernels.csv"
+mkdir -p "$OUT/profile"
+step profile "${LIMIT_PROFILE:-200}" $SIM profile --device cuda --quick --model zoo-target --out "$OUT/profile/cuda-quick.yaml"
+step validate "${LIMIT_VALIDATE:-160}" $SIM validate --device cuda --case plain-load --out "$OUT/validate"
+cat "$OUT/steps.txt"
