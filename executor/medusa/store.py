@@ -17,15 +17,29 @@ from infersim.simulator.errors import InfersimError
 from infersim.simulator.paths import home_relative
 from infersim.simulator.progress import log_line
 
+from ..models import load_model
 from ..zoo.build import _locked, weights_sha256
 from .accuracy import measure
 from .heads import FORMAT_VERSION, META_FILE, MedusaHeads, load_heads, save_heads
 from .train import DEFAULT_RECIPE, MedusaRecipe, corpus_streams, train_heads
 
 
+def _is_cpu_fp32(lm) -> bool:
+    return lm.device.type == "cpu" and str(lm.dtype) == "torch.float32"
+
+
+def _cpu_fp32_copy(lm):
+    """The same checkpoint loaded on the CPU in fp32: what heads are trained on and keyed by."""
+    return lm if _is_cpu_fp32(lm) else load_model(str(lm.path), "cpu", "fp32", build_zoo=False)
+
+
 def target_sha256(lm) -> str:
-    """The loaded target's weight hash (the same function the zoo records in zoo.json)."""
-    return weights_sha256(lm.model)
+    """The hash of the target checkpoint's weights in fp32 (the function the zoo records in
+    zoo.json), whatever device and dtype `lm` is loaded in: heads trained for a checkpoint
+    serve it in fp16 on a GPU as well. A zoo model's recorded hash saves loading an fp32 copy."""
+    if _is_cpu_fp32(lm):
+        return weights_sha256(lm.model)
+    return (lm.meta or {}).get("weights_sha256") or weights_sha256(_cpu_fp32_copy(lm).model)
 
 
 def heads_key(target_sha: str, recipe: MedusaRecipe) -> str:
@@ -84,8 +98,7 @@ def ensure_heads(
             return heads, meta, folder
         if lm.tokenizer is None:
             raise InfersimError(f"{lm.path}: no tokenizer.json: Medusa self-distillation needs the target's tokenizer")
-        if str(lm.dtype) != "torch.float32" or lm.device.type != "cpu":
-            raise InfersimError("train Medusa heads on a cpu fp32 target (load_model(name, 'cpu', 'fp32'))")
+        trainee = _cpu_fp32_copy(lm)  # heads train on the CPU in fp32, then serve on lm's device
         log(f"medusa: training {recipe.num_heads} heads on {lm.name} (self-distillation, {recipe.steps} steps)")
         t0 = time.perf_counter()
         train_stream, held_stream = corpus_streams(lm.tokenizer, recipe.files_every)
@@ -93,12 +106,18 @@ def ensure_heads(
         if prog:
             prog.start()
         try:
-            heads, stats = train_heads(lm.model, train_stream, recipe, log=log, progress=cb)
+            heads, stats = train_heads(trainee.model, train_stream, recipe, log=log, progress=cb)
         finally:
             if prog:
                 prog.stop()
         acc = measure(
-            lm.model, heads, held_stream, recipe.eval_prompts, recipe.eval_prompt_len, recipe.eval_gen_len, recipe.top_k
+            trainee.model,
+            heads,
+            held_stream,
+            recipe.eval_prompts,
+            recipe.eval_prompt_len,
+            recipe.eval_gen_len,
+            recipe.top_k,
         )
         meta = {
             "target": lm.name,

@@ -267,6 +267,25 @@ def test_tiny_training_is_deterministic_and_cached(target, tmp_path):
     assert acc.shape == (2, 10) and (acc.sum(1) <= 1 + 1e-9).all()
 
 
+def test_heads_serve_a_half_precision_target(target, tmp_path):
+    """Heads belong to the checkpoint, not to the precision it is served in: a bf16 (or, on a
+    GPU, fp16) load of the target finds the heads trained for its fp32 weights, and where none
+    exist trains them on an fp32 CPU copy, keyed the same (a half-precision target used to be
+    refused: 'train Medusa heads on a cpu fp32 target')."""
+    from infersim.executor.medusa.store import ensure_heads, heads_dir, target_sha256
+    from infersim.executor.models import load_model
+
+    lm, _ = target
+    half = load_model(str(lm.path), "cpu", "bf16")
+    assert target_sha256(half) == target_sha256(lm) == lm.meta["weights_sha256"]
+    assert heads_dir(half) == heads_dir(lm)
+    quiet = lambda m: None  # noqa: E731
+    h1, m1, f1 = ensure_heads(half, TINY_RECIPE, root=tmp_path, log=quiet)  # trained on the fp32 copy
+    h2, m2, f2 = ensure_heads(lm, TINY_RECIPE, root=tmp_path, log=quiet)  # found by the fp32 target
+    assert f1 == f2 and m1["heads_sha256"] == m2["heads_sha256"]
+    assert m1["target_sha256"] == lm.meta["weights_sha256"]
+
+
 def test_measured_accuracies_load_in_the_simulator(trained):
     from infersim.simulator.speculative.medusa_heads import load_accuracies
     from infersim.simulator.speculative.medusa_tree import expected_length
