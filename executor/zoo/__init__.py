@@ -13,7 +13,9 @@ from pathlib import Path
 
 from infersim.simulator.errors import InfersimError, did_you_mean
 from infersim.simulator.models.catalog import register_model_source
+from infersim.simulator.progress import log_line
 
+from .shipped import shipped_manifest
 from .spec import DEFAULT_ZOO, TINY_ZOO, ModelRecipe, ZooSpec
 
 ZOO_PREFIX = "zoo-"
@@ -30,23 +32,59 @@ def zoo_names(spec: ZooSpec = DEFAULT_ZOO) -> list[str]:
 def resolve_zoo_model(
     name: str, *, build: bool = False, spec: ZooSpec = DEFAULT_ZOO, root: Path | None = None, log=None
 ) -> Path:
-    """The checkpoint folder of a zoo model: cached, or copied from the shipped weights when the
-    build key matches; else, with `build`, trained (with its teacher) first, or an error telling
-    how to build it."""
-    from .build import build_zoo, fill_from_shipped, zoo_dir
+    """The checkpoint folder of a zoo model: this machine's own build when it has the model;
+    else the shipped weights (copied into the cache under their own build key); else, with
+    `build`, trained (with its teacher) first, or an error telling how to build it."""
+    from .build import build_zoo, fill_from_shipped
 
     if name not in zoo_names(spec):
         hint = did_you_mean(name, zoo_names(spec))
         raise InfersimError(f"unknown zoo model '{name}'{hint}; the zoo has: {', '.join(zoo_names(spec))}")
-    d = zoo_dir(spec, root)
-    path = d / name
-    if not (path / "zoo.json").exists():
-        fill_from_shipped(d)
-    if not (path / "zoo.json").exists():
-        if not build:
-            raise InfersimError(f"zoo model '{name}' is not built yet (looked in {d}): run `sim zoo build`")
-        build_zoo(spec, root=root, names=[name], log=log)
-    return path
+    own = own_zoo_dir(spec, root)
+    if own is not None and not (own / name / "zoo.json").exists():
+        fill_from_shipped(own)
+    if own is not None and (own / name / "zoo.json").exists():
+        return own / name
+    shipped = shipped_zoo_dir(root, log) if spec is DEFAULT_ZOO else None
+    if shipped is not None and (shipped / name / "zoo.json").exists():
+        return shipped / name
+    if not build:
+        raise InfersimError(f"zoo model '{name}' is not built yet (looked in {own}): run `sim zoo build`")
+    return build_zoo(spec, root=root, names=[name], log=log) / name
+
+
+def own_zoo_dir(spec: ZooSpec = DEFAULT_ZOO, root: Path | None = None) -> Path | None:
+    """The folder of the zoo this machine builds (keyed by its corpus, recipes and library
+    versions), or None where its Python's standard library has no pinned corpus hash."""
+    from .build import zoo_dir
+
+    try:
+        return zoo_dir(spec, root)
+    except InfersimError:
+        return None
+
+
+_told: set[str] = set()
+
+
+def shipped_zoo_dir(root: Path | None = None, log=None) -> Path | None:
+    """The shipped weights, in the cache folder of their own build key (copied in once,
+    checksums checked), or None where the package ships none. Models trained elsewhere load
+    anywhere (safetensors checkpoints): a machine whose Python, torch, transformers or
+    tokenizers differ from the shipped build serves them instead of training for an hour;
+    `sim zoo build` trains a zoo of its own."""
+    from .build import fill_from_shipped, zoo_root
+
+    man = shipped_manifest()
+    if not man:
+        return None
+    d = Path(root or zoo_root()) / man["key"]
+    fill_from_shipped(d)
+    if man["key"] not in _told:
+        _told.add(man["key"])
+        built = ", ".join(f"{k} {v}" for k, v in sorted(man.get("versions", {}).items()))
+        (log or log_line)(f"zoo: the shipped weights (built with {built}; this machine's own build is missing)")
+    return d
 
 
 def _config_path(name: str) -> Path:
@@ -63,16 +101,22 @@ register_model_source(ZOO_PREFIX, _config_path)
 
 
 def ensure_zoo(spec: ZooSpec = DEFAULT_ZOO, root: Path | None = None, log=None, subprocess: bool = True) -> Path:
-    """Build (or find cached, or copy from the shipped weights) the whole zoo; returns its
-    folder. A missing default zoo whose key is not the shipped one is trained in a child process (`python -m infersim.executor.zoo.build`) that this one waits for: the
-    training gets a fresh interpreter with OpenMP set up for a shared machine, and its memory
-    is returned when it ends."""
-    from .build import build_zoo, fill_from_shipped, is_complete, zoo_dir
+    """The whole zoo's folder: this machine's own build, else the shipped weights
+    (`shipped_zoo_dir`), else built. The default zoo is trained in a child process
+    (`python -m infersim.executor.zoo.build`) that this one waits for: the training gets a
+    fresh interpreter with OpenMP set up for a shared machine, and its memory is returned when
+    it ends."""
+    from .build import build_zoo, fill_from_shipped, is_complete
 
-    d = zoo_dir(spec, root)
-    if not is_complete(d, spec.models):
+    d = own_zoo_dir(spec, root)
+    if d is not None and not is_complete(d, spec.models):
         fill_from_shipped(d)
-    if is_complete(d, spec.models) or not subprocess or spec is not DEFAULT_ZOO:
+    if d is not None and is_complete(d, spec.models):
+        return d
+    shipped = shipped_zoo_dir(root, log) if spec is DEFAULT_ZOO else None
+    if shipped is not None and is_complete(shipped, spec.models):
+        return shipped
+    if not subprocess or spec is not DEFAULT_ZOO:
         return build_zoo(spec, root=root, log=log)
     env = dict(os.environ, OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"))
     cmd = [sys.executable, "-m", "infersim.executor.zoo.build"] + (["--root", str(root)] if root else [])

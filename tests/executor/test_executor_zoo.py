@@ -150,6 +150,38 @@ def test_an_empty_cache_is_filled_from_the_shipped_weights(tmp_path):
     assert not (tmp_path / "0123456789abcdef").exists()
 
 
+@pytest.mark.parametrize("machine", ["other torch", "unpinned Python"])
+def test_a_machine_of_another_build_key_serves_the_shipped_weights_without_training(machine, tmp_path, monkeypatch):
+    """A GPU machine's torch ('2.11.0+cu130'), or a Python whose stdlib corpus has no pinned
+    hash, builds under another key (or none): zoo names still resolve, to the shipped weights
+    under the shipped key, with one line saying so, and nothing is trained."""
+    from infersim.executor.zoo import build as build_mod
+    from infersim.executor.zoo import ensure_zoo, own_zoo_dir, shipped_zoo_dir
+    from infersim.executor.zoo.shipped import shipped_manifest
+
+    if machine == "other torch":
+        versions = build_mod._versions()
+        monkeypatch.setattr(build_mod, "_versions", lambda: {**versions, "torch": "2.11.0+cu130"})
+    else:
+        monkeypatch.setitem(corpus_mod.PINNED_SHA256, corpus_mod.load_corpus().python, "0" * 64)
+        monkeypatch.delenv(corpus_mod.ALLOW_UNPINNED_ENV, raising=False)
+        corpus_mod.load_corpus.cache_clear()
+
+    def no_training(*a, **k):
+        raise AssertionError("trained a zoo")
+
+    monkeypatch.setattr(build_mod, "_build_locked", no_training)
+    key = shipped_manifest()["key"]
+    own = own_zoo_dir(DEFAULT_ZOO, tmp_path)
+    assert (own is None) == (machine == "unpinned Python") and (own is None or own.name != key)
+    lines = []
+    path = resolve_zoo_model("zoo-target", build=True, root=tmp_path, log=lines.append)
+    assert path == tmp_path / key / "zoo-target" and (path / "model.safetensors").exists()
+    assert ensure_zoo(root=tmp_path, log=lines.append) == tmp_path / key
+    assert shipped_zoo_dir(tmp_path, log=lines.append) == tmp_path / key
+    assert len([m for m in lines if "shipped weights" in m]) <= 1
+
+
 def test_a_corrupted_shipped_file_is_refused_naming_it(tmp_path):
     import shutil
 
