@@ -71,7 +71,7 @@ def shipped_zoo_dir(root: Path | None = None, log=None) -> Path | None:
     """The shipped weights, in the cache folder of their own build key (copied in once,
     checksums checked), or None where the package ships none. Models trained elsewhere load
     anywhere (safetensors checkpoints): a machine whose Python, torch, transformers or
-    tokenizers differ from the shipped build serves them instead of training for an hour;
+    tokenizers differ from the shipped build serves them instead of training for half an hour;
     `sim zoo build` trains a zoo of its own."""
     from .build import fill_from_shipped, zoo_root
 
