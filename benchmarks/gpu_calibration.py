@@ -41,47 +41,62 @@ def roofline_s(rows, hw, ec: float, em: float, launch_us: float) -> np.ndarray:
     return np.maximum(flops / (peak * ec), nbytes / (bw * em)) + launch_us * 1e-6
 
 
+def row_frame(rows) -> pd.DataFrame:
+    """The measured rows as a table: what each row is and its measured seconds."""
+    return pd.DataFrame(
+        {
+            "model": [r.label for r in rows],
+            "op": [r.op for r in rows],
+            "kernel": [r.kernel for r in rows],
+            "tp": [r.tp for r in rows],
+            "tokens": [r.tokens for r in rows],
+            "out_width": [r.out_width for r in rows],
+            "flops_per_token": [r.flops_per_token for r in rows],
+            "measured": [r.time_s for r in rows],
+        }
+    )
+
+
+def held_out(rows, hw, source: str, progress=lambda model: None) -> tuple[np.ndarray, list[int]]:
+    """Each model's rows predicted by `sim calibrate`'s fit on the other models' rows: columns
+    (with the training models' measured shapes, as `sim calibrate` would ship them; the fitted
+    model alone), and the row order that groups the models alphabetically."""
+    out = np.full((len(rows), 2), np.nan)
+    order = []
+    for held in sorted({r.label for r in rows}):
+        train = [r for r in rows if r.label != held]
+        idx = [j for j, r in enumerate(rows) if r.label == held]
+        test = [rows[j] for j in idx]
+        calib = fit_kernels(train, hw, source)
+        shapes = table_correction(calib.gemm, measured_gemms(train), hw)
+        out[idx, 0] = predict_rows(calib, test, hw, correction=shapes)
+        out[idx, 1] = predict_rows(calib, test, hw)
+        order += idx
+        progress(held)
+    return out, order
+
+
+def label_ranges(df: pd.DataFrame) -> pd.DataFrame:
+    df["range"] = "other"  # 33-63 and 513-1023 tokens, between the reported ranges
+    for lo, hi, label in RANGES:
+        df.loc[(df.tokens >= lo) & (df.tokens <= hi), "range"] = label
+    return df
+
+
 def evaluate(table: Path) -> pd.DataFrame:
     kind = recognise(table)
     frames = []
     for device, name in DEVICES.items():
         rows = kind.read(table, device)
         hw = load_hardware(name + ":datasheet")
-        labels = sorted({r.label for r in rows})
-        datasheet = roofline_s(rows, hw, 1.0, 1.0, 0.0)
-        two_knob = roofline_s(rows, hw, 0.7, 0.8, 5.0)
-        for held in labels:
-            train = [r for r in rows if r.label != held]
-            idx = [j for j, r in enumerate(rows) if r.label == held]
-            test = [rows[j] for j in idx]
-            calib = fit_kernels(train, hw, SOURCE)
-            # the measured shapes of the training models only, as `sim calibrate` would ship them
-            shapes = table_correction(calib.gemm, measured_gemms(train), hw)
-            frames.append(
-                pd.DataFrame(
-                    {
-                        "device": device,
-                        "model": held,
-                        "op": [r.op for r in test],
-                        "kernel": [r.kernel for r in test],
-                        "tp": [r.tp for r in test],
-                        "tokens": [r.tokens for r in test],
-                        "out_width": [r.out_width for r in test],
-                        "flops_per_token": [r.flops_per_token for r in test],
-                        "measured": [r.time_s for r in test],
-                        "calibrated": predict_rows(calib, test, hw, correction=shapes),
-                        "fitted_model": predict_rows(calib, test, hw),
-                        "datasheet": datasheet[idx],
-                        "two_knob": two_knob[idx],
-                    }
-                )
-            )
-            print(f"{device} held out {held}", flush=True)
-    df = pd.concat(frames, ignore_index=True)
-    df["range"] = "other"  # 33-63 and 513-1023 tokens, between the reported ranges
-    for lo, hi, label in RANGES:
-        df.loc[(df.tokens >= lo) & (df.tokens <= hi), "range"] = label
-    return df
+        df = row_frame(rows)
+        pred, order = held_out(rows, hw, SOURCE, progress=lambda m: print(f"{device} held out {m}", flush=True))
+        df["calibrated"], df["fitted_model"] = pred[:, 0], pred[:, 1]
+        df["datasheet"] = roofline_s(rows, hw, 1.0, 1.0, 0.0)
+        df["two_knob"] = roofline_s(rows, hw, 0.7, 0.8, 5.0)
+        df.insert(0, "device", device)
+        frames.append(df.iloc[order])
+    return label_ranges(pd.concat(frames, ignore_index=True))
 
 
 MODELS = ("calibrated", "fitted_model", "datasheet", "two_knob")

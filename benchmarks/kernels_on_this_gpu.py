@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from infersim.simulator.calibration.fit import fit_kernels, measured_gemms, predict_rows, table_correction
+from infersim.simulator.calibration.fit import predict_rows
 from infersim.simulator.calibration.fit_plot import FitSeries, plot_fit
 from infersim.simulator.calibration.kernel_models import errors_pct
 from infersim.simulator.calibration.rows import GEMM_OPS, LayerDims, RowOrigin, operator_for, row_from_operator
@@ -38,7 +38,7 @@ from infersim.simulator.costmodel.measured_gemms import gemm_inner_size, shape_c
 from infersim.simulator.hardware.catalog import load_hardware
 
 sys.path.insert(0, str(Path(__file__).parent))
-from gpu_calibration import RANGES, md_table, roofline_s  # noqa: E402
+from gpu_calibration import RANGES, held_out, label_ranges, md_table, roofline_s, row_frame  # noqa: E402
 
 # public configurations (each model's config.json on Hugging Face); the intermediate size is one
 # branch of the MLP, as microsoft/vidur's tables give it (Qwen-72B's config counts both)
@@ -210,31 +210,12 @@ def measure(args) -> None:
 def predictions(rows, hardware: str) -> pd.DataFrame:
     hw = load_hardware(hardware)
     cal = hw.calibration
-    corr = shape_correction(cal.gemm, gemm_device(hw), "fp16")
-    df = pd.DataFrame(
-        {
-            "model": [r.label for r in rows],
-            "op": [r.op for r in rows],
-            "kernel": [r.kernel for r in rows],
-            "tp": [r.tp for r in rows],
-            "tokens": [r.tokens for r in rows],
-            "measured": [r.time_s for r in rows],
-            "shipped": predict_rows(cal, rows, hw, correction=corr),
-            "shipped_fitted_model": predict_rows(cal, rows, hw),
-            "datasheet": roofline_s(rows, load_hardware(hardware + ":datasheet"), 1.0, 1.0, 0.0),
-        }
-    )
-    df["refit_held_out"] = np.nan
-    for held in sorted(df.model.unique()):
-        train = [r for r in rows if r.label != held]
-        idx = [j for j, r in enumerate(rows) if r.label == held]
-        calib = fit_kernels(train, hw, "this table")
-        shapes = table_correction(calib.gemm, measured_gemms(train), hw)
-        df.loc[idx, "refit_held_out"] = predict_rows(calib, [rows[j] for j in idx], hw, correction=shapes)
-    df["range"] = "other"
-    for lo, hi, label in RANGES:
-        df.loc[(df.tokens >= lo) & (df.tokens <= hi), "range"] = label
-    return df
+    df = row_frame(rows)
+    df["shipped"] = predict_rows(cal, rows, hw, correction=shape_correction(cal.gemm, gemm_device(hw), "fp16"))
+    df["shipped_fitted_model"] = predict_rows(cal, rows, hw)
+    df["datasheet"] = roofline_s(rows, load_hardware(hardware + ":datasheet"), 1.0, 1.0, 0.0)
+    df["refit_held_out"] = held_out(rows, hw, "this table")[0][:, 0]
+    return label_ranges(df)
 
 
 PREDICTORS = ("shipped", "shipped_fitted_model", "datasheet", "refit_held_out")
