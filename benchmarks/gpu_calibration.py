@@ -333,7 +333,10 @@ WHY = """
   every K measured, and 23-33% slower at 136-192 tokens for K <= 4,096 but 9-20% faster for
   K >= 5,504. A fit free to take any time that never falls as M grows (isotonic regression per
   shape) reaches 0.8-2.8% in sample; the measured-shape correction reaches 1.1-1.5% on the rows
-  it was fitted on.
+  it was fitted on. The limit is not these tables': on projections this project timed itself
+  on an H100 with another cuBLAS (seven models, RESULTS-kernels-on-real-gpus.md), the same fit
+  held out per model gives 3.5-6.2%, 4 of 7 models within 5% (missed: Qwen-72B, InternLM-20B
+  and phi-2, 5.4-6.2%).
 - **The same shape with and without a bias.** The only identical shapes within one model are
   Qwen-72B's Q/K/V projection and its gate/up projection at twice the TP degree (N = 2 x 24,576
   / TP, K = 8,192). In microsoft/vidur's profiled layer the Q/K/V projection of Qwen carries a
