@@ -49,7 +49,7 @@ def resolve_zoo_model(
     if shipped is not None and (shipped / name / "zoo.json").exists():
         return shipped / name
     if not build:
-        raise InfersimError(f"zoo model '{name}' is not built yet (looked in {own}): run `sim zoo build`")
+        raise InfersimError(f"zoo model '{name}' is not built yet (looked in {own or shipped}): run `sim zoo build`")
     return build_zoo(spec, root=root, names=[name], log=log) / name
 
 
