@@ -1,5 +1,5 @@
 """One operator's FLOPs and bytes as affine functions of the batch totals, and the constructors
-of the primitive operators (GEMM, norm, activation, rotary, residual add, embedding) that every
+of the primitive operators (GEMM, norm, activation, rotary, residual add, token and position embedding) that every
 layer kind (dense attention, latent attention, dense and expert MLPs) is built from."""
 
 from __future__ import annotations
@@ -78,3 +78,13 @@ def residual_add_operator(name: str, h: int, ab: float) -> Operator:
 def embedding_operator(h: int, wb: float, ab: float) -> Operator:
     """A gather: one embedding row read and written per token."""
     return Operator("embedding", "elementwise", "model", (0, 0, 0, 0, 0), (0, h * (wb + ab), 0, 0, 0), "emb")
+
+
+def position_embedding_operator(h: int, wb: float, ab: float) -> Operator:
+    """A learned position embedding (OPT, GPT-2), once per forward: each token's row of the
+    position table gathered and added into its token embedding, which is read and written.
+    Priced by the token embedding's kind: the gather is the same index_select, whose per-token
+    steps at small batches outweigh the add's few bytes."""
+    return Operator(
+        "position_embedding", "elementwise", "model", (0, 1.0 * h, 0, 0, 0), (0, h * (wb + 2.0 * ab), 0, 0, 0), "emb"
+    )

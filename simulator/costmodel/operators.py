@@ -27,10 +27,14 @@ from .base_operator import (
     embedding_operator,
     linear_operator,
     norm_operator,
+    position_embedding_operator,
     residual_add_operator,
     rotary_operator,
 )
 from .mla import mla_attention_operators
+
+# the model-scope operators that run before the first layer (the rest follow the last)
+PRE_LAYER_OPS = ("embedding", "position_embedding")
 
 
 def attention_operators(
@@ -61,11 +65,10 @@ def attention_operators(
             linear_operator("k_proj", h, kv_local * tp, wb, ab, tp),
             linear_operator("v_proj", h, kv_local * tp, wb, ab, tp),
         ]
-    ops += [
-        rotary_operator(q_local, kv_local, ab),
-        # new K and V written into the paged cache
-        Operator("kv_write", "elementwise", "layer", (0, 0, 0, 0, 0), (0, 2.0 * kv_local * (ab + kb), 0, 0, 0)),
-    ]
+    if not spec.learned_positions:  # a learned position table is added once, before the first layer
+        ops.append(rotary_operator(q_local, kv_local, ab))
+    # new K and V written into the paged cache
+    ops.append(Operator("kv_write", "elementwise", "layer", (0, 0, 0, 0, 0), (0, 2.0 * kv_local * (ab + kb), 0, 0, 0)))
     score_bytes = 0.0 if fused_attention else n_local * ab
     # QK^T and PV are the same size: a head_dim matmul over every query-key pair that reads Q
     # (writes the output), the cached K (V) and, unfused, the score matrix
@@ -104,9 +107,11 @@ def mlp_operators(
 def model_operators(spec: ModelSpec, weight_dtype: str, act_dtype: str, tp: int) -> list[Operator]:
     wb, ab = bytes_per_element(weight_dtype), bytes_per_element(act_dtype)
     h, v = spec.hidden_size, spec.vocab_size
-    ops = [embedding_operator(h, wb, ab), norm_operator("final_norm", h, wb, ab, scope="model")]
-    lm = linear_operator("lm_head", h, v, wb, ab, tp, per="L")
-    return ops + [lm]
+    ops = [embedding_operator(h, wb, ab)]
+    if spec.learned_positions:
+        ops.append(position_embedding_operator(h, wb, ab))
+    ops.append(norm_operator("final_norm", h, wb, ab, scope="model"))
+    return ops + [linear_operator("lm_head", h, v, wb, ab, tp, per="L")]
 
 
 def allreduce_bytes_per_layer(spec: ModelSpec, act_dtype: str) -> float:

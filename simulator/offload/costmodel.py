@@ -41,6 +41,7 @@ import numpy as np
 
 from ..costmodel.base import CostModel, Direction, OperatorCost
 from ..costmodel.batch import BatchShape
+from ..costmodel.operators import PRE_LAYER_OPS
 from ..costmodel.roofline import RooflineCostModel
 from ..errors import InfersimError
 from ..models.dtypes import bytes_per_element
@@ -63,7 +64,6 @@ ATTENTION_OPS = frozenset(
         "attn_residual_add",
     }
 )
-PRE_OPS = frozenset({"embedding"})
 MAX_ELEMENTS = 1 << 21  # per chunk of settings x sequences x layers
 
 
@@ -120,8 +120,8 @@ class OffloadCostModel(CostModel):
         ops = base.ops
         self._attn_rows = [j for j, op in enumerate(ops) if op.scope == "layer" and op.name in ATTENTION_OPS]
         self._ffn_rows = [j for j, op in enumerate(ops) if op.scope == "layer" and op.name not in ATTENTION_OPS]
-        self._pre_rows = [j for j, op in enumerate(ops) if op.scope == "model" and op.name in PRE_OPS]
-        self._post_rows = [j for j, op in enumerate(ops) if op.scope == "model" and op.name not in PRE_OPS]
+        self._pre_rows = [j for j, op in enumerate(ops) if op.scope == "model" and op.name in PRE_LAYER_OPS]
+        self._post_rows = [j for j, op in enumerate(ops) if op.scope == "model" and op.name not in PRE_LAYER_OPS]
         self.layer_weight_bytes = base.model.params_per_layer() * bytes_per_element(base.weight_dtype) / base.tp
         self.offloaded_weight_bytes = (1.0 - self.weights_gpu_fraction) * self.layer_weight_bytes
         hl = base.hardware.host_link

@@ -1,8 +1,9 @@
 """Stage times of a placed replica, from the roofline's per-operator times.
 
 Stage s runs its layers (each: the layer's operators and its two tensor-parallel
-all-reduces); stage 0 also embeds the tokens and carries the per-iteration overhead
-(scheduling happens before the first stage starts), the last stage also runs the final norm
+all-reduces); stage 0 also embeds the tokens (adding learned positions, where the model has
+them) and carries the per-iteration overhead (scheduling happens before the first stage
+starts), the last stage also runs the final norm
 and the LM head. Between stages the activations move: the hidden state and, for RMSNorm
 models, the residual (vLLM's fused add-and-norm keeps them apart and sends both as
 `IntermediateTensors`), tokens x hidden each. One batch alone takes the sum of its stage times
@@ -14,6 +15,7 @@ import numpy as np
 
 from ..costmodel.base import CostModel
 from ..costmodel.batch import BatchShape, BatchTotals
+from ..costmodel.operators import PRE_LAYER_OPS
 from ..models.dtypes import bytes_per_element
 from .links import Links
 from .placement import Placement
@@ -40,7 +42,10 @@ class PipelineCostModel(CostModel):
         for row in time[: self._n_layer]:  # a fixed order of additions: identical for any n
             layer = layer + row
         layer = layer + self.links.allreduce_pair_time_s(np.asarray(t.tokens, dtype=np.float64).reshape(-1))
-        first = time[self._model_row["embedding"]] + self.iteration_overhead_s
+        first = self.iteration_overhead_s
+        for name in PRE_LAYER_OPS:
+            if name in self._model_row:
+                first = first + time[self._model_row[name]]
         last = time[self._model_row["final_norm"]] + time[self._model_row["lm_head"]]
         stages = []
         for s, n in enumerate(self.placement.layers):

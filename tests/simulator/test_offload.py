@@ -49,6 +49,16 @@ def test_full_offload_loads_every_token_of_every_layer():
     assert np.allclose(st.store_bytes, 2 * TLB)
 
 
+def test_the_position_embedding_runs_before_the_first_layer():
+    """OPT-13B's learned positions are added with the token embedding, before layer 0 (where
+    the first load overlaps them), not after the last layer with the LM head."""
+    cm = cm_for("full")
+    st = stages_decode(cm, [100, 300])
+    rows = {o.name: o.time_s for o in cm.base.breakdown(BatchShape.decode([100, 300]))}
+    assert st.pre[0] == pytest.approx(rows["embedding"] + rows["position_embedding"], rel=1e-12)
+    assert st.post[0] == pytest.approx(rows["final_norm"] + rows["lm_head"], rel=1e-12)
+
+
 def test_infinigen_fetch_is_important_tokens_capped_from_layer_1():
     cm = cm_for("infinigen")
     st = stages_decode(cm, [2048])

@@ -64,6 +64,19 @@ def test_stage_times_add_up_to_the_roofline_and_the_handoff_is_datasheet_by_hand
     assert stages[1] > stages[0]
 
 
+def test_learned_positions_run_on_the_first_stage():
+    """OPT-1.3B's position embedding runs before its first layer: the stages still add up to the
+    roofline's iteration, and the first stage holds it."""
+    base, cm = pipeline_cost("opt-1.3b")
+    shape = BatchShape.decode([100] * 8)
+    stages, _ = cm.stage_times_s(shape)
+    assert stages.sum() == pytest.approx(base.iteration_time_s(shape), rel=1e-12)
+    rows = {o.name: o.time_s for o in base.breakdown(shape)}
+    layer_s = sum(o.time_s * o.count for o in base.breakdown(shape) if o.name in {x.name for x in base.layer_ops})
+    first = layer_s / 2 + rows["embedding"] + rows["position_embedding"] + base.iteration_overhead_s
+    assert stages[0] == pytest.approx(first, rel=1e-12)
+
+
 def test_decode_stage_times_equal_stepping_one_by_one():
     _, cm = pipeline_cost(pp=4)
     ctx = np.array([100, 250, 31])

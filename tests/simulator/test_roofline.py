@@ -23,6 +23,12 @@ from infersim.analysis.medusa_study import (
 from infersim.analysis.roofline import COLUMNS, Grid, build_cost_model, iteration_table, operator_table, plot_roofline
 from infersim.cli.main import main
 from infersim.simulator.costmodel import BatchShape, RooflineCostModel
+from infersim.simulator.costmodel.operators import (
+    attention_operators,
+    coefficient_matrices,
+    mlp_operators,
+    model_operators,
+)
 from infersim.simulator.errors import InfersimError, UnknownNameError
 from infersim.simulator.hardware.catalog import load_hardware
 from infersim.simulator.models.catalog import load_model
@@ -112,6 +118,61 @@ def test_unfused_attention_counts_the_score_matrix(cost):
     shape = BatchShape.verify([1024], 16)
     extra = op(unfused, shape, "qk").bytes - op(cost, shape, "qk").bytes
     assert extra == HEADS * 2 * 16 * (1024 + 16)  # the n x P fp16 score matrix, written once
+
+
+# ---- position encodings: rotary in every layer, or a learned table once -----------------------
+def _coefficients(ops):
+    flops, nbytes = coefficient_matrices(ops)
+    return flops.sum(axis=0).tolist(), nbytes.sum(axis=0).tolist()
+
+
+def test_llama_layer_and_model_operators_by_hand():
+    """Llama-7B, fp16, fused projections: coefficients (const, T, P, K, L) summed over a layer's
+    operators and over the once-per-iteration ones, each term counted by hand."""
+    h, i, n, v = H, I, HEADS, 32000
+    layer = attention_operators(load_model("llama-7b"), "fp16", "fp16", "fp16", 1) + mlp_operators(
+        h, i, True, "fp16", "fp16", 1
+    )
+    assert [o.name for o in layer][:4] == ["input_norm", "qkv_proj", "rotary", "kv_write"]
+    # norms 5h each, QKV 2h x 3h, rotary 3 per query and key value, O 2h^2, adds h each,
+    # gate/up 2h x 2i, SiLU-and-mul 5i, down 2ih; per query-key pair QK^T and PV 2h each, softmax 5n
+    flops_t = 2 * 5 * h + 2 * h * 3 * h + 3 * 2 * h + 2 * h * h + 2 * h + 2 * h * 2 * i + 5 * i + 2 * i * h
+    # weights once: two norms, QKV, O, gate/up, down; per token: norms read and write (2h each),
+    # QKV reads h writes 3h, rotary reads and writes 2h, K and V cast into the cache (2h x 2 bytes
+    # in and out), Q read by QK^T and the output written by PV (h each), O reads h writes h, adds
+    # read two and write one (3h each), gate/up reads h writes 2i, SiLU-and-mul reads 2i writes i,
+    # down reads i writes h; every cached key and value read once (h each)
+    bytes_const = 2 * (2 * h + 3 * h * h + h * h + 2 * h * i + i * h)
+    bytes_t = 2 * (
+        2 * 2 * h + 4 * h + 2 * 2 * h + 2 * 2 * h + 2 * h + 2 * h + 2 * 3 * h + (h + 2 * i) + 3 * i + (i + h)
+    )
+    assert _coefficients(layer) == ([0, flops_t, 2 * 2 * h + 5 * n, 0, 0], [bytes_const, bytes_t, 0, 2 * 2 * h, 0])
+    model = model_operators(load_model("llama-7b"), "fp16", "fp16", 1)
+    assert [o.name for o in model] == ["embedding", "final_norm", "lm_head"]
+    # the embedding gathers a row (read h, write h), the final norm 5h, the LM head 2hv per logit
+    assert _coefficients(model) == (
+        [0, 5 * h, 0, 0, 2 * h * v],
+        [2 * (h + h * v), 2 * (2 * h + 2 * h), 0, 0, 2 * (h + v)],
+    )
+
+
+def test_learned_positions_replace_rotary_by_one_gather_and_add():
+    """OPT-13B adds a learned position table once, before the first layer: no rotary in the
+    layers, one position embedding that reads a row of 5120 fp16 values per token and reads and
+    writes the token embedding (5120 x 6 bytes), with one add per value."""
+    opt = load_model("opt-13b")
+    assert opt.learned_positions
+    layer = attention_operators(opt, "fp16", "fp16", "fp16", 2)
+    assert "rotary" not in [o.name for o in layer]
+    model = model_operators(opt, "fp16", "fp16", 2)
+    assert [o.name for o in model] == ["embedding", "position_embedding", "final_norm", "lm_head"]
+    pos = model[1]
+    assert (pos.scope, pos.op_class, pos.kernel) == ("model", "elementwise", "emb")
+    assert pos.flops == (0, 5120, 0, 0, 0) and pos.bytes == (0, 5120 * 6, 0, 0, 0)
+    cost = RooflineCostModel(opt, load_hardware("a100-80gb-sxm:datasheet"), tensor_parallel=2)
+    row = op(cost, BatchShape.decode([100] * 16), "position_embedding")
+    assert (row.count, row.bytes, row.flops) == (1, 16 * 5120 * 6, 16 * 5120)
+    assert row.time_s == pytest.approx(16 * 5120 * 6 / 2.039e12, rel=1e-12)
 
 
 def test_tensor_parallel_halves_linear_flops_and_adds_allreduce(cost):
