@@ -59,9 +59,9 @@ def torch_one_thread():
 
 @pytest.fixture(scope="session")
 def zoo_dir():
-    """The executor's default model zoo (real trained models): the weights shipped with the
-    package, copied into the cache on first use (executor/zoo/shipped.py), or trained where the
-    build key differs from the shipped one. Returns the zoo folder."""
+    """The executor's default model zoo (real trained models): this machine's own build where
+    it has one, else the weights shipped with the package, copied into the cache on first use
+    (executor/zoo/__init__.py `ensure_zoo`). Returns the zoo folder."""
     if not _has_torch():
         pytest.skip(f"needs {OPTIONAL_PARTS['torch'][1]}")
     import infersim.executor  # noqa: F401  (before torch work: passive OpenMP waits)
