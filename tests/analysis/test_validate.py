@@ -639,6 +639,27 @@ def test_speed_from_ticks_carries_the_calibration_speed_per_tick_to_the_validate
     assert np.isnan(speed_tick_s(tmp_path / "missing"))
 
 
+def test_a_gpu_run_s_speed_comes_from_its_ticks_as_measured_on_an_h100(tmp_path):
+    """The plain validation reads the validated run's tick on any device (zoo-target's GPU steps
+    are launch-bound, paced by the host core the tick times). The numbers of an H100 plain-load
+    validation (benchmarks/RESULTS-cuda.md): six calibration runs' measured/fitted ratios and
+    median ticks, the validated run's tick 0.781 ms; its measured ratio was 1.102, the two runs
+    beside it (0.975 and 1.106) said 1.041, the ticks say 1.075."""
+    import json
+
+    from infersim.analysis.validate.calibrate import validated_tick_s
+    from infersim.analysis.validate.execute import speed_from_ticks
+
+    per = [0.9748, 1.0033, 0.9748, 1.1062, 0.962, 0.9769]
+    ticks = [t * 1e-3 for t in (0.7029, 0.7275, 0.7048, 0.7866, 0.6978, 0.7145)]
+    sp = speed_from_ticks(per, ticks, 0.7812e-3)
+    assert sp.speed == pytest.approx(1.075, abs=0.002) and sp.tick_weight > 0.9
+    assert abs(sp.speed / 1.1022 - 1) < abs((0.9748 + 1.1062) / 2 / 1.1022 - 1)
+    (tmp_path / "speed_ticks.json").write_text(json.dumps({"tick_s": [7.8e-4, 7.9e-4, 7.7e-4]}))
+    assert validated_tick_s(tmp_path) == pytest.approx(7.8e-4)
+    assert np.isnan(validated_tick_s(None))
+
+
 def test_repeated_validated_runs_keep_the_median_by_busy_time(tmp_path):
     """Three runs of the same requests whose iterations took 1.0, 1.3 and 0.9 s in all: the 1.0 s
     one (the second fastest, run 1) is the measurement, kept at exec/; the others beside it; the
