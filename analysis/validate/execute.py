@@ -118,10 +118,10 @@ def speed_from_ticks(ratios, ticks, tick_val: float) -> TickSpeed:
     (over 5%: 13, 9, 8 and 7 of 45); the tick kernel sometimes moved 10-30% between runs at the
     same speed, and sometimes followed a run 24-30% slower than the runs around it.
 
-    NaN when a run has no ticks (an older run), or no tick is passed: the speculative and
-    offload validations pass none for a GPU run (how their GPU runs follow the ticks is not
-    measured yet); the plain one passes it (calibrate.validated_tick_s: a small model's GPU
-    steps are host-paced)."""
+    NaN when a run has no ticks (an older run), or no tick is passed: the offload validation and
+    a pipelined run's drafting process pass none for a GPU run (how those follow the ticks is not
+    measured yet); the plain and speculative ones pass it (calibrate.validated_tick_s: a small
+    model's GPU steps are host-paced)."""
     r, t = np.asarray(ratios, dtype=np.float64), np.asarray(ticks, dtype=np.float64)
     if not (
         np.isfinite(tick_val)
