@@ -2,7 +2,8 @@
 # The CUDA paths on a real GPU, in one go: the CUDA-marked tests (the engine on the GPU gives the
 # CPU's greedy tokens), the projection GEMMs of seven public models timed for the shipped
 # profile's out-of-sample check (kernels_on_this_gpu.py), `sim profile --device cuda --quick`
-# with the zoo target's own predictor, and `sim validate --device cuda` on the plain-load case.
+# with the zoo target's own predictor, and `sim validate --device cuda` on the plain-load case
+# (CASES="plain-load preempt-swap ..." for more).
 # Each step has its own time limit and log; a failed step does not stop the next.
 #
 #     bash benchmarks/cuda_checks.sh OUTDIR        # SIM="python -m infersim.cli.main" if `sim` is not on PATH
@@ -30,5 +31,8 @@ step pytest-cuda "${LIMIT_TESTS:-120}" $PY -m pytest -m cuda -n 0 -p no:cachepro
 step kernels "${LIMIT_KERNELS:-150}" $PY benchmarks/kernels_on_this_gpu.py measure --out "$OUT/kernels.csv"
 mkdir -p "$OUT/profile"
 step profile "${LIMIT_PROFILE:-200}" $SIM profile --device cuda --quick --model zoo-target --out "$OUT/profile/cuda-quick.yaml"
-step validate "${LIMIT_VALIDATE:-160}" $SIM validate --device cuda --case plain-load --out "$OUT/validate"
+# CASES: the validation cases to run (default plain-load; `sim validate --list` names them all)
+for case in ${CASES:-plain-load}; do
+  step "validate-$case" "${LIMIT_VALIDATE:-160}" $SIM validate --device cuda --case "$case" --out "$OUT/validate-$case" -q
+done
 cat "$OUT/steps.txt"
