@@ -35,22 +35,33 @@ def resolve_zoo_model(
     """The checkpoint folder of a zoo model: this machine's own build when it has the model;
     else the shipped weights (copied into the cache under their own build key); else, with
     `build`, trained (with its teacher) first, or an error telling how to build it."""
-    from .build import build_zoo, fill_from_shipped
+    from .build import build_zoo, zoo_root
 
     if name not in zoo_names(spec):
         hint = did_you_mean(name, zoo_names(spec))
         raise InfersimError(f"unknown zoo model '{name}'{hint}; the zoo has: {', '.join(zoo_names(spec))}")
-    own = own_zoo_dir(spec, root)
-    if own is not None and not (own / name / "zoo.json").exists():
-        fill_from_shipped(own)
-    if own is not None and (own / name / "zoo.json").exists():
-        return own / name
-    shipped = shipped_zoo_dir(root, log) if spec is DEFAULT_ZOO else None
-    if shipped is not None and (shipped / name / "zoo.json").exists():
-        return shipped / name
+    d = _ready_zoo_dir(spec, root, log, lambda d: (d / name / "zoo.json").exists())
+    if d is not None:
+        return d / name
     if not build:
-        raise InfersimError(f"zoo model '{name}' is not built yet (looked in {own or shipped}): run `sim zoo build`")
+        looked = own_zoo_dir(spec, root) or Path(root or zoo_root())
+        raise InfersimError(f"zoo model '{name}' is not built yet (looked in {looked}): run `sim zoo build`")
     return build_zoo(spec, root=root, names=[name], log=log) / name
+
+
+def _ready_zoo_dir(spec: ZooSpec, root: Path | None, log, has) -> Path | None:
+    """The first zoo folder for which `has(folder)` holds: this machine's own build (filled from
+    the shipped files when its key is the shipped key), else the shipped weights (default zoo
+    only); None when neither has it."""
+    from .build import fill_from_shipped
+
+    own = own_zoo_dir(spec, root)
+    if own is not None and not has(own):
+        fill_from_shipped(own)
+    if own is not None and has(own):
+        return own
+    shipped = shipped_zoo_dir(root, log) if spec is DEFAULT_ZOO else None
+    return shipped if shipped is not None and has(shipped) else None
 
 
 def own_zoo_dir(spec: ZooSpec = DEFAULT_ZOO, root: Path | None = None) -> Path | None:
@@ -106,16 +117,11 @@ def ensure_zoo(spec: ZooSpec = DEFAULT_ZOO, root: Path | None = None, log=None, 
     (`python -m infersim.executor.zoo.build`) that this one waits for: the training gets a
     fresh interpreter with OpenMP set up for a shared machine, and its memory is returned when
     it ends."""
-    from .build import build_zoo, fill_from_shipped, is_complete
+    from .build import build_zoo, is_complete
 
-    d = own_zoo_dir(spec, root)
-    if d is not None and not is_complete(d, spec.models):
-        fill_from_shipped(d)
-    if d is not None and is_complete(d, spec.models):
+    d = _ready_zoo_dir(spec, root, log, lambda d: is_complete(d, spec.models))
+    if d is not None:
         return d
-    shipped = shipped_zoo_dir(root, log) if spec is DEFAULT_ZOO else None
-    if shipped is not None and is_complete(shipped, spec.models):
-        return shipped
     if not subprocess or spec is not DEFAULT_ZOO:
         return build_zoo(spec, root=root, log=log)
     env = dict(os.environ, OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"))
