@@ -33,13 +33,23 @@ def _cpu_fp32_copy(lm):
     return lm if _is_cpu_fp32(lm) else load_model(str(lm.path), "cpu", "fp32", build_zoo=False)
 
 
+def _fp32_reference(lm):
+    """(the hash of the target checkpoint's weights in fp32, the fp32 CPU model it was computed
+    on, or None where a zoo model's recorded hash saved loading one)."""
+    if _is_cpu_fp32(lm):
+        return weights_sha256(lm.model), lm
+    recorded = (lm.meta or {}).get("weights_sha256")
+    if recorded:
+        return recorded, None
+    copy = _cpu_fp32_copy(lm)
+    return weights_sha256(copy.model), copy
+
+
 def target_sha256(lm) -> str:
     """The hash of the target checkpoint's weights in fp32 (the function the zoo records in
     zoo.json), whatever device and dtype `lm` is loaded in: heads trained for a checkpoint
     serve it in fp16 on a GPU as well. A zoo model's recorded hash saves loading an fp32 copy."""
-    if _is_cpu_fp32(lm):
-        return weights_sha256(lm.model)
-    return (lm.meta or {}).get("weights_sha256") or weights_sha256(_cpu_fp32_copy(lm).model)
+    return _fp32_reference(lm)[0]
 
 
 def heads_key(target_sha: str, recipe: MedusaRecipe) -> str:
@@ -86,7 +96,7 @@ def ensure_heads(
     first if missing. Returns (heads on the target's device, medusa.json, folder)."""
     if lm.family not in ("llama", "mistral"):
         raise InfersimError(f"Medusa heads are implemented for Llama-family targets, not {lm.family}")
-    sha = target_sha256(lm)
+    sha, reference = _fp32_reference(lm)
     folder = heads_dir(lm, recipe, root, sha)
     if (folder / META_FILE).exists() and not retrain:
         heads, meta = load_heads(folder, sha, lm.device)
@@ -98,7 +108,9 @@ def ensure_heads(
             return heads, meta, folder
         if lm.tokenizer is None:
             raise InfersimError(f"{lm.path}: no tokenizer.json: Medusa self-distillation needs the target's tokenizer")
-        trainee = _cpu_fp32_copy(lm)  # heads train on the CPU in fp32, then serve on lm's device
+        # heads train on the CPU in fp32 (the copy the hash was taken on, if one was loaded),
+        # then serve on lm's device
+        trainee = reference or _cpu_fp32_copy(lm)
         log(f"medusa: training {recipe.num_heads} heads on {lm.name} (self-distillation, {recipe.steps} steps)")
         t0 = time.perf_counter()
         train_stream, held_stream = corpus_streams(lm.tokenizer, recipe.files_every)

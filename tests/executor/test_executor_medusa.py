@@ -286,6 +286,26 @@ def test_heads_serve_a_half_precision_target(target, tmp_path):
     assert m1["target_sha256"] == lm.meta["weights_sha256"]
 
 
+def test_a_half_precision_checkpoint_without_a_recorded_hash_loads_one_fp32_copy(target, tmp_path, monkeypatch):
+    """A checkpoint of one's own (no zoo.json) served in bf16: its fp32 hash is taken on an fp32
+    CPU copy, and the heads train on that same copy (one load, not one per use)."""
+    import shutil
+
+    from infersim.executor.medusa import store
+    from infersim.executor.models import load_model
+
+    lm, _ = target
+    own = tmp_path / "own-target"
+    shutil.copytree(lm.path, own, ignore=shutil.ignore_patterns("zoo.json"))
+    half = load_model(str(own), "cpu", "bf16")
+    assert not half.meta
+    loads = []
+    monkeypatch.setattr(store, "load_model", lambda *a, **k: loads.append(a) or load_model(*a, **k))
+    _, meta, _ = store.ensure_heads(half, TINY_RECIPE, root=tmp_path / "heads", log=lambda m: None)
+    assert len(loads) == 1 and loads[0][1:] == ("cpu", "fp32")
+    assert meta["target_sha256"] == lm.meta["weights_sha256"]
+
+
 def test_measured_accuracies_load_in_the_simulator(trained):
     from infersim.simulator.speculative.medusa_heads import load_accuracies
     from infersim.simulator.speculative.medusa_tree import expected_length
