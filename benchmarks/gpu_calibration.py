@@ -102,12 +102,13 @@ def evaluate(table: Path) -> pd.DataFrame:
 MODELS = ("calibrated", "fitted_model", "datasheet", "two_knob")
 
 
-def scores(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+def scores(df: pd.DataFrame, by: list[str], models: tuple[str, ...] = MODELS) -> pd.DataFrame:
+    """Rows, MAPE and signed bias (percent) of each predictor column in `models`, per group."""
     out = df.copy()
-    for m in MODELS:
+    for m in models:
         out[m + "_rel"] = (out[m] - out.measured) / out.measured * 100
     agg = {}
-    for m in MODELS:
+    for m in models:
         agg[f"{m} MAPE"] = (m + "_rel", lambda x: np.mean(np.abs(x)))
         agg[f"{m} bias"] = (m + "_rel", "mean")
     g = out.groupby(by).agg(rows=("measured", "size"), **agg).reset_index()

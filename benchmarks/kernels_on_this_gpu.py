@@ -23,6 +23,7 @@ import csv
 import json
 import statistics
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -38,7 +39,7 @@ from infersim.simulator.costmodel.measured_gemms import gemm_inner_size, shape_c
 from infersim.simulator.hardware.catalog import load_hardware
 
 sys.path.insert(0, str(Path(__file__).parent))
-from gpu_calibration import RANGES, held_out, label_ranges, md_table, roofline_s, row_frame  # noqa: E402
+from gpu_calibration import RANGES, held_out, label_ranges, md_table, roofline_s, row_frame, scores  # noqa: E402
 
 # public configurations (each model's config.json on Hugging Face); the intermediate size is one
 # branch of the MLP, as microsoft/vidur's tables give it (Qwen-72B's config counts both)
@@ -221,17 +222,6 @@ def predictions(rows, hardware: str) -> pd.DataFrame:
 PREDICTORS = ("shipped", "shipped_fitted_model", "datasheet", "refit_held_out")
 
 
-def score(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
-    out = []
-    for key, g in df.groupby(by):
-        rec = dict(zip(by, key if isinstance(key, tuple) else (key,)), rows=len(g))
-        for p in PREDICTORS:
-            mape, bias = errors_pct(g[p], g.measured)
-            rec[f"{p} MAPE"], rec[f"{p} bias"] = mape, bias
-        out.append(rec)
-    return pd.DataFrame(out)
-
-
 SERIES = {
     "kernel": "kernel durations (torch.profiler), L2 overwritten before each call",
     "kernel_hot": "kernel durations, the same weights again and again (hot L2)",
@@ -292,16 +282,16 @@ WHY = """## What it shows
 """
 
 
-def read_series(table: Path, meta: dict, series: str, tmp: Path) -> list:
+def read_series(table: Path, meta: dict, series: str) -> list:
     """The table's rows with `series` as their measured time. A table's first series (meta
     `series`, default kernel) is its median_ms column, the others `<series>_ms`."""
+    rows = recognise(table).read(table, None)
     if series == meta.get("series", ["kernel"])[0]:
-        return recognise(table).read(table, None)
-    df = pd.read_csv(table)
-    df["median_ms"] = df[f"{series}_ms"]
-    path = tmp / f"{table.name}.{series}.csv"
-    df.to_csv(path, index=False)
-    return recognise(path).read(path, None)
+        return rows
+    ms = pd.read_csv(table)[f"{series}_ms"].to_numpy()
+    if len(ms) != len(rows):
+        raise ValueError(f"{table}: {len(rows)} rows read, {len(ms)} in column {series}_ms")
+    return [replace(r, time_s=float(t) * 1e-3) for r, t in zip(rows, ms)]
 
 
 def summary_row(device: str, hardware: str, series: str, df: pd.DataFrame) -> dict:
@@ -313,7 +303,7 @@ def summary_row(device: str, hardware: str, series: str, df: pd.DataFrame) -> di
     for lo, hi, label in RANGES[:3]:
         g = linear[linear.range == label]
         rec[f"shipped bias {label}"] = errors_pct(g.shipped, g.measured)[1]
-    per_model = score(linear, ["model"])["refit_held_out MAPE"]
+    per_model = scores(linear, ["model"], PREDICTORS)["refit_held_out MAPE"]
     rec["refit held out, per model"] = f"{per_model.min():.1f}-{per_model.max():.1f}"
     return rec
 
@@ -322,30 +312,27 @@ def details(title: str, df: pd.DataFrame) -> list[str]:
     linear, add = df[df.kernel == "gemm"], df[df.kernel != "gemm"]
     out = [f"## {title}\n"]
     for what, by in (("model", "model"), ("token range", "range"), ("operator", "op"), ("TP degree", "tp")):
-        out += [f"### Linear operators per {what}\n", md_table(score(linear, [by])) + "\n"]
+        out += [f"### Linear operators per {what}\n", md_table(scores(linear, [by], PREDICTORS)) + "\n"]
     if len(add):
-        out += ["### Residual add per model\n", md_table(score(add, ["model"])) + "\n"]
+        out += ["### Residual add per model\n", md_table(scores(add, ["model"], PREDICTORS)) + "\n"]
     return out
 
 
 def compare(args) -> None:
-    import tempfile
-
     summary, sections, panels = [], [], []
-    with tempfile.TemporaryDirectory() as tmp:
-        for spec in args.tables:
-            name, _, hardware = spec.partition("=")
-            table = Path(name)
-            meta_path = table.with_name(table.name.split(".")[0] + ".json")
-            meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
-            for series in meta.get("series", ["kernel"]):
-                df = predictions(read_series(table, meta, series, Path(tmp)), hardware)
-                device = meta.get("device", "?")
-                summary.append(summary_row(device, hardware, series, df))
-                if series == meta.get("series", ["kernel"])[0]:
-                    sections += details(f"{device} ({SERIES[series]}), predicted by `{hardware}`", df)
-                    panels += fit_panels(device, hardware, series, df)
-                print(f"{device} {series}: done", flush=True)
+    for spec in args.tables:
+        name, _, hardware = spec.partition("=")
+        table = Path(name)
+        meta_path = table.with_name(table.name.split(".")[0] + ".json")
+        meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+        for series in meta.get("series", ["kernel"]):
+            df = predictions(read_series(table, meta, series), hardware)
+            device = meta.get("device", "?")
+            summary.append(summary_row(device, hardware, series, df))
+            if series == meta.get("series", ["kernel"])[0]:
+                sections += details(f"{device} ({SERIES[series]}), predicted by `{hardware}`", df)
+                panels += fit_panels(device, hardware, series, df)
+            print(f"{device} {series}: done", flush=True)
     figure = Path(args.out).with_suffix(".png")
     plot_fit(panels, figure, "projection GEMMs timed on real GPUs", "predicted / measured")
     table = md_table(pd.DataFrame(summary)) + "\n"
