@@ -41,27 +41,39 @@ def select_device(name: str | None = "cpu"):
 
 def attention_backends(device):
     """The context under which the executor and the profiler call
-    scaled_dot_product_attention on `device`. On CUDA: FlashAttention, memory-efficient and
-    math kernels, not cuDNN's. cuDNN attention builds an execution graph for every new shape
-    (about 40 ms each on an H200 under torch 2.11), and a serving batch brings new query and
-    key lengths nearly every iteration, so with it a 20-token prefill takes 40 ms; serving
-    engines run FlashAttention-style kernels. On the CPU, and under a torch without the
-    backend choice, torch picks as it always does."""
+    scaled_dot_product_attention on `device`. On CUDA: cuDNN's attention kernels off, so torch
+    runs FlashAttention, memory-efficient or math kernels. cuDNN attention builds an execution
+    graph for every new shape (about 40 ms each on an H200 under torch 2.11), and a serving
+    batch brings new query and key lengths nearly every iteration, so with it a 20-token
+    prefill takes 40 ms; serving engines run FlashAttention-style kernels. Only the cuDNN flag
+    is switched (about 1 us; torch's sdpa_kernel context, which sets every backend, takes 15).
+    On the CPU, and under a torch without the switch (before 2.3: no cuDNN attention), torch
+    picks as it always does."""
     import torch
 
-    if torch.device(device).type != "cuda":
+    if torch.device(device).type != "cuda" or not hasattr(torch.backends.cuda, "enable_cudnn_sdp"):
         return contextlib.nullcontext()
+    return _without_cudnn_attention(torch.backends.cuda)
+
+
+@contextlib.contextmanager
+def _without_cudnn_attention(backends):
+    previous = backends.cudnn_sdp_enabled()
+    backends.enable_cudnn_sdp(False)
     try:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-    except ImportError:  # torch < 2.3: no cuDNN attention backend to avoid
-        return contextlib.nullcontext()
-    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+        yield
+    finally:
+        backends.enable_cudnn_sdp(previous)
 
 
 def sdpa(q, k, v, **kwargs):
     """torch's scaled_dot_product_attention under `attention_backends` (every attention call
-    of the executor and the profiler goes through here)."""
+    of the executor and the profiler goes through here); inside that context already, a plain
+    call (a timed sweep enters it once, so no switch lands between its CUDA events)."""
+    import torch
     import torch.nn.functional as F
 
-    with attention_backends(q.device):
-        return F.scaled_dot_product_attention(q, k, v, **kwargs)
+    if q.device.type == "cuda" and torch.backends.cuda.cudnn_sdp_enabled():
+        with attention_backends(q.device):
+            return F.scaled_dot_product_attention(q, k, v, **kwargs)
+    return F.scaled_dot_product_attention(q, k, v, **kwargs)

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
-from ..device import sdpa
+from ..device import attention_backends, sdpa
 from .device import Repeats, Timer, copy_variants, host_buffer, measure
 
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
@@ -219,51 +219,52 @@ def attention_sweep(b: Bench, plan: dict, max_flops: float, max_bytes: float) ->
 
     td, es = torch_dtype(b.dtype), b.esize
     out = []
-    for heads, d in plan["heads"]:
-        for bsz, t in plan["prefill"]:
-            flops, nbytes = attention_counts(bsz, t, 0, heads, d, es)
-            if flops > max_flops or nbytes > max_bytes or b.over_budget(len(out)):
-                continue
-            q, k, v = (torch.empty(bsz, heads, t, d, dtype=td, device=b.device).uniform_(-1, 1) for _ in range(3))
-            out.append(
-                b.run(
-                    lambda: sdpa(q, k, v, is_causal=True),
-                    f"attn prefill b{bsz} t{t}",
-                    kind="attention",
-                    op_class="attention",
-                    phase="prefill",
-                    batch=bsz,
-                    q_tokens=t,
-                    context=0,
-                    heads=heads,
-                    head_dim=d,
-                    flops=flops,
-                    bytes=nbytes,
+    with attention_backends(b.device):  # once: no backend switch between a call's CUDA events
+        for heads, d in plan["heads"]:
+            for bsz, t in plan["prefill"]:
+                flops, nbytes = attention_counts(bsz, t, 0, heads, d, es)
+                if flops > max_flops or nbytes > max_bytes or b.over_budget(len(out)):
+                    continue
+                q, k, v = (torch.empty(bsz, heads, t, d, dtype=td, device=b.device).uniform_(-1, 1) for _ in range(3))
+                out.append(
+                    b.run(
+                        lambda: sdpa(q, k, v, is_causal=True),
+                        f"attn prefill b{bsz} t{t}",
+                        kind="attention",
+                        op_class="attention",
+                        phase="prefill",
+                        batch=bsz,
+                        q_tokens=t,
+                        context=0,
+                        heads=heads,
+                        head_dim=d,
+                        flops=flops,
+                        bytes=nbytes,
+                    )
                 )
-            )
-        for bsz, c in plan["decode"]:
-            flops, nbytes = attention_counts(bsz, 1, c, heads, d, es)
-            if flops > max_flops or nbytes > max_bytes or b.over_budget(len(out)):
-                continue
-            q = torch.empty(bsz, heads, 1, d, dtype=td, device=b.device).uniform_(-1, 1)
-            k, v = (torch.empty(bsz, heads, c + 1, d, dtype=td, device=b.device).uniform_(-1, 1) for _ in range(2))
-            out.append(
-                b.run(
-                    lambda: sdpa(q, k, v),
-                    f"attn decode b{bsz} c{c}",
-                    kind="attention",
-                    op_class="attention",
-                    phase="decode",
-                    batch=bsz,
-                    q_tokens=1,
-                    context=c,
-                    heads=heads,
-                    head_dim=d,
-                    flops=flops,
-                    bytes=nbytes,
+            for bsz, c in plan["decode"]:
+                flops, nbytes = attention_counts(bsz, 1, c, heads, d, es)
+                if flops > max_flops or nbytes > max_bytes or b.over_budget(len(out)):
+                    continue
+                q = torch.empty(bsz, heads, 1, d, dtype=td, device=b.device).uniform_(-1, 1)
+                k, v = (torch.empty(bsz, heads, c + 1, d, dtype=td, device=b.device).uniform_(-1, 1) for _ in range(2))
+                out.append(
+                    b.run(
+                        lambda: sdpa(q, k, v),
+                        f"attn decode b{bsz} c{c}",
+                        kind="attention",
+                        op_class="attention",
+                        phase="decode",
+                        batch=bsz,
+                        q_tokens=1,
+                        context=c,
+                        heads=heads,
+                        head_dim=d,
+                        flops=flops,
+                        bytes=nbytes,
+                    )
                 )
-            )
-            q = k = v = None
+                q = k = v = None
     return out
 
 

@@ -25,6 +25,11 @@ def test_cuda_runs_without_cudnn_attention_and_restores_the_flags():
     with attention_backends("cuda:0"):
         assert _flags()[0] is False
     assert _flags() == before
+    with attention_backends("cuda"):  # nested (a timed sweep inside, a call inside that): still off
+        with attention_backends("cuda"):
+            pass
+        assert _flags()[0] is False
+    assert _flags() == before
 
 
 def test_cpu_keeps_torchs_choice():
