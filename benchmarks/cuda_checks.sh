@@ -3,16 +3,22 @@
 # CPU's greedy tokens), the projection GEMMs of seven public models timed for the shipped
 # profile's out-of-sample check (kernels_on_this_gpu.py), `sim profile --device cuda --quick`
 # with the zoo target's own predictor, and `sim validate --device cuda` on the plain-load case
-# (CASES="plain-load preempt-swap ..." for more).
+# (CASES="plain-load preempt-swap ..." for more). STEPS picks the steps (default all four:
+# "tests kernels profile validate"), so a short device session can spend its minutes on the
+# validation cases alone.
 # Each step has its own time limit and log; a failed step does not stop the next.
 #
 #     bash benchmarks/cuda_checks.sh OUTDIR        # SIM="python -m infersim.cli.main" if `sim` is not on PATH
+#     STEPS=validate CASES="preempt-swap medusa-tree" bash benchmarks/cuda_checks.sh OUTDIR
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: bash benchmarks/cuda_checks.sh OUTDIR}
 SIM=${SIM:-sim}
 PY=${PYTHON:-python3}
 mkdir -p "$OUT"
+
+STEPS=${STEPS:-tests kernels profile validate}
+wanted() { [[ " $STEPS " == *" $1 "* ]]; }
 
 step() {
   local name=$1 limit=$2 start rc
@@ -27,12 +33,21 @@ step() {
 
 nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1 || true
 $PY -c "import torch; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0))" | tee "$OUT/torch.txt"
-step pytest-cuda "${LIMIT_TESTS:-120}" $PY -m pytest -m cuda -n 0 -p no:cacheprovider tests/executor/test_executor.py
-step kernels "${LIMIT_KERNELS:-150}" $PY benchmarks/kernels_on_this_gpu.py measure --out "$OUT/kernels.csv"
-mkdir -p "$OUT/profile"
-step profile "${LIMIT_PROFILE:-200}" $SIM profile --device cuda --quick --model zoo-target --out "$OUT/profile/cuda-quick.yaml"
+if wanted tests; then
+  step pytest-cuda "${LIMIT_TESTS:-120}" $PY -m pytest -m cuda -n 0 -p no:cacheprovider tests/executor/test_executor.py
+fi
+if wanted kernels; then
+  step kernels "${LIMIT_KERNELS:-150}" $PY benchmarks/kernels_on_this_gpu.py measure --out "$OUT/kernels.csv"
+fi
+if wanted profile; then
+  mkdir -p "$OUT/profile"
+  step profile "${LIMIT_PROFILE:-200}" $SIM profile --device cuda --quick --model zoo-target --out "$OUT/profile/cuda-quick.yaml"
+fi
 # CASES: the validation cases to run (default plain-load; `sim validate --list` names them all)
-for case in ${CASES:-plain-load}; do
-  step "validate-$case" "${LIMIT_VALIDATE:-160}" $SIM validate --device cuda --case "$case" --out "$OUT/validate-$case" -q
-done
+if wanted validate; then
+  for case in ${CASES:-plain-load}; do
+    step "validate-$case" "${LIMIT_VALIDATE:-160}" $SIM validate --device cuda --case "$case" --out "$OUT/validate-$case" -q
+  done
+fi
+touch "$OUT/steps.txt"
 cat "$OUT/steps.txt"
