@@ -436,3 +436,17 @@ def test_model_yaml_path_loads(tmp_path):
     data["num_layers"] = 3
     path.write_text(json.dumps(data) + "\n")
     assert load_model(str(path)).num_layers == 3
+
+
+def test_layout_fields_at_their_defaults_keep_a_model_s_config_hash():
+    """Per-model calibrations are keyed by the shape's hash: the layout fields (partial rotary,
+    parallel block, o_proj and lm_head biases) enter it only when set, so models that existed
+    before them keep their hashes, and a phi block hashes apart from a sequential one."""
+    from infersim.simulator.costmodel.regression import model_config_hash
+
+    assert model_config_hash(load_model("llama-2-7b"))[:16] == "0aa8dcb83a122e9d"
+    assert model_config_hash(load_model("opt-13b"))[:16] == "99feccde8a05c460"
+    assert model_config_hash(load_model("deepseek-v3"))[:16] == "227807eea6e549cf"
+    phi = load_model("phi-2")
+    sequential = phi.model_copy(update=dict(parallel_block=False, shared_block_norm=False))
+    assert model_config_hash(phi) != model_config_hash(sequential)
