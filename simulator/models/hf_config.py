@@ -112,18 +112,13 @@ def _qwen(f: _Fields) -> dict:
 
 
 def _phi(f: _Fields) -> dict:
-    # PhiConfig (phi-1, phi-1.5, phi-2): a parallel block behind one LayerNorm, biases everywhere
-    # and on the untied lm_head, rotary over partial_rotary_factor of each head
+    # PhiConfig (phi-1, phi-1.5, phi-2) names its shape as LlamaConfig does; its layer is a
+    # parallel block behind one LayerNorm, biases everywhere and on the untied lm_head, rotary
+    # over partial_rotary_factor of each head
     if f.flag("qk_layernorm", False):
         f._fail("qk_layernorm", "per-head LayerNorm of queries and keys is not modelled for phi")
-    return dict(
-        hidden_size=f.integer("hidden_size"),
-        num_layers=f.integer("num_hidden_layers"),
-        num_heads=f.integer("num_attention_heads"),
-        num_kv_heads=f.integer("num_key_value_heads", None),
-        intermediate_size=f.integer("intermediate_size"),
-        vocab_size=f.integer("vocab_size"),
-        max_position_embeddings=f.integer("max_position_embeddings", 2048),
+    fields = _llama(f)
+    fields.update(
         mlp="plain",
         norm="layernorm",
         attention_bias=True,
@@ -134,6 +129,7 @@ def _phi(f: _Fields) -> dict:
         parallel_block=True,
         shared_block_norm=True,
     )
+    return fields
 
 
 def _opt(f: _Fields) -> dict:
