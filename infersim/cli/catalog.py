@@ -96,7 +96,31 @@ def run_models(args: argparse.Namespace) -> int:
     )
     if args.name:
         print(f"source: {m.source}")
+        for line in model_details(m):
+            print(line)
     return 0
+
+
+def model_details(m: ModelSpec) -> list[str]:
+    """The layer's layout, which the table's columns leave out: block, norms, rotary, biases."""
+    if m.shared_block_norm:
+        block = "parallel (attention and MLP read one input norm; input + attention + MLP)"
+    elif m.parallel_block:
+        block = "parallel (attention and MLP each with its own norm; input + attention + MLP)"
+    else:
+        block = "sequential (the MLP reads the attention block's output)"
+    o_bias = m.attention_bias if m.o_proj_bias is None else m.o_proj_bias
+    biases = [
+        name
+        for name, on in (("q/k/v", m.attention_bias), ("o", o_bias), ("mlp", m.mlp_bias), ("lm_head", m.lm_head_bias))
+        if on
+    ]
+    positions = "learned table" if m.learned_positions else f"rotary over {m.rotary_fraction:.0%} of each head"
+    return [
+        f"layer: {block}; {m.norms_per_layer} {m.norm} per layer; {m.mlp} MLP of width {m.intermediate_size}",
+        f"positions: {positions}; context {m.max_position_embeddings}",
+        f"biases: {', '.join(biases) or 'none'}; embeddings {'tied' if m.tied_embeddings else 'untied'}",
+    ]
 
 
 def run_hardware(args: argparse.Namespace) -> int:

@@ -101,6 +101,9 @@ def operator_for(op: str, dims: LayerDims, tp: int) -> Operator:
     if op == "mlp_act":
         return act_operator(dims.intermediate / tp, dims.gated, b)
     if op == "attn_rope":
+        # Over the full head for every model, phi-2's 0.4 too: microsoft/vidur's profiled attention
+        # (vidur/profiling/mlp/mlp_impl.py, CausalSelfAttention) builds its rotary embedding with
+        # rotary_dim = head_dim, so the measured rows rotated whole heads.
         return rotary_operator(q_dim / tp, kv_dim / tp, b)
     if op == "add":
         return residual_add_operator(op, dims.hidden, b)

@@ -64,9 +64,11 @@ def act_operator(width_local: float, gated: bool, ab: float) -> Operator:
     )
 
 
-def rotary_operator(q_local: float, kv_local: float, ab: float) -> Operator:
-    """Rotary embedding of the new queries and keys, in place: each read and written once."""
-    width = q_local + kv_local
+def rotary_operator(q_local: float, kv_local: float, ab: float, fraction: float = 1.0) -> Operator:
+    """Rotary embedding of the new queries and keys, in place: each rotated value read and written
+    once. With partial rotary (`fraction` of each head, phi's 0.4) the kernel touches only the
+    rotated dims, as vLLM's rotary kernel does with rot_dim < head_size."""
+    width = (q_local + kv_local) * fraction
     return Operator("rotary", "elementwise", "layer", (0, 3.0 * width, 0, 0, 0), (0, 2.0 * width * ab, 0, 0, 0), "rope")
 
 

@@ -46,7 +46,10 @@ def attention_operators(
     fused_attention: bool = True,
     fused_projections: bool = True,
 ) -> list[Operator]:
-    """A layer's operators up to the MLP: norm, projections, attention, residual, norm."""
+    """A layer's operators up to the MLP: norm, projections, attention, residual add, and the
+    MLP's norm unless the block shares one input norm between attention and MLP (phi). Either
+    block makes two residual adds per layer (x + attn and + mlp; attn + mlp and + x), so a
+    parallel block differs from a sequential one by the norm alone."""
     wb, kb, ab = bytes_per_element(weight_dtype), bytes_per_element(kv_dtype), bytes_per_element(act_dtype)
     h = spec.hidden_size
     if spec.mla is not None:
@@ -66,7 +69,7 @@ def attention_operators(
             linear_operator("v_proj", h, kv_local * tp, wb, ab, tp),
         ]
     if not spec.learned_positions:  # a learned position table is added once, before the first layer
-        ops.append(rotary_operator(q_local, kv_local, ab))
+        ops.append(rotary_operator(q_local, kv_local, ab, spec.rotary_fraction))
     # new K and V written into the paged cache
     ops.append(Operator("kv_write", "elementwise", "layer", (0, 0, 0, 0, 0), (0, 2.0 * kv_local * (ab + kb), 0, 0, 0)))
     score_bytes = 0.0 if fused_attention else n_local * ab
@@ -74,14 +77,17 @@ def attention_operators(
     # (writes the output), the cached K (V) and, unfused, the score matrix
     pair_flops = (0, 0, 2.0 * n_local * d, 0, 0)
     pair_bytes = (0, q_local * ab, score_bytes, kv_local * kb, 0)
-    return ops + [
+    ops += [
         Operator("qk", "attention", "layer", pair_flops, pair_bytes),
         Operator("softmax", "attention", "layer", (0, 0, 5.0 * n_local, 0, 0), (0, 0, 2.0 * score_bytes, 0, 0)),
         Operator("pv", "attention", "layer", pair_flops, pair_bytes),
         linear_operator("o_proj", spec.q_dim, h, wb, ab, tp, split_out=False),
+        # sequential: x + attn; parallel: attn + mlp, which the MLP's add then adds to x
         residual_add_operator("attn_residual_add", h, ab),
-        norm_operator("post_attn_norm", h, wb, ab),
     ]
+    if spec.norms_per_layer == 2:  # a parallel block with a shared norm (phi) normalises once
+        ops.append(norm_operator("post_attn_norm", h, wb, ab))
+    return ops
 
 
 def mlp_operators(

@@ -250,7 +250,16 @@ _NOT_SHAPE = {
     "default_dtype",
 }
 # shape fields added later, left out at their defaults so a dense model's hash stays what it was
-_LATER_SHAPE_DEFAULTS = {"qk_norm": False, "moe": None, "mla": None}
+_LATER_SHAPE_DEFAULTS = {
+    "qk_norm": False,
+    "moe": None,
+    "mla": None,
+    "o_proj_bias": None,
+    "lm_head_bias": False,
+    "rotary_fraction": 1.0,
+    "parallel_block": False,
+    "shared_block_norm": False,
+}
 
 
 def model_config_hash(spec: ModelSpec) -> str:

@@ -1,6 +1,6 @@
 """A Hugging Face `config.json` to a `ModelSpec`, for the decoder families we model: dense
-(llama, mistral, opt, gpt2, gpt_neox) and mixtures of experts (mixtral, qwen2_moe, qwen3_moe,
-deepseek_v2, deepseek_v3).
+(llama, mistral, qwen, qwen2, phi, opt, gpt2, gpt_neox) and mixtures of experts (mixtral,
+qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3).
 
 Each family names the same shape differently and differs in biases, norms, tying and
 position embeddings; the defaults below are those of the family's transformers config class,
@@ -43,6 +43,13 @@ class _Fields:
             self._fail(key, f"expected true or false, got {value!r}")
         return value
 
+    def fraction(self, key: str, default: float) -> float:
+        """A share in (0, 1], such as partial_rotary_factor."""
+        value = self.config.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+            self._fail(key, f"expected a number in (0, 1], got {value!r}")
+        return float(value)
+
 
 def _llama(f: _Fields) -> dict:
     # MistralConfig shares LlamaConfig's field names; only its defaults differ.
@@ -62,6 +69,67 @@ def _llama(f: _Fields) -> dict:
         mlp_bias=f.flag("mlp_bias", False),
         tied_embeddings=f.flag("tie_word_embeddings", False),
     )
+
+
+def _qwen2(f: _Fields) -> dict:
+    # Qwen2Attention hard-codes biases on q, k and v and none on o; Qwen2Config has no such fields
+    fields = _llama(f)
+    fields.update(
+        max_position_embeddings=f.integer("max_position_embeddings", 32768),
+        attention_bias=True,
+        o_proj_bias=False,
+    )
+    return fields
+
+
+def _qwen(f: _Fields) -> dict:
+    # Qwen v1 (QWenLMHeadModel, trust_remote_code): c_attn carries a bias whatever no_bias says,
+    # and its MLP's w1 and w2 are each intermediate_size // 2 wide, so the config's
+    # intermediate_size is twice the gated MLP's width
+    if f.config.get("no_bias", True) is not True:
+        f._fail("no_bias", "only no_bias: true (biases on q, k and v alone) is modelled")
+    hidden, heads = f.integer("hidden_size"), f.integer("num_attention_heads")
+    kv_channels = f.integer("kv_channels", hidden // heads)
+    if kv_channels * heads != hidden:
+        f._fail("kv_channels", f"{kv_channels} x {heads} heads differs from hidden_size {hidden}")
+    intermediate = f.integer("intermediate_size")
+    if intermediate % 2:
+        f._fail("intermediate_size", f"{intermediate} is not even (w1 and w2 are each half of it)")
+    return dict(
+        hidden_size=hidden,
+        num_layers=f.integer("num_hidden_layers"),
+        num_heads=heads,
+        intermediate_size=intermediate // 2,
+        vocab_size=f.integer("vocab_size"),
+        max_position_embeddings=f.integer("max_position_embeddings", f.integer("seq_length", 8192)),
+        mlp="gated",
+        norm="rmsnorm",
+        attention_bias=True,
+        o_proj_bias=False,
+        tied_embeddings=f.flag("tie_word_embeddings", False),
+        rotary_fraction=f.fraction("rotary_pct", 1.0),
+    )
+
+
+def _phi(f: _Fields) -> dict:
+    # PhiConfig (phi-1, phi-1.5, phi-2) names its shape as LlamaConfig does; its layer is a
+    # parallel block behind one LayerNorm, biases everywhere and on the untied lm_head, rotary
+    # over partial_rotary_factor of each head
+    if f.flag("qk_layernorm", False):
+        f._fail("qk_layernorm", "per-head LayerNorm of queries and keys is not modelled for phi")
+    fields = _llama(f)
+    fields.update(
+        mlp="plain",
+        norm="layernorm",
+        attention_bias=True,
+        mlp_bias=True,
+        tied_embeddings=False,
+        lm_head_bias=True,
+        rotary_fraction=f.fraction("partial_rotary_factor", 0.5),
+        parallel_block=True,
+        shared_block_norm=True,
+    )
+    return fields
 
 
 def _opt(f: _Fields) -> dict:
@@ -122,6 +190,9 @@ def _gpt_neox(f: _Fields) -> dict:
         attention_bias=f.flag("attention_bias", True),
         mlp_bias=True,
         tied_embeddings=f.flag("tie_word_embeddings", False),
+        rotary_fraction=f.fraction("rotary_pct", 0.25),
+        # x + attn(ln1(x)) + mlp(ln2(x)): parallel, but each branch with its own LayerNorm
+        parallel_block=f.flag("use_parallel_residual", True),
     )
 
 
@@ -144,6 +215,8 @@ def _qwen_moe(f: _Fields) -> dict:
     step = f.integer("decoder_sparse_step", 1)
     shared = 0 if qwen3 else f.integer("shared_expert_intermediate_size")
     fields = _llama(f)
+    if not qwen3:  # Qwen2MoeAttention biases q, k and v (not o), as Qwen2 does
+        fields.update(attention_bias=True, o_proj_bias=False)
     fields.update(
         max_position_embeddings=f.integer("max_position_embeddings", 32768),
         qk_norm=qwen3,
@@ -205,6 +278,9 @@ def _deepseek(f: _Fields) -> dict:
 _FAMILIES: dict[str, Callable[[_Fields], dict]] = {
     "llama": _llama,
     "mistral": _llama,
+    "qwen": _qwen,
+    "qwen2": _qwen2,
+    "phi": _phi,
     "opt": _opt,
     "gpt2": _gpt2,
     "gpt_neox": _gpt_neox,

@@ -1,8 +1,8 @@
 """A transformer's shape, as the cost model needs it, with derived sizes.
 
 One `ModelSpec` describes every supported decoder-only family; the family-specific parts
-(gated vs plain MLP, biases, tied embeddings, learned positions) are explicit fields so the
-parameter count follows from the fields alone."""
+(gated vs plain MLP, biases, tied embeddings, learned positions, partial rotary, a parallel
+attention/MLP block) are explicit fields so the parameter count follows from the fields alone."""
 
 from __future__ import annotations
 
@@ -22,7 +22,19 @@ class ModelSpec(BaseModel):
     name: str
     aliases: tuple[str, ...] = ()  # other spellings the catalog resolves (HF ids); a tuple keeps the spec hashable
     family: Literal[
-        "llama", "mistral", "opt", "gpt2", "gpt_neox", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3"
+        "llama",
+        "mistral",
+        "qwen",
+        "qwen2",
+        "phi",
+        "opt",
+        "gpt2",
+        "gpt_neox",
+        "mixtral",
+        "qwen2_moe",
+        "qwen3_moe",
+        "deepseek_v2",
+        "deepseek_v3",
     ]
     source: str = Field(description="where the shape numbers come from (config.json URL, paper table)")
     num_layers: PositiveInt
@@ -36,11 +48,33 @@ class ModelSpec(BaseModel):
     mlp: Literal["gated", "plain"] = "gated"  # gated: up+gate+down (SwiGLU); plain: fc1+fc2
     norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
     attention_bias: bool = False  # biases on q/k/v/o
+    o_proj_bias: Optional[bool] = Field(
+        None, description="bias on the attention output projection; None: as attention_bias (Qwen biases q/k/v only)"
+    )
     mlp_bias: bool = False
     tied_embeddings: bool = False
+    lm_head_bias: bool = Field(False, description="a bias on the untied output projection (phi)")
     learned_positions: bool = False
     position_offset: int = 0  # OPT stores max_position_embeddings + 2 position rows
     qk_norm: bool = False  # per-head RMSNorm of queries and keys (Qwen3)
+    rotary_fraction: float = Field(
+        1.0,
+        gt=0.0,
+        le=1.0,
+        description="share of each query and key head the rotary embedding rotates (config.json "
+        "partial_rotary_factor, GPT-NeoX rotary_pct); the rest passes through unrotated",
+    )
+    parallel_block: bool = Field(
+        False,
+        description="attention and MLP both read the layer input and the layer returns "
+        "input + attention + MLP (phi, GPT-J, GPT-NeoX use_parallel_residual); false: the MLP reads "
+        "the attention block's output",
+    )
+    shared_block_norm: bool = Field(
+        False,
+        description="with parallel_block, attention and MLP read one input norm (phi, GPT-J: one norm "
+        "per layer); false: each has its own (GPT-NeoX)",
+    )
     moe: Optional[MoESpec] = Field(None, description="mixture-of-experts layers; None: every MLP is dense")
     mla: Optional[MLASpec] = Field(None, description="multi-head latent attention; None: multi-/grouped-query")
     published_params: Optional[float] = None
@@ -54,6 +88,10 @@ class ModelSpec(BaseModel):
             raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
         if self.head_dim is None and self.hidden_size % self.num_heads:
             raise ValueError(f"hidden_size ({self.hidden_size}) is not divisible by num_heads ({self.num_heads})")
+        if self.shared_block_norm and not self.parallel_block:
+            raise ValueError("shared_block_norm needs parallel_block: a sequential block normalises twice")
+        if self.lm_head_bias and self.tied_embeddings:
+            raise ValueError("lm_head_bias needs an untied lm_head (tied_embeddings: false)")
         return self
 
     # ---- shape helpers ---------------------------------------------------------------
@@ -89,6 +127,11 @@ class ModelSpec(BaseModel):
         return 2 * self.kv_dim_per_gpu(tensor_parallel)
 
     @property
+    def norms_per_layer(self) -> int:
+        """Input and post-attention norm; one when a parallel block shares its input norm."""
+        return 1 if self.shared_block_norm else 2
+
+    @property
     def moe_layers(self) -> int:
         return 0 if self.moe is None else self.moe.moe_layer_count(self.num_layers)
 
@@ -102,8 +145,9 @@ class ModelSpec(BaseModel):
         if self.mla is not None:
             return self.mla.params_attention(h, self.num_heads)
         weights = h * self.q_dim + 2 * h * self.kv_dim + self.q_dim * h
-        bias = (self.q_dim + 2 * self.kv_dim + h) if self.attention_bias else 0
-        return weights + bias
+        qkv_bias = (self.q_dim + 2 * self.kv_dim) if self.attention_bias else 0
+        o_bias = h if (self.attention_bias if self.o_proj_bias is None else self.o_proj_bias) else 0
+        return weights + qkv_bias + o_bias
 
     def params_mlp_per_layer(self) -> int:
         h, i = self.hidden_size, self.intermediate_size
@@ -117,10 +161,13 @@ class ModelSpec(BaseModel):
 
     def params_per_layer(self) -> int:
         """A dense layer's parameters (attention, dense MLP, norms)."""
-        return self.params_attention_per_layer() + self.params_mlp_per_layer() + 2 * self.params_norm()
+        return (
+            self.params_attention_per_layer() + self.params_mlp_per_layer() + self.norms_per_layer * self.params_norm()
+        )
 
     def _params_layers(self, moe_mlp: int) -> int:
-        shared = self.params_attention_per_layer() + 2 * self.params_norm() + (2 * self.dim_head if self.qk_norm else 0)
+        norms = self.norms_per_layer * self.params_norm() + (2 * self.dim_head if self.qk_norm else 0)
+        shared = self.params_attention_per_layer() + norms
         return self.num_layers * shared + self.dense_layers * self.params_mlp_per_layer() + self.moe_layers * moe_mlp
 
     def _params_outside_layers(self) -> int:
@@ -132,7 +179,9 @@ class ModelSpec(BaseModel):
         return tok + pos
 
     def params_lm_head(self) -> int:
-        return 0 if self.tied_embeddings else self.vocab_size * self.hidden_size
+        if self.tied_embeddings:
+            return 0
+        return self.vocab_size * (self.hidden_size + (1 if self.lm_head_bias else 0))
 
     def params_total(self) -> int:
         gated = self.mlp == "gated"

@@ -52,3 +52,13 @@ def test_first_sentence_and_widths():
     assert first_sentence("One  thing,\n e.g. two. Then more. ") == "One thing, e.g. two."
     assert _fit_widths([30, 10, 12], [10, 10, 4], 40) == [18, 10, 12]
     assert sum(_fit_widths([30, 10, 12], [10, 10, 4], 30)) == 30
+
+
+def test_one_model_shows_its_layer_layout(capsys):
+    assert main(["models", "microsoft/phi-2"]) == 0
+    out = capsys.readouterr().out
+    assert "layer: parallel (attention and MLP read one input norm" in out and "1 layernorm per layer" in out
+    assert "rotary over 40% of each head; context 2048" in out and "biases: q/k/v, o, mlp, lm_head" in out
+    assert main(["models", "qwen-72b"]) == 0
+    out = capsys.readouterr().out
+    assert "2 rmsnorm per layer; gated MLP of width 24576" in out and "biases: q/k/v;" in out

@@ -186,6 +186,20 @@ def test_a_block_without_post_attention_norm_times_two_residual_adds(tmp_path):
     assert adds["parallel"].bytes == adds["sequential"].bytes  # each kernel moves one add's bytes
 
 
+def test_the_cost_model_prices_phi2s_block_as_the_table_reader_reads_it():
+    """phi-2 from the catalog: one norm and two residual adds of the reader's add bytes, as its
+    parallel-block rows (two add kernels, no post-attention norm); rotary over 0.4 of the
+    reader's full-head bytes, which vidur's profiler rotated whole."""
+    dims = LayerDims(heads=32, kv_heads=32, hidden=2560, intermediate=10240, gated=False)
+    layer = RooflineCostModel(load_model("microsoft/phi-2"), load_hardware("a100-80gb-sxm")).layer_ops
+    by_kind = lambda kind: [o for o in layer if o.kernel == kind]
+    assert len(by_kind("norm")) == 1 and by_kind("norm")[0].bytes == operator_for("input_layernorm", dims, 1).bytes
+    adds = [o for o in by_kind("add") if o.name.endswith("residual_add")]
+    assert len(adds) == 2 and {o.bytes for o in adds} == {operator_for("add", dims, 1).bytes}
+    (rotary,) = by_kind("rope")
+    assert rotary.bytes[1] == pytest.approx(0.4 * operator_for("attn_rope", dims, 1).bytes[1], rel=1e-12)
+
+
 def test_elementwise_fit_prices_each_launch_of_a_two_kernel_row():
     # 2 us launch, 60% of bandwidth: a row spanning two kernels takes twice one kernel's time
     dims = LayerDims(heads=32, kv_heads=32, hidden=2560, intermediate=10240)

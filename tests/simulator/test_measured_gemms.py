@@ -95,6 +95,26 @@ def test_cost_model_applies_the_shipped_correction_to_a_measured_width():
         assert ops["qkv_proj"].time_s == pytest.approx(float(model) * factor, rel=1e-12)
 
 
+GPU_TABLE_MODELS = ["qwen-72b", "codellama-34b", "internlm-20b", "phi-2"]  # measured on all three cards
+
+
+@pytest.mark.parametrize(
+    "profile, model",
+    [("a100-80gb-sxm", m) for m in GPU_TABLE_MODELS + ["llama-3-8b", "llama-3-70b"]]
+    + [(hw, m) for hw in ("a40", "h100-sxm") for m in GPU_TABLE_MODELS],
+)
+def test_catalog_models_the_tables_measured_have_measured_gemm_shapes(profile, model):
+    """Each of the models microsoft/vidur's tables measured on a card, taken from the catalog by
+    name, runs GEMMs (N, K) at TP 1 that the card's shipped table measured exactly: its layer
+    GEMMs take measured times, not the fitted model's."""
+    hw = load_hardware(profile)
+    table = MeasuredGemms.read(hw.calibration.gemm.measured_shapes.file)
+    measured = set(zip(table.n.tolist(), table.k.tolist()))
+    gemms = [o for o in RooflineCostModel(load_model(model), hw).layer_ops if o.kernel == "gemm"]
+    assert len(gemms) == 4  # QKV, O, up (gate and up fused, or fc1), down
+    assert {(o.out_width, o.flops[1] / (2.0 * o.out_width)) for o in gemms} <= measured
+
+
 def test_a_shape_measured_once_with_no_neighbour_is_priced_at_its_median():
     """In the shipped A100 table, a width measured at a single K with no other K within an
     octave: the corrected model returns the measured medians."""

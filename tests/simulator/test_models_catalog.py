@@ -34,6 +34,18 @@ EXPECTED_MODELS = {
     "mistral-7b",
     "zephyr-7b",
 }
+# the six models whose kernels microsoft/vidur's GPU tables measured (the shipped A100, A40 and
+# H100 calibrations and their measured GEMM shapes), and the models people serve beside them
+MEASURED_ON_GPUS = {
+    "llama-3-8b": "meta-llama/Meta-Llama-3-8B",
+    "llama-3-70b": "meta-llama/Meta-Llama-3-70B",
+    "qwen-72b": "Qwen/Qwen-72B",
+    "codellama-34b": "codellama/CodeLlama-34b-Instruct-hf",
+    "internlm-20b": "internlm/internlm-20b",
+    "phi-2": "microsoft/phi-2",
+}
+SERVED_TODAY = {"llama-3.1-8b", "llama-3.1-70b", "qwen2.5-7b", "qwen2.5-72b", "phi-1.5"}
+EXPECTED_MODELS |= set(MEASURED_ON_GPUS) | SERVED_TODAY
 
 
 def test_catalog_lists_every_required_model():
@@ -73,12 +85,49 @@ def test_aliases_resolve(alias, name):
     assert load_model(alias).name == name
 
 
+@pytest.mark.parametrize("name", sorted(MEASURED_ON_GPUS))
+def test_the_gpu_tables_model_ids_resolve(name):
+    assert load_model(MEASURED_ON_GPUS[name]).name == name
+
+
+def test_every_name_and_alias_resolves_to_its_file():
+    for path in sorted(models_dir().glob("*.yaml")):
+        data = load_mapping(path)
+        for key in [path.stem, data["name"], *data.get("aliases", [])]:
+            assert load_model(key).name == data["name"], f"{key} in {path.name}"
+
+
 def test_exact_published_counts():
     assert load_model("llama-2-7b").params_total() == 6_738_415_616
     assert load_model("llama-2-70b").params_total() == 68_976_648_192
     assert load_model("opt-125m").params_total() == 125_239_296
     assert load_model("opt-1.3b").params_total() == 1_315_758_080
     assert load_model("llama-68m").params_total() == 68_030_208
+    # the same counts transformers 5.23 gives for these config.json shapes (models built on the meta device)
+    assert load_model("llama-3-8b").params_total() == 8_030_261_248
+    assert load_model("qwen2.5-7b").params_total() == 7_615_616_512
+    assert load_model("phi-1.5").params_total() == 1_418_270_720
+
+
+def test_phi2_count_by_hand():
+    """One LayerNorm per layer (weight and bias), biases on q/k/v/dense and fc1/fc2, untied
+    lm_head with a bias, a final LayerNorm."""
+    h, i, v, layers = 2560, 10240, 51200, 32
+    per_layer = (4 * h * h + 4 * h) + (2 * h * i + i + h) + 2 * h
+    total = layers * per_layer + v * h + (v * h + v) + 2 * h
+    phi = load_model("phi-2")
+    assert phi.params_total() == total == 2_779_683_840
+    assert phi.norms_per_layer == 1 and phi.rotary_fraction == 0.4
+
+
+def test_qwen72b_mlp_width_is_half_the_config_intermediate_size():
+    """Qwen v1's config.json says intermediate_size 49152; w1 and w2 are each 24576 wide. Biases
+    on q, k and v only."""
+    h, i, v, layers = 8192, 24576, 152064, 80
+    per_layer = (4 * h * h + 3 * h) + 3 * h * i + 2 * h
+    q = load_model("qwen-72b")
+    assert q.intermediate_size == 49152 // 2 and q.kv_heads == 64
+    assert q.params_total() == layers * per_layer + 2 * v * h + h == 72_287_920_128
 
 
 def test_kv_bytes_per_token_by_hand():
@@ -188,6 +237,56 @@ HF_CONFIGS = {
         },
         162_322_944,
     ),  # pythia-160m
+    "phi": (
+        {
+            "model_type": "phi",
+            "hidden_size": 2560,
+            "intermediate_size": 10240,
+            "num_attention_heads": 32,
+            "num_hidden_layers": 32,
+            "num_key_value_heads": 32,
+            "vocab_size": 51200,
+            "max_position_embeddings": 2048,
+            "partial_rotary_factor": 0.4,
+            "qk_layernorm": False,
+            "tie_word_embeddings": False,
+            "hidden_act": "gelu_new",
+            "torch_dtype": "float16",
+        },
+        2_779_683_840,
+    ),  # phi-2
+    "qwen2": (
+        {
+            "model_type": "qwen2",
+            "hidden_size": 3584,
+            "intermediate_size": 18944,
+            "num_attention_heads": 28,
+            "num_hidden_layers": 28,
+            "num_key_value_heads": 4,
+            "vocab_size": 152064,
+            "max_position_embeddings": 131072,
+            "tie_word_embeddings": False,
+            "torch_dtype": "bfloat16",
+        },
+        7_615_616_512,
+    ),  # Qwen2.5-7B
+    "qwen": (
+        {
+            "model_type": "qwen",
+            "hidden_size": 8192,
+            "intermediate_size": 49152,
+            "num_attention_heads": 64,
+            "num_hidden_layers": 80,
+            "kv_channels": 128,
+            "vocab_size": 152064,
+            "max_position_embeddings": 32768,
+            "seq_length": 32768,
+            "no_bias": True,
+            "rotary_pct": 1.0,
+            "tie_word_embeddings": False,
+        },
+        72_287_920_128,
+    ),  # Qwen-72B
 }
 
 
@@ -216,6 +315,38 @@ def test_hf_config_matches_catalog_entry(tmp_path):
     assert from_hf.params_total() == catalog.params_total()
     assert from_hf.bytes_kv_per_token() == catalog.bytes_kv_per_token()
     assert from_hf.default_dtype == "bf16"
+
+
+@pytest.mark.parametrize("family, catalog", [("phi", "phi-2"), ("qwen2", "qwen2.5-7b"), ("qwen", "qwen-72b")])
+def test_hf_config_matches_the_catalog_entry(tmp_path, family, catalog):
+    from_hf = load_model(str(_write_checkpoint(tmp_path, "m", HF_CONFIGS[family][0])))
+    ref = load_model(catalog)
+    shape = ("params_total", "bytes_kv_per_token", "params_attention_per_layer", "params_mlp_per_layer")
+    assert [getattr(from_hf, f)() for f in shape] == [getattr(ref, f)() for f in shape]
+    fields = ("rotary_fraction", "parallel_block", "shared_block_norm", "lm_head_bias", "max_position_embeddings")
+    assert [getattr(from_hf, f) for f in fields] == [getattr(ref, f) for f in fields]
+
+
+def test_hf_gpt_neox_partial_rotary_and_parallel_residual():
+    neox = spec_from_hf_config(HF_CONFIGS["gpt_neox"][0], name="p", source="p/config.json")
+    assert neox.rotary_fraction == 0.25 and neox.parallel_block and not neox.shared_block_norm
+    assert neox.norms_per_layer == 2  # each branch its own LayerNorm
+    config = dict(HF_CONFIGS["gpt_neox"][0], use_parallel_residual=False)
+    del config["rotary_pct"]  # GPTNeoXConfig's default: 0.25
+    seq = spec_from_hf_config(config, name="s", source="s/config.json")
+    assert not seq.parallel_block and seq.rotary_fraction == 0.25
+    assert seq.params_total() == neox.params_total()
+
+
+@pytest.mark.parametrize(
+    "family, field, value",
+    [("phi", "partial_rotary_factor", 1.5), ("phi", "qk_layernorm", True), ("qwen", "no_bias", False)],
+)
+def test_hf_unmodelled_or_bad_field_names_file_and_field(family, field, value):
+    config = dict(HF_CONFIGS[family][0], **{field: value})
+    with pytest.raises(InfersimError) as err:
+        spec_from_hf_config(config, name="x", source="x/config.json")
+    assert str(err.value).startswith(f"x/config.json: field '{field}'") and "\n" not in str(err.value)
 
 
 def test_hf_gpt2_details():
@@ -305,3 +436,17 @@ def test_model_yaml_path_loads(tmp_path):
     data["num_layers"] = 3
     path.write_text(json.dumps(data) + "\n")
     assert load_model(str(path)).num_layers == 3
+
+
+def test_layout_fields_at_their_defaults_keep_a_model_s_config_hash():
+    """Per-model calibrations are keyed by the shape's hash: the layout fields (partial rotary,
+    parallel block, o_proj and lm_head biases) enter it only when set, so models that existed
+    before them keep their hashes, and a phi block hashes apart from a sequential one."""
+    from infersim.simulator.costmodel.regression import model_config_hash
+
+    assert model_config_hash(load_model("llama-2-7b"))[:16] == "0aa8dcb83a122e9d"
+    assert model_config_hash(load_model("opt-13b"))[:16] == "99feccde8a05c460"
+    assert model_config_hash(load_model("deepseek-v3"))[:16] == "227807eea6e549cf"
+    phi = load_model("phi-2")
+    sequential = phi.model_copy(update=dict(parallel_block=False, shared_block_norm=False))
+    assert model_config_hash(phi) != model_config_hash(sequential)

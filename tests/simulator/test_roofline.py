@@ -175,6 +175,40 @@ def test_learned_positions_replace_rotary_by_one_gather_and_add():
     assert row.time_s == pytest.approx(16 * 5120 * 6 / 2.039e12, rel=1e-12)
 
 
+def test_phi2_layer_by_hand_one_norm_two_adds_partial_rotary():
+    """phi-2, fp16: the parallel block normalises once (attention and MLP read one LayerNorm) and
+    adds twice (attn + mlp, then + x); rotary covers 0.4 of each query and key head."""
+    h, i, n = 2560, 10240, 32
+    phi = load_model("microsoft/phi-2")
+    layer = attention_operators(phi, "fp16", "fp16", "fp16", 1) + mlp_operators(h, i, False, "fp16", "fp16", 1)
+    names = [o.name for o in layer]
+    assert [x for x in names if x.endswith("norm")] == ["input_norm"]
+    assert [x for x in names if x.endswith("add")] == ["attn_residual_add", "mlp_residual_add"]
+    rotary = {o.name: o for o in layer}["rotary"]
+    # 0.4 of the 2560 query and 2560 key values: 2048 rotated, 3 FLOPs each, read and written in fp16
+    assert rotary.flops == (0, 3 * 2048, 0, 0, 0) and rotary.bytes == (0, 2 * 2048 * 2, 0, 0, 0)
+    # norm 5h, QKV 2h x 3h, rotary 3 x 2048, O 2h^2, two adds h each, fc1 2hi, GELU i, fc2 2ih;
+    # per query-key pair QK^T and PV 2h each, softmax 5n
+    flops_t = 5 * h + 2 * h * 3 * h + 3 * 2048 + 2 * h * h + 2 * h + 2 * h * i + i + 2 * i * h
+    # weights once: one norm, QKV, O, fc1, fc2; per token: the norm reads and writes h, QKV reads h
+    # writes 3h, rotary reads and writes 2048, K and V into the cache (2h in and out), Q read and
+    # the output written (h each), O reads h writes h, two adds (3h each), fc1 reads h writes i,
+    # GELU reads and writes i, fc2 reads i writes h; every cached key and value read once
+    bytes_const = 2 * (h + 3 * h * h + h * h + 2 * h * i)
+    bytes_t = 2 * (2 * h + 4 * h + 2 * 2048 + 2 * 2 * h + 2 * h + 2 * h + 2 * 3 * h + (h + i) + 2 * i + (i + h))
+    assert _coefficients(layer) == ([0, flops_t, 2 * 2 * h + 5 * n, 0, 0], [bytes_const, bytes_t, 0, 2 * 2 * h, 0])
+
+
+def test_parallel_block_with_own_norms_prices_as_sequential():
+    """GPT-NeoX's parallel residual gives each branch its own LayerNorm: two norms and two adds
+    per layer, the sequential block's operators."""
+    spec = load_model("opt-1.3b").model_copy(update=dict(parallel_block=True))
+    seq = load_model("opt-1.3b")
+    assert spec.norms_per_layer == 2 and spec.params_total() == seq.params_total()
+    ops = lambda m: [o.name for o in attention_operators(m, "fp16", "fp16", "fp16", 1)]
+    assert ops(spec) == ops(seq)
+
+
 def test_tensor_parallel_halves_linear_flops_and_adds_allreduce(cost):
     tp2 = RooflineCostModel(
         load_model("llama-7b"), load_hardware("a100-80gb-pcie:datasheet"), tensor_parallel=2, fused_projections=False

@@ -1,7 +1,11 @@
 """Tables of per-layer operator medians of whole transformer blocks (one row per model, TP
 degree and token count; one column per operator). Two spellings share the reading:
 `linear_ops` (the re-tabulated form: device column, `<op>_median_ms`) and `vidur_mlp`
-(microsoft/vidur's profiler output `mlp.csv`: `time_stats.<op>.median`, no device column)."""
+(microsoft/vidur's profiler output `mlp.csv`: `time_stats.<op>.median`, no device column).
+
+Rows are priced as the profiled block ran them, not as the named model runs: vidur's profiler
+rotates whole heads for every model (phi-2's partial rotary included; `operator_for`), and a
+block without a post-attention norm is its parallel block (`_parallel_block`)."""
 
 from __future__ import annotations
 
