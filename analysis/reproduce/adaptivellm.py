@@ -34,18 +34,17 @@ import resource
 import sys
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import yaml
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from infersim.analysis.report_html import md_table
 from infersim.analysis.reproduce.command import reproduction_parser
 from infersim.analysis.reproduce.moved import Headline, moved_section
+from infersim.analysis.reproduce.tasks import run_tasks
 from infersim.simulator.costmodel import BatchShape
 from infersim.simulator.errors import InfersimError
 from infersim.simulator.hardware.catalog import load_hardware
@@ -354,28 +353,7 @@ def _label(t: dict) -> str:
 def run_all(tasks: list[dict], jobs: int) -> pd.DataFrame:
     # longest first: fairness re-plans every step, and long outputs mean more steps
     order = sorted(tasks, key=lambda t: (not t["config"].endswith("fairness"), -t["max_output"]))
-    rows = []
-    columns = (
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("eta"),
-        TimeRemainingColumn(),
-        TextColumn("{task.fields[last]}"),
-    )
-    with Progress(*columns) as bar:
-        pid = bar.add_task("AdaptiveLLM configurations", total=len(order), last="")
-        if jobs <= 1:
-            for t in order:
-                rows.append(simulate_point(t))
-                bar.update(pid, advance=1, last=_label(t))
-        else:
-            with ProcessPoolExecutor(max_workers=jobs) as pool:
-                futures = {pool.submit(simulate_point, t): t for t in order}
-                for fut in as_completed(futures):
-                    rows.append(fut.result())
-                    bar.update(pid, advance=1, last=_label(futures[fut]))
+    rows = [row for _, row in run_tasks(simulate_point, order, jobs, "AdaptiveLLM configurations", _label)]
     df = pd.DataFrame(rows)
     keys = [
         "study",

@@ -30,17 +30,16 @@ import json
 import os
 import re
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from infersim.analysis.report_html import frame_md_table as _md
 from infersim.analysis.reproduce.command import reproduction_parser
 from infersim.analysis.reproduce.moved import Headline, moved_section, reference_path
+from infersim.analysis.reproduce.tasks import run_tasks
 from infersim.simulator.metrics.plots import agg_pyplot, finish_figure
 from infersim.simulator.metrics.summary import summarize
 from infersim.simulator.simulation import Simulation
@@ -407,21 +406,9 @@ def plan(quick: bool = False) -> list[dict]:
 
 
 def run_all(tasks: list[dict], jobs: int) -> tuple[pd.DataFrame, dict]:
-    rows = []
-    order = sorted(range(len(tasks)), key=lambda i: -tasks[i]["n"])
-    with Progress(TextColumn("[bold]Minions"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as bar:
-        pid = bar.add_task("minions", total=len(tasks))
-        if jobs <= 1:
-            for i in order:
-                rows.append((i, simulate(tasks[i])))
-                bar.update(pid, advance=1)
-        else:
-            with ProcessPoolExecutor(max_workers=jobs) as ex:
-                futs = {ex.submit(simulate, tasks[i]): i for i in order}
-                for f in as_completed(futs):
-                    rows.append((futs[f], f.result()))
-                    bar.update(pid, advance=1)
-    rows.sort(key=lambda r: r[0])
+    order = sorted(range(len(tasks)), key=lambda i: -tasks[i]["n"])  # the largest first
+    done = run_tasks(simulate, [tasks[i] for i in order], jobs, "Minions")
+    rows = sorted(((order[j], row) for j, row in done), key=lambda r: r[0])
     series = {}
     flat = []
     for _, r in rows:

@@ -32,7 +32,7 @@ from .measured import load_exec_run, load_run
 from .modes import MODES
 from .offload_calibrate import OffloadFit, calibrate_offload_around, load_offload_run
 from .report import case_report
-from .simulate import sim_spec, simulate_run
+from .simulate import sim_spec, simulate_and_replay
 
 BYTES_TARGET = 0.05  # the offload analogue of the swap-cost target: KV bytes loaded, total
 BYTES_ITERATION_TARGET = 0.10  # and per iteration, as the per-iteration latency target
@@ -154,18 +154,9 @@ def validate_offload_case(case, model: str, out: Path, opts: CaseOptions) -> dic
     finals = _finals(exec_run)
     if log:
         log(f"{case.name}: simulating")
-    simulate_run(exec_run, out / "sim", cost_model=cm, cost_model_name="roofline", updates=updates)
-    sim_run = load_run(out / "sim")
-    simulate_run(
-        exec_run,
-        out / "replay",
-        cost_model=OffloadReplayCostModel(exec_run, cm),
-        cost_model_name="roofline",
-        updates=updates,
-        policy_cost_model=cm,
-    )
+    sim_run, replay_run = simulate_and_replay(exec_run, out, cm, OffloadReplayCostModel(exec_run, cm), updates=updates)
     in_order = _FinalsInOrder(cm, finals, fit.meta)
-    cmp = compare_runs(case.name, exec_run, sim_run, in_order, case.compare, replay_run=load_run(out / "replay"))
+    cmp = compare_runs(case.name, exec_run, sim_run, in_order, case.compare, replay_run=replay_run)
     ob = bytes_level(exec_run, data, cm, finals)
     sim_off = sim_run.summary.get("offload") or {}
     ob["simulated_loaded_bytes"] = float(sim_off.get("kv_loaded_gb", float("nan"))) * 1e9

@@ -19,12 +19,12 @@ from .calibrate import CalibrationSet, calibrate, calibrate_around, require_held
 from .cases import Case
 from .compare import aggregate_errors, brief, compare_runs
 from .execute import CaseOptions, case_header, execute_case, finish_case, repeat_dirs
-from .measured import load_exec_run, load_run
+from .measured import load_exec_run
 from .modes import MODES
 from .offload_validate import validate_offload_case
 from .report import case_report
 from .sentinel import sentinel_s
-from .simulate import simulate_run
+from .simulate import simulate_and_replay
 from .spec_validate import validate_spec_case
 
 COST_MODEL_CHOICES = ("fitted", "regression", "roofline")
@@ -206,19 +206,10 @@ def validate_case(
         log(f"{case.name}: simulating")
 
     updates = mode.sim_updates(stats)
-    simulate_run(exec_run, out / "sim", cost_model=cm, profile=profile, cost_model_name="roofline", updates=updates)
-    sim_run = load_run(out / "sim")
-    # the same simulation driven by the executor's own measured times: the scheduling alone
-    simulate_run(
-        exec_run,
-        out / "replay",
-        cost_model=ReplayCostModel(exec_run, cm),
-        profile=profile,
-        cost_model_name="roofline",
-        updates=updates,
-        policy_cost_model=cm,
+    sim_run, replay_run = simulate_and_replay(
+        exec_run, out, cm, ReplayCostModel(exec_run, cm), updates=updates, profile=profile
     )
-    cmp = compare_runs(case.name, exec_run, sim_run, cm, case.compare, replay_run=load_run(out / "replay"))
+    cmp = compare_runs(case.name, exec_run, sim_run, cm, case.compare, replay_run=replay_run)
     result = {
         **base,
         "status": "ran",

@@ -26,7 +26,7 @@ from infersim.simulator.simulation import Simulation
 from infersim.simulator.workload.requests import Requests
 from infersim.simulator.workload.schema import WorkloadSpec
 
-from .measured import ExecRun
+from .measured import ExecRun, load_run
 
 
 def sim_spec(run: ExecRun, *, profile: str, cost_model_name: str = "roofline", updates: dict | None = None):
@@ -132,6 +132,25 @@ def simulate_run(
         )
         summary = write_result_files(tmp, result, resolved=resolved)
     return summary
+
+
+def simulate_and_replay(
+    run: ExecRun, out: Path, cost_model, replay_cost_model, *, updates: dict, profile: str = "cpu-reference"
+):
+    """The executor run simulated at out/sim on `cost_model`, and at out/replay the same simulation
+    driven by `replay_cost_model` (the run's own measured times) while the policies still ask
+    `cost_model`: the scheduling alone. Returns both run directories, loaded."""
+    simulate_run(run, out / "sim", cost_model=cost_model, profile=profile, cost_model_name="roofline", updates=updates)
+    simulate_run(
+        run,
+        out / "replay",
+        cost_model=replay_cost_model,
+        profile=profile,
+        cost_model_name="roofline",
+        updates=updates,
+        policy_cost_model=cost_model,
+    )
+    return load_run(out / "sim"), load_run(out / "replay")
 
 
 def _policy_view(state_fn, cost_model):

@@ -20,7 +20,6 @@ format version and, given the target, that its weights are the ones the heads we
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from torch import nn
 
 from infersim.simulator.errors import InfersimError
 
+from ..zoo.build import weights_sha256
 from ..zoo.staging import staged
 
 FORMAT_VERSION = 1
@@ -104,12 +104,8 @@ class MedusaHeads(nn.Module):
         return logits.topk(top_k, dim=-1).indices.transpose(0, 1).contiguous()
 
     def weights_sha256(self) -> str:
-        h = hashlib.sha256()
-        for name, t in sorted(self.state_dict().items()):
-            t = t.detach().contiguous().cpu()
-            h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
-            h.update(t.view(-1).view(torch.uint8).numpy().tobytes())
-        return h.hexdigest()
+        """The heads' weights hashed as the zoo hashes a model's (zoo.build.weights_sha256)."""
+        return weights_sha256(self)
 
 
 def lm_head_weight(hf_model) -> torch.Tensor:

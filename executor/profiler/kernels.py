@@ -215,57 +215,46 @@ def attention_plan(quick: bool) -> dict:
 def attention_sweep(b: Bench, plan: dict, max_flops: float, max_bytes: float) -> list[dict]:
     """scaled_dot_product_attention: prefill (causal, no cache) and decode (one query over
     a cached context), across batch and context length."""
-    import torch
-
-    td, es = torch_dtype(b.dtype), b.esize
     out = []
+    # (phase, batch, new query tokens, cached context) of every point, prefill first
+    points = [("prefill", bsz, t, 0) for bsz, t in plan["prefill"]]
+    points += [("decode", bsz, 1, c) for bsz, c in plan["decode"]]
     with attention_backends(b.device):  # once: no backend switch between a call's CUDA events
         for heads, d in plan["heads"]:
-            for bsz, t in plan["prefill"]:
-                flops, nbytes = attention_counts(bsz, t, 0, heads, d, es)
-                if flops > max_flops or nbytes > max_bytes or b.over_budget(len(out)):
+            for point in points:
+                _, bsz, q_tokens, context = point
+                counts = attention_counts(bsz, q_tokens, context, heads, d, b.esize)
+                if counts[0] > max_flops or counts[1] > max_bytes or b.over_budget(len(out)):
                     continue
-                q, k, v = (torch.empty(bsz, heads, t, d, dtype=td, device=b.device).uniform_(-1, 1) for _ in range(3))
-                out.append(
-                    b.run(
-                        lambda: sdpa(q, k, v, is_causal=True),
-                        f"attn prefill b{bsz} t{t}",
-                        kind="attention",
-                        op_class="attention",
-                        phase="prefill",
-                        batch=bsz,
-                        q_tokens=t,
-                        context=0,
-                        heads=heads,
-                        head_dim=d,
-                        flops=flops,
-                        bytes=nbytes,
-                    )
-                )
-            for bsz, c in plan["decode"]:
-                flops, nbytes = attention_counts(bsz, 1, c, heads, d, es)
-                if flops > max_flops or nbytes > max_bytes or b.over_budget(len(out)):
-                    continue
-                q = torch.empty(bsz, heads, 1, d, dtype=td, device=b.device).uniform_(-1, 1)
-                k, v = (torch.empty(bsz, heads, c + 1, d, dtype=td, device=b.device).uniform_(-1, 1) for _ in range(2))
-                out.append(
-                    b.run(
-                        lambda: sdpa(q, k, v),
-                        f"attn decode b{bsz} c{c}",
-                        kind="attention",
-                        op_class="attention",
-                        phase="decode",
-                        batch=bsz,
-                        q_tokens=1,
-                        context=c,
-                        heads=heads,
-                        head_dim=d,
-                        flops=flops,
-                        bytes=nbytes,
-                    )
-                )
-                q = k = v = None
+                out.append(_time_attention(b, point, (heads, d), counts))
     return out
+
+
+def _time_attention(b: Bench, point: tuple, shape: tuple[int, int], counts: tuple[float, float]) -> dict:
+    """One attention point (phase, batch, q_tokens, context) timed: `q_tokens` queries per
+    sequence over `context` cached keys and their own (causal in a prefill); `shape` is
+    (heads, head_dim), `counts` (FLOPs, bytes) as attention_counts gives them."""
+    import torch
+
+    (phase, bsz, q_tokens, context), (heads, d), (flops, nbytes) = point, shape, counts
+    td = torch_dtype(b.dtype)
+    q = torch.empty(bsz, heads, q_tokens, d, dtype=td, device=b.device).uniform_(-1, 1)
+    k, v = (torch.empty(bsz, heads, context + q_tokens, d, dtype=td, device=b.device).uniform_(-1, 1) for _ in range(2))
+    prefill = phase == "prefill"
+    return b.run(
+        lambda: sdpa(q, k, v, is_causal=prefill),
+        f"attn {phase} b{bsz} " + (f"t{q_tokens}" if prefill else f"c{context}"),
+        kind="attention",
+        op_class="attention",
+        phase=phase,
+        batch=bsz,
+        q_tokens=q_tokens,
+        context=context,
+        heads=heads,
+        head_dim=d,
+        flops=flops,
+        bytes=nbytes,
+    )
 
 
 # ---- norms and activations ------------------------------------------------------------------

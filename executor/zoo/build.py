@@ -27,7 +27,7 @@ from infersim.simulator.errors import InfersimError
 from infersim.simulator.progress import log_line
 
 from . import train as T
-from .corpus import Corpus, load_corpus
+from .corpus import Corpus, files_sha256, load_corpus
 from .shipped import install_shipped
 from .spec import DEFAULT_ZOO, ModelRecipe, ZooSpec
 from .staging import staged
@@ -57,10 +57,7 @@ def corpus_for(spec: ZooSpec, corpus: Corpus | None = None) -> Corpus:
     c = corpus or load_corpus()
     if spec.max_files is not None and len(c.files) > spec.max_files:
         files = c.files[: spec.max_files]
-        h = hashlib.sha256()
-        for rel in files:
-            h.update(rel.encode() + b"\0" + (c.root / rel).read_bytes() + b"\0")
-        c = Corpus(c.root, files, h.hexdigest(), sum((c.root / f).stat().st_size for f in files), c.python)
+        c = Corpus(c.root, files, *files_sha256(c.root, files), c.python)
     return c
 
 

@@ -73,6 +73,21 @@ def _list_files(root: Path) -> list[str]:
     return sorted(out)
 
 
+def files_sha256(root: Path, files) -> tuple[str, int]:
+    """The corpus hash of `files` (paths relative to `root`, in the order given): SHA-256 over
+    (path, NUL, bytes, NUL) of each; and their total size in bytes."""
+    h = hashlib.sha256()
+    total = 0
+    for rel in files:
+        data = (root / rel).read_bytes()
+        total += len(data)
+        h.update(rel.encode())
+        h.update(b"\0")
+        h.update(data)
+        h.update(b"\0")
+    return h.hexdigest(), total
+
+
 @lru_cache(maxsize=4)
 def load_corpus(root: str | None = None, check: bool = True) -> Corpus:
     """The stdlib corpus of the running Python (or of `root`). With `check`, a hash that
@@ -82,16 +97,7 @@ def load_corpus(root: str | None = None, check: bool = True) -> Corpus:
     files = _list_files(base)
     if not files:
         raise InfersimError(f"no Python source files under {base}: cannot build the model zoo corpus")
-    h = hashlib.sha256()
-    total = 0
-    for rel in files:
-        data = (base / rel).read_bytes()
-        total += len(data)
-        h.update(rel.encode())
-        h.update(b"\0")
-        h.update(data)
-        h.update(b"\0")
-    digest = h.hexdigest()
+    digest, total = files_sha256(base, files)
     version = "%d.%d.%d" % sys.version_info[:3]
     if check and root is None:
         expected = PINNED_SHA256.get(version)

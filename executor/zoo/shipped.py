@@ -10,12 +10,12 @@ beside the models as before). A cache that already holds a model keeps it; a key
 
 from __future__ import annotations
 
-import hashlib
 import importlib.resources
 import json
 import shutil
 from pathlib import Path
 
+from infersim.simulator.costmodel.calibration_file import sha256_file
 from infersim.simulator.errors import InfersimError
 
 from .staging import staged
@@ -33,14 +33,6 @@ def shipped_manifest(folder: Path | None = None) -> dict:
     empty when nothing is shipped."""
     f = Path(folder or shipped_dir()) / MANIFEST
     return json.loads(f.read_text()) if f.is_file() else {}
-
-
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _entries(files: dict) -> list[str]:
@@ -72,7 +64,7 @@ def install_shipped(d: Path, folder: Path | None = None) -> bool:
         target.parent.mkdir(parents=True, exist_ok=True)
         with staged(target) as tmp:
             for rel in (r for r in files if r.startswith(entry + "/")):
-                got = sha256_of(src / rel)
+                got = sha256_file(src / rel)
                 if got != files[rel]:
                     raise InfersimError(
                         f"{src / rel}: checksum {got[:12]} is not the shipped {files[rel][:12]} "
@@ -107,7 +99,7 @@ def ship(d: Path, out: Path | None = None) -> Path:
         (out / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(p, out / rel)
         if rel != "zoo.json":
-            files[rel] = sha256_of(p)
+            files[rel] = sha256_file(p)
     data = {
         "key": d.name,
         "corpus_sha256": manifest["corpus_sha256"],

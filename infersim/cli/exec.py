@@ -14,7 +14,7 @@ from infersim.simulator.progress import log_line
 from infersim.simulator.validation import finite_positive, positive_int
 
 from .commands import COMMANDS
-from .run import add_memory_flag, add_out_flags, finish_status, prepare, print_summary
+from .run import add_memory_flag, add_out_flags, add_override_flags, finish_status, prepare, print_summary
 
 
 def add_parser(sub) -> None:
@@ -43,13 +43,7 @@ def add_parser(sub) -> None:
         help="replay arrivals as fast as possible: skip idle waits instead of sleeping until the next "
         "arrival (default: real time)",
     )
-    p.add_argument("--seed", type=int, default=None, help="override the workload's seed")
-    p.add_argument("--requests", "-n", type=int, default=None, help="override the request count")
-    p.add_argument("--scheduler", default=None, help="override serving.scheduler (fcfs, fairness)")
-    p.add_argument("--preemption", default=None, help="override serving.preemption (recompute, swap, cost_aware)")
-    p.add_argument(
-        "--rate", type=float, default=None, help="override the arrival rate (req/s) of poisson/gamma arrivals"
-    )
+    add_override_flags(p, model_and_hardware=False)
     p.add_argument(
         "--prefix-caching",
         choices=("on", "off"),

@@ -62,20 +62,7 @@ def add_parser(sub) -> None:
         action="store_true",
         help="replace --out even when it is a folder infersim did not write (its files are lost)",
     )
-    p.add_argument("--seed", type=int, default=None, help="override the workload's seed")
-    p.add_argument("--requests", "-n", type=int, default=None, help="override the request count")
-    p.add_argument("--model", default=None, help="override the model (name, YAML or config.json)")
-    p.add_argument(
-        "--hardware",
-        default=None,
-        help="override the hardware profile (NAME:datasheet: its pure datasheet roofline, without the "
-        "calibrated kernel models)",
-    )
-    p.add_argument("--scheduler", default=None, help="override serving.scheduler (fcfs, fairness)")
-    p.add_argument("--preemption", default=None, help="override serving.preemption (recompute, swap, cost_aware)")
-    p.add_argument(
-        "--rate", type=float, default=None, help="override the arrival rate (req/s) of poisson/gamma arrivals"
-    )
+    add_override_flags(p, model_and_hardware=True)
     p.add_argument(
         "--step-mode",
         action="store_true",
@@ -122,6 +109,26 @@ def add_memory_flag(p) -> None:
         action="store_true",
         dest="no_memory_check",
         help="run even when the estimated memory exceeds what this machine has available",
+    )
+
+
+def add_override_flags(p, *, model_and_hardware: bool) -> None:
+    """The workload overrides apply_overrides reads (--prefix-caching aside: each command says what
+    its caching shares). `sim exec` serves a model of its own, so it leaves out --model and --hardware."""
+    p.add_argument("--seed", type=int, default=None, help="override the workload's seed")
+    p.add_argument("--requests", "-n", type=int, default=None, help="override the request count")
+    if model_and_hardware:
+        p.add_argument("--model", default=None, help="override the model (name, YAML or config.json)")
+        p.add_argument(
+            "--hardware",
+            default=None,
+            help="override the hardware profile (NAME:datasheet: its pure datasheet roofline, without the "
+            "calibrated kernel models)",
+        )
+    p.add_argument("--scheduler", default=None, help="override serving.scheduler (fcfs, fairness)")
+    p.add_argument("--preemption", default=None, help="override serving.preemption (recompute, swap, cost_aware)")
+    p.add_argument(
+        "--rate", type=float, default=None, help="override the arrival rate (req/s) of poisson/gamma arrivals"
     )
 
 

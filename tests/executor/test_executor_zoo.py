@@ -122,13 +122,14 @@ def test_shipped_zoo_is_a_build_of_the_current_spec():
 
 
 def test_shipped_files_match_their_checksums():
-    from infersim.executor.zoo.shipped import MANIFEST, sha256_of, shipped_dir, shipped_manifest
+    from infersim.executor.zoo.shipped import MANIFEST, shipped_dir, shipped_manifest
+    from infersim.simulator.costmodel.calibration_file import sha256_file
 
     d, files = shipped_dir(), shipped_manifest()["files"]
     on_disk = {p.relative_to(d).as_posix() for p in d.rglob("*") if p.is_file()}
     assert on_disk == set(files) | {MANIFEST, "zoo.json"}
     for rel, sha in files.items():
-        assert sha256_of(d / rel) == sha, rel
+        assert sha256_file(d / rel) == sha, rel
 
 
 def test_an_empty_cache_is_filled_from_the_shipped_weights(tmp_path):
