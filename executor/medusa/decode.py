@@ -161,14 +161,8 @@ def greedy_decode(runner, cache, prompts, max_new, device="cpu") -> tuple[list[l
             s.computed += 1
             s.tokens.append(t)
         _sync(device)
-        dt, dc = time.perf_counter() - t0, time.thread_time() - c0
-        st.steps += 1
-        st.seq_steps += len(batch)
         st.decode_tokens += len(batch)
-        st.decode_time_s += dt
-        st.step_times_s.append(dt)
-        st.decode_cpu_s += dc
-        st.step_cpu_s.append(dc)
+        _count_step(st, len(batch), time.perf_counter() - t0, time.thread_time() - c0)
         active = [i for i in active if len(seqs[i].tokens) - plens[i] < news[i]]
     for s in seqs:
         cache.free(s)
