@@ -292,6 +292,16 @@ class ExecutedSpec:
         return cls(load_run(run_dir), rebuild_rounds(run_dir), drafting_rounds(run_dir), pipelined)
 
 
+@dataclass(frozen=True)
+class _JudgedRuns:
+    """The simulations a speculative case is compared with."""
+
+    sim_run: Any  # the one the targets are judged on
+    free_run: Any  # adaptive s with an s-replay: the free-running selector's simulation, reported beside; else None
+    s_replay_run: Any  # the simulation that follows the executed s trajectory (None: none ran)
+    selector_on: bool  # the executed run chose s adaptively
+
+
 def compare_spec(
     case: str,
     executed: ExecutedSpec,
@@ -300,97 +310,127 @@ def compare_spec(
     compare: tuple[str, ...],
     s_replay_run=None,
 ) -> Comparison:
-    exec_run, t, drafting, pipelined = executed.run, executed.rounds, executed.drafting, executed.pipelined
+    exec_run, t = executed.run, executed.rounds
     c = Comparison(case)
-    meta = fit.meta or {}
-    c.info["calibration_stalls"] = float(meta.get("calibration_stalls", float("nan")))
-    c.info["speed_shift"] = float(meta.get("speed_shift", float("nan")))
-    c.cost_model = round_level(t, fit, drafting)
-    # the verifying engine's ticks (a pipelined run's drafting process ticks on the other core)
-    c.cost_model["within_run"] = within_run_speed(
-        exec_run.path,
-        np.asarray(t["t_start_s"], dtype=np.float64),
-        np.asarray(c.cost_model["predicted_s"]),
-        np.asarray(c.cost_model["measured_s"]),
-    )
-    sp = exec_run.config["workload"].get("speculation") or {}
-    selector_on = (sp.get("selector") or {}).get("enabled")
-    selector_on = sp.get("method") == "minions" if selector_on is None else bool(selector_on)
-    free_run = None
-    if selector_on and s_replay_run is not None:
-        # adaptive s: the selector is the same policy object on both sides, and fed the executor's
-        # own observations it decides exactly as the executor did (selector_on_executed_inputs,
-        # checked below); but each decision is the sign of a slope fitted through 40 noisy t / vl
-        # samples that mostly follow the load (the batch filling up and draining), often within
-        # noise of zero, so a simulation that samples acceptance and predicts times flips some
-        # of them. The targets are therefore judged on the simulation that follows the executed s
-        # trajectory (sim-s-replay/: the cost, acceptance and scheduling given s); the free-running
-        # selector's run (sim/) is reported beside it: its s distribution and its errors
-        free_run, sim_run = sim_run, s_replay_run
+    _cost_model_level(c, executed, fit)
+    runs = _judged_runs(exec_run, sim_run, s_replay_run)
+    if runs.free_run is not None:
         c.info["selector_on_executed_inputs"] = selector_replay(exec_run, t)
-    c.iterations = schedule_level(exec_run, sim_run)
-    c.requests = request_level(exec_run, sim_run)
-    c.totals = totals_level(exec_run, sim_run)
+    c.iterations = schedule_level(exec_run, runs.sim_run)
+    c.requests = request_level(exec_run, runs.sim_run)
+    c.totals = totals_level(exec_run, runs.sim_run)
     checks = check_targets(c, compare)
     for ch in checks:  # a round, not an iteration
         if ch["metric"] == "per-iteration latency MAPE":
             ch["metric_detail"] = "per round (draft s steps + verification)"
-    medusa = (exec_run.config["workload"].get("speculation") or {}).get("method") == "medusa"
     if "acceptance" in compare:
-        for name, label in (("acceptance_rate", "acceptance rate"), ("tokens_per_step", "tokens per step")):
-            e = (c.totals.get(name) or {}).get("error")
-            ok = e is not None and np.isfinite(e) and abs(e) <= ACCEPTANCE_TARGET
-            why = _acceptance_why(sim_run, medusa)
-            comp = (
-                ""
-                if ok
-                else (
-                    f"acceptance model (simulated {label} {e:+.1%} off the measured: {why})"
-                    if e is not None
-                    else "acceptance model (missing)"
-                )
+        checks.extend(_acceptance_checks(c, exec_run, runs.sim_run))
+    if not executed.pipelined:
+        _blame_per_request_acceptance(c, checks, exec_run, runs.sim_run)
+    _blame_narrow_simulated_spread(c, checks)
+    _adaptive_s_level(c, checks, executed, runs)
+    if executed.pipelined:
+        _blame_pipeline(c, checks, executed, runs.sim_run, fit)
+    c.checks = checks
+    return c
+
+
+def _judged_runs(exec_run, sim_run, s_replay_run) -> _JudgedRuns:
+    """Adaptive s with an s-replay: the targets are judged on the s-replay. The selector is
+    the same policy object on both sides, and fed the executor's own observations it decides
+    exactly as the executor did (selector_on_executed_inputs, checked); but each decision is
+    the sign of a slope fitted through 40 noisy t / vl samples that mostly follow the load (the
+    batch filling up and draining), often within noise of zero, so a simulation that samples
+    acceptance and predicts times flips some of them. The simulation that follows the executed
+    s trajectory (sim-s-replay/: the cost, acceptance and scheduling given s) is therefore the
+    judged one; the free-running selector's run (sim/) is reported beside it: its s
+    distribution and its errors."""
+    selector_on = _selector_on(exec_run)
+    if selector_on and s_replay_run is not None:
+        return _JudgedRuns(s_replay_run, sim_run, s_replay_run, selector_on)
+    return _JudgedRuns(sim_run, None, s_replay_run, selector_on)
+
+
+def _cost_model_level(c: Comparison, executed: ExecutedSpec, fit) -> None:
+    """Level 1: the fit's round times against the measured ones, and the calibration's state."""
+    t = executed.rounds
+    meta = fit.meta or {}
+    c.info["calibration_stalls"] = float(meta.get("calibration_stalls", float("nan")))
+    c.info["speed_shift"] = float(meta.get("speed_shift", float("nan")))
+    c.cost_model = round_level(t, fit, executed.drafting)
+    # the verifying engine's ticks (a pipelined run's drafting process ticks on the other core)
+    c.cost_model["within_run"] = within_run_speed(
+        executed.run.path,
+        np.asarray(t["t_start_s"], dtype=np.float64),
+        np.asarray(c.cost_model["predicted_s"]),
+        np.asarray(c.cost_model["measured_s"]),
+    )
+
+
+def _selector_on(exec_run) -> bool:
+    """Whether the executed run chose s adaptively (on by default for Minions)."""
+    sp = exec_run.config["workload"].get("speculation") or {}
+    selector_on = (sp.get("selector") or {}).get("enabled")
+    return sp.get("method") == "minions" if selector_on is None else bool(selector_on)
+
+
+def _acceptance_checks(c: Comparison, exec_run, sim_run) -> list[dict]:
+    """Acceptance rate and tokens per step within ACCEPTANCE_TARGET; a miss is the acceptance
+    model's, with what the simulation assumed about acceptance."""
+    medusa = (exec_run.config["workload"].get("speculation") or {}).get("method") == "medusa"
+    checks = []
+    for name, label in (("acceptance_rate", "acceptance rate"), ("tokens_per_step", "tokens per step")):
+        e = (c.totals.get(name) or {}).get("error")
+        ok = e is not None and np.isfinite(e) and abs(e) <= ACCEPTANCE_TARGET
+        why = _acceptance_why(sim_run, medusa)
+        comp = (
+            ""
+            if ok
+            else (
+                f"acceptance model (simulated {label} {e:+.1%} off the measured: {why})"
+                if e is not None
+                else "acceptance model (missing)"
             )
-            checks.append(
-                {
-                    "metric": label,
-                    "value": e,
-                    "target": ACCEPTANCE_TARGET,
-                    "ok": bool(ok),
-                    "component": comp,
-                    "kind": "" if ok else "acceptance model",
-                }
-            )
-    # per-request acceptance: the executor's requests differ in tokens per round (repetitive
-    # code runs long), the simulator's draw every round i.i.d.: requests finish at other times,
-    # slots free at other times, and the queue (TTFT) and tails follow
-    if not pipelined:
-        tm, tp = spread(tokens_per_round_per_request(exec_run)), spread(tokens_per_round_per_request(sim_run))
-        c.info["tokens_per_round_per_request"] = {"measured": tm, "simulated": tp}
-        if tm and tp and tp["cv"] < 0.7 * tm["cv"]:
-            note = (
-                f"acceptance model (per-request acceptance: tokens per round per request p10-p90 "
-                f"{tm['p10']:.2f}-{tm['p90']:.2f} measured against {tp['p10']:.2f}-{tp['p90']:.2f} simulated, "
-                f"coefficient of variation {tm['cv']:.2f} against {tp['cv']:.2f}: the simulator draws every round's "
-                f"acceptance i.i.d., so requests finish and free their slots at other times"
-            )
-            for ch in checks:
-                if (
-                    not ch["ok"]
-                    and ch["metric"]
-                    in (
-                        "mean end-to-end latency",
-                        "TTFT p99",
-                        "TPOT p99",
-                        "end-to-end p99",
-                        "throughput (output tok/s)",
-                    )
-                    and ch["kind"] in ("scheduling mismatch", "cost model")
-                ):
-                    ch["component"] = note + f"; also {ch['component']})"
-                    ch["kind"] = "acceptance model"
-    # a p99 miss with the mean right and a narrower simulated spread: the acceptance varies from
-    # request to request in the executor (some code repeats, some does not) while the simulator
-    # draws every round's acceptance i.i.d. from the pooled histogram
+        )
+        checks.append(
+            {
+                "metric": label,
+                "value": e,
+                "target": ACCEPTANCE_TARGET,
+                "ok": bool(ok),
+                "component": comp,
+                "kind": "" if ok else "acceptance model",
+            }
+        )
+    return checks
+
+
+def _blame_per_request_acceptance(c: Comparison, checks: list, exec_run, sim_run) -> None:
+    """Coupled runs: the executor's requests differ in tokens per round (repetitive code runs
+    long), the simulator's draw every round i.i.d.: requests finish at other times, slots free
+    at other times, and the queue (TTFT) and tails follow. A much narrower simulated spread
+    names the acceptance model in the latency and throughput misses."""
+    tm, tp = spread(tokens_per_round_per_request(exec_run)), spread(tokens_per_round_per_request(sim_run))
+    c.info["tokens_per_round_per_request"] = {"measured": tm, "simulated": tp}
+    if not (tm and tp and tp["cv"] < 0.7 * tm["cv"]):
+        return
+    note = (
+        f"acceptance model (per-request acceptance: tokens per round per request p10-p90 "
+        f"{tm['p10']:.2f}-{tm['p90']:.2f} measured against {tp['p10']:.2f}-{tp['p90']:.2f} simulated, "
+        f"coefficient of variation {tm['cv']:.2f} against {tp['cv']:.2f}: the simulator draws every round's "
+        f"acceptance i.i.d., so requests finish and free their slots at other times"
+    )
+    latency = ("mean end-to-end latency", "TTFT p99", "TPOT p99", "end-to-end p99", "throughput (output tok/s)")
+    for ch in checks:
+        if not ch["ok"] and ch["metric"] in latency and ch["kind"] in ("scheduling mismatch", "cost model"):
+            ch["component"] = note + f"; also {ch['component']})"
+            ch["kind"] = "acceptance model"
+
+
+def _blame_narrow_simulated_spread(c: Comparison, checks: list) -> None:
+    """A p99 miss with the mean right and a narrower simulated spread: the acceptance varies
+    from request to request in the executor (some code repeats, some does not) while the
+    simulator draws every round's acceptance i.i.d. from the pooled histogram."""
     for ch in checks:
         col = {"TPOT p99": "tpot_s", "end-to-end p99": "e2e_s"}.get(ch["metric"])
         if ch["ok"] or col is None or ch["kind"] == "acceptance model":
@@ -407,108 +447,131 @@ def compare_spec(
                 f"request; also {ch['component']})"
             )
             ch["kind"] = "acceptance model"
-    # adaptive s: the selector reacts to the round times it sees (measured, noisy; or predicted),
-    # so the two runs can take different s trajectories, and tokens per step, acceptance and
-    # latency follow s: name that before the acceptance model or the cost model
+
+
+def _adaptive_s_level(c: Comparison, checks: list, executed: ExecutedSpec, runs: _JudgedRuns) -> None:
+    """Mean s executed and simulated; with adaptive s, the free-running selector's simulation,
+    the s-replay, and the misses that the s trajectory explains."""
+    exec_run, t = executed.run, executed.rounds
     s_exec = float(np.mean(t["s"])) if len(t["s"]) else float("nan")
-    s_sim = ((sim_run.summary.get("speculation") or {}).get("s") or {}).get("mean_per_round")
+    s_sim = ((runs.sim_run.summary.get("speculation") or {}).get("s") or {}).get("mean_per_round")
     c.info["s_mean_executed"], c.info["s_mean_simulated"] = s_exec, s_sim
-    if free_run is not None:
-        rq = request_level(exec_run, free_run)
-        tot = totals_level(exec_run, free_run)
-        fs = (free_run.summary.get("speculation") or {}).get("s") or {}
-        c.info["free_selector"] = {
-            "s_mean_simulated": fs.get("mean_per_round"),
-            "s_changes_simulated": fs.get("changes"),
-            "s_final_simulated": fs.get("final"),
-            "s_rounds_executed": s_share(t["s"]),
-            "s_rounds_simulated": s_share_series((free_run.summary.get("speculation") or {}).get("series", {})),
-            "throughput_error": (tot.get("throughput_output_tokens_per_s") or {}).get("error"),
-            "tokens_per_step_error": (tot.get("tokens_per_step") or {}).get("error"),
-            "acceptance_rate_error": (tot.get("acceptance_rate") or {}).get("error"),
-            **{col: {k: rq[col][k] for k in ("mean_error", "p99_error")} for col in ("ttft_s", "tpot_s", "e2e_s")},
-        }
-        sel = c.info["selector_on_executed_inputs"]
-        ok = bool(sel.get("same"))
-        checks.append(
-            {
-                "metric": "selector decisions on the executed inputs",
-                "value": sel.get("agreement"),
-                "target": 1.0,
-                "ok": ok,
-                "kind": "" if ok else "scheduling mismatch",
-                "component": ""
-                if ok
-                else (
-                    f"scheduling mismatch (the simulator's selector fed the executor's "
-                    f"own observations took s {sel.get('trajectory')} against "
-                    f"{sel.get('executed')} executed)"
-                ),
-            }
-        )
-    if s_replay_run is not None:
-        # the simulation with the executed s trajectory: what is left without the selector's decisions
-        rq = request_level(exec_run, s_replay_run)
-        tot = totals_level(exec_run, s_replay_run)
-        c.replay = {
-            "kind": "s-replay",
-            "throughput_error": (tot.get("throughput_output_tokens_per_s") or {}).get("error"),
-            "tokens_per_step_error": (tot.get("tokens_per_step") or {}).get("error"),
-            "acceptance_rate_error": (tot.get("acceptance_rate") or {}).get("error"),
-            "s_mean_simulated": ((s_replay_run.summary.get("speculation") or {}).get("s") or {}).get("mean_per_round"),
-            **{col: {k: rq[col][k] for k in ("mean_error", "p99_error")} for col in ("ttft_s", "tpot_s", "e2e_s")},
-        }
-    rp = c.replay
-    if rp.get("kind") == "s-replay":
-        # acceptance and tokens per step right with the executed s, off with the simulated selector's: the s choice
-        for ch in checks:
-            key = {"acceptance rate": "acceptance_rate_error", "tokens per step": "tokens_per_step_error"}.get(
-                ch["metric"]
+    if runs.free_run is not None:
+        c.info["free_selector"] = _free_selector(exec_run, runs.free_run, t)
+        checks.append(_selector_check(c.info["selector_on_executed_inputs"]))
+    if runs.s_replay_run is not None:
+        c.replay = _s_replay(exec_run, runs.s_replay_run)
+    if c.replay.get("kind") == "s-replay":
+        _blame_s_choice(checks, c.replay, s_exec, s_sim)
+    if runs.free_run is None and runs.selector_on and _s_apart(s_exec, s_sim):
+        _blame_s_trajectory(checks, c.replay, s_exec, s_sim)
+
+
+def _s_apart(s_exec: float, s_sim) -> bool:
+    """The mean s per round simulated more than 5% off the executed one."""
+    return s_sim is not None and bool(np.isfinite(s_exec)) and abs(s_sim / s_exec - 1.0) > 0.05
+
+
+def _errors_against(exec_run, other) -> tuple[dict, dict]:
+    """A simulation's errors: (throughput, tokens per step and acceptance; per-request latencies)."""
+    rq = request_level(exec_run, other)
+    tot = totals_level(exec_run, other)
+    totals = {
+        "throughput_error": (tot.get("throughput_output_tokens_per_s") or {}).get("error"),
+        "tokens_per_step_error": (tot.get("tokens_per_step") or {}).get("error"),
+        "acceptance_rate_error": (tot.get("acceptance_rate") or {}).get("error"),
+    }
+    return totals, {col: {k: rq[col][k] for k in ("mean_error", "p99_error")} for col in ("ttft_s", "tpot_s", "e2e_s")}
+
+
+def _free_selector(exec_run, free_run, t: dict) -> dict:
+    """The free-running selector's simulation: its s distribution and its errors."""
+    totals, latencies = _errors_against(exec_run, free_run)
+    fs = (free_run.summary.get("speculation") or {}).get("s") or {}
+    return {
+        "s_mean_simulated": fs.get("mean_per_round"),
+        "s_changes_simulated": fs.get("changes"),
+        "s_final_simulated": fs.get("final"),
+        "s_rounds_executed": s_share(t["s"]),
+        "s_rounds_simulated": s_share_series((free_run.summary.get("speculation") or {}).get("series", {})),
+        **totals,
+        **latencies,
+    }
+
+
+def _selector_check(sel: dict) -> dict:
+    """The simulator's selector fed the executor's observations must take the executed s."""
+    ok = bool(sel.get("same"))
+    return {
+        "metric": "selector decisions on the executed inputs",
+        "value": sel.get("agreement"),
+        "target": 1.0,
+        "ok": ok,
+        "kind": "" if ok else "scheduling mismatch",
+        "component": ""
+        if ok
+        else (
+            f"scheduling mismatch (the simulator's selector fed the executor's "
+            f"own observations took s {sel.get('trajectory')} against "
+            f"{sel.get('executed')} executed)"
+        ),
+    }
+
+
+def _s_replay(exec_run, s_replay_run) -> dict:
+    """The simulation with the executed s trajectory: what is left without the selector's decisions."""
+    totals, latencies = _errors_against(exec_run, s_replay_run)
+    s_mean = ((s_replay_run.summary.get("speculation") or {}).get("s") or {}).get("mean_per_round")
+    return {"kind": "s-replay", **totals, "s_mean_simulated": s_mean, **latencies}
+
+
+def _blame_s_choice(checks: list, rp: dict, s_exec: float, s_sim) -> None:
+    """Acceptance and tokens per step right with the executed s, off with the simulated
+    selector's: the s choice."""
+    for ch in checks:
+        key = {"acceptance rate": "acceptance_rate_error", "tokens per step": "tokens_per_step_error"}.get(ch["metric"])
+        e = rp.get(key) if key else None
+        if not ch["ok"] and e is not None and abs(e) <= ACCEPTANCE_TARGET:
+            ch["component"] = (
+                f"scheduling mismatch (adaptive s: with the executed s trajectory the simulated "
+                f"{ch['metric']} is {e:+.1%} off; mean s per round {s_exec:.2f} executed, "
+                f"{s_sim:.2f} simulated)"
             )
-            e = rp.get(key) if key else None
-            if not ch["ok"] and e is not None and abs(e) <= ACCEPTANCE_TARGET:
-                ch["component"] = (
-                    f"scheduling mismatch (adaptive s: with the executed s trajectory the simulated "
-                    f"{ch['metric']} is {e:+.1%} off; mean s per round {s_exec:.2f} executed, "
-                    f"{s_sim:.2f} simulated)"
-                )
-                ch["kind"] = "scheduling mismatch"
-    if (
-        free_run is None
-        and selector_on
-        and s_sim is not None
-        and np.isfinite(s_exec)
-        and abs(s_sim / s_exec - 1.0) > 0.05
-    ):
-        with_s = (
-            f"; with the executed s trajectory the simulation is {rp['throughput_error']:+.1%} off in throughput, "
-            f"{rp['e2e_s']['mean_error']:+.1%} in mean end-to-end, {rp['tokens_per_step_error']:+.1%} in tokens "
-            f"per step"
-            if rp.get("kind") == "s-replay"
-            else ""
-        )
-        note = (
-            f"scheduling mismatch (adaptive s: the selector took another trajectory, mean s per round "
-            f"{s_exec:.2f} executed against {s_sim:.2f} simulated; it decides on round times, measured and noisy "
-            f"in the executor, predicted in the simulator{with_s})"
-        )
-        for ch in checks:
-            if not ch["ok"] and ch["metric"] != "per-iteration latency MAPE":
-                ch["component"] = note + ("; also " + ch["component"] if ch["kind"] == "timing noise" else "")
-                ch["kind"] = "scheduling mismatch"
-    if pipelined:
-        b = c.info["pipeline"] = pipeline_busy(t, drafting, sim_run.summary)
-        if drafting is not None:
-            hand = handoffs_s(t, drafting)
-            b["handoff_measured_s"] = float(np.median(hand)) if hand.size else None
-            b["handoff_fitted_s"] = (fit.meta or {}).get("pipeline_handoff_s")
-        for ch in checks:
-            if not ch["ok"] and ch["metric"] not in (
-                "acceptance rate",
-                "tokens per step",
-                "per-iteration latency MAPE",
-            ):
-                ch["component"] = pipeline_source(b, ch["component"], c.cost_model.get("total_bias"), ch["metric"])
-                ch["kind"] = next((k for k in COMPONENTS if ch["component"].startswith(k)), "")
-    c.checks = checks
-    return c
+            ch["kind"] = "scheduling mismatch"
+
+
+def _blame_s_trajectory(checks: list, rp: dict, s_exec: float, s_sim: float) -> None:
+    """Adaptive s: the selector reacts to the round times it sees (measured, noisy; or
+    predicted), so the two runs can take different s trajectories, and tokens per step,
+    acceptance and latency follow s: named before the acceptance model or the cost model."""
+    with_s = (
+        f"; with the executed s trajectory the simulation is {rp['throughput_error']:+.1%} off in throughput, "
+        f"{rp['e2e_s']['mean_error']:+.1%} in mean end-to-end, {rp['tokens_per_step_error']:+.1%} in tokens "
+        f"per step"
+        if rp.get("kind") == "s-replay"
+        else ""
+    )
+    note = (
+        f"scheduling mismatch (adaptive s: the selector took another trajectory, mean s per round "
+        f"{s_exec:.2f} executed against {s_sim:.2f} simulated; it decides on round times, measured and noisy "
+        f"in the executor, predicted in the simulator{with_s})"
+    )
+    for ch in checks:
+        if not ch["ok"] and ch["metric"] != "per-iteration latency MAPE":
+            ch["component"] = note + ("; also " + ch["component"] if ch["kind"] == "timing noise" else "")
+            ch["kind"] = "scheduling mismatch"
+
+
+def _blame_pipeline(c: Comparison, checks: list, executed: ExecutedSpec, sim_run, fit) -> None:
+    """Pipelined: the engines' busy times (and the hand-overs) decide whether a latency or
+    throughput miss is the cost model's or the scheduling's."""
+    t, drafting = executed.rounds, executed.drafting
+    b = c.info["pipeline"] = pipeline_busy(t, drafting, sim_run.summary)
+    if drafting is not None:
+        hand = handoffs_s(t, drafting)
+        b["handoff_measured_s"] = float(np.median(hand)) if hand.size else None
+        b["handoff_fitted_s"] = (fit.meta or {}).get("pipeline_handoff_s")
+    for ch in checks:
+        if not ch["ok"] and ch["metric"] not in ("acceptance rate", "tokens per step", "per-iteration latency MAPE"):
+            ch["component"] = pipeline_source(b, ch["component"], c.cost_model.get("total_bias"), ch["metric"])
+            ch["kind"] = next((k for k in COMPONENTS if ch["component"].startswith(k)), "")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -160,18 +161,31 @@ def greedy_decode(runner, cache, prompts, max_new, device="cpu") -> tuple[list[l
             s.computed += 1
             s.tokens.append(t)
         _sync(device)
-        dt, dc = time.perf_counter() - t0, time.thread_time() - c0
-        st.steps += 1
-        st.seq_steps += len(batch)
         st.decode_tokens += len(batch)
-        st.decode_time_s += dt
-        st.step_times_s.append(dt)
-        st.decode_cpu_s += dc
-        st.step_cpu_s.append(dc)
+        _count_step(st, len(batch), time.perf_counter() - t0, time.thread_time() - c0)
         active = [i for i in active if len(seqs[i].tokens) - plens[i] < news[i]]
     for s in seqs:
         cache.free(s)
     return [s.tokens[n : n + m] for s, n, m in zip(seqs, plens, news)], st
+
+
+@dataclass
+class _MedusaRun:
+    """One medusa_decode call: what every step uses, and the batch's state between steps."""
+
+    runner: Any
+    heads: Any  # the Medusa heads (their propose)
+    tree: TreeLayout  # on the device
+    cache: Any
+    acceptance: Acceptance
+    device: Any
+    seqs: list  # TokenSeq per prompt
+    plens: list  # prompt lengths
+    news: list  # new tokens asked for, per prompt
+    st: DecodeStats
+    clock: Any = None  # work_clock(device): times the verify and heads parts
+    active: list = field(default_factory=list)  # indices of the prompts still decoding
+    props: Any = None  # [len(active), depth, top_k] the heads' guesses for the next step
 
 
 def medusa_decode(
@@ -182,81 +196,121 @@ def medusa_decode(
     news = _as_list(max_new, len(prompts))
     if tree.heads_used > heads.num_heads:
         raise InfersimError(f"tree '{tree.name}' is {tree.depth} deep but there are only {heads.num_heads} heads")
-    seqs = [TokenSeq(p) for p in prompts]
-    plens = [len(p) for p in prompts]
     st = DecodeStats(f"medusa {tree.name} ({acceptance.mode})", len(prompts))
-    n1 = tree.nodes
-    top_k = tree.top_k
-    tree = tree.on(device)
-    dev_head, dev_rank = tree.head, tree.rank
-    tree_spec = (tree.depths, tree.ancestors)
-    clock = work_clock(device)
-    _sync(device)
-    t0 = time.perf_counter()
-    logits, hidden = _prefill(runner, cache, seqs, device, True)
-    for s, t in zip(seqs, logits.argmax(-1).tolist()):
-        s.tokens.append(t)
-    depth = tree.depth
-    props = heads.propose(hidden, top_k, depth)  # [B, depth, top_k]
-    _sync(device)
-    st.prefill_time_s = time.perf_counter() - t0
-    active = [i for i in range(len(seqs)) if news[i] > 1]
-    props = props[active] if len(active) != len(seqs) else props
-    while active:
-        t0, c0 = time.perf_counter(), time.thread_time()
-        batch = [seqs[i] for i in active]
-        B = len(batch)
-        roots = torch.tensor([s.tokens[-1] for s in batch], dtype=torch.long, device=device)
-        cand = props[:, dev_head, dev_rank]  # [B, n]
-        tokens = torch.cat([roots[:, None], cand], dim=1)  # [B, n+1]
-        for s, c in zip(batch, cand.tolist()):
-            s.tokens.extend(c)
-            cache.grow_to(s, s.computed + n1)
-        t1 = clock()
-        plan = plan_batch(cache, [(s, n1) for s in batch], device, all_logits=True, trees=[tree_spec] * B)
-        logits, hidden = runner.forward(plan, cache, return_hidden=True)
-        _sync(device)
-        t2 = clock()
-        tok_list = tokens.tolist()
-        if acceptance.mode == "greedy":
-            best_l, nacc_l, bonus_l = accept_greedy_lists(tree, tok_list, logits.view(B, n1, -1))
-        else:
-            best, n_acc, bonus = accept(tree, tokens, logits.view(B, n1, -1), acceptance)
-            best_l, nacc_l, bonus_l = best.tolist(), n_acc.tolist(), bonus.tolist()
-        rows = [j * n1 + b for j, b in enumerate(best_l)]
-        t3 = clock()
-        props = heads.propose(hidden[rows], top_k, depth)
-        _sync(device)
-        st.verify_time_s += t2 - t1
-        st.heads_time_s += clock() - t3
-        keep = []
-        compact_paths(cache, [(s, s.computed, tree.node_paths[b]) for s, b in zip(batch, best_l)])
-        for j, (s, b, na, nb) in enumerate(zip(batch, best_l, nacc_l, bonus_l)):
-            path = tree.node_paths[b]
-            start = s.computed  # position of the root
-            del s.tokens[start + 1 :]
-            s.tokens.extend(tok_list[j][k] for k in path[1:])
-            s.tokens.append(nb)
-            s.computed = start + len(path)
-            cache.truncate(s, s.computed)
-            i = active[j]
-            before = len(s.tokens) - (na + 1) - plens[i]
-            gained = min(na + 1, news[i] - before)
-            st.decode_tokens += gained
-            st.accepted_hist[na] = st.accepted_hist.get(na, 0) + 1
-            if len(s.tokens) - plens[i] < news[i]:
-                keep.append(j)
-        _sync(device)
-        dt, dc = time.perf_counter() - t0, time.thread_time() - c0
-        st.steps += 1
-        st.seq_steps += B
-        st.decode_time_s += dt
-        st.step_times_s.append(dt)
-        st.decode_cpu_s += dc
-        st.step_cpu_s.append(dc)
-        if len(keep) != B:
-            active = [active[j] for j in keep]
-            props = props[torch.tensor(keep, dtype=torch.long, device=props.device)]
-    for s in seqs:
+    seqs, plens = [TokenSeq(p) for p in prompts], [len(p) for p in prompts]
+    r = _MedusaRun(runner, heads, tree.on(device), cache, acceptance, device, seqs, plens, news, st, work_clock(device))
+    _medusa_prefill(r)
+    while r.active:
+        _medusa_step(r)
+    for s in r.seqs:
         cache.free(s)
-    return [s.tokens[n : n + m] for s, n, m in zip(seqs, plens, news)], st
+    return [s.tokens[n : n + m] for s, n, m in zip(r.seqs, r.plens, r.news)], st
+
+
+def _medusa_prefill(r: _MedusaRun) -> None:
+    """The prompts' batched prefill, each one's first token, and the heads' first guesses for
+    the prompts that want more than one token."""
+    _sync(r.device)
+    t0 = time.perf_counter()
+    logits, hidden = _prefill(r.runner, r.cache, r.seqs, r.device, True)
+    for s, t in zip(r.seqs, logits.argmax(-1).tolist()):
+        s.tokens.append(t)
+    props = r.heads.propose(hidden, r.tree.top_k, r.tree.depth)  # [B, depth, top_k]
+    _sync(r.device)
+    r.st.prefill_time_s = time.perf_counter() - t0
+    r.active = [i for i in range(len(r.seqs)) if r.news[i] > 1]
+    r.props = props[r.active] if len(r.active) != len(r.seqs) else props
+
+
+def _medusa_step(r: _MedusaRun) -> None:
+    """One Medusa step over the active prompts (steps 1-5 of the module docstring)."""
+    t0, c0 = time.perf_counter(), time.thread_time()
+    batch = [r.seqs[i] for i in r.active]
+    tokens = _fill_trees(r, batch)
+    logits, hidden = _verify_trees(r, batch)
+    tok_list = tokens.tolist()
+    accepted = _accept_trees(r, tokens, tok_list, logits.view(len(batch), r.tree.nodes, -1))
+    _propose_next(r, hidden, accepted[0])
+    keep = _commit_paths(r, batch, tok_list, accepted)
+    _sync(r.device)
+    _count_step(r.st, len(batch), time.perf_counter() - t0, time.thread_time() - c0)
+    if len(keep) != len(batch):
+        r.active = [r.active[j] for j in keep]
+        r.props = r.props[torch.tensor(keep, dtype=torch.long, device=r.props.device)]
+
+
+def _fill_trees(r: _MedusaRun, batch) -> torch.Tensor:
+    """Each sequence's tree from its heads' guesses (one gather), appended to its tokens and
+    cache; returns the trees' tokens [B, nodes], roots first."""
+    tree = r.tree
+    roots = torch.tensor([s.tokens[-1] for s in batch], dtype=torch.long, device=r.device)
+    cand = r.props[:, tree.head, tree.rank]  # [B, n]
+    tokens = torch.cat([roots[:, None], cand], dim=1)  # [B, n+1]
+    for s, c in zip(batch, cand.tolist()):
+        s.tokens.extend(c)
+        r.cache.grow_to(s, s.computed + tree.nodes)
+    return tokens
+
+
+def _verify_trees(r: _MedusaRun, batch):
+    """One forward pass over every tree (tree attention): logits and hidden states at every node."""
+    n1 = r.tree.nodes
+    tree_spec = (r.tree.depths, r.tree.ancestors)
+    t1 = r.clock()
+    plan = plan_batch(r.cache, [(s, n1) for s in batch], r.device, all_logits=True, trees=[tree_spec] * len(batch))
+    logits, hidden = r.runner.forward(plan, r.cache, return_hidden=True)
+    _sync(r.device)
+    r.st.verify_time_s += r.clock() - t1
+    return logits, hidden
+
+
+def _accept_trees(r: _MedusaRun, tokens, tok_list, logits) -> tuple[list, list, list]:
+    """(last accepted node, candidates accepted, bonus token) per sequence."""
+    if r.acceptance.mode == "greedy":
+        return accept_greedy_lists(r.tree, tok_list, logits)
+    best, n_acc, bonus = accept(r.tree, tokens, logits, r.acceptance)
+    return best.tolist(), n_acc.tolist(), bonus.tolist()
+
+
+def _propose_next(r: _MedusaRun, hidden, best_l) -> None:
+    """The heads read each sequence's last accepted node's hidden state."""
+    n1 = r.tree.nodes
+    rows = [j * n1 + b for j, b in enumerate(best_l)]
+    t3 = r.clock()
+    r.props = r.heads.propose(hidden[rows], r.tree.top_k, r.tree.depth)
+    _sync(r.device)
+    r.st.heads_time_s += r.clock() - t3
+
+
+def _commit_paths(r: _MedusaRun, batch, tok_list, accepted) -> list[int]:
+    """Accepted paths' K/V moved into place, their tokens and the bonus token committed, the
+    cache past them freed; returns the batch positions of the sequences that go on."""
+    tree, st = r.tree, r.st
+    best_l, nacc_l, bonus_l = accepted
+    keep = []
+    compact_paths(r.cache, [(s, s.computed, tree.node_paths[b]) for s, b in zip(batch, best_l)])
+    for j, (s, b, na, nb) in enumerate(zip(batch, best_l, nacc_l, bonus_l)):
+        path = tree.node_paths[b]
+        start = s.computed  # position of the root
+        del s.tokens[start + 1 :]
+        s.tokens.extend(tok_list[j][k] for k in path[1:])
+        s.tokens.append(nb)
+        s.computed = start + len(path)
+        r.cache.truncate(s, s.computed)
+        i = r.active[j]
+        before = len(s.tokens) - (na + 1) - r.plens[i]
+        st.decode_tokens += min(na + 1, r.news[i] - before)  # tokens past the request's length are dropped
+        st.accepted_hist[na] = st.accepted_hist.get(na, 0) + 1
+        if len(s.tokens) - r.plens[i] < r.news[i]:
+            keep.append(j)
+    return keep
+
+
+def _count_step(st: DecodeStats, batch: int, dt: float, dc: float) -> None:
+    """A decoding step of `batch` sequences that took dt seconds of wall and dc of CPU time."""
+    st.steps += 1
+    st.seq_steps += batch
+    st.decode_time_s += dt
+    st.step_times_s.append(dt)
+    st.decode_cpu_s += dc
+    st.step_cpu_s.append(dc)

@@ -26,6 +26,7 @@ candidates (before the cut at the output length), `draft_s` = the heads' time (p
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -138,6 +139,37 @@ class MedusaProposer:
         return self.hits / np.maximum(self.scored, 1)[:, None]
 
 
+@dataclass
+class _TreeStep:
+    """One Medusa step's working state: the batch laid out for the forward pass, then what
+    acceptance decided and what the step counted."""
+
+    npf: int  # prefilled sequences (first in the batch and in the logit rows)
+    batch: list = field(default_factory=list)  # (seq, query tokens) for plan_batch
+    trees: list = field(default_factory=list)  # per batch entry: (depths, ancestors), None: no tree
+    rows: list = field(default_factory=list)  # logit rows: a prefill's last token, every node of a ready sequence
+    n: int = 0  # query tokens laid out so far
+    full: list = field(default_factory=list)  # per ready sequence: verifies a whole tree (False: its root only)
+    fseqs: list = field(default_factory=list)  # the ready sequences with a tree
+    tok_lists: list = field(default_factory=list)  # per ready sequence: root + candidate tokens
+    starts: list = field(default_factory=list)  # per ready sequence: its root's position
+    best: list = field(default_factory=list)  # per tree: the accepted path's last node
+    n_accepted: list = field(default_factory=list)  # per tree: candidates accepted
+    bonus: list = field(default_factory=list)  # per tree: the token after the accepted path
+    go_on: list = field(default_factory=list)  # sequences not done: the heads propose for them
+    h_rows: list = field(default_factory=list)  # their hidden-state rows
+    drafted: int = 0  # tree candidates verified
+    accepted: int = 0  # candidates accepted (before the cut at the output length)
+    gained: int = 0  # tokens committed by verifications
+
+    def add(self, seq, q: int, tree, every_row: bool) -> None:
+        """Lay out q query tokens of seq; logits at all of them or at the last."""
+        self.batch.append((seq, q))
+        self.trees.append(tree)
+        self.rows.extend(range(self.n, self.n + q) if every_row else [self.n + q - 1])
+        self.n += q
+
+
 class MedusaDecoder(SpeculativeDecoder):
     """The speculative engine's decoder with a Medusa step as its round. s = the tree's depth
     (reported), s_max = its nodes (what a verification writes into the KV cache: reserved)."""
@@ -153,123 +185,156 @@ class MedusaDecoder(SpeculativeDecoder):
         )
 
     def round(self, prefill, ready, t_start: float = 0.0):
-        P, tgt = self.proposer, self.target
-        cache, dev = tgt.cache, tgt.device
-        tree, lay = P.tree, P.layout
-        n1 = lay.nodes
         s = self.s
         if not self.s_series or self.s_series[-1][1] != s:
             self.s_series.append((self._round, s))
         t0 = time.perf_counter()
-        batch, rows, trees, n = [], [], [], 0
+        st = _TreeStep(len(prefill))
+        self._lay_out_prefills(st, prefill)
+        self._lay_out_trees(st, ready)
+        if not st.batch:
+            return []
+        logits, hidden = self._forward(st)
+        self._commit_prefills(st, prefill, logits)
+        self._accept_trees(st, logits)
+        released = self.target.released_blocks
+        out = self._commit_verified(st, ready, logits)
+        self._sync()
+        t1 = time.perf_counter()
+        if st.go_on:
+            self.proposer.propose(st.go_on, hidden[torch.tensor(st.h_rows, dtype=torch.long, device=hidden.device)])
+        self._sync()
+        t2 = time.perf_counter()
+        times_s = (t_start, t_start + (t2 - t0), t2 - t1, t1 - t0)
+        counts = (s, st.drafted, st.accepted, len(prefill) + st.gained, 1 if st.go_on else 0)
+        self._close_round(
+            prefill, ready, round_row(self._round, times_s, (len(prefill), len(ready)), counts, self.target, released)
+        )
+        return out
+
+    def _lay_out_prefills(self, st: _TreeStep, prefill) -> None:
         for seq in prefill:
             q = seq.num_tokens - seq.computed
-            cache.grow_to(seq, seq.num_tokens)
-            batch.append((seq, q))
-            trees.append(None)
-            rows.append(n + q - 1)
-            n += q
+            self.target.cache.grow_to(seq, seq.num_tokens)
+            st.add(seq, q, None, every_row=False)
+
+    def _lay_out_trees(self, st: _TreeStep, ready) -> None:
+        """Each ready sequence's root and its tree's candidates from the heads' last proposals,
+        appended to its tokens and cache."""
+        P, cache = self.proposer, self.target.cache
+        tree, lay = P.tree, P.layout
         # a sequence with one token left verifies its root only (as the simulator plans it)
-        full = [seq.remaining > 1 for seq in ready]
-        fseqs = [seq for seq, f in zip(ready, full) if f]
+        st.full = [seq.remaining > 1 for seq in ready]
+        st.fseqs = [seq for seq, f in zip(ready, st.full) if f]
         cand = []
-        if fseqs:
-            props = torch.stack([P.props[seq.rid] for seq in fseqs])
+        if st.fseqs:
+            props = torch.stack([P.props[seq.rid] for seq in st.fseqs])
             cand = props[:, tree.head, tree.rank].tolist()  # [B, n] the trees' candidate tokens
-        tok_lists, starts, ci = [], [], 0
+        ci = 0
         spec = (lay.depths, lay.ancestors)
-        for seq, f in zip(ready, full):
+        for seq, f in zip(ready, st.full):
             start = seq.computed  # the root's position: committed, not cached yet
             c = cand[ci] if f else []
             ci += f
-            tok_lists.append([seq.tokens[-1]] + c)
-            starts.append(start)
+            st.tok_lists.append([seq.tokens[-1]] + c)
+            st.starts.append(start)
             seq.tokens.extend(c)
             cache.grow_to(seq, start + 1 + len(c))
-            batch.append((seq, 1 + len(c)))
-            trees.append(spec if f else None)
-            rows.extend(range(n, n + 1 + len(c)))
-            n += 1 + len(c)
-        out = []
-        if not batch:
-            return out
-        plan = plan_batch(cache, batch, dev, all_logits=True, trees=trees if fseqs else None)
-        plan.logit_rows = torch.tensor(rows, dtype=torch.long, device=dev)
-        logits, hidden = tgt.runner.forward(plan, cache, return_hidden=True)
+            st.add(seq, 1 + len(c), spec if f else None, every_row=True)
+
+    def _forward(self, st: _TreeStep):
+        """One pass over prefills and trees: (logits at st.rows, last hidden states)."""
+        tgt = self.target
+        plan = plan_batch(tgt.cache, st.batch, tgt.device, all_logits=True, trees=st.trees if st.fseqs else None)
+        plan.logit_rows = torch.tensor(st.rows, dtype=torch.long, device=tgt.device)
+        logits, hidden = tgt.runner.forward(plan, tgt.cache, return_hidden=True)
         tgt.steps += 1
-        npf = len(prefill)
-        go_on, h_rows = [], []  # sequences that propose next, and their hidden rows
-        for j, (seq, t) in enumerate(zip(prefill, logits[:npf].argmax(-1).tolist())):
+        return logits, hidden
+
+    def _commit_prefills(self, st: _TreeStep, prefill, logits) -> None:
+        """Each prefilled sequence's first token (greedy)."""
+        for j, (seq, t) in enumerate(zip(prefill, logits[: st.npf].argmax(-1).tolist())):
             seq.computed = seq.num_tokens
             seq.tokens.append(int(t))
             if not seq.done:
-                go_on.append(seq)
-                h_rows.append(j)
-        # acceptance: the trees in one go, root-only sequences by their single row
-        best_f, nacc_f, bonus_f = [], [], []
-        if fseqs:
-            idx = [i for i, f in enumerate(full) if f]
-            off = npf
-            offs = []
-            for f in full:
-                offs.append(off)
-                off += n1 if f else 1
-            lg = torch.stack([logits[offs[i] : offs[i] + n1] for i in idx])  # [B, n1, V]
-            toks = [tok_lists[i] for i in idx]
-            if P.acceptance.mode == "greedy":
-                best_f, nacc_f, bonus_f = accept_greedy_lists(lay, toks, lg)
-            else:
-                b, na, bo = accept(tree, torch.tensor(toks, dtype=torch.long, device=dev), lg, P.acceptance)
-                best_f, nacc_f, bonus_f = b.tolist(), na.tolist(), bo.tolist()
-            compact_paths(cache, [(seq, starts[i], lay.node_paths[b]) for i, seq, b in zip(idx, fseqs, best_f)])
-        released = tgt.released_blocks
-        acc_total = drafted = gained_total = 0
-        row, fi = npf, 0
-        for i, (seq, f) in enumerate(zip(ready, full)):
-            start = starts[i]
+                st.go_on.append(seq)
+                st.h_rows.append(j)
+
+    def _accept_trees(self, st: _TreeStep, logits) -> None:
+        """Acceptance of every tree in one go, then the accepted paths' K/V moved into place."""
+        if not st.fseqs:
+            return
+        P, dev = self.proposer, self.target.device
+        lay, n1 = P.layout, P.layout.nodes
+        idx = [i for i, f in enumerate(st.full) if f]
+        off = st.npf
+        offs = []
+        for f in st.full:
+            offs.append(off)
+            off += n1 if f else 1
+        lg = torch.stack([logits[offs[i] : offs[i] + n1] for i in idx])  # [B, n1, V]
+        toks = [st.tok_lists[i] for i in idx]
+        if P.acceptance.mode == "greedy":
+            st.best, st.n_accepted, st.bonus = accept_greedy_lists(lay, toks, lg)
+        else:
+            b, na, bo = accept(P.tree, torch.tensor(toks, dtype=torch.long, device=dev), lg, P.acceptance)
+            st.best, st.n_accepted, st.bonus = b.tolist(), na.tolist(), bo.tolist()
+        moves = [(seq, st.starts[i], lay.node_paths[b]) for i, seq, b in zip(idx, st.fseqs, st.best)]
+        compact_paths(self.target.cache, moves)
+
+    def _commit_verified(self, st: _TreeStep, ready, logits) -> list:
+        """Each ready sequence keeps its accepted path (or its root) and the bonus token;
+        returns (accepted, last token) per sequence."""
+        n1 = self.proposer.layout.nodes
+        out = []
+        row, fi = st.npf, 0
+        for i, (seq, f) in enumerate(zip(ready, st.full)):
+            start = st.starts[i]
             if f:
-                b, na, bonus = best_f[fi], nacc_f[fi], bonus_f[fi]
+                h_row = row + st.best[fi]
+                path, bonus = self._keep_accepted_path(st, fi, i, seq)
                 fi += 1
-                path = lay.node_paths[b]
-                drafted += n1 - 1
-                acc_total += na
-                self.stats.recorder.add(lay.depth, na)
-                P.accepted_hist[na] = P.accepted_hist.get(na, 0) + 1
-                toks = tok_lists[i]
-                del seq.tokens[start + 1 :]
-                seq.tokens.extend(toks[k] for k in path[1:])
-                h_row = row + b
                 row += n1
             else:
                 path, bonus = [0], int(logits[row].argmax(-1))
                 del seq.tokens[start + 1 :]
                 h_row = row
                 row += 1
-            seq.tokens.append(int(bonus))
-            seq.computed = start + len(path)
-            tgt.released_blocks += cache.truncate(seq, seq.computed)
-            gained = len(path)  # accepted candidates + the bonus token
-            if seq.generated > seq.output_len:  # a step past the request's end: keep what it asked for
-                cut = seq.generated - seq.output_len
-                del seq.tokens[len(seq.tokens) - cut :]
-                gained -= cut
-            gained_total += gained
+            gained = self._commit_bonus(seq, start, path, bonus)
+            st.gained += gained
             out.append((gained - 1, seq.tokens[-1]))
             if not seq.done:
-                go_on.append(seq)
-                h_rows.append(h_row)
-        self._sync()
-        t1 = time.perf_counter()
-        if go_on:
-            P.propose(go_on, hidden[torch.tensor(h_rows, dtype=torch.long, device=hidden.device)])
-        self._sync()
-        t2 = time.perf_counter()
-        times_s = (t_start, t_start + (t2 - t0), t2 - t1, t1 - t0)
-        counts = (s, drafted, acc_total, len(prefill) + gained_total, 1 if go_on else 0)
-        self._close_round(
-            prefill, ready, round_row(self._round, times_s, (len(prefill), len(ready)), counts, tgt, released)
-        )
+                st.go_on.append(seq)
+                st.h_rows.append(h_row)
         return out
+
+    def _keep_accepted_path(self, st: _TreeStep, fi: int, i: int, seq) -> tuple[list, int]:
+        """Tree fi (ready sequence i): its accepted candidates replace the tree in seq.tokens,
+        counted in the step and the acceptance record; (the path's nodes, the bonus token)."""
+        P = self.proposer
+        lay = P.layout
+        path, na = lay.node_paths[st.best[fi]], st.n_accepted[fi]
+        st.drafted += lay.nodes - 1
+        st.accepted += na
+        self.stats.recorder.add(lay.depth, na)
+        P.accepted_hist[na] = P.accepted_hist.get(na, 0) + 1
+        del seq.tokens[st.starts[i] + 1 :]
+        seq.tokens.extend(st.tok_lists[i][k] for k in path[1:])
+        return path, st.bonus[fi]
+
+    def _commit_bonus(self, seq, start: int, path, bonus) -> int:
+        """Append the bonus token, free the cache past the accepted path, cut what goes past the
+        request's output length; returns the tokens the step gained."""
+        tgt = self.target
+        seq.tokens.append(int(bonus))
+        seq.computed = start + len(path)
+        tgt.released_blocks += tgt.cache.truncate(seq, seq.computed)
+        gained = len(path)  # accepted candidates + the bonus token
+        if seq.generated > seq.output_len:  # a step past the request's end: keep what it asked for
+            cut = seq.generated - seq.output_len
+            del seq.tokens[len(seq.tokens) - cut :]
+            gained -= cut
+        return gained
 
     # ---- what the engine writes beside its own files ------------------------------------------
     def summary_extra(self) -> dict:

@@ -23,7 +23,9 @@ with method draft (rejection sampling); voting / selector / pipeline as in the s
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -135,42 +137,101 @@ def _settings(sp):
     return mode, temperature
 
 
+@dataclass(frozen=True)
+class _Method:
+    """What the section's method means for the run."""
+
+    medusa: bool  # Medusa: a registered TreeDecoding builds the decoder (methods.py)
+    tree_decoding: Any  # that TreeDecoding; None for draft and minions
+    mode: str  # acceptance rule reported and recorded: greedy, sampling, typical
+    temperature: float  # rejection sampling's temperature; 0: greedy
+    decoder_method: str  # build_decoder's method: minions with the majority vote, draft without
+
+
+@dataclass(frozen=True)
+class _Models:
+    """The loaded target and the drafts that run."""
+
+    target: Any  # the served model (serving.load_served_model)
+    drafts: list  # the drafts that draft (loaded), in the section's order
+    sections: list  # their `speculation.drafts` entries
+    names: list  # their names in tables and summaries
+
+
+@dataclass(frozen=True)
+class _Setup:
+    """Everything the serving loop and the run directory need, decided before the clock starts."""
+
+    spec: Any  # the workload
+    opts: ExecOptions
+    method: _Method
+    models: _Models
+    seqs: list  # SpecSequence per request served, in arrival order
+    truncated: int  # requests whose output was cut to fit max_model_len
+    gpu_blocks: int  # KV blocks of each model's pool
+    dec: Any  # the decoder (SpeculativeDecoder or Medusa's)
+    runner: Any  # what generate() runs on: the decoder, or the PipelinedDecoder around it
+    t_wall: float  # perf_counter when the execution began
+
+
 def execute_speculative(spec, requests, model: str, out: Path, opts: ExecOptions = ExecOptions()) -> dict:
     """Serve the requests with the workload's `speculation:` method (draft models, Minions or
     Medusa); write a `sim exec` run directory at `out` atomically; return the summary."""
-    import torch
-
-    from ..models import dtype_name, load_model
-    from .build import DecoderOptions, build_decoder
-    from .decoder import kv_blocks_for
-    from .pipeline import PipelinedDecoder
-
     t_wall = time.perf_counter()
     sp = spec.speculation
+    how = _method_of(sp)
+    if len(requests) and requests.closed_loop:
+        raise InfersimError(
+            "speculative sim exec replays open-loop arrivals only (requests.arrival), not closed-loop clients"
+        )
+    models = _load_models(requests, model, sp, opts)
+    sel = AdaptiveLengthSelector.from_section(sp) if sp.selector_on else None
+    mheads, mtree = how.tree_decoding.prepare(models.target, sp, log=opts.log) if how.medusa else (None, None)
+    # the KV cache reserves room for what one verification writes: s drafted tokens, or a
+    # Medusa tree's nodes
+    s_max = mtree.nodes if how.medusa else (sel.s_max if sel is not None else sp.speculation_length)
+    seqs, truncated = _sequences(spec, requests, models, s_max)
+    gpu_blocks = _gpu_blocks(spec.serving, seqs, s_max)
+    if how.medusa:
+        dec = _medusa_decoder(spec, how, models, gpu_blocks, mheads, mtree)
+    else:
+        dec = _draft_decoder(spec, how, models, gpu_blocks, sel)
+    setup = _Setup(spec, opts, how, models, seqs, truncated, gpu_blocks, dec, _runner_for(dec, sp, how), t_wall)
+    with staged_dir(Path(out), command="exec", force=opts.force) as tmp:
+        metrics, obs = _serve(setup, tmp)
+        summary = write_result_files(tmp, _run_result(setup, metrics), csv=opts.csv)
+        _write_speculation_files(setup, tmp, obs)
+    return summary
+
+
+def _method_of(sp) -> _Method:
     medusa = sp.method == "medusa"
+    tree_decoding = None
     if medusa:
         tree_decoding = TREE_DECODINGS.get(sp.method)  # registered by executor/medusa when imported
         mode, temperature = tree_decoding.acceptance_mode(sp), 0.0
     else:
         mode, temperature = _settings(sp)
-    if len(requests) and requests.closed_loop:
-        raise InfersimError(
-            "speculative sim exec replays open-loop arrivals only (requests.arrival), not closed-loop clients"
-        )
+    return _Method(medusa, tree_decoding, mode, temperature, "minions" if sp.voting_on else "draft")
+
+
+def _load_models(requests, model: str, sp, opts: ExecOptions) -> _Models:
+    from ..models import load_model
+
     lm = load_served_model(requests, model, opts)
     # as the simulator (proposers.DraftProposer): without the majority vote (voting.enabled:
     # false, or one draft) only the first SSM drafts; the others are neither run nor voted
     used = sp.drafts if sp.voting_on else sp.drafts[:1]
     dlms = [load_model(d.model, device=opts.device, dtype=opts.dtype, log=opts.log) for d in used]
-    names = [d.name or d.model for d in used]
+    return _Models(lm, dlms, used, [d.name or d.model for d in used])
+
+
+def _sequences(spec, requests, models: _Models, s_max: int) -> tuple[list, int]:
+    """The requests that arrive within the duration, as SpecSequences whose prompt, output and
+    s_max drafted tokens fit the models' positions; and how many outputs were cut to fit."""
+    lm = models.target
     sv = spec.serving
-    max_len = min(sv.max_model_len or lm.max_positions, lm.max_positions, *(d.max_positions for d in dlms))
-    sel = AdaptiveLengthSelector.from_section(sp) if sp.selector_on else None
-    s_max = sel.s_max if sel is not None else sp.speculation_length
-    mheads = mtree = None
-    if medusa:  # a verification writes the whole tree into the KV cache: reserve its nodes
-        mheads, mtree = tree_decoding.prepare(lm, sp, log=opts.log)
-        s_max = mtree.nodes
+    max_len = min(sv.max_model_len or lm.max_positions, lm.max_positions, *(d.max_positions for d in models.drafts))
     prompts = make_prompts(requests.prompt_tokens, tokenizer=lm.tokenizer, vocab_size=lm.vocab_size, seed=spec.seed)
     seqs, truncated = [], 0
     for i, t in enumerate(requests.arrival_s):
@@ -181,155 +242,215 @@ def execute_speculative(spec, requests, model: str, out: Path, opts: ExecOptions
         if len(p) + o + s_max + 1 > max_len:
             o = max(1, max_len - len(p) - s_max - 1)  # drafted tokens need positions too
             truncated += 1
-        seqs.append(SpecSequence(i, p, o, max(1, len(dlms)), float(t)))
+        seqs.append(SpecSequence(i, p, o, max(1, len(models.drafts)), float(t)))
+    return seqs, truncated
+
+
+def _gpu_blocks(sv, seqs, s_max: int) -> int:
+    """serving.gpu_blocks, or the fewer of: every request's blocks at once, and max_batch_size
+    times the largest request's plus one."""
+    from .decoder import kv_blocks_for
+
     gpu_blocks = sv.gpu_blocks or min(
         kv_blocks_for(seqs, s_max, sv.block_size),
         sv.max_batch_size * max(kv_blocks_for([s], s_max, sv.block_size) for s in seqs) + 1,
     )
-    method = "minions" if sp.voting_on else "draft"
-    weights = None
-    if method == "minions":
-        v = sp.voting
-        weights = SSMWeights(
-            np.array([d.weight for d in used], dtype=np.float64),
-            reward_threshold=v.reward_threshold,
-            punish_threshold=v.punish_threshold,
-            reward_factor=v.reward_factor,
-            punish_factor=v.punish_factor,
-            threshold_mode=v.threshold_mode,
-            ema=v.ema,
-        )
-    if medusa:
-        dec = tree_decoding.build_decoder(
-            lm,
-            sp,
-            gpu_blocks=int(gpu_blocks),
+    return int(gpu_blocks)
+
+
+def _medusa_decoder(spec, how: _Method, models: _Models, gpu_blocks: int, heads, tree):
+    sv = spec.serving
+    return how.tree_decoding.build_decoder(
+        models.target,
+        spec.speculation,
+        gpu_blocks=gpu_blocks,
+        block_size=sv.block_size,
+        max_batch_size=sv.max_batch_size,
+        heads=heads,
+        tree=tree,
+    )
+
+
+def _draft_decoder(spec, how: _Method, models: _Models, gpu_blocks: int, sel):
+    from .build import DecoderOptions, build_decoder
+
+    sp, sv = spec.speculation, spec.serving
+    return build_decoder(
+        models.target,
+        models.drafts,
+        DecoderOptions(
+            method=how.decoder_method,
+            s=sp.speculation_length,
+            temperature=how.temperature,
+            seed=spec.seed,
             block_size=sv.block_size,
+            gpu_blocks=gpu_blocks,
             max_batch_size=sv.max_batch_size,
-            heads=mheads,
-            tree=mtree,
-        )
-    else:
-        dec = build_decoder(
-            lm,
-            dlms,
-            DecoderOptions(
-                method=method,
-                s=sp.speculation_length,
-                temperature=temperature,
-                seed=spec.seed,
-                block_size=sv.block_size,
-                gpu_blocks=int(gpu_blocks),
-                max_batch_size=sv.max_batch_size,
-                selector=sel,
-                weights=weights,
-                acr_scope=sp.voting.acr_scope,
-                names=names,
-            ),
-        )
-    runner = dec
-    if not medusa:
+            selector=sel,
+            weights=_ssm_weights(sp, models.sections) if how.decoder_method == "minions" else None,
+            acr_scope=sp.voting.acr_scope,
+            names=models.names,
+        ),
+    )
+
+
+def _ssm_weights(sp, used) -> SSMWeights:
+    """Minions' SSM weights: the drafts' initial weights and the section's update rule."""
+    v = sp.voting
+    return SSMWeights(
+        np.array([d.weight for d in used], dtype=np.float64),
+        reward_threshold=v.reward_threshold,
+        punish_threshold=v.punish_threshold,
+        reward_factor=v.reward_factor,
+        punish_factor=v.punish_factor,
+        threshold_mode=v.threshold_mode,
+        ema=v.ema,
+    )
+
+
+def _runner_for(dec, sp, how: _Method):
+    """The decoder, warmed up, or the pipeline around it when the section pipelines."""
+    from .pipeline import PipelinedDecoder
+
+    if not how.medusa:
         from .build import warm_up
 
         warm_up(dec)  # before the clock starts (the drafting process warms its own drafts)
-    if sp.pipeline_on:
-        pl = sp.pipeline
-        runner = PipelinedDecoder(
-            dec, llm_batch_size=pl.llm_batch_size, ssm_batch_size=pl.ssm_batch_size, back_pressure=pl.back_pressure
-        )
-    out = Path(out)
-    with staged_dir(out, command="exec", force=opts.force) as tmp:
-        metrics = MetricsCollector(len(seqs), series_path=tmp / "series.parquet")
-        for s in seqs:
-            metrics.arrive(s)
-        clock = Clock(realtime=opts.realtime)
-        finished_count = [0]
-        obs = _Observer(
-            metrics,
-            dec.target.cache,
-            lambda: sum(1 for s in seqs if s.arrival_s <= clock.now() and s.first_scheduled_s < 0),
-            round_s=lambda: int(dec.stats.rounds[-1][8]) if dec.stats.rounds else None,
-        )
-        try:
-            with ProgressBar("speculative exec", quiet=opts.quiet, total=len(seqs), transient=True) as bar:
-                runner.generate(seqs, progress=lambda seq: bar.update(advance=1), clock=clock, observer=obs)
-        finally:
-            if hasattr(runner, "close"):
-                runner.close()  # the pipeline's drafting process
-        finished_count[0] = len(obs.finished)
-        end = max((s.finish_s for s in seqs), default=0.0)
-        bpb = dec.target.cache.bytes_per_block
-        memory = MemoryPlan(
-            int(gpu_blocks), 0, float(bpb), float(lm.weight_bytes()), 0.0, "explicit" if sv.gpu_blocks else "derived"
-        )
-        spec_x = _speculation_summary(dec, runner, sp, names, mode, temperature, sp.series_max_points)
-        if hasattr(dec, "summary_extra"):  # Medusa: tree, accepted lengths, measured head accuracies
-            spec_x.update(dec.summary_extra())
-        tab = dec.stats.table()
-        fwd = float(tab["draft_s"].sum() + tab["verify_s"].sum())
-        ex = {
-            "model": lm.name,
-            "model_path": str(lm.path),
-            "drafts": names,
-            "device": str(lm.device),
-            # forward: drafting + verification passes; schedule: the rest of the rounds (voting,
-            # acceptance, bookkeeping); no swapping here
-            "forward_s": fwd,
-            "schedule_s": max(0.0, float((tab["t_end_s"] - tab["t_start_s"]).sum()) - fwd),
-            "swap_s": 0.0,
-            "dtype": dtype_name(lm.dtype),
-            "realtime": opts.realtime,
-            "wall_s": time.perf_counter() - t_wall,
-            "outputs_truncated_to_max_model_len": truncated,
-            "torch": str(torch.__version__),
-            "threads": torch.get_num_threads(),
-        }
-        resolved = {
-            "workload": spec.model_copy(update={"model": str(lm.path)}).model_dump(mode="json"),
-            "model": model_summary(lm, sv.dtype),
-            "hardware": device_description(lm.device),
-            "memory": {"gpu_blocks": int(gpu_blocks), "kv_bytes_per_block": float(bpb)},
-            "step_mode": True,
-            "num_requests": len(seqs),
-            "executor": {
-                k: ex[k] for k in ("model", "model_path", "drafts", "device", "dtype", "realtime", "torch", "threads")
-            },
-        }
-        result = run_result(spec, metrics, memory, end, resolved, {"executor": ex, "speculation": spec_x})
-        summary = write_result_files(tmp, result, csv=opts.csv)
-        write_table(tmp / "speculation_rounds.parquet", dec.stats.table())
-        write_table(tmp / "speculation_sequences.parquet", _sequence_table(obs.seq_rows))
-        if hasattr(runner, "drafting_table"):  # pipelined: the drafting thread's rounds
-            write_table(tmp / "speculation_drafting.parquet", runner.drafting_table())
-        ssm = _ssm_table(dec.proposer)
-        if ssm is not None:
-            write_table(tmp / "speculation_ssm.parquet", ssm)
-        if hasattr(dec, "write_extra"):
-            dec.write_extra(tmp, target=lm.name, source=f"sim exec of workload {spec.name} (seed {spec.seed})")
-        elif dec.stats.recorder.rounds:
-            label = names[0] if method == "draft" else "minions(" + "+".join(names) + ")"
-            write_acceptance_table(
-                tmp / "acceptance.yaml",
-                target=lm.name,
-                drafts={label: label},
-                source=f"sim exec of workload {spec.name} (seed {spec.seed})",
-                entries=[
-                    dec.stats.recorder.entry(
-                        label,
-                        sp.dataset or DATASET,
-                        mode=mode,
-                        temperature=temperature,
-                        source="measured by executor/speculative",
-                    )
-                ],
+    if not sp.pipeline_on:
+        return dec
+    pl = sp.pipeline
+    return PipelinedDecoder(
+        dec, llm_batch_size=pl.llm_batch_size, ssm_batch_size=pl.ssm_batch_size, back_pressure=pl.back_pressure
+    )
+
+
+def _serve(setup: _Setup, tmp: Path) -> tuple[MetricsCollector, _Observer]:
+    """Run every request to its end on the engine clock; the metrics and the observer that saw
+    each round."""
+    seqs, dec, runner, opts = setup.seqs, setup.dec, setup.runner, setup.opts
+    metrics = MetricsCollector(len(seqs), series_path=tmp / "series.parquet")
+    for s in seqs:
+        metrics.arrive(s)
+    clock = Clock(realtime=opts.realtime)
+    obs = _Observer(
+        metrics,
+        dec.target.cache,
+        lambda: sum(1 for s in seqs if s.arrival_s <= clock.now() and s.first_scheduled_s < 0),
+        round_s=lambda: int(dec.stats.rounds[-1][8]) if dec.stats.rounds else None,
+    )
+    try:
+        with ProgressBar("speculative exec", quiet=opts.quiet, total=len(seqs), transient=True) as bar:
+            runner.generate(seqs, progress=lambda seq: bar.update(advance=1), clock=clock, observer=obs)
+    finally:
+        if hasattr(runner, "close"):
+            runner.close()  # the pipeline's drafting process
+    return metrics, obs
+
+
+def _run_result(setup: _Setup, metrics: MetricsCollector):
+    """The run's result as `sim run` reports it, with the executor's and the speculation's entries."""
+    spec, dec, lm, sv = setup.spec, setup.dec, setup.models.target, setup.spec.serving
+    sp = spec.speculation
+    end = max((s.finish_s for s in setup.seqs), default=0.0)
+    bpb = dec.target.cache.bytes_per_block
+    memory = MemoryPlan(
+        setup.gpu_blocks, 0, float(bpb), float(lm.weight_bytes()), 0.0, "explicit" if sv.gpu_blocks else "derived"
+    )
+    how = setup.method
+    spec_x = _speculation_summary(
+        dec, setup.runner, sp, setup.models.names, how.mode, how.temperature, sp.series_max_points
+    )
+    if hasattr(dec, "summary_extra"):  # Medusa: tree, accepted lengths, measured head accuracies
+        spec_x.update(dec.summary_extra())
+    ex = _executor_entry(setup)
+    resolved = {
+        "workload": spec.model_copy(update={"model": str(lm.path)}).model_dump(mode="json"),
+        "model": model_summary(lm, sv.dtype),
+        "hardware": device_description(lm.device),
+        "memory": {"gpu_blocks": setup.gpu_blocks, "kv_bytes_per_block": float(bpb)},
+        "step_mode": True,
+        "num_requests": len(setup.seqs),
+        "executor": {
+            k: ex[k] for k in ("model", "model_path", "drafts", "device", "dtype", "realtime", "torch", "threads")
+        },
+    }
+    return run_result(spec, metrics, memory, end, resolved, {"executor": ex, "speculation": spec_x})
+
+
+def _executor_entry(setup: _Setup) -> dict:
+    """summary.json's `executor` entry: the models, the device and where the rounds' time went."""
+    import torch
+
+    from ..models import dtype_name
+
+    lm = setup.models.target
+    tab = setup.dec.stats.table()
+    fwd = float(tab["draft_s"].sum() + tab["verify_s"].sum())
+    return {
+        "model": lm.name,
+        "model_path": str(lm.path),
+        "drafts": setup.models.names,
+        "device": str(lm.device),
+        # forward: drafting + verification passes; schedule: the rest of the rounds (voting,
+        # acceptance, bookkeeping); no swapping here
+        "forward_s": fwd,
+        "schedule_s": max(0.0, float((tab["t_end_s"] - tab["t_start_s"]).sum()) - fwd),
+        "swap_s": 0.0,
+        "dtype": dtype_name(lm.dtype),
+        "realtime": setup.opts.realtime,
+        "wall_s": time.perf_counter() - setup.t_wall,
+        "outputs_truncated_to_max_model_len": setup.truncated,
+        "torch": str(torch.__version__),
+        "threads": torch.get_num_threads(),
+    }
+
+
+def _write_speculation_files(setup: _Setup, tmp: Path, obs: _Observer) -> None:
+    """The speculative tables, the acceptance measured, the outputs and the plots beside the
+    run's own files."""
+    dec, runner = setup.dec, setup.runner
+    write_table(tmp / "speculation_rounds.parquet", dec.stats.table())
+    write_table(tmp / "speculation_sequences.parquet", _sequence_table(obs.seq_rows))
+    if hasattr(runner, "drafting_table"):  # pipelined: the drafting thread's rounds
+        write_table(tmp / "speculation_drafting.parquet", runner.drafting_table())
+    ssm = _ssm_table(dec.proposer)
+    if ssm is not None:
+        write_table(tmp / "speculation_ssm.parquet", ssm)
+    _write_acceptance(setup, tmp)
+    write_outputs(tmp / "outputs.parquet", sorted(setup.seqs, key=lambda s: s.rid))
+    if setup.opts.plots:
+        plot_run(tmp)
+        _plot_speculation(tmp, dec, runner)
+        if hasattr(dec, "plot_extra"):  # Medusa: accepted lengths and measured head accuracies
+            dec.plot_extra(tmp)
+
+
+def _write_acceptance(setup: _Setup, tmp: Path) -> None:
+    """acceptance.yaml (Medusa: its head accuracies) as the simulator loads it."""
+    spec, dec, lm, names = setup.spec, setup.dec, setup.models.target, setup.models.names
+    source = f"sim exec of workload {spec.name} (seed {spec.seed})"
+    if hasattr(dec, "write_extra"):
+        dec.write_extra(tmp, target=lm.name, source=source)
+        return
+    if not dec.stats.recorder.rounds:
+        return
+    how = setup.method
+    label = names[0] if how.decoder_method == "draft" else "minions(" + "+".join(names) + ")"
+    write_acceptance_table(
+        tmp / "acceptance.yaml",
+        target=lm.name,
+        drafts={label: label},
+        source=source,
+        entries=[
+            dec.stats.recorder.entry(
+                label,
+                spec.speculation.dataset or DATASET,
+                mode=how.mode,
+                temperature=how.temperature,
+                source="measured by executor/speculative",
             )
-        write_outputs(tmp / "outputs.parquet", sorted(seqs, key=lambda s: s.rid))
-        if opts.plots:
-            plot_run(tmp)
-            _plot_speculation(tmp, dec, runner)
-            if hasattr(dec, "plot_extra"):  # Medusa: accepted lengths and measured head accuracies
-                dec.plot_extra(tmp)
-    return summary
+        ],
+    )
 
 
 SEQUENCE_COLUMNS = ("round", "rid", "s", "accepted")
