@@ -307,12 +307,7 @@ def run_profile(opts: ProfileOptions, console=None) -> dict:
     out = Path(opts.out).expanduser()
     if out.suffix not in (".yaml", ".yml"):
         raise InfersimError(f"--out {out}: a profile is a .yaml file")
-    device = select_device(opts.device)
-    if opts.threads:
-        torch.set_num_threads(int(opts.threads))
-    dtype = opts.dtype or ("fp32" if device.type == "cpu" else "fp16")
-    if dtype not in ("fp32", "fp16", "bf16"):
-        raise InfersimError(f"--dtype {dtype}: use fp32, fp16 or bf16")
+    device, dtype = _device_and_dtype(opts)
     t_start = time.perf_counter()
     la0 = load_average()
     when = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -343,6 +338,20 @@ def run_profile(opts: ProfileOptions, console=None) -> dict:
     # the final load average goes into the YAML's source as well
     hw_dict["source"] = build_hardware_dict({**meta, "load": calib["load_average"]}, calib, 0.0)["source"]
     return _written(out, hw_dict, calib, comps, calib["timings_s"])
+
+
+def _device_and_dtype(opts: ProfileOptions):
+    """The torch device (torch's threads set as asked) and the profile's dtype: fp32 on the CPU,
+    fp16 on CUDA unless --dtype says otherwise."""
+    import torch
+
+    device = select_device(opts.device)
+    if opts.threads:
+        torch.set_num_threads(int(opts.threads))
+    dtype = opts.dtype or ("fp32" if device.type == "cpu" else "fp16")
+    if dtype not in ("fp32", "fp16", "bf16"):
+        raise InfersimError(f"--dtype {dtype}: use fp32, fp16 or bf16")
+    return device, dtype
 
 
 def _progress_total(plans: dict, opts: ProfileOptions) -> int:
