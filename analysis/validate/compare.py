@@ -386,6 +386,7 @@ class _Attribution:
         return self._end_to_end_model(err, replay_err)
 
     def _end_to_end_noise(self) -> str:
+        """An end-to-end miss on a busy machine: its speed moved, or iterations stalled."""
         if self.moved:
             return (
                 f"timing noise (the machine's speed moved {self.shift:+.1%} between the calibration runs before and "
@@ -409,11 +410,13 @@ class _Attribution:
         return f"scheduling mismatch ({self.aligned:.0%} of iterations ran the same batch; cost-model total bias {bias:+.1%})"
 
     def noise(self) -> str:
+        """A swap or recompute cost missed on a busy machine: how busy it was."""
         if self.moved:
             return f"timing noise (the machine's speed moved {self.shift:+.1%} between the calibrations around the run)"
         return f"timing noise ({pct(self.stalls)} of executed and {pct(self.calibration_stalls)} of calibration iterations stalled)"
 
     def iteration(self) -> str:
+        """The component a per-iteration latency miss comes from."""
         cm = self.cm
         if self.moved:
             return (
