@@ -386,7 +386,7 @@ class _RecomputeCostModels:
         if hardware is None or calibration is None:
             return None
         spec, dtype = model.spec, model.dtype
-        # the entry itself, not a copy: the cost model reads the predictor the entry carries
+        # the entry as it stands: its recompute predictor, before the swap section is added
         cal = {
             **calibration,
             "per_model": {
