@@ -323,61 +323,125 @@ def _get(d: dict, path: tuple[str, ...]):
 
 
 # ---- targets and attribution ---------------------------------------------------------------------
-def check_targets(c: Comparison, compare: tuple[str, ...], targets: dict | None = None) -> list[dict]:
-    t = {**TARGETS, **(targets or {})}
-    cm, tot, rq = c.cost_model, c.totals, c.requests
-    checks = []
-    cm_bias = cm.get("total_bias", float("nan"))
-    acc_err = (tot.get("acceptance_rate") or {}).get("error")
-    aligned = c.iterations.get("aligned_fraction", float("nan"))
+@dataclass(frozen=True)
+class _Attribution:
+    """What a miss is blamed on: the machine's noise around the run first (a busy machine
+    explains any miss), then the acceptance model, the scheduling and the cost model."""
 
-    rp = c.replay
-    # the bias of each executor code path: both off alike with little jitter and no stalls means
-    # every iteration ran at another speed than at calibration (the machine's speed moved)
-    split = (
-        f": decode-only {pct_signed(cm.get('decode_bias'))}, with prefills {pct_signed(cm.get('mixed_bias'))}"
-        if "decode_bias" in cm
-        else ""
-    )
+    cm: dict  # the cost model level (Comparison.cost_model)
+    replay: dict  # the simulation with the executor's measured times (Comparison.replay)
+    cm_bias: float  # the cost model's total bias on the executed batches
+    acceptance_error: float | None  # simulated against measured acceptance rate
+    aligned: float  # fraction of simulated iterations that ran the executor's batch
+    split: str  # the bias per executor code path, '' when not measured
+    stalls: float  # fraction of executed iterations that stalled
+    jitter: float  # timing jitter of the executed iterations
+    calibration_stalls: float  # fraction of calibration iterations that stalled
+    shift: float  # the machine's speed change between the calibrations before and after the run
 
-    def end_to_end_source(err: float | None, replay_err: float | None = None) -> str:
+    @classmethod
+    def of(cls, c: Comparison) -> "_Attribution":
+        cm = c.cost_model
+        noise = cm.get("noise", {})
+        return cls(
+            cm=cm,
+            replay=c.replay,
+            cm_bias=cm.get("total_bias", float("nan")),
+            acceptance_error=(c.totals.get("acceptance_rate") or {}).get("error"),
+            aligned=c.iterations.get("aligned_fraction", float("nan")),
+            # both code paths off alike with little jitter and no stalls means every iteration ran
+            # at another speed than at calibration (the machine's speed moved)
+            split=(
+                f": decode-only {pct_signed(cm.get('decode_bias'))}, with prefills {pct_signed(cm.get('mixed_bias'))}"
+                if "decode_bias" in cm
+                else ""
+            ),
+            stalls=noise.get("stalls", float("nan")),
+            jitter=noise.get("jitter", float("nan")),
+            calibration_stalls=c.info.get("calibration_stalls", float("nan")),
+            shift=c.info.get("speed_shift", float("nan")),
+        )
+
+    @property
+    def moved(self) -> bool:
+        return bool(np.isfinite(self.shift) and abs(self.shift) > SHIFT_LIMIT)
+
+    @property
+    def busy(self) -> bool:
+        """The machine was busy around the run: its speed moved between the calibrations, or iterations stalled."""
+        return self.moved or any(np.isfinite(x) and x > STALL_LIMIT for x in (self.stalls, self.calibration_stalls))
+
+    def end_to_end(self, err: float | None, replay_err: float | None = None) -> str:
         """The component an end-to-end error comes from."""
-        if moved:
-            return (
-                f"timing noise (the machine's speed moved {shift:+.1%} between the calibration runs before and "
-                f"after the validated run; cost-model total bias {cm_bias:+.1%})"
-            )
-        if busy:
-            return (
-                f"timing noise (a busy machine: {pct(stalls)} of executed and {pct(cal_stalls)} of calibration "
-                f"iterations stalled; cost-model total bias {cm_bias:+.1%})"
-            )
-        if acc_err is not None and abs(acc_err) > 0.05:
-            return f"acceptance model (simulated acceptance {acc_err:+.1%} off)"
+        if self.busy:
+            return self._end_to_end_noise()
+        if self.acceptance_error is not None and abs(self.acceptance_error) > 0.05:
+            return f"acceptance model (simulated acceptance {self.acceptance_error:+.1%} off)"
         if replay_err is not None and err is not None and abs(replay_err) >= 0.5 * abs(err):
             return (
                 f"scheduling mismatch (with the executor's own measured times the simulation is still "
-                f"{replay_err:+.1%} off; {rp.get('aligned_fraction', float('nan')):.0%} of its iterations ran "
+                f"{replay_err:+.1%} off; {self.replay.get('aligned_fraction', float('nan')):.0%} of its iterations ran "
                 f"the executor's batch)"
             )
-        if (
-            err is not None
-            and np.isfinite(cm_bias)
-            and abs(cm_bias) >= 0.5 * abs(err)
-            and np.sign(cm_bias) == np.sign(err)
-        ):
-            return f"cost model (total bias {cm_bias:+.1%} on the executed batches{split})"
+        return self._end_to_end_model(err, replay_err)
+
+    def _end_to_end_noise(self) -> str:
+        """An end-to-end miss on a busy machine: its speed moved, or iterations stalled."""
+        if self.moved:
+            return (
+                f"timing noise (the machine's speed moved {self.shift:+.1%} between the calibration runs before and "
+                f"after the validated run; cost-model total bias {self.cm_bias:+.1%})"
+            )
+        return (
+            f"timing noise (a busy machine: {pct(self.stalls)} of executed and {pct(self.calibration_stalls)} of "
+            f"calibration iterations stalled; cost-model total bias {self.cm_bias:+.1%})"
+        )
+
+    def _end_to_end_model(self, err: float | None, replay_err: float | None) -> str:
+        """Past noise, acceptance and a replay that is off too: the cost model or the schedule."""
+        bias = self.cm_bias
+        if err is not None and np.isfinite(bias) and abs(bias) >= 0.5 * abs(err) and np.sign(bias) == np.sign(err):
+            return f"cost model (total bias {bias:+.1%} on the executed batches{self.split})"
         if replay_err is not None:
             return (
                 f"cost model (per-iteration errors that do not cancel; with the measured times the simulation "
-                f"is {replay_err:+.1%} off, total bias {cm_bias:+.1%})"
+                f"is {replay_err:+.1%} off, total bias {bias:+.1%})"
             )
-        return f"scheduling mismatch ({aligned:.0%} of iterations ran the same batch; cost-model total bias {cm_bias:+.1%})"
+        return f"scheduling mismatch ({self.aligned:.0%} of iterations ran the same batch; cost-model total bias {bias:+.1%})"
 
-    def add(metric: str, value, target: float, source) -> None:
+    def noise(self) -> str:
+        """A swap or recompute cost missed on a busy machine: how busy it was."""
+        if self.moved:
+            return f"timing noise (the machine's speed moved {self.shift:+.1%} between the calibrations around the run)"
+        return f"timing noise ({pct(self.stalls)} of executed and {pct(self.calibration_stalls)} of calibration iterations stalled)"
+
+    def iteration(self) -> str:
+        """The component a per-iteration latency miss comes from."""
+        cm = self.cm
+        if self.moved:
+            return (
+                f"timing noise: the machine's speed moved {self.shift:+.1%} between the calibration runs before and "
+                f"after the validated run (cost-model bias {cm.get('bias', float('nan')):+.1%})"
+            )
+        if self.busy:
+            return (
+                f"timing noise: {pct(self.stalls)} of iterations stalled (took >= 2x their like neighbours: the "
+                f"process lost its core), {pct(self.calibration_stalls)} while calibrating, jitter {pct(self.jitter)}; "
+                f"cost model on the unstalled iterations {pct(cm.get('mape_unstalled'))}"
+            )
+        return (
+            within_run_source(cm)
+            or f"cost model (bias {cm.get('bias', float('nan')):+.1%}, timing jitter {pct(self.jitter)})"
+        )
+
+
+class _Checks(list):
+    """The pass/miss lines; a miss's component is worked out only when it misses."""
+
+    def add(self, metric: str, value, target: float, source) -> None:
         ok = value is not None and np.isfinite(value) and abs(value) <= target
         comp = "" if ok else (source() if callable(source) else source)
-        checks.append(
+        self.append(
             {
                 "metric": metric,
                 "value": value,
@@ -388,79 +452,63 @@ def check_targets(c: Comparison, compare: tuple[str, ...], targets: dict | None 
             }
         )
 
-    noise = cm.get("noise", {})
-    stalls, jit = noise.get("stalls", float("nan")), noise.get("jitter", float("nan"))
-    cal_stalls = c.info.get("calibration_stalls", float("nan"))
-    shift = c.info.get("speed_shift", float("nan"))
-    moved = bool(np.isfinite(shift) and abs(shift) > SHIFT_LIMIT)
-    # the machine was busy around the run: its speed moved between the calibrations, or iterations stalled
-    busy = moved or any(np.isfinite(x) and x > STALL_LIMIT for x in (stalls, cal_stalls))
 
-    def noise_source() -> str:
-        if moved:
-            return f"timing noise (the machine's speed moved {shift:+.1%} between the calibrations around the run)"
-        return f"timing noise ({pct(stalls)} of executed and {pct(cal_stalls)} of calibration iterations stalled)"
+def _neg(x):
+    return -x if x is not None else None
 
-    def iteration_source() -> str:
-        if moved:
-            return (
-                f"timing noise: the machine's speed moved {shift:+.1%} between the calibration runs before and "
-                f"after the validated run (cost-model bias {cm.get('bias', float('nan')):+.1%})"
-            )
-        if busy:
-            return (
-                f"timing noise: {pct(stalls)} of iterations stalled (took >= 2x their like neighbours: the "
-                f"process lost its core), {pct(cal_stalls)} while calibrating, jitter {pct(jit)}; cost model on "
-                f"the unstalled iterations {pct(cm.get('mape_unstalled'))}"
-            )
-        return (
-            within_run_source(cm) or f"cost model (bias {cm.get('bias', float('nan')):+.1%}, timing jitter {pct(jit)})"
+
+def check_targets(c: Comparison, compare: tuple[str, ...], targets: dict | None = None) -> list[dict]:
+    t = {**TARGETS, **(targets or {})}
+    why = _Attribution.of(c)
+    checks = _Checks()
+    checks.add("per-iteration latency MAPE", c.cost_model.get("mape"), t["iteration_mape"], why.iteration)
+    _end_to_end_checks(c, t, why, checks)
+    if "swap" in compare and "swap" in c.cost_model:
+        _swap_cost_check(c.cost_model["swap"], t, why, checks)
+    if "prefix" in compare:
+        _prefix_checks(c, checks.add)
+    if "recompute" in compare and "recompute" in c.cost_model:
+        checks.add(
+            "recompute cost (re-prefill time)",
+            c.cost_model["recompute"]["error"],
+            t["recompute_cost"],
+            lambda: why.noise() if why.busy else "cost model (prefill iterations)",
         )
+    return list(checks)
 
-    add("per-iteration latency MAPE", cm.get("mape"), t["iteration_mape"], iteration_source)
 
-    def neg(x):
-        return -x if x is not None else None
-
-    thr = (tot.get("throughput_output_tokens_per_s") or {}).get("error")
-    add(
+def _end_to_end_checks(c: Comparison, t: dict, why: _Attribution, checks: _Checks) -> None:
+    """Throughput, mean end-to-end latency and the p99s, each blamed with the replay's error beside it."""
+    rq, rp = c.requests, c.replay
+    thr = (c.totals.get("throughput_output_tokens_per_s") or {}).get("error")
+    # a throughput above the measured is a latency below it: the sign follows the latencies'
+    checks.add(
         "throughput (output tok/s)",
         thr,
         t["throughput"],
-        lambda: end_to_end_source(neg(thr), neg(rp.get("throughput_error"))),
+        lambda: why.end_to_end(_neg(thr), _neg(rp.get("throughput_error"))),
     )
     e2e = rq.get("e2e_s", {}).get("mean_error")
-    add(
+    checks.add(
         "mean end-to-end latency",
         e2e,
         t["e2e_mean"],
-        lambda: end_to_end_source(e2e, rp.get("e2e_s", {}).get("mean_error")),
+        lambda: why.end_to_end(e2e, rp.get("e2e_s", {}).get("mean_error")),
     )
     for col, label in (("ttft_s", "TTFT p99"), ("tpot_s", "TPOT p99"), ("e2e_s", "end-to-end p99")):
         v = rq.get(col, {}).get("p99_error")
-        add(label, v, t["p99"], lambda v=v, col=col: end_to_end_source(v, rp.get(col, {}).get("p99_error")))
-    if "swap" in compare and "swap" in cm:
-        r = cm["swap"]["ratio_p10_p50_p90"]
-        band = (
-            f"measured/predicted per copy p10 {r[0]:.2f}, median {r[1]:.2f}, p90 {r[2]:.2f} over "
-            f"{cm['swap']['events']} copies"
-        )
-        add(
-            "swap cost (total copy time)",
-            cm["swap"]["error"],
-            t["swap_cost"],
-            lambda: (noise_source() + f"; {band}") if busy else f"cost model (host-copy fit; {band})",
-        )
-    if "prefix" in compare:
-        _prefix_checks(c, add)
-    if "recompute" in compare and "recompute" in cm:
-        add(
-            "recompute cost (re-prefill time)",
-            cm["recompute"]["error"],
-            t["recompute_cost"],
-            lambda: noise_source() if busy else "cost model (prefill iterations)",
-        )
-    return checks
+        checks.add(label, v, t["p99"], lambda v=v, col=col: why.end_to_end(v, rp.get(col, {}).get("p99_error")))
+
+
+def _swap_cost_check(swap: dict, t: dict, why: _Attribution, checks: _Checks) -> None:
+    r = swap["ratio_p10_p50_p90"]
+    band = f"measured/predicted per copy p10 {r[0]:.2f}, median {r[1]:.2f}, p90 {r[2]:.2f} over {swap['events']} copies"
+    checks.add(
+        "swap cost (total copy time)",
+        swap["error"],
+        t["swap_cost"],
+        lambda: (why.noise() + f"; {band}") if why.busy else f"cost model (host-copy fit; {band})",
+    )
 
 
 def _prefix_checks(c: Comparison, add) -> None:

@@ -13,6 +13,8 @@ transformers at tokens per request (and shapes) the step sweep did not measure."
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from infersim.simulator.costmodel import BatchShape, RooflineCostModel
@@ -69,8 +71,6 @@ def swap_check(
     rounds' spread is recorded as the noise floor."""
     import torch
 
-    from infersim.executor.kvcache import KVCacheConfig, PagedKVCache
-
     models = SWAP_MODELS_QUICK if quick else SWAP_MODELS_FULL
     lengths = SWAP_TOKENS_QUICK if quick else SWAP_TOKENS_FULL
     rounds = rounds or (1 if quick else 5)
@@ -79,126 +79,204 @@ def swap_check(
     rows = []
     # the copy sweep's reference copies, timed again each round: how far the bandwidth has moved
     copy_sentinel: list[float] = []
-
-    def copy_sentinel_s() -> float:  # buffers made per call: on the CPU each copy holds 256 MiB
-        plan = copy_reference_plan(b.device.type)
-        return float(np.mean([measure(copy_fn(b, d, pinned, n), b.timer, b.rep).median_s for d, _, pinned, n in plan]))
-
-    def predict(nbytes, direction):
-        return link[f"{direction}_latency_us"] * 1e-6 + nbytes / (link[f"{direction}_gbps"] * 1e9)
-
     for mname, (L, kvh, d) in models.items():
         block_bytes = 2 * L * BLOCK * kvh * d * es
-        max_blocks = -(-max(lengths) // BLOCK)
-        # pools several times the largest sequence and past the caches, so successive repeats
-        # copy different blocks (swapped-out KV was written long before, not sitting in cache)
-        pool = max(4 * max_blocks, int(np.ceil(((64 if quick else 256) << 20) / block_bytes)))
-        pinned = b.device.type == "cuda"
-        dev = torch.full((pool, L, 2, BLOCK, kvh, d), 0.5, dtype=td, device=b.device)
-        host = torch.full((pool, L, 2, BLOCK, kvh, d), 0.5, dtype=td, pin_memory=pinned)
-        layer_k = torch.full((L, pool, BLOCK, kvh, d), 0.5, dtype=td, device=b.device)
-        layer_hk = torch.full((L, pool, BLOCK, kvh, d), 0.5, dtype=td, pin_memory=pinned)
-        layer_v, layer_hv = layer_k.clone(), layer_hk.clone()
-        cache = PagedKVCache(L, kvh, d, KVCacheConfig(pool, BLOCK, pool, watermark=0.0, dtype=td), b.device)
-        for t in (cache._k, cache._v, cache._hk, cache._hv):
-            t.fill_(0.5)  # commit the pages before timing
-        cache._clean = [True] * pool
-        samples = {n: {"out": [], "in": [], "layers": [], "executor": []} for n in lengths}
-        for r in range(rounds):
-            copy_sentinel.append(copy_sentinel_s())
-            for n in lengths:
-                if r == 0 and b.over_budget(len(rows) + sum(1 for v in samples.values() if v["out"])):
-                    samples.pop(n, None)
-                    continue
-                if n not in samples:
-                    continue
-                nblk = -(-n // BLOCK)
-                state = {"s": 0}
-
-                def span(nblk=nblk, state=state):
-                    s = state["s"]
-                    state["s"] = (s + nblk) % (pool - nblk)
-                    return s
-
-                def out_fn(nblk=nblk, span=span):
-                    s = span()
-                    host[s : s + nblk].copy_(dev[s : s + nblk])
-
-                def in_fn(nblk=nblk, span=span):
-                    s = span()
-                    dev[s : s + nblk].copy_(host[s : s + nblk])
-
-                def layers_pair(nblk=nblk, span=span):
-                    s = span()
-                    for l in range(L):
-                        layer_hk[l, s : s + nblk].copy_(layer_k[l, s : s + nblk])
-                        layer_hv[l, s : s + nblk].copy_(layer_v[l, s : s + nblk])
-                    for l in range(L):
-                        layer_k[l, s : s + nblk].copy_(layer_hk[l, s : s + nblk])
-                        layer_v[l, s : s + nblk].copy_(layer_hv[l, s : s + nblk])
-
-                seq = _Seq()
-                cache.grow_to(seq, n)
-
-                def ex_pair(seq=seq):
-                    cache.swap_out([seq])
-                    cache.swap_in([seq])
-
-                smp = samples[n]
-                smp["out"].append(measure(out_fn, b.timer, b.rep).median_s)
-                smp["in"].append(measure(in_fn, b.timer, b.rep).median_s)
-                smp["layers"].append(measure(layers_pair, b.timer, b.rep).median_s)
-                smp["executor"].append(measure(ex_pair, b.timer, b.rep).median_s)
-                cache.free(seq)
-                b.progress(f"swap check {mname} n={n} round {r + 1}/{rounds}")
-        for n, smp in samples.items():
-            nbytes = -(-n // BLOCK) * block_bytes
-            (t_out, cv_out), (t_in, cv_in) = _rounds_median(smp["out"]), _rounds_median(smp["in"])
-            rows.append(
-                {
-                    "model": mname,
-                    "tokens": n,
-                    "blocks": -(-n // BLOCK),
-                    "bytes": nbytes,
-                    "rounds": len(smp["out"]),
-                    "swap_out_s": t_out,
-                    "swap_in_s": t_in,
-                    "rounds_cv_out": cv_out,
-                    "rounds_cv_in": cv_in,
-                    "per_layer_swap_s": _rounds_median(smp["layers"])[0],
-                    "executor_swap_s": _rounds_median(smp["executor"])[0],
-                }
-            )
-        dev = host = layer_k = layer_v = layer_hk = layer_hv = cache = None  # free before the next model
+        sweep = _SwapSweep(mname, (L, kvh, d), td, block_bytes, lengths, rounds, quick)
+        samples = _measure_model_swaps(b, sweep, len(rows), copy_sentinel)
+        rows += [_swap_row(mname, n, smp, block_bytes) for n, smp in samples.items()]
     for r in rows:
-        p_out, p_in = predict(r["bytes"], "d2h"), predict(r["bytes"], "h2d")
-        r.update(
-            pred_out_s=p_out,
-            pred_in_s=p_in,
-            err_out_pct=_pct(p_out, r["swap_out_s"]),
-            err_in_pct=_pct(p_in, r["swap_in_s"]),
-            err_swap_pct=_pct(p_out + p_in, r["swap_out_s"] + r["swap_in_s"]),
-            err_per_layer_pct=_pct(p_out + p_in, r["per_layer_swap_s"]),
-            err_executor_pct=_pct(p_out + p_in, r["executor_swap_s"]),
-        )
+        _score_swap_row(r, link)
     drift_f = float(np.median(copy_sentinel)) / copy_reference_s if copy_reference_s and copy_sentinel else None
     if drift_f:
         for r in rows:
             r["err_swap_drift_corrected_pct"] = _pct(
                 (r["pred_out_s"] + r["pred_in_s"]) * drift_f, r["swap_out_s"] + r["swap_in_s"]
             )
+    return _swap_summary(rows, rounds, drift_f, kv_dtype)
+
+
+@dataclass(frozen=True)
+class _SwapSweep:
+    """One model's pass of the swap check."""
+
+    model: str  # catalog name, for the progress line
+    kv_shape: tuple[int, int, int]  # layers, kv heads, head dim
+    dtype: object  # torch dtype of the KV cache
+    block_bytes: int  # K and V of one block over all layers
+    lengths: tuple[int, ...]  # sequence lengths (tokens) swapped
+    rounds: int  # passes over all lengths
+    quick: bool  # smaller pools
+
+
+@dataclass
+class _SwapPools:
+    """A model's KV on the device and the host in the three layouts the check times."""
+
+    blocks: int  # pool size in blocks, each layout alike
+    layers: int
+    dev: object  # block-major [blocks, layers, K/V, block, kv heads, head dim]
+    host: object
+    layer_k: object  # layer-major [layers, blocks, block, kv heads, head dim], K and V apart
+    layer_hk: object
+    layer_v: object
+    layer_hv: object
+    cache: object  # the executor's PagedKVCache
+
+
+def _swap_pools(b: Bench, sweep: _SwapSweep) -> _SwapPools:
+    import torch
+
+    from infersim.executor.kvcache import KVCacheConfig, PagedKVCache
+
+    (L, kvh, d), td = sweep.kv_shape, sweep.dtype
+    max_blocks = -(-max(sweep.lengths) // BLOCK)
+    # pools several times the largest sequence and past the caches, so successive repeats
+    # copy different blocks (swapped-out KV was written long before, not sitting in cache)
+    pool = max(4 * max_blocks, int(np.ceil(((64 if sweep.quick else 256) << 20) / sweep.block_bytes)))
+    pinned = b.device.type == "cuda"
+    dev = torch.full((pool, L, 2, BLOCK, kvh, d), 0.5, dtype=td, device=b.device)
+    host = torch.full((pool, L, 2, BLOCK, kvh, d), 0.5, dtype=td, pin_memory=pinned)
+    layer_k = torch.full((L, pool, BLOCK, kvh, d), 0.5, dtype=td, device=b.device)
+    layer_hk = torch.full((L, pool, BLOCK, kvh, d), 0.5, dtype=td, pin_memory=pinned)
+    layer_v, layer_hv = layer_k.clone(), layer_hk.clone()
+    cache = PagedKVCache(L, kvh, d, KVCacheConfig(pool, BLOCK, pool, watermark=0.0, dtype=td), b.device)
+    for t in (cache._k, cache._v, cache._hk, cache._hv):
+        t.fill_(0.5)  # commit the pages before timing
+    cache._clean = [True] * pool
+    return _SwapPools(pool, L, dev, host, layer_k, layer_hk, layer_v, layer_hv, cache)
+
+
+def _measure_model_swaps(
+    b: Bench, sweep: _SwapSweep, rows_before: int, copy_sentinel: list[float]
+) -> dict[int, dict[str, list[float]]]:
+    """Per length, each swap path's median time in every round; lengths past the budget
+    (judged in the first round, counting `rows_before` from earlier models) are dropped.
+    The pools live only as long as this call: they are freed before the next model's."""
+    pools = _swap_pools(b, sweep)
+    samples = {n: {"out": [], "in": [], "layers": [], "executor": []} for n in sweep.lengths}
+    for r in range(sweep.rounds):
+        copy_sentinel.append(_copy_sentinel_s(b))
+        for n in sweep.lengths:
+            if r == 0 and b.over_budget(rows_before + sum(1 for v in samples.values() if v["out"])):
+                samples.pop(n, None)
+                continue
+            if n not in samples:
+                continue
+            for path, t in _time_swap_paths(b, pools, n).items():
+                samples[n][path].append(t)
+            b.progress(f"swap check {sweep.model} n={n} round {r + 1}/{sweep.rounds}")
+    return samples
+
+
+def _copy_sentinel_s(b: Bench) -> float:
+    """The copy sweep's reference copies timed now (buffers made per call: on the CPU each copy holds 256 MiB)."""
+    plan = copy_reference_plan(b.device.type)
+    return float(np.mean([measure(copy_fn(b, d, pinned, n), b.timer, b.rep).median_s for d, _, pinned, n in plan]))
+
+
+def _copy_fns(pools: _SwapPools, nblk: int) -> tuple:
+    """Swap-out, swap-in and per-layer out-and-in copies of `nblk` blocks, their start blocks
+    walking through the pool in one walk shared by the three."""
+    # locals, not attributes, inside the timed calls: they time the copies, not the lookups
+    dev, host = pools.dev, pools.host
+    layer_k, layer_hk, layer_v, layer_hv = pools.layer_k, pools.layer_hk, pools.layer_v, pools.layer_hv
+    L, pool = pools.layers, pools.blocks
+    state = {"s": 0}
+
+    def span():  # each repeat copies blocks the last did not
+        s = state["s"]
+        state["s"] = (s + nblk) % (pool - nblk)
+        return s
+
+    def out_fn():
+        s = span()
+        host[s : s + nblk].copy_(dev[s : s + nblk])
+
+    def in_fn():
+        s = span()
+        dev[s : s + nblk].copy_(host[s : s + nblk])
+
+    def layers_pair():
+        s = span()
+        for l in range(L):
+            layer_hk[l, s : s + nblk].copy_(layer_k[l, s : s + nblk])
+            layer_hv[l, s : s + nblk].copy_(layer_v[l, s : s + nblk])
+        for l in range(L):
+            layer_k[l, s : s + nblk].copy_(layer_hk[l, s : s + nblk])
+            layer_v[l, s : s + nblk].copy_(layer_hv[l, s : s + nblk])
+
+    return out_fn, in_fn, layers_pair
+
+
+def _time_swap_paths(b: Bench, pools: _SwapPools, n: int) -> dict[str, float]:
+    """Median times of a sequence of `n` tokens swapped out, in, layer by layer (out and in)
+    and through the executor's cache (out and in), timed in that order."""
+    out_fn, in_fn, layers_pair = _copy_fns(pools, -(-n // BLOCK))
+    cache = pools.cache
+    seq = _Seq()
+    cache.grow_to(seq, n)
+
+    def ex_pair():
+        cache.swap_out([seq])
+        cache.swap_in([seq])
+
+    times = {
+        path: measure(fn, b.timer, b.rep).median_s
+        for path, fn in (("out", out_fn), ("in", in_fn), ("layers", layers_pair), ("executor", ex_pair))
+    }
+    cache.free(seq)
+    return times
+
+
+def _swap_row(model: str, n: int, smp: dict[str, list[float]], block_bytes: int) -> dict:
+    (t_out, cv_out), (t_in, cv_in) = _rounds_median(smp["out"]), _rounds_median(smp["in"])
+    return {
+        "model": model,
+        "tokens": n,
+        "blocks": -(-n // BLOCK),
+        "bytes": -(-n // BLOCK) * block_bytes,
+        "rounds": len(smp["out"]),
+        "swap_out_s": t_out,
+        "swap_in_s": t_in,
+        "rounds_cv_out": cv_out,
+        "rounds_cv_in": cv_in,
+        "per_layer_swap_s": _rounds_median(smp["layers"])[0],
+        "executor_swap_s": _rounds_median(smp["executor"])[0],
+    }
+
+
+def _predicted_copy_s(link: dict, nbytes: int, direction: str) -> float:
+    """The cost model's transfer time: the direction's fitted latency + bytes / bandwidth."""
+    return link[f"{direction}_latency_us"] * 1e-6 + nbytes / (link[f"{direction}_gbps"] * 1e9)
+
+
+def _score_swap_row(r: dict, link: dict) -> None:
+    p_out, p_in = _predicted_copy_s(link, r["bytes"], "d2h"), _predicted_copy_s(link, r["bytes"], "h2d")
+    r.update(
+        pred_out_s=p_out,
+        pred_in_s=p_in,
+        err_out_pct=_pct(p_out, r["swap_out_s"]),
+        err_in_pct=_pct(p_in, r["swap_in_s"]),
+        err_swap_pct=_pct(p_out + p_in, r["swap_out_s"] + r["swap_in_s"]),
+        err_per_layer_pct=_pct(p_out + p_in, r["per_layer_swap_s"]),
+        err_executor_pct=_pct(p_out + p_in, r["executor_swap_s"]),
+    )
+
+
+def _swap_summary(rows: list[dict], rounds: int, drift_f: float | None, kv_dtype: str) -> dict:
+    def mape(key: str) -> float:
+        return float(np.mean([r[key] for r in rows]))
+
     return {
         "rows": rows,
         "rounds": rounds,
         "drift": drift_f,
-        "mape_swap_drift_corrected": float(np.mean([r["err_swap_drift_corrected_pct"] for r in rows]))
-        if drift_f
-        else None,
-        "mape_out": float(np.mean([r["err_out_pct"] for r in rows])),
-        "mape_in": float(np.mean([r["err_in_pct"] for r in rows])),
-        "mape_swap": float(np.mean([r["err_swap_pct"] for r in rows])),
-        "mape_per_layer_swap": float(np.mean([r["err_per_layer_pct"] for r in rows])),
-        "mape_executor_swap": float(np.mean([r["err_executor_pct"] for r in rows])),
+        "mape_swap_drift_corrected": mape("err_swap_drift_corrected_pct") if drift_f else None,
+        "mape_out": mape("err_out_pct"),
+        "mape_in": mape("err_in_pct"),
+        "mape_swap": mape("err_swap_pct"),
+        "mape_per_layer_swap": mape("err_per_layer_pct"),
+        "mape_executor_swap": mape("err_executor_pct"),
         "rounds_cv_median": float(np.median([0.5 * (r["rounds_cv_out"] + r["rounds_cv_in"]) for r in rows])),
         "kv_dtype": kv_dtype,
         "block_size": BLOCK,

@@ -337,9 +337,20 @@ def analyze_model(
     """The sidecar entry of one model: the recompute predictor (chosen without the held-out
     set), its held-out errors beside the generic predictor's and the roofline's, and the swap
     check of the executor's swap path."""
-    name, spec, dtype = model.name, model.spec, model.dtype
-    settings = raw["settings"]
     med = {q: _rounds_median(v) for q, v in raw["prefill"].items()}
+    entry = _entry_with_predictor(raw["settings"], med, plan, model, seed)
+    costs = _RecomputeCostModels.of(model, entry, hardware, calibration)
+    rows = _recompute_rows(raw["settings"], med, PortableRegressor(entry["recompute"]["predictor"]), costs)
+    best_key = "err_cost_model_pct" if costs is not None else "err_predictor_pct"
+    entry["recompute"].update(_recompute_summary(rows, plan.rounds, best_key))
+    entry["swap"] = _swap_check(_swap_rows(raw, plan), calibration, raw["bytes_per_block"])
+    entry["sentinel"] = _sentinel_summary(raw["sentinel"])
+    return entry
+
+
+def _entry_with_predictor(settings, med: dict, plan: ModelPlan, model: ProfiledModel, seed: int) -> dict:
+    """The entry's identity and its recompute predictor, compared and chosen on the fitted
+    settings alone and scored on the held-out ones."""
     fit_q = [q for role, q in settings if role == "fit"]
     held_q = [q for role, q in settings if role == "held"]
     Xf = np.array([model_features(q) for q in fit_q])
@@ -352,30 +363,56 @@ def analyze_model(
         "batch": [1, int(max((1,) + plan.batches))],
         "max_batched_tokens": int(plan.max_batched_tokens),
     }
-    entry = {
-        "name": name,
+    return {
+        "name": model.name,
         "config_hash": model.config_hash,
-        "dtype": dtype,
-        "spec": {k: v for k, v in spec.model_dump().items() if k not in ("source", "aliases")},
+        "dtype": model.dtype,
+        "spec": {k: v for k, v in model.spec.model_dump().items() if k not in ("source", "aliases")},
         "recompute": {"predictor": comp.pop("portable"), "domain": domain, "comparison": comp},
     }
-    rows = []
-    reg = generic = roof = None
-    if hardware is not None and calibration is not None:
+
+
+@dataclass(frozen=True)
+class _RecomputeCostModels:
+    """The cost models a model's prefills are scored with, beside its own predictor."""
+
+    per_model: RegressionCostModel  # the profile with this entry: picks the model's own predictor
+    generic: RegressionCostModel  # the profile's step regressor, no per-model entry
+    roofline: RooflineCostModel
+
+    @classmethod
+    def of(cls, model: ProfiledModel, entry: dict, hardware, calibration: dict | None) -> "_RecomputeCostModels | None":
+        """None without a profile to build them on."""
+        if hardware is None or calibration is None:
+            return None
+        spec, dtype = model.spec, model.dtype
+        # the entry as it stands: its recompute predictor, before the swap section is added
         cal = {
             **calibration,
             "per_model": {
                 "format": MODEL_PREDICTORS_FORMAT,
                 "version": MODEL_PREDICTORS_VERSION,
-                "models": {model_key(name, model.config_hash): entry},
+                "models": {model_key(model.name, model.config_hash): entry},
             },
         }
         reg = RegressionCostModel(spec, hardware, dtype=dtype, calibration=cal)
         assert reg.model_predictor_key is not None
         generic = RegressionCostModel(spec, hardware, dtype=dtype, calibration={**calibration, "per_model": None})
-        roof = RooflineCostModel(spec, hardware, dtype=dtype)
+        return cls(reg, generic, RooflineCostModel(spec, hardware, dtype=dtype))
 
-    port = PortableRegressor(entry["recompute"]["predictor"])
+
+# (prediction, its error against the measured time) per row of the recompute check
+_RECOMPUTE_ERRORS = (
+    ("pred_s", "err_predictor_pct"),
+    ("pred_cost_model_s", "err_cost_model_pct"),
+    ("pred_generic_s", "err_generic_pct"),
+    ("pred_roofline_s", "err_roofline_pct"),
+)
+
+
+def _recompute_rows(settings, med: dict, port: PortableRegressor, costs: _RecomputeCostModels | None) -> list[dict]:
+    """One row per prefill setting: measured, predicted by each predictor, and the errors."""
+    rows = []
     for role, q in settings:
         m, cv = med[q]
         shape = BatchShape.prefill(list(q))
@@ -388,42 +425,42 @@ def analyze_model(
             "rounds_cv": cv,
             "pred_s": float(port.predict(model_features(q)[None])[0]),
         }
-        if reg is not None:
-            row["pred_cost_model_s"] = reg.iteration_time_s(shape)
-            row["pred_generic_s"] = generic.iteration_time_s(shape)
-            row["pred_roofline_s"] = roof.iteration_time_s(shape)
-        for k, e in (
-            ("pred_s", "err_predictor_pct"),
-            ("pred_cost_model_s", "err_cost_model_pct"),
-            ("pred_generic_s", "err_generic_pct"),
-            ("pred_roofline_s", "err_roofline_pct"),
-        ):
+        if costs is not None:
+            row["pred_cost_model_s"] = costs.per_model.iteration_time_s(shape)
+            row["pred_generic_s"] = costs.generic.iteration_time_s(shape)
+            row["pred_roofline_s"] = costs.roofline.iteration_time_s(shape)
+        for k, e in _RECOMPUTE_ERRORS:
             if k in row:
                 row[e] = _pct(row[k], m)
         rows.append(row)
+    return rows
 
-    def mape(sel, key):
-        sel = [r[key] for r in sel if key in r]
-        return float(np.mean(sel)) if sel else None
 
+def _mape_of(rows: list[dict], key: str) -> float | None:
+    """Mean of `key` over the rows that have it; None when none does."""
+    sel = [r[key] for r in rows if key in r]
+    return float(np.mean(sel)) if sel else None
+
+
+def _recompute_summary(rows: list[dict], rounds: int, best_key: str) -> dict:
     held1 = [r for r in rows if r["role"] == "held" and r["batch"] == 1]
     heldb = [r for r in rows if r["role"] == "held" and r["batch"] > 1]
     fitted = [r for r in rows if r["role"] == "fit"]
-    best_key = "err_cost_model_pct" if reg is not None else "err_predictor_pct"
-    entry["recompute"].update(
-        {
-            "rows": rows,
-            "rounds": plan.rounds,
-            "rounds_cv_median": float(np.median([r["rounds_cv"] for r in rows])),
-            "mape_recompute": mape(held1, best_key),  # held-out prompts alone: a preempted sequence's recompute
-            "mape_held_out_batched": mape(heldb, best_key),
-            "mape_fitted": mape(fitted, best_key),
-            "mape_recompute_generic": mape(held1, "err_generic_pct"),
-            "mape_recompute_roofline": mape(held1, "err_roofline_pct"),
-        }
-    )
+    return {
+        "rows": rows,
+        "rounds": rounds,
+        "rounds_cv_median": float(np.median([r["rounds_cv"] for r in rows])),
+        "mape_recompute": _mape_of(held1, best_key),  # held-out prompts alone: a preempted sequence's recompute
+        "mape_held_out_batched": _mape_of(heldb, best_key),
+        "mape_fitted": _mape_of(fitted, best_key),
+        "mape_recompute_generic": _mape_of(held1, "err_generic_pct"),
+        "mape_recompute_roofline": _mape_of(held1, "err_roofline_pct"),
+    }
 
-    # ---- swap: the executor's own path ---------------------------------------------------
+
+# ---- swap: the executor's own path ---------------------------------------------------
+def _swap_rows(raw: dict, plan: ModelPlan) -> list[dict]:
+    """One row per (tokens, layout): the rounds' median swap-out and swap-in times."""
     srows = []
     per_block = raw["bytes_per_block"]
     for (n, layout), smp in raw["swap"].items():
@@ -442,9 +479,11 @@ def analyze_model(
                 "rounds_cv": 0.5 * (cv_out + cv_in),
             }
         )
-    sfit = fit_swap([r for r in srows if r["role"] == "fit"])
-    link = (calibration or {}).get("host_link") or {}
-    # (latency per swap, cost per slice copy, bytes/s) per direction
+    return srows
+
+
+def _swap_formulas(sfit: dict, link: dict) -> dict:
+    """(latency per swap, cost per slice copy, bytes/s) per direction, per prediction."""
     formulas = {
         "model_fit": {
             d: (sfit[d]["latency_us"] * 1e-6, sfit[d]["per_copy_us"] * 1e-6, sfit[d]["gbps"] * 1e9)
@@ -456,20 +495,32 @@ def analyze_model(
         # segment (a layer's part of a slice copy) pays
         formulas["link"] = {d: (0.0, link[f"{d}_latency_us"] * 1e-6, link[f"{d}_gbps"] * 1e9) for d in ("d2h", "h2d")}
         formulas["bandwidth_only"] = {d: (0.0, 0.0, link[f"{d}_gbps"] * 1e9) for d in ("d2h", "h2d")}
-    summary = {}
-    for f, par in formulas.items():
-        count = "copies" if f == "model_fit" else "segments"
-        for r in srows:
-            po, pi = (par[d][0] + r[count] * par[d][1] + r["bytes"] / par[d][2] for d in ("d2h", "h2d"))
-            r[f"pred_out_{f}_s"], r[f"pred_in_{f}_s"] = po, pi
-            r[f"err_out_{f}_pct"], r[f"err_in_{f}_pct"] = _pct(po, r["swap_out_s"]), _pct(pi, r["swap_in_s"])
-            r[f"err_swap_{f}_pct"] = _pct(po + pi, r["swap_out_s"] + r["swap_in_s"])
-        held = [r for r in srows if r["role"] == "held"]
-        summary[f] = {k: float(np.mean([r[f"err_{k}_{f}_pct"] for r in held])) for k in ("out", "in", "swap")}
-        for lay in LAYOUTS:
-            sel = [r for r in held if r["layout"] == lay]
-            summary[f][lay] = {k: float(np.mean([r[f"err_{k}_{f}_pct"] for r in sel])) for k in ("out", "in", "swap")}
-    entry["swap"] = {
+    return formulas
+
+
+def _score_swaps(srows: list[dict], f: str, par: dict) -> dict:
+    """Formula `f`'s predictions and errors into every row; its held-out MAPEs, overall and per layout."""
+    count = "copies" if f == "model_fit" else "segments"
+    for r in srows:
+        po, pi = (par[d][0] + r[count] * par[d][1] + r["bytes"] / par[d][2] for d in ("d2h", "h2d"))
+        r[f"pred_out_{f}_s"], r[f"pred_in_{f}_s"] = po, pi
+        r[f"err_out_{f}_pct"], r[f"err_in_{f}_pct"] = _pct(po, r["swap_out_s"]), _pct(pi, r["swap_in_s"])
+        r[f"err_swap_{f}_pct"] = _pct(po + pi, r["swap_out_s"] + r["swap_in_s"])
+    held = [r for r in srows if r["role"] == "held"]
+    summary = {k: float(np.mean([r[f"err_{k}_{f}_pct"] for r in held])) for k in ("out", "in", "swap")}
+    for lay in LAYOUTS:
+        sel = [r for r in held if r["layout"] == lay]
+        summary[lay] = {k: float(np.mean([r[f"err_{k}_{f}_pct"] for r in sel])) for k in ("out", "in", "swap")}
+    return summary
+
+
+def _swap_check(srows: list[dict], calibration: dict | None, per_block: int) -> dict:
+    """The swap section: a latency + bandwidth fit on the fitted sizes, every prediction scored
+    on the held-out ones."""
+    sfit = fit_swap([r for r in srows if r["role"] == "fit"])
+    formulas = _swap_formulas(sfit, (calibration or {}).get("host_link") or {})
+    summary = {f: _score_swaps(srows, f, par) for f, par in formulas.items()}
+    return {
         "rows": srows,
         "fit": {d: {k: v[k] for k in ("latency_us", "per_copy_us", "gbps")} for d, v in sfit.items()},
         "fit_mape_fitted_sizes": {d: v["mape_fitted"] for d, v in sfit.items()},
@@ -478,13 +529,15 @@ def analyze_model(
         "bytes_per_block": per_block,
         "rounds_cv_median": float(np.median([r["rounds_cv"] for r in srows])),
     }
-    s = np.asarray(raw["sentinel"])
-    entry["sentinel"] = {
+
+
+def _sentinel_summary(per_round_s) -> dict:
+    s = np.asarray(per_round_s)
+    return {
         "prefill_tokens": SENTINEL_TOKENS,
         "per_round_s": [float(x) for x in s],
         "spread": float(s.max() / s.min()) if len(s) else None,
     }
-    return entry
 
 
 def profile_models(

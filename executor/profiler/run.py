@@ -307,18 +307,55 @@ def run_profile(opts: ProfileOptions, console=None) -> dict:
     out = Path(opts.out).expanduser()
     if out.suffix not in (".yaml", ".yml"):
         raise InfersimError(f"--out {out}: a profile is a .yaml file")
+    device, dtype = _device_and_dtype(opts)
+    t_start = time.perf_counter()
+    la0 = load_average()
+    when = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    info = device_info(device)
+    plans = _plans(device.type, opts.quick, dtype)
+    total = _progress_total(plans, opts)
+    torch.manual_seed(opts.seed)
+    timings: dict[str, float] = {}
+    with _Progress(opts.quiet, total) as progress:
+        b = Bench(
+            device=device,
+            timer=make_timer(device),
+            dtype=dtype,
+            rep=_repeats(device.type, opts.quick),
+            progress=progress,
+        )
+        run = _ProfileRun(opts, device, dtype, plans, b, _Stages(b, QUICK_BUDGETS if opts.quick else {}, timings))
+        sent, validation, steps = _sweeps(run)
+        meta = _profile_meta(run, out, info, when, la0)
+        hw_dict, hw, calib, comps = analyze(b.records, steps, meta, seed=opts.seed, progress=progress, timings=timings)
+        calib["sentinels"] = sent
+        _held_out_checks(run, hw, calib, validation)
+        _served_models(run, hw, calib, progress)
+
+    la1 = load_average()
+    calib["load_average"]["end"] = la1[0] if la1 else None
+    calib["timings_s"] = {**timings, "total": round(time.perf_counter() - t_start, 2)}
+    # the final load average goes into the YAML's source as well
+    hw_dict["source"] = build_hardware_dict({**meta, "load": calib["load_average"]}, calib, 0.0)["source"]
+    return _written(out, hw_dict, calib, comps, calib["timings_s"])
+
+
+def _device_and_dtype(opts: ProfileOptions):
+    """The torch device (torch's threads set as asked) and the profile's dtype: fp32 on the CPU,
+    fp16 on CUDA unless --dtype says otherwise."""
+    import torch
+
     device = select_device(opts.device)
     if opts.threads:
         torch.set_num_threads(int(opts.threads))
     dtype = opts.dtype or ("fp32" if device.type == "cpu" else "fp16")
     if dtype not in ("fp32", "fp16", "bf16"):
         raise InfersimError(f"--dtype {dtype}: use fp32, fp16 or bf16")
-    mode = "quick" if opts.quick else "full"
-    t_start = time.perf_counter()
-    la0 = load_average()
-    when = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    info = device_info(device)
-    plans = _plans(device.type, opts.quick, dtype)
+    return device, dtype
+
+
+def _progress_total(plans: dict, opts: ProfileOptions) -> int:
+    """The progress bar's planned steps: every sweep's points, the regressors and the checks."""
     sp = plans["steps"]
     n_attn = len(plans["attention"]["heads"]) * (len(plans["attention"]["prefill"]) + len(plans["attention"]["decode"]))
     total = (
@@ -334,96 +371,122 @@ def run_profile(opts: ProfileOptions, console=None) -> dict:
     )
     if opts.models:
         total += progress_total(opts.models, opts.quick)
-    torch.manual_seed(opts.seed)
-    timings: dict[str, float] = {}
-    with _Progress(opts.quiet, total) as progress:
-        b = Bench(
-            device=device,
-            timer=make_timer(device),
-            dtype=dtype,
-            rep=_repeats(device.type, opts.quick),
-            progress=progress,
+    return total
+
+
+class _Stages:
+    """Runs a profile's stages, each under its --quick budget (QUICK_BUDGETS), and records
+    each one's wall time and skipped points in `timings`."""
+
+    def __init__(self, b: Bench, budgets: dict, timings: dict[str, float]):
+        self.b, self.budgets, self.timings = b, budgets, timings
+
+    def __call__(self, name: str, fn):
+        b = self.b
+        t0 = time.perf_counter()
+        budget, min_points = self.budgets.get(name, (None, 0))
+        b.deadline = None if budget is None else t0 + budget
+        b.min_points, skipped = min_points, b.skipped
+        r = fn()
+        b.deadline = None
+        self.timings[name] = round(time.perf_counter() - t0, 2)
+        if b.skipped > skipped:
+            self.timings[f"{name}_skipped_points"] = b.skipped - skipped
+        return r
+
+
+@dataclass(frozen=True)
+class _ProfileRun:
+    """What every stage of one `sim profile` run shares."""
+
+    opts: ProfileOptions
+    device: object  # torch.device measured
+    dtype: str  # the profile's primary dtype
+    plans: dict  # what each sweep measures (_plans)
+    b: Bench  # the timer, repeats and records of every measurement
+    stage: _Stages
+
+
+def _sweeps(run: _ProfileRun) -> tuple[dict, dict, list[dict]]:
+    """The measurements, in the order they are taken: (sentinels, held-out swap check, step times)."""
+    b, stage, plans, opts = run.b, run.stage, run.plans, run.opts
+    sent = {"start": stage("sentinels_start", lambda: accuracy.sentinels(b))}
+    _micro_benchmarks(run)
+    validation: dict = {}
+    if opts.validate:  # right after the copy sweep, before the bandwidth has time to wander
+        link_now = F.fit_host_link(b.records, run.device.type)
+        validation["swap"] = stage(
+            "swap_check",
+            lambda: accuracy.swap_check(
+                b, link_now, quick=opts.quick, copy_reference_s=_copy_reference(b.records, run.device.type)
+            ),
         )
+    step_sentinel = accuracy.step_sentinel(b)
+    steps = stage("steps", lambda: step_sweep(b, plans["steps"], seed=opts.seed, sentinel=step_sentinel))
+    sent["after_sweeps"] = stage("sentinels_after_sweeps", lambda: accuracy.sentinels(b))
+    return sent, validation, steps
 
-        budgets = QUICK_BUDGETS if opts.quick else {}
 
-        def stage(name, fn):
-            t0 = time.perf_counter()
-            budget, min_points = budgets.get(name, (None, 0))
-            b.deadline = None if budget is None else t0 + budget
-            b.min_points, skipped = min_points, b.skipped
-            r = fn()
-            b.deadline = None
-            timings[name] = round(time.perf_counter() - t0, 2)
-            if b.skipped > skipped:
-                timings[f"{name}_skipped_points"] = b.skipped - skipped
-            return r
+def _micro_benchmarks(run: _ProfileRun) -> None:
+    """GEMMs, dtype probes, memory streams, attention, elementwise ops and host copies, into the records."""
+    b, stage, plans = run.b, run.stage, run.plans
+    stage("gemm", lambda: gemm_sweep(b, plans["gemm"]))
+    stage(
+        "dtype_probes",
+        lambda: [
+            gemm_sweep(b, [(m, k, n, f"{dt} {lab}") for m, k, n, lab in pl], dtype=dt)
+            for dt, pl in plans["probes"].items()
+        ],
+    )
+    stage("stream", lambda: stream_sweep(b, plans["stream"]))
+    stage("attention", lambda: attention_sweep(b, plans["attention"], *plans["attn_caps"]))
+    stage("elementwise", lambda: elementwise_sweep(b, plans["elementwise"]))
+    stage("copy", lambda: copy_sweep(b, plans["copy"]))
 
-        sent = {"start": stage("sentinels_start", lambda: accuracy.sentinels(b))}
-        stage("gemm", lambda: gemm_sweep(b, plans["gemm"]))
-        stage(
-            "dtype_probes",
-            lambda: [
-                gemm_sweep(b, [(m, k, n, f"{dt} {lab}") for m, k, n, lab in pl], dtype=dt)
-                for dt, pl in plans["probes"].items()
-            ],
-        )
-        stage("stream", lambda: stream_sweep(b, plans["stream"]))
-        stage("attention", lambda: attention_sweep(b, plans["attention"], *plans["attn_caps"]))
-        stage("elementwise", lambda: elementwise_sweep(b, plans["elementwise"]))
-        stage("copy", lambda: copy_sweep(b, plans["copy"]))
-        validation: dict = {}
-        if opts.validate:  # right after the copy sweep, before the bandwidth has time to wander
-            link_now = F.fit_host_link(b.records, device.type)
-            validation["swap"] = stage(
-                "swap_check",
-                lambda: accuracy.swap_check(
-                    b, link_now, quick=opts.quick, copy_reference_s=_copy_reference(b.records, device.type)
-                ),
-            )
-        step_sentinel = accuracy.step_sentinel(b)
-        steps = stage("steps", lambda: step_sweep(b, sp, seed=opts.seed, sentinel=step_sentinel))
-        sent["after_sweeps"] = stage("sentinels_after_sweeps", lambda: accuracy.sentinels(b))
-        records = b.records
-        name = opts.name or out.stem
-        load_mid = {"start": la0[0] if la0 else None, "end": (load_average() or [None])[0]}
-        meta = {
-            "name": name,
-            "info": info,
-            "mode": mode,
-            "when": when,
-            "load": load_mid,
-            "device_type": device.type,
-            "dtype": dtype,
-            "domain": {**sp.domain(), "max_kv_bytes": sp.max_kv_bytes},
-            "shapes_path": shapes_path(out).resolve(),
-        }
-        hw_dict, hw, calib, comps = analyze(records, steps, meta, seed=opts.seed, progress=progress, timings=timings)
-        calib["sentinels"] = sent
 
-        # ---- held-out checks (AdaptiveLLM 4.5) ------------------------------------------------
-        if opts.validate:  # right after the step sweep and the fits
-            validation["recompute"] = stage(
-                "recompute_check", lambda: accuracy.recompute_check(b, hw, calib, quick=opts.quick)
-            )
-            validation["sentinels"] = stage("sentinels_validation", lambda: accuracy.sentinels(b))
-            calib["validation"] = validation
-            _note_drift(calib)
-        if opts.models:  # the served models' own predictors (AdaptiveLLM 3.2-3.3), after the generic ones
-            settings = ModelSettings(device, dtype, quick=opts.quick, seed=opts.seed)
-            calib["per_model"] = stage(
-                "models",
-                lambda: profile_models(
-                    opts.models, settings, hardware=hw, calibration=calib, progress=progress, timer=b.timer
-                ),
-            )
+def _profile_meta(run: _ProfileRun, out: Path, info: dict, when: str, la0) -> dict:
+    """What analyze takes besides the measurements; the load average's end is read now."""
+    sp = run.plans["steps"]
+    return {
+        "name": run.opts.name or out.stem,
+        "info": info,
+        "mode": "quick" if run.opts.quick else "full",
+        "when": when,
+        "load": {"start": la0[0] if la0 else None, "end": (load_average() or [None])[0]},
+        "device_type": run.device.type,
+        "dtype": run.dtype,
+        "domain": {**sp.domain(), "max_kv_bytes": sp.max_kv_bytes},
+        "shapes_path": shapes_path(out).resolve(),
+    }
 
-    la1 = load_average()
-    calib["load_average"]["end"] = la1[0] if la1 else None
-    calib["timings_s"] = {**timings, "total": round(time.perf_counter() - t_start, 2)}
-    # the final load average goes into the YAML's source as well
-    hw_dict["source"] = build_hardware_dict({**meta, "load": calib["load_average"]}, calib, 0.0)["source"]
-    return _written(out, hw_dict, calib, comps, calib["timings_s"])
+
+def _held_out_checks(run: _ProfileRun, hw, calib: dict, validation: dict) -> None:
+    """The held-out recompute check (AdaptiveLLM 4.5) beside the swap check, and the machine's
+    drift since the sweeps."""
+    if not run.opts.validate:
+        return
+    b, stage = run.b, run.stage
+    # right after the step sweep and the fits
+    validation["recompute"] = stage(
+        "recompute_check", lambda: accuracy.recompute_check(b, hw, calib, quick=run.opts.quick)
+    )
+    validation["sentinels"] = stage("sentinels_validation", lambda: accuracy.sentinels(b))
+    calib["validation"] = validation
+    _note_drift(calib)
+
+
+def _served_models(run: _ProfileRun, hw, calib: dict, progress) -> None:
+    """The served models' own predictors (AdaptiveLLM 3.2-3.3), after the generic ones."""
+    opts = run.opts
+    if not opts.models:
+        return
+    settings = ModelSettings(run.device, run.dtype, quick=opts.quick, seed=opts.seed)
+    calib["per_model"] = run.stage(
+        "models",
+        lambda: profile_models(
+            opts.models, settings, hardware=hw, calibration=calib, progress=progress, timer=run.b.timer
+        ),
+    )
 
 
 def _note_drift(calib: dict) -> None:

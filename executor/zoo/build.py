@@ -172,117 +172,160 @@ def build_zoo(
 
 
 def _build_locked(spec: ZooSpec, c: Corpus, d: Path, recipes: list[ModelRecipe], log) -> None:
-    from tokenizers import ByteLevelBPETokenizer, Tokenizer
+    from tokenizers import Tokenizer
 
     t_start = time.perf_counter()
     train_files, held_files = c.split()
     tok_dir = d / "tokenizer"
     if not (tok_dir / "tokenizer.json").exists():
-        log(f"zoo: training a byte-level BPE tokenizer ({spec.vocab_size} tokens) on {len(train_files)} stdlib files")
-        t0 = time.perf_counter()
-        bpe = ByteLevelBPETokenizer()
-        bpe.train_from_iterator(
-            c.texts(train_files),
-            vocab_size=spec.vocab_size,
-            min_frequency=2,
-            special_tokens=[T.SPECIAL],
-            show_progress=False,
-        )
-        with staged(tok_dir) as tmp:
-            _hf_tokenizer(bpe._tokenizer).save_pretrained(str(tmp))
-            (tmp / "zoo.json").write_text(
-                json.dumps({"vocab_size": bpe.get_vocab_size(), "train_seconds": time.perf_counter() - t0}, indent=2)
-                + "\n"
-            )
+        _train_tokenizer(spec, c, train_files, tok_dir, log)
     tok = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
     todo = [r for r in recipes if not (d / r.name / "zoo.json").exists()]
     if not todo:
         _write_manifest(spec, c, d)
         return
+    data = _TokenizedCorpus(spec, c, tok, train_files, held_files)
+    log(
+        f"zoo: corpus {len(c.files)} files, {c.num_bytes / 1e6:.1f} MB, sha256 {c.sha256[:12]}; "
+        f"{data.streams['all'].numel()} training and {data.held.numel()} held-out tokens"
+    )
+    models = _Models(d)
+    for r in todo:
+        model, meta = _train_model(r, spec, c, data, models, log)
+        _save_model(model, meta, d / r.name, tok_dir)
+        models.loaded[r.name] = model
+    _write_manifest(spec, c, d)
+    log(f"zoo: built in {time.perf_counter() - t_start:.0f} s: {d}")
 
-    def stream(files) -> torch.Tensor:
+
+def _train_tokenizer(spec: ZooSpec, c: Corpus, train_files, tok_dir: Path, log) -> None:
+    """A byte-level BPE tokenizer trained on the training files, saved as a Hugging Face tokenizer."""
+    from tokenizers import ByteLevelBPETokenizer
+
+    log(f"zoo: training a byte-level BPE tokenizer ({spec.vocab_size} tokens) on {len(train_files)} stdlib files")
+    t0 = time.perf_counter()
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(
+        c.texts(train_files),
+        vocab_size=spec.vocab_size,
+        min_frequency=2,
+        special_tokens=[T.SPECIAL],
+        show_progress=False,
+    )
+    with staged(tok_dir) as tmp:
+        _hf_tokenizer(bpe._tokenizer).save_pretrained(str(tmp))
+        (tmp / "zoo.json").write_text(
+            json.dumps({"vocab_size": bpe.get_vocab_size(), "train_seconds": time.perf_counter() - t0}, indent=2) + "\n"
+        )
+
+
+class _TokenizedCorpus:
+    """The corpus as token streams (files joined by token 0): the training stream of each data
+    subset, made when a recipe first asks for it, and the held-out windows and prompts."""
+
+    def __init__(self, spec: ZooSpec, c: Corpus, tok, train_files, held_files):
+        self.c, self.tok, self.train_files = c, tok, train_files
+        self.streams = {"all": self.stream(train_files)}
+        self.held = held = self.stream(held_files)
+        self.windows = T.eval_windows(held, spec.eval_windows, spec.eval_seq_len)
+        self.prompts = T.eval_windows(held[len(held) // 7 :], spec.accept_prompts, spec.accept_prompt_len - 1)
+
+    def stream(self, files) -> torch.Tensor:
         ids = []
-        for enc in tok.encode_batch(c.texts(files)):
+        for enc in self.tok.encode_batch(self.c.texts(files)):
             ids.extend(enc.ids)
             ids.append(0)
         return torch.tensor(ids, dtype=torch.long)
 
-    streams = {"all": stream(train_files)}
-    held = stream(held_files)
-    windows = T.eval_windows(held, spec.eval_windows, spec.eval_seq_len)
-    prompts = T.eval_windows(held[len(held) // 7 :], spec.accept_prompts, spec.accept_prompt_len - 1)
+    def training(self, data: str) -> torch.Tensor:
+        """The training stream of `data`: 'all', or the 'even' or 'odd' files of the training set."""
+        if data not in self.streams:
+            sub = [f for i, f in enumerate(self.train_files) if (i % 2 == 0) == (data == "even")]
+            self.streams[data] = self.stream(sub)
+        return self.streams[data]
+
+
+class _Models:
+    """The zoo's models trained in this build, or loaded from zoo folder `d` when a student
+    needs a teacher or target built before."""
+
+    def __init__(self, d: Path):
+        self.d, self.loaded = d, {}
+
+    def get(self, name: str):
+        if name not in self.loaded:
+            self.loaded[name] = _load_model(self.d / name)
+        return self.loaded[name]
+
+
+def _train_model(r: ModelRecipe, spec: ZooSpec, c: Corpus, data: _TokenizedCorpus, models: _Models, log):
+    """(model, its zoo.json) of recipe `r`: trained (distilled from its teacher), scored on the held-out windows."""
+    train_ids = data.training(r.data)
+    teacher = models.get(r.distill_from) if r.distill_from else None
     log(
-        f"zoo: corpus {len(c.files)} files, {c.num_bytes / 1e6:.1f} MB, sha256 {c.sha256[:12]}; "
-        f"{streams['all'].numel()} training and {held.numel()} held-out tokens"
+        f"zoo: training {r.name} ({r.arch} {r.layers} x {r.hidden}, {r.steps} steps of {r.batch} x {r.seq_len}"
+        f"{', distilled from ' + r.distill_from if teacher is not None else ''})"
     )
-    loaded: dict[str, object] = {}
+    model, stats = T.train(r, spec, train_ids, teacher=teacher, log=log)
+    meta = {
+        "name": r.name,
+        "role": r.role,
+        "arch": r.arch,
+        "description": r.description,
+        "recipe": r.__dict__,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        **stats,
+    }
+    meta.update(_quality(model, r, spec, data, models))
+    meta["weights_sha256"] = weights_sha256(model)
+    meta.update(
+        corpus_sha256=c.sha256,
+        corpus_files=len(c.files),
+        corpus_bytes=c.num_bytes,
+        python=c.python,
+        versions=_versions(),
+        threads=spec.threads,
+        autocast_bf16=spec.autocast_bf16,
+    )
+    acc = meta.get(f"greedy_acceptance_s{spec.accept_s}")
+    log(
+        f"zoo: {r.name}: {stats['train_seconds']:.0f} s, held-out loss {meta['heldout_loss']:.3f} "
+        f"(perplexity {meta['heldout_perplexity']:.1f})"
+        + (f", greedy acceptance at s={spec.accept_s} {acc['acceptance']:.3f}" if acc else "")
+    )
+    return model, meta
 
-    def get(name):
-        if name not in loaded:
-            loaded[name] = _load_model(d / name)
-        return loaded[name]
 
-    for r in todo:
-        if r.data not in streams:
-            sub = [f for i, f in enumerate(train_files) if (i % 2 == 0) == (r.data == "even")]
-            streams[r.data] = stream(sub)
-        teacher = get(r.distill_from) if r.distill_from else None
-        log(
-            f"zoo: training {r.name} ({r.arch} {r.layers} x {r.hidden}, {r.steps} steps of {r.batch} x {r.seq_len}"
-            f"{', distilled from ' + r.distill_from if teacher is not None else ''})"
+def _quality(model, r: ModelRecipe, spec: ZooSpec, data: _TokenizedCorpus, models: _Models) -> dict:
+    """Held-out loss and perplexity; for a draft, its agreement with and greedy acceptance by its target."""
+    loss = T.heldout_loss(model, data.windows)
+    out = {
+        "heldout_loss": loss,
+        "heldout_perplexity": float(torch.tensor(loss).exp()),
+        "heldout_tokens": int(data.windows[:, 1:].numel()),
+    }
+    target_name = r.distill_from or next((x.name for x in spec.models if x.role == "target"), None)
+    if r.role != "target" and target_name:
+        tgt = models.get(target_name)
+        out["token_agreement_with_target"] = T.token_agreement(model, tgt, data.windows)
+        out[f"greedy_acceptance_s{spec.accept_s}"] = T.greedy_acceptance(
+            model, tgt, data.prompts, spec.accept_gen_len, spec.accept_s
         )
-        model, stats = T.train(r, spec, streams[r.data], teacher=teacher, log=log)
-        meta = {
-            "name": r.name,
-            "role": r.role,
-            "arch": r.arch,
-            "description": r.description,
-            "recipe": r.__dict__,
-            "parameters": sum(p.numel() for p in model.parameters()),
-            **stats,
-        }
-        loss = T.heldout_loss(model, windows)
-        meta.update(
-            heldout_loss=loss,
-            heldout_perplexity=float(torch.tensor(loss).exp()),
-            heldout_tokens=int(windows[:, 1:].numel()),
-        )
-        target_name = r.distill_from or next((x.name for x in spec.models if x.role == "target"), None)
-        if r.role != "target" and target_name:
-            tgt = get(target_name)
-            meta["token_agreement_with_target"] = T.token_agreement(model, tgt, windows)
-            meta[f"greedy_acceptance_s{spec.accept_s}"] = T.greedy_acceptance(
-                model, tgt, prompts, spec.accept_gen_len, spec.accept_s
-            )
-            meta["acceptance_target"] = target_name
-        meta["weights_sha256"] = weights_sha256(model)
-        meta.update(
-            corpus_sha256=c.sha256,
-            corpus_files=len(c.files),
-            corpus_bytes=c.num_bytes,
-            python=c.python,
-            versions=_versions(),
-            threads=spec.threads,
-            autocast_bf16=spec.autocast_bf16,
-        )
-        acc = meta.get(f"greedy_acceptance_s{spec.accept_s}")
-        log(
-            f"zoo: {r.name}: {stats['train_seconds']:.0f} s, held-out loss {loss:.3f} "
-            f"(perplexity {meta['heldout_perplexity']:.1f})"
-            + (f", greedy acceptance at s={spec.accept_s} {acc['acceptance']:.3f}" if acc else "")
-        )
-        model.generation_config.pad_token_id = 0
-        model.generation_config.eos_token_id = 0
-        model.generation_config.bos_token_id = 0
-        with staged(d / r.name) as tmp:
-            model.save_pretrained(str(tmp), safe_serialization=True)
-            for f in tok_dir.iterdir():
-                if f.name != "zoo.json":
-                    shutil.copy2(f, tmp / f.name)
-            (tmp / "zoo.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
-        loaded[r.name] = model
-    _write_manifest(spec, c, d)
-    log(f"zoo: built in {time.perf_counter() - t_start:.0f} s: {d}")
+        out["acceptance_target"] = target_name
+    return out
+
+
+def _save_model(model, meta: dict, dest: Path, tok_dir: Path) -> None:
+    """A Hugging Face checkpoint folder with the tokenizer's files and zoo.json, appearing at once."""
+    model.generation_config.pad_token_id = 0
+    model.generation_config.eos_token_id = 0
+    model.generation_config.bos_token_id = 0
+    with staged(dest) as tmp:
+        model.save_pretrained(str(tmp), safe_serialization=True)
+        for f in tok_dir.iterdir():
+            if f.name != "zoo.json":
+                shutil.copy2(f, tmp / f.name)
+        (tmp / "zoo.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
 
 
 def _write_manifest(spec: ZooSpec, c: Corpus, d: Path) -> None:
