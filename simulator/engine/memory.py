@@ -82,6 +82,16 @@ def _no_kv_cache_reason(
     )
 
 
+def _check_explicit_pool(
+    model: ModelSpec, hw: HardwareProfile, opts: MemoryOptions, weights: float, block_bytes: float, source: str
+) -> None:
+    """A fixed GPU pool (serving.gpu_blocks, as the papers' setups give it) replaces the memory
+    budget, so its size is the user's what-if (an unbounded prefix cache is one); weights that
+    do not fit on the card are not: such a deployment cannot run at all, and is refused."""
+    if weights >= hw.memory_bytes() * opts.gpu_memory_utilization:
+        raise InfersimError(f"{source}: {_no_kv_cache_reason(model, hw, opts, weights, 0.0, block_bytes)}")
+
+
 def plan_memory(model: ModelSpec, hw: HardwareProfile, opts: MemoryOptions, source: str = "workload") -> MemoryPlan:
     block_size, dtype, kv_dtype, tp = opts.block_size, opts.dtype, opts.kv_dtype, opts.tp
     gpu_memory_utilization, gpu_blocks, cpu_blocks = opts.gpu_memory_utilization, opts.gpu_blocks, opts.cpu_blocks
@@ -94,6 +104,8 @@ def plan_memory(model: ModelSpec, hw: HardwareProfile, opts: MemoryOptions, sour
         gpu_blocks = int(budget // block_bytes)
         if gpu_blocks <= 0:
             raise InfersimError(f"{source}: {_no_kv_cache_reason(model, hw, opts, weights, act, block_bytes)}")
+    else:
+        _check_explicit_pool(model, hw, opts, weights, block_bytes, source)
     if cpu_blocks is None:
         cpu_blocks = int(opts.swap_space_gb * 2**30 // block_bytes)
     return MemoryPlan(

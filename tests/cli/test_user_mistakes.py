@@ -80,6 +80,17 @@ def test_no_kv_cache_names_the_limit_at_fault_not_the_weights(tmp_path, serving,
     assert "does not fit" not in line
 
 
+def test_a_fixed_kv_pool_does_not_let_weights_larger_than_the_card_run(tmp_path, monkeypatch):
+    """The built-in chatbot workload fixes its KV pool (128 GPU blocks, as AdaptiveLLM's setup
+    gives it); another model's weights must still fit on the card: Llama-3-70B's 141 GB on one
+    80 GB H100 is refused up front, naming the weights and what to change."""
+    monkeypatch.chdir(tmp_path)
+    argv = ["run", "-w", "chatbot", "--model", "llama-3-70b", "--hardware", "h100-sxm", "-n", "5"]
+    refused_untouched(
+        argv, tmp_path, "model 'llama-3-70b' (141.1 GB of weights per GPU in fp16) does not fit", "tensor_parallel"
+    )
+
+
 @pytest.mark.parametrize(
     "argv,needles",
     [
