@@ -142,6 +142,33 @@ def held_signals():
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
+def _first_missing_folder(path: Path) -> Path | None:
+    """The outermost folder of `path` that does not exist yet (None: it exists)."""
+    missing = None
+    for folder in (path, *path.parents):
+        if folder.exists():
+            break
+        missing = folder
+    return missing
+
+
+def _remove_created_folders(created: Path | None, innermost: Path) -> None:
+    """Remove the folders from `innermost` up to `created` that a failed command made, as long as
+    they are empty (os.rmdir refuses a folder that holds anything)."""
+    if created is None:
+        return
+    created, innermost = Path(os.path.abspath(created)), Path(os.path.abspath(innermost))
+    if innermost != created and created not in innermost.parents:
+        return  # nothing below `innermost` was created by this command
+    for folder in (innermost, *innermost.parents):
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+        if folder == created:
+            return
+
+
 def _mkdtemp(target: Path) -> Path:
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -160,6 +187,7 @@ def staged_dir(target: Path, *, command: str = "run", force: bool = False):
     check_out_dir) and holds the marker file. On any error or signal the temporary folder is
     removed and `target` is left as it was."""
     target = check_out_dir(target, force=force)
+    created = _first_missing_folder(target.parent)  # removed again if the command fails
     tmp = _mkdtemp(target)
     try:
         yield tmp
@@ -176,6 +204,7 @@ def staged_dir(target: Path, *, command: str = "run", force: bool = False):
         with held_signals():
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
+                _remove_created_folders(created, target.parent)
 
 
 def claim_dir(target: Path, *, command: str, force: bool = False) -> Path:
@@ -194,16 +223,18 @@ def claim_dir(target: Path, *, command: str, force: bool = False) -> Path:
 @contextmanager
 def claimed_dir(target: Path, *, command: str, force: bool = False):
     """claim_dir for a command that fills its folder in place over a long run (a validation, a
-    study): a folder this call created is removed again when the command fails or is interrupted,
-    so a refusal or a Ctrl-C leaves nothing; a folder that was there stays."""
-    existed = Path(target).exists()
+    study): a folder this call created (with the folders above it it had to create) is removed
+    again when the command fails or is interrupted, so a refusal or a Ctrl-C leaves nothing; a
+    folder that was there stays."""
+    created = _first_missing_folder(Path(target))
     path = claim_dir(target, command=command, force=force)
     try:
         yield path
     except BaseException:
-        if not existed:
+        if created is not None:
             with held_signals():
                 shutil.rmtree(path, ignore_errors=True)
+                _remove_created_folders(created, Path(path).parent)
         raise
 
 

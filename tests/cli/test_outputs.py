@@ -175,3 +175,29 @@ def test_signal_on_a_first_run_leaves_nothing(tmp_path):
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=120) == 143
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_refused_run_leaves_no_folder_it_created(tmp_path, monkeypatch, capsys):
+    """A run refused after its output was staged (the weights do not fit) removes the folders it
+    made on the way to --out, and keeps an empty folder the user had."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine").mkdir()
+    big = ["run", "-w", "chatbot", "--model", "llama-3-70b", "--hardware", "h100-sxm", "-n", "5", "-q"]
+    for out in ("a/b/c", "mine/x/y", None):
+        assert main(big + (["-o", out] if out else [])) == 2
+    assert "does not fit" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["mine"]
+
+
+@pytest.mark.parametrize("existing", ["", "keep"])
+def test_a_failed_fill_in_place_command_removes_only_what_it_created(tmp_path, existing):
+    """claimed_dir (validations, studies): on failure the folder and the parents it created go,
+    a parent that was there stays, even when empty."""
+    from infersim.simulator.metrics.rundir import claimed_dir
+
+    base = tmp_path / existing if existing else tmp_path
+    base.mkdir(exist_ok=True)
+    with pytest.raises(RuntimeError):
+        with claimed_dir(base / "p" / "q" / "out", command="validate"):
+            raise RuntimeError("the work failed")
+    assert [p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")] == ([existing] if existing else [])
