@@ -125,6 +125,13 @@ def add_override_flags(p, *, model_and_hardware: bool) -> None:
             help="override the hardware profile (NAME:datasheet: its pure datasheet roofline, without the "
             "calibrated kernel models)",
         )
+        p.add_argument(
+            "--tp", type=int, default=None, help="override hardware.tensor_parallel (GPUs per replica)"
+        )
+        p.add_argument("--replicas", type=int, default=None, help="override hardware.replicas")
+        p.add_argument(
+            "--dtype", default=None, help="override serving.dtype, the weight dtype (fp16, bf16, fp8, int8, int4)"
+        )
     p.add_argument("--scheduler", default=None, help="override serving.scheduler (fcfs, fairness)")
     p.add_argument("--preemption", default=None, help="override serving.preemption (recompute, swap, cost_aware)")
     p.add_argument(
@@ -142,6 +149,12 @@ def apply_overrides(spec, args, source: str = "workload"):
     hw, sv, rq = {}, {}, {}
     if args.hardware:
         hw["profile"] = args.hardware
+    if getattr(args, "tp", None) is not None:
+        hw["tensor_parallel"] = positive_int(args.tp, "--tp")
+    if getattr(args, "replicas", None) is not None:
+        hw["replicas"] = positive_int(args.replicas, "--replicas")
+    if getattr(args, "dtype", None):
+        sv["dtype"] = args.dtype
     if args.scheduler:
         sv["scheduler"] = args.scheduler
     if args.preemption:
@@ -169,6 +182,9 @@ def apply_overrides(spec, args, source: str = "workload"):
 OVERRIDE_FLAGS = {
     "model": "--model",
     "hardware.profile": "--hardware",
+    "hardware.tensor_parallel": "--tp",
+    "hardware.replicas": "--replicas",
+    "serving.dtype": "--dtype",
     "serving.scheduler": "--scheduler",
     "serving.preemption": "--preemption",
     "requests.count": "--requests",

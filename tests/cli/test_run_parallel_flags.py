@@ -1,0 +1,80 @@
+"""`sim run --tp/--replicas/--dtype`: a planner sizes a deployment from the command line, without
+editing the workload file; the KV pool follows the hand calculation, and a size that cannot
+hold the weights is refused in one line."""
+
+import json
+
+import yaml
+
+from infersim.cli.main import main
+
+WORKLOAD = """\
+name: chat-70b
+model: llama-3-70b
+hardware: {profile: h100-sxm}
+requests:
+  count: 20
+  arrival: {type: poisson, rate: 2.0}
+  prompt_tokens: {type: fixed, value: 500}
+  output_tokens: {type: fixed, value: 50}
+seed: 0
+"""
+
+
+def _one_line(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err
+    return err
+
+
+def _workload(tmp_path):
+    wl = tmp_path / "chat-70b.yaml"
+    wl.write_text(WORKLOAD)
+    return wl
+
+
+def test_70b_on_one_h100_is_refused_and_tp4_fits(tmp_path, capsys):
+    wl = _workload(tmp_path)
+    out = tmp_path / "r"
+    assert main(["run", "-w", str(wl), "-o", str(out), "-q", "--no-plots"]) == 2
+    err = _one_line(capsys)
+    assert "chat-70b.yaml" in err and "hardware.tensor_parallel" in err and "141.1 GB" in err
+    assert not out.exists()
+
+    assert main(["run", "-w", str(wl), "-o", str(out), "-q", "--no-plots", "--tp", "4", "--replicas", "2"]) == 0
+    config = yaml.safe_load((out / "config.yaml").read_text())
+    assert config["workload"]["hardware"]["tensor_parallel"] == 4
+    assert config["workload"]["hardware"]["replicas"] == 2
+    # KV pool by hand: 80 GB x 0.9, less a quarter of the 70.55B fp16 weights, less the
+    # activation peak (8,192 batched tokens x (4 x 8,192 + 2 x 28,672 / 4) x 2 bytes, plus
+    # 256 sequences x 128,256 fp32 logits), over a block of 16 tokens x 80 layers x K and V x
+    # 2 KV heads per GPU x 128 x 2 bytes
+    weights = 70_553_706_496 * 2 / 4
+    act = 8192 * (4 * 8192 + 2 * 28672 / 4) * 2 + 256 * 128256 * 4
+    block = 16 * 80 * 2 * 2 * 128 * 2
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["gpu_blocks"] == int((80e9 * 0.9 - weights - act) // block) == 27328
+    assert summary["finished"] == 20
+
+
+def test_dtype_flag_halves_weights_and_is_checked_against_the_card(tmp_path, capsys):
+    wl = _workload(tmp_path)
+    out = tmp_path / "r"
+    assert main(["run", "-w", str(wl), "-o", str(out), "-q", "--no-plots", "--tp", "2", "--dtype", "fp8"]) == 0
+    config = yaml.safe_load((out / "config.yaml").read_text())
+    assert config["memory"]["weight_bytes_per_gpu"] == 70_553_706_496 / 2  # one byte per weight, over 2 GPUs
+    assert config["workload"]["serving"]["dtype"] == "fp8"
+    args = ["run", "-w", str(wl), "-o", str(tmp_path / "a"), "-q", "--tp", "4", "--hardware", "a100-80gb-sxm"]
+    assert main([*args, "--dtype", "fp8"]) == 2
+    assert "field 'serving.dtype': fp8 needs FP8 tensor cores" in _one_line(capsys)
+    assert main([*args, "--dtype", "int3"]) == 2
+    assert "--dtype: unknown dtype 'int3'" in _one_line(capsys)
+
+
+def test_tp_that_does_not_split_the_heads_is_refused(tmp_path, capsys):
+    wl = _workload(tmp_path)
+    assert main(["run", "-w", str(wl), "-o", str(tmp_path / "r"), "-q", "--tp", "3"]) == 2
+    assert "tensor parallel 3 does not divide llama-3-70b's 64 attention heads" in _one_line(capsys)
+    assert main(["run", "-w", str(wl), "-o", str(tmp_path / "r"), "-q", "--tp", "0"]) == 2
+    assert "--tp: expected a whole number >= 1, got 0" in _one_line(capsys)
+    assert not (tmp_path / "r").exists()
