@@ -125,9 +125,7 @@ def add_override_flags(p, *, model_and_hardware: bool) -> None:
             help="override the hardware profile (NAME:datasheet: its pure datasheet roofline, without the "
             "calibrated kernel models)",
         )
-        p.add_argument(
-            "--tp", type=int, default=None, help="override hardware.tensor_parallel (GPUs per replica)"
-        )
+        p.add_argument("--tp", type=int, default=None, help="override hardware.tensor_parallel (GPUs per replica)")
         p.add_argument("--replicas", type=int, default=None, help="override hardware.replicas")
         p.add_argument(
             "--dtype", default=None, help="override serving.dtype, the weight dtype (fp16, bf16, fp8, int8, int4)"
@@ -325,20 +323,28 @@ def _without_prefix_caching(spec, requests, opts: RunOptions) -> dict:
     return {k: s[k] for k in keep}
 
 
-def pp_note(spec) -> str:
-    pp = spec.hardware.pipeline_parallel
-    return f", pp={pp}" if pp > 1 else ""
+def gpus_line(replicas: int, profile: str, tp: int, pp: int = 1, role: str = "") -> str:
+    """'8 x h100-sxm (2 replicas, tp=4)': the GPUs first, as a planner counts them, then how
+    they are grouped (a replica of tp x pp GPUs)."""
+    plural = "s" if replicas != 1 else ""
+    pp_part = f", pp={pp}" if pp > 1 else ""
+    return f"{replicas * tp * pp} x {profile}{role} ({replicas} replica{plural}, tp={tp}{pp_part})"
+
+
+def deployment_line(spec) -> str:
+    """The GPUs of a deployment, pool by pool when it is disaggregated."""
+    hw, d = spec.hardware, spec.hardware.disaggregated
+    if d is None:
+        return gpus_line(hw.replicas, hw.profile, hw.tensor_parallel, hw.pipeline_parallel)
+    return " + ".join(
+        gpus_line(pool.replicas, pool.profile or hw.profile, pool.tensor_parallel, role=f" {name}")
+        for name, pool in (("prefill", d.prefill), ("decode", d.decode))
+    )
 
 
 def print_summary(s: dict, spec, out: Path, wall_s: float) -> None:
     c = Console()
-    hw, d = spec.hardware, spec.hardware.disaggregated
-    where = f"{hw.replicas} x {hw.profile} (tp={hw.tensor_parallel}{pp_note(spec)})"
-    if d is not None:
-        where = " + ".join(
-            f"{pool.replicas} {name} x {pool.profile or hw.profile} (tp={pool.tensor_parallel})"
-            for name, pool in (("prefill", d.prefill), ("decode", d.decode))
-        )
+    where = deployment_line(spec)
     t = Table(title=f"{spec.name}: {spec.model} on {where}, {spec.serving.scheduler}/{spec.serving.preemption}")
     for col in ("metric", "mean", "p50", "p90", "p99"):
         t.add_column(col, justify="left" if col == "metric" else "right")

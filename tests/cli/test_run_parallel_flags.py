@@ -3,6 +3,7 @@ editing the workload file; the KV pool follows the hand calculation, and a size 
 hold the weights is refused in one line."""
 
 import json
+from pathlib import Path
 
 import yaml
 
@@ -78,3 +79,16 @@ def test_tp_that_does_not_split_the_heads_is_refused(tmp_path, capsys):
     assert main(["run", "-w", str(wl), "-o", str(tmp_path / "r"), "-q", "--tp", "0"]) == 2
     assert "--tp: expected a whole number >= 1, got 0" in _one_line(capsys)
     assert not (tmp_path / "r").exists()
+
+
+def test_summary_title_counts_gpus_not_replicas():
+    from infersim.cli.run import deployment_line, gpus_line
+    from infersim.simulator.workload.builder import load_workload
+
+    assert gpus_line(1, "h100-sxm", 4) == "4 x h100-sxm (1 replica, tp=4)"
+    assert gpus_line(2, "h100-sxm", 4) == "8 x h100-sxm (2 replicas, tp=4)"
+    assert gpus_line(1, "h100-sxm", 8, pp=2) == "16 x h100-sxm (1 replica, tp=8, pp=2)"
+    spec, _ = load_workload(str(Path(__file__).resolve().parents[2] / "examples/disaggregation/disaggregated-7b.yaml"))
+    assert deployment_line(spec) == (
+        "1 x a100-80gb-pcie prefill (1 replica, tp=1) + 2 x a100-80gb-pcie decode (2 replicas, tp=1)"
+    )
