@@ -15,6 +15,7 @@ from infersim.analysis.roofline import (
     build_cost_model,
     check_batch_memory,
     iteration_table,
+    memory_fit_note,
     operator_table,
     plot_roofline,
 )
@@ -257,6 +258,9 @@ def run(args: argparse.Namespace) -> int:
                 cells = [grid[(grid["seq_len"] == s) & (grid["batch"] == b)]["iteration_time_s"] for b in batches]
                 t.add_row(str(s), *[f"{c.iloc[0] * 1e3:.3g}" for c in cells])
             console.print(t)
+    note = memory_fit_note(cost, iters)
+    if note:
+        console.print(note, style="yellow")
 
     out = ops if args.per_operator else iters
     if args.csv:
