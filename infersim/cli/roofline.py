@@ -144,10 +144,16 @@ def add_parser(sub) -> None:
 
 def _si(x: float) -> str:
     """1.23e9 -> '1.23G' (decimal prefixes)."""
-    for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+    for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
         if abs(x) >= scale:
             return f"{x / scale:.3g}{prefix}"
     return f"{x:.3g}"
+
+
+def _short(x: float, digits: int) -> str:
+    """`digits` significant digits below 1,000, whole numbers above (2.091e+04 -> '20910'): no
+    exponent to widen a column."""
+    return f"{x:.0f}" if abs(x) >= 1e3 else f"{x:.{digits}g}"
 
 
 def _operator_tables(cost, ops, shown, attention: str, wide: bool) -> list:
@@ -157,7 +163,8 @@ def _operator_tables(cost, ops, shown, attention: str, wide: bool) -> list:
     head = f"{cost.model.name} on {cost.hardware.name} ({cost.weight_dtype}, tp {cost.tp}, {attention} attention)"
 
     def new_table(title: str) -> Table:
-        t = Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
+        # one space between columns: the per-setting table then fits an 80-column terminal whole
+        t = Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), pad_edge=False)
         for col in (
             ["operator"]
             + (["phase", "batch", "seq", "q"] if wide else [])
@@ -189,10 +196,10 @@ def _operator_tables(cost, ops, shown, attention: str, wide: bool) -> list:
                 str(r["count"]),
                 _si(r["flops"]),
                 _si(r["bytes"]),
-                "-" if r["intensity"] != r["intensity"] else f"{r['intensity']:.3g}",
+                "-" if r["intensity"] != r["intensity"] else _short(r["intensity"], 3),
                 r["bound"],
-                f"{r['time_s'] * 1e6:.4g}",
-                f"{r['total_time_s'] * 1e6:.1f}",
+                _short(r["time_s"] * 1e6, 4),
+                _short(r["total_time_s"] * 1e6, 4),
                 f"{share:.1f}",
             )
         table.add_row(
@@ -204,7 +211,7 @@ def _operator_tables(cost, ops, shown, attention: str, wide: bool) -> list:
             "",
             "",
             "",
-            f"[b]{it['iteration_time_s'] * 1e6:.1f}[/b]",
+            f"[b]{_short(it['iteration_time_s'] * 1e6, 4)}[/b]",
             "100",
         )
     return tables

@@ -69,3 +69,15 @@ def test_csv_has_the_memory_column(tmp_path, capsys):
     weights = 72_706_203_648 * 2 / 8  # its published 72.7B parameters in fp16 over 8 GPUs
     assert df.set_index("phase").loc["decode", "memory_bytes_per_gpu"] == pytest.approx(weights + kv * 8 * 4097)
     capsys.readouterr()
+
+
+def test_operator_table_fits_an_80_column_terminal(monkeypatch, capsys):
+    """Piped or on an 80-column terminal, every number is whole: no column cut to '…', even for
+    a 64 x 8,192-token prefill of Llama-3-70B (microseconds in the millions, petaFLOPs)."""
+    monkeypatch.setenv("COLUMNS", "80")
+    args = ["roofline", "--model", "llama-3-70b", "--hardware", "h100-sxm", "--tp", "4", "--all"]
+    assert main([*args, "--batch", "1,64", "--seq", "128,8192", "--phase", "prefill,decode,verify"]) == 0
+    out = capsys.readouterr().out
+    assert "…" not in out
+    assert max(len(line) for line in out.splitlines()) <= 80
+    assert "20.8P" in out  # the iteration's FLOPs at batch 64 x 8,192 tokens
