@@ -216,6 +216,11 @@ def _goodput(args: argparse.Namespace, pf, out: Path) -> int:
     if args.attainment is not None:
         finite_positive(args.attainment, "--attainment")
         section["attainment"] = args.attainment
+    tps = _degrees(args.tp, "--tp")
+    if tps:
+        if len(tps) > 1:
+            raise InfersimError("--tp: --disaggregation compares deployments at one tensor-parallel degree; give one")
+        section["tensor_parallel"] = tps[0]
     if "gpus" not in section:
         raise InfersimError(
             f"{source}: field 'disaggregation.gpus': give the GPUs to compare (or --disaggregation GPUS)"
