@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from ..errors import InfersimError
 from ..hardware.profile import HardwareProfile
-from ..models.dtypes import bytes_per_element
+from ..models.dtypes import bytes_per_element, compute_dtype_for
 from ..models.spec import ModelSpec
 
 
@@ -48,8 +48,9 @@ class MemoryOptions:
     cpu_blocks: int | None = None  # a fixed host pool instead of swap_space_gb's
 
     def activation_bytes(self, model: ModelSpec) -> float:
-        """The activation peak per GPU; weight-only int8/int4 keep 16-bit activations."""
-        act_dtype = "fp16" if self.dtype in ("int8", "int4") else self.dtype
+        """The activation peak per GPU, in the dtype the cost model computes in (16 bits under
+        int8, int4 and FP8 weights)."""
+        act_dtype = compute_dtype_for(self.dtype)
         return activation_peak_bytes(model, self.max_batched_tokens, self.max_batch_size, act_dtype, self.tp)
 
 
