@@ -61,6 +61,12 @@ def _no_kv_cache_reason(
     of the batch limits beside them, or a block larger than what is left."""
     where = f"'{hw.name}' ({hw.memory_gb:g} GB x {opts.gpu_memory_utilization})"
     usable = hw.memory_bytes() * opts.gpu_memory_utilization
+    if weights >= usable and weights < hw.memory_bytes():  # the card holds them: the share given is too small
+        return (
+            f"field 'serving.gpu_memory_utilization': model '{model.name}' ({weights / 1e9:.1f} GB of weights per GPU "
+            f"in {opts.dtype}) does not fit in {where}; raise serving.gpu_memory_utilization or "
+            f"hardware.tensor_parallel, or lower the dtype"
+        )
     if weights >= usable:
         return (
             f"model '{model.name}' ({weights / 1e9:.1f} GB of weights per GPU in {opts.dtype}) does not fit on "

@@ -98,3 +98,21 @@ def test_check_tensor_parallel(spec, tp, problem):
 def test_cost_model_refuses_an_uneven_split():
     with pytest.raises(InfersimError, match="does not divide"):
         RooflineCostModel(LLAMA3_70B, load_hardware("h100-sxm"), tensor_parallel=3)
+
+
+def test_weights_that_fit_the_card_but_not_its_share_name_the_utilisation():
+    """Llama-3-8B's 16.1 GB fit an 80 GB H100 but not 20% of it (16 GB): the refusal names
+    serving.gpu_memory_utilization; Llama-3-70B's 141.1 GB fit no share of it and name the
+    tensor parallelism."""
+    from infersim.simulator.models.catalog import load_model
+
+    h100 = load_hardware("h100-sxm")
+    with pytest.raises(InfersimError) as exc:
+        plan_memory(load_model("llama-3-8b"), h100, memory_options(gpu_memory_utilization=0.2), source="w.yaml")
+    assert str(exc.value) == (
+        "w.yaml: field 'serving.gpu_memory_utilization': model 'llama-3-8b' (16.1 GB of weights per GPU in fp16) "
+        "does not fit in 'h100-sxm' (80 GB x 0.2); raise serving.gpu_memory_utilization or "
+        "hardware.tensor_parallel, or lower the dtype"
+    )
+    with pytest.raises(InfersimError, match="141.1 GB of weights per GPU in fp16.*raise hardware.tensor_parallel"):
+        plan_memory(load_model("llama-3-70b"), h100, memory_options(), source="w.yaml")
