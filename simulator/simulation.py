@@ -154,6 +154,7 @@ class Simulation:
             sv.max_batch_size,
             gpu_blocks=sv.gpu_blocks,
             cpu_blocks=sv.cpu_blocks,
+            max_model_len=self.limits.max_model_len,
         )
 
     def plan_pool_memory(self, hardware, tp: int, source: str) -> MemoryPlan:
