@@ -8,37 +8,26 @@ from pathlib import Path
 import yaml
 
 from infersim.cli.main import main
+from tests.utils import one_line_error, poisson, requests_section, write_yaml
 
-WORKLOAD = """\
-name: chat-70b
-model: llama-3-70b
-hardware: {profile: h100-sxm}
-requests:
-  count: 20
-  arrival: {type: poisson, rate: 2.0}
-  prompt_tokens: {type: fixed, value: 500}
-  output_tokens: {type: fixed, value: 50}
-seed: 0
-"""
-
-
-def _one_line(capsys) -> str:
-    err = capsys.readouterr().err.strip()
-    assert "Traceback" not in err and len(err.splitlines()) == 1, err
-    return err
+WORKLOAD = {
+    "name": "chat-70b",
+    "model": "llama-3-70b",
+    "hardware": {"profile": "h100-sxm"},
+    "requests": requests_section(20, 500, 50, poisson(2.0)),
+    "seed": 0,
+}
 
 
 def _workload(tmp_path):
-    wl = tmp_path / "chat-70b.yaml"
-    wl.write_text(WORKLOAD)
-    return wl
+    return write_yaml(tmp_path / "chat-70b.yaml", WORKLOAD)
 
 
 def test_70b_on_one_h100_is_refused_and_tp4_fits(tmp_path, capsys):
     wl = _workload(tmp_path)
     out = tmp_path / "r"
     assert main(["run", "-w", str(wl), "-o", str(out), "-q", "--no-plots"]) == 2
-    err = _one_line(capsys)
+    err = one_line_error(capsys)
     assert "chat-70b.yaml" in err and "hardware.tensor_parallel" in err and "141.1 GB" in err
     assert not out.exists()
 
@@ -67,17 +56,17 @@ def test_dtype_flag_halves_weights_and_is_checked_against_the_card(tmp_path, cap
     assert config["workload"]["serving"]["dtype"] == "fp8"
     args = ["run", "-w", str(wl), "-o", str(tmp_path / "a"), "-q", "--tp", "4", "--hardware", "a100-80gb-sxm"]
     assert main([*args, "--dtype", "fp8"]) == 2
-    assert "field 'serving.dtype': fp8 needs FP8 tensor cores" in _one_line(capsys)
+    assert "field 'serving.dtype': fp8 needs FP8 tensor cores" in one_line_error(capsys)
     assert main([*args, "--dtype", "int3"]) == 2
-    assert "--dtype: unknown dtype 'int3'" in _one_line(capsys)
+    assert "--dtype: unknown dtype 'int3'" in one_line_error(capsys)
 
 
 def test_tp_that_does_not_split_the_heads_is_refused(tmp_path, capsys):
     wl = _workload(tmp_path)
     assert main(["run", "-w", str(wl), "-o", str(tmp_path / "r"), "-q", "--tp", "3"]) == 2
-    assert "tensor parallel 3 does not divide llama-3-70b's 64 attention heads" in _one_line(capsys)
+    assert "tensor parallel 3 does not divide llama-3-70b's 64 attention heads" in one_line_error(capsys)
     assert main(["run", "-w", str(wl), "-o", str(tmp_path / "r"), "-q", "--tp", "0"]) == 2
-    assert "--tp: expected a whole number >= 1, got 0" in _one_line(capsys)
+    assert "--tp: expected a whole number >= 1, got 0" in one_line_error(capsys)
     assert not (tmp_path / "r").exists()
 
 
