@@ -342,6 +342,28 @@ def deployment_line(spec) -> str:
     )
 
 
+def batch_and_kv_line(s: dict) -> str:
+    """Batch size and KV use while busy; per pool when disaggregated (the pools' KV pools differ
+    in size, so one percentage over both would mean neither)."""
+    pools = (s.get("disaggregation") or {}).get("pools")
+    if pools:
+        return (
+            "; ".join(
+                f"{name} pool: batch size mean {p['batch_size_mean_busy']:.1f}, KV use mean "
+                f"{100 * p['kv_utilization_mean_busy']:.1f}% of {p['gpu_blocks']:,} GPU blocks per replica"
+                for name, p in pools.items()
+            )
+            + f"; {s['iterations']} iterations"
+        )
+    # an offload executor's pool lives in host memory (executor/offload/serve.py)
+    pool = "host-memory KV blocks" if (s.get("offload") or {}).get("host_memory") else "GPU blocks"
+    return (
+        f"batch size mean {s['batch_size']['mean_busy']:.1f} (max {s['batch_size']['max']:.0f}); KV use mean "
+        f"{100 * s['kv_utilization']['mean_busy']:.1f}% (max {100 * s['kv_utilization']['max']:.1f}%) of "
+        f"{s['gpu_blocks']} {pool}; {s['iterations']} iterations"
+    )
+
+
 def print_summary(s: dict, spec, out: Path, wall_s: float) -> None:
     c = Console()
     where = deployment_line(spec)
@@ -372,13 +394,7 @@ def print_summary(s: dict, spec, out: Path, wall_s: float) -> None:
         f"preemptions: {p['recompute']} recompute ({p['recompute_forced_by_full_cpu']} forced by full CPU), {p['swap']} swap; "
         f"swapped {s['swap_out_bytes'] / 1e9:.2f} GB out, {s['swap_in_bytes'] / 1e9:.2f} GB in"
     )
-    # an offload executor's pool lives in host memory (executor/offload/serve.py)
-    pool = "host-memory KV blocks" if (s.get("offload") or {}).get("host_memory") else "GPU blocks"
-    c.print(
-        f"batch size mean {s['batch_size']['mean_busy']:.1f} (max {s['batch_size']['max']:.0f}); KV use mean "
-        f"{100 * s['kv_utilization']['mean_busy']:.1f}% (max {100 * s['kv_utilization']['max']:.1f}%) of "
-        f"{s['gpu_blocks']} {pool}; {s['iterations']} iterations"
-    )
+    c.print(batch_and_kv_line(s))
     pc = s.get("prefix_cache")
     if pc:
         line = (

@@ -81,3 +81,18 @@ def test_summary_title_counts_gpus_not_replicas():
     assert deployment_line(spec) == (
         "1 x a100-80gb-pcie prefill (1 replica, tp=1) + 2 x a100-80gb-pcie decode (2 replicas, tp=1)"
     )
+
+
+def test_disaggregated_summary_gives_kv_use_per_pool():
+    """A TP 8 prefill pool and a TP 4 decode pool hold different KV pools: the line gives each
+    pool its own batch size and KV use instead of one percentage of the decode pool's size."""
+    from infersim.cli.run import batch_and_kv_line
+
+    pools = {
+        "prefill": {"batch_size_mean_busy": 1.14, "kv_utilization_mean_busy": 0.001, "gpu_blocks": 81750},
+        "decode": {"batch_size_mean_busy": 36.23, "kv_utilization_mean_busy": 0.0743, "gpu_blocks": 27328},
+    }
+    assert batch_and_kv_line({"disaggregation": {"pools": pools}, "iterations": 4115}) == (
+        "prefill pool: batch size mean 1.1, KV use mean 0.1% of 81,750 GPU blocks per replica; "
+        "decode pool: batch size mean 36.2, KV use mean 7.4% of 27,328 GPU blocks per replica; 4115 iterations"
+    )
