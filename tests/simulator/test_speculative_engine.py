@@ -412,3 +412,27 @@ def test_kv_pool_reported_is_what_the_draft_leaves_the_target():
     assert s["speculation"]["memory"]["kv_blocks_left"] == left == s["gpu_blocks"] == sim.replicas[0].blocks.total_gpu
     assert res.resolved["memory"]["gpu_blocks"] == left
     assert 0 < s["kv_utilization"]["max"] <= 1
+
+
+@pytest.mark.parametrize("placement", ["shared", "separate"])
+def test_ssms_on_a_gpu_of_their_own_leave_the_targets_pool(placement):
+    """Pipelined Minions SSMs placed on a separate GPU hold their weights and KV there: the
+    target's pool is the plain plan's; shared on the target's GPU, they shrink it."""
+
+    def spec(speculation=None):
+        return fixed_lengths_spec(
+            "opt-13b",
+            count=4,
+            prompt_tokens=100,
+            output_tokens=20,
+            speculation=speculation,
+            serving={"max_batch_size": 16},
+        )
+
+    plain = summarize(_sim(spec())[1])["gpu_blocks"]
+    section = {"method": "minions", "drafts": DRAFTS, "pipeline": {"placement": placement, "llm_batch_size": 16}}
+    s = summarize(_sim(spec(section))[1])
+    if placement == "separate":
+        assert s["gpu_blocks"] == plain and s["speculation"]["memory"] == {"kv_blocks_taken": 0}
+    else:
+        assert s["gpu_blocks"] == s["speculation"]["memory"]["kv_blocks_left"] < plain
