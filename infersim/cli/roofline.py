@@ -29,7 +29,7 @@ from infersim.simulator.validation import check_tensor_parallel, in_field
 from infersim.simulator.yamlio import atomic_path, write_atomic
 
 from .commands import COMMANDS
-from .run import add_memory_flag
+from .run import add_memory_flag, no_exponent
 
 POW2_BATCHES = "1,2,4,8,16,32,64"
 POW2_SEQ_LENS = "128,256,512,1024,2048,4096,8192"
@@ -150,12 +150,6 @@ def _si(x: float) -> str:
     return f"{x:.3g}"
 
 
-def _short(x: float, digits: int) -> str:
-    """`digits` significant digits below 1,000, whole numbers above (2.091e+04 -> '20910'): no
-    exponent to widen a column."""
-    return f"{x:.0f}" if abs(x) >= 1e3 else f"{x:.{digits}g}"
-
-
 def _operator_tables(cost, ops, shown, attention: str, wide: bool) -> list:
     """Rich tables of the operators of each setting in `shown`, each ending with the iteration
     total: one table with phase/batch/seq/q columns on a wide terminal, else one per setting."""
@@ -196,10 +190,10 @@ def _operator_tables(cost, ops, shown, attention: str, wide: bool) -> list:
                 str(r["count"]),
                 _si(r["flops"]),
                 _si(r["bytes"]),
-                "-" if r["intensity"] != r["intensity"] else _short(r["intensity"], 3),
+                "-" if r["intensity"] != r["intensity"] else no_exponent(r["intensity"], 3, thousands=""),
                 r["bound"],
-                _short(r["time_s"] * 1e6, 4),
-                _short(r["total_time_s"] * 1e6, 4),
+                no_exponent(r["time_s"] * 1e6, 4, thousands=""),
+                no_exponent(r["total_time_s"] * 1e6, 4, thousands=""),
                 f"{share:.1f}",
             )
         table.add_row(
@@ -211,7 +205,7 @@ def _operator_tables(cost, ops, shown, attention: str, wide: bool) -> list:
             "",
             "",
             "",
-            f"[b]{_short(it['iteration_time_s'] * 1e6, 4)}[/b]",
+            f"[b]{no_exponent(it['iteration_time_s'] * 1e6, 4, thousands='')}[/b]",
             "100",
         )
     return tables

@@ -342,6 +342,14 @@ def deployment_line(spec) -> str:
     )
 
 
+def no_exponent(x: float, digits: int = 3, thousands: str = ",") -> str:
+    """`digits` significant digits below 1,000 and whole numbers above (145,421 ms, not
+    1.45e+05): no exponent for a reader to decode or to widen a column."""
+    if abs(x) >= 1e3:
+        return f"{x:,.0f}".replace(",", thousands)
+    return f"{x:.{digits}g}"
+
+
 def batch_and_kv_line(s: dict) -> str:
     """Batch size and KV use while busy; per pool when disaggregated (the pools' KV pools differ
     in size, so one percentage over both would mean neither)."""
@@ -380,7 +388,7 @@ def print_summary(s: dict, spec, out: Path, wall_s: float) -> None:
         ("weighted_turnaround", "weighted turnaround", 1.0, ""),
     ):
         st = s[key]
-        fmt = lambda v: "-" if v is None or v != v else f"{v * scale:.3g}"
+        fmt = lambda v: "-" if v is None or v != v else no_exponent(v * scale)
         t.add_row(f"{label} ({unit})" if unit else label, *(fmt(st[k]) for k in ("mean", "p50", "p90", "p99")))
     c.print(t)
     p = s["preemptions"]
@@ -404,7 +412,8 @@ def print_summary(s: dict, spec, out: Path, wall_s: float) -> None:
         )
         off = s.get("without_prefix_caching")
         if off:
-            line += f"; mean TTFT {s['ttft_s']['mean'] * 1e3:.3g} ms vs {off['ttft_s']['mean'] * 1e3:.3g} ms without"
+            before, after = (no_exponent(x["ttft_s"]["mean"] * 1e3) for x in (s, off))
+            line += f"; mean TTFT {before} ms vs {after} ms without"
         c.print(line)
     dis = s.get("disaggregation")
     if dis:

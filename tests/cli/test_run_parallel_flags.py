@@ -96,3 +96,13 @@ def test_disaggregated_summary_gives_kv_use_per_pool():
         "prefill pool: batch size mean 1.1, KV use mean 0.1% of 81,750 GPU blocks per replica; "
         "decode pool: batch size mean 36.2, KV use mean 7.4% of 27,328 GPU blocks per replica; 4115 iterations"
     )
+
+
+def test_latencies_past_a_second_are_written_without_exponents():
+    """A long-context TTFT of 144.6 s reads '144,565' ms in the summary table (it read '1.45e+05')."""
+    from infersim.cli.run import no_exponent
+
+    assert no_exponent(144565.27) == "144,565"
+    assert no_exponent(57.14) == "57.1"
+    assert no_exponent(0.000611) == "0.000611"
+    assert no_exponent(20910.4, 4, thousands="") == "20910"  # the roofline's narrow columns
