@@ -67,7 +67,12 @@ def add_parser(sub) -> None:
         help="hardware options, comma-separated (default: the workload's); NAME:datasheet for a "
         "profile's pure datasheet roofline",
     )
-    p.add_argument("--tp", default=None, help="tensor-parallel degrees to compare, comma-separated, e.g. 1,2")
+    p.add_argument(
+        "--tp",
+        default=None,
+        help="tensor-parallel degrees to compare, comma-separated, e.g. 1,2 (with --disaggregation: one degree, "
+        "every deployment's; default the workload's)",
+    )
     p.add_argument(
         "--pp", default=None, help="pipeline-parallel degrees to compare (crossed with --tp), comma-separated, e.g. 1,2"
     )
