@@ -30,7 +30,7 @@ from infersim.simulator.metrics.rundir import staged_dir, write_json
 from infersim.simulator.metrics.summary import derived_columns
 from infersim.simulator.preflight import check_workload
 from infersim.simulator.progress import ProgressBar
-from infersim.simulator.simulation import simulate
+from infersim.simulator.simulation import Simulation, simulate
 from infersim.simulator.workload.builder import build_requests, load_workload
 from infersim.simulator.workload.schema import WorkloadSpec
 from infersim.simulator.yamlio import validate
@@ -93,7 +93,7 @@ class GoodputComparison:
 
 
 def build_deployments(section: GoodputSection, source: str = "plan file") -> list[Deployment]:
-    tp = section.tensor_parallel
+    tp = section.tensor_parallel or 1
     if section.gpus % tp:
         raise InfersimError(
             f"{source}: field 'disaggregation.gpus': {section.gpus} GPUs do not split into replicas of "
@@ -126,7 +126,16 @@ def build_deployments(section: GoodputSection, source: str = "plan file") -> lis
         }
         out.append(
             Deployment(
-                f"disaggregated {p}P:{d}D tp{tp}", "disaggregated", section.gpus, {"hardware.disaggregated": pools}
+                f"disaggregated {p}P:{d}D tp{tp}",
+                "disaggregated",
+                section.gpus,
+                # the pools give replicas and tensor parallelism; the workload's own must step aside
+                {
+                    "hardware.disaggregated": pools,
+                    "hardware.replicas": 1,
+                    "hardware.tensor_parallel": 1,
+                    "hardware.pipeline_parallel": 1,
+                },
             )
         )
     return out
@@ -217,6 +226,17 @@ def search_goodput(task: dict) -> dict:
         }
 
 
+def _check_deployment(config: dict, wl_path: Path, label: str) -> None:
+    """Refuse before the search a deployment that cannot run: the workload's checks, and its
+    replicas built on one request, which plans their memory (weights that do not fit a pool's
+    GPUs are refused there)."""
+    where = f"{wl_path} as {label}"
+    spec = validate(WorkloadSpec, config, where)
+    check_workload(spec, where, allow_large=True)
+    one = WorkloadSpec.model_validate(resolve_config(config, {"requests.count": 1, "requests.duration_s": None}))
+    Simulation(one, build_requests(one, wl_path.parent), source=where)
+
+
 def compare_goodput(
     workload: str,
     *,
@@ -241,12 +261,11 @@ def compare_goodput(
     spec, wl_path = load_workload(workload)
     seed = spec.seed if seed is None else seed
     base = spec.model_dump(mode="json")
+    if section.tensor_parallel is None:  # the workload's degree, as sized for its model
+        section = section.model_copy(update={"tensor_parallel": spec.hardware.tensor_parallel})
     deps = build_deployments(section, source)
     for d in deps:
-        config = resolve_config(base, d.overrides)
-        check_workload(
-            validate(WorkloadSpec, config, f"{wl_path} as {d.label}"), f"{wl_path} as {d.label}", allow_large=True
-        )
+        _check_deployment(resolve_config(base, d.overrides), wl_path, d.label)
     rate = spec.requests.arrival.rate if getattr(spec.requests.arrival, "rate", None) else 1.0
     s = search.model_dump()
     s.update(start_rate=search.start_rate or rate, min_duration_s=probe_duration_s(search, slos))

@@ -3,6 +3,8 @@ describes); apart so that the plan file's schema does not import the comparison.
 
 from __future__ import annotations
 
+from typing import Optional
+
 from pydantic import BaseModel, Field, PositiveInt, field_validator
 
 from infersim.simulator.disaggregation.config import KVLinkSection
@@ -15,7 +17,9 @@ class GoodputSection(BaseModel):
     model_config = STRICT_CONFIG
 
     gpus: PositiveInt = Field(description="GPUs of every deployment compared")
-    tensor_parallel: PositiveInt = Field(1, description="GPUs per replica, colocated and in both pools")
+    tensor_parallel: Optional[PositiveInt] = Field(
+        None, description="GPUs per replica, colocated and in both pools (default: the workload's tensor_parallel)"
+    )
     attainment: float = Field(0.9, gt=0, le=1, description="fraction of requests that must meet every SLO")
     splits: list[str] = Field(
         default_factory=list, description="prefill:decode replica counts, e.g. ['1:3', '2:2']; empty: every split"

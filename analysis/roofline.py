@@ -191,6 +191,7 @@ def iteration_table(cost: RooflineCostModel, grid: Grid = Grid()) -> pd.DataFram
                 nbytes,
                 time_s,
                 t.tokens / time_s,
+                memory_bytes_per_gpu(cost, phase, b, s, q),
             )
         )
     return pd.DataFrame(
@@ -202,7 +203,41 @@ def iteration_table(cost: RooflineCostModel, grid: Grid = Grid()) -> pd.DataFram
             "bytes",
             "iteration_time_s",
             "tokens_per_s",
+            "memory_bytes_per_gpu",
         ],
+    )
+
+
+def memory_bytes_per_gpu(cost: RooflineCostModel, phase: str, batch: int, seq_len: int, candidates: int) -> float:
+    """What one GPU holds to run the setting: its share of the weights and the KV cache of every
+    sequence after the pass (prompt tokens for prefill; cached context plus new tokens otherwise).
+    Activations are left out: this is the floor a serving engine needs."""
+    tokens_per_sequence = seq_len if phase == "prefill" else seq_len + candidates
+    kv = cost.model.bytes_kv_per_token_per_gpu(cost.tp, cost.kv_dtype) * batch * tokens_per_sequence
+    return cost.model.weight_bytes_per_gpu(cost.tp, cost.weight_dtype) + kv
+
+
+def memory_fit_note(cost: RooflineCostModel, iters: pd.DataFrame) -> str | None:
+    """A line saying which settings of `iters` (iteration_table) need more memory per GPU than
+    the card has, or None when all fit. The roofline times them anyway, as what-ifs; a planner
+    reading the table should know that no engine could run them on this card."""
+    card = cost.hardware.memory_bytes()
+    on = f"{cost.hardware.name}'s {cost.hardware.memory_gb:g} GB"
+    weights = cost.model.weight_bytes_per_gpu(cost.tp, cost.weight_dtype)
+    how = f"{cost.weight_dtype}, tp {cost.tp}"
+    if weights >= card:
+        return (
+            f"note: {cost.model.name}'s weights alone take {weights / 1e9:.1f} GB per GPU ({how}), more than {on}: "
+            f"none of these settings fits; raise --tp or lower --dtype"
+        )
+    over = iters[iters["memory_bytes_per_gpu"] > card]
+    if over.empty:
+        return None
+    worst = over.loc[over["memory_bytes_per_gpu"].idxmax()]
+    return (
+        f"note: {len(over)} of {len(iters)} settings need more than {on} per GPU ({weights / 1e9:.1f} GB of weights, "
+        f"{how}, plus the KV cache), up to {worst['memory_bytes_per_gpu'] / 1e9:.1f} GB at {worst['phase']} batch "
+        f"{worst['batch']} x seq {worst['seq_len']}; their times are what-ifs"
     )
 
 

@@ -75,6 +75,12 @@ def check_workload(
         )
     check_disaggregated(spec, source)
     check_deployment(model, spec, source)
+    if sv.max_model_len is not None and sv.max_model_len > model.max_position_embeddings:
+        # positions past the trained context are not served (vLLM refuses the same setting)
+        raise InfersimError(
+            f"{source}: field 'serving.max_model_len': {sv.max_model_len:,} is longer than {model.name}'s context "
+            f"of {model.max_position_embeddings:,} tokens; lower it or leave it out"
+        )
     max_model_len = sv.max_model_len or model.max_position_embeddings
     if not sv.chunked_prefill and sv.max_batched_tokens is not None and sv.max_batched_tokens < max_model_len:
         # without chunking a prompt is prefilled in one iteration (vLLM refuses the same setting)

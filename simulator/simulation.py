@@ -5,7 +5,7 @@ class a workload's sections ask for."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -115,6 +115,10 @@ class Simulation:
         else:
             replica_cls = self._replica_class()
             self.replicas = [self.new_replica(replica_cls, i, self.memory) for i in range(hw_sec.replicas)]
+            if self.spec.speculation is not None:
+                # colocated drafts or Medusa heads took part of every replica's pool (each alike):
+                # KV utilisation and config.yaml refer to what is left for the target
+                self.memory = replace(self.memory, gpu_blocks=self.replicas[0].blocks.total_gpu)
         self.entry = self.replicas  # the replicas arrivals are routed to
         self.router = ROUTERS.get(hw_sec.router)(hw_sec.replicas)
 
@@ -150,6 +154,7 @@ class Simulation:
             sv.max_batch_size,
             gpu_blocks=sv.gpu_blocks,
             cpu_blocks=sv.cpu_blocks,
+            max_model_len=self.limits.max_model_len,
         )
 
     def plan_pool_memory(self, hardware, tp: int, source: str) -> MemoryPlan:

@@ -67,7 +67,12 @@ def add_parser(sub) -> None:
         help="hardware options, comma-separated (default: the workload's); NAME:datasheet for a "
         "profile's pure datasheet roofline",
     )
-    p.add_argument("--tp", default=None, help="tensor-parallel degrees to compare, comma-separated, e.g. 1,2")
+    p.add_argument(
+        "--tp",
+        default=None,
+        help="tensor-parallel degrees to compare, comma-separated, e.g. 1,2 (with --disaggregation: one degree, "
+        "every deployment's; default the workload's)",
+    )
     p.add_argument(
         "--pp", default=None, help="pipeline-parallel degrees to compare (crossed with --tp), comma-separated, e.g. 1,2"
     )
@@ -216,6 +221,11 @@ def _goodput(args: argparse.Namespace, pf, out: Path) -> int:
     if args.attainment is not None:
         finite_positive(args.attainment, "--attainment")
         section["attainment"] = args.attainment
+    tps = _degrees(args.tp, "--tp")
+    if tps:
+        if len(tps) > 1:
+            raise InfersimError("--tp: --disaggregation compares deployments at one tensor-parallel degree; give one")
+        section["tensor_parallel"] = tps[0]
     if "gpus" not in section:
         raise InfersimError(
             f"{source}: field 'disaggregation.gpus': give the GPUs to compare (or --disaggregation GPUS)"

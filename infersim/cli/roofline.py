@@ -15,6 +15,7 @@ from infersim.analysis.roofline import (
     build_cost_model,
     check_batch_memory,
     iteration_table,
+    memory_fit_note,
     operator_table,
     plot_roofline,
 )
@@ -28,7 +29,7 @@ from infersim.simulator.validation import check_tensor_parallel, in_field
 from infersim.simulator.yamlio import atomic_path, write_atomic
 
 from .commands import COMMANDS
-from .run import add_memory_flag
+from .run import add_memory_flag, no_exponent
 
 POW2_BATCHES = "1,2,4,8,16,32,64"
 POW2_SEQ_LENS = "128,256,512,1024,2048,4096,8192"
@@ -143,7 +144,7 @@ def add_parser(sub) -> None:
 
 def _si(x: float) -> str:
     """1.23e9 -> '1.23G' (decimal prefixes)."""
-    for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+    for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
         if abs(x) >= scale:
             return f"{x / scale:.3g}{prefix}"
     return f"{x:.3g}"
@@ -156,7 +157,8 @@ def _operator_tables(cost, ops, shown, attention: str, wide: bool) -> list:
     head = f"{cost.model.name} on {cost.hardware.name} ({cost.weight_dtype}, tp {cost.tp}, {attention} attention)"
 
     def new_table(title: str) -> Table:
-        t = Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
+        # one space between columns: the per-setting table then fits an 80-column terminal whole
+        t = Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), pad_edge=False)
         for col in (
             ["operator"]
             + (["phase", "batch", "seq", "q"] if wide else [])
@@ -188,10 +190,10 @@ def _operator_tables(cost, ops, shown, attention: str, wide: bool) -> list:
                 str(r["count"]),
                 _si(r["flops"]),
                 _si(r["bytes"]),
-                "-" if r["intensity"] != r["intensity"] else f"{r['intensity']:.3g}",
+                "-" if r["intensity"] != r["intensity"] else no_exponent(r["intensity"], 3, thousands=""),
                 r["bound"],
-                f"{r['time_s'] * 1e6:.4g}",
-                f"{r['total_time_s'] * 1e6:.1f}",
+                no_exponent(r["time_s"] * 1e6, 4, thousands=""),
+                no_exponent(r["total_time_s"] * 1e6, 4, thousands=""),
                 f"{share:.1f}",
             )
         table.add_row(
@@ -203,7 +205,7 @@ def _operator_tables(cost, ops, shown, attention: str, wide: bool) -> list:
             "",
             "",
             "",
-            f"[b]{it['iteration_time_s'] * 1e6:.1f}[/b]",
+            f"[b]{no_exponent(it['iteration_time_s'] * 1e6, 4, thousands='')}[/b]",
             "100",
         )
     return tables
@@ -257,6 +259,9 @@ def run(args: argparse.Namespace) -> int:
                 cells = [grid[(grid["seq_len"] == s) & (grid["batch"] == b)]["iteration_time_s"] for b in batches]
                 t.add_row(str(s), *[f"{c.iloc[0] * 1e3:.3g}" for c in cells])
             console.print(t)
+    note = memory_fit_note(cost, iters)
+    if note:
+        console.print(note, style="yellow")
 
     out = ops if args.per_operator else iters
     if args.csv:

@@ -125,6 +125,11 @@ def add_override_flags(p, *, model_and_hardware: bool) -> None:
             help="override the hardware profile (NAME:datasheet: its pure datasheet roofline, without the "
             "calibrated kernel models)",
         )
+        p.add_argument("--tp", type=int, default=None, help="override hardware.tensor_parallel (GPUs per replica)")
+        p.add_argument("--replicas", type=int, default=None, help="override hardware.replicas")
+        p.add_argument(
+            "--dtype", default=None, help="override serving.dtype, the weight dtype (fp16, bf16, fp8, int8, int4)"
+        )
     p.add_argument("--scheduler", default=None, help="override serving.scheduler (fcfs, fairness)")
     p.add_argument("--preemption", default=None, help="override serving.preemption (recompute, swap, cost_aware)")
     p.add_argument(
@@ -142,6 +147,12 @@ def apply_overrides(spec, args, source: str = "workload"):
     hw, sv, rq = {}, {}, {}
     if args.hardware:
         hw["profile"] = args.hardware
+    if getattr(args, "tp", None) is not None:
+        hw["tensor_parallel"] = positive_int(args.tp, "--tp")
+    if getattr(args, "replicas", None) is not None:
+        hw["replicas"] = positive_int(args.replicas, "--replicas")
+    if getattr(args, "dtype", None):
+        sv["dtype"] = args.dtype
     if args.scheduler:
         sv["scheduler"] = args.scheduler
     if args.preemption:
@@ -169,6 +180,9 @@ def apply_overrides(spec, args, source: str = "workload"):
 OVERRIDE_FLAGS = {
     "model": "--model",
     "hardware.profile": "--hardware",
+    "hardware.tensor_parallel": "--tp",
+    "hardware.replicas": "--replicas",
+    "serving.dtype": "--dtype",
     "serving.scheduler": "--scheduler",
     "serving.preemption": "--preemption",
     "requests.count": "--requests",
@@ -309,20 +323,58 @@ def _without_prefix_caching(spec, requests, opts: RunOptions) -> dict:
     return {k: s[k] for k in keep}
 
 
-def pp_note(spec) -> str:
-    pp = spec.hardware.pipeline_parallel
-    return f", pp={pp}" if pp > 1 else ""
+def gpus_line(replicas: int, profile: str, tp: int, pp: int = 1, role: str = "") -> str:
+    """'8 x h100-sxm (2 replicas, tp=4)': the GPUs first, as a planner counts them, then how
+    they are grouped (a replica of tp x pp GPUs)."""
+    plural = "s" if replicas != 1 else ""
+    pp_part = f", pp={pp}" if pp > 1 else ""
+    return f"{replicas * tp * pp} x {profile}{role} ({replicas} replica{plural}, tp={tp}{pp_part})"
+
+
+def deployment_line(spec) -> str:
+    """The GPUs of a deployment, pool by pool when it is disaggregated."""
+    hw, d = spec.hardware, spec.hardware.disaggregated
+    if d is None:
+        return gpus_line(hw.replicas, hw.profile, hw.tensor_parallel, hw.pipeline_parallel)
+    return " + ".join(
+        gpus_line(pool.replicas, pool.profile or hw.profile, pool.tensor_parallel, role=f" {name}")
+        for name, pool in (("prefill", d.prefill), ("decode", d.decode))
+    )
+
+
+def no_exponent(x: float, digits: int = 3, thousands: str = ",") -> str:
+    """`digits` significant digits below 1,000 and whole numbers above (145,421 ms, not
+    1.45e+05): no exponent for a reader to decode or to widen a column."""
+    if abs(x) >= 1e3:
+        return f"{x:,.0f}".replace(",", thousands)
+    return f"{x:.{digits}g}"
+
+
+def batch_and_kv_line(s: dict) -> str:
+    """Batch size and KV use while busy; per pool when disaggregated (the pools' KV pools differ
+    in size, so one percentage over both would mean neither)."""
+    pools = (s.get("disaggregation") or {}).get("pools")
+    if pools:
+        return (
+            "; ".join(
+                f"{name} pool: batch size mean {p['batch_size_mean_busy']:.1f}, KV use mean "
+                f"{100 * p['kv_utilization_mean_busy']:.1f}% of {p['gpu_blocks']:,} GPU blocks per replica"
+                for name, p in pools.items()
+            )
+            + f"; {s['iterations']} iterations"
+        )
+    # an offload executor's pool lives in host memory (executor/offload/serve.py)
+    pool = "host-memory KV blocks" if (s.get("offload") or {}).get("host_memory") else "GPU blocks"
+    return (
+        f"batch size mean {s['batch_size']['mean_busy']:.1f} (max {s['batch_size']['max']:.0f}); KV use mean "
+        f"{100 * s['kv_utilization']['mean_busy']:.1f}% (max {100 * s['kv_utilization']['max']:.1f}%) of "
+        f"{s['gpu_blocks']} {pool}; {s['iterations']} iterations"
+    )
 
 
 def print_summary(s: dict, spec, out: Path, wall_s: float) -> None:
     c = Console()
-    hw, d = spec.hardware, spec.hardware.disaggregated
-    where = f"{hw.replicas} x {hw.profile} (tp={hw.tensor_parallel}{pp_note(spec)})"
-    if d is not None:
-        where = " + ".join(
-            f"{pool.replicas} {name} x {pool.profile or hw.profile} (tp={pool.tensor_parallel})"
-            for name, pool in (("prefill", d.prefill), ("decode", d.decode))
-        )
+    where = deployment_line(spec)
     t = Table(title=f"{spec.name}: {spec.model} on {where}, {spec.serving.scheduler}/{spec.serving.preemption}")
     for col in ("metric", "mean", "p50", "p90", "p99"):
         t.add_column(col, justify="left" if col == "metric" else "right")
@@ -336,7 +388,7 @@ def print_summary(s: dict, spec, out: Path, wall_s: float) -> None:
         ("weighted_turnaround", "weighted turnaround", 1.0, ""),
     ):
         st = s[key]
-        fmt = lambda v: "-" if v is None or v != v else f"{v * scale:.3g}"
+        fmt = lambda v: "-" if v is None or v != v else no_exponent(v * scale)
         t.add_row(f"{label} ({unit})" if unit else label, *(fmt(st[k]) for k in ("mean", "p50", "p90", "p99")))
     c.print(t)
     p = s["preemptions"]
@@ -350,13 +402,7 @@ def print_summary(s: dict, spec, out: Path, wall_s: float) -> None:
         f"preemptions: {p['recompute']} recompute ({p['recompute_forced_by_full_cpu']} forced by full CPU), {p['swap']} swap; "
         f"swapped {s['swap_out_bytes'] / 1e9:.2f} GB out, {s['swap_in_bytes'] / 1e9:.2f} GB in"
     )
-    # an offload executor's pool lives in host memory (executor/offload/serve.py)
-    pool = "host-memory KV blocks" if (s.get("offload") or {}).get("host_memory") else "GPU blocks"
-    c.print(
-        f"batch size mean {s['batch_size']['mean_busy']:.1f} (max {s['batch_size']['max']:.0f}); KV use mean "
-        f"{100 * s['kv_utilization']['mean_busy']:.1f}% (max {100 * s['kv_utilization']['max']:.1f}%) of "
-        f"{s['gpu_blocks']} {pool}; {s['iterations']} iterations"
-    )
+    c.print(batch_and_kv_line(s))
     pc = s.get("prefix_cache")
     if pc:
         line = (
@@ -366,7 +412,8 @@ def print_summary(s: dict, spec, out: Path, wall_s: float) -> None:
         )
         off = s.get("without_prefix_caching")
         if off:
-            line += f"; mean TTFT {s['ttft_s']['mean'] * 1e3:.3g} ms vs {off['ttft_s']['mean'] * 1e3:.3g} ms without"
+            before, after = (no_exponent(x["ttft_s"]["mean"] * 1e3) for x in (s, off))
+            line += f"; mean TTFT {before} ms vs {after} ms without"
         c.print(line)
     dis = s.get("disaggregation")
     if dis:

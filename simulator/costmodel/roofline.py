@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..hardware.profile import HardwareProfile
-from ..models.dtypes import normalize_dtype
+from ..models.dtypes import compute_dtype_for, normalize_dtype
 from ..models.spec import ModelSpec
 from ..validation import check_tensor_parallel
 from .base import CostModel, Direction, OperatorCost
@@ -30,11 +30,6 @@ from .operators import (
     mlp_operators,
     model_operators,
 )
-
-
-def compute_dtype_for(weight_dtype: str) -> str:
-    """The activations' dtype: weight-only quantisation (int8/int4) and FP8 keep 16-bit activations."""
-    return weight_dtype if weight_dtype in ("fp32", "fp16", "bf16") else "fp16"
 
 
 def gemm_dtype_for(weight_dtype: str) -> str:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from ..errors import InfersimError
 from ..hardware.profile import HardwareProfile
-from ..models.dtypes import bytes_per_element
+from ..models.dtypes import bytes_per_element, compute_dtype_for
 from ..models.spec import ModelSpec
 
 
@@ -46,10 +46,12 @@ class MemoryOptions:
     max_batch_size: int
     gpu_blocks: int | None = None  # a fixed GPU pool instead of the one the memory budget gives
     cpu_blocks: int | None = None  # a fixed host pool instead of swap_space_gb's
+    max_model_len: int | None = None  # the longest sequence served: a derived pool must hold one
 
     def activation_bytes(self, model: ModelSpec) -> float:
-        """The activation peak per GPU; weight-only int8/int4 keep 16-bit activations."""
-        act_dtype = "fp16" if self.dtype in ("int8", "int4") else self.dtype
+        """The activation peak per GPU, in the dtype the cost model computes in (16 bits under
+        int8, int4 and FP8 weights)."""
+        act_dtype = compute_dtype_for(self.dtype)
         return activation_peak_bytes(model, self.max_batched_tokens, self.max_batch_size, act_dtype, self.tp)
 
 
@@ -60,6 +62,12 @@ def _no_kv_cache_reason(
     of the batch limits beside them, or a block larger than what is left."""
     where = f"'{hw.name}' ({hw.memory_gb:g} GB x {opts.gpu_memory_utilization})"
     usable = hw.memory_bytes() * opts.gpu_memory_utilization
+    if weights >= usable and weights < hw.memory_bytes():  # the card holds them: the share given is too small
+        return (
+            f"field 'serving.gpu_memory_utilization': model '{model.name}' ({weights / 1e9:.1f} GB of weights per GPU "
+            f"in {opts.dtype}) does not fit in {where}; raise serving.gpu_memory_utilization or "
+            f"hardware.tensor_parallel, or lower the dtype"
+        )
     if weights >= usable:
         return (
             f"model '{model.name}' ({weights / 1e9:.1f} GB of weights per GPU in {opts.dtype}) does not fit on "
@@ -92,6 +100,22 @@ def _check_explicit_pool(
         raise InfersimError(f"{source}: {_no_kv_cache_reason(model, hw, opts, weights, 0.0, block_bytes)}")
 
 
+def _check_holds_one_sequence(
+    model: ModelSpec, hw: HardwareProfile, opts: MemoryOptions, gpu_blocks: int, weights: float, source: str
+) -> None:
+    """A pool the memory budget gives must hold one sequence of max_model_len tokens: vLLM
+    refuses to start otherwise, and such a deployment would abort every long request."""
+    tokens = gpu_blocks * opts.block_size
+    if opts.max_model_len is None or tokens >= opts.max_model_len:
+        return
+    raise InfersimError(
+        f"{source}: field 'serving.max_model_len': the KV pool of '{hw.name}' ({hw.memory_gb:g} GB x "
+        f"{opts.gpu_memory_utilization}, less {weights / 1e9:.1f} GB of {model.name} weights per GPU at "
+        f"tensor_parallel={opts.tp}) holds {tokens:,} tokens, fewer than max_model_len {opts.max_model_len:,}; "
+        f"raise hardware.tensor_parallel or serving.gpu_memory_utilization, or lower serving.max_model_len"
+    )
+
+
 def plan_memory(model: ModelSpec, hw: HardwareProfile, opts: MemoryOptions, source: str = "workload") -> MemoryPlan:
     block_size, dtype, kv_dtype, tp = opts.block_size, opts.dtype, opts.kv_dtype, opts.tp
     gpu_memory_utilization, gpu_blocks, cpu_blocks = opts.gpu_memory_utilization, opts.gpu_blocks, opts.cpu_blocks
@@ -104,6 +128,7 @@ def plan_memory(model: ModelSpec, hw: HardwareProfile, opts: MemoryOptions, sour
         gpu_blocks = int(budget // block_bytes)
         if gpu_blocks <= 0:
             raise InfersimError(f"{source}: {_no_kv_cache_reason(model, hw, opts, weights, act, block_bytes)}")
+        _check_holds_one_sequence(model, hw, opts, gpu_blocks, weights, source)
     else:
         _check_explicit_pool(model, hw, opts, weights, block_bytes, source)
     if cpu_blocks is None:

@@ -36,3 +36,9 @@ def normalize_dtype(name: str) -> str:
 
 def bytes_per_element(dtype: str) -> float:
     return BYTES_PER_ELEMENT[normalize_dtype(dtype)]
+
+
+def compute_dtype_for(weight_dtype: str) -> str:
+    """The activations' dtype: weight-only quantisation (int8/int4) and FP8 keep 16-bit activations
+    (FP8 GEMMs quantise their input per token; the residual stream stays 16-bit)."""
+    return weight_dtype if weight_dtype in ("fp32", "fp16", "bf16") else "fp16"

@@ -28,9 +28,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from ..costmodel.roofline import compute_dtype_for
 from ..errors import InfersimError
-from ..models.dtypes import bytes_per_element
+from ..models.dtypes import bytes_per_element, compute_dtype_for
 from .medusa_heads import HeadAccuracies, expected_accept_length, grow_tree, path_accuracy
 
 Tree = list[tuple[int, ...]]

@@ -84,7 +84,9 @@ class SpeculativeReplica(Replica):
         """Colocated SSMs (weights + their KV) and Medusa heads take GPU memory the plain
         engine gave to the target's KV pool: shrink the pool when it was derived from memory."""
         p = self.proposer
-        colocated = p.kind == "medusa" or p.same_device
+        # pipelined SSMs placed on a GPU of their own (or on draft_hardware) leave the pool alone
+        separate = self.mode == "pipelined" and self.cfg.pipeline.placement == "separate"
+        colocated = p.kind == "medusa" or (p.same_device and not separate)
         if not (self.cfg.account_memory and colocated) or sim.memory.source != "derived":
             return {"kv_blocks_taken": 0}
         dtype = normalize_dtype(sim.spec.serving.dtype)

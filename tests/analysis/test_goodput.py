@@ -94,3 +94,47 @@ def test_bad_input_is_one_line(tmp_path, capsys, argv, field):
     assert rc == 2
     assert field in one_line_error(capsys)
     assert not out.exists()
+
+
+LLAMA3_70B_TP4 = {
+    "name": "chat-70b",
+    "model": "llama-3-70b",
+    "hardware": {"profile": "h100-sxm", "tensor_parallel": 4},
+    "requests": {
+        "count": 60,
+        "arrival": {"type": "poisson", "rate": 4.0},
+        "prompt_tokens": {"type": "fixed", "value": 400},
+        "output_tokens": {"type": "fixed", "value": 40},
+    },
+}
+
+
+def test_disaggregated_pools_replace_the_workloads_parallelism():
+    """The pools carry replicas and tensor parallelism; a workload sized at TP 4 validates as
+    each deployment (it was refused: 'with disaggregated, give replicas and tensor_parallel per pool')."""
+    from infersim.analysis.sweep import resolve_config
+    from infersim.simulator.workload.schema import WorkloadSpec
+
+    deps = build_deployments(GoodputSection(gpus=8, tensor_parallel=4))
+    assert [d.label for d in deps] == ["colocated 2x tp4", "disaggregated 1P:1D tp4"]
+    spec = WorkloadSpec.model_validate(resolve_config(LLAMA3_70B_TP4, deps[1].overrides))
+    d = spec.hardware.disaggregated
+    assert (spec.hardware.tensor_parallel, d.prefill.tensor_parallel, d.decode.tensor_parallel) == (1, 4, 4)
+
+
+def test_tp_defaults_to_the_workloads_and_follows_the_flag(tmp_path, capsys):
+    wl = write_yaml(tmp_path / "chat-70b.yaml", LLAMA3_70B_TP4)
+    plan = write_yaml(tmp_path / "plan.yaml", {"search": {"requests": 60, "min_duration_s": 4, "tolerance": 0.5}})
+    out = tmp_path / "out"
+    base = ["plan", "-w", str(wl), "--plan", str(plan), "-q", "--workers", "1", "--slo", "ttft_p90=2s,tpot_p90=100ms"]
+    assert main([*base, "--disaggregation", "8", "-o", str(out)]) == 0
+    res = json.loads((out / "goodput.json").read_text())
+    assert [d["label"] for d in res["deployments"]] == ["colocated 2x tp4", "disaggregated 1P:1D tp4"]
+    assert all(d["status"] == "ok" and d["goodput_rps"] > 0 for d in res["deployments"])
+    # one H100 cannot hold Llama-3-70B's 141 GB: refused before any search, nothing written
+    assert main([*base, "--disaggregation", "4", "--tp", "1", "-o", str(tmp_path / "b")]) == 2
+    err = one_line_error(capsys)
+    assert "chat-70b.yaml as colocated 4x tp1" in err and "141.1 GB of weights per GPU" in err
+    assert main([*base, "--disaggregation", "8", "--tp", "2,4", "-o", str(tmp_path / "c")]) == 2
+    assert "--tp" in one_line_error(capsys)
+    assert not (tmp_path / "b").exists() and not (tmp_path / "c").exists()

@@ -69,6 +69,9 @@ FLAG_VALUES = {
     "--hardware": st.sampled_from(["a100-80gb-pcie", "h100-sxm", "nosuch", "missing.yaml"]),
     "--scheduler": st.sampled_from(["fcfs", "fairness", "nosuch", ""]),
     "--preemption": st.sampled_from(["recompute", "swap", "cost_aware", "nosuch"]),
+    "--tp": st.sampled_from([-1, 0, 1, 2, 3, 64, 10**6, "x"]),
+    "--replicas": st.sampled_from([0, 1, 3, 10**9, "x"]),
+    "--dtype": st.sampled_from(["fp16", "bf16", "fp8", "int4", "int3", ""]),
 }
 
 

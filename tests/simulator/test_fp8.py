@@ -86,3 +86,18 @@ def test_fp8_workload_runs_on_h100(tmp_path):
         "  prompt_tokens: {type: fixed, value: 100}\n  output_tokens: {type: fixed, value: 20}\n"
     )
     assert main(["run", "-w", str(wl), "-o", str(tmp_path / "r"), "-q", "--no-plots"]) == 0
+
+
+def test_fp8_weights_keep_16_bit_activations_in_the_memory_plan():
+    """FP8 GEMMs quantise their input per token; the hidden states and the MLP's intermediate
+    stay 16-bit, as the cost model prices them. Llama-3-70B FP8 at TP 2 on H100: the activation
+    peak of 8,192 batched tokens is (4 x 8,192 + 2 x 28,672 / 2) x 2 bytes each, plus 256 fp32
+    logit rows of 128,256."""
+    m, hw = load_model("llama-3-70b"), load_hardware("h100-sxm")
+    opts = memory_options(dtype="fp8", kv_dtype="fp8", tp=2, max_batched_tokens=8192, max_batch_size=256)
+    act = 8192 * (4 * 8192 + 2 * 28672 / 2) * 2 + 256 * 128256 * 4
+    plan = plan_memory(m, hw, opts)
+    assert plan.activation_bytes_per_gpu == act
+    weights = 70_553_706_496 / 2  # one byte per weight over two GPUs
+    block = 16 * 80 * 2 * 4 * 128 * 1  # 16 tokens x 80 layers x K,V x 4 KV heads per GPU x 128 x 1 byte
+    assert plan.gpu_blocks == int((80e9 * 0.9 - weights - act) // block)

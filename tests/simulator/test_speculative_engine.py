@@ -384,3 +384,55 @@ def test_pipeline_handoff_delays_each_return_to_the_drafts_by_hand():
     assert slow["e2e_s"]["mean"] - base["e2e_s"]["mean"] == pytest.approx(rounds * 1e-3, rel=1e-9)
     llm = (base["speculation"]["engines"]["llm"], slow["speculation"]["engines"]["llm"])
     assert llm[0]["busy_s"] == pytest.approx(llm[1]["busy_s"], rel=1e-12)
+
+
+def test_kv_pool_reported_is_what_the_draft_leaves_the_target():
+    """Llama-3-70B at TP 4 on H100 with a Llama-3-8B draft (draft TP 1): the draft's 16 GB of
+    weights and its KV (128 KiB per token against the target's 80 KiB per GPU) come out of the
+    pool, and the summary's pool and KV utilisation refer to what is left."""
+    spec = WorkloadSpec.model_validate(
+        {
+            "model": "llama-3-70b",
+            "hardware": {"profile": "h100-sxm", "tensor_parallel": 4},
+            "serving": {"max_batch_size": 64},
+            "requests": requests_section(8, 500, 40),
+            "speculation": {
+                "method": "draft",
+                "drafts": [{"model": "llama-3-8b", "acceptance": {"kind": "iid", "alpha": 0.8}}],
+            },
+        }
+    )
+    block = 16 * 80 * 2 * 2 * 128 * 2  # tokens x layers x K,V x KV heads per GPU x head dim x bytes
+    act = 8192 * (4 * 8192 + 2 * 28672 / 4) * 2 + 64 * 128256 * 4
+    pool = int((80e9 * 0.9 - 70_553_706_496 * 2 / 4 - act) // block)
+    draft_weight_blocks = -(-8_030_261_248 * 2 // block)
+    left = int((pool - draft_weight_blocks) / (1 + (32 * 2 * 8 * 128 * 2) / (block / 16)))
+    sim, res = _sim(spec)
+    s = summarize(res)
+    assert s["speculation"]["memory"]["kv_blocks_left"] == left == s["gpu_blocks"] == sim.replicas[0].blocks.total_gpu
+    assert res.resolved["memory"]["gpu_blocks"] == left
+    assert 0 < s["kv_utilization"]["max"] <= 1
+
+
+@pytest.mark.parametrize("placement", ["shared", "separate"])
+def test_ssms_on_a_gpu_of_their_own_leave_the_targets_pool(placement):
+    """Pipelined Minions SSMs placed on a separate GPU hold their weights and KV there: the
+    target's pool is the plain plan's; shared on the target's GPU, they shrink it."""
+
+    def spec(speculation=None):
+        return fixed_lengths_spec(
+            "opt-13b",
+            count=4,
+            prompt_tokens=100,
+            output_tokens=20,
+            speculation=speculation,
+            serving={"max_batch_size": 16},
+        )
+
+    plain = summarize(_sim(spec())[1])["gpu_blocks"]
+    section = {"method": "minions", "drafts": DRAFTS, "pipeline": {"placement": placement, "llm_batch_size": 16}}
+    s = summarize(_sim(spec(section))[1])
+    if placement == "separate":
+        assert s["gpu_blocks"] == plain and s["speculation"]["memory"] == {"kv_blocks_taken": 0}
+    else:
+        assert s["gpu_blocks"] == s["speculation"]["memory"]["kv_blocks_left"] < plain

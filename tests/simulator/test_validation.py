@@ -113,3 +113,29 @@ def test_schema_refuses_non_finite_and_reads_1e12():
             }
         )
     assert _spec(count="1e12").requests.count == 10**12
+
+
+def test_max_model_len_past_the_models_context_is_refused():
+    """Llama-3-8B was trained on 8,192 positions: serving 32k-token prompts on it is refused in
+    one line (as vLLM refuses it); Llama-3.1-8B's 131,072 accepts it, and 8,192 itself is fine."""
+    from infersim.simulator.preflight import check_workload
+    from tests.utils import fixed_lengths_spec
+
+    def spec(model: str, max_model_len: int):
+        return fixed_lengths_spec(
+            model,
+            count=4,
+            prompt_tokens=100,
+            output_tokens=10,
+            profile="h100-sxm",
+            serving={"max_model_len": max_model_len},
+        )
+
+    with pytest.raises(InfersimError) as exc:
+        check_workload(spec("llama-3-8b", 32768), "chat.yaml")
+    assert str(exc.value) == (
+        "chat.yaml: field 'serving.max_model_len': 32,768 is longer than llama-3-8b's context of 8,192 tokens; "
+        "lower it or leave it out"
+    )
+    check_workload(spec("llama-3-8b", 8192), "chat.yaml")
+    check_workload(spec("llama-3.1-8b", 32768), "chat.yaml")

@@ -1,0 +1,108 @@
+"""`sim run --tp/--replicas/--dtype`: a planner sizes a deployment from the command line, without
+editing the workload file; the KV pool follows the hand calculation, and a size that cannot
+hold the weights is refused in one line."""
+
+import json
+from pathlib import Path
+
+import yaml
+
+from infersim.cli.main import main
+from tests.utils import one_line_error, poisson, requests_section, write_yaml
+
+WORKLOAD = {
+    "name": "chat-70b",
+    "model": "llama-3-70b",
+    "hardware": {"profile": "h100-sxm"},
+    "requests": requests_section(20, 500, 50, poisson(2.0)),
+    "seed": 0,
+}
+
+
+def _workload(tmp_path):
+    return write_yaml(tmp_path / "chat-70b.yaml", WORKLOAD)
+
+
+def test_70b_on_one_h100_is_refused_and_tp4_fits(tmp_path, capsys):
+    wl = _workload(tmp_path)
+    out = tmp_path / "r"
+    assert main(["run", "-w", str(wl), "-o", str(out), "-q", "--no-plots"]) == 2
+    err = one_line_error(capsys)
+    assert "chat-70b.yaml" in err and "hardware.tensor_parallel" in err and "141.1 GB" in err
+    assert not out.exists()
+
+    assert main(["run", "-w", str(wl), "-o", str(out), "-q", "--no-plots", "--tp", "4", "--replicas", "2"]) == 0
+    config = yaml.safe_load((out / "config.yaml").read_text())
+    assert config["workload"]["hardware"]["tensor_parallel"] == 4
+    assert config["workload"]["hardware"]["replicas"] == 2
+    # KV pool by hand: 80 GB x 0.9, less a quarter of the 70.55B fp16 weights, less the
+    # activation peak (8,192 batched tokens x (4 x 8,192 + 2 x 28,672 / 4) x 2 bytes, plus
+    # 256 sequences x 128,256 fp32 logits), over a block of 16 tokens x 80 layers x K and V x
+    # 2 KV heads per GPU x 128 x 2 bytes
+    weights = 70_553_706_496 * 2 / 4
+    act = 8192 * (4 * 8192 + 2 * 28672 / 4) * 2 + 256 * 128256 * 4
+    block = 16 * 80 * 2 * 2 * 128 * 2
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["gpu_blocks"] == int((80e9 * 0.9 - weights - act) // block) == 27328
+    assert summary["finished"] == 20
+
+
+def test_dtype_flag_halves_weights_and_is_checked_against_the_card(tmp_path, capsys):
+    wl = _workload(tmp_path)
+    out = tmp_path / "r"
+    assert main(["run", "-w", str(wl), "-o", str(out), "-q", "--no-plots", "--tp", "2", "--dtype", "fp8"]) == 0
+    config = yaml.safe_load((out / "config.yaml").read_text())
+    assert config["memory"]["weight_bytes_per_gpu"] == 70_553_706_496 / 2  # one byte per weight, over 2 GPUs
+    assert config["workload"]["serving"]["dtype"] == "fp8"
+    args = ["run", "-w", str(wl), "-o", str(tmp_path / "a"), "-q", "--tp", "4", "--hardware", "a100-80gb-sxm"]
+    assert main([*args, "--dtype", "fp8"]) == 2
+    assert "field 'serving.dtype': fp8 needs FP8 tensor cores" in one_line_error(capsys)
+    assert main([*args, "--dtype", "int3"]) == 2
+    assert "--dtype: unknown dtype 'int3'" in one_line_error(capsys)
+
+
+def test_tp_that_does_not_split_the_heads_is_refused(tmp_path, capsys):
+    wl = _workload(tmp_path)
+    assert main(["run", "-w", str(wl), "-o", str(tmp_path / "r"), "-q", "--tp", "3"]) == 2
+    assert "tensor parallel 3 does not divide llama-3-70b's 64 attention heads" in one_line_error(capsys)
+    assert main(["run", "-w", str(wl), "-o", str(tmp_path / "r"), "-q", "--tp", "0"]) == 2
+    assert "--tp: expected a whole number >= 1, got 0" in one_line_error(capsys)
+    assert not (tmp_path / "r").exists()
+
+
+def test_summary_title_counts_gpus_not_replicas():
+    from infersim.cli.run import deployment_line, gpus_line
+    from infersim.simulator.workload.builder import load_workload
+
+    assert gpus_line(1, "h100-sxm", 4) == "4 x h100-sxm (1 replica, tp=4)"
+    assert gpus_line(2, "h100-sxm", 4) == "8 x h100-sxm (2 replicas, tp=4)"
+    assert gpus_line(1, "h100-sxm", 8, pp=2) == "16 x h100-sxm (1 replica, tp=8, pp=2)"
+    spec, _ = load_workload(str(Path(__file__).resolve().parents[2] / "examples/disaggregation/disaggregated-7b.yaml"))
+    assert deployment_line(spec) == (
+        "1 x a100-80gb-pcie prefill (1 replica, tp=1) + 2 x a100-80gb-pcie decode (2 replicas, tp=1)"
+    )
+
+
+def test_disaggregated_summary_gives_kv_use_per_pool():
+    """A TP 8 prefill pool and a TP 4 decode pool hold different KV pools: the line gives each
+    pool its own batch size and KV use instead of one percentage of the decode pool's size."""
+    from infersim.cli.run import batch_and_kv_line
+
+    pools = {
+        "prefill": {"batch_size_mean_busy": 1.14, "kv_utilization_mean_busy": 0.001, "gpu_blocks": 81750},
+        "decode": {"batch_size_mean_busy": 36.23, "kv_utilization_mean_busy": 0.0743, "gpu_blocks": 27328},
+    }
+    assert batch_and_kv_line({"disaggregation": {"pools": pools}, "iterations": 4115}) == (
+        "prefill pool: batch size mean 1.1, KV use mean 0.1% of 81,750 GPU blocks per replica; "
+        "decode pool: batch size mean 36.2, KV use mean 7.4% of 27,328 GPU blocks per replica; 4115 iterations"
+    )
+
+
+def test_latencies_past_a_second_are_written_without_exponents():
+    """A long-context TTFT of 144.6 s reads '144,565' ms in the summary table (it read '1.45e+05')."""
+    from infersim.cli.run import no_exponent
+
+    assert no_exponent(144565.27) == "144,565"
+    assert no_exponent(57.14) == "57.1"
+    assert no_exponent(0.000611) == "0.000611"
+    assert no_exponent(20910.4, 4, thousands="") == "20910"  # the roofline's narrow columns
