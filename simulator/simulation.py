@@ -278,7 +278,7 @@ class Simulation:
         out = {
             "workload": self.spec.model_dump(mode="json"),
             "model": self.model.summary(self.spec.serving.dtype),
-            "hardware": self.hardware.model_dump(mode="json"),
+            "hardware": self.hardware.record(),
             "memory": {
                 "gpu_blocks": self.memory.gpu_blocks,
                 "cpu_blocks": self.memory.cpu_blocks,

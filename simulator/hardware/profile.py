@@ -7,6 +7,7 @@ Units: GB/s and TFLOP/s are decimal (1e9 bytes, 1e12 FLOP) as on datasheets."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal, Optional
 
 from pydantic import BaseModel, Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
@@ -265,3 +266,13 @@ class HardwareProfile(BaseModel):
 
     def memory_bytes(self) -> float:
         return self.memory_gb * 1e9
+
+    def record(self) -> dict:
+        """The profile as a run's config.yaml records it: its measured GEMM table by file name,
+        as the profile file names it, not by where this installation keeps it, so the same run
+        writes the same bytes wherever infersim is installed."""
+        out = self.model_dump(mode="json")
+        shapes = ((out.get("calibration") or {}).get("gemm") or {}).get("measured_shapes")
+        if shapes:
+            shapes["file"] = Path(shapes["file"]).name
+        return out

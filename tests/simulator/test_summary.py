@@ -4,6 +4,7 @@ hand sums, and aborted requests are counted with their reason."""
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -127,3 +128,20 @@ def test_requests_parquet_column_types(small_workload, tmp_path):
     for col in ("arrival_s", "first_token_s", "finish_s", "ttft_s", "e2e_s"):
         assert df[col].dtype == "float64", col
     assert df["preempt_swap"].sum() == summarize(result)["preemptions"]["swap"] > 0
+
+
+def test_config_records_the_measured_gemm_table_by_name_not_by_install_path():
+    """A calibrated profile's GEMM table is found through the installed package, but the run's
+    record names it as the profile file does, so config.yaml is the same on every install."""
+    from infersim.simulator.hardware.catalog import load_hardware
+
+    hw = load_hardware("a100-80gb-sxm")
+    assert Path(hw.calibration.gemm.measured_shapes.file).is_absolute()  # what the cost model reads
+    record = hw.record()
+    assert record["calibration"]["gemm"]["measured_shapes"]["file"] == "a100-80gb-sxm.gemm-shapes.csv.gz"
+    assert {k: v for k, v in record.items() if k != "calibration"} == {
+        k: v for k, v in hw.model_dump(mode="json").items() if k != "calibration"
+    }
+    assert load_hardware("a100-80gb-sxm:datasheet").record() == load_hardware("a100-80gb-sxm:datasheet").model_dump(
+        mode="json"
+    )
