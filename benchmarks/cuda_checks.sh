@@ -32,7 +32,9 @@ step() {
 }
 
 nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1 || true
-$PY -c "import torch; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0))" | tee "$OUT/torch.txt"
+# the card's memory as the driver reports it (what vLLM sizes its KV cache from), beside the
+# profile's datasheet memory_gb
+$PY -c "import torch; free, total = torch.cuda.mem_get_info(); print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0), 'total_bytes', total, 'free_bytes', free)" | tee "$OUT/torch.txt"
 if wanted tests; then
   step pytest-cuda "${LIMIT_TESTS:-120}" $PY -m pytest -m cuda -n 0 -p no:cacheprovider tests/executor/test_executor.py
 fi
