@@ -45,6 +45,7 @@ from infersim.simulator.errors import InfersimError
 from infersim.simulator.models.catalog import load_model as load_spec
 from infersim.simulator.paths import home_relative
 
+from .accuracy import _pct, _rounds_median
 from .device import Repeats, load_average, make_timer, measure
 from .regress import Candidates, compare_sets
 
@@ -156,15 +157,6 @@ def model_spec_of(lm):
     a zoo model or a checkpoint folder), and its config hash."""
     spec = load_spec(str(lm.path / "config.json"))
     return spec, model_config_hash(spec)
-
-
-def _rounds_median(xs: list[float]) -> tuple[float, float]:
-    a = np.asarray(xs, dtype=np.float64)
-    return float(np.median(a)), (float(a.std() / a.mean()) if len(a) > 1 else 0.0)
-
-
-def _pct(pred: float, meas: float) -> float:
-    return abs(pred - meas) / meas * 100.0
 
 
 def measure_model(lm, plan: ModelPlan, *, timer, seed: int = 0, progress=None, sync=lambda: None) -> dict:
