@@ -221,64 +221,19 @@ def build_hardware_dict(meta: dict, fits: dict, iteration_s: float) -> dict:
     """The hardware profile's YAML dict. `meta`: name, info, mode, when, load, device_type (as
     analyze takes it); `fits`: roofs, dtype_peaks, efficiency, host_link (as the sidecar keeps
     them); `iteration_s`: the fitted per-iteration overhead."""
-    name, info, mode, when, load, device_type = (
-        meta[k] for k in ("name", "info", "mode", "when", "load", "device_type")
-    )
-    roof, peaks, eff, link = (fits[k] for k in ("roofs", "dtype_peaks", "efficiency", "host_link"))
+    info, device_type = meta["info"], meta["device_type"]
+    roof, eff = fits["roofs"], fits["efficiency"]
     sig = F.sig
-    dtype = roof["dtype"]
-    peak_tflops = {k: sig(v / 1e12) for k, v in sorted(peaks.items())}
-    if "fp16" not in peak_tflops:  # the schema wants one; without a measurement, the primary dtype's
-        peak_tflops["fp16"] = peak_tflops[dtype]
-    machine = (
-        f"{info['name']} ({info['host_cores']} cores, {info['host_memory_gb']} GB)"
-        if device_type == "cpu"
-        else f"{info['name']} ({info['memory_gb']} GB) in a host with {info['host_cpu']}"
-    )
-    load_txt = (
-        f"1-minute load average {load['start']:.2f} at start, {load['end']:.2f} at end"
-        if load.get("start") is not None
-        else "load average unknown"
-    )
-    source = (
-        f"measured by `sim profile{' --quick' if mode == 'quick' else ''} --device {info['device']}` on {when} on "
-        f"{machine}, torch {info['torch']} with {info['threads']} thread{'s' if info['threads'] != 1 else ''}; {load_txt}. Peaks are the achieved "
-        f"roofs (best GEMM FLOP/s per dtype, best streaming bytes/s), not datasheet figures."
-    )
-    effs = {}
-    for c in ("linear", "attention", "elementwise"):
-        e = eff["classes"].get(c)
-        if e is None:
-            continue
-        effs[c] = {
-            "compute": sig(min(max(e["compute"], F.EFF_MIN), F.EFF_MAX), 3),
-            "memory": sig(min(max(e["memory"], F.EFF_MIN), F.EFF_MAX), 3),
-            "source": f"fitted to {e['n']} {c} micro-benchmarks ({dtype}); roofline MAPE "
-            f"{e['mape']:.1f}% (uncalibrated {e['mape_uncalibrated']:.1f}%)",
-        }
-    effs["communication"] = {"compute": 1.0, "memory": 1.0, "source": "not measured (single device)"}
-    link_name = (
-        "host memcpy (CPU: no host link; plain buffer copies)"
-        if device_type == "cpu"
-        else f"host link (measured, {link['variant']} host memory)"
-    )
+    machine = _machine_text(info, device_type)
     return {
-        "name": name,
+        "name": meta["name"],
         "aliases": [],
-        "source": source,
-        "peak_tflops": peak_tflops,
+        "source": _profile_source(meta, machine),
+        "peak_tflops": _peak_tflops(fits["dtype_peaks"], roof["dtype"]),
         "memory_bandwidth_gbps": sig(roof["memory_bytes_per_s"] / 1e9),
         "memory_gb": sig(info["memory_gb"], 3),
-        "host_link": {
-            "name": link_name,
-            "h2d_gbps": sig(link["h2d_gbps"]),
-            "d2h_gbps": sig(link["d2h_gbps"]),
-            "latency_us": sig(max(0.0, (link["h2d_latency_us"] + link["d2h_latency_us"]) / 2), 3),
-            "source": f"latency + bytes/bandwidth fitted to {link['fits']['h2d']['n']} copies per direction "
-            f"({link['variant']}), MAPE h2d {link['fits']['h2d']['mape']:.1f}%, "
-            f"d2h {link['fits']['d2h']['mape']:.1f}%",
-        },
-        "efficiency": effs,
+        "host_link": _host_link_entry(fits["host_link"], device_type),
+        "efficiency": _efficiency_entries(eff, roof["dtype"]),
         "overheads": {
             "kernel_launch_us": sig(eff["kernel_launch_s"] * 1e6, 3),
             "iteration_us": sig(iteration_s * 1e6, 3),
@@ -289,10 +244,76 @@ def build_hardware_dict(meta: dict, fits: dict, iteration_s: float) -> dict:
             "peak_tflops": f"achieved: {roof['compute_source']} (and best GEMM per dtype probe)",
             "memory_bandwidth_gbps": f"achieved: {roof['memory_source']}",
             "memory_gb": "host memory (/proc/meminfo)" if device_type == "cpu" else "torch.cuda.get_device_properties",
-            "measured_on": when,
+            "measured_on": meta["when"],
             "machine": machine,
             "torch": info["torch"],
         },
+    }
+
+
+def _machine_text(info: dict, device_type: str) -> str:
+    """The measuring machine in words: the CPU and host memory, or the card and its host."""
+    if device_type == "cpu":
+        return f"{info['name']} ({info['host_cores']} cores, {info['host_memory_gb']} GB)"
+    return f"{info['name']} ({info['memory_gb']} GB) in a host with {info['host_cpu']}"
+
+
+def _profile_source(meta: dict, machine: str) -> str:
+    """The profile's `source`: the command, when and where it ran, and the load meanwhile."""
+    info, load = meta["info"], meta["load"]
+    load_txt = (
+        f"1-minute load average {load['start']:.2f} at start, {load['end']:.2f} at end"
+        if load.get("start") is not None
+        else "load average unknown"
+    )
+    return (
+        f"measured by `sim profile{' --quick' if meta['mode'] == 'quick' else ''} --device {info['device']}` on "
+        f"{meta['when']} on {machine}, torch {info['torch']} with {info['threads']} "
+        f"thread{'s' if info['threads'] != 1 else ''}; {load_txt}. Peaks are the achieved "
+        f"roofs (best GEMM FLOP/s per dtype, best streaming bytes/s), not datasheet figures."
+    )
+
+
+def _peak_tflops(peaks: dict, dtype: str) -> dict:
+    peak_tflops = {k: F.sig(v / 1e12) for k, v in sorted(peaks.items())}
+    if "fp16" not in peak_tflops:  # the schema wants one; without a measurement, the primary dtype's
+        peak_tflops["fp16"] = peak_tflops[dtype]
+    return peak_tflops
+
+
+def _efficiency_entries(eff: dict, dtype: str) -> dict:
+    """Per operator class measured, its fitted efficiencies clamped to the schema's range;
+    communication unmeasured on a single device."""
+    effs = {}
+    for c in ("linear", "attention", "elementwise"):
+        e = eff["classes"].get(c)
+        if e is None:
+            continue
+        effs[c] = {
+            "compute": F.sig(min(max(e["compute"], F.EFF_MIN), F.EFF_MAX), 3),
+            "memory": F.sig(min(max(e["memory"], F.EFF_MIN), F.EFF_MAX), 3),
+            "source": f"fitted to {e['n']} {c} micro-benchmarks ({dtype}); roofline MAPE "
+            f"{e['mape']:.1f}% (uncalibrated {e['mape_uncalibrated']:.1f}%)",
+        }
+    effs["communication"] = {"compute": 1.0, "memory": 1.0, "source": "not measured (single device)"}
+    return effs
+
+
+def _host_link_entry(link: dict, device_type: str) -> dict:
+    """The fitted host link: bandwidth per direction, the two directions' mean latency."""
+    sig = F.sig
+    return {
+        "name": (
+            "host memcpy (CPU: no host link; plain buffer copies)"
+            if device_type == "cpu"
+            else f"host link (measured, {link['variant']} host memory)"
+        ),
+        "h2d_gbps": sig(link["h2d_gbps"]),
+        "d2h_gbps": sig(link["d2h_gbps"]),
+        "latency_us": sig(max(0.0, (link["h2d_latency_us"] + link["d2h_latency_us"]) / 2), 3),
+        "source": f"latency + bytes/bandwidth fitted to {link['fits']['h2d']['n']} copies per direction "
+        f"({link['variant']}), MAPE h2d {link['fits']['h2d']['mape']:.1f}%, "
+        f"d2h {link['fits']['d2h']['mape']:.1f}%",
     }
 
 
