@@ -818,6 +818,19 @@ def print_report(result: dict, console=None) -> None:
     t = Table(title=f"profile {hw['name']} ({calib['mode']}, {calib['dtype']})")
     t.add_column("quantity")
     t.add_column("value", justify="right")
+    _add_fit_rows(t, hw, calib["roofline_step_error"])
+    if calib.get("validation"):
+        _add_validation_rows(t, calib["validation"])
+    for key, e in ((calib.get("per_model") or {}).get("models") or {}).items():
+        _add_model_rows(t, key, e)
+    if "total" in result["timings"]:
+        t.add_row("time", f"{result['timings']['total']:.0f} s")
+    console.print(t)
+    console.print(f"wrote {result['profile']} and {result['sidecar']}")
+
+
+def _add_fit_rows(t: Table, hw: dict, rse: dict) -> None:
+    """The profile's achieved roofs, efficiencies and overheads, and the step-time error they leave."""
     for dt, v in hw["peak_tflops"].items():
         t.add_row(f"achieved GEMM {dt}", f"{v * 1e3:.4g} GFLOP/s")
     t.add_row("achieved memory bandwidth", f"{hw['memory_bandwidth_gbps']:.4g} GB/s")
@@ -828,58 +841,58 @@ def print_report(result: dict, console=None) -> None:
         "kernel launch / iteration overhead",
         f"{hw['overheads']['kernel_launch_us']:.3g} / {hw['overheads']['iteration_us']:.3g} us",
     )
-    rse = calib["roofline_step_error"]
     t.add_row(
         "roofline step-time MAPE (uncalibrated -> calibrated)",
         f"{rse['uncalibrated_mape']:.1f}% -> {rse['calibrated_mape']:.1f}%",
     )
-    v = calib.get("validation")
-    if v:
+
+
+def _add_validation_rows(t: Table, v: dict) -> None:
+    """The held-out swap and recompute checks, and the machine's drift between profile and checks."""
+    t.add_row(
+        "held-out swap MAPE (out / in / total)",
+        f"{v['swap']['mape_out']:.2f}% / {v['swap']['mape_in']:.2f}% / {v['swap']['mape_swap']:.2f}%",
+    )
+    sw_d, rc_d = v["swap"].get("drift"), v["recompute"].get("drift")
+    if sw_d or rc_d:
         t.add_row(
-            "held-out swap MAPE (out / in / total)",
-            f"{v['swap']['mape_out']:.2f}% / {v['swap']['mape_in']:.2f}% / {v['swap']['mape_swap']:.2f}%",
+            "machine drift at the checks (copy / prefill sentinel, now / then)",
+            f"{sw_d or float('nan'):.3f} / {rc_d or float('nan'):.3f}",
         )
-        sw_d, rc_d = v["swap"].get("drift"), v["recompute"].get("drift")
-        if sw_d or rc_d:
+        t.add_row(
+            "  drift-corrected swap / recompute MAPE",
+            f"{v['swap'].get('mape_swap_drift_corrected') or float('nan'):.2f}% / "
+            f"{v['recompute'].get('mape_recompute_drift_corrected') or float('nan'):.2f}%",
+        )
+    rc = v["recompute"]
+    t.add_row(
+        "held-out recompute MAPE, batch 1 (regression / roofline)",
+        f"{rc['mape_recompute']:.2f}% / {rc['mape_recompute_roofline']:.2f}%",
+    )
+    if rc.get("mape_batched_prefill") is not None:
+        t.add_row("held-out batched prefill MAPE (regression)", f"{rc['mape_batched_prefill']:.2f}%")
+
+
+def _add_model_rows(t: Table, key: str, e: dict) -> None:
+    """A served model's own recompute predictor and its held-out recompute and swap errors."""
+    rc, sw = e["recompute"], e["swap"]
+    ch = rc["comparison"]["chosen"]
+    t.add_row(f"{key}: recompute predictor", f"{ch['estimator']} (degree {ch['degree']})")
+    t.add_row(
+        "  held-out recompute MAPE (per-model / generic / roofline)",
+        f"{rc['mape_recompute']:.2f}% / {rc['mape_recompute_generic'] or float('nan'):.2f}% / "
+        f"{rc['mape_recompute_roofline'] or float('nan'):.2f}%",
+    )
+    if rc.get("mape_held_out_batched") is not None:
+        t.add_row("  held-out batched prefill MAPE (per-model)", f"{rc['mape_held_out_batched']:.2f}%")
+    for f, lab in (
+        ("model_fit", "fitted executor swap"),
+        ("link", "profile link"),
+        ("bandwidth_only", "bandwidth only"),
+    ):
+        if f in sw["held_out_mape"]:
+            m = sw["held_out_mape"][f]
             t.add_row(
-                "machine drift at the checks (copy / prefill sentinel, now / then)",
-                f"{sw_d or float('nan'):.3f} / {rc_d or float('nan'):.3f}",
+                f"  held-out swap MAPE, {lab} (out / in / total)",
+                f"{m['out']:.2f}% / {m['in']:.2f}% / {m['swap']:.2f}%",
             )
-            t.add_row(
-                "  drift-corrected swap / recompute MAPE",
-                f"{v['swap'].get('mape_swap_drift_corrected') or float('nan'):.2f}% / "
-                f"{v['recompute'].get('mape_recompute_drift_corrected') or float('nan'):.2f}%",
-            )
-        rc = v["recompute"]
-        t.add_row(
-            "held-out recompute MAPE, batch 1 (regression / roofline)",
-            f"{rc['mape_recompute']:.2f}% / {rc['mape_recompute_roofline']:.2f}%",
-        )
-        if rc.get("mape_batched_prefill") is not None:
-            t.add_row("held-out batched prefill MAPE (regression)", f"{rc['mape_batched_prefill']:.2f}%")
-    for key, e in ((calib.get("per_model") or {}).get("models") or {}).items():
-        rc, sw = e["recompute"], e["swap"]
-        ch = rc["comparison"]["chosen"]
-        t.add_row(f"{key}: recompute predictor", f"{ch['estimator']} (degree {ch['degree']})")
-        t.add_row(
-            "  held-out recompute MAPE (per-model / generic / roofline)",
-            f"{rc['mape_recompute']:.2f}% / {rc['mape_recompute_generic'] or float('nan'):.2f}% / "
-            f"{rc['mape_recompute_roofline'] or float('nan'):.2f}%",
-        )
-        if rc.get("mape_held_out_batched") is not None:
-            t.add_row("  held-out batched prefill MAPE (per-model)", f"{rc['mape_held_out_batched']:.2f}%")
-        for f, lab in (
-            ("model_fit", "fitted executor swap"),
-            ("link", "profile link"),
-            ("bandwidth_only", "bandwidth only"),
-        ):
-            if f in sw["held_out_mape"]:
-                m = sw["held_out_mape"][f]
-                t.add_row(
-                    f"  held-out swap MAPE, {lab} (out / in / total)",
-                    f"{m['out']:.2f}% / {m['in']:.2f}% / {m['swap']:.2f}%",
-                )
-    if "total" in result["timings"]:
-        t.add_row("time", f"{result['timings']['total']:.0f} s")
-    console.print(t)
-    console.print(f"wrote {result['profile']} and {result['sidecar']}")
