@@ -536,24 +536,57 @@ def analyze(
     regressor comparisons). `meta`: name, info, mode, when, load, device_type, dtype, domain and
     shapes_path (where the measured GEMM table goes)."""
     timings = {} if timings is None else timings
-    dtype, name = meta["dtype"], meta["name"]
     t0 = time.perf_counter()
+    fits = _roofline_fits(records, meta)
+    hw_dict = _with_kernel_models(build_hardware_dict(meta, fits, 0.0), records, meta)
+    hw, step_fit = _fit_step_overhead(hw_dict, steps, meta["dtype"])
+    timings["fit"] = round(time.perf_counter() - t0, 2)
+    t0 = time.perf_counter()
+    regression = _step_regressors(steps, seed, progress)
+    timings["regress"] = round(time.perf_counter() - t0, 2)
+    calib = _sidecar(meta, fits, records, steps, step_fit, regression)
+    return hw_dict, hw, calib, regression.comparisons
+
+
+def _roofline_fits(records: list[dict], meta: dict) -> dict:
+    """The achieved roofs, per-dtype peaks, per-class efficiencies and host link, as the sidecar keeps them."""
+    dtype = meta["dtype"]
     roof = F.roofs(records, dtype)
     peaks = F.dtype_peaks(records)
     eff = F.fit_efficiencies(records, roof["compute_flops"], roof["memory_bytes_per_s"], dtype)
     link = F.fit_host_link(records, meta["device_type"])
-    fits = {"roofs": roof, "dtype_peaks": peaks, "efficiency": eff, "host_link": link}
-    hw_dict = build_hardware_dict(meta, fits, 0.0)
+    return {"roofs": roof, "dtype_peaks": peaks, "efficiency": eff, "host_link": link}
+
+
+def _with_kernel_models(hw_dict: dict, records: list[dict], meta: dict) -> dict:
+    """The profile dict with its fitted kernel models (when the sweeps allow a fit); the
+    measured GEMM table written now, since the cost models built on this profile read it."""
+    dtype = meta["dtype"]
     source = f"`sim profile` micro-benchmarks on {meta['info']['name']} ({dtype})"
     shapes = meta.get("shapes_path")
     fitted = F.fit_kernel_models(
         records, validate(HardwareProfile, hw_dict, "measured profile"), dtype, source, shapes and str(shapes)
     )
-    if fitted is not None:
-        calibration, table = fitted
-        if table is not None:  # now: the cost models below, built on this profile, read it
-            table.write(Path(shapes), source, dtype)
-        hw_dict = _with_calibration(hw_dict, calibration)
+    if fitted is None:
+        return hw_dict
+    calibration, table = fitted
+    if table is not None:
+        table.write(Path(shapes), source, dtype)
+    return _with_calibration(hw_dict, calibration)
+
+
+@dataclass(frozen=True)
+class _StepFit:
+    """The step sweep scored with the roofline, before and after the iteration overhead."""
+
+    arch: dict  # the step sweep's tiny architecture (steps.Arch)
+    roofline_step_error: dict  # MAPE uncalibrated, calibrated without and with the overhead, n
+
+
+def _fit_step_overhead(hw_dict: dict, steps: list[dict], dtype: str) -> tuple[object, _StepFit]:
+    """Fit the per-iteration overhead to the step times (written into `hw_dict`) and the
+    validated profile; the roofline's step error without calibration, without the overhead
+    and with it."""
     hw0 = validate(HardwareProfile, hw_dict, "measured profile")
     arch = Arch().as_dict()
     err_no_iter, preds = F.step_roofline_error(steps, hw0, arch, dtype)
@@ -567,53 +600,71 @@ def analyze(
         "overheads": {"kernel_launch_us": 0, "iteration_us": 0},
     }
     err_uncal, _ = F.step_roofline_error(steps, validate(HardwareProfile, uncal, "uncalibrated"), arch, dtype)
-    timings["fit"] = round(time.perf_counter() - t0, 2)
+    errors = {
+        "uncalibrated_mape": err_uncal,
+        "calibrated_no_iteration_overhead_mape": err_no_iter,
+        "calibrated_mape": err_after,
+        "n": len(steps),
+    }
+    return hw, _StepFit(arch, errors)
 
-    t0 = time.perf_counter()
-    comps = {}
-    # the machine's speed drifts over a long sweep (a shared VM: +-10% over minutes); with a
-    # sentinel timed before each shape, every step is scaled to the sweep's mean speed
+
+@dataclass(frozen=True)
+class _StepRegression:
+    """The step-time regressors compared per phase on drift-scaled step times."""
+
+    comparisons: dict  # phase -> regress.Comparison
+    sentinel_geomean_s: float | None  # the sweep's mean sentinel (None: a step without one)
+    sentinels_s: list  # the sentinel timed before each step's shape
+
+
+def _step_regressors(steps: list[dict], seed: int, progress) -> _StepRegression:
+    """Prefill and decode regressors compared on the step sweep. The machine's speed drifts
+    over a long sweep (a shared VM: +-10% over minutes); with a sentinel timed before each
+    shape, every step is scaled to the sweep's mean speed."""
     sents = [r.get("sentinel_s") for r in steps]
     g = float(np.exp(np.mean(np.log(sents)))) if sents and all(sents) else None
+    comps = {}
     for kind in ("prefill", "decode"):
         rows = [r for r in steps if r["phase"] == kind]
         X = np.array([[r["layers"], r["hidden"], r["tokens"], r["batch"]] for r in rows], dtype=np.float64)
         y = np.array([r["median_s"] * (g / r["sentinel_s"] if g else 1.0) for r in rows])
         comps[kind] = regress.compare(X, y, target=kind, candidates=regress.Candidates(seed=seed), progress=progress)
-    timings["regress"] = round(time.perf_counter() - t0, 2)
-    calib = {
+    return _StepRegression(comps, g, sents)
+
+
+def _sidecar(
+    meta: dict, fits: dict, records: list[dict], steps: list[dict], step_fit: _StepFit, regression: _StepRegression
+) -> dict:
+    """The calibration sidecar: the fits, the step model and its errors, the slimmed measurements."""
+    g, sents = regression.sentinel_geomean_s, regression.sentinels_s
+    return {
         "format": CALIB_FORMAT,
         "version": CALIB_VERSION,
-        "profile": name,
+        "profile": meta["name"],
         "created": meta["when"],
         "mode": meta["mode"],
         "machine": meta["info"],
         "load_average": dict(meta["load"]),
-        "dtype": dtype,
-        "roofs": roof,
-        "dtype_peaks": peaks,
-        "efficiency": eff,
-        "host_link": link,
+        "dtype": meta["dtype"],
+        "roofs": fits["roofs"],
+        "dtype_peaks": fits["dtype_peaks"],
+        "efficiency": fits["efficiency"],
+        "host_link": fits["host_link"],
         "step_model": {
-            "arch": arch,
-            "dtype": dtype,
+            "arch": step_fit.arch,
+            "dtype": meta["dtype"],
             "domain": meta["domain"],
             "sentinel_geomean_s": g,
             "sentinel_spread": (float(np.max(sents) / np.min(sents)) if g else None),
             "shapes": sorted({(int(r["layers"]), int(r["hidden"])) for r in steps}),
-            "predictors": {k: c.portable for k, c in comps.items()},
-            "comparison": {k: c.as_dict() for k, c in comps.items()},
+            "predictors": {k: c.portable for k, c in regression.comparisons.items()},
+            "comparison": {k: c.as_dict() for k, c in regression.comparisons.items()},
         },
-        "roofline_step_error": {
-            "uncalibrated_mape": err_uncal,
-            "calibrated_no_iteration_overhead_mape": err_no_iter,
-            "calibrated_mape": err_after,
-            "n": len(steps),
-        },
+        "roofline_step_error": step_fit.roofline_step_error,
         "curves": _slim([r for r in records if r["kind"] != "step"]),
         "steps": _slim(steps),
     }
-    return hw_dict, hw, calib, comps
 
 
 def _with_calibration(hw_dict: dict, calibration: dict) -> dict:
