@@ -745,32 +745,52 @@ def refit_profile(path: Path, opts: RefitOptions = RefitOptions()) -> dict:
     predictions with new measurements, are run again on this machine. `opts.models`: measure
     those served models' own predictors too (replacing earlier entries of the same model);
     `opts.models_only`: only that, the rest of the profile kept as it is."""
-    out, seed, validate, quick, threads, models = (
-        opts.out,
-        opts.seed,
-        opts.validate,
-        opts.quick,
-        opts.threads,
-        opts.models,
-    )
     if opts.models_only:
-        if not models:
+        if not opts.models:
             raise InfersimError("--models-only needs at least one --model NAME")
         return add_models(Path(path), opts)
+    path = Path(path)
+    out = Path(opts.out) if opts.out else path
+    old = calibration_for(load_hardware(str(path)))
+    quick = (old["mode"] == "quick") if opts.quick is None else opts.quick
+    device = _profiled_device(old["machine"], opts.threads)
+    records = [dict(r) for r in old["curves"]]
+    steps = [dict(r) for r in old["steps"]]
+    timings: dict = {}
+    hw_dict, hw, calib, comps = analyze(records, steps, _refit_meta(old, device, out), seed=opts.seed, timings=timings)
+    calib["refit"] = {"at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "from": str(path)}
+    if opts.validate:
+        timings["validate"] = _recheck(calib, old, _RecheckOn(device, quick, hw, _copy_reference(records, device.type)))
+    elif "validation" in old:
+        calib["validation"] = old["validation"]
+        calib["sentinels"] = old.get("sentinels", {})
+    if old.get("per_model"):
+        calib["per_model"] = old["per_model"]
+    if opts.models:
+        settings = ModelSettings(device, old["dtype"], quick=quick, seed=opts.seed)
+        _merge_models(calib, _measure_models(opts.models, settings, hw, calib, opts.quiet))
+    calib["timings_s"] = {**old.get("timings_s", {}), "refit": timings}
+    hw_dict["source"] = load_hardware(str(path)).source
+    return _written(out, hw_dict, calib, comps, timings)
+
+
+def _profiled_device(machine: dict, threads: int | None):
+    """The device a profile was measured on (its kind; cuda's index left to select_device),
+    with torch's threads set to `threads` (None: torch's default)."""
     import torch
 
-    path = Path(path)
-    out = Path(out) if out else path
-    old = calibration_for(load_hardware(str(path)))
-    info, mode = old["machine"], old["mode"]
-    quick = (mode == "quick") if quick is None else quick
-    device = select_device(info["device"].split(":")[0] if info["device"].startswith("cuda") else "cpu")
+    device = select_device(machine["device"].split(":")[0] if machine["device"].startswith("cuda") else "cpu")
     if threads:
         torch.set_num_threads(int(threads))
-    meta = {
+    return device
+
+
+def _refit_meta(old: dict, device, out: Path) -> dict:
+    """analyze's `meta` from the sidecar: the profile's name, machine, mode and time as measured."""
+    return {
         "name": old["profile"],
-        "info": info,
-        "mode": mode,
+        "info": old["machine"],
+        "mode": old["mode"],
         "when": old["created"],
         "load": old["load_average"],
         "device_type": device.type,
@@ -778,40 +798,38 @@ def refit_profile(path: Path, opts: RefitOptions = RefitOptions()) -> dict:
         "domain": old["step_model"]["domain"],
         "shapes_path": shapes_path(out).resolve(),
     }
-    records = [dict(r) for r in old["curves"]]
-    steps = [dict(r) for r in old["steps"]]
-    timings: dict = {}
-    hw_dict, hw, calib, comps = analyze(records, steps, meta, seed=seed, timings=timings)
-    calib["refit"] = {"at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "from": str(path)}
-    if validate:
-        la = load_average()
-        b = Bench(device=device, timer=make_timer(device), dtype=old["dtype"], rep=_repeats(device.type, quick))
-        t0 = time.perf_counter()
-        calib["sentinels"] = old.get("sentinels", {})
-        now = accuracy.sentinels(b)
-        calib["validation"] = {
-            "sentinels": now,
-            "swap": accuracy.swap_check(
-                b, calib["host_link"], quick=quick, copy_reference_s=_copy_reference(records, device.type)
-            ),
-            "recompute": accuracy.recompute_check(b, hw, calib, quick=quick),
-            "measured_at": calib["refit"]["at"],
-            "threads": torch.get_num_threads(),
-            "load_average": {"start": la[0] if la else None, "end": (load_average() or [None])[0]},
-        }
-        _note_drift(calib)
-        timings["validate"] = round(time.perf_counter() - t0, 2)
-    elif "validation" in old:
-        calib["validation"] = old["validation"]
-        calib["sentinels"] = old.get("sentinels", {})
-    if old.get("per_model"):
-        calib["per_model"] = old["per_model"]
-    if models:
-        settings = ModelSettings(device, old["dtype"], quick=quick, seed=seed)
-        _merge_models(calib, _measure_models(models, settings, hw, calib, opts.quiet))
-    calib["timings_s"] = {**old.get("timings_s", {}), "refit": timings}
-    hw_dict["source"] = load_hardware(str(path)).source
-    return _written(out, hw_dict, calib, comps, timings)
+
+
+@dataclass(frozen=True)
+class _RecheckOn:
+    """Where and against what the held-out checks run again."""
+
+    device: object  # torch.device of this machine
+    quick: bool  # the quick checks
+    hardware: object  # the refitted HardwareProfile (the recompute check's cost models)
+    copy_reference_s: float | None  # the copy sweep's reference copies (the swap check's drift)
+
+
+def _recheck(calib: dict, old: dict, on: _RecheckOn) -> float:
+    """The sentinels, swap and recompute checks measured again into `calib` (the profile's own
+    sentinels kept as the drift reference); returns the seconds they took."""
+    import torch
+
+    la = load_average()
+    b = Bench(device=on.device, timer=make_timer(on.device), dtype=old["dtype"], rep=_repeats(on.device.type, on.quick))
+    t0 = time.perf_counter()
+    calib["sentinels"] = old.get("sentinels", {})
+    now = accuracy.sentinels(b)
+    calib["validation"] = {
+        "sentinels": now,
+        "swap": accuracy.swap_check(b, calib["host_link"], quick=on.quick, copy_reference_s=on.copy_reference_s),
+        "recompute": accuracy.recompute_check(b, on.hardware, calib, quick=on.quick),
+        "measured_at": calib["refit"]["at"],
+        "threads": torch.get_num_threads(),
+        "load_average": {"start": la[0] if la else None, "end": (load_average() or [None])[0]},
+    }
+    _note_drift(calib)
+    return round(time.perf_counter() - t0, 2)
 
 
 def _measure_models(models, settings: ModelSettings, hw, calib, quiet: bool) -> dict:
@@ -837,17 +855,11 @@ def _merge_models(calib: dict, sect: dict) -> None:
 def add_models(path: Path, opts: RefitOptions) -> dict:
     """Measure only the per-model predictors of `opts.models` into an existing profile (its
     sweeps, fits and checks kept): `sim profile --refit PROFILE --models-only --model NAME`."""
-    import torch
-
     path = Path(path)
     out = Path(opts.out) if opts.out else path
     hw = load_hardware(str(path))
     calib = calibration_for(hw)
-    device = select_device(
-        calib["machine"]["device"].split(":")[0] if calib["machine"]["device"].startswith("cuda") else "cpu"
-    )
-    if opts.threads:
-        torch.set_num_threads(int(opts.threads))
+    device = _profiled_device(calib["machine"], opts.threads)
     t0 = time.perf_counter()
     settings = ModelSettings(device, calib["dtype"], quick=bool(opts.quick), seed=opts.seed)
     _merge_models(calib, _measure_models(tuple(opts.models), settings, hw, calib, opts.quiet))
