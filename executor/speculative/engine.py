@@ -74,10 +74,21 @@ class _Observer:
         pass
 
     def on_round(self, prefill, ready, results, start, end, released):
-        m = self.m
+        self._record_segment(prefill, ready, results, (start, end))
+        for seq in prefill:
+            seq.first_token_s = end
+            seq.last_token_s = end
+        self._record_sequence_rows(ready, results)
+        self._rounds += 1
+        self._record_itl(ready, results, end)
+
+    def _record_segment(self, prefill, ready, results, span_s: tuple[float, float]) -> None:
+        """The round as one segment of the simulator's metrics: one step, its batch, its
+        query tokens (prompts prefilled + verified rows kept), the KV blocks in use."""
         q_pre = sum(s.prompt_len for s in prefill)
         q_ver = sum(k + 1 for k, _ in results)  # verified rows that stay (accepted + the last committed token)
-        m.segment(
+        start, end = span_s
+        self.m.segment(
             (
                 start,
                 end,
@@ -94,19 +105,22 @@ class _Observer:
                 0.0,
             )
         )
-        for seq in prefill:
-            seq.first_token_s = end
-            seq.last_token_s = end
+
+    def _record_sequence_rows(self, ready, results) -> None:
+        """(round, rid, drafted, accepted) per verified sequence; what each drafted as the
+        pipelined decoder told, else as the decoder drafts: min(s, remaining - 1)."""
         drafted, self._drafted = self._drafted, None
         s_round = self.round_s() if self.round_s is not None else None
         for i, (seq, (k, _)) in enumerate(zip(ready, results)):
             if drafted is not None:
                 si = int(drafted[i])
-            else:  # the decoder drafts min(s, remaining - 1); the tokens are committed by now
+            else:  # the tokens are committed by now
                 rem_before = seq.remaining + k + 1
                 si = int(min(s_round, rem_before - 1)) if s_round is not None else -1
             self.seq_rows.append((self._rounds, int(seq.rid), si, int(k)))
-        self._rounds += 1
+
+    def _record_itl(self, ready, results, end: float) -> None:
+        """Inter-token latencies: each sequence's k + 1 tokens spread evenly since its last token."""
         gaps, wts = [], []
         for seq, (k, _) in zip(ready, results):
             n = k + 1
@@ -114,7 +128,7 @@ class _Observer:
             wts.append(float(n))
             seq.last_token_s = end
         if gaps:
-            m.add_itl(np.array(gaps), np.array(wts))
+            self.m.add_itl(np.array(gaps), np.array(wts))
 
     def on_finish(self, seq, now):
         seq.finish_s = now
