@@ -304,10 +304,49 @@ def recompute_check(
 ) -> dict:
     """Measured vs predicted prefill times, each the median of `rounds` passes over the plan."""
     steps = calibration["step_model"]
-    arch, dtype = steps["arch"], steps["dtype"]
     rounds = rounds or (1 if quick else 5)
     plan = recompute_plan(steps["domain"], quick)
-    models: dict = {}
+    models = _PrefillModels(b, hardware, calibration, seed)
+    samples, sent_now = _time_prefills(b, plan, models, rounds)
+    swept = [[int(a), int(c)] for a, c in steps.get("shapes", [])]
+    rows = [_recompute_row(models.of(L, h), (L, h, t, bsz), smp, swept) for (L, h, t, bsz), smp in samples.items()]
+    models.clear()
+    ref = steps.get("sentinel_geomean_s")
+    drift_f = float(np.median(sent_now)) / ref if ref else None
+    if drift_f:
+        for r in rows:
+            r["err_regression_drift_corrected_pct"] = _pct(r["pred_regression_s"] * drift_f, r["measured_s"])
+    return _recompute_summary(rows, rounds, drift_f)
+
+
+class _PrefillModels:
+    """Per shape (layers, hidden): the tiny decoder timed and the regression and roofline cost
+    models scored against it, built when the shape is first measured."""
+
+    def __init__(self, b: Bench, hardware, calibration: dict, seed: int):
+        self.b, self.hardware, self.calibration, self.seed = b, hardware, calibration, seed
+        self._built: dict = {}
+
+    def of(self, L: int, h: int) -> tuple:
+        """(TinyDecoder, RegressionCostModel, RooflineCostModel) of the shape."""
+        if (L, h) not in self._built:
+            steps, b = self.calibration["step_model"], self.b
+            spec = reference_spec(L, h, steps["arch"])
+            self._built[(L, h)] = (
+                TinyDecoder(L, h, device=b.device, dtype=b.dtype, seed=self.seed + L * 1000 + h),
+                RegressionCostModel(spec, self.hardware, dtype=steps["dtype"], calibration=self.calibration),
+                RooflineCostModel(spec, self.hardware, dtype=steps["dtype"]),
+            )
+        return self._built[(L, h)]
+
+    def clear(self) -> None:
+        self._built.clear()
+
+
+def _time_prefills(b: Bench, plan: list, models: _PrefillModels, rounds: int) -> tuple[dict, list[float]]:
+    """Per (layers, hidden, tokens, batch), the prefill's median time in every round, and the
+    prefill sentinel timed at the start of each round. Settings past the budget (judged in the
+    first round) are not measured in any round."""
     samples: dict = {}
     sentinel, sent_now = step_sentinel(b), []
     for r in range(rounds):
@@ -318,53 +357,44 @@ def recompute_check(
                 continue
             if key not in samples and r > 0:
                 continue
-            if (L, h) not in models:
-                spec = reference_spec(L, h, arch)
-                models[(L, h)] = (
-                    TinyDecoder(L, h, device=b.device, dtype=b.dtype, seed=seed + L * 1000 + h),
-                    RegressionCostModel(spec, hardware, dtype=dtype, calibration=calibration),
-                    RooflineCostModel(spec, hardware, dtype=dtype),
-                )
-            samples.setdefault(key, []).append(measure(models[(L, h)][0].prefill_fn(bsz, t), b.timer, b.rep).median_s)
+            samples.setdefault(key, []).append(measure(models.of(L, h)[0].prefill_fn(bsz, t), b.timer, b.rep).median_s)
             b.progress(f"recompute check L{L} h{h} t{t} b{bsz} round {r + 1}/{rounds}")
-    rows = []
-    shapes = [[int(a), int(c)] for a, c in steps.get("shapes", [])]
-    for (L, h, t, bsz), smp in samples.items():
-        _, reg, roof = models[(L, h)]
-        meas, cv = _rounds_median(smp)
-        shape = BatchShape.prefill([t] * bsz)
-        p_reg = reg.prefill_time_s(t) if bsz == 1 else reg.iteration_time_s(shape)
-        p_roof = roof.iteration_time_s(shape)
-        p_raw = float(reg.predictors["prefill"].predict([[L, h, t, bsz]])[0])
-        rows.append(
-            {
-                "layers": L,
-                "hidden": h,
-                "tokens": t,
-                "batch": bsz,
-                "shape_measured": [L, h] in shapes,
-                "measured_s": meas,
-                "rounds": len(smp),
-                "rounds_cv": cv,
-                "pred_regression_s": p_reg,
-                "err_regression_pct": _pct(p_reg, meas),
-                "pred_regressor_raw_s": p_raw,
-                "err_regressor_raw_pct": _pct(p_raw, meas),
-                "pred_roofline_s": p_roof,
-                "err_roofline_pct": _pct(p_roof, meas),
-            }
-        )
-    models.clear()
+    return samples, sent_now
 
-    def mape(sel, key="err_regression_pct"):
-        return float(np.mean([r[key] for r in sel])) if sel else None
 
+def _recompute_row(models: tuple, key: tuple, smp: list[float], swept: list[list[int]]) -> dict:
+    """One measured prefill against the regression (through the cost model and raw) and the roofline."""
+    (L, h, t, bsz), (_, reg, roof) = key, models
+    meas, cv = _rounds_median(smp)
+    shape = BatchShape.prefill([t] * bsz)
+    p_reg = reg.prefill_time_s(t) if bsz == 1 else reg.iteration_time_s(shape)
+    p_roof = roof.iteration_time_s(shape)
+    p_raw = float(reg.predictors["prefill"].predict([[L, h, t, bsz]])[0])
+    return {
+        "layers": L,
+        "hidden": h,
+        "tokens": t,
+        "batch": bsz,
+        "shape_measured": [L, h] in swept,
+        "measured_s": meas,
+        "rounds": len(smp),
+        "rounds_cv": cv,
+        "pred_regression_s": p_reg,
+        "err_regression_pct": _pct(p_reg, meas),
+        "pred_regressor_raw_s": p_raw,
+        "err_regressor_raw_pct": _pct(p_raw, meas),
+        "pred_roofline_s": p_roof,
+        "err_roofline_pct": _pct(p_roof, meas),
+    }
+
+
+def _mape_or_none(sel: list[dict], key: str = "err_regression_pct") -> float | None:
+    return float(np.mean([r[key] for r in sel])) if sel else None
+
+
+def _recompute_summary(rows: list[dict], rounds: int, drift_f: float | None) -> dict:
+    mape = _mape_or_none
     one = [r for r in rows if r["batch"] == 1]
-    ref = steps.get("sentinel_geomean_s")
-    drift_f = float(np.median(sent_now)) / ref if ref else None
-    if drift_f:
-        for r in rows:
-            r["err_regression_drift_corrected_pct"] = _pct(r["pred_regression_s"] * drift_f, r["measured_s"])
     return {
         "rows": rows,
         "rounds": rounds,

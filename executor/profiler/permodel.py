@@ -45,6 +45,7 @@ from infersim.simulator.errors import InfersimError
 from infersim.simulator.models.catalog import load_model as load_spec
 from infersim.simulator.paths import home_relative
 
+from .accuracy import _pct, _rounds_median
 from .device import Repeats, load_average, make_timer, measure
 from .regress import Candidates, compare_sets
 
@@ -158,58 +159,99 @@ def model_spec_of(lm):
     return spec, model_config_hash(spec)
 
 
-def _rounds_median(xs: list[float]) -> tuple[float, float]:
-    a = np.asarray(xs, dtype=np.float64)
-    return float(np.median(a)), (float(a.std() / a.mean()) if len(a) > 1 else 0.0)
-
-
-def _pct(pred: float, meas: float) -> float:
-    return abs(pred - meas) / meas * 100.0
-
-
 def measure_model(lm, plan: ModelPlan, *, timer, seed: int = 0, progress=None, sync=lambda: None) -> dict:
     """Raw timings, every round over every prefill setting and swap size: {'prefill':
     {setting: [per-round medians]}, 'swap': {tokens: {'out': [...], 'in': [...]}},
     'sentinel': [...]}."""
-    from infersim.executor.kvcache import KVCacheConfig, runner_cache
-    from infersim.executor.runner import TokenSeq, build_runner, plan_batch
+    from infersim.executor.runner import build_runner
 
     runner = build_runner(lm)
     settings = prefill_settings(plan, seed)
+    prefills = _Prefills(lm, runner, _prefill_cache(lm, runner, settings), seed)
+    scache = _swap_cache(lm, runner, plan, prefills.cache.bytes_per_block)
+    out = _empty_timings(plan, settings, prefills.cache.bytes_per_block, runner.num_layers)
+    timing = _RoundTiming(timer, plan, progress, sync, np.random.default_rng([seed, 47]))
+    for r in range(plan.rounds):
+        out["sentinel"].append(prefills.time((SENTINEL_TOKENS,), timer, plan.rep))
+        # a new seeded order every round: fitted and held-out settings interleaved, so a slow
+        # spell of the machine hits neither group (nor any length range) systematically
+        _time_prefill_round(r, prefills, settings, out["prefill"], timing)
+        _time_swap_round(r, scache, out["swap"], timing)
+    return out
+
+
+@dataclass(frozen=True)
+class _RoundTiming:
+    """How measure_model times and reports a round."""
+
+    timer: object  # device.Timer of the model's device
+    plan: ModelPlan  # rounds and the prefill and swap repeats
+    progress: object  # callable(label) once per measured point, or None
+    sync: object  # called before each timed swap (the device's synchronize)
+    order_rng: object  # numpy Generator: each round's order of the settings, then of the swaps
+
+
+def _prefill_cache(lm, runner, settings: list):
+    """The prefills' cache: room for the biggest batch of the settings."""
+    from infersim.executor.kvcache import KVCacheConfig, runner_cache
+
     longest = max(sum(q) for _, q in settings) + BLOCK_SIZE * 4
-    # one cache for the prefills (room for the biggest batch) and one for the swaps: a pool
-    # of >= 32 MiB per side, so successive repeats move different blocks, not cache-warm ones
-    cache = runner_cache(
+    return runner_cache(
         runner, KVCacheConfig(-(-longest // BLOCK_SIZE) + 4, BLOCK_SIZE, 1, watermark=0.0, dtype=lm.dtype), lm.device
     )
-    per_block = cache.bytes_per_block
+
+
+def _swap_cache(lm, runner, plan: ModelPlan, per_block: int):
+    """The swaps' cache, its pages committed: a pool of >= 32 MiB per side, so successive
+    repeats move different blocks, not cache-warm ones."""
+    from infersim.executor.kvcache import KVCacheConfig, runner_cache
+
     swap_max = max(plan.swap_fit_tokens + plan.swap_held_tokens)
     pool = max(8 * -(-swap_max // BLOCK_SIZE), (32 << 20) // per_block)
     scache = runner_cache(runner, KVCacheConfig(pool, BLOCK_SIZE, pool, watermark=0.0, dtype=lm.dtype), lm.device)
     for t in (scache._k, scache._v, scache._hk, scache._hv):
         t.fill_(0.5)  # commit the pages before timing
     scache._clean = [True] * pool
-    prompts = {}
+    return scache
 
-    def prompt_set(q):
-        if q not in prompts:
-            prompts[q] = make_prompts(
-                list(q), tokenizer=lm.tokenizer, vocab_size=lm.vocab_size, seed=seed + len(prompts)
+
+class _Prefills:
+    """Prefills of prompt-length settings through the runner over the paged cache; each
+    setting's prompts made once, seeded in the order settings are first seen."""
+
+    def __init__(self, lm, runner, cache, seed: int):
+        self.lm, self.runner, self.cache, self.seed = lm, runner, cache, seed
+        self._prompts: dict = {}
+
+    def _prompt_set(self, q):
+        if q not in self._prompts:
+            self._prompts[q] = make_prompts(
+                list(q), tokenizer=self.lm.tokenizer, vocab_size=self.lm.vocab_size, seed=self.seed + len(self._prompts)
             )
-        return prompts[q]
+        return self._prompts[q]
 
-    def prefill_fn(q):
-        seqs = [TokenSeq(p) for p in prompt_set(q)]
+    def time(self, q, timer, rep: Repeats) -> float:
+        """Median time of one engine iteration prefilling prompts of lengths `q` (their blocks
+        freed after)."""
+        from infersim.executor.runner import TokenSeq, plan_batch
+
+        cache, runner, device = self.cache, self.runner, self.lm.device
+        seqs = [TokenSeq(p) for p in self._prompt_set(q)]
         for s in seqs:
             cache.grow_to(s, s.num_tokens)
         batch = [(s, s.num_tokens) for s in seqs]
 
         def fn():  # one engine iteration: the plan and the forward pass over the paged cache
-            return runner.forward(plan_batch(cache, batch, lm.device), cache)
+            return runner.forward(plan_batch(cache, batch, device), cache)
 
-        return seqs, fn
+        t = measure(fn, timer, rep).median_s
+        for s in seqs:
+            cache.free(s)
+        return t
 
-    out = {
+
+def _empty_timings(plan: ModelPlan, settings: list, per_block: int, layers: int) -> dict:
+    return {
         "prefill": {q: [] for _, q in settings},
         "swap": {
             (n, lay): {"out": [], "in": []}
@@ -219,33 +261,29 @@ def measure_model(lm, plan: ModelPlan, *, timer, seed: int = 0, progress=None, s
         "sentinel": [],
         "settings": settings,
         "bytes_per_block": per_block,
-        "layers": runner.num_layers,
+        "layers": layers,
     }
-    order_rng = np.random.default_rng([seed, 47])
-    for r in range(plan.rounds):
-        seqs, fn = prefill_fn((SENTINEL_TOKENS,))
-        out["sentinel"].append(measure(fn, timer, plan.rep).median_s)
-        for s in seqs:
-            cache.free(s)
-        # a new seeded order every round: fitted and held-out settings interleaved, so a slow
-        # spell of the machine hits neither group (nor any length range) systematically
-        for k in order_rng.permutation(len(settings)):
-            role, q = settings[k]
-            seqs, fn = prefill_fn(q)
-            out["prefill"][q].append(measure(fn, timer, plan.rep).median_s)
-            for s in seqs:
-                cache.free(s)
-            if progress:
-                progress(f"model prefill {role} {'+'.join(map(str, q))} round {r + 1}/{plan.rounds}")
-        swaps = list(out["swap"].items())
-        for k in order_rng.permutation(len(swaps)):
-            (n, layout), smp = swaps[k]
-            t_out, t_in, smp["copies"] = _time_swaps(scache, n, layout, timer, plan.swap_rep, sync)
-            smp["out"].append(t_out)
-            smp["in"].append(t_in)
-            if progress:
-                progress(f"model swap n={n} {layout} round {r + 1}/{plan.rounds}")
-    return out
+
+
+def _time_prefill_round(r: int, prefills: _Prefills, settings: list, samples: dict, t: _RoundTiming) -> None:
+    """Every prefill setting once, in the round's seeded order."""
+    for k in t.order_rng.permutation(len(settings)):
+        role, q = settings[k]
+        samples[q].append(prefills.time(q, t.timer, t.plan.rep))
+        if t.progress:
+            t.progress(f"model prefill {role} {'+'.join(map(str, q))} round {r + 1}/{t.plan.rounds}")
+
+
+def _time_swap_round(r: int, scache, samples: dict, t: _RoundTiming) -> None:
+    """Every swap size and layout once, in the round's seeded order."""
+    swaps = list(samples.items())
+    for k in t.order_rng.permutation(len(swaps)):
+        (n, layout), smp = swaps[k]
+        t_out, t_in, smp["copies"] = _time_swaps(scache, n, layout, t.timer, t.plan.swap_rep, t.sync)
+        smp["out"].append(t_out)
+        smp["in"].append(t_in)
+        if t.progress:
+            t.progress(f"model swap n={n} {layout} round {r + 1}/{t.plan.rounds}")
 
 
 LAYOUTS = ("contiguous", "fragmented")

@@ -221,64 +221,19 @@ def build_hardware_dict(meta: dict, fits: dict, iteration_s: float) -> dict:
     """The hardware profile's YAML dict. `meta`: name, info, mode, when, load, device_type (as
     analyze takes it); `fits`: roofs, dtype_peaks, efficiency, host_link (as the sidecar keeps
     them); `iteration_s`: the fitted per-iteration overhead."""
-    name, info, mode, when, load, device_type = (
-        meta[k] for k in ("name", "info", "mode", "when", "load", "device_type")
-    )
-    roof, peaks, eff, link = (fits[k] for k in ("roofs", "dtype_peaks", "efficiency", "host_link"))
+    info, device_type = meta["info"], meta["device_type"]
+    roof, eff = fits["roofs"], fits["efficiency"]
     sig = F.sig
-    dtype = roof["dtype"]
-    peak_tflops = {k: sig(v / 1e12) for k, v in sorted(peaks.items())}
-    if "fp16" not in peak_tflops:  # the schema wants one; without a measurement, the primary dtype's
-        peak_tflops["fp16"] = peak_tflops[dtype]
-    machine = (
-        f"{info['name']} ({info['host_cores']} cores, {info['host_memory_gb']} GB)"
-        if device_type == "cpu"
-        else f"{info['name']} ({info['memory_gb']} GB) in a host with {info['host_cpu']}"
-    )
-    load_txt = (
-        f"1-minute load average {load['start']:.2f} at start, {load['end']:.2f} at end"
-        if load.get("start") is not None
-        else "load average unknown"
-    )
-    source = (
-        f"measured by `sim profile{' --quick' if mode == 'quick' else ''} --device {info['device']}` on {when} on "
-        f"{machine}, torch {info['torch']} with {info['threads']} thread{'s' if info['threads'] != 1 else ''}; {load_txt}. Peaks are the achieved "
-        f"roofs (best GEMM FLOP/s per dtype, best streaming bytes/s), not datasheet figures."
-    )
-    effs = {}
-    for c in ("linear", "attention", "elementwise"):
-        e = eff["classes"].get(c)
-        if e is None:
-            continue
-        effs[c] = {
-            "compute": sig(min(max(e["compute"], F.EFF_MIN), F.EFF_MAX), 3),
-            "memory": sig(min(max(e["memory"], F.EFF_MIN), F.EFF_MAX), 3),
-            "source": f"fitted to {e['n']} {c} micro-benchmarks ({dtype}); roofline MAPE "
-            f"{e['mape']:.1f}% (uncalibrated {e['mape_uncalibrated']:.1f}%)",
-        }
-    effs["communication"] = {"compute": 1.0, "memory": 1.0, "source": "not measured (single device)"}
-    link_name = (
-        "host memcpy (CPU: no host link; plain buffer copies)"
-        if device_type == "cpu"
-        else f"host link (measured, {link['variant']} host memory)"
-    )
+    machine = _machine_text(info, device_type)
     return {
-        "name": name,
+        "name": meta["name"],
         "aliases": [],
-        "source": source,
-        "peak_tflops": peak_tflops,
+        "source": _profile_source(meta, machine),
+        "peak_tflops": _peak_tflops(fits["dtype_peaks"], roof["dtype"]),
         "memory_bandwidth_gbps": sig(roof["memory_bytes_per_s"] / 1e9),
         "memory_gb": sig(info["memory_gb"], 3),
-        "host_link": {
-            "name": link_name,
-            "h2d_gbps": sig(link["h2d_gbps"]),
-            "d2h_gbps": sig(link["d2h_gbps"]),
-            "latency_us": sig(max(0.0, (link["h2d_latency_us"] + link["d2h_latency_us"]) / 2), 3),
-            "source": f"latency + bytes/bandwidth fitted to {link['fits']['h2d']['n']} copies per direction "
-            f"({link['variant']}), MAPE h2d {link['fits']['h2d']['mape']:.1f}%, "
-            f"d2h {link['fits']['d2h']['mape']:.1f}%",
-        },
-        "efficiency": effs,
+        "host_link": _host_link_entry(fits["host_link"], device_type),
+        "efficiency": _efficiency_entries(eff, roof["dtype"]),
         "overheads": {
             "kernel_launch_us": sig(eff["kernel_launch_s"] * 1e6, 3),
             "iteration_us": sig(iteration_s * 1e6, 3),
@@ -289,10 +244,76 @@ def build_hardware_dict(meta: dict, fits: dict, iteration_s: float) -> dict:
             "peak_tflops": f"achieved: {roof['compute_source']} (and best GEMM per dtype probe)",
             "memory_bandwidth_gbps": f"achieved: {roof['memory_source']}",
             "memory_gb": "host memory (/proc/meminfo)" if device_type == "cpu" else "torch.cuda.get_device_properties",
-            "measured_on": when,
+            "measured_on": meta["when"],
             "machine": machine,
             "torch": info["torch"],
         },
+    }
+
+
+def _machine_text(info: dict, device_type: str) -> str:
+    """The measuring machine in words: the CPU and host memory, or the card and its host."""
+    if device_type == "cpu":
+        return f"{info['name']} ({info['host_cores']} cores, {info['host_memory_gb']} GB)"
+    return f"{info['name']} ({info['memory_gb']} GB) in a host with {info['host_cpu']}"
+
+
+def _profile_source(meta: dict, machine: str) -> str:
+    """The profile's `source`: the command, when and where it ran, and the load meanwhile."""
+    info, load = meta["info"], meta["load"]
+    load_txt = (
+        f"1-minute load average {load['start']:.2f} at start, {load['end']:.2f} at end"
+        if load.get("start") is not None
+        else "load average unknown"
+    )
+    return (
+        f"measured by `sim profile{' --quick' if meta['mode'] == 'quick' else ''} --device {info['device']}` on "
+        f"{meta['when']} on {machine}, torch {info['torch']} with {info['threads']} "
+        f"thread{'s' if info['threads'] != 1 else ''}; {load_txt}. Peaks are the achieved "
+        f"roofs (best GEMM FLOP/s per dtype, best streaming bytes/s), not datasheet figures."
+    )
+
+
+def _peak_tflops(peaks: dict, dtype: str) -> dict:
+    peak_tflops = {k: F.sig(v / 1e12) for k, v in sorted(peaks.items())}
+    if "fp16" not in peak_tflops:  # the schema wants one; without a measurement, the primary dtype's
+        peak_tflops["fp16"] = peak_tflops[dtype]
+    return peak_tflops
+
+
+def _efficiency_entries(eff: dict, dtype: str) -> dict:
+    """Per operator class measured, its fitted efficiencies clamped to the schema's range;
+    communication unmeasured on a single device."""
+    effs = {}
+    for c in ("linear", "attention", "elementwise"):
+        e = eff["classes"].get(c)
+        if e is None:
+            continue
+        effs[c] = {
+            "compute": F.sig(min(max(e["compute"], F.EFF_MIN), F.EFF_MAX), 3),
+            "memory": F.sig(min(max(e["memory"], F.EFF_MIN), F.EFF_MAX), 3),
+            "source": f"fitted to {e['n']} {c} micro-benchmarks ({dtype}); roofline MAPE "
+            f"{e['mape']:.1f}% (uncalibrated {e['mape_uncalibrated']:.1f}%)",
+        }
+    effs["communication"] = {"compute": 1.0, "memory": 1.0, "source": "not measured (single device)"}
+    return effs
+
+
+def _host_link_entry(link: dict, device_type: str) -> dict:
+    """The fitted host link: bandwidth per direction, the two directions' mean latency."""
+    sig = F.sig
+    return {
+        "name": (
+            "host memcpy (CPU: no host link; plain buffer copies)"
+            if device_type == "cpu"
+            else f"host link (measured, {link['variant']} host memory)"
+        ),
+        "h2d_gbps": sig(link["h2d_gbps"]),
+        "d2h_gbps": sig(link["d2h_gbps"]),
+        "latency_us": sig(max(0.0, (link["h2d_latency_us"] + link["d2h_latency_us"]) / 2), 3),
+        "source": f"latency + bytes/bandwidth fitted to {link['fits']['h2d']['n']} copies per direction "
+        f"({link['variant']}), MAPE h2d {link['fits']['h2d']['mape']:.1f}%, "
+        f"d2h {link['fits']['d2h']['mape']:.1f}%",
     }
 
 
@@ -515,24 +536,57 @@ def analyze(
     regressor comparisons). `meta`: name, info, mode, when, load, device_type, dtype, domain and
     shapes_path (where the measured GEMM table goes)."""
     timings = {} if timings is None else timings
-    dtype, name = meta["dtype"], meta["name"]
     t0 = time.perf_counter()
+    fits = _roofline_fits(records, meta)
+    hw_dict = _with_kernel_models(build_hardware_dict(meta, fits, 0.0), records, meta)
+    hw, step_fit = _fit_step_overhead(hw_dict, steps, meta["dtype"])
+    timings["fit"] = round(time.perf_counter() - t0, 2)
+    t0 = time.perf_counter()
+    regression = _step_regressors(steps, seed, progress)
+    timings["regress"] = round(time.perf_counter() - t0, 2)
+    calib = _sidecar(meta, fits, records, steps, step_fit, regression)
+    return hw_dict, hw, calib, regression.comparisons
+
+
+def _roofline_fits(records: list[dict], meta: dict) -> dict:
+    """The achieved roofs, per-dtype peaks, per-class efficiencies and host link, as the sidecar keeps them."""
+    dtype = meta["dtype"]
     roof = F.roofs(records, dtype)
     peaks = F.dtype_peaks(records)
     eff = F.fit_efficiencies(records, roof["compute_flops"], roof["memory_bytes_per_s"], dtype)
     link = F.fit_host_link(records, meta["device_type"])
-    fits = {"roofs": roof, "dtype_peaks": peaks, "efficiency": eff, "host_link": link}
-    hw_dict = build_hardware_dict(meta, fits, 0.0)
+    return {"roofs": roof, "dtype_peaks": peaks, "efficiency": eff, "host_link": link}
+
+
+def _with_kernel_models(hw_dict: dict, records: list[dict], meta: dict) -> dict:
+    """The profile dict with its fitted kernel models (when the sweeps allow a fit); the
+    measured GEMM table written now, since the cost models built on this profile read it."""
+    dtype = meta["dtype"]
     source = f"`sim profile` micro-benchmarks on {meta['info']['name']} ({dtype})"
     shapes = meta.get("shapes_path")
     fitted = F.fit_kernel_models(
         records, validate(HardwareProfile, hw_dict, "measured profile"), dtype, source, shapes and str(shapes)
     )
-    if fitted is not None:
-        calibration, table = fitted
-        if table is not None:  # now: the cost models below, built on this profile, read it
-            table.write(Path(shapes), source, dtype)
-        hw_dict = _with_calibration(hw_dict, calibration)
+    if fitted is None:
+        return hw_dict
+    calibration, table = fitted
+    if table is not None:
+        table.write(Path(shapes), source, dtype)
+    return _with_calibration(hw_dict, calibration)
+
+
+@dataclass(frozen=True)
+class _StepFit:
+    """The step sweep scored with the roofline, before and after the iteration overhead."""
+
+    arch: dict  # the step sweep's tiny architecture (steps.Arch)
+    roofline_step_error: dict  # MAPE uncalibrated, calibrated without and with the overhead, n
+
+
+def _fit_step_overhead(hw_dict: dict, steps: list[dict], dtype: str) -> tuple[object, _StepFit]:
+    """Fit the per-iteration overhead to the step times (written into `hw_dict`) and the
+    validated profile; the roofline's step error without calibration, without the overhead
+    and with it."""
     hw0 = validate(HardwareProfile, hw_dict, "measured profile")
     arch = Arch().as_dict()
     err_no_iter, preds = F.step_roofline_error(steps, hw0, arch, dtype)
@@ -546,53 +600,71 @@ def analyze(
         "overheads": {"kernel_launch_us": 0, "iteration_us": 0},
     }
     err_uncal, _ = F.step_roofline_error(steps, validate(HardwareProfile, uncal, "uncalibrated"), arch, dtype)
-    timings["fit"] = round(time.perf_counter() - t0, 2)
+    errors = {
+        "uncalibrated_mape": err_uncal,
+        "calibrated_no_iteration_overhead_mape": err_no_iter,
+        "calibrated_mape": err_after,
+        "n": len(steps),
+    }
+    return hw, _StepFit(arch, errors)
 
-    t0 = time.perf_counter()
-    comps = {}
-    # the machine's speed drifts over a long sweep (a shared VM: +-10% over minutes); with a
-    # sentinel timed before each shape, every step is scaled to the sweep's mean speed
+
+@dataclass(frozen=True)
+class _StepRegression:
+    """The step-time regressors compared per phase on drift-scaled step times."""
+
+    comparisons: dict  # phase -> regress.Comparison
+    sentinel_geomean_s: float | None  # the sweep's mean sentinel (None: a step without one)
+    sentinels_s: list  # the sentinel timed before each step's shape
+
+
+def _step_regressors(steps: list[dict], seed: int, progress) -> _StepRegression:
+    """Prefill and decode regressors compared on the step sweep. The machine's speed drifts
+    over a long sweep (a shared VM: +-10% over minutes); with a sentinel timed before each
+    shape, every step is scaled to the sweep's mean speed."""
     sents = [r.get("sentinel_s") for r in steps]
     g = float(np.exp(np.mean(np.log(sents)))) if sents and all(sents) else None
+    comps = {}
     for kind in ("prefill", "decode"):
         rows = [r for r in steps if r["phase"] == kind]
         X = np.array([[r["layers"], r["hidden"], r["tokens"], r["batch"]] for r in rows], dtype=np.float64)
         y = np.array([r["median_s"] * (g / r["sentinel_s"] if g else 1.0) for r in rows])
         comps[kind] = regress.compare(X, y, target=kind, candidates=regress.Candidates(seed=seed), progress=progress)
-    timings["regress"] = round(time.perf_counter() - t0, 2)
-    calib = {
+    return _StepRegression(comps, g, sents)
+
+
+def _sidecar(
+    meta: dict, fits: dict, records: list[dict], steps: list[dict], step_fit: _StepFit, regression: _StepRegression
+) -> dict:
+    """The calibration sidecar: the fits, the step model and its errors, the slimmed measurements."""
+    g, sents = regression.sentinel_geomean_s, regression.sentinels_s
+    return {
         "format": CALIB_FORMAT,
         "version": CALIB_VERSION,
-        "profile": name,
+        "profile": meta["name"],
         "created": meta["when"],
         "mode": meta["mode"],
         "machine": meta["info"],
         "load_average": dict(meta["load"]),
-        "dtype": dtype,
-        "roofs": roof,
-        "dtype_peaks": peaks,
-        "efficiency": eff,
-        "host_link": link,
+        "dtype": meta["dtype"],
+        "roofs": fits["roofs"],
+        "dtype_peaks": fits["dtype_peaks"],
+        "efficiency": fits["efficiency"],
+        "host_link": fits["host_link"],
         "step_model": {
-            "arch": arch,
-            "dtype": dtype,
+            "arch": step_fit.arch,
+            "dtype": meta["dtype"],
             "domain": meta["domain"],
             "sentinel_geomean_s": g,
             "sentinel_spread": (float(np.max(sents) / np.min(sents)) if g else None),
             "shapes": sorted({(int(r["layers"]), int(r["hidden"])) for r in steps}),
-            "predictors": {k: c.portable for k, c in comps.items()},
-            "comparison": {k: c.as_dict() for k, c in comps.items()},
+            "predictors": {k: c.portable for k, c in regression.comparisons.items()},
+            "comparison": {k: c.as_dict() for k, c in regression.comparisons.items()},
         },
-        "roofline_step_error": {
-            "uncalibrated_mape": err_uncal,
-            "calibrated_no_iteration_overhead_mape": err_no_iter,
-            "calibrated_mape": err_after,
-            "n": len(steps),
-        },
+        "roofline_step_error": step_fit.roofline_step_error,
         "curves": _slim([r for r in records if r["kind"] != "step"]),
         "steps": _slim(steps),
     }
-    return hw_dict, hw, calib, comps
 
 
 def _with_calibration(hw_dict: dict, calibration: dict) -> dict:
@@ -673,32 +745,52 @@ def refit_profile(path: Path, opts: RefitOptions = RefitOptions()) -> dict:
     predictions with new measurements, are run again on this machine. `opts.models`: measure
     those served models' own predictors too (replacing earlier entries of the same model);
     `opts.models_only`: only that, the rest of the profile kept as it is."""
-    out, seed, validate, quick, threads, models = (
-        opts.out,
-        opts.seed,
-        opts.validate,
-        opts.quick,
-        opts.threads,
-        opts.models,
-    )
     if opts.models_only:
-        if not models:
+        if not opts.models:
             raise InfersimError("--models-only needs at least one --model NAME")
         return add_models(Path(path), opts)
+    path = Path(path)
+    out = Path(opts.out) if opts.out else path
+    old = calibration_for(load_hardware(str(path)))
+    quick = (old["mode"] == "quick") if opts.quick is None else opts.quick
+    device = _profiled_device(old["machine"], opts.threads)
+    records = [dict(r) for r in old["curves"]]
+    steps = [dict(r) for r in old["steps"]]
+    timings: dict = {}
+    hw_dict, hw, calib, comps = analyze(records, steps, _refit_meta(old, device, out), seed=opts.seed, timings=timings)
+    calib["refit"] = {"at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "from": str(path)}
+    if opts.validate:
+        timings["validate"] = _recheck(calib, old, _RecheckOn(device, quick, hw, _copy_reference(records, device.type)))
+    elif "validation" in old:
+        calib["validation"] = old["validation"]
+        calib["sentinels"] = old.get("sentinels", {})
+    if old.get("per_model"):
+        calib["per_model"] = old["per_model"]
+    if opts.models:
+        settings = ModelSettings(device, old["dtype"], quick=quick, seed=opts.seed)
+        _merge_models(calib, _measure_models(opts.models, settings, hw, calib, opts.quiet))
+    calib["timings_s"] = {**old.get("timings_s", {}), "refit": timings}
+    hw_dict["source"] = load_hardware(str(path)).source
+    return _written(out, hw_dict, calib, comps, timings)
+
+
+def _profiled_device(machine: dict, threads: int | None):
+    """The device a profile was measured on (its kind; cuda's index left to select_device),
+    with torch's threads set to `threads` (None: torch's default)."""
     import torch
 
-    path = Path(path)
-    out = Path(out) if out else path
-    old = calibration_for(load_hardware(str(path)))
-    info, mode = old["machine"], old["mode"]
-    quick = (mode == "quick") if quick is None else quick
-    device = select_device(info["device"].split(":")[0] if info["device"].startswith("cuda") else "cpu")
+    device = select_device(machine["device"].split(":")[0] if machine["device"].startswith("cuda") else "cpu")
     if threads:
         torch.set_num_threads(int(threads))
-    meta = {
+    return device
+
+
+def _refit_meta(old: dict, device, out: Path) -> dict:
+    """analyze's `meta` from the sidecar: the profile's name, machine, mode and time as measured."""
+    return {
         "name": old["profile"],
-        "info": info,
-        "mode": mode,
+        "info": old["machine"],
+        "mode": old["mode"],
         "when": old["created"],
         "load": old["load_average"],
         "device_type": device.type,
@@ -706,40 +798,38 @@ def refit_profile(path: Path, opts: RefitOptions = RefitOptions()) -> dict:
         "domain": old["step_model"]["domain"],
         "shapes_path": shapes_path(out).resolve(),
     }
-    records = [dict(r) for r in old["curves"]]
-    steps = [dict(r) for r in old["steps"]]
-    timings: dict = {}
-    hw_dict, hw, calib, comps = analyze(records, steps, meta, seed=seed, timings=timings)
-    calib["refit"] = {"at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "from": str(path)}
-    if validate:
-        la = load_average()
-        b = Bench(device=device, timer=make_timer(device), dtype=old["dtype"], rep=_repeats(device.type, quick))
-        t0 = time.perf_counter()
-        calib["sentinels"] = old.get("sentinels", {})
-        now = accuracy.sentinels(b)
-        calib["validation"] = {
-            "sentinels": now,
-            "swap": accuracy.swap_check(
-                b, calib["host_link"], quick=quick, copy_reference_s=_copy_reference(records, device.type)
-            ),
-            "recompute": accuracy.recompute_check(b, hw, calib, quick=quick),
-            "measured_at": calib["refit"]["at"],
-            "threads": torch.get_num_threads(),
-            "load_average": {"start": la[0] if la else None, "end": (load_average() or [None])[0]},
-        }
-        _note_drift(calib)
-        timings["validate"] = round(time.perf_counter() - t0, 2)
-    elif "validation" in old:
-        calib["validation"] = old["validation"]
-        calib["sentinels"] = old.get("sentinels", {})
-    if old.get("per_model"):
-        calib["per_model"] = old["per_model"]
-    if models:
-        settings = ModelSettings(device, old["dtype"], quick=quick, seed=seed)
-        _merge_models(calib, _measure_models(models, settings, hw, calib, opts.quiet))
-    calib["timings_s"] = {**old.get("timings_s", {}), "refit": timings}
-    hw_dict["source"] = load_hardware(str(path)).source
-    return _written(out, hw_dict, calib, comps, timings)
+
+
+@dataclass(frozen=True)
+class _RecheckOn:
+    """Where and against what the held-out checks run again."""
+
+    device: object  # torch.device of this machine
+    quick: bool  # the quick checks
+    hardware: object  # the refitted HardwareProfile (the recompute check's cost models)
+    copy_reference_s: float | None  # the copy sweep's reference copies (the swap check's drift)
+
+
+def _recheck(calib: dict, old: dict, on: _RecheckOn) -> float:
+    """The sentinels, swap and recompute checks measured again into `calib` (the profile's own
+    sentinels kept as the drift reference); returns the seconds they took."""
+    import torch
+
+    la = load_average()
+    b = Bench(device=on.device, timer=make_timer(on.device), dtype=old["dtype"], rep=_repeats(on.device.type, on.quick))
+    t0 = time.perf_counter()
+    calib["sentinels"] = old.get("sentinels", {})
+    now = accuracy.sentinels(b)
+    calib["validation"] = {
+        "sentinels": now,
+        "swap": accuracy.swap_check(b, calib["host_link"], quick=on.quick, copy_reference_s=on.copy_reference_s),
+        "recompute": accuracy.recompute_check(b, on.hardware, calib, quick=on.quick),
+        "measured_at": calib["refit"]["at"],
+        "threads": torch.get_num_threads(),
+        "load_average": {"start": la[0] if la else None, "end": (load_average() or [None])[0]},
+    }
+    _note_drift(calib)
+    return round(time.perf_counter() - t0, 2)
 
 
 def _measure_models(models, settings: ModelSettings, hw, calib, quiet: bool) -> dict:
@@ -765,17 +855,11 @@ def _merge_models(calib: dict, sect: dict) -> None:
 def add_models(path: Path, opts: RefitOptions) -> dict:
     """Measure only the per-model predictors of `opts.models` into an existing profile (its
     sweeps, fits and checks kept): `sim profile --refit PROFILE --models-only --model NAME`."""
-    import torch
-
     path = Path(path)
     out = Path(opts.out) if opts.out else path
     hw = load_hardware(str(path))
     calib = calibration_for(hw)
-    device = select_device(
-        calib["machine"]["device"].split(":")[0] if calib["machine"]["device"].startswith("cuda") else "cpu"
-    )
-    if opts.threads:
-        torch.set_num_threads(int(opts.threads))
+    device = _profiled_device(calib["machine"], opts.threads)
     t0 = time.perf_counter()
     settings = ModelSettings(device, calib["dtype"], quick=bool(opts.quick), seed=opts.seed)
     _merge_models(calib, _measure_models(tuple(opts.models), settings, hw, calib, opts.quiet))
@@ -797,6 +881,19 @@ def print_report(result: dict, console=None) -> None:
     t = Table(title=f"profile {hw['name']} ({calib['mode']}, {calib['dtype']})")
     t.add_column("quantity")
     t.add_column("value", justify="right")
+    _add_fit_rows(t, hw, calib["roofline_step_error"])
+    if calib.get("validation"):
+        _add_validation_rows(t, calib["validation"])
+    for key, e in ((calib.get("per_model") or {}).get("models") or {}).items():
+        _add_model_rows(t, key, e)
+    if "total" in result["timings"]:
+        t.add_row("time", f"{result['timings']['total']:.0f} s")
+    console.print(t)
+    console.print(f"wrote {result['profile']} and {result['sidecar']}")
+
+
+def _add_fit_rows(t: Table, hw: dict, rse: dict) -> None:
+    """The profile's achieved roofs, efficiencies and overheads, and the step-time error they leave."""
     for dt, v in hw["peak_tflops"].items():
         t.add_row(f"achieved GEMM {dt}", f"{v * 1e3:.4g} GFLOP/s")
     t.add_row("achieved memory bandwidth", f"{hw['memory_bandwidth_gbps']:.4g} GB/s")
@@ -807,58 +904,58 @@ def print_report(result: dict, console=None) -> None:
         "kernel launch / iteration overhead",
         f"{hw['overheads']['kernel_launch_us']:.3g} / {hw['overheads']['iteration_us']:.3g} us",
     )
-    rse = calib["roofline_step_error"]
     t.add_row(
         "roofline step-time MAPE (uncalibrated -> calibrated)",
         f"{rse['uncalibrated_mape']:.1f}% -> {rse['calibrated_mape']:.1f}%",
     )
-    v = calib.get("validation")
-    if v:
+
+
+def _add_validation_rows(t: Table, v: dict) -> None:
+    """The held-out swap and recompute checks, and the machine's drift between profile and checks."""
+    t.add_row(
+        "held-out swap MAPE (out / in / total)",
+        f"{v['swap']['mape_out']:.2f}% / {v['swap']['mape_in']:.2f}% / {v['swap']['mape_swap']:.2f}%",
+    )
+    sw_d, rc_d = v["swap"].get("drift"), v["recompute"].get("drift")
+    if sw_d or rc_d:
         t.add_row(
-            "held-out swap MAPE (out / in / total)",
-            f"{v['swap']['mape_out']:.2f}% / {v['swap']['mape_in']:.2f}% / {v['swap']['mape_swap']:.2f}%",
+            "machine drift at the checks (copy / prefill sentinel, now / then)",
+            f"{sw_d or float('nan'):.3f} / {rc_d or float('nan'):.3f}",
         )
-        sw_d, rc_d = v["swap"].get("drift"), v["recompute"].get("drift")
-        if sw_d or rc_d:
+        t.add_row(
+            "  drift-corrected swap / recompute MAPE",
+            f"{v['swap'].get('mape_swap_drift_corrected') or float('nan'):.2f}% / "
+            f"{v['recompute'].get('mape_recompute_drift_corrected') or float('nan'):.2f}%",
+        )
+    rc = v["recompute"]
+    t.add_row(
+        "held-out recompute MAPE, batch 1 (regression / roofline)",
+        f"{rc['mape_recompute']:.2f}% / {rc['mape_recompute_roofline']:.2f}%",
+    )
+    if rc.get("mape_batched_prefill") is not None:
+        t.add_row("held-out batched prefill MAPE (regression)", f"{rc['mape_batched_prefill']:.2f}%")
+
+
+def _add_model_rows(t: Table, key: str, e: dict) -> None:
+    """A served model's own recompute predictor and its held-out recompute and swap errors."""
+    rc, sw = e["recompute"], e["swap"]
+    ch = rc["comparison"]["chosen"]
+    t.add_row(f"{key}: recompute predictor", f"{ch['estimator']} (degree {ch['degree']})")
+    t.add_row(
+        "  held-out recompute MAPE (per-model / generic / roofline)",
+        f"{rc['mape_recompute']:.2f}% / {rc['mape_recompute_generic'] or float('nan'):.2f}% / "
+        f"{rc['mape_recompute_roofline'] or float('nan'):.2f}%",
+    )
+    if rc.get("mape_held_out_batched") is not None:
+        t.add_row("  held-out batched prefill MAPE (per-model)", f"{rc['mape_held_out_batched']:.2f}%")
+    for f, lab in (
+        ("model_fit", "fitted executor swap"),
+        ("link", "profile link"),
+        ("bandwidth_only", "bandwidth only"),
+    ):
+        if f in sw["held_out_mape"]:
+            m = sw["held_out_mape"][f]
             t.add_row(
-                "machine drift at the checks (copy / prefill sentinel, now / then)",
-                f"{sw_d or float('nan'):.3f} / {rc_d or float('nan'):.3f}",
+                f"  held-out swap MAPE, {lab} (out / in / total)",
+                f"{m['out']:.2f}% / {m['in']:.2f}% / {m['swap']:.2f}%",
             )
-            t.add_row(
-                "  drift-corrected swap / recompute MAPE",
-                f"{v['swap'].get('mape_swap_drift_corrected') or float('nan'):.2f}% / "
-                f"{v['recompute'].get('mape_recompute_drift_corrected') or float('nan'):.2f}%",
-            )
-        rc = v["recompute"]
-        t.add_row(
-            "held-out recompute MAPE, batch 1 (regression / roofline)",
-            f"{rc['mape_recompute']:.2f}% / {rc['mape_recompute_roofline']:.2f}%",
-        )
-        if rc.get("mape_batched_prefill") is not None:
-            t.add_row("held-out batched prefill MAPE (regression)", f"{rc['mape_batched_prefill']:.2f}%")
-    for key, e in ((calib.get("per_model") or {}).get("models") or {}).items():
-        rc, sw = e["recompute"], e["swap"]
-        ch = rc["comparison"]["chosen"]
-        t.add_row(f"{key}: recompute predictor", f"{ch['estimator']} (degree {ch['degree']})")
-        t.add_row(
-            "  held-out recompute MAPE (per-model / generic / roofline)",
-            f"{rc['mape_recompute']:.2f}% / {rc['mape_recompute_generic'] or float('nan'):.2f}% / "
-            f"{rc['mape_recompute_roofline'] or float('nan'):.2f}%",
-        )
-        if rc.get("mape_held_out_batched") is not None:
-            t.add_row("  held-out batched prefill MAPE (per-model)", f"{rc['mape_held_out_batched']:.2f}%")
-        for f, lab in (
-            ("model_fit", "fitted executor swap"),
-            ("link", "profile link"),
-            ("bandwidth_only", "bandwidth only"),
-        ):
-            if f in sw["held_out_mape"]:
-                m = sw["held_out_mape"][f]
-                t.add_row(
-                    f"  held-out swap MAPE, {lab} (out / in / total)",
-                    f"{m['out']:.2f}% / {m['in']:.2f}% / {m['swap']:.2f}%",
-                )
-    if "total" in result["timings"]:
-        t.add_row("time", f"{result['timings']['total']:.0f} s")
-    console.print(t)
-    console.print(f"wrote {result['profile']} and {result['sidecar']}")

@@ -74,10 +74,21 @@ class _Observer:
         pass
 
     def on_round(self, prefill, ready, results, start, end, released):
-        m = self.m
+        self._record_segment(prefill, ready, results, (start, end))
+        for seq in prefill:
+            seq.first_token_s = end
+            seq.last_token_s = end
+        self._record_sequence_rows(ready, results)
+        self._rounds += 1
+        self._record_itl(ready, results, end)
+
+    def _record_segment(self, prefill, ready, results, span_s: tuple[float, float]) -> None:
+        """The round as one segment of the simulator's metrics: one step, its batch, its
+        query tokens (prompts prefilled + verified rows kept), the KV blocks in use."""
         q_pre = sum(s.prompt_len for s in prefill)
         q_ver = sum(k + 1 for k, _ in results)  # verified rows that stay (accepted + the last committed token)
-        m.segment(
+        start, end = span_s
+        self.m.segment(
             (
                 start,
                 end,
@@ -94,19 +105,22 @@ class _Observer:
                 0.0,
             )
         )
-        for seq in prefill:
-            seq.first_token_s = end
-            seq.last_token_s = end
+
+    def _record_sequence_rows(self, ready, results) -> None:
+        """(round, rid, drafted, accepted) per verified sequence; what each drafted as the
+        pipelined decoder told, else as the decoder drafts: min(s, remaining - 1)."""
         drafted, self._drafted = self._drafted, None
         s_round = self.round_s() if self.round_s is not None else None
         for i, (seq, (k, _)) in enumerate(zip(ready, results)):
             if drafted is not None:
                 si = int(drafted[i])
-            else:  # the decoder drafts min(s, remaining - 1); the tokens are committed by now
+            else:  # the tokens are committed by now
                 rem_before = seq.remaining + k + 1
                 si = int(min(s_round, rem_before - 1)) if s_round is not None else -1
             self.seq_rows.append((self._rounds, int(seq.rid), si, int(k)))
-        self._rounds += 1
+
+    def _record_itl(self, ready, results, end: float) -> None:
+        """Inter-token latencies: each sequence's k + 1 tokens spread evenly since its last token."""
         gaps, wts = [], []
         for seq, (k, _) in zip(ready, results):
             n = k + 1
@@ -114,7 +128,7 @@ class _Observer:
             wts.append(float(n))
             seq.last_token_s = end
         if gaps:
-            m.add_itl(np.array(gaps), np.array(wts))
+            self.m.add_itl(np.array(gaps), np.array(wts))
 
     def on_finish(self, seq, now):
         seq.finish_s = now
@@ -350,16 +364,12 @@ def _serve(setup: _Setup, tmp: Path) -> tuple[MetricsCollector, _Observer]:
 def _run_result(setup: _Setup, metrics: MetricsCollector):
     """The run's result as `sim run` reports it, with the executor's and the speculation's entries."""
     spec, dec, lm, sv = setup.spec, setup.dec, setup.models.target, setup.spec.serving
-    sp = spec.speculation
     end = max((s.finish_s for s in setup.seqs), default=0.0)
     bpb = dec.target.cache.bytes_per_block
     memory = MemoryPlan(
         setup.gpu_blocks, 0, float(bpb), float(lm.weight_bytes()), 0.0, "explicit" if sv.gpu_blocks else "derived"
     )
-    how = setup.method
-    spec_x = _speculation_summary(
-        dec, setup.runner, sp, setup.models.names, how.mode, how.temperature, sp.series_max_points
-    )
+    spec_x = _speculation_summary(setup)
     if hasattr(dec, "summary_extra"):  # Medusa: tree, accepted lengths, measured head accuracies
         spec_x.update(dec.summary_extra())
     ex = _executor_entry(setup)
@@ -461,14 +471,34 @@ def _sequence_table(rows) -> dict[str, np.ndarray]:
     return {c: a[:, i] for i, c in enumerate(SEQUENCE_COLUMNS)}
 
 
-def _speculation_summary(dec, runner, sp, names, mode, temperature, limit) -> dict:
-    st = dec.stats
-    tab = st.table()
-    rec = st.recorder
+def _speculation_summary(setup: _Setup) -> dict:
+    """summary.json's `speculation` entry: what ran, its acceptance, and the round series
+    thinned to the section's series_max_points."""
+    dec, runner = setup.dec, setup.runner
+    limit = setup.spec.speculation.series_max_points
+    tab = dec.stats.table()
     out = {
-        "method": sp.method,
-        "mode": mode,
-        "temperature": temperature,
+        **_speculation_counts(setup, tab),
+        "series": {
+            "s": {"columns": ["round", "s"], "rows": thin_rows([list(x) for x in dec.s_series], limit)},
+            "rounds": _round_series(tab, limit),
+        },
+    }
+    if hasattr(dec.proposer, "history"):
+        out["voting"], out["series"]["weights"] = _voting_entry(dec.proposer, setup.models.names, limit)
+    if runner is not dec:
+        out["pool"], out["series"]["pool_depth"] = _pool_entry(runner, limit)
+    return out
+
+
+def _speculation_counts(setup: _Setup, tab: dict) -> dict:
+    """The method, its acceptance (rates, tokens, by position), rounds, steps and rolled-back blocks."""
+    dec, runner = setup.dec, setup.runner
+    st, rec = dec.stats, dec.stats.recorder
+    return {
+        "method": setup.spec.speculation.method,
+        "mode": setup.method.mode,
+        "temperature": setup.method.temperature,
         "executed": True,
         "pipelined": runner is not dec,
         "drafting": getattr(runner, "drafting", None),  # pipelined: the drafts' own process or a thread
@@ -488,52 +518,46 @@ def _speculation_summary(dec, runner, sp, names, mode, temperature, limit) -> di
         ),
         "acceptance_by_position": rec.positional_probs(),
         "s": {"final": dec.s, "changes": max(0, len(dec.s_series) - 1)},
-        "series": {
-            "s": {"columns": ["round", "s"], "rows": thin_rows([list(x) for x in dec.s_series], limit)},
-            "rounds": {
-                "columns": ["t_s", "batch", "tokens_per_seq", "step_s", "s"],
-                "rows": thin_rows(
-                    [
-                        [float(e), int(v), (float(o - p) / v) if v else 0.0, float(e - t), int(s)]
-                        for t, e, v, p, o, s in zip(
-                            tab["t_start_s"],
-                            tab["t_end_s"],
-                            tab["verify_seqs"],
-                            tab["prefill_seqs"],
-                            tab["tokens_out"],
-                            tab["s"],
-                        )
-                    ],
-                    limit,
-                ),
-            },
-        },
     }
-    p = dec.proposer
-    if hasattr(p, "history"):
-        out["voting"] = {
-            "ssms": names,
-            "voted_outputs": p.voted_counts.tolist(),
-            "final_weights": [float(w) for w in p.weights.weights],
-            "weight_updates": p.weights.updates,
-            "per_ssm": p.summary(),
-        }
-        out["series"]["weights"] = {
-            "columns": ["round"] + names,
-            "rows": thin_rows([[i] + h["weights"] for i, h in enumerate(p.history)], limit),
-        }
-    if runner is not dec:
-        out["pool"] = {
-            "max_depth": max((d for _, d in runner.pool_depth_series), default=0),
-            "llm_batch_size": runner.llm_batch_size,
-            "ssm_batch_size": runner.ssm_batch_size,
-            "drafting_rounds": len(runner.draft_rounds),
-        }
-        out["series"]["pool_depth"] = {
-            "columns": ["t_s", "depth"],
-            "rows": thin_rows([list(x) for x in runner.pool_depth_series], limit),
-        }
-    return out
+
+
+def _round_series(tab: dict, limit: int) -> dict:
+    """Per round: its end, batch, tokens per verified sequence, step time and speculation length."""
+    rows = [
+        [float(e), int(v), (float(o - p) / v) if v else 0.0, float(e - t), int(s)]
+        for t, e, v, p, o, s in zip(
+            tab["t_start_s"], tab["t_end_s"], tab["verify_seqs"], tab["prefill_seqs"], tab["tokens_out"], tab["s"]
+        )
+    ]
+    return {"columns": ["t_s", "batch", "tokens_per_seq", "step_s", "s"], "rows": thin_rows(rows, limit)}
+
+
+def _voting_entry(p, names: list, limit: int) -> tuple[dict, dict]:
+    """Minions' majority vote: its counts and weights, and the weights' series."""
+    voting = {
+        "ssms": names,
+        "voted_outputs": p.voted_counts.tolist(),
+        "final_weights": [float(w) for w in p.weights.weights],
+        "weight_updates": p.weights.updates,
+        "per_ssm": p.summary(),
+    }
+    series = {
+        "columns": ["round"] + names,
+        "rows": thin_rows([[i] + h["weights"] for i, h in enumerate(p.history)], limit),
+    }
+    return voting, series
+
+
+def _pool_entry(runner, limit: int) -> tuple[dict, dict]:
+    """The pipelined decoder's pool of drafted sequences: its depth, batch sizes, drafting rounds."""
+    pool = {
+        "max_depth": max((d for _, d in runner.pool_depth_series), default=0),
+        "llm_batch_size": runner.llm_batch_size,
+        "ssm_batch_size": runner.ssm_batch_size,
+        "drafting_rounds": len(runner.draft_rounds),
+    }
+    series = {"columns": ["t_s", "depth"], "rows": thin_rows([list(x) for x in runner.pool_depth_series], limit)}
+    return pool, series
 
 
 def _ssm_table(p):
