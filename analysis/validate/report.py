@@ -188,10 +188,15 @@ def _latency_section(r: Report, cmp, folder: Path) -> None:
 
 def _latency_row(label: str, x: dict) -> list[str]:
     """One latency: measured, simulated and error at each quantile; per-request MAPE and bias."""
-    cells = [label]
-    for q in _QUANTILES:
+    return [label, *latency_cells(x, _QUANTILES), pct(x["mape"], False), pct(x["bias"])]
+
+
+def latency_cells(x: dict, quantiles: tuple[str, ...]) -> list[str]:
+    """A latency's measured and simulated value (ms) and their error, at each of `quantiles` in turn."""
+    cells = []
+    for q in quantiles:
         cells += [ms(x["measured"][q]), ms(x["predicted"][q]), pct(x[f"{q}_error"])]
-    return cells + [pct(x["mape"], False), pct(x["bias"])]
+    return cells
 
 
 def _totals_section(r: Report, result: dict, cmp) -> None:
