@@ -806,151 +806,186 @@ def verdict(res: PlanResult) -> list[str]:
 
 
 def _plots(res: PlanResult, pdir: Path) -> list[tuple[str, str, str]]:
-    plt = pyplot()
+    """The plan's figures, written to pdir: (path in the report, title, caption) per figure, in
+    the report's order; the cost figure only where a candidate has a price."""
     pdir.mkdir(parents=True, exist_ok=True)
-    made = []
-    cands = res.candidates
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    col = {c.label: colors[i % len(colors)] for i, c in enumerate(cands)}
+    colors = _candidate_colors(res.candidates)
+    made = [_latency_vs_load_plot(res, colors, pdir), _goodput_plot(res.candidates, colors, pdir)]
+    if res.target_rate:
+        made.append(_replicas_plot(res, colors, pdir))
+    priced = [c for c in res.candidates if c.price_per_gpu_hour is not None and c.status != "failed"]
+    if priced:
+        made.append(_cost_plot(res, priced, colors, pdir))
+    return made
 
-    # latency against load, one panel per SLO
+
+def _candidate_colors(cands: list[CandidateResult]) -> dict[str, str]:
+    """One colour per candidate, from the style's cycle, the same in every figure."""
+    colors = pyplot().rcParams["axes.prop_cycle"].by_key()["color"]
+    return {c.label: colors[i % len(colors)] for i, c in enumerate(cands)}
+
+
+def _latency_vs_load_plot(res: PlanResult, col: dict[str, str], pdir: Path) -> tuple[str, str, str]:
+    """Latency against load, one panel per SLO, one curve per candidate with its goodput starred."""
+    plt = pyplot()
     n = len(res.slos)
     fig, axes = plt.subplots(1, n, figsize=(5.6 * n, 4.2), squeeze=False)
     for ax, slo in zip(axes[0], res.slos):
-        for c in cands:
-            pts = sorted(
-                (p.rate, p.metrics.get(slo.metric, float("nan")))
-                for p in c.probes
-                if p.replicas == 1 and p.status == "ok"
-            )
-            if not pts:
-                continue
-            x, y = zip(*pts)
-            ax.plot(x, y, "-o", ms=3.5, lw=1.4, color=col[c.label], label=c.label)
-            if c.goodput_rps > 0:
-                gy = c.at_goodput.get(slo.metric)
-                ax.plot([c.goodput_rps], [gy], marker="*", ms=13, color=col[c.label], mec="black", mew=0.6, zorder=5)
-        ax.axhline(slo.limit_s, color="#d1495b", ls="--", lw=1.3)
-        ax.annotate(
-            f"SLO {fmt_time(slo.limit_s)}",
-            xy=(0.01, slo.limit_s),
-            xycoords=("axes fraction", "data"),
-            xytext=(2, 3),
-            textcoords="offset points",
-            color="#d1495b",
-            fontsize=8,
-        )
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel("offered load per replica (req/s)")
-        ax.set_ylabel(f"{slo.name.replace('_', ' ')} (s)")
-        ax.set_title(slo.describe(), fontsize=10)
+        for c in res.candidates:
+            _load_curve(ax, c, slo, col[c.label])
+        _slo_panel(ax, slo)
     if axes[0][0].get_legend_handles_labels()[0]:
         axes[0][0].legend(fontsize=8, loc="upper left")
     fig.suptitle("latency against load (one replica; stars: goodput)", fontsize=11)
     finish_figure(fig, pdir / "latency_vs_load.png", **REPRODUCIBLE_PNG)
-    made.append(
-        (
-            "plots/latency_vs_load.png",
-            "latency against load",
-            "Each point is a full simulation of one replica at that Poisson rate; the dashed line is the SLO; "
-            "the star marks the goodput found by the search.",
-        )
+    return (
+        "plots/latency_vs_load.png",
+        "latency against load",
+        "Each point is a full simulation of one replica at that Poisson rate; the dashed line is the SLO; "
+        "the star marks the goodput found by the search.",
     )
 
-    labels = [c.label for c in cands]
-    y = np.arange(len(cands))
-    h = max(2.2, 0.55 * len(cands) + 1.2)
 
-    # goodput per configuration
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, h), sharey=True)
+def _load_curve(ax, c: CandidateResult, slo: SLO, color: str) -> None:
+    """A candidate's one-replica probes that ran, by rate, and a star at its goodput."""
+    pts = sorted(
+        (p.rate, p.metrics.get(slo.metric, float("nan"))) for p in c.probes if p.replicas == 1 and p.status == "ok"
+    )
+    if not pts:
+        return
+    x, y = zip(*pts)
+    ax.plot(x, y, "-o", ms=3.5, lw=1.4, color=color, label=c.label)
+    if c.goodput_rps > 0:
+        gy = c.at_goodput.get(slo.metric)
+        ax.plot([c.goodput_rps], [gy], marker="*", ms=13, color=color, mec="black", mew=0.6, zorder=5)
+
+
+def _slo_panel(ax, slo: SLO) -> None:
+    """The SLO's limit as a labelled dashed line, log axes, the panel's labels and title."""
+    ax.axhline(slo.limit_s, color="#d1495b", ls="--", lw=1.3)
+    ax.annotate(
+        f"SLO {fmt_time(slo.limit_s)}",
+        xy=(0.01, slo.limit_s),
+        xycoords=("axes fraction", "data"),
+        xytext=(2, 3),
+        textcoords="offset points",
+        color="#d1495b",
+        fontsize=8,
+    )
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("offered load per replica (req/s)")
+    ax.set_ylabel(f"{slo.name.replace('_', ' ')} (s)")
+    ax.set_title(slo.describe(), fontsize=10)
+
+
+def _bars_height(n: int) -> float:
+    """Figure height (inches) for n horizontal bars."""
+    return max(2.2, 0.55 * n + 1.2)
+
+
+def _bar_labels(ax, labels: list[str]) -> None:
+    """One bar per label, the first on top."""
+    ax.set_yticks(np.arange(len(labels)))
+    ax.set_yticklabels(labels, fontsize=9)
+    ax.invert_yaxis()
+
+
+def _goodput_plot(cands: list[CandidateResult], col: dict[str, str], pdir: Path) -> tuple[str, str, str]:
+    """Goodput per replica and per GPU, one bar per candidate."""
+    fig, (a1, a2) = pyplot().subplots(1, 2, figsize=(11, _bars_height(len(cands))), sharey=True)
+    y = np.arange(len(cands))
     g = [c.goodput_rps for c in cands]
     gpg = [c.goodput_rps / c.gpus_per_replica for c in cands]
-    a1.barh(y, g, color=[col[lb] for lb in labels])
-    a2.barh(y, gpg, color=[col[lb] for lb in labels])
+    a1.barh(y, g, color=[col[c.label] for c in cands])
+    a2.barh(y, gpg, color=[col[c.label] for c in cands])
     for ax, vals, unit in ((a1, g, "req/s"), (a2, gpg, "req/s/GPU")):
         for yi, v, c in zip(y, vals, cands):
             txt = f"{v:.3g}" if c.status != "failed" else "failed"
             ax.annotate(txt, (v, yi), xytext=(3, 0), textcoords="offset points", va="center", fontsize=8)
         ax.set_xlim(0, max(vals + [1e-9]) * 1.18)
         ax.set_xlabel(unit)
-    a1.set_yticks(y)
-    a1.set_yticklabels(labels, fontsize=9)
-    a1.invert_yaxis()
+    _bar_labels(a1, [c.label for c in cands])
     a1.set_title("goodput per replica", fontsize=10)
     a2.set_title("goodput per GPU", fontsize=10)
     finish_figure(fig, pdir / "goodput.png", **REPRODUCIBLE_PNG)
-    made.append(
-        (
-            "plots/goodput.png",
-            "goodput per configuration",
-            "Highest Poisson rate one replica sustains within every SLO.",
-        )
+    return (
+        "plots/goodput.png",
+        "goodput per configuration",
+        "Highest Poisson rate one replica sustains within every SLO.",
     )
 
-    if res.target_rate:
-        fig, ax = plt.subplots(figsize=(8, h))
-        gpus = [c.gpus or 0 for c in cands]
-        ax.barh(y, gpus, color=[col[lb] for lb in labels])
-        for yi, c in zip(y, cands):
-            txt = f"{c.gpus} GPUs = {c.replicas} × TP{c.tensor_parallel}{_pp(c)}" if c.gpus else c.status
-            if c.gpus and not c.verified:
-                txt += " (SLO not met)"
-            ax.annotate(txt, (c.gpus or 0, yi), xytext=(3, 0), textcoords="offset points", va="center", fontsize=8)
-        ax.set_xlim(0, max(gpus + [1]) * 1.45)
-        ax.set_yticks(y)
-        ax.set_yticklabels(labels, fontsize=9)
-        ax.invert_yaxis()
-        ax.set_xlabel("GPUs")
-        ax.set_title(f"GPUs needed for {res.target_rate:g} req/s (verified by simulation)", fontsize=10)
-        finish_figure(fig, pdir / "replicas.png", **REPRODUCIBLE_PNG)
-        made.append(
-            (
-                "plots/replicas.png",
-                "replicas needed",
-                "ceil(target / goodput) replicas, verified with that many replicas behind a least-outstanding "
-                "router and raised until the SLOs hold.",
-            )
-        )
 
-    priced = [c for c in cands if c.price_per_gpu_hour is not None and c.status != "failed"]
-    if priced:
-        fig, ax = plt.subplots(figsize=(8, max(2.2, 0.55 * len(priced) + 1.2)))
-        yy = np.arange(len(priced))
-        at_t = [c.cost_per_m_output_tokens or 0 for c in priced]
-        at_g = [c.cost_per_m_output_tokens_at_goodput or 0 for c in priced]
-        if res.target_rate:
-            ax.barh(yy, at_t, color=[col[c.label] for c in priced])
-        ax.scatter(at_g, yy, marker="D", color="black", s=22, zorder=4)
-        for yi, c, v in zip(yy, priced, at_t):
-            ax.annotate(
-                money(v if res.target_rate else c.cost_per_m_output_tokens_at_goodput),
-                (max(v, c.cost_per_m_output_tokens_at_goodput or 0), yi),
-                xytext=(5, 0),
-                textcoords="offset points",
-                va="center",
-                fontsize=8,
-            )
-        ax.set_xlim(0, max(at_t + at_g + [1e-9]) * 1.3)
-        ax.set_yticks(yy)
-        ax.set_yticklabels([c.label for c in priced], fontsize=9)
-        ax.invert_yaxis()
-        ax.set_xlabel("USD per million output tokens")
-        ax.set_title(
-            (f"bars: at {res.target_rate:g} req/s; " if res.target_rate else "")
-            + "diamonds: floor, every replica at its goodput",
-            fontsize=10,
+def _replicas_plot(res: PlanResult, col: dict[str, str], pdir: Path) -> tuple[str, str, str]:
+    """GPUs each candidate needs for the target load, with its replicas x degrees."""
+    cands = res.candidates
+    fig, ax = pyplot().subplots(figsize=(8, _bars_height(len(cands))))
+    gpus = [c.gpus or 0 for c in cands]
+    ax.barh(np.arange(len(cands)), gpus, color=[col[c.label] for c in cands])
+    for yi, c in enumerate(cands):
+        ax.annotate(
+            _replicas_text(c), (c.gpus or 0, yi), xytext=(3, 0), textcoords="offset points", va="center", fontsize=8
         )
-        finish_figure(fig, pdir / "cost.png", **REPRODUCIBLE_PNG)
-        made.append(
-            (
-                "plots/cost.png",
-                "cost per million output tokens",
-                "Price per GPU-hour × GPUs / output tokens per hour at the target load; the diamond is the floor "
-                "reached if every replica ran exactly at its goodput.",
-            )
+    ax.set_xlim(0, max(gpus + [1]) * 1.45)
+    _bar_labels(ax, [c.label for c in cands])
+    ax.set_xlabel("GPUs")
+    ax.set_title(f"GPUs needed for {res.target_rate:g} req/s (verified by simulation)", fontsize=10)
+    finish_figure(fig, pdir / "replicas.png", **REPRODUCIBLE_PNG)
+    return (
+        "plots/replicas.png",
+        "replicas needed",
+        "ceil(target / goodput) replicas, verified with that many replicas behind a least-outstanding "
+        "router and raised until the SLOs hold.",
+    )
+
+
+def _replicas_text(c: CandidateResult) -> str:
+    """'8 GPUs = 2 × TP4', marked where the verification missed an SLO; the status without GPUs."""
+    if not c.gpus:
+        return c.status
+    txt = f"{c.gpus} GPUs = {c.replicas} × TP{c.tensor_parallel}{_pp(c)}"
+    return txt if c.verified else txt + " (SLO not met)"
+
+
+def _cost_plot(res: PlanResult, priced: list[CandidateResult], col: dict[str, str], pdir: Path) -> tuple[str, str, str]:
+    """Cost per million output tokens of the priced candidates: bars at the target load, diamonds
+    at the floor (every replica at its goodput)."""
+    fig, ax = pyplot().subplots(figsize=(8, _bars_height(len(priced))))
+    yy = np.arange(len(priced))
+    at_t = [c.cost_per_m_output_tokens or 0 for c in priced]
+    at_g = [c.cost_per_m_output_tokens_at_goodput or 0 for c in priced]
+    if res.target_rate:
+        ax.barh(yy, at_t, color=[col[c.label] for c in priced])
+    ax.scatter(at_g, yy, marker="D", color="black", s=22, zorder=4)
+    _cost_labels(ax, priced, at_t, res.target_rate)
+    ax.set_xlim(0, max(at_t + at_g + [1e-9]) * 1.3)
+    _bar_labels(ax, [c.label for c in priced])
+    ax.set_xlabel("USD per million output tokens")
+    ax.set_title(
+        (f"bars: at {res.target_rate:g} req/s; " if res.target_rate else "")
+        + "diamonds: floor, every replica at its goodput",
+        fontsize=10,
+    )
+    finish_figure(fig, pdir / "cost.png", **REPRODUCIBLE_PNG)
+    return (
+        "plots/cost.png",
+        "cost per million output tokens",
+        "Price per GPU-hour × GPUs / output tokens per hour at the target load; the diamond is the floor "
+        "reached if every replica ran exactly at its goodput.",
+    )
+
+
+def _cost_labels(ax, priced: list[CandidateResult], at_target: list[float], target_rate: Optional[float]) -> None:
+    """Each candidate's cost, at the target where there is one (else the floor), right of its bar or diamond."""
+    for yi, c, v in zip(np.arange(len(priced)), priced, at_target):
+        ax.annotate(
+            money(v if target_rate else c.cost_per_m_output_tokens_at_goodput),
+            (max(v, c.cost_per_m_output_tokens_at_goodput or 0), yi),
+            xytext=(5, 0),
+            textcoords="offset points",
+            va="center",
+            fontsize=8,
         )
-    return made
 
 
 def candidates_table(res: PlanResult):

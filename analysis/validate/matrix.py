@@ -135,115 +135,146 @@ def run_matrix(
 
 
 def write_results(rows: list[dict], meta: dict, machine: dict, folder: Path) -> Path:
+    """RESULTS.md / RESULTS.html in folder: the summary line, the verdict, the machine, the table
+    (report.matrix_report) and how the cases were calibrated and measured; returns the Markdown file."""
     ran = [r for r in rows if r.get("status") == "ran"]
     passed = [r for r in ran if r["passed"]]
-    fit = meta.get("fit")
-    if fit:
-        it = fit.get("iteration_fit", {})
-        cal = (
-            "Cost model: one executor fit (analysis/validate/calibrate.py) for every case, calibrated on held-out "
-            f"executor runs ({', '.join(fit.get('workloads', []))}, seeds {', '.join(str(x) for x in fit.get('seeds', [fit.get('seed')]))}: other requests and "
-            f"shapes than any case) — in-sample MAPE {it.get('mape_in_sample', float('nan')):.1%} over "
-            f"{it.get('points', 0)} iterations, {it.get('stalls', float('nan')):.1%} of them stalled."
-        )
-    else:
-        fits = meta.get("fits", {})
-        cal = (
-            "Cost model: for each case an executor fit (analysis/validate/calibrate.py) calibrated around it (once before, once after, "
-            "in mirror order) on the case's own serving configuration (KV pools, limits, preemption) with other requests "
-            "(calibration workloads calib-matched-load, calib-matched-burst and the case's own request mix calib-matched-mix, "
-            "seeds 9009-9011), scaled to the machine's speed in the validated run (its speed ticks, a reference "
-            "kernel timed inside every run, weighted against the calibration runs' median ratio by how well each "
-            "predicted those runs; without ticks, the runs next to it) — in-sample MAPE / stalled / scale (the "
-            "ticks' weight): "
-            + ", ".join(
-                f"{c} {f['iteration_fit']['mape_in_sample']:.1%} / {f['iteration_fit']['stalls']:.1%} / " f"{_scale(f)}"
-                for c, f in fits.items()
-                if "iteration_fit" in f and "link_fit" not in f
-            )
-            + "."
-        )
-        off_fits = {c: f for c, f in fits.items() if "link_fit" in f}
-        if off_fits and len(off_fits) == len([f for f in fits.values() if "iteration_fit" in f]):
-            cal = "Cost model:"  # only offload cases ran: the plain cases' sentence has no case to name
-        if off_fits:
-            cal += (
-                " Offload cases: the simulator's OffloadCostModel (per layer: compute + loads of the policy's "
-                "tokens + stores) on a compute and host link calibrated around each case on its own serving and "
-                "offload sections with other requests (analysis/validate/offload_calibrate.py, seeds 9013-9014) — "
-                "its compute scaled to the validated run's speed ticks — in-sample iteration MAPE / machine speed "
-                "shift before→after / scale (the ticks' weight): "
-                + ", ".join(
-                    f"{c} {f['iteration_fit']['mape_in_sample']:.1%} / {f.get('speed_shift', float('nan')):+.1%}"
-                    f" / {_scale(f)}"
-                    for c, f in off_fits.items()
-                )
-                + "."
-            )
-        spec_fits = {c: f for c, f in fits.items() if "round_fit" in f}
-        if spec_fits:
-            cal += (
-                " Speculative cases: a round fit (analysis/validate/spec_costmodel.py) calibrated around each "
-                "case on its own serving and speculation sections with other requests (calib-spec-load, "
-                "calib-spec-burst and the case's own request mix calib-spec-mix, seeds 9011, 9012 and 9015), scaled "
-                "as the plain cases (a pipelined run's draft terms by its drafting process's ticks) — in-sample "
-                "round MAPE / machine speed shift before→after / scale (the ticks' weight): "
-                + ", ".join(
-                    f"{c} {f['round_fit']['mape_in_sample']:.1%} / {f.get('speed_shift', float('nan')):+.1%}"
-                    f" / {_scale(f)}"
-                    for c, f in spec_fits.items()
-                )
-                + "."
-            )
-    rep = [r for r in ran if r.get("repeats")]
-    if rep:
-        cal += (
-            f" Measurement: each validated run was served {meta.get('repeats', rep[0]['repeats']['repeats'])} "
-            "times on the same requests; the aggregate targets are judged on the median of the repeats' errors "
-            "against the same simulation, the per-iteration errors on the run of median busy time (the "
-            "engine's iterations or rounds summed: execute.run_repeated) — busy-time spread over the repeats / "
-            "run of median busy time: "
-            + ", ".join(f"{r['case']} {r['repeats']['spread']:.1%} / {r['repeats']['kept']}" for r in rep)
-            + "."
-        )
     info = {
         "title": summary_line(rows, meta, machine),
         "subtitle": f"{meta['date']} — `{meta['model']}` on {meta['device']}; {len(ran)} of {len(rows)} cases ran, "
         f"{len(passed)} met every target under the rule.",
-        "verdict": [
-            f"**{len(passed)} of {len(ran)} runnable cases met every target under the rule**"
-            + (f"; {len(rows) - len(ran)} cases did not run." if len(rows) > len(ran) else ".")
-            + (
-                f" Missed: {', '.join(r['case'] for r in ran if not r['passed'])} (sources in the table)."
-                if len(passed) < len(ran)
-                else ""
-            )
-            + _iteration_only_note(ran),
-            f"The rule: {RULE}. The raw per-iteration MAPE (at the run's average speed) is reported beside "
-            f"the one judged; ✗ marks a miss under the rule." + _local_speed_note(ran),
-        ],
+        "verdict": _verdict(rows, ran),
         "machine": {
             **machine,
             "load average (1/5/15 min) at start": meta["load_start"],
             "load average at end": meta["load_end"],
             "matrix wall time": f"{meta['wall_s']:.0f} s",
         },
-        "notes": [
-            cal,
-            "Per-iteration MAPE: the cost model on the executor's exact batches against the measured engine time "
-            "(start to next start); for the speculative cases per round (the drafts' s steps + the verification; "
-            "pipelined: the verifying thread's pass), on the executed rounds' rebuilt batches. Speculative cases "
-            "also check acceptance and tokens per step (5%). The other errors are end to end: the simulated run against the executed one on "
-            "the same requests. A miss names its source: timing noise (more than 2% of iterations stalled, or the "
-            "machine's speed moved more than 5% between the calibrations around the run, or the repeats disagree), "
-            "the acceptance model, "
-            "a scheduling mismatch (even the simulation driven by the executor's own measured times is off), or the "
-            "cost model (that replay is close: the predicted times differ).",
-            "Reproduce: `python -m infersim.analysis.validate.matrix` (per-case reports under runs/validation-matrix/<case>/).",
-        ],
+        "notes": [_calibration_note(meta) + _repeats_note(ran, meta), *_READING_NOTES],
     }
-    h, m = matrix_report(rows, info, folder)
-    return m
+    _, md = matrix_report(rows, info, folder)
+    return md
+
+
+def _verdict(rows: list[dict], ran: list[dict]) -> list[str]:
+    """How many runnable cases met every target, which missed; the rule and what the ticks did."""
+    passed = [r for r in ran if r["passed"]]
+    missed = ", ".join(r["case"] for r in ran if not r["passed"])
+    return [
+        f"**{len(passed)} of {len(ran)} runnable cases met every target under the rule**"
+        + (f"; {len(rows) - len(ran)} cases did not run." if len(rows) > len(ran) else ".")
+        + (f" Missed: {missed} (sources in the table)." if len(passed) < len(ran) else "")
+        + _iteration_only_note(ran),
+        f"The rule: {RULE}. The raw per-iteration MAPE (at the run's average speed) is reported beside "
+        f"the one judged; ✗ marks a miss under the rule." + _local_speed_note(ran),
+    ]
+
+
+def _calibration_note(meta: dict) -> str:
+    """How the cost model was calibrated: one generic fit for every case, or one fit around each case."""
+    if meta.get("fit"):
+        return _generic_fit_note(meta["fit"])
+    fits = meta.get("fits", {})
+    off_fits = {c: f for c, f in fits.items() if "link_fit" in f}
+    spec_fits = {c: f for c, f in fits.items() if "round_fit" in f}
+    if off_fits and len(off_fits) == len([f for f in fits.values() if "iteration_fit" in f]):
+        note = "Cost model:"  # only offload cases ran: the plain cases' sentence has no case to name
+    else:
+        note = _plain_fits_note(fits)
+    return note + (_offload_fits_note(off_fits) if off_fits else "") + (_spec_fits_note(spec_fits) if spec_fits else "")
+
+
+def _generic_fit_note(fit: dict) -> str:
+    it = fit.get("iteration_fit", {})
+    seeds = ", ".join(str(x) for x in fit.get("seeds", [fit.get("seed")]))
+    return (
+        "Cost model: one executor fit (analysis/validate/calibrate.py) for every case, calibrated on held-out "
+        f"executor runs ({', '.join(fit.get('workloads', []))}, seeds {seeds}: other requests and "
+        f"shapes than any case) — in-sample MAPE {it.get('mape_in_sample', float('nan')):.1%} over "
+        f"{it.get('points', 0)} iterations, {it.get('stalls', float('nan')):.1%} of them stalled."
+    )
+
+
+def _plain_fits_note(fits: dict) -> str:
+    """The plain cases' executor fits, calibrated around each case: in-sample MAPE, stalls, speed scale."""
+    return (
+        "Cost model: for each case an executor fit (analysis/validate/calibrate.py) calibrated around it (once before, once after, "
+        "in mirror order) on the case's own serving configuration (KV pools, limits, preemption) with other requests "
+        "(calibration workloads calib-matched-load, calib-matched-burst and the case's own request mix calib-matched-mix, "
+        "seeds 9009-9011), scaled to the machine's speed in the validated run (its speed ticks, a reference "
+        "kernel timed inside every run, weighted against the calibration runs' median ratio by how well each "
+        "predicted those runs; without ticks, the runs next to it) — in-sample MAPE / stalled / scale (the "
+        "ticks' weight): "
+        + ", ".join(
+            f"{c} {f['iteration_fit']['mape_in_sample']:.1%} / {f['iteration_fit']['stalls']:.1%} / {_scale(f)}"
+            for c, f in fits.items()
+            if "iteration_fit" in f and "link_fit" not in f
+        )
+        + "."
+    )
+
+
+def _offload_fits_note(off_fits: dict) -> str:
+    """The offload cases' OffloadCostModel fits: in-sample MAPE, speed shift around the run, speed scale."""
+    return (
+        " Offload cases: the simulator's OffloadCostModel (per layer: compute + loads of the policy's "
+        "tokens + stores) on a compute and host link calibrated around each case on its own serving and "
+        "offload sections with other requests (analysis/validate/offload_calibrate.py, seeds 9013-9014) — "
+        "its compute scaled to the validated run's speed ticks — in-sample iteration MAPE / machine speed "
+        "shift before→after / scale (the ticks' weight): " + _shifted_fits(off_fits, "iteration_fit") + "."
+    )
+
+
+def _spec_fits_note(spec_fits: dict) -> str:
+    """The speculative cases' round fits: in-sample MAPE, speed shift around the run, speed scale."""
+    return (
+        " Speculative cases: a round fit (analysis/validate/spec_costmodel.py) calibrated around each "
+        "case on its own serving and speculation sections with other requests (calib-spec-load, "
+        "calib-spec-burst and the case's own request mix calib-spec-mix, seeds 9011, 9012 and 9015), scaled "
+        "as the plain cases (a pipelined run's draft terms by its drafting process's ticks) — in-sample "
+        "round MAPE / machine speed shift before→after / scale (the ticks' weight): "
+        + _shifted_fits(spec_fits, "round_fit")
+        + "."
+    )
+
+
+def _shifted_fits(fits: dict, fit_key: str) -> str:
+    """'case MAPE / speed shift / scale' per fit, the MAPE read from fits[case][fit_key]."""
+    return ", ".join(
+        f"{c} {f[fit_key]['mape_in_sample']:.1%} / {f.get('speed_shift', float('nan')):+.1%} / {_scale(f)}"
+        for c, f in fits.items()
+    )
+
+
+def _repeats_note(ran: list[dict], meta: dict) -> str:
+    """How the repeated validated runs were judged, and how far their busy times spread ('' without repeats)."""
+    rep = [r for r in ran if r.get("repeats")]
+    if not rep:
+        return ""
+    return (
+        f" Measurement: each validated run was served {meta.get('repeats', rep[0]['repeats']['repeats'])} "
+        "times on the same requests; the aggregate targets are judged on the median of the repeats' errors "
+        "against the same simulation, the per-iteration errors on the run of median busy time (the "
+        "engine's iterations or rounds summed: execute.run_repeated) — busy-time spread over the repeats / "
+        "run of median busy time: "
+        + ", ".join(f"{r['case']} {r['repeats']['spread']:.1%} / {r['repeats']['kept']}" for r in rep)
+        + "."
+    )
+
+
+# how to read the table, and how to write it again
+_READING_NOTES = (
+    "Per-iteration MAPE: the cost model on the executor's exact batches against the measured engine time "
+    "(start to next start); for the speculative cases per round (the drafts' s steps + the verification; "
+    "pipelined: the verifying thread's pass), on the executed rounds' rebuilt batches. Speculative cases "
+    "also check acceptance and tokens per step (5%). The other errors are end to end: the simulated run against the executed one on "
+    "the same requests. A miss names its source: timing noise (more than 2% of iterations stalled, or the "
+    "machine's speed moved more than 5% between the calibrations around the run, or the repeats disagree), "
+    "the acceptance model, "
+    "a scheduling mismatch (even the simulation driven by the executor's own measured times is off), or the "
+    "cost model (that replay is close: the predicted times differ).",
+    "Reproduce: `python -m infersim.analysis.validate.matrix` (per-case reports under runs/validation-matrix/<case>/).",
+)
 
 
 def _iteration_only_note(rows: list[dict]) -> str:

@@ -95,38 +95,29 @@ def within_run_text(cm: dict) -> str:
 def case_report(result: dict, exec_run, sim_run, cmp, folder: Path) -> tuple[Path, Path]:
     """Write report.md / report.html (and plots/) for one validated case into folder."""
     folder = Path(folder)
-    cm, it, rq, tot = cmp.cost_model, cmp.iterations, cmp.requests, cmp.totals
     r = report_head(result, cmp, folder)
     r.h2("Targets")
     r.add(checks_table(cmp.checks))
+    _per_iteration_section(r, cmp, folder)
+    _latency_section(r, cmp, folder)
+    _totals_section(r, result, cmp)
+    # closes the totals' section: KV use over time is its memory
+    timelines_plot(r, exec_run, sim_run, folder, _TIMELINES_CAPTION)
+    r.h2("Method")
+    r.bullets(_method_bullets(result))
+    return r.write(folder)
+
+
+def _per_iteration_section(r: Report, cmp, folder: Path) -> None:
+    """The cost model on the executed batches, the schedules side by side, the replay, the scatter plot."""
     r.h2("Per iteration")
-    r.p(
-        f"The cost model on the executor's exact batches ({cm['compared']} of {cm['iterations']} iterations with a "
-        f"measured engine time; the others idled before the next one or were the last): MAPE {pct(cm['mape'], False)}, "
-        f"signed bias {pct(cm['bias'])}, median error {pct(cm['median_ape'], False)}, total-time bias "
-        f"{pct(cm['total_bias'])}; decode-only batches {pct(cm['decode_mape'], False)}, batches with prefills "
-        f"{pct(cm['mixed_mape'], False)}. Timing noise: {pct(cm['noise']['stalls'], False)} of iterations stalled (took "
-        f"at least twice the time of like iterations around them: the process lost its core), iteration-to-iteration "
-        f"jitter of like decode steps {pct(cm['noise']['jitter'], False)}; MAPE without the stalls {pct(cm['mape_unstalled'], False)}."
-    )
-    within = within_run_text(cm)
+    r.p(_cost_model_text(cmp.cost_model))
+    within = within_run_text(cmp.cost_model)
     if within:
         r.p(within)
-    r.p(
-        f"The simulation ran {it['simulated']} iterations against {it['executed']} executed; "
-        f"{it['aligned']} ({pct(it['aligned_fraction'], False)}) ran the same batch at the same index (first "
-        f"divergence at iteration {it['first_divergence']}); on those, MAPE {pct(it['mape_aligned'], False)}, bias "
-        f"{pct(it['bias_aligned'])}."
-    )
-    rp = cmp.replay
-    if rp:
-        r.p(
-            f"**Scheduling alone** (the same simulation driven by the executor's own measured iteration and copy "
-            f"times, `replay/`): {pct(rp['aligned_fraction'], False)} of its {rp['simulated']} iterations ran the "
-            f"executor's batch; mean end-to-end {pct(rp['e2e_s']['mean_error'])}, p99 {pct(rp['e2e_s']['p99_error'])}, "
-            f"TTFT p99 {pct(rp['ttft_s']['p99_error'])}, TPOT p99 {pct(rp['tpot_s']['p99_error'])}, throughput "
-            f"{pct(rp['throughput_error'])}. What is left here is the simulator's scheduling, not its cost model."
-        )
+    r.p(_schedule_text(cmp.iterations))
+    if cmp.replay:
+        r.p(_replay_text(cmp.replay))
     r.add(
         Image(
             "plots/iterations.png",
@@ -136,117 +127,158 @@ def case_report(result: dict, exec_run, sim_run, cmp, folder: Path) -> tuple[Pat
         )
     )
     plots.scatter_iterations(cmp, folder / "plots" / "iterations.png")
+
+
+def _cost_model_text(cm: dict) -> str:
+    """The cost model's errors on the executor's exact batches, and the run's timing noise."""
+    return (
+        f"The cost model on the executor's exact batches ({cm['compared']} of {cm['iterations']} iterations with a "
+        f"measured engine time; the others idled before the next one or were the last): MAPE {pct(cm['mape'], False)}, "
+        f"signed bias {pct(cm['bias'])}, median error {pct(cm['median_ape'], False)}, total-time bias "
+        f"{pct(cm['total_bias'])}; decode-only batches {pct(cm['decode_mape'], False)}, batches with prefills "
+        f"{pct(cm['mixed_mape'], False)}. Timing noise: {pct(cm['noise']['stalls'], False)} of iterations stalled (took "
+        f"at least twice the time of like iterations around them: the process lost its core), iteration-to-iteration "
+        f"jitter of like decode steps {pct(cm['noise']['jitter'], False)}; MAPE without the stalls {pct(cm['mape_unstalled'], False)}."
+    )
+
+
+def _schedule_text(it: dict) -> str:
+    """How many iterations the simulation ran the executor's batch at the same index."""
+    return (
+        f"The simulation ran {it['simulated']} iterations against {it['executed']} executed; "
+        f"{it['aligned']} ({pct(it['aligned_fraction'], False)}) ran the same batch at the same index (first "
+        f"divergence at iteration {it['first_divergence']}); on those, MAPE {pct(it['mape_aligned'], False)}, bias "
+        f"{pct(it['bias_aligned'])}."
+    )
+
+
+def _replay_text(rp: dict) -> str:
+    """The simulation driven by the measured times: the error left to scheduling alone."""
+    return (
+        f"**Scheduling alone** (the same simulation driven by the executor's own measured iteration and copy "
+        f"times, `replay/`): {pct(rp['aligned_fraction'], False)} of its {rp['simulated']} iterations ran the "
+        f"executor's batch; mean end-to-end {pct(rp['e2e_s']['mean_error'])}, p99 {pct(rp['e2e_s']['p99_error'])}, "
+        f"TTFT p99 {pct(rp['ttft_s']['p99_error'])}, TPOT p99 {pct(rp['tpot_s']['p99_error'])}, throughput "
+        f"{pct(rp['throughput_error'])}. What is left here is the simulator's scheduling, not its cost model."
+    )
+
+
+# (column in the comparison's requests, its label) per row of the latency table
+_LATENCIES = (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("e2e_s", "end-to-end"))
+_QUANTILES = ("mean", "p50", "p99")
+
+
+def _latency_section(r: Report, cmp, folder: Path) -> None:
+    """Measured against simulated latencies, as a table and as CDFs."""
     r.h2("Latency")
-    rows = []
-    for col, label in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("e2e_s", "end-to-end")):
-        x = rq[col]
-        rows.append(
-            [
-                label,
-                ms(x["measured"]["mean"]),
-                ms(x["predicted"]["mean"]),
-                pct(x["mean_error"]),
-                ms(x["measured"]["p50"]),
-                ms(x["predicted"]["p50"]),
-                pct(x["p50_error"]),
-                ms(x["measured"]["p99"]),
-                ms(x["predicted"]["p99"]),
-                pct(x["p99_error"]),
-                pct(x["mape"], False),
-                pct(x["bias"]),
-            ]
-        )
+    columns = ["latency (ms)"]
+    for q in _QUANTILES:
+        columns += [f"{q} meas.", f"{q} sim.", "err"]
     r.add(
         Table(
-            [
-                "latency (ms)",
-                "mean meas.",
-                "mean sim.",
-                "err",
-                "p50 meas.",
-                "p50 sim.",
-                "err",
-                "p99 meas.",
-                "p99 sim.",
-                "err",
-                "per-request MAPE",
-                "bias",
-            ],
-            rows,
+            columns + ["per-request MAPE", "bias"],
+            [_latency_row(label, cmp.requests[col]) for col, label in _LATENCIES],
             numeric=set(range(1, 12)),
             caption="Requests aligned by id; per-request MAPE and bias over the same requests.",
         )
     )
     r.add(Image("plots/latency_cdfs.png", "latency CDFs", "Measured and simulated latency distributions."))
     plots.latency_cdfs(cmp, folder / "plots" / "latency_cdfs.png")
+
+
+def _latency_row(label: str, x: dict) -> list[str]:
+    """One latency: measured, simulated and error at each quantile; per-request MAPE and bias."""
+    return [label, *latency_cells(x, _QUANTILES), pct(x["mape"], False), pct(x["bias"])]
+
+
+def latency_cells(x: dict, quantiles: tuple[str, ...]) -> list[str]:
+    """A latency's measured and simulated value (ms) and their error, at each of `quantiles` in turn."""
+    cells = []
+    for q in quantiles:
+        cells += [ms(x["measured"][q]), ms(x["predicted"][q]), pct(x[f"{q}_error"])]
+    return cells
+
+
+def _totals_section(r: Report, result: dict, cmp) -> None:
+    """Throughput, preemptions and memory, measured against simulated; the copies' notes."""
     r.h2("Throughput, preemptions, memory")
     r.add(
         Table(
             ["quantity", "measured", "simulated", "error"],
-            [[k.replace("_", " "), num(v["measured"]), num(v["predicted"]), pct(v["error"])] for k, v in tot.items()],
+            [
+                [k.replace("_", " "), num(v["measured"]), num(v["predicted"]), pct(v["error"])]
+                for k, v in cmp.totals.items()
+            ],
             numeric={1, 2, 3},
         )
     )
-    extra = []
-    if "swap" in cm:
-        s = cm["swap"]
-        extra.append(
-            f"Swap copies: {s['events']} iterations swapped; measured {ms(s['measured_s'])} ms in total, "
-            f"predicted {ms(s['predicted_s'])} ms on the same bytes ({pct(s['error'])}; per event MAPE "
-            f"{pct(s['mape'], False)})."
-        )
-    if "recompute" in cm:
-        s = cm["recompute"]
-        extra.append(
-            f"Recomputes: {s['iterations']} iterations prefilled an evicted sequence again; measured "
-            f"{ms(s['measured_s'])} ms, predicted {ms(s['predicted_s'])} ms on the same batches "
-            f"({pct(s['error'])})."
-        )
-    ob = result.get("offload")
-    if ob:  # offload cases (offload_validate.py)
-        extra.append(
-            f"KV offload: {num(ob['measured_bytes'] / 1e6)} MB loaded over the host link in "
-            f"{ob['iterations_loading']} iterations, predicted {num(ob['predicted_bytes'] / 1e6)} MB by the "
-            f"simulator's policy on the same batches ({pct(ob['bytes_error'])}; per iteration MAPE "
-            f"{pct(ob['bytes_mape'], False)}); load copies measured {ms(ob['measured_load_s'])} ms, predicted "
-            f"{ms(ob['predicted_load_s'])} ms ({pct(ob['load_time_error'])}); the simulation, on its own schedule: "
-            f"{pct(ob.get('simulated_bytes_error'))} against the executed bytes"
-            + (
-                f"; with the sparsity recorded on the held-out calibration run instead: "
-                f"{pct(ob['heldout_sparsity_bytes_error'])}"
-                if "heldout_sparsity_bytes_error" in ob
-                else ""
-            )
-            + "."
-        )
-    if extra:
-        r.bullets(extra)
-    r.add(
-        Image(
-            "plots/timelines.png",
-            "batch size and KV use over time",
-            "Batch size and KV blocks in use, measured (blue) and simulated (orange), on each run's own clock.",
-        )
+    cm, ob = cmp.cost_model, result.get("offload")
+    notes = [
+        _swap_note(cm["swap"]) if "swap" in cm else None,
+        _recompute_note(cm["recompute"]) if "recompute" in cm else None,
+        _offload_note(ob) if ob else None,  # offload cases (offload_validate.py)
+    ]
+    notes = [n for n in notes if n]
+    if notes:
+        r.bullets(notes)
+
+
+def _swap_note(s: dict) -> str:
+    return (
+        f"Swap copies: {s['events']} iterations swapped; measured {ms(s['measured_s'])} ms in total, "
+        f"predicted {ms(s['predicted_s'])} ms on the same bytes ({pct(s['error'])}; per event MAPE "
+        f"{pct(s['mape'], False)})."
     )
-    plots.timelines(exec_run, sim_run, folder / "plots" / "timelines.png")
-    r.h2("Method")
-    cal = result["cost_model"]
-    r.bullets(
-        [
-            f"Executor: `{result['model']}` on `{result['device']}`, mode `{result['mode']}`, arrivals replayed without "
-            f"sleeping (idle waits skipped), {result['threads']} torch thread(s). Run directory: `exec/`.",
-            "Simulator: the executor's requests (arrival times, prompt and output lengths, by id) and its policy "
-            "configuration and KV pools, in step mode (one series row per iteration). Run directory: `sim/`; the same "
-            "driven by the executor's measured times: `replay/`.",
-            f"Cost model: {cal['description']}.",
-            "Measured iteration time: from an iteration's start to the next one's, less the next one's swap copies "
-            "(the simulator times those as transfers) — the forward pass plus the engine's own per-iteration work.",
-            "Recorded statistics fed to the simulator: "
-            + (", ".join(f"{k}" for k in result.get("statistics", {})) or "none (plain serving needs none)")
-            + ".",
-        ]
+
+
+def _recompute_note(s: dict) -> str:
+    return (
+        f"Recomputes: {s['iterations']} iterations prefilled an evicted sequence again; measured "
+        f"{ms(s['measured_s'])} ms, predicted {ms(s['predicted_s'])} ms on the same batches "
+        f"({pct(s['error'])})."
     )
-    return r.write(folder)
+
+
+def _offload_note(ob: dict) -> str:
+    """The KV bytes loaded over the host link and their copy time, measured against predicted."""
+    heldout = (
+        f"; with the sparsity recorded on the held-out calibration run instead: {pct(ob['heldout_sparsity_bytes_error'])}"
+        if "heldout_sparsity_bytes_error" in ob
+        else ""
+    )
+    return (
+        f"KV offload: {num(ob['measured_bytes'] / 1e6)} MB loaded over the host link in "
+        f"{ob['iterations_loading']} iterations, predicted {num(ob['predicted_bytes'] / 1e6)} MB by the "
+        f"simulator's policy on the same batches ({pct(ob['bytes_error'])}; per iteration MAPE "
+        f"{pct(ob['bytes_mape'], False)}); load copies measured {ms(ob['measured_load_s'])} ms, predicted "
+        f"{ms(ob['predicted_load_s'])} ms ({pct(ob['load_time_error'])}); the simulation, on its own schedule: "
+        f"{pct(ob.get('simulated_bytes_error'))} against the executed bytes{heldout}."
+    )
+
+
+_TIMELINES_CAPTION = "Batch size and KV blocks in use, measured (blue) and simulated (orange), on each run's own clock."
+
+
+def timelines_plot(r: Report, exec_run, sim_run, folder: Path, caption: str) -> None:
+    """The batch size and KV use plot, measured and simulated, written to folder/plots and added to the report."""
+    r.add(Image("plots/timelines.png", "batch size and KV use over time", caption))
+    plots.timelines(exec_run, sim_run, Path(folder) / "plots" / "timelines.png")
+
+
+def _method_bullets(result: dict) -> list[str]:
+    """How the case ran: executor, simulator, cost model, what is timed, what was carried over."""
+    stats = ", ".join(map(str, result.get("statistics", {}))) or "none (plain serving needs none)"
+    return [
+        f"Executor: `{result['model']}` on `{result['device']}`, mode `{result['mode']}`, arrivals replayed without "
+        f"sleeping (idle waits skipped), {result['threads']} torch thread(s). Run directory: `exec/`.",
+        "Simulator: the executor's requests (arrival times, prompt and output lengths, by id) and its policy "
+        "configuration and KV pools, in step mode (one series row per iteration). Run directory: `sim/`; the same "
+        "driven by the executor's measured times: `replay/`.",
+        f"Cost model: {result['cost_model']['description']}.",
+        "Measured iteration time: from an iteration's start to the next one's, less the next one's swap copies "
+        "(the simulator times those as transfers) — the forward pass plus the engine's own per-iteration work.",
+        f"Recorded statistics fed to the simulator: {stats}.",
+    ]
 
 
 def matrix_report(rows: list[dict], meta: dict, folder: Path, stem: str = "RESULTS") -> tuple[Path, Path]:
