@@ -30,7 +30,7 @@ import numpy as np
 from pydantic import BaseModel, Field, PositiveInt, ValidationError
 
 from ..errors import InfersimError, pydantic_error_line
-from ..models.dtypes import bytes_per_element
+from ..models.dtypes import bytes_per_element, compute_dtype_for
 from ..models.spec import ModelSpec
 from ..registry import Registry
 from ..validation import STRICT_CONFIG
@@ -54,7 +54,7 @@ class KVShape:
 
     @classmethod
     def of(cls, model: ModelSpec, dtype: str = "fp16", kv_dtype: Optional[str] = None) -> "KVShape":
-        act = dtype if dtype in ("fp32", "fp16", "bf16") else "fp16"
+        act = compute_dtype_for(dtype)
         return cls(
             model.num_layers,
             model.hidden_size,
