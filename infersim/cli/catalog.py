@@ -109,10 +109,14 @@ def model_details(m: ModelSpec) -> list[str]:
         block = "parallel (attention and MLP each with its own norm; input + attention + MLP)"
     else:
         block = "sequential (the MLP reads the attention block's output)"
-    o_bias = m.attention_bias if m.o_proj_bias is None else m.o_proj_bias
     biases = [
         name
-        for name, on in (("q/k/v", m.attention_bias), ("o", o_bias), ("mlp", m.mlp_bias), ("lm_head", m.lm_head_bias))
+        for name, on in (
+            ("q/k/v", m.attention_bias),
+            ("o", m.has_o_proj_bias),
+            ("mlp", m.mlp_bias),
+            ("lm_head", m.lm_head_bias),
+        )
         if on
     ]
     positions = "learned table" if m.learned_positions else f"rotary over {m.rotary_fraction:.0%} of each head"

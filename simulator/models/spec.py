@@ -127,6 +127,11 @@ class ModelSpec(BaseModel):
         return 2 * self.kv_dim_per_gpu(tensor_parallel)
 
     @property
+    def has_o_proj_bias(self) -> bool:
+        """Whether the attention output projection carries a bias (o_proj_bias, else attention_bias)."""
+        return self.attention_bias if self.o_proj_bias is None else self.o_proj_bias
+
+    @property
     def norms_per_layer(self) -> int:
         """Input and post-attention norm; one when a parallel block shares its input norm."""
         return 1 if self.shared_block_norm else 2
@@ -146,7 +151,7 @@ class ModelSpec(BaseModel):
             return self.mla.params_attention(h, self.num_heads)
         weights = h * self.q_dim + 2 * h * self.kv_dim + self.q_dim * h
         qkv_bias = (self.q_dim + 2 * self.kv_dim) if self.attention_bias else 0
-        o_bias = h if (self.attention_bias if self.o_proj_bias is None else self.o_proj_bias) else 0
+        o_bias = h if self.has_o_proj_bias else 0
         return weights + qkv_bias + o_bias
 
     def params_mlp_per_layer(self) -> int:
