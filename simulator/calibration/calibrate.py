@@ -14,6 +14,7 @@ from ..hardware.catalog import load_hardware, profile_path, with_shapes_path
 from ..hardware.profile import HardwareProfile
 from ..metrics.rundir import check_out_file
 from ..yamlio import validate, write_atomic
+from .checks import check_fit, check_repeats
 from .fit import with_measured_shapes
 from .fit_plot import fit_series, plot_fit
 from .profile_writer import with_sections, write_profile
@@ -130,6 +131,7 @@ def calibrate(opts: CalibrateOptions) -> CalibrateResult:
         kinds.setdefault(type(kind).fit, (kind, []))[1].extend(rows)  # kinds sharing a fit pool their rows
     source = opts.source or ", ".join(p.name for p in opts.tables)
     kernel_rows = [r for _, rows in kinds.values() for r in rows if isinstance(r, KernelRow)]
+    check_repeats(kernel_rows)
     if opts.plot is not None and not kernel_rows:
         raise InfersimError(f"--plot {opts.plot}: the tables hold no kernel rows to plot (collectives only)")
     sections: dict[str, Any] = {}
@@ -150,6 +152,8 @@ def calibrate(opts: CalibrateOptions) -> CalibrateResult:
     if "calibration" not in sections:
         text, carried = _carried_shapes(text, base_path, opts.out)
     profile = validate(HardwareProfile, yaml.safe_load(text), str(opts.out))
+    if "calibration" in sections:
+        check_fit(kernel_rows, profile)
     if table is not None or carried is not None:  # first: a profile never names a table that is not there
         _refuse_existing(shapes_path(opts.out), opts.force)
         if table is not None:

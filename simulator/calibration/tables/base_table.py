@@ -24,6 +24,12 @@ class TableKind(ABC):
     def recognises(cls, header: list[str]) -> bool:
         """Whether a CSV header is this kind's."""
 
+    @classmethod
+    def columns(cls) -> tuple[str, ...]:
+        """The columns every table of this kind has (to name the one a header lacks); empty
+        when the kind has several layouts."""
+        return ()
+
     @abstractmethod
     def read(self, path: Path, device: str | None) -> list[Any]:
         """The file's rows for `device` (None: the file must hold one device), validated: a
