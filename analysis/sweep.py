@@ -30,6 +30,7 @@ The space file:
 from __future__ import annotations
 
 import copy
+import difflib
 import hashlib
 import itertools
 import json
@@ -51,6 +52,7 @@ from pydantic import BaseModel, Field, PositiveInt, ValidationError, field_valid
 from infersim.simulator.errors import InfersimError, pydantic_error_line
 from infersim.simulator.metrics.plots import REPRODUCIBLE_PNG, finish_figure, pyplot
 from infersim.simulator.metrics.rundir import claim_dir
+from infersim.simulator.metrics.summary import CORE_METRICS, FEATURE_SECTIONS
 from infersim.simulator.progress import ProgressBar
 from infersim.simulator.validation import STRICT_CONFIG, check_memory, expected_requests, simulation_bytes
 from infersim.simulator.workload.builder import load_workload
@@ -333,6 +335,7 @@ def check_space(space: SweepSpace, spec, source: str, workers: int | None, allow
     """Refuse, before anything is written, a space that cannot run: a grid over a continuous
     range, or more configurations than memory holds. Returns the parameters. (A configuration
     the workload schema rejects is a result: it is recorded as failed and the sweep goes on.)"""
+    check_metrics(space, source)
     n = space_size(space, source)
     parallel = workers or os.cpu_count() or 1
     check_memory(
@@ -341,6 +344,20 @@ def check_space(space: SweepSpace, spec, source: str, workers: int | None, allow
         allow_large,
     )
     return build_params(space)
+
+
+def check_metrics(space: SweepSpace, source: str) -> None:
+    """Refuse an Optuna objective or a Pareto axis that names no metric of a run summary (a
+    name in a section a feature adds, `speculation.*`, is checked when its first run ends)."""
+    named = [(f"pareto.{axis}", getattr(space.pareto, axis)) for axis in ("throughput", "latency")]
+    if space.method == "optuna":
+        named += [(f"optuna.objectives.{i}.metric", o.metric) for i, o in enumerate(space.optuna.objectives)]
+    for field_name, metric in named:
+        if metric in CORE_METRICS or metric.split(".")[0] in FEATURE_SECTIONS:
+            continue
+        close = difflib.get_close_matches(metric, sorted(CORE_METRICS), n=1)
+        hint = f"did you mean '{close[0]}'?" if close else f"known: {', '.join(sorted(CORE_METRICS))}"
+        raise InfersimError(f"{source}: field '{field_name}': unknown metric '{metric}'; {hint}")
 
 
 def load_space(path: str | Path) -> SweepSpace:

@@ -329,13 +329,28 @@ def test_optuna_single_objective(workload, tmp_path):
     )
     res = run_sweep(workload, space, tmp_path / "o1", run=BackendOptions(workers=1))
     assert len(res.table) == 6 and res.table["key"].is_unique
-    bad = _space(
-        method="optuna",
-        parameters={"serving.max_batch_size": [4, 8]},
-        optuna={"trials": 2, "objectives": [{"metric": "happiness", "direction": "maximize"}]},
+
+
+def test_an_unknown_metric_is_refused_before_anything_is_written(workload, tmp_path, capsys):
+    """A misspelt objective or Pareto axis is refused in one line naming the space file and the
+    field, with no folder written, so the corrected command runs into the same --out."""
+    out = tmp_path / "o"
+    objective = "optuna:\n  trials: 2\n  objectives: [{metric: e2e.p99, direction: minimize}]\n"
+    bad = _space_file(tmp_path, f"method: optuna\nparameters:\n  serving.max_batch_size: [4, 8]\n{objective}")
+    assert main(["sweep", "-w", workload, "-s", str(bad), "-o", str(out), "--workers", "1", "-q"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"sim sweep: error: {bad}: field 'optuna.objectives.0.metric': unknown metric 'e2e.p99'; "
+        "did you mean 'e2e_s.p99'?"
     )
-    with pytest.raises(InfersimError, match="happiness"):
-        run_sweep(workload, bad, tmp_path / "o2", run=BackendOptions(workers=1))
+    assert not out.exists()
+    axis = "pareto: {throughput: happiness}\n"
+    bad.write_text(f"parameters:\n  serving.max_batch_size: [4, 8]\n{axis}")
+    assert main(["sweep", "-w", workload, "-s", str(bad), "-o", str(out), "--workers", "1", "-q"]) == 2
+    assert f"{bad}: field 'pareto.throughput': unknown metric 'happiness'; known: aborted," in capsys.readouterr().err
+    bad.write_text(objective.replace("e2e.p99", "e2e_s.p99") + "method: optuna\nparameters:\n  serving.max_batch_size: [4, 8]\n")
+    assert main(["sweep", "-w", workload, "-s", str(bad), "-o", str(out), "--workers", "1", "-q"]) == 0
+    assert len(load_results(out)) == 2
 
 
 def test_cli_sweep(workload, tmp_path, capsys):
