@@ -723,7 +723,9 @@ def _contains(dist, value) -> bool:
 
 def build_table(sweep_dir: Path, params: list[Param] | None = None):
     """One row per configuration, rebuilt from the result files: key, index, status, error,
-    one column per parameter (its dotted path), every metric (flattened summary names), wall_s."""
+    one column per parameter (its dotted path), every metric (flattened summary names). Where
+    and how long each ran stays in its result file, so the same sweep gives the same table
+    byte for byte."""
     records = sorted(load_results(sweep_dir).values(), key=lambda r: (r.get("index", 0), r["key"]))
     param_names = (
         [p.path for p in params] if params else list(dict.fromkeys(k for r in records for k in r.get("params", {})))
@@ -736,10 +738,8 @@ def build_table(sweep_dir: Path, params: list[Param] | None = None):
         for k, v in (r.get("metrics") or {}).items():
             if k not in row:
                 row[k] = v
-        row["wall_s"] = r.get("wall_s")
-        row["worker"] = r.get("worker", "")
         rows.append(row)
-    df = pd.DataFrame(rows, columns=None if rows else ["key", "index", "status", "error", *param_names, "wall_s"])
+    df = pd.DataFrame(rows, columns=None if rows else ["key", "index", "status", "error", *param_names])
     for col in param_names:
         df[col] = _uniform_column(df[col])
     return df

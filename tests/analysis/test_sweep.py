@@ -353,6 +353,14 @@ def test_an_unknown_metric_is_refused_before_anything_is_written(workload, tmp_p
     assert len(load_results(out)) == 2
 
 
+def test_the_same_sweep_twice_gives_byte_identical_tables(workload, tmp_path):
+    space = _space(parameters={"serving.preemption": ["recompute", "swap"], "serving.max_batch_size": [8, 32]})
+    for folder, workers in (("a", 1), ("b", 2)):
+        run_sweep(workload, space, tmp_path / folder, run=BackendOptions(workers=workers))
+    for name in ("results.csv", "results.parquet", "pareto.csv", "sensitivity.csv", "report.md", "plots/pareto.png"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+
+
 def test_cli_sweep(workload, tmp_path, capsys):
     space_path = _space_file(tmp_path, "parameters:\n  serving.preemption: [recompute, swap]\n")
     out = tmp_path / "c"
@@ -383,7 +391,8 @@ def test_ray_backend_matches_local(workload, tmp_path):
         assert sorted(a.index) == sorted(b.index) and len(a) == 4
         for col in ("e2e_s.p99", "throughput_output_tokens_per_s", "ttft_s.p99"):
             assert np.allclose(a.loc[b.index, col].astype(float), b[col].astype(float), rtol=1e-12)
-        assert all(not w.endswith(f":{os.getpid()}") for w in a["worker"])  # ran in Ray workers
+        workers = [rec["worker"] for rec in load_results(tmp_path / "ray").values()]
+        assert all(not w.endswith(f":{os.getpid()}") for w in workers)  # ran in Ray workers
     finally:
         ray.shutdown()
 
