@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from rich.console import Console
@@ -59,6 +60,12 @@ def run(args: argparse.Namespace) -> int:
     )
     if not args.quiet:
         _print(res, space)
+    if len(res.table) and res.failed == len(res.table):
+        # nothing to compare (a misspelt parameter path fails every configuration): say so by status
+        if args.quiet:
+            reason = res.table["error"].astype(str).value_counts().index[0]
+            print(f"every configuration failed ({res.failed}); the first reason: {reason}", file=sys.stderr)
+        return 3
     return 0
 
 

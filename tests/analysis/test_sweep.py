@@ -361,6 +361,18 @@ def test_the_same_sweep_twice_gives_byte_identical_tables(workload, tmp_path):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
 
 
+def test_a_sweep_whose_every_configuration_failed_exits_3(workload, tmp_path, capsys):
+    space = _space_file(tmp_path, "parameters:\n  serving.shceduler: [fcfs, fairness]\n")
+    argv = ["sweep", "-w", workload, "-s", str(space), "-o", str(tmp_path / "s"), "--workers", "1"]
+    assert main([*argv, "-q"]) == 3
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "every configuration failed (2); the first reason: configuration: field 'serving.shceduler': "
+        "Extra inputs are not permitted"
+    )
+    assert main(argv) == 3 and "failed (2): configuration: field 'serving.shceduler'" in capsys.readouterr().out
+
+
 def test_cli_sweep(workload, tmp_path, capsys):
     space_path = _space_file(tmp_path, "parameters:\n  serving.preemption: [recompute, swap]\n")
     out = tmp_path / "c"

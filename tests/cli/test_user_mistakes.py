@@ -163,7 +163,7 @@ def test_offload_policy_typo_names_the_file_and_field(tmp_path):
 def test_sweep_says_why_its_configurations_failed(wl, tmp_path):
     typo = write_yaml(tmp_path / "typo.yaml", {"parameters": {"serving.max_batch_sise": [4, 8]}})
     res = invoke(["sweep", "-w", wl, "-s", typo, "-o", tmp_path / "s", "--workers", "1", "--no-plots"])
-    assert res.rc == 0, res.stderr
+    assert res.rc == 3, res.stderr  # every configuration failed
     assert "failed (2): configuration: field 'serving.max_batch_sise': Extra inputs are not permitted" in res.stdout
 
 
