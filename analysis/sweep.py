@@ -53,6 +53,7 @@ from infersim.simulator.errors import InfersimError, pydantic_error_line
 from infersim.simulator.metrics.plots import REPRODUCIBLE_PNG, finish_figure, pyplot
 from infersim.simulator.metrics.rundir import claim_dir
 from infersim.simulator.metrics.summary import CORE_METRICS, FEATURE_SECTIONS
+from infersim.simulator.preflight import traced_requests
 from infersim.simulator.progress import ProgressBar
 from infersim.simulator.validation import STRICT_CONFIG, check_memory, expected_requests, simulation_bytes
 from infersim.simulator.workload.builder import load_workload
@@ -331,17 +332,19 @@ def space_size(space: SweepSpace, source: str) -> int:
     return total
 
 
-def check_space(space: SweepSpace, spec, source: str, workers: int | None, allow_large: bool) -> list[Param]:
+def check_space(space: SweepSpace, spec, source: str, run: BackendOptions, base_dir: Path) -> list[Param]:
     """Refuse, before anything is written, a space that cannot run: a grid over a continuous
-    range, or more configurations than memory holds. Returns the parameters. (A configuration
-    the workload schema rejects is a result: it is recorded as failed and the sweep goes on.)"""
+    range, an unknown metric, or more configurations than memory holds (the requests of a trace
+    in `base_dir` counted). Returns the parameters. (A configuration the workload schema rejects
+    is a result: it is recorded as failed and the sweep goes on.)"""
     check_metrics(space, source)
     n = space_size(space, source)
-    parallel = workers or os.cpu_count() or 1
+    parallel = run.workers or os.cpu_count() or 1
+    requests = max(expected_requests(spec), traced_requests(spec, base_dir) or 0)
     check_memory(
-        n * BYTES_PER_CONFIGURATION + simulation_bytes(expected_requests(spec), parallel),
+        n * BYTES_PER_CONFIGURATION + simulation_bytes(requests, parallel),
         f"{source}: field '{'optuna.trials' if space.method == 'optuna' else 'parameters'}': " f"{n:,} configurations",
-        allow_large,
+        run.allow_large,
     )
     return build_params(space)
 
@@ -456,7 +459,7 @@ def run_sweep(
     spec, wl_path = load_workload(workload)
     base = resolve_config(spec.model_dump(mode="json"), space.fixed)
     base_spec = validate(WorkloadSpec, base, f"{wl_path} with the space's 'fixed' overrides")
-    params = check_space(space, base_spec, source, run.workers, run.allow_large)  # before anything is written
+    params = check_space(space, base_spec, source, run, wl_path.parent)  # before anything is written
     name = space.name or spec.name
     sweep_dir = Path(out) if out is not None else Path("sweeps") / name
     claim_dir(sweep_dir, command="sweep", force=options.force)

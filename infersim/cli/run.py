@@ -207,6 +207,7 @@ def prepare(args, source: str, serving: dict | None = None):
         source,
         allow_large=args.no_memory_check,
         flags=override_flags(args),
+        base_dir=Path(base_dir).parent,
     )
     requests = build_requests(spec, base_dir)
     notice = arrivals_notice(spec, len(requests))

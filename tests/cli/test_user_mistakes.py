@@ -203,3 +203,18 @@ def test_plan_probe_larger_than_its_cap_is_refused_not_capped(wl, tmp_path):
     plan = write_yaml(tmp_path / "plan.yaml", {"slo": {"ttft_p99": "2s"}, "search": {"requests": 40000}})
     argv = ["plan", "-w", wl, "--plan", plan, "-o", tmp_path / "p"]
     refused_untouched(argv, tmp_path, "plan.yaml: field 'search.requests': 40,000 requests per probe")
+
+
+def test_a_trace_too_large_for_memory_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    """A trace without requests.count replays every row: 200,000 rows need 256 MiB + 200,000 x
+    512 B + 4 KB = 0.371 GB, more than the 0.3 GB this test makes available."""
+    monkeypatch.setattr("infersim.simulator.validation.available_memory_bytes", lambda: 300_000_000)
+    (tmp_path / "big.csv").write_text("ts,p,o\n" + "0,5,6\n" * 200_000)
+    requests = {"trace": {"file": "big.csv", "arrival_column": "ts", "prompt_column": "p", "output_column": "o"}}
+    wl = write_yaml(tmp_path / "wl.yaml", dict(TINY_WORKLOAD, requests=requests))
+    refused_untouched(
+        ["run", "-w", wl, "-o", tmp_path / "r"],
+        tmp_path,
+        "wl.yaml: field 'requests.trace': 200,000 requests would need about 0.371 GB of memory, more than "
+        "the 0.3 GB available",
+    )
