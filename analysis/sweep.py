@@ -43,11 +43,11 @@ from concurrent.futures import FIRST_COMPLETED, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal, Optional, Union
+from typing import Annotated, Any, Callable, Literal, Optional, Union
 
 import numpy as np
 import pandas as pd
-from pydantic import BaseModel, Field, PositiveInt, ValidationError, field_validator
+from pydantic import BaseModel, Discriminator, Field, PositiveInt, Tag, ValidationError, field_validator
 
 from infersim.simulator.errors import InfersimError, pydantic_error_line
 from infersim.simulator.metrics.plots import REPRODUCIBLE_PNG, finish_figure, pyplot
@@ -193,6 +193,27 @@ class RangeParam(_Strict):
         return v
 
 
+def _param_kind(v: Any) -> str | None:
+    """Which form a parameter is written in, so an error speaks of that form alone."""
+    if isinstance(v, (list, ValuesParam, RangeParam)):
+        return {list: "list", ValuesParam: "values", RangeParam: "range"}[type(v)]
+    if isinstance(v, dict):
+        return "values" if "values" in v else "range"
+    return None
+
+
+ParamSpec = Annotated[
+    Union[
+        Annotated[ValuesParam, Tag("values")], Annotated[RangeParam, Tag("range")], Annotated[list[Any], Tag("list")]
+    ],
+    Discriminator(
+        _param_kind,
+        custom_error_type="parameter_form",
+        custom_error_message="give a list of values, {values: [...]}, or a range {low, high} (with num or step)",
+    ),
+]
+
+
 class Objective(_Strict):
     metric: str
     direction: Literal["maximize", "minimize"]
@@ -221,7 +242,7 @@ class SweepSpace(_Strict):
     name: Optional[str] = None
     description: str = ""
     method: Literal["grid", "optuna"] = "grid"
-    parameters: dict[str, Union[ValuesParam, RangeParam, list[Any]]] = Field(min_length=1)
+    parameters: dict[str, ParamSpec] = Field(min_length=1)
     fixed: dict[str, Any] = Field(default_factory=dict)
     optuna: OptunaSection = OptunaSection()
     pareto: ParetoSection = ParetoSection()

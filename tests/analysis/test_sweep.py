@@ -348,7 +348,9 @@ def test_an_unknown_metric_is_refused_before_anything_is_written(workload, tmp_p
     bad.write_text(f"parameters:\n  serving.max_batch_size: [4, 8]\n{axis}")
     assert main(["sweep", "-w", workload, "-s", str(bad), "-o", str(out), "--workers", "1", "-q"]) == 2
     assert f"{bad}: field 'pareto.throughput': unknown metric 'happiness'; known: aborted," in capsys.readouterr().err
-    bad.write_text(objective.replace("e2e.p99", "e2e_s.p99") + "method: optuna\nparameters:\n  serving.max_batch_size: [4, 8]\n")
+    bad.write_text(
+        objective.replace("e2e.p99", "e2e_s.p99") + "method: optuna\nparameters:\n  serving.max_batch_size: [4, 8]\n"
+    )
     assert main(["sweep", "-w", workload, "-s", str(bad), "-o", str(out), "--workers", "1", "-q"]) == 0
     assert len(load_results(out)) == 2
 

@@ -84,7 +84,12 @@ class GenericTable(TableKind):
                 f"{where}, column 'op': unknown operator {op!r}; known: gemm, {', '.join(MEASURED_OPS)}"
             )
         return row_from_operator(
-            operator, RowOrigin(device, label, f"{where}, column 'median_ms'"), tp=tp, tokens=tokens, op=op, time_s=ms * 1e-3
+            operator,
+            RowOrigin(device, label, f"{where}, column 'median_ms'"),
+            tp=tp,
+            tokens=tokens,
+            op=op,
+            time_s=ms * 1e-3,
         )
 
     fit = PerLayerTable.fit  # the same fit: rows of both kinds are pooled
