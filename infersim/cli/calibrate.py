@@ -44,6 +44,12 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--out", required=True, metavar="PROFILE.yaml", help="profile to write")
     p.add_argument(
+        "--name",
+        default=None,
+        help="the profile's name, as commands print it (default: the --out file's stem); a name other than the "
+        "base profile's drops the base's aliases",
+    )
+    p.add_argument(
         "--plot",
         default=None,
         metavar="FIT.png",
@@ -65,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
         out=Path(args.out),
         force=args.force,
         plot=Path(args.plot) if args.plot else None,
+        name=args.name,
     )
     result = calibrate(opts)
     for line in result.summary_lines():

@@ -17,7 +17,7 @@ from ..yamlio import validate, write_atomic
 from .checks import check_fit, check_repeats
 from .fit import with_measured_shapes
 from .fit_plot import fit_series, plot_fit
-from .profile_writer import with_sections, write_profile
+from .profile_writer import renamed, with_sections, write_profile
 from .rows import KernelRow
 from .tables import recognise
 
@@ -41,6 +41,7 @@ class CalibrateOptions:
     source: str | None = None
     force: bool = False
     plot: Path | None = None  # a figure of the fit on its rows (PNG or SVG), written beside the profile
+    name: str | None = None  # the profile's name; None: the --out file's stem
 
 
 @dataclass
@@ -146,6 +147,10 @@ def calibrate(opts: CalibrateOptions) -> CalibrateResult:
                 value, table = with_measured_shapes(value, rows, base, shapes_path(opts.out).name)
             sections[key] = value
     text = base_path.read_text()
+    name, base_name = opts.name or opts.out.name.removesuffix(opts.out.suffix), base.name.split(":")[0]
+    if name != base_name:
+        header = f"# {name}: kernel times fitted by `sim calibrate` on {base_name}'s peaks, memory and links.\n"
+        text = renamed(text, name, header)
     for key, value in sections.items():  # each section under its own comment
         text = with_sections(text, {key: value}, header=SECTION_HEADERS.get(key, ""))
     carried = None

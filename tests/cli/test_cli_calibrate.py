@@ -126,6 +126,25 @@ def test_bad_table_one_line_exit_2_nothing_written(tmp_path, capsys, edit, messa
     assert len(err.strip().splitlines()) == 1 and str(bad) in err and message in err, err
 
 
+def test_the_profile_is_named_after_its_file_or_name(tmp_path, capsys):
+    """A profile of another card takes its own name (the --out stem, or --name) and leaves the
+    base card's aliases behind; one written under the base's own name keeps both."""
+    path = tmp_path / "mine.csv"
+    path.write_text("\n".join(_generic_lines()) + "\n")
+    rc, out = _calibrate(tmp_path, path)
+    written = yaml.safe_load(out.read_text())
+    assert rc == 0 and written["name"] == "out" and "aliases" not in written
+    assert load_hardware(str(out)).name == "out"
+    assert (
+        main(["calibrate", str(path), "--hardware", "a100-80gb-sxm", "--out", str(out), "--name", "x1", "--force"]) == 0
+    )
+    assert yaml.safe_load(out.read_text())["name"] == "x1"
+    same = tmp_path / "a100-80gb-sxm.yaml"
+    assert main(["calibrate", str(path), "--hardware", "a100-80gb-sxm", "--out", str(same)]) == 0
+    written = yaml.safe_load(same.read_text())
+    assert written["name"] == "a100-80gb-sxm" and "a100-sxm" in " ".join(written["aliases"]).lower()
+
+
 def _times_ms(lines: list[str], i: int, factor: float) -> str:
     cells = lines[i].split(",")
     return ",".join(cells[:-1] + [f"{float(cells[-1]) * factor:.6f}"])
