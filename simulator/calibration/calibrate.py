@@ -3,6 +3,7 @@ unless every table reads and fits)."""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from ..errors import InfersimError
 from ..hardware.catalog import load_hardware, profile_path, with_shapes_path
 from ..hardware.profile import HardwareProfile
 from ..metrics.rundir import check_out_file
+from ..progress import ProgressBar
 from ..yamlio import validate, write_atomic
 from .checks import check_fit, check_repeats
 from .fit import with_measured_shapes
@@ -117,6 +119,33 @@ def _carried_shapes(text: str, base_path: Path, out: Path) -> tuple[str, Path | 
     return with_sections(text, {"calibration": new}, header=SECTION_HEADERS["calibration"]), src
 
 
+def _fit_sections(kinds: list[tuple[Any, list]], base: HardwareProfile, source: str, opts: CalibrateOptions):
+    """Each kind's fitted sections, and the measured GEMM table; a progress bar names the kernel
+    kind being fitted (a large table's GEMM fit takes half a minute)."""
+    sections: dict[str, Any] = {}
+    table = None
+    fits = sum(len({getattr(r, "kernel", "collectives") for r in rows}) for _, rows in kinds)
+    quiet = not sys.stdout.isatty()  # piped or captured: the summary lines alone
+    with ProgressBar(
+        "sim calibrate", quiet=quiet, total=fits, fields="{task.fields[note]}", transient=True, note=""
+    ) as bar:
+        started = iter(range(fits))
+
+        def on_kernel(kernel: str, rows: int) -> None:
+            bar.update(completed=next(started, fits), note=f"fitting {kernel} ({rows:,} rows)")
+
+        for kind, rows in kinds:
+            for key, value in kind.fit(rows, base, source, on_kernel).items():
+                if key in sections:
+                    raise InfersimError(
+                        f"{opts.tables[0]}: two table kinds fit the same section '{key}'; calibrate them one at a time"
+                    )
+                if key == "calibration" and value.gemm is not None:
+                    value, table = with_measured_shapes(value, rows, base, shapes_path(opts.out).name)
+                sections[key] = value
+    return sections, table
+
+
 def calibrate(opts: CalibrateOptions) -> CalibrateResult:
     _refuse_existing(opts.out, opts.force)
     if opts.plot is not None:  # everything that could stop the figure after the profile is written
@@ -135,17 +164,7 @@ def calibrate(opts: CalibrateOptions) -> CalibrateResult:
     check_repeats(kernel_rows)
     if opts.plot is not None and not kernel_rows:
         raise InfersimError(f"--plot {opts.plot}: the tables hold no kernel rows to plot (collectives only)")
-    sections: dict[str, Any] = {}
-    table = None
-    for kind, rows in kinds.values():
-        for key, value in kind.fit(rows, base, source).items():
-            if key in sections:
-                raise InfersimError(
-                    f"{opts.tables[0]}: two table kinds fit the same section '{key}'; calibrate them one at a time"
-                )
-            if key == "calibration" and value.gemm is not None:
-                value, table = with_measured_shapes(value, rows, base, shapes_path(opts.out).name)
-            sections[key] = value
+    sections, table = _fit_sections(list(kinds.values()), base, source, opts)
     text = base_path.read_text()
     name, base_name = opts.name or opts.out.name.removesuffix(opts.out.suffix), base.name.split(":")[0]
     if name != base_name:

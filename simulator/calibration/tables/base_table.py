@@ -9,7 +9,7 @@ import csv
 import gzip
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from ...errors import InfersimError
 from ...hardware.profile import HardwareProfile
@@ -36,8 +36,11 @@ class TableKind(ABC):
         bad cell raises InfersimError naming file, row and column."""
 
     @abstractmethod
-    def fit(self, rows: list[Any], hardware: HardwareProfile, source: str) -> dict[str, Any]:
-        """Profile fields fitted from the rows (e.g. {"calibration": Calibration})."""
+    def fit(
+        self, rows: list[Any], hardware: HardwareProfile, source: str, on_kernel: Callable[[str, int], None]
+    ) -> dict[str, Any]:
+        """Profile fields fitted from the rows (e.g. {"calibration": Calibration});
+        `on_kernel(kind, rows)` is told as each kernel kind's fit starts."""
 
 
 def read_header(path: Path) -> list[str]:

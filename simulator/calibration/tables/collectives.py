@@ -43,8 +43,9 @@ class CollectivesTable(TableKind):
             )
         return [table[table["setup"] == matching[0]]]
 
-    def fit(self, rows: list[Any], hardware: HardwareProfile, source: str) -> dict[str, Any]:
+    def fit(self, rows: list[Any], hardware: HardwareProfile, source: str, on_kernel) -> dict[str, Any]:
         table = pd.concat(rows, ignore_index=True)
+        on_kernel("collectives", len(table))
         setups = sorted(table["setup"].unique())
         if len(setups) != 1:
             raise InfersimError(f"collective tables of several setups ({', '.join(setups)}): calibrate one at a time")

@@ -127,8 +127,8 @@ class PerLayerTable(TableKind):
     def _dims_label(dims: LayerDims) -> str:
         return f"h{dims.hidden}-i{dims.intermediate}-a{dims.heads}-kv{dims.kv_heads}"
 
-    def fit(self, rows: list[KernelRow], hardware: HardwareProfile, source: str) -> dict:
-        return {"calibration": fit_kernels(rows, hardware, source)}
+    def fit(self, rows: list[KernelRow], hardware: HardwareProfile, source: str, on_kernel) -> dict:
+        return {"calibration": fit_kernels(rows, hardware, source, on_kernel=on_kernel)}
 
 
 # Models measured without a gated MLP in the public tables (the table has no column for it).
