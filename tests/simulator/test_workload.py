@@ -401,6 +401,25 @@ def test_bad_inputs_are_one_line_errors_naming_file_and_field(tmp_path, body, pa
     assert "\n" not in str(info.value)
 
 
+def test_model_and_profile_files_beside_the_workload_are_found_from_another_folder(tmp_path, monkeypatch):
+    """`hardware.profile: card.yaml` and `model: ckpt/config.json` next to the workload file work
+    from any folder; a file of that name in the current folder still wins, and names stay names."""
+    sub = tmp_path / "exp"
+    (sub / "ckpt").mkdir(parents=True)
+    (sub / "card.yaml").write_text("name: card\n")
+    (sub / "ckpt" / "config.json").write_text("{}")
+    body = "model: {model}\nhardware: {{profile: {profile}}}\nrequests:\n  count: 1\n  arrival: {{type: burst}}\n"
+    body += "  prompt_tokens: {{type: fixed, value: 3}}\n  output_tokens: {{type: fixed, value: 3}}\n"
+    (sub / "w.yaml").write_text(body.format(model="ckpt/config.json", profile="card.yaml:datasheet"))
+    (sub / "n.yaml").write_text(body.format(model="llama-3-8b", profile="h100-sxm"))
+    monkeypatch.chdir(tmp_path)
+    spec, _ = load_workload("exp/w.yaml")
+    assert (spec.model, spec.hardware.profile) == ("exp/ckpt/config.json", "exp/card.yaml:datasheet")
+    assert load_workload("exp/n.yaml")[0].hardware.profile == "h100-sxm"
+    (tmp_path / "card.yaml").write_text("name: mine\n")
+    assert load_workload("exp/w.yaml")[0].hardware.profile == "card.yaml:datasheet"
+
+
 def test_unknown_workload_name_lists_known_names():
     with pytest.raises(UnknownNameError, match=r"unknown workload 'no-such-workload'; known: .*chatbot"):
         load_workload("no-such-workload")
