@@ -85,7 +85,7 @@ def _print(res, space) -> None:
             )
         c.print(t)
     c.print(
-        f"{len(df)} configurations: {res.computed} simulated now, {res.cached} already done, "
+        f"{len(df)} configuration{'s' if len(df) != 1 else ''}: {res.computed} simulated now, {res.cached} already done, "
         f"{res.failed} failed; {res.backend}; {res.wall_s:.1f} s"
     )
     if res.failed:  # the reasons, not only their count: a misspelt parameter path fails every configuration
