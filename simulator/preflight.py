@@ -68,6 +68,11 @@ def check_workload(
         in_field(source, named(field), get, name)
     if spec.offload is not None:
         in_field(source, "offload.policy", OFFLOAD_POLICIES.get, spec.offload.policy)
+    if spec.speculation is not None:
+        for i, draft in enumerate(spec.speculation.drafts):
+            in_field(source, f"speculation.drafts.{i}.model", load_model, draft.model)
+        if spec.speculation.draft_hardware is not None:
+            in_field(source, "speculation.draft_hardware", load_hardware, spec.speculation.draft_hardware)
     check_seed(spec.seed, "seed", source)
     for field, name in (("serving.dtype", sv.dtype), ("serving.kv_dtype", sv.kv_dtype or sv.dtype)):
         hardware.require_dtype(normalize_dtype(name), f"{source}: field '{field}'")

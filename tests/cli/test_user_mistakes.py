@@ -218,3 +218,14 @@ def test_a_trace_too_large_for_memory_is_refused_before_it_is_read(tmp_path, mon
         "wl.yaml: field 'requests.trace': 200,000 requests would need about 0.371 GB of memory, more than "
         "the 0.3 GB available",
     )
+
+
+def test_draft_model_typo_names_the_file_and_field(tmp_path):
+    draft = {"model": "llama-69m", "acceptance": {"kind": "iid", "alpha": 0.8}}
+    spec = dict(TINY_WORKLOAD, speculation={"method": "draft", "drafts": [draft]})
+    wl = write_yaml(tmp_path / "spec.yaml", spec)
+    refused_untouched(
+        ["run", "-w", wl, "-o", tmp_path / "r"],
+        tmp_path,
+        "spec.yaml: field 'speculation.drafts.0.model': unknown model 'llama-69m' (did you mean 'llama-68m'?)",
+    )
