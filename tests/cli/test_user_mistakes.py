@@ -229,3 +229,22 @@ def test_draft_model_typo_names_the_file_and_field(tmp_path):
         tmp_path,
         "spec.yaml: field 'speculation.drafts.0.model': unknown model 'llama-69m' (did you mean 'llama-68m'?)",
     )
+
+
+@pytest.mark.parametrize(
+    "acceptance, needle",
+    [
+        (
+            {"kind": "iid", "alpha": 1.3},
+            "field 'speculation.drafts.0.acceptance.inline.alpha': Input should be less than",
+        ),
+        ({"table": "opt-13b"}, "field 'speculation.drafts.0.acceptance.table.draft': Field required"),
+        (0.8, "field 'speculation.drafts.0.acceptance': give {kind: iid|positional|empirical|mixture, ...} or a"),
+    ],
+)
+def test_acceptance_errors_speak_of_the_form_given(tmp_path, acceptance, needle):
+    """An inline model's error is its own, not mixed with a table entry's missing fields."""
+    draft = {"model": "llama-68m", "acceptance": acceptance}
+    wl = write_yaml(tmp_path / "spec.yaml", dict(TINY_WORKLOAD, speculation={"method": "draft", "drafts": [draft]}))
+    line = refused_untouched(["run", "-w", wl, "-o", tmp_path / "r"], tmp_path, needle)
+    assert line.count("field '") == 1, line
