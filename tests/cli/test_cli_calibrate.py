@@ -214,6 +214,22 @@ def test_collective_table_fits_the_collectives_section(tmp_path, capsys):
         assert seg.latency_us == pytest.approx(20.0, rel=1e-3) and seg.bandwidth_gbps == pytest.approx(100.0, rel=1e-3)
 
 
+def test_vidur_network_table_in_the_current_folder_takes_its_setup_from_device(tmp_path, capsys, monkeypatch):
+    """vidur's all_reduce.csv has no setup column (its folder names the setup): a copy in the
+    current folder takes the setup --device names, where it used to read an empty setup."""
+    rows = _collectives_table(tmp_path).read_text().splitlines()
+    vidur = ["collective,num_workers,size,devices_per_node,max_devices_per_node,time_stats.all_reduce.median"]
+    vidur += [",".join(r.split(",")[1:7]) for r in rows[1:]]
+    (tmp_path / "all_reduce.csv").write_text("\n".join(vidur) + "\n")
+    monkeypatch.chdir(tmp_path)
+    argv = ["calibrate", "all_reduce.csv", "--hardware", "a100-80gb-sxm", "--device", "my_nvlink", "--out", "tp.yaml"]
+    assert main(argv) == 0, capsys.readouterr().err
+    section = load_hardware("tp.yaml").collectives
+    assert section.setup == "my_nvlink" and section.all_reduce[-1].segments[-1].latency_us == pytest.approx(
+        20.0, rel=1e-3
+    )
+
+
 def test_writes_the_measured_gemm_table_beside_the_profile(tmp_path, capsys):
     rc, out = _calibrate(tmp_path, SAMPLE)
     assert rc == 0
