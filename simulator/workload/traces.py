@@ -162,7 +162,15 @@ def to_lengths(
 def to_seconds(values: np.ndarray, path, column: str, unit: str, first_row: int = 0) -> np.ndarray:
     """Times as float64 seconds (an arbitrary origin for datetimes)."""
     if unit != "datetime":
-        return _finite(values, path, column, first_row) * _UNIT_S[unit]
+        try:
+            return _finite(values, path, column, first_row) * _UNIT_S[unit]
+        except InfersimError as exc:
+            numbers = pd.to_numeric(pd.Series(values, dtype=object), errors="coerce").to_numpy(dtype=np.float64)
+            first_bad = values[~np.isfinite(numbers)][:1]
+            dates = pd.to_datetime(pd.Series(first_bad, dtype=object), format="ISO8601", errors="coerce")
+            if isinstance(first_bad[0], str) and dates.notna().all():  # a datetime: say how to read it
+                raise InfersimError(f"{exc}; the column holds datetimes: set time_unit: datetime") from None
+            raise
     t = pd.to_datetime(pd.Series(values, dtype=object), format="ISO8601", errors="coerce", utc=True)
     bad = t.isna().to_numpy()
     if bad.any():

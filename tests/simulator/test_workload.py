@@ -361,6 +361,11 @@ requests:
             r"neg\.csv: column 'p', row 2: negative value -4",
         ),
         (
+            "requests:\n  trace: {file: dt.csv, arrival_column: t, prompt_column: p, output_column: o}\n",
+            r"dt\.csv: column 't', row 1: not a number: '2023-11-16 18:17:04'; the column holds datetimes: "
+            r"set time_unit: datetime$",
+        ),
+        (
             "requests:\n  arrival: {type: poisson, rate: 1}\n  trace: {file: blank.csv, prompt_column: p, output_column: o}\n",
             r"blank\.csv: column 'o', row 2: an empty cell or NaN$",
         ),
@@ -394,6 +399,7 @@ def test_bad_inputs_are_one_line_errors_naming_file_and_field(tmp_path, body, pa
     (tmp_path / "bad.csv").write_text("p,o\n1,2\n3,4\n5,x\n")
     (tmp_path / "neg.csv").write_text("p,o\n1,2\n-4,4\n")
     (tmp_path / "blank.csv").write_text("p,o\n1,2\n3,\n")
+    (tmp_path / "dt.csv").write_text("t,p,o\n2023-11-16 18:17:04,1,2\n")
     (tmp_path / "inf.csv").write_text("p,o\ninf,2\n")
     w = write_workload(tmp_path, body)
     with pytest.raises(InfersimError, match=pattern) as info:
