@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from infersim.simulator.calibration.calibrate import CalibrateOptions, calibrate
+from infersim.simulator.calibration.calibrate import PROFILE_SUFFIXES, CalibrateOptions, calibrate
+from infersim.simulator.metrics.rundir import check_out_file
 
 from .commands import COMMANDS
 
@@ -63,6 +64,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_out_file(args.out, PROFILE_SUFFIXES, option="--out", force=args.force)  # as typed: `x.yaml/` is a folder
     opts = CalibrateOptions(
         tables=[Path(t) for t in args.tables],
         hardware=args.hardware,

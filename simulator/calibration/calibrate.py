@@ -25,6 +25,7 @@ from .tables import recognise
 
 SHAPES_SUFFIX = ".gemm-shapes.csv.gz"
 PLOT_SUFFIXES = (".png", ".svg")
+PROFILE_SUFFIXES = (".yaml", ".yml")
 
 # the comment above each section `sim calibrate` writes
 SECTION_HEADERS = {
@@ -147,7 +148,7 @@ def _fit_sections(kinds: list[tuple[Any, list]], base: HardwareProfile, source: 
 
 
 def calibrate(opts: CalibrateOptions) -> CalibrateResult:
-    _refuse_existing(opts.out, opts.force)
+    check_out_file(opts.out, PROFILE_SUFFIXES, option="--out", force=opts.force)
     if opts.plot is not None:  # everything that could stop the figure after the profile is written
         check_out_file(opts.plot, PLOT_SUFFIXES, option="--plot", force=opts.force)
     base = load_hardware(opts.hardware + ":datasheet" if ":" not in opts.hardware else opts.hardware)

@@ -41,7 +41,7 @@ def test_refuses_to_overwrite_without_force(tmp_path, capsys):
     out.write_text("mine\n")
     rc, _ = _calibrate(tmp_path, SAMPLE)
     assert rc == 2 and out.read_text() == "mine\n"
-    assert "refusing to overwrite" in capsys.readouterr().err
+    assert f"--out {out}: exists; name another file, or pass --force to replace it" in capsys.readouterr().err
     rc, _ = _calibrate(tmp_path, SAMPLE, "--force")
     assert rc == 0 and load_hardware(str(out)).calibration.gemm.rows == 112
 
@@ -241,6 +241,14 @@ def test_writes_the_measured_gemm_table_beside_the_profile(tmp_path, capsys):
     )
     assert shapes.rows == 4 * 28 and shapes.mape_pct < load_hardware(str(out)).calibration.gemm.mape_pct
     assert "gemm measured shapes: 112" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", ["out.txt", "out.yaml/"])
+def test_an_out_that_is_not_a_yaml_file_is_refused_before_reading(tmp_path, capsys, name):
+    out = f"{tmp_path}/{name}"
+    assert main(["calibrate", str(SAMPLE), "--hardware", "a100-80gb-sxm", "--out", out]) == 2
+    assert capsys.readouterr().err.startswith(f"sim calibrate: error: --out {out}: ")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_an_existing_table_is_not_overwritten_without_force(tmp_path, capsys):
