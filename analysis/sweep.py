@@ -39,6 +39,7 @@ import os
 import socket
 import time
 import uuid
+from collections import deque
 from concurrent.futures import FIRST_COMPLETED, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
@@ -704,34 +705,70 @@ def _run_optuna(ctx: _Ctx, be, params: list[Param], opt: OptunaSection, prog) ->
     target = opt.trials
     prog.start(max(target, ctx.cached), ctx.cached)
     next_index = max([r.get("index", -1) for r in ctx.records.values()], default=-1) + 1
-    pending: dict = {}
+    trials = _OrderedTrials(ctx, study, opt.objectives, prog)
+    workers = max(1, be.workers)
     attempts, max_attempts = 0, target * 20 + 100
     while True:
-        while (
-            len(pending) < max(1, be.workers) and len(ctx.records) + len(pending) < target and attempts < max_attempts
-        ):
+        while trials.started() < target and attempts < max_attempts:
+            if len(trials.inflight) >= workers:
+                trials.tell_oldest()
+                continue
             attempts += 1
             trial = study.ask(dists)
             pt = {k: codecs[k](v) for k, v in trial.params.items()}
             key, task = ctx.task(pt)
-            if key in ctx.records:  # the sampler proposed a configuration already measured
-                vals = _objective_values(ctx.records[key], opt.objectives)
-                study.tell(trial, vals) if vals is not None else study.tell(trial, state=TrialState.FAIL)
-                continue
-            if any(p[2] == key for p in pending.values()):
+            if trials.holds(key):
                 study.tell(trial, state=TrialState.PRUNED)
-                continue
-            pending[be.submit(fn, task)] = (trial, pt, key, task, next_index)
-            next_index += 1
-        if not pending:
+            elif key in ctx.records:  # the sampler proposed a configuration already measured
+                trials.tell(trial, ctx.records[key])
+            else:
+                trials.inflight.append((trial, pt, key, task, next_index, be.submit(fn, task)))
+                next_index += 1
+        if not trials.inflight:
             break
-        done, _ = wait(list(pending), return_when=FIRST_COMPLETED)
+        trials.tell_oldest()
+
+
+@dataclass
+class _OrderedTrials:
+    """Optuna trials in flight, told to the study in the order they were asked: each proposal
+    knows exactly the trials asked `workers` before it, whichever finished first, so a sweep
+    on several workers is as reproducible as one on one. Results are written as they finish."""
+
+    ctx: _Ctx
+    study: Any
+    objectives: list
+    prog: Any
+    inflight: deque = field(default_factory=deque)  # (trial, params, key, task, index, future)
+    results: dict = field(default_factory=dict)  # future -> its record, once finished
+
+    def started(self) -> int:
+        """Configurations simulated or in flight (a finished one awaiting its turn counts once)."""
+        return len(self.ctx.records) - len(self.results) + len(self.inflight)
+
+    def holds(self, key: str) -> bool:
+        return any(t[2] == key for t in self.inflight)
+
+    def tell(self, trial, rec: dict) -> None:
+        from optuna.trial import TrialState
+
+        vals = _objective_values(rec, self.objectives)
+        self.study.tell(trial, vals) if vals is not None else self.study.tell(trial, state=TrialState.FAIL)
+
+    def tell_oldest(self) -> None:
+        trial, fut = self.inflight[0][0], self.inflight[0][5]
+        while fut not in self.results:
+            self._collect()
+        self.inflight.popleft()
+        self.tell(trial, self.results.pop(fut))
+
+    def _collect(self) -> None:
+        running = {t[5]: t for t in self.inflight if t[5] not in self.results}
+        done, _ = wait(list(running), return_when=FIRST_COMPLETED)
         for fut in done:
-            trial, pt, key, task, idx = pending.pop(fut)
-            rec = ctx.finish(key, idx, pt, task, _future_result(fut))
-            vals = _objective_values(rec, opt.objectives)
-            study.tell(trial, vals) if vals is not None else study.tell(trial, state=TrialState.FAIL)
-            prog.advance(rec)
+            _, pt, key, task, idx, _ = running[fut]
+            self.results[fut] = rec = self.ctx.finish(key, idx, pt, task, _future_result(fut))
+            self.prog.advance(rec)
 
 
 def _contains(dist, value) -> bool:

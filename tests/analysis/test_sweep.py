@@ -363,6 +363,21 @@ def test_the_same_sweep_twice_gives_byte_identical_tables(workload, tmp_path):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
 
 
+def test_an_optuna_sweep_on_two_workers_is_reproducible(workload, tmp_path):
+    """Trials are told in the order they were asked, whichever finished first: past TPE's 10
+    random start-up trials, two runs on two workers propose the same configurations."""
+    pytest.importorskip("optuna")
+    space = _space(
+        method="optuna",
+        parameters={"serving.max_batch_size": {"low": 4, "high": 64}, "serving.preemption": ["recompute", "swap"]},
+        optuna={"trials": 14, "seed": 3},
+    )
+    for folder in ("a", "b"):
+        run_sweep(workload, space, tmp_path / folder, run=BackendOptions(workers=2), options=SweepOptions(plots=False))
+    assert (tmp_path / "a" / "results.csv").read_bytes() == (tmp_path / "b" / "results.csv").read_bytes()
+    assert len(load_results(tmp_path / "a")) == 14
+
+
 def test_a_sweep_whose_every_configuration_failed_exits_3(workload, tmp_path, capsys):
     space = _space_file(tmp_path, "parameters:\n  serving.shceduler: [fcfs, fairness]\n")
     argv = ["sweep", "-w", workload, "-s", str(space), "-o", str(tmp_path / "s"), "--workers", "1"]
