@@ -6,8 +6,8 @@ import pytest
 import simpy
 
 from infersim.simulator.costmodel import BatchShape
-from infersim.simulator.errors import InfersimError
 from infersim.simulator.engine.replica import Replica
+from infersim.simulator.errors import InfersimError
 from infersim.simulator.metrics.summary import summarize
 from infersim.simulator.simulation import Simulation
 from infersim.simulator.speculative.device import SharedDevice
