@@ -56,7 +56,7 @@ from infersim.simulator.metrics.rundir import claim_dir
 from infersim.simulator.metrics.summary import CORE_METRICS, FEATURE_SECTIONS
 from infersim.simulator.preflight import traced_requests
 from infersim.simulator.progress import ProgressBar
-from infersim.simulator.validation import STRICT_CONFIG, check_memory, expected_requests, simulation_bytes
+from infersim.simulator.validation import STRICT_CONFIG, check_memory, expected_requests, in_field, simulation_bytes
 from infersim.simulator.workload.builder import load_workload
 from infersim.simulator.workload.schema import WorkloadSpec
 from infersim.simulator.yamlio import atomic_path, load_model_file, validate, write_atomic
@@ -69,29 +69,45 @@ from .sweep_backends import BackendOptions
 
 
 def set_dotted(d: dict, path: str, value: Any) -> None:
-    """Set `a.b.c` in nested dicts, creating (or replacing a null with) a dict on the way. A
-    null value under a section that is absent or null leaves it so: `speculation.s: null`
-    means "no speculation", not an empty speculation section."""
+    """Set `a.b.c` in nested dicts, creating (or replacing a null with) a dict on the way; a
+    number steps into a list (`speculation.drafts.0.acceptance.alpha`). A null value under a
+    section that is absent or null leaves it so: `speculation.s: null` means "no speculation",
+    not an empty speculation section."""
     parts = path.split(".")
     if not all(parts):
         raise InfersimError(f"bad parameter path '{path}'")
     cur = d
     for p in parts[:-1]:
+        if isinstance(cur, list):
+            cur = cur[_list_index(cur, p, path)]
+            continue
         nxt = cur.get(p)
-        if not isinstance(nxt, dict):
+        if not isinstance(nxt, (dict, list)):
             if value is None:
                 return
             nxt = cur[p] = {}
         cur = nxt
-    cur[parts[-1]] = value
+    if isinstance(cur, list):
+        cur[_list_index(cur, parts[-1], path)] = value
+    else:
+        cur[parts[-1]] = value
+
+
+def _list_index(items: list, part: str, path: str) -> int:
+    if not part.isdigit() or int(part) >= len(items):
+        raise InfersimError(f"'{part}' is not an index of the {len(items)} items at this point of '{path}' (0-based)")
+    return int(part)
 
 
 def get_dotted(d: dict, path: str, default: Any = None) -> Any:
     cur: Any = d
     for p in path.split("."):
-        if not isinstance(cur, dict) or p not in cur:
+        if isinstance(cur, list) and p.isdigit() and int(p) < len(cur):
+            cur = cur[int(p)]
+        elif isinstance(cur, dict) and p in cur:
+            cur = cur[p]
+        else:
             return default
-        cur = cur[p]
     return cur
 
 
@@ -360,6 +376,8 @@ def check_space(space: SweepSpace, spec, source: str, run: BackendOptions, base_
     in `base_dir` counted). Returns the parameters. (A configuration the workload schema rejects
     is a result: it is recorded as failed and the sweep goes on.)"""
     check_metrics(space, source)
+    for path in space.parameters:  # a list index out of range, before anything is written
+        in_field(source, f"parameters.{path}", resolve_config, spec.model_dump(mode="json"), {path: 0})
     n = space_size(space, source)
     parallel = run.workers or os.cpu_count() or 1
     requests = max(expected_requests(spec), traced_requests(spec, base_dir) or 0)

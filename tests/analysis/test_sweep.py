@@ -65,6 +65,12 @@ def test_dotted_paths():
     assert d == {"serving": {"preemption": "swap"}, "speculation": {"s": 4}, "a": {"b": {"c": 1}}}
     base = {"x": {"y": 1}}
     assert resolve_config(base, {"x.y": 2}) == {"x": {"y": 2}} and base == {"x": {"y": 1}}
+    # a number steps into a list: one draft's acceptance among several
+    drafts = {"speculation": {"drafts": [{"acceptance": {"alpha": 0.8}}, {"acceptance": {"alpha": 0.6}}]}}
+    swept = resolve_config(drafts, {"speculation.drafts.1.acceptance.alpha": 0.5})
+    assert [x["acceptance"]["alpha"] for x in swept["speculation"]["drafts"]] == [0.8, 0.5]
+    with pytest.raises(InfersimError, match="'2' is not an index of the 2 items"):
+        set_dotted(drafts, "speculation.drafts.2.acceptance.alpha", 0.5)
     assert config_key({"a": 1, "b": 2}) == config_key({"b": 2, "a": 1}) != config_key({"a": 1, "b": 3})
 
 
@@ -376,6 +382,19 @@ def test_an_optuna_sweep_on_two_workers_is_reproducible(workload, tmp_path):
         run_sweep(workload, space, tmp_path / folder, run=BackendOptions(workers=2), options=SweepOptions(plots=False))
     assert (tmp_path / "a" / "results.csv").read_bytes() == (tmp_path / "b" / "results.csv").read_bytes()
     assert len(load_results(tmp_path / "a")) == 14
+
+
+def test_a_list_index_out_of_range_is_refused_before_anything_is_written(tmp_path, capsys):
+    draft = str(Path(__file__).resolve().parents[2] / "examples/speculative/draft.yaml")  # one draft
+    space = _space_file(tmp_path, "parameters:\n  speculation.drafts.1.acceptance.alpha: [0.6, 0.8]\n")
+    out = tmp_path / "s"
+    assert main(["sweep", "-w", draft, "-s", str(space), "-o", str(out), "--workers", "1", "-q"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(
+        f"{space}: field 'parameters.speculation.drafts.1.acceptance.alpha': '1' is not an index of the 1 items "
+        "at this point of 'speculation.drafts.1.acceptance.alpha' (0-based)"
+    )
+    assert not out.exists()
 
 
 def test_a_sweep_whose_every_configuration_failed_exits_3(workload, tmp_path, capsys):
