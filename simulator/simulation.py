@@ -61,7 +61,7 @@ class Simulation:
         source: str = "workload",
     ):
         self.spec, self.requests, self.step_mode, self.progress = spec, requests, step_mode, progress
-        self.source = source  # the workload file (or flag) errors found while building name
+        self.source = source  # the workload file, named by errors found while building
         # token identity for prefix caching: keys of each request's full blocks
         self._prefix = requests.prefix if spec.serving.prefix_caching else None
         sv = spec.serving

@@ -125,7 +125,7 @@ def _fit_sections(kinds: list[tuple[Any, list]], base: HardwareProfile, source: 
     kind being fitted (a large table's GEMM fit takes half a minute)."""
     sections: dict[str, Any] = {}
     table = None
-    fits = sum(len({getattr(r, "kernel", "collectives") for r in rows}) for _, rows in kinds)
+    fits = sum(len({r.kernel if isinstance(r, KernelRow) else "collectives" for r in rows}) for _, rows in kinds)
     quiet = not sys.stdout.isatty()  # piped or captured: the summary lines alone
     with ProgressBar(
         "sim calibrate", quiet=quiet, total=fits, fields="{task.fields[note]}", transient=True, note=""
@@ -167,7 +167,7 @@ def calibrate(opts: CalibrateOptions) -> CalibrateResult:
         raise InfersimError(f"--plot {opts.plot}: the tables hold no kernel rows to plot (collectives only)")
     sections, table = _fit_sections(list(kinds.values()), base, source, opts)
     text = base_path.read_text()
-    name, base_name = opts.name or opts.out.name.removesuffix(opts.out.suffix), base.name.split(":")[0]
+    name, base_name = opts.name or opts.out.stem, base.name.split(":")[0]
     if name != base_name:
         header = f"# {name}: kernel times fitted by `sim calibrate` on {base_name}'s peaks, memory and links.\n"
         text = renamed(text, name, header)
