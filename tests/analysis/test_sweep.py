@@ -397,6 +397,24 @@ def test_a_list_index_out_of_range_is_refused_before_anything_is_written(tmp_pat
     assert not out.exists()
 
 
+def test_a_trace_too_large_for_memory_is_refused_before_the_sweep_starts(tmp_path, capsys, monkeypatch):
+    """The trace's 200,000 rows are counted: 256 MiB + 200,000 x 512 B + 2 configurations x 4 KB
+    = 0.371 GB on one worker, more than the 0.3 GB this test makes available."""
+    monkeypatch.setattr("infersim.simulator.validation.available_memory_bytes", lambda: 300_000_000)
+    (tmp_path / "big.csv").write_text("ts,p,o\n" + "0,5,6\n" * 200_000)
+    wl = tmp_path / "wl.yaml"
+    wl.write_text(
+        "model: llama-2-7b\nhardware: {profile: a100-80gb-pcie}\nrequests:\n"
+        "  trace: {file: big.csv, arrival_column: ts, prompt_column: p, output_column: o}\n"
+    )
+    space = _space_file(tmp_path, "parameters:\n  serving.preemption: [recompute, swap]\n")
+    out = tmp_path / "s"
+    assert main(["sweep", "-w", str(wl), "-s", str(space), "-o", str(out), "--workers", "1", "-q"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"{space}: field 'parameters': 2 configurations would need about 0.371 GB of memory" in err
+    assert not out.exists()
+
+
 def test_a_sweep_whose_every_configuration_failed_exits_3(workload, tmp_path, capsys):
     space = _space_file(tmp_path, "parameters:\n  serving.shceduler: [fcfs, fairness]\n")
     argv = ["sweep", "-w", workload, "-s", str(space), "-o", str(tmp_path / "s"), "--workers", "1"]
