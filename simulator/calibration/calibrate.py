@@ -178,7 +178,7 @@ def calibrate(opts: CalibrateOptions) -> CalibrateResult:
         text, carried = _carried_shapes(text, base_path, opts.out)
     profile = validate(HardwareProfile, yaml.safe_load(text), str(opts.out))
     if "calibration" in sections:
-        check_fit(kernel_rows, profile)
+        check_fit(kernel_rows, profile, base_name)
     if table is not None or carried is not None:  # first: a profile never names a table that is not there
         _refuse_existing(shapes_path(opts.out), opts.force)
         if table is not None:

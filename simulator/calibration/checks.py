@@ -50,9 +50,10 @@ def check_repeats(rows: list[KernelRow]) -> None:
             )
 
 
-def check_fit(rows: list[KernelRow], profile: HardwareProfile) -> None:
-    """Refuse when a row is more than FIT_RATIO off the time model fitted to the rows: the
-    worst row is named (mixed units, or rows from another device)."""
+def check_fit(rows: list[KernelRow], profile: HardwareProfile, base: str) -> None:
+    """Refuse when a row is more than FIT_RATIO off the time model fitted to the rows (on the
+    peaks of the profile named `base`): the worst row is named (mixed units, or rows from
+    another device)."""
     if profile.calibration is None or not rows:
         return
     predicted = predict_rows(profile.calibration, rows, profile)
@@ -65,6 +66,6 @@ def check_fit(rows: list[KernelRow], profile: HardwareProfile) -> None:
         side = f"{ratio:.3g}x slower" if ratio > 1 else f"{1 / ratio:.3g}x faster"
         raise InfersimError(
             f"{r.where}: {r.time_s * 1e3:.4g} ms is {side} than the {r.kernel} time model fitted to the "
-            f"table ({predicted[worst] * 1e3:.4g} ms on {profile.name}'s peaks); rows in another unit "
+            f"table ({predicted[worst] * 1e3:.4g} ms on {base}'s peaks); rows in another unit "
             f"(us, s) or from another device?"
         )
