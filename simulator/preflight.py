@@ -101,6 +101,8 @@ def check_workload(
         )
     n = expected_requests(spec)
     field = "requests.count" if spec.requests.count is not None and n >= spec.requests.count else "requests.duration_s"
+    count_by = f" (set by {flags['requests.count']})" if "requests.count" in (flags or {}) else ""
+    _check_count_within_trace(spec, base_dir, f"{source}: field 'requests.count'{count_by}")
     rows = traced_requests(spec, base_dir)
     if rows is not None and rows > n:
         n, field = rows, "requests.trace"
@@ -114,6 +116,19 @@ def check_workload(
         what or f"{source}: field '{field}'{by}: {n:,.0f} requests{on}{runs}",
         allow_large,
     )
+
+
+def _check_count_within_trace(spec, base_dir: Path | None, where: str) -> None:
+    """A count (-n) larger than the trace it replays is refused naming the count (and its flag)."""
+    r = spec.requests
+    if r.trace is None or r.count is None or base_dir is None:
+        return
+    rows = trace_rows(r.trace, Path(base_dir) / r.trace.file)
+    if rows is not None and r.count > rows:
+        raise InfersimError(
+            f"{where}: {r.count:,} requests, more than the {rows:,} rows of {r.trace.file} after start_row "
+            f"{r.trace.start_row}"
+        )
 
 
 def traced_requests(spec, base_dir: Path | None) -> int | None:

@@ -248,3 +248,15 @@ def test_acceptance_errors_speak_of_the_form_given(tmp_path, acceptance, needle)
     wl = write_yaml(tmp_path / "spec.yaml", dict(TINY_WORKLOAD, speculation={"method": "draft", "drafts": [draft]}))
     line = refused_untouched(["run", "-w", wl, "-o", tmp_path / "r"], tmp_path, needle)
     assert line.count("field '") == 1, line
+
+
+def test_requests_beyond_a_traces_rows_name_the_flag(tmp_path):
+    (tmp_path / "t.csv").write_text("ts,p,o\n" + "0,5,6\n" * 30)
+    requests = {"trace": {"file": "t.csv", "arrival_column": "ts", "prompt_column": "p", "output_column": "o"}}
+    wl = write_yaml(tmp_path / "wl.yaml", dict(TINY_WORKLOAD, requests=requests))
+    refused_untouched(
+        ["run", "-w", wl, "-n", "50", "-o", tmp_path / "r"],
+        tmp_path,
+        "wl.yaml: field 'requests.count' (set by --requests): 50 requests, more than the 30 rows of t.csv after "
+        "start_row 0",
+    )
