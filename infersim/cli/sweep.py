@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -78,7 +79,7 @@ def _print(res, space) -> None:
         front = df[pareto_mask(df[[tp, lat]].astype(float).to_numpy(), [True, False])].sort_values(lat)
         t = Table(title=f"Pareto front: {tp} (up) against {lat} (down)")
         for col in params + [tp, lat]:
-            t.add_column(col.split(".")[-1] if col in params else col, justify="right")
+            t.add_column(_heading(col, params), justify="right")
         for _, row in front.head(15).iterrows():
             t.add_row(
                 *[f"{row[col]:.4g}" if isinstance(row[col], float) else str(row[col]) for col in params + [tp, lat]]
@@ -95,3 +96,16 @@ def _print(res, space) -> None:
     c.print(
         f"table: {res.sweep_dir / 'results.parquet'} (and results.csv, pareto.csv, sensitivity.csv, report.md, plots/)"
     )
+
+
+def _heading(column: str, params: list[str]) -> str:
+    """A parameter's last path part (`max_batch_size`); where other parameters end the same way
+    (two drafts' `alpha`), its path past the part they all share (`0.acceptance.alpha`)."""
+    if column not in params:
+        return column
+    last = column.split(".")[-1]
+    alike = [p.split(".") for p in params if p.split(".")[-1] == last]
+    if len(alike) == 1:
+        return last
+    shared = len(os.path.commonprefix(alike))
+    return ".".join(column.split(".")[shared:])

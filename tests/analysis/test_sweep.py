@@ -427,6 +427,18 @@ def test_a_sweep_whose_every_configuration_failed_exits_3(workload, tmp_path, ca
     assert main(argv) == 3 and "failed (2): configuration: field 'serving.shceduler'" in capsys.readouterr().out
 
 
+def test_pareto_table_headings_tell_parameters_apart():
+    from infersim.cli.sweep import _heading
+
+    params = [
+        "serving.max_batch_size",
+        "speculation.drafts.0.acceptance.alpha",
+        "speculation.drafts.1.acceptance.alpha",
+    ]
+    assert [_heading(p, params) for p in params] == ["max_batch_size", "0.acceptance.alpha", "1.acceptance.alpha"]
+    assert _heading("e2e_s.p99", params) == "e2e_s.p99"  # a metric keeps its name
+
+
 def test_cli_sweep(workload, tmp_path, capsys):
     space_path = _space_file(tmp_path, "parameters:\n  serving.preemption: [recompute, swap]\n")
     out = tmp_path / "c"
