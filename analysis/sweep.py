@@ -30,6 +30,7 @@ The space file:
 from __future__ import annotations
 
 import copy
+import difflib
 import hashlib
 import itertools
 import json
@@ -38,21 +39,24 @@ import os
 import socket
 import time
 import uuid
+from collections import deque
 from concurrent.futures import FIRST_COMPLETED, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal, Optional, Union
+from typing import Annotated, Any, Callable, Literal, Optional, Union
 
 import numpy as np
 import pandas as pd
-from pydantic import BaseModel, Field, PositiveInt, ValidationError, field_validator
+from pydantic import BaseModel, Discriminator, Field, PositiveInt, Tag, ValidationError, field_validator
 
 from infersim.simulator.errors import InfersimError, pydantic_error_line
 from infersim.simulator.metrics.plots import REPRODUCIBLE_PNG, finish_figure, pyplot
 from infersim.simulator.metrics.rundir import claim_dir
+from infersim.simulator.metrics.summary import CORE_METRICS, FEATURE_SECTIONS
+from infersim.simulator.preflight import traced_requests
 from infersim.simulator.progress import ProgressBar
-from infersim.simulator.validation import STRICT_CONFIG, check_memory, expected_requests, simulation_bytes
+from infersim.simulator.validation import STRICT_CONFIG, check_memory, expected_requests, in_field, simulation_bytes
 from infersim.simulator.workload.builder import load_workload
 from infersim.simulator.workload.schema import WorkloadSpec
 from infersim.simulator.yamlio import atomic_path, load_model_file, validate, write_atomic
@@ -65,29 +69,45 @@ from .sweep_backends import BackendOptions
 
 
 def set_dotted(d: dict, path: str, value: Any) -> None:
-    """Set `a.b.c` in nested dicts, creating (or replacing a null with) a dict on the way. A
-    null value under a section that is absent or null leaves it so: `speculation.s: null`
-    means "no speculation", not an empty speculation section."""
+    """Set `a.b.c` in nested dicts, creating (or replacing a null with) a dict on the way; a
+    number steps into a list (`speculation.drafts.0.acceptance.alpha`). A null value under a
+    section that is absent or null leaves it so: `speculation.s: null` means "no speculation",
+    not an empty speculation section."""
     parts = path.split(".")
     if not all(parts):
         raise InfersimError(f"bad parameter path '{path}'")
     cur = d
     for p in parts[:-1]:
+        if isinstance(cur, list):
+            cur = cur[_list_index(cur, p, path)]
+            continue
         nxt = cur.get(p)
-        if not isinstance(nxt, dict):
+        if not isinstance(nxt, (dict, list)):
             if value is None:
                 return
             nxt = cur[p] = {}
         cur = nxt
-    cur[parts[-1]] = value
+    if isinstance(cur, list):
+        cur[_list_index(cur, parts[-1], path)] = value
+    else:
+        cur[parts[-1]] = value
+
+
+def _list_index(items: list, part: str, path: str) -> int:
+    if not part.isdigit() or int(part) >= len(items):
+        raise InfersimError(f"'{part}' is not an index of the {len(items)} items at this point of '{path}' (0-based)")
+    return int(part)
 
 
 def get_dotted(d: dict, path: str, default: Any = None) -> Any:
     cur: Any = d
     for p in path.split("."):
-        if not isinstance(cur, dict) or p not in cur:
+        if isinstance(cur, list) and p.isdigit() and int(p) < len(cur):
+            cur = cur[int(p)]
+        elif isinstance(cur, dict) and p in cur:
+            cur = cur[p]
+        else:
             return default
-        cur = cur[p]
     return cur
 
 
@@ -190,6 +210,27 @@ class RangeParam(_Strict):
         return v
 
 
+def _param_kind(v: Any) -> str | None:
+    """Which form a parameter is written in, so an error speaks of that form alone."""
+    if isinstance(v, (list, ValuesParam, RangeParam)):
+        return {list: "list", ValuesParam: "values", RangeParam: "range"}[type(v)]
+    if isinstance(v, dict):
+        return "values" if "values" in v else "range"
+    return None
+
+
+ParamSpec = Annotated[
+    Union[
+        Annotated[ValuesParam, Tag("values")], Annotated[RangeParam, Tag("range")], Annotated[list[Any], Tag("list")]
+    ],
+    Discriminator(
+        _param_kind,
+        custom_error_type="parameter_form",
+        custom_error_message="give a list of values, {values: [...]}, or a range {low, high} (with num or step)",
+    ),
+]
+
+
 class Objective(_Strict):
     metric: str
     direction: Literal["maximize", "minimize"]
@@ -218,7 +259,7 @@ class SweepSpace(_Strict):
     name: Optional[str] = None
     description: str = ""
     method: Literal["grid", "optuna"] = "grid"
-    parameters: dict[str, Union[ValuesParam, RangeParam, list[Any]]] = Field(min_length=1)
+    parameters: dict[str, ParamSpec] = Field(min_length=1)
     fixed: dict[str, Any] = Field(default_factory=dict)
     optuna: OptunaSection = OptunaSection()
     pareto: ParetoSection = ParetoSection()
@@ -329,18 +370,37 @@ def space_size(space: SweepSpace, source: str) -> int:
     return total
 
 
-def check_space(space: SweepSpace, spec, source: str, workers: int | None, allow_large: bool) -> list[Param]:
+def check_space(space: SweepSpace, spec, source: str, run: BackendOptions, base_dir: Path) -> list[Param]:
     """Refuse, before anything is written, a space that cannot run: a grid over a continuous
-    range, or more configurations than memory holds. Returns the parameters. (A configuration
-    the workload schema rejects is a result: it is recorded as failed and the sweep goes on.)"""
+    range, an unknown metric, or more configurations than memory holds (the requests of a trace
+    in `base_dir` counted). Returns the parameters. (A configuration the workload schema rejects
+    is a result: it is recorded as failed and the sweep goes on.)"""
+    check_metrics(space, source)
+    for path in space.parameters:  # a list index out of range, before anything is written
+        in_field(source, f"parameters.{path}", resolve_config, spec.model_dump(mode="json"), {path: 0})
     n = space_size(space, source)
-    parallel = workers or os.cpu_count() or 1
+    parallel = run.workers or os.cpu_count() or 1
+    requests = max(expected_requests(spec), traced_requests(spec, base_dir) or 0)
     check_memory(
-        n * BYTES_PER_CONFIGURATION + simulation_bytes(expected_requests(spec), parallel),
+        n * BYTES_PER_CONFIGURATION + simulation_bytes(requests, parallel),
         f"{source}: field '{'optuna.trials' if space.method == 'optuna' else 'parameters'}': " f"{n:,} configurations",
-        allow_large,
+        run.allow_large,
     )
     return build_params(space)
+
+
+def check_metrics(space: SweepSpace, source: str) -> None:
+    """Refuse an Optuna objective or a Pareto axis that names no metric of a run summary (a
+    name in a section a feature adds, `speculation.*`, is checked when its first run ends)."""
+    named = [(f"pareto.{axis}", getattr(space.pareto, axis)) for axis in ("throughput", "latency")]
+    if space.method == "optuna":
+        named += [(f"optuna.objectives.{i}.metric", o.metric) for i, o in enumerate(space.optuna.objectives)]
+    for field_name, metric in named:
+        if metric in CORE_METRICS or metric.split(".")[0] in FEATURE_SECTIONS:
+            continue
+        close = difflib.get_close_matches(metric, sorted(CORE_METRICS), n=1)
+        hint = f"did you mean '{close[0]}'?" if close else f"known: {', '.join(sorted(CORE_METRICS))}"
+        raise InfersimError(f"{source}: field '{field_name}': unknown metric '{metric}'; {hint}")
 
 
 def load_space(path: str | Path) -> SweepSpace:
@@ -439,7 +499,7 @@ def run_sweep(
     spec, wl_path = load_workload(workload)
     base = resolve_config(spec.model_dump(mode="json"), space.fixed)
     base_spec = validate(WorkloadSpec, base, f"{wl_path} with the space's 'fixed' overrides")
-    params = check_space(space, base_spec, source, run.workers, run.allow_large)  # before anything is written
+    params = check_space(space, base_spec, source, run, wl_path.parent)  # before anything is written
     name = space.name or spec.name
     sweep_dir = Path(out) if out is not None else Path("sweeps") / name
     claim_dir(sweep_dir, command="sweep", force=options.force)
@@ -663,34 +723,70 @@ def _run_optuna(ctx: _Ctx, be, params: list[Param], opt: OptunaSection, prog) ->
     target = opt.trials
     prog.start(max(target, ctx.cached), ctx.cached)
     next_index = max([r.get("index", -1) for r in ctx.records.values()], default=-1) + 1
-    pending: dict = {}
+    trials = _OrderedTrials(ctx, study, opt.objectives, prog)
+    workers = max(1, be.workers)
     attempts, max_attempts = 0, target * 20 + 100
     while True:
-        while (
-            len(pending) < max(1, be.workers) and len(ctx.records) + len(pending) < target and attempts < max_attempts
-        ):
+        while trials.started() < target and attempts < max_attempts:
+            if len(trials.inflight) >= workers:
+                trials.tell_oldest()
+                continue
             attempts += 1
             trial = study.ask(dists)
             pt = {k: codecs[k](v) for k, v in trial.params.items()}
             key, task = ctx.task(pt)
-            if key in ctx.records:  # the sampler proposed a configuration already measured
-                vals = _objective_values(ctx.records[key], opt.objectives)
-                study.tell(trial, vals) if vals is not None else study.tell(trial, state=TrialState.FAIL)
-                continue
-            if any(p[2] == key for p in pending.values()):
+            if trials.holds(key):
                 study.tell(trial, state=TrialState.PRUNED)
-                continue
-            pending[be.submit(fn, task)] = (trial, pt, key, task, next_index)
-            next_index += 1
-        if not pending:
+            elif key in ctx.records:  # the sampler proposed a configuration already measured
+                trials.tell(trial, ctx.records[key])
+            else:
+                trials.inflight.append((trial, pt, key, task, next_index, be.submit(fn, task)))
+                next_index += 1
+        if not trials.inflight:
             break
-        done, _ = wait(list(pending), return_when=FIRST_COMPLETED)
+        trials.tell_oldest()
+
+
+@dataclass
+class _OrderedTrials:
+    """Optuna trials in flight, told to the study in the order they were asked: each proposal
+    knows exactly the trials asked `workers` before it, whichever finished first, so a sweep
+    on several workers is as reproducible as one on one. Results are written as they finish."""
+
+    ctx: _Ctx
+    study: Any
+    objectives: list
+    prog: Any
+    inflight: deque = field(default_factory=deque)  # (trial, params, key, task, index, future)
+    results: dict = field(default_factory=dict)  # future -> its record, once finished
+
+    def started(self) -> int:
+        """Configurations simulated or in flight (a finished one awaiting its turn counts once)."""
+        return len(self.ctx.records) - len(self.results) + len(self.inflight)
+
+    def holds(self, key: str) -> bool:
+        return any(t[2] == key for t in self.inflight)
+
+    def tell(self, trial, rec: dict) -> None:
+        from optuna.trial import TrialState
+
+        vals = _objective_values(rec, self.objectives)
+        self.study.tell(trial, vals) if vals is not None else self.study.tell(trial, state=TrialState.FAIL)
+
+    def tell_oldest(self) -> None:
+        trial, fut = self.inflight[0][0], self.inflight[0][5]
+        while fut not in self.results:
+            self._collect()
+        self.inflight.popleft()
+        self.tell(trial, self.results.pop(fut))
+
+    def _collect(self) -> None:
+        running = {t[5]: t for t in self.inflight if t[5] not in self.results}
+        done, _ = wait(list(running), return_when=FIRST_COMPLETED)
         for fut in done:
-            trial, pt, key, task, idx = pending.pop(fut)
-            rec = ctx.finish(key, idx, pt, task, _future_result(fut))
-            vals = _objective_values(rec, opt.objectives)
-            study.tell(trial, vals) if vals is not None else study.tell(trial, state=TrialState.FAIL)
-            prog.advance(rec)
+            _, pt, key, task, idx, _ = running[fut]
+            self.results[fut] = rec = self.ctx.finish(key, idx, pt, task, _future_result(fut))
+            self.prog.advance(rec)
 
 
 def _contains(dist, value) -> bool:
@@ -706,7 +802,9 @@ def _contains(dist, value) -> bool:
 
 def build_table(sweep_dir: Path, params: list[Param] | None = None):
     """One row per configuration, rebuilt from the result files: key, index, status, error,
-    one column per parameter (its dotted path), every metric (flattened summary names), wall_s."""
+    one column per parameter (its dotted path), every metric (flattened summary names). Where
+    and how long each ran stays in its result file, so the same sweep gives the same table
+    byte for byte."""
     records = sorted(load_results(sweep_dir).values(), key=lambda r: (r.get("index", 0), r["key"]))
     param_names = (
         [p.path for p in params] if params else list(dict.fromkeys(k for r in records for k in r.get("params", {})))
@@ -719,10 +817,8 @@ def build_table(sweep_dir: Path, params: list[Param] | None = None):
         for k, v in (r.get("metrics") or {}).items():
             if k not in row:
                 row[k] = v
-        row["wall_s"] = r.get("wall_s")
-        row["worker"] = r.get("worker", "")
         rows.append(row)
-    df = pd.DataFrame(rows, columns=None if rows else ["key", "index", "status", "error", *param_names, "wall_s"])
+    df = pd.DataFrame(rows, columns=None if rows else ["key", "index", "status", "error", *param_names])
     for col in param_names:
         df[col] = _uniform_column(df[col])
     return df

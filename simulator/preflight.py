@@ -5,6 +5,8 @@ them (validation.py is the leaf every schema uses)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from .costmodel import workload_cost_model
 from .costmodel.moe import check_expert_parallel
 from .disaggregation.deployment import check_disaggregated
@@ -26,6 +28,7 @@ from .validation import (
     simulation_bytes,
 )
 from .workload.schema import WorkloadSpec
+from .workload.traces import trace_rows
 from .yamlio import validate
 
 
@@ -37,12 +40,14 @@ def check_workload(
     parallel: int = 1,
     what: str = "",
     flags: dict[str, str] | None = None,
+    base_dir: Path | None = None,
 ) -> None:
     """Everything a resolved workload must satisfy before it is simulated or executed, beyond
     its schema: the names it gives exist (model, hardware profile, dtypes, policies, router,
     cost model), the seed is in range, tensor parallelism splits the model, and the requests
     fit in memory. `parallel` simulations of it run at once; `flags` maps a field to the
-    command-line flag that set it, for the message."""
+    command-line flag that set it, for the message; `base_dir` (the workload file's folder)
+    finds a trace, whose rows are counted before it is read."""
     hw, sv = spec.hardware, spec.serving
 
     def named(field: str) -> str:  # a value a flag set is named by the flag
@@ -63,6 +68,11 @@ def check_workload(
         in_field(source, named(field), get, name)
     if spec.offload is not None:
         in_field(source, "offload.policy", OFFLOAD_POLICIES.get, spec.offload.policy)
+    if spec.speculation is not None:
+        for i, draft in enumerate(spec.speculation.drafts):
+            in_field(source, f"speculation.drafts.{i}.model", load_model, draft.model)
+        if spec.speculation.draft_hardware is not None:
+            in_field(source, "speculation.draft_hardware", load_hardware, spec.speculation.draft_hardware)
     check_seed(spec.seed, "seed", source)
     for field, name in (("serving.dtype", sv.dtype), ("serving.kv_dtype", sv.kv_dtype or sv.dtype)):
         hardware.require_dtype(normalize_dtype(name), f"{source}: field '{field}'")
@@ -91,6 +101,11 @@ def check_workload(
         )
     n = expected_requests(spec)
     field = "requests.count" if spec.requests.count is not None and n >= spec.requests.count else "requests.duration_s"
+    count_by = f" (set by {flags['requests.count']})" if "requests.count" in (flags or {}) else ""
+    _check_count_within_trace(spec, base_dir, f"{source}: field 'requests.count'{count_by}")
+    rows = traced_requests(spec, base_dir)
+    if rows is not None and rows > n:
+        n, field = rows, "requests.trace"
     if BYTES_PER_REPLICA * hw.instances > BYTES_PER_REQUEST * n:
         field = "hardware.replicas"
     runs = f" x {parallel} parallel simulations" if parallel > 1 else ""
@@ -101,6 +116,27 @@ def check_workload(
         what or f"{source}: field '{field}'{by}: {n:,.0f} requests{on}{runs}",
         allow_large,
     )
+
+
+def _check_count_within_trace(spec, base_dir: Path | None, where: str) -> None:
+    """A count (-n) larger than the trace it replays is refused naming the count (and its flag)."""
+    r = spec.requests
+    if r.trace is None or r.count is None or base_dir is None:
+        return
+    rows = trace_rows(r.trace, Path(base_dir) / r.trace.file)
+    if rows is not None and r.count > rows:
+        raise InfersimError(
+            f"{where}: {r.count:,} requests, more than the {rows:,} rows of {r.trace.file} after start_row "
+            f"{r.trace.start_row}"
+        )
+
+
+def traced_requests(spec, base_dir: Path | None) -> int | None:
+    """The rows a trace workload without `count` replays (None: no such trace, or not countable)."""
+    r = spec.requests
+    if r.trace is None or r.count is not None or base_dir is None:
+        return None
+    return trace_rows(r.trace, Path(base_dir) / r.trace.file)
 
 
 def revalidate(spec, source: str):

@@ -61,7 +61,7 @@ class Simulation:
         source: str = "workload",
     ):
         self.spec, self.requests, self.step_mode, self.progress = spec, requests, step_mode, progress
-        self._source = source
+        self.source = source  # the workload file, named by errors found while building
         # token identity for prefix caching: keys of each request's full blocks
         self._prefix = requests.prefix if spec.serving.prefix_caching else None
         sv = spec.serving
@@ -179,7 +179,7 @@ class Simulation:
         if self.spec.speculation is not None:
             if self.spec.serving.prefix_caching:
                 raise InfersimError(
-                    f"{self._source}: serving.prefix_caching does not combine with speculation (the speculative "
+                    f"{self.source}: serving.prefix_caching does not combine with speculation (the speculative "
                     "engines roll back KV blocks by count)"
                 )
             return speculative_replica_class(self.spec.speculation)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from infersim.simulator.calibration.calibrate import CalibrateOptions, calibrate
+from infersim.simulator.calibration.calibrate import PROFILE_SUFFIXES, CalibrateOptions, calibrate
+from infersim.simulator.metrics.rundir import check_out_file
 
 from .commands import COMMANDS
 
@@ -44,6 +45,12 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--out", required=True, metavar="PROFILE.yaml", help="profile to write")
     p.add_argument(
+        "--name",
+        default=None,
+        help="the profile's name, as commands print it (default: the --out file's stem); a name other than the "
+        "base profile's drops the base's aliases",
+    )
+    p.add_argument(
         "--plot",
         default=None,
         metavar="FIT.png",
@@ -57,6 +64,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_out_file(args.out, PROFILE_SUFFIXES, option="--out", force=args.force)  # as typed: `x.yaml/` is a folder
     opts = CalibrateOptions(
         tables=[Path(t) for t in args.tables],
         hardware=args.hardware,
@@ -65,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
         out=Path(args.out),
         force=args.force,
         plot=Path(args.plot) if args.plot else None,
+        name=args.name,
     )
     result = calibrate(opts)
     for line in result.summary_lines():

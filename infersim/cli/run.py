@@ -13,6 +13,7 @@ from rich.table import Table
 
 from infersim.analysis.sweep_backends import BackendOptions
 from infersim.simulator.errors import InfersimError
+from infersim.simulator.hardware.catalog import load_hardware
 from infersim.simulator.metrics.plots import plot_run
 from infersim.simulator.metrics.rundir import check_out_dir, pause_point, staged_dir
 from infersim.simulator.metrics.summary import summarize, write_result_files
@@ -207,6 +208,7 @@ def prepare(args, source: str, serving: dict | None = None):
         source,
         allow_large=args.no_memory_check,
         flags=override_flags(args),
+        base_dir=Path(base_dir).parent,
     )
     requests = build_requests(spec, base_dir)
     notice = arrivals_notice(spec, len(requests))
@@ -332,12 +334,13 @@ def gpus_line(replicas: int, profile: str, tp: int, pp: int = 1, role: str = "")
 
 
 def deployment_line(spec) -> str:
-    """The GPUs of a deployment, pool by pool when it is disaggregated."""
+    """The GPUs of a deployment, pool by pool when it is disaggregated; each card by its
+    profile's name (a profile file's name, not its path)."""
     hw, d = spec.hardware, spec.hardware.disaggregated
     if d is None:
-        return gpus_line(hw.replicas, hw.profile, hw.tensor_parallel, hw.pipeline_parallel)
+        return gpus_line(hw.replicas, load_hardware(hw.profile).name, hw.tensor_parallel, hw.pipeline_parallel)
     return " + ".join(
-        gpus_line(pool.replicas, pool.profile or hw.profile, pool.tensor_parallel, role=f" {name}")
+        gpus_line(pool.replicas, load_hardware(pool.profile or hw.profile).name, pool.tensor_parallel, role=f" {name}")
         for name, pool in (("prefill", d.prefill), ("decode", d.decode))
     )
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from pathlib import Path
 
 from rich.console import Console
@@ -59,6 +61,12 @@ def run(args: argparse.Namespace) -> int:
     )
     if not args.quiet:
         _print(res, space)
+    if len(res.table) and res.failed == len(res.table):
+        # nothing to compare (a misspelt parameter path fails every configuration): say so by status
+        if args.quiet:
+            reason = res.table["error"].astype(str).value_counts().index[0]
+            print(f"every configuration failed ({res.failed}); the first reason: {reason}", file=sys.stderr)
+        return 3
     return 0
 
 
@@ -71,14 +79,14 @@ def _print(res, space) -> None:
         front = df[pareto_mask(df[[tp, lat]].astype(float).to_numpy(), [True, False])].sort_values(lat)
         t = Table(title=f"Pareto front: {tp} (up) against {lat} (down)")
         for col in params + [tp, lat]:
-            t.add_column(col.split(".")[-1] if col in params else col, justify="right")
+            t.add_column(_heading(col, params), justify="right")
         for _, row in front.head(15).iterrows():
             t.add_row(
                 *[f"{row[col]:.4g}" if isinstance(row[col], float) else str(row[col]) for col in params + [tp, lat]]
             )
         c.print(t)
     c.print(
-        f"{len(df)} configurations: {res.computed} simulated now, {res.cached} already done, "
+        f"{len(df)} configuration{'s' if len(df) != 1 else ''}: {res.computed} simulated now, {res.cached} already done, "
         f"{res.failed} failed; {res.backend}; {res.wall_s:.1f} s"
     )
     if res.failed:  # the reasons, not only their count: a misspelt parameter path fails every configuration
@@ -88,3 +96,16 @@ def _print(res, space) -> None:
     c.print(
         f"table: {res.sweep_dir / 'results.parquet'} (and results.csv, pareto.csv, sensitivity.csv, report.md, plots/)"
     )
+
+
+def _heading(column: str, params: list[str]) -> str:
+    """A parameter's last path part (`max_batch_size`); where other parameters end the same way
+    (two drafts' `alpha`), its path past the part they all share (`0.acceptance.alpha`)."""
+    if column not in params:
+        return column
+    last = column.split(".")[-1]
+    alike = [p.split(".") for p in params if p.split(".")[-1] == last]
+    if len(alike) == 1:
+        return last
+    shared = len(os.path.commonprefix(alike))
+    return ".".join(column.split(".")[shared:])

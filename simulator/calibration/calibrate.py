@@ -3,6 +3,7 @@ unless every table reads and fits)."""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,15 +14,18 @@ from ..errors import InfersimError
 from ..hardware.catalog import load_hardware, profile_path, with_shapes_path
 from ..hardware.profile import HardwareProfile
 from ..metrics.rundir import check_out_file
+from ..progress import ProgressBar
 from ..yamlio import validate, write_atomic
+from .checks import check_fit, check_repeats
 from .fit import with_measured_shapes
 from .fit_plot import fit_series, plot_fit
-from .profile_writer import with_sections, write_profile
+from .profile_writer import renamed, with_sections, write_profile
 from .rows import KernelRow
 from .tables import recognise
 
 SHAPES_SUFFIX = ".gemm-shapes.csv.gz"
 PLOT_SUFFIXES = (".png", ".svg")
+PROFILE_SUFFIXES = (".yaml", ".yml")
 
 # the comment above each section `sim calibrate` writes
 SECTION_HEADERS = {
@@ -40,6 +44,7 @@ class CalibrateOptions:
     source: str | None = None
     force: bool = False
     plot: Path | None = None  # a figure of the fit on its rows (PNG or SVG), written beside the profile
+    name: str | None = None  # the profile's name; None: the --out file's stem
 
 
 @dataclass
@@ -115,8 +120,35 @@ def _carried_shapes(text: str, base_path: Path, out: Path) -> tuple[str, Path | 
     return with_sections(text, {"calibration": new}, header=SECTION_HEADERS["calibration"]), src
 
 
+def _fit_sections(kinds: list[tuple[Any, list]], base: HardwareProfile, source: str, opts: CalibrateOptions):
+    """Each kind's fitted sections, and the measured GEMM table; a progress bar names the kernel
+    kind being fitted (a large table's GEMM fit takes half a minute)."""
+    sections: dict[str, Any] = {}
+    table = None
+    fits = sum(len({r.kernel if isinstance(r, KernelRow) else "collectives" for r in rows}) for _, rows in kinds)
+    quiet = not sys.stdout.isatty()  # piped or captured: the summary lines alone
+    with ProgressBar(
+        "sim calibrate", quiet=quiet, total=fits, fields="{task.fields[note]}", transient=True, note=""
+    ) as bar:
+        started = iter(range(fits))
+
+        def on_kernel(kernel: str, rows: int) -> None:
+            bar.update(completed=next(started, fits), note=f"fitting {kernel} ({rows:,} rows)")
+
+        for kind, rows in kinds:
+            for key, value in kind.fit(rows, base, source, on_kernel).items():
+                if key in sections:
+                    raise InfersimError(
+                        f"{opts.tables[0]}: two table kinds fit the same section '{key}'; calibrate them one at a time"
+                    )
+                if key == "calibration" and value.gemm is not None:
+                    value, table = with_measured_shapes(value, rows, base, shapes_path(opts.out).name)
+                sections[key] = value
+    return sections, table
+
+
 def calibrate(opts: CalibrateOptions) -> CalibrateResult:
-    _refuse_existing(opts.out, opts.force)
+    check_out_file(opts.out, PROFILE_SUFFIXES, option="--out", force=opts.force)
     if opts.plot is not None:  # everything that could stop the figure after the profile is written
         check_out_file(opts.plot, PLOT_SUFFIXES, option="--plot", force=opts.force)
     base = load_hardware(opts.hardware + ":datasheet" if ":" not in opts.hardware else opts.hardware)
@@ -130,26 +162,23 @@ def calibrate(opts: CalibrateOptions) -> CalibrateResult:
         kinds.setdefault(type(kind).fit, (kind, []))[1].extend(rows)  # kinds sharing a fit pool their rows
     source = opts.source or ", ".join(p.name for p in opts.tables)
     kernel_rows = [r for _, rows in kinds.values() for r in rows if isinstance(r, KernelRow)]
+    check_repeats(kernel_rows)
     if opts.plot is not None and not kernel_rows:
         raise InfersimError(f"--plot {opts.plot}: the tables hold no kernel rows to plot (collectives only)")
-    sections: dict[str, Any] = {}
-    table = None
-    for kind, rows in kinds.values():
-        for key, value in kind.fit(rows, base, source).items():
-            if key in sections:
-                raise InfersimError(
-                    f"{opts.tables[0]}: two table kinds fit the same section '{key}'; calibrate them one at a time"
-                )
-            if key == "calibration" and value.gemm is not None:
-                value, table = with_measured_shapes(value, rows, base, shapes_path(opts.out).name)
-            sections[key] = value
+    sections, table = _fit_sections(list(kinds.values()), base, source, opts)
     text = base_path.read_text()
+    name, base_name = opts.name or opts.out.stem, base.name.split(":")[0]
+    if name != base_name:
+        header = f"# {name}: kernel times fitted by `sim calibrate` on {base_name}'s peaks, memory and links.\n"
+        text = renamed(text, name, header)
     for key, value in sections.items():  # each section under its own comment
         text = with_sections(text, {key: value}, header=SECTION_HEADERS.get(key, ""))
     carried = None
     if "calibration" not in sections:
         text, carried = _carried_shapes(text, base_path, opts.out)
     profile = validate(HardwareProfile, yaml.safe_load(text), str(opts.out))
+    if "calibration" in sections:
+        check_fit(kernel_rows, profile, base_name)
     if table is not None or carried is not None:  # first: a profile never names a table that is not there
         _refuse_existing(shapes_path(opts.out), opts.force)
         if table is not None:

@@ -6,6 +6,8 @@ here as KernelRows."""
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 from ..costmodel.kernel_times import elementwise_fit_time_s, gemm_device, gemm_params, gemm_time_s
@@ -93,13 +95,22 @@ def _provenance(source: str, rows: list[KernelRow]) -> dict:
     }
 
 
-def fit_kernels(rows: list[KernelRow], hardware: HardwareProfile, source: str, dtype: str = "fp16") -> Calibration:
+def fit_kernels(
+    rows: list[KernelRow],
+    hardware: HardwareProfile,
+    source: str,
+    dtype: str = "fp16",
+    on_kernel: Callable[[str, int], None] | None = None,
+) -> Calibration:
     """Fit the GEMM model and one elementwise model per kernel kind present in the rows.
-    `hardware` gives the peaks the fractions are fractions of."""
+    `hardware` gives the peaks the fractions are fractions of; `on_kernel(kind, rows)` is told
+    as each kind's fit starts (a progress bar: the GEMM fit of 30,000 rows takes half a minute)."""
+    on_kernel = on_kernel or (lambda kernel, n: None)
     peak, bw = _rates(hardware, dtype)
     gemm_rows = [r for r in rows if r.kernel == "gemm"]
     gemm = None
     if gemm_rows:
+        on_kernel("gemm", len(gemm_rows))
         if len(gemm_rows) < MIN_GEMM_ROWS:
             raise InfersimError(
                 f"{gemm_rows[0].where}: {len(gemm_rows)} GEMM rows; the GEMM fit needs at least "
@@ -122,6 +133,7 @@ def fit_kernels(rows: list[KernelRow], hardware: HardwareProfile, source: str, d
         sub = [r for r in rows if r.kernel == kernel]
         if len(sub) < MIN_ELEMENTWISE_ROWS:
             continue
+        on_kernel(kernel, len(sub))
         e = fit_elementwise(
             np.array([r.bytes for r in sub]),
             np.array([r.tokens for r in sub]),

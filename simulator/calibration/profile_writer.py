@@ -65,6 +65,19 @@ def with_sections(base_text: str, sections: dict[str, Any], after: str = "overhe
     return text if text.endswith("\n") else text + "\n"
 
 
+def renamed(base_text: str, name: str, header: str = "") -> str:
+    """base_text naming another card: `name:` replaced (`header` between the base's comments and
+    it) and the base's `aliases:` dropped, which name the base card, not this one."""
+    out: list[str] = []
+    for key, lines in _blocks(base_text):
+        if key == "name":
+            at = next(i for i, line in enumerate(lines) if TOP_KEY.match(line))
+            out.extend([*lines[:at], header, section_text("name", name), *lines[at + 1 :]])
+        elif key != "aliases":
+            out.extend(lines)
+    return "".join(out)
+
+
 def write_profile(path: Path, text: str, force: bool) -> None:
     if path.exists() and not force:
         raise InfersimError(f"{path}: exists; refusing to overwrite it (--force replaces it)")

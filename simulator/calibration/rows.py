@@ -73,7 +73,7 @@ class KernelRow:
     bytes_const: float
     bytes_per_token: float
     time_s: float
-    where: str  # "file:row" for messages
+    where: str  # "file, row N, column C" of its time, for messages
     out_width: float = 0.0  # a GEMM's output columns per GPU (N)
     kernels: int = 1  # launches of the operator the measured time spans (each moves `bytes`)
 
@@ -123,7 +123,7 @@ class RowOrigin:
 
     device: str  # the GPU the table measured
     label: str  # the model (or table label): the unit of leave-one-out
-    where: str  # "file:row" for messages
+    where: str  # "file, row N, column C" of the time, for messages
 
 
 def row_from_operator(

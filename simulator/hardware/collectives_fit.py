@@ -78,7 +78,7 @@ def read_collectives_table(path: str | Path, setup: str | None = None) -> pd.Dat
         )
     if kind == "vidur-network":
         median_col = next(c for c in raw.columns if _is_vidur_median(c))
-        raw = raw.assign(setup=setup or path.parent.name, median_ms=raw[median_col])
+        raw = raw.assign(setup=setup or path.resolve().parent.name, median_ms=raw[median_col])
     elif setup is not None:
         raw = raw[raw["setup"] == setup]
     table = _validated(raw, path, "median_ms" if kind == "infersim-collectives" else median_col)

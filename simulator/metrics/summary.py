@@ -12,6 +12,41 @@ from .rundir import write_json, write_table, write_yaml
 
 PERCENTILES = (50, 90, 99)
 
+# The flattened names (`ttft_s.p99`, as `sim sweep` names metrics) every summary has, so a sweep
+# can refuse a misspelt objective before it runs; the sections a feature adds hold names only a
+# run of that feature shows (tests/simulator/test_summary.py pins both against summarize).
+_STATS = ("mean", *(f"p{p}" for p in PERCENTILES))
+CORE_METRICS = frozenset(
+    (
+        "requests",
+        "finished",
+        "aborted",
+        "makespan_s",
+        "throughput_req_per_s",
+        "throughput_output_tokens_per_s",
+        "throughput_total_tokens_per_s",
+        *(
+            f"{m}.{s}"
+            for m in ("ttft_s", "tpot_s", "itl_s", "e2e_s", "normalized_latency_s", "weighted_turnaround", "queueing_s")
+            for s in _STATS
+        ),
+        "preemptions.recompute",
+        "preemptions.swap",
+        "preemptions.recompute_forced_by_full_cpu",
+        "swap_out_bytes",
+        "swap_in_bytes",
+        "iterations",
+        "batch_size.mean_busy",
+        "batch_size.max",
+        "kv_utilization.mean_busy",
+        "kv_utilization.max",
+        "busy_fraction",
+        "gpu_blocks",
+        "cpu_blocks",
+    )
+)
+FEATURE_SECTIONS = ("aborted_by_reason", "prefix_cache", "speculation", "offload", "disaggregation")
+
 
 def derived_columns(req: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """TTFT, TPOT, end-to-end and normalized latency (Minions), weighted turnaround

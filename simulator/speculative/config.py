@@ -20,9 +20,9 @@
 
 from __future__ import annotations
 
-from typing import Literal, Optional, Union
+from typing import Annotated, Literal, Optional, Union
 
-from pydantic import BaseModel, Field, NonNegativeFloat, PositiveInt, model_validator
+from pydantic import BaseModel, Discriminator, Field, NonNegativeFloat, PositiveInt, Tag, model_validator
 
 from ..validation import STRICT_CONFIG
 
@@ -116,7 +116,22 @@ class AcceptanceSpec(_Strict):
 
 AcceptanceSpec.model_rebuild()
 
-Acceptance = Union[AcceptanceRef, AcceptanceSpec]
+
+def _acceptance_form(v) -> str | None:
+    """An inline model names its `kind`; a table entry does not: each form reports its own errors."""
+    if isinstance(v, (AcceptanceRef, AcceptanceSpec)):
+        return "table" if isinstance(v, AcceptanceRef) else "inline"
+    return ("inline" if "kind" in v else "table") if isinstance(v, dict) else None
+
+
+Acceptance = Annotated[
+    Union[Annotated[AcceptanceRef, Tag("table")], Annotated[AcceptanceSpec, Tag("inline")]],
+    Discriminator(
+        _acceptance_form,
+        custom_error_type="acceptance_form",
+        custom_error_message="give {kind: iid|positional|empirical|mixture, ...} or a table entry {table, draft}",
+    ),
+]
 
 
 class DraftSection(_Strict):

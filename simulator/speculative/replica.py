@@ -35,6 +35,7 @@ import numpy as np
 from ..costmodel.batch import BatchShape
 from ..engine.replica import Replica
 from ..engine.sequence import emit_token
+from ..errors import InfersimError
 from ..models.dtypes import normalize_dtype
 from ..policies.state import SchedulerState
 from .config import SpeculationSection
@@ -96,7 +97,7 @@ class SpeculativeReplica(Replica):
         target_token = per_block / b.block_size
         ratio = p.kv_bytes_per_token(dtype) / target_token if target_token else 0.0
         total = int((b.total_gpu - weight_blocks) / (1.0 + ratio))
-        total = max(1, total)
+        _check_target_holds_one_sequence(sim, p, total, b.total_gpu)
         taken = b.total_gpu - total
         wm = b.watermark_blocks / b.total_gpu if b.total_gpu else 0.0
         b.total_gpu = b.free_gpu = total
@@ -541,3 +542,20 @@ class PipelinedReplica(SpeculativeReplica):
 def replica_class(cfg: SpeculationSection):
     """The Replica subclass the simulation builds replicas from (simulation.py hook)."""
     return PipelinedReplica if cfg.pipeline_on else SpeculativeReplica
+
+
+def _check_target_holds_one_sequence(sim, proposer, total: int, pool: int) -> None:
+    """Colocated drafts (or Medusa heads) must leave the target a KV pool of one max_model_len
+    sequence, the rule a plain pool is held to (engine/memory.py): a draft that does not fit
+    beside the target is refused up front, not run with every request aborted."""
+    tokens, longest = max(total, 0) * sim.spec.serving.block_size, sim.limits.max_model_len
+    if tokens >= longest:
+        return
+    field = "speculation.medusa" if proposer.kind == "medusa" else "speculation.drafts"
+    dtype = normalize_dtype(sim.spec.serving.dtype)
+    raise InfersimError(
+        f"{sim.source}: field '{field}': {proposer.weight_bytes(dtype) / 1e9:.1f} GB of colocated weights and "
+        f"their KV leave {tokens:,} tokens of the {pool:,}-block KV pool to {sim.model.name}, fewer than "
+        f"max_model_len {longest:,}; use a smaller draft, raise hardware.tensor_parallel, place the drafts "
+        f"apart (speculation.pipeline.placement: separate) or lower serving.max_model_len"
+    )

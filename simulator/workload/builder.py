@@ -45,9 +45,32 @@ def workload_path(name_or_path: str) -> Path:
 
 def load_workload(name_or_path: str) -> tuple[WorkloadSpec, Path]:
     """The validated spec and the path of its file (relative paths inside it are relative to
-    that file's folder: pass the path, or its folder, to build_requests)."""
+    that file's folder: pass the path, or its folder, to build_requests; a `model` or
+    `hardware.profile` file beside it is named by its path from here, `beside_workload`)."""
     path = workload_path(name_or_path)
-    return load_model_file(WorkloadSpec, path), path
+    return beside_workload(load_model_file(WorkloadSpec, path), path.parent), path
+
+
+def beside_workload(spec: WorkloadSpec, folder: Path) -> WorkloadSpec:
+    """The spec with its `model` and `hardware.profile` files found beside the workload file when
+    the current folder has no such file (the current folder's file wins, as it always did)."""
+    model = _beside(spec.model, folder)
+    profile = _beside(spec.hardware.profile, folder)
+    if (model, profile) == (spec.model, spec.hardware.profile):
+        return spec
+    return spec.model_copy(update={"model": model, "hardware": spec.hardware.model_copy(update={"profile": profile})})
+
+
+def _beside(value: str, folder: Path) -> str:
+    """`value` (a catalog name, or a file or folder path, maybe with `:datasheet`) with a
+    relative path that exists only under `folder` taken from there."""
+    mode = ":datasheet" if value.lower().endswith(":datasheet") else ""
+    name = value[: len(value) - len(mode)]
+    p = Path(name).expanduser()
+    looks_like_path = p.suffix in _SUFFIXES or len(p.parts) > 1
+    if not looks_like_path or p.is_absolute() or p.exists() or not (folder / p).exists():
+        return value
+    return str(folder / p) + value[len(name) :]
 
 
 def build_requests(spec: WorkloadSpec, base_dir: Path | str = ".") -> Requests:

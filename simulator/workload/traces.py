@@ -123,7 +123,12 @@ def _finite(values: np.ndarray, path, column: str, first_row: int) -> np.ndarray
         x = pd.to_numeric(pd.Series(values, dtype=object), errors="coerce").to_numpy(dtype=np.float64)
     bad = ~np.isfinite(x)
     if bad.any():
-        raise _bad_row(path, column, bad, first_row, f"not a number: {values[np.flatnonzero(bad)[0]]!r}")
+        v = values[np.flatnonzero(bad)[0]]
+        if isinstance(v, (float, np.floating)):  # a blank CSV cell reads as NaN
+            what = "an empty cell or NaN" if np.isnan(v) else f"not a finite number: {float(v):g}"
+        else:
+            what = f"not a number: {v!r}"
+        raise _bad_row(path, column, bad, first_row, what)
     return x
 
 
@@ -157,7 +162,15 @@ def to_lengths(
 def to_seconds(values: np.ndarray, path, column: str, unit: str, first_row: int = 0) -> np.ndarray:
     """Times as float64 seconds (an arbitrary origin for datetimes)."""
     if unit != "datetime":
-        return _finite(values, path, column, first_row) * _UNIT_S[unit]
+        try:
+            return _finite(values, path, column, first_row) * _UNIT_S[unit]
+        except InfersimError as exc:
+            numbers = pd.to_numeric(pd.Series(values, dtype=object), errors="coerce").to_numpy(dtype=np.float64)
+            first_bad = values[~np.isfinite(numbers)][:1]
+            dates = pd.to_datetime(pd.Series(first_bad, dtype=object), format="ISO8601", errors="coerce")
+            if isinstance(first_bad[0], str) and dates.notna().all():  # a datetime: say how to read it
+                raise InfersimError(f"{exc}; the column holds datetimes: set time_unit: datetime") from None
+            raise
     t = pd.to_datetime(pd.Series(values, dtype=object), format="ISO8601", errors="coerce", utc=True)
     bad = t.isna().to_numpy()
     if bad.any():
@@ -185,6 +198,26 @@ def to_hash_ids(values: np.ndarray, path, column: str, first_row: int = 0) -> li
             )
         out.append(v)
     return out
+
+
+def trace_rows(src: TraceSource, path: Path) -> int | None:
+    """Data rows of a CSV or JSON Lines trace after start_row, counted by streaming its lines
+    (what reading it would cost is known before it is read); None for a JSON list, whose rows
+    are known only once parsed, and for a file that cannot be read (the reader says why)."""
+    fmt = file_format(path, src.format) if path.is_file() else None
+    if fmt not in ("csv", "jsonl"):
+        return None
+    lines, last = 0, b"\n"
+    try:
+        with gzip.open(path, "rb") if path.suffix.lower() == ".gz" else path.open("rb") as fh:
+            while chunk := fh.read(1 << 20):
+                lines += chunk.count(b"\n")
+                last = chunk[-1:]
+    except (OSError, EOFError, zlib.error):
+        return None
+    lines += last != b"\n"  # a last line without its newline
+    header = 1 if fmt == "csv" else 0
+    return max(lines - header - src.start_row, 0)
 
 
 @dataclass

@@ -65,6 +65,12 @@ def test_dotted_paths():
     assert d == {"serving": {"preemption": "swap"}, "speculation": {"s": 4}, "a": {"b": {"c": 1}}}
     base = {"x": {"y": 1}}
     assert resolve_config(base, {"x.y": 2}) == {"x": {"y": 2}} and base == {"x": {"y": 1}}
+    # a number steps into a list: one draft's acceptance among several
+    drafts = {"speculation": {"drafts": [{"acceptance": {"alpha": 0.8}}, {"acceptance": {"alpha": 0.6}}]}}
+    swept = resolve_config(drafts, {"speculation.drafts.1.acceptance.alpha": 0.5})
+    assert [x["acceptance"]["alpha"] for x in swept["speculation"]["drafts"]] == [0.8, 0.5]
+    with pytest.raises(InfersimError, match="'2' is not an index of the 2 items"):
+        set_dotted(drafts, "speculation.drafts.2.acceptance.alpha", 0.5)
     assert config_key({"a": 1, "b": 2}) == config_key({"b": 2, "a": 1}) != config_key({"a": 1, "b": 3})
 
 
@@ -329,13 +335,108 @@ def test_optuna_single_objective(workload, tmp_path):
     )
     res = run_sweep(workload, space, tmp_path / "o1", run=BackendOptions(workers=1))
     assert len(res.table) == 6 and res.table["key"].is_unique
-    bad = _space(
-        method="optuna",
-        parameters={"serving.max_batch_size": [4, 8]},
-        optuna={"trials": 2, "objectives": [{"metric": "happiness", "direction": "maximize"}]},
+
+
+def test_an_unknown_metric_is_refused_before_anything_is_written(workload, tmp_path, capsys):
+    """A misspelt objective or Pareto axis is refused in one line naming the space file and the
+    field, with no folder written, so the corrected command runs into the same --out."""
+    out = tmp_path / "o"
+    objective = "optuna:\n  trials: 2\n  objectives: [{metric: e2e.p99, direction: minimize}]\n"
+    bad = _space_file(tmp_path, f"method: optuna\nparameters:\n  serving.max_batch_size: [4, 8]\n{objective}")
+    assert main(["sweep", "-w", workload, "-s", str(bad), "-o", str(out), "--workers", "1", "-q"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"sim sweep: error: {bad}: field 'optuna.objectives.0.metric': unknown metric 'e2e.p99'; "
+        "did you mean 'e2e_s.p99'?"
     )
-    with pytest.raises(InfersimError, match="happiness"):
-        run_sweep(workload, bad, tmp_path / "o2", run=BackendOptions(workers=1))
+    assert not out.exists()
+    axis = "pareto: {throughput: happiness}\n"
+    bad.write_text(f"parameters:\n  serving.max_batch_size: [4, 8]\n{axis}")
+    assert main(["sweep", "-w", workload, "-s", str(bad), "-o", str(out), "--workers", "1", "-q"]) == 2
+    assert f"{bad}: field 'pareto.throughput': unknown metric 'happiness'; known: aborted," in capsys.readouterr().err
+    bad.write_text(
+        objective.replace("e2e.p99", "e2e_s.p99") + "method: optuna\nparameters:\n  serving.max_batch_size: [4, 8]\n"
+    )
+    assert main(["sweep", "-w", workload, "-s", str(bad), "-o", str(out), "--workers", "1", "-q"]) == 0
+    assert len(load_results(out)) == 2
+
+
+def test_the_same_sweep_twice_gives_byte_identical_tables(workload, tmp_path):
+    space = _space(parameters={"serving.preemption": ["recompute", "swap"], "serving.max_batch_size": [8, 32]})
+    for folder, workers in (("a", 1), ("b", 2)):
+        run_sweep(workload, space, tmp_path / folder, run=BackendOptions(workers=workers))
+    for name in ("results.csv", "results.parquet", "pareto.csv", "sensitivity.csv", "report.md", "plots/pareto.png"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+
+
+def test_an_optuna_sweep_on_two_workers_is_reproducible(workload, tmp_path):
+    """Trials are told in the order they were asked, whichever finished first: past TPE's 10
+    random start-up trials, two runs on two workers propose the same configurations."""
+    pytest.importorskip("optuna")
+    space = _space(
+        method="optuna",
+        parameters={"serving.max_batch_size": {"low": 4, "high": 64}, "serving.preemption": ["recompute", "swap"]},
+        optuna={"trials": 14, "seed": 3},
+    )
+    for folder in ("a", "b"):
+        run_sweep(workload, space, tmp_path / folder, run=BackendOptions(workers=2), options=SweepOptions(plots=False))
+    assert (tmp_path / "a" / "results.csv").read_bytes() == (tmp_path / "b" / "results.csv").read_bytes()
+    assert len(load_results(tmp_path / "a")) == 14
+
+
+def test_a_list_index_out_of_range_is_refused_before_anything_is_written(tmp_path, capsys):
+    draft = str(Path(__file__).resolve().parents[2] / "examples/speculative/draft.yaml")  # one draft
+    space = _space_file(tmp_path, "parameters:\n  speculation.drafts.1.acceptance.alpha: [0.6, 0.8]\n")
+    out = tmp_path / "s"
+    assert main(["sweep", "-w", draft, "-s", str(space), "-o", str(out), "--workers", "1", "-q"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(
+        f"{space}: field 'parameters.speculation.drafts.1.acceptance.alpha': '1' is not an index of the 1 items "
+        "at this point of 'speculation.drafts.1.acceptance.alpha' (0-based)"
+    )
+    assert not out.exists()
+
+
+def test_a_trace_too_large_for_memory_is_refused_before_the_sweep_starts(tmp_path, capsys, monkeypatch):
+    """The trace's 200,000 rows are counted: 256 MiB + 200,000 x 512 B + 2 configurations x 4 KB
+    = 0.371 GB on one worker, more than the 0.3 GB this test makes available."""
+    monkeypatch.setattr("infersim.simulator.validation.available_memory_bytes", lambda: 300_000_000)
+    (tmp_path / "big.csv").write_text("ts,p,o\n" + "0,5,6\n" * 200_000)
+    wl = tmp_path / "wl.yaml"
+    wl.write_text(
+        "model: llama-2-7b\nhardware: {profile: a100-80gb-pcie}\nrequests:\n"
+        "  trace: {file: big.csv, arrival_column: ts, prompt_column: p, output_column: o}\n"
+    )
+    space = _space_file(tmp_path, "parameters:\n  serving.preemption: [recompute, swap]\n")
+    out = tmp_path / "s"
+    assert main(["sweep", "-w", str(wl), "-s", str(space), "-o", str(out), "--workers", "1", "-q"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"{space}: field 'parameters': 2 configurations would need about 0.371 GB of memory" in err
+    assert not out.exists()
+
+
+def test_a_sweep_whose_every_configuration_failed_exits_3(workload, tmp_path, capsys):
+    space = _space_file(tmp_path, "parameters:\n  serving.shceduler: [fcfs, fairness]\n")
+    argv = ["sweep", "-w", workload, "-s", str(space), "-o", str(tmp_path / "s"), "--workers", "1"]
+    assert main([*argv, "-q"]) == 3
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "every configuration failed (2); the first reason: configuration: field 'serving.shceduler': "
+        "Extra inputs are not permitted"
+    )
+    assert main(argv) == 3 and "failed (2): configuration: field 'serving.shceduler'" in capsys.readouterr().out
+
+
+def test_pareto_table_headings_tell_parameters_apart():
+    from infersim.cli.sweep import _heading
+
+    params = [
+        "serving.max_batch_size",
+        "speculation.drafts.0.acceptance.alpha",
+        "speculation.drafts.1.acceptance.alpha",
+    ]
+    assert [_heading(p, params) for p in params] == ["max_batch_size", "0.acceptance.alpha", "1.acceptance.alpha"]
+    assert _heading("e2e_s.p99", params) == "e2e_s.p99"  # a metric keeps its name
 
 
 def test_cli_sweep(workload, tmp_path, capsys):
@@ -368,7 +469,8 @@ def test_ray_backend_matches_local(workload, tmp_path):
         assert sorted(a.index) == sorted(b.index) and len(a) == 4
         for col in ("e2e_s.p99", "throughput_output_tokens_per_s", "ttft_s.p99"):
             assert np.allclose(a.loc[b.index, col].astype(float), b[col].astype(float), rtol=1e-12)
-        assert all(not w.endswith(f":{os.getpid()}") for w in a["worker"])  # ran in Ray workers
+        workers = [rec["worker"] for rec in load_results(tmp_path / "ray").values()]
+        assert all(not w.endswith(f":{os.getpid()}") for w in workers)  # ran in Ray workers
     finally:
         ray.shutdown()
 

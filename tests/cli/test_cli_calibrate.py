@@ -41,7 +41,7 @@ def test_refuses_to_overwrite_without_force(tmp_path, capsys):
     out.write_text("mine\n")
     rc, _ = _calibrate(tmp_path, SAMPLE)
     assert rc == 2 and out.read_text() == "mine\n"
-    assert "refusing to overwrite" in capsys.readouterr().err
+    assert f"--out {out}: exists; name another file, or pass --force to replace it" in capsys.readouterr().err
     rc, _ = _calibrate(tmp_path, SAMPLE, "--force")
     assert rc == 0 and load_hardware(str(out)).calibration.gemm.rows == 112
 
@@ -71,14 +71,19 @@ def test_vidur_mlp_csv_gives_the_same_fit(tmp_path, capsys):
     assert a.gemm.compute == b.gemm.compute and a.gemm.mape_pct == b.gemm.mape_pct
 
 
-def test_generic_gemm_table(tmp_path, capsys):
+def _generic_lines() -> list[str]:
+    """A generic GEMM table: 5 us launch + max(weights at 1.6 TB/s, FLOPs at 220 TFLOP/s)."""
     lines = ["device,op,tokens,k,n,median_ms"]
     for t in (1, 8, 64, 128, 256, 512, 1024, 2048, 4096):
         for k, n in ((4096, 4096), (4096, 11008)):
             ms = 0.005 + max(k * n * 2 / 1.6e12, 2 * t * k * n / 2.2e14) * 1e3
             lines.append(f"mygpu,gemm,{t},{k},{n},{ms:.6f}")
+    return lines
+
+
+def test_generic_gemm_table(tmp_path, capsys):
     path = tmp_path / "mine.csv"
-    path.write_text("\n".join(lines) + "\n")
+    path.write_text("\n".join(_generic_lines()) + "\n")
     rc, out = _calibrate(tmp_path, path)
     assert rc == 0
     g = load_hardware(str(out)).calibration.gemm
@@ -107,7 +112,7 @@ def _set(rows, i, column, value):
             "row 6, column 'n_embd'",
         ),
         (lambda rows: rows.__setitem__(2, rows[2].replace(",1,2,", ",3,2,", 1)), "row 3, column 'tp'"),
-        (lambda rows: rows.__setitem__(0, rows[0].replace("num_tokens", "tokens_n")), "row 1"),
+        (lambda rows: rows.__setitem__(0, rows[0].replace("num_tokens", "tokens_n")), "row 1, column 'num_tokens'"),
     ],
 )
 def test_bad_table_one_line_exit_2_nothing_written(tmp_path, capsys, edit, message):
@@ -119,6 +124,63 @@ def test_bad_table_one_line_exit_2_nothing_written(tmp_path, capsys, edit, messa
     err = capsys.readouterr().err
     assert rc == 2 and not out.exists()
     assert len(err.strip().splitlines()) == 1 and str(bad) in err and message in err, err
+
+
+def test_the_profile_is_named_after_its_file_or_name(tmp_path, capsys):
+    """A profile of another card takes its own name (the --out stem, or --name) and leaves the
+    base card's aliases behind; one written under the base's own name keeps both."""
+    path = tmp_path / "mine.csv"
+    path.write_text("\n".join(_generic_lines()) + "\n")
+    rc, out = _calibrate(tmp_path, path)
+    written = yaml.safe_load(out.read_text())
+    assert rc == 0 and written["name"] == "out" and "aliases" not in written
+    assert load_hardware(str(out)).name == "out"
+    assert (
+        main(["calibrate", str(path), "--hardware", "a100-80gb-sxm", "--out", str(out), "--name", "x1", "--force"]) == 0
+    )
+    assert yaml.safe_load(out.read_text())["name"] == "x1"
+    same = tmp_path / "a100-80gb-sxm.yaml"
+    assert main(["calibrate", str(path), "--hardware", "a100-80gb-sxm", "--out", str(same)]) == 0
+    written = yaml.safe_load(same.read_text())
+    assert written["name"] == "a100-80gb-sxm" and "a100-sxm" in " ".join(written["aliases"]).lower()
+
+
+def _times_ms(lines: list[str], i: int, factor: float) -> str:
+    cells = lines[i].split(",")
+    return ",".join(cells[:-1] + [f"{float(cells[-1]) * factor:.6f}"])
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        # the 4096 x 4096 GEMM at 8 tokens timed again at 3x the first time: 0.02597 ms (5 us +
+        # 33.6 MB at 1.6 TB/s) and 0.0779 ms cannot both be right
+        (lambda ls: ls.insert(4, _times_ms(ls, 3, 3.0)), "row 5, column 'median_ms': 0.0779"),
+        # the 4096 x 11008 GEMM at 4,096 tokens written in microseconds: 1,684 "ms" where 5 us +
+        # 369 GFLOP at 220 TFLOP/s gives 1.684 ms, a thousand times what the other rows say
+        (lambda ls: ls.__setitem__(18, _times_ms(ls, 18, 1000.0)), "row 19, column 'median_ms': 1684 ms is"),
+        (lambda ls: ls.__setitem__(0, ls[0].replace("median_ms", "median")), "row 1, column 'median_ms': missing"),
+    ],
+)
+def test_bad_generic_table_is_refused_and_the_old_profile_kept(tmp_path, capsys, edit, message):
+    lines = _generic_lines()
+    edit(lines)
+    bad = tmp_path / "bad.csv"
+    bad.write_text("\n".join(lines) + "\n")
+    (tmp_path / "out.yaml").write_text("mine\n")
+    rc, out = _calibrate(tmp_path, bad, "--force")
+    err = capsys.readouterr().err
+    assert rc == 2 and out.read_text() == "mine\n" and not (tmp_path / "out.gemm-shapes.csv.gz").exists()
+    assert len(err.strip().splitlines()) == 1 and str(bad) in err and message in err, err
+
+
+def test_repeated_measurements_that_agree_are_all_fitted(tmp_path, capsys):
+    lines = _generic_lines()
+    lines.insert(4, _times_ms(lines, 3, 1.2))  # a repeat 20% apart, as vidur's repeats differ
+    path = tmp_path / "mine.csv"
+    path.write_text("\n".join(lines) + "\n")
+    rc, out = _calibrate(tmp_path, path)
+    assert rc == 0 and load_hardware(str(out)).calibration.gemm.rows == 19
 
 
 def test_sim_hardware_shows_measured_derived_and_datasheet(capsys):
@@ -152,6 +214,22 @@ def test_collective_table_fits_the_collectives_section(tmp_path, capsys):
         assert seg.latency_us == pytest.approx(20.0, rel=1e-3) and seg.bandwidth_gbps == pytest.approx(100.0, rel=1e-3)
 
 
+def test_vidur_network_table_in_the_current_folder_takes_its_setup_from_device(tmp_path, capsys, monkeypatch):
+    """vidur's all_reduce.csv has no setup column (its folder names the setup): a copy in the
+    current folder takes the setup --device names, where it used to read an empty setup."""
+    rows = _collectives_table(tmp_path).read_text().splitlines()
+    vidur = ["collective,num_workers,size,devices_per_node,max_devices_per_node,time_stats.all_reduce.median"]
+    vidur += [",".join(r.split(",")[1:7]) for r in rows[1:]]
+    (tmp_path / "all_reduce.csv").write_text("\n".join(vidur) + "\n")
+    monkeypatch.chdir(tmp_path)
+    argv = ["calibrate", "all_reduce.csv", "--hardware", "a100-80gb-sxm", "--device", "my_nvlink", "--out", "tp.yaml"]
+    assert main(argv) == 0, capsys.readouterr().err
+    section = load_hardware("tp.yaml").collectives
+    assert section.setup == "my_nvlink" and section.all_reduce[-1].segments[-1].latency_us == pytest.approx(
+        20.0, rel=1e-3
+    )
+
+
 def test_writes_the_measured_gemm_table_beside_the_profile(tmp_path, capsys):
     rc, out = _calibrate(tmp_path, SAMPLE)
     assert rc == 0
@@ -163,6 +241,14 @@ def test_writes_the_measured_gemm_table_beside_the_profile(tmp_path, capsys):
     )
     assert shapes.rows == 4 * 28 and shapes.mape_pct < load_hardware(str(out)).calibration.gemm.mape_pct
     assert "gemm measured shapes: 112" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", ["out.txt", "out.yaml/"])
+def test_an_out_that_is_not_a_yaml_file_is_refused_before_reading(tmp_path, capsys, name):
+    out = f"{tmp_path}/{name}"
+    assert main(["calibrate", str(SAMPLE), "--hardware", "a100-80gb-sxm", "--out", out]) == 2
+    assert capsys.readouterr().err.startswith(f"sim calibrate: error: --out {out}: ")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_an_existing_table_is_not_overwritten_without_force(tmp_path, capsys):

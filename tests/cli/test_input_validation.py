@@ -109,6 +109,19 @@ def test_sweep_space_refused_before_anything_is_written_then_rerun(wl, tmp_path)
         {"parameters": {"serving.max_batch_size": {"low": 1.0, "high": 8.0}}, "fixed": {"requests.count": 3}},
     )  # continuous: Optuna only
     refused(["sweep", "-w", wl, "-s", bad, "-o", out], "bad.yaml: parameter 'serving.max_batch_size'", "a grid needs")
+    # each form's own error, not every form's: a reversed range, a bare value
+    reversed_range = write_yaml(
+        tmp_path / "rev.yaml", {"parameters": {"serving.max_batch_size": {"low": 8, "high": 4}}}
+    )
+    refused(
+        ["sweep", "-w", wl, "-s", reversed_range, "-o", out],
+        "rev.yaml: field 'parameters.serving.max_batch_size.range.high': Value error, high must be >= low",
+    )
+    scalar = write_yaml(tmp_path / "scalar.yaml", {"parameters": {"serving.max_batch_size": 16}})
+    line = refused(
+        ["sweep", "-w", wl, "-s", scalar, "-o", out], "scalar.yaml: field 'parameters.serving.max_batch_size'"
+    )
+    assert line.endswith(": give a list of values, {values: [...]}, or a range {low, high} (with num or step)")
     huge = write_yaml(
         tmp_path / "huge.yaml", {"parameters": {"serving.max_batch_size": {"low": 1, "high": 10**9, "num": 10**9}}}
     )

@@ -72,6 +72,7 @@ def test_tp_that_does_not_split_the_heads_is_refused(tmp_path, capsys):
 
 def test_summary_title_counts_gpus_not_replicas():
     from infersim.cli.run import deployment_line, gpus_line
+    from infersim.simulator.paths import hwprofiles_dir
     from infersim.simulator.workload.builder import load_workload
 
     assert gpus_line(1, "h100-sxm", 4) == "4 x h100-sxm (1 replica, tp=4)"
@@ -81,6 +82,19 @@ def test_summary_title_counts_gpus_not_replicas():
     assert deployment_line(spec) == (
         "1 x a100-80gb-pcie prefill (1 replica, tp=1) + 2 x a100-80gb-pcie decode (2 replicas, tp=1)"
     )
+    # a profile is named by its name, not by how the workload spelled it (an alias, a file path)
+    aliased = spec.model_copy(
+        update={"hardware": spec.hardware.model_copy(update={"profile": "h100", "disaggregated": None})}
+    )
+    assert deployment_line(aliased) == "1 x h100-sxm (1 replica, tp=1)"
+    by_path = aliased.model_copy(
+        update={
+            "hardware": aliased.hardware.model_copy(
+                update={"profile": str(hwprofiles_dir() / "a40.yaml") + ":datasheet"}
+            )
+        }
+    )
+    assert deployment_line(by_path) == "1 x a40:datasheet (1 replica, tp=1)"
 
 
 def test_disaggregated_summary_gives_kv_use_per_pool():

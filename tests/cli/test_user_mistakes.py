@@ -163,7 +163,7 @@ def test_offload_policy_typo_names_the_file_and_field(tmp_path):
 def test_sweep_says_why_its_configurations_failed(wl, tmp_path):
     typo = write_yaml(tmp_path / "typo.yaml", {"parameters": {"serving.max_batch_sise": [4, 8]}})
     res = invoke(["sweep", "-w", wl, "-s", typo, "-o", tmp_path / "s", "--workers", "1", "--no-plots"])
-    assert res.rc == 0, res.stderr
+    assert res.rc == 3, res.stderr  # every configuration failed
     assert "failed (2): configuration: field 'serving.max_batch_sise': Extra inputs are not permitted" in res.stdout
 
 
@@ -203,3 +203,60 @@ def test_plan_probe_larger_than_its_cap_is_refused_not_capped(wl, tmp_path):
     plan = write_yaml(tmp_path / "plan.yaml", {"slo": {"ttft_p99": "2s"}, "search": {"requests": 40000}})
     argv = ["plan", "-w", wl, "--plan", plan, "-o", tmp_path / "p"]
     refused_untouched(argv, tmp_path, "plan.yaml: field 'search.requests': 40,000 requests per probe")
+
+
+def test_a_trace_too_large_for_memory_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    """A trace without requests.count replays every row: 200,000 rows need 256 MiB + 200,000 x
+    512 B + 4 KB = 0.371 GB, more than the 0.3 GB this test makes available."""
+    monkeypatch.setattr("infersim.simulator.validation.available_memory_bytes", lambda: 300_000_000)
+    (tmp_path / "big.csv").write_text("ts,p,o\n" + "0,5,6\n" * 200_000)
+    requests = {"trace": {"file": "big.csv", "arrival_column": "ts", "prompt_column": "p", "output_column": "o"}}
+    wl = write_yaml(tmp_path / "wl.yaml", dict(TINY_WORKLOAD, requests=requests))
+    refused_untouched(
+        ["run", "-w", wl, "-o", tmp_path / "r"],
+        tmp_path,
+        "wl.yaml: field 'requests.trace': 200,000 requests would need about 0.371 GB of memory, more than "
+        "the 0.3 GB available",
+    )
+
+
+def test_draft_model_typo_names_the_file_and_field(tmp_path):
+    draft = {"model": "llama-69m", "acceptance": {"kind": "iid", "alpha": 0.8}}
+    spec = dict(TINY_WORKLOAD, speculation={"method": "draft", "drafts": [draft]})
+    wl = write_yaml(tmp_path / "spec.yaml", spec)
+    refused_untouched(
+        ["run", "-w", wl, "-o", tmp_path / "r"],
+        tmp_path,
+        "spec.yaml: field 'speculation.drafts.0.model': unknown model 'llama-69m' (did you mean 'llama-68m'?)",
+    )
+
+
+@pytest.mark.parametrize(
+    "acceptance, needle",
+    [
+        (
+            {"kind": "iid", "alpha": 1.3},
+            "field 'speculation.drafts.0.acceptance.inline.alpha': Input should be less than",
+        ),
+        ({"table": "opt-13b"}, "field 'speculation.drafts.0.acceptance.table.draft': Field required"),
+        (0.8, "field 'speculation.drafts.0.acceptance': give {kind: iid|positional|empirical|mixture, ...} or a"),
+    ],
+)
+def test_acceptance_errors_speak_of_the_form_given(tmp_path, acceptance, needle):
+    """An inline model's error is its own, not mixed with a table entry's missing fields."""
+    draft = {"model": "llama-68m", "acceptance": acceptance}
+    wl = write_yaml(tmp_path / "spec.yaml", dict(TINY_WORKLOAD, speculation={"method": "draft", "drafts": [draft]}))
+    line = refused_untouched(["run", "-w", wl, "-o", tmp_path / "r"], tmp_path, needle)
+    assert line.count("field '") == 1, line
+
+
+def test_requests_beyond_a_traces_rows_name_the_flag(tmp_path):
+    (tmp_path / "t.csv").write_text("ts,p,o\n" + "0,5,6\n" * 30)
+    requests = {"trace": {"file": "t.csv", "arrival_column": "ts", "prompt_column": "p", "output_column": "o"}}
+    wl = write_yaml(tmp_path / "wl.yaml", dict(TINY_WORKLOAD, requests=requests))
+    refused_untouched(
+        ["run", "-w", wl, "-n", "50", "-o", tmp_path / "r"],
+        tmp_path,
+        "wl.yaml: field 'requests.count' (set by --requests): 50 requests, more than the 30 rows of t.csv after "
+        "start_row 0",
+    )

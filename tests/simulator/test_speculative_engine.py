@@ -7,6 +7,7 @@ import simpy
 
 from infersim.simulator.costmodel import BatchShape
 from infersim.simulator.engine.replica import Replica
+from infersim.simulator.errors import InfersimError
 from infersim.simulator.metrics.summary import summarize
 from infersim.simulator.simulation import Simulation
 from infersim.simulator.speculative.device import SharedDevice
@@ -412,6 +413,29 @@ def test_kv_pool_reported_is_what_the_draft_leaves_the_target():
     assert s["speculation"]["memory"]["kv_blocks_left"] == left == s["gpu_blocks"] == sim.replicas[0].blocks.total_gpu
     assert res.resolved["memory"]["gpu_blocks"] == left
     assert 0 < s["kv_utilization"]["max"] <= 1
+
+
+def test_a_draft_that_leaves_the_target_no_sequence_is_refused():
+    """A Llama-3-70B draft (141 GB of fp16 weights) beside a Llama-3-8B target on one 80 GB H100
+    leaves the target no KV at all: refused in one line naming the field, where it used to run
+    with a one-block pool and every request aborted."""
+    spec = WorkloadSpec.model_validate(
+        {
+            "model": "llama-3-8b",
+            "hardware": {"profile": "h100-sxm"},
+            "requests": requests_section(4, 100, 20),
+            "speculation": {
+                "method": "draft",
+                "drafts": [{"model": "llama-3-70b", "acceptance": {"kind": "iid", "alpha": 0.8}}],
+            },
+        }
+    )
+    with pytest.raises(InfersimError) as info:
+        Simulation(spec, build_requests(spec, "."), source="w.yaml")
+    assert str(info.value).startswith(
+        "w.yaml: field 'speculation.drafts': 141.1 GB of colocated weights and their KV leave 0 tokens of the "
+    )
+    assert "to llama-3-8b, fewer than max_model_len 8,192;" in str(info.value)
 
 
 @pytest.mark.parametrize("placement", ["shared", "separate"])

@@ -11,7 +11,7 @@ import pytest
 
 from infersim.simulator.metrics.collector import MetricsCollector, TimeIntegrals, exact_partials
 from infersim.simulator.metrics.rundir import json_clean
-from infersim.simulator.metrics.summary import summarize
+from infersim.simulator.metrics.summary import CORE_METRICS, FEATURE_SECTIONS, summarize
 from infersim.simulator.simulation import simulate
 from infersim.simulator.workload.builder import build_requests, load_workload
 from infersim.simulator.workload.schema import WorkloadSpec
@@ -145,3 +145,14 @@ def test_config_records_the_measured_gemm_table_by_name_not_by_install_path():
     assert load_hardware("a100-80gb-sxm:datasheet").record() == load_hardware("a100-80gb-sxm:datasheet").model_dump(
         mode="json"
     )
+
+
+@pytest.mark.parametrize("prefix_caching", [False, True])
+def test_core_metric_names_are_the_summarys_own(small_workload, prefix_caching):
+    """CORE_METRICS (what `sim sweep` checks an objective against before it runs) are exactly the
+    flattened names of a summary outside the sections a feature adds."""
+    spec = small_workload(preemption="swap", prefix_caching=prefix_caching)
+    names = set(_flat(_summary_json(spec, step_mode=False)))
+    assert {n.split(".")[0] for n in names if n not in CORE_METRICS} <= set(FEATURE_SECTIONS)
+    assert CORE_METRICS <= names
+    assert any(n.startswith("prefix_cache.") for n in names) == prefix_caching

@@ -254,6 +254,24 @@ requests:
     assert r.prompt_tokens.tolist() == [1, 3, 5] and r.output_tokens.tolist() == [2, 4, 6]
 
 
+def test_trace_rows_are_counted_without_parsing_the_file(tmp_path):
+    import gzip
+
+    from infersim.simulator.workload.schema import TraceSource
+    from infersim.simulator.workload.traces import trace_rows
+
+    src = TraceSource(file="t", arrival_column="ts", prompt_column="p", output_column="o")
+    body = "ts,p,o\n" + "".join(f"{i},5,6\n" for i in range(5))
+    (tmp_path / "t.csv").write_text(body.rstrip("\n"))  # the last row without its newline
+    (tmp_path / "t.csv.gz").write_bytes(gzip.compress(body.encode()))
+    (tmp_path / "t.jsonl").write_text('{"ts": 0, "p": 5, "o": 6}\n' * 4)
+    (tmp_path / "t.json").write_text("[]")
+    assert trace_rows(src, tmp_path / "t.csv") == trace_rows(src, tmp_path / "t.csv.gz") == 5
+    assert trace_rows(src.model_copy(update={"start_row": 2}), tmp_path / "t.csv") == 3
+    assert trace_rows(src, tmp_path / "t.jsonl") == 4
+    assert trace_rows(src, tmp_path / "t.json") is None and trace_rows(src, tmp_path / "none.csv") is None
+
+
 def test_jsonl_and_json_traces(tmp_path):
     rows = [{"t": i * 0.5, "in": 10 + i, "out": 3, "hash_ids": [1, 2]} for i in range(6)]
     (tmp_path / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -343,6 +361,19 @@ requests:
             r"neg\.csv: column 'p', row 2: negative value -4",
         ),
         (
+            "requests:\n  trace: {file: dt.csv, arrival_column: t, prompt_column: p, output_column: o}\n",
+            r"dt\.csv: column 't', row 1: not a number: '2023-11-16 18:17:04'; the column holds datetimes: "
+            r"set time_unit: datetime$",
+        ),
+        (
+            "requests:\n  arrival: {type: poisson, rate: 1}\n  trace: {file: blank.csv, prompt_column: p, output_column: o}\n",
+            r"blank\.csv: column 'o', row 2: an empty cell or NaN$",
+        ),
+        (
+            "requests:\n  arrival: {type: poisson, rate: 1}\n  trace: {file: inf.csv, prompt_column: p, output_column: o}\n",
+            r"inf\.csv: column 'p', row 1: not a finite number: inf$",
+        ),
+        (
             "requests:\n  count: 9\n  arrival: {type: poisson, rate: 1}\n"
             "  trace: {file: t.csv, prompt_column: p, output_column: o}\n",
             r"t\.csv: requests\.count 9 exceeds the 2 rows",
@@ -367,10 +398,32 @@ def test_bad_inputs_are_one_line_errors_naming_file_and_field(tmp_path, body, pa
     (tmp_path / "t.csv").write_text("p,o\n1,2\n3,4\n")
     (tmp_path / "bad.csv").write_text("p,o\n1,2\n3,4\n5,x\n")
     (tmp_path / "neg.csv").write_text("p,o\n1,2\n-4,4\n")
+    (tmp_path / "blank.csv").write_text("p,o\n1,2\n3,\n")
+    (tmp_path / "dt.csv").write_text("t,p,o\n2023-11-16 18:17:04,1,2\n")
+    (tmp_path / "inf.csv").write_text("p,o\ninf,2\n")
     w = write_workload(tmp_path, body)
     with pytest.raises(InfersimError, match=pattern) as info:
         load_requests(str(w))
     assert "\n" not in str(info.value)
+
+
+def test_model_and_profile_files_beside_the_workload_are_found_from_another_folder(tmp_path, monkeypatch):
+    """`hardware.profile: card.yaml` and `model: ckpt/config.json` next to the workload file work
+    from any folder; a file of that name in the current folder still wins, and names stay names."""
+    sub = tmp_path / "exp"
+    (sub / "ckpt").mkdir(parents=True)
+    (sub / "card.yaml").write_text("name: card\n")
+    (sub / "ckpt" / "config.json").write_text("{}")
+    body = "model: {model}\nhardware: {{profile: {profile}}}\nrequests:\n  count: 1\n  arrival: {{type: burst}}\n"
+    body += "  prompt_tokens: {{type: fixed, value: 3}}\n  output_tokens: {{type: fixed, value: 3}}\n"
+    (sub / "w.yaml").write_text(body.format(model="ckpt/config.json", profile="card.yaml:datasheet"))
+    (sub / "n.yaml").write_text(body.format(model="llama-3-8b", profile="h100-sxm"))
+    monkeypatch.chdir(tmp_path)
+    spec, _ = load_workload("exp/w.yaml")
+    assert (spec.model, spec.hardware.profile) == ("exp/ckpt/config.json", "exp/card.yaml:datasheet")
+    assert load_workload("exp/n.yaml")[0].hardware.profile == "h100-sxm"
+    (tmp_path / "card.yaml").write_text("name: mine\n")
+    assert load_workload("exp/w.yaml")[0].hardware.profile == "card.yaml:datasheet"
 
 
 def test_unknown_workload_name_lists_known_names():

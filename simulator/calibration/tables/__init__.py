@@ -26,8 +26,27 @@ def recognise(path: Path) -> TableKind:
         kind = TABLE_KINDS.get(name)
         if kind.recognises(header):
             return kind()
+    nearest = _nearest_kind(header)
+    if nearest is not None:
+        kind, missing = nearest
+        raise InfersimError(
+            f"{path}, row 1, column '{missing}': missing (the header is otherwise a {kind.name} table: "
+            f"{kind.description})"
+        )
     known = "; ".join(f"{n}: {TABLE_KINDS.get(n).description}" for n in TABLE_KINDS.in_order())
     raise InfersimError(f"{path}, row 1: header matches no known table kind ({known})")
+
+
+def _nearest_kind(header: list[str]) -> tuple[type[TableKind], str] | None:
+    """The kind whose columns the header lacks fewest of (but has at least one of), and the
+    first column it lacks; None when the header shares no kind's columns."""
+    best = None
+    for name in TABLE_KINDS.in_order():
+        kind = TABLE_KINDS.get(name)
+        missing = [c for c in kind.columns() if c not in header]
+        if 0 < len(missing) < len(kind.columns()) and (best is None or len(missing) < len(best[1])):
+            best = (kind, missing)
+    return None if best is None else (best[0], best[1][0])
 
 
 __all__ = ["TABLE_KINDS", "TableKind", "recognise"]

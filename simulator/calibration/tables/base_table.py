@@ -9,7 +9,7 @@ import csv
 import gzip
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from ...errors import InfersimError
 from ...hardware.profile import HardwareProfile
@@ -24,14 +24,23 @@ class TableKind(ABC):
     def recognises(cls, header: list[str]) -> bool:
         """Whether a CSV header is this kind's."""
 
+    @classmethod
+    def columns(cls) -> tuple[str, ...]:
+        """The columns every table of this kind has (to name the one a header lacks); empty
+        when the kind has several layouts."""
+        return ()
+
     @abstractmethod
     def read(self, path: Path, device: str | None) -> list[Any]:
         """The file's rows for `device` (None: the file must hold one device), validated: a
         bad cell raises InfersimError naming file, row and column."""
 
     @abstractmethod
-    def fit(self, rows: list[Any], hardware: HardwareProfile, source: str) -> dict[str, Any]:
-        """Profile fields fitted from the rows (e.g. {"calibration": Calibration})."""
+    def fit(
+        self, rows: list[Any], hardware: HardwareProfile, source: str, on_kernel: Callable[[str, int], None]
+    ) -> dict[str, Any]:
+        """Profile fields fitted from the rows (e.g. {"calibration": Calibration});
+        `on_kernel(kind, rows)` is told as each kernel kind's fit starts."""
 
 
 def read_header(path: Path) -> list[str]:

@@ -13,7 +13,7 @@ import pandas as pd
 from ...errors import InfersimError
 from ...hardware.collectives_fit import detect, fit_collectives, read_collectives_table
 from ...hardware.profile import HardwareProfile
-from .base_table import TableKind
+from .base_table import TableKind, read_header
 
 
 class CollectivesTable(TableKind):
@@ -28,7 +28,9 @@ class CollectivesTable(TableKind):
         """One frame of the rows of one setup. `device` names the setup (`--device a100_dgx`) or
         a device label that begins exactly one setup's name (`--device h100` for `h100_dgx` when
         the table holds no other H100 setup)."""
-        table = read_collectives_table(path)
+        # vidur's network tables have no setup column (their folder names it): --device does
+        named = device if device is not None and detect(read_header(path)) == "vidur-network" else None
+        table = read_collectives_table(path, named)
         setups = sorted(table["setup"].unique())
         matching = (
             setups
@@ -43,8 +45,9 @@ class CollectivesTable(TableKind):
             )
         return [table[table["setup"] == matching[0]]]
 
-    def fit(self, rows: list[Any], hardware: HardwareProfile, source: str) -> dict[str, Any]:
+    def fit(self, rows: list[Any], hardware: HardwareProfile, source: str, on_kernel) -> dict[str, Any]:
         table = pd.concat(rows, ignore_index=True)
+        on_kernel("collectives", len(table))
         setups = sorted(table["setup"].unique())
         if len(setups) != 1:
             raise InfersimError(f"collective tables of several setups ({', '.join(setups)}): calibrate one at a time")

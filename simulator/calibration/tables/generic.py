@@ -38,8 +38,12 @@ class GenericTable(TableKind):
     description = "device, op, tokens, median_ms, and k, n (gemm) or n_head, n_kv_head, n_embd, n_expanded_embd, tp"
 
     @classmethod
+    def columns(cls) -> tuple[str, ...]:
+        return ("op", "tokens", "median_ms")
+
+    @classmethod
     def recognises(cls, header: list[str]) -> bool:
-        return all(c in header for c in ("op", "tokens", "median_ms"))
+        return all(c in header for c in cls.columns())
 
     def read(self, path: Path, device: str | None) -> list[KernelRow]:
         records = list(iter_records(path, ["op", "tokens", "median_ms"]))
@@ -80,7 +84,12 @@ class GenericTable(TableKind):
                 f"{where}, column 'op': unknown operator {op!r}; known: gemm, {', '.join(MEASURED_OPS)}"
             )
         return row_from_operator(
-            operator, RowOrigin(device, label, where), tp=tp, tokens=tokens, op=op, time_s=ms * 1e-3
+            operator,
+            RowOrigin(device, label, f"{where}, column 'median_ms'"),
+            tp=tp,
+            tokens=tokens,
+            op=op,
+            time_s=ms * 1e-3,
         )
 
     fit = PerLayerTable.fit  # the same fit: rows of both kinds are pooled

@@ -33,9 +33,13 @@ class PerLayerTable(TableKind):
         raise NotImplementedError
 
     @classmethod
+    def columns(cls) -> tuple[str, ...]:
+        device = (cls.device_column,) if cls.device_column else ()
+        return (*device, cls.tp_column, cls.tokens_column, *cls.dims_columns.values(), cls.time_column("attn_pre_proj"))
+
+    @classmethod
     def recognises(cls, header: list[str]) -> bool:
-        need = [cls.tp_column, cls.tokens_column, *cls.dims_columns.values(), cls.time_column("attn_pre_proj")]
-        return all(c in header for c in need) and (cls.device_column is None or cls.device_column in header)
+        return all(c in header for c in cls.columns())
 
     def read(self, path: Path, device: str | None) -> list[KernelRow]:
         header = read_header(path)
@@ -78,7 +82,7 @@ class PerLayerTable(TableKind):
                 rows.append(
                     row_from_operator(
                         operator_for(op, dims, tp),
-                        RowOrigin(device, label, where),
+                        RowOrigin(device, label, f"{where}, column '{self.time_column(op)}'"),
                         tp=tp,
                         tokens=tokens,
                         op=op,
@@ -123,8 +127,8 @@ class PerLayerTable(TableKind):
     def _dims_label(dims: LayerDims) -> str:
         return f"h{dims.hidden}-i{dims.intermediate}-a{dims.heads}-kv{dims.kv_heads}"
 
-    def fit(self, rows: list[KernelRow], hardware: HardwareProfile, source: str) -> dict:
-        return {"calibration": fit_kernels(rows, hardware, source)}
+    def fit(self, rows: list[KernelRow], hardware: HardwareProfile, source: str, on_kernel) -> dict:
+        return {"calibration": fit_kernels(rows, hardware, source, on_kernel=on_kernel)}
 
 
 # Models measured without a gated MLP in the public tables (the table has no column for it).
@@ -166,8 +170,8 @@ class VidurMlpTable(PerLayerTable):
         return f"time_stats.{op}.median"
 
     @classmethod
-    def recognises(cls, header: list[str]) -> bool:
-        return super().recognises(header) and "use_gated_mlp" in header
+    def columns(cls) -> tuple[str, ...]:
+        return (*super().columns(), "use_gated_mlp")
 
     def _gated(self, rec, where) -> bool:
         return _parse_bool(rec.get("use_gated_mlp"), where, "use_gated_mlp")
