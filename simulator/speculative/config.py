@@ -327,7 +327,8 @@ class SpeculationSection(_Strict):
     sampling: SamplingSection = SamplingSection()
     draft_hardware: Optional[str] = None  # None: the target's profile (same GPU when coupled or shared)
     draft_tensor_parallel: PositiveInt = Field(
-        1, description="GPUs the draft model is split over; 1 (a small draft on one GPU) or the target's tensor_parallel"
+        1,
+        description="GPUs the draft model is split over; 1 (a small draft on one GPU) or the target's tensor_parallel",
     )
     # fixed cost per SSM step not in the roofline (kernel launches, sampling, framework); paid once
     # per step however many SSMs draft (they run concurrently, their idle gaps overlap)
