@@ -2,7 +2,7 @@
 batch is bound by host memory (and by what the policy keeps on the GPU per cached token:
 InfiniGen's partial key cache, the load buffers), not by the GPU's KV blocks.
 
-  GPU:  memory x utilisation - resident weights - activation peak - the policy's fixed GPU
+  GPU:  memory x utilisation - non-torch reserve - resident weights - activation peak - the policy's fixed GPU
         bytes (InfiniGen's partial query weights) - a double buffer for streamed weights;
         what is left, over the policy's GPU bytes per cached token
   CPU:  cpu_memory_gb x cpu_memory_utilization - the CPU-resident weights; over the policy's
@@ -76,13 +76,12 @@ def plan_offload_memory(
     """The offload plan for the serving fields in `opts` (its swap space and fixed block counts
     do not apply: the pool is the host memory's, or `offload.pool_blocks`)."""
     block_size, dtype, kv_dtype, tp = opts.block_size, opts.dtype, opts.kv_dtype, opts.tp
-    gpu_memory_utilization = opts.gpu_memory_utilization
     frac = section.weights_gpu_percent / 100.0
     weights = model.weight_bytes_per_gpu(tp, dtype)
     w_gpu, w_cpu = frac * weights, (1.0 - frac) * weights
     act = opts.activation_bytes(model)
     stream_buf = 2.0 * (1.0 - frac) * weights / model.num_layers
-    gpu_free = hw.memory_bytes() * gpu_memory_utilization - w_gpu - act - policy.gpu_fixed_bytes() / tp - stream_buf
+    gpu_free = opts.usable_bytes(hw) - w_gpu - act - policy.gpu_fixed_bytes() / tp - stream_buf
     cpu_pool = section.cpu_memory_gb * 1e9 * section.cpu_memory_utilization - w_cpu
     kv_share = model.kv_heads_per_gpu(tp) / model.kv_heads  # 1/tp, more where KV heads replicate
     gpu_tok = policy.gpu_bytes_per_token() * kv_share
@@ -91,8 +90,8 @@ def plan_offload_memory(
     if gpu_free <= 0:
         raise InfersimError(
             f"{source}: model '{model.name}' ({w_gpu / 1e9:.1f} GB of weights on the GPU at weights_gpu_percent="
-            f"{section.weights_gpu_percent:g}) leaves no GPU memory on '{hw.name}' ({hw.memory_gb:g} GB x "
-            f"{gpu_memory_utilization}); lower offload.weights_gpu_percent"
+            f"{section.weights_gpu_percent:g}) leaves no GPU memory on "
+            f"{opts.budget_label(hw)}; lower offload.weights_gpu_percent"
         )
     if not policy.kv_on_gpu and cpu_pool <= 0:
         raise InfersimError(
