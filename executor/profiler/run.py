@@ -246,7 +246,11 @@ def build_hardware_dict(meta: dict, fits: dict, iteration_s: float) -> dict:
             "peak_tflops": f"achieved: {roof['compute_source']} (and best GEMM per dtype probe)",
             "memory_bandwidth_gbps": f"achieved: {roof['memory_source']}",
             "memory_gb": "host memory (/proc/meminfo)" if device_type == "cpu" else "torch.cuda.get_device_properties",
-            **({"memory_visible_gib": "torch.cuda.get_device_properties (total_memory)"} if "memory_visible_gib" in info else {}),
+            **(
+                {"memory_visible_gib": "torch.cuda.get_device_properties (total_memory)"}
+                if "memory_visible_gib" in info
+                else {}
+            ),
             "measured_on": meta["when"],
             "machine": machine,
             "torch": info["torch"],

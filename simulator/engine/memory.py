@@ -11,7 +11,6 @@ from ..hardware.profile import HardwareProfile
 from ..models.dtypes import bytes_per_element, compute_dtype_for
 from ..models.spec import ModelSpec
 
-
 # Memory a vLLM worker allocates outside torch's caching allocator while it profiles (cuBLAS
 # workspaces, NCCL and custom all-reduce buffers), GiB per GPU: its log's `non_torch_memory`.
 # Measured since vLLM counts torch's reserved, not allocated, bytes as torch's
@@ -75,7 +74,9 @@ class MemoryOptions:
     def usable_bytes(self, hw: HardwareProfile) -> float:
         """What one GPU gives the weights, activations and KV cache: its memory x utilisation,
         less the non-torch reserve."""
-        return hw.memory_bytes() * self.gpu_memory_utilization - non_torch_reserve_bytes(hw.device, self.non_torch_reserve_gib)
+        return hw.memory_bytes() * self.gpu_memory_utilization - non_torch_reserve_bytes(
+            hw.device, self.non_torch_reserve_gib
+        )
 
     def budget_terms(self, hw: HardwareProfile) -> str:
         """The budget as messages name it: total, share and reserve."""

@@ -38,7 +38,10 @@ def test_note_names_the_settings_that_do_not_fit():
 def test_weights_that_do_not_fit_are_said_once(capsys):
     assert main(["roofline", "--model", "llama-3-70b", "--hardware", "h100-sxm", "--batch", "1", "--seq", "128"]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert "note: llama-3-70b's weights alone take 141.1 GB per GPU (fp16, tp 1), more than h100-sxm's 79.22 GiB visible" in out
+    assert (
+        "note: llama-3-70b's weights alone take 141.1 GB per GPU (fp16, tp 1), more than h100-sxm's 79.22 GiB visible"
+        in out
+    )
     assert (
         main(
             [
