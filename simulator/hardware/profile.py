@@ -211,7 +211,8 @@ class HardwareProfile(BaseModel):
         None,
         description="memory the CUDA driver reports as the card's total (torch.cuda.mem_get_info()[1]), GiB "
         "(2^30 bytes), as measured on real cards (source in `sources`): serving engines size the KV cache from it. "
-        "Without it (CPU profiles, custom profiles) the memory plan takes memory_gb x 1e9",
+        "Without it (CPU profiles, cards not measured, a profile of your own that leaves it out) the memory "
+        "plan takes memory_gb x 1e9",
     )
     device: Literal["gpu", "cpu"] = Field(
         "gpu", description="gpu: a CUDA device, whose serving engine reserves non-torch memory; cpu: host memory"

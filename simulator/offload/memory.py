@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..engine.memory import MemoryOptions, MemoryPlan
+from ..engine.memory import MemoryOptions, MemoryPlan, non_torch_reserve_bytes
 from ..errors import InfersimError
 from ..hardware.profile import HardwareProfile
 from ..models.spec import ModelSpec
@@ -36,6 +36,8 @@ class OffloadMemoryPlan:
     weight_bytes_cpu: float
     activation_bytes: float
     kv_bytes_per_block: float  # fp16 KV of a block, all layers (what a swap would move)
+    non_torch_reserve_bytes: float = 0.0  # per GPU, kept out of the GPU budget
+    memory_bytes_per_gpu: float = 0.0  # the card's total the GPU budget starts from
 
     @property
     def pool_tokens(self) -> int:
@@ -51,6 +53,8 @@ class OffloadMemoryPlan:
             self.weight_bytes_gpu,
             self.activation_bytes,
             f"offload ({self.bound_by}-bound KV pool)",
+            self.non_torch_reserve_bytes,
+            self.memory_bytes_per_gpu,
         )
 
     def summary(self) -> dict:
@@ -107,6 +111,19 @@ def plan_offload_memory(
         blocks, bound = int(tokens // block_size), ("gpu" if gpu_tokens <= cpu_tokens else "cpu")
     if blocks <= 0:
         raise InfersimError(f"{source}: the offload memory plan leaves no KV blocks ({bound}-bound)")
+    reserve = non_torch_reserve_bytes(hw.device, opts.non_torch_reserve_gib)
     return OffloadMemoryPlan(
-        blocks, block_size, bound, cpu_pool, gpu_free, cpu_tok, gpu_tok, w_gpu, w_cpu, act, kv_block
+        blocks,
+        block_size,
+        bound,
+        cpu_pool,
+        gpu_free,
+        cpu_tok,
+        gpu_tok,
+        w_gpu,
+        w_cpu,
+        act,
+        kv_block,
+        reserve,
+        hw.memory_bytes(),
     )
