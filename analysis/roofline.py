@@ -222,7 +222,7 @@ def memory_fit_note(cost: RooflineCostModel, iters: pd.DataFrame) -> str | None:
     the card has, or None when all fit. The roofline times them anyway, as what-ifs; a planner
     reading the table should know that no engine could run them on this card."""
     card = cost.hardware.memory_bytes()
-    on = f"{cost.hardware.name}'s {cost.hardware.memory_gb:g} GB"
+    on = f"{cost.hardware.name}'s {cost.hardware.memory_label()}"
     weights = cost.model.weight_bytes_per_gpu(cost.tp, cost.weight_dtype)
     how = f"{cost.weight_dtype}, tp {cost.tp}"
     if weights >= card:

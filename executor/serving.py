@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from infersim.simulator.engine.memory import MemoryPlan, activation_peak_bytes
+from infersim.simulator.engine.memory import MemoryPlan, activation_peak_bytes, non_torch_reserve_bytes
 from infersim.simulator.errors import InfersimError
 from infersim.simulator.machine import cpu_model, host_memory_gb
 from infersim.simulator.metrics.plots import plot_run
@@ -100,8 +100,9 @@ def _check_host_pools(lm, gpu_blocks: int, cpu_blocks: int, block_bytes: int, so
 def plan_blocks(lm, sv, limits, *, kv_dtype, device_memory_gb: float | None = None, source: str = "workload") -> dict:
     """Device and host KV blocks, as the simulator plans them (simulator/engine/memory.py):
     explicit serving.gpu_blocks / cpu_blocks win; otherwise the device memory (CUDA: the GPU's;
-    CPU: --device-memory-gb, default 4 GiB) x gpu_memory_utilization, less the weights and
-    the activation peak, over the bytes of a block; host blocks from swap_space_gb."""
+    CPU: --device-memory-gb, default 4 GiB) x gpu_memory_utilization, less the weights, the
+    activation peak and the non-torch reserve (CUDA only), over the bytes of a block; host blocks
+    from swap_space_gb."""
     import torch
 
     cfg = lm.config
@@ -127,7 +128,8 @@ def plan_blocks(lm, sv, limits, *, kv_dtype, device_memory_gb: float | None = No
         act = activation_peak_bytes(
             shape, limits.max_batched_tokens, limits.max_batch_size, "fp32" if elt == 4 else "fp16", 1
         )
-        gpu_blocks = int((total * sv.gpu_memory_utilization - weights - act) // block_bytes)
+        reserve = non_torch_reserve_bytes("gpu" if lm.device.type == "cuda" else "cpu", sv.non_torch_reserve_gib)
+        gpu_blocks = int((total * sv.gpu_memory_utilization - reserve - weights - act) // block_bytes)
         if gpu_blocks <= 0:
             raise InfersimError(
                 f"model {lm.name} ({weights / 1e9:.2f} GB of weights) leaves no KV blocks on {lm.device}"

@@ -155,6 +155,7 @@ class Simulation:
             gpu_blocks=sv.gpu_blocks,
             cpu_blocks=sv.cpu_blocks,
             max_model_len=self.limits.max_model_len,
+            non_torch_reserve_gib=sv.non_torch_reserve_gib,
         )
 
     def plan_pool_memory(self, hardware, tp: int, source: str) -> MemoryPlan:
@@ -285,6 +286,8 @@ class Simulation:
                 "kv_bytes_per_block": self.memory.kv_bytes_per_block,
                 "weight_bytes_per_gpu": self.memory.weight_bytes_per_gpu,
                 "activation_bytes_per_gpu": self.memory.activation_bytes_per_gpu,
+                "non_torch_reserve_bytes_per_gpu": self.memory.non_torch_reserve_bytes,
+                "memory_bytes_per_gpu": self.memory.memory_bytes_per_gpu,
                 "blocks_source": self.memory.source,
             },
             "limits": self.limits.__dict__,

@@ -187,6 +187,7 @@ def device_info(device) -> dict:
         info.update(
             name=props.name,
             memory_gb=round(props.total_memory / 1e9, 1),
+            memory_visible_gib=round(props.total_memory / 2**30, 2),
             cuda=str(torch.version.cuda),
             sm_count=props.multi_processor_count,
         )

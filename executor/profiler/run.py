@@ -232,6 +232,8 @@ def build_hardware_dict(meta: dict, fits: dict, iteration_s: float) -> dict:
         "peak_tflops": _peak_tflops(fits["dtype_peaks"], roof["dtype"]),
         "memory_bandwidth_gbps": sig(roof["memory_bytes_per_s"] / 1e9),
         "memory_gb": sig(info["memory_gb"], 3),
+        **({"memory_visible_gib": info["memory_visible_gib"]} if "memory_visible_gib" in info else {}),
+        "device": "cpu" if device_type == "cpu" else "gpu",
         "host_link": _host_link_entry(fits["host_link"], device_type),
         "efficiency": _efficiency_entries(eff, roof["dtype"]),
         "overheads": {
@@ -244,6 +246,11 @@ def build_hardware_dict(meta: dict, fits: dict, iteration_s: float) -> dict:
             "peak_tflops": f"achieved: {roof['compute_source']} (and best GEMM per dtype probe)",
             "memory_bandwidth_gbps": f"achieved: {roof['memory_source']}",
             "memory_gb": "host memory (/proc/meminfo)" if device_type == "cpu" else "torch.cuda.get_device_properties",
+            **(
+                {"memory_visible_gib": "torch.cuda.get_device_properties (total_memory)"}
+                if "memory_visible_gib" in info
+                else {}
+            ),
             "measured_on": meta["when"],
             "machine": machine,
             "torch": info["torch"],

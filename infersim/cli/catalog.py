@@ -140,19 +140,21 @@ def run_hardware(args: argparse.Namespace) -> int:
                 f"{h.peak_tflops['fp16']:g}",
                 f"{h.memory_bandwidth_gbps:g}",
                 f"{h.memory_gb:g}",
+                "-" if h.memory_visible_gib is None else f"{h.memory_visible_gib:g}",
                 h.host_link.name,
                 f"{h.host_link.h2d_gbps:g}/{h.host_link.d2h_gbps:g}",
             )
         )
     show_catalog(
         "hardware profiles",
-        ["name", "kernels", "fp16 TFLOP/s", "HBM GB/s", "memory GB", "host link", "H2D/D2H GB/s"],
+        ["name", "kernels", "fp16 TFLOP/s", "HBM GB/s", "memory GB", "CUDA GiB", "host link", "H2D/D2H GB/s"],
         rows,
     )
 
     Console().print(
         "kernels: measured = fitted to measured kernel times; derived = a measured card's fits on this "
-        "card's own peaks; datasheet = pure roofline (NAME:datasheet gives it for any profile)",
+        "card's own peaks; datasheet = pure roofline (NAME:datasheet gives it for any profile); CUDA GiB = the "
+        "total the driver reports, which the KV budget starts from (-: not measured, memory GB is used)",
         highlight=False,
         markup=False,
     )

@@ -1,5 +1,6 @@
-"""How many KV blocks fit: GPU memory x utilisation, less the weights and the activation
-peak of the largest iteration (as vLLM's profiling run finds it), over the bytes of a block."""
+"""How many KV blocks fit: the card's memory as the driver reports it x utilisation, less the
+weights, the activation peak of the largest iteration (as vLLM's profiling run finds it) and the
+memory the engine's process holds outside torch's allocator, over the bytes of a block."""
 
 from __future__ import annotations
 
@@ -10,6 +11,25 @@ from ..hardware.profile import HardwareProfile
 from ..models.dtypes import bytes_per_element, compute_dtype_for
 from ..models.spec import ModelSpec
 
+# Memory a vLLM worker allocates outside torch's caching allocator while it profiles (cuBLAS
+# workspaces, NCCL and custom all-reduce buffers), GiB per GPU: its log's `non_torch_memory`.
+# Measured since vLLM counts torch's reserved, not allocated, bytes as torch's
+# (https://github.com/vllm-project/vllm/pull/11809): 0.16 GiB at TP 1 on an H100
+# (https://github.com/vllm-project/vllm/pull/12126), 0.25 GiB at TP 2 on RTX 4090s
+# (https://github.com/vllm-project/vllm/issues/13061), 0.20 GiB per worker of a TP group of 24 GB
+# cards (https://github.com/vllm-project/vllm/pull/14447). No trend with TP shows, so every TP
+# degree takes the largest, 0.25 GiB. The CUDA context is not in it: vLLM's baseline is taken after
+# the context exists (https://github.com/vllm-project/vllm/issues/12059).
+VLLM_NON_TORCH_RESERVE_GIB = 0.25
+
+
+def non_torch_reserve_bytes(device: str, reserve_gib: float | None) -> float:
+    """The non-torch memory one device ("gpu" or "cpu") keeps out of the KV budget: the user's
+    serving.non_torch_reserve_gib, else vLLM's measured value on a GPU and none on a CPU."""
+    if reserve_gib is None:
+        reserve_gib = 0.0 if device == "cpu" else VLLM_NON_TORCH_RESERVE_GIB
+    return reserve_gib * 2**30
+
 
 @dataclass(frozen=True)
 class MemoryPlan:
@@ -19,6 +39,8 @@ class MemoryPlan:
     weight_bytes_per_gpu: float
     activation_bytes_per_gpu: float
     source: str  # "explicit" or "derived"
+    non_torch_reserve_bytes: float = 0.0  # per GPU, kept out of the KV budget
+    memory_bytes_per_gpu: float = 0.0  # the card's total the budget starts from (driver-visible where measured)
 
 
 def activation_peak_bytes(
@@ -47,6 +69,23 @@ class MemoryOptions:
     gpu_blocks: int | None = None  # a fixed GPU pool instead of the one the memory budget gives
     cpu_blocks: int | None = None  # a fixed host pool instead of swap_space_gb's
     max_model_len: int | None = None  # the longest sequence served: a derived pool must hold one
+    non_torch_reserve_gib: float | None = None  # serving.non_torch_reserve_gib; None: the engine's default
+
+    def usable_bytes(self, hw: HardwareProfile) -> float:
+        """What one GPU gives the weights, activations and KV cache: its memory x utilisation,
+        less the non-torch reserve."""
+        return hw.memory_bytes() * self.gpu_memory_utilization - non_torch_reserve_bytes(
+            hw.device, self.non_torch_reserve_gib
+        )
+
+    def budget_terms(self, hw: HardwareProfile) -> str:
+        """The budget as messages name it: total, share and reserve."""
+        reserve = non_torch_reserve_bytes(hw.device, self.non_torch_reserve_gib)
+        less = f", less {reserve / 2**30:.2f} GiB non-torch" if reserve else ""
+        return f"{hw.memory_label()} x {self.gpu_memory_utilization}{less}"
+
+    def budget_label(self, hw: HardwareProfile) -> str:
+        return f"'{hw.name}' ({self.budget_terms(hw)})"
 
     def activation_bytes(self, model: ModelSpec) -> float:
         """The activation peak per GPU, in the dtype the cost model computes in (16 bits under
@@ -60,8 +99,8 @@ def _no_kv_cache_reason(
 ) -> str:
     """Why not one KV block fits, naming what to change: the weights alone, the activation peak
     of the batch limits beside them, or a block larger than what is left."""
-    where = f"'{hw.name}' ({hw.memory_gb:g} GB x {opts.gpu_memory_utilization})"
-    usable = hw.memory_bytes() * opts.gpu_memory_utilization
+    where = opts.budget_label(hw)
+    usable = opts.usable_bytes(hw)
     if weights >= usable and weights < hw.memory_bytes():  # the card holds them: the share given is too small
         return (
             f"field 'serving.gpu_memory_utilization': model '{model.name}' ({weights / 1e9:.1f} GB of weights per GPU "
@@ -96,7 +135,7 @@ def _check_explicit_pool(
     """A fixed GPU pool (serving.gpu_blocks, as the papers' setups give it) replaces the memory
     budget, so its size is the user's what-if (an unbounded prefix cache is one); weights that
     do not fit on the card are not: such a deployment cannot run at all, and is refused."""
-    if weights >= hw.memory_bytes() * opts.gpu_memory_utilization:
+    if weights >= opts.usable_bytes(hw):
         raise InfersimError(f"{source}: {_no_kv_cache_reason(model, hw, opts, weights, 0.0, block_bytes)}")
 
 
@@ -109,8 +148,8 @@ def _check_holds_one_sequence(
     if opts.max_model_len is None or tokens >= opts.max_model_len:
         return
     raise InfersimError(
-        f"{source}: field 'serving.max_model_len': the KV pool of '{hw.name}' ({hw.memory_gb:g} GB x "
-        f"{opts.gpu_memory_utilization}, less {weights / 1e9:.1f} GB of {model.name} weights per GPU at "
+        f"{source}: field 'serving.max_model_len': the KV pool of '{hw.name}' ({opts.budget_terms(hw)}, "
+        f"less {weights / 1e9:.1f} GB of {model.name} weights per GPU at "
         f"tensor_parallel={opts.tp}) holds {tokens:,} tokens, fewer than max_model_len {opts.max_model_len:,}; "
         f"raise hardware.tensor_parallel or serving.gpu_memory_utilization, or lower serving.max_model_len"
     )
@@ -118,13 +157,13 @@ def _check_holds_one_sequence(
 
 def plan_memory(model: ModelSpec, hw: HardwareProfile, opts: MemoryOptions, source: str = "workload") -> MemoryPlan:
     block_size, dtype, kv_dtype, tp = opts.block_size, opts.dtype, opts.kv_dtype, opts.tp
-    gpu_memory_utilization, gpu_blocks, cpu_blocks = opts.gpu_memory_utilization, opts.gpu_blocks, opts.cpu_blocks
+    gpu_blocks, cpu_blocks = opts.gpu_blocks, opts.cpu_blocks
     explicit = gpu_blocks is not None
     block_bytes = model.bytes_kv_per_block_per_gpu(block_size, tp, kv_dtype)
     weights = model.weight_bytes_per_gpu(tp, dtype)
     act = opts.activation_bytes(model)
     if gpu_blocks is None:
-        budget = hw.memory_bytes() * gpu_memory_utilization - weights - act
+        budget = opts.usable_bytes(hw) - weights - act
         gpu_blocks = int(budget // block_bytes)
         if gpu_blocks <= 0:
             raise InfersimError(f"{source}: {_no_kv_cache_reason(model, hw, opts, weights, act, block_bytes)}")
@@ -134,5 +173,12 @@ def plan_memory(model: ModelSpec, hw: HardwareProfile, opts: MemoryOptions, sour
     if cpu_blocks is None:
         cpu_blocks = int(opts.swap_space_gb * 2**30 // block_bytes)
     return MemoryPlan(
-        int(gpu_blocks), int(cpu_blocks), block_bytes, weights, act, "explicit" if explicit else "derived"
+        int(gpu_blocks),
+        int(cpu_blocks),
+        block_bytes,
+        weights,
+        act,
+        "explicit" if explicit else "derived",
+        non_torch_reserve_bytes(hw.device, opts.non_torch_reserve_gib),
+        hw.memory_bytes(),
     )

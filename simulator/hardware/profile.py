@@ -206,7 +206,17 @@ class HardwareProfile(BaseModel):
     source: str
     peak_tflops: dict[str, PositiveFloat] = Field(description="dense peak per dtype: fp16, bf16, fp32, fp8, int8, int4")
     memory_bandwidth_gbps: PositiveFloat
-    memory_gb: PositiveFloat
+    memory_gb: PositiveFloat = Field(description="memory on the datasheet, GB (1e9 bytes)")
+    memory_visible_gib: Optional[PositiveFloat] = Field(
+        None,
+        description="memory the CUDA driver reports as the card's total (torch.cuda.mem_get_info()[1]), GiB "
+        "(2^30 bytes), as measured on real cards (source in `sources`): serving engines size the KV cache from it. "
+        "Without it (CPU profiles, cards not measured, a profile of your own that leaves it out) the memory "
+        "plan takes memory_gb x 1e9",
+    )
+    device: Literal["gpu", "cpu"] = Field(
+        "gpu", description="gpu: a CUDA device, whose serving engine reserves non-torch memory; cpu: host memory"
+    )
     sm_count: Optional[PositiveInt] = Field(None, description="streaming multiprocessors: the slots of one GEMM wave")
     l2_cache_mb: Optional[PositiveFloat] = Field(
         None, description="L2 cache, MB (2^20): a derived card scales the measured card's cached working set by it"
@@ -265,7 +275,17 @@ class HardwareProfile(BaseModel):
         return "measured" if "calibration" in self.sources else "datasheet"
 
     def memory_bytes(self) -> float:
+        """The card's total as a serving engine sees it: the driver-visible total where the profile
+        measured it, else the datasheet figure."""
+        if self.memory_visible_gib is not None:
+            return self.memory_visible_gib * 2**30
         return self.memory_gb * 1e9
+
+    def memory_label(self) -> str:
+        """The total memory_bytes() takes, as messages name it."""
+        if self.memory_visible_gib is not None:
+            return f"{self.memory_visible_gib:g} GiB visible"
+        return f"{self.memory_gb:g} GB"
 
     def record(self) -> dict:
         """The profile as a run's config.yaml records it: its measured GEMM table by file name,

@@ -2,7 +2,7 @@
 batch is bound by host memory (and by what the policy keeps on the GPU per cached token:
 InfiniGen's partial key cache, the load buffers), not by the GPU's KV blocks.
 
-  GPU:  memory x utilisation - resident weights - activation peak - the policy's fixed GPU
+  GPU:  memory x utilisation - non-torch reserve - resident weights - activation peak - the policy's fixed GPU
         bytes (InfiniGen's partial query weights) - a double buffer for streamed weights;
         what is left, over the policy's GPU bytes per cached token
   CPU:  cpu_memory_gb x cpu_memory_utilization - the CPU-resident weights; over the policy's
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..engine.memory import MemoryOptions, MemoryPlan
+from ..engine.memory import MemoryOptions, MemoryPlan, non_torch_reserve_bytes
 from ..errors import InfersimError
 from ..hardware.profile import HardwareProfile
 from ..models.spec import ModelSpec
@@ -36,6 +36,8 @@ class OffloadMemoryPlan:
     weight_bytes_cpu: float
     activation_bytes: float
     kv_bytes_per_block: float  # fp16 KV of a block, all layers (what a swap would move)
+    non_torch_reserve_bytes: float = 0.0  # per GPU, kept out of the GPU budget
+    memory_bytes_per_gpu: float = 0.0  # the card's total the GPU budget starts from
 
     @property
     def pool_tokens(self) -> int:
@@ -51,6 +53,8 @@ class OffloadMemoryPlan:
             self.weight_bytes_gpu,
             self.activation_bytes,
             f"offload ({self.bound_by}-bound KV pool)",
+            self.non_torch_reserve_bytes,
+            self.memory_bytes_per_gpu,
         )
 
     def summary(self) -> dict:
@@ -76,13 +80,12 @@ def plan_offload_memory(
     """The offload plan for the serving fields in `opts` (its swap space and fixed block counts
     do not apply: the pool is the host memory's, or `offload.pool_blocks`)."""
     block_size, dtype, kv_dtype, tp = opts.block_size, opts.dtype, opts.kv_dtype, opts.tp
-    gpu_memory_utilization = opts.gpu_memory_utilization
     frac = section.weights_gpu_percent / 100.0
     weights = model.weight_bytes_per_gpu(tp, dtype)
     w_gpu, w_cpu = frac * weights, (1.0 - frac) * weights
     act = opts.activation_bytes(model)
     stream_buf = 2.0 * (1.0 - frac) * weights / model.num_layers
-    gpu_free = hw.memory_bytes() * gpu_memory_utilization - w_gpu - act - policy.gpu_fixed_bytes() / tp - stream_buf
+    gpu_free = opts.usable_bytes(hw) - w_gpu - act - policy.gpu_fixed_bytes() / tp - stream_buf
     cpu_pool = section.cpu_memory_gb * 1e9 * section.cpu_memory_utilization - w_cpu
     kv_share = model.kv_heads_per_gpu(tp) / model.kv_heads  # 1/tp, more where KV heads replicate
     gpu_tok = policy.gpu_bytes_per_token() * kv_share
@@ -91,8 +94,8 @@ def plan_offload_memory(
     if gpu_free <= 0:
         raise InfersimError(
             f"{source}: model '{model.name}' ({w_gpu / 1e9:.1f} GB of weights on the GPU at weights_gpu_percent="
-            f"{section.weights_gpu_percent:g}) leaves no GPU memory on '{hw.name}' ({hw.memory_gb:g} GB x "
-            f"{gpu_memory_utilization}); lower offload.weights_gpu_percent"
+            f"{section.weights_gpu_percent:g}) leaves no GPU memory on "
+            f"{opts.budget_label(hw)}; lower offload.weights_gpu_percent"
         )
     if not policy.kv_on_gpu and cpu_pool <= 0:
         raise InfersimError(
@@ -108,6 +111,19 @@ def plan_offload_memory(
         blocks, bound = int(tokens // block_size), ("gpu" if gpu_tokens <= cpu_tokens else "cpu")
     if blocks <= 0:
         raise InfersimError(f"{source}: the offload memory plan leaves no KV blocks ({bound}-bound)")
+    reserve = non_torch_reserve_bytes(hw.device, opts.non_torch_reserve_gib)
     return OffloadMemoryPlan(
-        blocks, block_size, bound, cpu_pool, gpu_free, cpu_tok, gpu_tok, w_gpu, w_cpu, act, kv_block
+        blocks,
+        block_size,
+        bound,
+        cpu_pool,
+        gpu_free,
+        cpu_tok,
+        gpu_tok,
+        w_gpu,
+        w_cpu,
+        act,
+        kv_block,
+        reserve,
+        hw.memory_bytes(),
     )

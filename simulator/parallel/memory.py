@@ -7,7 +7,7 @@ and vLLM divides them evenly over its virtual engines (vllm/core/scheduler.py:
 
 from __future__ import annotations
 
-from ..engine.memory import MemoryOptions, MemoryPlan
+from ..engine.memory import MemoryOptions, MemoryPlan, non_torch_reserve_bytes
 from ..errors import InfersimError
 from ..models.dtypes import bytes_per_element
 from .placement import Placement
@@ -39,12 +39,12 @@ def plan_pipeline_memory(
     act = opts.activation_bytes(model)  # opts.tp is the placement's
     fits = []
     for s, (w, n) in enumerate(zip(weights, placement.layers)):
-        blocks = int((hw.memory_bytes() * opts.gpu_memory_utilization - w - act) // (n * per_layer_block))
+        blocks = int((opts.usable_bytes(hw) - w - act) // (n * per_layer_block))
         if blocks < placement.pp and opts.gpu_blocks is None:
             raise InfersimError(
                 f"{source}: field 'hardware.pipeline_parallel': stage {s} of {placement.pp} ({n} layers, "
                 f"{w / 1e9:.1f} GB of weights per GPU with tensor_parallel={placement.tp}) leaves no KV cache on "
-                f"'{hw.name}' ({hw.memory_gb:g} GB x {opts.gpu_memory_utilization}); raise "
+                f"{opts.budget_label(hw)}; raise "
                 f"hardware.pipeline_parallel or hardware.tensor_parallel, or lower the dtype"
             )
         fits.append(blocks)
@@ -58,6 +58,8 @@ def plan_pipeline_memory(
         max(weights),
         act,
         "explicit" if opts.gpu_blocks is not None else "derived",
+        non_torch_reserve_bytes(hw.device, opts.non_torch_reserve_gib),
+        hw.memory_bytes(),
     )
     account = {
         "stage_weight_bytes_per_gpu": weights,

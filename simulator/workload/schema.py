@@ -79,6 +79,14 @@ class ServingSection(_Strict):
     max_model_len: Optional[PositiveInt] = None  # None: the model's max_position_embeddings
     block_size: PositiveInt = 16
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    non_torch_reserve_gib: Optional[float] = Field(
+        None,
+        ge=0,
+        le=1e6,
+        description="GiB per GPU the engine's process holds outside torch's allocator (cuBLAS workspaces, NCCL "
+        "buffers), kept out of the KV budget; none: vLLM's measured 0.25 GiB on a GPU, 0 on a CPU profile "
+        "(simulator/engine/memory.py gives the measurements)",
+    )
     gpu_blocks: Optional[PositiveInt] = None  # explicit GPU KV blocks (overrides utilisation)
     cpu_blocks: Optional[int] = Field(None, ge=0)  # explicit CPU KV blocks (overrides swap_space_gb)
     swap_space_gb: float = Field(4.0, ge=0, le=1e6)  # GiB, as vLLM's swap_space; 1e6 GiB is beyond any host

@@ -71,7 +71,9 @@ def test_a100_80gb_pcie_matches_facts():
     assert hw.peak_flops("fp16") == 312e12 and hw.peak_flops("bf16") == 312e12
     assert hw.peak_flops("int8") == 624e12
     assert hw.memory_bandwidth_bytes_per_s() == 1935e9
-    assert hw.memory_bytes() == 80e9
+    assert hw.memory_gb == 80
+    # the budget starts from the 79.25 GiB torch reports on an 80 GB A100, not 80e9 bytes
+    assert hw.memory_bytes() == 79.25 * 2**30 and "https://" in hw.sources["memory_visible_gib"]
     assert hw.host_link.name == "PCIe 4.0 x16"
     # 75-85% of 31.5 GB/s per direction
     assert 0.75 * 31.5 <= hw.host_link.h2d_gbps <= 0.85 * 31.5

@@ -405,7 +405,8 @@ def test_kv_pool_reported_is_what_the_draft_leaves_the_target():
     )
     block = 16 * 80 * 2 * 2 * 128 * 2  # tokens x layers x K,V x KV heads per GPU x head dim x bytes
     act = 8192 * (4 * 8192 + 2 * 28672 / 4) * 2 + 64 * 128256 * 4
-    pool = int((80e9 * 0.9 - 70_553_706_496 * 2 / 4 - act) // block)
+    usable = 79.22 * 2**30 * 0.9 - 0.25 * 2**30  # driver-visible total x 0.9, less the non-torch reserve
+    pool = int((usable - 70_553_706_496 * 2 / 4 - act) // block)
     draft_weight_blocks = -(-8_030_261_248 * 2 // block)
     left = int((pool - draft_weight_blocks) / (1 + (32 * 2 * 8 * 128 * 2) / (block / 16)))
     sim, res = _sim(spec)

@@ -101,17 +101,18 @@ def test_cost_model_refuses_an_uneven_split():
 
 
 def test_weights_that_fit_the_card_but_not_its_share_name_the_utilisation():
-    """Llama-3-8B's 16.1 GB fit an 80 GB H100 but not 20% of it (16 GB): the refusal names
-    serving.gpu_memory_utilization; Llama-3-70B's 141.1 GB fit no share of it and name the
-    tensor parallelism."""
+    """Llama-3-8B's 16.1 GB fit an H100 (79.22 GiB visible) but not 19% of it less the 0.25 GiB
+    non-torch reserve (15.89 GB): the refusal names serving.gpu_memory_utilization; Llama-3-70B's
+    141.1 GB fit no share of it and name the tensor parallelism."""
     from infersim.simulator.models.catalog import load_model
 
     h100 = load_hardware("h100-sxm")
     with pytest.raises(InfersimError) as exc:
-        plan_memory(load_model("llama-3-8b"), h100, memory_options(gpu_memory_utilization=0.2), source="w.yaml")
+        plan_memory(load_model("llama-3-8b"), h100, memory_options(gpu_memory_utilization=0.19), source="w.yaml")
     assert str(exc.value) == (
         "w.yaml: field 'serving.gpu_memory_utilization': model 'llama-3-8b' (16.1 GB of weights per GPU in fp16) "
-        "does not fit in 'h100-sxm' (80 GB x 0.2); raise serving.gpu_memory_utilization or "
+        "does not fit in 'h100-sxm' (79.22 GiB visible x 0.19, less 0.25 GiB non-torch); raise "
+        "serving.gpu_memory_utilization or "
         "hardware.tensor_parallel, or lower the dtype"
     )
     with pytest.raises(InfersimError, match="141.1 GB of weights per GPU in fp16.*raise hardware.tensor_parallel"):
@@ -119,24 +120,27 @@ def test_weights_that_fit_the_card_but_not_its_share_name_the_utilisation():
 
 
 def test_a_derived_pool_must_hold_one_sequence_of_max_model_len():
-    """Llama-3-70B at TP 2 on H100: 72 GB usable, less 70.55 GB of weights and the activation
-    peak of 8,192 batched tokens ((4 x 8,192 + 2 x 28,672 / 2) x 2 bytes each, plus 256 fp32
-    logit rows of 128,256), leaves 117 blocks of 16 tokens (2.62 MB each at 4 KV heads per GPU):
-    1,872 tokens, fewer than the 8,192 of one full-length request. vLLM refuses to start; so do we.
+    """Llama-3-70B at TP 2 on H100 at 85%: 79.22 GiB x 0.85 less the 0.25 GiB non-torch reserve
+    (72.03 GB usable), less 70.55 GB of weights and the activation peak of 8,192 batched tokens
+    ((4 x 8,192 + 2 x 28,672 / 2) x 2 bytes each, plus 256 fp32 logit rows of 128,256), leaves 130
+    blocks of 16 tokens (2.62 MB each at 4 KV heads per GPU): 2,080 tokens, fewer than the 8,192 of
+    one full-length request. vLLM refuses to start; so do we.
     A fixed pool (serving.gpu_blocks, the papers' setups) stays the user's what-if."""
     from infersim.simulator.models.catalog import load_model
 
     m, h100 = load_model("llama-3-70b"), load_hardware("h100-sxm")
     act = 8192 * (4 * 8192 + 2 * 28672 / 2) * 2 + 256 * 128256 * 4
-    blocks = int((80e9 * 0.9 - 70_553_706_496 - act) // (16 * 80 * 2 * 4 * 128 * 2))
-    assert blocks == 117
-    opts = memory_options(tp=2, max_batched_tokens=8192, max_model_len=8192)
+    blocks = int((79.22 * 2**30 * 0.85 - 0.25 * 2**30 - 70_553_706_496 - act) // (16 * 80 * 2 * 4 * 128 * 2))
+    assert blocks == 130
+    opts = memory_options(tp=2, max_batched_tokens=8192, max_model_len=8192, gpu_memory_utilization=0.85)
     with pytest.raises(InfersimError) as exc:
         plan_memory(m, h100, opts, source="w.yaml")
     assert str(exc.value) == (
-        "w.yaml: field 'serving.max_model_len': the KV pool of 'h100-sxm' (80 GB x 0.9, less 70.6 GB of "
-        "llama-3-70b weights per GPU at tensor_parallel=2) holds 1,872 tokens, fewer than max_model_len 8,192; "
+        "w.yaml: field 'serving.max_model_len': the KV pool of 'h100-sxm' (79.22 GiB visible x 0.85, less 0.25 GiB "
+        "non-torch, less 70.6 GB of llama-3-70b weights per GPU at tensor_parallel=2) holds 2,080 tokens, fewer "
+        "than max_model_len 8,192; "
         "raise hardware.tensor_parallel or serving.gpu_memory_utilization, or lower serving.max_model_len"
     )
-    assert plan_memory(m, h100, memory_options(tp=2, max_batched_tokens=8192, max_model_len=1872)).gpu_blocks == 117
-    assert plan_memory(m, h100, memory_options(tp=2, max_model_len=8192, gpu_blocks=117)).gpu_blocks == 117
+    at_85 = {"tp": 2, "max_batched_tokens": 8192, "gpu_memory_utilization": 0.85}
+    assert plan_memory(m, h100, memory_options(**at_85, max_model_len=2080)).gpu_blocks == 130
+    assert plan_memory(m, h100, memory_options(tp=2, max_model_len=8192, gpu_blocks=130)).gpu_blocks == 130
