@@ -214,6 +214,20 @@ def test_collective_table_fits_the_collectives_section(tmp_path, capsys):
         assert seg.latency_us == pytest.approx(20.0, rel=1e-3) and seg.bandwidth_gbps == pytest.approx(100.0, rel=1e-3)
 
 
+def test_collective_timed_twice_far_apart_is_refused_and_nothing_written(tmp_path, capsys):
+    """The GEMM rule for repeats holds for collectives: the same all-reduce size timed at 2x is
+    one line naming the file, the row and the column, exit status 2, no profile."""
+    table = _collectives_table(tmp_path)
+    lines = table.read_text().splitlines()
+    cells = lines[3].split(",")
+    lines.append(",".join(cells[:6] + [f"{float(cells[6]) * 2:.9f}", "0"]))
+    table.write_text("\n".join(lines) + "\n")
+    rc, out = _calibrate(tmp_path, table)
+    err = capsys.readouterr().err
+    assert rc == 2 and not out.exists() and len(err.strip().splitlines()) == 1
+    assert f"{table}: row 33 (line 34), column 'median_ms'" in err and "as row 3 (line 4," in err, err
+
+
 def test_vidur_network_table_in_the_current_folder_takes_its_setup_from_device(tmp_path, capsys, monkeypatch):
     """vidur's all_reduce.csv has no setup column (its folder names the setup): a copy in the
     current folder takes the setup --device names, where it used to read an empty setup."""
