@@ -183,6 +183,25 @@ def test_repeated_measurements_that_agree_are_all_fitted(tmp_path, capsys):
     assert rc == 0 and load_hardware(str(out)).calibration.gemm.rows == 19
 
 
+def test_an_elementwise_kind_with_one_row_is_named_on_stderr_and_not_fitted(tmp_path, capsys):
+    """A norm measured at one size cannot give a launch cost and a bandwidth: the profile is
+    written without it (`sim profile` relies on the skip), and stderr says which kind and why."""
+    lines = _generic_lines()
+    lines[0] += ",n_head,n_kv_head,n_embd,n_expanded_embd,tp"
+    lines[1:] = [line + ",,,,," for line in lines[1:]]
+    lines.append("mygpu,input_layernorm,64,,,0.004,32,8,4096,14336,1")
+    path = tmp_path / "mine.csv"
+    path.write_text("\n".join(lines) + "\n")
+    rc, out = _calibrate(tmp_path, path)
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    assert load_hardware(str(out)).calibration.elementwise == {}
+    (note,) = captured.err.strip().splitlines()
+    assert note.startswith("note: norm: 1 row (") and f"{path}, row 20" in note and "not fitted" in note, note
+    # the summary lists what this run fitted: not the norm, nor the base profile's collectives
+    assert "norm" not in captured.out and "all_reduce" not in captured.out and "gemm:" in captured.out
+
+
 def test_sim_hardware_shows_measured_derived_and_datasheet(capsys):
     assert main(["hardware", "l40"]) == 0
     out = capsys.readouterr().out
