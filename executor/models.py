@@ -39,6 +39,14 @@ def select_device(device: str | None = None):
     return checked_device("auto" if device is None else device)
 
 
+def check_dtype_name(dtype: str, option: str = "--dtype") -> str:
+    """`dtype` when the executor runs it (fp32, fp16, bf16 or torch's names), else one line
+    naming `option`."""
+    if str(dtype).lower().replace("torch.", "") not in _DTYPES:
+        raise InfersimError(f"{option}: the executor runs fp32, fp16 or bf16, got '{dtype}'")
+    return dtype
+
+
 def select_dtype(dtype: str | None, device) -> "torch.dtype":
     """fp32/fp16/bf16 (or torch names); None: fp32 on cpu, fp16 on cuda."""
     if dtype is None:

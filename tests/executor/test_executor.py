@@ -223,7 +223,7 @@ seed: 2
 """
 
 
-def test_sim_exec_writes_the_run_directory_of_sim_run(zoo_dir, tmp_path):
+def test_sim_exec_writes_the_run_directory_of_sim_run(zoo_dir, tmp_path, capsys):
     import pandas as pd
 
     from infersim.cli.main import main
@@ -244,11 +244,11 @@ def test_sim_exec_writes_the_run_directory_of_sim_run(zoo_dir, tmp_path):
                 "1",
                 "--out",
                 str(tmp_path / "exec"),
-                "-q",
             ]
         )
         == 0
     )
+    printed = " ".join(capsys.readouterr().out.split())  # rich wraps lines at the terminal's width
     sim, ex = tmp_path / "sim", tmp_path / "exec"
     sim_files = {p.name for p in sim.iterdir()}
     ex_files = {p.name for p in ex.iterdir()}
@@ -262,6 +262,13 @@ def test_sim_exec_writes_the_run_directory_of_sim_run(zoo_dir, tmp_path):
     assert set(s_sim) - {"speculation", "offload"} <= set(s_ex)
     assert s_ex["finished"] == 10 and s_ex["aborted"] == 0
     assert s_ex["preemptions"]["swap"] > 0 and s_ex["swap_out_bytes"] > 0  # 40 blocks are too few for 10 requests
+    # the printed summary names the device that ran, the engine clock and the bytes swapped in kB
+    from infersim.cli.run import data_size
+
+    assert "exec-small: zoo-target on cpu (fp32), fcfs/swap" in printed, printed
+    assert f"in {s_ex['makespan_s']:.2f} s on the engine clock" in printed and "simulated" not in printed
+    assert f"swapped {data_size(s_ex['swap_out_bytes'])} out" in printed and " kB out" in printed
+    assert "of 40 device KV blocks (in CPU memory)" in printed
     req = pd.read_parquet(ex / "requests.parquet")
     assert (req["finish_s"] >= req["first_token_s"]).all() and (req["first_token_s"] >= req["arrival_s"]).all()
     # per-iteration records: one row per iteration, batch composition adding up
@@ -299,3 +306,12 @@ def test_sim_exec_errors_are_one_line(tmp_path, capsys):
     wl.write_text(WORKLOAD)
     assert main(["exec", "--workload", str(wl), "--model", str(tmp_path / "nope"), "-q"]) == 2
     assert "not a zoo name" in capsys.readouterr().err
+    # the executor's own dtypes, not the workload card's rules; no thread count of 0
+    for flag, value, message in (
+        ("--dtype", "fp8", "--dtype: the executor runs fp32, fp16 or bf16, got 'fp8'"),
+        ("--threads", "0", "--threads: expected a whole number >= 1, got 0"),
+    ):
+        out = tmp_path / "out"
+        assert main(["exec", "-w", str(wl), "-m", "zoo-target", flag, value, "-o", str(out), "-q"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.endswith(message) and len(err.splitlines()) == 1 and not out.exists(), err
