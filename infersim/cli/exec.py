@@ -115,10 +115,4 @@ def run(args: argparse.Namespace) -> int:
             f"executed {ex['model']} on {ex['device']} ({ex['dtype']}): forward {ex['forward_s']:.2f} s, "
             f"scheduling {ex['schedule_s']:.3f} s, swaps {ex['swap_s']:.3f} s"
         )
-        sx = summary.get("speculation")
-        if sx and sx.get("executed"):
-            print(
-                f"speculation ({sx['method']}, {sx['mode']}): {sx['acceleration_rate']:.2f} tokens per target step, "
-                f"acceptance {sx['acceptance_rate']:.2f}, final s {sx['s']['final']}"
-            )
     return finish_status(summary, args.quiet)

@@ -440,6 +440,13 @@ def print_summary(s: dict, spec, out: Path, wall_s: float) -> None:
             f"{dis['kv_transfer_bytes'] / 1e9:.2f} GB; p50 transfer wait {1e3 * ph['transfer_wait_s']['p50']:.3g} ms, "
             f"transfer {1e3 * ph['transfer_s']['p50']:.3g} ms, decode queueing {1e3 * ph['decode_queueing_s']['p50']:.3g} ms"
         )
+    sx = s.get("speculation")
+    if sx and sx.get("acceleration_rate") is not None:  # the same line for `sim run` and `sim exec`
+        c.print(
+            f"speculation ({sx['method']}, {sx['mode']}): {sx['acceleration_rate']:.2f} tokens per target step, "
+            f"acceptance {sx['acceptance_rate']:.2f}"
+            + (f", final s {sx['s']['final']}" if (sx.get("s") or {}).get("final") is not None else "")
+        )
     c.print(f"results in {out}/ ({wall_s:.2f} s wall)")
 
 
