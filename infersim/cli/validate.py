@@ -96,12 +96,14 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.list:
+        print(f"{'case':20s} {'mode':12s} {'small':6s}what")
         for c in CASES.values():
             ok, why = MODES.get(c.mode).availability()
             print(
-                f"{c.name:20s} {c.mode:12s} {'small ' if c.small else '      '}{c.title}"
+                f"{c.name:20s} {c.mode:12s} {'yes' if c.small else '':6s}{c.title}"
                 + ("" if ok else f"  [not available: {why}]")
             )
+        print("small: one of the cheapest cases, which the test suite runs")
         return 0
     if (args.workload is None) == (args.case is None):
         raise InfersimError("give exactly one of --workload FILE and --case NAME (see --list)")
