@@ -200,6 +200,8 @@ def _check_names(args: argparse.Namespace) -> None:
 
 
 def print_checks(result: dict) -> None:
+    """The targets as a table with each miss's source in a word, then the verdict and each
+    source's explanation once (report.md gives each row's in full)."""
     checks = (result.get("judged") or {}).get("checks", result["checks"])  # the pass rule's (analysis/validate/rule.py)
     t = Table(title=f"{result['case']}: simulated vs measured, judged by the pass rule")
     for col in ("metric", "error", "judged on", "raw", "target", "", "source of the miss"):
@@ -212,9 +214,15 @@ def print_checks(result: dict) -> None:
             _pct(c.get("raw")),
             f"≤ {c['target']:.0%}",
             "[green]pass[/]" if c["ok"] else "[red]MISS[/]",
-            c["component"],
+            "" if c["ok"] else (c.get("kind") or c["component"]),
         )
-    Console().print(t)
+    console = Console()
+    console.print(t)
+    missed = [c for c in checks if not c["ok"]]
+    verdict = f"{len(missed)} of {len(checks)} targets missed" if missed else f"all {len(checks)} targets met"
+    console.print(f"verdict: {verdict}")
+    for component in dict.fromkeys(c["component"] for c in missed if c["component"]):
+        console.print(f"  {component}", highlight=False)
 
 
 def _pct(v) -> str:
