@@ -190,10 +190,12 @@ def run(args: argparse.Namespace) -> int:
 def _check_names(args: argparse.Namespace) -> None:
     """What the validation would refuse only after its calibration runs: the model, the device,
     the hardware profile and a saved fit, each checked before the output folder is made."""
-    from infersim.executor.models import resolve_model_path, select_device
+    from infersim.executor.models import check_dtype_name, resolve_model_path, select_device
 
     in_field("", "--model", resolve_model_path, args.model)
     select_device(args.device)
+    if args.dtype is not None:
+        check_dtype_name(args.dtype)
     in_field("", "--profile", load_hardware, args.profile)
     if args.calibration is not None:
         read_fit_json(args.calibration)

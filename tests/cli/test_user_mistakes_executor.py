@@ -69,6 +69,7 @@ def test_exec_pools_larger_than_the_machine(wl, tmp_path):
         (["--device", "tpu"], "--device tpu"),
         (["--cost-model", "roofline", "--profile", "cpu-referenc"], "--profile: unknown hardware profile"),
         (["--calibration", "missing.json"], "missing.json"),
+        (["--dtype", "fp8"], "--dtype: the executor runs fp32, fp16 or bf16, got 'fp8'"),  # before calibrating
     ],
 )
 def test_validate_refuses_names_before_making_its_folder(wl, tmp_path, extra, needle):
