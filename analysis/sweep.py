@@ -57,7 +57,7 @@ from infersim.simulator.metrics.summary import CORE_METRICS, FEATURE_SECTIONS
 from infersim.simulator.preflight import traced_requests
 from infersim.simulator.progress import ProgressBar
 from infersim.simulator.validation import STRICT_CONFIG, check_memory, expected_requests, in_field, simulation_bytes
-from infersim.simulator.workload.builder import load_workload
+from infersim.simulator.workload.builder import FILE_FIELDS, find_beside, load_workload
 from infersim.simulator.workload.schema import WorkloadSpec
 from infersim.simulator.yamlio import atomic_path, load_model_file, validate, write_atomic
 
@@ -404,7 +404,27 @@ def check_metrics(space: SweepSpace, source: str) -> None:
 
 
 def load_space(path: str | Path) -> SweepSpace:
-    return load_model_file(SweepSpace, path)
+    """The space file, its `model` / `hardware.profile` files found beside it (`files_beside`)."""
+    return files_beside(load_model_file(SweepSpace, path), Path(path).parent)
+
+
+def files_beside(space: SweepSpace, folder: Path) -> SweepSpace:
+    """The space with each `model` / `hardware.profile` value (a parameter's or a `fixed` one)
+    that names a file the current folder lacks but `folder` holds named by its path from here:
+    the rule a workload's own fields follow (the current folder's file wins)."""
+
+    def found(path: str, value: Any) -> Any:
+        return find_beside(value, folder) if path in FILE_FIELDS and isinstance(value, str) else value
+
+    parameters = {}
+    for path, spec in space.parameters.items():
+        if isinstance(spec, list):
+            spec = [found(path, v) for v in spec]
+        elif isinstance(spec, ValuesParam):
+            spec = ValuesParam(values=[found(path, v) for v in spec.values])
+        parameters[path] = spec
+    fixed = {path: found(path, v) for path, v in space.fixed.items()}
+    return space.model_copy(update={"parameters": parameters, "fixed": fixed})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -497,6 +517,7 @@ def run_sweep(
     if options.trials is not None:
         space = space.model_copy(update={"optuna": space.optuna.model_copy(update={"trials": options.trials})})
     spec, wl_path = load_workload(workload)
+    space = files_beside(space, wl_path.parent)  # after the space file's folder (load_space)
     base = resolve_config(spec.model_dump(mode="json"), space.fixed)
     base_spec = validate(WorkloadSpec, base, f"{wl_path} with the space's 'fixed' overrides")
     params = check_space(space, base_spec, source, run, wl_path.parent)  # before anything is written

@@ -34,9 +34,23 @@ class KVCacheConfig:
     prefix_caching: bool = field(
         default=False, metadata={"help": "share blocks of common prompt prefixes (executor/prefix_kv.py; the Engine)"}
     )
+    committed_blocks: int | None = field(
+        default=None,
+        metadata={
+            "help": "on CPU, the leading blocks of each pool committed (zero-filled) at allocation, the rest "
+            "left to the first write; None: every block"
+        },
+    )
 
     @classmethod
-    def from_serving(cls, serving, gpu_blocks: int, cpu_blocks: int, dtype: torch.dtype | None = None):
+    def from_serving(
+        cls,
+        serving,
+        gpu_blocks: int,
+        cpu_blocks: int,
+        dtype: torch.dtype | None = None,
+        committed_blocks: int | None = None,
+    ):
         """The cache a workload's `serving:` section asks for, with the pools as planned."""
         return cls(
             gpu_blocks,
@@ -45,6 +59,7 @@ class KVCacheConfig:
             serving.watermark,
             dtype=dtype,
             prefix_caching=serving.prefix_caching,
+            committed_blocks=committed_blocks,
         )
 
 
@@ -75,19 +90,15 @@ class PagedKVCache(BlockCounts):
         self.watermark_blocks = int(config.watermark * gpu_blocks)
         shape = (num_layers, self.total_gpu, self.block_size, num_kv_heads, head_dim)
         cuda = self.device.type == "cuda"
-        # Every page committed up front, as cudaMalloc and pinned host memory (cudaHostAlloc) are
-        # on a GPU: on the CPU, torch.empty leaves pages to be committed (faulted in and zeroed
-        # by the kernel) when a block is first written, which made a swap-out into a fresh host
-        # block 2-3x slower than into a used one (a 4 KiB block chunk: 13-22 us against 7 us
-        # per block) and a run's copy speed depend on how many host blocks it had touched before.
-        alloc = torch.empty if cuda else torch.zeros
-        self._k = alloc(shape, dtype=dtype, device=self.device)
-        self._v = alloc(shape, dtype=dtype, device=self.device)
+        self._k = torch.empty(shape, dtype=dtype, device=self.device)
+        self._v = torch.empty(shape, dtype=dtype, device=self.device)
         self.k = list(self._k.unbind(0))  # per-layer pools
         self.v = list(self._v.unbind(0))
         host_shape = (num_layers, self.total_cpu, self.block_size, num_kv_heads, head_dim)
-        self._hk = alloc(host_shape, dtype=dtype, pin_memory=cuda)
-        self._hv = alloc(host_shape, dtype=dtype, pin_memory=cuda)
+        self._hk = torch.empty(host_shape, dtype=dtype, pin_memory=cuda)
+        self._hv = torch.empty(host_shape, dtype=dtype, pin_memory=cuda)
+        if not cuda:
+            self._commit(config.committed_blocks)
         self.stream = torch.cuda.Stream(device=self.device) if cuda else None
         self.copy_calls = 0  # host-link copy calls made by swaps so far (see _copy)
         self._pending = None  # CUDA event the compute stream must wait for
@@ -101,6 +112,17 @@ class PagedKVCache(BlockCounts):
         # that it only ever holds finite KV values.
         self._clean = [False] * self.total_gpu
         self._zero([0])
+
+    def _commit(self, blocks: int | None) -> None:
+        """Commit (zero-fill) the leading `blocks` of both CPU pools, as cudaMalloc and pinned host
+        memory commit every page up front on a GPU. An uncommitted page is faulted in and zeroed
+        by the kernel when a block is first written, which made a swap-out into a fresh host block
+        2-3x slower than into a used one (a 4 KiB block chunk: 13-22 us against 7 us per block).
+        The free lists hand out the lowest ids first, so a run whose requests hold at most
+        `blocks` blocks writes only committed pages; the rest of a large planned pool costs no
+        memory until used (a 4 GiB default pool zero-filled took 15 s for an 8-request run)."""
+        for pool in (self._k, self._v, self._hk, self._hv):
+            pool[:, : pool.shape[1] if blocks is None else blocks].zero_()
 
     # ---- accounting (the same numbers as simulator/engine/blocks.py; BlockCounts adds used_*) --
     @property

@@ -39,6 +39,14 @@ def select_device(device: str | None = None):
     return checked_device("auto" if device is None else device)
 
 
+def check_dtype_name(dtype: str, option: str = "--dtype") -> str:
+    """`dtype` when the executor runs it (fp32, fp16, bf16 or torch's names), else one line
+    naming `option`."""
+    if str(dtype).lower().replace("torch.", "") not in _DTYPES:
+        raise InfersimError(f"{option}: the executor runs fp32, fp16 or bf16, got '{dtype}'")
+    return dtype
+
+
 def select_dtype(dtype: str | None, device) -> "torch.dtype":
     """fp32/fp16/bf16 (or torch names); None: fp32 on cpu, fp16 on cuda."""
     if dtype is None:
@@ -109,7 +117,7 @@ def load_model(
     try:
         config = AutoConfig.from_pretrained(str(path), local_files_only=True)
     except Exception as exc:  # transformers raises many kinds for a bad config.json
-        raise InfersimError(f"{path}/config.json: {exc}") from exc
+        raise InfersimError(f"{path}/config.json: {_first_line(exc)}") from exc
     family = getattr(config, "model_type", None)
     if family not in SUPPORTED_FAMILIES:
         raise InfersimError(
@@ -120,18 +128,29 @@ def load_model(
         raise InfersimError(f"{path}: no weights (*.safetensors) in the checkpoint folder")
     if tdtype == torch.float16 and dev.type == "cpu":
         pass  # allowed (slow on most CPUs), as Hugging Face allows it
-    model = AutoModelForCausalLM.from_pretrained(
-        str(path), dtype=tdtype, local_files_only=True, attn_implementation="sdpa"
-    )
+    try:  # a truncated or foreign weights file raises whatever its reader raises
+        model = AutoModelForCausalLM.from_pretrained(
+            str(path), dtype=tdtype, local_files_only=True, attn_implementation="sdpa"
+        )
+    except Exception as exc:
+        raise InfersimError(f"{path}: the weights do not load: {_first_line(exc)}") from exc
     model.to(dev).eval()
     tokenizer = None
     if (path / "tokenizer.json").exists():
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        except Exception as exc:
+            raise InfersimError(f"{path}/tokenizer.json: does not load: {_first_line(exc)}") from exc
     meta = json.loads((path / "zoo.json").read_text()) if (path / "zoo.json").exists() else {}
     name = str(name_or_path) if not Path(str(name_or_path)).exists() else path.name
     return LoadedModel(name, path, model, config, family, dev, tdtype, tokenizer, meta)
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
 
 
 def hf_greedy_generate(model, prompts, outputs) -> list[list[int]]:

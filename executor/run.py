@@ -38,6 +38,7 @@ from .serving import (
     serve,
     served_limits,
     single_replica,
+    workload_blocks,
     write_engine_run,
 )
 from .speculative.engine import execute_speculative
@@ -76,7 +77,9 @@ def execute(spec, requests, model: str, out: Path, opts: ExecOptions = ExecOptio
         engine = Engine(
             lm,
             build_scheduler(sv.scheduler, sv.preemption),
-            KVCacheConfig.from_serving(sv, mem["gpu_blocks"], mem["cpu_blocks"], kv_dtype),
+            KVCacheConfig.from_serving(
+                sv, mem["gpu_blocks"], mem["cpu_blocks"], kv_dtype, workload_blocks(requests, sv.block_size)
+            ),
             limits=limits,
             metrics=metrics,
             realtime=opts.realtime,

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -82,10 +83,17 @@ def served_limits(sv, lm) -> SchedulerLimits:
     return SchedulerLimits(sv.max_batch_size, max_batched, max_len, sv.chunked_prefill)
 
 
+def workload_blocks(requests, block_size: int) -> int:
+    """The most KV blocks the requests can hold at once: every prompt and output resident, each
+    with a block to spare (the blocks a CPU cache commits up front, KVCacheConfig.committed_blocks)."""
+    tokens = np.asarray(requests.prompt_tokens, dtype=np.int64) + np.asarray(requests.output_tokens, dtype=np.int64)
+    return int((-(-tokens // block_size) + 1).sum())
+
+
 def _check_host_pools(lm, gpu_blocks: int, cpu_blocks: int, block_bytes: int, source: str) -> None:
     """Refuse, before allocating them, KV pools larger than this machine's memory: the host pool
-    always lives there, and on cpu the device pool too (both zero-filled, so every page is
-    committed at once)."""
+    always lives there, and on cpu the device pool too (a workload that fills them writes every
+    page)."""
     pool_bytes = (cpu_blocks + (gpu_blocks if lm.device.type == "cpu" else 0)) * block_bytes
     total_bytes = host_memory_gb() * 1e9
     if pool_bytes > total_bytes:

@@ -325,8 +325,9 @@ def _get(d: dict, path: tuple[str, ...]):
 # ---- targets and attribution ---------------------------------------------------------------------
 @dataclass(frozen=True)
 class _Attribution:
-    """What a miss is blamed on: the machine's noise around the run first (a busy machine
-    explains any miss), then the acceptance model, the scheduling and the cost model."""
+    """What a miss is blamed on: the machine's noise around the run first (when it is large
+    enough to explain the miss, `explains`), then the acceptance model, the scheduling and the
+    cost model."""
 
     cm: dict  # the cost model level (Comparison.cost_model)
     replay: dict  # the simulation with the executor's measured times (Comparison.replay)
@@ -371,9 +372,28 @@ class _Attribution:
         """The machine was busy around the run: its speed moved between the calibrations, or iterations stalled."""
         return self.moved or any(np.isfinite(x) and x > STALL_LIMIT for x in (self.stalls, self.calibration_stalls))
 
+    def explains(self, err: float | None) -> bool:
+        """The busy machine explains an error `err` (a fraction): its speed moved between the
+        calibrations and its iterations stalled (each stall at least doubles an iteration) by
+        at least half the error, the share a replay must reach to be blamed. A +58% cost-model
+        bias is not explained by a machine whose speed moved 8%."""
+        if not self.busy:
+            return False
+        if err is None or not np.isfinite(err):
+            return True
+        stalls = max((x for x in (self.stalls, self.calibration_stalls) if np.isfinite(x)), default=0.0)
+        return (abs(self.shift) if np.isfinite(self.shift) else 0.0) + stalls >= 0.5 * abs(err)
+
+    def _busy_note(self) -> str:
+        """Past a miss blamed elsewhere: how busy the machine was, too little to explain it."""
+        if not self.busy:
+            return ""
+        moved = f"speed moved {self.shift:+.1%}, " if np.isfinite(self.shift) else ""
+        return f"; the machine was busy ({moved}{pct(self.stalls)} of iterations stalled), too little to explain it"
+
     def end_to_end(self, err: float | None, replay_err: float | None = None) -> str:
         """The component an end-to-end error comes from."""
-        if self.busy:
+        if self.explains(err):
             return self._end_to_end_noise()
         if self.acceptance_error is not None and abs(self.acceptance_error) > 0.05:
             return f"acceptance model (simulated acceptance {self.acceptance_error:+.1%} off)"
@@ -383,7 +403,7 @@ class _Attribution:
                 f"{replay_err:+.1%} off; {self.replay.get('aligned_fraction', float('nan')):.0%} of its iterations ran "
                 f"the executor's batch)"
             )
-        return self._end_to_end_model(err, replay_err)
+        return self._end_to_end_model(err, replay_err) + self._busy_note()
 
     def _end_to_end_noise(self) -> str:
         """An end-to-end miss on a busy machine: its speed moved, or iterations stalled."""
@@ -418,20 +438,20 @@ class _Attribution:
     def iteration(self) -> str:
         """The component a per-iteration latency miss comes from."""
         cm = self.cm
+        if not self.explains(cm.get("mape")):
+            source = within_run_source(cm) or (
+                f"cost model (bias {cm.get('bias', float('nan')):+.1%}, timing jitter {pct(self.jitter)})"
+            )
+            return source + self._busy_note()
         if self.moved:
             return (
                 f"timing noise: the machine's speed moved {self.shift:+.1%} between the calibration runs before and "
                 f"after the validated run (cost-model bias {cm.get('bias', float('nan')):+.1%})"
             )
-        if self.busy:
-            return (
-                f"timing noise: {pct(self.stalls)} of iterations stalled (took >= 2x their like neighbours: the "
-                f"process lost its core), {pct(self.calibration_stalls)} while calibrating, jitter {pct(self.jitter)}; "
-                f"cost model on the unstalled iterations {pct(cm.get('mape_unstalled'))}"
-            )
         return (
-            within_run_source(cm)
-            or f"cost model (bias {cm.get('bias', float('nan')):+.1%}, timing jitter {pct(self.jitter)})"
+            f"timing noise: {pct(self.stalls)} of iterations stalled (took >= 2x their like neighbours: the "
+            f"process lost its core), {pct(self.calibration_stalls)} while calibrating, jitter {pct(self.jitter)}; "
+            f"cost model on the unstalled iterations {pct(cm.get('mape_unstalled'))}"
         )
 
 
@@ -472,7 +492,9 @@ def check_targets(c: Comparison, compare: tuple[str, ...], targets: dict | None 
             "recompute cost (re-prefill time)",
             c.cost_model["recompute"]["error"],
             t["recompute_cost"],
-            lambda: why.noise() if why.busy else "cost model (prefill iterations)",
+            lambda: why.noise()
+            if why.explains(c.cost_model["recompute"]["error"])
+            else "cost model (prefill iterations)",
         )
     return list(checks)
 
@@ -507,7 +529,7 @@ def _swap_cost_check(swap: dict, t: dict, why: _Attribution, checks: _Checks) ->
         "swap cost (total copy time)",
         swap["error"],
         t["swap_cost"],
-        lambda: (why.noise() + f"; {band}") if why.busy else f"cost model (host-copy fit; {band})",
+        lambda: (why.noise() + f"; {band}") if why.explains(swap["error"]) else f"cost model (host-copy fit; {band})",
     )
 
 

@@ -896,7 +896,16 @@ def print_report(result: dict, console=None) -> None:
     if "total" in result["timings"]:
         t.add_row("time", f"{result['timings']['total']:.0f} s")
     console.print(t)
-    console.print(f"wrote {result['profile']} and {result['sidecar']}")
+    console.print(f"wrote {', '.join(map(str, written_files(result)))}")
+
+
+def written_files(result: dict) -> list[Path]:
+    """The profile and the files it names, which travel with it: the sidecar and, when the GEMM
+    fit wrote one, the measured GEMM table (a profile copied without it does not load)."""
+    profile = Path(result["profile"])
+    gemm = ((result["hardware"].get("calibration") or {}).get("gemm")) or {}
+    shapes = (gemm.get("measured_shapes") or {}).get("file")
+    return [profile, Path(result["sidecar"])] + ([profile.with_name(Path(shapes).name)] if shapes else [])
 
 
 def _add_fit_rows(t: Table, hw: dict, rse: dict) -> None:

@@ -4,6 +4,7 @@ docs/profiling.md, "sim calibrate")."""
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from infersim.simulator.calibration.calibrate import PROFILE_SUFFIXES, CalibrateOptions, calibrate
@@ -78,4 +79,6 @@ def run(args: argparse.Namespace) -> int:
     result = calibrate(opts)
     for line in result.summary_lines():
         print(line)
+    for note in result.notes:
+        print(note, file=sys.stderr)
     return 0

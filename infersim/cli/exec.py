@@ -72,10 +72,13 @@ def run(args: argparse.Namespace) -> int:
         import transformers  # noqa: F401
     except ImportError as exc:
         raise InfersimError(f'the executor needs PyTorch and transformers ({exc}): pip install ".[executor]"')
+    from infersim.executor.models import check_dtype_name
     from infersim.executor.run import execute
 
     t0 = time.perf_counter()
-    if args.threads:
+    if args.dtype is not None:  # before the workload: its card's dtype rules are not the executor's
+        check_dtype_name(args.dtype)
+    if args.threads is not None:
         torch.set_num_threads(positive_int(args.threads, "--threads"))
     args.model_override, args.hardware, model = None, None, args.model
     ns = argparse.Namespace(**{**vars(args), "model": None})
@@ -112,10 +115,4 @@ def run(args: argparse.Namespace) -> int:
             f"executed {ex['model']} on {ex['device']} ({ex['dtype']}): forward {ex['forward_s']:.2f} s, "
             f"scheduling {ex['schedule_s']:.3f} s, swaps {ex['swap_s']:.3f} s"
         )
-        sx = summary.get("speculation")
-        if sx and sx.get("executed"):
-            print(
-                f"speculation ({sx['method']}, {sx['mode']}): {sx['acceleration_rate']:.2f} tokens per target step, "
-                f"acceptance {sx['acceptance_rate']:.2f}, final s {sx['s']['final']}"
-            )
     return finish_status(summary, args.quiet)

@@ -368,6 +368,8 @@ def batch_and_kv_line(s: dict) -> str:
         )
     # an offload executor's pool lives in host memory (executor/offload/serve.py)
     pool = "host-memory KV blocks" if (s.get("offload") or {}).get("host_memory") else "GPU blocks"
+    if (s.get("executor") or {}).get("device") == "cpu" and pool == "GPU blocks":
+        pool = "device KV blocks (in CPU memory)"
     return (
         f"batch size mean {s['batch_size']['mean_busy']:.1f} (max {s['batch_size']['max']:.0f}); KV use mean "
         f"{100 * s['kv_utilization']['mean_busy']:.1f}% (max {100 * s['kv_utilization']['max']:.1f}%) of "
@@ -375,9 +377,20 @@ def batch_and_kv_line(s: dict) -> str:
     )
 
 
+def data_size(n_bytes: float) -> str:
+    """Bytes in the largest unit that keeps a digit before the point (3.1 MB, not 0.00 GB)."""
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n_bytes >= size:
+            return f"{n_bytes / size:.2f} {unit}"
+    return f"{n_bytes:.0f} B"
+
+
 def print_summary(s: dict, spec, out: Path, wall_s: float) -> None:
+    """The run's table and lines; a real run (`sim exec`: an `executor` section) is named by the
+    device it ran on and its time by the engine clock, not the workload's card and a simulation."""
     c = Console()
-    where = deployment_line(spec)
+    ex = s.get("executor")
+    where = f"{ex['device']} ({ex['dtype']})" if ex else deployment_line(spec)
     t = Table(title=f"{spec.name}: {spec.model} on {where}, {spec.serving.scheduler}/{spec.serving.preemption}")
     for col in ("metric", "mean", "p50", "p90", "p99"):
         t.add_column(col, justify="left" if col == "metric" else "right")
@@ -396,14 +409,15 @@ def print_summary(s: dict, spec, out: Path, wall_s: float) -> None:
     c.print(t)
     p = s["preemptions"]
     c.print(
-        f"requests {s['finished']}/{s['requests']} finished ({s['aborted']} aborted) in {s['makespan_s']:.2f} s simulated; "
+        f"requests {s['finished']}/{s['requests']} finished ({s['aborted']} aborted) in {s['makespan_s']:.2f} s "
+        f"{'on the engine clock' if ex else 'simulated'}; "
         f"throughput {s['throughput_req_per_s']:.2f} req/s, {s['throughput_output_tokens_per_s']:.1f} output tok/s"
     )
     if abort_line(s):
         c.print(f"[yellow]{abort_line(s)}[/]")
     c.print(
         f"preemptions: {p['recompute']} recompute ({p['recompute_forced_by_full_cpu']} forced by full CPU), {p['swap']} swap; "
-        f"swapped {s['swap_out_bytes'] / 1e9:.2f} GB out, {s['swap_in_bytes'] / 1e9:.2f} GB in"
+        f"swapped {data_size(s['swap_out_bytes'])} out, {data_size(s['swap_in_bytes'])} in"
     )
     c.print(batch_and_kv_line(s))
     pc = s.get("prefix_cache")
@@ -425,6 +439,13 @@ def print_summary(s: dict, spec, out: Path, wall_s: float) -> None:
             f"disaggregated: {dis['kv_transfers']} KV transfers ({dis['kv_transfers_streamed']} streamed), "
             f"{dis['kv_transfer_bytes'] / 1e9:.2f} GB; p50 transfer wait {1e3 * ph['transfer_wait_s']['p50']:.3g} ms, "
             f"transfer {1e3 * ph['transfer_s']['p50']:.3g} ms, decode queueing {1e3 * ph['decode_queueing_s']['p50']:.3g} ms"
+        )
+    sx = s.get("speculation")
+    if sx and sx.get("acceleration_rate") is not None:  # the same line for `sim run` and `sim exec`
+        c.print(
+            f"speculation ({sx['method']}, {sx['mode']}): {sx['acceleration_rate']:.2f} tokens per target step, "
+            f"acceptance {sx['acceptance_rate']:.2f}"
+            + (f", final s {sx['s']['final']}" if (sx.get("s") or {}).get("final") is not None else "")
         )
     c.print(f"results in {out}/ ({wall_s:.2f} s wall)")
 

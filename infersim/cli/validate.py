@@ -96,12 +96,14 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.list:
+        print(f"{'case':20s} {'mode':12s} {'small':6s}what")
         for c in CASES.values():
             ok, why = MODES.get(c.mode).availability()
             print(
-                f"{c.name:20s} {c.mode:12s} {'small ' if c.small else '      '}{c.title}"
+                f"{c.name:20s} {c.mode:12s} {'yes' if c.small else '':6s}{c.title}"
                 + ("" if ok else f"  [not available: {why}]")
             )
+        print("small: one of the cheapest cases, which the test suite runs")
         return 0
     if (args.workload is None) == (args.case is None):
         raise InfersimError("give exactly one of --workload FILE and --case NAME (see --list)")
@@ -188,16 +190,20 @@ def run(args: argparse.Namespace) -> int:
 def _check_names(args: argparse.Namespace) -> None:
     """What the validation would refuse only after its calibration runs: the model, the device,
     the hardware profile and a saved fit, each checked before the output folder is made."""
-    from infersim.executor.models import resolve_model_path, select_device
+    from infersim.executor.models import check_dtype_name, resolve_model_path, select_device
 
     in_field("", "--model", resolve_model_path, args.model)
     select_device(args.device)
+    if args.dtype is not None:
+        check_dtype_name(args.dtype)
     in_field("", "--profile", load_hardware, args.profile)
     if args.calibration is not None:
         read_fit_json(args.calibration)
 
 
 def print_checks(result: dict) -> None:
+    """The targets as a table with each miss's source in a word, then the verdict and each
+    source's explanation once (report.md gives each row's in full)."""
     checks = (result.get("judged") or {}).get("checks", result["checks"])  # the pass rule's (analysis/validate/rule.py)
     t = Table(title=f"{result['case']}: simulated vs measured, judged by the pass rule")
     for col in ("metric", "error", "judged on", "raw", "target", "", "source of the miss"):
@@ -210,9 +216,15 @@ def print_checks(result: dict) -> None:
             _pct(c.get("raw")),
             f"≤ {c['target']:.0%}",
             "[green]pass[/]" if c["ok"] else "[red]MISS[/]",
-            c["component"],
+            "" if c["ok"] else (c.get("kind") or c["component"]),
         )
-    Console().print(t)
+    console = Console()
+    console.print(t)
+    missed = [c for c in checks if not c["ok"]]
+    verdict = f"{len(missed)} of {len(checks)} targets missed" if missed else f"all {len(checks)} targets met"
+    console.print(f"verdict: {verdict}")
+    for component in dict.fromkeys(c["component"] for c in missed if c["component"]):
+        console.print(f"  {component}", highlight=False)
 
 
 def _pct(v) -> str:

@@ -17,7 +17,7 @@ from ..metrics.rundir import check_out_file
 from ..progress import ProgressBar
 from ..yamlio import validate, write_atomic
 from .checks import check_fit, check_repeats
-from .fit import with_measured_shapes
+from .fit import unfitted_notes, with_measured_shapes
 from .fit_plot import fit_series, plot_fit
 from .profile_writer import renamed, with_sections, write_profile
 from .rows import KernelRow
@@ -53,10 +53,12 @@ class CalibrateResult:
     profile: HardwareProfile
     sections: dict[str, Any] = field(default_factory=dict)
     plot: Path | None = None
+    notes: list[str] = field(default_factory=list)  # what was read but not fitted, for stderr
 
     def summary_lines(self) -> list[str]:
         lines = [f"wrote {self.out}"] + ([f"wrote {self.plot}"] if self.plot else [])
-        cal = self.profile.calibration
+        # the sections this run fitted: a section the base profile had is carried, not fitted
+        cal = self.profile.calibration if "calibration" in self.sections else None
         if cal and cal.gemm:
             g = cal.gemm
             lines.append(
@@ -84,7 +86,7 @@ class CalibrateResult:
                 )
                 + f"; {e.rows} rows, MAPE {e.mape_pct:.1f}%, bias {e.bias_pct:+.1f}%"
             )
-        coll = self.profile.collectives
+        coll = self.profile.collectives if "collectives" in self.sections else None
         for name in ("all_reduce", "send_recv"):
             for fit in getattr(coll, name) if coll else ():
                 lines.append(
@@ -188,4 +190,4 @@ def calibrate(opts: CalibrateOptions) -> CalibrateResult:
     write_profile(opts.out, text, opts.force)
     if opts.plot is not None:
         plot_fit(fit_series(kernel_rows, profile, table), opts.plot, profile.name)
-    return CalibrateResult(opts.out, profile, sections, opts.plot)
+    return CalibrateResult(opts.out, profile, sections, opts.plot, unfitted_notes(kernel_rows))

@@ -95,6 +95,26 @@ def _provenance(source: str, rows: list[KernelRow]) -> dict:
     }
 
 
+def unfitted_kinds(rows: list[KernelRow]) -> dict[str, list[KernelRow]]:
+    """The elementwise kinds with fewer rows than their fit needs (MIN_ELEMENTWISE_ROWS: a launch
+    cost and a bandwidth need two sizes), which `fit_kernels` leaves out: `sim profile` times
+    some kinds at one size, and those operators keep the profile's `efficiency:` roofline."""
+    by_kind: dict[str, list[KernelRow]] = {}
+    for r in rows:
+        if r.kernel != "gemm":
+            by_kind.setdefault(r.kernel, []).append(r)
+    return {k: sub for k, sub in sorted(by_kind.items()) if len(sub) < MIN_ELEMENTWISE_ROWS}
+
+
+def unfitted_notes(rows: list[KernelRow]) -> list[str]:
+    """One line per kind `fit_kernels` leaves out, naming its row and why."""
+    return [
+        f"note: {kind}: {len(sub)} row ({sub[0].where}); its fit needs {MIN_ELEMENTWISE_ROWS} sizes or more: "
+        f"not fitted, the profile's `efficiency:` roofline prices {kind} kernels"
+        for kind, sub in unfitted_kinds(rows).items()
+    ]
+
+
 def fit_kernels(
     rows: list[KernelRow],
     hardware: HardwareProfile,
@@ -129,10 +149,9 @@ def fit_kernels(
             tile_share=_sig(p.tile_share),
         )
     elementwise = {}
-    for kernel in sorted({r.kernel for r in rows} - {"gemm"}):
+    unfitted = unfitted_kinds(rows)
+    for kernel in sorted({r.kernel for r in rows} - {"gemm"} - set(unfitted)):
         sub = [r for r in rows if r.kernel == kernel]
-        if len(sub) < MIN_ELEMENTWISE_ROWS:
-            continue
         on_kernel(kernel, len(sub))
         e = fit_elementwise(
             np.array([r.bytes for r in sub]),
@@ -159,7 +178,8 @@ def fit_kernels(
             **cache,
         )
     if gemm is None and not elementwise:
-        raise InfersimError(f"{source}: no GEMM or elementwise rows to fit")
+        few = f" ({', '.join(unfitted)}: fewer than {MIN_ELEMENTWISE_ROWS} rows each)" if unfitted else ""
+        raise InfersimError(f"{source}: no GEMM or elementwise rows to fit{few}")
     calib = Calibration(status="measured", source=source, gemm=gemm, elementwise=elementwise)
     return record_errors(calib, rows, hardware, dtype)
 

@@ -20,6 +20,7 @@ from typing import Iterable
 import numpy as np
 import pandas as pd
 
+from ..calibration.checks import REPEAT_RATIO
 from ..errors import InfersimError
 from .collectives import COLLECTIVES, CollectiveFit, CollectivesSection, SizeSegment, topology_of
 
@@ -60,8 +61,9 @@ def _fail(path: Path, row: int, column: str, problem: str):
 
 def read_collectives_table(path: str | Path, setup: str | None = None) -> pd.DataFrame:
     """Rows of a collective table as setup, collective, num_workers, devices_per_node,
-    max_devices_per_node, nbytes, time_s (medians over ranks of repeated rows). A malformed
-    row is a one-line InfersimError naming the file, row and column."""
+    max_devices_per_node, nbytes, time_s (medians over the ranks of vidur's tables). A malformed
+    row, or one size measured twice (on the same rank) with times more than REPEAT_RATIO apart,
+    is a one-line InfersimError naming the file, row and column."""
     path = Path(path)
     if not path.is_file():
         raise InfersimError(f"{path}: file not found")
@@ -111,8 +113,31 @@ def _validated(raw: pd.DataFrame, path: Path, median_col: str) -> pd.DataFrame:
         _fail(path, int(np.flatnonzero(empty.to_numpy())[0]), "setup", "empty")
     _check_placement(path, ints)
     table = pd.DataFrame({"setup": raw["setup"], "collective": raw["collective"], **ints, "time_s": time_ms * 1e-3})
+    # vidur's tables hold one row per rank: ranks are medianed, a repeat of one rank is checked
+    ranks = ["rank"] if "rank" in raw.columns else []
+    _check_repeats(path, table.assign(rank=raw.get("rank")), KEY + ["max_devices_per_node", "size"] + ranks, median_col)
     table["nbytes"] = table.pop("size") * BYTES_PER_ELEMENT
     return table.groupby(KEY + ["max_devices_per_node", "nbytes"], as_index=False, sort=True)["time_s"].median()
+
+
+def _check_repeats(path: Path, table: pd.DataFrame, key: list[str], column: str) -> None:
+    """Refuse one measurement given twice with times more than REPEAT_RATIO apart, as `sim
+    calibrate` does for kernel rows (simulator/calibration/checks.py): they cannot both be right."""
+    times = table.groupby(key, sort=False)["time_s"]
+    fast, slow = times.idxmin().to_numpy(), times.idxmax().to_numpy()
+    ratio = table["time_s"].to_numpy()[slow] / table["time_s"].to_numpy()[fast]
+    if (ratio > REPEAT_RATIO).any():
+        i = int(np.flatnonzero(ratio > REPEAT_RATIO)[0])
+        first, later = sorted((int(fast[i]), int(slow[i])))
+        row = table.iloc[later]
+        _fail(
+            path,
+            later,
+            column,
+            f"{row['time_s'] * 1e3:.4g} ms for the same {row['collective']} ({row['size']} elements, "
+            f"{row['num_workers']} workers) as row {first + 1} (line {first + 2}, "
+            f"{table['time_s'].iloc[first] * 1e3:.4g} ms), {ratio[i]:.3g}x apart; keep the right one",
+        )
 
 
 def _check_placement(path: Path, ints: dict[str, pd.Series]) -> None:

@@ -51,26 +51,31 @@ def load_workload(name_or_path: str) -> tuple[WorkloadSpec, Path]:
     return beside_workload(load_model_file(WorkloadSpec, path), path.parent), path
 
 
+# the workload fields that may name a file, found beside the workload file (`beside_workload`)
+FILE_FIELDS = ("model", "hardware.profile")
+
+
 def beside_workload(spec: WorkloadSpec, folder: Path) -> WorkloadSpec:
     """The spec with its `model` and `hardware.profile` files found beside the workload file when
     the current folder has no such file (the current folder's file wins, as it always did)."""
-    model = _beside(spec.model, folder)
-    profile = _beside(spec.hardware.profile, folder)
+    model = find_beside(spec.model, folder)
+    profile = find_beside(spec.hardware.profile, folder)
     if (model, profile) == (spec.model, spec.hardware.profile):
         return spec
     return spec.model_copy(update={"model": model, "hardware": spec.hardware.model_copy(update={"profile": profile})})
 
 
-def _beside(value: str, folder: Path) -> str:
+def find_beside(value: str, *folders: Path) -> str:
     """`value` (a catalog name, or a file or folder path, maybe with `:datasheet`) with a
-    relative path that exists only under `folder` taken from there."""
+    relative path that the current folder lacks taken from the first of `folders` that has it."""
     mode = ":datasheet" if value.lower().endswith(":datasheet") else ""
     name = value[: len(value) - len(mode)]
     p = Path(name).expanduser()
     looks_like_path = p.suffix in _SUFFIXES or len(p.parts) > 1
-    if not looks_like_path or p.is_absolute() or p.exists() or not (folder / p).exists():
+    if not looks_like_path or p.is_absolute() or p.exists():
         return value
-    return str(folder / p) + value[len(name) :]
+    found = next((folder / p for folder in folders if (folder / p).exists()), None)
+    return value if found is None else str(found) + value[len(name) :]
 
 
 def build_requests(spec: WorkloadSpec, base_dir: Path | str = ".") -> Requests:

@@ -453,6 +453,33 @@ def test_cli_sweep(workload, tmp_path, capsys):
     assert main(["sweep", "-w", workload, "-s", str(space_path), "-o", str(out), "--workers", "0", "-q"]) == 2
 
 
+def test_a_profile_file_given_as_a_sweep_value_is_found_beside_the_space_or_the_workload(tmp_path, monkeypatch, capsys):
+    """`hardware.profile: [card.yaml]` in a space resolves as a workload's own profile does:
+    from the current folder first, then beside the space file, then beside the workload."""
+    from infersim.simulator.paths import hwprofiles_dir
+
+    (tmp_path / "spaces").mkdir(), (tmp_path / "wl").mkdir(), (tmp_path / "here").mkdir()
+    h100 = (hwprofiles_dir() / "h100-pcie.yaml").read_text()
+    (tmp_path / "spaces" / "card.yaml").write_text(h100)
+    (tmp_path / "wl" / "wcard.yaml").write_text(h100)
+    (tmp_path / "wl" / "w.yaml").write_text(WORKLOAD)
+    space = "parameters:\n  hardware.profile: [card.yaml, wcard.yaml, h100-pcie, a100-80gb-pcie]\n"
+    (tmp_path / "spaces" / "space.yaml").write_text(space + "fixed: {requests.count: 20}\n")
+    monkeypatch.chdir(tmp_path / "here")
+    argv = ["sweep", "-w", "../wl/w.yaml", "-s", "../spaces/space.yaml", "--workers", "1", "-q"]
+    assert main(argv + ["-o", "a"]) == 0, capsys.readouterr().err
+    table = pd.read_parquet("a/results.parquet").set_index("hardware.profile")
+    assert (table["status"] == "ok").all(), table["error"].tolist()
+    assert set(table.index) == {"../spaces/card.yaml", "../wl/wcard.yaml", "h100-pcie", "a100-80gb-pcie"}
+    tput = table["throughput_output_tokens_per_s"]
+    assert tput["../spaces/card.yaml"] == tput["../wl/wcard.yaml"] == tput["h100-pcie"] != tput["a100-80gb-pcie"]
+    # a file of that name in the current folder wins
+    (tmp_path / "here" / "card.yaml").write_text((hwprofiles_dir() / "a100-80gb-pcie.yaml").read_text())
+    assert main(argv + ["-o", "b"]) == 0, capsys.readouterr().err
+    table = pd.read_parquet("b/results.parquet").set_index("hardware.profile")
+    assert table["throughput_output_tokens_per_s"]["card.yaml"] == tput["a100-80gb-pcie"]
+
+
 def test_ray_backend_matches_local(workload, tmp_path):
     ray = pytest.importorskip("ray")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")

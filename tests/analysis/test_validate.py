@@ -775,3 +775,41 @@ def test_simulator_finds_the_executors_prefix_hits_exactly(prefix_run):
         checks = compare_runs("prefix-multiturn", run, sim, roofline, ("latency", "prefix")).checks
         hit = [c for c in checks if c["metric"].startswith("prefix-cache hit rate")]
         assert len(hit) == 2 and all(c["ok"] and c["value"] == 0.0 for c in hit), hit
+
+
+def _missed(error: float, shift: float, stalls: float) -> dict:
+    """The targets of a run whose every latency is `error` off, on a machine whose speed moved
+    `shift` between the calibrations and whose iterations stalled `stalls` of the time."""
+    from infersim.analysis.validate.compare import Comparison, check_targets
+
+    latency = {"mean_error": error, "p99_error": error}
+    comparison = Comparison(
+        "synthetic",
+        cost_model={"mape": error, "bias": error, "total_bias": error, "noise": {"stalls": stalls, "jitter": 0.03}},
+        requests={"e2e_s": latency, "ttft_s": latency, "tpot_s": latency},
+        totals={"throughput_output_tokens_per_s": {"error": -error / (1 + error)}},
+        replay={"e2e_s": {"mean_error": 0.0}, "throughput_error": 0.0, "aligned_fraction": 1.0},
+        info={"speed_shift": shift, "calibration_stalls": 0.0},
+    )
+    return {c["metric"]: c for c in check_targets(comparison, ())}
+
+
+def test_a_busy_machine_is_blamed_only_for_a_miss_it_can_explain():
+    """A machine whose speed moved 8% between the calibrations explains a 12% miss, not a 58%
+    one: that is the cost model's, with the machine's business beside it."""
+    small = _missed(0.12, shift=0.079, stalls=0.035)
+    assert small["mean end-to-end latency"]["kind"] == "timing noise"
+    assert small["per-iteration latency MAPE"]["kind"] == "timing noise"
+    large = _missed(0.58, shift=0.079, stalls=0.035)
+    for metric in ("per-iteration latency MAPE", "mean end-to-end latency", "TTFT p99", "throughput (output tok/s)"):
+        c = large[metric]
+        assert not c["ok"] and c["kind"] == "cost model", c
+        assert c["component"].endswith(
+            "the machine was busy (speed moved +7.9%, 3.5% of iterations stalled), too little to explain it"
+        )
+    # a quiet machine: the cost model, with no note
+    quiet = _missed(0.58, shift=0.01, stalls=0.0)
+    assert (
+        quiet["mean end-to-end latency"]["component"].startswith("cost model")
+        and "busy" not in quiet["mean end-to-end latency"]["component"]
+    )

@@ -183,6 +183,25 @@ def test_repeated_measurements_that_agree_are_all_fitted(tmp_path, capsys):
     assert rc == 0 and load_hardware(str(out)).calibration.gemm.rows == 19
 
 
+def test_an_elementwise_kind_with_one_row_is_named_on_stderr_and_not_fitted(tmp_path, capsys):
+    """A norm measured at one size cannot give a launch cost and a bandwidth: the profile is
+    written without it (`sim profile` relies on the skip), and stderr says which kind and why."""
+    lines = _generic_lines()
+    lines[0] += ",n_head,n_kv_head,n_embd,n_expanded_embd,tp"
+    lines[1:] = [line + ",,,,," for line in lines[1:]]
+    lines.append("mygpu,input_layernorm,64,,,0.004,32,8,4096,14336,1")
+    path = tmp_path / "mine.csv"
+    path.write_text("\n".join(lines) + "\n")
+    rc, out = _calibrate(tmp_path, path)
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    assert load_hardware(str(out)).calibration.elementwise == {}
+    (note,) = captured.err.strip().splitlines()
+    assert note.startswith("note: norm: 1 row (") and f"{path}, row 20" in note and "not fitted" in note, note
+    # the summary lists what this run fitted: not the norm, nor the base profile's collectives
+    assert "norm" not in captured.out and "all_reduce" not in captured.out and "gemm:" in captured.out
+
+
 def test_sim_hardware_shows_measured_derived_and_datasheet(capsys):
     assert main(["hardware", "l40"]) == 0
     out = capsys.readouterr().out
@@ -212,6 +231,20 @@ def test_collective_table_fits_the_collectives_section(tmp_path, capsys):
         assert fit.rows == 16 and fit.mape_pct < 0.1
         seg = fit.segments[-1]
         assert seg.latency_us == pytest.approx(20.0, rel=1e-3) and seg.bandwidth_gbps == pytest.approx(100.0, rel=1e-3)
+
+
+def test_collective_timed_twice_far_apart_is_refused_and_nothing_written(tmp_path, capsys):
+    """The GEMM rule for repeats holds for collectives: the same all-reduce size timed at 2x is
+    one line naming the file, the row and the column, exit status 2, no profile."""
+    table = _collectives_table(tmp_path)
+    lines = table.read_text().splitlines()
+    cells = lines[3].split(",")
+    lines.append(",".join(cells[:6] + [f"{float(cells[6]) * 2:.9f}", "0"]))
+    table.write_text("\n".join(lines) + "\n")
+    rc, out = _calibrate(tmp_path, table)
+    err = capsys.readouterr().err
+    assert rc == 2 and not out.exists() and len(err.strip().splitlines()) == 1
+    assert f"{table}: row 33 (line 34), column 'median_ms'" in err and "as row 3 (line 4," in err, err
 
 
 def test_vidur_network_table_in_the_current_folder_takes_its_setup_from_device(tmp_path, capsys, monkeypatch):

@@ -34,6 +34,18 @@ def test_run_writes_directory_and_is_byte_identical(tmp_path, capsys):
     assert s["ttft_s"]["p50"] <= s["ttft_s"]["p99"]
 
 
+def test_a_speculative_run_prints_its_acceleration_as_sim_exec_does(tmp_path, capsys):
+    import json
+
+    wl = Path(__file__).resolve().parents[2] / "examples" / "speculative" / "draft.yaml"
+    assert main(["run", "-w", str(wl), "-n", "12", "-o", str(tmp_path / "r"), "--no-plots"]) == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    sx = json.loads((tmp_path / "r" / "summary.json").read_text())["speculation"]
+    line = f"speculation (draft, {sx['mode']}): {sx['acceleration_rate']:.2f} tokens per target step"
+    assert line in printed and f"acceptance {sx['acceptance_rate']:.2f}" in printed, printed
+    assert "s simulated" in printed
+
+
 def test_seed_changes_results(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     main(["run", "-w", "chatbot", "-n", "100", "-o", str(a), "-q", "--no-plots"])

@@ -30,6 +30,27 @@ def test_exec_device_memory_must_be_positive(wl, tmp_path, value):
     refused_untouched(_exec(wl, tmp_path, "--device-memory-gb", value), tmp_path, "--device-memory-gb", "> 0")
 
 
+@pytest.mark.parametrize(
+    "broken, needle",
+    [
+        ("model.safetensors", "the weights do not load: SafetensorError"),
+        ("tokenizer.json", "tokenizer.json: does not load: JSONDecodeError"),
+    ],
+)
+def test_exec_a_checkpoint_with_a_broken_file(wl, tmp_path, zoo_dir, broken, needle):
+    """A truncated download or a file that is not what its name says: one line naming the
+    checkpoint folder, not the reader's traceback."""
+    import shutil
+
+    from infersim.executor.models import resolve_model_path
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(resolve_model_path("zoo-target"), ckpt)
+    (ckpt / broken).write_text("not what its name says\n")
+    argv = ["exec", "-w", wl, "-m", ckpt, "-o", tmp_path / "e", "--fast", "-n", "2", "-q"]
+    assert refused_untouched(argv, tmp_path, f"{ckpt}", needle)
+
+
 def test_exec_pools_larger_than_the_machine(wl, tmp_path):
     line = refused_untouched(
         _exec(wl, tmp_path, "--device-memory-gb", "1e9"), tmp_path, f"{wl}: the KV pools", "--device-memory-gb"
@@ -48,6 +69,7 @@ def test_exec_pools_larger_than_the_machine(wl, tmp_path):
         (["--device", "tpu"], "--device tpu"),
         (["--cost-model", "roofline", "--profile", "cpu-referenc"], "--profile: unknown hardware profile"),
         (["--calibration", "missing.json"], "missing.json"),
+        (["--dtype", "fp8"], "--dtype: the executor runs fp32, fp16 or bf16, got 'fp8'"),  # before calibrating
     ],
 )
 def test_validate_refuses_names_before_making_its_folder(wl, tmp_path, extra, needle):

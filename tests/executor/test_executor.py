@@ -6,7 +6,9 @@ All on the zoo's trained models (the `zoo_dir` fixture), on CPU with one torch t
 (conftest.py)."""
 
 import json
+import os
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -140,9 +142,11 @@ def test_cost_aware_fairness_and_chunked_prefill_match_hf(zoo_target, case):
 
 def test_uninitialised_cache_memory_never_leaks_in(zoo_target, case, monkeypatch):
     """Blocks are read whole and ragged batches padded; masked rows get weight 0, but 0 x NaN
-    is NaN: pools made of NaN (as uninitialised GPU memory may be; the CPU's pools are
-    committed and zeroed up front) must not change a token."""
+    is NaN: pools made of NaN (as uninitialised GPU memory may be, and a CPU pool's blocks past
+    those committed up front) must not change a token."""
     import infersim.executor.kvcache as kvcache
+
+    monkeypatch.setattr(kvcache.PagedKVCache, "_commit", lambda self, blocks: None)
 
     def nan_filled(real):
         def alloc(*args, **kwargs):
@@ -157,6 +161,29 @@ def test_uninitialised_cache_memory_never_leaks_in(zoo_target, case, monkeypatch
         zoo_target, case, gpu_blocks=24, cpu_blocks=_blocks(case), preemption="swap", max_batch_size=5
     )
     assert eng.counters["preempt_swap"] > 0
+
+
+def _rss_bytes() -> int:
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="resident memory is read from Linux's /proc")
+def test_a_cpu_pool_commits_only_the_blocks_the_workload_can_hold():
+    """A planned pool far larger than the workload (4 GiB by default on cpu) costs only the
+    blocks the requests can hold: those are zero-filled up front, the rest never touched."""
+    from infersim.executor.kvcache import KVCacheConfig, PagedKVCache
+    from infersim.executor.serving import workload_blocks
+    from infersim.simulator.workload.requests import Requests
+
+    # prompts 16 and 17 with outputs 16 and 1 at 16 tokens a block: 2 and 2 blocks, one spare each
+    requests = Requests(np.array([16, 17]), np.array([16, 1]), np.array([0.0, 0.0]))
+    assert workload_blocks(requests, 16) == 6
+    before = _rss_bytes()
+    config = KVCacheConfig(gpu_blocks=20_000, cpu_blocks=20_000, dtype=torch.float32, committed_blocks=6)
+    cache = PagedKVCache(2, 4, 64, config)  # 4 pools of 655 MB
+    grown = _rss_bytes() - before
+    assert cache._k.numel() * 4 == 655_360_000 and grown < 60e6, grown
+    assert not cache._k[:, :6].any() and not cache._hv[:, :6].any()
 
 
 def test_drafts_and_opt_match_hf(zoo_dir, case):
@@ -196,7 +223,7 @@ seed: 2
 """
 
 
-def test_sim_exec_writes_the_run_directory_of_sim_run(zoo_dir, tmp_path):
+def test_sim_exec_writes_the_run_directory_of_sim_run(zoo_dir, tmp_path, capsys):
     import pandas as pd
 
     from infersim.cli.main import main
@@ -217,11 +244,11 @@ def test_sim_exec_writes_the_run_directory_of_sim_run(zoo_dir, tmp_path):
                 "1",
                 "--out",
                 str(tmp_path / "exec"),
-                "-q",
             ]
         )
         == 0
     )
+    printed = " ".join(capsys.readouterr().out.split())  # rich wraps lines at the terminal's width
     sim, ex = tmp_path / "sim", tmp_path / "exec"
     sim_files = {p.name for p in sim.iterdir()}
     ex_files = {p.name for p in ex.iterdir()}
@@ -235,6 +262,13 @@ def test_sim_exec_writes_the_run_directory_of_sim_run(zoo_dir, tmp_path):
     assert set(s_sim) - {"speculation", "offload"} <= set(s_ex)
     assert s_ex["finished"] == 10 and s_ex["aborted"] == 0
     assert s_ex["preemptions"]["swap"] > 0 and s_ex["swap_out_bytes"] > 0  # 40 blocks are too few for 10 requests
+    # the printed summary names the device that ran, the engine clock and the bytes swapped in kB
+    from infersim.cli.run import data_size
+
+    assert "exec-small: zoo-target on cpu (fp32), fcfs/swap" in printed, printed
+    assert f"in {s_ex['makespan_s']:.2f} s on the engine clock" in printed and "simulated" not in printed
+    assert f"swapped {data_size(s_ex['swap_out_bytes'])} out" in printed and " kB out" in printed
+    assert "of 40 device KV blocks (in CPU memory)" in printed
     req = pd.read_parquet(ex / "requests.parquet")
     assert (req["finish_s"] >= req["first_token_s"]).all() and (req["first_token_s"] >= req["arrival_s"]).all()
     # per-iteration records: one row per iteration, batch composition adding up
@@ -272,3 +306,12 @@ def test_sim_exec_errors_are_one_line(tmp_path, capsys):
     wl.write_text(WORKLOAD)
     assert main(["exec", "--workload", str(wl), "--model", str(tmp_path / "nope"), "-q"]) == 2
     assert "not a zoo name" in capsys.readouterr().err
+    # the executor's own dtypes, not the workload card's rules; no thread count of 0
+    for flag, value, message in (
+        ("--dtype", "fp8", "--dtype: the executor runs fp32, fp16 or bf16, got 'fp8'"),
+        ("--threads", "0", "--threads: expected a whole number >= 1, got 0"),
+    ):
+        out = tmp_path / "out"
+        assert main(["exec", "-w", str(wl), "-m", "zoo-target", flag, value, "-o", str(out), "-q"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.endswith(message) and len(err.splitlines()) == 1 and not out.exists(), err

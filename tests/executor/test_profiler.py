@@ -292,6 +292,18 @@ def test_sim_profile_quick_writes_a_consistent_profile(tmp_path):
     assert 0 < RegressionCostModel(spec, hw, dtype="fp32").prefill_time_s(256) < float("inf")
 
 
+def test_the_report_names_every_file_the_profile_needs_beside_it(tmp_path):
+    """A profile copied elsewhere loads only with its sidecar and its measured GEMM table: the
+    last line of `sim profile` names all three."""
+    from infersim.executor.profiler.run import written_files
+
+    out = tmp_path / "p.yaml"
+    result = {"profile": out, "sidecar": tmp_path / "p.calib.json", "hardware": {"calibration": None}}
+    assert written_files(result) == [out, tmp_path / "p.calib.json"]
+    result["hardware"] = {"calibration": {"gemm": {"measured_shapes": {"file": "p.gemm-shapes.csv.gz"}}}}
+    assert written_files(result) == [out, tmp_path / "p.calib.json", tmp_path / "p.gemm-shapes.csv.gz"]
+
+
 # ---- the CUDA path on a machine without CUDA ---------------------------------------------------------------
 def test_device_flag_selects_cuda_and_fails_in_one_line_without_it(capsys):
     import torch

@@ -93,6 +93,36 @@ def test_vidur_layout_is_read_with_the_setup_from_its_folder_and_median_over_ran
     assert table["time_s"].tolist() == pytest.approx([30e-6, 100e-6])  # median of the three ranks
 
 
+def test_a_size_measured_twice_more_than_1_5x_apart_is_refused_naming_both_rows(tmp_path):
+    """As `sim calibrate` refuses a GEMM timed twice 1.5x apart (calibration/checks.py), a
+    collective at one size and placement timed twice that far apart is refused, not averaged."""
+    rows = synthetic_rows()
+    again = rows[2].split(",")
+    again[6] = repr(float(again[6]) * 1.6)
+    path = write(tmp_path, rows[:5] + [",".join(again)] + rows[5:])
+    with pytest.raises(InfersimError) as err:
+        read_collectives_table(path)
+    text = str(err.value)
+    assert text.startswith(f"{path}: row 6 (line 7), column 'median_ms': ") and "\n" not in text
+    assert "the same all_reduce" in text and "as row 3 (line 4," in text and "1.6x apart" in text
+
+
+def test_repeats_within_1_5x_and_ranks_of_vidur_tables_are_medianed(tmp_path):
+    rows = synthetic_rows()
+    again = rows[2].split(",")
+    again[6] = repr(float(again[6]) * 1.4)
+    table = read_collectives_table(write(tmp_path, rows + [",".join(again)]))
+    alone = read_collectives_table(write(tmp_path, rows, name="alone.csv"))
+    assert table["time_s"].iloc[2] == pytest.approx(alone["time_s"].iloc[2] * 1.2)  # the median of two
+    # vidur's rows are one per rank: ranks 2x apart are medianed, one rank given twice is checked
+    header = "time_stats.all_reduce.median,rank,num_workers,size,collective,devices_per_node,max_devices_per_node\n"
+    ranks = ["0.020,0,2,2048,all_reduce,2,8\n", "0.040,1,2,2048,all_reduce,2,8\n"]
+    assert len(read_collectives_table(write(tmp_path, ranks, name="lab/all_reduce.csv", header=header))) == 1
+    twice = ranks + ["0.070,1,2,2048,all_reduce,2,8\n"]
+    with pytest.raises(InfersimError, match=r"row 3 \(line 4\), column 'time_stats.all_reduce.median': .* as row 2"):
+        read_collectives_table(write(tmp_path, twice, name="lab2/all_reduce.csv", header=header))
+
+
 def test_detect_tells_the_layouts_apart():
     assert detect(HEADER.strip().split(",")) == "infersim-collectives"
     assert detect(["num_workers", "size", "median_ms"]) is None
