@@ -474,3 +474,26 @@ def test_unknown_model_exits_2_listing_known_models(cmd, tmp_path, capsys):
 def test_bad_list_option_exits_2(capsys):
     assert main(["roofline", "--batch", "1,x"]) == 2
     assert "--batch" in capsys.readouterr().err
+
+
+def test_calibrated_times_kept_per_batch_equal_fresh_ones_bit_for_bit():
+    """A calibrated cost model evaluates each (tokens, logit positions) pair's fitted operators
+    once and keeps them: times from a warm model, in any order and inside decode stretches,
+    equal a fresh model's for each batch alone."""
+    model, hw = load_model("llama-3-8b"), load_hardware("h100-sxm")
+    batches = [
+        BatchShape.prefill([512, 300]),
+        BatchShape.decode([100, 2000, 7]),
+        BatchShape.of([1, 1, 64], [40, 900, 0], [1, 1, 1]),
+        BatchShape.decode([100, 2000, 7]),
+        BatchShape.prefill([812]),
+    ]
+    warm = RooflineCostModel(model, hw)
+    for b in batches + batches[::-1]:
+        assert warm.iteration_time_s(b) == RooflineCostModel(model, hw).iteration_time_s(b)
+    stretch = warm.decode_step_times_s([100, 2000, 7], 50)
+    for j in (0, 17, 49):
+        assert stretch[j] == RooflineCostModel(model, hw).iteration_time_s(
+            BatchShape.decode([100 + j, 2000 + j, 7 + j])
+        )
+    assert len(warm._calibrated_cache) == 4  # (812, 2) and (812, 1) share tokens, not logits
