@@ -7,14 +7,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import InfersimError
+from ..hardware.collectives_fit import REPEAT_RATIO
 from ..hardware.profile import HardwareProfile
 from .fit import predict_rows
 from .rows import KernelRow
-
-# Repeated medians of one kernel in microsoft/vidur's tables (benchmarks/data/gpu-kernels) agree
-# within 1.05x on the A100 and 1.21x on the A40 and H100: two times further apart than 1.5x are
-# not the same measurement (a typo, another unit, another device).
-REPEAT_RATIO = 1.5
 
 # The fitted models put every row of those tables within 0.54x-2.2x of its measured time; a row
 # 5x off is not one the card ran in the table's unit.
