@@ -340,7 +340,7 @@ class CalibrationSet:
 
 
 def validated_tick_s(validated_dir: Path | None) -> float:
-    """The validated run's median speed tick, on a GPU as on a CPU. The tick times a kernel on
+    """The validated run's speed tick level (execute.tick_level_s), on a GPU as on a CPU. The tick times a kernel on
     the host's core; a small model's GPU steps are launch-bound, paced by that core as a CPU
     run's are. On an H100 (zoo-target, four plain cases) the calibration runs' median ticks
     followed their decode steps (correlation 0.97 across runs), and the validated run's speed
@@ -373,8 +373,8 @@ def calibrate_around(
     run is used.
 
     With speed ticks (executor/clock.py: a reference kernel timed inside each run) in every run,
-    `validated_dir` the validated run's folder: the speed is that run's own instead, its median
-    tick times the calibration runs' median speed per tick (measured/fitted ratio over tick,
+    `validated_dir` the validated run's folder: the speed is that run's own instead, its tick
+    level times the calibration runs' median speed per tick (measured/fitted ratio over tick,
     all six runs), or their median ratio where their ticks did not track their speed
     (execute.speed_from_ticks). Only the kernel's time is read from the validated run, never its
     iterations."""

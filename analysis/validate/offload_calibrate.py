@@ -223,7 +223,7 @@ def calibrate_offload_around(
     """Calibration run (seed 9013) / `run()` (the validated one) / calibration run (9014),
     one fit over both calibration runs. With speed ticks in all three runs (`validated_dir` the
     validated run's folder), the compute is scaled to the validated run's own speed as
-    calibrate.calibrate_around does (its median tick times the calibration runs' median
+    calibrate.calibrate_around does (its tick level times the calibration runs' median
     measured/fitted ratio per tick)."""
     mode = MODES.get("offload")
     if spec.offload is not None and spec.offload.overlap != "none":

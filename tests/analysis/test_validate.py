@@ -634,9 +634,39 @@ def test_speed_from_ticks_carries_the_calibration_speed_per_tick_to_the_validate
     r = [1.0, 1.02, 0.98, 1.0, 1.01, 0.99]
     sp = speed_from_ticks(r, [1.0e-3, 1.4e-3, 1.1e-3, 1.3e-3, 1.0e-3, 1.2e-3], 1.4e-3)
     assert sp.tick_weight < 0.1 and abs(sp.speed - np.median(r)) < 0.02
+    # a run's level is its ticks' mean, each capped at 10x their median (2.5 ms): 3.75 ms
     (tmp_path / "speed_ticks.json").write_text(json.dumps({"tick_s": [3e-3, 1e-3, 2e-3, 9e-3]}))
-    assert speed_tick_s(tmp_path) == pytest.approx(2.5e-3)
+    assert speed_tick_s(tmp_path) == pytest.approx(3.75e-3)
     assert np.isnan(speed_tick_s(tmp_path / "missing"))
+
+
+def test_a_core_shared_through_the_calibration_runs_is_seen_by_the_tick_level(tmp_path):
+    """Another process shared the core through the calibration runs and not the validated one.
+    Each calibration run's ticks: 0.9 ms, every third one 5 ms (a lost time slice), median 0.9 ms,
+    level (the mean) (2 x 0.9 + 5) / 3 = 2.2667 ms; the validated run's ticks 0.9 ms throughout.
+    Four calibration runs at measured/fitted 1.0: both leave-one-out errors are 0; the validated
+    tick lies log(2.2667 / 0.9) = 0.924 below their range, so the median ratio's variance is
+    0.924^2, the ticks' 0: weight 1 on the ticks, speed 1.0 / 2.2667 x 0.9 = 0.3971. By the median
+    tick (the old level) the runs looked alike and the speed stayed 1.0."""
+    import json
+
+    from infersim.analysis.validate.execute import speed_from_ticks, speed_tick_s, tick_level_s
+
+    shared = [0.9e-3, 0.9e-3, 5e-3] * 10
+    assert tick_level_s(shared) == pytest.approx(2.2667e-3, rel=1e-4)
+    assert tick_level_s([0.9e-3] * 2 + [50e-3]) == pytest.approx((0.9 + 0.9 + 9.0) / 3 * 1e-3)  # capped at 10x
+    assert np.isnan(tick_level_s([1e-3, 1e-3]))
+    for k in range(4):
+        (tmp_path / f"c{k}").mkdir()
+        (tmp_path / f"c{k}" / "speed_ticks.json").write_text(json.dumps({"tick_s": shared}))
+    (tmp_path / "exec").mkdir()
+    (tmp_path / "exec" / "speed_ticks.json").write_text(json.dumps({"tick_s": [0.9e-3] * 30}))
+    ticks = [speed_tick_s(tmp_path / f"c{k}") for k in range(4)]
+    sp = speed_from_ticks([1.0] * 4, ticks, speed_tick_s(tmp_path / "exec"))
+    assert sp.tick_weight == 1.0 and sp.speed == pytest.approx(0.9 / 2.2667, rel=1e-4)
+    assert "outside theirs" in sp.note
+    # the median ticks (0.9 ms everywhere) see no difference: the fit would stay at 1.0
+    assert speed_from_ticks([1.0] * 4, [0.9e-3] * 4, 0.9e-3).speed == pytest.approx(1.0)
 
 
 def test_a_gpu_run_s_speed_comes_from_its_ticks_as_measured_on_an_h100(tmp_path):
@@ -659,10 +689,12 @@ def test_a_gpu_run_s_speed_comes_from_its_ticks_as_measured_on_an_h100(tmp_path)
     assert validated_tick_s(tmp_path) == pytest.approx(7.8e-4)
     assert np.isnan(validated_tick_s(None))
     # the speculative validation reads it as well: an H100's minions-voting, its rounds 1.231x the
-    # fit; unscaled -18.8%, by the ticks (validated run 0.896 ms) -10.6%
+    # fit; unscaled -18.8%, by the ticks (validated run 0.896 ms, 11.7% above the calibration
+    # runs' 0.720-0.797 ms, so the ticks weigh 0.89) -6.6% (weighted without that term: 1.100, -10.6%)
     per = [1.0257, 1.0218, 0.9914, 1.0756, 0.9571, 0.9597]
     ticks = [t * 1e-3 for t in (0.7201, 0.7788, 0.7751, 0.7971, 0.7386, 0.7491)]
-    assert speed_from_ticks(per, ticks, 0.8961e-3).speed == pytest.approx(1.100, abs=0.002)
+    sp = speed_from_ticks(per, ticks, 0.8961e-3)
+    assert sp.speed == pytest.approx(1.150, abs=0.002) and sp.tick_weight == pytest.approx(0.892, abs=0.002)
 
 
 def test_repeated_validated_runs_keep_the_median_by_busy_time(tmp_path):
