@@ -71,16 +71,18 @@ class MemoryOptions:
     max_model_len: int | None = None  # the longest sequence served: a derived pool must hold one
     non_torch_reserve_gib: float | None = None  # serving.non_torch_reserve_gib; None: the engine's default
 
+    def reserve_bytes(self, hw: HardwareProfile) -> float:
+        """The non-torch reserve one GPU of `hw` keeps out of the budget."""
+        return non_torch_reserve_bytes(hw.device, self.non_torch_reserve_gib)
+
     def usable_bytes(self, hw: HardwareProfile) -> float:
         """What one GPU gives the weights, activations and KV cache: its memory x utilisation,
         less the non-torch reserve."""
-        return hw.memory_bytes() * self.gpu_memory_utilization - non_torch_reserve_bytes(
-            hw.device, self.non_torch_reserve_gib
-        )
+        return hw.memory_bytes() * self.gpu_memory_utilization - self.reserve_bytes(hw)
 
     def budget_terms(self, hw: HardwareProfile) -> str:
         """The budget as messages name it: total, share and reserve."""
-        reserve = non_torch_reserve_bytes(hw.device, self.non_torch_reserve_gib)
+        reserve = self.reserve_bytes(hw)
         less = f", less {reserve / 2**30:.2f} GiB non-torch" if reserve else ""
         return f"{hw.memory_label()} x {self.gpu_memory_utilization}{less}"
 
@@ -179,6 +181,6 @@ def plan_memory(model: ModelSpec, hw: HardwareProfile, opts: MemoryOptions, sour
         weights,
         act,
         "explicit" if explicit else "derived",
-        non_torch_reserve_bytes(hw.device, opts.non_torch_reserve_gib),
+        opts.reserve_bytes(hw),
         hw.memory_bytes(),
     )

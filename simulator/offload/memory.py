@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..engine.memory import MemoryOptions, MemoryPlan, non_torch_reserve_bytes
+from ..engine.memory import MemoryOptions, MemoryPlan
 from ..errors import InfersimError
 from ..hardware.profile import HardwareProfile
 from ..models.spec import ModelSpec
@@ -111,7 +111,7 @@ def plan_offload_memory(
         blocks, bound = int(tokens // block_size), ("gpu" if gpu_tokens <= cpu_tokens else "cpu")
     if blocks <= 0:
         raise InfersimError(f"{source}: the offload memory plan leaves no KV blocks ({bound}-bound)")
-    reserve = non_torch_reserve_bytes(hw.device, opts.non_torch_reserve_gib)
+    reserve = opts.reserve_bytes(hw)
     return OffloadMemoryPlan(
         blocks,
         block_size,

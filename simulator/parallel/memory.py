@@ -7,7 +7,7 @@ and vLLM divides them evenly over its virtual engines (vllm/core/scheduler.py:
 
 from __future__ import annotations
 
-from ..engine.memory import MemoryOptions, MemoryPlan, non_torch_reserve_bytes
+from ..engine.memory import MemoryOptions, MemoryPlan
 from ..errors import InfersimError
 from ..models.dtypes import bytes_per_element
 from .placement import Placement
@@ -58,7 +58,7 @@ def plan_pipeline_memory(
         max(weights),
         act,
         "explicit" if opts.gpu_blocks is not None else "derived",
-        non_torch_reserve_bytes(hw.device, opts.non_torch_reserve_gib),
+        opts.reserve_bytes(hw),
         hw.memory_bytes(),
     )
     account = {
