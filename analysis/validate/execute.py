@@ -135,7 +135,8 @@ def speed_from_ticks(ratios, ticks, tick_val: float) -> TickSpeed:
     distance from that range to the median ratio's error: on a host where another process shared
     the core through the calibration runs and not the validated run (validated run 0.44 of the
     fit), the median ratio said 1.02 and the weighted speed 1.00 (the median ticks saw nothing),
-    the tick levels with this term 0.51. Re-priced on 45 validations of three matrices (CHANGELOG.md, validation;
+    the tick levels with this term 0.51. Measured with each run's median tick as its level,
+    re-priced on 45 validations of three matrices (CHANGELOG.md, validation;
     the validated runs' measured/fitted ratio against each estimate): mean |speed error| 4.3% by the
     median ratio, 3.4% by the ticks, 3.1% choosing the smaller leave-one-out error, 3.0% weighted
     (over 5%: 13, 9, 8 and 7 of 45); the tick kernel sometimes moved 10-30% between runs at the

@@ -1,5 +1,5 @@
 """`sim roofline` says which settings a card cannot hold: weights plus the KV cache per GPU,
-checked against hand calculations on today's models."""
+checked against hand calculations on Llama-3 and Qwen2.5 models."""
 
 import pandas as pd
 import pytest

@@ -646,8 +646,8 @@ def test_a_core_shared_through_the_calibration_runs_is_seen_by_the_tick_level(tm
     level (the mean) (2 x 0.9 + 5) / 3 = 2.2667 ms; the validated run's ticks 0.9 ms throughout.
     Four calibration runs at measured/fitted 1.0: both leave-one-out errors are 0; the validated
     tick lies log(2.2667 / 0.9) = 0.924 below their range, so the median ratio's variance is
-    0.924^2, the ticks' 0: weight 1 on the ticks, speed 1.0 / 2.2667 x 0.9 = 0.3971. By the median
-    tick (the old level) the runs looked alike and the speed stayed 1.0."""
+    0.924^2, the ticks' 0: weight 1 on the ticks, speed 1.0 / 2.2667 x 0.9 = 0.3971. Their median
+    ticks (0.9 ms in every run) cannot tell the runs apart."""
     import json
 
     from infersim.analysis.validate.execute import speed_from_ticks, speed_tick_s, tick_level_s

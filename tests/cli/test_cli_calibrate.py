@@ -249,7 +249,7 @@ def test_collective_timed_twice_far_apart_is_refused_and_nothing_written(tmp_pat
 
 def test_vidur_network_table_in_the_current_folder_takes_its_setup_from_device(tmp_path, capsys, monkeypatch):
     """vidur's all_reduce.csv has no setup column (its folder names the setup): a copy in the
-    current folder takes the setup --device names, where it used to read an empty setup."""
+    current folder takes the setup --device names (a bare file name has no folder to name it)."""
     rows = _collectives_table(tmp_path).read_text().splitlines()
     vidur = ["collective,num_workers,size,devices_per_node,max_devices_per_node,time_stats.all_reduce.median"]
     vidur += [",".join(r.split(",")[1:7]) for r in rows[1:]]
