@@ -184,6 +184,13 @@ def speed_from_ticks(ratios, ticks, tick_val: float) -> TickSpeed:
     )
 
 
+def scaled_clause(meta: dict) -> str:
+    """The verdict's words for a fit scaled to the validated run's speed ('' when it was not)."""
+    if "scaled_by" not in meta or "scaled_because" not in meta:
+        return ""
+    return f"; scaled by {meta['scaled_by']:.3f}, {meta['scaled_because']}"
+
+
 def busy_s(run_dir: Path) -> float:
     """Seconds the engine computed in an executor run: its iterations' (a speculative run: its
     verification rounds') durations summed; idle waits for arrivals are not in it. NaN for a

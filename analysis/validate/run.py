@@ -18,7 +18,7 @@ from infersim.simulator.workload.builder import build_requests
 from .calibrate import CalibrationSet, calibrate, calibrate_around, require_held_out_seed
 from .cases import Case
 from .compare import aggregate_errors, brief, compare_runs
-from .execute import CaseOptions, case_header, execute_case, finish_case, repeat_dirs
+from .execute import CaseOptions, case_header, execute_case, finish_case, repeat_dirs, scaled_clause
 from .measured import load_exec_run
 from .modes import MODES
 from .offload_validate import validate_offload_case
@@ -286,9 +286,7 @@ def _ran_result(run: _CaseRun, base: dict, executed: _Executed, cmp, desc: dict,
 def _fit_line(fit) -> str:
     m = fit.meta
     seeds = ", ".join(str(s) for s in m.get("seeds", [m.get("seed")]))
-    scaled = (
-        f"; scaled by {m['scaled_by']:.3f}, {m['scaled_because']}" if "scaled_by" in m and "scaled_because" in m else ""
-    )
+    scaled = scaled_clause(m)
     return (
         f"({', '.join(m.get('workloads', []))}, seeds {seeds}, {m.get('model')} on {m.get('device')}; "
         f"in-sample MAPE {m.get('iteration_fit', {}).get('mape_in_sample', float('nan')):.1%}{scaled})"

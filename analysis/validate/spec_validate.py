@@ -20,7 +20,16 @@ from infersim.simulator.workload.schema import WorkloadSpec
 
 from .calibrate import CALIBRATION_SEED, require_held_out_seed, validated_tick_s
 from .compare import aggregate_errors, brief
-from .execute import CaseOptions, case_header, execute_case, finish_case, repeat_dirs, speed_from_ticks, speed_tick_s
+from .execute import (
+    CaseOptions,
+    case_header,
+    execute_case,
+    finish_case,
+    repeat_dirs,
+    scaled_clause,
+    speed_from_ticks,
+    speed_tick_s,
+)
 from .measured import load_run
 from .modes import MODES
 from .spec_compare import ExecutedSpec, compare_spec, round_stalls
@@ -190,7 +199,8 @@ def validate_spec_case(case, model: str, out: Path, opts: CaseOptions) -> dict:
             f"speculative round fit calibrated on `{out / 'calibration'}` ({', '.join(fit.meta['workloads'])}, "
             f"seeds {', '.join(str(s) for s in fit.meta['seeds'])}: the case's serving and speculation sections on "
             f"other requests), run once before and once after the validated run; in-sample round MAPE "
-            f"{fit.meta['round_fit']['mape_in_sample']:.1%} over {fit.meta['round_fit']['points']} rounds; the "
+            f"{fit.meta['round_fit']['mape_in_sample']:.1%} over {fit.meta['round_fit']['points']} rounds"
+            f"{scaled_clause(fit.meta)}; the "
             f"machine's speed moved {fit.meta['speed_shift']:+.1%} from before to after"
         )
     exec_run = load_run(out / "exec")

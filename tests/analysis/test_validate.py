@@ -533,6 +533,9 @@ def test_spec_draft_rounds_statistics_and_report(spec_result):
     assert result["seed"] not in fit["meta"]["seeds"] and fit["meta"]["bracketed"]
     md = (folder / "report.md").read_text()
     assert "## Targets" in md and "per round" in md and "tokens per step" in md
+    # the verdict says how the fit was scaled to the validated run's speed, as the plain cases' do
+    meta = result["cost_model"]["fit"]["meta"]
+    assert f"scaled by {meta['scaled_by']:.3f}, the machine's speed in the validated run" in md
     for png in ("rounds.png", "timelines.png", "latency_cdfs.png"):
         assert (folder / "plots" / png).stat().st_size > 1000
 
