@@ -30,7 +30,7 @@ from infersim.simulator.errors import InfersimError
 from infersim.simulator.workload.builder import build_requests
 from infersim.simulator.workload.schema import WorkloadSpec
 
-from .execute import CaseOptions, run_executor, speed_from_ticks, speed_tick_s
+from .execute import LOO_MIN_RUNS, CaseOptions, run_executor, speed_from_ticks, speed_tick_s
 from .measured import ExecRun, load_exec_run, priced_swaps, stalls, swap_events
 from .sentinel import sentinel_s
 
@@ -350,6 +350,39 @@ def validated_tick_s(validated_dir: Path | None) -> float:
     return speed_tick_s(validated_dir) if validated_dir is not None else float("nan")
 
 
+@dataclass(frozen=True)
+class CopyScale:
+    """The factor for the fit's copy times in the validated run (None: leave them as fitted) and
+    the words the verdict gives it."""
+
+    speed: float | None
+    note: str = ""
+
+
+def _copy_scale(fit, runs: list[ExecRun], ticks: list[float], tick_val: float, adjacent: tuple[int, int]):
+    """How the validated run's swap copies compare with the fit: the copies' own measured/priced
+    ratio in the calibration runs, which drifts apart from the compute's (swap copies of one
+    case took 10.6 to 13.3 us per block in consecutive runs). Where LOO_MIN_RUNS or more
+    calibration runs swapped, their ratios go through the speed ticks like the compute's
+    (speed_from_ticks); else the mean of the two runs next to the validated one (`adjacent`,
+    indices into `runs`). Re-priced on 28 validated preempt-swap and preempt-cost-aware runs (26
+    on the 2-core CPU, 2 on an H200): mean |swap-cost ratio error| 6.2% by the adjacent runs,
+    3.3% through the ticks (within 5%: 18 and 24 of 28); the H200's preempt-cost-aware ran 1.3x
+    slower than its calibration runs, copies included (-20.7% by the adjacent runs, -2.7%
+    through the ticks). Returns the CopyScale and the adjacent runs' ratios."""
+    ratios = [swap_ratio(fit, r) for r in runs]
+    near = [ratios[i] for i in adjacent if np.isfinite(ratios[i]) and ratios[i] > 0]
+    swapped = [i for i, c in enumerate(ratios) if np.isfinite(c) and c > 0]
+    if len(swapped) >= LOO_MIN_RUNS:
+        by_ticks = speed_from_ticks([ratios[i] for i in swapped], [ticks[i] for i in swapped], tick_val)
+        if np.isfinite(by_ticks.speed):
+            note = by_ticks.note.replace("the machine's speed in the validated run", "the copies' speed", 1)
+            return CopyScale(by_ticks.speed, f"; copies scaled by {by_ticks.speed:.3f}, {note}"), near
+    if not near:
+        return CopyScale(None), near
+    return CopyScale(float(np.mean(near)), f"; copies {', '.join(f'{c:.3f}' for c in near)}"), near
+
+
 def calibrate_around(
     run,
     model: str,
@@ -421,31 +454,25 @@ def calibrate_around(
     fit.meta["speed_shift"] = ratio["after"] / ratio["before"] - 1.0
     adjacent = (halves["before"][-1], halves["after"][0])
     near = [float(np.median(per_run[d])) for d in adjacent]
-    # the copies' speed drifts apart from the compute's (swap copies of the same case took 10.6 to
-    # 13.3 us per block in consecutive runs): their own ratio, total measured over total priced
-    # copy time in the adjacent runs that swapped (preempt cases: mean absolute swap-cost error
-    # 2.7% against 5.2% for the fit alone, over six validated runs)
-    copies = [swap_ratio(fit, loaded[d]) for d in adjacent]
-    copies = [c for c in copies if np.isfinite(c) and c > 0]
-    fit.meta["speed_ratio_adjacent"], fit.meta["copy_ratio_adjacent"] = near, copies
-
     runs = [d for dirs in halves.values() for d in dirs]
     ticks = [speed_tick_s(d) for d in runs]
     tick_val = validated_tick_s(validated_dir)
+    copy_scale, copies = _copy_scale(
+        fit, [loaded[d] for d in runs], ticks, tick_val, adjacent=(len(halves["before"]) - 1, len(halves["before"]))
+    )
+    fit.meta["speed_ratio_adjacent"], fit.meta["copy_ratio_adjacent"] = near, copies
+
     speed = speed_from_ticks([np.median(per_run[d]) for d in runs], ticks, tick_val)
-    copied = f"; copies {', '.join(f'{c:.3f}' for c in copies)}" if copies else ""
     if np.isfinite(speed.speed):
         fit.meta["speed_ticks_s"] = {"calibration": ticks, "validated": tick_val, "tick_weight": speed.tick_weight}
-        fit = fit.scaled(
-            speed.speed, why=speed.note + copied, transfer_factor=float(np.mean(copies)) if copies else None
-        )
+        fit = fit.scaled(speed.speed, why=speed.note + copy_scale.note, transfer_factor=copy_scale.speed)
     elif all(np.isfinite(near)) and all(x > 0 for x in near):
         fit = fit.scaled(
             float(np.mean(near)),
             why=f"the machine's speed near the validated run: mean measured/fitted "
             f"ratio of the calibration runs just before and after it "
-            f"({near[0]:.3f}, {near[1]:.3f}{copied})",
-            transfer_factor=float(np.mean(copies)) if copies else None,
+            f"({near[0]:.3f}, {near[1]:.3f}){copy_scale.note}",
+            transfer_factor=copy_scale.speed,
         )
     fit.save(out_dir / "executor-fit.json")
     return fit

@@ -643,6 +643,32 @@ def test_speed_from_ticks_carries_the_calibration_speed_per_tick_to_the_validate
     assert np.isnan(speed_tick_s(tmp_path / "missing"))
 
 
+def test_swap_copies_are_scaled_through_the_ticks_where_enough_calibration_runs_swapped(monkeypatch):
+    """The copies' measured/priced ratio per calibration run goes through speed_from_ticks like the
+    compute's: six runs whose copies ran at 1.0 per ms of tick and a validated run that ticked 1.3
+    ms give 1.3 (the adjacent runs, at 1.1 and 1.0, would say 1.05). With fewer than four runs
+    that swapped, the mean of the two runs beside the validated one; with none of those, None."""
+    import infersim.analysis.validate.calibrate as cal
+
+    ticks = [1.0e-3, 1.2e-3, 1.1e-3, 1.0e-3, 0.9e-3, 1.2e-3]
+    ratios = {i: t * 1e3 for i, t in enumerate(ticks)}
+    monkeypatch.setattr(cal, "swap_ratio", lambda fit, run: ratios[run])
+    scale, near = cal._copy_scale(None, list(range(6)), ticks, 1.3e-3, adjacent=(2, 3))
+    assert scale.speed == pytest.approx(1.3) and near == pytest.approx([1.1, 1.0])
+    assert scale.note.startswith("; copies scaled by 1.300, the copies' speed: its speed tick 1.300 ms")
+    # three runs swapped: too few to weigh the ticks, so the adjacent runs' mean
+    ratios.update({0: float("nan"), 1: float("nan"), 5: float("nan")})
+    scale, near = cal._copy_scale(None, list(range(6)), ticks, 1.3e-3, adjacent=(2, 3))
+    assert scale.speed == pytest.approx(1.05) and scale.note == "; copies 1.100, 1.000"
+    # no tick for the validated run (offload, a pipelined drafting process): the adjacent runs too
+    ratios.update({0: 1.0, 1: 1.2, 5: 1.2})
+    scale, _ = cal._copy_scale(None, list(range(6)), ticks, float("nan"), adjacent=(2, 3))
+    assert scale.speed == pytest.approx(1.05)
+    ratios.update({2: float("nan"), 3: float("nan"), 4: float("nan")})
+    scale, near = cal._copy_scale(None, list(range(6)), ticks, float("nan"), adjacent=(2, 3))
+    assert scale.speed is None and near == [] and scale.note == ""
+
+
 def test_a_core_shared_through_the_calibration_runs_is_seen_by_the_tick_level(tmp_path):
     """Another process shared the core through the calibration runs and not the validated one.
     Each calibration run's ticks: 0.9 ms, every third one 5 ms (a lost time slice), median 0.9 ms,
