@@ -299,8 +299,9 @@ def _efficiency_entries(eff: dict, dtype: str) -> dict:
         effs[c] = {
             "compute": F.sig(min(max(e["compute"], F.EFF_MIN), F.EFF_MAX), 3),
             "memory": F.sig(min(max(e["memory"], F.EFF_MIN), F.EFF_MAX), 3),
-            "source": f"fitted to {e['n']} {c} micro-benchmarks ({dtype}); roofline MAPE "
-            f"{e['mape']:.1f}% (uncalibrated {e['mape_uncalibrated']:.1f}%)",
+            "source": f"fitted to {e['n']} {c} micro-benchmarks ({dtype}) in log time; roofline MAPE "
+            f"{e['mape']:.1f}%, median predicted/measured {e['median_ratio']:.2f} (uncalibrated "
+            f"{e['mape_uncalibrated']:.1f}%, {e['median_ratio_uncalibrated']:.2f})",
         }
     effs["communication"] = {"compute": 1.0, "memory": 1.0, "source": "not measured (single device)"}
     return effs

@@ -244,6 +244,21 @@ def _bench(threads=1):
     return Bench(device=dev, timer=make_timer(dev), dtype="fp32", rep=Repeats(1, 5, 15, 0.05))
 
 
+def test_class_errors_report_the_median_ratio_beside_the_mape():
+    """Three benchmarks at 1, 2 and 4 us against a roof of 1 us each: the roofline's ratios are 1,
+    0.5, 0.25 (MAPE 41.7%, median 0.5); priced at 2 us each (ratios 2, 1, 0.5): MAPE 50.0% though
+    the median ratio is 1. The profile's source gives both, so a fit in log time that centres
+    the ratios does not read as worse than the roofline."""
+    from infersim.executor.profiler import fit as F
+
+    recs = [{"flops": 1e6, "bytes": 0.0, "median_s": t} for t in (1e-6, 2e-6, 4e-6)]
+    peak = 1e12  # 1e6 FLOPs at 1e12 FLOP/s: 1 us
+    assert F.class_mape(recs, peak, 1e12, 1.0, 1.0, 0.0) == pytest.approx(100 * (0 + 0.5 + 0.75) / 3)
+    assert F.class_median_ratio(recs, peak, 1e12, 1.0, 1.0, 0.0) == pytest.approx(0.5)
+    assert F.class_mape(recs, peak, 1e12, 0.5, 1.0, 0.0) == pytest.approx(50.0)
+    assert F.class_median_ratio(recs, peak, 1e12, 0.5, 1.0, 0.0) == pytest.approx(1.0)
+
+
 def test_tiny_fresh_measurement_records_work_and_rates_consistently():
     """A fresh GEMM, stream and copy measurement on this machine: each record carries its work
     (2mkn FLOPs for a GEMM; bytes moved) and the rate it reports is that work over the median
