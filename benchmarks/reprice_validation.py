@@ -92,7 +92,9 @@ def row(case: str, device: str, before: dict, after: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("dirs", nargs="+", type=Path, help="folders of saved validations")
-    ap.add_argument("--out", type=Path, default=None, help="where the re-priced copies go (default: a temporary folder)")
+    ap.add_argument(
+        "--out", type=Path, default=None, help="where the re-priced copies go (default: a temporary folder)"
+    )
     ap.add_argument("--cases", nargs="*", default=[], help="only these cases")
     args = ap.parse_args(argv)
     out = args.out or Path(tempfile.mkdtemp(prefix="reprice-"))
