@@ -437,14 +437,15 @@ def test_speculative_target_and_draft_costs_by_hand():
     fit = SpecFit(coef)
     # two verifications (q = 3 and 5 at contexts 10, 20) and one 8-token prefill
     b = BatchShape(np.array([3, 5, 8]), np.array([10, 20, 0]), np.array([3, 5, 1]))
-    x = np.array([1, 2, 8, 10 + 3 + 20 + 5, 1, 8, 64], dtype=np.float64)
-    assert fit.target.iteration_time_s(b) == pytest.approx(float(x @ coef[:7]))
+    # every query short (<= SHORT_QUERY_MAX): attention batched, no split sequences
+    x = np.array([1, 2, 8, 10 + 3 + 20 + 5, 1, 8, 64, 0], dtype=np.float64)
+    assert fit.target.iteration_time_s(b) == pytest.approx(float(x @ coef[:8]))
     d1, d2 = fit.drafts(2)
     assert d1 is not d2
     step = BatchShape.decode(np.array([10, 20]))
-    assert d1.iteration_time_s(step) == pytest.approx(coef[7] + 2 * coef[8] + (11 + 21) * coef[9])
+    assert d1.iteration_time_s(step) == pytest.approx(coef[8] + 2 * coef[9] + (11 + 21) * coef[10])
     pre = BatchShape(np.array([8, 4]), np.array([0, 0]), np.array([1, 1]))
-    assert d1.iteration_time_s(pre) == pytest.approx(12 * coef[10])
+    assert d1.iteration_time_s(pre) == pytest.approx(12 * coef[11])
 
 
 def test_pipeline_overlap_contention_and_replayed_selector_by_hand():
