@@ -552,6 +552,29 @@ def test_spec_draft_simulated_tokens_per_step_follow_the_measured_acceptance(spe
     assert abs(tot["acceptance_rate"]["error"]) < 0.12, tot["acceptance_rate"]
 
 
+@pytest.mark.slow
+@pytest.mark.torch
+def test_a_saved_spec_validation_re_priced_gives_its_verdict_again(spec_result, tmp_path):
+    """reuse_runs (benchmarks/reprice_validation.py): the fit refitted from the saved calibration
+    runs and the comparison redone on the saved exec/, nothing executed, with the code that ran
+    it: the same coefficients and the same checks."""
+    import shutil
+
+    from infersim.analysis.validate.cases import get_case
+    from infersim.analysis.validate.execute import CaseOptions
+    from infersim.analysis.validate.spec_validate import validate_spec_case
+
+    result, folder = spec_result
+    out = tmp_path / "spec-draft"
+    for name in ("exec", "calibration"):
+        shutil.copytree(folder / name, out / name, ignore=shutil.ignore_patterns("speculative-fit.json"))
+    again = validate_spec_case(
+        get_case("spec-draft"), "zoo-target", out, CaseOptions(requests=24, report=False, reuse_runs=True)
+    )
+    assert again["cost_model"]["fit"]["coefficients"] == result["cost_model"]["fit"]["coefficients"]
+    assert again["checks"] == result["checks"]
+
+
 def _fake_clock(monkeypatch, start_s: float, kernel_s: float):
     """The executor's clock module on a fake perf_counter that starts at `start_s`, with a fake
     reference kernel that takes `kernel_s` of it. Returns the module and the one-element list
