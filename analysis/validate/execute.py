@@ -260,6 +260,9 @@ class CaseOptions:
     calibration: Path | None = None  # a saved fit instead of calibrating now
     report: bool = True  # write report.html / report.md
     repeats: int = 1  # measure the validated run this many times and keep the median (run_repeated)
+    # re-price: fit and compare the runs already in the output folder (exec/, calibration/) with
+    # this code, executing nothing (benchmarks/reprice_validation.py; speculative cases)
+    reuse_runs: bool = False
     log: Callable[[str], None] | None = None  # progress lines
 
 

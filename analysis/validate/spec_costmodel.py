@@ -25,13 +25,13 @@ def drafting_features(d: dict) -> np.ndarray:
     draft runs s steps over the group and, in its first, prefills the sequences it drafts for the
     first time (`prompt_tokens`, as the simulator's lazy draft prefill; absent from older tables,
     then zero and absorbed by the other terms); contexts are not recorded there (absorbed by the
-    per-step terms)."""
+    per-step terms), nor which groups caught up on a prompt (draft_split_sequences: zero)."""
     nd = np.asarray(d["n_drafts"], dtype=np.float64)
     s = np.asarray(d["s"], dtype=np.float64)
     n = np.asarray(d["sequences"], dtype=np.float64)
     z = np.zeros_like(s)
     prompts = np.asarray(d["prompt_tokens"], dtype=np.float64) if "prompt_tokens" in d else z
-    return np.column_stack([nd * s, nd * n * s, z, nd * prompts])
+    return np.column_stack([nd * s, nd * n * s, z, nd * prompts, z])
 
 
 def _fit(X, y) -> tuple[np.ndarray, dict]:

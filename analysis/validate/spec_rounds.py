@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from infersim.simulator.costmodel.speculative_fit import SHORT_QUERY_MAX
 from infersim.simulator.errors import InfersimError
 from infersim.simulator.metrics.rundir import read_columns
 from infersim.simulator.speculative.config import SpeculationSection
@@ -27,8 +28,10 @@ from .measured import engine_periods, load_run
 def rebuild_rounds(run_dir: Path) -> dict[str, np.ndarray]:
     """The rounds table plus per-round: prefill_tokens, prefill_pairs, verify_tokens,
     verify_context (sum of cached contexts of verified sequences), catchup_tokens (prompt
-    tokens the drafts feed in this round's first step), period_s (start to the next round's
-    start; NaN before an idle wait and for the last), n_drafts."""
+    tokens the drafts feed in this round's first step), long_query (the target's pass holds a
+    query longer than SHORT_QUERY_MAX: a prompt or a token tree), catchup_long (so does the
+    drafts' first step: last round's prompts), period_s (start to the next round's start; NaN
+    before an idle wait and for the last), n_drafts."""
     run = load_run(run_dir)
     t = read_columns(Path(run_dir) / "speculation_rounds.parquet")
     req = run.requests
@@ -52,12 +55,14 @@ def rebuild_rounds(run_dir: Path) -> dict[str, np.ndarray]:
         k: np.zeros(n, dtype=np.int64) for k in ("prefill_tokens", "prefill_pairs", "verify_context", "catchup_tokens")
     }
     admitted = np.concatenate([[0], np.cumsum(npre)])
+    prompt_long = np.zeros(n, dtype=bool)
     prev_pre_tokens = 0
     for r in range(n):
         new = order[admitted[r] : admitted[r + 1]]
         p = prompt[new]
         cols["prefill_tokens"][r] = int(p.sum())
         cols["prefill_pairs"][r] = int((p * p).sum())
+        prompt_long[r] = bool((p > SHORT_QUERY_MAX).any())
         # verified now: admitted in earlier rounds and not finished before this round
         old = order[: admitted[r]]
         run_now = old[done_round[old] >= r]
@@ -71,6 +76,10 @@ def rebuild_rounds(run_dir: Path) -> dict[str, np.ndarray]:
         prev_pre_tokens = int(p.sum())
     t.update(cols)
     t["verify_tokens"] = np.asarray(t["drafted_tokens"], dtype=np.int64) + np.asarray(t["verify_seqs"], dtype=np.int64)
+    nv = np.asarray(t["verify_seqs"], dtype=np.int64)
+    tree = t["verify_tokens"] > SHORT_QUERY_MAX * np.maximum(nv, 1)  # Medusa's trees: more rows per sequence
+    t["long_query"] = prompt_long | tree
+    t["catchup_long"] = np.concatenate([[False], prompt_long[:-1]])
     end = np.asarray(t["t_end_s"], dtype=np.float64)
     period, _ = engine_periods({"t_start_s": start, "t_end_s": end, "swap_s": np.zeros(n)}, arrival)
     t["period_s"] = period

@@ -83,31 +83,41 @@ def calibration_specs(spec) -> list:
 
 
 def _fit_bracketed(mode, spec, run, model: str, out: Path, opts: CaseOptions, validated_dir: Path | None = None):
-    """Calibration runs before and after `run()`, one fit over both; speed_shift as
-    calibrate_around (median measured/fitted round period after over before). With speed ticks
-    in every run, scaled to the validated run's own speed as calibrate_around does: its median
-    tick times the calibration runs' median measured/fitted ratio per tick; a pipelined run's
-    draft terms by its drafting process's ticks (taken beside the verifying thread's)."""
+    """Calibration runs before and after `run()`, then the fit over both (fit_calibration)."""
     specs = calibration_specs(spec)
-    halves: dict[str, list] = {"before": [], "after": []}
-    drafting: list = []
-    drafting_by_side: dict[str, list] = {"before": [], "after": []}
 
     def calib(side: str) -> None:
         for cs in specs:
-            d = out / side / cs.name
             if opts.log:
                 opts.log(f"{spec.name}: calibration run {cs.name} ({side} the validated run)")
-            mode.run(cs, build_requests(cs), model, d, opts)
+            mode.run(cs, build_requests(cs), model, out / side / cs.name, opts)
+
+    calib("before")
+    run()
+    calib("after")
+    return fit_calibration(specs, model, out, opts.device, validated_dir)
+
+
+def fit_calibration(specs, model: str, out: Path, device: str, validated_dir: Path | None = None) -> SpecFit:
+    """The fit over the calibration runs saved under out/{before,after}/<calibration workload>
+    (as _fit_bracketed runs them; a saved validation's calibration/ re-prices the same way),
+    written to out/speculative-fit.json. speed_shift as calibrate_around (median measured/fitted
+    round period after over before). With speed ticks in every run, scaled to the validated run's
+    own speed as calibrate_around does: its median tick times the calibration runs' median
+    measured/fitted ratio per tick; a pipelined run's draft terms by its drafting process's ticks
+    (taken beside the verifying thread's)."""
+    out = Path(out)
+    halves: dict[str, list] = {"before": [], "after": []}
+    drafting: list = []
+    drafting_by_side: dict[str, list] = {"before": [], "after": []}
+    for side in halves:
+        for cs in specs:
+            d = out / side / cs.name
             halves[side].append(rebuild_rounds(d))
             dr = drafting_rounds(d)
             if dr is not None:
                 drafting.append(dr)  # one per run, in the order of the runs (fit_rounds pairs them)
             drafting_by_side[side].append(dr)
-
-    calib("before")
-    run()
-    calib("after")
     tables = halves["before"] + halves["after"]
 
     stalled = np.concatenate([round_stalls(t["fit_y_s"], t)[np.isfinite(t["fit_y_s"])] for t in tables])
@@ -117,7 +127,7 @@ def _fit_bracketed(mode, spec, run, model: str, out: Path, opts: CaseOptions, va
             "workloads": [s.name for s in specs],
             "seeds": [s.seed for s in specs],
             "model": model,
-            "device": opts.device,
+            "device": device,
             "bracketed": True,
             "matched": True,
             "calibration_stalls": float(stalled.mean()) if stalled.size else float("nan"),
@@ -143,7 +153,7 @@ def _fit_bracketed(mode, spec, run, model: str, out: Path, opts: CaseOptions, va
     fit.meta["speed_shift"] = ratio["after"] / ratio["before"] - 1.0
 
     runs = [out / side / cs.name for side in halves for cs in specs]
-    cpu_run = validated_dir is not None and opts.device == "cpu"
+    cpu_run = validated_dir is not None and device == "cpu"
     ticks = [speed_tick_s(d) for d in runs]
     # on a GPU as on a CPU (calibrate.validated_tick_s; on an H100's spec-draft, minions-voting
     # and minions-adaptive runs the ticks missed the validated run's speed by 2.0 / 10.6 / 0.8%,
@@ -194,7 +204,10 @@ def validate_spec_case(case, model: str, out: Path, opts: CaseOptions) -> dict:
         src = f"speculative fit loaded from `{calibration}`"
         execute()
     else:
-        fit = _fit_bracketed(mode, spec, execute, model, out / "calibration", opts, validated_dir=out / "exec")
+        if opts.reuse_runs:
+            fit = fit_calibration(calibration_specs(spec), model, out / "calibration", opts.device, out / "exec")
+        else:
+            fit = _fit_bracketed(mode, spec, execute, model, out / "calibration", opts, validated_dir=out / "exec")
         src = (
             f"speculative round fit calibrated on `{out / 'calibration'}` ({', '.join(fit.meta['workloads'])}, "
             f"seeds {', '.join(str(s) for s in fit.meta['seeds'])}: the case's serving and speculation sections on "

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import torch
 
+from infersim.simulator.costmodel.speculative_fit import SHORT_QUERY_MAX
+
 from ..runner import PagedAttention
 
 
 class BatchedShortQueryAttention(PagedAttention):
-    def __init__(self, base: PagedAttention, max_query: int = 16):
+    def __init__(self, base: PagedAttention, max_query: int = SHORT_QUERY_MAX):
         super().__init__(base.num_heads, base.num_kv_heads, base.head_dim, base.scale, base.window)
         self.max_query = int(max_query)
 
@@ -76,7 +78,7 @@ class BatchedShortQueryAttention(PagedAttention):
         return out if flat is None else out[flat]
 
 
-def install(runner, max_query: int = 16):
+def install(runner, max_query: int = SHORT_QUERY_MAX):
     """Give a runner (LlamaRunner / OPTRunner) the batched short-query attention."""
     if not isinstance(runner.attn, BatchedShortQueryAttention):
         runner.attn = BatchedShortQueryAttention(runner.attn, max_query)

@@ -18,6 +18,9 @@ class BatchShape:
     query_tokens: np.ndarray  # per sequence, new tokens this iteration (>= 1)
     context_tokens: np.ndarray  # per sequence, tokens already in the KV cache
     logit_tokens: np.ndarray  # per sequence, positions whose logits are computed
+    # sequences in the same forward pass whose own tokens are priced apart (a draft's first step
+    # that prefills prompts while it decodes these): only pass-wide costs see them
+    alongside: int = 0
 
     @classmethod
     def of(cls, query_tokens, context_tokens, logit_tokens=None) -> "BatchShape":

@@ -11,10 +11,19 @@ the executor fit) as a linear combination of
 
 - target terms (`TARGET_FEATURES`): a constant, per verified sequence, verified rows,
   verified keys (cached context + rows), per prefilled sequence, prefill tokens, prefill score
-  pairs;
+  pairs, and the sequences of a pass that runs attention one sequence at a time;
 - draft terms (`DRAFT_FEATURES`, summed over the drafts that run): per drafting step (each
-  draft's batched forward pass), per sequence-step, keys read per sequence-step, and the
-  prompt tokens a draft feeds when it first drafts a sequence (its lazy prefill).
+  draft's batched forward pass), per sequence-step, keys read per sequence-step, the prompt
+  tokens a draft feeds when it first drafts a sequence (its lazy prefill), and the sequences of
+  that catch-up step, which runs attention one sequence at a time.
+
+One sequence at a time: the executor batches the attention of short queries (up to
+`SHORT_QUERY_MAX` tokens per sequence: verifications, decode steps) into one call per layer,
+but a pass that holds a longer query (a prompt, a Medusa token tree) makes one attention call
+per sequence per layer, for every sequence in it. On a GPU, where a small model's step is bound
+by kernel launches, those calls are a per-sequence cost of their own: without these terms the
+rounds that admit a prompt (the target's prefilling pass, the drafts' catch-up in the next
+round) ran 1.2-1.6x their fitted time on H200 Minions runs, and the fit under-priced them.
 
 The fitted coefficients become the simulator's cost objects: `SpecTargetCost` (what the
 speculative replica asks for the verification pass: BatchShape rows with no cached context are
@@ -42,9 +51,20 @@ TARGET_FEATURES = (
     "prefill_sequences",
     "prefill_tokens",
     "prefill_pairs",
+    "split_sequences",
 )
-DRAFT_FEATURES = ("draft_steps", "draft_sequence_steps", "draft_keys", "draft_prompt_tokens")
+DRAFT_FEATURES = ("draft_steps", "draft_sequence_steps", "draft_keys", "draft_prompt_tokens", "draft_split_sequences")
 FEATURES = TARGET_FEATURES + DRAFT_FEATURES
+# the longest query per sequence the executor's attention batches across sequences
+# (executor/speculative/attention.py); a pass with a longer one runs attention per sequence
+SHORT_QUERY_MAX = 16
+
+
+def split_sequences(query_tokens: np.ndarray, alongside: int = 0) -> int:
+    """Sequences whose attention runs one call each in a pass of these queries: all of them
+    (with `alongside`, the pass's other rows) when one query is longer than SHORT_QUERY_MAX."""
+    q = np.asarray(query_tokens)
+    return int(q.size + alongside) if q.size and int(q.max()) > SHORT_QUERY_MAX else 0
 
 
 def round_features(t: dict[str, np.ndarray]) -> np.ndarray:
@@ -57,23 +77,32 @@ def round_features(t: dict[str, np.ndarray]) -> np.ndarray:
     mean_ctx = np.divide(ctx, nv, out=np.zeros_like(ctx), where=nv > 0)
     # keys a draft step reads: about the mean context (+ the step's own tokens) per sequence-step
     draft_keys = nd * drafted * (mean_ctx + 1.0)
+    zero = np.zeros(nv.size, dtype=bool)
+    npre = np.asarray(t["prefill_seqs"], dtype=np.float64)
+    # a long query in the pass: every sequence's attention one call at a time; the drafts' catch-up
+    # step (this round's first) carries the prompts the target prefilled last round
+    split = (nv + npre) * np.asarray(t.get("long_query", zero), dtype=bool)
+    draft_split = nd * nv * np.asarray(t.get("catchup_long", zero), dtype=bool)
     # pipelined: a verification pass has no draft work (the drafting thread's rounds are priced apart)
-    on = ~np.asarray(t.get("pipelined", np.zeros(nv.size, dtype=bool)), dtype=bool)
+    on = ~np.asarray(t.get("pipelined", zero), dtype=bool)
     nd = nd * on
     draft_keys = draft_keys * on
+    draft_split = draft_split * on
     return np.column_stack(
         [
             np.ones_like(nv),
             nv,
             rows,
             ctx + rows,
-            np.asarray(t["prefill_seqs"], dtype=np.float64),
+            npre,
             np.asarray(t["prefill_tokens"], dtype=np.float64),
             np.asarray(t["prefill_pairs"], dtype=np.float64),
+            split,
             np.asarray(t["draft_steps"], dtype=np.float64),
             nd * drafted,
             draft_keys,
             nd * np.asarray(t["catchup_tokens"], dtype=np.float64),
+            draft_split,
         ]
     )
 
@@ -99,13 +128,24 @@ class SpecTargetCost(_SpecCost):
         pre = ctx == 0  # the executor prefills whole prompts: a row with no cached context is a prefill
         ver = ~pre
         x = np.array(
-            [1.0, ver.sum(), q[ver].sum(), (ctx[ver] + q[ver]).sum(), pre.sum(), q[pre].sum(), (q[pre] ** 2).sum()]
+            [
+                1.0,
+                ver.sum(),
+                q[ver].sum(),
+                (ctx[ver] + q[ver]).sum(),
+                pre.sum(),
+                q[pre].sum(),
+                (q[pre] ** 2).sum(),
+                split_sequences(q),
+            ]
         )
         return float(x @ self.c)
 
 
 class SpecDraftCost(_SpecCost):
-    """One draft's steps: a decode step (step + sequences + keys) or its lazy prefill (tokens)."""
+    """One draft's steps: a decode step (step + sequences + keys) or its lazy prefill (tokens,
+    and with a prompt longer than SHORT_QUERY_MAX the sequences of that catch-up step: the
+    prompts' and the `alongside` sequences the draft decodes in the same pass)."""
 
     name = "executor_spec_fit_draft"
 
@@ -116,7 +156,7 @@ class SpecDraftCost(_SpecCost):
         if np.all(q == 1):
             ctx = np.asarray(batch.context_tokens, dtype=np.float64)
             return float(self.c[0] + self.c[1] * q.size + self.c[2] * (ctx + 1.0).sum())
-        return float(self.c[3] * q.sum())
+        return float(self.c[3] * q.sum() + self.c[4] * split_sequences(q, batch.alongside))
 
 
 class SpecFit:
@@ -174,4 +214,5 @@ class SpecFit:
         d = read_fit_json(path, "speculative fit")
         if d.get("format") != SPEC_FIT_FORMAT:
             raise InfersimError(f"{path}: not a speculative executor fit (format {d.get('format')!r})")
-        return cls([d["coefficients"][f] for f in FEATURES], d.get("meta"))
+        # a fit saved before a term existed did without it: zero
+        return cls([d["coefficients"].get(f, 0.0) for f in FEATURES], d.get("meta"))

@@ -7,7 +7,8 @@ Common interface (per round, for the decoding sequences of a batch):
   candidates(k)           -> q: tokens each sequence feeds the verification pass
   tokens_for(remaining)   -> q for one sequence, for the scheduler's KV lookahead
   draft_time_s(ctx, k)    -> the proposer's own time before verification (SSM steps)
-  draft_prefill_time_s(q, ctx, logits) -> SSM prefill of newly admitted prompts
+  draft_prefill_time_s(q, ctx, logits, alongside) -> SSM prefill of newly admitted prompts
+                             (alongside: the sequences the SSMs decode in the same first step)
   extra_time_s(n, tokens) -> time added to the verification pass (Medusa heads)
   accept(rng, k, rids)    -> (accepted candidates, voted SSM or -1, accepted / k); rids (request
                              ids, optional) give per-request acceptance models each request's level
@@ -199,11 +200,13 @@ class DraftProposer:
             return 0.0
         return int(k.max()) * self.step_overhead_s
 
-    def draft_prefill_time_s(self, q: np.ndarray, ctx: np.ndarray, logits: np.ndarray) -> float:
+    def draft_prefill_time_s(self, q: np.ndarray, ctx: np.ndarray, logits: np.ndarray, alongside: int = 0) -> float:
         q = np.asarray(q, dtype=np.int64)
         if q.size == 0:
             return 0.0
-        shape = BatchShape(q, np.asarray(ctx, dtype=np.int64), np.asarray(logits, dtype=np.int64))
+        shape = BatchShape(
+            q, np.asarray(ctx, dtype=np.int64), np.asarray(logits, dtype=np.int64), alongside=int(alongside)
+        )
         return float(sum(d.cost.iteration_time_s(shape) for d in self.drafts))
 
     def extra_time_s(self, n_seqs: int, tokens: int) -> float:
@@ -365,7 +368,7 @@ class MedusaProposer:
     def draft_overhead_s(self, k) -> float:
         return 0.0
 
-    def draft_prefill_time_s(self, q, ctx, logits) -> float:
+    def draft_prefill_time_s(self, q, ctx, logits, alongside: int = 0) -> float:
         return 0.0
 
     def extra_time_s(self, n_seqs: int, tokens: int) -> float:

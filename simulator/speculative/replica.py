@@ -225,7 +225,10 @@ class SpeculativeReplica(Replica):
         for seq, qi in zip(seqs, q.tolist()):
             blocks.grow_to(seq, seq.computed + qi)
         pre = ~is_dec
-        t_draft = p.draft_time_s(ctx[dec_pos], k) + p.draft_prefill_time_s(q[pre], ctx[pre], makes[pre])
+        # the drafts catch up on the new prompts in the same step as they decode the others (as executed)
+        t_draft = p.draft_time_s(ctx[dec_pos], k) + p.draft_prefill_time_s(
+            q[pre], ctx[pre], makes[pre], alongside=int(np.count_nonzero(k > 0))
+        )
         t_verify = self.cost.iteration_time_s(BatchShape(q, ctx, logits)) + p.extra_time_s(
             len(dec), int(q[dec_pos].sum())
         )
@@ -496,7 +499,9 @@ class PipelinedReplica(SpeculativeReplica):
             work = p.draft_time_s(ctx, k) - host
             if fresh:
                 qf = ctx[fresh]
-                work += p.draft_prefill_time_s(qf, np.zeros_like(qf), np.ones_like(qf))
+                work += p.draft_prefill_time_s(
+                    qf, np.zeros_like(qf), np.ones_like(qf), alongside=len(batch) - len(fresh)
+                )
             start = env.now
             if host > 0:
                 yield env.timeout(host)

@@ -437,14 +437,15 @@ def test_speculative_target_and_draft_costs_by_hand():
     fit = SpecFit(coef)
     # two verifications (q = 3 and 5 at contexts 10, 20) and one 8-token prefill
     b = BatchShape(np.array([3, 5, 8]), np.array([10, 20, 0]), np.array([3, 5, 1]))
-    x = np.array([1, 2, 8, 10 + 3 + 20 + 5, 1, 8, 64], dtype=np.float64)
-    assert fit.target.iteration_time_s(b) == pytest.approx(float(x @ coef[:7]))
+    # every query short (<= SHORT_QUERY_MAX): attention batched, no split sequences
+    x = np.array([1, 2, 8, 10 + 3 + 20 + 5, 1, 8, 64, 0], dtype=np.float64)
+    assert fit.target.iteration_time_s(b) == pytest.approx(float(x @ coef[:8]))
     d1, d2 = fit.drafts(2)
     assert d1 is not d2
     step = BatchShape.decode(np.array([10, 20]))
-    assert d1.iteration_time_s(step) == pytest.approx(coef[7] + 2 * coef[8] + (11 + 21) * coef[9])
+    assert d1.iteration_time_s(step) == pytest.approx(coef[8] + 2 * coef[9] + (11 + 21) * coef[10])
     pre = BatchShape(np.array([8, 4]), np.array([0, 0]), np.array([1, 1]))
-    assert d1.iteration_time_s(pre) == pytest.approx(12 * coef[10])
+    assert d1.iteration_time_s(pre) == pytest.approx(12 * coef[11])
 
 
 def test_pipeline_overlap_contention_and_replayed_selector_by_hand():
@@ -549,6 +550,29 @@ def test_spec_draft_simulated_tokens_per_step_follow_the_measured_acceptance(spe
     tot = result["comparison"]["totals"]
     assert abs(tot["tokens_per_step"]["error"]) < 0.08, tot["tokens_per_step"]
     assert abs(tot["acceptance_rate"]["error"]) < 0.12, tot["acceptance_rate"]
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+def test_a_saved_spec_validation_re_priced_gives_its_verdict_again(spec_result, tmp_path):
+    """reuse_runs (benchmarks/reprice_validation.py): the fit refitted from the saved calibration
+    runs and the comparison redone on the saved exec/, nothing executed, with the code that ran
+    it: the same coefficients and the same checks."""
+    import shutil
+
+    from infersim.analysis.validate.cases import get_case
+    from infersim.analysis.validate.execute import CaseOptions
+    from infersim.analysis.validate.spec_validate import validate_spec_case
+
+    result, folder = spec_result
+    out = tmp_path / "spec-draft"
+    for name in ("exec", "calibration"):
+        shutil.copytree(folder / name, out / name, ignore=shutil.ignore_patterns("speculative-fit.json"))
+    again = validate_spec_case(
+        get_case("spec-draft"), "zoo-target", out, CaseOptions(requests=24, report=False, reuse_runs=True)
+    )
+    assert again["cost_model"]["fit"]["coefficients"] == result["cost_model"]["fit"]["coefficients"]
+    assert again["checks"] == result["checks"]
 
 
 def _fake_clock(monkeypatch, start_s: float, kernel_s: float):

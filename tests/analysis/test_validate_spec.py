@@ -323,7 +323,7 @@ def _pipelined_tables(rng, n=240, share_decode=0.6, share_prefill=0.9):
     }  # pipelined: the verifying pass drafts nothing
     t["prefill_tokens"] = t["prefill_seqs"] * rng.integers(20, 120, n)
     t["prefill_pairs"] = t["prefill_tokens"] ** 2 // 2
-    coef = np.array([4e-4, 1e-4, 2e-5, 1e-7, 3e-4, 8e-6, 1e-9])[: len(TARGET_FEATURES)]
+    coef = np.array([4e-4, 1e-4, 2e-5, 1e-7, 3e-4, 8e-6, 1e-9, 0.0])  # no long queries: no split term
     solo = round_features(t)[:, : len(TARGET_FEATURES)] @ coef
     over = rng.random(n) < 0.5
     y = np.where(over, solo / np.where(pre, share_prefill, share_decode), solo)
@@ -466,6 +466,111 @@ def test_medusa_depth_mixture_per_request_is_each_requests_own_histogram():
     assert fit_depth_mixture(rid[:28], [3] * 28, acc[:28], 3, groups=None) is None  # 7 requests: too few
 
 
+def _coupled_rounds(rng, n=400, long_prompts=True):
+    """Coupled rounds of three drafts (s from 1 to 5) with prompts admitted now and then, some longer than
+    SHORT_QUERY_MAX (their passes run attention per sequence), others short."""
+    from infersim.simulator.costmodel.speculative_fit import SHORT_QUERY_MAX
+
+    nv = rng.integers(1, 16, n)
+    s = rng.integers(1, 6, n)
+    npre = np.where(rng.random(n) < 0.3, rng.integers(1, 4, n), 0)
+    prompt = rng.integers(4, 160, n)  # one prompt length per round (each prefill that round)
+    long = (npre > 0) & (prompt > SHORT_QUERY_MAX) & long_prompts
+    pre_tokens = npre * prompt
+    return {
+        "verify_seqs": nv,
+        "verify_tokens": nv * (s + 1),
+        "verify_context": nv * rng.integers(20, 200, n),
+        "n_drafts": np.full(n, 3),
+        "drafted_tokens": nv * s,
+        "prefill_seqs": npre,
+        "prefill_tokens": pre_tokens,
+        "prefill_pairs": npre * prompt**2,
+        "draft_steps": 3 * s,
+        "catchup_tokens": np.concatenate([[0], pre_tokens[:-1]]),
+        "long_query": long,
+        "catchup_long": np.concatenate([[False], long[:-1]]),
+        "pipelined": np.zeros(n, dtype=bool),
+    }
+
+
+def test_round_features_count_the_sequences_of_split_passes():
+    """A round that prefills a long prompt beside 3 verified sequences runs the target's
+    attention per sequence for all 4; the next round's drafting catch-up does so for each of
+    the 3 drafts over its 4 sequences (12); a short prompt splits nothing; a pipelined
+    verification carries no draft work."""
+    from infersim.simulator.costmodel.speculative_fit import FEATURES, round_features
+
+    t = {
+        "verify_seqs": np.array([3, 4, 4]),
+        "verify_tokens": np.array([15, 20, 20]),
+        "verify_context": np.array([300, 400, 400]),
+        "n_drafts": np.array([3, 3, 3]),
+        "drafted_tokens": np.array([12, 16, 16]),
+        "prefill_seqs": np.array([1, 0, 1]),
+        "prefill_tokens": np.array([40, 0, 10]),
+        "prefill_pairs": np.array([1600, 0, 100]),
+        "draft_steps": np.array([12, 12, 12]),
+        "catchup_tokens": np.array([0, 40, 0]),
+        "long_query": np.array([True, False, False]),
+        "catchup_long": np.array([False, True, False]),
+    }
+    X = round_features(t)
+    assert X[:, FEATURES.index("split_sequences")].tolist() == [4, 0, 0]
+    assert X[:, FEATURES.index("draft_split_sequences")].tolist() == [0, 12, 0]
+    t["pipelined"] = np.ones(3, dtype=bool)
+    assert round_features(t)[:, FEATURES.index("draft_split_sequences")].tolist() == [0, 0, 0]
+
+
+def test_fit_recovers_the_split_terms_the_old_features_miss():
+    """Rounds priced by known coefficients, split terms included: fit_rounds gets them back and
+    prices every round exactly. Without the long-query flags (the features as they were) the
+    best fit misses the rounds that admit a long prompt (they run above their price, the others
+    below) by 8.6% in-sample."""
+    from infersim.analysis.validate.spec_costmodel import fit_rounds
+    from infersim.simulator.costmodel.speculative_fit import FEATURES, round_features
+
+    rng = np.random.default_rng(7)
+    t = _coupled_rounds(rng)
+    coef = np.zeros(len(FEATURES))
+    for name, c in {
+        "round": 2.5e-3,
+        "verify_sequences": 5e-5,
+        "verify_keys": 2e-6,
+        "prefill_tokens": 2e-6,
+        "split_sequences": 8e-4,
+        "draft_steps": 1.5e-3,
+        "draft_prompt_tokens": 1e-6,
+        "draft_split_sequences": 1.5e-4,
+    }.items():
+        coef[FEATURES.index(name)] = c
+    t["fit_y_s"] = round_features(t) @ coef
+    fit = fit_rounds([t])
+    assert fit.coef == pytest.approx(coef, rel=1e-6, abs=1e-12)
+    assert fit.predict_rounds(t) == pytest.approx(t["fit_y_s"], rel=1e-9)
+
+    blind = {**t, "long_query": np.zeros_like(t["long_query"]), "catchup_long": np.zeros_like(t["catchup_long"])}
+    old = fit_rounds([blind])
+    ratio = t["fit_y_s"] / old.predict_rounds(blind)
+    split = t["long_query"] | t["catchup_long"]
+    assert np.median(ratio[split]) > 1.05 and np.median(ratio[~split]) < 1.0
+    assert old.meta["round_fit"]["mape_in_sample"] > 0.05 > 1e-6 > fit.meta["round_fit"]["mape_in_sample"]
+
+
+def test_a_fit_saved_before_the_split_terms_loads_with_them_zero(tmp_path):
+    from infersim.simulator.costmodel.speculative_fit import FEATURES, SpecFit
+
+    coef = np.arange(1, len(FEATURES) + 1) * 1e-4
+    path = tmp_path / "speculative-fit.json"
+    d = SpecFit(coef, {"round_fit": {}}).to_json()
+    for name in ("split_sequences", "draft_split_sequences"):
+        del d["coefficients"][name]
+    path.write_text(json.dumps(d))
+    loaded = SpecFit.load(path)
+    want = [0.0 if f in ("split_sequences", "draft_split_sequences") else c for f, c in zip(FEATURES, coef)]
+    assert loaded.coef.tolist() == pytest.approx(want)
+
+
 def test_drafting_features_count_the_prompts_each_draft_prefills():
     from infersim.analysis.validate.spec_costmodel import drafting_features
 
@@ -475,7 +580,7 @@ def test_drafting_features_count_the_prompts_each_draft_prefills():
         "sequences": np.array([2, 5]),
         "prompt_tokens": np.array([100, 0]),
     }
-    assert drafting_features(d).tolist() == [[12, 24, 0, 300], [2, 10, 0, 0]]
+    assert drafting_features(d).tolist() == [[12, 24, 0, 300, 0], [2, 10, 0, 0, 0]]
     d.pop("prompt_tokens")  # a table written before the column existed
     assert drafting_features(d)[:, 3].tolist() == [0, 0]
 

@@ -63,14 +63,22 @@ def test_fitted_model_prices_a_batch_from_its_coefficients():
 
 
 def test_speculative_fit_prices_verification_prefill_and_drafts():
-    target = SpecTargetCost([1e-3, 1e-4, 1e-5, 1e-7, 2e-4, 2e-5, 1e-8])
-    # one verification (3 rows over 10 cached tokens) and one prefill of 8 tokens
+    target = SpecTargetCost([1e-3, 1e-4, 1e-5, 1e-7, 2e-4, 2e-5, 1e-8, 5e-4])
+    # one verification (3 rows over 10 cached tokens) and one prefill of 8 tokens: every query
+    # short, attention batched (no split term)
     b = BatchShape(np.array([3, 8]), np.array([10, 0]), np.array([1, 1]))
     expected = 1e-3 + 1e-4 + 3e-5 + 13e-7 + 2e-4 + 8 * 2e-5 + 64e-8
     assert target.iteration_time_s(b) == pytest.approx(expected, rel=1e-12)
-    draft = SpecDraftCost([1e-3, 1e-4, 1e-6, 1e-5])
+    # a 40-token prompt beside it: attention one sequence at a time, both sequences
+    b = BatchShape(np.array([3, 40]), np.array([10, 0]), np.array([1, 1]))
+    expected = 1e-3 + 1e-4 + 3e-5 + 13e-7 + 2e-4 + 40 * 2e-5 + 1600e-8 + 2 * 5e-4
+    assert target.iteration_time_s(b) == pytest.approx(expected, rel=1e-12)
+    draft = SpecDraftCost([1e-3, 1e-4, 1e-6, 1e-5, 3e-4])
     assert draft.iteration_time_s(BatchShape.decode([9, 19])) == pytest.approx(1e-3 + 2e-4 + 30e-6, rel=1e-12)
     assert draft.iteration_time_s(BatchShape.prefill([7])) == pytest.approx(7e-5, rel=1e-12)
+    # a catch-up on a 40-token prompt while 3 sequences decode in the same step: 4 split sequences
+    catchup = BatchShape(np.array([40]), np.array([0]), np.array([1]), alongside=3)
+    assert draft.iteration_time_s(catchup) == pytest.approx(40e-5 + 4 * 3e-4, rel=1e-12)
 
 
 def test_measured_model_follows_the_least_squares_line():
