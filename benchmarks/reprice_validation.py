@@ -1,6 +1,6 @@
-"""Re-price saved speculative validations with this code: the round fit refitted from each
-validation's calibration runs, the simulation and comparison redone on its executed run,
-nothing executed. For each case the saved verdict (validation.json, as the code that ran it
+"""Re-price saved validations with this code: the fit refitted from each validation's
+calibration runs (the iteration fit of a plain case, the round fit of a speculative one), the
+simulation and comparison redone on its executed run, nothing executed. For each case the saved verdict (validation.json, as the code that ran it
 judged it) beside the re-priced one.
 
     python benchmarks/reprice_validation.py DIR [DIR ...] [--out OUT] [--cases NAME ...]
@@ -8,7 +8,7 @@ judged it) beside the re-priced one.
 DIR: a folder of saved validations (`validate-<case>/` or `<case>/`, as `sim validate --out`
 and the matrix write them) or one validation folder itself. Each case's exec/ (and its repeats)
 and calibration/ are copied under OUT/<case>/ (default: a temporary folder), which gets the
-re-priced speculative-fit.json, sim/ and validation.json; the saved folders are only read.
+re-priced fit, sim/ and validation.json; the saved folders are only read.
 Prints a Markdown table and writes it to OUT/reprice.md."""
 
 from __future__ import annotations
@@ -22,22 +22,24 @@ from pathlib import Path
 
 from infersim.analysis.validate.cases import get_case
 from infersim.analysis.validate.execute import CaseOptions
-from infersim.analysis.validate.run import SPECULATIVE_MODES
-from infersim.analysis.validate.spec_validate import validate_spec_case
+from infersim.analysis.validate.run import SPECULATIVE_MODES, validate_case
+
+REPRICED_MODES = {"plain", *SPECULATIVE_MODES}
 
 HEADER = (
-    "| case | device | per-round MAPE saved -> re-priced | bias | total bias | throughput error | "
-    "mean e2e error | targets missed |\n|---|---|---|---|---|---|---|---|"
+    "| case | device | per-iteration (round) MAPE saved -> re-priced | bias | total bias | throughput error | "
+    "mean e2e error | swap / recompute cost | targets missed |\n|---|---|---|---|---|---|---|---|---|"
 )
 
 
 def saved_validations(dirs: list[Path], names: set[str]) -> list[tuple[str, Path]]:
-    """(case name, folder) of every speculative validation under dirs."""
+    """(case name, folder) of every plain or speculative validation under dirs (an offload case
+    fits its own cost model, which this does not re-price)."""
     found = []
     for d in dirs:
         for v in [d / "validation.json"] if (d / "validation.json").is_file() else sorted(d.glob("*/validation.json")):
             res = json.loads(v.read_text())
-            if res.get("status") != "ran" or res.get("mode") not in SPECULATIVE_MODES:
+            if res.get("status") != "ran" or res.get("mode") not in REPRICED_MODES:
                 continue
             if names and res["case"] not in names:
                 continue
@@ -47,16 +49,19 @@ def saved_validations(dirs: list[Path], names: set[str]) -> list[tuple[str, Path
 
 def summary(res: dict) -> dict:
     """The numbers the table shows, from a validation.json."""
-    checks = {c["metric"]: c for c in res["checks"]}
+    # the checks as the verdict judged them (a CPU run's per-iteration MAPE at its local speed)
+    judged = (res.get("judged") or {}).get("checks") or res["checks"]
+    checks = {c["metric"]: c for c in judged}
     cm = res["comparison"]["cost_model"]
     return {
+        "other": {m: c["value"] for m, c in checks.items() if " cost (" in m},
         "mape": checks["per-iteration latency MAPE"]["value"],
         "bias": cm["bias"],
         "total_bias": cm["total_bias"],
         "throughput": checks["throughput (output tok/s)"]["value"],
         "e2e": checks["mean end-to-end latency"]["value"],
-        "missed": sum(not c["ok"] for c in res["checks"]),
-        "targets": len(res["checks"]),
+        "missed": sum(not c["ok"] for c in judged),
+        "targets": len(judged),
     }
 
 
@@ -67,7 +72,7 @@ def reprice(case: str, src: Path, out: Path) -> dict:
         shutil.rmtree(out)
     out.mkdir(parents=True)
     for d in [src / "calibration", *sorted(src.glob("exec*"))]:
-        shutil.copytree(d, out / d.name, ignore=shutil.ignore_patterns("speculative-fit.json"))
+        shutil.copytree(d, out / d.name, ignore=shutil.ignore_patterns("speculative-fit.json", "executor-fit.json"))
     opts = CaseOptions(
         device=saved["device"],
         threads=saved.get("threads", 1),
@@ -76,7 +81,15 @@ def reprice(case: str, src: Path, out: Path) -> dict:
         report=False,
         reuse_runs=True,
     )
-    return validate_spec_case(get_case(case), saved["model"], out, opts)
+    return validate_case(get_case(case), saved["model"], out, opts)
+
+
+def costs(before: dict, after: dict) -> str:
+    """The swap and recompute cost errors, saved -> re-priced ('' for a case without them)."""
+    return "; ".join(
+        f"{m.split(' cost')[0]} {before['other'][m]:+.1%} -> {after['other'].get(m, float('nan')):+.1%}"
+        for m in before["other"]
+    )
 
 
 def row(case: str, device: str, before: dict, after: dict) -> str:
@@ -85,7 +98,8 @@ def row(case: str, device: str, before: dict, after: dict) -> str:
 
     return (
         f"| {case} | {device} | {pair('mape', '{:.1%}')} | {pair('bias')} | {pair('total_bias')} | "
-        f"{pair('throughput')} | {pair('e2e')} | {before['missed']} -> {after['missed']} of {after['targets']} |"
+        f"{pair('throughput')} | {pair('e2e')} | {costs(before, after)} | "
+        f"{before['missed']} -> {after['missed']} of {after['targets']} |"
     )
 
 
@@ -100,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or Path(tempfile.mkdtemp(prefix="reprice-"))
     found = saved_validations(args.dirs, set(args.cases))
     if not found:
-        print("no saved speculative validations found", file=sys.stderr)
+        print("no saved plain or speculative validations found", file=sys.stderr)
         return 2
     lines = [HEADER]
     for case, src in found:

@@ -419,9 +419,10 @@ def calibrate_around(
     def calib(side: str) -> None:
         for spec in specs if side == "before" else specs[::-1]:
             d = out_dir / side / spec.name
-            if opts.log:
-                opts.log(f"calibration run {spec.name} ({side} the validated run)")
-            run_executor(spec, build_requests(spec), model, d, opts)
+            if not opts.reuse_runs:  # re-pricing: the runs already there
+                if opts.log:
+                    opts.log(f"calibration run {spec.name} ({side} the validated run)")
+                run_executor(spec, build_requests(spec), model, d, opts)
             halves[side].append(d)
 
     calib("before")

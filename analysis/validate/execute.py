@@ -261,7 +261,7 @@ class CaseOptions:
     report: bool = True  # write report.html / report.md
     repeats: int = 1  # measure the validated run this many times and keep the median (run_repeated)
     # re-price: fit and compare the runs already in the output folder (exec/, calibration/) with
-    # this code, executing nothing (benchmarks/reprice_validation.py; speculative cases)
+    # this code, executing nothing (benchmarks/reprice_validation.py; plain and speculative cases)
     reuse_runs: bool = False
     log: Callable[[str], None] | None = None  # progress lines
 
@@ -310,7 +310,10 @@ def finish_case(result: dict, out: Path, report: Callable[[], object] | None = N
 
 
 def execute_case(case, mode, spec, reqs, model: str, out: Path, opts: CaseOptions, what: str = "") -> dict:
-    """The validated run, `opts.repeats` times, into out/exec; what run_repeated says about it."""
+    """The validated run, `opts.repeats` times, into out/exec; what run_repeated says about it.
+    With `opts.reuse_runs` nothing runs: the folders already there are the runs (re-pricing)."""
+    if opts.reuse_runs:
+        return {}
     if opts.log:
         opts.log(f"{case.name}: executing {len(reqs)} requests on {model} ({opts.device}){what}")
     return run_repeated(

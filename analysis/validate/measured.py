@@ -49,6 +49,18 @@ class RunDir:
         return int(self.config["memory"]["gpu_blocks"])
 
 
+def _portable(config: dict) -> dict:
+    """A run's config with its workload's model as this machine finds it: a run saved on another
+    machine records its model's folder there (a zoo model's cache path); where that folder is
+    missing here, the model the executor was asked for by name (`executor.model`, e.g.
+    zoo-target) stands for it, so saved runs re-price anywhere (benchmarks/reprice_validation.py)."""
+    w, name = config.get("workload") or {}, (config.get("executor") or {}).get("model")
+    recorded = w.get("model")
+    if name and recorded and recorded != name and not Path(str(recorded)).exists():
+        return {**config, "workload": {**w, "model": name}}
+    return config
+
+
 def load_run(path: Path) -> RunDir:
     path = Path(path)
     if not path.is_dir():
@@ -58,7 +70,7 @@ def load_run(path: Path) -> RunDir:
         raise InfersimError(f"{path}: missing summary.json (not a run directory)")
     return RunDir(
         path,
-        _read_yaml(path / "config.yaml"),
+        _portable(_read_yaml(path / "config.yaml")),
         json.loads(summary_path.read_text()),
         read_columns(path / "requests.parquet"),
         read_columns(path / "series.parquet"),

@@ -575,6 +575,50 @@ def test_a_saved_spec_validation_re_priced_gives_its_verdict_again(spec_result, 
     assert again["checks"] == result["checks"]
 
 
+@pytest.mark.slow
+@pytest.mark.torch
+def test_a_saved_plain_validation_re_priced_gives_its_verdict_again(small_results, tmp_path):
+    """reuse_runs on a plain case (preempt-recompute): the executor fit refitted from the saved
+    calibration runs and the comparison redone on the saved exec/, nothing executed: the same
+    fit, scale and checks. The copy of the runs records their model by a folder this machine
+    lacks (as a run saved on another machine does); it re-prices by the executor's model name."""
+    import shutil
+
+    import yaml
+
+    from infersim.analysis.validate.cases import get_case
+    from infersim.analysis.validate.execute import CaseOptions
+    from infersim.analysis.validate.run import validate_case
+
+    result, folder = small_results["preempt-recompute"]
+    out = tmp_path / "preempt-recompute"
+    for name in ("exec", "calibration"):
+        shutil.copytree(folder / name, out / name, ignore=shutil.ignore_patterns("executor-fit.json"))
+    for cfg in out.rglob("config.yaml"):
+        c = yaml.safe_load(cfg.read_text())
+        c["workload"]["model"] = str(tmp_path / "elsewhere" / "zoo-target")
+        cfg.write_text(yaml.safe_dump(c, sort_keys=False))
+    again = validate_case(
+        get_case("preempt-recompute"), "zoo-target", out, CaseOptions(requests=32, report=False, reuse_runs=True)
+    )
+    assert again["cost_model"]["fit"]["coefficients"] == result["cost_model"]["fit"]["coefficients"]
+    assert again["cost_model"]["fit"]["meta"]["scaled_by"] == result["cost_model"]["fit"]["meta"]["scaled_by"]
+    assert again["checks"] == result["checks"]
+
+
+def test_a_run_saved_elsewhere_names_its_model_by_the_executor_s_name(tmp_path):
+    """A saved run whose workload names a model folder missing on this machine is read with the
+    executor's model name in its place; a folder that exists, or a run without that name, stays."""
+    from infersim.analysis.validate.measured import _portable
+
+    cfg = {"executor": {"model": "zoo-target"}, "workload": {"model": "/elsewhere/zoo/abc/zoo-target", "seed": 1}}
+    assert _portable(cfg)["workload"] == {"model": "zoo-target", "seed": 1}
+    assert cfg["workload"]["model"] == "/elsewhere/zoo/abc/zoo-target"  # the input is left as it was
+    here = {"executor": {"model": "zoo-target"}, "workload": {"model": str(tmp_path)}}
+    assert _portable(here) == here
+    assert _portable({"workload": {"model": "/elsewhere/m"}}) == {"workload": {"model": "/elsewhere/m"}}
+
+
 def _fake_clock(monkeypatch, start_s: float, kernel_s: float):
     """The executor's clock module on a fake perf_counter that starts at `start_s`, with a fake
     reference kernel that takes `kernel_s` of it. Returns the module and the one-element list
