@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import secrets
 import shutil
 import signal
 import sys
@@ -205,6 +206,93 @@ def staged_dir(target: Path, *, command: str = "run", force: bool = False):
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
                 _remove_created_folders(created, target.parent)
+
+
+class StagedFiles:
+    """The files of one result (a profile, its sidecar and measured GEMM table, a figure),
+    written under hidden temporary names beside their targets and moved into place together
+    by commit(): an interruption before the commit leaves every target as it was, one during
+    it waits (signals held back) and a failed rename puts the previous files back. Targets
+    are committed in the order given, the main file (the one naming the others) last.
+    Use it through staged_files()."""
+
+    def __init__(self, targets):
+        self.targets = [Path(t) for t in targets if t is not None]
+        self._token = f"{os.getpid()}-{secrets.token_hex(3)}"
+        self._created: list[tuple[Path | None, Path]] = []  # (outermost folder made, its folder)
+
+    def path(self, target: Path | str) -> Path:
+        """Where `target`'s new content is written meanwhile (its folder made if needed): a
+        hidden name in the same folder that keeps the target's suffixes, which writers such as
+        pandas and matplotlib go by. Reading it back (a cost model on a staged table) works."""
+        target = Path(target)
+        if target not in self.targets:
+            raise ValueError(f"{target} is not one of the staged targets")
+        folder = target.parent
+        if not folder.is_dir():
+            self._created.append((_first_missing_folder(folder), folder))
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise InfersimError(f"{target}: cannot create its folder ({exc.strerror})") from None
+        return self._staged(target)
+
+    def _staged(self, target: Path) -> Path:
+        return target.parent / f".staged-{self._token}.{target.name}"
+
+    def written(self) -> list[Path]:
+        """The targets whose new content was written (the others are left as they are)."""
+        return [t for t in self.targets if self._staged(t).is_file()]
+
+    def commit(self) -> None:
+        pause_point("committing")
+        with held_signals():
+            moved: list[tuple[Path, Path | None]] = []  # (target placed, its previous file aside)
+            try:
+                for target in self.written():
+                    aside = None
+                    if target.exists() or target.is_symlink():
+                        aside = target.with_name(f".{target.name}.old-{self._token}")
+                        os.replace(target, aside)
+                    moved.append((target, aside))
+                    os.replace(self._staged(target), target)
+            except BaseException:
+                for target, aside in reversed(moved):
+                    _put_back(target, aside)
+                raise
+            for _, aside in moved:
+                if aside is not None:
+                    aside.unlink()
+
+    def discard(self) -> None:
+        """Remove what was staged and not committed, and the folders made for it while empty."""
+        with held_signals():
+            for target in self.targets:
+                if self._staged(target).exists():
+                    self._staged(target).unlink()
+            for created, folder in self._created:
+                _remove_created_folders(created, folder)
+
+
+def _put_back(target: Path, aside: Path | None) -> None:
+    """Undo one step of a failed commit: the new file goes, the previous one comes back."""
+    if aside is not None:
+        os.replace(aside, target)
+    elif target.exists():
+        target.unlink()
+
+
+@contextmanager
+def staged_files(*targets: Path | None):
+    """Yield a StagedFiles for `targets` (None entries ignored: an output not asked for); on
+    success every written one replaces its target, on any error or signal none does and the
+    staged files are removed."""
+    staged = StagedFiles(targets)
+    try:
+        yield staged
+        staged.commit()
+    finally:
+        staged.discard()
 
 
 def claim_dir(target: Path, *, command: str, force: bool = False) -> Path:
