@@ -1,0 +1,187 @@
+"""Interrupted commands leave whole results: the files of one result (a profile, its sidecar
+and measured GEMM table, a figure) are staged under hidden names and moved into place together,
+so Ctrl-C or SIGTERM at the worst moment leaves the previous files byte-identical, or nothing
+when there was nothing; the staged files and the folders made for them go."""
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from infersim.cli.main import main
+from infersim.simulator.metrics.rundir import PAUSE_ENV, staged_files
+from infersim.simulator.paths import hwprofiles_dir
+from tests.utils import folder_digest
+
+CALIBRATION_TABLE = Path(__file__).resolve().parents[1] / "data" / "linear_ops_a100_llama3_8b.csv"
+
+
+def _tree(folder):
+    """Every path under `folder` (hidden ones included), relative to it."""
+    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*"))
+
+
+# ---- the helper -------------------------------------------------------------------------------------------------
+def test_staged_files_commit_together_and_an_error_keeps_the_old_set(tmp_path):
+    a, b = tmp_path / "r.csv.gz", tmp_path / "r.yaml"
+    with staged_files(a, None, b) as staged:
+        staged.path(a).write_bytes(b"table 1")
+        staged.path(b).write_text("names table 1\n")
+        assert not a.exists() and not b.exists()  # nothing in place before the end
+    assert (a.read_bytes(), b.read_text()) == (b"table 1", "names table 1\n")
+    before = folder_digest(tmp_path)
+    with pytest.raises(KeyboardInterrupt):
+        with staged_files(a, b) as staged:
+            staged.path(a).write_bytes(b"table 2")  # the companion is written first...
+            raise KeyboardInterrupt  # ...and the main file never
+    assert folder_digest(tmp_path) == before and _tree(tmp_path) == ["r.csv.gz", "r.yaml"]
+
+
+def test_a_failed_rename_in_the_commit_puts_the_previous_files_back(tmp_path, monkeypatch):
+    import os
+
+    a, b = tmp_path / "r.csv.gz", tmp_path / "r.yaml"
+    a.write_bytes(b"old table")
+    b.write_text("old profile\n")
+    before = folder_digest(tmp_path)
+    real_replace, calls = os.replace, []
+
+    def replace_failing_on_the_main_file(src, dst):
+        calls.append((src, dst))
+        if str(dst) == str(b) and "staged" in str(src):
+            raise OSError(28, "No space left on device")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace_failing_on_the_main_file)
+    with pytest.raises(OSError):
+        with staged_files(a, b) as staged:
+            staged.path(a).write_bytes(b"new table")
+            staged.path(b).write_text("new profile\n")
+    assert len(calls) > 3  # the table was already in place when the profile's rename failed
+    assert folder_digest(tmp_path) == before and _tree(tmp_path) == ["r.csv.gz", "r.yaml"]
+
+
+def test_staged_files_remove_the_folders_they_made(tmp_path):
+    target = tmp_path / "new" / "deeper" / "r.yaml"
+    with pytest.raises(KeyboardInterrupt):
+        with staged_files(target) as staged:
+            staged.path(target).write_text("x\n")
+            raise KeyboardInterrupt
+    assert _tree(tmp_path) == []
+    with staged_files(target):  # nothing written: nothing committed, no folder left
+        pass
+    assert _tree(tmp_path) == []
+
+
+# ---- sim profile: measurements of the committed reference profile instead of new sweeps ---------------------------
+@pytest.fixture
+def reference_sweeps(monkeypatch):
+    """`sim profile` on the reference profile's measurements (every seventh step time) instead
+    of sweeping this machine: the fits, the GEMM table and the regressors are the real ones."""
+    pytest.importorskip("torch")
+    from infersim.executor.profiler import run as profiler
+
+    sidecar = json.loads((hwprofiles_dir() / "cpu-reference.calib.json").read_text())
+
+    def measured(run):
+        run.b.records.extend(dict(r) for r in sidecar["curves"])
+        return {}, {}, [dict(r) for r in sidecar["steps"][::7]]
+
+    monkeypatch.setattr(profiler, "_sweeps", measured)
+    return profiler
+
+
+def _interrupt_after(monkeypatch, module, name, check=None):
+    """`module.name` runs, then `check(its result)`, then Ctrl-C."""
+    real = getattr(module, name)
+
+    def then_interrupted(*args, **kwargs):
+        result = real(*args, **kwargs)
+        if check is not None:
+            check(result)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(module, name, then_interrupted)
+
+
+def _profile(out, *extra):
+    return main(["profile", "--quick", "--no-validate", "--threads", "1", "-q", "--out", str(out), *extra])
+
+
+def _reads_the_staged_table(fitted):
+    """The cost models of the run price GEMMs with the table it measured, staged, not yet in place."""
+    hw = fitted[0]
+    table = Path(hw.calibration.gemm.measured_shapes.file)
+    assert table.name.startswith(".staged-") and table.is_file()
+
+
+@pytest.mark.torch
+def test_an_interrupted_first_profile_leaves_nothing(tmp_path, reference_sweeps, monkeypatch):
+    (tmp_path / "keep.txt").write_text("mine\n")
+    # right after the fit wrote the measured GEMM table: the step-overhead fit on cost models that read it
+    _interrupt_after(monkeypatch, reference_sweeps, "_fit_step_overhead", _reads_the_staged_table)
+    assert _profile(tmp_path / "new" / "cpu.yaml") == 130
+    assert _tree(tmp_path) == ["keep.txt"]
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("step", ["_fit_step_overhead", "_held_out_checks"])
+def test_an_interrupted_profile_with_force_keeps_every_old_file(tmp_path, reference_sweeps, monkeypatch, step):
+    out = tmp_path / "cpu.yaml"
+    assert _profile(out) == 0
+    before = folder_digest(tmp_path)
+    assert sorted(before) == ["cpu.calib.json", "cpu.gemm-shapes.csv.gz", "cpu.yaml"]
+    _interrupt_after(monkeypatch, reference_sweeps, step)
+    assert _profile(out, "--force", "--seed", "1") == 130
+    assert folder_digest(tmp_path) == before and _tree(tmp_path) == sorted(before)
+    # and an interrupted refit in place, after its fit staged a new table
+    _interrupt_after(monkeypatch, reference_sweeps, "_fit_step_overhead", _reads_the_staged_table)
+    assert main(["profile", "--refit", str(out), "--no-validate", "--seed", "2", "-q"]) == 130
+    assert folder_digest(tmp_path) == before and _tree(tmp_path) == sorted(before)
+
+
+# ---- sim calibrate --------------------------------------------------------------------------------------------------
+def _calibrate(out, *extra):
+    return ["calibrate", str(CALIBRATION_TABLE), "--hardware", "a100-80gb-sxm", "--out", str(out), *extra]
+
+
+def test_an_interrupted_calibrate_keeps_the_old_profile_table_and_figure(tmp_path, monkeypatch):
+    from infersim.simulator.calibration import calibrate
+
+    out, plot = tmp_path / "a100.yaml", tmp_path / "fit.png"
+    assert main(_calibrate(out, "--plot", str(plot))) == 0
+    before = folder_digest(tmp_path)
+    assert sorted(before) == ["a100.gemm-shapes.csv.gz", "a100.yaml", "fit.png"]
+    # the figure is drawn after the table is staged: interrupted there
+    _interrupt_after(monkeypatch, calibrate, "plot_fit")
+    assert main(_calibrate(out, "--plot", str(plot), "--force", "--name", "other")) == 130
+    assert folder_digest(tmp_path) == before and _tree(tmp_path) == sorted(before)
+    assert main(_calibrate(tmp_path / "sub" / "b.yaml", "--plot", str(tmp_path / "sub" / "b.png"))) == 130
+    assert folder_digest(tmp_path) == before and _tree(tmp_path) == sorted(before)
+
+
+def _sim(args, cwd, pause):
+    import os
+
+    env = {**os.environ, "MPLBACKEND": "Agg", PAUSE_ENV: pause}
+    return subprocess.Popen(
+        [sys.executable, "-m", "infersim.cli.main", *args], cwd=cwd, env=env, stderr=subprocess.PIPE, text=True
+    )
+
+
+def test_sigterm_before_the_commit_keeps_the_old_calibrated_profile(tmp_path):
+    """A real `sim calibrate --force` stopped by SIGTERM with its new table, figure and profile
+    staged: the old three files are byte-identical and nothing staged is left."""
+    out, plot = tmp_path / "a100.yaml", tmp_path / "fit.svg"
+    assert main(_calibrate(out, "--plot", str(plot))) == 0
+    before = folder_digest(tmp_path)
+    proc = _sim(_calibrate(out, "--plot", str(plot), "--force", "--name", "other"), tmp_path, "committing")
+    assert proc.stderr.readline().strip() == "infersim: paused at committing"
+    assert sum(p.name.startswith(".staged-") for p in tmp_path.iterdir()) == 3  # all three staged
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 143
+    assert "terminated" in proc.stderr.read()
+    assert folder_digest(tmp_path) == before and _tree(tmp_path) == sorted(before)
