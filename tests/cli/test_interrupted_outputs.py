@@ -85,13 +85,14 @@ def reference_sweeps(monkeypatch):
     from infersim.executor.profiler import run as profiler
 
     sidecar = json.loads((hwprofiles_dir() / "cpu-reference.calib.json").read_text())
+    machine = {"slower": 1.0}  # a later run on a slower machine measures other times
 
     def measured(run):
-        run.b.records.extend(dict(r) for r in sidecar["curves"])
+        run.b.records.extend({**r, "median_s": r["median_s"] * machine["slower"]} for r in sidecar["curves"])
         return {}, {}, [dict(r) for r in sidecar["steps"][::7]]
 
     monkeypatch.setattr(profiler, "_sweeps", measured)
-    return profiler
+    return profiler, machine
 
 
 def _interrupt_after(monkeypatch, module, name, check=None):
@@ -120,9 +121,10 @@ def _reads_the_staged_table(fitted):
 
 @pytest.mark.torch
 def test_an_interrupted_first_profile_leaves_nothing(tmp_path, reference_sweeps, monkeypatch):
+    profiler, _ = reference_sweeps
     (tmp_path / "keep.txt").write_text("mine\n")
     # right after the fit wrote the measured GEMM table: the step-overhead fit on cost models that read it
-    _interrupt_after(monkeypatch, reference_sweeps, "_fit_step_overhead", _reads_the_staged_table)
+    _interrupt_after(monkeypatch, profiler, "_fit_step_overhead", _reads_the_staged_table)
     assert _profile(tmp_path / "new" / "cpu.yaml") == 130
     assert _tree(tmp_path) == ["keep.txt"]
 
@@ -130,15 +132,17 @@ def test_an_interrupted_first_profile_leaves_nothing(tmp_path, reference_sweeps,
 @pytest.mark.torch
 @pytest.mark.parametrize("step", ["_fit_step_overhead", "_held_out_checks"])
 def test_an_interrupted_profile_with_force_keeps_every_old_file(tmp_path, reference_sweeps, monkeypatch, step):
+    profiler, machine = reference_sweeps
     out = tmp_path / "cpu.yaml"
     assert _profile(out) == 0
     before = folder_digest(tmp_path)
     assert sorted(before) == ["cpu.calib.json", "cpu.gemm-shapes.csv.gz", "cpu.yaml"]
-    _interrupt_after(monkeypatch, reference_sweeps, step)
-    assert _profile(out, "--force", "--seed", "1") == 130
+    machine["slower"] = 1.25  # the new run's GEMM table differs from the old one
+    _interrupt_after(monkeypatch, profiler, step)
+    assert _profile(out, "--force") == 130
     assert folder_digest(tmp_path) == before and _tree(tmp_path) == sorted(before)
     # and an interrupted refit in place, after its fit staged a new table
-    _interrupt_after(monkeypatch, reference_sweeps, "_fit_step_overhead", _reads_the_staged_table)
+    _interrupt_after(monkeypatch, profiler, "_fit_step_overhead", _reads_the_staged_table)
     assert main(["profile", "--refit", str(out), "--no-validate", "--seed", "2", "-q"]) == 130
     assert folder_digest(tmp_path) == before and _tree(tmp_path) == sorted(before)
 
