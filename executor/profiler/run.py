@@ -33,10 +33,10 @@ from infersim.simulator.costmodel.calibration_file import (
 from infersim.simulator.errors import InfersimError
 from infersim.simulator.hardware.catalog import load_hardware
 from infersim.simulator.hardware.profile import HardwareProfile
+from infersim.simulator.metrics.rundir import StagedFiles, staged_files
 from infersim.simulator.models.catalog import load_model
 from infersim.simulator.paths import hwprofiles_dir
 from infersim.simulator.progress import ProgressBar
-from infersim.simulator.metrics.rundir import StagedFiles, staged_files
 from infersim.simulator.yamlio import validate
 
 from . import accuracy, regress

@@ -72,4 +72,3 @@ def renamed(base_text: str, name: str, header: str = "") -> str:
         elif key != "aliases":
             out.extend(lines)
     return "".join(out)
-

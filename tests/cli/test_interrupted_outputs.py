@@ -189,3 +189,21 @@ def test_sigterm_before_the_commit_keeps_the_old_calibrated_profile(tmp_path):
     assert proc.wait(timeout=120) == 143
     assert "terminated" in proc.stderr.read()
     assert folder_digest(tmp_path) == before and _tree(tmp_path) == sorted(before)
+
+
+# ---- sim roofline ---------------------------------------------------------------------------------------------------
+def test_an_interrupted_roofline_keeps_its_old_table_and_plot(tmp_path, monkeypatch):
+    """The CSV and JSON are ready long before the plot: a Ctrl-C while plotting used to leave a
+    new table beside the old figure."""
+    from infersim.cli import roofline
+
+    files = {"--csv": tmp_path / "r.csv", "--json": tmp_path / "r.json", "--plot": tmp_path / "r.png"}
+    flags = [str(x) for kv in files.items() for x in kv]
+    assert main(["roofline", "--batch", "1", "--seq", "128", *flags]) == 0
+    before = folder_digest(tmp_path)
+    _interrupt_after(monkeypatch, roofline, "plot_roofline")
+    assert main(["roofline", "--batch", "8", "--seq", "512", *flags, "--force"]) == 130
+    assert folder_digest(tmp_path) == before and _tree(tmp_path) == ["r.csv", "r.json", "r.png"]
+    new = [str(x) for kv in files.items() for x in (kv[0], kv[1].with_name("new" + kv[1].suffix))]
+    assert main(["roofline", "--batch", "1", "--seq", "128", *new]) == 130
+    assert _tree(tmp_path) == ["r.csv", "r.json", "r.png"]
