@@ -207,3 +207,41 @@ def test_an_interrupted_roofline_keeps_its_old_table_and_plot(tmp_path, monkeypa
     new = [str(x) for kv in files.items() for x in (kv[0], kv[1].with_name("new" + kv[1].suffix))]
     assert main(["roofline", "--batch", "1", "--seq", "128", *new]) == 130
     assert _tree(tmp_path) == ["r.csv", "r.json", "r.png"]
+
+
+# ---- sim sweep: the summary files of a sweep folder ----------------------------------------------------------------
+SWEEP_WORKLOAD = """\
+name: interrupted
+model: llama-2-7b
+hardware: {profile: a100-80gb-pcie}
+requests:
+  count: 30
+  arrival: {type: poisson, rate: 6.0}
+  prompt_tokens: {type: fixed, value: 200}
+  output_tokens: {type: fixed, value: 40}
+seed: 1
+"""
+
+
+def test_an_interrupted_sweep_summary_keeps_the_previous_one_whole(tmp_path, monkeypatch):
+    """The tables and figures are written before the report: interrupted at the report, the
+    previous summary stays byte-identical and a first summary leaves no plots/ folder."""
+    from infersim.analysis import sweep
+    from infersim.analysis.sweep_backends import BackendOptions
+
+    wl = tmp_path / "wl.yaml"
+    wl.write_text(SWEEP_WORKLOAD)
+    space = sweep.SweepSpace.model_validate({"parameters": {"serving.max_batch_size": [8, 64]}})
+    done = sweep.run_sweep(str(wl), space, tmp_path / "s", run=BackendOptions(workers=1))
+    assert "plots/pareto.png" in _tree(tmp_path / "s")
+    before, tree = folder_digest(tmp_path / "s"), _tree(tmp_path / "s")
+    params = sweep.build_params(space)
+    _interrupt_after(monkeypatch, sweep, "_summaries")
+    with pytest.raises(KeyboardInterrupt):  # a summary of one row: every file would change
+        sweep.write_outputs(tmp_path / "s", done.table.iloc[:1], params, space)
+    assert folder_digest(tmp_path / "s") == before and _tree(tmp_path / "s") == tree
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    with pytest.raises(KeyboardInterrupt):
+        sweep.write_outputs(fresh, done.table, params, space)
+    assert _tree(fresh) == []
