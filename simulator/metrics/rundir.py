@@ -183,16 +183,16 @@ def _mkdtemp(target: Path) -> Path:
 
 
 @contextmanager
-def staged_dir(target: Path, *, command: str = "run", force: bool = False):
-    """Yield a hidden temporary folder; on success it replaces `target` (checked first with
-    check_out_dir) and holds the marker file. On any error or signal the temporary folder is
-    removed and `target` is left as it was."""
-    target = check_out_dir(target, force=force)
+def staged_folder(target: Path):
+    """Yield a hidden temporary folder beside `target` (the folders above made as needed); on
+    success it replaces `target` whole: the previous folder is moved aside, the new one moved in
+    and the previous one removed, signals held back meanwhile. On any error or signal the
+    temporary folder, and the folders made for it, are removed and `target` is left as it was."""
+    target = Path(target)
     created = _first_missing_folder(target.parent)  # removed again if the command fails
     tmp = _mkdtemp(target)
     try:
         yield tmp
-        (tmp / MARKER).write_text(_marker_text(command))
         with held_signals():
             old = None
             if target.exists():
@@ -206,6 +206,16 @@ def staged_dir(target: Path, *, command: str = "run", force: bool = False):
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
                 _remove_created_folders(created, target.parent)
+
+
+@contextmanager
+def staged_dir(target: Path, *, command: str = "run", force: bool = False):
+    """staged_folder for a command's output folder: `target` checked first with check_out_dir,
+    and the finished folder holds the marker file."""
+    target = check_out_dir(target, force=force)
+    with staged_folder(target) as tmp:
+        yield tmp
+        (tmp / MARKER).write_text(_marker_text(command))
 
 
 class StagedFiles:

@@ -245,3 +245,36 @@ def test_an_interrupted_sweep_summary_keeps_the_previous_one_whole(tmp_path, mon
     with pytest.raises(KeyboardInterrupt):
         sweep.write_outputs(fresh, done.table, params, space)
     assert _tree(fresh) == []
+
+
+# ---- sim zoo ship ---------------------------------------------------------------------------------------------------
+def _fake_zoo(folder, weights: bytes):
+    """A zoo folder as ship() reads it: zoo.json and a model's files (no torch needed)."""
+    (folder / "zoo-x").mkdir(parents=True)
+    (folder / "zoo-x" / "model.safetensors").write_bytes(weights)
+    (folder / "zoo-x" / "config.json").write_text("{}\n")
+    (folder / "zoo.json").write_text(json.dumps({"corpus_sha256": "c", "versions": {}, "spec": {}}) + "\n")
+    return folder
+
+
+def test_an_interrupted_zoo_ship_keeps_the_shipped_folder_whole(tmp_path, monkeypatch):
+    """ship() used to delete the shipped folder and copy file by file: a Ctrl-C in between left
+    half a zoo whose manifest was gone."""
+    from infersim.executor.zoo import shipped
+
+    out = tmp_path / "shipped"
+    shipped.ship(_fake_zoo(tmp_path / "old", b"old weights"), out)
+    before, tree = folder_digest(out), _tree(tmp_path)
+    real, copies = shipped.shutil.copyfile, []
+
+    def copy_then_interrupted(src, dst):
+        copies.append(dst)
+        if len(copies) == 2:
+            raise KeyboardInterrupt
+        return real(src, dst)
+
+    monkeypatch.setattr(shipped.shutil, "copyfile", copy_then_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        shipped.ship(_fake_zoo(tmp_path / "new", b"new weights"), out)
+    assert folder_digest(out) == before
+    assert _tree(tmp_path) == sorted([*tree, *(f"new/{p}" for p in _tree(tmp_path / "new")), "new"])
