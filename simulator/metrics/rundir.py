@@ -28,7 +28,7 @@ import yaml
 from infersim import __version__
 
 from ..errors import InfersimError
-from ..yamlio import check_writable_in
+from ..yamlio import check_writable_in, first_missing_folder, remove_created_folders
 
 MARKER = ".infersim-run"
 # tests of interruption stop a real process at a named stage (see pause_point)
@@ -143,33 +143,6 @@ def held_signals():
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
-def _first_missing_folder(path: Path) -> Path | None:
-    """The outermost folder of `path` that does not exist yet (None: it exists)."""
-    missing = None
-    for folder in (path, *path.parents):
-        if folder.exists():
-            break
-        missing = folder
-    return missing
-
-
-def _remove_created_folders(created: Path | None, innermost: Path) -> None:
-    """Remove the folders from `innermost` up to `created` that a failed command made, as long as
-    they are empty (os.rmdir refuses a folder that holds anything)."""
-    if created is None:
-        return
-    created, innermost = Path(os.path.abspath(created)), Path(os.path.abspath(innermost))
-    if innermost != created and created not in innermost.parents:
-        return  # nothing below `innermost` was created by this command
-    for folder in (innermost, *innermost.parents):
-        try:
-            folder.rmdir()
-        except OSError:
-            return
-        if folder == created:
-            return
-
-
 def _mkdtemp(target: Path) -> Path:
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -189,7 +162,7 @@ def staged_folder(target: Path):
     and the previous one removed, signals held back meanwhile. On any error or signal the
     temporary folder, and the folders made for it, are removed and `target` is left as it was."""
     target = Path(target)
-    created = _first_missing_folder(target.parent)  # removed again if the command fails
+    created = first_missing_folder(target.parent)  # removed again if the command fails
     tmp = _mkdtemp(target)
     try:
         yield tmp
@@ -205,7 +178,7 @@ def staged_folder(target: Path):
         with held_signals():
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
-                _remove_created_folders(created, target.parent)
+                remove_created_folders(created, target.parent)
 
 
 @contextmanager
@@ -240,7 +213,7 @@ class StagedFiles:
             raise ValueError(f"{target} is not one of the staged targets")
         folder = target.parent
         if not folder.is_dir():
-            self._created.append((_first_missing_folder(folder), folder))
+            self._created.append((first_missing_folder(folder), folder))
             try:
                 folder.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
@@ -281,7 +254,7 @@ class StagedFiles:
                 if self._staged(target).exists():
                     self._staged(target).unlink()
             for created, folder in self._created:
-                _remove_created_folders(created, folder)
+                remove_created_folders(created, folder)
 
 
 def _put_back(target: Path, aside: Path | None) -> None:
@@ -324,7 +297,7 @@ def claimed_dir(target: Path, *, command: str, force: bool = False):
     study): a folder this call created (with the folders above it it had to create) is removed
     again when the command fails or is interrupted, so a refusal or a Ctrl-C leaves nothing; a
     folder that was there stays."""
-    created = _first_missing_folder(Path(target))
+    created = first_missing_folder(Path(target))
     path = claim_dir(target, command=command, force=force)
     try:
         yield path
@@ -332,7 +305,7 @@ def claimed_dir(target: Path, *, command: str, force: bool = False):
         if created is not None:
             with held_signals():
                 shutil.rmtree(path, ignore_errors=True)
-                _remove_created_folders(created, Path(path).parent)
+                remove_created_folders(created, Path(path).parent)
         raise
 
 

@@ -278,3 +278,21 @@ def test_an_interrupted_zoo_ship_keeps_the_shipped_folder_whole(tmp_path, monkey
         shipped.ship(_fake_zoo(tmp_path / "new", b"new weights"), out)
     assert folder_digest(out) == before
     assert _tree(tmp_path) == sorted([*tree, *(f"new/{p}" for p in _tree(tmp_path / "new")), "new"])
+
+
+# ---- the atomic writers -------------------------------------------------------------------------------------------
+def test_an_interrupted_atomic_write_leaves_no_folder_it_made(tmp_path, monkeypatch):
+    import os
+
+    from infersim.simulator import yamlio
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        yamlio.write_atomic(tmp_path / "a" / "b" / "x.yaml", "x: 1\n")
+    with pytest.raises(KeyboardInterrupt):
+        with yamlio.atomic_path(tmp_path / "c" / "x.csv") as tmp:
+            tmp.write_text("a\n1\n")
+    assert _tree(tmp_path) == []
