@@ -296,3 +296,18 @@ def test_an_interrupted_atomic_write_leaves_no_folder_it_made(tmp_path, monkeypa
         with yamlio.atomic_path(tmp_path / "c" / "x.csv") as tmp:
             tmp.write_text("a\n1\n")
     assert _tree(tmp_path) == []
+
+
+# ---- sim medusa -----------------------------------------------------------------------------------------------------
+def test_an_interrupted_medusa_study_keeps_the_previous_table_and_figures(tmp_path, monkeypatch):
+    """The CSV is ready before the three figures: interrupted at the last figure, the previous
+    study's four files stay byte-identical (the folder is filled in place, so other files stay too)."""
+    from infersim.analysis import medusa_study
+
+    out = tmp_path / "study"
+    assert main(["medusa", "--batch", "1", "--out", str(out)]) == 0
+    (out / "notes.txt").write_text("mine\n")
+    before, tree = folder_digest(out), _tree(out)
+    _interrupt_after(monkeypatch, medusa_study, "plot_speedup_by_seq")
+    assert main(["medusa", "--batch", "4", "--out", str(out)]) == 130
+    assert folder_digest(out) == before and _tree(out) == tree
