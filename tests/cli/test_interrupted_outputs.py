@@ -311,3 +311,37 @@ def test_an_interrupted_medusa_study_keeps_the_previous_table_and_figures(tmp_pa
     _interrupt_after(monkeypatch, medusa_study, "plot_speedup_by_seq")
     assert main(["medusa", "--batch", "4", "--out", str(out)]) == 130
     assert folder_digest(out) == before and _tree(out) == tree
+
+
+# ---- sim validate ---------------------------------------------------------------------------------------------------
+@pytest.mark.torch
+def test_an_interrupted_validation_keeps_the_previous_case_folder(tmp_path, monkeypatch, zoo_dir):
+    """A validation writes its runs, then its verdict and report: it is built in a hidden
+    sibling, so an interrupted rerun never leaves new runs beside the old report. The case's
+    work is replaced by one that writes a run and a verdict (the real one takes minutes)."""
+    import yaml
+
+    from infersim.cli import validate
+    from tests.cli.fuzz_harness import TINY_WORKLOAD
+
+    def validated(case, model, out, opts, cost, interrupted=False):
+        (out / "exec").mkdir()
+        (out / "exec" / "summary.json").write_text(json.dumps({"seed": opts.seed}) + "\n")
+        if interrupted:
+            raise KeyboardInterrupt
+        (out / "validation.json").write_text(json.dumps({"seed": opts.seed}) + "\n")
+        return {"checks": []}
+
+    wl = tmp_path / "wl.yaml"
+    wl.write_text(yaml.safe_dump(TINY_WORKLOAD))
+    out = tmp_path / "v"
+    argv = ["validate", "-w", str(wl), "-o", str(out), "-q"]
+    monkeypatch.setattr(validate, "validate_case", validated)
+    assert main(argv) == 0
+    before, tree = folder_digest(tmp_path), _tree(tmp_path)
+    assert "v/validation.json" in tree
+    monkeypatch.setattr(validate, "validate_case", lambda *a: validated(*a, interrupted=True))
+    assert main([*argv, "--seed", "5"]) == 130
+    assert folder_digest(tmp_path) == before and _tree(tmp_path) == tree
+    assert main(["validate", "-w", str(wl), "-o", str(tmp_path / "new" / "v"), "-q"]) == 130
+    assert _tree(tmp_path) == tree
