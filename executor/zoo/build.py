@@ -26,6 +26,7 @@ import torch
 from infersim.simulator.errors import InfersimError
 from infersim.simulator.metrics.rundir import staged_folder
 from infersim.simulator.progress import log_line
+from infersim.simulator.yamlio import write_atomic
 
 from . import train as T
 from .corpus import Corpus, files_sha256, load_corpus
@@ -342,9 +343,7 @@ def _write_manifest(spec: ZooSpec, c: Corpus, d: Path) -> None:
         "spec": spec.to_dict(),
         "models": models,
     }
-    tmp = d / ".zoo.json.tmp"
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, d / "zoo.json")
+    write_atomic(d / "zoo.json", json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def main(argv=None) -> int:

@@ -88,7 +88,7 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--seed", type=int, default=None, help="override the workload's seed")
     p.add_argument("--requests", "-n", type=int, default=None, help="override the request count")
-    add_out_flags(p, "output folder (default runs/validate-<name>)", replaces=False)
+    add_out_flags(p, "output folder (default runs/validate-<name>)", replaces=True)
     p.add_argument("--quiet", "-q", action="store_true", help="no progress lines or table")
     add_memory_flag(p)
     p.set_defaults(func=run)

@@ -279,8 +279,8 @@ def staged_files(*targets: Path | None):
 
 
 def claim_dir(target: Path, *, command: str, force: bool = False) -> Path:
-    """For commands that fill their folder in place (resumable sweeps, validation reports,
-    studies): check it, create it and mark it as this tool's. Returns the path."""
+    """For commands that fill their folder in place (resumable sweeps, studies): check it,
+    create it and mark it as this tool's. Returns the path."""
     target = check_out_dir(target, force=force)
     try:
         target.mkdir(parents=True, exist_ok=True)
@@ -293,10 +293,10 @@ def claim_dir(target: Path, *, command: str, force: bool = False) -> Path:
 
 @contextmanager
 def claimed_dir(target: Path, *, command: str, force: bool = False):
-    """claim_dir for a command that fills its folder in place over a long run (a validation, a
-    study): a folder this call created (with the folders above it it had to create) is removed
-    again when the command fails or is interrupted, so a refusal or a Ctrl-C leaves nothing; a
-    folder that was there stays."""
+    """claim_dir for a command that fills its folder in place (a study): a folder this call
+    created (with the folders above it it had to create) is removed again when the command
+    fails or is interrupted, so a refusal or a Ctrl-C leaves nothing; a folder that was there
+    stays."""
     created = first_missing_folder(Path(target))
     path = claim_dir(target, command=command, force=force)
     try:
