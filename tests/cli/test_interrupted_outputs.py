@@ -147,6 +147,25 @@ def test_an_interrupted_profile_with_force_keeps_every_old_file(tmp_path, refere
     assert folder_digest(tmp_path) == before and _tree(tmp_path) == sorted(before)
 
 
+@pytest.mark.torch
+def test_models_only_into_another_folder_takes_the_table_along(tmp_path, reference_sweeps, monkeypatch):
+    """`--refit P --models-only --out elsewhere/Q.yaml` writes Q's own copy of P's measured GEMM
+    table (Q names the table beside itself), staged with Q's YAML and sidecar."""
+    from infersim.simulator.hardware.catalog import load_hardware
+
+    profiler, _ = reference_sweeps
+    old = tmp_path / "cpu.yaml"
+    assert _profile(old) == 0
+    monkeypatch.setattr(profiler, "_measure_models", lambda *a: {"models": {}})  # no model measured
+    new = tmp_path / "elsewhere" / "q.yaml"
+    argv = ["profile", "--refit", str(old), "--models-only", "--model", "zoo-target", "--out", str(new), "-q"]
+    assert main(argv) == 0
+    assert _tree(new.parent) == ["q.calib.json", "q.gemm-shapes.csv.gz", "q.yaml"]
+    table = load_hardware(str(new)).calibration.gemm.measured_shapes.file
+    assert Path(table) == new.with_name("q.gemm-shapes.csv.gz").resolve()
+    assert Path(table).read_bytes() == (tmp_path / "cpu.gemm-shapes.csv.gz").read_bytes()
+
+
 # ---- sim calibrate --------------------------------------------------------------------------------------------------
 def _calibrate(out, *extra):
     return ["calibrate", str(CALIBRATION_TABLE), "--hardware", "a100-80gb-sxm", "--out", str(out), *extra]
