@@ -10,10 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from infersim.cli.main import main
 from infersim.simulator.metrics.rundir import PAUSE_ENV, staged_files
 from infersim.simulator.paths import hwprofiles_dir
+from tests.cli.fuzz_harness import TINY_WORKLOAD
 from tests.utils import folder_digest
 
 CALIBRATION_TABLE = Path(__file__).resolve().parents[1] / "data" / "linear_ops_a100_llama3_8b.csv"
@@ -229,19 +231,6 @@ def test_an_interrupted_roofline_keeps_its_old_table_and_plot(tmp_path, monkeypa
 
 
 # ---- sim sweep: the summary files of a sweep folder ----------------------------------------------------------------
-SWEEP_WORKLOAD = """\
-name: interrupted
-model: llama-2-7b
-hardware: {profile: a100-80gb-pcie}
-requests:
-  count: 30
-  arrival: {type: poisson, rate: 6.0}
-  prompt_tokens: {type: fixed, value: 200}
-  output_tokens: {type: fixed, value: 40}
-seed: 1
-"""
-
-
 def test_an_interrupted_sweep_summary_keeps_the_previous_one_whole(tmp_path, monkeypatch):
     """The tables and figures are written before the report: interrupted at the report, the
     previous summary stays byte-identical and a first summary leaves no plots/ folder."""
@@ -249,7 +238,7 @@ def test_an_interrupted_sweep_summary_keeps_the_previous_one_whole(tmp_path, mon
     from infersim.analysis.sweep_backends import BackendOptions
 
     wl = tmp_path / "wl.yaml"
-    wl.write_text(SWEEP_WORKLOAD)
+    wl.write_text(yaml.safe_dump(TINY_WORKLOAD))
     space = sweep.SweepSpace.model_validate({"parameters": {"serving.max_batch_size": [8, 64]}})
     done = sweep.run_sweep(str(wl), space, tmp_path / "s", run=BackendOptions(workers=1))
     assert "plots/pareto.png" in _tree(tmp_path / "s")
@@ -338,10 +327,7 @@ def test_an_interrupted_validation_keeps_the_previous_case_folder(tmp_path, monk
     """A validation writes its runs, then its verdict and report: it is built in a hidden
     sibling, so an interrupted rerun never leaves new runs beside the old report. The case's
     work is replaced by one that writes a run and a verdict (the real one takes minutes)."""
-    import yaml
-
     from infersim.cli import validate
-    from tests.cli.fuzz_harness import TINY_WORKLOAD
 
     def validated(case, model, out, opts, cost, interrupted=False):
         (out / "exec").mkdir()
