@@ -938,7 +938,7 @@ def write_outputs(sweep_dir: Path, df, params: list[Param], space: SweepSpace, p
     targets = [sweep_dir / n for n in (*names, "plots/sensitivity.png", "report.md")]
     with staged_files(*targets) as staged:
         front, sens, imgs = _summaries(staged, df, params, space, plots)
-        staged.path(targets[-1]).write_text(_markdown(df, front, sens, params, space, imgs, sweep_dir))
+        staged.path(staged.main).write_text(_markdown(df, front, sens, params, space, imgs, sweep_dir))
         files = staged.written()
     return files
 

@@ -485,7 +485,7 @@ def _micro_benchmarks(run: _ProfileRun) -> None:
 def _profile_meta(run: _ProfileRun, staged: StagedFiles, info: dict, when: str, la0) -> dict:
     """What analyze takes besides the measurements (the GEMM table goes to its staged file);
     the load average's end is read now."""
-    sp, out = run.plans["steps"], staged.targets[-1]
+    sp, out = run.plans["steps"], staged.main
     return {
         "name": run.opts.name or out.stem,
         "info": info,
@@ -700,7 +700,7 @@ def write_profile(staged: StagedFiles, hw_dict: dict, calib: dict) -> None:
     """The sidecar and the YAML naming its hash, into their staged files (profile_files; the
     caller commits them with the measured GEMM table the fit staged), the table named by its
     final name beside the profile."""
-    out = staged.targets[-1]
+    out = staged.main
     shapes = ((hw_dict.get("calibration") or {}).get("gemm") or {}).get("measured_shapes")
     if shapes:
         shapes["file"] = shapes_path(out).name
@@ -731,7 +731,7 @@ def _written(staged: StagedFiles, hw_dict: dict, calib: dict, comps, timings: di
     """Stage the profile and its calibration sidecar (committed when `staged` closes); what
     run_profile, refit_profile and add_models return."""
     write_profile(staged, hw_dict, calib)
-    out = staged.targets[-1]
+    out = staged.main
     return {
         "profile": out,
         "sidecar": sidecar_path(out),
@@ -824,7 +824,7 @@ def _refit_meta(old: dict, device, staged: StagedFiles) -> dict:
         "device_type": device.type,
         "dtype": old["dtype"],
         "domain": old["step_model"]["domain"],
-        "shapes_path": staged.path(shapes_path(staged.targets[-1])).resolve(),
+        "shapes_path": staged.path(shapes_path(staged.main)).resolve(),
     }
 
 
@@ -908,7 +908,7 @@ def _carry_shapes(hw: HardwareProfile, staged: StagedFiles) -> None:
     measured GEMM table (it names the table beside itself)."""
     cal = hw.calibration
     shapes = cal.gemm.measured_shapes if cal is not None and cal.gemm is not None else None
-    target = shapes_path(staged.targets[-1])
+    target = shapes_path(staged.main)
     if shapes is not None and Path(shapes.file).resolve() != target.resolve():
         staged.path(target).write_bytes(Path(shapes.file).read_bytes())
 

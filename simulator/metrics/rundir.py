@@ -204,6 +204,11 @@ class StagedFiles:
         self._token = f"{os.getpid()}-{secrets.token_hex(3)}"
         self._created: list[tuple[Path | None, Path]] = []  # (outermost folder made, its folder)
 
+    @property
+    def main(self) -> Path:
+        """The target committed last: the file that names the others."""
+        return self.targets[-1]
+
     def path(self, target: Path | str) -> Path:
         """Where `target`'s new content is written meanwhile (its folder made if needed): a
         hidden name in the same folder that keeps the target's suffixes, which writers such as
