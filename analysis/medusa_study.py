@@ -26,13 +26,13 @@ import pandas as pd
 from infersim.simulator.costmodel import BatchShape, RooflineCostModel
 from infersim.simulator.errors import InfersimError
 from infersim.simulator.metrics.plots import agg_pyplot, finish_figure
+from infersim.simulator.metrics.rundir import staged_files
 from infersim.simulator.speculative.medusa_heads import (
     HeadAccuracies,
     expected_accept_length,
     grow_tree,
     load_accuracies,
 )
-from infersim.simulator.yamlio import atomic_path
 
 from .roofline import POW2_BATCHES, POW2_SEQ_LENS, build_cost_model
 
@@ -321,7 +321,8 @@ def plot_speedup_by_seq(df: pd.DataFrame, path: str | Path) -> Path:
 
 
 def write_study(df: pd.DataFrame, out_dir: str | Path) -> dict[str, Path]:
-    """CSV of a standard_sweeps table plus the three figures; returns name -> path."""
+    """CSV of a standard_sweeps table plus the three figures, staged and moved into place
+    together (an interrupted study leaves the previous four files whole); returns name -> path."""
     out = Path(out_dir)
     paths = {
         "csv": out / "medusa_study.csv",
@@ -329,9 +330,9 @@ def write_study(df: pd.DataFrame, out_dir: str | Path) -> dict[str, Path]:
         "fig22": out / "fig22_speedup_by_batch.png",
         "fig23": out / "fig23_speedup_by_seq.png",
     }
-    with atomic_path(paths["csv"]) as tmp:
-        df.to_csv(tmp, index=False)
-    plot_candidates(df[df["sweep"] == "candidates"], paths["fig21"])
-    plot_speedup_by_batch(df[df["sweep"] == "batch"], paths["fig22"])
-    plot_speedup_by_seq(df[df["sweep"] == "seq_len"], paths["fig23"])
+    with staged_files(*paths.values()) as staged:
+        df.to_csv(staged.path(paths["csv"]), index=False)
+        plot_candidates(df[df["sweep"] == "candidates"], staged.path(paths["fig21"]))
+        plot_speedup_by_batch(df[df["sweep"] == "batch"], staged.path(paths["fig22"]))
+        plot_speedup_by_seq(df[df["sweep"] == "seq_len"], staged.path(paths["fig23"]))
     return paths

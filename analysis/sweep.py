@@ -52,14 +52,14 @@ from pydantic import BaseModel, Discriminator, Field, PositiveInt, Tag, Validati
 
 from infersim.simulator.errors import InfersimError, pydantic_error_line
 from infersim.simulator.metrics.plots import REPRODUCIBLE_PNG, finish_figure, pyplot
-from infersim.simulator.metrics.rundir import claim_dir
+from infersim.simulator.metrics.rundir import StagedFiles, claim_dir, staged_files
 from infersim.simulator.metrics.summary import CORE_METRICS, FEATURE_SECTIONS
 from infersim.simulator.preflight import traced_requests
 from infersim.simulator.progress import ProgressBar
 from infersim.simulator.validation import STRICT_CONFIG, check_memory, expected_requests, in_field, simulation_bytes
 from infersim.simulator.workload.builder import FILE_FIELDS, find_beside, load_workload
 from infersim.simulator.workload.schema import WorkloadSpec
-from infersim.simulator.yamlio import atomic_path, load_model_file, validate, write_atomic
+from infersim.simulator.yamlio import load_model_file, validate, write_atomic
 
 from .report_html import md_table
 from .sweep_backends import BackendOptions
@@ -930,38 +930,41 @@ def _label(row, params: list[Param]) -> str:
 
 
 def write_outputs(sweep_dir: Path, df, params: list[Param], space: SweepSpace, plots: bool = True) -> list[Path]:
-    """results.parquet, results.csv, sensitivity.csv, pareto.csv, plots/, report.md."""
+    """results.parquet, results.csv, sensitivity.csv, pareto.csv, plots/, report.md: staged and
+    moved into place together (staged_files), so an interrupted summary leaves the previous
+    one whole, the report last."""
     sweep_dir = Path(sweep_dir)
-    files = []
-    with atomic_path(sweep_dir / "results.parquet") as tmp:
-        df.to_parquet(tmp, index=False)
-    with atomic_path(sweep_dir / "results.csv") as tmp:
-        df.to_csv(tmp, index=False)
-    files += [sweep_dir / "results.parquet", sweep_dir / "results.csv"]
+    names = ("results.parquet", "results.csv", "pareto.csv", "sensitivity.csv", "plots/pareto.png")
+    targets = [sweep_dir / n for n in (*names, "plots/sensitivity.png", "report.md")]
+    with staged_files(*targets) as staged:
+        front, sens, imgs = _summaries(staged, df, params, space, plots)
+        staged.path(staged.main).write_text(_markdown(df, front, sens, params, space, imgs, sweep_dir))
+        files = staged.written()
+    return files
+
+
+def _summaries(staged: StagedFiles, df, params: list[Param], space: SweepSpace, plots: bool):
+    """The tables and figures of write_outputs into their staged files: (the Pareto front, the
+    sensitivity table, the figures' final paths)."""
+    parquet, csv, pareto, sensitivity_csv, pareto_png, sensitivity_png, _ = staged.targets
+    df.to_parquet(staged.path(parquet), index=False)
+    df.to_csv(staged.path(csv), index=False)
     tp, lat = space.pareto.throughput, space.pareto.latency
     have = len(df) and tp in df.columns and lat in df.columns
     front = df.iloc[0:0]
     if have:
         mask = pareto_mask(df[[tp, lat]].astype(float).to_numpy(), [True, False])
         front = df[mask].sort_values(lat)
-        with atomic_path(sweep_dir / "pareto.csv") as tmp:
-            front.to_csv(tmp, index=False)
-        files.append(sweep_dir / "pareto.csv")
+        front.to_csv(staged.path(pareto), index=False)
     sens = sensitivity(df, params, {m: up for m, up in ((tp, True), (lat, False)) if m in df.columns})
-    with atomic_path(sweep_dir / "sensitivity.csv") as tmp:
-        sens.to_csv(tmp, index=False)
-    files.append(sweep_dir / "sensitivity.csv")
+    sens.to_csv(staged.path(sensitivity_csv), index=False)
     imgs = []
     if plots and have and (df["status"] == "ok").any():
         plt = pyplot()
-        pdir = sweep_dir / "plots"
-        pdir.mkdir(exist_ok=True)
-        imgs.append(_plot_pareto(plt, df, front, params, tp, lat, pdir / "pareto.png"))
-        imgs.append(_plot_sensitivity(plt, df, params, tp, lat, pdir / "sensitivity.png"))
-        files += imgs
-    write_atomic(sweep_dir / "report.md", _markdown(df, front, sens, params, space, imgs, sweep_dir))
-    files.append(sweep_dir / "report.md")
-    return files
+        _plot_pareto(plt, df, front, params, tp, lat, staged.path(pareto_png))
+        _plot_sensitivity(plt, df, params, tp, lat, staged.path(sensitivity_png))
+        imgs = [pareto_png, sensitivity_png]
+    return front, sens, imgs
 
 
 def _plot_pareto(plt, df, front, params, tp, lat, path: Path) -> Path:

@@ -63,13 +63,42 @@ def _umask_mode() -> int:
     return 0o666 & ~mask
 
 
-def _temporary_beside(path: Path, prefix: str, suffix: str) -> tuple[int, str]:
-    """A new temporary file in `path`'s folder (created if needed); a folder that cannot be
-    created or written is one line naming `path`."""
+def first_missing_folder(path: Path) -> Path | None:
+    """The outermost folder of `path` that does not exist yet (None: it exists)."""
+    missing = None
+    for folder in (path, *path.parents):
+        if folder.exists():
+            break
+        missing = folder
+    return missing
+
+
+def remove_created_folders(created: Path | None, innermost: Path) -> None:
+    """Remove the folders from `innermost` up to `created` that a failed command made, as long as
+    they are empty (os.rmdir refuses a folder that holds anything)."""
+    if created is None:
+        return
+    created, innermost = Path(os.path.abspath(created)), Path(os.path.abspath(innermost))
+    if innermost != created and created not in innermost.parents:
+        return  # nothing below `innermost` was created by this command
+    for folder in (innermost, *innermost.parents):
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+        if folder == created:
+            return
+
+
+def _temporary_beside(path: Path, prefix: str, suffix: str) -> tuple[int, str, Path | None]:
+    """A new temporary file in `path`'s folder (created if needed), and the outermost folder
+    it created (None: none); a folder that cannot be created or written is one line naming `path`."""
+    created = first_missing_folder(path.parent)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        return tempfile.mkstemp(dir=path.parent, prefix=prefix, suffix=suffix)
+        return (*tempfile.mkstemp(dir=path.parent, prefix=prefix, suffix=suffix), created)
     except OSError as exc:
+        remove_created_folders(created, path.parent)
         raise _cannot_write(path, exc) from None
 
 
@@ -93,7 +122,7 @@ def write_atomic(path: str | Path, data: bytes | str) -> None:
     """Write to a temporary file in the same folder, then rename over the target, so a crash
     never leaves a half-written result and an old result is never lost to a failed write."""
     path = Path(path)
-    fd, tmp = _temporary_beside(path, f".{path.name}.", ".tmp")
+    fd, tmp, created = _temporary_beside(path, f".{path.name}.", ".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data.encode() if isinstance(data, str) else data)
@@ -102,6 +131,7 @@ def write_atomic(path: str | Path, data: bytes | str) -> None:
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        remove_created_folders(created, path.parent)
         raise
 
 
@@ -112,7 +142,7 @@ def atomic_path(path: str | Path):
     @contextlib.contextmanager
     def _cm():
         p = Path(path)
-        fd, tmp = _temporary_beside(p, f".{p.stem}.", p.suffix)
+        fd, tmp, created = _temporary_beside(p, f".{p.stem}.", p.suffix)
         os.close(fd)
         try:
             yield Path(tmp)
@@ -121,5 +151,6 @@ def atomic_path(path: str | Path):
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
+                remove_created_folders(created, p.parent)
 
     return _cm()

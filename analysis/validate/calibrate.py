@@ -224,7 +224,9 @@ def swap_ratio(fit: FittedCostModel, run: ExecRun) -> float:
     return float(ev["swap_s"].sum() / priced) if priced > 0 else float("nan")
 
 
-def fit_from_runs(run_dirs: list[Path], meta: dict | None = None) -> FittedCostModel:
+def fit_from_runs(run_dirs: list[Path], meta: dict | None = None, root: Path | None = None) -> FittedCostModel:
+    """The cost model fitted to executor runs; their folders recorded relative to `root` (the
+    fit file's folder, which a finished validation moves into place with them)."""
     runs = [load_exec_run(Path(d)) for d in run_dirs]
     if not runs:
         raise InfersimError("calibration: no executor runs to fit")
@@ -236,7 +238,7 @@ def fit_from_runs(run_dirs: list[Path], meta: dict | None = None) -> FittedCostM
     info = dict(meta or {})
     info.update(
         {
-            "calibrated_on": [str(d) for d in run_dirs],
+            "calibrated_on": [Path(d).relative_to(root).as_posix() if root else str(d) for d in run_dirs],
             "iteration_fit": it_info,
             "transfer_fit": tr_info,
             "model": runs[0].model,
@@ -316,6 +318,7 @@ def calibrate(
             "sentinel_s": float(np.median(sentinels)),
             "sentinels_s": sentinels,
         },
+        root=out_dir,
     )
     fit.save(out_dir / "executor-fit.json")
     return fit
@@ -437,6 +440,7 @@ def calibrate_around(
             "matched": serving is not None,
             "bracketed": True,
         },
+        root=out_dir,
     )
     loaded = {d: load_exec_run(d) for dirs in halves.values() for d in dirs}
 

@@ -141,7 +141,8 @@ def validate_offload_case(case, model: str, out: Path, opts: CaseOptions) -> dic
     else:
         fit = calibrate_offload_around(execute, spec, model, out / "calibration", opts, validated_dir=out / "exec")
         src = (
-            f"offload fit calibrated on `{out / 'calibration'}` (held-out offload executor runs, seeds "
+            "offload fit calibrated on the runs in the case folder's `calibration/` (held-out offload executor "
+            f"runs, seeds "
             f"{', '.join(str(s) for s in fit.meta['seeds'])}, the case's serving and offload sections, once before "
             f"and once after the validated run; the machine's speed moved {fit.meta['speed_shift']:+.1%})"
         )

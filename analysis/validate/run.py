@@ -54,7 +54,7 @@ def resolve_cost_model(
         src = f"executor fit loaded from `{calibration}`"
     else:
         fit = calibrate(model, Path(out) / "calibration", opts, block_size=block_size, serving=serving)
-        src = f"executor fit calibrated now on `{Path(out) / 'calibration'}`" + (
+        src = "executor fit calibrated now on the runs in the case folder's `calibration/`" + (
             " with the validated deployment's serving configuration" if serving is not None else ""
         )
     if fit.block_size != block_size:
@@ -226,7 +226,7 @@ def _calibrated_around(run: _CaseRun, execute) -> tuple[FittedCostModel, dict]:
     desc = {
         "name": "fitted",
         "fit": fit.to_json(),
-        "description": f"executor fit calibrated on `{out / 'calibration'}` "
+        "description": "executor fit calibrated on the runs in the case folder's `calibration/` "
         + _fit_line(fit)
         + ", run once before and once after the validated run"
         + (" on its own serving configuration (KV pools, limits, preemption)" if matched else "")

@@ -209,7 +209,8 @@ def validate_spec_case(case, model: str, out: Path, opts: CaseOptions) -> dict:
         else:
             fit = _fit_bracketed(mode, spec, execute, model, out / "calibration", opts, validated_dir=out / "exec")
         src = (
-            f"speculative round fit calibrated on `{out / 'calibration'}` ({', '.join(fit.meta['workloads'])}, "
+            "speculative round fit calibrated on the runs in the case folder's `calibration/` "
+            f"({', '.join(fit.meta['workloads'])}, "
             f"seeds {', '.join(str(s) for s in fit.meta['seeds'])}: the case's serving and speculation sections on "
             f"other requests), run once before and once after the validated run; in-sample round MAPE "
             f"{fit.meta['round_fit']['mape_in_sample']:.1%} over {fit.meta['round_fit']['points']} rounds"

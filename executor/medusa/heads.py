@@ -28,9 +28,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from infersim.simulator.errors import InfersimError
+from infersim.simulator.metrics.rundir import staged_folder
 
 from ..zoo.build import weights_sha256
-from ..zoo.staging import staged
 
 FORMAT_VERSION = 1
 WEIGHTS_FILE = "heads.safetensors"
@@ -118,8 +118,7 @@ def save_heads(heads: MedusaHeads, folder: Path, meta: dict) -> Path:
     from safetensors.torch import save_file
 
     folder = Path(folder)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    with staged(folder) as tmp:
+    with staged_folder(folder) as tmp:
         save_file({k: v.detach().contiguous().cpu() for k, v in heads.state_dict().items()}, str(tmp / WEIGHTS_FILE))
         full = {
             "format_version": FORMAT_VERSION,

@@ -33,10 +33,11 @@ from infersim.simulator.costmodel.calibration_file import (
 from infersim.simulator.errors import InfersimError
 from infersim.simulator.hardware.catalog import load_hardware
 from infersim.simulator.hardware.profile import HardwareProfile
+from infersim.simulator.metrics.rundir import StagedFiles, staged_files
 from infersim.simulator.models.catalog import load_model
 from infersim.simulator.paths import hwprofiles_dir
 from infersim.simulator.progress import ProgressBar
-from infersim.simulator.yamlio import validate, write_atomic
+from infersim.simulator.yamlio import validate
 
 from . import accuracy, regress
 from . import fit as F
@@ -345,7 +346,7 @@ def run_profile(opts: ProfileOptions, console=None) -> dict:
     total = _progress_total(plans, opts)
     torch.manual_seed(opts.seed)
     timings: dict[str, float] = {}
-    with _Progress(opts.quiet, total) as progress:
+    with _Progress(opts.quiet, total) as progress, profile_files(out) as staged:
         b = Bench(
             device=device,
             timer=make_timer(device),
@@ -355,18 +356,27 @@ def run_profile(opts: ProfileOptions, console=None) -> dict:
         )
         run = _ProfileRun(opts, device, dtype, plans, b, _Stages(b, QUICK_BUDGETS if opts.quick else {}, timings))
         sent, validation, steps = _sweeps(run)
-        meta = _profile_meta(run, out, info, when, la0)
+        meta = _profile_meta(run, staged, info, when, la0)
         hw_dict, hw, calib, comps = analyze(b.records, steps, meta, seed=opts.seed, progress=progress, timings=timings)
         calib["sentinels"] = sent
         _held_out_checks(run, hw, calib, validation)
         _served_models(run, hw, calib, progress)
 
-    la1 = load_average()
-    calib["load_average"]["end"] = la1[0] if la1 else None
-    calib["timings_s"] = {**timings, "total": round(time.perf_counter() - t_start, 2)}
-    # the final load average goes into the YAML's source as well
-    hw_dict["source"] = build_hardware_dict({**meta, "load": calib["load_average"]}, calib, 0.0)["source"]
-    return _written(out, hw_dict, calib, comps, calib["timings_s"])
+        la1 = load_average()
+        calib["load_average"]["end"] = la1[0] if la1 else None
+        calib["timings_s"] = {**timings, "total": round(time.perf_counter() - t_start, 2)}
+        # the final load average goes into the YAML's source as well
+        hw_dict["source"] = build_hardware_dict({**meta, "load": calib["load_average"]}, calib, 0.0)["source"]
+        return _written(staged, hw_dict, calib, comps, calib["timings_s"])
+
+
+def profile_files(out: Path):
+    """The files of one profile staged together (staged_files): the measured GEMM table and
+    the sidecar, then the YAML that names both. Fits and cost models built before the commit
+    read the staged table; an interrupted run leaves the previous profile's three files as
+    they were, or none."""
+    out = Path(out)
+    return staged_files(shapes_path(out), sidecar_path(out), out)
 
 
 def _device_and_dtype(opts: ProfileOptions):
@@ -473,9 +483,10 @@ def _micro_benchmarks(run: _ProfileRun) -> None:
     stage("copy", lambda: copy_sweep(b, plans["copy"]))
 
 
-def _profile_meta(run: _ProfileRun, out: Path, info: dict, when: str, la0) -> dict:
-    """What analyze takes besides the measurements; the load average's end is read now."""
-    sp = run.plans["steps"]
+def _profile_meta(run: _ProfileRun, staged: StagedFiles, info: dict, when: str, la0) -> dict:
+    """What analyze takes besides the measurements (the GEMM table goes to its staged file);
+    the load average's end is read now."""
+    sp, out = run.plans["steps"], staged.main
     return {
         "name": run.opts.name or out.stem,
         "info": info,
@@ -485,7 +496,7 @@ def _profile_meta(run: _ProfileRun, out: Path, info: dict, when: str, la0) -> di
         "device_type": run.device.type,
         "dtype": run.dtype,
         "domain": {**sp.domain(), "max_kv_bytes": sp.max_kv_bytes},
-        "shapes_path": shapes_path(out).resolve(),
+        "shapes_path": staged.path(shapes_path(out)).resolve(),
     }
 
 
@@ -686,16 +697,17 @@ def _with_calibration(hw_dict: dict, calibration: dict) -> dict:
     return out
 
 
-def write_profile(out: Path, hw_dict: dict, calib: dict) -> None:
-    """The sidecar first, then the YAML naming its hash (both atomic); the measured GEMM table
-    (written by the fit, beside `out`) is named relative to the profile."""
-    out = Path(out)
+def write_profile(staged: StagedFiles, hw_dict: dict, calib: dict) -> None:
+    """The sidecar and the YAML naming its hash, into their staged files (profile_files; the
+    caller commits them with the measured GEMM table the fit staged), the table named by its
+    final name beside the profile."""
+    out = staged.main
     shapes = ((hw_dict.get("calibration") or {}).get("gemm") or {}).get("measured_shapes")
     if shapes:
-        shapes["file"] = Path(shapes["file"]).name
+        shapes["file"] = shapes_path(out).name
     side = sidecar_path(out)
-    write_atomic(side, json.dumps(calib, indent=1, sort_keys=False) + "\n")
-    digest = sha256_file(side)
+    staged.path(side).write_text(json.dumps(calib, indent=1, sort_keys=False) + "\n")
+    digest = sha256_file(staged.path(side))
     hw_dict["sources"][SOURCE_KEY] = side.name
     hw_dict["sources"][HASH_KEY] = digest
     try:
@@ -713,13 +725,14 @@ def write_profile(out: Path, hw_dict: dict, calib: dict) -> None:
         f"# Peaks are achieved roofs, efficiencies fitted per operator class; the sidecar\n"
         f"# {side.name} (sha256 in sources) holds the curves, step-time regressors and checks.\n"
     )
-    write_atomic(out, dump_profile_yaml(hw_dict, header))
+    staged.path(out).write_text(dump_profile_yaml(hw_dict, header))
 
 
-def _written(out: Path, hw_dict: dict, calib: dict, comps, timings: dict) -> dict:
-    """Write the profile and its calibration sidecar; what run_profile, refit_profile and
-    add_models return."""
-    write_profile(out, hw_dict, calib)
+def _written(staged: StagedFiles, hw_dict: dict, calib: dict, comps, timings: dict) -> dict:
+    """Stage the profile and its calibration sidecar (committed when `staged` closes); what
+    run_profile, refit_profile and add_models return."""
+    write_profile(staged, hw_dict, calib)
+    out = staged.main
     return {
         "profile": out,
         "sidecar": sidecar_path(out),
@@ -759,13 +772,20 @@ def refit_profile(path: Path, opts: RefitOptions = RefitOptions()) -> dict:
         return add_models(Path(path), opts)
     path = Path(path)
     out = Path(opts.out) if opts.out else path
+    with profile_files(out) as staged:
+        return _refit(path, staged, opts)
+
+
+def _refit(path: Path, staged: StagedFiles, opts: RefitOptions) -> dict:
+    """refit_profile into the staged files of its --out."""
     old = calibration_for(load_hardware(str(path)))
     quick = (old["mode"] == "quick") if opts.quick is None else opts.quick
     device = _profiled_device(old["machine"], opts.threads)
     records = [dict(r) for r in old["curves"]]
     steps = [dict(r) for r in old["steps"]]
     timings: dict = {}
-    hw_dict, hw, calib, comps = analyze(records, steps, _refit_meta(old, device, out), seed=opts.seed, timings=timings)
+    meta = _refit_meta(old, device, staged)
+    hw_dict, hw, calib, comps = analyze(records, steps, meta, seed=opts.seed, timings=timings)
     calib["refit"] = {"at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "from": str(path)}
     if opts.validate:
         timings["validate"] = _recheck(calib, old, _RecheckOn(device, quick, hw, _copy_reference(records, device.type)))
@@ -779,7 +799,7 @@ def refit_profile(path: Path, opts: RefitOptions = RefitOptions()) -> dict:
         _merge_models(calib, _measure_models(opts.models, settings, hw, calib, opts.quiet))
     calib["timings_s"] = {**old.get("timings_s", {}), "refit": timings}
     hw_dict["source"] = load_hardware(str(path)).source
-    return _written(out, hw_dict, calib, comps, timings)
+    return _written(staged, hw_dict, calib, comps, timings)
 
 
 def _profiled_device(machine: dict, threads: int | None):
@@ -793,8 +813,9 @@ def _profiled_device(machine: dict, threads: int | None):
     return device
 
 
-def _refit_meta(old: dict, device, out: Path) -> dict:
-    """analyze's `meta` from the sidecar: the profile's name, machine, mode and time as measured."""
+def _refit_meta(old: dict, device, staged: StagedFiles) -> dict:
+    """analyze's `meta` from the sidecar: the profile's name, machine, mode and time as
+    measured; the GEMM table goes to its staged file."""
     return {
         "name": old["profile"],
         "info": old["machine"],
@@ -804,7 +825,7 @@ def _refit_meta(old: dict, device, out: Path) -> dict:
         "device_type": device.type,
         "dtype": old["dtype"],
         "domain": old["step_model"]["domain"],
-        "shapes_path": shapes_path(out).resolve(),
+        "shapes_path": staged.path(shapes_path(staged.main)).resolve(),
     }
 
 
@@ -865,20 +886,32 @@ def add_models(path: Path, opts: RefitOptions) -> dict:
     sweeps, fits and checks kept): `sim profile --refit PROFILE --models-only --model NAME`."""
     path = Path(path)
     out = Path(opts.out) if opts.out else path
+    if not path.is_file():
+        raise InfersimError(f"{path}: --models-only needs the profile's YAML file")
+    text = path.read_text()
     hw = load_hardware(str(path))
     calib = calibration_for(hw)
     device = _profiled_device(calib["machine"], opts.threads)
-    t0 = time.perf_counter()
-    settings = ModelSettings(device, calib["dtype"], quick=bool(opts.quick), seed=opts.seed)
-    _merge_models(calib, _measure_models(tuple(opts.models), settings, hw, calib, opts.quiet))
-    calib.setdefault("timings_s", {})["models"] = round(time.perf_counter() - t0, 2)
-    text = path.read_text() if path.is_file() else None
-    if text is None:
-        raise InfersimError(f"{path}: --models-only needs the profile's YAML file")
-    hw_dict = yaml.safe_load(text)
-    for k in (SOURCE_KEY, HASH_KEY, PATH_KEY):
-        hw_dict.get("sources", {}).pop(k, None)
-    return _written(out, hw_dict, calib, {}, calib["timings_s"])
+    with profile_files(out) as staged:
+        t0 = time.perf_counter()
+        settings = ModelSettings(device, calib["dtype"], quick=bool(opts.quick), seed=opts.seed)
+        _merge_models(calib, _measure_models(tuple(opts.models), settings, hw, calib, opts.quiet))
+        calib.setdefault("timings_s", {})["models"] = round(time.perf_counter() - t0, 2)
+        hw_dict = yaml.safe_load(text)
+        for k in (SOURCE_KEY, HASH_KEY, PATH_KEY):
+            hw_dict.get("sources", {}).pop(k, None)
+        _carry_shapes(hw, staged)
+        return _written(staged, hw_dict, calib, {}, calib["timings_s"])
+
+
+def _carry_shapes(hw: HardwareProfile, staged: StagedFiles) -> None:
+    """A profile written elsewhere than the one it extends takes a copy of that profile's
+    measured GEMM table (it names the table beside itself)."""
+    cal = hw.calibration
+    shapes = cal.gemm.measured_shapes if cal is not None and cal.gemm is not None else None
+    target = shapes_path(staged.main)
+    if shapes is not None and Path(shapes.file).resolve() != target.resolve():
+        staged.path(target).write_bytes(Path(shapes.file).read_bytes())
 
 
 def print_report(result: dict, console=None) -> None:

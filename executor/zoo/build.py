@@ -24,13 +24,14 @@ from pathlib import Path
 import torch
 
 from infersim.simulator.errors import InfersimError
+from infersim.simulator.metrics.rundir import staged_folder
 from infersim.simulator.progress import log_line
+from infersim.simulator.yamlio import write_atomic
 
 from . import train as T
 from .corpus import Corpus, files_sha256, load_corpus
 from .shipped import install_shipped
 from .spec import DEFAULT_ZOO, ModelRecipe, ZooSpec
-from .staging import staged
 from .train import SPECIAL
 
 BUILDER_VERSION = 1
@@ -212,7 +213,7 @@ def _train_tokenizer(spec: ZooSpec, c: Corpus, train_files, tok_dir: Path, log) 
         special_tokens=[T.SPECIAL],
         show_progress=False,
     )
-    with staged(tok_dir) as tmp:
+    with staged_folder(tok_dir) as tmp:
         _hf_tokenizer(bpe._tokenizer).save_pretrained(str(tmp))
         (tmp / "zoo.json").write_text(
             json.dumps({"vocab_size": bpe.get_vocab_size(), "train_seconds": time.perf_counter() - t0}, indent=2) + "\n"
@@ -320,7 +321,7 @@ def _save_model(model, meta: dict, dest: Path, tok_dir: Path) -> None:
     model.generation_config.pad_token_id = 0
     model.generation_config.eos_token_id = 0
     model.generation_config.bos_token_id = 0
-    with staged(dest) as tmp:
+    with staged_folder(dest) as tmp:
         model.save_pretrained(str(tmp), safe_serialization=True)
         for f in tok_dir.iterdir():
             if f.name != "zoo.json":
@@ -342,9 +343,7 @@ def _write_manifest(spec: ZooSpec, c: Corpus, d: Path) -> None:
         "spec": spec.to_dict(),
         "models": models,
     }
-    tmp = d / ".zoo.json.tmp"
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, d / "zoo.json")
+    write_atomic(d / "zoo.json", json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def main(argv=None) -> int:

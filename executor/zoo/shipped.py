@@ -17,8 +17,7 @@ from pathlib import Path
 
 from infersim.simulator.costmodel.calibration_file import sha256_file
 from infersim.simulator.errors import InfersimError
-
-from .staging import staged
+from infersim.simulator.metrics.rundir import staged_folder
 
 MANIFEST = "SHIPPED.json"
 
@@ -62,7 +61,7 @@ def install_shipped(d: Path, folder: Path | None = None) -> bool:
         if target.exists():
             continue
         target.parent.mkdir(parents=True, exist_ok=True)
-        with staged(target) as tmp:
+        with staged_folder(target) as tmp:
             for rel in (r for r in files if r.startswith(entry + "/")):
                 got = sha256_file(src / rel)
                 if got != files[rel]:
@@ -91,21 +90,20 @@ def ship(d: Path, out: Path | None = None) -> Path:
         and not p.name.endswith(".lock")
         and not any(part.startswith(".") for part in p.relative_to(d).parts)
     ]
-    if out.exists():
-        shutil.rmtree(out)
-    files = {}
-    for p in keep:
-        rel = p.relative_to(d).as_posix()
-        (out / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(p, out / rel)
-        if rel != "zoo.json":
-            files[rel] = sha256_file(p)
-    data = {
-        "key": d.name,
-        "corpus_sha256": manifest["corpus_sha256"],
-        "versions": manifest["versions"],
-        "spec": manifest["spec"],
-        "files": files,
-    }
-    (out / MANIFEST).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    with staged_folder(out) as tmp:  # a shipped zoo is replaced whole, never left half copied
+        files = {}
+        for p in keep:
+            rel = p.relative_to(d).as_posix()
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(p, tmp / rel)
+            if rel != "zoo.json":
+                files[rel] = sha256_file(p)
+        data = {
+            "key": d.name,
+            "corpus_sha256": manifest["corpus_sha256"],
+            "versions": manifest["versions"],
+            "spec": manifest["spec"],
+            "files": files,
+        }
+        (tmp / MANIFEST).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     return out

@@ -22,11 +22,10 @@ from infersim.analysis.roofline import (
 from infersim.simulator.costmodel.moe import check_expert_parallel
 from infersim.simulator.errors import InfersimError
 from infersim.simulator.hardware.catalog import load_hardware
-from infersim.simulator.metrics.rundir import check_out_file
+from infersim.simulator.metrics.rundir import check_out_file, staged_files
 from infersim.simulator.models.catalog import load_model
 from infersim.simulator.models.dtypes import normalize_dtype
 from infersim.simulator.validation import check_tensor_parallel, in_field
-from infersim.simulator.yamlio import atomic_path, write_atomic
 
 from .commands import COMMANDS
 from .run import add_memory_flag, no_exponent
@@ -264,14 +263,15 @@ def run(args: argparse.Namespace) -> int:
         console.print(note, style="yellow")
 
     out = ops if args.per_operator else iters
-    if args.csv:
-        with atomic_path(args.csv) as tmp:
-            out.to_csv(tmp, index=False)
-        console.print(f"wrote {args.csv} ({len(out)} rows)")
-    if args.json:
-        write_atomic(args.json, out.to_json(orient="records", indent=1))
-        console.print(f"wrote {args.json} ({len(out)} records)")
-    if args.plot:
-        plot_roofline(ops, cost.hardware, args.plot, compute_dtype=cost.act_dtype)
-        console.print(f"wrote {args.plot}")
+    # the table and the figure of one grid, moved into place together after the slow plot
+    with staged_files(args.csv, args.json, args.plot) as staged:
+        if args.csv:
+            out.to_csv(staged.path(args.csv), index=False)
+        if args.json:
+            staged.path(args.json).write_text(out.to_json(orient="records", indent=1))
+        if args.plot:
+            plot_roofline(ops, cost.hardware, staged.path(args.plot), compute_dtype=cost.act_dtype)
+    for path, what in ((args.csv, f" ({len(out)} rows)"), (args.json, f" ({len(out)} records)"), (args.plot, "")):
+        if path:
+            console.print(f"wrote {path}{what}")
     return 0

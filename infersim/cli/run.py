@@ -90,7 +90,7 @@ def add_parser(sub) -> None:
 
 def add_out_flags(p, where: str, *, replaces: bool) -> None:
     """--out/-o, a folder (`where`: what it holds, its default), and --force. A folder a command
-    `replaces` (a run) or writes into (a sweep, a validation) is touched only when infersim
+    `replaces` (a run, a validation) or writes into (a sweep, a study) is touched only when infersim
     wrote it, or is new, unless --force."""
     if replaces:
         rule, force = "replaced only when infersim wrote it", "replace --out even when infersim did not write it"

@@ -16,7 +16,7 @@ from infersim.analysis.validate.run import SimCostOptions, validate_case
 from infersim.simulator.costmodel.calibration_file import read_fit_json
 from infersim.simulator.errors import InfersimError
 from infersim.simulator.hardware.catalog import load_hardware
-from infersim.simulator.metrics.rundir import claimed_dir
+from infersim.simulator.metrics.rundir import staged_dir
 from infersim.simulator.preflight import check_workload, revalidate
 from infersim.simulator.progress import log_line
 from infersim.simulator.validation import check_seed, in_field, positive_int
@@ -88,7 +88,7 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--seed", type=int, default=None, help="override the workload's seed")
     p.add_argument("--requests", "-n", type=int, default=None, help="override the request count")
-    add_out_flags(p, "output folder (default runs/validate-<name>)", replaces=False)
+    add_out_flags(p, "output folder (default runs/validate-<name>)", replaces=True)
     p.add_argument("--quiet", "-q", action="store_true", help="no progress lines or table")
     add_memory_flag(p)
     p.set_defaults(func=run)
@@ -179,8 +179,11 @@ def run(args: argparse.Namespace) -> int:
         drift_correction=args.drift_correction,
         matched=not args.generic_calibration,
     )
-    with claimed_dir(out_dir, command="validate", force=args.force) as out:
-        result = validate_case(case, args.model, out, opts, cost)
+    # built in a hidden sibling and swapped in whole: an interrupted validation leaves the
+    # previous case folder as it was (never new runs beside an old report), or nothing
+    with staged_dir(out_dir, command="validate", force=args.force) as staged:
+        result = validate_case(case, args.model, staged, opts, cost)
+    out = Path(out_dir)
     if not args.quiet:
         print_checks(result)
         print(f"report: {out / 'report.html'} (and report.md); runs: {out / 'exec'}, {out / 'sim'}")

@@ -13,13 +13,13 @@ import yaml
 from ..errors import InfersimError
 from ..hardware.catalog import load_hardware, profile_path, with_shapes_path
 from ..hardware.profile import HardwareProfile
-from ..metrics.rundir import check_out_file
+from ..metrics.rundir import check_out_file, staged_files
 from ..progress import ProgressBar
-from ..yamlio import validate, write_atomic
+from ..yamlio import validate
 from .checks import check_fit, check_repeats
 from .fit import unfitted_notes, with_measured_shapes
 from .fit_plot import fit_series, plot_fit
-from .profile_writer import renamed, with_sections, write_profile
+from .profile_writer import renamed, with_sections
 from .rows import KernelRow
 from .tables import recognise
 
@@ -181,13 +181,17 @@ def calibrate(opts: CalibrateOptions) -> CalibrateResult:
     profile = validate(HardwareProfile, yaml.safe_load(text), str(opts.out))
     if "calibration" in sections:
         check_fit(kernel_rows, profile, base_name)
-    if table is not None or carried is not None:  # first: a profile never names a table that is not there
-        _refuse_existing(shapes_path(opts.out), opts.force)
+    shapes = shapes_path(opts.out) if table is not None or carried is not None else None
+    if shapes is not None:
+        _refuse_existing(shapes, opts.force)
+    _refuse_existing(opts.out, opts.force)
+    # the table, the figure and the profile naming the table, moved into place together
+    with staged_files(shapes, opts.plot, opts.out) as staged:
         if table is not None:
-            table.write(shapes_path(opts.out), source)
-        elif carried.resolve() != shapes_path(opts.out).resolve():
-            write_atomic(shapes_path(opts.out), carried.read_bytes())
-    write_profile(opts.out, text, opts.force)
-    if opts.plot is not None:
-        plot_fit(fit_series(kernel_rows, profile, table), opts.plot, profile.name)
+            table.write(staged.path(shapes), source)
+        elif carried is not None and carried.resolve() != shapes.resolve():
+            staged.path(shapes).write_bytes(carried.read_bytes())
+        if opts.plot is not None:
+            plot_fit(fit_series(kernel_rows, profile, table), staged.path(opts.plot), profile.name)
+        staged.path(opts.out).write_text(text)
     return CalibrateResult(opts.out, profile, sections, opts.plot, unfitted_notes(kernel_rows))

@@ -1,17 +1,13 @@
 """Writing a calibrated profile: the base profile's own text (comments and key order kept) with
-the fitted sections in place after `overheads:`; refused if the target exists, unless forced."""
+the fitted sections in place after `overheads:`."""
 
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import BaseModel
-
-from ..errors import InfersimError
-from ..yamlio import write_atomic
 
 TOP_KEY = re.compile(r"^([A-Za-z_][\w.-]*):")
 
@@ -76,11 +72,3 @@ def renamed(base_text: str, name: str, header: str = "") -> str:
         elif key != "aliases":
             out.extend(lines)
     return "".join(out)
-
-
-def write_profile(path: Path, text: str, force: bool) -> None:
-    if path.exists() and not force:
-        raise InfersimError(f"{path}: exists; refusing to overwrite it (--force replaces it)")
-    if path.is_dir():
-        raise InfersimError(f"{path}: is a folder")
-    write_atomic(path, text)

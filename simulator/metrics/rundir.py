@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import secrets
 import shutil
 import signal
 import sys
@@ -27,7 +28,7 @@ import yaml
 from infersim import __version__
 
 from ..errors import InfersimError
-from ..yamlio import check_writable_in
+from ..yamlio import check_writable_in, first_missing_folder, remove_created_folders
 
 MARKER = ".infersim-run"
 # tests of interruption stop a real process at a named stage (see pause_point)
@@ -142,33 +143,6 @@ def held_signals():
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
-def _first_missing_folder(path: Path) -> Path | None:
-    """The outermost folder of `path` that does not exist yet (None: it exists)."""
-    missing = None
-    for folder in (path, *path.parents):
-        if folder.exists():
-            break
-        missing = folder
-    return missing
-
-
-def _remove_created_folders(created: Path | None, innermost: Path) -> None:
-    """Remove the folders from `innermost` up to `created` that a failed command made, as long as
-    they are empty (os.rmdir refuses a folder that holds anything)."""
-    if created is None:
-        return
-    created, innermost = Path(os.path.abspath(created)), Path(os.path.abspath(innermost))
-    if innermost != created and created not in innermost.parents:
-        return  # nothing below `innermost` was created by this command
-    for folder in (innermost, *innermost.parents):
-        try:
-            folder.rmdir()
-        except OSError:
-            return
-        if folder == created:
-            return
-
-
 def _mkdtemp(target: Path) -> Path:
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -182,16 +156,16 @@ def _mkdtemp(target: Path) -> Path:
 
 
 @contextmanager
-def staged_dir(target: Path, *, command: str = "run", force: bool = False):
-    """Yield a hidden temporary folder; on success it replaces `target` (checked first with
-    check_out_dir) and holds the marker file. On any error or signal the temporary folder is
-    removed and `target` is left as it was."""
-    target = check_out_dir(target, force=force)
-    created = _first_missing_folder(target.parent)  # removed again if the command fails
+def staged_folder(target: Path):
+    """Yield a hidden temporary folder beside `target` (the folders above made as needed); on
+    success it replaces `target` whole: the previous folder is moved aside, the new one moved in
+    and the previous one removed, signals held back meanwhile. On any error or signal the
+    temporary folder, and the folders made for it, are removed and `target` is left as it was."""
+    target = Path(target)
+    created = first_missing_folder(target.parent)  # removed again if the command fails
     tmp = _mkdtemp(target)
     try:
         yield tmp
-        (tmp / MARKER).write_text(_marker_text(command))
         with held_signals():
             old = None
             if target.exists():
@@ -204,12 +178,114 @@ def staged_dir(target: Path, *, command: str = "run", force: bool = False):
         with held_signals():
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
-                _remove_created_folders(created, target.parent)
+                remove_created_folders(created, target.parent)
+
+
+@contextmanager
+def staged_dir(target: Path, *, command: str = "run", force: bool = False):
+    """staged_folder for a command's output folder: `target` checked first with check_out_dir,
+    and the finished folder holds the marker file."""
+    target = check_out_dir(target, force=force)
+    with staged_folder(target) as tmp:
+        yield tmp
+        (tmp / MARKER).write_text(_marker_text(command))
+
+
+class StagedFiles:
+    """The files of one result (a profile, its sidecar and measured GEMM table, a figure),
+    written under hidden temporary names beside their targets and moved into place together
+    by commit(): an interruption before the commit leaves every target as it was, one during
+    it waits (signals held back) and a failed rename puts the previous files back. Targets
+    are committed in the order given, the main file (the one naming the others) last.
+    Use it through staged_files()."""
+
+    def __init__(self, targets):
+        self.targets = [Path(t) for t in targets if t is not None]
+        self._token = f"{os.getpid()}-{secrets.token_hex(3)}"
+        self._created: list[tuple[Path | None, Path]] = []  # (outermost folder made, its folder)
+
+    @property
+    def main(self) -> Path:
+        """The target committed last: the file that names the others."""
+        return self.targets[-1]
+
+    def path(self, target: Path | str) -> Path:
+        """Where `target`'s new content is written meanwhile (its folder made if needed): a
+        hidden name in the same folder that keeps the target's suffixes, which writers such as
+        pandas and matplotlib go by. Reading it back (a cost model on a staged table) works."""
+        target = Path(target)
+        if target not in self.targets:
+            raise ValueError(f"{target} is not one of the staged targets")
+        folder = target.parent
+        if not folder.is_dir():
+            self._created.append((first_missing_folder(folder), folder))
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise InfersimError(f"{target}: cannot create its folder ({exc.strerror})") from None
+        return self._staged(target)
+
+    def _staged(self, target: Path) -> Path:
+        return target.parent / f".staged-{self._token}.{target.name}"
+
+    def written(self) -> list[Path]:
+        """The targets whose new content was written (the others are left as they are)."""
+        return [t for t in self.targets if self._staged(t).is_file()]
+
+    def commit(self) -> None:
+        pause_point("committing")
+        with held_signals():
+            moved: list[tuple[Path, Path | None]] = []  # (target placed, its previous file aside)
+            try:
+                for target in self.written():
+                    aside = None
+                    if target.exists() or target.is_symlink():
+                        aside = target.with_name(f".{target.name}.old-{self._token}")
+                        os.replace(target, aside)
+                    moved.append((target, aside))
+                    os.replace(self._staged(target), target)
+            except BaseException:
+                for target, aside in reversed(moved):
+                    _put_back(target, aside)
+                raise
+            for _, aside in moved:
+                if aside is not None:
+                    aside.unlink()
+
+    def discard(self) -> None:
+        """Remove what was staged and not committed, and the folders made for it while empty."""
+        with held_signals():
+            for target in self.targets:
+                if self._staged(target).exists():
+                    self._staged(target).unlink()
+            for created, folder in self._created:
+                remove_created_folders(created, folder)
+
+
+def _put_back(target: Path, aside: Path | None) -> None:
+    """Undo one step of a failed commit: the new file goes, the previous one comes back."""
+    if aside is not None:
+        os.replace(aside, target)
+    elif target.exists():
+        target.unlink()
+
+
+@contextmanager
+def staged_files(*targets: Path | None):
+    """Yield a StagedFiles for `targets` (None entries ignored: an output not asked for); on
+    success every written one replaces its target, on any error or signal none does and the
+    staged files are removed."""
+    staged = StagedFiles(targets)
+    try:
+        yield staged
+        staged.commit()
+    finally:
+        staged.discard()
 
 
 def claim_dir(target: Path, *, command: str, force: bool = False) -> Path:
-    """For commands that fill their folder in place (resumable sweeps, validation reports,
-    studies): check it, create it and mark it as this tool's. Returns the path."""
+    """For commands that fill their folder in place (resumable sweeps, studies): check it,
+    create it and mark it as this tool's. Returns the path."""
     target = check_out_dir(target, force=force)
     try:
         target.mkdir(parents=True, exist_ok=True)
@@ -222,11 +298,11 @@ def claim_dir(target: Path, *, command: str, force: bool = False) -> Path:
 
 @contextmanager
 def claimed_dir(target: Path, *, command: str, force: bool = False):
-    """claim_dir for a command that fills its folder in place over a long run (a validation, a
-    study): a folder this call created (with the folders above it it had to create) is removed
-    again when the command fails or is interrupted, so a refusal or a Ctrl-C leaves nothing; a
-    folder that was there stays."""
-    created = _first_missing_folder(Path(target))
+    """claim_dir for a command that fills its folder in place (a study): a folder this call
+    created (with the folders above it it had to create) is removed again when the command
+    fails or is interrupted, so a refusal or a Ctrl-C leaves nothing; a folder that was there
+    stays."""
+    created = first_missing_folder(Path(target))
     path = claim_dir(target, command=command, force=force)
     try:
         yield path
@@ -234,7 +310,7 @@ def claimed_dir(target: Path, *, command: str, force: bool = False):
         if created is not None:
             with held_signals():
                 shutil.rmtree(path, ignore_errors=True)
-                _remove_created_folders(created, Path(path).parent)
+                remove_created_folders(created, Path(path).parent)
         raise
 
 

@@ -559,7 +559,7 @@ def test_per_model_entries_are_checked():
 
 
 def test_per_model_sidecar_round_trips_and_its_hash_is_checked(tmp_path):
-    from infersim.executor.profiler.run import write_profile
+    from infersim.executor.profiler.run import profile_files, write_profile
 
     spec = load_model("llama-68m")
     cal, _ = _per_model_calibration(spec, name="llama-68m")
@@ -569,7 +569,8 @@ def test_per_model_sidecar_round_trips_and_its_hash_is_checked(tmp_path):
         hw_dict["sources"].pop(k, None)
     hw_dict["name"] = "pm"
     out = tmp_path / "pm.yaml"
-    write_profile(out, hw_dict, cal)
+    with profile_files(out) as staged:
+        write_profile(staged, hw_dict, cal)
     hw = load_hardware(str(out))
     back = calibration_for(hw)
     assert back["per_model"] == json.loads(json.dumps(cal["per_model"]))
