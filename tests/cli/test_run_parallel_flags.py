@@ -54,7 +54,10 @@ def test_dtype_flag_halves_weights_and_is_checked_against_the_card(tmp_path, cap
     out = tmp_path / "r"
     assert main(["run", "-w", str(wl), "-o", str(out), "-q", "--no-plots", "--tp", "2", "--dtype", "fp8"]) == 0
     config = yaml.safe_load((out / "config.yaml").read_text())
-    assert config["memory"]["weight_bytes_per_gpu"] == 70_553_706_496 / 2  # one byte per weight, over 2 GPUs
+    # one byte per layer weight, two for the embedding, final norm and LM head (2 x 128,256 x 8,192
+    # + 8,192), over 2 GPUs
+    edges = 2 * 128_256 * 8_192 + 8_192
+    assert config["memory"]["weight_bytes_per_gpu"] == (70_553_706_496 + edges) / 2
     assert config["workload"]["serving"]["dtype"] == "fp8"
     args = ["run", "-w", str(wl), "-o", str(tmp_path / "a"), "-q", "--tp", "4", "--hardware", "a100-80gb-sxm"]
     assert main([*args, "--dtype", "fp8"]) == 2
