@@ -36,10 +36,16 @@ from .operators import mlp_operators
 
 
 def check_expert_parallel(
-    model: ModelSpec, tp: int, ep: int, field: str = "hardware.expert_parallel", source: str = ""
+    model: ModelSpec,
+    tp: int,
+    ep: int,
+    field: str = "hardware.expert_parallel",
+    source: str = "",
+    tp_field: str = "",
 ) -> int:
     """EP spreads whole experts over the tensor-parallel group: 1, or equal to TP with the
-    experts dividing evenly."""
+    experts dividing evenly. `tp_field` names where the degree comes from when it is not
+    hardware.tensor_parallel (a disaggregated pool's)."""
     positive_int(ep, field, source)
     field = source_field(source, field) if source else field
     if ep == 1:
@@ -48,7 +54,8 @@ def check_expert_parallel(
         raise InfersimError(f"{field}: {ep} needs a mixture-of-experts model; '{model.name}' has no experts")
     if ep != tp:
         raise InfersimError(
-            f"{field}: {ep} must equal the tensor-parallel degree ({tp}): experts are spread over the "
+            f"{field}: {ep} must equal the tensor-parallel degree ({tp_field + ' ' if tp_field else ''}{tp}): "
+            f"experts are spread over the "
             f"tensor-parallel group, as vLLM's --enable-expert-parallel does"
         )
     if model.moe.num_experts % ep:
