@@ -79,6 +79,22 @@ class Placement:
         }
 
 
+def tp_across_nodes_note(tp: int, gpus_per_node: int, what: str = "the tensor-parallel group") -> str:
+    """A line for a tensor-parallel group larger than a node ('' when it fits one): its
+    all-reduces, two per layer, cross the network, which vLLM's distributed-serving guide avoids
+    by keeping tensor parallelism inside a node and pipeline parallelism across nodes."""
+    if tp <= gpus_per_node:
+        return ""
+    return (
+        f"{what} of {tp} GPUs spans {-(-tp // gpus_per_node)} nodes of {gpus_per_node}: its all-reduces cross the "
+        f"inter-node network (tensor parallel inside a node and pipeline parallel across nodes avoids that)"
+    )
+
+
+def cluster_gpus_per_node(hardware_section) -> int:
+    return (hardware_section.cluster or ClusterSection()).gpus_per_node
+
+
 def check_parallel(model, hardware_section, source: str = "") -> Placement:
     """The one rule set for TP x PP on a cluster, each failure one line naming the field."""
     tp = check_tensor_parallel(model, hardware_section.tensor_parallel, source=source)

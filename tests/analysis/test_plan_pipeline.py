@@ -3,7 +3,17 @@ every stage, and a split whose stage does not fit is reported with the stage's n
 
 import math
 
-from infersim.analysis.plan import PlanFile, PlanFlags, SearchSection, build_candidates, parse_slo, plan
+from infersim.analysis.plan import (
+    CandidateResult,
+    PlanFile,
+    PlanFlags,
+    PlanResult,
+    SearchSection,
+    build_candidates,
+    parse_slo,
+    plan,
+    verdict,
+)
 from infersim.analysis.sweep_backends import BackendOptions
 from infersim.simulator.workload.schema import WorkloadSpec
 from tests.utils import requests_section
@@ -53,3 +63,16 @@ def test_plan_counts_every_stage_and_reports_a_stage_that_does_not_fit(tmp_path)
     assert ok.gpus == ok.replicas * 8
     # cost at the target: price x GPUs x 1e6 / (3600 x target x mean output tokens)
     assert math.isclose(ok.cost_per_m_output_tokens, 1.0 * ok.gpus * 1e6 / (3600 * 1.0 * 40), rel_tol=1e-9)
+
+
+def test_the_verdict_names_a_tensor_parallel_group_across_nodes():
+    """A candidate whose TP group is larger than the workload's nodes (16 on 8-GPU nodes) is
+    ranked like any other, and the verdict says that its all-reduces cross the network."""
+    ok = CandidateResult("h100-sxm tp16", "h100-sxm", 16, {}, None, goodput_rps=1.0)
+    inside = CandidateResult("h100-sxm tp8 pp2", "h100-sxm", 8, {}, None, goodput_rps=2.0, pipeline_parallel=2)
+    res = PlanResult("w", "llama-3.1-405b", parse_slo("tpot_p99=100ms"), None, SearchSection(), 0, [ok, inside])
+    notes = [line for line in verdict(res) if "spans" in line]
+    assert notes == [
+        "h100-sxm tp16: the tensor-parallel group of 16 GPUs spans 2 nodes of 8: its all-reduces cross the "
+        "inter-node network (tensor parallel inside a node and pipeline parallel across nodes avoids that)."
+    ]

@@ -125,3 +125,16 @@ def test_latencies_past_a_second_are_written_without_exponents():
     assert no_exponent(57.14) == "57.1"
     assert no_exponent(0.000611) == "0.000611"
     assert no_exponent(20910.4, 4, thousands="") == "20910"  # the roofline's narrow columns
+
+
+def test_a_tensor_parallel_group_across_nodes_is_named_in_the_summary(tmp_path, capsys):
+    """TP 16 on 8-GPU nodes runs (its all-reduces priced on the network) and the terminal says
+    that the group spans 2 nodes; TP 8 inside one node prints no such note."""
+    wl = _workload(tmp_path)
+    assert main(["run", "-w", str(wl), "-o", str(tmp_path / "a"), "--no-plots", "--tp", "16", "-n", "2"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "note: the tensor-parallel group of 16 GPUs spans 2 nodes of 8: its all-reduces cross the" in out
+    config = yaml.safe_load((tmp_path / "a" / "config.yaml").read_text())
+    assert config["parallel"]["tp_group_crosses_nodes"] is True
+    assert main(["run", "-w", str(wl), "-o", str(tmp_path / "b"), "--no-plots", "--tp", "8", "-n", "2"]) == 0
+    assert "spans" not in capsys.readouterr().out
