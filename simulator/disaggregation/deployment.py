@@ -8,7 +8,6 @@ from ..engine.router import ROUTERS
 from ..errors import InfersimError
 from ..hardware.catalog import load_hardware
 from ..metrics.summary import _stats
-from ..parallel.cost import PipelineCostModel
 from ..validation import in_field
 from .config import POOLS
 from .decode import DecodeReplica
@@ -56,9 +55,7 @@ class Deployment:
             field = f"hardware.disaggregated.{name}"
             placement = sim.placements[name]
             tp = placement.tp
-            hardware, cost = sim.build_pool(pool.profile or hw.profile, tp, source, host_link=hw.host_link)
-            if placement.staged:  # a tensor-parallel group across nodes: its all-reduces on the network
-                cost = PipelineCostModel(cost, placement, source)
+            hardware, cost = sim.build_pool(pool.profile or hw.profile, placement, source, host_link=hw.host_link)
             memory = sim.plan_pool_memory(hardware, tp, f"{source}: field '{field}'")
             sim.cost_model = cost  # the replicas of this pool time their iterations with it
             self.replicas[name] = [
