@@ -228,6 +228,7 @@ class Candidate:
     price: Optional[float]  # USD per GPU-hour
     pipeline_parallel: int = 1
     gpus_per_node: int = 8  # the workload's cluster, as check_candidates reads it
+    refused: str = ""  # why this combination of the grid cannot run (reported, not probed)
 
 
 @dataclass
@@ -395,6 +396,9 @@ class _Search:
 
     def run(self) -> Generator[list[Probe], list[dict], CandidateResult]:
         s, r = self.s, self.result
+        if self.cand.refused:
+            r.status, r.error = "failed", self.cand.refused
+            return r
         n = s.requests
         min_dur = probe_duration_s(s, self.slos)
 
@@ -562,14 +566,29 @@ def check_candidates(
     probe runs, and the largest probes, one per worker, fit in memory."""
     for c in cands:
         spec = validate(WorkloadSpec, resolve_config(base, c.overrides), f"{source} as {c.label}")
-        check_workload(spec, f"{source} as {c.label}", allow_large=True)
+        c.refused = _grid_mismatch(spec)
+        if not c.refused:
+            check_workload(spec, f"{source} as {c.label}", allow_large=True)
         c.gpus_per_node = cluster_gpus_per_node(spec.hardware)
+    if all(c.refused for c in cands):
+        raise InfersimError(f"{source}: field 'hardware.expert_parallel': {cands[0].refused}")
     parallel = min(workers or os.cpu_count() or 1, len(cands))
     check_memory(
         simulation_bytes(search.max_requests, parallel),
         f"plan: field 'search.max_requests': probes of up to {search.max_requests:,} requests x {parallel} " f"workers",
         allow_large,
     )
+
+
+def _grid_mismatch(spec) -> str:
+    """Why a combination of the grid's tensor-parallel degrees and expert-parallel values cannot
+    run ('' when it can): expert parallelism spreads the experts over the tensor-parallel
+    group, so crossing both degrees makes pairs that do not match, which the plan reports."""
+    hw = spec.hardware
+    ep = hw.expert_parallel
+    if ep == 1 or hw.disaggregated is not None or ep == hw.tensor_parallel:
+        return ""
+    return f"expert_parallel {ep} needs tensor_parallel {ep} (experts are spread over the tensor-parallel group)"
 
 
 @dataclass(frozen=True)

@@ -3,18 +3,23 @@ every stage, and a split whose stage does not fit is reported with the stage's n
 
 import math
 
+import pytest
+
 from infersim.analysis.plan import (
     CandidateResult,
     PlanFile,
     PlanFlags,
     PlanResult,
     SearchSection,
+    _Search,
     build_candidates,
+    check_candidates,
     parse_slo,
     plan,
     verdict,
 )
 from infersim.analysis.sweep_backends import BackendOptions
+from infersim.simulator.errors import InfersimError
 from infersim.simulator.workload.schema import WorkloadSpec
 from tests.utils import requests_section
 
@@ -76,3 +81,29 @@ def test_the_verdict_names_a_tensor_parallel_group_across_nodes():
         "h100-sxm tp16: the tensor-parallel group of 16 GPUs spans 2 nodes of 8: its all-reduces cross the "
         "inter-node network (tensor parallel inside a node and pipeline parallel across nodes avoids that)."
     ]
+
+
+def test_expert_parallel_crossed_with_tp_reports_the_pairs_that_do_not_match():
+    """--tp 2,4 with --option hardware.expert_parallel=1,2,4 on Mixtral: EP spreads experts over
+    the TP group, so (tp 2, ep 4) and (tp 4, ep 2) cannot run; they become failed rows naming
+    why, the four others are searched. A grid of nothing but such pairs is refused in one line."""
+    spec = WorkloadSpec.model_validate(
+        {"model": "mixtral-8x7b", "hardware": {"profile": "h100-sxm"}, "requests": requests_section(10, 100, 10)}
+    )
+    base = spec.model_dump(mode="json")
+    cands = build_candidates(spec, ["h100-sxm"], [2, 4], {"hardware.expert_parallel": [1, 2, 4]}, {})
+    check_candidates(cands, base, "wl.yaml", SearchSection(), 1, False)
+    refused = {c.label: c.refused for c in cands if c.refused}
+    assert refused == {
+        "h100-sxm tp2 expert_parallel=4": "expert_parallel 4 needs tensor_parallel 4 (experts are spread over the "
+        "tensor-parallel group)",
+        "h100-sxm tp4 expert_parallel=2": "expert_parallel 2 needs tensor_parallel 2 (experts are spread over the "
+        "tensor-parallel group)",
+    }
+    gen = _Search(cands[2], base, ".", parse_slo("tpot_p99=50ms"), SearchSection(), None, 0, {}).run()
+    with pytest.raises(StopIteration) as stop:
+        next(gen)
+    assert stop.value.value.status == "failed" and "needs tensor_parallel 4" in stop.value.value.error
+    only_bad = build_candidates(spec, ["h100-sxm"], [2], {"hardware.expert_parallel": [4]}, {})
+    with pytest.raises(InfersimError, match="wl.yaml: field 'hardware.expert_parallel': expert_parallel 4 needs"):
+        check_candidates(only_bad, base, "wl.yaml", SearchSection(), 1, False)
