@@ -77,6 +77,7 @@ def check_workload(
     check_seed(spec.seed, "seed", source)
     for field, name in (("serving.dtype", sv.dtype), ("serving.kv_dtype", sv.kv_dtype or sv.dtype)):
         hardware.require_dtype(normalize_dtype(name), f"{source}: field '{field}'")
+    hardware.require_tensor_parallel(hw.tensor_parallel, f"{source}: field '{named('hardware.tensor_parallel')}'")
     if hw.disaggregated is None:
         check_expert_parallel(model, hw.tensor_parallel, hw.expert_parallel, source=source)
     else:  # experts spread over each pool's tensor-parallel group

@@ -123,14 +123,15 @@ class Simulation:
         self.entry = self.replicas  # the replicas arrivals are routed to
         self.router = ROUTERS.get(hw_sec.router)(hw_sec.replicas)
 
-    def build_pool(self, profile: str, placement, source: str, *, host_link=None):
-        """The hardware and cost model of a pool of replicas placed as check_deployment checked;
-        a staged placement (stages, or a tensor-parallel group across nodes) prices its stages
-        and links."""
+    def build_pool(self, profile: str, placement, source: str, *, host_link=None, tp_field="hardware.tensor_parallel"):
+        """The hardware and cost model of a pool of replicas placed as check_deployment checked
+        (`tp_field` names its degree); a staged placement (stages, or a tensor-parallel group
+        across nodes) prices its stages and links."""
         tp = placement.tp
         hardware = load_hardware(profile, host_link=host_link)
         for key, name in (("serving.dtype", self.dtype), ("serving.kv_dtype", self.kv_dtype)):
             hardware.require_dtype(name, f"{source}: field '{key}'")
+        hardware.require_tensor_parallel(tp, f"{source}: field '{tp_field}'")
         ep = self.spec.hardware.expert_parallel
         parallel = {"expert_parallel": ep} if ep > 1 else {}
         cost_model = build_cost_model(

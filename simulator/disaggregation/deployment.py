@@ -55,7 +55,13 @@ class Deployment:
             field = f"hardware.disaggregated.{name}"
             placement = sim.placements[name]
             tp = placement.tp
-            hardware, cost = sim.build_pool(pool.profile or hw.profile, placement, source, host_link=hw.host_link)
+            hardware, cost = sim.build_pool(
+                pool.profile or hw.profile,
+                placement,
+                source,
+                host_link=hw.host_link,
+                tp_field=f"{field}.tensor_parallel",
+            )
             memory = sim.plan_pool_memory(hardware, tp, f"{source}: field '{field}'")
             sim.cost_model = cost  # the replicas of this pool time their iterations with it
             self.replicas[name] = [

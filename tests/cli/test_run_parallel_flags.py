@@ -138,3 +138,20 @@ def test_a_tensor_parallel_group_across_nodes_is_named_in_the_summary(tmp_path, 
     assert config["parallel"]["tp_group_crosses_nodes"] is True
     assert main(["run", "-w", str(wl), "-o", str(tmp_path / "b"), "--no-plots", "--tp", "8", "-n", "2"]) == 0
     assert "spans" not in capsys.readouterr().out
+
+
+def test_tensor_parallel_on_a_profile_without_an_interconnect_is_refused(tmp_path, capsys):
+    """cpu-reference gives no interconnect and no measured all-reduce: TP 2 there, colocated or
+    in a disaggregated pool, is one line naming the field, before any work (was a traceback
+    from the first iteration)."""
+    base = {"model": "llama-68m", "requests": requests_section(2, 10, 4), "seed": 0}
+    wl = write_yaml(tmp_path / "cpu.yaml", {**base, "hardware": {"profile": "cpu-reference", "tensor_parallel": 2}})
+    assert main(["run", "-w", str(wl), "-o", str(tmp_path / "a"), "-q", "--no-plots"]) == 2
+    err = one_line_error(capsys)
+    assert "cpu.yaml: field 'hardware.tensor_parallel': tensor parallel 2 needs an interconnect" in err
+    assert "'cpu-reference'" in err and not (tmp_path / "a").exists()
+    pools = {"prefill": {"profile": "cpu-reference", "tensor_parallel": 2}}
+    wl = write_yaml(tmp_path / "dis.yaml", {**base, "hardware": {"profile": "a100-80gb-sxm", "disaggregated": pools}})
+    assert main(["run", "-w", str(wl), "-o", str(tmp_path / "b"), "-q", "--no-plots"]) == 2
+    assert "field 'hardware.disaggregated.prefill.tensor_parallel': tensor parallel 2 needs" in one_line_error(capsys)
+    assert not (tmp_path / "b").exists()
