@@ -154,7 +154,9 @@ class RoutedExperts:
                 total = total + np.maximum(compute, memory) + self._launch_s
             else:
                 per_expert = routed / np.maximum(touched, 1e-12)
-                one = gemm_time_s(self._gemm, flops, w_expert, a_tok, per_expert, n_out, self._device)
+                # one grouped launch: the touched experts' output tiles fill the SMs together
+                group = np.maximum(touched, 1.0)
+                one = gemm_time_s(self._gemm, flops, w_expert, a_tok, per_expert, n_out, self._device, group)
                 launch = self._gemm.launch_us * 1e-6
                 total = total + touched * (one - launch) + launch
         act_bytes = self._act.bytes[1] * routed
