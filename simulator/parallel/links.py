@@ -11,8 +11,8 @@ of the node's GPUs inside the node (the profile's rules), two network hops (the 
 send/recv between nodes at zero bytes where the profile has it, else the link's latency) and
 2(w-1)/w of the message through every GPU's network adapter, the ring's slowest hop: it is never
 cheaper than the part inside one node. Against the a100_dgx measurement of 16 workers on two
-nodes (which that profile uses as is) this rule is within -37% to +44% by message size where
-the network's latency alone was -75% to -90% below 2 MB."""
+nodes (which that profile uses as is) this rule is within -37% to +44% by message size; a ring
+priced on the network's latency alone is -75% to -90% below 2 MB."""
 
 from __future__ import annotations
 
