@@ -47,6 +47,7 @@ from infersim.simulator.errors import InfersimError
 from infersim.simulator.hardware.catalog import load_hardware, split_mode
 from infersim.simulator.metrics.plots import REPRODUCIBLE_PNG, finish_figure, pyplot
 from infersim.simulator.metrics.rundir import staged_dir, write_json
+from infersim.simulator.parallel.placement import cluster_gpus_per_node, tp_across_nodes_note
 from infersim.simulator.preflight import check_workload
 from infersim.simulator.progress import ProgressBar
 from infersim.simulator.validation import MAX_SEED, STRICT_CONFIG, check_memory, in_field, simulation_bytes
@@ -226,6 +227,8 @@ class Candidate:
     tensor_parallel: int
     price: Optional[float]  # USD per GPU-hour
     pipeline_parallel: int = 1
+    gpus_per_node: int = 8  # the workload's cluster, as check_candidates reads it
+    refused: str = ""  # why this combination of the grid cannot run (reported, not probed)
 
 
 @dataclass
@@ -276,6 +279,7 @@ class CandidateResult:
     cost_per_m_output_tokens_at_goodput: Optional[float] = None  # a replica run at its goodput
     probes: list[ProbeResult] = field(default_factory=list)
     pipeline_parallel: int = 1
+    gpus_per_node: int = 8
 
     @property
     def gpus_per_replica(self) -> int:
@@ -334,6 +338,7 @@ class _Search:
         self.target, self.seed, self.arrival = target, seed, arrival
         self.result = CandidateResult(cand.label, cand.hardware, cand.tensor_parallel, cand.overrides, cand.price)
         self.result.pipeline_parallel = cand.pipeline_parallel
+        self.result.gpus_per_node = cand.gpus_per_node
 
     def task(self, p: Probe) -> dict:
         arrival = dict(self.arrival, rate=float(p.rate))
@@ -391,6 +396,9 @@ class _Search:
 
     def run(self) -> Generator[list[Probe], list[dict], CandidateResult]:
         s, r = self.s, self.result
+        if self.cand.refused:
+            r.status, r.error = "failed", self.cand.refused
+            return r
         n = s.requests
         min_dur = probe_duration_s(s, self.slos)
 
@@ -558,13 +566,29 @@ def check_candidates(
     probe runs, and the largest probes, one per worker, fit in memory."""
     for c in cands:
         spec = validate(WorkloadSpec, resolve_config(base, c.overrides), f"{source} as {c.label}")
-        check_workload(spec, f"{source} as {c.label}", allow_large=True)
+        c.refused = _grid_mismatch(spec)
+        if not c.refused:
+            check_workload(spec, f"{source} as {c.label}", allow_large=True)
+        c.gpus_per_node = cluster_gpus_per_node(spec.hardware)
+    if all(c.refused for c in cands):
+        raise InfersimError(f"{source}: field 'hardware.expert_parallel': {cands[0].refused}")
     parallel = min(workers or os.cpu_count() or 1, len(cands))
     check_memory(
         simulation_bytes(search.max_requests, parallel),
         f"plan: field 'search.max_requests': probes of up to {search.max_requests:,} requests x {parallel} " f"workers",
         allow_large,
     )
+
+
+def _grid_mismatch(spec) -> str:
+    """Why a combination of the grid's tensor-parallel degrees and expert-parallel values cannot
+    run ('' when it can): expert parallelism spreads the experts over the tensor-parallel
+    group, so crossing both degrees makes pairs that do not match, which the plan reports."""
+    hw = spec.hardware
+    ep = hw.expert_parallel
+    if ep == 1 or hw.disaggregated is not None or ep == hw.tensor_parallel:
+        return ""
+    return f"expert_parallel {ep} needs tensor_parallel {ep} (experts are spread over the tensor-parallel group)"
 
 
 @dataclass(frozen=True)
@@ -800,6 +824,10 @@ def verdict(res: PlanResult) -> list[str]:
             f"Highest goodput per replica: {top.label}, {top.goodput_rps:.3g} req/s "
             f"({top.goodput_output_tps:.0f} output tokens/s)."
         )
+    for c in ranked:
+        note = tp_across_nodes_note(c.tensor_parallel, c.gpus_per_node)
+        if note:
+            lines.append(f"{c.label}: {note}.")
     for c in bad:
         lines.append(f"{c.label}: {c.status}" + (f" ({c.error})" if c.error else "") + ".")
     return lines

@@ -28,6 +28,8 @@ from infersim.simulator.hardware.profile import HardwareProfile
 from infersim.simulator.metrics.plots import agg_pyplot, write_figure
 from infersim.simulator.models.catalog import load_model
 from infersim.simulator.models.spec import ModelSpec
+from infersim.simulator.parallel.config import ClusterSection
+from infersim.simulator.parallel.placement import tp_across_nodes_note
 from infersim.simulator.validation import BASE_BYTES, check_memory, check_tensor_parallel
 
 PHASES = ("prefill", "decode", "verify")
@@ -238,6 +240,19 @@ def memory_fit_note(cost: RooflineCostModel, iters: pd.DataFrame) -> str | None:
         f"note: {len(over)} of {len(iters)} settings need more than {on} per GPU ({weights / 1e9:.1f} GB of weights, "
         f"{how}, plus the KV cache), up to {worst['memory_bytes_per_gpu'] / 1e9:.1f} GB at {worst['phase']} batch "
         f"{worst['batch']} x seq {worst['seq_len']}; their times are what-ifs"
+    )
+
+
+def tp_node_note(cost: RooflineCostModel) -> str | None:
+    """A line for a tensor-parallel degree larger than a node of the default cluster: this table
+    prices the group as if it sat in one node, where `sim run` prices its all-reduces across
+    nodes (hardware.cluster)."""
+    g = ClusterSection().gpus_per_node
+    if cost.tp <= g:
+        return None
+    return (
+        f"note: tp {cost.tp} is priced here as one group inside a node; on {g}-GPU nodes "
+        f"{tp_across_nodes_note(cost.tp, g)}, which `sim run` prices (hardware.cluster)"
     )
 
 

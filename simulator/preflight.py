@@ -9,6 +9,7 @@ from pathlib import Path
 
 from .costmodel import workload_cost_model
 from .costmodel.moe import check_expert_parallel
+from .disaggregation.config import POOLS
 from .disaggregation.deployment import check_disaggregated
 from .engine.router import ROUTERS
 from .errors import InfersimError
@@ -76,7 +77,16 @@ def check_workload(
     check_seed(spec.seed, "seed", source)
     for field, name in (("serving.dtype", sv.dtype), ("serving.kv_dtype", sv.kv_dtype or sv.dtype)):
         hardware.require_dtype(normalize_dtype(name), f"{source}: field '{field}'")
-    check_expert_parallel(model, hw.tensor_parallel, hw.expert_parallel, source=source)
+    hardware.require_tensor_parallel(hw.tensor_parallel, f"{source}: field '{named('hardware.tensor_parallel')}'")
+    if hw.disaggregated is None:
+        check_expert_parallel(model, hw.tensor_parallel, hw.expert_parallel, source=source)
+    else:  # experts spread over each pool's tensor-parallel group
+        for name in POOLS:
+            tp, tp_field = (
+                getattr(hw.disaggregated, name).tensor_parallel,
+                f"hardware.disaggregated.{name}.tensor_parallel",
+            )
+            check_expert_parallel(model, tp, hw.expert_parallel, source=source, tp_field=tp_field)
     if spec.offload is not None and (model.moe is not None or model.mla is not None):
         # the offload pipeline prices every layer alike and streams per-head K and V
         raise InfersimError(

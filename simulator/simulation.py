@@ -95,10 +95,11 @@ class Simulation:
         hw_sec = self.spec.hardware
         self.placement = self.placements[COLOCATED]
         tp = self.placement.tp
-        self.hardware, self.cost_model = self.build_pool(hw_sec.profile, tp, source, host_link=hw_sec.host_link)
+        self.hardware, self.cost_model = self.build_pool(
+            hw_sec.profile, self.placement, source, host_link=hw_sec.host_link
+        )
         self.parallel_account = {}  # per-stage memory and the links' sources, for config.yaml
         if self.placement.staged:
-            self.cost_model = PipelineCostModel(self.cost_model, self.placement, source)
             self.parallel_account["links"] = self.cost_model.links.sources
         if self.spec.offload is not None:
             # KV lives in host memory: the GPU-only plan would reject models that offload weights too
@@ -122,12 +123,15 @@ class Simulation:
         self.entry = self.replicas  # the replicas arrivals are routed to
         self.router = ROUTERS.get(hw_sec.router)(hw_sec.replicas)
 
-    def build_pool(self, profile: str, tp: int, source: str, *, host_link=None):
-        """The hardware and cost model of a pool of replicas; `tp` is its tensor-parallel degree
-        as check_deployment checked it."""
+    def build_pool(self, profile: str, placement, source: str, *, host_link=None, tp_field="hardware.tensor_parallel"):
+        """The hardware and cost model of a pool of replicas placed as check_deployment checked
+        (`tp_field` names its degree); a staged placement (stages, or a tensor-parallel group
+        across nodes) prices its stages and links."""
+        tp = placement.tp
         hardware = load_hardware(profile, host_link=host_link)
         for key, name in (("serving.dtype", self.dtype), ("serving.kv_dtype", self.kv_dtype)):
             hardware.require_dtype(name, f"{source}: field '{key}'")
+        hardware.require_tensor_parallel(tp, f"{source}: field '{tp_field}'")
         ep = self.spec.hardware.expert_parallel
         parallel = {"expert_parallel": ep} if ep > 1 else {}
         cost_model = build_cost_model(
@@ -139,6 +143,8 @@ class Simulation:
             tensor_parallel=tp,
             **parallel,
         )
+        if placement.staged:
+            cost_model = PipelineCostModel(cost_model, placement, source)
         return hardware, cost_model
 
     def memory_options(self, tp: int) -> MemoryOptions:

@@ -34,7 +34,11 @@ def add_parser(sub) -> None:
         help="model name, alias, YAML file or HF config.json / checkpoint folder; "
         "`sim models build` trains the executor's model zoo (= sim zoo build)",
     )
-    p.add_argument("--dtype", default="fp16", help="fp32, fp16, bf16, int8, int4 (default fp16)")
+    p.add_argument(
+        "--dtype",
+        default="fp16",
+        help="weight dtype: fp32, fp16, bf16, fp8, int8, int4 (quantised ones keep the embedding and LM head in 16 bits; default fp16)",
+    )
     p.set_defaults(func=run_models)
     p = sub.add_parser(
         "hardware",

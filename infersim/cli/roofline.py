@@ -18,6 +18,7 @@ from infersim.analysis.roofline import (
     memory_fit_note,
     operator_table,
     plot_roofline,
+    tp_node_note,
 )
 from infersim.simulator.costmodel.moe import check_expert_parallel
 from infersim.simulator.errors import InfersimError
@@ -258,9 +259,9 @@ def run(args: argparse.Namespace) -> int:
                 cells = [grid[(grid["seq_len"] == s) & (grid["batch"] == b)]["iteration_time_s"] for b in batches]
                 t.add_row(str(s), *[f"{c.iloc[0] * 1e3:.3g}" for c in cells])
             console.print(t)
-    note = memory_fit_note(cost, iters)
-    if note:
-        console.print(note, style="yellow")
+    for note in (memory_fit_note(cost, iters), tp_node_note(cost)):
+        if note:
+            console.print(note, style="yellow")
 
     out = ops if args.per_operator else iters
     # the table and the figure of one grid, moved into place together after the slow plot

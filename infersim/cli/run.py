@@ -17,6 +17,7 @@ from infersim.simulator.hardware.catalog import load_hardware
 from infersim.simulator.metrics.plots import plot_run
 from infersim.simulator.metrics.rundir import check_out_dir, pause_point, staged_dir
 from infersim.simulator.metrics.summary import summarize, write_result_files
+from infersim.simulator.parallel.placement import cluster_gpus_per_node, tp_across_nodes_note
 from infersim.simulator.parallel.report import plot_stages, write_stage_timeline
 from infersim.simulator.preflight import check_workload, revalidate
 from infersim.simulator.progress import ProgressBar
@@ -345,6 +346,19 @@ def deployment_line(spec) -> str:
     )
 
 
+def placement_notes(spec) -> list[str]:
+    """A line for each tensor-parallel group of the deployment that spans nodes."""
+    hw, d = spec.hardware, spec.hardware.disaggregated
+    g = cluster_gpus_per_node(hw)
+    if d is None:
+        return [n for n in (tp_across_nodes_note(hw.tensor_parallel, g),) if n]
+    notes = (
+        tp_across_nodes_note(pool.tensor_parallel, g, f"the {name} pool's group")
+        for name, pool in (("prefill", d.prefill), ("decode", d.decode))
+    )
+    return [n for n in notes if n]
+
+
 def no_exponent(x: float, digits: int = 3, thousands: str = ",") -> str:
     """`digits` significant digits below 1,000 and whole numbers above (145,421 ms, not
     1.45e+05): no exponent for a reader to decode or to widen a column."""
@@ -407,6 +421,9 @@ def print_summary(s: dict, spec, out: Path, wall_s: float) -> None:
         fmt = lambda v: "-" if v is None or v != v else no_exponent(v * scale)
         t.add_row(f"{label} ({unit})" if unit else label, *(fmt(st[k]) for k in ("mean", "p50", "p90", "p99")))
     c.print(t)
+    if not ex:
+        for note in placement_notes(spec):
+            c.print(f"[yellow]note: {note}[/]")
     p = s["preemptions"]
     c.print(
         f"requests {s['finished']}/{s['requests']} finished ({s['aborted']} aborted) in {s['makespan_s']:.2f} s "

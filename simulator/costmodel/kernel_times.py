@@ -92,23 +92,26 @@ class GemmDevice:
     sm_count: int | None = None
 
 
-def output_waves(tokens, out_width, sm_count: int | None):
+def output_waves(tokens, out_width, sm_count: int | None, groups=1.0):
     """(fill, waves) of 128 x 128 output tiles run one per SM: fill is the share of the waves'
-    SM slots that hold a tile. Without an SM count: fill 1, no waves."""
+    SM slots that hold a tile. `groups` GEMMs of the same shape in one launch (a grouped GEMM:
+    the routed experts of a layer) share the waves. Without an SM count: fill 1, no waves."""
     tokens = np.asarray(tokens, dtype=np.float64)
     if not sm_count:
         return np.ones_like(tokens), np.zeros_like(tokens)
     n_tiles = np.ceil(np.maximum(np.asarray(out_width, dtype=np.float64), 1.0) / WAVE_TILE)
-    tiles = np.ceil(tokens / WAVE_TILE) * n_tiles
+    tiles = np.ceil(tokens / WAVE_TILE) * n_tiles * groups
     waves = np.ceil(tiles / sm_count)
     # no rows (a batch of prefill chunks that produce no logits): no tiles, nothing to fill
     return np.where(waves > 0, tiles / np.maximum(waves, 1.0) / sm_count, 1.0), waves
 
 
 def gemm_time_s(
-    params: GemmParams, flops_per_token, bytes_const, bytes_per_token, tokens, out_width, device: GemmDevice
+    params: GemmParams, flops_per_token, bytes_const, bytes_per_token, tokens, out_width, device: GemmDevice, groups=1.0
 ):
-    """Elementwise over arrays: any number of settings give the same numbers one by one."""
+    """Elementwise over arrays: any number of settings give the same numbers one by one. With
+    `groups`, one of that many same-shape GEMMs run in one launch, which fill the SMs together
+    (the group's wave latency shared among them)."""
     tokens = np.asarray(tokens, dtype=np.float64)
     tile = float(params.tile_tokens)
     memory_s = (bytes_const + bytes_per_token * tokens) / (device.bandwidth_bytes_per_s * params.memory)
@@ -116,10 +119,11 @@ def gemm_time_s(
     rounded = share * np.ceil(tokens / tile) * tile + (1.0 - share) * np.ceil(tokens / (2.0 * tile)) * 2.0 * tile
     padded = np.where(tokens <= tile, tokens, rounded)
     compute_s = flops_per_token * padded / (device.peak_flops * params.compute)
-    fill, waves = output_waves(tokens, out_width, device.sm_count)
+    fill, waves = output_waves(tokens, out_width, device.sm_count, groups)
     compute_s = compute_s * fill**-params.wave_exponent
     p = params.corner_exponent
-    return params.launch_us * 1e-6 + (memory_s**p + compute_s**p) ** (1.0 / p) + params.wave_latency_us * 1e-6 * waves
+    wave_s = params.wave_latency_us * 1e-6 * waves / groups
+    return params.launch_us * 1e-6 + (memory_s**p + compute_s**p) ** (1.0 / p) + wave_s
 
 
 @dataclass(frozen=True)

@@ -36,10 +36,16 @@ from .operators import mlp_operators
 
 
 def check_expert_parallel(
-    model: ModelSpec, tp: int, ep: int, field: str = "hardware.expert_parallel", source: str = ""
+    model: ModelSpec,
+    tp: int,
+    ep: int,
+    field: str = "hardware.expert_parallel",
+    source: str = "",
+    tp_field: str = "",
 ) -> int:
     """EP spreads whole experts over the tensor-parallel group: 1, or equal to TP with the
-    experts dividing evenly."""
+    experts dividing evenly. `tp_field` names where the degree comes from when it is not
+    hardware.tensor_parallel (a disaggregated pool's)."""
     positive_int(ep, field, source)
     field = source_field(source, field) if source else field
     if ep == 1:
@@ -48,7 +54,8 @@ def check_expert_parallel(
         raise InfersimError(f"{field}: {ep} needs a mixture-of-experts model; '{model.name}' has no experts")
     if ep != tp:
         raise InfersimError(
-            f"{field}: {ep} must equal the tensor-parallel degree ({tp}): experts are spread over the "
+            f"{field}: {ep} must equal the tensor-parallel degree ({tp_field + ' ' if tp_field else ''}{tp}): "
+            f"experts are spread over the "
             f"tensor-parallel group, as vLLM's --enable-expert-parallel does"
         )
     if model.moe.num_experts % ep:
@@ -147,7 +154,9 @@ class RoutedExperts:
                 total = total + np.maximum(compute, memory) + self._launch_s
             else:
                 per_expert = routed / np.maximum(touched, 1e-12)
-                one = gemm_time_s(self._gemm, flops, w_expert, a_tok, per_expert, n_out, self._device)
+                # one grouped launch: the touched experts' output tiles fill the SMs together
+                group = np.maximum(touched, 1.0)
+                one = gemm_time_s(self._gemm, flops, w_expert, a_tok, per_expert, n_out, self._device, group)
                 launch = self._gemm.launch_us * 1e-6
                 total = total + touched * (one - launch) + launch
         act_bytes = self._act.bytes[1] * routed

@@ -111,7 +111,8 @@ def mlp_operators(
 
 
 def model_operators(spec: ModelSpec, weight_dtype: str, act_dtype: str, tp: int) -> list[Operator]:
-    wb, ab = bytes_per_element(weight_dtype), bytes_per_element(act_dtype)
+    """The embedding, the final norm and the LM head, whose weights a quantised model keeps in 16 bits."""
+    wb, ab = spec.edge_bytes_per_element(weight_dtype), bytes_per_element(act_dtype)
     h, v = spec.hidden_size, spec.vocab_size
     ops = [embedding_operator(h, wb, ab)]
     if spec.learned_positions:

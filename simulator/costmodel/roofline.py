@@ -207,17 +207,19 @@ class RooflineCostModel(CostModel):
         (2(tp-1)/tp of the data at its bandwidth, plus its latency)."""
         if self.tp == 1:
             return 0.0 * tokens
-        nbytes = (self._ar_bytes_per_token / 2.0) * tokens
+        return 2.0 * self.one_allreduce_time_s((self._ar_bytes_per_token / 2.0) * tokens, self.tp)
+
+    def one_allreduce_time_s(self, nbytes, workers: int):
+        """One all-reduce of `nbytes` over `workers` GPUs of one node: measured, else the ring."""
         coll = self.hardware.collectives
-        measured = coll.all_reduce_time_s(nbytes, self.tp) if coll is not None else None
+        measured = coll.all_reduce_time_s(nbytes, workers) if coll is not None else None
         if measured is not None:
-            return 2.0 * measured
+            return measured
         if self._ar_bw is None:
             raise ValueError(
-                f"tensor_parallel={self.tp} needs an interconnect in hardware profile '{self.hardware.name}'"
+                f"tensor_parallel={workers} needs an interconnect in hardware profile '{self.hardware.name}'"
             )
-        per = 2.0 * (self.tp - 1) / self.tp * nbytes / self._ar_bw + self._ar_latency_s
-        return 2.0 * per
+        return 2.0 * (workers - 1) / workers * nbytes / self._ar_bw + self._ar_latency_s
 
     def send_recv_time_s(self, nbytes):
         """One pipeline-stage hand-off of `nbytes` between two GPUs: measured when the profile

@@ -53,15 +53,28 @@ class Deployment:
         for name, cls in zip(POOLS, (PrefillReplica, DecodeReplica)):
             pool = getattr(d, name)
             field = f"hardware.disaggregated.{name}"
-            tp = sim.placements[name].tp
-            hardware, cost = sim.build_pool(pool.profile or hw.profile, tp, source, host_link=hw.host_link)
+            placement = sim.placements[name]
+            tp = placement.tp
+            hardware, cost = sim.build_pool(
+                pool.profile or hw.profile,
+                placement,
+                source,
+                host_link=hw.host_link,
+                tp_field=f"{field}.tensor_parallel",
+            )
             memory = sim.plan_pool_memory(hardware, tp, f"{source}: field '{field}'")
             sim.cost_model = cost  # the replicas of this pool time their iterations with it
             self.replicas[name] = [
                 sim.new_replica(cls, index + i, memory, transfers=self.transfers) for i in range(pool.replicas)
             ]
             index += pool.replicas
-            self.pools[name] = {"hardware": hardware, "cost_model": cost, "memory": memory, "tensor_parallel": tp}
+            self.pools[name] = {
+                "hardware": hardware,
+                "cost_model": cost,
+                "memory": memory,
+                "tensor_parallel": tp,
+                "tp_group_crosses_nodes": placement.tp_crosses_nodes,
+            }
         self.prefill_router = ROUTERS.get(d.prefill.router or hw.router)(d.prefill.replicas)
         self.transfers.decode = self.replicas["decode"]
         self.transfers.router = ROUTERS.get(d.decode.router or hw.router)(d.decode.replicas)
@@ -75,6 +88,7 @@ class Deployment:
                 "hardware": p["hardware"].name,
                 "replicas": len(self.replicas[name]),
                 "tensor_parallel": p["tensor_parallel"],
+                "tp_group_crosses_nodes": p["tp_group_crosses_nodes"],
                 "gpu_blocks": m.gpu_blocks,
                 "cpu_blocks": m.cpu_blocks,
                 "kv_bytes_per_block": m.kv_bytes_per_block,

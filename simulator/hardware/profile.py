@@ -260,6 +260,15 @@ class HardwareProfile(BaseModel):
                 f"(H100, H200, L40 and later have them)"
             )
 
+    def require_tensor_parallel(self, tp: int, field: str) -> None:
+        """Refuse tensor parallelism on a card whose profile can price no all-reduce: neither an
+        interconnect nor measured all-reduces."""
+        if tp > 1 and self.interconnect is None and (self.collectives is None or not self.collectives.all_reduce):
+            raise InfersimError(
+                f"{field}: tensor parallel {tp} needs an interconnect and hardware profile '{self.name}' gives none "
+                f"(nor measured all-reduces); use tensor_parallel 1 or a profile with `interconnect:`"
+            )
+
     def memory_bandwidth_bytes_per_s(self) -> float:
         return self.memory_bandwidth_gbps * 1e9
 

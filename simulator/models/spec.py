@@ -11,7 +11,7 @@ from typing import Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
 from ..validation import STRICT_CONFIG
-from .dtypes import bytes_per_element
+from .dtypes import bytes_per_element, compute_dtype_for, normalize_dtype
 from .mla import MLASpec
 from .moe import MoESpec
 
@@ -201,8 +201,20 @@ class ModelSpec(BaseModel):
         return self._params_layers(moe_mlp) + self._params_outside_layers()
 
     # ---- bytes -----------------------------------------------------------------------
+    def params_edges(self) -> int:
+        """The embedding table, final norm and LM head: kept in 16 bits by a quantised checkpoint."""
+        return self._params_outside_layers()
+
+    def edge_bytes_per_element(self, dtype: str) -> float:
+        # FP8 and weight-only INT8/INT4 quantise the decoder layers' linear weights only: vLLM's
+        # quantisation methods apply to linear layers, so the embedding and LM head keep the
+        # activations' 16 bits
+        return bytes_per_element(compute_dtype_for(normalize_dtype(dtype)))
+
     def weight_bytes(self, dtype: str | None = None) -> float:
-        return self.params_total() * bytes_per_element(dtype or self.default_dtype)
+        dtype = dtype or self.default_dtype
+        edges = self.params_edges()
+        return (self.params_total() - edges) * bytes_per_element(dtype) + edges * self.edge_bytes_per_element(dtype)
 
     def weight_bytes_per_gpu(self, tensor_parallel: int, dtype: str | None = None) -> float:
         """Weights on one tensor-parallel rank: 1/tp of the model, plus the K and V projection
@@ -214,7 +226,13 @@ class ModelSpec(BaseModel):
         else:
             extra_columns = 2 * (self.kv_dim_per_gpu(tp) * tp - self.kv_dim)
             extra = self.num_layers * extra_columns * (self.hidden_size + (1 if self.attention_bias else 0))
-        return (self.params_total() + extra) * bytes_per_element(dtype or self.default_dtype) / tp
+        dtype = dtype or self.default_dtype
+        return (self.weight_bytes(dtype) + extra * bytes_per_element(dtype)) / tp
+
+    def edge_weight_bytes_per_gpu(self, tensor_parallel: int, dtype: str | None = None) -> float:
+        """The embedding, final norm and LM head's share of `weight_bytes_per_gpu`."""
+        dtype = dtype or self.default_dtype
+        return self.params_edges() * self.edge_bytes_per_element(dtype) / int(tensor_parallel)
 
     def bytes_kv_per_token(self, dtype: str | None = None) -> float:
         """K and V of one token across all layers (GQA-aware; MLA's latent)."""

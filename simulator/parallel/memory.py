@@ -9,21 +9,20 @@ from __future__ import annotations
 
 from ..engine.memory import MemoryOptions, MemoryPlan
 from ..errors import InfersimError
-from ..models.dtypes import bytes_per_element
 from .placement import Placement
 
 
 def stage_weight_bytes(model, placement: Placement, dtype: str) -> list[float]:
     """Weight bytes on one GPU of each stage."""
-    tp, wb = placement.tp, bytes_per_element(dtype)
-    edges = model.params_embedding() + model.params_norm() + model.params_lm_head()
-    per_layer = (model.weight_bytes_per_gpu(tp, dtype) - edges * wb / tp) / model.num_layers
-    head = (model.params_norm() + model.vocab_size * model.hidden_size) * wb / tp  # a tied head is a copy
+    tp = placement.tp
+    eb = model.edge_bytes_per_element(dtype)
+    per_layer = (model.weight_bytes_per_gpu(tp, dtype) - model.edge_weight_bytes_per_gpu(tp, dtype)) / model.num_layers
+    head = (model.params_norm() + model.vocab_size * model.hidden_size) * eb / tp  # a tied head is a copy
     out = []
     for s, n in enumerate(placement.layers):
         w = n * per_layer
         if s == 0:
-            w += model.params_embedding() * wb / tp
+            w += model.params_embedding() * eb / tp
         if s == placement.pp - 1:
             w += head
         out.append(w)

@@ -79,6 +79,22 @@ class Placement:
         }
 
 
+def tp_across_nodes_note(tp: int, gpus_per_node: int, what: str = "the tensor-parallel group") -> str:
+    """A line for a tensor-parallel group larger than a node ('' when it fits one): its
+    all-reduces, two per layer, cross the network, which vLLM's distributed-serving guide avoids
+    by keeping tensor parallelism inside a node and pipeline parallelism across nodes."""
+    if tp <= gpus_per_node:
+        return ""
+    return (
+        f"{what} of {tp} GPUs spans {-(-tp // gpus_per_node)} nodes of {gpus_per_node}: its all-reduces cross the "
+        f"inter-node network (tensor parallel inside a node and pipeline parallel across nodes avoids that)"
+    )
+
+
+def cluster_gpus_per_node(hardware_section) -> int:
+    return (hardware_section.cluster or ClusterSection()).gpus_per_node
+
+
 def check_parallel(model, hardware_section, source: str = "") -> Placement:
     """The one rule set for TP x PP on a cluster, each failure one line naming the field."""
     tp = check_tensor_parallel(model, hardware_section.tensor_parallel, source=source)
@@ -89,13 +105,16 @@ def check_parallel(model, hardware_section, source: str = "") -> Placement:
             f"{model.num_layers} layers (each stage holds at least one)"
         )
     cluster = hardware_section.cluster or ClusterSection()
-    g = cluster.gpus_per_node
+    _check_nodes_split(tp, cluster.gpus_per_node, source_field(source, "hardware.tensor_parallel"))
+    return Placement(tp, pp, stage_layers(model.num_layers, pp), cluster)
+
+
+def _check_nodes_split(tp: int, g: int, where: str) -> None:
     if g % tp and tp % g:
         raise InfersimError(
-            f"{source_field(source, 'hardware.tensor_parallel')}: tensor parallel {tp} neither divides "
-            f"hardware.cluster.gpus_per_node {g} nor is a multiple of it (a group would straddle nodes unevenly)"
+            f"{where}: tensor parallel {tp} neither divides hardware.cluster.gpus_per_node {g} nor is a "
+            f"multiple of it (a group would straddle nodes unevenly)"
         )
-    return Placement(tp, pp, stage_layers(model.num_layers, pp), cluster)
 
 
 def check_deployment(model, spec, source: str = "") -> dict[str, Placement]:
@@ -111,18 +130,27 @@ def check_deployment(model, spec, source: str = "") -> dict[str, Placement]:
     for name in POOLS:
         field = f"hardware.disaggregated.{name}.tensor_parallel"
         tp = check_tensor_parallel(model, getattr(d, name).tensor_parallel, field=field, source=source)
-        placements[name] = Placement(tp, 1, stage_layers(model.num_layers, 1), cluster)
+        placements[name] = _check_staged(
+            model, spec, Placement(tp, 1, stage_layers(model.num_layers, 1), cluster), field, source
+        )
     return placements
 
 
 def _check_colocated(model, spec, source: str) -> Placement:
-    """check_parallel, and what a staged replica does not combine with: speculation and offload
-    run their own iteration loops, and only the roofline prices stages."""
+    """check_parallel, and what a staged replica does not combine with."""
     placement = check_parallel(model, spec.hardware, source)
+    field = "hardware.pipeline_parallel" if placement.pp > 1 else "hardware.tensor_parallel"
+    return _check_staged(model, spec, placement, field, source)
+
+
+def _check_staged(model, spec, placement: Placement, field: str, source: str) -> Placement:
+    """What a staged replica (stages, or a tensor-parallel group across nodes) does not combine
+    with: speculation and offload run their own iteration loops, and only the roofline prices
+    stages. A group across nodes must split evenly over them."""
     if not placement.staged:
         return placement
-    field = "hardware.pipeline_parallel" if placement.pp > 1 else "hardware.tensor_parallel"
     where = source_field(source, field)
+    _check_nodes_split(placement.tp, placement.gpus_per_node, where)
     for section in ("speculation", "offload"):
         if getattr(spec, section) is not None:
             raise InfersimError(f"{where}: {_what(placement)} does not combine with a '{section}' section")

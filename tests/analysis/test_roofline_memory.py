@@ -87,3 +87,14 @@ def test_operator_table_fits_an_80_column_terminal(monkeypatch, capsys):
     assert "…" not in out
     assert max(len(line) for line in out.splitlines()) <= 80
     assert "20.8P" in out  # the iteration's FLOPs at batch 64 x 8,192 tokens
+
+
+def test_a_tp_degree_past_a_node_is_said_to_be_priced_inside_one(capsys):
+    """`sim roofline --tp 16` prices one group in one node; on 8-GPU nodes the group spans 2,
+    which `sim run` prices across nodes: the note says so, and --tp 8 has none."""
+    args = ["roofline", "--model", "llama-3-70b", "--hardware", "h100-sxm", "--batch", "1", "--seq", "128"]
+    assert main([*args, "--tp", "16"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "note: tp 16 is priced here as one group inside a node; on 8-GPU nodes the tensor-parallel group" in out
+    assert main([*args, "--tp", "8"]) == 0
+    assert "priced here as one group" not in capsys.readouterr().out

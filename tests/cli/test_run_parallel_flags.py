@@ -54,7 +54,10 @@ def test_dtype_flag_halves_weights_and_is_checked_against_the_card(tmp_path, cap
     out = tmp_path / "r"
     assert main(["run", "-w", str(wl), "-o", str(out), "-q", "--no-plots", "--tp", "2", "--dtype", "fp8"]) == 0
     config = yaml.safe_load((out / "config.yaml").read_text())
-    assert config["memory"]["weight_bytes_per_gpu"] == 70_553_706_496 / 2  # one byte per weight, over 2 GPUs
+    # one byte per layer weight, two for the embedding, final norm and LM head (2 x 128,256 x 8,192
+    # + 8,192), over 2 GPUs
+    edges = 2 * 128_256 * 8_192 + 8_192
+    assert config["memory"]["weight_bytes_per_gpu"] == (70_553_706_496 + edges) / 2
     assert config["workload"]["serving"]["dtype"] == "fp8"
     args = ["run", "-w", str(wl), "-o", str(tmp_path / "a"), "-q", "--tp", "4", "--hardware", "a100-80gb-sxm"]
     assert main([*args, "--dtype", "fp8"]) == 2
@@ -122,3 +125,33 @@ def test_latencies_past_a_second_are_written_without_exponents():
     assert no_exponent(57.14) == "57.1"
     assert no_exponent(0.000611) == "0.000611"
     assert no_exponent(20910.4, 4, thousands="") == "20910"  # the roofline's narrow columns
+
+
+def test_a_tensor_parallel_group_across_nodes_is_named_in_the_summary(tmp_path, capsys):
+    """TP 16 on 8-GPU nodes runs (its all-reduces priced on the network) and the terminal says
+    that the group spans 2 nodes; TP 8 inside one node prints no such note."""
+    wl = _workload(tmp_path)
+    assert main(["run", "-w", str(wl), "-o", str(tmp_path / "a"), "--no-plots", "--tp", "16", "-n", "2"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "note: the tensor-parallel group of 16 GPUs spans 2 nodes of 8: its all-reduces cross the" in out
+    config = yaml.safe_load((tmp_path / "a" / "config.yaml").read_text())
+    assert config["parallel"]["tp_group_crosses_nodes"] is True
+    assert main(["run", "-w", str(wl), "-o", str(tmp_path / "b"), "--no-plots", "--tp", "8", "-n", "2"]) == 0
+    assert "spans" not in capsys.readouterr().out
+
+
+def test_tensor_parallel_on_a_profile_without_an_interconnect_is_refused(tmp_path, capsys):
+    """cpu-reference gives no interconnect and no measured all-reduce: TP 2 there, colocated or
+    in a disaggregated pool, is one line naming the field, before any work (was a traceback
+    from the first iteration)."""
+    base = {"model": "llama-68m", "requests": requests_section(2, 10, 4), "seed": 0}
+    wl = write_yaml(tmp_path / "cpu.yaml", {**base, "hardware": {"profile": "cpu-reference", "tensor_parallel": 2}})
+    assert main(["run", "-w", str(wl), "-o", str(tmp_path / "a"), "-q", "--no-plots"]) == 2
+    err = one_line_error(capsys)
+    assert "cpu.yaml: field 'hardware.tensor_parallel': tensor parallel 2 needs an interconnect" in err
+    assert "'cpu-reference'" in err and not (tmp_path / "a").exists()
+    pools = {"prefill": {"profile": "cpu-reference", "tensor_parallel": 2}}
+    wl = write_yaml(tmp_path / "dis.yaml", {**base, "hardware": {"profile": "a100-80gb-sxm", "disaggregated": pools}})
+    assert main(["run", "-w", str(wl), "-o", str(tmp_path / "b"), "-q", "--no-plots"]) == 2
+    assert "field 'hardware.disaggregated.prefill.tensor_parallel': tensor parallel 2 needs" in one_line_error(capsys)
+    assert not (tmp_path / "b").exists()

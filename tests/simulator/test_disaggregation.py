@@ -3,6 +3,7 @@ streamed), decode admission waiting for decode-side blocks, blocks held on the p
 until the transfer ends, blocks conserved on both sides, the per-request phases adding up,
 event mode equal to step mode, determinism, and one-line errors for bad sections."""
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +12,7 @@ import pytest
 from infersim.cli.main import main
 from infersim.simulator.costmodel import BatchShape
 from infersim.simulator.errors import InfersimError
+from infersim.simulator.preflight import check_workload
 from infersim.simulator.simulation import Simulation, simulate
 from infersim.simulator.workload.builder import build_requests
 from infersim.simulator.workload.schema import WorkloadSpec
@@ -169,6 +171,79 @@ def test_pools_take_their_own_profile_and_parallelism():
     assert pools["decode"]["hardware"].name == "a100-80gb-pcie"
     res = sim.run()
     assert res.extra["disaggregation"]["pools"]["prefill"]["gpus"] == 2
+
+
+def test_a_pool_whose_tensor_parallel_group_spans_nodes_all_reduces_over_the_network():
+    """Llama-3-70B decode pool at TP 16 on 8-GPU H100 nodes: its all-reduces are those of a
+    colocated TP 16 replica across two nodes (the node's all-reduce, two network hops, the ring
+    over the adapters), not an NVSwitch all-reduce of 16; TP 8 stays inside a node."""
+    pools = {"prefill": {"tensor_parallel": 8}, "decode": {"tensor_parallel": 16}}
+    spec = WorkloadSpec.model_validate(
+        {
+            "model": "llama-3-70b",
+            "hardware": {"profile": "h100-sxm", "disaggregated": pools},
+            "serving": {"dtype": "bf16"},
+            "requests": requests_section(1, 1024, 4),
+        }
+    )
+    sim = Simulation(spec, build_requests(spec, "."))
+    prefill, decode = (sim.deployment.pools[name]["cost_model"] for name in ("prefill", "decode"))
+    assert not hasattr(prefill, "links") and decode.links.placement.tp_crosses_nodes
+    colocated = WorkloadSpec.model_validate(
+        {
+            "model": "llama-3-70b",
+            "hardware": {"profile": "h100-sxm", "tensor_parallel": 16},
+            "serving": {"dtype": "bf16"},
+            "requests": requests_section(1, 1024, 4),
+        }
+    )
+    step = BatchShape.decode(np.full(8, 1024))
+    expected = Simulation(colocated, build_requests(colocated, ".")).cost_model.iteration_time_s(step)
+    assert decode.iteration_time_s(step) == expected
+    assert sim.run().extra["disaggregation"]["pools"]["decode"]["gpus"] == 16
+
+
+@pytest.mark.parametrize(
+    "hardware, message",
+    [
+        (
+            {
+                "expert_parallel": 2,
+                "disaggregated": {"prefill": {"tensor_parallel": 2}, "decode": {"tensor_parallel": 1}},
+            },
+            "must equal the tensor-parallel degree (hardware.disaggregated.decode.tensor_parallel 1)",
+        ),
+        (
+            {"cluster": {"gpus_per_node": 12}, "disaggregated": {"decode": {"tensor_parallel": 16}}},
+            "hardware.disaggregated.decode.tensor_parallel': tensor parallel 16 neither divides",
+        ),
+        (
+            {"disaggregated": {"decode": {"tensor_parallel": 16}}},
+            "a tensor-parallel group of 16 across nodes is not modelled for a mixture-of-experts model",
+        ),
+    ],
+)
+def test_pools_expert_parallelism_and_nodes_checked_per_pool(hardware, message):
+    """Expert parallelism spreads experts over each pool's tensor-parallel group (Mixtral, EP 2:
+    both pools at TP 2 run; a pool at TP 1 is named); a pool's group spanning nodes splits evenly
+    over them and takes what a colocated group across nodes takes."""
+
+    def spec(hardware):
+        return WorkloadSpec.model_validate(
+            {
+                "model": "mixtral-8x7b",
+                "hardware": {"profile": "h100-sxm", **hardware},
+                "requests": requests_section(1, 64, 4),
+            }
+        )
+
+    with pytest.raises(InfersimError, match=re.escape(message)):
+        check_workload(spec(hardware), "wl.yaml")
+    pools = {"prefill": {"tensor_parallel": 2}, "decode": {"tensor_parallel": 2}}
+    both = spec({"expert_parallel": 2, "disaggregated": pools})
+    check_workload(both, "wl.yaml")
+    sim = Simulation(both, build_requests(both, "."))
+    assert sim.deployment.pools["decode"]["cost_model"].ep == 2
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,9 @@ from infersim.simulator.errors import InfersimError
 from infersim.simulator.hardware.catalog import load_hardware
 from infersim.simulator.models.catalog import load_model
 from infersim.simulator.models.dtypes import bytes_per_element, normalize_dtype
+from infersim.simulator.parallel.config import ClusterSection
+from infersim.simulator.parallel.memory import stage_weight_bytes
+from infersim.simulator.parallel.placement import Placement, stage_layers
 from tests.utils import memory_options
 
 FP8_CARDS = {"h100-sxm": 1979, "h100-pcie": 1513, "h200": 1979, "l40": 362.05}
@@ -52,7 +55,9 @@ def test_fp8_weights_halve_weight_memory_and_double_the_gemm_rate():
     assert rows8["qk"].compute_time_s == rows16["qk"].compute_time_s
     decode = BatchShape.decode(np.full(8, 1000))
     assert fp8.iteration_time_s(decode) < 0.6 * fp16.iteration_time_s(decode)
-    assert m.weight_bytes("fp8") == m.weight_bytes("fp16") / 2
+    # every weight but the 16-bit embedding, final norm and LM head (2 x 32,000 x 4,096 + 4,096)
+    edges = 2 * 32_000 * 4_096 + 4_096
+    assert m.weight_bytes("fp8") == (m.weight_bytes("fp16") / 2 - edges) + 2 * edges
 
 
 @pytest.mark.parametrize("card", NO_FP8_CARDS)
@@ -98,7 +103,22 @@ def test_fp8_weights_keep_16_bit_activations_in_the_memory_plan():
     act = 8192 * (4 * 8192 + 2 * 28672 / 2) * 2 + 256 * 128256 * 4
     plan = plan_memory(m, hw, opts)
     assert plan.activation_bytes_per_gpu == act
-    weights = 70_553_706_496 / 2  # one byte per weight over two GPUs
+    # one byte per layer weight, two per embedding, final norm and LM head weight, over two GPUs
+    edges = 2 * 128_256 * 8_192 + 8_192
+    weights = (70_553_706_496 - edges + 2 * edges) / 2
     block = 16 * 80 * 2 * 4 * 128 * 1  # 16 tokens x 80 layers x K,V x 4 KV heads per GPU x 128 x 1 byte
     usable = 79.22 * 2**30 * 0.9 - 0.25 * 2**30  # driver-visible total x 0.9, less the non-torch reserve
     assert plan.gpu_blocks == int((usable - weights - act) // block)
+
+
+def test_fp8_model_reads_its_lm_head_and_embedding_in_16_bits():
+    """vLLM's FP8 method quantises linear layers; the LM head and the embedding table keep 16
+    bits. Llama-2-7B's decode reads the 32,000 x 4,096 LM head at 2 bytes a weight whatever the
+    layers' dtype, and a pipelined replica's stages hold the same bytes as the whole model."""
+    m, hw = load_model("llama-2-7b"), load_hardware("h100-sxm:datasheet")
+    decode = BatchShape.decode(np.full(1, 1000))
+    for dtype in ("fp16", "fp8"):
+        rows = {r.name: r for r in RooflineCostModel(m, hw, dtype=dtype).breakdown(decode)}
+        assert rows["lm_head"].bytes == pytest.approx(32_000 * 4_096 * 2 + 4_096 * 2 + 32_000 * 2)
+    placement = Placement(2, 2, stage_layers(m.num_layers, 2), ClusterSection())
+    assert sum(stage_weight_bytes(m, placement, "fp8")) == pytest.approx(m.weight_bytes_per_gpu(2, "fp8"), rel=1e-12)

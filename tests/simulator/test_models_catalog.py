@@ -140,11 +140,18 @@ def test_kv_bytes_per_token_by_hand():
 
 
 def test_weight_bytes_by_dtype():
+    """Quantisation (fp8, int8, int4) applies to the decoder layers' weights; the embedding, the
+    final norm and the LM head stay 16-bit, as vLLM's quantisation methods leave them.
+    Llama-2-13B: 2 x 32,000 x 5,120 + 5,120 = 327,685,120 such parameters."""
     spec = load_model("llama-2-13b")
     p = spec.params_total()
+    edges = 2 * 32_000 * 5_120 + 5_120
+    assert spec.params_edges() == edges
     assert spec.weight_bytes("fp16") == 2 * p
-    assert spec.weight_bytes("int8") == p
-    assert spec.weight_bytes("int4") == p / 2
+    assert spec.weight_bytes("fp32") == 4 * p
+    assert spec.weight_bytes("int8") == (p - edges) + 2 * edges
+    assert spec.weight_bytes("fp8") == (p - edges) + 2 * edges
+    assert spec.weight_bytes("int4") == (p - edges) / 2 + 2 * edges
 
 
 def test_family_conventions():

@@ -224,10 +224,28 @@ def test_cross_node_links_use_the_measured_rows():
     base, cm = pipeline_cost("llama-2-70b", "a100-80gb-sxm", tp=16, pp=1)
     fit = next(f for f in base.hardware.collectives.all_reduce if f.workers == 16)
     assert float(cm.links.allreduce_pair_time_s(64)) == 2 * float(fit.time_s(64 * 8192 * 2))
-    # no such row on H100: a ring through the 50 GB/s adapters, by hand
-    _, cm = pipeline_cost("llama-2-70b", "h100-sxm", tp=16, pp=1)
-    one = 5e-6 + 2 * 15 / 16 * (64 * 8192 * 2) / 50e9
+    # no such row on H100: the 8 GPUs' all-reduce inside a node, two network hops at the
+    # measured zero-byte send/recv between nodes and a ring through the 50 GB/s adapters
+    base, cm = pipeline_cost("llama-2-70b", "h100-sxm", tp=16, pp=1)
+    coll = base.hardware.collectives
+    nbytes = 64 * 8192 * 2
+    hop = next(f for f in coll.send_recv if f.devices_per_node == 1).segments[0].latency_us * 1e-6
+    one = float(coll.all_reduce_time_s(nbytes, 8)) + 2 * hop + 2 * 15 / 16 * nbytes / 50e9
     assert float(cm.links.allreduce_pair_time_s(64)) == pytest.approx(2 * one, rel=1e-12)
+
+
+def test_an_all_reduce_across_nodes_costs_more_than_inside_one():
+    """Llama-3.1-405B at TP 16 on two 8-GPU H100 nodes, one decode token: the 32 KB all-reduce
+    takes the measured 8-GPU NVSwitch all-reduce (23.6 us), two hops between nodes at the
+    measured zero-byte send/recv (17.7 us each) and 2 x 15/16 x 32,768 B at 50 GB/s (1.2 us):
+    60.2 us, never less than the 8-GPU all-reduce alone at any size."""
+    base, cm = pipeline_cost("llama-3.1-405b", "h100-sxm", tp=16, pp=1)
+    within = base.hardware.collectives.all_reduce_time_s(np.array([32768.0]), 8)
+    assert float(within[0]) == pytest.approx(23.6e-6, abs=0.05e-6)
+    assert float(cm.links.allreduce_pair_time_s(1)) / 2 == pytest.approx(60.2e-6, abs=0.1e-6)
+    tokens = np.array([1.0, 16, 256, 4096])
+    inside = 2 * base.hardware.collectives.all_reduce_time_s(tokens * 16384 * 2, 8)
+    assert np.all(cm.links.allreduce_pair_time_s(tokens) > inside)
 
 
 def test_datasheet_inter_node_link_without_measurements():
