@@ -61,13 +61,12 @@ def pinned_bytes(nbytes: int) -> int:
 
 @dataclass(frozen=True)
 class PoolSizes:
-    """The KV pools one run allocates (per model for the speculative path's target)."""
+    """The KV pools one model of a run allocates."""
 
     device_blocks: int  # blocks in device memory
     host_blocks: int  # blocks in host memory
     block_bytes: int  # K and V of one block, every layer
     device_type: str  # "cuda" or "cpu"
-    models: int = 1  # pools of this size (a speculative run: the target and each draft)
 
     @property
     def pinned(self) -> bool:
@@ -76,13 +75,13 @@ class PoolSizes:
 
     @property
     def device_pool_bytes(self) -> int:
-        return self.models * self.device_blocks * self.block_bytes
+        return self.device_blocks * self.block_bytes
 
     @property
     def host_pool_bytes(self) -> int:
         """The host pool as allocated: two tensors (K and V), each rounded when pinned."""
         half = self.host_blocks * self.block_bytes // 2
-        return self.models * 2 * (pinned_bytes(half) if self.pinned else half)
+        return 2 * (pinned_bytes(half) if self.pinned else half)
 
     @property
     def device_memory_bytes(self) -> int:
@@ -111,6 +110,14 @@ def pool_sizes(
     )
 
 
+def _size(nbytes: float) -> str:
+    """Bytes in the unit that reads best (decimal: GB = 1e9 B)."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:,.3g} {unit}"
+    return f"{nbytes:.0f} B"
+
+
 def check_pools_fit(
     sizes: list[PoolSizes], *, host_available_bytes: float, device_free_bytes: float | None, source: str
 ) -> None:
@@ -121,15 +128,15 @@ def check_pools_fit(
     if host > host_available_bytes:
         kind = "pinned " if any(s.pinned for s in sizes) else ""
         raise InfersimError(
-            f"{source}: the KV pools need {host / 1e9:,.3g} GB of {kind}host memory, more than the "
-            f"{host_available_bytes / 1e9:,.3g} GB available on this machine; lower serving.cpu_blocks, "
+            f"{source}: the KV pools need {_size(host)} of {kind}host memory, more than the "
+            f"{_size(host_available_bytes)} available on this machine; lower serving.cpu_blocks, "
             f"serving.swap_space_gb or offload.pool_blocks, or serve fewer requests"
         )
     device = sum(s.device_memory_bytes for s in sizes)
     if device_free_bytes is not None and device > device_free_bytes:
         raise InfersimError(
-            f"{source}: the KV pools need {device / 1e9:,.3g} GB of GPU memory, more than the "
-            f"{device_free_bytes / 1e9:,.3g} GB free on the device; lower serving.gpu_blocks"
+            f"{source}: the KV pools need {_size(device)} of GPU memory, more than the "
+            f"{_size(device_free_bytes)} free on the device; lower serving.gpu_blocks"
         )
 
 
