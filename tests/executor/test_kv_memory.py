@@ -36,6 +36,20 @@ PLANNED = {"H200": (H200_BYTES, 10_972_530), "H100": (H100_BYTES, 6_207_036)}
 # two requests, prompts 256 and 768 with 64 outputs: 20 + 1 and 52 + 1 blocks at 16 tokens
 TWO_REQUESTS = ([256, 768], [64, 64])
 TWO_REQUESTS_BLOCKS = 74
+# two requests of 40 + 4 tokens served with the KV in host memory
+OFFLOAD_SMALL = {
+    "name": "offload-small",
+    "model": "zoo-target",
+    "seed": 5,
+    "serving": {"max_batch_size": 2, "dtype": "fp32"},
+    "requests": {
+        "count": 2,
+        "arrival": {"type": "poisson", "rate": 400.0},
+        "prompt_tokens": {"type": "fixed", "value": 40},
+        "output_tokens": {"type": "fixed", "value": 4},
+    },
+    "offload": {"policy": "full", "overlap": "none"},
+}
 
 
 def test_block_bytes_and_the_workload_bound_by_hand():
@@ -186,21 +200,7 @@ def test_an_offload_run_records_and_allocates_the_workloads_blocks(tmp_path):
     from infersim.simulator.workload.builder import build_requests
     from infersim.simulator.workload.schema import WorkloadSpec
 
-    spec = WorkloadSpec.model_validate(
-        {
-            "name": "offload-small",
-            "model": "zoo-target",
-            "seed": 5,
-            "serving": {"max_batch_size": 2, "dtype": "fp32"},
-            "requests": {
-                "count": 2,
-                "arrival": {"type": "poisson", "rate": 400.0},
-                "prompt_tokens": {"type": "fixed", "value": 40},
-                "output_tokens": {"type": "fixed", "value": 4},
-            },
-            "offload": {"policy": "full", "overlap": "none"},
-        }
-    )
+    spec = WorkloadSpec.model_validate(OFFLOAD_SMALL)
     execute(spec, build_requests(spec), "zoo-target", tmp_path / "run", VALIDATION)
     mem = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["memory"]
     # 44 tokens: 3 blocks + 1 spare, twice; fp32 blocks of 24,576 B, K and V pageable
@@ -218,22 +218,7 @@ def test_sim_exec_refuses_an_offload_pool_the_host_cannot_hold(tmp_path, monkeyp
 
     monkeypatch.setattr(serving, "host_available_bytes", lambda: 1e5)
     wl = tmp_path / "wl.yaml"
-    wl.write_text(
-        yaml.safe_dump(
-            {
-                "name": "offload-small",
-                "model": "zoo-target",
-                "serving": {"max_batch_size": 2},
-                "requests": {
-                    "count": 2,
-                    "arrival": {"type": "poisson", "rate": 400.0},
-                    "prompt_tokens": {"type": "fixed", "value": 40},
-                    "output_tokens": {"type": "fixed", "value": 4},
-                },
-                "offload": {"policy": "full", "overlap": "none"},
-            }
-        )
-    )
+    wl.write_text(yaml.safe_dump(OFFLOAD_SMALL))
     assert main(["exec", "-w", str(wl), "-m", "zoo-target", "--fast", "-q", "-o", str(tmp_path / "run")]) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 1 and "wl.yaml: the KV pools need" in err[0] and "host memory, more than the 100 kB available" in err[0]
