@@ -37,7 +37,12 @@ def workload_blocks(prompt_tokens, output_tokens, block_size: int) -> int:
 
 
 def derived_gpu_blocks(
-    total_bytes: float, utilization: float, reserve_bytes: float, weight_bytes: float, act_bytes: float, block_bytes: int
+    total_bytes: float,
+    utilization: float,
+    reserve_bytes: float,
+    weight_bytes: float,
+    act_bytes: float,
+    block_bytes: int,
 ) -> int:
     """vLLM's KV budget over a block: the device's total x gpu_memory_utilization, less the
     non-torch reserve, the weights and the activation peak."""

@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -179,7 +178,10 @@ def check_pools_fit(lm, sizes: list, source: str) -> None:
     """Refuse, before any pool is allocated, pools (kv_memory.PoolSizes) that the host's available
     memory or the GPU's free memory cannot hold."""
     kv_memory.check_pools_fit(
-        sizes, host_available_bytes=host_available_bytes(), device_free_bytes=device_free_bytes(lm.device), source=source
+        sizes,
+        host_available_bytes=host_available_bytes(),
+        device_free_bytes=device_free_bytes(lm.device),
+        source=source,
     )
 
 

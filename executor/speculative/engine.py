@@ -42,9 +42,9 @@ from infersim.simulator.speculative.selector import AdaptiveLengthSelector
 from infersim.simulator.yamlio import atomic_path
 
 from ..clock import Clock
+from ..kv_memory import PoolSizes, pool_sizes
 from ..options import ExecOptions
 from ..prompts import make_prompts
-from ..kv_memory import PoolSizes, pool_sizes
 from ..serving import (
     check_pools_fit,
     device_description,

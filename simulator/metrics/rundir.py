@@ -201,7 +201,13 @@ def remove_stale_staging(target: Path) -> list[Path]:
         return gone
     for p in target.parent.glob(f".{glob.escape(target.name)}.tmp-*"):
         m = mine.match(p.name)
-        if m and p.is_dir() and not p.is_symlink() and int(m.group(1)) != os.getpid() and _process_gone(int(m.group(1))):
+        if (
+            m
+            and p.is_dir()
+            and not p.is_symlink()
+            and int(m.group(1)) != os.getpid()
+            and _process_gone(int(m.group(1)))
+        ):
             shutil.rmtree(p, ignore_errors=True)
             gone.append(p)
     return gone

@@ -76,7 +76,9 @@ def test_an_offload_case_planned_from_the_card_allocates_the_workload_only(card)
         sv, device_type="cuda", total_bytes=total, block_bytes=BLOCK_BYTES, weight_bytes=0.0, act_bytes=0.0
     )
     assert (gpu, source) == (planned, "derived")
-    whole = pool_sizes("offload", device_type="cuda", gpu_blocks=gpu, cpu_blocks=0, workload=None, block_bytes=BLOCK_BYTES)
+    whole = pool_sizes(
+        "offload", device_type="cuda", gpu_blocks=gpu, cpu_blocks=0, workload=None, block_bytes=BLOCK_BYTES
+    )
     assert whole.host_blocks == planned and whole.host_memory_bytes == HOST_128_GIB
     with pytest.raises(InfersimError) as e:
         check_pools_fit([whole], host_available_bytes=HOST_AVAILABLE, device_free_bytes=total, source="offload-full")
@@ -85,7 +87,9 @@ def test_an_offload_case_planned_from_the_card_allocates_the_workload_only(card)
     assert "\n" not in line
 
     served = workload_blocks(*TWO_REQUESTS, 16)
-    fit = pool_sizes("offload", device_type="cuda", gpu_blocks=gpu, cpu_blocks=0, workload=served, block_bytes=BLOCK_BYTES)
+    fit = pool_sizes(
+        "offload", device_type="cuda", gpu_blocks=gpu, cpu_blocks=0, workload=served, block_bytes=BLOCK_BYTES
+    )
     assert (fit.device_blocks, fit.host_blocks) == (1, TWO_REQUESTS_BLOCKS)
     # K and V of 74 blocks: 454,656 B each, pinned as 524,288 B; the device keeps one block
     assert (fit.host_memory_bytes, fit.device_memory_bytes) == (1_048_576, BLOCK_BYTES)
@@ -100,10 +104,17 @@ def test_a_plain_run_planned_from_the_card_allocates_the_workload_only(card):
 
     total, planned = PLANNED[card]
     gpu, cpu, _ = plan_pools(
-        ServingSection(), device_type="cuda", total_bytes=total, block_bytes=BLOCK_BYTES, weight_bytes=0.0, act_bytes=0.0
+        ServingSection(),
+        device_type="cuda",
+        total_bytes=total,
+        block_bytes=BLOCK_BYTES,
+        weight_bytes=0.0,
+        act_bytes=0.0,
     )
     assert (gpu, cpu) == (planned, 4 * 2**30 // BLOCK_BYTES) == (planned, 349_525)
-    whole = pool_sizes("engine", device_type="cuda", gpu_blocks=gpu, cpu_blocks=cpu, workload=None, block_bytes=BLOCK_BYTES)
+    whole = pool_sizes(
+        "engine", device_type="cuda", gpu_blocks=gpu, cpu_blocks=cpu, workload=None, block_bytes=BLOCK_BYTES
+    )
     assert whole.device_memory_bytes == planned * BLOCK_BYTES  # 134.8 GB on the H200, 76.3 GB on the H100
     # the 4 GiB swap space: K and V of 2,147,479,552 B each, pinned as 2 GiB each
     assert whole.host_memory_bytes == 2 * 2**31
@@ -118,7 +129,9 @@ def test_pools_the_gpu_cannot_hold_are_refused_naming_the_gpu():
         "speculative", device_type="cuda", gpu_blocks=10_000_000, cpu_blocks=0, workload=None, block_bytes=BLOCK_BYTES
     )
     assert (big.device_memory_bytes, big.host_memory_bytes) == (122_880_000_000, 0)
-    with pytest.raises(InfersimError, match=r"w.yaml: the KV pools need 123 GB of GPU memory, more than the 84 GB free"):
+    with pytest.raises(
+        InfersimError, match=r"w.yaml: the KV pools need 123 GB of GPU memory, more than the 84 GB free"
+    ):
         check_pools_fit([big], host_available_bytes=HOST_AVAILABLE, device_free_bytes=84e9, source="w.yaml")
 
 
@@ -221,5 +234,9 @@ def test_sim_exec_refuses_an_offload_pool_the_host_cannot_hold(tmp_path, monkeyp
     wl.write_text(yaml.safe_dump(OFFLOAD_SMALL))
     assert main(["exec", "-w", str(wl), "-m", "zoo-target", "--fast", "-q", "-o", str(tmp_path / "run")]) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert len(err) == 1 and "wl.yaml: the KV pools need" in err[0] and "host memory, more than the 100 kB available" in err[0]
+    assert (
+        len(err) == 1
+        and "wl.yaml: the KV pools need" in err[0]
+        and "host memory, more than the 100 kB available" in err[0]
+    )
     assert [p.name for p in tmp_path.iterdir()] == ["wl.yaml"]
