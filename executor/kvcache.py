@@ -1,8 +1,12 @@
 """Paged KV cache with real tensors: fixed-size blocks in a device pool and a host pool.
 
-Device pool: for each layer a K and a V tensor of shape [gpu_blocks, block_size, kv_heads,
-head_dim] (views of one [layers, ...] tensor each). Host pool: the same per layer with
-cpu_blocks blocks, pinned on CUDA. A sequence owns a block table (device block ids, position
+Device pool: for each layer a K and a V tensor of shape [blocks, block_size, kv_heads,
+head_dim] (views of one [layers, ...] tensor each). Host pool: the same per layer, pinned on
+CUDA. A pool's accounting has its planned size (gpu_blocks, cpu_blocks: admission, watermark
+and preemption see those), its tensors only the blocks a run can touch: the free lists hand
+out released ids first and then never-used ids lowest first, so a run touches no more
+distinct ids than it held at once (KVCacheConfig.committed_blocks, the workload's bound);
+a pool asked for an id past its tensors grows them, doubling, up to the planned size. A sequence owns a block table (device block ids, position
 p lives in block table[p // block_size], row p % block_size); a swapped-out sequence owns a
 host block table instead. Swap-out and swap-in are real copies of the sequence's blocks: on
 CUDA through pinned staging buffers on a side stream, which the compute stream waits for
@@ -18,6 +22,10 @@ from dataclasses import dataclass, field
 import torch
 
 from infersim.simulator.engine.blocks import BlockCounts
+
+from .kv_memory import allocated_blocks
+
+COMMIT_SLICE_BYTES = 64 << 20  # zero-filled per C call when a pageable pool is committed
 
 
 @dataclass(frozen=True)
@@ -37,8 +45,8 @@ class KVCacheConfig:
     committed_blocks: int | None = field(
         default=None,
         metadata={
-            "help": "on CPU, the leading blocks of each pool committed (zero-filled) at allocation, the rest "
-            "left to the first write; None: every block"
+            "help": "blocks of each pool allocated up front (zero-filled in pageable memory): the most the "
+            "workload can hold at once; a pool grows past them only if a run needs it; None: every block"
         },
     )
 
@@ -71,7 +79,9 @@ class PagedKVCache(BlockCounts):
         head_dim: int,
         config: KVCacheConfig,
         device: torch.device | str = "cpu",
+        pinned: bool | None = None,
     ):
+        """pinned: whether host-resident pools are page-locked; None: when `device` is CUDA."""
         gpu_blocks, cpu_blocks, block_size, dtype = (
             config.gpu_blocks,
             config.cpu_blocks,
@@ -88,41 +98,92 @@ class PagedKVCache(BlockCounts):
         self.block_size = int(block_size)
         self.total_gpu, self.total_cpu = int(gpu_blocks), int(cpu_blocks)
         self.watermark_blocks = int(config.watermark * gpu_blocks)
-        shape = (num_layers, self.total_gpu, self.block_size, num_kv_heads, head_dim)
         cuda = self.device.type == "cuda"
-        self._k = torch.empty(shape, dtype=dtype, device=self.device)
-        self._v = torch.empty(shape, dtype=dtype, device=self.device)
-        self.k = list(self._k.unbind(0))  # per-layer pools
-        self.v = list(self._v.unbind(0))
-        host_shape = (num_layers, self.total_cpu, self.block_size, num_kv_heads, head_dim)
-        self._hk = torch.empty(host_shape, dtype=dtype, pin_memory=cuda)
-        self._hv = torch.empty(host_shape, dtype=dtype, pin_memory=cuda)
-        if not cuda:
-            self._commit(config.committed_blocks)
+        # host-resident pools are pinned for async copies when a GPU reads them
+        self.pinned = cuda if pinned is None else bool(pinned)
+        committed = config.committed_blocks
+        self._k = self._v = self._hk = self._hv = None
+        self._clean = bytearray()
+        self._resize_device(allocated_blocks(self.total_gpu, committed))
+        self._resize_host(allocated_blocks(self.total_cpu, committed))
         self.stream = torch.cuda.Stream(device=self.device) if cuda else None
         self.copy_calls = 0  # host-link copy calls made by swaps so far (see _copy)
         self._pending = None  # CUDA event the compute stream must wait for
-        # lowest ids first: a fresh engine fills the pool from the start
-        self._free_gpu = list(range(self.total_gpu - 1, -1, -1))
-        self._free_cpu = list(range(self.total_cpu - 1, -1, -1))
+        self._free_gpu = FreeIds(self.total_gpu)
+        self._free_cpu = FreeIds(self.total_cpu)
         # Attention reads whole blocks and masks the rows past a sequence's end (and pads
         # ragged batches with block 0); a masked row still enters softmax(scores) @ V with
         # weight 0, and 0 x NaN is NaN. Uninitialised memory may hold NaN bit patterns, so a
         # device block is zeroed the first time it is handed out (block 0 at once); after
         # that it only ever holds finite KV values.
-        self._clean = [False] * self.total_gpu
         self._zero([0])
 
-    def _commit(self, blocks: int | None) -> None:
-        """Commit (zero-fill) the leading `blocks` of both CPU pools, as cudaMalloc and pinned host
-        memory commit every page up front on a GPU. An uncommitted page is faulted in and zeroed
-        by the kernel when a block is first written, which made a swap-out into a fresh host block
-        2-3x slower than into a used one (a 4 KiB block chunk: 13-22 us against 7 us per block).
-        The free lists hand out the lowest ids first, so a run whose requests hold at most
-        `blocks` blocks writes only committed pages; the rest of a large planned pool costs no
-        memory until used (a 4 GiB default pool zero-filled took 15 s for an 8-request run)."""
-        for pool in (self._k, self._v, self._hk, self._hv):
-            pool[:, : pool.shape[1] if blocks is None else blocks].zero_()
+    # ---- storage: the tensors behind the pools, sized to the blocks a run touches ----------
+    def _new_pool(self, blocks: int, on_device: bool) -> torch.Tensor:
+        """One [layers, blocks, ...] tensor: on the device, or in host memory (pinned when
+        `self.pinned`); pageable host memory committed."""
+        shape = (self.num_layers, blocks, self.block_size, self.num_kv_heads, self.head_dim)
+        device = self.device if on_device else torch.device("cpu")
+        pinned = self.pinned and device.type == "cpu"
+        t = torch.empty(shape, dtype=self.dtype, device=device, pin_memory=pinned)
+        if device.type == "cpu" and not pinned:
+            self._commit(t)
+        return t
+
+    def _commit(self, pool: torch.Tensor) -> None:
+        """Commit (zero-fill) a pageable pool, as cudaMalloc and pinned host memory commit every
+        page up front on a GPU: an uncommitted page is faulted in and zeroed by the kernel when
+        a block is first written, which made a swap-out into a fresh host block 2-3x slower than
+        into a used one (a 4 KiB block chunk: 13-22 us against 7 us per block). In slices, so
+        that a signal (Ctrl-C, SIGTERM) is handled between them: one zero_() of gigabytes is a
+        single C call the interpreter cannot interrupt."""
+        step = max(1, COMMIT_SLICE_BYTES // max(1, pool[:, :1].nbytes))
+        for b in range(0, pool.shape[1], step):
+            pool[:, b : b + step].zero_()
+
+    def _resized(self, old: torch.Tensor | None, blocks: int, on_device: bool) -> torch.Tensor:
+        new = self._new_pool(blocks, on_device)
+        if old is not None and old.shape[1]:
+            new[:, : old.shape[1]].copy_(old)
+        return new
+
+    def _resize_device(self, blocks: int) -> None:
+        self._k = self._resized(self._k, blocks, True)
+        self._v = self._resized(self._v, blocks, True)
+        self.k = list(self._k.unbind(0))  # per-layer pools
+        self.v = list(self._v.unbind(0))
+        self._clean.extend(bytes(blocks - len(self._clean)))
+
+    def _resize_host(self, blocks: int) -> None:
+        self._hk = self._resized(self._hk, blocks, False)
+        self._hv = self._resized(self._hv, blocks, False)
+
+    @property
+    def allocated_gpu(self) -> int:
+        """Blocks the device pool's tensors hold (at most total_gpu)."""
+        return self._k.shape[1]
+
+    @property
+    def allocated_cpu(self) -> int:
+        return self._hk.shape[1]
+
+    def _reach(self, gpu_ids=(), cpu_ids=()) -> None:
+        """Grow the tensors, doubling up to the planned pools, to hold the ids about to be used."""
+        need = max(gpu_ids, default=-1) + 1
+        if need > self.allocated_gpu:
+            self._resize_device(min(self.total_gpu, max(need, 2 * self.allocated_gpu)))
+        need = max(cpu_ids, default=-1) + 1
+        if need > self.allocated_cpu:
+            self._resize_host(min(self.total_cpu, max(need, 2 * self.allocated_cpu)))
+
+    def reset_free_lists(self) -> None:
+        """Every block free again, lowest ids first (a profiler reusing one cache)."""
+        self._free_gpu = FreeIds(self.total_gpu)
+        self._free_cpu = FreeIds(self.total_cpu)
+
+    def mark_clean(self) -> None:
+        """Every allocated device block holds finite values already (a profiler filled them)."""
+        self._clean = bytearray(b"\x01" * self.allocated_gpu)
 
     # ---- accounting (the same numbers as simulator/engine/blocks.py; BlockCounts adds used_*) --
     @property
@@ -145,13 +206,14 @@ class PagedKVCache(BlockCounts):
             return 0
         if add > len(self._free_gpu):
             raise RuntimeError(f"GPU block pool overdrawn by {seq!r}: need {add}, free {self.free_gpu}")
-        new = [self._free_gpu.pop() for _ in range(add)]
+        new = self._free_gpu.take(add)
         self.ensure_clean(new)
         seq.block_table.extend(new)
         return add
 
     def ensure_clean(self, blocks) -> None:
         """Zero those of `blocks` never handed out before (see __init__: no NaN bit patterns)."""
+        self._reach(gpu_ids=blocks)
         fresh = [b for b in blocks if not self._clean[b]]
         if fresh:
             self._zero(fresh)
@@ -164,8 +226,8 @@ class PagedKVCache(BlockCounts):
             self._clean[b] = True
 
     def free(self, seq) -> None:
-        self._free_gpu.extend(reversed(seq.block_table))
-        self._free_cpu.extend(reversed(seq.cpu_block_table))
+        self._free_gpu.give_back(seq.block_table)
+        self._free_cpu.give_back(seq.cpu_block_table)
         seq.block_table = []
         seq.cpu_block_table = []
 
@@ -177,7 +239,7 @@ class PagedKVCache(BlockCounts):
         keep = self.blocks_for_tokens(tokens)
         extra = seq.block_table[keep:]
         if extra:
-            self._free_gpu.extend(reversed(extra))
+            self._free_gpu.give_back(extra)
             del seq.block_table[keep:]
         return len(extra)
 
@@ -203,10 +265,10 @@ class PagedKVCache(BlockCounts):
             n = len(seq.block_table)
             if n > len(self._free_cpu):
                 raise RuntimeError(f"CPU block pool overdrawn by {seq!r}")
-            cpu = [self._free_cpu.pop() for _ in range(n)]
+            cpu = self._free_cpu.take(n)
             pairs_g.extend(seq.block_table)
             pairs_c.extend(cpu)
-            self._free_gpu.extend(reversed(seq.block_table))
+            self._free_gpu.give_back(seq.block_table)
             seq.block_table = []
             seq.cpu_block_table = cpu
         if pairs_g:
@@ -219,12 +281,13 @@ class PagedKVCache(BlockCounts):
             n = len(seq.cpu_block_table)
             if n > len(self._free_gpu):
                 raise RuntimeError(f"GPU block pool overdrawn swapping in {seq!r}")
-            gpu = [self._free_gpu.pop() for _ in range(n)]
+            gpu = self._free_gpu.take(n)
+            self._reach(gpu_ids=gpu)
             for b in gpu:
                 self._clean[b] = True  # overwritten whole by the copy
             pairs_g.extend(gpu)
             pairs_c.extend(seq.cpu_block_table)
-            self._free_cpu.extend(reversed(seq.cpu_block_table))
+            self._free_cpu.give_back(seq.cpu_block_table)
             seq.cpu_block_table = []
             seq.block_table = gpu
         if pairs_g:
@@ -235,15 +298,16 @@ class PagedKVCache(BlockCounts):
     def take_host(self, n: int) -> list[int]:
         if n > len(self._free_cpu):
             raise RuntimeError(f"CPU block pool overdrawn: need {n}, free {self.free_cpu}")
-        return [self._free_cpu.pop() for _ in range(n)]
+        return self._free_cpu.take(n)
 
     def release_host(self, ids) -> None:
-        self._free_cpu.extend(reversed(list(ids)))
+        self._free_cpu.give_back(list(ids))
 
     def copy_blocks(self, gpu_ids: list[int], cpu_ids: list[int], to_host: bool) -> None:
         """Copy device blocks gpu_ids[i] to host blocks cpu_ids[i] (or back, with to_host=False)."""
         if not gpu_ids:
             return
+        self._reach(gpu_ids, cpu_ids)
         if not to_host:
             for b in gpu_ids:
                 self._clean[b] = True  # overwritten whole by the copy
@@ -253,6 +317,7 @@ class PagedKVCache(BlockCounts):
         # copy calls made, for whoever times the swaps: on the CPU a call's fixed cost is most of
         # a small block's copy time, and the calls per block depend on how fragmented the free
         # lists are (validation prices each swap with its bytes and its calls)
+        self._reach(gpu_ids, cpu_ids)
         if self.stream is None:
             # CPU: one slice copy per run of blocks consecutive on both sides (the free lists
             # hand out neighbouring ids, so runs are long); an index gather + scatter would
@@ -299,6 +364,38 @@ class PagedKVCache(BlockCounts):
         """Layer pools viewed as [blocks * block_size, kv_heads, head_dim]."""
         k, v = self.k[layer], self.v[layer]
         return (k.view(-1, self.num_kv_heads, self.head_dim), v.view(-1, self.num_kv_heads, self.head_dim))
+
+
+class FreeIds:
+    """A pool's free block ids: the released ones last in first out, then the never-used ones
+    lowest first, so the distinct ids a run touches are as many as it held at once. The
+    never-used ids are a counter, not a list: a planned pool of millions of blocks (a GPU's
+    memory over small blocks) costs nothing until used."""
+
+    def __init__(self, total: int):
+        self.total = int(total)
+        self._next = 0  # the lowest never-used id
+        self._released: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self._released) + self.total - self._next
+
+    def take(self, n: int) -> list[int]:
+        """n free ids: the last released first, then fresh ones (lowest first)."""
+        if n > len(self):
+            raise RuntimeError(f"block pool overdrawn: need {n}, free {len(self)}")
+        k = min(n, len(self._released))
+        out = self._released[: -k - 1 : -1] if k else []
+        if k:
+            del self._released[-k:]
+        fresh = n - k
+        out.extend(range(self._next, self._next + fresh))
+        self._next += fresh
+        return out
+
+    def give_back(self, ids) -> None:
+        """Release ids; the first of them is taken again first."""
+        self._released.extend(reversed(ids))
 
 
 def contiguous_runs(a: list[int], b: list[int]):

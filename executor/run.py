@@ -28,6 +28,7 @@ from .offload.serve import execute as execute_offload
 from .options import ExecOptions
 from .prompts import make_prompts
 from .serving import (
+    allocate_for,
     clipped_output,
     executor_record,
     load_served_model,
@@ -38,7 +39,6 @@ from .serving import (
     serve,
     served_limits,
     single_replica,
-    workload_blocks,
     write_engine_run,
 )
 from .speculative.engine import execute_speculative
@@ -71,15 +71,14 @@ def execute(spec, requests, model: str, out: Path, opts: ExecOptions = ExecOptio
     max_len = limits.max_model_len
     kv_dtype = lm.dtype
     mem = plan_blocks(lm, sv, limits, kv_dtype=kv_dtype, device_memory_gb=opts.device_memory_gb, source=opts.source)
+    committed = allocate_for(lm, mem, requests, sv.block_size, "engine", opts.source)
     spec = single_replica(spec, lm)
     with staged_dir(Path(out), command="exec", force=opts.force) as tmp:
         metrics = MetricsCollector(len(requests), series_path=tmp / "series.parquet")
         engine = Engine(
             lm,
             build_scheduler(sv.scheduler, sv.preemption),
-            KVCacheConfig.from_serving(
-                sv, mem["gpu_blocks"], mem["cpu_blocks"], kv_dtype, workload_blocks(requests, sv.block_size)
-            ),
+            KVCacheConfig.from_serving(sv, mem["gpu_blocks"], mem["cpu_blocks"], kv_dtype, committed),
             limits=limits,
             metrics=metrics,
             realtime=opts.realtime,

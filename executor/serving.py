@@ -10,13 +10,12 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from infersim.simulator.engine.memory import MemoryPlan, activation_peak_bytes, non_torch_reserve_bytes
 from infersim.simulator.errors import InfersimError
-from infersim.simulator.machine import cpu_model, host_memory_gb
+from infersim.simulator.machine import cpu_model, host_available_bytes, host_memory_gb
 from infersim.simulator.metrics.plots import plot_run
 from infersim.simulator.metrics.rundir import write_table
 from infersim.simulator.metrics.summary import write_result_files
@@ -24,6 +23,8 @@ from infersim.simulator.models.catalog import load_model as load_spec
 from infersim.simulator.policies.state import SchedulerLimits
 from infersim.simulator.progress import ProgressBar
 from infersim.simulator.simulation import SimulationResult
+
+from . import kv_memory
 
 
 def device_description(dev) -> dict:
@@ -84,20 +85,18 @@ def served_limits(sv, lm) -> SchedulerLimits:
 
 
 def workload_blocks(requests, block_size: int) -> int:
-    """The most KV blocks the requests can hold at once: every prompt and output resident, each
-    with a block to spare (the blocks a CPU cache commits up front, KVCacheConfig.committed_blocks)."""
-    tokens = np.asarray(requests.prompt_tokens, dtype=np.int64) + np.asarray(requests.output_tokens, dtype=np.int64)
-    return int((-(-tokens // block_size) + 1).sum())
+    """The most KV blocks the requests can hold at once (kv_memory.workload_blocks): what a
+    pool allocates up front, KVCacheConfig.committed_blocks."""
+    return kv_memory.workload_blocks(requests.prompt_tokens, requests.output_tokens, block_size)
 
 
-def _check_host_pools(lm, gpu_blocks: int, cpu_blocks: int, block_bytes: int, source: str) -> None:
-    """Refuse, before allocating them, KV pools larger than this machine's memory: the host pool
-    always lives there, and on cpu the device pool too (a workload that fills them writes every
-    page)."""
-    pool_bytes = (cpu_blocks + (gpu_blocks if lm.device.type == "cpu" else 0)) * block_bytes
+def _check_host_pools(device_type: str, gpu_blocks: int, cpu_blocks: int, block_bytes: int, source: str) -> None:
+    """Refuse planned KV pools larger than this machine's memory: the host pool always lives
+    there, and on cpu the device pool too (a workload that fills them writes every page)."""
+    pool_bytes = (cpu_blocks + (gpu_blocks if device_type == "cpu" else 0)) * block_bytes
     total_bytes = host_memory_gb() * 1e9
     if pool_bytes > total_bytes:
-        device = "--device-memory-gb, serving.gpu_blocks, " if lm.device.type == "cpu" else ""
+        device = "--device-memory-gb, serving.gpu_blocks, " if device_type == "cpu" else ""
         raise InfersimError(
             f"{source}: the KV pools ({gpu_blocks:,} device and {cpu_blocks:,} host blocks: {pool_bytes / 1e9:,.3g} GB in "
             f"host memory) exceed this machine's {total_bytes / 1e9:.3g} GB; lower {device}"
@@ -105,53 +104,108 @@ def _check_host_pools(lm, gpu_blocks: int, cpu_blocks: int, block_bytes: int, so
         )
 
 
+def kv_block_bytes(config, block_size: int, element_bytes: int) -> int:
+    """K and V of one block over every layer of a Hugging Face config."""
+    heads = config.num_attention_heads
+    kvh = getattr(config, "num_key_value_heads", None) or heads
+    hd = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return 2 * config.num_hidden_layers * block_size * kvh * hd * element_bytes
+
+
+def plan_pools(sv, *, device_type: str, total_bytes: float, block_bytes: int, weight_bytes: float, act_bytes: float):
+    """plan_blocks' arithmetic on plain numbers (`total_bytes`: the device's memory; a GPU's
+    total_memory, or --device-memory-gb on cpu): (gpu_blocks, cpu_blocks, blocks_source)."""
+    gpu_blocks, blocks_source = sv.gpu_blocks, "explicit"
+    if gpu_blocks is None:
+        blocks_source = "derived"
+        reserve = non_torch_reserve_bytes("gpu" if device_type == "cuda" else "cpu", sv.non_torch_reserve_gib)
+        gpu_blocks = kv_memory.derived_gpu_blocks(
+            total_bytes, sv.gpu_memory_utilization, reserve, weight_bytes, act_bytes, block_bytes
+        )
+    cpu_blocks = sv.cpu_blocks if sv.cpu_blocks is not None else int(sv.swap_space_gb * 2**30 // block_bytes)
+    return int(gpu_blocks), int(cpu_blocks), blocks_source
+
+
 def plan_blocks(lm, sv, limits, *, kv_dtype, device_memory_gb: float | None = None, source: str = "workload") -> dict:
     """Device and host KV blocks, as the simulator plans them (simulator/engine/memory.py):
     explicit serving.gpu_blocks / cpu_blocks win; otherwise the device memory (CUDA: the GPU's;
     CPU: --device-memory-gb, default 4 GiB) x gpu_memory_utilization, less the weights, the
     activation peak and the non-torch reserve (CUDA only), over the bytes of a block; host blocks
-    from swap_space_gb."""
+    from swap_space_gb. These are the pools' accounting; what is allocated is `pool_sizes`."""
     import torch
 
     cfg = lm.config
-    runner_layers = getattr(cfg, "num_hidden_layers")
-    heads = cfg.num_attention_heads
-    kvh = getattr(cfg, "num_key_value_heads", None) or heads
-    hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
     elt = torch.empty((), dtype=kv_dtype).element_size()
-    block_bytes = 2 * runner_layers * sv.block_size * kvh * hd * elt
+    block_bytes = kv_block_bytes(cfg, sv.block_size, elt)
     weights = lm.weight_bytes()
-    blocks_source = "explicit"
-    gpu_blocks = sv.gpu_blocks
     act = 0.0
-    if gpu_blocks is None:
-        blocks_source = "derived"
-        if lm.device.type == "cuda":
-            total = torch.cuda.get_device_properties(lm.device).total_memory
-        else:
-            total = (device_memory_gb or 4.0) * 2**30
-
+    if lm.device.type == "cuda":
+        total = torch.cuda.get_device_properties(lm.device).total_memory
+    else:
+        total = (device_memory_gb or 4.0) * 2**30
+    if sv.gpu_blocks is None:
         inter = getattr(cfg, "intermediate_size", None) or getattr(cfg, "ffn_dim", 4 * cfg.hidden_size)
         shape = SimpleNamespace(hidden_size=cfg.hidden_size, intermediate_size=inter, vocab_size=cfg.vocab_size)
         act = activation_peak_bytes(
             shape, limits.max_batched_tokens, limits.max_batch_size, "fp32" if elt == 4 else "fp16", 1
         )
-        reserve = non_torch_reserve_bytes("gpu" if lm.device.type == "cuda" else "cpu", sv.non_torch_reserve_gib)
-        gpu_blocks = int((total * sv.gpu_memory_utilization - reserve - weights - act) // block_bytes)
-        if gpu_blocks <= 0:
-            raise InfersimError(
-                f"model {lm.name} ({weights / 1e9:.2f} GB of weights) leaves no KV blocks on {lm.device}"
-            )
-    cpu_blocks = sv.cpu_blocks if sv.cpu_blocks is not None else int(sv.swap_space_gb * 2**30 // block_bytes)
-    _check_host_pools(lm, int(gpu_blocks), int(cpu_blocks), block_bytes, source)
+    gpu_blocks, cpu_blocks, blocks_source = plan_pools(
+        sv, device_type=lm.device.type, total_bytes=total, block_bytes=block_bytes, weight_bytes=weights, act_bytes=act
+    )
+    if gpu_blocks <= 0:
+        raise InfersimError(f"model {lm.name} ({weights / 1e9:.2f} GB of weights) leaves no KV blocks on {lm.device}")
+    _check_host_pools(lm.device.type, gpu_blocks, cpu_blocks, block_bytes, source)
     return {
-        "gpu_blocks": int(gpu_blocks),
-        "cpu_blocks": int(cpu_blocks),
+        "gpu_blocks": gpu_blocks,
+        "cpu_blocks": cpu_blocks,
         "kv_bytes_per_block": float(block_bytes),
         "weight_bytes_per_gpu": float(weights),
         "activation_bytes_per_gpu": float(act),
         "blocks_source": blocks_source,
     }
+
+
+def device_free_bytes(dev) -> float | None:
+    """Free memory on a GPU now (after the weights), None on a CPU."""
+    if dev.type != "cuda":
+        return None
+    import torch
+
+    return float(torch.cuda.mem_get_info(dev)[0])
+
+
+def check_pools_fit(lm, sizes: list, source: str) -> None:
+    """Refuse, before any pool is allocated, pools (kv_memory.PoolSizes) that the host's available
+    memory or the GPU's free memory cannot hold."""
+    kv_memory.check_pools_fit(
+        sizes,
+        host_available_bytes=host_available_bytes(),
+        device_free_bytes=device_free_bytes(lm.device),
+        source=source,
+    )
+
+
+def allocate_for(lm, mem: dict, requests, block_size: int, path: str, source: str) -> int:
+    """The blocks each pool of plan_blocks' `mem` allocates up front for these requests on
+    `path` (kv_memory.PATHS), refused first if they do not fit; recorded in `mem`
+    (config.yaml's memory section). Returns the workload's bound (KVCacheConfig.committed_blocks)."""
+    bound = workload_blocks(requests, block_size)
+    sizes = kv_memory.pool_sizes(
+        path,
+        device_type=lm.device.type,
+        gpu_blocks=mem["gpu_blocks"],
+        cpu_blocks=mem["cpu_blocks"],
+        workload=bound,
+        block_bytes=int(mem["kv_bytes_per_block"]),
+    )
+    check_pools_fit(lm, [sizes], source)
+    mem.update(
+        allocated_device_blocks=sizes.device_blocks,
+        allocated_host_blocks=sizes.host_blocks,
+        allocated_device_bytes=float(sizes.device_memory_bytes),
+        allocated_host_bytes=float(sizes.host_memory_bytes),
+    )
+    return bound
 
 
 def serve(engine, total: int | None) -> float:

@@ -30,6 +30,22 @@ def host_memory_gb() -> float:
     return 16.0
 
 
+def host_available_bytes() -> float:
+    """Memory a new allocation can take without swapping: the kernel's MemAvailable (free pages
+    plus reclaimable caches), else the free physical pages."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024.0
+    except OSError:
+        pass
+    try:
+        return float(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return host_memory_gb() * 1e9
+
+
 def machine_line() -> str:
     """One line: CPU, cores, Python, OS."""
     return f"{cpu_model()}, {os.cpu_count()} cores, Python {platform.python_version()}, {platform.system()}"

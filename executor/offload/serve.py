@@ -49,10 +49,7 @@ class HostKVPool(PagedKVCache):
     no second tier: preemption recomputes."""
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, config: KVCacheConfig, pinned: bool = False):
-        super().__init__(num_layers, num_kv_heads, head_dim, replace(config, cpu_blocks=0), "cpu")
-        if pinned:
-            self._k, self._v = self._k.pin_memory(), self._v.pin_memory()
-            self.k, self.v = list(self._k.unbind(0)), list(self._v.unbind(0))
+        super().__init__(num_layers, num_kv_heads, head_dim, replace(config, cpu_blocks=0), "cpu", pinned=pinned)
 
 
 class OffloadEngine(Engine):
@@ -194,6 +191,7 @@ def execute(spec, requests, model: str, out: Path, opts: ExecOptions = ExecOptio
         lm, sv, limits, kv_dtype=lm.dtype, device_memory_gb=opts.device_memory_gb, source=opts.source
     )
     mem["cpu_blocks"] = 0  # the pool is the host memory; no second tier
+    committed = serving.allocate_for(lm, mem, requests, sv.block_size, "offload", opts.source)
     skew = _skew_for(str(lm.path), str(lm.device), dtype_name(lm.dtype)) if policy == "infinigen" else None
     spec = serving.single_replica(spec, lm)
     with staged_dir(Path(out), command="exec", force=opts.force) as tmp:
@@ -201,7 +199,7 @@ def execute(spec, requests, model: str, out: Path, opts: ExecOptions = ExecOptio
         engine = OffloadEngine(
             lm,
             build_scheduler(sv.scheduler, "recompute"),
-            KVCacheConfig.from_serving(sv, mem["gpu_blocks"], 0, lm.dtype),
+            KVCacheConfig.from_serving(sv, mem["gpu_blocks"], 0, lm.dtype, committed),
             policy=policy,
             params=off.params,
             overlap=off.overlap,

@@ -142,7 +142,7 @@ def _swap_pools(b: Bench, sweep: _SwapSweep) -> _SwapPools:
     cache = PagedKVCache(L, kvh, d, KVCacheConfig(pool, BLOCK, pool, watermark=0.0, dtype=td), b.device)
     for t in (cache._k, cache._v, cache._hk, cache._hv):
         t.fill_(0.5)  # commit the pages before timing
-    cache._clean = [True] * pool
+    cache.mark_clean()
     return _SwapPools(pool, L, dev, host, layer_k, layer_hk, layer_v, layer_hv, cache)
 
 

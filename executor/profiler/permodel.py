@@ -211,7 +211,7 @@ def _swap_cache(lm, runner, plan: ModelPlan, per_block: int):
     scache = runner_cache(runner, KVCacheConfig(pool, BLOCK_SIZE, pool, watermark=0.0, dtype=lm.dtype), lm.device)
     for t in (scache._k, scache._v, scache._hk, scache._hv):
         t.fill_(0.5)  # commit the pages before timing
-    scache._clean = [True] * pool
+    scache.mark_clean()
     return scache
 
 
@@ -309,8 +309,7 @@ def _time_swaps(cache, tokens: int, layout: str, timer, rep: Repeats, sync) -> t
 
     nblk = -(-tokens // BLOCK_SIZE)
     # fresh free lists (lowest ids first), whatever earlier sizes left behind
-    cache._free_gpu = list(range(cache.total_gpu - 1, -1, -1))
-    cache._free_cpu = list(range(cache.total_cpu - 1, -1, -1))
+    cache.reset_free_lists()
     seqs = []
     while cache.free_gpu >= 2 * nblk and len(seqs) < 64:
         pair = [TokenSeq([0] * tokens), TokenSeq([0] * tokens)]

@@ -42,9 +42,18 @@ from infersim.simulator.speculative.selector import AdaptiveLengthSelector
 from infersim.simulator.yamlio import atomic_path
 
 from ..clock import Clock
+from ..kv_memory import PoolSizes, pool_sizes
 from ..options import ExecOptions
 from ..prompts import make_prompts
-from ..serving import device_description, load_served_model, model_summary, run_result, write_outputs
+from ..serving import (
+    check_pools_fit,
+    device_description,
+    kv_block_bytes,
+    load_served_model,
+    model_summary,
+    run_result,
+    write_outputs,
+)
 from .acceptance import write_acceptance_table
 from .methods import TREE_DECODINGS
 from .sequence import SpecSequence
@@ -206,6 +215,11 @@ def execute_speculative(spec, requests, model: str, out: Path, opts: ExecOptions
     s_max = mtree.nodes if how.medusa else (sel.s_max if sel is not None else sp.speculation_length)
     seqs, truncated = _sequences(spec, requests, models, s_max)
     gpu_blocks = _gpu_blocks(spec.serving, seqs, s_max)
+    check_pools_fit(
+        models.target,
+        [_pool_of(m, gpu_blocks, spec.serving.block_size) for m in (models.target, *models.drafts)],
+        opts.source,
+    )
     if how.medusa:
         dec = _medusa_decoder(spec, how, models, gpu_blocks, mheads, mtree)
     else:
@@ -270,6 +284,21 @@ def _gpu_blocks(sv, seqs, s_max: int) -> int:
         sv.max_batch_size * max(kv_blocks_for([s], s_max, sv.block_size) for s in seqs) + 1,
     )
     return int(gpu_blocks)
+
+
+def _pool_of(lm, gpu_blocks: int, block_size: int) -> PoolSizes:
+    """One model's KV pool on the speculative path: gpu_blocks on its device, no host pool."""
+    import torch
+
+    elt = torch.empty((), dtype=lm.dtype).element_size()
+    return pool_sizes(
+        "speculative",
+        device_type=lm.device.type,
+        gpu_blocks=gpu_blocks,
+        cpu_blocks=0,
+        workload=None,
+        block_bytes=kv_block_bytes(lm.config, block_size, elt),
+    )
 
 
 def _medusa_decoder(spec, how: _Method, models: _Models, gpu_blocks: int, heads, tree):

@@ -8,12 +8,15 @@ unless the user passes --force. Files are never replaced by folders, nor folders
 
 from __future__ import annotations
 
+import glob
 import json
 import math
 import os
+import re
 import secrets
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -143,10 +146,52 @@ def held_signals():
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
+def _staging_prefix(target: Path, pid: int | None = None) -> str:
+    """A staging folder's name up to its random part: the target, this host and the process,
+    so that a later run can tell a dead run's leftover from a live one's folder."""
+    host = re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname()) or "host"
+    return f".{target.name}.tmp-{host}-{os.getpid() if pid is None else pid}-"
+
+
+def _process_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # another user's process: alive
+        return False
+    return False
+
+
+def remove_stale_staging(target: Path) -> list[Path]:
+    """Remove the staging folders of `target` left by runs of this host whose process is gone
+    (killed by SIGKILL or the OOM killer, which no clean-up survives); a live run's folder, a
+    folder of another host (a shared file system) and anything not named as this tool names
+    them stay. Returns the folders removed."""
+    target = Path(target)
+    mine = re.compile(re.escape(_staging_prefix(target, 0)[: -len("0-")]) + r"(\d+)-[A-Za-z0-9_]+$")
+    gone = []
+    if not target.parent.is_dir():
+        return gone
+    for p in target.parent.glob(f".{glob.escape(target.name)}.tmp-*"):
+        m = mine.match(p.name)
+        if (
+            m
+            and p.is_dir()
+            and not p.is_symlink()
+            and int(m.group(1)) != os.getpid()
+            and _process_gone(int(m.group(1)))
+        ):
+            shutil.rmtree(p, ignore_errors=True)
+            gone.append(p)
+    return gone
+
+
 def _mkdtemp(target: Path) -> Path:
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.tmp-"))
+        remove_stale_staging(target)
+        tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=_staging_prefix(target)))
     except OSError as exc:
         raise InfersimError(f"{target}: cannot create the output folder ({exc.strerror})") from None
     umask = os.umask(0)
@@ -160,7 +205,8 @@ def staged_folder(target: Path):
     """Yield a hidden temporary folder beside `target` (the folders above made as needed); on
     success it replaces `target` whole: the previous folder is moved aside, the new one moved in
     and the previous one removed, signals held back meanwhile. On any error or signal the
-    temporary folder, and the folders made for it, are removed and `target` is left as it was."""
+    temporary folder, and the folders made for it, are removed and `target` is left as it was; a
+    killed run's folder goes at the next run (remove_stale_staging)."""
     target = Path(target)
     created = first_missing_folder(target.parent)  # removed again if the command fails
     tmp = _mkdtemp(target)

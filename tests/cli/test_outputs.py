@@ -177,6 +177,30 @@ def test_signal_on_a_first_run_leaves_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_killed_runs_staging_folder_goes_at_the_next_run(tmp_path):
+    """SIGKILL (the OOM killer) runs no clean-up: the staging folder stays. The next run into the
+    same place writes its folder and removes that leftover, whose process is gone; a live run's
+    folder and a folder not named as infersim names them stay."""
+    proc = _sim(["run", "-w", "chatbot", "-n", "300", "-q", "-o", "prev"], tmp_path, pause="simulating")
+    assert proc.stderr.readline().strip() == "infersim: paused at simulating"
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait(timeout=120) == -signal.SIGKILL
+    left = [p.name for p in tmp_path.iterdir()]
+    assert len(left) == 1 and left[0].startswith(".prev.tmp-") and f"-{proc.pid}-" in left[0]
+    alive = _sim(["run", "-w", "chatbot", "-n", "300", "-q", "-o", "prev"], tmp_path, pause="simulating")
+    assert alive.stderr.readline().strip() == "infersim: paused at simulating"
+    (tmp_path / ".prev.tmp-2mf7sj6g").mkdir()  # an unknown owner
+    try:
+        done = _sim(["run", "-w", "chatbot", "-n", "20", "-q", "--no-plots", "-o", "prev"], tmp_path)
+        assert done.wait(timeout=300) == 0, done.stderr.read()
+        names = sorted(p.name for p in tmp_path.iterdir())
+        assert names[0] == ".prev.tmp-2mf7sj6g" and f"-{alive.pid}-" in names[1] and names[2:] == ["prev"], names
+        assert (tmp_path / "prev" / "summary.json").is_file()
+    finally:
+        alive.send_signal(signal.SIGTERM)
+        assert alive.wait(timeout=120) == 143
+
+
 def test_a_refused_run_leaves_no_folder_it_created(tmp_path, monkeypatch, capsys):
     """A run refused after its output was staged (the weights do not fit) removes the folders it
     made on the way to --out, and keeps an empty folder the user had."""
