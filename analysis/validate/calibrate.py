@@ -8,7 +8,9 @@ validated) and fit:
 
 - the engine iteration time (the forward pass plus the engine's own per-iteration work:
   scheduling, bookkeeping; what separates one iteration's start from the next's) as a
-  non-negative combination of the features in `features.py`, in relative error;
+  non-negative combination of the features in `executor_features.py`, each code path on its own
+  iterations (PATH_FITS: decode-only steps in relative error, batches with a prefill in absolute
+  error);
 - each host copy direction as latency + bytes / bandwidth, from the swaps of a run under
   memory pressure.
 
@@ -155,10 +157,11 @@ def iteration_targets(run: ExecRun) -> np.ndarray:
 
 # How each code path is fitted. Decode-only steps are many and alike (like steps 2% apart):
 # relative error and a 2% trim give every step its weight and shed timing spikes. Batches with
-# a prefill are few (4-15% of a run's iterations) and heavy-tailed on a GPU: on the H200 some
-# take 1.5-2.7x their like, mostly the large ones (400+ prompt tokens, 3+ prompts), so a fit in
-# relative error priced them by their fast majority, the trim and the stall cut left out 12-21%
-# of them, and their measured total came to 1.10-1.22x the fit's (decode steps' median 1.00).
+# a prefill are few (3-15% of a run's iterations) and heavy-tailed on a GPU: on an H200 7-14% of
+# them took 1.35x or more the decode steps around them, mostly the large ones (400+ prompt
+# tokens, 3+ prompts), so a fit in relative error priced them by their fast majority, the trim
+# and the stall cut left out 12-21% of them, and their measured total came to 1.10-1.22x the
+# fit's (decode steps' median 0.96-1.01; docs/validation.md "What is fitted").
 # The simulation sums iteration times (end-to-end latency, recompute cost), so that path is
 # fitted to its total: absolute error, no trim; only points at STALL_RATIO x the fit go.
 PATH_FITS = {"decode": {"relative": True, "trim": 0.02}, "mixed": {"relative": False, "trim": 0.0}}
