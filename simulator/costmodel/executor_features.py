@@ -28,6 +28,9 @@ FEATURE_NAMES = (
     "mixed_score_pairs",
     "mixed_keys",
 )
+# The columns of each code path: a batch's row is zero outside its own path's columns, so the
+# two paths share no coefficient and are fitted apart.
+PATH_COLUMNS = {"decode": slice(0, 3), "mixed": slice(3, len(FEATURE_NAMES))}
 
 
 def batch_features(batch: BatchShape, block_size: int) -> np.ndarray:
@@ -41,6 +44,11 @@ def batch_features(batch: BatchShape, block_size: int) -> np.ndarray:
         padded = n * np.ceil(keys.max() / block_size) * block_size
         return np.array([1.0, n, padded, 0.0, 0.0, 0.0, 0.0, 0.0])
     return np.array([0.0, 0.0, 0.0, 1.0, n, float(q.sum()), float((q * keys).sum()), float(keys.sum())])
+
+
+def decode_rows(X: np.ndarray) -> np.ndarray:
+    """Which rows of a feature matrix are decode-only batches."""
+    return X[:, 0] > 0
 
 
 def feature_matrix(shapes: list[BatchShape], block_size: int) -> np.ndarray:

@@ -181,6 +181,53 @@ def test_fit_recovers_known_coefficients():
     assert abs(tinfo["total_error_in_sample"]) < 1e-6
 
 
+def test_prefill_iterations_are_fitted_to_their_total_and_decode_steps_to_their_shape():
+    """A GPU's prefills: each prompt size run four times, one of the four 1.6x slow (below the
+    1.8x stall cut), and one real stall (5x). By hand: the prefill path prices each prompt at
+    the mean of its four, (3 x 1 + 1.6) / 4 = 1.15 x the fast time, so the fitted total is the
+    measured one; in relative error it would price them at (3 + 1 / 1.6) / (3 + 1 / 1.6**2) =
+    1.0691 x. The decode-only steps, exact, give back their coefficients."""
+    from infersim.analysis.validate.calibrate import PATH_FITS, fit_iteration_model, nnls_rounds
+    from infersim.simulator.costmodel.executor_features import PATH_COLUMNS, feature_matrix
+    from infersim.simulator.costmodel.fitted import FittedCostModel
+
+    decode_coef = np.array([3e-3, 2e-5, 1e-8])
+    base_s, per_token_s = 2e-3, 5e-6  # the fast prefill: base + per_token x prompt tokens
+    rng = np.random.default_rng(3)
+    shapes, times = [], []
+    for _ in range(60):
+        k = int(rng.integers(1, 12))
+        shapes.append(BatchShape.of(np.ones(k, dtype=np.int64), rng.integers(0, 300, k), np.ones(k)))
+        times.append(float(batch_features(shapes[-1], 16)[PATH_COLUMNS["decode"]] @ decode_coef))
+    prompts = [100, 200, 300, 400]
+    for rep in range(4):
+        for q in prompts:
+            shapes.append(BatchShape.of(np.array([q]), np.array([0]), np.array([1])))
+            times.append((base_s + per_token_s * q) * (1.6 if rep == 3 else 1.0))
+    shapes.append(BatchShape.of(np.array([200]), np.array([0]), np.array([1])))
+    times.append((base_s + per_token_s * 200) * 5.0)  # a stall: left out
+
+    class Run:
+        block_size = 16
+
+    run = Run()
+    run.shapes, run.iteration_period_s = shapes, np.array(times)
+    coef, info = fit_iteration_model([run])
+    assert coef[PATH_COLUMNS["decode"]] == pytest.approx(decode_coef, rel=1e-6)
+    fit = FittedCostModel(coef, 16, {d: {"latency_s": 0.0, "s_per_byte": 0.0} for d in ("h2d", "d2h")})
+    for q in [*prompts, 250]:  # 250: between the measured sizes, on the same line
+        one = BatchShape.of(np.array([q]), np.array([0]), np.array([1]))
+        assert fit.iteration_time_s(one) == pytest.approx(1.15 * (base_s + per_token_s * q), rel=1e-6)
+    assert info["paths"]["mixed"]["points"] == 17 and info["paths"]["mixed"]["kept"] == 16
+    # the same rows in relative error fall short of the total by hand
+    rows = slice(60, 76)
+    X = feature_matrix(shapes[rows], 16)[:, PATH_COLUMNS["mixed"]]
+    rel, _ = nnls_rounds(X, np.array(times[rows]), relative=True, trim=0.0)
+    fast = base_s + per_token_s * np.array(prompts * 4)
+    assert X @ rel == pytest.approx((3 + 1 / 1.6) / (3 + 1 / 1.6**2) * fast, rel=1e-6)
+    assert PATH_FITS["mixed"] == {"relative": False, "trim": 0.0}
+
+
 def test_swap_price_uses_the_recorded_copy_calls():
     from infersim.simulator.costmodel.fitted import FittedCostModel
 
