@@ -30,6 +30,7 @@ from infersim.simulator.errors import InfersimError
 from infersim.simulator.metrics.plots import REPRODUCIBLE_PNG, finish_figure, pyplot
 from infersim.simulator.metrics.rundir import staged_dir, write_json
 from infersim.simulator.metrics.summary import derived_columns
+from infersim.simulator.parallel.config import ClusterSection
 from infersim.simulator.preflight import check_workload
 from infersim.simulator.progress import ProgressBar
 from infersim.simulator.simulation import Simulation, simulate
@@ -308,7 +309,8 @@ def compare_goodput(
             )
         )
     tp = section.tensor_parallel
-    link = resolve_kv_link(section.link, spec.hardware.cluster, tp, tp).record()
+    inter_node = (spec.hardware.cluster or ClusterSection()).inter_node
+    link = resolve_kv_link(section.link, inter_node, tp, tp).record()
     return GoodputComparison(spec.name, spec.model, slos, section, seed, out, link, time.perf_counter() - t0)
 
 

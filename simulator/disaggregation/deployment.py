@@ -48,7 +48,8 @@ class Deployment:
         self.section = d
         self.phases = PhaseTimes(len(sim.requests))
         tp = {name: sim.placements[name].tp for name in POOLS}
-        self.link = resolve_kv_link(d.link, hw.cluster, tp["prefill"], tp["decode"])
+        inter_node = sim.placements["prefill"].cluster.inter_node  # the pools share the cluster
+        self.link = resolve_kv_link(d.link, inter_node, tp["prefill"], tp["decode"])
         sent = bytes_kv_sent_per_token(sim.model, tp["decode"], sim.kv_dtype)
         self.transfers = KVTransfers(sim, d, self.link, sent, self.phases)
         self.pools: dict[str, dict] = {}

@@ -20,7 +20,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Optional
 
-from ..parallel.config import ClusterSection
 from .config import KVLinkSection
 
 CLUSTER = "hardware.cluster.inter_node"
@@ -57,11 +56,10 @@ def describe_kv_link(link: dict) -> str:
     return f"{bw} ({link['bandwidth_from']}), {latency} ({link['latency_from']})"
 
 
-def resolve_kv_link(
-    link: KVLinkSection, cluster: Optional[ClusterSection], prefill_tp: int, decode_tp: int
-) -> ResolvedKVLink:
-    """The workload's link, each unset field from the cluster's inter-node adapters."""
-    net = (cluster or ClusterSection()).inter_node
+def resolve_kv_link(link: KVLinkSection, inter_node, prefill_tp: int, decode_tp: int) -> ResolvedKVLink:
+    """The workload's link, each unset field from the cluster's per-GPU adapters (`inter_node`: a
+    parallel.config.InterNodeLink, the placements' cluster's)."""
+    net = inter_node
     if link.bandwidth_gbps is None:
         adapters = min(int(prefill_tp), int(decode_tp))
         bw = (adapters * net.bandwidth_gbps, adapters, net.bandwidth_gbps, CLUSTER)

@@ -97,11 +97,11 @@ def test_replicated_kv_heads_put_each_decode_gpus_copy_on_the_link():
 
 
 def test_resolved_link_names_where_each_value_came_from():
-    default = resolve_kv_link(KVLinkSection(), None, 4, 2)
+    default = resolve_kv_link(KVLinkSection(), ClusterSection().inter_node, 4, 2)
     assert (default.bandwidth_gbps, default.adapters, default.adapter_gbps, default.latency_us) == (100.0, 2, 50.0, 5.0)
     assert default.bandwidth_from == default.latency_from == "hardware.cluster.inter_node"
     assert default.describe() == "100 GB/s = 2 x 50 GB/s per-GPU adapters, 5 µs (hardware.cluster.inter_node)"
-    given = resolve_kv_link(KVLinkSection(**EXPLICIT), ClusterSection(), 8, 8)
+    given = resolve_kv_link(KVLinkSection(**EXPLICIT), ClusterSection().inter_node, 8, 8)
     assert given.adapters is None and given.bandwidth_from == "hardware.disaggregated.link"
     assert given.describe() == "25 GB/s, 10 µs (hardware.disaggregated.link)"
 
