@@ -59,13 +59,12 @@ def describe_kv_link(link: dict) -> str:
 def resolve_kv_link(link: KVLinkSection, inter_node, prefill_tp: int, decode_tp: int) -> ResolvedKVLink:
     """The workload's link, each unset field from the cluster's per-GPU adapters (`inter_node`: a
     parallel.config.InterNodeLink, the placements' cluster's)."""
-    net = inter_node
     if link.bandwidth_gbps is None:
         adapters = min(int(prefill_tp), int(decode_tp))
-        bw = (adapters * net.bandwidth_gbps, adapters, net.bandwidth_gbps, CLUSTER)
+        bw = (adapters * inter_node.bandwidth_gbps, adapters, inter_node.bandwidth_gbps, CLUSTER)
     else:
         bw = (link.bandwidth_gbps, None, None, WORKLOAD)
-    latency = (net.latency_us, CLUSTER) if link.latency_us is None else (link.latency_us, WORKLOAD)
+    latency = (inter_node.latency_us, CLUSTER) if link.latency_us is None else (link.latency_us, WORKLOAD)
     return ResolvedKVLink(bw[0], latency[0], bw[1], bw[2], bw[3], latency[1])
 
 
