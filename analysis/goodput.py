@@ -9,9 +9,10 @@ target takes its place (an aborted request meets no SLO).
 
 The deployments: `gpus / tensor_parallel` colocated replicas, and every prefill:decode split of
 as many replicas (or the `splits` given), each pool at `tensor_parallel`, with the section's
-KV link. Each deployment's goodput is searched like `sim plan`'s: Poisson arrivals at a probed
-rate with a fixed seed, doubling or halving from the start rate to a passing and a failing
-rate, then geometric bisection until failing/passing <= 1 + tolerance."""
+KV link (its unset fields: the cluster's per-GPU adapters, simulator/disaggregation/link.py).
+Each deployment's goodput is searched like `sim plan`'s: Poisson arrivals at a probed rate
+with a fixed seed, doubling or halving from the start rate to a passing and a failing rate,
+then geometric bisection until failing/passing <= 1 + tolerance."""
 
 from __future__ import annotations
 
@@ -24,10 +25,12 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
+from infersim.simulator.disaggregation.link import describe_kv_link, resolve_kv_link
 from infersim.simulator.errors import InfersimError
 from infersim.simulator.metrics.plots import REPRODUCIBLE_PNG, finish_figure, pyplot
 from infersim.simulator.metrics.rundir import staged_dir, write_json
 from infersim.simulator.metrics.summary import derived_columns
+from infersim.simulator.parallel.config import ClusterSection
 from infersim.simulator.preflight import check_workload
 from infersim.simulator.progress import ProgressBar
 from infersim.simulator.simulation import Simulation, simulate
@@ -76,6 +79,7 @@ class GoodputComparison:
     section: GoodputSection
     seed: int
     deployments: list[DeploymentGoodput]
+    kv_link: dict = field(default_factory=dict)  # the disaggregated deployments' ResolvedKVLink.record()
     wall_s: float = 0.0
 
     def best(self, kind: str) -> Optional[DeploymentGoodput]:
@@ -116,7 +120,7 @@ def build_deployments(section: GoodputSection, source: str = "plan file") -> lis
             {"hardware.replicas": n, "hardware.tensor_parallel": tp, "hardware.router": "least_outstanding"},
         )
     ]
-    link = section.link.model_dump(mode="json")
+    link = section.link.model_dump(mode="json", exclude_none=True)  # unset fields: the cluster's adapters
     for p, d in splits:
         pools = {
             "prefill": {"replicas": p, "tensor_parallel": tp, "router": "least_outstanding"},
@@ -304,7 +308,10 @@ def compare_goodput(
                 r.get("probes", []),
             )
         )
-    return GoodputComparison(spec.name, spec.model, slos, section, seed, out, time.perf_counter() - t0)
+    tp = section.tensor_parallel
+    inter_node = (spec.hardware.cluster or ClusterSection()).inter_node
+    link = resolve_kv_link(section.link, inter_node, tp, tp).record()
+    return GoodputComparison(spec.name, spec.model, slos, section, seed, out, link, time.perf_counter() - t0)
 
 
 def goodput_table(res: GoodputComparison):
@@ -333,7 +340,7 @@ def _markdown(res: GoodputComparison, image: Optional[str]) -> str:
         "",
         f"{sec.gpus} GPUs per deployment; SLOs per request: {slos}; goodput = the highest Poisson rate at which "
         f"at least {sec.attainment:.0%} of the requests meet every SLO, per GPU (DistServe's definition). "
-        f"KV link {sec.link.bandwidth_gbps:g} GB/s, {sec.link.latency_us:g} µs"
+        f"KV link {describe_kv_link(res.kv_link)}"
         f"{', layer-wise streaming' if sec.layerwise_streaming else ''}; seed {res.seed}.",
         "",
         "| deployment | goodput (req/s) | per GPU (req/s) | first failing rate | status |",
@@ -388,6 +395,7 @@ def write_goodput(res: GoodputComparison, out: Path, *, plots: bool = True, forc
                 "model": res.model,
                 "slos": {s.name: s.limit_s for s in res.slos},
                 "section": res.section.model_dump(mode="json"),
+                "kv_link": res.kv_link,
                 "seed": res.seed,
                 "winner": res.winner(),
                 "deployments": [asdict(d) for d in res.deployments],

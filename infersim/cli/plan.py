@@ -23,6 +23,7 @@ from infersim.analysis.plan import (
     verdict,
     write_plan,
 )
+from infersim.simulator.disaggregation.link import describe_kv_link
 from infersim.simulator.errors import InfersimError
 from infersim.simulator.metrics.rundir import check_out_dir
 from infersim.simulator.policies import PREEMPTION_POLICIES, SCHEDULERS
@@ -259,5 +260,6 @@ def _goodput(args: argparse.Namespace, pf, out: Path) -> int:
             t.add_row(d.label, f"{d.goodput_rps:.3g} req/s", f"{d.goodput_per_gpu:.3g} req/s", d.status)
         c = Console()
         c.print(t)
+        c.print(f"KV link of the disaggregated deployments: {describe_kv_link(res.kv_link)}")
         c.print(f"higher goodput per GPU: {res.winner()}; report: {paths['md']} in {res.wall_s:.1f} s")
     return 0

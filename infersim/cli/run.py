@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from infersim.analysis.sweep_backends import BackendOptions
+from infersim.simulator.disaggregation.link import describe_kv_link
 from infersim.simulator.errors import InfersimError
 from infersim.simulator.hardware.catalog import load_hardware
 from infersim.simulator.metrics.plots import plot_run
@@ -457,6 +458,7 @@ def print_summary(s: dict, spec, out: Path, wall_s: float) -> None:
             f"{dis['kv_transfer_bytes'] / 1e9:.2f} GB; p50 transfer wait {1e3 * ph['transfer_wait_s']['p50']:.3g} ms, "
             f"transfer {1e3 * ph['transfer_s']['p50']:.3g} ms, decode queueing {1e3 * ph['decode_queueing_s']['p50']:.3g} ms"
         )
+        c.print(f"KV link: {describe_kv_link(dis['kv_link'])}")
     sx = s.get("speculation")
     if sx and sx.get("acceleration_rate") is not None:  # the same line for `sim run` and `sim exec`
         c.print(

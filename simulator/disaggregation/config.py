@@ -6,7 +6,7 @@ hardware:
   disaggregated:
     prefill: {replicas: 1, tensor_parallel: 2}          # profile: hardware.profile unless given
     decode: {replicas: 2, tensor_parallel: 1, router: least_outstanding}
-    link: {bandwidth_gbps: 25, latency_us: 10}           # one prefill replica to the decode pool
+    link: {bandwidth_gbps: 25, latency_us: 10}           # unset: the cluster's per-GPU adapters (link.py)
     layerwise_streaming: false
 ```
 
@@ -40,11 +40,18 @@ class PoolSection(_Strict):
 
 
 class KVLinkSection(_Strict):
-    """The link a prefill replica sends KV caches over, all its GPUs together. The defaults are
-    one 200 Gb/s InfiniBand HDR port (25 GB/s) and an RDMA write's few microseconds."""
+    """The link a prefill replica sends KV caches over. Unset fields come from the cluster
+    (`hardware.cluster.inter_node`): one adapter per GPU, min(prefill TP, decode TP) of them
+    at once (link.py)."""
 
-    bandwidth_gbps: PositiveFloat = Field(25.0, description="GB/s (1e9 bytes per second) from a prefill replica")
-    latency_us: NonNegativeFloat = Field(10.0, description="fixed cost of one transfer, microseconds")
+    bandwidth_gbps: Optional[PositiveFloat] = Field(
+        None,
+        description="GB/s from one prefill replica, all its GPUs together; None: hardware.cluster.inter_node's "
+        "bandwidth per GPU times min(prefill TP, decode TP)",
+    )
+    latency_us: Optional[NonNegativeFloat] = Field(
+        None, description="fixed cost of one transfer, microseconds; None: hardware.cluster.inter_node's latency"
+    )
 
 
 class DisaggregatedSection(_Strict):

@@ -11,6 +11,7 @@ from ..metrics.summary import _stats
 from ..validation import in_field
 from .config import POOLS
 from .decode import DecodeReplica
+from .link import bytes_kv_sent_per_token, resolve_kv_link
 from .phases import PHASES, PhaseTimes
 from .prefill import PrefillReplica
 from .transfers import KVTransfers
@@ -46,7 +47,11 @@ class Deployment:
         hw, d = spec.hardware, spec.hardware.disaggregated
         self.section = d
         self.phases = PhaseTimes(len(sim.requests))
-        self.transfers = KVTransfers(sim, d, sim.model.bytes_kv_per_token(sim.kv_dtype), self.phases)
+        tp = {name: sim.placements[name].tp for name in POOLS}
+        inter_node = sim.placements["prefill"].cluster.inter_node  # the pools share the cluster
+        self.link = resolve_kv_link(d.link, inter_node, tp["prefill"], tp["decode"])
+        sent = bytes_kv_sent_per_token(sim.model, tp["decode"], sim.kv_dtype)
+        self.transfers = KVTransfers(sim, d, self.link, sent, self.phases)
         self.pools: dict[str, dict] = {}
         self.replicas: dict[str, list] = {}
         index = 0
@@ -94,7 +99,8 @@ class Deployment:
                 "kv_bytes_per_block": m.kv_bytes_per_block,
                 "weight_bytes_per_gpu": m.weight_bytes_per_gpu,
             }
-        out["bytes_kv_per_token"] = self.transfers.bytes_kv_per_token
+        out["kv_link"] = self.link.record()
+        out["bytes_kv_sent_per_token"] = self.transfers.bytes_sent_per_token
         return out
 
     def report(self, table: dict, extra: dict) -> None:
@@ -125,6 +131,7 @@ class Deployment:
             "kv_transfers_streamed": c["streamed"],
             "kv_transfer_bytes": c["bytes"],
             "kv_link_busy_s": c["time_s"],
+            "kv_link": self.link.record(),
             "layerwise_streaming": self.section.layerwise_streaming,
         }
 

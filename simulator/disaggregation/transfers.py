@@ -2,9 +2,9 @@
 
 Each request whose prompt a prefill replica finishes is handed off: the decode pool's router
 picks a decode replica, where the request waits for blocks (decode.py). Its KV cache (prompt
-tokens x the model's KV bytes per token, every layer and head: the whole cache moves whatever
-the pools' tensor parallelism) goes over its prefill replica's link, one transfer at a time
-per link, timed by the prefill pool's cost model. The prefill side's blocks are freed when the
+tokens x the bytes one token puts on the link: every decode GPU's shard, link.py) goes over its
+prefill replica's link (the resolved `link`), one transfer at a time per link, timed by the
+prefill pool's cost model. The prefill side's blocks are freed when the
 transfer ends, and the request's first token counts as delivered then.
 
 Without streaming the hand-off happens when the prompt is done and the transfer
@@ -48,12 +48,12 @@ class _Group:
 
 
 class KVTransfers:
-    def __init__(self, sim, section, bytes_kv_per_token: float, phases: PhaseTimes):
+    def __init__(self, sim, section, link, bytes_sent_per_token: float, phases: PhaseTimes):
         self.sim, self.env = sim, sim.env
-        self.link = section.link
+        self.link = link  # ResolvedKVLink
         self.streaming = section.layerwise_streaming
         self.layers = sim.model.num_layers
-        self.bytes_kv_per_token = float(bytes_kv_per_token)
+        self.bytes_sent_per_token = float(bytes_sent_per_token)
         self.phases = phases
         self.decode: list = []
         self.router = None
@@ -68,7 +68,7 @@ class KVTransfers:
             return []
         group = _Group(waiting=len(seqs), ready=self.env.event())
         for seq in seqs:
-            h = Handoff(seq, source, seq.num_tokens * self.bytes_kv_per_token, start_s, end_s)
+            h = Handoff(seq, source, seq.num_tokens * self.bytes_sent_per_token, start_s, end_s)
             group.handoffs.append(h)
             self._groups[id(h)] = group
             self._offer(h)
@@ -82,7 +82,7 @@ class KVTransfers:
         for seq in seqs:
             h = by_seq.get(id(seq))
             if h is None:
-                h = Handoff(seq, source, seq.computed * self.bytes_kv_per_token, start_s, now)
+                h = Handoff(seq, source, seq.computed * self.bytes_sent_per_token, start_s, now)
                 self._offer(h)
             h.held_blocks, seq.num_gpu_blocks = seq.num_gpu_blocks, 0  # the source's blocks are the handoff's
             h.prefilled = True

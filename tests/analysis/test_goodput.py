@@ -131,6 +131,9 @@ def test_tp_defaults_to_the_workloads_and_follows_the_flag(tmp_path, capsys):
     res = json.loads((out / "goodput.json").read_text())
     assert [d["label"] for d in res["deployments"]] == ["colocated 2x tp4", "disaggregated 1P:1D tp4"]
     assert all(d["status"] == "ok" and d["goodput_rps"] > 0 for d in res["deployments"])
+    # no link given: each TP 4 pool's four per-GPU adapters at the cluster's 50 GB/s
+    assert (res["kv_link"]["bandwidth_gbps"], res["kv_link"]["adapters"]) == (200.0, 4)
+    assert "KV link 200 GB/s = 4 x 50 GB/s per-GPU adapters, 5 µs" in (out / "goodput.md").read_text()
     # one H100 cannot hold Llama-3-70B's 141 GB: refused before any search, nothing written
     assert main([*base, "--disaggregation", "4", "--tp", "1", "-o", str(tmp_path / "b")]) == 2
     err = one_line_error(capsys)
