@@ -19,6 +19,7 @@ from infersim.executor.kv_memory import (
 )
 from infersim.simulator.errors import InfersimError
 from infersim.simulator.workload.schema import ServingSection
+from tests.utils import poisson, requests_section
 
 H200_BYTES, H100_BYTES = 150_109_880_320, 85_045_002_240
 HOST_128_GIB = 128 * 2**30
@@ -42,12 +43,7 @@ OFFLOAD_SMALL = {
     "model": "zoo-target",
     "seed": 5,
     "serving": {"max_batch_size": 2, "dtype": "fp32"},
-    "requests": {
-        "count": 2,
-        "arrival": {"type": "poisson", "rate": 400.0},
-        "prompt_tokens": {"type": "fixed", "value": 40},
-        "output_tokens": {"type": "fixed", "value": 4},
-    },
+    "requests": requests_section(2, 40, 4, poisson(400.0)),
     "offload": {"policy": "full", "overlap": "none"},
 }
 
