@@ -33,6 +33,7 @@ EXPECTED = {
     "rtx-4090",
     "b200",
     "mi300x",
+    "h20",
 }
 
 # (fp16 TFLOP/s, memory GB/s, memory GB) from the NVIDIA datasheets each profile cites
@@ -56,6 +57,7 @@ FACTS = {
     "rtx-4090": (165.2, 1008, 24),  # FP16 with FP32 accumulate (Ada whitepaper, Appendix A)
     "b200": (2250, 7700, 180),
     "mi300x": (1307.4, 5300, 192),
+    "h20": (148, 4000, 96),  # no NVIDIA datasheet: NVIDIA's figures as listings report them
 }
 
 
@@ -247,6 +249,7 @@ def test_l4_and_mi300x_decode_in_the_ratio_of_their_bandwidths():
         ("t4", "derived", "a40"),
         ("rtx-4090", "derived", "a40"),
         ("b200", "derived", "h100-sxm"),
+        ("h20", "derived", "h100-sxm"),
         ("mi300x", "datasheet", None),
     ],
 )
@@ -266,3 +269,11 @@ def test_sim_hardware_lists_the_inference_cards_with_their_kind(capsys):
     out = " ".join(capsys.readouterr().out.split())
     for name, kind in [("l4", "derived from a40"), ("b200", "derived from h100-sxm"), ("mi300x", "datasheet")]:
         assert re.search(rf"\b{re.escape(name)}\b.*?{re.escape(kind)}", out), (name, out)
+
+
+def test_sim_hardware_names_a_missing_sm_count(capsys):
+    """The L4's datasheet gives no SM count: the measured GEMM shapes of its parent are not used, and
+    `sim hardware l4` says why without printing a null."""
+    assert main(["hardware", "l4"]) == 0
+    out = capsys.readouterr().out
+    assert "not inherited (no SM count in the profile, not a40's" in out and "None" not in out
