@@ -179,8 +179,9 @@ def run_hardware(args: argparse.Namespace) -> int:
                     f"{shapes.mape_pct:.1f}% on the fitted rows)"
                 )
             elif c.gemm is not None and c.inherits:
+                sms = f"{h.sm_count} SMs" if h.sm_count else "no SM count in the profile"
                 print(
-                    f"measured GEMM shapes: not inherited ({h.sm_count} SMs, not {c.inherits}'s: "
+                    f"measured GEMM shapes: not inherited ({sms}, not {c.inherits}'s: "
                     "the staircase of kernel choices moves with the SM count); the fitted GEMM model alone"
                 )
             cached = {k: e.cache_mb for k, e in c.elementwise.items() if e.cache_mb}

@@ -16,8 +16,19 @@ from infersim.simulator.parallel.memory import stage_weight_bytes
 from infersim.simulator.parallel.placement import Placement, stage_layers
 from tests.utils import memory_options
 
-FP8_CARDS = {"h100-sxm": 1979, "h100-pcie": 1513, "h200": 1979, "l40": 362.05}
-NO_FP8_CARDS = ["a100-80gb-pcie", "a100-80gb-sxm", "a100-40gb", "a40", "v100", "rtx-a6000"]
+FP8_CARDS = {
+    "h100-sxm": 1979,
+    "h100-pcie": 1513,
+    "h200": 1979,
+    "l40": 362.05,
+    "l4": 242.5,
+    "l40s": 733,
+    "rtx-4090": 330.3,
+    "b200": 4500,
+    "mi300x": 2614.9,
+    "h20": 296,
+}
+NO_FP8_CARDS = ["a100-80gb-pcie", "a100-80gb-sxm", "a100-40gb", "a40", "v100", "rtx-a6000", "a10", "t4"]
 
 
 def test_fp8_is_one_byte():
@@ -29,7 +40,8 @@ def test_fp8_is_one_byte():
 def test_fp8_cards_carry_their_datasheet_peak(card, tflops):
     hw = load_hardware(card)
     assert hw.peak_flops("fp8") == tflops * 1e12
-    assert hw.peak_tflops["fp8"] == pytest.approx(2 * hw.peak_tflops["fp16"], rel=0.001)
+    # twice the fp16 rate, as the datasheets print them: the L40S's are 362.05 and 733 dense
+    assert hw.peak_tflops["fp8"] == pytest.approx(2 * hw.peak_tflops["fp16"], rel=0.015)
 
 
 def test_fp8_kv_pool_holds_twice_the_fp16_blocks():

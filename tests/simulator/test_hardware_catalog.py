@@ -2,12 +2,16 @@
 are per direction and can be overridden, and bad input gives one-line errors."""
 
 import json
+import re
 
 import pytest
 import yaml
 
+from infersim.cli.main import main
+from infersim.simulator.costmodel import BatchShape, RooflineCostModel
 from infersim.simulator.errors import InfersimError, UnknownNameError
 from infersim.simulator.hardware.catalog import list_hardware, list_host_links, load_hardware, load_host_link
+from infersim.simulator.models.catalog import load_model
 from infersim.simulator.paths import hwprofiles_dir
 
 EXPECTED = {
@@ -22,6 +26,14 @@ EXPECTED = {
     "h200",
     "l40",
     "v100",
+    "l4",
+    "l40s",
+    "a10",
+    "t4",
+    "rtx-4090",
+    "b200",
+    "mi300x",
+    "h20",
 }
 
 # (fp16 TFLOP/s, memory GB/s, memory GB) from the NVIDIA datasheets each profile cites
@@ -37,6 +49,15 @@ FACTS = {
     "h200": (989.5, 4800, 141),
     "l40": (181, 864, 48),
     "v100": (112, 900, 32),
+    # the inference cards: dense halves of the sparsity figures where the datasheet prints those
+    "l4": (121, 300, 24),
+    "l40s": (362.05, 864, 48),
+    "a10": (125, 600, 24),
+    "t4": (65, 320, 16),
+    "rtx-4090": (165.2, 1008, 24),  # FP16 with FP32 accumulate (Ada whitepaper, Appendix A)
+    "b200": (2250, 7700, 180),
+    "mi300x": (1307.4, 5300, 192),
+    "h20": (148, 4000, 96),  # no NVIDIA datasheet: NVIDIA's figures as listings report them
 }
 
 
@@ -188,3 +209,71 @@ def test_attention_efficiencies_load_with_their_citations(name, compute, confide
     eff = load_hardware(name).efficiency_for("attention")
     assert (eff.compute, eff.memory, eff.confidence) == (compute, 0.8, confidence)
     assert paper in eff.source and "arxiv.org/abs/2309.06180" in eff.source  # vLLM's paged-kernel overhead
+
+
+# ---- the inference cards ---------------------------------------------------------------------
+# Llama-3-8B: 8,030,261,248 parameters (embedding and lm_head 128,256 x 4,096 each, 32 layers of
+# q/o 4,096^2, k/v 4,096 x 1,024, gate/up/down 4,096 x 14,336, two norms, the final norm). A decode
+# step reads every weight once except the embedding table, of which it gathers one row.
+LLAMA3_8B_PARAMS = 2 * 128256 * 4096 + 32 * (2 * 4096**2 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096) + 4096
+LLAMA3_8B_DECODE_WEIGHT_BYTES = 2 * (LLAMA3_8B_PARAMS - 128256 * 4096 + 4096)
+
+
+@pytest.mark.parametrize("card, bandwidth_gbps", [("l4:datasheet", 300), ("mi300x", 5300)])
+def test_batch_one_decode_is_the_weight_read_at_the_card_bandwidth(card, bandwidth_gbps):
+    """Llama-3-8B decodes one token at batch 1 in (weights read) / bandwidth: 15.01 GB / 300 GB/s
+    = 50.0 ms on an L4, / 5.3 TB/s = 2.83 ms on an MI300X (the KV cache of 17 tokens and the
+    activations add under 0.1%)."""
+    assert LLAMA3_8B_PARAMS == 8_030_261_248
+    hw = load_hardware(card)
+    cost = RooflineCostModel(load_model("llama-3-8b"), hw)
+    step_s = cost.iteration_time_s(BatchShape.decode([16]))
+    assert step_s == pytest.approx(LLAMA3_8B_DECODE_WEIGHT_BYTES / (bandwidth_gbps * 1e9), rel=2e-3)
+    # every operator that moves bytes is memory-bound (the fused softmax moves none: picoseconds of FLOPs)
+    assert all(row.bound == "memory" for row in cost.breakdown(BatchShape.decode([16])) if row.bytes)
+
+
+def test_l4_and_mi300x_decode_in_the_ratio_of_their_bandwidths():
+    model, batch = load_model("llama-3-8b"), BatchShape.decode([16])
+    l4 = RooflineCostModel(model, load_hardware("l4:datasheet")).iteration_time_s(batch)
+    mi300x = RooflineCostModel(model, load_hardware("mi300x")).iteration_time_s(batch)
+    assert l4 / mi300x == pytest.approx(5300 / 300, rel=1e-6)  # all but the fused softmax's picoseconds
+
+
+@pytest.mark.parametrize(
+    "name, kind, inherits",
+    [
+        ("l4", "derived", "a40"),
+        ("l40s", "derived", "a40"),
+        ("a10", "derived", "a40"),
+        ("t4", "derived", "a40"),
+        ("rtx-4090", "derived", "a40"),
+        ("b200", "derived", "h100-sxm"),
+        ("h20", "derived", "h100-sxm"),
+        ("mi300x", "datasheet", None),
+    ],
+)
+def test_inference_cards_inherit_a_measured_card_or_stay_datasheet(name, kind, inherits):
+    hw = load_hardware(name)
+    assert hw.mode == kind
+    if inherits:
+        assert hw.calibration.inherits == inherits and hw.calibration.gemm is not None and hw.calibration.why
+    else:
+        assert hw.calibration is None
+    # every figure cites a public URL
+    assert all("https://" in hw.sources[k] for k in ("peak_tflops", "memory_bandwidth_gbps", "memory_gb"))
+
+
+def test_sim_hardware_lists_the_inference_cards_with_their_kind(capsys):
+    assert main(["hardware"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    for name, kind in [("l4", "derived from a40"), ("b200", "derived from h100-sxm"), ("mi300x", "datasheet")]:
+        assert re.search(rf"\b{re.escape(name)}\b.*?{re.escape(kind)}", out), (name, out)
+
+
+def test_sim_hardware_names_a_missing_sm_count(capsys):
+    """The L4's datasheet gives no SM count: the measured GEMM shapes of its parent are not used, and
+    `sim hardware l4` says why without printing a null."""
+    assert main(["hardware", "l4"]) == 0
+    out = capsys.readouterr().out
+    assert "not inherited (no SM count in the profile, not a40's" in out and "None" not in out
