@@ -129,8 +129,9 @@ def staged(name, tp, pp, gpus_per_node, dtype):
 
 def test_deepseek_stages_hold_their_own_dense_and_sparse_layers():
     """61 layers on 2 stages: 31 + 30 (vLLM's split); the first 3 are dense, so stage 0 holds 28
-    sparse layers and stage 1 all 30 of its own. A sparse layer's 256 experts make it 2.2x a
-    dense layer's weights (fp8, TP 8), and the stages' weights add up to the replica's."""
+    sparse layers and stage 1 all 30 of its own. A sparse layer's 256 experts make it 17x a
+    dense layer's weights (1.45 GB against 86 MB per GPU in fp8 at TP 8), and the stages'
+    weights add up to the replica's."""
     model, _, p, _ = staged("deepseek-v3", 8, 2, 8, "fp8")
     c = DEEPSEEK_V3
     assert p.layers == (31, 30) and p.layer_ranges == ((0, 31), (31, 61)) and p.sparse_layers(model) == (28, 30)
@@ -144,6 +145,7 @@ def test_deepseek_stages_hold_their_own_dense_and_sparse_layers():
     assert w[0] == pytest.approx(3 * dense + 28 * sparse + embedding, rel=1e-12)
     # per GPU: 41.1 GB on stage 0, 43.8 GB on stage 1 (the LM head and two more sparse layers)
     assert (round(w[0] / 1e9, 1), round(w[1] / 1e9, 1)) == (41.1, 43.8)
+    assert (round(sparse / 1e9, 2), round(dense / 1e6)) == (1.45, 86)
 
 
 def test_a_staged_moe_replica_adds_up_to_the_roofline_of_the_whole_model():
