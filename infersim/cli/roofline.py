@@ -94,7 +94,7 @@ def add_parser(sub) -> None:
         "--ep",
         type=int,
         default=1,
-        help="expert-parallel degree of a mixture of experts: 1 or --tp; > 1 adds all-to-all rows (default 1)",
+        help="expert-parallel degree of a mixture of experts: 1 or --tp; > 1 spreads whole experts over the GPUs (default 1)",
     )
     p.add_argument(
         "--phase",

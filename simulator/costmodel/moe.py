@@ -1,5 +1,5 @@
 """Pricing of mixture-of-experts layers: the router, the shared experts and the routed experts
-of one sparse layer, and the all-to-all that carries tokens to experts on other GPUs.
+of one sparse layer.
 
 FLOPs follow the tokens: each token runs its top-k experts, so a batch of T tokens does the
 work of T k expert passes whatever the expert count. Weight bytes follow the experts: a batch
@@ -14,11 +14,16 @@ fitted GEMM model, one launch for the group; on a datasheet profile the group is
 operator. With expert parallelism (`hardware.expert_parallel` = EP, over the tensor-parallel
 group as vLLM's --enable-expert-parallel places them) each GPU holds E/EP whole experts and the
 slowest GPU sets the time (with a measured popularity vector, the GPU holding the most popular
-experts); tokens reach their experts by an all-to-all dispatch and return by an all-to-all
-combine, which replaces the layer's MLP all-reduce. The all-to-all is priced on the datasheet
-interconnect (latency plus the bytes each GPU sends at the per-direction bandwidth): the measured
-NCCL tables the profiles carry (simulator/hardware/collectives.py) time all-reduce and send/recv
-only."""
+experts).
+
+Expert parallelism moves no tokens. Attention stays tensor-parallel, so after its all-reduce
+every GPU of the group holds the hidden states of all T tokens of the batch; vLLM's FusedMoE
+runs its dispatch/combine kernels only with data-parallel attention (`use_all2all_kernels` is
+`dp_size > 1 and use_ep` in vllm/model_executor/layers/fused_moe/config.py). Each GPU routes all
+T tokens itself (the router is replicated), runs its own experts on the T k / EP token copies
+routed to them, and the GPUs' partial outputs are summed by the all-reduce of T x hidden a
+tensor-parallel MLP ends with (`tensor_model_parallel_all_reduce` in fused_moe/layer.py), which
+the cost model prices with every layer's pair of all-reduces."""
 
 from __future__ import annotations
 
@@ -94,8 +99,8 @@ def moe_affine_operators(
 
 
 class RoutedExperts:
-    """Time of one sparse layer's routed experts on its slowest GPU, and of its dispatch and
-    combine, for arrays of batch token counts."""
+    """Time of one sparse layer's routed experts on its slowest GPU, for arrays of batch token
+    counts (the GPU sees all of them: attention is tensor-parallel)."""
 
     def __init__(
         self,
@@ -108,7 +113,7 @@ class RoutedExperts:
         ep: int,
     ):
         moe, h = spec.moe, spec.hidden_size
-        self.ep, self.k = ep, moe.experts_per_token
+        self.ep = ep
         width = moe.expert_intermediate_size / (
             tp // ep
         )  # each expert tensor-split over the ranks not spreading experts
@@ -136,12 +141,6 @@ class RoutedExperts:
         self._gemm = gemm_params(cal.gemm) if cal is not None and cal.gemm is not None else None
         self._device = gemm_device(hardware, compute_dtype)
         self._act_fit = cal.elementwise.get(self._act.kernel) if cal is not None else None
-        self._a2a_bytes_per_token = self.k * h * ab * (ep - 1) / ep / ep  # sent by each GPU, tokens spread evenly
-        ic = hardware.interconnect
-        if ep > 1 and ic is None:
-            raise InfersimError(f"expert_parallel={ep} needs an interconnect in hardware profile '{hardware.name}'")
-        self._a2a_rate = ic.bandwidth_gbps * 1e9 * hardware.efficiency_for("communication").memory if ic else None
-        self._a2a_latency_s = ic.latency_us * 1e-6 if ic else 0.0
         self._cache: dict[float, float] = {}
 
     def _gpu_time_s(self, routed: np.ndarray, touched: np.ndarray) -> np.ndarray:
@@ -197,15 +196,6 @@ class RoutedExperts:
         flops = sum(f * routed for f, _, _, _ in self._gemms)
         nbytes = sum(w * touched + a * routed for _, w, a, _ in self._gemms) + self._act.bytes[1] * routed
         return flops, nbytes
-
-    def all_to_all_time_s(self, tokens) -> np.ndarray:
-        """Dispatch plus combine: each GPU sends the hidden states of its routed token copies
-        whose expert sits elsewhere, and receives as many back."""
-        tokens = np.asarray(tokens, dtype=np.float64)
-        if self.ep == 1:
-            return np.zeros_like(tokens)
-        one_way = self._a2a_latency_s + self._a2a_bytes_per_token * tokens / self._a2a_rate
-        return 2.0 * one_way
 
     def distinct_experts(self, tokens) -> np.ndarray:
         """Experts of the whole layer a batch touches (all GPUs together)."""

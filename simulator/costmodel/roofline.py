@@ -81,11 +81,10 @@ class RooflineCostModel(CostModel):
         self.ep = check_expert_parallel(model, self.tp, int(expert_parallel))
         self.fused_attention = fused_attention
         self.fused_projections = fused_projections
-        self.layer_ops, self._layer_counts = self._layer_operators()
+        self.layer_ops, self.layer_kinds = self._layer_operators()
+        counts = {"every": model.num_layers, "dense": model.dense_layers, "sparse": model.moe_layers}
+        self._layer_counts = [counts[kind] for kind in self.layer_kinds]
         self._moe_layers = model.moe_layers
-        # layers' worth of the two all-reduces per layer: with expert parallelism a sparse layer's
-        # combine all-to-all replaces its MLP all-reduce
-        self._allreduce_layers = model.num_layers - (0.5 * self._moe_layers if self.ep > 1 else 0.0)
         self.model_ops = model_operators(model, self.weight_dtype, self.act_dtype, self.tp)
         self.experts = (
             RoutedExperts(model, hardware, self.weight_dtype, self.act_dtype, self.gemm_dtype, self.tp, self.ep)
@@ -94,21 +93,22 @@ class RooflineCostModel(CostModel):
         )
         self._precompute()
 
-    def _layer_operators(self):
-        """Per-layer operators and how many layers run each: attention in every layer, the dense
-        MLP in the dense layers, the sparse MLP's affine part in the sparse ones (the routed
-        experts, not affine in the batch, are priced by `RoutedExperts`)."""
+    def _layer_operators(self) -> tuple[list, list[str]]:
+        """Per-layer operators and the kind of layer that runs each: attention in `every` layer,
+        the dense MLP in the `dense` layers, the sparse MLP's affine part in the `sparse` ones (the
+        routed experts, not affine in the batch, are priced by `RoutedExperts`). A pipeline stage
+        counts each kind among its own layers (simulator/parallel/cost.py)."""
         m, wd, ad, tp, fp = self.model, self.weight_dtype, self.act_dtype, self.tp, self.fused_projections
         attention = attention_operators(m, wd, self.kv_dtype, ad, tp, self.fused_attention, fp)
-        groups = [(attention, m.num_layers)]
+        groups = [(attention, "every")]
         if m.dense_layers:
             groups.append(
-                (mlp_operators(m.hidden_size, m.intermediate_size, m.mlp == "gated", wd, ad, tp, fp), m.dense_layers)
+                (mlp_operators(m.hidden_size, m.intermediate_size, m.mlp == "gated", wd, ad, tp, fp), "dense")
             )
         if m.moe_layers:
-            groups.append((moe_affine_operators(m, wd, ad, tp, fp), m.moe_layers))
+            groups.append((moe_affine_operators(m, wd, ad, tp, fp), "sparse"))
         ops = [op for group, _ in groups for op in group]
-        return ops, [n for group, n in groups for _ in group]
+        return ops, [kind for group, kind in groups for _ in group]
 
     # ---- precomputed rates ----------------------------------------------------------
     def _precompute(self) -> None:
@@ -238,10 +238,9 @@ class RooflineCostModel(CostModel):
         for row in time:  # a fixed, sequential order of additions: identical for any n
             total = total + row
         tokens = np.asarray(t.tokens, dtype=np.float64)
-        total = total + self._allreduce_layers * self.allreduce_time_s(tokens)
+        total = total + self.model.num_layers * self.allreduce_time_s(tokens)
         if self.experts is not None:
-            moe = self.experts.expert_time_s(tokens) + self.experts.all_to_all_time_s(tokens)
-            total = total + self._moe_layers * moe
+            total = total + self._moe_layers * self.experts.expert_time_s(tokens)
         return total
 
     # ---- interface --------------------------------------------------------------------
@@ -295,7 +294,7 @@ class RooflineCostModel(CostModel):
                 )
             )
         if self.tp > 1:
-            ar = float(self.allreduce_time_s(t.tokens)) * self._allreduce_layers / self.model.num_layers
+            ar = float(self.allreduce_time_s(t.tokens))
             rows.append(
                 OperatorCost(
                     "allreduce",
@@ -318,13 +317,8 @@ class RooflineCostModel(CostModel):
         experts = float(self.experts.expert_time_s(tokens)[0])
         flops, nbytes = self.experts.work(float(tokens[0]))
         compute, memory = flops / self._flop_rate_gemm, nbytes / self._bw
-        row = OperatorCost(
-            "routed_experts", "linear", "layer", self.model.moe_layers, flops, nbytes, compute, memory, experts
-        )
-        rows = [row]
-        if self.ep > 1:
-            a2a = float(self.experts.all_to_all_time_s(tokens)[0])
-            rows.append(
-                OperatorCost("all_to_all", "communication", "layer", self.model.moe_layers, 0.0, 0.0, 0.0, a2a, a2a)
+        return [
+            OperatorCost(
+                "routed_experts", "linear", "layer", self.model.moe_layers, flops, nbytes, compute, memory, experts
             )
-        return rows
+        ]

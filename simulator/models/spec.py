@@ -144,6 +144,10 @@ class ModelSpec(BaseModel):
     def dense_layers(self) -> int:
         return self.num_layers - self.moe_layers
 
+    def sparse_layers_in(self, start: int, stop: int) -> int:
+        """Sparse (mixture-of-experts) layers among layers start .. stop - 1."""
+        return 0 if self.moe is None else sum(self.moe.is_moe_layer(i) for i in range(start, stop))
+
     # ---- parameter counts ------------------------------------------------------------
     def params_attention_per_layer(self) -> int:
         h = self.hidden_size
@@ -228,6 +232,20 @@ class ModelSpec(BaseModel):
             extra = self.num_layers * extra_columns * (self.hidden_size + (1 if self.attention_bias else 0))
         dtype = dtype or self.default_dtype
         return (self.weight_bytes(dtype) + extra * bytes_per_element(dtype)) / tp
+
+    def layer_weight_bytes_per_gpu(self, tensor_parallel: int, dtype: str | None = None) -> tuple[float, float]:
+        """One dense and one sparse decoder layer's weights on one rank; over the model's layers
+        they add up to `weight_bytes_per_gpu` less the edges. A sparse layer holds all its
+        experts, router and shared experts (1/tp of them, as E/EP whole experts under expert
+        parallelism); every layer its attention, norms and replicated projections."""
+        tp, dtype = int(tensor_parallel), dtype or self.default_dtype
+        layers = self.weight_bytes_per_gpu(tp, dtype) - self.edge_weight_bytes_per_gpu(tp, dtype)
+        extra = 0.0
+        if self.moe is not None:
+            sparse_mlp = self.moe.params_layer(self.hidden_size, self.mlp == "gated")
+            extra = (sparse_mlp - self.params_mlp_per_layer()) * bytes_per_element(dtype) / tp
+        dense = (layers - self.moe_layers * extra) / self.num_layers
+        return dense, dense + extra
 
     def edge_weight_bytes_per_gpu(self, tensor_parallel: int, dtype: str | None = None) -> float:
         """The embedding, final norm and LM head's share of `weight_bytes_per_gpu`."""

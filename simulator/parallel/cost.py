@@ -1,13 +1,14 @@
 """Stage times of a placed replica, from the roofline's per-operator times.
 
-Stage s runs its layers (each: the layer's operators and its two tensor-parallel
-all-reduces); stage 0 also embeds the tokens (adding learned positions, where the model has
-them) and carries the per-iteration overhead (scheduling happens before the first stage
-starts), the last stage also runs the final norm
-and the LM head. Between stages the activations move: the hidden state and, for RMSNorm
-models, the residual (vLLM's fused add-and-norm keeps them apart and sends both as
-`IntermediateTensors`), tokens x hidden each. One batch alone takes the sum of its stage times
-and hand-offs; a pipeline keeps several batches in flight (parallel/replica.py)."""
+Stage s runs its own layers, each with attention, its MLP (dense or sparse, as the model lays
+out its layers: DeepSeek's leading dense layers sit on stage 0) and its two tensor-parallel
+all-reduces; a sparse layer adds its routed experts. Stage 0 also embeds the tokens (adding
+learned positions, where the model has them) and carries the per-iteration overhead
+(scheduling happens before the first stage starts); the last stage also runs the final norm and
+the LM head. Between stages the activations move: the hidden state and, for RMSNorm models, the
+residual (vLLM's fused add-and-norm keeps them apart and sends both as `IntermediateTensors`),
+tokens x hidden each. One batch alone takes the sum of its stage times and hand-offs; a
+pipeline keeps several batches in flight (parallel/replica.py)."""
 
 from __future__ import annotations
 
@@ -29,27 +30,38 @@ class PipelineCostModel(CostModel):
         self.links = Links(base, placement, source)
         n_layer = len(base.layer_ops)
         self._n_layer = n_layer
+        self._kinds = base.layer_kinds
+        self._sparse = placement.sparse_layers(base.model)  # per stage; the rest of its layers dense
         self._model_row = {op.name: n_layer + j for j, op in enumerate(base.model_ops)}
         tensors = 2 if base.model.norm == "rmsnorm" else 1
         self.handoff_bytes_per_token = tensors * base.model.hidden_size * bytes_per_element(base.act_dtype)
         self.iteration_overhead_s = base.iteration_overhead_s
 
     # ---- stage times from totals (arrays) ------------------------------------------------
+    def _layer_times(self, time: np.ndarray, tokens: np.ndarray) -> dict[str, np.ndarray]:
+        """One layer's time by kind: what `every` layer runs (attention, its two all-reduces), a
+        `dense` layer's MLP and a `sparse` layer's MLP (router, shared and routed experts)."""
+        parts = {kind: np.zeros(time.shape[1]) for kind in ("every", "dense", "sparse")}
+        for row, kind in zip(time[: self._n_layer], self._kinds):  # a fixed order: identical for any n
+            parts[kind] = parts[kind] + row
+        parts["every"] = parts["every"] + self.links.allreduce_pair_time_s(tokens)
+        if self.base.experts is not None:
+            parts["sparse"] = parts["sparse"] + self.base.experts.expert_time_s(tokens)
+        return parts
+
     def stage_times_from_totals(self, t: BatchTotals) -> np.ndarray:
-        """Compute time of each stage, shape (stages, n)."""
+        """Compute time of each stage, shape (stages, n): each stage runs its own layers, dense
+        and sparse as the model lays them out."""
         time = self.base.op_times(t.tokens, t.score_pairs, t.keys, t.logits)[4]
-        layer = np.zeros(time.shape[1])
-        for row in time[: self._n_layer]:  # a fixed order of additions: identical for any n
-            layer = layer + row
-        layer = layer + self.links.allreduce_pair_time_s(np.asarray(t.tokens, dtype=np.float64).reshape(-1))
+        layer = self._layer_times(time, np.asarray(t.tokens, dtype=np.float64).reshape(-1))
         first = self.iteration_overhead_s
         for name in PRE_LAYER_OPS:
             if name in self._model_row:
                 first = first + time[self._model_row[name]]
         last = time[self._model_row["final_norm"]] + time[self._model_row["lm_head"]]
         stages = []
-        for s, n in enumerate(self.placement.layers):
-            st = n * layer
+        for s, (n, m) in enumerate(zip(self.placement.layers, self._sparse)):
+            st = n * layer["every"] + (n - m) * layer["dense"] + m * layer["sparse"]
             if s == 0:
                 st = st + first
             if s == self.placement.pp - 1:

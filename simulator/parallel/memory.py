@@ -1,5 +1,6 @@
 """KV pools of a pipelined replica: each stage's GPUs hold their layers' weights (1/tp of
-them) and the KV of their layers only, so a block costs each stage its layers' share.
+them; a mixture of experts' sparse layers with all their experts) and the KV of their layers
+only, so a block costs each stage its layers' share.
 
 The replica holds as many blocks as its fullest stage allows (every block spans all layers),
 and vLLM divides them evenly over its virtual engines (vllm/core/scheduler.py:
@@ -13,14 +14,15 @@ from .placement import Placement
 
 
 def stage_weight_bytes(model, placement: Placement, dtype: str) -> list[float]:
-    """Weight bytes on one GPU of each stage."""
+    """Weight bytes on one GPU of each stage: its dense and sparse layers (a sparse layer with all
+    its experts) and the edges it holds."""
     tp = placement.tp
     eb = model.edge_bytes_per_element(dtype)
-    per_layer = (model.weight_bytes_per_gpu(tp, dtype) - model.edge_weight_bytes_per_gpu(tp, dtype)) / model.num_layers
+    dense, sparse = model.layer_weight_bytes_per_gpu(tp, dtype)
     head = (model.params_norm() + model.vocab_size * model.hidden_size) * eb / tp  # a tied head is a copy
     out = []
-    for s, n in enumerate(placement.layers):
-        w = n * per_layer
+    for s, (n, m) in enumerate(zip(placement.layers, placement.sparse_layers(model))):
+        w = (n - m) * dense + m * sparse
         if s == 0:
             w += model.params_embedding() * eb / tp
         if s == placement.pp - 1:

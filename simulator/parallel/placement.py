@@ -48,6 +48,16 @@ class Placement:
         return -(-self.gpus // self.gpus_per_node)
 
     @property
+    def layer_ranges(self) -> tuple[tuple[int, int], ...]:
+        """(first layer, one past the last) of each stage, stage 0 holding the first layers."""
+        stops = [sum(self.layers[: s + 1]) for s in range(self.pp)]
+        return tuple(zip([0, *stops[:-1]], stops))
+
+    def sparse_layers(self, model) -> tuple[int, ...]:
+        """Mixture-of-experts layers on each stage (DeepSeek's leading dense layers sit on stage 0)."""
+        return tuple(model.sparse_layers_in(a, b) for a, b in self.layer_ranges)
+
+    @property
     def tp_crosses_nodes(self) -> bool:
         return self.tp > self.gpus_per_node
 
@@ -145,8 +155,8 @@ def _check_colocated(model, spec, source: str) -> Placement:
 
 def _check_staged(model, spec, placement: Placement, field: str, source: str) -> Placement:
     """What a staged replica (stages, or a tensor-parallel group across nodes) does not combine
-    with: speculation and offload run their own iteration loops, and only the roofline prices
-    stages. A group across nodes must split evenly over them."""
+    with: speculation and offload run their own iteration loops, a prefix cache is not kept by
+    its virtual engines, and only the roofline prices stages. A group across nodes must split evenly over them."""
     if not placement.staged:
         return placement
     where = source_field(source, field)
@@ -154,10 +164,6 @@ def _check_staged(model, spec, placement: Placement, field: str, source: str) ->
     for section in ("speculation", "offload"):
         if getattr(spec, section) is not None:
             raise InfersimError(f"{where}: {_what(placement)} does not combine with a '{section}' section")
-    if model.moe is not None:
-        # a stage is priced as its layer count times one layer, which a model with dense and
-        # sparse layers and routed experts is not
-        raise InfersimError(f"{where}: {_what(placement)} is not modelled for a mixture-of-experts model")
     if spec.serving.prefix_caching:
         raise InfersimError(f"{where}: {_what(placement)} does not combine with serving.prefix_caching")
     if spec.serving.cost_model != "roofline":

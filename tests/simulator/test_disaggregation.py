@@ -217,16 +217,12 @@ def test_a_pool_whose_tensor_parallel_group_spans_nodes_all_reduces_over_the_net
             {"cluster": {"gpus_per_node": 12}, "disaggregated": {"decode": {"tensor_parallel": 16}}},
             "hardware.disaggregated.decode.tensor_parallel': tensor parallel 16 neither divides",
         ),
-        (
-            {"disaggregated": {"decode": {"tensor_parallel": 16}}},
-            "a tensor-parallel group of 16 across nodes is not modelled for a mixture-of-experts model",
-        ),
     ],
 )
 def test_pools_expert_parallelism_and_nodes_checked_per_pool(hardware, message):
     """Expert parallelism spreads experts over each pool's tensor-parallel group (Mixtral, EP 2:
     both pools at TP 2 run; a pool at TP 1 is named); a pool's group spanning nodes splits evenly
-    over them and takes what a colocated group across nodes takes."""
+    over them and takes what a colocated group across nodes takes (a mixture of experts too)."""
 
     def spec(hardware):
         return WorkloadSpec.model_validate(
@@ -239,6 +235,7 @@ def test_pools_expert_parallelism_and_nodes_checked_per_pool(hardware, message):
 
     with pytest.raises(InfersimError, match=re.escape(message)):
         check_workload(spec(hardware), "wl.yaml")
+    check_workload(spec({"disaggregated": {"decode": {"tensor_parallel": 16}}}), "wl.yaml")
     pools = {"prefill": {"tensor_parallel": 2}, "decode": {"tensor_parallel": 2}}
     both = spec({"expert_parallel": 2, "disaggregated": pools})
     check_workload(both, "wl.yaml")

@@ -254,19 +254,27 @@ def test_popularity_is_validated():
         )
 
 
-def test_expert_parallel_all_to_all_by_hand():
-    cm = _datasheet_cost(tensor_parallel=2, expert_parallel=2)
+def test_expert_parallel_moves_no_tokens_and_keeps_the_all_reduce():
+    """EP over the tensor-parallel group, as vLLM runs it without data-parallel attention: after
+    attention's all-reduce both GPUs hold all 1,000 tokens, so nothing is dispatched; each runs
+    its 4 whole experts on the 1,000 x 2 / 2 = 1,000 token copies routed to them (the same FLOPs
+    as 2,000 copies through half of every expert without EP), and the partial outputs are
+    summed by the MLP's all-reduce of 1,000 x 4,096 values, as without EP. The iteration differs
+    from TP alone by the experts' time only."""
+    ep, tp = _datasheet_cost(tensor_parallel=2, expert_parallel=2), _datasheet_cost(tensor_parallel=2)
     tokens = 1000
-    # each GPU sends half of its 500 tokens' 2 copies of 4096 bf16 values, and as many come back
-    # NVLink 450 GB/s per direction (datasheet), 10 us latency (the profile's default)
-    one_way = 10e-6 + 1000 / 2 * K * H * 2 * (1 / 2) / 450e9
-    assert float(cm.experts.all_to_all_time_s(tokens)) == pytest.approx(2 * one_way, rel=1e-12)
-    no_ep = _datasheet_cost(tensor_parallel=2)
-    assert float(no_ep.experts.all_to_all_time_s(tokens)) == 0.0
-    # the combine replaces the MLP all-reduce of each of the 32 sparse layers
-    assert cm._allreduce_layers == 16.0 and no_ep._allreduce_layers == 32.0
-    rows = {r.name: r for r in cm.breakdown(BatchShape.decode(np.full(8, 100)))}
-    assert rows["all_to_all"].count == 32 and rows["routed_experts"].time_s > 0
+    routed_ep, routed_tp = tokens * K / 2, tokens * K
+    assert float(ep.experts._load[0]) * tokens == routed_ep
+    flops_ep, _ = ep.experts.work(tokens)
+    flops_tp, _ = tp.experts.work(tokens)
+    assert flops_ep == pytest.approx(routed_ep * (2 * H * 2 * I + 2 * I * H), rel=1e-12)
+    assert flops_tp == pytest.approx(routed_tp * (2 * H * 2 * (I / 2) + 2 * (I / 2) * H), rel=1e-12)
+    shape = BatchShape.prefill([tokens])
+    rows = {r.name: r for r in ep.breakdown(shape)}
+    assert "all_to_all" not in rows and rows["allreduce"].count == LAYERS
+    assert rows["allreduce"].time_s == {r.name: r for r in tp.breakdown(shape)}["allreduce"].time_s
+    experts = LAYERS * (float(ep.experts.expert_time_s(tokens)) - float(tp.experts.expert_time_s(tokens)))
+    assert ep.iteration_time_s(shape) - tp.iteration_time_s(shape) == pytest.approx(experts, rel=1e-9)
 
 
 @pytest.mark.parametrize(
