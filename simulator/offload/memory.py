@@ -85,6 +85,7 @@ class PoolBudget:
     block_size: int
     gpu_label: str  # the GPU budget as messages name it
     model_name: str
+    host_memory_bytes: float | None = None  # a real host's memory, when it has less than cpu_memory_gb
 
 
 @dataclass(frozen=True)
@@ -97,10 +98,15 @@ class PoolBlocks:
     gpu_bytes_per_token: float
 
 
-def host_pool_bytes(section: OffloadSection, weight_bytes_cpu: float = 0.0) -> float:
-    """Host memory the KV pool may take: cpu_memory_gb (1e9) x cpu_memory_utilization, less the
-    CPU-resident weights."""
-    return section.cpu_memory_gb * 1e9 * section.cpu_memory_utilization - weight_bytes_cpu
+def host_pool_bytes(
+    section: OffloadSection, weight_bytes_cpu: float = 0.0, host_memory_bytes: float | None = None
+) -> float:
+    """Host memory the KV pool may take: cpu_memory_gb (1e9), or a real host's memory where it has
+    less, x cpu_memory_utilization, less the CPU-resident weights."""
+    memory = section.cpu_memory_gb * 1e9
+    if host_memory_bytes is not None:
+        memory = min(memory, host_memory_bytes)
+    return memory * section.cpu_memory_utilization - weight_bytes_cpu
 
 
 def pool_blocks(
@@ -117,7 +123,7 @@ def pool_blocks(
         - policy.gpu_fixed_bytes() / b.tp
         - b.stream_buffer_bytes
     )
-    cpu_pool = host_pool_bytes(section, b.weight_bytes_cpu)
+    cpu_pool = host_pool_bytes(section, b.weight_bytes_cpu, b.host_memory_bytes)
     gpu_tok = policy.gpu_bytes_per_token() * b.kv_share
     cpu_tok = policy.cpu_bytes_per_token() * b.kv_share
     if gpu_free <= 0:
