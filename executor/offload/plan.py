@@ -122,9 +122,11 @@ def check_host_fits(hold: HostHold, plan: PoolBlocks, *, host_available_bytes: f
     host's available memory, naming the field the pool came from."""
     if hold.total_bytes <= host_available_bytes:
         return
-    field = "offload.pool_blocks" if plan.bound_by == "explicit" else "offload.cpu_memory_gb"
+    explicit = plan.bound_by == "explicit"
+    field = "offload.pool_blocks" if explicit else "offload.cpu_memory_gb"
+    how = "as set" if explicit else f"{plan.bound_by}-bound"
     raise InfersimError(
-        f"{source}: field '{field}': the host KV pool ({plan.blocks:,} blocks, {plan.bound_by}-bound: "
+        f"{source}: field '{field}': the host KV pool ({plan.blocks:,} blocks, {how}: "
         f"{fmt_bytes(hold.pool_bytes)}) and the run's other host memory need {fmt_bytes(hold.total_bytes)}, "
         f"more than the {fmt_bytes(host_available_bytes)} available on this machine; lower "
         f"offload.cpu_memory_gb or set offload.pool_blocks"
