@@ -12,11 +12,13 @@ Where the pools live, by executor path:
 
 | path | device memory | host memory |
 |---|---|---|
-| engine (plain; swap space) | the device pool | the swap pool (pinned on CUDA) |
-| offload | one block (the engine's unused pool) | the KV pool (pinned on CUDA) |
+| engine (plain; swap space) | the device pool | the swap pool |
+| offload | one block (the engine's unused pool) | the KV pool (planned by executor/offload/plan.py) |
 | speculative, Medusa | each model's pool (already sized to the workload) | none |
 
-On a CPU the "device" pool is host memory too."""
+On a CPU the "device" pool is host memory too. Host pools are pageable on both devices: every
+copy between a host pool and a GPU goes through a pinned staging buffer (a swap or a load
+gathers scattered blocks first), so pinning the pool would buy nothing."""
 
 from __future__ import annotations
 
@@ -58,9 +60,9 @@ def allocated_blocks(planned: int, workload: int | None) -> int:
 
 
 def pinned_bytes(nbytes: int) -> int:
-    """Host memory one pinned tensor of `nbytes` takes: torch's caching host allocator rounds a
-    request up to a power of two (ATen CachingHostAllocator, below its round threshold), so
-    count the rounded size, the most it can take."""
+    """Host memory one pinned tensor of `nbytes` (a staging buffer) takes: torch's caching host
+    allocator rounds a request up to a power of two (ATen CachingHostAllocator), so count the
+    rounded size, the most it can take."""
     return 0 if nbytes <= 0 else 1 << (int(nbytes) - 1).bit_length()
 
 
@@ -74,19 +76,13 @@ class PoolSizes:
     device_type: str  # "cuda" or "cpu"
 
     @property
-    def pinned(self) -> bool:
-        """Host pools are page-locked on CUDA (asynchronous copies)."""
-        return self.device_type == "cuda"
-
-    @property
     def device_pool_bytes(self) -> int:
         return self.device_blocks * self.block_bytes
 
     @property
     def host_pool_bytes(self) -> int:
-        """The host pool as allocated: two tensors (K and V), each rounded when pinned."""
-        half = self.host_blocks * self.block_bytes // 2
-        return 2 * (pinned_bytes(half) if self.pinned else half)
+        """The host pool as allocated: K and V, pageable."""
+        return self.host_blocks * self.block_bytes
 
     @property
     def device_memory_bytes(self) -> int:
@@ -115,7 +111,7 @@ def pool_sizes(
     )
 
 
-def _size(nbytes: float) -> str:
+def fmt_bytes(nbytes: float) -> str:
     """Bytes in the unit that reads best (decimal: GB = 1e9 B)."""
     for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if nbytes >= scale:
@@ -127,21 +123,20 @@ def check_pools_fit(
     sizes: list[PoolSizes], *, host_available_bytes: float, device_free_bytes: float | None, source: str
 ) -> None:
     """Refuse, before allocating anything, pools that do not fit: the host memory they take
-    against the host's available memory (pinned pages cannot be swapped out), the device memory
-    against the GPU's free memory (after the weights)."""
+    against the host's available memory, the device memory against the GPU's free memory (after
+    the weights). The offload path checks its planned host pool besides (executor/offload/plan.py)."""
     host = sum(s.host_memory_bytes for s in sizes)
     if host > host_available_bytes:
-        kind = "pinned " if any(s.pinned for s in sizes) else ""
         raise InfersimError(
-            f"{source}: the KV pools need {_size(host)} of {kind}host memory, more than the "
-            f"{_size(host_available_bytes)} available on this machine; lower serving.cpu_blocks, "
+            f"{source}: the KV pools need {fmt_bytes(host)} of host memory, more than the "
+            f"{fmt_bytes(host_available_bytes)} available on this machine; lower serving.cpu_blocks, "
             f"serving.swap_space_gb or offload.pool_blocks, or serve fewer requests"
         )
     device = sum(s.device_memory_bytes for s in sizes)
     if device_free_bytes is not None and device > device_free_bytes:
         raise InfersimError(
-            f"{source}: the KV pools need {_size(device)} of GPU memory, more than the "
-            f"{_size(device_free_bytes)} free on the device; lower serving.gpu_blocks"
+            f"{source}: the KV pools need {fmt_bytes(device)} of GPU memory, more than the "
+            f"{fmt_bytes(device_free_bytes)} free on the device; lower serving.gpu_blocks"
         )
 
 
@@ -151,6 +146,7 @@ __all__ = [
     "allocated_blocks",
     "check_pools_fit",
     "derived_gpu_blocks",
+    "fmt_bytes",
     "pinned_bytes",
     "pool_sizes",
     "workload_blocks",

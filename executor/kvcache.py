@@ -1,8 +1,9 @@
 """Paged KV cache with real tensors: fixed-size blocks in a device pool and a host pool.
 
 Device pool: for each layer a K and a V tensor of shape [blocks, block_size, kv_heads,
-head_dim] (views of one [layers, ...] tensor each). Host pool: the same per layer, pinned on
-CUDA. A pool's accounting has its planned size (gpu_blocks, cpu_blocks: admission, watermark
+head_dim] (views of one [layers, ...] tensor each). Host pool: the same per layer, in pageable
+memory on both devices (every copy to a GPU gathers blocks into a pinned staging buffer first,
+so a pinned pool would buy nothing). A pool's accounting has its planned size (gpu_blocks, cpu_blocks: admission, watermark
 and preemption see those), its tensors only the blocks a run can touch: the free lists hand
 out released ids first and then never-used ids lowest first, so a run touches no more
 distinct ids than it held at once (KVCacheConfig.committed_blocks, the workload's bound);
@@ -79,9 +80,7 @@ class PagedKVCache(BlockCounts):
         head_dim: int,
         config: KVCacheConfig,
         device: torch.device | str = "cpu",
-        pinned: bool | None = None,
     ):
-        """pinned: whether host-resident pools are page-locked; None: when `device` is CUDA."""
         gpu_blocks, cpu_blocks, block_size, dtype = (
             config.gpu_blocks,
             config.cpu_blocks,
@@ -99,8 +98,6 @@ class PagedKVCache(BlockCounts):
         self.total_gpu, self.total_cpu = int(gpu_blocks), int(cpu_blocks)
         self.watermark_blocks = int(config.watermark * gpu_blocks)
         cuda = self.device.type == "cuda"
-        # host-resident pools are pinned for async copies when a GPU reads them
-        self.pinned = cuda if pinned is None else bool(pinned)
         committed = config.committed_blocks
         self._k = self._v = self._hk = self._hv = None
         self._clean = bytearray()
@@ -120,19 +117,16 @@ class PagedKVCache(BlockCounts):
 
     # ---- storage: the tensors behind the pools, sized to the blocks a run touches ----------
     def _new_pool(self, blocks: int, on_device: bool) -> torch.Tensor:
-        """One [layers, blocks, ...] tensor: on the device, or in host memory (pinned when
-        `self.pinned`); pageable host memory committed."""
+        """One [layers, blocks, ...] tensor: on the device, or in host memory, committed."""
         shape = (self.num_layers, blocks, self.block_size, self.num_kv_heads, self.head_dim)
         device = self.device if on_device else torch.device("cpu")
-        pinned = self.pinned and device.type == "cpu"
-        t = torch.empty(shape, dtype=self.dtype, device=device, pin_memory=pinned)
-        if device.type == "cpu" and not pinned:
+        t = torch.empty(shape, dtype=self.dtype, device=device)
+        if device.type == "cpu":
             self._commit(t)
         return t
 
     def _commit(self, pool: torch.Tensor) -> None:
-        """Commit (zero-fill) a pageable pool, as cudaMalloc and pinned host memory commit every
-        page up front on a GPU: an uncommitted page is faulted in and zeroed by the kernel when
+        """Commit (zero-fill) a host pool, as cudaMalloc commits every page up front on a GPU: an uncommitted page is faulted in and zeroed by the kernel when
         a block is first written, which made a swap-out into a fresh host block 2-3x slower than
         into a used one (a 4 KiB block chunk: 13-22 us against 7 us per block). In slices, so
         that a signal (Ctrl-C, SIGTERM) is handled between them: one zero_() of gigabytes is a

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import platform
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -126,41 +127,67 @@ def plan_pools(sv, *, device_type: str, total_bytes: float, block_bytes: int, we
     return int(gpu_blocks), int(cpu_blocks), blocks_source
 
 
-def plan_blocks(lm, sv, limits, *, kv_dtype, device_memory_gb: float | None = None, source: str = "workload") -> dict:
-    """Device and host KV blocks, as the simulator plans them (simulator/engine/memory.py):
-    explicit serving.gpu_blocks / cpu_blocks win; otherwise the device memory (CUDA: the GPU's;
-    CPU: --device-memory-gb, default 4 GiB) x gpu_memory_utilization, less the weights, the
-    activation peak and the non-torch reserve (CUDA only), over the bytes of a block; host blocks
-    from swap_space_gb. These are the pools' accounting; what is allocated is `pool_sizes`."""
+@dataclass(frozen=True)
+class DeviceBudget:
+    """The loaded model's numbers the KV pools are planned from."""
+
+    device_type: str  # "cuda" or "cpu"
+    total_bytes: float  # a GPU's total_memory, or --device-memory-gb on cpu (default 4 GiB)
+    block_bytes: int  # K and V of one block, every layer, in the KV dtype
+    weight_bytes: float
+    act_bytes: float  # the activation peak of the batch limits (0 when not asked for)
+
+
+def device_budget(lm, sv, limits, *, kv_dtype, device_memory_gb: float | None, activations: bool) -> DeviceBudget:
+    """The device memory, block and weight sizes of a loaded model under a `serving:` section;
+    the activation peak only when `activations` (a derived pool)."""
     import torch
 
     cfg = lm.config
     elt = torch.empty((), dtype=kv_dtype).element_size()
-    block_bytes = kv_block_bytes(cfg, sv.block_size, elt)
-    weights = lm.weight_bytes()
-    act = 0.0
     if lm.device.type == "cuda":
         total = torch.cuda.get_device_properties(lm.device).total_memory
     else:
         total = (device_memory_gb or 4.0) * 2**30
-    if sv.gpu_blocks is None:
+    act = 0.0
+    if activations:
         inter = getattr(cfg, "intermediate_size", None) or getattr(cfg, "ffn_dim", 4 * cfg.hidden_size)
         shape = SimpleNamespace(hidden_size=cfg.hidden_size, intermediate_size=inter, vocab_size=cfg.vocab_size)
         act = activation_peak_bytes(
             shape, limits.max_batched_tokens, limits.max_batch_size, "fp32" if elt == 4 else "fp16", 1
         )
+    return DeviceBudget(lm.device.type, float(total), kv_block_bytes(cfg, sv.block_size, elt), lm.weight_bytes(), act)
+
+
+def plan_blocks(lm, sv, limits, *, kv_dtype, device_memory_gb: float | None = None, source: str = "workload") -> dict:
+    """Device and host KV blocks, as the simulator plans them (simulator/engine/memory.py):
+    explicit serving.gpu_blocks / cpu_blocks win; otherwise the device memory (CUDA: the GPU's;
+    CPU: --device-memory-gb, default 4 GiB) x gpu_memory_utilization, less the weights, the
+    activation peak and the non-torch reserve (CUDA only), over the bytes of a block; host blocks
+    from swap_space_gb. These are the pools' accounting; what is allocated is `pool_sizes`.
+    The offload executor plans its host pool with executor/offload/plan.py instead."""
+    b = device_budget(
+        lm, sv, limits, kv_dtype=kv_dtype, device_memory_gb=device_memory_gb, activations=sv.gpu_blocks is None
+    )
     gpu_blocks, cpu_blocks, blocks_source = plan_pools(
-        sv, device_type=lm.device.type, total_bytes=total, block_bytes=block_bytes, weight_bytes=weights, act_bytes=act
+        sv,
+        device_type=b.device_type,
+        total_bytes=b.total_bytes,
+        block_bytes=b.block_bytes,
+        weight_bytes=b.weight_bytes,
+        act_bytes=b.act_bytes,
     )
     if gpu_blocks <= 0:
-        raise InfersimError(f"model {lm.name} ({weights / 1e9:.2f} GB of weights) leaves no KV blocks on {lm.device}")
-    _check_host_pools(lm.device.type, gpu_blocks, cpu_blocks, block_bytes, source)
+        raise InfersimError(
+            f"model {lm.name} ({b.weight_bytes / 1e9:.2f} GB of weights) leaves no KV blocks on {lm.device}"
+        )
+    _check_host_pools(b.device_type, gpu_blocks, cpu_blocks, b.block_bytes, source)
     return {
         "gpu_blocks": gpu_blocks,
         "cpu_blocks": cpu_blocks,
-        "kv_bytes_per_block": float(block_bytes),
-        "weight_bytes_per_gpu": float(weights),
-        "activation_bytes_per_gpu": float(act),
+        "kv_bytes_per_block": float(b.block_bytes),
+        "weight_bytes_per_gpu": float(b.weight_bytes),
+        "activation_bytes_per_gpu": float(b.act_bytes),
         "blocks_source": blocks_source,
     }
 

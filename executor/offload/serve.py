@@ -38,6 +38,7 @@ from ..prompts import make_prompts
 from ..runner import plan_batch
 from ..zoo.corpus import held_out_windows
 from .model import DenseLlama
+from .plan import check_offload_host, plan_offload_blocks
 from .runner import OffloadRunner
 from .skew import skew_matrices
 
@@ -45,11 +46,11 @@ OFFLOAD_COLUMNS = ("iteration", "loaded_bytes", "stored_bytes", "load_s", "store
 
 
 class HostKVPool(PagedKVCache):
-    """The paged KV pool in host memory (pinned when the model is on CUDA, for async H2D);
-    no second tier: preemption recomputes."""
+    """The paged KV pool in host memory, pageable (plan.py says why); no second tier:
+    preemption recomputes."""
 
-    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, config: KVCacheConfig, pinned: bool = False):
-        super().__init__(num_layers, num_kv_heads, head_dim, replace(config, cpu_blocks=0), "cpu", pinned=pinned)
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, config: KVCacheConfig):
+        super().__init__(num_layers, num_kv_heads, head_dim, replace(config, cpu_blocks=0), "cpu")
 
 
 class OffloadEngine(Engine):
@@ -78,7 +79,6 @@ class OffloadEngine(Engine):
             self.runner.num_kv_heads,
             self.runner.head_dim,
             replace(self.kv_config, gpu_blocks=kv.gpu_blocks),
-            pinned=model.device.type == "cuda",
         )
         self.runner = OffloadRunner(model, self.cache, policy, params, overlap=overlap, skew=skew)
         self.offload_rows: list[tuple] = []
@@ -185,12 +185,9 @@ def execute(spec, requests, model: str, out: Path, opts: ExecOptions = ExecOptio
         )
     limits = serving.served_limits(sv, lm)  # without chunked prefill (refused above)
     max_len = limits.max_model_len
-    if off.pool_blocks is not None:
-        sv = sv.model_copy(update={"gpu_blocks": int(off.pool_blocks)})
-    mem = serving.plan_blocks(
-        lm, sv, limits, kv_dtype=lm.dtype, device_memory_gb=opts.device_memory_gb, source=opts.source
-    )
-    mem["cpu_blocks"] = 0  # the pool is the host memory; no second tier
+    # the host pool planned as the simulator plans it; refused whole if this host cannot hold it
+    mem, plan = plan_offload_blocks(lm, sv, limits, off, device_memory_gb=opts.device_memory_gb, source=opts.source)
+    check_offload_host(lm, mem, plan, serving.workload_blocks(requests, sv.block_size), opts.source)
     committed = serving.allocate_for(lm, mem, requests, sv.block_size, "offload", opts.source)
     skew = _skew_for(str(lm.path), str(lm.device), dtype_name(lm.dtype)) if policy == "infinigen" else None
     spec = serving.single_replica(spec, lm)
@@ -236,8 +233,8 @@ def execute(spec, requests, model: str, out: Path, opts: ExecOptions = ExecOptio
             "params": dict(off.params),
             "overlap": off.overlap,
             "pool_blocks": int(mem["gpu_blocks"]),
+            "pool_bound_by": plan.bound_by,
             "host_memory": True,
-            "pinned": lm.device.type == "cuda",
             "kv_loaded_gb": float(oi["loaded_bytes"].sum()) / 1e9,
             "kv_stored_gb": float(oi["stored_bytes"].sum()) / 1e9,
             "load_s": float(oi["load_s"].sum()),

@@ -18,6 +18,7 @@ from infersim.executor.kv_memory import (
     workload_blocks,
 )
 from infersim.simulator.errors import InfersimError
+from infersim.simulator.models.spec import ModelSpec
 from infersim.simulator.workload.schema import ServingSection
 from tests.utils import poisson, requests_section
 
@@ -32,7 +33,21 @@ ZOO_TARGET = SimpleNamespace(
     num_attention_heads=6, num_key_value_heads=2, head_dim=32, num_hidden_layers=3, hidden_size=192
 )
 BLOCK_BYTES = 12_288
-# the offload cases' host pool when derived from the card: (total x 0.9 - 0.25 GiB) // 12,288 B
+# the same shape as the simulator's model spec (the pool's sizing counts its KV only)
+ZOO_TARGET_SPEC = ModelSpec(
+    name="zoo-target",
+    family="llama",
+    source="executor/zoo",
+    num_layers=3,
+    hidden_size=192,
+    num_heads=6,
+    num_kv_heads=2,
+    head_dim=32,
+    intermediate_size=512,
+    vocab_size=4096,
+)
+# a plain run's device pool derived from the card: (total x 0.9 - 0.25 GiB) // 12,288 B (the
+# offload cases' host pool before it was planned from host memory)
 PLANNED = {"H200": (H200_BYTES, 10_972_530), "H100": (H100_BYTES, 6_207_036)}
 # two requests, prompts 256 and 768 with 64 outputs: 20 + 1 and 52 + 1 blocks at 16 tokens
 TWO_REQUESTS = ([256, 768], [64, 64])
@@ -59,43 +74,91 @@ def test_block_bytes_and_the_workload_bound_by_hand():
     assert (pinned_bytes(454_656), pinned_bytes(524_288), pinned_bytes(0)) == (524_288, 524_288, 0)
 
 
+def _offload_plan(total, available, **offload):
+    """The offload cases' host pool for zoo-target in fp16 on a card of `total` bytes, a host with
+    `available` bytes free (weights and activations left out: a few MB)."""
+    from infersim.executor.offload.plan import Machine, plan_host_pool
+    from infersim.executor.serving import DeviceBudget
+    from infersim.simulator.offload.config import OffloadSection
+
+    device = DeviceBudget("cuda", total, BLOCK_BYTES, 0.0, 0.0)
+    section = OffloadSection(policy="full", **offload)
+    return plan_host_pool(
+        ZOO_TARGET_SPEC, section, ServingSection(max_batch_size=8), Machine(device, available), "fp16"
+    )
+
+
 @pytest.mark.parametrize("card", sorted(PLANNED))
-def test_an_offload_case_planned_from_the_card_allocates_the_workload_only(card):
-    """The offload cases set no pool: it is planned from the card's memory (10,972,530 blocks,
-    134.8 GB on the H200). Allocated whole, pinned, that is 2 x 64 GiB (each of K and V rounded
-    up to a power of two) on a 128 GiB host: refused. Allocated for the workload: 74 blocks."""
-    from infersim.executor.serving import plan_pools
+def test_an_offload_case_plans_its_host_pool_from_host_memory(card):
+    """The offload cases set no pool: it is planned from offload.cpu_memory_gb's 96 GB x 0.9 =
+    86.4 GB over 768 B a token (3 layers x K and V x 64 x 2 B), 112,500,000 tokens = 7,031,250
+    blocks of 16, fewer than the card's free memory holds at 512 B a token (the load double
+    buffer): cpu-bound on both cards, no longer the card's 10,972,530 / 6,207,036 blocks. The run
+    holds that pool (pageable) and 4 pinned staging buffers of one layer's K or V of the workload's
+    613 blocks (1,255,424 B, 2 MiB as torch rounds it): 86.4 GB, which a 128 GiB host holds. The
+    same pool pinned whole would be 2 x 64 GiB, more than the host has."""
+    from infersim.executor.offload.plan import check_host_fits, host_hold
 
-    total, planned = PLANNED[card]
-    sv = ServingSection(max_batch_size=8)
-    gpu, cpu, source = plan_pools(
-        sv, device_type="cuda", total_bytes=total, block_bytes=BLOCK_BYTES, weight_bytes=0.0, act_bytes=0.0
-    )
-    assert (gpu, source) == (planned, "derived")
-    whole = pool_sizes(
-        "offload", device_type="cuda", gpu_blocks=gpu, cpu_blocks=0, workload=None, block_bytes=BLOCK_BYTES
-    )
-    assert whole.host_blocks == planned and whole.host_memory_bytes == HOST_128_GIB
+    total, former = PLANNED[card]
+    plan = _offload_plan(total, HOST_AVAILABLE)
+    assert (plan.blocks, plan.bound_by, plan.cpu_pool_bytes) == (7_031_250, "cpu", 86.4e9)
+    assert plan.blocks != former
+    hold = host_hold(plan.blocks, BLOCK_BYTES, device_type="cuda", act_bytes=0.0, workload=613, num_layers=3)
+    assert (hold.pool_bytes, hold.staging_bytes, hold.device_pool_bytes) == (86_400_000_000, 4 * 2**21, 0)
+    check_host_fits(hold, plan, host_available_bytes=HOST_AVAILABLE, source="offload-full")
+    assert 2 * pinned_bytes(hold.pool_bytes // 2) == HOST_128_GIB > HOST_AVAILABLE
+
+
+@pytest.mark.parametrize("card", sorted(PLANNED))
+def test_the_executor_and_the_simulator_plan_the_same_pool(card):
+    """Both call simulator/offload/memory.py's pool_blocks: on a profile with the card's memory
+    the simulator's plan equals the executor's, cpu-bound (the default 96 GB) and gpu-bound
+    (cpu_memory_gb 10,000: the card's free memory binds)."""
+    from infersim.executor.offload.plan import Machine, plan_host_pool
+    from infersim.executor.serving import DeviceBudget
+    from infersim.simulator.engine.memory import MemoryOptions
+    from infersim.simulator.hardware.catalog import load_hardware
+    from infersim.simulator.models.catalog import load_model as load_spec
+    from infersim.simulator.offload import OffloadSection, build_offload
+    from infersim.simulator.offload.memory import plan_offload_memory
+
+    total, _ = PLANNED[card]
+    name = {"H200": "h200", "H100": "h100-sxm"}[card]
+    hw = load_hardware(name).model_copy(update={"memory_visible_gib": total / 2**30})
+    model = load_spec("llama-3-8b")
+    sv = ServingSection(max_batch_size=8, max_batched_tokens=2048)
+    opts = MemoryOptions(16, "fp16", "fp16", 1, 0.9, 4.0, 2048, 8)
+    for cpu_gb, bound in ((96.0, "cpu"), (10_000.0, "gpu")):
+        section = OffloadSection(policy="full", cpu_memory_gb=cpu_gb)
+        policy = build_offload(model, hw, section).policy
+        sim = plan_offload_memory(model, hw, policy, section, opts)
+        device = DeviceBudget(
+            "cuda", hw.memory_bytes(), 2_097_152, model.weight_bytes_per_gpu(1, "fp16"), opts.activation_bytes(model)
+        )
+        ex = plan_host_pool(model, section, sv, Machine(device, 1e15), "fp16")
+        assert (ex.blocks, ex.bound_by) == (sim.pool_blocks, sim.bound_by) and sim.bound_by == bound
+
+
+def test_a_pool_larger_than_the_host_is_refused_naming_its_field():
+    """offload.pool_blocks 12,000,000 (147 GB) on a 128 GiB host: refused, naming the field; a
+    cpu_memory_gb past the host's memory is capped at what the host has available (x 0.9)."""
+    from infersim.executor.offload.plan import check_host_fits, host_hold
+
+    plan = _offload_plan(H200_BYTES, HOST_AVAILABLE, pool_blocks=12_000_000)
+    hold = host_hold(plan.blocks, BLOCK_BYTES, device_type="cuda", act_bytes=0.0, workload=613, num_layers=3)
     with pytest.raises(InfersimError) as e:
-        check_pools_fit([whole], host_available_bytes=HOST_AVAILABLE, device_free_bytes=total, source="offload-full")
+        check_host_fits(hold, plan, host_available_bytes=HOST_AVAILABLE, source="w.yaml")
     line = str(e.value)
-    assert "offload-full: the KV pools need 137 GB of pinned host memory" in line and "offload.pool_blocks" in line
-    assert "\n" not in line
-
-    served = workload_blocks(*TWO_REQUESTS, 16)
-    fit = pool_sizes(
-        "offload", device_type="cuda", gpu_blocks=gpu, cpu_blocks=0, workload=served, block_bytes=BLOCK_BYTES
-    )
-    assert (fit.device_blocks, fit.host_blocks) == (1, TWO_REQUESTS_BLOCKS)
-    # K and V of 74 blocks: 454,656 B each, pinned as 524,288 B; the device keeps one block
-    assert (fit.host_memory_bytes, fit.device_memory_bytes) == (1_048_576, BLOCK_BYTES)
-    check_pools_fit([fit], host_available_bytes=HOST_AVAILABLE, device_free_bytes=total, source="offload-full")
+    assert line.startswith("w.yaml: field 'offload.pool_blocks': the host KV pool (12,000,000 blocks, as set: 147 GB)")
+    assert "more than the 134 GB available" in line and "\n" not in line
+    capped = _offload_plan(H200_BYTES, HOST_AVAILABLE, cpu_memory_gb=500.0)
+    assert (capped.bound_by, capped.cpu_pool_bytes) == ("cpu", HOST_AVAILABLE * 0.9)
 
 
 @pytest.mark.parametrize("card", sorted(PLANNED))
 def test_a_plain_run_planned_from_the_card_allocates_the_workload_only(card):
     """A plain run with a derived pool plans the card's memory and 4 GiB of swap space (349,525
-    blocks); the device and the pinned host pool hold the workload's 74 blocks."""
+    blocks); the device and the host pool hold the workload's 74 blocks."""
     from infersim.executor.serving import plan_pools
 
     total, planned = PLANNED[card]
@@ -112,10 +175,10 @@ def test_a_plain_run_planned_from_the_card_allocates_the_workload_only(card):
         "engine", device_type="cuda", gpu_blocks=gpu, cpu_blocks=cpu, workload=None, block_bytes=BLOCK_BYTES
     )
     assert whole.device_memory_bytes == planned * BLOCK_BYTES  # 134.8 GB on the H200, 76.3 GB on the H100
-    # the 4 GiB swap space: K and V of 2,147,479,552 B each, pinned as 2 GiB each
-    assert whole.host_memory_bytes == 2 * 2**31
+    # the 4 GiB swap space, pageable
+    assert whole.host_memory_bytes == 349_525 * BLOCK_BYTES == 4_294_963_200
     fit = pool_sizes("engine", device_type="cuda", gpu_blocks=gpu, cpu_blocks=cpu, workload=74, block_bytes=BLOCK_BYTES)
-    assert (fit.device_memory_bytes, fit.host_memory_bytes) == (74 * BLOCK_BYTES, 1_048_576)
+    assert (fit.device_memory_bytes, fit.host_memory_bytes) == (74 * BLOCK_BYTES, 74 * BLOCK_BYTES)
 
 
 def test_pools_the_gpu_cannot_hold_are_refused_naming_the_gpu():
@@ -133,7 +196,7 @@ def test_pools_the_gpu_cannot_hold_are_refused_naming_the_gpu():
 
 def test_a_cpu_runs_device_pool_is_host_memory():
     sizes = pool_sizes("engine", device_type="cpu", gpu_blocks=100, cpu_blocks=50, workload=40, block_bytes=1000)
-    assert (sizes.device_memory_bytes, sizes.host_memory_bytes, sizes.pinned) == (0, 80_000, False)
+    assert (sizes.device_memory_bytes, sizes.host_memory_bytes) == (0, 80_000)
     with pytest.raises(InfersimError, match="need 80 kB of host memory, more than the 80 kB available"):
         check_pools_fit([sizes], host_available_bytes=79_999, device_free_bytes=None, source="w")
 
@@ -217,22 +280,91 @@ def test_an_offload_run_records_and_allocates_the_workloads_blocks(tmp_path):
     assert mem["allocated_host_bytes"] == 8 * 24_576 + 1 * 24_576  # the pool, and the unused device block
 
 
-def test_sim_exec_refuses_an_offload_pool_the_host_cannot_hold(tmp_path, monkeypatch, capsys, zoo_dir):
-    """A pool larger than the host's available memory: one line naming it, exit 2, no folder."""
+@pytest.mark.parametrize(
+    "offload,available,field",
+    [({}, 1e5, "offload.cpu_memory_gb"), ({"pool_blocks": 2_000_000}, 20e9, "offload.pool_blocks")],
+)
+def test_sim_exec_refuses_an_offload_pool_the_host_cannot_hold(
+    tmp_path, monkeypatch, capsys, zoo_dir, offload, available, field
+):
+    """A host pool whose run the host's available memory cannot hold: one line naming the field,
+    exit 2, no folder. 100 kB available: the pool capped at 90 kB (3 blocks of 24,576 B) and
+    the one-block device pool need 98 kB, with the activation peak more; 2,000,000 blocks
+    (49.2 GB) on 20 GB."""
     pytest.importorskip("torch")
     import yaml
 
-    import infersim.executor.serving as serving
+    import infersim.executor.offload.plan as plan
     from infersim.cli.main import main
 
-    monkeypatch.setattr(serving, "host_available_bytes", lambda: 1e5)
+    monkeypatch.setattr(plan, "host_available_bytes", lambda: available)
     wl = tmp_path / "wl.yaml"
-    wl.write_text(yaml.safe_dump(OFFLOAD_SMALL))
+    wl.write_text(yaml.safe_dump({**OFFLOAD_SMALL, "offload": {**OFFLOAD_SMALL["offload"], **offload}}))
     assert main(["exec", "-w", str(wl), "-m", "zoo-target", "--fast", "-q", "-o", str(tmp_path / "run")]) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert (
-        len(err) == 1
-        and "wl.yaml: the KV pools need" in err[0]
-        and "host memory, more than the 100 kB available" in err[0]
-    )
+    assert len(err) == 1 and f"wl.yaml: field '{field}': the host KV pool" in err[0], err
+    assert f"more than the {'100 kB' if available == 1e5 else '20 GB'} available on this machine" in err[0]
     assert [p.name for p in tmp_path.iterdir()] == ["wl.yaml"]
+
+
+def test_a_host_pool_never_grows_past_the_plan_the_check_counted():
+    """Growth past what was checked is impossible by construction: the check counts the planned
+    pool whole (host_hold's pool_bytes), the tensors start at the workload's blocks and double up
+    to the plan, never past it, and the free list hands out no id past the plan (it refuses, as
+    overdrawn)."""
+    torch = pytest.importorskip("torch")
+    from infersim.executor.kvcache import KVCacheConfig
+    from infersim.executor.offload.plan import host_hold
+    from infersim.executor.offload.serve import HostKVPool
+
+    planned = 10
+    pool = HostKVPool(1, 1, 2, KVCacheConfig(planned, 2, dtype=torch.float32, committed_blocks=3))
+    checked = host_hold(planned, pool.bytes_per_block, device_type="cpu", act_bytes=0.0, workload=3, num_layers=1)
+    sizes = [pool.allocated_gpu]
+    for n in range(planned):
+        pool.grow_to(SimpleNamespace(block_table=[], cpu_block_table=[]), 2)  # one block each
+        sizes.append(pool.allocated_gpu)
+    assert sizes == [3, 3, 3, 3, 6, 6, 6, 10, 10, 10, 10] and pool.free_gpu == 0
+    assert (pool._k.nbytes + pool._v.nbytes) == planned * pool.bytes_per_block == checked.pool_bytes
+    with pytest.raises(RuntimeError, match="overdrawn"):
+        pool.grow_to(SimpleNamespace(block_table=[], cpu_block_table=[]), 2)
+    assert pool.allocated_gpu == planned
+
+
+def test_a_host_pool_is_committed_in_slices_a_signal_can_interrupt(monkeypatch):
+    """A host pool is pageable on both devices and committed in COMMIT_SLICE_BYTES slices, one C
+    call each: a SIGTERM arriving during the commit is handled after the slice in progress (here
+    raised from the first slice's zero-fill; the remaining slices never run)."""
+    torch = pytest.importorskip("torch")
+    import os
+    import signal
+
+    import infersim.executor.kvcache as kvcache
+    from infersim.executor.kvcache import KVCacheConfig
+    from infersim.executor.offload.serve import HostKVPool
+
+    # 1 layer x 16 blocks x 2 tokens x 1 head x 1024 x 4 B = 128 KiB per tensor: 16 slices of 8 KiB
+    monkeypatch.setattr(kvcache, "COMMIT_SLICE_BYTES", 8 << 10)
+    slices = []
+    real_zero = torch.Tensor.zero_
+
+    def zero(t):
+        slices.append(t.nbytes)
+        if len(slices) == 1:
+            os.kill(os.getpid(), signal.SIGTERM)  # delivered while this slice's C call runs
+        return real_zero(t)
+
+    class Terminated(Exception):
+        pass
+
+    def on_term(signum, frame):
+        raise Terminated
+
+    monkeypatch.setattr(torch.Tensor, "zero_", zero)
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        with pytest.raises(Terminated):
+            HostKVPool(1, 1, 1024, KVCacheConfig(16, 2, dtype=torch.float32))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert slices == [8 << 10]
