@@ -134,6 +134,10 @@ def check_deployment(model, spec, source: str = "") -> dict[str, Placement]:
     deployment's prefill and decode pools (one stage each, its own tensor_parallel)."""
     d = spec.hardware.disaggregated
     cluster = spec.hardware.cluster or ClusterSection()
+    if spec.hardware.data_parallel_attention:
+        from .dp_attention import check_dp_attention  # it builds on this module's Placement
+
+        return {COLOCATED: check_dp_attention(model, spec, source)}
     if d is None:
         return {COLOCATED: _check_colocated(model, spec, source)}
     placements = {}

@@ -1,0 +1,117 @@
+"""Data-parallel attention with expert parallelism (`hardware.data_parallel_attention: true`,
+`hardware.expert_parallel: N`), as SGLang's `--enable-dp-attention --ep-size N` and vLLM's
+`--data-parallel-size N --enable-expert-parallel` serve DeepSeek-V3/R1 and Qwen3-MoE.
+
+Each GPU is a replica for routing and KV: its own scheduler and KV pool, attention, dense
+layers, shared experts, router and LM head whole (tensor parallel 1) on its own requests' tokens.
+The routed experts of every sparse layer are spread over a group of N replicas, E/N whole
+experts per GPU, and computed jointly: dispatch all-to-all, each GPU's experts on the copies
+routed to them, combine all-to-all (parallel/alltoall.py).
+
+The ranks of a group step in lockstep, since every sparse layer waits for all of them. The
+simulator models this in the mean: a rank's iteration is priced as if every rank of its group
+ran a batch of its own shape at the same moment, so its sparse layers see N times its tokens,
+T N k / N = T k token copies on each GPU, over the E/N experts that GPU holds. A rank whose
+batch is smaller or empty does not wait for a busier peer here, and an idle rank's dummy
+forward pass (which SGLang and vLLM run to keep the collectives matched) costs nothing; with
+balanced load (round-robin routing of similar requests) the ranks' batches are alike and the
+mean is the lockstep."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..costmodel.moe import RoutedExperts
+from ..errors import InfersimError
+from ..models.dtypes import bytes_per_element
+from ..validation import positive_int, source_field
+from .alltoall import AllToAll, AllToAllLinks, combine_bytes_per_copy, dispatch_bytes_per_copy
+from .config import ClusterSection
+from .cost import PipelineCostModel
+from .placement import Placement, stage_layers
+
+FIELD = "hardware.data_parallel_attention"
+
+
+def _fail(source: str, field: str, message: str):
+    raise InfersimError(f"{source_field(source, field)}: {message}")
+
+
+def check_dp_attention(model, spec, source: str = "") -> Placement:
+    """Every rule of a data-parallel-attention deployment, each failure one line naming its
+    field; the placement of one rank (one GPU, one stage)."""
+    hw, sv = spec.hardware, spec.serving
+    if model.moe is None:
+        _fail(source, FIELD, f"needs a mixture-of-experts model; '{model.name}' has no experts")
+    for field, value in (("hardware.tensor_parallel", hw.tensor_parallel), ("hardware.pipeline_parallel", hw.pipeline_parallel)):
+        if value != 1:
+            _fail(source, field, f"{value} with data_parallel_attention: each rank is one GPU (give 1)")
+    if hw.disaggregated is not None:
+        _fail(source, FIELD, "does not combine with hardware.disaggregated")
+    ep = positive_int(hw.expert_parallel, "hardware.expert_parallel", source)
+    if ep < 2:
+        _fail(source, "hardware.expert_parallel", "data_parallel_attention needs at least 2 ranks sharing the experts")
+    if model.moe.num_experts % ep:
+        _fail(source, "hardware.expert_parallel", f"{ep} does not divide the {model.moe.num_experts} experts of '{model.name}'")
+    if hw.replicas % ep:
+        _fail(source, "hardware.replicas", f"{hw.replicas} is not a multiple of hardware.expert_parallel {ep} (each rank is a replica)")
+    cluster = hw.cluster or ClusterSection()
+    g = cluster.gpus_per_node
+    if g % ep and ep % g:
+        _fail(source, "hardware.expert_parallel", f"{ep} neither divides hardware.cluster.gpus_per_node {g} nor is a multiple of it")
+    for section in ("speculation", "offload"):
+        if getattr(spec, section) is not None:
+            _fail(source, FIELD, f"does not combine with a '{section}' section")
+    if sv.cost_model != "roofline":
+        _fail(source, FIELD, f"is priced by the roofline cost model only, not serving.cost_model '{sv.cost_model}'")
+    return Placement(1, 1, stage_layers(model.num_layers, 1), cluster)
+
+
+def dp_attention_weight_bytes_per_gpu(model, ep: int, dtype: str) -> float:
+    """One rank's weights: the whole model but its routed experts, of which it holds E/N."""
+    moe = model.moe
+    experts = model.moe_layers * moe.num_experts * moe.params_expert(model.hidden_size, model.mlp == "gated")
+    return model.weight_bytes(dtype) - experts * bytes_per_element(dtype) * (1.0 - 1.0 / ep)
+
+
+def all_to_all(base, ep: int, cluster: ClusterSection, source: str = "") -> AllToAll:
+    """The group's dispatch and combine, from the profile's interconnect and the cluster's network."""
+    hw, h = base.hardware, base.model.hidden_size
+    if base._ar_bw is None and min(ep, cluster.gpus_per_node) > 1:
+        _fail(source, "hardware.expert_parallel", f"hardware profile '{hw.name}' has no interconnect for the all-to-alls inside a node")
+    net = cluster.inter_node
+    links = AllToAllLinks(
+        ep, cluster.gpus_per_node, base._ar_bw or 1.0, base._ar_latency_s, net.bandwidth_gbps * 1e9, net.latency_us * 1e-6
+    )
+    return AllToAll(
+        links,
+        base.model.moe.experts_per_token,
+        dispatch_bytes_per_copy(h, base.weight_dtype, base.act_dtype),
+        combine_bytes_per_copy(h, base.act_dtype),
+    )
+
+
+class DataParallelAttentionCostModel(PipelineCostModel):
+    """One rank's iterations: its own attention and dense work (the base model at tensor
+    parallel 1), and each sparse layer's routed experts on the group's tokens with the
+    dispatch and combine around them."""
+
+    name = "dp_attention"
+
+    def __init__(self, base, placement: Placement, ep: int, source: str = ""):
+        super().__init__(base, placement, source)
+        self.ep = ep
+        self.group_experts = RoutedExperts(
+            base.model, base.hardware, base.weight_dtype, base.act_dtype, base.gemm_dtype, ep, ep
+        )
+        self.all_to_all = all_to_all(base, ep, placement.cluster, source)
+
+    def routed_expert_time_s(self, tokens) -> np.ndarray:
+        """One sparse layer's routed experts on the slowest GPU for a rank of `tokens` (its
+        peers alike), with the dispatch before them and the combine after."""
+        tokens = np.asarray(tokens, dtype=np.float64)
+        return (
+            self.all_to_all.dispatch_time_s(tokens)
+            + self.group_experts.expert_time_s(self.ep * tokens)
+            + self.all_to_all.combine_time_s(tokens)
+        )
