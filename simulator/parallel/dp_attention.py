@@ -22,49 +22,12 @@ from __future__ import annotations
 import numpy as np
 
 from ..costmodel.moe import RoutedExperts
-from ..errors import InfersimError
 from ..models.dtypes import bytes_per_element
-from ..validation import positive_int, source_field
 from .alltoall import AllToAll, AllToAllLinks, combine_bytes_per_copy, dispatch_bytes_per_copy
 from .config import ClusterSection
 from .cost import PipelineCostModel
-from .placement import Placement, stage_layers
-
-FIELD = "hardware.data_parallel_attention"
-
-
-def _fail(source: str, field: str, message: str):
-    raise InfersimError(f"{source_field(source, field)}: {message}")
-
-
-def check_dp_attention(model, spec, source: str = "") -> Placement:
-    """Every rule of a data-parallel-attention deployment, each failure one line naming its
-    field; the placement of one rank (one GPU, one stage)."""
-    hw, sv = spec.hardware, spec.serving
-    if model.moe is None:
-        _fail(source, FIELD, f"needs a mixture-of-experts model; '{model.name}' has no experts")
-    for field, value in (("hardware.tensor_parallel", hw.tensor_parallel), ("hardware.pipeline_parallel", hw.pipeline_parallel)):
-        if value != 1:
-            _fail(source, field, f"{value} with data_parallel_attention: each rank is one GPU (give 1)")
-    if hw.disaggregated is not None:
-        _fail(source, FIELD, "does not combine with hardware.disaggregated")
-    ep = positive_int(hw.expert_parallel, "hardware.expert_parallel", source)
-    if ep < 2:
-        _fail(source, "hardware.expert_parallel", "data_parallel_attention needs at least 2 ranks sharing the experts")
-    if model.moe.num_experts % ep:
-        _fail(source, "hardware.expert_parallel", f"{ep} does not divide the {model.moe.num_experts} experts of '{model.name}'")
-    if hw.replicas % ep:
-        _fail(source, "hardware.replicas", f"{hw.replicas} is not a multiple of hardware.expert_parallel {ep} (each rank is a replica)")
-    cluster = hw.cluster or ClusterSection()
-    g = cluster.gpus_per_node
-    if g % ep and ep % g:
-        _fail(source, "hardware.expert_parallel", f"{ep} neither divides hardware.cluster.gpus_per_node {g} nor is a multiple of it")
-    for section in ("speculation", "offload"):
-        if getattr(spec, section) is not None:
-            _fail(source, FIELD, f"does not combine with a '{section}' section")
-    if sv.cost_model != "roofline":
-        _fail(source, FIELD, f"is priced by the roofline cost model only, not serving.cost_model '{sv.cost_model}'")
-    return Placement(1, 1, stage_layers(model.num_layers, 1), cluster)
+from .dp_rules import fail
+from .placement import Placement
 
 
 def dp_attention_weight_bytes_per_gpu(model, ep: int, dtype: str) -> float:
@@ -78,10 +41,19 @@ def all_to_all(base, ep: int, cluster: ClusterSection, source: str = "") -> AllT
     """The group's dispatch and combine, from the profile's interconnect and the cluster's network."""
     hw, h = base.hardware, base.model.hidden_size
     if base._ar_bw is None and min(ep, cluster.gpus_per_node) > 1:
-        _fail(source, "hardware.expert_parallel", f"hardware profile '{hw.name}' has no interconnect for the all-to-alls inside a node")
+        fail(
+            source,
+            "hardware.expert_parallel",
+            f"hardware profile '{hw.name}' has no interconnect for the all-to-alls inside a node",
+        )
     net = cluster.inter_node
     links = AllToAllLinks(
-        ep, cluster.gpus_per_node, base._ar_bw or 1.0, base._ar_latency_s, net.bandwidth_gbps * 1e9, net.latency_us * 1e-6
+        ep,
+        cluster.gpus_per_node,
+        base._ar_bw or 1.0,
+        base._ar_latency_s,
+        net.bandwidth_gbps * 1e9,
+        net.latency_us * 1e-6,
     )
     return AllToAll(
         links,
