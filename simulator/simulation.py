@@ -28,7 +28,11 @@ from .models.dtypes import normalize_dtype
 from .offload.replica import offload_memory_plan
 from .offload.replica import replica_class as offload_replica_class
 from .parallel.cost import PipelineCostModel
-from .parallel.dp_attention import DataParallelAttentionCostModel, dp_attention_weight_bytes_per_gpu
+from .parallel.dp_attention import (
+    DataParallelAttentionCostModel,
+    check_rank_weights_fit,
+    dp_attention_weight_bytes_per_gpu,
+)
 from .parallel.memory import plan_pipeline_memory
 from .parallel.placement import COLOCATED, check_deployment
 from .parallel.setup import pipeline_replicas
@@ -177,7 +181,10 @@ class Simulation:
         return dp_attention_weight_bytes_per_gpu(self.model, hw.expert_parallel, self.dtype)
 
     def plan_pool_memory(self, hardware, tp: int, source: str) -> MemoryPlan:
-        return plan_memory(self.model, hardware, self.memory_options(tp), source=source)
+        opts = self.memory_options(tp)
+        if opts.weight_bytes_per_gpu is not None:
+            check_rank_weights_fit(self.model, hardware, opts, self.spec.hardware.expert_parallel, source)
+        return plan_memory(self.model, hardware, opts, source=source)
 
     def new_replica(self, replica_cls, index: int, memory: MemoryPlan, **kwargs):
         """A replica with its own block pools (sized by `memory`), scheduler and host link."""

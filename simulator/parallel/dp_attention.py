@@ -37,6 +37,19 @@ def dp_attention_weight_bytes_per_gpu(model, ep: int, dtype: str) -> float:
     return model.weight_bytes(dtype) - experts * bytes_per_element(dtype) * (1.0 - 1.0 / ep)
 
 
+def check_rank_weights_fit(model, hw, opts, ep: int, source: str = "") -> None:
+    """A rank whose weights alone fill its GPU's budget is refused naming the group size, the
+    one degree that shrinks them (tensor parallelism is fixed at 1 here)."""
+    weights = opts.weight_bytes_per_gpu
+    if weights >= opts.usable_bytes(hw):
+        fail(
+            source,
+            "hardware.expert_parallel",
+            f"{ep} ranks leave {weights / 1e9:.1f} GB of '{model.name}' weights on each GPU ({opts.dtype}), more "
+            f"than {opts.budget_label(hw)} gives; raise hardware.expert_parallel or lower the dtype",
+        )
+
+
 def all_to_all(base, ep: int, cluster: ClusterSection, source: str = "") -> AllToAll:
     """The group's dispatch and combine, from the profile's interconnect and the cluster's network."""
     hw, h = base.hardware, base.model.hidden_size

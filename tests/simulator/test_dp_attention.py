@@ -174,6 +174,14 @@ def test_bad_groups_are_refused_in_one_line_naming_the_field(hardware, needle):
     assert needle in str(err.value) and "\n" not in str(err.value)
 
 
+def test_a_rank_whose_weights_do_not_fit_names_the_group_size():
+    """EP 8 leaves 100.7 GB of DeepSeek-V3 per 80 GB H100 (it fits the 141 GB H200)."""
+    with pytest.raises(InfersimError) as err:
+        build(dp_spec(8))
+    assert "field 'hardware.expert_parallel': 8 ranks leave 100.7 GB of 'deepseek-v3' weights" in str(err.value)
+    assert build(dp_spec(8, "h200:datasheet")).memory.gpu_blocks > 0
+
+
 def test_serving_is_deterministic_and_spreads_requests_over_the_ranks():
     spec = dp_spec(16)
     a, b = simulate(spec, build_requests(spec, ".")), simulate(spec, build_requests(spec, "."))
