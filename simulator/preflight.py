@@ -78,7 +78,9 @@ def check_workload(
     for field, name in (("serving.dtype", sv.dtype), ("serving.kv_dtype", sv.kv_dtype or sv.dtype)):
         hardware.require_dtype(normalize_dtype(name), f"{source}: field '{field}'")
     hardware.require_tensor_parallel(hw.tensor_parallel, f"{source}: field '{named('hardware.tensor_parallel')}'")
-    if hw.disaggregated is None:
+    if hw.data_parallel_attention:
+        pass  # check_deployment checks the group (parallel/dp_attention.py)
+    elif hw.disaggregated is None:
         check_expert_parallel(model, hw.tensor_parallel, hw.expert_parallel, source=source)
     else:  # experts spread over each pool's tensor-parallel group
         for name in POOLS:

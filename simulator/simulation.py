@@ -28,6 +28,11 @@ from .models.dtypes import normalize_dtype
 from .offload.replica import offload_memory_plan
 from .offload.replica import replica_class as offload_replica_class
 from .parallel.cost import PipelineCostModel
+from .parallel.dp_attention import (
+    DataParallelAttentionCostModel,
+    check_rank_weights_fit,
+    dp_attention_weight_bytes_per_gpu,
+)
 from .parallel.memory import plan_pipeline_memory
 from .parallel.placement import COLOCATED, check_deployment
 from .parallel.setup import pipeline_replicas
@@ -132,8 +137,9 @@ class Simulation:
         for key, name in (("serving.dtype", self.dtype), ("serving.kv_dtype", self.kv_dtype)):
             hardware.require_dtype(name, f"{source}: field '{key}'")
         hardware.require_tensor_parallel(tp, f"{source}: field '{tp_field}'")
+        dp_attention = self.spec.hardware.data_parallel_attention
         ep = self.spec.hardware.expert_parallel
-        parallel = {"expert_parallel": ep} if ep > 1 else {}
+        parallel = {"expert_parallel": ep} if ep > 1 and not dp_attention else {}
         cost_model = build_cost_model(
             self.spec.serving.cost_model,
             self.model,
@@ -143,7 +149,9 @@ class Simulation:
             tensor_parallel=tp,
             **parallel,
         )
-        if placement.staged:
+        if dp_attention:
+            cost_model = DataParallelAttentionCostModel(cost_model, placement, ep, source)
+        elif placement.staged:
             cost_model = PipelineCostModel(cost_model, placement, source)
         return hardware, cost_model
 
@@ -162,10 +170,21 @@ class Simulation:
             cpu_blocks=sv.cpu_blocks,
             max_model_len=self.limits.max_model_len,
             non_torch_reserve_gib=sv.non_torch_reserve_gib,
+            weight_bytes_per_gpu=self._dp_attention_weights(),
         )
 
+    def _dp_attention_weights(self) -> float | None:
+        """A data-parallel-attention rank's weights (experts sharded over its group), else None."""
+        hw = self.spec.hardware
+        if not hw.data_parallel_attention:
+            return None
+        return dp_attention_weight_bytes_per_gpu(self.model, hw.expert_parallel, self.dtype)
+
     def plan_pool_memory(self, hardware, tp: int, source: str) -> MemoryPlan:
-        return plan_memory(self.model, hardware, self.memory_options(tp), source=source)
+        opts = self.memory_options(tp)
+        if opts.weight_bytes_per_gpu is not None:
+            check_rank_weights_fit(self.model, hardware, opts, self.spec.hardware.expert_parallel, source)
+        return plan_memory(self.model, hardware, opts, source=source)
 
     def new_replica(self, replica_cls, index: int, memory: MemoryPlan, **kwargs):
         """A replica with its own block pools (sized by `memory`), scheduler and host link."""
@@ -304,6 +323,11 @@ class Simulation:
             out["disaggregated"] = self.deployment.resolved()
         else:
             out["parallel"] = {**self.placement.describe(), **self.parallel_account}
+            if self.spec.hardware.data_parallel_attention:
+                out["parallel"]["data_parallel_attention"] = {
+                    "expert_parallel": self.spec.hardware.expert_parallel,
+                    "groups": self.spec.hardware.replicas // self.spec.hardware.expert_parallel,
+                }
         return out
 
 

@@ -70,6 +70,8 @@ class MemoryOptions:
     cpu_blocks: int | None = None  # a fixed host pool instead of swap_space_gb's
     max_model_len: int | None = None  # the longest sequence served: a derived pool must hold one
     non_torch_reserve_gib: float | None = None  # serving.non_torch_reserve_gib; None: the engine's default
+    # a split that is not 1/tp of everything (data-parallel attention: experts sharded, the rest whole)
+    weight_bytes_per_gpu: float | None = None
 
     def reserve_bytes(self, hw: HardwareProfile) -> float:
         """The non-torch reserve one GPU of `hw` keeps out of the budget."""
@@ -162,7 +164,7 @@ def plan_memory(model: ModelSpec, hw: HardwareProfile, opts: MemoryOptions, sour
     gpu_blocks, cpu_blocks = opts.gpu_blocks, opts.cpu_blocks
     explicit = gpu_blocks is not None
     block_bytes = model.bytes_kv_per_block_per_gpu(block_size, tp, kv_dtype)
-    weights = model.weight_bytes_per_gpu(tp, dtype)
+    weights = model.weight_bytes_per_gpu(tp, dtype) if opts.weight_bytes_per_gpu is None else opts.weight_bytes_per_gpu
     act = opts.activation_bytes(model)
     if gpu_blocks is None:
         budget = opts.usable_bytes(hw) - weights - act

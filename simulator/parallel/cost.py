@@ -46,8 +46,12 @@ class PipelineCostModel(CostModel):
             parts[kind] = parts[kind] + row
         parts["every"] = parts["every"] + self.links.allreduce_pair_time_s(tokens)
         if self.base.experts is not None:
-            parts["sparse"] = parts["sparse"] + self.base.experts.expert_time_s(tokens)
+            parts["sparse"] = parts["sparse"] + self.routed_expert_time_s(tokens)
         return parts
+
+    def routed_expert_time_s(self, tokens) -> np.ndarray:
+        """One sparse layer's routed experts for `tokens` (every GPU of the group holds them all)."""
+        return self.base.experts.expert_time_s(tokens)
 
     def stage_times_from_totals(self, t: BatchTotals) -> np.ndarray:
         """Compute time of each stage, shape (stages, n): each stage runs its own layers, dense

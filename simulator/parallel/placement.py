@@ -15,6 +15,7 @@ from ..disaggregation.config import POOLS
 from ..errors import InfersimError
 from ..validation import check_tensor_parallel, positive_int, source_field
 from .config import ClusterSection
+from .dp_rules import check_dp_attention
 
 COLOCATED = "colocated"  # check_deployment's key of a colocated deployment's one pool
 
@@ -134,6 +135,9 @@ def check_deployment(model, spec, source: str = "") -> dict[str, Placement]:
     deployment's prefill and decode pools (one stage each, its own tensor_parallel)."""
     d = spec.hardware.disaggregated
     cluster = spec.hardware.cluster or ClusterSection()
+    if spec.hardware.data_parallel_attention:  # every rank one GPU, one stage
+        check_dp_attention(model, spec, source)
+        return {COLOCATED: Placement(1, 1, stage_layers(model.num_layers, 1), cluster)}
     if d is None:
         return {COLOCATED: _check_colocated(model, spec, source)}
     placements = {}

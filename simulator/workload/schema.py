@@ -29,7 +29,14 @@ class HardwareSection(_Strict):
     tensor_parallel: PositiveInt = 1
     expert_parallel: PositiveInt = Field(
         1,
-        description="GPUs of the tensor-parallel group the experts of a mixture-of-experts model are spread over (1 or tensor_parallel)",
+        description="GPUs the experts of a mixture-of-experts model are spread over: 1 or tensor_parallel, or "
+        "with data_parallel_attention the replicas of one group",
+    )
+    data_parallel_attention: bool = Field(
+        False,
+        description="attention data-parallel: every replica is one GPU with its own requests and KV cache, and "
+        "each expert_parallel replicas share their experts through dispatch/combine all-to-alls (SGLang "
+        "--enable-dp-attention, vLLM --data-parallel-size with --enable-expert-parallel; docs/moe-and-fp8.md)",
     )
     pipeline_parallel: PositiveInt = Field(
         1, description="pipeline stages per replica: layers split over them, each stage a tensor-parallel group"

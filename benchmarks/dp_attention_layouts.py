@@ -1,0 +1,93 @@
+"""DeepSeek-V3 in fp8 on 16 H100 (two 8-GPU nodes) laid out three ways: TP 8 x PP 2, TP 16, and
+data-parallel attention 16 with expert parallelism 16. Writes benchmarks/RESULTS-dp-attention.md
+(the numbers docs/moe-and-fp8.md quotes).
+
+    python benchmarks/dp_attention_layouts.py [--out benchmarks/RESULTS-dp-attention.md] [--requests 16384]
+
+For each layout: the KV pool (tokens per engine and engines), one decode step alone at batch 1,
+32 (800-token contexts) and 256 (2,000-token contexts) on the calibrated `h100-sxm` profile and
+its datasheet roofline, and a chat burst (prompts lognormal with mean 600 tokens, outputs mean
+200, chunked prefill of 2,048 tokens) at 256 and 1,024 sequences per engine."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import yaml
+
+from infersim.simulator.costmodel import BatchShape
+from infersim.simulator.simulation import Simulation, simulate
+from infersim.simulator.workload.builder import build_requests
+from infersim.simulator.workload.schema import WorkloadSpec
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "parallel" / "deepseek-v3-h100-dp16-ep16.yaml"
+LAYOUTS = {
+    "TP 8 x PP 2": {"tensor_parallel": 8, "pipeline_parallel": 2},
+    "TP 16": {"tensor_parallel": 16},
+    "DP 16 + EP 16": {"replicas": 16, "expert_parallel": 16, "data_parallel_attention": True},
+}
+STEPS = ((1, 800), (32, 800), (256, 2000))  # (sequences per engine, context tokens)
+
+
+def spec(layout: dict, profile: str, requests: int, max_batch_size: int = 256) -> WorkloadSpec:
+    data = yaml.safe_load(EXAMPLE.read_text())
+    data["hardware"] = {"profile": profile, **layout}
+    data["serving"]["max_batch_size"] = max_batch_size
+    data["requests"].update(count=requests, arrival={"type": "burst"})
+    return WorkloadSpec.model_validate(data)
+
+
+def steps_row(name: str, layout: dict) -> str:
+    cells = []
+    for profile in ("h100-sxm", "h100-sxm:datasheet"):
+        s = spec(layout, profile, 1)
+        cm = Simulation(s, build_requests(s, ".")).cost_model
+        cells.append([cm.iteration_time_s(BatchShape.decode([ctx] * b)) * 1e3 for b, ctx in STEPS])
+    sim = Simulation(s, build_requests(s, "."))
+    engines = len(sim.replicas) * (layout.get("pipeline_parallel", 1))
+    pool = sim.memory.gpu_blocks * sim.spec.serving.block_size // layout.get("pipeline_parallel", 1)
+    times = " | ".join(f"{c:.2f} ({d:.2f})" for c, d in zip(*cells))
+    return f"| {name} | {engines} x {pool:,} | {times} |"
+
+
+def chat_row(name: str, layout: dict, requests: int) -> str:
+    out = []
+    for mbs in (256, 1024):
+        s = spec(layout, "h100-sxm", requests, mbs)
+        r = simulate(s, build_requests(s, "."))
+        out.append(r.requests["output_tokens"].sum() / r.requests["finish_s"].max())
+    return f"| {name} | {out[0]:,.0f} | {out[1]:,.0f} |"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "RESULTS-dp-attention.md")
+    parser.add_argument("--requests", type=int, default=16384)
+    args = parser.parse_args()
+    lines = [
+        "# DeepSeek-V3 fp8 on 16 H100: TP 8 x PP 2, TP 16, DP attention 16 + EP 16",
+        "",
+        "Written by `python benchmarks/dp_attention_layouts.py`.",
+        "",
+        "One decode step alone, ms, calibrated `h100-sxm` (datasheet in brackets); batch per engine.",
+        "",
+        "| layout | KV pools: engines x tokens | B 1, 800 ctx | B 32, 800 ctx | B 256, 2,000 ctx |",
+        "|---|---:|---:|---:|---:|",
+        *(steps_row(n, lay) for n, lay in LAYOUTS.items()),
+        "",
+        f"Chat burst of {args.requests:,} requests, output tokens/s over the run (calibrated profile), "
+        "by sequences allowed per engine (`serving.max_batch_size`).",
+        "",
+        "| layout | 256 | 1,024 |",
+        "|---|---:|---:|",
+        *(chat_row(n, lay, args.requests) for n, lay in LAYOUTS.items()),
+        "",
+    ]
+    args.out.write_text("\n".join(lines))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
