@@ -31,12 +31,14 @@ from dataclasses import dataclass
 from infersim.simulator.engine.memory import non_torch_reserve_bytes
 from infersim.simulator.errors import InfersimError
 from infersim.simulator.machine import host_available_bytes
+from infersim.simulator.models.catalog import load_model as load_spec
 from infersim.simulator.models.spec import ModelSpec
 from infersim.simulator.offload.config import OffloadSection
 from infersim.simulator.offload.memory import PoolBlocks, PoolBudget, pool_blocks
 from infersim.simulator.offload.setup import build_policy_for
 
 from ..kv_memory import allocated_blocks, fmt_bytes, pinned_bytes
+from ..models import dtype_name
 from ..serving import DeviceBudget, device_budget
 
 # loads in flight at once: layer i's, and layer i+1's issued during layer i (overlap ffn/layer)
@@ -138,10 +140,6 @@ def plan_offload_blocks(
 ) -> tuple[dict, PoolBlocks]:
     """plan_host_pool for a loaded model: the run's memory section (executor/serving.py's
     plan_blocks keys; cpu_blocks 0: no second tier) and the plan."""
-    from infersim.simulator.models.catalog import load_model as load_spec
-
-    from ..models import dtype_name
-
     b = device_budget(lm, sv, limits, kv_dtype=lm.dtype, device_memory_gb=device_memory_gb, activations=True)
     spec = load_spec(str(lm.path / "config.json"))
     plan = plan_host_pool(spec, section, sv, Machine(b, host_available_bytes()), dtype_name(lm.dtype), source)
