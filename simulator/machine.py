@@ -30,20 +30,32 @@ def host_memory_gb() -> float:
     return 16.0
 
 
-def host_available_bytes() -> float:
-    """Memory a new allocation can take without swapping: the kernel's MemAvailable (free pages
-    plus reclaimable caches), else the free physical pages."""
+def host_available_bytes() -> int:
+    """Memory a new allocation of this process can take without swapping: the kernel's
+    MemAvailable (free pages plus reclaimable caches), else the free physical pages, capped by
+    the cgroup's memory limit where one is set (a container sees the host's MemAvailable)."""
+    avail = None
     try:
         with open("/proc/meminfo") as fh:
             for line in fh:
                 if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024.0
+                    avail = int(line.split()[1]) * 1024
+                    break
     except OSError:
         pass
+    if avail is None:
+        try:
+            avail = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            avail = int(host_memory_gb() * 1e9)
     try:
-        return float(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-    except (ValueError, OSError, AttributeError):
-        return host_memory_gb() * 1e9
+        with open("/sys/fs/cgroup/memory.max") as fh:
+            text = fh.read().strip()
+        if text.isdigit():
+            avail = min(avail, int(text))
+    except OSError:
+        pass
+    return avail
 
 
 def machine_line() -> str:

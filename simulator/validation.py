@@ -9,12 +9,12 @@ the file or flag and the field."""
 from __future__ import annotations
 
 import math
-import os
 from typing import Any
 
 from pydantic import ConfigDict
 
 from .errors import InfersimError
+from .machine import host_available_bytes
 
 # Every strict schema: unknown keys and non-finite numbers (.nan, .inf in YAML) are errors.
 STRICT_CONFIG = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -96,32 +96,6 @@ def check_tensor_parallel(model, tp: int, field: str = "hardware.tensor_parallel
 # ---- memory ---------------------------------------------------------------------------------
 
 
-def available_memory_bytes() -> int:
-    """Memory this process may still use: MemAvailable, capped by a cgroup limit when one is set."""
-    avail = None
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    avail = int(line.split()[1]) * 1024
-                    break
-    except OSError:
-        pass
-    if avail is None:
-        try:
-            avail = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
-        except (ValueError, OSError, AttributeError):
-            avail = 16 * 10**9
-    try:
-        with open("/sys/fs/cgroup/memory.max") as fh:
-            text = fh.read().strip()
-        if text.isdigit():
-            avail = min(avail, int(text))
-    except OSError:
-        pass
-    return avail
-
-
 def _gb(n_bytes: float) -> str:
     return f"{n_bytes / 1e9:,.3g} GB" if n_bytes < 1e12 else f"{n_bytes / 1e12:,.3g} TB"
 
@@ -131,7 +105,7 @@ def check_memory(estimate_bytes: float, what: str, allow: bool = False) -> None:
     with the estimate in the message, unless `allow` (the command's --no-memory-check)."""
     if allow:
         return
-    avail = available_memory_bytes()
+    avail = host_available_bytes()
     if estimate_bytes > avail:
         raise InfersimError(
             f"{what} would need about {_gb(estimate_bytes)} of memory, more than the {_gb(avail)} "

@@ -400,7 +400,7 @@ def test_a_list_index_out_of_range_is_refused_before_anything_is_written(tmp_pat
 def test_a_trace_too_large_for_memory_is_refused_before_the_sweep_starts(tmp_path, capsys, monkeypatch):
     """The trace's 200,000 rows are counted: 256 MiB + 200,000 x 512 B + 2 configurations x 4 KB
     = 0.371 GB on one worker, more than the 0.3 GB this test makes available."""
-    monkeypatch.setattr("infersim.simulator.validation.available_memory_bytes", lambda: 300_000_000)
+    monkeypatch.setattr("infersim.simulator.validation.host_available_bytes", lambda: 300_000_000)
     (tmp_path / "big.csv").write_text("ts,p,o\n" + "0,5,6\n" * 200_000)
     wl = tmp_path / "wl.yaml"
     wl.write_text(

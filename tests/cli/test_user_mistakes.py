@@ -208,7 +208,7 @@ def test_plan_probe_larger_than_its_cap_is_refused_not_capped(wl, tmp_path):
 def test_a_trace_too_large_for_memory_is_refused_before_it_is_read(tmp_path, monkeypatch):
     """A trace without requests.count replays every row: 200,000 rows need 256 MiB + 200,000 x
     512 B + 4 KB = 0.371 GB, more than the 0.3 GB this test makes available."""
-    monkeypatch.setattr("infersim.simulator.validation.available_memory_bytes", lambda: 300_000_000)
+    monkeypatch.setattr("infersim.simulator.validation.host_available_bytes", lambda: 300_000_000)
     (tmp_path / "big.csv").write_text("ts,p,o\n" + "0,5,6\n" * 200_000)
     requests = {"trace": {"file": "big.csv", "arrival_column": "ts", "prompt_column": "p", "output_column": "o"}}
     wl = write_yaml(tmp_path / "wl.yaml", dict(TINY_WORKLOAD, requests=requests))
