@@ -420,10 +420,11 @@ def _copy_scale(fit, runs: list[ExecRun], ticks: list[float], tick_val: float, a
     near = [ratios[i] for i in adjacent if np.isfinite(ratios[i]) and ratios[i] > 0]
     swapped = [i for i, c in enumerate(ratios) if np.isfinite(c) and c > 0]
     if len(swapped) >= LOO_MIN_RUNS:
-        by_ticks = speed_from_ticks([ratios[i] for i in swapped], [ticks[i] for i in swapped], tick_val)
+        by_ticks = speed_from_ticks(
+            [ratios[i] for i in swapped], [ticks[i] for i in swapped], tick_val, subject="the copies' speed"
+        )
         if np.isfinite(by_ticks.speed):
-            note = by_ticks.note.replace("the machine's speed in the validated run", "the copies' speed", 1)
-            return CopyScale(by_ticks.speed, f"; copies scaled by {by_ticks.speed:.3f}, {note}"), near
+            return CopyScale(by_ticks.speed, f"; copies scaled by {by_ticks.speed:.3f}, {by_ticks.note}"), near
     if not near:
         return CopyScale(None), near
     return CopyScale(float(np.mean(near)), f"; copies {', '.join(f'{c:.3f}' for c in near)}"), near

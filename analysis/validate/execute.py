@@ -121,7 +121,9 @@ def _loo_log_errors(r: np.ndarray, t: np.ndarray) -> tuple[float, float]:
     return float(np.sqrt(np.mean(np.square(const)))), float(np.sqrt(np.mean(np.square(tick))))
 
 
-def speed_from_ticks(ratios, ticks, tick_val: float) -> TickSpeed:
+def speed_from_ticks(
+    ratios, ticks, tick_val: float, subject: str = "the machine's speed in the validated run"
+) -> TickSpeed:
     """The validated run's speed from its speed tick level (tick_level_s): the calibration runs'
     median ratio per tick (`ratios` their measured/fitted ratios, `ticks` their tick levels) times
     its tick.
@@ -142,6 +144,8 @@ def speed_from_ticks(ratios, ticks, tick_val: float) -> TickSpeed:
     (over 5%: 13, 9, 8 and 7 of 45); the tick kernel sometimes moved 10-30% between runs at the
     same speed, and sometimes followed a run 24-30% slower than the runs around it.
 
+    `subject` names what the note says the speed is of (the swap copies' has its own).
+
     NaN when a run has no ticks (an older run), or no tick is passed: the offload validation and
     a pipelined run's drafting process pass none for a GPU run (how those follow the ticks is not
     measured yet); the plain and speculative ones pass it (calibrate.validated_tick_s: a small
@@ -159,7 +163,7 @@ def speed_from_ticks(ratios, ticks, tick_val: float) -> TickSpeed:
         return TickSpeed(float("nan"))
     by_ticks = float(np.median(r / t) * tick_val)
     note = (
-        f"the machine's speed in the validated run: its speed tick {tick_val * 1e3:.3f} ms (calibration runs "
+        f"{subject}: its speed tick {tick_val * 1e3:.3f} ms (calibration runs "
         f"{t.min() * 1e3:.3f}-{t.max() * 1e3:.3f} ms) times their median measured/fitted ratio per tick"
     )
     if r.size < LOO_MIN_RUNS:
