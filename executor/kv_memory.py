@@ -38,19 +38,6 @@ def workload_blocks(prompt_tokens, output_tokens, block_size: int) -> int:
     return int((-(-tokens // block_size) + 1).sum())
 
 
-def derived_gpu_blocks(
-    total_bytes: float,
-    utilization: float,
-    reserve_bytes: float,
-    weight_bytes: float,
-    act_bytes: float,
-    block_bytes: int,
-) -> int:
-    """vLLM's KV budget over a block: the device's total x gpu_memory_utilization, less the
-    non-torch reserve, the weights and the activation peak."""
-    return int((total_bytes * utilization - reserve_bytes - weight_bytes - act_bytes) // block_bytes)
-
-
 def allocated_blocks(planned: int, workload: int | None) -> int:
     """The blocks a pool's tensors hold up front: the planned pool, or fewer when the workload
     can hold no more at once (at least one, so that block 0 exists; none for an empty pool)."""
@@ -145,7 +132,6 @@ __all__ = [
     "PoolSizes",
     "allocated_blocks",
     "check_pools_fit",
-    "derived_gpu_blocks",
     "fmt_bytes",
     "pinned_bytes",
     "pool_sizes",

@@ -113,17 +113,16 @@ def kv_block_bytes(config, block_size: int, element_bytes: int) -> int:
     return 2 * config.num_hidden_layers * block_size * kvh * hd * element_bytes
 
 
-def plan_pools(sv, *, device_type: str, total_bytes: float, block_bytes: int, weight_bytes: float, act_bytes: float):
-    """plan_blocks' arithmetic on plain numbers (`total_bytes`: the device's memory; a GPU's
-    total_memory, or --device-memory-gb on cpu): (gpu_blocks, cpu_blocks, blocks_source)."""
+def plan_pools(sv, budget: "DeviceBudget"):
+    """plan_blocks' arithmetic on a device budget: (gpu_blocks, cpu_blocks, blocks_source).
+    A derived device pool is vLLM's KV budget over a block: the usable memory less the weights
+    and the activation peak."""
     gpu_blocks, blocks_source = sv.gpu_blocks, "explicit"
     if gpu_blocks is None:
         blocks_source = "derived"
-        reserve = non_torch_reserve_bytes("gpu" if device_type == "cuda" else "cpu", sv.non_torch_reserve_gib)
-        gpu_blocks = kv_memory.derived_gpu_blocks(
-            total_bytes, sv.gpu_memory_utilization, reserve, weight_bytes, act_bytes, block_bytes
-        )
-    cpu_blocks = sv.cpu_blocks if sv.cpu_blocks is not None else int(sv.swap_space_gb * 2**30 // block_bytes)
+        free = budget.usable_bytes(sv) - budget.weight_bytes - budget.act_bytes
+        gpu_blocks = int(free // budget.block_bytes)
+    cpu_blocks = sv.cpu_blocks if sv.cpu_blocks is not None else int(sv.swap_space_gb * 2**30 // budget.block_bytes)
     return int(gpu_blocks), int(cpu_blocks), blocks_source
 
 
@@ -136,6 +135,12 @@ class DeviceBudget:
     block_bytes: int  # K and V of one block, every layer, in the KV dtype
     weight_bytes: float
     act_bytes: float  # the activation peak of the batch limits (0 when not asked for)
+
+    def usable_bytes(self, sv) -> float:
+        """What a `serving:` section lets the pools and weights use: the total x
+        gpu_memory_utilization, less the non-torch reserve (a GPU's; none on a CPU)."""
+        device = "gpu" if self.device_type == "cuda" else "cpu"
+        return self.total_bytes * sv.gpu_memory_utilization - non_torch_reserve_bytes(device, sv.non_torch_reserve_gib)
 
 
 def device_budget(lm, sv, limits, *, kv_dtype, device_memory_gb: float | None, activations: bool) -> DeviceBudget:
@@ -169,14 +174,7 @@ def plan_blocks(lm, sv, limits, *, kv_dtype, device_memory_gb: float | None = No
     b = device_budget(
         lm, sv, limits, kv_dtype=kv_dtype, device_memory_gb=device_memory_gb, activations=sv.gpu_blocks is None
     )
-    gpu_blocks, cpu_blocks, blocks_source = plan_pools(
-        sv,
-        device_type=b.device_type,
-        total_bytes=b.total_bytes,
-        block_bytes=b.block_bytes,
-        weight_bytes=b.weight_bytes,
-        act_bytes=b.act_bytes,
-    )
+    gpu_blocks, cpu_blocks, blocks_source = plan_pools(sv, b)
     if gpu_blocks <= 0:
         raise InfersimError(
             f"model {lm.name} ({b.weight_bytes / 1e9:.2f} GB of weights) leaves no KV blocks on {lm.device}"

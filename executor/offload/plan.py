@@ -28,7 +28,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from infersim.simulator.engine.memory import non_torch_reserve_bytes
 from infersim.simulator.errors import InfersimError
 from infersim.simulator.machine import host_available_bytes
 from infersim.simulator.models.catalog import load_model as load_spec
@@ -61,11 +60,9 @@ def plan_host_pool(
     memory capped at what this host has available."""
     device = machine.device
     policy, _, _ = build_policy_for(model, section, dtype, dtype)
-    cuda = device.device_type == "cuda"
-    reserve = non_torch_reserve_bytes("gpu" if cuda else "cpu", serving.non_torch_reserve_gib)
     util = serving.gpu_memory_utilization
     budget = PoolBudget(
-        usable_gpu_bytes=device.total_bytes * util - reserve,
+        usable_gpu_bytes=device.usable_bytes(serving),
         weight_bytes_gpu=device.weight_bytes,
         weight_bytes_cpu=0.0,
         activation_bytes=device.act_bytes,

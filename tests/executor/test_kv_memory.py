@@ -159,17 +159,11 @@ def test_a_pool_larger_than_the_host_is_refused_naming_its_field():
 def test_a_plain_run_planned_from_the_card_allocates_the_workload_only(card):
     """A plain run with a derived pool plans the card's memory and 4 GiB of swap space (349,525
     blocks); the device and the host pool hold the workload's 74 blocks."""
-    from infersim.executor.serving import plan_pools
+    from infersim.executor.serving import DeviceBudget, plan_pools
 
     total, planned = PLANNED[card]
-    gpu, cpu, _ = plan_pools(
-        ServingSection(),
-        device_type="cuda",
-        total_bytes=total,
-        block_bytes=BLOCK_BYTES,
-        weight_bytes=0.0,
-        act_bytes=0.0,
-    )
+    budget = DeviceBudget("cuda", total, BLOCK_BYTES, weight_bytes=0.0, act_bytes=0.0)
+    gpu, cpu, _ = plan_pools(ServingSection(), budget)
     assert (gpu, cpu) == (planned, 4 * 2**30 // BLOCK_BYTES) == (planned, 349_525)
     whole = pool_sizes(
         "engine", device_type="cuda", gpu_blocks=gpu, cpu_blocks=cpu, workload=None, block_bytes=BLOCK_BYTES
