@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from rich.filesize import decimal
 
 from infersim.simulator.errors import InfersimError
 
@@ -98,14 +99,6 @@ def pool_sizes(
     )
 
 
-def fmt_bytes(nbytes: float) -> str:
-    """Bytes in the unit that reads best (decimal: GB = 1e9 B)."""
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:,.3g} {unit}"
-    return f"{nbytes:.0f} B"
-
-
 def check_pools_fit(
     sizes: list[PoolSizes], *, host_available_bytes: float, device_free_bytes: float | None, source: str
 ) -> None:
@@ -115,15 +108,15 @@ def check_pools_fit(
     host = sum(s.host_memory_bytes for s in sizes)
     if host > host_available_bytes:
         raise InfersimError(
-            f"{source}: the KV pools need {fmt_bytes(host)} of host memory, more than the "
-            f"{fmt_bytes(host_available_bytes)} available on this machine; lower serving.cpu_blocks, "
+            f"{source}: the KV pools need {decimal(host)} of host memory, more than the "
+            f"{decimal(host_available_bytes)} available on this machine; lower serving.cpu_blocks, "
             f"serving.swap_space_gb or offload.pool_blocks, or serve fewer requests"
         )
     device = sum(s.device_memory_bytes for s in sizes)
     if device_free_bytes is not None and device > device_free_bytes:
         raise InfersimError(
-            f"{source}: the KV pools need {fmt_bytes(device)} of GPU memory, more than the "
-            f"{fmt_bytes(device_free_bytes)} free on the device; lower serving.gpu_blocks"
+            f"{source}: the KV pools need {decimal(device)} of GPU memory, more than the "
+            f"{decimal(device_free_bytes)} free on the device; lower serving.gpu_blocks"
         )
 
 
@@ -132,7 +125,6 @@ __all__ = [
     "PoolSizes",
     "allocated_blocks",
     "check_pools_fit",
-    "fmt_bytes",
     "pinned_bytes",
     "pool_sizes",
     "workload_blocks",

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rich.filesize import decimal
+
 from infersim.simulator.errors import InfersimError
 from infersim.simulator.machine import host_available_bytes
 from infersim.simulator.models.catalog import load_model as load_spec
@@ -36,7 +38,7 @@ from infersim.simulator.offload.config import OffloadSection
 from infersim.simulator.offload.memory import PoolBlocks, PoolBudget, pool_blocks
 from infersim.simulator.offload.setup import build_policy_for
 
-from ..kv_memory import allocated_blocks, fmt_bytes, pinned_bytes
+from ..kv_memory import allocated_blocks, pinned_bytes
 from ..models import dtype_name
 from ..serving import DeviceBudget, device_budget
 
@@ -126,8 +128,8 @@ def check_host_fits(hold: HostHold, plan: PoolBlocks, *, host_available_bytes: f
     how = "as set" if explicit else f"{plan.bound_by}-bound"
     raise InfersimError(
         f"{source}: field '{field}': the host KV pool ({plan.blocks:,} blocks, {how}: "
-        f"{fmt_bytes(hold.pool_bytes)}) and the run's other host memory need {fmt_bytes(hold.total_bytes)}, "
-        f"more than the {fmt_bytes(host_available_bytes)} available on this machine; lower "
+        f"{decimal(hold.pool_bytes)}) and the run's other host memory need {decimal(hold.total_bytes)}, "
+        f"more than the {decimal(host_available_bytes)} available on this machine; lower "
         f"offload.cpu_memory_gb or set offload.pool_blocks"
     )
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
+from rich.filesize import decimal
 from rich.table import Table
 
 from infersim.analysis.sweep_backends import BackendOptions
@@ -392,14 +393,6 @@ def batch_and_kv_line(s: dict) -> str:
     )
 
 
-def data_size(n_bytes: float) -> str:
-    """Bytes in the largest unit that keeps a digit before the point (3.1 MB, not 0.00 GB)."""
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n_bytes >= size:
-            return f"{n_bytes / size:.2f} {unit}"
-    return f"{n_bytes:.0f} B"
-
-
 def print_summary(s: dict, spec, out: Path, wall_s: float) -> None:
     """The run's table and lines; a real run (`sim exec`: an `executor` section) is named by the
     device it ran on and its time by the engine clock, not the workload's card and a simulation."""
@@ -435,7 +428,7 @@ def print_summary(s: dict, spec, out: Path, wall_s: float) -> None:
         c.print(f"[yellow]{abort_line(s)}[/]")
     c.print(
         f"preemptions: {p['recompute']} recompute ({p['recompute_forced_by_full_cpu']} forced by full CPU), {p['swap']} swap; "
-        f"swapped {data_size(s['swap_out_bytes'])} out, {data_size(s['swap_in_bytes'])} in"
+        f"swapped {decimal(s['swap_out_bytes'])} out, {decimal(s['swap_in_bytes'])} in"
     )
     c.print(batch_and_kv_line(s))
     pc = s.get("prefix_cache")

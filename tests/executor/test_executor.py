@@ -266,11 +266,11 @@ def test_sim_exec_writes_the_run_directory_of_sim_run(zoo_dir, tmp_path, capsys)
     assert s_ex["finished"] == 10 and s_ex["aborted"] == 0
     assert s_ex["preemptions"]["swap"] > 0 and s_ex["swap_out_bytes"] > 0  # 40 blocks are too few for 10 requests
     # the printed summary names the device that ran, the engine clock and the bytes swapped in kB
-    from infersim.cli.run import data_size
+    from rich.filesize import decimal
 
     assert "exec-small: zoo-target on cpu (fp32), fcfs/swap" in printed, printed
     assert f"in {s_ex['makespan_s']:.2f} s on the engine clock" in printed and "simulated" not in printed
-    assert f"swapped {data_size(s_ex['swap_out_bytes'])} out" in printed and " kB out" in printed
+    assert f"swapped {decimal(s_ex['swap_out_bytes'])} out" in printed and " kB out" in printed
     assert "of 40 device KV blocks (in CPU memory)" in printed
     req = pd.read_parquet(ex / "requests.parquet")
     assert (req["finish_s"] >= req["first_token_s"]).all() and (req["first_token_s"] >= req["arrival_s"]).all()

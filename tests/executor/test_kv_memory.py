@@ -149,8 +149,8 @@ def test_a_pool_larger_than_the_host_is_refused_naming_its_field():
     with pytest.raises(InfersimError) as e:
         check_host_fits(hold, plan, host_available_bytes=HOST_AVAILABLE, source="w.yaml")
     line = str(e.value)
-    assert line.startswith("w.yaml: field 'offload.pool_blocks': the host KV pool (12,000,000 blocks, as set: 147 GB)")
-    assert "more than the 134 GB available" in line and "\n" not in line
+    assert line.startswith("w.yaml: field 'offload.pool_blocks': the host KV pool (12,000,000 blocks, as set: 147.5 GB)")
+    assert "more than the 134.2 GB available" in line and "\n" not in line
     capped = _offload_plan(H200_BYTES, HOST_AVAILABLE, cpu_memory_gb=500.0)
     assert (capped.bound_by, capped.cpu_pool_bytes) == ("cpu", HOST_AVAILABLE * 0.9)
 
@@ -183,7 +183,7 @@ def test_pools_the_gpu_cannot_hold_are_refused_naming_the_gpu():
     )
     assert (big.device_memory_bytes, big.host_memory_bytes) == (122_880_000_000, 0)
     with pytest.raises(
-        InfersimError, match=r"w.yaml: the KV pools need 123 GB of GPU memory, more than the 84 GB free"
+        InfersimError, match=r"w.yaml: the KV pools need 122.9 GB of GPU memory, more than the 84.0 GB free"
     ):
         check_pools_fit([big], host_available_bytes=HOST_AVAILABLE, device_free_bytes=84e9, source="w.yaml")
 
@@ -191,7 +191,7 @@ def test_pools_the_gpu_cannot_hold_are_refused_naming_the_gpu():
 def test_a_cpu_runs_device_pool_is_host_memory():
     sizes = pool_sizes("engine", device_type="cpu", gpu_blocks=100, cpu_blocks=50, workload=40, block_bytes=1000)
     assert (sizes.device_memory_bytes, sizes.host_memory_bytes) == (0, 80_000)
-    with pytest.raises(InfersimError, match="need 80 kB of host memory, more than the 80 kB available"):
+    with pytest.raises(InfersimError, match="need 80.0 kB of host memory, more than the 80.0 kB available"):
         check_pools_fit([sizes], host_available_bytes=79_999, device_free_bytes=None, source="w")
 
 
@@ -297,7 +297,7 @@ def test_sim_exec_refuses_an_offload_pool_the_host_cannot_hold(
     assert main(["exec", "-w", str(wl), "-m", "zoo-target", "--fast", "-q", "-o", str(tmp_path / "run")]) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 1 and f"wl.yaml: field '{field}': the host KV pool" in err[0], err
-    assert f"more than the {'100 kB' if available == 1e5 else '20 GB'} available on this machine" in err[0]
+    assert f"more than the {'100.0 kB' if available == 1e5 else '20.0 GB'} available on this machine" in err[0]
     assert [p.name for p in tmp_path.iterdir()] == ["wl.yaml"]
 
 
