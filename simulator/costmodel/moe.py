@@ -31,7 +31,7 @@ import numpy as np
 
 from ..errors import InfersimError
 from ..hardware.profile import HardwareProfile
-from ..models.dtypes import bytes_per_element
+from ..models.dtypes import bytes_per_element, weight_bytes_per_element
 from ..models.moe import expected_distinct_experts
 from ..models.spec import ModelSpec
 from ..validation import positive_int, source_field
@@ -75,7 +75,7 @@ def moe_affine_operators(
     every rank, as vLLM keeps it), the top-k selection, the shared experts (tensor-split like a
     dense MLP), the weighted sum of the k expert outputs and the residual add."""
     moe, h = spec.moe, spec.hidden_size
-    wb, ab = bytes_per_element(weight_dtype), bytes_per_element(act_dtype)
+    wb, ab = weight_bytes_per_element(weight_dtype), bytes_per_element(act_dtype)
     ops = [
         linear_operator("router", h, moe.num_experts, wb, ab, 1),
         Operator(
@@ -117,7 +117,7 @@ class RoutedExperts:
         width = moe.expert_intermediate_size / (
             tp // ep
         )  # each expert tensor-split over the ranks not spreading experts
-        wb, ab = bytes_per_element(weight_dtype), bytes_per_element(act_dtype)
+        wb, ab = weight_bytes_per_element(weight_dtype), bytes_per_element(act_dtype)
         gated = spec.mlp == "gated"
         n_up = 2 if gated else 1
         # per GPU: pick probabilities of its experts, one row per GPU (one row when all are alike)
