@@ -253,11 +253,20 @@ class HardwareProfile(BaseModel):
 
     def require_dtype(self, dtype: str, field: str) -> None:
         """Refuse FP8 (weights or KV cache) on a card whose profile gives no fp8 peak: without FP8
-        tensor cores (A100, A40, V100, RTX A6000) serving engines do not run it."""
+        tensor cores (A100, A40, V100, RTX A6000) serving engines do not run it; and bf16 on a
+        card whose profile gives no bf16 peak."""
         if dtype == "fp8" and "fp8" not in self.peak_tflops:
             raise InfersimError(
                 f"{field}: fp8 needs FP8 tensor cores and hardware profile '{self.name}' has no fp8 peak "
                 f"(H100, H200, L40 and later have them)"
+            )
+        # bf16 came with Ampere: vLLM refuses it below compute capability 8.0 ("Bfloat16 is only
+        # supported on GPUs with compute capability of at least 8.0"; use float16) rather than
+        # running it at the fp16 rate, so a profile without a bf16 peak (T4, V100) refuses it too
+        if dtype == "bf16" and "bf16" not in self.peak_tflops:
+            raise InfersimError(
+                f"{field}: bf16 needs bf16 tensor cores (Ampere and later) and hardware profile '{self.name}' "
+                f"has no bf16 peak; use fp16"
             )
 
     def require_tensor_parallel(self, tp: int, field: str) -> None:
