@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..hardware.profile import HardwareProfile
-from ..models.dtypes import compute_dtype_for, normalize_dtype
+from ..models.dtypes import compute_dtype_for, kv_dtype_for, normalize_dtype
 from ..models.spec import ModelSpec
 from ..validation import check_tensor_parallel
 from .base import CostModel, Direction, OperatorCost
@@ -73,7 +73,7 @@ class RooflineCostModel(CostModel):
     ):
         self.model, self.hardware = model, hardware
         self.weight_dtype = normalize_dtype(dtype)
-        self.kv_dtype = normalize_dtype(kv_dtype or self.weight_dtype)
+        self.kv_dtype = kv_dtype_for(self.weight_dtype, kv_dtype)
         self.act_dtype = compute_dtype_for(self.weight_dtype)
         self.gemm_dtype = gemm_dtype_for(self.weight_dtype)
         self.tp = int(tensor_parallel)

@@ -57,6 +57,16 @@ def weight_bytes_per_element(dtype: str) -> float:
     return BYTES_PER_ELEMENT[key] + _GROUP_OVERHEAD_BYTES.get(key, 0.0)
 
 
+def kv_dtype_for(weight_dtype: str, kv_dtype: str | None = None) -> str:
+    """The KV cache's dtype: the one given, else the weights' own, except under weight-only INT8 /
+    INT4 quantisation, whose cache stays in the activations' 16 bits: vLLM's kv_cache_dtype
+    "auto" is the model's dtype, which an AWQ or GPTQ checkpoint leaves at fp16."""
+    if kv_dtype:
+        return normalize_dtype(kv_dtype)
+    weights = normalize_dtype(weight_dtype)
+    return compute_dtype_for(weights) if weights in ("int8", "int4") else weights
+
+
 def compute_dtype_for(weight_dtype: str) -> str:
     """The activations' dtype: weight-only quantisation (int8/int4) and FP8 keep 16-bit activations
     (FP8 GEMMs quantise their input per token; the residual stream stays 16-bit)."""

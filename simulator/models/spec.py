@@ -218,7 +218,9 @@ class ModelSpec(BaseModel):
     def weight_bytes(self, dtype: str | None = None) -> float:
         dtype = dtype or self.default_dtype
         edges = self.params_edges()
-        return (self.params_total() - edges) * weight_bytes_per_element(dtype) + edges * self.edge_bytes_per_element(dtype)
+        return (self.params_total() - edges) * weight_bytes_per_element(dtype) + edges * self.edge_bytes_per_element(
+            dtype
+        )
 
     def weight_bytes_per_gpu(self, tensor_parallel: int, dtype: str | None = None) -> float:
         """Weights on one tensor-parallel rank: 1/tp of the model, plus the K and V projection

@@ -3,12 +3,14 @@ checkpoints they run on them: dtypes a card cannot run are refused, int4 weights
 their group scales, hand-checked decode times."""
 
 import pytest
+import yaml
 
 from infersim.cli.main import main
 from infersim.simulator.costmodel import BatchShape, RooflineCostModel
 from infersim.simulator.errors import InfersimError
 from infersim.simulator.hardware.catalog import load_hardware
 from infersim.simulator.models.catalog import load_model
+from infersim.simulator.models.dtypes import kv_dtype_for
 
 NO_BF16_CARDS = ["t4", "v100"]
 
@@ -55,3 +57,33 @@ def test_int4_decode_at_batch_1_reads_the_quantised_weights_on_the_datasheet_roo
     assert t4 == pytest.approx((layers + lm_head) / 300e9, rel=0.01)
     assert t4 == pytest.approx(15.6e-3, rel=0.01)
     assert t16 / t4 == pytest.approx(3.2, abs=0.05)
+
+
+def test_weight_only_quantisation_keeps_a_16_bit_kv_cache():
+    """AWQ / GPTQ checkpoints keep their KV cache in the activations' 16 bits (vLLM's
+    kv_cache_dtype "auto"); fp8 weights keep an fp8 cache; an explicit kv_dtype wins."""
+    assert kv_dtype_for("int4") == "fp16" and kv_dtype_for("int8") == "fp16"
+    assert kv_dtype_for("fp8") == "fp8" and kv_dtype_for("bf16") == "bf16"
+    assert kv_dtype_for("int4", "fp8") == "fp8"
+    assert RooflineCostModel(load_model("llama-3-8b"), load_hardware("l4"), dtype="int4").kv_dtype == "fp16"
+
+
+def test_llama_3_8b_int4_kv_pool_on_an_l4_by_hand(tmp_path):
+    """24 GB x 0.9 - 0.25 GiB non-torch - 5,727,466,496 B of int4 weights - 869,531,648 B of
+    activations (8,192 batched tokens, the model's context, x (4 x 4,096 + 2 x 14,336) x 2 B, and
+    256 x 128,256 x 4 B of logits) = 14.735 GB over 16-token fp16 blocks of 32 layers x 2 x 1,024 x 2 B x 16 = 2 MiB: 7,025 blocks
+    (112,400 tokens). With the KV cache in int4, as the weights were, it held 28,103."""
+    wl = tmp_path / "int4.yaml"
+    wl.write_text(
+        "model: llama-3-8b\nhardware: {profile: l4}\nserving: {dtype: int4}\n"
+        "requests:\n  count: 4\n  arrival: {type: poisson, rate: 1}\n"
+        "  prompt_tokens: {type: fixed, value: 8}\n  output_tokens: {type: fixed, value: 4}\n"
+    )
+    assert main(["run", "-w", str(wl), "-o", str(tmp_path / "r"), "-q", "--no-plots"]) == 0
+    memory = yaml.safe_load((tmp_path / "r" / "config.yaml").read_text())["memory"]
+    assert memory["weight_bytes_per_gpu"] == 5_727_466_496
+    assert memory["kv_bytes_per_block"] == 32 * 2 * 1_024 * 2 * 16
+    act = 8_192 * (4 * 4_096 + 2 * 14_336) * 2 + 256 * 128_256 * 4
+    assert memory["activation_bytes_per_gpu"] == act
+    free = 24e9 * 0.9 - 0.25 * 2**30 - 5_727_466_496 - act
+    assert memory["gpu_blocks"] == int(free // (2 * 2**20)) == 7_025
