@@ -36,7 +36,7 @@ from ..models.moe import expected_distinct_experts
 from ..models.spec import ModelSpec
 from ..validation import positive_int, source_field
 from .base_operator import Operator, act_operator, linear_operator
-from .kernel_times import elementwise_fit_time_s, gemm_device, gemm_params, gemm_time_s
+from .kernel_times import elementwise_fit_time_s, gemm_params, gemm_time_s, weight_gemm_device
 from .operators import mlp_operators
 
 
@@ -108,7 +108,6 @@ class RoutedExperts:
         hardware: HardwareProfile,
         weight_dtype: str,
         act_dtype: str,
-        compute_dtype: str,
         tp: int,
         ep: int,
     ):
@@ -133,13 +132,13 @@ class RoutedExperts:
         self._act = act_operator(width, gated, ab)
         self._hw = hardware
         eff_lin, eff_el = hardware.efficiency_for("linear"), hardware.efficiency_for("elementwise")
-        self._flop_rate = hardware.peak_flops(compute_dtype) * eff_lin.compute
+        self._device = weight_gemm_device(hardware, weight_dtype)
+        self._flop_rate = self._device.peak_flops * eff_lin.compute
         self._byte_rate = hardware.memory_bandwidth_bytes_per_s() * eff_lin.memory
         self._el_rate = hardware.memory_bandwidth_bytes_per_s() * eff_el.memory
         self._launch_s = hardware.overheads.kernel_launch_us * 1e-6
         cal = hardware.calibration
         self._gemm = gemm_params(cal.gemm) if cal is not None and cal.gemm is not None else None
-        self._device = gemm_device(hardware, compute_dtype)
         self._act_fit = cal.elementwise.get(self._act.kernel) if cal is not None else None
         self._cache: dict[float, float] = {}
 

@@ -86,9 +86,7 @@ class DataParallelAttentionCostModel(PipelineCostModel):
     def __init__(self, base, placement: Placement, ep: int, source: str = ""):
         super().__init__(base, placement, source)
         self.ep = ep
-        self.group_experts = RoutedExperts(
-            base.model, base.hardware, base.weight_dtype, base.act_dtype, base.gemm_dtype, ep, ep
-        )
+        self.group_experts = RoutedExperts(base.model, base.hardware, base.weight_dtype, base.act_dtype, ep, ep)
         self.all_to_all = all_to_all(base, ep, placement.cluster, source)
 
     def routed_expert_time_s(self, tokens) -> np.ndarray:
