@@ -11,8 +11,19 @@ from infersim.simulator.errors import InfersimError
 from infersim.simulator.hardware.catalog import load_hardware
 from infersim.simulator.models.catalog import load_model
 from infersim.simulator.models.dtypes import kv_dtype_for
+from tests.utils import one_line_error, requests_section, write_yaml
 
 NO_BF16_CARDS = ["t4", "v100"]
+
+
+def card_workload(model: str, profile: str, dtype: str) -> dict:
+    """Four short requests of `model` in `dtype` on one `profile` card."""
+    return {
+        "model": model,
+        "hardware": {"profile": profile},
+        "serving": {"dtype": dtype},
+        "requests": requests_section(4, 8, 4),
+    }
 
 
 @pytest.mark.parametrize("card", NO_BF16_CARDS)
@@ -25,15 +36,9 @@ def test_bf16_refused_on_cards_without_bf16_tensor_cores(card):
 
 
 def test_bf16_on_t4_workload_is_one_line_exit_2(tmp_path, capsys):
-    wl = tmp_path / "t4.yaml"
-    wl.write_text(
-        "model: llama-2-7b\nhardware: {profile: t4}\nserving: {dtype: bf16}\n"
-        "requests:\n  count: 10\n  arrival: {type: poisson, rate: 1}\n"
-        "  prompt_tokens: {type: fixed, value: 5}\n  output_tokens: {type: fixed, value: 5}\n"
-    )
+    wl = write_yaml(tmp_path / "t4.yaml", card_workload("llama-2-7b", "t4", "bf16"))
     assert main(["run", "-w", str(wl), "-o", str(tmp_path / "r"), "-q"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    err = one_line_error(capsys)
     assert "t4.yaml" in err and "serving.dtype" in err and "'t4'" in err
     assert not (tmp_path / "r").exists()
 
@@ -73,12 +78,7 @@ def test_llama_3_8b_int4_kv_pool_on_an_l4_by_hand(tmp_path):
     activations (8,192 batched tokens, the model's context, x (4 x 4,096 + 2 x 14,336) x 2 B, and
     256 x 128,256 x 4 B of logits) = 14.735 GB over 16-token fp16 blocks of 32 layers x 2 x 1,024 x 2 B x 16 = 2 MiB: 7,025 blocks
     (112,400 tokens). With the KV cache in int4, as the weights were, it held 28,103."""
-    wl = tmp_path / "int4.yaml"
-    wl.write_text(
-        "model: llama-3-8b\nhardware: {profile: l4}\nserving: {dtype: int4}\n"
-        "requests:\n  count: 4\n  arrival: {type: poisson, rate: 1}\n"
-        "  prompt_tokens: {type: fixed, value: 8}\n  output_tokens: {type: fixed, value: 4}\n"
-    )
+    wl = write_yaml(tmp_path / "int4.yaml", card_workload("llama-3-8b", "l4", "int4"))
     assert main(["run", "-w", str(wl), "-o", str(tmp_path / "r"), "-q", "--no-plots"]) == 0
     memory = yaml.safe_load((tmp_path / "r" / "config.yaml").read_text())["memory"]
     assert memory["weight_bytes_per_gpu"] == 5_727_466_496
