@@ -15,7 +15,7 @@ from .engine.router import ROUTERS
 from .errors import InfersimError
 from .hardware.catalog import load_hardware
 from .models.catalog import load_model
-from .models.dtypes import normalize_dtype
+from .models.dtypes import kv_dtype_for, normalize_dtype
 from .offload.policies import POLICIES as OFFLOAD_POLICIES
 from .parallel.placement import check_deployment
 from .policies import PREEMPTION_POLICIES, SCHEDULERS
@@ -75,8 +75,11 @@ def check_workload(
         if spec.speculation.draft_hardware is not None:
             in_field(source, "speculation.draft_hardware", load_hardware, spec.speculation.draft_hardware)
     check_seed(spec.seed, "seed", source)
-    for field, name in (("serving.dtype", sv.dtype), ("serving.kv_dtype", sv.kv_dtype or sv.dtype)):
-        hardware.require_dtype(normalize_dtype(name), f"{source}: field '{field}'")
+    for field, name in (
+        ("serving.dtype", normalize_dtype(sv.dtype)),
+        ("serving.kv_dtype", kv_dtype_for(sv.dtype, sv.kv_dtype)),
+    ):
+        hardware.require_dtype(name, f"{source}: field '{field}'")
     hardware.require_tensor_parallel(hw.tensor_parallel, f"{source}: field '{named('hardware.tensor_parallel')}'")
     if hw.data_parallel_attention:
         pass  # check_deployment checks the group (parallel/dp_attention.py)

@@ -24,7 +24,7 @@ from .errors import InfersimError
 from .hardware.catalog import load_hardware
 from .metrics.collector import MetricsCollector
 from .models.catalog import load_model
-from .models.dtypes import normalize_dtype
+from .models.dtypes import kv_dtype_for, normalize_dtype
 from .offload.replica import offload_memory_plan
 from .offload.replica import replica_class as offload_replica_class
 from .parallel.cost import PipelineCostModel
@@ -72,7 +72,7 @@ class Simulation:
         sv = spec.serving
         self.model = load_model(spec.model)
         self.dtype = normalize_dtype(sv.dtype)
-        self.kv_dtype = normalize_dtype(sv.kv_dtype or sv.dtype)
+        self.kv_dtype = kv_dtype_for(sv.dtype, sv.kv_dtype)
         max_model_len = sv.max_model_len or self.model.max_position_embeddings
         self.max_batched = sv.max_batched_tokens or (2048 if sv.chunked_prefill else max(max_model_len, 2048))
         self.limits = SchedulerLimits(sv.max_batch_size, self.max_batched, max_model_len, sv.chunked_prefill)

@@ -22,6 +22,7 @@ from infersim.simulator.costmodel.replay import OffloadReplayCostModel
 from infersim.simulator.errors import InfersimError
 from infersim.simulator.hardware.catalog import load_hardware
 from infersim.simulator.models.catalog import load_model
+from infersim.simulator.models.dtypes import kv_dtype_for
 from infersim.simulator.offload import build_offload
 from infersim.simulator.workload.builder import build_requests
 
@@ -85,7 +86,7 @@ def offload_cost_model(exec_run, fit: OffloadFit, updates: dict, profile: str = 
         load_hardware(profile),
         spec.offload,
         dtype=spec.serving.dtype,
-        kv_dtype=spec.serving.kv_dtype or spec.serving.dtype,
+        kv_dtype=kv_dtype_for(spec.serving.dtype, spec.serving.kv_dtype),
     )
     return setup.cost_model(compute=fit.compute, link=fit.link)
 

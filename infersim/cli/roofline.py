@@ -25,7 +25,7 @@ from infersim.simulator.errors import InfersimError
 from infersim.simulator.hardware.catalog import load_hardware
 from infersim.simulator.metrics.rundir import check_out_file, staged_files
 from infersim.simulator.models.catalog import load_model
-from infersim.simulator.models.dtypes import normalize_dtype
+from infersim.simulator.models.dtypes import kv_dtype_for, normalize_dtype
 from infersim.simulator.validation import check_tensor_parallel, in_field
 
 from .commands import COMMANDS
@@ -69,7 +69,7 @@ def resolve_cost_options(args: argparse.Namespace) -> dict:
     dtype = in_field("", "--dtype", normalize_dtype, args.dtype)
     kv_dtype = None if args.kv_dtype is None else in_field("", "--kv-dtype", normalize_dtype, args.kv_dtype)
     hardware.require_dtype(dtype, "--dtype")
-    hardware.require_dtype(kv_dtype or dtype, "--kv-dtype" if kv_dtype else "--dtype")
+    hardware.require_dtype(kv_dtype_for(dtype, kv_dtype), "--kv-dtype" if kv_dtype else "--dtype")
     return {
         "model": model,
         "hardware": hardware,

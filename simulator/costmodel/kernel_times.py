@@ -66,8 +66,18 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..hardware.profile import ElementwiseFit, GemmFit, HardwareProfile
+from ..models.dtypes import compute_dtype_for
 
 MB = 2**20  # the cache size unit of the profiles
+
+# Share of the 16-bit tensor-core rate a weight-only INT4 GEMM reaches where it is compute-bound:
+# Marlin dequantises every weight tile it multiplies, and at batch 1,024 and more it runs about
+# 10% slower than the FP16 GEMM (Frantar et al., "MARLIN: Mixed-Precision Auto-Regressive Parallel
+# Inference on Large Language Models", https://arxiv.org/abs/2408.11743, its A10 batch sweep as
+# summarised in https://wentao.site/marlin_summary; read off a figure, not a table: less certain).
+# Below that the GEMM is bound by the quantised weights' bytes and the factor does not show.
+# INT8 and FP8 weight-only (W8A16) GEMMs have no published large-batch figure: none is applied.
+WEIGHT_ONLY_COMPUTE_SHARE = {"int4": 0.9}
 WAVE_TILE = 128  # rows and columns of the output tile the wave count assumes
 
 
@@ -179,3 +189,21 @@ def gemm_params(fit: GemmFit) -> GemmParams:
 
 def gemm_device(hardware: HardwareProfile, dtype: str = "fp16") -> GemmDevice:
     return GemmDevice(hardware.peak_flops(dtype), hardware.memory_bandwidth_bytes_per_s(), hardware.sm_count)
+
+
+def gemm_dtype_for(weight_dtype: str, hardware: HardwareProfile) -> str:
+    """The tensor-core rate a model's GEMMs run at. FP8 weights run FP8 GEMMs where the card has
+    FP8 tensor cores (activations quantised per token, W8A8, as vLLM and TensorRT-LLM do on Hopper
+    and Ada); elsewhere vLLM runs them weight-only through FP8 Marlin at the 16-bit rate (W8A16).
+    Weight-only INT8 / INT4 always compute at the activations' 16 bits."""
+    if weight_dtype == "fp8" and "fp8" in hardware.peak_tflops:
+        return "fp8"
+    return compute_dtype_for(weight_dtype)
+
+
+def weight_gemm_device(hardware: HardwareProfile, weight_dtype: str) -> GemmDevice:
+    """The device a model's GEMMs see: the peak of `gemm_dtype_for`, times the share a
+    dequantising weight-only kernel reaches of it (WEIGHT_ONLY_COMPUTE_SHARE)."""
+    peak = hardware.peak_flops(gemm_dtype_for(weight_dtype, hardware))
+    share = WEIGHT_ONLY_COMPUTE_SHARE.get(weight_dtype, 1.0)
+    return GemmDevice(peak * share, hardware.memory_bandwidth_bytes_per_s(), hardware.sm_count)

@@ -31,12 +31,12 @@ import numpy as np
 
 from ..errors import InfersimError
 from ..hardware.profile import HardwareProfile
-from ..models.dtypes import bytes_per_element
+from ..models.dtypes import bytes_per_element, weight_bytes_per_element
 from ..models.moe import expected_distinct_experts
 from ..models.spec import ModelSpec
 from ..validation import positive_int, source_field
 from .base_operator import Operator, act_operator, linear_operator
-from .kernel_times import elementwise_fit_time_s, gemm_device, gemm_params, gemm_time_s
+from .kernel_times import elementwise_fit_time_s, gemm_params, gemm_time_s, weight_gemm_device
 from .operators import mlp_operators
 
 
@@ -75,7 +75,7 @@ def moe_affine_operators(
     every rank, as vLLM keeps it), the top-k selection, the shared experts (tensor-split like a
     dense MLP), the weighted sum of the k expert outputs and the residual add."""
     moe, h = spec.moe, spec.hidden_size
-    wb, ab = bytes_per_element(weight_dtype), bytes_per_element(act_dtype)
+    wb, ab = weight_bytes_per_element(weight_dtype), bytes_per_element(act_dtype)
     ops = [
         linear_operator("router", h, moe.num_experts, wb, ab, 1),
         Operator(
@@ -108,7 +108,6 @@ class RoutedExperts:
         hardware: HardwareProfile,
         weight_dtype: str,
         act_dtype: str,
-        compute_dtype: str,
         tp: int,
         ep: int,
     ):
@@ -117,7 +116,7 @@ class RoutedExperts:
         width = moe.expert_intermediate_size / (
             tp // ep
         )  # each expert tensor-split over the ranks not spreading experts
-        wb, ab = bytes_per_element(weight_dtype), bytes_per_element(act_dtype)
+        wb, ab = weight_bytes_per_element(weight_dtype), bytes_per_element(act_dtype)
         gated = spec.mlp == "gated"
         n_up = 2 if gated else 1
         # per GPU: pick probabilities of its experts, one row per GPU (one row when all are alike)
@@ -133,13 +132,13 @@ class RoutedExperts:
         self._act = act_operator(width, gated, ab)
         self._hw = hardware
         eff_lin, eff_el = hardware.efficiency_for("linear"), hardware.efficiency_for("elementwise")
-        self._flop_rate = hardware.peak_flops(compute_dtype) * eff_lin.compute
+        self._device = weight_gemm_device(hardware, weight_dtype)
+        self._flop_rate = self._device.peak_flops * eff_lin.compute
         self._byte_rate = hardware.memory_bandwidth_bytes_per_s() * eff_lin.memory
         self._el_rate = hardware.memory_bandwidth_bytes_per_s() * eff_el.memory
         self._launch_s = hardware.overheads.kernel_launch_us * 1e-6
         cal = hardware.calibration
         self._gemm = gemm_params(cal.gemm) if cal is not None and cal.gemm is not None else None
-        self._device = gemm_device(hardware, compute_dtype)
         self._act_fit = cal.elementwise.get(self._act.kernel) if cal is not None else None
         self._cache: dict[float, float] = {}
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..models.dtypes import bytes_per_element
+from ..models.dtypes import bytes_per_element, weight_bytes_per_element
 from ..models.spec import ModelSpec
 from .base_operator import (
     Operator,
@@ -50,7 +50,7 @@ def attention_operators(
     MLP's norm unless the block shares one input norm between attention and MLP (phi). Either
     block makes two residual adds per layer (x + attn and + mlp; attn + mlp and + x), so a
     parallel block differs from a sequential one by the norm alone."""
-    wb, kb, ab = bytes_per_element(weight_dtype), bytes_per_element(kv_dtype), bytes_per_element(act_dtype)
+    wb, kb, ab = weight_bytes_per_element(weight_dtype), bytes_per_element(kv_dtype), bytes_per_element(act_dtype)
     h = spec.hidden_size
     if spec.mla is not None:
         return mla_attention_operators(spec, wb, kb, ab, tp, fused_attention)
@@ -94,7 +94,7 @@ def mlp_operators(
     h: int, i: int, gated: bool, weight_dtype: str, act_dtype: str, tp: int, fused_projections: bool = True
 ) -> list[Operator]:
     """A dense MLP of width i and its residual add."""
-    wb, ab = bytes_per_element(weight_dtype), bytes_per_element(act_dtype)
+    wb, ab = weight_bytes_per_element(weight_dtype), bytes_per_element(act_dtype)
     if gated:
         if fused_projections:
             ops = [linear_operator("gate_up_proj", h, 2 * i, wb, ab, tp)]

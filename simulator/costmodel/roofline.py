@@ -15,12 +15,18 @@ from __future__ import annotations
 import numpy as np
 
 from ..hardware.profile import HardwareProfile
-from ..models.dtypes import compute_dtype_for, normalize_dtype
+from ..models.dtypes import compute_dtype_for, kv_dtype_for, normalize_dtype
 from ..models.spec import ModelSpec
 from ..validation import check_tensor_parallel
 from .base import CostModel, Direction, OperatorCost
 from .batch import BatchShape, BatchTotals
-from .kernel_times import elementwise_fit_time_s, gemm_device, gemm_params, gemm_time_s
+from .kernel_times import (
+    elementwise_fit_time_s,
+    gemm_dtype_for,
+    gemm_params,
+    gemm_time_s,
+    weight_gemm_device,
+)
 from .measured_gemms import gemm_inner_size, ratio_on, shape_correction
 from .moe import RoutedExperts, check_expert_parallel, moe_affine_operators
 from .operators import (
@@ -34,12 +40,6 @@ from .operators import (
 # distinct (tokens, logit positions) pairs whose fitted operator times a cost model keeps: a
 # long run's prefill mixes stay far below it; past it the cache starts afresh
 _CALIBRATED_CACHE_PAIRS = 200_000
-
-
-def gemm_dtype_for(weight_dtype: str) -> str:
-    """The GEMMs' tensor-core rate: FP8 weights run FP8 GEMMs (activations quantised per token, as
-    vLLM and TensorRT-LLM do on Hopper and Ada); everything else at the activations' rate."""
-    return "fp8" if weight_dtype == "fp8" else compute_dtype_for(weight_dtype)
 
 
 def _gemm_fn(params, coef, per: int, device, curve):
@@ -73,9 +73,9 @@ class RooflineCostModel(CostModel):
     ):
         self.model, self.hardware = model, hardware
         self.weight_dtype = normalize_dtype(dtype)
-        self.kv_dtype = normalize_dtype(kv_dtype or self.weight_dtype)
+        self.kv_dtype = kv_dtype_for(self.weight_dtype, kv_dtype)
         self.act_dtype = compute_dtype_for(self.weight_dtype)
-        self.gemm_dtype = gemm_dtype_for(self.weight_dtype)
+        self.gemm_dtype = gemm_dtype_for(self.weight_dtype, hardware)
         self.tp = int(tensor_parallel)
         check_tensor_parallel(model, self.tp)
         self.ep = check_expert_parallel(model, self.tp, int(expert_parallel))
@@ -87,7 +87,7 @@ class RooflineCostModel(CostModel):
         self._moe_layers = model.moe_layers
         self.model_ops = model_operators(model, self.weight_dtype, self.act_dtype, self.tp)
         self.experts = (
-            RoutedExperts(model, hardware, self.weight_dtype, self.act_dtype, self.gemm_dtype, self.tp, self.ep)
+            RoutedExperts(model, hardware, self.weight_dtype, self.act_dtype, self.tp, self.ep)
             if model.moe is not None
             else None
         )
@@ -113,7 +113,7 @@ class RooflineCostModel(CostModel):
     # ---- precomputed rates ----------------------------------------------------------
     def _precompute(self) -> None:
         hw = self.hardware
-        peak, gemm_peak = hw.peak_flops(self.act_dtype), hw.peak_flops(self.gemm_dtype)
+        peak, gemm_peak = hw.peak_flops(self.act_dtype), weight_gemm_device(hw, self.weight_dtype).peak_flops
         bw = hw.memory_bandwidth_bytes_per_s()
         self.ops = self.layer_ops + self.model_ops
         self._count = np.array(self._layer_counts + [1] * len(self.model_ops), dtype=np.float64)
@@ -143,7 +143,7 @@ class RooflineCostModel(CostModel):
         if calibration is None:
             return []
 
-        device = gemm_device(self.hardware, self.gemm_dtype)
+        device = weight_gemm_device(self.hardware, self.weight_dtype)
         shapes = shape_correction(calibration.gemm, device, self.gemm_dtype)
         rows = []
         for j, op in enumerate(self.ops):

@@ -242,22 +242,37 @@ class HardwareProfile(BaseModel):
 
     def peak_flops(self, dtype: str) -> float:
         """FLOP/s for a compute dtype; int4 falls back to int8 rate and bf16 to fp16. FP8 has no
-        fallback: a card without FP8 tensor cores cannot run it at any rate we could quote."""
+        fallback: a card without FP8 tensor cores runs no FP8 GEMM at any rate we could quote (its
+        FP8 weights run 16-bit GEMMs: costmodel/kernel_times.py gemm_dtype_for)."""
         table = self.peak_tflops
         if dtype == "fp8" and "fp8" not in table:
-            raise InfersimError(f"hardware profile '{self.name}' has no fp8 peak: fp8 needs FP8 tensor cores")
+            raise InfersimError(f"hardware profile '{self.name}' has no fp8 peak: fp8 GEMMs need FP8 tensor cores")
         for key in (dtype, {"bf16": "fp16", "int4": "int8"}.get(dtype, "fp16"), "fp16"):
             if key in table:
                 return table[key] * 1e12
         raise KeyError(dtype)
 
     def require_dtype(self, dtype: str, field: str) -> None:
-        """Refuse FP8 (weights or KV cache) on a card whose profile gives no fp8 peak: without FP8
-        tensor cores (A100, A40, V100, RTX A6000) serving engines do not run it."""
-        if dtype == "fp8" and "fp8" not in self.peak_tflops:
+        """Refuse a dtype the card cannot serve. FP8 runs on FP8 tensor cores (Ada, Hopper and
+        later: FP8 GEMMs) and on Ampere without them: vLLM serves FP8 weights there weight-only
+        through its FP8 Marlin kernel (W8A16, https://docs.vllm.ai/en/stable/features/quantization/fp8/)
+        and stores an FP8 KV cache converting it with bit operations in the attention kernel
+        (https://github.com/vllm-project/vllm/pull/2279, run on an A100). Marlin needs compute
+        capability 8.0 (its README; vLLM's supported-hardware table), the first with bf16 tensor
+        cores, so a profile with neither an fp8 nor a bf16 peak (T4, V100) refuses FP8. bf16
+        itself came with Ampere: vLLM refuses it below compute capability 8.0 ("Bfloat16 is only
+        supported on GPUs with compute capability of at least 8.0"; use float16), and so does a
+        profile without a bf16 peak rather than run it at the fp16 rate."""
+        table = self.peak_tflops
+        if dtype == "fp8" and "fp8" not in table and "bf16" not in table:
             raise InfersimError(
-                f"{field}: fp8 needs FP8 tensor cores and hardware profile '{self.name}' has no fp8 peak "
-                f"(H100, H200, L40 and later have them)"
+                f"{field}: fp8 needs FP8 tensor cores, or Ampere or later for weight-only FP8 (Marlin), and "
+                f"hardware profile '{self.name}' has neither an fp8 nor a bf16 peak; use fp16, int8 or int4"
+            )
+        if dtype == "bf16" and "bf16" not in table:
+            raise InfersimError(
+                f"{field}: bf16 needs bf16 tensor cores (Ampere and later) and hardware profile '{self.name}' "
+                f"has no bf16 peak; use fp16"
             )
 
     def require_tensor_parallel(self, tp: int, field: str) -> None:

@@ -27,6 +27,18 @@ _ALIASES = {
 }
 
 
+# Weight-only INT4 checkpoints (AWQ, GPTQ; vLLM runs both through its Marlin kernels) quantise
+# each group of 128 input weights with one fp16 scale and, in AWQ's asymmetric format, one 4-bit
+# zero point per output column (AutoAWQ `q_group_size: 128, zero_point: true`; GPTQ's symmetric
+# default drops the zero point): 0.5 + (2 + 0.5) / 128 = 0.5195 bytes per weight, stored and read.
+# Checked against hugging-quants/Meta-Llama-3.1-8B-Instruct-AWQ-INT4 on Hugging Face (two
+# safetensors shards, 4.68 + 1.05 = 5.73 GB): Llama-3-8B at these bytes with a 16-bit
+# embedding and LM head is 5.73 GB, at a bare 0.5 bytes 5.59 GB.
+# INT8 and FP8 weights carry one scale per output channel or tensor (under 0.05% at width 4096).
+QUANT_GROUP_SIZE = 128
+_GROUP_OVERHEAD_BYTES = {"int4": (2.0 + 0.5) / QUANT_GROUP_SIZE}
+
+
 def normalize_dtype(name: str) -> str:
     key = _ALIASES.get(str(name).lower(), str(name).lower())
     if key not in BYTES_PER_ELEMENT:
@@ -36,6 +48,23 @@ def normalize_dtype(name: str) -> str:
 
 def bytes_per_element(dtype: str) -> float:
     return BYTES_PER_ELEMENT[normalize_dtype(dtype)]
+
+
+def weight_bytes_per_element(dtype: str) -> float:
+    """Bytes of one quantised linear weight in memory and in what a GEMM reads: the element and
+    its share of the group's scale and zero point."""
+    key = normalize_dtype(dtype)
+    return BYTES_PER_ELEMENT[key] + _GROUP_OVERHEAD_BYTES.get(key, 0.0)
+
+
+def kv_dtype_for(weight_dtype: str, kv_dtype: str | None = None) -> str:
+    """The KV cache's dtype: the one given, else the weights' own, except under weight-only INT8 /
+    INT4 quantisation, whose cache stays in the activations' 16 bits: vLLM's kv_cache_dtype
+    "auto" is the model's dtype, which an AWQ or GPTQ checkpoint leaves at fp16."""
+    if kv_dtype:
+        return normalize_dtype(kv_dtype)
+    weights = normalize_dtype(weight_dtype)
+    return compute_dtype_for(weights) if weights in ("int8", "int4") else weights
 
 
 def compute_dtype_for(weight_dtype: str) -> str:

@@ -11,7 +11,7 @@ from typing import Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
 from ..validation import STRICT_CONFIG
-from .dtypes import bytes_per_element, compute_dtype_for, normalize_dtype
+from .dtypes import bytes_per_element, compute_dtype_for, normalize_dtype, weight_bytes_per_element
 from .mla import MLASpec
 from .moe import MoESpec
 
@@ -218,7 +218,9 @@ class ModelSpec(BaseModel):
     def weight_bytes(self, dtype: str | None = None) -> float:
         dtype = dtype or self.default_dtype
         edges = self.params_edges()
-        return (self.params_total() - edges) * bytes_per_element(dtype) + edges * self.edge_bytes_per_element(dtype)
+        return (self.params_total() - edges) * weight_bytes_per_element(dtype) + edges * self.edge_bytes_per_element(
+            dtype
+        )
 
     def weight_bytes_per_gpu(self, tensor_parallel: int, dtype: str | None = None) -> float:
         """Weights on one tensor-parallel rank: 1/tp of the model, plus the K and V projection
@@ -231,7 +233,7 @@ class ModelSpec(BaseModel):
             extra_columns = 2 * (self.kv_dim_per_gpu(tp) * tp - self.kv_dim)
             extra = self.num_layers * extra_columns * (self.hidden_size + (1 if self.attention_bias else 0))
         dtype = dtype or self.default_dtype
-        return (self.weight_bytes(dtype) + extra * bytes_per_element(dtype)) / tp
+        return (self.weight_bytes(dtype) + extra * weight_bytes_per_element(dtype)) / tp
 
     def layer_weight_bytes_per_gpu(self, tensor_parallel: int, dtype: str | None = None) -> tuple[float, float]:
         """One dense and one sparse decoder layer's weights on one rank; over the model's layers
@@ -243,7 +245,7 @@ class ModelSpec(BaseModel):
         extra = 0.0
         if self.moe is not None:
             sparse_mlp = self.moe.params_layer(self.hidden_size, self.mlp == "gated")
-            extra = (sparse_mlp - self.params_mlp_per_layer()) * bytes_per_element(dtype) / tp
+            extra = (sparse_mlp - self.params_mlp_per_layer()) * weight_bytes_per_element(dtype) / tp
         dense = (layers - self.moe_layers * extra) / self.num_layers
         return dense, dense + extra
 

@@ -44,7 +44,7 @@ from ..costmodel.batch import BatchShape
 from ..costmodel.operators import PRE_LAYER_OPS
 from ..costmodel.roofline import RooflineCostModel
 from ..errors import InfersimError
-from ..models.dtypes import bytes_per_element
+from ..models.dtypes import weight_bytes_per_element
 from .calibrated import HostLink, StageInputs
 from .policies import PlacementPolicy, Work
 
@@ -122,7 +122,7 @@ class OffloadCostModel(CostModel):
         self._ffn_rows = [j for j, op in enumerate(ops) if op.scope == "layer" and op.name not in ATTENTION_OPS]
         self._pre_rows = [j for j, op in enumerate(ops) if op.scope == "model" and op.name in PRE_LAYER_OPS]
         self._post_rows = [j for j, op in enumerate(ops) if op.scope == "model" and op.name not in PRE_LAYER_OPS]
-        self.layer_weight_bytes = base.model.params_per_layer() * bytes_per_element(base.weight_dtype) / base.tp
+        self.layer_weight_bytes = base.model.params_per_layer() * weight_bytes_per_element(base.weight_dtype) / base.tp
         self.offloaded_weight_bytes = (1.0 - self.weights_gpu_fraction) * self.layer_weight_bytes
         hl = base.hardware.host_link
         self._lat = hl.latency_us * 1e-6

@@ -30,7 +30,7 @@ import numpy as np
 from pydantic import BaseModel, Field, PositiveInt, ValidationError
 
 from ..errors import InfersimError, pydantic_error_line
-from ..models.dtypes import bytes_per_element, compute_dtype_for
+from ..models.dtypes import bytes_per_element, compute_dtype_for, kv_dtype_for
 from ..models.spec import ModelSpec
 from ..registry import Registry
 from ..validation import STRICT_CONFIG
@@ -61,7 +61,7 @@ class KVShape:
             model.num_heads,
             model.q_dim,
             model.kv_dim,
-            bytes_per_element(kv_dtype or dtype),
+            bytes_per_element(kv_dtype_for(dtype, kv_dtype)),
             bytes_per_element(dtype),
             bytes_per_element(act),
         )

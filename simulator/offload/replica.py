@@ -22,6 +22,7 @@ import numpy as np
 
 from ..engine.prefix_blocks import block_manager
 from ..engine.replica import Replica
+from ..models.dtypes import kv_dtype_for
 from .config import OffloadSection
 from .memory import OffloadMemoryPlan, plan_offload_memory
 from .setup import OffloadSetup, build_offload
@@ -39,7 +40,7 @@ class _Shared:
             sim.hardware,
             section,
             dtype=sv.dtype,
-            kv_dtype=sv.kv_dtype or sv.dtype,
+            kv_dtype=kv_dtype_for(sv.dtype, sv.kv_dtype),
             tensor_parallel=hw.tensor_parallel,
             base=sim.cost_model,
         )

@@ -8,7 +8,7 @@ from typing import Optional
 
 from ..costmodel.roofline import RooflineCostModel
 from ..hardware.profile import HardwareProfile
-from ..models.dtypes import normalize_dtype
+from ..models.dtypes import kv_dtype_for, normalize_dtype
 from ..models.spec import ModelSpec
 from .config import OffloadSection
 from .costmodel import OffloadCostModel
@@ -69,7 +69,7 @@ def build_policy_for(
         alpha = float((section.params or {}).get("alpha", 4.0))
         required = cls.sparsity_use == "required"
         sparsity = SparsityModel(load_sparsity(name), alpha if required else _any_alpha(name, alpha))
-    shape = KVShape.of(model, normalize_dtype(dtype), normalize_dtype(kv_dtype or dtype))
+    shape = KVShape.of(model, normalize_dtype(dtype), kv_dtype_for(dtype, kv_dtype))
     return build_policy(section.policy, section.params, shape, sparsity), name, borrowed
 
 
@@ -90,7 +90,7 @@ def build_offload(
     base: Optional[RooflineCostModel] = None,
 ) -> OffloadSetup:
     dtype = normalize_dtype(dtype)
-    kv = normalize_dtype(kv_dtype or dtype)
+    kv = kv_dtype_for(dtype, kv_dtype)
     policy, name, borrowed = build_policy_for(model, section, dtype, kv)
     if base is None:
         base = RooflineCostModel(model, hardware, dtype=dtype, kv_dtype=kv, tensor_parallel=tensor_parallel)

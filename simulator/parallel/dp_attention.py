@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..costmodel.moe import RoutedExperts
-from ..models.dtypes import bytes_per_element
+from ..models.dtypes import weight_bytes_per_element
 from .alltoall import AllToAll, AllToAllLinks, combine_bytes_per_copy, dispatch_bytes_per_copy
 from .config import ClusterSection
 from .cost import PipelineCostModel
@@ -34,7 +34,7 @@ def dp_attention_weight_bytes_per_gpu(model, ep: int, dtype: str) -> float:
     """One rank's weights: the whole model but its routed experts, of which it holds E/N."""
     moe = model.moe
     experts = model.moe_layers * moe.num_experts * moe.params_expert(model.hidden_size, model.mlp == "gated")
-    return model.weight_bytes(dtype) - experts * bytes_per_element(dtype) * (1.0 - 1.0 / ep)
+    return model.weight_bytes(dtype) - experts * weight_bytes_per_element(dtype) * (1.0 - 1.0 / ep)
 
 
 def check_rank_weights_fit(model, hw, opts, ep: int, source: str = "") -> None:
@@ -86,9 +86,7 @@ class DataParallelAttentionCostModel(PipelineCostModel):
     def __init__(self, base, placement: Placement, ep: int, source: str = ""):
         super().__init__(base, placement, source)
         self.ep = ep
-        self.group_experts = RoutedExperts(
-            base.model, base.hardware, base.weight_dtype, base.act_dtype, base.gemm_dtype, ep, ep
-        )
+        self.group_experts = RoutedExperts(base.model, base.hardware, base.weight_dtype, base.act_dtype, ep, ep)
         self.all_to_all = all_to_all(base, ep, placement.cluster, source)
 
     def routed_expert_time_s(self, tokens) -> np.ndarray:

@@ -28,7 +28,9 @@ FP8_CARDS = {
     "mi300x": 2614.9,
     "h20": 296,
 }
-NO_FP8_CARDS = ["a100-80gb-pcie", "a100-80gb-sxm", "a100-40gb", "a40", "v100", "rtx-a6000", "a10", "t4"]
+# Ampere: no FP8 tensor cores, FP8 weights served weight-only (W8A16, FP8 Marlin)
+W8A16_CARDS = ["a100-80gb-pcie", "a100-80gb-sxm", "a100-40gb", "a40", "rtx-a6000", "a10"]
+NO_FP8_CARDS = ["v100", "t4"]  # before Ampere: neither FP8 tensor cores nor Marlin
 
 
 def test_fp8_is_one_byte():
@@ -73,25 +75,38 @@ def test_fp8_weights_halve_weight_memory_and_double_the_gemm_rate():
 
 
 @pytest.mark.parametrize("card", NO_FP8_CARDS)
-def test_fp8_refused_without_fp8_tensor_cores(card):
+def test_fp8_refused_before_ampere(card):
     hw = load_hardware(card)
-    assert "fp8" not in hw.peak_tflops
-    with pytest.raises(InfersimError, match="fp8 needs FP8 tensor cores"):
-        RooflineCostModel(load_model("llama-2-7b"), hw, dtype="fp8")
+    assert "fp8" not in hw.peak_tflops and "bf16" not in hw.peak_tflops
+    with pytest.raises(InfersimError, match="fp8 needs FP8 tensor cores, or Ampere or later"):
+        hw.require_dtype("fp8", "serving.dtype")
+
+
+@pytest.mark.parametrize("card", W8A16_CARDS)
+def test_fp8_on_ampere_is_weight_only(card):
+    """One byte per layer weight, GEMMs at the 16-bit rate (vLLM's FP8 Marlin, W8A16): the int8
+    weight-only pricing exactly, prefill and decode."""
+    hw, m = load_hardware(card), load_model("llama-2-7b")
+    hw.require_dtype("fp8", "serving.dtype")
+    fp8 = RooflineCostModel(m, hw, dtype="fp8", kv_dtype="fp16")
+    int8 = RooflineCostModel(m, hw, dtype="int8", kv_dtype="fp16")
+    assert fp8.gemm_dtype == "fp16"
+    for batch in (BatchShape.prefill([1024]), BatchShape.decode(np.full(8, 1000))):
+        assert fp8.iteration_time_s(batch) == int8.iteration_time_s(batch)
 
 
 @pytest.mark.parametrize("field", ["dtype", "kv_dtype"])
-def test_fp8_on_a100_workload_is_one_line_exit_2(tmp_path, capsys, field):
+def test_fp8_on_t4_workload_is_one_line_exit_2(tmp_path, capsys, field):
     wl = tmp_path / "fp8.yaml"
     wl.write_text(
-        f"model: llama-2-7b\nhardware: {{profile: a100-80gb-sxm}}\nserving: {{{field}: fp8}}\n"
+        f"model: llama-2-7b\nhardware: {{profile: t4}}\nserving: {{{field}: fp8}}\n"
         "requests:\n  count: 10\n  arrival: {type: poisson, rate: 1}\n"
         "  prompt_tokens: {type: fixed, value: 5}\n  output_tokens: {type: fixed, value: 5}\n"
     )
     assert main(["run", "-w", str(wl), "-o", str(tmp_path / "r"), "-q"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err
-    assert "fp8.yaml" in err and f"serving.{field}" in err and "a100-80gb-sxm" in err
+    assert "fp8.yaml" in err and f"serving.{field}" in err and "'t4'" in err
     assert not (tmp_path / "r").exists()
 
 

@@ -151,7 +151,19 @@ def test_weight_bytes_by_dtype():
     assert spec.weight_bytes("fp32") == 4 * p
     assert spec.weight_bytes("int8") == (p - edges) + 2 * edges
     assert spec.weight_bytes("fp8") == (p - edges) + 2 * edges
-    assert spec.weight_bytes("int4") == (p - edges) / 2 + 2 * edges
+    # int4: half a byte, plus an fp16 scale and a 4-bit zero point per group of 128 weights
+    assert spec.weight_bytes("int4") == (p - edges) * (0.5 + 2.5 / 128) + 2 * edges
+
+
+def test_int4_checkpoint_size_matches_a_published_awq_checkpoint():
+    """hugging-quants/Meta-Llama-3.1-8B-Instruct-AWQ-INT4 (AutoAWQ, group size 128, zero points)
+    ships as two safetensors shards of 4.68 and 1.05 GB: 5.73 GB. Llama-3-8B's 6,979,584,000
+    decoder-layer weights at 0.51953 bytes (3.626 GB) and its 1,050,677,248 embedding and LM-head
+    weights at 2 bytes (2.101 GB) make 5.727 GB; at a bare 0.5 bytes they would make 5.59 GB."""
+    spec = load_model("llama-3-8b")
+    assert spec.params_total() - spec.params_edges() == 6_979_584_000
+    assert spec.weight_bytes("int4") == pytest.approx(5.73e9, rel=0.002)
+    assert (spec.params_total() - spec.params_edges()) * 0.5 + 2 * spec.params_edges() < 5.73e9 * 0.98
 
 
 def test_family_conventions():
