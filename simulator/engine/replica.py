@@ -30,6 +30,25 @@ def _new_blocks_by_step(ctx: np.ndarray, alloc: np.ndarray, new_alloc: np.ndarra
     return np.cumsum(np.bincount(first_step, minlength=k)[:k])
 
 
+def run_steps(env, times: np.ndarray, interrupt):
+    """Run consecutive steps of `times` from now, up to the first step boundary after `interrupt`
+    fires (an arrival at time a: only the steps that start before a run). Returns the start, the
+    steps' end times and how many ran."""
+    start = env.now
+    ends = np.cumsum(np.concatenate(([start], times)))[1:]
+    done = env.timeout_at(float(ends[-1]))
+    if interrupt is None:
+        yield done
+        return start, ends, len(times)
+    yield done | interrupt
+    k = len(times)
+    if env.now < ends[-1]:
+        starts = np.concatenate(([start], ends[:-1]))
+        k = max(1, int(np.searchsorted(starts, env.now, side="left")))
+        yield env.timeout_at(float(ends[k - 1]))
+    return start, ends, k
+
+
 class Replica:
     def __init__(self, index: int, sim, blocks, scheduler, limits, kv_bytes_per_block: float, link):
         self.index = index
@@ -241,23 +260,10 @@ class Replica:
         return ctx, alloc, k
 
     def _decode_stretch(self, seqs):
-        env = self.env
         ctx, alloc, k = self._stretch_plan(seqs)
         times = self.cost.decode_step_times_s(ctx, k)
-        start = env.now
-        ends = np.cumsum(np.concatenate(([start], times)))[1:]
-        done = env.timeout_at(float(ends[-1]))
-        if self.step_mode:
-            yield done
-        else:
-            yield done | self.wakeup
-            if env.now < ends[-1]:
-                # an arrival at time a: run only the steps that start before a
-                starts = np.concatenate(([start], ends[:-1]))
-                k = max(1, int(np.searchsorted(starts, env.now, side="left")))
-                yield env.timeout_at(float(ends[k - 1]))
-        end = env.now
-        self._commit_stretch(seqs, ctx, alloc, times[:k], ends[:k], start, end, k)
+        start, ends, k = yield from run_steps(self.env, times, None if self.step_mode else self.wakeup)
+        self._commit_stretch(seqs, ctx, alloc, times[:k], ends[:k], start, self.env.now, k)
 
     def _commit_stretch(self, seqs, ctx, alloc, times, ends, start, end, k):
         blocks, bs, m = self.blocks, self.blocks.block_size, self.metrics

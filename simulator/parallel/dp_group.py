@@ -16,9 +16,7 @@ as a lone replica does; `step_mode` turns this off, and both modes give identica
 
 from __future__ import annotations
 
-import numpy as np
-
-from ..engine.replica import Replica
+from ..engine.replica import Replica, run_steps
 
 
 class LockstepGroup:
@@ -82,20 +80,12 @@ class LockstepGroup:
                 r._end_iteration(b[0].batch, *x, start, end, b[2], b[3])
 
     def _decode_stretch(self, batches):
-        env = self.env
         seqs = [None if b is None else [s for s, _ in b[0].batch] for b in batches]
         plans = [None if s is None else r._stretch_plan(s) for r, s in zip(self.ranks, seqs)]
         k = min(p[2] for p in plans if p is not None)
         times = self.cost.group_decode_step_times_s([None if p is None else p[0] for p in plans], k)
-        start = env.now
-        ends = np.cumsum(np.concatenate(([start], times)))[1:]
-        yield env.timeout_at(float(ends[-1])) | self._any_wakeup()
-        if env.now < ends[-1]:
-            # an arrival at time a: run only the steps that start before a
-            starts = np.concatenate(([start], ends[:-1]))
-            k = max(1, int(np.searchsorted(starts, env.now, side="left")))
-            yield env.timeout_at(float(ends[k - 1]))
-        end = env.now
+        start, ends, k = yield from run_steps(self.env, times, self._any_wakeup())
+        end = self.env.now
         for r, s, p in zip(self.ranks, seqs, plans):
             if s is not None:
                 r._commit_stretch(s, p[0], p[1], times[:k], ends[:k], start, end, k)
