@@ -19,6 +19,8 @@ one rank of a group whose ranks all run that batch (balanced load)."""
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import numpy as np
 
 from ..costmodel.batch import BatchShape, BatchTotals
@@ -32,6 +34,7 @@ from .placement import Placement
 
 # an idle rank's dummy pass: one new token, no cache (vLLM's _dummy_run(1))
 DUMMY_PASS = BatchShape.of([1], [0]).totals()
+TOTALS = [f.name for f in fields(BatchTotals)]
 
 
 def dp_attention_weight_bytes_per_gpu(model, ep: int, dtype: str) -> float:
@@ -135,14 +138,14 @@ class DataParallelAttentionCostModel(PipelineCostModel):
             + self.all_to_all.combine_time_s(largest)
         )
         ranks = len(totals)
-        flat = BatchTotals(*(np.concatenate([getattr(t, f) for t in totals]) for f in BatchTotals.__dataclass_fields__))
+        flat = BatchTotals(*(np.concatenate([getattr(t, f) for t in totals]) for f in TOTALS))
         per_rank = self._latency(flat, np.tile(routed, ranks)).reshape(ranks, -1)
         return per_rank.max(axis=0)
 
 
 def _as_row(t: BatchTotals, steps: int = 1) -> BatchTotals:
     """Totals as arrays of `steps` equal columns."""
-    return BatchTotals(*(np.full(steps, float(getattr(t, f))) for f in BatchTotals.__dataclass_fields__))
+    return BatchTotals(*(np.full(steps, float(getattr(t, f))) for f in TOTALS))
 
 
 def _real_tokens(shapes, totals) -> np.ndarray:
