@@ -33,6 +33,7 @@ from .parallel.dp_attention import (
     check_rank_weights_fit,
     dp_attention_weight_bytes_per_gpu,
 )
+from .parallel.dp_group import lockstep_groups
 from .parallel.memory import plan_pipeline_memory
 from .parallel.placement import COLOCATED, check_deployment
 from .parallel.setup import pipeline_replicas
@@ -83,6 +84,7 @@ class Simulation:
         self.metrics = MetricsCollector(len(requests), series_path=series_path)
         self.extra: dict = {}
         self.deployment = None  # a disaggregated deployment's pools and KV transfers
+        self.loops: list = []  # what runs the replicas' iterations, when not each replica its own
         # every pool's tensor parallelism (and a colocated pool's stages) checked once, here
         self.placements = check_deployment(self.model, spec, source)
         if spec.hardware.disaggregated is not None:
@@ -125,6 +127,8 @@ class Simulation:
                 # colocated drafts or Medusa heads took part of every replica's pool (each alike):
                 # KV utilisation and config.yaml refer to what is left for the target
                 self.memory = replace(self.memory, gpu_blocks=self.replicas[0].blocks.total_gpu)
+        if hw_sec.data_parallel_attention:
+            self.loops = lockstep_groups(self.replicas, hw_sec.expert_parallel, self.cost_model, self.step_mode)
         self.entry = self.replicas  # the replicas arrivals are routed to
         self.router = ROUTERS.get(hw_sec.router)(hw_sec.replicas)
 
@@ -272,8 +276,8 @@ class Simulation:
                 self._start_client(c)
         else:
             self.env.process(self._open_loop())
-        for rep in self.replicas:
-            self.env.process(rep.run())
+        for loop in self.loops or self.replicas:
+            self.env.process(loop.run())
         self.env.run()
         if self.progress is not None:
             self.progress(self.finished, self.total, self.env.now)

@@ -30,6 +30,25 @@ def _new_blocks_by_step(ctx: np.ndarray, alloc: np.ndarray, new_alloc: np.ndarra
     return np.cumsum(np.bincount(first_step, minlength=k)[:k])
 
 
+def run_steps(env, times: np.ndarray, interrupt):
+    """Run consecutive steps of `times` from now, up to the first step boundary after `interrupt`
+    fires (an arrival at time a: only the steps that start before a run). Returns the start, the
+    steps' end times and how many ran."""
+    start = env.now
+    ends = np.cumsum(np.concatenate(([start], times)))[1:]
+    done = env.timeout_at(float(ends[-1]))
+    if interrupt is None:
+        yield done
+        return start, ends, len(times)
+    yield done | interrupt
+    k = len(times)
+    if env.now < ends[-1]:
+        starts = np.concatenate(([start], ends[:-1]))
+        k = max(1, int(np.searchsorted(starts, env.now, side="left")))
+        yield env.timeout_at(float(ends[k - 1]))
+    return start, ends, k
+
+
 class Replica:
     def __init__(self, index: int, sim, blocks, scheduler, limits, kv_bytes_per_block: float, link):
         self.index = index
@@ -82,9 +101,7 @@ class Replica:
         if not self.outstanding:
             yield self.wakeup
             return None
-        state = self._state()
-        decision = self.scheduler.schedule(state)
-        out_bytes, in_bytes = self._apply(decision)
+        decision, state, out_bytes, in_bytes = self._schedule()
         if out_bytes or in_bytes:
             yield from self._transfer(out_bytes, in_bytes)
         if decision.batch:
@@ -92,6 +109,14 @@ class Replica:
         if not (decision.abort or decision.preempt or decision.swap_in):
             yield self._idle()  # nothing can run until something arrives
         return None
+
+    def _schedule(self):
+        """Ask the scheduler for a decision and carry it out on the pools, swaps not yet
+        transferred: (decision, state, bytes out, bytes in)."""
+        state = self._state()
+        decision = self.scheduler.schedule(state)
+        out_bytes, in_bytes = self._apply(decision)
+        return decision, state, out_bytes, in_bytes
 
     def _idle(self):
         """The event a replica with nothing it can run waits for."""
@@ -157,15 +182,23 @@ class Replica:
 
     # ---- one general iteration (prefill, chunks, mixed) -------------------------------
     def _iteration(self, batch, out_bytes: float, in_bytes: float):
-        env, blocks = self.env, self.blocks
+        makes_token, shape = self._begin_iteration(batch)
+        start = self.env.now
+        yield from self._run_batch(batch, makes_token, shape)
+        self._end_iteration(batch, makes_token, shape, start, self.env.now, out_bytes, in_bytes)
+
+    def _begin_iteration(self, batch) -> tuple[np.ndarray, BatchShape]:
+        """Grow the batch's blocks to what it computes; which sequences make a token, and its shape."""
         q = np.fromiter((n for _, n in batch), dtype=np.int64, count=len(batch))
         ctx = np.fromiter((s.computed for s, _ in batch), dtype=np.int64, count=len(batch))
         makes_token = np.fromiter((s.computed + n == s.num_tokens for s, n in batch), dtype=bool, count=len(batch))
         for seq, n in batch:
-            blocks.grow_to(seq, seq.computed + n)
-        start = env.now
-        yield from self._run_batch(batch, makes_token, BatchShape(q, ctx, makes_token.astype(np.int64)))
-        end = env.now
+            self.blocks.grow_to(seq, seq.computed + n)
+        return makes_token, BatchShape(q, ctx, makes_token.astype(np.int64))
+
+    def _end_iteration(self, batch, makes_token, shape: BatchShape, start, end, out_bytes, in_bytes) -> None:
+        """Record an iteration that ran from start to end and emit its tokens."""
+        q = shape.query_tokens
         prefill_tokens = int(q[q > 1].sum())
         self._record_iteration(start, end, len(batch), int(q.sum()), prefill_tokens, out_bytes, in_bytes)
         itl = []
@@ -227,23 +260,10 @@ class Replica:
         return ctx, alloc, k
 
     def _decode_stretch(self, seqs):
-        env = self.env
         ctx, alloc, k = self._stretch_plan(seqs)
         times = self.cost.decode_step_times_s(ctx, k)
-        start = env.now
-        ends = np.cumsum(np.concatenate(([start], times)))[1:]
-        done = env.timeout_at(float(ends[-1]))
-        if self.step_mode:
-            yield done
-        else:
-            yield done | self.wakeup
-            if env.now < ends[-1]:
-                # an arrival at time a: run only the steps that start before a
-                starts = np.concatenate(([start], ends[:-1]))
-                k = max(1, int(np.searchsorted(starts, env.now, side="left")))
-                yield env.timeout_at(float(ends[k - 1]))
-        end = env.now
-        self._commit_stretch(seqs, ctx, alloc, times[:k], ends[:k], start, end, k)
+        start, ends, k = yield from run_steps(self.env, times, None if self.step_mode else self.wakeup)
+        self._commit_stretch(seqs, ctx, alloc, times[:k], ends[:k], start, self.env.now, k)
 
     def _commit_stretch(self, seqs, ctx, alloc, times, ends, start, end, k):
         blocks, bs, m = self.blocks, self.blocks.block_size, self.metrics

@@ -38,26 +38,28 @@ class PipelineCostModel(CostModel):
         self.iteration_overhead_s = base.iteration_overhead_s
 
     # ---- stage times from totals (arrays) ------------------------------------------------
-    def _layer_times(self, time: np.ndarray, tokens: np.ndarray) -> dict[str, np.ndarray]:
+    def _layer_times(self, time: np.ndarray, tokens: np.ndarray, routed_s=None) -> dict[str, np.ndarray]:
         """One layer's time by kind: what `every` layer runs (attention, its two all-reduces), a
-        `dense` layer's MLP and a `sparse` layer's MLP (router, shared and routed experts)."""
+        `dense` layer's MLP and a `sparse` layer's MLP (router, shared and routed experts; the
+        routed experts priced here unless the caller gives their time per column, `routed_s`)."""
         parts = {kind: np.zeros(time.shape[1]) for kind in ("every", "dense", "sparse")}
         for row, kind in zip(time[: self._n_layer], self._kinds):  # a fixed order: identical for any n
             parts[kind] = parts[kind] + row
         parts["every"] = parts["every"] + self.links.allreduce_pair_time_s(tokens)
         if self.base.experts is not None:
-            parts["sparse"] = parts["sparse"] + self.routed_expert_time_s(tokens)
+            routed = self.routed_expert_time_s(tokens) if routed_s is None else routed_s
+            parts["sparse"] = parts["sparse"] + routed
         return parts
 
     def routed_expert_time_s(self, tokens) -> np.ndarray:
         """One sparse layer's routed experts for `tokens` (every GPU of the group holds them all)."""
         return self.base.experts.expert_time_s(tokens)
 
-    def stage_times_from_totals(self, t: BatchTotals) -> np.ndarray:
+    def stage_times_from_totals(self, t: BatchTotals, routed_s=None) -> np.ndarray:
         """Compute time of each stage, shape (stages, n): each stage runs its own layers, dense
         and sparse as the model lays them out."""
         time = self.base.op_times(t.tokens, t.score_pairs, t.keys, t.logits)[4]
-        layer = self._layer_times(time, np.asarray(t.tokens, dtype=np.float64).reshape(-1))
+        layer = self._layer_times(time, np.asarray(t.tokens, dtype=np.float64).reshape(-1), routed_s)
         first = self.iteration_overhead_s
         for name in PRE_LAYER_OPS:
             if name in self._model_row:
@@ -80,9 +82,9 @@ class PipelineCostModel(CostModel):
             return np.zeros((0, nbytes.size))
         return np.vstack([self.links.handoff_time_s(s, nbytes) for s in range(self.placement.pp - 1)])
 
-    def _latency(self, t: BatchTotals) -> np.ndarray:
+    def _latency(self, t: BatchTotals, routed_s=None) -> np.ndarray:
         total = np.zeros(np.asarray(t.tokens).size)
-        for row in self.stage_times_from_totals(t):
+        for row in self.stage_times_from_totals(t, routed_s):
             total = total + row
         for row in self.handoff_times_from_tokens(t.tokens):
             total = total + row

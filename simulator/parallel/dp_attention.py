@@ -8,19 +8,22 @@ The routed experts of every sparse layer are spread over a group of N replicas, 
 experts per GPU, and computed jointly: dispatch all-to-all, each GPU's experts on the copies
 routed to them, combine all-to-all (parallel/alltoall.py).
 
-The ranks of a group step in lockstep, since every sparse layer waits for all of them. The
-simulator models this in the mean: a rank's iteration is priced as if every rank of its group
-ran a batch of its own shape at the same moment, so its sparse layers see N times its tokens,
-T N k / N = T k token copies on each GPU, over the E/N experts that GPU holds. A rank whose
-batch is smaller or empty does not wait for a busier peer here, and an idle rank's dummy
-forward pass (which SGLang and vLLM run to keep the collectives matched) costs nothing; with
-balanced load (round-robin routing of similar requests) the ranks' batches are alike and the
-mean is the lockstep."""
+Every sparse layer's all-to-alls synchronise the group, so its ranks step in lockstep
+(parallel/dp_group.py runs them): each rank's scheduler picks its own batch, and the group's
+iteration, the same for every rank, takes the slowest rank's attention and dense work, plus per
+sparse layer the slowest GPU's experts on the copies of all ranks' tokens and a dispatch and a
+combine as long as the largest rank's sends. A rank with nothing to run makes a dummy pass of one
+token through its attention and dense layers (vLLM's `execute_dummy_batch`; SGLang's idle batch)
+so that the collectives match; it sends no copies. `iteration_time_s` of one batch prices it as
+one rank of a group whose ranks all run that batch (balanced load)."""
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import numpy as np
 
+from ..costmodel.batch import BatchShape, BatchTotals
 from ..costmodel.moe import RoutedExperts
 from ..models.dtypes import weight_bytes_per_element
 from .alltoall import AllToAll, AllToAllLinks, combine_bytes_per_copy, dispatch_bytes_per_copy
@@ -28,6 +31,10 @@ from .config import ClusterSection
 from .cost import PipelineCostModel
 from .dp_rules import fail
 from .placement import Placement
+
+# an idle rank's dummy pass: one new token, no cache (vLLM's _dummy_run(1))
+DUMMY_PASS = BatchShape.of([1], [0]).totals()
+TOTALS = [f.name for f in fields(BatchTotals)]
 
 
 def dp_attention_weight_bytes_per_gpu(model, ep: int, dtype: str) -> float:
@@ -98,3 +105,47 @@ class DataParallelAttentionCostModel(PipelineCostModel):
             + self.group_experts.expert_time_s(self.ep * tokens)
             + self.all_to_all.combine_time_s(tokens)
         )
+
+    def group_iteration_time_s(self, shapes: list[BatchShape | None]) -> float:
+        """One lockstep iteration of a group whose rank i runs `shapes[i]` (None: a dummy pass)."""
+        totals = [DUMMY_PASS if s is None else s.totals() for s in shapes]
+        return float(self._group_times([_as_row(t) for t in totals], _real_tokens(shapes, totals))[0])
+
+    def group_decode_step_times_s(self, contexts: list, steps: int) -> np.ndarray:
+        """group_iteration_time_s of `steps` consecutive decode steps, every rank decoding its
+        sequences of `contexts[i]` tokens (None: a dummy pass each step); the same totals and
+        arithmetic as step by step, so identical."""
+        totals, real = [], []
+        for ctx in contexts:
+            if ctx is None:
+                totals.append(_as_row(DUMMY_PASS, steps))
+                real.append(np.zeros(steps))
+            else:
+                totals.append(self._decode_totals(ctx, steps))
+                real.append(np.full(steps, float(len(ctx))))
+        return self._group_times(totals, np.vstack(real))
+
+    def _group_times(self, totals: list[BatchTotals], real_tokens: np.ndarray) -> np.ndarray:
+        """Lockstep iteration times, shape (steps,), from each rank's totals (arrays of steps) and
+        tokens sent to the experts, shape (ranks, steps): the slowest rank's own work, with the
+        routed experts on the group's copies and all-to-alls of its largest rank's tokens."""
+        largest, group = real_tokens.max(axis=0), real_tokens.sum(axis=0)
+        routed = (
+            self.all_to_all.dispatch_time_s(largest)
+            + self.group_experts.expert_time_s(group)
+            + self.all_to_all.combine_time_s(largest)
+        )
+        ranks = len(totals)
+        flat = BatchTotals(*(np.concatenate([getattr(t, f) for t in totals]) for f in TOTALS))
+        per_rank = self._latency(flat, np.tile(routed, ranks)).reshape(ranks, -1)
+        return per_rank.max(axis=0)
+
+
+def _as_row(t: BatchTotals, steps: int = 1) -> BatchTotals:
+    """Totals as arrays of `steps` equal columns."""
+    return BatchTotals(*(np.full(steps, float(getattr(t, f))) for f in TOTALS))
+
+
+def _real_tokens(shapes, totals) -> np.ndarray:
+    """Tokens each rank sends to the experts, shape (ranks, 1): none from a dummy pass."""
+    return np.array([[0.0 if s is None else float(t.tokens)] for s, t in zip(shapes, totals)])
