@@ -149,7 +149,9 @@ def test_a_pool_larger_than_the_host_is_refused_naming_its_field():
     with pytest.raises(InfersimError) as e:
         check_host_fits(hold, plan, host_available_bytes=HOST_AVAILABLE, source="w.yaml")
     line = str(e.value)
-    assert line.startswith("w.yaml: field 'offload.pool_blocks': the host KV pool (12,000,000 blocks, as set: 147.5 GB)")
+    assert line.startswith(
+        "w.yaml: field 'offload.pool_blocks': the host KV pool (12,000,000 blocks, as set: 147.5 GB)"
+    )
     assert "more than the 134.2 GB available" in line and "\n" not in line
     capped = _offload_plan(H200_BYTES, HOST_AVAILABLE, cpu_memory_gb=500.0)
     assert (capped.bound_by, capped.cpu_pool_bytes) == ("cpu", HOST_AVAILABLE * 0.9)
