@@ -229,6 +229,42 @@ def test_documented_python_name_exists(doc, module, name):
     assert defines(module, name), f"{_rel(doc)}: {module} has no {name}"
 
 
+# a path of the repository as prose names it in a code span (`simulator/engine/memory.py`,
+# `tests/x.py::test_y`, `executor/medusa/`); placeholders and outputs (<name>, *, NAME, runs/) aside
+REPO_TOP = (
+    "simulator/",
+    "executor/",
+    "analysis/",
+    "infersim/",
+    "hwprofiles/",
+    "traces/",
+    "benchmarks/",
+    "tests/",
+    "examples/",
+    "docs/",
+    ".ci/",
+)
+
+
+def repo_paths(path: Path) -> list[str]:
+    """The repository paths the page's prose code spans name."""
+    found = []
+    for span in re.findall(r"`([^`\n]+)`", FENCE.sub("", path.read_text())):
+        for token in re.split(r"[\s,()]+", span):
+            token = token.strip(".:;").split("::")[0]
+            if token.startswith(REPO_TOP) and not re.search(r"[<>*{}]|NAME|runs/", token):
+                found.append(re.sub(r"(\.py)\.\w+$", r"\1", token))  # `x/y.py.function`
+    return found
+
+
+REPO_PATHS = [(doc, p) for doc in DOCS for p in repo_paths(doc)]
+
+
+@pytest.mark.parametrize("doc,target", REPO_PATHS, ids=[f"{_rel(d)}: {p}" for d, p in REPO_PATHS])
+def test_documented_repo_path_exists(doc, target):
+    assert (ROOT / target).exists() or (doc.parent / target).exists(), f"{_rel(doc)}: `{target}`: no such file"
+
+
 def test_the_checks_find_what_they_look_for():
     """The extraction sees the README's two quick-start commands and its links, so an empty
     parametrization cannot pass for a clean manual."""
@@ -243,3 +279,4 @@ def test_the_checks_find_what_they_look_for():
     assert ("infersim.executor.medusa.decode", "medusa_decode") in python_names(ROOT / "docs/executor-medusa.md")
     assert not defines("infersim.simulator.hardware.collectives_fit", "no_such_name")
     assert defines("infersim.simulator.costmodel", "BatchShape")
+    assert "simulator/engine/memory.py" in repo_paths(ROOT / "README.md")
