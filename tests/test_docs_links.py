@@ -112,10 +112,11 @@ def subparser(words: list[str]) -> argparse.ArgumentParser:
 
 @functools.cache
 def accepted_flags(words: tuple[str, ...]) -> tuple[str, frozenset[str]]:
-    """The prog and the option strings of `sim WORDS...`, built once per command (many pages
-    quote the same ones)."""
+    """The prog and the option strings `sim WORDS... --help` lists (hidden ones aside), built
+    once per command (many pages quote the same ones)."""
     parser = subparser(list(words))
-    return parser.prog, frozenset(flag for action in parser._actions for flag in action.option_strings)
+    listed = [a for a in parser._actions if a.help != argparse.SUPPRESS]
+    return parser.prog, frozenset(flag for action in listed for flag in action.option_strings)
 
 
 COMMAND_LINES = [(doc, c) for doc in DOCS for c in documented_commands(doc)]
