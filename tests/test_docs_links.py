@@ -1,11 +1,15 @@
 """The manual points at real things: every relative link in README.md and docs/ names a file of
 the repository (and a heading of it, when it has an anchor), and every `sim` command in a code
 block or code span of README.md and docs/ names a subcommand, flags its parser accepts and files the
-repository holds, as every `python -m infersim...` module and `python script.py` they name exists."""
+repository holds, as every `python -m infersim...` module and `python script.py` they name exists,
+and every name a Python example imports (or a code span spells `infersim.a.b.name`) is defined
+where it says."""
 
 from __future__ import annotations
 
 import argparse
+import ast
+import functools
 import importlib.util
 import re
 import shlex
@@ -106,6 +110,15 @@ def subparser(words: list[str]) -> argparse.ArgumentParser:
     return parser
 
 
+@functools.cache
+def accepted_flags(words: tuple[str, ...]) -> tuple[str, frozenset[str]]:
+    """The prog and the option strings `sim WORDS... --help` lists (hidden ones aside), built
+    once per command (many pages quote the same ones)."""
+    parser = subparser(list(words))
+    listed = [a for a in parser._actions if a.help != argparse.SUPPRESS]
+    return parser.prog, frozenset(flag for action in listed for flag in action.option_strings)
+
+
 COMMAND_LINES = [(doc, c) for doc in DOCS for c in documented_commands(doc)]
 
 
@@ -113,10 +126,9 @@ COMMAND_LINES = [(doc, c) for doc in DOCS for c in documented_commands(doc)]
 def test_documented_command_exists(doc, command):
     words = command.split()
     assert words[1] in COMMANDS, f"{_rel(doc)}: `{command}`: no subcommand {words[1]!r}"
-    parser = subparser(words[1:])
-    accepted = {flag for action in parser._actions for flag in action.option_strings}
+    prog, accepted = accepted_flags(tuple(w for w in words[1:3] if re.fullmatch(r"\w[\w-]*", w)))
     unknown = [f for f in FLAG.findall(command.replace("/--", " --")) if f not in accepted]
-    assert not unknown, f"{_rel(doc)}: `{command}`: {parser.prog} has no {', '.join(unknown)}"
+    assert not unknown, f"{_rel(doc)}: `{command}`: {prog} has no {', '.join(unknown)}"
     for token in shlex.split(re.sub(r"[\[\]]", " ", command)):
         value = token.partition("=")[2] if token.startswith("-") else token
         if REPO_PATH.match(value):
@@ -144,6 +156,116 @@ def test_documented_python_command_exists(doc, command):
         assert (ROOT / command).is_file(), f"{_rel(doc)}: python {command}: no such file"
 
 
+# the repository's own top-level folders install under `infersim.`: `from simulator.x import y`
+# runs only from a checkout's root, never for a user
+REPO_PACKAGES = {"simulator", "executor", "analysis"}
+IMPORT_LINE = re.compile(r"^\s*from\s+([\w.]+)\s+import\s+(\([^)]*\)|[^\n#]+)|^\s*import\s+([\w.]+)", re.M)
+DOTTED = re.compile(r"`(infersim(?:\.\w+)+)")
+
+
+def python_names(path: Path) -> list[tuple[str, str]]:
+    """(module, name) pairs the page's Python examples import (name "" for `import M`), and the
+    `infersim.a.b.name` spelled in its prose code spans (the last part the name)."""
+    text = path.read_text()
+    found = []
+    for lang, body in FENCE.findall(text):
+        if lang.strip() not in ("python", "py"):
+            continue
+        for module, names, plain in IMPORT_LINE.findall(body):
+            if plain:
+                found.append((plain, ""))
+            for name in filter(None, (n.split(" as ")[0].strip() for n in names.strip("()").split(","))):
+                found.append((module, name))
+    for dotted in DOTTED.findall(FENCE.sub("", text)):
+        module, _, name = dotted.rpartition(".")
+        found.append((module, name))
+    return found
+
+
+@functools.cache
+def top_level_names(module: str) -> frozenset[str] | None:
+    """What `module` defines at its top level, read from its source (nothing is imported but
+    its parent packages); None when there is no such module."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        return None if spec is None else frozenset({"*"})
+    names = set()
+    for node in ast.parse(Path(spec.origin).read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(n.id for tgt in targets for n in ast.walk(tgt) if isinstance(n, ast.Name))
+    return frozenset(names)
+
+
+def defines(module: str, name: str) -> bool:
+    """`from module import name` works: a module of that name, or a name its source defines."""
+    try:
+        if importlib.util.find_spec(f"{module}.{name}") is not None:
+            return True
+    except ModuleNotFoundError:
+        pass
+    names = top_level_names(module)
+    return names is not None and (name in names or "*" in names or "__getattr__" in names)
+
+
+PY_NAMES = [(doc, m, n) for doc in DOCS for m, n in python_names(doc)]
+
+
+@pytest.mark.parametrize("doc,module,name", PY_NAMES, ids=[f"{_rel(d)}: {m} {n}" for d, m, n in PY_NAMES])
+def test_documented_python_name_exists(doc, module, name):
+    top = module.split(".")[0]
+    assert top not in REPO_PACKAGES, f"{_rel(doc)}: `{module}` is `infersim.{module}` once installed"
+    if top != "infersim":
+        return  # numpy, torch, ...: not ours to check
+    if not name:
+        assert importlib.util.find_spec(module) is not None, f"{_rel(doc)}: import {module}: no such module"
+        return
+    while top_level_names(module) is None and "." in module:  # `infersim.a.b.Class.method`
+        module, _, outer = module.rpartition(".")
+        name = outer
+    assert defines(module, name), f"{_rel(doc)}: {module} has no {name}"
+
+
+# a path of the repository as prose names it in a code span (`simulator/engine/memory.py`,
+# `tests/x.py::test_y`, `executor/medusa/`); placeholders and outputs (<name>, *, NAME, runs/) aside
+REPO_TOP = (
+    "simulator/",
+    "executor/",
+    "analysis/",
+    "infersim/",
+    "hwprofiles/",
+    "traces/",
+    "benchmarks/",
+    "tests/",
+    "examples/",
+    "docs/",
+    ".ci/",
+)
+
+
+def repo_paths(path: Path) -> list[str]:
+    """The repository paths the page's prose code spans name."""
+    found = []
+    for span in re.findall(r"`([^`\n]+)`", FENCE.sub("", path.read_text())):
+        for token in re.split(r"[\s,()]+", span):
+            token = token.strip(".:;").split("::")[0]
+            if token.startswith(REPO_TOP) and not re.search(r"[<>*{}]|NAME|runs/", token):
+                found.append(re.sub(r"(\.py)\.\w+$", r"\1", token))  # `x/y.py.function`
+    return found
+
+
+REPO_PATHS = [(doc, p) for doc in DOCS for p in repo_paths(doc)]
+
+
+@pytest.mark.parametrize("doc,target", REPO_PATHS, ids=[f"{_rel(d)}: {p}" for d, p in REPO_PATHS])
+def test_documented_repo_path_exists(doc, target):
+    assert (ROOT / target).exists() or (doc.parent / target).exists(), f"{_rel(doc)}: `{target}`: no such file"
+
+
 def test_the_checks_find_what_they_look_for():
     """The extraction sees the README's two quick-start commands and its links, so an empty
     parametrization cannot pass for a clean manual."""
@@ -155,3 +277,7 @@ def test_the_checks_find_what_they_look_for():
     assert "benchmarks/sim_speed.py" in python_commands(ROOT / "README.md")
     assert slug("The pass rule") == "the-pass-rule"
     assert slug("`sim exec` and `--fast`") == "sim-exec-and---fast"
+    assert ("infersim.executor.medusa.decode", "medusa_decode") in python_names(ROOT / "docs/executor-medusa.md")
+    assert not defines("infersim.simulator.hardware.collectives_fit", "no_such_name")
+    assert defines("infersim.simulator.costmodel", "BatchShape")
+    assert "simulator/engine/memory.py" in repo_paths(ROOT / "README.md")

@@ -848,8 +848,9 @@ def report(
     w("## What is not modelled\n")
     w(
         "- UVM (the paper's 32.93x baseline): page-fault behaviour is not in the cost model.\n"
-        "- Accuracy: only the two proxies above; the real executor will measure perplexity and the important-token "
-        "counts per layer (`layer_scale` in the sparsity data is empty until then).\n"
+        "- Accuracy: only the two proxies above. Perplexity and the important-token counts per layer of a real "
+        "model are measured by the executor (infinigen-executor.md, on zoo-target); OPT-13B's sparsity data has "
+        "no `layer_scale`.\n"
         "- CPU-side work: the gather of InfiniGen's chosen rows, H2O's score bookkeeping and the counter/LRU/FIFO "
         "victim updates of a limited CPU pool cost nothing here; the pool limit changes capacity and the mass proxy "
         "only.\n"
