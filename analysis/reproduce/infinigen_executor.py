@@ -1,4 +1,4 @@
-"""InfiniGen's KV selection on a real model (issue #8 points 4-5): teacher-forced perplexity
+"""InfiniGen's KV selection on a real model: teacher-forced perplexity
 and attention mass kept under the full cache, INT4, H2O and InfiniGen (with ablations and a
 limited host pool with FIFO / LRU / counter eviction), plus the important-token counts by
 context length and layer that the simulator reads as sparsity data.

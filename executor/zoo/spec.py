@@ -80,7 +80,7 @@ def native_bf16() -> bool:
     return bool(c.get("avx512_bf16") or c.get("amx_bf16"))
 
 
-# The default zoo (issue #7): a 3-layer x 192 Llama target (~100 s) and drafts of different
+# The default zoo: a 3-layer x 192 Llama target (~100 s) and drafts of different
 # sizes and data distilled from it (~30 s each), plus a small OPT so that family is served by
 # the engine on real weights too. Step counts, not wall time, fix the training: deterministic.
 # Trained in fp32 on every CPU, so its build key, and with it the weights shipped with the

@@ -258,7 +258,7 @@ def test_reproduction_plans_build_valid_workloads():
     assert r["nodes"] == 16 and r["acceleration_rate"] > 1.5
 
 
-# ---- pipelined vs coupled: what the pipeline's gain depends on (issue #4 point 6) -----------------
+# ---- pipelined vs coupled: what the pipeline's gain depends on -----------------
 def _pipe_spec(
     pipeline: bool,
     overhead_us: float,

@@ -329,7 +329,7 @@ def test_config_validation():
     assert sp.voting_on and sp.selector_on and not sp.pipeline_on
 
 
-# ---- Medusa Fig. 4a read faithfully (issue #4 point 6) -----------------------------------------
+# ---- Medusa Fig. 4a read faithfully -----------------------------------------
 def test_dense_tree_counts_every_node_not_only_candidates():
     """Section 2.1.2: a Cartesian tree adds s_1 + s_1 s_2 + ... tokens; 4x4x4x4 has 256 paths
     (leaves) but 341 nodes with the root, 6x6x6 259."""
