@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from ..errors import InfersimError
 from ..hardware.profile import HardwareProfile
-from ..models.dtypes import bytes_per_element, compute_dtype_for
+from ..models.dtypes import bytes_per_element, compute_dtype_for, lower_dtype_advice
 from ..models.spec import ModelSpec
 
 # Memory a vLLM worker allocates outside torch's caching allocator while it profiles (cuBLAS
@@ -109,13 +109,13 @@ def _no_kv_cache_reason(
         return (
             f"field 'serving.gpu_memory_utilization': model '{model.name}' ({weights / 1e9:.1f} GB of weights per GPU "
             f"in {opts.dtype}) does not fit in {where}; raise serving.gpu_memory_utilization or "
-            f"hardware.tensor_parallel, or lower the dtype"
+            f"hardware.tensor_parallel{lower_dtype_advice(opts.dtype)}"
         )
     if weights >= usable:
         return (
             f"model '{model.name}' ({weights / 1e9:.1f} GB of weights per GPU in {opts.dtype}) does not fit on "
-            f"{where} with tensor_parallel={opts.tp}; raise hardware.tensor_parallel or hardware.pipeline_parallel, "
-            f"or lower the dtype"
+            f"{where} with tensor_parallel={opts.tp}; raise hardware.tensor_parallel or "
+            f"hardware.pipeline_parallel{lower_dtype_advice(opts.dtype)}"
         )
     if weights + act >= usable:
         logits = opts.max_batch_size * model.vocab_size * 4.0  # activation_peak_bytes's per-sequence part

@@ -57,6 +57,11 @@ def weight_bytes_per_element(dtype: str) -> float:
     return BYTES_PER_ELEMENT[key] + _GROUP_OVERHEAD_BYTES.get(key, 0.0)
 
 
+def lower_dtype_advice(dtype: str) -> str:
+    """The ", or lower the dtype" of a does-not-fit refusal, left out where nothing is smaller."""
+    return "" if bytes_per_element(dtype) <= min(BYTES_PER_ELEMENT.values()) else ", or lower the dtype"
+
+
 def kv_dtype_for(weight_dtype: str, kv_dtype: str | None = None) -> str:
     """The KV cache's dtype: the one given, else the weights' own, except under weight-only INT8 /
     INT4 quantisation, whose cache stays in the activations' 16 bits: vLLM's kv_cache_dtype

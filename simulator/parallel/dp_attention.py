@@ -25,7 +25,7 @@ import numpy as np
 
 from ..costmodel.batch import BatchShape, BatchTotals
 from ..costmodel.moe import RoutedExperts
-from ..models.dtypes import weight_bytes_per_element
+from ..models.dtypes import lower_dtype_advice, weight_bytes_per_element
 from .alltoall import AllToAll, AllToAllLinks, combine_bytes_per_copy, dispatch_bytes_per_copy
 from .config import ClusterSection
 from .cost import PipelineCostModel
@@ -53,7 +53,7 @@ def check_rank_weights_fit(model, hw, opts, ep: int, source: str = "") -> None:
             source,
             "hardware.expert_parallel",
             f"{ep} ranks leave {weights / 1e9:.1f} GB of '{model.name}' weights on each GPU ({opts.dtype}), more "
-            f"than {opts.budget_label(hw)} gives; raise hardware.expert_parallel or lower the dtype",
+            f"than {opts.budget_label(hw)} gives; raise hardware.expert_parallel{lower_dtype_advice(opts.dtype)}",
         )
 
 

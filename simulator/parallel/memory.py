@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from ..engine.memory import MemoryOptions, MemoryPlan
 from ..errors import InfersimError
+from ..models.dtypes import lower_dtype_advice
 from .placement import Placement
 
 
@@ -46,7 +47,7 @@ def plan_pipeline_memory(
                 f"{source}: field 'hardware.pipeline_parallel': stage {s} of {placement.pp} ({n} layers, "
                 f"{w / 1e9:.1f} GB of weights per GPU with tensor_parallel={placement.tp}) leaves no KV cache on "
                 f"{opts.budget_label(hw)}; raise "
-                f"hardware.pipeline_parallel or hardware.tensor_parallel, or lower the dtype"
+                f"hardware.pipeline_parallel or hardware.tensor_parallel{lower_dtype_advice(opts.dtype)}"
             )
         fits.append(blocks)
     gpu_blocks = opts.gpu_blocks if opts.gpu_blocks is not None else min(fits)

@@ -43,6 +43,20 @@ def test_bf16_on_t4_workload_is_one_line_exit_2(tmp_path, capsys):
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.parametrize(("dtype", "advice"), [("fp16", True), ("int4", False)])
+def test_a_model_too_big_for_the_card_is_told_to_lower_the_dtype_only_when_one_is_lower(
+    tmp_path, capsys, dtype, advice
+):
+    """Llama-3-70B on one RTX 4090 (24 GB): 141.1 GB of weights in fp16, 39.8 GB in int4, neither
+    fits; int4 is the smallest dtype, so its refusal names only the parallel degrees."""
+    wl = write_yaml(tmp_path / "big.yaml", card_workload("llama-3-70b", "rtx-4090", dtype))
+    assert main(["run", "-w", str(wl), "-o", str(tmp_path / "r"), "-q"]) == 2
+    err = one_line_error(capsys)
+    assert "big.yaml" in err and "does not fit" in err and "raise hardware.tensor_parallel" in err
+    assert ("lower the dtype" in err) is advice
+    assert not (tmp_path / "r").exists()
+
+
 def test_roofline_bf16_on_t4_exits_2(capsys):
     assert main(["roofline", "--model", "llama-3-8b", "--hardware", "t4", "--dtype", "bf16", "--phase", "decode"]) == 2
     err = capsys.readouterr().err.strip()
