@@ -30,7 +30,8 @@ def pydantic_error_line(source: str, exc) -> str:
     parts = []
     for err in exc.errors()[:3]:
         loc = ".".join(str(x) for x in err.get("loc", ())) or "(top level)"
-        parts.append(f"field '{loc}': {err.get('msg', 'invalid')}")
+        msg = err.get("msg", "invalid").removeprefix("Value error, ")  # our validators' own words
+        parts.append(f"field '{loc}': {msg}")
     more = len(exc.errors()) - 3
     tail = f" (+{more} more)" if more > 0 else ""
     return f"{source}: " + "; ".join(parts) + tail

@@ -5,7 +5,7 @@ a workload file may be as short as a model name and a request generator."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Optional, Union
+from typing import Annotated, Literal, Optional, Union, get_args
 
 from pydantic import BaseModel, Field, NonNegativeFloat, PositiveFloat, PositiveInt, field_validator, model_validator
 
@@ -248,6 +248,15 @@ class TraceSource(_Strict):
     )
 
 
+def _typed(value, union):
+    """`value` unchanged, unless it is a mapping without `type`: then a one-line error listing
+    the kinds of `union` (each member's `type` literal)."""
+    if isinstance(value, dict) and "type" not in value:
+        kinds = [get_args(m.model_fields["type"].annotation)[0] for m in get_args(union)]
+        raise ValueError(f"give its 'type': one of {', '.join(kinds)}")
+    return value
+
+
 class RequestsSection(_Strict):
     count: Optional[PositiveInt] = None
     duration_s: Optional[PositiveFloat] = None
@@ -262,6 +271,20 @@ class RequestsSection(_Strict):
     )
 
     _whole_count = field_validator("count", "max_prompt_tokens", "max_output_tokens", mode="before")(whole_number)
+
+    @field_validator("prompt_tokens", "output_tokens", mode="before")
+    @classmethod
+    def _plain_length(cls, value, info):
+        """A plain number is a fixed length (`prompt_tokens: 512`); a mapping without its `type`
+        is told the kinds there are, which pydantic's tagged union would not name."""
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return {"type": "fixed", "value": value}
+        return _typed(value, LengthDist)
+
+    @field_validator("arrival", mode="before")
+    @classmethod
+    def _typed_arrival(cls, value):
+        return _typed(value, Arrivals)
 
     @model_validator(mode="after")
     def _complete(self):

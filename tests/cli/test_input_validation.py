@@ -115,7 +115,7 @@ def test_sweep_space_refused_before_anything_is_written_then_rerun(wl, tmp_path)
     )
     refused(
         ["sweep", "-w", wl, "-s", reversed_range, "-o", out],
-        "rev.yaml: field 'parameters.serving.max_batch_size.range.high': Value error, high must be >= low",
+        "rev.yaml: field 'parameters.serving.max_batch_size.range.high': high must be >= low",
     )
     scalar = write_yaml(tmp_path / "scalar.yaml", {"parameters": {"serving.max_batch_size": 16}})
     line = refused(

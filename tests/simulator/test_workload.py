@@ -119,6 +119,30 @@ def test_bad_length_distributions_name_the_field(bad):
         dist(**bad)
 
 
+def test_a_plain_number_is_a_fixed_length():
+    s = spec(count=1, arrival={"type": "burst"}, prompt_tokens=512, output_tokens=64).requests
+    assert (s.prompt_tokens.type, s.prompt_tokens.value, s.output_tokens.value) == ("fixed", 512, 64)
+    with pytest.raises(
+        InfersimError, match=r"field 'requests\.prompt_tokens\.fixed\.value': Input should be a valid int"
+    ):
+        spec(count=1, arrival={"type": "burst"}, prompt_tokens=8.5, output_tokens=1)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "kinds"),
+    [
+        ("arrival", {"rate": 2.0}, "poisson, gamma, closed_loop, burst"),
+        ("output_tokens", {"mean": 3}, "fixed, uniform, lognormal, quantiles, empirical"),
+    ],
+)
+def test_a_section_without_its_type_is_told_the_kinds(field, value, kinds):
+    """pydantic's tagged union says only 'Unable to extract tag'; the error lists the kinds."""
+    base = {"count": 1, "arrival": {"type": "burst"}, "prompt_tokens": 8, "output_tokens": 8, field: value}
+    with pytest.raises(InfersimError) as e:
+        spec(**base)
+    assert str(e.value) == f"test: field 'requests.{field}': give its 'type': one of {kinds}"
+
+
 def test_empirical_column_scaled_and_text_words(tmp_path):
     (tmp_path / "lens.csv").write_text("n,x\n" + "".join(f"{v},0\n" for v in (10, 20, 30)))
     (tmp_path / "p.jsonl").write_text("".join(json.dumps({"prompt": " ".join(["w"] * k)}) + "\n" for k in (10, 20)))
