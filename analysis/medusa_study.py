@@ -133,7 +133,12 @@ class MedusaStudyOptions:
         default=None, metadata={"help": "fused or unfused; None: unfused for the paper block, fused for the model"}
     )
     dtype: str = field(default="fp16", metadata={"help": "weight dtype of the cost model"})
-    kv_dtype: str | None = field(default=None, metadata={"help": "KV-cache dtype; None: the weight dtype"})
+    kv_dtype: str | None = field(
+        default=None,
+        metadata={
+            "help": "KV-cache dtype; None: the activations' 16 bits under fp8, int8 and int4 weights, else the weight dtype"
+        },
+    )
     tensor_parallel: int = field(default=1, metadata={"help": "tensor-parallel degree"})
 
     def resolved_attention(self) -> str:

@@ -34,6 +34,13 @@ LAYOUTS = {
     "TP 16": {"tensor_parallel": 16},
     "DP 16 + EP 16": {"replicas": 16, "expert_parallel": 16, "data_parallel_attention": True},
 }
+# the example's cache: the engines' default, which SGLang's DeepSeek large-scale EP launches keep
+KV_CACHE_NOTE = (
+    "FP8 weights, 16-bit KV cache (MLA latents in bf16, 1,152 bytes per token and layer): the default "
+    "of vLLM and SGLang (`--kv-cache-dtype auto`) for DeepSeek-V3's FP8 checkpoint, which SGLang's "
+    "DeepSeek large-scale EP launch commands keep (https://github.com/sgl-project/sglang/issues/6017, "
+    "https://github.com/sgl-project/sglang/issues/7998). `serving.kv_dtype: fp8` would double every pool."
+)
 STEPS = ((1, 800), (32, 800), (256, 2000))  # (sequences per engine, context tokens)
 DP = LAYOUTS["DP 16 + EP 16"]
 # (name, requests-section changes, serving.max_batch_size); None: the chat burst of --requests
@@ -135,7 +142,8 @@ def lockstep_section(requests: int) -> list[str]:
         "",
         f"Lockstep costs the chat burst {1 - lock256[0] / mean256[0]:.0%} of its throughput at 256 sequences "
         "per rank (every step waits for whichever rank is prefilling a chunk) and "
-        f"{1 - lock1024[0] / mean1024[0]:.0%} at 1,024 (all prompts prefilled up front, then decode alone); "
+        f"{1 - lock1024[0] / mean1024[0]:.0%} at 1,024 (a rank's KV pool holds fewer than 1,024 of these "
+        "sequences, so prompts keep being prefilled as others finish); "
         "with long prompts arriving one by one the mean inter-token latency is "
         f"{lock_long[1] / mean_long[1]:.1f}x the mean model's and the p99 {lock_long[2] / mean_long[2]:.1f}x.",
         "",
@@ -151,6 +159,8 @@ def main() -> None:
         "# DeepSeek-V3 fp8 on 16 H100: TP 8 x PP 2, TP 16, DP attention 16 + EP 16",
         "",
         "Written by `python benchmarks/dp_attention_layouts.py`.",
+        "",
+        KV_CACHE_NOTE,
         "",
         "One decode step alone, ms, calibrated `h100-sxm` (datasheet in brackets); batch per engine.",
         "",

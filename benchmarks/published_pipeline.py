@@ -9,8 +9,14 @@ parallelism across the 8 GPUs against pipeline parallelism across the 8 GPUs. At
 (one user) TP is 5.6x faster than PP; at maximum throughput PP delivers 1.5x TP's.
 
 Predicted: the same two deployments (TP 8 x PP 1 and TP 1 x PP 8) on the `h200` profile.
-Weights and KV cache are `fp8` (one byte each) and GEMMs compute at the H200's FP8 dense peak. The blog does not give the sequence lengths of its
-scenarios; the ones used here are stated in the output.
+Weights and KV cache are `fp8` (one byte each) and GEMMs compute at the H200's FP8 dense peak.
+NVIDIA's FP8 recipe for this model (TensorRT Model Optimizer) quantises the KV cache to FP8 too
+("Boosting Llama 3.1 405B Performance up to 1.44x with NVIDIA TensorRT Model Optimizer on NVIDIA
+H200 GPUs", https://developer.nvidia.com/blog/boosting-llama-3-1-405b-performance-by-up-to-44-with-nvidia-tensorrt-model-optimizer-on-nvidia-h200-gpus/),
+so the cache is set explicitly (`kv_dtype: fp8`); left out, it would stay 16-bit as vLLM's
+`--kv-cache-dtype auto`.
+The blog does not give the sequence lengths of its scenarios; the ones used here are stated in
+the output.
 
 Usage: python benchmarks/published_pipeline.py"""
 
@@ -96,7 +102,10 @@ parallelism over the 8 GPUs.
 
 Predicted: `llama-3.1-405b` on the `h200` profile (datasheet peaks, the H100's fitted GEMM and
 elementwise models, datasheet NVLink for the all-reduces and the stage hand-offs), weights and KV
-cache `fp8` (one byte each), GEMMs at the FP8 dense peak.
+cache `fp8` (one byte each), GEMMs at the FP8 dense peak. The cache is set to fp8 explicitly
+(`kv_dtype: fp8`): NVIDIA's TensorRT Model Optimizer FP8 recipe for this model quantises the KV
+cache too ("Boosting Llama 3.1 405B Performance up to 1.44x with NVIDIA TensorRT Model Optimizer
+on NVIDIA H200 GPUs", NVIDIA technical blog, August 2024); without it the cache would stay 16-bit.
 Sequence lengths are not in the blog: minimum latency is one request of {MIN_LATENCY[1]:,} prompt and
 {MIN_LATENCY[2]} output tokens; maximum throughput is a burst of {n:,} requests of {p:,} + {o}
 tokens (batch cap 256 per scheduler; PP 8 runs 8 virtual engines).

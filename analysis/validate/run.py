@@ -36,7 +36,7 @@ def _profile_cost_model(name: str, profile: str, exec_run):
     model_path = Path(str(exec_run.config["workload"]["model"]))
     model = load_model(str(model_path / "config.json" if model_path.is_dir() else model_path))
     dtype = exec_run.config.get("executor", {}).get("dtype", "fp32")
-    return build_cost_model(name, model, load_hardware(profile), dtype=dtype, kv_dtype=dtype)
+    return build_cost_model(name, model, load_hardware(profile), dtype=dtype)
 
 
 def resolve_cost_model(

@@ -56,7 +56,11 @@ def add_cost_options(p: argparse.ArgumentParser) -> None:
         "datasheet roofline of a calibrated profile",
     )
     p.add_argument("--dtype", default="fp16", help="weight dtype: fp32, fp16, bf16, fp8, int8, int4 (default fp16)")
-    p.add_argument("--kv-dtype", default=None, help="KV cache dtype (default: the weight dtype)")
+    p.add_argument(
+        "--kv-dtype",
+        default=None,
+        help="KV cache dtype (default: the weight dtype; 16-bit under fp8, int8 and int4 weights, as vLLM's auto)",
+    )
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree; > 1 adds all-reduce rows (default 1)")
     add_memory_flag(p)
 
@@ -154,7 +158,7 @@ def _operator_tables(cost, ops, shown, attention: str, wide: bool) -> list:
     """Rich tables of the operators of each setting in `shown`, each ending with the iteration
     total: one table with phase/batch/seq/q columns on a wide terminal, else one per setting."""
     key = ["phase", "batch", "seq_len", "candidates"]
-    head = f"{cost.model.name} on {cost.hardware.name} ({cost.weight_dtype}, tp {cost.tp}, {attention} attention)"
+    head = f"{cost.model.name} on {cost.hardware.name} ({cost.weight_dtype} weights, {cost.kv_dtype} KV cache, tp {cost.tp}, {attention} attention)"
 
     def new_table(title: str) -> Table:
         # one space between columns: the per-setting table then fits an 80-column terminal whole

@@ -19,6 +19,7 @@ from infersim.simulator.hardware.catalog import load_hardware
 from infersim.simulator.metrics.plots import plot_run
 from infersim.simulator.metrics.rundir import check_out_dir, pause_point, staged_dir
 from infersim.simulator.metrics.summary import summarize, write_result_files
+from infersim.simulator.models.dtypes import kv_dtype_for, normalize_dtype
 from infersim.simulator.parallel.placement import cluster_gpus_per_node, tp_across_nodes_note
 from infersim.simulator.parallel.report import plot_stages, write_stage_timeline
 from infersim.simulator.preflight import check_workload, revalidate
@@ -134,6 +135,12 @@ def add_override_flags(p, *, model_and_hardware: bool) -> None:
         p.add_argument(
             "--dtype", default=None, help="override serving.dtype, the weight dtype (fp16, bf16, fp8, int8, int4)"
         )
+        p.add_argument(
+            "--kv-dtype",
+            default=None,
+            help="override serving.kv_dtype, the KV cache dtype (default: 16-bit under fp8, int8 and int4 weights, "
+            "as vLLM's --kv-cache-dtype auto; fp8 halves the cache)",
+        )
     p.add_argument("--scheduler", default=None, help="override serving.scheduler (fcfs, fairness)")
     p.add_argument("--preemption", default=None, help="override serving.preemption (recompute, swap, cost_aware)")
     p.add_argument(
@@ -157,6 +164,8 @@ def apply_overrides(spec, args, source: str = "workload"):
         hw["replicas"] = positive_int(args.replicas, "--replicas")
     if getattr(args, "dtype", None):
         sv["dtype"] = args.dtype
+    if getattr(args, "kv_dtype", None):
+        sv["kv_dtype"] = args.kv_dtype
     if args.scheduler:
         sv["scheduler"] = args.scheduler
     if args.preemption:
@@ -187,6 +196,7 @@ OVERRIDE_FLAGS = {
     "hardware.tensor_parallel": "--tp",
     "hardware.replicas": "--replicas",
     "serving.dtype": "--dtype",
+    "serving.kv_dtype": "--kv-dtype",
     "serving.scheduler": "--scheduler",
     "serving.preemption": "--preemption",
     "requests.count": "--requests",
@@ -195,7 +205,9 @@ OVERRIDE_FLAGS = {
 
 def override_flags(args) -> dict[str, str]:
     """{field: flag} of the overrides given on this command line."""
-    return {f: flag for f, flag in OVERRIDE_FLAGS.items() if getattr(args, flag[2:], None) is not None}
+    return {
+        f: flag for f, flag in OVERRIDE_FLAGS.items() if getattr(args, flag[2:].replace("-", "_"), None) is not None
+    }
 
 
 def prepare(args, source: str, serving: dict | None = None):
@@ -348,6 +360,11 @@ def deployment_line(spec) -> str:
     )
 
 
+def dtypes_line(serving) -> str:
+    """'fp8 weights, fp16 KV cache': the weights' dtype and the KV cache's (dtypes.kv_dtype_for)."""
+    return f"{normalize_dtype(serving.dtype)} weights, {kv_dtype_for(serving.dtype, serving.kv_dtype)} KV cache"
+
+
 def placement_notes(spec) -> list[str]:
     """A line for each tensor-parallel group of the deployment that spans nodes."""
     hw, d = spec.hardware, spec.hardware.disaggregated
@@ -398,7 +415,7 @@ def print_summary(s: dict, spec, out: Path, wall_s: float) -> None:
     device it ran on and its time by the engine clock, not the workload's card and a simulation."""
     c = Console()
     ex = s.get("executor")
-    where = f"{ex['device']} ({ex['dtype']})" if ex else deployment_line(spec)
+    where = f"{ex['device']} ({ex['dtype']})" if ex else f"{deployment_line(spec)}, {dtypes_line(spec.serving)}"
     t = Table(title=f"{spec.name}: {spec.model} on {where}, {spec.serving.scheduler}/{spec.serving.preemption}")
     for col in ("metric", "mean", "p50", "p90", "p99"):
         t.add_column(col, justify="left" if col == "metric" else "right")

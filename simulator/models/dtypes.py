@@ -63,13 +63,13 @@ def lower_dtype_advice(dtype: str) -> str:
 
 
 def kv_dtype_for(weight_dtype: str, kv_dtype: str | None = None) -> str:
-    """The KV cache's dtype: the one given, else the weights' own, except under weight-only INT8 /
-    INT4 quantisation, whose cache stays in the activations' 16 bits: vLLM's kv_cache_dtype
-    "auto" is the model's dtype, which an AWQ or GPTQ checkpoint leaves at fp16."""
+    """The KV cache's dtype: the one given, else the activations' (compute_dtype_for): 16-bit
+    under FP8 and weight-only INT8 / INT4 weights, as vLLM's and SGLang's `kv_cache_dtype: auto`,
+    which take the model's dtype (an FP8, AWQ or GPTQ checkpoint's `torch_dtype` is bf16 or fp16).
+    An FP8 cache is opted into, as `--kv-cache-dtype fp8` does there: `serving.kv_dtype: fp8`."""
     if kv_dtype:
         return normalize_dtype(kv_dtype)
-    weights = normalize_dtype(weight_dtype)
-    return compute_dtype_for(weights) if weights in ("int8", "int4") else weights
+    return compute_dtype_for(normalize_dtype(weight_dtype))
 
 
 def compute_dtype_for(weight_dtype: str) -> str:

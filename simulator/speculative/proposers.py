@@ -114,7 +114,12 @@ class DraftProposer:
             key = _cost_key(model, hw, dtype, cfg.draft_tensor_parallel)
             if key not in cache:
                 cache[key] = build_cost_model(
-                    sv.cost_model, model, hw, dtype=dtype, kv_dtype=dtype, tensor_parallel=cfg.draft_tensor_parallel
+                    sv.cost_model,
+                    model,
+                    hw,
+                    dtype=dtype,
+                    kv_dtype=sim.kv_dtype,
+                    tensor_parallel=cfg.draft_tensor_parallel,
                 )
             acc = resolve_model(d.acceptance, cfg.dataset, mode, temp)
             name = d.name or (d.acceptance.draft if isinstance(d.acceptance, AcceptanceRef) else d.model)

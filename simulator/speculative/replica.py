@@ -95,7 +95,7 @@ class SpeculativeReplica(Replica):
         per_block = self.kv_bytes_per_block
         weight_blocks = int(np.ceil(p.weight_bytes(dtype) / per_block))
         target_token = per_block / b.block_size
-        ratio = p.kv_bytes_per_token(dtype) / target_token if target_token else 0.0
+        ratio = p.kv_bytes_per_token(sim.kv_dtype) / target_token if target_token else 0.0
         total = int((b.total_gpu - weight_blocks) / (1.0 + ratio))
         _check_target_holds_one_sequence(sim, p, total, b.total_gpu)
         taken = b.total_gpu - total

@@ -99,7 +99,11 @@ class ServingSection(_Strict):
     swap_space_gb: float = Field(4.0, ge=0, le=1e6)  # GiB, as vLLM's swap_space; 1e6 GiB is beyond any host
     watermark: float = Field(0.01, ge=0, lt=1)
     dtype: str = "fp16"
-    kv_dtype: Optional[str] = None  # None: same as dtype, 16-bit under weight-only int8/int4 (dtypes.kv_dtype_for)
+    kv_dtype: Optional[str] = Field(
+        None,
+        description="KV cache dtype; none: the weights' dtype, 16-bit under fp8, int8 and int4 weights (vLLM's and "
+        "SGLang's kv_cache_dtype auto; dtypes.kv_dtype_for); fp8 stores the cache in one byte per element",
+    )
     cost_model: str = Field("roofline", description="cost model registry name")
     prefix_caching: bool = Field(
         False,

@@ -72,6 +72,7 @@ FLAG_VALUES = {
     "--tp": st.sampled_from([-1, 0, 1, 2, 3, 64, 10**6, "x"]),
     "--replicas": st.sampled_from([0, 1, 3, 10**9, "x"]),
     "--dtype": st.sampled_from(["fp16", "bf16", "fp8", "int4", "int3", ""]),
+    "--kv-dtype": st.sampled_from(["fp16", "fp8", "int3", ""]),
 }
 
 

@@ -66,6 +66,27 @@ def test_dtype_flag_halves_weights_and_is_checked_against_the_card(tmp_path, cap
     assert "--dtype: unknown dtype 'int3'" in one_line_error(capsys)
 
 
+def test_kv_dtype_flag_sets_the_cache_fp8_weights_leave_16_bit(tmp_path, capsys):
+    """Llama-3-70B in fp8 at TP 4 on H100: 18.16 GB of weights per GPU. The cache stays 16-bit by
+    default (vLLM's --kv-cache-dtype auto): 655,360-byte blocks, 43,655 of them; `--kv-dtype fp8`
+    (vLLM's --kv-cache-dtype fp8) halves the block and doubles the pool to 87,311."""
+    wl = _workload(tmp_path)
+    weights = (70_553_706_496 + 2 * 128_256 * 8_192 + 8_192) / 4
+    act = 8192 * (4 * 8192 + 2 * 28672 / 4) * 2 + 256 * 128256 * 4
+    usable = 79.22 * 2**30 * 0.9 - 0.25 * 2**30
+    for flags, kv_bytes, blocks in (([], 2, 43_655), (["--kv-dtype", "fp8"], 1, 87_311)):
+        out = tmp_path / f"kv{kv_bytes}"
+        assert (
+            main(["run", "-w", str(wl), "-o", str(out), "-q", "--no-plots", "--tp", "4", "--dtype", "fp8", *flags]) == 0
+        )
+        memory = yaml.safe_load((out / "config.yaml").read_text())["memory"]
+        block = 16 * 80 * 2 * 2 * 128 * kv_bytes
+        assert memory["weight_bytes_per_gpu"] == weights and memory["kv_bytes_per_block"] == block
+        assert memory["gpu_blocks"] == int((usable - weights - act) // block) == blocks
+    assert main(["run", "-w", str(wl), "-o", str(tmp_path / "bad"), "-q", "--tp", "4", "--kv-dtype", "int3"]) == 2
+    assert "--kv-dtype: unknown dtype 'int3'" in one_line_error(capsys)
+
+
 def test_tp_that_does_not_split_the_heads_is_refused(tmp_path, capsys):
     wl = _workload(tmp_path)
     assert main(["run", "-w", str(wl), "-o", str(tmp_path / "r"), "-q", "--tp", "3"]) == 2

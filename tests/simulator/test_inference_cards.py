@@ -78,13 +78,35 @@ def test_int4_decode_at_batch_1_reads_the_quantised_weights_on_the_datasheet_roo
     assert t16 / t4 == pytest.approx(3.2, abs=0.05)
 
 
-def test_weight_only_quantisation_keeps_a_16_bit_kv_cache():
-    """AWQ / GPTQ checkpoints keep their KV cache in the activations' 16 bits (vLLM's
-    kv_cache_dtype "auto"); fp8 weights keep an fp8 cache; an explicit kv_dtype wins."""
+def test_quantised_weights_keep_a_16_bit_kv_cache():
+    """FP8, AWQ and GPTQ checkpoints keep their KV cache in the activations' 16 bits (vLLM's and
+    SGLang's kv_cache_dtype "auto" is the model's dtype, bf16 or fp16 in such a checkpoint's
+    config); an explicit kv_dtype wins, as `--kv-cache-dtype fp8` does there."""
     assert kv_dtype_for("int4") == "fp16" and kv_dtype_for("int8") == "fp16"
-    assert kv_dtype_for("fp8") == "fp8" and kv_dtype_for("bf16") == "bf16"
-    assert kv_dtype_for("int4", "fp8") == "fp8"
-    assert RooflineCostModel(load_model("llama-3-8b"), load_hardware("l4"), dtype="int4").kv_dtype == "fp16"
+    assert kv_dtype_for("fp8") == "fp16" and kv_dtype_for("bf16") == "bf16"
+    assert kv_dtype_for("fp8", "fp8") == "fp8" and kv_dtype_for("int4", "fp8") == "fp8"
+    for dtype in ("fp8", "int4"):
+        assert RooflineCostModel(load_model("llama-3-8b"), load_hardware("l4"), dtype=dtype).kv_dtype == "fp16"
+
+
+@pytest.mark.parametrize("kv_dtype,block_bytes,blocks", [(None, 2 * 2**20, 5_426), ("fp8", 2**20, 10_853)])
+def test_llama_3_8b_fp8_kv_pool_on_an_l4_by_hand(tmp_path, kv_dtype, block_bytes, blocks):
+    """24 GB x 0.9 - 0.25 GiB non-torch - 9,080,938,496 B of fp8 weights (the layers' GEMM
+    weights at 1 byte, embedding and LM head at 2) - 869,531,648 B of activations = 11.381 GB.
+    By default the cache is 16-bit: blocks of 32 layers x 2 x 1,024 x 2 B x 16 = 2 MiB, 5,426 of
+    them (86,816 tokens); `serving.kv_dtype: fp8` halves the block and holds 10,853 (173,648)."""
+    wl = card_workload("llama-3-8b", "l4", "fp8")
+    wl["serving"]["kv_dtype"] = kv_dtype
+    assert (
+        main(["run", "-w", str(write_yaml(tmp_path / "fp8.yaml", wl)), "-o", str(tmp_path / "r"), "-q", "--no-plots"])
+        == 0
+    )
+    memory = yaml.safe_load((tmp_path / "r" / "config.yaml").read_text())["memory"]
+    assert memory["weight_bytes_per_gpu"] == 9_080_938_496
+    assert memory["activation_bytes_per_gpu"] == 869_531_648
+    assert memory["kv_bytes_per_block"] == 32 * 2 * 1_024 * (1 if kv_dtype else 2) * 16 == block_bytes
+    free = 24e9 * 0.9 - 0.25 * 2**30 - 9_080_938_496 - 869_531_648
+    assert memory["gpu_blocks"] == int(free // block_bytes) == blocks
 
 
 def test_llama_3_8b_int4_kv_pool_on_an_l4_by_hand(tmp_path):
