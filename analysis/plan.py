@@ -688,7 +688,10 @@ def _grid_mismatch(spec) -> tuple[str, str] | None:
     ep = hw.expert_parallel
     if ep == 1 or hw.disaggregated is not None or ep == hw.tensor_parallel:
         return None
-    return "hardware.expert_parallel", f"expert_parallel {ep} needs tensor_parallel {ep} (experts are spread over the tensor-parallel group)"
+    return (
+        "hardware.expert_parallel",
+        f"expert_parallel {ep} needs tensor_parallel {ep} (experts are spread over the tensor-parallel group)",
+    )
 
 
 @dataclass(frozen=True)
@@ -1260,6 +1263,11 @@ def build_report(res: PlanResult, images: list[tuple[str, str, str]]):
         "tokens per request).",
         f"Searches ran on {res.backend} in {res.wall_s:.1f} s.",
     ]
+    if any(c.dp_attention for c in res.candidates):
+        items.append(
+            "Data-parallel attention: a “dp-attn N” replica is a group of N one-GPU ranks sharing the experts; "
+            "its probes simulate whole groups behind a least-outstanding router, its GPUs are groups × N."
+        )
     if res.price_source:
         items.append(f"Prices: {res.price_source.rstrip('.')}.")
     if res.arrival_note:

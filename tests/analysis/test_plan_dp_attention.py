@@ -28,11 +28,13 @@ from infersim.simulator.errors import InfersimError
 from infersim.simulator.workload.schema import WorkloadSpec
 from tests.utils import requests_section
 
-# DeepSeek-V2-Lite (64 experts, 2.7B active) is the smallest mixture of experts in the catalog
-# that dp_rules accepts at group sizes 2 to 8; fixed lengths make the mean output exactly 40
+# Qwen1.5-MoE-A2.7B (14.3B parameters, 60 experts) is the smallest mixture of experts in the
+# catalog; dp_rules accepts groups of 2 and 4 (60 experts, 8-GPU nodes). Fixed lengths make the
+# mean output exactly 40 tokens.
+MODEL = "qwen1.5-moe-a2.7b"
 WORKLOAD = """\
 name: moe-plan
-model: deepseek-v2-lite
+model: qwen1.5-moe-a2.7b
 hardware: {profile: h100-sxm, tensor_parallel: 2, expert_parallel: 2}
 serving: {max_model_len: 2048}
 requests:
@@ -51,7 +53,7 @@ SEARCH = SearchSection(requests=60, tolerance=0.3, min_duration_s=3, max_request
 
 def _spec(**hardware) -> WorkloadSpec:
     hw = {"profile": "h100-sxm", **hardware}
-    return WorkloadSpec.model_validate({"model": "deepseek-v2-lite", "hardware": hw, "requests": requests_section(10, 100, 10)})
+    return WorkloadSpec.model_validate({"model": MODEL, "hardware": hw, "requests": requests_section(10, 100, 10)})
 
 
 @pytest.fixture
@@ -93,20 +95,20 @@ def test_dp_attention_layouts_sit_beside_tp_layouts_with_their_labels_and_overri
 
 def test_a_group_is_the_unit_of_probes_gpus_and_text():
     spec = _spec()
-    tp1, cand = build_candidates(spec, ["h100-sxm"], [], {}, {}, None, [8])
-    assert (tp1.label, cand.label) == ("h100-sxm tp1", "h100-sxm dp-attn 8")  # the workload's layout stays
+    tp1, cand = build_candidates(spec, ["h100-sxm"], [], {}, {}, None, [4])
+    assert (tp1.label, cand.label) == ("h100-sxm tp1", "h100-sxm dp-attn 4")  # the workload's layout stays
     search = _Search(cand, spec.model_dump(mode="json"), ".", parse_slo(SLO), SEARCH, None, 0, {"type": "poisson"})
     hw = search.task(Probe(rate=10.0, replicas=3, requests=90))["config"]["hardware"]
-    assert (hw["replicas"], hw["expert_parallel"], hw["router"]) == (24, 8, "least_outstanding")
+    assert (hw["replicas"], hw["expert_parallel"], hw["router"]) == (12, 4, "least_outstanding")
     one_group = search.task(Probe(rate=10.0, replicas=1, requests=30))["config"]["hardware"]
-    assert (one_group["replicas"], one_group["router"]) == (8, "least_outstanding")  # 8 ranks behind a router
+    assert (one_group["replicas"], one_group["router"]) == (4, "least_outstanding")  # 4 ranks behind a router
 
     dp = CandidateResult("h100-sxm dp-attn 8", "h100-sxm", 1, {}, PRICE, goodput_rps=40.0, dp_attention=8)
     tp = CandidateResult("h100-sxm tp8", "h100-sxm", 8, {}, PRICE, goodput_rps=30.0)
     assert dp.gpus_per_replica == 8 == tp.gpus_per_replica
     dp.replicas, dp.gpus, dp.verified = 2, 16, True
     assert _replicas_text(dp) == "16 GPUs = 2 × DP-attn 8"
-    res = PlanResult("w", "deepseek-v2-lite", parse_slo(SLO), 80.0, SearchSection(), 0, [tp, dp])
+    res = PlanResult("w", MODEL, parse_slo(SLO), 80.0, SearchSection(), 0, [tp, dp])
     assert "(2 groups × DP-attn 8)" in verdict(res)[0]
 
 
@@ -150,8 +152,8 @@ def test_a_small_moe_plan_lists_dp_attention_beside_tp_with_gpus_by_hand(workloa
     # the probes of the group ran one group per replica, and its verification as many groups
     assert {p.replicas for p in dp.probes if p.kind != "verify"} == {1}
     assert [p.replicas for p in dp.probes if p.kind == "verify"] == [dp.replicas]
-    # the numbers of this seed: 95.1 req/s per TP 2 replica (4 for 300 req/s), 135 per group (3)
-    assert (tp.gpus, dp.gpus) == (8, 6)
+    # the numbers of this seed: 113 req/s per TP 2 replica (3 for 300 req/s), 160 per group (2)
+    assert (tp.replicas, tp.gpus, dp.replicas, dp.gpus) == (3, 6, 2, 4)
     assert res.best() is dp
 
 
@@ -166,11 +168,16 @@ def test_sizes_dp_rules_refuses_end_the_plan_in_one_line(workload, tmp_path, cap
     out = tmp_path / "out"
     args = ["plan", "-w", workload, "--slo", SLO, "-o", str(out), "-q"]
     pf = tmp_path / "plan.yaml"
-    pf.write_text("data_parallel_attention: [2, 3]\n")
+    pf.write_text("data_parallel_attention: [2, 8]\n")
     assert main(args + ["--plan", str(pf)]) == 2
     assert _one_line(capsys) == (
-        f"{pf}: field 'data_parallel_attention': dp-attn 3: field 'hardware.expert_parallel': 3 does not "
-        "divide the 64 experts of 'deepseek-v2-lite'"
+        f"{pf}: field 'data_parallel_attention': dp-attn 8: field 'hardware.expert_parallel': 8 does not "
+        f"divide the 60 experts of '{MODEL}'"
+    )
+    assert main(args + ["--dp-attention", "3"]) == 2  # divides 60, not the 8-GPU nodes
+    assert _one_line(capsys) == (
+        "--dp-attention: dp-attn 3: field 'hardware.expert_parallel': 3 neither divides "
+        "hardware.cluster.gpus_per_node 8 nor is a multiple of it"
     )
     assert main(args + ["--dp-attention", "1"]) == 2
     assert _one_line(capsys) == (
@@ -178,7 +185,7 @@ def test_sizes_dp_rules_refuses_end_the_plan_in_one_line(workload, tmp_path, cap
         "ranks sharing the experts"
     )
     dense = tmp_path / "dense.yaml"
-    dense.write_text(WORKLOAD.replace("deepseek-v2-lite", "llama-2-7b").replace(", expert_parallel: 2", ""))
+    dense.write_text(WORKLOAD.replace(MODEL, "llama-2-7b").replace(", expert_parallel: 2", ""))
     assert main(["plan", "-w", str(dense), "--slo", SLO, "-o", str(out), "-q", "--dp-attention", "2"]) == 2
     assert _one_line(capsys) == (
         "--dp-attention: dp-attn 2: field 'hardware.data_parallel_attention': needs a mixture-of-experts model; "
