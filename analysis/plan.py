@@ -22,6 +22,12 @@ requests); if it misses an SLO, n grows (by one, or by 10% past
 ten replicas) until it passes. GPUs = replicas x tensor_parallel x pipeline_parallel. Cost per million output
 tokens at the target = price x GPUs / (3600 x target x mean output tokens) x 1e6.
 
+Data-parallel attention (`data_parallel_attention: [N, ...]` in the plan file, `--dp-attention`):
+a candidate whose replica is a group of N one-GPU ranks sharing the experts
+(parallel/dp_attention.py), so its probes run whole groups behind the least_outstanding router,
+replicas count groups and GPUs = groups x N; goodput per GPU is then comparable with a
+tensor-parallel replica's.
+
 Pricing and the target load are not part of the workload file: they come from a plan file
 (`--plan plan.yaml`, see examples/plan/) or from flags (`--price`, `--target-rate`); flags win.
 """
@@ -47,10 +53,19 @@ from infersim.simulator.errors import InfersimError
 from infersim.simulator.hardware.catalog import load_hardware, split_mode
 from infersim.simulator.metrics.plots import REPRODUCIBLE_PNG, finish_figure, pyplot
 from infersim.simulator.metrics.rundir import staged_dir, write_json
+from infersim.simulator.models.catalog import load_model
+from infersim.simulator.parallel.dp_rules import check_dp_attention
 from infersim.simulator.parallel.placement import cluster_gpus_per_node, tp_across_nodes_note
 from infersim.simulator.preflight import check_workload
 from infersim.simulator.progress import ProgressBar
-from infersim.simulator.validation import MAX_SEED, STRICT_CONFIG, check_memory, in_field, simulation_bytes
+from infersim.simulator.validation import (
+    MAX_SEED,
+    STRICT_CONFIG,
+    check_memory,
+    in_field,
+    simulation_bytes,
+    source_field,
+)
 from infersim.simulator.workload.builder import load_workload
 from infersim.simulator.workload.schema import WorkloadSpec
 from infersim.simulator.yamlio import load_model_file, validate
@@ -203,6 +218,9 @@ class PlanFile(_Strict):
     hardware: list[str] = Field(default_factory=list)  # empty: the workload's profile
     tensor_parallel: list[PositiveInt] = Field(default_factory=list)  # empty: the workload's
     pipeline_parallel: list[PositiveInt] = Field(default_factory=list)  # empty: the workload's; crossed with TP
+    # data-parallel-attention group sizes: each N a layout beside the TP x PP ones (one GPU per rank,
+    # expert_parallel N), crossed with hardware and options
+    data_parallel_attention: list[PositiveInt] = Field(default_factory=list)
     options: dict[str, list[Any]] = Field(default_factory=dict)  # dotted workload path -> values to compare
     prices: dict[str, NonNegativeFloat] = Field(default_factory=dict)  # hardware name -> USD per GPU-hour
     price_source: str = ""  # where the prices come from (shown in the report)
@@ -229,6 +247,7 @@ class Candidate:
     pipeline_parallel: int = 1
     gpus_per_node: int = 8  # the workload's cluster, as check_candidates reads it
     refused: str = ""  # why this combination of the grid cannot run (reported, not probed)
+    dp_attention: int = 0  # ranks (GPUs) of a data-parallel-attention group, the candidate's unit; 0: none
 
 
 @dataclass
@@ -280,10 +299,18 @@ class CandidateResult:
     probes: list[ProbeResult] = field(default_factory=list)
     pipeline_parallel: int = 1
     gpus_per_node: int = 8
+    dp_attention: int = 0  # a replica here is a data-parallel-attention group of this many GPUs; 0: none
 
     @property
     def gpus_per_replica(self) -> int:
-        return self.tensor_parallel * self.pipeline_parallel
+        return self.tensor_parallel * self.pipeline_parallel * max(1, self.dp_attention)
+
+    @property
+    def layout(self) -> str:
+        """'DP-attn 8' or 'TP 4' (with ' × PP 2'): what one replica is."""
+        if self.dp_attention:
+            return f"DP-attn {self.dp_attention}"
+        return f"TP {self.tensor_parallel}{_pp(self)}"
 
 
 @dataclass
@@ -339,20 +366,22 @@ class _Search:
         self.result = CandidateResult(cand.label, cand.hardware, cand.tensor_parallel, cand.overrides, cand.price)
         self.result.pipeline_parallel = cand.pipeline_parallel
         self.result.gpus_per_node = cand.gpus_per_node
+        self.result.dp_attention = cand.dp_attention
 
     def task(self, p: Probe) -> dict:
         arrival = dict(self.arrival, rate=float(p.rate))
         over = dict(self.cand.overrides)
+        ranks = p.replicas * max(1, self.cand.dp_attention)  # a DP-attention replica is a whole group
         over.update(
             {
-                "hardware.replicas": p.replicas,
+                "hardware.replicas": ranks,
                 "requests.arrival": arrival,
                 "requests.count": p.requests,
                 "requests.duration_s": None,
                 "seed": self.seed,
             }
         )
-        if p.replicas > 1:
+        if ranks > 1:
             over["hardware.router"] = "least_outstanding"
         return {"config": resolve_config(self.base, over), "base_dir": self.base_dir}
 
@@ -503,6 +532,29 @@ def probe_duration_s(search: SearchSection, slos: list[SLO]) -> float:
     return max(30.0, 1.25 * longest / search.tolerance)
 
 
+# the workload fields a data-parallel-attention layout sets: option values for them apply to
+# the tensor-parallel layouts only
+DP_LAYOUT_KEYS = (
+    "hardware.tensor_parallel",
+    "hardware.pipeline_parallel",
+    "hardware.expert_parallel",
+    "hardware.data_parallel_attention",
+    "hardware.replicas",
+)
+
+
+def dp_layout(ranks: int) -> dict[str, Any]:
+    """The overrides of a data-parallel-attention group of `ranks` GPUs (one group: the search
+    multiplies the replicas)."""
+    return {
+        "hardware.tensor_parallel": 1,
+        "hardware.pipeline_parallel": 1,
+        "hardware.data_parallel_attention": True,
+        "hardware.expert_parallel": int(ranks),
+        "hardware.replicas": int(ranks),
+    }
+
+
 def build_candidates(
     spec,
     hardware: list[str],
@@ -510,10 +562,14 @@ def build_candidates(
     options: dict[str, list],
     prices: dict[str, float],
     pps: list[int] | None = None,
+    dp_attention: list[int] | None = None,
 ) -> list[Candidate]:
+    """Every hardware x layout x option value: the layouts are TP x PP (default the workload's)
+    and, with `dp_attention`, one data-parallel-attention group per size."""
     hardware = hardware or [spec.hardware.profile]
     tps = tps or [spec.hardware.tensor_parallel]
     pps = pps or [spec.hardware.pipeline_parallel]
+    dps = list(dp_attention or [])
     # prices by canonical name, so an alias or a file path in either place matches
     canon_prices = {}
     for name, price in prices.items():
@@ -522,23 +578,33 @@ def build_candidates(
     out, seen = [], set()
     for hw in hardware:
         canon = load_hardware(hw).name
-        for tp, pp in itertools.product(tps, pps):
-            for combo in itertools.product(*[options[k] for k in keys]) if keys else [()]:
-                over = {
-                    "hardware.profile": hw,
-                    "hardware.tensor_parallel": int(tp),
-                    "hardware.pipeline_parallel": int(pp),
-                    **dict(zip(keys, combo)),
-                }
-                parts = [canon] + ([f"tp{tp}"] if len(tps) > 1 or tp != 1 else [])
-                parts += [f"pp{pp}"] if len(pps) > 1 or pp != 1 else []
-                parts += [f"{k.split('.')[-1]}={v}" for k, v in zip(keys, combo) if len(options[k]) > 1]
-                label = " ".join(parts)
-                if label in seen:
-                    continue
-                seen.add(label)
-                out.append(Candidate(label, over, canon, int(tp), _price(canon_prices, canon), int(pp)))
+        layouts = [_tp_layout(tp, pp, tps, pps, bool(dps)) for tp, pp in itertools.product(tps, pps)]
+        layouts += [(f"dp-attn {n}", dp_layout(n), n) for n in dps]
+        for (name, layout, ranks), combo in itertools.product(
+            layouts, itertools.product(*[options[k] for k in keys]) if keys else [()]
+        ):
+            chosen = [(k, v) for k, v in zip(keys, combo) if not (ranks and k in DP_LAYOUT_KEYS)]
+            over = {"hardware.profile": hw, **layout, **dict(chosen)}
+            parts = [canon] + ([name] if name else [])
+            parts += [f"{k.split('.')[-1]}={v}" for k, v in chosen if len(options[k]) > 1]
+            label = " ".join(parts)
+            if label in seen:
+                continue
+            seen.add(label)
+            tp, pp = over["hardware.tensor_parallel"], over["hardware.pipeline_parallel"]
+            out.append(Candidate(label, over, canon, int(tp), _price(canon_prices, canon), int(pp), dp_attention=ranks))
     return out
+
+
+def _tp_layout(tp: int, pp: int, tps: list[int], pps: list[int], beside_dp: bool) -> tuple[str, dict, int]:
+    """(label part, overrides, 0) of a tensor x pipeline layout; beside data-parallel-attention
+    layouts it runs without data-parallel attention, whatever the workload says."""
+    parts = [f"tp{tp}"] if len(tps) > 1 or tp != 1 or beside_dp else []
+    parts += [f"pp{pp}"] if len(pps) > 1 or pp != 1 else []
+    over = {"hardware.tensor_parallel": int(tp), "hardware.pipeline_parallel": int(pp)}
+    if beside_dp:
+        over["hardware.data_parallel_attention"] = False
+    return " ".join(parts), over, 0
 
 
 def _price(prices: dict[str, float], canon: str) -> Optional[float]:
@@ -564,14 +630,18 @@ def check_candidates(
 ) -> None:
     """Every candidate passes the shared rules (schema, tensor parallelism, seed) before any
     probe runs, and the largest probes, one per worker, fit in memory."""
+    mismatches = []
     for c in cands:
-        spec = validate(WorkloadSpec, resolve_config(base, c.overrides), f"{source} as {c.label}")
-        c.refused = _grid_mismatch(spec)
-        if not c.refused:
+        spec = _candidate_spec(c, base, source)
+        mismatch = _grid_mismatch(spec)
+        c.refused = mismatch[1] if mismatch else ""
+        if mismatch:
+            mismatches.append(mismatch)
+        else:
             check_workload(spec, f"{source} as {c.label}", allow_large=True)
         c.gpus_per_node = cluster_gpus_per_node(spec.hardware)
     if all(c.refused for c in cands):
-        raise InfersimError(f"{source}: field 'hardware.expert_parallel': {cands[0].refused}")
+        raise InfersimError(f"{source}: field '{mismatches[0][0]}': {mismatches[0][1]}")
     parallel = min(workers or os.cpu_count() or 1, len(cands))
     check_memory(
         simulation_bytes(search.max_requests, parallel),
@@ -580,15 +650,48 @@ def check_candidates(
     )
 
 
-def _grid_mismatch(spec) -> str:
-    """Why a combination of the grid's tensor-parallel degrees and expert-parallel values cannot
-    run ('' when it can): expert parallelism spreads the experts over the tensor-parallel
-    group, so crossing both degrees makes pairs that do not match, which the plan reports."""
+def _candidate_spec(c: Candidate, base: dict, source: str):
+    """The candidate's workload. A data-parallel-attention candidate, from the plan's layouts or
+    an option turning hardware.data_parallel_attention on, is one group: its ranks are its
+    replicas, and the group is its unit (Candidate.dp_attention)."""
+    where = f"{source} as {c.label}"
+    spec = validate(WorkloadSpec, resolve_config(base, c.overrides), where)
     hw = spec.hardware
+    if hw.data_parallel_attention and hw.replicas != hw.expert_parallel:
+        c.overrides["hardware.replicas"] = hw.expert_parallel
+        spec = validate(WorkloadSpec, resolve_config(base, c.overrides), where)
+    c.dp_attention = hw.expert_parallel if hw.data_parallel_attention else 0
+    return spec
+
+
+def check_dp_sizes(model, base: dict, sizes: list[int], source: str, field: str) -> None:
+    """Each data-parallel-attention group size passes dp_rules before any candidate is checked:
+    a refusal names the plan file's field (or the flag) and the size, in one line."""
+    for n in sizes:
+        spec = validate(WorkloadSpec, resolve_config(base, dp_layout(n)), f"{source_field(source, field)}: {n}")
+        in_field(source, field, check_dp_attention, model, spec, f"dp-attn {n}")
+
+
+def _grid_mismatch(spec) -> tuple[str, str] | None:
+    """(field, why) a combination of the grid's degrees cannot run (None when it can): expert parallelism
+    spreads the experts over the tensor-parallel group, so crossing both degrees makes pairs
+    that do not match; a data-parallel-attention rank is one GPU, so crossing it with tensor or
+    pipeline degrees above 1 does too. The plan reports such pairs."""
+    hw = spec.hardware
+    if hw.data_parallel_attention:
+        if hw.tensor_parallel == 1 and hw.pipeline_parallel == 1:
+            return None
+        return "hardware.data_parallel_attention", (
+            f"data_parallel_attention needs tensor_parallel 1 and pipeline_parallel 1, not "
+            f"{hw.tensor_parallel} and {hw.pipeline_parallel} (each rank is one GPU)"
+        )
     ep = hw.expert_parallel
     if ep == 1 or hw.disaggregated is not None or ep == hw.tensor_parallel:
-        return ""
-    return f"expert_parallel {ep} needs tensor_parallel {ep} (experts are spread over the tensor-parallel group)"
+        return None
+    return (
+        "hardware.expert_parallel",
+        f"expert_parallel {ep} needs tensor_parallel {ep} (experts are spread over the tensor-parallel group)",
+    )
 
 
 @dataclass(frozen=True)
@@ -598,6 +701,9 @@ class PlanFlags:
     hardware: list[str] | None = field(default=None, metadata={"help": "hardware profiles to compare"})
     tensor_parallel: list[int] | None = field(default=None, metadata={"help": "tensor-parallel degrees"})
     pipeline_parallel: list[int] | None = field(default=None, metadata={"help": "pipeline stages, crossed with TP"})
+    data_parallel_attention: list[int] | None = field(
+        default=None, metadata={"help": "data-parallel-attention group sizes, layouts beside TP x PP"}
+    )
     options: dict[str, list] | None = field(default=None, metadata={"help": "dotted workload path -> values"})
     prices: dict[str, float] | None = field(default=None, metadata={"help": "USD per GPU-hour by hardware"})
     target_rate: float | None = field(default=None, metadata={"help": "req/s the plan sizes for"})
@@ -659,6 +765,13 @@ def plan(
     opts = dict(pf.options)
     opts.update(flags.options or {})
     check_names(flags.hardware, pf, flags.prices, plan_source)
+    base = spec.model_dump(mode="json")
+    origin = str(wl_path) + (f" with {plan_source}" if plan_file is not None else "")
+    dps = flags.data_parallel_attention or pf.data_parallel_attention
+    if dps:
+        model = in_field(str(wl_path), "model", load_model, spec.model)
+        where = ("", "--dp-attention") if flags.data_parallel_attention else (plan_source, "data_parallel_attention")
+        check_dp_sizes(model, base, dps, *where)
     cands = build_candidates(
         spec,
         flags.hardware or pf.hardware,
@@ -666,9 +779,8 @@ def plan(
         opts,
         all_prices,
         flags.pipeline_parallel or pf.pipeline_parallel,
+        dps,
     )
-    base = spec.model_dump(mode="json")
-    origin = str(wl_path) + (f" with {plan_source}" if plan_file is not None else "")
     check_candidates(cands, base, origin, search, run.workers, run.allow_large)
     searches = [_Search(c, base, str(wl_path.parent), slos, search, target, seed, arrival) for c in cands]
 
@@ -783,6 +895,11 @@ def _pp(c: CandidateResult) -> str:
     return f" × PP {c.pipeline_parallel}" if c.pipeline_parallel > 1 else ""
 
 
+def _unit(c: CandidateResult) -> str:
+    """What the candidate's replicas are: a data-parallel-attention candidate scales by groups."""
+    return "group" if c.dp_attention else "replica"
+
+
 def verdict(res: PlanResult) -> list[str]:
     slo_txt = ", ".join(s.describe() for s in res.slos)
     ranked = rank(res.candidates)
@@ -803,8 +920,8 @@ def verdict(res: PlanResult) -> list[str]:
             how = "cheapest" if best.cost_per_m_output_tokens is not None else "the one needing the fewest GPUs"
             lines.append(
                 f"To serve **{res.target_rate:g} req/s** within {slo_txt}, **{best.label}** is {how}: "
-                f"**{best.gpus} GPU{'s' if best.gpus != 1 else ''}** ({best.replicas} replica"
-                f"{'s' if best.replicas != 1 else ''} × TP {best.tensor_parallel}{_pp(best)}){cost}."
+                f"**{best.gpus} GPU{'s' if best.gpus != 1 else ''}** ({best.replicas} "
+                f"{_unit(best)}{'s' if best.replicas != 1 else ''} × {best.layout}){cost}."
             )
             for other in ranked[1:3]:
                 rel = ""
@@ -971,7 +1088,7 @@ def _replicas_text(c: CandidateResult) -> str:
     """'8 GPUs = 2 × TP4', marked where the verification missed an SLO; the status without GPUs."""
     if not c.gpus:
         return c.status
-    txt = f"{c.gpus} GPUs = {c.replicas} × TP{c.tensor_parallel}{_pp(c)}"
+    txt = f"{c.gpus} GPUs = {c.replicas} × {c.layout}"
     return txt if c.verified else txt + " (SLO not met)"
 
 
@@ -1024,6 +1141,8 @@ def candidates_table(res: PlanResult):
             "hardware": c.hardware,
             "tensor_parallel": c.tensor_parallel,
             "pipeline_parallel": c.pipeline_parallel,
+            "dp_attention_ranks": c.dp_attention,
+            "gpus_per_replica": c.gpus_per_replica,
             "status": c.status,
             "error": c.error or "",
             "goodput_rps": c.goodput_rps,
@@ -1120,7 +1239,12 @@ def build_report(res: PlanResult, images: list[tuple[str, str, str]]):
             highlight={0} if ranked else set(),
             numeric=set(range(1, len(cols) - 1)),
             caption="Best first (lowest cost at the target, then fewest GPUs). “+”: still within the SLOs at "
-            "the search's maximum rate.",
+            "the search's maximum rate."
+            + (
+                " A “dp-attn N” replica is a data-parallel-attention group of N GPUs."
+                if any(c.dp_attention for c in res.candidates)
+                else ""
+            ),
         )
     )
     rep.h2("Plots")
@@ -1139,6 +1263,11 @@ def build_report(res: PlanResult, images: list[tuple[str, str, str]]):
         "tokens per request).",
         f"Searches ran on {res.backend} in {res.wall_s:.1f} s.",
     ]
+    if any(c.dp_attention for c in res.candidates):
+        items.append(
+            "Data-parallel attention: a “dp-attn N” replica is a group of N one-GPU ranks sharing the experts; "
+            "its probes simulate whole groups behind a least-outstanding router, its GPUs are groups × N."
+        )
     if res.price_source:
         items.append(f"Prices: {res.price_source.rstrip('.')}.")
     if res.arrival_note:

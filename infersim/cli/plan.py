@@ -53,7 +53,8 @@ def add_parser(sub) -> None:
         "--plan",
         type=Path,
         default=None,
-        help="plan YAML: slo, hardware, tensor_parallel, pipeline_parallel, options, prices, target_rate, search "
+        help="plan YAML: slo, hardware, tensor_parallel, pipeline_parallel, data_parallel_attention, options, "
+        "prices, target_rate, search "
         "(see examples/plan/)",
     )
     p.add_argument(
@@ -76,6 +77,13 @@ def add_parser(sub) -> None:
     )
     p.add_argument(
         "--pp", default=None, help="pipeline-parallel degrees to compare (crossed with --tp), comma-separated, e.g. 1,2"
+    )
+    p.add_argument(
+        "--dp-attention",
+        default=None,
+        metavar="N1,N2",
+        help="data-parallel-attention group sizes to compare beside the TP x PP layouts, e.g. 8,16 (a mixture "
+        "of experts: each rank one GPU, N ranks sharing the experts; replicas scale by groups of N GPUs)",
     )
     p.add_argument("--scheduler", default=None, help="schedulers to compare, e.g. fcfs,fairness")
     p.add_argument("--preemption", default=None, help="preemption modes to compare, e.g. recompute,cost_aware")
@@ -162,6 +170,7 @@ def run(args: argparse.Namespace) -> int:
     if args.workers is not None:
         positive_int(args.workers, "--workers")
     tps, pps = _degrees(args.tp, "--tp"), _degrees(args.pp, "--pp")
+    dps = _degrees(args.dp_attention, "--dp-attention")
 
     # refused before the search, not after it
     out = check_out_dir(args.out or Path("plans") / load_workload(args.workload)[0].name, force=args.force)
@@ -174,6 +183,7 @@ def run(args: argparse.Namespace) -> int:
         hardware=_csv(args.hardware),
         tensor_parallel=tps,
         pipeline_parallel=pps,
+        data_parallel_attention=dps,
         options=_options(args),
         prices=in_field("", "--price", parse_prices, args.price),
         target_rate=args.target_rate,
@@ -222,6 +232,11 @@ def _goodput(args: argparse.Namespace, pf, out: Path) -> int:
     if args.attainment is not None:
         finite_positive(args.attainment, "--attainment")
         section["attainment"] = args.attainment
+    if args.dp_attention or pf.data_parallel_attention:
+        raise InfersimError(
+            "--dp-attention (or a plan file's data_parallel_attention) is a capacity-plan layout; "
+            "--disaggregation compares colocated and disaggregated tensor-parallel deployments"
+        )
     tps = _degrees(args.tp, "--tp")
     if tps:
         if len(tps) > 1:
