@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import yaml
@@ -219,6 +220,11 @@ def run(args: argparse.Namespace) -> int:
         for line in verdict(res):
             c.print(line.replace("**", ""))
         c.print(f"report: {paths['html']} (and report.md, configurations.csv, probes.csv) in {res.wall_s:.1f} s")
+    if not rank(res.candidates):
+        # no configuration meets the SLOs (or none ran): the report says why; the status says so too
+        if args.quiet:
+            print(verdict(res)[0].replace("**", ""), file=sys.stderr)
+        return 3
     return 0
 
 

@@ -183,6 +183,18 @@ def test_unreachable_slo_is_infeasible(workload):
     assert verdict(res)[0].startswith("No configuration meets")
 
 
+def test_cli_plan_with_no_answer_exits_3_and_says_why(workload, tmp_path, capsys):
+    """Every configuration infeasible: the report is written, and the status (3, as `sim sweep`
+    when every configuration failed) and one stderr line under -q say there is no answer."""
+    out = tmp_path / "p"
+    argv = ["plan", "-w", workload, "--slo", "tpot_p99=1ms", "--hardware", "a100-80gb-pcie", "--target-rate", "5"]
+    argv += ["--requests", "60", "-o", str(out), "-q", "--workers", "1", "--no-plots"]
+    assert main(argv) == 3
+    err = capsys.readouterr().err.strip()
+    assert err == "No configuration meets TPOT p99 ≤ 1 ms at 5 req/s.", err
+    assert json.loads((out / "plan.json").read_text())["candidates"][0]["status"] == "infeasible"
+
+
 def test_report_files_and_relative_images(report_dir):
     html = (report_dir / "report.html").read_text()
     md = (report_dir / "report.md").read_text()
