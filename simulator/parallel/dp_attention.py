@@ -36,7 +36,7 @@ copies), D_h and K_h the dispatch and combine of the largest rank's half h:
 first (overhead, embedding) and last (final norm, LM head) run on the whole batch; the dispatch of
 micro-batch a into the first sparse layer and the combine of b out of the last one overlap nothing.
 The group's step is the slowest rank's. A rank of one token cannot be split (SGLang gives no split
-index), and the group overlaps only when all its ranks can (SGLang agrees on it across the ranks);
+index), and the group overlaps only when all its ranks can (they overlap together: sglang#6328);
 otherwise, or when every rank's batch is a single token, the step runs as without the option. A
 rank in a dummy pass splits into an empty half and its one token."""
 
