@@ -154,7 +154,9 @@ class Simulation:
             **parallel,
         )
         if dp_attention:
-            cost_model = DataParallelAttentionCostModel(cost_model, placement, ep, source)
+            cost_model = DataParallelAttentionCostModel(
+                cost_model, placement, ep, source, two_batch_overlap=self.spec.hardware.two_batch_overlap
+            )
         elif placement.staged:
             cost_model = PipelineCostModel(cost_model, placement, source)
         return hardware, cost_model
@@ -332,6 +334,8 @@ class Simulation:
                     "expert_parallel": self.spec.hardware.expert_parallel,
                     "groups": self.spec.hardware.replicas // self.spec.hardware.expert_parallel,
                 }
+                if self.spec.hardware.two_batch_overlap:
+                    out["parallel"]["data_parallel_attention"]["two_batch_overlap"] = True
         return out
 
 

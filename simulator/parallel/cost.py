@@ -55,9 +55,10 @@ class PipelineCostModel(CostModel):
         """One sparse layer's routed experts for `tokens` (every GPU of the group holds them all)."""
         return self.base.experts.expert_time_s(tokens)
 
-    def stage_times_from_totals(self, t: BatchTotals, routed_s=None) -> np.ndarray:
-        """Compute time of each stage, shape (stages, n): each stage runs its own layers, dense
-        and sparse as the model lays them out."""
+    def model_parts_s(self, t: BatchTotals, routed_s=None):
+        """(first, last, layer) of totals `t`: what runs before the layers (the per-iteration
+        overhead, the embedding), after them (final norm, LM head), and one layer by kind
+        (_layer_times), each an array of n."""
         time = self.base.op_times(t.tokens, t.score_pairs, t.keys, t.logits)[4]
         layer = self._layer_times(time, np.asarray(t.tokens, dtype=np.float64).reshape(-1), routed_s)
         first = self.iteration_overhead_s
@@ -65,6 +66,12 @@ class PipelineCostModel(CostModel):
             if name in self._model_row:
                 first = first + time[self._model_row[name]]
         last = time[self._model_row["final_norm"]] + time[self._model_row["lm_head"]]
+        return first, last, layer
+
+    def stage_times_from_totals(self, t: BatchTotals, routed_s=None) -> np.ndarray:
+        """Compute time of each stage, shape (stages, n): each stage runs its own layers, dense
+        and sparse as the model lays them out."""
+        first, last, layer = self.model_parts_s(t, routed_s)
         stages = []
         for s, (n, m) in enumerate(zip(self.placement.layers, self._sparse)):
             st = n * layer["every"] + (n - m) * layer["dense"] + m * layer["sparse"]

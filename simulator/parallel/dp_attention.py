@@ -15,7 +15,30 @@ sparse layer the slowest GPU's experts on the copies of all ranks' tokens and a 
 combine as long as the largest rank's sends. A rank with nothing to run makes a dummy pass of one
 token through its attention and dense layers (vLLM's `execute_dummy_batch`; SGLang's idle batch)
 so that the collectives match; it sends no copies. `iteration_time_s` of one batch prices it as
-one rank of a group whose ranks all run that batch (balanced load)."""
+one rank of a group whose ranks all run that batch (balanced load).
+
+Two-batch overlap (`hardware.two_batch_overlap: true`; SGLang's `--enable-two-batch-overlap`,
+vLLM's `--enable-dbo`, the dual micro-batch overlap of DeepSeek's inference system) splits every
+rank's batch into two micro-batches and runs them alternately through the layers, so that one
+micro-batch's dispatch and combine travel while the other computes. As SGLang splits a decode
+batch (`compute_split_seq_index`: the first `tokens // 2` sequences), micro-batch a takes
+floor(T/2) of a rank's T tokens and b the rest; the score pairs, keys and logits follow the tokens
+in proportion. Each half's attention, dense work, router, shared experts and the group's experts
+on the half's copies are priced by the cost model at the half's own token count, so the weights
+are read once per half. The compute stream and the all-to-alls are two resources, and the pipeline
+runs through the layers without a break (SGLang's operations span the layer boundaries), so with
+C_h a rank's sparse layer of half h (its own work and its GPU's experts on the group's half-h
+copies), D_h and K_h the dispatch and combine of the largest rank's half h:
+
+    step = first + last + dense layers x (dense_a + dense_b)
+         + sparse layers x max(C_a + C_b, D_a + K_a + D_b + K_b) + D_a + K_b
+
+first (overhead, embedding) and last (final norm, LM head) run on the whole batch; the dispatch of
+micro-batch a into the first sparse layer and the combine of b out of the last one overlap nothing.
+The group's step is the slowest rank's. A rank of one token cannot be split (SGLang gives no split
+index), and the group overlaps only when all its ranks can (they overlap together: sglang#6328);
+otherwise, or when every rank's batch is a single token, the step runs as without the option. A
+rank in a dummy pass splits into an empty half and its one token."""
 
 from __future__ import annotations
 
@@ -90,9 +113,11 @@ class DataParallelAttentionCostModel(PipelineCostModel):
 
     name = "dp_attention"
 
-    def __init__(self, base, placement: Placement, ep: int, source: str = ""):
+    def __init__(self, base, placement: Placement, ep: int, source: str = "", two_batch_overlap: bool = False):
         super().__init__(base, placement, source)
-        self.ep = ep
+        self.ep, self.two_batch_overlap = ep, two_batch_overlap
+        self._dense_layers = sum(self.placement.layers) - sum(self._sparse)
+        self._sparse_layers = sum(self._sparse)
         self.group_experts = RoutedExperts(base.model, base.hardware, base.weight_dtype, base.act_dtype, ep, ep)
         self.all_to_all = all_to_all(base, ep, placement.cluster, source)
 
@@ -125,20 +150,75 @@ class DataParallelAttentionCostModel(PipelineCostModel):
                 real.append(np.full(steps, float(len(ctx))))
         return self._group_times(totals, np.vstack(real))
 
-    def _group_times(self, totals: list[BatchTotals], real_tokens: np.ndarray) -> np.ndarray:
+    def iteration_time_s(self, batch: BatchShape) -> float:
+        """One rank's step with its peers running the same batch (balanced load)."""
+        t = batch.totals()
+        return float(self._group_times([_as_row(t)], np.array([[float(t.tokens)]]), alike=self.ep)[0])
+
+    def decode_step_times_s(self, context_tokens, steps: int) -> np.ndarray:
+        t = self._decode_totals(context_tokens, steps)
+        return self._group_times([t], t.tokens.reshape(1, -1), alike=self.ep)
+
+    def _group_times(self, totals: list[BatchTotals], real_tokens: np.ndarray, alike: int = 1) -> np.ndarray:
         """Lockstep iteration times, shape (steps,), from each rank's totals (arrays of steps) and
-        tokens sent to the experts, shape (ranks, steps): the slowest rank's own work, with the
-        routed experts on the group's copies and all-to-alls of its largest rank's tokens."""
-        largest, group = real_tokens.max(axis=0), real_tokens.sum(axis=0)
+        tokens sent to the experts, shape (ranks, steps), each rank standing for `alike` ranks
+        that run its batch: the slowest rank's own work, with the routed experts on the group's
+        copies and all-to-alls of its largest rank's tokens; overlapped in two micro-batches
+        where the option asks and every rank can split."""
+        largest, group = real_tokens.max(axis=0), real_tokens.sum(axis=0) * alike
         routed = (
             self.all_to_all.dispatch_time_s(largest)
             + self.group_experts.expert_time_s(group)
             + self.all_to_all.combine_time_s(largest)
         )
         ranks = len(totals)
-        flat = BatchTotals(*(np.concatenate([getattr(t, f) for t in totals]) for f in TOTALS))
-        per_rank = self._latency(flat, np.tile(routed, ranks)).reshape(ranks, -1)
-        return per_rank.max(axis=0)
+        flat = _concat(totals)
+        plain = self._latency(flat, np.tile(routed, ranks)).reshape(ranks, -1).max(axis=0)
+        if not self.two_batch_overlap:
+            return plain
+        splits = ((real_tokens == 0) | (real_tokens >= 2)).all(axis=0) & (largest >= 2)
+        if not splits.any():
+            return plain
+        return np.where(splits, self._overlapped_times(flat, real_tokens, alike), plain)
+
+    def _overlapped_times(self, flat: BatchTotals, real_tokens: np.ndarray, alike: int) -> np.ndarray:
+        """Two-batch-overlap iteration times (the module docstring's formula), shape (steps,)."""
+        ranks = real_tokens.shape[0]
+        first, last, _ = self.model_parts_s(flat, np.zeros(flat.tokens.size))
+        dense, sparse = np.zeros(flat.tokens.size), np.zeros(flat.tokens.size)
+        comm, exposed = 0.0, 0.0
+        for half, share in enumerate(_halves(flat.tokens)):
+            t = BatchTotals(*(getattr(flat, f) * share for f in TOTALS))
+            real = np.floor(real_tokens / 2) if half == 0 else real_tokens - np.floor(real_tokens / 2)
+            largest = real.max(axis=0)
+            dispatch, combine = self.all_to_all.dispatch_time_s(largest), self.all_to_all.combine_time_s(largest)
+            experts = np.tile(self.group_experts.expert_time_s(real.sum(axis=0) * alike), ranks)
+            layer = self.model_parts_s(t, np.zeros(t.tokens.size))[2]
+            runs = t.tokens > 0  # an empty half computes nothing of its own
+            dense = dense + np.where(runs, layer["every"] + layer["dense"], 0.0)
+            sparse = sparse + np.where(runs, layer["every"] + layer["sparse"], 0.0) + experts
+            comm = comm + dispatch + combine
+            exposed = exposed + (dispatch if half == 0 else combine)
+        per_rank = (
+            first
+            + last
+            + self._dense_layers * dense
+            + self._sparse_layers * np.maximum(sparse, np.tile(comm, ranks))
+            + np.tile(exposed, ranks)
+        )
+        return per_rank.reshape(ranks, -1).max(axis=0)
+
+
+def _halves(tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each micro-batch's share of a rank's totals: floor(T/2) of its T tokens, then the rest
+    (SGLang's decode split)."""
+    tokens = np.asarray(tokens, dtype=np.float64)
+    a = np.floor(tokens / 2) / np.maximum(tokens, 1.0)
+    return a, 1.0 - a
+
+
+def _concat(totals: list[BatchTotals]) -> BatchTotals:
+    return BatchTotals(*(np.concatenate([np.asarray(getattr(t, f), dtype=np.float64) for t in totals]) for f in TOTALS))
 
 
 def _as_row(t: BatchTotals, steps: int = 1) -> BatchTotals:

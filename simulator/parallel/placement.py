@@ -15,7 +15,7 @@ from ..disaggregation.config import POOLS
 from ..errors import InfersimError
 from ..validation import check_tensor_parallel, positive_int, source_field
 from .config import ClusterSection
-from .dp_rules import check_dp_attention
+from .dp_rules import check_dp_attention, fail
 
 COLOCATED = "colocated"  # check_deployment's key of a colocated deployment's one pool
 
@@ -135,6 +135,12 @@ def check_deployment(model, spec, source: str = "") -> dict[str, Placement]:
     deployment's prefill and decode pools (one stage each, its own tensor_parallel)."""
     d = spec.hardware.disaggregated
     cluster = spec.hardware.cluster or ClusterSection()
+    if spec.hardware.two_batch_overlap and not spec.hardware.data_parallel_attention:
+        fail(
+            source,
+            "hardware.two_batch_overlap",
+            "overlaps the expert all-to-alls of data-parallel attention: give hardware.data_parallel_attention: true",
+        )
     if spec.hardware.data_parallel_attention:  # every rank one GPU, one stage
         check_dp_attention(model, spec, source)
         return {COLOCATED: Placement(1, 1, stage_layers(model.num_layers, 1), cluster)}

@@ -38,6 +38,12 @@ class HardwareSection(_Strict):
         "each expert_parallel replicas share their experts through dispatch/combine all-to-alls (SGLang "
         "--enable-dp-attention, vLLM --data-parallel-size with --enable-expert-parallel; docs/moe-and-fp8.md)",
     )
+    two_batch_overlap: bool = Field(
+        False,
+        description="with data_parallel_attention: split every rank's batch into two micro-batches whose "
+        "all-to-alls overlap the other's compute (SGLang --enable-two-batch-overlap, vLLM --enable-dbo; "
+        "docs/moe-and-fp8.md)",
+    )
     pipeline_parallel: PositiveInt = Field(
         1, description="pipeline stages per replica: layers split over them, each stage a tensor-parallel group"
     )
