@@ -206,7 +206,8 @@ class DataParallelAttentionCostModel(PipelineCostModel):
             largest = real.max(axis=0)
             dispatch, combine = self.all_to_all.dispatch_time_s(largest), self.all_to_all.combine_time_s(largest)
             experts = np.tile(self.group_experts.expert_time_s(real.sum(axis=0) * alike), ranks)
-            layer = self.model_parts_s(t, np.zeros(t.tokens.size))[2]
+            with np.errstate(divide="ignore", invalid="ignore"):  # an empty half's kernels: masked below
+                layer = self.model_parts_s(t, np.zeros(t.tokens.size))[2]
             runs = t.tokens > 0  # an empty half computes nothing of its own
             dense = dense + np.where(runs, layer["every"] + layer["dense"], 0.0)
             sparse = sparse + np.where(runs, layer["every"] + layer["sparse"], 0.0) + experts
