@@ -134,8 +134,9 @@ def test_a_rank_of_one_token_keeps_the_whole_group_unsplit():
     assert tbo.group_iteration_time_s(with_idle) < plain.group_iteration_time_s(with_idle)
 
 
-def test_decode_stretches_equal_single_steps_with_the_option():
-    _, tbo = models()
+@pytest.mark.parametrize("mode", [True, "auto"])
+def test_decode_stretches_equal_single_steps_with_the_option(mode):
+    tbo = build(dp_spec(16, two_batch_overlap=mode)).cost_model
     contexts = [[800 + i for i in range(32)], None] + [[900] * 3] * 14
     steps = tbo.group_decode_step_times_s(contexts, 4)
     for k in range(4):
@@ -184,10 +185,9 @@ def test_auto_splits_only_the_steps_it_makes_shorter():
     assert auto.iteration_time_s(prefill(2048)) == tbo.iteration_time_s(prefill(2048))
 
 
-def test_auto_decides_per_group_step_and_stretches_equal_single_steps():
+def test_auto_decides_per_group_step():
     """A group of 15 busy ranks (256 sequences) and one of 32: the group step is the slowest
-    rank's either way, and auto takes the shorter of the two group steps; decode stretches give
-    the same numbers step by step."""
+    rank's either way, and auto takes the shorter of the two group steps."""
     plain, tbo = models()
     auto = build(dp_spec(16, two_batch_overlap="auto")).cost_model
     for shapes in (
@@ -197,11 +197,6 @@ def test_auto_decides_per_group_step_and_stretches_equal_single_steps():
     ):
         want = min(plain.group_iteration_time_s(shapes), tbo.group_iteration_time_s(shapes))
         assert auto.group_iteration_time_s(shapes) == want
-    contexts = [[800 + i for i in range(32)], None] + [[2000] * 200] * 14
-    steps = auto.group_decode_step_times_s(contexts, 3)
-    for k in range(3):
-        shapes = [None if c is None else BatchShape.decode([x + k for x in c]) for c in contexts]
-        assert steps[k] == auto.group_iteration_time_s(shapes)
 
 
 def test_auto_is_validated_and_reported():
