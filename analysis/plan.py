@@ -26,7 +26,9 @@ Data-parallel attention (`data_parallel_attention: [N, ...]` in the plan file, `
 a candidate whose replica is a group of N one-GPU ranks sharing the experts
 (parallel/dp_attention.py), so its probes run whole groups behind the least_outstanding router,
 replicas count groups and GPUs = groups x N; goodput per GPU is then comparable with a
-tensor-parallel replica's.
+tensor-parallel replica's. An option of a field that only data-parallel attention reads
+(`hardware.two_batch_overlap=false,true,auto`) multiplies the data-parallel-attention candidates
+only; the others run without it and keep their labels.
 
 Pricing and the target load are not part of the workload file: they come from a plan file
 (`--plan plan.yaml`, see examples/plan/) or from flags (`--price`, `--target-rate`); flags win.
@@ -541,6 +543,9 @@ DP_LAYOUT_KEYS = (
     "hardware.data_parallel_attention",
     "hardware.replicas",
 )
+# the workload fields that mean something with data-parallel attention only: option values for
+# them apply to the data-parallel-attention candidates, and every other candidate runs without
+DP_ONLY_KEYS = ("hardware.two_batch_overlap",)
 
 
 def dp_layout(ranks: int) -> dict[str, Any]:
@@ -584,7 +589,11 @@ def build_candidates(
             layouts, itertools.product(*[options[k] for k in keys]) if keys else [()]
         ):
             chosen = [(k, v) for k, v in zip(keys, combo) if not (ranks and k in DP_LAYOUT_KEYS)]
-            over = {"hardware.profile": hw, **layout, **dict(chosen)}
+            off = {}  # a candidate without data-parallel attention runs without the fields of it
+            if not _runs_dp_attention(spec, {**layout, **dict(chosen)}):
+                chosen = [(k, v) for k, v in chosen if k not in DP_ONLY_KEYS]
+                off = {"hardware.two_batch_overlap": False} if spec.hardware.two_batch_overlap else {}
+            over = {"hardware.profile": hw, **layout, **dict(chosen), **off}
             parts = [canon] + ([name] if name else [])
             parts += [f"{k.split('.')[-1]}={v}" for k, v in chosen if len(options[k]) > 1]
             label = " ".join(parts)
@@ -605,6 +614,11 @@ def _tp_layout(tp: int, pp: int, tps: list[int], pps: list[int], beside_dp: bool
     if beside_dp:
         over["hardware.data_parallel_attention"] = False
     return " ".join(parts), over, 0
+
+
+def _runs_dp_attention(spec, overrides: dict) -> bool:
+    """Whether a candidate of these overrides on the workload `spec` runs data-parallel attention."""
+    return bool(overrides.get("hardware.data_parallel_attention", spec.hardware.data_parallel_attention))
 
 
 def _price(prices: dict[str, float], canon: str) -> Optional[float]:

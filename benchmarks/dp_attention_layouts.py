@@ -4,7 +4,8 @@ data-parallel attention 16 with expert parallelism 16. Writes benchmarks/RESULTS
 
     python benchmarks/dp_attention_layouts.py [--out benchmarks/RESULTS-dp-attention.md] [--requests 16384]
 
-For each layout (and DP 16 + EP 16 with two-batch overlap): the KV pool (tokens per engine and
+For each layout (and DP 16 + EP 16 with two-batch overlap on every step, and `auto`: on the
+steps it shortens): the KV pool (tokens per engine and
 engines), one decode step alone at batch 1, 32 (800-token contexts) and 256 (2,000-token contexts) on the calibrated `h100-sxm` profile and
 its datasheet roofline, and a chat burst (prompts lognormal with mean 600 tokens, outputs mean
 200, chunked prefill of 2,048 tokens) at 256 and 1,024 sequences per engine.
@@ -39,6 +40,13 @@ LAYOUTS = {
         "expert_parallel": 16,
         "data_parallel_attention": True,
         "two_batch_overlap": True,
+    },
+    # each step split only where the cost model prices the split faster (the simulator's choice)
+    "DP 16 + EP 16, two-batch overlap auto": {
+        "replicas": 16,
+        "expert_parallel": 16,
+        "data_parallel_attention": True,
+        "two_batch_overlap": "auto",
     },
 }
 TBO_GROUPS = (16, 32, 64)  # 64: the largest group under SGLang's decode EP 72 that divides 256 experts

@@ -335,7 +335,9 @@ class Simulation:
                     "groups": self.spec.hardware.replicas // self.spec.hardware.expert_parallel,
                 }
                 if self.spec.hardware.two_batch_overlap:
-                    out["parallel"]["data_parallel_attention"]["two_batch_overlap"] = True
+                    out["parallel"]["data_parallel_attention"]["two_batch_overlap"] = (
+                        self.spec.hardware.two_batch_overlap
+                    )
         return out
 
 

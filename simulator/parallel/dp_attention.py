@@ -38,7 +38,16 @@ micro-batch a into the first sparse layer and the combine of b out of the last o
 The group's step is the slowest rank's. A rank of one token cannot be split (SGLang gives no split
 index), and the group overlaps only when all its ranks can (they overlap together: sglang#6328);
 otherwise, or when every rank's batch is a single token, the step runs as without the option. A
-rank in a dummy pass splits into an empty half and its one token."""
+rank in a dummy pass splits into an empty half and its one token.
+
+With `true` the group splits every step it can, as SGLang does: `can_run_tbo` in its
+`two_batch_overlap.py` (TboDPAttentionPreparer.compute_output) asks only that every rank has a
+split index and the ranks' forward modes agree, and `compute_split_seq_index` carries the note
+"TODO: may smartly disable TBO when batch size is too small b/c it will slow down". Its
+`--tbo-token-distribution-threshold` (0.48) chooses how a prefill batch is split (at sequence
+boundaries, or one prompt cut in two when those leave a side under 48% of the tokens), not
+whether. `auto` is the simulator's choice, no engine's: each group step is priced both ways and
+runs the shorter, so the overlap switches itself off where it loses (small decode batches)."""
 
 from __future__ import annotations
 
@@ -57,6 +66,7 @@ from .placement import Placement
 
 # an idle rank's dummy pass: one new token, no cache (vLLM's _dummy_run(1))
 DUMMY_PASS = BatchShape.of([1], [0]).totals()
+AUTO = "auto"  # hardware.two_batch_overlap: overlap a step only where it prices faster
 TOTALS = [f.name for f in fields(BatchTotals)]
 
 
@@ -113,7 +123,7 @@ class DataParallelAttentionCostModel(PipelineCostModel):
 
     name = "dp_attention"
 
-    def __init__(self, base, placement: Placement, ep: int, source: str = "", two_batch_overlap: bool = False):
+    def __init__(self, base, placement: Placement, ep: int, source: str = "", two_batch_overlap: bool | str = False):
         super().__init__(base, placement, source)
         self.ep, self.two_batch_overlap = ep, two_batch_overlap
         self._dense_layers = sum(self.placement.layers) - sum(self._sparse)
@@ -179,7 +189,10 @@ class DataParallelAttentionCostModel(PipelineCostModel):
         splits = ((real_tokens == 0) | (real_tokens >= 2)).all(axis=0) & (largest >= 2)
         if not splits.any():
             return plain
-        return np.where(splits, self._overlapped_times(flat, real_tokens, alike), plain)
+        overlapped = self._overlapped_times(flat, real_tokens, alike)
+        if self.two_batch_overlap == AUTO:  # the group splits only a step the split makes shorter
+            overlapped = np.minimum(overlapped, plain)
+        return np.where(splits, overlapped, plain)
 
     def _overlapped_times(self, flat: BatchTotals, real_tokens: np.ndarray, alike: int) -> np.ndarray:
         """Two-batch-overlap iteration times (the module docstring's formula), shape (steps,)."""
@@ -193,7 +206,8 @@ class DataParallelAttentionCostModel(PipelineCostModel):
             largest = real.max(axis=0)
             dispatch, combine = self.all_to_all.dispatch_time_s(largest), self.all_to_all.combine_time_s(largest)
             experts = np.tile(self.group_experts.expert_time_s(real.sum(axis=0) * alike), ranks)
-            layer = self.model_parts_s(t, np.zeros(t.tokens.size))[2]
+            with np.errstate(divide="ignore", invalid="ignore"):  # an empty half's kernels: masked below
+                layer = self.model_parts_s(t, np.zeros(t.tokens.size))[2]
             runs = t.tokens > 0  # an empty half computes nothing of its own
             dense = dense + np.where(runs, layer["every"] + layer["dense"], 0.0)
             sparse = sparse + np.where(runs, layer["every"] + layer["sparse"], 0.0) + experts

@@ -38,11 +38,12 @@ class HardwareSection(_Strict):
         "each expert_parallel replicas share their experts through dispatch/combine all-to-alls (SGLang "
         "--enable-dp-attention, vLLM --data-parallel-size with --enable-expert-parallel; docs/moe-and-fp8.md)",
     )
-    two_batch_overlap: bool = Field(
+    two_batch_overlap: Union[bool, Literal["auto"]] = Field(
         False,
         description="with data_parallel_attention: split every rank's batch into two micro-batches whose "
-        "all-to-alls overlap the other's compute (SGLang --enable-two-batch-overlap, vLLM --enable-dbo; "
-        "docs/moe-and-fp8.md)",
+        "all-to-alls overlap the other's compute; true: every step the group can split, as SGLang "
+        "--enable-two-batch-overlap does; auto: only the steps the cost model prices faster split "
+        "(docs/moe-and-fp8.md)",
     )
     pipeline_parallel: PositiveInt = Field(
         1, description="pipeline stages per replica: layers split over them, each stage a tensor-parallel group"

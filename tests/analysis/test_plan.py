@@ -99,7 +99,8 @@ def test_plan_file_prices_reach_datasheet_candidates(tmp_path):
     pf_path = tmp_path / "plan.yaml"
     pf_path.write_text("prices: {h100: 4.0, a100-80gb-sxm: 2.0, a100-80gb-sxm:datasheet: 1.5}\n")
     pf = load_plan_file(pf_path)
-    spec = SimpleNamespace(hardware=SimpleNamespace(profile="h100-sxm", tensor_parallel=1, pipeline_parallel=1))
+    hardware = {"profile": "h100-sxm", "tensor_parallel": 1, "pipeline_parallel": 1}
+    spec = SimpleNamespace(hardware=SimpleNamespace(**hardware, data_parallel_attention=False, two_batch_overlap=False))
     names = ["h100-sxm", "h100-sxm:datasheet", "a100-80gb-sxm", "a100-80gb-sxm:datasheet", "a40:datasheet"]
     cands = build_candidates(spec, names, [1], {}, pf.prices)
     assert {c.label: c.price for c in cands} == {

@@ -5,6 +5,7 @@ one line naming the plan file's field (or the flag)."""
 
 import math
 
+import pandas as pd
 import pytest
 
 from infersim.analysis.plan import (
@@ -196,3 +197,57 @@ def test_sizes_dp_rules_refuses_end_the_plan_in_one_line(workload, tmp_path, cap
     assert main(args + ["--dp-attention", "2,x"]) == 2
     assert _one_line(capsys) == "bad --dp-attention '2,x': give integers, e.g. 1,2"
     assert not out.exists()
+
+
+def test_the_overlap_option_multiplies_the_dp_attention_candidates_only():
+    """`--option hardware.two_batch_overlap=false,true,auto` beside --tp 2 and --dp-attention 2:
+    one TP candidate (the option means nothing there, so it runs without it and keeps its label)
+    and three groups; a workload that sets the overlap itself leaves the TP candidate without it."""
+    spec = _spec(tensor_parallel=2, expert_parallel=2)
+    options = {"hardware.two_batch_overlap": [False, True, "auto"]}
+    cands = build_candidates(spec, ["h100-sxm"], [2], options, {}, None, [2])
+    assert [c.label for c in cands] == [
+        "h100-sxm tp2",
+        "h100-sxm dp-attn 2 two_batch_overlap=False",
+        "h100-sxm dp-attn 2 two_batch_overlap=True",
+        "h100-sxm dp-attn 2 two_batch_overlap=auto",
+    ]
+    assert "hardware.two_batch_overlap" not in cands[0].overrides
+    assert [c.overrides["hardware.two_batch_overlap"] for c in cands[1:]] == [False, True, "auto"]
+    check_candidates(cands, spec.model_dump(mode="json"), "wl.yaml", SEARCH, 1, False)
+    assert [c.refused for c in cands] == [""] * 4
+    dp_workload = _spec(replicas=2, expert_parallel=2, data_parallel_attention=True, two_batch_overlap=True)
+    tp, dp = build_candidates(dp_workload, ["h100-sxm"], [2], {}, {}, None, [2])
+    assert tp.overrides["hardware.two_batch_overlap"] is False and "hardware.two_batch_overlap" not in dp.overrides
+    check_candidates([tp, dp], dp_workload.model_dump(mode="json"), "wl.yaml", SEARCH, 1, False)
+    assert (tp.refused, dp.refused) == ("", "")
+
+
+def test_a_small_moe_plan_with_the_overlap_counts_gpus_by_hand(workload, tmp_path):
+    """The smallest MoE of the catalog on the plan's short workload, `--option
+    hardware.two_batch_overlap=false,true --dp-attention 2` through the command line: a TP 2
+    replica and a group of 2 ranks are 2 GPUs each, GPUs = replicas x 2 in every row, and the
+    candidates are the TP one and the group without and with the overlap."""
+    out = tmp_path / "out"
+    pf = tmp_path / "plan.yaml"
+    pf.write_text("search: {requests: 60, tolerance: 0.3, min_duration_s: 3, max_requests: 2000}\n")
+    args = ["plan", "-w", workload, "--slo", SLO, "-o", str(out), "-q", "--plan", str(pf), "--dp-attention", "2"]
+    args += ["--option", "hardware.two_batch_overlap=false,true", "--target-rate", str(TARGET), "--workers", "2"]
+    assert main(args) == 0
+    rows = {r["configuration"]: r for r in pd.read_csv(out / "configurations.csv").to_dict("records")}
+    assert set(rows) == {
+        "h100-sxm tp2",
+        "h100-sxm dp-attn 2 two_batch_overlap=False",
+        "h100-sxm dp-attn 2 two_batch_overlap=True",
+    }
+    for r in rows.values():
+        assert r["status"] == "ok" and r["gpus_per_replica"] == 2 and r["gpus"] == r["replicas"] * 2
+        assert r["replicas_initial"] == math.ceil(TARGET / r["goodput_rps"])
+    # without the overlap the group is the plan's own (113 req/s per TP 2 replica, 160 per group);
+    # with it a group sustains 56.6 req/s: two ranks on one node exchange their copies over NVLink
+    # in little time, and every step reads its weights twice, so ceil(300 / 56.6) = 6 groups
+    tp, plain, tbo = (
+        rows[f"h100-sxm {k}"] for k in ("tp2", "dp-attn 2 two_batch_overlap=False", "dp-attn 2 two_batch_overlap=True")
+    )
+    assert (tp["gpus"], plain["gpus"], tbo["replicas"], tbo["gpus"]) == (6, 4, 6, 12)
+    assert round(tbo["goodput_rps"], 1) == 56.6
