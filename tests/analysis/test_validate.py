@@ -8,8 +8,10 @@ and reports with every section. How close the predicted times come to the measur
 the validation benchmark's (`python -m infersim.analysis.validate.matrix`), not a test's: it
 depends on the machine's speed during the run."""
 
+import importlib
 import json
 import math
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -22,6 +24,9 @@ from infersim.simulator.costmodel.batch import BatchShape
 from infersim.simulator.costmodel.executor_features import FEATURE_NAMES, batch_features, shapes_from_batches
 from infersim.simulator.errors import InfersimError
 from tests.utils import one_line_error
+
+# the share of the calibration workloads' requests the end-to-end fixtures run (_fewer_calibration_requests)
+CALIBRATION_SHARE = 0.5
 
 
 # ---- metrics -------------------------------------------------------------------------------
@@ -391,6 +396,21 @@ def test_bad_input_is_one_line_and_exit_2(argv, message, capsys, tmp_path, monke
 # ---- the small matrix on the real target model -------------------------------------------------------
 
 
+@contextmanager
+def _fewer_calibration_requests(module: str, name: str):
+    """The held-out calibration runs (`module.name`: (run name, requests section) pairs) on
+    CALIBRATION_SHARE of their requests while a fixture validates: the same workloads, seeds and
+    code, the fit on fewer iterations. What the tests assert (the same requests on both sides,
+    the replay of the executed schedule on its measured times, a held-out fit, the report) does
+    not depend on how many iterations the fit saw; how close the fitted times come is the
+    validation benchmark's."""
+    pairs = getattr(importlib.import_module(module), name)
+    fewer = tuple((run, {**req, "count": max(8, int(req["count"] * CALIBRATION_SHARE))}) for run, req in pairs)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(f"{module}.{name}", fewer)
+        yield
+
+
 @pytest.fixture(scope="module")
 def small_results(tmp_path_factory, zoo_dir):
     """The small matrix as `sim validate` runs it: each case calibrated just before on its own
@@ -401,10 +421,11 @@ def small_results(tmp_path_factory, zoo_dir):
 
     out = tmp_path_factory.mktemp("validate")
     counts = {"plain-load": 64, "preempt-recompute": 32}
-    return {
-        name: (validate_case(get_case(name), "zoo-target", out / name, CaseOptions(requests=n)), out / name)
-        for name, n in counts.items()
-    }
+    with _fewer_calibration_requests("infersim.analysis.validate.calibrate", "MATCHED_REQUESTS"):
+        return {
+            name: (validate_case(get_case(name), "zoo-target", out / name, CaseOptions(requests=n)), out / name)
+            for name, n in counts.items()
+        }
 
 
 @pytest.mark.slow
@@ -543,7 +564,8 @@ def spec_result(tmp_path_factory, zoo_dir):
     from infersim.analysis.validate.run import validate_case
 
     out = tmp_path_factory.mktemp("validate-spec") / "spec-draft"
-    return validate_case(get_case("spec-draft"), "zoo-target", out, CaseOptions(requests=24)), out
+    with _fewer_calibration_requests("infersim.analysis.validate.spec_validate", "SPEC_CALIBRATION"):
+        return validate_case(get_case("spec-draft"), "zoo-target", out, CaseOptions(requests=24)), out
 
 
 @pytest.mark.slow

@@ -4,6 +4,7 @@ so Ctrl-C or SIGTERM at the worst moment leaves the previous files byte-identica
 when there was nothing; the staged files and the folders made for them go."""
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -79,10 +80,10 @@ def test_staged_files_remove_the_folders_they_made(tmp_path):
 
 
 # ---- sim profile: measurements of the committed reference profile instead of new sweeps ---------------------------
-@pytest.fixture
-def reference_sweeps(monkeypatch):
+def _measure_the_reference(monkeypatch):
     """`sim profile` on the reference profile's measurements (every seventh step time) instead
-    of sweeping this machine: the fits, the GEMM table and the regressors are the real ones."""
+    of sweeping this machine: the fits, the GEMM table and the regressors are the real ones.
+    Returns the profiler module and the machine's speed (machine["slower"] scales the times)."""
     pytest.importorskip("torch")
     from infersim.executor.profiler import run as profiler
 
@@ -95,6 +96,29 @@ def reference_sweeps(monkeypatch):
 
     monkeypatch.setattr(profiler, "_sweeps", measured)
     return profiler, machine
+
+
+@pytest.fixture
+def reference_sweeps(monkeypatch):
+    return _measure_the_reference(monkeypatch)
+
+
+@pytest.fixture(scope="module")
+def first_profile(tmp_path_factory):
+    """A completed `sim profile` on the reference measurements (cpu.yaml, its sidecar and its
+    GEMM table), made once for the tests that interrupt a later run over it: each copies the
+    folder, so each starts from the same bytes."""
+    folder = tmp_path_factory.mktemp("first-profile")
+    with pytest.MonkeyPatch.context() as mp:
+        _measure_the_reference(mp)
+        assert _profile(folder / "cpu.yaml") == 0
+    return folder
+
+
+def _copy_of(folder, into):
+    """The files of `folder` copied into `into`; returns `into`/cpu.yaml."""
+    shutil.copytree(folder, into, dirs_exist_ok=True)
+    return into / "cpu.yaml"
 
 
 def _interrupt_after(monkeypatch, module, name, check=None):
@@ -133,10 +157,11 @@ def test_an_interrupted_first_profile_leaves_nothing(tmp_path, reference_sweeps,
 
 @pytest.mark.torch
 @pytest.mark.parametrize("step", ["_fit_step_overhead", "_held_out_checks"])
-def test_an_interrupted_profile_with_force_keeps_every_old_file(tmp_path, reference_sweeps, monkeypatch, step):
+def test_an_interrupted_profile_with_force_keeps_every_old_file(
+    tmp_path, first_profile, reference_sweeps, monkeypatch, step
+):
     profiler, machine = reference_sweeps
-    out = tmp_path / "cpu.yaml"
-    assert _profile(out) == 0
+    out = _copy_of(first_profile, tmp_path)
     before = folder_digest(tmp_path)
     assert sorted(before) == ["cpu.calib.json", "cpu.gemm-shapes.csv.gz", "cpu.yaml"]
     machine["slower"] = 1.25  # the new run's GEMM table differs from the old one
@@ -150,14 +175,13 @@ def test_an_interrupted_profile_with_force_keeps_every_old_file(tmp_path, refere
 
 
 @pytest.mark.torch
-def test_models_only_into_another_folder_takes_the_table_along(tmp_path, reference_sweeps, monkeypatch):
+def test_models_only_into_another_folder_takes_the_table_along(tmp_path, first_profile, reference_sweeps, monkeypatch):
     """`--refit P --models-only --out elsewhere/Q.yaml` writes Q's own copy of P's measured GEMM
     table (Q names the table beside itself), staged with Q's YAML and sidecar."""
     from infersim.simulator.hardware.catalog import load_hardware
 
     profiler, _ = reference_sweeps
-    old = tmp_path / "cpu.yaml"
-    assert _profile(old) == 0
+    old = _copy_of(first_profile, tmp_path)
     monkeypatch.setattr(profiler, "_measure_models", lambda *a: {"models": {}})  # no model measured
     new = tmp_path / "elsewhere" / "q.yaml"
     argv = ["profile", "--refit", str(old), "--models-only", "--model", "zoo-target", "--out", str(new), "-q"]

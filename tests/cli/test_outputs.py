@@ -6,6 +6,7 @@ SIGTERM at any moment leave the previous run byte-identical and nothing temporar
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -150,12 +151,21 @@ def _sim(args, cwd, pause=None):
     )
 
 
+@pytest.fixture(scope="module")
+def previous_run(tmp_path_factory):
+    """A finished `sim run` folder (prev/), made once for the tests that interrupt a later run
+    into it: each copies it, so each starts from the same bytes."""
+    cwd = tmp_path_factory.mktemp("previous-run")
+    done = _sim(["run", "-w", "chatbot", "-n", "40", "-q", "-o", "prev"], cwd)
+    assert done.wait(timeout=300) == 0, done.stderr.read()
+    return cwd / "prev"
+
+
 @pytest.mark.parametrize("sig,code,word", [(signal.SIGTERM, 143, "terminated"), (signal.SIGINT, 130, "interrupted")])
 @pytest.mark.parametrize("stage", ["simulating", "writing"])
-def test_signal_keeps_previous_run_and_leaves_nothing_temporary(tmp_path, sig, code, word, stage):
+def test_signal_keeps_previous_run_and_leaves_nothing_temporary(tmp_path, previous_run, sig, code, word, stage):
     prev = tmp_path / "prev"
-    done = _sim(["run", "-w", "chatbot", "-n", "40", "-q", "-o", "prev"], tmp_path)
-    assert done.wait(timeout=300) == 0, done.stderr.read()
+    shutil.copytree(previous_run, prev)
     before = folder_digest(prev)
     proc = _sim(["run", "-w", "chatbot", "-n", "300", "-q", "-o", "prev"], tmp_path, pause=stage)
     line = proc.stderr.readline()  # blocks until the process stands at the stage
