@@ -135,10 +135,15 @@ class DataParallelAttentionCostModel(PipelineCostModel):
         """One sparse layer's routed experts on the slowest GPU for a rank of `tokens` (its
         peers alike), with the dispatch before them and the combine after."""
         tokens = np.asarray(tokens, dtype=np.float64)
+        return self._routed_s(tokens, self.ep * tokens)
+
+    def _routed_s(self, largest: np.ndarray, group: np.ndarray) -> np.ndarray:
+        """A sparse layer's dispatch and combine of the largest rank's `largest` tokens around the
+        slowest GPU's experts on the copies of the group's `group` tokens."""
         return (
-            self.all_to_all.dispatch_time_s(tokens)
-            + self.group_experts.expert_time_s(self.ep * tokens)
-            + self.all_to_all.combine_time_s(tokens)
+            self.all_to_all.dispatch_time_s(largest)
+            + self.group_experts.expert_time_s(group)
+            + self.all_to_all.combine_time_s(largest)
         )
 
     def group_iteration_time_s(self, shapes: list[BatchShape | None]) -> float:
@@ -175,12 +180,8 @@ class DataParallelAttentionCostModel(PipelineCostModel):
         that run its batch: the slowest rank's own work, with the routed experts on the group's
         copies and all-to-alls of its largest rank's tokens; overlapped in two micro-batches
         where the option asks and every rank can split."""
-        largest, group = real_tokens.max(axis=0), real_tokens.sum(axis=0) * alike
-        routed = (
-            self.all_to_all.dispatch_time_s(largest)
-            + self.group_experts.expert_time_s(group)
-            + self.all_to_all.combine_time_s(largest)
-        )
+        largest = real_tokens.max(axis=0)
+        routed = self._routed_s(largest, real_tokens.sum(axis=0) * alike)
         ranks = len(totals)
         flat = _concat(totals)
         plain = self._latency(flat, np.tile(routed, ranks)).reshape(ranks, -1).max(axis=0)
