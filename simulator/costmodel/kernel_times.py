@@ -61,7 +61,7 @@ gather_us + gather_us_per_token x tokens (`gather_tokens` = 16), larger ones by 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -204,6 +204,5 @@ def gemm_dtype_for(weight_dtype: str, hardware: HardwareProfile) -> str:
 def weight_gemm_device(hardware: HardwareProfile, weight_dtype: str) -> GemmDevice:
     """The device a model's GEMMs see: the peak of `gemm_dtype_for`, times the share a
     dequantising weight-only kernel reaches of it (WEIGHT_ONLY_COMPUTE_SHARE)."""
-    peak = hardware.peak_flops(gemm_dtype_for(weight_dtype, hardware))
-    share = WEIGHT_ONLY_COMPUTE_SHARE.get(weight_dtype, 1.0)
-    return GemmDevice(peak * share, hardware.memory_bandwidth_bytes_per_s(), hardware.sm_count)
+    device = gemm_device(hardware, gemm_dtype_for(weight_dtype, hardware))
+    return replace(device, peak_flops=device.peak_flops * WEIGHT_ONLY_COMPUTE_SHARE.get(weight_dtype, 1.0))
