@@ -592,7 +592,7 @@ def build_candidates(
             off = {}  # a candidate without data-parallel attention runs without the fields of it
             if not _runs_dp_attention(spec, {**layout, **dict(chosen)}):
                 chosen = [(k, v) for k, v in chosen if k not in DP_ONLY_KEYS]
-                off = {"hardware.two_batch_overlap": False} if spec.hardware.two_batch_overlap else {}
+                off = {k: False for k in DP_ONLY_KEYS if getattr(spec.hardware, k.split(".")[-1])}
             over = {"hardware.profile": hw, **layout, **dict(chosen), **off}
             parts = [canon] + ([name] if name else [])
             parts += [f"{k.split('.')[-1]}={v}" for k, v in chosen if len(options[k]) > 1]
@@ -1099,7 +1099,7 @@ def _replicas_plot(res: PlanResult, col: dict[str, str], pdir: Path) -> tuple[st
 
 
 def _replicas_text(c: CandidateResult) -> str:
-    """'8 GPUs = 2 × TP4', marked where the verification missed an SLO; the status without GPUs."""
+    """'8 GPUs = 2 × TP 4' (or '16 GPUs = 2 × DP-attn 8'), marked where the verification missed an SLO; the status without GPUs."""
     if not c.gpus:
         return c.status
     txt = f"{c.gpus} GPUs = {c.replicas} × {c.layout}"
