@@ -30,7 +30,7 @@ import numpy as np
 from pydantic import BaseModel, Field, PositiveInt, ValidationError
 
 from ..errors import InfersimError, pydantic_error_line
-from ..models.dtypes import bytes_per_element, compute_dtype_for, kv_dtype_for
+from ..models.dtypes import bytes_per_element, compute_dtype_for, kv_dtype_for, weight_bytes_per_element
 from ..models.spec import ModelSpec
 from ..registry import Registry
 from ..validation import STRICT_CONFIG
@@ -49,7 +49,7 @@ class KVShape:
     q_dim: int
     kv_dim: int
     kv_bytes: float  # per element of the KV cache in its home format (fp16: 2)
-    w_bytes: float
+    w_bytes: float  # per weight as stored, int4's group scales included
     a_bytes: float
 
     @classmethod
@@ -62,7 +62,7 @@ class KVShape:
             model.q_dim,
             model.kv_dim,
             bytes_per_element(kv_dtype_for(dtype, kv_dtype)),
-            bytes_per_element(dtype),
+            weight_bytes_per_element(dtype),
             bytes_per_element(act),
         )
 

@@ -357,3 +357,12 @@ def test_finding_batching_helps_infinigen_most(lab):
     gain = {s: lab.run(s, 20)["throughput"] / lab.run(s, 4)["throughput"] for s in ("int4", "h2o", "infinigen")}
     assert gain["infinigen"] > gain["h2o"] and gain["infinigen"] > gain["int4"]
     assert gain["infinigen"] > 1.15
+
+
+def test_kv_shape_counts_int4_group_scales_in_weights():
+    # InfiniGen's partial query weights are read as stored: 0.5 bytes per weight plus one fp16
+    # scale and one 4-bit zero point per group of 128, while the KV cache stays 16-bit
+    int4 = KVShape.of(M13, "int4")
+    assert int4.w_bytes == pytest.approx(0.5 + 2.5 / 128)
+    assert int4.kv_bytes == 2.0 and int4.a_bytes == 2.0
+    assert KVShape.of(M13).w_bytes == 2.0
