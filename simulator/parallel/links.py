@@ -68,7 +68,7 @@ class Links:
         nbytes = (self.base._ar_bytes_per_token / 2.0) * tokens
         if self._ar_fit is not None:
             return 2.0 * self._ar_fit.time_s(nbytes)
-        within = self.base.one_allreduce_time_s(nbytes, self.placement.tp_devices_per_node)
+        within = self.base.nccl_allreduce_time_s(nbytes, self.placement.tp_devices_per_node)
         network = ring_traffic(self.placement.tp) * nbytes / (self._link.bandwidth_gbps * 1e9)
         return 2.0 * (within + 2.0 * self.network_hop_latency_s() + network)
 
