@@ -10,6 +10,8 @@ Usage: python benchmarks/custom_all_reduce.py [--out PATH]"""
 from __future__ import annotations
 
 import argparse
+import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +22,12 @@ from infersim.simulator.hardware.allreduce import CustomAllReduce, NcclAllReduce
 from infersim.simulator.hardware.allreduce.table import shipped_table
 from infersim.simulator.hardware.catalog import load_hardware
 from infersim.simulator.models.catalog import load_model
+from infersim.simulator.simulation import simulate
+from infersim.simulator.workload.builder import build_requests
 from infersim.simulator.yamlio import write_atomic
+
+sys.path.insert(0, str(Path(__file__).parent))
+from moe_published import PUBLISHED, latency_test, model_for  # noqa: E402
 
 CARDS = ("a100-80gb-sxm", "h100-sxm")
 MODEL = "llama-3-70b"
@@ -105,6 +112,52 @@ def step_rows(card: str) -> list[str]:
     ]
 
 
+def published_latency_ms(model: str, profile: str, tp: int, all_reduce: str) -> float:
+    spec = latency_test(model, profile, tp)
+    spec.hardware.all_reduce = all_reduce
+    result = simulate(spec, build_requests(spec, "."))
+    return float(np.max(result.requests["finish_s"])) * 1e3
+
+
+def published_rows() -> list[str]:
+    """vLLM's published latency tests at tensor parallel > 1 (benchmarks/moe_published.py),
+    predicted with each kernel choice."""
+    rows, errors = [], {"nccl": [], "auto": []}
+    with tempfile.TemporaryDirectory() as folder:
+        for test, profile, measured, url in PUBLISHED:
+            tp = int(test.rsplit("_tp", 1)[1])
+            if tp == 1:
+                continue
+            model = model_for(test, Path(folder))
+            got = {k: published_latency_ms(model, profile, tp, k) for k in errors}
+            for k, ms in got.items():
+                errors[k].append(100 * (ms / measured - 1))
+            rows.append(
+                f"| {test} | {profile} ([run]({url})) | {measured:,.0f} | {got['nccl']:,.0f} | {errors['nccl'][-1]:+.1f}% "
+                f"| {got['auto']:,.0f} | {errors['auto'][-1]:+.1f}% |"
+            )
+    mean = {k: float(np.mean(np.abs(v))) for k, v in errors.items()}
+    return [
+        "## Against vLLM's published latency tests",
+        "",
+        "vLLM's nightly latency test (8 prompts of 32 tokens, 128 output tokens, bf16, CUDA graphs and its custom "
+        "all-reduce on, as by default), the tensor-parallel rows of `benchmarks/moe_published.py`, predicted on the "
+        "calibrated profiles with each kernel choice:",
+        "",
+        "| test | card (vLLM run) | published (ms) | nccl (ms) | error | auto (ms) | error |",
+        "|---|---|---:|---:|---:|---:|---:|",
+        *rows,
+        "",
+        f"Mean absolute error: nccl {mean['nccl']:.1f}%, auto {mean['auto']:.1f}%. The custom kernel is what these "
+        "runs used, yet pricing it moves four of the five predictions further below the measurement: the rest of "
+        "the step is priced short on these cards (the H200 rows most), and the NCCL prices (eager fits on the A100, a "
+        "datasheet ring with 10 us latency on the H200, which has no measured collectives) had been filling "
+        "part of that gap. The default stays `nccl` until the step's other parts are corrected; `auto` is the "
+        "faithful choice for the all-reduce alone.",
+        "",
+    ]
+
+
 def report() -> str:
     model = load_model(MODEL)
     h100 = load_hardware("h100-sxm")
@@ -127,6 +180,7 @@ def report() -> str:
     ]
     for card in CARDS:
         lines += step_rows(card)
+    lines += published_rows()
     nccl_512k = float(NcclAllReduce(h100).time_s(512 * 1024, 4)) * 1e6
     lines.append(NOTES.format(nccl_h100_tp4_512k=nccl_512k))
     return "\n".join(lines)
