@@ -209,3 +209,19 @@ def test_custom_refuses_what_it_cannot_run(profile, tp, why):
         CustomAllReduce(load_hardware("h100-sxm")).check(8, True, "x")
     # a single GPU runs no all-reduce: nothing to refuse
     build_all_reduce("custom", hw).check(1, False, "--all-reduce")
+
+
+def test_a_profile_sets_its_own_choice_and_a_bad_one_is_one_line(tmp_path):
+    from infersim.simulator.paths import hwprofiles_dir
+
+    text = (hwprofiles_dir() / "h200.yaml").read_text()
+    mine = tmp_path / "h200.yaml"  # its name inside is h200: the table prices it with the H100 times
+    mine.write_text(text + "\nall_reduce: auto\n")
+    assert isinstance(RooflineCostModel(load_model("llama-2-7b"), load_hardware(str(mine))).all_reduce, AutoAllReduce)
+    # a workload's choice replaces the profile's
+    assert load_hardware(str(mine), all_reduce="nccl").all_reduce == "nccl"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text + "\nall_reduce: fastest\n")
+    with pytest.raises(InfersimError) as err:
+        load_hardware(str(bad))
+    assert "\n" not in str(err.value) and f"{bad}: field 'all_reduce'" in str(err.value)
