@@ -23,6 +23,7 @@ from infersim.simulator.hardware.catalog import list_hardware, load_hardware
 from infersim.simulator.models.catalog import load_model
 from infersim.simulator.parallel.cost import PipelineCostModel
 from infersim.simulator.parallel.placement import check_parallel
+from infersim.simulator.paths import hwprofiles_dir
 from infersim.simulator.workload.schema import HardwareSection
 
 MIB = 2**20
@@ -212,8 +213,6 @@ def test_custom_refuses_what_it_cannot_run(profile, tp, why):
 
 
 def test_a_profile_sets_its_own_choice_and_a_bad_one_is_one_line(tmp_path):
-    from infersim.simulator.paths import hwprofiles_dir
-
     text = (hwprofiles_dir() / "h200.yaml").read_text()
     mine = tmp_path / "h200.yaml"  # its name inside is h200: the table prices it with the H100 times
     mine.write_text(text + "\nall_reduce: auto\n")
