@@ -23,6 +23,7 @@ import pandas as pd
 
 from infersim.simulator.costmodel import BatchShape, RooflineCostModel
 from infersim.simulator.errors import InfersimError
+from infersim.simulator.hardware.allreduce import build_all_reduce
 from infersim.simulator.hardware.catalog import load_hardware
 from infersim.simulator.hardware.profile import HardwareProfile
 from infersim.simulator.metrics.plots import agg_pyplot, write_figure
@@ -78,8 +79,9 @@ def operator_group(name: str) -> str | None:
 def build_cost_model(model: str | ModelSpec, hardware: str | HardwareProfile, **options) -> RooflineCostModel:
     """The roofline cost model of `model` on `hardware` (names or loaded specs); `options` are
     RooflineCostModel's keyword arguments (dtype, kv_dtype, tensor_parallel, fused_attention,
-    fused_projections, expert_parallel). Tensor parallelism is checked here against the model
-    and the profile, each error naming --tp."""
+    fused_projections, expert_parallel); the profile's `all_reduce` picks the all-reduce kernel.
+    Tensor parallelism and that kernel are checked here against the model and the profile, each
+    error naming its flag (--tp, --all-reduce)."""
     spec = load_model(model) if isinstance(model, str) else model
     hw = load_hardware(hardware) if isinstance(hardware, str) else hardware
     tensor_parallel = options.get("tensor_parallel", 1)
@@ -87,6 +89,7 @@ def build_cost_model(model: str | ModelSpec, hardware: str | HardwareProfile, **
     measured = hw.collectives is not None and bool(hw.collectives.all_reduce)
     if tensor_parallel > 1 and hw.interconnect is None and not measured:
         raise InfersimError(f"tensor parallel {tensor_parallel} needs an interconnect in hardware profile '{hw.name}'")
+    build_all_reduce(hw.all_reduce, hw).check(tensor_parallel, False, "--all-reduce")
     return RooflineCostModel(spec, hw, **options)
 
 

@@ -21,6 +21,7 @@ from .engine.replica import Replica
 from .engine.router import ROUTERS
 from .engine.sequence import Sequence
 from .errors import InfersimError
+from .hardware.allreduce import build_all_reduce
 from .hardware.catalog import load_hardware
 from .metrics.collector import MetricsCollector
 from .models.catalog import load_model
@@ -39,6 +40,7 @@ from .parallel.placement import COLOCATED, check_deployment
 from .parallel.setup import pipeline_replicas
 from .policies import SchedulerLimits, build_scheduler
 from .speculative.replica import replica_class as speculative_replica_class
+from .validation import source_field
 from .workload.requests import Requests
 from .workload.schema import WorkloadSpec
 
@@ -137,10 +139,13 @@ class Simulation:
         (`tp_field` names its degree); a staged placement (stages, or a tensor-parallel group
         across nodes) prices its stages and links."""
         tp = placement.tp
-        hardware = load_hardware(profile, host_link=host_link)
+        hardware = load_hardware(profile, host_link=host_link, all_reduce=self.spec.hardware.all_reduce)
         for key, name in (("serving.dtype", self.dtype), ("serving.kv_dtype", self.kv_dtype)):
             hardware.require_dtype(name, f"{source}: field '{key}'")
         hardware.require_tensor_parallel(tp, f"{source}: field '{tp_field}'")
+        build_all_reduce(hardware.all_reduce, hardware).check(
+            tp, placement.tp_crosses_nodes, source_field(source, "hardware.all_reduce")
+        )
         dp_attention = self.spec.hardware.data_parallel_attention
         ep = self.spec.hardware.expert_parallel
         parallel = {"expert_parallel": ep} if ep > 1 and not dp_attention else {}

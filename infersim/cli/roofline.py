@@ -22,6 +22,7 @@ from infersim.analysis.roofline import (
 )
 from infersim.simulator.costmodel.moe import check_expert_parallel
 from infersim.simulator.errors import InfersimError
+from infersim.simulator.hardware.allreduce import ALL_REDUCE_CHOICES
 from infersim.simulator.hardware.catalog import load_hardware
 from infersim.simulator.metrics.rundir import check_out_file, staged_files
 from infersim.simulator.models.catalog import load_model
@@ -99,6 +100,14 @@ def add_parser(sub) -> None:
         type=int,
         default=1,
         help="expert-parallel degree of a mixture of experts: 1 or --tp; > 1 spreads whole experts over the GPUs (default 1)",
+    )
+    p.add_argument(
+        "--all-reduce",
+        default=None,
+        choices=ALL_REDUCE_CHOICES,
+        help="kernel of the tensor-parallel all-reduces: nccl (measured NCCL fits), custom (vLLM's custom "
+        "all-reduce, measured; refused where it cannot run), auto (custom where vLLM runs it, NCCL elsewhere) "
+        "(default: the profile's, nccl in every shipped profile)",
     )
     p.add_argument(
         "--phase",
@@ -230,6 +239,8 @@ def run(args: argparse.Namespace) -> int:
     cands = parse_ints(args.candidates, "candidates")
     check_batch_memory(batches, "--batch", args.no_memory_check)
     options = resolve_cost_options(args)
+    if args.all_reduce is not None:
+        options["hardware"] = options["hardware"].model_copy(update={"all_reduce": args.all_reduce})
     check_expert_parallel(options["model"], args.tp, args.ep, "--ep")
     cost = build_cost_model(
         **options,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..hardware.allreduce import build_all_reduce
 from ..hardware.profile import HardwareProfile
 from ..models.dtypes import compute_dtype_for, kv_dtype_for, normalize_dtype
 from ..models.spec import ModelSpec
@@ -72,12 +73,14 @@ class RooflineCostModel(CostModel):
         expert_parallel: int = 1,
     ):
         self.model, self.hardware = model, hardware
+        self.all_reduce = build_all_reduce(hardware.all_reduce, hardware)
         self.weight_dtype = normalize_dtype(dtype)
         self.kv_dtype = kv_dtype_for(self.weight_dtype, kv_dtype)
         self.act_dtype = compute_dtype_for(self.weight_dtype)
         self.gemm_dtype = gemm_dtype_for(self.weight_dtype, hardware)
         self.tp = int(tensor_parallel)
         check_tensor_parallel(model, self.tp)
+        self.all_reduce.check(self.tp, across_nodes=False, field="all_reduce")
         self.ep = check_expert_parallel(model, self.tp, int(expert_parallel))
         self.fused_attention = fused_attention
         self.fused_projections = fused_projections
@@ -132,10 +135,8 @@ class RooflineCostModel(CostModel):
         self._calibrated_index = np.array([j for j, _ in self._calibrated], dtype=np.int64)
         self._calibrated_cache: dict[tuple[float, float], np.ndarray] = {}
         self.iteration_overhead_s = hw.overheads.iteration_us * 1e-6
-        ic = hw.interconnect
-        comm_eff = hw.efficiency_for("communication")
-        self._ar_bw = (ic.bandwidth_gbps * 1e9 * comm_eff.memory) if ic else None
-        self._ar_latency_s = (ic.latency_us * 1e-6) if ic else 0.0
+        self._nccl = self.all_reduce.nccl  # send/recv and groups across nodes stay on NCCL
+        self._ar_bw, self._ar_latency_s = self._nccl.bandwidth_bytes_per_s, self._nccl.latency_s
         self._ar_bytes_per_token = allreduce_bytes_per_layer(self.model, self.act_dtype)
 
     def _calibrated_rows(self, calibration) -> list[tuple[int, object]]:
@@ -202,24 +203,20 @@ class RooflineCostModel(CostModel):
         return [cache[p] for p in pairs]
 
     def allreduce_time_s(self, tokens):
-        """All-reduce of the layer's activations (tokens x hidden), twice per layer: from the
-        profile's measured collectives when it has them, else a ring over the interconnect
-        (2(tp-1)/tp of the data at its bandwidth, plus its latency)."""
+        """All-reduce of the layer's activations (tokens x hidden), twice per layer, on the
+        kernel `all_reduce` chose (hardware/allreduce/)."""
         if self.tp == 1:
             return 0.0 * tokens
         return 2.0 * self.one_allreduce_time_s((self._ar_bytes_per_token / 2.0) * tokens, self.tp)
 
     def one_allreduce_time_s(self, nbytes, workers: int):
-        """One all-reduce of `nbytes` over `workers` GPUs of one node: measured, else the ring."""
-        coll = self.hardware.collectives
-        measured = coll.all_reduce_time_s(nbytes, workers) if coll is not None else None
-        if measured is not None:
-            return measured
-        if self._ar_bw is None:
-            raise ValueError(
-                f"tensor_parallel={workers} needs an interconnect in hardware profile '{self.hardware.name}'"
-            )
-        return 2.0 * (workers - 1) / workers * nbytes / self._ar_bw + self._ar_latency_s
+        """One all-reduce of `nbytes` over `workers` GPUs of one node, on the chosen kernel."""
+        return self.all_reduce.time_s(nbytes, workers)
+
+    def nccl_allreduce_time_s(self, nbytes, workers: int):
+        """One NCCL all-reduce over `workers` GPUs of one node: the part inside each node of a
+        group that spans nodes, where no engine runs its custom kernel."""
+        return self._nccl.time_s(nbytes, workers)
 
     def send_recv_time_s(self, nbytes):
         """One pipeline-stage hand-off of `nbytes` between two GPUs: measured when the profile

@@ -57,16 +57,19 @@ def profile_path(name_or_path: str) -> Path:
     return resolve("hardware profile", name, hwprofiles_dir())
 
 
-def load_hardware(name_or_path: str, host_link: str | None = None) -> HardwareProfile:
+def load_hardware(name_or_path: str, host_link: str | None = None, all_reduce: str | None = None) -> HardwareProfile:
     """A profile by name or path. Calibrated profiles price kernels with their fitted models;
     NAME:datasheet drops the calibration (the pure datasheet roofline); a derived profile's
-    calibration is the measured card's fits it names in `calibration.inherits`."""
+    calibration is the measured card's fits it names in `calibration.inherits`. `host_link` and
+    `all_reduce` (a workload's choices) replace the profile's own."""
     _, datasheet = split_mode(name_or_path)
     path = profile_path(name_or_path)
     profile = _load_resolved(path)
     # Profiles are mutable pydantic models; a copy keeps one caller's edits from leaking into
     # every later load of the same name.
     update = {"host_link": load_host_link(host_link)} if host_link else {}
+    if all_reduce is not None:
+        update["all_reduce"] = all_reduce
     if datasheet:  # named apart, so reports and plans comparing both modes tell them apart
         update.update(calibration=None, name=profile.name + DATASHEET_SUFFIX)
     elif profile.calibration is not None and profile.calibration.status == "derived":

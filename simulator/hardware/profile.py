@@ -230,6 +230,13 @@ class HardwareProfile(BaseModel):
     collectives: Optional[CollectivesSection] = Field(
         None, description="measured NCCL all-reduce and send/recv times; without it the interconnect prices them"
     )
+    all_reduce: Literal["nccl", "custom", "auto"] = Field(
+        "nccl",
+        description="kernel of the tensor-parallel all-reduces, a serving-engine choice (a workload sets it with "
+        "hardware.all_reduce): nccl (the measured NCCL fits in `collectives:`, else a ring over the interconnect), "
+        "custom (vLLM's and SGLang's custom all-reduce, from hwprofiles/_custom_all_reduce.yaml; refused where it "
+        "cannot run), auto (custom where vLLM would run it, NCCL elsewhere)",
+    )
 
     @model_validator(mode="after")
     def _check(self):

@@ -2,17 +2,18 @@
 nodes, and the activations one stage hands to the next.
 
 Measured first: a profile's `collectives:` section (NCCL times from vidur's profiling data)
-prices an all-reduce of exactly this many workers spread this way over nodes (the a100_dgx
-setup measured 16 workers on two 8-GPU nodes) and a send/recv between two nodes (both DGX
-setups measured it); within a node the roofline's own rules apply (measured, else the
-interconnect). Otherwise the cluster's inter-node link prices them. A hand-off takes the link's
-latency plus its bytes at the link's bandwidth. An all-reduce across nodes takes the all-reduce
-of the node's GPUs inside the node (the profile's rules), two network hops (the measured
-send/recv between nodes at zero bytes where the profile has it, else the link's latency) and
-2(w-1)/w of the message through every GPU's network adapter, the ring's slowest hop: it is never
-cheaper than the part inside one node. Against the a100_dgx measurement of 16 workers on two
-nodes (which that profile uses as is) this rule is within -37% to +44% by message size; a ring
-priced on the network's latency alone is -75% to -90% below 2 MB."""
+prices an all-reduce of exactly this many workers spread this way over nodes (the a100_dgx setup
+measured 16 workers on two 8-GPU nodes) and a send/recv between two nodes (both DGX setups
+measured it); within a node the roofline's chosen all-reduce kernel applies
+(`hardware.all_reduce`: NCCL's measured fits, else the interconnect, or vLLM's custom kernel).
+Otherwise the cluster's inter-node link prices them. A hand-off takes the link's latency plus
+its bytes at the link's bandwidth. An all-reduce across nodes takes the NCCL all-reduce of the
+node's GPUs inside the node (no engine runs its custom kernel across nodes), two network hops
+(the measured send/recv between nodes at zero bytes where the profile has it, else the link's
+latency) and 2(w-1)/w of the message through every GPU's network adapter, the ring's slowest
+hop: it is never cheaper than the part inside one node. Against the a100_dgx measurement of 16
+workers on two nodes (which that profile uses as is) this rule is within -37% to +44% by message
+size; a ring priced on the network's latency alone is -75% to -90% below 2 MB."""
 
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ class Links:
             )
         self.sources = {
             "tp_all_reduce": (
-                "within a node (profile)"
+                f"within a node ({base.all_reduce.describe(placement.tp)})"
                 if not placement.tp_crosses_nodes
                 else (f"measured ({self._ar_fit.fitted_on})" if self._ar_fit else "inter-node link (datasheet ring)")
             ),
@@ -68,7 +69,7 @@ class Links:
         nbytes = (self.base._ar_bytes_per_token / 2.0) * tokens
         if self._ar_fit is not None:
             return 2.0 * self._ar_fit.time_s(nbytes)
-        within = self.base.one_allreduce_time_s(nbytes, self.placement.tp_devices_per_node)
+        within = self.base.nccl_allreduce_time_s(nbytes, self.placement.tp_devices_per_node)
         network = ring_traffic(self.placement.tp) * nbytes / (self._link.bandwidth_gbps * 1e9)
         return 2.0 * (within + 2.0 * self.network_hop_latency_s() + network)
 

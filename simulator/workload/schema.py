@@ -48,6 +48,14 @@ class HardwareSection(_Strict):
     pipeline_parallel: PositiveInt = Field(
         1, description="pipeline stages per replica: layers split over them, each stage a tensor-parallel group"
     )
+    all_reduce: Optional[Literal["nccl", "custom", "auto"]] = Field(
+        None,
+        description="kernel of the tensor-parallel all-reduces: nccl (the profile's measured NCCL fits), custom "
+        "(vLLM's and SGLang's custom all-reduce inside one NVLink node, from measured times; refused where it "
+        "cannot run), auto (custom where vLLM would run it: 2, 4, 6 or 8 GPUs of one node, all NVLink-connected "
+        "or only 2, messages below 8 MiB, a card with measured times; NCCL otherwise); none: the profile's own "
+        "(nccl in every shipped profile) (docs/pipeline-and-multinode.md)",
+    )
     cluster: Optional[ClusterSection] = Field(
         None, description="GPUs per node and the inter-node link; none: 8-GPU nodes on InfiniBand NDR"
     )
