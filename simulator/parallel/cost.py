@@ -112,7 +112,11 @@ class PipelineCostModel(CostModel):
         layer_rows = rows[: self._n_layer]
         model_rows = {r.name: r for r in rows[self._n_layer : n_ops]}
         routed = self.routed_rows(float(tokens[0]), {r.name: r for r in rows[n_ops:]})
-        first = [OperatorCost("iteration_overhead", "overhead", "iteration", 1, 0.0, 0.0, 0.0, 0.0, self.iteration_overhead_s)]
+        first = [
+            OperatorCost(
+                "iteration_overhead", "overhead", "iteration", 1, 0.0, 0.0, 0.0, 0.0, self.iteration_overhead_s
+            )
+        ]
         first += [model_rows[name] for name in PRE_LAYER_OPS if name in model_rows]
         last = [model_rows["final_norm"], model_rows["lm_head"]]
         handoffs = self.handoff_times_from_tokens(tokens)[:, 0]
@@ -146,7 +150,7 @@ class PipelineCostModel(CostModel):
     def _handoff_row(self, stage: int, tokens: float, time_s: float) -> OperatorCost:
         link = "network" if self.placement.boundary_crosses_nodes(stage) else "node"
         nbytes = self.handoff_bytes_per_token * tokens
-        return OperatorCost(f"handoff_to_stage_{stage + 1}", "communication", "iteration", 1, 0.0, nbytes, 0.0, time_s, time_s, link)
+        return OperatorCost("handoff", "communication", "iteration", 1, 0.0, nbytes, 0.0, time_s, time_s, link)
 
     # ---- what the engine asks -------------------------------------------------------------
     def stage_times_s(self, batch: BatchShape) -> tuple[np.ndarray, np.ndarray]:

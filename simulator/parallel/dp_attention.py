@@ -127,8 +127,8 @@ class DataParallelAttentionCostModel(PipelineCostModel):
     def __init__(self, base, placement: Placement, ep: int, source: str = "", two_batch_overlap: bool | str = False):
         super().__init__(base, placement, source)
         self.ep, self.two_batch_overlap = ep, two_batch_overlap
-        self._dense_layers = sum(self.placement.layers) - sum(self._sparse)
-        self._sparse_layers = sum(self._sparse)
+        self.dense_layers = sum(self.placement.layers) - sum(self._sparse)
+        self.sparse_layers = sum(self._sparse)
         self.group_experts = RoutedExperts(base.model, base.hardware, base.weight_dtype, base.act_dtype, ep, ep)
         self.all_to_all = all_to_all(base, ep, placement.cluster, source)
 
@@ -166,6 +166,10 @@ class DataParallelAttentionCostModel(PipelineCostModel):
         """The parts of a two-batch-overlap step of one rank whose peers run `batch` alike."""
         t = batch.totals()
         return self._overlap_parts(_as_row(t), np.array([[float(t.tokens)]]), self.ep)
+
+    def overlapped_step_s(self, batch: BatchShape) -> float:
+        """The overlapped step of overlap_parts (the formula, whether or not the group splits it)."""
+        return float(self.overlap_parts(batch).step_s(self.dense_layers, self.sparse_layers)[0])
 
     def group_iteration_time_s(self, shapes: list[BatchShape | None]) -> float:
         """One lockstep iteration of a group whose rank i runs `shapes[i]` (None: a dummy pass)."""
@@ -219,7 +223,7 @@ class DataParallelAttentionCostModel(PipelineCostModel):
     def _overlapped_times(self, flat: BatchTotals, real_tokens: np.ndarray, alike: int) -> np.ndarray:
         """Two-batch-overlap iteration times (the module docstring's formula), shape (steps,)."""
         parts = self._overlap_parts(flat, real_tokens, alike)
-        return parts.step_s(self._dense_layers, self._sparse_layers).reshape(real_tokens.shape[0], -1).max(axis=0)
+        return parts.step_s(self.dense_layers, self.sparse_layers).reshape(real_tokens.shape[0], -1).max(axis=0)
 
     def _overlap_parts(self, flat: BatchTotals, real_tokens: np.ndarray, alike: int) -> "OverlapParts":
         """Each rank's parts of an overlapped step, arrays of ranks x steps (flat's order)."""
