@@ -320,7 +320,7 @@ def stage_table(cost: PipelineCostModel, shape: BatchShape) -> pd.DataFrame:
             "sparse_layers": list(cost.placement.sparse_layers(cost.base.model)),
             "stage_time_s": stages_s,
             "handoff_time_s": [*handoffs_s, 0.0],
-            "handoff_link": [cost.stage_breakdown(shape)[s][-1].link for s in range(cost.placement.pp - 1)] + [""],
+            "handoff_link": [cost.handoff_link(s) for s in range(cost.placement.pp - 1)] + [""],
         }
     )
 

@@ -148,9 +148,13 @@ class PipelineCostModel(CostModel):
         return OperatorCost("allreduce", "communication", "layer", layers, 0.0, nbytes, 0.0, time_s, time_s, link)
 
     def _handoff_row(self, stage: int, tokens: float, time_s: float) -> OperatorCost:
-        link = "network" if self.placement.boundary_crosses_nodes(stage) else "node"
         nbytes = self.handoff_bytes_per_token * tokens
+        link = self.handoff_link(stage)
         return OperatorCost("handoff", "communication", "iteration", 1, 0.0, nbytes, 0.0, time_s, time_s, link)
+
+    def handoff_link(self, stage: int) -> str:
+        """The link from `stage` to the next: "node" (the interconnect) or "network"."""
+        return "network" if self.placement.boundary_crosses_nodes(stage) else "node"
 
     # ---- what the engine asks -------------------------------------------------------------
     def stage_times_s(self, batch: BatchShape) -> tuple[np.ndarray, np.ndarray]:
