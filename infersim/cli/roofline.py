@@ -98,7 +98,9 @@ def add_parser(sub) -> None:
         "for every (phase, batch, sequence length, candidates) of a sweep. The terminal shows the "
         "operators of one representative setting (the first batch and sequence length; --all for "
         "every setting) and the whole-iteration time of every setting. The default sweep is Medusa's: "
-        "batch 1..64 x sequence length 128..8192, powers of two.",
+        "batch 1..64 x sequence length 128..8192, powers of two. --pp shows each pipeline stage's operators "
+        "and hand-off, --dp-attention one rank of a data-parallel-attention group with its all-to-alls, each "
+        "priced as `sim run` prices the layout.",
     )
     add_cost_options(p)
     p.add_argument(
@@ -187,7 +189,8 @@ def _si(x: float) -> str:
 
 
 def _operator_name(r) -> str:
-    return f"{r['operator']} ({r['link']})" if r["link"] else r["operator"]
+    """The operator, and a communication's link ("net": between nodes) so that the table fits 80 columns."""
+    return f"{r['operator']} ({r['link'].replace('network', 'net')})" if r["link"] else r["operator"]
 
 
 def _operator_tables(cost, ops, shown, attention: str, wide: bool) -> list:

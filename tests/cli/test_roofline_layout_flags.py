@@ -16,7 +16,7 @@ def test_dp_attention_table_names_the_layout_and_the_all_to_alls():
     assert res.rc == 0, res.stderr
     out = " ".join(res.stdout.split())  # the title wraps at 80 columns
     assert "DP attention 16 x EP 16" in out and "batch 32 per rank" in out
-    for row in ("dispatch (node+network)", "routed_experts", "combine (node+network)"):
+    for row in ("dispatch (node+net)", "routed_experts", "combine (node+net)"):
         assert row in out
 
 
