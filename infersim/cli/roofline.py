@@ -188,6 +188,10 @@ def _si(x: float) -> str:
     return f"{x:.3g}"
 
 
+def _us(seconds: float) -> str:
+    return no_exponent(seconds * 1e6, 4, thousands="")
+
+
 def _operator_name(r) -> str:
     """The operator, and a communication's link ("net": between nodes) so that the table fits 80 columns."""
     return f"{r['operator']} ({r['link'].replace('network', 'net')})" if r["link"] else r["operator"]
@@ -253,8 +257,8 @@ def _operator_tables(cost, ops, shown, attention: str, wide: bool) -> list:
                     _si(r["bytes"]),
                     "-" if r["intensity"] != r["intensity"] else no_exponent(r["intensity"], 3, thousands=""),
                     r["bound"],
-                    no_exponent(r["time_s"] * 1e6, 4, thousands=""),
-                    no_exponent(r["total_time_s"] * 1e6, 4, thousands=""),
+                    _us(r["time_s"]),
+                    _us(r["total_time_s"]),
                     f"{100.0 * r['total_time_s'] / whole:.1f}",
                 )
             label = f"stage {stage}" if staged else ("without overlap" if overlap else "iteration")
@@ -267,10 +271,17 @@ def _operator_tables(cost, ops, shown, attention: str, wide: bool) -> list:
                 "",
                 "",
                 "",
-                f"[b]{no_exponent(whole * 1e6, 4, thousands='')}[/b]",
+                f"[b]{_us(whole)}[/b]",
                 "100",
             )
     return tables
+
+
+def _small_table(title: str, columns: tuple[str, ...], left: tuple[str, ...]) -> Table:
+    t = Table(title=title, box=box.SIMPLE_HEAD)
+    for col in columns:
+        t.add_column(col, justify="left" if col in left else "right", no_wrap=True)
+    return t
 
 
 def _stage_tables(cost, shown) -> list:
@@ -279,30 +290,24 @@ def _stage_tables(cost, shown) -> list:
     for _, it in shown.iterrows():
         shape = batch_shape(it["phase"], it["batch"], it["seq_len"], it["candidates"])
         st = stage_table(cost, shape)
-        t = Table(
-            title=f"{it['phase']}: batch {it['batch']}, seq {it['seq_len']}, q {it['candidates']}: "
+        t = _small_table(
+            f"{it['phase']}: batch {it['batch']}, seq {it['seq_len']}, q {it['candidates']}: "
             f"one batch through {len(st)} stages",
-            box=box.SIMPLE_HEAD,
+            ("stage", "layers", "sparse", "µs stage", "µs hand-off", "link"),
+            left=("layers", "link"),
         )
-        for col in ("stage", "layers", "sparse", "µs stage", "µs hand-off", "link"):
-            t.add_column(col, justify="left" if col in ("layers", "link") else "right", no_wrap=True)
         for _, r in st.iterrows():
-            hand = "" if r["stage"] == len(st) - 1 else no_exponent(r["handoff_time_s"] * 1e6, 4, thousands="")
+            hand = "" if r["stage"] == len(st) - 1 else _us(r["handoff_time_s"])
             t.add_row(
-                str(r["stage"]),
-                r["layers"],
-                str(r["sparse_layers"]),
-                no_exponent(r["stage_time_s"] * 1e6, 4, thousands=""),
-                hand,
-                r["handoff_link"],
+                str(r["stage"]), r["layers"], str(r["sparse_layers"]), _us(r["stage_time_s"]), hand, r["handoff_link"]
             )
-        t.add_row("[b]iteration[/b]", "", "", f"[b]{no_exponent(it['iteration_time_s'] * 1e6, 4, thousands='')}[/b]")
+        t.add_row("[b]iteration[/b]", "", "", f"[b]{_us(it['iteration_time_s'])}[/b]")
         slowest = st.loc[st["stage_time_s"].idxmax()]
         out += [
             t,
             f"one batch alone takes every stage and hand-off in turn; with {len(st)} batches in flight (vLLM's "
             f"virtual engines) stage {slowest['stage']}, the slowest, sets the pace: a batch every "
-            f"{no_exponent(slowest['stage_time_s'] * 1e6, 4, thousands='')} µs at best",
+            f"{_us(slowest['stage_time_s'])} µs at best",
         ]
     return out
 
@@ -312,7 +317,7 @@ def _overlap_tables(cost, shown) -> list:
     out = []
     for _, it in shown.iterrows():
         tokens = int(it["new_tokens"])
-        charged = f"the iteration is {no_exponent(it['iteration_time_s'] * 1e6, 4, thousands='')} µs"
+        charged = f"the iteration is {_us(it['iteration_time_s'])} µs"
         if tokens < 2:
             out.append(
                 f"{it['phase']}: batch {it['batch']} per rank: a rank of one token cannot split into two "
@@ -321,20 +326,17 @@ def _overlap_tables(cost, shown) -> list:
             continue
         shape = batch_shape(it["phase"], it["batch"], it["seq_len"], it["candidates"])
         ov = overlap_table(cost, shape)
-        t = Table(
-            title=f"{it['phase']}: batch {it['batch']} per rank: two-batch overlap, micro-batches of "
+        t = _small_table(
+            f"{it['phase']}: batch {it['batch']} per rank: two-batch overlap, micro-batches of "
             f"{tokens // 2} and {tokens - tokens // 2} tokens",
-            box=box.SIMPLE_HEAD,
+            ("part", "×", "µs", "µs tot"),
+            left=("part",),
         )
-        for col in ("part", "×", "µs", "µs tot"):
-            t.add_column(col, justify="left" if col == "part" else "right", no_wrap=True)
         for _, r in ov.iterrows():
-            tot = (
-                "" if r["total_time_s"] != r["total_time_s"] else no_exponent(r["total_time_s"] * 1e6, 4, thousands="")
-            )
-            t.add_row(r["part"], str(r["count"]), no_exponent(r["time_s"] * 1e6, 4, thousands=""), tot)
+            tot = "" if r["total_time_s"] != r["total_time_s"] else _us(r["total_time_s"])
+            t.add_row(r["part"], str(r["count"]), _us(r["time_s"]), tot)
         overlapped = cost.overlapped_step_s(shape)
-        t.add_row("[b]overlapped step[/b]", "", "", f"[b]{no_exponent(overlapped * 1e6, 4, thousands='')}[/b]")
+        t.add_row("[b]overlapped step[/b]", "", "", f"[b]{_us(overlapped)}[/b]")
         out.append(t)
         compute, comm = ov["time_s"].iloc[2], ov["time_s"].iloc[3]
         hidden = (
