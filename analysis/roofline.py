@@ -151,8 +151,8 @@ def build_layout_cost_model(
         return layout_cost_model(base, placement, section, SOURCE)
     except InfersimError as exc:
         message = str(exc)
-        for field, flag in flags.items():
-            message = message.replace(source_field(SOURCE, field), flag)
+        for name, flag in flags.items():
+            message = message.replace(source_field(SOURCE, name), flag)
         raise InfersimError(message) from None
 
 
