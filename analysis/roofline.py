@@ -13,7 +13,7 @@ verify."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import product
 from pathlib import Path
 from typing import Sequence
@@ -21,7 +21,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from infersim.simulator.costmodel import BatchShape, RooflineCostModel
+from infersim.simulator.costmodel import BatchShape, OperatorCost, RooflineCostModel
 from infersim.simulator.errors import InfersimError
 from infersim.simulator.hardware.allreduce import build_all_reduce
 from infersim.simulator.hardware.catalog import load_hardware
@@ -30,8 +30,13 @@ from infersim.simulator.metrics.plots import agg_pyplot, write_figure
 from infersim.simulator.models.catalog import load_model
 from infersim.simulator.models.spec import ModelSpec
 from infersim.simulator.parallel.config import ClusterSection
-from infersim.simulator.parallel.placement import tp_across_nodes_note
-from infersim.simulator.validation import BASE_BYTES, check_memory, check_tensor_parallel
+from infersim.simulator.parallel.cost import PipelineCostModel
+from infersim.simulator.parallel.dp_attention import DataParallelAttentionCostModel, dp_attention_weight_bytes_per_gpu
+from infersim.simulator.parallel.layout import layout_cost_model
+from infersim.simulator.parallel.memory import stage_weight_bytes
+from infersim.simulator.parallel.placement import COLOCATED, check_deployment, tp_across_nodes_note
+from infersim.simulator.validation import BASE_BYTES, check_memory, check_tensor_parallel, source_field
+from infersim.simulator.workload.schema import HardwareSection, ServingSection
 
 PHASES = ("prefill", "decode", "verify")
 POW2_BATCHES = (1, 2, 4, 8, 16, 32, 64)  # Medusa Figs. 9-17
@@ -51,6 +56,8 @@ COLUMNS = [
     "bound",
     "time_s",
     "total_time_s",
+    "stage",  # the pipeline stage (0 without stages)
+    "link",  # a communication's link: node, network or node+network
 ]
 
 # The paper's three matmul groups (Fig. 9 legend). o_proj has q_proj's shape, so it sits with
@@ -91,6 +98,88 @@ def build_cost_model(model: str | ModelSpec, hardware: str | HardwareProfile, **
         raise InfersimError(f"tensor parallel {tensor_parallel} needs an interconnect in hardware profile '{hw.name}'")
     build_all_reduce(hw.all_reduce, hw).check(tensor_parallel, False, "--all-reduce")
     return RooflineCostModel(spec, hw, **options)
+
+
+SOURCE = "sim roofline"  # where the layout checks' messages come from, before they name the flag
+
+
+@dataclass(frozen=True)
+class LayoutSpec:
+    """What `check_deployment` reads of a workload, for a layout given by flags: the hardware
+    section and the defaults of the rest (no speculation, no offload, the roofline)."""
+
+    hardware: HardwareSection
+    serving: ServingSection = field(default_factory=ServingSection)
+    speculation: None = None
+    offload: None = None
+
+
+def build_layout_cost_model(
+    model: str | ModelSpec,
+    hardware: str | HardwareProfile,
+    *,
+    pipeline_parallel: int = 1,
+    dp_attention: int = 0,
+    two_batch_overlap: bool | str = False,
+    **options,
+):
+    """The cost model `sim run` prices the layout with: `dp_attention` ranks of one GPU sharing
+    their experts (the group's expert-parallel degree; 0: off), or `pipeline_parallel` stages of
+    tensor-parallel groups, on the default cluster (8-GPU nodes). The layout passes `sim run`'s
+    checks (check_deployment), each refusal naming its flag; without either, build_cost_model."""
+    spec = load_model(model) if isinstance(model, str) else model
+    hw = load_hardware(hardware) if isinstance(hardware, str) else hardware
+    if pipeline_parallel == 1 and not dp_attention and not two_batch_overlap:
+        return build_cost_model(spec, hw, **options)
+    tp, ep = options.get("tensor_parallel", 1), options.get("expert_parallel", 1)
+    section = HardwareSection(
+        profile=hw.name,
+        replicas=max(dp_attention, 1),
+        tensor_parallel=tp,
+        pipeline_parallel=pipeline_parallel,
+        expert_parallel=dp_attention or ep,
+        data_parallel_attention=dp_attention > 0,
+        two_batch_overlap=two_batch_overlap,
+    )
+    flags = {
+        "hardware.tensor_parallel": "--tp",
+        "hardware.pipeline_parallel": "--pp",
+        "hardware.expert_parallel": "--dp-attention" if dp_attention else "--ep",
+        "hardware.data_parallel_attention": "--dp-attention",
+        "hardware.two_batch_overlap": "--two-batch-overlap",
+    }
+    try:
+        placement = check_deployment(spec, LayoutSpec(section), SOURCE)[COLOCATED]
+        base = build_cost_model(spec, hw, **{**options, "expert_parallel": 1 if dp_attention else ep})
+        return layout_cost_model(base, placement, section, SOURCE)
+    except InfersimError as exc:
+        message = str(exc)
+        for name, flag in flags.items():
+            message = message.replace(source_field(SOURCE, name), flag)
+        raise InfersimError(message) from None
+
+
+def base_of(cost):
+    """The roofline of one GPU group under a layout's cost model (the model itself otherwise)."""
+    return cost.base if isinstance(cost, PipelineCostModel) else cost
+
+
+def layout_label(cost) -> str:
+    """'tp 8 x pp 2', 'DP attention 16 x EP 16, two-batch overlap': how the GPUs are laid out."""
+    base = base_of(cost)
+    if isinstance(cost, DataParallelAttentionCostModel):
+        overlap = {False: "", True: ", two-batch overlap", "auto": ", two-batch overlap auto"}[cost.two_batch_overlap]
+        return f"DP attention {cost.ep} x EP {cost.ep}{overlap}"
+    ep = f" x ep {base.ep}" if base.ep > 1 else ""
+    pp = f" x pp {cost.placement.pp}" if isinstance(cost, PipelineCostModel) else ""
+    return f"tp {base.tp}{pp}{ep}"
+
+
+def stage_breakdowns(cost, shape: BatchShape) -> list[list[OperatorCost]]:
+    """Each stage's operators (one stage without a layout)."""
+    if isinstance(cost, PipelineCostModel):
+        return cost.stage_breakdown(shape)
+    return [cost.breakdown(shape)]
 
 
 # A costed batch holds a Python list and three int64 arrays per sequence, plus the temporaries
@@ -148,12 +237,13 @@ def operator_table(cost: RooflineCostModel, grid: Grid = Grid()) -> pd.DataFrame
     """One row per operator per setting. flops/bytes/time_s are per occurrence (one layer for
     per-layer operators), per GPU; total_time_s = time_s * count."""
     rows = []
+    base = base_of(cost)
     for phase, b, s, q in grid.settings():
-        for op in cost.breakdown(batch_shape(phase, b, s, q)):
+        for stage, op in _staged_rows(cost, batch_shape(phase, b, s, q)):
             rows.append(
                 (
-                    cost.model.name,
-                    cost.hardware.name,
+                    base.model.name,
+                    base.hardware.name,
                     phase,
                     b,
                     s,
@@ -168,25 +258,32 @@ def operator_table(cost: RooflineCostModel, grid: Grid = Grid()) -> pd.DataFrame
                     op.bound,
                     op.time_s,
                     op.total_time_s,
+                    stage,
+                    op.link,
                 )
             )
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
+def _staged_rows(cost, shape: BatchShape) -> list[tuple[int, OperatorCost]]:
+    return [(stage, op) for stage, ops in enumerate(stage_breakdowns(cost, shape)) for op in ops]
+
+
 def iteration_table(cost: RooflineCostModel, grid: Grid = Grid()) -> pd.DataFrame:
     """One row per setting: the whole iteration (all layers, lm_head, all-reduces, overheads)."""
     rows = []
+    base = base_of(cost)
     for phase, b, s, q in grid.settings():
         shape = batch_shape(phase, b, s, q)
         t = shape.totals()
-        ops = cost.breakdown(shape)
+        ops = [op for _, op in _staged_rows(cost, shape)]
         time_s = cost.iteration_time_s(shape)
         flops = sum(op.flops * op.count for op in ops)
         nbytes = sum(op.bytes * op.count for op in ops if op.op_class != "communication")  # memory traffic only
         rows.append(
             (
-                cost.model.name,
-                cost.hardware.name,
+                base.model.name,
+                base.hardware.name,
                 phase,
                 b,
                 s,
@@ -213,27 +310,89 @@ def iteration_table(cost: RooflineCostModel, grid: Grid = Grid()) -> pd.DataFram
     )
 
 
-def memory_bytes_per_gpu(cost: RooflineCostModel, phase: str, batch: int, seq_len: int, candidates: int) -> float:
-    """What one GPU holds to run the setting: its share of the weights and the KV cache of every
-    sequence after the pass (prompt tokens for prefill; cached context plus new tokens otherwise).
-    Activations are left out: this is the floor a serving engine needs."""
+def stage_table(cost: PipelineCostModel, shape: BatchShape) -> pd.DataFrame:
+    """One row per pipeline stage for one batch: its layers, the sparse ones among them, its
+    compute time and its hand-off to the next stage, as the simulator's stage timeline takes
+    them (stage_times_s); one batch alone takes their sum (iteration_time_s)."""
+    stages_s, handoffs_s = cost.stage_times_s(shape)
+    ranges = cost.placement.layer_ranges
+    return pd.DataFrame(
+        {
+            "stage": range(cost.placement.pp),
+            "layers": [f"{a}-{b - 1}" for a, b in ranges],
+            "sparse_layers": list(cost.placement.sparse_layers(cost.base.model)),
+            "stage_time_s": stages_s,
+            "handoff_time_s": [*handoffs_s, 0.0],
+            "handoff_link": [cost.handoff_link(s) for s in range(cost.placement.pp - 1)] + [""],
+        }
+    )
+
+
+def overlap_table(cost: DataParallelAttentionCostModel, shape: BatchShape) -> pd.DataFrame:
+    """The parts of a two-batch-overlap step of one rank whose peers run the same batch
+    (parallel/dp_attention.py): `count` times `time_s` of the parts that add up to the
+    overlapped step, and per sparse layer its compute and its all-to-alls (both micro-batches),
+    the longer of which it takes, the shorter hidden under it."""
+    parts = cost.overlap_parts(shape)
+    dense, sparse = cost.dense_layers, cost.sparse_layers
+    compute, comm = float(parts.compute[0]), float(parts.comm[0])
+    rows = [
+        ("before and after the layers (whole batch)", 1, float(parts.first[0] + parts.last[0]), True),
+        ("dense layer, micro-batches a + b", dense, float(parts.dense[0]), True),
+        ("sparse layer compute, a + b (attention, MLP, experts)", sparse, compute, False),
+        ("sparse layer all-to-alls, a + b (dispatch, combine)", sparse, comm, False),
+        (
+            f"sparse layer: the longer ({'compute' if compute >= comm else 'all-to-alls'})",
+            sparse,
+            max(compute, comm),
+            True,
+        ),
+        ("exposed: dispatch of a, combine of b", 1, float(parts.exposed[0]), True),
+    ]
+    return pd.DataFrame(
+        [(part, n, t, n * t if counted else float("nan")) for part, n, t, counted in rows],
+        columns=["part", "count", "time_s", "total_time_s"],
+    )
+
+
+def gpu_shares(cost) -> list[tuple[float, float]]:
+    """(weight bytes, share of the model's KV cache) on one GPU of each kind the layout has: a
+    tensor-parallel group's GPU, each stage's GPU, or a data-parallel-attention rank (its
+    weights but E - E/N of the routed experts, all layers' KV of its own sequences)."""
+    base = base_of(cost)
+    model, dtype = base.model, base.weight_dtype
+    if isinstance(cost, DataParallelAttentionCostModel):
+        return [(dp_attention_weight_bytes_per_gpu(model, cost.ep, dtype), 1.0)]
+    if isinstance(cost, PipelineCostModel):
+        weights = stage_weight_bytes(model, cost.placement, dtype)
+        return [(w, n / model.num_layers) for w, n in zip(weights, cost.placement.layers)]
+    return [(model.weight_bytes_per_gpu(base.tp, dtype), 1.0)]
+
+
+def memory_bytes_per_gpu(cost, phase: str, batch: int, seq_len: int, candidates: int) -> float:
+    """What the fullest GPU holds to run the setting: its share of the weights and of the KV
+    cache of every sequence after the pass (prompt tokens for prefill; cached context plus new
+    tokens otherwise). Activations are left out: this is the floor a serving engine needs."""
+    base = base_of(cost)
     tokens_per_sequence = seq_len if phase == "prefill" else seq_len + candidates
-    kv = cost.model.bytes_kv_per_token_per_gpu(cost.tp, cost.kv_dtype) * batch * tokens_per_sequence
-    return cost.model.weight_bytes_per_gpu(cost.tp, cost.weight_dtype) + kv
+    kv = base.model.bytes_kv_per_token_per_gpu(base.tp, base.kv_dtype) * batch * tokens_per_sequence
+    return max(weights + share * kv for weights, share in gpu_shares(cost))
 
 
-def memory_fit_note(cost: RooflineCostModel, iters: pd.DataFrame) -> str | None:
+def memory_fit_note(cost, iters: pd.DataFrame) -> str | None:
     """A line saying which settings of `iters` (iteration_table) need more memory per GPU than
     the card has, or None when all fit. The roofline times them anyway, as what-ifs; a planner
     reading the table should know that no engine could run them on this card."""
-    card = cost.hardware.memory_bytes()
-    on = f"{cost.hardware.name}'s {cost.hardware.memory_label()}"
-    weights = cost.model.weight_bytes_per_gpu(cost.tp, cost.weight_dtype)
-    how = f"{cost.weight_dtype}, tp {cost.tp}"
+    base = base_of(cost)
+    card = base.hardware.memory_bytes()
+    on = f"{base.hardware.name}'s {base.hardware.memory_label()}"
+    weights = max(w for w, _ in gpu_shares(cost))
+    how = f"{base.weight_dtype}, {layout_label(cost)}"
     if weights >= card:
+        more = "--dp-attention" if isinstance(cost, DataParallelAttentionCostModel) else "--tp or --pp"
         return (
-            f"note: {cost.model.name}'s weights alone take {weights / 1e9:.1f} GB per GPU ({how}), more than {on}: "
-            f"none of these settings fits; raise --tp or lower --dtype"
+            f"note: {base.model.name}'s weights alone take {weights / 1e9:.1f} GB per GPU ({how}), more than {on}: "
+            f"none of these settings fits; raise {more} or lower --dtype"
         )
     over = iters[iters["memory_bytes_per_gpu"] > card]
     if over.empty:
@@ -246,12 +405,12 @@ def memory_fit_note(cost: RooflineCostModel, iters: pd.DataFrame) -> str | None:
     )
 
 
-def tp_node_note(cost: RooflineCostModel) -> str | None:
+def tp_node_note(cost) -> str | None:
     """A line for a tensor-parallel degree larger than a node of the default cluster: this table
     prices the group as if it sat in one node, where `sim run` prices its all-reduces across
-    nodes (hardware.cluster)."""
+    nodes (hardware.cluster); with --pp the stages' cost model prices them as `sim run` does."""
     g = ClusterSection().gpus_per_node
-    if cost.tp <= g:
+    if isinstance(cost, PipelineCostModel) or cost.tp <= g:
         return None
     return (
         f"note: tp {cost.tp} is priced here as one group inside a node; on {g}-GPU nodes "

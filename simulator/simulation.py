@@ -28,13 +28,9 @@ from .models.catalog import load_model
 from .models.dtypes import kv_dtype_for, normalize_dtype
 from .offload.replica import offload_memory_plan
 from .offload.replica import replica_class as offload_replica_class
-from .parallel.cost import PipelineCostModel
-from .parallel.dp_attention import (
-    DataParallelAttentionCostModel,
-    check_rank_weights_fit,
-    dp_attention_weight_bytes_per_gpu,
-)
+from .parallel.dp_attention import check_rank_weights_fit, dp_attention_weight_bytes_per_gpu
 from .parallel.dp_group import lockstep_groups
+from .parallel.layout import layout_cost_model
 from .parallel.memory import plan_pipeline_memory
 from .parallel.placement import COLOCATED, check_deployment
 from .parallel.setup import pipeline_replicas
@@ -158,13 +154,7 @@ class Simulation:
             tensor_parallel=tp,
             **parallel,
         )
-        if dp_attention:
-            cost_model = DataParallelAttentionCostModel(
-                cost_model, placement, ep, source, two_batch_overlap=self.spec.hardware.two_batch_overlap
-            )
-        elif placement.staged:
-            cost_model = PipelineCostModel(cost_model, placement, source)
-        return hardware, cost_model
+        return hardware, layout_cost_model(cost_model, placement, self.spec.hardware, source)
 
     def memory_options(self, tp: int) -> MemoryOptions:
         sv = self.spec.serving

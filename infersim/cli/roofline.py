@@ -12,12 +12,17 @@ from rich.table import Table
 from infersim.analysis.roofline import (
     PHASES,
     Grid,
-    build_cost_model,
+    base_of,
+    batch_shape,
+    build_layout_cost_model,
     check_batch_memory,
     iteration_table,
+    layout_label,
     memory_fit_note,
     operator_table,
+    overlap_table,
     plot_roofline,
+    stage_table,
     tp_node_note,
 )
 from infersim.simulator.costmodel.moe import check_expert_parallel
@@ -27,7 +32,9 @@ from infersim.simulator.hardware.catalog import load_hardware
 from infersim.simulator.metrics.rundir import check_out_file, staged_files
 from infersim.simulator.models.catalog import load_model
 from infersim.simulator.models.dtypes import kv_dtype_for, normalize_dtype
-from infersim.simulator.validation import check_tensor_parallel, in_field
+from infersim.simulator.parallel.cost import PipelineCostModel
+from infersim.simulator.parallel.dp_attention import DataParallelAttentionCostModel
+from infersim.simulator.validation import check_tensor_parallel, in_field, positive_int
 
 from .commands import COMMANDS
 from .run import add_memory_flag, no_exponent
@@ -92,7 +99,9 @@ def add_parser(sub) -> None:
         "for every (phase, batch, sequence length, candidates) of a sweep. The terminal shows the "
         "operators of one representative setting (the first batch and sequence length; --all for "
         "every setting) and the whole-iteration time of every setting. The default sweep is Medusa's: "
-        "batch 1..64 x sequence length 128..8192, powers of two.",
+        "batch 1..64 x sequence length 128..8192, powers of two. --pp shows each pipeline stage's operators "
+        "and hand-off, --dp-attention one rank of a data-parallel-attention group with its all-to-alls, each "
+        "priced as `sim run` prices the layout.",
     )
     add_cost_options(p)
     p.add_argument(
@@ -108,6 +117,31 @@ def add_parser(sub) -> None:
         help="kernel of the tensor-parallel all-reduces: nccl (measured NCCL fits), custom (vLLM's custom "
         "all-reduce, measured; refused where it cannot run), auto (custom where vLLM runs it, NCCL elsewhere) "
         "(default: the profile's, nccl in every shipped profile)",
+    )
+    p.add_argument(
+        "--pp",
+        type=int,
+        default=1,
+        help="pipeline-parallel stages, each a --tp group on 8-GPU nodes: one operator table per stage (its "
+        "layers, the hand-off to the next stage) and the iteration of one batch through every stage, as "
+        "`sim run` times it (default 1)",
+    )
+    p.add_argument(
+        "--dp-attention",
+        type=int,
+        default=None,
+        metavar="N",
+        help="data-parallel attention over a group of N GPUs that share the experts (expert parallel N, tp 1, "
+        "8-GPU nodes): --batch is each rank's; rows of the dispatch and combine all-to-alls and of the experts "
+        "on the group's N x batch tokens (default off)",
+    )
+    p.add_argument(
+        "--two-batch-overlap",
+        choices=("off", "on", "auto"),
+        default="off",
+        help="with --dp-attention: split each rank's batch into two micro-batches whose all-to-alls overlap "
+        "the other's compute (on: every step that can split, as SGLang; auto: where it prices faster); "
+        "a table shows what overlaps (default off)",
     )
     p.add_argument(
         "--phase",
@@ -163,11 +197,29 @@ def _si(x: float) -> str:
     return f"{x:.3g}"
 
 
+def _us(seconds: float) -> str:
+    return no_exponent(seconds * 1e6, 4, thousands="")
+
+
+def _operator_name(r) -> str:
+    """The operator, and a communication's link ("net": between nodes) so that the table fits 80 columns."""
+    return f"{r['operator']} ({r['link'].replace('network', 'net')})" if r["link"] else r["operator"]
+
+
 def _operator_tables(cost, ops, shown, attention: str, wide: bool) -> list:
-    """Rich tables of the operators of each setting in `shown`, each ending with the iteration
-    total: one table with phase/batch/seq/q columns on a wide terminal, else one per setting."""
+    """Rich tables of the operators of each setting in `shown`, each ending with its total: one
+    table with phase/batch/seq/q (and stage) columns on a wide terminal, else one per setting
+    and stage. A stage's total is its time and its hand-off; the iteration is the cost model's
+    (the stages' sum is in the stage table; two-batch overlap in the overlap table)."""
+    base = base_of(cost)
     key = ["phase", "batch", "seq_len", "candidates"]
-    head = f"{cost.model.name} on {cost.hardware.name} ({cost.weight_dtype} weights, {cost.kv_dtype} KV cache, tp {cost.tp}, {attention} attention)"
+    staged = isinstance(cost, PipelineCostModel) and cost.placement.pp > 1
+    overlap = isinstance(cost, DataParallelAttentionCostModel) and cost.two_batch_overlap
+    per_rank = " per rank" if isinstance(cost, DataParallelAttentionCostModel) else ""
+    head = (
+        f"{base.model.name} on {base.hardware.name} ({base.weight_dtype} weights, {base.kv_dtype} KV cache, "
+        f"{layout_label(cost)}, {attention} attention)"
+    )
 
     def new_table(title: str) -> Table:
         # one space between columns: the per-setting table then fits an 80-column terminal whole
@@ -175,6 +227,7 @@ def _operator_tables(cost, ops, shown, attention: str, wide: bool) -> list:
         for col in (
             ["operator"]
             + (["phase", "batch", "seq", "q"] if wide else [])
+            + (["stage"] if wide and staged else [])
             + ["×", "FLOPs", "bytes", "FLOP/B", "bound", "µs/op", "µs tot", "%"]
         ):
             t.add_column(
@@ -185,43 +238,141 @@ def _operator_tables(cost, ops, shown, attention: str, wide: bool) -> list:
             )
         return t
 
-    tables = [new_table(f"{head}: operators of one iteration")] if wide else []
+    one = "stage" if staged else ("rank's iteration (batch per rank)" if per_rank else "iteration")
+    tables = [new_table(f"{head}: operators of one {one}")] if wide else []
     for _, it in shown.iterrows():
-        if wide:
-            table = tables[0]
-            if table.row_count:
-                table.add_section()
-        else:
-            table = new_table(f"{head}\n{it['phase']}: batch {it['batch']}, seq {it['seq_len']}, q {it['candidates']}")
-            tables.append(table)
-        setting = [str(it[k]) for k in key] if wide else []
-        for _, r in ops[(ops[key] == it[key].to_numpy()).all(axis=1)].iterrows():
-            share = 100.0 * r["total_time_s"] / it["iteration_time_s"]
+        rows = ops[(ops[key] == it[key].to_numpy()).all(axis=1)]
+        for stage, part in rows.groupby("stage", sort=True):
+            where = f", stage {stage} of {cost.placement.pp}" if staged else ""
+            if wide:
+                table = tables[0]
+                if table.row_count:
+                    table.add_section()
+            else:
+                table = new_table(
+                    f"{head}\n{it['phase']}: batch {it['batch']}{per_rank}, seq {it['seq_len']}, "
+                    f"q {it['candidates']}{where}"
+                )
+                tables.append(table)
+            setting = ([str(it[k]) for k in key] + ([str(stage)] if staged else [])) if wide else []
+            summed = part["total_time_s"].sum()
+            whole = summed if staged or overlap else it["iteration_time_s"]
+            for _, r in part.iterrows():
+                table.add_row(
+                    _operator_name(r),
+                    *setting,
+                    str(r["count"]),
+                    _si(r["flops"]),
+                    _si(r["bytes"]),
+                    "-" if r["intensity"] != r["intensity"] else no_exponent(r["intensity"], 3, thousands=""),
+                    r["bound"],
+                    _us(r["time_s"]),
+                    _us(r["total_time_s"]),
+                    f"{100.0 * r['total_time_s'] / whole:.1f}",
+                )
+            label = f"stage {stage}" if staged else ("without overlap" if overlap else "iteration")
             table.add_row(
-                r["operator"],
+                f"[b]{label}[/b]",
                 *setting,
-                str(r["count"]),
-                _si(r["flops"]),
-                _si(r["bytes"]),
-                "-" if r["intensity"] != r["intensity"] else no_exponent(r["intensity"], 3, thousands=""),
-                r["bound"],
-                no_exponent(r["time_s"] * 1e6, 4, thousands=""),
-                no_exponent(r["total_time_s"] * 1e6, 4, thousands=""),
-                f"{share:.1f}",
+                "",
+                _si(part["flops"].mul(part["count"]).sum()),
+                _si(part["bytes"].mul(part["count"]).sum()),
+                "",
+                "",
+                "",
+                f"[b]{_us(whole)}[/b]",
+                "100",
             )
-        table.add_row(
-            "[b]iteration[/b]",
-            *setting,
-            "",
-            _si(it["flops"]),
-            _si(it["bytes"]),
-            "",
-            "",
-            "",
-            f"[b]{no_exponent(it['iteration_time_s'] * 1e6, 4, thousands='')}[/b]",
-            "100",
-        )
     return tables
+
+
+def _small_table(title: str, columns: tuple[str, ...], left: tuple[str, ...]) -> Table:
+    t = Table(title=title, box=box.SIMPLE_HEAD)
+    for col in columns:
+        t.add_column(col, justify="left" if col in left else "right", no_wrap=True)
+    return t
+
+
+def _stage_tables(cost, shown) -> list:
+    """Per shown setting, each stage's time and hand-off, and one batch through them all."""
+    out = []
+    for _, it in shown.iterrows():
+        shape = batch_shape(it["phase"], it["batch"], it["seq_len"], it["candidates"])
+        st = stage_table(cost, shape)
+        t = _small_table(
+            f"{it['phase']}: batch {it['batch']}, seq {it['seq_len']}, q {it['candidates']}: "
+            f"one batch through {len(st)} stages",
+            ("stage", "layers", "sparse", "µs stage", "µs hand-off", "link"),
+            left=("layers", "link"),
+        )
+        for _, r in st.iterrows():
+            hand = "" if r["stage"] == len(st) - 1 else _us(r["handoff_time_s"])
+            t.add_row(
+                str(r["stage"]), r["layers"], str(r["sparse_layers"]), _us(r["stage_time_s"]), hand, r["handoff_link"]
+            )
+        t.add_row("[b]iteration[/b]", "", "", f"[b]{_us(it['iteration_time_s'])}[/b]")
+        slowest = st.loc[st["stage_time_s"].idxmax()]
+        out += [
+            t,
+            f"one batch alone takes every stage and hand-off in turn; with {len(st)} batches in flight (vLLM's "
+            f"virtual engines) stage {slowest['stage']}, the slowest, sets the pace: a batch every "
+            f"{_us(slowest['stage_time_s'])} µs at best",
+        ]
+    return out
+
+
+def _overlap_tables(cost, shown) -> list:
+    """Per shown setting, the parts of the two-batch-overlap step and what the simulator charges."""
+    out = []
+    for _, it in shown.iterrows():
+        tokens = int(it["new_tokens"])
+        charged = f"the iteration is {_us(it['iteration_time_s'])} µs"
+        if tokens < 2:
+            out.append(
+                f"{it['phase']}: batch {it['batch']} per rank: a rank of one token cannot split into two "
+                f"micro-batches: the step runs without overlap; {charged}"
+            )
+            continue
+        shape = batch_shape(it["phase"], it["batch"], it["seq_len"], it["candidates"])
+        ov = overlap_table(cost, shape)
+        t = _small_table(
+            f"{it['phase']}: batch {it['batch']} per rank: two-batch overlap, micro-batches of "
+            f"{tokens // 2} and {tokens - tokens // 2} tokens",
+            ("part", "×", "µs", "µs tot"),
+            left=("part",),
+        )
+        for _, r in ov.iterrows():
+            tot = "" if r["total_time_s"] != r["total_time_s"] else _us(r["total_time_s"])
+            t.add_row(r["part"], str(r["count"]), _us(r["time_s"]), tot)
+        overlapped = cost.overlapped_step_s(shape)
+        t.add_row("[b]overlapped step[/b]", "", "", f"[b]{_us(overlapped)}[/b]")
+        out.append(t)
+        compute, comm = ov["time_s"].iloc[2], ov["time_s"].iloc[3]
+        hidden = (
+            "the all-to-alls hide under the compute" if comm <= compute else "the compute hides under the all-to-alls"
+        )
+        if it["iteration_time_s"] == overlapped:
+            out.append(f"the group splits this step; per sparse layer {hidden}; {charged}")
+        else:
+            out.append(f"auto: the step runs without overlap, which prices faster; {charged}")
+    return out
+
+
+def _dp_attention(args: argparse.Namespace) -> int:
+    """The data-parallel-attention group size (0: off); --ep, when given, must be the same."""
+    if args.dp_attention is None:
+        if args.two_batch_overlap != "off":
+            raise InfersimError(
+                "--two-batch-overlap: overlaps the expert all-to-alls of data-parallel attention: give --dp-attention N"
+            )
+        return 0
+    n = positive_int(args.dp_attention, "--dp-attention")
+    if args.ep not in (1, n):
+        raise InfersimError(
+            f"--ep: {args.ep} with --dp-attention {n}: the group's ranks are its expert-parallel degree "
+            f"(give --ep {n} or leave it out)"
+        )
+    return n
 
 
 def run(args: argparse.Namespace) -> int:
@@ -241,22 +392,32 @@ def run(args: argparse.Namespace) -> int:
     options = resolve_cost_options(args)
     if args.all_reduce is not None:
         options["hardware"] = options["hardware"].model_copy(update={"all_reduce": args.all_reduce})
-    check_expert_parallel(options["model"], args.tp, args.ep, "--ep")
-    cost = build_cost_model(
+    dp = _dp_attention(args)
+    if not dp:
+        check_expert_parallel(options["model"], args.tp, args.ep, "--ep")
+    cost = build_layout_cost_model(
         **options,
         fused_attention=args.attention == "fused",
         fused_projections=args.projections == "fused",
         expert_parallel=args.ep,
+        pipeline_parallel=positive_int(args.pp, "--pp"),
+        dp_attention=dp,
+        two_batch_overlap={"off": False, "on": True, "auto": "auto"}[args.two_batch_overlap],
     )
     grid = Grid(phases, batches, seqs, cands)
     ops = operator_table(cost, grid)
     iters = iteration_table(cost, grid)
 
     console = Console()
-    for table in _operator_tables(
-        cost, ops, iters if args.all else iters.drop_duplicates("phase"), args.attention, wide=console.width >= 120
-    ):
+    shown = iters if args.all else iters.drop_duplicates("phase")
+    for table in _operator_tables(cost, ops, shown, args.attention, wide=console.width >= 120):
         console.print(table)
+    if isinstance(cost, PipelineCostModel) and cost.placement.pp > 1:
+        for item in _stage_tables(cost, shown):
+            console.print(item)
+    if isinstance(cost, DataParallelAttentionCostModel) and cost.two_batch_overlap:
+        for item in _overlap_tables(cost, shown):
+            console.print(item)
     if not args.all and iters["phase"].duplicated().any():
         console.print("(operators of the first setting of each phase; --all shows every setting)")
 
@@ -286,7 +447,7 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             staged.path(args.json).write_text(out.to_json(orient="records", indent=1))
         if args.plot:
-            plot_roofline(ops, cost.hardware, staged.path(args.plot), compute_dtype=cost.act_dtype)
+            plot_roofline(ops, base_of(cost).hardware, staged.path(args.plot), compute_dtype=base_of(cost).act_dtype)
     for path, what in ((args.csv, f" ({len(out)} rows)"), (args.json, f" ({len(out)} records)"), (args.plot, "")):
         if path:
             console.print(f"wrote {path}{what}")

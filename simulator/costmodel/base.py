@@ -39,6 +39,7 @@ class OperatorCost:
     compute_time_s: float
     memory_time_s: float
     time_s: float  # per occurrence, including kernel overhead
+    link: str = ""  # a communication's link: "node" (the profile's interconnect), "network" (between nodes), both
 
     @property
     def intensity(self) -> float:
@@ -48,6 +49,8 @@ class OperatorCost:
     def bound(self) -> str:
         if self.op_class == "communication":
             return "network"
+        if self.op_class == "overhead":
+            return "launch"
         return "compute" if self.compute_time_s >= self.memory_time_s else "memory"
 
     @property

@@ -35,6 +35,7 @@ from ..models.dtypes import bytes_per_element, weight_bytes_per_element
 from ..models.moe import expected_distinct_experts
 from ..models.spec import ModelSpec
 from ..validation import positive_int, source_field
+from .base import OperatorCost
 from .base_operator import Operator, act_operator, linear_operator
 from .kernel_times import elementwise_fit_time_s, gemm_params, gemm_time_s, weight_gemm_device
 from .operators import mlp_operators
@@ -195,6 +196,14 @@ class RoutedExperts:
         flops = sum(f * routed for f, _, _, _ in self._gemms)
         nbytes = sum(w * touched + a * routed for _, w, a, _ in self._gemms) + self._act.bytes[1] * routed
         return flops, nbytes
+
+    def operator_cost(self, tokens: float, count: int) -> OperatorCost:
+        """The `routed_experts` row of a roofline table: one sparse layer's experts for a batch of
+        `tokens` on the slowest GPU (work() on the most loaded one), `count` such layers."""
+        flops, nbytes = self.work(float(tokens))
+        time_s = float(self.expert_time_s(np.array([float(tokens)]))[0])
+        compute_s, memory_s = flops / self._flop_rate, nbytes / self._byte_rate
+        return OperatorCost("routed_experts", "linear", "layer", int(count), flops, nbytes, compute_s, memory_s, time_s)
 
     def distinct_experts(self, tokens) -> np.ndarray:
         """Experts of the whole layer a batch touches (all GPUs together)."""

@@ -130,7 +130,6 @@ class RooflineCostModel(CostModel):
         self._byte_rate = np.array([bw * hw.efficiency_for(op.op_class).memory for op in self.ops])
         self._launch_s = hw.overheads.kernel_launch_us * 1e-6
         self._peak, self._bw = peak, bw
-        self._flop_rate_gemm = gemm_peak * hw.efficiency_for("linear").compute
         self._calibrated = self._calibrated_rows(hw.calibration)
         self._calibrated_index = np.array([j for j, _ in self._calibrated], dtype=np.int64)
         self._calibrated_cache: dict[tuple[float, float], np.ndarray] = {}
@@ -310,12 +309,4 @@ class RooflineCostModel(CostModel):
     def _expert_rows(self, tokens) -> list[OperatorCost]:
         if self.experts is None:
             return []
-        tokens = np.atleast_1d(np.asarray(tokens, dtype=np.float64))
-        experts = float(self.experts.expert_time_s(tokens)[0])
-        flops, nbytes = self.experts.work(float(tokens[0]))
-        compute, memory = flops / self._flop_rate_gemm, nbytes / self._bw
-        return [
-            OperatorCost(
-                "routed_experts", "linear", "layer", self.model.moe_layers, flops, nbytes, compute, memory, experts
-            )
-        ]
+        return [self.experts.operator_cost(float(np.atleast_1d(tokens)[0]), self.model.moe_layers)]

@@ -71,6 +71,17 @@ class AllToAll:
         ln = self.links
         return self.k * ln.peers_in_node / ln.ep, self.k * ln.peers_across_nodes / ln.ep
 
+    def bytes_sent(self, tokens: float, bytes_per_copy: float) -> float:
+        """Bytes one GPU sends for `tokens` of its own: its remote copies, every link together."""
+        return float(tokens) * sum(self.remote_copies_per_token()) * bytes_per_copy
+
+    @property
+    def link(self) -> str:
+        """The links the remote copies take: "node" (the interconnect), "network" (other nodes), or both
+        ("node+network", where the slower share sets the time)."""
+        in_node, across = self.remote_copies_per_token()
+        return "+".join(name for name, copies in (("node", in_node), ("network", across)) if copies) or "none"
+
     def time_s(self, tokens, bytes_per_copy: float) -> np.ndarray:
         ln = self.links
         tokens = np.asarray(tokens, dtype=np.float64)

@@ -12,9 +12,11 @@ pipeline keeps several batches in flight (parallel/replica.py)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
-from ..costmodel.base import CostModel
+from ..costmodel.base import CostModel, OperatorCost
 from ..costmodel.batch import BatchShape, BatchTotals
 from ..costmodel.operators import PRE_LAYER_OPS
 from ..models.dtypes import bytes_per_element
@@ -96,6 +98,63 @@ class PipelineCostModel(CostModel):
         for row in self.handoff_times_from_tokens(t.tokens):
             total = total + row
         return total
+
+    # ---- per-operator rows (sim roofline) ----------------------------------------------------
+    def stage_breakdown(self, batch: BatchShape) -> list[list[OperatorCost]]:
+        """Each stage's operators for one batch, each row priced as stage_times_s prices it and
+        counted over the stage's own layers: the per-iteration overhead and the embedding on
+        stage 0, every layer's operators, the all-reduce pair, a sparse layer's routed parts
+        (routed_rows), the final norm and LM head on the last stage, and the hand-off to the
+        next stage. A stage's rows sum to its stage time plus its hand-off (to float rounding)."""
+        tokens = np.array([float(batch.totals().tokens)])
+        rows = self.base.breakdown(batch)
+        n_ops = len(self.base.ops)
+        layer_rows = rows[: self._n_layer]
+        model_rows = {r.name: r for r in rows[self._n_layer : n_ops]}
+        routed = self.routed_rows(float(tokens[0]), {r.name: r for r in rows[n_ops:]})
+        first = [
+            OperatorCost(
+                "iteration_overhead", "overhead", "iteration", 1, 0.0, 0.0, 0.0, 0.0, self.iteration_overhead_s
+            )
+        ]
+        first += [model_rows[name] for name in PRE_LAYER_OPS if name in model_rows]
+        last = [model_rows["final_norm"], model_rows["lm_head"]]
+        handoffs = self.handoff_times_from_tokens(tokens)[:, 0]
+        out = []
+        for s, (n, m) in enumerate(zip(self.placement.layers, self._sparse)):
+            counts = {"every": n, "dense": n - m, "sparse": m}
+            stage = first if s == 0 else []
+            stage = stage + [replace(r, count=counts[k]) for r, k in zip(layer_rows, self._kinds) if counts[k]]
+            if self.placement.tp > 1:
+                stage.append(self._allreduce_row(tokens, n))
+            stage += [replace(r, count=m) for r in routed] if m else []
+            if s == self.placement.pp - 1:
+                stage += last
+            else:
+                stage.append(self._handoff_row(s, float(tokens[0]), float(handoffs[s])))
+            out.append(stage)
+        return out
+
+    def routed_rows(self, tokens: float, extra: dict[str, OperatorCost]) -> list[OperatorCost]:
+        """A sparse layer's routed experts (the base model's row, every GPU holding them all), or
+        none for a dense model; `extra` holds the base breakdown's rows after its operators."""
+        return [extra["routed_experts"]] if "routed_experts" in extra else []
+
+    def _allreduce_row(self, tokens: np.ndarray, layers: int) -> OperatorCost:
+        """The two all-reduces of each of `layers` layers, over the node or across nodes."""
+        time_s = float(self.links.allreduce_pair_time_s(tokens)[0])
+        nbytes = float(self.base._ar_bytes_per_token * tokens[0])
+        link = "network" if self.placement.tp_crosses_nodes else "node"
+        return OperatorCost("allreduce", "communication", "layer", layers, 0.0, nbytes, 0.0, time_s, time_s, link)
+
+    def _handoff_row(self, stage: int, tokens: float, time_s: float) -> OperatorCost:
+        nbytes = self.handoff_bytes_per_token * tokens
+        link = self.handoff_link(stage)
+        return OperatorCost("handoff", "communication", "iteration", 1, 0.0, nbytes, 0.0, time_s, time_s, link)
+
+    def handoff_link(self, stage: int) -> str:
+        """The link from `stage` to the next: "node" (the interconnect) or "network"."""
+        return "network" if self.placement.boundary_crosses_nodes(stage) else "node"
 
     # ---- what the engine asks -------------------------------------------------------------
     def stage_times_s(self, batch: BatchShape) -> tuple[np.ndarray, np.ndarray]:

@@ -51,10 +51,11 @@ runs the shorter, so the overlap switches itself off where it loses (small decod
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import dataclass, fields
 
 import numpy as np
 
+from ..costmodel.base import OperatorCost
 from ..costmodel.batch import BatchShape, BatchTotals
 from ..costmodel.moe import RoutedExperts
 from ..models.dtypes import lower_dtype_advice, weight_bytes_per_element
@@ -126,8 +127,8 @@ class DataParallelAttentionCostModel(PipelineCostModel):
     def __init__(self, base, placement: Placement, ep: int, source: str = "", two_batch_overlap: bool | str = False):
         super().__init__(base, placement, source)
         self.ep, self.two_batch_overlap = ep, two_batch_overlap
-        self._dense_layers = sum(self.placement.layers) - sum(self._sparse)
-        self._sparse_layers = sum(self._sparse)
+        self.dense_layers = sum(self.placement.layers) - sum(self._sparse)
+        self.sparse_layers = sum(self._sparse)
         self.group_experts = RoutedExperts(base.model, base.hardware, base.weight_dtype, base.act_dtype, ep, ep)
         self.all_to_all = all_to_all(base, ep, placement.cluster, source)
 
@@ -145,6 +146,30 @@ class DataParallelAttentionCostModel(PipelineCostModel):
             + self.group_experts.expert_time_s(group)
             + self.all_to_all.combine_time_s(largest)
         )
+
+    def routed_rows(self, tokens: float, extra: dict[str, OperatorCost]) -> list[OperatorCost]:
+        """A sparse layer's routed part for a rank of `tokens` whose peers run alike: the dispatch
+        of its copies, the slowest GPU's experts on the copies of the group's ep x tokens, the
+        combine (routed_expert_time_s, row by row)."""
+        a2a = self.all_to_all
+        rows = []
+        for name, per_copy, time_s in (
+            ("dispatch", a2a.dispatch_bytes_per_copy, a2a.dispatch_time_s(tokens)),
+            ("combine", a2a.combine_bytes_per_copy, a2a.combine_time_s(tokens)),
+        ):
+            t = float(time_s)
+            nbytes = a2a.bytes_sent(tokens, per_copy)
+            rows.append(OperatorCost(name, "communication", "layer", 1, 0.0, nbytes, 0.0, t, t, a2a.link))
+        return [rows[0], self.group_experts.operator_cost(self.ep * tokens, 1), rows[1]]
+
+    def overlap_parts(self, batch: BatchShape) -> "OverlapParts":
+        """The parts of a two-batch-overlap step of one rank whose peers run `batch` alike."""
+        t = batch.totals()
+        return self._overlap_parts(_as_row(t), np.array([[float(t.tokens)]]), self.ep)
+
+    def overlapped_step_s(self, batch: BatchShape) -> float:
+        """The overlapped step of overlap_parts (the formula, whether or not the group splits it)."""
+        return float(self.overlap_parts(batch).step_s(self.dense_layers, self.sparse_layers)[0])
 
     def group_iteration_time_s(self, shapes: list[BatchShape | None]) -> float:
         """One lockstep iteration of a group whose rank i runs `shapes[i]` (None: a dummy pass)."""
@@ -197,6 +222,11 @@ class DataParallelAttentionCostModel(PipelineCostModel):
 
     def _overlapped_times(self, flat: BatchTotals, real_tokens: np.ndarray, alike: int) -> np.ndarray:
         """Two-batch-overlap iteration times (the module docstring's formula), shape (steps,)."""
+        parts = self._overlap_parts(flat, real_tokens, alike)
+        return parts.step_s(self.dense_layers, self.sparse_layers).reshape(real_tokens.shape[0], -1).max(axis=0)
+
+    def _overlap_parts(self, flat: BatchTotals, real_tokens: np.ndarray, alike: int) -> "OverlapParts":
+        """Each rank's parts of an overlapped step, arrays of ranks x steps (flat's order)."""
         ranks = real_tokens.shape[0]
         first, last, _ = self.model_parts_s(flat, np.zeros(flat.tokens.size))
         dense, sparse = np.zeros(flat.tokens.size), np.zeros(flat.tokens.size)
@@ -214,14 +244,35 @@ class DataParallelAttentionCostModel(PipelineCostModel):
             sparse = sparse + np.where(runs, layer["every"] + layer["sparse"], 0.0) + experts
             comm = comm + dispatch + combine
             exposed = exposed + (dispatch if half == 0 else combine)
-        per_rank = (
-            first
-            + last
-            + self._dense_layers * dense
-            + self._sparse_layers * np.maximum(sparse, np.tile(comm, ranks))
-            + np.tile(exposed, ranks)
+        return OverlapParts(first, last, dense, sparse, np.tile(comm, ranks), np.tile(exposed, ranks))
+
+
+@dataclass(frozen=True)
+class OverlapParts:
+    """A rank's two-batch-overlap step in parts, arrays of n: what runs on the whole batch
+    before the layers (`first`: overhead, embedding) and after them (`last`: final norm, LM
+    head), one dense layer of both micro-batches, one sparse layer's compute of both (`compute`:
+    C_a + C_b, the experts on the group's copies included) and its all-to-alls (`comm`:
+    D_a + K_a + D_b + K_b), and the dispatch of micro-batch a into the first sparse layer and
+    the combine of b out of the last, which overlap nothing (`exposed`)."""
+
+    first: np.ndarray
+    last: np.ndarray
+    dense: np.ndarray
+    compute: np.ndarray
+    comm: np.ndarray
+    exposed: np.ndarray
+
+    def step_s(self, dense_layers: int, sparse_layers: int) -> np.ndarray:
+        """The module docstring's formula: a sparse layer takes the longer of its compute and its
+        all-to-alls, the shorter hidden under it."""
+        return (
+            self.first
+            + self.last
+            + dense_layers * self.dense
+            + sparse_layers * np.maximum(self.compute, self.comm)
+            + self.exposed
         )
-        return per_rank.reshape(ranks, -1).max(axis=0)
 
 
 def _halves(tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
