@@ -113,7 +113,8 @@ class RooflineCostModel(CostModel):
     # ---- precomputed rates ----------------------------------------------------------
     def _precompute(self) -> None:
         hw = self.hardware
-        peak, gemm_peak = hw.peak_flops(self.act_dtype), weight_gemm_device(hw, self.weight_dtype).peak_flops
+        weights = weight_gemm_device(hw, self.weight_dtype)
+        peak, gemm_peak = hw.peak_flops(self.act_dtype), weights.peak_flops
         bw = hw.memory_bandwidth_bytes_per_s()
         self.ops = self.layer_ops + self.model_ops
         self._count = np.array(self._layer_counts + [1] * len(self.model_ops), dtype=np.float64)
@@ -124,7 +125,13 @@ class RooflineCostModel(CostModel):
                 for op in self.ops
             ]
         )
-        self._byte_rate = np.array([bw * hw.efficiency_for(op.op_class).memory for op in self.ops])
+        # weight GEMMs stream at the share of the bandwidth their quantised kernel reaches
+        self._byte_rate = np.array(
+            [
+                (weights.bandwidth_bytes_per_s if op.op_class == "linear" else bw) * hw.efficiency_for(op.op_class).memory
+                for op in self.ops
+            ]
+        )
         self._launch_s = hw.overheads.kernel_launch_us * 1e-6
         self._peak, self._bw = peak, bw
         self._flop_rate_gemm = gemm_peak * hw.efficiency_for("linear").compute

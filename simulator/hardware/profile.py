@@ -218,6 +218,11 @@ class HardwareProfile(BaseModel):
         "gpu", description="gpu: a CUDA device, whose serving engine reserves non-torch memory; cpu: host memory"
     )
     sm_count: Optional[PositiveInt] = Field(None, description="streaming multiprocessors: the slots of one GEMM wave")
+    compute_capability: Optional[PositiveFloat] = Field(
+        None,
+        description="CUDA compute capability (7.5 for sm75): which quantised-weight kernels vLLM runs "
+        "(simulator/catalog/quantization.yaml); without it, FP8 is refused on cards without an fp8 or bf16 peak",
+    )
     l2_cache_mb: Optional[PositiveFloat] = Field(
         None, description="L2 cache, MB (2^20): a derived card scales the measured card's cached working set by it"
     )
