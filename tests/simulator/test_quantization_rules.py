@@ -4,6 +4,8 @@ fused-MoE experts alike), int4 / int8 through Volta's exllama kernel at its meas
 bandwidth, Marlin elsewhere; each rule sourced, each priced number checked by hand on the
 datasheet roofline (efficiencies 1.0, no launch overheads)."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -190,3 +192,10 @@ def test_a_refusal_with_a_price_is_an_error(tmp_path):
     path = write_yaml(tmp_path / "rules.yaml", {"r": {**RULE, "min_cc": 7.0, "kernel": None, "compute_share": 0.5}})
     with pytest.raises(InfersimError, match="rules.yaml: r"):
         load_weight_rules(path)
+
+
+def test_the_documented_table_names_every_rule():
+    """docs/moe-and-fp8.md's dtype x architecture table cites each rule by name."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "moe-and-fp8.md").read_text()
+    table = doc[doc.index("### Quantised weights by architecture") :]
+    assert all(f"`{name}`" in table for name in weight_rules())
