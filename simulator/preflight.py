@@ -14,6 +14,7 @@ from .disaggregation.deployment import check_disaggregated
 from .engine.router import ROUTERS
 from .errors import InfersimError
 from .hardware.catalog import load_hardware
+from .hardware.quantization import require_weight_dtype
 from .models.catalog import load_model
 from .models.dtypes import kv_dtype_for, normalize_dtype
 from .offload.policies import POLICIES as OFFLOAD_POLICIES
@@ -75,11 +76,8 @@ def check_workload(
         if spec.speculation.draft_hardware is not None:
             in_field(source, "speculation.draft_hardware", load_hardware, spec.speculation.draft_hardware)
     check_seed(spec.seed, "seed", source)
-    for field, name in (
-        ("serving.dtype", normalize_dtype(sv.dtype)),
-        ("serving.kv_dtype", kv_dtype_for(sv.dtype, sv.kv_dtype)),
-    ):
-        hardware.require_dtype(name, f"{source}: field '{field}'")
+    require_weight_dtype(hardware, normalize_dtype(sv.dtype), f"{source}: field 'serving.dtype'", model)
+    hardware.require_dtype(kv_dtype_for(sv.dtype, sv.kv_dtype), f"{source}: field 'serving.kv_dtype'")
     hardware.require_tensor_parallel(hw.tensor_parallel, f"{source}: field '{named('hardware.tensor_parallel')}'")
     if hw.data_parallel_attention:
         pass  # check_deployment checks the group (parallel/dp_attention.py)

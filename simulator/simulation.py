@@ -23,6 +23,7 @@ from .engine.sequence import Sequence
 from .errors import InfersimError
 from .hardware.allreduce import build_all_reduce
 from .hardware.catalog import load_hardware
+from .hardware.quantization import require_weight_dtype
 from .metrics.collector import MetricsCollector
 from .models.catalog import load_model
 from .models.dtypes import kv_dtype_for, normalize_dtype
@@ -136,8 +137,8 @@ class Simulation:
         across nodes) prices its stages and links."""
         tp = placement.tp
         hardware = load_hardware(profile, host_link=host_link, all_reduce=self.spec.hardware.all_reduce)
-        for key, name in (("serving.dtype", self.dtype), ("serving.kv_dtype", self.kv_dtype)):
-            hardware.require_dtype(name, f"{source}: field '{key}'")
+        require_weight_dtype(hardware, self.dtype, f"{source}: field 'serving.dtype'", self.model)
+        hardware.require_dtype(self.kv_dtype, f"{source}: field 'serving.kv_dtype'")
         hardware.require_tensor_parallel(tp, f"{source}: field '{tp_field}'")
         build_all_reduce(hardware.all_reduce, hardware).check(
             tp, placement.tp_crosses_nodes, source_field(source, "hardware.all_reduce")

@@ -191,6 +191,8 @@ def device_info(device) -> dict:
             cuda=str(torch.version.cuda),
             sm_count=props.multi_processor_count,
         )
+        if torch.version.hip is None:  # ROCm reports its gfx version here, not a CUDA capability
+            info["compute_capability"] = float(f"{props.major}.{props.minor}")
     else:
         info.update(name=info["host_cpu"], memory_gb=info["host_memory_gb"])
     return info

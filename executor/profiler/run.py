@@ -234,6 +234,7 @@ def build_hardware_dict(meta: dict, fits: dict, iteration_s: float) -> dict:
         "memory_bandwidth_gbps": sig(roof["memory_bytes_per_s"] / 1e9),
         "memory_gb": sig(info["memory_gb"], 3),
         **({"memory_visible_gib": info["memory_visible_gib"]} if "memory_visible_gib" in info else {}),
+        **({"compute_capability": info["compute_capability"]} if "compute_capability" in info else {}),
         "device": "cpu" if device_type == "cpu" else "gpu",
         "host_link": _host_link_entry(fits["host_link"], device_type),
         "efficiency": _efficiency_entries(eff, roof["dtype"]),
@@ -250,6 +251,11 @@ def build_hardware_dict(meta: dict, fits: dict, iteration_s: float) -> dict:
             **(
                 {"memory_visible_gib": "torch.cuda.get_device_properties (total_memory)"}
                 if "memory_visible_gib" in info
+                else {}
+            ),
+            **(
+                {"compute_capability": "torch.cuda.get_device_properties (major.minor)"}
+                if "compute_capability" in info
                 else {}
             ),
             "measured_on": meta["when"],

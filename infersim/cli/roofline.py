@@ -29,6 +29,7 @@ from infersim.simulator.costmodel.moe import check_expert_parallel
 from infersim.simulator.errors import InfersimError
 from infersim.simulator.hardware.allreduce import ALL_REDUCE_CHOICES
 from infersim.simulator.hardware.catalog import load_hardware
+from infersim.simulator.hardware.quantization import require_weight_dtype
 from infersim.simulator.metrics.rundir import check_out_file, staged_files
 from infersim.simulator.models.catalog import load_model
 from infersim.simulator.models.dtypes import kv_dtype_for, normalize_dtype
@@ -80,7 +81,7 @@ def resolve_cost_options(args: argparse.Namespace) -> dict:
     hardware = in_field("", "--hardware", load_hardware, args.hardware)
     dtype = in_field("", "--dtype", normalize_dtype, args.dtype)
     kv_dtype = None if args.kv_dtype is None else in_field("", "--kv-dtype", normalize_dtype, args.kv_dtype)
-    hardware.require_dtype(dtype, "--dtype")
+    require_weight_dtype(hardware, dtype, "--dtype", model)
     hardware.require_dtype(kv_dtype_for(dtype, kv_dtype), "--kv-dtype" if kv_dtype else "--dtype")
     return {
         "model": model,

@@ -66,18 +66,11 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..hardware.profile import ElementwiseFit, GemmFit, HardwareProfile
+from ..hardware.quantization import pricing_rule
 from ..models.dtypes import compute_dtype_for
 
 MB = 2**20  # the cache size unit of the profiles
 
-# Share of the 16-bit tensor-core rate a weight-only INT4 GEMM reaches where it is compute-bound:
-# Marlin dequantises every weight tile it multiplies, and at batch 1,024 and more it runs about
-# 10% slower than the FP16 GEMM (Frantar et al., "MARLIN: Mixed-Precision Auto-Regressive Parallel
-# Inference on Large Language Models", https://arxiv.org/abs/2408.11743, its A10 batch sweep as
-# summarised in https://wentao.site/marlin_summary; read off a figure, not a table: less certain).
-# Below that the GEMM is bound by the quantised weights' bytes and the factor does not show.
-# INT8 and FP8 weight-only (W8A16) GEMMs have no published large-batch figure: none is applied.
-WEIGHT_ONLY_COMPUTE_SHARE = {"int4": 0.9}
 WAVE_TILE = 128  # rows and columns of the output tile the wave count assumes
 
 
@@ -201,8 +194,18 @@ def gemm_dtype_for(weight_dtype: str, hardware: HardwareProfile) -> str:
     return compute_dtype_for(weight_dtype)
 
 
-def weight_gemm_device(hardware: HardwareProfile, weight_dtype: str) -> GemmDevice:
-    """The device a model's GEMMs see: the peak of `gemm_dtype_for`, times the share a
-    dequantising weight-only kernel reaches of it (WEIGHT_ONLY_COMPUTE_SHARE)."""
+def weight_gemm_device(hardware: HardwareProfile, weight_dtype: str, experts: bool = False) -> GemmDevice:
+    """The device a model's weight GEMMs see (`experts`: the routed experts' fused MoE): the
+    peak of `gemm_dtype_for` and the memory bandwidth, each times the share the kernel vLLM runs
+    for these weights on this card reaches of it (simulator/catalog/quantization.yaml: Marlin's
+    dequantisation costs 10% of the 16-bit rate where compute-bound; Volta's exllama kernel
+    streams weights at 0.48 of Marlin's rate)."""
     device = gemm_device(hardware, gemm_dtype_for(weight_dtype, hardware))
-    return replace(device, peak_flops=device.peak_flops * WEIGHT_ONLY_COMPUTE_SHARE.get(weight_dtype, 1.0))
+    rule = pricing_rule(hardware, weight_dtype, experts)
+    if rule is None:
+        return device
+    return replace(
+        device,
+        peak_flops=device.peak_flops * rule.compute_share,
+        bandwidth_bytes_per_s=device.bandwidth_bytes_per_s * rule.memory_share,
+    )

@@ -133,9 +133,9 @@ class RoutedExperts:
         self._act = act_operator(width, gated, ab)
         self._hw = hardware
         eff_lin, eff_el = hardware.efficiency_for("linear"), hardware.efficiency_for("elementwise")
-        self._device = weight_gemm_device(hardware, weight_dtype)
+        self._device = weight_gemm_device(hardware, weight_dtype, experts=True)
         self._flop_rate = self._device.peak_flops * eff_lin.compute
-        self._byte_rate = hardware.memory_bandwidth_bytes_per_s() * eff_lin.memory
+        self._byte_rate = self._device.bandwidth_bytes_per_s * eff_lin.memory
         self._el_rate = hardware.memory_bandwidth_bytes_per_s() * eff_el.memory
         self._launch_s = hardware.overheads.kernel_launch_us * 1e-6
         cal = hardware.calibration

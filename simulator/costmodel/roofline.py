@@ -12,6 +12,8 @@ measured/model ratio (simulator/costmodel/measured_gemms.py); operators no table
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from ..hardware.allreduce import build_all_reduce
@@ -41,6 +43,11 @@ from .operators import (
 # distinct (tokens, logit positions) pairs whose fitted operator times a cost model keeps: a
 # long run's prefill mixes stay far below it; past it the cache starts afresh
 _CALIBRATED_CACHE_PAIRS = 200_000
+
+
+def _quantised(op) -> bool:
+    """A decoder layer's weight GEMM, which runs the quantised kernel (not the 16-bit LM head)."""
+    return op.op_class == "linear" and op.scope == "layer"
 
 
 def _gemm_fn(params, coef, per: int, device, curve):
@@ -116,7 +123,8 @@ class RooflineCostModel(CostModel):
     # ---- precomputed rates ----------------------------------------------------------
     def _precompute(self) -> None:
         hw = self.hardware
-        peak, gemm_peak = hw.peak_flops(self.act_dtype), weight_gemm_device(hw, self.weight_dtype).peak_flops
+        weights = weight_gemm_device(hw, self.weight_dtype)
+        peak, gemm_peak = hw.peak_flops(self.act_dtype), weights.peak_flops
         bw = hw.memory_bandwidth_bytes_per_s()
         self.ops = self.layer_ops + self.model_ops
         self._count = np.array(self._layer_counts + [1] * len(self.model_ops), dtype=np.float64)
@@ -127,7 +135,14 @@ class RooflineCostModel(CostModel):
                 for op in self.ops
             ]
         )
-        self._byte_rate = np.array([bw * hw.efficiency_for(op.op_class).memory for op in self.ops])
+        # the decoder layers' GEMMs stream at the share of the bandwidth their quantised kernel
+        # reaches; the LM head keeps 16-bit weights (cuBLAS) and streams at the full bandwidth
+        self._byte_rate = np.array(
+            [
+                (weights.bandwidth_bytes_per_s if _quantised(op) else bw) * hw.efficiency_for(op.op_class).memory
+                for op in self.ops
+            ]
+        )
         self._launch_s = hw.overheads.kernel_launch_us * 1e-6
         self._peak, self._bw = peak, bw
         self._calibrated = self._calibrated_rows(hw.calibration)
@@ -144,6 +159,7 @@ class RooflineCostModel(CostModel):
             return []
 
         device = weight_gemm_device(self.hardware, self.weight_dtype)
+        head = replace(device, bandwidth_bytes_per_s=self.hardware.memory_bandwidth_bytes_per_s())
         shapes = shape_correction(calibration.gemm, device, self.gemm_dtype)
         rows = []
         for j, op in enumerate(self.ops):
@@ -152,7 +168,8 @@ class RooflineCostModel(CostModel):
                 params, per = gemm_params(calibration.gemm), (1 if f[1] else 4)  # tokens, or logit positions
                 k = gemm_inner_size(f[per], op.out_width)
                 curve = shapes.curve(op.out_width, k) if shapes is not None else None
-                rows.append((j, _gemm_fn(params, (f[per], b[0], b[per], op.out_width), per, device, curve)))
+                dev = device if _quantised(op) else head
+                rows.append((j, _gemm_fn(params, (f[per], b[0], b[per], op.out_width), per, dev, curve)))
             elif op.kernel in calibration.elementwise:
                 e = calibration.elementwise[op.kernel]
                 rows.append(

@@ -218,6 +218,11 @@ class HardwareProfile(BaseModel):
         "gpu", description="gpu: a CUDA device, whose serving engine reserves non-torch memory; cpu: host memory"
     )
     sm_count: Optional[PositiveInt] = Field(None, description="streaming multiprocessors: the slots of one GEMM wave")
+    compute_capability: Optional[PositiveFloat] = Field(
+        None,
+        description="CUDA compute capability (7.5 for sm75): which quantised-weight kernels vLLM runs "
+        "(simulator/catalog/quantization.yaml); without it, FP8 is refused on cards without an fp8 or bf16 peak",
+    )
     l2_cache_mb: Optional[PositiveFloat] = Field(
         None, description="L2 cache, MB (2^20): a derived card scales the measured card's cached working set by it"
     )
@@ -260,16 +265,16 @@ class HardwareProfile(BaseModel):
         raise KeyError(dtype)
 
     def require_dtype(self, dtype: str, field: str) -> None:
-        """Refuse a dtype the card cannot serve. FP8 runs on FP8 tensor cores (Ada, Hopper and
-        later: FP8 GEMMs) and on Ampere without them: vLLM serves FP8 weights there weight-only
-        through its FP8 Marlin kernel (W8A16, https://docs.vllm.ai/en/stable/features/quantization/fp8/)
-        and stores an FP8 KV cache converting it with bit operations in the attention kernel
-        (https://github.com/vllm-project/vllm/pull/2279, run on an A100). Marlin needs compute
-        capability 8.0 (its README; vLLM's supported-hardware table), the first with bf16 tensor
-        cores, so a profile with neither an fp8 nor a bf16 peak (T4, V100) refuses FP8. bf16
-        itself came with Ampere: vLLM refuses it below compute capability 8.0 ("Bfloat16 is only
-        supported on GPUs with compute capability of at least 8.0"; use float16), and so does a
-        profile without a bf16 peak rather than run it at the fp16 rate."""
+        """Refuse a dtype the card cannot serve: a KV cache dtype, bf16, and weights on a profile
+        without a compute capability (weights on a profile with one: hardware/quantization.py,
+        which follows vLLM per architecture). FP8 runs on FP8 tensor cores (Ada, Hopper and later)
+        and on Ampere without them: an FP8 KV cache converted with bit operations in the attention
+        kernel (https://github.com/vllm-project/vllm/pull/2279, run on an A100), FP8 weights
+        weight-only through FP8 Marlin (W8A16, https://docs.vllm.ai/en/stable/features/quantization/fp8/).
+        A profile with neither an fp8 nor a bf16 peak (T4, V100) refuses an FP8 cache. bf16 came
+        with Ampere: vLLM refuses it below compute capability 8.0 ("Bfloat16 is only supported on
+        GPUs with compute capability of at least 8.0"; use float16), and so does a profile
+        without a bf16 peak rather than run it at the fp16 rate."""
         table = self.peak_tflops
         if dtype == "fp8" and "fp8" not in table and "bf16" not in table:
             raise InfersimError(

@@ -27,7 +27,8 @@ _ALIASES = {
 }
 
 
-# Weight-only INT4 checkpoints (AWQ, GPTQ; vLLM runs both through its Marlin kernels) quantise
+# Weight-only INT4 checkpoints (AWQ, GPTQ; vLLM runs both through its Marlin kernels from Turing on,
+# GPTQ through exllama on Volta: simulator/catalog/quantization.yaml) quantise
 # each group of 128 input weights with one fp16 scale and, in AWQ's asymmetric format, one 4-bit
 # zero point per output column (AutoAWQ `q_group_size: 128, zero_point: true`; GPTQ's symmetric
 # default drops the zero point): 0.5 + (2 + 0.5) / 128 = 0.5195 bytes per weight, stored and read.

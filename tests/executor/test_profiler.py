@@ -657,3 +657,20 @@ def test_models_only_without_refit_is_a_one_line_error(capsys):
     assert main(["profile", "--models-only", "--model", "zoo-target", "--out", "/tmp/x.yaml"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--models-only" in err[0]
+
+
+def test_a_cuda_profile_records_the_card_s_compute_capability(monkeypatch):
+    """`sim profile` on a CUDA card writes its compute capability (major.minor of the device's
+    properties), which picks the quantised-weight kernels vLLM runs there; a CPU profile has none."""
+    import types
+
+    import torch
+
+    from infersim.executor.profiler.device import device_info
+
+    props = types.SimpleNamespace(
+        name="Tesla T4", total_memory=15_835_660_288, multi_processor_count=40, major=7, minor=5
+    )
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: props)
+    assert device_info(torch.device("cuda"))["compute_capability"] == 7.5
+    assert "compute_capability" not in device_info(torch.device("cpu"))

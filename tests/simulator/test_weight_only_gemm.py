@@ -7,13 +7,9 @@ matrix, 18,432 x 73,728 (72 x 256 outputs, 4x as many inputs)."""
 import numpy as np
 import pytest
 
-from infersim.simulator.costmodel.kernel_times import (
-    WEIGHT_ONLY_COMPUTE_SHARE,
-    gemm_params,
-    gemm_time_s,
-    weight_gemm_device,
-)
+from infersim.simulator.costmodel.kernel_times import gemm_params, gemm_time_s, weight_gemm_device
 from infersim.simulator.hardware.catalog import load_hardware
+from infersim.simulator.hardware.quantization import weight_rules
 from infersim.simulator.models.dtypes import weight_bytes_per_element
 
 N_OUT, K_IN = 72 * 256, 4 * 72 * 256
@@ -48,7 +44,7 @@ def test_int4_speedup_over_fp16_follows_marlin_on_the_a10():
     assert at[128] < at[64] < at[32]
     assert np.all(np.diff(speedup) <= 1e-12)  # never faster at a larger batch
     for b in (1024, 4096, 16384):
-        assert at[b] == pytest.approx(WEIGHT_ONLY_COMPUTE_SHARE["int4"], abs=0.015)
+        assert at[b] == pytest.approx(weight_rules()["int4-marlin"].compute_share, abs=0.015)
 
 
 def test_compute_share_applies_to_int4_only():
