@@ -27,7 +27,7 @@ from infersim.simulator.workload.builder import build_requests
 from infersim.simulator.yamlio import write_atomic
 
 sys.path.insert(0, str(Path(__file__).parent))
-from moe_published import PUBLISHED, latency_test, model_for  # noqa: E402
+from vllm_published import LATENCY, latency_test, model_for  # noqa: E402
 
 CARDS = ("a100-80gb-sxm", "h100-sxm")
 MODEL = "llama-3-70b"
@@ -120,12 +120,12 @@ def published_latency_ms(model: str, profile: str, tp: int, all_reduce: str) -> 
 
 
 def published_rows() -> list[str]:
-    """vLLM's published latency tests at tensor parallel > 1 (benchmarks/moe_published.py),
+    """vLLM's published latency tests at tensor parallel > 1 (benchmarks/vllm_published.py),
     predicted with each kernel choice."""
     rows, errors = [], {"nccl": [], "auto": []}
     with tempfile.TemporaryDirectory() as folder:
-        for test, profile, measured, url in PUBLISHED:
-            tp = int(test.rsplit("_tp", 1)[1])
+        for run in LATENCY:
+            test, profile, measured, url, tp = run.test, run.card, run.measured_ms, run.url, run.tp
             if tp == 1:
                 continue
             model = model_for(test, Path(folder))
@@ -141,7 +141,7 @@ def published_rows() -> list[str]:
         "## Against vLLM's published latency tests",
         "",
         "vLLM's nightly latency test (8 prompts of 32 tokens, 128 output tokens, bf16, CUDA graphs and its custom "
-        "all-reduce on, as by default), the tensor-parallel rows of `benchmarks/moe_published.py`, predicted on the "
+        "all-reduce on, as by default), the tensor-parallel rows of `benchmarks/vllm_published.py`, predicted on the "
         "calibrated profiles with each kernel choice:",
         "",
         "| test | card (vLLM run) | published (ms) | nccl (ms) | error | auto (ms) | error |",
