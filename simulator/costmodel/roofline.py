@@ -133,7 +133,7 @@ class RooflineCostModel(CostModel):
         self._calibrated = self._calibrated_rows(hw.calibration)
         self._calibrated_index = np.array([j for j, _ in self._calibrated], dtype=np.int64)
         self._calibrated_cache: dict[tuple[float, float], np.ndarray] = {}
-        self.iteration_overhead_s = hw.overheads.iteration_us * 1e-6
+        self.iteration_overhead_s = hw.overheads.iteration_s(self.tp)
         self._nccl = self.all_reduce.nccl  # send/recv and groups across nodes stay on NCCL
         self._ar_bw, self._ar_latency_s = self._nccl.bandwidth_bytes_per_s, self._nccl.latency_s
         self._ar_bytes_per_token = allreduce_bytes_per_layer(self.model, self.act_dtype)
