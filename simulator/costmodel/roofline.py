@@ -304,7 +304,14 @@ class RooflineCostModel(CostModel):
                     ar,
                 )
             )
-        return rows + self._expert_rows(t.tokens)
+        return rows + self._expert_rows(t.tokens) + self._overhead_rows()
+
+    def _overhead_rows(self) -> list[OperatorCost]:
+        """The engine's overhead per iteration, a row of its own where the profile carries one,
+        so that the rows add up to iteration_time_s."""
+        if self.iteration_overhead_s == 0:
+            return []
+        return [OperatorCost("iteration_overhead", "overhead", "iteration", 1, 0.0, 0.0, 0.0, 0.0, self.iteration_overhead_s)]
 
     def _expert_rows(self, tokens) -> list[OperatorCost]:
         if self.experts is None:
