@@ -56,6 +56,11 @@ def _gemm_fn(params, coef, per: int, device, curve):
     return time_s
 
 
+def overhead_row(time_s: float) -> OperatorCost:
+    """The serving engine's own time per iteration (profile `overheads`) as an operator row."""
+    return OperatorCost("engine_overhead", "overhead", "iteration", 1, 0.0, 0.0, 0.0, 0.0, time_s)
+
+
 class RooflineCostModel(CostModel):
     name = "roofline"
     from_workload = True
@@ -309,9 +314,7 @@ class RooflineCostModel(CostModel):
     def _overhead_rows(self) -> list[OperatorCost]:
         """The engine's overhead per iteration, a row of its own where the profile carries one,
         so that the rows add up to iteration_time_s."""
-        if self.iteration_overhead_s == 0:
-            return []
-        return [OperatorCost("iteration_overhead", "overhead", "iteration", 1, 0.0, 0.0, 0.0, 0.0, self.iteration_overhead_s)]
+        return [overhead_row(self.iteration_overhead_s)] if self.iteration_overhead_s else []
 
     def _expert_rows(self, tokens) -> list[OperatorCost]:
         if self.experts is None:

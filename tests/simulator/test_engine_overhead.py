@@ -75,3 +75,16 @@ def test_a_burst_pays_the_overhead_once_per_iteration():
         np.sum(cost.decode_step_times_s(np.full(8, 32), 15))
     )
     assert float(np.max(shipped.requests["finish_s"])) == pytest.approx(kernels_s + 16 * 2166e-6, rel=1e-9)
+
+
+def test_the_operator_rows_carry_the_overhead_and_add_up_to_the_step():
+    # h100-sxm at TP 4: one engine_overhead row of 1,720 + 3 x 446 = 3,058 us; a datasheet
+    # profile has none
+    model, batch = load_model("llama-3-70b"), BatchShape.decode(np.full(8, 512))
+    cost = RooflineCostModel(model, load_hardware("h100-sxm"), dtype="bf16", tensor_parallel=4)
+    rows = cost.breakdown(batch)
+    (overhead,) = [r for r in rows if r.name == "engine_overhead"]
+    assert (overhead.count, overhead.time_s) == (1, pytest.approx(3058e-6))
+    assert sum(r.time_s * r.count for r in rows) == pytest.approx(cost.iteration_time_s(batch), rel=1e-12)
+    sheet = RooflineCostModel(model, load_hardware("h100-sxm:datasheet"), dtype="bf16", tensor_parallel=4)
+    assert not [r for r in sheet.breakdown(batch) if r.name == "engine_overhead"]
