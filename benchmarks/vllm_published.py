@@ -1,6 +1,6 @@
 """vLLM runs published on A100, H100 and H200 cards against the simulator: what the step price
 misses, and the per-iteration engine overhead the published runs support, evaluated held out.
-Writes benchmarks/RESULTS-vllm-published.md (about a minute, CPU only).
+Writes benchmarks/RESULTS-vllm-published.md (seconds, CPU only).
 
     python benchmarks/vllm_published.py [--out benchmarks/RESULTS-vllm-published.md]
 
@@ -89,40 +89,39 @@ HELD_OUT_CARD = [
     PublishedRun("mixtral8x7B_tp2", "h100-sxm", 2316.74, H100_REPORT),
     PublishedRun("llama70B_tp4", "h100-sxm", 2540.75, H100_REPORT),
 ]
+
+
+def low_load(test: str, card: str, step_ms: float, url: str, prompt: int, output: int = 0, **kw) -> PublishedRun:
+    """A published decode step of one (or a few) sequences, priced as one step at batch 1."""
+    return PublishedRun(test, card, step_ms, url, metric="itl", batch=1, prompt=prompt, output=output, **kw)
+
+
 # Decode steps at low load; the newer vLLM releases (V1 engine) overlap scheduling with the GPU
 DECODE_STEPS = [
-    PublishedRun(
+    low_load(
         "llama70B_tp4",
         "h200",
         15.9126,
         BUILDS + "9513",
-        metric="itl",
-        batch=1,
-        prompt=256,
-        output=0,
+        256,
         note="serving test, ShareGPT prompts at QPS 1: median ITL; a few sequences decode at once",
     ),
-    PublishedRun(
+    low_load(
         "llama8B_tp1",
         "h100-sxm",
         6.48,
         "https://yobitelcomm.github.io/bench/recipes/concurrency-sweep/",
-        metric="itl",
-        batch=1,
-        prompt=256,
-        output=0,
+        256,
         vllm="vLLM 0.21.0",
         note="concurrency 1: median time per output token (fp16, short chat prompts)",
     ),
-    PublishedRun(
+    low_load(
         "llama8B_tp1",
         "a100-40gb",
         1000 / 75,
         "https://johnmusgrave.com/p/vllm-throughput-latency-sweep-on",
-        metric="itl",
-        batch=1,
-        prompt=1024,
-        output=128,
+        1024,
+        128,
         vllm="vLLM 0.23.0",
         note="concurrency 1, 1,024 in / 128 out: 'about 75 tokens/sec' of decode, read as 1000/75 ms",
     ),
