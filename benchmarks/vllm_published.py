@@ -15,12 +15,12 @@ The measurements (every row below names its page):
   sequence decode step, which at batch 1-4 hardly depends on the prompt lengths (the table shows by
   how much between 128 and 2,048 cached tokens), so prompts we do not have (ShareGPT) do not matter.
 
-Descriptions of each run: the kernels alone with NCCL all-reduces (the defaults before this
-benchmark), the same with `all_reduce: auto` (vLLM's custom kernel, what vLLM runs), each with a
-fitted overhead per engine iteration (`iteration_us` plus `tp_worker_us` for each tensor-parallel
-worker beyond the first), and the profiles as shipped (auto, with the overhead fitted here). The overhead is fitted on the A100 and H200
-latency tests and evaluated on what the fit did not see: each test (model) left out in turn, and
-the H100 rows, a card the fit never saw."""
+Descriptions of each run: the kernels alone with NCCL all-reduces (a profile without overhead,
+`all_reduce: nccl`), the same with `all_reduce: auto` (vLLM's custom kernel, what vLLM runs), each
+with a fitted overhead per engine iteration (`iteration_us` plus `tp_worker_us` for each
+tensor-parallel worker beyond the first), and the profiles as shipped (auto, with the overhead
+fitted here). The overhead is fitted on the A100 and H200 latency tests and evaluated on what the
+fit did not see: each test (model) left out in turn, and the H100 rows, a card the fit never saw."""
 
 from __future__ import annotations
 
@@ -197,7 +197,7 @@ class Priced:
 
 
 def shipped_overhead_ms(card: str, tp: int) -> float:
-    """The engine overhead per iteration the card's profile ships (0 before this benchmark's fit)."""
+    """The engine overhead per iteration the card's profile ships, ms."""
     return load_hardware(card).overheads.iteration_s(tp) * 1e3
 
 
@@ -426,7 +426,7 @@ def summary(results: dict, chosen: tuple[str, str]) -> list[str]:
     return [
         "## Summary",
         "",
-        f"- Before (kernels alone, NCCL all-reduces): mean absolute error {mae(before['in_sample']):.1f}% on the "
+        f"- Kernels alone, NCCL all-reduces: mean absolute error {mae(before['in_sample']):.1f}% on the "
         f"9 A100 and H200 rows, {mae(before['held_out_card']):.1f}% on the 3 H100 rows; "
         f"{sum(e < 0 for e in before['in_sample'] + before['held_out_card'])} of the 12 predicted fast.",
         f"- Fitted on the 9 rows, with vLLM's custom all-reduce (`all_reduce: auto`): {1e3 * iteration_ms:,.0f} us "
