@@ -239,7 +239,10 @@ def main() -> None:
         "",
         KV_CACHE_NOTE,
         "",
-        "One decode step alone, ms, calibrated `h100-sxm` (datasheet in brackets); batch per engine.",
+        "One decode step alone, ms, calibrated `h100-sxm` (datasheet in brackets); batch per engine. The "
+        "calibrated numbers include the profile's engine overhead per iteration, vLLM's (1.72 ms for a one-GPU "
+        "rank, 4.84 ms at TP 8, 8.41 ms at TP 16; benchmarks/RESULTS-vllm-published.md), which moved every "
+        "calibrated figure here up (TP 16 at batch 1 most, 12.56 to 20.97 ms); the datasheet carries none.",
         "",
         "| layout | KV pools: engines x tokens | B 1, 800 ctx | B 32, 800 ctx | B 256, 2,000 ctx |",
         "|---|---:|---:|---:|---:|",

@@ -130,6 +130,12 @@ infersim's absolute numbers behind the ratios:
     text += """
 The published absolute numbers (tokens/s per user, tokens/s per GPU) are in the blog's Table 1;
 the ratios above are the ones its text states.
+
+The `h200` profile carries vLLM's engine overhead per iteration (1,720 us + 446 us per
+tensor-parallel worker beyond the first: 4.84 ms at TP 8, beyond the TP 4 it was fitted at;
+benchmarks/RESULTS-vllm-published.md). This run is TensorRT-LLM, whose per-iteration cost is not
+measured here; the overhead shortens TP 8's lead at one request most. With no engine overhead
+the three ratios were 5.23x, 1.38x and 1.55x.
 """
     OUT.write_text(text)
     print(text)

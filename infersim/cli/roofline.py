@@ -117,7 +117,7 @@ def add_parser(sub) -> None:
         choices=ALL_REDUCE_CHOICES,
         help="kernel of the tensor-parallel all-reduces: nccl (measured NCCL fits), custom (vLLM's custom "
         "all-reduce, measured; refused where it cannot run), auto (custom where vLLM runs it, NCCL elsewhere) "
-        "(default: the profile's, nccl in every shipped profile)",
+        "(default: the profile's: auto in a100-80gb-sxm, h100-sxm and h200, nccl in the others)",
     )
     p.add_argument(
         "--pp",

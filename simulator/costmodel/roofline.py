@@ -63,6 +63,11 @@ def _gemm_fn(params, coef, per: int, device, curve):
     return time_s
 
 
+def overhead_row(time_s: float) -> OperatorCost:
+    """The serving engine's own time per iteration (profile `overheads`) as an operator row."""
+    return OperatorCost("engine_overhead", "overhead", "iteration", 1, 0.0, 0.0, 0.0, 0.0, time_s)
+
+
 class RooflineCostModel(CostModel):
     name = "roofline"
     from_workload = True
@@ -148,7 +153,7 @@ class RooflineCostModel(CostModel):
         self._calibrated = self._calibrated_rows(hw.calibration)
         self._calibrated_index = np.array([j for j, _ in self._calibrated], dtype=np.int64)
         self._calibrated_cache: dict[tuple[float, float], np.ndarray] = {}
-        self.iteration_overhead_s = hw.overheads.iteration_us * 1e-6
+        self.iteration_overhead_s = hw.overheads.iteration_s(self.tp)
         self._nccl = self.all_reduce.nccl  # send/recv and groups across nodes stay on NCCL
         self._ar_bw, self._ar_latency_s = self._nccl.bandwidth_bytes_per_s, self._nccl.latency_s
         self._ar_bytes_per_token = allreduce_bytes_per_layer(self.model, self.act_dtype)
@@ -321,7 +326,12 @@ class RooflineCostModel(CostModel):
                     ar,
                 )
             )
-        return rows + self._expert_rows(t.tokens)
+        return rows + self._expert_rows(t.tokens) + self._overhead_rows()
+
+    def _overhead_rows(self) -> list[OperatorCost]:
+        """The engine's overhead per iteration, a row of its own where the profile carries one,
+        so that the rows add up to iteration_time_s."""
+        return [overhead_row(self.iteration_overhead_s)] if self.iteration_overhead_s else []
 
     def _expert_rows(self, tokens) -> list[OperatorCost]:
         if self.experts is None:

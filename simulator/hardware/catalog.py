@@ -12,7 +12,7 @@ from ..errors import InfersimError, UnknownNameError
 from ..paths import catalog_dir, hwprofiles_dir
 from ..registry import name_key
 from ..yamlio import load_mapping, validate
-from .profile import ElementwiseFit, HardwareProfile, HostLink
+from .profile import ElementwiseFit, HardwareProfile, HostLink, Overheads
 
 
 def list_hardware() -> list[str]:
@@ -59,7 +59,7 @@ def profile_path(name_or_path: str) -> Path:
 
 def load_hardware(name_or_path: str, host_link: str | None = None, all_reduce: str | None = None) -> HardwareProfile:
     """A profile by name or path. Calibrated profiles price kernels with their fitted models;
-    NAME:datasheet drops the calibration (the pure datasheet roofline); a derived profile's
+    NAME:datasheet drops the calibration and the engine overhead (the pure datasheet roofline); a derived profile's
     calibration is the measured card's fits it names in `calibration.inherits`. `host_link` and
     `all_reduce` (a workload's choices) replace the profile's own."""
     _, datasheet = split_mode(name_or_path)
@@ -71,7 +71,10 @@ def load_hardware(name_or_path: str, host_link: str | None = None, all_reduce: s
     if all_reduce is not None:
         update["all_reduce"] = all_reduce
     if datasheet:  # named apart, so reports and plans comparing both modes tell them apart
-        update.update(calibration=None, name=profile.name + DATASHEET_SUFFIX)
+        # the pure roofline: neither the fitted kernel models nor the engine overhead fitted on
+        # end-to-end runs
+        update.update(calibration=None, overheads=Overheads(source="datasheet roofline: none"))
+        update["name"] = profile.name + DATASHEET_SUFFIX
     elif profile.calibration is not None and profile.calibration.status == "derived":
         update["calibration"] = _inherited(profile, path)
     return profile.model_copy(deep=True, update=update)

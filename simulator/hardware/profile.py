@@ -59,10 +59,22 @@ class Efficiency(BaseModel):
 
 
 class Overheads(BaseModel):
+    """What an iteration costs beyond its kernels: the serving engine's own work (scheduling,
+    input preparation, sampling, output processing), which the GPU waits for."""
+
     model_config = STRICT_CONFIG
     kernel_launch_us: NonNegativeFloat = 0.0  # added once per kernel
     iteration_us: NonNegativeFloat = 0.0  # added once per engine iteration (scheduling, sampling)
+    tp_worker_us: NonNegativeFloat = Field(
+        0.0,
+        description="added once per engine iteration for each tensor-parallel worker beyond the first: the "
+        "driver hands every step's inputs to the other workers and the step waits for the slowest",
+    )
     source: str = ""
+
+    def iteration_s(self, tensor_parallel: int) -> float:
+        """One engine iteration's overhead at this tensor parallelism, seconds."""
+        return (self.iteration_us + (int(tensor_parallel) - 1) * self.tp_worker_us) * 1e-6
 
 
 class FittedValue(BaseModel):

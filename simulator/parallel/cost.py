@@ -19,6 +19,7 @@ import numpy as np
 from ..costmodel.base import CostModel, OperatorCost
 from ..costmodel.batch import BatchShape, BatchTotals
 from ..costmodel.operators import PRE_LAYER_OPS
+from ..costmodel.roofline import overhead_row
 from ..models.dtypes import bytes_per_element
 from .links import Links
 from .placement import Placement
@@ -112,11 +113,7 @@ class PipelineCostModel(CostModel):
         layer_rows = rows[: self._n_layer]
         model_rows = {r.name: r for r in rows[self._n_layer : n_ops]}
         routed = self.routed_rows(float(tokens[0]), {r.name: r for r in rows[n_ops:]})
-        first = [
-            OperatorCost(
-                "iteration_overhead", "overhead", "iteration", 1, 0.0, 0.0, 0.0, 0.0, self.iteration_overhead_s
-            )
-        ]
+        first = [overhead_row(self.iteration_overhead_s)]
         first += [model_rows[name] for name in PRE_LAYER_OPS if name in model_rows]
         last = [model_rows["final_norm"], model_rows["lm_head"]]
         handoffs = self.handoff_times_from_tokens(tokens)[:, 0]

@@ -54,7 +54,7 @@ class HardwareSection(_Strict):
         "(vLLM's and SGLang's custom all-reduce inside one NVLink node, from measured times; refused where it "
         "cannot run), auto (custom where vLLM would run it: 2, 4, 6 or 8 GPUs of one node, all NVLink-connected "
         "or only 2, messages below 8 MiB, a card with measured times; NCCL otherwise); none: the profile's own "
-        "(nccl in every shipped profile) (docs/pipeline-and-multinode.md)",
+        "(auto in a100-80gb-sxm, h100-sxm and h200, nccl in the others) (docs/pipeline-and-multinode.md)",
     )
     cluster: Optional[ClusterSection] = Field(
         None, description="GPUs per node and the inter-node link; none: 8-GPU nodes on InfiniBand NDR"

@@ -22,7 +22,7 @@ def _latency(tmp_path, name, **hardware):
 
 def test_custom_kernel_run_is_deterministic_and_faster_than_nccl(tmp_path):
     tp2 = {"profile": "h100-sxm", "tensor_parallel": 2}
-    nccl, _ = _latency(tmp_path, "nccl", **tp2)
+    nccl, _ = _latency(tmp_path, "nccl", all_reduce="nccl", **tp2)
     auto, out = _latency(tmp_path, "auto", all_reduce="auto", **tp2)
     again, _ = _latency(tmp_path, "again", all_reduce="auto", **tp2)
     assert auto == again

@@ -177,7 +177,7 @@ def test_llama3_70b_tp8_decode_step_with_the_custom_kernel_by_hand():
     x 2 bytes = 128 KiB, measured at 7.80 us; 80 layers x 2 all-reduces replace NCCL's fit by it,
     and nothing else in the step changes."""
     model = load_model("llama-3-70b")
-    nccl = RooflineCostModel(model, load_hardware("h100-sxm"), tensor_parallel=8)
+    nccl = RooflineCostModel(model, load_hardware("h100-sxm", all_reduce="nccl"), tensor_parallel=8)
     custom = RooflineCostModel(model, load_hardware("h100-sxm", all_reduce="custom"), tensor_parallel=8)
     batch = BatchShape.decode(np.full(8, 1024))
     nbytes = 8 * 8192 * 2

@@ -81,7 +81,9 @@ def test_profile_loads_and_matches_facts(name):
             assert eff.compute == 1.0 and eff.memory == 1.0
         else:
             assert "https://" in eff.source and 0 < eff.compute <= 1 and 0 < eff.memory <= 1
-    assert hw.overheads.kernel_launch_us == 0 and hw.overheads.iteration_us == 0
+    assert hw.overheads.kernel_launch_us == 0
+    # an engine overhead only where fitted on published runs, which the source names
+    assert hw.overheads.iteration_us == hw.overheads.tp_worker_us == 0 or "https://" in hw.overheads.source
     assert hw.host_link.source and hw.interconnect is not None and hw.interconnect.source
     assert {"peak_tflops", "memory_bandwidth_gbps", "memory_gb"} <= set(hw.sources)
 
