@@ -229,40 +229,30 @@ fixed: {requests.count: 400}
 """
 
 
+def _sweep_started(workload: str, space_path: Path, out: Path, done: int) -> subprocess.Popen:
+    """`sim sweep` on two workers in its own process group (as a terminal runs it), returned
+    once `done` configurations are written and more are running."""
+    cmd = [sys.executable, "-m", "infersim.cli.main", "sweep", "-w", workload, "-s", str(space_path)]
+    cmd += ["-o", str(out), "--workers", "2", "-q", "--no-plots"]
+    proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    results = out / "results"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if results.is_dir() and len([p for p in results.glob("*.json") if not p.name.startswith(".")]) >= done:
+            break
+        time.sleep(0.02)
+    if proc.poll() is not None:
+        raise AssertionError("the sweep finished before it could be stopped: " + proc.stderr.read().decode()[-500:])
+    return proc
+
+
 def test_killed_sweep_resumes_without_loss_or_duplicates(workload, tmp_path):
     space_path = _space_file(tmp_path, KILL_SPACE)
     out = tmp_path / "k"
-    cmd = [
-        sys.executable,
-        "-m",
-        "infersim.cli.main",
-        "sweep",
-        "-w",
-        workload,
-        "-s",
-        str(space_path),
-        "-o",
-        str(out),
-        "--workers",
-        "2",
-        "-q",
-        "--no-plots",
-    ]
-    proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = _sweep_started(workload, space_path, out, done=3)
+    os.killpg(proc.pid, signal.SIGKILL)  # the driver and its worker processes
+    proc.wait()
     results = out / "results"
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and proc.poll() is None:
-            if results.is_dir() and len([p for p in results.glob("*.json") if not p.name.startswith(".")]) >= 3:
-                break
-            time.sleep(0.02)
-        assert proc.poll() is None, (
-            "the sweep finished before it could be killed: " + proc.stderr.read().decode()[-500:]
-        )
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)  # the driver and its worker processes
-        proc.wait()
     before = {p.name: p.read_bytes() for p in results.glob("*.json") if not p.name.startswith(".")}
     total = 16
     assert 3 <= len(before) < total
@@ -291,6 +281,36 @@ def test_killed_sweep_resumes_without_loss_or_duplicates(workload, tmp_path):
         run_sweep(workload, space_path, out, run=BackendOptions(workers=1), options=SweepOptions(plots=False)).computed
         == 0
     )
+
+
+def test_ctrl_c_stops_the_driver_and_its_workers_at_once(workload, tmp_path):
+    """Ctrl-C in a terminal signals the whole process group, workers included: the sweep ends
+    with exit 130 and one line, no process of it left, the finished results kept."""
+    out = tmp_path / "k"
+    proc = _sweep_started(workload, _space_file(tmp_path, KILL_SPACE), out, done=1)
+    os.killpg(proc.pid, signal.SIGINT)
+    assert proc.wait(timeout=60) == 130
+    err = proc.stderr.read().decode()
+    assert err.count("\n") == 1 and "interrupted (SIGINT)" in err, err
+    with pytest.raises(ProcessLookupError):  # no worker is left in the group
+        os.killpg(proc.pid, 0)
+    assert 1 <= len(list((out / "results").glob("*.json"))) < 16
+
+
+def _worker_pid(_) -> int:
+    return os.getpid()
+
+
+def test_local_workers_leave_sigint_to_the_driver_which_ends_them_on_cancel():
+    from infersim.analysis.sweep_backends import LocalBackend
+
+    be = LocalBackend(1)
+    assert be.submit(signal.getsignal, signal.SIGINT).result() == signal.SIG_IGN
+    pid = be.submit(_worker_pid, None).result()
+    be.submit(time.sleep, 120)
+    be.close(cancel=True)  # an interrupted sweep: the running simulation ends now
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
 
 
 OPTUNA_SPACE = """\
