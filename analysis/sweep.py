@@ -379,11 +379,12 @@ def check_space(space: SweepSpace, spec, source: str, run: BackendOptions, base_
     for path in space.parameters:  # a list index out of range, before anything is written
         in_field(source, f"parameters.{path}", resolve_config, spec.model_dump(mode="json"), {path: 0})
     n = space_size(space, source)
-    parallel = run.workers or os.cpu_count() or 1
+    parallel = min(run.workers or os.cpu_count() or 1, n)  # no more simulations at once than configurations
     requests = max(expected_requests(spec), traced_requests(spec, base_dir) or 0)
     check_memory(
         n * BYTES_PER_CONFIGURATION + simulation_bytes(requests, parallel),
-        f"{source}: field '{'optuna.trials' if space.method == 'optuna' else 'parameters'}': " f"{n:,} configurations",
+        f"{source}: field '{'optuna.trials' if space.method == 'optuna' else 'parameters'}': "
+        f"{n:,} configurations on {parallel} worker{'s' if parallel != 1 else ''}",
         run.allow_large,
     )
     return build_params(space)

@@ -419,7 +419,8 @@ def test_a_list_index_out_of_range_is_refused_before_anything_is_written(tmp_pat
 
 def test_a_trace_too_large_for_memory_is_refused_before_the_sweep_starts(tmp_path, capsys, monkeypatch):
     """The trace's 200,000 rows are counted: 256 MiB + 200,000 x 512 B + 2 configurations x 4 KB
-    = 0.371 GB on one worker, more than the 0.3 GB this test makes available."""
+    = 0.371 GB on one worker, more than the 0.3 GB this test makes available; twice that on
+    64 workers, which run at most the 2 configurations at once."""
     monkeypatch.setattr("infersim.simulator.validation.host_available_bytes", lambda: 300_000_000)
     (tmp_path / "big.csv").write_text("ts,p,o\n" + "0,5,6\n" * 200_000)
     wl = tmp_path / "wl.yaml"
@@ -431,7 +432,11 @@ def test_a_trace_too_large_for_memory_is_refused_before_the_sweep_starts(tmp_pat
     out = tmp_path / "s"
     assert main(["sweep", "-w", str(wl), "-s", str(space), "-o", str(out), "--workers", "1", "-q"]) == 2
     err = capsys.readouterr().err.strip()
-    assert f"{space}: field 'parameters': 2 configurations would need about 0.371 GB of memory" in err
+    assert f"{space}: field 'parameters': 2 configurations on 1 worker would need about 0.371 GB of memory" in err
+    # more workers than configurations: only two simulations can run at once (2 x 0.371 GB)
+    assert main(["sweep", "-w", str(wl), "-s", str(space), "-o", str(out), "--workers", "64", "-q"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"{space}: field 'parameters': 2 configurations on 2 workers would need about 0.742 GB" in err
     assert not out.exists()
 
 
