@@ -45,7 +45,7 @@ def add_parser(sub) -> None:
         help=COMMANDS["hardware"].help,
         description="List hardware profiles, or show one profile's numbers and sources.",
     )
-    p.add_argument("name", nargs="?")
+    p.add_argument("name", nargs="?", help="hardware profile name, alias or YAML file (default: list them all)")
     p.set_defaults(func=run_hardware)
     p = sub.add_parser("workloads", help=COMMANDS["workloads"].help, description="List the built-in workloads.")
     p.set_defaults(func=run_workloads)
@@ -55,7 +55,7 @@ def add_parser(sub) -> None:
         description="Print the JSON schema (field names, types, defaults, descriptions) of a "
         "workload, model or hardware YAML file.",
     )
-    p.add_argument("kind", choices=["workload", "model", "hardware"])
+    p.add_argument("kind", choices=["workload", "model", "hardware"], help="which file's schema to print")
     p.set_defaults(func=run_schema)
 
 

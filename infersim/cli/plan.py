@@ -118,7 +118,9 @@ def add_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=None, help="seed of every probe (default: the workload's)")
     add_out_flags(p, "report folder (default: plans/<workload name>)", replaces=True)
     p.add_argument("--workers", type=int, default=None, help="parallel simulations (default: one per core)")
-    p.add_argument("--backend", choices=("local", "ray"), default="local", help="local processes or a Ray cluster")
+    p.add_argument(
+        "--backend", choices=("local", "ray"), default="local", help="local processes or a Ray cluster (default local)"
+    )
     p.add_argument("--address", default=None, help="Ray cluster address (default: start a local Ray instance)")
     p.add_argument("--no-plots", action="store_true", help="skip the plots")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress or table")

@@ -29,7 +29,9 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default cpu)")
     p.add_argument("--quick", action="store_true", help="a smaller sweep (under 2 minutes on a 2-core CPU)")
-    p.add_argument("--out", default=None, help="profile YAML to write (the sidecar goes beside it)")
+    p.add_argument(
+        "--out", default=None, help="profile YAML to write, the sidecar beside it (required, except with --refit)"
+    )
     p.add_argument(
         "--refit",
         metavar="PROFILE",

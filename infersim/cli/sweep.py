@@ -31,9 +31,13 @@ def add_parser(sub) -> None:
     p.add_argument("--space", "-s", required=True, type=Path, help="the space YAML (see examples/sweep/)")
     add_out_flags(p, "sweep folder (default: sweeps/<space name>)", replaces=False)
     p.add_argument("--workers", type=int, default=None, help="parallel simulations (default: one per core)")
-    p.add_argument("--backend", choices=("local", "ray"), default="local", help="local processes or a Ray cluster")
+    p.add_argument(
+        "--backend", choices=("local", "ray"), default="local", help="local processes or a Ray cluster (default local)"
+    )
     p.add_argument("--address", default=None, help="Ray cluster address (default: start a local Ray instance)")
-    p.add_argument("--trials", type=int, default=None, help="Optuna: number of configurations (overrides the space)")
+    p.add_argument(
+        "--trials", type=int, default=None, help="Optuna: number of configurations (default: the space's optuna.trials)"
+    )
     p.add_argument("--retry-failed", action="store_true", help="simulate failed configurations again")
     p.add_argument("--no-plots", action="store_true", help="skip the plots")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress or table")
