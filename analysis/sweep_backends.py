@@ -9,22 +9,19 @@ writer of files: a worker that outlives a killed driver can never write a half r
 
 from __future__ import annotations
 
-import os
 import signal
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from infersim.simulator.errors import InfersimError
+from infersim.simulator.machine import usable_cpus
 
 BACKENDS = ("local", "ray")
 
 
 def default_workers() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
+    return usable_cpus()
 
 
 class InlineBackend:

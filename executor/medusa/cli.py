@@ -13,7 +13,7 @@ from rich.table import Table
 
 from infersim.simulator.errors import InfersimError
 from infersim.simulator.metrics.rundir import check_folder_option, check_out_file
-from infersim.simulator.validation import positive_int
+from infersim.simulator.validation import check_threads
 
 
 def add_parser(sub, help: str) -> None:
@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         raise InfersimError(f"--steps must be at least 1, got {args.steps}")
     if args.tree_nodes < 2:
         raise InfersimError(f"--tree-nodes must be at least 2, got {args.tree_nodes}")
-    positive_int(args.threads, "--threads")
+    check_threads(args.threads)
     if args.root:
         check_folder_option(args.root, "--root")
     if args.catalog_out:  # before the training, not after it

@@ -11,7 +11,7 @@ from infersim.executor.options import ExecOptions
 from infersim.simulator.errors import InfersimError
 from infersim.simulator.metrics.rundir import check_out_dir
 from infersim.simulator.progress import log_line
-from infersim.simulator.validation import finite_positive, positive_int
+from infersim.simulator.validation import check_threads, finite_positive, positive_int
 
 from .commands import COMMANDS
 from .run import add_memory_flag, add_out_flags, add_override_flags, finish_status, prepare, print_summary
@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     if args.dtype is not None:  # before the workload: its card's dtype rules are not the executor's
         check_dtype_name(args.dtype)
     if args.threads is not None:
-        torch.set_num_threads(positive_int(args.threads, "--threads"))
+        torch.set_num_threads(check_threads(args.threads))
     args.model_override, args.hardware, model = None, None, args.model
     ns = argparse.Namespace(**{**vars(args), "model": None})
     sv = {}

@@ -10,7 +10,7 @@ from pathlib import Path
 from infersim.executor.profiler.run import ProfileOptions, RefitOptions, print_report, refit_profile, run_profile
 from infersim.simulator.errors import InfersimError
 from infersim.simulator.metrics.rundir import check_out_file
-from infersim.simulator.validation import check_seed, in_field
+from infersim.simulator.validation import check_seed, check_threads, in_field
 
 from .commands import COMMANDS
 
@@ -66,8 +66,7 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     check_seed(args.seed, "--seed")
-    if args.threads < 0:
-        raise InfersimError(f"--threads: expected a whole number >= 0 (0: torch's default), got {args.threads}")
+    check_threads(args.threads, zero_ok=True)
     try:
         import sklearn  # noqa: F401
         import torch  # noqa: F401

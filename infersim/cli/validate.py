@@ -19,7 +19,7 @@ from infersim.simulator.hardware.catalog import load_hardware
 from infersim.simulator.metrics.rundir import staged_dir
 from infersim.simulator.preflight import check_workload, revalidate
 from infersim.simulator.progress import log_line
-from infersim.simulator.validation import check_seed, in_field, positive_int
+from infersim.simulator.validation import check_seed, check_threads, in_field, positive_int
 from infersim.simulator.workload.builder import load_workload
 
 from .commands import COMMANDS
@@ -107,8 +107,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if (args.workload is None) == (args.case is None):
         raise InfersimError("give exactly one of --workload FILE and --case NAME (see --list)")
-    if args.threads < 1:
-        raise InfersimError(f"--threads must be at least 1, got {args.threads}")
+    check_threads(args.threads)
     if args.repeats < 1:
         raise InfersimError(f"--repeats must be at least 1, got {args.repeats}")
     if args.requests is not None:

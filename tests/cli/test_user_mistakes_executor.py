@@ -79,6 +79,8 @@ def test_validate_refuses_names_before_making_its_folder(wl, tmp_path, extra, ne
 def test_profile_refuses_an_unknown_model_and_an_existing_profile(tmp_path, zoo_dir):
     out = tmp_path / "mine.yaml"
     refused_untouched(["profile", "--quick", "--model", "zoo-targt", "--out", out], tmp_path, "--model", "zoo-targt")
+    # more threads than the machine's CPUs: refused up front, not a traceback from the thread pool
+    refused_untouched(["profile", "--quick", "--threads", "100000", "--out", out], tmp_path, "--threads", "100000")
     out.write_text("name: mine\n")
     refused_untouched(["profile", "--quick", "--out", out], tmp_path, f"--out {out}: exists", "--force")
 
@@ -86,7 +88,8 @@ def test_profile_refuses_an_unknown_model_and_an_existing_profile(tmp_path, zoo_
 @pytest.mark.parametrize(
     "extra,needle",
     [
-        (["--threads", "-1"], "--threads: expected a whole number >= 1"),
+        (["--threads", "-1"], "--threads: expected a whole number from 1 to"),
+        (["--threads", "100000"], "--threads: expected a whole number from 1 to"),
         (["--root", "notes.txt"], "--root notes.txt: is a file; name a folder"),
         (["--catalog-out", "notes.yaml"], "--catalog-out notes.yaml: exists"),
         (["--catalog-out", "folder"], "--catalog-out folder: is a folder"),
