@@ -1004,8 +1004,9 @@ def _plot_pareto(plt, df, front, params, tp, lat, path: Path) -> Path:
         ax.set_xscale("log")
     ax.set_xlabel(f"{lat} (s)" if lat.endswith(("_s.p99", "_s.p90", "_s.p50", "_s.mean")) else lat)
     ax.set_ylabel(tp)
-    ax.set_title("throughput against tail latency (up and left is better)")
-    ax.legend(loc="lower right", fontsize=8)
+    ax.set_title("throughput against tail latency (up and left is better)", pad=24)
+    # above the axes: inside, any corner can hide configurations (the worst ones sit lower right)
+    ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=2, fontsize=8, frameon=False)
     return finish_figure(fig, path, **REPRODUCIBLE_PNG)
 
 

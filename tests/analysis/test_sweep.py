@@ -313,6 +313,24 @@ def test_local_workers_leave_sigint_to_the_driver_which_ends_them_on_cancel():
         os.kill(pid, 0)
 
 
+def test_the_pareto_plots_legend_hides_no_configuration(tmp_path, monkeypatch):
+    """The worst configurations (slow and low throughput) sit lower right, where the legend was."""
+    import infersim.analysis.sweep as sweep
+
+    figures = []
+    monkeypatch.setattr(sweep, "finish_figure", lambda fig, path, **kw: figures.append(fig) or path)
+    df = pd.DataFrame({"status": "ok", "tp": [1060.0, 1071.0, 930.0, 597.0, 588.0], "lat": [84, 100, 102, 196, 221]})
+    front = df.iloc[:2]
+    sweep._plot_pareto(sweep.pyplot(), df, front, [], "tp", "lat", tmp_path / "pareto.png")
+    fig = figures[0]
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    legend = ax.get_legend().get_window_extent()
+    points = ax.transData.transform(df[["lat", "tp"]].to_numpy(float))
+    assert not any(legend.contains(x, y) for x, y in points)
+    assert legend.y0 >= ax.get_window_extent().y1  # above the plotting area
+
+
 OPTUNA_SPACE = """\
 name: opt
 method: optuna
