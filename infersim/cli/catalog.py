@@ -47,7 +47,16 @@ def add_parser(sub) -> None:
     )
     p.add_argument("name", nargs="?", help="hardware profile name, alias or YAML file (default: list them all)")
     p.set_defaults(func=run_hardware)
-    p = sub.add_parser("workloads", help=COMMANDS["workloads"].help, description="List the built-in workloads.")
+    p = sub.add_parser(
+        "workloads",
+        help=COMMANDS["workloads"].help,
+        description="List the built-in workloads, or print one workload's file (its sources and every section).",
+    )
+    p.add_argument(
+        "name",
+        nargs="?",
+        help="a built-in workload's name or a workload YAML file: print it, checked (default: list them all)",
+    )
     p.set_defaults(func=run_workloads)
     p = sub.add_parser(
         "schema",
@@ -197,6 +206,11 @@ def run_hardware(args: argparse.Namespace) -> int:
 
 
 def run_workloads(args: argparse.Namespace) -> int:
+    if args.name:  # the file as written: its comments say where each number comes from
+        _, path = load_workload(args.name)  # a typo gets its "did you mean"; a bad file its field
+        print(f"# {args.name}: {path}")
+        print(path.read_text(encoding="utf-8"), end="")
+        return 0
     rows = []
     for name in list_workloads():
         spec, _ = load_workload(name)
