@@ -470,6 +470,23 @@ def test_a_sweep_whose_every_configuration_failed_exits_3(workload, tmp_path, ca
     assert main(argv) == 3 and "failed (2): configuration: field 'serving.shceduler'" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("width", [80, 200])
+def test_the_pareto_front_keeps_every_name_and_value_whole(workload, tmp_path, capsys, monkeypatch, width):
+    """At 80 columns the table became 'throughput_output_tok…' and 'recomp…'; now it is a table
+    where every cell fits whole, else one block per configuration."""
+    monkeypatch.setenv("COLUMNS", str(width))
+    space = _space_file(
+        tmp_path,
+        "parameters:\n  serving.preemption: [recompute, cost_aware]\n  serving.scheduler: [fcfs]\n"
+        "  serving.max_batch_size: [16]\n  serving.chunked_prefill: [false]\n",
+    )
+    argv = ["sweep", "-w", workload, "-s", str(space), "-o", str(tmp_path / "s"), "--workers", "1", "--no-plots"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "throughput_output_tokens_per_s" in out and "cost_aware" in out and "…" not in out
+    assert max(len(line) for line in out.splitlines()) <= width
+
+
 def test_pareto_table_headings_tell_parameters_apart():
     from infersim.cli.sweep import _heading
 
