@@ -208,7 +208,10 @@ def print_checks(result: dict) -> None:
     source's explanation once (report.md gives each row's in full)."""
     checks = (result.get("judged") or {}).get("checks", result["checks"])  # the pass rule's (analysis/validate/rule.py)
     t = Table(title=f"{result['case']}: simulated vs measured, judged by the pass rule")
-    for col in ("metric", "error", "judged on", "raw", "target", "", "source of the miss"):
+    # a metric wraps between its words, never inside one ('per-iteration' stays whole at 80 columns)
+    longest_word = max((len(word) for c in checks for word in c["metric"].split()), default=0)
+    t.add_column("metric", min_width=longest_word)
+    for col in ("error", "judged on", "raw", "target", "", "source of the miss"):
         t.add_column(col)
     for c in checks:
         t.add_row(
