@@ -27,7 +27,7 @@ def add_parser(sub) -> None:
         "Use the result anywhere a hardware profile is named: --hardware PATH, or hardware.profile in a "
         "workload (cost_model: roofline for the calibrated roofline, regression for the step-time model).",
     )
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default cpu)")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:N or auto (default cpu)")
     p.add_argument("--quick", action="store_true", help="a smaller sweep (under 2 minutes on a 2-core CPU)")
     p.add_argument(
         "--out", default=None, help="profile YAML to write, the sidecar beside it (required, except with --refit)"
@@ -84,6 +84,15 @@ def run(args: argparse.Namespace) -> int:
         in_field("", "--model", resolve_model_path, name)
 
     if args.refit:
+        # a refit keeps the profile's own device, dtype and name: a flag that asks for others would be ignored
+        given = [
+            flag for flag, value in (("--device", args.device), ("--dtype", args.dtype), ("--name", args.name)) if value
+        ]
+        if given:
+            raise InfersimError(
+                f"{given[0]} is for a new profile; --refit keeps {args.refit}'s own device, dtype and name "
+                f"(measure a new one with --out PROFILE.yaml)"
+            )
         refit = RefitOptions(
             out=Path(args.out) if args.out else None,
             seed=args.seed,
@@ -92,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
             threads=args.threads or None,
             models=tuple(args.model),
             models_only=args.models_only,
+            quiet=args.quiet,
         )
         result = refit_profile(Path(args.refit), refit)
         if not args.quiet:
@@ -101,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
         raise InfersimError("--out PROFILE.yaml is required (or --refit PROFILE.yaml)")
     opts = ProfileOptions(
         out=Path(args.out),
-        device=args.device,
+        device=args.device or "cpu",
         quick=args.quick,
         name=args.name,
         threads=args.threads or None,

@@ -85,6 +85,15 @@ def test_profile_refuses_an_unknown_model_and_an_existing_profile(tmp_path, zoo_
     refused_untouched(["profile", "--quick", "--out", out], tmp_path, f"--out {out}: exists", "--force")
 
 
+@pytest.mark.parametrize("flag,value", [("--device", "cuda"), ("--dtype", "bf16"), ("--name", "other")])
+def test_profile_refit_refuses_what_it_would_ignore(tmp_path, flag, value):
+    """A refit keeps the profile's device, dtype and name; it used to drop these flags silently."""
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("name: mine\n")
+    argv = ["profile", "--refit", mine, flag, value]
+    refused_untouched(argv, tmp_path, f"{flag} is for a new profile; --refit keeps {mine}'s own device, dtype and name")
+
+
 @pytest.mark.parametrize(
     "extra,needle",
     [
@@ -133,3 +142,17 @@ def test_validate_refused_after_claiming_its_folder_leaves_none(tmp_path, zoo_di
     (tmp_path / "v" / "notes.txt").write_text("mine\n")
     refused(["validate", "-w", huge_swap, "-o", tmp_path / "v", "-q", "--force"], "the KV pools")
     assert (tmp_path / "v" / "notes.txt").read_text() == "mine\n"
+
+
+@pytest.mark.parametrize("quiet", [False, True])
+def test_profile_refit_shows_its_progress_unless_quiet(tmp_path, monkeypatch, quiet):
+    """The refit's measurements (--model predictors) had no progress bar even without -q."""
+    from infersim.cli.main import main
+
+    seen = []
+    monkeypatch.setattr("infersim.cli.profile.refit_profile", lambda path, opts: seen.append(opts) or {})
+    monkeypatch.setattr("infersim.cli.profile.print_report", lambda result: None)
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("name: mine\n")
+    assert main(["profile", "--refit", str(mine), *(["-q"] if quiet else [])]) == 0
+    assert seen[0].quiet is quiet
