@@ -121,6 +121,14 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.calibration is not None and args.cost_model != "fitted":
         raise InfersimError("--calibration is an executor fit: it goes with --cost-model fitted")
+    # flags the run would otherwise ignore: the drift of a saved fit, the runs of a fit made now
+    if args.drift_correction and args.calibration is None:
+        raise InfersimError("--drift-correction scales a saved fit: it goes with --calibration FIT.json")
+    if args.generic_calibration and (args.calibration is not None or args.cost_model != "fitted"):
+        raise InfersimError(
+            "--generic-calibration chooses the runs a fit is calibrated on now: it goes with --cost-model "
+            "fitted and no --calibration"
+        )
     try:
         import torch  # noqa: F401
         import transformers  # noqa: F401

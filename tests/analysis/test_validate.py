@@ -380,6 +380,10 @@ def test_matrix_refuses_fewer_than_one_repeat_in_one_line(capsys):
         (["validate", "--case", "plain-load", "--repeats", "0"], "--repeats must be at least 1"),
         (["validate", "--case", "plain-load", "--calibration", "missing-fit.json"], "calibration file not found"),
         (["validate", "--case", "plain-load", "--cost-model", "roofline", "--calibration", "f.json"], "goes with"),
+        (["validate", "--case", "plain-load", "--drift-correction"], "--drift-correction scales a saved fit"),
+        (["validate", "--case", "plain-load", "--cost-model", "roofline", "--drift-correction"], "saved fit"),
+        (["validate", "--case", "plain-load", "--cost-model", "regression", "--generic-calibration"], "goes with"),
+        (["validate", "--case", "plain-load", "--calibration", "f.json", "--generic-calibration"], "goes with"),
         (["validate", "--workload", "no-such-workload.yaml"], "no-such-workload"),
         (
             ["validate", "--case", "plain-load", "--device", "cuda", "--cost-model", "regression"],
