@@ -51,6 +51,20 @@ def test_exec_a_checkpoint_with_a_broken_file(wl, tmp_path, zoo_dir, broken, nee
     assert refused_untouched(argv, tmp_path, f"{ckpt}", needle)
 
 
+def test_exec_device_memory_is_refused_where_the_run_would_ignore_it(wl, tmp_path):
+    """A pool given in blocks wins over --device-memory-gb, and CUDA plans from the GPU's own
+    memory: the flag was silently dropped in both."""
+    argv = _exec(wl, tmp_path, "--device-memory-gb", "8", "--gpu-blocks", "64")
+    refused_untouched(argv, tmp_path, "--device-memory-gb sizes the KV pool from memory, but --gpu-blocks (64)")
+    blocks = write_yaml(
+        tmp_path / "blocks.yaml", dict(TINY_WORKLOAD, serving={**TINY_WORKLOAD["serving"], "gpu_blocks": 96})
+    )
+    argv = _exec(blocks, tmp_path, "--device-memory-gb", "8")
+    refused_untouched(argv, tmp_path, f"but {blocks}'s serving.gpu_blocks (96) already gives it in blocks")
+    argv = _exec(wl, tmp_path, "--device-memory-gb", "8", "--device", "cuda")
+    refused_untouched(argv, tmp_path, "--device-memory-gb is for --device cpu")
+
+
 def test_exec_pools_larger_than_the_machine(wl, tmp_path):
     line = refused_untouched(
         _exec(wl, tmp_path, "--device-memory-gb", "1e9"), tmp_path, f"{wl}: the KV pools", "--device-memory-gb"
