@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
         finite_positive(args.device_memory_gb, "--device-memory-gb")
     spec, requests = prepare(ns, str(args.workload), serving=sv)
     _check_device_memory(args, spec)
-    out = check_out_dir(args.out or Path("runs") / f"{spec.name}-exec", force=args.force)
+    out = check_out_dir(args.out or Path("runs") / f"{spec.name}-exec", force=args.force, command="exec")
     log = None if args.quiet else log_line
     opts = ExecOptions(
         device=args.device,

@@ -94,7 +94,7 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     out = args.out or Path("medusa-study")
-    check_out_dir(out, force=args.force)
+    check_out_dir(out, force=args.force, command="medusa")
     if args.accuracies is not None and args.rate_model != "tree":
         raise InfersimError("--accuracies is the head-accuracy table of --rate-model tree; add --rate-model tree")
     cands = parse_ints(args.candidates, "candidates")

@@ -176,7 +176,9 @@ def run(args: argparse.Namespace) -> int:
     dps = _degrees(args.dp_attention, "--dp-attention")
 
     # refused before the search, not after it
-    out = check_out_dir(args.out or Path("plans") / load_workload(args.workload)[0].name, force=args.force)
+    out = check_out_dir(
+        args.out or Path("plans") / load_workload(args.workload)[0].name, force=args.force, command="plan"
+    )
     pf = load_plan_file(args.plan)
     if args.disaggregation is not None or pf.disaggregation is not None:
         return _goodput(args, pf, out)
