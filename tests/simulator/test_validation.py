@@ -149,5 +149,7 @@ def test_threads_run_from_one_to_the_machines_cpus(monkeypatch, cpus, most):
     monkeypatch.setattr("infersim.simulator.validation.usable_cpus", lambda: cpus)
     assert check_threads(1) == 1 and check_threads(most) == most and check_threads(0, zero_ok=True) == 0
     for bad, zero_ok in ((most + 1, False), (0, False), (-1, True), (True, False)):
-        with pytest.raises(InfersimError, match=rf"^--threads: expected a whole number from {int(not zero_ok)} to {most} "):
+        with pytest.raises(
+            InfersimError, match=rf"^--threads: expected a whole number from {int(not zero_ok)} to {most} "
+        ):
             check_threads(bad, zero_ok=zero_ok)
