@@ -22,42 +22,42 @@ from . import zoo
 from .commands import COMMANDS
 
 
+def _listing(sub, command: str, description: str, name_help: str, func):
+    """`sim models`, `sim hardware`, `sim workloads`: the catalog, or one entry of it by NAME."""
+    p = sub.add_parser(command, help=COMMANDS[command].help, description=description)
+    p.add_argument("name", nargs="?", help=name_help)
+    p.set_defaults(func=func)
+    return p
+
+
 def add_parser(sub) -> None:
-    p = sub.add_parser(
+    p = _listing(
+        sub,
         "models",
-        help=COMMANDS["models"].help,
-        description="List the model catalog with derived sizes, or show one model.",
-    )
-    p.add_argument(
-        "name",
-        nargs="?",
-        help="model name, alias, YAML file or HF config.json / checkpoint folder; "
+        "List the model catalog with derived sizes, or show one model.",
+        "model name, alias, YAML file or HF config.json / checkpoint folder; "
         "`sim models build` trains the executor's model zoo (= sim zoo build)",
+        run_models,
     )
     p.add_argument(
         "--dtype",
         default="fp16",
         help="weight dtype: fp32, fp16, bf16, fp8, int8, int4 (quantised ones keep the embedding and LM head in 16 bits; default fp16)",
     )
-    p.set_defaults(func=run_models)
-    p = sub.add_parser(
+    _listing(
+        sub,
         "hardware",
-        help=COMMANDS["hardware"].help,
-        description="List hardware profiles, or show one profile's numbers and sources.",
+        "List hardware profiles, or show one profile's numbers and sources.",
+        "hardware profile name, alias or YAML file (default: list them all)",
+        run_hardware,
     )
-    p.add_argument("name", nargs="?", help="hardware profile name, alias or YAML file (default: list them all)")
-    p.set_defaults(func=run_hardware)
-    p = sub.add_parser(
+    _listing(
+        sub,
         "workloads",
-        help=COMMANDS["workloads"].help,
-        description="List the built-in workloads, or print one workload's file (its sources and every section).",
+        "List the built-in workloads, or print one workload's file (its sources and every section).",
+        "a built-in workload's name or a workload YAML file: print it, checked (default: list them all)",
+        run_workloads,
     )
-    p.add_argument(
-        "name",
-        nargs="?",
-        help="a built-in workload's name or a workload YAML file: print it, checked (default: list them all)",
-    )
-    p.set_defaults(func=run_workloads)
     p = sub.add_parser(
         "schema",
         help=COMMANDS["schema"].help,
