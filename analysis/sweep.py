@@ -52,7 +52,7 @@ from pydantic import BaseModel, Discriminator, Field, PositiveInt, Tag, Validati
 
 from infersim.simulator.errors import InfersimError, pydantic_error_line
 from infersim.simulator.metrics.plots import REPRODUCIBLE_PNG, finish_figure, pyplot
-from infersim.simulator.metrics.rundir import StagedFiles, claim_dir, staged_files
+from infersim.simulator.metrics.rundir import StagedFiles, claim_dir, held_signals, staged_files
 from infersim.simulator.metrics.summary import CORE_METRICS, FEATURE_SECTIONS
 from infersim.simulator.preflight import traced_requests
 from infersim.simulator.progress import ProgressBar
@@ -941,6 +941,10 @@ def write_outputs(sweep_dir: Path, df, params: list[Param], space: SweepSpace, p
         front, sens, imgs = _summaries(staged, df, params, space, plots)
         staged.path(staged.main).write_text(_markdown(df, front, sens, params, space, imgs, sweep_dir))
         files = staged.written()
+    if not imgs:  # an earlier summary's figures would show other configurations than the table
+        with held_signals():
+            for png in (sweep_dir / "plots/pareto.png", sweep_dir / "plots/sensitivity.png"):
+                png.unlink(missing_ok=True)
     return files
 
 

@@ -39,7 +39,9 @@ def add_parser(sub) -> None:
         "--trials", type=int, default=None, help="Optuna: number of configurations (default: the space's optuna.trials)"
     )
     p.add_argument("--retry-failed", action="store_true", help="simulate failed configurations again")
-    p.add_argument("--no-plots", action="store_true", help="skip the plots")
+    p.add_argument(
+        "--no-plots", action="store_true", help="skip the plots (an earlier summary's, now out of date, are removed)"
+    )
     p.add_argument("--quiet", "-q", action="store_true", help="no progress or table")
     add_memory_flag(p)
     p.set_defaults(func=run)

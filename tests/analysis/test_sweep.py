@@ -487,6 +487,17 @@ def test_the_pareto_front_keeps_every_name_and_value_whole(workload, tmp_path, c
     assert max(len(line) for line in out.splitlines()) <= width
 
 
+def test_a_summary_without_plots_leaves_no_earlier_figures(workload, tmp_path):
+    """An Optuna sweep extended with --no-plots kept the figures of its first trials beside a
+    table of more; a summary without plots removes them."""
+    space = _space(parameters={"serving.preemption": ["recompute", "swap"]})
+    out = tmp_path / "s"
+    run_sweep(workload, space, out, run=BackendOptions(workers=1))
+    assert (out / "plots" / "pareto.png").is_file() and "pareto.png" in (out / "report.md").read_text()
+    run_sweep(workload, space, out, run=BackendOptions(workers=1), options=SweepOptions(plots=False))
+    assert not list((out / "plots").glob("*.png")) and "png" not in (out / "report.md").read_text()
+
+
 def test_pareto_table_headings_tell_parameters_apart():
     from infersim.cli.sweep import _heading
 
