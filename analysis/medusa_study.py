@@ -34,7 +34,7 @@ from infersim.simulator.speculative.medusa_heads import (
     load_accuracies,
 )
 
-from .roofline import POW2_BATCHES, POW2_SEQ_LENS, build_cost_model
+from .roofline import POW2_BATCHES, POW2_SEQ_LENS, build_cost_model, memory_bytes_per_gpu, memory_fit_note, tp_node_note
 
 LOG_RATE_COEF = 0.477  # Medusa G.3: acceleration rate = 0.477 * ln(#candidates), fitted to Fig. 4a
 POW2_CANDIDATES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -114,6 +114,7 @@ STUDY_COLUMNS = [
     "verify_time_s",
     "overhead",
     "speedup",
+    "memory_bytes_per_gpu",
 ]
 
 
@@ -179,16 +180,7 @@ def medusa_study(
     attention = o.resolved_attention()
     if min(list(batches) + list(seq_lens) + list(candidates)) < 1:
         raise InfersimError("batch sizes, sequence lengths and candidate counts must be >= 1")
-    # the paper block is Table 5's eight operators, projections counted one GEMM per weight
-    cost = build_cost_model(
-        model,
-        hardware,
-        dtype=o.dtype,
-        kv_dtype=o.kv_dtype,
-        tensor_parallel=o.tensor_parallel,
-        fused_attention=attention == "fused",
-        fused_projections=o.block != "paper",
-    )
+    cost = study_cost_model(model, hardware, o)
     rates = acceleration_rate(candidates, o.rate_model, o.accuracies)
     rows = []
     for b in batches:
@@ -210,9 +202,33 @@ def medusa_study(
                         verify_s,
                         ratio,
                         float(rate) / ratio,
+                        memory_bytes_per_gpu(cost, "verify", b, s, q),
                     )
                 )
     return pd.DataFrame(rows, columns=STUDY_COLUMNS)
+
+
+def study_cost_model(model: str, hardware: str, options: MedusaStudyOptions) -> RooflineCostModel:
+    """The cost model a study prices its steps with; the paper block is Table 5's eight
+    operators, projections counted one GEMM per weight."""
+    o = options
+    return build_cost_model(
+        model,
+        hardware,
+        dtype=o.dtype,
+        kv_dtype=o.kv_dtype,
+        tensor_parallel=o.tensor_parallel,
+        fused_attention=o.resolved_attention() == "fused",
+        fused_projections=o.block != "paper",
+    )
+
+
+def study_notes(model: str, hardware: str, options: MedusaStudyOptions, df: pd.DataFrame) -> list[str]:
+    """The lines `sim roofline` prints for the same settings: which ones the card cannot hold
+    (weights and KV cache per GPU after verification) and a tensor-parallel group wider than a node."""
+    cost = study_cost_model(model, hardware, options)
+    notes = (memory_fit_note(cost, df.assign(phase="verify")), tp_node_note(cost))
+    return [note for note in notes if note]
 
 
 def standard_sweeps(

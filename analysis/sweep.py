@@ -52,7 +52,7 @@ from pydantic import BaseModel, Discriminator, Field, PositiveInt, Tag, Validati
 
 from infersim.simulator.errors import InfersimError, pydantic_error_line
 from infersim.simulator.metrics.plots import REPRODUCIBLE_PNG, finish_figure, pyplot
-from infersim.simulator.metrics.rundir import StagedFiles, claim_dir, staged_files
+from infersim.simulator.metrics.rundir import StagedFiles, claim_dir, held_signals, staged_files
 from infersim.simulator.metrics.summary import CORE_METRICS, FEATURE_SECTIONS
 from infersim.simulator.preflight import traced_requests
 from infersim.simulator.progress import ProgressBar
@@ -379,11 +379,12 @@ def check_space(space: SweepSpace, spec, source: str, run: BackendOptions, base_
     for path in space.parameters:  # a list index out of range, before anything is written
         in_field(source, f"parameters.{path}", resolve_config, spec.model_dump(mode="json"), {path: 0})
     n = space_size(space, source)
-    parallel = run.workers or os.cpu_count() or 1
+    parallel = min(run.workers or os.cpu_count() or 1, n)  # no more simulations at once than configurations
     requests = max(expected_requests(spec), traced_requests(spec, base_dir) or 0)
     check_memory(
         n * BYTES_PER_CONFIGURATION + simulation_bytes(requests, parallel),
-        f"{source}: field '{'optuna.trials' if space.method == 'optuna' else 'parameters'}': " f"{n:,} configurations",
+        f"{source}: field '{'optuna.trials' if space.method == 'optuna' else 'parameters'}': "
+        f"{n:,} configurations on {parallel} worker{'s' if parallel != 1 else ''}",
         run.allow_large,
     )
     return build_params(space)
@@ -940,6 +941,10 @@ def write_outputs(sweep_dir: Path, df, params: list[Param], space: SweepSpace, p
         front, sens, imgs = _summaries(staged, df, params, space, plots)
         staged.path(staged.main).write_text(_markdown(df, front, sens, params, space, imgs, sweep_dir))
         files = staged.written()
+    if not imgs:  # an earlier summary's figures would show other configurations than the table
+        with held_signals():
+            for png in (sweep_dir / "plots/pareto.png", sweep_dir / "plots/sensitivity.png"):
+                png.unlink(missing_ok=True)
     return files
 
 
@@ -1003,8 +1008,9 @@ def _plot_pareto(plt, df, front, params, tp, lat, path: Path) -> Path:
         ax.set_xscale("log")
     ax.set_xlabel(f"{lat} (s)" if lat.endswith(("_s.p99", "_s.p90", "_s.p50", "_s.mean")) else lat)
     ax.set_ylabel(tp)
-    ax.set_title("throughput against tail latency (up and left is better)")
-    ax.legend(loc="lower right", fontsize=8)
+    ax.set_title("throughput against tail latency (up and left is better)", pad=24)
+    # above the axes: inside, any corner can hide configurations (the worst ones sit lower right)
+    ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=2, fontsize=8, frameon=False)
     return finish_figure(fig, path, **REPRODUCIBLE_PNG)
 
 

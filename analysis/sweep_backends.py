@@ -9,21 +9,19 @@ writer of files: a worker that outlives a killed driver can never write a half r
 
 from __future__ import annotations
 
-import os
+import signal
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from infersim.simulator.errors import InfersimError
+from infersim.simulator.machine import usable_cpus
 
 BACKENDS = ("local", "ray")
 
 
 def default_workers() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
+    return usable_cpus()
 
 
 class InlineBackend:
@@ -50,6 +48,13 @@ class InlineBackend:
         return "local, 1 worker (in process)"
 
 
+def _ignore_sigint() -> None:
+    """A worker's initializer. Ctrl-C in a terminal signals the whole process group: a worker
+    interrupted inside the pool's queue code can die holding its lock and hang the driver's
+    shutdown, so only the driver takes SIGINT and stops the workers itself (`close`)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 class LocalBackend:
     """A ProcessPoolExecutor with `workers` processes."""
 
@@ -57,13 +62,21 @@ class LocalBackend:
 
     def __init__(self, workers: int):
         self.workers = workers
-        self._pool = ProcessPoolExecutor(max_workers=workers)
+        self._pool = ProcessPoolExecutor(max_workers=workers, initializer=_ignore_sigint)
 
     def submit(self, fn, arg) -> Future:
         return self._pool.submit(fn, arg)
 
     def close(self, cancel: bool = False) -> None:
+        """Wait for the pool; on `cancel` (an interrupt or an error) drop the queued tasks and end
+        the running ones now rather than after their simulations finish."""
+        # the pool's processes, taken before shutdown forgets them (Python 3.14 has terminate_workers())
+        procs = list((getattr(self._pool, "_processes", None) or {}).values()) if cancel else []
         self._pool.shutdown(wait=not cancel, cancel_futures=cancel)
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.join()
 
     def describe(self) -> str:
         return f"local, {self.workers} worker processes"

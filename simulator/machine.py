@@ -58,6 +58,14 @@ def host_available_bytes() -> int:
     return avail
 
 
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask, which a container or `taskset` narrows)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
 def machine_line() -> str:
     """One line: CPU, cores, Python, OS."""
     return f"{cpu_model()}, {os.cpu_count()} cores, Python {platform.python_version()}, {platform.system()}"

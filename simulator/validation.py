@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import ConfigDict
 
 from .errors import InfersimError
-from .machine import host_available_bytes
+from .machine import host_available_bytes, usable_cpus
 
 # Every strict schema: unknown keys and non-finite numbers (.nan, .inf in YAML) are errors.
 STRICT_CONFIG = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -51,6 +51,20 @@ def finite_positive(value: float, field: str, source: str = "") -> float:
 def positive_int(value: int, field: str, source: str = "") -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise InfersimError(f"{source_field(source, field)}: expected a whole number >= 1, got {value!r}")
+    return value
+
+
+def check_threads(value: int, field: str = "--threads", zero_ok: bool = False) -> int:
+    """Torch CPU threads: a whole number from 1 (from 0 where 0 means torch's default) to this
+    machine's CPUs. More only contend for the same cores, and an absurd count fails deep inside
+    the thread pool ("can't start new thread"). The bound is at least 2, the profiler's and the
+    head trainer's default, so that a default never fails on a one-CPU machine."""
+    lowest = 0 if zero_ok else 1
+    most = max(usable_cpus(), 2)
+    if isinstance(value, bool) or not isinstance(value, int) or not lowest <= value <= most:
+        raise InfersimError(
+            f"{field}: expected a whole number from {lowest} to {most} (the CPUs this machine gives), got {value!r}"
+        )
     return value
 
 

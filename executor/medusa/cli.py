@@ -13,7 +13,7 @@ from rich.table import Table
 
 from infersim.simulator.errors import InfersimError
 from infersim.simulator.metrics.rundir import check_folder_option, check_out_file
-from infersim.simulator.validation import positive_int
+from infersim.simulator.validation import check_threads
 
 
 def add_parser(sub, help: str) -> None:
@@ -26,7 +26,9 @@ def add_parser(sub, help: str) -> None:
         "zoo, keyed by the target's weight hash. Prints per-head top-i accuracies on "
         "held-out text. See docs/executor-medusa.md.",
     )
-    p.add_argument("--model", default="zoo-target", help="target: a zoo name or a Llama checkpoint folder")
+    p.add_argument(
+        "--model", default="zoo-target", help="target: a zoo name or a Llama checkpoint folder (default zoo-target)"
+    )
     p.add_argument("--heads", type=int, default=None, help="number of heads (default 4)")
     p.add_argument("--steps", type=int, default=None, help="training steps (default 500)")
     p.add_argument(
@@ -39,11 +41,13 @@ def add_parser(sub, help: str) -> None:
     p.add_argument(
         "--catalog-out",
         default=None,
-        help="also write the accuracies as a simulator table (e.g. simulator/catalog/medusa/zoo-target.yaml)",
+        help="also write the accuracies as a simulator table (e.g. simulator/catalog/medusa/zoo-target.yaml; default: none)",
     )
     p.add_argument("--force", action="store_true", help="replace --catalog-out if it exists")
     p.add_argument("--catalog-name", default=None, help="table name (default: the model name)")
-    p.add_argument("--tree-nodes", type=int, default=16, help="nodes of the greedy tree stored with the table")
+    p.add_argument(
+        "--tree-nodes", type=int, default=16, help="nodes of the greedy tree stored with the table (default 16)"
+    )
     p.add_argument("--json", action="store_true", help="print medusa.json instead of a table")
     p.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     p.set_defaults(func=run)
@@ -56,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         raise InfersimError(f"--steps must be at least 1, got {args.steps}")
     if args.tree_nodes < 2:
         raise InfersimError(f"--tree-nodes must be at least 2, got {args.tree_nodes}")
-    positive_int(args.threads, "--threads")
+    check_threads(args.threads)
     if args.root:
         check_folder_option(args.root, "--root")
     if args.catalog_out:  # before the training, not after it

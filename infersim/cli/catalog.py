@@ -22,40 +22,49 @@ from . import zoo
 from .commands import COMMANDS
 
 
+def _listing(sub, command: str, description: str, name_help: str, func):
+    """`sim models`, `sim hardware`, `sim workloads`: the catalog, or one entry of it by NAME."""
+    p = sub.add_parser(command, help=COMMANDS[command].help, description=description)
+    p.add_argument("name", nargs="?", help=name_help)
+    p.set_defaults(func=func)
+    return p
+
+
 def add_parser(sub) -> None:
-    p = sub.add_parser(
+    p = _listing(
+        sub,
         "models",
-        help=COMMANDS["models"].help,
-        description="List the model catalog with derived sizes, or show one model.",
-    )
-    p.add_argument(
-        "name",
-        nargs="?",
-        help="model name, alias, YAML file or HF config.json / checkpoint folder; "
+        "List the model catalog with derived sizes, or show one model.",
+        "model name, alias, YAML file or HF config.json / checkpoint folder; "
         "`sim models build` trains the executor's model zoo (= sim zoo build)",
+        run_models,
     )
     p.add_argument(
         "--dtype",
         default="fp16",
         help="weight dtype: fp32, fp16, bf16, fp8, int8, int4 (quantised ones keep the embedding and LM head in 16 bits; default fp16)",
     )
-    p.set_defaults(func=run_models)
-    p = sub.add_parser(
+    _listing(
+        sub,
         "hardware",
-        help=COMMANDS["hardware"].help,
-        description="List hardware profiles, or show one profile's numbers and sources.",
+        "List hardware profiles, or show one profile's numbers and sources.",
+        "hardware profile name, alias or YAML file (default: list them all)",
+        run_hardware,
     )
-    p.add_argument("name", nargs="?")
-    p.set_defaults(func=run_hardware)
-    p = sub.add_parser("workloads", help=COMMANDS["workloads"].help, description="List the built-in workloads.")
-    p.set_defaults(func=run_workloads)
+    _listing(
+        sub,
+        "workloads",
+        "List the built-in workloads, or print one workload's file (its sources and every section).",
+        "a built-in workload's name or a workload YAML file: print it, checked (default: list them all)",
+        run_workloads,
+    )
     p = sub.add_parser(
         "schema",
         help=COMMANDS["schema"].help,
         description="Print the JSON schema (field names, types, defaults, descriptions) of a "
         "workload, model or hardware YAML file.",
     )
-    p.add_argument("kind", choices=["workload", "model", "hardware"])
+    p.add_argument("kind", choices=["workload", "model", "hardware"], help="which file's schema to print")
     p.set_defaults(func=run_schema)
 
 
@@ -197,6 +206,11 @@ def run_hardware(args: argparse.Namespace) -> int:
 
 
 def run_workloads(args: argparse.Namespace) -> int:
+    if args.name:  # the file as written: its comments say where each number comes from
+        _, path = load_workload(args.name)  # a typo gets its "did you mean"; a bad file its field
+        print(f"# {args.name}: {path}")
+        print(path.read_text(encoding="utf-8"), end="")
+        return 0
     rows = []
     for name in list_workloads():
         spec, _ = load_workload(name)

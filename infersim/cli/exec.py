@@ -11,7 +11,7 @@ from infersim.executor.options import ExecOptions
 from infersim.simulator.errors import InfersimError
 from infersim.simulator.metrics.rundir import check_out_dir
 from infersim.simulator.progress import log_line
-from infersim.simulator.validation import finite_positive, positive_int
+from infersim.simulator.validation import check_threads, finite_positive, positive_int
 
 from .commands import COMMANDS
 from .run import add_memory_flag, add_out_flags, add_override_flags, finish_status, prepare, print_summary
@@ -56,7 +56,8 @@ def add_parser(sub) -> None:
         "--device-memory-gb",
         type=float,
         default=None,
-        help="on cpu, the memory the KV pool is planned from when gpu_blocks is not given (default 4)",
+        help="on cpu, the memory the KV pool is planned from (default 4); refused where the pool is given in "
+        "blocks (--gpu-blocks, serving.gpu_blocks)",
     )
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--no-plots", action="store_true", help="skip the plots")
@@ -79,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     if args.dtype is not None:  # before the workload: its card's dtype rules are not the executor's
         check_dtype_name(args.dtype)
     if args.threads is not None:
-        torch.set_num_threads(positive_int(args.threads, "--threads"))
+        torch.set_num_threads(check_threads(args.threads))
     args.model_override, args.hardware, model = None, None, args.model
     ns = argparse.Namespace(**{**vars(args), "model": None})
     sv = {}
@@ -92,7 +93,8 @@ def run(args: argparse.Namespace) -> int:
     if args.device_memory_gb is not None:
         finite_positive(args.device_memory_gb, "--device-memory-gb")
     spec, requests = prepare(ns, str(args.workload), serving=sv)
-    out = check_out_dir(args.out or Path("runs") / f"{spec.name}-exec", force=args.force)
+    _check_device_memory(args, spec)
+    out = check_out_dir(args.out or Path("runs") / f"{spec.name}-exec", force=args.force, command="exec")
     log = None if args.quiet else log_line
     opts = ExecOptions(
         device=args.device,
@@ -116,3 +118,18 @@ def run(args: argparse.Namespace) -> int:
             f"scheduling {ex['schedule_s']:.3f} s, swaps {ex['swap_s']:.3f} s"
         )
     return finish_status(summary, args.quiet)
+
+
+def _check_device_memory(args: argparse.Namespace, spec) -> None:
+    """--device-memory-gb sizes a CPU's KV pool from memory; refused where the run would ignore
+    it: a pool given in blocks, or a CUDA device, whose own memory is used."""
+    if args.device_memory_gb is None:
+        return
+    if args.device.startswith("cuda"):
+        raise InfersimError("--device-memory-gb is for --device cpu; on cuda the GPU's own memory sizes the KV pool")
+    if spec.serving.gpu_blocks is not None:
+        given = "--gpu-blocks" if args.gpu_blocks is not None else f"{args.workload}'s serving.gpu_blocks"
+        raise InfersimError(
+            f"--device-memory-gb sizes the KV pool from memory, but {given} ({spec.serving.gpu_blocks:,}) "
+            f"already gives it in blocks; leave one out"
+        )

@@ -14,6 +14,7 @@ from infersim.analysis.medusa_study import (
     MedusaSweeps,
     best_candidates,
     standard_sweeps,
+    study_notes,
     write_study,
 )
 from infersim.analysis.roofline import check_batch_memory
@@ -93,7 +94,7 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     out = args.out or Path("medusa-study")
-    check_out_dir(out, force=args.force)
+    check_out_dir(out, force=args.force, command="medusa")
     if args.accuracies is not None and args.rate_model != "tree":
         raise InfersimError("--accuracies is the head-accuracy table of --rate-model tree; add --rate-model tree")
     cands = parse_ints(args.candidates, "candidates")
@@ -142,6 +143,12 @@ def run(args: argparse.Namespace) -> int:
             style=style,
         )
     console.print(table)
+    top = main[main["candidates"] == best_q].iloc[0]
+    console.print(
+        f"best at batch {batch}, seq {seq}: {best_q} candidates, speedup {top['speedup']:.3f}x "
+        f"(rate {top['acceleration_rate']:.3f} / overhead {top['overhead']:.3f})",
+        style="bold",
+    )
 
     for sweep, by, title in (
         ("batch", "batch", f"best per batch size (seq {seq})"),
@@ -154,6 +161,8 @@ def run(args: argparse.Namespace) -> int:
         for _, r in best.iterrows():
             t.add_row(str(r[by]), str(r["candidates"]), f"{r['speedup']:.3f}", f"{r['overhead']:.3f}")
         console.print(t)
+    for note in study_notes(model, hardware, options, df):
+        console.print(note, style="yellow")
 
     with claimed_dir(out, command="medusa", force=args.force) as folder:
         paths = write_study(df, folder)

@@ -118,7 +118,9 @@ def add_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=None, help="seed of every probe (default: the workload's)")
     add_out_flags(p, "report folder (default: plans/<workload name>)", replaces=True)
     p.add_argument("--workers", type=int, default=None, help="parallel simulations (default: one per core)")
-    p.add_argument("--backend", choices=("local", "ray"), default="local", help="local processes or a Ray cluster")
+    p.add_argument(
+        "--backend", choices=("local", "ray"), default="local", help="local processes or a Ray cluster (default local)"
+    )
     p.add_argument("--address", default=None, help="Ray cluster address (default: start a local Ray instance)")
     p.add_argument("--no-plots", action="store_true", help="skip the plots")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress or table")
@@ -174,7 +176,9 @@ def run(args: argparse.Namespace) -> int:
     dps = _degrees(args.dp_attention, "--dp-attention")
 
     # refused before the search, not after it
-    out = check_out_dir(args.out or Path("plans") / load_workload(args.workload)[0].name, force=args.force)
+    out = check_out_dir(
+        args.out or Path("plans") / load_workload(args.workload)[0].name, force=args.force, command="plan"
+    )
     pf = load_plan_file(args.plan)
     if args.disaggregation is not None or pf.disaggregation is not None:
         return _goodput(args, pf, out)

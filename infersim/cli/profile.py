@@ -10,7 +10,7 @@ from pathlib import Path
 from infersim.executor.profiler.run import ProfileOptions, RefitOptions, print_report, refit_profile, run_profile
 from infersim.simulator.errors import InfersimError
 from infersim.simulator.metrics.rundir import check_out_file
-from infersim.simulator.validation import check_seed, in_field
+from infersim.simulator.validation import check_seed, check_threads, in_field
 
 from .commands import COMMANDS
 
@@ -27,9 +27,11 @@ def add_parser(sub) -> None:
         "Use the result anywhere a hardware profile is named: --hardware PATH, or hardware.profile in a "
         "workload (cost_model: roofline for the calibrated roofline, regression for the step-time model).",
     )
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default cpu)")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:N or auto (default cpu)")
     p.add_argument("--quick", action="store_true", help="a smaller sweep (under 2 minutes on a 2-core CPU)")
-    p.add_argument("--out", default=None, help="profile YAML to write (the sidecar goes beside it)")
+    p.add_argument(
+        "--out", default=None, help="profile YAML to write, the sidecar beside it (required, except with --refit)"
+    )
     p.add_argument(
         "--refit",
         metavar="PROFILE",
@@ -64,8 +66,7 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     check_seed(args.seed, "--seed")
-    if args.threads < 0:
-        raise InfersimError(f"--threads: expected a whole number >= 0 (0: torch's default), got {args.threads}")
+    check_threads(args.threads, zero_ok=True)
     try:
         import sklearn  # noqa: F401
         import torch  # noqa: F401
@@ -83,6 +84,15 @@ def run(args: argparse.Namespace) -> int:
         in_field("", "--model", resolve_model_path, name)
 
     if args.refit:
+        # a refit keeps the profile's own device, dtype and name: a flag that asks for others would be ignored
+        given = [
+            flag for flag, value in (("--device", args.device), ("--dtype", args.dtype), ("--name", args.name)) if value
+        ]
+        if given:
+            raise InfersimError(
+                f"{given[0]} is for a new profile; --refit keeps {args.refit}'s own device, dtype and name "
+                f"(measure a new one with --out PROFILE.yaml)"
+            )
         refit = RefitOptions(
             out=Path(args.out) if args.out else None,
             seed=args.seed,
@@ -91,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
             threads=args.threads or None,
             models=tuple(args.model),
             models_only=args.models_only,
+            quiet=args.quiet,
         )
         result = refit_profile(Path(args.refit), refit)
         if not args.quiet:
@@ -100,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
         raise InfersimError("--out PROFILE.yaml is required (or --refit PROFILE.yaml)")
     opts = ProfileOptions(
         out=Path(args.out),
-        device=args.device,
+        device=args.device or "cpu",
         quick=args.quick,
         name=args.name,
         threads=args.threads or None,

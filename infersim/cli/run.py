@@ -239,7 +239,7 @@ def run(args: argparse.Namespace) -> int:
         raise InfersimError(
             f"{args.workload}: --compare-prefix-caching needs serving.prefix_caching on (or --prefix-caching on)"
         )
-    out = check_out_dir(args.out or Path("runs") / spec.name, force=args.force)
+    out = check_out_dir(args.out or Path("runs") / spec.name, force=args.force, command="run")
     summary = execute(spec, requests, out, RunOptions.from_args(args))
     if not args.quiet:
         print_summary(summary, spec, out, time.perf_counter() - t0)

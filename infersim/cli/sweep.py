@@ -8,12 +8,12 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
 
 from infersim.analysis.sweep import SweepOptions, build_params, load_space, pareto_mask, run_sweep
 from infersim.simulator.errors import InfersimError
 from infersim.simulator.validation import positive_int
 
+from .catalog import show_catalog
 from .commands import COMMANDS
 from .run import add_memory_flag, add_out_flags, backend_options
 
@@ -31,11 +31,17 @@ def add_parser(sub) -> None:
     p.add_argument("--space", "-s", required=True, type=Path, help="the space YAML (see examples/sweep/)")
     add_out_flags(p, "sweep folder (default: sweeps/<space name>)", replaces=False)
     p.add_argument("--workers", type=int, default=None, help="parallel simulations (default: one per core)")
-    p.add_argument("--backend", choices=("local", "ray"), default="local", help="local processes or a Ray cluster")
+    p.add_argument(
+        "--backend", choices=("local", "ray"), default="local", help="local processes or a Ray cluster (default local)"
+    )
     p.add_argument("--address", default=None, help="Ray cluster address (default: start a local Ray instance)")
-    p.add_argument("--trials", type=int, default=None, help="Optuna: number of configurations (overrides the space)")
+    p.add_argument(
+        "--trials", type=int, default=None, help="Optuna: number of configurations (default: the space's optuna.trials)"
+    )
     p.add_argument("--retry-failed", action="store_true", help="simulate failed configurations again")
-    p.add_argument("--no-plots", action="store_true", help="skip the plots")
+    p.add_argument(
+        "--no-plots", action="store_true", help="skip the plots (an earlier summary's, now out of date, are removed)"
+    )
     p.add_argument("--quiet", "-q", action="store_true", help="no progress or table")
     add_memory_flag(p)
     p.set_defaults(func=run)
@@ -77,14 +83,23 @@ def _print(res, space) -> None:
     params = [p.path for p in build_params(space)]
     if len(df) and tp in df.columns and lat in df.columns:
         front = df[pareto_mask(df[[tp, lat]].astype(float).to_numpy(), [True, False])].sort_values(lat)
-        t = Table(title=f"Pareto front: {tp} (up) against {lat} (down)")
-        for col in params + [tp, lat]:
-            t.add_column(_heading(col, params), justify="right")
-        for _, row in front.head(15).iterrows():
-            t.add_row(
-                *[f"{row[col]:.4g}" if isinstance(row[col], float) else str(row[col]) for col in params + [tp, lat]]
+        columns = params + [tp, lat]
+        rows = [
+            (
+                str(row["index"]),
+                *(f"{row[col]:.4g}" if isinstance(row[col], float) else str(row[col]) for col in columns),
             )
-        c.print(t)
+            for _, row in front.head(15).iterrows()
+        ]
+        # every value whole, as the catalogs print theirs: a table where it fits, else a block per
+        # configuration, led by its index in results.csv
+        show_catalog(
+            f"Pareto front: {tp} (up) against {lat} (down)",
+            ["index", *(_heading(col, params) for col in columns)],
+            rows,
+            numeric_from=0,
+            console=c,
+        )
     c.print(
         f"{len(df)} configuration{'s' if len(df) != 1 else ''}: {res.computed} simulated now, {res.cached} already done, "
         f"{res.failed} failed; {res.backend}; {res.wall_s:.1f} s"

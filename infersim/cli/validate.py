@@ -19,7 +19,7 @@ from infersim.simulator.hardware.catalog import load_hardware
 from infersim.simulator.metrics.rundir import staged_dir
 from infersim.simulator.preflight import check_workload, revalidate
 from infersim.simulator.progress import log_line
-from infersim.simulator.validation import check_seed, in_field, positive_int
+from infersim.simulator.validation import check_seed, check_threads, in_field, positive_int
 from infersim.simulator.workload.builder import load_workload
 
 from .commands import COMMANDS
@@ -107,8 +107,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if (args.workload is None) == (args.case is None):
         raise InfersimError("give exactly one of --workload FILE and --case NAME (see --list)")
-    if args.threads < 1:
-        raise InfersimError(f"--threads must be at least 1, got {args.threads}")
+    check_threads(args.threads)
     if args.repeats < 1:
         raise InfersimError(f"--repeats must be at least 1, got {args.repeats}")
     if args.requests is not None:
@@ -122,6 +121,14 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.calibration is not None and args.cost_model != "fitted":
         raise InfersimError("--calibration is an executor fit: it goes with --cost-model fitted")
+    # flags the run would otherwise ignore: the drift of a saved fit, the runs of a fit made now
+    if args.drift_correction and args.calibration is None:
+        raise InfersimError("--drift-correction scales a saved fit: it goes with --calibration FIT.json")
+    if args.generic_calibration and (args.calibration is not None or args.cost_model != "fitted"):
+        raise InfersimError(
+            "--generic-calibration chooses the runs a fit is calibrated on now: it goes with --cost-model "
+            "fitted and no --calibration"
+        )
     try:
         import torch  # noqa: F401
         import transformers  # noqa: F401
@@ -209,7 +216,10 @@ def print_checks(result: dict) -> None:
     source's explanation once (report.md gives each row's in full)."""
     checks = (result.get("judged") or {}).get("checks", result["checks"])  # the pass rule's (analysis/validate/rule.py)
     t = Table(title=f"{result['case']}: simulated vs measured, judged by the pass rule")
-    for col in ("metric", "error", "judged on", "raw", "target", "", "source of the miss"):
+    # a metric wraps between its words, never inside one ('per-iteration' stays whole at 80 columns)
+    longest_word = max((len(word) for c in checks for word in c["metric"].split()), default=0)
+    t.add_column("metric", min_width=longest_word)
+    for col in ("error", "judged on", "raw", "target", "", "source of the miss"):
         t.add_column(col)
     for c in checks:
         t.add_row(

@@ -50,6 +50,14 @@ def is_tool_folder(path: Path) -> bool:
     return path.is_dir() and not path.is_symlink() and (path / MARKER).is_file()
 
 
+def folder_command(path: Path) -> str | None:
+    """The command whose marker a tool folder holds (`run`, `sweep`, ...), None when unreadable."""
+    try:
+        return json.loads((Path(path) / MARKER).read_text()).get("command")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def _writable_parent(path: Path) -> None:
     """The nearest existing ancestor of `path` must be a folder we can write into."""
     parent = path.parent
@@ -64,10 +72,11 @@ def _writable_parent(path: Path) -> None:
     check_writable_in(parent, path)
 
 
-def check_out_dir(path: Path | str, *, force: bool = False, option: str = "--out") -> Path:
+def check_out_dir(path: Path | str, *, force: bool = False, option: str = "--out", command: str | None = None) -> Path:
     """Refuse, before any work, an output folder the command may not (re)place: the current
-    folder or one of its ancestors, an existing file, a folder this tool did not write (unless
-    `force`), a place that cannot be written. Returns the path."""
+    folder or one of its ancestors, an existing file, a folder this tool did not write or (when
+    `command` is given) that another command wrote (unless `force`), a place that cannot be
+    written. Returns the path."""
     raw = str(path)
     if raw.strip() == "":
         raise InfersimError(f"{option}: empty path; name a folder, e.g. {option} runs/mine")
@@ -87,6 +96,12 @@ def check_out_dir(path: Path | str, *, force: bool = False, option: str = "--out
     if holds_files and not is_tool_folder(path) and not force:
         raise InfersimError(
             f"{option} {raw}: folder exists and was not written by infersim (no {MARKER} in it); "
+            f"name another folder, or pass --force to replace it"
+        )
+    other = folder_command(path) if holds_files and command is not None and not force else None
+    if other is not None and other != command:  # a sweep's results are not a run to replace, nor a place for a study
+        raise InfersimError(
+            f"{option} {raw}: holds the results of `sim {other}`, not of `sim {command}`; "
             f"name another folder, or pass --force to replace it"
         )
     _writable_parent(path)
@@ -231,7 +246,7 @@ def staged_folder(target: Path):
 def staged_dir(target: Path, *, command: str = "run", force: bool = False):
     """staged_folder for a command's output folder: `target` checked first with check_out_dir,
     and the finished folder holds the marker file."""
-    target = check_out_dir(target, force=force)
+    target = check_out_dir(target, force=force, command=command)
     with staged_folder(target) as tmp:
         yield tmp
         (tmp / MARKER).write_text(_marker_text(command))
@@ -332,7 +347,7 @@ def staged_files(*targets: Path | None):
 def claim_dir(target: Path, *, command: str, force: bool = False) -> Path:
     """For commands that fill their folder in place (resumable sweeps, studies): check it,
     create it and mark it as this tool's. Returns the path."""
-    target = check_out_dir(target, force=force)
+    target = check_out_dir(target, force=force, command=command)
     try:
         target.mkdir(parents=True, exist_ok=True)
         if not (target / MARKER).is_file():

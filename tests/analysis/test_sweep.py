@@ -229,40 +229,30 @@ fixed: {requests.count: 400}
 """
 
 
+def _sweep_started(workload: str, space_path: Path, out: Path, done: int) -> subprocess.Popen:
+    """`sim sweep` on two workers in its own process group (as a terminal runs it), returned
+    once `done` configurations are written and more are running."""
+    cmd = [sys.executable, "-m", "infersim.cli.main", "sweep", "-w", workload, "-s", str(space_path)]
+    cmd += ["-o", str(out), "--workers", "2", "-q", "--no-plots"]
+    proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    results = out / "results"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if results.is_dir() and len([p for p in results.glob("*.json") if not p.name.startswith(".")]) >= done:
+            break
+        time.sleep(0.02)
+    if proc.poll() is not None:
+        raise AssertionError("the sweep finished before it could be stopped: " + proc.stderr.read().decode()[-500:])
+    return proc
+
+
 def test_killed_sweep_resumes_without_loss_or_duplicates(workload, tmp_path):
     space_path = _space_file(tmp_path, KILL_SPACE)
     out = tmp_path / "k"
-    cmd = [
-        sys.executable,
-        "-m",
-        "infersim.cli.main",
-        "sweep",
-        "-w",
-        workload,
-        "-s",
-        str(space_path),
-        "-o",
-        str(out),
-        "--workers",
-        "2",
-        "-q",
-        "--no-plots",
-    ]
-    proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = _sweep_started(workload, space_path, out, done=3)
+    os.killpg(proc.pid, signal.SIGKILL)  # the driver and its worker processes
+    proc.wait()
     results = out / "results"
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and proc.poll() is None:
-            if results.is_dir() and len([p for p in results.glob("*.json") if not p.name.startswith(".")]) >= 3:
-                break
-            time.sleep(0.02)
-        assert proc.poll() is None, (
-            "the sweep finished before it could be killed: " + proc.stderr.read().decode()[-500:]
-        )
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)  # the driver and its worker processes
-        proc.wait()
     before = {p.name: p.read_bytes() for p in results.glob("*.json") if not p.name.startswith(".")}
     total = 16
     assert 3 <= len(before) < total
@@ -291,6 +281,54 @@ def test_killed_sweep_resumes_without_loss_or_duplicates(workload, tmp_path):
         run_sweep(workload, space_path, out, run=BackendOptions(workers=1), options=SweepOptions(plots=False)).computed
         == 0
     )
+
+
+def test_ctrl_c_stops_the_driver_and_its_workers_at_once(workload, tmp_path):
+    """Ctrl-C in a terminal signals the whole process group, workers included: the sweep ends
+    with exit 130 and one line, no process of it left, the finished results kept."""
+    out = tmp_path / "k"
+    proc = _sweep_started(workload, _space_file(tmp_path, KILL_SPACE), out, done=1)
+    os.killpg(proc.pid, signal.SIGINT)
+    assert proc.wait(timeout=60) == 130
+    err = proc.stderr.read().decode()
+    assert err.count("\n") == 1 and "interrupted (SIGINT)" in err, err
+    with pytest.raises(ProcessLookupError):  # no worker is left in the group
+        os.killpg(proc.pid, 0)
+    assert 1 <= len(list((out / "results").glob("*.json"))) < 16
+
+
+def _worker_pid(_) -> int:
+    return os.getpid()
+
+
+def test_local_workers_leave_sigint_to_the_driver_which_ends_them_on_cancel():
+    from infersim.analysis.sweep_backends import LocalBackend
+
+    be = LocalBackend(1)
+    assert be.submit(signal.getsignal, signal.SIGINT).result() == signal.SIG_IGN
+    pid = be.submit(_worker_pid, None).result()
+    be.submit(time.sleep, 120)
+    be.close(cancel=True)  # an interrupted sweep: the running simulation ends now
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+def test_the_pareto_plots_legend_hides_no_configuration(tmp_path, monkeypatch):
+    """The worst configurations (slow and low throughput) sit lower right, where the legend was."""
+    import infersim.analysis.sweep as sweep
+
+    figures = []
+    monkeypatch.setattr(sweep, "finish_figure", lambda fig, path, **kw: figures.append(fig) or path)
+    df = pd.DataFrame({"status": "ok", "tp": [1060.0, 1071.0, 930.0, 597.0, 588.0], "lat": [84, 100, 102, 196, 221]})
+    front = df.iloc[:2]
+    sweep._plot_pareto(sweep.pyplot(), df, front, [], "tp", "lat", tmp_path / "pareto.png")
+    fig = figures[0]
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    legend = ax.get_legend().get_window_extent()
+    points = ax.transData.transform(df[["lat", "tp"]].to_numpy(float))
+    assert not any(legend.contains(x, y) for x, y in points)
+    assert legend.y0 >= ax.get_window_extent().y1  # above the plotting area
 
 
 OPTUNA_SPACE = """\
@@ -399,7 +437,8 @@ def test_a_list_index_out_of_range_is_refused_before_anything_is_written(tmp_pat
 
 def test_a_trace_too_large_for_memory_is_refused_before_the_sweep_starts(tmp_path, capsys, monkeypatch):
     """The trace's 200,000 rows are counted: 256 MiB + 200,000 x 512 B + 2 configurations x 4 KB
-    = 0.371 GB on one worker, more than the 0.3 GB this test makes available."""
+    = 0.371 GB on one worker, more than the 0.3 GB this test makes available; twice that on
+    64 workers, which run at most the 2 configurations at once."""
     monkeypatch.setattr("infersim.simulator.validation.host_available_bytes", lambda: 300_000_000)
     (tmp_path / "big.csv").write_text("ts,p,o\n" + "0,5,6\n" * 200_000)
     wl = tmp_path / "wl.yaml"
@@ -411,7 +450,11 @@ def test_a_trace_too_large_for_memory_is_refused_before_the_sweep_starts(tmp_pat
     out = tmp_path / "s"
     assert main(["sweep", "-w", str(wl), "-s", str(space), "-o", str(out), "--workers", "1", "-q"]) == 2
     err = capsys.readouterr().err.strip()
-    assert f"{space}: field 'parameters': 2 configurations would need about 0.371 GB of memory" in err
+    assert f"{space}: field 'parameters': 2 configurations on 1 worker would need about 0.371 GB of memory" in err
+    # more workers than configurations: only two simulations can run at once (2 x 0.371 GB)
+    assert main(["sweep", "-w", str(wl), "-s", str(space), "-o", str(out), "--workers", "64", "-q"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"{space}: field 'parameters': 2 configurations on 2 workers would need about 0.742 GB" in err
     assert not out.exists()
 
 
@@ -425,6 +468,34 @@ def test_a_sweep_whose_every_configuration_failed_exits_3(workload, tmp_path, ca
         "Extra inputs are not permitted"
     )
     assert main(argv) == 3 and "failed (2): configuration: field 'serving.shceduler'" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("width", [80, 200])
+def test_the_pareto_front_keeps_every_name_and_value_whole(workload, tmp_path, capsys, monkeypatch, width):
+    """At 80 columns the table became 'throughput_output_tok…' and 'recomp…'; now it is a table
+    where every cell fits whole, else one block per configuration."""
+    monkeypatch.setenv("COLUMNS", str(width))
+    space = _space_file(
+        tmp_path,
+        "parameters:\n  serving.preemption: [recompute, cost_aware]\n  serving.scheduler: [fcfs]\n"
+        "  serving.max_batch_size: [16]\n  serving.chunked_prefill: [false]\n",
+    )
+    argv = ["sweep", "-w", workload, "-s", str(space), "-o", str(tmp_path / "s"), "--workers", "1", "--no-plots"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "throughput_output_tokens_per_s" in out and "cost_aware" in out and "…" not in out
+    assert max(len(line) for line in out.splitlines()) <= width
+
+
+def test_a_summary_without_plots_leaves_no_earlier_figures(workload, tmp_path):
+    """An Optuna sweep extended with --no-plots kept the figures of its first trials beside a
+    table of more; a summary without plots removes them."""
+    space = _space(parameters={"serving.preemption": ["recompute", "swap"]})
+    out = tmp_path / "s"
+    run_sweep(workload, space, out, run=BackendOptions(workers=1))
+    assert (out / "plots" / "pareto.png").is_file() and "pareto.png" in (out / "report.md").read_text()
+    run_sweep(workload, space, out, run=BackendOptions(workers=1), options=SweepOptions(plots=False))
+    assert not list((out / "plots").glob("*.png")) and "png" not in (out / "report.md").read_text()
 
 
 def test_pareto_table_headings_tell_parameters_apart():

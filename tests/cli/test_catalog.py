@@ -62,3 +62,21 @@ def test_one_model_shows_its_layer_layout(capsys):
     assert main(["models", "qwen-72b"]) == 0
     out = capsys.readouterr().out
     assert "2 rmsnorm per layer; gated MLP of width 24576" in out and "biases: q/k/v;" in out
+
+
+def test_workloads_name_prints_that_workloads_file(capsys, tmp_path):
+    """`sim workloads NAME` as `sim models NAME` and `sim hardware NAME`: the file, its sources."""
+    from infersim.simulator.workload.builder import load_workload
+
+    assert main(["workloads", "chatbot"]) == 0
+    out = capsys.readouterr().out
+    _, path = load_workload("chatbot")
+    assert out == f"# chatbot: {path}\n" + path.read_text(encoding="utf-8")
+    assert "source:" in out
+    assert main(["workloads", "chatbto"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "did you mean 'chatbot'?" in err
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: llama-2-7b\nserving: {max_batch_sise: 4}\n")
+    assert main(["workloads", str(bad)]) == 2
+    assert "field 'serving.max_batch_sise'" in capsys.readouterr().err

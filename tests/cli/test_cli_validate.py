@@ -31,3 +31,22 @@ def test_the_printed_table_names_each_source_in_a_word_and_explains_it_once_unde
     assert [("cost model" in r, "pass" in r) for r in rows] == [(True, False), (True, False), (False, True)]
     print_checks({"case": "c", "checks": checks[2:]})
     assert "verdict: all 1 targets met" in capsys.readouterr().out
+
+
+def test_a_metric_name_wraps_between_words_never_inside_one(capsys, monkeypatch):
+    """At 80 columns the table printed 'per-iterati…'."""
+    from infersim.cli.validate import print_checks
+
+    monkeypatch.setenv("COLUMNS", "80")
+    checks = [
+        {"metric": "per-iteration latency MAPE", "value": 0.093, "raw": 0.063, "target": 0.1, "ok": True},
+        {"metric": "throughput (output tok/s)", "value": 0.087, "raw": 0.087, "target": 0.1, "ok": True},
+        {"metric": "TTFT p99", "value": -0.35, "raw": -0.35, "target": 0.2, "ok": False, "component": "cost model"},
+    ]
+    for c in checks:
+        c.setdefault("component", "")
+        c["judged_on"] = "local speed"
+    print_checks({"case": "plain-load", "checks": checks})
+    out = capsys.readouterr().out
+    assert "per-iteration" in out and "…" not in out
+    assert max(len(line) for line in out.splitlines()) <= 80

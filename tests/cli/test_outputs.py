@@ -235,3 +235,29 @@ def test_a_failed_fill_in_place_command_removes_only_what_it_created(tmp_path, e
         with claimed_dir(base / "p" / "q" / "out", command="validate"):
             raise RuntimeError("the work failed")
     assert [p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")] == ([existing] if existing else [])
+
+
+def test_a_folder_another_command_wrote_is_refused_and_kept(tmp_path, capsys):
+    """`sim medusa` or `sim sweep` into a run folder mixed their files with the run's, and a
+    `sim run` into a study's folder replaced it whole; each is refused without --force."""
+    run = tmp_path / "r"
+    assert main([*RUN, "-o", str(run)]) == 0
+    before = folder_digest(run)
+    study = ["medusa", "--candidates", "1,4", "--batches", "1", "--seqs", "1024"]
+    assert main([*study, "--out", str(run)]) == 2
+    _one_line_error(capsys, f"--out {run}: holds the results of `sim run`, not of `sim medusa`", "--force")
+    assert folder_digest(run) == before
+    space = tmp_path / "space.yaml"
+    space.write_text("parameters:\n  serving.preemption: [recompute, swap]\n")
+    assert main(["sweep", "-w", "chatbot", "-s", str(space), "--out", str(run), "--workers", "1", "-q"]) == 2
+    _one_line_error(capsys, "holds the results of `sim run`, not of `sim sweep`")
+    assert folder_digest(run) == before
+    medusa = tmp_path / "m"
+    assert main([*study, "--out", str(medusa)]) == 0
+    capsys.readouterr()
+    kept = folder_digest(medusa)
+    assert main([*RUN, "-o", str(medusa)]) == 2
+    _one_line_error(capsys, "holds the results of `sim medusa`, not of `sim run`")
+    assert folder_digest(medusa) == kept
+    assert main([*RUN, "-o", str(medusa), "--force"]) == 0  # --force replaces it, as any folder
+    assert (medusa / "summary.json").is_file() and not (medusa / "medusa_study.csv").exists()

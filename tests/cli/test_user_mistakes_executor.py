@@ -51,6 +51,20 @@ def test_exec_a_checkpoint_with_a_broken_file(wl, tmp_path, zoo_dir, broken, nee
     assert refused_untouched(argv, tmp_path, f"{ckpt}", needle)
 
 
+def test_exec_device_memory_is_refused_where_the_run_would_ignore_it(wl, tmp_path):
+    """A pool given in blocks wins over --device-memory-gb, and CUDA plans from the GPU's own
+    memory: the flag was silently dropped in both."""
+    argv = _exec(wl, tmp_path, "--device-memory-gb", "8", "--gpu-blocks", "64")
+    refused_untouched(argv, tmp_path, "--device-memory-gb sizes the KV pool from memory, but --gpu-blocks (64)")
+    blocks = write_yaml(
+        tmp_path / "blocks.yaml", dict(TINY_WORKLOAD, serving={**TINY_WORKLOAD["serving"], "gpu_blocks": 96})
+    )
+    argv = _exec(blocks, tmp_path, "--device-memory-gb", "8")
+    refused_untouched(argv, tmp_path, f"but {blocks}'s serving.gpu_blocks (96) already gives it in blocks")
+    argv = _exec(wl, tmp_path, "--device-memory-gb", "8", "--device", "cuda")
+    refused_untouched(argv, tmp_path, "--device-memory-gb is for --device cpu")
+
+
 def test_exec_pools_larger_than_the_machine(wl, tmp_path):
     line = refused_untouched(
         _exec(wl, tmp_path, "--device-memory-gb", "1e9"), tmp_path, f"{wl}: the KV pools", "--device-memory-gb"
@@ -79,14 +93,26 @@ def test_validate_refuses_names_before_making_its_folder(wl, tmp_path, extra, ne
 def test_profile_refuses_an_unknown_model_and_an_existing_profile(tmp_path, zoo_dir):
     out = tmp_path / "mine.yaml"
     refused_untouched(["profile", "--quick", "--model", "zoo-targt", "--out", out], tmp_path, "--model", "zoo-targt")
+    # more threads than the machine's CPUs: refused up front, not a traceback from the thread pool
+    refused_untouched(["profile", "--quick", "--threads", "100000", "--out", out], tmp_path, "--threads", "100000")
     out.write_text("name: mine\n")
     refused_untouched(["profile", "--quick", "--out", out], tmp_path, f"--out {out}: exists", "--force")
+
+
+@pytest.mark.parametrize("flag,value", [("--device", "cuda"), ("--dtype", "bf16"), ("--name", "other")])
+def test_profile_refit_refuses_what_it_would_ignore(tmp_path, flag, value):
+    """A refit keeps the profile's device, dtype and name; it used to drop these flags silently."""
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("name: mine\n")
+    argv = ["profile", "--refit", mine, flag, value]
+    refused_untouched(argv, tmp_path, f"{flag} is for a new profile; --refit keeps {mine}'s own device, dtype and name")
 
 
 @pytest.mark.parametrize(
     "extra,needle",
     [
-        (["--threads", "-1"], "--threads: expected a whole number >= 1"),
+        (["--threads", "-1"], "--threads: expected a whole number from 1 to"),
+        (["--threads", "100000"], "--threads: expected a whole number from 1 to"),
         (["--root", "notes.txt"], "--root notes.txt: is a file; name a folder"),
         (["--catalog-out", "notes.yaml"], "--catalog-out notes.yaml: exists"),
         (["--catalog-out", "folder"], "--catalog-out folder: is a folder"),
@@ -130,3 +156,17 @@ def test_validate_refused_after_claiming_its_folder_leaves_none(tmp_path, zoo_di
     (tmp_path / "v" / "notes.txt").write_text("mine\n")
     refused(["validate", "-w", huge_swap, "-o", tmp_path / "v", "-q", "--force"], "the KV pools")
     assert (tmp_path / "v" / "notes.txt").read_text() == "mine\n"
+
+
+@pytest.mark.parametrize("quiet", [False, True])
+def test_profile_refit_shows_its_progress_unless_quiet(tmp_path, monkeypatch, quiet):
+    """The refit's measurements (--model predictors) had no progress bar even without -q."""
+    from infersim.cli.main import main
+
+    seen = []
+    monkeypatch.setattr("infersim.cli.profile.refit_profile", lambda path, opts: seen.append(opts) or {})
+    monkeypatch.setattr("infersim.cli.profile.print_report", lambda result: None)
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("name: mine\n")
+    assert main(["profile", "--refit", str(mine), *(["-q"] if quiet else [])]) == 0
+    assert seen[0].quiet is quiet

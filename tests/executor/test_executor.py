@@ -312,7 +312,7 @@ def test_sim_exec_errors_are_one_line(tmp_path, capsys):
     # the executor's own dtypes, not the workload card's rules; no thread count of 0
     for flag, value, message in (
         ("--dtype", "fp8", "--dtype: the executor runs fp32, fp16 or bf16, got 'fp8'"),
-        ("--threads", "0", "--threads: expected a whole number >= 1, got 0"),
+        ("--threads", "0", "(the CPUs this machine gives), got 0"),
     ):
         out = tmp_path / "out"
         assert main(["exec", "-w", str(wl), "-m", "zoo-target", flag, value, "-o", str(out), "-q"]) == 2

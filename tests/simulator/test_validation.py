@@ -139,3 +139,17 @@ def test_max_model_len_past_the_models_context_is_refused():
     )
     check_workload(spec("llama-3-8b", 8192), "chat.yaml")
     check_workload(spec("llama-3.1-8b", 32768), "chat.yaml")
+
+
+@pytest.mark.parametrize("cpus,most", [(1, 2), (2, 2), (16, 16)])
+def test_threads_run_from_one_to_the_machines_cpus(monkeypatch, cpus, most):
+    """At least 2 allowed, the profiler's default, even on one CPU."""
+    from infersim.simulator.validation import check_threads
+
+    monkeypatch.setattr("infersim.simulator.validation.usable_cpus", lambda: cpus)
+    assert check_threads(1) == 1 and check_threads(most) == most and check_threads(0, zero_ok=True) == 0
+    for bad, zero_ok in ((most + 1, False), (0, False), (-1, True), (True, False)):
+        with pytest.raises(
+            InfersimError, match=rf"^--threads: expected a whole number from {int(not zero_ok)} to {most} "
+        ):
+            check_threads(bad, zero_ok=zero_ok)
