@@ -13,6 +13,7 @@ from rich.table import Table
 
 from infersim.simulator.errors import InfersimError
 from infersim.simulator.metrics.rundir import check_folder_option, check_out_file
+from infersim.simulator.progress import log_line
 from infersim.simulator.validation import check_threads
 
 
@@ -85,8 +86,14 @@ def run(args: argparse.Namespace) -> int:
     if args.shared_lm_head:
         recipe = dataclasses.replace(recipe, shared_lm_head=True)
     lm = load_model(args.model, "cpu", "fp32")
+    trained_now: list[str] = []  # ensure_heads logs only when it trains
+
+    def log(msg: str) -> None:
+        trained_now.append(msg)
+        log_line(msg)
+
     _, meta, folder = ensure_heads(
-        lm, recipe, root=Path(args.root).expanduser() if args.root else None, retrain=args.retrain
+        lm, recipe, root=Path(args.root).expanduser() if args.root else None, retrain=args.retrain, log=log
     )
     if args.catalog_out:
         out = write_catalog(
@@ -96,11 +103,11 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(meta, indent=2, sort_keys=True))
         return 0
-    _print(meta, folder)
+    _print(meta, folder, cached=not trained_now)
     return 0
 
 
-def _print(meta: dict, folder) -> None:
+def _print(meta: dict, folder, cached: bool = False) -> None:
     from .accuracy import top_i
 
     con = Console()
@@ -110,7 +117,8 @@ def _print(meta: dict, folder) -> None:
         f"{meta.get('parameters_per_head', 0) / 1e3:.0f}k parameters each) in {folder}"
     )
     con.print(
-        f"trained in {meta['train_seconds']:.0f} s (+{meta['data_seconds']:.0f} s self-distillation data) "
+        ("loaded from the cache; " if cached else "")
+        + f"trained in {meta['train_seconds']:.0f} s (+{meta['data_seconds']:.0f} s self-distillation data) "
         f"on {meta['train_positions']} positions; final loss {meta['final_loss']:.3f}"
     )
     for reading, what in (

@@ -510,3 +510,13 @@ def test_fit_depth_mixture_by_hand():
     assert fit["components"][0] == [1.0, 0.0, 0.0, 0.0] and fit["components"][3] == [0.0, 0.0, 0.0, 1.0]
     # steps cut short (drafted length below the depth) are left out
     assert fit_depth_mixture(rid, np.full(rid.size, 2), acc, 3) is None
+
+
+def test_medusa_train_says_when_it_loaded_cached_heads(trained, capsys):
+    # the default heads exist (shipped with the zoo or trained by the fixture): the command
+    # loads them and says so, instead of reporting their old training time as if it just ran
+    from infersim.cli.main import main
+
+    assert main(["medusa-train", "--model", "zoo-target"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"loaded from the cache; trained in {trained[1]['train_seconds']:.0f} s" in out
