@@ -92,7 +92,7 @@ DEFAULT_MAX_BATCH = 256
 SENS_CONFIGS = ("vllm", "vllm_s", "cost_aware_fcfs")
 SENS_LINK_SCALES = (4.0, 2.0, 0.5, 0.25, 0.125, 0.0625)
 SENS_CPU_BLOCKS = (8, 16, 32, 128, 256)
-SENS_ITERATION_MS = (2.0, 5.0, 10.0)
+SENS_ITERATION_MS = (0.0, 5.0, 10.0)  # the engine overhead per iteration in place of the profile's
 # host cost per issued copy, us (the profile's 4 us is the documented cudaMemcpyAsync call cost;
 # ~10 us is what vLLM PR #11531's old swap_blocks rate implies for 32-KB pages)
 SENS_COPY_US = (10.0, 20.0, 40.0, 80.0)
@@ -145,7 +145,7 @@ def task(study: str, model: str, dataset: str, max_output: int, config: str, **e
         "max_batch_size": DEFAULT_MAX_BATCH,
         "cpu_blocks": None,
         "link_scale": 1.0,
-        "iteration_ms": 0.0,
+        "iteration_ms": None,  # None: the profile's own engine overhead
         "copy_us": None,
         "count": None,
         "hw_path": None,
@@ -181,8 +181,9 @@ def simulate_point(t: dict) -> dict:
     s = summarize(res)
     row = {
         k: t[k]
-        for k in ("study", "model", "dataset", "max_output", "config", "max_batch_size", "link_scale", "iteration_ms")
+        for k in ("study", "model", "dataset", "max_output", "config", "max_batch_size", "link_scale")
     }
+    row["iteration_ms"] = sim.hardware.overheads.iteration_us / 1e3  # the variant's, else the profile's own
     row["copy_us"] = (
         float(t["copy_us"]) if t.get("copy_us") is not None else float(sim.hardware.host_link.copy_issue_us)
     )
@@ -314,13 +315,14 @@ def _hardware_variants(tasks: list[dict], folder: Path) -> None:
     """Write a hardware profile per (link scale, iteration overhead) the tasks ask for."""
     base = load_hardware(BASE_HW).model_dump(mode="json")
     for t in tasks:
-        if t["link_scale"] == 1.0 and t["iteration_ms"] == 0.0 and t["copy_us"] is None:
+        if t["link_scale"] == 1.0 and t["iteration_ms"] is None and t["copy_us"] is None:
             continue
         copy_us = base["host_link"]["copy_issue_us"] if t["copy_us"] is None else float(t["copy_us"])
+        iteration_us = base["overheads"]["iteration_us"] if t["iteration_ms"] is None else t["iteration_ms"] * 1e3
         p = {
             **base,
             "aliases": [],
-            "name": f"{BASE_HW}-link{t['link_scale']:g}-iter{t['iteration_ms']:g}ms-copy{copy_us:g}us",
+            "name": f"{BASE_HW}-link{t['link_scale']:g}-iter{iteration_us / 1e3:g}ms-copy{copy_us:g}us",
         }
         p["host_link"] = {
             **base["host_link"],
@@ -328,7 +330,7 @@ def _hardware_variants(tasks: list[dict], folder: Path) -> None:
             "d2h_gbps": base["host_link"]["d2h_gbps"] * t["link_scale"],
             "copy_issue_us": copy_us,
         }
-        p["overheads"] = {**base["overheads"], "iteration_us": t["iteration_ms"] * 1e3}
+        p["overheads"] = {**base["overheads"], "iteration_us": iteration_us}
         f = folder / f"{p['name']}.yaml"
         if not f.exists():
             f.write_text(yaml.safe_dump(p, sort_keys=False))
@@ -343,8 +345,8 @@ def _label(t: dict) -> str:
         extra.append(f"link x{t['link_scale']:g}")
     if t["cpu_blocks"] is not None:
         extra.append(f"cpu{t['cpu_blocks']}")
-    if t["iteration_ms"]:
-        extra.append(f"+{t['iteration_ms']:g}ms/iter")
+    if t["iteration_ms"] is not None:
+        extra.append(f"{t['iteration_ms']:g}ms/iter")
     if t["copy_us"] is not None:
         extra.append(f"{t['copy_us']:g}us/copy")
     return f"{t['study']}: {t['model']} {t['dataset']} out{t['max_output']} {t['config']} {' '.join(extra)}".strip()
@@ -1101,6 +1103,7 @@ def sensitivity_frame(df: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame()
     base_cpu = int(base["cpu_blocks"].iloc[0])
     base_copy = float(base["copy_us"].iloc[0])
+    base_it = float(base["iteration_ms"].iloc[0])
     link_gbps = load_hardware(BASE_HW).host_link.h2d_gbps
     rows = []
     for (ls, cpu, it, cu), g in pd.concat([base, se]).groupby(["link_scale", "cpu_blocks", "iteration_ms", "copy_us"]):
@@ -1111,12 +1114,12 @@ def sensitivity_frame(df: pd.DataFrame) -> pd.DataFrame:
             knob, key, label = "link", -ls, f"host link x{ls:g} ({link_gbps * ls:.1f} GB/s)"
         elif cpu != base_cpu:
             knob, key, label = "cpu", cpu, f"{int(cpu)} CPU blocks"
-        elif it > 0:
-            knob, key, label = "iter", it, f"+{it:g} ms per iteration"
+        elif it != base_it:
+            knob, key, label = "iter", it, f"{it:g} ms per iteration"
         elif cu != base_copy:
             knob, key, label = "copy", cu, f"{cu:g} us per issued copy"
         else:
-            knob, key, label = "base", 0, f"as the workload (x1, {base_cpu} CPU blocks, 0 ms, {base_copy:g} us/copy)"
+            knob, key, label = "base", 0, f"as the workload (x1, {base_cpu} CPU blocks, {base_it:g} ms, {base_copy:g} us/copy)"
         rows.append(
             {
                 "knob": knob,
