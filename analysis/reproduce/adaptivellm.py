@@ -179,10 +179,7 @@ def simulate_point(t: dict) -> dict:
     sim = Simulation(spec, build_requests(spec, path))
     res = sim.run()
     s = summarize(res)
-    row = {
-        k: t[k]
-        for k in ("study", "model", "dataset", "max_output", "config", "max_batch_size", "link_scale")
-    }
+    row = {k: t[k] for k in ("study", "model", "dataset", "max_output", "config", "max_batch_size", "link_scale")}
     row["iteration_ms"] = sim.hardware.overheads.iteration_us / 1e3  # the variant's, else the profile's own
     row["copy_us"] = (
         float(t["copy_us"]) if t.get("copy_us") is not None else float(sim.hardware.host_link.copy_issue_us)
@@ -1119,7 +1116,11 @@ def sensitivity_frame(df: pd.DataFrame) -> pd.DataFrame:
         elif cu != base_copy:
             knob, key, label = "copy", cu, f"{cu:g} us per issued copy"
         else:
-            knob, key, label = "base", 0, f"as the workload (x1, {base_cpu} CPU blocks, {base_it:g} ms, {base_copy:g} us/copy)"
+            knob, key, label = (
+                "base",
+                0,
+                f"as the workload (x1, {base_cpu} CPU blocks, {base_it:g} ms, {base_copy:g} us/copy)",
+            )
         rows.append(
             {
                 "knob": knob,

@@ -300,4 +300,3 @@ def overheads_line(o) -> str:
         numbers += f" + {o.kernel_launch_us:g} us per kernel"
     carried = f", the numbers of {o.inherits}: {o.why}" if o.inherits else ""
     return f"engine overhead: {numbers} ({o.state}{carried}); {o.source}"
-

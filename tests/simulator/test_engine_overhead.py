@@ -113,7 +113,9 @@ def test_every_nvidia_profile_carries_the_one_fitted_overhead(card):
     assert hw.overheads.state == ("measured" if card in fitted_on else "derived")
 
 
-@pytest.mark.parametrize("card, tp, added_us", [("a100-80gb-pcie", 1, 1720.0), ("l4", 1, 1720.0), ("h100-pcie", 2, 2166.0)])
+@pytest.mark.parametrize(
+    "card, tp, added_us", [("a100-80gb-pcie", 1, 1720.0), ("l4", 1, 1720.0), ("h100-pcie", 2, 2166.0)]
+)
 def test_a_derived_profiles_step_is_its_kernels_plus_the_carried_overhead(card, tp, added_us):
     # TP 1: 1,720 us; TP 2: 1,720 + 446 = 2,166 us, on top of the same kernels
     model, batch = load_model("llama-3-8b"), BatchShape.decode(np.full(8, 512))
