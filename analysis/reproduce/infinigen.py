@@ -506,7 +506,9 @@ def report(
     cal = load_hardware(HW).calibration
     w(
         "OPT-13B (fp16, 25.7 GB of weights, all on the GPU), RTX A6000 profile (154.8 TFLOP/s, 768 GB/s; kernels "
-        f"priced by the {cal.inherits} GEMM and elementwise fits{_shapes_note(cal)} the profile inherits, on its own peaks) with the "
+        f"priced by the {cal.inherits} GEMM and elementwise fits{_shapes_note(cal)} the profile inherits, on its own peaks; "
+        f"each step also pays the profile's engine overhead per iteration, "
+        f"{load_hardware(HW).overheads.iteration_us / 1e3:g} ms, vLLM's, carried from the A100-80GB SXM) with the "
         "`pcie3x16` host link (12.6 GB/s each way: 80% of PCIe 3.0 x16), 96 GB host "
         "memory. A batch of sequences is prefilled and then decodes 127 steps (128 tokens), as FlexGen runs it; "
         "throughput is batch x 128 / (prefill + decode), as the paper's Fig. 15. Policies (`simulator/offload/"

@@ -239,6 +239,7 @@ def build_hardware_dict(meta: dict, fits: dict, iteration_s: float) -> dict:
         "host_link": _host_link_entry(fits["host_link"], device_type),
         "efficiency": _efficiency_entries(eff, roof["dtype"]),
         "overheads": {
+            "status": "measured",
             "kernel_launch_us": sig(eff["kernel_launch_s"] * 1e6, 3),
             "iteration_us": sig(iteration_s * 1e6, 3),
             "source": "kernel launch: fitted jointly with the efficiencies; iteration: fitted to the "

@@ -156,23 +156,37 @@ def run_hardware(args: argparse.Namespace) -> int:
                 "-" if h.memory_visible_gib is None else f"{h.memory_visible_gib:g}",
                 h.host_link.name,
                 f"{h.host_link.h2d_gbps:g}/{h.host_link.d2h_gbps:g}",
+                f"{h.overheads.iteration_us / 1e3:g} {h.overheads.state}",
             )
         )
     show_catalog(
         "hardware profiles",
-        ["name", "kernels", "fp16 TFLOP/s", "HBM GB/s", "memory GB", "CUDA GiB", "host link", "H2D/D2H GB/s"],
+        [
+            "name",
+            "kernels",
+            "fp16 TFLOP/s",
+            "HBM GB/s",
+            "memory GB",
+            "CUDA GiB",
+            "host link",
+            "H2D/D2H GB/s",
+            "engine ms/iter",
+        ],
         rows,
     )
 
     Console().print(
         "kernels: measured = fitted to measured kernel times; derived = a measured card's fits on this "
         "card's own peaks; datasheet = pure roofline (NAME:datasheet gives it for any profile); CUDA GiB = the "
-        "total the driver reports, which the KV budget starts from (-: not measured, memory GB is used)",
+        "total the driver reports, which the KV budget starts from (-: not measured, memory GB is used); engine ms/iter "
+        "= the serving engine's own time per iteration at TP 1 (measured on this card's runs, derived = carried "
+        "from a measured card, none = kernels only)",
         highlight=False,
         markup=False,
     )
     if args.name:
         print(f"source: {h.source}")
+        print(overheads_line(h.overheads))
         if h.calibration is not None:
             c = h.calibration
             print(
@@ -275,3 +289,14 @@ def _fit_widths(natural: list[int], minimum: list[int], budget: int) -> list[int
         i = max(range(len(widths)), key=lambda j: widths[j] - minimum[j])
         widths[i] -= 1
     return widths
+
+
+def overheads_line(o) -> str:
+    """The engine overhead per iteration, its status and where it comes from, in one line."""
+    if o.state == "none":
+        return f"engine overhead: none ({o.source})" if o.source else "engine overhead: none"
+    numbers = f"{o.iteration_us:g} us per iteration + {o.tp_worker_us:g} us per tensor-parallel worker beyond the first"
+    if o.kernel_launch_us:
+        numbers += f" + {o.kernel_launch_us:g} us per kernel"
+    carried = f", the numbers of {o.inherits}: {o.why}" if o.inherits else ""
+    return f"engine overhead: {numbers} ({o.state}{carried}); {o.source}"

@@ -73,11 +73,33 @@ def load_hardware(name_or_path: str, host_link: str | None = None, all_reduce: s
     if datasheet:  # named apart, so reports and plans comparing both modes tell them apart
         # the pure roofline: neither the fitted kernel models nor the engine overhead fitted on
         # end-to-end runs
-        update.update(calibration=None, overheads=Overheads(source="datasheet roofline: none"))
+        update.update(calibration=None, overheads=Overheads(status="none", source="datasheet roofline: none"))
         update["name"] = profile.name + DATASHEET_SUFFIX
-    elif profile.calibration is not None and profile.calibration.status == "derived":
-        update["calibration"] = _inherited(profile, path)
+    else:
+        if profile.calibration is not None and profile.calibration.status == "derived":
+            update["calibration"] = _inherited(profile, path)
+        if profile.overheads.inherits:
+            update["overheads"] = _inherited_overheads(profile, path)
     return profile.model_copy(deep=True, update=update)
+
+
+OVERHEAD_NUMBERS = ("kernel_launch_us", "iteration_us", "tp_worker_us")
+
+
+def _inherited_overheads(profile: HardwareProfile, path: Path) -> Overheads:
+    """The engine overhead of the profile `overheads.inherits` names, under this card's own
+    status and reason; numbers this card's entry sets itself stay its own (a copy of a profile
+    that changes one of them keeps its change)."""
+    own = profile.overheads
+    parent = _load_resolved(profile_path(own.inherits)) if own.inherits != profile.name else None
+    if parent is None or parent.overheads.inherits or parent.overheads.status != "measured":
+        raise InfersimError(
+            f"{path}: field 'overheads.inherits': '{own.inherits}' is not a profile whose own overhead is measured"
+        )
+    carried = {k: getattr(parent.overheads, k) for k in OVERHEAD_NUMBERS if k not in own.model_fields_set}
+    if "source" not in own.model_fields_set:
+        carried["source"] = f"{parent.name}'s: {parent.overheads.source}"
+    return own.model_copy(update=carried)
 
 
 def _load_resolved(path: Path) -> HardwareProfile:

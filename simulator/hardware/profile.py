@@ -71,6 +71,31 @@ class Overheads(BaseModel):
         "driver hands every step's inputs to the other workers and the step waits for the slowest",
     )
     source: str = ""
+    status: Optional[Literal["measured", "derived", "none"]] = Field(
+        None,
+        description="measured: fitted on, or checked against, runs on this card; derived: carried from a measured "
+        "card (`inherits`) without a run on this one; none: no engine overhead (kernels only); unset: the numbers "
+        "as given",
+    )
+    inherits: Optional[str] = Field(
+        None,
+        description="profile whose overhead this card carries: the numbers this entry leaves out are that "
+        "profile's (one definition of a fit that several cards share)",
+    )
+    why: str = Field("", description="why the inherited overhead carries over to this card")
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.status == "derived" and not self.inherits:
+            raise ValueError("a derived overhead names the profile it inherits")
+        return self
+
+    @property
+    def state(self) -> str:
+        """The status as `sim hardware` shows it: the given one, else none (all zero) or given."""
+        if self.status is not None:
+            return self.status
+        return "none" if not (self.kernel_launch_us or self.iteration_us or self.tp_worker_us) else "given"
 
     def iteration_s(self, tensor_parallel: int) -> float:
         """One engine iteration's overhead at this tensor parallelism, seconds."""

@@ -60,8 +60,9 @@ def test_stage_times_add_up_to_the_roofline_and_the_handoff_is_datasheet_by_hand
     ic = base.hardware.interconnect
     assert handoffs[0] == pytest.approx(ic.latency_us * 1e-6 + nbytes / (ic.bandwidth_gbps * 1e9), rel=1e-12)
     assert cm.iteration_time_s(shape) == pytest.approx(stages.sum() + handoffs[0], rel=1e-12)
-    # the last stage holds the LM head: it is the slower one
-    assert stages[1] > stages[0]
+    # the last stage holds the LM head: its kernels are the slower; stage 0 adds the engine
+    # overhead per iteration (vLLM's scheduling runs before the first stage)
+    assert stages[1] > stages[0] - base.iteration_overhead_s
 
 
 def test_learned_positions_run_on_the_first_stage():

@@ -394,7 +394,10 @@ def test_sim_roofline_per_operator_csv(tmp_path, capsys):
     assert rc == 0
     df = pd.read_csv(csv)
     assert list(df.columns) == COLUMNS
-    assert len(df) == 3 * 17  # decode + 2 verify settings, 17 Llama operators each
+    # decode + 2 verify settings, 17 Llama operators each and the engine_overhead row (vLLM's, which
+    # the default a100-80gb-pcie profile carries)
+    assert len(df) == 3 * (17 + 1)
+    assert (df["operator"] == "engine_overhead").sum() == 3
     assert set(df["candidates"]) == {1, 16}
     capsys.readouterr()
 
