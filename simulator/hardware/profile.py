@@ -97,6 +97,12 @@ class Overheads(BaseModel):
             return self.status
         return "none" if not (self.kernel_launch_us or self.iteration_us or self.tp_worker_us) else "given"
 
+    def kernels_only(self) -> "Overheads":
+        """These overheads without the engine's per-iteration time: what a draft model's step
+        pays inside a speculative round, whose engine iteration the target's step already
+        carries (a draft step's own framework cost is `speculation.draft_step_overhead_us`)."""
+        return self.model_copy(update={"iteration_us": 0.0, "tp_worker_us": 0.0})
+
     def iteration_s(self, tensor_parallel: int) -> float:
         """One engine iteration's overhead at this tensor parallelism, seconds."""
         return (self.iteration_us + (int(tensor_parallel) - 1) * self.tp_worker_us) * 1e-6

@@ -105,6 +105,9 @@ class DraftProposer:
         self.same_device = cfg.draft_hardware is None
         hw = sim.hardware if cfg.draft_hardware is None else load_hardware(cfg.draft_hardware)
         self.hardware = hw
+        # draft steps run inside the target's engine iteration: kernels only, plus the section's
+        # own draft_step_overhead_us (the engine overhead is paid once, by the target's step)
+        hw = hw.model_copy(update={"overheads": hw.overheads.kernels_only()})
         drafts = cfg.drafts if cfg.voting_on else cfg.drafts[:1]
         cache: dict = {}
         self.drafts: list[Draft] = []

@@ -464,3 +464,23 @@ def test_ssms_on_a_gpu_of_their_own_leave_the_targets_pool(placement):
         assert s["gpu_blocks"] == plain and s["speculation"]["memory"] == {"kv_blocks_taken": 0}
     else:
         assert s["gpu_blocks"] == s["speculation"]["memory"]["kv_blocks_left"] < plain
+
+
+def test_draft_steps_pay_kernels_only_the_target_pays_the_engine_overhead():
+    # a100-80gb-pcie carries vLLM's engine overhead (1,720 us per iteration): the target's step
+    # pays it once per round; a draft step pays its kernels (plus draft_step_overhead_us, which
+    # the round adds), never the engine's iteration a second time
+    from infersim.simulator.costmodel import build_cost_model
+    from infersim.simulator.models.catalog import load_model
+
+    spec = _small(CASES["draft"])
+    sim = Simulation(spec, build_requests(spec, "."))
+    draft = sim.replicas[0].proposer.drafts[0].cost
+    hw = sim.hardware
+    kernels = build_cost_model(
+        "roofline", load_model("opt-125m"), hw.model_copy(update={"overheads": hw.overheads.kernels_only()})
+    )
+    shape = BatchShape.decode([100, 200, 300])
+    assert hw.overheads.iteration_us == 1720.0 and sim.cost_model.iteration_overhead_s == pytest.approx(1720e-6)
+    assert draft.iteration_overhead_s == 0.0
+    assert draft.iteration_time_s(shape) == kernels.iteration_time_s(shape)
