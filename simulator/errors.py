@@ -1,6 +1,7 @@
 """User-facing errors: bad input is reported in one line and exits with status 2."""
 
 import difflib
+import re
 
 
 class InfersimError(Exception):
@@ -25,13 +26,25 @@ class UnknownNameError(InfersimError):
         super().__init__(f"unknown {kind} '{name}'{did_you_mean(name, self.known)}; known: {', '.join(self.known)}")
 
 
+# the labels pydantic puts in an error's location for the member of a union that failed
+# (`Union[int, float]` gives '...high.int' and '...high.float'); they name no field of the file
+_UNION_MEMBER = re.compile(r"^(int|float|str|bool|bytes|none|list\[.*\]|dict\[.*\]|tuple\[.*\]|literal\[.*\])$")
+
+
+def _field_path(loc) -> str:
+    return ".".join(str(x) for x in loc if not _UNION_MEMBER.match(str(x))) or "(top level)"
+
+
 def pydantic_error_line(source: str, exc) -> str:
-    """One line from a pydantic ValidationError: file, dotted field path, message."""
-    parts = []
-    for err in exc.errors()[:3]:
-        loc = ".".join(str(x) for x in err.get("loc", ())) or "(top level)"
+    """One line from a pydantic ValidationError: file, dotted field path, message. A value no
+    member of a union accepts is one field with each member's complaint."""
+    by_field: dict[str, list[str]] = {}
+    for err in exc.errors():
         msg = err.get("msg", "invalid").removeprefix("Value error, ")  # our validators' own words
-        parts.append(f"field '{loc}': {msg}")
-    more = len(exc.errors()) - 3
+        msgs = by_field.setdefault(_field_path(err.get("loc", ())), [])
+        if msg not in msgs:
+            msgs.append(msg)
+    parts = [f"field '{loc}': " + " / ".join(msgs) for loc, msgs in list(by_field.items())[:3]]
+    more = len(by_field) - 3
     tail = f" (+{more} more)" if more > 0 else ""
     return f"{source}: " + "; ".join(parts) + tail

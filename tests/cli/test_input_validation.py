@@ -117,6 +117,13 @@ def test_sweep_space_refused_before_anything_is_written_then_rerun(wl, tmp_path)
         ["sweep", "-w", wl, "-s", reversed_range, "-o", out],
         "rev.yaml: field 'parameters.serving.max_batch_size.range.high': high must be >= low",
     )
+    # a bound no member of int | float accepts: one field, without the union's member labels
+    word = write_yaml(tmp_path / "word.yaml", {"parameters": {"serving.max_batch_size": {"low": 8, "high": "lots"}}})
+    line = refused(
+        ["sweep", "-w", wl, "-s", word, "-o", out],
+        "word.yaml: field 'parameters.serving.max_batch_size.range.high': Input should be a valid integer",
+    )
+    assert "high.int" not in line and "high.float" not in line and line.count("field '") == 1
     scalar = write_yaml(tmp_path / "scalar.yaml", {"parameters": {"serving.max_batch_size": 16}})
     line = refused(
         ["sweep", "-w", wl, "-s", scalar, "-o", out], "scalar.yaml: field 'parameters.serving.max_batch_size'"
