@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -123,19 +122,18 @@ def published_rows() -> list[str]:
     """vLLM's published latency tests at tensor parallel > 1 (benchmarks/vllm_published.py),
     predicted with each kernel choice."""
     rows, errors = [], {"nccl": [], "auto": []}
-    with tempfile.TemporaryDirectory() as folder:
-        for run in LATENCY:
-            test, profile, measured, url, tp = run.test, run.card, run.measured_ms, run.url, run.tp
-            if tp == 1:
-                continue
-            model = model_for(test, Path(folder))
-            got = {k: published_latency_ms(model, profile, tp, k) for k in errors}
-            for k, ms in got.items():
-                errors[k].append(100 * (ms / measured - 1))
-            rows.append(
-                f"| {test} | {profile} ([run]({url})) | {measured:,.0f} | {got['nccl']:,.0f} | {errors['nccl'][-1]:+.1f}% "
-                f"| {got['auto']:,.0f} | {errors['auto'][-1]:+.1f}% |"
-            )
+    for run in LATENCY:
+        test, profile, measured, url, tp = run.test, run.card, run.measured_ms, run.url, run.tp
+        if tp == 1:
+            continue
+        model = model_for(test)
+        got = {k: published_latency_ms(model, profile, tp, k) for k in errors}
+        for k, ms in got.items():
+            errors[k].append(100 * (ms / measured - 1))
+        rows.append(
+            f"| {test} | {profile} ([run]({url})) | {measured:,.0f} | {got['nccl']:,.0f} | {errors['nccl'][-1]:+.1f}% "
+            f"| {got['auto']:,.0f} | {errors['auto'][-1]:+.1f}% |"
+        )
     mean = {k: float(np.mean(np.abs(v))) for k, v in errors.items()}
     return [
         "## Against vLLM's published latency tests",

@@ -25,8 +25,6 @@ fit did not see: each test (model) left out in turn, and the H100 rows, a card t
 from __future__ import annotations
 
 import argparse
-import json
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -127,38 +125,14 @@ DECODE_STEPS = [
     ),
 ]
 
-# The models of these tests. Mixtral is in the catalog; the dense ones are not: their config.json
-# fields (meta-llama/Llama-3.1-8B and Meta-Llama-3-70B on Hugging Face)
-_LLAMA3 = {"model_type": "llama", "num_key_value_heads": 8, "vocab_size": 128256, "torch_dtype": "bfloat16"}
-DENSE = {
-    "llama8B": dict(
-        _LLAMA3,
-        hidden_size=4096,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        intermediate_size=14336,
-        max_position_embeddings=131072,
-    ),
-    "llama70B": dict(
-        _LLAMA3,
-        hidden_size=8192,
-        num_hidden_layers=80,
-        num_attention_heads=64,
-        intermediate_size=28672,
-        max_position_embeddings=8192,
-    ),
-}
+# The models of these tests, by the catalog's names (Llama-3.1-8B, Meta-Llama-3-70B and
+# Mixtral-8x7B, each entry with its config.json on Hugging Face as the source)
+MODELS = {"llama8B": "llama-3.1-8b", "llama70B": "llama-3-70b", "mixtral8x7B": "mixtral-8x7b"}
 
 
-def model_for(test: str, folder: Path) -> str:
-    """The simulator's model name, or a config.json written into `folder`, for a vLLM test name."""
-    name = test.rsplit("_tp", 1)[0]
-    if name not in DENSE:
-        return "mixtral-8x7b"
-    path = folder / name / "config.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(DENSE[name]))
-    return str(path)
+def model_for(test: str) -> str:
+    """The simulator's model name for a vLLM test name."""
+    return MODELS[test.rsplit("_tp", 1)[0]]
 
 
 def latency_test(model: str, profile: str, tp: int) -> WorkloadSpec:
@@ -220,8 +194,8 @@ def simulated_ms(model: str, run: PublishedRun, all_reduce: str | None) -> tuple
     return float(np.max(result.requests["finish_s"])) * 1e3, iterations
 
 
-def price(run: PublishedRun, folder: Path) -> Priced:
-    model = model_for(run.test, folder)
+def price(run: PublishedRun) -> Priced:
+    model = model_for(run.test)
     context = run.prompt + run.output // 2  # the middle of the run's decode
     steps = {k: decode_step_ms(model, run.card, run.tp, run.batch, context, k) for k in ALL_REDUCES}
     kernels = steps["auto"][0] - steps["auto"][1]
@@ -292,12 +266,12 @@ def _run_cell(run: PublishedRun) -> str:
     return f"{run.card} ([run]({run.url}))"
 
 
-def datasheet_ms(run: PublishedRun, folder: Path) -> float:
-    spec = latency_test(model_for(run.test, folder), f"{run.card}:datasheet", run.tp)
+def datasheet_ms(run: PublishedRun) -> float:
+    spec = latency_test(model_for(run.test), f"{run.card}:datasheet", run.tp)
     return float(np.max(simulate(spec, build_requests(spec, ".")).requests["finish_s"])) * 1e3
 
 
-def calibrated_table(rows: list[Priced], folder: Path) -> list[str]:
+def calibrated_table(rows: list[Priced]) -> list[str]:
     """The profiles as shipped, calibrated and datasheet (the table docs/moe-and-fp8.md quotes)."""
     lines = [
         "| test | card (vLLM run) | published (ms) | predicted, calibrated (ms) | error "
@@ -305,7 +279,7 @@ def calibrated_table(rows: list[Priced], folder: Path) -> list[str]:
         "|---|---|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
-        cal, sheet = r.predicted_ms["shipped"], datasheet_ms(r.run, folder)
+        cal, sheet = r.predicted_ms["shipped"], datasheet_ms(r.run)
         lines.append(
             f"| {r.run.test} | {_run_cell(r.run)} | {r.run.measured_ms:,.0f} | {cal:,.0f} | {error_pct(r, cal):+.1f}% "
             f"| {sheet:,.0f} | {error_pct(r, sheet):+.1f}% |"
@@ -385,7 +359,7 @@ def decode_step_table(rows: list[Priced], kernel: str, form: str, terms: np.ndar
     return lines
 
 
-def h200_bandwidth_check(rows: list[Priced], folder: Path) -> list[str]:
+def h200_bandwidth_check(rows: list[Priced]) -> list[str]:
     """The derived H200 profile's effective weight-read bandwidth against the project's own H200
     measurement (benchmarks/RESULTS-cuda.md: 4,313 GB/s copy bandwidth, 732 TFLOP/s fp16)."""
     hw = load_hardware("h200")
@@ -407,7 +381,7 @@ def h200_bandwidth_check(rows: list[Priced], folder: Path) -> list[str]:
     for r in rows:
         if r.run.card != "h200" or r.run.metric != "latency" or "9515" not in r.run.url:
             continue
-        model = load_model(model_for(r.run.test, folder))
+        model = load_model(model_for(r.run.test))
         batch = BatchShape.decode(np.full(r.run.batch, r.run.prompt + r.run.output // 2))
         costs = [
             RooflineCostModel(model, h, dtype="bf16", tensor_parallel=r.run.tp)
@@ -445,51 +419,49 @@ def summary(results: dict, chosen: tuple[str, str]) -> list[str]:
 
 
 def report() -> str:
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp)
-        fit_rows = [price(r, folder) for r in LATENCY]
-        test_rows = [price(r, folder) for r in HELD_OUT_CARD]
-        step_rows = [price(r, folder) for r in DECODE_STEPS]
-        evaluation, results = evaluation_table(fit_rows, test_rows)
-        chosen = ("auto", "iteration_us + tp_worker_us")
-        terms = results[chosen]["terms"]
-        parts = [
-            HEADER,
-            *summary(results, chosen),
-            "## The profiles as shipped: calibrated and datasheet",
-            "",
-            *calibrated_table(fit_rows + test_rows, folder),
-            "",
-            "## Where the time goes: one decode step (batch 8, 96 cached tokens)",
-            "",
-            DECOMPOSITION_TEXT,
-            "",
-            *decomposition_table(fit_rows + test_rows),
-            "",
-            "## The engine's overhead per iteration, fitted and held out",
-            "",
-            EVALUATION_TEXT,
-            "",
-            *evaluation,
-            "",
-            f"Each row held out ({chosen[0]}, {chosen[1]}; the A100 and H200 rows with the fit on the other two "
-            "tests, the H100 rows with the fit on all nine):",
-            "",
-            *per_row_table(fit_rows, test_rows, *chosen, results),
-            "",
-            "## Decode steps at low load (not fitted)",
-            "",
-            *decode_step_table(step_rows, *chosen, terms),
-            "",
-            DECODE_TEXT,
-            "",
-            "## Is the H200 profile too fast?",
-            "",
-            *h200_bandwidth_check(fit_rows, folder),
-            "",
-            H200_TEXT,
-            "",
-        ]
+    fit_rows = [price(r) for r in LATENCY]
+    test_rows = [price(r) for r in HELD_OUT_CARD]
+    step_rows = [price(r) for r in DECODE_STEPS]
+    evaluation, results = evaluation_table(fit_rows, test_rows)
+    chosen = ("auto", "iteration_us + tp_worker_us")
+    terms = results[chosen]["terms"]
+    parts = [
+        HEADER,
+        *summary(results, chosen),
+        "## The profiles as shipped: calibrated and datasheet",
+        "",
+        *calibrated_table(fit_rows + test_rows),
+        "",
+        "## Where the time goes: one decode step (batch 8, 96 cached tokens)",
+        "",
+        DECOMPOSITION_TEXT,
+        "",
+        *decomposition_table(fit_rows + test_rows),
+        "",
+        "## The engine's overhead per iteration, fitted and held out",
+        "",
+        EVALUATION_TEXT,
+        "",
+        *evaluation,
+        "",
+        f"Each row held out ({chosen[0]}, {chosen[1]}; the A100 and H200 rows with the fit on the other two "
+        "tests, the H100 rows with the fit on all nine):",
+        "",
+        *per_row_table(fit_rows, test_rows, *chosen, results),
+        "",
+        "## Decode steps at low load (not fitted)",
+        "",
+        *decode_step_table(step_rows, *chosen, terms),
+        "",
+        DECODE_TEXT,
+        "",
+        "## Is the H200 profile too fast?",
+        "",
+        *h200_bandwidth_check(fit_rows),
+        "",
+        H200_TEXT,
+        "",
+    ]
     return "\n".join(parts)
 
 
