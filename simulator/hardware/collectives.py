@@ -102,6 +102,13 @@ def ring_traffic(workers: int) -> float:
     return 2.0 * (workers - 1) / workers
 
 
+def log2_interpolated(workers: int, lo: int, hi: int, time_lo, time_hi):
+    """The time at `workers` GPUs between the times measured at `lo` and `hi` GPUs, linear in
+    log2 of the GPU count (the module docstring says why)."""
+    frac = math.log2(workers / lo) / math.log2(hi / lo)
+    return (1.0 - frac) * time_lo + frac * time_hi
+
+
 class CollectivesSection(BaseModel):
     """The `collectives:` section of a hardware profile: measured fits for one setup."""
 
@@ -168,8 +175,7 @@ class CollectivesSection(BaseModel):
         pair = self.bracket(collective, workers, devices_per_node)
         if pair is not None:
             lo, hi = pair
-            frac = math.log2(workers / lo.workers) / math.log2(hi.workers / lo.workers)
-            return (1.0 - frac) * lo.time_s(nbytes) + frac * hi.time_s(nbytes)
+            return log2_interpolated(workers, lo.workers, hi.workers, lo.time_s(nbytes), hi.time_s(nbytes))
         found = self.lookup(collective, workers, devices_per_node)
         if found is None:
             return None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..collectives import ring_traffic
 from ..profile import HardwareProfile
 from .base_all_reduce import AllReduce
 
@@ -30,7 +31,7 @@ class NcclAllReduce(AllReduce):
             raise ValueError(
                 f"tensor_parallel={workers} needs an interconnect in hardware profile '{self.hardware.name}'"
             )
-        return 2.0 * (workers - 1) / workers * nbytes / self.bandwidth_bytes_per_s + self.latency_s
+        return ring_traffic(workers) * nbytes / self.bandwidth_bytes_per_s + self.latency_s
 
     def describe(self, workers: int, across_nodes: bool = False) -> str:
         coll = self.hardware.collectives

@@ -11,7 +11,6 @@ did, interpolates linearly in log2(GPUs), as the NCCL fits do (hardware/collecti
 from __future__ import annotations
 
 import functools
-import math
 from pathlib import Path
 from typing import Literal, Optional
 
@@ -21,6 +20,7 @@ from pydantic import BaseModel, Field, PositiveFloat, PositiveInt, model_validat
 from ...paths import hwprofiles_dir
 from ...validation import STRICT_CONFIG
 from ...yamlio import load_model_file
+from ..collectives import log2_interpolated
 
 TABLE_FILE = "_custom_all_reduce.yaml"
 
@@ -77,9 +77,8 @@ class CardTimes(BaseModel):
         above = min((w for w in self.workers if w > workers), default=None)
         if below is None or above is None:
             raise KeyError(workers)
-        frac = math.log2(workers / below) / math.log2(above / below)
-        return (1.0 - frac) * _interpolate(self.workers[below], nbytes) + frac * _interpolate(
-            self.workers[above], nbytes
+        return log2_interpolated(
+            workers, below, above, _interpolate(self.workers[below], nbytes), _interpolate(self.workers[above], nbytes)
         )
 
     def prices(self, workers: int) -> bool:
