@@ -20,10 +20,6 @@ from infersim.simulator.machine import usable_cpus
 BACKENDS = ("local", "ray")
 
 
-def default_workers() -> int:
-    return usable_cpus()
-
-
 class InlineBackend:
     """Runs each task at once in this process (workers=1): no pool start-up, clean kills."""
 
@@ -136,7 +132,7 @@ def make_backend(backend: str = "local", workers: int | None = None, address: st
         return RayBackend(workers, address)
     if address:
         raise InfersimError("--address is for --backend ray")
-    workers = workers or default_workers()
+    workers = workers or usable_cpus()
     return InlineBackend() if workers == 1 else LocalBackend(workers)
 
 
