@@ -93,9 +93,7 @@ def build_cost_model(model: str | ModelSpec, hardware: str | HardwareProfile, **
     hw = load_hardware(hardware) if isinstance(hardware, str) else hardware
     tensor_parallel = options.get("tensor_parallel", 1)
     check_tensor_parallel(spec, tensor_parallel, field="--tp")
-    measured = hw.collectives is not None and bool(hw.collectives.all_reduce)
-    if tensor_parallel > 1 and hw.interconnect is None and not measured:
-        raise InfersimError(f"tensor parallel {tensor_parallel} needs an interconnect in hardware profile '{hw.name}'")
+    hw.require_tensor_parallel(tensor_parallel, "--tp")
     build_all_reduce(hw.all_reduce, hw).check(tensor_parallel, False, "--all-reduce")
     return RooflineCostModel(spec, hw, **options)
 

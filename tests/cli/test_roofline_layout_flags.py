@@ -74,3 +74,11 @@ def test_a_dense_model_has_no_dp_attention_as_sim_run_says(tmp_path):
         rule,
     )
     assert not (tmp_path / "r").exists()
+
+
+def test_tensor_parallel_without_an_interconnect_refused_as_sim_run_says():
+    # one check (HardwareProfile.require_tensor_parallel) for both commands, naming the flag here
+    refused(
+        ["roofline", "--model", "llama-7b", "--hardware", "cpu-reference", "--tp", "2", "--batch", "1"],
+        "--tp: tensor parallel 2 needs an interconnect and hardware profile 'cpu-reference' gives none",
+    )
