@@ -21,12 +21,10 @@ from infersim.simulator.hardware.allreduce import CustomAllReduce, NcclAllReduce
 from infersim.simulator.hardware.allreduce.table import shipped_table
 from infersim.simulator.hardware.catalog import load_hardware
 from infersim.simulator.models.catalog import load_model
-from infersim.simulator.simulation import simulate
-from infersim.simulator.workload.builder import build_requests
 from infersim.simulator.yamlio import write_atomic
 
 sys.path.insert(0, str(Path(__file__).parent))
-from vllm_published import LATENCY, latency_test, model_for  # noqa: E402
+from vllm_published import LATENCY, model_for, simulated_ms  # noqa: E402
 
 CARDS = ("a100-80gb-sxm", "h100-sxm")
 MODEL = "llama-3-70b"
@@ -111,13 +109,6 @@ def step_rows(card: str) -> list[str]:
     ]
 
 
-def published_latency_ms(model: str, profile: str, tp: int, all_reduce: str) -> float:
-    spec = latency_test(model, profile, tp)
-    spec.hardware.all_reduce = all_reduce
-    result = simulate(spec, build_requests(spec, "."))
-    return float(np.max(result.requests["finish_s"])) * 1e3
-
-
 def published_rows() -> list[str]:
     """vLLM's published latency tests at tensor parallel > 1 (benchmarks/vllm_published.py),
     predicted with each kernel choice."""
@@ -127,7 +118,7 @@ def published_rows() -> list[str]:
         if tp == 1:
             continue
         model = model_for(test)
-        got = {k: published_latency_ms(model, profile, tp, k) for k in errors}
+        got = {k: simulated_ms(model, run, k)[0] for k in errors}
         for k, ms in got.items():
             errors[k].append(100 * (ms / measured - 1))
         rows.append(

@@ -184,10 +184,12 @@ def decode_step_ms(model: str, card: str, tp: int, batch: int, context: int, all
     return step, float(cost.allreduce_time_s(np.float64(batch))) * spec.num_layers * 1e3
 
 
-def simulated_ms(model: str, run: PublishedRun, all_reduce: str | None) -> tuple[float, int]:
-    """(latency, engine iterations) of the latency test as `sim` runs it; all_reduce None: the
-    profile's own choice."""
-    spec = latency_test(model, run.card, run.tp)
+def simulated_ms(
+    model: str, run: PublishedRun, all_reduce: str | None, profile: str | None = None
+) -> tuple[float, int]:
+    """(latency, engine iterations) of the latency test as `sim` runs it on `profile` (default
+    the run's card); all_reduce None: the profile's own choice."""
+    spec = latency_test(model, profile or run.card, run.tp)
     spec.hardware.all_reduce = all_reduce
     result = simulate(spec, build_requests(spec, "."))
     iterations = int(result.series[:, SERIES_COLUMNS.index("steps")].sum())
@@ -267,8 +269,7 @@ def _run_cell(run: PublishedRun) -> str:
 
 
 def datasheet_ms(run: PublishedRun) -> float:
-    spec = latency_test(model_for(run.test), f"{run.card}:datasheet", run.tp)
-    return float(np.max(simulate(spec, build_requests(spec, ".")).requests["finish_s"])) * 1e3
+    return simulated_ms(model_for(run.test), run, None, f"{run.card}:datasheet")[0]
 
 
 def calibrated_table(rows: list[Priced]) -> list[str]:
